@@ -1,0 +1,6 @@
+"""Device side of power-aware training: devices (knobs + sensors), power monitor, profiler,
+profile tables, selection and baselines. No Flower, no `training` import (DESIGN §3)."""
+
+from powerctl.errors import PowerctlError
+
+__all__ = ["PowerctlError"]

@@ -1,0 +1,42 @@
+"""Open a device by spec string (DESIGN §4).
+
+    host                      this machine, no knob, no sensor
+    sim:jetson-nano, sim:...  a simulated board (see powerctl/data/boards.yaml)
+    jetson                    the Jetson this runs on (auto-detect via /proc/device-tree/model)
+    jetson-nano, jetson-tx2nx a named Jetson board (sysfs)
+    nvml:INDEX                a discrete NVIDIA GPU through NVML
+"""
+
+from __future__ import annotations
+
+from powerctl.devices.base import Device, PowerSampler, ThreadSampler
+from powerctl.errors import DeviceError
+
+__all__ = ["Device", "PowerSampler", "ThreadSampler", "open_device", "SPEC_HELP"]
+
+SPEC_HELP = "host, sim:jetson-nano, sim:jetson-tx2nx, jetson, jetson-nano, jetson-tx2nx, nvml:INDEX"
+
+
+def open_device(spec: str, *, seed: int = 0) -> Device:
+    """The device named by `spec`; an unknown spec is one DeviceError line listing the valid ones."""
+    spec = spec.strip()
+    if spec == "host":
+        from powerctl.devices.host import HostDevice
+
+        return HostDevice()
+    if spec.startswith("sim:"):
+        from powerctl.devices.simulated import SimulatedBoard
+
+        return SimulatedBoard.open(spec[len("sim:") :], seed=seed)
+    if spec == "jetson" or spec.startswith("jetson-"):
+        from powerctl.devices.jetson import open_jetson
+
+        return open_jetson(spec)
+    if spec.startswith("nvml:"):
+        from powerctl.devices.nvml import open_nvml
+
+        index = spec[len("nvml:") :]
+        if not index.isdigit():
+            raise DeviceError(f"device spec {spec!r}: the NVML index must be a number, e.g. nvml:0")
+        return open_nvml(int(index))
+    raise DeviceError(f"unknown device spec {spec!r}; use one of: {SPEC_HELP}")

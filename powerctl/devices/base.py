@@ -1,0 +1,204 @@
+"""One interface over real and simulated GPUs: frequency knob, power sensor, clock, step execution.
+
+Profiler and training loop only ever talk to `Device`, so the same code runs on a Jetson, a
+discrete NVIDIA GPU, the host, or a simulated board (DESIGN §4).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from powerctl.errors import DeviceError
+from powerctl.workload import Workload
+
+T = TypeVar("T")
+
+PowerSamples = list[tuple[float, float]]
+"""(device-clock seconds, watts) pairs, in time order."""
+
+
+class PowerSampler(ABC):
+    """Collects power samples over a block of work, timestamped on the device's own clock."""
+
+    @abstractmethod
+    def start(self) -> None: ...
+
+    @abstractmethod
+    def stop(self) -> PowerSamples: ...
+
+
+class ThreadSampler(PowerSampler):
+    """Polls a sensor from a background thread: how a real board is sampled in real time."""
+
+    def __init__(self, read_w: Callable[[], float], clock: Callable[[], float], rate_hz: float) -> None:
+        self._read_w, self._clock, self._period = read_w, clock, 1.0 / rate_hz
+        self._samples: PowerSamples = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def _run(self) -> None:
+        try:
+            while True:
+                self._samples.append((self._clock(), self._read_w()))
+                if self._stop.wait(self._period):
+                    return
+        except BaseException as exc:  # surfaced by stop(): a dead sensor must not pass silently
+            self._error = exc
+
+    def start(self) -> None:
+        self._samples, self._error = [], None
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="power-sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> PowerSamples:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self._error is not None:
+            raise DeviceError(f"power sensor failed while sampling: {self._error}")
+        self._samples.append((self._clock(), self._read_w()))  # one reading at the end of the block
+        return self._samples
+
+
+def _cuda_synchronize() -> None:
+    """Wait for queued CUDA work, so that clock readings bracket the step (no-op without CUDA)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+class Device(ABC):
+    """A GPU with (maybe) a frequency knob and (maybe) a power sensor.
+
+    Subclasses implement the vendor-specific primitives (`_write_pin`, `snapshot`,
+    `apply_snapshot`, `read_power_w`, ...). Pinning and restoring live here, once: the first pin
+    takes a snapshot of the knob state, and `restore` puts that snapshot back exactly.
+    """
+
+    spec: str
+    """The spec string it was opened with, e.g. ``sim:jetson-nano``."""
+    board: str
+    """Board/GPU name, e.g. ``jetson-nano``; used as the profile's ``device`` field."""
+    has_power_sensor: bool = False
+
+    def __init__(self) -> None:
+        self._saved_state: dict[str, Any] | None = None
+
+    # --- frequency knob -------------------------------------------------------------------
+    @abstractmethod
+    def frequencies(self) -> list[int]:
+        """Supported GPU frequencies in Hz, ascending; empty when the device has no knob."""
+
+    @abstractmethod
+    def current_frequency(self) -> int | None:
+        """The GPU frequency in force now, in Hz (None when unknown)."""
+
+    @abstractmethod
+    def _write_pin(self, hz: int) -> None:
+        """Hold the GPU at exactly `hz` (already validated)."""
+
+    @abstractmethod
+    def snapshot(self) -> dict[str, Any]:
+        """The knob state to restore later, JSON-serialisable (governor, min, max, ...)."""
+
+    @abstractmethod
+    def apply_snapshot(self, state: dict[str, Any]) -> None:
+        """Put back a state taken by `snapshot` (possibly in another process)."""
+
+    def pin_frequency(self, hz: int) -> None:
+        """Pin the GPU frequency; the state before the first pin is kept for `restore`."""
+        table = self.frequencies()
+        if not table:
+            raise DeviceError(f"{self.spec} has no GPU frequency knob: nothing to pin")
+        if hz not in table:
+            raise DeviceError(
+                f"{hz} Hz is not a frequency of {self.spec}; choose one of: {', '.join(map(str, table))}"
+            )
+        if self._saved_state is None:
+            self._saved_state = self.snapshot()
+        self._write_pin(hz)
+
+    def restore(self) -> None:
+        """Undo every pin since the first one; a no-op when nothing is pinned."""
+        if self._saved_state is not None:
+            state, self._saved_state = self._saved_state, None
+            self.apply_snapshot(state)
+
+    @property
+    def is_pinned(self) -> bool:
+        return self._saved_state is not None
+
+    @contextmanager
+    def pinned(self, hz: int) -> Iterator[Device]:
+        """Pin for the block; restore on every exit path (exception, SIGINT, SIGTERM)."""
+        from powerctl.safety import restore_on_exit
+
+        with restore_on_exit(self):
+            self.pin_frequency(hz)
+            yield self
+
+    # --- sensors --------------------------------------------------------------------------
+    def read_power_w(self) -> float:
+        """Total board power now, in W."""
+        raise DeviceError(f"{self.spec} has no power sensor")
+
+    def rails(self) -> dict[str, float]:
+        """Power per rail now, in W (empty when there is no sensor)."""
+        return {}
+
+    def power_sampler(self, rate_hz: float) -> PowerSampler:
+        """A sampler over this device's sensor, on this device's clock."""
+        if not self.has_power_sensor:
+            raise DeviceError(f"{self.spec} has no power sensor")
+        return ThreadSampler(self.read_power_w, self.clock, rate_hz)
+
+    @abstractmethod
+    def memory_bytes(self) -> int:
+        """Memory the GPU can use for training, in bytes."""
+
+    # --- work -----------------------------------------------------------------------------
+    def clock(self) -> float:
+        """Device time in seconds (wall time on real hardware, virtual time on simulated boards)."""
+        return time.perf_counter()
+
+    def synchronize(self) -> None:
+        _cuda_synchronize()
+
+    def run_step(self, fn: Callable[[], T], *, batch_size: int, workload: Workload) -> T:
+        """Run one training step and charge it to the device.
+
+        Real devices just run it and wait for the GPU; a simulated board also advances its
+        virtual clock and power sensor by its model of `workload` at `batch_size`.
+        """
+        result = fn()
+        self.synchronize()
+        return result
+
+    def describe(self) -> dict[str, Any]:
+        """What `powerctl devices --json` prints for this device."""
+        return {
+            "spec": self.spec,
+            "board": self.board,
+            "frequencies_hz": self.frequencies(),
+            "current_frequency_hz": self.current_frequency(),
+            "memory_bytes": self.memory_bytes(),
+            "power_sensor": self.has_power_sensor,
+            "rails": sorted(self.rails()) if self.has_power_sensor else [],
+        }
+
+    def close(self) -> None:
+        self.restore()
+
+    def __enter__(self) -> Device:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

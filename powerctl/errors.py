@@ -1,0 +1,25 @@
+"""Errors a user can act on. Each message is one line: what is wrong and what to do."""
+
+
+class PowerctlError(Exception):
+    """Base of every error the command line turns into one line and exit status 2."""
+
+
+class DeviceError(PowerctlError):
+    """The device is missing, unknown, or refused an operation."""
+
+
+class DevicePermissionError(DeviceError):
+    """Writing a knob needs privileges the process does not have."""
+
+
+class DeviceOutOfMemory(DeviceError):
+    """A batch does not fit in the device's memory; the profiler skips such batch sizes."""
+
+
+class FileFormatError(PowerctlError):
+    """A profile/relation/config file is malformed or inconsistent."""
+
+
+class InfeasibleCapError(PowerctlError):
+    """No profiled (batch size, frequency) pair stays under the power cap."""

@@ -1,0 +1,64 @@
+"""Power monitor: samples the sensor during a block of work and gives peak, mean and energy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import pairwise
+from types import TracebackType
+
+from powerctl.devices.base import Device, PowerSampler, PowerSamples
+
+
+@dataclass(frozen=True)
+class PowerReading:
+    peak_w: float
+    mean_w: float
+    """Time-weighted mean over the block."""
+    energy_j: float
+    seconds: float
+    samples: int
+
+
+def summarize(samples: PowerSamples) -> PowerReading:
+    """Peak, time-weighted mean and energy (trapezoid rule) of timestamped samples."""
+    if not samples:
+        raise ValueError("no power samples")
+    peak = max(w for _, w in samples)
+    seconds = samples[-1][0] - samples[0][0]
+    if seconds <= 0:
+        mean = sum(w for _, w in samples) / len(samples)
+        return PowerReading(peak, mean, 0.0, 0.0, len(samples))
+    energy = sum((t1 - t0) * (w0 + w1) / 2 for (t0, w0), (t1, w1) in pairwise(samples))
+    return PowerReading(peak, energy / seconds, energy, seconds, len(samples))
+
+
+class PowerMonitor:
+    """`with PowerMonitor(device, rate_hz) as m: work()` then `m.reading` (None without a sensor).
+
+    Real boards are polled by a background thread; a simulated board replays its virtual power
+    timeline at the same rate: the summary arithmetic is the same for both.
+    """
+
+    def __init__(self, device: Device, rate_hz: float = 50.0) -> None:
+        if rate_hz <= 0:
+            raise ValueError(f"sampling rate must be > 0 Hz, got {rate_hz}")
+        self.device, self.rate_hz = device, rate_hz
+        self.reading: PowerReading | None = None
+        self._sampler: PowerSampler | None = None
+
+    def __enter__(self) -> PowerMonitor:
+        self.reading = None
+        if self.device.has_power_sensor:
+            self._sampler = self.device.power_sampler(self.rate_hz)
+            self._sampler.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._sampler is None:
+            return
+        samples = self._sampler.stop()
+        self._sampler = None
+        if exc_type is None:
+            self.reading = summarize(samples)

@@ -1,0 +1,125 @@
+"""The profile table: peak power and time per (batch size, GPU frequency) — `powerctl.profile/1`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from powerctl.jsonfile import Fields, read_json, write_json
+
+PROFILE_SCHEMA = "powerctl.profile/1"
+_KNOWN = {"schema", "device", "model", "input_shape", "samples", "points", "profiling_seconds", "skipped"}
+
+
+@dataclass(frozen=True)
+class ProfilePoint:
+    batch_size: int
+    frequency_hz: int
+    peak_power_w: float
+    mean_power_w: float
+    seconds_per_batch: float
+    seconds_for_samples: float
+    """T_N(b, f): seconds to process the profile's `samples` at this point."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "batch_size": self.batch_size,
+            "frequency_hz": self.frequency_hz,
+            "peak_power_w": round(self.peak_power_w, 4),
+            "mean_power_w": round(self.mean_power_w, 4),
+            "seconds_per_batch": self.seconds_per_batch,
+            "seconds_for_samples": self.seconds_for_samples,
+        }
+
+
+@dataclass
+class Profile:
+    """Measured on one device for one model and input shape; a missing point = not profiled."""
+
+    device: str
+    model: str
+    input_shape: list[int]
+    samples: int
+    points: list[ProfilePoint]
+    profiling_seconds: float | None = None
+    """Device seconds the profiling itself cost (warm-up + measured steps)."""
+    skipped: list[dict[str, Any]] = field(default_factory=list)
+    """Batch sizes left out, with why (e.g. out of memory)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def batch_sizes(self) -> list[int]:
+        return sorted({p.batch_size for p in self.points})
+
+    def frequencies(self) -> list[int]:
+        return sorted({p.frequency_hz for p in self.points})
+
+    def point(self, batch_size: int, frequency_hz: int) -> ProfilePoint | None:
+        for p in self.points:
+            if p.batch_size == batch_size and p.frequency_hz == frequency_hz:
+                return p
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "schema": PROFILE_SCHEMA,
+            "device": self.device,
+            "model": self.model,
+            "input_shape": list(self.input_shape),
+            "samples": self.samples,
+            "points": [p.to_dict() for p in self.points],
+        }
+        if self.profiling_seconds is not None:
+            d["profiling_seconds"] = self.profiling_seconds
+        if self.skipped:
+            d["skipped"] = self.skipped
+        d.update(self.extra)
+        return d
+
+    def save(self, path: str | Path) -> None:
+        write_json(path, self.to_dict())
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "profile") -> Profile:
+        f = Fields(data, where)
+        shape = f.list_of("input_shape")
+        if not shape or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in shape):
+            raise f.fail("'input_shape' must be a list of positive integers")
+        points: list[ProfilePoint] = []
+        seen: set[tuple[int, int]] = set()
+        for i, raw in enumerate(f.list_of("points")):
+            if not isinstance(raw, dict):
+                raise f.fail(f"points[{i}] must be an object")
+            pf = Fields(raw, f"{where}: points[{i}]")
+            p = ProfilePoint(
+                batch_size=pf.integer("batch_size"),
+                frequency_hz=pf.integer("frequency_hz"),
+                peak_power_w=pf.number("peak_power_w", positive=True),
+                mean_power_w=pf.number("mean_power_w", positive=True),
+                seconds_per_batch=pf.number("seconds_per_batch", positive=True),
+                seconds_for_samples=pf.number("seconds_for_samples", positive=True),
+            )
+            if p.mean_power_w > p.peak_power_w * (1 + 1e-9):
+                raise pf.fail("mean_power_w exceeds peak_power_w")
+            key = (p.batch_size, p.frequency_hz)
+            if key in seen:
+                raise pf.fail(f"duplicate point for batch size {key[0]} at {key[1]} Hz")
+            seen.add(key)
+            points.append(p)
+        if not points:
+            raise f.fail("no profiled points")
+        cost = data.get("profiling_seconds")
+        return cls(
+            device=f.string("device"),
+            model=f.string("model"),
+            input_shape=list(shape),
+            samples=f.integer("samples"),
+            points=points,
+            profiling_seconds=None if cost is None else f.number("profiling_seconds"),
+            skipped=list(data.get("skipped") or []),
+            extra={k: v for k, v in data.items() if k not in _KNOWN},
+        )
+
+    @classmethod
+    def load(cls, path: str | Path) -> Profile:
+        return cls.from_dict(read_json(path, PROFILE_SCHEMA), str(path))

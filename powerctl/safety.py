@@ -1,0 +1,43 @@
+"""Restore the device on every exit path: normal end, exception, SIGINT, SIGTERM, SIGHUP, exit."""
+
+from __future__ import annotations
+
+import atexit
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from powerctl.devices.base import Device
+
+_TERMINATING = (signal.SIGTERM, signal.SIGHUP)
+
+
+def _raise_exit(signum: int, _frame: object) -> None:
+    # Turn a termination signal into an exception so that every `finally` runs.
+    raise SystemExit(128 + signum)
+
+
+@contextmanager
+def restore_on_exit(device: Device) -> Iterator[None]:
+    """Within the block, any way out of the process restores `device` first.
+
+    SIGINT already raises KeyboardInterrupt; SIGTERM and SIGHUP are turned into SystemExit
+    (only possible in the main thread; elsewhere the atexit hook still covers a clean exit).
+    """
+    previous: dict[int, object] = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in _TERMINATING:
+            previous[sig] = signal.signal(sig, _raise_exit)
+    atexit.register(device.restore)
+    try:
+        yield
+    finally:
+        try:
+            device.restore()
+        finally:
+            atexit.unregister(device.restore)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)  # type: ignore[arg-type]

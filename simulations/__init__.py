@@ -1,0 +1,1 @@
+"""Fleet files and the Ray fleet runner. Built in a later issue."""

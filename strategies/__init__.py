@@ -1,0 +1,1 @@
+"""Flower strategies (power-aware FedAvg and friends). Built in a later issue."""
