@@ -1,0 +1,66 @@
+"""What `powerctl devices` lists: every device this machine has, plus the simulated boards by name."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from powerctl.errors import DeviceError
+
+
+def _jetson() -> list[dict[str, Any]]:
+    """The Jetson this runs on, if the device tree says so; a broken one is listed with its error."""
+    from powerctl.devices import jetson
+
+    root = jetson.sysfs_root()
+    model = jetson.read_model(root)
+    if model is None or jetson.board_name(model, jetson.read_compatible(root)) is None:
+        return []
+    try:
+        with jetson.open_jetson("jetson") as board:
+            return [{"kind": "jetson", **board.describe()}]
+    except DeviceError as exc:
+        return [{"kind": "jetson", "spec": "jetson", "model": model, "error": str(exc)}]
+
+
+def _nvml_gpus() -> list[dict[str, Any]]:
+    """Every GPU NVML sees; nothing (silently) when NVML or the driver is missing."""
+    from powerctl.devices import nvml
+
+    try:
+        lib = nvml.load_nvml()
+    except DeviceError:
+        return []
+    try:
+        count = nvml.gpu_count(lib)
+    except DeviceError:
+        count = 0
+    finally:
+        nvml.shutdown_nvml(lib)
+    found = []
+    for index in range(count):
+        try:
+            with nvml.open_nvml(index) as gpu:
+                found.append({"kind": "nvml", **gpu.describe()})
+        except DeviceError as exc:
+            found.append({"kind": "nvml", "spec": f"nvml:{index}", "error": str(exc)})
+    return found
+
+
+def _host() -> dict[str, Any]:
+    from powerctl.devices.host import HostDevice
+
+    return {"kind": "host", **HostDevice().describe()}
+
+
+def _simulated() -> list[dict[str, Any]]:
+    """Simulated boards by spec only: opening one costs nothing but says nothing about this machine."""
+    try:
+        from powerctl.devices.simulated import SIM_BOARDS
+    except ImportError:
+        return []
+    return [{"kind": "sim", "spec": f"sim:{name}", "board": str(name)} for name in SIM_BOARDS]
+
+
+def detect_devices() -> list[dict[str, Any]]:
+    """Jetson (if any), NVML GPUs (if any), the host, then the simulated boards."""
+    return [*_jetson(), *_nvml_gpus(), _host(), *_simulated()]

@@ -1,0 +1,341 @@
+"""A real Jetson board through sysfs: GPU devfreq as the knob, INA3221 rails as the sensor (DESIGN §4).
+
+Every path is read under `POWERCTL_SYSFS_ROOT` (default ``/``), so the tests run on a fake tree.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from powerctl.devices.base import Device
+from powerctl.errors import DeviceError, DevicePermissionError
+
+ROOT_ENV = "POWERCTL_SYSFS_ROOT"
+MODEL_FILE = "proc/device-tree/model"
+COMPATIBLE_FILE = "proc/device-tree/compatible"
+
+# Known devfreq nodes first (fast, exact); any other board falls back to scanning /sys/class/devfreq.
+KNOWN_DEVFREQ: dict[str, tuple[str, ...]] = {
+    "jetson-nano": (
+        "sys/devices/gpu.0/devfreq/57000000.gpu",
+        "sys/devices/57000000.gpu/devfreq/57000000.gpu",
+        "sys/class/devfreq/57000000.gpu",
+    ),
+    "jetson-tx2nx": (
+        "sys/devices/17000000.gp10b/devfreq/17000000.gp10b",
+        "sys/class/devfreq/17000000.gp10b",
+    ),
+}
+DEVFREQ_CLASS = "sys/class/devfreq"
+_GPU_NODE = re.compile(r"gpu|gp10b|gv11b|ga10b|gb10b|gm20b|gk20a")
+
+INA3221X_IIO_GLOB = "sys/bus/i2c/drivers/ina3221x/*/iio:device*"  # JetPack 4
+INA3221_HWMON_GLOB = "sys/bus/i2c/drivers/ina3221/*/hwmon/hwmon*"  # JetPack 5/6
+TOTAL_RAILS = ("POM_5V_IN", "VDD_IN", "VIN_SYS_5V0")
+
+NO_JETSON_HINT = "use sim:jetson-nano to simulate one"
+
+
+def sysfs_root() -> Path:
+    """The root every sysfs/procfs path lives under: `/` on a board, a fake tree in tests."""
+    return Path(os.environ.get(ROOT_ENV) or "/")
+
+
+def _read(path: Path) -> str:
+    """The stripped text of a sysfs file; a failure is one DeviceError line naming the file."""
+    try:
+        return path.read_text(errors="replace").strip()
+    except OSError as exc:
+        raise DeviceError(f"reading {path} failed: {exc.strerror or exc}") from None
+
+
+def _write_sysfs(path: Path, value: str) -> None:
+    """Write `value` the way sysfs holds it (text + newline), in ONE write call, truncating.
+
+    sysfs ignores O_TRUNC, a regular file (the fake tree) needs it so no old bytes survive.
+    """
+    data = f"{value}\n".encode()
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+    except PermissionError:
+        raise DevicePermissionError(
+            f"writing {path} needs root: run with sudo, or add a udev rule granting write access to "
+            "the devfreq files"
+        ) from None
+    except OSError as exc:
+        raise DeviceError(f"writing {value} to {path} failed: {exc.strerror or exc}") from None
+
+
+# --- board identity -------------------------------------------------------------------------
+
+
+def read_model(root: Path) -> str | None:
+    """The device-tree model string (NUL stripped), or None when the file does not exist."""
+    path = root / MODEL_FILE
+    if not path.is_file():
+        return None
+    return _read(path).rstrip("\x00").strip()
+
+
+def read_compatible(root: Path) -> list[str]:
+    path = root / COMPATIBLE_FILE
+    if not path.is_file():
+        return []
+    return [c for c in _read(path).split("\x00") if c]
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def board_name(model: str, compatible: list[str] | None = None) -> str | None:
+    """``jetson-nano``/``jetson-tx2nx`` for the reference boards, a slug for newer ones, None if no Jetson.
+
+    Old L4T releases say ``jetson-nano`` or ``lanai-3636``; the compatible list settles those.
+    """
+    compat = " ".join(compatible or []).lower()
+    words = _slug(model).split("-")
+    if "orin" not in words and ("nano" in words or "p3448" in compat):
+        return "jetson-nano"
+    if ("tx2" in words and "nx" in words) or "tx2nx" in words or "lanai" in words or "p3636" in compat:
+        return "jetson-tx2nx"
+    if "jetson" not in words and "nvidia,tegra" not in compat:
+        return None
+    for noise in ("NVIDIA", "Engineering Reference", "Developer Kit"):
+        model = re.sub(re.escape(noise), " ", model, flags=re.IGNORECASE)
+    slug = _slug(model)
+    return slug if slug.startswith("jetson") else f"jetson-{slug}"
+
+
+# --- devfreq --------------------------------------------------------------------------------
+
+
+def find_devfreq(root: Path, board: str) -> Path | None:
+    """The GPU's devfreq directory: a known path for the board, else the first GPU node in the class."""
+    for rel in KNOWN_DEVFREQ.get(board, ()):
+        node = root / rel
+        if (node / "available_frequencies").is_file():
+            return node
+    class_dir = root / DEVFREQ_CLASS
+    if class_dir.is_dir():
+        for node in sorted(class_dir.iterdir()):
+            if _GPU_NODE.search(node.name.lower()) and (node / "available_frequencies").is_file():
+                return node
+    return None
+
+
+def _parse_table(path: Path) -> list[int]:
+    text = _read(path)
+    try:
+        return sorted({int(tok) for tok in text.split()})
+    except ValueError:
+        raise DeviceError(f"{path} is not a list of frequencies in Hz: {text[:80]!r}") from None
+
+
+# --- power rails ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rail:
+    """One INA3221 channel: either a power file (mW) or a voltage (mV) and a current (mA) file."""
+
+    name: str
+    power_mw: Path | None = None
+    voltage_mv: Path | None = None
+    current_ma: Path | None = None
+
+    def read_w(self) -> float:
+        if self.power_mw is not None:
+            return _read_number(self.power_mw) / 1000.0
+        assert self.voltage_mv is not None and self.current_ma is not None
+        return _read_number(self.voltage_mv) * _read_number(self.current_ma) / 1e6
+
+
+def _read_number(path: Path) -> float:
+    text = _read(path)
+    try:
+        return float(text)
+    except ValueError:
+        raise DeviceError(f"{path} does not hold a number: {text[:40]!r}") from None
+
+
+def _iio_rails(root: Path) -> list[Rail]:
+    """JetPack 4 ``ina3221x`` iio devices: ``rail_name_N`` + ``in_powerN_input`` (mW)."""
+    rails = []
+    for dev in sorted(root.glob(INA3221X_IIO_GLOB)):
+        for name_file in sorted(dev.glob("rail_name_*")):
+            channel = name_file.name.rsplit("_", 1)[-1]
+            power = dev / f"in_power{channel}_input"
+            name = _read(name_file)
+            if name and power.is_file():
+                rails.append(Rail(name, power_mw=power))
+    return rails
+
+
+def _hwmon_rails(root: Path) -> list[Rail]:
+    """JetPack 5/6 ``ina3221`` hwmon: ``inN_label``, ``inN_input`` (mV), ``currN_input`` (mA)."""
+    rails = []
+    for dev in sorted(root.glob(INA3221_HWMON_GLOB)):
+        for label_file in sorted(dev.glob("in*_label")):
+            channel = label_file.name[len("in") : -len("_label")]
+            volt, curr = dev / f"in{channel}_input", dev / f"curr{channel}_input"
+            name = _read(label_file)
+            if name and name.upper() != "NC" and volt.is_file() and curr.is_file():
+                rails.append(Rail(name, voltage_mv=volt, current_ma=curr))
+    return rails
+
+
+def find_rails(root: Path) -> list[Rail]:
+    """Every INA3221 rail on the board, names made unique (boards with two chips may repeat one)."""
+    rails, seen = [], set()
+    for rail in _iio_rails(root) + _hwmon_rails(root):
+        name, n = rail.name, 2
+        while name in seen:
+            name, n = f"{rail.name}#{n}", n + 1
+        seen.add(name)
+        rails.append(Rail(name, rail.power_mw, rail.voltage_mv, rail.current_ma))
+    return rails
+
+
+def _is_total_name(name: str) -> bool:
+    tokens = [t for t in re.split(r"[^A-Z0-9]+", name.upper()) if t]
+    return "IN" in tokens or any(t.startswith("VIN") for t in tokens)
+
+
+def total_rail(rails: list[Rail]) -> Rail | None:
+    """The board's input rail (what a wall-power cap limits); None when no rail looks like one."""
+    by_name = {r.name.upper(): r for r in rails}
+    for name in TOTAL_RAILS:
+        if name in by_name:
+            return by_name[name]
+    return next((r for r in rails if _is_total_name(r.name)), None)
+
+
+# --- the device -----------------------------------------------------------------------------
+
+
+class JetsonBoard(Device):
+    """A Jetson: pins the GPU by writing devfreq min_freq == max_freq, reads power from INA3221."""
+
+    def __init__(self, spec: str, board: str, model: str, root: Path) -> None:
+        super().__init__()
+        self.spec, self.board, self.model, self.root = spec, board, model, root
+        self.devfreq = find_devfreq(root, board)
+        self._table = self._parse_devfreq_table()
+        self._rails = find_rails(root)
+        self._total = total_rail(self._rails)
+        self.has_power_sensor = bool(self._rails)
+
+    def _parse_devfreq_table(self) -> list[int]:
+        return [] if self.devfreq is None else _parse_table(self.devfreq / "available_frequencies")
+
+    def _devfreq_file(self, name: str) -> Path:
+        if self.devfreq is None:
+            raise DeviceError(f"{self.spec}: no GPU devfreq node found under {self.root}")
+        return self.devfreq / name
+
+    def _read_freq(self, name: str) -> int:
+        path = self._devfreq_file(name)
+        text = _read(path)
+        try:
+            return int(text)
+        except ValueError:
+            raise DeviceError(f"{path} does not hold a frequency in Hz: {text[:40]!r}") from None
+
+    # --- knob -----------------------------------------------------------------------------
+    def frequencies(self) -> list[int]:
+        return list(self._table)
+
+    def current_frequency(self) -> int | None:
+        return None if self.devfreq is None else self._read_freq("cur_freq")
+
+    def _write_pin(self, hz: int) -> None:
+        """min_freq = max_freq = hz, ordered so that min ≤ max holds after every single write."""
+        order = ("max_freq", "min_freq") if hz > self._read_freq("max_freq") else ("min_freq", "max_freq")
+        for name in order:
+            _write_sysfs(self._devfreq_file(name), str(hz))
+
+    def snapshot(self) -> dict[str, Any]:
+        if self.devfreq is None:
+            return {}
+        governor = self.devfreq / "governor"
+        return {
+            "governor": _read(governor) if governor.is_file() else None,
+            "min_freq": _read(self.devfreq / "min_freq"),
+            "max_freq": _read(self.devfreq / "max_freq"),
+        }
+
+    def apply_snapshot(self, state: dict[str, Any]) -> None:
+        """Put back exactly the saved strings; unchanged files are not written (no root needed for them)."""
+        if self.devfreq is None or not state:
+            return
+        lo, hi = str(state["min_freq"]), str(state["max_freq"])
+        order = (
+            ("max_freq", "min_freq") if int(lo) > self._read_freq("max_freq") else ("min_freq", "max_freq")
+        )
+        for name in order:
+            self._write_if_different(name, lo if name == "min_freq" else hi)
+        if state.get("governor") is not None:
+            self._write_if_different("governor", str(state["governor"]))
+
+    def _write_if_different(self, name: str, value: str) -> None:
+        path = self._devfreq_file(name)
+        if _read(path) != value:
+            _write_sysfs(path, value)
+
+    # --- sensors --------------------------------------------------------------------------
+    def rails(self) -> dict[str, float]:
+        return {rail.name: rail.read_w() for rail in self._rails}
+
+    def read_power_w(self) -> float:
+        """The board's input rail; without a recognised one, the sum of all rails."""
+        if not self._rails:
+            raise DeviceError(f"{self.spec} ({self.model}): no INA3221 power rails found under {self.root}")
+        if self._total is not None:
+            return self._total.read_w()
+        return sum(rail.read_w() for rail in self._rails)
+
+    def memory_bytes(self) -> int:
+        """MemTotal: the GPU shares the board's memory with the CPU."""
+        path = self.root / "proc/meminfo"
+        for line in _read(path).splitlines():
+            key, _, rest = line.partition(":")
+            if key == "MemTotal":
+                value, *unit = rest.split()
+                return int(value) * (1024 if unit and unit[0].lower() == "kb" else 1)
+        raise DeviceError(f"{path} has no MemTotal line")
+
+    def describe(self) -> dict[str, Any]:
+        info = super().describe()
+        info.update(
+            rails=[rail.name for rail in self._rails],
+            total_rail=self._total.name if self._total is not None else None,
+            model=self.model,
+            devfreq=str(self.devfreq) if self.devfreq is not None else None,
+        )
+        return info
+
+
+def open_jetson(spec: str) -> JetsonBoard:
+    """``jetson`` detects the board; ``jetson-nano`` etc. must match what the device tree says."""
+    root = sysfs_root()
+    model = read_model(root)
+    if model is None:
+        raise DeviceError(f"no Jetson found under {root} (/{MODEL_FILE} missing); {NO_JETSON_HINT}")
+    board = board_name(model, read_compatible(root))
+    if board is None:
+        raise DeviceError(f"no Jetson found under {root}: the device tree says {model!r}; {NO_JETSON_HINT}")
+    if spec not in ("jetson", board):
+        raise DeviceError(
+            f"device spec {spec!r} does not match this board: it is a {board} ({model}); "
+            f"use the spec jetson or {board}"
+        )
+    return JetsonBoard(spec, board, model, root)

@@ -1,0 +1,174 @@
+"""A discrete NVIDIA GPU through NVML (nvidia-ml-py): locked graphics clocks as the knob, board power.
+
+`pynvml` is imported when a GPU is opened, never at package import, so machines without a driver
+(a Jetson, a laptop, CI) are not affected by this module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from types import ModuleType
+from typing import Any, NoReturn
+
+from powerctl.devices.base import Device
+from powerctl.errors import DeviceError, DevicePermissionError
+
+MHZ = 1_000_000
+
+
+def load_nvml() -> ModuleType:
+    """`pynvml`, initialised; one DeviceError line when the library or the driver is missing."""
+    try:
+        import pynvml
+    except ImportError as exc:
+        raise DeviceError(f"NVML is not available (no NVIDIA driver?): {exc}") from None
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:  # NVMLError, or OSError from ctypes when libnvidia-ml is absent
+        raise DeviceError(f"NVML is not available (no NVIDIA driver?): {exc}") from None
+    return pynvml
+
+
+def shutdown_nvml(nvml: ModuleType) -> None:
+    """Drop one nvmlInit reference; best effort, the process keeps working without NVML."""
+    with contextlib.suppress(Exception):
+        nvml.nvmlShutdown()
+
+
+def gpu_count(nvml: ModuleType) -> int:
+    try:
+        return int(nvml.nvmlDeviceGetCount())
+    except nvml.NVMLError as exc:
+        raise DeviceError(f"NVML could not count the GPUs: {exc}") from None
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def board_slug(name: str) -> str:
+    """``NVIDIA A100-SXM4-80GB`` → ``nvml-nvidia-a100-sxm4-80gb``: the profile's device field."""
+    return "nvml-" + re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+class NvmlGpu(Device):
+    """One NVML GPU. NVML cannot read locked clocks back, so restoring means resetting the lock."""
+
+    def __init__(self, nvml: ModuleType, index: int) -> None:
+        super().__init__()
+        self._nvml, self.index, self.spec = nvml, index, f"nvml:{index}"
+        self.name = "?"
+        self._handle = self._call("opening the GPU", nvml.nvmlDeviceGetHandleByIndex, index)
+        self.name = _text(self._call("reading the GPU name", nvml.nvmlDeviceGetName, self._handle))
+        self.board = board_slug(self.name)
+        self._table = self._read_table()
+        self.has_power_sensor = self._probe_power()
+        self._closed = False
+
+    def _fail(self, what: str, exc: Any) -> NoReturn:
+        """Map an NVMLError to the one-line error a user can act on."""
+        nvml = self._nvml
+        if exc.value == nvml.NVML_ERROR_NO_PERMISSION:
+            raise DevicePermissionError(
+                f"{what} needs root: run with sudo ({self.spec}, {self.name}: NVML says {exc})"
+            ) from None
+        if exc.value == nvml.NVML_ERROR_NOT_SUPPORTED:
+            raise DeviceError(
+                f"{self.spec} ({self.name}) does not support {what} (NVML says {exc})"
+            ) from None
+        raise DeviceError(f"{what} on {self.spec} ({self.name}) failed: NVML says {exc}") from None
+
+    def _call(self, what: str, fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except self._nvml.NVMLError as exc:
+            self._fail(what, exc)
+
+    def _read_table(self) -> list[int]:
+        """Graphics clocks supported at the highest memory clock, in Hz ascending; [] when NVML has none."""
+        nvml = self._nvml
+        try:
+            mem = nvml.nvmlDeviceGetSupportedMemoryClocks(self._handle)
+            if not mem:
+                return []
+            graphics = nvml.nvmlDeviceGetSupportedGraphicsClocks(self._handle, max(mem))
+        except nvml.NVMLError as exc:
+            if exc.value == nvml.NVML_ERROR_NOT_SUPPORTED:
+                return []
+            self._fail("listing supported clocks", exc)
+        return sorted({int(mhz) * MHZ for mhz in graphics})
+
+    def _probe_power(self) -> bool:
+        try:
+            self._nvml.nvmlDeviceGetPowerUsage(self._handle)
+        except self._nvml.NVMLError:
+            return False
+        return True
+
+    # --- knob -----------------------------------------------------------------------------
+    def frequencies(self) -> list[int]:
+        return list(self._table)
+
+    def current_frequency(self) -> int | None:
+        nvml = self._nvml
+        mhz = self._call(
+            "reading the graphics clock", nvml.nvmlDeviceGetClockInfo, self._handle, nvml.NVML_CLOCK_GRAPHICS
+        )
+        return int(mhz) * MHZ
+
+    def _write_pin(self, hz: int) -> None:
+        mhz = hz // MHZ
+        self._call("locking GPU clocks", self._nvml.nvmlDeviceSetGpuLockedClocks, self._handle, mhz, mhz)
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"locked": None}
+
+    def apply_snapshot(self, state: dict[str, Any]) -> None:
+        self._call("resetting locked GPU clocks", self._nvml.nvmlDeviceResetGpuLockedClocks, self._handle)
+
+    # --- sensors --------------------------------------------------------------------------
+    def read_power_w(self) -> float:
+        if not self.has_power_sensor:
+            raise DeviceError(f"{self.spec} ({self.name}) has no power sensor NVML can read")
+        return self._call("reading power", self._nvml.nvmlDeviceGetPowerUsage, self._handle) / 1000.0
+
+    def rails(self) -> dict[str, float]:
+        return {"board": self.read_power_w()} if self.has_power_sensor else {}
+
+    def memory_bytes(self) -> int:
+        info = self._call("reading memory size", self._nvml.nvmlDeviceGetMemoryInfo, self._handle)
+        return int(info.total)
+
+    def describe(self) -> dict[str, Any]:
+        info = super().describe()
+        info.update(name=self.name, index=self.index)
+        return info
+
+    def close(self) -> None:
+        """Release the clock lock, then NVML (each open holds one nvmlInit reference)."""
+        if self._closed:
+            return
+        try:
+            super().close()
+        finally:
+            self._closed = True
+            shutdown_nvml(self._nvml)
+
+
+def open_nvml(index: int) -> NvmlGpu:
+    """``nvml:INDEX``; an index past the last GPU names how many there are."""
+    nvml = load_nvml()
+    try:
+        count = gpu_count(nvml)
+        if not 0 <= index < count:
+            if count == 0:
+                raise DeviceError(f"nvml:{index}: NVML found no NVIDIA GPU")
+            raise DeviceError(
+                f"nvml:{index}: there {'is' if count == 1 else 'are'} {count} NVIDIA GPU"
+                f"{'' if count == 1 else 's'} here (nvml:0 … nvml:{count - 1})"
+            )
+        return NvmlGpu(nvml, index)
+    except BaseException:
+        shutdown_nvml(nvml)
+        raise
