@@ -1,10 +1,10 @@
 """Open a device by spec string (DESIGN §4).
 
-    host                      this machine, no knob, no sensor
-    sim:jetson-nano, sim:...  a simulated board (see powerctl/data/boards.yaml)
-    jetson                    the Jetson this runs on (auto-detect via /proc/device-tree/model)
-    jetson-nano, jetson-tx2nx a named Jetson board (sysfs)
-    nvml:INDEX                a discrete NVIDIA GPU through NVML
+host                      this machine, no knob, no sensor
+sim:jetson-nano, sim:...  a simulated board (see powerctl/data/boards.yaml)
+jetson                    the Jetson this runs on (auto-detect via /proc/device-tree/model)
+jetson-nano, jetson-tx2nx a named Jetson board (sysfs)
+nvml:INDEX                a discrete NVIDIA GPU through NVML
 """
 
 from __future__ import annotations

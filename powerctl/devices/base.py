@@ -132,6 +132,15 @@ class Device(ABC):
             state, self._saved_state = self._saved_state, None
             self.apply_snapshot(state)
 
+    def release_snapshot(self) -> dict[str, Any] | None:
+        """Hand the pre-pin state to the caller and stop restoring it here.
+
+        For `powerctl freq --set`, which must leave the pin in place and persist the state so that
+        a later `--restore`, in another process, can put it back.
+        """
+        state, self._saved_state = self._saved_state, None
+        return state
+
     @property
     def is_pinned(self) -> bool:
         return self._saved_state is not None
@@ -171,6 +180,11 @@ class Device(ABC):
 
     def synchronize(self) -> None:
         _cuda_synchronize()
+
+    def torch_device(self) -> str:
+        """Where training tensors live: the GPU when torch sees one (a simulated board: the CPU)."""
+        torch = sys.modules.get("torch")
+        return "cuda" if torch is not None and torch.cuda.is_available() else "cpu"
 
     def run_step(self, fn: Callable[[], T], *, batch_size: int, workload: Workload) -> T:
         """Run one training step and charge it to the device.

@@ -1,0 +1,192 @@
+"""Simulated Jetson boards: real training steps on the CPU, virtual clock and power sensor.
+
+The step itself runs for real (so accuracy dynamics are real); its cost on the board is charged
+from the calibrated model in powerctl/data/boards.yaml and the workload's measured FLOPs and
+memory: a bigger network takes longer and draws more; too big a batch does not fit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import numpy as np
+
+from powerctl.boards import BoardModel, board_model, board_names
+from powerctl.devices.base import Device, PowerSampler, PowerSamples
+from powerctl.errors import DeviceError, DeviceOutOfMemory
+from powerctl.workload import Workload
+
+T = TypeVar("T")
+
+SIM_BOARDS = ("jetson-nano", "jetson-tx2nx")
+"""Boards with a simulation model; `sim:NAME` opens one."""
+
+TIME_NOISE = 0.01
+"""Relative standard deviation of a step's duration (seeded)."""
+POWER_NOISE = 0.01
+"""Relative standard deviation of a power reading (seeded)."""
+
+_ADAM_PASSES = 7
+"""Parameter-sized memory passes of an Adam step: read p, g, m, v; write p, m, v."""
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """The model's prediction for one training step at (batch size, frequency), noise-free."""
+
+    compute_s: float
+    fixed_s: float
+    compute_w: float
+    fixed_w: float
+    utilisation: float
+
+    @property
+    def seconds(self) -> float:
+        return self.compute_s + self.fixed_s
+
+
+def step_cost(board: BoardModel, workload: Workload, batch_size: int, hz: int) -> StepCost:
+    """Time and power of one step: a compute phase that uses the GPU better as batches grow, and
+    a fixed phase (launches, optimizer) bound by CPU and memory bandwidth, not the GPU clock."""
+    gflop = batch_size * workload.flops_per_sample / 1e9
+    u = board.max_utilisation * gflop / (gflop + board.half_utilisation_gflop)
+    ghz = hz / 1e9
+    compute_s = gflop / (board.gflops_per_ghz * ghz * u) if gflop > 0 else 0.0
+    optimizer_s = _ADAM_PASSES * workload.parameter_bytes / (board.memory_bandwidth_gbs * 1e9)
+    dynamic = board.full_load_power(hz) - board.idle_power_w
+    return StepCost(
+        compute_s=compute_s,
+        fixed_s=board.step_overhead_s + optimizer_s,
+        compute_w=board.idle_power_w + u * dynamic,
+        fixed_w=board.idle_power_w + board.overhead_utilisation * dynamic,
+        utilisation=u,
+    )
+
+
+class TimelineSampler(PowerSampler):
+    """Reads the virtual sensor at every change of power, so peak and energy are exact up to noise."""
+
+    def __init__(self, board: SimulatedBoard) -> None:
+        self._board = board
+        self._samples: PowerSamples = []
+
+    def start(self) -> None:
+        t = self._board.clock()
+        self._samples = [(t, self._board.read_power_w())]
+        self._board._samplers.append(self)
+
+    def record(self, t0: float, t1: float, watts: float) -> None:
+        # two readings per constant-power segment: the trapezoid rule then integrates it exactly
+        self._samples.append((t0, self._board._noisy(watts)))
+        self._samples.append((t1, self._board._noisy(watts)))
+
+    def stop(self) -> PowerSamples:
+        if self in self._board._samplers:
+            self._board._samplers.remove(self)
+        self._samples.append((self._board.clock(), self._board.read_power_w()))
+        return self._samples
+
+
+class SimulatedBoard(Device):
+    """`sim:NAME`: the board's frequency table, memory and calibrated power/time model."""
+
+    has_power_sensor = True
+
+    def __init__(self, model: BoardModel, seed: int = 0, *, noise: bool = True) -> None:
+        super().__init__()
+        self.model = model
+        self.board = model.name
+        self.spec = f"sim:{model.name}"
+        self._min_hz, self._max_hz = model.frequencies_hz[0], model.frequencies_hz[-1]
+        self._t = 0.0
+        self._watts = model.idle_power_w
+        self._rng = np.random.default_rng(seed)
+        self._time_noise, self._power_noise = (TIME_NOISE, POWER_NOISE) if noise else (0.0, 0.0)
+        self._samplers: list[TimelineSampler] = []
+
+    @classmethod
+    def open(cls, name: str, *, seed: int = 0, noise: bool = True) -> SimulatedBoard:
+        if name not in SIM_BOARDS:
+            known = ", ".join(f"sim:{b}" for b in SIM_BOARDS if b in board_names())
+            raise DeviceError(f"no simulated board named {name!r}; choose one of: {known}")
+        return cls(board_model(name), seed=seed, noise=noise)
+
+    # knob: the devfreq min/max pair of a real board, under a governor that runs at max under load
+    def frequencies(self) -> list[int]:
+        return list(self.model.frequencies_hz)
+
+    def current_frequency(self) -> int:
+        return self._max_hz
+
+    def _write_pin(self, hz: int) -> None:
+        self._min_hz = self._max_hz = hz
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"min_freq": self._min_hz, "max_freq": self._max_hz}
+
+    def apply_snapshot(self, state: dict[str, Any]) -> None:
+        self._min_hz, self._max_hz = int(state["min_freq"]), int(state["max_freq"])
+
+    # sensor
+    def _noisy(self, watts: float) -> float:
+        return float(watts * (1.0 + self._power_noise * self._rng.standard_normal()))
+
+    def read_power_w(self) -> float:
+        return self._noisy(self._watts)
+
+    def rails(self) -> dict[str, float]:
+        return {self.model.rails[0] if self.model.rails else "total": self.read_power_w()}
+
+    def power_sampler(self, rate_hz: float) -> PowerSampler:
+        return TimelineSampler(self)
+
+    def memory_bytes(self) -> int:
+        return self.model.training_memory_bytes
+
+    # work
+    def clock(self) -> float:
+        return self._t
+
+    def synchronize(self) -> None:
+        return None
+
+    def torch_device(self) -> str:
+        return "cpu"
+
+    def predict(self, workload: Workload, batch_size: int, hz: int | None = None) -> StepCost:
+        """The model's noise-free cost of one step at `hz` (default: the frequency in force)."""
+        return step_cost(self.model, workload, batch_size, self._max_hz if hz is None else hz)
+
+    def check_fits(self, workload: Workload, batch_size: int) -> None:
+        need = workload.memory_bytes(batch_size)
+        if need > self.memory_bytes():
+            raise DeviceOutOfMemory(
+                f"batch size {batch_size} of {workload.model} needs {need / 2**30:.2f} GiB; "
+                f"{self.spec} has {self.memory_bytes() / 2**30:.2f} GiB for training"
+            )
+
+    def run_step(self, fn: Callable[[], T], *, batch_size: int, workload: Workload) -> T:
+        self.check_fits(workload, batch_size)
+        result = fn()
+        cost = self.predict(workload, batch_size)
+        jitter = max(0.5, 1.0 + self._time_noise * self._rng.standard_normal())
+        self._advance(cost.compute_s * jitter, cost.compute_w)
+        self._advance(cost.fixed_s * jitter, cost.fixed_w)
+        self._watts = cost.fixed_w
+        return result
+
+    def _advance(self, seconds: float, watts: float) -> None:
+        if seconds <= 0 or not math.isfinite(seconds):
+            return
+        t0, self._t = self._t, self._t + seconds
+        for sampler in self._samplers:
+            sampler.record(t0, self._t, watts)
+
+    def describe(self) -> dict[str, Any]:
+        d = super().describe()
+        d["description"] = f"simulated {self.model.description}"
+        d["rails"] = list(self.model.rails[:1])
+        return d
