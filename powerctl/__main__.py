@@ -1,0 +1,5 @@
+import sys
+
+from powerctl.cli import main
+
+sys.exit(main())

@@ -1,0 +1,352 @@
+"""`powerctl`: devices, power, freq, profile, select, plot (DESIGN §6).
+
+Every user error is one line on stderr and exit status 2; nothing on the device is left changed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from powerctl.cliutil import EXIT_USAGE, one_line_errors
+from powerctl.devices import SPEC_HELP, open_device
+from powerctl.errors import InfeasibleCapError, PowerctlError
+
+PROG = "powerctl"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # one line, not usage + message: the same shape as every other error of this command
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _power_cap(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"power cap must be a number of watts, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"power cap must be a positive number of watts, got {text!r}")
+    return value
+
+
+def _frequency(text: str) -> int:
+    t = text.strip().lower()
+    scale = {"ghz": 1e9, "mhz": 1e6, "khz": 1e3, "hz": 1.0}
+    for suffix, factor in scale.items():
+        if t.endswith(suffix):
+            t, mult = t[: -len(suffix)], factor
+            break
+    else:
+        mult = 1.0
+    try:
+        hz = float(t) * mult
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"frequency must be in Hz (or with MHz/GHz), got {text!r}") from None
+    if not math.isfinite(hz) or hz <= 0:
+        raise argparse.ArgumentTypeError(f"frequency must be positive, got {text!r}")
+    return round(hz)
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2))
+
+
+def _mhz(hz: int | None) -> str:
+    return "-" if hz is None else f"{hz / 1e6:.1f} MHz"
+
+
+# --- devices / power / freq -------------------------------------------------------------------
+def cmd_devices(args: argparse.Namespace) -> int:
+    from powerctl.devices.detect import detect_devices
+
+    devices = detect_devices()
+    if args.json:
+        _print_json(devices)
+        return 0
+    for d in devices:
+        freqs = d.get("frequencies_hz") or []
+        span = (
+            f"{len(freqs)} frequencies {_mhz(freqs[0])} … {_mhz(freqs[-1])}" if freqs else "no frequency knob"
+        )
+        rails = ", ".join(d.get("rails") or []) or "no power sensor"
+        print(f"{d['spec']:<20} {d.get('board', ''):<18} {span}; rails: {rails}")
+    return 0
+
+
+def cmd_power(args: argparse.Namespace) -> int:
+    with open_device(args.device) as dev:
+        total = dev.read_power_w()
+        rails = dev.rails()
+    if args.json:
+        _print_json({"device": args.device, "power_w": total, "rails_w": rails})
+    else:
+        print(f"{total:.3f} W" + "".join(f"\n  {k}: {v:.3f} W" for k, v in rails.items()))
+    return 0
+
+
+def _state_key(dev: Any) -> str:
+    """One saved state per physical board: `jetson` and `jetson-nano` name the same one."""
+    return f"jetson:{dev.board}" if dev.spec.startswith("jetson") else dev.spec
+
+
+def cmd_freq(args: argparse.Namespace) -> int:
+    from powerctl.freqstate import clear_state, load_state, save_state
+
+    with open_device(args.device) as dev:
+        if args.set is not None:
+            dev.pin_frequency(args.set)
+            state = dev.release_snapshot()  # the pin stays after we exit; --restore undoes it
+            if state is not None:
+                save_state(_state_key(dev), state)
+            message = f"pinned {args.device} at {_mhz(args.set)}"
+        elif args.restore:
+            state = load_state(_state_key(dev))
+            if state is None:
+                message = f"nothing to restore for {args.device}: no earlier `powerctl freq --set`"
+            else:
+                dev.apply_snapshot(state)
+                clear_state(_state_key(dev))
+                message = f"restored {args.device} to {state}"
+        else:
+            message = ""
+        info = {
+            "device": args.device,
+            "current_frequency_hz": dev.current_frequency(),
+            "frequencies_hz": dev.frequencies(),
+        }
+    if args.json:
+        _print_json(info | ({"message": message} if message else {}))
+    else:
+        if message:
+            print(message)
+        print(f"current: {_mhz(info['current_frequency_hz'])}")
+        print("available: " + " ".join(f"{f / 1e6:g}" for f in info["frequencies_hz"]) + " MHz")
+    return 0
+
+
+# --- profile ----------------------------------------------------------------------------------
+def _training_step_factory(
+    model_name: str, num_classes: int | None, device: Any, seed: int
+) -> tuple[Any, Any]:
+    """Compose powerctl with the training package's model registry (the only place that does)."""
+    import torch
+
+    from training.models import build_model, example_batch, get_model_spec, loss_fn, model_workload
+
+    spec = get_model_spec(model_name)
+    torch.manual_seed(seed)
+    where = device.torch_device()
+    model = build_model(model_name, **({"num_classes": num_classes} if num_classes else {}), seed=seed)
+    workload = model_workload(model_name, model, num_classes)
+    model = model.to(where)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    loss = loss_fn(spec.task)
+    gen = torch.Generator().manual_seed(seed)
+
+    def make_step(batch_size: int) -> Any:
+        x, y = example_batch(model_name, batch_size, num_classes, generator=gen)
+        x, y = x.to(where), y.to(where)
+
+        def step() -> None:
+            optimizer.zero_grad(set_to_none=True)
+            loss(model(x), y).backward()
+            optimizer.step()
+
+        return step
+
+    return workload, make_step
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from powerctl.profiler import profile_device
+
+    if args.order == "efficient" and args.power_cap is None:
+        raise PowerctlError("--order efficient needs --power-cap W (it stops each batch size at the cap)")
+    with open_device(args.device, seed=args.seed) as dev:
+        workload, make_step = _training_step_factory(args.model, args.num_classes, dev, args.seed)
+        profile = profile_device(
+            dev,
+            workload,
+            make_step,
+            batch_sizes=args.batch_sizes,
+            samples=args.samples,
+            order=args.order,
+            power_cap_w=args.power_cap,
+            warmup_steps=args.warmup,
+            measure_steps=args.steps,
+            rate_hz=args.rate,
+            progress=not args.quiet,
+        )
+    profile.save(args.out)
+    cost = profile.profiling_seconds or 0.0
+    print(
+        f"wrote {args.out}: {len(profile.points)} points, batch sizes {profile.batch_sizes()}"
+        + (
+            f", skipped {[s['batch_size'] for s in profile.skipped]} (out of memory)"
+            if profile.skipped
+            else ""
+        )
+        + f"; profiling took {cost:.1f} device seconds"
+    )
+    return 0
+
+
+# --- select / plot ----------------------------------------------------------------------------
+def cmd_select(args: argparse.Namespace) -> int:
+    from powerctl.profile_table import Profile
+    from powerctl.relation import RelationVector
+    from powerctl.selection import select
+
+    profile = Profile.load(args.profile)
+    relation = RelationVector.load(args.relation)
+    choice = select(profile, relation, args.power_cap)
+    if args.json:
+        _print_json(choice.to_json_dict())
+        return 0
+    print(
+        f"batch size {choice.batch_size} at {_mhz(choice.frequency_hz)}: "
+        f"predicted {choice.predicted_seconds:.1f} s "
+        f"to {relation.target_accuracy:.0%} accuracy, peak {choice.peak_power_w:.2f} W"
+        + (f" (cap {args.power_cap:g} W)" if args.power_cap else " (no cap)")
+    )
+    if args.compare:
+        from powerctl.baselines import compare
+
+        for row in compare(profile, relation, args.power_cap):
+            print("  " + "  ".join(f"{k}={v}" for k, v in row.items()))
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from powerctl.plot import plot_profile
+    from powerctl.profile_table import Profile
+    from powerctl.relation import RelationVector
+    from powerctl.selection import select
+
+    profile = Profile.load(args.profile)
+    relation = RelationVector.load(args.relation) if args.relation else None
+    selection = None
+    if relation is not None:
+        try:
+            selection = select(profile, relation, args.power_cap)
+        except InfeasibleCapError as exc:
+            print(f"{PROG} plot: note: {exc}", file=sys.stderr)
+    paths = plot_profile(
+        profile, args.out, power_cap_w=args.power_cap, relation=relation, selection=selection
+    )
+    for p in paths:
+        print(p)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog=PROG,
+        description="Power-aware training on edge GPUs: inspect devices, pin frequencies, profile "
+        "(batch size, frequency) pairs, and select the fastest pair under a power cap.",
+        epilog="Example: powerctl profile --device sim:jetson-nano --model resnet18-small --out profile.json",
+    )
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    device_help = f"device spec: {SPEC_HELP}"
+
+    s = sub.add_parser("devices", help="list the devices here, with frequency tables and rails")
+    s.add_argument("--json", action="store_true", help="print JSON")
+    s.set_defaults(func=cmd_devices)
+
+    s = sub.add_parser("power", help="one reading of the power sensor, in W")
+    s.add_argument("--device", required=True, help=device_help)
+    s.add_argument("--json", action="store_true", help="print JSON")
+    s.set_defaults(func=cmd_power)
+
+    s = sub.add_parser("freq", help="show, pin or restore the GPU frequency")
+    s.add_argument("--device", required=True, help=device_help)
+    g = s.add_mutually_exclusive_group()
+    g.add_argument(
+        "--set", type=_frequency, metavar="HZ", help="pin the GPU at HZ (e.g. 614400000 or 614.4MHz)"
+    )
+    g.add_argument("--restore", action="store_true", help="put back what was there before the first --set")
+    s.add_argument("--json", action="store_true", help="print JSON")
+    s.set_defaults(func=cmd_freq)
+
+    s = sub.add_parser("profile", help="measure peak power and time per (batch size, frequency)")
+    s.add_argument("--device", required=True, help=device_help)
+    s.add_argument("--model", required=True, help="model name from the training registry, e.g. resnet18")
+    s.add_argument("--out", required=True, type=Path, help="where to write the profile JSON")
+    s.add_argument("--batch-sizes", type=_int_list, default=[4, 8, 16, 32, 64], help="default: 4,8,16,32,64")
+    s.add_argument("--samples", type=_positive_int, default=10_000, help="N of T_N: samples (default 10000)")
+    s.add_argument(
+        "--order",
+        choices=["grid", "efficient"],
+        default="grid",
+        help="grid: every pair; efficient: stop each batch size at the cap (needs --power-cap)",
+    )
+    s.add_argument("--power-cap", type=_power_cap, metavar="W", help="power cap in W (for --order efficient)")
+    s.add_argument("--warmup", type=int, default=2, help="warm-up steps per point (default 2)")
+    s.add_argument("--steps", type=_positive_int, default=5, help="measured steps per point (default 5)")
+    s.add_argument("--rate", type=float, default=50.0, help="power sampling rate in Hz (default 50)")
+    s.add_argument("--num-classes", type=_positive_int, help="classes (image models; default 10)")
+    s.add_argument("--seed", type=int, default=0, help="seed of weights, inputs and simulated noise")
+    s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.set_defaults(func=cmd_profile)
+
+    s = sub.add_parser("select", help="the (batch size, frequency) with the least predicted time under a cap")
+    s.add_argument("--profile", required=True, type=Path, help="profile JSON (powerctl profile)")
+    s.add_argument("--relation", required=True, type=Path, help="relation vector JSON (fl-server relation)")
+    s.add_argument("--power-cap", type=_power_cap, metavar="W", help="power cap in W (omit: no cap)")
+    s.add_argument("--compare", action="store_true", help="also print the baselines")
+    s.add_argument(
+        "--json",
+        action="store_true",
+        help='print {"batch_size", "frequency_hz", "predicted_seconds", "peak_power_w"}',
+    )
+    s.set_defaults(func=cmd_select)
+
+    s = sub.add_parser("plot", help="heat maps of peak power and time over (batch size, frequency)")
+    s.add_argument("profile", type=Path, help="profile JSON")
+    s.add_argument("--out", required=True, type=Path, help="folder for the PNG files")
+    s.add_argument("--power-cap", type=_power_cap, metavar="W", help="draw the cap's boundary")
+    s.add_argument(
+        "--relation", type=Path, help="relation JSON: mark the selected pair, plot time-to-accuracy"
+    )
+    s.set_defaults(func=cmd_plot)
+    return p
+
+
+@one_line_errors(PROG)
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as done:  # --help, or a bad flag (already reported in one line)
+        return int(done.code or 0)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

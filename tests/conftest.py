@@ -1,0 +1,28 @@
+"""Every test runs against temporary roots: never the real /sys, state dir, caches or Flower home."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+@pytest.fixture(autouse=True)
+def _isolated_environment(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path_factory.mktemp("env")
+    (root / "sysfs").mkdir()
+    monkeypatch.setenv("POWERCTL_SYSFS_ROOT", str(root / "sysfs"))
+    monkeypatch.setenv("POWERCTL_STATE_DIR", str(root / "state"))
+    monkeypatch.setenv("POWERFED_CACHE", str(root / "cache"))
+    monkeypatch.setenv("FLWR_HOME", str(root / "flwr"))
+    monkeypatch.setenv("FLWR_TELEMETRY_ENABLED", "0")
+    monkeypatch.setenv("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
+
+
+@pytest.fixture
+def shared_data() -> Path:
+    """The real data beside the project; its absence is a failure, not a skip."""
+    assert SHARED_DATA.is_dir(), f"real data expected at {SHARED_DATA} (../shared/data)"
+    return SHARED_DATA

@@ -1,0 +1,130 @@
+"""The simulated board: the trade-off the method exploits, memory limits, seeded noise, knobs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from powerctl.boards import board_model
+from powerctl.devices import open_device
+from powerctl.devices.simulated import SimulatedBoard, step_cost
+from powerctl.errors import DeviceError, DeviceOutOfMemory
+from powerctl.monitor import PowerMonitor
+from powerctl.workload import Workload, measure_workload
+
+NANO = board_model("jetson-nano")
+
+
+def _cnn(width: int) -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(3, width, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(width, width, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(width, 10),
+    )
+
+
+def _workload(width: int) -> Workload:
+    model = _cnn(width)
+    x, y = torch.randn(2, 3, 32, 32), torch.randint(0, 10, (2,))
+    return measure_workload(model, x, y, nn.functional.cross_entropy, f"cnn{width}")
+
+
+@pytest.fixture(scope="module")
+def big() -> Workload:
+    return _workload(128)
+
+
+def test_larger_batch_is_faster_per_sample_but_draws_more_power(big: Workload) -> None:
+    f = NANO.frequencies_hz[-1]
+    costs = [step_cost(NANO, big, b, f) for b in (4, 16, 64, 256)]
+    per_sample = [c.seconds / b for c, b in zip(costs, (4, 16, 64, 256), strict=True)]
+    powers = [c.compute_w for c in costs]
+    assert per_sample == sorted(per_sample, reverse=True)
+    assert powers == sorted(powers) and powers[-1] > powers[0] + 1.0
+
+
+def test_under_a_cap_a_larger_batch_forces_a_lower_frequency(big: Workload) -> None:
+    cap = 5.0
+
+    def highest_feasible(b: int) -> int:
+        ok = [f for f in NANO.frequencies_hz if step_cost(NANO, big, b, f).compute_w <= cap]
+        return ok[-1]
+
+    assert highest_feasible(256) < highest_feasible(8)
+
+
+def test_power_never_exceeds_full_load_sgemm_power(big: Workload) -> None:
+    for f in NANO.frequencies_hz:
+        for b in (1, 64, 4096):
+            assert step_cost(NANO, big, b, f).compute_w <= NANO.full_load_power(f)
+
+
+def test_a_bigger_network_takes_longer_and_draws_more(big: Workload) -> None:
+    small = _workload(16)
+    assert small.flops_per_sample < big.flops_per_sample
+    f = NANO.frequencies_hz[-1]
+    s, b = step_cost(NANO, small, 32, f), step_cost(NANO, big, 32, f)
+    assert b.seconds > s.seconds and b.compute_w > s.compute_w
+
+
+def test_run_step_runs_the_real_step_and_charges_the_virtual_clock(big: Workload) -> None:
+    dev = SimulatedBoard(NANO, seed=0, noise=False)
+    calls = []
+    assert dev.run_step(lambda: calls.append(1) or "out", batch_size=32, workload=big) == "out"
+    assert calls == [1]
+    assert dev.clock() == pytest.approx(dev.predict(big, 32).seconds)
+
+
+def test_a_batch_that_does_not_fit_is_refused_before_running(big: Workload) -> None:
+    dev = open_device("sim:jetson-nano")
+    too_many = int(dev.memory_bytes() / big.activation_bytes_per_sample) + 1
+    ran = []
+    with pytest.raises(DeviceOutOfMemory, match=f"batch size {too_many}"):
+        dev.run_step(lambda: ran.append(1), batch_size=too_many, workload=big)
+    assert ran == [] and dev.clock() == 0.0
+
+
+def test_monitor_energy_matches_the_model(big: Workload) -> None:
+    dev = SimulatedBoard(NANO, seed=1, noise=False)
+    f = NANO.frequencies_hz[6]
+    with dev.pinned(f), PowerMonitor(dev) as mon:
+        for _ in range(10):
+            dev.run_step(lambda: None, batch_size=32, workload=big)
+    c = step_cost(NANO, big, 32, f)
+    assert mon.reading is not None
+    assert mon.reading.energy_j == pytest.approx(10 * (c.compute_s * c.compute_w + c.fixed_s * c.fixed_w))
+    assert mon.reading.peak_w == pytest.approx(c.compute_w)
+    assert mon.reading.seconds == pytest.approx(10 * c.seconds)
+
+
+def test_noise_is_seeded(big: Workload) -> None:
+    def trace(seed: int) -> list[float]:
+        dev = open_device("sim:jetson-nano", seed=seed)
+        out = []
+        for _ in range(5):
+            dev.run_step(lambda: None, batch_size=16, workload=big)
+            out += [dev.clock(), dev.read_power_w()]
+        return out
+
+    assert trace(3) == trace(3)
+    assert trace(3) != trace(4)
+
+
+def test_pin_and_restore() -> None:
+    dev = open_device("sim:jetson-tx2nx")
+    top = dev.current_frequency()
+    with dev.pinned(dev.frequencies()[2]):
+        assert dev.current_frequency() == dev.frequencies()[2]
+    assert dev.current_frequency() == top and not dev.is_pinned
+    with pytest.raises(DeviceError, match="not a frequency"):
+        dev.pin_frequency(123)
+
+
+def test_unknown_simulated_board() -> None:
+    with pytest.raises(DeviceError, match="sim:jetson-nano"):
+        open_device("sim:jetson-agx-thor")
