@@ -1,0 +1,184 @@
+"""The three baselines every comparison reports (DESIGN §1), and a method-vs-baselines table.
+
+- state-of-practice: the largest batch size that fits in memory, at the fixed frequency cap that keeps ANY
+  workload (full-load SGEMM) under the power limit;
+- proxy-batch: the batch size with the least samples to target on the proxy data, same fixed cap;
+- oracle: Algorithm 1 with the relation measured on the target data itself — the limit of selection.
+
+Baseline points the profile does not hold (efficient-order profiles skip some) keep their (b, f) but get
+None for the predicted values: a comparison says "not profiled" rather than guessing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from powerctl.boards import BoardModel, board_model
+from powerctl.errors import InfeasibleCapError
+from powerctl.profile_table import Profile
+from powerctl.relation import RelationVector
+from powerctl.selection import Selection, check_power_cap, common_batch_sizes, select
+
+STATE_OF_PRACTICE = "state-of-practice"
+PROXY_BATCH = "proxy-batch"
+ORACLE = "oracle"
+METHOD = "method"
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """A baseline's (b, f) and, where the profile and relation hold it, its predicted values."""
+
+    name: str
+    batch_size: int
+    frequency_hz: int
+    predicted_seconds: float | None
+    """T_N(b, f) · r_b under the relation given; None if the point is not profiled or r_b is unknown."""
+    peak_power_w: float | None
+    """Profiled peak power at (b, f); None if not profiled."""
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "batch_size": self.batch_size,
+            "frequency_hz": self.frequency_hz,
+            "predicted_seconds": self.predicted_seconds,
+            "peak_power_w": self.peak_power_w,
+        }
+
+
+def predict(
+    profile: Profile, relation: RelationVector | None, batch_size: int, frequency_hz: int
+) -> float | None:
+    """T_N(b, f) · r_b, or None when the point is not profiled or the relation lacks b."""
+    point = profile.point(batch_size, frequency_hz)
+    if point is None or relation is None:
+        return None
+    r_b = relation.as_map().get(batch_size)
+    return None if r_b is None else point.seconds_for_samples * r_b
+
+
+def _make(
+    name: str, profile: Profile, relation: RelationVector | None, batch_size: int, frequency_hz: int
+) -> Baseline:
+    point = profile.point(batch_size, frequency_hz)
+    return Baseline(
+        name=name,
+        batch_size=batch_size,
+        frequency_hz=frequency_hz,
+        predicted_seconds=predict(profile, relation, batch_size, frequency_hz),
+        peak_power_w=None if point is None else point.peak_power_w,
+    )
+
+
+def board_for(profile: Profile) -> BoardModel:
+    """The board model named by the profile's device (a ``sim:`` prefix is dropped)."""
+    name = profile.device.removeprefix("sim:")
+    return board_model(name)
+
+
+def fixed_frequency(
+    profile: Profile,
+    power_cap_w: float | None,
+    board: BoardModel | None = None,
+    fixed_frequency_hz: int | None = None,
+) -> int:
+    """The state-of-practice frequency cap: explicit, else the board's highest frequency whose full-load
+    power stays ≤ the cap (no cap: the board's top frequency).
+
+    No frequency low enough → one InfeasibleCapError line.
+    """
+    cap = check_power_cap(power_cap_w)
+    if fixed_frequency_hz is not None:
+        return fixed_frequency_hz
+    board = board or board_for(profile)
+    if cap is None:
+        return board.frequencies_hz[-1]
+    hz = board.fixed_frequency_cap(cap)
+    if hz is None:
+        raise InfeasibleCapError(
+            f"no fixed frequency of {board.name} keeps a full load under {cap:.2f} W: even "
+            f"{board.frequencies_hz[0] / 1e6:.1f} MHz draws {board.full_load_power_w[0]:.2f} W; raise the cap"
+        )
+    return hz
+
+
+def state_of_practice(
+    profile: Profile,
+    power_cap_w: float | None,
+    board: BoardModel | None = None,
+    fixed_frequency_hz: int | None = None,
+    *,
+    relation: RelationVector | None = None,
+) -> Baseline:
+    """Baseline 1: the largest batch size that fits (= the largest profiled) at the fixed frequency cap."""
+    hz = fixed_frequency(profile, power_cap_w, board, fixed_frequency_hz)
+    return _make(STATE_OF_PRACTICE, profile, relation, max(profile.batch_sizes()), hz)
+
+
+def proxy_batch(
+    profile: Profile,
+    relation: RelationVector,
+    power_cap_w: float | None,
+    board: BoardModel | None = None,
+    fixed_frequency_hz: int | None = None,
+) -> Baseline:
+    """Baseline 2: the profiled batch size with the least samples to target on the proxy data (ties → the
+    larger), at the fixed frequency cap. Batch sizes not profiled (out of memory) cannot be chosen."""
+    hz = fixed_frequency(profile, power_cap_w, board, fixed_frequency_hz)
+    samples = relation.samples_map()
+    b = min(common_batch_sizes(profile, relation), key=lambda b: (samples[b], -b))
+    return _make(PROXY_BATCH, profile, relation, b, hz)
+
+
+def oracle(profile: Profile, target_relation: RelationVector, power_cap_w: float | None) -> Baseline:
+    """The fastest configuration: Algorithm 1 with the relation measured on the target data itself."""
+    sel = select(profile, target_relation, power_cap_w)
+    return Baseline(ORACLE, sel.batch_size, sel.frequency_hz, sel.predicted_seconds, sel.peak_power_w)
+
+
+def _speedup(base: float | None, method: float | None) -> float | None:
+    return None if base is None or method is None else base / method
+
+
+def compare(
+    profile: Profile,
+    relation: RelationVector,
+    power_cap_w: float | None,
+    *,
+    target_relation: RelationVector | None = None,
+    board: BoardModel | None = None,
+    fixed_frequency_hz: int | None = None,
+) -> list[dict[str, Any]]:
+    """Rows for the method and each baseline (oracle only with a target relation).
+
+    Each row: name, batch_size, frequency_hz, peak_power_w, feasible (peak ≤ cap; None if not profiled),
+    predicted_seconds (under the proxy relation), speedup (that row's predicted seconds / the method's: how
+    many times faster the method is; > 1 means the method wins), and with a target relation
+    predicted_seconds_target and speedup_target, the same under the relation measured on the target data.
+    """
+    cap = check_power_cap(power_cap_w)
+    method: Selection = select(profile, relation, cap)
+    rows_b = [
+        Baseline(
+            METHOD, method.batch_size, method.frequency_hz, method.predicted_seconds, method.peak_power_w
+        ),
+        state_of_practice(profile, cap, board, fixed_frequency_hz, relation=relation),
+        proxy_batch(profile, relation, cap, board, fixed_frequency_hz),
+    ]
+    if target_relation is not None:
+        orc = oracle(profile, target_relation, cap)
+        rows_b.append(_make(ORACLE, profile, relation, orc.batch_size, orc.frequency_hz))
+    method_target = predict(profile, target_relation, method.batch_size, method.frequency_hz)
+    rows: list[dict[str, Any]] = []
+    for b in rows_b:
+        row = b.to_json_dict()
+        row["feasible"] = None if b.peak_power_w is None else (cap is None or b.peak_power_w <= cap)
+        row["speedup"] = _speedup(b.predicted_seconds, method.predicted_seconds)
+        if target_relation is not None:
+            t = predict(profile, target_relation, b.batch_size, b.frequency_hz)
+            row["predicted_seconds_target"] = t
+            row["speedup_target"] = _speedup(t, method_target)
+        rows.append(row)
+    return rows

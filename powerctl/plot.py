@@ -1,0 +1,330 @@
+"""Heat maps of a profile over (batch size, GPU frequency): peak power, T_N and, with a relation, the
+predicted time to accuracy — with the power cap's boundary and the selected pair marked.
+
+Figures are built with matplotlib's object API on an Agg canvas: no display, no pyplot global state, so
+a library call never changes the backend of the program that imports it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.collections import LineCollection
+from matplotlib.colors import LogNorm, Normalize
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch, Rectangle
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+from powerctl.errors import FileFormatError, InfeasibleCapError
+from powerctl.profile_table import Profile, ProfilePoint
+from powerctl.relation import RelationVector
+from powerctl.selection import Selection, check_power_cap, common_batch_sizes, select
+
+SELECTION_GID = "selection"
+"""The gid of the star that marks the selected pair (tests and callers find it by this)."""
+SELECTION_CELL_GID = "selection-cell"
+BOUNDARY_GID = "cap-boundary"
+_STAR_DX, _STAR_DY = 0.3, 0.22
+"""The star sits in the selected cell's upper-right corner (offsets in cell units, < 0.5)."""
+
+_MISSING_HATCH = "////"
+_MISSING_EDGE = "0.72"
+_BOUNDARY_COLOR = "#1565c0"  # blue: stands out on both the red power map and the viridis time maps
+
+
+@dataclass(frozen=True)
+class _Grid:
+    batch_sizes: list[int]
+    frequencies_hz: list[int]
+    points: dict[tuple[int, int], ProfilePoint]
+
+    def values(self, f: Callable[[ProfilePoint], float]) -> np.ndarray:
+        out = np.full((len(self.batch_sizes), len(self.frequencies_hz)), np.nan)
+        for i, b in enumerate(self.batch_sizes):
+            for j, hz in enumerate(self.frequencies_hz):
+                p = self.points.get((b, hz))
+                if p is not None:
+                    out[i, j] = f(p)
+        return out
+
+
+def _fmt(v: float) -> str:
+    if v >= 100:
+        return f"{v:.0f}"
+    if v >= 10:
+        return f"{v:.1f}"
+    return f"{v:.2f}"
+
+
+def _subject(profile: Profile) -> str:
+    shape = "×".join(str(s) for s in profile.input_shape)
+    return f"{profile.device} · {profile.model} ({shape})"
+
+
+def _cap_text(cap: float | None) -> str:
+    return "no power cap" if cap is None else f"power cap {cap:.2f} W"
+
+
+def _heatmap(
+    fig: Figure,
+    grid: _Grid,
+    values: np.ndarray,
+    *,
+    title: str,
+    cbar_label: str,
+    cmap: str,
+    fmt: Callable[[float], str],
+    cap: float | None,
+    selection: Selection | None,
+    log: bool = False,
+) -> None:
+    """One annotated heat map: rows = batch sizes (categorical), columns = frequencies in MHz."""
+    ax = fig.add_subplot()
+    n_rows, n_cols = values.shape
+    finite = values[np.isfinite(values)]
+    lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    if hi <= lo:
+        hi = lo + 1.0
+    norm = LogNorm(lo, hi) if log and lo > 0 and hi / lo > 5 else Normalize(lo, hi)
+    colormap = matplotlib.colormaps[cmap].with_extremes(bad=(0, 0, 0, 0))  # missing cells: see-through
+    im = ax.imshow(
+        np.ma.masked_invalid(values),
+        cmap=colormap,
+        norm=norm,
+        origin="lower",
+        aspect="auto",
+        interpolation="nearest",
+        extent=(-0.5, n_cols - 0.5, -0.5, n_rows - 0.5),
+    )
+    cbar = fig.colorbar(im, ax=ax, pad=0.015, fraction=0.05)
+    cbar.set_label(cbar_label)
+    if isinstance(norm, LogNorm):
+        # Plain numbers (150, 200, 1000), not 2×10²: the cells are annotated the same way.
+        cbar.ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        cbar.ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+        cbar.ax.yaxis.set_minor_formatter(NullFormatter())
+
+    peak = grid.values(lambda p: p.peak_power_w)
+    feasible = np.isfinite(peak) & ((peak <= cap) if cap is not None else True)
+    infeasible = np.isfinite(peak) & ~feasible
+    handles: list[Line2D | Patch] = []
+
+    for i in range(n_rows):
+        for j in range(n_cols):
+            v = values[i, j]
+            if not np.isfinite(v):
+                ax.add_patch(
+                    Rectangle(
+                        (j - 0.5, i - 0.5),
+                        1,
+                        1,
+                        fill=False,
+                        hatch=_MISSING_HATCH,
+                        edgecolor=_MISSING_EDGE,
+                        lw=0,
+                    )
+                )
+                continue
+            if infeasible[i, j]:
+                # Over the cap: faded, so the feasible region reads at a glance; the value stays legible.
+                ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor="white", alpha=0.6, lw=0))
+                color = "0.35"
+            else:
+                r, g, b, _ = colormap(norm(v))
+                color = "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else "white"
+            ax.text(j, i, fmt(v), ha="center", va="center", fontsize=7, color=color)
+
+    if np.isnan(values).any():
+        handles.append(
+            Patch(facecolor="white", hatch=_MISSING_HATCH, edgecolor=_MISSING_EDGE, label="not profiled")
+        )
+    if cap is not None:
+        segments = []
+        for i in range(n_rows):
+            for j in range(n_cols):
+                if not feasible[i, j]:
+                    continue
+                if j + 1 < n_cols and infeasible[i, j + 1]:
+                    segments.append([(j + 0.5, i - 0.5), (j + 0.5, i + 0.5)])
+                if j > 0 and infeasible[i, j - 1]:
+                    segments.append([(j - 0.5, i - 0.5), (j - 0.5, i + 0.5)])
+                if i + 1 < n_rows and infeasible[i + 1, j]:
+                    segments.append([(j - 0.5, i + 0.5), (j + 0.5, i + 0.5)])
+                if i > 0 and infeasible[i - 1, j]:
+                    segments.append([(j - 0.5, i - 0.5), (j + 0.5, i - 0.5)])
+        if segments:
+            ax.add_collection(
+                LineCollection(
+                    segments, colors=_BOUNDARY_COLOR, linewidths=2.5, capstyle="projecting", gid=BOUNDARY_GID
+                )
+            )
+            handles.append(Line2D([], [], color=_BOUNDARY_COLOR, lw=2.5, label=f"cap boundary ({cap:.2f} W)"))
+        if infeasible.any():
+            handles.append(Patch(facecolor="0.93", edgecolor="0.8", label="peak power over the cap (faded)"))
+
+    if selection is not None:
+        key = (selection.batch_size, selection.frequency_hz)
+        if key not in grid.points or selection.batch_size not in grid.batch_sizes:
+            raise FileFormatError(
+                f"the selection (batch size {key[0]} at {key[1]} Hz) is not a profiled point of this profile"
+            )
+        x, y = grid.frequencies_hz.index(key[1]), grid.batch_sizes.index(key[0])
+        # Outline the cell and put the star in its corner, so the cell's value stays readable.
+        ax.add_patch(
+            Rectangle(
+                (x - 0.5, y - 0.5),
+                1,
+                1,
+                fill=False,
+                edgecolor="black",
+                lw=2.2,
+                zorder=4,
+                gid=SELECTION_CELL_GID,
+            )
+        )
+        (star,) = ax.plot(
+            [x + _STAR_DX],
+            [y + _STAR_DY],
+            ls="none",
+            marker="*",
+            markersize=13,
+            markerfacecolor="gold",
+            markeredgecolor="black",
+            markeredgewidth=0.8,
+            zorder=5,
+            gid=SELECTION_GID,
+            label=f"selected: b = {key[0]}, {key[1] / 1e6:.0f} MHz",
+        )
+        handles.append(star)
+
+    ax.set_xticks(range(n_cols), [f"{hz / 1e6:.0f}" for hz in grid.frequencies_hz])
+    ax.set_yticks(range(n_rows), [str(b) for b in grid.batch_sizes])
+    ax.set_xlabel("GPU frequency (MHz)")
+    ax.set_ylabel("batch size")
+    ax.set_xlim(-0.5, n_cols - 0.5)
+    ax.set_ylim(-0.5, n_rows - 0.5)
+    ax.tick_params(length=0)
+    for spine in ax.spines.values():
+        spine.set_visible(False)
+    ax.set_title(title, fontsize=11, loc="left")
+    if handles:
+        ax.legend(
+            handles=handles,
+            loc="upper center",
+            bbox_to_anchor=(0.5, -0.13),
+            ncol=min(4, len(handles)),
+            fontsize=8,
+            frameon=False,
+        )
+
+
+def profile_figures(
+    profile: Profile,
+    *,
+    power_cap_w: float | None = None,
+    relation: RelationVector | None = None,
+    selection: Selection | None = None,
+) -> dict[str, Figure]:
+    """The figures, by file stem, before saving (so callers and tests can inspect them).
+
+    With a relation and no selection, the selection is computed (Algorithm 1); if no pair is feasible the
+    plots carry no star and say so in the title.
+    """
+    cap = check_power_cap(power_cap_w)
+    if selection is None and relation is not None:
+        try:
+            selection = select(profile, relation, cap)
+        except InfeasibleCapError:
+            selection = None
+    points = {(p.batch_size, p.frequency_hz): p for p in profile.points}
+    grid = _Grid(profile.batch_sizes(), profile.frequencies(), points)
+    subject = _subject(profile)
+    note = "" if cap is None or selection is not None or relation is None else " — no pair is feasible"
+    cap_line = _cap_text(cap) + note
+    width = max(7.5, 1.6 + 0.62 * len(grid.frequencies_hz))
+    height = max(3.6, 2.0 + 0.42 * len(grid.batch_sizes))
+
+    def new_fig() -> Figure:
+        fig = Figure(figsize=(width, height), dpi=150, layout="constrained")
+        FigureCanvasAgg(fig)
+        return fig
+
+    figs: dict[str, Figure] = {}
+    fig = new_fig()
+    _heatmap(
+        fig,
+        grid,
+        grid.values(lambda p: p.peak_power_w),
+        title=f"Peak power $P(b, f)$ — {subject}\n{cap_line}",
+        cbar_label="peak power (W)",
+        cmap="YlOrRd",
+        fmt=lambda v: f"{v:.1f}",
+        cap=cap,
+        selection=selection,
+    )
+    figs["peak_power"] = fig
+
+    fig = new_fig()
+    _heatmap(
+        fig,
+        grid,
+        grid.values(lambda p: p.seconds_for_samples),
+        title=f"Time for N = {profile.samples:,} samples $T_N(b, f)$ — {subject}\n{cap_line}",
+        cbar_label="$T_N$ (s)",
+        cmap="viridis_r",
+        fmt=_fmt,
+        cap=cap,
+        selection=selection,
+        log=True,
+    )
+    figs["time"] = fig
+
+    if relation is not None:
+        common = common_batch_sizes(profile, relation)
+        r = relation.as_map()
+        sub = _Grid(common, grid.frequencies_hz, {k: v for k, v in points.items() if k[0] in r})
+        fig = new_fig()
+        _heatmap(
+            fig,
+            sub,
+            sub.values(lambda p: p.seconds_for_samples * r[p.batch_size]),
+            title=(
+                f"Predicted time to {relation.target_accuracy:.0%} accuracy $T_N \\cdot r_b$ — {subject}\n"
+                f"{cap_line}; $r_b$ from {relation.proxy_dataset}"
+            ),
+            cbar_label="$T_N \\cdot r_b$ (s)",
+            cmap="viridis_r",
+            fmt=_fmt,
+            cap=cap,
+            selection=selection if selection is not None and selection.batch_size in r else None,
+            log=True,
+        )
+        figs["time_to_accuracy"] = fig
+    return figs
+
+
+def plot_profile(
+    profile: Profile,
+    out_dir: str | Path,
+    *,
+    power_cap_w: float | None = None,
+    relation: RelationVector | None = None,
+    selection: Selection | None = None,
+) -> list[Path]:
+    """Write peak_power.png, time.png (and time_to_accuracy.png with a relation) into out_dir."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths: list[Path] = []
+    for stem, fig in profile_figures(
+        profile, power_cap_w=power_cap_w, relation=relation, selection=selection
+    ).items():
+        path = out / f"{stem}.png"
+        fig.savefig(path)
+        paths.append(path)
+    return paths

@@ -1,0 +1,139 @@
+"""Joint batch-size and GPU-frequency selection under a power cap (the paper's Algorithm 1, DESIGN §1).
+
+    minimise  T_N(b, f) · r_b   subject to   P(b, f) ≤ P_max
+
+over the profiled (b, f) pairs whose batch size has a relation entry. Ties go to the larger batch size,
+then the lower frequency. Predicted times are compared exactly (no epsilon): the products come from the
+same profile and relation, so equal inputs give bit-equal products and the tie rule decides; a nearly-equal
+pair is a real (if tiny) difference and the faster one wins.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from powerctl.errors import FileFormatError, InfeasibleCapError, PowerctlError
+from powerctl.profile_table import Profile, ProfilePoint
+from powerctl.relation import RelationVector
+
+
+class InvalidPowerCapError(PowerctlError, ValueError):
+    """The power cap is not a positive finite number of watts (a usage error, not an infeasible cap)."""
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The chosen (b, f): what the client pins, and what the choice predicts."""
+
+    batch_size: int
+    frequency_hz: int
+    predicted_seconds: float
+    """T_N(b, f) · r_b: predicted seconds to the target accuracy, in units of the profile's N samples."""
+    peak_power_w: float
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The `powerctl select --json` object (DESIGN §6), exactly these four keys."""
+        return {
+            "batch_size": self.batch_size,
+            "frequency_hz": self.frequency_hz,
+            "predicted_seconds": self.predicted_seconds,
+            "peak_power_w": self.peak_power_w,
+        }
+
+
+def check_power_cap(power_cap_w: float | None) -> float | None:
+    """None = no cap; otherwise a positive finite number of watts, or one InvalidPowerCapError line."""
+    if power_cap_w is None:
+        return None
+    if isinstance(power_cap_w, bool) or not isinstance(power_cap_w, (int, float)):
+        raise InvalidPowerCapError(f"power cap must be a number of watts, got {power_cap_w!r}")
+    if not math.isfinite(power_cap_w) or power_cap_w <= 0:
+        raise InvalidPowerCapError(f"power cap must be a positive, finite number of watts, got {power_cap_w}")
+    return float(power_cap_w)
+
+
+def is_feasible(point: ProfilePoint, power_cap_w: float | None) -> bool:
+    """Peak power ≤ cap; equal is feasible (DESIGN §1); no cap = everything is feasible."""
+    return power_cap_w is None or point.peak_power_w <= power_cap_w
+
+
+def common_batch_sizes(profile: Profile, relation: RelationVector) -> list[int]:
+    """Batch sizes both profiled and in the relation; the others cannot be predicted and are ignored."""
+    profiled = set(profile.batch_sizes())
+    related = set(relation.batch_sizes)
+    common = sorted(profiled & related)
+    if not common:
+        raise FileFormatError(
+            f"the profile ({profile.device}, {profile.model}) has batch sizes {sorted(profiled)} and the "
+            f"relation ({relation.model}, {relation.proxy_dataset}) has {sorted(related)}: none in common"
+        )
+    return common
+
+
+def predicted_seconds(point: ProfilePoint, r_b: float) -> float:
+    """TT_acc(b, f) = T_N(b, f) · r_b."""
+    return point.seconds_for_samples * r_b
+
+
+def _order_key(sel: Selection) -> tuple[float, int, int]:
+    # Least predicted time, then the larger batch size, then the lower frequency.
+    return (sel.predicted_seconds, -sel.batch_size, sel.frequency_hz)
+
+
+def rank(profile: Profile, relation: RelationVector, power_cap_w: float | None) -> list[Selection]:
+    """Every feasible pair with a relation entry, best first (empty if none is feasible)."""
+    cap = check_power_cap(power_cap_w)
+    r = relation.as_map()
+    common = set(common_batch_sizes(profile, relation))
+    candidates = [
+        Selection(p.batch_size, p.frequency_hz, predicted_seconds(p, r[p.batch_size]), p.peak_power_w)
+        for p in profile.points
+        if p.batch_size in common and is_feasible(p, cap)
+    ]
+    return sorted(candidates, key=_order_key)
+
+
+def select(profile: Profile, relation: RelationVector, power_cap_w: float | None) -> Selection:
+    """Algorithm 1: the feasible pair with the least T_N·r_b; none feasible → one InfeasibleCapError line."""
+    ranked = rank(profile, relation, power_cap_w)
+    if ranked:
+        return ranked[0]
+    assert power_cap_w is not None  # with no cap every common point is feasible, and there is one
+    common = set(common_batch_sizes(profile, relation))
+    least = min(
+        (p for p in profile.points if p.batch_size in common),
+        key=lambda p: (p.peak_power_w, -p.batch_size, p.frequency_hz),
+    )
+    cap_s, least_s = format_watts_pair(power_cap_w, least.peak_power_w)
+    raise InfeasibleCapError(
+        f"no (batch size, frequency) pair stays under {cap_s} W: the least peak power profiled is "
+        f"{least_s} W (batch size {least.batch_size} at {least.frequency_hz} Hz); "
+        "raise the cap or profile smaller batch sizes or lower frequencies"
+    )
+
+
+def best_frequency_per_batch(profile: Profile, power_cap_w: float | None) -> dict[int, ProfilePoint]:
+    """Per batch size, the feasible point with the highest frequency (batch sizes with none are absent).
+
+    This is the view behind Algorithm 1 when time falls as frequency rises; `select` itself takes the
+    minimum over every feasible point, so a noisy profile where a lower frequency is faster still works.
+    """
+    cap = check_power_cap(power_cap_w)
+    best: dict[int, ProfilePoint] = {}
+    for p in profile.points:
+        if is_feasible(p, cap) and (
+            p.batch_size not in best or p.frequency_hz > best[p.batch_size].frequency_hz
+        ):
+            best[p.batch_size] = p
+    return dict(sorted(best.items()))
+
+
+def format_watts_pair(a: float, b: float) -> tuple[str, str]:
+    """Two wattages with 2 decimals, or more when 2 would print different values the same."""
+    for digits in range(2, 7):
+        sa, sb = f"{a:.{digits}f}", f"{b:.{digits}f}"
+        if sa != sb or a == b:
+            return sa, sb
+    return repr(a), repr(b)

@@ -1,0 +1,241 @@
+"""The three baselines (state-of-practice, proxy-batch, oracle) and the comparison table."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from powerctl.baselines import (
+    ORACLE,
+    PROXY_BATCH,
+    STATE_OF_PRACTICE,
+    Baseline,
+    compare,
+    oracle,
+    proxy_batch,
+    state_of_practice,
+)
+from powerctl.boards import board_model
+from powerctl.errors import DeviceError, InfeasibleCapError
+from powerctl.profile_table import Profile, ProfilePoint
+from powerctl.relation import RelationVector
+from powerctl.selection import select
+from tests.test_selection import MHZ, make_profile, make_relation, point, profiles
+
+NANO = board_model("jetson-nano")
+NANO_FREQS = list(NANO.frequencies_hz)
+NANO_FULL_LOAD = dict(zip(NANO.frequencies_hz, NANO.full_load_power_w, strict=True))
+
+
+def nano_grid(batch_sizes: list[int], device: str = "jetson-nano") -> Profile:
+    """Every Nano frequency for each batch size; power and time grow/fall with b and f like a real board."""
+    pts = []
+    for b in batch_sizes:
+        u = b / (b + 32)  # larger batches use the GPU better: more power, less time per sample
+        for hz in NANO_FREQS:
+            peak = 2.0 + u * (NANO_FULL_LOAD[hz] - 2.0)
+            seconds = 1000.0 / (u * hz / 1e9)
+            pts.append(ProfilePoint(b, hz, peak, peak * 0.9, seconds * b / 1000, seconds))
+    return make_profile(pts, device)
+
+
+# --- state of practice ----------------------------------------------------------------------------------
+
+
+def test_state_of_practice_on_a_nano_at_5_w() -> None:
+    # SGEMM draws 4.8 W at 614.4 MHz and 5.4 W at 691.2 MHz: the fixed cap for 5 W is 614.4 MHz.
+    profile = nano_grid([8, 32, 128])
+    relation = make_relation({8: 3000.0, 32: 2000.0, 128: 4000.0})
+    base = state_of_practice(profile, 5.0, relation=relation)
+    assert (base.name, base.batch_size, base.frequency_hz) == (STATE_OF_PRACTICE, 128, 614_400_000)
+    p = profile.point(128, 614_400_000)
+    assert base.peak_power_w == p.peak_power_w
+    assert base.predicted_seconds == pytest.approx(p.seconds_for_samples * 1.0)  # r_128 = 1: largest batch
+    # Without a relation it still says which (b, f), but predicts nothing.
+    assert state_of_practice(profile, 5.0).predicted_seconds is None
+
+
+def test_state_of_practice_looks_up_the_board_by_device_name() -> None:
+    for device in ("jetson-nano", "sim:jetson-nano"):
+        assert state_of_practice(nano_grid([16], device), 5.0).frequency_hz == 614_400_000
+    tx2 = board_model("jetson-tx2nx")
+    assert state_of_practice(
+        nano_grid([16], "nvml:0"), 5.0, board=tx2
+    ).frequency_hz == tx2.fixed_frequency_cap(5.0)
+    with pytest.raises(DeviceError):
+        state_of_practice(nano_grid([16], "nvml:0"), 5.0)
+
+
+def test_state_of_practice_explicit_frequency_and_no_cap() -> None:
+    profile = nano_grid([16, 64])
+    assert state_of_practice(profile, 5.0, fixed_frequency_hz=384_000_000).frequency_hz == 384_000_000
+    assert state_of_practice(profile, None).frequency_hz == 921_600_000  # no cap: nothing to hold back
+
+
+def test_state_of_practice_cap_below_every_fixed_frequency() -> None:
+    with pytest.raises(InfeasibleCapError) as err:
+        state_of_practice(nano_grid([16]), 2.0)  # 76.8 MHz already draws 2.4 W at full load
+    msg = str(err.value)
+    assert "\n" not in msg and "2.00 W" in msg and "2.40 W" in msg
+
+
+def test_state_of_practice_point_not_profiled_predicts_none() -> None:
+    # An efficient-order profile that skipped (128, 614.4 MHz).
+    full = nano_grid([32, 128])
+    profile = make_profile([p for p in full.points if (p.batch_size, p.frequency_hz) != (128, 614_400_000)])
+    base = state_of_practice(profile, 5.0, relation=make_relation({32: 1.0, 128: 1.0}))
+    assert (base.batch_size, base.frequency_hz) == (128, 614_400_000)
+    assert base.predicted_seconds is None and base.peak_power_w is None
+
+
+# --- proxy batch ----------------------------------------------------------------------------------------
+
+
+def test_proxy_batch_takes_the_least_samples_among_profiled_batch_sizes() -> None:
+    profile = nano_grid([8, 16, 32, 64])  # 128 and 256 did not fit in memory
+    relation = make_relation({8: 5000.0, 16: 3000.0, 32: 3500.0, 64: 4000.0, 128: 6000.0, 256: 1000.0})
+    base = proxy_batch(profile, relation, 5.0)
+    assert (base.name, base.batch_size, base.frequency_hz) == (PROXY_BATCH, 16, 614_400_000)
+    p = profile.point(16, 614_400_000)
+    assert base.predicted_seconds == pytest.approx(
+        p.seconds_for_samples * 3000.0 / 1000.0
+    )  # r_16 = 3000/1000
+
+
+def test_proxy_batch_ties_go_to_the_larger_batch() -> None:
+    profile = nano_grid([8, 16, 32])
+    relation = make_relation({8: 2000.0, 16: 2000.0, 32: 2500.0})
+    assert proxy_batch(profile, relation, 5.0).batch_size == 16
+
+
+# --- oracle ---------------------------------------------------------------------------------------------
+
+
+def test_oracle_is_select_with_the_target_relation() -> None:
+    profile = nano_grid([8, 16, 32, 64, 128])
+    target = make_relation({8: 9000.0, 16: 5000.0, 32: 4000.0, 64: 4500.0, 128: 7000.0}, "target")
+    for cap in (3.0, 4.0, 5.0, 7.0, None):
+        orc = oracle(profile, target, cap)
+        sel = select(profile, target, cap)
+        assert orc == Baseline(
+            ORACLE, sel.batch_size, sel.frequency_hz, sel.predicted_seconds, sel.peak_power_w
+        )
+
+
+@st.composite
+def nano_cases(draw: st.DrawFn) -> tuple[Profile, RelationVector, RelationVector, float]:
+    """Profiles over the Nano's frequencies whose peaks never exceed SGEMM's (what makes the fixed cap safe),
+    a proxy and a target relation over the same batch sizes, and a cap the fixed-cap table can meet."""
+    profile = draw(profiles(frequencies=NANO_FREQS, peak_bound=NANO_FULL_LOAD))
+    bss = profile.batch_sizes()
+    samples = st.floats(100.0, 1e5)
+    proxy = make_relation({b: draw(samples) for b in bss})
+    target = make_relation({b: draw(samples) for b in bss}, "target")
+    cap = draw(st.floats(2.4, 10.0))
+    return profile, proxy, target, cap
+
+
+@settings(max_examples=200, deadline=None)
+@given(nano_cases())
+def test_oracle_is_never_slower_than_the_method_or_the_baselines(
+    case: tuple[Profile, RelationVector, RelationVector, float],
+) -> None:
+    profile, proxy, target, cap = case
+    try:
+        orc = oracle(profile, target, cap)
+    except InfeasibleCapError:
+        return
+    method = select(profile, proxy, cap)
+    others = [
+        (method.batch_size, method.frequency_hz),
+        *(
+            (b.batch_size, b.frequency_hz)
+            for b in (state_of_practice(profile, cap, NANO), proxy_batch(profile, proxy, cap, NANO))
+        ),
+    ]
+    r = target.as_map()
+    for b, f in others:
+        p = profile.point(b, f)
+        if p is None:
+            continue  # not profiled: nothing to compare
+        assert p.peak_power_w <= cap  # the fixed cap keeps any workload under the limit
+        assert orc.predicted_seconds <= p.seconds_for_samples * r[b]
+
+
+# --- comparison table -----------------------------------------------------------------------------------
+
+
+def test_compare_rows_and_speedups() -> None:
+    profile = nano_grid([8, 16, 32, 64, 128])
+    proxy = make_relation({8: 6000.0, 16: 3000.0, 32: 3200.0, 64: 4000.0, 128: 6000.0})
+    target = make_relation({8: 5000.0, 16: 3500.0, 32: 3000.0, 64: 4200.0, 128: 6000.0}, "target")
+    rows = compare(profile, proxy, 5.0, target_relation=target)
+    assert json.loads(json.dumps(rows)) == rows
+    by = {r["name"]: r for r in rows}
+    assert list(by) == ["method", STATE_OF_PRACTICE, PROXY_BATCH, ORACLE]
+    method = select(profile, proxy, 5.0)
+    assert (by["method"]["batch_size"], by["method"]["frequency_hz"]) == (
+        method.batch_size,
+        method.frequency_hz,
+    )
+    assert by["method"]["speedup"] == 1.0 and by["method"]["speedup_target"] == 1.0
+    assert (by[STATE_OF_PRACTICE]["batch_size"], by[STATE_OF_PRACTICE]["frequency_hz"]) == (128, 614_400_000)
+    assert by[PROXY_BATCH]["batch_size"] == 16
+    for row in rows:
+        assert row["feasible"] is True
+        assert row["speedup"] == pytest.approx(row["predicted_seconds"] / method.predicted_seconds)
+        assert row["speedup_target"] == pytest.approx(
+            row["predicted_seconds_target"] / by["method"]["predicted_seconds_target"]
+        )
+    # The method beats both baselines under the relation it optimises; the oracle is the limit under the
+    # target relation.
+    assert by[STATE_OF_PRACTICE]["speedup"] >= 1 and by[PROXY_BATCH]["speedup"] >= 1
+    assert by[ORACLE]["predicted_seconds_target"] == min(r["predicted_seconds_target"] for r in rows)
+    assert by[ORACLE]["speedup_target"] <= 1
+
+
+def test_compare_without_target_has_no_oracle_and_handles_unprofiled_baselines() -> None:
+    full = nano_grid([16, 128])
+    profile = make_profile([p for p in full.points if (p.batch_size, p.frequency_hz) != (128, 614_400_000)])
+    rows = compare(profile, make_relation({16: 1.0, 128: 1.0}), 5.0)
+    assert [r["name"] for r in rows] == ["method", STATE_OF_PRACTICE, PROXY_BATCH]
+    sop = rows[1]
+    assert sop["predicted_seconds"] is None and sop["speedup"] is None and sop["feasible"] is None
+    assert "predicted_seconds_target" not in sop
+
+
+def test_baseline_json() -> None:
+    b = Baseline(STATE_OF_PRACTICE, 128, 614_400_000, None, None)
+    assert b.to_json_dict() == {
+        "name": STATE_OF_PRACTICE,
+        "batch_size": 128,
+        "frequency_hz": 614_400_000,
+        "predicted_seconds": None,
+        "peak_power_w": None,
+    }
+
+
+def test_hand_built_comparison() -> None:
+    # Worked by hand: r_16 = 0.5, r_64 = 1. Cap 5 W on a Nano → fixed 614.4 MHz.
+    #   (64, 614.4)  4.0 W  T 100 → 100 s   state of practice (largest batch at the fixed cap)
+    #   (64, 768)    5.5 W                  over the cap
+    #   (16, 614.4)  3.0 W  T 160 →  80 s   proxy batch (fewest samples)
+    #   (16, 768)    4.9 W  T 130 →  65 s   the method: smaller batch, higher frequency
+    profile = make_profile(
+        [
+            point(64, 614.4, 4.0, 100.0),
+            point(64, 768, 5.5, 70.0),
+            point(16, 614.4, 3.0, 160.0),
+            point(16, 768, 4.9, 130.0),
+        ]
+    )
+    relation = make_relation({16: 500.0, 64: 1000.0})
+    rows = {r["name"]: r for r in compare(profile, relation, 5.0)}
+    assert (rows["method"]["batch_size"], rows["method"]["frequency_hz"]) == (16, 768 * MHZ)
+    assert rows["method"]["predicted_seconds"] == pytest.approx(65.0)
+    assert rows[STATE_OF_PRACTICE]["predicted_seconds"] == pytest.approx(100.0)
+    assert rows[STATE_OF_PRACTICE]["speedup"] == pytest.approx(100 / 65)
+    assert rows[PROXY_BATCH]["batch_size"] == 16 and rows[PROXY_BATCH]["speedup"] == pytest.approx(80 / 65)
