@@ -152,45 +152,18 @@ def cmd_freq(args: argparse.Namespace) -> int:
 
 
 # --- profile ----------------------------------------------------------------------------------
-def _training_step_factory(
-    model_name: str, num_classes: int | None, device: Any, seed: int
-) -> tuple[Any, Any]:
-    """Compose powerctl with the training package's model registry (the only place that does)."""
-    import torch
-
-    from training.models import build_model, example_batch, get_model_spec, loss_fn, model_workload
-
-    spec = get_model_spec(model_name)
-    torch.manual_seed(seed)
-    where = device.torch_device()
-    model = build_model(model_name, **({"num_classes": num_classes} if num_classes else {}), seed=seed)
-    workload = model_workload(model_name, model, num_classes)
-    model = model.to(where)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
-    loss = loss_fn(spec.task)
-    gen = torch.Generator().manual_seed(seed)
-
-    def make_step(batch_size: int) -> Any:
-        x, y = example_batch(model_name, batch_size, num_classes, generator=gen)
-        x, y = x.to(where), y.to(where)
-
-        def step() -> None:
-            optimizer.zero_grad(set_to_none=True)
-            loss(model(x), y).backward()
-            optimizer.step()
-
-        return step
-
-    return workload, make_step
-
-
 def cmd_profile(args: argparse.Namespace) -> int:
     from powerctl.profiler import profile_device
 
     if args.order == "efficient" and args.power_cap is None:
         raise PowerctlError("--order efficient needs --power-cap W (it stops each batch size at the cap)")
+    # the one place where powerctl is composed with the training package's model registry
+    from training.profiling import profiling_step_factory
+
     with open_device(args.device, seed=args.seed) as dev:
-        workload, make_step = _training_step_factory(args.model, args.num_classes, dev, args.seed)
+        workload, make_step = profiling_step_factory(
+            args.model, torch_device=dev.torch_device(), num_classes=args.num_classes, seed=args.seed
+        )
         profile = profile_device(
             dev,
             workload,

@@ -6,7 +6,8 @@ network more time, more power and more memory, and refuses a batch that does not
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -60,7 +61,8 @@ def measure_workload(
 
     was_training = model.training
     model.train()
-    counter = FlopCounterMode(display=False)
+    with _flop_counter_fixed():
+        counter = FlopCounterMode(display=False)  # copies torch's table on construction: fixed first
     with counter:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             loss = loss_fn(model(inputs), targets)
@@ -76,3 +78,88 @@ def measure_workload(
         parameter_bytes=float(params),
         optimizer_states=optimizer_states,
     )
+
+
+# --- corrections to torch.utils.flop_counter (applied only while measuring) ---------------------
+
+
+def _conv_backward_flop(
+    grad_out_shape: Any,
+    x_shape: Any,
+    w_shape: Any,
+    _bias: Any,
+    _stride: Any,
+    _padding: Any,
+    _dilation: Any,
+    transposed: bool,
+    _output_padding: Any,
+    groups: int,
+    output_mask: Any,
+    out_shape: Any,
+    **kwargs: Any,
+) -> int:
+    """torch's formula for conv backward, with the weight gradient divided by `groups`.
+
+    torch.utils.flop_counter (up to at least 2.13) counts the weight gradient of a grouped conv as if
+    it were dense, which makes a depthwise layer's backward ~channels× too expensive (MobileNetV2's
+    training FLOPs came out 7× too high); fixed upstream in pytorch/pytorch#183405.
+    """
+    from torch.utils.flop_counter import conv_flop_count
+
+    def t(shape: Any) -> list[int]:
+        return [shape[1], shape[0], *shape[2:]]
+
+    count = 0
+    if output_mask[0]:
+        count += conv_flop_count(grad_out_shape, w_shape, out_shape[0], not transposed)
+    if output_mask[1]:
+        gw = out_shape[1]
+        pair = (t(grad_out_shape), t(x_shape)) if transposed else (t(x_shape), t(grad_out_shape))
+        count += conv_flop_count(*pair, t(gw), transposed=False) // groups
+    return count
+
+
+def _flop_fixes() -> dict[Any, Any]:
+    """Formulas torch's flop counter lacks or gets wrong, keyed by aten op (wrapped as torch's are).
+
+    - grouped conv backward: see `_conv_backward_flop`;
+    - CPU attention (`_scaled_dot_product_flash_attention_for_cpu` and its backward) is not in the
+      table, so attention FLOPs silently vanished on CPU though they are counted on CUDA; we count it
+      with torch's own SDPA formulas, so a model costs the same on every host.
+    """
+    import torch
+    from torch.utils import flop_counter as fc
+
+    aten = torch.ops.aten
+    fixes: dict[Any, Any] = {aten.convolution_backward: fc.shape_wrapper(_conv_backward_flop)}
+    pairs = (
+        ("_scaled_dot_product_flash_attention_for_cpu", aten._scaled_dot_product_flash_attention),
+        (
+            "_scaled_dot_product_flash_attention_for_cpu_backward",
+            aten._scaled_dot_product_flash_attention_backward,
+        ),
+    )
+    for op_name, like in pairs:
+        if hasattr(aten, op_name) and like in fc.flop_registry:
+            fixes.setdefault(getattr(aten, op_name), fc.flop_registry[like])
+    return fixes
+
+
+@contextmanager
+def _flop_counter_fixed() -> Iterator[None]:
+    """Apply `_flop_fixes` to torch's flop table while measuring, and put the table back afterwards."""
+    from torch.utils import flop_counter as fc
+
+    missing = object()
+    saved = {}
+    for key, formula in _flop_fixes().items():
+        saved[key] = fc.flop_registry.get(key, missing)
+        fc.flop_registry[key] = formula
+    try:
+        yield
+    finally:
+        for key, old in saved.items():
+            if old is missing:
+                fc.flop_registry.pop(key, None)
+            else:
+                fc.flop_registry[key] = old

@@ -5,8 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # One intra-op thread per test process: small models on a shared 2-core machine run many times
+    # faster than with oversubscribed threads, and `pytest -n 2` then uses both cores.
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,191 @@
+"""The in-memory dataset every loader returns, and the splits the method needs.
+
+Why tensors in memory: the fine-tuning sets are small (a quarter of CIFAR/SVHN, a text file), and
+indexing a tensor is what makes per-batch-size training runs cheap to repeat.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from training.errors import DataError
+
+CIFAR10_CLASSES: tuple[str, ...] = (
+    "airplane",
+    "automobile",
+    "bird",
+    "cat",
+    "deer",
+    "dog",
+    "frog",
+    "horse",
+    "ship",
+    "truck",
+)
+CIFAR10_MEAN: tuple[float, float, float] = (0.4914, 0.4822, 0.4465)
+CIFAR10_STD: tuple[float, float, float] = (0.2470, 0.2435, 0.2616)
+"""Fixed normalisation for EVERY image dataset: the CIFAR-10 training mean/std per channel.
+
+One fixed transform (rather than each dataset's own statistics) means pre-training data, proxy data,
+a client's local data and both sides of a split all reach the network the same way, which is what
+transferring pre-trained weights needs; it is the usual practice (cf. ImageNet constants)."""
+
+TASKS = ("image", "text")
+
+
+@dataclass
+class Dataset:
+    """Inputs and targets of one task, in memory.
+
+    Images: x float32 [N, 3, 32, 32] normalised, y int64 [N]. Text: x int64 [N, T] character ids,
+    y int64 [N, T] the same windows shifted by one character, num_classes = the vocabulary size.
+    """
+
+    name: str
+    task: str
+    x: torch.Tensor
+    y: torch.Tensor
+    num_classes: int
+    classes: tuple[str, ...] | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+    """Provenance and facts worth reporting (source path, split, dropped characters, ceilings)."""
+
+    def __post_init__(self) -> None:
+        if self.task not in TASKS:
+            raise DataError(f"dataset {self.name!r}: task must be one of {TASKS}, got {self.task!r}")
+        if len(self.x) != len(self.y):
+            raise DataError(f"dataset {self.name!r}: {len(self.x)} inputs but {len(self.y)} targets")
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def subset(self, indices: Sequence[int] | np.ndarray | torch.Tensor) -> Dataset:
+        """The samples at `indices`, in that order (a copy; the parent is unchanged)."""
+        idx = torch.as_tensor(np.asarray(indices, dtype=np.int64))
+        return replace(self, x=self.x[idx], y=self.y[idx], info=dict(self.info))
+
+    def labels(self) -> np.ndarray:
+        """One label per sample, for stratifying and label-skewed partitions.
+
+        Images: the class. Text: the first target character of each window.
+        """
+        y = self.y if self.task == "image" else self.y[:, 0]
+        return y.numpy().astype(np.int64, copy=False)
+
+    def class_counts(self) -> np.ndarray:
+        """Samples per label (length num_classes)."""
+        return np.bincount(self.labels(), minlength=self.num_classes)
+
+
+def normalise_uint8(images: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """uint8 [N, 3, H, W] in 0..255 → float32 normalised with the fixed CIFAR-10 constants."""
+    x = torch.as_tensor(images).to(torch.float32).div_(255.0)
+    mean = torch.tensor(CIFAR10_MEAN, dtype=torch.float32).view(1, 3, 1, 1)
+    std = torch.tensor(CIFAR10_STD, dtype=torch.float32).view(1, 3, 1, 1)
+    return x.sub_(mean).div_(std)
+
+
+def image_dataset(
+    name: str,
+    images: np.ndarray,
+    labels: np.ndarray,
+    num_classes: int,
+    classes: Sequence[str] | None,
+    **info: Any,
+) -> Dataset:
+    """Wrap uint8 [N, 3, 32, 32] images and integer labels, checking what a model will rely on."""
+    if images.ndim != 4 or images.shape[1] != 3:
+        raise DataError(f"{name}: images must be [N, 3, H, W], got shape {tuple(images.shape)}")
+    labels = np.asarray(labels).astype(np.int64).reshape(-1)
+    if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
+        raise DataError(
+            f"{name}: labels must lie in 0..{num_classes - 1}, found {labels.min()}..{labels.max()}"
+        )
+    return Dataset(
+        name=name,
+        task="image",
+        x=normalise_uint8(images),
+        y=torch.from_numpy(labels),
+        num_classes=num_classes,
+        classes=tuple(classes) if classes is not None else None,
+        info=info,
+    )
+
+
+# --------------------------------------------------------------------------- splits
+
+
+def train_test_split(
+    ds: Dataset, *, test_fraction: float | None = None, seed: int = 0
+) -> tuple[Dataset, Dataset]:
+    """Split into (train, test): default 20% test for images, 10% for text.
+
+    Images: a seeded, stratified shuffle (each class split in the same proportion, so a small,
+    label-skewed client still tests on its own label mix). Text: the contiguous tail of the windows,
+    as for whole text files (the seed is unused): adjacent windows share a boundary character and the
+    same passage, so a random split would test on text the model has half seen.
+    """
+    frac = (0.2 if ds.task == "image" else 0.1) if test_fraction is None else float(test_fraction)
+    if not 0.0 < frac < 1.0:
+        raise DataError(f"test_fraction must be in (0, 1), got {frac}")
+    n = len(ds)
+    if n < 2:
+        raise DataError(f"dataset {ds.name!r} has {n} sample(s); a train/test split needs at least 2")
+    n_test = min(max(1, round(frac * n)), n - 1)
+    if ds.task == "text":
+        return ds.subset(np.arange(n - n_test)), ds.subset(np.arange(n - n_test, n))
+    test_idx = _stratified_pick(ds.labels(), n_test, np.random.default_rng(seed))
+    mask = np.zeros(n, dtype=bool)
+    mask[test_idx] = True
+    return ds.subset(np.flatnonzero(~mask)), ds.subset(np.flatnonzero(mask))
+
+
+def _stratified_pick(labels: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+    """`k` random indices with each label represented in proportion (largest-remainder rounding)."""
+    classes, counts = np.unique(labels, return_counts=True)
+    want = counts * (k / len(labels))
+    take = np.floor(want).astype(np.int64)
+    extra = k - int(take.sum())
+    if extra > 0:
+        order = np.argsort(-(want - take), kind="stable")
+        take[order[:extra]] += 1
+    picked = [
+        rng.permutation(np.flatnonzero(labels == c))[:t] for c, t in zip(classes, take, strict=True) if t > 0
+    ]
+    return np.sort(np.concatenate(picked)) if picked else np.zeros(0, dtype=np.int64)
+
+
+def take_fraction(ds: Dataset, fraction: float, *, seed: int = 0) -> Dataset:
+    """A seeded `fraction` of the dataset (the paper fine-tunes on a quarter).
+
+    Images: class-balanced (every class keeps the same share). Text: a random subset of windows.
+    The kept samples stay in their original order.
+    """
+    if not 0.0 < fraction <= 1.0:
+        raise DataError(f"fraction must be in (0, 1], got {fraction}")
+    k = max(1, round(fraction * len(ds)))
+    rng = np.random.default_rng(seed)
+    if ds.task == "image":
+        idx = _stratified_pick(ds.labels(), k, rng)
+    else:
+        idx = np.sort(rng.permutation(len(ds))[:k])
+    out = ds.subset(idx)
+    out.info["fraction"] = fraction
+    return out
+
+
+def concat(name: str, parts: Sequence[Dataset]) -> Dataset:
+    """Join datasets of the same task (used for split="all")."""
+    first = parts[0]
+    return replace(
+        first,
+        name=name,
+        x=torch.cat([p.x for p in parts]),
+        y=torch.cat([p.y for p in parts]),
+        info={**first.info, "split": "all"},
+    )

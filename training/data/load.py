@@ -1,0 +1,202 @@
+"""`load_dataset(spec)`: one string names any dataset the project can train on."""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from training.data import images, text
+from training.data.dataset import CIFAR10_CLASSES, Dataset, concat, normalise_uint8
+from training.errors import DataError
+from training.models import VOCAB_SIZE
+
+SPLITS = ("train", "test", "all")
+SPECS = {
+    "synthetic-image": "generated images, 10 classes (no file)",
+    "synthetic-text": "generated order-2 Markov text (no file)",
+    "cifar10:DIR": "CIFAR-10 python batches",
+    "cifar100:DIR": "CIFAR-100 python files (fine labels)",
+    "cifar10-jpeg:PATH": "CIFAR-10 as {train,test}/<class>/*.jpg, a folder or a .tar(.gz)",
+    "cinic10:DIR": "CINIC-10 {train,valid,test}/<class>/*.png",
+    "svhn:PATH": "SVHN *_32x32.mat (MATLAB v5): a file or a folder with train/test",
+    "fashion-mnist:DIR": "Fashion-MNIST idx files (.gz or not); 'mnist:DIR' for MNIST",
+    "text:PATH": "a UTF-8 text file, character level",
+    "npz:PATH": "numpy arrays x, y (or x_train/y_train/x_test/y_test)",
+}
+
+
+def load_dataset(
+    spec: str, *, split: str = "train", seq_len: int = 64, limit: int | None = None, seed: int = 0
+) -> Dataset:
+    """Load the dataset named by `spec` (see SPECS); `split` is train, test or all (cinic10: valid too).
+
+    `limit` caps the samples (class-balanced for images, the first windows for text), so tests
+    and quick runs read only what they use; `seed` only matters for generated data. Nothing is
+    downloaded: a missing or unreadable file is a DataError that says which and what to do.
+    """
+    kind, _, arg = spec.partition(":")
+    if kind in ("synthetic-image", "synthetic-text"):
+        return _synthetic(kind, split=split, seq_len=seq_len, limit=limit, seed=seed)
+    if kind not in _FILE_LOADERS:
+        raise DataError(f"unknown dataset spec {spec!r}; use one of: {', '.join(SPECS)}")
+    if not arg:
+        raise DataError(f"dataset spec {spec!r} needs a path: {kind}:PATH")
+    if split not in SPLITS and not (kind == "cinic10" and split == "valid"):
+        raise DataError(f"unknown split {split!r}; use one of: {', '.join(SPLITS)}")
+    path = Path(arg).expanduser()
+    return _FILE_LOADERS[kind](path, split=split, seq_len=seq_len, limit=limit)
+
+
+def _synthetic(kind: str, *, split: str, seq_len: int, limit: int | None, seed: int) -> Dataset:
+    from training.synthetic import synthetic_image, synthetic_text
+
+    if split not in SPLITS:
+        raise DataError(f"unknown split {split!r}; use one of: {', '.join(SPLITS)}")
+    if kind == "synthetic-image":
+        sizes = _synthetic_sizes(split, limit)
+        parts = [synthetic_image(n, seed=seed, split=s) for s, n in sizes.items() if n > 0]
+        return parts[0] if len(parts) == 1 else concat("synthetic-image", parts)
+    ds = synthetic_text(seq_len=seq_len, seed=seed, split=split)
+    return ds if limit is None else ds.subset(np.arange(min(limit, len(ds))))
+
+
+def _synthetic_sizes(split: str, limit: int | None) -> dict[str, int]:
+    """4000 train and 1000 test images; a limit caps the total ("all" keeps the 80/20 proportion)."""
+    if limit is not None and limit < 1:
+        raise DataError(f"limit must be ≥ 1, got {limit}")
+    if split == "all":
+        return (
+            {"train": 4000, "test": 1000}
+            if limit is None
+            else {"train": limit - limit // 5, "test": limit // 5}
+        )
+    return {split: limit or (4000 if split == "train" else 1000)}
+
+
+def _cifar(path: Path, *, fine: bool, **kw: object) -> Dataset:
+    return images.load_cifar(path, fine=fine, split=kw["split"], limit=kw["limit"])
+
+
+def _jpeg(path: Path, *, split: str, limit: int | None, **_: object) -> Dataset:
+    return images.load_image_folders(
+        path, name="cifar10-jpeg", splits=("train", "test"), split=split, limit=limit
+    )
+
+
+def _cinic(path: Path, *, split: str, limit: int | None, **_: object) -> Dataset:
+    splits = ("train", "valid", "test")
+    return images.load_image_folders(path, name="cinic10", splits=splits, split=split, limit=limit)
+
+
+def _svhn(path: Path, *, split: str, limit: int | None, **_: object) -> Dataset:
+    return images.load_svhn(path, split=split, limit=limit)
+
+
+def _fashion(path: Path, *, split: str, limit: int | None, **_: object) -> Dataset:
+    return images.load_fashion_mnist(path, split=split, limit=limit)
+
+
+def _mnist(path: Path, *, split: str, limit: int | None, **_: object) -> Dataset:
+    return images.load_fashion_mnist(path, split=split, limit=limit, name="mnist")
+
+
+def _text(path: Path, *, split: str, seq_len: int, limit: int | None) -> Dataset:
+    return text.load_text(path, split=split, seq_len=seq_len, limit=limit)
+
+
+# --------------------------------------------------------------------------- npz
+
+
+def _npz(path: Path, *, split: str, seq_len: int, limit: int | None) -> Dataset:
+    """Arrays x, y — or x_train, y_train, x_test, y_test for a file with its own split.
+
+    The task is read off x: integers [N, T] → text (y [N, T] next characters); [N, 3, H, W] or
+    [N, H, W, 3] images → image, uint8 scaled to [0, 1] and normalised like every image loader,
+    float taken as already normalised (what `save_npz` writes). A file with only x, y has no test
+    split: load it with split "train" or "all" and use train_test_split.
+    """
+    arrays = _read_npz(path)
+    if {"x_train", "y_train", "x_test", "y_test"} <= arrays.keys():
+        names = ["train", "test"] if split == "all" else [split]
+        pairs = [(arrays[f"x_{s}"], arrays[f"y_{s}"]) for s in names]
+    elif {"x", "y"} <= arrays.keys():
+        if split == "test":
+            raise DataError(f"{path} has only x, y (no x_test/y_test); load it with split='all' and split it")
+        pairs = [(arrays["x"], arrays["y"])]
+    else:
+        raise DataError(f"{path}: needs arrays x and y (has {', '.join(sorted(arrays)) or 'none'})")
+    x = np.concatenate([p[0] for p in pairs])
+    y = np.concatenate([p[1] for p in pairs])
+    n_classes = int(arrays["num_classes"]) if "num_classes" in arrays else None
+    ds = (
+        _npz_text(path, x, y)
+        if x.ndim == 2 and np.issubdtype(x.dtype, np.integer)
+        else _npz_image(path, x, y, n_classes)
+    )
+    ds.info.update(source=str(path), split=split)
+    return ds if limit is None else ds.subset(np.arange(min(limit, len(ds))))
+
+
+def _read_npz(path: Path) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except FileNotFoundError:
+        raise DataError(f"npz file not found: {path}; check the path") from None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        raise DataError(f"{path}: not a readable .npz ({exc}); save it with numpy.savez") from None
+
+
+def _npz_text(path: Path, x: np.ndarray, y: np.ndarray) -> Dataset:
+    if y.shape != x.shape:
+        raise DataError(f"{path}: text x {x.shape} and y {y.shape} must have the same shape [N, T]")
+    if x.size and (min(x.min(), y.min()) < 0 or max(x.max(), y.max()) >= VOCAB_SIZE):
+        raise DataError(f"{path}: character ids must lie in 0..{VOCAB_SIZE - 1}")
+    return Dataset(
+        f"npz:{path.name}",
+        "text",
+        torch.from_numpy(x.astype(np.int64)),
+        torch.from_numpy(y.astype(np.int64)),
+        VOCAB_SIZE,
+    )
+
+
+def _npz_image(path: Path, x: np.ndarray, y: np.ndarray, num_classes: int | None) -> Dataset:
+    if x.ndim == 4 and x.shape[1] != 3 and x.shape[-1] == 3:
+        x = x.transpose(0, 3, 1, 2)
+    if x.ndim != 4 or x.shape[1] != 3 or y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
+        raise DataError(
+            f"{path}: images need x [N, 3, H, W] or [N, H, W, 3] and integer y [N]; got {x.shape}, {y.shape}"
+        )
+    if x.dtype == np.uint8:
+        xt = normalise_uint8(np.ascontiguousarray(x))
+    elif np.issubdtype(x.dtype, np.floating):
+        xt = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
+    else:
+        raise DataError(f"{path}: image x must be uint8 or float, got {x.dtype}")
+    n = num_classes or (int(y.max()) + 1 if y.size else 1)
+    if y.size and (y.min() < 0 or y.max() >= n):
+        raise DataError(f"{path}: labels must lie in 0..{n - 1}")
+    classes = CIFAR10_CLASSES if n == 10 else None
+    return Dataset(f"npz:{path.name}", "image", xt, torch.from_numpy(y.astype(np.int64)), n, classes=classes)
+
+
+def save_npz(ds: Dataset, path: str | Path) -> None:
+    """Write a dataset as npz (x, y, num_classes) that `load_dataset('npz:PATH')` reads back as is."""
+    np.savez(path, x=ds.x.numpy(), y=ds.y.numpy(), num_classes=np.int64(ds.num_classes))
+
+
+_FILE_LOADERS = {
+    "cifar10": lambda p, **kw: _cifar(p, fine=False, **kw),
+    "cifar100": lambda p, **kw: _cifar(p, fine=True, **kw),
+    "cifar10-jpeg": _jpeg,
+    "cinic10": _cinic,
+    "svhn": _svhn,
+    "fashion-mnist": _fashion,
+    "mnist": _mnist,
+    "text": _text,
+    "npz": _npz,
+}

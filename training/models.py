@@ -1,0 +1,482 @@
+"""Model registry: the paper's networks in plain torch, small variants, losses and accuracy.
+
+Every model here is built by name so that the server, the clients and the profiler agree on what
+"resnet18" is without shipping code. Image models take [B, 3, 32, 32] floats and return [B, classes];
+text models take [B, T] character ids (T ≤ seq_len) and return next-character logits [B, T, vocab].
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import string
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from powerctl.workload import Workload, measure_workload
+from training.errors import ModelError
+
+VOCAB: str = string.ascii_letters + string.digits + string.punctuation + " \n"
+"""The paper's character vocabulary (96 symbols); text outside it is dropped by the loaders."""
+VOCAB_SIZE: int = len(VOCAB)
+
+TASKS = ("image", "text")
+
+
+# --------------------------------------------------------------------------- ResNet18 (CIFAR stem)
+
+
+class BasicBlock(nn.Module):
+    """The standard two-3×3-conv residual block with a 1×1 projection when the shape changes."""
+
+    def __init__(self, in_planes: int, planes: int, stride: int = 1) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_planes, planes, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.shortcut: nn.Module = nn.Identity()
+        if stride != 1 or in_planes != planes:
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(in_planes, planes, 1, stride, bias=False), nn.BatchNorm2d(planes)
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return F.relu(out + self.shortcut(x))
+
+
+class ResNet(nn.Module):
+    """ResNet for 32×32 inputs: 3×3 stride-1 stem, no max-pool, four stages of BasicBlocks."""
+
+    def __init__(
+        self, num_classes: int = 10, width: int = 64, blocks: tuple[int, ...] = (2, 2, 2, 2)
+    ) -> None:
+        super().__init__()
+        if width < 1 or not blocks or any(b < 1 for b in blocks):
+            raise ModelError(f"resnet: width {width} and blocks {blocks} must be positive; use e.g. width=64")
+        self.conv1 = nn.Conv2d(3, width, 3, 1, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        stages: list[nn.Module] = []
+        in_planes = width
+        for i, n in enumerate(blocks):
+            planes = width * 2**i
+            for j in range(n):
+                stages.append(BasicBlock(in_planes, planes, stride=2 if (i > 0 and j == 0) else 1))
+                in_planes = planes
+        self.layers = nn.Sequential(*stages)
+        self.fc = nn.Linear(in_planes, num_classes)
+        _init_conv_net(self)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.layers(F.relu(self.bn1(self.conv1(x))))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(out, 1), 1))
+
+
+def _init_conv_net(model: nn.Module) -> None:
+    """torchvision's initialisation, so our weights start where the reference implementations do."""
+    for m in model.modules():
+        if isinstance(m, nn.Conv2d):
+            nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.BatchNorm2d):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, 0.0, 0.01)
+            nn.init.zeros_(m.bias)
+
+
+# --------------------------------------------------------------------------- MobileNetV2 (32×32)
+
+
+def _make_divisible(v: float, divisor: int = 8) -> int:
+    """Round channel counts as the reference MobileNetV2 does (never down by more than 10%)."""
+    new_v = max(divisor, int(v + divisor / 2) // divisor * divisor)
+    return new_v + divisor if new_v < 0.9 * v else new_v
+
+
+def _conv_bn(
+    inp: int, out: int, kernel: int, stride: int, groups: int = 1, act: bool = True
+) -> nn.Sequential:
+    layers: list[nn.Module] = [
+        nn.Conv2d(inp, out, kernel, stride, (kernel - 1) // 2, groups=groups, bias=False),
+        nn.BatchNorm2d(out),
+    ]
+    if act:
+        layers.append(nn.ReLU6(inplace=True))
+    return nn.Sequential(*layers)
+
+
+class InvertedResidual(nn.Module):
+    """Expand (1×1) → depthwise 3×3 → linear project (1×1), residual when shapes match."""
+
+    def __init__(self, inp: int, out: int, stride: int, expand_ratio: int) -> None:
+        super().__init__()
+        hidden = round(inp * expand_ratio)
+        self.use_res = stride == 1 and inp == out
+        layers: list[nn.Module] = []
+        if expand_ratio != 1:
+            layers.append(_conv_bn(inp, hidden, 1, 1))
+        layers += [_conv_bn(hidden, hidden, 3, stride, groups=hidden), _conv_bn(hidden, out, 1, 1, act=False)]
+        self.conv = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.conv(x) if self.use_res else self.conv(x)
+
+
+class MobileNetV2(nn.Module):
+    """The standard MobileNetV2 (Sandler et al. 2018; torchvision layout), adapted to 32×32 inputs.
+
+    The usual CIFAR adaptation: the stem conv and the first stride-2 stage (24 channels) use stride 1,
+    so the 32×32 input is reduced only 8× (to 4×4) instead of 32×. Parameter count is unchanged
+    (2,236,682 at 10 classes, width multiplier 1).
+    """
+
+    # (expansion t, output channels c, repeats n, first stride s), CIFAR strides
+    SETTINGS = (
+        (1, 16, 1, 1),
+        (6, 24, 2, 1),
+        (6, 32, 3, 2),
+        (6, 64, 4, 2),
+        (6, 96, 3, 1),
+        (6, 160, 3, 2),
+        (6, 320, 1, 1),
+    )
+
+    def __init__(self, num_classes: int = 10, width_mult: float = 1.0, dropout: float = 0.2) -> None:
+        super().__init__()
+        if width_mult <= 0:
+            raise ModelError(f"mobilenetv2: width_mult must be > 0, got {width_mult}; use e.g. 1.0 or 0.25")
+        inp = _make_divisible(32 * width_mult)
+        last = _make_divisible(1280 * max(1.0, width_mult))
+        layers: list[nn.Module] = [_conv_bn(3, inp, 3, 1)]
+        for t, c, n, s in self.SETTINGS:
+            out = _make_divisible(c * width_mult)
+            for i in range(n):
+                layers.append(InvertedResidual(inp, out, s if i == 0 else 1, t))
+                inp = out
+        layers.append(_conv_bn(inp, last, 1, 1))
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Sequential(nn.Dropout(dropout), nn.Linear(last, num_classes))
+        _init_conv_net(self)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.adaptive_avg_pool2d(self.features(x), 1)
+        return self.classifier(torch.flatten(out, 1))
+
+
+# --------------------------------------------------------------------------- tiny CNN
+
+
+class TinyCNN(nn.Module):
+    """Two conv layers and a linear head: a real image model that trains in milliseconds, for tests."""
+
+    def __init__(self, num_classes: int = 10, width: int = 16) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, width, 3, 1, 1)
+        self.conv2 = nn.Conv2d(width, 2 * width, 3, 1, 1)
+        self.fc = nn.Linear(2 * width * 8 * 8, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.adaptive_max_pool2d(F.relu(self.conv2(x)), 8)
+        return self.fc(torch.flatten(x, 1))
+
+
+# --------------------------------------------------------------------------- character transformer
+
+
+class CausalSelfAttention(nn.Module):
+    """nanoGPT's causal attention, with the head width decoupled from the residual width.
+
+    `head_dim` defaults to n_embd // n_head; the attention's inner width is n_head · head_dim, which
+    may be a little less than n_embd (256 wide with 6 heads: 6 × 42 = 252), as in T5's d_kv.
+    """
+
+    def __init__(self, n_embd: int, n_head: int, head_dim: int, dropout: float) -> None:
+        super().__init__()
+        self.n_head, self.head_dim, self.dropout = n_head, head_dim, dropout
+        inner = n_head * head_dim
+        self.c_attn = nn.Linear(n_embd, 3 * inner, bias=False)
+        self.c_proj = nn.Linear(inner, n_embd, bias=False)
+        self.resid_drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q, k, v = self.c_attn(x).view(b, t, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        y = F.scaled_dot_product_attention(
+            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
+        )
+        return self.resid_drop(self.c_proj(y.transpose(1, 2).reshape(b, t, -1)))
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm block: x + attn(ln(x)); x + mlp(ln(x)), MLP 4× wide with GELU."""
+
+    def __init__(self, n_embd: int, n_head: int, head_dim: int, dropout: float) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(n_embd, bias=False)
+        self.attn = CausalSelfAttention(n_embd, n_head, head_dim, dropout)
+        self.ln_2 = nn.LayerNorm(n_embd, bias=False)
+        self.mlp = nn.Sequential(
+            nn.Linear(n_embd, 4 * n_embd, bias=False),
+            nn.GELU(),
+            nn.Linear(4 * n_embd, n_embd, bias=False),
+            nn.Dropout(dropout),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class CharTransformer(nn.Module):
+    """The paper's character-level GPT: 6 layers, 6 heads, 256 wide, context 64 (nanoGPT-style).
+
+    256 is not divisible by 6, so rather than change the stated width or head count, each head is
+    256 // 6 = 42 wide and attention works in 6 × 42 = 252 dimensions, projected back to the 256-wide
+    residual stream. Learned position embeddings, no biases, output head tied to the token embedding.
+    """
+
+    def __init__(
+        self,
+        num_classes: int = VOCAB_SIZE,
+        n_layer: int = 6,
+        n_head: int = 6,
+        n_embd: int = 256,
+        seq_len: int = 64,
+        head_dim: int | None = None,
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if min(n_layer, n_head, n_embd, seq_len, num_classes) < 1 or n_embd < n_head:
+            raise ModelError(
+                f"chartransformer: n_layer={n_layer} n_head={n_head} n_embd={n_embd} seq_len={seq_len} "
+                "must be positive with n_embd ≥ n_head"
+            )
+        self.block_size = seq_len
+        self.wte = nn.Embedding(num_classes, n_embd)
+        self.wpe = nn.Embedding(seq_len, n_embd)
+        self.drop = nn.Dropout(dropout)
+        hd = head_dim or n_embd // n_head
+        self.blocks = nn.ModuleList(TransformerBlock(n_embd, n_head, hd, dropout) for _ in range(n_layer))
+        self.ln_f = nn.LayerNorm(n_embd, bias=False)
+        self.lm_head = nn.Linear(n_embd, num_classes, bias=False)
+        self.lm_head.weight = self.wte.weight  # weight tying, as in GPT-2/nanoGPT
+        self._init_weights(n_layer)
+
+    def _init_weights(self, n_layer: int) -> None:
+        for name, p in self.named_parameters():
+            if p.dim() >= 2:
+                std = 0.02 / math.sqrt(2 * n_layer) if name.endswith("c_proj.weight") else 0.02
+                nn.init.normal_(p, 0.0, std)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        t = idx.shape[1]
+        if t > self.block_size:
+            raise ModelError(f"chartransformer: sequence of {t} exceeds its context {self.block_size}")
+        pos = torch.arange(t, device=idx.device)
+        x = self.drop(self.wte(idx) + self.wpe(pos))
+        for block in self.blocks:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))
+
+
+# --------------------------------------------------------------------------- registry
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    task: str  # "image" or "text"
+    input_shape: tuple[int, ...]  # (3, 32, 32) or (seq_len,)
+    description: str
+    builder: Callable[..., nn.Module] = field(repr=False, compare=False)
+    defaults: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    """Keyword arguments of `builder` that define this named variant; overrides go on top."""
+
+    def options(self) -> list[str]:
+        """Names `build_model` accepts as overrides for this model."""
+        return [p for p in inspect.signature(self.builder).parameters if p != "num_classes"]
+
+
+def _spec(
+    name: str, task: str, shape: tuple[int, ...], desc: str, builder: Callable[..., nn.Module], **kw: Any
+) -> ModelSpec:
+    return ModelSpec(name, task, shape, desc, builder, MappingProxyType(kw))
+
+
+_IMG = (3, 32, 32)
+_REGISTRY: dict[str, ModelSpec] = {
+    s.name: s
+    for s in (
+        _spec("resnet18", "image", _IMG, "ResNet18, CIFAR stem, widths 64..512", ResNet, width=64),
+        _spec("resnet18-small", "image", _IMG, "ResNet18 topology, widths 16..128", ResNet, width=16),
+        _spec("mobilenetv2", "image", _IMG, "MobileNetV2 for 32x32, width 1.0", MobileNetV2, width_mult=1.0),
+        _spec(
+            "mobilenetv2-small",
+            "image",
+            _IMG,
+            "MobileNetV2 for 32x32, width 0.25",
+            MobileNetV2,
+            width_mult=0.25,
+        ),
+        _spec("cnn-tiny", "image", _IMG, "two-conv CNN for fast tests", TinyCNN, width=16),
+        _spec("chartransformer", "text", (64,), "char GPT, 6 layers, 6 heads, 256 wide", CharTransformer),
+        _spec(
+            "chartransformer-small",
+            "text",
+            (64,),
+            "char GPT, 2 layers, 2 heads, 64 wide",
+            CharTransformer,
+            n_layer=2,
+            n_head=2,
+            n_embd=64,
+        ),
+    )
+}
+
+
+def model_names() -> list[str]:
+    return list(_REGISTRY)
+
+
+def get_model_spec(name: str) -> ModelSpec:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ModelError(f"unknown model {name!r}; choose one of: {', '.join(_REGISTRY)}") from None
+
+
+def default_num_classes(task: str) -> int:
+    """Ten CIFAR-style classes for images, the character vocabulary for text."""
+    return VOCAB_SIZE if _check_task(task) == "text" else 10
+
+
+def build_model(
+    name: str, num_classes: int | None = None, *, seed: int | None = None, **overrides: Any
+) -> nn.Module:
+    """Build model `name` with `num_classes` outputs (text: the vocabulary size, default VOCAB_SIZE).
+
+    `seed` makes the initial weights reproducible without touching the global RNG stream;
+    `overrides` change sizes (resnet: width, blocks; mobilenetv2: width_mult, dropout;
+    chartransformer: n_layer, n_head, n_embd, seq_len, head_dim, dropout; cnn-tiny: width).
+    """
+    spec = get_model_spec(name)
+    unknown = sorted(set(overrides) - set(spec.options()))
+    if unknown:
+        raise ModelError(
+            f"model {name!r} has no option {', '.join(unknown)}; options: {', '.join(spec.options())}"
+        )
+    n = default_num_classes(spec.task) if num_classes is None else int(num_classes)
+    if n < 1:
+        raise ModelError(f"model {name!r}: num_classes must be ≥ 1, got {n}")
+    kwargs = {**spec.defaults, **overrides}
+    if seed is None:
+        return spec.builder(num_classes=n, **kwargs)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return spec.builder(num_classes=n, **kwargs)
+
+
+# --------------------------------------------------------------------------- losses and accuracy
+
+
+def _check_task(task: str) -> str:
+    if task not in TASKS:
+        raise ModelError(f"unknown task {task!r}; expected one of: {', '.join(TASKS)}")
+    return task
+
+
+def _text_ce(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def loss_fn(task: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """Cross entropy: per sample for images, averaged over every position for text."""
+    return _text_ce if _check_task(task) == "text" else F.cross_entropy
+
+
+def correct_count(task: str, logits: torch.Tensor, targets: torch.Tensor) -> int:
+    """Top-1 hits for images; correctly predicted next characters (all positions) for text."""
+    _check_task(task)
+    return int((logits.argmax(dim=-1) == targets).sum().item())
+
+
+def targets_count(task: str, targets: torch.Tensor) -> int:
+    """How many predictions `correct_count` scored: samples for images, positions for text."""
+    _check_task(task)
+    return int(targets.numel())
+
+
+# --------------------------------------------------------------------------- workload
+
+
+def example_batch(
+    name: str,
+    batch_size: int,
+    num_classes: int | None = None,
+    *,
+    generator: torch.Generator | None = None,
+    input_shape: tuple[int, ...] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random inputs and targets of the model's task and shape: what profiling needs, no data."""
+    spec = get_model_spec(name)
+    shape = tuple(input_shape or spec.input_shape)
+    n = default_num_classes(spec.task) if num_classes is None else num_classes
+    if spec.task == "text":
+        x = torch.randint(0, n, (batch_size, *shape), generator=generator)
+        y = torch.randint(0, n, (batch_size, *shape), generator=generator)
+        return x, y
+    x = torch.randn((batch_size, *shape), generator=generator)
+    return x, torch.randint(0, n, (batch_size,), generator=generator)
+
+
+def _input_shape_of(spec: ModelSpec, model: nn.Module) -> tuple[int, ...]:
+    block = getattr(model, "block_size", None)
+    return (int(block),) if spec.task == "text" and block else spec.input_shape
+
+
+def _num_classes_of(model: nn.Module) -> int | None:
+    head = getattr(model, "lm_head", None) or getattr(model, "fc", None)
+    if head is None and isinstance(getattr(model, "classifier", None), nn.Sequential):
+        head = model.classifier[-1]
+    return int(head.out_features) if isinstance(head, nn.Linear) else None
+
+
+def model_workload(name: str, model: nn.Module, num_classes: int | None = None) -> Workload:
+    """Training FLOPs and memory per sample of `model`, counted on a random batch of 2."""
+    spec = get_model_spec(name)
+    n = num_classes or _num_classes_of(model)
+    shape = _input_shape_of(spec, model)
+    x, y = example_batch(name, 2, n, generator=torch.Generator().manual_seed(0), input_shape=shape)
+    device = next(model.parameters()).device
+    return measure_workload(model, x.to(device), y.to(device), loss_fn(spec.task), name)
+
+
+def model_summary(
+    name: str, model: nn.Module | None = None, num_classes: int | None = None
+) -> dict[str, Any]:
+    """Size and cost of a model, for reports and for the simulated boards' time/power/memory."""
+    spec = get_model_spec(name)
+    if model is None:
+        model = build_model(name, num_classes, seed=0)
+    w = model_workload(name, model, num_classes)
+    return {
+        "name": name,
+        "task": spec.task,
+        "input_shape": list(w.input_shape),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "flops_per_sample": w.flops_per_sample,
+        "activation_bytes_per_sample": w.activation_bytes_per_sample,
+        "parameter_bytes": w.parameter_bytes,
+    }

@@ -1,0 +1,46 @@
+"""The training step the profiler measures: the real model, optimizer and loss on task-shaped inputs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from powerctl.workload import Workload
+from training.models import build_model, example_batch, get_model_spec, loss_fn, model_workload
+
+
+def profiling_step_factory(
+    model_name: str,
+    *,
+    torch_device: str = "cpu",
+    num_classes: int | None = None,
+    model: nn.Module | None = None,
+    seed: int = 0,
+) -> tuple[Workload, Callable[[int], Callable[[], None]]]:
+    """(workload, batch size → step). Profiling is data-independent: random inputs of the task's shape.
+
+    The step is a full Adam training step, so power and time are those of fine-tuning.
+    """
+    spec = get_model_spec(model_name)
+    if model is None:
+        model = build_model(model_name, **({"num_classes": num_classes} if num_classes else {}), seed=seed)
+    workload = model_workload(model_name, model, num_classes)
+    model = model.to(torch_device).train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    loss = loss_fn(spec.task)
+    gen = torch.Generator().manual_seed(seed)
+
+    def make_step(batch_size: int) -> Callable[[], None]:
+        x, y = example_batch(model_name, batch_size, num_classes, generator=gen)
+        x, y = x.to(torch_device), y.to(torch_device)
+
+        def step() -> None:
+            optimizer.zero_grad(set_to_none=True)
+            loss(model(x), y).backward()
+            optimizer.step()
+
+        return step
+
+    return workload, make_step
