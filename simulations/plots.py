@@ -1,0 +1,63 @@
+"""Plots of measured runs: time to accuracy per strategy, and accuracy against device seconds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+COLOURS = {"method": "#1b9e77", "state-of-practice": "#d95f02", "proxy-batch": "#7570b3", "oracle": "#666666"}
+
+
+def plot_strategies(rows: list[dict[str, Any]], path: Path, *, title: str) -> Path:
+    """Left: measured device seconds to the target per strategy. Right: the accuracy curves."""
+    fig = Figure(figsize=(12, 4.5))
+    FigureCanvasAgg(fig)
+    bars, curves = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1, 1.4]})
+    names = [r["strategy"] for r in rows]
+    secs = [r["device_seconds"] for r in rows]
+    colours = [COLOURS.get(n, "#999999") for n in names]
+    drawn = bars.bar(names, secs, color=colours)
+    for rect, r in zip(drawn, rows, strict=True):
+        label = f"{r['device_seconds']:.0f} s\nb={r['batch_size']}, {r['frequency_hz'] / 1e6:.0f} MHz"
+        if not r["reached"]:
+            label += "\nnot reached"
+        bars.annotate(
+            label,
+            (rect.get_x() + rect.get_width() / 2, rect.get_height()),
+            ha="center",
+            va="bottom",
+            fontsize=8,
+            xytext=(0, 2),
+            textcoords="offset points",
+        )
+    bars.set_ylabel("device seconds to target accuracy")
+    bars.set_ylim(0, max(secs) * 1.3)
+    bars.tick_params(axis="x", labelrotation=15)
+    bars.set_title("time to accuracy (measured)")
+    for r in rows:
+        xs = [p["device_seconds"] for p in r["curve"]]
+        ys = [p["accuracy"] for p in r["curve"]]
+        curves.plot(
+            xs,
+            ys,
+            label=f"{r['strategy']} (b={r['batch_size']}, {r['frequency_hz'] / 1e6:.0f} MHz)",
+            color=COLOURS.get(r["strategy"], "#999999"),
+            lw=1.8,
+            alpha=0.9,
+        )
+    target = rows[0].get("target_accuracy")
+    if target:
+        curves.axhline(target, color="black", ls="--", lw=1, label=f"target {target:.0%}")
+    curves.set_xlabel("device seconds")
+    curves.set_ylabel("test accuracy")
+    curves.set_title("accuracy against device time")
+    curves.grid(alpha=0.3)
+    curves.legend(fontsize=8, loc="lower right")
+    fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    return path
