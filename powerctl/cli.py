@@ -212,8 +212,18 @@ def cmd_select(args: argparse.Namespace) -> int:
     if args.compare:
         from powerctl.baselines import compare
 
+        print(
+            f"\n{'strategy':<18} {'b':>5} {'MHz':>8} {'peak W':>7} {'predicted s':>12} "
+            f"{'method faster by':>17}"
+        )
         for row in compare(profile, relation, args.power_cap):
-            print("  " + "  ".join(f"{k}={v}" for k, v in row.items()))
+            peak = "-" if row["peak_power_w"] is None else f"{row['peak_power_w']:.2f}"
+            pred = "-" if row["predicted_seconds"] is None else f"{row['predicted_seconds']:.1f}"
+            speed = "-" if row["speedup"] is None else f"{row['speedup']:.2f}x"
+            print(
+                f"{row['name']:<18} {row['batch_size']:>5} {row['frequency_hz'] / 1e6:>8.1f} {peak:>7} "
+                f"{pred:>12} {speed:>17}"
+            )
     return 0
 
 

@@ -25,7 +25,7 @@ def read_json(path: str | Path, schema: str) -> dict[str, Any]:
     except (json.JSONDecodeError, ValueError) as exc:
         raise FileFormatError(f"{path}: not valid JSON ({exc})") from None
     if not isinstance(data, dict):
-        raise FileFormatError(f"{path}: expected a JSON object with \"schema\": \"{schema}\"")
+        raise FileFormatError(f'{path}: expected a JSON object with "schema": "{schema}"')
     if data.get("schema") != schema:
         raise FileFormatError(f"{path}: schema is {data.get('schema')!r}, expected {schema!r}")
     return data

@@ -83,8 +83,15 @@ class RelationVector:
                 for r, w in zip(rel, want, strict=True)
             ):
                 raise f.fail("'relation' is not samples_to_target divided by its last entry")
-        known = {"schema", "model", "proxy_dataset", "target_accuracy", "batch_sizes", "samples_to_target",
-                 "relation"}
+        known = {
+            "schema",
+            "model",
+            "proxy_dataset",
+            "target_accuracy",
+            "batch_sizes",
+            "samples_to_target",
+            "relation",
+        }
         return cls(
             model=f.string("model"),
             proxy_dataset=f.string("proxy_dataset"),

@@ -53,12 +53,10 @@ def _host() -> dict[str, Any]:
 
 
 def _simulated() -> list[dict[str, Any]]:
-    """Simulated boards by spec only: opening one costs nothing but says nothing about this machine."""
-    try:
-        from powerctl.devices.simulated import SIM_BOARDS
-    except ImportError:
-        return []
-    return [{"kind": "sim", "spec": f"sim:{name}", "board": str(name)} for name in SIM_BOARDS]
+    """The simulated boards, described like real ones (their tables and sensor are virtual)."""
+    from powerctl.devices.simulated import SIM_BOARDS, SimulatedBoard
+
+    return [{"kind": "sim", **SimulatedBoard.open(name).describe()} for name in SIM_BOARDS]
 
 
 def detect_devices() -> list[dict[str, Any]]:

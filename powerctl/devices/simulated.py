@@ -106,6 +106,7 @@ class SimulatedBoard(Device):
         self._rng = np.random.default_rng(seed)
         self._time_noise, self._power_noise = (TIME_NOISE, POWER_NOISE) if noise else (0.0, 0.0)
         self._samplers: list[TimelineSampler] = []
+        self._last_reading = (-1.0, 0.0)
 
     @classmethod
     def open(cls, name: str, *, seed: int = 0, noise: bool = True) -> SimulatedBoard:
@@ -135,7 +136,10 @@ class SimulatedBoard(Device):
         return float(watts * (1.0 + self._power_noise * self._rng.standard_normal()))
 
     def read_power_w(self) -> float:
-        return self._noisy(self._watts)
+        # one reading per instant of the virtual clock: total and rails agree when read together
+        if self._last_reading[0] != self._t:
+            self._last_reading = (self._t, self._noisy(self._watts))
+        return self._last_reading[1]
 
     def rails(self) -> dict[str, float]:
         return {self.model.rails[0] if self.model.rails else "total": self.read_power_w()}
