@@ -41,6 +41,9 @@ def write_json(path: str | Path, data: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; these files are meant to be shared
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(data, f, indent=2, allow_nan=False)
             f.write("\n")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -126,3 +127,9 @@ def test_write_is_atomic(tmp_path: Path) -> None:
     rv = RelationVector.from_samples("m", "p", 0.8, {4: 10.0})
     rv.save(tmp_path / "sub" / "r.json")
     assert [p.name for p in (tmp_path / "sub").iterdir()] == ["r.json"]
+    old = os.umask(0o022)
+    try:
+        rv.save(tmp_path / "shared.json")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "shared.json").stat().st_mode & 0o777 == 0o644

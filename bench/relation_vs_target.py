@@ -1,0 +1,234 @@
+"""Does a relation vector estimated on proxy text predict the batch-size ranking on other text?
+
+The acceptance experiment of the server side, on real data (no network, ../shared/data):
+
+1. pre-train a small character transformer on WikiText-2 (validation + test files joined);
+2. estimate the relation vector on tiny Shakespeare (the proxy) from those weights;
+3. measure samples-to-target on a Jane Austen novel (the "device's" private data) with every batch
+   size, from the same weights, with the same procedure (learning rate by the square-root rule);
+4. print both vectors side by side, whether the proxy's best batch size (fewest samples) is the
+   target's best, and the Spearman rank correlation of the two sample counts.
+
+Results go to OUT/results.json (plus the weights and relation files). Every step uses the project's
+code (fl_server.pretrain, fl_server.relation, training.finetune): nothing is re-implemented here.
+Step 2 and 3 are cached in OUT/cache, so a rerun with the same settings only prints.
+
+    .venv/bin/python bench/relation_vs_target.py [--out runs/relation_vs_target]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fl_server.pretrain import pretrain
+from fl_server.relation import RelationError, estimate_relation
+from powerctl.jsonfile import write_json
+from powerctl.relation import RelationVector
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO.parent / "shared" / "data"
+
+
+def ranks(values: list[float]) -> np.ndarray:
+    """Ranks 1..n, ties get the mean of their ranks (as Spearman's rho needs)."""
+    v = np.asarray(values, dtype=float)
+    order = np.argsort(v, kind="stable")
+    r = np.empty(len(v))
+    r[order] = np.arange(1, len(v) + 1)
+    for value in np.unique(v):
+        tie = v == value
+        r[tie] = r[tie].mean()
+    return r
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    """Spearman rank correlation: Pearson correlation of the (tie-averaged) ranks; nan if constant."""
+    ra, rb = ranks(a), ranks(b)
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    denom = float(np.sqrt((ra**2).sum() * (rb**2).sum()))
+    return float((ra * rb).sum() / denom) if denom > 0 else float("nan")
+
+
+def best_batch_sizes(rel: RelationVector) -> list[int]:
+    """Batch sizes with the fewest samples to the target (several on a tie)."""
+    least = min(rel.samples_to_target)
+    return [b for b, s in zip(rel.batch_sizes, rel.samples_to_target, strict=True) if s == least]
+
+
+def _key_value(text: str) -> tuple[str, Any]:
+    key, _, raw = text.partition("=")
+    try:
+        return key, json.loads(raw)
+    except json.JSONDecodeError:
+        return key, raw
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=REPO / "runs" / "relation_vs_target")
+    ap.add_argument("--data", type=Path, default=DATA, help="the shared data folder (default ../shared/data)")
+    ap.add_argument("--model", default="chartransformer-small")
+    ap.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        type=_key_value,
+        default=[],
+        metavar="KEY=VALUE",
+        help="model option, e.g. --set n_embd=96",
+    )
+    ap.add_argument("--pretrain-samples", type=int, default=60_000)
+    ap.add_argument("--pretrain-batch-size", type=int, default=32)
+    ap.add_argument("--pretrain-lr", type=float, default=2e-3)
+    ap.add_argument("--weights", type=Path, help="use these pre-trained weights instead of step 1")
+    ap.add_argument("--proxy", default="tinyshakespeare/input.txt", help="proxy text, relative to --data")
+    ap.add_argument("--target-data", default="gutenberg_austen/austen-emma.txt", help="relative to --data")
+    ap.add_argument("--target", type=float, default=0.42, help="target accuracy on the proxy (default 0.42)")
+    ap.add_argument(
+        "--target-on-target",
+        type=float,
+        default=0.49,
+        help="target accuracy on the target text (default 0.49: Austen is easier to predict)",
+    )
+    ap.add_argument("--batch-sizes", default="4,8,16,32,64")
+    ap.add_argument("--seeds", default="0,1,2,3,4", help="median over these (default 0,1,2,3,4)")
+    ap.add_argument("--lr-max", type=float, default=2e-3, help="learning rate of the largest batch size")
+    ap.add_argument("--max-samples", type=int, default=20_000)
+    ap.add_argument("--eval-every", type=int, default=128, help="resolution of samples-to-target")
+    ap.add_argument("--eval-max-samples", type=int, default=256)
+    ap.add_argument("--serial", action="store_true", help="no Ray: run the batch sizes one after another")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads for pre-training (default 1: fastest on a small shared machine)",
+    )
+    ap.add_argument("--no-cache", action="store_true")
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args()
+
+    started = time.perf_counter()
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    overrides = dict(args.overrides)
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    seeds = [int(s) for s in args.seeds.split(",")]
+    progress = not args.no_progress
+
+    # 1. pre-train on WikiText-2 (the two files joined: text:PATH takes one file)
+    timings: dict[str, float] = {}
+    if args.weights is None:
+        wiki = out / "wikitext-2.valid+test.txt"
+        wiki.write_bytes(
+            b"".join(
+                (args.data / "wikitext-2" / f).read_bytes() for f in ("wiki.valid.tokens", "wiki.test.tokens")
+            )
+        )
+        t0 = time.perf_counter()
+        report = pretrain(
+            args.model,
+            f"text:{wiki}",
+            out=out / "pretrained.safetensors",
+            samples=args.pretrain_samples,
+            batch_size=args.pretrain_batch_size,
+            lr=args.pretrain_lr,
+            overrides=overrides,
+            progress=progress,
+        ).data
+        timings["pretrain_s"] = time.perf_counter() - t0
+        weights = out / "pretrained.safetensors"
+    else:
+        weights, report = args.weights, {"weights": str(args.weights)}
+
+    common: dict[str, Any] = {
+        "batch_sizes": batch_sizes,
+        "seeds": seeds,
+        "lr_max": args.lr_max,
+        "max_samples": args.max_samples,
+        "eval_every_samples": args.eval_every,
+        "eval_max_samples": args.eval_max_samples,
+        "cache_dir": out / "cache",
+        "use_cache": not args.no_cache,
+        "parallel": not args.serial,
+        "progress": progress,
+    }
+    vectors: dict[str, RelationVector] = {}
+    for role, path, target in (
+        ("proxy", args.proxy, args.target),
+        ("target", args.target_data, args.target_on_target),
+    ):
+        t0 = time.perf_counter()
+        try:
+            vectors[role] = estimate_relation(
+                args.model, weights, f"text:{args.data / path}", target_accuracy=target, **common
+            )
+        except RelationError as exc:
+            raise SystemExit(f"relation_vs_target: {role} ({path}): {exc}") from None
+        timings[f"{role}_s"] = time.perf_counter() - t0
+        vectors[role].save(out / f"relation_{role}.json")
+    proxy, target = vectors["proxy"], vectors["target"]
+
+    rho = spearman(proxy.samples_to_target, target.samples_to_target)
+    proxy_best, target_best = best_batch_sizes(proxy), best_batch_sizes(target)
+    match = bool(set(proxy_best) & set(target_best))
+    timings["total_s"] = time.perf_counter() - started
+
+    acc = report.get("final_test_accuracy")
+    model_text = f"{args.model} {overrides}" if overrides else args.model
+    if args.weights is None:
+        print(
+            f"model {model_text}; pre-trained on WikiText-2 valid+test: {report['samples']} samples, "
+            f"test accuracy {acc:.4f}"
+        )
+    else:
+        print(f"model {model_text}; weights {args.weights}")
+    print(f"proxy  {args.proxy}: target accuracy {proxy.target_accuracy}")
+    print(f"target {args.target_data}: target accuracy {target.target_accuracy}")
+    print(
+        f"lr_max {args.lr_max} (sqrt rule), seeds {seeds}, eval every {args.eval_every} samples "
+        f"on {args.eval_max_samples} test windows, budget {args.max_samples} samples"
+    )
+    print(f"{'batch':>5} {'lr':>9} | {'proxy samples':>13} {'r_b':>6} | {'target samples':>14} {'r_b':>6}")
+    for i, b in enumerate(batch_sizes):
+        lr = proxy.extra["lr"][i]
+        p_s, p_r = proxy.samples_to_target[i], proxy.relation[i]
+        t_s, t_r = target.samples_to_target[i], target.relation[i]
+        print(f"{b:>5} {lr:>9.2e} | {p_s:>13.0f} {p_r:>6.3f} | {t_s:>14.0f} {t_r:>6.3f}")
+    print(
+        f"best batch size (fewest samples): proxy {proxy_best}, target {target_best} -> "
+        f"{'MATCH' if match else 'NO MATCH'}"
+    )
+    print(f"Spearman rank correlation (samples to target, proxy vs target): {rho:.3f}")
+    print("wall time: " + ", ".join(f"{k} {v:.0f}" for k, v in timings.items()))
+
+    write_json(
+        out / "results.json",
+        {
+            "schema": "bench.relation_vs_target/1",
+            "model": args.model,
+            "overrides": overrides,
+            "pretrain": {k: v for k, v in report.items() if k != "curve"},
+            "proxy": proxy.to_dict(),
+            "target": target.to_dict(),
+            "proxy_best_batch_sizes": proxy_best,
+            "target_best_batch_sizes": target_best,
+            "best_match": match,
+            "spearman": rho if rho == rho else None,
+            "timings_s": timings,
+            "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        },
+    )
+    print(f"wrote {out / 'results.json'}")
+
+
+if __name__ == "__main__":
+    main()

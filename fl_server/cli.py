@@ -1,0 +1,371 @@
+"""`fl-server`: the server's offline jobs — pre-train starting weights, estimate relation vectors.
+
+Both write files the rest of the system reads (DESIGN §5): a self-describing safetensors weights file
+(+ a JSON report), and a `powerctl.relation/1` JSON file. User errors are one line and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from powerctl.cliutil import one_line_errors
+from powerctl.devices import SPEC_HELP
+from training.finetune import DEFAULT_EVAL_EVERY_SAMPLES, DEFAULT_EVAL_MAX_SAMPLES
+from training.models import model_names
+
+PROG = "fl-server"
+DATA_HELP = (
+    "dataset spec: synthetic-image, synthetic-text, text:PATH (plain text, character level), "
+    "npz:PATH (arrays x, y), cifar10:DIR, cifar10-jpeg:PATH"
+)
+
+PRETRAIN_EPILOG = """\
+example (a small character transformer on WikiText-2; a few minutes on 2 CPU cores):
+  fl-server pretrain --model chartransformer-small \\
+      --data text:../shared/data/wikitext-2/wiki.valid.tokens \\
+      --samples 60000 --batch-size 32 --lr 0.002 --threads 1 --out weights/wikitext.safetensors
+
+writes weights/wikitext.safetensors (safetensors; the file alone rebuilds the model) and
+weights/wikitext.report.json (final test accuracy, samples, seconds, learning curve).
+"""
+
+RELATION_EPILOG = """\
+example (relation vector on tiny Shakespeare from the weights above; about two minutes):
+  fl-server relation --model chartransformer-small --weights weights/wikitext.safetensors \\
+      --proxy text:../shared/data/tinyshakespeare/input.txt --target 0.42 \\
+      --batch-sizes 4,8,16,32,64 --lr-max 0.002 --seeds 0,1,2 \\
+      --eval-every 256 --eval-max-samples 256 --parallel --out relation.json
+
+Every batch size starts from the same weights and trains until the target accuracy on the proxy's
+test split; its learning rate is lr_max * sqrt(b / largest b). samples_to_target is the median over
+--seeds, relation = samples_to_target / samples_to_target[largest batch size]. A batch size that does
+not reach the target within --max-samples is an error (lower --target or raise --max-samples); so is
+a target the starting weights already meet. Results are cached (--cache-dir, default
+$POWERFED_CACHE/relation or ~/.cache/powerfed/relation): the same inputs again return at once.
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is ONE line (what is wrong, where to look) and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def _accuracy(text: str) -> float:
+    value = _positive_float(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"expected an accuracy in (0, 1], got {text!r}")
+    return value
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.replace(" ", "").split(",") if v]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one integer")
+    return values
+
+
+def _positive_int_list(text: str) -> list[int]:
+    values = _int_list(text)
+    if any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"batch sizes must be positive, got {text!r}")
+    if len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"batch sizes must be distinct, got {text!r}")
+    return values
+
+
+def _key_value(text: str) -> tuple[str, Any]:
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw
+    return key, value
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model",
+        required=True,
+        choices=model_names(),
+        metavar="NAME",
+        help=f"model name: {', '.join(model_names())}",
+    )
+    p.add_argument(
+        "--seq-len",
+        type=_positive_int,
+        default=None,
+        help="text only: characters per sample (default: the model's context, 64)",
+    )
+    p.add_argument(
+        "--limit",
+        type=_positive_int,
+        default=None,
+        help="use at most this many samples of the dataset (default: all)",
+    )
+    p.add_argument(
+        "--eval-max-samples",
+        type=_positive_int,
+        default=DEFAULT_EVAL_MAX_SAMPLES,
+        help="evaluate on at most this many test samples, a fixed subset (default: %(default)s)",
+    )
+    p.add_argument(
+        "--threads",
+        type=_positive_int,
+        default=None,
+        help="torch CPU threads (default: torch's choice; 1 is often fastest on a busy machine)",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog=PROG,
+        description="Server-side jobs of power-aware federated fine-tuning: pre-train the starting "
+        "weights on a public dataset, and estimate the relation vector (samples to a target accuracy "
+        "per batch size) on a proxy dataset. Run 'fl-server COMMAND --help' for each.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    pre = sub.add_parser(
+        "pretrain",
+        help="train a model on a public dataset; write weights + report",
+        description="Train MODEL from a seeded initialisation on a dataset (split into train/test,\n"
+        "80/20 for images, 90/10 for text) for a sample or epoch budget; save the weights (safetensors)\n"
+        "and a JSON report with the final test accuracy. The weights are the starting point of\n"
+        "'fl-server relation' and of the devices' fine-tuning.",
+        epilog=PRETRAIN_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _common(pre)
+    pre.add_argument("--data", required=True, metavar="SPEC", help=DATA_HELP)
+    pre.add_argument(
+        "--out",
+        required=True,
+        type=Path,
+        metavar="PATH",
+        help="weights file to write (e.g. weights.safetensors); the report goes to PATH's "
+        "stem + .report.json",
+    )
+    budget = pre.add_mutually_exclusive_group()
+    budget.add_argument("--samples", type=_positive_int, help="training samples to process")
+    budget.add_argument("--epochs", type=_positive_float, help="passes over the train split (default: 1)")
+    pre.add_argument("--batch-size", type=_positive_int, default=64, help="default: %(default)s")
+    pre.add_argument(
+        "--lr",
+        type=_positive_float,
+        default=1e-3,
+        help="learning rate, Adam (images) / AdamW (text) (default: %(default)s)",
+    )
+    pre.add_argument("--seed", type=int, default=0, help="initialisation, split and order seed (default: 0)")
+    pre.add_argument(
+        "--device", default="host", metavar="SPEC", help=f"where to train: {SPEC_HELP} (default: host)"
+    )
+    pre.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        type=_key_value,
+        default=[],
+        metavar="KEY=VALUE",
+        help="model size option, repeatable, e.g. --set n_embd=128 --set n_layer=4 "
+        "(chartransformer), --set width=32 (resnet18, cnn-tiny)",
+    )
+
+    rel = sub.add_parser(
+        "relation",
+        help="estimate the relation vector on a proxy dataset; write relation JSON",
+        description="Fine-tune the same starting weights on a proxy dataset once per batch size (and seed)\n"
+        "until the target accuracy, and write the relation vector (powerctl.relation/1) that devices use\n"
+        "to choose their batch size.",
+        epilog=RELATION_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _common(rel)
+    rel.add_argument(
+        "--weights",
+        type=Path,
+        metavar="PATH",
+        help="starting weights from 'fl-server pretrain' (default: a fresh seeded init)",
+    )
+    rel.add_argument("--proxy", required=True, metavar="SPEC", help=f"proxy {DATA_HELP}")
+    rel.add_argument(
+        "--target",
+        required=True,
+        type=_accuracy,
+        metavar="ACC",
+        help="target test accuracy on the proxy, in (0, 1], e.g. 0.45",
+    )
+    rel.add_argument("--out", required=True, type=Path, metavar="PATH", help="relation JSON to write")
+    rel.add_argument(
+        "--batch-sizes",
+        type=_positive_int_list,
+        default=[4, 8, 16, 32, 64],
+        metavar="B,B,...",
+        help="batch sizes, comma-separated (default: 4,8,16,32,64)",
+    )
+    rel.add_argument(
+        "--seeds",
+        type=_int_list,
+        default=[0],
+        metavar="S,S,...",
+        help="seeds per batch size; samples_to_target is the median (default: 0)",
+    )
+    rel.add_argument(
+        "--lr-max",
+        type=_positive_float,
+        default=1e-3,
+        help="learning rate of the largest batch size (default: %(default)s)",
+    )
+    rel.add_argument(
+        "--max-samples",
+        type=_positive_int,
+        default=50_000,
+        help="give up on a batch size after this many samples (default: %(default)s)",
+    )
+    rel.add_argument(
+        "--eval-every",
+        type=_positive_int,
+        default=DEFAULT_EVAL_EVERY_SAMPLES,
+        metavar="N",
+        help="evaluate every N training samples: the resolution of samples_to_target (default: %(default)s)",
+    )
+    rel.add_argument(
+        "--data-seed",
+        type=int,
+        default=0,
+        help="seed of the proxy data: generated data, image train/test split (default: 0)",
+    )
+    rel.add_argument(
+        "--cache-dir",
+        type=Path,
+        metavar="DIR",
+        help="cache folder (default: $POWERFED_CACHE/relation or ~/.cache/powerfed/relation)",
+    )
+    rel.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
+    rel.add_argument("--parallel", action="store_true", help="run batch sizes as parallel Ray tasks")
+    rel.add_argument(
+        "--cpus",
+        type=_positive_int,
+        default=None,
+        help="CPUs for --parallel (default: one per run, at most the machine's)",
+    )
+    return parser
+
+
+def _pretrain(args: argparse.Namespace) -> int:
+    from fl_server.pretrain import check_output_path, pretrain
+
+    check_output_path(args.out)
+    report = pretrain(
+        args.model,
+        args.data,
+        out=args.out,
+        samples=args.samples,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        seed=args.seed,
+        device=args.device,
+        progress=not args.no_progress,
+        overrides=dict(args.overrides),
+        seq_len=args.seq_len,
+        limit=args.limit,
+        eval_max_samples=args.eval_max_samples,
+    )
+    d = report.data
+    print(
+        f"pre-trained {d['model']} on {d['dataset']}: {d['samples']} samples ({d['epochs']:.2f} epochs), "
+        f"test accuracy {d['final_test_accuracy']:.4f}, {d['wall_seconds']:.1f} s"
+    )
+    print(f"wrote {report.weights_path} and {report.report_path}")
+    return 0
+
+
+def _relation(args: argparse.Namespace) -> int:
+    from fl_server.pretrain import check_output_path
+    from fl_server.relation import estimate_relation
+
+    check_output_path(args.out)
+    rel = estimate_relation(
+        args.model,
+        args.weights,
+        args.proxy,
+        target_accuracy=args.target,
+        batch_sizes=args.batch_sizes,
+        seeds=args.seeds,
+        lr_max=args.lr_max,
+        max_samples=args.max_samples,
+        eval_every_samples=args.eval_every,
+        eval_max_samples=args.eval_max_samples,
+        seq_len=args.seq_len,
+        limit=args.limit,
+        data_seed=args.data_seed,
+        cache_dir=args.cache_dir,
+        use_cache=not args.no_cache,
+        parallel=args.parallel,
+        num_cpus=args.cpus,
+        progress=not args.no_progress,
+    )
+    rel.save(args.out)
+    print(f"relation vector of {rel.model} on {rel.proxy_dataset}, target accuracy {rel.target_accuracy}:")
+    print(f"{'batch':>6} {'lr':>10} {'samples':>10} {'relation':>9}")
+    lrs = rel.extra.get("lr") or [float("nan")] * len(rel.batch_sizes)
+    for b, lr, s, r in zip(rel.batch_sizes, lrs, rel.samples_to_target, rel.relation, strict=True):
+        print(f"{b:>6} {lr:>10.3g} {s:>10.0f} {r:>9.3f}")
+    print(f"wrote {args.out}")
+    return 0
+
+
+@one_line_errors(PROG)
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    return _pretrain(args) if args.command == "pretrain" else _relation(args)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `fl-server` and `python -m fl_server`; returns the exit status."""
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a usage error already printed as one line (2)
+        return int(exc.code or 0)
+    return _dispatch(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,170 @@
+"""Pre-train a model on a public dataset: the starting weights the server sends to every device.
+
+It is the same `fine_tune` loop as everywhere else, with no target (a sample budget only), so there is
+exactly one training loop in the project. Writes the weights (safetensors, self-describing) and a small
+JSON report next to them.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fl_server.weights import save_weights, weights_hash
+from powerctl.devices import Device, open_device
+from powerctl.jsonfile import write_json
+from training.data import load_dataset, train_test_split
+from training.errors import DataError, ModelError
+from training.finetune import DEFAULT_EVAL_MAX_SAMPLES, fine_tune
+from training.models import build_model, get_model_spec
+
+__all__ = ["PRETRAIN_SCHEMA", "PretrainReport", "check_output_path", "pretrain", "report_path_for"]
+
+PRETRAIN_SCHEMA = "fl_server.pretrain/1"
+CURVE_POINTS = 10
+"""Evaluations along a pre-training run (besides the first and the last), for the report's curve."""
+
+
+@dataclass
+class PretrainReport:
+    weights_path: Path
+    report_path: Path
+    data: dict[str, Any]
+
+    @property
+    def final_accuracy(self) -> float:
+        return float(self.data["final_test_accuracy"])
+
+
+def report_path_for(weights_path: str | Path) -> Path:
+    """`w.safetensors` → `w.report.json`: the report always sits next to its weights."""
+    p = Path(weights_path)
+    return p.with_name(f"{p.stem}.report.json")
+
+
+def check_output_path(path: Path) -> None:
+    """Fail before any work when `path` cannot be written, so a long run never ends in a lost result."""
+    if path.is_dir():
+        raise DataError(f"{path}: is a directory; give a file name for the output")
+    parent = path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise DataError(f"{path}: cannot write there ({parent} is not a writable directory)")
+
+
+def _text_seq_len(model_name: str, overrides: dict[str, Any], seq_len: int | None) -> int:
+    spec = get_model_spec(model_name)
+    model_len = int(overrides.get("seq_len", spec.input_shape[0])) if spec.task == "text" else 0
+    if seq_len is None:
+        return model_len or 64
+    if spec.task == "text" and seq_len > model_len:
+        raise ModelError(f"seq_len {seq_len} exceeds the context of {model_name} ({model_len})")
+    return seq_len
+
+
+def pretrain(
+    model_name: str,
+    dataset_spec: str,
+    *,
+    out: str | Path,
+    samples: int | None = None,
+    epochs: float | None = None,
+    batch_size: int = 64,
+    lr: float = 1e-3,
+    seed: int = 0,
+    device: str | Device = "host",
+    progress: bool = True,
+    overrides: dict[str, Any] | None = None,
+    seq_len: int | None = None,
+    limit: int | None = None,
+    eval_max_samples: int | None = DEFAULT_EVAL_MAX_SAMPLES,
+) -> PretrainReport:
+    """Train `model_name` from a seeded initialisation on `dataset_spec` and save weights + report.
+
+    The budget is `samples` training samples or `epochs` passes over the train split (not both;
+    neither = 1 epoch). The dataset is split into train/test (training.data defaults) and the report
+    gives the final test accuracy. Nothing is written unless training completes.
+    """
+    if samples is not None and epochs is not None:
+        raise ValueError("give either samples or epochs, not both")
+    if epochs is not None and not epochs > 0:
+        raise ValueError(f"epochs must be > 0, got {epochs}")
+    out = Path(out)
+    check_output_path(out)
+    if out.suffix == ".json":
+        raise DataError(f"{out}: the weights file must not end in .json (the report goes to *.report.json)")
+    overrides = dict(overrides or {})
+    spec = get_model_spec(model_name)
+    length = _text_seq_len(model_name, overrides, seq_len)
+    dataset = load_dataset(dataset_spec, split="all", seq_len=length, limit=limit, seed=seed)
+    if dataset.task != spec.task:
+        raise DataError(
+            f"model {model_name} is a {spec.task} model but {dataset_spec} is {dataset.task} data"
+        )
+    train, test = train_test_split(dataset, seed=seed)
+    budget = samples if samples is not None else max(batch_size, round((epochs or 1.0) * len(train)))
+    model = build_model(model_name, dataset.num_classes, seed=seed, **overrides)
+    dev = open_device(device, seed=seed) if isinstance(device, str) else device
+
+    started = time.perf_counter()
+    try:
+        result = fine_tune(
+            model,
+            train,
+            test,
+            device=dev,
+            batch_size=batch_size,
+            lr=lr,
+            target_accuracy=None,
+            max_samples=budget,
+            eval_every_samples=max(batch_size, budget // CURVE_POINTS),
+            eval_max_samples=eval_max_samples,
+            seed=seed,
+            progress=progress,
+            desc=f"pretrain {model_name}",
+        )
+    finally:
+        if isinstance(device, str):  # opened here, so closed here (restores any knob state)
+            dev.close()
+    wall = time.perf_counter() - started
+    meta_extra = {"pretrained_on": dataset_spec, "pretrain_samples": str(result.samples)}
+    save_weights(
+        out,
+        model,
+        model_name=model_name,
+        num_classes=dataset.num_classes,
+        overrides=overrides,
+        extra=meta_extra,
+    )
+    report = {
+        "schema": PRETRAIN_SCHEMA,
+        "model": model_name,
+        "overrides": overrides,
+        "task": spec.task,
+        "num_classes": dataset.num_classes,
+        "dataset": dataset_spec,
+        "train_size": len(train),
+        "test_size": len(test),
+        "seq_len": length if spec.task == "text" else None,
+        "batch_size": batch_size,
+        "lr": lr,
+        "seed": seed,
+        "device": dev.spec,
+        "samples": result.samples,
+        "epochs": result.samples / len(train),
+        "steps": result.steps,
+        "device_seconds": result.device_seconds,
+        "wall_seconds": wall,
+        "energy_j": result.energy_j,
+        "final_test_accuracy": result.final_accuracy,
+        "weights": out.name,
+        "weights_sha256": weights_hash(model),
+        "curve": [[p.samples, p.device_seconds, p.accuracy] for p in result.curve],
+    }
+    rpath = report_path_for(out)
+    write_json(rpath, report)
+    return PretrainReport(out, rpath, report)

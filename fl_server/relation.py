@@ -1,0 +1,389 @@
+"""Estimate the relation vector on proxy data (DESIGN §1, §5).
+
+For every batch size (and seed), the SAME starting weights are fine-tuned on a proxy dataset of the
+task until the target accuracy, with the learning rate scaled from the largest batch size by the
+square-root rule. `samples_to_target[b]` is the median over seeds; `relation[b]` divides it by the
+largest batch size's. A batch size that cannot reach the target within the budget is an error (the
+relation file needs a positive number for every batch size, and a made-up one would mislead the
+selection): the message names it and says what to change.
+
+Results are cached on disk, keyed by a hash of everything that determines them (model, weights,
+proxy spec and proxy bytes, target, batch sizes, seeds, rates, budgets, code version), so asking again
+is instant. Runs can go in parallel as Ray tasks, one CPU thread each; the numbers are the same.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fl_server.weights import load_weights, weights_hash
+from powerctl.devices.host import HostDevice
+from powerctl.errors import FileFormatError, PowerctlError
+from powerctl.relation import RelationVector
+from training.data import Dataset, load_dataset, train_test_split
+from training.errors import DataError, ModelError
+from training.finetune import DEFAULT_EVAL_EVERY_SAMPLES, DEFAULT_EVAL_MAX_SAMPLES, fine_tune
+from training.lr import scaled_lr
+from training.models import build_model, get_model_spec
+
+__all__ = [
+    "CACHE_ENV",
+    "CACHE_VERSION",
+    "RelationError",
+    "RelationRequest",
+    "default_cache_dir",
+    "estimate_relation",
+    "file_digest",
+]
+
+CACHE_VERSION = 1
+"""Bump when a code change alters what a relation estimate would be: old cache entries then miss."""
+CACHE_ENV = "POWERFED_CACHE"
+"""Environment variable: root of the cache (relation vectors go to $POWERFED_CACHE/relation)."""
+INIT_SEED = 0
+"""Seed of the starting weights when no pre-trained weights are given (same for every run)."""
+
+
+class RelationError(PowerctlError):
+    """The relation vector cannot be estimated as asked (a batch size never reached the target, ...)."""
+
+
+def default_cache_dir() -> Path:
+    root = os.environ.get(CACHE_ENV)
+    base = Path(root) if root else Path.home() / ".cache" / "powerfed"
+    return base / "relation"
+
+
+def file_digest(path: str | Path) -> str:
+    """sha256 of a file's bytes, or of a folder's files (relative names and bytes, sorted)."""
+    p = Path(path)
+    h = hashlib.sha256()
+    files = [p] if p.is_file() else sorted(f for f in p.rglob("*") if f.is_file())
+    for f in files:
+        if p.is_dir():
+            h.update(f"{f.relative_to(p).as_posix()}\0".encode())
+        with f.open("rb") as fh:
+            for chunk in iter(lambda fh=fh: fh.read(1 << 20), b""):
+                h.update(chunk)
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def _spec_digest(spec: str) -> str | None:
+    """Digest of the file/folder a dataset spec points at (`kind:PATH`); None for generated data."""
+    _, sep, rest = spec.partition(":")
+    if not sep or not rest:
+        return None
+    if not Path(rest).exists():
+        raise DataError(f"dataset {spec!r}: {rest} does not exist")
+    return file_digest(rest)
+
+
+@dataclass(frozen=True)
+class RelationRequest:
+    """Everything that determines a relation estimate; its `cache_key` is the cache's file name."""
+
+    model: str
+    overrides: dict[str, Any]
+    weights_sha256: str
+    """Hash of the starting weights' tensors, or ``init:SEED`` for a seeded fresh initialisation."""
+    proxy_spec: str
+    proxy_sha256: str | None
+    seq_len: int | None
+    limit: int | None
+    data_seed: int
+    target_accuracy: float
+    batch_sizes: tuple[int, ...]
+    seeds: tuple[int, ...]
+    lr_max: float
+    max_samples: int
+    eval_every_samples: int
+    eval_max_samples: int | None
+
+    def cache_key(self) -> str:
+        fields = dict(self.__dict__)
+        fields["batch_sizes"] = list(self.batch_sizes)
+        fields["seeds"] = list(self.seeds)
+        fields["cache_version"] = CACHE_VERSION
+        fields["torch"] = ".".join(torch.__version__.split(".")[:2])
+        blob = json.dumps(fields, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _validate(
+    target_accuracy: float, batch_sizes: Sequence[int], seeds: Sequence[int], lr_max: float, max_samples: int
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    if not 0.0 < target_accuracy <= 1.0:
+        raise RelationError(f"target accuracy must be in (0, 1], got {target_accuracy}")
+    bs = tuple(batch_sizes)
+    if not bs or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in bs):
+        raise RelationError(f"batch sizes must be positive integers, got {list(bs)}")
+    if len(set(bs)) != len(bs):
+        raise RelationError(f"batch sizes must be distinct, got {list(bs)}")
+    sd = tuple(seeds)
+    if not sd or len(set(sd)) != len(sd):
+        raise RelationError(f"seeds must be a non-empty list of distinct integers, got {list(sd)}")
+    if not lr_max > 0:
+        raise RelationError(f"lr_max must be > 0, got {lr_max}")
+    if max_samples < 1:
+        raise RelationError(f"max_samples must be ≥ 1, got {max_samples}")
+    return tuple(sorted(bs)), sd
+
+
+def _run_job(
+    state: dict[str, torch.Tensor],
+    model_name: str,
+    num_classes: int,
+    overrides: dict[str, Any],
+    train: Dataset,
+    test: Dataset,
+    batch_size: int,
+    seed: int,
+    lr: float,
+    target_accuracy: float,
+    max_samples: int,
+    eval_every_samples: int,
+    eval_max_samples: int | None,
+    progress: bool,
+    threads: int | None,
+) -> dict[str, Any]:
+    """One fine-tuning run from the shared starting weights; a plain dict so it crosses Ray."""
+    if threads is not None:
+        torch.set_num_threads(threads)
+    model = build_model(model_name, num_classes, **overrides)
+    model.load_state_dict(state)
+    result = fine_tune(
+        model,
+        train,
+        test,
+        device=HostDevice(),
+        batch_size=batch_size,
+        lr=lr,
+        target_accuracy=target_accuracy,
+        max_samples=max_samples,
+        eval_every_samples=eval_every_samples,
+        eval_max_samples=eval_max_samples,
+        seed=seed,
+        progress=progress,
+        desc=f"b={batch_size} seed={seed}",
+    )
+    return {
+        "batch_size": batch_size,
+        "seed": seed,
+        "lr": lr,
+        "reached": result.reached,
+        "samples": result.samples,
+        "steps": result.steps,
+        "final_accuracy": result.final_accuracy,
+        "best_accuracy": max(p.accuracy for p in result.curve),
+        "initial_accuracy": result.curve[0].accuracy,
+        "wall_seconds": result.wall_seconds,
+    }
+
+
+def _run_parallel(
+    jobs: list[dict[str, Any]], shared: dict[str, Any], num_cpus: int | None, progress: bool
+) -> list:
+    """Each job a Ray task with one torch thread; Ray is started locally (and stopped) if needed."""
+    import ray
+
+    started_here = not ray.is_initialized()
+    if started_here:
+        os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # CPU tasks: leave CUDA env alone
+        cpus = num_cpus or min(len(jobs), os.cpu_count() or 1)
+        ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        remote = ray.remote(num_cpus=1)(_run_job)
+        refs = {k: ray.put(v) for k, v in shared.items()}
+        futures = [remote.remote(**refs, **job, progress=False, threads=1) for job in jobs]
+        bar = None
+        if progress and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(futures), desc="relation runs", unit="run", leave=False, file=sys.stderr)
+        pending = list(futures)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            if bar is not None:
+                bar.update(len(done))
+        if bar is not None:
+            bar.close()
+        try:
+            return ray.get(futures)
+        except ray.exceptions.RayTaskError as exc:  # a user error inside a task stays a one-line error
+            if isinstance(exc.cause, PowerctlError):
+                raise exc.cause from None
+            raise
+    finally:
+        if started_here:
+            ray.shutdown()
+
+
+def _starting_weights(
+    model_name: str, weights: str | Path | None, overrides: dict[str, Any] | None
+) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any], int | None, str]:
+    """(state or None, overrides, num_classes or None, weights id) without touching the data yet."""
+    if weights is None:
+        return None, dict(overrides or {}), None, f"init:{INIT_SEED}"
+    state, meta = load_weights(weights)
+    if meta.model != model_name:
+        raise ModelError(f"{weights}: weights are for model {meta.model!r}, not {model_name!r}")
+    if overrides and dict(overrides) != meta.overrides:
+        raise ModelError(f"{weights}: weights were built with {meta.overrides}, not {overrides}")
+    return state, dict(meta.overrides), meta.num_classes, weights_hash(state)
+
+
+def estimate_relation(
+    model_name: str,
+    weights: str | Path | None,
+    proxy_spec: str,
+    *,
+    target_accuracy: float,
+    batch_sizes: Sequence[int],
+    seeds: Sequence[int] = (0,),
+    lr_max: float = 1e-3,
+    max_samples: int = 50_000,
+    eval_every_samples: int = DEFAULT_EVAL_EVERY_SAMPLES,
+    eval_max_samples: int | None = DEFAULT_EVAL_MAX_SAMPLES,
+    seq_len: int | None = None,
+    limit: int | None = None,
+    data_seed: int = 0,
+    overrides: dict[str, Any] | None = None,
+    cache_dir: str | Path | None = None,
+    use_cache: bool = True,
+    parallel: bool = False,
+    num_cpus: int | None = None,
+    progress: bool = True,
+) -> RelationVector:
+    """The relation vector of `model_name` from `weights` (None: a seeded fresh init) on `proxy_spec`.
+
+    The proxy dataset is split into train/test (training.data defaults, `data_seed`); each run trains
+    on the train part and evaluates every `eval_every_samples` samples on the test part, so
+    samples-to-target is known to that resolution. Returns the vector (also stored in the cache,
+    `cache_dir` or $POWERFED_CACHE/relation or ~/.cache/powerfed/relation).
+    """
+    bs, sd = _validate(target_accuracy, batch_sizes, seeds, lr_max, max_samples)
+    spec = get_model_spec(model_name)
+    state, overrides, num_classes, weights_id = _starting_weights(model_name, weights, overrides)
+    if spec.task == "text" and seq_len is None:
+        seq_len = int(overrides.get("seq_len", spec.input_shape[0]))
+    request = RelationRequest(
+        model=model_name,
+        overrides=overrides,
+        weights_sha256=weights_id,
+        proxy_spec=proxy_spec,
+        proxy_sha256=_spec_digest(proxy_spec),
+        seq_len=seq_len if spec.task == "text" else None,
+        limit=limit,
+        data_seed=data_seed,
+        target_accuracy=float(target_accuracy),
+        batch_sizes=bs,
+        seeds=sd,
+        lr_max=float(lr_max),
+        max_samples=int(max_samples),
+        eval_every_samples=int(eval_every_samples),
+        eval_max_samples=eval_max_samples,
+    )
+    key = request.cache_key()
+    cache_file = Path(cache_dir or default_cache_dir()) / f"relation-{key[:40]}.json"
+    if use_cache and cache_file.is_file():
+        try:
+            cached = RelationVector.load(cache_file)
+            if cached.extra.get("cache_key") == key:
+                return cached
+        except FileFormatError:
+            pass  # a damaged cache entry is recomputed and overwritten
+
+    dataset = load_dataset(proxy_spec, split="all", seq_len=seq_len or 64, limit=limit, seed=data_seed)
+    if dataset.task != spec.task:
+        raise DataError(f"model {model_name} is a {spec.task} model but {proxy_spec} is {dataset.task} data")
+    train, test = train_test_split(dataset, seed=data_seed)
+    if len(train) < bs[-1]:
+        raise DataError(f"proxy train split has {len(train)} samples, fewer than batch size {bs[-1]}")
+    if num_classes is not None and num_classes != dataset.num_classes:
+        raise DataError(
+            f"{weights}: weights have {num_classes} outputs, {proxy_spec} has {dataset.num_classes} classes"
+        )
+    if num_classes is None:
+        num_classes = dataset.num_classes
+        state = build_model(model_name, num_classes, seed=INIT_SEED, **overrides).state_dict()
+    shared = {
+        "state": state,
+        "model_name": model_name,
+        "num_classes": num_classes,
+        "overrides": overrides,
+        "train": train,
+        "test": test,
+    }
+    common = {
+        "target_accuracy": float(target_accuracy),
+        "max_samples": int(max_samples),
+        "eval_every_samples": int(eval_every_samples),
+        "eval_max_samples": eval_max_samples,
+    }
+    jobs = [
+        {"batch_size": b, "seed": s, "lr": scaled_lr(lr_max, b, bs[-1]), **common} for b in bs for s in sd
+    ]
+    started = time.perf_counter()
+    if parallel and len(jobs) > 1:
+        runs = _run_parallel(jobs, shared, num_cpus, progress)
+    else:
+        runs = [_run_job(**shared, **job, progress=progress, threads=None) for job in jobs]
+    wall = time.perf_counter() - started
+
+    _check_runs(runs, proxy_spec, target_accuracy, max_samples)
+    per_seed = [[float(r["samples"]) for r in runs if r["batch_size"] == b] for b in bs]
+    relation = RelationVector.from_samples(
+        model_name,
+        proxy_spec,
+        float(target_accuracy),
+        {b: statistics.median(s) for b, s in zip(bs, per_seed, strict=True)},
+        seeds=list(sd),
+        lr_max=float(lr_max),
+        lr=[scaled_lr(lr_max, b, bs[-1]) for b in bs],
+        lr_rule="sqrt",
+        samples_per_seed=per_seed,
+        weights_sha256=weights_id,
+        proxy_sha256=request.proxy_sha256,
+        max_samples=int(max_samples),
+        eval_every_samples=int(eval_every_samples),
+        eval_max_samples=eval_max_samples,
+        overrides=overrides,
+        runs=runs,
+        wall_seconds=wall,
+        cache_key=key,
+    )
+    if use_cache:
+        relation.save(cache_file)
+    return relation
+
+
+def _check_runs(runs: list[dict[str, Any]], proxy: str, target: float, max_samples: int) -> None:
+    """Every run must reach the target after > 0 samples, or the relation has no meaning."""
+    already = [r for r in runs if r["reached"] and r["samples"] == 0]
+    if already:
+        acc = already[0]["initial_accuracy"]
+        raise RelationError(
+            f"the starting weights already reach target {target} on {proxy} before training "
+            f"(accuracy {acc:.3f}); choose a higher target"
+        )
+    failed = [r for r in runs if not r["reached"]]
+    if failed:
+        which = ", ".join(
+            f"{r['batch_size']} (seed {r['seed']}, best {r['best_accuracy']:.3f})" for r in failed
+        )
+        raise RelationError(
+            f"batch size {which} did not reach target accuracy {target} within {max_samples} samples "
+            f"on {proxy}; lower the target or raise the sample budget"
+        )

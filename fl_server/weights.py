@@ -1,0 +1,153 @@
+"""Model weights on disk: safetensors (no pickle, so a weights file can never run code) plus metadata.
+
+The metadata (model name, build overrides, number of classes, task) is enough to rebuild the network
+from the file alone, so the server can hand devices one file. `weights_hash` identifies a set of weights
+independently of the file layout; the relation cache and the reports use it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from training.errors import DataError, ModelError
+from training.models import build_model, get_model_spec
+
+__all__ = ["WEIGHTS_FORMAT", "WeightsMeta", "load_model", "load_weights", "save_weights", "weights_hash"]
+
+WEIGHTS_FORMAT = "powerfed.weights/1"
+
+
+@dataclass(frozen=True)
+class WeightsMeta:
+    model: str
+    num_classes: int
+    task: str
+    overrides: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, str] = field(default_factory=dict)
+    """Anything else the writer stored (e.g. what the weights were pre-trained on)."""
+
+    def to_metadata(self) -> dict[str, str]:
+        return {
+            **self.extra,
+            "format": WEIGHTS_FORMAT,
+            "model": self.model,
+            "num_classes": str(self.num_classes),
+            "task": self.task,
+            "overrides": json.dumps(self.overrides, sort_keys=True),
+        }
+
+    @classmethod
+    def from_metadata(cls, meta: dict[str, str] | None, where: str) -> WeightsMeta:
+        meta = dict(meta or {})
+        if meta.get("format") != WEIGHTS_FORMAT:
+            raise DataError(f"{where}: not a {WEIGHTS_FORMAT} weights file (format {meta.get('format')!r})")
+        try:
+            num_classes = int(meta.pop("num_classes"))
+            overrides = json.loads(meta.pop("overrides", "{}"))
+            model, task = meta.pop("model"), meta.pop("task")
+        except (KeyError, ValueError) as exc:
+            raise DataError(f"{where}: weights metadata is incomplete or malformed ({exc})") from None
+        if not isinstance(overrides, dict):
+            raise DataError(f"{where}: weights metadata 'overrides' must be a JSON object")
+        meta.pop("format")
+        return cls(model, num_classes, task, overrides, meta)
+
+
+def _file_mode() -> int:
+    """What a plain `open(..., "w")` would give under the current umask."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def _canonical(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Detached, contiguous CPU copies: safetensors refuses shared storage (tied embeddings)."""
+    return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items()}
+
+
+def save_weights(
+    path: str | Path,
+    model: nn.Module,
+    *,
+    model_name: str,
+    num_classes: int,
+    overrides: dict[str, Any] | None = None,
+    extra: dict[str, str] | None = None,
+) -> WeightsMeta:
+    """Write `model`'s state dict, the metadata that rebuilds it and a checksum; returns the metadata."""
+    from safetensors.torch import save_file
+
+    spec = get_model_spec(model_name)
+    meta = WeightsMeta(model_name, int(num_classes), spec.task, dict(overrides or {}), dict(extra or {}))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    state = _canonical(model.state_dict())
+    metadata = {**meta.to_metadata(), "sha256": weights_hash(state)}
+    try:
+        save_file(state, str(tmp), metadata=metadata)
+        os.chmod(tmp, _file_mode())  # safetensors creates 0600; weights are meant to be shared
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return meta
+
+
+def load_weights(path: str | Path) -> tuple[dict[str, torch.Tensor], WeightsMeta]:
+    """The state dict and metadata of a weights file; a missing or corrupt file is one DataError line."""
+    from safetensors import SafetensorError, safe_open
+
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"{path}: no such weights file")
+    try:
+        with safe_open(str(p), framework="pt") as f:
+            raw = dict(f.metadata() or {})
+            stored_hash = raw.pop("sha256", None)
+            meta = WeightsMeta.from_metadata(raw, str(path))
+            state = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open is not a dict
+    except (SafetensorError, OSError, ValueError) as exc:
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise DataError(f"{path}: not a readable safetensors weights file ({msg})") from None
+    if stored_hash is not None and weights_hash(state) != stored_hash:
+        raise DataError(f"{path}: weights file is corrupt (checksum mismatch); re-create or re-copy it")
+    return state, meta
+
+
+def load_model(path: str | Path, *, expect_model: str | None = None) -> tuple[nn.Module, WeightsMeta]:
+    """Rebuild the network a weights file describes and load it; a mismatch is one ModelError line."""
+    state, meta = load_weights(path)
+    if expect_model is not None and meta.model != expect_model:
+        raise ModelError(f"{path}: weights are for model {meta.model!r}, not {expect_model!r}")
+    model = build_model(meta.model, meta.num_classes, **meta.overrides)
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        first = str(exc).splitlines()[0]
+        raise ModelError(f"{path}: weights do not fit model {meta.model!r} ({first})") from None
+    return model, meta
+
+
+def weights_hash(weights: dict[str, torch.Tensor] | nn.Module | str | Path) -> str:
+    """sha256 over (name, dtype, shape, bytes) of every tensor, names sorted: layout-independent."""
+    if isinstance(weights, (str, Path)):
+        state, _ = load_weights(weights)
+    elif isinstance(weights, nn.Module):
+        state = weights.state_dict()
+    else:
+        state = weights
+    h = hashlib.sha256()
+    for name in sorted(state):
+        t = state[name].detach().to("cpu").contiguous()
+        h.update(f"{name}\0{t.dtype}\0{tuple(t.shape)}\0".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()

@@ -1,0 +1,261 @@
+"""Relation-vector estimation: real runs on synthetic data, errors that say what to change, the cache."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import fl_server.relation as relmod
+from fl_server.relation import RelationError, estimate_relation
+from fl_server.weights import save_weights
+from powerctl.devices.host import HostDevice
+from powerctl.relation import RelationVector
+from training.data import load_dataset, train_test_split
+from training.errors import DataError
+from training.finetune import CurvePoint, FineTuneResult, fine_tune
+from training.lr import scaled_lr
+from training.models import build_model
+
+IMAGE = {"limit": 150, "eval_every_samples": 32, "max_samples": 3000, "progress": False}
+
+
+def test_end_to_end_on_synthetic_images(tmp_path: Path) -> None:
+    rel = estimate_relation(
+        "cnn-tiny",
+        None,
+        "synthetic-image",
+        target_accuracy=0.5,
+        batch_sizes=[32, 8, 16],
+        lr_max=2e-3,
+        cache_dir=tmp_path,
+        **IMAGE,
+    )
+    assert rel.batch_sizes == [8, 16, 32]  # sorted, largest last
+    assert all(s > 0 for s in rel.samples_to_target)
+    assert rel.relation[-1] == 1.0
+    assert rel.extra["lr"] == [scaled_lr(2e-3, b, 32) for b in (8, 16, 32)]
+    assert rel.extra["samples_per_seed"] == [[s] for s in rel.samples_to_target]
+    assert rel.extra["weights_sha256"] == "init:0" and len(rel.extra["cache_key"]) == 64
+    # the file of DESIGN §5, and back
+    rel.save(tmp_path / "relation.json")
+    back = RelationVector.load(tmp_path / "relation.json")
+    assert back.batch_sizes == rel.batch_sizes and back.relation == pytest.approx(rel.relation)
+    # samples_to_target is what the training loop itself reports for that batch size and rate
+    train, test = train_test_split(load_dataset("synthetic-image", split="all", limit=150))
+    direct = fine_tune(
+        build_model("cnn-tiny", train.num_classes, seed=0),
+        train,
+        test,
+        device=HostDevice(),
+        batch_size=16,
+        lr=scaled_lr(2e-3, 16, 32),
+        target_accuracy=0.5,
+        max_samples=3000,
+        eval_every_samples=32,
+        seed=0,
+        progress=False,
+    )
+    assert direct.reached and rel.samples_map()[16] == direct.samples
+
+
+def test_batch_size_that_misses_the_target_is_named(tmp_path: Path) -> None:
+    with pytest.raises(RelationError) as err:
+        estimate_relation(
+            "cnn-tiny",
+            None,
+            "synthetic-image",
+            target_accuracy=0.99,
+            batch_sizes=[8, 16],
+            lr_max=1e-6,
+            cache_dir=tmp_path,
+            **{**IMAGE, "max_samples": 64},
+        )
+    msg = str(err.value)
+    assert "batch size 8 (seed 0" in msg and ", 16 (seed 0" in msg and "\n" not in msg
+    assert "lower the target or raise the sample budget" in msg
+    assert not list(tmp_path.iterdir()), "a failed estimate must not be cached"
+
+
+def test_target_met_before_training_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(RelationError, match=r"already reach target 0\.01"):
+        estimate_relation(
+            "cnn-tiny",
+            None,
+            "synthetic-image",
+            target_accuracy=0.01,
+            batch_sizes=[8],
+            cache_dir=tmp_path,
+            **IMAGE,
+        )
+
+
+def test_bad_inputs_fail_before_any_training(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="does not exist"):
+        estimate_relation(
+            "cnn-tiny", None, "npz:/no/such.npz", target_accuracy=0.5, batch_sizes=[8], cache_dir=tmp_path
+        )
+    with pytest.raises(RelationError, match="distinct"):
+        estimate_relation(
+            "cnn-tiny", None, "synthetic-image", target_accuracy=0.5, batch_sizes=[8, 8], cache_dir=tmp_path
+        )
+    with pytest.raises(DataError, match="no such weights file"):
+        estimate_relation(
+            "cnn-tiny",
+            tmp_path / "nope.safetensors",
+            "synthetic-image",
+            target_accuracy=0.5,
+            batch_sizes=[8],
+            cache_dir=tmp_path,
+        )
+
+
+# --------------------------------------------------------------------------- cache
+
+
+class CountingFineTune:
+    """Stands in for fine_tune in cache tests: counts the runs, returns a plausible result quickly."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, model: Any, train: Any, test: Any, **kw: Any) -> FineTuneResult:
+        self.calls += 1
+        b, target = kw["batch_size"], kw["target_accuracy"]
+        samples = kw["eval_every_samples"] * (1 + 64 // b) + kw["seed"]
+        curve = [CurvePoint(0, 0.0, 0.0), CurvePoint(samples, 1.0, target)]
+        return FineTuneResult(True, samples, 1.0, None, None, None, target, curve, b, kw["lr"], samples // b)
+
+
+@pytest.fixture
+def counting(monkeypatch: pytest.MonkeyPatch) -> CountingFineTune:
+    fake = CountingFineTune()
+    monkeypatch.setattr(relmod, "fine_tune", fake)
+    return fake
+
+
+@pytest.fixture
+def text_setup(tmp_path: Path) -> dict[str, Any]:
+    proxy = tmp_path / "proxy.txt"
+    proxy.write_text("It is a truth universally acknowledged, that a single man.\n" * 60, encoding="utf-8")
+    weights = tmp_path / "w.safetensors"
+    save_weights(
+        weights,
+        build_model("chartransformer-small", seed=0),
+        model_name="chartransformer-small",
+        num_classes=96,
+    )
+    return {
+        "model_name": "chartransformer-small",
+        "weights": weights,
+        "proxy_spec": f"text:{proxy}",
+        "target_accuracy": 0.5,
+        "batch_sizes": (4, 8),
+        "seeds": (0,),
+        "lr_max": 1e-3,
+        "max_samples": 1000,
+        "eval_every_samples": 16,
+        "eval_max_samples": 32,
+        "seq_len": 16,
+        "limit": None,
+        "data_seed": 0,
+        "cache_dir": tmp_path / "cache",
+        "progress": False,
+    }
+
+
+def _other_weights(setup: dict[str, Any]) -> dict[str, Any]:
+    path = Path(setup["weights"]).with_name("w1.safetensors")
+    save_weights(
+        path, build_model("chartransformer-small", seed=1), model_name="chartransformer-small", num_classes=96
+    )
+    return {"weights": path}
+
+
+def _edited_proxy(setup: dict[str, Any]) -> dict[str, Any]:
+    path = Path(setup["proxy_spec"].partition(":")[2])
+    path.write_text(path.read_text(encoding="utf-8") + "x", encoding="utf-8")  # same spec, other bytes
+    return {}
+
+
+def _moved_proxy(setup: dict[str, Any]) -> dict[str, Any]:
+    src = Path(setup["proxy_spec"].partition(":")[2])
+    dst = src.with_name("copy.txt")
+    dst.write_bytes(src.read_bytes())  # same bytes, other spec
+    return {"proxy_spec": f"text:{dst}"}
+
+
+CHANGES = {
+    "target": lambda s: {"target_accuracy": 0.55},
+    "batch_sizes": lambda s: {"batch_sizes": (4, 8, 16)},
+    "seeds": lambda s: {"seeds": (0, 1)},
+    "lr_max": lambda s: {"lr_max": 2e-3},
+    "max_samples": lambda s: {"max_samples": 2000},
+    "eval_every": lambda s: {"eval_every_samples": 32},
+    "eval_max": lambda s: {"eval_max_samples": 64},
+    "seq_len": lambda s: {"seq_len": 32},
+    "limit": lambda s: {"limit": 40},
+    "data_seed": lambda s: {"data_seed": 1},
+    "weights": _other_weights,
+    "no_weights": lambda s: {"weights": None},
+    "proxy_bytes": _edited_proxy,
+    "proxy_spec": _moved_proxy,
+}
+
+
+def test_cache_hit_is_instant_and_equal(text_setup: dict[str, Any], counting: CountingFineTune) -> None:
+    first = estimate_relation(**text_setup)
+    assert counting.calls == 2
+    start = time.perf_counter()
+    second = estimate_relation(**text_setup)
+    assert time.perf_counter() - start < 0.5
+    assert counting.calls == 2, "a cache hit must not train"
+    assert second.to_dict() == first.to_dict()
+    assert first.samples_to_target == [16 * 17, 16 * 9]  # what the runs returned, median over one seed
+
+
+@pytest.mark.parametrize("change", sorted(CHANGES))
+def test_changing_any_input_misses(
+    text_setup: dict[str, Any], counting: CountingFineTune, change: str
+) -> None:
+    estimate_relation(**text_setup)
+    estimate_relation(**text_setup)
+    assert counting.calls == 2
+    changed = {**text_setup, **CHANGES[change](text_setup)}
+    estimate_relation(**changed)
+    assert counting.calls > 2, f"changing {change} must not hit the cache"
+
+
+def test_corrupt_cache_entry_is_recomputed(text_setup: dict[str, Any], counting: CountingFineTune) -> None:
+    estimate_relation(**text_setup)
+    (entry,) = Path(text_setup["cache_dir"]).iterdir()
+    entry.write_text("{not json", encoding="utf-8")
+    rel = estimate_relation(**text_setup)
+    assert counting.calls == 4 and RelationVector.load(entry).to_dict() == rel.to_dict()
+
+
+def test_use_cache_false_neither_reads_nor_writes(
+    text_setup: dict[str, Any], counting: CountingFineTune
+) -> None:
+    estimate_relation(**text_setup, use_cache=False)
+    estimate_relation(**text_setup, use_cache=False)
+    assert counting.calls == 4 and not Path(text_setup["cache_dir"]).exists()
+
+
+def test_default_cache_dir_follows_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("POWERFED_CACHE", str(tmp_path / "c"))
+    assert relmod.default_cache_dir() == tmp_path / "c" / "relation"
+
+
+# --------------------------------------------------------------------------- parallel
+
+
+@pytest.mark.slow
+def test_parallel_equals_serial(tmp_path: Path) -> None:
+    kw = {"target_accuracy": 0.5, "batch_sizes": [8, 16, 32], "seeds": (0, 1), "use_cache": False, **IMAGE}
+    serial = estimate_relation("cnn-tiny", None, "synthetic-image", **kw)
+    parallel = estimate_relation("cnn-tiny", None, "synthetic-image", parallel=True, num_cpus=2, **kw)
+    assert parallel.samples_to_target == serial.samples_to_target
+    assert parallel.extra["samples_per_seed"] == serial.extra["samples_per_seed"]

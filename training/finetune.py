@@ -1,0 +1,354 @@
+"""Fine-tune to a target accuracy (or a budget): the one training loop of the project.
+
+Pre-training, relation-vector estimation and the clients all use this loop, so "samples to the target"
+means the same thing everywhere. Every step goes through `device.run_step`, so a simulated board charges
+its virtual clock and power sensor; device seconds count training steps only (evaluation excluded), as
+the time-to-accuracy of DESIGN §1 is a training time. The loop is kept lean (in-memory tensors, index
+slicing, no DataLoader): its overhead must stay within a few percent of a bare PyTorch loop
+(bench/loop_overhead.py measures it).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from powerctl.devices.base import Device
+from powerctl.monitor import PowerMonitor, PowerReading
+from powerctl.workload import Workload, measure_workload
+from training.errors import DataError
+from training.models import correct_count, loss_fn, targets_count
+
+if TYPE_CHECKING:
+    from training.data import Dataset
+
+__all__ = [
+    "DEFAULT_EVAL_EVERY_SAMPLES",
+    "DEFAULT_EVAL_MAX_SAMPLES",
+    "DEFAULT_MAX_EPOCHS",
+    "CurvePoint",
+    "FineTuneResult",
+    "evaluate",
+    "step_workload",
+    "fine_tune",
+    "make_optimizer",
+]
+
+DEFAULT_EVAL_EVERY_SAMPLES = 1024
+"""Evaluate after every this many training samples (the resolution of samples-to-target)."""
+DEFAULT_EVAL_MAX_SAMPLES = 1024
+"""Evaluate on at most this many test samples (a fixed subset, the same for every run)."""
+DEFAULT_MAX_EPOCHS = 20
+"""With neither `max_samples` nor `max_device_seconds`, stop after this many epochs of the train split,
+so that an unreachable target can never run forever."""
+EVAL_BATCH_SIZE = 256
+_EVAL_SUBSET_SEED = 0x5EED  # fixed: every run (any batch size, any seed) is evaluated on the same samples
+
+OptimizerFactory = Callable[[Iterable[nn.Parameter], float], torch.optim.Optimizer]
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    samples: int
+    device_seconds: float
+    accuracy: float
+
+
+@dataclass
+class FineTuneResult:
+    reached: bool
+    """True when the test accuracy reached `target_accuracy`."""
+    samples: int
+    """Training samples consumed when the target was first reached, or in total."""
+    device_seconds: float
+    """Device-clock seconds of the training steps only (evaluation excluded)."""
+    energy_j: float | None
+    """Energy over the training steps, None when the device has no power sensor."""
+    peak_power_w: float | None
+    mean_power_w: float | None
+    final_accuracy: float
+    curve: list[CurvePoint]
+    batch_size: int
+    lr: float
+    steps: int
+    target_accuracy: float | None = None
+    stop_reason: str = ""
+    """"target", "max_samples" or "max_device_seconds"."""
+    wall_seconds: float = 0.0
+    """Host wall time of the whole call, evaluation included (for overhead accounting, not for TTA)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def make_optimizer(
+    task: str, params: Iterable[nn.Parameter], lr: float, optimizer: str | OptimizerFactory | None = None
+) -> torch.optim.Optimizer:
+    """Adam for images, AdamW for text (the paper's choice); a name or a factory overrides it."""
+    if optimizer is None:
+        optimizer = "adamw" if task == "text" else "adam"
+    if callable(optimizer):
+        return optimizer(params, lr)
+    if optimizer == "adam":
+        return torch.optim.Adam(params, lr=lr)
+    if optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=lr)
+    if optimizer == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=0.9)
+    raise ValueError(f"unknown optimizer {optimizer!r}; use adam, adamw or sgd")
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+def _eval_subset(test: Dataset, eval_max_samples: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    n = len(test)
+    if eval_max_samples is None or eval_max_samples >= n:
+        return test.x, test.y
+    g = torch.Generator().manual_seed(_EVAL_SUBSET_SEED)
+    idx = torch.randperm(n, generator=g)[:eval_max_samples].sort().values
+    return test.x[idx], test.y[idx]
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, task: str, x: torch.Tensor, y: torch.Tensor) -> float:
+    """Accuracy of `model` on (x, y): eval mode, no gradients, fixed batches; train mode restored."""
+    was_training = model.training
+    model.eval()
+    correct = total = 0
+    try:
+        for start in range(0, len(x), EVAL_BATCH_SIZE):
+            xb, yb = x[start : start + EVAL_BATCH_SIZE], y[start : start + EVAL_BATCH_SIZE]
+            logits = model(xb)
+            correct += correct_count(task, logits, yb)
+            total += targets_count(task, yb)
+    finally:
+        model.train(was_training)
+    return correct / total if total else 0.0
+
+
+def step_workload(model: nn.Module, task: str, x: torch.Tensor, y: torch.Tensor) -> Workload:
+    """Workload of one step, from a batch of 2; buffers (BatchNorm statistics) are put back after."""
+    buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+    name = getattr(model, "model_name", None) or type(model).__name__
+    wl = measure_workload(model, x[:2], y[:2], loss_fn(task), name)
+    with torch.no_grad():
+        for bname, b in model.named_buffers():
+            b.copy_(buffers[bname])
+    return wl
+
+
+class _TrainingPower:
+    """Power over the training segments only: the monitor is paused around every evaluation."""
+
+    def __init__(self, device: Device, rate_hz: float) -> None:
+        self._monitor = PowerMonitor(device, rate_hz) if device.has_power_sensor else None
+        self.readings: list[PowerReading] = []
+        self._open = False
+
+    def resume(self) -> None:
+        if self._monitor is not None and not self._open:
+            self._monitor.__enter__()
+            self._open = True
+
+    def pause(self) -> None:
+        if self._monitor is not None and self._open:
+            self._open = False
+            self._monitor.__exit__(None, None, None)
+            if self._monitor.reading is not None:
+                self.readings.append(self._monitor.reading)
+
+    def abort(self) -> None:
+        if self._monitor is not None and self._open:
+            self._open = False
+            self._monitor.__exit__(RuntimeError, RuntimeError("aborted"), None)
+
+    def summary(self) -> tuple[float | None, float | None, float | None]:
+        """(energy J, peak W, mean W) over all segments, or Nones without a sensor."""
+        if self._monitor is None or not self.readings:
+            return None, None, None
+        energy = sum(r.energy_j for r in self.readings)
+        seconds = sum(r.seconds for r in self.readings)
+        peak = max(r.peak_w for r in self.readings)
+        mean = energy / seconds if seconds > 0 else sum(r.mean_w for r in self.readings) / len(self.readings)
+        return energy, peak, mean
+
+
+def _check_positive(name: str, value: float | None, *, integer: bool = False) -> None:
+    if value is None:
+        return
+    bad_type = isinstance(value, bool) or not isinstance(value, int if integer else (int, float))
+    if bad_type or not math.isfinite(value) or value <= 0:
+        kind = "a positive integer" if integer else "a positive number"
+        raise ValueError(f"{name} must be {kind}, got {value!r}")
+
+
+def fine_tune(
+    model: nn.Module,
+    train: Dataset,
+    test: Dataset,
+    *,
+    device: Device,
+    batch_size: int,
+    lr: float,
+    target_accuracy: float | None,
+    workload: Workload | None = None,
+    max_samples: int | None = None,
+    max_device_seconds: float | None = None,
+    eval_every_samples: int | None = DEFAULT_EVAL_EVERY_SAMPLES,
+    eval_max_samples: int | None = DEFAULT_EVAL_MAX_SAMPLES,
+    seed: int = 0,
+    optimizer: str | OptimizerFactory | None = None,
+    progress: bool = True,
+    power_rate_hz: float = 20.0,
+    desc: str | None = None,
+) -> FineTuneResult:
+    """Train `model` in place on `train` until its accuracy on `test` reaches `target_accuracy`.
+
+    Stops at the first evaluation at or above the target, or when `max_samples` training samples or
+    `max_device_seconds` device seconds are spent (with neither, after DEFAULT_MAX_EPOCHS epochs).
+    `target_accuracy=None` trains for the budget only (pre-training). Evaluation happens before
+    training, every `eval_every_samples` samples (None: only at the end) and at the end, on a fixed
+    subset of at most `eval_max_samples` test samples. Batches are drawn from a seeded permutation per
+    epoch (the last incomplete batch of an epoch is dropped so every step has `batch_size` samples).
+    Same seed, same data, same starting weights → the same curve (on the CPU).
+    """
+    _check_positive("batch_size", batch_size, integer=True)
+    _check_positive("lr", lr)
+    _check_positive("max_samples", max_samples, integer=True)
+    _check_positive("max_device_seconds", max_device_seconds)
+    _check_positive("eval_every_samples", eval_every_samples, integer=True)
+    _check_positive("eval_max_samples", eval_max_samples, integer=True)
+    if target_accuracy is not None and not 0.0 < target_accuracy <= 1.0:
+        raise ValueError(f"target_accuracy must be in (0, 1], got {target_accuracy}")
+    if target_accuracy is not None and eval_every_samples is None:
+        raise ValueError("a target accuracy needs periodic evaluation: set eval_every_samples")
+    if train.task != test.task:
+        raise DataError(f"train split is {train.task!r} data but test split is {test.task!r}")
+    task = train.task
+    n = len(train)
+    if n < batch_size:
+        raise DataError(
+            f"the train split of {train.name} has {n} samples, fewer than batch size {batch_size}; "
+            "use a smaller batch size or more data"
+        )
+    if len(test) == 0:
+        raise DataError(f"the test split of {test.name} is empty")
+    if max_samples is None and max_device_seconds is None:
+        max_samples = DEFAULT_MAX_EPOCHS * n
+
+    wall_start = time.perf_counter()
+    dev = _model_device(model)
+    x, y = train.x.to(dev), train.y.to(dev)
+    ex, ey = (t.to(dev) for t in _eval_subset(test, eval_max_samples))
+    if workload is None:
+        workload = step_workload(model, task, x, y)
+    criterion = loss_fn(task)
+    model.train()
+
+    rng_devices = [dev.index or 0] if dev.type == "cuda" else []
+    with torch.random.fork_rng(devices=rng_devices):
+        torch.manual_seed(seed)  # dropout and friends: repeatable, and the caller's RNG is left alone
+        opt = make_optimizer(task, model.parameters(), lr, optimizer)
+        gen = torch.Generator().manual_seed(seed)
+        power = _TrainingPower(device, power_rate_hz)
+        bar = _progress_bar(progress, max_samples, desc)
+        curve: list[CurvePoint] = []
+        samples = steps = 0
+        device_seconds = 0.0
+        reached = False
+        stop_reason = ""
+
+        def check(acc: float) -> bool:
+            curve.append(CurvePoint(samples, device_seconds, acc))
+            if bar is not None:
+                bar.set_postfix(acc=f"{acc:.3f}", dev_s=f"{device_seconds:.1f}", refresh=False)
+            return target_accuracy is not None and acc >= target_accuracy
+
+        try:
+            if eval_every_samples is not None and check(evaluate(model, task, ex, ey)):
+                reached, stop_reason = True, "target"  # met before any training
+            next_eval = eval_every_samples or 0
+            per_epoch = n // batch_size * batch_size
+            power.resume()
+            while not reached and not stop_reason:
+                perm = torch.randperm(n, generator=gen)[:per_epoch].to(dev)
+                for start in range(0, per_epoch, batch_size):
+                    idx = perm[start : start + batch_size]
+                    xb, yb = x.index_select(0, idx), y.index_select(0, idx)
+
+                    def step(xb: torch.Tensor = xb, yb: torch.Tensor = yb) -> None:
+                        opt.zero_grad(set_to_none=True)
+                        criterion(model(xb), yb).backward()
+                        opt.step()
+
+                    t0 = device.clock()
+                    device.run_step(step, batch_size=batch_size, workload=workload)
+                    device_seconds += device.clock() - t0
+                    samples += batch_size
+                    steps += 1
+                    if bar is not None:
+                        bar.update(batch_size)
+                    if max_samples is not None and samples >= max_samples:
+                        stop_reason = "max_samples"
+                    elif max_device_seconds is not None and device_seconds >= max_device_seconds:
+                        stop_reason = "max_device_seconds"
+                    if eval_every_samples is not None and samples >= next_eval and not stop_reason:
+                        power.pause()
+                        reached = check(evaluate(model, task, ex, ey))
+                        power.resume()
+                        while next_eval <= samples:
+                            next_eval += eval_every_samples
+                        if reached:
+                            stop_reason = "target"
+                    if stop_reason:
+                        break
+            power.pause()
+            if stop_reason != "target":  # budget spent: one last look, which may still meet the target
+                reached = check(evaluate(model, task, ex, ey))
+                if reached:
+                    stop_reason = "target"
+        except BaseException:
+            power.abort()
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+
+    energy, peak, mean = power.summary()
+    return FineTuneResult(
+        reached=reached,
+        samples=samples,
+        device_seconds=device_seconds,
+        energy_j=energy,
+        peak_power_w=peak,
+        mean_power_w=mean,
+        final_accuracy=curve[-1].accuracy,
+        curve=curve,
+        batch_size=batch_size,
+        lr=float(lr),
+        steps=steps,
+        target_accuracy=target_accuracy,
+        stop_reason=stop_reason,
+        wall_seconds=time.perf_counter() - wall_start,
+    )
+
+
+def _progress_bar(progress: bool, total: int | None, desc: str | None) -> Any:
+    """A tqdm bar on stderr, only when asked for and stderr is a terminal (logs stay clean)."""
+    if not progress or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc or "fine-tune", unit="sample", file=sys.stderr, leave=False)
