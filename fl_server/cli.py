@@ -11,9 +11,17 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
-from powerctl.cliutil import one_line_errors
+from powerctl.cliutil import (
+    OneLineParser,
+    accuracy,
+    batch_sizes,
+    int_list,
+    one_line_errors,
+    positive_float,
+    positive_int,
+)
 from powerctl.devices import SPEC_HELP
 from training.finetune import DEFAULT_EVAL_EVERY_SAMPLES, DEFAULT_EVAL_MAX_SAMPLES
 from training.models import model_names
@@ -50,60 +58,6 @@ $POWERFED_CACHE/relation or ~/.cache/powerfed/relation): the same inputs again r
 """
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is ONE line (what is wrong, where to look) and exit status 2."""
-
-    def error(self, message: str) -> NoReturn:
-        print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
-        raise SystemExit(2)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
-
-
-def _accuracy(text: str) -> float:
-    value = _positive_float(text)
-    if value > 1:
-        raise argparse.ArgumentTypeError(f"expected an accuracy in (0, 1], got {text!r}")
-    return value
-
-
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.replace(" ", "").split(",") if v]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values:
-        raise argparse.ArgumentTypeError("expected at least one integer")
-    return values
-
-
-def _positive_int_list(text: str) -> list[int]:
-    values = _int_list(text)
-    if any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"batch sizes must be positive, got {text!r}")
-    if len(set(values)) != len(values):
-        raise argparse.ArgumentTypeError(f"batch sizes must be distinct, got {text!r}")
-    return values
-
-
 def _key_value(text: str) -> tuple[str, Any]:
     key, sep, raw = text.partition("=")
     if not sep or not key:
@@ -125,25 +79,25 @@ def _common(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--seq-len",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="text only: characters per sample (default: the model's context, 64)",
     )
     p.add_argument(
         "--limit",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="use at most this many samples of the dataset (default: all)",
     )
     p.add_argument(
         "--eval-max-samples",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULT_EVAL_MAX_SAMPLES,
         help="evaluate on at most this many test samples, a fixed subset (default: %(default)s)",
     )
     p.add_argument(
         "--threads",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="torch CPU threads (default: torch's choice; 1 is often fastest on a busy machine)",
     )
@@ -151,7 +105,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = OneLineParser(
         prog=PROG,
         description="Server-side jobs of power-aware federated fine-tuning: pre-train the starting "
         "weights on a public dataset, and estimate the relation vector (samples to a target accuracy "
@@ -180,12 +134,12 @@ def build_parser() -> argparse.ArgumentParser:
         "stem + .report.json",
     )
     budget = pre.add_mutually_exclusive_group()
-    budget.add_argument("--samples", type=_positive_int, help="training samples to process")
-    budget.add_argument("--epochs", type=_positive_float, help="passes over the train split (default: 1)")
-    pre.add_argument("--batch-size", type=_positive_int, default=64, help="default: %(default)s")
+    budget.add_argument("--samples", type=positive_int, help="training samples to process")
+    budget.add_argument("--epochs", type=positive_float, help="passes over the train split (default: 1)")
+    pre.add_argument("--batch-size", type=positive_int, default=64, help="default: %(default)s")
     pre.add_argument(
         "--lr",
-        type=_positive_float,
+        type=positive_float,
         default=1e-3,
         help="learning rate, Adam (images) / AdamW (text) (default: %(default)s)",
     )
@@ -224,40 +178,40 @@ def build_parser() -> argparse.ArgumentParser:
     rel.add_argument(
         "--target",
         required=True,
-        type=_accuracy,
+        type=accuracy,
         metavar="ACC",
         help="target test accuracy on the proxy, in (0, 1], e.g. 0.45",
     )
     rel.add_argument("--out", required=True, type=Path, metavar="PATH", help="relation JSON to write")
     rel.add_argument(
         "--batch-sizes",
-        type=_positive_int_list,
+        type=batch_sizes,
         default=[4, 8, 16, 32, 64],
         metavar="B,B,...",
         help="batch sizes, comma-separated (default: 4,8,16,32,64)",
     )
     rel.add_argument(
         "--seeds",
-        type=_int_list,
+        type=int_list,
         default=[0],
         metavar="S,S,...",
         help="seeds per batch size; samples_to_target is the median (default: 0)",
     )
     rel.add_argument(
         "--lr-max",
-        type=_positive_float,
+        type=positive_float,
         default=1e-3,
         help="learning rate of the largest batch size (default: %(default)s)",
     )
     rel.add_argument(
         "--max-samples",
-        type=_positive_int,
+        type=positive_int,
         default=50_000,
         help="give up on a batch size after this many samples (default: %(default)s)",
     )
     rel.add_argument(
         "--eval-every",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULT_EVAL_EVERY_SAMPLES,
         metavar="N",
         help="evaluate every N training samples: the resolution of samples_to_target (default: %(default)s)",
@@ -278,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     rel.add_argument("--parallel", action="store_true", help="run batch sizes as parallel Ray tasks")
     rel.add_argument(
         "--cpus",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="CPUs for --parallel (default: one per run, at most the machine's)",
     )

@@ -11,29 +11,13 @@ import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
-from powerctl.cliutil import EXIT_USAGE, one_line_errors
+from powerctl.cliutil import OneLineParser, batch_sizes, one_line_errors, positive_float, positive_int
 from powerctl.devices import SPEC_HELP, open_device
 from powerctl.errors import InfeasibleCapError, PowerctlError
 
 PROG = "powerctl"
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        # one line, not usage + message: the same shape as every other error of this command
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-def _power_cap(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"power cap must be a number of watts, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"power cap must be a positive number of watts, got {text!r}")
-    return value
 
 
 def _frequency(text: str) -> int:
@@ -52,26 +36,6 @@ def _frequency(text: str) -> int:
     if not math.isfinite(hz) or hz <= 0:
         raise argparse.ArgumentTypeError(f"frequency must be positive, got {text!r}")
     return round(hz)
-
-
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return values
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
 
 
 def _print_json(data: Any) -> None:
@@ -250,13 +214,13 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = OneLineParser(
         prog=PROG,
         description="Power-aware training on edge GPUs: inspect devices, pin frequencies, profile "
         "(batch size, frequency) pairs, and select the fastest pair under a power cap.",
         epilog="Example: powerctl profile --device sim:jetson-nano --model resnet18-small --out profile.json",
     )
-    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     device_help = f"device spec: {SPEC_HELP}"
 
     s = sub.add_parser("devices", help="list the devices here, with frequency tables and rails")
@@ -282,19 +246,23 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", required=True, help=device_help)
     s.add_argument("--model", required=True, help="model name from the training registry, e.g. resnet18")
     s.add_argument("--out", required=True, type=Path, help="where to write the profile JSON")
-    s.add_argument("--batch-sizes", type=_int_list, default=[4, 8, 16, 32, 64], help="default: 4,8,16,32,64")
-    s.add_argument("--samples", type=_positive_int, default=10_000, help="N of T_N: samples (default 10000)")
+    s.add_argument(
+        "--batch-sizes", type=batch_sizes, default=[4, 8, 16, 32, 64], help="default: 4,8,16,32,64"
+    )
+    s.add_argument("--samples", type=positive_int, default=10_000, help="N of T_N: samples (default 10000)")
     s.add_argument(
         "--order",
         choices=["grid", "efficient"],
         default="grid",
         help="grid: every pair; efficient: stop each batch size at the cap (needs --power-cap)",
     )
-    s.add_argument("--power-cap", type=_power_cap, metavar="W", help="power cap in W (for --order efficient)")
+    s.add_argument(
+        "--power-cap", type=positive_float, metavar="W", help="power cap in W (for --order efficient)"
+    )
     s.add_argument("--warmup", type=int, default=2, help="warm-up steps per point (default 2)")
-    s.add_argument("--steps", type=_positive_int, default=5, help="measured steps per point (default 5)")
+    s.add_argument("--steps", type=positive_int, default=5, help="measured steps per point (default 5)")
     s.add_argument("--rate", type=float, default=50.0, help="power sampling rate in Hz (default 50)")
-    s.add_argument("--num-classes", type=_positive_int, help="classes (image models; default 10)")
+    s.add_argument("--num-classes", type=positive_int, help="classes (image models; default 10)")
     s.add_argument("--seed", type=int, default=0, help="seed of weights, inputs and simulated noise")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_profile)
@@ -302,7 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("select", help="the (batch size, frequency) with the least predicted time under a cap")
     s.add_argument("--profile", required=True, type=Path, help="profile JSON (powerctl profile)")
     s.add_argument("--relation", required=True, type=Path, help="relation vector JSON (fl-server relation)")
-    s.add_argument("--power-cap", type=_power_cap, metavar="W", help="power cap in W (omit: no cap)")
+    s.add_argument("--power-cap", type=positive_float, metavar="W", help="power cap in W (omit: no cap)")
     s.add_argument("--compare", action="store_true", help="also print the baselines")
     s.add_argument(
         "--json",
@@ -314,7 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("plot", help="heat maps of peak power and time over (batch size, frequency)")
     s.add_argument("profile", type=Path, help="profile JSON")
     s.add_argument("--out", required=True, type=Path, help="folder for the PNG files")
-    s.add_argument("--power-cap", type=_power_cap, metavar="W", help="draw the cap's boundary")
+    s.add_argument("--power-cap", type=positive_float, metavar="W", help="draw the cap's boundary")
     s.add_argument(
         "--relation", type=Path, help="relation JSON: mark the selected pair, plot time-to-accuracy"
     )

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import functools
+import math
 import sys
 from collections.abc import Callable
+from typing import NoReturn
 
 from powerctl.errors import PowerctlError
 
@@ -33,3 +36,56 @@ def one_line_errors(prog: str) -> Callable[[Callable[..., int]], Callable[..., i
         return run
 
     return wrap
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is ONE line (what is wrong, where to look) and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def accuracy(text: str) -> float:
+    value = positive_float(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"expected an accuracy in (0, 1], got {text!r}")
+    return value
+
+
+def int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.replace(" ", "").split(",") if v]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one integer")
+    return values
+
+
+def batch_sizes(text: str) -> list[int]:
+    values = int_list(text)
+    if any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"batch sizes must be positive, got {text!r}")
+    if len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"batch sizes must be distinct, got {text!r}")
+    return values

@@ -6,24 +6,20 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
 
-from powerctl.cliutil import EXIT_USAGE, one_line_errors
+from powerctl.cliutil import OneLineParser, accuracy, one_line_errors, positive_float
 
 PROG = "python -m simulations"
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
     from simulations.demo import DemoConfig
 
     d = DemoConfig()
-    p = _Parser(prog=PROG, description="Simulations of power-aware fine-tuning on simulated edge boards.")
-    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    p = OneLineParser(
+        prog=PROG, description="Simulations of power-aware fine-tuning on simulated edge boards."
+    )
+    sub = p.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     s = sub.add_parser(
         "demo",
         help="one simulated board: the method against state-of-practice, proxy-batch and oracle",
@@ -34,9 +30,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", type=Path, required=True, help="output folder (results.json, plots/)")
     s.add_argument("--device", default=d.device, help=f"simulated board (default {d.device})")
     s.add_argument("--model", default=d.model, help=f"model name (default {d.model})")
-    s.add_argument("--power-cap", type=float, default=d.power_cap_w, help=f"W (default {d.power_cap_w:g})")
     s.add_argument(
-        "--target-accuracy", type=float, default=d.target_accuracy, help=f"default {d.target_accuracy}"
+        "--power-cap", type=positive_float, default=d.power_cap_w, help=f"W (default {d.power_cap_w:g})"
+    )
+    s.add_argument(
+        "--target-accuracy", type=accuracy, default=d.target_accuracy, help=f"default {d.target_accuracy}"
     )
     s.add_argument("--quiet", action="store_true", help="no progress bars")
     return p
@@ -50,14 +48,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(done.code or 0)
     from simulations.demo import DemoConfig, run_demo, summary_table
 
-    if args.power_cap <= 0:
-        print(f"{PROG}: error: --power-cap must be > 0 W, got {args.power_cap}", file=sys.stderr)
-        return EXIT_USAGE
-    if not 0 < args.target_accuracy <= 1:
-        print(
-            f"{PROG}: error: --target-accuracy must be in (0, 1], got {args.target_accuracy}", file=sys.stderr
-        )
-        return EXIT_USAGE
     cfg = DemoConfig(
         model=args.model, device=args.device, power_cap_w=args.power_cap, target_accuracy=args.target_accuracy
     )

@@ -32,7 +32,7 @@ class DemoConfig:
     model: str = "resnet18-small"
     device: str = "sim:jetson-nano"
     power_cap_w: float = 3.0
-    target_accuracy: float = 0.75
+    target_accuracy: float = 0.7
     batch_sizes: list[int] = field(default_factory=lambda: [8, 16, 32, 64])
     pretrain_dataset: str = "synthetic-image"
     pretrain_seed: int = 0
@@ -42,7 +42,7 @@ class DemoConfig:
     target_dataset: str = "synthetic-image"
     target_seed: int = 2
     lr_max: float = 2e-3
-    max_samples: int = 8000
+    max_samples: int = 6000
     eval_every_samples: int = 128
     eval_max_samples: int = 300
     profile_samples: int = 4000
@@ -94,6 +94,7 @@ def _relation(cfg: DemoConfig, weights: Path, progress: bool) -> RelationVector:
         lr_max=cfg.lr_max,
         max_samples=cfg.max_samples,
         eval_every_samples=cfg.eval_every_samples,
+        eval_max_samples=cfg.eval_max_samples,
         data_seed=cfg.proxy_seed,
         progress=progress,
     )
@@ -107,12 +108,15 @@ def _profile(cfg: DemoConfig, dev: Device, weights: Path, progress: bool) -> Pro
     workload, make_step = profiling_step_factory(
         cfg.model, model=model, torch_device=dev.torch_device(), seed=cfg.seed
     )
+    # the client knows its cap: the efficient order stops each batch size where the cap is crossed
     return profile_device(
         dev,
         workload,
         make_step,
         batch_sizes=cfg.batch_sizes,
         samples=cfg.profile_samples,
+        order="efficient",
+        power_cap_w=cfg.power_cap_w,
         warmup_steps=cfg.profile_warmup,
         measure_steps=cfg.profile_steps,
         progress=progress,
@@ -139,6 +143,7 @@ def _fine_tune(cfg: DemoConfig, dev: Device, weights: Path, b: int, hz: int, pro
             target_accuracy=cfg.target_accuracy,
             max_samples=cfg.max_samples,
             eval_every_samples=cfg.eval_every_samples,
+            eval_max_samples=cfg.eval_max_samples,
             seed=cfg.seed,
             progress=progress,
             desc=f"b={b} f={hz / 1e6:.0f} MHz",
@@ -226,7 +231,10 @@ def run_demo(cfg: DemoConfig, out: Path, *, progress: bool = True) -> dict[str, 
 
     plot_profile(profile, out / "plots", power_cap_w=cap, relation=relation, selection=chosen)
     plot_strategies(
-        rows, out / "plots" / "strategies.png", title=f"{cfg.model} on {cfg.device}, cap {cap:g} W"
+        rows,
+        out / "plots" / "strategies.png",
+        title=f"{cfg.model} on {cfg.device}, cap {cap:g} W",
+        target_accuracy=cfg.target_accuracy,
     )
     return results
 

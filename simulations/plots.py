@@ -11,7 +11,9 @@ from matplotlib.figure import Figure
 COLOURS = {"method": "#1b9e77", "state-of-practice": "#d95f02", "proxy-batch": "#7570b3", "oracle": "#666666"}
 
 
-def plot_strategies(rows: list[dict[str, Any]], path: Path, *, title: str) -> Path:
+def plot_strategies(
+    rows: list[dict[str, Any]], path: Path, *, title: str, target_accuracy: float | None = None
+) -> Path:
     """Left: measured device seconds to the target per strategy. Right: the accuracy curves."""
     fig = Figure(figsize=(12, 4.5))
     FigureCanvasAgg(fig)
@@ -37,20 +39,24 @@ def plot_strategies(rows: list[dict[str, Any]], path: Path, *, title: str) -> Pa
     bars.set_ylim(0, max(secs) * 1.3)
     bars.tick_params(axis="x", labelrotation=15)
     bars.set_title("time to accuracy (measured)")
-    for r in rows:
+    seen: dict[tuple[int, int], str] = {}
+    for r in sorted(rows, key=lambda r: r["strategy"] == "oracle"):  # the oracle last, dashed on top
+        pair = (r["batch_size"], r["frequency_hz"])
+        same = f", same run as {seen[pair]}" if pair in seen else ""
+        seen.setdefault(pair, r["strategy"])
         xs = [p["device_seconds"] for p in r["curve"]]
         ys = [p["accuracy"] for p in r["curve"]]
         curves.plot(
             xs,
             ys,
-            label=f"{r['strategy']} (b={r['batch_size']}, {r['frequency_hz'] / 1e6:.0f} MHz)",
+            label=f"{r['strategy']} (b={r['batch_size']}, {r['frequency_hz'] / 1e6:.0f} MHz{same})",
             color=COLOURS.get(r["strategy"], "#999999"),
             lw=1.8,
+            ls="--" if same else "-",
             alpha=0.9,
         )
-    target = rows[0].get("target_accuracy")
-    if target:
-        curves.axhline(target, color="black", ls="--", lw=1, label=f"target {target:.0%}")
+    if target_accuracy:
+        curves.axhline(target_accuracy, color="black", ls=":", lw=1, label=f"target {target_accuracy:.0%}")
     curves.set_xlabel("device seconds")
     curves.set_ylabel("test accuracy")
     curves.set_title("accuracy against device time")
