@@ -46,19 +46,28 @@ class PowerMonitor:
         self.reading: PowerReading | None = None
         self._sampler: PowerSampler | None = None
 
-    def __enter__(self) -> PowerMonitor:
+    def start(self) -> None:
+        """Begin sampling (a no-op without a sensor)."""
         self.reading = None
-        if self.device.has_power_sensor:
+        if self.device.has_power_sensor and self._sampler is None:
             self._sampler = self.device.power_sampler(self.rate_hz)
             self._sampler.start()
+
+    def stop(self, *, keep: bool = True) -> PowerReading | None:
+        """End sampling; `reading` summarises the block (None without a sensor or with keep=False)."""
+        if self._sampler is None:
+            return None
+        samples = self._sampler.stop()
+        self._sampler = None
+        if keep:
+            self.reading = summarize(samples)
+        return self.reading
+
+    def __enter__(self) -> PowerMonitor:
+        self.start()
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if self._sampler is None:
-            return
-        samples = self._sampler.stop()
-        self._sampler = None
-        if exc_type is None:
-            self.reading = summarize(samples)
+        self.stop(keep=exc_type is None)

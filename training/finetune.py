@@ -159,20 +159,19 @@ class _TrainingPower:
 
     def resume(self) -> None:
         if self._monitor is not None and not self._open:
-            self._monitor.__enter__()
+            self._monitor.start()
             self._open = True
 
     def pause(self) -> None:
         if self._monitor is not None and self._open:
             self._open = False
-            self._monitor.__exit__(None, None, None)
-            if self._monitor.reading is not None:
-                self.readings.append(self._monitor.reading)
+            if (reading := self._monitor.stop()) is not None:
+                self.readings.append(reading)
 
     def abort(self) -> None:
         if self._monitor is not None and self._open:
             self._open = False
-            self._monitor.__exit__(RuntimeError, RuntimeError("aborted"), None)
+            self._monitor.stop(keep=False)
 
     def summary(self) -> tuple[float | None, float | None, float | None]:
         """(energy J, peak W, mean W) over all segments, or Nones without a sensor."""
