@@ -1,0 +1,60 @@
+"""A real-board profile killed mid-way leaves the board exactly as it found it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.fake_boards import NANO_DEVFREQ, make_nano_tree, tree_snapshot
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_profile_interrupted_on_a_jetson_restores_the_frequency(tmp_path: Path, sig: signal.Signals) -> None:
+    root = make_nano_tree(tmp_path / "nano")
+    before = tree_snapshot(root)
+    min_freq = root / NANO_DEVFREQ / "min_freq"
+    env = dict(os.environ, POWERCTL_SYSFS_ROOT=str(root))
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "powerctl",
+            "profile",
+            "--device",
+            "jetson",
+            "--model",
+            "cnn-tiny",
+            "--batch-sizes",
+            "4,8",
+            "--steps",
+            "200",
+            "--quiet",
+            "--out",
+            str(tmp_path / "p.json"),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while min_freq.read_bytes() == before[str(min_freq.relative_to(root))]:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the profiler never pinned a frequency"
+            time.sleep(0.05)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    assert "Traceback" not in err
+    assert tree_snapshot(root) == before
+    assert not (tmp_path / "p.json").exists()
