@@ -169,6 +169,7 @@ class FakeGpu:
     power_mw: int = 61234
     memory_total: int = 85899345920
     clock_mhz: int = 1410
+    uuid: str = "GPU-5b5a7ac0-0d38-3f0b-a1b2-000000000000"
     errors: dict[str, int] = field(default_factory=dict)
     """Function name → NVML error code that calling it raises."""
 
@@ -241,6 +242,7 @@ def fake_pynvml(gpus: list[FakeGpu], init_error: int | None = None) -> types.Mod
         "nvmlDeviceGetCount": lambda: len(gpus),
         "nvmlDeviceGetHandleByIndex": handle,
         "nvmlDeviceGetName": lambda h: gpus[h].name,
+        "nvmlDeviceGetUUID": lambda h: gpus[h].uuid,
         "nvmlDeviceGetSupportedMemoryClocks": lambda h: list(gpus[h].memory_clocks_mhz),
         "nvmlDeviceGetSupportedGraphicsClocks": lambda h, mem: list(gpus[h].graphics_clocks_mhz[mem]),
         "nvmlDeviceSetGpuLockedClocks": lambda h, lo, hi: None,

@@ -219,3 +219,32 @@ def test_detect_lists_a_gpu_that_fails_to_open_with_its_error(tmp_path: Path, mo
     install(monkeypatch, FakeGpu(errors={"nvmlDeviceGetName": 999}))
     gpu = detect_devices()[0]
     assert gpu["spec"] == "nvml:0" and "reading the GPU name on nvml:0" in gpu["error"]
+
+
+class _Props:
+    def __init__(self, uuid: str) -> None:
+        self.uuid = uuid
+
+
+def test_training_runs_on_the_cuda_device_with_the_same_uuid(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    gpus = [FakeGpu(uuid="GPU-aaaa-1111"), FakeGpu(uuid="GPU-bbbb-2222")]
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(gpus))
+    # CUDA lists them the other way round (fastest first)
+    props = [_Props("bbbb-2222"), _Props("aaaa-1111")]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props[i])
+    with open_device("nvml:0") as first, open_device("nvml:1") as second:
+        assert first.torch_device() == "cuda:1"
+        assert second.torch_device() == "cuda:0"
+
+
+def test_no_cuda_torch_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml([FakeGpu()]))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with open_device("nvml:0") as gpu, pytest.raises(DeviceError, match="CUDA build of torch"):
+        gpu.torch_device()

@@ -66,6 +66,25 @@ class NvmlGpu(Device):
         self.has_power_sensor = self._probe_power()
         self._closed = False
 
+    def torch_device(self) -> str:
+        """The CUDA device that IS this GPU, matched by UUID: CUDA may number GPUs differently from NVML
+        (fastest first, unless CUDA_DEVICE_ORDER=PCI_BUS_ID), and profiling must train where it measures."""
+        import torch
+
+        if not torch.cuda.is_available():
+            raise DeviceError(
+                f"{self.spec} ({self.name}) needs a CUDA build of torch to train on; this torch has no CUDA"
+            )
+        uuid = _text(self._call("reading the GPU UUID", self._nvml.nvmlDeviceGetUUID, self._handle))
+        want = uuid.lower().removeprefix("gpu-")
+        for i in range(torch.cuda.device_count()):
+            got = str(getattr(torch.cuda.get_device_properties(i), "uuid", "")).lower().removeprefix("gpu-")
+            if got and got == want:
+                return f"cuda:{i}"
+        if self.index < torch.cuda.device_count():
+            return f"cuda:{self.index}"  # no UUIDs to match: assume the orders agree
+        raise DeviceError(f"{self.spec} ({uuid}) is not visible to CUDA here; check CUDA_VISIBLE_DEVICES")
+
     def _fail(self, what: str, exc: Any) -> NoReturn:
         """Map an NVMLError to the one-line error a user can act on."""
         nvml = self._nvml
