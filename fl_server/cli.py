@@ -240,9 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _pretrain(args: argparse.Namespace) -> int:
-    from fl_server.pretrain import check_output_path, pretrain
+    from fl_server.pretrain import pretrain
 
-    check_output_path(args.out)
     report = pretrain(
         args.model,
         args.data,

@@ -18,7 +18,7 @@ from powerctl.boards import BoardModel, board_model
 from powerctl.errors import InfeasibleCapError
 from powerctl.profile_table import Profile
 from powerctl.relation import RelationVector
-from powerctl.selection import Selection, check_power_cap, common_batch_sizes, select
+from powerctl.selection import Selection, check_power_cap, common_batch_sizes, predicted_seconds, select
 
 STATE_OF_PRACTICE = "state-of-practice"
 PROXY_BATCH = "proxy-batch"
@@ -56,7 +56,7 @@ def predict(
     if point is None or relation is None:
         return None
     r_b = relation.as_map().get(batch_size)
-    return None if r_b is None else point.seconds_for_samples * r_b
+    return None if r_b is None else predicted_seconds(point, r_b)
 
 
 def _make(

@@ -6,7 +6,6 @@ frequency cap: the highest frequency at which even a full-load SGEMM stays under
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
@@ -58,11 +57,6 @@ class BoardModel:
         """State of practice: the highest frequency whose full-load power is ≤ the cap (None: none)."""
         ok = [f for f, p in zip(self.frequencies_hz, self.full_load_power_w, strict=True) if p <= power_cap_w]
         return ok[-1] if ok else None
-
-    def nearest_frequency(self, hz: float) -> int:
-        i = bisect.bisect_left(self.frequencies_hz, hz)
-        candidates = self.frequencies_hz[max(0, i - 1) : i + 1]
-        return min(candidates, key=lambda f: abs(f - hz))
 
 
 def _parse(name: str, raw: dict[str, Any]) -> BoardModel:

@@ -7,13 +7,12 @@ time is compared. Everything runs on embedded defaults (synthetic data, no downl
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from powerctl.baselines import proxy_batch, state_of_practice
+from powerctl.baselines import predict, proxy_batch, state_of_practice
 from powerctl.devices import open_device
 from powerctl.devices.base import Device
 from powerctl.jsonfile import write_json
@@ -21,6 +20,9 @@ from powerctl.profile_table import Profile
 from powerctl.profiler import profile_device
 from powerctl.relation import RelationVector
 from powerctl.selection import best_frequency_per_batch, select
+
+if TYPE_CHECKING:
+    from training.data import Dataset
 
 DEMO_SCHEMA = "simulations.demo/1"
 
@@ -123,15 +125,29 @@ def _profile(cfg: DemoConfig, dev: Device, weights: Path, progress: bool) -> Pro
     )
 
 
-def _fine_tune(cfg: DemoConfig, dev: Device, weights: Path, b: int, hz: int, progress: bool) -> Run:
-    from fl_server.weights import load_model
+def _target_data(cfg: DemoConfig) -> tuple[Dataset, Dataset]:
+    """The client's own data, split 80/20 — loaded once, shared by every measured run."""
     from training.data import load_dataset, train_test_split
+
+    data = load_dataset(cfg.target_dataset, split="all", seed=cfg.target_seed)
+    return train_test_split(data, seed=cfg.target_seed)
+
+
+def _fine_tune(
+    cfg: DemoConfig,
+    dev: Device,
+    weights: Path,
+    data: tuple[Dataset, Dataset],
+    b: int,
+    hz: int,
+    progress: bool,
+) -> Run:
+    from fl_server.weights import load_model
     from training.finetune import fine_tune
     from training.lr import scaled_lr
 
-    model, _ = load_model(weights, expect_model=cfg.model)
-    data = load_dataset(cfg.target_dataset, split="all", seed=cfg.target_seed)
-    train, test = train_test_split(data, seed=cfg.target_seed)
+    model, _ = load_model(weights, expect_model=cfg.model)  # every run starts from the same weights
+    train, test = data
     with dev.pinned(hz):
         r = fine_tune(
             model,
@@ -174,11 +190,12 @@ def run_demo(cfg: DemoConfig, out: Path, *, progress: bool = True) -> dict[str, 
         profile.save(out / "profile.json")
         cap = cfg.power_cap_w
         chosen = select(profile, relation, cap)
+        target_data = _target_data(cfg)
         runs: dict[tuple[int, int], Run] = {}
 
         def measured(b: int, hz: int) -> Run:
             if (b, hz) not in runs:  # the same (b, f) is the same run: measure it once
-                runs[(b, hz)] = _fine_tune(cfg, dev, weights, b, hz, progress)
+                runs[(b, hz)] = _fine_tune(cfg, dev, weights, target_data, b, hz, progress)
             return runs[(b, hz)]
 
         # every batch size at its fastest feasible frequency (time falls as frequency rises): the
@@ -208,9 +225,7 @@ def run_demo(cfg: DemoConfig, out: Path, *, progress: bool = True) -> dict[str, 
                 {
                     "strategy": name,
                     **asdict(run),
-                    "predicted_seconds": None
-                    if point is None
-                    else point.seconds_for_samples * relation.as_map().get(b, float("nan")),
+                    "predicted_seconds": predict(profile, relation, b, hz),
                     "profiled_peak_power_w": None if point is None else point.peak_power_w,
                 }
             )
@@ -268,7 +283,3 @@ def summary_table(results: dict[str, Any]) -> str:
             f"{r['final_accuracy']:>6.3f} {speed:>8}{mark}"
         )
     return "\n".join(lines)
-
-
-def load_results(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text())
