@@ -1,0 +1,145 @@
+"""The ClientApp: translates Flower messages to `fl_client.work` and back.
+
+- ``query``: the node's device, board, power cap and local data size (the server's view of its fleet);
+- ``train``: profile (cached) → select (b, f) under the node's cap → pin → fine-tune → restore; replies
+  the weights, a MetricRecord with ``num-examples`` and the full report (a ConfigRecord);
+- ``evaluate``: accuracy and loss of the received weights on the node's local test split.
+
+Bad input (node config, run config, message) is answered with an error reply whose reason is one line
+naming the key and the value; the server reports it for that node and goes on with the others.
+"""
+
+from __future__ import annotations
+
+import sys
+import zlib
+
+from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from fl_client.local_data import data_plan, load_local_data
+from fl_client.node import NodeSettings, resolve_node
+from fl_client.work import build_local_model, evaluate_local, model_seq_len, train_round
+from powerctl.errors import PowerctlError
+from strategies.protocol import (
+    ARRAYS_KEY,
+    CONFIG_KEY,
+    EXAMPLES_KEY,
+    METRICS_KEY,
+    NODE_KEY,
+    REPORT_KEY,
+    ProtocolError,
+    TrainInstructions,
+    reader,
+)
+
+CLIENT_ERROR_CODE = 2
+"""ErrorCode.CLIENT_APP_RAISED_EXCEPTION: what Flower itself uses when a ClientApp fails."""
+
+app = ClientApp()
+
+
+def _error_reply(msg: Message, settings: NodeSettings | None, exc: Exception) -> Message:
+    who = f"{settings.key} ({settings.device})" if settings else "node"
+    reason = f"{who}: {exc}".replace("\n", " ")
+    print(f"powerfed client: {reason}", file=sys.stderr)
+    return Message(Error(code=CLIENT_ERROR_CODE, reason=reason), reply_to=msg)
+
+
+def _arrays(msg: Message) -> ArrayRecord:
+    if ARRAYS_KEY not in msg.content.array_records:
+        raise ProtocolError(f"{msg.metadata.message_type} message: missing key {ARRAYS_KEY!r} (the weights)")
+    return msg.content.array_records[ARRAYS_KEY]
+
+
+def _config(msg: Message) -> ConfigRecord:
+    if CONFIG_KEY not in msg.content.config_records:
+        raise ProtocolError(f"{msg.metadata.message_type} message: missing key {CONFIG_KEY!r}")
+    return msg.content.config_records[CONFIG_KEY]
+
+
+def _device_seed(settings: NodeSettings, server_seed: int) -> int:
+    """A simulated board's noise seed: stable per node (not per node id, which changes every run)."""
+    return (server_seed * 1_000_003 + zlib.crc32(settings.key.encode())) % (2**31)
+
+
+def _node_record(settings: NodeSettings, context: Context) -> ConfigRecord:
+    info: dict = {"node-key": settings.key, "device": settings.device}
+    if settings.power_cap_w is not None:
+        info["power-cap-w"] = settings.power_cap_w
+    if settings.partition_id is not None:
+        info["partition-id"] = settings.partition_id
+    model = context.run_config.get("model")
+    if isinstance(model, str) and model:
+        train, test = load_local_data(data_plan(settings, context.run_config, model_seq_len(model, {})))
+        info.update({"data": train.name, "train-examples": len(train), "test-examples": len(test)})
+    return ConfigRecord(info)
+
+
+@app.query()
+def query(msg: Message, context: Context) -> Message:
+    settings = None
+    try:
+        settings = resolve_node(context.node_config, context.run_config)
+        record = _node_record(settings, context)
+    except PowerctlError as exc:
+        return _error_reply(msg, settings, exc)
+    return Message(RecordDict({NODE_KEY: record}), reply_to=msg)
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    settings = None
+    try:
+        settings = resolve_node(context.node_config, context.run_config)
+        instr = TrainInstructions.from_config(_config(msg))
+        state = _arrays(msg).to_torch_state_dict()
+        plan = data_plan(settings, context.run_config, model_seq_len(instr.model, instr.model_overrides))
+        data = load_local_data(plan)
+        new_state, report = train_round(
+            settings, instr, state, data, device_seed=_device_seed(settings, instr.seed)
+        )
+    except PowerctlError as exc:
+        return _error_reply(msg, settings, exc)
+    print(
+        f"powerfed client {settings.key}: round {instr.server_round} b={report.batch_size} "
+        f"f={report.frequency_hz / 1e6:.1f} MHz {report.device_seconds:.1f} device s, "
+        f"accuracy {report.accuracy:.3f}",
+        file=sys.stderr,
+    )
+    metrics = MetricRecord(
+        {
+            EXAMPLES_KEY: report.train_examples,
+            "device-seconds": report.device_seconds,
+            "accuracy": report.accuracy,
+            "samples": report.samples,
+        }
+    )
+    content = RecordDict(
+        {
+            ARRAYS_KEY: ArrayRecord.from_torch_state_dict(new_state),
+            METRICS_KEY: metrics,
+            REPORT_KEY: report.to_config(),
+        }
+    )
+    return Message(content, reply_to=msg)
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    settings = None
+    try:
+        settings = resolve_node(context.node_config, context.run_config)
+        r = reader(_config(msg), "evaluate message config")
+        model_name = r.string("model")
+        overrides = r.json_object("model-overrides")
+        state = _arrays(msg).to_torch_state_dict()
+        model = build_local_model(model_name, r.integer("num-classes"), overrides, state)
+        plan = data_plan(settings, context.run_config, model_seq_len(model_name, overrides))
+        _, test = load_local_data(plan)
+        accuracy, loss = evaluate_local(model_name, model, test)
+    except PowerctlError as exc:
+        return _error_reply(msg, settings, exc)
+    metrics = MetricRecord({EXAMPLES_KEY: len(test), "accuracy": accuracy, "loss": loss})
+    node = ConfigRecord({"node-key": settings.key, "device": settings.device})
+    return Message(RecordDict({METRICS_KEY: metrics, NODE_KEY: node}), reply_to=msg)

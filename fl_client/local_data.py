@@ -1,0 +1,81 @@
+"""A node's own data, split 80/20 (images) or 90/10 (text) into train and test, loaded once per process.
+
+A node with a `data` spec trains on that dataset. A virtual node without one takes its share of the
+run's `client-data` (partition `partition-id` of `num-partitions`, IID or Dirichlet label skew), so a
+simulated fleet needs no files. Loading is cached per process: Flower keeps a ClientApp's process (a
+Ray actor, a SuperNode's app process) across rounds, and the data does not change between them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+from fl_client.node import NodeConfigError, NodeSettings
+from training.errors import DataError
+
+if TYPE_CHECKING:
+    from training.data import Dataset
+
+DEFAULT_CLIENT_DATA = "synthetic-image"
+PARTITION_SCHEMES = ("iid", "dirichlet")
+
+
+@dataclass(frozen=True)
+class DataPlan:
+    """Where a node's data comes from; hashable, so the loaded splits can be cached per plan."""
+
+    spec: str
+    seed: int
+    seq_len: int
+    partition_id: int | None = None
+    num_partitions: int | None = None
+    scheme: str = "iid"
+    alpha: float = 0.5
+
+
+def data_plan(settings: NodeSettings, run_config: Any, seq_len: int) -> DataPlan:
+    """The node's own `data`, else its partition of the run's `client-data`."""
+    seed = run_config.get("client-data-seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise NodeConfigError(f"run config 'client-data-seed' must be an integer ≥ 0, got {seed!r}")
+    if settings.data is not None:
+        return DataPlan(settings.data, seed, seq_len)
+    spec = run_config.get("client-data", DEFAULT_CLIENT_DATA)
+    if not isinstance(spec, str) or not spec.strip():
+        raise NodeConfigError(f"run config 'client-data' must be a dataset spec, got {spec!r}")
+    scheme = run_config.get("partitioning", "iid")
+    if scheme not in PARTITION_SCHEMES:
+        raise NodeConfigError(
+            f"run config 'partitioning' must be one of {', '.join(PARTITION_SCHEMES)}, got {scheme!r}"
+        )
+    alpha = run_config.get("dirichlet-alpha", 0.5)
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0:
+        raise NodeConfigError(f"run config 'dirichlet-alpha' must be a positive number, got {alpha!r}")
+    return DataPlan(
+        spec.strip(),
+        seed,
+        seq_len,
+        settings.partition_id,
+        settings.num_partitions or 1,
+        scheme,
+        float(alpha),
+    )
+
+
+@lru_cache(maxsize=4)
+def load_local_data(plan: DataPlan) -> tuple[Dataset, Dataset]:
+    """(train, test) of the node; a missing file or an empty share is one DataError line."""
+    from training.data import load_dataset, train_test_split
+    from training.partition import partition
+
+    data = load_dataset(plan.spec, split="all", seq_len=plan.seq_len, seed=plan.seed)
+    if plan.partition_id is not None:
+        parts = partition(
+            data, plan.num_partitions or 1, scheme=plan.scheme, alpha=plan.alpha, seed=plan.seed, min_size=2
+        )
+        data = parts[plan.partition_id]
+    if len(data) < 2:
+        raise DataError(f"{data.name}: {len(data)} sample(s), too few for a train/test split")
+    return train_test_split(data, seed=plan.seed)

@@ -1,0 +1,93 @@
+"""Profiles on disk, one per (board, model, input shape, batch sizes, profiler settings, code version).
+
+Profiling is data-independent and costs device time (DESIGN §1), so a node profiles once and reuses
+the table in every later round and run. An entry is trusted only if it loads as a valid profile AND
+carries the key it was stored under: a corrupt, truncated or mismatched file is profiled again and
+overwritten, never used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from powerctl.errors import FileFormatError
+from powerctl.profile_table import Profile
+
+PROFILE_CACHE_VERSION = 1
+"""Bump when a code change alters what a profile would measure: old entries then miss."""
+
+
+def profile_cache_dir() -> Path:
+    """$POWERFED_CACHE/profile, else ~/.cache/powerfed/profile."""
+    root = os.environ.get("POWERFED_CACHE")
+    return (Path(root) if root else Path.home() / ".cache" / "powerfed") / "profile"
+
+
+@dataclass(frozen=True)
+class ProfileKey:
+    """Everything that decides a profile's content."""
+
+    device_kind: str
+    """The backend and board, e.g. SimulatedBoard/jetson-nano: a real and a simulated Nano differ."""
+    model: str
+    overrides: str
+    num_classes: int
+    input_shape: tuple[int, ...]
+    batch_sizes: tuple[int, ...]
+    order: str
+    power_cap_w: float | None
+    """Only for the efficient order, which stops at the cap; None for the full grid."""
+    samples: int
+    warmup_steps: int
+    measure_steps: int
+
+    def digest(self) -> str:
+        import torch
+
+        fields = asdict(self)
+        fields["cache_version"] = PROFILE_CACHE_VERSION
+        fields["torch"] = ".".join(torch.__version__.split(".")[:2])
+        blob = json.dumps(fields, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _trusted(path: Path, key: ProfileKey, digest: str) -> Profile | None:
+    """The cached profile, or None (with one line on stderr) when the entry cannot be trusted."""
+    if not path.is_file():
+        return None
+    try:
+        profile = Profile.load(path)
+    except FileFormatError as exc:
+        print(f"profile cache: {exc}; profiling again", file=sys.stderr)
+        return None
+    board = key.device_kind.split("/", 1)[-1]
+    if (
+        profile.extra.get("cache_key") != digest
+        or profile.model != key.model
+        or profile.device != board
+        or tuple(profile.input_shape) != key.input_shape
+        or not set(profile.batch_sizes()) <= set(key.batch_sizes)
+    ):
+        print(f"profile cache: {path} does not match this device and model; profiling again", file=sys.stderr)
+        return None
+    return profile
+
+
+def cached_profile(
+    key: ProfileKey, measure: Callable[[], Profile], cache_dir: Path | None = None
+) -> tuple[Profile, bool]:
+    """(profile, True) from the cache, or (measure(), False) after storing it under `key`."""
+    digest = key.digest()
+    path = (cache_dir or profile_cache_dir()) / f"profile-{digest[:40]}.json"
+    if (profile := _trusted(path, key, digest)) is not None:
+        return profile, True
+    profile = measure()
+    profile.extra["cache_key"] = digest
+    profile.save(path)
+    return profile, False

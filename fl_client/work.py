@@ -1,0 +1,213 @@
+"""One round on one node: profile (or reuse) → select (b, f) under the cap → pin → fine-tune → restore.
+
+This is the client side of the method (DESIGN §2), kept free of Flower messages so it can be tested
+and reused directly; `fl_client.app` only translates messages to and from these calls. The device is
+opened for the round and closed on every way out (`Device.__exit__` restores, and `Device.pinned`
+restores on exceptions, SIGINT and SIGTERM too), so nothing stays pinned after a round.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import time
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from fl_client.node import NodeSettings
+from fl_client.profile_cache import ProfileKey, cached_profile
+from powerctl.devices import open_device
+from powerctl.devices.base import Device
+from powerctl.errors import DeviceError, PowerctlError
+from powerctl.profile_table import Profile
+from powerctl.profiler import profile_device
+from powerctl.relation import RelationVector
+from powerctl.selection import check_power_cap, select
+from strategies.protocol import ClientReport, TrainInstructions
+from training.errors import DataError, ModelError
+from training.finetune import evaluate, fine_tune
+from training.models import build_model, get_model_spec, loss_fn
+
+if TYPE_CHECKING:
+    from training.data import Dataset
+
+State = dict[str, torch.Tensor]
+
+
+class ClientWorkError(PowerctlError):
+    """This round cannot run on this node as instructed (no usable batch size, no knob, ...)."""
+
+
+def build_local_model(model_name: str, num_classes: int, overrides: dict, state: State) -> nn.Module:
+    """The network the server described, with the server's weights; a mismatch is one ModelError line."""
+    model = build_model(model_name, num_classes, **overrides)
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        first = str(exc).splitlines()[0]
+        raise ModelError(f"the weights received do not fit model {model_name!r} ({first})") from None
+    return model
+
+
+def model_seq_len(model_name: str, overrides: dict) -> int:
+    """The window length text data is cut into (64 for images, which ignore it)."""
+    spec = get_model_spec(model_name)
+    return int(overrides.get("seq_len", spec.input_shape[0])) if spec.task == "text" else 64
+
+
+def _check_data(instr: TrainInstructions, train: Dataset, test: Dataset) -> None:
+    task = get_model_spec(instr.model).task
+    if train.task != task:
+        raise DataError(f"model {instr.model} is a {task} model but this node's data is {train.task} data")
+    if train.num_classes > instr.num_classes:
+        raise DataError(
+            f"this node's data has {train.num_classes} classes, the model {instr.num_classes} outputs"
+        )
+
+
+def usable_relation(instr: TrainInstructions, train_examples: int) -> RelationVector:
+    """The relation restricted to batch sizes this node's train split can fill at least once."""
+    relation = instr.relation()
+    keep = {b: s for b, s in relation.samples_map().items() if b <= train_examples}
+    if not keep:
+        raise ClientWorkError(
+            f"this node has {train_examples} training samples, fewer than the smallest batch size "
+            f"{min(relation.batch_sizes)} of the relation vector; give it more data or smaller batch sizes"
+        )
+    return RelationVector.from_samples(relation.model, relation.proxy_dataset, relation.target_accuracy, keep)
+
+
+def _profile(
+    dev: Device, model: nn.Module, instr: TrainInstructions, batch_sizes: list[int], cap: float | None
+) -> tuple[Profile, bool]:
+    """The device's profile for this model, from the cache or measured now (and cached)."""
+    from training.profiling import profiling_step_factory
+
+    if not dev.frequencies() or not dev.has_power_sensor:
+        raise DeviceError(
+            f"{dev.spec} has no GPU frequency knob or power sensor: a power-aware client needs a board "
+            "(jetson, nvml:INDEX or sim:jetson-nano)"
+        )
+    order = instr.profile_order if cap is not None else "grid"  # the efficient order stops at a cap
+    spec = get_model_spec(instr.model)
+    shape = (model_seq_len(instr.model, instr.model_overrides),) if spec.task == "text" else spec.input_shape
+    key = ProfileKey(
+        device_kind=f"{type(dev).__name__}/{dev.board}",
+        model=instr.model,
+        overrides=json.dumps(instr.model_overrides, sort_keys=True),
+        num_classes=instr.num_classes,
+        input_shape=tuple(shape),
+        batch_sizes=tuple(batch_sizes),
+        order=order,
+        power_cap_w=cap if order == "efficient" else None,
+        samples=instr.profile_samples,
+        warmup_steps=instr.profile_warmup,
+        measure_steps=instr.profile_steps,
+    )
+
+    def measure() -> Profile:
+        # profiling trains: a copy, so the round starts from exactly the server's weights
+        workload, make_step = profiling_step_factory(
+            instr.model,
+            model=copy.deepcopy(model),
+            num_classes=instr.num_classes,
+            torch_device=dev.torch_device(),
+            seed=instr.seed,
+        )
+        return profile_device(
+            dev,
+            workload,
+            make_step,
+            batch_sizes=batch_sizes,
+            samples=instr.profile_samples,
+            order=order,
+            power_cap_w=cap if order == "efficient" else None,
+            warmup_steps=instr.profile_warmup,
+            measure_steps=instr.profile_steps,
+            progress=False,
+        )
+
+    return cached_profile(key, measure)
+
+
+def train_round(
+    settings: NodeSettings,
+    instr: TrainInstructions,
+    state: State,
+    data: tuple[Dataset, Dataset],
+    *,
+    device_seed: int = 0,
+) -> tuple[State, ClientReport]:
+    """Fine-tune the server's weights on this node's data with the (b, f) the method selects."""
+    wall_start = time.perf_counter()
+    cap = check_power_cap(instr.power_cap_w if instr.power_cap_w is not None else settings.power_cap_w)
+    model = build_local_model(instr.model, instr.num_classes, instr.model_overrides, state)
+    train, test = data
+    _check_data(instr, train, test)
+    relation = usable_relation(instr, len(train))
+    with open_device(settings.device, seed=device_seed) as dev:
+        model = model.to(dev.torch_device())
+        profile, cached = _profile(dev, model, instr, relation.batch_sizes, cap)
+        chosen = select(profile, relation, cap)
+        with dev.pinned(chosen.frequency_hz):
+            result = fine_tune(
+                model,
+                train,
+                test,
+                device=dev,
+                batch_size=chosen.batch_size,
+                lr=instr.lr_for(chosen.batch_size),
+                target_accuracy=instr.target_accuracy,
+                max_samples=instr.budget_samples or None,
+                max_device_seconds=instr.budget_device_seconds or None,
+                eval_every_samples=instr.eval_every_samples,
+                eval_max_samples=instr.eval_max_samples,
+                seed=instr.seed,
+                progress=False,
+            )
+        board = dev.board
+    report = ClientReport(
+        device=settings.device,
+        power_cap_w=cap,
+        batch_size=chosen.batch_size,
+        frequency_hz=chosen.frequency_hz,
+        device_seconds=result.device_seconds,
+        energy_j=result.energy_j,
+        peak_power_w=result.peak_power_w,
+        samples=result.samples,
+        accuracy=result.final_accuracy,
+        reached_target=result.reached,
+        profiling_seconds=0.0 if cached else float(profile.profiling_seconds or 0.0),
+        board=board,
+        node_key=settings.key,
+        predicted_seconds=chosen.predicted_seconds,
+        profile_cached=cached,
+        lr=result.lr,
+        stop_reason=result.stop_reason,
+        train_examples=len(train),
+        wall_seconds=time.perf_counter() - wall_start,
+        extra={"profile_points": len(profile.points), "steps": result.steps},
+    )
+    new_state = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
+    return new_state, report
+
+
+@torch.no_grad()
+def evaluate_local(instr_model: str, model: nn.Module, test: Dataset) -> tuple[float, float]:
+    """(accuracy, mean loss) of `model` on this node's whole test split."""
+    task = get_model_spec(instr_model).task
+    accuracy = evaluate(model, task, test.x, test.y)
+    was_training = model.training
+    model.eval()
+    criterion = loss_fn(task)
+    total, n = 0.0, 0
+    for start in range(0, len(test), 256):
+        xb, yb = test.x[start : start + 256], test.y[start : start + 256]
+        total += float(criterion(model(xb), yb)) * len(xb)
+        n += len(xb)
+    model.train(was_training)
+    loss = total / n if n else math.nan
+    return accuracy, loss

@@ -1,0 +1,212 @@
+"""The ServerApp: pre-trained weights + relation vector → power-aware rounds → results.json.
+
+From the run config (`fl_server.run_config`): the weights come from a file or from pre-training on the
+embedded task (cached); the relation vector from a file or from estimating it on the proxy data (3 seeds
+by default, cached). The strategy (`strategies.power_aware`) runs the rounds; after each one the
+per-client table and the round summary are printed and `results.json` is rewritten. The run's output
+ends with one line ``results: /ABSOLUTE/PATH/results.json``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from flwr.app import ArrayRecord, ConfigRecord, Context
+from flwr.serverapp import Grid, ServerApp
+
+from fl_server.results import ResultsWriter, client_table, evaluation_line, summary_lines
+from fl_server.run_config import ServerConfig, app_path, parse_server_config
+from powerctl.errors import PowerctlError
+from powerctl.relation import RelationVector
+from strategies.power_aware import PowerAwareFedAvg
+from strategies.protocol import TrainInstructions
+from strategies.rounds import RoundRecord
+
+app = ServerApp()
+
+PRETRAIN_CACHE_VERSION = 1
+
+
+def say(text: str) -> None:
+    """The run's own output: stdout, flushed, so `flwr run --stream` shows it as it happens."""
+    print(text, flush=True)
+
+
+def cache_root() -> Path:
+    root = os.environ.get("POWERFED_CACHE")
+    return Path(root) if root else Path.home() / ".cache" / "powerfed"
+
+
+def default_results_dir(run_id: int) -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(base) / "powerfed" / "runs" / str(run_id)
+
+
+def pretrained_weights(cfg: ServerConfig) -> Path:
+    """The weights to start from: the given file, or pre-trained on the embedded task (cached by recipe)."""
+    if cfg.weights:
+        return app_path(cfg.weights, "weights")
+    import torch
+
+    recipe = {
+        "model": cfg.model,
+        "data": cfg.pretrain_data,
+        "samples": cfg.pretrain_samples,
+        "seed": cfg.pretrain_seed,
+        "torch": ".".join(torch.__version__.split(".")[:2]),
+        "version": PRETRAIN_CACHE_VERSION,
+    }
+    key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:32]
+    path = cache_root() / "weights" / f"pretrain-{cfg.model}-{key}.safetensors"
+    if path.is_file():
+        say(f"pre-trained weights: {path} (cached)")
+        return path
+    from fl_server.pretrain import pretrain
+
+    say(f"pre-training {cfg.model} on {cfg.pretrain_data} ({cfg.pretrain_samples} samples) ...")
+    pretrain(
+        cfg.model,
+        cfg.pretrain_data,
+        out=path,
+        samples=cfg.pretrain_samples,
+        seed=cfg.pretrain_seed,
+        progress=False,
+    )
+    return path
+
+
+def relation_vector(cfg: ServerConfig, weights: Path) -> RelationVector:
+    """The relation vector: the given file (checked against the model), or estimated on the proxy data."""
+    if cfg.relation:
+        relation = RelationVector.load(app_path(cfg.relation, "relation"))
+        if relation.model != cfg.model:
+            raise PowerctlError(
+                f"run config 'relation': the vector is for model {relation.model!r}, "
+                f"the run trains {cfg.model!r}"
+            )
+        return relation
+    from fl_server.relation import estimate_relation
+
+    seeds = cfg.seeds()
+    say(
+        f"relation vector: {cfg.model} on proxy {cfg.proxy_data}, batch sizes {cfg.batch_size_list()}, "
+        f"{len(seeds)} seeds (cached after the first run) ..."
+    )
+    started = time.perf_counter()
+    relation = estimate_relation(
+        cfg.model,
+        weights,
+        cfg.proxy_data,
+        target_accuracy=cfg.target_accuracy,
+        batch_sizes=cfg.batch_size_list(),
+        seeds=seeds,
+        lr_max=cfg.lr_max,
+        max_samples=cfg.relation_max_samples,
+        eval_every_samples=cfg.eval_every_samples,
+        eval_max_samples=cfg.eval_max_samples,
+        data_seed=cfg.proxy_seed,
+        progress=False,
+    )
+    say(f"relation vector ready in {time.perf_counter() - started:.0f} s")
+    return relation
+
+
+def instructions(
+    cfg: ServerConfig, relation: RelationVector, meta_classes: int, overrides: dict
+) -> TrainInstructions:
+    return TrainInstructions(
+        model=cfg.model,
+        num_classes=meta_classes,
+        model_overrides=overrides,
+        target_accuracy=cfg.target_accuracy,
+        relation_batch_sizes=list(relation.batch_sizes),
+        relation_samples=list(relation.samples_to_target),
+        lr_max=cfg.lr_max,
+        lr_rule=cfg.lr_rule,
+        budget_samples=cfg.budget_samples,
+        budget_device_seconds=cfg.budget_device_seconds,
+        eval_every_samples=cfg.eval_every_samples,
+        eval_max_samples=cfg.eval_max_samples,
+        profile_order=cfg.profile_order,
+        profile_samples=cfg.profile_samples,
+        profile_warmup=cfg.profile_warmup,
+        profile_steps=cfg.profile_steps,
+        seed=cfg.seed,
+        proxy_dataset=relation.proxy_dataset,
+    )
+
+
+def relation_line(relation: RelationVector) -> str:
+    pairs = ", ".join(f"{b}: {r:.3f}" for b, r in relation.as_map().items())
+    return f"relation vector r_b ({relation.proxy_dataset}, target {relation.target_accuracy:g}): {pairs}"
+
+
+def run(grid: Grid, context: Context) -> Path:
+    """The whole server side of a run; returns the results file."""
+    from fl_server.weights import load_model, save_weights
+
+    cfg = parse_server_config(context.run_config)
+    out = Path(cfg.results_dir).expanduser() if cfg.results_dir else default_results_dir(context.run_id)
+    results_path = out / "results.json"
+    weights = pretrained_weights(cfg)
+    model, meta = load_model(weights, expect_model=cfg.model)
+    relation = relation_vector(cfg, weights)
+    say(relation_line(relation))
+    base = instructions(cfg, relation, meta.num_classes, meta.overrides)
+    writer = ResultsWriter(
+        results_path,
+        {"config": dict(context.run_config), "relation": relation.to_dict(), "weights": str(weights)},
+    )
+
+    def on_round(record: RoundRecord) -> None:
+        writer.record_round(record)
+        if record.evaluation is None:
+            say(f"\n[round {record.round}] clients (device s = fine-tuning; prof s = profiling this round)")
+            say(client_table(record))
+            say(summary_lines(record))
+        else:
+            say(evaluation_line(record))
+
+    strategy = PowerAwareFedAvg(
+        on_round=on_round,
+        fraction_train=cfg.fraction_train,
+        fraction_evaluate=cfg.fraction_evaluate,
+        min_available_nodes=cfg.min_nodes,
+    )
+    eval_config = ConfigRecord(
+        {"model": cfg.model, "num-classes": meta.num_classes, "model-overrides": json.dumps(meta.overrides)}
+    )
+    result = strategy.start(
+        grid=grid,
+        initial_arrays=ArrayRecord.from_torch_state_dict(model.state_dict()),
+        num_rounds=cfg.num_server_rounds,
+        timeout=cfg.round_timeout,
+        train_config=base.to_config(),
+        evaluate_config=eval_config,
+    )
+    writer.set_nodes(list(strategy.nodes.values()))
+    model.load_state_dict(result.arrays.to_torch_state_dict())
+    save_weights(
+        out / "global.safetensors",
+        model,
+        model_name=meta.model,
+        num_classes=meta.num_classes,
+        overrides=meta.overrides,
+    )
+    return results_path
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    try:
+        path = run(grid, context)
+    except PowerctlError as exc:
+        say(f"powerfed server: error: {exc}")
+        raise SystemExit(2) from None
+    say(f"results: {path.resolve()}")
+    sys.stdout.flush()

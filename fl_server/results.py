@@ -1,0 +1,97 @@
+"""`results.json` (`fl_server.results/1`), rewritten atomically after every round, and the printed tables.
+
+A crash loses no finished round: each round's record is in the file as soon as its training replies are
+aggregated, and its evaluation is added when that completes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from powerctl.jsonfile import write_json
+from strategies.rounds import NodeInfo, RoundRecord
+
+RESULTS_SCHEMA = "fl_server.results/1"
+CLIENT_FIELDS = (
+    "device",
+    "power_cap_w",
+    "batch_size",
+    "frequency_hz",
+    "device_seconds",
+    "energy_j",
+    "peak_power_w",
+    "samples",
+    "accuracy",
+    "reached_target",
+    "profiling_seconds",
+)
+"""Keys every client report in the file has (DESIGN §2), besides anything else that helps."""
+
+
+class ResultsWriter:
+    """Holds the run's record and rewrites `path` whole (temp file + rename) on every update."""
+
+    def __init__(self, path: Path, run: dict[str, Any]) -> None:
+        self.path = path
+        self.data: dict[str, Any] = {"schema": RESULTS_SCHEMA, "run": run, "nodes": [], "rounds": []}
+        write_json(self.path, self.data)
+
+    def set_nodes(self, nodes: list[NodeInfo]) -> None:
+        self.data["nodes"] = [asdict(n) for n in sorted(nodes, key=lambda n: n.key)]
+        write_json(self.path, self.data)
+
+    def record_round(self, record: RoundRecord) -> None:
+        rounds = [r for r in self.data["rounds"] if r["round"] != record.round]
+        rounds.append(record.to_dict())
+        self.data["rounds"] = sorted(rounds, key=lambda r: r["round"])
+        write_json(self.path, self.data)
+
+
+def _num(v: float | None, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def client_table(record: RoundRecord) -> str:
+    """device, cap, b, MHz, device s, energy J, peak W, accuracy, at target — one row per client."""
+    head = (
+        f"{'node':<13} {'device':<18} {'cap W':>6} {'b':>4} {'MHz':>7} {'prof s':>7} {'device s':>9} "
+        f"{'energy J':>9} {'peak W':>7} {'acc':>6} {'target':>6}"
+    )
+    lines = [head, "-" * len(head)]
+    for c in record.clients:
+        lines.append(
+            f"{c['node_key']:<13.13} {c['device']:<18.18} {_num(c['power_cap_w'], '6.2f'):>6} "
+            f"{c['batch_size']:>4} {c['frequency_hz'] / 1e6:>7.1f} {c['profiling_seconds']:>7.1f} "
+            f"{c['device_seconds']:>9.1f} {_num(c['energy_j'], '9.0f'):>9} "
+            f"{_num(c['peak_power_w'], '7.2f'):>7} "
+            f"{c['accuracy']:>6.3f} {'yes' if c['reached_target'] else 'no':>6}"
+        )
+    for f in record.failed:
+        lines.append(f"{f.node_key:<13.13} {f.device:<18.18} FAILED ({f.kind}): {f.reason}")
+    return "\n".join(lines)
+
+
+def summary_lines(record: RoundRecord) -> str:
+    s = record.summary
+    parts = [
+        f"round {record.round}: makespan {s['makespan_s']:.1f} device s (slowest: {s['slowest']}, "
+        f"profiling included)",
+        f"total energy {s['total_energy_j']:.0f} J"
+        + ("" if s["energy_complete"] else " (some clients lack a sensor)"),
+        f"at target {s['share_at_target']:.0%} of {s['sampled']}",
+        f"over cap: {', '.join(o['node'] for o in s['over_cap']) or 'none'}",
+        f"failed: {len(s['failed'])}",
+    ]
+    return "; ".join(parts)
+
+
+def evaluation_line(record: RoundRecord) -> str:
+    ev = record.evaluation or {}
+    if ev.get("accuracy") is None:
+        return f"round {record.round} evaluation: no results"
+    return (
+        f"round {record.round} evaluation on the clients' test splits: accuracy {ev['accuracy']:.3f}, "
+        f"loss {ev['loss']:.3f} ({len(ev['clients'])} clients, {len(ev['failed'])} failed)"
+    )

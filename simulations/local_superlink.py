@@ -1,0 +1,119 @@
+"""Stop the local SuperLink that `flwr run .` leaves running, by process id, never by name.
+
+`flwr run .` starts a detached `flower-superlink --simulation` on fixed local ports and keeps it after
+the run (FLOWER-1.41 notes). We find the process that LISTENS on the given port (Linux /proc: the
+socket's inode → the process holding it), take it and all its descendants (superexec, the simulation
+process, orphaned app processes), and end each process group: SIGTERM, then SIGKILL after a grace.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+PROC = Path("/proc")
+_LISTEN = "0A"
+
+
+def _listening_inodes(port: int) -> set[str]:
+    inodes = set()
+    for table in ("net/tcp", "net/tcp6"):
+        try:
+            lines = (PROC / table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            cols = line.split()
+            local, state, inode = cols[1], cols[3], cols[9]
+            if state == _LISTEN and int(local.rsplit(":", 1)[1], 16) == port:
+                inodes.add(inode)
+    return inodes
+
+
+def pids_listening_on(port: int) -> list[int]:
+    """Processes holding a listening TCP socket on `port` (only those this user may inspect)."""
+    inodes = _listening_inodes(port)
+    if not inodes:
+        return []
+    found = []
+    for proc in PROC.iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            for fd in (proc / "fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith("socket:[") and target[8:-1] in inodes:
+                    found.append(int(proc.name))
+                    break
+        except OSError:
+            continue
+    return sorted(found)
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        stat = (PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` in the process tree (children, grandchildren, ...)."""
+    children: dict[int, list[int]] = {}
+    for proc in PROC.iterdir():
+        if proc.name.isdigit() and (ppid := _parent_of(int(proc.name))) is not None:
+            children.setdefault(ppid, []).append(int(proc.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = (PROC / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def stop_tree(pid: int, grace_s: float = 5.0) -> list[int]:
+    """SIGTERM `pid`, its descendants and their process groups; SIGKILL what is left after `grace_s`."""
+    tree = [pid, *descendants(pid)]
+    groups = set()
+    for p in tree:
+        try:
+            groups.add(os.getpgid(p))
+        except OSError:
+            pass
+    own = os.getpgrp()
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for g in groups - {own}:
+            try:
+                os.killpg(g, sig)
+            except OSError:
+                pass
+        for p in tree:
+            try:
+                os.kill(p, sig)
+            except OSError:
+                pass
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and any(_alive(p) for p in tree):
+            time.sleep(0.1)
+        if not any(_alive(p) for p in tree):
+            break
+    return tree
+
+
+def stop_local_superlink(port: int, grace_s: float = 5.0) -> list[int]:
+    """Stop whatever listens on `port` (the local SuperLink's port) with all it started."""
+    stopped: list[int] = []
+    for pid in pids_listening_on(port):
+        stopped += stop_tree(pid, grace_s)
+    return stopped

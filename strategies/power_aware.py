@@ -1,0 +1,284 @@
+"""Power-aware FedAvg: FedAvg's rounds, with the method's inputs sent per node and every report kept.
+
+Per round:
+1. ``configure_train``: sample nodes as FedAvg does; ask nodes it has not met yet who they are
+   (``query``: device, cap, data size); build ONE message per node with the weights and that node's
+   own ConfigRecord (`TrainInstructions`: relation vector, target, LR rule, budget, plus what
+   `node_instructions` sets for it, keyed by the node's partition or name, never by list position).
+2. ``aggregate_train``: map every reply to the node it answers through the message ids sent (a dead
+   SuperNode's error reply comes from the SuperLink's id, not the node's); keep each report; name every
+   node that failed, replied something unusable, or did not reply in time; average the weights of the
+   others by examples. A failed client never stops the round.
+3. ``configure_evaluate`` / ``aggregate_evaluate``: FedAvg's, plus the per-node accuracy and loss.
+`on_round` receives the `RoundRecord` after training and again after evaluation, so the ServerApp can
+write results as each round completes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable
+from logging import INFO, WARNING
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy.strategy_utils import sample_nodes
+from flwr.supercore import log
+
+from strategies.protocol import (
+    ARRAYS_KEY,
+    CONFIG_KEY,
+    EXAMPLES_KEY,
+    METRICS_KEY,
+    NODE_KEY,
+    REPORT_KEY,
+    ClientReport,
+    ProtocolError,
+    TrainInstructions,
+    reader,
+)
+from strategies.rounds import (
+    Failure,
+    NodeInfo,
+    RoundRecord,
+    report_row,
+    summarise,
+    weighted_average,
+    weights_mismatch,
+)
+
+NODE_UNAVAILABLE = 5
+"""Flower's ErrorCode.NODE_UNAVAILABLE: the SuperNode went away while the message was out."""
+
+NodeInstructions = Callable[[NodeInfo, int, TrainInstructions], TrainInstructions]
+"""(node, server round, the round's instructions) → this node's instructions (e.g. its own cap)."""
+
+
+def same_for_every_node(node: NodeInfo, server_round: int, base: TrainInstructions) -> TrainInstructions:
+    """The default: the round's instructions, addressed to the node (its key is echoed back)."""
+    return dataclasses.replace(base, server_round=server_round, node_key=node.key)
+
+
+class PowerAwareFedAvg(FedAvg):
+    """FedAvg whose clients each choose (batch size, GPU frequency) under their own power cap."""
+
+    def __init__(
+        self,
+        *,
+        node_instructions: NodeInstructions = same_for_every_node,
+        on_round: Callable[[RoundRecord], None] | None = None,
+        query_timeout: float = 120.0,
+        fraction_train: float = 1.0,
+        fraction_evaluate: float = 1.0,
+        min_train_nodes: int = 1,
+        min_evaluate_nodes: int = 1,
+        min_available_nodes: int = 1,
+    ) -> None:
+        super().__init__(
+            fraction_train=fraction_train,
+            fraction_evaluate=fraction_evaluate,
+            min_train_nodes=min_train_nodes,
+            min_evaluate_nodes=min_evaluate_nodes,
+            min_available_nodes=min_available_nodes,
+            arrayrecord_key=ARRAYS_KEY,
+            configrecord_key=CONFIG_KEY,
+            weighted_by_key=EXAMPLES_KEY,
+        )
+        self.node_instructions = node_instructions
+        self.on_round = on_round
+        self.query_timeout = query_timeout
+        self.nodes: dict[int, NodeInfo] = {}
+        self.rounds: dict[int, RoundRecord] = {}
+        self._sent: dict[str, list[Message]] = {}
+        self._global: ArrayRecord | None = None
+
+    # --- nodes --------------------------------------------------------------------------------
+    def _sample(self, grid: Grid, fraction: float, minimum: int) -> list[int]:
+        num = int(len(list(grid.get_node_ids())) * fraction)
+        node_ids, _ = sample_nodes(grid, self.min_available_nodes, max(num, minimum))
+        return sorted(node_ids)
+
+    def learn_nodes(self, grid: Grid, node_ids: Iterable[int]) -> None:
+        """Ask every node not met yet for its device, cap and data size (``query``)."""
+        new = [nid for nid in node_ids if nid not in self.nodes]
+        if not new:
+            return
+        queries = [Message(RecordDict({}), dst_node_id=nid, message_type=MessageType.QUERY) for nid in new]
+        replies = list(grid.send_and_receive(queries, timeout=self.query_timeout))
+        sent = {m.metadata.message_id: m.metadata.dst_node_id for m in queries}
+        for reply in replies:
+            nid = sent.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
+            if reply.has_error() or NODE_KEY not in reply.content.config_records:
+                why = reply.error.reason if reply.has_error() else "no node record"
+                log(WARNING, "query: node %s did not describe itself: %s", nid, why)
+                continue
+            self.nodes[nid] = NodeInfo.from_record(nid, reply.content.config_records[NODE_KEY])
+        for nid in new:
+            self.nodes.setdefault(nid, NodeInfo.unknown(nid))
+
+    def node(self, node_id: int) -> NodeInfo:
+        return self.nodes.get(node_id) or NodeInfo.unknown(node_id)
+
+    # --- training -----------------------------------------------------------------------------
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        if self.fraction_train == 0.0:
+            return []
+        base = TrainInstructions.from_config(
+            ConfigRecord({**dict(config), "server-round": server_round}), "strategy train config"
+        )
+        node_ids = self._sample(grid, self.fraction_train, self.min_train_nodes)
+        self.learn_nodes(grid, node_ids)
+        log(INFO, "configure_train: %d nodes", len(node_ids))
+        messages = []
+        for nid in node_ids:
+            instr = self.node_instructions(self.node(nid), server_round, base)
+            content = RecordDict({ARRAYS_KEY: arrays, CONFIG_KEY: instr.to_config()})
+            messages.append(Message(content, dst_node_id=nid, message_type=MessageType.TRAIN))
+        self._sent[MessageType.TRAIN] = messages
+        self._global = arrays
+        return messages
+
+    def _match(
+        self, kind: str, replies: Iterable[Message]
+    ) -> tuple[list[tuple[int, Message]], list[Failure]]:
+        """Pair each reply with the node it answers; failures for errors and for missing replies."""
+        sent = self._sent.pop(kind, [])
+        by_id = {m.metadata.message_id: m.metadata.dst_node_id for m in sent}
+        answered: set[int] = set()
+        ok: list[tuple[int, Message]] = []
+        failed: list[Failure] = []
+        for reply in replies:
+            nid = by_id.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
+            answered.add(nid)
+            info = self.node(nid)
+            if reply.has_error():
+                code = reply.error.code
+                kind_ = "unavailable" if code == NODE_UNAVAILABLE else "error"
+                failed.append(
+                    Failure(nid, info.key, info.device, kind_, f"{reply.error.reason} (code {code})")
+                )
+            else:
+                ok.append((nid, reply))
+        for nid in sorted(set(by_id.values()) - answered):
+            info = self.node(nid)
+            failed.append(
+                Failure(nid, info.key, info.device, "timeout", "no reply within the round's timeout")
+            )
+        return ok, failed
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        matched, failed = self._match(MessageType.TRAIN, replies)
+        sampled = len(matched) + len(failed)
+        good: list[tuple[str, ClientReport, ArrayRecord, float]] = []
+        for nid, reply in matched:
+            info = self.node(nid)
+            try:
+                report, arrays, examples = self._read_train_reply(reply)
+            except ProtocolError as exc:
+                failed.append(Failure(nid, info.key, info.device, "error", str(exc)))
+                continue
+            report.node_key = report.node_key or info.key
+            good.append((report.node_key, report, arrays, examples))
+        good.sort(key=lambda g: g[0])  # node keys, not ids: the same order (and sum) in every run
+        for f in failed:
+            log(WARNING, "round %d: %s (%s) failed: %s", server_round, f.node_key, f.kind, f.reason)
+        reports = [g[1] for g in good]
+        record = RoundRecord(
+            round=server_round,
+            clients=[report_row(r, self._info_by_key(r.node_key)) for r in reports],
+            failed=sorted(failed, key=lambda f: f.node_key),
+            summary=summarise(reports, failed, sampled),
+        )
+        self.rounds[server_round] = record
+        if self.on_round is not None:
+            self.on_round(record)
+        if not good:
+            return None, None
+        arrays = weighted_average([(g[2], g[3]) for g in good], self._global or good[0][2])
+        s = record.summary
+        metrics = MetricRecord(
+            {
+                "makespan-s": s["makespan_s"],
+                "total-energy-j": s["total_energy_j"],
+                "share-at-target": s["share_at_target"],
+                "reported": s["reported"],
+                "failed": len(s["failed"]),
+                "over-cap": len(s["over_cap"]),
+            }
+        )
+        return arrays, metrics
+
+    def _info_by_key(self, key: str) -> NodeInfo | None:
+        return next((n for n in self.nodes.values() if n.key == key), None)
+
+    def _read_train_reply(self, reply: Message) -> tuple[ClientReport, ArrayRecord, float]:
+        content = reply.content
+        if REPORT_KEY not in content.config_records:
+            raise ProtocolError(f"train reply: missing key {REPORT_KEY!r}")
+        report = ClientReport.from_config(content.config_records[REPORT_KEY])
+        if ARRAYS_KEY not in content.array_records:
+            raise ProtocolError(f"train reply: missing key {ARRAYS_KEY!r} (the weights)")
+        arrays = content.array_records[ARRAYS_KEY]
+        if self._global is not None and (why := weights_mismatch(arrays, self._global)):
+            raise ProtocolError(f"train reply: {why}")
+        if METRICS_KEY not in content.metric_records:
+            raise ProtocolError(f"train reply: missing key {METRICS_KEY!r}")
+        examples = reader(content.metric_records[METRICS_KEY], "train reply metrics").number(
+            EXAMPLES_KEY, allow_min=False
+        )
+        return report, arrays, examples
+
+    # --- evaluation ---------------------------------------------------------------------------
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        if self.fraction_evaluate == 0.0:
+            return []
+        node_ids = self._sample(grid, self.fraction_evaluate, self.min_evaluate_nodes)
+        messages = []
+        for nid in node_ids:  # one RecordDict per message: nothing shared that a node could alter
+            cfg = ConfigRecord({**dict(config), "server-round": server_round, "node-key": self.node(nid).key})
+            content = RecordDict({ARRAYS_KEY: arrays, CONFIG_KEY: cfg})
+            messages.append(Message(content, dst_node_id=nid, message_type=MessageType.EVALUATE))
+        self._sent[MessageType.EVALUATE] = messages
+        return messages
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        matched, failed = self._match(MessageType.EVALUATE, replies)
+        clients = []
+        for nid, reply in matched:
+            info = self.node(nid)
+            try:
+                r = reader(reply.content.metric_records.get(METRICS_KEY, {}), "evaluate reply metrics")
+                clients.append(
+                    {
+                        "node_key": info.key,
+                        "device": info.device,
+                        "examples": r.number(EXAMPLES_KEY, allow_min=False),
+                        "accuracy": r.number("accuracy"),
+                        "loss": r.number("loss"),
+                    }
+                )
+            except ProtocolError as exc:
+                failed.append(Failure(nid, info.key, info.device, "error", str(exc)))
+        clients.sort(key=lambda c: c["node_key"])
+        total = sum(c["examples"] for c in clients)
+        evaluation = {
+            "clients": clients,
+            "failed": [dataclasses.asdict(f) for f in sorted(failed, key=lambda f: f.node_key)],
+            "accuracy": sum(c["accuracy"] * c["examples"] for c in clients) / total if total else None,
+            "loss": sum(c["loss"] * c["examples"] for c in clients) / total if total else None,
+        }
+        record = self.rounds.get(server_round)
+        if record is not None:
+            record.evaluation = evaluation
+            if self.on_round is not None:
+                self.on_round(record)
+        if not total:
+            return None
+        return MetricRecord({"accuracy": evaluation["accuracy"], "loss": evaluation["loss"]})

@@ -1,0 +1,272 @@
+"""What travels between the power-aware strategy and its clients: message keys and their checks.
+
+The strategy writes `TrainInstructions` into each TRAIN message's ConfigRecord; the ClientApp reads it
+back with `TrainInstructions.from_config`, which names the key and the value of anything missing or
+wrong. The client's reply carries a `ClientReport` (a ConfigRecord, so strings and absent values
+survive) next to the weights and a MetricRecord with the examples FedAvg weighs by.
+Both sides import this one module, so a key can never be spelled two ways.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from flwr.app import ConfigRecord
+
+from powerctl.errors import PowerctlError
+from powerctl.relation import RelationVector
+
+ARRAYS_KEY = "arrays"
+CONFIG_KEY = "config"
+METRICS_KEY = "metrics"
+REPORT_KEY = "report"
+NODE_KEY = "node"
+EXAMPLES_KEY = "num-examples"
+"""The MetricRecord key the weights are averaged by (FedAvg's default `weighted_by_key`)."""
+
+LR_RULES = ("sqrt", "linear", "constant")
+PROFILE_ORDERS = ("efficient", "grid")
+
+
+class ProtocolError(PowerctlError):
+    """A message lacks a key or holds a value that cannot be used; the text names both."""
+
+
+class _Reader:
+    """Typed access to a ConfigRecord (or any mapping); every failure names the key and the value."""
+
+    def __init__(self, record: Any, where: str) -> None:
+        self.record, self.where = record, where
+
+    def fail(self, key: str, why: str) -> ProtocolError:
+        return ProtocolError(f"{self.where}: {key!r} {why}")
+
+    def get(self, key: str) -> Any:
+        if key not in self.record:
+            raise ProtocolError(f"{self.where}: missing key {key!r}")
+        return self.record[key]
+
+    def string(self, key: str) -> str:
+        v = self.get(key)
+        if not isinstance(v, str) or not v:
+            raise self.fail(key, f"must be a non-empty string, got {v!r}")
+        return v
+
+    def number(self, key: str, *, minimum: float = 0.0, allow_min: bool = True) -> float:
+        v = self.get(key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise self.fail(key, f"must be a finite number, got {v!r}")
+        if v < minimum or (v == minimum and not allow_min):
+            op = "≥" if allow_min else ">"
+            raise self.fail(key, f"must be {op} {minimum:g}, got {v!r}")
+        return float(v)
+
+    def integer(self, key: str, *, minimum: int = 1) -> int:
+        v = self.get(key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+            raise self.fail(key, f"must be an integer ≥ {minimum}, got {v!r}")
+        return int(v)
+
+    def choice(self, key: str, allowed: tuple[str, ...]) -> str:
+        v = self.string(key)
+        if v not in allowed:
+            raise self.fail(key, f"must be one of {', '.join(allowed)}, got {v!r}")
+        return v
+
+    def int_list(self, key: str) -> list[int]:
+        v = self.get(key)
+        if not isinstance(v, list) or not v or any(isinstance(b, bool) or not isinstance(b, int) for b in v):
+            raise self.fail(key, f"must be a non-empty list of integers, got {v!r}")
+        return [int(b) for b in v]
+
+    def float_list(self, key: str) -> list[float]:
+        v = self.get(key)
+        if not isinstance(v, list) or not v:
+            raise self.fail(key, f"must be a non-empty list of numbers, got {v!r}")
+        out = []
+        for x in v:
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x <= 0:
+                raise self.fail(key, f"must hold positive finite numbers, got {x!r}")
+            out.append(float(x))
+        return out
+
+    def json_object(self, key: str) -> dict[str, Any]:
+        v = self.string(key)
+        try:
+            obj = json.loads(v)
+        except ValueError:
+            raise self.fail(key, f"must be a JSON object, got {v!r}") from None
+        if not isinstance(obj, dict):
+            raise self.fail(key, f"must be a JSON object, got {v!r}")
+        return obj
+
+
+def reader(record: Any, where: str) -> _Reader:
+    """A checked view of `record` whose errors start with `where`."""
+    return _Reader(record, where)
+
+
+@dataclass(frozen=True)
+class TrainInstructions:
+    """Everything a client needs for one round besides the weights: the method's inputs and the budget."""
+
+    model: str
+    num_classes: int
+    model_overrides: dict[str, Any]
+    target_accuracy: float
+    relation_batch_sizes: list[int]
+    relation_samples: list[float]
+    """Samples to the target per batch size on the proxy data (the relation is these over the last)."""
+    lr_max: float
+    lr_rule: str = "sqrt"
+    """How the rate scales from the largest batch size: sqrt (Adam, the paper), linear, constant."""
+    budget_samples: int = 0
+    """Stop after this many training samples this round (0: no sample budget)."""
+    budget_device_seconds: float = 0.0
+    """Stop after this many device seconds of training this round (0: no time budget)."""
+    eval_every_samples: int = 128
+    eval_max_samples: int = 512
+    profile_order: str = "efficient"
+    profile_samples: int = 4000
+    profile_warmup: int = 1
+    profile_steps: int = 2
+    seed: int = 0
+    server_round: int = 1
+    node_key: str = ""
+    """Which node this message was built for (partition or node name), echoed in the report."""
+    power_cap_w: float | None = None
+    """A cap the server sets for this node this round; None: the node's own (node config) cap."""
+    proxy_dataset: str = ""
+
+    def relation(self) -> RelationVector:
+        return RelationVector.from_samples(
+            self.model,
+            self.proxy_dataset or "proxy",
+            self.target_accuracy,
+            dict(zip(self.relation_batch_sizes, self.relation_samples, strict=True)),
+        )
+
+    def lr_for(self, batch_size: int) -> float:
+        largest = max(self.relation_batch_sizes)
+        if self.lr_rule == "sqrt":
+            return self.lr_max * math.sqrt(batch_size / largest)
+        if self.lr_rule == "linear":
+            return self.lr_max * batch_size / largest
+        return self.lr_max
+
+    def to_config(self) -> ConfigRecord:
+        d = asdict(self)
+        d["model_overrides"] = json.dumps(self.model_overrides, sort_keys=True)
+        if self.power_cap_w is None:
+            del d["power_cap_w"]
+        return ConfigRecord({k.replace("_", "-"): v for k, v in d.items()})
+
+    @classmethod
+    def from_config(cls, record: Any, where: str = "train message config") -> TrainInstructions:
+        r = reader(record, where)
+        bs = r.int_list("relation-batch-sizes")
+        samples = r.float_list("relation-samples")
+        if len(bs) != len(samples):
+            raise r.fail("relation-samples", f"has {len(samples)} entries for {len(bs)} batch sizes")
+        if sorted(set(bs)) != bs or bs[0] < 1:
+            raise r.fail("relation-batch-sizes", f"must be distinct positive integers, ascending; got {bs}")
+        target = r.number("target-accuracy", allow_min=False)
+        if target > 1:
+            raise r.fail("target-accuracy", f"must be in (0, 1], got {target}")
+        cap = None
+        if "power-cap-w" in record:
+            cap = r.number("power-cap-w", allow_min=False)
+        return cls(
+            model=r.string("model"),
+            num_classes=r.integer("num-classes"),
+            model_overrides=r.json_object("model-overrides"),
+            target_accuracy=target,
+            relation_batch_sizes=bs,
+            relation_samples=samples,
+            lr_max=r.number("lr-max", allow_min=False),
+            lr_rule=r.choice("lr-rule", LR_RULES),
+            budget_samples=r.integer("budget-samples", minimum=0),
+            budget_device_seconds=r.number("budget-device-seconds"),
+            eval_every_samples=r.integer("eval-every-samples"),
+            eval_max_samples=r.integer("eval-max-samples"),
+            profile_order=r.choice("profile-order", PROFILE_ORDERS),
+            profile_samples=r.integer("profile-samples"),
+            profile_warmup=r.integer("profile-warmup", minimum=0),
+            profile_steps=r.integer("profile-steps"),
+            seed=r.integer("seed", minimum=0),
+            server_round=r.integer("server-round"),
+            node_key=str(record.get("node-key", "")),
+            power_cap_w=cap,
+            proxy_dataset=str(record.get("proxy-dataset", "")),
+        )
+
+
+@dataclass
+class ClientReport:
+    """What a client reports after a round of training (DESIGN §2); None = not measured / no cap."""
+
+    device: str
+    power_cap_w: float | None
+    batch_size: int
+    frequency_hz: int
+    device_seconds: float
+    energy_j: float | None
+    peak_power_w: float | None
+    samples: int
+    accuracy: float
+    reached_target: bool
+    profiling_seconds: float
+    board: str = ""
+    node_key: str = ""
+    predicted_seconds: float = 0.0
+    profile_cached: bool = False
+    lr: float = 0.0
+    stop_reason: str = ""
+    train_examples: int = 0
+    wall_seconds: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_config(self) -> ConfigRecord:
+        d = asdict(self)
+        d["extra"] = json.dumps(self.extra, sort_keys=True)
+        return ConfigRecord({k: v for k, v in d.items() if v is not None})
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_config(cls, record: Any, where: str = "train reply report") -> ClientReport:
+        r = reader(record, where)
+
+        def optional(key: str) -> float | None:
+            return r.number(key) if key in record else None
+
+        reached = r.get("reached_target")
+        if not isinstance(reached, bool):
+            raise r.fail("reached_target", f"must be true or false, got {reached!r}")
+        extra = r.json_object("extra") if "extra" in record else {}
+        return cls(
+            device=r.string("device"),
+            power_cap_w=optional("power_cap_w"),
+            batch_size=r.integer("batch_size"),
+            frequency_hz=r.integer("frequency_hz", minimum=0),
+            device_seconds=r.number("device_seconds"),
+            energy_j=optional("energy_j"),
+            peak_power_w=optional("peak_power_w"),
+            samples=r.integer("samples", minimum=0),
+            accuracy=r.number("accuracy"),
+            reached_target=reached,
+            profiling_seconds=r.number("profiling_seconds"),
+            board=str(record.get("board", "")),
+            node_key=str(record.get("node_key", "")),
+            predicted_seconds=optional("predicted_seconds") or 0.0,
+            profile_cached=record.get("profile_cached") is True,
+            lr=optional("lr") or 0.0,
+            stop_reason=str(record.get("stop_reason", "")),
+            train_examples=r.integer("train_examples", minimum=0) if "train_examples" in record else 0,
+            wall_seconds=optional("wall_seconds") or 0.0,
+            extra=extra,
+        )

@@ -1,0 +1,155 @@
+"""What one round produced: every client's report, who failed and why, and the round's summary.
+
+Pure data and arithmetic, no Flower calls, so the strategy, the ServerApp's results file and the fleet
+runner all read the same record.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord
+
+from strategies.protocol import ClientReport
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """A node as it described itself in reply to ``query`` (node ids change every run; keys do not)."""
+
+    node_id: int
+    key: str
+    device: str
+    power_cap_w: float | None = None
+    partition_id: int | None = None
+    data: str = ""
+    train_examples: int = 0
+    test_examples: int = 0
+
+    @classmethod
+    def from_record(cls, node_id: int, record: Any) -> NodeInfo:
+        def opt(key: str) -> Any:
+            return record.get(key)
+
+        return cls(
+            node_id=node_id,
+            key=str(record.get("node-key") or f"node-{node_id}"),
+            device=str(record.get("device", "?")),
+            power_cap_w=opt("power-cap-w"),
+            partition_id=opt("partition-id"),
+            data=str(record.get("data", "")),
+            train_examples=int(record.get("train-examples", 0)),
+            test_examples=int(record.get("test-examples", 0)),
+        )
+
+    @classmethod
+    def unknown(cls, node_id: int) -> NodeInfo:
+        return cls(node_id=node_id, key=f"node-{node_id}", device="?")
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A node that was sent work this round and returned none: an error, or no reply in time."""
+
+    node_id: int
+    node_key: str
+    device: str
+    kind: str
+    """"error" (the ClientApp replied an error or an unusable reply), "unavailable" (its SuperNode
+    died: Flower error 5), or "timeout" (no reply within the round's timeout)."""
+    reason: str
+
+
+@dataclass
+class RoundRecord:
+    """One round: the reports of the clients that trained, the failures, the summary, the evaluation."""
+
+    round: int
+    clients: list[dict[str, Any]]
+    failed: list[Failure]
+    summary: dict[str, Any]
+    evaluation: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        if self.evaluation is None:
+            del d["evaluation"]
+        return d
+
+
+def summarise(reports: list[ClientReport], failed: list[Failure], sampled: int) -> dict[str, Any]:
+    """The round's summary: makespan, energy, share at target, cap violations, failures by name.
+
+    The makespan is the slowest client's device time including what it spent profiling this round (a
+    synchronous round waits for it). Energy is summed over clients with a sensor; `energy_complete`
+    says whether every client had one. A failed client counts as not at target.
+    """
+    makespan = max((r.device_seconds + r.profiling_seconds for r in reports), default=0.0)
+    energies = [r.energy_j for r in reports if r.energy_j is not None]
+    over_cap = [
+        {"node": r.node_key, "peak_power_w": r.peak_power_w, "power_cap_w": r.power_cap_w}
+        for r in reports
+        if r.power_cap_w is not None and r.peak_power_w is not None and r.peak_power_w > r.power_cap_w
+    ]
+    examples = sum(r.train_examples for r in reports)
+    return {
+        "sampled": sampled,
+        "reported": len(reports),
+        "failed": [f"{f.node_key} ({f.kind}): {f.reason}" for f in failed],
+        "makespan_s": makespan,
+        "slowest": max(reports, key=lambda r: r.device_seconds + r.profiling_seconds).node_key
+        if reports
+        else None,
+        "total_energy_j": float(sum(energies)),
+        "energy_complete": len(energies) == len(reports),
+        "share_at_target": sum(r.reached_target for r in reports) / sampled if sampled else 0.0,
+        "over_cap": over_cap,
+        "accuracy": (sum(r.accuracy * r.train_examples for r in reports) / examples) if examples else None,
+        "profiling_s": float(sum(r.profiling_seconds for r in reports)),
+    }
+
+
+def weights_mismatch(arrays: ArrayRecord, like: ArrayRecord) -> str | None:
+    """Why `arrays` cannot be averaged with the global weights `like`, or None when it can."""
+    if set(arrays.keys()) != set(like.keys()):
+        missing = sorted(set(like.keys()) - set(arrays.keys()))
+        extra = sorted(set(arrays.keys()) - set(like.keys()))
+        return f"weights do not match the global model (missing {missing[:3]}, unexpected {extra[:3]})"
+    for key, ref in like.items():
+        if tuple(arrays[key].shape) != tuple(ref.shape):
+            shape = tuple(arrays[key].shape)
+            return (
+                f"weights do not match the global model ({key!r} has shape {shape}, not {tuple(ref.shape)})"
+            )
+        if not np.all(np.isfinite(arrays[key].numpy())):
+            return f"weights hold NaN or infinity ({key!r})"
+    return None
+
+
+def weighted_average(items: list[tuple[ArrayRecord, float]], like: ArrayRecord) -> ArrayRecord:
+    """FedAvg: Σ w_i · x_i / Σ w_i per array, in float64, cast back to each array's own dtype.
+
+    Integer buffers (BatchNorm's `num_batches_tracked`) stay integers, rounded; Flower's own
+    aggregation would turn them into floats. `items` are averaged in the order given: callers sort
+    them (by node key) so the sum, and so the result, is the same in every run.
+    """
+    total = float(sum(w for _, w in items))
+    out: dict[str, Array] = {}
+    for key, ref in like.items():
+        acc = sum(rec[key].numpy().astype(np.float64) * (w / total) for rec, w in items)
+        dtype = ref.numpy().dtype
+        if np.issubdtype(dtype, np.integer):
+            acc = np.rint(acc)
+        out[key] = Array(np.asarray(acc, dtype=dtype))
+    return ArrayRecord(out)
+
+
+def report_row(report: ClientReport, info: NodeInfo | None) -> dict[str, Any]:
+    """A client's entry in the results file: its report plus what the server knows of the node."""
+    row = report.to_dict()
+    row["node_key"] = report.node_key or (info.key if info else "")
+    if info is not None:
+        row["partition_id"] = info.partition_id
+    return row
