@@ -20,6 +20,7 @@ from flwr.clientapp import ClientApp
 from fl_client.local_data import data_plan, load_local_data
 from fl_client.node import NodeSettings, resolve_node
 from fl_client.work import build_local_model, evaluate_local, model_seq_len, train_round
+from powerctl.devices import open_device
 from powerctl.errors import PowerctlError
 from strategies.protocol import (
     ARRAYS_KEY,
@@ -64,7 +65,8 @@ def _device_seed(settings: NodeSettings, server_seed: int) -> int:
 
 
 def _node_record(settings: NodeSettings, context: Context) -> ConfigRecord:
-    info: dict = {"node-key": settings.key, "device": settings.device}
+    with open_device(settings.device) as dev:  # an unknown or absent device fails here, before any data
+        info: dict = {"node-key": settings.key, "device": settings.device, "board": dev.board}
     if settings.power_cap_w is not None:
         info["power-cap-w"] = settings.power_cap_w
     if settings.partition_id is not None:

@@ -8,6 +8,7 @@ process, orphaned app processes), and end each process group: SIGTERM, then SIGK
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -87,22 +88,16 @@ def stop_tree(pid: int, grace_s: float = 5.0) -> list[int]:
     tree = [pid, *descendants(pid)]
     groups = set()
     for p in tree:
-        try:
+        with contextlib.suppress(OSError):
             groups.add(os.getpgid(p))
-        except OSError:
-            pass
     own = os.getpgrp()
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for g in groups - {own}:
-            try:
+            with contextlib.suppress(OSError):
                 os.killpg(g, sig)
-            except OSError:
-                pass
         for p in tree:
-            try:
+            with contextlib.suppress(OSError):
                 os.kill(p, sig)
-            except OSError:
-                pass
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline and any(_alive(p) for p in tree):
             time.sleep(0.1)

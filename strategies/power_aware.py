@@ -249,6 +249,8 @@ class PowerAwareFedAvg(FedAvg):
         return messages
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        if not self._sent.get(MessageType.EVALUATE):
+            return None  # no evaluation this round (fraction_evaluate = 0)
         matched, failed = self._match(MessageType.EVALUATE, replies)
         clients = []
         for nid, reply in matched:

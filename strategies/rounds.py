@@ -22,6 +22,7 @@ class NodeInfo:
     node_id: int
     key: str
     device: str
+    board: str = ""
     power_cap_w: float | None = None
     partition_id: int | None = None
     data: str = ""
@@ -37,6 +38,7 @@ class NodeInfo:
             node_id=node_id,
             key=str(record.get("node-key") or f"node-{node_id}"),
             device=str(record.get("device", "?")),
+            board=str(record.get("board", "")),
             power_cap_w=opt("power-cap-w"),
             partition_id=opt("partition-id"),
             data=str(record.get("data", "")),

@@ -1,0 +1,234 @@
+"""The client side of the Flower app: node settings, fleet mapping, profile cache, one round on a device."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from fl_client import work
+from fl_client.local_data import data_plan, load_local_data
+from fl_client.node import NodeConfigError, fleet_entry, load_fleet, parse_fleet_table, resolve_node
+from fl_client.profile_cache import ProfileKey, cached_profile
+from fl_client.work import ClientWorkError, train_round
+from powerctl.errors import DeviceError, InfeasibleCapError
+from powerctl.profile_table import Profile, ProfilePoint
+from tests.fake_boards import NANO_DEVFREQ, make_nano_tree, tree_snapshot
+from tests.fl_helpers import FLEET, RUN_CONFIG, initial_state, instructions
+
+# --- node settings and the fleet table ---------------------------------------------------------
+
+
+def test_partition_ids_map_onto_the_fleet_table_cyclically() -> None:
+    fleet = parse_fleet_table(FLEET)
+    assert [e.label() for e in fleet] == ["sim:jetson-nano@3", "sim:jetson-tx2nx@4.5", "sim:jetson-nano@none"]
+    assert [fleet_entry(fleet, i).device for i in range(5)] == [
+        "sim:jetson-nano",
+        "sim:jetson-tx2nx",
+        "sim:jetson-nano",
+        "sim:jetson-nano",
+        "sim:jetson-tx2nx",
+    ]
+    s = resolve_node({"partition-id": 4, "num-partitions": 6}, RUN_CONFIG)
+    assert (s.device, s.power_cap_w, s.key, s.data) == ("sim:jetson-tx2nx", 4.5, "partition-4", None)
+
+
+def test_node_config_wins_over_the_fleet_and_names_the_node() -> None:
+    cfg = {"device": "sim:jetson-tx2nx", "power-cap-w": 6, "data": "text:/x.txt", "name": "tx2-lab"}
+    s = resolve_node(cfg, RUN_CONFIG)
+    assert (s.device, s.power_cap_w, s.data, s.key) == ("sim:jetson-tx2nx", 6.0, "text:/x.txt", "tx2-lab")
+    uncapped = resolve_node({"device": "jetson", "data": "npz:/d.npz"}, {})
+    assert uncapped.power_cap_w is None and uncapped.key.startswith("jetson@")
+
+
+@pytest.mark.parametrize(
+    ("node_config", "run_config", "fragment"),
+    [
+        ({"device": "sim:jetson-nano", "power-cap-w": -3, "partition-id": 0}, {}, "power-cap-w"),
+        ({"device": "sim:jetson-nano", "power-cap-w": "abc", "partition-id": 0}, {}, "'abc'"),
+        ({"device": "sim:jetson-nano", "power-cap-w": float("nan"), "partition-id": 0}, {}, "nan"),
+        ({"device": "", "partition-id": 0}, {}, "'device'"),
+        ({"partition-id": 0}, {}, "no 'device'"),
+        ({"device": "sim:jetson-nano"}, {}, "no 'data'"),
+        ({"partition-id": 3, "num-partitions": 2}, RUN_CONFIG, "partition-id"),
+        ({"partition-id": 0}, {"fleet": "sim:jetson-nano@cheap"}, "'cheap'"),
+        ({"partition-id": 0}, {"fleet": " , "}, "empty"),
+        ({"partition-id": 0}, {"fleet": "/nonexistent/fleet.yaml"}, "no such fleet file"),
+    ],
+)
+def test_bad_node_settings_are_one_line_naming_key_and_value(
+    node_config: dict, run_config: dict, fragment: str
+) -> None:
+    with pytest.raises(NodeConfigError) as err:
+        resolve_node(node_config, run_config)
+    assert fragment in str(err.value) and "\n" not in str(err.value)
+
+
+def test_fleet_yaml_expands_counts_and_refuses_unknown_keys(tmp_path: Path) -> None:
+    good = tmp_path / "fleet.yaml"
+    good.write_text(
+        "boards:\n  - {device: sim:jetson-nano, power-cap-w: 3.5, count: 2}\n  - {device: sim:jetson-tx2nx}\n"
+    )
+    assert [e.label() for e in load_fleet(str(good))] == [
+        "sim:jetson-nano@3.5",
+        "sim:jetson-nano@3.5",
+        "sim:jetson-tx2nx@none",
+    ]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("boards:\n  - {device: sim:jetson-nano, cap: 3}\n")
+    with pytest.raises(NodeConfigError, match=r"boards\[0\]: unknown key 'cap'"):
+        load_fleet(str(bad))
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("boards: [unclosed\n")
+    with pytest.raises(NodeConfigError, match="not valid YAML"):
+        load_fleet(str(broken))
+
+
+def test_partitions_are_disjoint_shares_of_the_run_data() -> None:
+    run = dict(RUN_CONFIG)
+    parts = [
+        load_local_data(data_plan(resolve_node({"partition-id": i, "num-partitions": 3}, run), run, 64))
+        for i in range(3)
+    ]
+    sizes = [len(tr) + len(te) for tr, te in parts]
+    assert sum(sizes) == 5000 and max(sizes) - min(sizes) <= 1
+    first = {tuple(x.flatten()[:8].tolist()) for x in parts[0][0].x[:50]}
+    second = {tuple(x.flatten()[:8].tolist()) for x in parts[1][0].x[:50]}
+    assert not first & second
+
+
+# --- profile cache -----------------------------------------------------------------------------
+
+
+def _key(**changes: object) -> ProfileKey:
+    base = dict(
+        device_kind="SimulatedBoard/jetson-nano",
+        model="cnn-tiny",
+        overrides="{}",
+        num_classes=10,
+        input_shape=(3, 32, 32),
+        batch_sizes=(8, 16),
+        order="grid",
+        power_cap_w=None,
+        samples=512,
+        warmup_steps=0,
+        measure_steps=1,
+    )
+    base.update(changes)
+    return ProfileKey(**base)  # type: ignore[arg-type]
+
+
+def _profile(peak: float = 2.5) -> Profile:
+    point = ProfilePoint(8, 76800000, peak, peak, 0.1, 6.4)
+    return Profile("jetson-nano", "cnn-tiny", [3, 32, 32], 512, [point], profiling_seconds=1.0)
+
+
+def test_profile_cache_reuses_a_good_entry_and_reprofiles_a_corrupt_or_mismatched_one(tmp_path: Path) -> None:
+    calls: list[float] = []
+
+    def measure(peak: float) -> Profile:
+        calls.append(peak)
+        return _profile(peak)
+
+    p, cached = cached_profile(_key(), lambda: measure(2.5), tmp_path)
+    assert not cached and calls == [2.5]
+    p2, cached = cached_profile(_key(), lambda: measure(9.9), tmp_path)
+    assert cached and p2.points == p.points and calls == [2.5]
+
+    entry = next(tmp_path.glob("profile-*.json"))
+    entry.write_text(entry.read_text()[:-40])  # truncated: not trusted
+    _, cached = cached_profile(_key(), lambda: measure(2.6), tmp_path)
+    assert not cached and calls[-1] == 2.6
+
+    data = json.loads(entry.read_text())
+    data["model"] = "resnet18"  # valid file, wrong content for this key: not trusted
+    entry.write_text(json.dumps(data))
+    p4, cached = cached_profile(_key(), lambda: measure(2.7), tmp_path)
+    assert not cached and p4.points[0].peak_power_w == 2.7
+
+    _, cached = cached_profile(_key(batch_sizes=(8, 16, 32)), lambda: measure(2.8), tmp_path)
+    assert not cached  # another key: another entry
+
+
+# --- one round on a device ---------------------------------------------------------------------
+
+
+def _data(partition: int = 0) -> tuple:
+    s = resolve_node({"partition-id": partition, "num-partitions": 3}, RUN_CONFIG)
+    return s, load_local_data(data_plan(s, RUN_CONFIG, 64))
+
+
+def test_a_round_on_a_simulated_board_selects_under_its_cap_and_reports(tmp_path: Path) -> None:
+    settings, data = _data(0)  # sim:jetson-nano at 3 W
+    state, report = train_round(settings, instructions(), initial_state(), data, device_seed=1)
+    assert report.device == "sim:jetson-nano" and report.power_cap_w == 3.0
+    assert report.batch_size in (8, 16) and report.frequency_hz > 0
+    assert report.peak_power_w is not None and report.peak_power_w <= 3.0
+    assert report.samples == 64 and report.stop_reason == "max_samples" and not report.reached_target
+    assert report.profiling_seconds > 0 and not report.profile_cached
+    assert report.energy_j and report.energy_j > 0 and report.device_seconds > 0
+    assert set(state) == set(initial_state()) and not torch.equal(
+        state["fc.weight"], initial_state()["fc.weight"]
+    )
+    _, again = train_round(settings, instructions(), initial_state(), data, device_seed=1)
+    assert again.profile_cached and again.profiling_seconds == 0.0
+    assert (again.batch_size, again.frequency_hz) == (report.batch_size, report.frequency_hz)
+
+
+def test_a_server_cap_for_this_round_overrides_the_node_cap() -> None:
+    settings, data = _data(2)  # the uncapped Nano
+    _, free = train_round(settings, instructions(), initial_state(), data)
+    _, capped = train_round(settings, instructions(power_cap_w=2.3), initial_state(), data)
+    assert free.power_cap_w is None and capped.power_cap_w == 2.3
+    assert capped.peak_power_w is not None and capped.peak_power_w <= 2.3
+    assert capped.frequency_hz < free.frequency_hz
+
+
+def test_an_infeasible_cap_and_too_little_data_are_clear_errors() -> None:
+    settings, data = _data(0)
+    with pytest.raises(InfeasibleCapError, match=r"stays under 0\.50 W"):
+        train_round(settings, instructions(power_cap_w=0.5), initial_state(), data)
+    big = instructions(relation_batch_sizes=[4096, 8192], relation_samples=[1.0, 2.0])
+    with pytest.raises(ClientWorkError, match="fewer than the smallest batch size 4096"):
+        train_round(settings, big, initial_state(), data)
+
+
+def test_host_has_no_knob_and_is_refused_with_one_line() -> None:
+    settings, data = _data(0)
+    host = type(settings)("host", None, None, 0, 3, "partition-0")
+    with pytest.raises(DeviceError, match="no GPU frequency knob"):
+        train_round(host, instructions(), initial_state(), data)
+
+
+@pytest.mark.parametrize("fail_in_training", [False, True])
+def test_a_round_on_a_jetson_leaves_the_board_exactly_as_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fail_in_training: bool
+) -> None:
+    root = make_nano_tree(tmp_path / "nano")
+    monkeypatch.setenv("POWERCTL_SYSFS_ROOT", str(root))
+    before = tree_snapshot(root)
+    settings = resolve_node(
+        {"device": "jetson", "power-cap-w": 10.0, "partition-id": 0, "num-partitions": 3}, RUN_CONFIG
+    )
+    _, data = _data(0)
+    pinned_during: list[str] = []
+    real_fine_tune = work.fine_tune
+
+    def spy(*args: object, **kwargs: object) -> object:
+        pinned_during.append((root / NANO_DEVFREQ / "min_freq").read_text().strip())
+        if fail_in_training:
+            raise KeyboardInterrupt  # Ctrl-C in the middle of fine-tuning
+        return real_fine_tune(*args, **kwargs)
+
+    monkeypatch.setattr(work, "fine_tune", spy)
+    instr = instructions(relation_batch_sizes=[8], relation_samples=[300.0], budget_samples=16)
+    if fail_in_training:
+        with pytest.raises(KeyboardInterrupt):
+            train_round(settings, instr, initial_state(), data)
+    else:
+        _, report = train_round(settings, instr, initial_state(), data)
+        assert report.board == "jetson-nano" and report.frequency_hz == int(pinned_during[0])
+    assert pinned_during and pinned_during[0] != before[f"{NANO_DEVFREQ}/min_freq"].decode().strip()
+    assert tree_snapshot(root) == before

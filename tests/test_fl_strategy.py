@@ -1,0 +1,218 @@
+"""The power-aware strategy driving the real ClientApp through an in-process grid (no Ray, no network)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+
+from fl_client.app import app as client_app
+from strategies.power_aware import PowerAwareFedAvg
+from strategies.protocol import ProtocolError, TrainInstructions
+from strategies.rounds import weighted_average
+from tests.fake_grid import FakeGrid, set_task_identity
+from tests.fl_helpers import RUN_CONFIG, initial_state, instructions
+
+
+def _nodes(n: int) -> dict[int, dict]:
+    # node ids deliberately NOT in partition order: per-node values must follow partitions, not ids
+    ids = [9001, 17, 4242, 555, 88][:n]
+    return {nid: {"partition-id": i, "num-partitions": n} for i, nid in enumerate(ids)}
+
+
+def _run(grid: FakeGrid, strategy: PowerAwareFedAvg, rounds: int = 1, instr: TrainInstructions | None = None):
+    instr = instr or instructions()
+    eval_cfg = ConfigRecord({"model": "cnn-tiny", "num-classes": 10, "model-overrides": "{}"})
+    return strategy.start(
+        grid=grid,
+        initial_arrays=ArrayRecord.from_torch_state_dict(initial_state()),
+        num_rounds=rounds,
+        timeout=60,
+        train_config=instr.to_config(),
+        evaluate_config=eval_cfg,
+    )
+
+
+def test_each_node_gets_its_own_message_and_every_report_is_kept() -> None:
+    replies: dict[str, ArrayRecord] = {}
+    grid = FakeGrid(client_app, _nodes(3), RUN_CONFIG)
+    strategy = PowerAwareFedAvg()
+    original = strategy._read_train_reply
+
+    def keep(reply: Message):  # the weights each client sent back, to check the average
+        report, arrays, examples = original(reply)
+        replies[report.node_key] = (arrays, examples)
+        return report, arrays, examples
+
+    strategy._read_train_reply = keep  # type: ignore[method-assign]
+    result = _run(grid, strategy)
+
+    train_msgs = [m for m in grid.sent if m.metadata.message_type == MessageType.TRAIN]
+    assert len(train_msgs) == 3
+    assert len({id(m.content) for m in train_msgs}) == 3  # no shared RecordDict
+    keys = {m.metadata.dst_node_id: m.content.config_records["config"]["node-key"] for m in train_msgs}
+    assert keys == {9001: "partition-0", 17: "partition-1", 4242: "partition-2"}
+
+    record = strategy.rounds[1]
+    by_key = {c["node_key"]: c for c in record.clients}
+    assert [(by_key[k]["device"], by_key[k]["power_cap_w"]) for k in sorted(by_key)] == [
+        ("sim:jetson-nano", 3.0),
+        ("sim:jetson-tx2nx", 4.5),
+        ("sim:jetson-nano", None),
+    ]
+    for c in record.clients:
+        assert c["power_cap_w"] is None or c["peak_power_w"] <= c["power_cap_w"]
+        assert {"device", "batch_size", "frequency_hz", "energy_j", "samples", "reached_target"} <= set(c)
+    s = record.summary
+    assert s["reported"] == 3 and s["failed"] == [] and s["over_cap"] == []
+    assert s["makespan_s"] == pytest.approx(
+        max(c["device_seconds"] + c["profiling_seconds"] for c in record.clients)
+    )
+    assert s["total_energy_j"] == pytest.approx(sum(c["energy_j"] for c in record.clients))
+    assert record.evaluation is not None and len(record.evaluation["clients"]) == 3
+
+    expected = weighted_average(
+        [replies[k] for k in sorted(replies)], ArrayRecord.from_torch_state_dict(initial_state())
+    )
+    for name, arr in result.arrays.items():
+        np.testing.assert_allclose(arr.numpy(), expected[name].numpy())
+        assert arr.numpy().dtype == initial_state()[name].numpy().dtype
+
+
+def test_node_instructions_set_per_node_values_by_partition() -> None:
+    caps = {"partition-0": 2.4, "partition-1": 3.2}
+
+    def own_cap(node, server_round, base):
+        return dataclasses.replace(
+            base, server_round=server_round, node_key=node.key, power_cap_w=caps[node.key]
+        )
+
+    grid = FakeGrid(client_app, _nodes(2), RUN_CONFIG)
+    strategy = PowerAwareFedAvg(node_instructions=own_cap, fraction_evaluate=0.0)
+    _run(grid, strategy)
+    got = {c["node_key"]: c["power_cap_w"] for c in strategy.rounds[1].clients}
+    assert got == caps
+    for c in strategy.rounds[1].clients:
+        assert c["peak_power_w"] <= c["power_cap_w"]
+
+
+def test_failed_clients_are_named_and_never_stop_the_round() -> None:
+    nodes = _nodes(5)
+    ids = list(nodes)
+    behaviour = {ids[1]: "raise", ids[2]: "dead", ids[3]: "silent", ids[4]: "garbage"}
+    grid = FakeGrid(client_app, nodes, RUN_CONFIG, behaviour)
+    seen: list[int] = []
+    strategy = PowerAwareFedAvg(on_round=lambda r: seen.append(r.round), fraction_evaluate=0.0)
+    result = _run(grid, strategy)
+    record = strategy.rounds[1]
+    assert [c["node_key"] for c in record.clients] == ["partition-0"]
+    failed = {f.node_key: f.kind for f in record.failed}
+    assert failed == {
+        "partition-1": "error",
+        "partition-2": "unavailable",  # came from the SuperLink's id: mapped back by message id
+        "partition-3": "timeout",
+        "partition-4": "error",
+    }
+    assert "boom" in next(f.reason for f in record.failed if f.node_key == "partition-1")
+    assert "missing key 'report'" in next(f.reason for f in record.failed if f.node_key == "partition-4")
+    assert record.summary["sampled"] == 5 and record.summary["share_at_target"] == 0.0
+    assert len(record.summary["failed"]) == 4 and seen == [1]
+    assert result.arrays is not None  # the one good client's weights
+
+
+def test_a_node_that_never_described_itself_is_named_by_its_node_id() -> None:
+    nodes = _nodes(2)
+    silent = list(nodes)[1]
+    grid = FakeGrid(client_app, nodes, RUN_CONFIG, {silent: "query-silent"})
+    strategy = PowerAwareFedAvg(fraction_evaluate=0.0)
+    _run(grid, strategy)
+    assert [(f.node_key, f.kind) for f in strategy.rounds[1].failed] == [(f"node-{silent}", "timeout")]
+
+
+def test_a_round_where_every_client_fails_keeps_the_old_weights() -> None:
+    nodes = _nodes(2)
+    grid = FakeGrid(client_app, nodes, RUN_CONFIG, {nid: "dead" for nid in nodes})
+    strategy = PowerAwareFedAvg(fraction_evaluate=0.0)
+    result = _run(grid, strategy)
+    assert strategy.rounds[1].clients == [] and len(strategy.rounds[1].failed) == 2
+    for name, arr in result.arrays.items():
+        np.testing.assert_array_equal(arr.numpy(), initial_state()[name].numpy())
+
+
+@pytest.mark.parametrize(
+    ("node_config", "fragment"),
+    [
+        ({"device": "sim:jetson-orin", "partition-id": 0, "num-partitions": 1}, "'jetson-orin'"),
+        ({"device": "sim:jetson-nano", "power-cap-w": -2.0, "partition-id": 0}, "-2.0"),
+        ({"device": "sim:jetson-nano", "power-cap-w": "lots", "partition-id": 0}, "'lots'"),
+        ({"device": "sim:jetson-nano", "data": "npz:/no/such/file.npz"}, "/no/such/file.npz"),
+    ],
+)
+def test_bad_node_config_is_an_error_reply_naming_it_and_the_round_goes_on(
+    node_config: dict, fragment: str
+) -> None:
+    nodes = {5: node_config, 6: {"partition-id": 1, "num-partitions": 2}}
+    grid = FakeGrid(client_app, nodes, RUN_CONFIG)
+    strategy = PowerAwareFedAvg(fraction_evaluate=0.0)
+    _run(grid, strategy)
+    record = strategy.rounds[1]
+    assert [c["node_key"] for c in record.clients] == ["partition-1"]
+    (failure,) = record.failed
+    assert failure.kind == "error" and fragment in failure.reason and "\n" not in failure.reason
+
+
+def _train_message(config: dict, arrays: ArrayRecord | None = None) -> Message:
+    set_task_identity()
+    content = {"config": ConfigRecord(config)}
+    if arrays is not None:
+        content["arrays"] = arrays
+    return Message(RecordDict(content), dst_node_id=3, message_type=MessageType.TRAIN)
+
+
+def _reply_to(msg: Message, node_config: dict | None = None) -> Message:
+    grid = FakeGrid(client_app, {3: node_config or {"partition-id": 0, "num-partitions": 2}}, RUN_CONFIG)
+    (reply,) = grid.send_and_receive([msg])
+    return reply
+
+
+def test_messages_with_missing_or_bad_keys_get_error_replies_naming_them() -> None:
+    good = dict(instructions().to_config())
+    arrays = ArrayRecord.from_torch_state_dict(initial_state())
+    cases = {
+        "missing key 'relation-batch-sizes'": (
+            {k: v for k, v in good.items() if k != "relation-batch-sizes"},
+            arrays,
+        ),
+        "'target-accuracy' must be in (0, 1], got 1.5": ({**good, "target-accuracy": 1.5}, arrays),
+        "'target-accuracy' must be > 0": ({**good, "target-accuracy": 0.0}, arrays),
+        "'lr-rule' must be one of": ({**good, "lr-rule": "cubic"}, arrays),
+        "missing key 'arrays'": (good, None),
+        "do not fit model 'cnn-tiny'": (good, ArrayRecord({"w": Array(np.zeros(3, dtype=np.float32))})),
+        "has no option": ({**good, "model-overrides": json.dumps({"depth": 3})}, arrays),
+    }
+    for fragment, (config, arr) in cases.items():
+        reply = _reply_to(_train_message(config, arr))
+        assert reply.has_error(), fragment
+        assert fragment in reply.error.reason, (fragment, reply.error.reason)
+
+
+def test_train_instructions_round_trip_and_reject_bad_values() -> None:
+    instr = instructions(power_cap_w=4.0, node_key="partition-3", server_round=2)
+    assert TrainInstructions.from_config(instr.to_config()) == instr
+    assert "power-cap-w" not in instructions().to_config()
+    with pytest.raises(ProtocolError, match="relation-samples"):
+        TrainInstructions.from_config({**instr.to_config(), "relation-samples": [1.0]})
+    with pytest.raises(ProtocolError, match="must hold positive finite numbers"):
+        TrainInstructions.from_config({**instr.to_config(), "relation-samples": [1.0, float("nan")]})
+    assert instr.lr_for(16) == pytest.approx(2e-3) and instr.lr_for(8) == pytest.approx(2e-3 * 0.5**0.5)
+
+
+def test_weighted_average_keeps_integer_buffers_integers() -> None:
+    a = ArrayRecord({"w": Array(np.array([1.0, 3.0], dtype=np.float32)), "n": Array(np.array(10))})
+    b = ArrayRecord({"w": Array(np.array([3.0, 5.0], dtype=np.float32)), "n": Array(np.array(20))})
+    avg = weighted_average([(a, 1.0), (b, 3.0)], a)
+    np.testing.assert_allclose(avg["w"].numpy(), [2.5, 4.5])
+    assert avg["n"].numpy().dtype == np.array(10).dtype and int(avg["n"].numpy()) == 18
