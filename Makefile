@@ -1,4 +1,4 @@
-# Two entry points do all the set-up on a fresh machine: `make demo` and `make test`.
+# Two entry points do all the set-up on a fresh machine: `make run` (the main job) and `make test`.
 # The CPU torch pin is installed FIRST so that the project's unpinned `torch` is already met
 # (an unpinned torch from the registry pulls gigabytes of CUDA packages). On a Jetson or a CUDA
 # machine, install your own torch build first and set TORCH_PIN= (empty).
@@ -11,8 +11,18 @@ STAMP := $(VENV)/.installed
 
 export FLWR_TELEMETRY_ENABLED := 0
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
+export FLWR_DISABLE_UPDATE_CHECK := 1
+export RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO := 0
 
-.PHONY: setup demo test test-fast lint bench clean
+# `make run`: Flower's local simulation with its own Flower home and ports, so it neither reuses nor
+# leaves behind anybody else's SuperLink; the SuperLink it starts is stopped by process id afterwards.
+NODES ?= 4
+RUN_CONFIG ?=
+SUPERLINK_PORT ?= 39291
+FLWR := FLWR_HOME=$(CURDIR)/.flwr FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=$(SUPERLINK_PORT) \
+	FLWR_LOCAL_CONTROL_API_PORT=$(shell expr $(SUPERLINK_PORT) + 2) PATH=$(CURDIR)/$(BIN):$$PATH
+
+.PHONY: setup run demo test test-fast lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +32,12 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+run: setup
+	@$(BIN)/python -m simulations stop-superlink --port $(SUPERLINK_PORT) >/dev/null
+	$(FLWR) $(BIN)/flwr run . --stream --federation-config "num-supernodes=$(NODES)" \
+		--run-config "results-dir='$(CURDIR)/runs/flwr' $(RUN_CONFIG)"; rc=$$?; \
+	$(BIN)/python -m simulations stop-superlink --port $(SUPERLINK_PORT) >/dev/null; exit $$rc
 
 demo: setup
 	$(BIN)/python -m simulations demo --out runs/demo
@@ -42,4 +58,4 @@ bench: setup
 	$(BIN)/python bench/relation_vs_target.py --out runs/bench
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .ruff_cache
+	rm -rf $(VENV) runs .flwr .pytest_cache .ruff_cache

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from powerctl.cliutil import OneLineParser, accuracy, one_line_errors, positive_float
+from powerctl.cliutil import OneLineParser, accuracy, one_line_errors, positive_float, positive_int
 
 PROG = "python -m simulations"
 
@@ -37,6 +37,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--target-accuracy", type=accuracy, default=d.target_accuracy, help=f"default {d.target_accuracy}"
     )
     s.add_argument("--quiet", action="store_true", help="no progress bars")
+    k = sub.add_parser(
+        "stop-superlink",
+        help="stop the local SuperLink that `flwr run .` leaves running (by process id)",
+        description="Find the process listening on --port (the local SuperLink's HTTP port, 39091 unless "
+        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT moves it) and stop it with every process it started, by "
+        "process id and process group. Nothing listening is not an error.",
+    )
+    k.add_argument("--port", type=positive_int, default=39091, help="default 39091")
     return p
 
 
@@ -46,6 +54,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as done:
         return int(done.code or 0)
+    if args.command == "stop-superlink":
+        from simulations.local_superlink import stop_local_superlink
+
+        stopped = stop_local_superlink(args.port)
+        if stopped:
+            print(f"stopped the local SuperLink on port {args.port} (pids {', '.join(map(str, stopped))})")
+        return 0
     from simulations.demo import DemoConfig, run_demo, summary_table
 
     cfg = DemoConfig(

@@ -1,0 +1,87 @@
+"""`flwr run .` end to end on Flower's simulation engine (Ray), as a user runs it, on private ports.
+
+`flwr run .` leaves its local SuperLink running; the test stops it and everything it started by
+process id (simulations.local_superlink), and checks that nothing of that process tree is left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from simulations.local_superlink import descendants, pids_listening_on, stop_local_superlink
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.slow
+def test_flwr_run_simulates_four_boards_and_ends_with_the_results_line(tmp_path: Path) -> None:
+    port, control = _free_port(), _free_port()
+    env = dict(
+        os.environ,
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(port),
+        FLWR_LOCAL_CONTROL_API_PORT=str(control),
+        FLWR_DISABLE_UPDATE_CHECK="1",
+        RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO="0",
+    )
+    results = tmp_path / "results"
+    run_config = (
+        f"model='cnn-tiny' num-server-rounds=1 relation-seeds='0' batch-sizes='8,16' pretrain-samples=256 "
+        f"target-accuracy=0.3 budget-samples=96 eval-every-samples=32 eval-max-samples=64 "
+        f"profile-samples=512 profile-warmup=0 profile-steps=1 results-dir='{results}'"
+    )
+    cmd = [
+        str(Path(sys.executable).parent / "flwr"),
+        "run",
+        ".",
+        "--stream",
+        "--federation-config",
+        "num-supernodes=4",
+        "--run-config",
+        run_config,
+    ]
+    tree: list[int] = []
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=420)
+        for pid in pids_listening_on(port):
+            tree += [pid, *descendants(pid)]
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 0, out[-4000:]
+    finally:
+        stop_local_superlink(port)
+    assert tree, "flwr run should have left its local SuperLink listening"
+    assert not [p for p in tree if _alive(p)], "processes of the run are still alive"
+
+    lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
+    results_lines = [ln for ln in lines if ln.startswith("results: ")]
+    assert results_lines == [f"results: {results / 'results.json'}"], out[-3000:]
+    assert "[round 1] clients" in out and "sim:jetson-tx2nx" in out
+    data = json.loads((results / "results.json").read_text())
+    (rnd,) = data["rounds"]
+    devices = sorted((c["device"], c["power_cap_w"] or 0.0) for c in rnd["clients"])
+    assert len(devices) == 4 and rnd["summary"]["failed"] == []
+    assert ("sim:jetson-nano", 0.0) in devices  # the uncapped board
+    for c in rnd["clients"]:
+        assert c["power_cap_w"] is None or c["peak_power_w"] <= c["power_cap_w"]
+    assert not (ROOT / "pyproject.toml").read_text().count("[tool.flwr.federations")
