@@ -151,7 +151,10 @@ def train_round(
     with open_device(settings.device, seed=device_seed) as dev:
         model = model.to(dev.torch_device())
         profile, cached = _profile(dev, model, instr, relation.batch_sizes, cap)
-        chosen = select(profile, relation, cap)
+    chosen = select(profile, relation, cap)
+    # a fresh handle for training: a simulated board's noise then does not depend on whether the
+    # profile was measured just now or read from the cache, so a seeded run repeats exactly
+    with open_device(settings.device, seed=device_seed) as dev:
         with dev.pinned(chosen.frequency_hz):
             result = fine_tune(
                 model,
@@ -184,6 +187,7 @@ def train_round(
         board=board,
         node_key=settings.key,
         predicted_seconds=chosen.predicted_seconds,
+        profiled_peak_power_w=chosen.peak_power_w,
         profile_cached=cached,
         lr=result.lr,
         stop_reason=result.stop_reason,

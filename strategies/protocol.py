@@ -222,6 +222,9 @@ class ClientReport:
     board: str = ""
     node_key: str = ""
     predicted_seconds: float = 0.0
+    profiled_peak_power_w: float = 0.0
+    """The selected point's peak power in the profile: what the method checks against the cap (the
+    measured `peak_power_w` of a long run can exceed it by sensor noise or a board that drifts)."""
     profile_cached: bool = False
     lr: float = 0.0
     stop_reason: str = ""
@@ -263,6 +266,7 @@ class ClientReport:
             board=str(record.get("board", "")),
             node_key=str(record.get("node_key", "")),
             predicted_seconds=optional("predicted_seconds") or 0.0,
+            profiled_peak_power_w=optional("profiled_peak_power_w") or 0.0,
             profile_cached=record.get("profile_cached") is True,
             lr=optional("lr") or 0.0,
             stop_reason=str(record.get("stop_reason", "")),

@@ -134,3 +134,24 @@ def test_bad_weights_or_relation_files_stop_the_server_with_one_line(tmp_path: P
     cfg["pretrain-samples"] = 64
     with pytest.raises(Exception, match="the vector is for model 'resnet18'"):
         _server(tmp_path, cfg)
+
+
+def _numbers(path: Path) -> list:
+    """Everything a run measured, less host wall times (which no seed can fix)."""
+    rounds = json.loads(path.read_text())["rounds"]
+    for rnd in rounds:
+        for client in rnd["clients"]:
+            client.pop("wall_seconds")
+    return rounds
+
+
+@pytest.mark.slow
+def test_a_seeded_run_repeats_its_numbers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    paths = []
+    for i in range(2):  # fresh caches each time: pre-training, relation and profiles are redone
+        monkeypatch.setenv("POWERFED_CACHE", str(tmp_path / f"cache{i}"))
+        rc = _run_config(tmp_path / f"run{i}", **{"num-server-rounds": 1})
+        paths.append(_server(tmp_path / f"run{i}", rc)[0])
+    first, second = _numbers(paths[0]), _numbers(paths[1])
+    assert first == second
+    assert first[0]["clients"] and first[0]["summary"]["makespan_s"] > 0

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from powerctl.devices.simulated import POWER_NOISE
 from simulations.local_superlink import descendants, pids_listening_on, stop_local_superlink
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,6 +83,7 @@ def test_flwr_run_simulates_four_boards_and_ends_with_the_results_line(tmp_path:
     devices = sorted((c["device"], c["power_cap_w"] or 0.0) for c in rnd["clients"])
     assert len(devices) == 4 and rnd["summary"]["failed"] == []
     assert ("sim:jetson-nano", 0.0) in devices  # the uncapped board
-    for c in rnd["clients"]:
-        assert c["power_cap_w"] is None or c["peak_power_w"] <= c["power_cap_w"]
+    for c in rnd["clients"]:  # the method's guarantee is on the profile; a run's peak adds sensor noise
+        assert c["power_cap_w"] is None or c["profiled_peak_power_w"] <= c["power_cap_w"]
+        assert c["power_cap_w"] is None or c["peak_power_w"] <= c["power_cap_w"] * (1 + 5 * POWER_NOISE)
     assert not (ROOT / "pyproject.toml").read_text().count("[tool.flwr.federations")
