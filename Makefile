@@ -33,11 +33,14 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# `flwr run` exits 0 even when the ServerApp fails (Flower 1.41): the run's own last line decides.
 run: setup
 	@$(BIN)/python -m simulations stop-superlink --port $(SUPERLINK_PORT) >/dev/null
+	@mkdir -p runs
 	$(FLWR) $(BIN)/flwr run . --stream --federation-config "num-supernodes=$(NODES)" \
-		--run-config "results-dir='$(CURDIR)/runs/flwr' $(RUN_CONFIG)"; rc=$$?; \
-	$(BIN)/python -m simulations stop-superlink --port $(SUPERLINK_PORT) >/dev/null; exit $$rc
+		--run-config "results-dir='$(CURDIR)/runs/flwr' $(RUN_CONFIG)" 2>&1 | tee runs/flwr.log; \
+	$(BIN)/python -m simulations stop-superlink --port $(SUPERLINK_PORT) >/dev/null; \
+	grep -q '^results: ' runs/flwr.log || { echo "make run: the run ended without its results line" >&2; exit 2; }
 
 demo: setup
 	$(BIN)/python -m simulations demo --out runs/demo
