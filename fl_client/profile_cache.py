@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from powerctl.cache import cache_dir
 from powerctl.errors import FileFormatError
 from powerctl.profile_table import Profile
 
@@ -24,9 +24,7 @@ PROFILE_CACHE_VERSION = 1
 
 
 def profile_cache_dir() -> Path:
-    """$POWERFED_CACHE/profile, else ~/.cache/powerfed/profile."""
-    root = os.environ.get("POWERFED_CACHE")
-    return (Path(root) if root else Path.home() / ".cache" / "powerfed") / "profile"
+    return cache_dir("profile")
 
 
 @dataclass(frozen=True)

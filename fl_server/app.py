@@ -21,6 +21,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fl_server.results import ResultsWriter, client_table, evaluation_line, summary_lines
 from fl_server.run_config import ServerConfig, app_path, parse_server_config
+from powerctl.cache import cache_dir
 from powerctl.errors import PowerctlError
 from powerctl.relation import RelationVector
 from strategies.power_aware import PowerAwareFedAvg
@@ -35,11 +36,6 @@ PRETRAIN_CACHE_VERSION = 1
 def say(text: str) -> None:
     """The run's own output: stdout, flushed, so `flwr run --stream` shows it as it happens."""
     print(text, flush=True)
-
-
-def cache_root() -> Path:
-    root = os.environ.get("POWERFED_CACHE")
-    return Path(root) if root else Path.home() / ".cache" / "powerfed"
 
 
 def default_results_dir(run_id: int) -> Path:
@@ -62,7 +58,7 @@ def pretrained_weights(cfg: ServerConfig) -> Path:
         "version": PRETRAIN_CACHE_VERSION,
     }
     key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:32]
-    path = cache_root() / "weights" / f"pretrain-{cfg.model}-{key}.safetensors"
+    path = cache_dir("weights") / f"pretrain-{cfg.model}-{key}.safetensors"
     if path.is_file():
         say(f"pre-trained weights: {path} (cached)")
         return path

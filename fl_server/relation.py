@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from fl_server.weights import load_weights, weights_hash
+from powerctl.cache import CACHE_ENV, cache_dir
 from powerctl.devices.host import HostDevice
 from powerctl.errors import FileFormatError, PowerctlError
 from powerctl.relation import RelationVector
@@ -49,8 +50,6 @@ __all__ = [
 
 CACHE_VERSION = 1
 """Bump when a code change alters what a relation estimate would be: old cache entries then miss."""
-CACHE_ENV = "POWERFED_CACHE"
-"""Environment variable: root of the cache (relation vectors go to $POWERFED_CACHE/relation)."""
 INIT_SEED = 0
 """Seed of the starting weights when no pre-trained weights are given (same for every run)."""
 
@@ -60,9 +59,7 @@ class RelationError(PowerctlError):
 
 
 def default_cache_dir() -> Path:
-    root = os.environ.get(CACHE_ENV)
-    base = Path(root) if root else Path.home() / ".cache" / "powerfed"
-    return base / "relation"
+    return cache_dir("relation")
 
 
 def file_digest(path: str | Path) -> str:

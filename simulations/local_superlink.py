@@ -75,7 +75,8 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Running (a zombie waiting to be reaped counts as gone)."""
     try:
         state = (PROC / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
@@ -99,9 +100,9 @@ def stop_tree(pid: int, grace_s: float = 5.0) -> list[int]:
             with contextlib.suppress(OSError):
                 os.kill(p, sig)
         deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and any(_alive(p) for p in tree):
+        while time.monotonic() < deadline and any(alive(p) for p in tree):
             time.sleep(0.1)
-        if not any(_alive(p) for p in tree):
+        if not any(alive(p) for p in tree):
             break
     return tree
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from powerctl.devices.simulated import POWER_NOISE
-from simulations.local_superlink import descendants, pids_listening_on, stop_local_superlink
+from simulations.local_superlink import alive, descendants, pids_listening_on, stop_local_superlink
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,14 +26,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 @pytest.mark.slow
@@ -73,7 +65,7 @@ def test_flwr_run_simulates_four_boards_and_ends_with_the_results_line(tmp_path:
     finally:
         stop_local_superlink(port)
     assert tree, "flwr run should have left its local SuperLink listening"
-    assert not [p for p in tree if _alive(p)], "processes of the run are still alive"
+    assert not [p for p in tree if alive(p)], "processes of the run are still alive"
 
     # lines with content, Flower's empty log records ("INFO :      ", colour codes) left out
     plain = [re.sub(r"\x1b\[[0-9;]*m", "", ln) for ln in proc.stdout.splitlines()]
