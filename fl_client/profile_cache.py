@@ -23,6 +23,16 @@ PROFILE_CACHE_VERSION = 1
 """Bump when a code change alters what a profile would measure: old entries then miss."""
 
 
+def code_version() -> str:
+    """The installed powerfed version: a new release never trusts an older release's profiles."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("powerfed")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def profile_cache_dir() -> Path:
     return cache_dir("profile")
 
@@ -50,6 +60,7 @@ class ProfileKey:
 
         fields = asdict(self)
         fields["cache_version"] = PROFILE_CACHE_VERSION
+        fields["code_version"] = code_version()
         fields["torch"] = ".".join(torch.__version__.split(".")[:2])
         blob = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()
