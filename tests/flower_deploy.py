@@ -1,0 +1,369 @@
+"""A loopback Flower deployment for tests: one SuperLink, SuperNodes, `flwr run`, all on 127.0.0.1.
+
+`Deployment` starts every process in a new session (its own process group), writes each one's output
+to a log file, and remembers every process of each tree it started (a watcher samples the descendants,
+so short-lived children such as `flwr-serverapp`/`flwr-clientapp` and the SuperLink's detached
+SuperExec are known too). `stop()` ends each tree with `simulations.local_superlink.stop_tree` (by
+process id and process group, never by name) and returns whatever of them is still alive.
+
+Three connection modes: insecure; TLS (a CA and a server certificate made here with `cryptography`);
+TLS + SuperNode authentication (ECDSA keys from `ssh-keygen`, registered with `flwr supernode register`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import ipaddress
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from simulations.local_superlink import descendants, stop_tree
+
+PROC = Path("/proc")
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+"""The venv's bin: flower-superlink, flower-supernode, flwr (works in CI's fresh venv too)."""
+
+
+# --------------------------------------------------------------------------------------------- ports
+
+
+def free_port() -> int:
+    """A port nobody listens on now (the kernel picks it; never Flower's defaults)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_listening(port: int, timeout_s: float, alive=lambda: True) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and alive():
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return True
+        except OSError:
+            time.sleep(0.2)
+    return False
+
+
+# -------------------------------------------------------------------------------------- certificates
+
+
+def make_certificates(folder: Path) -> tuple[Path, Path, Path]:
+    """A self-signed CA and a server certificate for localhost/127.0.0.1: (ca.crt, server.pem, server.key)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    folder.mkdir(parents=True, exist_ok=True)
+    now = dt.datetime.now(dt.timezone.utc)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "powerfed test CA")])
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    server = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            ),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    ca_crt, server_pem, server_key = folder / "ca.crt", folder / "server.pem", folder / "server.key"
+    ca_crt.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    server_pem.write_bytes(server.public_bytes(serialization.Encoding.PEM))
+    server_key.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    server_key.chmod(0o600)
+    return ca_crt, server_pem, server_key
+
+
+def make_ecdsa_key(path: Path) -> tuple[Path, Path]:
+    """`ssh-keygen -t ecdsa -b 384 -N "" -f PATH`: (private key, public key)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ecdsa", "-b", "384", "-N", "", "-f", str(path)],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
+    return path, path.with_name(path.name + ".pub")
+
+
+# ----------------------------------------------------------------------------------------- processes
+
+
+def _start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks (with the pid, it names one process, not a reused pid)."""
+    try:
+        stat = (PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    return None if fields[0] == "Z" else int(fields[19])
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return (PROC / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return "?"
+
+
+def tail(path: Path, lines: int = 40) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return f"({path}: no log)"
+    return "\n".join(text[-lines:])
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen
+    log: Path
+    argv: list[str]
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def tail(self, lines: int = 40) -> str:
+        return f"--- {self.name} (pid {self.pid}, log {self.log}) ---\n{tail(self.log, lines)}"
+
+
+@dataclass
+class Deployment:
+    """One SuperLink and its SuperNodes on 127.0.0.1, in `root`; `mode` is insecure, tls or auth."""
+
+    root: Path
+    mode: str = "insecure"
+    connection: str = "deploy"
+    procs: list[Proc] = field(default_factory=list)
+    superlink: Proc | None = None
+    seen: dict[int, tuple[int, str]] = field(default_factory=dict)
+    """Every process of the started trees: pid → (start time, command line)."""
+
+    def __post_init__(self) -> None:
+        assert self.mode in ("insecure", "tls", "auth"), self.mode
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.logs = self.root / "logs"
+        self.logs.mkdir(exist_ok=True)
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.env = self._env()
+        self.flwr_home = Path(self.env["FLWR_HOME"])
+        if self.mode != "insecure":
+            self.ca, self.server_cert, self.server_key = make_certificates(self.root / "certs")
+        self._lock = threading.Lock()
+        self._stop_watch = threading.Event()
+        self._watcher = threading.Thread(target=self._watch, daemon=True)
+        self._watcher.start()
+
+    # ------------------------------------------------------------------ environment and connection
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        flwr_home = env.get("FLWR_HOME") or str(self.root / "flwr-home")
+        env.update(
+            FLWR_HOME=flwr_home,
+            POWERFED_CACHE=env.get("POWERFED_CACHE") or str(self.root / "cache"),
+            FLWR_TELEMETRY_ENABLED="0",
+            FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
+            FLWR_DISABLE_UPDATE_CHECK="1",
+            RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO="0",
+            PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
+            PYTHONUNBUFFERED="1",
+            NO_COLOR="1",
+        )
+        # Flower's apps run from their installed copy of the FAB, not from the test's import path.
+        env.pop("PYTHONPATH", None)
+        return env
+
+    def _home(self, name: str) -> dict[str, str]:
+        """A process's own FLWR_HOME (its installed apps, its state), under the test's one."""
+        home = self.flwr_home / "processes" / name
+        home.mkdir(parents=True, exist_ok=True)
+        return {"FLWR_HOME": str(home)}
+
+    def write_connection(self) -> Path:
+        """`[superlink.NAME]` in $FLWR_HOME/config.toml, the connection `flwr run . NAME` uses."""
+        self.flwr_home.mkdir(parents=True, exist_ok=True)
+        lines = ["[superlink]", f'default = "{self.connection}"', "", f"[superlink.{self.connection}]"]
+        lines.append(f'address = "{self.address}"')
+        if self.mode == "insecure":
+            lines.append("insecure = true")
+        else:
+            lines.append(f'root-certificates = "{self.ca}"')
+        path = self.flwr_home / "config.toml"
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        return path
+
+    # --------------------------------------------------------------------------------- processes
+    def spawn(
+        self, name: str, argv: list[str], extra_env: dict[str, str] | None = None, cwd: Path | None = None
+    ) -> Proc:
+        log = self.logs / f"{name}.log"
+        env = {**self.env, **(extra_env or {})}
+        with log.open("wb") as out:
+            popen = subprocess.Popen(
+                argv,
+                cwd=cwd or self.root,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        proc = Proc(name, popen, log, argv)
+        with self._lock:
+            self.procs.append(proc)
+            self._remember(popen.pid)
+        return proc
+
+    def start_superlink(self, timeout_s: float = 60.0) -> Proc:
+        argv = [str(BIN / "flower-superlink"), "--host", "127.0.0.1", "--port", str(self.port)]
+        if self.mode == "insecure":
+            argv.append("--insecure")
+        else:
+            argv += ["--ssl-ca-certfile", str(self.ca), "--ssl-certfile", str(self.server_cert)]
+            argv += ["--ssl-keyfile", str(self.server_key)]
+        if self.mode == "auth":
+            argv.append("--enable-supernode-auth")
+        proc = self.superlink = self.spawn("superlink", argv, self._home("superlink"))
+        assert wait_listening(self.port, timeout_s, proc.alive), (
+            f"SuperLink not listening on {self.address} after {timeout_s} s\n{proc.tail()}"
+        )
+        return proc
+
+    def start_supernode(self, name: str, node_config: str, key: Path | None = None) -> Proc:
+        argv = [str(BIN / "flower-supernode"), "--superlink", self.address, "--port", str(free_port())]
+        argv += ["--node-config", node_config]
+        if self.mode == "insecure":
+            argv.append("--insecure")
+        else:
+            argv += ["--root-certificates", str(self.ca)]
+        if key is not None:
+            argv += ["--auth-supernode-private-key", str(key)]
+        return self.spawn(name, argv, self._home(name))
+
+    def flwr(self, name: str, args: list[str], timeout_s: float, cwd: Path | None = None) -> tuple[int, str]:
+        """`flwr ARGS`, bounded: (exit status, output); on timeout its tree is stopped, status 124."""
+        proc = self.spawn(name, [str(BIN / "flwr"), *args], cwd=cwd)
+        try:
+            rc = proc.popen.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            stop_tree(proc.pid, grace_s=3.0)
+            proc.popen.wait(timeout=10)
+            rc = 124
+        return rc, proc.log.read_text(errors="replace")
+
+    def register(self, public_key: Path, timeout_s: float = 60.0) -> str:
+        """`flwr supernode register KEY.pub NAME`; its output."""
+        args = ["supernode", "register", str(public_key), self.connection]
+        rc, out = self.flwr(f"register-{public_key.stem}", args, timeout_s)
+        assert rc == 0, f"flwr {' '.join(args)} exited {rc}\n{out}\n{self.tails()}"
+        return out
+
+    def run_app(self, run_config: str, timeout_s: float) -> tuple[int, str]:
+        """`flwr run . NAME --stream --run-config ...` from the repository root: this checkout's app."""
+        args = ["run", ".", self.connection, "--stream", "--run-config", run_config]
+        return self.flwr("flwr-run", args, timeout_s, cwd=REPO)
+
+    # ----------------------------------------------------------------------------- bookkeeping
+    def _remember(self, pid: int) -> None:
+        if pid not in self.seen and (start := _start_time(pid)) is not None:
+            self.seen[pid] = (start, _cmdline(pid))
+
+    def _watch(self) -> None:
+        while not self._stop_watch.wait(0.25):
+            self.sample()
+
+    def sample(self) -> None:
+        """Add the current descendants of every started process to `seen`."""
+        with self._lock:
+            roots = [p.pid for p in self.procs]
+            for pid in [*roots, *(d for r in roots for d in descendants(r))]:
+                self._remember(pid)
+            # children of known processes whose parent has already exited are kept by pid in `seen`
+            for pid in list(self.seen):
+                for d in descendants(pid):
+                    self._remember(d)
+
+    def remaining(self) -> dict[int, str]:
+        """The processes of the started trees that still run (same pid AND same start time)."""
+        return {pid: cmd for pid, (start, cmd) in self.seen.items() if _start_time(pid) == start}
+
+    def tails(self, lines: int = 30) -> str:
+        return "\n".join(p.tail(lines) for p in self.procs)
+
+    def stop(self, grace_s: float = 5.0) -> dict[int, str]:
+        """Stop every started tree (SuperNodes first, the SuperLink last); what is left alive."""
+        self.sample()
+        self._stop_watch.set()
+        self._watcher.join(timeout=5)
+        for proc in reversed(self.procs):
+            if proc.alive() or descendants(proc.pid):
+                stop_tree(proc.pid, grace_s=grace_s)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.popen.wait(timeout=grace_s)
+        # anything seen earlier that outlived its tree (e.g. reparented to init): by pid
+        for pid, (start, _) in list(self.seen.items()):
+            if _start_time(pid) == start:
+                stop_tree(pid, grace_s=grace_s)
+        leftovers = self.remaining()
+        for pid in leftovers:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        return leftovers
