@@ -141,14 +141,28 @@ def make_ecdsa_key(path: Path) -> tuple[Path, Path]:
 # ----------------------------------------------------------------------------------------- processes
 
 
-def _start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks (with the pid, it names one process, not a reused pid)."""
+def _stat(pid: int) -> tuple[int, int, int] | None:
+    """(parent pid, session id, start time in clock ticks) of a live process; None if gone or a zombie."""
     try:
         stat = (PROC / str(pid) / "stat").read_text()
     except OSError:
         return None
     fields = stat.rsplit(")", 1)[1].split()
-    return None if fields[0] == "Z" else int(fields[19])
+    return None if fields[0] in ("Z", "X") else (int(fields[1]), int(fields[3]), int(fields[19]))
+
+
+def _start_time(pid: int) -> int | None:
+    """The process's start time (with the pid, it names one process, not a reused pid)."""
+    st = _stat(pid)
+    return None if st is None else st[2]
+
+
+def _proc_table() -> dict[int, tuple[int, int, int]]:
+    table = {}
+    for entry in PROC.iterdir():
+        if entry.name.isdigit() and (st := _stat(int(entry.name))) is not None:
+            table[int(entry.name)] = st
+    return table
 
 
 def _cmdline(pid: int) -> str:
@@ -193,8 +207,8 @@ class Deployment:
     connection: str = "deploy"
     procs: list[Proc] = field(default_factory=list)
     superlink: Proc | None = None
-    seen: dict[int, tuple[int, str]] = field(default_factory=dict)
-    """Every process of the started trees: pid → (start time, command line)."""
+    seen: dict[int, tuple[int, int, str]] = field(default_factory=dict)
+    """Every process of the started trees: pid → (start time, session id, command line)."""
 
     def __post_init__(self) -> None:
         assert self.mode in ("insecure", "tls", "auth"), self.mode
@@ -322,34 +336,65 @@ class Deployment:
         return self.flwr("flwr-run", args, timeout_s, cwd=REPO)
 
     # ----------------------------------------------------------------------------- bookkeeping
-    def _remember(self, pid: int) -> None:
-        if pid not in self.seen and (start := _start_time(pid)) is not None:
-            self.seen[pid] = (start, _cmdline(pid))
+    def _remember(self, pid: int, st: tuple[int, int, int] | None = None) -> None:
+        st = st or _stat(pid)
+        if pid not in self.seen and st is not None:
+            self.seen[pid] = (st[2], st[1], _cmdline(pid))
+
+    def _sessions(self) -> set[int]:
+        """The sessions the started processes opened (each is started in a new one; SuperExec too)."""
+        return {sid for _, sid, _ in self.seen.values()} - {os.getsid(0)}
 
     def _watch(self) -> None:
         while not self._stop_watch.wait(0.25):
             self.sample()
 
     def sample(self) -> None:
-        """Add the current descendants of every started process to `seen`."""
+        """Add to `seen` every live process whose parent is a seen one or that is in a seen session.
+
+        The session rule keeps a process whose parent exited before it was sampled (reparented to
+        init, e.g. an orphaned `flwr-clientapp`): it stays in the session its tree opened.
+        """
+        table = _proc_table()
         with self._lock:
-            roots = [p.pid for p in self.procs]
-            for pid in [*roots, *(d for r in roots for d in descendants(r))]:
-                self._remember(pid)
-            # children of known processes whose parent has already exited are kept by pid in `seen`
-            for pid in list(self.seen):
-                for d in descendants(pid):
-                    self._remember(d)
+            for p in self.procs:
+                if p.pid in table:
+                    self._remember(p.pid, table[p.pid])
+            grew = True
+            while grew:
+                live = {
+                    pid for pid, (start, _, _) in self.seen.items() if table.get(pid, (0, 0, -1))[2] == start
+                }
+                sessions = self._sessions()
+                new = [
+                    pid
+                    for pid, (ppid, sid, _) in table.items()
+                    if pid not in self.seen and (ppid in live or sid in sessions)
+                ]
+                for pid in new:
+                    self._remember(pid, table[pid])
+                grew = bool(new)
 
     def remaining(self) -> dict[int, str]:
-        """The processes of the started trees that still run (same pid AND same start time)."""
-        return {pid: cmd for pid, (start, cmd) in self.seen.items() if _start_time(pid) == start}
+        """Live processes of the started trees: seen ones (same pid AND start time) or in their sessions."""
+        table = _proc_table()
+        sessions = self._sessions()
+        out = {}
+        for pid, (_, sid, start) in table.items():
+            known = self.seen.get(pid)
+            if (known is not None and known[0] == start) or sid in sessions:
+                out[pid] = known[2] if known else _cmdline(pid)
+        return out
 
     def tails(self, lines: int = 30) -> str:
         return "\n".join(p.tail(lines) for p in self.procs)
 
     def stop(self, grace_s: float = 5.0) -> dict[int, str]:
-        """Stop every started tree (SuperNodes first, the SuperLink last); what is left alive."""
+        """Stop every started tree (last started first, the SuperLink last); what was still alive after.
+
+        Each tree goes with `stop_tree` (SIGTERM to the processes and their groups, SIGKILL after
+        `grace_s`); then whatever of them still runs gets `stop_tree` by pid, and a SIGKILL.
+        """
         self.sample()
         self._stop_watch.set()
         self._watcher.join(timeout=5)
@@ -358,10 +403,9 @@ class Deployment:
                 stop_tree(proc.pid, grace_s=grace_s)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.popen.wait(timeout=grace_s)
-        # anything seen earlier that outlived its tree (e.g. reparented to init): by pid
-        for pid, (start, _) in list(self.seen.items()):
-            if _start_time(pid) == start:
-                stop_tree(pid, grace_s=grace_s)
+        # anything that outlived its tree (reparented to init, or in a session of ours): by pid
+        for pid in self.remaining():
+            stop_tree(pid, grace_s=grace_s)
         leftovers = self.remaining()
         for pid in leftovers:
             with contextlib.suppress(OSError):
