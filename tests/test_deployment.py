@@ -41,7 +41,7 @@ def node_config(device: str, cap: float, partition: int) -> str:
 
 
 def run_config(results_dir: Path) -> str:
-    """The run the ISSUE asks for (cnn-tiny, one relation seed, one round) on small budgets: ~1 min."""
+    """cnn-tiny, one relation seed, one round, on small budgets: about a minute deployed."""
     return " ".join(
         [
             "model='cnn-tiny'",
