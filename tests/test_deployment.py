@@ -1,0 +1,197 @@
+"""The Flower app deployed on loopback: a SuperLink, two SuperNodes with their own boards and caps.
+
+Three connection modes share one flow (`Deployment` in tests/flower_deploy.py): insecure, TLS with a CA
+made by the test, and TLS + SuperNode authentication (registered keys; an unregistered node is refused).
+Every process a test starts, with all its children, is stopped by process id in the fixture's finalizer,
+and the finalizer asserts that none of them is left. Logs are under tmp_path; failures quote their tails.
+About 1 minute per mode (Flower's 3 s idle polling on each side dominates).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from fl_server.results import CLIENT_FIELDS, RESULTS_SCHEMA
+from tests.flower_deploy import Deployment, make_ecdsa_key
+
+pytestmark = pytest.mark.slow
+
+NODES = {
+    # SuperNode name → (device, power cap in W, partition id); each takes half the run's synthetic data
+    "supernode-nano": ("sim:jetson-nano", 3.5, 0),
+    "supernode-tx2nx": ("sim:jetson-tx2nx", 6.0, 1),
+}
+RUN_TIMEOUT_S = 300.0
+"""`flwr run` is killed after this (a ~1 minute run; generous for a loaded 2-core CI machine)."""
+REFUSAL_TIMEOUT_S = 60.0
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_EMPTY_LOG_RECORD = re.compile(r"(DEBUG|INFO|WARNING|ERROR)\s*:\s*")
+
+
+def node_config(device: str, cap: float, partition: int) -> str:
+    return f'device="{device}" power-cap-w={cap} partition-id={partition} num-partitions=2'
+
+
+def run_config(results_dir: Path) -> str:
+    """cnn-tiny, one relation seed, one round, on small budgets: about a minute deployed."""
+    return " ".join(
+        [
+            "model='cnn-tiny'",
+            "relation-seeds='0'",
+            "num-server-rounds=1",
+            f"results-dir='{results_dir}'",
+            "min-nodes=2",  # both SuperNodes in the round, whichever connects first
+            "pretrain-samples=256",
+            "relation-max-samples=3000",
+            "batch-sizes='8,32'",
+            "target-accuracy=0.5",
+            "budget-samples=512",
+            "eval-every-samples=64",
+            "eval-max-samples=200",
+            "profile-samples=1000",
+            "profile-steps=1",
+            "profile-warmup=0",
+            "round-timeout=180.0",
+        ]
+    )
+
+
+def content_lines(output: str) -> list[str]:
+    """The output's lines without colour codes, blank lines, or Flower log records with no message.
+
+    Flower 1.41 streams one empty ``INFO :`` record after the ServerApp returns, so the app's own
+    last line is the last line with content, not the stream's last line.
+    """
+    lines = (_ANSI.sub("", line).rstrip() for line in output.splitlines())
+    return [line for line in lines if line.strip() and not _EMPTY_LOG_RECORD.fullmatch(line.strip())]
+
+
+@pytest.fixture
+def deployment(tmp_path: Path) -> Iterator[Callable[[str], Deployment]]:
+    """Makes Deployments; the finalizer stops every process they started and asserts none is left."""
+    made: list[Deployment] = []
+
+    def make(mode: str) -> Deployment:
+        d = Deployment(tmp_path / mode, mode=mode)
+        made.append(d)
+        return d
+
+    started = time.monotonic()
+    try:
+        yield make
+    finally:
+        leftovers = {d.mode: d.stop() for d in made}
+        wall = time.monotonic() - started
+        for d in made:
+            print(f"\ndeployment wall time [{d.mode}]: {wall:.1f} s ({len(d.seen)} processes seen)")
+    for d in made:
+        assert d.seen, "the deployment started no process"
+        assert not leftovers[d.mode], f"processes left after stop ({d.mode}): {leftovers[d.mode]}"
+        assert not d.remaining(), f"processes still running ({d.mode}): {d.remaining()}"
+
+
+def deploy_and_run(d: Deployment, keys: dict[str, Path] | None = None) -> tuple[str, dict]:
+    """SuperLink, connection, the two SuperNodes, `flwr run`; checks the output, returns it and results."""
+    if d.superlink is None:
+        d.start_superlink()
+        d.write_connection()
+    for name, key in (keys or {}).items():
+        d.register(key.with_name(key.name + ".pub"))
+        print(f"registered {name}: {key}.pub")
+    nodes = [d.start_supernode(name, node_config(*NODES[name]), key=(keys or {}).get(name)) for name in NODES]
+    results_dir = d.root / "results"
+    rc, output = d.run_app(run_config(results_dir), RUN_TIMEOUT_S)
+    context = f"\n--- flwr run (exit {rc}) ---\n{output[-6000:]}\n{d.tails()}"
+    assert rc == 0, f"flwr run failed{context}"
+    assert all(n.alive() for n in nodes), f"a SuperNode died during the run{context}"
+    check_output(output, results_dir, context)
+    return output, check_results(results_dir / "results.json", context)
+
+
+def check_output(output: str, results_dir: Path, context: str) -> None:
+    lines = content_lines(output)
+    header = [i for i, line in enumerate(lines) if line.split()[:3] == ["node", "device", "cap"]]
+    assert len(header) == 1, f"expected one per-client table (one round){context}"
+    rows = lines[header[0] + 2 : header[0] + 2 + len(NODES)]
+    for device, cap, partition in NODES.values():
+        row = next((r for r in rows if r.startswith(f"partition-{partition} ")), None)
+        assert row is not None, f"no table row for partition-{partition}{context}"
+        assert row.split()[1:3] == [device, f"{cap:.2f}"], f"row {row!r}{context}"
+    assert lines[-1].startswith("results: "), f"the last line is {lines[-1]!r}, not 'results: ...'{context}"
+    named = Path(lines[-1].removeprefix("results: ").strip())
+    assert named == (results_dir / "results.json").resolve(), f"{named}{context}"
+    assert named.is_file(), f"{named} does not exist{context}"
+
+
+def check_results(path: Path, context: str) -> dict:
+    results = json.loads(path.read_text(encoding="utf-8"))
+    assert results["schema"] == RESULTS_SCHEMA
+    assert [r["round"] for r in results["rounds"]] == [1], results["rounds"]
+    rnd = results["rounds"][0]
+    assert rnd["failed"] == [] and rnd["summary"]["failed"] == [], f"{rnd['summary']}{context}"
+    clients = rnd["clients"]
+    assert len(clients) == len(NODES), f"{clients}{context}"
+    for c in clients:
+        missing = [k for k in CLIENT_FIELDS if k not in c]
+        assert not missing, f"client report lacks {missing}: {c}"
+    got = sorted((c["device"], c["power_cap_w"]) for c in clients)
+    assert got == sorted((device, cap) for device, cap, _ in NODES.values()), got
+    for c in clients:
+        assert c["peak_power_w"] is not None and c["peak_power_w"] <= c["power_cap_w"], c
+        assert c["batch_size"] in (8, 32) and c["frequency_hz"] > 0 and c["samples"] > 0, c
+        assert c["device_seconds"] > 0 and c["energy_j"] > 0 and 0.0 <= c["accuracy"] <= 1.0, c
+    assert rnd["summary"]["over_cap"] == [], rnd["summary"]
+    assert (path.parent / "global.safetensors").is_file()
+    return results
+
+
+def test_insecure_deployment(deployment: Callable[[str], Deployment]) -> None:
+    deploy_and_run(deployment("insecure"))
+
+
+def test_tls_deployment(deployment: Callable[[str], Deployment]) -> None:
+    d = deployment("tls")
+    deploy_and_run(d)
+    superlink_log = (d.logs / "superlink.log").read_text(errors="replace")
+    assert "--insecure" not in d.superlink.argv and "--ssl-certfile" in d.superlink.argv
+    assert all("--root-certificates" in p.argv for p in d.procs if p.name.startswith("supernode"))
+    assert "Traceback" not in superlink_log, superlink_log[-4000:]
+
+
+def test_supernode_authentication(deployment: Callable[[str], Deployment]) -> None:
+    d = deployment("auth")
+    keys = {name: make_ecdsa_key(d.root / "keys" / name)[0] for name in NODES}
+    stranger, _ = make_ecdsa_key(d.root / "keys" / "unregistered")
+
+    d.start_superlink()
+    d.write_connection()
+    refused = d.start_supernode("supernode-unregistered", node_config("sim:jetson-nano", 3.5, 0), stranger)
+    started = time.monotonic()
+    try:
+        rc = refused.popen.wait(timeout=REFUSAL_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        rc = None
+    waited = time.monotonic() - started
+    log = refused.log.read_text(errors="replace")
+    assert rc is not None, (
+        f"an unregistered SuperNode still runs after {REFUSAL_TIMEOUT_S} s\n{refused.tail()}"
+    )
+    assert rc != 0, f"an unregistered SuperNode exited 0\n{refused.tail()}"
+    # What Flower 1.41 says for an unknown key (not "All SuperNodes must be registered": that is the reply
+    # to a SuperNode that asks the Fleet API to register itself): the SuperNode logs "Exit Code: 305" and
+    # "[code: 2004] Failed to activate SuperNode" and exits with status 1; the SuperLink answers 412.
+    assert "Exit Code: 305" in log and "Failed to activate SuperNode" in log, refused.tail()
+    superlink_log = (d.logs / "superlink.log").read_text(errors="replace")
+    assert "No SuperNode found with the given public key" in superlink_log, d.superlink.tail()
+    print(f"unregistered SuperNode refused: exit status {rc} after {waited:.1f} s")
+
+    # the registered ones join, on the same SuperLink, and the run goes as without authentication
+    deploy_and_run(d, keys)
