@@ -106,6 +106,19 @@ def predicted_point(
     )
 
 
+def replay_cost(
+    board: BoardModel, workload: Workload, batch_size: int, steps: int, hz: int
+) -> tuple[float, float]:
+    """(device seconds, energy J) that `steps` training steps of `batch_size` cost at `hz`, noise-free.
+
+    Samples to a target depend on the batch size and the seed, not on the frequency: a run recorded
+    once (its steps) is charged at every frequency without training again — the same as a pinned run
+    on a noise-free simulated board (tests/test_replay.py).
+    """
+    cost = step_cost(board, workload, batch_size, hz)
+    return steps * cost.seconds, steps * cost.energy_j
+
+
 def predicted_profile(
     board: BoardModel | str,
     workload: Workload,
