@@ -315,6 +315,13 @@ def main(argv: list[str] | None = None) -> int:
         print("  proxy samples to target: " + ", ".join(
             f"b={b}: {r['samples']}{'' if r['reached'] else '*'}"
             for b, r in proxy_runs.items()))  # fmt: skip
+        censored = [b for b, r in proxy_runs.items() if not r["reached"]]
+        if censored:
+            print(
+                f"  WARNING: the proxy runs at b={censored} hit the budget before the target: the relation "
+                "vector is censored there (too small), which biases ours towards those batch sizes; "
+                f"raise --{task.name}-max-samples or lower --{task.name}-target"
+            )
         runs: dict[str, dict[tuple[int, int], dict[str, Any]]] = {}
         for name, ds in task.data["targets"].items():
             runs[name] = {(b, s): run_to_target(task, weights, ds, task.targets[name], b, s, host)
