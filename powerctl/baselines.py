@@ -1,7 +1,8 @@
 """The three baselines every comparison reports (DESIGN §1), and a method-vs-baselines table.
 
-- state-of-practice: the largest batch size that fits in memory, at the fixed frequency cap that keeps ANY
-  workload (full-load SGEMM) under the power limit;
+- state-of-practice: the largest batch size that fits in memory, at the fixed frequency cap that keeps every
+  model of the paper's set at every batch size under the power limit (boards.yaml: state_of_practice, derived
+  from training profiles as the paper does; see powerctl.caps);
 - proxy-batch: the batch size with the least samples to target on the proxy data, same fixed cap;
 - oracle: Algorithm 1 with the relation measured on the target data itself — the limit of selection.
 
@@ -84,8 +85,8 @@ def fixed_frequency(
     board: BoardModel | None = None,
     fixed_frequency_hz: int | None = None,
 ) -> int:
-    """The state-of-practice frequency cap: explicit, else the board's highest frequency whose full-load
-    power stays ≤ the cap (no cap: the board's top frequency).
+    """The state-of-practice frequency cap: explicit, else the board's highest frequency at which every
+    training profile of the model set stays ≤ the cap (no cap: the board's top frequency).
 
     No frequency low enough → one InfeasibleCapError line.
     """
@@ -98,8 +99,10 @@ def fixed_frequency(
     hz = board.fixed_frequency_cap(cap)
     if hz is None:
         raise InfeasibleCapError(
-            f"no fixed frequency of {board.name} keeps a full load under {cap:.2f} W: even "
-            f"{board.frequencies_hz[0] / 1e6:.1f} MHz draws {board.full_load_power_w[0]:.2f} W; raise the cap"
+            f"state of practice: no fixed frequency of {board.name} keeps every model under {cap:.2f} W: "
+            "even "
+            f"{board.frequencies_hz[0] / 1e6:.1f} MHz reaches {board.least_fixed_power_w():.2f} W; "
+            f"raise the cap to at least {board.least_fixed_power_w():.2f} W"
         )
     return hz
 

@@ -1,7 +1,11 @@
 """Board models: frequency tables, calibrated power and throughput (powerctl/data/boards.yaml).
 
 They drive the simulated boards and give every board with a known name its state-of-practice
-frequency cap: the highest frequency at which even a full-load SGEMM stays under a power limit.
+frequency cap: the highest frequency at which every model of the paper's set, at every batch size,
+stays under a power limit (derived from training profiles, as the paper does — not from SGEMM).
+
+A board may be `derived_from` a measured one: its full-load power curve, throughput and CPU-side
+costs then follow from the same structural model and its own specifications (cores, clocks).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
+import numpy as np
 import yaml
 
 from powerctl.errors import DeviceError
@@ -21,11 +26,26 @@ _FIELDS = (
     "memory_bytes",
     "training_memory_bytes",
     "memory_bandwidth_gbs",
-    "half_utilisation_gflop",
+    "memory_efficiency",
+    "half_utilisation_gflop_per_kernel",
+    "utilisation_exponent",
     "max_utilisation",
     "overhead_utilisation",
     "step_overhead_s",
+    "launch_s",
+    "optimizer_kernels_per_tensor",
 )
+
+
+@dataclass(frozen=True)
+class StateOfPracticeTable:
+    """The largest peak power of any training profile of the model set, per frequency: the fixed frequency
+    for a cap W is the highest one whose entry is ≤ W (see `powerctl caps`)."""
+
+    peak_training_power_w: tuple[float, ...]
+    models: tuple[str, ...]
+    batch_sizes: tuple[int, ...]
+    derivation: str
 
 
 @dataclass(frozen=True)
@@ -40,12 +60,25 @@ class BoardModel:
     memory_bytes: int
     training_memory_bytes: int
     memory_bandwidth_gbs: float
-    half_utilisation_gflop: float
+    memory_efficiency: float
+    """Share of the DRAM's peak bandwidth that training's memory-bound kernels reach."""
+    half_utilisation_gflop_per_kernel: float
+    """Work per kernel (GFLOP) at which kernels reach half their peak utilisation of the GPU."""
+    utilisation_exponent: float
+    """How gradually utilisation grows with work per kernel (1: plain saturation; < 1: over decades)."""
     max_utilisation: float
     overhead_utilisation: float
     step_overhead_s: float
+    """CPU time per step outside the kernels (Python loop, zero_grad, loss bookkeeping)."""
+    launch_s: float
+    """CPU time to dispatch and launch one kernel (PyTorch eager)."""
+    optimizer_kernels_per_tensor: float
+    """Kernels the optimizer launches per parameter tensor (PyTorch 1.10's Adam loops over tensors)."""
+    cuda_cores: int = 0
+    cpu_clock_ghz: float = 0.0
     rails: tuple[str, ...] = ()
     sources: dict[str, str] = field(default_factory=dict)
+    state_of_practice: StateOfPracticeTable | None = None
 
     def full_load_power(self, hz: int) -> float:
         try:
@@ -54,12 +87,74 @@ class BoardModel:
             raise DeviceError(f"{hz} Hz is not a frequency of {self.name}") from None
 
     def fixed_frequency_cap(self, power_cap_w: float) -> int | None:
-        """State of practice: the highest frequency whose full-load power is ≤ the cap (None: none)."""
-        ok = [f for f, p in zip(self.frequencies_hz, self.full_load_power_w, strict=True) if p <= power_cap_w]
+        """State of practice: the highest frequency at which every profile of the model set stays ≤ the cap
+        (None: none does). Without a derived table, the full-load (SGEMM) curve — stricter."""
+        table = self.state_of_practice
+        power = table.peak_training_power_w if table else self.full_load_power_w
+        ok = [f for f, p in zip(self.frequencies_hz, power, strict=True) if p <= power_cap_w]
         return ok[-1] if ok else None
 
+    def least_fixed_power_w(self) -> float:
+        """The lowest frequency's entry of the state-of-practice table: no fixed frequency below it."""
+        table = self.state_of_practice
+        return (table.peak_training_power_w if table else self.full_load_power_w)[0]
 
-def _parse(name: str, raw: dict[str, Any]) -> BoardModel:
+
+def _derive(name: str, raw: dict[str, Any], ref: dict[str, Any]) -> dict[str, Any]:
+    """Fill what `raw` leaves out from the measured board `ref`, scaled by the two boards' specifications.
+
+    - throughput: the reference's SGEMM efficiency per core, times this board's cores;
+    - full-load power: idle + (energy per FLOP at the same relative position in the DVFS table, times
+      `energy_per_flop_factor` for the process) × FLOP/s — so the curve has the reference's shape, rising
+      steeply near the top clock where the voltage rises;
+    - CPU-side costs (launch, per-step overhead): the reference's, times the ratio of CPU clocks;
+    - utilisation half-point: proportional to cores (twice the cores need twice the work per kernel).
+    """
+    out = dict(raw)
+    cores = float(raw["cuda_cores"]) / float(ref["cuda_cores"])
+    cpu = float(ref["cpu_clock_ghz"]) / float(raw["cpu_clock_ghz"])
+    out.setdefault("gflops_per_ghz", float(ref["gflops_per_ghz"]) * cores)
+    out.setdefault(
+        "half_utilisation_gflop_per_kernel", float(ref["half_utilisation_gflop_per_kernel"]) * cores
+    )
+    out.setdefault("launch_s", float(ref["launch_s"]) * cpu)
+    out.setdefault("step_overhead_s", float(ref["step_overhead_s"]) * cpu)
+    for key in (
+        "memory_efficiency",
+        "utilisation_exponent",
+        "max_utilisation",
+        "overhead_utilisation",
+        "optimizer_kernels_per_tensor",
+    ):
+        out.setdefault(key, ref[key])
+    if "full_load_power_w" not in raw:
+        ref_f = np.array(ref["frequencies_hz"], dtype=float)
+        ref_dyn = np.array(ref["full_load_power_w"], dtype=float) - float(ref["idle_power_w"])
+        ref_j_per_flop = ref_dyn / (float(ref["gflops_per_ghz"]) * ref_f)
+        f = np.array(raw["frequencies_hz"], dtype=float)
+        j_per_flop = np.interp(f / f[-1], ref_f / ref_f[-1], ref_j_per_flop)
+        dyn = float(raw["energy_per_flop_factor"]) * j_per_flop * float(out["gflops_per_ghz"]) * f
+        out["full_load_power_w"] = [round(float(raw["idle_power_w"]) + d, 3) for d in dyn]
+    return out
+
+
+def _parse_table(name: str, raw: dict[str, Any] | None, n: int) -> StateOfPracticeTable | None:
+    if raw is None:
+        return None
+    power = tuple(float(p) for p in raw["peak_training_power_w"])
+    if len(power) != n:
+        raise ValueError(f"boards.yaml: {name}: state_of_practice needs one peak power per frequency")
+    return StateOfPracticeTable(
+        peak_training_power_w=power,
+        models=tuple(str(m) for m in raw["models"]),
+        batch_sizes=tuple(int(b) for b in raw["batch_sizes"]),
+        derivation=str(raw["derivation"]),
+    )
+
+
+def _parse(name: str, raw: dict[str, Any], boards: dict[str, Any]) -> BoardModel:
+    if "derived_from" in raw:
+        raw = _derive(name, raw, boards[raw["derived_from"]])
     freqs = tuple(int(f) for f in raw["frequencies_hz"])
     power = tuple(float(p) for p in raw["full_load_power_w"])
     if len(freqs) != len(power) or list(freqs) != sorted(set(freqs)):
@@ -73,14 +168,22 @@ def _parse(name: str, raw: dict[str, Any]) -> BoardModel:
         full_load_power_w=power,
         rails=tuple(raw.get("rails", ())),
         sources=dict(raw.get("sources", {})),
+        state_of_practice=_parse_table(name, raw.get("state_of_practice"), len(freqs)),
+        cuda_cores=int(raw.get("cuda_cores", 0)),
+        cpu_clock_ghz=float(raw.get("cpu_clock_ghz", 0.0)),
         **{k: (int(raw[k]) if k.endswith("bytes") else float(raw[k])) for k in _FIELDS},
     )
 
 
+def _raw_boards() -> dict[str, Any]:
+    text = resources.files("powerctl.data").joinpath("boards.yaml").read_text(encoding="utf-8")
+    return dict(yaml.safe_load(text))
+
+
 @cache
 def load_boards() -> dict[str, BoardModel]:
-    text = resources.files("powerctl.data").joinpath("boards.yaml").read_text(encoding="utf-8")
-    return {name: _parse(name, raw) for name, raw in yaml.safe_load(text).items()}
+    raw = _raw_boards()
+    return {name: _parse(name, r, raw) for name, r in raw.items()}
 
 
 def board_names() -> list[str]:

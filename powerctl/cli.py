@@ -1,4 +1,4 @@
-"""`powerctl`: devices, power, freq, profile, select, plot (DESIGN §6).
+"""`powerctl`: devices, power, freq, profile, caps, select, plot (DESIGN §6).
 
 Every user error is one line on stderr and exit status 2; nothing on the device is left changed.
 """
@@ -116,9 +116,39 @@ def cmd_freq(args: argparse.Namespace) -> int:
 
 
 # --- profile ----------------------------------------------------------------------------------
+def _predicted_profile(args: argparse.Namespace) -> Any:
+    """`--predicted`: the simulated board's noise-free profile, no training step run."""
+    from powerctl.devices.simulated import SimulatedBoard, predicted_profile
+
+    if not args.device.startswith("sim:"):
+        raise PowerctlError(
+            f"--predicted needs a simulated board (sim:NAME); {args.device} is profiled by running it"
+        )
+    if args.order == "efficient":
+        raise PowerctlError("--predicted writes the whole grid at no cost; drop --order efficient")
+    from training.models import build_model, model_workload
+
+    with open_device(args.device, seed=args.seed) as dev:
+        assert isinstance(dev, SimulatedBoard)
+        board = dev.model
+    model = build_model(args.model, **({"num_classes": args.num_classes} if args.num_classes else {}), seed=0)
+    workload = model_workload(args.model, model, args.num_classes)
+    return predicted_profile(board, workload, args.batch_sizes, args.samples)
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
     from powerctl.profiler import profile_device
 
+    if args.predicted:
+        profile = _predicted_profile(args)
+        profile.save(args.out)
+        skipped = [s["batch_size"] for s in profile.skipped]
+        print(
+            f"wrote {args.out}: {len(profile.points)} predicted points (board model, no training run), "
+            f"batch sizes {profile.batch_sizes()}"
+            + (f", skipped {skipped} (out of memory)" if skipped else "")
+        )
+        return 0
     if args.order == "efficient" and args.power_cap is None:
         raise PowerctlError("--order efficient needs --power-cap W (it stops each batch size at the cap)")
     # the one place where powerctl is composed with the training package's model registry
@@ -151,6 +181,32 @@ def cmd_profile(args: argparse.Namespace) -> int:
             else ""
         )
         + f"; profiling took {cost:.1f} device seconds"
+    )
+    return 0
+
+
+# --- caps ------------------------------------------------------------------------------------
+def cmd_caps(args: argparse.Namespace) -> int:
+    from powerctl.caps import frequency_cap, peak_power_by_frequency
+    from powerctl.profile_table import Profile
+
+    profiles = [Profile.load(p) for p in args.profile]
+    hz = frequency_cap(profiles, args.power_cap)
+    peak = peak_power_by_frequency(profiles)[hz]
+    if args.json:
+        _print_json(
+            {
+                "power_cap_w": args.power_cap,
+                "frequency_hz": hz,
+                "peak_power_w": peak,
+                "device": profiles[0].device,
+                "models": sorted({p.model for p in profiles}),
+            }
+        )
+        return 0
+    print(
+        f"{_mhz(hz)}: the highest frequency at which every point of the {len(profiles)} profile(s) stays "
+        f"under {args.power_cap:g} W (peak {peak:.2f} W)"
     )
     return 0
 
@@ -265,7 +321,22 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--num-classes", type=positive_int, help="classes (image models; default 10)")
     s.add_argument("--seed", type=int, default=0, help="seed of weights, inputs and simulated noise")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.add_argument(
+        "--predicted",
+        action="store_true",
+        help="sim:NAME only: write the board model's noise-free profile without running training steps",
+    )
     s.set_defaults(func=cmd_profile)
+
+    s = sub.add_parser(
+        "caps", help="state-of-practice frequency: the highest at which every profile stays under a cap"
+    )
+    s.add_argument(
+        "--profile", required=True, action="append", type=Path, help="profile JSON (repeat: all models)"
+    )
+    s.add_argument("--power-cap", required=True, type=positive_float, metavar="W", help="power cap in W")
+    s.add_argument("--json", action="store_true", help='print {"power_cap_w", "frequency_hz", ...}')
+    s.set_defaults(func=cmd_caps)
 
     s = sub.add_parser("select", help="the (batch size, frequency) with the least predicted time under a cap")
     s.add_argument("--profile", required=True, type=Path, help="profile JSON (powerctl profile)")

@@ -1,4 +1,4 @@
-"""What one training sample costs: FLOPs, activation memory, parameter memory.
+"""What one training step costs: FLOPs, activation memory, parameter memory, kernels, memory traffic.
 
 Measured from the real torch model (not hand-written), so a simulated board charges a bigger
 network more time, more power and more memory, and refuses a batch that does not fit.
@@ -19,10 +19,18 @@ class Workload:
     flops_per_sample: float
     """Training FLOPs per sample: forward + backward."""
     activation_bytes_per_sample: float
-    """Bytes autograd keeps per sample between forward and backward."""
+    """Bytes autograd keeps per sample between forward and backward (weights it saves are not counted:
+    they are parameters, held once whatever the batch size)."""
     parameter_bytes: float
     optimizer_states: int = 2
     """Extra copies of the parameters the optimizer keeps (Adam/AdamW: 2)."""
+    kernels_per_step: int = 0
+    """Compute ops (≈ GPU kernel launches) of one forward + backward pass; 0 = not measured."""
+    traffic_bytes_per_sample: float = 0.0
+    """Bytes the forward + backward ops write per sample, weight gradients left out (memory traffic; reads
+    are of the same order)."""
+    parameter_tensors: int = 0
+    """Parameter tensors: a per-tensor optimizer (PyTorch 1.10's Adam) launches kernels for each."""
 
     def memory_bytes(self, batch_size: int) -> float:
         """Training memory at `batch_size`: weights, grads, optimizer state, activations."""
@@ -52,32 +60,73 @@ def measure_workload(
     from torch.utils.flop_counter import FlopCounterMode
 
     batch = int(inputs.shape[0])
-    saved = 0
+    param_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved_storages: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        nonlocal saved
-        saved += t.numel() * t.element_size()
+        # one storage counted once (a ReLU output saved by two nodes is one buffer), weights never: they
+        # are parameters, not per-sample activations (transposed views share the weight's storage)
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr not in param_storages:
+            saved_storages[ptr] = storage.nbytes()
         return t
 
     was_training = model.training
     model.train()
     with _flop_counter_fixed():
         counter = FlopCounterMode(display=False)  # copies torch's table on construction: fixed first
-    with counter:
+    ops = _op_counter({tuple(p.shape) for p in model.parameters()})
+    with counter, ops:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             loss = loss_fn(model(inputs), targets)
         loss.backward()  # counted too: the backward pass is most of a training step's work
+        del loss
     model.zero_grad(set_to_none=True)
     model.train(was_training)
-    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    params = list(model.parameters())
     return Workload(
         model=name,
         input_shape=tuple(int(s) for s in inputs.shape[1:]),
         flops_per_sample=counter.get_total_flops() / batch,
-        activation_bytes_per_sample=saved / batch,
-        parameter_bytes=float(params),
+        activation_bytes_per_sample=sum(saved_storages.values()) / batch,
+        parameter_bytes=float(sum(p.numel() * p.element_size() for p in params)),
         optimizer_states=optimizer_states,
+        kernels_per_step=ops.kernels,
+        traffic_bytes_per_sample=ops.written_bytes / batch,
+        parameter_tensors=len(params),
     )
+
+
+def _op_counter(parameter_shapes: set[tuple[int, ...]]) -> Any:
+    """A dispatch mode counting the compute ops of a pass (≈ kernel launches) and the per-sample bytes
+    they write (outputs shaped like a parameter are weight gradients: per step, not per sample).
+
+    Views and detaches launch no kernel and are not counted. Built on first use: torch is imported lazily.
+    """
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class OpCounter(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.kernels = 0
+            self.written_bytes = 0
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            out = func(*args, **(kwargs or {}))
+            if getattr(func, "is_view", False) or "detach" in func.__name__:
+                return out
+            outs = out if isinstance(out, (tuple, list)) else (out,)
+            tensors = [t for t in outs if isinstance(t, torch.Tensor)]
+            if tensors:
+                self.kernels += 1
+                self.written_bytes += sum(
+                    t.numel() * t.element_size() for t in tensors if tuple(t.shape) not in parameter_shapes
+                )
+            return out
+
+    return OpCounter()
 
 
 # --- corrections to torch.utils.flop_counter (applied only while measuring) ---------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -33,3 +34,29 @@ def shared_data() -> Path:
     """The real data beside the project; its absence is a failure, not a skip."""
     assert SHARED_DATA.is_dir(), f"real data expected at {SHARED_DATA} (../shared/data)"
     return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def paper_workloads() -> dict[str, Any]:
+    """Workloads of the paper's full-size models (measured once per test process: ~10 s)."""
+    from training.models import build_model, model_workload
+
+    names = ("resnet18", "mobilenetv2", "chartransformer")
+    return {n: model_workload(n, build_model(n, seed=0)) for n in names}
+
+
+@pytest.fixture(scope="session")
+def small_workload() -> Any:
+    """A small image model's workload, with kernels and traffic measured."""
+    from training.models import build_model, model_workload
+
+    return model_workload("resnet18-small", build_model("resnet18-small", seed=0))
+
+
+@pytest.fixture(scope="session")
+def all_workloads(paper_workloads: dict[str, Any]) -> dict[str, Any]:
+    """Workloads of every model the project ships (the small ones added to the paper's)."""
+    from training.models import build_model, model_names, model_workload
+
+    rest = {n: model_workload(n, build_model(n, seed=0)) for n in model_names() if n not in paper_workloads}
+    return {**paper_workloads, **rest}

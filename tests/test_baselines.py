@@ -27,7 +27,9 @@ from tests.test_selection import MHZ, make_profile, make_relation, point, profil
 
 NANO = board_model("jetson-nano")
 NANO_FREQS = list(NANO.frequencies_hz)
-NANO_FULL_LOAD = dict(zip(NANO.frequencies_hz, NANO.full_load_power_w, strict=True))
+assert NANO.state_of_practice is not None
+NANO_SOP = dict(zip(NANO.frequencies_hz, NANO.state_of_practice.peak_training_power_w, strict=True))
+NANO_5W = NANO.fixed_frequency_cap(5.0)  # 768 MHz: every model at every batch size stays ≤ 4.93 W there
 
 
 def nano_grid(batch_sizes: list[int], device: str = "jetson-nano") -> Profile:
@@ -36,7 +38,7 @@ def nano_grid(batch_sizes: list[int], device: str = "jetson-nano") -> Profile:
     for b in batch_sizes:
         u = b / (b + 32)  # larger batches use the GPU better: more power, less time per sample
         for hz in NANO_FREQS:
-            peak = 2.0 + u * (NANO_FULL_LOAD[hz] - 2.0)
+            peak = 2.0 + u * (NANO_SOP[hz] - 2.0)  # never above the state-of-practice table
             seconds = 1000.0 / (u * hz / 1e9)
             pts.append(ProfilePoint(b, hz, peak, peak * 0.9, seconds * b / 1000, seconds))
     return make_profile(pts, device)
@@ -46,12 +48,14 @@ def nano_grid(batch_sizes: list[int], device: str = "jetson-nano") -> Profile:
 
 
 def test_state_of_practice_on_a_nano_at_5_w() -> None:
-    # SGEMM draws 4.8 W at 614.4 MHz and 5.4 W at 691.2 MHz: the fixed cap for 5 W is 614.4 MHz.
+    # Training profiles of the model set peak at 4.93 W at 768 MHz and 5.42 W at 844.8: the fixed cap for 5 W
+    # is 768 MHz (full-load SGEMM would have given 614.4 MHz, two steps lower).
+    assert NANO_5W == 768_000_000
     profile = nano_grid([8, 32, 128])
     relation = make_relation({8: 3000.0, 32: 2000.0, 128: 4000.0})
     base = state_of_practice(profile, 5.0, relation=relation)
-    assert (base.name, base.batch_size, base.frequency_hz) == (STATE_OF_PRACTICE, 128, 614_400_000)
-    p = profile.point(128, 614_400_000)
+    assert (base.name, base.batch_size, base.frequency_hz) == (STATE_OF_PRACTICE, 128, NANO_5W)
+    p = profile.point(128, NANO_5W)
     assert base.peak_power_w == p.peak_power_w
     assert base.predicted_seconds == pytest.approx(p.seconds_for_samples * 1.0)  # r_128 = 1: largest batch
     # Without a relation it still says which (b, f), but predicts nothing.
@@ -60,7 +64,7 @@ def test_state_of_practice_on_a_nano_at_5_w() -> None:
 
 def test_state_of_practice_looks_up_the_board_by_device_name() -> None:
     for device in ("jetson-nano", "sim:jetson-nano"):
-        assert state_of_practice(nano_grid([16], device), 5.0).frequency_hz == 614_400_000
+        assert state_of_practice(nano_grid([16], device), 5.0).frequency_hz == NANO_5W
     tx2 = board_model("jetson-tx2nx")
     assert state_of_practice(
         nano_grid([16], "nvml:0"), 5.0, board=tx2
@@ -77,17 +81,17 @@ def test_state_of_practice_explicit_frequency_and_no_cap() -> None:
 
 def test_state_of_practice_cap_below_every_fixed_frequency() -> None:
     with pytest.raises(InfeasibleCapError) as err:
-        state_of_practice(nano_grid([16]), 2.0)  # 76.8 MHz already draws 2.4 W at full load
+        state_of_practice(nano_grid([16]), 2.0)  # at 76.8 MHz the model set already peaks at 2.28 W
     msg = str(err.value)
-    assert "\n" not in msg and "2.00 W" in msg and "2.40 W" in msg
+    assert "\n" not in msg and "2.00 W" in msg and f"{NANO_SOP[NANO_FREQS[0]]:.2f} W" in msg
 
 
 def test_state_of_practice_point_not_profiled_predicts_none() -> None:
-    # An efficient-order profile that skipped (128, 614.4 MHz).
+    # An efficient-order profile that skipped (128, 768 MHz).
     full = nano_grid([32, 128])
-    profile = make_profile([p for p in full.points if (p.batch_size, p.frequency_hz) != (128, 614_400_000)])
+    profile = make_profile([p for p in full.points if (p.batch_size, p.frequency_hz) != (128, NANO_5W)])
     base = state_of_practice(profile, 5.0, relation=make_relation({32: 1.0, 128: 1.0}))
-    assert (base.batch_size, base.frequency_hz) == (128, 614_400_000)
+    assert (base.batch_size, base.frequency_hz) == (128, NANO_5W)
     assert base.predicted_seconds is None and base.peak_power_w is None
 
 
@@ -98,8 +102,8 @@ def test_proxy_batch_takes_the_least_samples_among_profiled_batch_sizes() -> Non
     profile = nano_grid([8, 16, 32, 64])  # 128 and 256 did not fit in memory
     relation = make_relation({8: 5000.0, 16: 3000.0, 32: 3500.0, 64: 4000.0, 128: 6000.0, 256: 1000.0})
     base = proxy_batch(profile, relation, 5.0)
-    assert (base.name, base.batch_size, base.frequency_hz) == (PROXY_BATCH, 16, 614_400_000)
-    p = profile.point(16, 614_400_000)
+    assert (base.name, base.batch_size, base.frequency_hz) == (PROXY_BATCH, 16, NANO_5W)
+    p = profile.point(16, NANO_5W)
     assert base.predicted_seconds == pytest.approx(
         p.seconds_for_samples * 3000.0 / 1000.0
     )  # r_16 = 3000/1000
@@ -127,14 +131,15 @@ def test_oracle_is_select_with_the_target_relation() -> None:
 
 @st.composite
 def nano_cases(draw: st.DrawFn) -> tuple[Profile, RelationVector, RelationVector, float]:
-    """Profiles over the Nano's frequencies whose peaks never exceed SGEMM's (what makes the fixed cap safe),
+    """Profiles over the Nano's frequencies whose peaks never exceed the state-of-practice table (what the
+    table promises for the model set: what makes the fixed cap safe),
     a proxy and a target relation over the same batch sizes, and a cap the fixed-cap table can meet."""
-    profile = draw(profiles(frequencies=NANO_FREQS, peak_bound=NANO_FULL_LOAD))
+    profile = draw(profiles(frequencies=NANO_FREQS, peak_bound=NANO_SOP))
     bss = profile.batch_sizes()
     samples = st.floats(100.0, 1e5)
     proxy = make_relation({b: draw(samples) for b in bss})
     target = make_relation({b: draw(samples) for b in bss}, "target")
-    cap = draw(st.floats(2.4, 10.0))
+    cap = draw(st.floats(NANO_SOP[NANO_FREQS[0]], 10.0))
     return profile, proxy, target, cap
 
 
@@ -182,7 +187,7 @@ def test_compare_rows_and_speedups() -> None:
         method.frequency_hz,
     )
     assert by["method"]["speedup"] == 1.0 and by["method"]["speedup_target"] == 1.0
-    assert (by[STATE_OF_PRACTICE]["batch_size"], by[STATE_OF_PRACTICE]["frequency_hz"]) == (128, 614_400_000)
+    assert (by[STATE_OF_PRACTICE]["batch_size"], by[STATE_OF_PRACTICE]["frequency_hz"]) == (128, NANO_5W)
     assert by[PROXY_BATCH]["batch_size"] == 16
     for row in rows:
         assert row["feasible"] is True
@@ -199,7 +204,7 @@ def test_compare_rows_and_speedups() -> None:
 
 def test_compare_without_target_has_no_oracle_and_handles_unprofiled_baselines() -> None:
     full = nano_grid([16, 128])
-    profile = make_profile([p for p in full.points if (p.batch_size, p.frequency_hz) != (128, 614_400_000)])
+    profile = make_profile([p for p in full.points if (p.batch_size, p.frequency_hz) != (128, NANO_5W)])
     rows = compare(profile, make_relation({16: 1.0, 128: 1.0}), 5.0)
     assert [r["name"] for r in rows] == ["method", STATE_OF_PRACTICE, PROXY_BATCH]
     sop = rows[1]
@@ -219,21 +224,21 @@ def test_baseline_json() -> None:
 
 
 def test_hand_built_comparison() -> None:
-    # Worked by hand: r_16 = 0.5, r_64 = 1. Cap 5 W on a Nano → fixed 614.4 MHz.
-    #   (64, 614.4)  4.0 W  T 100 → 100 s   state of practice (largest batch at the fixed cap)
+    # Worked by hand: r_16 = 0.5, r_64 = 1. Cap 4.5 W on a Nano → fixed 691.2 MHz (state-of-practice table).
+    #   (64, 691.2)  4.0 W  T 100 → 100 s   state of practice (largest batch at the fixed cap)
     #   (64, 768)    5.5 W                  over the cap
-    #   (16, 614.4)  3.0 W  T 160 →  80 s   proxy batch (fewest samples)
-    #   (16, 768)    4.9 W  T 130 →  65 s   the method: smaller batch, higher frequency
+    #   (16, 691.2)  3.0 W  T 160 →  80 s   proxy batch (fewest samples)
+    #   (16, 768)    4.4 W  T 130 →  65 s   the method: smaller batch, higher frequency
     profile = make_profile(
         [
-            point(64, 614.4, 4.0, 100.0),
+            point(64, 691.2, 4.0, 100.0),
             point(64, 768, 5.5, 70.0),
-            point(16, 614.4, 3.0, 160.0),
-            point(16, 768, 4.9, 130.0),
+            point(16, 691.2, 3.0, 160.0),
+            point(16, 768, 4.4, 130.0),
         ]
     )
     relation = make_relation({16: 500.0, 64: 1000.0})
-    rows = {r["name"]: r for r in compare(profile, relation, 5.0)}
+    rows = {r["name"]: r for r in compare(profile, relation, 4.5)}
     assert (rows["method"]["batch_size"], rows["method"]["frequency_hz"]) == (16, 768 * MHZ)
     assert rows["method"]["predicted_seconds"] == pytest.approx(65.0)
     assert rows[STATE_OF_PRACTICE]["predicted_seconds"] == pytest.approx(100.0)

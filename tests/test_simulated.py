@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from powerctl.boards import board_model
+from powerctl.boards import BoardModel, board_model
 from powerctl.devices import open_device
 from powerctl.devices.simulated import SimulatedBoard, step_cost
 from powerctl.errors import DeviceError, DeviceOutOfMemory
@@ -128,3 +128,59 @@ def test_pin_and_restore() -> None:
 def test_unknown_simulated_board() -> None:
     with pytest.raises(DeviceError, match="sim:jetson-nano"):
         open_device("sim:jetson-agx-thor")
+
+
+# --- the shape facts of the paper (issue 10) -----------------------------------------------------------
+
+TX2 = board_model("jetson-tx2nx")
+
+
+def _slowdown(board: BoardModel, w: Workload, b: int, hi: int, lo: int) -> float:
+    return step_cost(board, w, b, lo).seconds / step_cost(board, w, b, hi).seconds
+
+
+def test_small_batches_slow_down_less_when_the_clock_is_lowered(paper_workloads: dict[str, Workload]) -> None:
+    # paper, ResNet18, no cap → low cap: Nano 2.32x at b=128 vs 1.95x at the proxy-best batch;
+    # TX2 NX 2.43x vs 1.80x
+    resnet = paper_workloads["resnet18"]
+    nano = _slowdown(NANO, resnet, 128, 921_600_000, 384_000_000) / _slowdown(
+        NANO, resnet, 16, 921_600_000, 384_000_000
+    )
+    assert 1.10 <= nano <= 1.35
+    tx2 = _slowdown(TX2, resnet, 128, 1_300_500_000, 522_750_000) / _slowdown(
+        TX2, resnet, 16, 1_300_500_000, 522_750_000
+    )
+    assert 1.10 <= tx2 <= 1.45 and tx2 > nano  # a faster GPU with a CPU only 1.4x faster: more launch-bound
+
+
+def test_the_tx2nx_is_built_from_the_nano_and_its_own_specifications() -> None:
+    assert TX2.gflops_per_ghz == pytest.approx(NANO.gflops_per_ghz * 2)
+    assert TX2.launch_s == pytest.approx(NANO.launch_s * 1.43 / 2.0)
+    assert list(TX2.full_load_power_w) == sorted(TX2.full_load_power_w)
+    assert TX2.full_load_power_w[0] > TX2.idle_power_w
+    for key in ("full_load_power_w", "gflops_per_ghz", "launch_s", "idle_power_w", "cuda_cores"):
+        kind = TX2.sources[key].split(" ")[0]
+        assert kind in ("measured", "derived", "estimated"), key
+
+
+@pytest.mark.parametrize("board", [NANO, TX2], ids=lambda b: b.name)
+def test_every_shipped_model_shows_the_trade_off(
+    board: BoardModel, all_workloads: dict[str, Workload]
+) -> None:
+    # peak power grows with the batch size and time per sample falls, at the top clock and at a low one
+    for name, w in all_workloads.items():
+        for hz in (board.frequencies_hz[-1], board.frequencies_hz[3]):
+            sizes = [b for b in (4, 8, 16, 32, 64, 128) if w.memory_bytes(b) <= board.training_memory_bytes]
+            costs = [step_cost(board, w, b, hz) for b in sizes]
+            peaks = [c.peak_w for c in costs]
+            per_sample = [c.seconds / b for c, b in zip(costs, sizes, strict=True)]
+            dynamic = board.full_load_power(hz) - board.idle_power_w
+            assert peaks == sorted(peaks) and peaks[-1] > peaks[0] + 0.15 * dynamic, (name, hz, peaks)
+            assert per_sample == sorted(per_sample, reverse=True), (name, hz, per_sample)
+
+
+def test_the_tx2nx_trains_faster_than_the_nano(paper_workloads: dict[str, Workload]) -> None:
+    for w in paper_workloads.values():
+        nano = step_cost(NANO, w, 32, NANO.frequencies_hz[-1]).seconds
+        tx2 = step_cost(TX2, w, 32, TX2.frequencies_hz[-1]).seconds
+        assert 1.5 < nano / tx2 < 3.0

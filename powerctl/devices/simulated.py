@@ -8,7 +8,7 @@ memory: a bigger network takes longer and draws more; too big a batch does not f
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -17,6 +17,7 @@ import numpy as np
 from powerctl.boards import BoardModel, board_model, board_names
 from powerctl.devices.base import Device, PowerSampler, PowerSamples
 from powerctl.errors import DeviceError, DeviceOutOfMemory
+from powerctl.profile_table import Profile, ProfilePoint
 from powerctl.workload import Workload
 
 T = TypeVar("T")
@@ -31,6 +32,12 @@ POWER_NOISE = 0.01
 
 _ADAM_PASSES = 7
 """Parameter-sized memory passes of an Adam step: read p, g, m, v; write p, m, v."""
+_GRAD_PASSES = 2
+"""Parameter-sized passes of the weight gradients: written in backward, zeroed for the next step."""
+_TRAFFIC_READ_WRITE = 2.0
+"""Measured traffic counts the bytes ops write; they read about as much."""
+_UNMEASURED_KERNELS = 200
+"""Kernels per forward + backward assumed for a workload measured without a kernel count."""
 
 
 @dataclass(frozen=True)
@@ -38,7 +45,9 @@ class StepCost:
     """The model's prediction for one training step at (batch size, frequency), noise-free."""
 
     compute_s: float
+    """Arithmetic kernels: scale with the GPU clock and run better with more work per kernel."""
     fixed_s: float
+    """Launches (CPU-side, per kernel) and memory traffic (bounded by DRAM, not the GPU clock)."""
     compute_w: float
     fixed_w: float
     utilisation: float
@@ -47,22 +56,103 @@ class StepCost:
     def seconds(self) -> float:
         return self.compute_s + self.fixed_s
 
+    @property
+    def peak_w(self) -> float:
+        return max(self.compute_w, self.fixed_w)
+
+    @property
+    def energy_j(self) -> float:
+        return self.compute_s * self.compute_w + self.fixed_s * self.fixed_w
+
 
 def step_cost(board: BoardModel, workload: Workload, batch_size: int, hz: int) -> StepCost:
-    """Time and power of one step: a compute phase that uses the GPU better as batches grow, and
-    a fixed phase (launches, optimizer) bound by CPU and memory bandwidth, not the GPU clock."""
+    """Time and power of one step (see boards.yaml): a compute phase at the GPU clock, whose utilisation
+    grows with the work per kernel, and a frequency-independent phase: kernel launches from the CPU
+    (forward, backward, and the per-tensor optimizer) and memory traffic at the DRAM's bandwidth."""
     gflop = batch_size * workload.flops_per_sample / 1e9
-    u = board.max_utilisation * gflop / (gflop + board.half_utilisation_gflop)
+    kernels = workload.kernels_per_step or _UNMEASURED_KERNELS
+    occupancy = (gflop / kernels / board.half_utilisation_gflop_per_kernel) ** board.utilisation_exponent
+    u = board.max_utilisation * occupancy / (1.0 + occupancy)
     ghz = hz / 1e9
     compute_s = gflop / (board.gflops_per_ghz * ghz * u) if gflop > 0 else 0.0
-    optimizer_s = _ADAM_PASSES * workload.parameter_bytes / (board.memory_bandwidth_gbs * 1e9)
+    launches = kernels + board.optimizer_kernels_per_tensor * max(workload.parameter_tensors, 1)
+    traffic = (
+        _TRAFFIC_READ_WRITE * batch_size * workload.traffic_bytes_per_sample
+        + (_ADAM_PASSES + _GRAD_PASSES) * workload.parameter_bytes
+    )
+    memory_s = traffic / (board.memory_bandwidth_gbs * 1e9 * board.memory_efficiency)
     dynamic = board.full_load_power(hz) - board.idle_power_w
     return StepCost(
         compute_s=compute_s,
-        fixed_s=board.step_overhead_s + optimizer_s,
+        fixed_s=board.step_overhead_s + launches * board.launch_s + memory_s,
         compute_w=board.idle_power_w + u * dynamic,
         fixed_w=board.idle_power_w + board.overhead_utilisation * dynamic,
         utilisation=u,
+    )
+
+
+def predicted_point(
+    board: BoardModel, workload: Workload, batch_size: int, hz: int, samples: int
+) -> ProfilePoint:
+    """The profile point a noise-free profiling run would measure: peak and mean power of a step, T_N."""
+    cost = step_cost(board, workload, batch_size, hz)
+    return ProfilePoint(
+        batch_size=batch_size,
+        frequency_hz=hz,
+        peak_power_w=cost.peak_w,
+        mean_power_w=cost.energy_j / cost.seconds,
+        seconds_per_batch=cost.seconds,
+        seconds_for_samples=cost.seconds * samples / batch_size,
+    )
+
+
+def replay_cost(
+    board: BoardModel, workload: Workload, batch_size: int, steps: int, hz: int
+) -> tuple[float, float]:
+    """(device seconds, energy J) that `steps` training steps of `batch_size` cost at `hz`, noise-free.
+
+    Samples to a target depend on the batch size and the seed, not on the frequency: a run recorded
+    once (its steps) is charged at every frequency without training again — the same as a pinned run
+    on a noise-free simulated board (tests/test_replay.py).
+    """
+    cost = step_cost(board, workload, batch_size, hz)
+    return steps * cost.seconds, steps * cost.energy_j
+
+
+def predicted_profile(
+    board: BoardModel | str,
+    workload: Workload,
+    batch_sizes: Sequence[int],
+    samples: int,
+    frequencies: Sequence[int] | None = None,
+) -> Profile:
+    """The board model's noise-free profile (every (b, f) of a grid) without running a training step.
+
+    Batch sizes that do not fit in the board's training memory are skipped, as a real profile skips them.
+    Marked ``"predicted": true`` in the file; it costs no device time.
+    """
+    model = board_model(board) if isinstance(board, str) else board
+    table = sorted(frequencies or model.frequencies_hz)
+    unknown = set(table) - set(model.frequencies_hz)
+    if unknown:
+        raise DeviceError(f"{sorted(unknown)} Hz not in the frequency table of sim:{model.name}")
+    if samples < 1:
+        raise ValueError("samples must be ≥ 1")
+    points, skipped = [], []
+    for b in sorted(set(batch_sizes)):
+        need = workload.memory_bytes(b)
+        if need > model.training_memory_bytes:
+            skipped.append({"batch_size": b, "reason": f"out of memory: needs {need / 2**30:.2f} GiB"})
+            continue
+        points += [predicted_point(model, workload, b, f, samples) for f in table]
+    return Profile(
+        device=model.name,
+        model=workload.model,
+        input_shape=list(workload.input_shape),
+        samples=samples,
+        points=points,
+        skipped=skipped,
+        extra={"predicted": True, "order": "grid", "workload": workload.to_dict()},
     )
 
 

@@ -1,0 +1,77 @@
+"""Derive the state-of-practice table of every simulated board (boards.yaml: state_of_practice).
+
+Predicted profiles (the board model, noise-free) of the paper's model set at batch sizes 4–128; per
+frequency the largest peak power of any model at any batch size that fits. A cap's fixed frequency is
+the highest one whose entry is ≤ the cap — what `powerctl caps` gives on the same profiles.
+
+    python bench/derive_caps.py            print the tables and the fixed frequency per cap
+    python bench/derive_caps.py --write    also rewrite the peak_training_power_w lines of boards.yaml
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+from powerctl.boards import load_boards
+from powerctl.caps import SOP_BATCH_SIZES, derive_peak_training_power
+from powerctl.workload import Workload
+
+BOARDS_YAML = Path(__file__).resolve().parents[1] / "powerctl" / "data" / "boards.yaml"
+
+
+def model_set_workloads(names: tuple[str, ...]) -> list[Workload]:
+    from training.models import build_model, model_workload
+
+    return [model_workload(n, build_model(n, seed=0)) for n in names]
+
+
+def derive_all() -> dict[str, list[float]]:
+    """Board name → the derived peak_training_power_w, for every board with a state_of_practice table."""
+    out: dict[str, list[float]] = {}
+    cache: dict[tuple[str, ...], list[Workload]] = {}
+    for name, board in load_boards().items():
+        table = board.state_of_practice
+        if table is None:
+            continue
+        workloads = cache.setdefault(table.models, model_set_workloads(table.models))
+        out[name] = derive_peak_training_power(board, workloads, table.batch_sizes or SOP_BATCH_SIZES)
+    return out
+
+
+def write(tables: dict[str, list[float]], path: Path = BOARDS_YAML) -> None:
+    text = path.read_text(encoding="utf-8")
+    for name, power in tables.items():
+        start = text.index(f"\n{name}:\n")
+        end = text.find("\n\n", start + 1)
+        end = len(text) if end < 0 else end
+        block = re.sub(
+            r"peak_training_power_w: \[[^\]]*\]",
+            f"peak_training_power_w: [{', '.join(f'{p:g}' for p in power)}]",
+            text[start:end],
+        )
+        text = text[:start] + block + text[end:]
+    path.write_text(text, encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--write", action="store_true", help="rewrite boards.yaml's tables")
+    args = p.parse_args(argv)
+    tables = derive_all()
+    boards = load_boards()
+    for name, power in tables.items():
+        b = boards[name]
+        print(f"{name}: peak training power per frequency (W), all models, all batch sizes that fit")
+        for hz, w, sgemm in zip(b.frequencies_hz, power, b.full_load_power_w, strict=True):
+            print(f"  {hz / 1e6:7.1f} MHz  {w:6.3f} W   (SGEMM full load {sgemm:.2f} W)")
+    if args.write:
+        write(tables)
+        print(f"wrote {BOARDS_YAML}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""State-of-practice frequency caps, derived as the paper does: from training profiles, not from SGEMM.
+
+The paper fixes one frequency per power limit, "determined by profiling training of different models and
+selecting the frequencies that assure a power limit is satisfied irrespective of what model or batch size
+is used": the highest frequency at which every point of every profile stays ≤ the cap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from powerctl.boards import BoardModel
+from powerctl.errors import FileFormatError, InfeasibleCapError
+from powerctl.profile_table import Profile
+from powerctl.workload import Workload
+
+SOP_BATCH_SIZES = (4, 8, 16, 32, 64, 128)
+"""Batch sizes of the paper's profiles (DESIGN §1)."""
+
+
+def peak_power_by_frequency(profiles: Sequence[Profile]) -> dict[int, float]:
+    """Per frequency, the largest peak power of any point of any profile.
+
+    A frequency counts only where every profile holds a point for each of its batch sizes: a frequency
+    some batch size was not profiled at (efficient order) is not known to be safe and is left out.
+    """
+    if not profiles:
+        raise ValueError("need at least one profile")
+    devices = {p.device.removeprefix("sim:") for p in profiles}
+    if len(devices) > 1:
+        raise FileFormatError(
+            f"profiles of different devices ({', '.join(sorted(devices))}): caps are per device"
+        )
+    common = set.intersection(*(set(p.frequencies()) for p in profiles))
+    out: dict[int, float] = {}
+    for hz in sorted(common):
+        peaks = []
+        for p in profiles:
+            at = [pt.peak_power_w for pt in p.points if pt.frequency_hz == hz]
+            if len(at) < len(p.batch_sizes()):
+                break
+            peaks += at
+        else:
+            out[hz] = max(peaks)
+    return out
+
+
+def frequency_cap(profiles: Sequence[Profile], power_cap_w: float) -> int:
+    """The highest frequency at which every point of every profile stays ≤ `power_cap_w`.
+
+    None does → one InfeasibleCapError line naming the least power seen at a fixed frequency.
+    """
+    peaks = peak_power_by_frequency(profiles)
+    if not peaks:
+        raise InfeasibleCapError("the profiles share no frequency profiled at every batch size")
+    ok = [hz for hz, w in peaks.items() if w <= power_cap_w]
+    if not ok:
+        hz, w = min(peaks.items(), key=lambda kv: kv[1])
+        raise InfeasibleCapError(
+            f"no fixed frequency keeps every profile under {power_cap_w:.2f} W: even {hz / 1e6:.1f} MHz "
+            f"reaches {w:.2f} W; raise the cap to at least {w:.2f} W"
+        )
+    return max(ok)
+
+
+def derive_peak_training_power(
+    board: BoardModel, workloads: Sequence[Workload], batch_sizes: Sequence[int] = SOP_BATCH_SIZES
+) -> list[float]:
+    """boards.yaml's `state_of_practice.peak_training_power_w`: per frequency of `board`, the largest peak
+    power of the predicted profiles of `workloads` at every batch size that fits (rounded to mW)."""
+    from powerctl.devices.simulated import predicted_profile
+
+    profiles = [predicted_profile(board, w, batch_sizes, samples=1000) for w in workloads]
+    peaks = peak_power_by_frequency(profiles)
+    return [round(peaks[hz], 3) for hz in board.frequencies_hz]

@@ -1,0 +1,36 @@
+"""Replay: a run's recorded steps charged at another frequency cost what a pinned run there costs."""
+
+from __future__ import annotations
+
+import pytest
+
+from powerctl.boards import board_model
+from powerctl.devices.simulated import SimulatedBoard, replay_cost
+from powerctl.workload import Workload
+from training.data import load_dataset, train_test_split
+from training.finetune import fine_tune
+from training.models import build_model
+
+
+@pytest.mark.parametrize("board_name", ["jetson-nano", "jetson-tx2nx"])
+def test_replayed_cost_equals_a_pinned_run(board_name: str, paper_workloads: dict[str, Workload]) -> None:
+    board = board_model(board_name)
+    full = paper_workloads["resnet18"]  # the small model trains; the board charges the full one
+    data = load_dataset("synthetic-image", split="all", limit=400, seed=3)
+    train, test = train_test_split(data, seed=3)
+    runs = {}
+    for hz in (board.frequencies_hz[2], board.frequencies_hz[-1]):
+        dev = SimulatedBoard(board, noise=False)
+        with dev.pinned(hz):
+            runs[hz] = fine_tune(
+                build_model("cnn-tiny", seed=0), train, test, device=dev, batch_size=16, lr=2e-3,
+                target_accuracy=None, workload=full, max_samples=160, eval_every_samples=None,
+                progress=False,
+            )  # fmt: skip
+    (lo, a), (hi, b) = runs.items()
+    assert a.steps == b.steps == 10 and a.samples == b.samples  # the frequency does not change the run
+    for hz, run in runs.items():
+        seconds, energy = replay_cost(board, full, 16, a.steps, hz)  # charged from the other run's steps
+        assert seconds == pytest.approx(run.device_seconds, rel=1e-9)
+        assert run.energy_j is not None and energy == pytest.approx(run.energy_j, rel=1e-6)
+    assert runs[lo].device_seconds > runs[hi].device_seconds
