@@ -28,7 +28,7 @@ class ServerConfig:
     """The run, as the server runs it: model and task, where weights and relation come from, rounds."""
 
     num_server_rounds: int = 2
-    model: str = "resnet18-small"
+    model: str = "cnn-tiny"
     weights: str = ""
     """A weights file (safetensors) to start from; empty = pre-train on `pretrain_data` (cached)."""
     pretrain_data: str = "synthetic-image"
