@@ -13,7 +13,6 @@ import hashlib
 import json
 import multiprocessing
 import os
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -179,7 +178,7 @@ def run(grid: Grid, context: Context) -> Path:
     )
 
     def on_round(record: RoundRecord) -> None:
-        writer.record_round(record)
+        writer.record_round(record, nodes=list(strategy.nodes.values()))
         if record.evaluation is None:
             say(f"\n[round {record.round}] clients (device s = fine-tuning; prof s = profiling this round)")
             say(client_table(record))
@@ -204,7 +203,6 @@ def run(grid: Grid, context: Context) -> Path:
         train_config=base.to_config(),
         evaluate_config=eval_config,
     )
-    writer.set_nodes(list(strategy.nodes.values()))
     model.load_state_dict(result.arrays.to_torch_state_dict())
     save_weights(
         out / "global.safetensors",
@@ -224,4 +222,3 @@ def main(grid: Grid, context: Context) -> None:
         say(f"powerfed server: error: {exc}")
         raise SystemExit(2) from None
     say(f"results: {path.resolve()}")
-    sys.stdout.flush()

@@ -38,11 +38,10 @@ class ResultsWriter:
         self.data: dict[str, Any] = {"schema": RESULTS_SCHEMA, "run": run, "nodes": [], "rounds": []}
         write_json(self.path, self.data)
 
-    def set_nodes(self, nodes: list[NodeInfo]) -> None:
-        self.data["nodes"] = [asdict(n) for n in sorted(nodes, key=lambda n: n.key)]
-        write_json(self.path, self.data)
-
-    def record_round(self, record: RoundRecord) -> None:
+    def record_round(self, record: RoundRecord, nodes: list[NodeInfo] | None = None) -> None:
+        """Add (or replace) `record`, and the nodes as the strategy knows them now."""
+        if nodes is not None:
+            self.data["nodes"] = [asdict(n) for n in sorted(nodes, key=lambda n: n.key)]
         rounds = [r for r in self.data["rounds"] if r["round"] != record.round]
         rounds.append(record.to_dict())
         self.data["rounds"] = sorted(rounds, key=lambda r: r["round"])

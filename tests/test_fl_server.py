@@ -95,10 +95,10 @@ def test_the_server_side_runs_rounds_and_writes_results_after_each(
 
     real = results_mod.ResultsWriter.record_round
 
-    def spy(self, record):  # the file on disk already holds every earlier round when the next arrives
+    def spy(self, record, nodes=None):  # the file on disk already holds every earlier round
         on_disk = json.loads(self.path.read_text())
         written.append(len(on_disk["rounds"]))
-        real(self, record)
+        real(self, record, nodes)
 
     monkeypatch.setattr(results_mod.ResultsWriter, "record_round", spy)
     rc = _run_config(tmp_path)
