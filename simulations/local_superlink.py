@@ -12,6 +12,7 @@ import contextlib
 import os
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 PROC = Path("/proc")
@@ -53,20 +54,45 @@ def pids_listening_on(port: int) -> list[int]:
     return sorted(found)
 
 
-def _parent_of(pid: int) -> int | None:
+@dataclass(frozen=True)
+class ProcStat:
+    """What /proc/PID/stat says of a process that we need to follow a process tree."""
+
+    ppid: int
+    sid: int
+    start_ticks: int
+    """Start time in clock ticks since boot: with the pid, it names one process, not a reused pid."""
+    state: str
+
+    @property
+    def running(self) -> bool:
+        return self.state not in ("Z", "X")  # a zombie waiting to be reaped counts as gone
+
+
+def proc_stat(pid: int) -> ProcStat | None:
+    """The process's stat line, or None once it is gone."""
     try:
         stat = (PROC / str(pid) / "stat").read_text()
     except OSError:
         return None
-    return int(stat.rsplit(")", 1)[1].split()[1])
+    f = stat.rsplit(")", 1)[1].split()  # the command name, in parentheses, may hold spaces
+    return ProcStat(ppid=int(f[1]), sid=int(f[3]), start_ticks=int(f[19]), state=f[0])
+
+
+def proc_table() -> dict[int, ProcStat]:
+    """Every process this user can see, by pid."""
+    table = {}
+    for entry in PROC.iterdir():
+        if entry.name.isdigit() and (st := proc_stat(int(entry.name))) is not None:
+            table[int(entry.name)] = st
+    return table
 
 
 def descendants(pid: int) -> list[int]:
     """Every process below `pid` in the process tree (children, grandchildren, ...)."""
     children: dict[int, list[int]] = {}
-    for proc in PROC.iterdir():
-        if proc.name.isdigit() and (ppid := _parent_of(int(proc.name))) is not None:
-            children.setdefault(ppid, []).append(int(proc.name))
+    for child, st in proc_table().items():
+        children.setdefault(st.ppid, []).append(child)
     out, todo = [], [pid]
     while todo:
         for child in children.get(todo.pop(), []):
@@ -77,11 +103,8 @@ def descendants(pid: int) -> list[int]:
 
 def alive(pid: int) -> bool:
     """Running (a zombie waiting to be reaped counts as gone)."""
-    try:
-        state = (PROC / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
+    st = proc_stat(pid)
+    return st is not None and st.running
 
 
 def stop_tree(pid: int, grace_s: float = 5.0) -> list[int]:

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from simulations.local_superlink import descendants, stop_tree
+from simulations.local_superlink import descendants, proc_stat, proc_table, stop_tree
 
 PROC = Path("/proc")
 REPO = Path(__file__).resolve().parents[1]
@@ -143,12 +143,8 @@ def make_ecdsa_key(path: Path) -> tuple[Path, Path]:
 
 def _stat(pid: int) -> tuple[int, int, int] | None:
     """(parent pid, session id, start time in clock ticks) of a live process; None if gone or a zombie."""
-    try:
-        stat = (PROC / str(pid) / "stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[1].split()
-    return None if fields[0] in ("Z", "X") else (int(fields[1]), int(fields[3]), int(fields[19]))
+    st = proc_stat(pid)
+    return (st.ppid, st.sid, st.start_ticks) if st is not None and st.running else None
 
 
 def _start_time(pid: int) -> int | None:
@@ -158,11 +154,7 @@ def _start_time(pid: int) -> int | None:
 
 
 def _proc_table() -> dict[int, tuple[int, int, int]]:
-    table = {}
-    for entry in PROC.iterdir():
-        if entry.name.isdigit() and (st := _stat(int(entry.name))) is not None:
-            table[int(entry.name)] = st
-    return table
+    return {pid: (st.ppid, st.sid, st.start_ticks) for pid, st in proc_table().items() if st.running}
 
 
 def _cmdline(pid: int) -> str:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,21 +17,16 @@ import pytest
 
 from powerctl.devices.simulated import POWER_NOISE
 from simulations.local_superlink import alive, descendants, pids_listening_on, stop_local_superlink
+from tests.flower_deploy import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 INFRA_LINE = re.compile(r"^\(\w+ pid=\d+\)|^(INFO|WARNING|DEBUG|ERROR)\s*:")
 """Lines the ServerApp did not print: Flower's log records and whatever Ray forwards from actors."""
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.slow
 def test_flwr_run_simulates_four_boards_and_ends_with_the_results_line(tmp_path: Path) -> None:
-    port, control = _free_port(), _free_port()
+    port, control = free_port(), free_port()
     env = dict(
         os.environ,
         PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
