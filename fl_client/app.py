@@ -19,7 +19,7 @@ from flwr.clientapp import ClientApp
 
 from fl_client.local_data import data_plan, load_local_data
 from fl_client.node import NodeSettings, resolve_node
-from fl_client.work import build_local_model, evaluate_local, model_seq_len, train_round
+from fl_client.work import build_local_model, model_seq_len, train_round
 from powerctl.devices import open_device
 from powerctl.errors import PowerctlError
 from strategies.protocol import (
@@ -33,6 +33,8 @@ from strategies.protocol import (
     TrainInstructions,
     reader,
 )
+from training.finetune import evaluate_with_loss
+from training.models import get_model_spec
 
 CLIENT_ERROR_CODE = 2
 """ErrorCode.CLIENT_APP_RAISED_EXCEPTION: what Flower itself uses when a ClientApp fails."""
@@ -139,7 +141,7 @@ def evaluate(msg: Message, context: Context) -> Message:
         model = build_local_model(model_name, r.integer("num-classes"), overrides, state)
         plan = data_plan(settings, context.run_config, model_seq_len(model_name, overrides))
         _, test = load_local_data(plan)
-        accuracy, loss = evaluate_local(model_name, model, test)
+        accuracy, loss = evaluate_with_loss(model, get_model_spec(model_name).task, test.x, test.y)
     except PowerctlError as exc:
         return _error_reply(msg, settings, exc)
     metrics = MetricRecord({EXAMPLES_KEY: len(test), "accuracy": accuracy, "loss": loss})

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import time
 from typing import TYPE_CHECKING
 
@@ -28,8 +27,8 @@ from powerctl.relation import RelationVector
 from powerctl.selection import check_power_cap, select
 from strategies.protocol import ClientReport, TrainInstructions
 from training.errors import DataError, ModelError
-from training.finetune import evaluate, fine_tune
-from training.models import build_model, get_model_spec, loss_fn
+from training.finetune import fine_tune
+from training.models import build_model, get_model_spec
 
 if TYPE_CHECKING:
     from training.data import Dataset
@@ -197,21 +196,3 @@ def train_round(
     )
     new_state = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
     return new_state, report
-
-
-@torch.no_grad()
-def evaluate_local(instr_model: str, model: nn.Module, test: Dataset) -> tuple[float, float]:
-    """(accuracy, mean loss) of `model` on this node's whole test split."""
-    task = get_model_spec(instr_model).task
-    accuracy = evaluate(model, task, test.x, test.y)
-    was_training = model.training
-    model.eval()
-    criterion = loss_fn(task)
-    total, n = 0.0, 0
-    for start in range(0, len(test), 256):
-        xb, yb = test.x[start : start + 256], test.y[start : start + 256]
-        total += float(criterion(model(xb), yb)) * len(xb)
-        n += len(xb)
-    model.train(was_training)
-    loss = total / n if n else math.nan
-    return accuracy, loss

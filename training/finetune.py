@@ -36,6 +36,7 @@ __all__ = [
     "CurvePoint",
     "FineTuneResult",
     "evaluate",
+    "evaluate_with_loss",
     "step_workload",
     "fine_tune",
     "make_optimizer",
@@ -122,20 +123,29 @@ def _eval_subset(test: Dataset, eval_max_samples: int | None) -> tuple[torch.Ten
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, task: str, x: torch.Tensor, y: torch.Tensor) -> float:
-    """Accuracy of `model` on (x, y): eval mode, no gradients, fixed batches; train mode restored."""
+def evaluate_with_loss(model: nn.Module, task: str, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+    """(accuracy, mean loss) of `model` on (x, y): eval mode, no gradients, fixed batches; train mode
+    restored. The loss is the task's training loss, averaged over samples."""
     was_training = model.training
     model.eval()
+    criterion = loss_fn(task)
     correct = total = 0
+    loss_sum = 0.0
     try:
         for start in range(0, len(x), EVAL_BATCH_SIZE):
             xb, yb = x[start : start + EVAL_BATCH_SIZE], y[start : start + EVAL_BATCH_SIZE]
             logits = model(xb)
             correct += correct_count(task, logits, yb)
             total += targets_count(task, yb)
+            loss_sum += float(criterion(logits, yb)) * len(xb)
     finally:
         model.train(was_training)
-    return correct / total if total else 0.0
+    return (correct / total if total else 0.0), (loss_sum / len(x) if len(x) else math.nan)
+
+
+def evaluate(model: nn.Module, task: str, x: torch.Tensor, y: torch.Tensor) -> float:
+    """Accuracy of `model` on (x, y) (see `evaluate_with_loss`)."""
+    return evaluate_with_loss(model, task, x, y)[0]
 
 
 def step_workload(model: nn.Module, task: str, x: torch.Tensor, y: torch.Tensor) -> Workload:
