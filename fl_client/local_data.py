@@ -3,7 +3,8 @@
 A node with a `data` spec trains on that dataset. A virtual node without one takes its share of the
 run's `client-data` (partition `partition-id` of `num-partitions`, IID or Dirichlet label skew), so a
 simulated fleet needs no files. Loading is cached per process: Flower keeps a ClientApp's process (a
-Ray actor, a SuperNode's app process) across rounds, and the data does not change between them.
+Ray actor, a SuperNode's app process) across rounds, and one actor serves many virtual nodes, so the
+dataset is read and partitioned once, and each node's split is kept.
 """
 
 from __future__ import annotations
@@ -64,18 +65,32 @@ def data_plan(settings: NodeSettings, run_config: Any, seq_len: int) -> DataPlan
     )
 
 
-@lru_cache(maxsize=4)
-def load_local_data(plan: DataPlan) -> tuple[Dataset, Dataset]:
-    """(train, test) of the node; a missing file or an empty share is one DataError line."""
-    from training.data import load_dataset, train_test_split
+@lru_cache(maxsize=2)
+def _dataset(spec: str, seq_len: int, seed: int) -> Dataset:
+    from training.data import load_dataset
+
+    return load_dataset(spec, split="all", seq_len=seq_len, seed=seed)
+
+
+@lru_cache(maxsize=2)
+def _shares(spec: str, seq_len: int, seed: int, num: int, scheme: str, alpha: float) -> list[Dataset]:
     from training.partition import partition
 
-    data = load_dataset(plan.spec, split="all", seq_len=plan.seq_len, seed=plan.seed)
-    if plan.partition_id is not None:
-        parts = partition(
-            data, plan.num_partitions or 1, scheme=plan.scheme, alpha=plan.alpha, seed=plan.seed, min_size=2
+    return partition(_dataset(spec, seq_len, seed), num, scheme=scheme, alpha=alpha, seed=seed, min_size=2)
+
+
+@lru_cache(maxsize=256)
+def load_local_data(plan: DataPlan) -> tuple[Dataset, Dataset]:
+    """(train, test) of the node; a missing file or an empty share is one DataError line."""
+    from training.data import train_test_split
+
+    if plan.partition_id is None:
+        data = _dataset(plan.spec, plan.seq_len, plan.seed)
+    else:
+        shares = _shares(
+            plan.spec, plan.seq_len, plan.seed, plan.num_partitions or 1, plan.scheme, plan.alpha
         )
-        data = parts[plan.partition_id]
+        data = shares[plan.partition_id]
     if len(data) < 2:
         raise DataError(f"{data.name}: {len(data)} sample(s), too few for a train/test split")
     return train_test_split(data, seed=plan.seed)

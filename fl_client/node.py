@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import math
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -118,8 +120,11 @@ def load_fleet_file(path: Path) -> list[FleetEntry]:
     return entries
 
 
-def load_fleet(value: str) -> list[FleetEntry]:
-    """The run config's `fleet`: a YAML path (absolute, or relative to the app) or a table."""
+@lru_cache(maxsize=8)
+def load_fleet(value: str) -> tuple[FleetEntry, ...]:
+    """The run config's `fleet`: a YAML path (absolute, or relative to the app) or a table.
+
+    Read once per process: every message of a run carries the same run config."""
     text = value.strip()
     if text.endswith((".yaml", ".yml")):
         path = Path(text).expanduser()
@@ -127,11 +132,11 @@ def load_fleet(value: str) -> list[FleetEntry]:
             path = APP_DIR / path
         if not path.is_file():
             raise NodeConfigError(f"run config 'fleet': no such fleet file {path}")
-        return load_fleet_file(path)
-    return parse_fleet_table(text)
+        return tuple(load_fleet_file(path))
+    return tuple(parse_fleet_table(text))
 
 
-def fleet_entry(fleet: list[FleetEntry], partition_id: int) -> FleetEntry:
+def fleet_entry(fleet: Sequence[FleetEntry], partition_id: int) -> FleetEntry:
     """Partition i runs on entry i % len: any number of virtual nodes maps onto the table."""
     return fleet[partition_id % len(fleet)]
 
