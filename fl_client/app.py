@@ -29,9 +29,9 @@ from strategies.protocol import (
     METRICS_KEY,
     NODE_KEY,
     REPORT_KEY,
-    ProtocolError,
     TrainInstructions,
     reader,
+    required,
 )
 from training.finetune import evaluate_with_loss
 from training.models import get_model_spec
@@ -50,15 +50,12 @@ def _error_reply(msg: Message, settings: NodeSettings | None, exc: Exception) ->
 
 
 def _arrays(msg: Message) -> ArrayRecord:
-    if ARRAYS_KEY not in msg.content.array_records:
-        raise ProtocolError(f"{msg.metadata.message_type} message: missing key {ARRAYS_KEY!r} (the weights)")
-    return msg.content.array_records[ARRAYS_KEY]
+    where = f"{msg.metadata.message_type} message"
+    return required(msg.content.array_records, ARRAYS_KEY, where, "the weights")
 
 
 def _config(msg: Message) -> ConfigRecord:
-    if CONFIG_KEY not in msg.content.config_records:
-        raise ProtocolError(f"{msg.metadata.message_type} message: missing key {CONFIG_KEY!r}")
-    return msg.content.config_records[CONFIG_KEY]
+    return required(msg.content.config_records, CONFIG_KEY, f"{msg.metadata.message_type} message")
 
 
 def _device_seed(settings: NodeSettings, server_seed: int) -> int:

@@ -37,6 +37,7 @@ from strategies.protocol import (
     ProtocolError,
     TrainInstructions,
     reader,
+    required,
 )
 from strategies.rounds import (
     Failure,
@@ -113,12 +114,19 @@ class PowerAwareFedAvg(FedAvg):
                 why = reply.error.reason if reply.has_error() else "no node record"
                 log(WARNING, "query: node %s did not describe itself: %s", nid, why)
                 continue
-            self.nodes[nid] = NodeInfo.from_record(nid, reply.content.config_records[NODE_KEY])
+            try:
+                self.nodes[nid] = NodeInfo.from_record(nid, reply.content.config_records[NODE_KEY])
+            except (TypeError, ValueError) as exc:  # a malformed description must not stop the run
+                log(WARNING, "query: node %s described itself unreadably: %s", nid, exc)
         for nid in new:
             self.nodes.setdefault(nid, NodeInfo.unknown(nid))
 
     def node(self, node_id: int) -> NodeInfo:
         return self.nodes.get(node_id) or NodeInfo.unknown(node_id)
+
+    def _failure(self, node_id: int, kind: str, reason: str) -> Failure:
+        info = self.node(node_id)
+        return Failure(node_id, info.key, info.device, kind, reason)
 
     # --- training -----------------------------------------------------------------------------
     def configure_train(
@@ -153,20 +161,14 @@ class PowerAwareFedAvg(FedAvg):
         for reply in replies:
             nid = by_id.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
             answered.add(nid)
-            info = self.node(nid)
             if reply.has_error():
                 code = reply.error.code
-                kind_ = "unavailable" if code == NODE_UNAVAILABLE else "error"
-                failed.append(
-                    Failure(nid, info.key, info.device, kind_, f"{reply.error.reason} (code {code})")
-                )
+                why = "unavailable" if code == NODE_UNAVAILABLE else "error"
+                failed.append(self._failure(nid, why, f"{reply.error.reason} (code {code})"))
             else:
                 ok.append((nid, reply))
         for nid in sorted(set(by_id.values()) - answered):
-            info = self.node(nid)
-            failed.append(
-                Failure(nid, info.key, info.device, "timeout", "no reply within the round's timeout")
-            )
+            failed.append(self._failure(nid, "timeout", "no reply within the round's timeout"))
         return ok, failed
 
     def aggregate_train(
@@ -174,23 +176,22 @@ class PowerAwareFedAvg(FedAvg):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         matched, failed = self._match(MessageType.TRAIN, replies)
         sampled = len(matched) + len(failed)
-        good: list[tuple[str, ClientReport, ArrayRecord, float]] = []
+        good: list[tuple[int, ClientReport, ArrayRecord, float]] = []
         for nid, reply in matched:
-            info = self.node(nid)
             try:
                 report, arrays, examples = self._read_train_reply(reply)
             except ProtocolError as exc:
-                failed.append(Failure(nid, info.key, info.device, "error", str(exc)))
+                failed.append(self._failure(nid, "error", str(exc)))
                 continue
-            report.node_key = report.node_key or info.key
-            good.append((report.node_key, report, arrays, examples))
-        good.sort(key=lambda g: g[0])  # node keys, not ids: the same order (and sum) in every run
+            report.node_key = report.node_key or self.node(nid).key
+            good.append((nid, report, arrays, examples))
+        good.sort(key=lambda g: g[1].node_key)  # node keys, not ids: the same order (and sum) in every run
         for f in failed:
             log(WARNING, "round %d: %s (%s) failed: %s", server_round, f.node_key, f.kind, f.reason)
         reports = [g[1] for g in good]
         record = RoundRecord(
             round=server_round,
-            clients=[report_row(r, self._info_by_key(r.node_key)) for r in reports],
+            clients=[report_row(report, self.node(nid)) for nid, report, _, _ in good],
             failed=sorted(failed, key=lambda f: f.node_key),
             summary=summarise(reports, failed, sampled),
         )
@@ -213,24 +214,14 @@ class PowerAwareFedAvg(FedAvg):
         )
         return arrays, metrics
 
-    def _info_by_key(self, key: str) -> NodeInfo | None:
-        return next((n for n in self.nodes.values() if n.key == key), None)
-
     def _read_train_reply(self, reply: Message) -> tuple[ClientReport, ArrayRecord, float]:
         content = reply.content
-        if REPORT_KEY not in content.config_records:
-            raise ProtocolError(f"train reply: missing key {REPORT_KEY!r}")
-        report = ClientReport.from_config(content.config_records[REPORT_KEY])
-        if ARRAYS_KEY not in content.array_records:
-            raise ProtocolError(f"train reply: missing key {ARRAYS_KEY!r} (the weights)")
-        arrays = content.array_records[ARRAYS_KEY]
+        report = ClientReport.from_config(required(content.config_records, REPORT_KEY, "train reply"))
+        arrays = required(content.array_records, ARRAYS_KEY, "train reply", "the weights")
         if self._global is not None and (why := weights_mismatch(arrays, self._global)):
             raise ProtocolError(f"train reply: {why}")
-        if METRICS_KEY not in content.metric_records:
-            raise ProtocolError(f"train reply: missing key {METRICS_KEY!r}")
-        examples = reader(content.metric_records[METRICS_KEY], "train reply metrics").number(
-            EXAMPLES_KEY, allow_min=False
-        )
+        metrics = required(content.metric_records, METRICS_KEY, "train reply")
+        examples = reader(metrics, "train reply metrics").number(EXAMPLES_KEY, allow_min=False)
         return report, arrays, examples
 
     # --- evaluation ---------------------------------------------------------------------------
@@ -256,7 +247,8 @@ class PowerAwareFedAvg(FedAvg):
         for nid, reply in matched:
             info = self.node(nid)
             try:
-                r = reader(reply.content.metric_records.get(METRICS_KEY, {}), "evaluate reply metrics")
+                metrics = required(reply.content.metric_records, METRICS_KEY, "evaluate reply")
+                r = reader(metrics, "evaluate reply metrics")
                 clients.append(
                     {
                         "node_key": info.key,
@@ -267,7 +259,7 @@ class PowerAwareFedAvg(FedAvg):
                     }
                 )
             except ProtocolError as exc:
-                failed.append(Failure(nid, info.key, info.device, "error", str(exc)))
+                failed.append(self._failure(nid, "error", str(exc)))
         clients.sort(key=lambda c: c["node_key"])
         total = sum(c["examples"] for c in clients)
         evaluation = {

@@ -104,6 +104,13 @@ class _Reader:
         return obj
 
 
+def required(records: Any, key: str, where: str, what: str = "") -> Any:
+    """`records[key]` (a RecordDict's array/config/metric records), or one ProtocolError naming the key."""
+    if key not in records:
+        raise ProtocolError(f"{where}: missing key {key!r}{f' ({what})' if what else ''}")
+    return records[key]
+
+
 def reader(record: Any, where: str) -> _Reader:
     """A checked view of `record` whose errors start with `where`."""
     return _Reader(record, where)

@@ -31,16 +31,13 @@ class NodeInfo:
 
     @classmethod
     def from_record(cls, node_id: int, record: Any) -> NodeInfo:
-        def opt(key: str) -> Any:
-            return record.get(key)
-
         return cls(
             node_id=node_id,
             key=str(record.get("node-key") or f"node-{node_id}"),
             device=str(record.get("device", "?")),
             board=str(record.get("board", "")),
-            power_cap_w=opt("power-cap-w"),
-            partition_id=opt("partition-id"),
+            power_cap_w=record.get("power-cap-w"),
+            partition_id=record.get("partition-id"),
             data=str(record.get("data", "")),
             train_examples=int(record.get("train-examples", 0)),
             test_examples=int(record.get("test-examples", 0)),
@@ -88,7 +85,11 @@ def summarise(reports: list[ClientReport], failed: list[Failure], sampled: int) 
     synchronous round waits for it). Energy is summed over clients with a sensor; `energy_complete`
     says whether every client had one. A failed client counts as not at target.
     """
-    makespan = max((r.device_seconds + r.profiling_seconds for r in reports), default=0.0)
+
+    def cost(r: ClientReport) -> float:
+        return r.device_seconds + r.profiling_seconds
+
+    slowest = max(reports, key=cost, default=None)
     energies = [r.energy_j for r in reports if r.energy_j is not None]
     over_cap = [
         {"node": r.node_key, "peak_power_w": r.peak_power_w, "power_cap_w": r.power_cap_w}
@@ -100,10 +101,8 @@ def summarise(reports: list[ClientReport], failed: list[Failure], sampled: int) 
         "sampled": sampled,
         "reported": len(reports),
         "failed": [f"{f.node_key} ({f.kind}): {f.reason}" for f in failed],
-        "makespan_s": makespan,
-        "slowest": max(reports, key=lambda r: r.device_seconds + r.profiling_seconds).node_key
-        if reports
-        else None,
+        "makespan_s": cost(slowest) if slowest else 0.0,
+        "slowest": slowest.node_key if slowest else None,
         "total_energy_j": float(sum(energies)),
         "energy_complete": len(energies) == len(reports),
         "share_at_target": sum(r.reached_target for r in reports) / sampled if sampled else 0.0,
@@ -148,10 +147,6 @@ def weighted_average(items: list[tuple[ArrayRecord, float]], like: ArrayRecord) 
     return ArrayRecord(out)
 
 
-def report_row(report: ClientReport, info: NodeInfo | None) -> dict[str, Any]:
+def report_row(report: ClientReport, info: NodeInfo) -> dict[str, Any]:
     """A client's entry in the results file: its report plus what the server knows of the node."""
-    row = report.to_dict()
-    row["node_key"] = report.node_key or (info.key if info else "")
-    if info is not None:
-        row["partition_id"] = info.partition_id
-    return row
+    return {**report.to_dict(), "node_key": report.node_key or info.key, "partition_id": info.partition_id}
