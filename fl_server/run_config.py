@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from powerctl.errors import PowerctlError
-from strategies.protocol import LR_RULES, PROFILE_ORDERS
+from strategies.protocol import PROFILE_ORDERS
+from training.lr import LR_RULES
 
 APP_DIR = Path(__file__).resolve().parents[1]
 """The app's root (the project folder, or Flower's copy of it): relative paths start here."""

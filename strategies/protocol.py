@@ -18,6 +18,7 @@ from flwr.app import ConfigRecord
 
 from powerctl.errors import PowerctlError
 from powerctl.relation import RelationVector
+from training.lr import LR_RULES, scaled_lr
 
 ARRAYS_KEY = "arrays"
 CONFIG_KEY = "config"
@@ -27,7 +28,6 @@ NODE_KEY = "node"
 EXAMPLES_KEY = "num-examples"
 """The MetricRecord key the weights are averaged by (FedAvg's default `weighted_by_key`)."""
 
-LR_RULES = ("sqrt", "linear", "constant")
 PROFILE_ORDERS = ("efficient", "grid")
 
 
@@ -157,12 +157,7 @@ class TrainInstructions:
         )
 
     def lr_for(self, batch_size: int) -> float:
-        largest = max(self.relation_batch_sizes)
-        if self.lr_rule == "sqrt":
-            return self.lr_max * math.sqrt(batch_size / largest)
-        if self.lr_rule == "linear":
-            return self.lr_max * batch_size / largest
-        return self.lr_max
+        return scaled_lr(self.lr_max, batch_size, max(self.relation_batch_sizes), self.lr_rule)
 
     def to_config(self) -> ConfigRecord:
         d = asdict(self)
