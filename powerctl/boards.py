@@ -86,18 +86,20 @@ class BoardModel:
         except ValueError:
             raise DeviceError(f"{hz} Hz is not a frequency of {self.name}") from None
 
-    def fixed_frequency_cap(self, power_cap_w: float) -> int | None:
-        """State of practice: the highest frequency at which every profile of the model set stays ≤ the cap
-        (None: none does). Without a derived table, the full-load (SGEMM) curve — stricter."""
+    def fixed_power_w(self) -> list[float]:
+        """Per frequency, the peak power the state-of-practice rule must keep under a cap: the derived
+        table of training profiles of the model set; without one, the full-load (SGEMM) curve — stricter."""
         table = self.state_of_practice
-        power = table.peak_training_power_w if table else self.full_load_power_w
-        ok = [f for f, p in zip(self.frequencies_hz, power, strict=True) if p <= power_cap_w]
+        return table.peak_training_power_w if table else self.full_load_power_w
+
+    def fixed_frequency_cap(self, power_cap_w: float) -> int | None:
+        """State of practice: the highest frequency whose `fixed_power_w` stays ≤ the cap (None: none)."""
+        ok = [f for f, p in zip(self.frequencies_hz, self.fixed_power_w(), strict=True) if p <= power_cap_w]
         return ok[-1] if ok else None
 
     def least_fixed_power_w(self) -> float:
         """The lowest frequency's entry of the state-of-practice table: no fixed frequency below it."""
-        table = self.state_of_practice
-        return (table.peak_training_power_w if table else self.full_load_power_w)[0]
+        return self.fixed_power_w()[0]
 
 
 def _derive(name: str, raw: dict[str, Any], ref: dict[str, Any]) -> dict[str, Any]:
