@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import math
 import statistics
 import sys
 import time
@@ -65,12 +64,25 @@ class Task:
     """What the board charges for each step."""
     lr_max: float
     pretrain_samples: int
-    proxy_target: float
-    targets: dict[str, float]
     batch_sizes: list[int]
-    max_samples: int
+    seeds: list[int]
+    """Seeds of the target runs (the paper: 5 for images, 3 for text)."""
+    proxy_seeds: list[int]
+    """Seeds of the proxy runs; the relation vector uses their mean (the ServerApp's default is 3)."""
+    calibration_samples: int
+    """Budget of the one run per dataset that sets its target accuracy (see `calibrate_target`)."""
     eval_every: int
+    eval_max_samples: int
+    target_margin: float = 0.01
+    fixed_targets: list[float] | None = None
+    """Targets for (proxy, target 1, target 2) given on the command line instead of calibrated."""
+    targets: dict[str, float] = field(default_factory=dict)
     data: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def max_samples(self) -> int:
+        """Budget of one run to the target: twice the calibration budget, so no run is censored."""
+        return 2 * self.calibration_samples
 
 
 # --- data ------------------------------------------------------------------------------------------------
@@ -152,7 +164,7 @@ def pretrain(task: Task, host: Any) -> dict[str, torch.Tensor]:
 
 
 def run_to_target(
-    task: Task, weights: dict[str, torch.Tensor], ds: Any, target: float, b: int, seed: int, host: Any
+    task: Task, weights: dict[str, torch.Tensor], ds: Any, target: float | None, b: int, seed: int, host: Any
 ) -> dict[str, Any]:
     from training.data import train_test_split
     from training.finetune import fine_tune
@@ -164,11 +176,28 @@ def run_to_target(
     model.load_state_dict(copy.deepcopy(weights))
     r = fine_tune(
         model, train, test, device=host, batch_size=b, lr=scaled_lr(task.lr_max, b, max(task.batch_sizes)),
-        target_accuracy=target, workload=task.data["workload"], max_samples=task.max_samples,
-        eval_every_samples=task.eval_every, eval_max_samples=500, seed=seed, progress=False,
+        target_accuracy=target, workload=task.data["workload"],
+        max_samples=task.max_samples if target is not None else task.calibration_samples,
+        eval_every_samples=task.eval_every, eval_max_samples=task.eval_max_samples, seed=seed, progress=False,
     )  # fmt: skip
     return {"b": b, "seed": seed, "steps": r.steps, "samples": r.samples, "reached": r.reached,
-            "accuracy": r.final_accuracy, "wall_s": r.wall_seconds}  # fmt: skip
+            "accuracy": r.final_accuracy, "wall_s": r.wall_seconds,
+            "curve": [(p.samples, p.accuracy) for p in r.curve]}  # fmt: skip
+
+
+def calibrate_target(task: Task, weights: dict[str, torch.Tensor], ds: Any, host: Any) -> tuple[float, float]:
+    """A target every batch size can reach, set by one rule instead of by hand per dataset.
+
+    One run at the largest batch size (seed 0) for `calibration_samples`; its plateau is the median
+    accuracy over the second half of that budget, and the target is the plateau less `target_margin`.
+    Fine-tuning a pre-trained model first jumps (normalisation statistics, the head) and then creeps
+    along a noisy plateau: a hand-set target either falls in the jump (every batch size reaches it at
+    the first evaluation: a flat, meaningless relation vector) or above the plateau (censored runs).
+    """
+    run = run_to_target(task, weights, ds, None, max(task.batch_sizes), 0, host)
+    half = [acc for samples, acc in run["curve"] if samples >= task.calibration_samples / 2]
+    plateau = statistics.median(half)
+    return round(plateau - task.target_margin, 3), plateau
 
 
 # --- the tables --------------------------------------------------------------------------------------------
@@ -249,109 +278,157 @@ def print_table(task: Task, board: BoardModel, tab: dict[str, Any]) -> None:
 # --- main --------------------------------------------------------------------------------------------------
 
 
+def _floats(text: str) -> list[float]:
+    values = [float(v) for v in text.split(",")]
+    if len(values) != 3 or not all(0.0 < v <= 1.0 for v in values):
+        raise argparse.ArgumentTypeError("give three accuracies in (0, 1]: proxy, target 1, target 2")
+    return values
+
+
 def make_tasks(args: argparse.Namespace) -> list[Task]:
+    def seeds(n: int) -> list[int]:
+        return list(range(args.seeds if args.seeds else n))
+
     tasks = []
     if args.task in ("vision", "both"):
         tasks.append(Task(
-            "vision", "resnet18" if args.full else "resnet18-small", "resnet18", lr_max=2e-3,
-            pretrain_samples=args.vision_pretrain_samples, proxy_target=args.vision_target,
-            targets={}, batch_sizes=args.batch_sizes, max_samples=args.vision_max_samples,
-            eval_every=args.eval_every,
+            "vision", "resnet18" if args.full else "resnet18-small", "resnet18", lr_max=5e-4,
+            pretrain_samples=args.vision_pretrain_samples, batch_sizes=args.batch_sizes,
+            seeds=seeds(5), proxy_seeds=list(range(args.proxy_seeds)),
+            calibration_samples=args.vision_calibration_samples, eval_every=args.eval_every,
+            eval_max_samples=1000, fixed_targets=args.vision_targets,
         ))  # fmt: skip
     if args.task in ("text", "both"):
         tasks.append(Task(
             "text", "chartransformer" if args.full else "chartransformer-small", "chartransformer",
-            lr_max=3e-3, pretrain_samples=args.text_pretrain_samples, proxy_target=args.text_target,
-            targets={}, batch_sizes=args.batch_sizes, max_samples=args.text_max_samples,
-            eval_every=2 * args.eval_every,
+            lr_max=3e-3, pretrain_samples=args.text_pretrain_samples, batch_sizes=args.batch_sizes,
+            seeds=seeds(3), proxy_seeds=list(range(args.proxy_seeds)),
+            calibration_samples=args.text_calibration_samples, eval_every=args.eval_every,
+            eval_max_samples=500, fixed_targets=args.text_targets,
         ))  # fmt: skip
     return tasks
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--task", choices=["vision", "text", "both"], default="both")
-    p.add_argument("--seeds", type=int, default=3, help="seeds per (b, target) (paper: 5 images, 3 text)")
+    p.add_argument("--seeds", type=int, default=0, help="seeds per (b, target); default 5 images, 3 text")
+    p.add_argument("--proxy-seeds", type=int, default=3, help="proxy runs per batch size (mean)")
     p.add_argument(
-        "--batch-sizes", type=lambda s: [int(v) for v in s.split(",")], default=[8, 16, 32, 64, 128]
+        "--batch-sizes", type=lambda s: [int(v) for v in s.split(",")], default=[4, 8, 16, 32, 64, 128]
     )
-    p.add_argument("--vision-max-samples", type=int, default=6000, help="sample budget of one vision run")
-    p.add_argument("--text-max-samples", type=int, default=16_000, help="sample budget of one text run")
+    p.add_argument(
+        "--vision-calibration-samples", type=int, default=3000,
+        help="budget of the run that sets each vision target; a run to the target gets twice this",
+    )  # fmt: skip
+    p.add_argument("--text-calibration-samples", type=int, default=12_000, help="the same, text")
+    p.add_argument("--vision-targets", type=_floats, help="proxy,target1,target2 instead of calibrating")
+    p.add_argument("--text-targets", type=_floats, help="proxy,target1,target2 instead of calibrating")
     p.add_argument("--eval-every", type=int, default=256, help="evaluate every this many samples")
-    p.add_argument("--vision-target", type=float, default=0.42, help="target accuracy (all vision data)")
-    p.add_argument("--text-target", type=float, default=0.42, help="target accuracy (all text data)")
-    p.add_argument("--vision-pretrain-samples", type=int, default=16_000)
+    p.add_argument("--vision-pretrain-samples", type=int, default=32_000)
     p.add_argument("--text-pretrain-samples", type=int, default=80_000)
     p.add_argument(
-        "--quick",
-        action="store_true",
-        help="2 seeds, batch sizes 16..128; vision: less data, target 0.40; text: target 0.41",
-    )
+        "--quick", action="store_true",
+        help="2 seeds, 2 proxy seeds, batch sizes 16..128, less vision data (a smoke run, ~15 min)",
+    )  # fmt: skip
     p.add_argument("--full", action="store_true", help="train the full models (GPU machine)")
     p.add_argument("--out", type=Path, default=Path("runs/paper_tables"))
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: steady on a shared machine)")
     args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
     if args.quick:
-        args.seeds, args.batch_sizes = min(args.seeds, 2), [16, 32, 64, 128]
-        args.vision_pretrain_samples, args.vision_max_samples, args.vision_target = 8000, 3000, 0.40
-        args.text_target = min(args.text_target, 0.41)
-    started = time.perf_counter()
+        args.seeds, args.proxy_seeds, args.batch_sizes = 2, 2, [16, 32, 64, 128]
+        args.vision_pretrain_samples, args.vision_calibration_samples = 16_000, 2000
+    return args
+
+
+def prepare_data(task: Task, quick: bool) -> None:
     from training.models import build_model, model_workload
 
+    if task.name == "vision":
+        task.data.update(vision_data(16_000, 3000 if quick else 6000, 3000 if quick else 6000))
+    else:
+        task.data.update(text_data(8000 if quick else 16_000))
+    task.data["charged_workload"] = model_workload(task.charged, build_model(task.charged, seed=0))
+    task.data["workload"] = task.data["charged_workload"]
+
+
+def set_targets(task: Task, weights: dict[str, torch.Tensor], host: Any) -> None:
+    names = ["proxy", *task.data["targets"]]
+    sets = [task.data["proxy"], *task.data["targets"].values()]
+    for i, (name, ds) in enumerate(zip(names, sets, strict=True)):
+        if task.fixed_targets:
+            task.targets[name] = task.fixed_targets[i]
+            print(f"  target for {name} ({ds.name}): {task.targets[name]:.3f} (given)")
+            continue
+        task.targets[name], plateau = calibrate_target(task, weights, ds, host)
+        print(
+            f"  target for {name} ({ds.name}): {task.targets[name]:.3f} = plateau {plateau:.3f} "
+            f"(b={max(task.batch_sizes)}, second half of {task.calibration_samples} samples) "
+            f"- {task.target_margin}"
+        )
+
+
+def proxy_relation(task: Task, weights: dict[str, torch.Tensor], host: Any) -> RelationVector:
+    target = task.targets["proxy"]
+    runs = {(b, s): run_to_target(task, weights, task.data["proxy"], target, b, s, host)
+            for b in task.batch_sizes for s in task.proxy_seeds}  # fmt: skip
+    samples = {
+        b: statistics.fmean(runs[(b, s)]["samples"] for s in task.proxy_seeds) for b in task.batch_sizes
+    }
+    print(f"  proxy samples to target (mean of {len(task.proxy_seeds)} seeds): " + ", ".join(
+        f"b={b}: {samples[b]:.0f}" + ("" if all(runs[(b, s)]["reached"] for s in task.proxy_seeds) else "*")
+        for b in task.batch_sizes))  # fmt: skip
+    censored = [b for b in task.batch_sizes if not all(runs[(b, s)]["reached"] for s in task.proxy_seeds)]
+    if censored:
+        print(
+            f"  WARNING: proxy runs at b={censored} hit the budget before the target: the relation vector "
+            f"is censored there (too small), which biases ours towards those batch sizes; raise "
+            f"--{task.name}-calibration-samples or lower the targets"
+        )
+    relation = RelationVector.from_samples(task.charged, "proxy", target, samples)
+    print("  relation vector: " + ", ".join(f"{b}: {r:.3f}" for b, r in zip(
+        relation.batch_sizes, relation.relation, strict=True)))  # fmt: skip
+    return relation
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    started = time.perf_counter()
     host = open_device("host")
-    seeds = list(range(args.seeds))
     print(__doc__.split("\n\n")[1])
-    print(f"\nseeds {seeds}, batch sizes {args.batch_sizes}, torch threads {args.threads}")
+    print(f"\nbatch sizes {args.batch_sizes}, proxy seeds {args.proxy_seeds}, torch threads {args.threads}")
     results: dict[str, Any] = {}
     for task in make_tasks(args):
         t0 = time.perf_counter()
-        if task.name == "vision":
-            task.data.update(vision_data(8000 if args.quick else 16000, 3000, 3000 if args.quick else 4000))
-        else:
-            task.data.update(text_data(8000 if args.quick else 16000))
-        task.targets = {name: task.proxy_target for name in task.data["targets"]}
-        task.data["charged_workload"] = model_workload(task.charged, build_model(task.charged, seed=0))
-        task.data["workload"] = task.data["charged_workload"]
-        print(
-            f"\n== {task.name}: {task.model} (charged as {task.charged}), target accuracy {task.proxy_target}"
-        )
+        prepare_data(task, args.quick)
+        print(f"\n== {task.name}: {task.model} (charged as {task.charged}), seeds {task.seeds}")
         weights = pretrain(task, host)
-        proxy_runs = {b: run_to_target(task, weights, task.data["proxy"], task.proxy_target, b, 0, host)
-                      for b in task.batch_sizes}  # fmt: skip
-        relation = RelationVector.from_samples(
-            task.charged, "proxy", task.proxy_target, {b: float(r["samples"]) for b, r in proxy_runs.items()}
-        )
-        print("  proxy samples to target: " + ", ".join(
-            f"b={b}: {r['samples']}{'' if r['reached'] else '*'}"
-            for b, r in proxy_runs.items()))  # fmt: skip
-        censored = [b for b, r in proxy_runs.items() if not r["reached"]]
-        if censored:
-            print(
-                f"  WARNING: the proxy runs at b={censored} hit the budget before the target: the relation "
-                "vector is censored there (too small), which biases ours towards those batch sizes; "
-                f"raise --{task.name}-max-samples or lower --{task.name}-target"
-            )
+        set_targets(task, weights, host)
+        relation = proxy_relation(task, weights, host)
         runs: dict[str, dict[tuple[int, int], dict[str, Any]]] = {}
         for name, ds in task.data["targets"].items():
             runs[name] = {(b, s): run_to_target(task, weights, ds, task.targets[name], b, s, host)
-                          for b in task.batch_sizes for s in seeds}  # fmt: skip
+                          for b in task.batch_sizes for s in task.seeds}  # fmt: skip
             print(f"  {name}: samples to target (mean over seeds) " + ", ".join(
-                f"b={b}: {statistics.fmean(runs[name][(b, s)]['samples'] for s in seeds):.0f}"
-                + ("" if all(runs[name][(b, s)]["reached"] for s in seeds) else "*")
+                f"b={b}: {statistics.fmean(runs[name][(b, s)]['samples'] for s in task.seeds):.0f}"
+                + ("" if all(runs[name][(b, s)]["reached"] for s in task.seeds) else "*")
                 for b in task.batch_sizes))  # fmt: skip
         print(f"  (training: {time.perf_counter() - t0:.0f} s wall; * = some run hit the budget)")
         for board_name in BOARDS:
             board = board_model(board_name)
-            tab = table(task, board, relation, runs, seeds)
+            tab = table(task, board, relation, runs, task.seeds)
             print_table(task, board, tab)
             results[f"{task.name}|{board_name}"] = tab
-        results[f"{task.name}|runs"] = {n: [r for r in rs.values()] for n, rs in runs.items()}
+        results[f"{task.name}|targets"] = task.targets
+        results[f"{task.name}|runs"] = {
+            n: [{k: v for k, v in r.items() if k != "curve"} for r in rs.values()] for n, rs in runs.items()
+        }
     print(f"\n{PAPER}")
     print(f"wall {time.perf_counter() - started:.0f} s")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=1, default=str))
-    return 0 if math.isfinite(time.perf_counter()) else 1
+    return 0
 
 
 if __name__ == "__main__":
