@@ -1,4 +1,7 @@
-"""`python -m simulations demo --out DIR`: the whole method on one simulated board, on embedded defaults."""
+"""`python -m simulations demo --out DIR`: the whole method on one simulated board, on embedded defaults.
+
+Also `stop-superlink` (what `flwr run .` leaves running) and `ray-check` (the Ray cluster a run would join).
+"""
 
 from __future__ import annotations
 
@@ -45,6 +48,14 @@ def build_parser() -> argparse.ArgumentParser:
         "process id and process group. Nothing listening is not an error.",
     )
     k.add_argument("--port", type=positive_int, default=39091, help="default 39091")
+    sub.add_parser(
+        "ray-check",
+        help="say which Ray cluster `flwr run` would join; exit 2 if it is dead",
+        description="Resolve the cluster Ray's `ray.init()` joins (RAY_ADDRESS, else the address the last "
+        "`ray start --head` recorded in RAY_TMPDIR/ray/ray_current_cluster, default /tmp/ray) and try a TCP "
+        "connect to it (1 s). Prints the cluster that will be used, or one line saying what is dead and what "
+        "to do (exit 2): Ray would otherwise wait for a dead cluster forever.",
+    )
     return p
 
 
@@ -60,6 +71,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         stopped = stop_local_superlink(args.port)
         if stopped:
             print(f"stopped the local SuperLink on port {args.port} (pids {', '.join(map(str, stopped))})")
+        return 0
+    if args.command == "ray-check":
+        from simulations.ray_cluster import find_target
+
+        print(find_target().describe())
         return 0
     from simulations.demo import DemoConfig, run_demo, summary_table
 
