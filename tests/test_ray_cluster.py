@@ -1,12 +1,14 @@
 """The Ray preflight (a dead cluster is one line, not a hang) and `flwr run` on an existing Ray cluster.
 
 The fast tests never read the machine's own /tmp/ray: every environment they resolve names its own
-RAY_TMPDIR (other people run Ray here at the same time).
+RAY_TMPDIR (other people run Ray here at the same time). The slow test starts its own two-node cluster
+on 127.0.0.1 (tests.ray_local) and stops it by session id.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -16,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from simulations.__main__ import main
+from simulations.local_superlink import alive, descendants, pids_listening_on, stop_local_superlink
 from simulations.ray_cluster import (
     RayClusterError,
     find_target,
@@ -24,7 +27,8 @@ from simulations.ray_cluster import (
     record_file,
     split_address,
 )
-from tests.flower_deploy import free_port
+from tests.flower_deploy import BIN, free_port
+from tests.ray_local import RayCluster
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -206,3 +210,77 @@ def test_ray_check_on_a_dead_cluster_is_one_line_and_exit_2(tmp_path: Path) -> N
 def test_make_run_checks_ray_before_flwr_run() -> None:
     recipe = (ROOT / "Makefile").read_text().split("\nrun: setup\n", 1)[1].split("\n\n", 1)[0]
     assert recipe.index("simulations ray-check") < recipe.index("flwr run")
+
+
+# ------------------------------------------------------------------------- an existing Ray cluster
+
+RUN_CONFIG = (
+    "model='cnn-tiny' num-server-rounds=1 relation-seeds='0' batch-sizes='8,16' pretrain-samples=256 "
+    "target-accuracy=0.3 budget-samples=96 eval-every-samples=32 eval-max-samples=64 "
+    "profile-samples=512 profile-warmup=0 profile-steps=1"
+)
+ACTOR_LINE = re.compile(r"\(ClientAppActor pid=(\d+)\)")
+
+
+@pytest.mark.slow
+def test_flwr_run_runs_its_clients_on_a_joined_ray_worker(tmp_path: Path) -> None:
+    """A head with no CPUs on the SuperLink host and one worker joined to it (`ray start --address`):
+    `flwr run` with RAY_ADDRESS joins as a driver and every ClientApp actor runs on the worker node."""
+    env = dict(
+        os.environ,
+        PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}",
+        PYTHONPATH=str(ROOT),  # the nodes' workers and the FAB (built from ROOT) both import this tree
+        FLWR_DISABLE_UPDATE_CHECK="1",
+        RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO="0",
+    )
+    env.pop("RAY_ADDRESS", None)
+    cluster = RayCluster(port=free_port())
+    port, control = free_port(), free_port()
+    results = tmp_path / "results"
+    superlink: list[int] = []
+    try:
+        head = cluster.start_node(env, num_cpus=0, head=True)
+        worker = cluster.start_node(env, num_cpus=2, head=False)
+        recorded = (head.temp_dir / "ray_current_cluster").read_text().strip()
+        assert recorded.endswith(f":{cluster.port}")
+        # the head's record is where Ray looks when RAY_TMPDIR names the folder above it
+        assert find_target({"RAY_TMPDIR": str(head.temp_dir.parent)}).address == recorded
+        run_env = dict(
+            env,
+            RAY_ADDRESS=cluster.address,
+            FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(port),
+            FLWR_LOCAL_CONTROL_API_PORT=str(control),
+        )
+        assert find_target(run_env).describe() == (
+            f"Ray: the live cluster at {cluster.address} will be used (RAY_ADDRESS)"
+        )
+        cmd = [str(BIN / "flwr"), "run", ".", "--stream", "--federation-config"]
+        cmd += ["num-supernodes=2 client-resources-num-cpus=1", "--run-config"]
+        cmd += [f"{RUN_CONFIG} results-dir='{results}'"]
+        proc = subprocess.run(cmd, cwd=ROOT, env=run_env, capture_output=True, text=True, timeout=420)
+        for pid in pids_listening_on(port):
+            superlink += [pid, *descendants(pid)]
+    finally:
+        stop_local_superlink(port)
+        left = cluster.stop()
+    try:
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 0, out[-4000:]
+        assert f"results: {results / 'results.json'}" in proc.stdout.splitlines(), out[-4000:]
+        assert superlink and not [p for p in superlink if alive(p)], "the SuperLink's processes are alive"
+        assert left == [], f"processes of the Ray cluster survived: {left}"
+
+        # the ServerApp's simulation joined the cluster as a driver (its core log is in the head's session)
+        assert head.log_files("python-core-driver-*.log"), "no driver joined the head"
+        # every actor the run names ran on the joined worker node: its log is in that node's session
+        actors = {int(pid) for pid in ACTOR_LINE.findall(proc.stdout + proc.stderr)}
+        assert actors, out[-3000:]
+        for pid in actors:
+            (log,) = worker.log_files(f"worker-*-{pid}.out")
+            assert ":actor_name:ClientAppActor" in log.read_text()
+            assert not head.log_files(f"worker-*-{pid}.out")
+        # the cluster is gone, its record stays: exactly the stale record the preflight refuses
+        with pytest.raises(RayClusterError, match="nothing answers there"):
+            preflight({"RAY_TMPDIR": str(head.temp_dir.parent)})
+    finally:
+        cluster.remove_temp_dirs()
