@@ -6,6 +6,7 @@ Also `stop-superlink` (what `flwr run .` leaves running) and `ray-check` (the Ra
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -59,6 +60,24 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def ray_check() -> int:
+    """Print the cluster a new local SuperLink's simulation would join, and whether one already runs.
+
+    A running local SuperLink keeps the environment (RAY_ADDRESS) it was started with, and `flwr run`
+    reuses it: then this shell's RAY_ADDRESS does not matter."""
+    from simulations.local_superlink import pids_listening_on
+    from simulations.ray_cluster import find_target
+
+    print(find_target().describe())
+    port = os.environ.get("FLWR_LOCAL_SUPERLINK_HTTP_API_PORT", "39091")
+    if port.isdigit() and (running := pids_listening_on(int(port))):
+        print(
+            f"note: a local SuperLink already listens on port {port} (pid {running[0]}); `flwr run` "
+            f"reuses it with the Ray cluster it was started with: `{PROG} stop-superlink --port {port}` first"
+        )
+    return 0
+
+
 @one_line_errors(PROG)
 def main(argv: Sequence[str] | None = None) -> int:
     try:
@@ -73,10 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"stopped the local SuperLink on port {args.port} (pids {', '.join(map(str, stopped))})")
         return 0
     if args.command == "ray-check":
-        from simulations.ray_cluster import find_target
-
-        print(find_target().describe())
-        return 0
+        return ray_check()
     from simulations.demo import DemoConfig, run_demo, summary_table
 
     cfg = DemoConfig(

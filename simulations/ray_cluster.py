@@ -2,10 +2,10 @@
 
 Flower's Ray backend calls `ray.init()` with no address (FLOWER-1.41), so Ray 2.55 joins the cluster
 named by `RAY_ADDRESS` or, when that is unset, the one the last `ray start --head` recorded in
-`ray_current_cluster` under Ray's temp dir. When that cluster is dead, `ray.init()` does not fail: it
-retries the GCS forever ("Failed to connect to GCS ... within 5 seconds", every 30 s), so `flwr run`
-hangs with no word why. `preflight` finds the address the same way Ray does and tries a TCP connect
-to it (1 s) — without importing Ray, which takes seconds.
+`ray_current_cluster` under Ray's temp dir. When that cluster is dead, `ray.init()` does not fail fast:
+it retries the GCS ("Failed to get cluster ID from GCS server", a try every ~36 s, 20 tries in Ray
+2.55.1's node.py), and `flwr run` waits for minutes with no word why. `preflight` finds the address
+the same way Ray does and tries a TCP connect to it (1 s), without importing Ray (seconds).
 """
 
 from __future__ import annotations

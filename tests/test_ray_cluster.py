@@ -186,6 +186,21 @@ def test_ray_check_says_which_cluster(
     assert capsys.readouterr().out == live
 
 
+def test_ray_check_notes_a_running_local_superlink(
+    tmp_path: Path, listening: int, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("FLWR_LOCAL_SUPERLINK_HTTP_API_PORT", str(free_port()))
+    assert main(["ray-check"]) == 0
+    assert "note:" not in capsys.readouterr().out
+    monkeypatch.setenv("FLWR_LOCAL_SUPERLINK_HTTP_API_PORT", str(listening))  # "a SuperLink": this process
+    assert main(["ray-check"]) == 0
+    note = capsys.readouterr().out.splitlines()[1]
+    assert note.startswith(f"note: a local SuperLink already listens on port {listening} (pid {os.getpid()})")
+    assert note.endswith(f"`python -m simulations stop-superlink --port {listening}` first")
+
+
 def test_ray_check_on_a_dead_cluster_is_one_line_and_exit_2(tmp_path: Path) -> None:
     port = free_port()
     env = dict(os.environ, RAY_TMPDIR=str(tmp_path), PYTHONPATH=str(ROOT))
@@ -240,13 +255,15 @@ def test_flwr_run_runs_its_clients_on_a_joined_ray_worker(tmp_path: Path) -> Non
     superlink: list[int] = []
     try:
         head = cluster.start_node(env, num_cpus=0, head=True)
-        worker = cluster.start_node(env, num_cpus=2, head=False)
+        # a ClientApp sees its node's `ray start` environment (Flower passes on only PYTHONPATH)
+        worker = cluster.start_node(dict(env, POWERFED_CACHE=str(tmp_path / "worker-cache")), 2, head=False)
         recorded = (head.temp_dir / "ray_current_cluster").read_text().strip()
         assert recorded.endswith(f":{cluster.port}")
         # the head's record is where Ray looks when RAY_TMPDIR names the folder above it
         assert find_target({"RAY_TMPDIR": str(head.temp_dir.parent)}).address == recorded
         run_env = dict(
             env,
+            POWERFED_CACHE=str(tmp_path / "run-cache"),
             RAY_ADDRESS=cluster.address,
             FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(port),
             FLWR_LOCAL_CONTROL_API_PORT=str(control),
@@ -279,6 +296,10 @@ def test_flwr_run_runs_its_clients_on_a_joined_ray_worker(tmp_path: Path) -> Non
             (log,) = worker.log_files(f"worker-*-{pid}.out")
             assert ":actor_name:ClientAppActor" in log.read_text()
             assert not head.log_files(f"worker-*-{pid}.out")
+        # the clients profiled under the worker node's cache; the ServerApp cached its weights under the run's
+        assert list((tmp_path / "worker-cache" / "profile").glob("profile-*.json"))
+        assert list((tmp_path / "run-cache" / "weights").glob("*.safetensors"))
+        assert not (tmp_path / "run-cache" / "profile").exists()
         # the cluster is gone, its record stays: exactly the stale record the preflight refuses
         with pytest.raises(RayClusterError, match="nothing answers there"):
             preflight({"RAY_TMPDIR": str(head.temp_dir.parent)})
