@@ -35,8 +35,11 @@ setup: $(STAMP)
 
 # `flwr run` exits 0 even when the ServerApp fails (Flower 1.41): the run's results line decides, and is
 # repeated as the last line (Flower and Ray may log after the ServerApp's own last line).
+# `ray-check` before `flwr run`: Ray joins RAY_ADDRESS or the cluster recorded by the last `ray start`, and waits
+# forever for a dead one; the check names the cluster, or says what is dead and what to do (exit 2).
 run: setup
 	@$(BIN)/python -m simulations stop-superlink --port $(SUPERLINK_PORT) >/dev/null
+	@$(FLWR) $(BIN)/python -m simulations ray-check
 	@mkdir -p runs
 	$(FLWR) $(BIN)/flwr run . --stream --federation-config "num-supernodes=$(NODES)" \
 		--run-config "results-dir='$(CURDIR)/runs/flwr' $(RUN_CONFIG)" 2>&1 | tee runs/flwr.log; \

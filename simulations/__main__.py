@@ -1,8 +1,12 @@
-"""`python -m simulations demo --out DIR`: the whole method on one simulated board, on embedded defaults."""
+"""`python -m simulations demo --out DIR`: the whole method on one simulated board, on embedded defaults.
+
+Also `stop-superlink` (what `flwr run .` leaves running) and `ray-check` (the Ray cluster a run would join).
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -45,7 +49,33 @@ def build_parser() -> argparse.ArgumentParser:
         "process id and process group. Nothing listening is not an error.",
     )
     k.add_argument("--port", type=positive_int, default=39091, help="default 39091")
+    sub.add_parser(
+        "ray-check",
+        help="say which Ray cluster `flwr run` would join; exit 2 if it is dead",
+        description="Resolve the cluster Ray's `ray.init()` joins (RAY_ADDRESS, else the address the last "
+        "`ray start --head` recorded in RAY_TMPDIR/ray/ray_current_cluster, default /tmp/ray) and try a TCP "
+        "connect to it (1 s). Prints the cluster that will be used, or one line saying what is dead and what "
+        "to do (exit 2): Ray would otherwise wait for a dead cluster forever.",
+    )
     return p
+
+
+def ray_check() -> int:
+    """Print the cluster a new local SuperLink's simulation would join, and whether one already runs.
+
+    A running local SuperLink keeps the environment (RAY_ADDRESS) it was started with, and `flwr run`
+    reuses it: then this shell's RAY_ADDRESS does not matter."""
+    from simulations.local_superlink import pids_listening_on
+    from simulations.ray_cluster import find_target
+
+    print(find_target().describe())
+    port = os.environ.get("FLWR_LOCAL_SUPERLINK_HTTP_API_PORT", "39091")
+    if port.isdigit() and (running := pids_listening_on(int(port))):
+        print(
+            f"note: a local SuperLink already listens on port {port} (pid {running[0]}); `flwr run` "
+            f"reuses it with the Ray cluster it was started with: `{PROG} stop-superlink --port {port}` first"
+        )
+    return 0
 
 
 @one_line_errors(PROG)
@@ -61,6 +91,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if stopped:
             print(f"stopped the local SuperLink on port {args.port} (pids {', '.join(map(str, stopped))})")
         return 0
+    if args.command == "ray-check":
+        return ray_check()
     from simulations.demo import DemoConfig, run_demo, summary_table
 
     cfg = DemoConfig(

@@ -1,0 +1,154 @@
+"""Which Ray cluster `ray.init()` will join, checked before anything starts Ray.
+
+Flower's Ray backend calls `ray.init()` with no address (FLOWER-1.41), so Ray 2.55 joins the cluster
+named by `RAY_ADDRESS` or, when that is unset, the one the last `ray start --head` recorded in
+`ray_current_cluster` under Ray's temp dir. When that cluster is dead, `ray.init()` does not fail fast:
+it retries the GCS ("Failed to get cluster ID from GCS server", a try every ~36 s, 20 tries in Ray
+2.55.1's node.py), and `flwr run` waits for minutes with no word why. `preflight` finds the address
+the same way Ray does and tries a TCP connect to it (1 s), without importing Ray (seconds).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from powerctl.errors import PowerctlError
+
+PROC = Path("/proc")
+PROBE_TIMEOUT_S = 1.0
+RECORD_NAME = "ray_current_cluster"
+
+
+class RayClusterError(PowerctlError):
+    """The Ray cluster that `ray.init()` would join is dead or misnamed: Ray would hang or fail."""
+
+
+@dataclass(frozen=True)
+class RayTarget:
+    """The cluster `ray.init()` will use: `address` None means it starts a new local one."""
+
+    address: str | None
+    source: str
+    """How Ray finds it: `RAY_ADDRESS`, the record file, a raylet on this machine, or why none."""
+
+    def describe(self) -> str:
+        if self.address is None:
+            return f"Ray: a new local cluster will be started ({self.source})"
+        return f"Ray: the live cluster at {self.address} will be used ({self.source})"
+
+
+def record_file(env: Mapping[str, str]) -> Path:
+    """Where `ray start --head` records its GCS address (ray._common.utils.get_ray_address_file)."""
+    if env.get("RAY_TMPDIR"):
+        base = env["RAY_TMPDIR"]
+    elif sys.platform.startswith("linux") and env.get("TMPDIR"):
+        base = env["TMPDIR"]
+    else:
+        base = "/tmp"
+    return Path(base) / "ray" / RECORD_NAME
+
+
+def read_record(path: Path) -> str | None:
+    """The recorded address, or None when there is no record (Ray ignores an empty file too)."""
+    try:
+        text = path.read_text().strip()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise RayClusterError(f"cannot read the Ray cluster record {path}: {exc.strerror}") from None
+    return text or None
+
+
+def raylet_gcs_addresses() -> set[str]:
+    """GCS addresses of the raylets running here (`RAY_ADDRESS=auto` joins one even without a record)."""
+    found = set()
+    for proc in PROC.iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if not argv or "raylet" not in os.path.basename(argv[0]):
+            continue
+        for arg in " ".join(argv).split(" "):
+            if arg.startswith("--gcs-address=") or arg.startswith("--gcs_address="):
+                value = arg.split("=", 1)[1]
+                if value not in ("", "None"):
+                    found.add(value)
+    return found
+
+
+def split_address(address: str) -> tuple[str, int] | None:
+    """HOST:PORT (a `ray://` or other scheme stripped, IPv6 in brackets allowed) → (host, port)."""
+    rest = address.split("://", 1)[1] if "://" in address else address
+    host, sep, port = rest.rstrip("/").rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    return host, int(port)
+
+
+def answers(host: str, port: int, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
+    """Something accepts a TCP connection at host:port within `timeout_s`."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:  # refused, timed out, unreachable, or a name that does not resolve
+        return False
+
+
+def find_target(env: Mapping[str, str] | None = None) -> RayTarget:
+    """Resolve the cluster as Ray 2.55's `ray.init()` does; raise RayClusterError if it would hang or fail."""
+    env = os.environ if env is None else env
+    record = record_file(env)
+    given = env.get("RAY_ADDRESS", "")  # empty counts as unset, as in Ray
+    if given == "local":
+        return RayTarget(None, "RAY_ADDRESS=local")
+    if given and given != "auto":
+        return _checked(given, "RAY_ADDRESS", f"RAY_ADDRESS is {given}")
+    recorded = read_record(record)
+    in_record = f"a Ray cluster is recorded in {record} at {recorded}"
+    if not given:
+        if recorded is None:
+            return RayTarget(None, f"RAY_ADDRESS unset; no cluster recorded in {record}")
+        return _checked(recorded, f"recorded in {record}", in_record)
+    # RAY_ADDRESS=auto: a raylet running here wins over the record, unless there are several
+    running = sorted(raylet_gcs_addresses())
+    if running and not (len(running) > 1 and recorded is not None):
+        here = running[0]
+        return _checked(here, "RAY_ADDRESS=auto: a raylet on this machine", f"a raylet here names {here}")
+    if recorded is not None:
+        return _checked(recorded, f"RAY_ADDRESS=auto: recorded in {record}", in_record)
+    raise RayClusterError(
+        f"RAY_ADDRESS is auto but no Ray cluster runs on this machine (none recorded in {record}, "
+        "no raylet): start one with `ray start --head`, or unset RAY_ADDRESS to start a new local cluster"
+    )
+
+
+def _checked(address: str, source: str, found: str) -> RayTarget:
+    where = split_address(address)
+    if where is None:
+        raise RayClusterError(
+            f"{found}, which is not HOST:PORT: set RAY_ADDRESS to HOST:PORT of a live cluster, "
+            "'local' for a new local cluster, or unset it"
+        )
+    if not answers(*where):
+        advice = (
+            "start that cluster, set RAY_ADDRESS to a live one, or unset it to start a new local cluster"
+            if source == "RAY_ADDRESS"
+            else "remove that file (`ray stop` removes it too, but stops every Ray cluster on this machine), "
+            "or set RAY_ADDRESS to a live cluster, or RAY_ADDRESS=local for a new local one"
+        )
+        raise RayClusterError(f"{found} but nothing answers there: {advice}")
+    return RayTarget(address, source)
+
+
+def preflight(env: Mapping[str, str] | None = None) -> None:
+    """Raise RayClusterError (one line: what was found, what to do) when Ray would join a dead cluster."""
+    find_target(env)
