@@ -18,7 +18,9 @@ How it is made (said again in the output):
   parts; the proxy and the two targets get CIFAR-10-C-style corruptions generated in code (pixelate +
   brightness for the proxy; noise + contrast and blur + fog for the targets; not SVHN/CINIC-10).
   Text: pre-train on WikiText-2, proxy tiny Shakespeare, targets Austen (Emma) and Dickens (Oliver Twist).
-- Targets are lower than the paper's (smaller models, shorter pre-training): see --*-target flags.
+- Targets are lower than the paper's (smaller models, shorter pre-training) and set per dataset by one
+  rule: the plateau of a calibration run at the largest batch size less one point (`calibrate_target`;
+  --vision-targets / --text-targets give them by hand). The relation vector is the mean of 3 proxy seeds.
 
     python bench/paper_tables.py [--task vision|text|both] [--seeds N] [--quick] [--full] [--out DIR]
 """
