@@ -93,7 +93,13 @@ def fixed_frequency(
     cap = check_power_cap(power_cap_w)
     if fixed_frequency_hz is not None:
         return fixed_frequency_hz
-    board = board or board_for(profile)
+    return board_fixed_frequency(board or board_for(profile), cap)
+
+
+def board_fixed_frequency(board: BoardModel, power_cap_w: float | None) -> int:
+    """The state-of-practice frequency of `board` under a cap (its top one without a cap); no frequency
+    low enough → one InfeasibleCapError line. Needs no profile, so commands check it before any work."""
+    cap = check_power_cap(power_cap_w)
     if cap is None:
         return board.frequencies_hz[-1]
     hz = board.fixed_frequency_cap(cap)
