@@ -34,6 +34,10 @@ class PowerSampler(ABC):
     @abstractmethod
     def stop(self) -> PowerSamples: ...
 
+    @abstractmethod
+    def samples_so_far(self) -> PowerSamples:
+        """The samples taken since `start`, live (read, never modify): the power guard reads them."""
+
 
 class ThreadSampler(PowerSampler):
     """Polls a sensor from a background thread: how a real board is sampled in real time."""
@@ -59,6 +63,9 @@ class ThreadSampler(PowerSampler):
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="power-sampler", daemon=True)
         self._thread.start()
+
+    def samples_so_far(self) -> PowerSamples:
+        return self._samples
 
     def stop(self) -> PowerSamples:
         self._stop.set()
