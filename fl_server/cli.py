@@ -293,6 +293,8 @@ def _relation(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
     )
     rel.save(args.out)
+    if warning := rel.coarse_warning():
+        print(f"{PROG} relation: warning: {warning}", file=sys.stderr)
     print(f"relation vector of {rel.model} on {rel.proxy_dataset}, target accuracy {rel.target_accuracy}:")
     print(f"{'batch':>6} {'lr':>10} {'samples':>10} {'relation':>9}")
     lrs = rel.extra.get("lr") or [float("nan")] * len(rel.batch_sizes)

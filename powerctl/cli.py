@@ -215,10 +215,12 @@ def cmd_caps(args: argparse.Namespace) -> int:
 def cmd_select(args: argparse.Namespace) -> int:
     from powerctl.profile_table import Profile
     from powerctl.relation import RelationVector
-    from powerctl.selection import select
+    from powerctl.selection import check_pairing, select
 
     profile = Profile.load(args.profile)
     relation = RelationVector.load(args.relation)
+    for warning in check_pairing(profile, relation, allow_mismatch=args.allow_mismatch):
+        print(f"{PROG} select: warning: {warning}", file=sys.stderr)
     choice = select(profile, relation, args.power_cap)
     if args.json:
         _print_json(choice.to_json_dict())
@@ -237,6 +239,9 @@ def cmd_select(args: argparse.Namespace) -> int:
             f"{'method faster by':>17}"
         )
         for row in compare(profile, relation, args.power_cap):
+            if "infeasible" in row:
+                print(f"{row['name']:<18} infeasible under the cap: {row['infeasible']}")
+                continue
             peak = "-" if row["peak_power_w"] is None else f"{row['peak_power_w']:.2f}"
             pred = "-" if row["predicted_seconds"] is None else f"{row['predicted_seconds']:.1f}"
             speed = "-" if row["speedup"] is None else f"{row['speedup']:.2f}x"
@@ -347,6 +352,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--relation", required=True, type=Path, help="relation vector JSON (fl-server relation)")
     s.add_argument("--power-cap", type=positive_float, metavar="W", help="power cap in W (omit: no cap)")
     s.add_argument("--compare", action="store_true", help="also print the baselines")
+    s.add_argument(
+        "--allow-mismatch",
+        action="store_true",
+        help="combine a relation vector of another model or input than the profile (a warning, not an error)",
+    )
     s.add_argument(
         "--json",
         action="store_true",
