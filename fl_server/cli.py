@@ -270,8 +270,11 @@ def _pretrain(args: argparse.Namespace) -> int:
 def _relation(args: argparse.Namespace) -> int:
     from fl_server.pretrain import check_output_path
     from fl_server.relation import estimate_relation
+    from powerctl.outputs import check_output_dir
 
     check_output_path(args.out)
+    if args.cache_dir is not None and not args.no_cache:
+        check_output_dir(args.cache_dir, "--cache-dir")
     rel = estimate_relation(
         args.model,
         args.weights,

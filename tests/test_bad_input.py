@@ -271,3 +271,29 @@ def test_fl_server_relation_warns_when_every_batch_size_needs_the_same_samples(
     assert fl_server_main([*argv, "--batch-sizes", "8,16", "--out", str(tmp_path / "r.json")]) == 0
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "fl-server relation: warning: every batch size" in err
+
+
+def test_a_dataset_of_nan_images_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import numpy as np
+
+    path = tmp_path / "nan.npz"
+    np.savez(path, x=np.full((20, 3, 8, 8), np.nan, dtype="float32"), y=np.arange(20) % 3)
+    argv = ["pretrain", "--model", "cnn-tiny", "--data", f"npz:{path}", "--samples", "16", "--no-progress"]
+    assert fl_server_main([*argv, "--out", str(tmp_path / "w.safetensors")]) == 2
+    assert f"{path}: image x holds NaN or infinite values" in _one_line(capsys, "fl-server")
+    assert not (tmp_path / "w.safetensors").exists()
+
+
+def test_relation_cache_dir_is_checked_before_estimating(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import fl_server.relation
+
+    def refuse(*_: object, **__: object) -> None:
+        raise AssertionError("estimated before the input was checked")
+
+    monkeypatch.setattr(fl_server.relation, "estimate_relation", refuse)
+    argv = ["relation", "--model", "cnn-tiny", "--proxy", "synthetic-image", "--target", "0.5"]
+    argv += ["--cache-dir", "/proc/cache", "--out", str(tmp_path / "r.json")]
+    assert fl_server_main(argv) == 2
+    assert "--cache-dir /proc/cache: cannot write in /proc" in _one_line(capsys, "fl-server")
