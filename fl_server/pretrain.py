@@ -15,7 +15,7 @@ from typing import Any
 from fl_server.weights import save_weights, weights_hash
 from powerctl.devices import Device, open_device
 from powerctl.jsonfile import write_json
-from powerctl.outputs import check_output_file
+from powerctl.outputs import OutputPathError, check_output_dir
 from training.data import load_dataset, train_test_split
 from training.errors import DataError, ModelError
 from training.finetune import DEFAULT_EVAL_MAX_SAMPLES, fine_tune
@@ -46,8 +46,16 @@ def report_path_for(weights_path: str | Path) -> Path:
 
 
 def check_output_path(path: Path) -> None:
-    """Fail before any work when `path` cannot be written, so a long run never ends in a lost result."""
-    check_output_file(path)
+    """Fail before any work when `path` cannot be written, so a long run never ends in a lost result.
+
+    Missing folders are created when writing (the weights cache relies on it); the command line is
+    stricter and wants an output file's folder to exist (powerctl.outputs)."""
+    if path.is_dir():
+        raise DataError(f"{path}: is a directory; give a file name for the output")
+    try:
+        check_output_dir(path.parent, "the folder of")
+    except OutputPathError as exc:
+        raise DataError(str(exc)) from None
 
 
 def _text_seq_len(model_name: str, overrides: dict[str, Any], seq_len: int | None) -> int:
