@@ -21,6 +21,7 @@ from fl_client.profile_cache import ProfileKey, cached_profile
 from powerctl.devices import open_device
 from powerctl.devices.base import Device
 from powerctl.errors import PowerctlError
+from powerctl.guard import PowerGuard
 from powerctl.profile_table import Profile
 from powerctl.profiler import profile_device
 from powerctl.relation import RelationVector
@@ -152,6 +153,17 @@ def train_round(
     # profile was measured just now or read from the cache, so a seeded run repeats exactly
     with open_device(settings.device, seed=device_seed) as dev:
         with dev.pinned(chosen.frequency_hz):
+            guard = (
+                PowerGuard(
+                    dev,
+                    cap,
+                    chosen.frequency_hz,
+                    window=instr.guard_window,
+                    tolerance=instr.guard_tolerance,
+                )
+                if cap is not None and dev.has_power_sensor
+                else None
+            )
             result = fine_tune(
                 model,
                 train,
@@ -166,6 +178,7 @@ def train_round(
                 eval_max_samples=instr.eval_max_samples,
                 seed=instr.seed,
                 progress=False,
+                power_guard=guard,
             )
         board = dev.board
     report = ClientReport(
@@ -190,6 +203,7 @@ def train_round(
         train_examples=len(train),
         wall_seconds=time.perf_counter() - wall_start,
         extra={"profile_points": len(profile.points), "steps": result.steps},
+        step_downs=result.step_downs,
     )
     new_state = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
     return new_state, report

@@ -125,6 +125,8 @@ def instructions(
         profile_steps=cfg.profile_steps,
         seed=cfg.seed,
         proxy_dataset=relation.proxy_dataset,
+        guard_window=cfg.guard_window,
+        guard_tolerance=cfg.guard_tolerance,
     )
 
 

@@ -36,15 +36,15 @@ PRETRAIN_EPILOG = """\
 example (a small character transformer on WikiText-2; a few minutes on 2 CPU cores):
   fl-server pretrain --model chartransformer-small \\
       --data text:../shared/data/wikitext-2/wiki.valid.tokens \\
-      --samples 60000 --batch-size 32 --lr 0.002 --threads 1 --out weights/wikitext.safetensors
+      --samples 60000 --batch-size 32 --lr 0.002 --threads 1 --out wikitext.safetensors
 
-writes weights/wikitext.safetensors (safetensors; the file alone rebuilds the model) and
-weights/wikitext.report.json (final test accuracy, samples, seconds, learning curve).
+writes wikitext.safetensors (safetensors; the file alone rebuilds the model) and
+wikitext.report.json (final test accuracy, samples, seconds, learning curve). The folder of --out must exist.
 """
 
 RELATION_EPILOG = """\
 example (relation vector on tiny Shakespeare from the weights above; about two minutes):
-  fl-server relation --model chartransformer-small --weights weights/wikitext.safetensors \\
+  fl-server relation --model chartransformer-small --weights wikitext.safetensors \\
       --proxy text:../shared/data/tinyshakespeare/input.txt --target 0.42 \\
       --batch-sizes 4,8,16,32,64 --lr-max 0.002 --seeds 0,1,2 \\
       --eval-every 256 --eval-max-samples 256 --parallel --out relation.json
@@ -241,7 +241,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _pretrain(args: argparse.Namespace) -> int:
     from fl_server.pretrain import pretrain
+    from powerctl.outputs import check_output_file
 
+    check_output_file(args.out)
     report = pretrain(
         args.model,
         args.data,
@@ -268,10 +270,12 @@ def _pretrain(args: argparse.Namespace) -> int:
 
 
 def _relation(args: argparse.Namespace) -> int:
-    from fl_server.pretrain import check_output_path
     from fl_server.relation import estimate_relation
+    from powerctl.outputs import check_output_dir, check_output_file
 
-    check_output_path(args.out)
+    check_output_file(args.out)
+    if args.cache_dir is not None and not args.no_cache:
+        check_output_dir(args.cache_dir, "--cache-dir")
     rel = estimate_relation(
         args.model,
         args.weights,
@@ -293,6 +297,8 @@ def _relation(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
     )
     rel.save(args.out)
+    if warning := rel.coarse_warning():
+        print(f"{PROG} relation: warning: {warning}", file=sys.stderr)
     print(f"relation vector of {rel.model} on {rel.proxy_dataset}, target accuracy {rel.target_accuracy}:")
     print(f"{'batch':>6} {'lr':>10} {'samples':>10} {'relation':>9}")
     lrs = rel.extra.get("lr") or [float("nan")] * len(rel.batch_sizes)

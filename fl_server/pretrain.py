@@ -7,7 +7,6 @@ JSON report next to them.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,10 +15,11 @@ from typing import Any
 from fl_server.weights import save_weights, weights_hash
 from powerctl.devices import Device, open_device
 from powerctl.jsonfile import write_json
+from powerctl.outputs import OutputPathError, check_output_dir
 from training.data import load_dataset, train_test_split
 from training.errors import DataError, ModelError
 from training.finetune import DEFAULT_EVAL_MAX_SAMPLES, fine_tune
-from training.models import build_model, get_model_spec
+from training.models import build_model, check_overrides, get_model_spec
 
 __all__ = ["PRETRAIN_SCHEMA", "PretrainReport", "check_output_path", "pretrain", "report_path_for"]
 
@@ -46,14 +46,16 @@ def report_path_for(weights_path: str | Path) -> Path:
 
 
 def check_output_path(path: Path) -> None:
-    """Fail before any work when `path` cannot be written, so a long run never ends in a lost result."""
+    """Fail before any work when `path` cannot be written, so a long run never ends in a lost result.
+
+    Missing folders are created when writing (the weights cache relies on it); the command line is
+    stricter and wants an output file's folder to exist (powerctl.outputs)."""
     if path.is_dir():
         raise DataError(f"{path}: is a directory; give a file name for the output")
-    parent = path.parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK):
-        raise DataError(f"{path}: cannot write there ({parent} is not a writable directory)")
+    try:
+        check_output_dir(path.parent, "the folder of")
+    except OutputPathError as exc:
+        raise DataError(str(exc)) from None
 
 
 def _text_seq_len(model_name: str, overrides: dict[str, Any], seq_len: int | None) -> int:
@@ -97,7 +99,7 @@ def pretrain(
     check_output_path(out)
     if out.suffix == ".json":
         raise DataError(f"{out}: the weights file must not end in .json (the report goes to *.report.json)")
-    overrides = dict(overrides or {})
+    overrides = check_overrides(model_name, dict(overrides or {}))
     spec = get_model_spec(model_name)
     length = _text_seq_len(model_name, overrides, seq_len)
     dataset = load_dataset(dataset_spec, split="all", seq_len=length, limit=limit, seed=seed)

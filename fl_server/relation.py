@@ -362,7 +362,12 @@ def estimate_relation(
         cache_key=key,
     )
     if use_cache:
-        relation.save(cache_file)
+        try:
+            relation.save(cache_file)
+        except OSError as exc:  # the cache is a convenience: an unwritable one must not lose the result
+            print(
+                f"warning: relation cache not written ({cache_file}: {exc.strerror or exc})", file=sys.stderr
+            )
     return relation
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from powerctl.errors import PowerctlError
+from powerctl.guard import DEFAULT_TOLERANCE, DEFAULT_WINDOW
 from strategies.protocol import PROFILE_ORDERS
 from training.lr import LR_RULES
 
@@ -60,6 +61,10 @@ class ServerConfig:
     min_nodes: int = 1
     fraction_train: float = 1.0
     fraction_evaluate: float = 1.0
+    guard_window: int = DEFAULT_WINDOW
+    """Power guard: consecutive over-cap training steps before a client steps its frequency down."""
+    guard_tolerance: float = DEFAULT_TOLERANCE
+    """Power guard: relative excess over the cap a reading may show (the sensor's noise band)."""
 
     def seeds(self) -> list[int]:
         return _int_list(self.relation_seeds, "relation-seeds", minimum=0)
@@ -145,6 +150,8 @@ def _validate(cfg: ServerConfig) -> None:
     need(cfg.profile_warmup >= 0, "profile-warmup", cfg.profile_warmup, "must be ≥ 0")
     need(cfg.seed >= 0, "seed", cfg.seed, "must be ≥ 0")
     need(cfg.round_timeout > 0, "round-timeout", cfg.round_timeout, "must be > 0 seconds")
+    need(cfg.guard_window >= 1, "guard-window", cfg.guard_window, "must be ≥ 1")
+    need(0 <= cfg.guard_tolerance < 1, "guard-tolerance", cfg.guard_tolerance, "must be in [0, 1)")
     for key in ("fraction-train", "fraction-evaluate"):
         v = getattr(cfg, key.replace("-", "_"))
         need(0 <= v <= 1, key, v, "must be in [0, 1]")

@@ -12,6 +12,7 @@ None for the predicted values: a comparison says "not profiled" rather than gues
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,7 +94,13 @@ def fixed_frequency(
     cap = check_power_cap(power_cap_w)
     if fixed_frequency_hz is not None:
         return fixed_frequency_hz
-    board = board or board_for(profile)
+    return board_fixed_frequency(board or board_for(profile), cap)
+
+
+def board_fixed_frequency(board: BoardModel, power_cap_w: float | None) -> int:
+    """The state-of-practice frequency of `board` under a cap (its top one without a cap); no frequency
+    low enough → one InfeasibleCapError line. Needs no profile, so commands check it before any work."""
+    cap = check_power_cap(power_cap_w)
     if cap is None:
         return board.frequencies_hz[-1]
     hz = board.fixed_frequency_cap(cap)
@@ -156,26 +163,43 @@ def compare(
 ) -> list[dict[str, Any]]:
     """Rows for the method and each baseline (oracle only with a target relation).
 
-    Each row: name, batch_size, frequency_hz, peak_power_w, feasible (peak ≤ cap; None if not profiled),
-    predicted_seconds (under the proxy relation), speedup (that row's predicted seconds / the method's: how
-    many times faster the method is; > 1 means the method wins), and with a target relation
-    predicted_seconds_target and speedup_target, the same under the relation measured on the target data.
+    A baseline with no configuration under the cap (no fixed frequency low enough) is the row
+    {name, infeasible: why}. Each other row: name, batch_size, frequency_hz, peak_power_w, feasible
+    (peak ≤ cap; None if not profiled), predicted_seconds (under the proxy relation), speedup (that
+    row's predicted seconds / the method's: how many times faster the method is; > 1 means the method
+    wins), and with a target relation predicted_seconds_target and speedup_target, the same under the
+    relation measured on the target data.
     """
     cap = check_power_cap(power_cap_w)
     method: Selection = select(profile, relation, cap)
-    rows_b = [
-        Baseline(
-            METHOD, method.batch_size, method.frequency_hz, method.predicted_seconds, method.peak_power_w
+    makers: list[tuple[str, Callable[[], Baseline]]] = [
+        (
+            METHOD,
+            lambda: Baseline(
+                METHOD, method.batch_size, method.frequency_hz, method.predicted_seconds, method.peak_power_w
+            ),
         ),
-        state_of_practice(profile, cap, board, fixed_frequency_hz, relation=relation),
-        proxy_batch(profile, relation, cap, board, fixed_frequency_hz),
+        (
+            STATE_OF_PRACTICE,
+            lambda: state_of_practice(profile, cap, board, fixed_frequency_hz, relation=relation),
+        ),
+        (PROXY_BATCH, lambda: proxy_batch(profile, relation, cap, board, fixed_frequency_hz)),
     ]
     if target_relation is not None:
-        orc = oracle(profile, target_relation, cap)
-        rows_b.append(_make(ORACLE, profile, relation, orc.batch_size, orc.frequency_hz))
+
+        def _oracle() -> Baseline:
+            orc = oracle(profile, target_relation, cap)
+            return _make(ORACLE, profile, relation, orc.batch_size, orc.frequency_hz)
+
+        makers.append((ORACLE, _oracle))
     method_target = predict(profile, target_relation, method.batch_size, method.frequency_hz)
     rows: list[dict[str, Any]] = []
-    for b in rows_b:
+    for name, make in makers:
+        try:
+            b = make()
+        except InfeasibleCapError as exc:  # one row says why; the others are still worth printing
+            rows.append({"name": name, "infeasible": str(exc)})
+            continue
         row = b.to_json_dict()
         row["feasible"] = None if b.peak_power_w is None else (cap is None or b.peak_power_w <= cap)
         row["speedup"] = _speedup(b.predicted_seconds, method.predicted_seconds)

@@ -182,10 +182,25 @@ def _raw_boards() -> dict[str, Any]:
     return dict(yaml.safe_load(text))
 
 
+def parse_boards(raw: Any, where: str = "boards.yaml") -> dict[str, BoardModel]:
+    """Board models from the decoded YAML; anything malformed is one DeviceError line naming the board."""
+    if not isinstance(raw, dict) or not raw:
+        raise DeviceError(f"{where}: expected a mapping of board names to board models")
+    boards = {}
+    for name, r in raw.items():
+        try:
+            if not isinstance(r, dict):
+                raise TypeError("expected a mapping")
+            boards[str(name)] = _parse(str(name), r, raw)
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError, ZeroDivisionError) as exc:
+            what = f"missing {exc}" if isinstance(exc, KeyError) else str(exc).removeprefix(f"{where}: ")
+            raise DeviceError(f"{where}: board {name!r}: {what}") from None
+    return boards
+
+
 @cache
 def load_boards() -> dict[str, BoardModel]:
-    raw = _raw_boards()
-    return {name: _parse(name, r, raw) for name, r in raw.items()}
+    return parse_boards(_raw_boards())
 
 
 def board_names() -> list[str]:

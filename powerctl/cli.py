@@ -13,7 +13,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from powerctl.cliutil import OneLineParser, batch_sizes, one_line_errors, positive_float, positive_int
+from powerctl.cliutil import (
+    OneLineParser,
+    batch_sizes,
+    non_negative_int,
+    one_line_errors,
+    positive_float,
+    positive_int,
+)
 from powerctl.devices import SPEC_HELP, open_device
 from powerctl.errors import InfeasibleCapError, PowerctlError
 
@@ -34,7 +41,7 @@ def _frequency(text: str) -> int:
     except ValueError:
         raise argparse.ArgumentTypeError(f"frequency must be in Hz (or with MHz/GHz), got {text!r}") from None
     if not math.isfinite(hz) or hz <= 0:
-        raise argparse.ArgumentTypeError(f"frequency must be positive, got {text!r}")
+        raise argparse.ArgumentTypeError(f"frequency must be > 0, got {text!r}")
     return round(hz)
 
 
@@ -75,28 +82,19 @@ def cmd_power(args: argparse.Namespace) -> int:
     return 0
 
 
-def _state_key(dev: Any) -> str:
-    """One saved state per physical board: `jetson` and `jetson-nano` name the same one."""
-    return f"jetson:{dev.board}" if dev.spec.startswith("jetson") else dev.spec
-
-
 def cmd_freq(args: argparse.Namespace) -> int:
-    from powerctl.freqstate import clear_state, load_state, save_state
+    from powerctl.pinsession import restore_saved
 
     with open_device(args.device) as dev:
         if args.set is not None:
             dev.pin_frequency(args.set)
-            state = dev.release_snapshot()  # the pin stays after we exit; --restore undoes it
-            if state is not None:
-                save_state(_state_key(dev), state)
+            dev.release_snapshot()  # the pin stays after we exit; its record lets --restore undo it
             message = f"pinned {args.device} at {_mhz(args.set)}"
         elif args.restore:
-            state = load_state(_state_key(dev))
+            state = restore_saved(dev)
             if state is None:
                 message = f"nothing to restore for {args.device}: no earlier `powerctl freq --set`"
             else:
-                dev.apply_snapshot(state)
-                clear_state(_state_key(dev))
                 message = f"restored {args.device} to {state}"
         else:
             message = ""
@@ -137,8 +135,10 @@ def _predicted_profile(args: argparse.Namespace) -> Any:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
+    from powerctl.outputs import check_output_file
     from powerctl.profiler import profile_device
 
+    check_output_file(args.out)  # before the profile: its result must not be lost at the end
     if args.predicted:
         profile = _predicted_profile(args)
         profile.save(args.out)
@@ -215,10 +215,12 @@ def cmd_caps(args: argparse.Namespace) -> int:
 def cmd_select(args: argparse.Namespace) -> int:
     from powerctl.profile_table import Profile
     from powerctl.relation import RelationVector
-    from powerctl.selection import select
+    from powerctl.selection import check_pairing, select
 
     profile = Profile.load(args.profile)
     relation = RelationVector.load(args.relation)
+    for warning in check_pairing(profile, relation, allow_mismatch=args.allow_mismatch):
+        print(f"{PROG} select: warning: {warning}", file=sys.stderr)
     choice = select(profile, relation, args.power_cap)
     if args.json:
         _print_json(choice.to_json_dict())
@@ -237,6 +239,9 @@ def cmd_select(args: argparse.Namespace) -> int:
             f"{'method faster by':>17}"
         )
         for row in compare(profile, relation, args.power_cap):
+            if "infeasible" in row:
+                print(f"{row['name']:<18} infeasible under the cap: {row['infeasible']}")
+                continue
             peak = "-" if row["peak_power_w"] is None else f"{row['peak_power_w']:.2f}"
             pred = "-" if row["predicted_seconds"] is None else f"{row['predicted_seconds']:.1f}"
             speed = "-" if row["speedup"] is None else f"{row['speedup']:.2f}x"
@@ -248,11 +253,13 @@ def cmd_select(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
+    from powerctl.outputs import check_output_dir
     from powerctl.plot import plot_profile
     from powerctl.profile_table import Profile
     from powerctl.relation import RelationVector
     from powerctl.selection import select
 
+    check_output_dir(args.out)
     profile = Profile.load(args.profile)
     relation = RelationVector.load(args.relation) if args.relation else None
     selection = None
@@ -315,11 +322,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--power-cap", type=positive_float, metavar="W", help="power cap in W (for --order efficient)"
     )
-    s.add_argument("--warmup", type=int, default=2, help="warm-up steps per point (default 2)")
+    s.add_argument("--warmup", type=non_negative_int, default=2, help="warm-up steps per point (default 2)")
     s.add_argument("--steps", type=positive_int, default=5, help="measured steps per point (default 5)")
-    s.add_argument("--rate", type=float, default=50.0, help="power sampling rate in Hz (default 50)")
+    s.add_argument("--rate", type=positive_float, default=50.0, help="power sampling rate in Hz (default 50)")
     s.add_argument("--num-classes", type=positive_int, help="classes (image models; default 10)")
-    s.add_argument("--seed", type=int, default=0, help="seed of weights, inputs and simulated noise")
+    s.add_argument(
+        "--seed", type=non_negative_int, default=0, help="seed of weights, inputs and simulated noise"
+    )
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.add_argument(
         "--predicted",
@@ -343,6 +352,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--relation", required=True, type=Path, help="relation vector JSON (fl-server relation)")
     s.add_argument("--power-cap", type=positive_float, metavar="W", help="power cap in W (omit: no cap)")
     s.add_argument("--compare", action="store_true", help="also print the baselines")
+    s.add_argument(
+        "--allow-mismatch",
+        action="store_true",
+        help="combine a relation vector of another model or input than the profile (a warning, not an error)",
+    )
     s.add_argument(
         "--json",
         action="store_true",

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import functools
 import math
+import re
 import sys
 from collections.abc import Callable
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from powerctl.errors import PowerctlError
 
@@ -39,7 +40,15 @@ def one_line_errors(prog: str) -> Callable[[Callable[..., int]], Callable[..., i
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a usage error is ONE line (what is wrong, where to look) and exit status 2."""
+    """argparse, but a usage error is ONE line (what is wrong, where to look) and exit status 2.
+
+    A value that starts with a minus and a digit (``--set -5MHz``, ``--warmup -3``) is taken as the
+    flag's value, so the user sees what is wrong with it rather than "expected one argument".
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
@@ -52,6 +61,16 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer ≥ 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer ≥ 0, got {text!r}")
     return value
 
 

@@ -1,15 +1,37 @@
-"""Knob state saved by `powerctl freq --set` so that `--restore` (another process) can put it back."""
+"""The on-disk record of a board's knob state before we pinned it, one per physical board, and its lock.
+
+A process that pins a real board writes the state to go back to here BEFORE its first write to the knob,
+and removes the record after its normal restore. A SIGKILL, an OOM kill or a power loss skips that
+restore: the record survives, and the next command that opens the board puts the state back
+(`powerctl.pinsession.recover`). `powerctl freq --set` leaves a record of kind ``set`` on purpose, for
+`powerctl freq --restore` in a later process.
+
+The lock (``fcntl.flock`` on ``KEY.lock`` beside the record) is held for a pin's whole lifetime, so two
+processes never pin one board at once; the kernel releases it when its holder dies, however it dies.
+"""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from powerctl.jsonfile import read_json, write_json
+from powerctl.errors import DeviceError, FileFormatError
+from powerctl.jsonfile import Fields, read_json, write_json
 
-STATE_SCHEMA = "powerctl.freqstate/1"
+STATE_SCHEMA = "powerctl.freqstate/2"
+KIND_PIN = "pin"
+"""Written by a process for the lifetime of its pin: if the record outlives the process, it crashed."""
+KIND_SET = "set"
+"""Written by `powerctl freq --set`: the pin is meant to stay until `powerctl freq --restore`."""
+KINDS = (KIND_PIN, KIND_SET)
+
+
+class BoardBusyError(DeviceError):
+    """Another live process holds the board's pin lock."""
 
 
 def state_dir() -> Path:
@@ -20,24 +42,132 @@ def state_dir() -> Path:
     return Path(base) / "powerctl"
 
 
-def state_path(spec: str) -> Path:
-    return state_dir() / (re.sub(r"[^A-Za-z0-9_.-]", "_", spec) + ".json")
+def _file_stem(key: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.@-]", "_", key)
 
 
-def save_state(spec: str, state: dict[str, Any]) -> Path:
-    """Keep the first saved state: a second `--set` must not overwrite the original settings."""
-    path = state_path(spec)
+def record_path(key: str) -> Path:
+    return state_dir() / f"{_file_stem(key)}.json"
+
+
+def lock_path(key: str) -> Path:
+    return state_dir() / f"{_file_stem(key)}.lock"
+
+
+@dataclass(frozen=True)
+class BoardRecord:
+    """The state to put back on board `key`; `under` is a `set` record this pin was laid on top of."""
+
+    key: str
+    spec: str
+    kind: str
+    state: dict[str, Any]
+    pid: int
+    under: BoardRecord | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "spec": self.spec,
+            "kind": self.kind,
+            "state": self.state,
+            "pid": self.pid,
+            "under": None if self.under is None else self.under.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> BoardRecord:
+        if not isinstance(data, dict):
+            raise FileFormatError(f"{where}: expected an object")
+        f = Fields(data, where)
+        kind = f.string("kind")
+        if kind not in KINDS:
+            raise f.fail(f"'kind' must be one of {', '.join(KINDS)}, got {kind!r}")
+        state = f.get("state")
+        if not isinstance(state, dict):
+            raise f.fail("'state' must be an object")
+        under = data.get("under")
+        return cls(
+            key=f.string("key"),
+            spec=f.string("spec"),
+            kind=kind,
+            state=dict(state),
+            pid=f.integer("pid", minimum=0),
+            under=None if under is None else cls.from_dict(under, f"{where}: under"),
+        )
+
+
+def read_record(key: str) -> BoardRecord | None:
+    """The record of board `key`, None when there is none; a corrupt one is one FileFormatError line."""
+    path = record_path(key)
     if not path.exists():
-        write_json(path, {"schema": STATE_SCHEMA, "spec": spec, "state": state})
+        return None
+    data = read_json(path, STATE_SCHEMA)
+    record = BoardRecord.from_dict(data, str(path))
+    if record.key != key:
+        raise FileFormatError(f"{path}: holds the record of {record.key!r}, not {key!r}")
+    return record
+
+
+def write_record(record: BoardRecord) -> Path:
+    """Atomically and durably (fsync): a power loss leaves the old record or the new one, never half."""
+    path = record_path(record.key)
+    try:
+        write_json(path, {"schema": STATE_SCHEMA, **record.to_dict()}, durable=True)
+    except OSError as exc:
+        raise DeviceError(
+            f"cannot record the state of {record.spec} in {path.parent} ({exc.strerror or exc}); "
+            "set POWERCTL_STATE_DIR to a writable folder"
+        ) from None
     return path
 
 
-def load_state(spec: str) -> dict[str, Any] | None:
-    path = state_path(spec)
-    if not path.exists():
-        return None
-    return dict(read_json(path, STATE_SCHEMA)["state"])
+def remove_record(key: str) -> None:
+    record_path(key).unlink(missing_ok=True)
 
 
-def clear_state(spec: str) -> None:
-    state_path(spec).unlink(missing_ok=True)
+class BoardLock:
+    """An exclusive, non-blocking flock on the board's lock file, held until `release`."""
+
+    def __init__(self, key: str, spec: str) -> None:
+        self.key, self.spec = key, spec
+        self._file: IO[bytes] | None = None
+
+    def acquire(self) -> None:
+        """Take the lock, or one BoardBusyError line naming the process that holds it."""
+        path = lock_path(self.key)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            f = open(path, "a+b")  # noqa: SIM115 - held open for the pin's lifetime
+        except OSError as exc:
+            raise DeviceError(
+                f"cannot lock {self.spec} through {path} ({exc.strerror or exc}); "
+                "set POWERCTL_STATE_DIR to a writable folder"
+            ) from None
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.close()
+            raise BoardBusyError(
+                f"{self.spec} is pinned by another process{_holder(self.key)}; "
+                "wait for it to finish (or stop it), then try again"
+            ) from None
+        self._file = f
+
+    def release(self) -> None:
+        if self._file is not None:
+            f, self._file = self._file, None
+            f.close()  # closing drops the flock
+
+    @property
+    def held(self) -> bool:
+        return self._file is not None
+
+
+def _holder(key: str) -> str:
+    """`` (pid N)`` from the record the holder wrote, when it can be read."""
+    try:
+        record = read_record(key)
+    except FileFormatError:
+        return ""
+    return "" if record is None or record.kind != KIND_PIN else f" (pid {record.pid})"

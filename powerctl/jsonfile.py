@@ -35,8 +35,11 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number this file may hold")
 
 
-def write_json(path: str | Path, data: dict[str, Any]) -> None:
-    """Write atomically (temp file + rename): a crash never leaves half a file behind."""
+def write_json(path: str | Path, data: dict[str, Any], *, durable: bool = False) -> None:
+    """Write atomically (temp file + rename): a crash never leaves half a file behind.
+
+    `durable` also fsyncs the file and its folder, so that a power loss right after the call keeps it.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -47,10 +50,23 @@ def write_json(path: str | Path, data: dict[str, Any]) -> None:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(data, f, indent=2, allow_nan=False)
             f.write("\n")
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
+        if durable:
+            _fsync_dir(path.parent)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class Fields:

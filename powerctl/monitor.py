@@ -53,6 +53,10 @@ class PowerMonitor:
             self._sampler = self.device.power_sampler(self.rate_hz)
             self._sampler.start()
 
+    def samples_so_far(self) -> PowerSamples:
+        """The samples of the block so far (empty without a sensor or before `start`)."""
+        return [] if self._sampler is None else self._sampler.samples_so_far()
+
     def stop(self, *, keep: bool = True) -> PowerReading | None:
         """End sampling; `reading` summarises the block (None without a sensor or with keep=False)."""
         if self._sampler is None:

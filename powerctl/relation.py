@@ -27,6 +27,20 @@ class RelationVector:
         ref = self.samples_to_target[-1]
         return [s / ref for s in self.samples_to_target]
 
+    def coarse_warning(self) -> str | None:
+        """A warning when every batch size needs the same samples (relation all 1.000): the evaluation
+        interval was most likely too coarse to tell them apart, and the vector then cannot guide a choice."""
+        if len(self.batch_sizes) < 2 or len(set(self.samples_to_target)) > 1:
+            return None
+        every = self.extra.get("eval_every_samples")
+        interval = f" (evaluated every {every} samples)" if every else ""
+        return (
+            f"every batch size of the relation vector ({self.model}, {self.proxy_dataset}) reached the "
+            f"target after the same {self.samples_to_target[0]:g} samples{interval}: relation 1.000 "
+            "everywhere tells the batch sizes apart only by speed; estimate it again evaluating more "
+            "often (fl-server relation --eval-every)"
+        )
+
     def as_map(self) -> dict[int, float]:
         """Batch size → r_b."""
         return dict(zip(self.batch_sizes, self.relation, strict=True))

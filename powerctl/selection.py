@@ -54,6 +54,39 @@ def check_power_cap(power_cap_w: float | None) -> float | None:
     return float(power_cap_w)
 
 
+class MismatchError(FileFormatError):
+    """A profile and a relation vector that do not belong together (another model or input)."""
+
+
+def check_pairing(profile: Profile, relation: RelationVector, *, allow_mismatch: bool = False) -> list[str]:
+    """Refuse a relation vector of another model or input than the profile (one line; `allow_mismatch`
+    turns it into a warning), and return warnings: batch sizes in one file only, a relation too coarse
+    to tell batch sizes apart."""
+    problems = []
+    if profile.model != relation.model:
+        problems.append(
+            f"the profile is of model {profile.model!r}, the relation vector of {relation.model!r}"
+        )
+    shape = relation.extra.get("input_shape")
+    if isinstance(shape, list) and shape != list(profile.input_shape):
+        problems.append(
+            f"the profile's input shape is {list(profile.input_shape)}, the relation vector's {shape}"
+        )
+    if problems and not allow_mismatch:
+        raise MismatchError(
+            "; ".join(problems) + ": they do not belong together (--allow-mismatch to combine them anyway)"
+        )
+    warnings = [f"{p}; combined anyway (--allow-mismatch)" for p in problems]
+    profiled, related = set(profile.batch_sizes()), set(relation.batch_sizes)
+    if only := sorted(profiled - related):
+        warnings.append(f"batch sizes {only} are profiled but not in the relation vector: not considered")
+    if only := sorted(related - profiled):
+        warnings.append(f"batch sizes {only} are in the relation vector but not profiled: not considered")
+    if coarse := relation.coarse_warning():
+        warnings.append(coarse)
+    return warnings
+
+
 def is_feasible(point: ProfilePoint, power_cap_w: float | None) -> bool:
     """Peak power ≤ cap; equal is feasible (DESIGN §1); no cap = everything is feasible."""
     return power_cap_w is None or point.peak_power_w <= power_cap_w

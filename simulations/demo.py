@@ -177,8 +177,24 @@ def _fine_tune(
     )
 
 
+def check_demo(cfg: DemoConfig, out: Path) -> None:
+    """Every input checked before pre-training (minutes): the output folder, the model, the device, and
+    that the board has a state-of-practice frequency under the cap (the baselines need one)."""
+    from powerctl.baselines import board_fixed_frequency
+    from powerctl.boards import board_model
+    from powerctl.outputs import check_output_dir
+    from training.models import get_model_spec
+
+    check_output_dir(out)
+    get_model_spec(cfg.model)
+    with open_device(cfg.device, seed=cfg.seed) as dev:
+        board = dev.board
+    board_fixed_frequency(board_model(board), cfg.power_cap_w)
+
+
 def run_demo(cfg: DemoConfig, out: Path, *, progress: bool = True) -> dict[str, Any]:
     """Run the whole flow, write `out/results.json` and plots, return the results."""
+    check_demo(cfg, out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     weights = _pretrain(cfg, out, progress)

@@ -17,6 +17,7 @@ from typing import Any
 from flwr.app import ConfigRecord
 
 from powerctl.errors import PowerctlError
+from powerctl.guard import DEFAULT_TOLERANCE, DEFAULT_WINDOW
 from powerctl.relation import RelationVector
 from training.lr import LR_RULES, scaled_lr
 
@@ -147,6 +148,10 @@ class TrainInstructions:
     power_cap_w: float | None = None
     """A cap the server sets for this node this round; None: the node's own (node config) cap."""
     proxy_dataset: str = ""
+    guard_window: int = DEFAULT_WINDOW
+    """The power guard: consecutive over-cap training steps before a step-down (powerctl.guard)."""
+    guard_tolerance: float = DEFAULT_TOLERANCE
+    """The power guard: relative excess over the cap a reading may show (the sensor's noise band)."""
 
     def relation(self) -> RelationVector:
         return RelationVector.from_samples(
@@ -203,7 +208,43 @@ class TrainInstructions:
             node_key=str(record.get("node-key", "")),
             power_cap_w=cap,
             proxy_dataset=str(record.get("proxy-dataset", "")),
+            guard_window=r.integer("guard-window") if "guard-window" in record else DEFAULT_WINDOW,
+            guard_tolerance=_tolerance(r) if "guard-tolerance" in record else DEFAULT_TOLERANCE,
         )
+
+
+def _tolerance(r: _Reader) -> float:
+    v = r.number("guard-tolerance")
+    if v >= 1:
+        raise r.fail("guard-tolerance", f"must be in [0, 1), got {v!r}")
+    return v
+
+
+STEP_DOWN_KEYS = ("device_seconds", "old_hz", "new_hz", "measured_w", "power_cap_w")
+
+
+def _step_downs(r: _Reader) -> list[dict[str, float]]:
+    """The power guard's step-downs: a JSON list of {device_seconds, old_hz, new_hz, measured_w, ...}."""
+    text = r.string("step_downs")
+    try:
+        items = json.loads(text)
+    except ValueError:
+        raise r.fail("step_downs", f"must be a JSON list, got {text!r}") from None
+    if not isinstance(items, list):
+        raise r.fail("step_downs", f"must be a JSON list, got {text!r}")
+    out = []
+    for item in items:
+        if not isinstance(item, dict) or set(item) != set(STEP_DOWN_KEYS):
+            raise r.fail(
+                "step_downs", f"entries must have the keys {', '.join(STEP_DOWN_KEYS)}, got {item!r}"
+            )
+        for key, v in item.items():
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise r.fail("step_downs", f"{key} must be a finite number ≥ 0, got {v!r}")
+        if not item["new_hz"] < item["old_hz"]:
+            raise r.fail("step_downs", f"a step-down must lower the frequency, got {item!r}")
+        out.append(item)
+    return out
 
 
 @dataclass
@@ -233,10 +274,15 @@ class ClientReport:
     train_examples: int = 0
     wall_seconds: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+    step_downs: list[dict[str, float]] = field(default_factory=list)
+    """The power guard's actions while training (powerctl.guard.StepDown): time (training device
+    seconds), old and new frequency in Hz, the measured W that caused it, the cap. `frequency_hz` stays
+    the selected one; the last step-down's `new_hz` is where training ended."""
 
     def to_config(self) -> ConfigRecord:
         d = asdict(self)
         d["extra"] = json.dumps(self.extra, sort_keys=True)
+        d["step_downs"] = json.dumps(self.step_downs)
         return ConfigRecord({k: v for k, v in d.items() if v is not None})
 
     def to_dict(self) -> dict[str, Any]:
@@ -275,4 +321,5 @@ class ClientReport:
             train_examples=r.integer("train_examples", minimum=0) if "train_examples" in record else 0,
             wall_seconds=optional("wall_seconds") or 0.0,
             extra=extra,
+            step_downs=_step_downs(r) if "step_downs" in record else [],
         )

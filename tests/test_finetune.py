@@ -62,6 +62,9 @@ class EdgeSampler(PowerSampler):
     def start(self) -> None:
         self.samples = [(self.board.clock(), self.board.read_power_w())]
 
+    def samples_so_far(self) -> list[tuple[float, float]]:
+        return self.samples
+
     def stop(self) -> list[tuple[float, float]]:
         return [*self.samples, (self.board.clock(), self.board.read_power_w())]
 

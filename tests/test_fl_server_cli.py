@@ -67,6 +67,7 @@ def test_bad_input_is_one_line_exit_2_nothing_written(
 
 def test_pretrain_then_relation_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     weights = tmp_path / "w" / "pre.safetensors"
+    weights.parent.mkdir()  # an output file's folder must exist (powerctl.outputs)
     pre = "pretrain --model cnn-tiny --data synthetic-image --limit 150 --samples 240 --batch-size 16 "
     assert main(_argv(pre + "--lr 0.002 --out {w} --no-progress", w=weights)) == 0
     report = json.loads((tmp_path / "w" / "pre.report.json").read_text())
@@ -74,6 +75,7 @@ def test_pretrain_then_relation_end_to_end(tmp_path: Path, capsys: pytest.Captur
     load_model(weights, expect_model="cnn-tiny")
 
     out = tmp_path / "rel" / "relation.json"
+    out.parent.mkdir()
     rel_cmd = (
         "relation --model cnn-tiny --weights {w} --proxy synthetic-image --data-seed 1 --limit 150 "
         "--target 0.5 --batch-sizes 8,16 --eval-every 32 --max-samples 3000 --lr-max 0.002 "

@@ -373,6 +373,18 @@ def public_tmp() -> Iterator[Path]:
         shutil.rmtree(path)
 
 
+@pytest.fixture
+def public_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A POWERCTL_STATE_DIR any user may write: an ordinary user pins with a state folder of their own."""
+    path = Path(tempfile.mkdtemp(prefix="powerctl-state-"))
+    path.chmod(0o777)
+    monkeypatch.setenv("POWERCTL_STATE_DIR", str(path))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path)
+
+
 @contextlib.contextmanager
 def unprivileged() -> Iterator[None]:
     """Run the block as an ordinary user: as root, by switching the effective uid to nobody."""
@@ -401,7 +413,7 @@ def _give_to_nobody(node: Path) -> None:
 
 
 def test_read_only_devfreq_is_a_permission_error_naming_root_and_udev(
-    public_tmp: Path, monkeypatch: pytest.MonkeyPatch
+    public_tmp: Path, public_state: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     root = _at(make_nano_tree(public_tmp), monkeypatch)
     _readable_tree(root)
@@ -418,7 +430,7 @@ def test_read_only_devfreq_is_a_permission_error_naming_root_and_udev(
 
 
 def test_half_done_pin_is_undone_when_the_second_write_is_refused(
-    public_tmp: Path, monkeypatch: pytest.MonkeyPatch
+    public_tmp: Path, public_state: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     root = _at(make_nano_tree(public_tmp), monkeypatch)
     _readable_tree(root)

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from powerctl.devices.base import Device
+from powerctl.guard import PowerGuard
 from powerctl.monitor import PowerMonitor, PowerReading
 from powerctl.workload import Workload, measure_workload
 from training.errors import DataError
@@ -85,6 +86,8 @@ class FineTuneResult:
     wall_seconds: float = 0.0
     """Host wall time of the whole call, evaluation included (for overhead accounting, not for TTA)."""
     extra: dict[str, Any] = field(default_factory=dict)
+    step_downs: list[dict[str, Any]] = field(default_factory=list)
+    """What the power guard did: {device_seconds, old_hz, new_hz, measured_w, power_cap_w} per step-down."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -166,11 +169,23 @@ class _TrainingPower:
         self._monitor = PowerMonitor(device, rate_hz) if device.has_power_sensor else None
         self.readings: list[PowerReading] = []
         self._open = False
+        self._seen = 0
 
     def resume(self) -> None:
         if self._monitor is not None and not self._open:
             self._monitor.start()
             self._open = True
+            self._seen = 0
+
+    def new_peak(self) -> float | None:
+        """The highest reading since the last call (None: no new reading), for the power guard."""
+        if self._monitor is None or not self._open:
+            return None
+        samples = self._monitor.samples_so_far()
+        end = len(samples)
+        new = samples[self._seen : end]
+        self._seen = end
+        return max(w for _, w in new) if new else None
 
     def pause(self) -> None:
         if self._monitor is not None and self._open:
@@ -222,6 +237,7 @@ def fine_tune(
     progress: bool = True,
     power_rate_hz: float = 20.0,
     desc: str | None = None,
+    power_guard: PowerGuard | None = None,
 ) -> FineTuneResult:
     """Train `model` in place on `train` until its accuracy on `test` reaches `target_accuracy`.
 
@@ -232,6 +248,10 @@ def fine_tune(
     subset of at most `eval_max_samples` test samples. Batches are drawn from a seeded permutation per
     epoch (the last incomplete batch of an epoch is dropped so every step has `batch_size` samples).
     Same seed, same data, same starting weights → the same curve (on the CPU).
+
+    `power_guard` (on a pinned device with a sensor) is checked after every step with the highest
+    power reading of that step, and steps the frequency down under a sustained excess over its cap;
+    its step-downs are returned in `step_downs`.
     """
     _check_positive("batch_size", batch_size, integer=True)
     _check_positive("lr", lr)
@@ -307,6 +327,8 @@ def fine_tune(
                     device_seconds += device.clock() - t0
                     samples += batch_size
                     steps += 1
+                    if power_guard is not None and (peak := power.new_peak()) is not None:
+                        power_guard.check(peak, device_seconds)
                     if bar is not None:
                         bar.update(batch_size)
                     if max_samples is not None and samples >= max_samples:
@@ -351,6 +373,7 @@ def fine_tune(
         target_accuracy=target_accuracy,
         stop_reason=stop_reason,
         wall_seconds=time.perf_counter() - wall_start,
+        step_downs=[] if power_guard is None else [e.to_dict() for e in power_guard.step_downs],
     )
 
 

@@ -362,6 +362,48 @@ def default_num_classes(task: str) -> int:
     return VOCAB_SIZE if _check_task(task) == "text" else 10
 
 
+def _checked_option(spec: ModelSpec, key: str, value: Any) -> Any:
+    """An override of the builder's type and range (from a command line, a weights file or a message),
+    or one ModelError line: a string where a size belongs must not reach the builder."""
+    annotation = str(inspect.signature(spec.builder).parameters[key].annotation)
+
+    def bad(what: str) -> ModelError:
+        return ModelError(f"model {spec.name!r} option {key} must be {what}, got {value!r}")
+
+    if annotation.startswith("int"):
+        if value is None and "None" in annotation:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise bad("a positive integer")
+        return value
+    if annotation == "float":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise bad("a finite number")
+        if key == "dropout" and not 0 <= value < 1:
+            raise bad("in [0, 1)")
+        if key != "dropout" and value <= 0:
+            raise bad("> 0")
+        return float(value)
+    if annotation.startswith("tuple[int"):
+        if not isinstance(value, (list, tuple)) or not value:
+            raise bad("a list of positive integers")
+        if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in value):
+            raise bad("a list of positive integers")
+        return tuple(value)
+    return value
+
+
+def check_overrides(name: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """The overrides of model `name`, checked without building it (for commands, before any work)."""
+    spec = get_model_spec(name)
+    unknown = sorted(set(overrides) - set(spec.options()))
+    if unknown:
+        raise ModelError(
+            f"model {name!r} has no option {', '.join(unknown)}; options: {', '.join(spec.options())}"
+        )
+    return {k: _checked_option(spec, k, v) for k, v in overrides.items()}
+
+
 def build_model(
     name: str, num_classes: int | None = None, *, seed: int | None = None, **overrides: Any
 ) -> nn.Module:
@@ -372,11 +414,9 @@ def build_model(
     chartransformer: n_layer, n_head, n_embd, seq_len, head_dim, dropout; cnn-tiny: width).
     """
     spec = get_model_spec(name)
-    unknown = sorted(set(overrides) - set(spec.options()))
-    if unknown:
-        raise ModelError(
-            f"model {name!r} has no option {', '.join(unknown)}; options: {', '.join(spec.options())}"
-        )
+    overrides = check_overrides(name, overrides)
+    if isinstance(num_classes, bool) or not isinstance(num_classes, (int, type(None))):
+        raise ModelError(f"model {name!r}: num_classes must be an integer, got {num_classes!r}")
     n = default_num_classes(spec.task) if num_classes is None else int(num_classes)
     if n < 1:
         raise ModelError(f"model {name!r}: num_classes must be ≥ 1, got {n}")

@@ -18,7 +18,23 @@ SPEC_HELP = "host, sim:jetson-nano, sim:jetson-tx2nx, jetson, jetson-nano, jetso
 
 
 def open_device(spec: str, *, seed: int = 0) -> Device:
-    """The device named by `spec`; an unknown spec is one DeviceError line listing the valid ones."""
+    """The device named by `spec`; an unknown spec is one DeviceError line listing the valid ones.
+
+    A board that a dead process left pinned (SIGKILL, OOM, power loss) is put back first, with one line
+    on stderr: every command and every client start goes through here.
+    """
+    from powerctl.pinsession import recover
+
+    dev = _open(spec, seed=seed)
+    try:
+        recover(dev)
+    except BaseException:
+        dev.close()
+        raise
+    return dev
+
+
+def _open(spec: str, *, seed: int = 0) -> Device:
     spec = spec.strip()
     if spec == "host":
         from powerctl.devices.host import HostDevice

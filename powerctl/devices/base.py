@@ -6,6 +6,7 @@ discrete NVIDIA GPU, the host, or a simulated board (DESIGN §4).
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import time
@@ -15,6 +16,7 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from powerctl.errors import DeviceError
+from powerctl.pinsession import PinSession
 from powerctl.workload import Workload
 
 T = TypeVar("T")
@@ -31,6 +33,10 @@ class PowerSampler(ABC):
 
     @abstractmethod
     def stop(self) -> PowerSamples: ...
+
+    @abstractmethod
+    def samples_so_far(self) -> PowerSamples:
+        """The samples taken since `start`, live (read, never modify): the power guard reads them."""
 
 
 class ThreadSampler(PowerSampler):
@@ -57,6 +63,9 @@ class ThreadSampler(PowerSampler):
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="power-sampler", daemon=True)
         self._thread.start()
+
+    def samples_so_far(self) -> PowerSamples:
+        return self._samples
 
     def stop(self) -> PowerSamples:
         self._stop.set()
@@ -90,7 +99,12 @@ class Device(ABC):
     has_power_sensor: bool = False
 
     def __init__(self) -> None:
-        self._saved_state: dict[str, Any] | None = None
+        self._session: PinSession | None = None
+
+    def physical_key(self) -> str | None:
+        """Names the physical board across processes and specs (`jetson` and `jetson-nano` are one
+        board): the key of its pin lock and crash record. None: no hardware state to lose (simulated)."""
+        return None
 
     # --- frequency knob -------------------------------------------------------------------
     @abstractmethod
@@ -122,28 +136,39 @@ class Device(ABC):
             raise DeviceError(
                 f"{hz} Hz is not a frequency of {self.spec}; choose one of: {', '.join(map(str, table))}"
             )
-        if self._saved_state is None:
-            self._saved_state = self.snapshot()
-        self._write_pin(hz)
+        first = self._session is None
+        if first:
+            # lock + on-disk record BEFORE the first write: a SIGKILL from here on is undone by the
+            # next command that opens this board (powerctl.pinsession)
+            self._session = PinSession.start(self)
+        try:
+            self._write_pin(hz)
+        except BaseException:
+            if first:  # a refused first pin leaves nothing pinned, locked or recorded
+                with contextlib.suppress(Exception):
+                    self.restore()
+            raise
 
     def restore(self) -> None:
         """Undo every pin since the first one; a no-op when nothing is pinned."""
-        if self._saved_state is not None:
-            state, self._saved_state = self._saved_state, None
-            self.apply_snapshot(state)
+        if self._session is not None:
+            session = self._session
+            self.apply_snapshot(session.state)
+            self._session = None
+            session.finish()
 
     def release_snapshot(self) -> dict[str, Any] | None:
         """Hand the pre-pin state to the caller and stop restoring it here.
 
-        For `powerctl freq --set`, which must leave the pin in place and persist the state so that
-        a later `--restore`, in another process, can put it back.
+        For `powerctl freq --set`, which must leave the pin in place: the board's record stays on disk
+        (as a `set` record) so that a later `--restore`, in another process, can put it back.
         """
-        state, self._saved_state = self._saved_state, None
-        return state
+        session, self._session = self._session, None
+        return None if session is None else session.hand_over()
 
     @property
     def is_pinned(self) -> bool:
-        return self._saved_state is not None
+        return self._session is not None
 
     @contextmanager
     def pinned(self, hz: int) -> Iterator[Device]:

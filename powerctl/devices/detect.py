@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from powerctl.devices import open_device
 from powerctl.errors import DeviceError
 
 
@@ -16,7 +17,7 @@ def _jetson() -> list[dict[str, Any]]:
     if model is None or jetson.board_name(model, jetson.read_compatible(root)) is None:
         return []
     try:
-        with jetson.open_jetson("jetson") as board:
+        with open_device("jetson") as board:
             return [{"kind": "jetson", **board.describe()}]
     except DeviceError as exc:
         return [{"kind": "jetson", "spec": "jetson", "model": model, "error": str(exc)}]
@@ -39,7 +40,7 @@ def _nvml_gpus() -> list[dict[str, Any]]:
     found = []
     for index in range(count):
         try:
-            with nvml.open_nvml(index) as gpu:
+            with open_device(f"nvml:{index}") as gpu:
                 found.append({"kind": "nvml", **gpu.describe()})
         except DeviceError as exc:
             found.append({"kind": "nvml", "spec": f"nvml:{index}", "error": str(exc)})

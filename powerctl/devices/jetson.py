@@ -5,6 +5,7 @@ Every path is read under `POWERCTL_SYSFS_ROOT` (default ``/``), so the tests run
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from dataclasses import dataclass
@@ -249,6 +250,13 @@ class JetsonBoard(Device):
             return int(text)
         except ValueError:
             raise DeviceError(f"{path} does not hold a frequency in Hz: {text[:40]!r}") from None
+
+    def physical_key(self) -> str | None:
+        """The board name and the GPU devfreq node's real path: one key however the board was named."""
+        if self.devfreq is None:
+            return None
+        node = os.path.realpath(self.devfreq)
+        return f"{self.board}@{hashlib.sha256(node.encode()).hexdigest()[:12]}"
 
     # --- knob -----------------------------------------------------------------------------
     def frequencies(self) -> list[int]:

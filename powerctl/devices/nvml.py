@@ -125,6 +125,14 @@ class NvmlGpu(Device):
             return False
         return True
 
+    def physical_key(self) -> str | None:
+        """The GPU's UUID: NVML indices change with CUDA_VISIBLE_DEVICES and PCI order, the UUID does not."""
+        try:
+            uuid = _text(self._call("reading the GPU UUID", self._nvml.nvmlDeviceGetUUID, self._handle))
+        except DeviceError:  # no UUID (old driver): the index, which is stable on one machine
+            return f"{self.board}-index{self.index}"
+        return f"nvml-{uuid.lower()}"
+
     # --- knob -----------------------------------------------------------------------------
     def frequencies(self) -> list[int]:
         return list(self._table)

@@ -173,6 +173,9 @@ class TimelineSampler(PowerSampler):
         self._samples.append((t0, self._board._noisy(watts)))
         self._samples.append((t1, self._board._noisy(watts)))
 
+    def samples_so_far(self) -> PowerSamples:
+        return self._samples
+
     def stop(self) -> PowerSamples:
         if self in self._board._samplers:
             self._board._samplers.remove(self)
@@ -185,8 +188,15 @@ class SimulatedBoard(Device):
 
     has_power_sensor = True
 
-    def __init__(self, model: BoardModel, seed: int = 0, *, noise: bool = True) -> None:
+    def __init__(
+        self, model: BoardModel, seed: int = 0, *, noise: bool = True, power_scale: float = 1.0
+    ) -> None:
+        """`power_scale` makes this board draw that many times what its model (and so its predicted
+        profile) says: a hot or mis-profiled board, for testing the power guard."""
+        if not math.isfinite(power_scale) or power_scale <= 0:
+            raise ValueError(f"power_scale must be a positive number, got {power_scale!r}")
         super().__init__()
+        self._power_scale = power_scale
         self.model = model
         self.board = model.name
         self.spec = f"sim:{model.name}"
@@ -199,11 +209,13 @@ class SimulatedBoard(Device):
         self._last_reading = (-1.0, 0.0)
 
     @classmethod
-    def open(cls, name: str, *, seed: int = 0, noise: bool = True) -> SimulatedBoard:
+    def open(
+        cls, name: str, *, seed: int = 0, noise: bool = True, power_scale: float = 1.0
+    ) -> SimulatedBoard:
         if name not in SIM_BOARDS:
             known = ", ".join(f"sim:{b}" for b in SIM_BOARDS if b in board_names())
             raise DeviceError(f"no simulated board named {name!r}; choose one of: {known}")
-        return cls(board_model(name), seed=seed, noise=noise)
+        return cls(board_model(name), seed=seed, noise=noise, power_scale=power_scale)
 
     # knob: the devfreq min/max pair of a real board, under a governor that runs at max under load
     def frequencies(self) -> list[int]:
@@ -267,9 +279,10 @@ class SimulatedBoard(Device):
         result = fn()
         cost = self.predict(workload, batch_size)
         jitter = max(0.5, 1.0 + self._time_noise * self._rng.standard_normal())
-        self._advance(cost.compute_s * jitter, cost.compute_w)
-        self._advance(cost.fixed_s * jitter, cost.fixed_w)
-        self._watts = cost.fixed_w
+        scale = self._power_scale
+        self._advance(cost.compute_s * jitter, cost.compute_w * scale)
+        self._advance(cost.fixed_s * jitter, cost.fixed_w * scale)
+        self._watts = cost.fixed_w * scale
         return result
 
     def _advance(self, seconds: float, watts: float) -> None:

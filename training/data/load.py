@@ -174,6 +174,8 @@ def _npz_image(path: Path, x: np.ndarray, y: np.ndarray, num_classes: int | None
     if x.dtype == np.uint8:
         xt = normalise_uint8(np.ascontiguousarray(x))
     elif np.issubdtype(x.dtype, np.floating):
+        if not np.isfinite(x).all():
+            raise DataError(f"{path}: image x holds NaN or infinite values")
         xt = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
     else:
         raise DataError(f"{path}: image x must be uint8 or float, got {x.dtype}")

@@ -1,0 +1,105 @@
+"""The power guard: while training, measured power is compared with the cap; a sustained excess steps the
+GPU frequency down, one table level at a time, and never back up.
+
+Selection keeps the *profiled* peak under the cap, but a profile can be wrong for the run (a hot board,
+another workload, a different input): the guard is the check that holds during training.
+
+- It is checked once per training step (the loop can only act between steps), with the highest reading
+  the power monitor took during that step.
+- A check is *over* when that reading exceeds the cap by more than `tolerance` (default 2 %). The
+  tolerance is the sensor's noise band: the simulated sensor has 1 % noise per reading and a step's
+  peak is the highest of several readings, so a board whose true peak sits right at the cap reads up
+  to ~2-3 % over now and then; without a tolerance, noise alone would walk the frequency down in a
+  long run. A real excess (a wrong profile, a hot board) is larger and sustained. `tolerance=0` guards
+  the cap exactly.
+- After `window` consecutive over checks (default 3) the frequency steps down to the next lower level
+  of the table and the count starts again: the reaction window is `window` steps per level.
+- At the lowest level, a further sustained excess stops training with one PowerCapExceeded line: the cap
+  cannot be held on this board, and running on would knowingly exceed it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from powerctl.devices.base import Device
+from powerctl.errors import PowerctlError
+
+DEFAULT_WINDOW = 3
+"""Consecutive over-cap checks (training steps) before a step-down."""
+DEFAULT_TOLERANCE = 0.02
+"""Relative excess over the cap a reading may show before it counts as over (the sensor's noise band)."""
+
+
+class PowerCapExceeded(PowerctlError):
+    """Power stayed over the cap at the lowest frequency: training stops rather than exceed it."""
+
+
+@dataclass(frozen=True)
+class StepDown:
+    """One guard action: at `device_seconds` of training, `old_hz` → `new_hz` after reading `measured_w`."""
+
+    device_seconds: float
+    old_hz: int
+    new_hz: int
+    measured_w: float
+    power_cap_w: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class PowerGuard:
+    """Steps a pinned device down while its measured power stays over the cap (see the module doc)."""
+
+    def __init__(
+        self,
+        device: Device,
+        power_cap_w: float,
+        selected_hz: int,
+        *,
+        window: int = DEFAULT_WINDOW,
+        tolerance: float = DEFAULT_TOLERANCE,
+    ) -> None:
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ValueError(f"guard window must be an integer ≥ 1, got {window!r}")
+        if not math.isfinite(tolerance) or not 0 <= tolerance < 1:
+            raise ValueError(f"guard tolerance must be in [0, 1), got {tolerance!r}")
+        if not math.isfinite(power_cap_w) or power_cap_w <= 0:
+            raise ValueError(f"power cap must be a positive number of watts, got {power_cap_w!r}")
+        table = device.frequencies()
+        if selected_hz not in table:
+            raise ValueError(f"{selected_hz} Hz is not a frequency of {device.spec}")
+        self.device, self.power_cap_w, self.window, self.tolerance = device, power_cap_w, window, tolerance
+        self.frequency_hz = selected_hz
+        self._lower = sorted(f for f in table if f < selected_hz)
+        self._over = 0
+        self.step_downs: list[StepDown] = []
+
+    @property
+    def limit_w(self) -> float:
+        """A reading above this counts as over the cap."""
+        return self.power_cap_w * (1.0 + self.tolerance)
+
+    def check(self, peak_w: float, device_seconds: float) -> StepDown | None:
+        """One training step's highest reading; returns the step-down it caused, if any."""
+        if peak_w <= self.limit_w:
+            self._over = 0
+            return None
+        self._over += 1
+        if self._over < self.window:
+            return None
+        self._over = 0
+        if not self._lower:
+            raise PowerCapExceeded(
+                f"{self.device.spec}: {peak_w:.2f} W over the {self.power_cap_w:g} W cap for {self.window} "
+                f"steps at its lowest frequency ({self.frequency_hz / 1e6:.1f} MHz); training stopped"
+            )
+        new_hz = self._lower.pop()
+        self.device.pin_frequency(new_hz)
+        event = StepDown(device_seconds, self.frequency_hz, new_hz, peak_w, self.power_cap_w)
+        self.frequency_hz = new_hz
+        self.step_downs.append(event)
+        return event

@@ -1,0 +1,142 @@
+"""From a device's first pin to its restore: the board's lock and the on-disk record of its state.
+
+Every pin of every process (profiler, training loop, ClientApp, `powerctl freq --set`) goes through
+`Device.pin_frequency`, which starts a `PinSession`, and `Device.restore`, which finishes it: that is the
+one place where a pin is made crash-safe. Before the first write to the knob the session takes the
+board's lock (a second process pinning the same board is refused) and records the state to go back to
+(`powerctl.freqstate`). If the process dies without restoring, `recover` — run whenever a device is
+opened — puts that state back and says so on stderr.
+
+A device whose `physical_key` is None (a simulated board: every handle is its own virtual board, and
+there is no hardware state to lose) runs the same session with no lock and no record.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import TYPE_CHECKING, Any
+
+from powerctl.freqstate import (
+    KIND_PIN,
+    KIND_SET,
+    BoardBusyError,
+    BoardLock,
+    BoardRecord,
+    read_record,
+    record_path,
+    remove_record,
+    write_record,
+)
+
+if TYPE_CHECKING:
+    from powerctl.devices.base import Device
+
+
+class PinSession:
+    """Holds the board's lock and its record while a device is pinned; `state` is what restore puts back."""
+
+    def __init__(
+        self, device: Device, state: dict[str, Any], lock: BoardLock | None, under: BoardRecord | None
+    ) -> None:
+        self.device, self.state, self._lock, self._under = device, state, lock, under
+        self.key = device.physical_key()
+
+    @classmethod
+    def start(cls, device: Device) -> PinSession:
+        """Lock the board, put back what a dead process left pinned, snapshot it and record the snapshot."""
+        key = device.physical_key()
+        if key is None:
+            return cls(device, device.snapshot(), None, None)
+        lock = BoardLock(key, device.spec)
+        lock.acquire()
+        try:
+            below = read_record(key)
+            if below is not None and below.kind == KIND_PIN:
+                put_back(device, below)
+                below = read_record(key)
+            state = device.snapshot()
+            write_record(BoardRecord(key, device.spec, KIND_PIN, state, os.getpid(), under=below))
+        except BaseException:
+            lock.release()
+            raise
+        return cls(device, state, lock, below)
+
+    def finish(self) -> None:
+        """After `state` was put back: drop our record (a `freq --set` record below it stays), unlock."""
+        if self._lock is None or self.key is None:
+            return
+        try:
+            if self._under is not None:
+                write_record(self._under)
+            else:
+                remove_record(self.key)
+        finally:
+            self._lock.release()
+
+    def hand_over(self) -> dict[str, Any]:
+        """`freq --set`: the pin outlives this process. The record becomes a `set` record of the board's
+        ORIGINAL state (an earlier `--set`'s, if there is one), and the lock is released."""
+        if self._lock is not None and self.key is not None:
+            try:
+                write_record(
+                    self._under or BoardRecord(self.key, self.device.spec, KIND_SET, self.state, os.getpid())
+                )
+            finally:
+                self._lock.release()
+        return self.state
+
+
+def put_back(device: Device, record: BoardRecord) -> str:
+    """Apply a dead process's record (the caller holds the lock), keep what lay under it; one stderr line."""
+    device.apply_snapshot(record.state)
+    if record.under is not None:
+        write_record(record.under)
+    else:
+        remove_record(record.key)
+    shown = ", ".join(f"{k}={v}" for k, v in record.state.items()) or "its defaults"
+    message = (
+        f"powerctl: restored {device.spec} ({record.key}) to {shown}: process {record.pid} pinned it "
+        "and died without restoring it"
+    )
+    print(message, file=sys.stderr)
+    return message
+
+
+def recover(device: Device) -> str | None:
+    """On opening a device: restore the state a dead process left pinned; None when there is nothing to do
+    (no record, a `freq --set` record, or a live process holding the board)."""
+    key = device.physical_key()
+    if key is None or not record_path(key).exists():
+        return None
+    lock = BoardLock(key, device.spec)
+    try:
+        lock.acquire()
+    except BoardBusyError:
+        return None
+    try:
+        record = read_record(key)
+        if record is None or record.kind != KIND_PIN:
+            return None
+        return put_back(device, record)
+    finally:
+        lock.release()
+
+
+def restore_saved(device: Device) -> dict[str, Any] | None:
+    """`powerctl freq --restore`: put back the board's recorded state under its lock (a live pin by
+    another process is refused in one line); None when nothing is recorded."""
+    key = device.physical_key()
+    if key is None:
+        return None
+    lock = BoardLock(key, device.spec)
+    lock.acquire()
+    try:
+        record = read_record(key)
+        if record is None:
+            return None
+        device.apply_snapshot(record.state)
+        remove_record(key)
+        return record.state
+    finally:
+        lock.release()
