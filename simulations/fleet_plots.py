@@ -56,7 +56,8 @@ def plot_time_to_accuracy(results: dict[str, Any], path: Path) -> Path:
             label=label,
         )
     ax.axhline(target, color="black", ls=":", lw=1, label=f"target {target:.0%}")
-    ax.set_xlabel("fleet device seconds (summed round makespans, profiling included)")
+    ax.set_xlim(left=0)
+    ax.set_xlabel("fleet device seconds (summed round makespans, profiling included); a point per round")
     ax.set_ylabel("global model accuracy (clients' test splits)")
     ax.set_title(f"time to accuracy per method — fleet {results['fleet']['name']}")
     ax.grid(alpha=0.3)
@@ -179,7 +180,6 @@ def plot_profile_maps(results: dict[str, Any], out: Path) -> list[Path]:
             title="chosen (b, f); cap W below",
             title_fontsize=7,
         )
-        ax.set_title(f"{board}, {model}: predicted peak power; each method's choice per cap")
         path = out / "profile_maps" / f"{board}.png"
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=110)
