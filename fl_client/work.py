@@ -217,11 +217,10 @@ def _oracle_runs(
             )
     if not runs:
         raise ClientWorkError(f"oracle: no profiled batch size is feasible under the cap {cap}")
-    reached = {b: float(r.samples) for (b, _), (r, _, _) in runs.items() if r.reached and r.samples > 0}
-    if len(reached) < len(runs) and not reached:
-        reached = {b: float(max(r.samples, 1)) for (b, _), (r, _, _) in runs.items()}
-    if not reached:  # already at the target before training: every batch size needs nothing
-        reached = {b: 1.0 for (b, _) in runs}
+    # samples 0 = already at the target before training: every batch size then needs (about) nothing
+    reached = {b: max(float(r.samples), 1.0) for (b, _), (r, _, _) in runs.items() if r.reached}
+    if not reached:
+        reached = {b: max(float(r.samples), 1.0) for (b, _), (r, _, _) in runs.items()}
     target = RelationVector.from_samples(instr.model, "own data", instr.target_accuracy, reached)
     return target, runs
 
@@ -230,6 +229,7 @@ def _stand_in(
     settings: NodeSettings,
     instr: TrainInstructions,
     state: State,
+    model: nn.Module,
     test: Dataset,
     profile: Profile,
     relation: RelationVector,
@@ -241,7 +241,6 @@ def _stand_in(
     back unchanged; the accuracy is the received model's on the local test split (a forward pass)."""
     # the oracle's own-data relation is the proxy's for a stand-in: it has no training to measure
     chosen = choose(instr.method, profile, relation, cap, relation)
-    model = build_local_model(instr.model, instr.num_classes, instr.model_overrides, state)
     task = get_model_spec(instr.model).task
     accuracy, _ = evaluate_with_loss(model, task, test.x, test.y) if len(test) else (0.0, 0.0)
     b, hz = chosen.batch_size, chosen.frequency_hz
@@ -307,7 +306,7 @@ def train_round(
         profile, cached = _profile(dev, model, instr, relation.batch_sizes, cap, profile_cache)
         board = dev.board
     if instr.stand_in:
-        new_state, report, _ = _stand_in(settings, instr, state, test, profile, relation, cap, board)
+        new_state, report, _ = _stand_in(settings, instr, state, model, test, profile, relation, cap, board)
         report.train_examples = len(train)
         report.wall_seconds = time.perf_counter() - wall_start
         return new_state, report

@@ -172,7 +172,6 @@ def run_method(
     method: str,
     grid: Grid,
     cfg: ServerConfig,
-    context: Context,
     out: Path,
     run_info: dict,
     base: TrainInstructions,
@@ -243,7 +242,7 @@ def run(grid: Grid, context: Context) -> Path:
         say(f"\n=== method {method} ({methods.index(method) + 1} of {len(methods)}) ===")
         method_out = out if len(methods) == 1 else out / method
         path, arrays, nodes = run_method(
-            method, progress, cfg, context, method_out, run_info, base, initial, eval_config, nodes
+            method, progress, cfg, method_out, run_info, base, initial, eval_config, nodes
         )  # type: ignore[arg-type]
         model.load_state_dict(arrays.to_torch_state_dict())
         save_weights(

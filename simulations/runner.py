@@ -14,9 +14,11 @@ import contextlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -95,6 +97,7 @@ def run_flower(
     echo: Callable[[str], None] = print,
     verbose: bool = False,
     cpus_per_client: int = 1,
+    port: int | None = None,
 ) -> tuple[Path, list[int]]:
     """Run the fleet under `flwr run`; returns (the ServerApp's results folder, every pid it started).
 
@@ -107,7 +110,7 @@ def run_flower(
     flwr_out.mkdir(parents=True)
     config = spec.run_config(flwr_out, methods, profiles)
     home = Path(tempfile.mkdtemp(prefix="powerfed-flwr-home-"))
-    port, control = free_port(), free_port()
+    port, control = port or free_port(), free_port()
     env = {
         **os.environ,
         **FLOWER_ENV,
@@ -122,6 +125,7 @@ def run_flower(
     started: list[int] = []
     results_line = error_line = None
     proc = None
+    old_term = _raise_on_sigterm()
     try:
         with log_path.open("w", encoding="utf-8") as log:
             log.write(" ".join(cmd) + "\n")
@@ -158,11 +162,25 @@ def run_flower(
         if proc is not None and alive(proc.pid):
             stop_tree(proc.pid)
         shutil.rmtree(home, ignore_errors=True)
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
     if error_line:
         raise FleetRunError(f"the ServerApp stopped: {error_line} (log: {log_path})")
     if results_line is None:
         raise FleetRunError(f"the Flower run ended without its results line; see {log_path}")
     return flwr_out, sorted(set(started))
+
+
+def _raise_on_sigterm() -> Any:
+    """SIGTERM (how a job is stopped) ends the run like Ctrl-C: the clean-up below then runs. Returns
+    the previous handler (None off the main thread, where handlers cannot be set)."""
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, interrupt)
 
 
 def _tree(port: int) -> list[int]:
@@ -181,6 +199,7 @@ def run_fleet(
     echo: Callable[[str], None] = print,
     verbose: bool = False,
     plots: bool = True,
+    port: int | None = None,
 ) -> dict[str, Any]:
     """Run, merge and report: DIR/results.json, DIR/summary.txt, DIR/plots/*.png."""
     from simulations.fleet_results import build_results, summary_text, write_results
@@ -200,7 +219,7 @@ def run_fleet(
             f"scale mode: profiles {spec.profile_source}; {real} of {len(spec.boards)} boards fine-tune "
             f"{spec.task.model}, the other {len(spec.boards) - real} run the stand-in (no training)"
         )
-    flwr_out, pids = run_flower(spec, out, methods, echo=echo, verbose=verbose)
+    flwr_out, pids = run_flower(spec, out, methods, echo=echo, verbose=verbose, port=port)
     results = build_results(spec, flwr_out, methods, wall_seconds=time.perf_counter() - started)
     results["processes"] = {"started": pids, "alive_after": [p for p in pids if alive(p)]}
     write_results(out / "results.json", results)
