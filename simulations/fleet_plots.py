@@ -173,16 +173,18 @@ def plot_profile_maps(results: dict[str, Any], out: Path) -> list[Path]:
             )[0]
             for m in results["methods"]
         ]
-        ax.legend(
+        fig.legend(
             handles=handles,
-            fontsize=7,
-            loc="upper left",
-            title="chosen (b, f); cap W below",
-            title_fontsize=7,
+            loc="lower center",
+            ncol=len(handles),
+            fontsize=8,
+            title="the (b, f) each method chose; the cap (W) under each mark",
+            title_fontsize=8,
+            bbox_to_anchor=(0.5, -0.12),
         )
         path = out / "profile_maps" / f"{board}.png"
         path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=110)
+        fig.savefig(path, dpi=110, bbox_inches="tight")
         paths.append(path)
     return paths
 
