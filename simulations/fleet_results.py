@@ -152,7 +152,7 @@ def build_results(
             "state-of-practice": SOP_DEFINITION,
             "profiling": "only 'ours' is charged for profiling; the baselines do not profile and the "
             "oracle's own-data search is reported apart (extra.oracle_search_device_seconds)",
-            "stand_in": "scale mode: a stand-in client does not train; its device time and energy are the "
+            "stand_in": "scale mode: A stand-in client does not train; its device time and energy are the "
             "board model's for the proxy's samples to target at the chosen pair; its weights go back "
             "unchanged",
         },
@@ -170,6 +170,10 @@ def write_results(path: Path, results: dict[str, Any]) -> None:
 
 def _s(v: float | None, fmt: str = ".1f") -> str:
     return "-" if v is None else format(v, fmt)
+
+
+def _ratio(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}x"
 
 
 def summary_text(results: dict[str, Any]) -> str:
@@ -198,7 +202,7 @@ def summary_text(results: dict[str, Any]) -> str:
             f"{s['method']:<18} {ttt:>11} {_s(s['training_to_target_s']):>10} "
             f"{_s(s['reached_round'], 'd'):>5} {spans:<22} "
             f"{s['energy_j']:>9.0f} {s['clients_at_target']:>4}/{s['clients']:<4} {s['over_cap']:>8} "
-            f"{s['failed']:>6} {_s(s['speedup_vs_sop'], '.2f') + 'x':>8} {_s(s['energy_vs_sop'], '.2f'):>7}"
+            f"{s['failed']:>6} {_ratio(s['speedup_vs_sop']):>8} {_s(s['energy_vs_sop'], '.2f'):>7}"
         )
     lines += [
         "",
@@ -214,9 +218,9 @@ def summary_text(results: dict[str, Any]) -> str:
         stand = sum(s["stand_ins"] for s in results["summary"])
         lines.append(
             f"scale mode: profiles {fleet['profile_source']}; {fleet['real_share']:.0%} of the clients "
-            f"fine-tune the real model ({stand} stand-in client-rounds: "
-            + results["definitions"]["stand_in"]
-            + ")."
+            f"fine-tune the real model; {stand} client-rounds were stand-ins. "
+            + results["definitions"]["stand_in"][len("scale mode: ") :]
+            + "."
         )
     lines += [f"note: {n}" for n in fleet["notes"]]
     return "\n".join(lines)
