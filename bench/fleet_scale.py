@@ -93,7 +93,7 @@ def run_size(n: int, rounds: int, out: Path) -> list[dict]:
     finally:
         sampler.stop.set()
         sampler.join()
-    start = next(t for t, line in marks if line.startswith("=== method"))
+    start = next(t for t, line in marks if line.startswith("relation vector r_b"))  # rounds start next
     rows, last = [], start
     for t, line in marks:
         m = ROUND_END.match(line)

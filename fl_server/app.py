@@ -178,15 +178,22 @@ def run_method(
     initial: ArrayRecord,
     eval_config: ConfigRecord,
     known_nodes: dict,
+    label: bool = True,
 ) -> tuple[Path, ArrayRecord, dict]:
-    """Every round of one method from the `initial` weights; results in `out`/results.json."""
+    """Every round of one method from the `initial` weights; results in `out`/results.json. `label`:
+    name the method in the round headers (a run of several methods)."""
     writer = ResultsWriter(out / "results.json", {**run_info, "method": method})
     strategy: PowerAwareFedAvg
+
+    tag = f"[{method}] " if label else ""
 
     def on_round(record: RoundRecord) -> None:
         writer.record_round(record, nodes=list(strategy.nodes.values()))
         if record.evaluation is None:
-            say(f"\n[{method}] [round {record.round}] clients (device s = fine-tuning; prof s = profiling)")
+            say(
+                f"\n{tag}[round {record.round}] clients "
+                "(device s = fine-tuning; prof s = profiling this round)"
+            )
             if len(record.clients) + len(record.failed) <= CLIENT_TABLE_MAX:
                 say(client_table(record))
             say(summary_lines(record))
@@ -239,10 +246,12 @@ def run(grid: Grid, context: Context) -> Path:
     paths = []
     for method in methods:  # the same weights, relation, fleet and seeds for every method
         progress.label = method
-        say(f"\n=== method {method} ({methods.index(method) + 1} of {len(methods)}) ===")
-        method_out = out if len(methods) == 1 else out / method
+        several = len(methods) > 1
+        if several:
+            say(f"\n=== method {method} ({methods.index(method) + 1} of {len(methods)}) ===")
+        method_out = out / method if several else out
         path, arrays, nodes = run_method(
-            method, progress, cfg, method_out, run_info, base, initial, eval_config, nodes
+            method, progress, cfg, method_out, run_info, base, initial, eval_config, nodes, several
         )  # type: ignore[arg-type]
         model.load_state_dict(arrays.to_torch_state_dict())
         save_weights(

@@ -130,3 +130,31 @@ def test_a_share_of_partitions_trains_the_real_model_spread_evenly() -> None:
         3,
         "partition-2",
     )
+
+
+def test_progress_lines_name_method_round_and_clients_and_polls_scale_with_the_fleet() -> None:
+    from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+
+    from fl_client.app import app as client_app
+    from fl_server.progress import ProgressGrid
+    from tests.fake_grid import FakeGrid
+
+    grid = FakeGrid(
+        client_app, {1: {"partition-id": 0, "num-partitions": 2}, 2: {}}, RUN_CONFIG, {2: "query-silent"}
+    )
+    lines: list[str] = []
+    progress = ProgressGrid(grid, lines.append, every_s=0.0, poll_s=0.01)
+    progress.label = "oracle"
+    config = ConfigRecord({"server-round": 3})
+    msgs = [
+        Message(RecordDict({"config": config}), dst_node_id=n, message_type=MessageType.QUERY) for n in (1, 2)
+    ]
+    replies = progress.send_and_receive(msgs, timeout=0.2)
+    assert len(replies) == 1  # the silent node never answers: the timeout ends the wait
+    assert lines[0].startswith("  [oracle] query: 1/2 clients done")
+    assert progress.round == 3
+    assert (
+        progress.interval_s(10) == 0.01
+        and progress.interval_s(1000) == 2.0
+        and progress.interval_s(10**5) == 3.0
+    )
