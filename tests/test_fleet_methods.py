@@ -154,7 +154,7 @@ def test_progress_lines_name_method_round_and_clients_and_polls_scale_with_the_f
     assert lines[0].startswith("  [oracle] query: 1/2 clients done")
     assert progress.round == 3
     assert (
-        progress.interval_s(10) == 0.01
+        progress.interval_s(2) == 0.01
         and progress.interval_s(1000) == 2.0
         and progress.interval_s(10**5) == 3.0
     )
