@@ -22,7 +22,7 @@ SUPERLINK_PORT ?= 39291
 FLWR := FLWR_HOME=$(CURDIR)/.flwr FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=$(SUPERLINK_PORT) \
 	FLWR_LOCAL_CONTROL_API_PORT=$(shell expr $(SUPERLINK_PORT) + 2) PATH=$(CURDIR)/$(BIN):$$PATH
 
-.PHONY: setup run demo test test-fast lint bench clean
+.PHONY: setup run demo fleet test test-fast lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,11 @@ run: setup
 
 demo: setup
 	$(BIN)/python -m simulations demo --out runs/demo
+
+# Every method side by side on a fleet file (its own Flower home and ports; stopped by pid afterwards).
+FLEET ?= simulations/fleets/quick.yaml
+fleet: setup
+	$(BIN)/python -m simulations run $(FLEET) --out runs/fleet-$(basename $(notdir $(FLEET)))
 
 lint: setup
 	$(BIN)/ruff check .

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import sys
 import zlib
+from pathlib import Path
+from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fl_client.local_data import data_plan, load_local_data
-from fl_client.node import NodeSettings, resolve_node
+from fl_client.node import NodeConfigError, NodeSettings, resolve_node
 from fl_client.work import build_local_model, model_seq_len, train_round
 from powerctl.devices import open_device
 from powerctl.errors import PowerctlError
@@ -63,6 +65,14 @@ def _device_seed(settings: NodeSettings, server_seed: int) -> int:
     return (server_seed * 1_000_003 + zlib.crc32(settings.key.encode())) % (2**31)
 
 
+def _profile_cache(run_config: Any) -> Path | None:
+    """The run's own profile cache (`profile-cache`, an absolute folder), else the shared default."""
+    value = run_config.get("profile-cache", "")
+    if not isinstance(value, str) or (value.strip() and not Path(value).is_absolute()):
+        raise NodeConfigError(f"run config 'profile-cache' must be an absolute folder, got {value!r}")
+    return Path(value) if value.strip() else None
+
+
 def _node_record(settings: NodeSettings, context: Context) -> ConfigRecord:
     with open_device(settings.device) as dev:  # an unknown or absent device fails here, before any data
         info: dict = {"node-key": settings.key, "device": settings.device, "board": dev.board}
@@ -98,12 +108,18 @@ def train(msg: Message, context: Context) -> Message:
         plan = data_plan(settings, context.run_config, model_seq_len(instr.model, instr.model_overrides))
         data = load_local_data(plan)
         new_state, report = train_round(
-            settings, instr, state, data, device_seed=_device_seed(settings, instr.seed)
+            settings,
+            instr,
+            state,
+            data,
+            device_seed=_device_seed(settings, instr.seed),
+            profile_cache=_profile_cache(context.run_config),
         )
     except PowerctlError as exc:
         return _error_reply(msg, settings, exc)
     print(
-        f"powerfed client {settings.key}: round {instr.server_round} b={report.batch_size} "
+        f"powerfed client {settings.key} [{instr.method}{', stand-in' if report.stand_in else ''}]: "
+        f"round {instr.server_round} b={report.batch_size} "
         f"f={report.frequency_hz / 1e6:.1f} MHz {report.device_seconds:.1f} device s, "
         f"accuracy {report.accuracy:.3f}",
         file=sys.stderr,

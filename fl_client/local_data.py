@@ -4,13 +4,16 @@ A node with a `data` spec trains on that dataset. A virtual node without one tak
 run's `client-data` (partition `partition-id` of `num-partitions`, IID or Dirichlet label skew), so a
 simulated fleet needs no files. Loading is cached per process: Flower keeps a ClientApp's process (a
 Ray actor, a SuperNode's app process) across rounds, and one actor serves many virtual nodes, so the
-dataset is read and partitioned once, and each node's split is kept.
+dataset is read and partitioned once, and each node's split is kept — every node's: one actor serves
+hundreds of virtual nodes in a large fleet, and a bounded cache (it was 256 entries) then missed on
+every message and split again (bench/fleet_scale.py). The shares are disjoint, so what the cache holds
+is bounded by the run's dataset.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import TYPE_CHECKING, Any
 
 from fl_client.node import NodeConfigError, NodeSettings
@@ -79,7 +82,7 @@ def _shares(spec: str, seq_len: int, seed: int, num: int, scheme: str, alpha: fl
     return partition(_dataset(spec, seq_len, seed), num, scheme=scheme, alpha=alpha, seed=seed, min_size=2)
 
 
-@lru_cache(maxsize=256)
+@cache
 def load_local_data(plan: DataPlan) -> tuple[Dataset, Dataset]:
     """(train, test) of the node; a missing file or an empty share is one DataError line."""
     from training.data import train_test_split

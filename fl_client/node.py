@@ -33,13 +33,29 @@ class NodeConfigError(PowerctlError):
     """A node config or fleet entry that cannot be used; the text names the key and the value."""
 
 
+CapSchedule = tuple[tuple[float, float | None], ...]
+"""A power cap over time: ((t_s, W or None), ...), t_s ascending from 0."""
+
+
 @dataclass(frozen=True)
 class FleetEntry:
     device: str
     power_cap_w: float | None
+    """The cap the client applies: the constant, or a schedule's first value (see `power_cap_schedule`)."""
+    power_cap_schedule: CapSchedule | None = None
+    """The full schedule when the file gave one; clients do not follow a changing cap yet."""
+    group: int = 0
+    """Index of the fleet file's group this board came from."""
 
     def label(self) -> str:
         return f"{self.device}@{'none' if self.power_cap_w is None else f'{self.power_cap_w:g}'}"
+
+    def cap_label(self) -> str:
+        """The cap as a report shows it: W, none, or the schedule (the client applies its first value)."""
+        if self.power_cap_schedule is None:
+            return "none" if self.power_cap_w is None else f"{self.power_cap_w:g}"
+        steps = ", ".join(f"{t:g}s:{'none' if w is None else f'{w:g}'}" for t, w in self.power_cap_schedule)
+        return f"schedule [{steps}]"
 
 
 @dataclass(frozen=True)
@@ -91,33 +107,97 @@ def parse_fleet_table(text: str) -> list[FleetEntry]:
     return entries
 
 
-def load_fleet_file(path: Path) -> list[FleetEntry]:
-    """A YAML fleet: ``boards:`` a list of {device, power-cap-w (absent/none = no cap), count}."""
-    try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise NodeConfigError(f"fleet file {path}: cannot read ({exc.strerror})") from None
-    except yaml.YAMLError as exc:
-        raise NodeConfigError(f"fleet file {path}: not valid YAML ({str(exc).splitlines()[0]})") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("boards"), list) or not doc["boards"]:
-        raise NodeConfigError(f"fleet file {path}: expected a non-empty list under 'boards:'")
+def quoted(value: Any) -> str:
+    return f'"{value}"' if isinstance(value, str) else repr(value)
+
+
+def _cap_value(value: Any, where: str) -> float | None:
+    """A number of watts > 0 or none, for a fleet file (the message names the place in the file)."""
+    if value is None or (isinstance(value, str) and value.strip().lower() == "none"):
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise NodeConfigError(f"{where}: expected a number > 0 or none, got {quoted(value)}")
+    return float(value)
+
+
+def parse_cap_schedule(value: Any, where: str) -> tuple[float | None, CapSchedule | None]:
+    """`power-cap-w` of a fleet group: a constant, none, or ``[[t_s, W], ...]`` from t_s = 0 ascending.
+
+    Returns (the cap a client applies now = the first value, the schedule or None)."""
+    if not isinstance(value, list):
+        return _cap_value(value, where), None
+    if not value:
+        raise NodeConfigError(f"{where}: a schedule needs at least one [t_s, W] step, got []")
+    steps: list[tuple[float, float | None]] = []
+    for i, step in enumerate(value):
+        here = f"{where}[{i}]"
+        if not isinstance(step, list) or len(step) != 2:
+            raise NodeConfigError(f"{here}: expected a step [t_s, W], got {quoted(step)}")
+        t = step[0]
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+            raise NodeConfigError(f"{here}: expected a time t_s ≥ 0 in seconds, got {quoted(t)}")
+        if steps and t <= steps[-1][0]:
+            raise NodeConfigError(f"{here}: times must increase, got {t:g} after {steps[-1][0]:g}")
+        if not steps and t != 0:
+            raise NodeConfigError(f"{here}: a schedule starts at t_s = 0, got {t:g}")
+        steps.append((float(t), _cap_value(step[1], here)))
+    return steps[0][1], tuple(steps)
+
+
+def parse_fleet_groups(groups: Any, where: str, key: str = "groups") -> list[FleetEntry]:
+    """A fleet file's list of groups {device, count, power-cap-w} → one entry per board, in order.
+
+    Every error names the place in the file, e.g. ``fleet.yaml: groups[1].power-cap-w: ...``."""
+    if not isinstance(groups, list) or not groups:
+        raise NodeConfigError(f"{where}: {key}: expected a non-empty list of groups, got {quoted(groups)}")
     entries: list[FleetEntry] = []
-    for i, raw in enumerate(doc["boards"]):
-        where = f"fleet file {path}: boards[{i}]"
+    for i, raw in enumerate(groups):
+        here = f"{where}: {key}[{i}]"
         if not isinstance(raw, dict):
-            raise NodeConfigError(f"{where}: expected a mapping with device, power-cap-w, count")
-        unknown = sorted(set(raw) - set(FLEET_KEYS))
+            raise NodeConfigError(
+                f"{here}: expected a mapping with {', '.join(FLEET_KEYS)}, got {quoted(raw)}"
+            )
+        unknown = sorted(str(k) for k in set(raw) - set(FLEET_KEYS))
         if unknown:
-            raise NodeConfigError(f"{where}: unknown key {unknown[0]!r}; keys are {', '.join(FLEET_KEYS)}")
+            raise NodeConfigError(f"{here}: unknown key {unknown[0]!r}; keys are {', '.join(FLEET_KEYS)}")
         device = raw.get("device")
         if not isinstance(device, str) or not device.strip():
-            raise NodeConfigError(f"{where}: 'device' must be a device spec such as sim:jetson-nano")
+            raise NodeConfigError(
+                f"{here}.device: expected a device spec such as sim:jetson-nano, got {quoted(device)}"
+            )
         count = raw.get("count", 1)
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise NodeConfigError(f"{where}: 'count' must be a positive integer, got {count!r}")
-        cap = parse_power_cap(raw.get("power-cap-w"), where)
-        entries += [FleetEntry(device.strip(), cap)] * count
+            raise NodeConfigError(f"{here}.count: expected an integer ≥ 1, got {quoted(count)}")
+        cap, schedule = parse_cap_schedule(raw.get("power-cap-w"), f"{here}.power-cap-w")
+        entries += [FleetEntry(device.strip(), cap, schedule, i)] * count
     return entries
+
+
+def read_yaml(path: Path) -> Any:
+    """A YAML document, or one NodeConfigError line (unreadable, not YAML)."""
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise NodeConfigError(f"{path}: cannot read the fleet file ({exc.strerror})") from None
+    except yaml.YAMLError as exc:
+        raise NodeConfigError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+
+
+def load_fleet_file(path: Path) -> list[FleetEntry]:
+    """A YAML fleet: ``groups:`` (a fleet file of `python -m simulations run`, whose other sections the
+    fleet runner checks) or ``boards:`` (a bare list of boards), each {device, power-cap-w, count}."""
+    doc = read_yaml(path)
+    name = path.name
+    if isinstance(doc, dict) and "groups" in doc:
+        return parse_fleet_groups(doc["groups"], name, "groups")
+    if isinstance(doc, dict) and set(doc) == {"boards"}:
+        return parse_fleet_groups(doc["boards"], name, "boards")
+    raise NodeConfigError(f"{name}: expected a list of boards under 'groups:' (or 'boards:')")
 
 
 @lru_cache(maxsize=8)

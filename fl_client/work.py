@@ -10,26 +10,33 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import time
+from functools import lru_cache
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
+from fl_client.methods import Choice, choose
 from fl_client.node import NodeSettings
 from fl_client.profile_cache import ProfileKey, cached_profile
+from powerctl.boards import board_model
 from powerctl.devices import open_device
 from powerctl.devices.base import Device
+from powerctl.devices.simulated import SimulatedBoard, predicted_profile, replay_cost, step_cost
 from powerctl.errors import PowerctlError
 from powerctl.guard import PowerGuard
 from powerctl.profile_table import Profile
 from powerctl.profiler import profile_device
 from powerctl.relation import RelationVector
-from powerctl.selection import check_power_cap, select
-from strategies.protocol import ClientReport, TrainInstructions
+from powerctl.selection import best_frequency_per_batch, check_power_cap
+from powerctl.workload import Workload
+from strategies.protocol import ORACLE, OURS, ClientReport, TrainInstructions
 from training.errors import DataError, ModelError
-from training.finetune import fine_tune
-from training.models import build_model, get_model_spec
+from training.finetune import FineTuneResult, evaluate_with_loss, fine_tune
+from training.models import build_model, get_model_spec, model_workload
 
 if TYPE_CHECKING:
     from training.data import Dataset
@@ -80,12 +87,37 @@ def usable_relation(instr: TrainInstructions, train_examples: int) -> RelationVe
     return RelationVector.from_samples(relation.model, relation.proxy_dataset, relation.target_accuracy, keep)
 
 
+@lru_cache(maxsize=16)
+def _predicted(
+    board: str, model: str, overrides: str, num_classes: int, batch_sizes: tuple[int, ...], samples: int
+) -> Profile:
+    """A simulated board's model profile, one per board × model × settings in this process (scale mode:
+    a thousand boards of two kinds cost two profiles)."""
+    net = build_model(model, num_classes, seed=0, **json.loads(overrides))
+    return predicted_profile(board, model_workload(model, net, num_classes), batch_sizes, samples)
+
+
 def _profile(
-    dev: Device, model: nn.Module, instr: TrainInstructions, batch_sizes: list[int], cap: float | None
+    dev: Device,
+    model: nn.Module,
+    instr: TrainInstructions,
+    batch_sizes: list[int],
+    cap: float | None,
+    cache: Path | None = None,
 ) -> tuple[Profile, bool]:
-    """The device's profile for this model, from the cache or measured now (and cached); a device
-    without a knob or a sensor is refused by the profiler with one line."""
+    """The device's profile for this model: predicted from a simulated board's model when the run asks
+    for it, else from the cache or measured now (and cached); a device without a knob or a sensor is
+    refused by the profiler with one line."""
     from training.profiling import profiling_step_factory
+
+    if instr.profile_source == "predicted":
+        if not isinstance(dev, SimulatedBoard):
+            raise ClientWorkError(f"predicted profiles need a simulated board (sim:...), not {dev.spec}")
+        overrides = json.dumps(instr.model_overrides, sort_keys=True)
+        bs = tuple(batch_sizes)
+        return _predicted(
+            dev.board, instr.model, overrides, instr.num_classes, bs, instr.profile_samples
+        ), True
 
     order = instr.profile_order if cap is not None else "grid"  # the efficient order stops at a cap
     order_cap = cap if order == "efficient" else None
@@ -127,40 +159,28 @@ def _profile(
             progress=False,
         )
 
-    return cached_profile(key, measure)
+    return cached_profile(key, measure, cache)
 
 
-def train_round(
+def _fine_tune_at(
     settings: NodeSettings,
     instr: TrainInstructions,
     state: State,
     data: tuple[Dataset, Dataset],
-    *,
-    device_seed: int = 0,
-) -> tuple[State, ClientReport]:
-    """Fine-tune the server's weights on this node's data with the (b, f) the method selects."""
-    wall_start = time.perf_counter()
-    cap = check_power_cap(instr.power_cap_w if instr.power_cap_w is not None else settings.power_cap_w)
+    batch_size: int,
+    frequency_hz: int,
+    cap: float | None,
+    device_seed: int,
+) -> tuple[FineTuneResult, nn.Module, str]:
+    """Fine-tune the server's weights at a pinned (b, f) on a fresh device handle: a simulated board's
+    noise then does not depend on what ran before, so a seeded run repeats exactly."""
     model = build_local_model(instr.model, instr.num_classes, instr.model_overrides, state)
     train, test = data
-    _check_data(instr, train)
-    relation = usable_relation(instr, len(train))
     with open_device(settings.device, seed=device_seed) as dev:
         model = model.to(dev.torch_device())
-        profile, cached = _profile(dev, model, instr, relation.batch_sizes, cap)
-    chosen = select(profile, relation, cap)
-    # a fresh handle for training: a simulated board's noise then does not depend on whether the
-    # profile was measured just now or read from the cache, so a seeded run repeats exactly
-    with open_device(settings.device, seed=device_seed) as dev:
-        with dev.pinned(chosen.frequency_hz):
+        with dev.pinned(frequency_hz):
             guard = (
-                PowerGuard(
-                    dev,
-                    cap,
-                    chosen.frequency_hz,
-                    window=instr.guard_window,
-                    tolerance=instr.guard_tolerance,
-                )
+                PowerGuard(dev, cap, frequency_hz, window=instr.guard_window, tolerance=instr.guard_tolerance)
                 if cap is not None and dev.has_power_sensor
                 else None
             )
@@ -169,8 +189,8 @@ def train_round(
                 train,
                 test,
                 device=dev,
-                batch_size=chosen.batch_size,
-                lr=instr.lr_for(chosen.batch_size),
+                batch_size=batch_size,
+                lr=instr.lr_for(batch_size),
                 target_accuracy=instr.target_accuracy,
                 max_samples=instr.budget_samples or None,
                 max_device_seconds=instr.budget_device_seconds or None,
@@ -181,6 +201,139 @@ def train_round(
                 power_guard=guard,
             )
         board = dev.board
+    return result, model, board
+
+
+def _oracle_runs(
+    settings: NodeSettings,
+    instr: TrainInstructions,
+    state: State,
+    data: tuple[Dataset, Dataset],
+    profile: Profile,
+    relation: RelationVector,
+    cap: float | None,
+    device_seed: int,
+) -> tuple[RelationVector, dict[tuple[int, int], tuple[FineTuneResult, nn.Module, str]]]:
+    """Samples to the target per batch size on this client's own data: each batch size fine-tuned at
+    its fastest feasible frequency. Batch sizes that miss the target within the budget are left out
+    of the target relation (when none reaches it, every run counts with the samples it used)."""
+    runs = {}
+    for b, point in best_frequency_per_batch(profile, cap).items():
+        if b in relation.batch_sizes:
+            runs[(b, point.frequency_hz)] = _fine_tune_at(
+                settings, instr, state, data, b, point.frequency_hz, cap, device_seed
+            )
+    if not runs:
+        raise ClientWorkError(f"oracle: no profiled batch size is feasible under the cap {cap}")
+    # samples 0 = already at the target before training: every batch size then needs (about) nothing
+    reached = {b: max(float(r.samples), 1.0) for (b, _), (r, _, _) in runs.items() if r.reached}
+    if not reached:
+        reached = {b: max(float(r.samples), 1.0) for (b, _), (r, _, _) in runs.items()}
+    target = RelationVector.from_samples(instr.model, "own data", instr.target_accuracy, reached)
+    return target, runs
+
+
+def _stand_in(
+    settings: NodeSettings,
+    instr: TrainInstructions,
+    state: State,
+    model: nn.Module,
+    test: Dataset,
+    profile: Profile,
+    relation: RelationVector,
+    cap: float | None,
+    board: str,
+) -> tuple[State, ClientReport, Choice]:
+    """Scale mode's cheap stand-in: selection is real; training is not. The board model charges the
+    steps the proxy's samples to target need at the chosen pair (capped by the budget); the weights go
+    back unchanged; the accuracy is the received model's on the local test split (a forward pass)."""
+    # the oracle's own-data relation is the proxy's for a stand-in: it has no training to measure
+    chosen = choose(instr.method, profile, relation, cap, relation)
+    task = get_model_spec(instr.model).task
+    accuracy, _ = evaluate_with_loss(model, task, test.x, test.y) if len(test) else (0.0, 0.0)
+    b, hz = chosen.batch_size, chosen.frequency_hz
+    w = dict(profile.extra["workload"])
+    workload = Workload(**{**w, "input_shape": tuple(w["input_shape"])})
+    sim = board_model(board)
+    need = 0.0 if accuracy >= instr.target_accuracy else relation.samples_map()[b]
+    samples = min(need, instr.budget_samples or math.inf)
+    steps = math.ceil(samples / b)
+    cost = step_cost(sim, workload, b, hz)
+    if instr.budget_device_seconds and steps * cost.seconds > instr.budget_device_seconds:
+        steps = int(instr.budget_device_seconds // cost.seconds)
+    seconds, energy = replay_cost(sim, workload, b, steps, hz)
+    reached = need == 0.0 or steps * b >= need
+    report = ClientReport(
+        device=settings.device,
+        power_cap_w=cap,
+        batch_size=b,
+        frequency_hz=hz,
+        device_seconds=seconds,
+        energy_j=energy,
+        peak_power_w=cost.peak_w if steps else None,
+        samples=steps * b,
+        accuracy=accuracy,
+        reached_target=reached,
+        profiling_seconds=0.0,
+        board=board,
+        node_key=settings.key,
+        predicted_seconds=chosen.predicted_seconds or 0.0,
+        profiled_peak_power_w=chosen.profiled_peak_power_w or 0.0,
+        profile_cached=True,
+        lr=instr.lr_for(b),
+        stop_reason="stand-in",
+        train_examples=0,
+        method=instr.method,
+        stand_in=True,
+        extra={"accuracy_of": "received weights (stand-in: not trained)"},
+    )
+    return state, report, chosen
+
+
+def train_round(
+    settings: NodeSettings,
+    instr: TrainInstructions,
+    state: State,
+    data: tuple[Dataset, Dataset],
+    *,
+    device_seed: int = 0,
+    profile_cache: Path | None = None,
+) -> tuple[State, ClientReport]:
+    """Fine-tune the server's weights on this node's data with the (b, f) the instructed method picks.
+
+    Only the power-aware method is charged for profiling (the baselines do not profile: they read only
+    which batch sizes fit; the oracle is a limit, its own-data search is reported apart)."""
+    wall_start = time.perf_counter()
+    cap = check_power_cap(instr.power_cap_w if instr.power_cap_w is not None else settings.power_cap_w)
+    model = build_local_model(instr.model, instr.num_classes, instr.model_overrides, state)
+    train, test = data
+    _check_data(instr, train)
+    relation = instr.relation() if instr.stand_in else usable_relation(instr, len(train))
+    with open_device(settings.device, seed=device_seed) as dev:
+        model = model.to(dev.torch_device())
+        profile, cached = _profile(dev, model, instr, relation.batch_sizes, cap, profile_cache)
+        board = dev.board
+    if instr.stand_in:
+        new_state, report, _ = _stand_in(settings, instr, state, model, test, profile, relation, cap, board)
+        report.train_examples = len(train)
+        report.wall_seconds = time.perf_counter() - wall_start
+        return new_state, report
+    runs: dict[tuple[int, int], tuple[FineTuneResult, nn.Module, str]] = {}
+    target_relation = None
+    if instr.method == ORACLE:
+        target_relation, runs = _oracle_runs(
+            settings, instr, state, data, profile, relation, cap, device_seed
+        )
+    chosen = choose(instr.method, profile, relation, cap, target_relation)
+    pair = (chosen.batch_size, chosen.frequency_hz)
+    result, model, board = runs.get(pair) or _fine_tune_at(
+        settings, instr, state, data, *pair, cap, device_seed
+    )
+    extra: dict = {"profile_points": len(profile.points), "steps": result.steps}
+    if target_relation is not None:
+        extra["oracle_samples_to_target"] = {str(b): s for b, s in target_relation.samples_map().items()}
+        extra["oracle_search_device_seconds"] = sum(r.device_seconds for r, _, _ in runs.values())
+    charged = instr.method == OURS and not cached
     report = ClientReport(
         device=settings.device,
         power_cap_w=cap,
@@ -192,18 +345,19 @@ def train_round(
         samples=result.samples,
         accuracy=result.final_accuracy,
         reached_target=result.reached,
-        profiling_seconds=0.0 if cached else float(profile.profiling_seconds or 0.0),
+        profiling_seconds=float(profile.profiling_seconds or 0.0) if charged else 0.0,
         board=board,
         node_key=settings.key,
-        predicted_seconds=chosen.predicted_seconds,
-        profiled_peak_power_w=chosen.peak_power_w,
+        predicted_seconds=chosen.predicted_seconds or 0.0,
+        profiled_peak_power_w=chosen.profiled_peak_power_w or 0.0,
         profile_cached=cached,
         lr=result.lr,
         stop_reason=result.stop_reason,
         train_examples=len(train),
         wall_seconds=time.perf_counter() - wall_start,
-        extra={"profile_points": len(profile.points), "steps": result.steps},
         step_downs=result.step_downs,
+        method=instr.method,
+        extra=extra,
     )
     new_state = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
     return new_state, report

@@ -20,11 +20,13 @@ from pathlib import Path
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
+from fl_server.progress import ProgressGrid
 from fl_server.results import ResultsWriter, client_table, evaluation_line, summary_lines
 from fl_server.run_config import ServerConfig, app_path, parse_server_config
 from powerctl.cache import cache_dir
 from powerctl.errors import PowerctlError
 from powerctl.relation import RelationVector
+from strategies.methods import for_method
 from strategies.power_aware import PowerAwareFedAvg
 from strategies.protocol import TrainInstructions
 from strategies.rounds import RoundRecord
@@ -127,6 +129,7 @@ def instructions(
         proxy_dataset=relation.proxy_dataset,
         guard_window=cfg.guard_window,
         guard_tolerance=cfg.guard_tolerance,
+        profile_source=cfg.profile_source,
     )
 
 
@@ -163,57 +166,107 @@ def relation_line(relation: RelationVector) -> str:
     return f"relation vector r_b ({relation.proxy_dataset}, target {relation.target_accuracy:g}): {pairs}"
 
 
-def run(grid: Grid, context: Context) -> Path:
-    """The whole server side of a run; returns the results file."""
-    from fl_server.weights import load_model, save_weights
+CLIENT_TABLE_MAX = 24
+"""Rounds with more clients print only their summary (every client is in results.json)."""
 
-    cfg = parse_server_config(context.run_config)
-    out = Path(cfg.results_dir).expanduser() if cfg.results_dir else default_results_dir(context.run_id)
-    results_path = out / "results.json"
-    weights, relation = prepare_apart(cfg)
-    model, meta = load_model(weights, expect_model=cfg.model)
-    say(relation_line(relation))
-    base = instructions(cfg, relation, meta.num_classes, meta.overrides)
-    writer = ResultsWriter(
-        results_path,
-        {"config": dict(context.run_config), "relation": relation.to_dict(), "weights": str(weights)},
-    )
+
+def run_method(
+    method: str,
+    grid: Grid,
+    cfg: ServerConfig,
+    out: Path,
+    run_info: dict,
+    base: TrainInstructions,
+    initial: ArrayRecord,
+    eval_config: ConfigRecord,
+    known_nodes: dict,
+    label: bool = True,
+) -> tuple[Path, ArrayRecord, dict]:
+    """Every round of one method from the `initial` weights; results in `out`/results.json. `label`:
+    name the method in the round headers (a run of several methods)."""
+    writer = ResultsWriter(out / "results.json", {**run_info, "method": method})
+    strategy: PowerAwareFedAvg
+
+    tag = f"[{method}] " if label else ""
 
     def on_round(record: RoundRecord) -> None:
         writer.record_round(record, nodes=list(strategy.nodes.values()))
         if record.evaluation is None:
-            say(f"\n[round {record.round}] clients (device s = fine-tuning; prof s = profiling this round)")
-            say(client_table(record))
+            say(
+                f"\n{tag}[round {record.round}] clients "
+                "(device s = fine-tuning; prof s = profiling this round)"
+            )
+            if len(record.clients) + len(record.failed) <= CLIENT_TABLE_MAX:
+                say(client_table(record))
             say(summary_lines(record))
         else:
             say(evaluation_line(record))
 
     strategy = PowerAwareFedAvg(
+        node_instructions=for_method(method, cfg.real_share),
         on_round=on_round,
         fraction_train=cfg.fraction_train,
         fraction_evaluate=cfg.fraction_evaluate,
         min_available_nodes=cfg.min_nodes,
     )
-    eval_config = ConfigRecord(
-        {"model": cfg.model, "num-classes": meta.num_classes, "model-overrides": json.dumps(meta.overrides)}
-    )
+    strategy.nodes.update(known_nodes)  # node ids hold for the whole run: ask each node once
     result = strategy.start(
         grid=grid,
-        initial_arrays=ArrayRecord.from_torch_state_dict(model.state_dict()),
+        initial_arrays=initial,
         num_rounds=cfg.num_server_rounds,
         timeout=cfg.round_timeout,
         train_config=base.to_config(),
         evaluate_config=eval_config,
     )
-    model.load_state_dict(result.arrays.to_torch_state_dict())
-    save_weights(
-        out / "global.safetensors",
-        model,
-        model_name=meta.model,
-        num_classes=meta.num_classes,
-        overrides=meta.overrides,
+    return out / "results.json", result.arrays, strategy.nodes
+
+
+def run(grid: Grid, context: Context) -> Path:
+    """The whole server side of a run; returns the results file (several methods: their folder)."""
+    from fl_server.weights import load_model, save_weights
+
+    cfg = parse_server_config(context.run_config)
+    methods = cfg.method_list()
+    out = Path(cfg.results_dir).expanduser() if cfg.results_dir else default_results_dir(context.run_id)
+    weights, relation = prepare_apart(cfg)
+    model, meta = load_model(weights, expect_model=cfg.model)
+    say(relation_line(relation))
+    if cfg.profile_source == "predicted" or cfg.real_share < 1:
+        say(
+            f"scale mode: profiles {cfg.profile_source}; {cfg.real_share:.0%} of the clients fine-tune "
+            f"{cfg.model}, the others run the stand-in (no training: the board model charges the proxy's "
+            "samples to target at the chosen pair; their weights go back unchanged)"
+        )
+    base = instructions(cfg, relation, meta.num_classes, meta.overrides)
+    run_info = {"config": dict(context.run_config), "relation": relation.to_dict(), "weights": str(weights)}
+    eval_config = ConfigRecord(
+        {"model": cfg.model, "num-classes": meta.num_classes, "model-overrides": json.dumps(meta.overrides)}
     )
-    return results_path
+    initial = ArrayRecord.from_torch_state_dict(model.state_dict())
+    progress = ProgressGrid(grid, say)
+    nodes: dict = {}
+    paths = []
+    for method in methods:  # the same weights, relation, fleet and seeds for every method
+        progress.label = method
+        several = len(methods) > 1
+        if several:
+            say(f"\n=== method {method} ({methods.index(method) + 1} of {len(methods)}) ===")
+        method_out = out / method if several else out
+        path, arrays, nodes = run_method(
+            method, progress, cfg, method_out, run_info, base, initial, eval_config, nodes, several
+        )  # type: ignore[arg-type]
+        model.load_state_dict(arrays.to_torch_state_dict())
+        save_weights(
+            method_out / "global.safetensors",
+            model,
+            model_name=meta.model,
+            num_classes=meta.num_classes,
+            overrides=meta.overrides,
+        )
+        paths.append(path)
+        if len(methods) > 1:
+            say(f"results ({method}): {path.resolve()}")
+    return paths[0] if len(methods) == 1 else out
 
 
 @app.main()

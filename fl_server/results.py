@@ -83,6 +83,8 @@ def summary_lines(record: RoundRecord) -> str:
         f"over cap: {', '.join(o['node'] for o in s['over_cap']) or 'none'}",
         f"failed: {len(s['failed'])}",
     ]
+    if s.get("stand_ins"):
+        parts.append(f"stand-ins (not trained): {s['stand_ins']}")
     return "; ".join(parts)
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from powerctl.errors import PowerctlError
 from powerctl.guard import DEFAULT_TOLERANCE, DEFAULT_WINDOW
-from strategies.protocol import PROFILE_ORDERS
+from strategies.protocol import METHODS, PROFILE_ORDERS, PROFILE_SOURCES
 from training.lr import LR_RULES
 
 APP_DIR = Path(__file__).resolve().parents[1]
@@ -65,6 +65,21 @@ class ServerConfig:
     """Power guard: consecutive over-cap training steps before a client steps its frequency down."""
     guard_tolerance: float = DEFAULT_TOLERANCE
     """Power guard: relative excess over the cap a reading may show (the sensor's noise band)."""
+    methods: str = "ours"
+    """The methods to run one after another, each from the same weights: ours, state-of-practice,
+    proxy-batch, oracle (comma-separated)."""
+    profile_source: str = "measured"
+    """measured (profile each device, cached) or predicted (a simulated board's model: scale mode)."""
+    real_share: float = 1.0
+    """Scale mode: the share of clients that fine-tune the real model; the others run the stand-in."""
+
+    def method_list(self) -> list[str]:
+        names = [m.strip() for m in self.methods.split(",") if m.strip()]
+        if not names or len(set(names)) != len(names) or any(m not in METHODS for m in names):
+            raise RunConfigError(
+                f"run config 'methods' must be distinct names from {', '.join(METHODS)}, got {self.methods!r}"
+            )
+        return names
 
     def seeds(self) -> list[int]:
         return _int_list(self.relation_seeds, "relation-seeds", minimum=0)
@@ -86,7 +101,7 @@ def _int_list(text: str, key: str, *, minimum: int) -> list[int]:
 
 
 _SERVER_ONLY = {f.name.replace("_", "-") for f in fields(ServerConfig)}
-CLIENT_KEYS = {"fleet", "client-data", "client-data-seed", "partitioning", "dirichlet-alpha"}
+CLIENT_KEYS = {"fleet", "client-data", "client-data-seed", "partitioning", "dirichlet-alpha", "profile-cache"}
 """Run config keys the ClientApp reads (fl_client.node, fl_client.local_data)."""
 
 
@@ -155,6 +170,14 @@ def _validate(cfg: ServerConfig) -> None:
     for key in ("fraction-train", "fraction-evaluate"):
         v = getattr(cfg, key.replace("-", "_"))
         need(0 <= v <= 1, key, v, "must be in [0, 1]")
+    need(
+        cfg.profile_source in PROFILE_SOURCES,
+        "profile-source",
+        cfg.profile_source,
+        "must be measured or predicted",
+    )
+    need(0 <= cfg.real_share <= 1, "real-share", cfg.real_share, "must be in [0, 1]")
+    cfg.method_list()
     cfg.seeds()
     cfg.batch_size_list()
     if cfg.results_dir:

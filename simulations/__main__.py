@@ -41,6 +41,23 @@ def build_parser() -> argparse.ArgumentParser:
         "--target-accuracy", type=accuracy, default=d.target_accuracy, help=f"default {d.target_accuracy}"
     )
     s.add_argument("--quiet", action="store_true", help="no progress bars")
+    r = sub.add_parser(
+        "run",
+        help="a fleet file on Flower's simulation engine (Ray), every method side by side",
+        description="Run the fleet of FLEET.yaml under each method (ours, state-of-practice, proxy-batch, "
+        "oracle) from the same weights, data and seeds, on Flower's simulation engine on Ray. Writes "
+        "DIR/results.json, DIR/summary.txt and DIR/plots/.",
+    )
+    r.add_argument("fleet", type=Path, help="the fleet file (see simulations/fleets/quick.yaml)")
+    r.add_argument("--out", type=Path, required=True, help="output folder")
+    r.add_argument(
+        "--methods",
+        type=_methods,
+        default=None,
+        help="comma-separated: ours,state-of-practice,proxy-batch,oracle (default: the file's, else all)",
+    )
+    r.add_argument("--verbose", action="store_true", help="also print Flower's and Ray's own log lines")
+    r.add_argument("--no-plots", action="store_true", help="skip the plots")
     k = sub.add_parser(
         "stop-superlink",
         help="stop the local SuperLink that `flwr run .` leaves running (by process id)",
@@ -78,12 +95,45 @@ def ray_check() -> int:
     return 0
 
 
+def _methods(text: str) -> list[str]:
+    from strategies.protocol import METHODS
+
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in names if m not in METHODS]
+    if not names or bad or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"expected distinct methods from {', '.join(METHODS)}, got {text!r}")
+    return [m for m in METHODS if m in names]
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """`run`: parse the fleet (one line on a bad file), run it, print the summary."""
+    import time
+
+    from simulations.fleet import load_fleet_spec
+    from simulations.fleet_results import summary_text
+    from simulations.runner import run_fleet
+
+    started = time.perf_counter()
+    spec = load_fleet_spec(args.fleet)
+    methods = args.methods or spec.methods
+    results = run_fleet(spec, args.out, methods, verbose=args.verbose, plots=not args.no_plots)
+    print("\n" + summary_text(results))
+    out = args.out.expanduser().resolve()
+    print(
+        f"\nwall time {time.perf_counter() - started:.0f} s; wrote {out / 'results.json'}, "
+        f"{out / 'summary.txt'}" + (f" and {out / 'plots'}/" if not args.no_plots else "")
+    )
+    return 0
+
+
 @one_line_errors(PROG)
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as done:
         return int(done.code or 0)
+    if args.command == "run":
+        return run_command(args)
     if args.command == "stop-superlink":
         from simulations.local_superlink import stop_local_superlink
 

@@ -136,3 +136,12 @@ def stop_local_superlink(port: int, grace_s: float = 5.0) -> list[int]:
     for pid in pids_listening_on(port):
         stopped += stop_tree(pid, grace_s)
     return stopped
+
+
+def free_port() -> int:
+    """A local TCP port nobody listens on now (the kernel picks it: never Flower's defaults)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

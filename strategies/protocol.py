@@ -16,6 +16,7 @@ from typing import Any
 
 from flwr.app import ConfigRecord
 
+from powerctl.baselines import ORACLE, PROXY_BATCH, STATE_OF_PRACTICE
 from powerctl.errors import PowerctlError
 from powerctl.guard import DEFAULT_TOLERANCE, DEFAULT_WINDOW
 from powerctl.relation import RelationVector
@@ -30,6 +31,11 @@ EXAMPLES_KEY = "num-examples"
 """The MetricRecord key the weights are averaged by (FedAvg's default `weighted_by_key`)."""
 
 PROFILE_ORDERS = ("efficient", "grid")
+PROFILE_SOURCES = ("measured", "predicted")
+"""measured: profile the device (cached); predicted: a simulated board's model profile (no device time)."""
+OURS = "ours"
+METHODS = (OURS, STATE_OF_PRACTICE, PROXY_BATCH, ORACLE)
+"""How a client chooses (b, f): the power-aware method, or one of powerctl.baselines' baselines."""
 
 
 class ProtocolError(PowerctlError):
@@ -75,6 +81,12 @@ class _Reader:
         v = self.string(key)
         if v not in allowed:
             raise self.fail(key, f"must be one of {', '.join(allowed)}, got {v!r}")
+        return v
+
+    def flag(self, key: str) -> bool:
+        v = self.get(key)
+        if not isinstance(v, bool):
+            raise self.fail(key, f"must be true or false, got {v!r}")
         return v
 
     def int_list(self, key: str) -> list[int]:
@@ -152,6 +164,12 @@ class TrainInstructions:
     """The power guard: consecutive over-cap training steps before a step-down (powerctl.guard)."""
     guard_tolerance: float = DEFAULT_TOLERANCE
     """The power guard: relative excess over the cap a reading may show (the sensor's noise band)."""
+    method: str = OURS
+    """How the client chooses (b, f) this round: one of METHODS (powerctl.baselines for the baselines)."""
+    profile_source: str = "measured"
+    stand_in: bool = False
+    """Scale mode: this client runs the cheap stand-in (no training; the board model charges the proxy's
+    samples to target at the chosen pair) instead of fine-tuning the real model."""
 
     def relation(self) -> RelationVector:
         return RelationVector.from_samples(
@@ -210,6 +228,11 @@ class TrainInstructions:
             proxy_dataset=str(record.get("proxy-dataset", "")),
             guard_window=r.integer("guard-window") if "guard-window" in record else DEFAULT_WINDOW,
             guard_tolerance=_tolerance(r) if "guard-tolerance" in record else DEFAULT_TOLERANCE,
+            method=r.choice("method", METHODS) if "method" in record else OURS,
+            profile_source=r.choice("profile-source", PROFILE_SOURCES)
+            if "profile-source" in record
+            else "measured",
+            stand_in=r.flag("stand-in") if "stand-in" in record else False,
         )
 
 
@@ -273,6 +296,8 @@ class ClientReport:
     stop_reason: str = ""
     train_examples: int = 0
     wall_seconds: float = 0.0
+    method: str = OURS
+    stand_in: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
     step_downs: list[dict[str, float]] = field(default_factory=list)
     """The power guard's actions while training (powerctl.guard.StepDown): time (training device
@@ -320,6 +345,8 @@ class ClientReport:
             stop_reason=str(record.get("stop_reason", "")),
             train_examples=r.integer("train_examples", minimum=0) if "train_examples" in record else 0,
             wall_seconds=optional("wall_seconds") or 0.0,
+            method=r.choice("method", METHODS) if "method" in record else OURS,
+            stand_in=record.get("stand_in") is True,
             extra=extra,
             step_downs=_step_downs(r) if "step_downs" in record else [],
         )

@@ -109,6 +109,7 @@ def summarise(reports: list[ClientReport], failed: list[Failure], sampled: int) 
         "over_cap": over_cap,
         "accuracy": (sum(r.accuracy * r.train_examples for r in reports) / examples) if examples else None,
         "profiling_s": float(sum(r.profiling_seconds for r in reports)),
+        "stand_ins": sum(r.stand_in for r in reports),
     }
 
 

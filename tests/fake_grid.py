@@ -46,6 +46,7 @@ class FakeGrid(Grid):
         self.behaviour = behaviour or {}
         self.on_call = on_call
         self.sent: list[Message] = []
+        self._pending: dict[str, Message] = {}
         self._contexts = {
             nid: Context(run_id=7, node_id=nid, node_config=cfg, state=RecordDict(), run_config=run_config)
             for nid, cfg in node_configs.items()
@@ -62,10 +63,14 @@ class FakeGrid(Grid):
         raise NotImplementedError
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        raise NotImplementedError
+        """Every node answers at once; the replies wait to be pulled (a silent node's never come)."""
+        messages = list(messages)
+        for reply in self.send_and_receive(messages):
+            self._pending[reply.metadata.reply_to_message_id] = reply
+        return [m.metadata.message_id for m in messages]
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        raise NotImplementedError
+        return [self._pending.pop(i) for i in list(message_ids) if i in self._pending]
 
     def get_node_ids(self) -> Iterable[int]:
         return list(self.node_configs)

@@ -1,0 +1,199 @@
+"""Plots of a fleet run (matplotlib on Agg, no pyplot state), from its results dict.
+
+- time_to_accuracy.png: the global model's accuracy against the fleet's cumulative makespan, per method;
+- per_cap.png: round-1 time to accuracy (device + profiling s) and energy per method, per board and cap;
+- makespan.png: every round's makespan per method;
+- profile_maps/BOARD.png: the board's peak-power map for the run's model (its predicted profile, the
+  board model's noise-free grid; `powerctl.plot`) with the (b, f) each method chose under each cap.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from simulations.plots import COLOURS
+
+MARKERS = {"ours": "*", "state-of-practice": "s", "proxy-batch": "^", "oracle": "o"}
+
+
+def _colour(method: str) -> str:
+    return COLOURS.get("method" if method == "ours" else method, "#999999")
+
+
+def _figure(size: tuple[float, float]) -> Figure:
+    fig = Figure(figsize=size)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def plot_time_to_accuracy(results: dict[str, Any], path: Path) -> Path:
+    fig = _figure((7.5, 4.5))
+    ax = fig.add_subplot()
+    target = results["fleet"]["target_accuracy"]
+    for s in results["summary"]:
+        xs = list(np.cumsum(s["makespans_s"]))
+        ys = [a if a is not None else np.nan for a in s["accuracy"]]
+        label = s["method"] + (
+            f" ({s['time_to_target_s']:.1f} s)" if s["time_to_target_s"] else " (not reached)"
+        )
+        ax.plot(
+            [0.0, *xs],
+            [np.nan, *ys],
+            marker=MARKERS.get(s["method"], "o"),
+            color=_colour(s["method"]),
+            label=label,
+        )
+    ax.axhline(target, color="black", ls=":", lw=1, label=f"target {target:.0%}")
+    ax.set_xlim(left=0)
+    ax.set_xlabel("fleet device seconds (summed round makespans, profiling included); a point per round")
+    ax.set_ylabel("global model accuracy (clients' test splits)")
+    ax.set_title(f"time to accuracy per method — fleet {results['fleet']['name']}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    return _save(fig, path)
+
+
+def _groups(results: dict[str, Any]) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """(device @ cap) → method → round-1 records."""
+    out: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for r in results["records"]:
+        if r["round"] != 1:
+            continue
+        cap = "none" if r["power_cap_w"] is None else f"{r['power_cap_w']:g} W"
+        out.setdefault(f"{r['device'].removeprefix('sim:')}\n{cap}", {}).setdefault(r["method"], []).append(r)
+    return dict(sorted(out.items()))
+
+
+def plot_per_cap(results: dict[str, Any], path: Path) -> Path:
+    groups = _groups(results)
+    methods = results["methods"]
+    fig = _figure((max(7.0, 1.6 * len(groups) + 3), 7.5))
+    t_ax, e_ax = fig.subplots(2, 1, sharex=True)
+    x = np.arange(len(groups))
+    width = 0.8 / max(len(methods), 1)
+    for k, m in enumerate(methods):
+        secs = [
+            np.mean([r["device_seconds"] + r["profiling_seconds"] for r in g.get(m, [])] or [np.nan])
+            for g in groups.values()
+        ]
+        joules = [np.mean([r["energy_j"] or 0.0 for r in g.get(m, [])] or [np.nan]) for g in groups.values()]
+        offs = x - 0.4 + width * (k + 0.5)
+        t_ax.bar(offs, secs, width, color=_colour(m), label=m)
+        e_ax.bar(offs, joules, width, color=_colour(m), label=m)
+    t_ax.set_ylabel("round 1: device s + profiling s\n(mean over the group's boards)")
+    e_ax.set_ylabel("round 1: energy J (mean)")
+    t_ax.set_title("time to accuracy and energy per method, per board and power cap")
+    e_ax.set_xticks(x, list(groups))
+    for ax in (t_ax, e_ax):
+        ax.grid(axis="y", alpha=0.3)
+    t_ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_makespans(results: dict[str, Any], path: Path) -> Path:
+    summaries = results["summary"]
+    rounds = max((len(s["makespans_s"]) for s in summaries), default=0)
+    fig = _figure((max(6.0, 1.2 * rounds + 4), 4.2))
+    ax = fig.add_subplot()
+    x = np.arange(1, rounds + 1)
+    width = 0.8 / max(len(summaries), 1)
+    for k, s in enumerate(summaries):
+        spans = s["makespans_s"] + [np.nan] * (rounds - len(s["makespans_s"]))
+        ax.bar(x - 0.4 + width * (k + 0.5), spans, width, color=_colour(s["method"]), label=s["method"])
+    ax.set_xticks(x)
+    ax.set_xlabel("round")
+    ax.set_ylabel("makespan: slowest client's device s\n(profiling included)")
+    ax.set_title("round makespan per method")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_profile_maps(results: dict[str, Any], out: Path) -> list[Path]:
+    """Per board kind: the predicted peak-power map of the run's model with every method's choice."""
+    from powerctl.devices.simulated import predicted_profile
+    from powerctl.plot import profile_figures
+    from training.models import build_model, model_workload
+
+    cfg = results["run"]["config"] or {}
+    model = results["fleet"]["model"]
+    batch_sizes = [int(b) for b in str(cfg.get("batch-sizes", "8,16,32,64")).split(",")]
+    workload = model_workload(model, build_model(model, seed=0))
+    paths = []
+    boards = sorted({r["board"] for r in results["records"] if r.get("board")})
+    for board in boards:
+        profile = predicted_profile(board, workload, batch_sizes, int(cfg.get("profile-samples", 4000)))
+        fig = profile_figures(profile)["peak_power"]
+        ax = fig.axes[0]
+        bs = sorted(profile.batch_sizes())
+        hzs = sorted({p.frequency_hz for p in profile.points})
+        seen: set[tuple[str, int, int, str]] = set()
+        for r in results["records"]:
+            if r.get("board") != board or r["round"] != 1 or r["batch_size"] not in bs:
+                continue
+            cap = "none" if r["power_cap_w"] is None else f"{r['power_cap_w']:g}"
+            key = (r["method"], r["batch_size"], r["frequency_hz"], cap)
+            if key in seen or r["frequency_hz"] not in hzs:
+                continue
+            seen.add(key)
+            k = results["methods"].index(r["method"])
+            x = hzs.index(r["frequency_hz"]) - 0.3 + 0.2 * k
+            y = bs.index(r["batch_size"]) + 0.25
+            ax.plot(
+                x,
+                y,
+                marker=MARKERS.get(r["method"], "o"),
+                color=_colour(r["method"]),
+                markeredgecolor="black",
+                markersize=10,
+                ls="none",
+            )
+            ax.annotate(cap, (x, y), xytext=(0, -11), textcoords="offset points", ha="center", fontsize=6)
+        handles = [
+            ax.plot(
+                [],
+                [],
+                marker=MARKERS.get(m, "o"),
+                color=_colour(m),
+                markeredgecolor="black",
+                ls="none",
+                label=m,
+            )[0]
+            for m in results["methods"]
+        ]
+        fig.legend(
+            handles=handles,
+            loc="lower center",
+            ncol=len(handles),
+            fontsize=8,
+            title="the (b, f) each method chose; the cap (W) under each mark",
+            title_fontsize=8,
+            bbox_to_anchor=(0.5, -0.12),
+        )
+        path = out / "profile_maps" / f"{board}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=110, bbox_inches="tight")
+        paths.append(path)
+    return paths
+
+
+def plot_fleet(results: dict[str, Any], out: Path) -> list[Path]:
+    """Every plot of the fleet run, into `out`."""
+    return [
+        plot_time_to_accuracy(results, out / "time_to_accuracy.png"),
+        plot_per_cap(results, out / "per_cap.png"),
+        plot_makespans(results, out / "makespan.png"),
+        *plot_profile_maps(results, out),
+    ]

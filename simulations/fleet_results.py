@@ -1,0 +1,257 @@
+"""The fleet's `results.json` (`simulations.fleet/1`) and its summary table, built from the run's records.
+
+Records: one per client per round per method, with its device spec, its cap (and the cap schedule the
+fleet file gave it) and what it reported. Per method: the fleet's time to target (the summed round
+makespans, profiling included, through the first round after which the global model's accuracy on the
+clients' test splits reaches the target), every round's makespan, energy, clients at target, cap
+violations, failures; and ratios against the state of practice.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from powerctl.jsonfile import write_json
+from simulations.fleet import FleetSpec
+from strategies.protocol import STATE_OF_PRACTICE
+
+FLEET_SCHEMA = "simulations.fleet/1"
+SOP_DEFINITION = (
+    "state-of-practice = the largest batch size that fits in memory at the board's fixed frequency for "
+    "the cap: the highest at which every model of the paper's set (ResNet18, MobileNetV2, the character "
+    "transformer) at every batch size 4-128 stays under it (powerctl/data/boards.yaml); no cap: the top "
+    "frequency"
+)
+
+
+def _method_file(flwr_out: Path, method: str, methods: list[str]) -> Path:
+    return flwr_out / "results.json" if len(methods) == 1 else flwr_out / method / "results.json"
+
+
+def records_of(spec: FleetSpec, method: str, data: dict[str, Any]) -> list[dict[str, Any]]:
+    """One flat record per client per round, with the fleet file's group and cap schedule."""
+    out = []
+    for rnd in data["rounds"]:
+        for c in rnd["clients"]:
+            pid = c.get("partition_id")
+            entry = spec.boards[pid % len(spec.boards)] if isinstance(pid, int) else None
+            schedule = entry.power_cap_schedule if entry else None
+            out.append(
+                {
+                    "method": method,
+                    "round": rnd["round"],
+                    **c,
+                    "group": entry.group if entry else None,
+                    "power_cap_schedule": [list(s) for s in schedule] if schedule else None,
+                }
+            )
+    return out
+
+
+def method_summary(
+    method: str, data: dict[str, Any], target: float, boards: int, records: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """Time to target, makespans, energy, clients at target, cap violations and failures of one method."""
+    makespans, energy, over_cap, failed, accuracies = [], 0.0, 0, 0, []
+    reached_round = time_to_target = train_to_target = None
+    elapsed = training = 0.0
+    for rnd in data["rounds"]:
+        s = rnd["summary"]
+        makespans.append(s["makespan_s"])
+        energy += s["total_energy_j"]
+        over_cap += len(s["over_cap"])
+        failed += len(rnd["failed"])
+        elapsed += s["makespan_s"]
+        training += max((c["device_seconds"] for c in rnd["clients"]), default=0.0)
+        acc = (rnd.get("evaluation") or {}).get("accuracy")
+        accuracies.append(acc)
+        if reached_round is None and acc is not None and acc >= target:
+            reached_round, time_to_target, train_to_target = rnd["round"], elapsed, training
+    last = data["rounds"][-1] if data["rounds"] else {"clients": []}
+    return {
+        "method": method,
+        "rounds": len(data["rounds"]),
+        "time_to_target_s": time_to_target,
+        "training_to_target_s": train_to_target,
+        "reached_round": reached_round,
+        "total_makespan_s": elapsed,
+        "makespans_s": makespans,
+        "energy_j": energy,
+        "clients_at_target": sum(bool(c["reached_target"]) for c in last["clients"]),
+        "clients": boards,
+        "over_cap": over_cap,
+        "over_cap_profiled": sum(
+            1
+            for r in records
+            if r["power_cap_w"] is not None and (r.get("profiled_peak_power_w") or 0) > r["power_cap_w"]
+        ),
+        "failed": failed,
+        "accuracy": accuracies,
+        "stand_ins": sum(bool(r.get("stand_in")) for r in records),
+    }
+
+
+def add_ratios(summaries: list[dict[str, Any]]) -> None:
+    """speedup = state of practice's time to target / the method's; energy ratio = method's / SoP's."""
+    sop = next((s for s in summaries if s["method"] == STATE_OF_PRACTICE), None)
+    for s in summaries:
+        s["speedup_vs_sop"] = s["energy_vs_sop"] = None
+        if sop is None:
+            continue
+        if sop["time_to_target_s"] and s["time_to_target_s"]:
+            s["speedup_vs_sop"] = sop["time_to_target_s"] / s["time_to_target_s"]
+        if sop["energy_j"] and s["energy_j"]:
+            s["energy_vs_sop"] = s["energy_j"] / sop["energy_j"]
+
+
+def build_results(
+    spec: FleetSpec, flwr_out: Path, methods: list[str], *, wall_seconds: float
+) -> dict[str, Any]:
+    """Merge the ServerApp's per-method files into the fleet's results."""
+    records: list[dict[str, Any]] = []
+    summaries, evaluations, failures, run = [], {}, [], {}
+    for method in methods:
+        data = json.loads(_method_file(flwr_out, method, methods).read_text(encoding="utf-8"))
+        run = data["run"]
+        mine = records_of(spec, method, data)
+        records += mine
+        summaries.append(method_summary(method, data, spec.task.target_accuracy, len(spec.boards), mine))
+        evaluations[method] = [
+            {"round": r["round"], **{k: v for k, v in (r.get("evaluation") or {}).items() if k != "clients"}}
+            for r in data["rounds"]
+        ]
+        failures += [
+            {"method": method, "round": r["round"], **f} for r in data["rounds"] for f in r["failed"]
+        ]
+    add_ratios(summaries)
+    return {
+        "schema": FLEET_SCHEMA,
+        "fleet": {
+            "file": str(spec.path),
+            "name": spec.name,
+            "boards": [
+                {"partition_id": i, "device": b.device, "power_cap_w": b.power_cap_w, "cap": b.cap_label()}
+                for i, b in enumerate(spec.boards)
+            ],
+            "target_accuracy": spec.task.target_accuracy,
+            "model": spec.task.model,
+            "rounds": spec.rounds,
+            "scale_mode": spec.scale_mode,
+            "profile_source": spec.profile_source,
+            "real_share": spec.real_share,
+            "notes": list(spec.notes),
+        },
+        "run": {"relation": run.get("relation"), "weights": run.get("weights"), "config": run.get("config")},
+        "methods": methods,
+        "definitions": {
+            "time_to_target_s": "summed round makespans (the slowest client's device seconds, profiling "
+            "included) through the first round after which the global model's accuracy on the clients' "
+            "test splits reaches the target; null: not reached in the rounds run",
+            "state-of-practice": SOP_DEFINITION,
+            "profiling": "only 'ours' is charged for profiling; the baselines do not profile and the "
+            "oracle's own-data search is reported apart (extra.oracle_search_device_seconds)",
+            "stand_in": "scale mode: A stand-in client does not train; its device time and energy are the "
+            "board model's for the proxy's samples to target at the chosen pair; its weights go back "
+            "unchanged",
+        },
+        "summary": summaries,
+        "evaluations": evaluations,
+        "failures": failures,
+        "records": records,
+        "wall_seconds": wall_seconds,
+    }
+
+
+def write_results(path: Path, results: dict[str, Any]) -> None:
+    write_json(path, results)
+
+
+def _s(v: float | None, fmt: str = ".1f") -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def _ratio(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def summary_text(results: dict[str, Any]) -> str:
+    """The table printed at the end of a fleet run (and saved as summary.txt)."""
+    fleet = results["fleet"]
+    head = (
+        f"{'method':<18} {'to target s':>11} {'(training)':>10} {'round':>5} {'makespans s':<22} "
+        f"{'energy J':>9} {'at target':>9} {'over cap':>8} {'failed':>6} {'speed-up':>8} {'energy':>7}"
+    )
+    lines = [
+        f"fleet {fleet['name']}: {len(fleet['boards'])} boards, model {fleet['model']}, "
+        f"target accuracy {fleet['target_accuracy']:g}, {fleet['rounds']} round(s)",
+        head,
+        "-" * len(head),
+    ]
+    for s in results["summary"]:
+        spans = ", ".join(f"{m:.1f}" for m in s["makespans_s"][:4]) + (
+            " …" if len(s["makespans_s"]) > 4 else ""
+        )
+        ttt = (
+            _s(s["time_to_target_s"])
+            if s["time_to_target_s"] is not None
+            else f">{s['total_makespan_s']:.1f}"
+        )
+        lines.append(
+            f"{s['method']:<18} {ttt:>11} {_s(s['training_to_target_s']):>10} "
+            f"{_s(s['reached_round'], 'd'):>5} {spans:<22} "
+            f"{s['energy_j']:>9.0f} {s['clients_at_target']:>4}/{s['clients']:<4} {s['over_cap']:>8} "
+            f"{s['failed']:>6} {_ratio(s['speedup_vs_sop']):>8} {_s(s['energy_vs_sop'], '.2f'):>7}"
+        )
+    lines += [
+        "",
+        "to target s: " + results["definitions"]["time_to_target_s"] + "; (training): the same without "
+        "profiling (each round's slowest fine-tuning).",
+        "speed-up: state-of-practice's time to target / the method's; energy: the method's energy / "
+        "state-of-practice's (all rounds). " + results["definitions"]["state-of-practice"] + ".",
+        "at target: clients that reported the target in the last round; over cap: client-rounds whose "
+        "measured peak passed the cap (simulated sensor noise is 1 % per reading).",
+    ]
+    lines += ["", *choices_table(results)]
+    if fleet["scale_mode"]:
+        stand = sum(s["stand_ins"] for s in results["summary"])
+        lines.append(
+            f"scale mode: profiles {fleet['profile_source']}; {fleet['real_share']:.0%} of the clients "
+            f"fine-tune the real model; {stand} client-rounds were stand-ins. "
+            + results["definitions"]["stand_in"][len("scale mode: ") :]
+            + "."
+        )
+    lines += [f"note: {n}" for n in fleet["notes"]]
+    return "\n".join(lines)
+
+
+def choices_table(results: dict[str, Any]) -> list[str]:
+    """Round 1 per (device, cap) and method: the pair chosen and its mean device seconds and energy."""
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for r in results["records"]:
+        if r["round"] == 1:
+            cap = "none" if r["power_cap_w"] is None else f"{r['power_cap_w']:g}"
+            groups.setdefault((r["device"], cap, r["method"]), []).append(r)
+    head = (
+        f"{'round 1: device':<18} {'cap W':>6} {'method':<18} {'n':>4} {'b':>4} {'MHz':>7} {'prof s':>7} "
+        f"{'device s':>9} {'energy J':>9} {'peak W':>7}"
+    )
+    lines = [head, "-" * len(head)]
+    order = {m: i for i, m in enumerate(results["methods"])}
+    for (device, cap, method), rs in sorted(
+        groups.items(), key=lambda kv: (kv[0][0], kv[0][1], order[kv[0][2]])
+    ):
+        pairs = sorted({(r["batch_size"], r["frequency_hz"]) for r in rs})
+        b, hz = pairs[0]
+        more = "+" if len(pairs) > 1 else ""
+        n = len(rs)
+        peaks = [r["peak_power_w"] for r in rs if r["peak_power_w"] is not None]
+        prof = sum(r["profiling_seconds"] for r in rs) / n
+        secs = sum(r["device_seconds"] for r in rs) / n
+        joules = sum(r["energy_j"] or 0 for r in rs) / n
+        lines.append(
+            f"{device:<18} {cap:>6} {method:<18} {n:>4} {b:>4} {hz / 1e6:>6.1f}{more:1} {prof:>7.1f} "
+            f"{secs:>9.1f} {joules:>9.0f} {_s(max(peaks) if peaks else None, '.2f'):>7}"
+        )
+    return lines

@@ -1,0 +1,182 @@
+"""The fleet file of `python -m simulations run`: what it means, and one clear line for each bad input."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fl_client.node import fleet_entry, load_fleet, resolve_node
+from simulations.fleet import FleetFileError, load_fleet_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+FLEETS = ROOT / "simulations" / "fleets"
+
+GOOD = """\
+name: tiny
+groups:
+  - {device: sim:jetson-nano, power-cap-w: 3.0, count: 2}
+  - {device: sim:jetson-tx2nx, power-cap-w: none}
+  - {device: sim:jetson-tx2nx, power-cap-w: [[0, 3.5], [60, none]]}
+task:
+  model: cnn-tiny
+  target-accuracy: 0.6
+  batch-sizes: [16, 8]
+partitioning: {scheme: dirichlet, alpha: 0.3}
+rounds: 3
+seeds: {run: 4, relation: [0]}
+budget: {samples: 500}
+scale: {profiles: predicted, real-share: 0.5}
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "fleet.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_a_fleet_file_becomes_boards_and_a_run_config(tmp_path: Path) -> None:
+    spec = load_fleet_spec(write(tmp_path, GOOD))
+    assert [b.label() for b in spec.boards] == [
+        "sim:jetson-nano@3",
+        "sim:jetson-nano@3",
+        "sim:jetson-tx2nx@none",
+        "sim:jetson-tx2nx@3.5",
+    ]
+    assert [b.group for b in spec.boards] == [0, 0, 1, 2]
+    assert spec.boards[3].power_cap_schedule == ((0.0, 3.5), (60.0, None))
+    assert spec.notes and "first value" in spec.notes[0]  # said plainly: the schedule is not followed
+    assert spec.scale_mode and spec.real_share == 0.5 and spec.profile_source == "predicted"
+    cfg = spec.run_config(tmp_path / "out", ["ours", "oracle"], tmp_path / "profiles")
+    assert (
+        cfg["batch-sizes"] == "8,16" and cfg["partitioning"] == "dirichlet" and cfg["dirichlet-alpha"] == 0.3
+    )
+    assert cfg["num-server-rounds"] == 3 and cfg["seed"] == 4 and cfg["relation-seeds"] == "0"
+    assert cfg["methods"] == "ours,oracle" and cfg["budget-samples"] == 500
+    # the ClientApp maps partition ids through the same file (fl_client.node: one place)
+    fleet = load_fleet(cfg["fleet"])
+    assert [fleet_entry(fleet, i).label() for i in range(4)] == [b.label() for b in spec.boards]
+    node = resolve_node({"partition-id": 3, "num-partitions": 4}, cfg)
+    assert (node.device, node.power_cap_w) == ("sim:jetson-tx2nx", 3.5)
+
+
+def test_the_shipped_fleets_parse() -> None:
+    quick = load_fleet_spec(FLEETS / "quick.yaml")
+    assert len(quick.boards) == 4 and {b.device for b in quick.boards} == {
+        "sim:jetson-nano",
+        "sim:jetson-tx2nx",
+    }
+    assert None in [b.power_cap_w for b in quick.boards] and len(quick.methods) == 4
+    assert len({b.power_cap_w for b in quick.boards}) == 4
+    assert len(load_fleet_spec(FLEETS / "large.yaml").boards) >= 100
+    paper = load_fleet_spec(FLEETS / "paper.yaml")
+    assert {(b.device, b.power_cap_w) for b in paper.boards} >= {("sim:jetson-nano", None)}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            GOOD.replace("power-cap-w: none}", 'power-cap-w: "abc"}'),
+            'fleet.yaml: groups[1].power-cap-w: expected a number > 0 or none, got "abc"',
+        ),
+        (
+            GOOD.replace("power-cap-w: 3.0,", "power-cap-w: -1,"),
+            "groups[0].power-cap-w: expected a number > 0",
+        ),
+        (
+            GOOD.replace("[[0, 3.5], [60, none]]", "[[0, 3.5], [0, 4]]"),
+            "groups[2].power-cap-w[1]: times must",
+        ),
+        (GOOD.replace("[[0, 3.5], [60, none]]", "[[5, 3.5]]"), "groups[2].power-cap-w[0]: a schedule starts"),
+        (
+            GOOD.replace("[[0, 3.5], [60, none]]", "[[0, 3.5, 1]]"),
+            "groups[2].power-cap-w[0]: expected a step",
+        ),
+        (GOOD.replace("count: 2", "count: 0"), "groups[0].count: expected an integer ≥ 1, got 0"),
+        (GOOD.replace("count: 2", "cap: 2"), "groups[0]: unknown key 'cap'"),
+        (
+            GOOD.replace("sim:jetson-tx2nx, power-cap-w: none", "jetson, power-cap-w: none"),
+            "groups[1].device",
+        ),
+        (GOOD.replace("model: cnn-tiny", "model: resnet9000"), "task.model: expected one of"),
+        (
+            GOOD.replace("target-accuracy: 0.6", "target-accuracy: 1.5"),
+            "task.target-accuracy: expected an accuracy",
+        ),
+        (GOOD.replace("batch-sizes: [16, 8]", "batch-sizes: [8, 8]"), "task.batch-sizes: expected a list"),
+        (GOOD.replace("model: cnn-tiny", "model: cnn-tiny\n  modle: x"), "task: unknown key 'modle'"),
+        (
+            GOOD.replace("  target-accuracy", "  target: cifar10:/nowhere\n  target-accuracy"),
+            "task.target: no such",
+        ),
+        (
+            GOOD.replace("scheme: dirichlet", "scheme: skewed"),
+            "partitioning.scheme: expected one of iid, dirichlet",
+        ),
+        (GOOD.replace("alpha: 0.3", "alpha: 0"), "partitioning.alpha: expected a number > 0"),
+        (GOOD.replace("rounds: 3", "rounds: two"), 'fleet.yaml.rounds: expected an integer ≥ 1, got "two"'),
+        (GOOD.replace("relation: [0]", "relation: 0"), "seeds.relation: expected a list"),
+        (GOOD.replace("samples: 500", "samples: -5"), "budget.samples: expected an integer ≥ 0"),
+        (GOOD.replace("real-share: 0.5", "real-share: 2"), "scale.real-share: expected a share in [0, 1]"),
+        (GOOD.replace("profiles: predicted", "profiles: guessed"), "scale.profiles: expected one of"),
+        (GOOD + "colour: blue\n", "fleet.yaml: unknown key 'colour'"),
+        (GOOD + "methods: [ours, magic]\n", "fleet.yaml.methods: expected a list of distinct methods"),
+        (GOOD.replace("groups:", "grops:"), "unknown key 'grops'"),
+        ("task: {model: cnn-tiny}\n", "fleet.yaml: missing key 'groups'"),
+        ("groups: []\ntask: {model: cnn-tiny}\n", "groups: expected a non-empty list"),
+        ("groups: [unclosed\n", "not valid YAML"),
+        ("- just a list\n", "fleet.yaml: expected a mapping"),
+    ],
+)
+def test_bad_fleet_files_are_one_line_naming_the_key_and_its_place(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    with pytest.raises(FleetFileError) as err:
+        load_fleet_spec(write(tmp_path, text))
+    assert message in str(err.value), str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_the_command_line_says_it_in_one_line_with_exit_status_2(tmp_path: Path) -> None:
+    bad = write(tmp_path, GOOD.replace("power-cap-w: none}", "power-cap-w: abc}"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "simulations", "run", str(bad), "--out", str(tmp_path / "out")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "python -m simulations: error: fleet.yaml: groups[1].power-cap-w: "
+        'expected a number > 0 or none, got "abc"'
+    ]
+    assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists()
+    missing = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "simulations",
+            "run",
+            str(tmp_path / "nope.yaml"),
+            "--out",
+            str(tmp_path / "o"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert missing.returncode == 2 and "no such fleet file" in missing.stderr
+    methods = subprocess.run(
+        [sys.executable, "-m", "simulations", "run", str(bad), "--out", "o", "--methods", "ours,best"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert methods.returncode == 2 and "--methods" in methods.stderr and "'ours,best'" in methods.stderr

@@ -1,0 +1,155 @@
+"""The fleet's results.json, summary table and plots, built from per-method round records."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from simulations.fleet import load_fleet_spec
+from simulations.fleet_plots import plot_fleet
+from simulations.fleet_results import FLEET_SCHEMA, build_results, summary_text
+
+FLEET = """\
+groups:
+  - {device: sim:jetson-nano, power-cap-w: 3.0}
+  - {device: sim:jetson-tx2nx, power-cap-w: [[0, 4.5], [100, 6]]}
+task: {model: cnn-tiny, target-accuracy: 0.7, batch-sizes: [8, 16]}
+rounds: 2
+"""
+
+
+def client(
+    pid: int, device_s: float, prof_s: float, *, b: int, mhz: float, peak: float, reached: bool
+) -> dict:
+    device, cap = [("sim:jetson-nano", 3.0), ("sim:jetson-tx2nx", 4.5)][pid]
+    return {
+        "device": device,
+        "board": device.removeprefix("sim:"),
+        "power_cap_w": cap,
+        "batch_size": b,
+        "frequency_hz": int(mhz * 1e6),
+        "device_seconds": device_s,
+        "energy_j": 3.0 * device_s,
+        "peak_power_w": peak,
+        "profiled_peak_power_w": min(peak, cap),
+        "samples": 100,
+        "accuracy": 0.7,
+        "reached_target": reached,
+        "profiling_seconds": prof_s,
+        "node_key": f"partition-{pid}",
+        "partition_id": pid,
+        "stand_in": False,
+    }
+
+
+def rnd(n: int, clients: list[dict], accuracy: float) -> dict[str, Any]:
+    slowest = max(c["device_seconds"] + c["profiling_seconds"] for c in clients)
+    over = [
+        {"node": c["node_key"], "peak_power_w": c["peak_power_w"], "power_cap_w": c["power_cap_w"]}
+        for c in clients
+        if c["peak_power_w"] > c["power_cap_w"]
+    ]
+    summary = {"makespan_s": slowest, "total_energy_j": sum(c["energy_j"] for c in clients), "over_cap": over}
+    return {
+        "round": n,
+        "clients": clients,
+        "failed": [],
+        "summary": summary,
+        "evaluation": {"accuracy": accuracy},
+    }
+
+
+def write_method(folder: Path, method: str, rounds: list[dict]) -> None:
+    (folder / method).mkdir(parents=True)
+    data = {"schema": "fl_server.results/1", "run": {"config": {"batch-sizes": "8,16"}}, "rounds": rounds}
+    (folder / method / "results.json").write_text(json.dumps(data))
+
+
+@pytest.fixture
+def results(tmp_path: Path) -> dict[str, Any]:
+    spec_path = tmp_path / "fleet.yaml"
+    spec_path.write_text(FLEET)
+    spec = load_fleet_spec(spec_path)
+    flwr = tmp_path / "flwr"
+    # ours: profiles in round 1 (5 s), reaches the target after round 2
+    write_method(
+        flwr,
+        "ours",
+        [
+            rnd(1, [client(0, 2.0, 5.0, b=16, mhz=614.4, peak=3.02, reached=False),
+                    client(1, 1.0, 1.0, b=16, mhz=900, peak=4.4, reached=True)], 0.65),
+            rnd(2, [client(0, 1.0, 0.0, b=16, mhz=614.4, peak=2.9, reached=True),
+                    client(1, 0.0, 0.0, b=16, mhz=900, peak=2.0, reached=True)], 0.72),
+        ],
+    )  # fmt: skip
+    # state of practice: slower rounds, target after round 1
+    write_method(
+        flwr,
+        "state-of-practice",
+        [
+            rnd(1, [client(0, 8.0, 0.0, b=16, mhz=307.2, peak=2.5, reached=True),
+                    client(1, 4.0, 0.0, b=16, mhz=600, peak=3.3, reached=True)], 0.71),
+            rnd(2, [client(0, 0.0, 0.0, b=16, mhz=307.2, peak=2.0, reached=True),
+                    client(1, 0.0, 0.0, b=16, mhz=600, peak=2.0, reached=True)], 0.71),
+        ],
+    )  # fmt: skip
+    return build_results(spec, flwr, ["ours", "state-of-practice"], wall_seconds=12.5)
+
+
+def test_one_record_per_client_per_round_per_method_with_device_cap_and_schedule(results: dict) -> None:
+    assert results["schema"] == FLEET_SCHEMA
+    recs = results["records"]
+    assert len(recs) == 2 * 2 * 2
+    assert {(r["method"], r["round"], r["node_key"]) for r in recs} == {
+        (m, n, f"partition-{p}") for m in ("ours", "state-of-practice") for n in (1, 2) for p in (0, 1)
+    }
+    tx2 = next(r for r in recs if r["partition_id"] == 1)
+    assert tx2["device"] == "sim:jetson-tx2nx" and tx2["power_cap_w"] == 4.5
+    assert tx2["power_cap_schedule"] == [[0.0, 4.5], [100.0, 6.0]] and tx2["group"] == 1
+    assert results["fleet"]["notes"] and "first value" in results["fleet"]["notes"][0]
+
+
+def test_summary_time_to_target_makespans_energy_violations_and_ratios(results: dict) -> None:
+    ours, sop = results["summary"]
+    assert (
+        ours["makespans_s"] == [7.0, 1.0] and ours["time_to_target_s"] == 8.0 and ours["reached_round"] == 2
+    )
+    assert ours["training_to_target_s"] == 3.0  # 2.0 + 1.0 without the 5 s profile
+    assert sop["time_to_target_s"] == 8.0 and sop["reached_round"] == 1
+    assert ours["energy_j"] == pytest.approx(3.0 * 4.0) and sop["energy_j"] == pytest.approx(36.0)
+    assert ours["over_cap"] == 1 and sop["over_cap"] == 0 and ours["over_cap_profiled"] == 0
+    assert ours["clients_at_target"] == 2 and ours["clients"] == 2
+    assert ours["speedup_vs_sop"] == pytest.approx(1.0) and sop["speedup_vs_sop"] == pytest.approx(1.0)
+    assert ours["energy_vs_sop"] == pytest.approx(12.0 / 36.0)
+    text = summary_text(results)
+    assert "ours" in text and "state-of-practice = the largest batch size" in text
+    assert "7.0, 1.0" in text and "sim:jetson-tx2nx" in text
+
+
+def test_a_method_that_never_reaches_the_target_has_no_time_to_target(tmp_path: Path) -> None:
+    spec_path = tmp_path / "fleet.yaml"
+    spec_path.write_text(FLEET)
+    flwr = tmp_path / "flwr"
+    write_method(
+        flwr, "proxy-batch", [rnd(1, [client(0, 2.0, 0.0, b=8, mhz=307.2, peak=2.0, reached=False)], 0.5)]
+    )
+    res = build_results(load_fleet_spec(spec_path), flwr / "proxy-batch", ["proxy-batch"], wall_seconds=1.0)
+    (s,) = res["summary"]
+    assert s["time_to_target_s"] is None and s["speedup_vs_sop"] is None
+    assert ">2.0" in summary_text(res)
+
+
+def test_plots_are_written(results: dict, tmp_path: Path) -> None:
+    paths = plot_fleet(results, tmp_path / "plots")
+    names = sorted(p.relative_to(tmp_path / "plots").as_posix() for p in paths)
+    assert names == [
+        "makespan.png",
+        "per_cap.png",
+        "profile_maps/jetson-nano.png",
+        "profile_maps/jetson-tx2nx.png",
+        "time_to_accuracy.png",
+    ]
+    assert all(p.stat().st_size > 10_000 for p in paths)
