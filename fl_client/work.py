@@ -9,8 +9,12 @@ restores on exceptions, SIGINT and SIGTERM too), so nothing stays pinned after a
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
+import re
 import time
+import zlib
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -18,6 +22,7 @@ from torch import nn
 
 from fl_client.node import NodeSettings
 from fl_client.profile_cache import ProfileKey, cached_profile
+from powerctl.cache import cache_dir
 from powerctl.devices import open_device
 from powerctl.devices.base import Device
 from powerctl.errors import PowerctlError
@@ -26,6 +31,7 @@ from powerctl.profiler import profile_device
 from powerctl.relation import RelationVector
 from powerctl.selection import check_power_cap, select
 from strategies.protocol import ClientReport, TrainInstructions
+from training.checkpoint import Checkpointing
 from training.errors import DataError, ModelError
 from training.finetune import fine_tune
 from training.models import build_model, get_model_spec
@@ -129,6 +135,25 @@ def _profile(
     return cached_profile(key, measure)
 
 
+def round_checkpoint(
+    settings: NodeSettings, instr: TrainInstructions, batch_size: int, frequency_hz: int
+) -> Checkpointing | None:
+    """Where this node checkpoints this round's fine-tune, keyed by the work itself.
+
+    One file per node (a later round's work replaces an earlier one's). The key is the round's
+    instructions, the node and the selected pair, not Flower's run or node ids: a restarted ServerApp
+    (a new run id) that re-sends the same round from the same weights finds the node's checkpoint,
+    and `fine_tune` also checks the received weights, the data and the device before resuming.
+    """
+    if not instr.checkpoint_every_samples:
+        return None
+    work = {"instructions": dict(instr.to_config()), "node": settings.key, "pair": [batch_size, frequency_hz]}
+    key = hashlib.sha256(json.dumps(work, sort_keys=True).encode()).hexdigest()
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", settings.key)[:80]
+    path = cache_dir("checkpoints") / f"finetune-{name}-{zlib.crc32(settings.key.encode()):08x}.safetensors"
+    return Checkpointing(path, every_samples=instr.checkpoint_every_samples, key=key)
+
+
 def train_round(
     settings: NodeSettings,
     instr: TrainInstructions,
@@ -136,8 +161,12 @@ def train_round(
     data: tuple[Dataset, Dataset],
     *,
     device_seed: int = 0,
+    on_step: Callable[[int, int], None] | None = None,
 ) -> tuple[State, ClientReport]:
-    """Fine-tune the server's weights on this node's data with the (b, f) the method selects."""
+    """Fine-tune the server's weights on this node's data with the (b, f) the method selects.
+
+    A fine-tune killed mid-round resumes from its checkpoint when the same work comes again
+    (`round_checkpoint`); `on_step` goes to `fine_tune`."""
     wall_start = time.perf_counter()
     cap = check_power_cap(instr.power_cap_w if instr.power_cap_w is not None else settings.power_cap_w)
     model = build_local_model(instr.model, instr.num_classes, instr.model_overrides, state)
@@ -166,6 +195,8 @@ def train_round(
                 eval_max_samples=instr.eval_max_samples,
                 seed=instr.seed,
                 progress=False,
+                checkpoint=round_checkpoint(settings, instr, chosen.batch_size, chosen.frequency_hz),
+                on_step=on_step,
             )
         board = dev.board
     report = ClientReport(
@@ -189,7 +220,7 @@ def train_round(
         stop_reason=result.stop_reason,
         train_examples=len(train),
         wall_seconds=time.perf_counter() - wall_start,
-        extra={"profile_points": len(profile.points), "steps": result.steps},
+        extra={"profile_points": len(profile.points), "steps": result.steps, **result.extra},
     )
     new_state = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
     return new_state, report

@@ -125,6 +125,7 @@ def instructions(
         profile_steps=cfg.profile_steps,
         seed=cfg.seed,
         proxy_dataset=relation.proxy_dataset,
+        checkpoint_every_samples=cfg.checkpoint_every_samples,
     )
 
 

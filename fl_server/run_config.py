@@ -56,6 +56,10 @@ class ServerConfig:
     seed: int = 0
     results_dir: str = ""
     """Absolute folder for results.json; empty = ~/.local/share/powerfed/runs/RUN_ID."""
+    checkpoint_every_samples: int = 1024
+    """Clients checkpoint their fine-tune this often and resume it when restarted (0: never)."""
+    resume: bool = True
+    """Continue from the last completed round of the same run found in `results_dir`."""
     round_timeout: float = 3600.0
     min_nodes: int = 1
     fraction_train: float = 1.0
@@ -142,6 +146,12 @@ def _validate(cfg: ServerConfig) -> None:
     for key in ("profile-samples", "profile-steps", "min-nodes"):
         v = getattr(cfg, key.replace("-", "_"))
         need(v >= 1, key, v, "must be ≥ 1")
+    need(
+        cfg.checkpoint_every_samples >= 0,
+        "checkpoint-every-samples",
+        cfg.checkpoint_every_samples,
+        "must be ≥ 0",
+    )
     need(cfg.profile_warmup >= 0, "profile-warmup", cfg.profile_warmup, "must be ≥ 0")
     need(cfg.seed >= 0, "seed", cfg.seed, "must be ≥ 0")
     need(cfg.round_timeout > 0, "round-timeout", cfg.round_timeout, "must be > 0 seconds")

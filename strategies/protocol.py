@@ -147,6 +147,8 @@ class TrainInstructions:
     power_cap_w: float | None = None
     """A cap the server sets for this node this round; None: the node's own (node config) cap."""
     proxy_dataset: str = ""
+    checkpoint_every_samples: int = 0
+    """The client saves its fine-tune this often, to resume it if killed mid-round (0: never)."""
 
     def relation(self) -> RelationVector:
         return RelationVector.from_samples(
@@ -203,6 +205,11 @@ class TrainInstructions:
             node_key=str(record.get("node-key", "")),
             power_cap_w=cap,
             proxy_dataset=str(record.get("proxy-dataset", "")),
+            checkpoint_every_samples=(
+                r.integer("checkpoint-every-samples", minimum=0)
+                if "checkpoint-every-samples" in record
+                else 0
+            ),
         )
 
 

@@ -143,4 +143,5 @@ def resumable(ckpt: Checkpointing, identity: str) -> Saved | None:
             file=sys.stderr,
         )
         return None
+    print(f"checkpoint: resuming from {ckpt.path} at {saved.state.get('samples')} samples", file=sys.stderr)
     return saved

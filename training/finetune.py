@@ -441,6 +441,7 @@ def fine_tune(
         target_accuracy=target_accuracy,
         stop_reason=stop_reason,
         wall_seconds=time.perf_counter() - wall_start,
+        extra={"resumed_at_samples": int(saved.state["samples"])} if saved is not None else {},
     )
 
 
