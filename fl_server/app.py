@@ -21,6 +21,15 @@ from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
 from fl_server.results import ResultsWriter, client_table, evaluation_line, summary_lines
+from fl_server.resume import (
+    GLOBAL_FILE,
+    RESULTS_FILE,
+    NotResumable,
+    ResumePoint,
+    read_point,
+    run_fingerprint,
+    set_aside,
+)
 from fl_server.run_config import ServerConfig, app_path, parse_server_config
 from powerctl.cache import cache_dir
 from powerctl.errors import PowerctlError
@@ -162,20 +171,49 @@ def relation_line(relation: RelationVector) -> str:
     return f"relation vector r_b ({relation.proxy_dataset}, target {relation.target_accuracy:g}): {pairs}"
 
 
+def resume_point(cfg: ServerConfig, out: Path, fingerprint: str) -> ResumePoint | None:
+    """Where this run continues from (None: round 1). Files of another run, or files that cannot be
+    trusted, are renamed aside with one line, never mixed into this run or deleted."""
+    if not (out / RESULTS_FILE).exists() and not (out / GLOBAL_FILE).exists():
+        return None
+    if not cfg.resume:
+        say(f"resume = false: moved the earlier results to {set_aside(out)}; starting from round 1")
+        return None
+    try:
+        point = read_point(out, fingerprint)
+    except NotResumable as exc:
+        say(f"resume: {exc}; moved it aside to {set_aside(out)}; starting from round 1")
+        return None
+    if point is not None:
+        say(f"resume: rounds 1-{point.last_round} of this run are complete in {out}")
+    return point
+
+
 def run(grid: Grid, context: Context) -> Path:
     """The whole server side of a run; returns the results file."""
-    from fl_server.weights import load_model, save_weights
+    from fl_server.weights import load_model, save_weights, weights_hash
 
     cfg = parse_server_config(context.run_config)
     out = Path(cfg.results_dir).expanduser() if cfg.results_dir else default_results_dir(context.run_id)
-    results_path = out / "results.json"
+    results_path = out / RESULTS_FILE
     weights, relation = prepare_apart(cfg)
     model, meta = load_model(weights, expect_model=cfg.model)
     say(relation_line(relation))
     base = instructions(cfg, relation, meta.num_classes, meta.overrides)
+    fingerprint = run_fingerprint(dict(context.run_config), weights_hash(model), relation.to_dict())
+    point = resume_point(cfg, out, fingerprint)
+    if point is not None:
+        model.load_state_dict(point.state)
     writer = ResultsWriter(
         results_path,
-        {"config": dict(context.run_config), "relation": relation.to_dict(), "weights": str(weights)},
+        {
+            "config": dict(context.run_config),
+            "relation": relation.to_dict(),
+            "weights": str(weights),
+            "fingerprint": fingerprint,
+        },
+        rounds=point.rounds if point else None,
+        nodes=point.nodes if point else None,
     )
 
     def on_round(record: RoundRecord) -> None:
@@ -187,8 +225,21 @@ def run(grid: Grid, context: Context) -> Path:
         else:
             say(evaluation_line(record))
 
+    def save_global(server_round: int, arrays: ArrayRecord) -> None:
+        """The model after a completed round, atomically: what a restarted ServerApp continues from."""
+        model.load_state_dict(arrays.to_torch_state_dict())
+        save_weights(
+            out / GLOBAL_FILE,
+            model,
+            model_name=meta.model,
+            num_classes=meta.num_classes,
+            overrides=meta.overrides,
+            extra={"round": str(server_round), "fingerprint": fingerprint},
+        )
+
     strategy = PowerAwareFedAvg(
         on_round=on_round,
+        on_round_end=save_global,
         fraction_train=cfg.fraction_train,
         fraction_evaluate=cfg.fraction_evaluate,
         min_available_nodes=cfg.min_nodes,
@@ -196,22 +247,20 @@ def run(grid: Grid, context: Context) -> Path:
     eval_config = ConfigRecord(
         {"model": cfg.model, "num-classes": meta.num_classes, "model-overrides": json.dumps(meta.overrides)}
     )
-    result = strategy.start(
+    first_round = point.last_round + 1 if point else 1
+    if first_round > cfg.num_server_rounds:
+        say(f"resume: all {cfg.num_server_rounds} rounds were already complete; nothing to run")
+    strategy.start(
         grid=grid,
         initial_arrays=ArrayRecord.from_torch_state_dict(model.state_dict()),
         num_rounds=cfg.num_server_rounds,
         timeout=cfg.round_timeout,
         train_config=base.to_config(),
         evaluate_config=eval_config,
+        first_round=first_round,
     )
-    model.load_state_dict(result.arrays.to_torch_state_dict())
-    save_weights(
-        out / "global.safetensors",
-        model,
-        model_name=meta.model,
-        num_classes=meta.num_classes,
-        overrides=meta.overrides,
-    )
+    if not any(r["clients"] for r in writer.data["rounds"]):
+        say("no client reported in any round: the global model is the starting one")
     return results_path
 
 
