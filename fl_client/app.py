@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 import zlib
 
+import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
@@ -29,6 +30,7 @@ from strategies.protocol import (
     METRICS_KEY,
     NODE_KEY,
     REPORT_KEY,
+    ProtocolError,
     TrainInstructions,
     reader,
     required,
@@ -50,8 +52,14 @@ def _error_reply(msg: Message, settings: NodeSettings | None, exc: Exception) ->
 
 
 def _arrays(msg: Message) -> ArrayRecord:
+    """The weights sent; NaN or infinity is refused before any device time is spent on them."""
     where = f"{msg.metadata.message_type} message"
-    return required(msg.content.array_records, ARRAYS_KEY, where, "the weights")
+    arrays = required(msg.content.array_records, ARRAYS_KEY, where, "the weights")
+    for name, array in arrays.items():
+        values = array.numpy()
+        if values.dtype.kind in "fc" and not np.all(np.isfinite(values)):
+            raise ProtocolError(f"{where}: {ARRAYS_KEY!r} hold NaN or infinity (in {name!r})")
+    return arrays
 
 
 def _config(msg: Message) -> ConfigRecord:

@@ -244,6 +244,9 @@ def _reply_to(msg: Message, node_config: dict | None = None) -> Message:
 def test_messages_with_missing_or_bad_keys_get_error_replies_naming_them() -> None:
     good = dict(instructions().to_config())
     arrays = ArrayRecord.from_torch_state_dict(initial_state())
+    nan_state = initial_state()
+    nan_state["fc.weight"][0, 0] = float("inf")
+    nan_arrays = ArrayRecord.from_torch_state_dict(nan_state)
     cases = {
         "missing key 'relation-batch-sizes'": (
             {k: v for k, v in good.items() if k != "relation-batch-sizes"},
@@ -255,6 +258,7 @@ def test_messages_with_missing_or_bad_keys_get_error_replies_naming_them() -> No
         "missing key 'arrays'": (good, None),
         "do not fit model 'cnn-tiny'": (good, ArrayRecord({"w": Array(np.zeros(3, dtype=np.float32))})),
         "has no option": ({**good, "model-overrides": json.dumps({"depth": 3})}, arrays),
+        "'arrays' hold NaN or infinity": (good, nan_arrays),
     }
     for fragment, (config, arr) in cases.items():
         reply = _reply_to(_train_message(config, arr))
