@@ -18,6 +18,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from fl_client.faults import before_training, kill_after_checkpoint, parse_faults
 from fl_client.local_data import data_plan, load_local_data
 from fl_client.node import NodeSettings, resolve_node
 from fl_client.work import build_local_model, model_seq_len, train_round
@@ -105,8 +106,13 @@ def train(msg: Message, context: Context) -> Message:
         state = _arrays(msg).to_torch_state_dict()
         plan = data_plan(settings, context.run_config, model_seq_len(instr.model, instr.model_overrides))
         data = load_local_data(plan)
+        faults = parse_faults(context.run_config)  # soak tests only; refused elsewhere
+        on_step = None
+        if before_training(faults, settings.key, instr.server_round) == "kill":
+            after = instr.checkpoint_every_samples + instr.eval_every_samples
+            on_step = kill_after_checkpoint(settings.key, instr.server_round, after)
         new_state, report = train_round(
-            settings, instr, state, data, device_seed=_device_seed(settings, instr.seed)
+            settings, instr, state, data, device_seed=_device_seed(settings, instr.seed), on_step=on_step
         )
     except PowerctlError as exc:
         return _error_reply(msg, settings, exc)

@@ -43,6 +43,10 @@ app = ServerApp()
 PRETRAIN_CACHE_VERSION = 1
 
 
+class InjectedServerStop(RuntimeError):
+    """A crash on purpose (run config inject-server-stop-round, soak tests only)."""
+
+
 def say(text: str) -> None:
     """The run's own output: stdout, flushed, so `flwr run --stream` shows it as it happens."""
     print(text, flush=True)
@@ -218,6 +222,8 @@ def run(grid: Grid, context: Context) -> Path:
 
     def on_round(record: RoundRecord) -> None:
         writer.record_round(record, nodes=list(strategy.nodes.values()))
+        if record.evaluation is None and record.round == cfg.inject_server_stop_round:
+            raise InjectedServerStop(f"injected ServerApp stop in round {record.round} (soak test)")
         if record.evaluation is None:
             say(f"\n[round {record.round}] clients (device s = fine-tuning; prof s = profiling this round)")
             say(client_table(record))

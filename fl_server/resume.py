@@ -25,7 +25,9 @@ from training.errors import DataError
 
 GLOBAL_FILE = "global.safetensors"
 RESULTS_FILE = "results.json"
-NOT_IN_FINGERPRINT = frozenset({"num-server-rounds", "resume", "results-dir", "round-timeout"})
+NOT_IN_FINGERPRINT = frozenset(
+    {"num-server-rounds", "resume", "results-dir", "round-timeout", "inject-server-stop-round"}
+)
 """Keys that do not change what a round computes: a resumed run may extend its rounds or wait longer."""
 
 
