@@ -48,7 +48,7 @@ def prepare(work: Path) -> tuple[Path, Path]:
 
     weights, relation = work / "weights.safetensors", work / "relation.json"
     pretrain("cnn-tiny", "synthetic-image", out=weights, samples=512, seed=0, progress=False)
-    RelationVector.from_samples("cnn-tiny", "synthetic-image", 0.6, {8: 1100.0, 16: 1000.0}).save(relation)
+    RelationVector.from_samples("cnn-tiny", "synthetic-image", 0.99, {8: 1100.0, 16: 1000.0}).save(relation)
     return weights, relation
 
 
@@ -180,7 +180,7 @@ def main() -> int:
     results = work / "results"
     base = (
         f"model='cnn-tiny' weights='{weights}' relation='{relation}' num-server-rounds={args.rounds} "
-        f"batch-sizes='8,16' target-accuracy=0.6 budget-samples=192 eval-every-samples=32 "
+        f"batch-sizes='8,16' target-accuracy=0.99 budget-samples=192 eval-every-samples=32 "
         f"eval-max-samples=64 checkpoint-every-samples=64 profile-samples=512 profile-warmup=0 "
         f"profile-steps=1 round-timeout={args.round_timeout} fleet='{FLEET}' results-dir='{results}' "
         f"inject-failures='{args.failures}' inject-seed={args.seed} inject-hang-s={args.hang_s}"

@@ -44,6 +44,7 @@ from strategies.rounds import (
     Failure,
     NodeInfo,
     RoundRecord,
+    one_line,
     report_row,
     summarise,
     weighted_average,
@@ -161,7 +162,7 @@ class PowerAwareFedAvg(FedAvg):
         for reply in replies:
             nid = sent.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
             if reply.has_error() or NODE_KEY not in reply.content.config_records:
-                why = reply.error.reason if reply.has_error() else "no node record"
+                why = one_line(reply.error.reason) if reply.has_error() else "no node record"
                 log(WARNING, "query: node %s did not describe itself: %s", nid, why)
                 continue
             try:
@@ -214,7 +215,7 @@ class PowerAwareFedAvg(FedAvg):
             if reply.has_error():
                 code = reply.error.code
                 why = "unavailable" if code == NODE_UNAVAILABLE else "error"
-                failed.append(self._failure(nid, why, f"{reply.error.reason} (code {code})"))
+                failed.append(self._failure(nid, why, f"{one_line(reply.error.reason)} (code {code})"))
             else:
                 ok.append((nid, reply))
         for nid in sorted(set(by_id.values()) - answered):

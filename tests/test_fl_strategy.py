@@ -283,3 +283,14 @@ def test_weighted_average_keeps_integer_buffers_integers() -> None:
     avg = weighted_average([(a, 1.0), (b, 3.0)], a)
     np.testing.assert_allclose(avg["w"].numpy(), [2.5, 4.5])
     assert avg["n"].numpy().dtype == np.array(10).dtype and int(avg["n"].numpy()) == 18
+
+
+def test_a_multi_line_coloured_reason_becomes_one_line_with_the_exception() -> None:
+    from strategies.rounds import one_line
+
+    ray = (
+        "<class 'X'>:<'\x1b[36mray::ClientAppActor.run()\x1b[39m (pid=1)\n  File a.py\n\n"
+        "InjectedFailure: boom'>"
+    )
+    assert one_line(ray) == "<class 'X'>:<'ray::ClientAppActor.run() (pid=1) … InjectedFailure: boom'>"
+    assert one_line("") == "(no reason given)" and len(one_line("x" * 1000)) == 400
