@@ -34,6 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from fl_client.faults import parse_faults  # noqa: E402
 from powerctl.devices.simulated import POWER_NOISE  # noqa: E402
 from simulations.local_superlink import descendants, pids_listening_on, stop_local_superlink  # noqa: E402
 from tests.flower_deploy import free_port  # noqa: E402
@@ -142,6 +143,17 @@ def check(results: Path, fault_log: Path, nodes: int) -> dict:
     }
 
 
+def first_kill_round(args: argparse.Namespace) -> int:
+    """The first round after round 1 in which some node draws a kill (the draws are seeded): stopping
+    the ServerApp there leaves a killed node's checkpoint for the restarted one to resume."""
+    os.environ["POWERFED_FAULT_INJECTION"] = "1"  # parse_faults checks the switch
+    faults = parse_faults({"inject-failures": args.failures, "inject-seed": args.seed})
+    for rnd in range(2, args.rounds + 1):
+        if faults and any(faults.draw(f"partition-{i}", rnd) == "kill" for i in range(args.nodes)):
+            return rnd
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=20)
@@ -150,11 +162,18 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--round-timeout", type=float, default=60.0)
     ap.add_argument("--hang-s", type=float, default=70.0)
-    ap.add_argument("--stop-server-round", type=int, default=6, help="0: never stop the ServerApp")
-    ap.add_argument("--actors", type=int, default=10, help="Ray actors (a killed one is not replaced)")
+    ap.add_argument(
+        "--stop-server-round",
+        type=int,
+        default=None,
+        help="default: the first round after round 1 in which a node draws a kill; 0: never",
+    )
+    ap.add_argument("--actors", type=int, default=10, help="Ray actors (Flower keeps a dead one in its pool)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
 
+    if args.stop_server_round is None:
+        args.stop_server_round = first_kill_round(args)
     work = args.out or Path(tempfile.mkdtemp(prefix="powerfed-soak-"))
     work.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
