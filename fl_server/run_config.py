@@ -57,7 +57,7 @@ class ServerConfig:
     seed: int = 0
     results_dir: str = ""
     """Absolute folder for results.json; empty = ~/.local/share/powerfed/runs/RUN_ID."""
-    checkpoint_every_samples: int = 1024
+    checkpoint_every_samples: int = 4096
     """Clients checkpoint their fine-tune this often and resume it when restarted (0: never)."""
     resume: bool = True
     """Continue from the last completed round of the same run found in `results_dir`."""
