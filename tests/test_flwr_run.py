@@ -15,9 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from fl_server.weights import save_weights
 from powerctl.devices.simulated import POWER_NOISE
+from powerctl.relation import RelationVector
 from simulations.local_superlink import alive, descendants, pids_listening_on, stop_local_superlink
 from tests.flower_deploy import free_port
+from training.models import build_model
 
 ROOT = Path(__file__).resolve().parents[1]
 INFRA_LINE = re.compile(r"^\(\w+ pid=\d+\)|^(INFO|WARNING|DEBUG|ERROR)\s*:")
@@ -95,9 +98,12 @@ def test_flwr_run_names_a_client_that_raises_and_one_that_hangs_past_the_timeout
         POWERFED_FAULT_INJECTION="1",
     )
     results = tmp_path / "results"
+    weights, relation = tmp_path / "weights.safetensors", tmp_path / "relation.json"  # no pre-training
+    save_weights(weights, build_model("cnn-tiny", 10, seed=0), model_name="cnn-tiny", num_classes=10)
+    RelationVector.from_samples("cnn-tiny", "proxy", 0.3, {8: 300.0, 16: 400.0}).save(relation)
     # seed 59 draws, for round 1: partition-0 nothing, partition-1 raise, partition-2 hang
     run_config = (
-        f"model='cnn-tiny' num-server-rounds=1 relation-seeds='0' batch-sizes='8,16' pretrain-samples=256 "
+        f"model='cnn-tiny' num-server-rounds=1 weights='{weights}' relation='{relation}' batch-sizes='8,16' "
         f"target-accuracy=0.3 budget-samples=96 eval-every-samples=32 eval-max-samples=64 "
         f"profile-samples=512 profile-warmup=0 profile-steps=1 results-dir='{results}' fraction-evaluate=0.0 "
         f"round-timeout=30.0 inject-failures='raise:0.3,hang:0.3' inject-seed=59 inject-hang-s=40.0"

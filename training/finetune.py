@@ -297,7 +297,7 @@ def fine_tune(
                 "eval": [eval_every_samples, eval_max_samples],
                 "seed": seed,
                 "optimizer": optimizer if optimizer is None or isinstance(optimizer, str) else "custom",
-                "device": device.spec,
+                "device": getattr(device, "spec", type(device).__name__),
             }
         )
         saved = resumable(checkpoint, identity)
