@@ -97,6 +97,7 @@ class PowerAwareFedAvg(FedAvg):
         self.rounds: dict[int, RoundRecord] = {}
         self._sent: dict[str, list[Message]] = {}
         self._global: ArrayRecord | None = None
+        self._gathered = False
 
     # --- the rounds ---------------------------------------------------------------------------
     def start(
@@ -147,8 +148,13 @@ class PowerAwareFedAvg(FedAvg):
 
     # --- nodes --------------------------------------------------------------------------------
     def _sample(self, grid: Grid, fraction: float, minimum: int) -> list[int]:
+        """FedAvg's sampling. `min_available_nodes` gathers the fleet once, before the first round;
+        after that, whoever is connected: Flower's sampling waits for that many nodes without a limit,
+        so one SuperNode that died would otherwise hold the run forever."""
+        available = 1 if self._gathered else self.min_available_nodes
         num = int(len(list(grid.get_node_ids())) * fraction)
-        node_ids, _ = sample_nodes(grid, self.min_available_nodes, max(num, minimum))
+        node_ids, _ = sample_nodes(grid, available, max(num, minimum))
+        self._gathered = True
         return sorted(node_ids)
 
     def learn_nodes(self, grid: Grid, node_ids: Iterable[int]) -> None:

@@ -294,3 +294,29 @@ def test_a_multi_line_coloured_reason_becomes_one_line_with_the_exception() -> N
     )
     assert one_line(ray) == "<class 'X'>:<'ray::ClientAppActor.run() (pid=1) … InjectedFailure: boom'>"
     assert one_line("") == "(no reason given)" and len(one_line("x" * 1000)) == 400
+
+
+def test_min_available_nodes_gathers_the_fleet_once_and_a_node_gone_later_does_not_hold_the_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from flwr.serverapp.strategy import strategy_utils
+
+    def no_waiting(seconds: float) -> None:  # Flower's sampling would wait here forever
+        raise AssertionError("the strategy waited for a node that is gone")
+
+    monkeypatch.setattr(strategy_utils, "sleep", no_waiting)
+    nodes = _nodes(2)
+    gone = list(nodes)[1]
+
+    class ShrinkingGrid(FakeGrid):
+        def get_node_ids(self):  # the second SuperNode disappears once round 1's training is sent
+            trained = any(m.metadata.message_type == MessageType.TRAIN for m in self.sent)
+            return [n for n in self.node_configs if not (trained and n == gone)]
+
+    grid = ShrinkingGrid(client_app, nodes, RUN_CONFIG, {gone: "dead"})
+    strategy = PowerAwareFedAvg(min_available_nodes=2)
+    _run(grid, strategy, rounds=2)
+    assert [(f.node_key, f.kind) for f in strategy.rounds[1].failed] == [("partition-1", "unavailable")]
+    assert [c["node_key"] for c in strategy.rounds[2].clients] == ["partition-0"] and not strategy.rounds[
+        2
+    ].failed
