@@ -16,9 +16,11 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from fl_client.faults import before_training, kill_after_checkpoint, parse_faults
 from fl_client.local_data import data_plan, load_local_data
 from fl_client.node import NodeConfigError, NodeSettings, resolve_node
 from fl_client.work import build_local_model, model_seq_len, train_round
@@ -31,6 +33,7 @@ from strategies.protocol import (
     METRICS_KEY,
     NODE_KEY,
     REPORT_KEY,
+    ProtocolError,
     TrainInstructions,
     reader,
     required,
@@ -52,8 +55,14 @@ def _error_reply(msg: Message, settings: NodeSettings | None, exc: Exception) ->
 
 
 def _arrays(msg: Message) -> ArrayRecord:
+    """The weights sent; NaN or infinity is refused before any device time is spent on them."""
     where = f"{msg.metadata.message_type} message"
-    return required(msg.content.array_records, ARRAYS_KEY, where, "the weights")
+    arrays = required(msg.content.array_records, ARRAYS_KEY, where, "the weights")
+    for name, array in arrays.items():
+        values = array.numpy()
+        if values.dtype.kind in "fc" and not np.all(np.isfinite(values)):
+            raise ProtocolError(f"{where}: {ARRAYS_KEY!r} hold NaN or infinity (in {name!r})")
+    return arrays
 
 
 def _config(msg: Message) -> ConfigRecord:
@@ -107,6 +116,11 @@ def train(msg: Message, context: Context) -> Message:
         state = _arrays(msg).to_torch_state_dict()
         plan = data_plan(settings, context.run_config, model_seq_len(instr.model, instr.model_overrides))
         data = load_local_data(plan)
+        faults = parse_faults(context.run_config)  # soak tests only; refused elsewhere
+        on_step = None
+        if before_training(faults, settings.key, instr.server_round) == "kill":
+            after = instr.checkpoint_every_samples + instr.eval_every_samples
+            on_step = kill_after_checkpoint(settings.key, instr.server_round, after)
         new_state, report = train_round(
             settings,
             instr,
@@ -114,6 +128,7 @@ def train(msg: Message, context: Context) -> Message:
             data,
             device_seed=_device_seed(settings, instr.seed),
             profile_cache=_profile_cache(context.run_config),
+            on_step=on_step,
         )
     except PowerctlError as exc:
         return _error_reply(msg, settings, exc)

@@ -262,6 +262,11 @@ def resolve_node(node_config: Any, run_config: Any) -> NodeSettings:
             "node config has no 'data' (e.g. data=\"cifar10:/data/cifar\") and no 'partition-id' "
             "to take a share of the run's client-data"
         )
+    if data is None and num is None:
+        raise NodeConfigError(
+            f"node config has 'partition-id' {pid} but no 'num-partitions': the share of the run's "
+            "client-data it takes is undefined"
+        )
     name = node_config.get("name")
     if name is not None and (not isinstance(name, str) or not name.strip()):
         raise NodeConfigError(f"node config 'name' must be a non-empty string, got {name!r}")

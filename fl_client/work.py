@@ -9,9 +9,13 @@ restores on exceptions, SIGINT and SIGTERM too), so nothing stays pinned after a
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import math
+import re
 import time
+import zlib
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,6 +27,7 @@ from fl_client.methods import Choice, choose
 from fl_client.node import NodeSettings
 from fl_client.profile_cache import ProfileKey, cached_profile
 from powerctl.boards import board_model
+from powerctl.cache import cache_dir
 from powerctl.devices import open_device
 from powerctl.devices.base import Device
 from powerctl.devices.simulated import SimulatedBoard, predicted_profile, replay_cost, step_cost
@@ -34,6 +39,7 @@ from powerctl.relation import RelationVector
 from powerctl.selection import best_frequency_per_batch, check_power_cap
 from powerctl.workload import Workload
 from strategies.protocol import ORACLE, OURS, ClientReport, TrainInstructions
+from training.checkpoint import Checkpointing
 from training.errors import DataError, ModelError
 from training.finetune import FineTuneResult, evaluate_with_loss, fine_tune
 from training.models import build_model, get_model_spec, model_workload
@@ -171,9 +177,11 @@ def _fine_tune_at(
     frequency_hz: int,
     cap: float | None,
     device_seed: int,
+    on_step: Callable[[int, int], None] | None = None,
 ) -> tuple[FineTuneResult, nn.Module, str]:
     """Fine-tune the server's weights at a pinned (b, f) on a fresh device handle: a simulated board's
-    noise then does not depend on what ran before, so a seeded run repeats exactly."""
+    noise then does not depend on what ran before, so a seeded run repeats exactly. Checkpointed
+    (`round_checkpoint`): the same work killed and sent again resumes."""
     model = build_local_model(instr.model, instr.num_classes, instr.model_overrides, state)
     train, test = data
     with open_device(settings.device, seed=device_seed) as dev:
@@ -199,6 +207,8 @@ def _fine_tune_at(
                 seed=instr.seed,
                 progress=False,
                 power_guard=guard,
+                checkpoint=round_checkpoint(settings, instr, batch_size, frequency_hz),
+                on_step=on_step,
             )
         board = dev.board
     return result, model, board
@@ -290,6 +300,25 @@ def _stand_in(
     return state, report, chosen
 
 
+def round_checkpoint(
+    settings: NodeSettings, instr: TrainInstructions, batch_size: int, frequency_hz: int
+) -> Checkpointing | None:
+    """Where this node checkpoints this round's fine-tune, keyed by the work itself.
+
+    One file per node (a later round's work replaces an earlier one's). The key is the round's
+    instructions, the node and the selected pair, not Flower's run or node ids: a restarted ServerApp
+    (a new run id) that re-sends the same round from the same weights finds the node's checkpoint,
+    and `fine_tune` also checks the received weights, the data and the device before resuming.
+    """
+    if not instr.checkpoint_every_samples:
+        return None
+    work = {"instructions": dict(instr.to_config()), "node": settings.key, "pair": [batch_size, frequency_hz]}
+    key = hashlib.sha256(json.dumps(work, sort_keys=True).encode()).hexdigest()
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", settings.key)[:80]
+    path = cache_dir("checkpoints") / f"finetune-{name}-{zlib.crc32(settings.key.encode()):08x}.safetensors"
+    return Checkpointing(path, every_samples=instr.checkpoint_every_samples, key=key)
+
+
 def train_round(
     settings: NodeSettings,
     instr: TrainInstructions,
@@ -298,11 +327,14 @@ def train_round(
     *,
     device_seed: int = 0,
     profile_cache: Path | None = None,
+    on_step: Callable[[int, int], None] | None = None,
 ) -> tuple[State, ClientReport]:
     """Fine-tune the server's weights on this node's data with the (b, f) the instructed method picks.
 
     Only the power-aware method is charged for profiling (the baselines do not profile: they read only
-    which batch sizes fit; the oracle is a limit, its own-data search is reported apart)."""
+    which batch sizes fit; the oracle is a limit, its own-data search is reported apart). A fine-tune
+    killed mid-round resumes from its checkpoint when the same work comes again (`round_checkpoint`);
+    `on_step` goes to `fine_tune`."""
     wall_start = time.perf_counter()
     cap = check_power_cap(instr.power_cap_w if instr.power_cap_w is not None else settings.power_cap_w)
     model = build_local_model(instr.model, instr.num_classes, instr.model_overrides, state)
@@ -327,7 +359,7 @@ def train_round(
     chosen = choose(instr.method, profile, relation, cap, target_relation)
     pair = (chosen.batch_size, chosen.frequency_hz)
     result, model, board = runs.get(pair) or _fine_tune_at(
-        settings, instr, state, data, *pair, cap, device_seed
+        settings, instr, state, data, *pair, cap, device_seed, on_step
     )
     extra: dict = {"profile_points": len(profile.points), "steps": result.steps}
     if target_relation is not None:
@@ -357,7 +389,7 @@ def train_round(
         wall_seconds=time.perf_counter() - wall_start,
         step_downs=result.step_downs,
         method=instr.method,
-        extra=extra,
+        extra={**extra, **result.extra},
     )
     new_state = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
     return new_state, report

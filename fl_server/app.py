@@ -15,13 +15,24 @@ import multiprocessing
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
 from fl_server.progress import ProgressGrid
 from fl_server.results import ResultsWriter, client_table, evaluation_line, summary_lines
+from fl_server.resume import (
+    GLOBAL_FILE,
+    RESULTS_FILE,
+    NotResumable,
+    ResumePoint,
+    read_point,
+    run_fingerprint,
+    set_aside,
+)
 from fl_server.run_config import ServerConfig, app_path, parse_server_config
 from powerctl.cache import cache_dir
 from powerctl.errors import PowerctlError
@@ -31,9 +42,16 @@ from strategies.power_aware import PowerAwareFedAvg
 from strategies.protocol import TrainInstructions
 from strategies.rounds import RoundRecord
 
+if TYPE_CHECKING:
+    from torch import nn
+
 app = ServerApp()
 
 PRETRAIN_CACHE_VERSION = 1
+
+
+class InjectedServerStop(RuntimeError):
+    """A crash on purpose (run config inject-server-stop-round, soak tests only)."""
 
 
 def say(text: str) -> None:
@@ -130,6 +148,7 @@ def instructions(
         guard_window=cfg.guard_window,
         guard_tolerance=cfg.guard_tolerance,
         profile_source=cfg.profile_source,
+        checkpoint_every_samples=cfg.checkpoint_every_samples,
     )
 
 
@@ -170,27 +189,63 @@ CLIENT_TABLE_MAX = 24
 """Rounds with more clients print only their summary (every client is in results.json)."""
 
 
-def run_method(
-    method: str,
-    grid: Grid,
-    cfg: ServerConfig,
-    out: Path,
-    run_info: dict,
-    base: TrainInstructions,
-    initial: ArrayRecord,
-    eval_config: ConfigRecord,
-    known_nodes: dict,
-    label: bool = True,
-) -> tuple[Path, ArrayRecord, dict]:
-    """Every round of one method from the `initial` weights; results in `out`/results.json. `label`:
-    name the method in the round headers (a run of several methods)."""
-    writer = ResultsWriter(out / "results.json", {**run_info, "method": method})
-    strategy: PowerAwareFedAvg
+def resume_point(cfg: ServerConfig, out: Path, fingerprint: str) -> ResumePoint | None:
+    """Where this run continues from (None: round 1). Files of another run, or files that cannot be
+    trusted, are renamed aside with one line, never mixed into this run or deleted."""
+    if not (out / RESULTS_FILE).exists() and not (out / GLOBAL_FILE).exists():
+        return None
+    if not cfg.resume:
+        say(f"resume = false: moved the earlier results to {set_aside(out)}; starting from round 1")
+        return None
+    try:
+        point = read_point(out, fingerprint)
+    except NotResumable as exc:
+        say(f"resume: {exc}; moved it aside to {set_aside(out)}; starting from round 1")
+        return None
+    if point is not None:
+        say(f"resume: rounds 1-{point.last_round} of this run are complete in {out}")
+    return point
 
+
+@dataclass
+class RunSetup:
+    """What every method of a run shares: the same weights, relation vector, fleet and seeds."""
+
+    cfg: ServerConfig
+    model: nn.Module
+    meta: Any
+    initial_state: dict
+    run_info: dict
+    base: TrainInstructions
+    eval_config: ConfigRecord
+    fingerprint: str
+
+
+def run_method(
+    method: str, grid: Grid, setup: RunSetup, out: Path, known_nodes: dict, label: bool = True
+) -> tuple[Path, dict]:
+    """Every round of one method from the run's initial weights, or from where an earlier start of
+    this same run stopped; results in `out`/results.json, the model after each round in
+    `out`/global.safetensors. `label`: name the method in the round headers (several methods)."""
+    from fl_server.weights import save_weights
+
+    cfg, model, meta = setup.cfg, setup.model, setup.meta
+    fingerprint = f"{setup.fingerprint}:{method}"
+    point = resume_point(cfg, out, fingerprint)
+    model.load_state_dict(point.state if point is not None else setup.initial_state)
+    writer = ResultsWriter(
+        out / RESULTS_FILE,
+        {**setup.run_info, "method": method, "fingerprint": fingerprint},
+        rounds=point.rounds if point else None,
+        nodes=point.nodes if point else None,
+    )
+    strategy: PowerAwareFedAvg
     tag = f"[{method}] " if label else ""
 
     def on_round(record: RoundRecord) -> None:
         writer.record_round(record, nodes=list(strategy.nodes.values()))
+        if record.evaluation is None and record.round == cfg.inject_server_stop_round:
+            raise InjectedServerStop(f"injected ServerApp stop in round {record.round} (soak test)")
         if record.evaluation is None:
             say(
                 f"\n{tag}[round {record.round}] clients "
@@ -202,28 +257,47 @@ def run_method(
         else:
             say(evaluation_line(record))
 
+    def save_global(server_round: int, arrays: ArrayRecord) -> None:
+        """The model after a completed round, atomically: what a restarted ServerApp continues from."""
+        model.load_state_dict(arrays.to_torch_state_dict())
+        save_weights(
+            out / GLOBAL_FILE,
+            model,
+            model_name=meta.model,
+            num_classes=meta.num_classes,
+            overrides=meta.overrides,
+            extra={"round": str(server_round), "fingerprint": fingerprint},
+        )
+
     strategy = PowerAwareFedAvg(
         node_instructions=for_method(method, cfg.real_share),
         on_round=on_round,
+        on_round_end=save_global,
         fraction_train=cfg.fraction_train,
         fraction_evaluate=cfg.fraction_evaluate,
         min_available_nodes=cfg.min_nodes,
     )
     strategy.nodes.update(known_nodes)  # node ids hold for the whole run: ask each node once
-    result = strategy.start(
+    first_round = point.last_round + 1 if point else 1
+    if first_round > cfg.num_server_rounds:
+        say(f"{tag}resume: all {cfg.num_server_rounds} rounds were already complete; nothing to run")
+    strategy.start(
         grid=grid,
-        initial_arrays=initial,
+        initial_arrays=ArrayRecord.from_torch_state_dict(model.state_dict()),
         num_rounds=cfg.num_server_rounds,
         timeout=cfg.round_timeout,
-        train_config=base.to_config(),
-        evaluate_config=eval_config,
+        train_config=setup.base.to_config(),
+        evaluate_config=setup.eval_config,
+        first_round=first_round,
     )
-    return out / "results.json", result.arrays, strategy.nodes
+    if not any(r["clients"] for r in writer.data["rounds"]):
+        say(f"{tag}no client reported in any round: the global model is the starting one")
+    return out / RESULTS_FILE, strategy.nodes
 
 
 def run(grid: Grid, context: Context) -> Path:
     """The whole server side of a run; returns the results file (several methods: their folder)."""
-    from fl_server.weights import load_model, save_weights
+    from fl_server.weights import load_model, weights_hash
 
     cfg = parse_server_config(context.run_config)
     methods = cfg.method_list()
@@ -237,36 +311,46 @@ def run(grid: Grid, context: Context) -> Path:
             f"{cfg.model}, the others run the stand-in (no training: the board model charges the proxy's "
             "samples to target at the chosen pair; their weights go back unchanged)"
         )
-    base = instructions(cfg, relation, meta.num_classes, meta.overrides)
-    run_info = {"config": dict(context.run_config), "relation": relation.to_dict(), "weights": str(weights)}
-    eval_config = ConfigRecord(
-        {"model": cfg.model, "num-classes": meta.num_classes, "model-overrides": json.dumps(meta.overrides)}
+    setup = RunSetup(
+        cfg=cfg,
+        model=model,
+        meta=meta,
+        initial_state={k: v.clone() for k, v in model.state_dict().items()},
+        run_info={
+            "config": dict(context.run_config),
+            "relation": relation.to_dict(),
+            "weights": str(weights),
+        },
+        base=instructions(cfg, relation, meta.num_classes, meta.overrides),
+        eval_config=ConfigRecord(
+            {
+                "model": cfg.model,
+                "num-classes": meta.num_classes,
+                "model-overrides": json.dumps(meta.overrides),
+            }
+        ),
+        fingerprint=run_fingerprint(dict(context.run_config), weights_hash(model), relation.to_dict()),
     )
-    initial = ArrayRecord.from_torch_state_dict(model.state_dict())
     progress = ProgressGrid(grid, say)
     nodes: dict = {}
     paths = []
-    for method in methods:  # the same weights, relation, fleet and seeds for every method
+    several = len(methods) > 1
+    for number, method in enumerate(methods, start=1):
         progress.label = method
-        several = len(methods) > 1
         if several:
-            say(f"\n=== method {method} ({methods.index(method) + 1} of {len(methods)}) ===")
-        method_out = out / method if several else out
-        path, arrays, nodes = run_method(
-            method, progress, cfg, method_out, run_info, base, initial, eval_config, nodes, several
-        )  # type: ignore[arg-type]
-        model.load_state_dict(arrays.to_torch_state_dict())
-        save_weights(
-            method_out / "global.safetensors",
-            model,
-            model_name=meta.model,
-            num_classes=meta.num_classes,
-            overrides=meta.overrides,
+            say(f"\n=== method {method} ({number} of {len(methods)}) ===")
+        path, nodes = run_method(
+            method,
+            progress,
+            setup,
+            out / method if several else out,
+            nodes,
+            several,  # type: ignore[arg-type]
         )
         paths.append(path)
-        if len(methods) > 1:
+        if several:
             say(f"results ({method}): {path.resolve()}")
-    return paths[0] if len(methods) == 1 else out
+    return paths[0] if not several else out
 
 
 @app.main()

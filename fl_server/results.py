@@ -33,15 +33,30 @@ CLIENT_FIELDS = (
 class ResultsWriter:
     """Holds the run's record and rewrites `path` whole (temp file + rename) on every update."""
 
-    def __init__(self, path: Path, run: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        path: Path,
+        run: dict[str, Any],
+        rounds: list[dict[str, Any]] | None = None,
+        nodes: list[dict[str, Any]] | None = None,
+    ) -> None:
+        """A new file, or (a resumed run) one that starts with the `rounds` and `nodes` done before."""
         self.path = path
-        self.data: dict[str, Any] = {"schema": RESULTS_SCHEMA, "run": run, "nodes": [], "rounds": []}
+        self.data: dict[str, Any] = {
+            "schema": RESULTS_SCHEMA,
+            "run": run,
+            "nodes": list(nodes or []),
+            "rounds": list(rounds or []),
+        }
         write_json(self.path, self.data)
 
     def record_round(self, record: RoundRecord, nodes: list[NodeInfo] | None = None) -> None:
-        """Add (or replace) `record`, and the nodes as the strategy knows them now."""
+        """Add (or replace) `record`, and the nodes as the strategy knows them now (by key: a node
+        known only from before a resume is kept)."""
         if nodes is not None:
-            self.data["nodes"] = [asdict(n) for n in sorted(nodes, key=lambda n: n.key)]
+            by_key = {n["key"]: n for n in self.data["nodes"] if isinstance(n, dict) and "key" in n}
+            by_key.update({n.key: asdict(n) for n in nodes})
+            self.data["nodes"] = [by_key[k] for k in sorted(by_key)]
         rounds = [r for r in self.data["rounds"] if r["round"] != record.round]
         rounds.append(record.to_dict())
         self.data["rounds"] = sorted(rounds, key=lambda r: r["round"])
@@ -85,6 +100,8 @@ def summary_lines(record: RoundRecord) -> str:
     ]
     if s.get("stand_ins"):
         parts.append(f"stand-ins (not trained): {s['stand_ins']}")
+    if not s["reported"]:
+        parts.append("no client reported: the global model stays as it was")
     return "; ".join(parts)
 
 

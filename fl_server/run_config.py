@@ -8,6 +8,7 @@ Flower's copy of the app, not from the folder `flwr run` was started in.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,13 @@ class ServerConfig:
     seed: int = 0
     results_dir: str = ""
     """Absolute folder for results.json; empty = ~/.local/share/powerfed/runs/RUN_ID."""
+    checkpoint_every_samples: int = 4096
+    """Clients checkpoint their fine-tune this often and resume it when restarted (0: never)."""
+    resume: bool = True
+    """Continue from the last completed round of the same run found in `results_dir`."""
+    inject_server_stop_round: int = 0
+    """Soak tests only (POWERFED_FAULT_INJECTION=1): the ServerApp stops, as if it crashed, once this
+    round's training replies are in, before the round completes (0: never)."""
     round_timeout: float = 3600.0
     min_nodes: int = 1
     fraction_train: float = 1.0
@@ -101,8 +109,19 @@ def _int_list(text: str, key: str, *, minimum: int) -> list[int]:
 
 
 _SERVER_ONLY = {f.name.replace("_", "-") for f in fields(ServerConfig)}
-CLIENT_KEYS = {"fleet", "client-data", "client-data-seed", "partitioning", "dirichlet-alpha", "profile-cache"}
-"""Run config keys the ClientApp reads (fl_client.node, fl_client.local_data)."""
+CLIENT_KEYS = {
+    "fleet",
+    "client-data",
+    "client-data-seed",
+    "partitioning",
+    "dirichlet-alpha",
+    "profile-cache",
+    "inject-failures",
+    "inject-seed",
+    "inject-hang-s",
+}
+"""Run config keys the ClientApp reads (fl_client.node, fl_client.local_data, fl_client.faults: soak
+tests only)."""
 
 
 def _check(key: str, value: Any, default: Any) -> Any:
@@ -162,6 +181,20 @@ def _validate(cfg: ServerConfig) -> None:
     for key in ("profile-samples", "profile-steps", "min-nodes"):
         v = getattr(cfg, key.replace("-", "_"))
         need(v >= 1, key, v, "must be ≥ 1")
+    need(
+        cfg.checkpoint_every_samples >= 0,
+        "checkpoint-every-samples",
+        cfg.checkpoint_every_samples,
+        "must be ≥ 0",
+    )
+    stop = cfg.inject_server_stop_round
+    need(stop >= 0, "inject-server-stop-round", stop, "must be ≥ 0 (0: never)")
+    need(
+        not stop or os.environ.get("POWERFED_FAULT_INJECTION") == "1",
+        "inject-server-stop-round",
+        stop,
+        "is for soak tests only (POWERFED_FAULT_INJECTION=1)",
+    )
     need(cfg.profile_warmup >= 0, "profile-warmup", cfg.profile_warmup, "must be ≥ 0")
     need(cfg.seed >= 0, "seed", cfg.seed, "must be ≥ 0")
     need(cfg.round_timeout > 0, "round-timeout", cfg.round_timeout, "must be > 0 seconds")

@@ -11,7 +11,8 @@ Per round:
    others by examples. A failed client never stops the round.
 3. ``configure_evaluate`` / ``aggregate_evaluate``: FedAvg's, plus the per-node accuracy and loss.
 `on_round` receives the `RoundRecord` after training and again after evaluation, so the ServerApp can
-write results as each round completes.
+write results as each round completes; `on_round_end(round, weights)` follows once the round is over,
+so it can save the global model. `start(..., first_round=k)` continues a run after its round k - 1.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from logging import INFO, WARNING
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy import FedAvg, Result
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 from flwr.supercore import log
 
@@ -43,6 +44,7 @@ from strategies.rounds import (
     Failure,
     NodeInfo,
     RoundRecord,
+    one_line,
     report_row,
     summarise,
     weighted_average,
@@ -69,6 +71,7 @@ class PowerAwareFedAvg(FedAvg):
         *,
         node_instructions: NodeInstructions = same_for_every_node,
         on_round: Callable[[RoundRecord], None] | None = None,
+        on_round_end: Callable[[int, ArrayRecord], None] | None = None,
         query_timeout: float = 120.0,
         fraction_train: float = 1.0,
         fraction_evaluate: float = 1.0,
@@ -88,16 +91,70 @@ class PowerAwareFedAvg(FedAvg):
         )
         self.node_instructions = node_instructions
         self.on_round = on_round
+        self.on_round_end = on_round_end
         self.query_timeout = query_timeout
         self.nodes: dict[int, NodeInfo] = {}
         self.rounds: dict[int, RoundRecord] = {}
         self._sent: dict[str, list[Message]] = {}
         self._global: ArrayRecord | None = None
+        self._gathered = False
+
+    # --- the rounds ---------------------------------------------------------------------------
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+        *,
+        first_round: int = 1,
+    ) -> Result:
+        """Flower's `Strategy.start` (train, then evaluate, every round), from `first_round`.
+
+        A resumed run passes the weights its last completed round produced and the round after it.
+        The result's weights are the last round's average, or `initial_arrays` when no client
+        ever reported (Flower's own loop would return no weights at all then).
+        """
+        train_config = ConfigRecord() if train_config is None else train_config
+        evaluate_config = ConfigRecord() if evaluate_config is None else evaluate_config
+        result = Result(arrays=initial_arrays)
+        arrays = initial_arrays
+        log(INFO, "Starting %s from round %d of %d", type(self).__name__, first_round, num_rounds)
+        for current_round in range(first_round, num_rounds + 1):
+            log(INFO, "[ROUND %s/%s]", current_round, num_rounds)
+            replies = grid.send_and_receive(
+                messages=self.configure_train(current_round, arrays, train_config, grid), timeout=timeout
+            )
+            agg_arrays, train_metrics = self.aggregate_train(current_round, replies)
+            if agg_arrays is not None:
+                result.arrays = arrays = agg_arrays
+            if train_metrics is not None:
+                result.train_metrics_clientapp[current_round] = train_metrics
+            replies = grid.send_and_receive(
+                messages=self.configure_evaluate(current_round, arrays, evaluate_config, grid),
+                timeout=timeout,
+            )
+            eval_metrics = self.aggregate_evaluate(current_round, replies)
+            if eval_metrics is not None:
+                result.evaluate_metrics_clientapp[current_round] = eval_metrics
+            if evaluate_fn is not None and (res := evaluate_fn(current_round, arrays)) is not None:
+                result.evaluate_metrics_serverapp[current_round] = res
+            if self.on_round_end is not None:
+                self.on_round_end(current_round, arrays)
+        return result
 
     # --- nodes --------------------------------------------------------------------------------
     def _sample(self, grid: Grid, fraction: float, minimum: int) -> list[int]:
+        """FedAvg's sampling. `min_available_nodes` gathers the fleet once, before the first round;
+        after that, whoever is connected: Flower's sampling waits for that many nodes without a limit,
+        so one SuperNode that died would otherwise hold the run forever."""
+        available = 1 if self._gathered else self.min_available_nodes
         num = int(len(list(grid.get_node_ids())) * fraction)
-        node_ids, _ = sample_nodes(grid, self.min_available_nodes, max(num, minimum))
+        node_ids, _ = sample_nodes(grid, available, max(num, minimum))
+        self._gathered = True
         return sorted(node_ids)
 
     def learn_nodes(self, grid: Grid, node_ids: Iterable[int]) -> None:
@@ -111,7 +168,7 @@ class PowerAwareFedAvg(FedAvg):
         for reply in replies:
             nid = sent.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
             if reply.has_error() or NODE_KEY not in reply.content.config_records:
-                why = reply.error.reason if reply.has_error() else "no node record"
+                why = one_line(reply.error.reason) if reply.has_error() else "no node record"
                 log(WARNING, "query: node %s did not describe itself: %s", nid, why)
                 continue
             try:
@@ -164,7 +221,7 @@ class PowerAwareFedAvg(FedAvg):
             if reply.has_error():
                 code = reply.error.code
                 why = "unavailable" if code == NODE_UNAVAILABLE else "error"
-                failed.append(self._failure(nid, why, f"{reply.error.reason} (code {code})"))
+                failed.append(self._failure(nid, why, f"{one_line(reply.error.reason)} (code {code})"))
             else:
                 ok.append((nid, reply))
         for nid in sorted(set(by_id.values()) - answered):

@@ -170,6 +170,8 @@ class TrainInstructions:
     stand_in: bool = False
     """Scale mode: this client runs the cheap stand-in (no training; the board model charges the proxy's
     samples to target at the chosen pair) instead of fine-tuning the real model."""
+    checkpoint_every_samples: int = 0
+    """The client saves its fine-tune this often, to resume it if killed mid-round (0: never)."""
 
     def relation(self) -> RelationVector:
         return RelationVector.from_samples(
@@ -233,6 +235,11 @@ class TrainInstructions:
             if "profile-source" in record
             else "measured",
             stand_in=r.flag("stand-in") if "stand-in" in record else False,
+            checkpoint_every_samples=(
+                r.integer("checkpoint-every-samples", minimum=0)
+                if "checkpoint-every-samples" in record
+                else 0
+            ),
         )
 
 

@@ -6,6 +6,7 @@ runner all read the same record.
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -76,6 +77,20 @@ class RoundRecord:
         if self.evaluation is None:
             del d["evaluation"]
         return d
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+REASON_LIMIT = 400
+
+
+def one_line(reason: str) -> str:
+    """A failure reason fit for a table row: colour codes out, and of a multi-line text (Ray puts a
+    whole remote traceback there) its first line and its last, where the exception is said."""
+    lines = [ln.strip() for ln in _ANSI.sub("", reason).splitlines() if ln.strip()]
+    if not lines:
+        return "(no reason given)"
+    text = lines[0] if len(lines) == 1 else f"{lines[0]} … {lines[-1]}"
+    return text if len(text) <= REASON_LIMIT else text[: REASON_LIMIT - 1] + "…"
 
 
 def summarise(reports: list[ClientReport], failed: list[Failure], sampled: int) -> dict[str, Any]:

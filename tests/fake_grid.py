@@ -4,8 +4,11 @@ Failure modes, as the FLOWER-1.41 notes record them on a real SuperLink:
 - "raise": the ClientApp raised → an error reply (code 2) from the node;
 - "dead": the SuperNode died → an error reply with code 5 whose src_node_id is the SuperLink's (1);
 - "silent": slower than the round's timeout → no reply at all;
-- "garbage": a reply without a report (a buggy or hostile client).
-Each applies to train and evaluate messages; "query-MODE" makes the node fail its query too.
+- "garbage": a reply without a report (train) or without metrics (evaluate): a buggy or hostile client;
+- "bad-report": a report with a missing field; "nan": a report (train) or metrics (evaluate) with a NaN
+  accuracy; "wrong-types": a report whose batch size is a string; "nan-weights": weights holding NaN.
+Each applies to train and evaluate messages; "query-MODE" makes the node fail its query too, and
+"eval-MODE" only its evaluate messages.
 Message ids are filled in on push as Flower's grids do, so the strategy's mapping is exercised.
 """
 
@@ -15,7 +18,7 @@ import itertools
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from flwr.app import ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
+from flwr.app import Array, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
@@ -86,9 +89,12 @@ class FakeGrid(Grid):
             if self.on_call is not None:
                 self.on_call(nid, msg)
             mode = self.behaviour.get(nid, "ok")
-            if msg.metadata.message_type == "query" and not mode.startswith("query-"):
+            kind = msg.metadata.message_type
+            if kind == "query" and not mode.startswith("query-"):
                 mode = "ok"  # these nodes describe themselves, then fail at work
-            mode = mode.removeprefix("query-")
+            if kind != "evaluate" and mode.startswith("eval-"):
+                mode = "ok"  # these nodes train, then fail to evaluate
+            mode = mode.removeprefix("query-").removeprefix("eval-")
             if mode == "silent":
                 continue
             if mode == "dead":
@@ -96,12 +102,32 @@ class FakeGrid(Grid):
                 reply.metadata.__dict__["_src_node_id"] = SUPERLINK_NODE_ID
             elif mode == "raise":
                 reply = Message(Error(code=2, reason="<class 'RuntimeError'>:<'boom'>"), reply_to=msg)
-            elif mode == "garbage" and msg.metadata.message_type == "train":
+            elif mode == "garbage" and kind == "train":
                 reply = Message(RecordDict({"metrics": MetricRecord({"num-examples": 3})}), reply_to=msg)
-            elif mode == "bad-report" and msg.metadata.message_type == "train":
-                reply = self.app(message=msg, context=self._contexts[nid])
-                reply.content.config_records["report"] = ConfigRecord({"device": "x"})
+            elif mode == "garbage" and kind == "evaluate":
+                reply = Message(RecordDict({"node": ConfigRecord({"node-key": "x"})}), reply_to=msg)
             else:
                 reply = self.app(message=msg, context=self._contexts[nid])
+                if not reply.has_error() and kind in ("train", "evaluate"):
+                    spoil(reply, kind, mode)
             replies.append(reply)
         return replies
+
+
+def spoil(reply: Message, kind: str, mode: str) -> None:
+    """Make a good reply bad the way `mode` says (see the module's docstring)."""
+    content = reply.content
+    if kind == "train" and mode == "bad-report":
+        content.config_records["report"] = ConfigRecord({"device": "x"})
+    elif kind == "train" and mode == "nan":
+        content.config_records["report"]["accuracy"] = float("nan")
+    elif kind == "train" and mode == "wrong-types":
+        content.config_records["report"]["batch_size"] = "eight"
+    elif kind == "train" and mode == "nan-weights":
+        arrays = content.array_records["arrays"]
+        name = next(k for k in arrays.keys() if arrays[k].numpy().dtype.kind == "f")  # noqa: SIM118
+        bad = arrays[name].numpy().copy()
+        bad.flat[0] = float("nan")
+        arrays[name] = Array(bad)
+    elif kind == "evaluate" and mode == "nan":
+        content.metric_records["metrics"]["accuracy"] = float("nan")

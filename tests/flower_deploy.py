@@ -293,7 +293,9 @@ class Deployment:
         )
         return proc
 
-    def start_supernode(self, name: str, node_config: str, key: Path | None = None) -> Proc:
+    def start_supernode(
+        self, name: str, node_config: str, key: Path | None = None, extra_env: dict[str, str] | None = None
+    ) -> Proc:
         argv = [str(BIN / "flower-supernode"), "--superlink", self.address, "--port", str(free_port())]
         argv += ["--node-config", node_config]
         if self.mode == "insecure":
@@ -302,7 +304,7 @@ class Deployment:
             argv += ["--root-certificates", str(self.ca)]
         if key is not None:
             argv += ["--auth-supernode-private-key", str(key)]
-        return self.spawn(name, argv, self._home(name))
+        return self.spawn(name, argv, {**self._home(name), **(extra_env or {})})
 
     def flwr(self, name: str, args: list[str], timeout_s: float, cwd: Path | None = None) -> tuple[int, str]:
         """`flwr ARGS`, bounded: (exit status, output); on timeout its tree is stopped, status 124."""

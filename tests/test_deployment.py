@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from fl_server.results import CLIENT_FIELDS, RESULTS_SCHEMA
+from simulations.local_superlink import stop_tree
 from tests.flower_deploy import Deployment, make_ecdsa_key
 
 pytestmark = pytest.mark.slow
@@ -40,7 +42,7 @@ def node_config(device: str, cap: float, partition: int) -> str:
     return f'device="{device}" power-cap-w={cap} partition-id={partition} num-partitions=2'
 
 
-def run_config(results_dir: Path) -> str:
+def run_config_for(results_dir: Path) -> str:
     """cnn-tiny, one relation seed, one round, on small budgets: about a minute deployed."""
     return " ".join(
         [
@@ -108,7 +110,7 @@ def deploy_and_run(d: Deployment, keys: dict[str, Path] | None = None) -> tuple[
         print(f"registered {name}: {key}.pub")
     nodes = [d.start_supernode(name, node_config(*NODES[name]), key=(keys or {}).get(name)) for name in NODES]
     results_dir = d.root / "results"
-    rc, output = d.run_app(run_config(results_dir), RUN_TIMEOUT_S)
+    rc, output = d.run_app(run_config_for(results_dir), RUN_TIMEOUT_S)
     context = f"\n--- flwr run (exit {rc}) ---\n{output[-6000:]}\n{d.tails()}"
     assert rc == 0, f"flwr run failed{context}"
     assert all(n.alive() for n in nodes), f"a SuperNode died during the run{context}"
@@ -195,3 +197,38 @@ def test_supernode_authentication(deployment: Callable[[str], Deployment]) -> No
 
     # the registered ones join, on the same SuperLink, and the run goes as without authentication
     deploy_and_run(d, keys)
+
+
+def test_a_supernode_killed_mid_round_is_named_unavailable_and_the_round_goes_on(
+    deployment: Callable[[str], Deployment],
+) -> None:
+    """partition-1's ClientApp hangs (injected), its SuperNode is then stopped (SIGTERM, as a service
+    manager stops it): the SuperLink answers for it (Flower error 5) and the round ends without it."""
+    d = deployment("insecure")
+    d.start_superlink()
+    d.write_connection()
+    fault_log = d.root / "faults.jsonl"
+    inject = {"POWERFED_FAULT_INJECTION": "1", "POWERFED_FAULT_LOG": str(fault_log)}
+    nodes = {name: d.start_supernode(name, node_config(*NODES[name]), extra_env=inject) for name in NODES}
+    results_dir = d.root / "results"
+    # seed 4 draws, for round 1: partition-0 nothing, partition-1 hang (for far longer than the test)
+    run_config = run_config_for(results_dir) + " inject-failures='hang:0.5' inject-seed=4 inject-hang-s=900.0"
+    ran: dict[str, object] = {}
+
+    def run() -> None:
+        ran["rc"], ran["out"] = d.run_app(run_config, RUN_TIMEOUT_S)
+
+    runner = threading.Thread(target=run)
+    runner.start()
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while time.monotonic() < deadline and not (fault_log.exists() and "hang" in fault_log.read_text()):
+        time.sleep(0.5)
+    assert fault_log.exists(), f"partition-1 never started its round\n{d.tails()}"
+    stop_tree(nodes["supernode-tx2nx"].pid)
+    runner.join(RUN_TIMEOUT_S + 30)
+    context = f"\n--- flwr run (exit {ran.get('rc')}) ---\n{str(ran.get('out'))[-6000:]}\n{d.tails()}"
+    assert ran.get("rc") == 0, f"flwr run failed{context}"
+    (rnd,) = json.loads((results_dir / "results.json").read_text())["rounds"]
+    assert [c["node_key"] for c in rnd["clients"]] == ["partition-0"], context
+    assert [(f["node_key"], f["kind"]) for f in rnd["failed"]] == [("partition-1", "unavailable")], context
+    assert rnd["evaluation"]["clients"] and (results_dir / "global.safetensors").is_file()

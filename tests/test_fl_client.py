@@ -243,3 +243,49 @@ def test_a_round_on_a_jetson_leaves_the_board_exactly_as_found(
     assert before[f"{NANO_DEVFREQ}/min_freq"] != before[f"{NANO_DEVFREQ}/max_freq"]
     assert pinned_during and pinned_during[0][0] == pinned_during[0][1]
     assert tree_snapshot(root) == before
+
+
+# --- a round killed mid-way and run again ------------------------------------------------------
+
+
+class Killed(Exception):
+    pass
+
+
+def _kill_after(samples_at_least: int):
+    def on_step(steps: int, samples: int) -> None:
+        if samples >= samples_at_least:
+            raise Killed(f"after {samples} samples")
+
+    return on_step
+
+
+def test_a_round_killed_mid_way_resumes_its_checkpoint_to_the_same_result(capsys) -> None:
+    settings, data = _data(0)
+    instr = instructions(checkpoint_every_samples=32)
+    plain_state, plain = train_round(settings, instr, initial_state(), data, device_seed=1)
+    assert "resumed_at_samples" not in plain.extra
+    with pytest.raises(Killed):
+        train_round(settings, instr, initial_state(), data, device_seed=1, on_step=_kill_after(40))
+    state, report = train_round(settings, instr, initial_state(), data, device_seed=1)
+    assert report.extra["resumed_at_samples"] == 32 and "checkpoint: resuming" in capsys.readouterr().err
+    same = ("batch_size", "frequency_hz", "device_seconds", "energy_j", "peak_power_w", "accuracy", "samples")
+    assert [getattr(report, k) for k in same] == [getattr(plain, k) for k in same]
+    assert all(torch.equal(state[k], plain_state[k]) for k in state)
+
+
+def test_a_checkpoint_of_another_round_or_other_weights_is_ignored_with_a_line(capsys) -> None:
+    settings, data = _data(0)
+    instr = instructions(checkpoint_every_samples=32)
+    with pytest.raises(Killed):
+        train_round(settings, instr, initial_state(), data, device_seed=1, on_step=_kill_after(40))
+    capsys.readouterr()
+    _, next_round = train_round(
+        settings, instructions(checkpoint_every_samples=32, server_round=2), initial_state(), data
+    )
+    assert "resumed_at_samples" not in next_round.extra
+    assert "belongs to other work" in capsys.readouterr().err
+    with pytest.raises(Killed):
+        train_round(settings, instr, initial_state(), data, device_seed=1, on_step=_kill_after(40))
+    _, other_weights = train_round(settings, instr, initial_state(seed=1), data, device_seed=1)
+    assert "resumed_at_samples" not in other_weights.extra

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from flwr.app import Context, RecordDict
 
 from fl_client.app import app as client_app
@@ -155,3 +156,152 @@ def test_a_seeded_run_repeats_its_numbers(tmp_path: Path, monkeypatch: pytest.Mo
     first, second = _numbers(paths[0]), _numbers(paths[1])
     assert first == second
     assert first[0]["clients"] and first[0]["summary"]["makespan_s"] > 0
+
+
+# --- a restarted ServerApp resumes ------------------------------------------------------------
+
+
+@pytest.fixture
+def prepared(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Skip pre-training and the relation estimate: fixed starting weights and relation vector."""
+    from fl_server.weights import save_weights
+    from training.models import build_model
+
+    weights = tmp_path / "start.safetensors"
+    save_weights(weights, build_model("cnn-tiny", 10, seed=0), model_name="cnn-tiny", num_classes=10)
+    relation = RelationVector.from_samples("cnn-tiny", "proxy", 0.3, {8: 300.0, 16: 400.0})
+    monkeypatch.setattr(server_app, "prepare_apart", lambda cfg: (weights, relation))
+    return weights
+
+
+def _state(path: Path) -> dict:
+    from fl_server.weights import load_weights
+
+    return load_weights(path)[0]
+
+
+class ServerKilled(Exception):
+    pass
+
+
+def _kill_in_round(n: int):
+    def on_call(nid: int, msg) -> None:
+        cfg = msg.content.config_records.get("config")
+        if msg.metadata.message_type == "train" and cfg["server-round"] == n:
+            raise ServerKilled(f"round {n}")
+
+    return on_call
+
+
+def _trained_rounds(grid: FakeGrid) -> list[int]:
+    return sorted(
+        {
+            m.content.config_records["config"]["server-round"]
+            for m in grid.sent
+            if m.metadata.message_type == "train"
+        }
+    )
+
+
+def test_a_restarted_server_continues_after_its_last_round_to_the_same_model(
+    tmp_path: Path, prepared: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    whole = _run_config(tmp_path / "whole")
+    _server(tmp_path / "whole", whole, nodes=2)
+    ref = json.loads((tmp_path / "whole/results/results.json").read_text())
+    monkeypatch.setenv("POWERFED_CACHE", str(tmp_path / "cache2"))  # profiles measured in round 1 again
+    rc = _run_config(tmp_path / "cut")
+    node_cfgs = {100 + i: {"partition-id": i, "num-partitions": 2} for i in range(2)}
+    context = Context(run_id=42, node_id=0, node_config={}, state=RecordDict(), run_config=rc)
+    with pytest.raises(ServerKilled):
+        server_app.run(FakeGrid(client_app, node_cfgs, rc, on_call=_kill_in_round(2)), context)
+    results = tmp_path / "cut" / "results" / "results.json"
+    assert [r["round"] for r in json.loads(results.read_text())["rounds"]] == [1]
+    capsys.readouterr()
+
+    path, grid = _server(tmp_path / "cut", rc, nodes=2)  # the restart: a new grid, new node ids
+    assert "resume: rounds 1-1 of this run are complete" in capsys.readouterr().out
+    assert _trained_rounds(grid) == [2]
+    data, ref = (
+        json.loads(path.read_text()),
+        json.loads((tmp_path / "whole/results/results.json").read_text()),
+    )
+    assert [r["round"] for r in data["rounds"]] == [1, 2]
+    assert _numbers(path) == _numbers(tmp_path / "whole/results/results.json")
+    assert data["run"]["fingerprint"] == ref["run"]["fingerprint"]
+    got, want = (
+        _state(path.parent / "global.safetensors"),
+        _state(tmp_path / "whole/results/global.safetensors"),
+    )
+    assert set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in got)
+
+
+def test_every_client_failing_is_recorded_and_the_run_ends_with_its_results_line(
+    tmp_path: Path, prepared: Path, capsys
+) -> None:
+    from fl_server.weights import load_weights
+
+    rc = _run_config(tmp_path)
+    path, _ = _server(tmp_path, rc, nodes=2, behaviour={100: "raise", 101: "dead"})
+    out = capsys.readouterr().out
+    data = json.loads(path.read_text())
+    assert [len(r["failed"]) for r in data["rounds"]] == [2, 2]
+    assert out.count("no client reported: the global model stays as it was") == 2
+    assert "no client reported in any round" in out and "FAILED (unavailable)" in out
+    final, start = _state(path.parent / "global.safetensors"), load_weights(prepared)[0]
+    assert all(torch.equal(final[k], start[k]) for k in start)
+
+
+def test_resume_continues_extends_or_sets_aside_never_mixes(tmp_path: Path, prepared: Path, capsys) -> None:
+    failing = {100: "raise", 101: "raise"}  # rounds that cost nothing: what is resumed is the bookkeeping
+    rc = _run_config(tmp_path)
+    out_dir = tmp_path / "results"
+    path, _ = _server(tmp_path, rc, nodes=2, behaviour=failing)
+    first = json.loads(path.read_text())
+    capsys.readouterr()
+
+    _, grid = _server(tmp_path, rc, nodes=2, behaviour=failing)  # the same run again: nothing to do
+    assert "all 2 rounds were already complete" in capsys.readouterr().out and grid.sent == []
+    assert json.loads(path.read_text())["rounds"] == first["rounds"]
+
+    _, grid = _server(tmp_path, {**rc, "num-server-rounds": 3}, nodes=2, behaviour=failing)
+    assert _trained_rounds(grid) == [3] and len(json.loads(path.read_text())["rounds"]) == 3
+
+    _, grid = _server(tmp_path, {**rc, "target-accuracy": 0.4}, nodes=2, behaviour=failing)
+    out = capsys.readouterr().out
+    assert "is of another run" in out and "starting from round 1" in out and _trained_rounds(grid) == [1, 2]
+    (aside,) = out_dir.glob("previous-*-results.json")
+    assert len(json.loads(aside.read_text())["rounds"]) == 3  # the other run, kept whole
+    assert len(list(out_dir.glob("previous-*-global.safetensors"))) == 1
+
+
+@pytest.mark.parametrize(
+    ("spoil", "fragment"),
+    [
+        (lambda d: (d / "results.json").write_text('{"schema": "fl_server.res'), "not valid JSON"),
+        (lambda d: (d / "global.safetensors").write_bytes(b"\0" * 64), "not a readable safetensors"),
+        (lambda d: (d / "global.safetensors").unlink(), "global.safetensors is missing"),
+    ],
+)
+def test_a_corrupt_or_partial_state_is_one_line_set_aside_and_a_fresh_start(
+    tmp_path: Path, prepared: Path, capsys, spoil, fragment: str
+) -> None:
+    failing = {100: "raise", 101: "raise"}
+    rc = _run_config(tmp_path)
+    _server(tmp_path, rc, nodes=2, behaviour=failing)
+    spoil(tmp_path / "results")
+    capsys.readouterr()
+    path, grid = _server(tmp_path, rc, nodes=2, behaviour=failing)
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("resume:")]
+    assert len(lines) == 1 and fragment in lines[0] and "moved it aside to" in lines[0], lines
+    assert _trained_rounds(grid) == [1, 2] and len(json.loads(path.read_text())["rounds"]) == 2
+    assert list((tmp_path / "results").glob("previous-*-results.json"))
+
+
+def test_resume_false_starts_over_and_keeps_the_old_results(tmp_path: Path, prepared: Path, capsys) -> None:
+    failing = {100: "raise", 101: "raise"}
+    _server(tmp_path, _run_config(tmp_path), nodes=2, behaviour=failing)
+    capsys.readouterr()
+    _, grid = _server(tmp_path, _run_config(tmp_path, resume=False), nodes=2, behaviour=failing)
+    assert "resume = false: moved the earlier results to" in capsys.readouterr().out
+    assert _trained_rounds(grid) == [1, 2] and list((tmp_path / "results").glob("previous-*-results.json"))

@@ -125,13 +125,73 @@ def test_failed_clients_are_named_and_never_stop_the_round() -> None:
     assert result.arrays is not None  # the one good client's weights
 
 
-def test_a_node_that_never_described_itself_is_named_by_its_node_id() -> None:
+@pytest.mark.parametrize(
+    ("mode", "kind"), [("query-silent", "timeout"), ("query-raise", "error"), ("query-dead", "unavailable")]
+)
+def test_a_node_that_never_described_itself_is_named_by_its_node_id(mode: str, kind: str) -> None:
     nodes = _nodes(2)
-    silent = list(nodes)[1]
-    grid = FakeGrid(client_app, nodes, RUN_CONFIG, {silent: "query-silent"})
+    bad = list(nodes)[1]
+    grid = FakeGrid(client_app, nodes, RUN_CONFIG, {bad: mode})
     strategy = PowerAwareFedAvg(fraction_evaluate=0.0)
     _run(grid, strategy)
-    assert [(f.node_key, f.kind) for f in strategy.rounds[1].failed] == [(f"node-{silent}", "timeout")]
+    assert [(f.node_key, f.kind) for f in strategy.rounds[1].failed] == [(f"node-{bad}", kind)]
+    assert [c["node_key"] for c in strategy.rounds[1].clients] == ["partition-0"]
+
+
+@pytest.mark.parametrize(
+    ("mode", "fragment"),
+    [
+        ("nan", "'accuracy' must be a finite number, got nan"),
+        ("wrong-types", "'batch_size' must be an integer ≥ 1, got 'eight'"),
+        ("bad-report", "missing key"),
+        ("nan-weights", "weights hold NaN or infinity"),
+    ],
+)
+def test_a_reply_with_unusable_values_is_named_and_kept_out_of_the_average(mode: str, fragment: str) -> None:
+    nodes = _nodes(2)
+    bad = list(nodes)[1]
+    grid = FakeGrid(client_app, nodes, RUN_CONFIG, {bad: mode})
+    strategy = PowerAwareFedAvg(fraction_evaluate=0.0)
+    result = _run(grid, strategy)
+    record = strategy.rounds[1]
+    assert [c["node_key"] for c in record.clients] == ["partition-0"]
+    (failure,) = record.failed
+    assert (failure.node_key, failure.kind) == ("partition-1", "error") and fragment in failure.reason
+    for arr in result.arrays.values():
+        assert np.all(np.isfinite(arr.numpy()))
+
+
+def test_failures_while_evaluating_are_named_in_the_evaluation_and_the_rest_averaged() -> None:
+    nodes = _nodes(5)
+    ids = list(nodes)
+    behaviour = {ids[1]: "eval-raise", ids[2]: "eval-dead", ids[3]: "eval-silent", ids[4]: "eval-nan"}
+    grid = FakeGrid(client_app, nodes, RUN_CONFIG, behaviour)
+    strategy = PowerAwareFedAvg()
+    _run(grid, strategy)
+    record = strategy.rounds[1]
+    assert len(record.clients) == 5 and record.failed == []  # all of them trained
+    ev = record.evaluation
+    assert [c["node_key"] for c in ev["clients"]] == ["partition-0"]
+    assert ev["accuracy"] == ev["clients"][0]["accuracy"]
+    kinds = {f["node_key"]: f["kind"] for f in ev["failed"]}
+    assert kinds == {
+        "partition-1": "error",
+        "partition-2": "unavailable",
+        "partition-3": "timeout",
+        "partition-4": "error",
+    }
+    assert "'accuracy' must be a finite number" in ev["failed"][-1]["reason"]
+
+
+def test_a_round_where_every_evaluation_fails_has_no_accuracy_and_the_run_goes_on() -> None:
+    nodes = _nodes(2)
+    grid = FakeGrid(client_app, nodes, RUN_CONFIG, {nid: "eval-garbage" for nid in nodes})
+    strategy = PowerAwareFedAvg()
+    _run(grid, strategy, rounds=2)
+    for rnd in (1, 2):
+        ev = strategy.rounds[rnd].evaluation
+        assert ev["accuracy"] is None and len(ev["failed"]) == 2 and len(strategy.rounds[rnd].clients) == 2
+        assert all("missing key 'metrics'" in f["reason"] for f in ev["failed"])
 
 
 def test_a_round_where_every_client_fails_keeps_the_old_weights() -> None:
@@ -140,6 +200,7 @@ def test_a_round_where_every_client_fails_keeps_the_old_weights() -> None:
     strategy = PowerAwareFedAvg(fraction_evaluate=0.0)
     result = _run(grid, strategy)
     assert strategy.rounds[1].clients == [] and len(strategy.rounds[1].failed) == 2
+    assert set(result.arrays.keys()) == set(initial_state())
     for name, arr in result.arrays.items():
         np.testing.assert_array_equal(arr.numpy(), initial_state()[name].numpy())
 
@@ -183,6 +244,9 @@ def _reply_to(msg: Message, node_config: dict | None = None) -> Message:
 def test_messages_with_missing_or_bad_keys_get_error_replies_naming_them() -> None:
     good = dict(instructions().to_config())
     arrays = ArrayRecord.from_torch_state_dict(initial_state())
+    nan_state = initial_state()
+    nan_state["fc.weight"][0, 0] = float("inf")
+    nan_arrays = ArrayRecord.from_torch_state_dict(nan_state)
     cases = {
         "missing key 'relation-batch-sizes'": (
             {k: v for k, v in good.items() if k != "relation-batch-sizes"},
@@ -194,6 +258,7 @@ def test_messages_with_missing_or_bad_keys_get_error_replies_naming_them() -> No
         "missing key 'arrays'": (good, None),
         "do not fit model 'cnn-tiny'": (good, ArrayRecord({"w": Array(np.zeros(3, dtype=np.float32))})),
         "has no option": ({**good, "model-overrides": json.dumps({"depth": 3})}, arrays),
+        "'arrays' hold NaN or infinity": (good, nan_arrays),
     }
     for fragment, (config, arr) in cases.items():
         reply = _reply_to(_train_message(config, arr))
@@ -218,3 +283,40 @@ def test_weighted_average_keeps_integer_buffers_integers() -> None:
     avg = weighted_average([(a, 1.0), (b, 3.0)], a)
     np.testing.assert_allclose(avg["w"].numpy(), [2.5, 4.5])
     assert avg["n"].numpy().dtype == np.array(10).dtype and int(avg["n"].numpy()) == 18
+
+
+def test_a_multi_line_coloured_reason_becomes_one_line_with_the_exception() -> None:
+    from strategies.rounds import one_line
+
+    ray = (
+        "<class 'X'>:<'\x1b[36mray::ClientAppActor.run()\x1b[39m (pid=1)\n  File a.py\n\n"
+        "InjectedFailure: boom'>"
+    )
+    assert one_line(ray) == "<class 'X'>:<'ray::ClientAppActor.run() (pid=1) … InjectedFailure: boom'>"
+    assert one_line("") == "(no reason given)" and len(one_line("x" * 1000)) == 400
+
+
+def test_min_available_nodes_gathers_the_fleet_once_and_a_node_gone_later_does_not_hold_the_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from flwr.serverapp.strategy import strategy_utils
+
+    def no_waiting(seconds: float) -> None:  # Flower's sampling would wait here forever
+        raise AssertionError("the strategy waited for a node that is gone")
+
+    monkeypatch.setattr(strategy_utils, "sleep", no_waiting)
+    nodes = _nodes(2)
+    gone = list(nodes)[1]
+
+    class ShrinkingGrid(FakeGrid):
+        def get_node_ids(self):  # the second SuperNode disappears once round 1's training is sent
+            trained = any(m.metadata.message_type == MessageType.TRAIN for m in self.sent)
+            return [n for n in self.node_configs if not (trained and n == gone)]
+
+    grid = ShrinkingGrid(client_app, nodes, RUN_CONFIG, {gone: "dead"})
+    strategy = PowerAwareFedAvg(min_available_nodes=2)
+    _run(grid, strategy, rounds=2)
+    assert [(f.node_key, f.kind) for f in strategy.rounds[1].failed] == [("partition-1", "unavailable")]
+    assert [c["node_key"] for c in strategy.rounds[2].clients] == ["partition-0"] and not strategy.rounds[
+        2
+    ].failed

@@ -15,9 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from fl_server.weights import save_weights
 from powerctl.devices.simulated import POWER_NOISE
+from powerctl.relation import RelationVector
 from simulations.local_superlink import alive, descendants, pids_listening_on, stop_local_superlink
 from tests.flower_deploy import free_port
+from training.models import build_model
 
 ROOT = Path(__file__).resolve().parents[1]
 INFRA_LINE = re.compile(r"^\(\w+ pid=\d+\)|^(INFO|WARNING|DEBUG|ERROR)\s*:")
@@ -79,3 +82,52 @@ def test_flwr_run_simulates_four_boards_and_ends_with_the_results_line(tmp_path:
         assert c["power_cap_w"] is None or c["profiled_peak_power_w"] <= c["power_cap_w"]
         assert c["power_cap_w"] is None or c["peak_power_w"] <= c["power_cap_w"] * (1 + 5 * POWER_NOISE)
     assert not (ROOT / "pyproject.toml").read_text().count("[tool.flwr.federations")
+
+
+@pytest.mark.slow
+def test_flwr_run_names_a_client_that_raises_and_one_that_hangs_past_the_timeout(tmp_path: Path) -> None:
+    """The real simulation path: an exception in a Ray actor and a reply later than `round-timeout`."""
+    port, control = free_port(), free_port()
+    env = dict(
+        os.environ,
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(port),
+        FLWR_LOCAL_CONTROL_API_PORT=str(control),
+        FLWR_DISABLE_UPDATE_CHECK="1",
+        RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO="0",
+        POWERFED_FAULT_INJECTION="1",
+    )
+    results = tmp_path / "results"
+    weights, relation = tmp_path / "weights.safetensors", tmp_path / "relation.json"  # no pre-training
+    save_weights(weights, build_model("cnn-tiny", 10, seed=0), model_name="cnn-tiny", num_classes=10)
+    RelationVector.from_samples("cnn-tiny", "proxy", 0.3, {8: 300.0, 16: 400.0}).save(relation)
+    # seed 59 draws, for round 1: partition-0 nothing, partition-1 raise, partition-2 hang
+    run_config = (
+        f"model='cnn-tiny' num-server-rounds=1 weights='{weights}' relation='{relation}' batch-sizes='8,16' "
+        f"target-accuracy=0.3 budget-samples=96 eval-every-samples=32 eval-max-samples=64 "
+        f"profile-samples=512 profile-warmup=0 profile-steps=1 results-dir='{results}' fraction-evaluate=0.0 "
+        f"round-timeout=30.0 inject-failures='raise:0.3,hang:0.3' inject-seed=59 inject-hang-s=40.0"
+    )
+    cmd = [
+        str(Path(sys.executable).parent / "flwr"),
+        "run",
+        ".",
+        "--stream",
+        "--federation-config",
+        "num-supernodes=3 client-resources-num-cpus=1 init-args-num-cpus=3",
+        "--run-config",
+        run_config,
+    ]
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=420)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 0, out[-4000:]
+    finally:
+        stop_local_superlink(port)
+    (rnd,) = json.loads((results / "results.json").read_text())["rounds"]
+    assert [c["node_key"] for c in rnd["clients"]] == ["partition-0"]
+    failed = {f["node_key"]: f for f in rnd["failed"]}
+    assert failed["partition-1"]["kind"] == "error" and "injected failure" in failed["partition-1"]["reason"]
+    assert failed["partition-2"]["kind"] == "timeout" and len(failed) == 2
+    assert "partition-2 (timeout)" in rnd["summary"]["failed"][1]
+    assert f"results: {results / 'results.json'}" in out

@@ -24,6 +24,15 @@ from powerctl.devices.base import Device
 from powerctl.guard import PowerGuard
 from powerctl.monitor import PowerMonitor, PowerReading
 from powerctl.workload import Workload, measure_workload
+from training import checkpoint as checkpoint_io
+from training.checkpoint import (
+    Checkpointing,
+    identity_digest,
+    optimizer_parts,
+    optimizer_state,
+    resumable,
+    state_digest,
+)
 from training.errors import DataError
 from training.models import correct_count, loss_fn, targets_count
 
@@ -238,6 +247,8 @@ def fine_tune(
     power_rate_hz: float = 20.0,
     desc: str | None = None,
     power_guard: PowerGuard | None = None,
+    checkpoint: Checkpointing | None = None,
+    on_step: Callable[[int, int], None] | None = None,
 ) -> FineTuneResult:
     """Train `model` in place on `train` until its accuracy on `test` reaches `target_accuracy`.
 
@@ -252,6 +263,11 @@ def fine_tune(
     `power_guard` (on a pinned device with a sensor) is checked after every step with the highest
     power reading of that step, and steps the frequency down under a sustained excess over its cap;
     its step-downs are returned in `step_downs`.
+    With `checkpoint`, the run saves itself at evaluations (see `training.checkpoint`) and, when a
+    checkpoint of the same work exists, continues from it instead of starting over: the weights,
+    samples, accuracy curve, device seconds and energy are then those of a run never interrupted. The
+    checkpoint is removed when the run returns. `on_step(steps, samples)` is called after every
+    training step (progress reports, fault injection); what it raises ends the run.
     """
     _check_positive("batch_size", batch_size, integer=True)
     _check_positive("lr", lr)
@@ -287,6 +303,23 @@ def fine_tune(
     model.train()
 
     rng_devices = [dev.index or 0] if dev.type == "cuda" else []
+    identity = ""
+    saved = None
+    if checkpoint is not None:
+        identity = identity_digest(
+            {
+                "key": checkpoint.key,
+                "weights": state_digest(model.state_dict()),
+                "train": [train.name, n],
+                "test": [test.name, len(test)],
+                "settings": [batch_size, lr, target_accuracy, max_samples, max_device_seconds],
+                "eval": [eval_every_samples, eval_max_samples],
+                "seed": seed,
+                "optimizer": optimizer if optimizer is None or isinstance(optimizer, str) else "custom",
+                "device": getattr(device, "spec", type(device).__name__),
+            }
+        )
+        saved = resumable(checkpoint, identity)
     with torch.random.fork_rng(devices=rng_devices):
         torch.manual_seed(seed)  # dropout and friends: repeatable, and the caller's RNG is left alone
         opt = make_optimizer(task, model.parameters(), lr, optimizer)
@@ -298,6 +331,10 @@ def fine_tune(
         device_seconds = 0.0
         reached = False
         stop_reason = ""
+        perm: torch.Tensor | None = None
+        first = 0  # where in `perm` the next batch starts
+        next_eval = eval_every_samples or 0
+        saved_at = 0
 
         def check(acc: float) -> bool:
             curve.append(CurvePoint(samples, device_seconds, acc))
@@ -305,17 +342,60 @@ def fine_tune(
                 bar.set_postfix(acc=f"{acc:.3f}", dev_s=f"{device_seconds:.1f}", refresh=False)
             return target_accuracy is not None and acc >= target_accuracy
 
+        def save_checkpoint() -> None:
+            assert checkpoint is not None and perm is not None
+            opt_tensors, opt_plain = optimizer_parts(opt)
+            tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
+            tensors.update(opt_tensors)
+            tensors["rng.torch"] = torch.get_rng_state()
+            tensors["rng.data"] = gen.get_state()
+            tensors["data.perm"] = perm
+            if rng_devices:
+                tensors["rng.cuda"] = torch.cuda.get_rng_state(rng_devices[0])
+            state = {
+                "identity": identity,
+                "samples": samples,
+                "steps": steps,
+                "device_seconds": device_seconds,
+                "next_eval": next_eval,
+                "first": first,
+                "curve": [asdict(p) for p in curve],
+                "power": [asdict(r) for r in power.readings],
+                "device": device.resume_state(),
+                "optimizer": opt_plain,
+            }
+            checkpoint_io.save(checkpoint.path, tensors, state)
+
+        if saved is not None:
+            t, st = saved.tensors, saved.state
+            model.load_state_dict({k[len("model.") :]: v for k, v in t.items() if k.startswith("model.")})
+            opt.load_state_dict(optimizer_state(t, st["optimizer"]))
+            torch.set_rng_state(t["rng.torch"])
+            gen.set_state(t["rng.data"])
+            if rng_devices and "rng.cuda" in t:
+                torch.cuda.set_rng_state(t["rng.cuda"], rng_devices[0])
+            perm, first = t["data.perm"].to(dev), int(st["first"])
+            samples, steps = int(st["samples"]), int(st["steps"])
+            device_seconds, next_eval = float(st["device_seconds"]), int(st["next_eval"])
+            curve = [CurvePoint(**p) for p in st["curve"]]
+            power.readings = [PowerReading(**r) for r in st["power"]]
+            device.load_resume_state(st["device"])
+            saved_at = samples
+            if bar is not None:
+                bar.update(samples)
+
         try:
-            if eval_every_samples is not None and check(evaluate(model, task, ex, ey)):
+            if saved is None and eval_every_samples is not None and check(evaluate(model, task, ex, ey)):
                 reached, stop_reason = True, "target"  # met before any training
-            next_eval = eval_every_samples or 0
             per_epoch = n // batch_size * batch_size
             power.resume()
             while not reached and not stop_reason:
-                perm = torch.randperm(n, generator=gen)[:per_epoch].to(dev)
-                for start in range(0, per_epoch, batch_size):
+                if perm is None or first >= per_epoch:
+                    perm, first = torch.randperm(n, generator=gen)[:per_epoch].to(dev), 0
+                for start in range(first, per_epoch, batch_size):
                     idx = perm[start : start + batch_size]
                     xb, yb = x.index_select(0, idx), y.index_select(0, idx)
+                    first = start + batch_size
 
                     def step(xb: torch.Tensor = xb, yb: torch.Tensor = yb) -> None:
                         opt.zero_grad(set_to_none=True)
@@ -331,6 +411,8 @@ def fine_tune(
                         power_guard.check(peak, device_seconds)
                     if bar is not None:
                         bar.update(batch_size)
+                    if on_step is not None:
+                        on_step(steps, samples)
                     if max_samples is not None and samples >= max_samples:
                         stop_reason = "max_samples"
                     elif max_device_seconds is not None and device_seconds >= max_device_seconds:
@@ -338,13 +420,18 @@ def fine_tune(
                     if eval_every_samples is not None and samples >= next_eval and not stop_reason:
                         power.pause()
                         reached = check(evaluate(model, task, ex, ey))
-                        power.resume()
                         while next_eval <= samples:
                             next_eval += eval_every_samples
                         if reached:
                             stop_reason = "target"
+                        elif checkpoint is not None and samples - saved_at >= checkpoint.every_samples:
+                            save_checkpoint()
+                            saved_at = samples
+                        power.resume()
                     if stop_reason:
                         break
+                else:
+                    perm = None
             power.pause()
             if stop_reason != "target":  # budget spent: one last look, which may still meet the target
                 reached = check(evaluate(model, task, ex, ey))
@@ -356,6 +443,8 @@ def fine_tune(
         finally:
             if bar is not None:
                 bar.close()
+    if checkpoint is not None:
+        checkpoint.path.unlink(missing_ok=True)  # done: nothing left to resume
 
     energy, peak, mean = power.summary()
     return FineTuneResult(
@@ -374,6 +463,7 @@ def fine_tune(
         stop_reason=stop_reason,
         wall_seconds=time.perf_counter() - wall_start,
         step_downs=[] if power_guard is None else [e.to_dict() for e in power_guard.step_downs],
+        extra={"resumed_at_samples": int(saved.state["samples"])} if saved is not None else {},
     )
 
 

@@ -203,6 +203,16 @@ class Device(ABC):
         """Device time in seconds (wall time on real hardware, virtual time on simulated boards)."""
         return time.perf_counter()
 
+    def resume_state(self) -> dict[str, Any]:
+        """What a fine-tune resumed in another process needs to continue this device's clock and
+        sensor exactly (a simulated board: virtual time and noise generator), JSON-serialisable.
+        Real devices: nothing (their clock and sensor are the world's)."""
+        return {}
+
+    def load_resume_state(self, state: dict[str, Any]) -> None:
+        """Continue from a `resume_state()` taken earlier, possibly in another process."""
+        return None
+
     def synchronize(self) -> None:
         _cuda_synchronize()
 

@@ -256,6 +256,20 @@ class SimulatedBoard(Device):
     def clock(self) -> float:
         return self._t
 
+    def resume_state(self) -> dict[str, Any]:
+        return {
+            "t": self._t,
+            "watts": self._watts,
+            "last_reading": list(self._last_reading),
+            "rng": self._rng.bit_generator.state,
+        }
+
+    def load_resume_state(self, state: dict[str, Any]) -> None:
+        self._t, self._watts = float(state["t"]), float(state["watts"])
+        t, w = state["last_reading"]
+        self._last_reading = (float(t), float(w))
+        self._rng.bit_generator.state = state["rng"]
+
     def synchronize(self) -> None:
         return None
 

@@ -1,0 +1,156 @@
+"""Injected failures for soak tests: a ClientApp that raises, hangs past the round's timeout, or dies.
+
+Only a process started with ``POWERFED_FAULT_INJECTION=1`` honours the run config key
+``inject-failures`` (e.g. ``"raise:0.1,hang:0.05,kill:0.05"``, probabilities per train message), seeded
+by ``inject-seed``; a hang sleeps ``inject-hang-s`` seconds. Any other process that receives the key
+refuses the message with one line: a production node never fails on purpose. Each decision is drawn
+from (seed, node, round), so a run repeats, and it is appended to ``$POWERFED_FAULT_LOG`` (JSON lines)
+before it acts, so the soak can check that every injected failure is named by the server. A node that
+was killed for a piece of work is not killed again for the same work when it comes back (a restarted
+ServerApp re-sending the round): the log says so. A kill happens inside the fine-tune, after its first
+checkpoint (os._exit: no handler, no restore, as SIGKILL), so the work can be resumed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from powerctl.errors import PowerctlError
+
+SWITCH_ENV = "POWERFED_FAULT_INJECTION"
+LOG_ENV = "POWERFED_FAULT_LOG"
+KINDS = ("raise", "hang", "kill")
+KEYS = ("inject-failures", "inject-seed", "inject-hang-s")
+"""Run config keys (the ServerApp accepts them and passes them on; only clients act on them)."""
+KILL_EXIT_STATUS = 137
+
+
+class FaultConfigError(PowerctlError):
+    """Fault injection asked for where it is not allowed, or written wrongly."""
+
+
+class InjectedFailure(RuntimeError):
+    """What an injected "raise" raises: deliberately not a PowerctlError, so it leaves the handler
+    the way an unexpected bug does (Flower's own error reply, code 2)."""
+
+
+@dataclass(frozen=True)
+class Faults:
+    probabilities: dict[str, float]
+    seed: int = 0
+    hang_s: float = 60.0
+
+    def draw(self, node: str, server_round: int) -> str | None:
+        """The failure for this node's train message of this round (None: none), repeatable."""
+        blob = f"{self.seed}/{node}/{server_round}".encode()
+        u = int.from_bytes(hashlib.sha256(blob).digest()[:8], "big") / 2**64
+        edge = 0.0
+        for kind in KINDS:
+            edge += self.probabilities.get(kind, 0.0)
+            if u < edge:
+                return kind
+        return None
+
+
+def parse_faults(run_config: Any) -> Faults | None:
+    """The run's fault injection, None when it asks for none; one FaultConfigError line otherwise."""
+    spec = run_config.get("inject-failures", "")
+    if spec in ("", None):
+        return None
+    if os.environ.get(SWITCH_ENV) != "1":
+        raise FaultConfigError(
+            f"run config 'inject-failures' is {spec!r} but this node does not allow fault injection "
+            f"(set {SWITCH_ENV}=1 in a test or bench only)"
+        )
+    probabilities: dict[str, float] = {}
+    for part in str(spec).split(","):
+        kind, _, p = part.strip().partition(":")
+        try:
+            value = float(p)
+        except ValueError:
+            value = -1.0
+        if kind not in KINDS or not 0.0 <= value <= 1.0:
+            raise FaultConfigError(
+                f"run config 'inject-failures': {part.strip()!r} is not KIND:P (KIND in {KINDS})"
+            )
+        probabilities[kind] = value
+    if sum(probabilities.values()) > 1.0:
+        raise FaultConfigError(
+            f"run config 'inject-failures': probabilities add up to more than 1 in {spec!r}"
+        )
+    seed, hang = run_config.get("inject-seed", 0), run_config.get("inject-hang-s", 60.0)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise FaultConfigError(f"run config 'inject-seed' must be an integer, got {seed!r}")
+    if isinstance(hang, bool) or not isinstance(hang, (int, float)) or not 0 < hang < 3600:
+        raise FaultConfigError(f"run config 'inject-hang-s' must be seconds in (0, 3600), got {hang!r}")
+    return Faults(probabilities, seed, float(hang))
+
+
+def _log_path() -> Path | None:
+    value = os.environ.get(LOG_ENV)
+    return Path(value) if value else None
+
+
+def logged(node: str, server_round: int, fault: str) -> bool:
+    """Whether the log already holds this fault for this node's work of this round."""
+    path = _log_path()
+    if path is None or not path.is_file():
+        return False
+    for line in path.read_text().splitlines():
+        try:
+            e = json.loads(line)
+        except ValueError:
+            continue
+        if e.get("node") == node and e.get("round") == server_round and e.get("fault") == fault:
+            return True
+    return False
+
+
+def log_fault(node: str, server_round: int, fault: str) -> None:
+    """Append the decision, durably, before acting on it (a kill leaves no chance after)."""
+    path = _log_path()
+    if path is None:
+        return
+    line = json.dumps({"node": node, "round": server_round, "fault": fault, "pid": os.getpid()}) + "\n"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def before_training(faults: Faults | None, node: str, server_round: int) -> str | None:
+    """Act on a "raise" or "hang" now; return "kill" when the fine-tune must die mid-way."""
+    if faults is None:
+        return None
+    fault = faults.draw(node, server_round)
+    if fault is None or (fault == "kill" and logged(node, server_round, "kill")):
+        return None  # a node killed for this work does not die again when the work comes back
+    if fault == "raise":
+        log_fault(node, server_round, fault)
+        raise InjectedFailure(f"injected failure: {node} round {server_round}")
+    if fault == "hang":
+        log_fault(node, server_round, fault)
+        time.sleep(faults.hang_s)
+        return None
+    return fault
+
+
+def kill_after_checkpoint(node: str, server_round: int, after_samples: int):
+    """An `on_step` that ends the process (no handler runs, as with SIGKILL) once the fine-tune has
+    passed `after_samples` (its first checkpoint); logged just before, so a fine-tune that ends
+    earlier is not counted as killed."""
+
+    def on_step(steps: int, samples: int) -> None:
+        if samples > after_samples:
+            log_fault(node, server_round, "kill")
+            os._exit(KILL_EXIT_STATUS)
+
+    return on_step

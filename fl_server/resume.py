@@ -1,0 +1,96 @@
+"""Resuming a run: which rounds a results folder already holds, and the global model after them.
+
+After every completed round the ServerApp saves the global model (`global.safetensors`, with the round
+and the run's fingerprint in its metadata) beside `results.json`. A restarted ServerApp with the same
+fingerprint — the same run config (less the keys below), starting weights and relation vector —
+continues after the last round both files agree on. Anything else never mixes with the new run: the
+old files are renamed aside (one line says where) and the run starts over.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fl_server.results import RESULTS_SCHEMA
+from powerctl.errors import FileFormatError
+from powerctl.jsonfile import read_json
+from training.errors import DataError
+
+GLOBAL_FILE = "global.safetensors"
+RESULTS_FILE = "results.json"
+NOT_IN_FINGERPRINT = frozenset(
+    {"num-server-rounds", "resume", "results-dir", "round-timeout", "inject-server-stop-round"}
+)
+"""Keys that do not change what a round computes: a resumed run may extend its rounds or wait longer."""
+
+
+def run_fingerprint(run_config: dict[str, Any], weights_digest: str, relation: dict[str, Any]) -> str:
+    """What identifies a run: its run config (less NOT_IN_FINGERPRINT), starting weights, relation."""
+    config = {k: v for k, v in run_config.items() if k not in NOT_IN_FINGERPRINT}
+    blob = json.dumps({"config": config, "weights": weights_digest, "relation": relation}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+@dataclass
+class ResumePoint:
+    """The rounds already done (their records) and the global model after the last of them."""
+
+    last_round: int
+    rounds: list[dict[str, Any]]
+    nodes: list[dict[str, Any]]
+    state: dict[str, torch.Tensor]
+
+
+class NotResumable(Exception):
+    """Why a results folder cannot be continued (one line)."""
+
+
+def read_point(out: Path, fingerprint: str) -> ResumePoint | None:
+    """The point to continue from, None when the folder holds no completed round, or NotResumable."""
+    from fl_server.weights import load_weights
+
+    results, model = out / RESULTS_FILE, out / GLOBAL_FILE
+    if not results.exists() and not model.exists():
+        return None
+    try:
+        data = read_json(results, RESULTS_SCHEMA)
+    except FileFormatError as exc:
+        raise NotResumable(str(exc)) from None
+    if data.get("run", {}).get("fingerprint") != fingerprint:
+        raise NotResumable(f"{results} is of another run (its run config, weights or relation vector differ)")
+    rounds = data.get("rounds")
+    if not isinstance(rounds, list) or not all(isinstance(r, dict) and "round" in r for r in rounds):
+        raise NotResumable(f"{results}: 'rounds' is not a list of round records")
+    if not model.exists():
+        if rounds:
+            raise NotResumable(f"{model} is missing: the model after round {rounds[-1]['round']} is lost")
+        return None
+    try:
+        state, meta = load_weights(model)
+    except DataError as exc:
+        raise NotResumable(str(exc)) from None
+    if meta.extra.get("fingerprint") != fingerprint or not meta.extra.get("round", "").isdigit():
+        raise NotResumable(f"{model} is not the global model of this run")
+    last = int(meta.extra["round"])
+    done = [r for r in rounds if isinstance(r["round"], int) and r["round"] <= last]
+    if [r["round"] for r in done] != list(range(1, last + 1)):
+        raise NotResumable(f"{results} lacks records of rounds 1 to {last}, which {model} has completed")
+    nodes = data.get("nodes") if isinstance(data.get("nodes"), list) else []
+    return ResumePoint(last, done, nodes, state)
+
+
+def set_aside(out: Path) -> Path:
+    """Rename results.json and global.safetensors to `previous-STAMP-*`; returns the new results path."""
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    moved = out / f"previous-{stamp}-{RESULTS_FILE}"
+    for name in (RESULTS_FILE, GLOBAL_FILE):
+        if (out / name).exists():
+            (out / name).replace(out / f"previous-{stamp}-{name}")
+    return moved

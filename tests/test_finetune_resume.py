@@ -1,0 +1,90 @@
+"""An interrupted fine-tune resumed from its checkpoint ends exactly where an uninterrupted one ends."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from powerctl.devices import open_device
+from training.checkpoint import Checkpointing, load
+from training.data import load_dataset, train_test_split
+from training.finetune import FineTuneResult, fine_tune
+from training.models import build_model
+
+
+class Interrupted(Exception):
+    pass
+
+
+def _data():
+    return train_test_split(load_dataset("synthetic-image", limit=600, seed=3), seed=0)
+
+
+def _run(
+    ckpt: Checkpointing | None, stop_at_step: int | None = None
+) -> tuple[FineTuneResult, dict[str, torch.Tensor]]:
+    train, test = _data()
+    model = build_model("cnn-tiny", 10, seed=0)
+
+    def on_step(steps: int, samples: int) -> None:
+        if steps == stop_at_step:
+            raise Interrupted(f"step {steps}")
+
+    with open_device("sim:jetson-nano", seed=5) as dev, dev.pinned(dev.frequencies()[6]):
+        result = fine_tune(
+            model,
+            train,
+            test,
+            device=dev,
+            batch_size=16,
+            lr=2e-3,
+            target_accuracy=0.99,  # not reached: the sample budget ends the run
+            max_samples=480,
+            eval_every_samples=64,
+            eval_max_samples=64,
+            seed=4,
+            progress=False,
+            checkpoint=ckpt,
+            on_step=on_step,
+        )
+    return result, {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def _same(a: tuple[FineTuneResult, dict], b: tuple[FineTuneResult, dict]) -> None:
+    (ra, wa), (rb, wb) = a, b
+    assert set(wa) == set(wb) and all(torch.equal(wa[k], wb[k]) for k in wa)
+    keep = ("samples", "steps", "device_seconds", "energy_j", "peak_power_w", "final_accuracy", "curve")
+    assert [getattr(ra, k) for k in keep] == [getattr(rb, k) for k in keep]
+
+
+def test_an_interrupted_run_resumes_to_the_uninterrupted_result(tmp_path: Path) -> None:
+    plain = _run(None)
+    ckpt = Checkpointing(tmp_path / "ft.safetensors", every_samples=128, key="work-1")
+    # saving changes nothing of the run itself
+    _same(_run(Checkpointing(tmp_path / "other.safetensors", every_samples=128)), plain)
+    with pytest.raises(Interrupted):
+        _run(ckpt, stop_at_step=19)  # 304 samples: the last save was at 256
+    saved = load(ckpt.path)
+    assert saved.state["samples"] == 256 and "optimizer.0.exp_avg" in saved.tensors
+    resumed = _run(ckpt)
+    _same(resumed, plain)
+    assert resumed[0].samples == 480 and resumed[0].device_seconds > 0
+    assert not ckpt.path.exists()  # a finished run leaves nothing to resume
+
+
+def test_a_checkpoint_of_other_work_or_a_corrupt_one_is_ignored(tmp_path: Path, capsys) -> None:
+    plain = _run(None)
+    path = tmp_path / "ft.safetensors"
+    with pytest.raises(Interrupted):
+        _run(Checkpointing(path, every_samples=64, key="round-1"), stop_at_step=10)
+    assert path.is_file()
+    _same(_run(Checkpointing(path, every_samples=64, key="round-2")), plain)
+    assert "belongs to other work" in capsys.readouterr().err
+
+    with pytest.raises(Interrupted):
+        _run(Checkpointing(path, every_samples=64, key="round-1"), stop_at_step=10)
+    path.write_bytes(path.read_bytes()[:200])  # truncated by a crash of the disk, not of the writer
+    _same(_run(Checkpointing(path, every_samples=64, key="round-1")), plain)
+    assert "not a readable checkpoint" in capsys.readouterr().err

@@ -1,0 +1,147 @@
+"""Fine-tune checkpoints: enough to continue an interrupted run to the result it would have had.
+
+One safetensors file holds every tensor (model, optimizer state, the torch RNG states, the current
+epoch's data order) and, in its metadata, a JSON document with the rest (samples and steps so far,
+device seconds, the evaluation curve, power readings, the device's own clock and noise state). No
+pickle: a checkpoint can never run code. Written to a temporary file and renamed, so a crash leaves
+the previous checkpoint or the new one, never half of one.
+
+A checkpoint is used only when its `identity` (what the run is: starting weights, data sizes,
+hyper-parameters, the caller's key) equals the new run's; otherwise it is ignored with one line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+CHECKPOINT_FORMAT = "powerfed.finetune-checkpoint/1"
+
+
+class CheckpointError(Exception):
+    """A checkpoint file that cannot be read or does not hold what a checkpoint holds."""
+
+
+@dataclass(frozen=True)
+class Checkpointing:
+    """Where and how often `fine_tune` saves, and what it must match to be resumed."""
+
+    path: Path
+    every_samples: int = 1024
+    """Save at the first evaluation after every this many training samples (a save happens only at an
+    evaluation, where the power monitor is paused anyway, so checkpointing changes no measured number)."""
+    key: str = ""
+    """The caller's name for this piece of work (e.g. a digest of a round's instructions): a checkpoint
+    saved under another key is ignored."""
+
+
+@dataclass
+class Saved:
+    """A checkpoint as read back: tensors by name, and the JSON part."""
+
+    tensors: dict[str, torch.Tensor]
+    state: dict[str, Any]
+
+
+def state_digest(state: dict[str, torch.Tensor]) -> str:
+    """sha256 over (name, dtype, shape, bytes) of every tensor, names sorted."""
+    h = hashlib.sha256()
+    for name in sorted(state):
+        t = state[name].detach().to("cpu").contiguous()
+        h.update(f"{name}\0{t.dtype}\0{tuple(t.shape)}\0".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def identity_digest(identity: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def optimizer_parts(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """An optimizer's state dict split into tensors (`optimizer.IDX.NAME`) and plain JSON values."""
+    sd = opt.state_dict()
+    tensors: dict[str, torch.Tensor] = {}
+    plain: dict[str, dict[str, Any]] = {}
+    for idx, entry in sd["state"].items():
+        for name, value in entry.items():
+            if torch.is_tensor(value):
+                tensors[f"optimizer.{idx}.{name}"] = value
+            else:
+                plain.setdefault(str(idx), {})[name] = value
+    return tensors, {"param_groups": sd["param_groups"], "state": plain}
+
+
+def optimizer_state(tensors: dict[str, torch.Tensor], parts: dict[str, Any]) -> dict[str, Any]:
+    """The inverse of `optimizer_parts`: a state dict `Optimizer.load_state_dict` takes."""
+    state: dict[int, dict[str, Any]] = {int(i): dict(v) for i, v in parts["state"].items()}
+    for key, value in tensors.items():
+        if key.startswith("optimizer."):
+            _, idx, name = key.split(".", 2)
+            state.setdefault(int(idx), {})[name] = value
+    groups = [dict(g, betas=tuple(g["betas"])) if "betas" in g else dict(g) for g in parts["param_groups"]]
+    return {"state": state, "param_groups": groups}
+
+
+def save(path: Path, tensors: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
+    """Write atomically: a temporary file beside `path`, then one rename."""
+    from safetensors.torch import save_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    canonical = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in tensors.items()}
+    metadata = {"format": CHECKPOINT_FORMAT, "state": json.dumps(state, allow_nan=False)}
+    try:
+        save_file(canonical, str(tmp), metadata=metadata)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def load(path: Path) -> Saved:
+    """Read a checkpoint; anything unreadable is one CheckpointError line."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = dict(f.metadata() or {})
+            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open is not a dict
+    except (SafetensorError, OSError, ValueError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise CheckpointError(f"{path}: not a readable checkpoint ({first})") from None
+    if meta.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{path}: not a {CHECKPOINT_FORMAT} file (format {meta.get('format')!r})")
+    try:
+        state = json.loads(meta["state"])
+    except (KeyError, ValueError):
+        raise CheckpointError(f"{path}: checkpoint metadata is missing or malformed") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path}: checkpoint metadata is not a JSON object")
+    return Saved(tensors, state)
+
+
+def resumable(ckpt: Checkpointing, identity: str) -> Saved | None:
+    """The checkpoint at `ckpt.path` if it belongs to this run; otherwise None, with one line saying why."""
+    if not ckpt.path.is_file():
+        return None
+    try:
+        saved = load(ckpt.path)
+    except CheckpointError as exc:
+        print(f"checkpoint: {exc}; starting from the beginning", file=sys.stderr)
+        return None
+    if saved.state.get("identity") != identity:
+        print(
+            f"checkpoint: {ckpt.path} belongs to other work (another round, node, data or settings); "
+            "ignored, starting from the beginning",
+            file=sys.stderr,
+        )
+        return None
+    print(f"checkpoint: resuming from {ckpt.path} at {saved.state.get('samples')} samples", file=sys.stderr)
+    return saved
