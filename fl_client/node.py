@@ -192,7 +192,7 @@ def load_fleet_file(path: Path) -> list[FleetEntry]:
     """A YAML fleet: ``groups:`` (a fleet file of `python -m simulations run`, whose other sections the
     fleet runner checks) or ``boards:`` (a bare list of boards), each {device, power-cap-w, count}."""
     doc = read_yaml(path)
-    name = path.name
+    name = str(path)
     if isinstance(doc, dict) and "groups" in doc:
         return parse_fleet_groups(doc["groups"], name, "groups")
     if isinstance(doc, dict) and set(doc) == {"boards"}:

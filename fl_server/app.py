@@ -202,6 +202,13 @@ def resume_point(cfg: ServerConfig, out: Path, fingerprint: str) -> ResumePoint 
     except NotResumable as exc:
         say(f"resume: {exc}; moved it aside to {set_aside(out)}; starting from round 1")
         return None
+    if point is not None and point.last_round >= cfg.num_server_rounds:
+        # a finished run is not resumed: the same command again is a new run (a seeded one repeats)
+        say(
+            f"resume: an earlier run with these settings is complete in {out}; moved it aside to "
+            f"{set_aside(out)}; starting from round 1"
+        )
+        return None
     if point is not None:
         say(f"resume: rounds 1-{point.last_round} of this run are complete in {out}")
     return point
@@ -279,8 +286,6 @@ def run_method(
     )
     strategy.nodes.update(known_nodes)  # node ids hold for the whole run: ask each node once
     first_round = point.last_round + 1 if point else 1
-    if first_round > cfg.num_server_rounds:
-        say(f"{tag}resume: all {cfg.num_server_rounds} rounds were already complete; nothing to run")
     strategy.start(
         grid=grid,
         initial_arrays=ArrayRecord.from_torch_state_dict(model.state_dict()),

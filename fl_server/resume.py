@@ -88,7 +88,10 @@ def read_point(out: Path, fingerprint: str) -> ResumePoint | None:
 
 def set_aside(out: Path) -> Path:
     """Rename results.json and global.safetensors to `previous-STAMP-*`; returns the new results path."""
-    stamp = time.strftime("%Y%m%dT%H%M%S")
+    base = stamp = time.strftime("%Y%m%dT%H%M%S")
+    n = 1
+    while any((out / f"previous-{stamp}-{name}").exists() for name in (RESULTS_FILE, GLOBAL_FILE)):
+        stamp, n = f"{base}.{n}", n + 1  # never over an earlier set-aside of the same second
     moved = out / f"previous-{stamp}-{RESULTS_FILE}"
     for name in (RESULTS_FILE, GLOBAL_FILE):
         if (out / name).exists():

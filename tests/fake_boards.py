@@ -6,8 +6,11 @@ followed by a restore must give back the tree byte for byte.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import types
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -259,3 +262,27 @@ def fake_pynvml(gpus: list[FakeGpu], init_error: int | None = None) -> types.Mod
     mod.calls = calls  # type: ignore[attr-defined]
     mod.state = state  # type: ignore[attr-defined]
     return mod
+
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def default_signals() -> None:
+    """`preexec_fn` for a child that must see SIGINT/SIGTERM as a user's shell sends them: a child
+    inherits an ignored or blocked signal (a test runner's worker may have either), and Python then
+    installs no KeyboardInterrupt handler."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
+    for sig in _SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def sigint_raises_keyboard_interrupt() -> Iterator[None]:
+    """Within the block SIGINT is Python's default (KeyboardInterrupt), whatever the worker inherited."""
+    blocked = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)

@@ -260,9 +260,12 @@ def test_resume_continues_extends_or_sets_aside_never_mixes(tmp_path: Path, prep
     first = json.loads(path.read_text())
     capsys.readouterr()
 
-    _, grid = _server(tmp_path, rc, nodes=2, behaviour=failing)  # the same run again: nothing to do
-    assert "all 2 rounds were already complete" in capsys.readouterr().out and grid.sent == []
-    assert json.loads(path.read_text())["rounds"] == first["rounds"]
+    _, grid = _server(tmp_path, rc, nodes=2, behaviour=failing)  # a finished run again: a new run
+    assert "an earlier run with these settings is complete" in capsys.readouterr().out
+    assert _trained_rounds(grid) == [1, 2]
+    (done,) = out_dir.glob("previous-*-results.json")
+    assert json.loads(done.read_text())["rounds"] == first["rounds"]  # kept whole, not overwritten
+    assert len(json.loads(path.read_text())["rounds"]) == 2
 
     _, grid = _server(tmp_path, {**rc, "num-server-rounds": 3}, nodes=2, behaviour=failing)
     assert _trained_rounds(grid) == [3] and len(json.loads(path.read_text())["rounds"]) == 3
@@ -270,9 +273,9 @@ def test_resume_continues_extends_or_sets_aside_never_mixes(tmp_path: Path, prep
     _, grid = _server(tmp_path, {**rc, "target-accuracy": 0.4}, nodes=2, behaviour=failing)
     out = capsys.readouterr().out
     assert "is of another run" in out and "starting from round 1" in out and _trained_rounds(grid) == [1, 2]
-    (aside,) = out_dir.glob("previous-*-results.json")
-    assert len(json.loads(aside.read_text())["rounds"]) == 3  # the other run, kept whole
-    assert len(list(out_dir.glob("previous-*-global.safetensors"))) == 1
+    asides = [json.loads(p.read_text()) for p in out_dir.glob("previous-*-results.json")]
+    assert sorted(len(a["rounds"]) for a in asides) == [2, 3]  # both earlier runs, kept whole
+    assert len(list(out_dir.glob("previous-*-global.safetensors"))) == 2
 
 
 @pytest.mark.parametrize(

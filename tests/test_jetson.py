@@ -28,6 +28,7 @@ from tests.fake_boards import (
     make_nano_tree,
     make_orin_tree,
     make_tx2nx_tree,
+    sigint_raises_keyboard_interrupt,
     tree_snapshot,
 )
 
@@ -476,7 +477,7 @@ def test_sigterm_inside_pinned_restores(nano: Path) -> None:
 def test_sigint_inside_pinned_restores(nano: Path) -> None:
     before = tree_snapshot(nano)
     dev = open_jetson("jetson")
-    with pytest.raises(KeyboardInterrupt), dev.pinned(153600000):
+    with sigint_raises_keyboard_interrupt(), pytest.raises(KeyboardInterrupt), dev.pinned(153600000):
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(5)
     assert tree_snapshot(nano) == before

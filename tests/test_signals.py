@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fake_boards import NANO_DEVFREQ, make_nano_tree, tree_snapshot
+from tests.fake_boards import NANO_DEVFREQ, default_signals, make_nano_tree, tree_snapshot
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
@@ -42,6 +42,7 @@ def test_profile_interrupted_on_a_jetson_restores_the_frequency(tmp_path: Path, 
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=default_signals,
     )
     try:
         deadline = time.monotonic() + 120
