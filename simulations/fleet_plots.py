@@ -1,7 +1,7 @@
 """Plots of a fleet run (matplotlib on Agg, no pyplot state), from its results dict.
 
 - time_to_accuracy.png: the global model's accuracy against the fleet's cumulative makespan, per method;
-- per_cap.png: round-1 time to accuracy (device + profiling s) and energy per method, per board and cap;
+- per_cap.png: round-1 time to accuracy (device s, profiling stacked and hatched) and energy per method, per board and cap;
 - makespan.png: every round's makespan per method;
 - profile_maps/BOARD.png: the board's peak-power map for the run's model (its predicted profile, the
   board model's noise-free grid; `powerctl.plot`) with the (b, f) each method chose under each cap.
@@ -84,15 +84,16 @@ def plot_per_cap(results: dict[str, Any], path: Path) -> Path:
     x = np.arange(len(groups))
     width = 0.8 / max(len(methods), 1)
     for k, m in enumerate(methods):
-        secs = [
-            np.mean([r["device_seconds"] + r["profiling_seconds"] for r in g.get(m, [])] or [np.nan])
-            for g in groups.values()
-        ]
+        train = [np.mean([r["device_seconds"] for r in g.get(m, [])] or [np.nan]) for g in groups.values()]
+        prof = [np.mean([r["profiling_seconds"] for r in g.get(m, [])] or [np.nan]) for g in groups.values()]
         joules = [np.mean([r["energy_j"] or 0.0 for r in g.get(m, [])] or [np.nan]) for g in groups.values()]
         offs = x - 0.4 + width * (k + 0.5)
-        t_ax.bar(offs, secs, width, color=_colour(m), label=m)
+        t_ax.bar(offs, train, width, color=_colour(m), label=m)
+        # profiling stacked on top, hatched: what a method pays once per board, model and cap
+        t_ax.bar(offs, prof, width, bottom=train, color=_colour(m), alpha=0.45, hatch="//", edgecolor="white")
         e_ax.bar(offs, joules, width, color=_colour(m), label=m)
-    t_ax.set_ylabel("round 1: device s + profiling s\n(mean over the group's boards)")
+    t_ax.bar([np.nan], [np.nan], color="grey", alpha=0.45, hatch="//", edgecolor="white", label="profiling")
+    t_ax.set_ylabel("round 1: device s, profiling hatched\n(mean over the group's boards)")
     e_ax.set_ylabel("round 1: energy J (mean)")
     t_ax.set_title("time to accuracy and energy per method, per board and power cap")
     e_ax.set_xticks(x, list(groups))
