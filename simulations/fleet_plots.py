@@ -1,7 +1,8 @@
 """Plots of a fleet run (matplotlib on Agg, no pyplot state), from its results dict.
 
 - time_to_accuracy.png: the global model's accuracy against the fleet's cumulative makespan, per method;
-- per_cap.png: round-1 time to accuracy (device s, profiling stacked and hatched) and energy per method, per board and cap;
+- per_cap.png: round-1 time to accuracy (device s, profiling stacked and hatched) and energy per
+  method, per board and cap;
 - makespan.png: every round's makespan per method;
 - profile_maps/BOARD.png: the board's peak-power map for the run's model (its predicted profile, the
   board model's noise-free grid; `powerctl.plot`) with the (b, f) each method chose under each cap.
