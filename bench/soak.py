@@ -36,7 +36,12 @@ sys.path.insert(0, str(ROOT))
 
 from fl_client.faults import parse_faults  # noqa: E402
 from powerctl.devices.simulated import POWER_NOISE  # noqa: E402
-from simulations.local_superlink import descendants, pids_listening_on, stop_local_superlink  # noqa: E402
+from simulations.local_superlink import (  # noqa: E402
+    descendants,
+    flower_env,
+    pids_listening_on,
+    stop_local_superlink,
+)
 from tests.flower_deploy import free_port  # noqa: E402
 
 FLEET = "sim:jetson-nano@3.0, sim:jetson-tx2nx@4.5, sim:jetson-nano@none, sim:jetson-tx2nx@3.5"
@@ -181,17 +186,11 @@ def main() -> int:
     port, control = free_port(), free_port()
     fault_log = work / "faults.jsonl"
     fault_log.unlink(missing_ok=True)
-    env = dict(
-        os.environ,
-        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+    env = flower_env(
+        port,
+        control,
         PYTHONPATH=str(ROOT),
         FLWR_HOME=str(work / "flwr-home"),
-        FLWR_TELEMETRY_ENABLED="0",
-        FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
-        FLWR_DISABLE_UPDATE_CHECK="1",
-        RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO="0",
-        FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(port),
-        FLWR_LOCAL_CONTROL_API_PORT=str(control),
         POWERFED_CACHE=str(work / "cache"),
         POWERFED_FAULT_INJECTION="1",
         POWERFED_FAULT_LOG=str(fault_log),

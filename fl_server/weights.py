@@ -7,7 +7,6 @@ independently of the file layout; the relation cache and the reports use it.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from training.checkpoint import state_digest
 from training.errors import DataError, ModelError
 from training.models import build_model, get_model_spec
 
@@ -145,9 +145,4 @@ def weights_hash(weights: dict[str, torch.Tensor] | nn.Module | str | Path) -> s
         state = weights.state_dict()
     else:
         state = weights
-    h = hashlib.sha256()
-    for name in sorted(state):
-        t = state[name].detach().to("cpu").contiguous()
-        h.update(f"{name}\0{t.dtype}\0{tuple(t.shape)}\0".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
+    return state_digest(state)

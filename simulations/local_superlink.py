@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,3 +146,27 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+FLOWER_ENV = {
+    "FLWR_TELEMETRY_ENABLED": "0",
+    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+    "FLWR_DISABLE_UPDATE_CHECK": "1",
+    "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
+}
+"""What every `flwr run` this project starts sets (see the Makefile): no telemetry, no installs at run
+time, no update check, and Ray leaving CUDA_VISIBLE_DEVICES alone on a CPU-only node."""
+
+
+def flower_env(port: int, control_port: int, **extra: str) -> dict[str, str]:
+    """The environment for a `flwr run` with its own local SuperLink on `port` (HTTP API) and
+    `control_port`, the running interpreter's bin folder first on PATH (flower-superlink must be found)."""
+    bin_dir = Path(sys.executable).parent
+    return {
+        **os.environ,
+        **FLOWER_ENV,
+        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(port),
+        "FLWR_LOCAL_CONTROL_API_PORT": str(control_port),
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+        **extra,
+    }

@@ -29,6 +29,7 @@ from simulations.fleet import FleetSpec
 from simulations.local_superlink import (
     alive,
     descendants,
+    flower_env,
     free_port,
     pids_listening_on,
     stop_local_superlink,
@@ -41,12 +42,6 @@ APP_DIR = Path(__file__).resolve().parents[1]
 INFRA_LINE = re.compile(r"^\(\w+ pid=\d+\)|^(INFO|WARNING|DEBUG|ERROR)\s*:|^\s*$")
 """Lines the ServerApp did not print: Flower's log records and what Ray forwards from actors."""
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
-FLOWER_ENV = {
-    "FLWR_TELEMETRY_ENABLED": "0",
-    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-    "FLWR_DISABLE_UPDATE_CHECK": "1",
-    "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
-}
 
 
 class FleetRunError(PowerctlError):
@@ -103,15 +98,12 @@ def run_flower(
     config = spec.run_config(flwr_out, methods, profiles)
     home = Path(tempfile.mkdtemp(prefix="powerfed-flwr-home-"))
     port, control = port or free_port(), free_port()
-    env = {
-        **os.environ,
-        **FLOWER_ENV,
-        "FLWR_HOME": str(home),
-        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(port),
-        "FLWR_LOCAL_CONTROL_API_PORT": str(control),
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-        "PYTHONPATH": os.pathsep.join(p for p in (str(APP_DIR), os.environ.get("PYTHONPATH", "")) if p),
-    }
+    env = flower_env(
+        port,
+        control,
+        FLWR_HOME=str(home),
+        PYTHONPATH=os.pathsep.join(p for p in (str(APP_DIR), os.environ.get("PYTHONPATH", "")) if p),
+    )
     log_path = out / "flwr.log"
     cmd = flwr_command(spec, config, cpus_per_client)
     started: list[int] = []

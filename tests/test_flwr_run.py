@@ -7,7 +7,6 @@ process id (simulations.local_superlink), and checks that nothing of that proces
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -18,7 +17,13 @@ import pytest
 from fl_server.weights import save_weights
 from powerctl.devices.simulated import POWER_NOISE
 from powerctl.relation import RelationVector
-from simulations.local_superlink import alive, descendants, pids_listening_on, stop_local_superlink
+from simulations.local_superlink import (
+    alive,
+    descendants,
+    flower_env,
+    pids_listening_on,
+    stop_local_superlink,
+)
 from tests.flower_deploy import free_port
 from training.models import build_model
 
@@ -30,14 +35,7 @@ INFRA_LINE = re.compile(r"^\(\w+ pid=\d+\)|^(INFO|WARNING|DEBUG|ERROR)\s*:")
 @pytest.mark.slow
 def test_flwr_run_simulates_four_boards_and_ends_with_the_results_line(tmp_path: Path) -> None:
     port, control = free_port(), free_port()
-    env = dict(
-        os.environ,
-        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-        FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(port),
-        FLWR_LOCAL_CONTROL_API_PORT=str(control),
-        FLWR_DISABLE_UPDATE_CHECK="1",
-        RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO="0",
-    )
+    env = flower_env(port, control)
     results = tmp_path / "results"
     run_config = (
         f"model='cnn-tiny' num-server-rounds=1 relation-seeds='0' batch-sizes='8,16' pretrain-samples=256 "
@@ -88,15 +86,7 @@ def test_flwr_run_simulates_four_boards_and_ends_with_the_results_line(tmp_path:
 def test_flwr_run_names_a_client_that_raises_and_one_that_hangs_past_the_timeout(tmp_path: Path) -> None:
     """The real simulation path: an exception in a Ray actor and a reply later than `round-timeout`."""
     port, control = free_port(), free_port()
-    env = dict(
-        os.environ,
-        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-        FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(port),
-        FLWR_LOCAL_CONTROL_API_PORT=str(control),
-        FLWR_DISABLE_UPDATE_CHECK="1",
-        RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO="0",
-        POWERFED_FAULT_INJECTION="1",
-    )
+    env = flower_env(port, control, POWERFED_FAULT_INJECTION="1")
     results = tmp_path / "results"
     weights, relation = tmp_path / "weights.safetensors", tmp_path / "relation.json"  # no pre-training
     save_weights(weights, build_model("cnn-tiny", 10, seed=0), model_name="cnn-tiny", num_classes=10)
