@@ -39,6 +39,7 @@ from powerctl.devices.simulated import POWER_NOISE  # noqa: E402
 from simulations.local_superlink import (  # noqa: E402
     descendants,
     flower_env,
+    flwr_run_command,
     pids_listening_on,
     stop_local_superlink,
 )
@@ -87,16 +88,8 @@ class PeakMemory(threading.Thread):
 
 
 def flwr_run(env: dict, run_config: str, nodes: int, actors: int, log: Path, memory: PeakMemory) -> int:
-    cmd = [
-        str(Path(sys.executable).parent / "flwr"),
-        "run",
-        ".",
-        "--stream",
-        "--federation-config",
-        f"num-supernodes={nodes} client-resources-num-cpus=1 init-args-num-cpus={actors}",
-        "--run-config",
-        run_config,
-    ]
+    federation = f"num-supernodes={nodes} client-resources-num-cpus=1 init-args-num-cpus={actors}"
+    cmd = flwr_run_command(".", federation, run_config)
     with log.open("a") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
         memory.roots.append(proc.pid)

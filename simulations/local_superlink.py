@@ -170,3 +170,19 @@ def flower_env(port: int, control_port: int, **extra: str) -> dict[str, str]:
         "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
         **extra,
     }
+
+
+def flwr_run_command(app: str | Path, federation: str, run_config: str) -> list[str]:
+    """`flwr run APP --stream` with a federation config and a run config: the running interpreter's
+    `flwr` (the venv's), so the SuperLink it starts runs the same Flower and the same project."""
+    flwr = Path(sys.executable).parent / "flwr"
+    return [
+        str(flwr if flwr.exists() else "flwr"),
+        "run",
+        str(app),
+        "--stream",
+        "--federation-config",
+        federation,
+        "--run-config",
+        run_config,
+    ]

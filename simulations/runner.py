@@ -16,7 +16,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -30,6 +29,7 @@ from simulations.local_superlink import (
     alive,
     descendants,
     flower_env,
+    flwr_run_command,
     free_port,
     pids_listening_on,
     stop_local_superlink,
@@ -62,18 +62,8 @@ def run_config_text(config: dict[str, Any]) -> str:
 
 
 def flwr_command(spec: FleetSpec, config: dict[str, Any], cpus_per_client: int) -> list[str]:
-    flwr = Path(sys.executable).parent / "flwr"
     federation = f"num-supernodes={len(spec.boards)} client-resources-num-cpus={cpus_per_client}"
-    return [
-        str(flwr if flwr.exists() else "flwr"),
-        "run",
-        str(APP_DIR),
-        "--stream",
-        "--federation-config",
-        federation,
-        "--run-config",
-        run_config_text(config),
-    ]
+    return flwr_run_command(APP_DIR, federation, run_config_text(config))
 
 
 def run_flower(

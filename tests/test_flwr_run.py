@@ -7,9 +7,7 @@ process id (simulations.local_superlink), and checks that nothing of that proces
 from __future__ import annotations
 
 import json
-import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,15 +19,15 @@ from simulations.local_superlink import (
     alive,
     descendants,
     flower_env,
+    flwr_run_command,
     pids_listening_on,
     stop_local_superlink,
 )
+from simulations.runner import ANSI, INFRA_LINE
 from tests.flower_deploy import free_port
 from training.models import build_model
 
 ROOT = Path(__file__).resolve().parents[1]
-INFRA_LINE = re.compile(r"^\(\w+ pid=\d+\)|^(INFO|WARNING|DEBUG|ERROR)\s*:")
-"""Lines the ServerApp did not print: Flower's log records and whatever Ray forwards from actors."""
 
 
 @pytest.mark.slow
@@ -42,16 +40,7 @@ def test_flwr_run_simulates_four_boards_and_ends_with_the_results_line(tmp_path:
         f"target-accuracy=0.3 budget-samples=96 eval-every-samples=32 eval-max-samples=64 "
         f"profile-samples=512 profile-warmup=0 profile-steps=1 results-dir='{results}'"
     )
-    cmd = [
-        str(Path(sys.executable).parent / "flwr"),
-        "run",
-        ".",
-        "--stream",
-        "--federation-config",
-        "num-supernodes=4",
-        "--run-config",
-        run_config,
-    ]
+    cmd = flwr_run_command(".", "num-supernodes=4", run_config)
     tree: list[int] = []
     try:
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=420)
@@ -66,7 +55,7 @@ def test_flwr_run_simulates_four_boards_and_ends_with_the_results_line(tmp_path:
 
     # the ServerApp's own lines: Flower's log records and Ray-forwarded actor lines (which may follow
     # the ServerApp's end: an empty INFO record, "Manually terminating ClientAppActor") left out
-    plain = [re.sub(r"\x1b\[[0-9;]*m", "", ln) for ln in proc.stdout.splitlines()]
+    plain = [ANSI.sub("", ln) for ln in proc.stdout.splitlines()]
     lines = [ln for ln in plain if ln.strip() and not INFRA_LINE.match(ln)]
     assert lines[-1] == f"results: {results / 'results.json'}", out[-3000:]
     assert [ln for ln in lines if ln.startswith("results: ")] == [lines[-1]]
@@ -98,16 +87,9 @@ def test_flwr_run_names_a_client_that_raises_and_one_that_hangs_past_the_timeout
         f"profile-samples=512 profile-warmup=0 profile-steps=1 results-dir='{results}' fraction-evaluate=0.0 "
         f"round-timeout=30.0 inject-failures='raise:0.3,hang:0.3' inject-seed=59 inject-hang-s=40.0"
     )
-    cmd = [
-        str(Path(sys.executable).parent / "flwr"),
-        "run",
-        ".",
-        "--stream",
-        "--federation-config",
-        "num-supernodes=3 client-resources-num-cpus=1 init-args-num-cpus=3",
-        "--run-config",
-        run_config,
-    ]
+    cmd = flwr_run_command(
+        ".", "num-supernodes=3 client-resources-num-cpus=1 init-args-num-cpus=3", run_config
+    )
     try:
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=420)
         out = proc.stdout + proc.stderr
