@@ -2,6 +2,8 @@
 
     minimise  T_N(b, f) · r_b   subject to   P(b, f) ≤ P_max
 
+or, with the energy objective, E_N(b, f) · r_b where E_N = mean power × T_N (energy to the target).
+
 over the profiled (b, f) pairs whose batch size has a relation entry. Ties go to the larger batch size,
 then the lower frequency. Predicted times are compared exactly (no epsilon): the products come from the
 same profile and relation, so equal inputs give bit-equal products and the tie rule decides; a nearly-equal
@@ -12,11 +14,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from powerctl.errors import FileFormatError, InfeasibleCapError, PowerctlError
 from powerctl.profile_table import Profile, ProfilePoint
 from powerctl.relation import RelationVector
+
+Objective = Literal["time", "energy"]
+OBJECTIVES: tuple[str, ...] = ("time", "energy")
+"""What selection minimises: predicted time to the target (the paper, the default) or energy to it."""
 
 
 class InvalidPowerCapError(PowerctlError, ValueError):
@@ -32,15 +38,21 @@ class Selection:
     predicted_seconds: float
     """T_N(b, f) · r_b: predicted seconds to the target accuracy, in units of the profile's N samples."""
     peak_power_w: float
+    predicted_energy_j: float = math.nan
+    """E_N(b, f) · r_b: predicted joules to the target (profile mean power × T_N · r_b)."""
 
-    def to_json_dict(self) -> dict[str, Any]:
-        """The `powerctl select --json` object (DESIGN §6), exactly these four keys."""
-        return {
+    def to_json_dict(self, *, with_energy: bool = False) -> dict[str, Any]:
+        """The `powerctl select --json` object: exactly DESIGN §6's four keys, plus `predicted_energy_j`
+        when asked (the energy objective)."""
+        d = {
             "batch_size": self.batch_size,
             "frequency_hz": self.frequency_hz,
             "predicted_seconds": self.predicted_seconds,
             "peak_power_w": self.peak_power_w,
         }
+        if with_energy:
+            d["predicted_energy_j"] = self.predicted_energy_j
+        return d
 
 
 def check_power_cap(power_cap_w: float | None) -> float | None:
@@ -110,27 +122,56 @@ def predicted_seconds(point: ProfilePoint, r_b: float) -> float:
     return point.seconds_for_samples * r_b
 
 
-def _order_key(sel: Selection) -> tuple[float, int, int]:
-    # Least predicted time, then the larger batch size, then the lower frequency.
-    return (sel.predicted_seconds, -sel.batch_size, sel.frequency_hz)
+def predicted_energy_j(point: ProfilePoint, r_b: float) -> float:
+    """E_acc(b, f) = E_N(b, f) · r_b, with E_N = the profile's mean power × T_N."""
+    return point.mean_power_w * point.seconds_for_samples * r_b
 
 
-def rank(profile: Profile, relation: RelationVector, power_cap_w: float | None) -> list[Selection]:
-    """Every feasible pair with a relation entry, best first (empty if none is feasible)."""
+def check_objective(objective: str) -> Objective:
+    if objective not in OBJECTIVES:
+        raise PowerctlError(f"unknown objective {objective!r}; use one of: {', '.join(OBJECTIVES)}")
+    return objective  # type: ignore[return-value]
+
+
+def _order_key(objective: Objective) -> Any:
+    # The objective, then the other one, then the larger batch size, then the lower frequency.
+    if objective == "energy":
+        return lambda s: (s.predicted_energy_j, s.predicted_seconds, -s.batch_size, s.frequency_hz)
+    return lambda s: (s.predicted_seconds, -s.batch_size, s.frequency_hz)
+
+
+def candidates(profile: Profile, relation: RelationVector, power_cap_w: float | None) -> list[Selection]:
+    """Every feasible pair with a relation entry, with its predicted time and energy, in profile order."""
     cap = check_power_cap(power_cap_w)
     r = relation.as_map()
     common = set(common_batch_sizes(profile, relation))
-    candidates = [
-        Selection(p.batch_size, p.frequency_hz, predicted_seconds(p, r[p.batch_size]), p.peak_power_w)
+    return [
+        Selection(
+            p.batch_size,
+            p.frequency_hz,
+            predicted_seconds(p, r[p.batch_size]),
+            p.peak_power_w,
+            predicted_energy_j(p, r[p.batch_size]),
+        )
         for p in profile.points
         if p.batch_size in common and is_feasible(p, cap)
     ]
-    return sorted(candidates, key=_order_key)
 
 
-def select(profile: Profile, relation: RelationVector, power_cap_w: float | None) -> Selection:
-    """Algorithm 1: the feasible pair with the least T_N·r_b; none feasible → one InfeasibleCapError line."""
-    ranked = rank(profile, relation, power_cap_w)
+def rank(
+    profile: Profile, relation: RelationVector, power_cap_w: float | None, objective: str = "time"
+) -> list[Selection]:
+    """Every feasible pair with a relation entry, best first for `objective` (empty if none is feasible)."""
+    key = _order_key(check_objective(objective))
+    return sorted(candidates(profile, relation, power_cap_w), key=key)
+
+
+def select(
+    profile: Profile, relation: RelationVector, power_cap_w: float | None, objective: str = "time"
+) -> Selection:
+    """Algorithm 1: the feasible pair with the least T_N·r_b (or E_N·r_b for `objective="energy"`);
+    none feasible → one InfeasibleCapError line."""
+    ranked = rank(profile, relation, power_cap_w, objective)
     if ranked:
         return ranked[0]
     assert power_cap_w is not None  # with no cap every common point is feasible, and there is one

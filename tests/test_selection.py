@@ -362,3 +362,41 @@ def test_selection_is_frozen() -> None:
     sel = Selection(8, 100, 1.0, 2.0)
     with pytest.raises(AttributeError):
         sel.batch_size = 16  # type: ignore[misc]
+
+
+# --- the energy objective (issue 8) ---------------------------------------------------------------
+def energy_point(b: int, mhz: float, peak: float, mean: float, seconds: float) -> ProfilePoint:
+    return ProfilePoint(b, round(mhz * MHZ), peak, mean, seconds * b / 1000, seconds)
+
+
+def test_energy_objective_picks_the_frugal_pair_time_the_fast_one() -> None:
+    # Worked by hand (r = 1 for both): fast pair 50 s at 5 W mean = 250 J; slow pair 80 s at 2.5 W = 200 J.
+    profile = make_profile([energy_point(32, 900, 6.0, 5.0, 50.0), energy_point(32, 400, 3.0, 2.5, 80.0)])
+    relation = make_relation({32: 1000.0})
+    fast = select(profile, relation, None)
+    frugal = select(profile, relation, None, objective="energy")
+    assert (fast.frequency_hz, fast.predicted_seconds) == (900 * MHZ, 50.0)
+    assert (frugal.frequency_hz, frugal.predicted_energy_j) == (400 * MHZ, 200.0)
+    assert fast.predicted_energy_j == 250.0
+    assert frugal.to_json_dict(with_energy=True)["predicted_energy_j"] == 200.0
+    # the cap still binds: under 2.9 W neither is feasible
+    with pytest.raises(InfeasibleCapError):
+        select(profile, relation, 2.9, objective="energy")
+
+
+def test_unknown_objective_is_one_line() -> None:
+    profile, relation = small()
+    with pytest.raises(PowerctlError, match="unknown objective 'joules'; use one of: time, energy"):
+        select(profile, relation, 5.0, objective="joules")
+
+
+@FAST
+@given(profiles(), st.floats(1.0, 20.0))
+def test_energy_choice_is_the_least_predicted_energy(profile: Profile, cap: float) -> None:
+    relation = make_relation({b: 1000.0 * b**0.5 for b in profile.batch_sizes()})
+    ranked = rank(profile, relation, cap, "energy")
+    if ranked:
+        assert ranked[0].predicted_energy_j == min(s.predicted_energy_j for s in ranked)
+        assert {(s.batch_size, s.frequency_hz) for s in ranked} == {
+            (s.batch_size, s.frequency_hz) for s in rank(profile, relation, cap)
+        }
