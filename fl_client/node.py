@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from powerctl.capsource import CapSource, ConstantCap, ScheduleCap
 from powerctl.errors import PowerctlError
 
 NODE_KEYS = ("device", "power-cap-w", "data", "name", "partition-id", "num-partitions")
@@ -70,6 +71,12 @@ class NodeSettings:
     num_partitions: int | None
     key: str
     """How the server names this node in reports: `name`, else partition-N, else device@host."""
+    cap_source: CapSource | None = None
+    """The node's cap over time (powerctl.capsource); None: the constant `power_cap_w`."""
+
+    def caps(self) -> CapSource:
+        """The cap over time this node must stay under (a constant when nothing else was given)."""
+        return self.cap_source if self.cap_source is not None else ConstantCap(self.power_cap_w)
 
 
 def parse_power_cap(value: Any, where: str) -> float | None:
@@ -233,6 +240,7 @@ def _int_key(node_config: Any, key: str, minimum: int) -> int | None:
 def resolve_node(node_config: Any, run_config: Any) -> NodeSettings:
     """This node's settings: its node config, completed by the run's fleet for virtual nodes."""
     pid = _int_key(node_config, "partition-id", 0)
+    cap_source: CapSource | None = None
     num = _int_key(node_config, "num-partitions", 1)
     if pid is not None and num is not None and pid >= num:
         raise NodeConfigError(f"node config 'partition-id' {pid} is not below 'num-partitions' {num}")
@@ -252,8 +260,11 @@ def resolve_node(node_config: Any, run_config: Any) -> NodeSettings:
         entry = fleet_entry(load_fleet(fleet_text), pid)
         device = entry.device
         cap = entry.power_cap_w
+        if entry.power_cap_schedule is not None:
+            cap_source = ScheduleCap(entry.power_cap_schedule)
         if "power-cap-w" in node_config:
             cap = parse_power_cap(node_config["power-cap-w"], "node config")
+            cap_source = None
     data = node_config.get("data")
     if data is not None and (not isinstance(data, str) or not data.strip()):
         raise NodeConfigError(f"node config 'data' must be a dataset spec string, got {data!r}")
@@ -271,4 +282,4 @@ def resolve_node(node_config: Any, run_config: Any) -> NodeSettings:
     if name is not None and (not isinstance(name, str) or not name.strip()):
         raise NodeConfigError(f"node config 'name' must be a non-empty string, got {name!r}")
     key = name or (f"partition-{pid}" if pid is not None else f"{device}@{socket.gethostname()}")
-    return NodeSettings(device, cap, data.strip() if data else None, pid, num, key)
+    return NodeSettings(device, cap, data.strip() if data else None, pid, num, key, cap_source)
