@@ -50,15 +50,19 @@ class ProfileKey:
     batch_sizes: tuple[int, ...]
     order: str
     power_cap_w: float | None
-    """Only for the efficient order, which stops at the cap; None for the full grid."""
+    """Only for the efficient and fitted orders, which depend on the cap; None for the full grid."""
     samples: int
     warmup_steps: int
     measure_steps: int
+    relation: str | None = None
+    """Only for the fitted order, whose confirmed points depend on r_b: the (b, r_b) pairs as JSON."""
 
     def digest(self) -> str:
         import torch
 
         fields = asdict(self)
+        if fields["relation"] is None:
+            del fields["relation"]  # keys of the other orders (and their cache entries) stay as they were
         fields["cache_version"] = PROFILE_CACHE_VERSION
         fields["code_version"] = code_version()
         fields["torch"] = ".".join(torch.__version__.split(".")[:2])

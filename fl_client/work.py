@@ -110,6 +110,7 @@ def _profile(
     batch_sizes: list[int],
     cap: float | None,
     cache: Path | None = None,
+    relation_map: dict[int, float] | None = None,
 ) -> tuple[Profile, bool]:
     """The device's profile for this model: predicted from a simulated board's model when the run asks
     for it, else from the cache or measured now (and cached); a device without a knob or a sensor is
@@ -125,8 +126,11 @@ def _profile(
             dev.board, instr.model, overrides, instr.num_classes, bs, instr.profile_samples
         ), True
 
-    order = instr.profile_order if cap is not None else "grid"  # the efficient order stops at a cap
-    order_cap = cap if order == "efficient" else None
+    # the efficient order stops at a cap (none: the grid); the fitted order predicts and confirms the
+    # choice for this cap and relation vector, with or without a cap
+    order = instr.profile_order if cap is not None or instr.profile_order == "fitted" else "grid"
+    order_cap = cap if order in ("efficient", "fitted") else None
+    relation = relation_map if order == "fitted" else None
     spec = get_model_spec(instr.model)
     shape = (model_seq_len(instr.model, instr.model_overrides),) if spec.task == "text" else spec.input_shape
     key = ProfileKey(
@@ -138,6 +142,7 @@ def _profile(
         batch_sizes=tuple(batch_sizes),
         order=order,
         power_cap_w=order_cap,
+        relation=None if relation is None else json.dumps(sorted(relation.items())),
         samples=instr.profile_samples,
         warmup_steps=instr.profile_warmup,
         measure_steps=instr.profile_steps,
@@ -160,6 +165,7 @@ def _profile(
             samples=instr.profile_samples,
             order=order,
             power_cap_w=order_cap,
+            relation=relation,
             warmup_steps=instr.profile_warmup,
             measure_steps=instr.profile_steps,
             progress=False,
@@ -343,7 +349,9 @@ def train_round(
     relation = instr.relation() if instr.stand_in else usable_relation(instr, len(train))
     with open_device(settings.device, seed=device_seed) as dev:
         model = model.to(dev.torch_device())
-        profile, cached = _profile(dev, model, instr, relation.batch_sizes, cap, profile_cache)
+        profile, cached = _profile(
+            dev, model, instr, relation.batch_sizes, cap, profile_cache, relation_map=relation.as_map()
+        )
         board = dev.board
     if instr.stand_in:
         new_state, report, _ = _stand_in(settings, instr, state, model, test, profile, relation, cap, board)

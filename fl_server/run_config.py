@@ -172,7 +172,12 @@ def _validate(cfg: ServerConfig) -> None:
     need(cfg.num_server_rounds >= 1, "num-server-rounds", cfg.num_server_rounds, "must be ≥ 1")
     need(cfg.lr_max > 0, "lr-max", cfg.lr_max, "must be > 0")
     need(cfg.lr_rule in LR_RULES, "lr-rule", cfg.lr_rule, f"must be one of {', '.join(LR_RULES)}")
-    need(cfg.profile_order in PROFILE_ORDERS, "profile-order", cfg.profile_order, "must be efficient or grid")
+    need(
+        cfg.profile_order in PROFILE_ORDERS,
+        "profile-order",
+        cfg.profile_order,
+        "must be efficient, grid or fitted",
+    )
     need(cfg.budget_samples >= 0, "budget-samples", cfg.budget_samples, "must be ≥ 0 (0: none)")
     need(cfg.budget_device_seconds >= 0, "budget-device-seconds", cfg.budget_device_seconds, "must be ≥ 0")
     for key in ("pretrain-samples", "relation-max-samples", "eval-every-samples", "eval-max-samples"):

@@ -122,8 +122,8 @@ def _predicted_profile(args: argparse.Namespace) -> Any:
         raise PowerctlError(
             f"--predicted needs a simulated board (sim:NAME); {args.device} is profiled by running it"
         )
-    if args.order == "efficient":
-        raise PowerctlError("--predicted writes the whole grid at no cost; drop --order efficient")
+    if args.order != "grid":
+        raise PowerctlError(f"--predicted writes the whole grid at no cost; drop --order {args.order}")
     from training.models import build_model, model_workload
 
     with open_device(args.device, seed=args.seed) as dev:
@@ -151,6 +151,17 @@ def cmd_profile(args: argparse.Namespace) -> int:
         return 0
     if args.order == "efficient" and args.power_cap is None:
         raise PowerctlError("--order efficient needs --power-cap W (it stops each batch size at the cap)")
+    if args.relation is not None and args.order != "fitted":
+        raise PowerctlError("--relation is for --order fitted (which confirms the choice it predicts)")
+    relation = None
+    if args.relation is not None:
+        from powerctl.relation import RelationVector
+
+        relation = RelationVector.load(args.relation)
+        if relation.model != args.model:
+            raise PowerctlError(
+                f"--relation is of model {relation.model!r}, not {args.model!r}: they do not belong together"
+            )
     # the one place where powerctl is composed with the training package's model registry
     from training.profiling import profiling_step_factory
 
@@ -166,6 +177,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
             samples=args.samples,
             order=args.order,
             power_cap_w=args.power_cap,
+            relation=None if relation is None else relation.as_map(),
             warmup_steps=args.warmup,
             measure_steps=args.steps,
             rate_hz=args.rate,
@@ -173,8 +185,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
         )
     profile.save(args.out)
     cost = profile.profiling_seconds or 0.0
+    predicted = f" measured, {len(profile.predicted)} predicted (fitted)" if args.order == "fitted" else ""
     print(
-        f"wrote {args.out}: {len(profile.points)} points, batch sizes {profile.batch_sizes()}"
+        f"wrote {args.out}: {len(profile.points)} points{predicted}, batch sizes {profile.batch_sizes()}"
         + (
             f", skipped {[s['batch_size'] for s in profile.skipped]} (out of memory)"
             if profile.skipped
@@ -315,12 +328,23 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--samples", type=positive_int, default=10_000, help="N of T_N: samples (default 10000)")
     s.add_argument(
         "--order",
-        choices=["grid", "efficient"],
+        choices=["grid", "efficient", "fitted"],
         default="grid",
-        help="grid: every pair; efficient: stop each batch size at the cap (needs --power-cap)",
+        help="grid: every pair; efficient: stop each batch size at the cap (needs --power-cap); fitted: "
+        "measure a few pairs, predict the rest, measure the predicted choice and its neighbour over the cap",
     )
     s.add_argument(
-        "--power-cap", type=positive_float, metavar="W", help="power cap in W (for --order efficient)"
+        "--power-cap",
+        type=positive_float,
+        metavar="W",
+        help="power cap in W (for --order efficient and fitted)",
+    )
+    s.add_argument(
+        "--relation",
+        type=Path,
+        metavar="R",
+        help="--order fitted: relation vector JSON; only batch sizes that could win are confirmed "
+        "(without it: every batch size)",
     )
     s.add_argument("--warmup", type=non_negative_int, default=2, help="warm-up steps per point (default 2)")
     s.add_argument("--steps", type=positive_int, default=5, help="measured steps per point (default 5)")

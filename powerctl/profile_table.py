@@ -9,7 +9,17 @@ from typing import Any
 from powerctl.jsonfile import Fields, read_json, write_json
 
 PROFILE_SCHEMA = "powerctl.profile/1"
-_KNOWN = {"schema", "device", "model", "input_shape", "samples", "points", "profiling_seconds", "skipped"}
+_KNOWN = {
+    "schema",
+    "device",
+    "model",
+    "input_shape",
+    "samples",
+    "points",
+    "profiling_seconds",
+    "skipped",
+    "predicted_points",
+}
 
 
 @dataclass(frozen=True)
@@ -47,6 +57,10 @@ class Profile:
     skipped: list[dict[str, Any]] = field(default_factory=list)
     """Batch sizes left out, with why (e.g. out of memory)."""
     extra: dict[str, Any] = field(default_factory=dict)
+    predicted: list[ProfilePoint] = field(default_factory=list)
+    """Points the fitted order predicted and did not measure (file key `predicted_points`). They are kept
+    apart from `points` on purpose: selection, caps and baselines read `points` only, so nothing that was
+    not measured under the cap is ever chosen. Files without the key (every older one) have none."""
 
     def batch_sizes(self) -> list[int]:
         return sorted({p.batch_size for p in self.points})
@@ -55,10 +69,14 @@ class Profile:
         return sorted({p.frequency_hz for p in self.points})
 
     def point(self, batch_size: int, frequency_hz: int) -> ProfilePoint | None:
+        """The measured point at (b, f), or None (a predicted one is not returned: see `predicted`)."""
         for p in self.points:
             if p.batch_size == batch_size and p.frequency_hz == frequency_hz:
                 return p
         return None
+
+    def is_measured(self, batch_size: int, frequency_hz: int) -> bool:
+        return self.point(batch_size, frequency_hz) is not None
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -73,6 +91,8 @@ class Profile:
             d["profiling_seconds"] = self.profiling_seconds
         if self.skipped:
             d["skipped"] = self.skipped
+        if self.predicted:
+            d["predicted_points"] = [p.to_dict() for p in self.predicted]
         d.update(self.extra)
         return d
 
@@ -85,29 +105,11 @@ class Profile:
         shape = f.list_of("input_shape")
         if not shape or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in shape):
             raise f.fail("'input_shape' must be a list of positive integers")
-        points: list[ProfilePoint] = []
         seen: set[tuple[int, int]] = set()
-        for i, raw in enumerate(f.list_of("points")):
-            if not isinstance(raw, dict):
-                raise f.fail(f"points[{i}] must be an object")
-            pf = Fields(raw, f"{where}: points[{i}]")
-            p = ProfilePoint(
-                batch_size=pf.integer("batch_size"),
-                frequency_hz=pf.integer("frequency_hz"),
-                peak_power_w=pf.number("peak_power_w", positive=True),
-                mean_power_w=pf.number("mean_power_w", positive=True),
-                seconds_per_batch=pf.number("seconds_per_batch", positive=True),
-                seconds_for_samples=pf.number("seconds_for_samples", positive=True),
-            )
-            if p.mean_power_w > p.peak_power_w * (1 + 1e-9):
-                raise pf.fail("mean_power_w exceeds peak_power_w")
-            key = (p.batch_size, p.frequency_hz)
-            if key in seen:
-                raise pf.fail(f"duplicate point for batch size {key[0]} at {key[1]} Hz")
-            seen.add(key)
-            points.append(p)
+        points = _points(f, "points", where, seen)
         if not points:
             raise f.fail("no profiled points")
+        predicted = _points(f, "predicted_points", where, seen) if "predicted_points" in data else []
         cost = data.get("profiling_seconds")
         return cls(
             device=f.string("device"),
@@ -118,8 +120,34 @@ class Profile:
             profiling_seconds=None if cost is None else f.number("profiling_seconds"),
             skipped=list(data.get("skipped") or []),
             extra={k: v for k, v in data.items() if k not in _KNOWN},
+            predicted=predicted,
         )
 
     @classmethod
     def load(cls, path: str | Path) -> Profile:
         return cls.from_dict(read_json(path, PROFILE_SCHEMA), str(path))
+
+
+def _points(f: Fields, key: str, where: str, seen: set[tuple[int, int]]) -> list[ProfilePoint]:
+    """The points under `key`; a pair already in `seen` (in this list or the measured one) is refused."""
+    points: list[ProfilePoint] = []
+    for i, raw in enumerate(f.list_of(key)):
+        if not isinstance(raw, dict):
+            raise f.fail(f"{key}[{i}] must be an object")
+        pf = Fields(raw, f"{where}: {key}[{i}]")
+        p = ProfilePoint(
+            batch_size=pf.integer("batch_size"),
+            frequency_hz=pf.integer("frequency_hz"),
+            peak_power_w=pf.number("peak_power_w", positive=True),
+            mean_power_w=pf.number("mean_power_w", positive=True),
+            seconds_per_batch=pf.number("seconds_per_batch", positive=True),
+            seconds_for_samples=pf.number("seconds_for_samples", positive=True),
+        )
+        if p.mean_power_w > p.peak_power_w * (1 + 1e-9):
+            raise pf.fail("mean_power_w exceeds peak_power_w")
+        pair = (p.batch_size, p.frequency_hz)
+        if pair in seen:
+            raise pf.fail(f"duplicate point for batch size {pair[0]} at {pair[1]} Hz")
+        seen.add(pair)
+        points.append(p)
+    return points

@@ -6,7 +6,8 @@ The step is a callable made by the caller (the profiler knows nothing of models)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tqdm import tqdm
@@ -14,6 +15,7 @@ from tqdm import tqdm
 from powerctl.devices.base import Device
 from powerctl.errors import DeviceError, DeviceOutOfMemory
 from powerctl.monitor import PowerMonitor
+from powerctl.profile_fit import ProfileFit, fit_profile, seed_frequencies
 from powerctl.profile_table import Profile, ProfilePoint
 from powerctl.safety import restore_on_exit
 from powerctl.workload import Workload
@@ -21,7 +23,11 @@ from powerctl.workload import Workload
 StepFactory = Callable[[int], Callable[[], Any]]
 """batch size → a zero-argument training step on a batch of that size (model, optimizer, data bound)."""
 
-ORDERS = ("grid", "efficient")
+ORDERS = ("grid", "efficient", "fitted")
+
+FITTED_MARGIN = 0.10
+"""The fitted order confirms every batch size whose predicted best time to the target is within this share
+of the best one's (the fit's errors near the cap are a few percent; see bench/profiling_cost.py)."""
 
 
 def _is_out_of_memory(exc: BaseException) -> bool:
@@ -39,7 +45,8 @@ def _free_accelerator_memory() -> None:
 
 
 class Profiler:
-    """Measures points one at a time; `run` walks a grid or the efficient order of DESIGN §1."""
+    """Measures points one at a time; `run` walks a grid, the efficient order of DESIGN §1, or the fitted
+    order (measure a few points, fit `powerctl.profile_fit`, predict, confirm by measuring)."""
 
     def __init__(
         self,
@@ -129,11 +136,19 @@ class Profiler:
         frequencies: Sequence[int] | None = None,
         order: str = "grid",
         power_cap_w: float | None = None,
+        relation: Mapping[int, float] | None = None,
+        margin: float = FITTED_MARGIN,
         progress: bool = True,
     ) -> Profile:
-        """Profile and restore the device's frequency afterwards, whatever happens."""
+        """Profile and restore the device's frequency afterwards, whatever happens.
+
+        `relation` (r_b per batch size) and `margin` are for the fitted order only: which batch sizes are
+        worth confirming. Without a relation every batch size is confirmed at its best feasible frequency.
+        """
         if order not in ORDERS:
             raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+        if not math.isfinite(margin) or margin < 0:
+            raise ValueError(f"margin must be a finite share ≥ 0, got {margin!r}")
         if order == "efficient" and power_cap_w is None:
             raise ValueError("the efficient order needs a power cap (it stops each batch size at the cap)")
         table = sorted(frequencies or self.device.frequencies())
@@ -143,6 +158,8 @@ class Profiler:
         sizes = sorted(set(batch_sizes), reverse=True)
         total = len(sizes) * len(table)
         points: list[ProfilePoint] = []
+        predicted: list[ProfilePoint] = []
+        fit: ProfileFit | None = None
         start = self.device.clock()
         with (
             restore_on_exit(self.device),
@@ -154,9 +171,14 @@ class Profiler:
                         if (p := self.measure(b, f)) is not None:
                             points.append(p)
                         bar.update()
-            else:
+            elif order == "efficient":
                 assert power_cap_w is not None
                 points = self._efficient(sizes, table, power_cap_w, bar)
+                bar.update(total - bar.n)
+            else:
+                points, predicted, fit = _FittedOrder(self, table, power_cap_w, relation, margin, bar).run(
+                    sizes
+                )
                 bar.update(total - bar.n)
         self._steps.clear()
         return Profile(
@@ -165,6 +187,7 @@ class Profiler:
             input_shape=list(self.workload.input_shape),
             samples=self.samples,
             points=sorted(points, key=lambda p: (p.batch_size, p.frequency_hz)),
+            predicted=sorted(predicted, key=lambda p: (p.batch_size, p.frequency_hz)),
             profiling_seconds=self.device.clock() - start,
             skipped=[{"batch_size": b, "reason": why} for b, why in sorted(self.skipped.items())],
             extra={
@@ -173,7 +196,18 @@ class Profiler:
                 "warmup_steps": self.warmup_steps,
                 "measure_steps": self.measure_steps,
                 "workload": self.workload.to_dict(),
-            },
+            }
+            | (
+                {
+                    "fit": fit.to_dict() if fit else None,
+                    "margin": margin,
+                    "relation": None
+                    if relation is None
+                    else {str(b): r for b, r in sorted(relation.items())},
+                }
+                if order == "fitted"
+                else {}
+            ),
         )
 
     def _efficient(self, sizes: list[int], table: list[int], cap: float, bar: tqdm) -> list[ProfilePoint]:
@@ -194,6 +228,152 @@ class Profiler:
         return points
 
 
+class _FittedOrder:
+    """The fitted order: seed points, fit, predict, then confirm until the choice is measured.
+
+    1. Seed: the largest batch size that fits at three frequencies (`seed_frequencies`), then each smaller
+       one at one frequency: where the cap would fall if it were as busy as the next larger one.
+    2. Loop: fit on everything measured so far and predict the rest of the grid (a measured point always
+       stands for itself). Per batch size, its best pair is the feasible one (peak ≤ cap) with the least
+       predicted time to the target (T_N · r_b). The candidates are the batch sizes whose best is within
+       `margin` of the overall best. A candidate is confirmed when its best pair is measured and feasible
+       and the next higher frequency is measured and over the cap (or there is none). The best-ranked
+       unconfirmed candidate gets one measurement (its best pair, else that neighbour); then fit again.
+    3. Stop when every candidate is confirmed (or the whole grid is measured: the loop is bounded).
+
+    The profile's points are the measured ones only; the predictions go to `Profile.predicted`, so a
+    selection on the profile can only ever pick a pair measured under the cap.
+    """
+
+    def __init__(
+        self,
+        profiler: Profiler,
+        table: list[int],
+        cap: float | None,
+        relation: Mapping[int, float] | None,
+        margin: float,
+        bar: tqdm,
+    ) -> None:
+        self.p, self.table, self.cap, self.relation, self.margin, self.bar = (
+            profiler,
+            table,
+            cap,
+            relation,
+            margin,
+            bar,
+        )
+        self.measured: dict[tuple[int, int], ProfilePoint] = {}
+
+    def _measure(self, b: int, hz: int) -> None:
+        if (b, hz) in self.measured or b in self.p.skipped:
+            return
+        point = self.p.measure(b, hz)
+        self.bar.update()
+        if point is not None:
+            self.measured[b, hz] = point
+
+    def _feasible(self, point: ProfilePoint) -> bool:
+        return self.cap is None or point.peak_power_w <= self.cap
+
+    def _fit(self) -> ProfileFit | None:
+        try:
+            return fit_profile(self.measured.values(), max(self.table))
+        except ValueError:
+            return None
+
+    def _value(self, fit: ProfileFit | None, b: int, hz: int) -> ProfilePoint | None:
+        if (b, hz) in self.measured:
+            return self.measured[b, hz]
+        if fit is None or b not in fit.utilisation:
+            return None
+        return fit.predict(b, hz, self.p.samples)
+
+    def _boundary(self, fit: ProfileFit, b: int, utilisation: float) -> int:
+        """The highest frequency whose predicted peak at `utilisation` is under the cap (else the lowest)."""
+        if self.cap is None:
+            return self.table[-1]
+        ok = [f for f in self.table if fit.p0_w + utilisation * fit.dynamic_w(f) <= self.cap]
+        return ok[-1] if ok else self.table[0]
+
+    def _seed(self, sizes: list[int]) -> list[int]:
+        fitted: list[int] = []
+        for b in sizes:  # largest first: the first that fits is the reference
+            if not fitted:
+                for hz in seed_frequencies(self.table):
+                    self._measure(b, hz)
+                if any(key[0] == b for key in self.measured):
+                    fitted.append(b)
+                continue
+            fit = self._fit()
+            hz = self.table[-1] if fit is None else self._boundary(fit, b, fit.utilisation[fitted[-1]])
+            self._measure(b, hz)
+            if any(key[0] == b for key in self.measured):
+                fitted.append(b)
+        return fitted
+
+    def _best(self, fit: ProfileFit | None, b: int) -> tuple[float, int] | None:
+        """(predicted seconds to the target, frequency) of b's best feasible pair, or None."""
+        r_b = 1.0 if self.relation is None else self.relation.get(b)
+        if r_b is None:
+            return None
+        best = None
+        for hz in self.table:
+            point = self._value(fit, b, hz)
+            if point is not None and self._feasible(point):
+                key = (point.seconds_for_samples * r_b, hz)
+                if best is None or key < best:
+                    best = key
+        return best
+
+    def _next_to_measure(self, fit: ProfileFit | None, sizes: list[int]) -> tuple[int, int] | None:
+        # per batch size: its best pair, the neighbour above it (or, with none feasible, the lowest
+        # frequency), and an optimistic value: as if that unmeasured neighbour were under the cap
+        rows = []
+        for b in sizes:
+            r_b = 1.0 if self.relation is None else self.relation.get(b)
+            if r_b is None:
+                continue
+            best = self._best(fit, b)
+            seconds, hz = best if best is not None else (math.inf, None)
+            i = self.table.index(hz) if hz is not None else -1
+            above = self.table[i + 1] if i + 1 < len(self.table) else None
+            hopeful = seconds
+            point = None if above is None or (b, above) in self.measured else self._value(fit, b, above)
+            if point is not None:
+                hopeful = min(seconds, point.seconds_for_samples * r_b)
+            rows.append((hopeful, seconds, b, hz, above))
+        finite = [row for row in rows if math.isfinite(row[0])]
+        if not finite:
+            return None
+        limit = math.inf if self.relation is None else min(row[0] for row in finite) * (1 + self.margin)
+        for hopeful, _, b, hz, above in sorted(finite, key=lambda row: (row[1], row[0])):
+            if hopeful > limit:
+                continue
+            if hz is not None and (b, hz) not in self.measured:
+                return b, hz
+            if above is not None and (b, above) not in self.measured:
+                return b, above
+        return None
+
+    def run(self, sizes: list[int]) -> tuple[list[ProfilePoint], list[ProfilePoint], ProfileFit | None]:
+        fitted = sorted(self._seed(sizes))
+        fit = self._fit()
+        for _ in range(len(fitted) * len(self.table)):
+            todo = self._next_to_measure(fit, fitted)
+            if todo is None:
+                break
+            self._measure(*todo)
+            fitted = [b for b in fitted if b not in self.p.skipped]
+            fit = self._fit()
+        predicted = [
+            fit.predict(b, hz, self.p.samples)
+            for b in fitted
+            for hz in self.table
+            if fit is not None and (b, hz) not in self.measured
+        ]
+        return list(self.measured.values()), predicted, fit
+
+
 def profile_device(
     device: Device,
     workload: Workload,
@@ -204,6 +384,8 @@ def profile_device(
     frequencies: Sequence[int] | None = None,
     order: str = "grid",
     power_cap_w: float | None = None,
+    relation: Mapping[int, float] | None = None,
+    margin: float = FITTED_MARGIN,
     warmup_steps: int = 2,
     measure_steps: int = 5,
     rate_hz: float = 50.0,
@@ -220,5 +402,11 @@ def profile_device(
         rate_hz=rate_hz,
     )
     return profiler.run(
-        batch_sizes, frequencies=frequencies, order=order, power_cap_w=power_cap_w, progress=progress
+        batch_sizes,
+        frequencies=frequencies,
+        order=order,
+        power_cap_w=power_cap_w,
+        relation=relation,
+        margin=margin,
+        progress=progress,
     )

@@ -30,7 +30,9 @@ NODE_KEY = "node"
 EXAMPLES_KEY = "num-examples"
 """The MetricRecord key the weights are averaged by (FedAvg's default `weighted_by_key`)."""
 
-PROFILE_ORDERS = ("efficient", "grid")
+PROFILE_ORDERS = ("efficient", "grid", "fitted")
+"""How a client measures its profile (powerctl.profiler): efficient (stop each batch size at the cap),
+grid (every pair), fitted (a few points, a fit, and measurements confirming the choice)."""
 PROFILE_SOURCES = ("measured", "predicted")
 """measured: profile the device (cached); predicted: a simulated board's model profile (no device time)."""
 OURS = "ours"

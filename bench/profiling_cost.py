@@ -1,0 +1,229 @@
+"""What profiling costs, and what a cheaper order loses: grid vs efficient vs fitted, on simulated boards.
+
+For each model (full size, as the paper), board, power cap and seed, the board is profiled three ways
+through `powerctl.profiler.profile_device`, and each profile's choice (Algorithm 1, `powerctl.selection`)
+is compared with the full grid's:
+
+- points: pairs measured; device s: profiling seconds on the board's clock (warm-up + measured steps);
+- share: profiling device seconds / the chosen run's training time to the target;
+- regret: time to target of the order's choice / time to target of the grid's choice, both read from the
+  same seed's full-grid profile (apples to apples; 1.000 = the same choice or an equally fast one);
+  `over` counts choices whose peak on the grid's measurement is above the cap (measurement noise).
+- `grid again` is the noise floor: the whole grid measured again with other noise, its choice scored the
+  same way. A pair whose peak is within the noise of the cap is over it in one measurement and under it in
+  another, so even a second full grid does not always agree with the first.
+
+How it is made (printed again):
+- The simulated board charges each step from its model and the workload's measured FLOPs, memory and
+  kernels (`powerctl.devices.simulated`); the training step's CPU work changes nothing it charges, so
+  the profiler runs a no-op step here and the whole bench takes seconds. Noise (1 % on time and power)
+  is seeded per board: every order sees the same board seed.
+- Profiling settings are the run config's defaults: 1 warm-up step and 2 measured steps per point.
+- Relation vectors: the shape (samples to the target per batch size, over the fewest) measured by
+  bench/paper_tables.py at commit 70445d6 (text: Austen, for chartransformer; vision: CIFAR-10-C
+  blur+fog, for resnet18 and mobilenetv2 — no MobileNetV2 run exists, so it borrows the vision shape),
+  scaled so the best batch size needs `--samples-to-target` samples (default 250 000: five epochs of a
+  50 000-sample dataset — fine-tuning in the paper's regime, where profiling the grid costs a few percent).
+
+    python bench/profiling_cost.py [--models resnet18,mobilenetv2,chartransformer] [--seeds 0,1,2,3,4]
+                                   [--samples-to-target 250000] [--margin 0.10] [--no-noise]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable
+
+from powerctl.devices.simulated import SimulatedBoard
+from powerctl.errors import InfeasibleCapError
+from powerctl.profile_table import Profile
+from powerctl.profiler import FITTED_MARGIN, profile_device
+from powerctl.relation import RelationVector
+from powerctl.selection import select
+from powerctl.workload import Workload
+
+BATCH_SIZES = [4, 8, 16, 32, 64, 128]
+CAPS_W = {"jetson-nano": (3.0, 4.0, 5.0), "jetson-tx2nx": (3.5, 5.0, 6.5)}
+"""The paper tables' two caps per board (bench/paper_tables.py) and one higher."""
+ORDERS = ("grid", "efficient", "fitted")
+REMEASURE_SEED = 1000
+"""`grid again`: the grid measured once more on the same board with other noise (seed + this): the regret
+that measurement noise alone causes, the floor any order that measures can reach."""
+ROWS = ("grid", "grid again", "efficient", "fitted")
+WARMUP_STEPS, MEASURE_STEPS = 1, 2
+"""The run config's `profile-warmup` and `profile-steps` defaults."""
+SHAPES = {
+    "text": {4: 1.0, 8: 1.205, 16: 1.282, 32: 1.359, 64: 1.615, 128: 2.128},
+    "vision": {4: 1.818, 8: 1.455, 16: 1.0, 32: 1.0, 64: 1.409, 128: 2.091},
+}
+"""Mean samples to the target over 3 (text) / 5 (vision) seeds per batch size, over the fewest:
+bench/paper_tables.py's runs on Austen (Emma) and CIFAR-10-C blur+fog."""
+MODEL_SHAPE = {"resnet18": "vision", "mobilenetv2": "vision", "chartransformer": "text"}
+PAPER = "paper: profiling costs 1.9-6 % of training (real boards)"
+
+
+def _noop_step(batch_size: int) -> Callable[[], None]:
+    return lambda: None
+
+
+def _relation(model: str, samples_to_target: float) -> RelationVector:
+    shape = SHAPES[MODEL_SHAPE[model]]
+    return RelationVector.from_samples(
+        model, f"paper_tables:{MODEL_SHAPE[model]}", 0.0, {b: s * samples_to_target for b, s in shape.items()}
+    )
+
+
+def _profile(
+    board: str,
+    workload: Workload,
+    seed: int,
+    order: str,
+    cap: float | None,
+    relation: RelationVector,
+    margin: float,
+    noise: bool = True,
+) -> Profile:
+    dev = SimulatedBoard.open(board, seed=seed, noise=noise)
+    return profile_device(
+        dev,
+        workload,
+        _noop_step,
+        batch_sizes=BATCH_SIZES,
+        samples=round(relation.samples_to_target[-1]),  # T_N · r_b is then the training time itself
+        order=order,
+        power_cap_w=cap if order != "grid" else None,
+        relation=relation.as_map() if order == "fitted" else None,
+        margin=margin,
+        warmup_steps=WARMUP_STEPS,
+        measure_steps=MEASURE_STEPS,
+        progress=False,
+    )
+
+
+def run(
+    models: list[str], seeds: list[int], samples_to_target: float, margin: float, noise: bool = True
+) -> list[dict]:
+    from training.models import build_model, model_workload
+
+    rows = []
+    for model in models:
+        workload = model_workload(model, build_model(model, seed=0))
+        relation = _relation(model, samples_to_target)
+        r = relation.as_map()
+        for board in CAPS_W:
+            grids = {s: _profile(board, workload, s, "grid", None, relation, margin, noise) for s in seeds}
+            for cap in CAPS_W[board]:
+                for seed in seeds:
+                    grid = grids[seed]
+                    try:
+                        best = select(grid, relation, cap)
+                    except InfeasibleCapError:
+                        continue
+                    best_s = best.predicted_seconds
+                    for order in ROWS:
+                        if order == "grid":
+                            prof = grid
+                        elif order == "grid again":
+                            again = seed + REMEASURE_SEED
+                            prof = _profile(board, workload, again, "grid", None, relation, margin, noise)
+                        else:
+                            prof = _profile(board, workload, seed, order, cap, relation, margin, noise)
+                        choice = select(prof, relation, cap)
+                        on_grid = grid.point(choice.batch_size, choice.frequency_hz)
+                        assert on_grid is not None
+                        train_s = on_grid.seconds_for_samples * r[choice.batch_size]
+                        rows.append(
+                            {
+                                "model": model,
+                                "board": board,
+                                "cap": cap,
+                                "seed": seed,
+                                "order": order,
+                                "points": len(prof.points),
+                                "device_s": prof.profiling_seconds or 0.0,
+                                "train_s": train_s,
+                                "share": (prof.profiling_seconds or 0.0) / train_s,
+                                "regret": train_s / best_s,
+                                "over": on_grid.peak_power_w > cap,
+                                "choice": f"{choice.batch_size}@{choice.frequency_hz / 1e6:.1f}",
+                            }
+                        )
+    return rows
+
+
+def _mean_sd(xs: list[float], fmt: str) -> str:
+    sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
+    return f"{format(statistics.mean(xs), fmt)} ± {format(sd, fmt)}"
+
+
+def report(rows: list[dict]) -> None:
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for row in rows:
+        groups[row["model"], row["board"], row["cap"], row["order"]].append(row)
+    print(
+        "| model | board | cap | order | points | device s | train s | share | regret mean (max) | choices |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for (model, board, cap, order), rs in groups.items():
+        regrets = [r["regret"] for r in rs]
+        choices = sorted({r["choice"] for r in rs})
+        over = sum(r["over"] for r in rs)
+        device_s = _mean_sd([r["device_s"] for r in rs], ".0f")
+        print(
+            f"| {model} | {board.removeprefix('jetson-')} | {cap:g} W | {order} "
+            f"| {statistics.mean(r['points'] for r in rs):.1f} | {device_s} "
+            f"| {statistics.mean(r['train_s'] for r in rs):.0f} "
+            f"| {100 * statistics.mean(r['share'] for r in rs):.2f} % "
+            f"| {statistics.mean(regrets):.3f} ({max(regrets):.3f}) "
+            f"| {', '.join(choices)}{f' ({over} over the cap on the grid)' if over else ''} |"
+        )
+    print("\nsummary over every model, board and cap (mean over cells; worst cell):")
+    for order in ROWS:
+        rs = [r for r in rows if r["order"] == order]
+        if not rs:
+            continue
+        exact = sum(r["regret"] <= 1.0 + 1e-12 for r in rs)
+        regrets = [r["regret"] for r in rs]
+        print(
+            f"  {order:<10} points {statistics.mean(r['points'] for r in rs):5.1f}  "
+            f"share {100 * statistics.mean(r['share'] for r in rs):5.2f} % "
+            f"(max {100 * max(r['share'] for r in rs):5.2f} %)  "
+            f"regret mean {statistics.mean(regrets):.4f} max {max(regrets):.3f}  "
+            f"zero regret in {exact}/{len(rs)} runs"
+        )
+    print(f"  ({PAPER}; target of the fitted order: ≤ 1 % at zero regret)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default="resnet18,mobilenetv2,chartransformer")
+    p.add_argument("--seeds", default="0,1,2,3,4")
+    p.add_argument("--samples-to-target", type=float, default=250_000.0)
+    p.add_argument("--margin", type=float, default=FITTED_MARGIN, help="the fitted order's confirm margin")
+    p.add_argument(
+        "--no-noise", action="store_true", help="noise-free boards: what the fit and confirm step lose alone"
+    )
+    args = p.parse_args(argv)
+    models = [m for m in args.models.split(",") if m]
+    seeds = [int(s) for s in args.seeds.split(",") if s]
+    start = time.perf_counter()
+    print(
+        f"models {models}, boards {list(CAPS_W)}, batch sizes {BATCH_SIZES}, seeds {seeds}; "
+        f"{WARMUP_STEPS} warm-up + {MEASURE_STEPS} measured steps per point; no-op step on the simulated "
+        f"board (it charges the full model's cost); best batch size needs {args.samples_to_target:g} samples "
+        f"to the target (relation shapes from bench/paper_tables.py); fitted margin {args.margin:g}\n"
+    )
+    if args.no_noise:
+        seeds = seeds[:1]  # every seed measures the same
+        print("noise-free boards (--no-noise): one seed\n")
+    report(run(models, seeds, args.samples_to_target, args.margin, noise=not args.no_noise))
+    print(f"\n({time.perf_counter() - start:.0f} s wall)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

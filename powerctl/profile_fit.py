@@ -1,0 +1,150 @@
+"""A few-parameter model of one board × model's profile, fitted to a few measured points (the fitted order).
+
+Why this shape (the physics of a training step, not any board's constants):
+
+- **power**: ``P(b, f) = p0 + u_b · D(f)``, with ``D(f) = d1·x + d3·x³`` and ``x = f / f_max``. A static
+  part, plus dynamic power that scales with how busy the GPU is (``u_b``: larger batches keep it busier)
+  times the clock and the square of a voltage that rises with the clock (``f·V²``: linear at low clocks,
+  steeper near the top). ``u`` is relative: the reference batch (the largest measured) has ``u = 1``.
+- **time per step**: ``T(b, f) = g0 + g1·b + α·b / (u_b·x)``. A part that does not follow the GPU clock
+  (CPU-side launches, per-step overhead, DRAM traffic growing with the batch), plus arithmetic that takes
+  work (∝ b) over the clock times the same utilisation that drives dynamic power.
+
+Six global coefficients and one ``u_b`` per batch size: the largest batch at three frequencies and every
+smaller batch at one frequency determine them. Least squares (numpy), non-negative coefficients.
+The fit never decides on its own what goes to the pin: the profiler confirms what it predicts by measuring.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from powerctl.profile_table import ProfilePoint
+
+_ALTERNATIONS = 30
+"""Rounds of alternating least squares between the power curve and the utilisations (converges in a few)."""
+
+
+def _nonneg_lstsq(a: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares with coefficients ≥ 0: drop the most negative column and solve again (few columns)."""
+    active = list(range(a.shape[1]))
+    coef = np.zeros(a.shape[1])
+    while active:
+        sol, *_ = np.linalg.lstsq(a[:, active], y, rcond=None)
+        if (sol >= 0).all():
+            coef[active] = sol
+            return coef
+        active.pop(int(np.argmin(sol)))
+    return coef
+
+
+@dataclass(frozen=True)
+class ProfileFit:
+    """The fitted coefficients (see the module docstring); `predict` gives a profile point."""
+
+    f_max_hz: int
+    p0_w: float
+    d1_w: float
+    d3_w: float
+    utilisation: dict[int, float]
+    g0_s: float
+    g1_s: float
+    alpha_s: float
+    mean_to_peak: float
+    """Measured mean power over peak power (median): predicted points' mean power is this × peak."""
+
+    def _x(self, hz: int) -> float:
+        return hz / self.f_max_hz
+
+    def dynamic_w(self, hz: int) -> float:
+        """D(f): dynamic power at utilisation 1 (the reference batch size)."""
+        x = self._x(hz)
+        return self.d1_w * x + self.d3_w * x**3
+
+    def peak_power_w(self, batch_size: int, hz: int) -> float:
+        return self.p0_w + self.utilisation[batch_size] * self.dynamic_w(hz)
+
+    def seconds_per_batch(self, batch_size: int, hz: int) -> float:
+        u = max(self.utilisation[batch_size], 1e-9)
+        return self.g0_s + self.g1_s * batch_size + self.alpha_s * batch_size / (u * self._x(hz))
+
+    def predict(self, batch_size: int, hz: int, samples: int) -> ProfilePoint:
+        """The point at (b, f) as the fit predicts it (b must be a fitted batch size)."""
+        peak = self.peak_power_w(batch_size, hz)
+        per_batch = self.seconds_per_batch(batch_size, hz)
+        return ProfilePoint(
+            batch_size=batch_size,
+            frequency_hz=hz,
+            peak_power_w=peak,
+            mean_power_w=peak * self.mean_to_peak,
+            seconds_per_batch=per_batch,
+            seconds_for_samples=per_batch * samples / batch_size,
+        )
+
+    def to_dict(self) -> dict[str, object]:
+        d = asdict(self)
+        d["utilisation"] = {str(b): u for b, u in sorted(self.utilisation.items())}
+        return d
+
+
+def fit_profile(points: Iterable[ProfilePoint], f_max_hz: int) -> ProfileFit:
+    """Fit power and step time to measured points; needs the largest batch at ≥ 2 frequencies (3 for the
+    full power curve) and every other batch size at ≥ 1. Raises ValueError when that is not there."""
+    pts = list(points)
+    if not pts:
+        raise ValueError("no measured points to fit")
+    sizes = sorted({p.batch_size for p in pts})
+    ref = sizes[-1]
+    ref_freqs = {p.frequency_hz for p in pts if p.batch_size == ref}
+    if len(ref_freqs) < 2:
+        raise ValueError(f"the fit needs the largest batch size ({ref}) measured at 2 or more frequencies")
+    b = np.array([p.batch_size for p in pts], dtype=float)
+    x = np.array([p.frequency_hz / f_max_hz for p in pts])
+    power = np.array([p.peak_power_w for p in pts])
+    step = np.array([p.seconds_per_batch for p in pts])
+    index = np.array([sizes.index(p.batch_size) for p in pts])
+
+    # power: alternate between (p0, d1, d3) given the utilisations and each u_b given the curve
+    u = np.ones(len(sizes))
+    coef = np.zeros(3)
+    for _ in range(_ALTERNATIONS):
+        a = np.column_stack([np.ones_like(x), u[index] * x, u[index] * x**3])
+        coef = _nonneg_lstsq(a, power)
+        curve = coef[1] * x + coef[2] * x**3
+        new_u = u.copy()
+        for i in range(len(sizes)):
+            mine = index == i
+            denom = float(np.sum(curve[mine] ** 2))
+            if denom > 0:
+                new_u[i] = max(float(np.sum((power[mine] - coef[0]) * curve[mine])) / denom, 1e-6)
+        new_u /= new_u[-1]  # the reference batch has u = 1; the curve takes the scale
+        if np.allclose(new_u, u, rtol=1e-9, atol=0):
+            break
+        u = new_u
+
+    # time: g0 + g1·b + α·b/(u·x), relative least squares (step times span decades)
+    a = np.column_stack([np.ones_like(b), b, b / (u[index] * x)]) / step[:, None]
+    g0, g1, alpha = _nonneg_lstsq(a, np.ones_like(step))
+    ratios = [p.mean_power_w / p.peak_power_w for p in pts]
+    return ProfileFit(
+        f_max_hz=f_max_hz,
+        p0_w=float(coef[0]),
+        d1_w=float(coef[1]),
+        d3_w=float(coef[2]),
+        utilisation={s: float(u[i]) for i, s in enumerate(sizes)},
+        g0_s=float(g0),
+        g1_s=float(g1),
+        alpha_s=float(alpha),
+        mean_to_peak=float(np.median(ratios)),
+    )
+
+
+def seed_frequencies(table: Sequence[int]) -> list[int]:
+    """The reference batch's three frequencies: the table's nearest to 1/3, 2/3 and all of the top clock
+    (the lowest clocks are left out: there a large batch's step is slowest, so its points cost most)."""
+    top = max(table)
+    picks = {min(table, key=lambda f: (abs(f - top * share), f)) for share in (1 / 3, 2 / 3, 1.0)}
+    return sorted(picks, reverse=True)
