@@ -6,17 +6,22 @@ Why this shape (the physics of a training step, not any board's constants):
   part, plus dynamic power that scales with how busy the GPU is (``u_b``: larger batches keep it busier)
   times the clock and the square of a voltage that rises with the clock (``f·V²``: linear at low clocks,
   steeper near the top). ``u`` is relative: the reference batch (the largest measured) has ``u = 1``.
-- **time per step**: ``T(b, f) = g0 + g1·b + α·b / (u_b·x)``. A part that does not follow the GPU clock
-  (CPU-side launches, per-step overhead, DRAM traffic growing with the batch), plus arithmetic that takes
-  work (∝ b) over the clock times the same utilisation that drives dynamic power.
+- **time per step**: ``T(b, f) = g0 + g1·b + (α·b + β·√b) / x``. A part that does not follow the GPU
+  clock (CPU-side launches, per-step overhead, DRAM traffic growing with the batch), plus arithmetic: work
+  (∝ b) over the clock times a utilisation that grows with the work per kernel with diminishing returns
+  (u ∝ √w / (1 + √w) gives b / u ∝ b + c·√b). Linear in its four coefficients, so one measured frequency
+  per smaller batch is enough, and power noise does not leak into time. (This utilisation law is the
+  simulated boards' own — `utilisation_exponent: 0.5` in boards.yaml — so on them the time part is nearly
+  exact; on a real board it is an approximation, and the confirm step measures what matters.)
 
-Six global coefficients and one ``u_b`` per batch size: the largest batch at three frequencies and every
-smaller batch at one frequency determine them. Least squares (numpy), non-negative coefficients.
+Seven global coefficients and one ``u_b`` per smaller batch size: the largest batch at three frequencies
+and every smaller batch at one frequency determine them. Least squares (numpy), coefficients ≥ 0.
 The fit never decides on its own what goes to the pin: the profiler confirms what it predicts by measuring.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
@@ -24,8 +29,10 @@ import numpy as np
 
 from powerctl.profile_table import ProfilePoint
 
-_ALTERNATIONS = 30
-"""Rounds of alternating least squares between the power curve and the utilisations (converges in a few)."""
+_ALTERNATIONS = 10
+"""Rounds of alternating least squares between the power curve and the utilisations: a starting point."""
+_REFINE_STEPS = 100
+"""Gauss-Newton steps from there (a handful suffice; the bound only guards against a pathological input)."""
 
 
 def _nonneg_lstsq(a: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -53,6 +60,7 @@ class ProfileFit:
     g0_s: float
     g1_s: float
     alpha_s: float
+    beta_s: float
     mean_to_peak: float
     """Measured mean power over peak power (median): predicted points' mean power is this × peak."""
 
@@ -68,8 +76,8 @@ class ProfileFit:
         return self.p0_w + self.utilisation[batch_size] * self.dynamic_w(hz)
 
     def seconds_per_batch(self, batch_size: int, hz: int) -> float:
-        u = max(self.utilisation[batch_size], 1e-9)
-        return self.g0_s + self.g1_s * batch_size + self.alpha_s * batch_size / (u * self._x(hz))
+        compute = self.alpha_s * batch_size + self.beta_s * math.sqrt(batch_size)
+        return self.g0_s + self.g1_s * batch_size + compute / self._x(hz)
 
     def predict(self, batch_size: int, hz: int, samples: int) -> ProfilePoint:
         """The point at (b, f) as the fit predicts it (b must be a fitted batch size)."""
@@ -90,6 +98,43 @@ class ProfileFit:
         return d
 
 
+def _refine_power(
+    coef: np.ndarray, u: np.ndarray, x: np.ndarray, index: np.ndarray, power: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Damped Gauss-Newton on (p0, d1, d3, u_b except the reference's); steps that do not lower the
+    squared error are refused (more damping), coefficients stay ≥ 0."""
+    n = len(u) - 1
+    theta = np.concatenate([coef, u[:-1]])
+
+    def residual(t: np.ndarray) -> np.ndarray:
+        uu = np.append(t[3:], 1.0)[index]
+        return t[0] + uu * (t[1] * x + t[2] * x**3) - power
+
+    damping, err = 1e-3, float(np.sum(residual(theta) ** 2))
+    for _ in range(_REFINE_STEPS):
+        uu = np.append(theta[3:], 1.0)[index]
+        curve = theta[1] * x + theta[2] * x**3
+        jac = np.zeros((len(x), 3 + n))
+        jac[:, 0], jac[:, 1], jac[:, 2] = 1.0, uu * x, uu * x**3
+        for i in range(n):
+            jac[index == i, 3 + i] = curve[index == i]
+        r = residual(theta)
+        lhs = jac.T @ jac
+        step = np.linalg.solve(lhs + damping * np.diag(np.diag(lhs) + 1e-12), -jac.T @ r)
+        trial = np.maximum(theta + step, [0.0, 0.0, 0.0, *([1e-6] * n)])
+        trial_err = float(np.sum(residual(trial) ** 2))
+        if trial_err < err:
+            theta, damping = trial, damping / 10
+            if err - trial_err <= 1e-15 * max(err, 1e-30):
+                break
+            err = trial_err
+        else:
+            damping *= 10
+            if damping > 1e12:
+                break
+    return theta[:3], np.append(theta[3:], 1.0)
+
+
 def fit_profile(points: Iterable[ProfilePoint], f_max_hz: int) -> ProfileFit:
     """Fit power and step time to measured points; needs the largest batch at ≥ 2 frequencies (3 for the
     full power curve) and every other batch size at ≥ 1. Raises ValueError when that is not there."""
@@ -107,27 +152,23 @@ def fit_profile(points: Iterable[ProfilePoint], f_max_hz: int) -> ProfileFit:
     step = np.array([p.seconds_per_batch for p in pts])
     index = np.array([sizes.index(p.batch_size) for p in pts])
 
-    # power: alternate between (p0, d1, d3) given the utilisations and each u_b given the curve
+    # power: a start from alternating least squares (the curve given the utilisations, then each u_b given
+    # the curve), then Gauss-Newton on all of them at once, which converges where alternation crawls
     u = np.ones(len(sizes))
     coef = np.zeros(3)
     for _ in range(_ALTERNATIONS):
         a = np.column_stack([np.ones_like(x), u[index] * x, u[index] * x**3])
         coef = _nonneg_lstsq(a, power)
         curve = coef[1] * x + coef[2] * x**3
-        new_u = u.copy()
-        for i in range(len(sizes)):
+        for i in range(len(sizes) - 1):  # the reference batch keeps u = 1: the curve carries the scale
             mine = index == i
             denom = float(np.sum(curve[mine] ** 2))
             if denom > 0:
-                new_u[i] = max(float(np.sum((power[mine] - coef[0]) * curve[mine])) / denom, 1e-6)
-        new_u /= new_u[-1]  # the reference batch has u = 1; the curve takes the scale
-        if np.allclose(new_u, u, rtol=1e-9, atol=0):
-            break
-        u = new_u
-
-    # time: g0 + g1·b + α·b/(u·x), relative least squares (step times span decades)
-    a = np.column_stack([np.ones_like(b), b, b / (u[index] * x)]) / step[:, None]
-    g0, g1, alpha = _nonneg_lstsq(a, np.ones_like(step))
+                u[i] = max(float(np.sum((power[mine] - coef[0]) * curve[mine])) / denom, 1e-6)
+    coef, u = _refine_power(coef, u, x, index, power)
+    # time: g0 + g1·b + (α·b + β·√b)/x, relative least squares (step times span decades)
+    a = np.column_stack([np.ones_like(b), b, b / x, np.sqrt(b) / x]) / step[:, None]
+    g0, g1, alpha, beta = _nonneg_lstsq(a, np.ones_like(step))
     ratios = [p.mean_power_w / p.peak_power_w for p in pts]
     return ProfileFit(
         f_max_hz=f_max_hz,
@@ -138,6 +179,7 @@ def fit_profile(points: Iterable[ProfilePoint], f_max_hz: int) -> ProfileFit:
         g0_s=float(g0),
         g1_s=float(g1),
         alpha_s=float(alpha),
+        beta_s=float(beta),
         mean_to_peak=float(np.median(ratios)),
     )
 
