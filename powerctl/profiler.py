@@ -26,8 +26,10 @@ StepFactory = Callable[[int], Callable[[], Any]]
 ORDERS = ("grid", "efficient", "fitted")
 
 FITTED_MARGIN = 0.10
-"""The fitted order confirms every batch size whose predicted best time to the target is within this share
-of the best one's (the fit's errors near the cap are a few percent; see bench/profiling_cost.py)."""
+"""The fitted order confirms every batch size whose predicted best time to the target (optimistically: as if
+its next frequency up were under the cap) is within this share of the best one's. The fit's errors are a
+few percent; 0 already matched the grid on noise-free simulated boards, 0.10 leaves room for real ones at
+~1 extra point (bench/profiling_cost.py --margin)."""
 
 
 def _is_out_of_memory(exc: BaseException) -> bool:
