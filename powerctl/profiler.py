@@ -237,10 +237,13 @@ class _FittedOrder:
        one at one frequency: where the cap would fall if it were as busy as the next larger one.
     2. Loop: fit on everything measured so far and predict the rest of the grid (a measured point always
        stands for itself). Per batch size, its best pair is the feasible one (peak ≤ cap) with the least
-       predicted time to the target (T_N · r_b). The candidates are the batch sizes whose best is within
-       `margin` of the overall best. A candidate is confirmed when its best pair is measured and feasible
-       and the next higher frequency is measured and over the cap (or there is none). The best-ranked
-       unconfirmed candidate gets one measurement (its best pair, else that neighbour); then fit again.
+       predicted time to the target (T_N · r_b); its neighbour is the next higher frequency (with no
+       feasible pair: the lowest frequency). The candidates are the batch sizes whose optimistic value
+       (the better of the best pair and the unmeasured neighbour, as if it were under the cap) is within
+       `margin` of the least such value; without a relation vector every batch size is one. A candidate
+       is confirmed when its best pair is measured under the cap and its neighbour is measured over it
+       (or there is none). The best-ranked unconfirmed candidate gets one measurement (its best pair,
+       else the neighbour); then fit again.
     3. Stop when every candidate is confirmed (or the whole grid is measured: the loop is bounded).
 
     The profile's points are the measured ones only; the predictions go to `Profile.predicted`, so a
