@@ -9,6 +9,7 @@ restores on exceptions, SIGINT and SIGTERM too), so nothing stays pinned after a
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 import math
@@ -16,6 +17,7 @@ import re
 import time
 import zlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -28,10 +30,12 @@ from fl_client.node import NodeSettings
 from fl_client.profile_cache import ProfileKey, cached_profile
 from powerctl.boards import board_model
 from powerctl.cache import cache_dir
+from powerctl.capsource import CapSource, ConstantCap
 from powerctl.devices import open_device
 from powerctl.devices.base import Device
 from powerctl.devices.simulated import SimulatedBoard, predicted_profile, replay_cost, step_cost
 from powerctl.errors import PowerctlError
+from powerctl.follow import CapFollower, Chooser, Pick
 from powerctl.guard import PowerGuard
 from powerctl.profile_table import Profile
 from powerctl.profiler import profile_device
@@ -184,18 +188,38 @@ def _fine_tune_at(
     cap: float | None,
     device_seed: int,
     on_step: Callable[[int, int], None] | None = None,
+    follow: Following | None = None,
 ) -> tuple[FineTuneResult, nn.Module, str]:
     """Fine-tune the server's weights at a pinned (b, f) on a fresh device handle: a simulated board's
     noise then does not depend on what ran before, so a seeded run repeats exactly. Checkpointed
-    (`round_checkpoint`): the same work killed and sent again resumes."""
+    (`round_checkpoint`): the same work killed and sent again resumes.
+
+    With `follow` (a cap that changes) the pair is the method's pick for the cap at each moment
+    (`powerctl.follow`): the board starts at its lowest frequency, the follower pins the first pick
+    (or pauses), and its switches, pauses and time over the cap go to the result's `extra`."""
     model = build_local_model(instr.model, instr.num_classes, instr.model_overrides, state)
     train, test = data
     with open_device(settings.device, seed=device_seed) as dev:
         model = model.to(dev.torch_device())
-        with dev.pinned(frequency_hz):
+        follower = None
+        with dev.pinned(dev.frequencies()[0] if follow is not None else frequency_hz):
+            if follow is not None:
+                follower = CapFollower(
+                    dev,
+                    follow.caps,
+                    follow.choose,
+                    lr_for=instr.lr_for,
+                    samples_to_target=follow.samples_to_target,
+                    poll_s=instr.cap_poll_s,
+                    pause_timeout_s=instr.cap_pause_timeout_s,
+                    guard_window=instr.guard_window,
+                    guard_tolerance=instr.guard_tolerance,
+                )
+                first = follower.start()
+                batch_size, frequency_hz = first.batch_size, first.frequency_hz
             guard = (
                 PowerGuard(dev, cap, frequency_hz, window=instr.guard_window, tolerance=instr.guard_tolerance)
-                if cap is not None and dev.has_power_sensor
+                if cap is not None and dev.has_power_sensor and follower is None
                 else None
             )
             result = fine_tune(
@@ -215,9 +239,39 @@ def _fine_tune_at(
                 power_guard=guard,
                 checkpoint=round_checkpoint(settings, instr, batch_size, frequency_hz),
                 on_step=on_step,
+                follower=follower,
             )
         board = dev.board
+    if follower is not None:
+        result.extra.update(
+            cap_source=follow.caps.describe(),  # type: ignore[union-attr]
+            cap_events=[e.to_dict() for e in follower.events],
+            paused_seconds=follower.paused_s,
+            over_cap_seconds=follower.over_cap_s,
+            final_pair=[follower.batch_size, follower.frequency_hz],
+        )
     return result, model, board
+
+
+@dataclass(frozen=True)
+class Following:
+    """A cap that changes during the fine-tune, and the method's rule to follow it with."""
+
+    caps: CapSource
+    choose: Chooser
+    samples_to_target: dict[int, float]
+
+
+def method_chooser(
+    method: str, profile: Profile, relation: RelationVector, target_relation: RelationVector | None
+) -> Chooser:
+    """The instructed method's rule as a function of the cap (what a follower re-applies)."""
+
+    def pick(cap: float | None) -> Pick:
+        c = choose(method, profile, relation, cap, target_relation)
+        return Pick(c.batch_size, c.frequency_hz, c.predicted_seconds)
+
+    return pick
 
 
 def _oracle_runs(
@@ -229,16 +283,21 @@ def _oracle_runs(
     relation: RelationVector,
     cap: float | None,
     device_seed: int,
+    search_hz: int | None = None,
 ) -> tuple[RelationVector, dict[tuple[int, int], tuple[FineTuneResult, nn.Module, str]]]:
     """Samples to the target per batch size on this client's own data: each batch size fine-tuned at
-    its fastest feasible frequency. Batch sizes that miss the target within the budget are left out
-    of the target relation (when none reaches it, every run counts with the samples it used)."""
+    its fastest feasible frequency (or at `search_hz`). Batch sizes that miss the target within the
+    budget are left out of the target relation (when none reaches it, every run counts with the
+    samples it used)."""
     runs = {}
-    for b, point in best_frequency_per_batch(profile, cap).items():
+    pairs = (
+        {b: search_hz for b in profile.batch_sizes()}
+        if search_hz is not None
+        else {b: p.frequency_hz for b, p in best_frequency_per_batch(profile, cap).items()}
+    )
+    for b, hz in pairs.items():
         if b in relation.batch_sizes:
-            runs[(b, point.frequency_hz)] = _fine_tune_at(
-                settings, instr, state, data, b, point.frequency_hz, cap, device_seed
-            )
+            runs[(b, hz)] = _fine_tune_at(settings, instr, state, data, b, hz, cap, device_seed)
     if not runs:
         raise ClientWorkError(f"oracle: no profiled batch size is feasible under the cap {cap}")
     # samples 0 = already at the target before training: every batch size then needs (about) nothing
@@ -342,17 +401,32 @@ def train_round(
     killed mid-round resumes from its checkpoint when the same work comes again (`round_checkpoint`);
     `on_step` goes to `fine_tune`."""
     wall_start = time.perf_counter()
-    cap = check_power_cap(instr.power_cap_w if instr.power_cap_w is not None else settings.power_cap_w)
+    caps = node_caps(settings, instr)
+    cap = caps.cap_at(0.0)
+    # a cap that changes follows the method's rule over the whole profile; the stand-in (scale mode)
+    # and a server-set cap are constant
+    dynamic = not caps.is_constant and not instr.stand_in
     model = build_local_model(instr.model, instr.num_classes, instr.model_overrides, state)
     train, test = data
     _check_data(instr, train)
     relation = instr.relation() if instr.stand_in else usable_relation(instr, len(train))
     with open_device(settings.device, seed=device_seed) as dev:
         model = model.to(dev.torch_device())
+        # a changing cap may rise above today's: the whole grid, not the efficient order up to one cap
         profile, cached = _profile(
-            dev, model, instr, relation.batch_sizes, cap, profile_cache, relation_map=relation.as_map()
+            dev,
+            model,
+            dataclasses.replace(instr, profile_order="grid") if dynamic else instr,
+            relation.batch_sizes,
+            None if dynamic else cap,
+            profile_cache,
+            relation_map=relation.as_map(),
         )
         board = dev.board
+    if dynamic:
+        return _train_following(
+            settings, instr, state, data, profile, relation, caps, cached, device_seed, on_step, wall_start
+        )
     if instr.stand_in:
         new_state, report, _ = _stand_in(settings, instr, state, model, test, profile, relation, cap, board)
         report.train_examples = len(train)
@@ -398,6 +472,87 @@ def train_round(
         step_downs=result.step_downs,
         method=instr.method,
         extra={**extra, **result.extra},
+    )
+    new_state = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
+    return new_state, report
+
+
+def node_caps(settings: NodeSettings, instr: TrainInstructions) -> CapSource:
+    """The cap this round follows: the server's constant for this round when it sets one, else the
+    node's own (a constant, a schedule, a trace or a live file)."""
+    if instr.power_cap_w is not None:
+        return ConstantCap(check_power_cap(instr.power_cap_w))
+    return settings.caps()
+
+
+def _train_following(
+    settings: NodeSettings,
+    instr: TrainInstructions,
+    state: State,
+    data: tuple[Dataset, Dataset],
+    profile: Profile,
+    relation: RelationVector,
+    caps: CapSource,
+    cached: bool,
+    device_seed: int,
+    on_step: Callable[[int, int], None] | None,
+    wall_start: float,
+) -> tuple[State, ClientReport]:
+    """A round under a cap that changes: the method's rule re-applied at every change (see
+    `powerctl.follow`). The oracle measures its own-data samples to target at the board's lowest
+    frequency (safe under any cap the board can meet at all) before following with them."""
+    train, _ = data
+    target_relation = None
+    extra: dict = {"profile_points": len(profile.points)}
+    if instr.method == ORACLE:
+        lowest = profile.frequencies()[0]
+        target_relation, runs = _oracle_runs(
+            settings, instr, state, data, profile, relation, None, device_seed, search_hz=lowest
+        )
+        extra["oracle_samples_to_target"] = {str(b): s for b, s in target_relation.samples_map().items()}
+        extra["oracle_search_device_seconds"] = sum(r.device_seconds for r, _, _ in runs.values())
+    follow = Following(
+        caps,
+        method_chooser(instr.method, profile, relation, target_relation),
+        (target_relation or relation).samples_map(),
+    )
+    result, model, board = _fine_tune_at(
+        settings, instr, state, data, 0, 0, None, device_seed, on_step, follow
+    )
+    events = result.extra["cap_events"]
+    first = next(e for e in events if e["kind"] in ("start", "resume"))
+    b, hz = first["new_batch_size"], first["new_frequency_hz"]
+    point = profile.point(b, hz)
+    extra["steps"] = result.steps
+    report = ClientReport(
+        device=settings.device,
+        power_cap_w=caps.cap_at(0.0),
+        batch_size=b,
+        frequency_hz=hz,
+        device_seconds=result.device_seconds,
+        energy_j=result.energy_j,
+        peak_power_w=result.peak_power_w,
+        samples=result.samples,
+        accuracy=result.final_accuracy,
+        reached_target=result.reached,
+        profiling_seconds=float(profile.profiling_seconds or 0.0)
+        if instr.method == OURS and not cached
+        else 0.0,
+        board=board,
+        node_key=settings.key,
+        predicted_seconds=first["predicted_remaining_s"] or 0.0,
+        profiled_peak_power_w=point.peak_power_w if point is not None else 0.0,
+        profile_cached=cached,
+        lr=result.lr,
+        stop_reason=result.stop_reason,
+        train_examples=len(train),
+        wall_seconds=time.perf_counter() - wall_start,
+        step_downs=result.step_downs,
+        method=instr.method,
+        cap_events=events,
+        paused_seconds=result.extra["paused_seconds"],
+        over_cap_seconds=result.extra["over_cap_seconds"],
+        extra={**extra, "cap_source": result.extra["cap_source"], "final_pair": result.extra["final_pair"]},
     )
     new_state = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
     return new_state, report

@@ -78,6 +78,15 @@ class PowerGuard:
         self._over = 0
         self.step_downs: list[StepDown] = []
 
+    def retarget(self, power_cap_w: float, frequency_hz: int) -> None:
+        """A new cap and a newly selected frequency (the cap changed mid-run): the excess count starts
+        again and the guard may step down from `frequency_hz`; past step-downs stay recorded."""
+        if not math.isfinite(power_cap_w) or power_cap_w <= 0:
+            raise ValueError(f"power cap must be a positive number of watts, got {power_cap_w!r}")
+        self.power_cap_w, self.frequency_hz = power_cap_w, frequency_hz
+        self._lower = sorted(f for f in self.device.frequencies() if f < frequency_hz)
+        self._over = 0
+
     @property
     def limit_w(self) -> float:
         """A reading above this counts as over the cap."""

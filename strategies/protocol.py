@@ -18,6 +18,7 @@ from flwr.app import ConfigRecord
 
 from powerctl.baselines import ORACLE, PROXY_BATCH, STATE_OF_PRACTICE
 from powerctl.errors import PowerctlError
+from powerctl.follow import DEFAULT_PAUSE_TIMEOUT_S, DEFAULT_POLL_S
 from powerctl.guard import DEFAULT_TOLERANCE, DEFAULT_WINDOW
 from powerctl.relation import RelationVector
 from training.lr import LR_RULES, scaled_lr
@@ -174,6 +175,10 @@ class TrainInstructions:
     samples to target at the chosen pair) instead of fine-tuning the real model."""
     checkpoint_every_samples: int = 0
     """The client saves its fine-tune this often, to resume it if killed mid-round (0: never)."""
+    cap_poll_s: float = DEFAULT_POLL_S
+    """A client paused because nothing fits under its (changing) cap reads the cap this often."""
+    cap_pause_timeout_s: float = DEFAULT_PAUSE_TIMEOUT_S
+    """... and gives up (one error line, frequency restored) after this long paused."""
 
     def relation(self) -> RelationVector:
         return RelationVector.from_samples(
@@ -242,6 +247,12 @@ class TrainInstructions:
                 if "checkpoint-every-samples" in record
                 else 0
             ),
+            cap_poll_s=r.number("cap-poll-s", allow_min=False) if "cap-poll-s" in record else DEFAULT_POLL_S,
+            cap_pause_timeout_s=(
+                r.number("cap-pause-timeout-s", allow_min=False)
+                if "cap-pause-timeout-s" in record
+                else DEFAULT_PAUSE_TIMEOUT_S
+            ),
         )
 
 
@@ -250,6 +261,41 @@ def _tolerance(r: _Reader) -> float:
     if v >= 1:
         raise r.fail("guard-tolerance", f"must be in [0, 1), got {v!r}")
     return v
+
+
+CAP_EVENT_KINDS = ("start", "switch", "hold", "pause", "resume")
+CAP_EVENT_NUMBERS = (
+    "t_s",
+    "old_batch_size",
+    "old_frequency_hz",
+    "new_batch_size",
+    "new_frequency_hz",
+    "fraction_done",
+    "over_cap_s",
+)
+
+
+def _cap_events(r: _Reader) -> list[dict[str, Any]]:
+    """A changing cap's events: a JSON list of {t_s, kind, power_cap_w, old/new (b, f), ...}."""
+    text = r.string("cap_events")
+    try:
+        items = json.loads(text)
+    except ValueError:
+        raise r.fail("cap_events", f"must be a JSON list, got {text!r}") from None
+    if not isinstance(items, list):
+        raise r.fail("cap_events", f"must be a JSON list, got {text!r}")
+    for item in items:
+        if not isinstance(item, dict) or item.get("kind") not in CAP_EVENT_KINDS:
+            raise r.fail("cap_events", f"entries need a kind in {', '.join(CAP_EVENT_KINDS)}, got {item!r}")
+        for key in CAP_EVENT_NUMBERS:
+            v = item.get(key)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise r.fail("cap_events", f"{key} must be a finite number ≥ 0, got {v!r}")
+        for key in ("power_cap_w", "predicted_remaining_s"):
+            v = item.get(key)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0):
+                raise r.fail("cap_events", f"{key} must be a number ≥ 0 or null, got {v!r}")
+    return items
 
 
 STEP_DOWN_KEYS = ("device_seconds", "old_hz", "new_hz", "measured_w", "power_cap_w")
@@ -312,11 +358,21 @@ class ClientReport:
     """The power guard's actions while training (powerctl.guard.StepDown): time (training device
     seconds), old and new frequency in Hz, the measured W that caused it, the cap. `frequency_hz` stays
     the selected one; the last step-down's `new_hz` is where training ended."""
+    cap_events: list[dict[str, Any]] = field(default_factory=list)
+    """Under a cap that changes (powerctl.follow.CapEvent): every start, switch, hold, pause and resume
+    with its time, the cap, the old and new (b, f) and the seconds measured over the cap after it.
+    `batch_size`/`frequency_hz` are then the first pick."""
+    paused_seconds: float = 0.0
+    """Device seconds paused because no pair fitted under the cap (not in `device_seconds`)."""
+    over_cap_seconds: float | None = None
+    """Device seconds the measured power exceeded the cap in force × (1 + guard tolerance) (measured
+    only under a changing cap)."""
 
     def to_config(self) -> ConfigRecord:
         d = asdict(self)
         d["extra"] = json.dumps(self.extra, sort_keys=True)
         d["step_downs"] = json.dumps(self.step_downs)
+        d["cap_events"] = json.dumps(self.cap_events)
         return ConfigRecord({k: v for k, v in d.items() if v is not None})
 
     def to_dict(self) -> dict[str, Any]:
@@ -358,4 +414,7 @@ class ClientReport:
             stand_in=record.get("stand_in") is True,
             extra=extra,
             step_downs=_step_downs(r) if "step_downs" in record else [],
+            cap_events=_cap_events(r) if "cap_events" in record else [],
+            paused_seconds=optional("paused_seconds") or 0.0,
+            over_cap_seconds=optional("over_cap_seconds"),
         )

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from powerctl.devices.base import Device
+from powerctl.devices.base import Device, PowerSamples
+from powerctl.follow import CapFollower
 from powerctl.guard import PowerGuard
 from powerctl.monitor import PowerMonitor, PowerReading
 from powerctl.workload import Workload, measure_workload
@@ -186,15 +187,16 @@ class _TrainingPower:
             self._open = True
             self._seen = 0
 
-    def new_peak(self) -> float | None:
-        """The highest reading since the last call (None: no new reading), for the power guard."""
+    def new_samples(self) -> PowerSamples:
+        """The readings since the last call (the step just run), for the power guard and the cap
+        follower."""
         if self._monitor is None or not self._open:
-            return None
+            return []
         samples = self._monitor.samples_so_far()
         end = len(samples)
         new = samples[self._seen : end]
         self._seen = end
-        return max(w for _, w in new) if new else None
+        return new
 
     def pause(self) -> None:
         if self._monitor is not None and self._open:
@@ -249,6 +251,7 @@ def fine_tune(
     power_guard: PowerGuard | None = None,
     checkpoint: Checkpointing | None = None,
     on_step: Callable[[int, int], None] | None = None,
+    follower: CapFollower | None = None,
 ) -> FineTuneResult:
     """Train `model` in place on `train` until its accuracy on `test` reaches `target_accuracy`.
 
@@ -268,6 +271,11 @@ def fine_tune(
     samples, accuracy curve, device seconds and energy are then those of a run never interrupted. The
     checkpoint is removed when the run returns. `on_step(steps, samples)` is called after every
     training step (progress reports, fault injection); what it raises ends the run.
+
+    With `follower` (a cap that changes, `powerctl.follow`) the loop asks it before every step: it
+    may pin another frequency, pause, or hand over another batch size, which takes effect at once with
+    the optimizer state kept and the learning rate `follower.lr_for(b)`; its power guard replaces
+    `power_guard`. `batch_size` and `lr` are then where the run starts (the follower's first pick).
     """
     _check_positive("batch_size", batch_size, integer=True)
     _check_positive("lr", lr)
@@ -294,6 +302,7 @@ def fine_tune(
         max_samples = DEFAULT_MAX_EPOCHS * n
 
     wall_start = time.perf_counter()
+    start_batch_size, start_lr = batch_size, lr
     dev = _model_device(model)
     x, y = train.x.to(dev), train.y.to(dev)
     ex, ey = (t.to(dev) for t in _eval_subset(test, eval_max_samples))
@@ -363,6 +372,9 @@ def fine_tune(
                 "power": [asdict(r) for r in power.readings],
                 "device": device.resume_state(),
                 "optimizer": opt_plain,
+                "batch_size": batch_size,
+                "lr": lr,
+                "follower": None if follower is None else follower.resume_state(),
             }
             checkpoint_io.save(checkpoint.path, tensors, state)
 
@@ -380,6 +392,9 @@ def fine_tune(
             curve = [CurvePoint(**p) for p in st["curve"]]
             power.readings = [PowerReading(**r) for r in st["power"]]
             device.load_resume_state(st["device"])
+            batch_size, lr = int(st.get("batch_size", batch_size)), float(st.get("lr", lr))
+            if follower is not None and st.get("follower"):
+                follower.load_resume_state(st["follower"])
             saved_at = samples
             if bar is not None:
                 bar.update(samples)
@@ -387,51 +402,56 @@ def fine_tune(
         try:
             if saved is None and eval_every_samples is not None and check(evaluate(model, task, ex, ey)):
                 reached, stop_reason = True, "target"  # met before any training
-            per_epoch = n // batch_size * batch_size
             power.resume()
+            guard = power_guard
             while not reached and not stop_reason:
-                if perm is None or first >= per_epoch:
-                    perm, first = torch.randperm(n, generator=gen)[:per_epoch].to(dev), 0
-                for start in range(first, per_epoch, batch_size):
-                    idx = perm[start : start + batch_size]
-                    xb, yb = x.index_select(0, idx), y.index_select(0, idx)
-                    first = start + batch_size
+                if follower is not None:
+                    if (b := follower.before_step(samples)) is not None and b != batch_size:
+                        batch_size, lr = b, follower.lr_for(b)
+                        for group in opt.param_groups:  # the optimizer state (moments) is kept
+                            group["lr"] = lr
+                    guard = follower.guard
+                if perm is None or first + batch_size > len(perm):  # a new epoch; the tail is dropped
+                    perm, first = torch.randperm(n, generator=gen).to(dev), 0
+                idx = perm[first : first + batch_size]
+                xb, yb = x.index_select(0, idx), y.index_select(0, idx)
+                first += batch_size
 
-                    def step(xb: torch.Tensor = xb, yb: torch.Tensor = yb) -> None:
-                        opt.zero_grad(set_to_none=True)
-                        criterion(model(xb), yb).backward()
-                        opt.step()
+                def step(xb: torch.Tensor = xb, yb: torch.Tensor = yb) -> None:
+                    opt.zero_grad(set_to_none=True)
+                    criterion(model(xb), yb).backward()
+                    opt.step()
 
-                    t0 = device.clock()
-                    device.run_step(step, batch_size=batch_size, workload=workload)
-                    device_seconds += device.clock() - t0
-                    samples += batch_size
-                    steps += 1
-                    if power_guard is not None and (peak := power.new_peak()) is not None:
-                        power_guard.check(peak, device_seconds)
-                    if bar is not None:
-                        bar.update(batch_size)
-                    if on_step is not None:
-                        on_step(steps, samples)
-                    if max_samples is not None and samples >= max_samples:
-                        stop_reason = "max_samples"
-                    elif max_device_seconds is not None and device_seconds >= max_device_seconds:
-                        stop_reason = "max_device_seconds"
-                    if eval_every_samples is not None and samples >= next_eval and not stop_reason:
-                        power.pause()
-                        reached = check(evaluate(model, task, ex, ey))
-                        while next_eval <= samples:
-                            next_eval += eval_every_samples
-                        if reached:
-                            stop_reason = "target"
-                        elif checkpoint is not None and samples - saved_at >= checkpoint.every_samples:
-                            save_checkpoint()
-                            saved_at = samples
-                        power.resume()
-                    if stop_reason:
-                        break
-                else:
-                    perm = None
+                t0 = device.clock()
+                device.run_step(step, batch_size=batch_size, workload=workload)
+                device_seconds += device.clock() - t0
+                samples += batch_size
+                steps += 1
+                if guard is not None or follower is not None:
+                    new = power.new_samples()
+                    if guard is not None and new:
+                        guard.check(max(w for _, w in new), device_seconds)
+                    if follower is not None:
+                        follower.after_step(new)
+                if bar is not None:
+                    bar.update(batch_size)
+                if on_step is not None:
+                    on_step(steps, samples)
+                if max_samples is not None and samples >= max_samples:
+                    stop_reason = "max_samples"
+                elif max_device_seconds is not None and device_seconds >= max_device_seconds:
+                    stop_reason = "max_device_seconds"
+                if eval_every_samples is not None and samples >= next_eval and not stop_reason:
+                    power.pause()
+                    reached = check(evaluate(model, task, ex, ey))
+                    while next_eval <= samples:
+                        next_eval += eval_every_samples
+                    if reached:
+                        stop_reason = "target"
+                    elif checkpoint is not None and samples - saved_at >= checkpoint.every_samples:
+                        save_checkpoint()
+                        saved_at = samples
+                    power.resume()
             power.pause()
             if stop_reason != "target":  # budget spent: one last look, which may still meet the target
                 reached = check(evaluate(model, task, ex, ey))
@@ -456,13 +476,19 @@ def fine_tune(
         mean_power_w=mean,
         final_accuracy=curve[-1].accuracy,
         curve=curve,
-        batch_size=batch_size,
-        lr=float(lr),
+        batch_size=start_batch_size,
+        lr=float(start_lr),
         steps=steps,
         target_accuracy=target_accuracy,
         stop_reason=stop_reason,
         wall_seconds=time.perf_counter() - wall_start,
-        step_downs=[] if power_guard is None else [e.to_dict() for e in power_guard.step_downs],
+        step_downs=(
+            follower.step_downs
+            if follower is not None
+            else []
+            if power_guard is None
+            else [e.to_dict() for e in power_guard.step_downs]
+        ),
         extra={"resumed_at_samples": int(saved.state["samples"])} if saved is not None else {},
     )
 

@@ -203,6 +203,12 @@ class Device(ABC):
         """Device time in seconds (wall time on real hardware, virtual time on simulated boards)."""
         return time.perf_counter()
 
+    def idle(self, seconds: float) -> None:
+        """Let `seconds` of device time pass without work (a paused fine-tune waiting for its cap to
+        rise): real devices sleep; a simulated board advances its clock at idle power."""
+        if seconds > 0:
+            time.sleep(seconds)
+
     def resume_state(self) -> dict[str, Any]:
         """What a fine-tune resumed in another process needs to continue this device's clock and
         sensor exactly (a simulated board: virtual time and noise generator), JSON-serialisable.

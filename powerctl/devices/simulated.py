@@ -256,6 +256,10 @@ class SimulatedBoard(Device):
     def clock(self) -> float:
         return self._t
 
+    def idle(self, seconds: float) -> None:
+        self._watts = self.model.idle_power_w * self._power_scale
+        self._advance(seconds, self._watts)
+
     def resume_state(self) -> dict[str, Any]:
         return {
             "t": self._t,

@@ -1,0 +1,308 @@
+"""Following a power cap that changes while training: re-select (b, f), pause when nothing fits.
+
+The paper selects (b, f) once for a constant cap. A `CapFollower` is asked before every training step
+what the cap is now (`CapSource.cap_at`, on the device clock: virtual time on a simulated board, wall
+time on a real one). When the cap changed it re-selects from the profile it already holds — `choose`
+is the method's own rule (Algorithm 1 for ours; the state of practice's fixed frequency for the cap,
+...) — pins a new frequency before the next step and hands a new batch size back to the training
+loop, which keeps the optimizer state and rescales the learning rate (`lr_for`). So a drop is acted
+on within one step; the power guard (`powerctl.guard`, retargeted at every change) stays the second
+line of defence. When no pair is feasible the follower pauses: lowest frequency, no work, the cap
+polled every `poll_s` until a pair fits again, for at most `pause_timeout_s` (then one
+CapPauseTimeout line: running on would knowingly exceed the cap).
+
+Progress carries over between batch sizes through the relation vector: the fraction of the way to the
+target is Σ samples trained at b / r_b over the segments so far, so the remaining work at a new b is
+(1 − fraction) · r_b samples; predicted remaining seconds are reported with every event.
+
+Measured: the seconds the power read over the cap (× (1 + tolerance), the sensor's noise band, as
+the guard counts it), in total and after each cap change.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from powerctl.capsource import CapSource
+from powerctl.devices.base import Device, PowerSamples
+from powerctl.errors import InfeasibleCapError, PowerctlError
+from powerctl.guard import DEFAULT_TOLERANCE, DEFAULT_WINDOW, PowerGuard
+
+DEFAULT_POLL_S = 1.0
+"""How often a paused fine-tune reads its cap again (device seconds)."""
+DEFAULT_PAUSE_TIMEOUT_S = 1800.0
+"""The longest a fine-tune waits, paused, for its cap to rise before it gives up."""
+
+
+class CapPauseTimeout(PowerctlError):
+    """No (b, f) fitted under the cap for longer than the pause time-out: training stops."""
+
+
+@dataclass(frozen=True)
+class Pick:
+    """What the method's rule picks for a cap: the pair, and its predicted seconds for the whole way
+    to the target (T_N · r_b; None when the pair was not profiled)."""
+
+    batch_size: int
+    frequency_hz: int
+    predicted_seconds: float | None = None
+
+
+Chooser = Callable[[float | None], Pick]
+"""The method's rule for a cap (None: no cap); raises InfeasibleCapError when nothing fits."""
+
+
+@dataclass
+class CapEvent:
+    """One thing the follower did: `kind` is switch (new pair), hold (cap changed, pair kept), pause
+    or resume; `t_s` is seconds since the fine-tune started on the device clock."""
+
+    t_s: float
+    kind: str
+    power_cap_w: float | None
+    old_batch_size: int
+    old_frequency_hz: int
+    new_batch_size: int
+    new_frequency_hz: int
+    fraction_done: float
+    """Of the way to the target, by the relation vector (0 without one)."""
+    predicted_remaining_s: float | None
+    over_cap_s: float = 0.0
+    """Seconds measured over the cap from this event until the next one (after a drop: how long the
+    step in progress ran on over the new cap; during a pause: idle power over a cap below it)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class CapFollower:
+    """Re-selects (b, f) when the cap changes; see the module doc. Use: `start()` once before the
+    first step, then `before_step(samples)` (a new batch size or None) and `after_step(new power
+    samples)` around every step."""
+
+    def __init__(
+        self,
+        device: Device,
+        caps: CapSource,
+        choose: Chooser,
+        *,
+        lr_for: Callable[[int], float],
+        samples_to_target: Mapping[int, float] | None = None,
+        poll_s: float = DEFAULT_POLL_S,
+        pause_timeout_s: float = DEFAULT_PAUSE_TIMEOUT_S,
+        guard_window: int = DEFAULT_WINDOW,
+        guard_tolerance: float = DEFAULT_TOLERANCE,
+    ) -> None:
+        for name, value in (("poll_s", poll_s), ("pause_timeout_s", pause_timeout_s)):
+            if not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        self.device, self.caps, self._choose, self.lr_for = device, caps, choose, lr_for
+        self._r = dict(samples_to_target or {})
+        self.poll_s, self.pause_timeout_s = poll_s, pause_timeout_s
+        self._window, self._tolerance = guard_window, guard_tolerance
+        self.events: list[CapEvent] = []
+        self.paused_s = 0.0
+        self.over_cap_s = 0.0
+        self._guard: PowerGuard | None = None
+        self._t0 = 0.0
+        self._cap: float | None = None
+        self.batch_size = self.frequency_hz = 0
+        self._fraction = 0.0
+        self._samples_at_switch = 0
+        self._last_sample: tuple[float, float] | None = None
+
+    # --- what the loop reads ------------------------------------------------------------------
+    @property
+    def guard(self) -> PowerGuard | None:
+        """The power guard for the cap in force (None: no cap now, or no sensor)."""
+        return self._guard if self._cap is not None else None
+
+    @property
+    def step_downs(self) -> list[dict[str, Any]]:
+        return [] if self._guard is None else [e.to_dict() for e in self._guard.step_downs]
+
+    @property
+    def power_cap_w(self) -> float | None:
+        return self._cap
+
+    def elapsed_s(self) -> float:
+        return self.device.clock() - self._t0
+
+    # --- the protocol -----------------------------------------------------------------------------
+    def start(self) -> Pick:
+        """Select for the cap at t = 0 and pin it (pausing first if nothing fits yet)."""
+        self._t0 = self.device.clock()
+        self._cap = self.caps.cap_at(0.0)
+        pick = self._pick_or_pause(self._cap, samples=0, first=True)
+        return pick
+
+    def before_step(self, samples: int) -> int | None:
+        """Called before every training step with the samples trained so far: the batch size to use
+        from now on when it changes, else None. Pins a new frequency itself."""
+        cap = self.caps.cap_at(self.elapsed_s())
+        if cap == self._cap:
+            return None
+        old_b = self.batch_size
+        self._cap = cap
+        self._pick_or_pause(cap, samples)
+        return self.batch_size if self.batch_size != old_b else None
+
+    def after_step(self, samples: PowerSamples) -> None:
+        """The power readings taken during the step just run: time over the cap is counted, and the
+        guard's step-downs are followed."""
+        if self._guard is not None:
+            self.frequency_hz = self._guard.frequency_hz
+        self._count_over_cap(samples)
+
+    # --- internals --------------------------------------------------------------------------------
+    def _progress(self, samples: int) -> float:
+        r_b = self._r.get(self.batch_size)
+        if r_b:
+            self._fraction = min(1.0, self._fraction + (samples - self._samples_at_switch) / r_b)
+        self._samples_at_switch = samples
+        return self._fraction
+
+    def _remaining_s(self, pick: Pick) -> float | None:
+        if pick.predicted_seconds is None:
+            return None
+        return pick.predicted_seconds * (1.0 - self._fraction)
+
+    def _pick_or_pause(self, cap: float | None, samples: int, first: bool = False) -> Pick:
+        fraction = self._progress(samples)
+        old = (self.batch_size, self.frequency_hz)
+        try:
+            pick = self._choose(cap)
+        except InfeasibleCapError:
+            pick = self._pause(cap, samples, old)
+        else:
+            new = (pick.batch_size, pick.frequency_hz)
+            kind = "start" if first else ("switch" if new != old else "hold")
+            self._apply(pick, cap)
+            self._event(kind, cap, old, fraction, pick)
+        return pick
+
+    def _pause(self, cap: float | None, samples: int, old: tuple[int, int]) -> Pick:
+        lowest = self.device.frequencies()[0]
+        self.device.pin_frequency(lowest)
+        self.frequency_hz = lowest
+        self._event("pause", cap, old, self._fraction, None, new=(self.batch_size or old[0], lowest))
+        waited = 0.0
+        while True:
+            if waited >= self.pause_timeout_s:
+                raise CapPauseTimeout(
+                    f"{self.device.spec}: no (batch size, frequency) pair fits under the cap "
+                    f"({_watts(cap)}) for {waited:g} s, the pause time-out; training stopped "
+                    "rather than exceed it (raise the cap or the time-out)"
+                )
+            t_before = self.device.clock()
+            self.device.idle(self.poll_s)
+            idle_s = self.device.clock() - t_before
+            waited += idle_s
+            self.paused_s += idle_s
+            cap = self.caps.cap_at(self.elapsed_s())
+            try:
+                pick = self._choose(cap)
+            except InfeasibleCapError:
+                continue
+            paused_at = (self.batch_size or pick.batch_size, self.frequency_hz)
+            self._cap = cap
+            self._apply(pick, cap)
+            self._event("resume", cap, paused_at, self._fraction, pick)
+            return pick
+
+    def _apply(self, pick: Pick, cap: float | None) -> None:
+        if pick.frequency_hz != self.frequency_hz or not self.device.is_pinned:
+            self.device.pin_frequency(pick.frequency_hz)
+        self.batch_size, self.frequency_hz = pick.batch_size, pick.frequency_hz
+        self._cap = cap
+        if cap is not None and self.device.has_power_sensor:
+            if self._guard is None:
+                self._guard = PowerGuard(
+                    self.device, cap, pick.frequency_hz, window=self._window, tolerance=self._tolerance
+                )
+            else:
+                self._guard.retarget(cap, pick.frequency_hz)
+
+    def _event(
+        self,
+        kind: str,
+        cap: float | None,
+        old: tuple[int, int],
+        fraction: float,
+        pick: Pick | None,
+        new: tuple[int, int] | None = None,
+    ) -> None:
+        nb, nf = new if new is not None else (pick.batch_size, pick.frequency_hz)  # type: ignore[union-attr]
+        self.events.append(
+            CapEvent(
+                t_s=self.elapsed_s(),
+                kind=kind,
+                power_cap_w=cap,
+                old_batch_size=old[0],
+                old_frequency_hz=old[1],
+                new_batch_size=nb,
+                new_frequency_hz=nf,
+                fraction_done=fraction,
+                predicted_remaining_s=None if pick is None else self._remaining_s(pick),
+            )
+        )
+
+    def _count_over_cap(self, samples: PowerSamples) -> None:
+        """Seconds whose reading exceeds the cap in force at its time × (1 + tolerance). A reading
+        stands for the interval since the previous one (a simulated board reads at both ends of every
+        constant-power segment, so the intervals are exact) and is held to the lower of the caps at
+        its two ends: an interval a cap change falls into counts whole, so the figure errs on the side
+        of more time over the cap."""
+        prev = self._last_sample
+        for t, w in samples:
+            if prev is not None and t > prev[0]:
+                cap = _lower(self.caps.cap_at(prev[0] - self._t0), self.caps.cap_at(t - self._t0))
+                if cap is not None and w > cap * (1.0 + self._tolerance):
+                    dt = t - prev[0]
+                    self.over_cap_s += dt
+                    at = next((e for e in reversed(self.events) if e.t_s < t - self._t0), None)
+                    if at is not None:
+                        at.over_cap_s += dt
+            prev = (t, w)
+        self._last_sample = prev
+
+    # --- checkpoint/resume --------------------------------------------------------------------
+    def resume_state(self) -> dict[str, Any]:
+        """What a resumed fine-tune needs to continue following (JSON-serialisable)."""
+        return {
+            "elapsed_s": self.elapsed_s(),
+            "cap": self._cap,
+            "pair": [self.batch_size, self.frequency_hz],
+            "fraction": self._fraction,
+            "samples_at_switch": self._samples_at_switch,
+            "paused_s": self.paused_s,
+            "over_cap_s": self.over_cap_s,
+            "events": [e.to_dict() for e in self.events],
+        }
+
+    def load_resume_state(self, state: dict[str, Any]) -> None:
+        """Continue from `resume_state()` (after the device's own resume state is loaded)."""
+        self._t0 = self.device.clock() - float(state["elapsed_s"])
+        self._cap = state["cap"]
+        b, hz = (int(v) for v in state["pair"])
+        self._fraction, self._samples_at_switch = float(state["fraction"]), int(state["samples_at_switch"])
+        self.paused_s, self.over_cap_s = float(state["paused_s"]), float(state["over_cap_s"])
+        self.events = [CapEvent(**e) for e in state["events"]]
+        self.batch_size = b
+        self.frequency_hz = 0
+        self._apply(Pick(b, hz), self._cap)
+        self._last_sample = None
+
+
+def _lower(a: float | None, b: float | None) -> float | None:
+    """The tighter of two caps (None: no cap)."""
+    if a is None or b is None:
+        return b if a is None else a
+    return min(a, b)
+
+
+def _watts(cap: float | None) -> str:
+    return "no cap" if cap is None else f"{cap:g} W"

@@ -1,0 +1,209 @@
+"""Caps that change while training (issue 7): the follower re-selects, pauses, and reports every change."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+
+from fl_client.local_data import data_plan, load_local_data
+from fl_client.node import resolve_node
+from fl_client.work import train_round
+from powerctl.capsource import ConstantCap, ScheduleCap
+from powerctl.devices import open_device
+from powerctl.devices.simulated import SimulatedBoard
+from powerctl.errors import InfeasibleCapError
+from powerctl.follow import CapFollower, CapPauseTimeout, Pick
+from strategies.protocol import ClientReport, ProtocolError
+from tests.fake_boards import NANO_DEVFREQ, make_nano_tree, tree_snapshot
+from tests.fl_helpers import RUN_CONFIG, initial_state, instructions
+from training.data import Dataset
+from training.finetune import fine_tune
+from training.models import build_model
+
+# cnn-tiny on the synthetic task reaches 50 % in a few hundred samples: a run long enough for 4 changes
+INSTR = instructions(budget_samples=4096, cap_poll_s=0.02, target_accuracy=0.5, eval_every_samples=64)
+
+
+@pytest.fixture(scope="module")
+def uncapped_nano() -> tuple:
+    settings = resolve_node({"partition-id": 2, "num-partitions": 3}, RUN_CONFIG)  # sim:jetson-nano, no cap
+    return settings, load_local_data(data_plan(settings, RUN_CONFIG, 512))
+
+
+def _static_run(uncapped_nano: tuple) -> ClientReport:
+    settings, data = uncapped_nano
+    return train_round(
+        dataclasses.replace(settings, power_cap_w=4.0), INSTR, initial_state(), data, device_seed=1
+    )[1]
+
+
+def test_a_falling_and_rising_cap_is_followed_to_the_target(uncapped_nano: tuple) -> None:
+    settings, data = uncapped_nano
+    static = _static_run(uncapped_nano)
+    length_s, step_s = static.device_seconds, static.device_seconds / static.extra["steps"]
+    changes = [0.25 * length_s, 0.45 * length_s, 0.6 * length_s]
+    caps = ScheduleCap.from_pairs([[0, 4.0], [changes[0], 2.3], [changes[1], 1.0], [changes[2], 5.0]])
+    _, report = train_round(
+        dataclasses.replace(settings, cap_source=caps), INSTR, initial_state(), data, device_seed=1
+    )
+    assert report.reached_target and report.stop_reason == "target"
+    kinds = [e["kind"] for e in report.cap_events]
+    assert kinds == ["start", "switch", "pause", "resume"]
+    start, switch, pause, resume = report.cap_events
+    # every event names the cap in force and happens within one step of the change that caused it
+    for event, change in zip((switch, pause), changes[:2], strict=True):
+        assert event["power_cap_w"] == caps.cap_at(event["t_s"])
+        assert change <= event["t_s"] <= change + 1.5 * step_s
+    assert resume["t_s"] >= changes[2] and resume["power_cap_w"] == 5.0
+    # the drop to 2.3 W lowers the frequency; the dip to 1 W (below anything) pauses at the lowest one
+    assert switch["old_frequency_hz"] == start["new_frequency_hz"] > switch["new_frequency_hz"]
+    assert pause["new_frequency_hz"] == min(SimulatedBoard.open("jetson-nano").frequencies())
+    assert report.paused_seconds >= changes[2] - pause["t_s"] - 1e-9
+    # never over the cap for more than the step in progress when it drops
+    assert switch["over_cap_s"] <= 1.5 * step_s
+    assert 0 < switch["fraction_done"] < pause["fraction_done"] <= resume["fraction_done"] < 1
+    assert (report.batch_size, report.frequency_hz) == (start["new_batch_size"], start["new_frequency_hz"])
+    # the report survives the wire
+    assert ClientReport.from_config(report.to_config()).cap_events == report.cap_events
+
+
+def test_a_seeded_run_under_a_schedule_repeats_exactly(uncapped_nano: tuple) -> None:
+    settings, data = uncapped_nano
+    caps = ScheduleCap.from_pairs([[0, 4.0], [0.05, 2.3], [0.1, 4.5]])
+    runs = [
+        train_round(
+            dataclasses.replace(settings, cap_source=caps), INSTR, initial_state(), data, device_seed=3
+        )
+        for _ in range(2)
+    ]
+    (s1, r1), (s2, r2) = runs
+    assert r1.cap_events == r2.cap_events and len(r1.cap_events) >= 2
+    assert (r1.device_seconds, r1.energy_j, r1.samples) == (r2.device_seconds, r2.energy_j, r2.samples)
+    assert all(torch.equal(s1[k], s2[k]) for k in s1)
+
+
+def test_a_cap_that_never_rises_again_times_out_in_one_line(uncapped_nano: tuple) -> None:
+    settings, data = uncapped_nano
+    caps = ScheduleCap.from_pairs([[0, 4.0], [0.02, 0.5]])
+    instr = dataclasses.replace(INSTR, cap_pause_timeout_s=0.1)
+    with pytest.raises(CapPauseTimeout) as err:
+        train_round(dataclasses.replace(settings, cap_source=caps), instr, initial_state(), data)
+    assert "no (batch size, frequency) pair fits under the cap (0.5 W)" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def _small_task() -> tuple[Dataset, Dataset]:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(256, 3, 32, 32, generator=g)
+    y = torch.randint(0, 10, (256,), generator=g)
+    return Dataset("rand", "image", x, y, 10), Dataset("rand-test", "image", x[:64], y[:64], 10)
+
+
+def test_a_batch_size_switch_keeps_the_optimizer_state_and_rescales_the_rate() -> None:
+    train, test = _small_task()
+    model = build_model("cnn-tiny", 10, seed=0)
+    made: list[torch.optim.Optimizer] = []
+
+    def adam(params, lr):  # type: ignore[no-untyped-def]
+        made.append(torch.optim.Adam(params, lr=lr))
+        return made[-1]
+
+    dev = SimulatedBoard.open("jetson-nano", noise=False)
+    step_s = dev.predict(_workload(model), 8).seconds
+    caps = ScheduleCap.from_pairs([[0, None], [3.5 * step_s, 3.0]])
+    lr_for = {8: 1e-3 * (8 / 16) ** 0.5, 16: 1e-3}.__getitem__
+    # a made-up rule: batch size 16 without a cap, 8 under one (at the top frequency either way)
+    top = dev.frequencies()[-1]
+    follower = CapFollower(dev, caps, lambda cap: Pick(16 if cap is None else 8, top), lr_for=lr_for)
+    with dev.pinned(top):
+        first = follower.start()
+        result = fine_tune(
+            model,
+            train,
+            test,
+            device=dev,
+            batch_size=first.batch_size,
+            lr=lr_for(first.batch_size),
+            target_accuracy=None,
+            max_samples=16 * 4 + 8 * 4,
+            eval_every_samples=None,
+            progress=False,
+            optimizer=adam,
+            follower=follower,
+        )
+    opt = made[0]
+    assert [e["kind"] for e in (e.to_dict() for e in follower.events)] == ["start", "switch"]
+    assert opt.param_groups[0]["lr"] == pytest.approx(lr_for(8))
+    # Adam's moments went on: one optimizer, its step count = every step of both batch sizes
+    steps = {int(s["step"]) for s in opt.state.values()}
+    assert steps == {result.steps} and result.steps == 4 + 4
+    assert result.samples == 16 * 4 + 8 * 4 and result.batch_size == 16
+
+
+def _workload(model: torch.nn.Module):  # type: ignore[no-untyped-def]
+    from training.models import model_workload
+
+    return model_workload("cnn-tiny", model, 10)
+
+
+def test_a_real_board_is_put_back_when_a_pause_times_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("POWERCTL_SYSFS_ROOT", str(tmp_path))
+    make_nano_tree(tmp_path)
+    before = tree_snapshot(tmp_path)
+
+    def choose(cap: float | None) -> Pick:
+        if cap is not None and cap < 2:
+            raise InfeasibleCapError("nothing fits")
+        return Pick(16, 614_400_000)
+
+    with open_device("jetson") as dev:  # wall time: the cap drops 10 ms in
+        follower = CapFollower(
+            dev,
+            ScheduleCap.from_pairs([[0, 5.0], [0.01, 1.0]]),
+            choose,
+            lr_for=lambda b: 1e-3,
+            poll_s=0.01,
+            pause_timeout_s=0.05,
+        )
+        with pytest.raises(CapPauseTimeout), dev.pinned(dev.frequencies()[0]):
+            follower.start()
+            pinned = tmp_path / NANO_DEVFREQ
+            assert (pinned / "min_freq").read_text().strip() == (pinned / "max_freq").read_text().strip()
+            assert (pinned / "max_freq").read_text().strip() == "614400000"
+            while True:
+                follower.before_step(0)
+    assert tree_snapshot(tmp_path) == before
+
+
+def test_a_constant_cap_never_switches() -> None:
+    dev = SimulatedBoard.open("jetson-nano")
+    follower = CapFollower(
+        dev, ConstantCap(3.0), lambda cap: Pick(8, dev.frequencies()[3]), lr_for=lambda b: 1.0
+    )
+    with dev.pinned(dev.frequencies()[0]):
+        follower.start()
+        dev.idle(100.0)
+        assert follower.before_step(0) is None
+    assert [e.kind for e in follower.events] == ["start"]
+
+
+@pytest.mark.parametrize(
+    ("events", "fragment"),
+    [
+        ("not json", "must be a JSON list"),
+        ('{"kind": "switch"}', "must be a JSON list"),
+        ('[{"kind": "teleport"}]', "entries need a kind"),
+        ('[{"kind": "switch", "t_s": -1}]', "t_s must be a finite number"),
+    ],
+)
+def test_bad_cap_events_in_a_reply_are_one_line(events: str, fragment: str, uncapped_nano: tuple) -> None:
+    report = _static_run(uncapped_nano).to_config()
+    report["cap_events"] = events
+    with pytest.raises(ProtocolError, match=fragment) as err:
+        ClientReport.from_config(report)
+    assert "\n" not in str(err.value)
