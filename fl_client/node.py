@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from powerctl.capsource import CapSource, ConstantCap, ScheduleCap
+from powerctl.capsource import CapSource, CapSourceError, ConstantCap, ScheduleCap, parse_cap_source
 from powerctl.errors import PowerctlError
 
 NODE_KEYS = ("device", "power-cap-w", "data", "name", "partition-id", "num-partitions")
@@ -42,17 +42,27 @@ CapSchedule = tuple[tuple[float, float | None], ...]
 class FleetEntry:
     device: str
     power_cap_w: float | None
-    """The cap the client applies: the constant, or a schedule's first value (see `power_cap_schedule`)."""
+    """The cap at t = 0: the constant, or a schedule's or trace's first value."""
     power_cap_schedule: CapSchedule | None = None
-    """The full schedule when the file gave one; clients do not follow a changing cap yet."""
+    """The full schedule when the file gave one (clients follow it: `caps()`)."""
     group: int = 0
     """Index of the fleet file's group this board came from."""
+    cap_source: CapSource | None = None
+    """A trace or live file the group follows (None: the constant or `power_cap_schedule`)."""
+
+    def caps(self) -> CapSource | None:
+        """The changing cap this board follows, None for a constant one."""
+        if self.cap_source is not None:
+            return self.cap_source
+        return ScheduleCap(self.power_cap_schedule) if self.power_cap_schedule is not None else None
 
     def label(self) -> str:
         return f"{self.device}@{'none' if self.power_cap_w is None else f'{self.power_cap_w:g}'}"
 
     def cap_label(self) -> str:
-        """The cap as a report shows it: W, none, or the schedule (the client applies its first value)."""
+        """The cap as a report shows it: W, none, the schedule, or the trace / live file."""
+        if self.cap_source is not None:
+            return self.cap_source.describe()
         if self.power_cap_schedule is None:
             return "none" if self.power_cap_w is None else f"{self.power_cap_w:g}"
         steps = ", ".join(f"{t:g}s:{'none' if w is None else f'{w:g}'}" for t, w in self.power_cap_schedule)
@@ -156,6 +166,18 @@ def parse_cap_schedule(value: Any, where: str) -> tuple[float | None, CapSchedul
     return steps[0][1], tuple(steps)
 
 
+def _is_source_text(value: Any) -> bool:
+    """A cap written as text that is more than a number: a schedule, a trace or a live file."""
+    return isinstance(value, str) and value.strip().startswith(("[", "trace:", "live:"))
+
+
+def _source(value: Any, where: str, base_dir: Path | None) -> CapSource:
+    try:
+        return parse_cap_source(value, where, base_dir)
+    except CapSourceError as exc:
+        raise NodeConfigError(str(exc)) from None
+
+
 def parse_fleet_groups(groups: Any, where: str, key: str = "groups") -> list[FleetEntry]:
     """A fleet file's list of groups {device, count, power-cap-w} → one entry per board, in order.
 
@@ -180,8 +202,14 @@ def parse_fleet_groups(groups: Any, where: str, key: str = "groups") -> list[Fle
         count = raw.get("count", 1)
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise NodeConfigError(f"{here}.count: expected an integer ≥ 1, got {quoted(count)}")
-        cap, schedule = parse_cap_schedule(raw.get("power-cap-w"), f"{here}.power-cap-w")
-        entries += [FleetEntry(device.strip(), cap, schedule, i)] * count
+        value = raw.get("power-cap-w")
+        source = None
+        if _is_source_text(value):
+            source = _source(value, f"{here}.power-cap-w", Path(where).parent)
+            cap, schedule = source.cap_at(0.0), None
+        else:
+            cap, schedule = parse_cap_schedule(value, f"{here}.power-cap-w")
+        entries += [FleetEntry(device.strip(), cap, schedule, i, source)] * count
     return entries
 
 
@@ -237,10 +265,19 @@ def _int_key(node_config: Any, key: str, minimum: int) -> int | None:
     return int(v)
 
 
+def _node_cap(node_config: Any) -> tuple[float | None, CapSource | None]:
+    """The node config's `power-cap-w`: a number or none, or a schedule / trace / live file (relative
+    paths from the working directory) → (the cap at t = 0, the changing source or None)."""
+    value = node_config.get("power-cap-w")
+    if _is_source_text(value):
+        source = _source(value, "node config 'power-cap-w'", None)
+        return source.cap_at(0.0), None if source.is_constant else source
+    return parse_power_cap(value, "node config"), None
+
+
 def resolve_node(node_config: Any, run_config: Any) -> NodeSettings:
     """This node's settings: its node config, completed by the run's fleet for virtual nodes."""
     pid = _int_key(node_config, "partition-id", 0)
-    cap_source: CapSource | None = None
     num = _int_key(node_config, "num-partitions", 1)
     if pid is not None and num is not None and pid >= num:
         raise NodeConfigError(f"node config 'partition-id' {pid} is not below 'num-partitions' {num}")
@@ -249,7 +286,7 @@ def resolve_node(node_config: Any, run_config: Any) -> NodeSettings:
         if not isinstance(device, str) or not device.strip():
             raise NodeConfigError(f"node config 'device' must be a device spec string, got {device!r}")
         device = device.strip()
-        cap = parse_power_cap(node_config.get("power-cap-w"), "node config")
+        cap, cap_source = _node_cap(node_config)
     else:
         fleet_text = run_config.get("fleet", "")
         if pid is None or not isinstance(fleet_text, str) or not fleet_text.strip():
@@ -259,12 +296,9 @@ def resolve_node(node_config: Any, run_config: Any) -> NodeSettings:
             )
         entry = fleet_entry(load_fleet(fleet_text), pid)
         device = entry.device
-        cap = entry.power_cap_w
-        if entry.power_cap_schedule is not None:
-            cap_source = ScheduleCap(entry.power_cap_schedule)
+        cap, cap_source = entry.power_cap_w, entry.caps()
         if "power-cap-w" in node_config:
-            cap = parse_power_cap(node_config["power-cap-w"], "node config")
-            cap_source = None
+            cap, cap_source = _node_cap(node_config)
     data = node_config.get("data")
     if data is not None and (not isinstance(data, str) or not data.strip()):
         raise NodeConfigError(f"node config 'data' must be a dataset spec string, got {data!r}")

@@ -3,16 +3,21 @@
 The paper assumes a constant cap; a board on a solar panel, a battery or a shared supply has one that
 moves. A `CapSource` answers "what is the cap at t?", with t in seconds since the source started: on a
 simulated board t is the device clock (so a schedule replays exactly), on a real board wall time. None
-means no cap. Sources: `ConstantCap` and `ScheduleCap` (step-wise ``[[t_s, W], ...]``); traces and live
-files build on the same interface.
+means no cap. Sources: `ConstantCap`, `ScheduleCap` (step-wise ``[[t_s, W], ...]``), `TraceCap` (a CSV
+``seconds,watts``: a solar or battery budget, repeated or clipped at its end) and `LiveFileCap` (a file an
+operator or an energy manager rewrites, polled); `parse_cap_source` reads every way of writing one.
 """
 
 from __future__ import annotations
 
+import bisect
+import json
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from powerctl.errors import PowerctlError
 
@@ -123,3 +128,228 @@ class ScheduleCap(CapSource):
             + ", ".join(f"{t:g}s:{'none' if w is None else f'{w:g}W'}" for t, w in self.steps)
             + "]"
         )
+
+
+TRACE_ENDS = ("repeat", "clip")
+
+
+@dataclass(frozen=True)
+class TraceCap(CapSource):
+    """A recorded power budget (a solar panel's output, a battery's allowance): rows ``seconds,watts``
+    from 0, held step-wise until the next row (a cap must not rise before the budget does). At the end
+    the trace `repeat`s with a period of its last time plus its last interval (a trace sampled every
+    5 minutes repeats after the last sample's 5 minutes) or is `clip`ped (the last row holds)."""
+
+    times_s: tuple[float, ...]
+    watts: tuple[float, ...]
+    end: str = "repeat"
+    name: str = "trace"
+
+    @classmethod
+    def load(
+        cls, path: str | Path, *, end: str = "repeat", scale: float = 1.0, time_scale: float = 1.0
+    ) -> TraceCap:
+        """Read a CSV trace (an optional header line; `#` comments) or raise one CapSourceError line
+        naming the file and the row. `scale` multiplies the watts, `time_scale` the times (a day of
+        solar data replayed in minutes)."""
+        path = Path(path)
+        if end not in TRACE_ENDS:
+            raise CapSourceError(f"{path}: end must be one of {', '.join(TRACE_ENDS)}, got {end!r}")
+        for name, value in (("scale", scale), ("time_scale", time_scale)):
+            if not math.isfinite(value) or value <= 0:
+                raise CapSourceError(f"{path}: {name} must be a positive number, got {value!r}")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+            raise CapSourceError(f"{path}: cannot read the cap trace ({why})") from None
+        times: list[float] = []
+        watts: list[float] = []
+        header_seen = False
+        for lineno, line in enumerate(text.splitlines(), 1):
+            row = line.split("#", 1)[0].strip()
+            if not row:
+                continue
+            cells = [c.strip() for c in row.split(",")]
+            here = f"{path}:{lineno}"
+            try:
+                t, w = (float(c) for c in cells)
+            except ValueError:
+                if not times and not header_seen and len(cells) == 2 and not any(map(_is_number, cells)):
+                    header_seen = True  # a header line, e.g. seconds,watts
+                    continue
+                raise CapSourceError(f"{here}: expected 'seconds,watts' (two numbers), got {row!r}") from None
+            if not math.isfinite(t) or t < 0:
+                raise CapSourceError(f"{here}: a time must be a number of seconds ≥ 0, got {cells[0]}")
+            if times and t <= times[-1]:
+                raise CapSourceError(
+                    f"{here}: times must increase, got {cells[0]} after {times[-1] / time_scale:g}"
+                )
+            if not times and t != 0:
+                raise CapSourceError(f"{here}: a trace starts at 0 s, got {cells[0]}")
+            if not math.isfinite(w) or w <= 0:
+                raise CapSourceError(f"{here}: a cap must be a positive number of watts, got {cells[1]}")
+            times.append(t * time_scale)
+            watts.append(w * scale)
+        if not times:
+            raise CapSourceError(f"{path}: the cap trace has no 'seconds,watts' rows")
+        return cls(tuple(times), tuple(watts), end, str(path))
+
+    @property
+    def period_s(self) -> float:
+        if len(self.times_s) == 1:
+            return math.inf
+        return self.times_s[-1] + (self.times_s[-1] - self.times_s[-2])
+
+    def cap_at(self, t_s: float) -> float | None:
+        if self.end == "repeat" and t_s >= self.period_s:
+            t_s = math.fmod(t_s, self.period_s)
+        i = bisect.bisect_right(self.times_s, t_s) - 1
+        return self.watts[max(i, 0)]
+
+    def lowest_w(self) -> float | None:
+        return min(self.watts)
+
+    @property
+    def is_constant(self) -> bool:
+        return len(set(self.watts)) == 1
+
+    def describe(self) -> str:
+        return (
+            f"trace {self.name} ({len(self.times_s)} rows, {min(self.watts):g}–{max(self.watts):g} W, "
+            f"{'repeats every ' + format(self.period_s, 'g') + ' s' if self.end == 'repeat' else 'clipped'})"
+        )
+
+
+class LiveFileCap(CapSource):
+    """A file the operator or an energy manager rewrites: a number of watts, or `none`. Read at most
+    every `poll_s` seconds (of the clock `cap_at` is called with). A file that cannot be read or makes
+    no sense later keeps the last good cap — never a higher one by accident — with a warning."""
+
+    def __init__(self, path: str | Path, poll_s: float = 1.0) -> None:
+        if not math.isfinite(poll_s) or poll_s <= 0:
+            raise CapSourceError(f"{path}: poll must be a positive number of seconds, got {poll_s!r}")
+        self.path, self.poll_s = Path(path), poll_s
+        self.warnings: list[str] = []
+        self._cap = self._read()  # unreadable at the start: one error line
+        self._next_poll_s = poll_s
+        self._last_t_s = 0.0
+
+    def _read(self) -> float | None:
+        try:
+            text = self.path.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+            raise CapSourceError(f"{self.path}: cannot read the live cap file ({why})") from None
+        if text.lower() == "none":
+            return None
+        try:
+            return _watts(float(text), str(self.path))
+        except ValueError:
+            raise CapSourceError(
+                f"{self.path}: the live cap file must hold a number of watts or none, got {text[:40]!r}"
+            ) from None
+
+    def cap_at(self, t_s: float) -> float | None:
+        # time going back = another run (or another board) following the same file: read it now
+        if t_s >= self._next_poll_s or t_s < self._last_t_s:
+            self._next_poll_s = t_s + self.poll_s
+            try:
+                self._cap = self._read()
+            except CapSourceError as exc:
+                self.warnings.append(f"at {t_s:.1f} s: {exc}; keeping {_describe(self._cap)}")
+        self._last_t_s = t_s
+        return self._cap
+
+    def describe(self) -> str:
+        return f"live file {self.path} (read every {self.poll_s:g} s)"
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _describe(cap: float | None) -> str:
+    return "no cap" if cap is None else f"{cap:g} W"
+
+
+SOURCE_FORMS = (
+    "a number of watts, none, a schedule [[t_s, W], ...], trace:PATH[?end=repeat|clip&scale=X&timescale=X] "
+    "or live:PATH[?poll=S]"
+)
+
+
+def parse_cap_source(value: Any, where: str, base_dir: Path | None = None) -> CapSource:
+    """Every way a cap is given (node config `power-cap-w`, fleet files, `powerctl cap`) → a source.
+
+    A number → constant; none → no cap; a list or a string ``[[0, 5], [60, 3]]`` → step schedule;
+    ``trace:PATH`` → a CSV trace, options after ``?`` joined by ``&`` (``end=repeat|clip``,
+    ``scale=X``, ``timescale=X``); ``live:PATH`` → a live file (``poll=S``). Relative paths start at
+    `base_dir` (default: the working directory). Anything else: one CapSourceError line."""
+    if value is None:
+        return ConstantCap(None)
+    if isinstance(value, (list, tuple)):
+        return ScheduleCap.from_pairs(value, where)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return ConstantCap(_watts(value, where))
+    if not isinstance(value, str):
+        raise CapSourceError(f"{where}: expected {SOURCE_FORMS}; got {value!r}")
+    text = value.strip()
+    if text.lower() in ("", "none"):
+        return ConstantCap(None)
+    if text.startswith("["):
+        try:
+            pairs = json.loads(text)
+        except ValueError:
+            raise CapSourceError(
+                f"{where}: a schedule must be JSON like [[0, 5], [60, 3]], got {text!r}"
+            ) from None
+        if not isinstance(pairs, list):
+            raise CapSourceError(f"{where}: a schedule must be a list of [t_s, W], got {text!r}")
+        return ScheduleCap.from_pairs(pairs, where)
+    kind, sep, rest = text.partition(":")
+    if sep and kind in ("trace", "live"):
+        path_text, _, query = rest.partition("?")
+        if not path_text:
+            raise CapSourceError(f"{where}: {kind}: needs a file path, e.g. {kind}:caps/solar.csv")
+        path = Path(path_text).expanduser()
+        if not path.is_absolute():
+            path = (base_dir or Path.cwd()) / path
+        options = _options(query, where, {"trace": ("end", "scale", "timescale"), "live": ("poll",)}[kind])
+        if kind == "live":
+            return LiveFileCap(path, _number(options.get("poll", "1"), "poll", where))
+        return TraceCap.load(
+            path,
+            end=options.get("end", "repeat"),
+            scale=_number(options.get("scale", "1"), "scale", where),
+            time_scale=_number(options.get("timescale", "1"), "timescale", where),
+        )
+    try:
+        number = float(text)
+    except ValueError:
+        raise CapSourceError(f"{where}: expected {SOURCE_FORMS}; got {text!r}") from None
+    return ConstantCap(_watts(number, where))
+
+
+def _options(query: str, where: str, allowed: tuple[str, ...]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in filter(None, query.split("&")):
+        key, eq, val = item.partition("=")
+        if not eq or key not in allowed:
+            raise CapSourceError(f"{where}: unknown option {item!r}; options are {', '.join(allowed)}")
+        out[key] = val
+    return out
+
+
+def _number(text: str, name: str, where: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise CapSourceError(f"{where}: {name} must be a number, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise CapSourceError(f"{where}: {name} must be a positive number, got {text!r}")
+    return value

@@ -70,9 +70,13 @@ class CapEvent:
     fraction_done: float
     """Of the way to the target, by the relation vector (0 without one)."""
     predicted_remaining_s: float | None
+    in_step_over_cap_s: float = 0.0
+    """Seconds the step in progress when the change was seen ran over the cap (a drop cannot be acted
+    on before the step ends: at most one step)."""
     over_cap_s: float = 0.0
-    """Seconds measured over the cap from this event until the next one (after a drop: how long the
-    step in progress ran on over the new cap; during a pause: idle power over a cap below it)."""
+    """Seconds measured over the cap after that, until the next event (the pair chosen for the cap
+    running over it, or a pause whose idle power is above it): time over the cap the follower did not
+    prevent."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -113,6 +117,7 @@ class CapFollower:
         self._fraction = 0.0
         self._samples_at_switch = 0
         self._last_sample: tuple[float, float] | None = None
+        self._step_over_s = 0.0
 
     # --- what the loop reads ------------------------------------------------------------------
     @property
@@ -123,6 +128,11 @@ class CapFollower:
     @property
     def step_downs(self) -> list[dict[str, Any]]:
         return [] if self._guard is None else [e.to_dict() for e in self._guard.step_downs]
+
+    @property
+    def unprevented_over_cap_s(self) -> float:
+        """Time over the cap beyond the steps in progress at the changes (see CapEvent)."""
+        return sum(e.over_cap_s for e in self.events)
 
     @property
     def power_cap_w(self) -> float | None:
@@ -236,6 +246,9 @@ class CapFollower:
         new: tuple[int, int] | None = None,
     ) -> None:
         nb, nf = new if new is not None else (pick.batch_size, pick.frequency_hz)  # type: ignore[union-attr]
+        in_step, self._step_over_s = self._step_over_s, 0.0
+        if self.events and in_step:  # the step just run was the one in progress at the change
+            self.events[-1].over_cap_s -= in_step
         self.events.append(
             CapEvent(
                 t_s=self.elapsed_s(),
@@ -247,6 +260,7 @@ class CapFollower:
                 new_frequency_hz=nf,
                 fraction_done=fraction,
                 predicted_remaining_s=None if pick is None else self._remaining_s(pick),
+                in_step_over_cap_s=in_step,
             )
         )
 
@@ -257,6 +271,7 @@ class CapFollower:
         its two ends: an interval a cap change falls into counts whole, so the figure errs on the side
         of more time over the cap."""
         prev = self._last_sample
+        self._step_over_s = 0.0
         for t, w in samples:
             if prev is not None and t > prev[0]:
                 cap = _lower(self.caps.cap_at(prev[0] - self._t0), self.caps.cap_at(t - self._t0))
@@ -266,6 +281,8 @@ class CapFollower:
                     at = next((e for e in reversed(self.events) if e.t_s < t - self._t0), None)
                     if at is not None:
                         at.over_cap_s += dt
+                        if at is self.events[-1]:  # not the idle of a pause before a resume
+                            self._step_over_s += dt
             prev = (t, w)
         self._last_sample = prev
 

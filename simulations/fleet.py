@@ -348,9 +348,9 @@ def _load(path: Path) -> FleetSpec:
         },
         round_timeout_s=top.number("round-timeout-s", 3600.0, minimum=0, strict=True),
     )
-    if any(b.power_cap_schedule for b in boards):
+    if any(b.caps() is not None for b in boards) and spec.scale_mode:
         spec.notes.append(
-            "power-cap schedules are read and checked, but clients do not follow a changing cap yet: "
-            "each board applies its schedule's first value for the whole run"
+            "stand-in clients (scale mode) do not train, so they do not follow a changing cap: each "
+            "applies its cap at t = 0; the clients that fine-tune follow theirs"
         )
     return spec

@@ -271,6 +271,7 @@ CAP_EVENT_NUMBERS = (
     "new_batch_size",
     "new_frequency_hz",
     "fraction_done",
+    "in_step_over_cap_s",
     "over_cap_s",
 )
 
@@ -365,8 +366,12 @@ class ClientReport:
     paused_seconds: float = 0.0
     """Device seconds paused because no pair fitted under the cap (not in `device_seconds`)."""
     over_cap_seconds: float | None = None
-    """Device seconds the measured power exceeded the cap in force × (1 + guard tolerance) (measured
-    only under a changing cap)."""
+    """Device seconds the measured power exceeded the cap in force × (1 + guard tolerance), steps in
+    progress at cap drops included (measured only under a changing cap; per event in `cap_events`)."""
+
+    def unprevented_over_cap_s(self) -> float:
+        """Under a changing cap: time over it beyond the steps in progress at its changes."""
+        return float(sum(e.get("over_cap_s", 0.0) for e in self.cap_events))
 
     def to_config(self) -> ConfigRecord:
         d = asdict(self)

@@ -97,19 +97,30 @@ def summarise(reports: list[ClientReport], failed: list[Failure], sampled: int) 
     """The round's summary: makespan, energy, share at target, cap violations, failures by name.
 
     The makespan is the slowest client's device time including what it spent profiling this round (a
-    synchronous round waits for it). Energy is summed over clients with a sensor; `energy_complete`
-    says whether every client had one. A failed client counts as not at target.
+    synchronous round waits for it) and any time it paused under a changing cap. Energy is summed over
+    clients with a sensor; `energy_complete` says whether every client had one. A failed client counts
+    as not at target.
     """
 
     def cost(r: ClientReport) -> float:
-        return r.device_seconds + r.profiling_seconds
+        return r.device_seconds + r.profiling_seconds + r.paused_seconds
 
     slowest = max(reports, key=cost, default=None)
     energies = [r.energy_j for r in reports if r.energy_j is not None]
     over_cap = [
         {"node": r.node_key, "peak_power_w": r.peak_power_w, "power_cap_w": r.power_cap_w}
         for r in reports
-        if r.power_cap_w is not None and r.peak_power_w is not None and r.peak_power_w > r.power_cap_w
+        if not r.cap_events
+        and r.power_cap_w is not None
+        and r.peak_power_w is not None
+        and r.peak_power_w > r.power_cap_w
+    ]
+    # under a changing cap the peak is compared with every cap in force: the follower's measurement,
+    # beyond the step in progress at each change
+    over_cap += [
+        {"node": r.node_key, "over_cap_s": r.unprevented_over_cap_s(), "power_cap_w": r.power_cap_w}
+        for r in reports
+        if r.cap_events and r.unprevented_over_cap_s() > 0
     ]
     examples = sum(r.train_examples for r in reports)
     return {

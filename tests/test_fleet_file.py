@@ -48,7 +48,9 @@ def test_a_fleet_file_becomes_boards_and_a_run_config(tmp_path: Path) -> None:
     ]
     assert [b.group for b in spec.boards] == [0, 0, 1, 2]
     assert spec.boards[3].power_cap_schedule == ((0.0, 3.5), (60.0, None))
-    assert spec.notes and "first value" in spec.notes[0]  # said plainly: the schedule is not followed
+    assert spec.boards[3].caps() is not None and spec.boards[0].caps() is None
+    # scale mode: the stand-ins do not train, so they cannot follow it; said plainly
+    assert spec.notes and "stand-in clients" in spec.notes[0]
     assert spec.scale_mode and spec.real_share == 0.5 and spec.profile_source == "predicted"
     cfg = spec.run_config(tmp_path / "out", ["ours", "oracle"], tmp_path / "profiles")
     assert (
