@@ -1,4 +1,4 @@
-"""`powerctl`: devices, power, freq, profile, caps, select, plot (DESIGN §6).
+"""`powerctl`: devices, power, freq, profile, caps, select, cap-source, plot (DESIGN §6).
 
 Every user error is one line on stderr and exit status 2; nothing on the device is left changed.
 """
@@ -289,6 +289,43 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cap_source(args: argparse.Namespace) -> int:
+    from powerctl.capsource import ScheduleCap, TraceCap, parse_cap_source
+
+    source = parse_cap_source(args.source, "cap source")
+    until = args.until
+    if until is None:
+        if isinstance(source, TraceCap):
+            until = source.period_s if math.isfinite(source.period_s) else source.times_s[-1] + 60
+        elif isinstance(source, ScheduleCap):
+            until = source.steps[-1][0] * 1.25 or 60.0
+        else:
+            until = 60.0
+    every = args.every or until / 60
+    times = [i * every for i in range(int(until / every + 1e-9) + 1)]
+    caps = [source.cap_at(t) for t in times]
+    if args.plot:
+        from powerctl.plot import plot_cap_over_time
+
+        plot_cap_over_time(times, caps, source.describe(), args.plot)
+    if args.json:
+        _print_json(
+            {
+                "source": source.describe(),
+                "lowest_w": source.lowest_w(),
+                "points": list(zip(times, caps, strict=True)),
+            }
+        )
+        return 0
+    lowest = source.lowest_w()
+    print(f"{source.describe()}; lowest {'unknown' if lowest is None else f'{lowest:g} W'}")
+    for t, w in zip(times, caps, strict=True):
+        print(f"{t:>10.1f} s  {'none' if w is None else f'{w:.2f} W'}")
+    if args.plot:
+        print(args.plot)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(
         prog=PROG,
@@ -387,6 +424,26 @@ def build_parser() -> argparse.ArgumentParser:
         help='print {"batch_size", "frequency_hz", "predicted_seconds", "peak_power_w"}',
     )
     s.set_defaults(func=cmd_select)
+
+    s = sub.add_parser(
+        "cap-source", help="check a power cap that changes (schedule, trace, live file) and show it over time"
+    )
+    s.add_argument(
+        "source",
+        help="a number of watts, none, a schedule '[[t_s, W], ...]', trace:PATH[?end=repeat|clip&scale=X"
+        "&timescale=X] or live:PATH[?poll=S]",
+    )
+    s.add_argument(
+        "--until", type=positive_float, metavar="S", help="show up to S seconds (default: one period)"
+    )
+    s.add_argument(
+        "--every", type=positive_float, metavar="S", help="one line every S seconds (default: 60 lines)"
+    )
+    s.add_argument("--plot", type=Path, metavar="PNG", help="also draw the cap over time")
+    s.add_argument(
+        "--json", action="store_true", help='print {"source", "lowest_w", "points": [[t_s, W], ...]}'
+    )
+    s.set_defaults(func=cmd_cap_source)
 
     s = sub.add_parser("plot", help="heat maps of peak power and time over (batch size, frequency)")
     s.add_argument("profile", type=Path, help="profile JSON")

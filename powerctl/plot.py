@@ -328,3 +328,21 @@ def plot_profile(
         fig.savefig(path)
         paths.append(path)
     return paths
+
+
+def plot_cap_over_time(
+    times_s: list[float], caps_w: list[float | None], title: str, path: str | Path
+) -> Path:
+    """A cap over time as a step line (`powerctl cap-source --plot`); no cap is drawn as a gap."""
+    fig = Figure(figsize=(7, 3), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    ax.step(times_s, [np.nan if w is None else w for w in caps_w], where="post", color="tab:blue")
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("power cap (W)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    return out

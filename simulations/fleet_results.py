@@ -38,6 +38,7 @@ def records_of(spec: FleetSpec, method: str, data: dict[str, Any]) -> list[dict[
             pid = c.get("partition_id")
             entry = spec.boards[pid % len(spec.boards)] if isinstance(pid, int) else None
             schedule = entry.power_cap_schedule if entry else None
+            events = c.get("cap_events") or []
             out.append(
                 {
                     "method": method,
@@ -45,6 +46,9 @@ def records_of(spec: FleetSpec, method: str, data: dict[str, Any]) -> list[dict[
                     **c,
                     "group": entry.group if entry else None,
                     "power_cap_schedule": [list(s) for s in schedule] if schedule else None,
+                    "cap_source": entry.cap_label() if entry else None,
+                    "switches": sum(e["kind"] == "switch" for e in events),
+                    "pauses": sum(e["kind"] == "pause" for e in events),
                 }
             )
     return out
@@ -88,6 +92,9 @@ def method_summary(
             if r["power_cap_w"] is not None and (r.get("profiled_peak_power_w") or 0) > r["power_cap_w"]
         ),
         "failed": failed,
+        "switches": sum(r.get("switches", 0) for r in records),
+        "pauses": sum(r.get("pauses", 0) for r in records),
+        "paused_s": sum(r.get("paused_seconds") or 0.0 for r in records),
         "accuracy": accuracies,
         "stand_ins": sum(bool(r.get("stand_in")) for r in records),
     }
@@ -214,6 +221,7 @@ def summary_text(results: dict[str, Any]) -> str:
         "measured peak passed the cap (simulated sensor noise is 1 % per reading).",
     ]
     lines += ["", *choices_table(results)]
+    lines += switches_table(results)
     if fleet["scale_mode"]:
         stand = sum(s["stand_ins"] for s in results["summary"])
         lines.append(
@@ -254,4 +262,28 @@ def choices_table(results: dict[str, Any]) -> list[str]:
             f"{device:<18} {cap:>6} {method:<18} {n:>4} {b:>4} {hz / 1e6:>6.1f}{more:1} {prof:>7.1f} "
             f"{secs:>9.1f} {joules:>9.0f} {_s(max(peaks) if peaks else None, '.2f'):>7}"
         )
+    return lines
+
+
+def switches_table(results: dict[str, Any]) -> list[str]:
+    """Per client under a changing cap: what it did (switches, pauses, time paused, over the cap)."""
+    rows = [r for r in results["records"] if r.get("cap_events")]
+    if not rows:
+        return []
+    head = (
+        f"{'changing cap: client':<22} {'method':<18} {'round':>5} {'switches':>8} {'pauses':>6} "
+        f"{'paused s':>8} {'over cap s':>10}  pairs (b@MHz) in order"
+    )
+    lines = ["", head, "-" * len(head)]
+    for r in sorted(rows, key=lambda r: (r["node_key"], r["method"], r["round"])):
+        pairs = [f"{e['new_batch_size']}@{e['new_frequency_hz'] / 1e6:.0f}" for e in r["cap_events"]]
+        beyond = sum(e["over_cap_s"] for e in r["cap_events"])
+        lines.append(
+            f"{r['node_key']:<22} {r['method']:<18} {r['round']:>5} {r['switches']:>8} {r['pauses']:>6} "
+            f"{r.get('paused_seconds') or 0.0:>8.1f} {beyond:>10.2f}  {' → '.join(pairs)}"
+        )
+    lines.append(
+        "over cap s: measured over the cap in force beyond the step in progress at each change (a drop "
+        "is acted on before the next step); paused: nothing fitted under the cap."
+    )
     return lines

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -157,3 +158,21 @@ def test_node_config_and_fleet_files_take_every_source(tmp_path: Path) -> None:
         load_fleet_file(fleet)
     with pytest.raises(NodeConfigError, match="cannot read the cap trace"):
         resolve_node({"device": "sim:jetson-nano", "data": "npz:/d", "power-cap-w": "trace:/nope.csv"}, {})
+
+
+def test_powerctl_cap_source_shows_checks_and_plots(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from powerctl.cli import main as powerctl
+
+    def main(argv: list[str]) -> int:
+        return powerctl(["cap-source", *argv])
+
+    assert main([f"trace:{SOLAR}?timescale=0.5", "--json", "--plot", str(tmp_path / "cap.png")]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["lowest_w"] == 2.4 and len(out["points"]) == 61 and out["points"][-1][0] == 300.0
+    assert (tmp_path / "cap.png").stat().st_size > 0
+    assert main(["[[0, 5], [60, 3]]", "--every", "30", "--until", "90"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("schedule [0s:5W, 60s:3W]") and lines[-1].split() == ["90.0", "s", "3.00", "W"]
+    assert main(["trace:/no/such.csv"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "powerctl: error: /no/such.csv: cannot read the cap trace (No such file or directory)"

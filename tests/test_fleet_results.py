@@ -109,7 +109,61 @@ def test_one_record_per_client_per_round_per_method_with_device_cap_and_schedule
     tx2 = next(r for r in recs if r["partition_id"] == 1)
     assert tx2["device"] == "sim:jetson-tx2nx" and tx2["power_cap_w"] == 4.5
     assert tx2["power_cap_schedule"] == [[0.0, 4.5], [100.0, 6.0]] and tx2["group"] == 1
-    assert results["fleet"]["notes"] and "first value" in results["fleet"]["notes"][0]
+    assert not results["fleet"]["notes"]  # clients follow the schedule: nothing to warn about
+    assert tx2["cap_source"] == "schedule [0s:4.5, 100s:6]" and tx2["switches"] == 0
+
+
+def test_switches_and_pauses_under_a_changing_cap_are_counted_and_tabled(tmp_path: Path) -> None:
+    spec_path = tmp_path / "fleet.yaml"
+    spec_path.write_text(FLEET)
+    spec = load_fleet_spec(spec_path)
+    follower_client = client(1, 3.0, 0.0, b=16, mhz=900, peak=4.4, reached=True)
+    event = {
+        "t_s": 0.0,
+        "power_cap_w": 4.5,
+        "old_batch_size": 0,
+        "old_frequency_hz": 0,
+        "fraction_done": 0.0,
+        "predicted_remaining_s": 3.0,
+        "in_step_over_cap_s": 0.0,
+        "over_cap_s": 0.0,
+    }
+    follower_client["cap_events"] = [
+        {**event, "kind": "start", "new_batch_size": 16, "new_frequency_hz": 900_000_000},
+        {
+            **event,
+            "kind": "switch",
+            "t_s": 1.0,
+            "power_cap_w": 3.0,
+            "new_batch_size": 8,
+            "new_frequency_hz": 400_000_000,
+            "in_step_over_cap_s": 0.01,
+        },
+        {
+            **event,
+            "kind": "pause",
+            "t_s": 2.0,
+            "power_cap_w": 1.0,
+            "new_batch_size": 8,
+            "new_frequency_hz": 100_000_000,
+            "over_cap_s": 0.5,
+        },
+        {**event, "kind": "resume", "t_s": 2.6, "new_batch_size": 16, "new_frequency_hz": 900_000_000},
+    ]
+    follower_client["paused_seconds"] = 0.6
+    flwr = tmp_path / "flwr"
+    write_method(flwr, "ours", [rnd(1, [client(0, 2.0, 1.0, b=16, mhz=614.4, peak=2.9, reached=True),
+                                        follower_client], 0.72)])  # fmt: skip
+    sop = [client(0, 2.0, 0.0, b=16, mhz=307.2, peak=2.5, reached=True),
+           client(1, 3.0, 0.0, b=16, mhz=600, peak=3.3, reached=True)]  # fmt: skip
+    write_method(flwr, "state-of-practice", [rnd(1, sop, 0.72)])
+    results = build_results(spec, flwr, ["ours", "state-of-practice"], wall_seconds=1.0)
+    summary = results["summary"][0]
+    assert (summary["switches"], summary["pauses"], summary["paused_s"]) == (1, 1, 0.6)
+    text = summary_text(results)
+    assert "16@900 → 8@400 → 8@100 → 16@900" in text
+    row = next(line for line in text.splitlines() if line.startswith("partition-1"))
+    assert row.split()[2:7] == ["1", "1", "1", "0.6", "0.50"]
 
 
 def test_summary_time_to_target_makespans_energy_violations_and_ratios(results: dict) -> None:
