@@ -68,7 +68,7 @@ class Run:
     curve: list[dict[str, float]]
 
 
-def _pretrain(cfg: DemoConfig, out: Path, progress: bool) -> Path:
+def pretrain_weights(cfg: DemoConfig, out: Path, progress: bool) -> Path:
     from fl_server.pretrain import pretrain
 
     weights = out / "weights.safetensors"
@@ -84,7 +84,7 @@ def _pretrain(cfg: DemoConfig, out: Path, progress: bool) -> Path:
     return weights
 
 
-def _relation(cfg: DemoConfig, weights: Path, progress: bool) -> RelationVector:
+def relation_vector(cfg: DemoConfig, weights: Path, progress: bool) -> RelationVector:
     from fl_server.relation import estimate_relation
 
     return estimate_relation(
@@ -102,7 +102,7 @@ def _relation(cfg: DemoConfig, weights: Path, progress: bool) -> RelationVector:
     )
 
 
-def _profile(cfg: DemoConfig, dev: Device, weights: Path, progress: bool) -> Profile:
+def measured_profile(cfg: DemoConfig, dev: Device, weights: Path, progress: bool) -> Profile:
     from fl_server.weights import load_model
     from training.profiling import profiling_step_factory
 
@@ -111,13 +111,14 @@ def _profile(cfg: DemoConfig, dev: Device, weights: Path, progress: bool) -> Pro
         cfg.model, model=model, torch_device=dev.torch_device(), seed=cfg.seed
     )
     # the client knows its cap: the efficient order stops each batch size where the cap is crossed
+    # (no cap, or one that changes: the whole grid)
     return profile_device(
         dev,
         workload,
         make_step,
         batch_sizes=cfg.batch_sizes,
         samples=cfg.profile_samples,
-        order="efficient",
+        order="efficient" if cfg.power_cap_w is not None else "grid",
         power_cap_w=cfg.power_cap_w,
         warmup_steps=cfg.profile_warmup,
         measure_steps=cfg.profile_steps,
@@ -125,7 +126,7 @@ def _profile(cfg: DemoConfig, dev: Device, weights: Path, progress: bool) -> Pro
     )
 
 
-def _target_data(cfg: DemoConfig) -> tuple[Dataset, Dataset]:
+def load_target_data(cfg: DemoConfig) -> tuple[Dataset, Dataset]:
     """The client's own data, split 80/20 — loaded once, shared by every measured run."""
     from training.data import load_dataset, train_test_split
 
@@ -197,16 +198,16 @@ def run_demo(cfg: DemoConfig, out: Path, *, progress: bool = True) -> dict[str, 
     check_demo(cfg, out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    weights = _pretrain(cfg, out, progress)
-    relation = _relation(cfg, weights, progress)
+    weights = pretrain_weights(cfg, out, progress)
+    relation = relation_vector(cfg, weights, progress)
     relation.save(out / "relation.json")
 
     with open_device(cfg.device, seed=cfg.seed) as dev:
-        profile = _profile(cfg, dev, weights, progress)
+        profile = measured_profile(cfg, dev, weights, progress)
         profile.save(out / "profile.json")
         cap = cfg.power_cap_w
         chosen = select(profile, relation, cap)
-        target_data = _target_data(cfg)
+        target_data = load_target_data(cfg)
         runs: dict[tuple[int, int], Run] = {}
 
         def measured(b: int, hz: int) -> Run:
