@@ -147,6 +147,8 @@ def instructions(
         proxy_dataset=relation.proxy_dataset,
         guard_window=cfg.guard_window,
         guard_tolerance=cfg.guard_tolerance,
+        cap_poll_s=cfg.cap_poll_s,
+        cap_pause_timeout_s=cfg.cap_pause_timeout_s,
         profile_source=cfg.profile_source,
         checkpoint_every_samples=cfg.checkpoint_every_samples,
     )

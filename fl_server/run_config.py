@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from powerctl.errors import PowerctlError
+from powerctl.follow import DEFAULT_PAUSE_TIMEOUT_S, DEFAULT_POLL_S
 from powerctl.guard import DEFAULT_TOLERANCE, DEFAULT_WINDOW
 from strategies.protocol import METHODS, PROFILE_ORDERS, PROFILE_SOURCES
 from training.lr import LR_RULES
@@ -73,6 +74,10 @@ class ServerConfig:
     """Power guard: consecutive over-cap training steps before a client steps its frequency down."""
     guard_tolerance: float = DEFAULT_TOLERANCE
     """Power guard: relative excess over the cap a reading may show (the sensor's noise band)."""
+    cap_poll_s: float = DEFAULT_POLL_S
+    """A client paused because nothing fits under its changing cap reads the cap this often."""
+    cap_pause_timeout_s: float = DEFAULT_PAUSE_TIMEOUT_S
+    """... and gives up after this long paused (one error line, frequency restored)."""
     methods: str = "ours"
     """The methods to run one after another, each from the same weights: ours, state-of-practice,
     proxy-batch, oracle (comma-separated)."""
@@ -205,6 +210,8 @@ def _validate(cfg: ServerConfig) -> None:
     need(cfg.round_timeout > 0, "round-timeout", cfg.round_timeout, "must be > 0 seconds")
     need(cfg.guard_window >= 1, "guard-window", cfg.guard_window, "must be ≥ 1")
     need(0 <= cfg.guard_tolerance < 1, "guard-tolerance", cfg.guard_tolerance, "must be in [0, 1)")
+    need(cfg.cap_poll_s > 0, "cap-poll-s", cfg.cap_poll_s, "must be > 0 seconds")
+    need(cfg.cap_pause_timeout_s > 0, "cap-pause-timeout-s", cfg.cap_pause_timeout_s, "must be > 0 seconds")
     for key in ("fraction-train", "fraction-evaluate"):
         v = getattr(cfg, key.replace("-", "_"))
         need(0 <= v <= 1, key, v, "must be in [0, 1]")

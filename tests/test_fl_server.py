@@ -47,6 +47,8 @@ def test_the_shipped_run_config_parses_and_has_no_federations_table() -> None:
         ({"results-dir": "runs/out"}, "'results-dir' must be an absolute path"),
         ({"lr-rule": "cubic"}, "'lr-rule' must be one of"),
         ({"targte-accuracy": 0.5}, "unknown key 'targte-accuracy'"),
+        ({"cap-poll-s": 0.0}, "'cap-poll-s' must be > 0 seconds"),
+        ({"cap-pause-timeout-s": -1.0}, "'cap-pause-timeout-s' must be > 0 seconds"),
     ],
 )
 def test_bad_run_config_is_one_line_naming_key_and_value(run_config: dict, fragment: str) -> None:
