@@ -178,10 +178,13 @@ def _source(value: Any, where: str, base_dir: Path | None) -> CapSource:
         raise NodeConfigError(str(exc)) from None
 
 
-def parse_fleet_groups(groups: Any, where: str, key: str = "groups") -> list[FleetEntry]:
+def parse_fleet_groups(
+    groups: Any, where: str, key: str = "groups", base_dir: Path | None = None
+) -> list[FleetEntry]:
     """A fleet file's list of groups {device, count, power-cap-w} → one entry per board, in order.
 
-    Every error names the place in the file, e.g. ``fleet.yaml: groups[1].power-cap-w: ...``."""
+    Every error names the place in the file, e.g. ``fleet.yaml: groups[1].power-cap-w: ...``. Trace
+    and live-file paths start at `base_dir` (default: the folder of `where`)."""
     if not isinstance(groups, list) or not groups:
         raise NodeConfigError(f"{where}: {key}: expected a non-empty list of groups, got {quoted(groups)}")
     entries: list[FleetEntry] = []
@@ -205,7 +208,7 @@ def parse_fleet_groups(groups: Any, where: str, key: str = "groups") -> list[Fle
         value = raw.get("power-cap-w")
         source = None
         if _is_source_text(value):
-            source = _source(value, f"{here}.power-cap-w", Path(where).parent)
+            source = _source(value, f"{here}.power-cap-w", base_dir or Path(where).parent)
             cap, schedule = source.cap_at(0.0), None
         else:
             cap, schedule = parse_cap_schedule(value, f"{here}.power-cap-w")

@@ -485,6 +485,10 @@ def node_caps(settings: NodeSettings, instr: TrainInstructions) -> CapSource:
     return settings.caps()
 
 
+_IN_REPORT = ("cap_events", "paused_seconds", "over_cap_seconds")
+"""What a changing-cap run's `extra` holds that the report carries in fields of its own."""
+
+
 def _train_following(
     settings: NodeSettings,
     instr: TrainInstructions,
@@ -552,7 +556,7 @@ def _train_following(
         cap_events=events,
         paused_seconds=result.extra["paused_seconds"],
         over_cap_seconds=result.extra["over_cap_seconds"],
-        extra={**extra, "cap_source": result.extra["cap_source"], "final_pair": result.extra["final_pair"]},
+        extra={**extra, **{k: v for k, v in result.extra.items() if k not in _IN_REPORT}},
     )
     new_state = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
     return new_state, report

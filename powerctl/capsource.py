@@ -318,7 +318,7 @@ def parse_cap_source(value: Any, where: str, base_dir: Path | None = None) -> Ca
             raise CapSourceError(f"{where}: {kind}: needs a file path, e.g. {kind}:caps/solar.csv")
         path = Path(path_text).expanduser()
         if not path.is_absolute():
-            path = (base_dir or Path.cwd()) / path
+            path = ((base_dir or Path.cwd()) / path).resolve()
         options = _options(query, where, {"trace": ("end", "scale", "timescale"), "live": ("poll",)}[kind])
         if kind == "live":
             return LiveFileCap(path, _number(options.get("poll", "1"), "poll", where))

@@ -260,8 +260,8 @@ def _task(raw: Any, where: str, base: Path) -> Task:
     )
 
 
-def _boards(raw: Any, name: str) -> list[FleetEntry]:
-    boards = parse_fleet_groups(raw, name, "groups")
+def _boards(raw: Any, name: str, base: Path) -> list[FleetEntry]:
+    boards = parse_fleet_groups(raw, name, "groups", base)
     for b in boards:
         kind, _, board = b.device.partition(":")
         if kind != "sim" or board not in SIM_BOARDS:
@@ -292,7 +292,7 @@ def _load(path: Path) -> FleetSpec:
         if key not in top.raw:
             raise FleetFileError(f"{name}: missing key {key!r} (see simulations/fleets/quick.yaml)")
     base = path.parent
-    boards = _boards(top.raw["groups"], name)
+    boards = _boards(top.raw["groups"], name, base)
     task = _task(top.raw["task"], f"{name}: task", base)
     part = _Section(top.raw.get("partitioning"), f"{name}: partitioning", ("scheme", "alpha"))
     seeds = _Section(top.raw.get("seeds"), f"{name}: seeds", ("run", "pretrain", "proxy", "data", "relation"))

@@ -214,3 +214,32 @@ def test_bad_cap_events_in_a_reply_are_one_line(events: str, fragment: str, unca
     with pytest.raises(ProtocolError, match=fragment) as err:
         ClientReport.from_config(report)
     assert "\n" not in str(err.value)
+
+
+class Killed(Exception):
+    pass
+
+
+def test_a_killed_round_under_a_changing_cap_resumes_to_the_uninterrupted_result(
+    uncapped_nano: tuple,
+) -> None:
+    settings, data = uncapped_nano
+    node = dataclasses.replace(
+        settings, cap_source=ScheduleCap.from_pairs([[0, 4.0], [0.05, 2.3], [0.12, 4.5]])
+    )
+    instr = dataclasses.replace(INSTR, checkpoint_every_samples=32, eval_every_samples=32)
+    state, whole = train_round(node, instr, initial_state(), data, device_seed=2)
+
+    def kill(steps: int, samples: int) -> None:
+        if steps == 9:  # after the first switch, before the rise
+            raise Killed
+
+    with pytest.raises(Killed):
+        train_round(node, instr, initial_state(), data, device_seed=2, on_step=kill)
+    again_state, resumed = train_round(node, instr, initial_state(), data, device_seed=2)
+    assert resumed.extra.get("resumed_at_samples", 0) > 0
+    assert [e["kind"] for e in whole.cap_events] == ["start", "switch", "switch"]
+    assert resumed.cap_events == whole.cap_events
+    same = ("device_seconds", "energy_j", "samples", "accuracy", "over_cap_seconds")
+    assert [getattr(resumed, k) for k in same] == [getattr(whole, k) for k in same]
+    assert all(torch.equal(state[k], again_state[k]) for k in state)
