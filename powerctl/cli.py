@@ -1,4 +1,4 @@
-"""`powerctl`: devices, power, freq, profile, caps, select, cap-source, plot (DESIGN §6).
+"""`powerctl`: devices, power, freq, profile, caps, select, pareto, cap-source, plot (DESIGN §6).
 
 Every user error is one line on stderr and exit status 2; nothing on the device is left changed.
 """
@@ -234,15 +234,18 @@ def cmd_select(args: argparse.Namespace) -> int:
     relation = RelationVector.load(args.relation)
     for warning in check_pairing(profile, relation, allow_mismatch=args.allow_mismatch):
         print(f"{PROG} select: warning: {warning}", file=sys.stderr)
-    choice = select(profile, relation, args.power_cap)
+    choice = select(profile, relation, args.power_cap, args.objective)
+    energy = args.objective == "energy"
     if args.json:
-        _print_json(choice.to_json_dict())
+        _print_json(choice.to_json_dict(with_energy=energy))
         return 0
     print(
         f"batch size {choice.batch_size} at {_mhz(choice.frequency_hz)}: "
         f"predicted {choice.predicted_seconds:.1f} s "
-        f"to {relation.target_accuracy:.0%} accuracy, peak {choice.peak_power_w:.2f} W"
+        + (f"and {choice.predicted_energy_j:.1f} J " if energy else "")
+        + f"to {relation.target_accuracy:.0%} accuracy, peak {choice.peak_power_w:.2f} W"
         + (f" (cap {args.power_cap:g} W)" if args.power_cap else " (no cap)")
+        + ("; the least energy" if energy else "")
     )
     if args.compare:
         from powerctl.baselines import compare
@@ -284,6 +287,43 @@ def cmd_plot(args: argparse.Namespace) -> int:
     paths = plot_profile(
         profile, args.out, power_cap_w=args.power_cap, relation=relation, selection=selection
     )
+    for p in paths:
+        print(p)
+    return 0
+
+
+def cmd_pareto(args: argparse.Namespace) -> int:
+    from powerctl.outputs import check_output_dir
+    from powerctl.pareto import pareto_front, write_front
+    from powerctl.profile_table import Profile
+    from powerctl.relation import RelationVector
+    from powerctl.selection import check_pairing
+
+    check_output_dir(args.out)
+    profile = Profile.load(args.profile)
+    relation = RelationVector.load(args.relation)
+    for warning in check_pairing(profile, relation, allow_mismatch=args.allow_mismatch):
+        print(f"{PROG} pareto: warning: {warning}", file=sys.stderr)
+    front = pareto_front(profile, relation, args.power_cap)
+    paths = write_front(front, profile, relation, args.out)
+    if args.json:
+        _print_json(front.to_json_dict(profile, relation))
+        return 0
+    print(
+        f"{len(front.pairs)} feasible pairs, {len(front.front)} on the time–energy front"
+        + (f" (cap {args.power_cap:g} W)" if args.power_cap else " (no cap)")
+    )
+    print(f"{'':2}{'b':>5} {'MHz':>8} {'predicted s':>12} {'predicted J':>12} {'peak W':>7}")
+    for s in front.front:
+        mark = "".join(
+            tag
+            for tag, best in ((" fastest", front.fastest), (" most frugal", front.most_frugal))
+            if s == best
+        )
+        print(
+            f"{'':2}{s.batch_size:>5} {s.frequency_hz / 1e6:>8.1f} {s.predicted_seconds:>12.1f} "
+            f"{s.predicted_energy_j:>12.1f} {s.peak_power_w:>7.2f}{mark}"
+        )
     for p in paths:
         print(p)
     return 0
@@ -419,11 +459,27 @@ def build_parser() -> argparse.ArgumentParser:
         help="combine a relation vector of another model or input than the profile (a warning, not an error)",
     )
     s.add_argument(
+        "--objective",
+        choices=("time", "energy"),
+        default="time",
+        help="minimise the predicted time to the target (default, the paper) or the energy to it",
+    )
+    s.add_argument(
         "--json",
         action="store_true",
-        help='print {"batch_size", "frequency_hz", "predicted_seconds", "peak_power_w"}',
+        help='print {"batch_size", "frequency_hz", "predicted_seconds", "peak_power_w"} '
+        '(+ "predicted_energy_j" with --objective energy)',
     )
     s.set_defaults(func=cmd_select)
+
+    s = sub.add_parser("pareto", help="the time–energy front of the feasible (batch size, frequency) pairs")
+    s.add_argument("--profile", required=True, type=Path, help="profile JSON (powerctl profile)")
+    s.add_argument("--relation", required=True, type=Path, help="relation vector JSON (fl-server relation)")
+    s.add_argument("--power-cap", type=positive_float, metavar="W", help="power cap in W (omit: no cap)")
+    s.add_argument("--out", required=True, type=Path, help="folder for pareto.json and pareto.png")
+    s.add_argument("--allow-mismatch", action="store_true", help="as for select")
+    s.add_argument("--json", action="store_true", help="print pareto.json's content")
+    s.set_defaults(func=cmd_pareto)
 
     s = sub.add_parser(
         "cap-source", help="check a power cap that changes (schedule, trace, live file) and show it over time"
