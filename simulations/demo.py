@@ -134,7 +134,7 @@ def load_target_data(cfg: DemoConfig) -> tuple[Dataset, Dataset]:
     return train_test_split(data, seed=cfg.target_seed)
 
 
-def _fine_tune(
+def fine_tune_at(
     cfg: DemoConfig,
     dev: Device,
     weights: Path,
@@ -212,7 +212,7 @@ def run_demo(cfg: DemoConfig, out: Path, *, progress: bool = True) -> dict[str, 
 
         def measured(b: int, hz: int) -> Run:
             if (b, hz) not in runs:  # the same (b, f) is the same run: measure it once
-                runs[(b, hz)] = _fine_tune(cfg, dev, weights, target_data, b, hz, progress)
+                runs[(b, hz)] = fine_tune_at(cfg, dev, weights, target_data, b, hz, progress)
             return runs[(b, hz)]
 
         # every batch size at its fastest feasible frequency (time falls as frequency rises): the

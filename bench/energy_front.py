@@ -1,0 +1,123 @@
+"""The time–energy front, measured: is the fastest pair also the most frugal, and does fine-tuning agree?
+
+On simulated boards, the demo's task (a pre-trained ResNet-18-small fine-tuned to a target accuracy on
+the client's own data) is profiled over the whole grid, the front of the feasible pairs is computed
+(`powerctl.pareto`) under a few caps, and the fine-tune is then run for real at both ends of the front —
+the time-optimal pair (Algorithm 1) and the energy-optimal one — over several seeds (training seed =
+board noise seed). It prints, per board and cap, the predicted and measured time and energy to the
+target at both ends and the ratios: the energy the frugal end saves and the time it costs.
+
+    .venv/bin/python bench/energy_front.py [--boards jetson-nano,jetson-tx2nx] [--seeds 3] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from powerctl.devices.simulated import SimulatedBoard  # noqa: E402
+from powerctl.pareto import pareto_front, write_front  # noqa: E402
+from powerctl.selection import Selection  # noqa: E402
+from simulations.demo import (  # noqa: E402
+    DemoConfig,
+    fine_tune_at,
+    load_target_data,
+    measured_profile,
+    pretrain_weights,
+    relation_vector,
+)
+
+CAPS_W = {"jetson-nano": (None, 4.0, 3.0), "jetson-tx2nx": (None, 5.5, 4.0)}
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--boards", default="jetson-nano,jetson-tx2nx")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--out", type=Path, default=ROOT / "runs" / "energy-front")
+    args = p.parse_args(argv)
+    started = time.perf_counter()
+    base = DemoConfig()
+    args.out.mkdir(parents=True, exist_ok=True)
+    weights = pretrain_weights(base, args.out, progress=False)
+    relation = relation_vector(base, weights, progress=False)
+    data = load_target_data(base)
+    print(f"model {base.model}, target accuracy {base.target_accuracy}, {args.seeds} seeds per measured pair")
+    head = (
+        f"{'board':<13} {'cap W':>5} {'front':>5} {'end':<12} {'b':>3} {'MHz':>6} {'pred s':>7} "
+        f"{'meas s':>12} {'pred J':>7} {'meas J':>13}"
+    )
+    print(head + "\n" + "-" * len(head))
+    summary = []
+    for board in args.boards.split(","):
+        cfg = replace(base, device=f"sim:{board}", power_cap_w=None)
+        with SimulatedBoard.open(board, seed=0) as dev:
+            profile = measured_profile(cfg, dev, weights, progress=False)
+        for cap in CAPS_W.get(board, (None,)):
+            front = pareto_front(profile, relation, cap)
+            cap_s = "none" if cap is None else f"{cap:g}"
+            write_front(front, profile, relation, args.out / f"{board}-cap-{cap_s}")
+            measured: dict[str, tuple[list[float], list[float]]] = {}
+            ends: dict[str, Selection] = {"time-optimal": front.fastest, "energy-optimal": front.most_frugal}
+            for end, s in ends.items():
+                secs, joules = [], []
+                for seed in range(args.seeds):
+                    with SimulatedBoard.open(board, seed=seed) as dev:
+                        run = fine_tune_at(
+                            replace(cfg, seed=seed), dev, weights, data, s.batch_size, s.frequency_hz, False
+                        )
+                    secs.append(run.device_seconds)
+                    joules.append(run.energy_j or 0.0)
+                measured[end] = (secs, joules)
+                (ms, ss), (mj, sj) = _mean_std(secs), _mean_std(joules)
+                print(
+                    f"{board:<13} {cap_s:>5} {len(front.front):>5} {end:<12} {s.batch_size:>3} "
+                    f"{s.frequency_hz / 1e6:>6.1f} {s.predicted_seconds:>7.1f} {ms:>6.1f} ± {ss:>4.1f} "
+                    f"{s.predicted_energy_j:>7.1f} {mj:>6.1f} ± {sj:>5.1f}"
+                )
+            (t_fast, e_fast), (t_frugal, e_frugal) = (
+                (statistics.mean(v) for v in measured["time-optimal"]),
+                (statistics.mean(v) for v in measured["energy-optimal"]),
+            )
+            summary.append(
+                (
+                    board,
+                    cap_s,
+                    front.fastest != front.most_frugal,
+                    front.most_frugal.predicted_energy_j / front.fastest.predicted_energy_j,
+                    e_frugal / e_fast,
+                    front.most_frugal.predicted_seconds / front.fastest.predicted_seconds,
+                    t_frugal / t_fast,
+                )
+            )
+    print(
+        f"\n{'board':<13} {'cap W':>5} {'ends differ':>11} {'energy frugal/fast':>26} "
+        f"{'time frugal/fast':>24}\n{'':<31} {'predicted':>12} {'measured':>9} "
+        f"{'predicted':>12} {'measured':>9}"
+    )
+    for board, cap_s, differ, pe, me, pt, mt in summary:
+        print(
+            f"{board:<13} {cap_s:>5} {'yes' if differ else 'no':>11} {pe:>12.3f} {me:>9.3f} "
+            f"{pt:>12.3f} {mt:>9.3f}"
+        )
+    print(
+        "\nmeasured: device seconds of training and energy to the first evaluation at the target (mean ± std "
+        f"over seeds); predicted: T_N·r_b and E_N·r_b of the profile and relation vector.\n"
+        f"fronts: {args.out}/BOARD-cap-CAP/pareto.png ({time.perf_counter() - started:.0f} s wall)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
