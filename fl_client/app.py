@@ -23,7 +23,7 @@ from flwr.clientapp import ClientApp
 from fl_client.faults import before_training, kill_after_checkpoint, parse_faults
 from fl_client.local_data import data_plan, load_local_data
 from fl_client.node import NodeConfigError, NodeSettings, resolve_node
-from fl_client.work import build_local_model, model_seq_len, train_round
+from fl_client.work import build_local_model, model_seq_len, plan_round, train_round
 from powerctl.devices import open_device
 from powerctl.errors import PowerctlError
 from strategies.protocol import (
@@ -32,6 +32,7 @@ from strategies.protocol import (
     EXAMPLES_KEY,
     METRICS_KEY,
     NODE_KEY,
+    PLAN_KEY,
     REPORT_KEY,
     ProtocolError,
     TrainInstructions,
@@ -98,13 +99,26 @@ def _node_record(settings: NodeSettings, context: Context) -> ConfigRecord:
 
 @app.query()
 def query(msg: Message, context: Context) -> Message:
+    """Who this node is; with train instructions in the query (energy-under-deadline rounds), also
+    its plan: the fastest pair under its cap and the predicted time to the target."""
     settings = None
     try:
         settings = resolve_node(context.node_config, context.run_config)
         record = _node_record(settings, context)
+        content = RecordDict({NODE_KEY: record})
+        if CONFIG_KEY in msg.content.config_records:
+            instr = TrainInstructions.from_config(_config(msg), "plan query config")
+            examples = record.get("train-examples")
+            if not isinstance(examples, int):
+                plan_data = data_plan(
+                    settings, context.run_config, model_seq_len(instr.model, instr.model_overrides)
+                )
+                examples = len(load_local_data(plan_data)[0])
+            plan = plan_round(settings, instr, examples, profile_cache=_profile_cache(context.run_config))
+            content[PLAN_KEY] = plan.to_config()
     except PowerctlError as exc:
         return _error_reply(msg, settings, exc)
-    return Message(RecordDict({NODE_KEY: record}), reply_to=msg)
+    return Message(content, reply_to=msg)
 
 
 @app.train()

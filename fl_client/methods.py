@@ -14,7 +14,7 @@ from powerctl.baselines import oracle, proxy_batch, state_of_practice
 from powerctl.errors import PowerctlError
 from powerctl.profile_table import Profile
 from powerctl.relation import RelationVector
-from powerctl.selection import select
+from powerctl.selection import select, select_under_deadline
 from strategies.protocol import METHODS, ORACLE, OURS, PROXY_BATCH, STATE_OF_PRACTICE
 
 
@@ -28,6 +28,9 @@ class Choice:
     predicted_seconds: float | None
     """T_N(b, f) · r_b under the proxy's relation (the oracle's: under the target relation)."""
     profiled_peak_power_w: float | None
+    meets_deadline: bool | None = None
+    """Energy-under-deadline rounds: whether the pair is predicted to meet the round's deadline (None:
+    no deadline)."""
 
 
 def choose(
@@ -36,8 +39,15 @@ def choose(
     relation: RelationVector,
     power_cap_w: float | None,
     target_relation: RelationVector | None = None,
+    deadline_s: float = 0.0,
 ) -> Choice:
-    """The (b, f) `method` picks for this profile and cap; a cap nothing meets is one error line."""
+    """The (b, f) `method` picks for this profile and cap; a cap nothing meets is one error line.
+
+    With a round deadline (`deadline_s` > 0, ours only) the power-aware method picks the pair with the
+    least predicted energy that meets it, or its fastest pair when none does; the baselines ignore it."""
+    if method == OURS and deadline_s > 0:
+        sel, met = select_under_deadline(profile, relation, power_cap_w, deadline_s)
+        return Choice(OURS, sel.batch_size, sel.frequency_hz, sel.predicted_seconds, sel.peak_power_w, met)
     if method == OURS:
         sel = select(profile, relation, power_cap_w)
         return Choice(OURS, sel.batch_size, sel.frequency_hz, sel.predicted_seconds, sel.peak_power_w)

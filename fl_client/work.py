@@ -40,9 +40,9 @@ from powerctl.guard import PowerGuard
 from powerctl.profile_table import Profile
 from powerctl.profiler import profile_device
 from powerctl.relation import RelationVector
-from powerctl.selection import best_frequency_per_batch, check_power_cap
+from powerctl.selection import best_frequency_per_batch, check_power_cap, select
 from powerctl.workload import Workload
-from strategies.protocol import ORACLE, OURS, ClientReport, TrainInstructions
+from strategies.protocol import ORACLE, OURS, ClientReport, Plan, TrainInstructions
 from training.checkpoint import Checkpointing
 from training.errors import DataError, ModelError
 from training.finetune import FineTuneResult, evaluate_with_loss, fine_tune
@@ -438,12 +438,14 @@ def train_round(
         target_relation, runs = _oracle_runs(
             settings, instr, state, data, profile, relation, cap, device_seed
         )
-    chosen = choose(instr.method, profile, relation, cap, target_relation)
+    chosen = choose(instr.method, profile, relation, cap, target_relation, instr.deadline_s)
     pair = (chosen.batch_size, chosen.frequency_hz)
     result, model, board = runs.get(pair) or _fine_tune_at(
         settings, instr, state, data, *pair, cap, device_seed, on_step
     )
     extra: dict = {"profile_points": len(profile.points), "steps": result.steps}
+    if chosen.meets_deadline is not None:
+        extra.update(deadline_s=instr.deadline_s, meets_deadline_predicted=chosen.meets_deadline)
     if target_relation is not None:
         extra["oracle_samples_to_target"] = {str(b): s for b, s in target_relation.samples_map().items()}
         extra["oracle_search_device_seconds"] = sum(r.device_seconds for r, _, _ in runs.values())
@@ -560,3 +562,32 @@ def _train_following(
     )
     new_state = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
     return new_state, report
+
+
+def plan_round(
+    settings: NodeSettings,
+    instr: TrainInstructions,
+    train_examples: int,
+    *,
+    profile_cache: Path | None = None,
+) -> Plan:
+    """A planning query (energy-under-deadline rounds): this node's fastest pair under its cap and its
+    predicted time to the target. The profile is measured now when not cached (the next round's
+    training then finds it cached; the server charges these seconds to that round)."""
+    caps = node_caps(settings, instr)
+    cap = caps.cap_at(0.0)
+    model = build_model(instr.model, instr.num_classes, seed=0, **instr.model_overrides)
+    relation = usable_relation(instr, train_examples)
+    with open_device(settings.device) as dev:
+        model = model.to(dev.torch_device())
+        profile, cached = _profile(
+            dev, model, instr, relation.batch_sizes, cap, profile_cache, relation_map=relation.as_map()
+        )
+    fastest = select(profile, relation, cap)
+    return Plan(
+        fastest_seconds=fastest.predicted_seconds,
+        batch_size=fastest.batch_size,
+        frequency_hz=fastest.frequency_hz,
+        energy_j=fastest.predicted_energy_j,
+        profiling_seconds=0.0 if cached else float(profile.profiling_seconds or 0.0),
+    )

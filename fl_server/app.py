@@ -39,7 +39,7 @@ from powerctl.errors import PowerctlError
 from powerctl.relation import RelationVector
 from strategies.methods import for_method
 from strategies.power_aware import PowerAwareFedAvg
-from strategies.protocol import TrainInstructions
+from strategies.protocol import OURS, OURS_DEADLINE, TrainInstructions
 from strategies.rounds import RoundRecord
 
 if TYPE_CHECKING:
@@ -285,6 +285,10 @@ def run_method(
         fraction_train=cfg.fraction_train,
         fraction_evaluate=cfg.fraction_evaluate,
         min_available_nodes=cfg.min_nodes,
+        round_objective="energy-under-deadline"
+        if method == OURS_DEADLINE
+        else (cfg.round_objective if method == OURS else "time"),
+        round_deadline_s=cfg.round_deadline_s,
     )
     strategy.nodes.update(known_nodes)  # node ids hold for the whole run: ask each node once
     first_round = point.last_round + 1 if point else 1

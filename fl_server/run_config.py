@@ -16,7 +16,7 @@ from typing import Any
 from powerctl.errors import PowerctlError
 from powerctl.follow import DEFAULT_PAUSE_TIMEOUT_S, DEFAULT_POLL_S
 from powerctl.guard import DEFAULT_TOLERANCE, DEFAULT_WINDOW
-from strategies.protocol import METHODS, PROFILE_ORDERS, PROFILE_SOURCES
+from strategies.protocol import PROFILE_ORDERS, PROFILE_SOURCES, ROUND_OBJECTIVES, RUN_METHODS
 from training.lr import LR_RULES
 
 APP_DIR = Path(__file__).resolve().parents[1]
@@ -74,6 +74,11 @@ class ServerConfig:
     """Power guard: consecutive over-cap training steps before a client steps its frequency down."""
     guard_tolerance: float = DEFAULT_TOLERANCE
     """Power guard: relative excess over the cap a reading may show (the sensor's noise band)."""
+    round_objective: str = "time"
+    """time: every client its fastest pair; energy-under-deadline: the least-energy pair meeting the
+    round's deadline (ours; `ours-deadline` in `methods` runs it beside the others)."""
+    round_deadline_s: float = 0.0
+    """Energy-under-deadline rounds: the deadline in device seconds (0: the slowest client's fastest)."""
     cap_poll_s: float = DEFAULT_POLL_S
     """A client paused because nothing fits under its changing cap reads the cap this often."""
     cap_pause_timeout_s: float = DEFAULT_PAUSE_TIMEOUT_S
@@ -88,9 +93,10 @@ class ServerConfig:
 
     def method_list(self) -> list[str]:
         names = [m.strip() for m in self.methods.split(",") if m.strip()]
-        if not names or len(set(names)) != len(names) or any(m not in METHODS for m in names):
+        if not names or len(set(names)) != len(names) or any(m not in RUN_METHODS for m in names):
             raise RunConfigError(
-                f"run config 'methods' must be distinct names from {', '.join(METHODS)}, got {self.methods!r}"
+                f"run config 'methods' must be distinct names from {', '.join(RUN_METHODS)}, "
+                f"got {self.methods!r}"
             )
         return names
 
@@ -211,6 +217,15 @@ def _validate(cfg: ServerConfig) -> None:
     need(cfg.guard_window >= 1, "guard-window", cfg.guard_window, "must be ≥ 1")
     need(0 <= cfg.guard_tolerance < 1, "guard-tolerance", cfg.guard_tolerance, "must be in [0, 1)")
     need(cfg.cap_poll_s > 0, "cap-poll-s", cfg.cap_poll_s, "must be > 0 seconds")
+    need(
+        cfg.round_objective in ROUND_OBJECTIVES,
+        "round-objective",
+        cfg.round_objective,
+        f"must be one of {', '.join(ROUND_OBJECTIVES)}",
+    )
+    need(
+        cfg.round_deadline_s >= 0, "round-deadline-s", cfg.round_deadline_s, "must be ≥ 0 (0: the slowest's)"
+    )
     need(cfg.cap_pause_timeout_s > 0, "cap-pause-timeout-s", cfg.cap_pause_timeout_s, "must be > 0 seconds")
     for key in ("fraction-train", "fraction-evaluate"):
         v = getattr(cfg, key.replace("-", "_"))

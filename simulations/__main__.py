@@ -96,13 +96,15 @@ def ray_check() -> int:
 
 
 def _methods(text: str) -> list[str]:
-    from strategies.protocol import METHODS
+    from strategies.protocol import RUN_METHODS
 
     names = [m.strip() for m in text.split(",") if m.strip()]
-    bad = [m for m in names if m not in METHODS]
+    bad = [m for m in names if m not in RUN_METHODS]
     if not names or bad or len(set(names)) != len(names):
-        raise argparse.ArgumentTypeError(f"expected distinct methods from {', '.join(METHODS)}, got {text!r}")
-    return [m for m in METHODS if m in names]
+        raise argparse.ArgumentTypeError(
+            f"expected distinct methods from {', '.join(RUN_METHODS)}, got {text!r}"
+        )
+    return [m for m in RUN_METHODS if m in names]
 
 
 def run_command(args: argparse.Namespace) -> int:

@@ -17,7 +17,7 @@ from typing import Any
 
 from fl_client.node import FleetEntry, NodeConfigError, parse_fleet_groups, quoted, read_yaml
 from powerctl.devices.simulated import SIM_BOARDS
-from strategies.protocol import METHODS, PROFILE_ORDERS, PROFILE_SOURCES
+from strategies.protocol import PROFILE_ORDERS, PROFILE_SOURCES, RUN_METHODS
 from training.lr import LR_RULES
 
 TOP_KEYS = (
@@ -310,9 +310,9 @@ def _load(path: Path) -> FleetSpec:
     )
     methods = top.get(
         "methods",
-        list(METHODS),
-        lambda v: isinstance(v, list) and v and all(m in METHODS for m in v) and len(set(v)) == len(v),
-        f"a list of distinct methods from {', '.join(METHODS)}",
+        [m for m in RUN_METHODS if m != "ours-deadline"],
+        lambda v: isinstance(v, list) and v and all(m in RUN_METHODS for m in v) and len(set(v)) == len(v),
+        f"a list of distinct methods from {', '.join(RUN_METHODS)}",
     )
     spec = FleetSpec(
         path=path,
@@ -331,7 +331,7 @@ def _load(path: Path) -> FleetSpec:
         },
         budget_samples=budget.integer("samples", 6000, 0),
         budget_device_seconds=budget.number("device-seconds", 0.0, minimum=0, strict=False),
-        methods=[m for m in METHODS if m in methods],
+        methods=[m for m in RUN_METHODS if m in methods],
         profile_source=scale.choice("profiles", "measured", PROFILE_SOURCES),
         real_share=float(
             scale.get("real-share", 1.0, lambda v: _is_num(v) and 0 <= v <= 1, "a share in [0, 1]")

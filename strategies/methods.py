@@ -11,7 +11,7 @@ import dataclasses
 import math
 
 from strategies.power_aware import NodeInstructions
-from strategies.protocol import TrainInstructions
+from strategies.protocol import OURS, OURS_DEADLINE, TrainInstructions
 from strategies.rounds import NodeInfo
 
 
@@ -24,14 +24,16 @@ def trains_real_model(partition_id: int | None, real_share: float) -> bool:
 
 
 def for_method(method: str, real_share: float = 1.0) -> NodeInstructions:
-    """Node instructions that run `method` on every node, the real model on `real_share` of them."""
+    """Node instructions that run `method` on every node, the real model on `real_share` of them
+    (`ours-deadline` is ours on the client; the deadline comes from the strategy)."""
+    client_method = OURS if method == OURS_DEADLINE else method
 
     def instruct(node: NodeInfo, server_round: int, base: TrainInstructions) -> TrainInstructions:
         return dataclasses.replace(
             base,
             server_round=server_round,
             node_key=node.key,
-            method=method,
+            method=client_method,
             stand_in=not trains_real_model(node.partition_id, real_share),
         )
 

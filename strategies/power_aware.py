@@ -9,6 +9,11 @@ Per round:
    SuperNode's error reply comes from the SuperLink's id, not the node's); keep each report; name every
    node that failed, replied something unusable, or did not reply in time; average the weights of the
    others by examples. A failed client never stops the round.
+With `round_objective="energy-under-deadline"` (ours), ``configure_train`` first asks each sampled node
+once for its plan (a QUERY with its instructions: its predicted fastest time to the target), sets the
+round's deadline to the slowest one's (or `round_deadline_s`), and sends it: each client then runs its
+least-energy pair that meets it. A FedAvg round waits for its slowest client anyway; the others need
+not race to idle.
 3. ``configure_evaluate`` / ``aggregate_evaluate``: FedAvg's, plus the per-node accuracy and loss.
 `on_round` receives the `RoundRecord` after training and again after evaluation, so the ServerApp can
 write results as each round completes; `on_round_end(round, weights)` follows once the round is over,
@@ -33,8 +38,11 @@ from strategies.protocol import (
     EXAMPLES_KEY,
     METRICS_KEY,
     NODE_KEY,
+    PLAN_KEY,
     REPORT_KEY,
+    ROUND_OBJECTIVES,
     ClientReport,
+    Plan,
     ProtocolError,
     TrainInstructions,
     reader,
@@ -78,7 +86,17 @@ class PowerAwareFedAvg(FedAvg):
         min_train_nodes: int = 1,
         min_evaluate_nodes: int = 1,
         min_available_nodes: int = 1,
+        round_objective: str = "time",
+        round_deadline_s: float = 0.0,
     ) -> None:
+        if round_objective not in ROUND_OBJECTIVES:
+            raise ValueError(
+                f"round objective must be one of {', '.join(ROUND_OBJECTIVES)}, got {round_objective!r}"
+            )
+        if not round_deadline_s >= 0:
+            raise ValueError(
+                f"round deadline must be ≥ 0 seconds (0: the slowest client's), got {round_deadline_s!r}"
+            )
         super().__init__(
             fraction_train=fraction_train,
             fraction_evaluate=fraction_evaluate,
@@ -98,6 +116,10 @@ class PowerAwareFedAvg(FedAvg):
         self._sent: dict[str, list[Message]] = {}
         self._global: ArrayRecord | None = None
         self._gathered = False
+        self.round_objective, self.round_deadline_s = round_objective, round_deadline_s
+        self.plans: dict[int, Plan] = {}
+        self.deadlines: dict[int, float] = {}
+        self._unbilled_profiling: dict[int, float] = {}
 
     # --- the rounds ---------------------------------------------------------------------------
     def start(
@@ -178,6 +200,36 @@ class PowerAwareFedAvg(FedAvg):
         for nid in new:
             self.nodes.setdefault(nid, NodeInfo.unknown(nid))
 
+    def plan_deadline(self, grid: Grid, instructions: dict[int, TrainInstructions]) -> float:
+        """Energy-under-deadline: ask every sampled node not planned yet for its predicted fastest time
+        to the target (a QUERY carrying its train instructions: the node profiles, cached, and
+        selects), and return the round's deadline: the user's, else the slowest node's fastest time
+        (0 when no node answered: everyone then runs its fastest pair). A node that fails to answer is
+        named in the log and trains without a deadline's choice being any different from its fastest."""
+        new = [nid for nid in instructions if nid not in self.plans]
+        if new:
+            queries = [
+                Message(RecordDict({CONFIG_KEY: instructions[nid].to_config()}), dst_node_id=nid,
+                        message_type=MessageType.QUERY)
+                for nid in new
+            ]  # fmt: skip
+            sent = {m.metadata.message_id: m.metadata.dst_node_id for m in queries}
+            for reply in grid.send_and_receive(queries, timeout=self.query_timeout):
+                nid = sent.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
+                try:
+                    if reply.has_error():
+                        raise ProtocolError(one_line(reply.error.reason))
+                    plan = Plan.from_config(required(reply.content.config_records, PLAN_KEY, "plan reply"))
+                except ProtocolError as exc:
+                    log(WARNING, "plan: node %s gave no plan: %s", self.node(nid).key, exc)
+                    continue
+                self.plans[nid] = plan
+                self._unbilled_profiling[nid] = plan.profiling_seconds
+        if self.round_deadline_s > 0:
+            return self.round_deadline_s
+        planned = [self.plans[nid].fastest_seconds for nid in instructions if nid in self.plans]
+        return max(planned, default=0.0)
+
     def node(self, node_id: int) -> NodeInfo:
         return self.nodes.get(node_id) or NodeInfo.unknown(node_id)
 
@@ -197,9 +249,17 @@ class PowerAwareFedAvg(FedAvg):
         node_ids = self._sample(grid, self.fraction_train, self.min_train_nodes)
         self.learn_nodes(grid, node_ids)
         log(INFO, "configure_train: %d nodes", len(node_ids))
+        instructions = {nid: self.node_instructions(self.node(nid), server_round, base) for nid in node_ids}
+        if self.round_objective == "energy-under-deadline":
+            deadline = self.plan_deadline(grid, instructions)
+            if deadline > 0:
+                self.deadlines[server_round] = deadline
+                instructions = {
+                    n: dataclasses.replace(i, deadline_s=deadline) for n, i in instructions.items()
+                }
         messages = []
         for nid in node_ids:
-            instr = self.node_instructions(self.node(nid), server_round, base)
+            instr = instructions[nid]
             content = RecordDict({ARRAYS_KEY: arrays, CONFIG_KEY: instr.to_config()})
             messages.append(Message(content, dst_node_id=nid, message_type=MessageType.TRAIN))
         self._sent[MessageType.TRAIN] = messages
@@ -241,6 +301,8 @@ class PowerAwareFedAvg(FedAvg):
                 failed.append(self._failure(nid, "error", str(exc)))
                 continue
             report.node_key = report.node_key or self.node(nid).key
+            # profiling a planning query measured belongs to the first round the node then trains
+            report.profiling_seconds += self._unbilled_profiling.pop(nid, 0.0)
             good.append((nid, report, arrays, examples))
         good.sort(key=lambda g: g[1].node_key)  # node keys, not ids: the same order (and sum) in every run
         for f in failed:
@@ -252,6 +314,11 @@ class PowerAwareFedAvg(FedAvg):
             failed=sorted(failed, key=lambda f: f.node_key),
             summary=summarise(reports, failed, sampled),
         )
+        if server_round in self.deadlines:
+            record.summary["deadline_s"] = self.deadlines[server_round]
+            record.summary["met_deadline_predicted"] = sum(
+                bool(r.extra.get("meets_deadline_predicted")) for r in reports
+            )
         self.rounds[server_round] = record
         if self.on_round is not None:
             self.on_round(record)

@@ -39,6 +39,14 @@ PROFILE_SOURCES = ("measured", "predicted")
 OURS = "ours"
 METHODS = (OURS, STATE_OF_PRACTICE, PROXY_BATCH, ORACLE)
 """How a client chooses (b, f): the power-aware method, or one of powerctl.baselines' baselines."""
+OURS_DEADLINE = "ours-deadline"
+RUN_METHODS = (*METHODS, OURS_DEADLINE)
+"""What a run compares: the client methods, and `ours-deadline` = ours with energy-under-deadline
+rounds (the server sets a deadline; each client picks its least-energy pair that meets it)."""
+ROUND_OBJECTIVES = ("time", "energy-under-deadline")
+"""time: every client its fastest pair (the paper); energy-under-deadline: see `OURS_DEADLINE`."""
+PLAN_KEY = "plan"
+"""The ConfigRecord a client replies to a planning query: its predicted fastest time to target."""
 
 
 class ProtocolError(PowerctlError):
@@ -175,6 +183,9 @@ class TrainInstructions:
     samples to target at the chosen pair) instead of fine-tuning the real model."""
     checkpoint_every_samples: int = 0
     """The client saves its fine-tune this often, to resume it if killed mid-round (0: never)."""
+    deadline_s: float = 0.0
+    """Energy-under-deadline rounds (ours only): pick the least-energy pair predicted to reach the
+    target within this many seconds under the cap, else the fastest pair (0: no deadline, the fastest)."""
     cap_poll_s: float = DEFAULT_POLL_S
     """A client paused because nothing fits under its (changing) cap reads the cap this often."""
     cap_pause_timeout_s: float = DEFAULT_PAUSE_TIMEOUT_S
@@ -247,6 +258,7 @@ class TrainInstructions:
                 if "checkpoint-every-samples" in record
                 else 0
             ),
+            deadline_s=r.number("deadline-s") if "deadline-s" in record else 0.0,
             cap_poll_s=r.number("cap-poll-s", allow_min=False) if "cap-poll-s" in record else DEFAULT_POLL_S,
             cap_pause_timeout_s=(
                 r.number("cap-pause-timeout-s", allow_min=False)
@@ -422,4 +434,30 @@ class ClientReport:
             cap_events=_cap_events(r) if "cap_events" in record else [],
             paused_seconds=optional("paused_seconds") or 0.0,
             over_cap_seconds=optional("over_cap_seconds"),
+        )
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A client's answer to a planning query (energy-under-deadline rounds): its fastest pair under its
+    cap and what it predicts, and the device seconds the profile cost if it was measured for the query."""
+
+    fastest_seconds: float
+    batch_size: int
+    frequency_hz: int
+    energy_j: float
+    profiling_seconds: float = 0.0
+
+    def to_config(self) -> ConfigRecord:
+        return ConfigRecord({k.replace("_", "-"): v for k, v in asdict(self).items()})
+
+    @classmethod
+    def from_config(cls, record: Any, where: str = "plan reply") -> Plan:
+        r = reader(record, where)
+        return cls(
+            fastest_seconds=r.number("fastest-seconds"),
+            batch_size=r.integer("batch-size"),
+            frequency_hz=r.integer("frequency-hz"),
+            energy_j=r.number("energy-j"),
+            profiling_seconds=r.number("profiling-seconds"),
         )
