@@ -1,0 +1,92 @@
+"""Energy-under-deadline rounds vs everyone-fastest on a heterogeneous fleet, over seeds.
+
+A FedAvg round lasts as long as its slowest client; with everyone running its fastest pair, the faster
+boards finish early and idle. `ours-deadline` sets the round's deadline to the slowest board's predicted
+fastest time and lets each board run its least-energy pair that meets it. This runs
+`simulations/fleets/deadline.yaml` (both methods, the same boards, data and weights) once per seed
+(`seeds.run` and the data seed) with the fleet runner and prints, per method, mean ± std over seeds of:
+fleet training energy per round (J, every client's fine-tuning), training makespan per round (the
+slowest client's fine-tuning device seconds), and the round makespan the fleet summary reports
+(profiling included: `ours` runs first and profiles; `ours-deadline` finds the profiles cached).
+
+    .venv/bin/python bench/deadline_rounds.py [--seeds 3] [--out runs/bench/deadline]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from simulations.fleet import load_fleet_spec  # noqa: E402
+from simulations.runner import run_fleet  # noqa: E402
+
+METHODS = ["ours", "ours-deadline"]
+
+
+def _ms(values: list[float]) -> str:
+    if len(values) < 2:
+        return f"{values[0]:.2f}"
+    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--fleet", type=Path, default=ROOT / "simulations" / "fleets" / "deadline.yaml")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--out", type=Path, default=ROOT / "runs" / "bench" / "deadline")
+    args = p.parse_args(argv)
+    started = time.perf_counter()
+    spec = load_fleet_spec(args.fleet)
+    per: dict[str, dict[str, list[float]]] = {m: {"energy": [], "train": [], "round": []} for m in METHODS}
+    met = 0
+    for seed in range(args.seeds):
+        seeded = dataclasses.replace(
+            spec, seeds={**spec.seeds, "run": seed, "data": spec.seeds["data"] + seed}
+        )
+        results = run_fleet(seeded, args.out / f"seed-{seed}", METHODS, echo=lambda _: None, plots=seed == 0)
+        for s in results["summary"]:
+            per[s["method"]]["round"].append(statistics.mean(s["makespans_s"]))
+        for method in METHODS:
+            rounds: dict[int, list[dict]] = {}
+            for r in results["records"]:
+                if r["method"] == method:
+                    rounds.setdefault(r["round"], []).append(r)
+            per[method]["energy"].append(
+                statistics.mean(sum(c["energy_j"] or 0.0 for c in cs) for cs in rounds.values())
+            )
+            per[method]["train"].append(
+                statistics.mean(max(c["device_seconds"] + (c.get("paused_seconds") or 0) for c in cs)
+                                for cs in rounds.values())
+            )  # fmt: skip
+            if method == "ours-deadline":
+                clients = [c for cs in rounds.values() for c in cs]
+                met += sum(bool((c.get("extra") or {}).get("meets_deadline_predicted")) for c in clients)
+        print(f"seed {seed}: {args.out / f'seed-{seed}' / 'summary.txt'}", flush=True)
+    print(
+        f"\nfleet {spec.name}: {len(spec.boards)} boards ({', '.join(b.label() for b in spec.boards)}), "
+        f"{spec.rounds} rounds, {args.seeds} seeds"
+    )
+    head = f"{'method':<15} {'fleet energy J/round':>22} {'training makespan s':>21} {'round makespan s':>19}"
+    print(head + "\n" + "-" * len(head))
+    for m in METHODS:
+        d = per[m]
+        print(f"{m:<15} {_ms(d['energy']):>22} {_ms(d['train']):>21} {_ms(d['round']):>19}")
+    e = [a / b for a, b in zip(per["ours-deadline"]["energy"], per["ours"]["energy"], strict=True)]
+    t = [a / b for a, b in zip(per["ours-deadline"]["train"], per["ours"]["train"], strict=True)]
+    print(
+        f"\nours-deadline / ours: energy {_ms(e)}, training makespan {_ms(t)} (per seed, then mean ± std); "
+        f"client-rounds predicted to meet the deadline: {met}"
+        f"\nplots of seed 0: {args.out / 'seed-0' / 'plots'} ({time.perf_counter() - started:.0f} s wall)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
