@@ -156,7 +156,7 @@ def no_pretraining(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*_: object, **__: object) -> None:
         raise AssertionError("pre-trained before the input was checked")
 
-    monkeypatch.setattr(simulations.demo, "_pretrain", refuse)
+    monkeypatch.setattr(simulations.demo, "pretrain_weights", refuse)
 
 
 @pytest.mark.parametrize(
