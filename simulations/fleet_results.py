@@ -41,9 +41,9 @@ def records_of(spec: FleetSpec, method: str, data: dict[str, Any]) -> list[dict[
             events = c.get("cap_events") or []
             out.append(
                 {
-                    "method": method,
-                    "round": rnd["round"],
                     **c,
+                    "method": method,  # the run's method (ours-deadline: the client's is ours)
+                    "round": rnd["round"],
                     "group": entry.group if entry else None,
                     "power_cap_schedule": [list(s) for s in schedule] if schedule else None,
                     "cap_source": entry.cap_label() if entry else None,
