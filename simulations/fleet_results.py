@@ -92,6 +92,7 @@ def method_summary(
             if r["power_cap_w"] is not None and (r.get("profiled_peak_power_w") or 0) > r["power_cap_w"]
         ),
         "failed": failed,
+        "deadlines_s": [rnd["summary"].get("deadline_s") for rnd in data["rounds"]],
         "switches": sum(r.get("switches", 0) for r in records),
         "pauses": sum(r.get("pauses", 0) for r in records),
         "paused_s": sum(r.get("paused_seconds") or 0.0 for r in records),
@@ -220,6 +221,14 @@ def summary_text(results: dict[str, Any]) -> str:
         "at target: clients that reported the target in the last round; over cap: client-rounds whose "
         "measured peak passed the cap (simulated sensor noise is 1 % per reading).",
     ]
+    for s in results["summary"]:
+        if any(d is not None for d in s.get("deadlines_s", [])):
+            lines.append(
+                f"{s['method']}: round deadlines "
+                + ", ".join("-" if d is None else f"{d:.2f} s" for d in s["deadlines_s"])
+                + " (the slowest client's predicted fastest time to target; each client ran its "
+                "least-energy pair predicted to meet it)"
+            )
     lines += ["", *choices_table(results)]
     lines += switches_table(results)
     if fleet["scale_mode"]:
