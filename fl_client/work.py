@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -449,30 +449,19 @@ def train_round(
     if target_relation is not None:
         extra["oracle_samples_to_target"] = {str(b): s for b, s in target_relation.samples_map().items()}
         extra["oracle_search_device_seconds"] = sum(r.device_seconds for r, _, _ in runs.values())
-    charged = instr.method == OURS and not cached
-    report = ClientReport(
-        device=settings.device,
-        power_cap_w=cap,
-        batch_size=chosen.batch_size,
-        frequency_hz=chosen.frequency_hz,
-        device_seconds=result.device_seconds,
-        energy_j=result.energy_j,
-        peak_power_w=result.peak_power_w,
-        samples=result.samples,
-        accuracy=result.final_accuracy,
-        reached_target=result.reached,
-        profiling_seconds=float(profile.profiling_seconds or 0.0) if charged else 0.0,
-        board=board,
-        node_key=settings.key,
+    report = _report(
+        settings,
+        instr,
+        result,
+        profile,
+        cached,
+        board,
+        len(train),
+        wall_start,
+        cap=cap,
+        pair=pair,
         predicted_seconds=chosen.predicted_seconds or 0.0,
         profiled_peak_power_w=chosen.profiled_peak_power_w or 0.0,
-        profile_cached=cached,
-        lr=result.lr,
-        stop_reason=result.stop_reason,
-        train_examples=len(train),
-        wall_seconds=time.perf_counter() - wall_start,
-        step_downs=result.step_downs,
-        method=instr.method,
         extra={**extra, **result.extra},
     )
     new_state = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
@@ -530,35 +519,23 @@ def _train_following(
     b, hz = first["new_batch_size"], first["new_frequency_hz"]
     point = profile.point(b, hz)
     extra["steps"] = result.steps
-    report = ClientReport(
-        device=settings.device,
-        power_cap_w=caps.cap_at(0.0),
-        batch_size=b,
-        frequency_hz=hz,
-        device_seconds=result.device_seconds,
-        energy_j=result.energy_j,
-        peak_power_w=result.peak_power_w,
-        samples=result.samples,
-        accuracy=result.final_accuracy,
-        reached_target=result.reached,
-        profiling_seconds=float(profile.profiling_seconds or 0.0)
-        if instr.method == OURS and not cached
-        else 0.0,
-        board=board,
-        node_key=settings.key,
+    report = _report(
+        settings,
+        instr,
+        result,
+        profile,
+        cached,
+        board,
+        len(train),
+        wall_start,
+        cap=caps.cap_at(0.0),
+        pair=(b, hz),
         predicted_seconds=first["predicted_remaining_s"] or 0.0,
         profiled_peak_power_w=point.peak_power_w if point is not None else 0.0,
-        profile_cached=cached,
-        lr=result.lr,
-        stop_reason=result.stop_reason,
-        train_examples=len(train),
-        wall_seconds=time.perf_counter() - wall_start,
-        step_downs=result.step_downs,
-        method=instr.method,
+        extra={**extra, **{k: v for k, v in result.extra.items() if k not in _IN_REPORT}},
         cap_events=events,
         paused_seconds=result.extra["paused_seconds"],
         over_cap_seconds=result.extra["over_cap_seconds"],
-        extra={**extra, **{k: v for k, v in result.extra.items() if k not in _IN_REPORT}},
     )
     new_state = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
     return new_state, report
@@ -590,4 +567,52 @@ def plan_round(
         frequency_hz=fastest.frequency_hz,
         energy_j=fastest.predicted_energy_j,
         profiling_seconds=0.0 if cached else float(profile.profiling_seconds or 0.0),
+    )
+
+
+def _report(
+    settings: NodeSettings,
+    instr: TrainInstructions,
+    result: FineTuneResult,
+    profile: Profile,
+    cached: bool,
+    board: str,
+    train_examples: int,
+    wall_start: float,
+    *,
+    cap: float | None,
+    pair: tuple[int, int],
+    predicted_seconds: float,
+    profiled_peak_power_w: float,
+    extra: dict,
+    **more: Any,
+) -> ClientReport:
+    """The round's report from its fine-tune. Only the power-aware method is charged for profiling
+    it measured this round (the baselines do not profile; the oracle's search is reported apart)."""
+    charged = instr.method == OURS and not cached
+    return ClientReport(
+        device=settings.device,
+        power_cap_w=cap,
+        batch_size=pair[0],
+        frequency_hz=pair[1],
+        device_seconds=result.device_seconds,
+        energy_j=result.energy_j,
+        peak_power_w=result.peak_power_w,
+        samples=result.samples,
+        accuracy=result.final_accuracy,
+        reached_target=result.reached,
+        profiling_seconds=float(profile.profiling_seconds or 0.0) if charged else 0.0,
+        board=board,
+        node_key=settings.key,
+        predicted_seconds=predicted_seconds,
+        profiled_peak_power_w=profiled_peak_power_w,
+        profile_cached=cached,
+        lr=result.lr,
+        stop_reason=result.stop_reason,
+        train_examples=train_examples,
+        wall_seconds=time.perf_counter() - wall_start,
+        step_downs=result.step_downs,
+        method=instr.method,
+        extra=extra,
+        **more,
     )

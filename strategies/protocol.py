@@ -275,6 +275,18 @@ def _tolerance(r: _Reader) -> float:
     return v
 
 
+def _json_list(r: _Reader, key: str) -> list[Any]:
+    """A report field that carries a JSON list (a ConfigRecord holds no nested records)."""
+    text = r.string(key)
+    try:
+        items = json.loads(text)
+    except ValueError:
+        raise r.fail(key, f"must be a JSON list, got {text!r}") from None
+    if not isinstance(items, list):
+        raise r.fail(key, f"must be a JSON list, got {text!r}")
+    return items
+
+
 CAP_EVENT_KINDS = ("start", "switch", "hold", "pause", "resume")
 CAP_EVENT_NUMBERS = (
     "t_s",
@@ -290,13 +302,7 @@ CAP_EVENT_NUMBERS = (
 
 def _cap_events(r: _Reader) -> list[dict[str, Any]]:
     """A changing cap's events: a JSON list of {t_s, kind, power_cap_w, old/new (b, f), ...}."""
-    text = r.string("cap_events")
-    try:
-        items = json.loads(text)
-    except ValueError:
-        raise r.fail("cap_events", f"must be a JSON list, got {text!r}") from None
-    if not isinstance(items, list):
-        raise r.fail("cap_events", f"must be a JSON list, got {text!r}")
+    items = _json_list(r, "cap_events")
     for item in items:
         if not isinstance(item, dict) or item.get("kind") not in CAP_EVENT_KINDS:
             raise r.fail("cap_events", f"entries need a kind in {', '.join(CAP_EVENT_KINDS)}, got {item!r}")
@@ -316,13 +322,7 @@ STEP_DOWN_KEYS = ("device_seconds", "old_hz", "new_hz", "measured_w", "power_cap
 
 def _step_downs(r: _Reader) -> list[dict[str, float]]:
     """The power guard's step-downs: a JSON list of {device_seconds, old_hz, new_hz, measured_w, ...}."""
-    text = r.string("step_downs")
-    try:
-        items = json.loads(text)
-    except ValueError:
-        raise r.fail("step_downs", f"must be a JSON list, got {text!r}") from None
-    if not isinstance(items, list):
-        raise r.fail("step_downs", f"must be a JSON list, got {text!r}")
+    items = _json_list(r, "step_downs")
     out = []
     for item in items:
         if not isinstance(item, dict) or set(item) != set(STEP_DOWN_KEYS):
