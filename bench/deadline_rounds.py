@@ -37,6 +37,7 @@ def _ms(values: list[float]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    sys.stdout.reconfigure(line_buffering=True)  # rows appear as they are measured, also into a file
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--fleet", type=Path, default=ROOT / "simulations" / "fleets" / "deadline.yaml")
     p.add_argument("--seeds", type=int, default=3)

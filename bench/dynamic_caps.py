@@ -201,6 +201,7 @@ def plot_runs(
 
 
 def main(argv: list[str] | None = None) -> int:
+    sys.stdout.reconfigure(line_buffering=True)  # rows appear as they are measured, also into a file
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--boards", default="jetson-nano,jetson-tx2nx")
     p.add_argument("--seeds", type=int, default=3)
