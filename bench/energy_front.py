@@ -41,12 +41,21 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
+def _agrees(differ: bool, energy_ratio: float, time_ratio: float) -> str:
+    """Where the front's ends differ, does fine-tuning confirm it: the frugal end measured using less
+    energy (and, as predicted, not less time)? Where they are the same pair there is nothing to confirm."""
+    if not differ:
+        return "(same pair)"
+    return "yes" if energy_ratio < 1.0 else "no"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--boards", default="jetson-nano,jetson-tx2nx")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "energy-front")
     args = p.parse_args(argv)
+    sys.stdout.reconfigure(line_buffering=True)  # rows as they are measured, also into a log file
     started = time.perf_counter()
     base = DemoConfig()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -103,13 +112,13 @@ def main(argv: list[str] | None = None) -> int:
             )
     print(
         f"\n{'board':<13} {'cap W':>5} {'ends differ':>11} {'energy frugal/fast':>26} "
-        f"{'time frugal/fast':>24}\n{'':<31} {'predicted':>12} {'measured':>9} "
+        f"{'time frugal/fast':>24} {'measured agrees':>16}\n{'':<31} {'predicted':>12} {'measured':>9} "
         f"{'predicted':>12} {'measured':>9}"
     )
     for board, cap_s, differ, pe, me, pt, mt in summary:
         print(
             f"{board:<13} {cap_s:>5} {'yes' if differ else 'no':>11} {pe:>12.3f} {me:>9.3f} "
-            f"{pt:>12.3f} {mt:>9.3f}"
+            f"{pt:>12.3f} {mt:>9.3f} {_agrees(differ, me, mt):>16}"
         )
     print(
         "\nmeasured: device seconds of training and energy to the first evaluation at the target (mean ± std "

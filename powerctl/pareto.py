@@ -143,6 +143,7 @@ def _plot(front: Front, profile: Profile, relation: RelationVector, path: Path) 
     import matplotlib
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter
 
     fig = Figure(figsize=(7, 4.5), layout="constrained")
     FigureCanvasAgg(fig)
@@ -182,6 +183,7 @@ def _plot(front: Front, profile: Profile, relation: RelationVector, path: Path) 
             xytext=(30, dy),
             textcoords="offset points",
             fontsize=8,
+            bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "0.6", "lw": 0.5},
             arrowprops={"arrowstyle": "-", "lw": 0.6},
         )
     cap_s = "no cap" if cap is None else f"cap {cap:g} W"
@@ -192,6 +194,11 @@ def _plot(front: Front, profile: Profile, relation: RelationVector, path: Path) 
     )
     ax.set_xscale("log")  # the lowest clocks lie far out; the front sits near the fast corner
     ax.set_yscale("log")
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_formatter(plain)
+        axis.set_minor_formatter(plain)
+    ax.tick_params(which="minor", labelsize=7)
     ax.set_xlabel("predicted time to target (s, log)")
     ax.set_ylabel("predicted energy to target (J, log)")
     ax.grid(alpha=0.3)
