@@ -176,7 +176,8 @@ def _plot(front: Front, profile: Profile, relation: RelationVector, path: Path) 
     ys = [s.predicted_energy_j for s in front.front]
     ax.step(xs, ys, where="post", color="black", lw=1.2, label="Pareto front", zorder=3)
     ax.scatter(xs, ys, s=30, facecolors="none", edgecolors="black", lw=0.9, zorder=4)
-    for label, s, dy in (("fastest", front.fastest, 40), ("most frugal", front.most_frugal, -30)):
+    # both labels up and to the right: the front is the plot's lower-left edge, so nothing sits there
+    for label, s, dy in (("fastest", front.fastest, 55), ("most frugal", front.most_frugal, 25)):
         ax.annotate(
             f"{label}: b={s.batch_size} @ {s.frequency_hz / 1e6:.0f} MHz",
             (s.predicted_seconds, s.predicted_energy_j),
