@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from powerctl.jsonfile import write_json
+from powerctl.jsonfile import Fields, read_json, write_json
 from powerctl.profile_table import Profile
 from powerctl.relation import RelationVector
-from powerctl.selection import Selection, candidates, rank
+from powerctl.selection import Selection, candidates, check_power_cap, rank, select
 
 PARETO_SCHEMA = "powerctl.pareto/1"
 
@@ -38,6 +38,8 @@ class Front:
             "schema": PARETO_SCHEMA,
             "device": profile.device,
             "model": profile.model,
+            "input_shape": list(profile.input_shape),
+            "profile_samples": profile.samples,
             "proxy_dataset": relation.proxy_dataset,
             "target_accuracy": relation.target_accuracy,
             "power_cap_w": self.power_cap_w,
@@ -60,8 +62,6 @@ def dominates(a: Selection, b: Selection) -> bool:
 def pareto_front(profile: Profile, relation: RelationVector, power_cap_w: float | None) -> Front:
     """The front of the feasible pairs (none feasible: the selection's one InfeasibleCapError line)."""
     if not rank(profile, relation, power_cap_w, "time"):
-        from powerctl.selection import select
-
         select(profile, relation, power_cap_w)  # raises the one-line error naming the least power
     pairs = candidates(profile, relation, power_cap_w)
     # a sweep by time (ties: the lower energy first, then the selection's tie rule): a pair is on the
@@ -79,6 +79,56 @@ def pareto_front(profile: Profile, relation: RelationVector, power_cap_w: float 
     return Front(pairs, front, front[0], rank(profile, relation, power_cap_w, "energy")[0], power_cap_w)
 
 
+@dataclass(frozen=True)
+class SavedFront:
+    """`pareto.json` read back: what was computed, and for which profile, relation and cap."""
+
+    device: str
+    model: str
+    proxy_dataset: str
+    target_accuracy: float
+    power_cap_w: float | None
+    feasible_pairs: int
+    front: list[Selection]
+    time_optimal: Selection
+    energy_optimal: Selection
+
+
+def _selection(d: Any, where: str) -> Selection:
+    if not isinstance(d, dict):
+        raise Fields({}, where).fail("each pair must be a JSON object")
+    f = Fields(d, where)
+    return Selection(
+        f.integer("batch_size"),
+        f.integer("frequency_hz"),
+        f.number("predicted_seconds"),
+        f.number("peak_power_w"),
+        f.number("predicted_energy_j"),
+    )
+
+
+def load_front(path: str | Path) -> SavedFront:
+    """Read a `pareto.json` (schema checked; any problem is one FileFormatError line)."""
+    f = Fields(read_json(path, PARETO_SCHEMA), str(path))
+    cap = f.get("power_cap_w")
+    if cap is not None:
+        cap = f.number("power_cap_w", positive=True)
+    front = [_selection(d, f"{path}: front[{i}]") for i, d in enumerate(f.list_of("front"))]
+    if not front:
+        raise f.fail("'front' is empty; a front has at least one pair")
+    return SavedFront(
+        f.string("device"),
+        f.string("model"),
+        f.string("proxy_dataset"),
+        f.number("target_accuracy"),
+        cap,
+        f.integer("feasible_pairs"),
+        front,
+        _selection(f.get("time_optimal"), f"{path}: time_optimal"),
+        _selection(f.get("energy_optimal"), f"{path}: energy_optimal"),
+    )
+
+
 def write_front(front: Front, profile: Profile, relation: RelationVector, out_dir: Path) -> list[Path]:
     """`out_dir/pareto.json` and `out_dir/pareto.png`."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -93,12 +143,24 @@ def _plot(front: Front, profile: Profile, relation: RelationVector, path: Path) 
     import matplotlib
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter
 
     fig = Figure(figsize=(7, 4.5), layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     sizes = sorted({s.batch_size for s in front.pairs})
     cmap = matplotlib.colormaps["viridis"]
+    cap = check_power_cap(front.power_cap_w)
+    over = [s for s in candidates(profile, relation, None) if cap is not None and s.peak_power_w > cap]
+    if over:  # what the cap rules out, for scale: greyed, behind the feasible pairs
+        ax.scatter(
+            [s.predicted_seconds for s in over],
+            [s.predicted_energy_j for s in over],
+            s=12,
+            color="0.8",
+            label=f"over the cap ({len(over)})",
+            zorder=1,
+        )
     for i, b in enumerate(sizes):
         pts = [s for s in front.pairs if s.batch_size == b]
         ax.scatter(
@@ -108,27 +170,36 @@ def _plot(front: Front, profile: Profile, relation: RelationVector, path: Path) 
             color=cmap(i / max(1, len(sizes) - 1)),
             label=f"b={b}",
             alpha=0.8,
+            zorder=2,
         )
     xs = [s.predicted_seconds for s in front.front]
     ys = [s.predicted_energy_j for s in front.front]
-    ax.step(xs, ys, where="post", color="black", lw=1.2, label="Pareto front")
-    for label, s, dy in (("fastest", front.fastest, 40), ("most frugal", front.most_frugal, -30)):
+    ax.step(xs, ys, where="post", color="black", lw=1.2, label="Pareto front", zorder=3)
+    ax.scatter(xs, ys, s=30, facecolors="none", edgecolors="black", lw=0.9, zorder=4)
+    # both labels up and to the right: the front is the plot's lower-left edge, so nothing sits there
+    for label, s, dy in (("fastest", front.fastest, 55), ("most frugal", front.most_frugal, 25)):
         ax.annotate(
             f"{label}: b={s.batch_size} @ {s.frequency_hz / 1e6:.0f} MHz",
             (s.predicted_seconds, s.predicted_energy_j),
             xytext=(30, dy),
             textcoords="offset points",
             fontsize=8,
+            bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "0.6", "lw": 0.5},
             arrowprops={"arrowstyle": "-", "lw": 0.6},
         )
-    cap = "no cap" if front.power_cap_w is None else f"cap {front.power_cap_w:g} W"
+    cap_s = "no cap" if cap is None else f"cap {cap:g} W"
     ax.set_title(
         f"{profile.device}, {profile.model}: predicted time and energy to "
-        f"{relation.target_accuracy:.0%} ({cap})",
+        f"{relation.target_accuracy:.0%} ({cap_s})",
         fontsize=9,
     )
     ax.set_xscale("log")  # the lowest clocks lie far out; the front sits near the fast corner
     ax.set_yscale("log")
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_formatter(plain)
+        axis.set_minor_formatter(plain)
+    ax.tick_params(which="minor", labelsize=7)
     ax.set_xlabel("predicted time to target (s, log)")
     ax.set_ylabel("predicted energy to target (J, log)")
     ax.grid(alpha=0.3)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -10,9 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from powerctl.cli import main as powerctl
-from powerctl.errors import InfeasibleCapError
-from powerctl.pareto import PARETO_SCHEMA, dominates, pareto_front
+from powerctl.errors import FileFormatError, InfeasibleCapError
+from powerctl.pareto import PARETO_SCHEMA, dominates, load_front, pareto_front, write_front
 from powerctl.profile_table import Profile
+from powerctl.relation import RelationVector
 from tests.test_selection import MHZ, energy_point, make_profile, make_relation, profiles
 
 
@@ -86,3 +88,62 @@ def test_powerctl_pareto_and_select_objective(tmp_path: Path, capsys: pytest.Cap
     assert len(errors) == 1 and "no (batch size, frequency) pair stays under 1.00 W" in errors[0]
     assert powerctl(["select", *files, "--objective", "joules"]) == 2
     assert "invalid choice: 'joules'" in capsys.readouterr().err
+
+
+def test_pareto_json_round_trips_and_the_png_is_written(tmp_path: Path) -> None:
+    profile, relation = hand_profile(), make_relation({16: 1000.0, 32: 1000.0})
+    front = pareto_front(profile, relation, 5.0)
+    paths = write_front(front, profile, relation, tmp_path / "f")
+    assert [p.name for p in paths] == ["pareto.json", "pareto.png"]
+    saved = load_front(paths[0])
+    assert (saved.front, saved.time_optimal, saved.energy_optimal) == (
+        front.front,
+        front.fastest,
+        front.most_frugal,
+    )
+    assert (saved.power_cap_w, saved.feasible_pairs, saved.model) == (5.0, 3, "resnet18")
+    assert paths[1].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    doc = json.loads(paths[0].read_text())
+    doc["front"] = []
+    (tmp_path / "bad.json").write_text(json.dumps(doc))
+    with pytest.raises(FileFormatError, match="'front' is empty"):
+        load_front(tmp_path / "bad.json")
+    doc["schema"] = "powerctl.profile/1"
+    (tmp_path / "bad.json").write_text(json.dumps(doc))
+    with pytest.raises(FileFormatError, match=re.escape("expected 'powerctl.pareto/1'")):
+        load_front(tmp_path / "bad.json")
+
+
+def _one_error_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def test_powerctl_pareto_bad_inputs_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    hand_profile().save(tmp_path / "p.json")
+    make_relation({16: 1000.0, 32: 1000.0}).save(tmp_path / "r.json")
+    RelationVector.from_samples("mobilenetv2", "cifar10", 0.8, {16: 1.0, 32: 1.0}).save(tmp_path / "m.json")
+    (tmp_path / "a-file").write_text("x")
+    files = ["--profile", str(tmp_path / "p.json")]
+    cases = [
+        ([*files, "--relation", str(tmp_path / "m.json"), "--out", str(tmp_path / "o")], "do not belong"),
+        ([*files, "--relation", str(tmp_path / "r.json"), "--out", str(tmp_path / "a-file")], "not a folder"),
+        ([*files, "--relation", str(tmp_path / "nope.json"), "--out", str(tmp_path / "o")], "no such file"),
+        (
+            [
+                *files,
+                "--relation",
+                str(tmp_path / "r.json"),
+                "--out",
+                str(tmp_path / "o"),
+                "--power-cap",
+                "-3",
+            ],
+            "-3",
+        ),
+    ]
+    for argv, expected in cases:
+        assert powerctl(["pareto", *argv]) == 2
+        assert expected in _one_error_line(capsys.readouterr().err)
+    assert not (tmp_path / "o").exists()  # nothing written for an input refused
