@@ -50,7 +50,6 @@ def _agrees(differ: bool, energy_ratio: float, time_ratio: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    sys.stdout.reconfigure(line_buffering=True)  # rows appear as they are measured, also into a file
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--boards", default="jetson-nano,jetson-tx2nx")
     p.add_argument("--seeds", type=int, default=3)
