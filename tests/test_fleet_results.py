@@ -207,3 +207,24 @@ def test_plots_are_written(results: dict, tmp_path: Path) -> None:
         "time_to_accuracy.png",
     ]
     assert all(p.stat().st_size > 10_000 for p in paths)
+
+
+def test_a_deadline_method_is_tabled_beside_ours_with_its_round_deadlines(tmp_path: Path) -> None:
+    spec_path = tmp_path / "fleet.yaml"
+    spec_path.write_text(FLEET)
+    spec = load_fleet_spec(spec_path)
+    flwr = tmp_path / "flwr"
+    fast = [client(0, 2.0, 1.0, b=16, mhz=614.4, peak=2.9, reached=True),
+            client(1, 1.0, 1.0, b=16, mhz=900, peak=4.4, reached=True)]  # fmt: skip
+    write_method(flwr, "ours", [rnd(1, fast, 0.72)])
+    slow = [dict(c, method="ours") for c in fast]  # the client's method is ours; the run's is ours-deadline
+    slow[1]["frequency_hz"], slow[1]["energy_j"] = 600_000_000, 2.5
+    deadline_round = rnd(1, slow, 0.72)
+    deadline_round["summary"]["deadline_s"] = 2.0
+    write_method(flwr, "ours-deadline", [deadline_round])
+    results = build_results(spec, flwr, ["ours", "ours-deadline"], wall_seconds=1.0)
+    assert {r["method"] for r in results["records"]} == {"ours", "ours-deadline"}
+    assert results["summary"][1]["deadlines_s"] == [2.0] and results["summary"][0]["deadlines_s"] == [None]
+    text = summary_text(results)
+    assert "ours-deadline: round deadlines 2.00 s" in text
+    assert any(line.split()[:3] == ["sim:jetson-tx2nx", "4.5", "ours-deadline"] for line in text.splitlines())
