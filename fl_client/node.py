@@ -43,30 +43,31 @@ class FleetEntry:
     device: str
     power_cap_w: float | None
     """The cap at t = 0: the constant, or a schedule's or trace's first value."""
-    power_cap_schedule: CapSchedule | None = None
-    """The full schedule when the file gave one (clients follow it: `caps()`)."""
     group: int = 0
     """Index of the fleet file's group this board came from."""
     cap_source: CapSource | None = None
-    """A trace or live file the group follows (None: the constant or `power_cap_schedule`)."""
+    """The schedule, trace or live file the group follows (None: the constant `power_cap_w`)."""
 
     def caps(self) -> CapSource | None:
         """The changing cap this board follows, None for a constant one."""
-        if self.cap_source is not None:
-            return self.cap_source
-        return ScheduleCap(self.power_cap_schedule) if self.power_cap_schedule is not None else None
+        return self.cap_source
+
+    @property
+    def power_cap_schedule(self) -> CapSchedule | None:
+        """The full schedule when the file gave one."""
+        return self.cap_source.steps if isinstance(self.cap_source, ScheduleCap) else None
 
     def label(self) -> str:
         return f"{self.device}@{'none' if self.power_cap_w is None else f'{self.power_cap_w:g}'}"
 
     def cap_label(self) -> str:
         """The cap as a report shows it: W, none, the schedule, or the trace / live file."""
+        if (schedule := self.power_cap_schedule) is not None:
+            steps = ", ".join(f"{t:g}s:{'none' if w is None else f'{w:g}'}" for t, w in schedule)
+            return f"schedule [{steps}]"
         if self.cap_source is not None:
             return self.cap_source.describe()
-        if self.power_cap_schedule is None:
-            return "none" if self.power_cap_w is None else f"{self.power_cap_w:g}"
-        steps = ", ".join(f"{t:g}s:{'none' if w is None else f'{w:g}'}" for t, w in self.power_cap_schedule)
-        return f"schedule [{steps}]"
+        return "none" if self.power_cap_w is None else f"{self.power_cap_w:g}"
 
 
 @dataclass(frozen=True)
@@ -142,28 +143,16 @@ def _cap_value(value: Any, where: str) -> float | None:
     return float(value)
 
 
-def parse_cap_schedule(value: Any, where: str) -> tuple[float | None, CapSchedule | None]:
-    """`power-cap-w` of a fleet group: a constant, none, or ``[[t_s, W], ...]`` from t_s = 0 ascending.
-
-    Returns (the cap a client applies now = the first value, the schedule or None)."""
+def parse_cap_schedule(value: Any, where: str) -> tuple[float | None, ScheduleCap | None]:
+    """`power-cap-w` of a fleet group: a constant, none, or ``[[t_s, W], ...]`` from t_s = 0 ascending
+    (`powerctl.capsource.ScheduleCap`). Returns (the cap at t = 0, the schedule or None)."""
     if not isinstance(value, list):
         return _cap_value(value, where), None
-    if not value:
-        raise NodeConfigError(f"{where}: a schedule needs at least one [t_s, W] step, got []")
-    steps: list[tuple[float, float | None]] = []
-    for i, step in enumerate(value):
-        here = f"{where}[{i}]"
-        if not isinstance(step, list) or len(step) != 2:
-            raise NodeConfigError(f"{here}: expected a step [t_s, W], got {quoted(step)}")
-        t = step[0]
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
-            raise NodeConfigError(f"{here}: expected a time t_s ≥ 0 in seconds, got {quoted(t)}")
-        if steps and t <= steps[-1][0]:
-            raise NodeConfigError(f"{here}: times must increase, got {t:g} after {steps[-1][0]:g}")
-        if not steps and t != 0:
-            raise NodeConfigError(f"{here}: a schedule starts at t_s = 0, got {t:g}")
-        steps.append((float(t), _cap_value(step[1], here)))
-    return steps[0][1], tuple(steps)
+    try:
+        schedule = ScheduleCap.from_pairs(value, where)
+    except CapSourceError as exc:
+        raise NodeConfigError(str(exc)) from None
+    return schedule.cap_at(0.0), schedule
 
 
 def _is_source_text(value: Any) -> bool:
@@ -206,13 +195,13 @@ def parse_fleet_groups(
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise NodeConfigError(f"{here}.count: expected an integer ≥ 1, got {quoted(count)}")
         value = raw.get("power-cap-w")
-        source = None
+        source: CapSource | None
         if _is_source_text(value):
             source = _source(value, f"{here}.power-cap-w", base_dir or Path(where).parent)
-            cap, schedule = source.cap_at(0.0), None
+            cap = source.cap_at(0.0)
         else:
-            cap, schedule = parse_cap_schedule(value, f"{here}.power-cap-w")
-        entries += [FleetEntry(device.strip(), cap, schedule, i, source)] * count
+            cap, source = parse_cap_schedule(value, f"{here}.power-cap-w")
+        entries += [FleetEntry(device.strip(), cap, i, source)] * count
     return entries
 
 

@@ -27,8 +27,8 @@ class CapSourceError(PowerctlError, ValueError):
 
 
 def _watts(value: object, where: str) -> float | None:
-    """A cap value: None = no cap, else a positive finite number of watts."""
-    if value is None:
+    """A cap value: None (or "none", as YAML writes it) = no cap, else a positive finite number of watts."""
+    if value is None or (isinstance(value, str) and value.strip().lower() == "none"):
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise CapSourceError(f"{where}: a cap must be a number of watts or none, got {value!r}")
