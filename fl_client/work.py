@@ -196,7 +196,7 @@ def _fine_tune_at(
 
     With `follow` (a cap that changes) the pair is the method's pick for the cap at each moment
     (`powerctl.follow`): the board starts at its lowest frequency, the follower pins the first pick
-    (or pauses), and its switches, pauses and time over the cap go to the result's `extra`."""
+    (or pauses); its switches, pauses and time over the cap are in the result."""
     model = build_local_model(instr.model, instr.num_classes, instr.model_overrides, state)
     train, test = data
     with open_device(settings.device, seed=device_seed) as dev:
@@ -245,9 +245,6 @@ def _fine_tune_at(
     if follower is not None:
         result.extra.update(
             cap_source=follow.caps.describe(),  # type: ignore[union-attr]
-            cap_events=[e.to_dict() for e in follower.events],
-            paused_seconds=follower.paused_s,
-            over_cap_seconds=follower.over_cap_s,
             final_pair=[follower.batch_size, follower.frequency_hz],
         )
     return result, model, board
@@ -272,6 +269,16 @@ def method_chooser(
         return Pick(c.batch_size, c.frequency_hz, c.predicted_seconds)
 
     return pick
+
+
+def _oracle_extra(
+    target_relation: RelationVector, runs: dict[tuple[int, int], tuple[FineTuneResult, nn.Module, str]]
+) -> dict[str, Any]:
+    """What the report says of the oracle's own-data search (reported apart, not charged)."""
+    return {
+        "oracle_samples_to_target": {str(b): s for b, s in target_relation.samples_map().items()},
+        "oracle_search_device_seconds": sum(r.device_seconds for r, _, _ in runs.values()),
+    }
 
 
 def _oracle_runs(
@@ -447,8 +454,7 @@ def train_round(
     if chosen.meets_deadline is not None:
         extra.update(deadline_s=instr.deadline_s, meets_deadline_predicted=chosen.meets_deadline)
     if target_relation is not None:
-        extra["oracle_samples_to_target"] = {str(b): s for b, s in target_relation.samples_map().items()}
-        extra["oracle_search_device_seconds"] = sum(r.device_seconds for r, _, _ in runs.values())
+        extra.update(_oracle_extra(target_relation, runs))
     report = _report(
         settings,
         instr,
@@ -476,10 +482,6 @@ def node_caps(settings: NodeSettings, instr: TrainInstructions) -> CapSource:
     return settings.caps()
 
 
-_IN_REPORT = ("cap_events", "paused_seconds", "over_cap_seconds")
-"""What a changing-cap run's `extra` holds that the report carries in fields of its own."""
-
-
 def _train_following(
     settings: NodeSettings,
     instr: TrainInstructions,
@@ -504,8 +506,7 @@ def _train_following(
         target_relation, runs = _oracle_runs(
             settings, instr, state, data, profile, relation, None, device_seed, search_hz=lowest
         )
-        extra["oracle_samples_to_target"] = {str(b): s for b, s in target_relation.samples_map().items()}
-        extra["oracle_search_device_seconds"] = sum(r.device_seconds for r, _, _ in runs.values())
+        extra.update(_oracle_extra(target_relation, runs))
     follow = Following(
         caps,
         method_chooser(instr.method, profile, relation, target_relation),
@@ -514,8 +515,7 @@ def _train_following(
     result, model, board = _fine_tune_at(
         settings, instr, state, data, 0, 0, None, device_seed, on_step, follow
     )
-    events = result.extra["cap_events"]
-    first = next(e for e in events if e["kind"] in ("start", "resume"))
+    first = next(e for e in result.cap_events if e["kind"] in ("start", "resume"))
     b, hz = first["new_batch_size"], first["new_frequency_hz"]
     point = profile.point(b, hz)
     extra["steps"] = result.steps
@@ -532,10 +532,10 @@ def _train_following(
         pair=(b, hz),
         predicted_seconds=first["predicted_remaining_s"] or 0.0,
         profiled_peak_power_w=point.peak_power_w if point is not None else 0.0,
-        extra={**extra, **{k: v for k, v in result.extra.items() if k not in _IN_REPORT}},
-        cap_events=events,
-        paused_seconds=result.extra["paused_seconds"],
-        over_cap_seconds=result.extra["over_cap_seconds"],
+        extra={**extra, **result.extra},
+        cap_events=result.cap_events,
+        paused_seconds=result.paused_seconds,
+        over_cap_seconds=result.over_cap_seconds,
     )
     new_state = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
     return new_state, report

@@ -98,6 +98,12 @@ class FineTuneResult:
     extra: dict[str, Any] = field(default_factory=dict)
     step_downs: list[dict[str, Any]] = field(default_factory=list)
     """What the power guard did: {device_seconds, old_hz, new_hz, measured_w, power_cap_w} per step-down."""
+    cap_events: list[dict[str, Any]] = field(default_factory=list)
+    """What the cap follower did (a cap that changes, `powerctl.follow.CapEvent`), in order."""
+    paused_seconds: float = 0.0
+    """Device seconds the follower paused (nothing fitted under the cap); not in `device_seconds`."""
+    over_cap_seconds: float | None = None
+    """Device seconds the follower measured over the cap in force (None: no follower)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -490,6 +496,9 @@ def fine_tune(
             else [e.to_dict() for e in power_guard.step_downs]
         ),
         extra={"resumed_at_samples": int(saved.state["samples"])} if saved is not None else {},
+        cap_events=[] if follower is None else [e.to_dict() for e in follower.events],
+        paused_seconds=0.0 if follower is None else follower.paused_s,
+        over_cap_seconds=None if follower is None else follower.over_cap_s,
     )
 
 
