@@ -134,10 +134,6 @@ class CapFollower:
         """Time over the cap beyond the steps in progress at the changes (see CapEvent)."""
         return sum(e.over_cap_s for e in self.events)
 
-    @property
-    def power_cap_w(self) -> float | None:
-        return self._cap
-
     def elapsed_s(self) -> float:
         return self.device.clock() - self._t0
 
@@ -146,8 +142,7 @@ class CapFollower:
         """Select for the cap at t = 0 and pin it (pausing first if nothing fits yet)."""
         self._t0 = self.device.clock()
         self._cap = self.caps.cap_at(0.0)
-        pick = self._pick_or_pause(self._cap, samples=0, first=True)
-        return pick
+        return self._pick_or_pause(self._cap, samples=0, first=True)
 
     def before_step(self, samples: int) -> int | None:
         """Called before every training step with the samples trained so far: the batch size to use

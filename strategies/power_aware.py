@@ -179,16 +179,25 @@ class PowerAwareFedAvg(FedAvg):
         self._gathered = True
         return sorted(node_ids)
 
+    def _query(self, grid: Grid, contents: dict[int, RecordDict]) -> list[tuple[int, Message]]:
+        """Send each node its QUERY and pair every reply with the node it answers (by message id: a
+        dead SuperNode's error reply comes from the SuperLink)."""
+        if not contents:
+            return []
+        queries = [
+            Message(content, dst_node_id=nid, message_type=MessageType.QUERY)
+            for nid, content in contents.items()
+        ]
+        sent = {m.metadata.message_id: m.metadata.dst_node_id for m in queries}
+        replies = grid.send_and_receive(queries, timeout=self.query_timeout)
+        return [(sent.get(r.metadata.reply_to_message_id, r.metadata.src_node_id), r) for r in replies]
+
     def learn_nodes(self, grid: Grid, node_ids: Iterable[int]) -> None:
         """Ask every node not met yet for its device, cap and data size (``query``)."""
         new = [nid for nid in node_ids if nid not in self.nodes]
         if not new:
             return
-        queries = [Message(RecordDict({}), dst_node_id=nid, message_type=MessageType.QUERY) for nid in new]
-        replies = list(grid.send_and_receive(queries, timeout=self.query_timeout))
-        sent = {m.metadata.message_id: m.metadata.dst_node_id for m in queries}
-        for reply in replies:
-            nid = sent.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
+        for nid, reply in self._query(grid, {nid: RecordDict({}) for nid in new}):
             if reply.has_error() or NODE_KEY not in reply.content.config_records:
                 why = one_line(reply.error.reason) if reply.has_error() else "no node record"
                 log(WARNING, "query: node %s did not describe itself: %s", nid, why)
@@ -205,26 +214,22 @@ class PowerAwareFedAvg(FedAvg):
         to the target (a QUERY carrying its train instructions: the node profiles, cached, and
         selects), and return the round's deadline: the user's, else the slowest node's fastest time
         (0 when no node answered: everyone then runs its fastest pair). A node that fails to answer is
-        named in the log and trains without a deadline's choice being any different from its fastest."""
-        new = [nid for nid in instructions if nid not in self.plans]
-        if new:
-            queries = [
-                Message(RecordDict({CONFIG_KEY: instructions[nid].to_config()}), dst_node_id=nid,
-                        message_type=MessageType.QUERY)
-                for nid in new
-            ]  # fmt: skip
-            sent = {m.metadata.message_id: m.metadata.dst_node_id for m in queries}
-            for reply in grid.send_and_receive(queries, timeout=self.query_timeout):
-                nid = sent.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
-                try:
-                    if reply.has_error():
-                        raise ProtocolError(one_line(reply.error.reason))
-                    plan = Plan.from_config(required(reply.content.config_records, PLAN_KEY, "plan reply"))
-                except ProtocolError as exc:
-                    log(WARNING, "plan: node %s gave no plan: %s", self.node(nid).key, exc)
-                    continue
-                self.plans[nid] = plan
-                self._unbilled_profiling[nid] = plan.profiling_seconds
+        named in the log; the deadline comes from the others, and it receives it too."""
+        new = {
+            nid: RecordDict({CONFIG_KEY: instr.to_config()})
+            for nid, instr in instructions.items()
+            if nid not in self.plans
+        }
+        for nid, reply in self._query(grid, new):
+            try:
+                if reply.has_error():
+                    raise ProtocolError(one_line(reply.error.reason))
+                plan = Plan.from_config(required(reply.content.config_records, PLAN_KEY, "plan reply"))
+            except ProtocolError as exc:
+                log(WARNING, "plan: node %s gave no plan: %s", self.node(nid).key, exc)
+                continue
+            self.plans[nid] = plan
+            self._unbilled_profiling[nid] = plan.profiling_seconds
         if self.round_deadline_s > 0:
             return self.round_deadline_s
         planned = [self.plans[nid].fastest_seconds for nid in instructions if nid in self.plans]
