@@ -91,6 +91,18 @@ def step_cost(board: BoardModel, workload: Workload, batch_size: int, hz: int) -
     )
 
 
+def top_clock_time_ratio(
+    reference: BoardModel, board: BoardModel, workload: Workload, batch_size: int
+) -> float:
+    """Time per sample on `reference` over that on `board`, each at its top clock: the speed-up the paper's
+    no-cap state of practice measures between two boards (the same samples to target on both), which a
+    board's `calibration` holds (boards.yaml)."""
+    return (
+        step_cost(reference, workload, batch_size, reference.frequencies_hz[-1]).seconds
+        / step_cost(board, workload, batch_size, board.frequencies_hz[-1]).seconds
+    )
+
+
 def predicted_point(
     board: BoardModel, workload: Workload, batch_size: int, hz: int, samples: int
 ) -> ProfilePoint:
