@@ -49,7 +49,12 @@ def main(argv: list[str] | None = None) -> int:
     met = 0
     for seed in range(args.seeds):
         seeded = dataclasses.replace(
-            spec, seeds={**spec.seeds, "run": seed, "data": spec.seeds["data"] + seed}
+            spec,
+            settings={
+                **spec.settings,
+                "seed": seed,
+                "client-data-seed": spec.settings["client-data-seed"] + seed,
+            },
         )
         results = run_fleet(seeded, args.out / f"seed-{seed}", METHODS, echo=lambda _: None, plots=seed == 0)
         for s in results["summary"]:

@@ -125,7 +125,7 @@ def build_results(
         run = data["run"]
         mine = records_of(spec, method, data)
         records += mine
-        summaries.append(method_summary(method, data, spec.task.target_accuracy, len(spec.boards), mine))
+        summaries.append(method_summary(method, data, spec.target_accuracy, len(spec.boards), mine))
         evaluations[method] = [
             {"round": r["round"], **{k: v for k, v in (r.get("evaluation") or {}).items() if k != "clients"}}
             for r in data["rounds"]
@@ -143,8 +143,8 @@ def build_results(
                 {"partition_id": i, "device": b.device, "power_cap_w": b.power_cap_w, "cap": b.cap_label()}
                 for i, b in enumerate(spec.boards)
             ],
-            "target_accuracy": spec.task.target_accuracy,
-            "model": spec.task.model,
+            "target_accuracy": spec.target_accuracy,
+            "model": spec.model,
             "rounds": spec.rounds,
             "scale_mode": spec.scale_mode,
             "profile_source": spec.profile_source,

@@ -185,13 +185,13 @@ def run_fleet(
         echo(f"note: {note}")
     echo(
         f"fleet {spec.name}: {len(spec.boards)} boards, {spec.rounds} round(s), "
-        f"methods {', '.join(methods)}, model {spec.task.model}; Flower simulation on Ray, 1 CPU per client"
+        f"methods {', '.join(methods)}, model {spec.model}; Flower simulation on Ray, 1 CPU per client"
     )
     if spec.scale_mode:
         real = sum(trains_real_model(i, spec.real_share) for i in range(len(spec.boards)))
         echo(
             f"scale mode: profiles {spec.profile_source}; {real} of {len(spec.boards)} boards fine-tune "
-            f"{spec.task.model}, the other {len(spec.boards) - real} run the stand-in (no training)"
+            f"{spec.model}, the other {len(spec.boards) - real} run the stand-in (no training)"
         )
     flwr_out, pids = run_flower(spec, out, methods, echo=echo, verbose=verbose, port=port)
     results = build_results(spec, flwr_out, methods, wall_seconds=time.perf_counter() - started)
