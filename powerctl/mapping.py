@@ -141,65 +141,45 @@ class Choice(Kind):
 
 
 @dataclass(frozen=True)
-class IntList(Kind):
-    """Distinct integers ≥ `minimum`: a list, or text separated by commas (a run config holds no lists)."""
+class Distinct(Kind):
+    """Distinct values `item` accepts: a list, or text separated by commas (a run config holds no lists).
 
-    minimum: int = 0
-    example: str = "0,1,2"
+    `what` names them in the plural ("integers ≥ 1"); `ascending` gives them back sorted (an order
+    that means nothing, e.g. batch sizes)."""
+
+    item: Kind
+    what: str
+    example: str
     ascending: bool = False
-    """Give them back sorted (an order that means nothing, e.g. batch sizes)."""
 
     @property
     def expected(self) -> str:  # type: ignore[override]
-        return f"distinct integers ≥ {self.minimum}, a list or separated by commas (e.g. {self.example})"
+        return f"distinct {self.what}, a list or separated by commas (e.g. {self.example})"
 
     python_type = list
 
-    def __call__(self, value: Any) -> list[int]:
-        items: Any = _split(value) if isinstance(value, str) else value
-        if isinstance(items, list) and all(isinstance(v, str) for v in items):
-            try:
-                items = [int(v) for v in items]
-            except ValueError:
-                raise must_be(self.expected, value) from None
-        if (
-            not isinstance(items, list)
-            or not items
-            or not all(is_integer(v) and v >= self.minimum for v in items)
-            or len(set(items)) != len(items)
-        ):
+    def __call__(self, value: Any) -> list[Any]:
+        items = _split(value) if isinstance(value, str) else value
+        if isinstance(value, str) and isinstance(self.item, Integer):
+            items = [int(v) if v.lstrip("-").isdigit() else v for v in items]
+        try:
+            checked = [self.item(v) for v in items] if isinstance(items, list) else None
+        except Invalid:
+            checked = None
+        if not checked or len(set(checked)) != len(checked):
             raise must_be(self.expected, value)
-        return sorted(items) if self.ascending else [int(v) for v in items]
+        return sorted(checked) if self.ascending else checked
 
     def to_config(self, value: Any) -> str:
         return ",".join(str(v) for v in value)
 
 
-@dataclass(frozen=True)
-class NameList(Kind):
-    """Distinct names from `options`: a list, or text separated by commas."""
+def distinct_ints(minimum: int, example: str, *, ascending: bool = False) -> Distinct:
+    return Distinct(Integer(minimum), f"integers ≥ {minimum}", example, ascending)
 
-    options: tuple[str, ...]
 
-    @property
-    def expected(self) -> str:  # type: ignore[override]
-        return f"distinct names from {', '.join(self.options)}, a list or separated by commas"
-
-    python_type = list
-
-    def __call__(self, value: Any) -> list[str]:
-        items = _split(value) if isinstance(value, str) else value
-        if (
-            not isinstance(items, list)
-            or not items
-            or not all(isinstance(v, str) and v in self.options for v in items)
-            or len(set(items)) != len(items)
-        ):
-            raise must_be(self.expected, value)
-        return list(items)
-
-    def to_config(self, value: Any) -> str:
-        return ",".join(value)
+def distinct_names(options: tuple[str, ...]) -> Distinct:
+    return Distinct(Choice(options), f"names from {', '.join(options)}", ",".join(options[:2]))
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ nothing else.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -18,7 +19,7 @@ from typing import Any, NoReturn
 from fl_client.node import FleetEntry, NodeConfigError, parse_fleet_groups, read_yaml
 from powerctl.devices.simulated import SIM_BOARDS
 from powerctl.mapping import MappingReader, Text, mapping_reader
-from strategies.settings import APP_FILE, DATASET, OURS_DEADLINE, RUN_METHODS, SETTINGS, to_config
+from strategies.settings import APP_FILE, DATASET, OURS_DEADLINE, RUN_METHODS, SETTINGS, RunSettings
 
 PLACES: dict[str, str | dict[str, str]] = {
     "rounds": "num-server-rounds",
@@ -57,6 +58,14 @@ PLACES: dict[str, str | dict[str, str]] = {
 }
 """Where each run setting a fleet file may set stands in it: a top-level key, or a key of a section."""
 TOP_KEYS = ("name", "groups", *PLACES)
+RUN_KEYS = {
+    *(key for key in PLACES.values() if isinstance(key, str)),
+    *(key for section in PLACES.values() if isinstance(section, dict) for key in section.values()),
+    "fleet",
+    "results-dir",
+    "profile-cache",
+}
+"""The run config keys a fleet run passes to Flower (the others: pyproject's, which are the declared)."""
 FLEET_METHODS = [m for m in RUN_METHODS if m != OURS_DEADLINE]
 """A fleet file compares methods: without `methods`, every client method (the run config's default,
 `ours` alone, is for one run)."""
@@ -73,47 +82,27 @@ class FleetSpec:
     path: Path
     name: str
     boards: list[FleetEntry]
-    settings: dict[str, Any]
-    """{run config key: typed value} of every setting the file may set (the declared default where it
-    does not); dataset and file paths made absolute."""
-    methods: list[str]
+    settings: RunSettings
+    """The run the file describes: what it sets (dataset and file paths made absolute, `fleet` this
+    file), the declared defaults for the rest."""
     notes: list[str] = field(default_factory=list)
     """What the run cannot do as the file says (a cap schedule), said in output and results."""
 
     @property
-    def model(self) -> str:
-        return self.settings["model"]
-
-    @property
-    def target_accuracy(self) -> float:
-        return self.settings["target-accuracy"]
-
-    @property
-    def rounds(self) -> int:
-        return self.settings["num-server-rounds"]
-
-    @property
-    def profile_source(self) -> str:
-        return self.settings["profile-source"]
-
-    @property
-    def real_share(self) -> float:
-        return self.settings["real-share"]
+    def methods(self) -> list[str]:
+        return self.settings.methods
 
     @property
     def scale_mode(self) -> bool:
-        return self.profile_source == "predicted" or self.real_share < 1.0
+        return self.settings.profile_source == "predicted" or self.settings.real_share < 1.0
 
     def run_config(self, results_dir: Path, methods: list[str], profile_cache: Path) -> dict[str, Any]:
-        """The Flower run config that runs this fleet (every value a str, int or float)."""
-        values = {
-            **self.settings,
-            "methods": methods,
-            "results-dir": str(results_dir),
-            "fleet": str(self.path),
-            "profile-cache": str(profile_cache),
-        }
-        return to_config({key: values[key] for key in SETTINGS if key in values})
+        """The Flower run config that runs this fleet (every value a str, int or float): the settings a
+        fleet file sets, where to write, and which methods."""
+        run = dataclasses.replace(
+            self.settings, methods=methods, results_dir=str(results_dir), profile_cache=str(profile_cache)
+        ).to_run_config()
+        return {key: run[key] for key in SETTINGS if key in RUN_KEYS}
 
 
 def _setting(r: MappingReader, leaf: str, key: str, base: Path) -> Any:
@@ -191,8 +180,8 @@ def _load(path: Path) -> FleetSpec:
             _missing(section.where, "model")
         for leaf, setting_key in key.items():
             settings[setting_key] = _setting(section, leaf, setting_key, base)
-    methods = settings.pop("methods")
-    spec = FleetSpec(path, top.value("name", Text(what="a name"), path.stem), boards, settings, methods)
+    run = RunSettings(**{SETTINGS[key].attr: value for key, value in settings.items()}, fleet=str(path))
+    spec = FleetSpec(path, top.value("name", Text(what="a name"), path.stem), boards, run)
     if any(b.caps() is not None for b in boards) and spec.scale_mode:
         spec.notes.append(
             "stand-in clients (scale mode) do not train, so they do not follow a changing cap: each "

@@ -28,13 +28,13 @@ from powerctl.mapping import (
     Custom,
     Flag,
     Integer,
-    IntList,
     Invalid,
     Kind,
     MappingReader,
-    NameList,
     Number,
     Text,
+    distinct_ints,
+    distinct_names,
     must_be,
 )
 from strategies.fleet import app_path_of, fleet_file, fleet_table
@@ -188,13 +188,15 @@ SETTINGS: dict[str, Setting] = _declare(
     Setting("relation", "", APP_FILE, "A relation vector file; empty: estimate it on proxy-data (cached)."),
     Setting("proxy-data", "synthetic-image", DATASET, "The proxy data the relation vector is estimated on."),
     Setting("proxy-seed", 1, Integer(0), "Seed of the proxy data."),
-    Setting("relation-seeds", "0,1,2", IntList(0, "0,1,2"), "Training seeds the relation vector averages."),
+    Setting(
+        "relation-seeds", "0,1,2", distinct_ints(0, "0,1,2"), "Training seeds the relation vector averages."
+    ),
     Setting("relation-max-samples", 16000, Integer(1), "Most samples a relation run trains."),
     Setting("target-accuracy", 0.7, Number(0.0, 1.0, above=True), "The accuracy to reach.", BOTH),
     Setting(
         "batch-sizes",
         "8,16,32,64",
-        IntList(1, "8,16,32,64", ascending=True),
+        distinct_ints(1, "8,16,32,64", ascending=True),
         "Batch sizes of the relation vector.",
     ),
     Setting("lr-max", 0.002, Number(0.0, above=True), "Learning rate of the largest batch size.", BOTH),
@@ -273,7 +275,7 @@ SETTINGS: dict[str, Setting] = _declare(
     Setting("client-data-seed", 2, Integer(0), "Seed of the client data and its split.", CLIENT),
     Setting("partitioning", "iid", Choice(PARTITION_SCHEMES), "How client data is shared out.", CLIENT),
     Setting("dirichlet-alpha", 0.5, Number(0.0, above=True), "Label skew of dirichlet partitioning.", CLIENT),
-    Setting("methods", "ours", NameList(RUN_METHODS), "The methods to run one after another."),
+    Setting("methods", "ours", distinct_names(RUN_METHODS), "The methods to run one after another."),
     Setting(
         "profile-source",
         "measured",

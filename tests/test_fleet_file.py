@@ -51,7 +51,8 @@ def test_a_fleet_file_becomes_boards_and_a_run_config(tmp_path: Path) -> None:
     assert spec.boards[3].caps() is not None and spec.boards[0].caps() is None
     # scale mode: the stand-ins do not train, so they cannot follow it; said plainly
     assert spec.notes and "stand-in clients" in spec.notes[0]
-    assert spec.scale_mode and spec.real_share == 0.5 and spec.profile_source == "predicted"
+    assert spec.scale_mode and spec.settings.real_share == 0.5
+    assert spec.settings.profile_source == "predicted"
     cfg = spec.run_config(tmp_path / "out", ["ours", "oracle"], tmp_path / "profiles")
     assert (
         cfg["batch-sizes"] == "8,16" and cfg["partitioning"] == "dirichlet" and cfg["dirichlet-alpha"] == 0.3
