@@ -113,7 +113,7 @@ def _folder(value: Any) -> str:
 
 def _fleet(value: Any) -> str:
     """A fleet table (parsed, every cap checked against its board) or a fleet file that exists (its
-    YAML is read by `fl_client.node.load_fleet_file`, see `fl_server.run_config.check_run_config`)."""
+    YAML is read by `fl_client.node.load_fleet_file`, see `fl_server.run_config.parse_server_config`)."""
     text = Text()(value)
     if fleet_file(text) is None:
         fleet_table(text)

@@ -137,6 +137,31 @@ def test_the_server_side_runs_rounds_and_writes_results_after_each(
     assert "[round 1] clients" in out and "FAILED (error)" in out and "makespan" in out
 
 
+@pytest.mark.parametrize(
+    ("extra", "fragment"),
+    [
+        ({"fleet": "sim:jetson-nano@abc"}, "'fleet' entry 'sim:jetson-nano@abc'"),
+        ({"fleet": "sim:jetson-nano@3.0, sim:jetson-tx2nx@0.5"}, "a cap of 0.5 W is below anything"),
+        ({"inject-failures": "raise:2"}, "'inject-failures' holds 'raise:2'"),
+        ({"partitioning": "skewed"}, "'partitioning' must be one of iid, dirichlet"),
+    ],
+)
+def test_a_bad_key_the_clients_read_stops_the_server_before_any_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: dict, fragment: str
+) -> None:
+    def refuse(*_: object) -> None:
+        raise AssertionError("prepared weights before the run config was checked")
+
+    monkeypatch.setattr(server_app, "prepare_apart", refuse)
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "results.json").write_text("{}")  # an earlier run's: left where it is
+    with pytest.raises(RunConfigError) as err:
+        _server(tmp_path, _run_config(tmp_path, **extra))
+    assert fragment in str(err.value) and "\n" not in str(err.value)
+    assert [p.name for p in results.iterdir()] == ["results.json"]
+
+
 def test_bad_weights_or_relation_files_stop_the_server_with_one_line(tmp_path: Path) -> None:
     bad = tmp_path / "relation.json"
     bad.write_text('{"schema": "powerctl.relation/1", "model": "cnn-tiny"}')
