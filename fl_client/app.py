@@ -39,6 +39,7 @@ from strategies.protocol import (
     reader,
     required,
 )
+from strategies.settings import client_setting
 from training.finetune import evaluate_with_loss
 from training.models import get_model_spec
 
@@ -77,10 +78,8 @@ def _device_seed(settings: NodeSettings, server_seed: int) -> int:
 
 def _profile_cache(run_config: Any) -> Path | None:
     """The run's own profile cache (`profile-cache`, an absolute folder), else the shared default."""
-    value = run_config.get("profile-cache", "")
-    if not isinstance(value, str) or (value.strip() and not Path(value).is_absolute()):
-        raise NodeConfigError(f"run config 'profile-cache' must be an absolute folder, got {value!r}")
-    return Path(value) if value.strip() else None
+    value = client_setting(run_config, "profile-cache", NodeConfigError)
+    return Path(value) if value else None
 
 
 def _node_record(settings: NodeSettings, context: Context) -> ConfigRecord:

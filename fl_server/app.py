@@ -126,31 +126,9 @@ def relation_vector(cfg: ServerConfig, weights: Path) -> RelationVector:
 def instructions(
     cfg: ServerConfig, relation: RelationVector, meta_classes: int, overrides: dict
 ) -> TrainInstructions:
-    return TrainInstructions(
-        model=cfg.model,
-        num_classes=meta_classes,
-        model_overrides=overrides,
-        target_accuracy=cfg.target_accuracy,
-        relation_batch_sizes=list(relation.batch_sizes),
-        relation_samples=list(relation.samples_to_target),
-        lr_max=cfg.lr_max,
-        lr_rule=cfg.lr_rule,
-        budget_samples=cfg.budget_samples,
-        budget_device_seconds=cfg.budget_device_seconds,
-        eval_every_samples=cfg.eval_every_samples,
-        eval_max_samples=cfg.eval_max_samples,
-        profile_order=cfg.profile_order,
-        profile_samples=cfg.profile_samples,
-        profile_warmup=cfg.profile_warmup,
-        profile_steps=cfg.profile_steps,
-        seed=cfg.seed,
-        proxy_dataset=relation.proxy_dataset,
-        guard_window=cfg.guard_window,
-        guard_tolerance=cfg.guard_tolerance,
-        cap_poll_s=cfg.cap_poll_s,
-        cap_pause_timeout_s=cfg.cap_pause_timeout_s,
-        profile_source=cfg.profile_source,
-        checkpoint_every_samples=cfg.checkpoint_every_samples,
+    """The run's train instructions: the settings the clients take from the server, and the relation."""
+    return TrainInstructions.for_run(
+        cfg, num_classes=meta_classes, model_overrides=overrides, relation=relation
     )
 
 
@@ -297,7 +275,7 @@ def run_method(
         initial_arrays=ArrayRecord.from_torch_state_dict(model.state_dict()),
         num_rounds=cfg.num_server_rounds,
         timeout=cfg.round_timeout,
-        train_config=setup.base.to_config(),
+        instructions=setup.base,
         evaluate_config=setup.eval_config,
         first_round=first_round,
     )

@@ -140,6 +140,16 @@ class BoardModel:
         ok = [f for f, p in zip(self.frequencies_hz, self.fixed_power_w(), strict=True) if p <= power_cap_w]
         return ok[-1] if ok else None
 
+    def overhead_power_w(self, hz: int) -> float:
+        """Power of a step's frequency-independent phase (kernel launches, memory traffic) at `hz`: the
+        least a training step of any workload draws there (`powerctl.devices.simulated.step_cost`)."""
+        return self.idle_power_w + self.overhead_utilisation * (self.full_load_power(hz) - self.idle_power_w)
+
+    def least_power_w(self) -> float:
+        """The least peak power of any training step on this board (lowest frequency): under a cap
+        below it nothing can run."""
+        return self.overhead_power_w(self.frequencies_hz[0])
+
     def least_fixed_power_w(self) -> float:
         """The lowest frequency's entry of the state-of-practice table: no fixed frequency below it."""
         return self.fixed_power_w()[0]

@@ -57,6 +57,14 @@ def test_node_config_wins_over_the_fleet_and_names_the_node() -> None:
         ({"partition-id": 0}, {"fleet": "sim:jetson-nano@cheap"}, "'cheap'"),
         ({"partition-id": 0}, {"fleet": " , "}, "empty"),
         ({"partition-id": 0}, {"fleet": "/nonexistent/fleet.yaml"}, "no such fleet file"),
+        # a cap below the least power of the simulated board: nothing could ever run (issue 18)
+        ({"partition-id": 0}, {"fleet": "sim:jetson-nano@0.5"}, "a cap of 0.5 W is below anything"),
+        (
+            {"device": "sim:jetson-tx2nx", "power-cap-w": 2.0, "partition-id": 0},
+            {},
+            "node config 'power-cap-w': a cap of 2 W is below anything sim:jetson-tx2nx can run",
+        ),
+        ({"device": "sim:jetson-nano", "partition-id": "0"}, {}, "'partition-id' must be an integer ≥ 0"),
     ],
 )
 def test_bad_node_settings_are_one_line_naming_key_and_value(

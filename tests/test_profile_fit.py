@@ -263,7 +263,9 @@ def test_cli_fitted_order_writes_provenance_and_select_picks_a_measured_pair(tmp
 
 def test_run_config_takes_the_fitted_order() -> None:
     assert parse_server_config({"profile-order": "fitted"}).profile_order == "fitted"
-    with pytest.raises(RunConfigError, match="must be efficient, grid or fitted"):
+    with pytest.raises(
+        RunConfigError, match="'profile-order' must be one of efficient, grid, fitted, got 'guessed'"
+    ):
         parse_server_config({"profile-order": "guessed"})
 
 

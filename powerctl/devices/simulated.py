@@ -86,7 +86,7 @@ def step_cost(board: BoardModel, workload: Workload, batch_size: int, hz: int) -
         compute_s=compute_s,
         fixed_s=board.step_overhead_s + launches * board.launch_s + memory_s,
         compute_w=board.idle_power_w + u * dynamic,
-        fixed_w=board.idle_power_w + board.overhead_utilisation * dynamic,
+        fixed_w=board.overhead_power_w(hz),
         utilisation=u,
     )
 
