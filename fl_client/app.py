@@ -1,4 +1,4 @@
-"""The ClientApp: translates Flower messages to `fl_client.work` and back.
+"""The ClientApp: translates Flower messages to `fl_client.round` and back.
 
 - ``query``: the node's device, board, power cap and local data size (the server's view of its fleet);
 - ``train``: profile (cached) → select (b, f) under the node's cap → pin → fine-tune → restore; replies
@@ -23,7 +23,7 @@ from flwr.clientapp import ClientApp
 from fl_client.faults import before_training, kill_after_checkpoint, parse_faults
 from fl_client.local_data import data_plan, load_local_data
 from fl_client.node import NodeConfigError, NodeSettings, resolve_node
-from fl_client.work import build_local_model, model_seq_len, plan_round, train_round
+from fl_client.round import build_local_model, model_seq_len, plan_round, train_round
 from powerctl.devices import open_device
 from powerctl.errors import PowerctlError
 from strategies.protocol import (
