@@ -78,6 +78,11 @@ def node_caps(settings: NodeSettings, instr: TrainInstructions) -> CapSource:
     return settings.caps()
 
 
+def node_device_seed(settings: NodeSettings, server_seed: int) -> int:
+    """A simulated board's noise seed: stable per node (not per node id, which changes every run)."""
+    return (server_seed * 1_000_003 + zlib.crc32(settings.key.encode())) % (2**31)
+
+
 @dataclass(frozen=True)
 class RoundWork:
     """One round's work on one node: who it is, what the server asked, its weights and local data.
