@@ -26,6 +26,7 @@ import re
 import time
 import zlib
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
 from pathlib import Path
@@ -41,6 +42,7 @@ from powerctl.boards import board_model
 from powerctl.cache import cache_dir
 from powerctl.capsource import CapSource, ConstantCap
 from powerctl.devices import open_device
+from powerctl.devices.base import Device
 from powerctl.devices.simulated import SimulatedBoard, predicted_profile, replay_cost, step_cost
 from powerctl.errors import PowerctlError
 from powerctl.follow import CapFollower, Pick
@@ -416,15 +418,21 @@ def round_checkpoint(work: RoundWork, pair: tuple[int, int]) -> Checkpointing | 
     return Checkpointing(path, every_samples=instr.checkpoint_every_samples, key=key)
 
 
-def fine_tune_step(work: RoundWork, rule: Rule) -> Trained:
+def fine_tune_step(
+    work: RoundWork, rule: Rule, *, observe: Callable[[Device], AbstractContextManager] | None = None
+) -> Trained:
     """Fine-tune the server's weights on a fresh device handle (a simulated board's noise then does not
     depend on what ran before, so a seeded run repeats exactly), checkpointed so that the same work
     killed and sent again resumes. Under a constant cap: pinned at the rule's pair, the power guard
-    watching; under a cap that changes: the follower re-applies the rule at every change."""
+    watching; under a cap that changes: the follower re-applies the rule at every change.
+
+    `observe(device)` is entered around the whole fine-tune, pauses included (a bench records the
+    board's power over time with it)."""
     instr = work.instr
     train, test = work.split()
     model = work.model()
-    with open_device(work.settings.device, seed=work.device_seed) as dev, restore_on_exit(dev):
+    watch = observe or (lambda _dev: nullcontext())
+    with open_device(work.settings.device, seed=work.device_seed) as dev, restore_on_exit(dev), watch(dev):
         model = model.to(dev.torch_device())
         follower = guard = None
         if work.caps.is_constant:
