@@ -662,6 +662,7 @@ def build_report(
         method=instr.method,
         stand_in=trained.stand_in,
         extra=extra,
+        restored=profiled.restored,
         **more,
     )
 
