@@ -64,7 +64,7 @@ def default_results_dir(run_id: int) -> Path:
     return Path(base) / "powerfed" / "runs" / str(run_id)
 
 
-def pretrained_weights(cfg: ServerConfig) -> Path:
+def pretrained_weights(cfg: ServerConfig, *, progress: bool = False) -> Path:
     """The weights to start from: the given file, or pre-trained on the embedded task (cached by recipe)."""
     if cfg.weights:
         return app_path(cfg.weights, "weights")
@@ -90,12 +90,12 @@ def pretrained_weights(cfg: ServerConfig) -> Path:
         out=path,
         samples=cfg.pretrain_samples,
         seed=cfg.pretrain_seed,
-        progress=False,
+        progress=progress,
     )
     return path
 
 
-def relation_vector(cfg: ServerConfig, weights: Path) -> RelationVector:
+def relation_vector(cfg: ServerConfig, weights: Path, *, progress: bool = False) -> RelationVector:
     """The relation vector: the given file (checked against the model), or estimated on the proxy data."""
     if cfg.relation:
         relation = RelationVector.load(app_path(cfg.relation, "relation"))
@@ -119,7 +119,7 @@ def relation_vector(cfg: ServerConfig, weights: Path) -> RelationVector:
         eval_every_samples=cfg.eval_every_samples,
         eval_max_samples=cfg.eval_max_samples,
         data_seed=cfg.proxy_seed,
-        progress=False,
+        progress=progress,
     )
 
 

@@ -285,6 +285,9 @@ class ClientReport:
     over_cap_seconds: float | None = None
     """Device seconds the measured power exceeded the cap in force × (1 + guard tolerance), steps in
     progress at cap drops included (measured only under a changing cap; per event in `cap_events`)."""
+    restored: str = ""
+    """When the board was found left pinned by a killed process and put back before this round: the
+    line that says what was restored (empty: nothing was)."""
 
     def unprevented_over_cap_s(self) -> float:
         """Under a changing cap: time over it beyond the steps in progress at its changes."""
@@ -339,6 +342,7 @@ class ClientReport:
             cap_events=_cap_events(r) if "cap_events" in record else [],
             paused_seconds=optional("paused_seconds") or 0.0,
             over_cap_seconds=optional("over_cap_seconds"),
+            restored=str(record.get("restored", "")),
         )
 
 

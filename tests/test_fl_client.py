@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from fl_client import work
+from fl_client import round as client_round
 from fl_client.local_data import data_plan, load_local_data
 from fl_client.node import NodeConfigError, fleet_entry, load_fleet, parse_fleet_table, resolve_node
 from fl_client.profile_cache import ProfileKey, cached_profile
-from fl_client.work import ClientWorkError, train_round
+from fl_client.round import ClientWorkError, train_round
 from powerctl.devices.simulated import POWER_NOISE
 from powerctl.errors import DeviceError, InfeasibleCapError
 from powerctl.profile_table import Profile, ProfilePoint
@@ -227,7 +227,7 @@ def test_a_round_on_a_jetson_leaves_the_board_exactly_as_found(
     )
     _, data = _data(0)
     pinned_during: list[tuple[str, str]] = []  # (min_freq, max_freq) while fine-tuning
-    real_fine_tune = work.fine_tune
+    real_fine_tune = client_round.fine_tune
 
     def spy(*args: object, **kwargs: object) -> object:
         devfreq = root / NANO_DEVFREQ
@@ -238,7 +238,7 @@ def test_a_round_on_a_jetson_leaves_the_board_exactly_as_found(
             raise KeyboardInterrupt  # Ctrl-C in the middle of fine-tuning
         return real_fine_tune(*args, **kwargs)
 
-    monkeypatch.setattr(work, "fine_tune", spy)
+    monkeypatch.setattr(client_round, "fine_tune", spy)
     instr = instructions(relation_batch_sizes=[8], relation_samples=[300.0], budget_samples=16)
     if fail_in_training:
         with pytest.raises(KeyboardInterrupt):

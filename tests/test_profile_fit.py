@@ -272,7 +272,7 @@ def test_run_config_takes_the_fitted_order() -> None:
 def test_a_client_round_with_the_fitted_order_runs_a_measured_pair_and_caches_it() -> None:
     from fl_client.local_data import data_plan, load_local_data
     from fl_client.node import resolve_node
-    from fl_client.work import train_round
+    from fl_client.round import train_round
     from tests.fl_helpers import RUN_CONFIG, initial_state, instructions
 
     settings = resolve_node({"partition-id": 0, "num-partitions": 3}, RUN_CONFIG)  # sim:jetson-nano at 3 W
