@@ -47,8 +47,6 @@ DEMO_RUN = {
     "relation-seeds": "0",
     "relation-max-samples": 6000,
     "checkpoint-every-samples": 0,
-    "client-data": "synthetic-image",
-    "client-data-seed": 2,
 }
 """The demo's run settings where they differ from the app's defaults: a small ResNet, one proxy seed
 (minutes on 2 cores), no checkpoints (nothing restarts it)."""
@@ -118,7 +116,6 @@ def check_demo(cfg: DemoConfig, out: Path) -> ServerConfig:
     from powerctl.boards import board_model
     from powerctl.devices import open_device
     from powerctl.outputs import check_output_dir
-
     from training.models import get_model_spec
 
     check_output_dir(out)
@@ -151,7 +148,7 @@ def demo_work(cfg: DemoConfig, settings: ServerConfig, out: Path, say: Say = qui
     node = NodeSettings(
         device=cfg.device,
         power_cap_w=cfg.power_cap_w,
-        data=cfg.run_config()["client-data"],
+        data=settings.client_data,
         partition_id=None,
         num_partitions=None,
         key=DEMO_NODE,

@@ -91,7 +91,7 @@ def test_the_demo_and_a_fleet_client_agree_on_the_oracle(results) -> None:
         grid=FakeGrid(client_app, {5: node}, cfg.run_config()),
         initial_arrays=ArrayRecord.from_torch_state_dict(work.state),
         num_rounds=1,
-        train_config=work.instr.to_config(),
+        instructions=work.instr,
         evaluate_config=ConfigRecord({"model": "cnn-tiny", "num-classes": 10, "model-overrides": "{}"}),
     )
     (client,) = strategy.rounds[1].clients
