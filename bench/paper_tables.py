@@ -383,7 +383,7 @@ def summarise(results: dict[str, Any]) -> dict[str, Any]:
     including 1.0, worst ratio and where, and the cells whose interval excludes 1.0."""
     summary: dict[str, Any] = {}
     for key, tab in results.items():
-        if key.count("|") != 2:
+        if key.rsplit("|", 1)[-1] not in BOARDS:
             continue
         task = key.split("|")[0]
         for col_name, col in tab.items():

@@ -210,7 +210,7 @@ class BatchEfficiencyFit:
     """None: no growth measured (slope 0, b_crit infinite)."""
     chi2: float
     """Σ over batch sizes of ((mean − model) / standard error of the mean)²: how far the means sit
-    from the model in units of their own noise (0 with one seed, where no noise is known)."""
+    from the model in units of their own noise (batch sizes without spread, e.g. one seed, left out)."""
     dof: int
 
     @property
@@ -258,9 +258,9 @@ def fit_batch_efficiency(
     fitted = [intercept + slope * b for b in bs]
     chi2, dof = 0.0, 0
     for row, m, f in zip(per_seed, means, fitted, strict=True):
-        if len(row) > 1:
-            se = statistics.stdev(row) / math.sqrt(len(row))
-            chi2 += ((m - f) / se) ** 2 if se > 0 else (0.0 if m == f else math.inf)
+        se = statistics.stdev(row) / math.sqrt(len(row)) if len(row) > 1 else 0.0
+        if se > 0:  # a batch size whose seeds all agree gives no noise scale: left out of chi2
+            chi2 += ((m - f) / se) ** 2
             dof += 1
     dof = max(0, dof - 2)
     b_crit = None if slope == 0 else (intercept / slope if intercept > 0 else 0.0)

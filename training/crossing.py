@@ -17,7 +17,8 @@ them):
   curve and the evaluations are dense.
 - **Dense evaluation** (`run_dense`): a run that crossed after fewer than `min_evaluations`
   evaluations is run again from the same start and seed (same data order, same steps: the same
-  trajectory) with the interval shrunk to its crossing / `min_evaluations` (at least one step). The
+  trajectory) with the interval shrunk to its (interpolated) crossing / `min_evaluations` (at least
+  one step). The
   interval is then tied to each batch size's own samples to target, so every batch size crosses
   after several evaluations, whatever its batch efficiency, and the quantisation left is a fixed
   fraction of its samples to target; only runs that crossed too early pay for a second run, which
@@ -144,7 +145,7 @@ def run_dense(
     result = run(eval_every_samples)
     evals = evaluations_before(result.curve, target)
     if evals is not None and 0 < evals < min_evaluations:
-        first = _pairs(result.curve)[evals][0]
+        first = crossing_samples(result.curve, target, smoothing=smoothing) or _pairs(result.curve)[evals][0]
         denser = dense_eval_interval(batch_size, first, min_evaluations)
         if denser < eval_every_samples:
             eval_every_samples = denser
