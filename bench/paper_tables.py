@@ -37,8 +37,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import bootstrap
 import numpy as np
 import torch
+from bootstrap import paired_resampled_means
 
 from powerctl.baselines import oracle
 from powerctl.boards import BoardModel, board_model
@@ -258,8 +260,6 @@ VARIANTS = {
 }
 """Ours under each (relation vector, selection rule); "ours" is the project's default (raw, mean). The
 others are measured beside it so that the defaults are chosen by these tables, not by taste."""
-BOOTSTRAP = 4000
-CI_SEED = 0
 
 
 def _stat(values: list[float]) -> tuple[float, float]:
@@ -277,13 +277,10 @@ def cell(board: BoardModel, w: Workload, runs: dict[tuple[int, int], dict[str, A
 
 
 def ratio_interval(ours: list[float], fastest: list[float]) -> tuple[float, float]:
-    """Bootstrap 95 % percentile interval of mean(ours) / mean(fastest), seeds resampled with
-    replacement (the same draw for both rows: a seed is one data order for every batch size)."""
-    a, f = np.asarray(ours), np.asarray(fastest)
-    idx = np.random.default_rng(CI_SEED).integers(0, len(a), size=(BOOTSTRAP, len(a)))
-    ratios = a[idx].mean(axis=1) / f[idx].mean(axis=1)
-    lo, hi = np.percentile(ratios, [2.5, 97.5])
-    return float(lo), float(hi)
+    """Bootstrap 95 % interval of mean(ours) / mean(fastest), seeds resampled with replacement (the
+    same draw for both rows: a seed is one data order for every batch size)."""
+    a, f = paired_resampled_means(ours, fastest, np.random.default_rng(bootstrap.SEED))
+    return bootstrap.interval95(a / f)
 
 
 def compare_to_fastest(row: dict[str, Any], fastest: dict[str, Any]) -> dict[str, Any]:

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from bootstrap import SEED, interval95, resampled_means
 
 from powerctl.baselines import oracle
 from powerctl.errors import InfeasibleCapError, PowerctlError
@@ -63,7 +64,6 @@ POWER_COLUMNS = (
 OTHER_WORKLOAD = {"squad": "sentiment140", "sentiment140": "squad"}
 """The BERT pair: each is the other's proxy (same network, another data source)."""
 DEFAULT_CAPS: tuple[float | None, ...] = (150.0, 200.0, None)
-BOOTSTRAP = 4000
 
 
 class TraceError(PowerctlError):
@@ -190,22 +190,14 @@ def _cost(point: ProfilePoint, epochs: float, objective: str) -> float:
 
 
 def ratio_interval(
-    ours: ProfilePoint, fastest: ProfilePoint, truth: dict[int, list[float]], objective: str, seed: int = 0
+    ours: ProfilePoint, fastest: ProfilePoint, truth: dict[int, list[float]], objective: str, seed: int = SEED
 ) -> tuple[float, float]:
     """Bootstrap 95 % interval of ours / fastest over the truth seeds (each batch size's runs
     resampled with replacement; one draw per batch size, shared when both pick the same b)."""
     rng = np.random.default_rng(seed)
-    draws = {}
-    for b in {ours.batch_size, fastest.batch_size}:
-        runs = np.asarray(truth[b])
-        draws[b] = runs[rng.integers(0, len(runs), size=(BOOTSTRAP, len(runs)))].mean(axis=1)
-    ratios = (
-        np.asarray(_cost(ours, 1.0, objective))
-        * draws[ours.batch_size]
-        / (_cost(fastest, 1.0, objective) * draws[fastest.batch_size])
-    )
-    lo, hi = np.percentile(ratios, [2.5, 97.5])
-    return float(lo), float(hi)
+    means = {b: resampled_means(truth[b], rng) for b in sorted({ours.batch_size, fastest.batch_size})}
+    ours_cost = _cost(ours, 1.0, objective) * means[ours.batch_size]
+    return interval95(ours_cost / (_cost(fastest, 1.0, objective) * means[fastest.batch_size]))
 
 
 def cells_for(
