@@ -486,6 +486,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="2 seeds, 2 proxy seeds, batch sizes 16..128, less vision data (a smoke run, ~15 min)",
     )  # fmt: skip
     p.add_argument("--full", action="store_true", help="train the full models (GPU machine)")
+    p.add_argument(
+        "--retable", type=Path, metavar="RESULTS",
+        help="no training: the tables again from a results.json's recorded runs (a recalibrated board)",
+    )  # fmt: skip
     p.add_argument("--out", type=Path, default=Path("runs/paper_tables"))
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: steady on a shared machine)")
     args = p.parse_args(argv)
@@ -578,6 +582,8 @@ def pretrained(task: Task, host: Any, out: Path) -> dict[str, torch.Tensor]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.retable:
+        return retable(args.retable, args.out)
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
     host = open_device("host")
@@ -606,23 +612,63 @@ def main(argv: list[str] | None = None) -> int:
             )
         print(f"  (training: {time.perf_counter() - t0:.0f} s wall; * = some run hit the budget; "
               "evals = the fewest evaluations any seed took to cross)")  # fmt: skip
-        for board_name in BOARDS:
-            board = board_model(board_name)
-            tab = table(task, board, relations, runs, task.seeds)
-            print_table(task, board, tab)
-            results[f"{task.key}|{board_name}"] = tab
-        results[f"{task.key}|targets"] = task.targets
-        results[f"{task.key}|relation"] = relations["raw"].to_dict()
-        results[f"{task.key}|runs"] = {
-            n: [{k: v for k, v in r.items() if k != "curve"} for r in rs.values()] for n, rs in runs.items()
+        tabulate(task, relations, runs, results)
+    return finish(results, args.out, started)
+
+
+def tabulate(
+    task: Task, relations: dict[str, RelationVector], runs: dict[str, dict[tuple[int, int], dict[str, Any]]],
+    results: dict[str, Any],
+) -> None:  # fmt: skip
+    """Charge the runs on every board, print the tables, and keep everything a retable needs."""
+    for board_name in BOARDS:
+        board = board_model(board_name)
+        tab = table(task, board, relations, runs, task.seeds)
+        print_table(task, board, tab)
+        results[f"{task.key}|{board_name}"] = tab
+    results[f"{task.key}|targets"] = task.targets
+    results[f"{task.key}|relation"] = relations["raw"].to_dict()
+    results[f"{task.key}|runs"] = {
+        n: [{k: v for k, v in r.items() if k != "curve"} for r in rs.values()] for n, rs in runs.items()
+    }
+
+
+def retable(path: Path, out: Path) -> int:
+    """The tables again from a results.json's recorded runs and proxy relation, without training: the
+    sample counts do not depend on the board, so a recalibrated board model (or another selection
+    default) is charged on the same runs."""
+    from training.models import build_model, model_workload
+
+    old = json.loads(path.read_text())
+    started = time.perf_counter()
+    results: dict[str, Any] = {}
+    for key in [k for k in old if k.endswith("|relation")]:
+        name, charged, _ = key.split("|")
+        raw = RelationVector.from_dict(old[key], f"{path}: {key}")
+        recorded = old[f"{name}|{charged}|runs"]
+        seeds = sorted({r["seed"] for rs in recorded.values() for r in rs})
+        task = Task(name, "(recorded runs)", charged, 0.0, 0, list(raw.batch_sizes), seeds, [], 0, 0, 0)
+        task.targets = old[f"{name}|{charged}|targets"]
+        task.data["charged_workload"] = model_workload(charged, build_model(charged, seed=0))
+        per_seed = dict(zip(raw.batch_sizes, raw.per_seed_samples() or [], strict=True))
+        relations = {
+            v: RelationVector.from_seeds(charged, "proxy", raw.target_accuracy, per_seed, vector=v)
+            for v in ("raw", "fitted")
         }
+        runs = {n: {(r["b"], r["seed"]): r for r in rs} for n, rs in recorded.items()}
+        print(f"\n== {name}: {charged}, recorded runs from {path}")
+        tabulate(task, relations, runs, results)
+    return finish(results, out, started)
+
+
+def finish(results: dict[str, Any], out: Path, started: float) -> int:
     summary = summarise(results)
     print_summary(summary)
     results["summary"] = summary
     print(f"\n{PAPER}")
     print(f"wall {time.perf_counter() - started:.0f} s")
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
     return 0
 
 
