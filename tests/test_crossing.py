@@ -89,3 +89,22 @@ def test_a_run_with_enough_evaluations_runs_once() -> None:
         _linear_run(calls), batch_size=10, eval_every_samples=50, target=0.5, min_evaluations=8
     )
     assert calls == [50] and every == 50 and crossing == pytest.approx(500.0)
+
+
+def test_a_fast_early_jump_is_run_again_until_it_has_enough_evaluations() -> None:
+    """Accuracy jumps to 0.45 within 20 samples and creeps on: a first curve every 400 samples sees
+    a straight line from 0 to 400 and puts the crossing of 0.4 far too late; each re-run looks closer."""
+    calls: list[int] = []
+
+    def run(every: int) -> SimpleNamespace:
+        calls.append(every)
+        curve, s = [(0, 0.0)], 0
+        while curve[-1][1] < 0.4:
+            s += every
+            curve.append((s, min(0.45, s * 0.45 / 20)))
+        return SimpleNamespace(curve=curve)
+
+    result, crossing, every = run_dense(run, batch_size=1, eval_every_samples=400, target=0.4)
+    assert len(calls) > 2 and calls == sorted(calls, reverse=True)
+    assert evaluations_before(result.curve, 0.4) >= 8 or every == 1
+    assert crossing == pytest.approx(0.4 / 0.45 * 20, rel=0.15)  # the true crossing: 17.8 samples

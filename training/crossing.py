@@ -18,7 +18,8 @@ them):
 - **Dense evaluation** (`run_dense`): a run that crossed after fewer than `min_evaluations`
   evaluations is run again from the same start and seed (same data order, same steps: the same
   trajectory) with the interval shrunk to its (interpolated) crossing / `min_evaluations` (at least
-  one step). The
+  one step), and again while it still crosses too early (a coarse first curve interpolates a fast
+  early jump as a straight line, so the first estimate of the crossing can be twice too late). The
   interval is then tied to each batch size's own samples to target, so every batch size crosses
   after several evaluations, whatever its batch efficiency, and the quantisation left is a fixed
   fraction of its samples to target; only runs that crossed too early pay for a second run, which
@@ -138,16 +139,19 @@ def run_dense(
     min_evaluations: int = DEFAULT_MIN_EVALUATIONS,
     smoothing: str = "isotonic",
 ) -> tuple[Any, float | None, int]:
-    """Run `run(eval_every_samples)` (a FineTuneResult-like object with `.curve`); if it crossed
-    `target` after fewer than `min_evaluations` evaluations, run it again with `dense_eval_interval`
-    (the caller's `run` must start from the same weights and seed). Returns (result, interpolated
-    crossing or None, the interval used)."""
+    """Run `run(eval_every_samples)` (a FineTuneResult-like object with `.curve`); while it crossed
+    `target` after fewer than `min_evaluations` evaluations and the interval can still shrink, run it
+    again with `dense_eval_interval` (the caller's `run` must start from the same weights and seed).
+    Returns (result, interpolated crossing or None, the interval used)."""
     result = run(eval_every_samples)
-    evals = evaluations_before(result.curve, target)
-    if evals is not None and 0 < evals < min_evaluations:
+    while True:  # each pass shrinks the interval; it ends at one step at the latest
+        evals = evaluations_before(result.curve, target)
+        if evals is None or evals == 0 or evals >= min_evaluations:
+            break
         first = crossing_samples(result.curve, target, smoothing=smoothing) or _pairs(result.curve)[evals][0]
         denser = dense_eval_interval(batch_size, first, min_evaluations)
-        if denser < eval_every_samples:
-            eval_every_samples = denser
-            result = run(eval_every_samples)
+        if denser >= eval_every_samples:
+            break
+        eval_every_samples = denser
+        result = run(eval_every_samples)
     return result, crossing_samples(result.curve, target, smoothing=smoothing), eval_every_samples
