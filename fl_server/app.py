@@ -115,6 +115,7 @@ def relation_vector(cfg: ServerConfig, weights: Path, *, progress: bool = False)
         batch_sizes=cfg.batch_size_list(),
         seeds=cfg.seeds(),
         lr_max=cfg.lr_max,
+        lr_rule=cfg.lr_rule,
         max_samples=cfg.relation_max_samples,
         eval_every_samples=cfg.eval_every_samples,
         eval_max_samples=cfg.eval_max_samples,

@@ -25,6 +25,7 @@ from powerctl.cliutil import (
 )
 from powerctl.devices import SPEC_HELP, open_device
 from powerctl.errors import InfeasibleCapError, PowerctlError
+from powerctl.selection import DEFAULT_RELATION_RULE, RELATION_RULES
 
 PROG = "powerctl"
 
@@ -236,7 +237,7 @@ def cmd_select(args: argparse.Namespace) -> int:
     relation = RelationVector.load(args.relation)
     for warning in check_pairing(profile, relation, allow_mismatch=args.allow_mismatch):
         print(f"{PROG} select: warning: {warning}", file=sys.stderr)
-    choice = select(profile, relation, args.power_cap, args.objective)
+    choice = select(profile, relation, args.power_cap, args.objective, args.relation_rule)
     energy = args.objective == "energy"
     if args.json:
         _print_json(choice.to_json_dict(with_energy=energy))
@@ -465,6 +466,13 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("time", "energy"),
         default="time",
         help="minimise the predicted time to the target (default, the paper) or the energy to it",
+    )
+    s.add_argument(
+        "--relation-rule",
+        choices=RELATION_RULES,
+        default=DEFAULT_RELATION_RULE,
+        help="mean: Algorithm 1 on the relation vector (default); robust: the least mean regret over the "
+        "seeds' vectors kept in the file (its samples_per_seed)",
     )
     s.add_argument(
         "--json",
