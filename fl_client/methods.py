@@ -14,7 +14,7 @@ from powerctl.baselines import oracle, proxy_batch, state_of_practice
 from powerctl.errors import PowerctlError
 from powerctl.profile_table import Profile
 from powerctl.relation import RelationVector
-from powerctl.selection import select, select_under_deadline
+from powerctl.selection import DEFAULT_RELATION_RULE, select, select_under_deadline
 from strategies.protocol import METHODS, ORACLE, OURS, PROXY_BATCH, STATE_OF_PRACTICE
 
 
@@ -40,16 +40,18 @@ def choose(
     power_cap_w: float | None,
     target_relation: RelationVector | None = None,
     deadline_s: float = 0.0,
+    relation_rule: str = DEFAULT_RELATION_RULE,
 ) -> Choice:
     """The (b, f) `method` picks for this profile and cap; a cap nothing meets is one error line.
 
+    Ours reads the relation by `relation_rule` (`powerctl.selection`: its mean, or robust over the seeds).
     With a round deadline (`deadline_s` > 0, ours only) the power-aware method picks the pair with the
     least predicted energy that meets it, or its fastest pair when none does; the baselines ignore it."""
     if method == OURS and deadline_s > 0:
-        sel, met = select_under_deadline(profile, relation, power_cap_w, deadline_s)
+        sel, met = select_under_deadline(profile, relation, power_cap_w, deadline_s, relation_rule)
         return Choice(OURS, sel.batch_size, sel.frequency_hz, sel.predicted_seconds, sel.peak_power_w, met)
     if method == OURS:
-        sel = select(profile, relation, power_cap_w)
+        sel = select(profile, relation, power_cap_w, rule=relation_rule)
         return Choice(OURS, sel.batch_size, sel.frequency_hz, sel.predicted_seconds, sel.peak_power_w)
     if method == STATE_OF_PRACTICE:
         b = state_of_practice(profile, power_cap_w, relation=relation)

@@ -51,7 +51,7 @@ from powerctl.profile_table import Profile
 from powerctl.profiler import profile_device
 from powerctl.relation import RelationVector
 from powerctl.safety import restore_on_exit
-from powerctl.selection import best_frequency_per_batch, check_power_cap, select
+from powerctl.selection import DEFAULT_RELATION_RULE, best_frequency_per_batch, check_power_cap, select
 from powerctl.workload import Workload
 from strategies.protocol import ORACLE, OURS, ClientReport, Plan, TrainInstructions
 from training.checkpoint import Checkpointing
@@ -153,13 +153,13 @@ def check_data(instr: TrainInstructions, train: Dataset) -> None:
 def usable_relation(instr: TrainInstructions, train_examples: int) -> RelationVector:
     """The relation restricted to batch sizes this node's train split can fill at least once."""
     relation = instr.relation()
-    keep = {b: s for b, s in relation.samples_map().items() if b <= train_examples}
+    keep = [b for b in relation.batch_sizes if b <= train_examples]
     if not keep:
         raise ClientWorkError(
             f"this node has {train_examples} training samples, fewer than the smallest batch size "
             f"{min(relation.batch_sizes)} of the relation vector; give it more data or smaller batch sizes"
         )
-    return RelationVector.from_samples(relation.model, relation.proxy_dataset, relation.target_accuracy, keep)
+    return relation.restricted(keep)
 
 
 # --- step results ----------------------------------------------------------------------------------
@@ -197,9 +197,18 @@ class MethodRule:
     """The proxy's relation; the oracle's rule predicts by its own-data relation instead."""
     own_data: RelationVector | None = None
     deadline_s: float = 0.0
+    relation_rule: str = DEFAULT_RELATION_RULE
 
     def __call__(self, power_cap_w: float | None) -> Choice:
-        return choose(self.method, self.profile, self.relation, power_cap_w, self.own_data, self.deadline_s)
+        return choose(
+            self.method,
+            self.profile,
+            self.relation,
+            power_cap_w,
+            self.own_data,
+            self.deadline_s,
+            self.relation_rule,
+        )
 
     @property
     def predicts_by(self) -> RelationVector:
@@ -343,7 +352,7 @@ def method_step(work: RoundWork, profile: Profile, relation: RelationVector, tra
     the proxy's relation."""
     instr = work.instr
     own = relation if instr.method == ORACLE else None
-    return Chosen(MethodRule(instr.method, profile, relation, own, instr.deadline_s))
+    return Chosen(MethodRule(instr.method, profile, relation, own, instr.deadline_s, instr.relation_rule))
 
 
 def oracle_search(work: RoundWork, profile: Profile, relation: RelationVector, train: TrainStep) -> Chosen:
@@ -367,7 +376,7 @@ def oracle_search(work: RoundWork, profile: Profile, relation: RelationVector, t
     if not runs:
         raise ClientWorkError(f"oracle: no profiled batch size is feasible under the cap {cap}")
     own = own_data_relation(work.instr, [t.result for t in runs.values()])
-    rule = MethodRule(ORACLE, profile, relation, own, work.instr.deadline_s)
+    rule = MethodRule(ORACLE, profile, relation, own, work.instr.deadline_s, work.instr.relation_rule)
     return Chosen(rule, OwnDataSearch(own, runs))
 
 
@@ -680,7 +689,7 @@ def plan_round(
     work = RoundWork(settings, instr, None, None, profile_cache=profile_cache)
     relation = usable_relation(instr, train_examples)
     profiled = measured_profile_step(work, relation)
-    fastest = select(profiled.profile, relation, work.cap_at_start)
+    fastest = select(profiled.profile, relation, work.cap_at_start, rule=instr.relation_rule)
     return Plan(
         fastest_seconds=fastest.predicted_seconds,
         batch_size=fastest.batch_size,

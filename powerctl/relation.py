@@ -78,6 +78,20 @@ class RelationVector:
     def samples_map(self) -> dict[int, float]:
         return dict(zip(self.batch_sizes, self.samples_to_target, strict=True))
 
+    def restricted(self, batch_sizes: Sequence[int]) -> RelationVector:
+        """The vector over `batch_sizes` only (a node that cannot fill the larger ones), its per-seed
+        samples kept for those (r_b is then relative to the largest batch size kept)."""
+        keep = [i for i, b in enumerate(self.batch_sizes) if b in set(batch_sizes)]
+        if len(keep) == len(self.batch_sizes):
+            return self
+        extra: dict[str, Any] = {}
+        if (per_seed := self.per_seed_samples()) is not None:
+            extra["samples_per_seed"] = [per_seed[i] for i in keep]
+        samples = {self.batch_sizes[i]: self.samples_to_target[i] for i in keep}
+        return RelationVector.from_samples(
+            self.model, self.proxy_dataset, self.target_accuracy, samples, **extra
+        )
+
     @classmethod
     def from_samples(
         cls, model: str, proxy_dataset: str, target_accuracy: float, samples: dict[int, float], **extra: Any

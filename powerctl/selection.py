@@ -260,14 +260,19 @@ def format_watts_pair(a: float, b: float) -> tuple[str, str]:
 
 
 def select_under_deadline(
-    profile: Profile, relation: RelationVector, power_cap_w: float | None, deadline_s: float
+    profile: Profile,
+    relation: RelationVector,
+    power_cap_w: float | None,
+    deadline_s: float,
+    rule: str = DEFAULT_RELATION_RULE,
 ) -> tuple[Selection, bool]:
     """The feasible pair with the least predicted energy whose predicted time meets `deadline_s`, and
-    True; when none meets it, the fastest feasible pair (Algorithm 1) and False. No feasible pair: the
-    InfeasibleCapError line of `select`."""
+    True; when none meets it, the fastest feasible pair (Algorithm 1 under `rule`) and False. No feasible
+    pair: the InfeasibleCapError line of `select`."""
     if not math.isfinite(deadline_s) or deadline_s <= 0:
         raise PowerctlError(f"a deadline must be a positive number of seconds, got {deadline_s!r}")
-    in_time = [s for s in rank(profile, relation, power_cap_w, "energy") if s.predicted_seconds <= deadline_s]
+    ranked = rank(profile, relation, power_cap_w, "energy", rule)
+    in_time = [s for s in ranked if s.predicted_seconds <= deadline_s]
     if in_time:
         return in_time[0], True
-    return select(profile, relation, power_cap_w), False
+    return select(profile, relation, power_cap_w, rule=rule), False

@@ -37,6 +37,8 @@ from powerctl.mapping import (
     distinct_names,
     must_be,
 )
+from powerctl.relation import VECTORS
+from powerctl.selection import RELATION_RULES
 from strategies.fleet import app_path_of, fleet_file, fleet_table
 from training.lr import LR_RULES
 
@@ -192,6 +194,27 @@ SETTINGS: dict[str, Setting] = _declare(
         "relation-seeds", "0,1,2", distinct_ints(0, "0,1,2"), "Training seeds the relation vector averages."
     ),
     Setting("relation-max-samples", 16000, Integer(1), "Most samples a relation run trains."),
+    Setting(
+        "relation-max-seeds",
+        0,
+        Integer(0),
+        "Seeds are added beyond relation-seeds until the batch sizes' ranking is stable, up to this many "
+        "in all (0: relation-seeds only).",
+    ),
+    Setting(
+        "relation-values",
+        "raw",
+        Choice(VECTORS),
+        "The vector clients use: the seeds' means (raw) or the batch-efficiency fit to them (fitted).",
+    ),
+    Setting(
+        "relation-rule",
+        "mean",
+        Choice(RELATION_RULES),
+        "How clients read the relation: Algorithm 1 on its mean (mean) or the least mean regret over "
+        "the seeds' vectors (robust).",
+        BOTH,
+    ),
     Setting("target-accuracy", 0.7, Number(0.0, 1.0, above=True), "The accuracy to reach.", BOTH),
     Setting(
         "batch-sizes",

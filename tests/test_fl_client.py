@@ -297,3 +297,24 @@ def test_a_checkpoint_of_another_round_or_other_weights_is_ignored_with_a_line(c
         train_round(settings, instr, initial_state(), data, device_seed=1, on_step=_kill_after(40))
     _, other_weights = train_round(settings, instr, initial_state(seed=1), data, device_seed=1)
     assert "resumed_at_samples" not in other_weights.extra
+
+
+def test_the_runs_relation_rule_reaches_the_clients_choice() -> None:
+    """`relation-rule` travels in the train instructions, with the seeds' samples, to the client's rule;
+    a node that drops a batch size it cannot fill keeps the seeds' samples of the others."""
+    from fl_client.round import MethodRule, usable_relation
+    from strategies.protocol import TrainInstructions
+    from tests.test_selection import _two_seed_case
+
+    profile, relation = _two_seed_case()
+    for rule, b in (("mean", 32), ("robust", 16)):  # the hand-worked case of test_selection
+        instr = instructions(relation_vector=relation, relation_rule=rule, model=relation.model)
+        back = TrainInstructions.from_config(instr.to_config())
+        assert (
+            back.relation_rule == rule and back.relation().per_seed_samples() == relation.per_seed_samples()
+        )
+        chosen = MethodRule("ours", profile, back.relation(), relation_rule=back.relation_rule)(None)
+        assert chosen.batch_size == b
+    narrow = usable_relation(instr, 20)  # 20 training samples: b=32 cannot be filled
+    assert narrow.batch_sizes == [16]
+    assert narrow.per_seed_samples() == [relation.per_seed_samples()[0]]

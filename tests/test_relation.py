@@ -374,7 +374,10 @@ def test_old_relation_files_load_and_new_ones_carry_the_evidence(tmp_path: Path)
 
 def test_bad_per_seed_samples_are_one_line(tmp_path: Path) -> None:
     data = RelationVector.from_seeds("m", "p", 0.5, {4: [90.0, 110.0], 8: [150.0, 250.0]}).to_dict()
-    for bad, why in (([[1.0]], "one non-empty list per batch size"), ([[1.0], [-2.0]], "must be > 0")):
+    for bad, why in (
+        ([[1.0]], "one non-empty list per batch size"),
+        ([[1.0], [-2.0]], "must be a number > 0"),
+    ):
         path = tmp_path / "bad.json"
         path.write_text(json.dumps({**data, "samples_per_seed": bad}))
         with pytest.raises(FileFormatError, match=why):
