@@ -55,6 +55,7 @@ from powerctl.selection import DEFAULT_RELATION_RULE, best_frequency_per_batch, 
 from powerctl.workload import Workload
 from strategies.protocol import ORACLE, OURS, ClientReport, Plan, TrainInstructions
 from training.checkpoint import Checkpointing
+from training.crossing import run_dense
 from training.errors import DataError, ModelError
 from training.finetune import FineTuneResult, evaluate_with_loss, fine_tune
 from training.models import build_model, get_model_spec, model_workload
@@ -234,10 +235,9 @@ class OwnDataSearch:
 
     relation: RelationVector
     runs: dict[tuple[int, int], Trained]
-
-    @property
-    def device_seconds(self) -> float:
-        return sum(t.result.device_seconds for t in self.runs.values())
+    """The search's runs at the round's own evaluation interval, by pair: the chosen pair's is reused."""
+    device_seconds: float
+    """Device seconds of every search run, the denser re-runs included."""
 
 
 @dataclass(frozen=True)
@@ -359,8 +359,10 @@ def oracle_search(work: RoundWork, profile: Profile, relation: RelationVector, t
     """The oracle: fine-tune this client's own data at every batch size (each at its fastest feasible
     frequency under the cap; under a cap that changes, at the board's lowest frequency, safe under any
     cap it can meet), take the samples to the target, and select with them by Algorithm 1
-    (`powerctl.baselines.oracle`). Batch sizes that miss the target within the budget are left out of
-    the own-data relation (when none reaches it, every run counts with the samples it used)."""
+    (`powerctl.baselines.oracle`). Samples to the target are the interpolated crossing of a run that
+    evaluates densely enough (`training.crossing.run_dense`: at least 8 evaluations before it), as on
+    the server's proxy. Batch sizes that miss the target within the budget are left out of the own-data
+    relation (when none reaches it, every run counts with the samples it used)."""
     cap = work.cap_at_start if work.caps.is_constant else None
     if work.caps.is_constant:
         pairs = {b: p.frequency_hz for b, p in best_frequency_per_batch(profile, cap).items()}
@@ -368,28 +370,40 @@ def oracle_search(work: RoundWork, profile: Profile, relation: RelationVector, t
         lowest = profile.frequencies()[0]
         pairs = {b: lowest for b in profile.batch_sizes()}
     search_work = replace(work, caps=ConstantCap(cap), on_step=None)
-    runs = {
-        (b, hz): train(search_work, PinnedRule(b, hz, profile, relation))
-        for b, hz in pairs.items()
-        if b in relation.batch_sizes
-    }
-    if not runs:
+    runs: dict[tuple[int, int], Trained] = {}
+    samples: dict[int, float] = {}
+    missed: dict[int, float] = {}
+    spent_s = 0.0
+    for b, hz in pairs.items():
+        if b not in relation.batch_sizes:
+            continue
+        rule = PinnedRule(b, hz, profile, relation)
+        tried: dict[int, Trained] = {}
+
+        def run(every: int, rule: PinnedRule = rule, tried: dict[int, Trained] = tried) -> FineTuneResult:
+            instr = replace(work.instr, eval_every_samples=every)
+            tried[every] = train(replace(search_work, instr=instr), rule)
+            return tried[every].result
+
+        every = work.instr.eval_every_samples
+        result, crossing, _ = run_dense(
+            run, batch_size=b, eval_every_samples=every, target=work.instr.target_accuracy
+        )
+        spent_s += sum(t.result.device_seconds for t in tried.values())
+        if every in tried:  # a run like any method's: the chosen pair may reuse it
+            runs[(b, hz)] = tried[every]
+        # samples to target: the interpolated crossing (0 before training: about nothing, 1 sample)
+        if result.reached and crossing is not None:
+            samples[b] = max(crossing, 1.0)
+        else:
+            missed[b] = max(float(result.samples), 1.0)
+    if not samples and not missed:
         raise ClientWorkError(f"oracle: no profiled batch size is feasible under the cap {cap}")
-    own = own_data_relation(work.instr, [t.result for t in runs.values()])
+    own = RelationVector.from_samples(
+        work.instr.model, "own data", work.instr.target_accuracy, samples or missed
+    )
     rule = MethodRule(ORACLE, profile, relation, own, work.instr.deadline_s, work.instr.relation_rule)
-    return Chosen(rule, OwnDataSearch(own, runs))
-
-
-def own_data_relation(instr: TrainInstructions, results: list[FineTuneResult]) -> RelationVector:
-    """Samples to the target per batch size measured on the client's own data (one run each; several
-    runs of a batch size are averaged). Runs that missed the target are left out unless none reached it."""
-    reached = [r for r in results if r.reached] or results
-    by_b: dict[int, list[float]] = {}
-    for r in reached:
-        # 0 samples = at the target before training: every batch size then needs (about) nothing
-        by_b.setdefault(r.batch_size, []).append(max(float(r.samples), 1.0))
-    samples = {b: sum(v) / len(v) for b, v in by_b.items()}
-    return RelationVector.from_samples(instr.model, "own data", instr.target_accuracy, samples)
+    return Chosen(rule, OwnDataSearch(own, runs, spent_s))
 
 
 @dataclass(frozen=True)

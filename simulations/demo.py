@@ -87,18 +87,21 @@ def quiet(text: str) -> None:
 
 
 class SharedRuns:
-    """The train step, measured once per (b, f): every method whose rule picks a pair already measured
-    reuses that run (the same seeded work gives the same run)."""
+    """The train step, measured once per (b, f) and evaluation interval: every method whose rule picks a
+    pair already measured reuses that run (the same seeded work gives the same run)."""
 
     def __init__(self, say: Say = quiet) -> None:
-        self.runs: dict[tuple[int, int], Trained] = {}
+        self.runs: dict[tuple[int, int, int], Trained] = {}
         self.say = say
 
     def __call__(self, work: RoundWork, rule: Rule) -> Trained:
         choice = rule(work.cap_at_start)
-        pair = (choice.batch_size, choice.frequency_hz)
+        pair = (choice.batch_size, choice.frequency_hz, work.instr.eval_every_samples)
         if pair not in self.runs:
-            self.say(f"fine-tuning at b={pair[0]}, {pair[1] / 1e6:.1f} MHz (run {len(self.runs) + 1}) ...")
+            self.say(
+                f"fine-tuning at b={pair[0]}, {pair[1] / 1e6:.1f} MHz, evaluating every {pair[2]} samples "
+                f"(run {len(self.runs) + 1}) ..."
+            )
             started = time.perf_counter()
             self.runs[pair] = fine_tune_step(work, rule)
             r = self.runs[pair].result
@@ -198,7 +201,7 @@ def run_demo(cfg: DemoConfig, out: Path, say: Say = say_on_stderr) -> dict[str, 
         "own_data_relation": search.relation.to_dict(),
         "profiling_seconds": profiled.profile.profiling_seconds,
         "strategies": rows,
-        "all_runs": [_run(t) for t in shared.runs.values()],
+        "all_runs": [{**_run(t), "eval_every_samples": every} for (_, _, every), t in shared.runs.items()],
         "wall_seconds": time.perf_counter() - started,
     }
     write_json(out / "results.json", results)
