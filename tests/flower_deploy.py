@@ -278,8 +278,22 @@ class Deployment:
             self._remember(popen.pid)
         return proc
 
-    def start_superlink(self, timeout_s: float = 60.0) -> Proc:
+    def start_superlink(
+        self,
+        timeout_s: float = 60.0,
+        database: Path | None = None,
+        own_superexec: bool = False,
+        name: str = "",
+    ) -> Proc:
+        """The SuperLink (`name` defaults to superlink; a restart gets its own log). `database`: its
+        state in that file (survives a restart). `own_superexec`: `--isolation process`, the ServerApp
+        run by a SuperExec that `start_superexec` starts apart (it outlives a SuperLink restart)."""
         argv = [str(BIN / "flower-superlink"), "--host", "127.0.0.1", "--port", str(self.port)]
+        argv.append("--disable-runtime-dependency-installation")
+        if database is not None:
+            argv += ["--database", str(database)]
+        if own_superexec:
+            argv += ["--isolation", "process"]
         if self.mode == "insecure":
             argv.append("--insecure")
         else:
@@ -287,11 +301,17 @@ class Deployment:
             argv += ["--ssl-keyfile", str(self.server_key)]
         if self.mode == "auth":
             argv.append("--enable-supernode-auth")
-        proc = self.superlink = self.spawn("superlink", argv, self._home("superlink"))
+        proc = self.superlink = self.spawn(name or "superlink", argv, self._home("superlink"))
         assert wait_listening(self.port, timeout_s, proc.alive), (
             f"SuperLink not listening on {self.address} after {timeout_s} s\n{proc.tail()}"
         )
         return proc
+
+    def start_superexec(self) -> Proc:
+        """The SuperExec that runs ServerApps for a SuperLink started with `own_superexec`."""
+        argv = [str(BIN / "flower-superexec"), "--runtime-api-address", self.address]
+        argv += ["--insecure"] if self.mode == "insecure" else ["--root-certificates", str(self.ca)]
+        return self.spawn("superexec", argv, self._home("superlink"))
 
     def start_supernode(
         self, name: str, node_config: str, key: Path | None = None, extra_env: dict[str, str] | None = None
