@@ -199,13 +199,13 @@ def check_tls(t: Target, timeout_s: float) -> str:
                 "certificate name mismatch",
                 f"the SuperLink's certificate names {names}, not {t.host}",
                 f"connect by a name it holds, or remake it with a SAN for {t.host} "
-                "(python scripts/make_certs.py --san ...)",
+                "(python -m fl_server.certs --san ...)",
             ) from None
         if code == 10:  # X509_V_ERR_CERT_HAS_EXPIRED
             raise CheckFailed(
                 "untrusted certificate",
                 f"the SuperLink's certificate ({subject}) has expired",
-                "make a new one (python scripts/make_certs.py) and restart the SuperLink with it",
+                "make a new one (python -m fl_server.certs) and restart the SuperLink with it",
             ) from None
         raise CheckFailed(
             "untrusted certificate",
