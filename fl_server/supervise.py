@@ -37,6 +37,14 @@ PROG = "python -m fl_server.supervise"
 LOST = "Connection to the SuperLink is unavailable"
 """What `flwr` prints when its SuperLink does not answer (Flower 1.41)."""
 _RESULTS = re.compile(r"^results: (\S.*)$", re.MULTILINE)
+RESTART_DETAILS = (
+    "No heartbeat received from the task",  # the SuperLink was away longer than the task's heartbeat
+    "Task failed with unknown error",  # the ServerApp was stopped by a signal (its SuperExec went)
+    "Task failed because the run expired",
+)
+"""How Flower 1.41 marks a run its SuperLink's restart ended (measured; docs/deployment.md, "Restarts")."""
+APP_FAILED = ("powerfed server: error:", "ServerApp failed with exception")
+"""The ServerApp's own failures: submitting the same run again would fail the same way."""
 
 
 def _flwr() -> str:
@@ -161,9 +169,13 @@ class Supervisor:
             found = _RESULTS.findall("".join(shown))
             if status == "finished:completed" and found:
                 return Path(found[-1].strip())
-            if not lost and status == "finished:completed":
+            if status == "finished:completed":
                 raise PowerctlError(f"run {run_id} completed without its results line: see its log above")
-            if not lost:
+            log = "".join(shown)
+            by_restart = (lost or any(d in details for d in RESTART_DETAILS)) and not any(
+                a in log or a in details for a in APP_FAILED
+            )
+            if not by_restart:
                 raise PowerctlError(f"run {run_id} ended {status}: {details or 'see its log above'}")
             if restarts >= self.max_restarts:
                 raise PowerctlError(
@@ -173,7 +185,7 @@ class Supervisor:
             restarts += 1
             run_id = self.submit()
             self.say(
-                f"supervise: the run ended {status} ({details or 'no details'}) when the SuperLink went; "
+                f"supervise: the run ended {status} ({details or 'no details'}) as the SuperLink restarted; "
                 f"submitted it again as run {run_id}: it resumes after the last round saved "
                 f"[restart {restarts} of at most {self.max_restarts}]"
             )
@@ -219,7 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if re.search(r"(^|\s)results-dir\s*=", args.run_config):
             raise PowerctlError("give the results folder as --results-dir, not in --run-config")
         results_dir = args.results_dir.expanduser().resolve()
-        config = f"{args.run_config} results-dir='{results_dir}' resume=true".strip()
+        config = f"{args.run_config} results-dir='{results_dir}'".strip()
         supervisor = Supervisor(args.app, args.connection, config, args.max_restarts, args.wait)
         path = supervisor.run()
     except PowerctlError as exc:
