@@ -76,11 +76,23 @@ def measure_workload(
     was_training = model.training
     model.train()
     counter = _flop_counter()
-    ops = _op_counter({tuple(p.shape) for p in model.parameters()}, count_flops=counter is None)
+    # torch 1.13's dispatch modes fail on a tensor times a Python number when saved-tensor hooks are on
+    # ("detach returned invalid type float"): there the saved tensors are counted in a pass of their own;
+    # and its linear backward writes a weight's gradient transposed (a view turns it back)
+    together = hasattr(torch.Tensor, "untyped_storage")
+    weight_shapes = {tuple(p.shape) for p in model.parameters()}
+    if not together:
+        weight_shapes |= {shape[::-1] for shape in weight_shapes if len(shape) == 2}
+    ops = _op_counter(weight_shapes, count_flops=counter is None)
+    saved = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
     with counter or contextlib.nullcontext(), ops:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with saved if together else contextlib.nullcontext():
             loss = loss_fn(model(inputs), targets)
         loss.backward()  # counted too: the backward pass is most of a training step's work
+        del loss
+    if not together:
+        with saved:
+            loss = loss_fn(model(inputs), targets)
         del loss
     model.zero_grad(set_to_none=True)
     model.train(was_training)
