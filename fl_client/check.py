@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from powerctl.cliutil import OneLineParser, positive_float
+from powerctl.cliutil import OneLineParser, one_line_errors, positive_float
 from powerctl.errors import PowerctlError
 
 PROG = "python -m fl_client.check"
@@ -549,22 +549,15 @@ def target_from_args(args: argparse.Namespace) -> Target:
     return Target(host, port, args.insecure, args.root_certificates, args.auth_supernode_private_key)
 
 
+@one_line_errors(PROG)
 def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)  # a bad flag: one line and exit 2 (OneLineParser)
+    target = target_from_args(args)
     try:
-        args = build_parser().parse_args(argv)
-    except SystemExit as done:
-        return int(done.code or 0)
-    try:
-        target = target_from_args(args)
         run_checks(target, args.timeout)
     except CheckFailed as failed:
         print(f"check: {failed}", flush=True)
         return 1
-    except PowerctlError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
     side = f"flwr connection {target.connection!r}" if target.connection else "this SuperNode's settings"
     print(f"check: OK: {side} connect to the SuperLink at {target.address}")
     return 0

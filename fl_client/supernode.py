@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -29,19 +28,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from fl_client.check import HEARTBEAT_WINDOW_S, CheckFailed, Target, parse_address, release_stale_node
+from powerctl.cliutil import installed_tool
 from powerctl.errors import PowerctlError
 
 PROG = "python -m fl_client.supernode"
 REFUSED = "Failed to activate SuperNode"
 RETRY_S = 10.0
-
-
-def _supernode_bin() -> str:
-    here = Path(sys.executable).parent / "flower-supernode"
-    found = str(here) if here.exists() else shutil.which("flower-supernode")
-    if found is None:
-        raise PowerctlError("flower-supernode is not installed here: install this project (pip install -e .)")
-    return found
 
 
 def _target(flags: list[str]) -> Target | None:
@@ -97,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         target = _target(flags)
-        command = [_supernode_bin(), *flags]
+        command = [installed_tool("flower-supernode"), *flags]
         if target is not None and target.node_key is not None:
             release_stale_node(target, lambda text: print(f"supernode: {text}", flush=True))
     except PowerctlError as exc:

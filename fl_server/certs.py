@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from powerctl.cliutil import OneLineParser, positive_int
+from powerctl.cliutil import OneLineParser, one_line_errors, positive_int
 from powerctl.errors import PowerctlError
 
 PROG = "python -m fl_server.certs"
@@ -132,17 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+@one_line_errors(PROG)
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        args = build_parser().parse_args(argv)
-    except SystemExit as done:
-        return int(done.code or 0)
+    args = build_parser().parse_args(argv)  # a bad flag: one line and exit 2 (OneLineParser)
     sans = args.san or list(DEFAULT_SANS)
-    try:
-        ca, cert, key = make_certificates(args.out, sans, args.days, args.force)
-    except PowerctlError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
+    ca, cert, key = make_certificates(args.out, sans, args.days, args.force)
     print(f"wrote {ca} (for SuperNodes and flwr), {cert} and {key} (the SuperLink's), {ca.parent / 'ca.key'}")
     print(f"the certificate names: {', '.join(sans)}; valid for {args.days} days")
     return 0

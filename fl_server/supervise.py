@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -30,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from powerctl.cliutil import OneLineParser, non_negative_int, positive_float
+from powerctl.cliutil import OneLineParser, installed_tool, non_negative_int, one_line_errors, positive_float
 from powerctl.errors import PowerctlError
 
 PROG = "python -m fl_server.supervise"
@@ -45,15 +44,6 @@ RESTART_DETAILS = (
 """How Flower 1.41 marks a run its SuperLink's restart ended (measured; docs/deployment.md, "Restarts")."""
 APP_FAILED = ("powerfed server: error:", "ServerApp failed with exception")
 """The ServerApp's own failures: submitting the same run again would fail the same way."""
-
-
-def _flwr() -> str:
-    """The `flwr` beside this interpreter (the venv's), else the one on PATH."""
-    here = Path(sys.executable).parent / "flwr"
-    found = str(here) if here.exists() else shutil.which("flwr")
-    if found is None:
-        raise PowerctlError("flwr is not installed here: install this project (pip install -e .)")
-    return found
 
 
 @dataclass
@@ -71,7 +61,11 @@ class Supervisor:
     def _call(self, args: list[str], timeout_s: float = 120.0) -> tuple[int, str]:
         try:
             proc = subprocess.run(
-                [_flwr(), *args], capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL
+                [installed_tool("flwr"), *args],
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+                stdin=subprocess.DEVNULL,
             )
         except subprocess.TimeoutExpired:
             return 124, f"{LOST} (flwr {args[0]} gave no answer in {timeout_s:g} s)"
@@ -105,7 +99,7 @@ class Supervisor:
         over, so the lines already in `shown` are skipped. True when it ended because the SuperLink went
         away (Flower's error box saying so is not printed)."""
         proc = subprocess.Popen(
-            [_flwr(), "log", str(run_id), self.connection, "--stream"],
+            [installed_tool("flwr"), "log", str(run_id), self.connection, "--stream"],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -222,23 +216,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+@one_line_errors(PROG)
 def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)  # a bad flag: one line and exit 2 (OneLineParser)
+    if re.search(r"(^|\s)results-dir\s*=", args.run_config):
+        raise PowerctlError("give the results folder as --results-dir, not in --run-config")
+    results_dir = args.results_dir.expanduser().resolve()
+    config = f"{args.run_config} results-dir='{results_dir}'".strip()
+    supervisor = Supervisor(args.app, args.connection, config, args.max_restarts, args.wait)
     try:
-        args = build_parser().parse_args(argv)
-    except SystemExit as done:
-        return int(done.code or 0)
-    try:
-        if re.search(r"(^|\s)results-dir\s*=", args.run_config):
-            raise PowerctlError("give the results folder as --results-dir, not in --run-config")
-        results_dir = args.results_dir.expanduser().resolve()
-        config = f"{args.run_config} results-dir='{results_dir}'".strip()
-        supervisor = Supervisor(args.app, args.connection, config, args.max_restarts, args.wait)
         path = supervisor.run()
-    except PowerctlError as exc:
-        print(f"supervise: error: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
-        print("supervise: interrupted (the run goes on on the SuperLink: flwr stop RUN_ID CONNECTION)")
+        print(f"{PROG}: interrupted; the run goes on on the SuperLink (flwr stop RUN_ID {args.connection})")
         return 130
     print(f"results: {path}")
     return 0

@@ -90,6 +90,16 @@ def test_causal_attention_without_sdpa_is_torchs(monkeypatch: pytest.MonkeyPatch
         torch.testing.assert_close(_causal_attention(q, k, v, 0.0), got, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("name", ["cnn-tiny", "resnet18-small", "mobilenetv2-small", "chartransformer-small"])
+def test_every_small_model_has_a_workload(name: str) -> None:
+    """What a board's profile is priced from: FLOPs, activations and kernels of a training step."""
+    from training.models import model_workload
+
+    w = model_workload(name, build_model(name, seed=0))
+    assert w.flops_per_sample > 0 and w.activation_bytes_per_sample > 0 and w.kernels_per_step > 0
+    assert w.traffic_bytes_per_sample > 0 and w.parameter_bytes > 0
+
+
 def test_the_char_transformer_trains_a_step() -> None:
     model = build_model("chartransformer-small", seed=0)
     x, y = example_batch("chartransformer-small", 2, None)
