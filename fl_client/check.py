@@ -558,8 +558,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CheckFailed as failed:
         print(f"check: {failed}", flush=True)
         return 1
-    side = f"flwr connection {target.connection!r}" if target.connection else "this SuperNode's settings"
-    print(f"check: OK: {side} connect to the SuperLink at {target.address}")
+    side = f"flwr connection {target.connection!r}" if target.connection else "this SuperNode"
+    print(f"check: OK: the SuperLink at {target.address} accepts {side}")
     return 0
 
 
