@@ -73,7 +73,7 @@ test-fast: lint
 TORCH_FLOOR ?= torch==1.13.1
 FLOOR_VENV ?= .venv-torch113
 FLOOR_STAMP := $(FLOOR_VENV)/.installed
-FLOOR_TESTS := tests/test_simulated.py tests/test_jetson.py tests/test_fake_board.py tests/test_signals.py \
+FLOOR_TESTS := tests/test_simulated.py tests/test_jetson.py tests/test_fake_board.py \
 	tests/test_crash_restore.py tests/test_workload.py tests/test_finetune.py \
 	tests/test_finetune_resume.py tests/test_fl_client.py tests/test_torch_floor.py
 
