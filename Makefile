@@ -22,7 +22,7 @@ SUPERLINK_PORT ?= 39291
 FLWR := FLWR_HOME=$(CURDIR)/.flwr FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=$(SUPERLINK_PORT) \
 	FLWR_LOCAL_CONTROL_API_PORT=$(shell expr $(SUPERLINK_PORT) + 2) PATH=$(CURDIR)/$(BIN):$$PATH
 
-.PHONY: setup run demo fleet test test-fast lint bench clean
+.PHONY: setup run demo fleet test test-fast test-torch-floor lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -64,6 +64,29 @@ test: lint
 
 test-fast: lint
 	$(BIN)/pytest -q -n 2
+
+# The oldest torch the code runs on (torch 1.13: the newest that builds for JetPack 4's CUDA 10.2, see
+# docs/jetson.md), in a venv of its own: the device layer, the models and the workload counter, the
+# training loop, and the ClientApp's rounds (tests/test_models.py checks torch's own flop counter, 2.1+;
+# tests/test_torch_floor.py what stands in for it). PyPI's 1.13.1 wheel is the CUDA 11.7 build (~3.5 GB
+# installed with the nvidia-*-cu11 packages it imports); it runs on the CPU here. numpy<2: 1.13 needs 1.x.
+TORCH_FLOOR ?= torch==1.13.1
+FLOOR_VENV ?= .venv-torch113
+FLOOR_STAMP := $(FLOOR_VENV)/.installed
+FLOOR_TESTS := tests/test_simulated.py tests/test_jetson.py tests/test_fake_board.py \
+	tests/test_crash_restore.py tests/test_workload.py tests/test_finetune.py \
+	tests/test_finetune_resume.py tests/test_fl_client.py tests/test_torch_floor.py
+
+$(FLOOR_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(FLOOR_VENV)
+	$(FLOOR_VENV)/bin/python -m pip install -q --upgrade pip
+	$(FLOOR_VENV)/bin/python -m pip install -q "$(TORCH_FLOOR)" "numpy<2"
+	$(FLOOR_VENV)/bin/python -m pip install -q -e '.[dev]' "$(TORCH_FLOOR)" "numpy<2"
+	touch $(FLOOR_STAMP)
+
+test-torch-floor: $(FLOOR_STAMP)
+	$(FLOOR_VENV)/bin/python -c "import torch; v = torch.__version__; assert v.startswith('1.13.'), v; print('torch', v)"
+	$(FLOOR_VENV)/bin/pytest -q -n 2 -p no:cacheprovider $(FLOOR_TESTS)
 
 bench: setup
 	$(BIN)/python bench/loop_overhead.py

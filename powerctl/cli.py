@@ -369,6 +369,15 @@ def cmd_cap_source(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_fake_board(args: argparse.Namespace) -> int:
+    from powerctl.fakeboard import make_fake_board
+
+    root = make_fake_board(args.folder, args.kind).resolve()
+    print(f"fake {args.kind} board written to {root}")
+    print(f"use it: export POWERCTL_SYSFS_ROOT={root}; then `powerctl devices` lists it as device 'jetson'")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(
         prog=PROG,
@@ -519,6 +528,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--relation", type=Path, help="relation JSON: mark the selected pair, plot time-to-accuracy"
     )
     s.set_defaults(func=cmd_plot)
+
+    from powerctl.fakeboard import KINDS
+
+    s = sub.add_parser(
+        "fake-board", help="write a fake Jetson sysfs tree to rehearse on (for POWERCTL_SYSFS_ROOT)"
+    )
+    s.add_argument("folder", type=Path, help="a new (or empty) folder for the tree")
+    s.add_argument(
+        "--kind", choices=sorted(KINDS), default="jetson-nano", help="the board (default jetson-nano)"
+    )
+    s.set_defaults(func=cmd_fake_board)
     return p
 
 

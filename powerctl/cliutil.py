@@ -126,3 +126,16 @@ def batch_sizes(text: str) -> list[int]:
     if len(set(values)) != len(values):
         raise argparse.ArgumentTypeError(f"batch sizes must be distinct, got {text!r}")
     return values
+
+
+def installed_tool(name: str) -> str:
+    """An executable installed beside this interpreter (the venv's `bin`, where pip puts Flower's
+    commands), else the one on PATH; a PowerctlError saying how to get it when there is none."""
+    import shutil
+    from pathlib import Path
+
+    here = Path(sys.executable).parent / name
+    found = str(here) if here.exists() else shutil.which(name)
+    if found is None:
+        raise PowerctlError(f"{name} is not installed here: install this project (pip install -e .)")
+    return found

@@ -6,6 +6,8 @@ network more time, more power and more memory, and refuses a batch that does not
 
 from __future__ import annotations
 
+import contextlib
+import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -57,16 +59,15 @@ def measure_workload(
     unchanged (gradients are cleared again).
     """
     import torch
-    from torch.utils.flop_counter import FlopCounterMode
 
     batch = int(inputs.shape[0])
-    param_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    param_storages = {_storage(p).data_ptr() for p in model.parameters()}
     saved_storages: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         # one storage counted once (a ReLU output saved by two nodes is one buffer), weights never: they
         # are parameters, not per-sample activations (transposed views share the weight's storage)
-        storage = t.untyped_storage()
+        storage = _storage(t)
         ptr = storage.data_ptr()
         if ptr not in param_storages:
             saved_storages[ptr] = storage.nbytes()
@@ -74,13 +75,24 @@ def measure_workload(
 
     was_training = model.training
     model.train()
-    with _flop_counter_fixed():
-        counter = FlopCounterMode(display=False)  # copies torch's table on construction: fixed first
-    ops = _op_counter({tuple(p.shape) for p in model.parameters()})
-    with counter, ops:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    counter = _flop_counter()
+    # torch 1.13's dispatch modes fail on a tensor times a Python number when saved-tensor hooks are on
+    # ("detach returned invalid type float"): there the saved tensors are counted in a pass of their own;
+    # and its linear backward writes a weight's gradient transposed (a view turns it back)
+    together = hasattr(torch.Tensor, "untyped_storage")
+    weight_shapes = {tuple(p.shape) for p in model.parameters()}
+    if not together:
+        weight_shapes |= {shape[::-1] for shape in weight_shapes if len(shape) == 2}
+    ops = _op_counter(weight_shapes, count_flops=counter is None)
+    saved = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+    with counter or contextlib.nullcontext(), ops:
+        with saved if together else contextlib.nullcontext():
             loss = loss_fn(model(inputs), targets)
         loss.backward()  # counted too: the backward pass is most of a training step's work
+        del loss
+    if not together:
+        with saved:
+            loss = loss_fn(model(inputs), targets)
         del loss
     model.zero_grad(set_to_none=True)
     model.train(was_training)
@@ -88,7 +100,7 @@ def measure_workload(
     return Workload(
         model=name,
         input_shape=tuple(int(s) for s in inputs.shape[1:]),
-        flops_per_sample=counter.get_total_flops() / batch,
+        flops_per_sample=(ops.flops if counter is None else counter.get_total_flops()) / batch,
         activation_bytes_per_sample=sum(saved_storages.values()) / batch,
         parameter_bytes=float(sum(p.numel() * p.element_size() for p in params)),
         optimizer_states=optimizer_states,
@@ -98,9 +110,26 @@ def measure_workload(
     )
 
 
-def _op_counter(parameter_shapes: set[tuple[int, ...]]) -> Any:
+def _storage(t: Any) -> Any:
+    """The tensor's storage (`untyped_storage` from torch 2.0; `storage()` before, the same pointer/size)."""
+    return t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
+
+
+def _flop_counter() -> Any:
+    """torch's FlopCounterMode with `_flop_fixes` (torch 2.1+); None where torch has none (1.13: the
+    op counter then counts the FLOPs itself, with `_FALLBACK_FLOPS`)."""
+    try:
+        from torch.utils.flop_counter import FlopCounterMode
+    except ImportError:
+        return None
+    with _flop_counter_fixed():
+        return FlopCounterMode(display=False)  # copies torch's table on construction: fixed first
+
+
+def _op_counter(parameter_shapes: set[tuple[int, ...]], count_flops: bool = False) -> Any:
     """A dispatch mode counting the compute ops of a pass (≈ kernel launches) and the per-sample bytes
-    they write (outputs shaped like a parameter are weight gradients: per step, not per sample).
+    they write (outputs shaped like a parameter are weight gradients: per step, not per sample); with
+    `count_flops`, also the FLOPs of the ops in `_FALLBACK_FLOPS` (where torch has no flop counter).
 
     Views and detaches launch no kernel and are not counted. Built on first use: torch is imported lazily.
     """
@@ -112,9 +141,13 @@ def _op_counter(parameter_shapes: set[tuple[int, ...]]) -> Any:
             super().__init__()
             self.kernels = 0
             self.written_bytes = 0
+            self.flops = 0
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             out = func(*args, **(kwargs or {}))
+            formula = _FALLBACK_FLOPS.get(str(func.overloadpacket).split(".")[-1]) if count_flops else None
+            if formula is not None:
+                self.flops += formula(args, out)
             if getattr(func, "is_view", False) or "detach" in func.__name__:
                 return out
             outs = out if isinstance(out, (tuple, list)) else (out,)
@@ -127,6 +160,53 @@ def _op_counter(parameter_shapes: set[tuple[int, ...]]) -> Any:
             return out
 
     return OpCounter()
+
+
+# --- FLOPs where torch has no flop counter (torch 1.13: docs/jetson.md) ---------------------------
+
+
+def _conv_flop_count(x_shape: Any, w_shape: Any, out_shape: Any, transposed: bool = False) -> int:
+    """torch.utils.flop_counter's convolution count: 2 × output positions × weight size × batch."""
+    batch = x_shape[0]
+    positions = math.prod((x_shape if transposed else out_shape)[2:])
+    c_out, c_in, *kernel = w_shape
+    return 2 * positions * math.prod(kernel) * batch * c_out * c_in
+
+
+def _mm_flops(args: Any, out: Any) -> int:
+    a, b = args[-2], args[-1]  # mm(a, b), addmm(bias, a, b)
+    return 2 * a.shape[0] * a.shape[1] * b.shape[1]
+
+
+def _bmm_flops(args: Any, out: Any) -> int:
+    a, b = args[-2], args[-1]  # bmm(a, b), baddbmm(bias, a, b)
+    return 2 * a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2]
+
+
+def _convolution_flops(args: Any, out: Any) -> int:
+    x, w, transposed = args[0], args[1], args[6]
+    return _conv_flop_count(x.shape, w.shape, out.shape, transposed)
+
+
+def _convolution_backward_flops(args: Any, out: Any) -> int:
+    grad_out, x, w = args[0], args[1], args[2]
+    transposed, groups, mask = args[7], args[9], args[10]
+    outs = [None if o is None else o.shape for o in out]
+    return _conv_backward_flop(
+        grad_out.shape, x.shape, w.shape, None, None, None, None, transposed, None, groups, mask, outs
+    )
+
+
+_FALLBACK_FLOPS: dict[str, Callable[[Any, Any], int]] = {
+    "mm": _mm_flops,
+    "addmm": _mm_flops,
+    "bmm": _bmm_flops,
+    "baddbmm": _bmm_flops,
+    "convolution": _convolution_flops,
+    "convolution_backward": _convolution_backward_flops,
+}
+"""The ops torch's counter counts for conv and linear layers and attention written as matmuls, with
+its formulas (the grouped-conv fix included); the op counter uses them on torch 1.13."""
 
 
 # --- corrections to torch.utils.flop_counter (applied only while measuring) ---------------------
@@ -153,18 +233,17 @@ def _conv_backward_flop(
     it were dense, which makes a depthwise layer's backward ~channels× too expensive (MobileNetV2's
     training FLOPs came out 7× too high); fixed upstream in pytorch/pytorch#183405.
     """
-    from torch.utils.flop_counter import conv_flop_count
 
     def t(shape: Any) -> list[int]:
         return [shape[1], shape[0], *shape[2:]]
 
     count = 0
     if output_mask[0]:
-        count += conv_flop_count(grad_out_shape, w_shape, out_shape[0], not transposed)
+        count += _conv_flop_count(grad_out_shape, w_shape, out_shape[0], not transposed)
     if output_mask[1]:
         gw = out_shape[1]
         pair = (t(grad_out_shape), t(x_shape)) if transposed else (t(x_shape), t(grad_out_shape))
-        count += conv_flop_count(*pair, t(gw), transposed=False) // groups
+        count += _conv_flop_count(*pair, t(gw), transposed=False) // groups
     return count
 
 

@@ -13,8 +13,6 @@ TLS + SuperNode authentication (ECDSA keys from `ssh-keygen`, registered with `f
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
-import ipaddress
 import os
 import signal
 import socket
@@ -58,72 +56,10 @@ def wait_listening(port: int, timeout_s: float, alive=lambda: True) -> bool:
 
 
 def make_certificates(folder: Path) -> tuple[Path, Path, Path]:
-    """A self-signed CA and a server certificate for localhost/127.0.0.1: (ca.crt, server.pem, server.key)."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+    """A CA and a server certificate for localhost/127.0.0.1: (ca.crt, server.pem, server.key)."""
+    from fl_server.certs import make_certificates as make
 
-    folder.mkdir(parents=True, exist_ok=True)
-    now = dt.datetime.now(dt.timezone.utc)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "powerfed test CA")])
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    server = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-            ),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    ca_crt, server_pem, server_key = folder / "ca.crt", folder / "server.pem", folder / "server.key"
-    ca_crt.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    server_pem.write_bytes(server.public_bytes(serialization.Encoding.PEM))
-    server_key.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    server_key.chmod(0o600)
-    return ca_crt, server_pem, server_key
+    return make(folder, days=1)
 
 
 def make_ecdsa_key(path: Path) -> tuple[Path, Path]:
@@ -278,8 +214,22 @@ class Deployment:
             self._remember(popen.pid)
         return proc
 
-    def start_superlink(self, timeout_s: float = 60.0) -> Proc:
+    def start_superlink(
+        self,
+        timeout_s: float = 60.0,
+        database: Path | None = None,
+        own_superexec: bool = False,
+        name: str = "",
+    ) -> Proc:
+        """The SuperLink (`name` defaults to superlink; a restart gets its own log). `database`: its
+        state in that file (survives a restart). `own_superexec`: `--isolation process`, the ServerApp
+        run by a SuperExec that `start_superexec` starts apart (it outlives a SuperLink restart)."""
         argv = [str(BIN / "flower-superlink"), "--host", "127.0.0.1", "--port", str(self.port)]
+        argv.append("--disable-runtime-dependency-installation")
+        if database is not None:
+            argv += ["--database", str(database)]
+        if own_superexec:
+            argv += ["--isolation", "process"]
         if self.mode == "insecure":
             argv.append("--insecure")
         else:
@@ -287,11 +237,17 @@ class Deployment:
             argv += ["--ssl-keyfile", str(self.server_key)]
         if self.mode == "auth":
             argv.append("--enable-supernode-auth")
-        proc = self.superlink = self.spawn("superlink", argv, self._home("superlink"))
+        proc = self.superlink = self.spawn(name or "superlink", argv, self._home("superlink"))
         assert wait_listening(self.port, timeout_s, proc.alive), (
             f"SuperLink not listening on {self.address} after {timeout_s} s\n{proc.tail()}"
         )
         return proc
+
+    def start_superexec(self) -> Proc:
+        """The SuperExec that runs ServerApps for a SuperLink started with `own_superexec`."""
+        argv = [str(BIN / "flower-superexec"), "--runtime-api-address", self.address]
+        argv += ["--insecure"] if self.mode == "insecure" else ["--root-certificates", str(self.ca)]
+        return self.spawn("superexec", argv, self._home("superlink"))
 
     def start_supernode(
         self, name: str, node_config: str, key: Path | None = None, extra_env: dict[str, str] | None = None

@@ -195,6 +195,38 @@ class TinyCNN(nn.Module):
 # --------------------------------------------------------------------------- character transformer
 
 
+def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float) -> torch.Tensor:
+    """softmax(q kᵀ / √d + causal mask) v: torch's fused kernel where it has one (2.0+), else the same
+    sum written out (torch 1.13, the newest torch that builds for JetPack 4: docs/jetson.md)."""
+    if hasattr(F, "scaled_dot_product_attention"):
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+    t = q.shape[-2]
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    mask = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+    weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+    return F.dropout(weights, p=dropout_p) @ v
+
+
+class LayerNormNoBias(nn.Module):
+    """LayerNorm with a weight and no bias, as `nn.LayerNorm(n, bias=False)` (torch 2.1+) on any torch;
+    the same state-dict keys, so weights move between torch versions."""
+
+    def __init__(self, n: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(n))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, self.weight.shape, self.weight, None, self.eps)
+
+
+def layer_norm(n: int) -> nn.Module:
+    """A bias-free LayerNorm: torch's own where it has the option, else `LayerNormNoBias`."""
+    if "bias" in inspect.signature(nn.LayerNorm.__init__).parameters:
+        return nn.LayerNorm(n, bias=False)
+    return LayerNormNoBias(n)
+
+
 class CausalSelfAttention(nn.Module):
     """nanoGPT's causal attention, with the head width decoupled from the residual width.
 
@@ -213,9 +245,7 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
         q, k, v = self.c_attn(x).view(b, t, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        y = F.scaled_dot_product_attention(
-            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
-        )
+        y = _causal_attention(q, k, v, self.dropout if self.training else 0.0)
         return self.resid_drop(self.c_proj(y.transpose(1, 2).reshape(b, t, -1)))
 
 
@@ -224,9 +254,9 @@ class TransformerBlock(nn.Module):
 
     def __init__(self, n_embd: int, n_head: int, head_dim: int, dropout: float) -> None:
         super().__init__()
-        self.ln_1 = nn.LayerNorm(n_embd, bias=False)
+        self.ln_1 = layer_norm(n_embd)
         self.attn = CausalSelfAttention(n_embd, n_head, head_dim, dropout)
-        self.ln_2 = nn.LayerNorm(n_embd, bias=False)
+        self.ln_2 = layer_norm(n_embd)
         self.mlp = nn.Sequential(
             nn.Linear(n_embd, 4 * n_embd, bias=False),
             nn.GELU(),
@@ -269,7 +299,7 @@ class CharTransformer(nn.Module):
         self.drop = nn.Dropout(dropout)
         hd = head_dim or n_embd // n_head
         self.blocks = nn.ModuleList(TransformerBlock(n_embd, n_head, hd, dropout) for _ in range(n_layer))
-        self.ln_f = nn.LayerNorm(n_embd, bias=False)
+        self.ln_f = layer_norm(n_embd)
         self.lm_head = nn.Linear(n_embd, num_classes, bias=False)
         self.lm_head.weight = self.wte.weight  # weight tying, as in GPT-2/nanoGPT
         self._init_weights(n_layer)

@@ -1,0 +1,567 @@
+"""`python -m fl_client.check`: can this machine reach the SuperLink, and if not, why.
+
+Flower 1.41 says little when a connection is wrong: a SuperNode started `--insecure` against a TLS
+SuperLink retries forever and nothing is logged on either side; `flwr run` with a wrong CA says only
+"Connection to the SuperLink is unavailable"; an unregistered key is "[code: 2004] Failed to activate
+SuperNode" (docs/deployment.md, "When it does not connect"). This check connects the way a SuperNode
+(`--superlink`, `--insecure` or `--root-certificates`, `--auth-supernode-private-key`, the same flags)
+or `flwr run` (`--connection NAME` from $FLWR_HOME/config.toml) does, one layer at a time, and names
+the first thing that is wrong:
+
+- wrong address: the name does not resolve, nothing listens, no answer, or not a Flower SuperLink;
+- TLS mismatch: `--insecure` against a TLS SuperLink, or TLS against an insecure one;
+- untrusted certificate: not signed by the given CA (or, without one, by the system's); also a
+  certificate that does not name the address (no SAN for it) or that has expired;
+- unregistered node key: the SuperLink has no SuperNode with this public key; a key whose SuperNode
+  is still counted online (a crash less than ~60 s ago) is told apart when the Control API answers.
+
+A SuperNode-side check with a key activates the node and releases it at once (what a SuperNode does
+when it starts and stops cleanly); without a key it registers a throwaway key and unregisters it
+(what a SuperNode without a key does). Exit status: 0 all good, 1 a problem found (its line last),
+2 bad flags or files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import ssl
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from powerctl.cliutil import OneLineParser, one_line_errors, positive_float
+from powerctl.errors import PowerctlError
+
+PROG = "python -m fl_client.check"
+HEARTBEAT_WINDOW_S = 60.0
+"""How long Flower 1.41 keeps a crashed SuperNode online: 2 × its 30 s heartbeat interval."""
+
+
+class CheckFailed(Exception):
+    """A named cause, what was seen, and what to do: printed as one line."""
+
+    def __init__(self, cause: str, seen: str, fix: str) -> None:
+        super().__init__(f"{cause}: {seen}; {fix}")
+        self.cause = cause
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where and how to connect: the SuperNode's flags, or a `flwr` connection's fields."""
+
+    host: str
+    port: int
+    insecure: bool
+    root_certificates: Path | None = None
+    node_key: Path | None = None
+    connection: str | None = None
+    """The `flwr` connection's name when the target came from config.toml (the `flwr run` side)."""
+
+    @property
+    def address(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    @property
+    def how(self) -> str:
+        """How the user asked for TLS, in their own terms (flags, or config.toml keys)."""
+        if self.connection is not None:
+            return "insecure = true" if self.insecure else "root-certificates"
+        return "--insecure" if self.insecure else "--root-certificates"
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """HOST:PORT or [IPv6]:PORT; anything else is a PowerctlError naming the value."""
+    host, sep, port = text.strip().rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise PowerctlError(f"SuperLink address must be HOST:PORT (e.g. 192.168.1.10:9092), got {text!r}")
+    return host, int(port)
+
+
+# --------------------------------------------------------------------------------------- layers
+
+
+def check_reachable(t: Target, timeout_s: float) -> str:
+    """A TCP connection to the address: wrong name, refused, or no answer."""
+    try:
+        with socket.create_connection((t.host, t.port), timeout=timeout_s):
+            pass
+    except socket.gaierror:
+        raise CheckFailed(
+            "wrong address", f"{t.host!r} does not resolve", "check the host name in the SuperLink address"
+        ) from None
+    except ConnectionRefusedError:
+        raise CheckFailed(
+            "wrong address",
+            f"nothing listens on {t.address} (connection refused)",
+            "check the port (the SuperLink's --port) and that the SuperLink is running",
+        ) from None
+    except TimeoutError:
+        raise CheckFailed(
+            "wrong address",
+            f"no answer from {t.address} in {timeout_s:g} s",
+            "check the host (and any firewall between here and the SuperLink)",
+        ) from None
+    except OSError as exc:
+        raise CheckFailed(
+            "wrong address", f"{t.address}: {exc.strerror or exc}", "check the address and the network"
+        ) from None
+    return f"reachable: {t.address} accepts TCP connections"
+
+
+def _peer_certificate(t: Target, timeout_s: float) -> bytes | None:
+    """The server's certificate from a handshake that trusts anything; None if it does not speak TLS."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    with socket.create_connection((t.host, t.port), timeout=timeout_s) as sock:
+        try:
+            with ctx.wrap_socket(sock, server_hostname=t.host) as tls:
+                return tls.getpeercert(binary_form=True)
+        except (ssl.SSLError, ConnectionResetError):
+            return None
+
+
+def _describe(der: bytes | None) -> tuple[str, str, str]:
+    """(subject, issuer, names in the SAN) of a DER certificate, for the messages."""
+    if der is None:
+        return "?", "?", "none"
+    from cryptography import x509
+
+    cert = x509.load_der_x509_certificate(der)
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        names = [f"DNS:{n}" for n in san.get_values_for_type(x509.DNSName)]
+        names += [f"IP:{ip}" for ip in san.get_values_for_type(x509.IPAddress)]
+    except x509.ExtensionNotFound:
+        names = []
+    return cert.subject.rfc4514_string(), cert.issuer.rfc4514_string(), ", ".join(names) or "none"
+
+
+def _ca_context(t: Target) -> ssl.SSLContext:
+    """What Flower verifies with: the given CA file, else the system's trust store."""
+    if t.root_certificates is None:
+        return ssl.create_default_context()
+    try:
+        return ssl.create_default_context(cafile=str(t.root_certificates))
+    except (OSError, ssl.SSLError) as exc:
+        reason = getattr(exc, "strerror", None) or getattr(exc, "reason", None) or exc
+        raise PowerctlError(f"cannot read the CA certificate {t.root_certificates}: {reason}") from None
+
+
+def check_tls(t: Target, timeout_s: float) -> str:
+    """Both sides agree on TLS, and the SuperLink's certificate is trusted and names the address."""
+    try:
+        der = _peer_certificate(t, timeout_s)
+    except OSError as exc:
+        raise CheckFailed(
+            "wrong address",
+            f"{t.address} closed the connection at once ({exc.strerror or exc})",
+            "check that this is the SuperLink's address",
+        ) from None
+    if t.insecure:
+        if der is not None:
+            raise CheckFailed(
+                "TLS mismatch",
+                f"the SuperLink at {t.address} uses TLS and {t.how} connects without it "
+                "(a SuperNode then retries forever and neither side logs why)",
+                "drop --insecure and pass --root-certificates CA.crt (the CA that signed the SuperLink's "
+                "certificate)"
+                if t.connection is None
+                else f"in connection {t.connection!r} replace insecure = true by root-certificates = CA.crt",
+            )
+        return f"TLS: none on either side ({t.how}; traffic is not encrypted)"
+    if der is None:
+        raise CheckFailed(
+            "TLS mismatch",
+            f"the SuperLink at {t.address} does not speak TLS (it runs with --insecure) and this side "
+            "expects TLS",
+            "connect with --insecure (insecure = true in a flwr connection), or start the SuperLink with "
+            "--ssl-ca-certfile, --ssl-certfile and --ssl-keyfile",
+        )
+    ctx = _ca_context(t)
+    subject, issuer, names = _describe(der)
+    trusted_by = f"CA {t.root_certificates}" if t.root_certificates else "this system's CAs (no CA given)"
+    try:
+        with (
+            socket.create_connection((t.host, t.port), timeout=timeout_s) as sock,
+            ctx.wrap_socket(sock, server_hostname=t.host),
+        ):
+            pass
+    except ssl.SSLCertVerificationError as exc:
+        code = exc.verify_code
+        if code == 62:  # X509_V_ERR_HOSTNAME_MISMATCH
+            raise CheckFailed(
+                "certificate name mismatch",
+                f"the SuperLink's certificate names {names}, not {t.host}",
+                f"connect by a name it holds, or remake it with a SAN for {t.host} "
+                "(python -m fl_server.certs --san ...)",
+            ) from None
+        if code == 10:  # X509_V_ERR_CERT_HAS_EXPIRED
+            raise CheckFailed(
+                "untrusted certificate",
+                f"the SuperLink's certificate ({subject}) has expired",
+                "make a new one (python -m fl_server.certs) and restart the SuperLink with it",
+            ) from None
+        raise CheckFailed(
+            "untrusted certificate",
+            f"the SuperLink's certificate ({subject}, issued by {issuer}) is not trusted by {trusted_by}: "
+            f"{exc.verify_message}",
+            "pass the CA that signed it (the file the SuperLink's --ssl-ca-certfile names) as "
+            + ("--root-certificates" if t.connection is None else "root-certificates"),
+        ) from None
+    except ssl.SSLError as exc:
+        raise CheckFailed(
+            "TLS mismatch",
+            f"the TLS handshake with {t.address} failed: {exc.reason or exc}",
+            "check both sides",
+        ) from None
+    return f"TLS: the SuperLink's certificate ({subject}; SAN {names}) is trusted by {trusted_by}"
+
+
+# ------------------------------------------------------------------------------- Flower's APIs
+
+
+def _http_error(exc: Exception) -> tuple[int | None, int | None, str]:
+    """(HTTP status, Flower error code, message) of a failed Flower HTTP call."""
+    import httpx
+    from flwr.supercore.error import FlowerError
+
+    if isinstance(exc, httpx.HTTPStatusError):
+        err = FlowerError.from_json(exc.response.text)
+        if err is not None:
+            return exc.response.status_code, err.code, err.message
+        return exc.response.status_code, None, exc.response.text[:200].strip()
+    return None, None, str(exc)
+
+
+def _not_flower(t: Target, what: str, exc: Exception) -> CheckFailed:
+    status, code, message = _http_error(exc)
+    if status == 404:
+        return CheckFailed(
+            "wrong address",
+            f"{t.address} answers HTTP but has no Flower {what} (404)",
+            "this is not a Flower 1.41 SuperLink: check the address and port",
+        )
+    where = f"HTTP {status}" if status else "no HTTP answer"
+    return CheckFailed(
+        "SuperLink error",
+        f"{what} at {t.address}: {where}" + (f", Flower error {code}" if code else "") + f": {message}",
+        "see the SuperLink's log",
+    )
+
+
+def _load_node_key(path: Path) -> Any:
+    """The SuperNode's ECDSA private key, read as flower-supernode reads it."""
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.serialization import load_ssh_private_key
+
+    try:
+        key = load_ssh_private_key(path.expanduser().read_bytes(), None)
+    except OSError as exc:
+        raise PowerctlError(f"cannot read the node key {path}: {exc.strerror or exc}") from None
+    except (ValueError, UnsupportedAlgorithm):
+        key = None
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise PowerctlError(
+            f"{path} is not an ECDSA private key in OpenSSH format "
+            '(make one with: ssh-keygen -t ecdsa -b 384 -N "" -f KEY)'
+        )
+    return key
+
+
+def _verify(t: Target) -> str | bool:
+    return True if t.root_certificates is None else str(t.root_certificates)
+
+
+def control_nodes(t: Target) -> list[Any]:
+    """Every SuperNode the SuperLink knows (Flower's `ListNodes`, as `flwr supernode ls` asks)."""
+    from flwr.proto.control_pb2 import ListNodesRequest  # type: ignore[attr-defined]
+    from flwr.supercore.control import ControlHttpClient
+    from flwr.supercore.interceptors.http.runtime_version import RuntimeVersionHttpInterceptor
+
+    client = ControlHttpClient.from_server_address(
+        t.address,
+        t.insecure,
+        None if t.root_certificates is None else str(t.root_certificates),
+        interceptors=[RuntimeVersionHttpInterceptor(component_name="flwr CLI")],
+    )
+    try:
+        return list(client.ListNodes(ListNodesRequest()).nodes_info)
+    finally:
+        client.close()
+
+
+def node_with_key(t: Target, public_key: bytes) -> Any | None:
+    """The SuperLink's record of the node with this public key (None: not registered); raises when
+    the Control API does not answer (e.g. it wants an account login)."""
+    for node in control_nodes(t):
+        if node.public_key == public_key and node.status != "unregistered":
+            return node
+    return None
+
+
+def _fleet_client(t: Target, private_key: Any) -> Any:
+    from flwr.supercore.interceptors.http.runtime_version import RuntimeVersionHttpInterceptor
+    from flwr.supernode.fleet_http_client import FleetHttpClient
+    from flwr.supernode.node_auth_http_interceptor import NodeAuthHttpInterceptor
+
+    return FleetHttpClient.from_server_address(
+        t.address,
+        t.insecure,
+        None if t.root_certificates is None else str(t.root_certificates),
+        interceptors=[
+            RuntimeVersionHttpInterceptor(component_name="SuperNode"),
+            NodeAuthHttpInterceptor(private_key, private_key.public_key()),
+        ],
+    )
+
+
+def _online_for_s(node: Any) -> float:
+    """Seconds until the SuperLink counts this node offline (0 if it does not)."""
+    if node.status != "online" or not node.HasField("online_until"):
+        return 0.0
+    return max(0.0, float(node.online_until) - time.time())
+
+
+def release_stale_node(t: Target, say: Callable[[str], None]) -> bool:
+    """If the SuperLink still counts this key's node online (its SuperNode crashed less than ~60 s
+    ago), mark it offline, signed with the key, so a restarted SuperNode is accepted at once.
+
+    Only with a node key (a SuperNode without one registers a fresh key at every start and is never
+    refused), and only when the Control API answers; False when nothing was released."""
+    from flwr.proto.fleet_pb2 import DeactivateNodeRequest  # type: ignore[attr-defined]
+    from flwr.supercore.primitives.asymmetric import public_key_to_bytes
+
+    assert t.node_key is not None
+    private_key = _load_node_key(t.node_key)
+    try:
+        node = node_with_key(t, public_key_to_bytes(private_key.public_key()))
+    except Exception:
+        return False
+    if node is None or _online_for_s(node) <= 0:
+        return False
+    client = _fleet_client(t, private_key)
+    try:
+        client.DeactivateNode(DeactivateNodeRequest(node_id=node.node_id))
+    except Exception:
+        return False
+    finally:
+        client.close()
+    say(
+        f"released node {node.node_id}: the SuperLink still counted it online "
+        f"({_online_for_s(node):.0f} s left of Flower's heartbeat window; its SuperNode crashed)"
+    )
+    return True
+
+
+def check_node_key(t: Target) -> str:
+    """Activate the node with the key and release it at once, as a SuperNode starting and stopping."""
+    import httpx
+    from flwr.common.constant import HEARTBEAT_DEFAULT_INTERVAL
+    from flwr.proto.fleet_pb2 import (  # type: ignore[attr-defined]
+        ActivateNodeRequest,
+        DeactivateNodeRequest,
+    )
+    from flwr.supercore.primitives.asymmetric import public_key_to_bytes
+
+    assert t.node_key is not None
+    private_key = _load_node_key(t.node_key)
+    public_key = public_key_to_bytes(private_key.public_key())
+    client = _fleet_client(t, private_key)
+    try:
+        try:
+            node_id = client.ActivateNode(
+                ActivateNodeRequest(public_key=public_key, heartbeat_interval=HEARTBEAT_DEFAULT_INTERVAL)
+            ).node_id
+        except httpx.HTTPError as exc:
+            raise _refused_key(t, exc, public_key) from None
+        client.DeactivateNode(DeactivateNodeRequest(node_id=node_id))
+    except httpx.HTTPError as exc:
+        raise _not_flower(t, "Fleet API", exc) from None
+    finally:
+        client.close()
+    return f"node key: {t.node_key} is registered (node id {node_id}); activated and released again"
+
+
+def _refused_key(t: Target, exc: Exception, public_key: bytes) -> CheckFailed:
+    """Why ActivateNode was refused: not registered, still online, or a signature out of time."""
+    status, code, _ = _http_error(exc)
+    pub = f"{t.node_key}.pub"
+    if status == 401:
+        return CheckFailed(
+            "node key refused",
+            "the SuperLink refused this node's signed request (401): its timestamp is outside Flower's "
+            "tolerance",
+            "check this machine's clock (`date`; a board without a clock battery needs NTP)",
+        )
+    if code != 2004:  # FLEET_NODE_ACTIVATION_FAILED
+        return _not_flower(t, "Fleet API", exc)
+    try:
+        node = node_with_key(t, public_key)
+    except Exception:
+        return CheckFailed(
+            "unregistered node key",
+            f"the SuperLink refused to activate the node with key {pub} (Flower error 2004)",
+            f"register it on the coordinator (flwr supernode register {pub} CONNECTION); if it is "
+            "registered, a SuperNode with this key runs, or crashed less than "
+            f"{HEARTBEAT_WINDOW_S:.0f} s ago",
+        )
+    if node is None:
+        return CheckFailed(
+            "unregistered node key",
+            f"the SuperLink has no SuperNode with the public key {pub}",
+            f"register it on the coordinator: flwr supernode register {pub} CONNECTION",
+        )
+    return CheckFailed(
+        "node key in use",
+        f"node {node.node_id} with this key is online for {_online_for_s(node):.0f} s more: a SuperNode with "
+        f"this key is running, or crashed less than {HEARTBEAT_WINDOW_S:.0f} s ago",
+        "stop the other one, or start this one with python -m fl_client.supernode (it releases a crashed "
+        "node's registration first)",
+    )
+
+
+def check_self_registration(t: Target) -> str:
+    """Without a key a SuperNode registers a fresh one: do that with a throwaway key, then undo it."""
+    import httpx
+    from flwr.proto.fleet_pb2 import (  # type: ignore[attr-defined]
+        RegisterNodeFleetRequest,
+        UnregisterNodeFleetRequest,
+    )
+    from flwr.supercore.primitives.asymmetric import generate_key_pairs, public_key_to_bytes
+
+    private_key, public_key = generate_key_pairs()
+    client = _fleet_client(t, private_key)
+    try:
+        node_id = client.RegisterNode(
+            RegisterNodeFleetRequest(public_key=public_key_to_bytes(public_key))
+        ).node_id
+        client.UnregisterNode(UnregisterNodeFleetRequest(node_id=node_id))
+    except httpx.HTTPError as exc:
+        if _http_error(exc)[1] == 2001:  # FLEET_SUPERNODE_REGISTRATION_DISABLED
+            raise CheckFailed(
+                "unregistered node key",
+                "the SuperLink runs with node authentication and this side gives no key",
+                'make one (ssh-keygen -t ecdsa -b 384 -N "" -f KEY), register KEY.pub on the coordinator '
+                "(flwr supernode register KEY.pub CONNECTION) and pass --auth-supernode-private-key KEY",
+            ) from None
+        raise _not_flower(t, "Fleet API", exc) from None
+    finally:
+        client.close()
+    return "node key: none given; the SuperLink accepts SuperNodes without registration"
+
+
+def check_control(t: Target) -> str:
+    """What `flwr run` needs: the Control API answers; how many SuperNodes are online now."""
+    import httpx
+
+    try:
+        nodes = control_nodes(t)
+    except httpx.HTTPError as exc:
+        status = _http_error(exc)[0]
+        if status in (401, 403):
+            raise CheckFailed(
+                "login needed",
+                f"the Control API at {t.address} refused this side (HTTP {status})",
+                f"log in first: flwr login {t.connection or 'CONNECTION'}",
+            ) from None
+        raise _not_flower(t, "Control API", exc) from None
+    online = sorted(n.node_id for n in nodes if n.status == "online")
+    registered = [n for n in nodes if n.status != "unregistered"]
+    return f"Control API: answers; {len(registered)} SuperNode(s) registered, {len(online)} online"
+
+
+# ------------------------------------------------------------------------------------ the check
+
+
+def run_checks(t: Target, timeout_s: float = 5.0, say: Callable[[str], None] = print) -> None:
+    """Every layer in order, a line for each that passed; the first failure raises CheckFailed."""
+    say(check_reachable(t, timeout_s))
+    say(check_tls(t, timeout_s))
+    if t.connection is not None:
+        say(check_control(t))
+    elif t.node_key is not None:
+        say(check_node_key(t))
+    else:
+        say(check_self_registration(t))
+
+
+def target_from_connection(name: str | None) -> Target:
+    """The target of a `flwr` connection in $FLWR_HOME/config.toml (None: the default one)."""
+    import click
+    from flwr.cli.flower_config import read_superlink_connection
+
+    try:
+        conn = read_superlink_connection(name)
+    except click.ClickException as exc:
+        raise PowerctlError(str(exc.message).splitlines()[0]) from None
+    if not conn.address:
+        raise PowerctlError(f"flwr connection {conn.name!r} has no address (a simulation connection?)")
+    host, port = parse_address(conn.address)
+    ca = Path(conn.root_certificates).expanduser() if conn.root_certificates else None
+    return Target(host, port, bool(conn.insecure), ca, connection=conn.name)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = OneLineParser(
+        prog=PROG,
+        description="Connect to a SuperLink as a SuperNode (--superlink, the SuperNode's own flags) or as "
+        "flwr run (--connection) does, and name what is wrong: wrong address, TLS mismatch, untrusted "
+        "certificate, unregistered node key.",
+        epilog="examples: %(prog)s --superlink coordinator:9092 --root-certificates ca.crt "
+        "--auth-supernode-private-key board1;  %(prog)s --connection deploy",
+    )
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--superlink", metavar="HOST:PORT", help="the SuperLink, as a SuperNode is given it")
+    where.add_argument(
+        "--connection",
+        metavar="NAME",
+        nargs="?",
+        const="",
+        help="a flwr connection in $FLWR_HOME/config.toml (no NAME: the default one), checked as flwr run",
+    )
+    tls = p.add_mutually_exclusive_group()
+    tls.add_argument("--insecure", action="store_true", help="connect without TLS (as the SuperNode flag)")
+    tls.add_argument("--root-certificates", type=Path, metavar="CA", help="the CA certificate (PEM) to trust")
+    p.add_argument(
+        "--auth-supernode-private-key", type=Path, metavar="KEY", help="the SuperNode's private key"
+    )
+    p.add_argument(
+        "--timeout", type=positive_float, default=5.0, metavar="S", help="per connection (default 5)"
+    )
+    return p
+
+
+def target_from_args(args: argparse.Namespace) -> Target:
+    if args.connection is not None:
+        if args.insecure or args.root_certificates or args.auth_supernode_private_key:
+            raise PowerctlError(
+                "--connection takes TLS settings from config.toml: give no other flags with it"
+            )
+        return target_from_connection(args.connection or None)
+    host, port = parse_address(args.superlink)
+    return Target(host, port, args.insecure, args.root_certificates, args.auth_supernode_private_key)
+
+
+@one_line_errors(PROG)
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)  # a bad flag: one line and exit 2 (OneLineParser)
+    target = target_from_args(args)
+    try:
+        run_checks(target, args.timeout)
+    except CheckFailed as failed:
+        print(f"check: {failed}", flush=True)
+        return 1
+    side = f"flwr connection {target.connection!r}" if target.connection else "this SuperNode"
+    print(f"check: OK: the SuperLink at {target.address} accepts {side}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,237 @@
+"""`python -m fl_server.supervise`: a deployed run that outlives SuperLink restarts.
+
+`flwr run --stream` ends the moment its SuperLink goes away ("Connection to the SuperLink is
+unavailable"), whatever becomes of the run. What Flower 1.41 does after a restart (measured on
+127.0.0.1; docs/deployment.md, "Restarts"):
+
+- SuperLink with `--database FILE --isolation process` and its SuperExec run apart: the ServerApp
+  process outlives the SuperLink and the run goes on where it was (replies the SuperNodes push after
+  the restart are accepted). Only the log stream is lost: this command follows the run's log again.
+- Otherwise (the SuperLink's own SuperExec, `--isolation subprocess`, Flower's default) the ServerApp
+  dies with the SuperLink and the run is marked `finished:failed`. This command then submits the same
+  run again; the ServerApp resumes after the last round saved in the results folder (`fl_server.resume`)
+  and the SuperNodes resume their fine-tune checkpoints of the round that was cut.
+
+A run that fails on its own (its SuperLink never went away) is not submitted again: its status is the
+last line and the exit status is 2. The run's own last line, ``results: PATH``, is printed last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from powerctl.cliutil import OneLineParser, installed_tool, non_negative_int, one_line_errors, positive_float
+from powerctl.errors import PowerctlError
+
+PROG = "python -m fl_server.supervise"
+LOST = "Connection to the SuperLink is unavailable"
+"""What `flwr` prints when its SuperLink does not answer (Flower 1.41)."""
+_RESULTS = re.compile(r"^results: (\S.*)$", re.MULTILINE)
+RESTART_DETAILS = (
+    "No heartbeat received from the task",  # the SuperLink was away longer than the task's heartbeat
+    "Task failed with unknown error",  # the ServerApp was stopped by a signal (its SuperExec went)
+    "Task failed because the run expired",
+)
+"""How Flower 1.41 marks a run its SuperLink's restart ended (measured; docs/deployment.md, "Restarts")."""
+APP_FAILED = ("powerfed server: error:", "ServerApp failed with exception")
+"""The ServerApp's own failures: submitting the same run again would fail the same way."""
+
+
+@dataclass
+class Supervisor:
+    """One run, followed to its end through SuperLink restarts."""
+
+    app: Path
+    connection: str
+    run_config: str
+    max_restarts: int = 5
+    wait_s: float = 600.0
+    poll_s: float = 5.0
+    say: Callable[[str], None] = print
+
+    def _call(self, args: list[str], timeout_s: float = 120.0) -> tuple[int, str]:
+        try:
+            proc = subprocess.run(
+                [installed_tool("flwr"), *args],
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+                stdin=subprocess.DEVNULL,
+            )
+        except subprocess.TimeoutExpired:
+            return 124, f"{LOST} (flwr {args[0]} gave no answer in {timeout_s:g} s)"
+        return proc.returncode, proc.stdout + proc.stderr
+
+    def submit(self) -> int:
+        """`flwr run APP CONNECTION --run-config ...`: the new run's id."""
+        args = ["run", str(self.app), self.connection, "--run-config", self.run_config, "--format", "json"]
+        rc, out = self._call(args, timeout_s=600.0)
+        try:
+            payload = json.loads(out[out.index("{") : out.rindex("}") + 1])
+            return int(payload["run-id"])
+        except (ValueError, KeyError, TypeError):
+            tail = " ".join(out.split())[-300:]
+            raise PowerctlError(f"flwr run did not start the run (exit {rc}): {tail}") from None
+
+    def status(self, run_id: int) -> tuple[str, str] | None:
+        """(status, details) of the run, e.g. ('running', ''); None while the SuperLink does not answer."""
+        rc, out = self._call(["ls", self.connection, "--run-id", str(run_id), "--format", "json"])
+        if rc != 0 or LOST in out:
+            return None
+        try:
+            runs = json.loads(out[out.index("{") : out.rindex("}") + 1])["runs"]
+            run = next(r for r in runs if str(r["run-id"]) == str(run_id))
+        except (ValueError, KeyError, StopIteration):
+            return None
+        return str(run["status"]), str(run.get("status-details") or "")
+
+    def follow(self, run_id: int, shown: list[str]) -> bool:
+        """Stream the run's log to stdout, appending its lines to `shown`; a re-attached stream starts
+        over, so the lines already in `shown` are skipped. True when it ended because the SuperLink went
+        away (Flower's error box saying so is not printed)."""
+        proc = subprocess.Popen(
+            [installed_tool("flwr"), "log", str(run_id), self.connection, "--stream"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            env={**os.environ, "COLUMNS": "200"},  # Flower's boxes unwrapped: one line says LOST
+        )
+        assert proc.stdout is not None
+        lost, box, replayed = False, [], 0
+        try:
+            for line in proc.stdout:
+                if line.lstrip().startswith(("╭", "│", "╰")):
+                    box.append(line)
+                    if not line.lstrip().startswith("╰"):
+                        continue
+                    lost = lost or any(LOST in b for b in box)
+                    lines, box = ([] if lost else box), []
+                else:
+                    lines = [line]
+                for out in lines:
+                    if replayed < len(shown) and shown[replayed] == out:
+                        replayed += 1  # the part of the log already shown
+                        continue
+                    replayed = len(shown) + 1  # past the replay: everything from here on is new
+                    shown.append(out)
+                    sys.stdout.write(out)
+                    sys.stdout.flush()
+        finally:
+            proc.wait()
+        return lost
+
+    def wait_for_superlink(self, run_id: int) -> tuple[str, str]:
+        """Poll until the SuperLink answers about the run; PowerctlError after `wait_s`."""
+        deadline = time.monotonic() + self.wait_s
+        while time.monotonic() < deadline:
+            got = self.status(run_id)
+            if got is not None:
+                return got
+            time.sleep(self.poll_s)
+        raise PowerctlError(
+            f"the SuperLink of connection {self.connection!r} has not answered for {self.wait_s:g} s: "
+            f"start it again (with the same --database), then: flwr log {run_id} {self.connection} --stream"
+        )
+
+    def run(self) -> Path:
+        restarts = 0
+        run_id = self.submit()
+        self.say(f"supervise: run {run_id} started")
+        shown: list[str] = []
+        while True:
+            lost = self.follow(run_id, shown)
+            if lost:
+                self.say(
+                    f"supervise: lost the SuperLink; waiting for it to answer again (up to {self.wait_s:g} s)"
+                )
+            state = self.wait_for_superlink(run_id)
+            status, details = state
+            if status == "running" or status in ("pending", "starting"):
+                if lost:
+                    self.say(f"supervise: the SuperLink is back and run {run_id} goes on; following its log")
+                continue
+            found = _RESULTS.findall("".join(shown))
+            if status == "finished:completed" and found:
+                return Path(found[-1].strip())
+            if status == "finished:completed":
+                raise PowerctlError(f"run {run_id} completed without its results line: see its log above")
+            log = "".join(shown)
+            by_restart = (lost or any(d in details for d in RESTART_DETAILS)) and not any(
+                a in log or a in details for a in APP_FAILED
+            )
+            if not by_restart:
+                raise PowerctlError(f"run {run_id} ended {status}: {details or 'see its log above'}")
+            if restarts >= self.max_restarts:
+                raise PowerctlError(
+                    f"run {run_id} ended {status} after a SuperLink restart, and {restarts} restarts were "
+                    "allowed (--max-restarts)"
+                )
+            restarts += 1
+            run_id = self.submit()
+            self.say(
+                f"supervise: the run ended {status} ({details or 'no details'}) as the SuperLink restarted; "
+                f"submitted it again as run {run_id}: it resumes after the last round saved "
+                f"[restart {restarts} of at most {self.max_restarts}]"
+            )
+            shown = []
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = OneLineParser(
+        prog=PROG,
+        description="Run the Flower app on a deployed SuperLink and follow it through SuperLink restarts: "
+        "re-attach to its log, or submit it again (it resumes from --results-dir) when the restart ended it.",
+        epilog="example: %(prog)s deploy --results-dir /srv/powerfed/run1 --run-config 'num-server-rounds=10 "
+        "min-nodes=2'",
+    )
+    p.add_argument("connection", help="the flwr connection ([superlink.NAME] in $FLWR_HOME/config.toml)")
+    p.add_argument("--app", type=Path, default=Path("."), help="the Flower app folder (default: .)")
+    p.add_argument(
+        "--results-dir",
+        type=Path,
+        required=True,
+        help="where the run keeps results.json and the global model: what a resubmitted run resumes from",
+    )
+    p.add_argument("--run-config", default="", help="run config overrides, as for flwr run (not results-dir)")
+    p.add_argument(
+        "--max-restarts", type=non_negative_int, default=5, help="submissions after the first (default 5)"
+    )
+    p.add_argument(
+        "--wait",
+        type=positive_float,
+        default=600.0,
+        metavar="S",
+        help="wait for the SuperLink (600)",
+    )
+    return p
+
+
+@one_line_errors(PROG)
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)  # a bad flag: one line and exit 2 (OneLineParser)
+    if re.search(r"(^|\s)results-dir\s*=", args.run_config):
+        raise PowerctlError("give the results folder as --results-dir, not in --run-config")
+    results_dir = args.results_dir.expanduser().resolve()
+    config = f"{args.run_config} results-dir='{results_dir}'".strip()
+    supervisor = Supervisor(args.app, args.connection, config, args.max_restarts, args.wait)
+    try:
+        path = supervisor.run()
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted; the run goes on on the SuperLink (flwr stop RUN_ID {args.connection})")
+        return 130
+    print(f"results: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

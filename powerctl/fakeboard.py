@@ -1,0 +1,167 @@
+"""Fake Jetson sysfs/procfs trees: a board to rehearse on without hardware (`powerctl fake-board`).
+
+Point `POWERCTL_SYSFS_ROOT` at a tree and the `jetson` device reads the model, the GPU devfreq node and
+the INA3221 rails from it, and pins by writing `min_freq`/`max_freq` there, so pinning, the crash
+record and the restore run exactly as on a board (docs/deployment.md, "A fake board"). Files hold what
+the real ones hold (numbers and a newline, the model ending in NUL): a pin followed by a restore gives
+the tree back byte for byte. The rails are constants (the idle readings of each board): a fake board
+draws the same power at every frequency.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from powerctl.errors import PowerctlError
+
+NANO_FREQS = [
+    76800000, 153600000, 230400000, 307200000, 384000000, 460800000,
+    537600000, 614400000, 691200000, 768000000, 844800000, 921600000,
+]  # fmt: skip
+# T186 gp10b: twelve steps 102 MHz apart, then the top step at 1300.5 MHz.
+TX2NX_FREQS = [114750000 + 102000000 * i for i in range(12)] + [1300500000]
+ORIN_NANO_FREQS = [306000000, 408000000, 510000000, 612000000, 624750000]
+
+NANO_DEVFREQ = "sys/devices/gpu.0/devfreq/57000000.gpu"
+TX2NX_DEVFREQ = "sys/devices/17000000.gp10b/devfreq/17000000.gp10b"
+ORIN_DEVFREQ = "sys/devices/platform/bus@0/17000000.gpu/devfreq/17000000.gpu"
+
+# Rails as (name, mW) for JetPack 4 iio, (label, mV, mA) for JetPack 5/6 hwmon.
+NANO_RAILS = [("POM_5V_IN", 3184), ("POM_5V_GPU", 412), ("POM_5V_CPU", 825)]
+TX2NX_RAILS = [("VDD_IN", 4512), ("VDD_CPU_GPU", 1102), ("VDD_SOC", 987)]
+ORIN_RAILS = [("VDD_IN", 5048, 1192), ("VDD_CPU_GPU_CV", 5040, 420), ("VDD_SOC", 5040, 360)]
+
+
+def _put(root: Path, rel: str, content: str | bytes) -> Path:
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(content, str):
+        content = content.encode()
+    path.write_bytes(content)
+    return path
+
+
+def _link(root: Path, rel: str, target_rel: str) -> None:
+    """A relative symlink, as sysfs has them (so the tree can move)."""
+    link = root / rel
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(os.path.relpath(root / target_rel, link.parent))
+
+
+def _device_tree(root: Path, model: str, compatible: list[str]) -> None:
+    _put(root, "proc/device-tree/model", model + "\x00")
+    _put(root, "proc/device-tree/compatible", "".join(c + "\x00" for c in compatible))
+
+
+def _meminfo(root: Path, total_kb: int) -> None:
+    _put(
+        root,
+        "proc/meminfo",
+        f"MemTotal:        {total_kb} kB\nMemFree:         {total_kb // 3} kB\n"
+        f"MemAvailable:    {total_kb // 2} kB\nBuffers:           81244 kB\n",
+    )
+
+
+def make_devfreq(root: Path, rel: str, freqs: list[int], governor: str = "nvhost_podgov") -> Path:
+    """A devfreq node at its full range, idling at the lowest step."""
+    _put(root, f"{rel}/available_frequencies", " ".join(map(str, freqs)) + "\n")
+    _put(root, f"{rel}/cur_freq", f"{freqs[0]}\n")
+    _put(root, f"{rel}/min_freq", f"{freqs[0]}\n")
+    _put(root, f"{rel}/max_freq", f"{freqs[-1]}\n")
+    _put(root, f"{rel}/governor", f"{governor}\n")
+    _put(root, f"{rel}/available_governors", f"{governor} userspace performance simple_ondemand\n")
+    return root / rel
+
+
+def make_iio_rails(root: Path, rel: str, rails: list[tuple[str, int]], volts_mv: int = 5064) -> Path:
+    """JetPack 4 ``ina3221x`` iio device: rail_name_N, in_powerN_input (mW), plus V and I."""
+    for channel, (name, mw) in enumerate(rails):
+        _put(root, f"{rel}/rail_name_{channel}", f"{name}\n")
+        _put(root, f"{rel}/in_power{channel}_input", f"{mw}\n")
+        _put(root, f"{rel}/in_voltage{channel}_input", f"{volts_mv}\n")
+        _put(root, f"{rel}/in_current{channel}_input", f"{round(mw * 1000 / volts_mv)}\n")
+    return root / rel
+
+
+def make_hwmon_rails(root: Path, rel: str, rails: list[tuple[str, int, int]]) -> Path:
+    """JetPack 5/6 ``ina3221`` hwmon: inN_label, inN_input (mV), currN_input (mA), 1-based."""
+    _put(root, f"{rel}/name", "ina3221\n")
+    for channel, (label, mv, ma) in enumerate(rails, start=1):
+        _put(root, f"{rel}/in{channel}_label", f"{label}\n")
+        _put(root, f"{rel}/in{channel}_input", f"{mv}\n")
+        _put(root, f"{rel}/curr{channel}_input", f"{ma}\n")
+    # JetPack 6 adds a summing channel with a voltage and no current: not a rail.
+    _put(root, f"{rel}/in7_label", "sum of shunt voltages\n")
+    _put(root, f"{rel}/in7_input", "1\n")
+    return root / rel
+
+
+def make_nano_tree(root: Path) -> Path:
+    """Jetson Nano 4 GB on JetPack 4 (T210): devfreq 57000000.gpu, ina3221x at 6-0040."""
+    _device_tree(
+        root,
+        "NVIDIA Jetson Nano Developer Kit",
+        ["nvidia,p3449-0000-b00+p3448-0000-b00", "nvidia,jetson-nano", "nvidia,tegra210"],
+    )
+    make_devfreq(root, NANO_DEVFREQ, NANO_FREQS)
+    _link(root, "sys/class/devfreq/57000000.gpu", NANO_DEVFREQ)
+    _put(root, "sys/devices/gpu.0/load", "0\n")
+    make_iio_rails(root, "sys/bus/i2c/drivers/ina3221x/6-0040/iio:device0", NANO_RAILS)
+    _meminfo(root, 4059712)
+    return root
+
+
+def make_tx2nx_tree(root: Path) -> Path:
+    """Jetson TX2 NX on JetPack 4 (T186): devfreq 17000000.gp10b, ina3221x at 2-0040."""
+    _device_tree(
+        root,
+        "NVIDIA Jetson TX2 NX Developer Kit",
+        ["nvidia,p3509-0000+p3636-0001", "nvidia,tegra186"],
+    )
+    make_devfreq(root, TX2NX_DEVFREQ, TX2NX_FREQS)
+    _link(root, "sys/class/devfreq/17000000.gp10b", TX2NX_DEVFREQ)
+    make_iio_rails(root, "sys/bus/i2c/drivers/ina3221x/2-0040/iio:device0", TX2NX_RAILS)
+    _meminfo(root, 3956468)
+    return root
+
+
+def make_orin_tree(root: Path) -> Path:
+    """Jetson Orin Nano on JetPack 6: GPU found by scanning /sys/class/devfreq, ina3221 hwmon at 1-0040."""
+    _device_tree(
+        root,
+        "NVIDIA Jetson Orin Nano Developer Kit",
+        ["nvidia,p3768-0000+p3767-0005", "nvidia,p3767-0005", "nvidia,tegra234"],
+    )
+    make_devfreq(root, ORIN_DEVFREQ, ORIN_NANO_FREQS)
+    _link(root, "sys/class/devfreq/17000000.gpu", ORIN_DEVFREQ)
+    # Another devfreq node that is not the GPU, sorted before it: the scan must skip it.
+    make_devfreq(root, "sys/devices/platform/bus@0/15340000.vic/devfreq/15340000.vic", [115200000, 729600000])
+    _link(
+        root, "sys/class/devfreq/15340000.vic", "sys/devices/platform/bus@0/15340000.vic/devfreq/15340000.vic"
+    )
+    make_hwmon_rails(root, "sys/bus/i2c/drivers/ina3221/1-0040/hwmon/hwmon1", ORIN_RAILS)
+    _meminfo(root, 7620844)
+    return root
+
+
+KINDS: dict[str, Callable[[Path], Path]] = {
+    "jetson-nano": make_nano_tree,
+    "jetson-tx2nx": make_tx2nx_tree,
+    "jetson-orin-nano": make_orin_tree,
+}
+"""Board kind → tree maker: JetPack 4 (iio rails) for the Nano and the TX2 NX, JetPack 6 (hwmon) for Orin."""
+
+
+def make_fake_board(root: Path, kind: str) -> Path:
+    """Write a `kind` board's tree into `root`, which must be new or empty (never over real files)."""
+    if kind not in KINDS:
+        raise PowerctlError(f"unknown board kind {kind!r}: choose one of {', '.join(KINDS)}")
+    if root.exists() and (not root.is_dir() or any(root.iterdir())):
+        raise PowerctlError(f"{root} exists and is not an empty folder: give a new folder for the fake board")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        return KINDS[kind](root)
+    except OSError as exc:
+        raise PowerctlError(f"cannot write the fake board in {root}: {exc.strerror or exc}") from None

@@ -1,0 +1,159 @@
+"""A deployed run that outlives its SuperLink: killed (SIGKILL) in round 1, stopped (SIGTERM) in round 2.
+
+The deployment of docs/deployment.md on 127.0.0.1: TLS, node authentication, the SuperLink's state in a
+database file, its SuperExec run apart (`--isolation process`), two registered SuperNodes (a fake-board
+Nano pinned through sysfs, a simulated TX2 NX), the run followed by `python -m fl_server.supervise`.
+After each restart the run must go on (re-attached, or submitted again and resumed from the results
+folder), the SuperNodes must stay up by themselves, every round must hold both reports, and the fake
+board must be back as it was with no crash record left. About 5 minutes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from powerctl.fakeboard import make_fake_board
+from tests.fake_boards import tree_snapshot
+from tests.flower_deploy import BIN, REPO, Deployment, Proc, free_port, make_ecdsa_key
+from tests.test_deployment import run_config_for
+
+pytestmark = pytest.mark.slow
+
+ROUNDS = 3
+TIMEOUT_S = 900.0
+
+
+def wait_for(path: Path, text: str, timeout_s: float, after: int = 0) -> int:
+    """Wait until `text` appears in the file past offset `after`; its offset."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        content = path.read_text(errors="replace") if path.exists() else ""
+        at = content.find(text, after)
+        if at >= 0:
+            return at
+        time.sleep(0.5)
+    raise AssertionError(
+        f"{text!r} not in {path} after {timeout_s} s:\n{path.read_text(errors='replace')[-4000:]}"
+    )
+
+
+def test_a_run_goes_on_through_a_superlink_kill_and_a_clean_stop(tmp_path: Path) -> None:
+    d = Deployment(tmp_path / "deploy", mode="auth")
+    board = make_fake_board(tmp_path / "nano-sysfs", "jetson-nano")
+    board_before = tree_snapshot(board)
+    nano_state = tmp_path / "nano-state"
+    database = d.root / "state.db"
+    supervisor = None
+    try:
+        d.start_superlink(database=database, own_superexec=True)
+        d.start_superexec()
+        d.write_connection()
+        keys = {name: make_ecdsa_key(d.root / "keys" / name)[0] for name in ("nano", "tx2nx")}
+        for key in keys.values():
+            d.register(key.with_name(key.name + ".pub"))
+        nano = d.start_supernode(
+            "supernode-nano",
+            'device="jetson" power-cap-w=4.0 partition-id=0 num-partitions=2',
+            key=keys["nano"],
+            extra_env={"POWERCTL_SYSFS_ROOT": str(board), "POWERCTL_STATE_DIR": str(nano_state)},
+        )
+        tx2nx = d.start_supernode(
+            "supernode-tx2nx",
+            'device="sim:jetson-tx2nx" power-cap-w=6.0 partition-id=1 num-partitions=2',
+            key=keys["tx2nx"],
+        )
+        results = d.root / "results"
+        config = run_config_for(results).replace("num-server-rounds=1", f"num-server-rounds={ROUNDS}")
+        config = " ".join(part for part in config.split() if not part.startswith("results-dir="))
+        config = config.replace("budget-samples=512", "budget-samples=1024") + " checkpoint-every-samples=128"
+        argv = [sys.executable, "-m", "fl_server.supervise", d.connection, "--app", str(REPO)]
+        argv += ["--results-dir", str(results), "--run-config", config, "--wait", "300"]
+        supervisor = d.spawn("supervise", argv, cwd=REPO)
+        log = supervisor.log
+
+        # round 1: SIGKILL, as a crash or an OOM kill; back at once
+        at = wait_for(log, "round 1 train: 0/2", TIMEOUT_S)
+        time.sleep(3)
+        os.kill(d.superlink.pid, signal.SIGKILL)
+        d.superlink.popen.wait(timeout=30)
+        d.start_superlink(database=database, own_superexec=True, name="superlink-2")
+        at = wait_for(log, "supervise: ", 300, at)
+
+        # round 2: SIGTERM, as a service manager stops it (uvicorn waits for open connections first)
+        at = wait_for(log, "round 2 train: 0/2", TIMEOUT_S, at)
+        time.sleep(3)
+        d.superlink.popen.send_signal(signal.SIGTERM)
+        d.superlink.popen.wait(timeout=120)
+        d.start_superlink(database=database, own_superexec=True, name="superlink-3")
+
+        rc = supervisor.popen.wait(timeout=TIMEOUT_S)
+        out = log.read_text(errors="replace")
+        context = f"\n--- supervise (exit {rc}) ---\n{out[-6000:]}\n{d.tails()}"
+        assert rc == 0, f"the supervised run failed{context}"
+        lines = [line for line in out.splitlines() if line.strip()]
+        assert lines[-1] == f"results: {(results / 'results.json').resolve()}", context
+        went_on = [line for line in lines if line.startswith("supervise: the SuperLink is back")]
+        resubmitted = [line for line in lines if "submitted it again as run" in line]
+        print("\n".join(went_on + resubmitted))
+        assert len(went_on) + len(resubmitted) >= 2, (
+            f"two restarts, each followed by the run going on{context}"
+        )
+        assert nano.alive() and tx2nx.alive(), f"a SuperNode did not stay up through the restarts{context}"
+
+        data = json.loads((results / "results.json").read_text())
+        assert [r["round"] for r in data["rounds"]] == list(range(1, ROUNDS + 1)), context
+        for rnd in data["rounds"]:
+            assert rnd["failed"] == [], f"round {rnd['round']}: {rnd['failed']}{context}"
+            assert sorted(c["device"] for c in rnd["clients"]) == ["jetson", "sim:jetson-tx2nx"], context
+            for c in rnd["clients"]:
+                assert c["peak_power_w"] is not None and c["peak_power_w"] <= c["power_cap_w"], c
+    finally:
+        if supervisor is not None and supervisor.alive():
+            supervisor.popen.send_signal(signal.SIGINT)
+        left = d.stop()
+    assert not left, f"processes left: {left}"
+    assert tree_snapshot(board) == board_before, "the fake Nano was left pinned"
+    assert not list(nano_state.glob("*.json")), f"crash records left: {list(nano_state.glob('*'))}"
+
+
+def test_a_supernode_restarted_right_after_a_crash_is_accepted(tmp_path: Path) -> None:
+    """Flower refuses a key whose SuperNode crashed less than ~60 s ago (305/2004); the wrapper
+    releases the stale registration first, so the restarted SuperNode joins at once."""
+    d = Deployment(tmp_path / "deploy", mode="auth")
+    try:
+        d.start_superlink()
+        d.write_connection()
+        key, pub = make_ecdsa_key(d.root / "keys" / "board1")
+        d.register(pub)
+        flags = ["--superlink", d.address, "--root-certificates", str(d.ca), "--auth-supernode-private-key"]
+        flags += [str(key), "--node-config", 'device="sim:jetson-nano"']
+        wrapper = [sys.executable, "-m", "fl_client.supernode"]
+
+        def start(name: str) -> Proc:
+            return d.spawn(name, [*wrapper, *flags, "--port", str(free_port())], d._home(name), cwd=REPO)
+
+        first = start("supernode-1")
+        wait_for(first.log, "SuperNode ID:", 120)
+        os.killpg(first.pid, signal.SIGKILL)  # wrapper and SuperNode at once: no goodbye to the SuperLink
+        first.popen.wait(timeout=10)
+
+        plain_argv = [str(BIN / "flower-supernode"), *flags, "--port", str(free_port())]
+        plain = d.spawn("supernode-plain", plain_argv, d._home("supernode-plain"))
+        assert plain.popen.wait(timeout=120) != 0  # what an operator sees without the wrapper
+        assert "Failed to activate SuperNode" in plain.log.read_text(errors="replace"), plain.tail()
+
+        second = start("supernode-2")
+        wait_for(second.log, "SuperNode ID:", 60)
+        text = second.log.read_text(errors="replace")
+        assert "supernode: released node" in text and "Failed to activate" not in text, second.tail()
+        assert second.alive(), second.tail()
+    finally:
+        left = d.stop()
+    assert not left, f"processes left: {left}"
