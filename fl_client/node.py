@@ -1,6 +1,6 @@
 """Which device, power cap and data a node has: node config first, then the run's fleet table.
 
-The node config keys are the same in simulation and deployment (DESIGN §6): `device` (a powerctl spec),
+Node config keys are the same in simulation and deployment (docs/reference/node-config.md): `device` (a spec),
 `power-cap-w` (absent = no cap), `data` (a dataset spec), and optionally `name`. A deployed SuperNode
 gets them from `--node-config`. A virtual node in Flower 1.41's simulation gets only `partition-id` and
 `num-partitions`, so the run config's `fleet` maps partition ids to boards and caps: a table

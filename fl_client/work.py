@@ -1,6 +1,6 @@
 """One round on one node: profile (or reuse) → select (b, f) under the cap → pin → fine-tune → restore.
 
-This is the client side of the method (DESIGN §2), kept free of Flower messages so it can be tested
+This is the client side of the method (docs/design/federation.md), free of Flower messages so it can be tested
 and reused directly; `fl_client.app` only translates messages to and from these calls. The device is
 opened for the round and closed on every way out (`Device.__exit__` restores, and `Device.pinned`
 restores on exceptions, SIGINT and SIGTERM too), so nothing stays pinned after a round.

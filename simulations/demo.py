@@ -1,6 +1,6 @@
 """One simulated board, end to end: server relation vector → client profile → select → measured runs.
 
-The method and the three baselines of DESIGN §1 are each fine-tuned to the target accuracy on the
+The method and the three baselines of docs/design/method.md are each fine-tuned to the target accuracy on the
 client's own data, on the same simulated board under the same power cap, and their measured device
 time is compared. Everything runs on embedded defaults (synthetic data, no download).
 """
@@ -216,7 +216,7 @@ def run_demo(cfg: DemoConfig, out: Path, *, progress: bool = True) -> dict[str, 
             return runs[(b, hz)]
 
         # every batch size at its fastest feasible frequency (time falls as frequency rises): the
-        # oracle is the one of these with the least MEASURED time to the target (DESIGN §1)
+        # oracle is the one of these with the least MEASURED time to the target (docs/design/method.md)
         candidates = [
             measured(b, p.frequency_hz) for b, p in sorted(best_frequency_per_batch(profile, cap).items())
         ]
