@@ -1,10 +1,11 @@
 """Which device, power cap and data a node has: node config first, then the run's fleet.
 
-The node config keys are the same in simulation and deployment (DESIGN §6): `device` (a powerctl spec),
-`power-cap-w` (absent = no cap; a number, none, a schedule, a trace or a live file), `data` (a dataset
-spec), and optionally `name`. A deployed SuperNode gets them from `--node-config`. A virtual node in
-Flower 1.41's simulation gets only `partition-id` and `num-partitions`: the run config's `fleet`
-(`strategies.fleet`: a table or a YAML file) maps its partition id to a board and a cap.
+The node config keys are the same in simulation and deployment (docs/reference/node-config.md):
+`device` (a powerctl spec), `power-cap-w` (absent = no cap; a number, none, a schedule, a trace or a
+live file), `data` (a dataset spec), and optionally `name`. A deployed SuperNode gets them from
+`--node-config`. A virtual node in Flower 1.41's simulation gets only `partition-id` and
+`num-partitions`: the run config's `fleet` (`strategies.fleet`: a table or a YAML file) maps its
+partition id to a board and a cap.
 """
 
 from __future__ import annotations

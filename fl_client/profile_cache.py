@@ -1,6 +1,6 @@
 """Profiles on disk, one per (board, model, input shape, batch sizes, profiler settings, code version).
 
-Profiling is data-independent and costs device time (DESIGN §1), so a node profiles once and reuses
+Profiling is data-independent and costs device time (docs/design/method.md): a node profiles once and reuses
 the table in every later round and run. An entry is trusted only if it loads as a valid profile AND
 carries the key it was stored under: a corrupt, truncated or mismatched file is profiled again and
 overwritten, never used.

@@ -1,6 +1,6 @@
 """`fl-server`: the server's offline jobs — pre-train starting weights, estimate relation vectors.
 
-Both write files the rest of the system reads (DESIGN §5): a self-describing safetensors weights file
+Both write files other parts read (docs/reference/files.md): a self-describing safetensors weights file
 (+ a JSON report), and a `powerctl.relation/1` JSON file. User errors are one line and exit status 2.
 """
 

@@ -1,4 +1,4 @@
-"""Estimate the relation vector on proxy data (DESIGN §1, §5).
+"""Estimate the relation vector on proxy data (docs/design/method.md, docs/reference/files.md).
 
 For every batch size (and seed), the SAME starting weights are fine-tuned on a proxy dataset of the
 task until the target accuracy, with the learning rate scaled from the largest batch size by the run's

@@ -27,7 +27,7 @@ CLIENT_FIELDS = (
     "reached_target",
     "profiling_seconds",
 )
-"""Keys every client report in the file has (DESIGN §2), besides anything else that helps."""
+"""Keys every client report in the file has (docs/reference/files.md), besides anything else that helps."""
 
 
 class ResultsWriter:

@@ -1,5 +1,5 @@
 """Device side of power-aware training: devices (knobs + sensors), power monitor, profiler,
-profile tables, selection and baselines. No Flower, no `training` import (DESIGN §3)."""
+profile tables, selection and baselines. No Flower, no `training` import (docs/design/layout.md)."""
 
 from powerctl.errors import PowerctlError
 

@@ -1,4 +1,4 @@
-"""The three baselines every comparison reports (DESIGN §1), and a method-vs-baselines table.
+"""The three baselines every comparison reports (docs/design/method.md), and a method-vs-baselines table.
 
 - state-of-practice: the largest batch size that fits in memory, at the fixed frequency cap that keeps every
   model of the paper's set at every batch size under the power limit (boards.yaml: state_of_practice, derived

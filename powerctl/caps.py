@@ -15,7 +15,7 @@ from powerctl.profile_table import Profile
 from powerctl.workload import Workload
 
 SOP_BATCH_SIZES = (4, 8, 16, 32, 64, 128)
-"""Batch sizes of the paper's profiles (DESIGN §1)."""
+"""Batch sizes of the paper's profiles (docs/design/method.md)."""
 
 
 def peak_power_by_frequency(profiles: Sequence[Profile]) -> dict[int, float]:

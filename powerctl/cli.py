@@ -1,4 +1,4 @@
-"""`powerctl`: devices, power, freq, profile, caps, select, pareto, cap-source, plot (DESIGN §6).
+"""`powerctl`: devices, power, freq, profile, caps, select, pareto, cap-source, plot (docs/reference/cli.md).
 
 Every user error is one line on stderr and exit status 2; nothing on the device is left changed.
 """

@@ -1,4 +1,4 @@
-"""Reading and writing the versioned JSON files of DESIGN §5, with one-line errors."""
+"""Reading and writing the versioned JSON files of docs/reference/files.md, with one-line errors."""
 
 from __future__ import annotations
 

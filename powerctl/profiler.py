@@ -47,7 +47,7 @@ def _free_accelerator_memory() -> None:
 
 
 class Profiler:
-    """Measures points one at a time; `run` walks a grid, the efficient order of DESIGN §1, or the fitted
+    """Measures points one at a time; `run` walks a grid, the efficient order (docs/design/method.md), fitted
     order (measure a few points, fit `powerctl.profile_fit`, predict, confirm by measuring)."""
 
     def __init__(
@@ -213,7 +213,7 @@ class Profiler:
         )
 
     def _efficient(self, sizes: list[int], table: list[int], cap: float, bar: tqdm) -> list[ProfilePoint]:
-        """DESIGN §1: largest batch from the lowest frequency up until the cap is crossed; each
+        """docs/design/method.md: largest batch from the lowest frequency up until the cap is crossed; each
         smaller batch starts at the highest frequency feasible for the previous one."""
         points: list[ProfilePoint] = []
         start = 0
@@ -396,7 +396,7 @@ def profile_device(
     rate_hz: float = 50.0,
     progress: bool = True,
 ) -> Profile:
-    """Profile `device` for `workload` (see `Profiler`); returns the profile table of DESIGN §5."""
+    """Profile `device` for `workload` (see `Profiler`); returns a profile table (docs/reference/files.md)."""
     profiler = Profiler(
         device,
         workload,

@@ -1,4 +1,4 @@
-"""Joint batch-size and GPU-frequency selection under a power cap (the paper's Algorithm 1, DESIGN §1).
+"""Joint batch-size and GPU-frequency selection under a power cap (Algorithm 1, docs/design/method.md).
 
     minimise  T_N(b, f) · r_b   subject to   P(b, f) ≤ P_max
 
@@ -52,7 +52,7 @@ class Selection:
     """E_N(b, f) · r_b: predicted joules to the target (profile mean power × T_N · r_b)."""
 
     def to_json_dict(self, *, with_energy: bool = False) -> dict[str, Any]:
-        """The `powerctl select --json` object: exactly DESIGN §6's four keys, plus `predicted_energy_j`
+        """The `select --json` object (docs/reference/files.md): exactly four keys, plus `predicted_energy_j`
         when asked (the energy objective)."""
         d = {
             "batch_size": self.batch_size,
@@ -105,7 +105,7 @@ def check_pairing(profile: Profile, relation: RelationVector, *, allow_mismatch:
 
 
 def is_feasible(point: ProfilePoint, power_cap_w: float | None) -> bool:
-    """Peak power ≤ cap; equal is feasible (DESIGN §1); no cap = everything is feasible."""
+    """Peak power ≤ cap; equal is feasible (docs/design/method.md); no cap = everything is feasible."""
     return power_cap_w is None or point.peak_power_w <= power_cap_w
 
 

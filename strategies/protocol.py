@@ -245,7 +245,7 @@ def _step_downs(r: MappingReader) -> list[dict[str, float]]:
 
 @dataclass
 class ClientReport:
-    """What a client reports after a round of training (DESIGN §2); None = not measured / no cap."""
+    """What a client reports after a round (docs/reference/files.md); None = not measured / no cap."""
 
     device: str
     power_cap_w: float | None

@@ -1,4 +1,4 @@
-"""`powerctl` end to end: the behaviours DESIGN §6 and the foundation issue name."""
+"""`powerctl` end to end: the behaviours docs/reference/cli.md and the foundation issue name."""
 
 from __future__ import annotations
 

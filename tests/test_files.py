@@ -1,4 +1,4 @@
-"""The JSON files of DESIGN §5: round trips, and one clear error for every kind of bad file."""
+"""The JSON files of docs/reference/files.md: round trips, and one clear error for every kind of bad file."""
 
 from __future__ import annotations
 

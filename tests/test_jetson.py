@@ -1,4 +1,4 @@
-"""The sysfs Jetson backend on fake Nano, TX2 NX and Orin trees (DESIGN §4)."""
+"""The sysfs Jetson backend on fake Nano, TX2 NX and Orin trees (docs/design/devices.md)."""
 
 from __future__ import annotations
 

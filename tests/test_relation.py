@@ -41,7 +41,7 @@ def test_end_to_end_on_synthetic_images(tmp_path: Path) -> None:
     assert rel.extra["lr"] == [scaled_lr(2e-3, b, 32) for b in (8, 16, 32)]
     assert rel.extra["samples_per_seed"] == [[s] for s in rel.samples_to_target]
     assert rel.extra["weights_sha256"] == "init:0" and len(rel.extra["cache_key"]) == 64
-    # the file of DESIGN §5, and back
+    # the file of docs/reference/files.md, and back
     rel.save(tmp_path / "relation.json")
     back = RelationVector.load(tmp_path / "relation.json")
     assert back.batch_sizes == rel.batch_sizes and back.relation == pytest.approx(rel.relation)

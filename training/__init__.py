@@ -1,2 +1,2 @@
 """The learning half: models, datasets and partitioning, fine-tune-to-target loop, LR scaling.
-Uses powerctl's device interface; no Flower (DESIGN §3)."""
+Uses powerctl's device interface; no Flower (docs/design/layout.md)."""

@@ -3,7 +3,7 @@
 Pre-training, relation-vector estimation and the clients all use this loop, so "samples to the target"
 means the same thing everywhere. Every step goes through `device.run_step`, so a simulated board charges
 its virtual clock and power sensor; device seconds count training steps only (evaluation excluded), as
-the time-to-accuracy of DESIGN §1 is a training time. The loop is kept lean (in-memory tensors, index
+the time-to-accuracy (docs/design/method.md) is a training time. The loop is lean (in-memory tensors, index
 slicing, no DataLoader): its overhead must stay within a few percent of a bare PyTorch loop
 (bench/loop_overhead.py measures it).
 """

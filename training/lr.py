@@ -1,4 +1,4 @@
-"""Learning-rate scaling across batch sizes: the square-root rule (DESIGN §1).
+"""Learning-rate scaling across batch sizes: the square-root rule (docs/design/method.md).
 
 Adam/AdamW keep a per-parameter step size, so the gradient-noise argument gives lr ∝ sqrt(b) rather
 than the linear rule of SGD. The relation vector is only comparable across batch sizes if every batch

@@ -1,4 +1,4 @@
-"""Open a device by spec string (DESIGN §4).
+"""Open a device by spec string (docs/design/devices.md).
 
 host                      this machine, no knob, no sensor
 sim:jetson-nano, sim:...  a simulated board (see powerctl/data/boards.yaml)

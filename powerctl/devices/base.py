@@ -1,7 +1,7 @@
 """One interface over real and simulated GPUs: frequency knob, power sensor, clock, step execution.
 
 Profiler and training loop only ever talk to `Device`, so the same code runs on a Jetson, a
-discrete NVIDIA GPU, the host, or a simulated board (DESIGN §4).
+discrete NVIDIA GPU, the host, or a simulated board (docs/design/devices.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A real Jetson board through sysfs: GPU devfreq as the knob, INA3221 rails as the sensor (DESIGN §4).
+"""A real Jetson via sysfs: GPU devfreq as the knob, INA3221 rails as the sensor (docs/design/devices.md).
 
 Every path is read under `POWERCTL_SYSFS_ROOT` (default ``/``), so the tests run on a fake tree.
 """
