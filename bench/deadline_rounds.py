@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             )  # fmt: skip
             if method == "ours-deadline":
                 clients = [c for cs in rounds.values() for c in cs]
-                met += sum(bool((c.get("extra") or {}).get("meets_deadline_predicted")) for c in clients)
+                met += sum(bool(c.get("meets_deadline_predicted")) for c in clients)
         print(f"seed {seed}: {args.out / f'seed-{seed}' / 'summary.txt'}", flush=True)
     print(
         f"\nfleet {spec.name}: {len(spec.boards)} boards ({', '.join(b.label() for b in spec.boards)}), "

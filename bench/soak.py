@@ -126,7 +126,7 @@ def check(results: Path, fault_log: Path, nodes: int) -> dict:
                 violations.append(
                     f"round {rnd['round']} {c['node_key']}: peak {c['peak_power_w']:.2f} W, cap {cap}"
                 )
-            restores += "resumed_at_samples" in c.get("extra", {})
+            restores += c.get("resumed_at_samples") is not None
     completed = [r["round"] for r in data["rounds"] if "evaluation" in r]
     named = {(r["round"], f["node_key"]) for r in data["rounds"] for f in r["failed"]}
     other = len(named - {(f["round"], f["node"]) for f in faults})

@@ -226,6 +226,8 @@ class Trained:
     board: str
     choice: Choice
     stand_in: bool = False
+    final_pair: list[int] | None = None
+    """Under a cap that changes: the pair in force when the fine-tune ended."""
 
 
 @dataclass(frozen=True)
@@ -499,16 +501,15 @@ def fine_tune_step(
             on_step=work.on_step,
             follower=follower,
         )
+        final_pair = None
         if follower is not None:
-            result.extra.update(
-                cap_source=work.caps.describe(), final_pair=[follower.batch_size, follower.frequency_hz]
-            )
+            final_pair = [follower.batch_size, follower.frequency_hz]
             # the pair it started with (from the events: a resumed run's first pick is its first run's)
             e = next(e for e in result.cap_events if e["kind"] in ("start", "resume"))
             b, hz, predicted = e["new_batch_size"], e["new_frequency_hz"], e["predicted_remaining_s"]
             choice = Choice(instr.method, b, hz, predicted, None)
         state = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
-        return Trained(result, state, dev.board, choice)
+        return Trained(result, state, dev.board, choice, final_pair=final_pair)
 
 
 def _pick(choice: Choice) -> Pick:
@@ -553,7 +554,6 @@ def stand_in_step(work: RoundWork, rule: Rule) -> Trained:
         steps=steps,
         target_accuracy=instr.target_accuracy,
         stop_reason="stand-in",
-        extra={"accuracy_of": "received weights (stand-in: not trained)"},
     )
     return Trained(result, dict(work.state or {}), profile.device, choice, stand_in=True)
 
@@ -640,17 +640,7 @@ def build_report(
     """The round's report. Only the power-aware method is charged for profiling it measured this round."""
     instr, result, choice, profile = work.instr, trained.result, trained.choice, profiled.profile
     charged = instr.method == OURS and not profiled.cached and not trained.stand_in
-    extra: dict[str, Any] = {"profile_points": len(profile.points), "steps": result.steps}
-    if trained.stand_in:
-        extra = {}
-    if choice.meets_deadline is not None:
-        extra.update(deadline_s=instr.deadline_s, meets_deadline_predicted=choice.meets_deadline)
-    if chosen.search is not None:
-        extra.update(
-            oracle_samples_to_target={str(b): s for b, s in chosen.search.relation.samples_map().items()},
-            oracle_search_device_seconds=chosen.search.device_seconds,
-        )
-    extra.update(result.extra)
+    search = chosen.search
     point = profile.point(choice.batch_size, choice.frequency_hz)
     peak = choice.profiled_peak_power_w or (point.peak_power_w if point is not None else 0.0)
     more: dict[str, Any] = {}
@@ -684,7 +674,17 @@ def build_report(
         step_downs=result.step_downs,
         method=instr.method,
         stand_in=trained.stand_in,
-        extra=extra,
+        profile_points=0 if trained.stand_in else len(profile.points),
+        steps=0 if trained.stand_in else result.steps,
+        resumed_at_samples=result.extra.get("resumed_at_samples"),
+        deadline_s=instr.deadline_s if choice.meets_deadline is not None else None,
+        meets_deadline_predicted=choice.meets_deadline,
+        oracle_samples_to_target=None
+        if search is None
+        else {str(b): s for b, s in search.relation.samples_map().items()},
+        oracle_search_device_seconds=None if search is None else search.device_seconds,
+        cap_source="" if trained.final_pair is None else work.caps.describe(),
+        final_pair=trained.final_pair,
         restored=profiled.restored,
         **more,
     )

@@ -159,7 +159,7 @@ def build_results(
             "test splits reaches the target; null: not reached in the rounds run",
             "state-of-practice": SOP_DEFINITION,
             "profiling": "only 'ours' is charged for profiling; the baselines do not profile and the "
-            "oracle's own-data search is reported apart (extra.oracle_search_device_seconds)",
+            "oracle's own-data search is reported apart (oracle_search_device_seconds)",
             "stand_in": "scale mode: A stand-in client does not train; its device time and energy are the "
             "board model's for the proxy's samples to target at the chosen pair; its weights go back "
             "unchanged",

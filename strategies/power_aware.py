@@ -330,9 +330,7 @@ class PowerAwareFedAvg(FedAvg):
         )
         if server_round in self.deadlines:
             record.summary["deadline_s"] = self.deadlines[server_round]
-            record.summary["met_deadline_predicted"] = sum(
-                bool(r.extra.get("meets_deadline_predicted")) for r in reports
-            )
+            record.summary["met_deadline_predicted"] = sum(bool(r.meets_deadline_predicted) for r in reports)
         self.rounds[server_round] = record
         if self.on_round is not None:
             self.on_round(record)

@@ -11,15 +11,28 @@ kebab-case, the run settings among them spelled as their run config keys (`strat
 from __future__ import annotations
 
 import json
-import math
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from flwr.app import ConfigRecord
 
 from powerctl.capsource import POWER_CAP
 from powerctl.errors import FileFormatError, PowerctlError
-from powerctl.mapping import Choice, Flag, Integer, JsonObject, MappingReader, Number, Text
+from powerctl.mapping import (
+    Choice,
+    Flag,
+    Integer,
+    Invalid,
+    JsonObject,
+    Kind,
+    MappingReader,
+    Number,
+    Text,
+    is_integer,
+    is_number,
+    must_be,
+)
 from powerctl.relation import RelationVector
 from strategies.settings import (
     BOTH,
@@ -180,16 +193,19 @@ class TrainInstructions:
         )
 
 
-def _json_list(r: MappingReader, key: str) -> list[Any]:
-    """A report field that carries a JSON list (a ConfigRecord holds no nested records)."""
-    text = r.string(key)
+def _json(value: Any, expected: str, python_type: type) -> Any:
+    """A report field that carries JSON (a ConfigRecord holds no nested records)."""
     try:
-        items = json.loads(text)
+        items = json.loads(value) if isinstance(value, str) else None
     except ValueError:
-        raise r.fail(key, f"must be a JSON list, got {text!r}") from None
-    if not isinstance(items, list):
-        raise r.fail(key, f"must be a JSON list, got {text!r}")
+        items = None
+    if not isinstance(items, python_type):
+        raise must_be(expected, value)
     return items
+
+
+def _number_at_least_0(v: Any) -> bool:
+    return is_number(v) and v >= 0
 
 
 CAP_EVENT_KINDS = ("start", "switch", "hold", "pause", "resume")
@@ -205,87 +221,152 @@ CAP_EVENT_NUMBERS = (
 )
 
 
-def _cap_events(r: MappingReader) -> list[dict[str, Any]]:
+def _cap_events(value: Any) -> list[dict[str, Any]]:
     """A changing cap's events: a JSON list of {t_s, kind, power_cap_w, old/new (b, f), ...}."""
-    items = _json_list(r, "cap_events")
+    items = _json(value, "a JSON list", list)
     for item in items:
         if not isinstance(item, dict) or item.get("kind") not in CAP_EVENT_KINDS:
-            raise r.fail("cap_events", f"entries need a kind in {', '.join(CAP_EVENT_KINDS)}, got {item!r}")
+            raise Invalid(f"entries need a kind in {', '.join(CAP_EVENT_KINDS)}, got {item!r}")
         for key in CAP_EVENT_NUMBERS:
-            v = item.get(key)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                raise r.fail("cap_events", f"{key} must be a finite number ≥ 0, got {v!r}")
+            if not _number_at_least_0(item.get(key)):
+                raise Invalid(f"{key} must be a finite number ≥ 0, got {item.get(key)!r}")
         for key in ("power_cap_w", "predicted_remaining_s"):
-            v = item.get(key)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0):
-                raise r.fail("cap_events", f"{key} must be a number ≥ 0 or null, got {v!r}")
+            if item.get(key) is not None and not _number_at_least_0(item[key]):
+                raise Invalid(f"{key} must be a number ≥ 0 or null, got {item[key]!r}")
     return items
 
 
 STEP_DOWN_KEYS = ("device_seconds", "old_hz", "new_hz", "measured_w", "power_cap_w")
 
 
-def _step_downs(r: MappingReader) -> list[dict[str, float]]:
+def _step_downs(value: Any) -> list[dict[str, float]]:
     """The power guard's step-downs: a JSON list of {device_seconds, old_hz, new_hz, measured_w, ...}."""
-    items = _json_list(r, "step_downs")
-    out = []
+    items = _json(value, "a JSON list", list)
     for item in items:
         if not isinstance(item, dict) or set(item) != set(STEP_DOWN_KEYS):
-            raise r.fail(
-                "step_downs", f"entries must have the keys {', '.join(STEP_DOWN_KEYS)}, got {item!r}"
-            )
+            raise Invalid(f"entries must have the keys {', '.join(STEP_DOWN_KEYS)}, got {item!r}")
         for key, v in item.items():
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                raise r.fail("step_downs", f"{key} must be a finite number ≥ 0, got {v!r}")
+            if not _number_at_least_0(v):
+                raise Invalid(f"{key} must be a finite number ≥ 0, got {v!r}")
         if not item["new_hz"] < item["old_hz"]:
-            raise r.fail("step_downs", f"a step-down must lower the frequency, got {item!r}")
-        out.append(item)
-    return out
+            raise Invalid(f"a step-down must lower the frequency, got {item!r}")
+    return items
+
+
+def _samples_by_batch(value: Any) -> dict[str, float]:
+    """The oracle's own-data samples to target: a JSON object batch size → samples > 0."""
+    items = _json(value, "a JSON object", dict)
+    for b, v in items.items():
+        if not b.isdigit() or not (is_number(v) and v > 0):
+            raise Invalid(f"must map batch sizes to samples > 0, got {b!r}: {v!r}")
+    return items
+
+
+def _pair(value: Any) -> list[int]:
+    items = _json(value, "a JSON list [batch size, Hz]", list)
+    if len(items) != 2 or not all(is_integer(v) and v >= 0 for v in items):
+        raise must_be("a JSON list [batch size, Hz]", value)
+    return items
+
+
+def _as_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
+@dataclass(frozen=True)
+class _Json(Kind):
+    """A field that travels as JSON text, checked by `parse`."""
+
+    parse: Callable[[Any], Any]
+    expected: str = "JSON"  # type: ignore[misc]
+
+    def __call__(self, value: Any) -> Any:
+        return self.parse(value)
+
+    def to_config(self, value: Any) -> Any:
+        return _as_json(value)
+
+
+def _kind(kind: Kind, *, required: bool = False) -> dict[str, Any]:
+    """A report field's metadata: how it is checked when read back, whether a reply must carry it."""
+    return {"kind": kind, "required": required}
+
+
+NUMBER = Number(0.0)
+COUNT = Integer(0)
+TEXT = Text(empty=True)
 
 
 @dataclass
 class ClientReport:
-    """What a client reports after a round (docs/reference/files.md); None = not measured / no cap."""
+    """What a client reports after a round (docs/reference/files.md); None = not measured / no cap.
 
-    device: str
-    power_cap_w: float | None
-    batch_size: int
-    frequency_hz: int
-    device_seconds: float
-    energy_j: float | None
-    peak_power_w: float | None
-    samples: int
-    accuracy: float
-    reached_target: bool
-    profiling_seconds: float
-    board: str = ""
-    node_key: str = ""
-    predicted_seconds: float = 0.0
-    profiled_peak_power_w: float = 0.0
+    Each field says how it is checked when it comes back (`metadata["kind"]`); in the message its key is
+    the field's name in kebab-case, like every key of the protocol; absent values (None) are left out."""
+
+    device: str = field(metadata=_kind(Text(), required=True))
+    power_cap_w: float | None = field(metadata=_kind(NUMBER, required=True))
+    batch_size: int = field(metadata=_kind(Integer(1), required=True))
+    frequency_hz: int = field(metadata=_kind(COUNT, required=True))
+    device_seconds: float = field(metadata=_kind(NUMBER, required=True))
+    energy_j: float | None = field(metadata=_kind(NUMBER, required=True))
+    peak_power_w: float | None = field(metadata=_kind(NUMBER, required=True))
+    samples: int = field(metadata=_kind(COUNT, required=True))
+    accuracy: float = field(metadata=_kind(NUMBER, required=True))
+    reached_target: bool = field(metadata=_kind(Flag(), required=True))
+    profiling_seconds: float = field(metadata=_kind(NUMBER, required=True))
+    board: str = field(default="", metadata=_kind(TEXT))
+    node_key: str = field(default="", metadata=_kind(TEXT))
+    predicted_seconds: float = field(default=0.0, metadata=_kind(NUMBER))
+    profiled_peak_power_w: float = field(default=0.0, metadata=_kind(NUMBER))
     """The selected point's peak power in the profile: what the method checks against the cap (the
     measured `peak_power_w` of a long run can exceed it by sensor noise or a board that drifts)."""
-    profile_cached: bool = False
-    lr: float = 0.0
-    stop_reason: str = ""
-    train_examples: int = 0
-    wall_seconds: float = 0.0
-    method: str = OURS
-    stand_in: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
-    step_downs: list[dict[str, float]] = field(default_factory=list)
+    profile_cached: bool = field(default=False, metadata=_kind(Flag()))
+    profile_points: int = field(default=0, metadata=_kind(COUNT))
+    """Pairs in the profile the choice was made from."""
+    lr: float = field(default=0.0, metadata=_kind(NUMBER))
+    stop_reason: str = field(default="", metadata=_kind(TEXT))
+    steps: int = field(default=0, metadata=_kind(COUNT))
+    train_examples: int = field(default=0, metadata=_kind(COUNT))
+    wall_seconds: float = field(default=0.0, metadata=_kind(NUMBER))
+    method: str = field(default=OURS, metadata=_kind(Choice(METHODS)))
+    stand_in: bool = field(default=False, metadata=_kind(Flag()))
+    """Scale mode: not trained; the board model charged the proxy's samples to target at the chosen
+    pair, the accuracy is the received weights' on the local test split."""
+    resumed_at_samples: int | None = field(default=None, metadata=_kind(COUNT))
+    """The fine-tune continued from a checkpoint taken at this many samples (a round sent again)."""
+    deadline_s: float | None = field(default=None, metadata=_kind(NUMBER))
+    """Energy-under-deadline rounds: the round's deadline the client chose for (None: no deadline)."""
+    meets_deadline_predicted: bool | None = field(default=None, metadata=_kind(Flag()))
+    """... and whether its pair is predicted to meet it (else it ran its fastest pair)."""
+    oracle_samples_to_target: dict[str, float] | None = field(
+        default=None, metadata=_kind(_Json(_samples_by_batch, "a JSON object"))
+    )
+    """The oracle: samples to the target per batch size measured on the client's own data."""
+    oracle_search_device_seconds: float | None = field(default=None, metadata=_kind(NUMBER))
+    """The oracle: device seconds its own-data search took (reported apart, never charged)."""
+    step_downs: list[dict[str, float]] = field(
+        default_factory=list, metadata=_kind(_Json(_step_downs, "a JSON list"))
+    )
     """The power guard's actions while training (powerctl.guard.StepDown): time (training device
     seconds), old and new frequency in Hz, the measured W that caused it, the cap. `frequency_hz` stays
     the selected one; the last step-down's `new_hz` is where training ended."""
-    cap_events: list[dict[str, Any]] = field(default_factory=list)
+    cap_source: str = field(default="", metadata=_kind(TEXT))
+    """A cap that changes: what the client followed (a schedule, a trace, a live file)."""
+    cap_events: list[dict[str, Any]] = field(
+        default_factory=list, metadata=_kind(_Json(_cap_events, "a JSON list"))
+    )
     """Under a cap that changes (powerctl.follow.CapEvent): every start, switch, hold, pause and resume
     with its time, the cap, the old and new (b, f) and the seconds measured over the cap after it.
     `batch_size`/`frequency_hz` are then the first pick."""
-    paused_seconds: float = 0.0
+    final_pair: list[int] | None = field(default=None, metadata=_kind(_Json(_pair, "[batch size, Hz]")))
+    """A cap that changes: the pair in force when training ended."""
+    paused_seconds: float = field(default=0.0, metadata=_kind(NUMBER))
     """Device seconds paused because no pair fitted under the cap (not in `device_seconds`)."""
-    over_cap_seconds: float | None = None
+    over_cap_seconds: float | None = field(default=None, metadata=_kind(NUMBER))
     """Device seconds the measured power exceeded the cap in force × (1 + guard tolerance), steps in
     progress at cap drops included (measured only under a changing cap; per event in `cap_events`)."""
-    restored: str = ""
+    restored: str = field(default="", metadata=_kind(TEXT))
     """When the board was found left pinned by a killed process and put back before this round: the
     line that says what was restored (empty: nothing was)."""
 
@@ -294,11 +375,13 @@ class ClientReport:
         return float(sum(e.get("over_cap_s", 0.0) for e in self.cap_events))
 
     def to_config(self) -> ConfigRecord:
-        d = asdict(self)
-        d["extra"] = json.dumps(self.extra, sort_keys=True)
-        d["step_downs"] = json.dumps(self.step_downs)
-        d["cap_events"] = json.dumps(self.cap_events)
-        return ConfigRecord({k: v for k, v in d.items() if v is not None})
+        return ConfigRecord(
+            {
+                _key(f): f.metadata["kind"].to_config(getattr(self, f.name))
+                for f in fields(self)
+                if getattr(self, f.name) is not None
+            }
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -306,44 +389,22 @@ class ClientReport:
     @classmethod
     def from_config(cls, record: Any, where: str = "train reply report") -> ClientReport:
         r = reader(record, where)
+        values = {}
+        for f in fields(cls):
+            key, kind = _key(f), f.metadata["kind"]
+            if key in r:
+                values[f.name] = r.value(key, kind)
+            elif f.metadata["required"] and f.name not in OPTIONAL_REQUIRED:
+                r.get(key)  # one "missing key" line
+        return cls(**{**dict.fromkeys(OPTIONAL_REQUIRED), **values})
 
-        def optional(key: str) -> float | None:
-            return r.number(key) if key in record else None
 
-        reached = r.get("reached_target")
-        if not isinstance(reached, bool):
-            raise r.fail("reached_target", f"must be true or false, got {reached!r}")
-        extra = r.json_object("extra") if "extra" in record else {}
-        return cls(
-            device=r.string("device"),
-            power_cap_w=optional("power_cap_w"),
-            batch_size=r.integer("batch_size"),
-            frequency_hz=r.integer("frequency_hz", minimum=0),
-            device_seconds=r.number("device_seconds"),
-            energy_j=optional("energy_j"),
-            peak_power_w=optional("peak_power_w"),
-            samples=r.integer("samples", minimum=0),
-            accuracy=r.number("accuracy"),
-            reached_target=reached,
-            profiling_seconds=r.number("profiling_seconds"),
-            board=str(record.get("board", "")),
-            node_key=str(record.get("node_key", "")),
-            predicted_seconds=optional("predicted_seconds") or 0.0,
-            profiled_peak_power_w=optional("profiled_peak_power_w") or 0.0,
-            profile_cached=record.get("profile_cached") is True,
-            lr=optional("lr") or 0.0,
-            stop_reason=str(record.get("stop_reason", "")),
-            train_examples=r.integer("train_examples", minimum=0) if "train_examples" in record else 0,
-            wall_seconds=optional("wall_seconds") or 0.0,
-            method=r.choice("method", METHODS) if "method" in record else OURS,
-            stand_in=record.get("stand_in") is True,
-            extra=extra,
-            step_downs=_step_downs(r) if "step_downs" in record else [],
-            cap_events=_cap_events(r) if "cap_events" in record else [],
-            paused_seconds=optional("paused_seconds") or 0.0,
-            over_cap_seconds=optional("over_cap_seconds"),
-            restored=str(record.get("restored", "")),
-        )
+OPTIONAL_REQUIRED = ("power_cap_w", "energy_j", "peak_power_w")
+"""Fields every report has that may be None (no cap, no sensor): absent from the message then."""
+
+
+def _key(f: Any) -> str:
+    return f.name.replace("_", "-")
 
 
 @dataclass(frozen=True)

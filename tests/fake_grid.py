@@ -122,7 +122,7 @@ def spoil(reply: Message, kind: str, mode: str) -> None:
     elif kind == "train" and mode == "nan":
         content.config_records["report"]["accuracy"] = float("nan")
     elif kind == "train" and mode == "wrong-types":
-        content.config_records["report"]["batch_size"] = "eight"
+        content.config_records["report"]["batch-size"] = "eight"
     elif kind == "train" and mode == "nan-weights":
         arrays = content.array_records["arrays"]
         name = next(k for k in arrays.keys() if arrays[k].numpy().dtype.kind == "f")  # noqa: SIM118

@@ -53,7 +53,7 @@ def test_a_deadline_round_plans_sets_the_slowest_fastest_time_and_saves_energy()
     by_key = {c["node_key"]: c for c in record.clients}
     base = {c["node_key"]: c for c in fastest.rounds[1].clients}
     for key, c in by_key.items():
-        assert c["extra"]["meets_deadline_predicted"] and c["predicted_seconds"] <= deadline
+        assert c["meets_deadline_predicted"] and c["predicted_seconds"] <= deadline
         assert c["power_cap_w"] is None or c["profiled_peak_power_w"] <= c["power_cap_w"]
         # never predicted slower than the deadline, never dearer than its own fastest pair
         assert c["predicted_seconds"] >= base[key]["predicted_seconds"] - 1e-9
@@ -72,7 +72,7 @@ def test_a_user_deadline_too_short_makes_clients_run_their_fastest_and_say_so() 
     _run(grid, strategy, instr=instructions(budget_samples=64))
     record = strategy.rounds[1]
     assert record.summary["deadline_s"] == 1e-6 and record.summary["met_deadline_predicted"] == 0
-    assert all(c["extra"]["meets_deadline_predicted"] is False for c in record.clients)
+    assert all(c["meets_deadline_predicted"] is False for c in record.clients)
 
 
 def test_plans_and_options_are_checked() -> None:

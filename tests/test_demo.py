@@ -100,6 +100,6 @@ def test_the_demo_and_a_fleet_client_agree_on_the_oracle(results) -> None:
     assert client["samples"] == demo["samples"]
     assert client["device_seconds"] == pytest.approx(demo["device_seconds"], rel=1e-9)
     own = res["own_data_relation"]
-    assert client["extra"]["oracle_samples_to_target"] == {
+    assert client["oracle_samples_to_target"] == {
         str(b): s for b, s in zip(own["batch_sizes"], own["samples_to_target"], strict=True)
     }

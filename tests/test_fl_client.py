@@ -272,11 +272,11 @@ def test_a_round_killed_mid_way_resumes_its_checkpoint_to_the_same_result(capsys
     settings, data = _data(0)
     instr = instructions(checkpoint_every_samples=32)
     plain_state, plain = train_round(settings, instr, initial_state(), data, device_seed=1)
-    assert "resumed_at_samples" not in plain.extra
+    assert plain.resumed_at_samples is None
     with pytest.raises(Killed):
         train_round(settings, instr, initial_state(), data, device_seed=1, on_step=_kill_after(40))
     state, report = train_round(settings, instr, initial_state(), data, device_seed=1)
-    assert report.extra["resumed_at_samples"] == 32 and "checkpoint: resuming" in capsys.readouterr().err
+    assert report.resumed_at_samples == 32 and "checkpoint: resuming" in capsys.readouterr().err
     same = ("batch_size", "frequency_hz", "device_seconds", "energy_j", "peak_power_w", "accuracy", "samples")
     assert [getattr(report, k) for k in same] == [getattr(plain, k) for k in same]
     assert all(torch.equal(state[k], plain_state[k]) for k in state)
@@ -291,12 +291,12 @@ def test_a_checkpoint_of_another_round_or_other_weights_is_ignored_with_a_line(c
     _, next_round = train_round(
         settings, instructions(checkpoint_every_samples=32, server_round=2), initial_state(), data
     )
-    assert "resumed_at_samples" not in next_round.extra
+    assert next_round.resumed_at_samples is None
     assert "belongs to other work" in capsys.readouterr().err
     with pytest.raises(Killed):
         train_round(settings, instr, initial_state(), data, device_seed=1, on_step=_kill_after(40))
     _, other_weights = train_round(settings, instr, initial_state(seed=1), data, device_seed=1)
-    assert "resumed_at_samples" not in other_weights.extra
+    assert other_weights.resumed_at_samples is None
 
 
 def test_the_runs_relation_rule_reaches_the_clients_choice() -> None:

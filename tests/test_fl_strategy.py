@@ -143,7 +143,7 @@ def test_a_node_that_never_described_itself_is_named_by_its_node_id(mode: str, k
     ("mode", "fragment"),
     [
         ("nan", "'accuracy' must be a number ≥ 0, got nan"),
-        ("wrong-types", "'batch_size' must be an integer ≥ 1, got 'eight'"),
+        ("wrong-types", "'batch-size' must be an integer ≥ 1, got 'eight'"),
         ("bad-report", "missing key"),
         ("nan-weights", "weights hold NaN or infinity"),
     ],
@@ -283,20 +283,15 @@ def test_train_instructions_round_trip_and_reject_bad_values() -> None:
 def test_the_strategy_sends_the_relation_vector_whole_extra_fields_included() -> None:
     """One relation type from the server's estimate to the client's `select`: whatever fields the
     vector carries (per-seed samples, how it was estimated) reach the client unchanged."""
-    rel = RelationVector.from_samples(
-        "cnn-tiny",
-        "synthetic-image",
-        0.99,
-        {8: 300.0, 16: 400.0},
-        samples_per_seed={"0": [280.0, 390.0], "1": [320.0, 410.0]},
-        eval_every_samples=32,
+    rel = RelationVector.from_seeds(
+        "cnn-tiny", "synthetic-image", 0.99, {8: [280.0, 320.0], 16: [390.0, 410.0]}, eval_every_samples=32
     )
     grid = FakeGrid(client_app, _nodes(2), RUN_CONFIG)
     _run(grid, PowerAwareFedAvg(), instr=instructions(relation_vector=rel))
     sent = [TrainInstructions.from_config(m.content.config_records["config"])
             for m in grid.sent if m.metadata.message_type == MessageType.TRAIN]  # fmt: skip
     assert len(sent) == 2 and all(i.relation() == rel for i in sent)
-    assert sent[0].relation().extra["samples_per_seed"] == {"0": [280.0, 390.0], "1": [320.0, 410.0]}
+    assert sent[0].relation().per_seed_samples() == [[280.0, 320.0], [390.0, 410.0]]
 
 
 def test_weighted_average_keeps_integer_buffers_integers() -> None:

@@ -76,8 +76,8 @@ def test_the_oracle_measures_samples_to_target_on_its_own_data_then_asks_powerct
         eval_every_samples=32,
     )
     _, _, report = _round(instr, tmp_path)
-    measured = {int(b): s for b, s in report.extra["oracle_samples_to_target"].items()}
-    assert set(measured) == {8, 16} and report.extra["oracle_search_device_seconds"] > 0
+    measured = {int(b): s for b, s in report.oracle_samples_to_target.items()}
+    assert set(measured) == {8, 16} and report.oracle_search_device_seconds > 0
     target = RelationVector.from_samples("cnn-tiny", "own", 0.3, measured)
     expected = oracle(_predicted([8, 16]), target, CAP_W)
     assert (report.batch_size, report.frequency_hz) == (expected.batch_size, expected.frequency_hz)

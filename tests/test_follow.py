@@ -43,7 +43,7 @@ def _static_run(uncapped_nano: tuple) -> ClientReport:
 def test_a_falling_and_rising_cap_is_followed_to_the_target(uncapped_nano: tuple) -> None:
     settings, data = uncapped_nano
     static = _static_run(uncapped_nano)
-    length_s, step_s = static.device_seconds, static.device_seconds / static.extra["steps"]
+    length_s, step_s = static.device_seconds, static.device_seconds / static.steps
     changes = [0.25 * length_s, 0.45 * length_s, 0.6 * length_s]
     caps = ScheduleCap.from_pairs([[0, 4.0], [changes[0], 2.3], [changes[1], 1.0], [changes[2], 5.0]])
     _, report = train_round(
@@ -210,7 +210,7 @@ def test_a_constant_cap_never_switches() -> None:
 )
 def test_bad_cap_events_in_a_reply_are_one_line(events: str, fragment: str, uncapped_nano: tuple) -> None:
     report = _static_run(uncapped_nano).to_config()
-    report["cap_events"] = events
+    report["cap-events"] = events
     with pytest.raises(ProtocolError, match=fragment) as err:
         ClientReport.from_config(report)
     assert "\n" not in str(err.value)
@@ -237,7 +237,7 @@ def test_a_killed_round_under_a_changing_cap_resumes_to_the_uninterrupted_result
     with pytest.raises(Killed):
         train_round(node, instr, initial_state(), data, device_seed=2, on_step=kill)
     again_state, resumed = train_round(node, instr, initial_state(), data, device_seed=2)
-    assert resumed.extra.get("resumed_at_samples", 0) > 0
+    assert (resumed.resumed_at_samples or 0) > 0
     assert [e["kind"] for e in whole.cap_events] == ["start", "switch", "switch"]
     assert resumed.cap_events == whole.cap_events
     same = ("device_seconds", "energy_j", "samples", "accuracy", "over_cap_seconds")

@@ -36,7 +36,7 @@ ODD_VALUES = st.one_of(
 GOOD_TRAIN = dict(
     instructions(relation_batch_sizes=[8], relation_samples=[300.0], budget_samples=16).to_config()
 )
-OPTIONAL_TRAIN_KEYS = {"node-key", "proxy-dataset", "power-cap-w", "checkpoint-every-samples"}
+OPTIONAL_TRAIN_KEYS = {"power-cap-w"}
 EVAL_CONFIG = {"model": "cnn-tiny", "num-classes": 10, "model-overrides": "{}"}
 
 
