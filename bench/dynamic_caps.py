@@ -95,9 +95,7 @@ def run_once(
     train, test = data
     dev = SimulatedBoard.open(cfg.device.removeprefix("sim:"), seed=seed)
     lr_for = lambda b: scaled_lr(cfg.lr_max, b, max(cfg.batch_sizes))  # noqa: E731
-    follower = CapFollower(
-        dev, caps, choose, lr_for=lr_for, samples_to_target=relation.samples_map(), poll_s=0.5
-    )
+    follower = CapFollower(dev, caps, choose, samples_to_target=relation.samples_map(), poll_s=0.5)
     timeline = dev.power_sampler(20.0)  # the whole run's power, pauses included, for the plot
     with dev.pinned(dev.frequencies()[0]):
         timeline.start()
@@ -108,14 +106,14 @@ def run_once(
             test,
             device=dev,
             batch_size=first.batch_size,
-            lr=lr_for(first.batch_size),
+            lr=lr_for,
             target_accuracy=cfg.target_accuracy,
             max_samples=cfg.max_samples,
             eval_every_samples=cfg.eval_every_samples,
             eval_max_samples=cfg.eval_max_samples,
             seed=seed,
             progress=False,
-            follower=follower,
+            hooks=[follower],
         )
         samples = timeline.stop()
     events = [e.to_dict() for e in follower.events]

@@ -189,14 +189,14 @@ def _fine_tune_at(
     device_seed: int,
     on_step: Callable[[int, int], None] | None = None,
     follow: Following | None = None,
-) -> tuple[FineTuneResult, nn.Module, str]:
+) -> tuple[FineTuneResult, nn.Module, str, dict[str, Any]]:
     """Fine-tune the server's weights at a pinned (b, f) on a fresh device handle: a simulated board's
     noise then does not depend on what ran before, so a seeded run repeats exactly. Checkpointed
     (`round_checkpoint`): the same work killed and sent again resumes.
 
     With `follow` (a cap that changes) the pair is the method's pick for the cap at each moment
     (`powerctl.follow`): the board starts at its lowest frequency, the follower pins the first pick
-    (or pauses); its switches, pauses and time over the cap are in the result."""
+    (or pauses). The last item is what the guard or the follower did, as ClientReport fields."""
     model = build_local_model(instr.model, instr.num_classes, instr.model_overrides, state)
     train, test = data
     with open_device(settings.device, seed=device_seed) as dev:
@@ -208,7 +208,6 @@ def _fine_tune_at(
                     dev,
                     follow.caps,
                     follow.choose,
-                    lr_for=instr.lr_for,
                     samples_to_target=follow.samples_to_target,
                     poll_s=instr.cap_poll_s,
                     pause_timeout_s=instr.cap_pause_timeout_s,
@@ -228,7 +227,7 @@ def _fine_tune_at(
                 test,
                 device=dev,
                 batch_size=batch_size,
-                lr=instr.lr_for(batch_size),
+                lr=instr.lr_for,
                 target_accuracy=instr.target_accuracy,
                 max_samples=instr.budget_samples or None,
                 max_device_seconds=instr.budget_device_seconds or None,
@@ -236,18 +235,26 @@ def _fine_tune_at(
                 eval_max_samples=instr.eval_max_samples,
                 seed=instr.seed,
                 progress=False,
-                power_guard=guard,
                 checkpoint=round_checkpoint(settings, instr, batch_size, frequency_hz),
+                hooks=[h for h in (guard, follower) if h is not None],
                 on_step=on_step,
-                follower=follower,
             )
         board = dev.board
+    control: dict[str, Any] = {}
+    if guard is not None:
+        control["step_downs"] = [e.to_dict() for e in guard.step_downs]
     if follower is not None:
         result.extra.update(
             cap_source=follow.caps.describe(),  # type: ignore[union-attr]
             final_pair=[follower.batch_size, follower.frequency_hz],
         )
-    return result, model, board
+        control.update(
+            step_downs=[e.to_dict() for e in follower.step_downs],
+            cap_events=[e.to_dict() for e in follower.events],
+            paused_seconds=follower.paused_s,
+            over_cap_seconds=follower.over_cap_s,
+        )
+    return result, model, board, control
 
 
 @dataclass(frozen=True)
@@ -272,12 +279,12 @@ def method_chooser(
 
 
 def _oracle_extra(
-    target_relation: RelationVector, runs: dict[tuple[int, int], tuple[FineTuneResult, nn.Module, str]]
+    target_relation: RelationVector, runs: dict[tuple[int, int], tuple[FineTuneResult, nn.Module, str, dict]]
 ) -> dict[str, Any]:
     """What the report says of the oracle's own-data search (reported apart, not charged)."""
     return {
         "oracle_samples_to_target": {str(b): s for b, s in target_relation.samples_map().items()},
-        "oracle_search_device_seconds": sum(r.device_seconds for r, _, _ in runs.values()),
+        "oracle_search_device_seconds": sum(r.device_seconds for r, *_ in runs.values()),
     }
 
 
@@ -291,7 +298,7 @@ def _oracle_runs(
     cap: float | None,
     device_seed: int,
     search_hz: int | None = None,
-) -> tuple[RelationVector, dict[tuple[int, int], tuple[FineTuneResult, nn.Module, str]]]:
+) -> tuple[RelationVector, dict[tuple[int, int], tuple[FineTuneResult, nn.Module, str, dict]]]:
     """Samples to the target per batch size on this client's own data: each batch size fine-tuned at
     its fastest feasible frequency (or at `search_hz`). Batch sizes that miss the target within the
     budget are left out of the target relation (when none reaches it, every run counts with the
@@ -308,9 +315,9 @@ def _oracle_runs(
     if not runs:
         raise ClientWorkError(f"oracle: no profiled batch size is feasible under the cap {cap}")
     # samples 0 = already at the target before training: every batch size then needs (about) nothing
-    reached = {b: max(float(r.samples), 1.0) for (b, _), (r, _, _) in runs.items() if r.reached}
+    reached = {b: max(float(r.samples), 1.0) for (b, _), (r, *_) in runs.items() if r.reached}
     if not reached:
-        reached = {b: max(float(r.samples), 1.0) for (b, _), (r, _, _) in runs.items()}
+        reached = {b: max(float(r.samples), 1.0) for (b, _), (r, *_) in runs.items()}
     target = RelationVector.from_samples(instr.model, "own data", instr.target_accuracy, reached)
     return target, runs
 
@@ -439,7 +446,7 @@ def train_round(
         report.train_examples = len(train)
         report.wall_seconds = time.perf_counter() - wall_start
         return new_state, report
-    runs: dict[tuple[int, int], tuple[FineTuneResult, nn.Module, str]] = {}
+    runs: dict[tuple[int, int], tuple[FineTuneResult, nn.Module, str, dict]] = {}
     target_relation = None
     if instr.method == ORACLE:
         target_relation, runs = _oracle_runs(
@@ -447,7 +454,7 @@ def train_round(
         )
     chosen = choose(instr.method, profile, relation, cap, target_relation, instr.deadline_s)
     pair = (chosen.batch_size, chosen.frequency_hz)
-    result, model, board = runs.get(pair) or _fine_tune_at(
+    result, model, board, control = runs.get(pair) or _fine_tune_at(
         settings, instr, state, data, *pair, cap, device_seed, on_step
     )
     extra: dict = {"profile_points": len(profile.points), "steps": result.steps}
@@ -469,6 +476,7 @@ def train_round(
         predicted_seconds=chosen.predicted_seconds or 0.0,
         profiled_peak_power_w=chosen.profiled_peak_power_w or 0.0,
         extra={**extra, **result.extra},
+        **control,
     )
     new_state = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
     return new_state, report
@@ -512,10 +520,10 @@ def _train_following(
         method_chooser(instr.method, profile, relation, target_relation),
         (target_relation or relation).samples_map(),
     )
-    result, model, board = _fine_tune_at(
+    result, model, board, control = _fine_tune_at(
         settings, instr, state, data, 0, 0, None, device_seed, on_step, follow
     )
-    first = next(e for e in result.cap_events if e["kind"] in ("start", "resume"))
+    first = next(e for e in control["cap_events"] if e["kind"] in ("start", "resume"))
     b, hz = first["new_batch_size"], first["new_frequency_hz"]
     point = profile.point(b, hz)
     extra["steps"] = result.steps
@@ -533,9 +541,7 @@ def _train_following(
         predicted_seconds=first["predicted_remaining_s"] or 0.0,
         profiled_peak_power_w=point.peak_power_w if point is not None else 0.0,
         extra={**extra, **result.extra},
-        cap_events=result.cap_events,
-        paused_seconds=result.paused_seconds,
-        over_cap_seconds=result.over_cap_seconds,
+        **control,
     )
     new_state = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
     return new_state, report
@@ -611,7 +617,6 @@ def _report(
         stop_reason=result.stop_reason,
         train_examples=train_examples,
         wall_seconds=time.perf_counter() - wall_start,
-        step_downs=result.step_downs,
         method=instr.method,
         extra=extra,
         **more,
