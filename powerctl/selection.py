@@ -16,6 +16,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from powerctl.capsource import InvalidPowerCapError as InvalidPowerCapError  # re-exported: API users catch it
+from powerctl.capsource import parse_power_cap
 from powerctl.errors import FileFormatError, InfeasibleCapError, PowerctlError
 from powerctl.profile_table import Profile, ProfilePoint
 from powerctl.relation import RelationVector
@@ -23,10 +25,6 @@ from powerctl.relation import RelationVector
 Objective = Literal["time", "energy"]
 OBJECTIVES: tuple[str, ...] = ("time", "energy")
 """What selection minimises: predicted time to the target (the paper, the default) or energy to it."""
-
-
-class InvalidPowerCapError(PowerctlError, ValueError):
-    """The power cap is not a positive finite number of watts (a usage error, not an infeasible cap)."""
 
 
 @dataclass(frozen=True)
@@ -56,14 +54,9 @@ class Selection:
 
 
 def check_power_cap(power_cap_w: float | None) -> float | None:
-    """None = no cap; otherwise a positive finite number of watts, or one InvalidPowerCapError line."""
-    if power_cap_w is None:
-        return None
-    if isinstance(power_cap_w, bool) or not isinstance(power_cap_w, (int, float)):
-        raise InvalidPowerCapError(f"power cap must be a number of watts, got {power_cap_w!r}")
-    if not math.isfinite(power_cap_w) or power_cap_w <= 0:
-        raise InvalidPowerCapError(f"power cap must be a positive, finite number of watts, got {power_cap_w}")
-    return float(power_cap_w)
+    """None = no cap; otherwise a positive finite number of watts (the one cap parser, as an API takes
+    it: no text), or one InvalidPowerCapError line."""
+    return parse_power_cap(power_cap_w, "power cap", text=False)
 
 
 class MismatchError(FileFormatError):
