@@ -103,18 +103,18 @@ def run_once(work: RoundWork, caps: CapSource, rule: Rule, seed: int) -> Outcome
             timeline.extend(sampler.stop())
 
     trained = fine_tune_step(replace(work, instr=instr, caps=caps, device_seed=seed), rule, observe=record)
-    r = trained.result
+    r, events = trained.result, trained.cap_events
     t0 = timeline[0][0]
     return Outcome(
         reached=r.reached,
-        time_to_target_s=r.device_seconds + r.paused_seconds,
+        time_to_target_s=r.device_seconds + trained.paused_seconds,
         energy_j=r.energy_j or 0.0,
-        switches=sum(e["kind"] == "switch" for e in r.cap_events),
-        pauses=sum(e["kind"] == "pause" for e in r.cap_events),
-        over_cap_s=sum(e["over_cap_s"] for e in r.cap_events),
-        in_step_over_cap_s=max((e["in_step_over_cap_s"] for e in r.cap_events), default=0.0),
+        switches=sum(e["kind"] == "switch" for e in events),
+        pauses=sum(e["kind"] == "pause" for e in events),
+        over_cap_s=sum(e["over_cap_s"] for e in events),
+        in_step_over_cap_s=max((e["in_step_over_cap_s"] for e in events), default=0.0),
         timeline=[(t - t0, w) for t, w in timeline],
-        events=r.cap_events,
+        events=events,
     )
 
 

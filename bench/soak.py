@@ -40,10 +40,10 @@ from simulations.local_superlink import (  # noqa: E402
     descendants,
     flower_env,
     flwr_run_command,
+    free_port,
     pids_listening_on,
     stop_local_superlink,
 )
-from tests.flower_deploy import free_port  # noqa: E402
 
 FLEET = "sim:jetson-nano@3.0, sim:jetson-tx2nx@4.5, sim:jetson-nano@none, sim:jetson-tx2nx@3.5"
 

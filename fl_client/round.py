@@ -228,6 +228,14 @@ class Trained:
     stand_in: bool = False
     final_pair: list[int] | None = None
     """Under a cap that changes: the pair in force when the fine-tune ended."""
+    step_downs: list[dict[str, Any]] = field(default_factory=list)
+    """What the power guard did (read from the guard or the follower after the fine-tune)."""
+    cap_events: list[dict[str, Any]] = field(default_factory=list)
+    """What the cap follower did (a cap that changes, `powerctl.follow.CapEvent`), in order."""
+    paused_seconds: float = 0.0
+    """Device seconds the follower paused (nothing fitted under the cap); not in the result's seconds."""
+    over_cap_seconds: float | None = None
+    """Device seconds the follower measured over the cap in force (None: no follower)."""
 
 
 @dataclass(frozen=True)
@@ -473,7 +481,6 @@ def fine_tune_step(
                 dev,
                 work.caps,
                 lambda cap: _pick(rule(cap)),
-                lr_for=instr.lr_for,
                 samples_to_target=rule.relation.samples_map(),
                 poll_s=instr.cap_poll_s,
                 pause_timeout_s=instr.cap_pause_timeout_s,
@@ -488,7 +495,7 @@ def fine_tune_step(
             test,
             device=dev,
             batch_size=choice.batch_size if follower is None else follower.batch_size,
-            lr=instr.lr_for(choice.batch_size if follower is None else follower.batch_size),
+            lr=instr.lr_for,
             target_accuracy=instr.target_accuracy,
             max_samples=instr.budget_samples or None,
             max_device_seconds=instr.budget_device_seconds or None,
@@ -496,20 +503,31 @@ def fine_tune_step(
             eval_max_samples=instr.eval_max_samples,
             seed=instr.seed,
             progress=False,
-            power_guard=guard,
             checkpoint=round_checkpoint(work, (choice.batch_size, choice.frequency_hz)),
+            hooks=[h for h in (guard, follower) if h is not None],
             on_step=work.on_step,
-            follower=follower,
         )
-        final_pair = None
-        if follower is not None:
-            final_pair = [follower.batch_size, follower.frequency_hz]
-            # the pair it started with (from the events: a resumed run's first pick is its first run's)
-            e = next(e for e in result.cap_events if e["kind"] in ("start", "resume"))
-            b, hz, predicted = e["new_batch_size"], e["new_frequency_hz"], e["predicted_remaining_s"]
-            choice = Choice(instr.method, b, hz, predicted, None)
         state = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
-        return Trained(result, state, dev.board, choice, final_pair=final_pair)
+        if follower is None:
+            downs = [] if guard is None else [e.to_dict() for e in guard.step_downs]
+            return Trained(result, state, dev.board, choice, step_downs=downs)
+        events = [e.to_dict() for e in follower.events]
+        # the pair it started with (from the events: a resumed run's first pick is its first run's)
+        e = next(e for e in events if e["kind"] in ("start", "resume"))
+        choice = Choice(
+            instr.method, e["new_batch_size"], e["new_frequency_hz"], e["predicted_remaining_s"], None
+        )
+        return Trained(
+            result,
+            state,
+            dev.board,
+            choice,
+            step_downs=[e.to_dict() for e in follower.step_downs],
+            cap_events=events,
+            paused_seconds=follower.paused_s,
+            over_cap_seconds=follower.over_cap_s,
+            final_pair=[follower.batch_size, follower.frequency_hz],
+        )
 
 
 def _pick(choice: Choice) -> Pick:
@@ -643,13 +661,6 @@ def build_report(
     search = chosen.search
     point = profile.point(choice.batch_size, choice.frequency_hz)
     peak = choice.profiled_peak_power_w or (point.peak_power_w if point is not None else 0.0)
-    more: dict[str, Any] = {}
-    if result.cap_events:
-        more = dict(
-            cap_events=result.cap_events,
-            paused_seconds=result.paused_seconds,
-            over_cap_seconds=result.over_cap_seconds,
-        )
     return ClientReport(
         device=work.settings.device,
         power_cap_w=work.cap_at_start,
@@ -671,7 +682,7 @@ def build_report(
         stop_reason=result.stop_reason,
         train_examples=train_examples,
         wall_seconds=wall_seconds,
-        step_downs=result.step_downs,
+        step_downs=trained.step_downs,
         method=instr.method,
         stand_in=trained.stand_in,
         profile_points=0 if trained.stand_in else len(profile.points),
@@ -685,8 +696,10 @@ def build_report(
         oracle_search_device_seconds=None if search is None else search.device_seconds,
         cap_source="" if trained.final_pair is None else work.caps.describe(),
         final_pair=trained.final_pair,
+        cap_events=trained.cap_events,
+        paused_seconds=trained.paused_seconds,
+        over_cap_seconds=trained.over_cap_seconds,
         restored=profiled.restored,
-        **more,
     )
 
 

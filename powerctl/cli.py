@@ -1,6 +1,8 @@
 """`powerctl`: devices, power, freq, profile, caps, select, pareto, cap-source, plot (docs/reference/cli.md).
 
 Every user error is one line on stderr and exit status 2; nothing on the device is left changed.
+`powerctl profile` runs real training steps, which this package does not have: `main` receives them as
+`step_factory` (the installed command, `training.powerctl_cli`, passes the training package's).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from powerctl.cliutil import (
     OneLineParser,
@@ -27,7 +29,19 @@ from powerctl.devices import SPEC_HELP, open_device
 from powerctl.errors import InfeasibleCapError, PowerctlError
 from powerctl.selection import DEFAULT_RELATION_RULE, RELATION_RULES
 
+if TYPE_CHECKING:
+    from powerctl.profiler import StepFactory
+    from powerctl.workload import Workload
+
 PROG = "powerctl"
+
+
+class ModelStepFactory(Protocol):
+    """A model's training step for `powerctl profile`: (its workload, batch size → one step)."""
+
+    def __call__(
+        self, model_name: str, *, torch_device: str, num_classes: int | None, seed: int
+    ) -> tuple[Workload, StepFactory]: ...
 
 
 def _frequency(text: str) -> int:
@@ -117,8 +131,9 @@ def cmd_freq(args: argparse.Namespace) -> int:
 
 
 # --- profile ----------------------------------------------------------------------------------
-def _predicted_profile(args: argparse.Namespace) -> Any:
-    """`--predicted`: the simulated board's noise-free profile, no training step run."""
+def _predicted_profile(args: argparse.Namespace, step_factory: ModelStepFactory) -> Any:
+    """`--predicted`: the simulated board's noise-free profile, no training step run (the model's
+    workload only)."""
     from powerctl.devices.simulated import SimulatedBoard, predicted_profile
 
     if not args.device.startswith("sim:"):
@@ -127,13 +142,10 @@ def _predicted_profile(args: argparse.Namespace) -> Any:
         )
     if args.order != "grid":
         raise PowerctlError(f"--predicted writes the whole grid at no cost; drop --order {args.order}")
-    from training.models import build_model, model_workload
-
     with open_device(args.device, seed=args.seed) as dev:
         assert isinstance(dev, SimulatedBoard)
         board = dev.model
-    model = build_model(args.model, **({"num_classes": args.num_classes} if args.num_classes else {}), seed=0)
-    workload = model_workload(args.model, model, args.num_classes)
+    workload, _ = step_factory(args.model, torch_device="cpu", num_classes=args.num_classes, seed=0)
     return predicted_profile(board, workload, args.batch_sizes, args.samples)
 
 
@@ -141,9 +153,15 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from powerctl.outputs import check_output_file
     from powerctl.profiler import profile_device
 
+    step_factory: ModelStepFactory | None = args.step_factory
+    if step_factory is None:
+        raise PowerctlError(
+            "profile needs the training package's steps, which `python -m powerctl` does not load: "
+            "run the installed `powerctl` command (or python -m training.powerctl_cli)"
+        )
     check_output_file(args.out)  # before the profile: its result must not be lost at the end
     if args.predicted:
-        profile = _predicted_profile(args)
+        profile = _predicted_profile(args, step_factory)
         profile.save(args.out)
         skipped = [s["batch_size"] for s in profile.skipped]
         print(
@@ -165,11 +183,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
             raise PowerctlError(
                 f"--relation is of model {relation.model!r}, not {args.model!r}: they do not belong together"
             )
-    # the one place where powerctl is composed with the training package's model registry
-    from training.profiling import profiling_step_factory
-
     with open_device(args.device, seed=args.seed) as dev:
-        workload, make_step = profiling_step_factory(
+        workload, make_step = step_factory(
             args.model, torch_device=dev.torch_device(), num_classes=args.num_classes, seed=args.seed
         )
         profile = profile_device(
@@ -543,11 +558,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 @one_line_errors(PROG)
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, step_factory: ModelStepFactory | None = None) -> int:
+    """The command line; `step_factory` is the training step `powerctl profile` measures (None: every
+    other command works, `profile` says where to find it)."""
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as done:  # --help, or a bad flag (already reported in one line)
         return int(done.code or 0)
+    args.step_factory = step_factory
     return int(args.func(args))
 
 

@@ -5,8 +5,8 @@ what the cap is now (`CapSource.cap_at`, on the device clock: virtual time on a 
 time on a real one). When the cap changed it re-selects from the profile it already holds — `choose`
 is the method's own rule (Algorithm 1 for ours; the state of practice's fixed frequency for the cap,
 ...) — pins a new frequency before the next step and hands a new batch size back to the training
-loop, which keeps the optimizer state and rescales the learning rate (`lr_for`). So a drop is acted
-on within one step; the power guard (`powerctl.guard`, retargeted at every change) stays the second
+loop, which keeps the optimizer state and rescales the learning rate. So a drop is acted on within
+one step; the power guard (`powerctl.guard`, retargeted at every change) stays the second
 line of defence. When no pair is feasible the follower pauses: lowest frequency, no work, the cap
 polled every `poll_s` until a pair fits again, for at most `pause_timeout_s` (then one
 CapPauseTimeout line: running on would knowingly exceed the cap).
@@ -17,6 +17,9 @@ target is Σ samples trained at b / r_b over the segments so far, so the remaini
 
 Measured: the seconds the power read over the cap (× (1 + tolerance), the sensor's noise band, as
 the guard counts it), in total and after each cap change.
+
+The training loop meets it as a step hook (the shape `training.finetune.StepHook` asks for; this
+package imports no training), as it meets the guard.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from typing import Any
 from powerctl.capsource import CapSource
 from powerctl.devices.base import Device, PowerSamples
 from powerctl.errors import InfeasibleCapError, PowerctlError
-from powerctl.guard import DEFAULT_TOLERANCE, DEFAULT_WINDOW, PowerGuard
+from powerctl.guard import DEFAULT_TOLERANCE, DEFAULT_WINDOW, PowerGuard, StepDown
 
 DEFAULT_POLL_S = 1.0
 """How often a paused fine-tune reads its cap again (device seconds)."""
@@ -84,8 +87,8 @@ class CapEvent:
 
 class CapFollower:
     """Re-selects (b, f) when the cap changes; see the module doc. Use: `start()` once before the
-    first step, then `before_step(samples)` (a new batch size or None) and `after_step(new power
-    samples)` around every step."""
+    first step, then `before_step(samples)` (a new batch size or None) and `after_step(power samples,
+    device seconds)` around every step."""
 
     def __init__(
         self,
@@ -93,7 +96,6 @@ class CapFollower:
         caps: CapSource,
         choose: Chooser,
         *,
-        lr_for: Callable[[int], float],
         samples_to_target: Mapping[int, float] | None = None,
         poll_s: float = DEFAULT_POLL_S,
         pause_timeout_s: float = DEFAULT_PAUSE_TIMEOUT_S,
@@ -103,7 +105,7 @@ class CapFollower:
         for name, value in (("poll_s", poll_s), ("pause_timeout_s", pause_timeout_s)):
             if not math.isfinite(value) or value <= 0:
                 raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
-        self.device, self.caps, self._choose, self.lr_for = device, caps, choose, lr_for
+        self.device, self.caps, self._choose = device, caps, choose
         self._r = dict(samples_to_target or {})
         self.poll_s, self.pause_timeout_s = poll_s, pause_timeout_s
         self._window, self._tolerance = guard_window, guard_tolerance
@@ -126,8 +128,9 @@ class CapFollower:
         return self._guard if self._cap is not None else None
 
     @property
-    def step_downs(self) -> list[dict[str, Any]]:
-        return [] if self._guard is None else [e.to_dict() for e in self._guard.step_downs]
+    def step_downs(self) -> list[StepDown]:
+        """What its power guard did, over every cap."""
+        return [] if self._guard is None else self._guard.step_downs
 
     @property
     def unprevented_over_cap_s(self) -> float:
@@ -155,12 +158,14 @@ class CapFollower:
         self._pick_or_pause(cap, samples)
         return self.batch_size if self.batch_size != old_b else None
 
-    def after_step(self, samples: PowerSamples) -> None:
-        """The power readings taken during the step just run: time over the cap is counted, and the
-        guard's step-downs are followed."""
-        if self._guard is not None:
-            self.frequency_hz = self._guard.frequency_hz
-        self._count_over_cap(samples)
+    def after_step(self, power: PowerSamples, device_seconds: float) -> None:
+        """The power readings taken during the step just run: the guard for the cap in force checks
+        them, its step-downs are followed, and time over the cap is counted."""
+        if (guard := self.guard) is not None:
+            if power:
+                guard.check(max(w for _, w in power), device_seconds)
+            self.frequency_hz = guard.frequency_hz  # (not an earlier cap's guard: it pins nothing now)
+        self._count_over_cap(power)
 
     # --- internals --------------------------------------------------------------------------------
     def _progress(self, samples: int) -> float:
@@ -293,6 +298,7 @@ class CapFollower:
             "paused_s": self.paused_s,
             "over_cap_s": self.over_cap_s,
             "events": [e.to_dict() for e in self.events],
+            "guard": None if self._guard is None else self._guard.resume_state(),
         }
 
     def load_resume_state(self, state: dict[str, Any]) -> None:
@@ -306,6 +312,16 @@ class CapFollower:
         self.batch_size = b
         self.frequency_hz = 0
         self._apply(Pick(b, hz), self._cap)
+        if (guard := state.get("guard")) is not None:
+            if self._guard is None:  # no cap in force: an earlier cap's guard, kept for its step-downs
+                self._guard = PowerGuard(
+                    self.device,
+                    float(guard["power_cap_w"]),
+                    int(guard["frequency_hz"]),
+                    window=self._window,
+                    tolerance=self._tolerance,
+                )
+            self._guard.load_resume_state(guard)
         self._last_sample = None
 
 

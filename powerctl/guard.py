@@ -16,6 +16,9 @@ another workload, a different input): the guard is the check that holds during t
   of the table and the count starts again: the reaction window is `window` steps per level.
 - At the lowest level, a further sustained excess stops training with one PowerCapExceeded line: the cap
   cannot be held on this board, and running on would knowingly exceed it.
+
+The training loop meets it as a step hook (`before_step`, `after_step`, `resume_state`,
+`load_resume_state`: the shape `training.finetune.StepHook` asks for; this package imports no training).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from powerctl.devices.base import Device
+from powerctl.devices.base import Device, PowerSamples
 from powerctl.errors import PowerctlError
 
 DEFAULT_WINDOW = 3
@@ -112,3 +115,31 @@ class PowerGuard:
         self.frequency_hz = new_hz
         self.step_downs.append(event)
         return event
+
+    # --- as a training-loop step hook ---------------------------------------------------------------
+    def before_step(self, samples: int) -> int | None:
+        """The guard never changes the batch size."""
+        return None
+
+    def after_step(self, power: PowerSamples, device_seconds: float) -> None:
+        """Checks the step's highest reading (none: no sensor, nothing to check)."""
+        if power:
+            self.check(max(w for _, w in power), device_seconds)
+
+    def resume_state(self) -> dict[str, Any]:
+        """The cap, the frequency stepped down to, the excess count and the step-downs so far (JSON)."""
+        return {
+            "power_cap_w": self.power_cap_w,
+            "frequency_hz": self.frequency_hz,
+            "over": self._over,
+            "step_downs": [e.to_dict() for e in self.step_downs],
+        }
+
+    def load_resume_state(self, state: dict[str, Any]) -> None:
+        """Continue from `resume_state()`: the board is pinned where the guard had stepped it down."""
+        hz = int(state["frequency_hz"])
+        if hz != self.frequency_hz:
+            self.device.pin_frequency(hz)
+        self.retarget(float(state["power_cap_w"]), hz)
+        self._over = int(state["over"])
+        self.step_downs = [StepDown(**e) for e in state["step_downs"]]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from powerctl.jsonfile import Fields, read_json, write_json
+from powerctl.jsonfile import write_json
 from powerctl.profile_table import Profile
 from powerctl.relation import RelationVector
 from powerctl.selection import Selection, candidates, check_power_cap, rank, select
@@ -50,15 +50,6 @@ class Front:
         }
 
 
-def dominates(a: Selection, b: Selection) -> bool:
-    """`a` is at least as fast and as frugal as `b`, and strictly better in one."""
-    return (
-        a.predicted_seconds <= b.predicted_seconds
-        and a.predicted_energy_j <= b.predicted_energy_j
-        and (a.predicted_seconds < b.predicted_seconds or a.predicted_energy_j < b.predicted_energy_j)
-    )
-
-
 def pareto_front(profile: Profile, relation: RelationVector, power_cap_w: float | None) -> Front:
     """The front of the feasible pairs (none feasible: the selection's one InfeasibleCapError line)."""
     if not rank(profile, relation, power_cap_w, "time"):
@@ -77,56 +68,6 @@ def pareto_front(profile: Profile, relation: RelationVector, power_cap_w: float 
     # the time-optimal end is the front's first pair: among pairs tied at the least time, the one with
     # the least energy (Algorithm 1's own tie rule — the larger batch — may pick a dearer one of them)
     return Front(pairs, front, front[0], rank(profile, relation, power_cap_w, "energy")[0], power_cap_w)
-
-
-@dataclass(frozen=True)
-class SavedFront:
-    """`pareto.json` read back: what was computed, and for which profile, relation and cap."""
-
-    device: str
-    model: str
-    proxy_dataset: str
-    target_accuracy: float
-    power_cap_w: float | None
-    feasible_pairs: int
-    front: list[Selection]
-    time_optimal: Selection
-    energy_optimal: Selection
-
-
-def _selection(d: Any, where: str) -> Selection:
-    if not isinstance(d, dict):
-        raise Fields({}, where).fail("each pair must be a JSON object")
-    f = Fields(d, where)
-    return Selection(
-        f.integer("batch_size"),
-        f.integer("frequency_hz"),
-        f.number("predicted_seconds"),
-        f.number("peak_power_w"),
-        f.number("predicted_energy_j"),
-    )
-
-
-def load_front(path: str | Path) -> SavedFront:
-    """Read a `pareto.json` (schema checked; any problem is one FileFormatError line)."""
-    f = Fields(read_json(path, PARETO_SCHEMA), str(path))
-    cap = f.get("power_cap_w")
-    if cap is not None:
-        cap = f.number("power_cap_w", positive=True)
-    front = [_selection(d, f"{path}: front[{i}]") for i, d in enumerate(f.list_of("front"))]
-    if not front:
-        raise f.fail("'front' is empty; a front has at least one pair")
-    return SavedFront(
-        f.string("device"),
-        f.string("model"),
-        f.string("proxy_dataset"),
-        f.number("target_accuracy"),
-        cap,
-        f.integer("feasible_pairs"),
-        front,
-        _selection(f.get("time_optimal"), f"{path}: time_optimal"),
-        _selection(f.get("energy_optimal"), f"{path}: energy_optimal"),
-    )
 
 
 def write_front(front: Front, profile: Profile, relation: RelationVector, out_dir: Path) -> list[Path]:

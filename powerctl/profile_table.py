@@ -75,9 +75,6 @@ class Profile:
                 return p
         return None
 
-    def is_measured(self, batch_size: int, frequency_hz: int) -> bool:
-        return self.point(batch_size, frequency_hz) is not None
-
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
             "schema": PROFILE_SCHEMA,

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from simulations.local_superlink import descendants, proc_stat, proc_table, stop_tree
+from simulations.local_superlink import descendants, free_port, proc_stat, proc_table, stop_tree
 
 PROC = Path("/proc")
 REPO = Path(__file__).resolve().parents[1]
@@ -32,13 +32,6 @@ BIN = Path(sys.executable).parent
 
 
 # --------------------------------------------------------------------------------------------- ports
-
-
-def free_port() -> int:
-    """A port nobody listens on now (the kernel picks it; never Flower's defaults)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_listening(port: int, timeout_s: float, alive=lambda: True) -> bool:

@@ -9,13 +9,13 @@ import pytest
 
 from powerctl.boards import board_model, board_names
 from powerctl.caps import derive_peak_training_power, frequency_cap, peak_power_by_frequency
-from powerctl.cli import main
 from powerctl.devices.simulated import SimulatedBoard, predicted_profile
 from powerctl.errors import FileFormatError, InfeasibleCapError
 from powerctl.profile_table import Profile
 from powerctl.profiler import profile_device
 from powerctl.workload import Workload
 from tests.test_selection import make_profile, point
+from training.powerctl_cli import main
 
 NANO = board_model("jetson-nano")
 

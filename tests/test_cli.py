@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from powerctl.cli import main
 from powerctl.relation import RelationVector
 from tests.fake_boards import NANO_FREQS, make_nano_tree, tree_snapshot
+from training.powerctl_cli import main
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -239,3 +239,29 @@ def test_console_script_prints_no_traceback(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2
     assert proc.stderr.startswith("powerctl: error:") and "Traceback" not in proc.stderr
+
+
+def test_profile_runs_the_injected_training_step_and_says_where_it_is_without_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """powerctl imports no training: `powerctl.cli.main` measures the step it is given; without one
+    (`python -m powerctl profile`) it is one line naming the installed command, and nothing is written."""
+    from powerctl import cli
+    from training.profiling import profiling_step_factory
+
+    asked: list[tuple[str, dict]] = []
+
+    def step_factory(model_name: str, **options):  # type: ignore[no-untyped-def]
+        asked.append((model_name, options))
+        return profiling_step_factory(model_name, **options)
+
+    argv = ["profile", "--device", "sim:jetson-nano", "--model", "cnn-tiny", "--batch-sizes", "4",
+            "--warmup", "0", "--steps", "1", "--quiet", "--seed", "3"]  # fmt: skip
+    assert cli.main([*argv, "--out", str(tmp_path / "p.json")], step_factory=step_factory) == 0
+    assert asked == [("cnn-tiny", {"torch_device": "cpu", "num_classes": None, "seed": 3})]
+    assert (tmp_path / "p.json").is_file()
+    capsys.readouterr()
+    assert cli.main([*argv, "--out", str(tmp_path / "q.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "run the installed `powerctl` command" in err
+    assert not (tmp_path / "q.json").exists()

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from powerctl.cli import main
 from powerctl.devices import open_device
 from powerctl.devices.jetson import open_jetson
 from powerctl.freqstate import KIND_PIN, KIND_SET, BoardBusyError, BoardRecord, read_record, write_record
 from tests.fake_boards import NANO_DEVFREQ, FakeGpu, fake_pynvml, make_nano_tree, tree_snapshot
+from training.powerctl_cli import main
 
 
 @pytest.fixture
@@ -34,7 +34,11 @@ def _state_files() -> list[Path]:
 
 def _powerctl(*argv: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "powerctl", *argv], capture_output=True, text=True, timeout=300, check=False
+        [sys.executable, "-m", "training.powerctl_cli", *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
 
 
@@ -74,8 +78,8 @@ def crash(tmp_path_factory: pytest.TempPathFactory) -> Crash:
     before = tree_snapshot(root)
     out = root.parent / "killed.json"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "powerctl", "profile", "--device", "jetson", "--model", "cnn-tiny",
-         "--batch-sizes", "4,8", "--steps", "500", "--quiet", "--out", str(out)],
+        [sys.executable, "-m", "training.powerctl_cli", "profile", "--device", "jetson",
+         "--model", "cnn-tiny", "--batch-sizes", "4,8", "--steps", "500", "--quiet", "--out", str(out)],
         env=dict(os.environ, POWERCTL_SYSFS_ROOT=str(root), POWERCTL_STATE_DIR=str(state)),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip

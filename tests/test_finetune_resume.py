@@ -67,7 +67,7 @@ def test_an_interrupted_run_resumes_to_the_uninterrupted_result(tmp_path: Path) 
     with pytest.raises(Interrupted):
         _run(ckpt, stop_at_step=19)  # 304 samples: the last save was at 256
     saved = load(ckpt.path)
-    assert saved.state["samples"] == 256 and "optimizer.0.exp_avg" in saved.tensors
+    assert saved.state["progress"]["samples"] == 256 and "optimizer.0.exp_avg" in saved.tensors
     resumed = _run(ckpt)
     _same(resumed, plain)
     assert resumed[0].samples == 480 and resumed[0].device_seconds > 0

@@ -6,7 +6,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from tests.flower_deploy import Deployment, _start_time, free_port, make_certificates, wait_listening
+from simulations.local_superlink import free_port
+from tests.flower_deploy import Deployment, _start_time, make_certificates, wait_listening
 
 # a shell whose child starts its own session (like the SuperLink's detached SuperExec) and whose
 # grandchild outlives its parent (reparented to init, like an orphaned flwr-clientapp)

@@ -20,11 +20,11 @@ from simulations.local_superlink import (
     descendants,
     flower_env,
     flwr_run_command,
+    free_port,
     pids_listening_on,
     stop_local_superlink,
 )
 from simulations.runner import ANSI, INFRA_LINE
-from tests.flower_deploy import free_port
 from training.models import build_model
 
 ROOT = Path(__file__).resolve().parents[1]

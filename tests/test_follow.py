@@ -124,7 +124,7 @@ def test_a_batch_size_switch_keeps_the_optimizer_state_and_rescales_the_rate() -
     lr_for = {8: 1e-3 * (8 / 16) ** 0.5, 16: 1e-3}.__getitem__
     # a made-up rule: batch size 16 without a cap, 8 under one (at the top frequency either way)
     top = dev.frequencies()[-1]
-    follower = CapFollower(dev, caps, lambda cap: Pick(16 if cap is None else 8, top), lr_for=lr_for)
+    follower = CapFollower(dev, caps, lambda cap: Pick(16 if cap is None else 8, top))
     with dev.pinned(top):
         first = follower.start()
         result = fine_tune(
@@ -133,13 +133,13 @@ def test_a_batch_size_switch_keeps_the_optimizer_state_and_rescales_the_rate() -
             test,
             device=dev,
             batch_size=first.batch_size,
-            lr=lr_for(first.batch_size),
+            lr=lr_for,
             target_accuracy=None,
             max_samples=16 * 4 + 8 * 4,
             eval_every_samples=None,
             progress=False,
             optimizer=adam,
-            follower=follower,
+            hooks=[follower],
         )
     opt = made[0]
     assert [e["kind"] for e in (e.to_dict() for e in follower.events)] == ["start", "switch"]
@@ -148,6 +148,30 @@ def test_a_batch_size_switch_keeps_the_optimizer_state_and_rescales_the_rate() -
     steps = {int(s["step"]) for s in opt.state.values()}
     assert steps == {result.steps} and result.steps == 4 + 4
     assert result.samples == 16 * 4 + 8 * 4 and result.batch_size == 16
+
+
+def test_a_cap_lifted_and_back_pins_the_capped_pick_again() -> None:
+    """Under the cap the pick is 460 MHz (the guard made for that cap stays at it); lifted, the top
+    frequency; back, 460 MHz again, pinned at once: the guard of an earlier cap, no longer in force,
+    must not make the follower believe the board is still at 460 MHz."""
+    train, test = _small_task()
+    model = build_model("cnn-tiny", 10, seed=0)
+    dev = SimulatedBoard.open("jetson-nano", noise=False)
+    top, capped = dev.frequencies()[-1], dev.frequencies()[5]
+    step_s = dev.predict(_workload(model), 8).seconds
+    caps = ScheduleCap.from_pairs([[0, 3.0], [2.5 * step_s, None], [5.5 * step_s, 3.0]])
+    follower = CapFollower(dev, caps, lambda cap: Pick(8, top if cap is None else capped))
+    pinned: list[int] = []
+    with dev.pinned(dev.frequencies()[0]):
+        follower.start()
+        fine_tune(
+            model, train, test, device=dev, batch_size=8, lr=1e-3, target_accuracy=None, max_samples=8 * 9,
+            eval_every_samples=None, progress=False, hooks=[follower],
+            on_step=lambda steps, samples: pinned.append(dev.current_frequency()),
+        )  # fmt: skip
+    assert [e.kind for e in follower.events] == ["start", "switch", "switch"]
+    assert pinned == [capped] * 3 + [top] * 3 + [capped] * 3
+    assert follower.step_downs == []
 
 
 def _workload(model: torch.nn.Module):  # type: ignore[no-untyped-def]
@@ -173,7 +197,6 @@ def test_a_real_board_is_put_back_when_a_pause_times_out(
             dev,
             ScheduleCap.from_pairs([[0, 5.0], [0.01, 1.0]]),
             choose,
-            lr_for=lambda b: 1e-3,
             poll_s=0.01,
             pause_timeout_s=0.05,
         )
@@ -189,9 +212,7 @@ def test_a_real_board_is_put_back_when_a_pause_times_out(
 
 def test_a_constant_cap_never_switches() -> None:
     dev = SimulatedBoard.open("jetson-nano")
-    follower = CapFollower(
-        dev, ConstantCap(3.0), lambda cap: Pick(8, dev.frequencies()[3]), lr_for=lambda b: 1.0
-    )
+    follower = CapFollower(dev, ConstantCap(3.0), lambda cap: Pick(8, dev.frequencies()[3]))
     with dev.pinned(dev.frequencies()[0]):
         follower.start()
         dev.idle(100.0)

@@ -90,14 +90,14 @@ def test_a_board_drawing_more_than_its_profile_is_stepped_down_within_the_window
     with board.pinned(selected):
         guard = PowerGuard(board, cap, selected, window=window, tolerance=0.0)
         timeline.start()
-        result = fine_tune(
+        fine_tune(
             model, train, test, device=board, batch_size=b, lr=1e-3, target_accuracy=None,
             max_samples=60 * b, eval_every_samples=None, workload=workload, progress=False,
-            power_guard=guard,
+            hooks=[guard],
         )  # fmt: skip
         samples = timeline.stop()
     over = _over_cap(samples, cap)
-    downs = result.step_downs
+    downs = [d.to_dict() for d in guard.step_downs]
     assert downs, "a board drawing more than the cap must be stepped down"
     assert [d["old_hz"] for d in downs] == [selected] + [d["new_hz"] for d in downs[:-1]]
     assert all(d["new_hz"] < d["old_hz"] <= selected for d in downs)  # never up, never above selected
@@ -134,9 +134,9 @@ def test_sensor_noise_alone_walks_nothing_down_at_the_selected_pair() -> None:
         guard = PowerGuard(dev, 3.0, chosen.frequency_hz)
         result = fine_tune(
             model, train, test, device=dev, batch_size=chosen.batch_size, lr=1e-3, target_accuracy=None,
-            max_samples=300 * chosen.batch_size, eval_every_samples=None, progress=False, power_guard=guard,
+            max_samples=300 * chosen.batch_size, eval_every_samples=None, progress=False, hooks=[guard],
         )  # fmt: skip
-    assert result.steps == 300 and result.step_downs == []
+    assert result.steps == 300 and guard.step_downs == []
     assert result.peak_power_w is not None and result.peak_power_w <= 3.0 * 1.04
 
 
@@ -162,3 +162,44 @@ def test_the_client_report_lists_each_step_down(monkeypatch: pytest.MonkeyPatch)
     back = ClientReport.from_config(report.to_config())
     assert back.step_downs == report.step_downs
     assert not opened[-1].is_pinned
+
+
+class _Killed(Exception):
+    pass
+
+
+def test_a_guarded_run_killed_after_step_downs_resumes_where_the_guard_had_stepped_it(tmp_path) -> None:
+    """The guard's state (the level it stepped down to, its excess count, its step-downs) is in the
+    checkpoint: the resumed run is the uninterrupted one, not a run back at the selected frequency."""
+    from training.checkpoint import Checkpointing
+
+    train, test = train_test_split(load_dataset("synthetic-image", limit=600, seed=3), seed=0)
+    selected = NANO.frequencies_hz[7]
+
+    def run(stop_after: int | None) -> tuple:
+        board = SimulatedBoard(NANO, seed=1, power_scale=1.3)  # hotter than its profile
+        model = build_model("cnn-tiny", 10, seed=0)
+
+        def on_step(steps: int, samples: int) -> None:
+            if steps == stop_after:
+                raise _Killed
+
+        with board.pinned(selected):
+            guard = PowerGuard(board, 3.0, selected, window=2)
+            result = fine_tune(
+                model, train, test, device=board, batch_size=16, lr=1e-3, target_accuracy=None,
+                max_samples=16 * 24, eval_every_samples=64, eval_max_samples=64, progress=False,
+                checkpoint=Checkpointing(tmp_path / "ft.safetensors", every_samples=64), hooks=[guard],
+                on_step=on_step,
+            )  # fmt: skip
+            return result, guard.step_downs, board.current_frequency()
+
+    whole, whole_downs, whole_hz = run(None)
+    assert len(whole_downs) >= 2 and whole_downs[-1].device_seconds < whole.device_seconds / 2
+    with pytest.raises(_Killed):
+        run(stop_after=19)  # past several step-downs; the last save was at 256 samples
+    resumed, downs, hz = run(None)
+    assert resumed.extra["resumed_at_samples"] == 256
+    assert downs == whole_downs and hz == whole_hz < selected
+    same = ("samples", "device_seconds", "energy_j", "peak_power_w", "curve")
+    assert [getattr(resumed, k) for k in same] == [getattr(whole, k) for k in same]

@@ -15,7 +15,6 @@ from training.models import (
     get_model_spec,
     loss_fn,
     model_names,
-    model_summary,
     model_workload,
     targets_count,
 )
@@ -150,14 +149,19 @@ def test_example_batch_is_seeded_and_typed() -> None:
     assert x.shape == y.shape == (3, 64) and int(x.max()) < VOCAB_SIZE
 
 
-def test_summary_costs_are_positive_and_grow_with_the_model() -> None:
-    sums = {n: model_summary(n) for n in ("cnn-tiny", "chartransformer-small")}
-    for name, s in sums.items():
-        assert s["parameters"] > 0 and s["flops_per_sample"] > 0, name
-        assert s["activation_bytes_per_sample"] > 0 and s["parameter_bytes"] == 4 * s["parameters"]
-    wider = model_summary("cnn-tiny", build_model("cnn-tiny", width=32))
-    assert wider["flops_per_sample"] > 2 * sums["cnn-tiny"]["flops_per_sample"]
-    assert wider["activation_bytes_per_sample"] > sums["cnn-tiny"]["activation_bytes_per_sample"]
+def _workload(name: str, model: torch.nn.Module | None = None):  # type: ignore[no-untyped-def]
+    return model_workload(name, model if model is not None else build_model(name, seed=0))
+
+
+def test_workload_costs_are_positive_and_grow_with_the_model() -> None:
+    models = {n: build_model(n, seed=0) for n in ("cnn-tiny", "chartransformer-small")}
+    loads = {n: model_workload(n, m) for n, m in models.items()}
+    for name, w in loads.items():
+        assert w.flops_per_sample > 0 and w.activation_bytes_per_sample > 0, name
+        assert w.parameter_bytes == 4 * sum(p.numel() for p in models[name].parameters()) > 0
+    wider = model_workload("cnn-tiny", build_model("cnn-tiny", width=32))
+    assert wider.flops_per_sample > 2 * loads["cnn-tiny"].flops_per_sample
+    assert wider.activation_bytes_per_sample > loads["cnn-tiny"].activation_bytes_per_sample
 
 
 def _forward_flops(model: torch.nn.Module, x: torch.Tensor) -> float:
@@ -202,13 +206,13 @@ def test_model_workload_uses_the_models_context_length() -> None:
 
 @pytest.mark.slow
 def test_full_size_costs() -> None:
-    r, m, c = (model_summary(n) for n in ("resnet18", "mobilenetv2", "chartransformer"))
-    assert 3.2e9 < r["flops_per_sample"] < 3.5e9  # 3 × 0.56 GMAC forward at 32×32
-    assert 0.45e9 < m["flops_per_sample"] < 0.6e9
-    assert c["flops_per_sample"] > 6 * 4.7e6 * 64
-    assert r["flops_per_sample"] > model_summary("resnet18-small")["flops_per_sample"]
-    assert m["flops_per_sample"] > model_summary("mobilenetv2-small")["flops_per_sample"]
-    assert c["flops_per_sample"] > model_summary("chartransformer-small")["flops_per_sample"]
+    r, m, c = (_workload(n).flops_per_sample for n in ("resnet18", "mobilenetv2", "chartransformer"))
+    assert 3.2e9 < r < 3.5e9  # 3 × 0.56 GMAC forward at 32×32
+    assert 0.45e9 < m < 0.6e9
+    assert c > 6 * 4.7e6 * 64
+    assert r > _workload("resnet18-small").flops_per_sample
+    assert m > _workload("mobilenetv2-small").flops_per_sample
+    assert c > _workload("chartransformer-small").flops_per_sample
 
 
 # --------------------------------------------------------------------------- training

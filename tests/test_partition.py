@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from training.data import Dataset
 from training.errors import DataError
-from training.partition import label_skew, partition, partition_indices
+from training.partition import partition, partition_indices
 from training.synthetic import synthetic_text
 
 
@@ -81,6 +81,17 @@ def test_partition_returns_traceable_datasets() -> None:
         assert origin(p) == sorted(origin(p))  # original order kept
     different = partition(ds, 4, seed=4)
     assert any(origin(a) != origin(b) for a, b in zip(parts, different, strict=True))
+
+
+def label_skew(parts: list[Dataset] | list[np.ndarray], num_classes: int | None = None) -> float:
+    """Mean total-variation distance between each part's label mix and the overall mix (0 = IID)."""
+    labels = [p.labels() if isinstance(p, Dataset) else np.asarray(p) for p in parts]
+    k = num_classes or int(max((int(lab.max()) for lab in labels if len(lab)), default=0)) + 1
+    counts = np.stack([np.bincount(lab, minlength=k) for lab in labels]).astype(float)
+    overall = counts.sum(0) / counts.sum()
+    sizes = counts.sum(1, keepdims=True)
+    mixes = np.divide(counts, sizes, out=np.zeros_like(counts), where=sizes > 0)
+    return float(0.5 * np.abs(mixes - overall).sum(1)[sizes[:, 0] > 0].mean())
 
 
 def test_small_alpha_skews_more() -> None:

@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 
 from fl_server.run_config import RunConfigError, parse_server_config
 from powerctl.boards import board_model
-from powerctl.cli import main
 from powerctl.devices.simulated import SimulatedBoard
 from powerctl.errors import FileFormatError, InfeasibleCapError
 from powerctl.profile_fit import ProfileFit, fit_profile, seed_frequencies
@@ -21,6 +20,7 @@ from powerctl.profiler import profile_device
 from powerctl.relation import RelationVector
 from powerctl.selection import select
 from powerctl.workload import Workload
+from training.powerctl_cli import main
 
 BATCHES = [4, 8, 16, 32, 64, 128]
 NANO = board_model("jetson-nano").frequencies_hz
@@ -207,8 +207,8 @@ def test_measured_and_predicted_points_round_trip_and_old_files_still_load(
     assert {(p.batch_size, p.frequency_hz) for p in back.predicted} == {
         (p.batch_size, p.frequency_hz) for p in prof.predicted
     }
-    assert all(back.is_measured(p.batch_size, p.frequency_hz) for p in back.points)
-    assert not any(back.is_measured(p.batch_size, p.frequency_hz) for p in back.predicted)
+    assert all(back.point(p.batch_size, p.frequency_hz) is not None for p in back.points)
+    assert not any(back.point(p.batch_size, p.frequency_hz) is not None for p in back.predicted)
     assert back.extra["fit"]["utilisation"] and "predicted_points" not in back.extra
 
     old = json.loads((tmp_path / "fitted.json").read_text())

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from simulations.__main__ import main
-from simulations.local_superlink import alive, descendants, pids_listening_on, stop_local_superlink
+from simulations.local_superlink import alive, descendants, free_port, pids_listening_on, stop_local_superlink
 from simulations.ray_cluster import (
     RayClusterError,
     find_target,
@@ -27,7 +27,7 @@ from simulations.ray_cluster import (
     record_file,
     split_address,
 )
-from tests.flower_deploy import BIN, free_port
+from tests.flower_deploy import BIN
 from tests.ray_local import RayCluster
 
 ROOT = Path(__file__).resolve().parents[1]

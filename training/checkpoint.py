@@ -1,10 +1,11 @@
 """Fine-tune checkpoints: enough to continue an interrupted run to the result it would have had.
 
-One safetensors file holds every tensor (model, optimizer state, the torch RNG states, the current
-epoch's data order) and, in its metadata, a JSON document with the rest (samples and steps so far,
-device seconds, the evaluation curve, power readings, the device's own clock and noise state). No
-pickle: a checkpoint can never run code. Written to a temporary file and renamed, so a crash leaves
-the previous checkpoint or the new one, never half of one.
+A run describes its resumable state once, as named `Part`s (`training.finetune` lists them: model,
+optimizer, RNGs, progress, power readings, the device's clock and noise, the step hooks); `save_parts`
+and `restore_parts` both walk that one table. One safetensors file holds every part's tensors (named
+`PART.NAME`) and, in its metadata, a JSON document with every part's plain values. No pickle: a
+checkpoint can never run code. Written to a temporary file and renamed, so a crash leaves the
+previous checkpoint or the new one, never half of one.
 
 A checkpoint is used only when its `identity` (what the run is: starting weights, data sizes,
 hyper-parameters, the caller's key) equals the new run's; otherwise it is ignored with one line.
@@ -16,13 +17,14 @@ import hashlib
 import json
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-CHECKPOINT_FORMAT = "powerfed.finetune-checkpoint/1"
+CHECKPOINT_FORMAT = "powerfed.finetune-checkpoint/2"
 
 
 class CheckpointError(Exception):
@@ -44,10 +46,41 @@ class Checkpointing:
 
 @dataclass
 class Saved:
-    """A checkpoint as read back: tensors by name, and the JSON part."""
+    """A checkpoint as read back: tensors by name, the JSON part, and where it was read from."""
 
     tensors: dict[str, torch.Tensor]
     state: dict[str, Any]
+    path: Path
+
+
+Tensors = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Part:
+    """One piece of a run's resumable state: `take()` gives its tensors by name and a JSON value;
+    `put(tensors, value)` sets the piece back to them."""
+
+    take: Callable[[], tuple[Tensors, Any]]
+    put: Callable[[Tensors, Any], None]
+
+
+def save_parts(path: Path, identity: str, parts: dict[str, Part]) -> None:
+    """Write every part (tensors as `NAME.TENSOR`, JSON values under `NAME`) under `identity`."""
+    tensors: Tensors = {}
+    state: dict[str, Any] = {"identity": identity}
+    for name, part in parts.items():
+        part_tensors, state[name] = part.take()
+        tensors.update({f"{name}.{key}": t for key, t in part_tensors.items()})
+    save(path, tensors, state)
+
+
+def restore_parts(saved: Saved, parts: dict[str, Part]) -> None:
+    """Put every part back from a checkpoint `save_parts` wrote, in the table's order."""
+    for name, part in parts.items():
+        prefix = f"{name}."
+        tensors = {k[len(prefix) :]: t for k, t in saved.tensors.items() if k.startswith(prefix)}
+        part.put(tensors, saved.state[name])
 
 
 def state_digest(state: dict[str, torch.Tensor]) -> str:
@@ -64,27 +97,26 @@ def identity_digest(identity: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def optimizer_parts(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """An optimizer's state dict split into tensors (`optimizer.IDX.NAME`) and plain JSON values."""
+def optimizer_parts(opt: torch.optim.Optimizer) -> tuple[Tensors, dict[str, Any]]:
+    """An optimizer's state dict split into tensors (`IDX.NAME`) and plain JSON values."""
     sd = opt.state_dict()
     tensors: dict[str, torch.Tensor] = {}
     plain: dict[str, dict[str, Any]] = {}
     for idx, entry in sd["state"].items():
         for name, value in entry.items():
             if torch.is_tensor(value):
-                tensors[f"optimizer.{idx}.{name}"] = value
+                tensors[f"{idx}.{name}"] = value
             else:
                 plain.setdefault(str(idx), {})[name] = value
     return tensors, {"param_groups": sd["param_groups"], "state": plain}
 
 
-def optimizer_state(tensors: dict[str, torch.Tensor], parts: dict[str, Any]) -> dict[str, Any]:
+def optimizer_state(tensors: Tensors, parts: dict[str, Any]) -> dict[str, Any]:
     """The inverse of `optimizer_parts`: a state dict `Optimizer.load_state_dict` takes."""
     state: dict[int, dict[str, Any]] = {int(i): dict(v) for i, v in parts["state"].items()}
     for key, value in tensors.items():
-        if key.startswith("optimizer."):
-            _, idx, name = key.split(".", 2)
-            state.setdefault(int(idx), {})[name] = value
+        idx, name = key.split(".", 1)
+        state.setdefault(int(idx), {})[name] = value
     groups = [dict(g, betas=tuple(g["betas"])) if "betas" in g else dict(g) for g in parts["param_groups"]]
     return {"state": state, "param_groups": groups}
 
@@ -124,7 +156,7 @@ def load(path: Path) -> Saved:
         raise CheckpointError(f"{path}: checkpoint metadata is missing or malformed") from None
     if not isinstance(state, dict):
         raise CheckpointError(f"{path}: checkpoint metadata is not a JSON object")
-    return Saved(tensors, state)
+    return Saved(tensors, state, path)
 
 
 def resumable(ckpt: Checkpointing, identity: str) -> Saved | None:
@@ -143,5 +175,4 @@ def resumable(ckpt: Checkpointing, identity: str) -> Saved | None:
             file=sys.stderr,
         )
         return None
-    print(f"checkpoint: resuming from {ckpt.path} at {saved.state.get('samples')} samples", file=sys.stderr)
     return saved

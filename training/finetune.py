@@ -13,25 +13,27 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from functools import partial
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
 
 from powerctl.devices.base import Device, PowerSamples
-from powerctl.follow import CapFollower
-from powerctl.guard import PowerGuard
 from powerctl.monitor import PowerMonitor, PowerReading
 from powerctl.workload import Workload, measure_workload
-from training import checkpoint as checkpoint_io
 from training.checkpoint import (
     Checkpointing,
+    Part,
+    Tensors,
     identity_digest,
     optimizer_parts,
     optimizer_state,
+    restore_parts,
     resumable,
+    save_parts,
     state_digest,
 )
 from training.errors import DataError
@@ -46,6 +48,7 @@ __all__ = [
     "DEFAULT_MAX_EPOCHS",
     "CurvePoint",
     "FineTuneResult",
+    "StepHook",
     "evaluate",
     "evaluate_with_loss",
     "step_workload",
@@ -61,9 +64,34 @@ DEFAULT_MAX_EPOCHS = 20
 """With neither `max_samples` nor `max_device_seconds`, stop after this many epochs of the train split,
 so that an unreachable target can never run forever."""
 EVAL_BATCH_SIZE = 256
+POWER_RATE_HZ = 20.0
+"""Power readings per second while training (what the step hooks and the energy figures see)."""
 _EVAL_SUBSET_SEED = 0x5EED  # fixed: every run (any batch size, any seed) is evaluated on the same samples
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter], float], torch.optim.Optimizer]
+
+
+class StepHook(Protocol):
+    """What acts between training steps: `powerctl`'s power guard and cap follower satisfy it as they
+    are (powerctl does not import `training`). Every method is called by `fine_tune` alone."""
+
+    def before_step(self, samples: int) -> int | None:
+        """Before every step, with the samples trained so far: the batch size to train with from now
+        on when it changes (the optimizer state is kept, the rate rescaled), else None."""
+        ...
+
+    def after_step(self, power: PowerSamples, device_seconds: float) -> None:
+        """After every step: the power readings taken during it (none without a sensor) and the
+        training device seconds so far."""
+        ...
+
+    def resume_state(self) -> dict[str, Any]:
+        """What a resumed run needs to continue this hook exactly (JSON; {} when nothing)."""
+        ...
+
+    def load_resume_state(self, state: dict[str, Any]) -> None:
+        """Continue from `resume_state()` (called after the device's own state is back)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -88,7 +116,9 @@ class FineTuneResult:
     final_accuracy: float
     curve: list[CurvePoint]
     batch_size: int
+    """The batch size the run started with (a step hook may have changed it since)."""
     lr: float
+    """The learning rate the run started with."""
     steps: int
     target_accuracy: float | None = None
     stop_reason: str = ""
@@ -96,14 +126,6 @@ class FineTuneResult:
     wall_seconds: float = 0.0
     """Host wall time of the whole call, evaluation included (for overhead accounting, not for TTA)."""
     extra: dict[str, Any] = field(default_factory=dict)
-    step_downs: list[dict[str, Any]] = field(default_factory=list)
-    """What the power guard did: {device_seconds, old_hz, new_hz, measured_w, power_cap_w} per step-down."""
-    cap_events: list[dict[str, Any]] = field(default_factory=list)
-    """What the cap follower did (a cap that changes, `powerctl.follow.CapEvent`), in order."""
-    paused_seconds: float = 0.0
-    """Device seconds the follower paused (nothing fitted under the cap); not in `device_seconds`."""
-    over_cap_seconds: float | None = None
-    """Device seconds the follower measured over the cap in force (None: no follower)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -194,8 +216,7 @@ class _TrainingPower:
             self._seen = 0
 
     def new_samples(self) -> PowerSamples:
-        """The readings since the last call (the step just run), for the power guard and the cap
-        follower."""
+        """The readings since the last call (the step just run), for the step hooks."""
         if self._monitor is None or not self._open:
             return []
         samples = self._monitor.samples_so_far()
@@ -225,6 +246,108 @@ class _TrainingPower:
         mean = energy / seconds if seconds > 0 else sum(r.mean_w for r in self.readings) / len(self.readings)
         return energy, peak, mean
 
+    def resume_state(self) -> list[dict[str, Any]]:
+        return [asdict(r) for r in self.readings]
+
+    def load_resume_state(self, readings: list[dict[str, Any]]) -> None:
+        self.readings = [PowerReading(**r) for r in readings]
+
+
+@dataclass
+class _Progress:
+    """Where a run stands: what the loop advances, saved and restored field by field."""
+
+    batch_size: int
+    lr: float
+    next_eval: int
+    """Evaluate once `samples` reaches this."""
+    samples: int = 0
+    steps: int = 0
+    device_seconds: float = 0.0
+    first: int = 0
+    """Where in `perm` the next batch starts."""
+    perm: torch.Tensor | None = None
+    """This epoch's order of the train split (a new one when the next batch does not fit)."""
+    curve: list[CurvePoint] = field(default_factory=list)
+
+    def take(self) -> tuple[Tensors, dict[str, Any]]:
+        """(the permutation, every other field) for a checkpoint."""
+        assert self.perm is not None, "a checkpoint is taken after a step"
+        plain = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("perm", "curve")}
+        return {"perm": self.perm}, {**plain, "curve": [asdict(p) for p in self.curve]}
+
+    def put(self, tensors: Tensors, plain: dict[str, Any], device: torch.device) -> None:
+        """Back to what `take` returned."""
+        for name, value in plain.items():
+            setattr(self, name, [CurvePoint(**p) for p in value] if name == "curve" else value)
+        self.perm = tensors["perm"].to(device)
+
+
+def _rng_states(gen: torch.Generator, cuda: list[int]) -> Tensors:
+    states = {"torch": torch.get_rng_state(), "data": gen.get_state()}
+    return states | ({"cuda": torch.cuda.get_rng_state(cuda[0])} if cuda else {})
+
+
+def _set_rng_states(gen: torch.Generator, cuda: list[int], states: Tensors) -> None:
+    torch.set_rng_state(states["torch"])
+    gen.set_state(states["data"])
+    if cuda and "cuda" in states:
+        torch.cuda.set_rng_state(states["cuda"], cuda[0])
+
+
+def _resumable_parts(
+    run: _Progress,
+    dev: torch.device,
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    gen: torch.Generator,
+    cuda: list[int],
+    power: _TrainingPower,
+    device: Device,
+    hooks: Sequence[StepHook],
+) -> dict[str, Part]:
+    """Everything a resumed run needs to end where an uninterrupted one ends, each piece once:
+    checkpoints are written and read back from this table, in its order (the device before the hooks:
+    a follower resumes on the device's clock)."""
+    return {
+        "model": Part(lambda: (model.state_dict(), None), lambda t, _: model.load_state_dict(t)),
+        "optimizer": Part(
+            lambda: optimizer_parts(opt), lambda t, plain: opt.load_state_dict(optimizer_state(t, plain))
+        ),
+        "rng": Part(lambda: (_rng_states(gen, cuda), None), lambda t, _: _set_rng_states(gen, cuda, t)),
+        "progress": Part(run.take, lambda t, plain: run.put(t, plain, dev)),
+        "power": Part(lambda: ({}, power.resume_state()), lambda _, plain: power.load_resume_state(plain)),
+        "device": Part(lambda: ({}, device.resume_state()), lambda _, plain: device.load_resume_state(plain)),
+        "hooks": Part(
+            lambda: ({}, [h.resume_state() for h in hooks]),
+            lambda _, states: [h.load_resume_state(st) for h, st in zip(hooks, states, strict=True)],
+        ),
+    }
+
+
+def _identity(
+    checkpoint: Checkpointing,
+    model: nn.Module,
+    train: Dataset,
+    test: Dataset,
+    device: Device,
+    hooks: Sequence[StepHook],
+    settings: dict[str, Any],
+) -> str:
+    """What this run is (a checkpoint of anything else is not resumed): the caller's key, the starting
+    weights, the data, the settings, the device and the kinds of hooks."""
+    return identity_digest(
+        {
+            "key": checkpoint.key,
+            "weights": state_digest(model.state_dict()),
+            "train": [train.name, len(train)],
+            "test": [test.name, len(test)],
+            "settings": settings,
+            "device": getattr(device, "spec", type(device).__name__),
+            "hooks": [type(h).__name__ for h in hooks],
+        }
+    )
+
 
 def _check_positive(name: str, value: float | None, *, integer: bool = False) -> None:
     if value is None:
@@ -235,54 +358,18 @@ def _check_positive(name: str, value: float | None, *, integer: bool = False) ->
         raise ValueError(f"{name} must be {kind}, got {value!r}")
 
 
-def fine_tune(
-    model: nn.Module,
+def _check_args(
     train: Dataset,
     test: Dataset,
-    *,
-    device: Device,
     batch_size: int,
     lr: float,
     target_accuracy: float | None,
-    workload: Workload | None = None,
-    max_samples: int | None = None,
-    max_device_seconds: float | None = None,
-    eval_every_samples: int | None = DEFAULT_EVAL_EVERY_SAMPLES,
-    eval_max_samples: int | None = DEFAULT_EVAL_MAX_SAMPLES,
-    seed: int = 0,
-    optimizer: str | OptimizerFactory | None = None,
-    progress: bool = True,
-    power_rate_hz: float = 20.0,
-    desc: str | None = None,
-    power_guard: PowerGuard | None = None,
-    checkpoint: Checkpointing | None = None,
-    on_step: Callable[[int, int], None] | None = None,
-    follower: CapFollower | None = None,
-) -> FineTuneResult:
-    """Train `model` in place on `train` until its accuracy on `test` reaches `target_accuracy`.
-
-    Stops at the first evaluation at or above the target, or when `max_samples` training samples or
-    `max_device_seconds` device seconds are spent (with neither, after DEFAULT_MAX_EPOCHS epochs).
-    `target_accuracy=None` trains for the budget only (pre-training). Evaluation happens before
-    training, every `eval_every_samples` samples (None: only at the end) and at the end, on a fixed
-    subset of at most `eval_max_samples` test samples. Batches are drawn from a seeded permutation per
-    epoch (the last incomplete batch of an epoch is dropped so every step has `batch_size` samples).
-    Same seed, same data, same starting weights → the same curve (on the CPU).
-
-    `power_guard` (on a pinned device with a sensor) is checked after every step with the highest
-    power reading of that step, and steps the frequency down under a sustained excess over its cap;
-    its step-downs are returned in `step_downs`.
-    With `checkpoint`, the run saves itself at evaluations (see `training.checkpoint`) and, when a
-    checkpoint of the same work exists, continues from it instead of starting over: the weights,
-    samples, accuracy curve, device seconds and energy are then those of a run never interrupted. The
-    checkpoint is removed when the run returns. `on_step(steps, samples)` is called after every
-    training step (progress reports, fault injection); what it raises ends the run.
-
-    With `follower` (a cap that changes, `powerctl.follow`) the loop asks it before every step: it
-    may pin another frequency, pause, or hand over another batch size, which takes effect at once with
-    the optimizer state kept and the learning rate `follower.lr_for(b)`; its power guard replaces
-    `power_guard`. `batch_size` and `lr` are then where the run starts (the follower's first pick).
-    """
+    max_samples: int | None,
+    max_device_seconds: float | None,
+    eval_every_samples: int | None,
+    eval_max_samples: int | None,
+) -> None:
+    """One ValueError or DataError line for anything `fine_tune` cannot run with."""
     _check_positive("batch_size", batch_size, integer=True)
     _check_positive("lr", lr)
     _check_positive("max_samples", max_samples, integer=True)
@@ -295,20 +382,83 @@ def fine_tune(
         raise ValueError("a target accuracy needs periodic evaluation: set eval_every_samples")
     if train.task != test.task:
         raise DataError(f"train split is {train.task!r} data but test split is {test.task!r}")
-    task = train.task
-    n = len(train)
-    if n < batch_size:
+    if len(train) < batch_size:
         raise DataError(
-            f"the train split of {train.name} has {n} samples, fewer than batch size {batch_size}; "
+            f"the train split of {train.name} has {len(train)} samples, fewer than batch size {batch_size}; "
             "use a smaller batch size or more data"
         )
     if len(test) == 0:
         raise DataError(f"the test split of {test.name} is empty")
+
+
+def _train_step(
+    model: nn.Module, opt: torch.optim.Optimizer, criterion: nn.Module, xb: torch.Tensor, yb: torch.Tensor
+) -> None:
+    opt.zero_grad(set_to_none=True)
+    criterion(model(xb), yb).backward()
+    opt.step()
+
+
+def fine_tune(
+    model: nn.Module,
+    train: Dataset,
+    test: Dataset,
+    *,
+    device: Device,
+    batch_size: int,
+    lr: float | Callable[[int], float],
+    target_accuracy: float | None,
+    workload: Workload | None = None,
+    max_samples: int | None = None,
+    max_device_seconds: float | None = None,
+    eval_every_samples: int | None = DEFAULT_EVAL_EVERY_SAMPLES,
+    eval_max_samples: int | None = DEFAULT_EVAL_MAX_SAMPLES,
+    seed: int = 0,
+    optimizer: str | OptimizerFactory | None = None,
+    progress: bool = True,
+    desc: str | None = None,
+    checkpoint: Checkpointing | None = None,
+    hooks: Sequence[StepHook] = (),
+    on_step: Callable[[int, int], None] | None = None,
+) -> FineTuneResult:
+    """Train `model` in place on `train` until its accuracy on `test` reaches `target_accuracy`.
+
+    Stops at the first evaluation at or above the target, or when `max_samples` training samples or
+    `max_device_seconds` device seconds are spent (with neither, after DEFAULT_MAX_EPOCHS epochs).
+    `target_accuracy=None` trains for the budget only (pre-training). Evaluation happens before
+    training, every `eval_every_samples` samples (None: only at the end) and at the end, on a fixed
+    subset of at most `eval_max_samples` test samples. Batches are drawn from a seeded permutation per
+    epoch (the last incomplete batch of an epoch is dropped so every step has `batch_size` samples).
+    Same seed, same data, same starting weights → the same curve (on the CPU).
+
+    `lr` is the learning rate, or the rule batch size → rate (needed when a hook changes the batch
+    size; a number is the same rate for every size). `hooks` act between steps (`StepHook`: the power
+    guard, a cap follower): before a step a hook may hand over another batch size, which takes effect
+    at once with the optimizer state kept and the rate `lr(b)`; after it, each sees its power readings.
+    What they did, they keep (the caller reads it from them). `batch_size` is where the run starts.
+    With `checkpoint`, the run saves itself at evaluations (see `training.checkpoint`) and, when a
+    checkpoint of the same work exists, continues from it instead of starting over: the weights,
+    samples, accuracy curve, device seconds, energy and the hooks' state are then those of a run never
+    interrupted. The checkpoint is removed when the run returns. `on_step(steps, samples)` is called
+    after every training step (progress reports, fault injection); what it raises ends the run.
+    """
+    lr_for = lr if callable(lr) else (lambda _: lr)
+    start_lr = lr_for(batch_size)
+    _check_args(
+        train,
+        test,
+        batch_size,
+        start_lr,
+        target_accuracy,
+        max_samples,
+        max_device_seconds,
+        eval_every_samples,
+        eval_max_samples,
+    )
+    wall_start = time.perf_counter()
+    task, n = train.task, len(train)
     if max_samples is None and max_device_seconds is None:
         max_samples = DEFAULT_MAX_EPOCHS * n
-
-    wall_start = time.perf_counter()
-    start_batch_size, start_lr = batch_size, lr
     dev = _model_device(model)
     x, y = train.x.to(dev), train.y.to(dev)
     ex, ey = (t.to(dev) for t in _eval_subset(test, eval_max_samples))
@@ -316,153 +466,96 @@ def fine_tune(
         workload = step_workload(model, task, x, y)
     criterion = loss_fn(task)
     model.train()
-
-    rng_devices = [dev.index or 0] if dev.type == "cuda" else []
-    identity = ""
-    saved = None
+    run = _Progress(batch_size, float(start_lr), eval_every_samples or 0)
+    identity, saved, resumed_at = "", None, None
     if checkpoint is not None:
-        identity = identity_digest(
-            {
-                "key": checkpoint.key,
-                "weights": state_digest(model.state_dict()),
-                "train": [train.name, n],
-                "test": [test.name, len(test)],
-                "settings": [batch_size, lr, target_accuracy, max_samples, max_device_seconds],
-                "eval": [eval_every_samples, eval_max_samples],
-                "seed": seed,
-                "optimizer": optimizer if optimizer is None or isinstance(optimizer, str) else "custom",
-                "device": getattr(device, "spec", type(device).__name__),
-            }
-        )
+        settings = {
+            "batch_size": batch_size,
+            "lr": run.lr,
+            "target_accuracy": target_accuracy,
+            "max_samples": max_samples,
+            "max_device_seconds": max_device_seconds,
+            "eval": [eval_every_samples, eval_max_samples],
+            "seed": seed,
+            "optimizer": optimizer if optimizer is None or isinstance(optimizer, str) else "custom",
+        }
+        identity = _identity(checkpoint, model, train, test, device, hooks, settings)
         saved = resumable(checkpoint, identity)
-    with torch.random.fork_rng(devices=rng_devices):
+    cuda = [dev.index or 0] if dev.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda):
         torch.manual_seed(seed)  # dropout and friends: repeatable, and the caller's RNG is left alone
-        opt = make_optimizer(task, model.parameters(), lr, optimizer)
+        opt = make_optimizer(task, model.parameters(), run.lr, optimizer)
         gen = torch.Generator().manual_seed(seed)
-        power = _TrainingPower(device, power_rate_hz)
-        bar = _progress_bar(progress, max_samples, desc)
-        curve: list[CurvePoint] = []
-        samples = steps = 0
-        device_seconds = 0.0
-        reached = False
-        stop_reason = ""
-        perm: torch.Tensor | None = None
-        first = 0  # where in `perm` the next batch starts
-        next_eval = eval_every_samples or 0
-        saved_at = 0
+        power = _TrainingPower(device, POWER_RATE_HZ)
+        parts = _resumable_parts(run, dev, model, opt, gen, cuda, power, device, hooks)
+        if saved is not None:
+            restore_parts(saved, parts)
+            resumed_at = run.samples
+            print(f"checkpoint: resuming from {saved.path} at {resumed_at} samples", file=sys.stderr)
+        saved_at = run.samples
+        bar = _progress_bar(progress, max_samples, desc, run.samples)
 
-        def check(acc: float) -> bool:
-            curve.append(CurvePoint(samples, device_seconds, acc))
+        def look() -> bool:
+            """Evaluate now; True when the target is met."""
+            acc = evaluate(model, task, ex, ey)
+            run.curve.append(CurvePoint(run.samples, run.device_seconds, acc))
             if bar is not None:
-                bar.set_postfix(acc=f"{acc:.3f}", dev_s=f"{device_seconds:.1f}", refresh=False)
+                bar.set_postfix(acc=f"{acc:.3f}", dev_s=f"{run.device_seconds:.1f}", refresh=False)
             return target_accuracy is not None and acc >= target_accuracy
 
-        def save_checkpoint() -> None:
-            assert checkpoint is not None and perm is not None
-            opt_tensors, opt_plain = optimizer_parts(opt)
-            tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
-            tensors.update(opt_tensors)
-            tensors["rng.torch"] = torch.get_rng_state()
-            tensors["rng.data"] = gen.get_state()
-            tensors["data.perm"] = perm
-            if rng_devices:
-                tensors["rng.cuda"] = torch.cuda.get_rng_state(rng_devices[0])
-            state = {
-                "identity": identity,
-                "samples": samples,
-                "steps": steps,
-                "device_seconds": device_seconds,
-                "next_eval": next_eval,
-                "first": first,
-                "curve": [asdict(p) for p in curve],
-                "power": [asdict(r) for r in power.readings],
-                "device": device.resume_state(),
-                "optimizer": opt_plain,
-                "batch_size": batch_size,
-                "lr": lr,
-                "follower": None if follower is None else follower.resume_state(),
-            }
-            checkpoint_io.save(checkpoint.path, tensors, state)
-
-        if saved is not None:
-            t, st = saved.tensors, saved.state
-            model.load_state_dict({k[len("model.") :]: v for k, v in t.items() if k.startswith("model.")})
-            opt.load_state_dict(optimizer_state(t, st["optimizer"]))
-            torch.set_rng_state(t["rng.torch"])
-            gen.set_state(t["rng.data"])
-            if rng_devices and "rng.cuda" in t:
-                torch.cuda.set_rng_state(t["rng.cuda"], rng_devices[0])
-            perm, first = t["data.perm"].to(dev), int(st["first"])
-            samples, steps = int(st["samples"]), int(st["steps"])
-            device_seconds, next_eval = float(st["device_seconds"]), int(st["next_eval"])
-            curve = [CurvePoint(**p) for p in st["curve"]]
-            power.readings = [PowerReading(**r) for r in st["power"]]
-            device.load_resume_state(st["device"])
-            batch_size, lr = int(st.get("batch_size", batch_size)), float(st.get("lr", lr))
-            if follower is not None and st.get("follower"):
-                follower.load_resume_state(st["follower"])
-            saved_at = samples
-            if bar is not None:
-                bar.update(samples)
-
+        stop_reason = ""  # "target", "max_samples" or "max_device_seconds" once the run is over
         try:
-            if saved is None and eval_every_samples is not None and check(evaluate(model, task, ex, ey)):
-                reached, stop_reason = True, "target"  # met before any training
+            if saved is None and eval_every_samples is not None and look():
+                stop_reason = "target"  # met before any training
             power.resume()
-            guard = power_guard
-            while not reached and not stop_reason:
-                if follower is not None:
-                    if (b := follower.before_step(samples)) is not None and b != batch_size:
-                        batch_size, lr = b, follower.lr_for(b)
+            while not stop_reason:
+                for hook in hooks:
+                    if (b := hook.before_step(run.samples)) is not None and b != run.batch_size:
+                        run.batch_size, run.lr = b, float(lr_for(b))
                         for group in opt.param_groups:  # the optimizer state (moments) is kept
-                            group["lr"] = lr
-                    guard = follower.guard
-                if perm is None or first + batch_size > len(perm):  # a new epoch; the tail is dropped
-                    perm, first = torch.randperm(n, generator=gen).to(dev), 0
-                idx = perm[first : first + batch_size]
+                            group["lr"] = run.lr
+                if run.perm is None or run.first + run.batch_size > n:  # a new epoch; the tail is dropped
+                    run.perm, run.first = torch.randperm(n, generator=gen).to(dev), 0
+                idx = run.perm[run.first : run.first + run.batch_size]
+                run.first += run.batch_size
                 xb, yb = x.index_select(0, idx), y.index_select(0, idx)
-                first += batch_size
-
-                def step(xb: torch.Tensor = xb, yb: torch.Tensor = yb) -> None:
-                    opt.zero_grad(set_to_none=True)
-                    criterion(model(xb), yb).backward()
-                    opt.step()
 
                 t0 = device.clock()
-                device.run_step(step, batch_size=batch_size, workload=workload)
-                device_seconds += device.clock() - t0
-                samples += batch_size
-                steps += 1
-                if guard is not None or follower is not None:
-                    new = power.new_samples()
-                    if guard is not None and new:
-                        guard.check(max(w for _, w in new), device_seconds)
-                    if follower is not None:
-                        follower.after_step(new)
+                device.run_step(
+                    partial(_train_step, model, opt, criterion, xb, yb),
+                    batch_size=run.batch_size,
+                    workload=workload,
+                )
+                run.device_seconds += device.clock() - t0
+                run.samples += run.batch_size
+                run.steps += 1
+                if hooks:
+                    readings = power.new_samples()
+                    for hook in hooks:
+                        hook.after_step(readings, run.device_seconds)
                 if bar is not None:
-                    bar.update(batch_size)
+                    bar.update(run.batch_size)
                 if on_step is not None:
-                    on_step(steps, samples)
-                if max_samples is not None and samples >= max_samples:
+                    on_step(run.steps, run.samples)
+
+                if max_samples is not None and run.samples >= max_samples:
                     stop_reason = "max_samples"
-                elif max_device_seconds is not None and device_seconds >= max_device_seconds:
+                elif max_device_seconds is not None and run.device_seconds >= max_device_seconds:
                     stop_reason = "max_device_seconds"
-                if eval_every_samples is not None and samples >= next_eval and not stop_reason:
+                elif eval_every_samples is not None and run.samples >= run.next_eval:
                     power.pause()
-                    reached = check(evaluate(model, task, ex, ey))
-                    while next_eval <= samples:
-                        next_eval += eval_every_samples
-                    if reached:
+                    met = look()
+                    while run.next_eval <= run.samples:
+                        run.next_eval += eval_every_samples
+                    if met:
                         stop_reason = "target"
-                    elif checkpoint is not None and samples - saved_at >= checkpoint.every_samples:
-                        save_checkpoint()
-                        saved_at = samples
+                    elif checkpoint is not None and run.samples - saved_at >= checkpoint.every_samples:
+                        save_parts(checkpoint.path, identity, parts)
+                        saved_at = run.samples
                     power.resume()
             power.pause()
-            if stop_reason != "target":  # budget spent: one last look, which may still meet the target
-                reached = check(evaluate(model, task, ex, ey))
-                if reached:
-                    stop_reason = "target"
+            if stop_reason != "target" and look():  # budget spent: one last look may still meet the target
+                stop_reason = "target"
         except BaseException:
             power.abort()
             raise
@@ -474,38 +567,30 @@ def fine_tune(
 
     energy, peak, mean = power.summary()
     return FineTuneResult(
-        reached=reached,
-        samples=samples,
-        device_seconds=device_seconds,
+        reached=stop_reason == "target",
+        samples=run.samples,
+        device_seconds=run.device_seconds,
         energy_j=energy,
         peak_power_w=peak,
         mean_power_w=mean,
-        final_accuracy=curve[-1].accuracy,
-        curve=curve,
-        batch_size=start_batch_size,
+        final_accuracy=run.curve[-1].accuracy,
+        curve=run.curve,
+        batch_size=batch_size,
         lr=float(start_lr),
-        steps=steps,
+        steps=run.steps,
         target_accuracy=target_accuracy,
         stop_reason=stop_reason,
         wall_seconds=time.perf_counter() - wall_start,
-        step_downs=(
-            follower.step_downs
-            if follower is not None
-            else []
-            if power_guard is None
-            else [e.to_dict() for e in power_guard.step_downs]
-        ),
-        extra={"resumed_at_samples": int(saved.state["samples"])} if saved is not None else {},
-        cap_events=[] if follower is None else [e.to_dict() for e in follower.events],
-        paused_seconds=0.0 if follower is None else follower.paused_s,
-        over_cap_seconds=None if follower is None else follower.over_cap_s,
+        extra={} if resumed_at is None else {"resumed_at_samples": resumed_at},
     )
 
 
-def _progress_bar(progress: bool, total: int | None, desc: str | None) -> Any:
+def _progress_bar(progress: bool, total: int | None, desc: str | None, done: int) -> Any:
     """A tqdm bar on stderr, only when asked for and stderr is a terminal (logs stay clean)."""
     if not progress or not sys.stderr.isatty():
         return None
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc or "fine-tune", unit="sample", file=sys.stderr, leave=False)
+    return tqdm(
+        total=total, initial=done, desc=desc or "fine-tune", unit="sample", file=sys.stderr, leave=False
+    )

@@ -531,22 +531,3 @@ def model_workload(name: str, model: nn.Module, num_classes: int | None = None) 
     x, y = example_batch(name, 2, n, generator=torch.Generator().manual_seed(0), input_shape=shape)
     device = next(model.parameters()).device
     return measure_workload(model, x.to(device), y.to(device), loss_fn(spec.task), name)
-
-
-def model_summary(
-    name: str, model: nn.Module | None = None, num_classes: int | None = None
-) -> dict[str, Any]:
-    """Size and cost of a model, for reports and for the simulated boards' time/power/memory."""
-    spec = get_model_spec(name)
-    if model is None:
-        model = build_model(name, num_classes, seed=0)
-    w = model_workload(name, model, num_classes)
-    return {
-        "name": name,
-        "task": spec.task,
-        "input_shape": list(w.input_shape),
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "flops_per_sample": w.flops_per_sample,
-        "activation_bytes_per_sample": w.activation_bytes_per_sample,
-        "parameter_bytes": w.parameter_bytes,
-    }

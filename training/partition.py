@@ -108,17 +108,3 @@ def _dirichlet(
         f"no Dirichlet(alpha={alpha}) split of {n} samples gives all {num_clients} clients ≥ {min_size} "
         f"samples in {MAX_DRAWS} draws; raise alpha, lower min_size or use fewer clients"
     )
-
-
-def label_skew(parts: list[Dataset] | list[np.ndarray], num_classes: int | None = None) -> float:
-    """Mean total-variation distance between each part's label mix and the overall mix (0 = IID).
-
-    Takes Datasets or label arrays; for reports and for checking that small alpha skews more.
-    """
-    labels = [p.labels() if isinstance(p, Dataset) else np.asarray(p) for p in parts]
-    k = num_classes or int(max((int(lab.max()) for lab in labels if len(lab)), default=0)) + 1
-    counts = np.stack([np.bincount(lab, minlength=k) for lab in labels]).astype(float)
-    overall = counts.sum(0) / counts.sum()
-    sizes = counts.sum(1, keepdims=True)
-    mixes = np.divide(counts, sizes, out=np.zeros_like(counts), where=sizes > 0)
-    return float(0.5 * np.abs(mixes - overall).sum(1)[sizes[:, 0] > 0].mean())

@@ -77,10 +77,6 @@ class Dataset:
         y = self.y if self.task == "image" else self.y[:, 0]
         return y.numpy().astype(np.int64, copy=False)
 
-    def class_counts(self) -> np.ndarray:
-        """Samples per label (length num_classes)."""
-        return np.bincount(self.labels(), minlength=self.num_classes)
-
 
 def normalise_uint8(images: np.ndarray | torch.Tensor) -> torch.Tensor:
     """uint8 [N, 3, H, W] in 0..255 → float32 normalised with the fixed CIFAR-10 constants."""

@@ -1,0 +1,71 @@
+"""Imports point one way: `bench`, `simulations` → `fl_server`, `fl_client` → `strategies` → `training` →
+`powerctl`. `powerctl` (the device side) imports no Flower and no training; nothing outside `tests`
+imports `tests`. Read from every module's own import statements (ast), the ones inside functions too."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LOWER = {
+    "powerctl": set(),
+    "training": {"powerctl"},
+    "strategies": {"training", "powerctl"},
+    "fl_server": {"strategies", "training", "powerctl"},
+    "fl_client": {"strategies", "training", "powerctl"},
+    "simulations": {"fl_server", "fl_client", "strategies", "training", "powerctl"},
+    "bench": {"simulations", "fl_server", "fl_client", "strategies", "training", "powerctl"},
+}
+"""What each part of the project may import of the others (bench may use what simulations builds)."""
+FLOWER_FREE = {"powerctl", "training"}
+OURS = {*LOWER, "tests"}
+
+
+def imported_parts(path: Path, part: str) -> dict[str, int]:
+    """Top-level names `path` imports (relative imports are of its own part), with a line of each."""
+    found: dict[str, int] = {}
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [part] if node.level else [node.module or ""]
+        else:
+            continue
+        for name in names:
+            found.setdefault(name.split(".")[0], node.lineno)
+    return found
+
+
+def _modules() -> list[tuple[str, Path]]:
+    return [(part, path) for part in LOWER for path in sorted((ROOT / part).rglob("*.py"))]
+
+
+def test_every_part_is_found() -> None:
+    counts = {part: sum(p == part for p, _ in _modules()) for part in LOWER}
+    assert all(counts.values()), counts
+
+
+@pytest.mark.parametrize(
+    ("part", "path"), _modules(), ids=lambda v: str(v.relative_to(ROOT)) if isinstance(v, Path) else v
+)
+def test_imports_point_down(part: str, path: Path) -> None:
+    imports = imported_parts(path, part)
+    wrong = {
+        name: line
+        for name, line in imports.items()
+        if (name in OURS and name != part and name not in LOWER[part])
+        or (part in FLOWER_FREE and name == "flwr")
+    }
+    where = ", ".join(f"{path.relative_to(ROOT)}:{line} imports {name}" for name, line in wrong.items())
+    assert not wrong, f"{where} (allowed for {part}: {sorted(LOWER[part]) or 'nothing of ours'})"
+
+
+def test_the_check_catches_a_wrong_import(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text(
+        "import os\n\ndef f():\n    from training.models import build_model\n    from . import x\n"
+    )
+    assert imported_parts(module, "powerctl") == {"os": 1, "training": 4, "powerctl": 5}

@@ -1,0 +1,34 @@
+"""The `powerctl` command as installed: powerctl's command line with this package's training step.
+
+`powerctl` is the device side and imports no training (docs: layout); `powerctl profile` measures real
+training steps, so the composition happens here, one layer up: the step and, through it, the model
+registry (`--model` names, their workloads) are handed to `powerctl.cli.main`.
+
+    powerctl profile --device sim:jetson-nano --model cnn-tiny --out profile.json
+    python -m training.powerctl_cli profile ...     (the same, without the console script)
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from powerctl import cli
+from powerctl.workload import Workload
+
+
+def _profiling_step(model_name: str, **options: Any) -> tuple[Workload, Callable[[int], Callable[[], None]]]:
+    """`training.profiling.profiling_step_factory`, imported only when a profile is run: the other
+    commands (`devices`, `freq` on a board) start without loading torch."""
+    from training.profiling import profiling_step_factory
+
+    return profiling_step_factory(model_name, **options)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return cli.main(argv, step_factory=_profiling_step)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
