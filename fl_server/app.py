@@ -99,16 +99,20 @@ def pretrained_weights(cfg: ServerConfig) -> Path:
     return path
 
 
+def given_relation(cfg: ServerConfig) -> RelationVector:
+    """The relation vector file the run config names, checked against the run's model."""
+    relation = RelationVector.load(app_path(cfg.relation, "relation"))
+    if relation.model != cfg.model:
+        raise PowerctlError(
+            f"run config 'relation': the vector is for model {relation.model!r}, the run trains {cfg.model!r}"
+        )
+    return relation
+
+
 def relation_vector(cfg: ServerConfig, weights: Path) -> RelationVector:
     """The relation vector: the given file (checked against the model), or estimated on the proxy data."""
     if cfg.relation:
-        relation = RelationVector.load(app_path(cfg.relation, "relation"))
-        if relation.model != cfg.model:
-            raise PowerctlError(
-                f"run config 'relation': the vector is for model {relation.model!r}, "
-                f"the run trains {cfg.model!r}"
-            )
-        return relation
+        return given_relation(cfg)
     from fl_server.relation import estimate_relation
 
     return estimate_relation(
