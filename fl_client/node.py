@@ -26,6 +26,9 @@ from powerctl.errors import PowerctlError
 
 NODE_KEYS = ("device", "power-cap-w", "data", "name", "partition-id", "num-partitions")
 FLEET_KEYS = ("device", "power-cap-w", "count")
+MAX_BOARDS = 10_000
+"""Most boards a fleet (and virtual nodes a simulation) may have: each is a Ray actor's worth of state,
+and a typo (count: 1000000000) must be one line, not a machine out of memory."""
 APP_DIR = Path(__file__).resolve().parents[1]
 """The app's root (the project folder, or Flower's copy of it): relative fleet paths start here."""
 
@@ -194,6 +197,8 @@ def parse_fleet_groups(
         count = raw.get("count", 1)
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise NodeConfigError(f"{here}.count: expected an integer ≥ 1, got {quoted(count)}")
+        if len(entries) + count > MAX_BOARDS:
+            raise NodeConfigError(f"{here}.count: a fleet has at most {MAX_BOARDS} boards, got {count} more")
         value = raw.get("power-cap-w")
         source: CapSource | None
         if _is_source_text(value):
@@ -205,12 +210,39 @@ def parse_fleet_groups(
     return entries
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last silently:
+    a second `groups:` would replace the first without a word)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, yaml.Mark] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)  # type: ignore[no-untyped-call]
+            if isinstance(key, (str, int, float, bool)) or key is None:
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None,
+                        None,
+                        f"key {key!r} is given twice (lines {seen[key].line + 1} and "
+                        f"{key_node.start_mark.line + 1}); keep one",
+                        key_node.start_mark,
+                    )
+                seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: Path) -> Any:
-    """A YAML document, or one NodeConfigError line (unreadable, not YAML)."""
+    """A YAML document, or one NodeConfigError line (unreadable, not text, not YAML, a key twice)."""
     try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
+        text = path.read_bytes().decode("utf-8")
     except OSError as exc:
         raise NodeConfigError(f"{path}: cannot read the fleet file ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise NodeConfigError(f"{path}: not a text file (not UTF-8); a fleet file is YAML text") from None
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass: no arbitrary objects
+    except yaml.constructor.ConstructorError as exc:
+        raise NodeConfigError(f"{path}: {exc.problem}") from None
     except yaml.YAMLError as exc:
         raise NodeConfigError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
 

@@ -7,6 +7,7 @@ a library call never changes the backend of the program that imports it.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -331,18 +332,21 @@ def plot_profile(
 
 
 def plot_cap_over_time(
-    times_s: list[float], caps_w: list[float | None], title: str, path: str | Path
+    steps: list[tuple[float, float | None]], until_s: float, title: str, path: Path
 ) -> Path:
-    """A cap over time as a step line (`powerctl cap-source --plot`); no cap is drawn as a gap."""
+    """A cap over time as a step line (`powerctl cap-source --plot`), drawn from every change of the
+    source (`CapSource.steps_until`), not from a listing's samples; no cap is a gap. `path` is an
+    output file already checked (`powerctl.outputs.check_output_file`): no folder is created."""
     fig = Figure(figsize=(7, 3), layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    ax.step(times_s, [np.nan if w is None else w for w in caps_w], where="post", color="tab:blue")
+    times = [t for t, _ in steps] + [until_s]
+    caps = [np.nan if w is None else w for _, w in steps]
+    ax.step(times, [*caps, caps[-1]], where="post", color="tab:blue")
+    ax.set_xlim(0, until_s)
     ax.set_xlabel("time (s)")
     ax.set_ylabel("power cap (W)")
-    ax.set_title(title, fontsize=9)
+    ax.set_title(textwrap.fill(title, 88), fontsize=9)  # a trace's path can be long: wrapped, not cut
     ax.grid(alpha=0.3)
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    return out
+    fig.savefig(path)
+    return path

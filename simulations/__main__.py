@@ -198,6 +198,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         stopped = stop_local_superlink(args.port)
         if stopped:
             print(f"stopped the local SuperLink on port {args.port} (pids {', '.join(map(str, stopped))})")
+        else:
+            print(f"nothing listens on port {args.port}: nothing to stop")
         return 0
     if args.command == "ray-check":
         return ray_check()

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fl_client.node import MAX_BOARDS
 from powerctl.errors import PowerctlError
 from simulations.local_superlink import (
     alive,
@@ -53,9 +54,8 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 SERVER_ERROR = "powerfed server: error:"
 """How the ServerApp says it stopped on an error (`fl_server.app.main`)."""
 
-MAX_NODES = 10_000
-"""Most virtual nodes (boards) one simulation may have: each is a Ray actor's worth of state, and a
-typo (NODES=1000000) must be one line, not a machine out of memory."""
+MAX_NODES = MAX_BOARDS
+"""Most virtual nodes one simulation may have (as many as a fleet has boards)."""
 
 _PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 
