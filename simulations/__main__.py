@@ -137,13 +137,15 @@ def run_command(args: argparse.Namespace) -> int:
     """`run`: parse the fleet (one line on a bad file), run it, print the summary."""
     import time
 
+    from powerctl.outputs import check_output_dir
     from simulations.fleet import load_fleet_spec
     from simulations.fleet_results import summary_text
-    from simulations.runner import run_fleet
+    from simulations.runner import check_before_flower, run_fleet
 
     started = time.perf_counter()
     spec = load_fleet_spec(args.fleet)
     methods = args.methods or spec.methods
+    check_before_flower(spec, check_output_dir(args.out.expanduser().resolve()), methods)  # before owning
     with owning_every_process():
         results = run_fleet(spec, args.out, methods, verbose=args.verbose, plots=not args.no_plots)
     print("\n" + summary_text(results))

@@ -1,0 +1,329 @@
+"""What a new user and a hostile input meet first (issue 18): one line naming the real problem, exit
+status 2, nothing written and nothing started; every user-controlled size bounded."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from fl_client.node import MAX_BOARDS, NodeConfigError, read_yaml
+from fl_server.cli import main as fl_server_main
+from powerctl.capsource import MAX_POINTS
+from powerctl.cli import main as powerctl_main
+from powerctl.cliutil import MAX_BATCH_SIZE
+from powerctl.relation import RelationVector
+from simulations.__main__ import main as simulations_main
+
+ROOT = Path(__file__).resolve().parents[1]
+SOLAR = ROOT / "simulations" / "caps" / "solar-jetson-nano.csv"
+BINARY = bytes(range(256)) * 8  # not UTF-8
+
+FLEET = """\
+name: tiny
+groups:
+  - {device: sim:jetson-nano, power-cap-w: 3.0}
+task:
+  model: cnn-tiny
+  batch-sizes: [8, 16]
+rounds: 1
+"""
+
+
+def _one_line(capsys: pytest.CaptureFixture[str], prog: str) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err and err.startswith(f"{prog}: error: "), err
+    return err
+
+
+@pytest.fixture
+def no_flower(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Starting Flower is a failure: these inputs must be refused before the SuperLink and Ray start."""
+    import simulations.runner
+
+    def refuse(*_: object, **__: object) -> None:
+        raise AssertionError("Flower was started before the input was checked")
+
+    monkeypatch.setattr(simulations.runner, "run_flwr", refuse)
+
+
+@pytest.fixture
+def profile(tmp_path: Path) -> Path:
+    path = tmp_path / "nano.json"
+    argv = ["profile", "--device", "sim:jetson-nano", "--model", "cnn-tiny", "--predicted"]
+    assert powerctl_main([*argv, "--batch-sizes", "8,16,32", "--out", str(path)]) == 0
+    return path
+
+
+# --- fleet files ------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        (FLEET + "groups:\n  - {device: sim:jetson-tx2nx}\n", "key 'groups' is given twice (lines 2 and 8)"),
+        (
+            FLEET.replace("model: cnn-tiny", "model: cnn-tiny\n  model: resnet18"),
+            "key 'model' is given twice",
+        ),
+        (
+            FLEET.replace("power-cap-w: 3.0}", "power-cap-w: 3.0, power-cap-w: 5}"),
+            "'power-cap-w' is given twice",
+        ),
+    ],
+)
+def test_a_fleet_file_with_a_key_twice_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], no_flower: None, text: str, fragment: str
+) -> None:
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(text)
+    with pytest.raises(NodeConfigError, match=re.escape(fragment)):
+        read_yaml(fleet)
+    assert simulations_main(["run", str(fleet), "--out", str(tmp_path / "out")]) == 2
+    assert fragment in _one_line(capsys, "python -m simulations")
+    assert not (tmp_path / "out").exists()
+
+
+def test_binary_files_given_as_fleet_profile_or_relation_are_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], profile: Path, no_flower: None
+) -> None:
+    junk = tmp_path / "junk.bin"
+    junk.write_bytes(BINARY)
+    assert simulations_main(["run", str(junk), "--out", str(tmp_path / "out")]) == 2
+    assert "not a text file (not UTF-8); a fleet file is YAML text" in _one_line(
+        capsys, "python -m simulations"
+    )
+    for argv, what in (
+        (["select", "--profile", str(junk), "--relation", str(junk)], "powerctl.profile/1"),
+        (["select", "--profile", str(profile), "--relation", str(junk)], "powerctl.relation/1"),
+        (["plot", str(junk), "--out", str(tmp_path / "plots")], "powerctl.profile/1"),
+        (["caps", "--profile", str(junk), "--power-cap", "5"], "powerctl.profile/1"),
+    ):
+        assert powerctl_main(argv) == 2
+        assert f"junk.bin: not a text file (not UTF-8); expected {what} JSON" in _one_line(capsys, "powerctl")
+    assert powerctl_main(["select", "--profile", str(tmp_path), "--relation", str(junk)]) == 2
+    assert "is a folder; give the powerctl.profile/1 file" in _one_line(capsys, "powerctl")
+
+
+def test_a_fleet_of_too_many_boards_is_one_line_saying_the_limit(tmp_path: Path, no_flower: None) -> None:
+    fleet = tmp_path / "huge.yaml"
+    fleet.write_text(FLEET.replace("power-cap-w: 3.0}", "power-cap-w: 3.0, count: 1000000000}"))
+    with pytest.raises(
+        NodeConfigError, match=rf"groups\[0\]\.count: a fleet has at most {MAX_BOARDS} boards"
+    ):
+        from simulations.fleet import load_fleet_spec
+
+        load_fleet_spec(fleet)
+
+
+@pytest.mark.parametrize("where", ["/proc/fleet", "EXISTING_FILE"])
+def test_the_fleet_runner_refuses_an_output_it_cannot_write_before_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], no_flower: None, where: str
+) -> None:
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(FLEET)
+    existing = tmp_path / "results.txt"
+    existing.write_text("keep me")
+    out = str(existing) if where == "EXISTING_FILE" else where
+    assert simulations_main(["run", str(fleet), "--out", out]) == 2
+    err = _one_line(capsys, "python -m simulations")
+    assert "is a file, not a folder" in err if where == "EXISTING_FILE" else "cannot write in /proc" in err
+    assert existing.read_text() == "keep me" and sorted(p.name for p in tmp_path.iterdir()) == [
+        "fleet.yaml",
+        "results.txt",
+    ]
+
+
+def test_garbage_weights_or_a_relation_of_another_model_are_refused_before_flower_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], no_flower: None
+) -> None:
+    garbage = tmp_path / "weights.safetensors"
+    garbage.write_bytes(BINARY)
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(FLEET.replace("  model: cnn-tiny\n", f"  model: cnn-tiny\n  weights: {garbage}\n"))
+    assert simulations_main(["run", str(fleet), "--out", str(tmp_path / "out")]) == 2
+    err = _one_line(capsys, "python -m simulations")
+    assert "fleet.yaml: task.weights:" in err and "not a readable safetensors weights file" in err
+
+    other = tmp_path / "relation.json"
+    RelationVector.from_samples("resnet18", "proxy", 0.5, {8: 10.0, 16: 20.0}).save(other)
+    fleet.write_text(FLEET.replace("  model: cnn-tiny\n", f"  model: cnn-tiny\n  relation: {other}\n"))
+    assert simulations_main(["run", str(fleet), "--out", str(tmp_path / "out")]) == 2
+    err = _one_line(capsys, "python -m simulations")
+    assert "fleet.yaml: task.relation:" in err and "the vector is for model 'resnet18'" in err
+
+
+# --- powerctl cap-source ----------------------------------------------------------------------------
+def test_cap_source_plot_goes_to_an_existing_folder_only_and_prints_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = f"trace:{SOLAR}"
+    assert powerctl_main(["cap-source", source, "--plot", "/proc/x.png"]) == 2
+    assert "--plot /proc/x.png: cannot write in /proc" in _one_line(capsys, "powerctl")
+    missing = tmp_path / "missing" / "cap.png"
+    assert powerctl_main(["cap-source", source, "--plot", str(missing)]) == 2
+    assert "does not exist; create it first" in _one_line(capsys, "powerctl")
+    assert not missing.parent.exists()
+    assert powerctl_main(["cap-source", source, "--plot", str(tmp_path)]) == 0
+    written = tmp_path / "cap_source.png"
+    assert capsys.readouterr().out.splitlines()[-1] == str(written) and written.stat().st_size > 10_000
+
+
+def test_cap_source_bounds_its_points_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert powerctl_main(["cap-source", f"trace:{SOLAR}", "--until", "1e9", "--every", "0.001"]) == 2
+    assert f"more than {MAX_POINTS:,}: raise --every or lower --until" in _one_line(capsys, "powerctl")
+    plot = str(tmp_path / "p.png")
+    assert (
+        powerctl_main(["cap-source", f"trace:{SOLAR}", "--until", "1e9", "--every", "1e5", "--plot", plot])
+        == 2
+    )
+    assert f"more than {MAX_POINTS:,} steps to draw; lower --until" in _one_line(capsys, "powerctl")
+
+
+def test_cap_source_plot_draws_every_change_whatever_the_listing_interval(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--every 600` lists two lines of a trace that runs 2.4–5 W; the plot still holds every step."""
+    from matplotlib.figure import Figure
+
+    drawn: list[Figure] = []
+    real = Figure.savefig
+
+    def keep(self: Figure, *args: object, **kwargs: object) -> None:
+        drawn.append(self)
+        real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    assert powerctl_main(["cap-source", f"trace:{SOLAR}", "--every", "600", "--plot", str(tmp_path)]) == 0
+    (line,) = drawn[0].axes[0].get_lines()
+    ys = [y for y in line.get_ydata() if y == y]
+    assert min(ys) == 2.4 and max(ys) == 5.0 and len(set(ys)) > 20
+
+
+# --- sizes, and lines that name the real problem ------------------------------------------------------
+def test_a_huge_batch_size_is_one_line_and_a_profile_with_no_point_is_not_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "p.json"
+    argv = ["profile", "--device", "sim:jetson-nano", "--model", "cnn-tiny", "--predicted", "--out", str(out)]
+    assert powerctl_main([*argv, "--batch-sizes", "100000000"]) == 2
+    assert f"batch sizes must be at most {MAX_BATCH_SIZE}" in _one_line(capsys, "powerctl profile")
+    assert powerctl_main([*argv[:4], "resnet18", *argv[5:], "--batch-sizes", "60000"]) == 2
+    assert "no batch size fits in the device's memory (skipped [60000]): nothing written" in _one_line(
+        capsys, "powerctl"
+    )
+    assert not out.exists()
+
+
+def test_caps_below_every_point_says_the_cap_is_the_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], profile: Path
+) -> None:
+    # a second profile profiled at other frequencies only: the two share no frequency at every batch size
+    data = json.loads(profile.read_text())
+    data["points"] = [p for p in data["points"] if p["frequency_hz"] > 800e6 and p["batch_size"] == 8]
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({**data, "model": "cnn-tiny", "skipped": []}))
+    data["points"] = [p for p in json.loads(profile.read_text())["points"] if p["frequency_hz"] < 200e6]
+    low = tmp_path / "low.json"
+    low.write_text(json.dumps(data))
+    assert powerctl_main(["caps", "--profile", str(other), "--profile", str(low), "--power-cap", "1"]) == 2
+    err = _one_line(capsys, "powerctl")
+    assert "no profiled point stays under 1.00 W: the least peak power is" in err and "share" not in err
+    assert powerctl_main(["caps", "--profile", str(other), "--profile", str(low), "--power-cap", "50"]) == 2
+    assert "share no frequency profiled at every batch size" in _one_line(capsys, "powerctl")
+
+
+def test_select_with_a_two_entry_relation_says_what_the_relation_should_be(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], profile: Path
+) -> None:
+    rel = tmp_path / "r.json"
+    doc = {"schema": "powerctl.relation/1", "model": "cnn-tiny", "proxy_dataset": "p", "target_accuracy": 0.7}
+    rel.write_text(json.dumps({**doc, "batch_sizes": [8, 16], "samples_to_target": [2000, 1000]}))
+    assert powerctl_main(["select", "--profile", str(profile), "--relation", str(rel)]) == 0
+    err = capsys.readouterr().err
+    assert "batch sizes [32] are profiled but not in the relation vector: not considered" in err
+    rel.write_text(
+        json.dumps({**doc, "batch_sizes": [8, 16], "samples_to_target": [2000, 1000], "relation": [1, 0.5]})
+    )
+    assert powerctl_main(["select", "--profile", str(profile), "--relation", str(rel)]) == 2
+    err = _one_line(capsys, "powerctl")
+    assert "'relation' [1, 0.5] is not samples_to_target divided by its last entry, [2, 1]" in err
+    rel.write_text(json.dumps({"batch_sizes": [8, 16], "relation": [2, 1]}))
+    assert powerctl_main(["select", "--profile", str(profile), "--relation", str(rel)]) == 2
+    assert 'has no "schema" field; expected a powerctl.relation/1 file' in _one_line(capsys, "powerctl")
+
+
+def test_plot_refuses_a_relation_of_another_model_as_select_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], profile: Path
+) -> None:
+    other = tmp_path / "relation.json"
+    RelationVector.from_samples("resnet18", "proxy", 0.5, {8: 10.0, 16: 20.0}).save(other)
+    out = tmp_path / "plots"
+    for argv in (["select", "--profile", str(profile)], ["plot", str(profile), "--out", str(out)]):
+        assert powerctl_main([*argv, "--relation", str(other)]) == 2
+        assert "the relation vector of 'resnet18': they do not belong together" in _one_line(
+            capsys, "powerctl"
+        )
+    assert not out.exists()
+    assert (
+        powerctl_main(["plot", str(profile), "--out", str(out), "--relation", str(other), "--allow-mismatch"])
+        == 0
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "prog", "fragment"),
+    [
+        (
+            ["power", "--device", "nvml:-1"],
+            "powerctl",
+            "the NVML index counts from 0 (nvml:0 is the first GPU)",
+        ),
+        (
+            [
+                "relation",
+                "--model",
+                "cnn-tiny",
+                "--weights",
+                "TMP",
+                "--proxy",
+                "synthetic-image",
+                "--target",
+                "0.5",
+            ],
+            "fl-server",
+            "is a folder; give the weights file in it (.safetensors)",
+        ),
+        (
+            ["pretrain", "--model", "cnn-tiny", "--data", "npz:JUNK", "--out", "TMP/w.safetensors"],
+            "fl-server",
+            "not an .npz archive (numpy.savez writes a zip file; this is not one)",
+        ),
+        (
+            ["stop-superlink", "--port", "99999"],
+            "python -m simulations stop-superlink",
+            "TCP port from 1 to 65535",
+        ),
+    ],
+)
+def test_misleading_lines_now_name_the_real_problem(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], prog: str, fragment: str
+) -> None:
+    (tmp_path / "junk.bin").write_bytes(BINARY)
+    argv = [a.replace("TMP", str(tmp_path)).replace("JUNK", str(tmp_path / "junk.bin")) for a in argv]
+    if argv[0] == "relation":
+        argv += ["--out", str(tmp_path / "r.json")]
+    main = {"powerctl": powerctl_main, "fl-server": fl_server_main}.get(prog, simulations_main)
+    assert main(argv) == 2
+    err = _one_line(capsys, prog)
+    assert fragment in err and "pickle" not in err and "must be a number" not in err
+
+
+def test_stop_superlink_says_when_nothing_listens(capsys: pytest.CaptureFixture[str]) -> None:
+    from simulations.local_superlink import free_port
+
+    port = free_port()
+    assert simulations_main(["stop-superlink", "--port", str(port)]) == 0
+    assert capsys.readouterr().out.strip() == f"nothing listens on port {port}: nothing to stop"
