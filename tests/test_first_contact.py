@@ -6,8 +6,12 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
+from matplotlib.artist import Artist
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
 
 from fl_client.node import MAX_BOARDS, NodeConfigError, read_yaml
 from fl_server.cli import main as fl_server_main
@@ -327,3 +331,105 @@ def test_stop_superlink_says_when_nothing_listens(capsys: pytest.CaptureFixture[
     port = free_port()
     assert simulations_main(["stop-superlink", "--port", str(port)]) == 0
     assert capsys.readouterr().out.strip() == f"nothing listens on port {port}: nothing to stop"
+
+
+# --- plots --------------------------------------------------------------------------------------------
+def _inside(fig: Figure, artist: Artist) -> bool:
+    box = artist.get_window_extent(fig.canvas.get_renderer())  # type: ignore[attr-defined]
+    return box.x0 >= 0 and box.x1 <= fig.bbox.width and box.y0 >= 0
+
+
+def test_heat_map_legends_fit_the_figure_and_the_over_cap_swatch_looks_like_the_cells(profile: Path) -> None:
+    from powerctl.plot import profile_figures
+    from powerctl.profile_table import Profile
+
+    data = json.loads(profile.read_text())
+    data["points"] = [p for p in data["points"] if p["frequency_hz"] < 500e6]  # a narrow figure
+    data["points"] = [p for p in data["points"] if not (p["batch_size"] == 8 and p["frequency_hz"] < 200e6)]
+    narrow = Profile.from_dict(data, "narrow")
+    relation = RelationVector.from_samples("cnn-tiny", "p", 0.7, {8: 600.0, 16: 800.0, 32: 1000.0})
+    figs = profile_figures(narrow, power_cap_w=2.2, relation=relation)
+    for name, fig in figs.items():
+        (legend,) = fig.legends
+        fig.canvas.draw()
+        assert _inside(fig, legend), name
+        labels = [t.get_text() for t in legend.get_texts()]
+        assert "not profiled" in labels and "peak power over the cap (faded)" in labels
+        ax = fig.axes[0]
+        swatch = legend.legend_handles[labels.index("peak power over the cap (faded)")]
+        faded = [p for p in ax.patches if isinstance(p, Rectangle) and p.get_alpha() and not p.get_hatch()]
+        image = ax.images[0]
+        got = swatch.get_facecolor()[:3]
+
+        def drawn(cell: Rectangle, image: Any = image) -> list[float]:  # its map colour under the veil
+            x, y = cell.get_xy()
+            rgb = image.cmap(image.norm(image.get_array()[round(y + 0.5), round(x + 0.5)]))[:3]
+            return [c * 0.4 + 0.6 for c in rgb]
+
+        nearest = min(max(abs(a - b) for a, b in zip(got, drawn(c), strict=True)) for c in faded)
+        assert nearest < 0.1, (name, got)
+        assert max(got) - min(got) > 0.02  # a tint of the map, not the grey of before
+
+
+def test_fleet_profile_maps_draw_one_panel_per_cap_with_its_boundary_and_every_choice(tmp_path: Path) -> None:
+    from matplotlib.collections import LineCollection
+
+    from powerctl.plot import BOUNDARY_GID
+    from simulations.fleet_plots import plot_profile_maps
+
+    figures: list[Figure] = []
+    real = Figure.savefig
+
+    def keep(self: Figure, *args: object, **kwargs: object) -> None:
+        figures.append(self)
+        real(self, *args, **kwargs)
+
+    def rec(method: str, cap: float | None, b: int, mhz: float) -> dict:
+        return dict(
+            board="jetson-nano",
+            round=1,
+            method=method,
+            power_cap_w=cap,
+            batch_size=b,
+            frequency_hz=int(mhz * 1e6),
+        )
+
+    records = [  # two methods in one cell under two caps: what drew "nonenone" before
+        rec("ours", 3.0, 16, 614.4),
+        rec("oracle", 3.0, 16, 614.4),
+        rec("state-of-practice", 3.0, 16, 307.2),
+        rec("ours", None, 16, 921.6),
+        rec("oracle", None, 16, 921.6),
+    ]
+    results = {
+        "run": {"config": {"batch-sizes": "8,16", "profile-samples": 4000}},
+        "fleet": {"model": "cnn-tiny"},
+        "records": records,
+        "methods": ["ours", "state-of-practice", "oracle"],
+    }
+    mp = pytest.MonkeyPatch()
+    mp.setattr(Figure, "savefig", keep)
+    try:
+        (path,) = plot_profile_maps(results, tmp_path)
+    finally:
+        mp.undo()
+    assert path == tmp_path / "profile_maps" / "jetson-nano.png" and path.stat().st_size > 20_000
+    (fig,) = figures
+    maps = [ax for ax in fig.axes if ax.get_xlabel() == "GPU frequency (MHz)"]
+    titles = [ax.get_title(loc="left") for ax in maps]
+    assert titles == [
+        "power cap 3.00 W: the (b, f) each method chose under it",
+        "no power cap: the (b, f) each method chose under it",
+    ]
+    bounds = [
+        [c for c in ax.collections if isinstance(c, LineCollection) and c.get_gid() == BOUNDARY_GID]
+        for ax in maps
+    ]
+    assert len(bounds[0]) == 1 and bounds[1] == []  # the 3 W boundary on the 3 W panel only
+    legends = [[t.get_text() for t in lg.get_texts()] for sub in fig.subfigs for lg in sub.legends]
+    assert "cap boundary (3.00 W)" in legends[0] and not any("cap boundary" in t for t in legends[1])
+    for ax, want in zip(maps, (3, 2), strict=True):
+        marks = [ln for ln in ax.lines if ln.get_label() in results["methods"]]
+        xy = {(float(ln.get_xdata()[0]), float(ln.get_ydata()[0])) for ln in marks}
+        assert len(marks) == want and len(xy) == want  # each mark in a place of its own
+        assert not [t for t in ax.texts if t.get_text() in ("3", "none")]  # no cap labels under marks
