@@ -234,6 +234,22 @@ def _heatmap(
     return ax, handles
 
 
+def _peak_power_map(
+    fig: FigureBase, grid: _Grid, title: str, cap: float | None, selection: Selection | None = None
+) -> tuple[Axes, list[Artist]]:
+    return _heatmap(
+        fig,
+        grid,
+        grid.values(lambda p: p.peak_power_w),
+        title=title,
+        cbar_label="peak power (W)",
+        cmap="YlOrRd",
+        fmt=lambda v: f"{v:.1f}",
+        cap=cap,
+        selection=selection,
+    )
+
+
 def _legend(fig: FigureBase, handles: list[Artist], width_in: float) -> None:
     """The legend as a row under the plot, in the layout (never cut at the figure's edges): as many
     columns as fit in `width_in`, the others wrap."""
@@ -282,17 +298,7 @@ def profile_figures(
 
     figs: dict[str, Figure] = {}
     fig = new_fig()
-    _, handles = _heatmap(
-        fig,
-        grid,
-        grid.values(lambda p: p.peak_power_w),
-        title=f"Peak power $P(b, f)$ — {subject}\n{cap_line}",
-        cbar_label="peak power (W)",
-        cmap="YlOrRd",
-        fmt=lambda v: f"{v:.1f}",
-        cap=cap,
-        selection=selection,
-    )
+    _, handles = _peak_power_map(fig, grid, f"Peak power $P(b, f)$ — {subject}\n{cap_line}", cap, selection)
     _legend(fig, handles, width)
     figs["peak_power"] = fig
 
@@ -384,16 +390,8 @@ def choices_per_cap(profile: Profile, marks: dict[float | None, list[Mark]], *, 
     FigureCanvasAgg(fig)
     fig.suptitle(title, fontsize=11, x=0.01, ha="left")
     for sub, cap in zip(fig.subfigures(len(caps), 1, squeeze=False)[:, 0], caps, strict=True):
-        ax, handles = _heatmap(
-            sub,
-            grid,
-            grid.values(lambda p: p.peak_power_w),
-            title=f"{_cap_text(cap)}: the (b, f) each method chose under it",
-            cbar_label="peak power (W)",
-            cmap="YlOrRd",
-            fmt=lambda v: f"{v:.1f}",
-            cap=cap,
-            selection=None,
+        ax, handles = _peak_power_map(
+            sub, grid, f"{_cap_text(cap)}: the (b, f) each method chose under it", cap
         )
         drawn: dict[str, Artist] = {}
         for m in marks[cap]:

@@ -20,6 +20,7 @@ from powerctl.cli import main as powerctl_main
 from powerctl.cliutil import MAX_BATCH_SIZE
 from powerctl.relation import RelationVector
 from simulations.__main__ import main as simulations_main
+from tests.test_bad_input import _one_line
 
 ROOT = Path(__file__).resolve().parents[1]
 SOLAR = ROOT / "simulations" / "caps" / "solar-jetson-nano.csv"
@@ -34,12 +35,6 @@ task:
   batch-sizes: [8, 16]
 rounds: 1
 """
-
-
-def _one_line(capsys: pytest.CaptureFixture[str], prog: str) -> str:
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "Traceback" not in err and err.startswith(f"{prog}: error: "), err
-    return err
 
 
 @pytest.fixture

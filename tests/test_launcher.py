@@ -3,12 +3,15 @@ syntax, and Ctrl-C / SIGTERM stopping every process of the run by process id, th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -114,11 +117,12 @@ def test_bad_values_are_refused_by_the_server_config_parser_before_flower_starts
     assert plan.overrides == {"results-dir": str((tmp_path / "flwr").resolve()), "model": "cnn-tiny"}
 
 
-@pytest.mark.parametrize("nodes", ["0", "-2", str(MAX_NODES + 1)])
-def test_make_run_refuses_a_bad_number_of_nodes_before_anything_starts(tmp_path: Path, nodes: str) -> None:
-    port = free_port()
+@contextlib.contextmanager
+def _make(tmp_path: Path, port: int, **kwargs: str) -> Iterator[subprocess.Popen[str]]:
+    """`make run` in its own process group (a shell's foreground job); whatever happens in the test, its
+    group and the SuperLink on `port` are stopped afterwards (today's main would leave them running)."""
     proc = subprocess.Popen(
-        _make_run(tmp_path, port, nodes=nodes),
+        _make_run(tmp_path, port, **kwargs),
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -126,11 +130,30 @@ def test_make_run_refuses_a_bad_number_of_nodes_before_anything_starts(tmp_path:
         start_new_session=True,
     )
     try:
-        out, err = proc.communicate(timeout=60)
-    finally:  # on failure (today's main waits for ever), stop what it started
+        yield proc
+    finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
         stop_local_superlink(port)
+
+
+def _watch(proc: subprocess.Popen[str], port: int) -> tuple[str, str, set[int]]:
+    """Wait for the end, noting every process of the run seen on the way; (stdout, stderr, pids)."""
+    seen: set[int] = set()
+    reader = ThreadPoolExecutor(1).submit(proc.communicate)
+    while proc.poll() is None:
+        seen |= _tree(proc.pid, port)
+        time.sleep(0.5)
+    out, err = reader.result(timeout=60)
+    return out, err, seen
+
+
+@pytest.mark.parametrize("nodes", ["0", "-2", str(MAX_NODES + 1)])
+def test_make_run_refuses_a_bad_number_of_nodes_before_anything_starts(tmp_path: Path, nodes: str) -> None:
+    port = free_port()
+    with _make(tmp_path, port, nodes=nodes) as proc:
+        out, err = proc.communicate(timeout=60)
     assert proc.returncode == 2, out + err
     lines = [ln for ln in err.splitlines() if not ln.startswith("make")]
     assert len(lines) == 1 and f"NODES: the number of virtual nodes must be from 1 to {MAX_NODES}" in lines[0]
@@ -141,47 +164,47 @@ def test_make_run_refuses_a_bad_number_of_nodes_before_anything_starts(tmp_path:
 def test_make_run_passes_flowers_string_quotes_through_untouched(tmp_path: Path, value: str) -> None:
     """The string reaches the ServerApp's own check as the string resnet99, whichever quotes it has."""
     port = free_port()
-    proc = subprocess.run(
-        _make_run(tmp_path, port, run_config=f"model={value}"),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    stop_local_superlink(port)
-    assert proc.returncode == 2 and "'model' must be one of" in proc.stderr, proc.stdout + proc.stderr
-    assert "got 'resnet99'" in proc.stderr
+    with _make(tmp_path, port, run_config=f"model={value}") as proc:
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and "'model' must be one of" in err and "got 'resnet99'" in err, out + err
 
 
 # --- owning the run --------------------------------------------------------------------------------
+def _plant_earlier_results(tmp_path: Path) -> tuple[Path, bytes]:
+    out_dir = tmp_path / "runs" / "flwr"
+    out_dir.mkdir(parents=True)
+    earlier = out_dir / "results.json"
+    earlier.write_text('{"schema": "fl_server.results/1", "run": {"fingerprint": "an earlier run"}}\n')
+    return earlier, earlier.read_bytes()
+
+
 @pytest.mark.slow
 def test_make_run_with_flowers_string_syntax_ends_with_its_results_line_and_leaves_nothing(
     tmp_path: Path,
 ) -> None:
     port = free_port()
-    proc = subprocess.Popen(
-        _make_run(tmp_path, port),
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    seen: set[int] = set()
-    try:
-        while proc.poll() is None:
-            seen |= _tree(proc.pid, port)
-            time.sleep(0.5)
-        out = proc.stdout.read() if proc.stdout else ""
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        stop_local_superlink(port)
+    with _make(tmp_path, port) as proc:
+        out, err, seen = _watch(proc, port)
     results = tmp_path / "runs" / "flwr" / "results.json"
-    assert proc.returncode == 0, out[-3000:]
+    assert proc.returncode == 0, (out + err)[-3000:]
     assert out.strip().splitlines()[-1] == f"results: {results}"
     assert json.loads(results.read_text())["run"]["config"]["model"] == "cnn-tiny"
     assert len(seen) >= 4, "make, the launcher, flwr and the SuperLink should have been seen"
+    assert not [p for p in seen if alive(p)] and not pids_listening_on(port)
+
+
+@pytest.mark.slow
+def test_make_run_in_which_every_client_fails_is_a_failed_run_that_keeps_the_earlier_results(
+    tmp_path: Path,
+) -> None:
+    earlier, before = _plant_earlier_results(tmp_path)
+    port = free_port()  # a 0.5 W cap: below anything the board runs, so every client fails
+    with _make(tmp_path, port, run_config=SMALL_RUN + " fleet='sim:jetson-nano@0.5'") as proc:
+        out, err, seen = _watch(proc, port)
+    assert proc.returncode == 2, (out + err)[-3000:]
+    assert "the ServerApp stopped: every client failed in every round" in err
+    assert "results: " not in out and "FAILED" in out
+    assert earlier.read_bytes() == before and [p.name for p in earlier.parent.iterdir()] == ["results.json"]
     assert not [p for p in seen if alive(p)] and not pids_listening_on(port)
 
 
@@ -191,23 +214,11 @@ def test_interrupting_make_run_stops_every_process_and_leaves_the_earlier_result
     tmp_path: Path, how: str
 ) -> None:
     """Ctrl-C (SIGINT to the terminal's process group) or SIGTERM to `make` alone, mid-round."""
-    port = free_port()
-    out_dir = tmp_path / "runs" / "flwr"
-    out_dir.mkdir(parents=True)
-    earlier = out_dir / "results.json"
-    earlier.write_text('{"schema": "fl_server.results/1", "run": {"fingerprint": "an earlier run"}}\n')
-    before = earlier.read_bytes()
+    earlier, before = _plant_earlier_results(tmp_path)
     log = tmp_path / "runs" / "flwr.log"
-    proc = subprocess.Popen(
-        _make_run(tmp_path, port),
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # its own process group, as a shell's foreground job
-    )
+    port = free_port()
     seen: set[int] = set()
-    try:
+    with _make(tmp_path, port) as proc:
         deadline = time.monotonic() + 300
         while "round 1 train" not in (log.read_text() if log.exists() else ""):
             assert proc.poll() is None and time.monotonic() < deadline, "the run never reached round 1"
@@ -219,14 +230,10 @@ def test_interrupting_make_run_stops_every_process_and_leaves_the_earlier_result
         else:
             os.kill(proc.pid, signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        stop_local_superlink(port)
     assert proc.returncode != 0
     assert "interrupted" in err, err
     assert len(seen) >= 5, "make, the launcher, flwr, the SuperLink and the simulation should have run"
     time.sleep(3)  # nothing orphaned may go on to write
     assert not [p for p in seen if alive(p)], "processes of the run are still alive"
     assert not pids_listening_on(port) and not pids_listening_on(port + 2)
-    assert earlier.read_bytes() == before and sorted(p.name for p in out_dir.iterdir()) == ["results.json"]
+    assert earlier.read_bytes() == before and [p.name for p in earlier.parent.iterdir()] == ["results.json"]
