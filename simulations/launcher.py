@@ -176,8 +176,8 @@ def stop_everything_below(pid: int | None = None) -> list[int]:
     """Stop every process below `pid` (default: this one), by pid and process group; returns them."""
     pid = os.getpid() if pid is None else pid
     stopped: list[int] = []
-    for child in [p for p in descendants(pid) if alive(p)]:
-        if alive(child):
+    for child in descendants(pid):
+        if alive(child):  # not already stopped with an earlier one's tree
             stopped += stop_tree(child)
     return stopped
 
@@ -229,7 +229,6 @@ class FlowerRun:
     results_line: str | None = None
     error_line: str | None = None
     pids: list[int] = field(default_factory=list)
-    log_path: Path | None = None
 
     @property
     def results_path(self) -> Path | None:
@@ -253,7 +252,6 @@ def run_flwr(
     verbose: bool = False,
     port: int | None = None,
     control_port: int | None = None,
-    extra_env: dict[str, str] | None = None,
 ) -> FlowerRun:
     """`flwr run APP_DIR --stream` with a private Flower home on `port` (default: free ports).
 
@@ -268,10 +266,9 @@ def run_flwr(
         control,
         FLWR_HOME=str(home),
         PYTHONPATH=os.pathsep.join(p for p in (str(APP_DIR), os.environ.get("PYTHONPATH", "")) if p),
-        **(extra_env or {}),
     )
     cmd = flwr_run_command(APP_DIR, federation, run_config)
-    run = FlowerRun(log_path=log_path)
+    run = FlowerRun()
     proc = None
     try:
         with signals_as_interrupt(), log_path.open("w", encoding="utf-8") as log:

@@ -221,7 +221,11 @@ def test_interrupting_make_run_stops_every_process_and_leaves_the_earlier_result
     with _make(tmp_path, port) as proc:
         deadline = time.monotonic() + 300
         while "round 1 train" not in (log.read_text() if log.exists() else ""):
-            assert proc.poll() is None and time.monotonic() < deadline, "the run never reached round 1"
+            if proc.poll() is not None or time.monotonic() > deadline:
+                tail = log.read_text()[-3000:] if log.exists() else ""
+                pytest.fail(
+                    f"the run ended or hung before round 1: {proc.stderr.read() if proc.stderr else ''}{tail}"
+                )
             seen |= _tree(proc.pid, port)
             time.sleep(0.2)
         seen |= _tree(proc.pid, port)
