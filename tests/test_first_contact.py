@@ -298,7 +298,7 @@ def test_plot_refuses_a_relation_of_another_model_as_select_does(
         (
             ["pretrain", "--model", "cnn-tiny", "--data", "npz:JUNK", "--out", "TMP/w.safetensors"],
             "fl-server",
-            "not an .npz archive (numpy.savez writes a zip file; this is not one)",
+            "not a readable .npz: not a zip archive (numpy.savez writes one)",
         ),
         (
             ["stop-superlink", "--port", "99999"],

@@ -241,3 +241,42 @@ def test_interrupting_make_run_stops_every_process_and_leaves_the_earlier_result
     assert not [p for p in seen if alive(p)], "processes of the run are still alive"
     assert not pids_listening_on(port) and not pids_listening_on(port + 2)
     assert earlier.read_bytes() == before and [p.name for p in earlier.parent.iterdir()] == ["results.json"]
+
+
+@pytest.mark.slow
+def test_interrupting_a_fleet_run_stops_every_process_and_leaves_its_earlier_results(tmp_path: Path) -> None:
+    """`make fleet` runs `python -m simulations run`: Ctrl-C mid-round, the same by process id."""
+    from tests.test_fleet_run import TINY
+
+    fleet = tmp_path / "tiny.yaml"
+    fleet.write_text(TINY)
+    out = tmp_path / "fleet"
+    out.mkdir()
+    (out / "results.json").write_text('{"schema": "simulations.fleet/1", "earlier": true}\n')
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    cmd = [sys.executable, "-m", "simulations", "run", str(fleet), "--out", str(out)]
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    seen: set[int] = set()
+    try:
+        deadline = time.monotonic() + 300
+        log = out / "flwr.log"
+        while "round 1 train" not in (log.read_text() if log.exists() else ""):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(
+                    f"the run ended or hung before round 1: {proc.stderr.read() if proc.stderr else ''}"
+                )
+            seen |= {proc.pid, *descendants(proc.pid)}
+            time.sleep(0.2)
+        seen |= {proc.pid, *descendants(proc.pid)}
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130 and "interrupted" in err, err
+    assert len(seen) >= 4, "the runner, flwr, the SuperLink and the simulation should have run"
+    time.sleep(3)
+    assert not [p for p in seen if alive(p)], "processes of the run are still alive"
+    assert (out / "results.json").read_bytes() == before["results.json"]
