@@ -49,7 +49,10 @@ def main(argv: list[str] | None = None) -> int:
     met = 0
     for seed in range(args.seeds):
         seeded = dataclasses.replace(
-            spec, seeds={**spec.seeds, "run": seed, "data": spec.seeds["data"] + seed}
+            spec,
+            settings=dataclasses.replace(
+                spec.settings, seed=seed, client_data_seed=spec.settings.client_data_seed + seed
+            ),
         )
         results = run_fleet(seeded, args.out / f"seed-{seed}", METHODS, echo=lambda _: None, plots=seed == 0)
         for s in results["summary"]:
@@ -72,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"seed {seed}: {args.out / f'seed-{seed}' / 'summary.txt'}", flush=True)
     print(
         f"\nfleet {spec.name}: {len(spec.boards)} boards ({', '.join(b.label() for b in spec.boards)}), "
-        f"{spec.rounds} rounds, {args.seeds} seeds"
+        f"{spec.settings.num_server_rounds} rounds, {args.seeds} seeds"
     )
     head = f"{'method':<15} {'fleet energy J/round':>22} {'training makespan s':>21} {'round makespan s':>19}"
     print(head + "\n" + "-" * len(head))

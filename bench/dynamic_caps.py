@@ -24,6 +24,8 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -31,20 +33,23 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from powerctl.baselines import state_of_practice  # noqa: E402
-from powerctl.capsource import CapSource, ScheduleCap, TraceCap  # noqa: E402
-from powerctl.devices.simulated import SimulatedBoard  # noqa: E402
-from powerctl.follow import CapFollower, Chooser, Pick  # noqa: E402
+
+from fl_client.methods import Choice  # noqa: E402
+from fl_client.round import (  # noqa: E402
+    MethodRule,
+    RoundWork,
+    Rule,
+    fine_tune_step,
+    measured_profile_step,
+    usable_relation,
+)
+from powerctl.capsource import CapSource, ConstantCap, ScheduleCap, TraceCap  # noqa: E402
+from powerctl.devices.base import Device  # noqa: E402
 from powerctl.profile_table import Profile  # noqa: E402
 from powerctl.relation import RelationVector  # noqa: E402
 from powerctl.selection import select  # noqa: E402
-from simulations.demo import (  # noqa: E402
-    DemoConfig,
-    load_target_data,
-    measured_profile,
-    pretrain_weights,
-    relation_vector,
-)
+from simulations.demo import DemoConfig, demo_work  # noqa: E402
+from strategies.protocol import OURS, STATE_OF_PRACTICE  # noqa: E402
 
 POLICIES = ("follow (ours)", "once for the minimum (ours)", "state of practice, following")
 
@@ -62,74 +67,54 @@ class Outcome:
     events: list[dict[str, Any]]
 
 
-def choosers(profile: Profile, relation: RelationVector, caps: CapSource) -> dict[str, Chooser]:
-    """The three policies as rules of the cap."""
+@dataclass(frozen=True)
+class Once:
+    """Ours selected once, for the lowest cap the source will give, and kept whatever the cap."""
 
-    def ours(cap: float | None) -> Pick:
-        s = select(profile, relation, cap)
-        return Pick(s.batch_size, s.frequency_hz, s.predicted_seconds)
+    choice: Choice
+    profile: Profile
+    relation: RelationVector
 
-    once = ours(caps.lowest_w())
-
-    def sop(cap: float | None) -> Pick:
-        b = state_of_practice(profile, cap, relation=relation)
-        return Pick(b.batch_size, b.frequency_hz, b.predicted_seconds)
-
-    return dict(zip(POLICIES, (ours, lambda cap: once, sop), strict=True))
+    def __call__(self, power_cap_w: float | None) -> Choice:
+        return self.choice
 
 
-def run_once(
-    cfg: DemoConfig,
-    weights: Path,
-    data: Any,
-    caps: CapSource,
-    choose: Chooser,
-    relation: RelationVector,
-    seed: int,
-) -> Outcome:
-    from fl_server.weights import load_model
-    from training.finetune import fine_tune
-    from training.lr import scaled_lr
+def policies(profile: Profile, relation: RelationVector, caps: CapSource) -> dict[str, Rule]:
+    """The three policies as rules of the cap (the client round's rules)."""
+    ours = MethodRule(OURS, profile, relation)
+    once = Once(ours(caps.lowest_w()), profile, relation)
+    sop = MethodRule(STATE_OF_PRACTICE, profile, relation)
+    return dict(zip(POLICIES, (ours, once, sop), strict=True))
 
-    model, _ = load_model(weights, expect_model=cfg.model)
-    train, test = data
-    dev = SimulatedBoard.open(cfg.device.removeprefix("sim:"), seed=seed)
-    lr_for = lambda b: scaled_lr(cfg.lr_max, b, max(cfg.batch_sizes))  # noqa: E731
-    follower = CapFollower(
-        dev, caps, choose, lr_for=lr_for, samples_to_target=relation.samples_map(), poll_s=0.5
-    )
-    timeline = dev.power_sampler(20.0)  # the whole run's power, pauses included, for the plot
-    with dev.pinned(dev.frequencies()[0]):
-        timeline.start()
-        first = follower.start()
-        r = fine_tune(
-            model,
-            train,
-            test,
-            device=dev,
-            batch_size=first.batch_size,
-            lr=lr_for(first.batch_size),
-            target_accuracy=cfg.target_accuracy,
-            max_samples=cfg.max_samples,
-            eval_every_samples=cfg.eval_every_samples,
-            eval_max_samples=cfg.eval_max_samples,
-            seed=seed,
-            progress=False,
-            follower=follower,
-        )
-        samples = timeline.stop()
-    events = [e.to_dict() for e in follower.events]
-    t0 = samples[0][0]
+
+def run_once(work: RoundWork, caps: CapSource, rule: Rule, seed: int) -> Outcome:
+    """One client fine-tune following `caps` by `rule` (training seed = board noise seed), with the
+    board's power recorded over the whole run, pauses included."""
+    instr = replace(work.instr, seed=seed, cap_poll_s=0.5)
+    timeline: list[tuple[float, float]] = []
+
+    @contextmanager
+    def record(dev: Device) -> Iterator[None]:
+        sampler = dev.power_sampler(20.0)
+        sampler.start()
+        try:
+            yield
+        finally:
+            timeline.extend(sampler.stop())
+
+    trained = fine_tune_step(replace(work, instr=instr, caps=caps, device_seed=seed), rule, observe=record)
+    r = trained.result
+    t0 = timeline[0][0]
     return Outcome(
         reached=r.reached,
-        time_to_target_s=r.device_seconds + follower.paused_s,
+        time_to_target_s=r.device_seconds + r.paused_seconds,
         energy_j=r.energy_j or 0.0,
-        switches=sum(e["kind"] == "switch" for e in events),
-        pauses=sum(e["kind"] == "pause" for e in events),
-        over_cap_s=follower.unprevented_over_cap_s,
-        in_step_over_cap_s=max((e["in_step_over_cap_s"] for e in events), default=0.0),
-        timeline=[(t - t0, w) for t, w in samples],
-        events=events,
+        switches=sum(e["kind"] == "switch" for e in r.cap_events),
+        pauses=sum(e["kind"] == "pause" for e in r.cap_events),
+        over_cap_s=sum(e["over_cap_s"] for e in r.cap_events),
+        in_step_over_cap_s=max((e["in_step_over_cap_s"] for e in r.cap_events), default=0.0),
+        timeline=[(t - t0, w) for t, w in timeline],
+        events=r.cap_events,
     )
 
 
@@ -210,18 +195,25 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     base = DemoConfig()
     args.out.mkdir(parents=True, exist_ok=True)
-    weights = pretrain_weights(base, args.out, progress=False)
-    relation = relation_vector(base, weights, progress=False)
-    data = load_target_data(base)
+    settings = base.settings()
+    # the whole grid, profiled once per board with noise seed 0, like every seeded run after it
+    works = {
+        board: replace(
+            demo_work(replace(base, device=f"sim:{board}", power_cap_w=None), settings, args.out),
+            caps=ConstantCap(None),
+            device_seed=0,
+        )
+        for board in args.boards.split(",")
+    }
+    first = next(iter(works.values()))
+    relation = usable_relation(first.instr, len(first.split()[0]))
     print(
-        f"model {base.model}, target accuracy {base.target_accuracy}, batch sizes {base.batch_sizes}, "
-        f"{args.seeds} seeds; relation r_b = "
+        f"model {settings.model}, target accuracy {settings.target_accuracy}, batch sizes "
+        f"{settings.batch_size_list()}, {args.seeds} seeds; relation r_b = "
         + ", ".join(f"{b}:{r:.2f}" for b, r in relation.as_map().items())
     )
-    for board in args.boards.split(","):
-        cfg = replace(base, device=f"sim:{board}")
-        with SimulatedBoard.open(board, seed=0) as dev:
-            profile = measured_profile(replace(cfg, power_cap_w=None), dev, weights, progress=False)
+    for board, work in works.items():
+        profile = measured_profile_step(work, relation).profile
         for source_name, caps in sources(board, profile, relation).items():
             print(f"\nsim:{board}, {source_name}: {caps.describe()}")
             head = (
@@ -230,10 +222,8 @@ def main(argv: list[str] | None = None) -> int:
             )
             print(head + "\n  " + "-" * (len(head) - 2))
             first_runs: dict[str, Outcome] = {}
-            for policy, choose in choosers(profile, relation, caps).items():
-                outs = [
-                    run_once(cfg, weights, data, caps, choose, relation, seed) for seed in range(args.seeds)
-                ]
+            for policy, rule in policies(profile, relation, caps).items():
+                outs = [run_once(work, caps, rule, seed) for seed in range(args.seeds)]
                 first_runs[policy] = outs[0]
                 tta, joules = _stat([o.time_to_target_s for o in outs]), _stat([o.energy_j for o in outs])
                 over, in_step = max(o.over_cap_s for o in outs), max(o.in_step_over_cap_s for o in outs)

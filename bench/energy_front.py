@@ -22,17 +22,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from powerctl.devices.simulated import SimulatedBoard  # noqa: E402
+from fl_client.round import PinnedRule, fine_tune_step, measured_profile_step, usable_relation  # noqa: E402
+from powerctl.capsource import ConstantCap  # noqa: E402
 from powerctl.pareto import pareto_front, write_front  # noqa: E402
 from powerctl.selection import Selection  # noqa: E402
-from simulations.demo import (  # noqa: E402
-    DemoConfig,
-    fine_tune_at,
-    load_target_data,
-    measured_profile,
-    pretrain_weights,
-    relation_vector,
-)
+from simulations.demo import DemoConfig, demo_work  # noqa: E402
 
 CAPS_W = {"jetson-nano": (None, 4.0, 3.0), "jetson-tx2nx": (None, 5.5, 4.0)}
 
@@ -59,10 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     base = DemoConfig()
     args.out.mkdir(parents=True, exist_ok=True)
-    weights = pretrain_weights(base, args.out, progress=False)
-    relation = relation_vector(base, weights, progress=False)
-    data = load_target_data(base)
-    print(f"model {base.model}, target accuracy {base.target_accuracy}, {args.seeds} seeds per measured pair")
+    settings = base.settings()
+    print(
+        f"model {settings.model}, target accuracy {settings.target_accuracy}, "
+        f"{args.seeds} seeds per measured pair"
+    )
     head = (
         f"{'board':<13} {'cap W':>5} {'front':>5} {'end':<12} {'b':>3} {'MHz':>6} {'pred s':>7} "
         f"{'meas s':>12} {'pred J':>7} {'meas J':>13}"
@@ -70,9 +65,11 @@ def main(argv: list[str] | None = None) -> int:
     print(head + "\n" + "-" * len(head))
     summary = []
     for board in args.boards.split(","):
-        cfg = replace(base, device=f"sim:{board}", power_cap_w=None)
-        with SimulatedBoard.open(board, seed=0) as dev:
-            profile = measured_profile(cfg, dev, weights, progress=False)
+        # the client round's own steps: the whole grid profiled (noise seed 0), then pinned fine-tunes
+        work = demo_work(replace(base, device=f"sim:{board}", power_cap_w=None), settings, args.out)
+        work = replace(work, caps=ConstantCap(None), device_seed=0)
+        relation = usable_relation(work.instr, len(work.split()[0]))
+        profile = measured_profile_step(work, relation).profile
         runs: dict[tuple[int, int, int], tuple[float, float]] = {}  # (b, Hz, seed) → (s, J), per board
         for cap in CAPS_W.get(board, (None,)):
             front = pareto_front(profile, relation, cap)
@@ -85,8 +82,8 @@ def main(argv: list[str] | None = None) -> int:
                 for seed in range(args.seeds):
                     key = (s.batch_size, s.frequency_hz, seed)
                     if key not in runs:  # a pair at both ends, or under two caps: the same seeded run
-                        with SimulatedBoard.open(board, seed=seed) as dev:
-                            run = fine_tune_at(replace(cfg, seed=seed), dev, weights, data, *key[:2], False)
+                        seeded = replace(work, instr=replace(work.instr, seed=seed), device_seed=seed)
+                        run = fine_tune_step(seeded, PinnedRule(*key[:2], profile, relation)).result
                         runs[key] = (run.device_seconds, run.energy_j or 0.0)
                     secs.append(runs[key][0])
                     joules.append(runs[key][1])

@@ -31,6 +31,7 @@ from fl_server.pretrain import pretrain
 from fl_server.relation import RelationError, estimate_relation
 from powerctl.jsonfile import write_json
 from powerctl.relation import RelationVector
+from training.lr import LR_RULES
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data"
@@ -98,8 +99,9 @@ def main() -> None:
         help="target accuracy on the target text (default 0.49: Austen is easier to predict)",
     )
     ap.add_argument("--batch-sizes", default="4,8,16,32,64")
-    ap.add_argument("--seeds", default="0,1,2,3,4", help="median over these (default 0,1,2,3,4)")
+    ap.add_argument("--seeds", default="0,1,2,3,4", help="mean over these (default 0,1,2,3,4)")
     ap.add_argument("--lr-max", type=float, default=2e-3, help="learning rate of the largest batch size")
+    ap.add_argument("--lr-rule", choices=LR_RULES, default="sqrt", help="learning-rate scaling across b")
     ap.add_argument("--max-samples", type=int, default=20_000)
     ap.add_argument("--eval-every", type=int, default=128, help="resolution of samples-to-target")
     ap.add_argument("--eval-max-samples", type=int, default=256)
@@ -153,6 +155,7 @@ def main() -> None:
         "batch_sizes": batch_sizes,
         "seeds": seeds,
         "lr_max": args.lr_max,
+        "lr_rule": args.lr_rule,
         "max_samples": args.max_samples,
         "eval_every_samples": args.eval_every,
         "eval_max_samples": args.eval_max_samples,
@@ -194,15 +197,22 @@ def main() -> None:
     print(f"proxy  {args.proxy}: target accuracy {proxy.target_accuracy}")
     print(f"target {args.target_data}: target accuracy {target.target_accuracy}")
     print(
-        f"lr_max {args.lr_max} (sqrt rule), seeds {seeds}, eval every {args.eval_every} samples "
+        f"lr_max {args.lr_max} ({args.lr_rule} rule), seeds {seeds}, eval every ≤ {args.eval_every} samples "
         f"on {args.eval_max_samples} test windows, budget {args.max_samples} samples"
     )
-    print(f"{'batch':>5} {'lr':>9} | {'proxy samples':>13} {'r_b':>6} | {'target samples':>14} {'r_b':>6}")
+    print(
+        f"{'batch':>5} {'lr':>9} | {'proxy samples ± sd':>19} {'r_b':>6} | "
+        f"{'target samples ± sd':>20} {'r_b':>6}"
+    )
+    p_sd, t_sd = proxy.extra["samples_sd"], target.extra["samples_sd"]
     for i, b in enumerate(batch_sizes):
         lr = proxy.extra["lr"][i]
         p_s, p_r = proxy.samples_to_target[i], proxy.relation[i]
         t_s, t_r = target.samples_to_target[i], target.relation[i]
-        print(f"{b:>5} {lr:>9.2e} | {p_s:>13.0f} {p_r:>6.3f} | {t_s:>14.0f} {t_r:>6.3f}")
+        print(
+            f"{b:>5} {lr:>9.2e} | {p_s:>11.0f} ± {p_sd[i]:>5.0f} {p_r:>6.3f} | "
+            f"{t_s:>12.0f} ± {t_sd[i]:>5.0f} {t_r:>6.3f}"
+        )
     print(
         f"best batch size (fewest samples): proxy {proxy_best}, target {target_best} -> "
         f"{'MATCH' if match else 'NO MATCH'}"

@@ -1,4 +1,4 @@
-"""The ClientApp: translates Flower messages to `fl_client.work` and back.
+"""The ClientApp: translates Flower messages to `fl_client.round` and back.
 
 - ``query``: the node's device, board, power cap and local data size (the server's view of its fleet);
 - ``train``: profile (cached) → select (b, f) under the node's cap → pin → fine-tune → restore; replies
@@ -12,7 +12,6 @@ naming the key and the value; the server reports it for that node and goes on wi
 from __future__ import annotations
 
 import sys
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ from flwr.clientapp import ClientApp
 from fl_client.faults import before_training, kill_after_checkpoint, parse_faults
 from fl_client.local_data import data_plan, load_local_data
 from fl_client.node import NodeConfigError, NodeSettings, resolve_node
-from fl_client.work import build_local_model, model_seq_len, plan_round, train_round
+from fl_client.round import build_local_model, model_seq_len, node_device_seed, plan_round, train_round
 from powerctl.devices import open_device
 from powerctl.errors import PowerctlError
 from strategies.protocol import (
@@ -39,6 +38,7 @@ from strategies.protocol import (
     reader,
     required,
 )
+from strategies.settings import client_setting
 from training.finetune import evaluate_with_loss
 from training.models import get_model_spec
 
@@ -70,17 +70,10 @@ def _config(msg: Message) -> ConfigRecord:
     return required(msg.content.config_records, CONFIG_KEY, f"{msg.metadata.message_type} message")
 
 
-def _device_seed(settings: NodeSettings, server_seed: int) -> int:
-    """A simulated board's noise seed: stable per node (not per node id, which changes every run)."""
-    return (server_seed * 1_000_003 + zlib.crc32(settings.key.encode())) % (2**31)
-
-
 def _profile_cache(run_config: Any) -> Path | None:
     """The run's own profile cache (`profile-cache`, an absolute folder), else the shared default."""
-    value = run_config.get("profile-cache", "")
-    if not isinstance(value, str) or (value.strip() and not Path(value).is_absolute()):
-        raise NodeConfigError(f"run config 'profile-cache' must be an absolute folder, got {value!r}")
-    return Path(value) if value.strip() else None
+    value = client_setting(run_config, "profile-cache", NodeConfigError)
+    return Path(value) if value else None
 
 
 def _node_record(settings: NodeSettings, context: Context) -> ConfigRecord:
@@ -140,7 +133,7 @@ def train(msg: Message, context: Context) -> Message:
             instr,
             state,
             data,
-            device_seed=_device_seed(settings, instr.seed),
+            device_seed=node_device_seed(settings, instr.seed),
             profile_cache=_profile_cache(context.run_config),
             on_step=on_step,
         )

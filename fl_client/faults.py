@@ -22,10 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from powerctl.errors import PowerctlError
+from strategies.settings import FAULT_KINDS, client_setting, parse_fault_spec
 
 SWITCH_ENV = "POWERFED_FAULT_INJECTION"
 LOG_ENV = "POWERFED_FAULT_LOG"
-KINDS = ("raise", "hang", "kill")
+KINDS = FAULT_KINDS
 KEYS = ("inject-failures", "inject-seed", "inject-hang-s")
 """Run config keys (the ServerApp accepts them and passes them on; only clients act on them)."""
 KILL_EXIT_STATUS = 137
@@ -59,37 +60,21 @@ class Faults:
 
 
 def parse_faults(run_config: Any) -> Faults | None:
-    """The run's fault injection, None when it asks for none; one FaultConfigError line otherwise."""
-    spec = run_config.get("inject-failures", "")
-    if spec in ("", None):
+    """The run's fault injection, None when it asks for none; one FaultConfigError line otherwise (the
+    keys' checks are their declarations', `strategies.settings`)."""
+
+    def setting(key: str) -> Any:
+        return client_setting(run_config, key, FaultConfigError)
+
+    spec = setting("inject-failures")
+    if not spec:
         return None
     if os.environ.get(SWITCH_ENV) != "1":
         raise FaultConfigError(
             f"run config 'inject-failures' is {spec!r} but this node does not allow fault injection "
             f"(set {SWITCH_ENV}=1 in a test or bench only)"
         )
-    probabilities: dict[str, float] = {}
-    for part in str(spec).split(","):
-        kind, _, p = part.strip().partition(":")
-        try:
-            value = float(p)
-        except ValueError:
-            value = -1.0
-        if kind not in KINDS or not 0.0 <= value <= 1.0:
-            raise FaultConfigError(
-                f"run config 'inject-failures': {part.strip()!r} is not KIND:P (KIND in {KINDS})"
-            )
-        probabilities[kind] = value
-    if sum(probabilities.values()) > 1.0:
-        raise FaultConfigError(
-            f"run config 'inject-failures': probabilities add up to more than 1 in {spec!r}"
-        )
-    seed, hang = run_config.get("inject-seed", 0), run_config.get("inject-hang-s", 60.0)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise FaultConfigError(f"run config 'inject-seed' must be an integer, got {seed!r}")
-    if isinstance(hang, bool) or not isinstance(hang, (int, float)) or not 0 < hang < 3600:
-        raise FaultConfigError(f"run config 'inject-hang-s' must be seconds in (0, 3600), got {hang!r}")
-    return Faults(probabilities, seed, float(hang))
+    return Faults(parse_fault_spec(spec), setting("inject-seed"), setting("inject-hang-s"))
 
 
 def _log_path() -> Path | None:

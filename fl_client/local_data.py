@@ -17,13 +17,11 @@ from functools import cache, lru_cache
 from typing import TYPE_CHECKING, Any
 
 from fl_client.node import NodeConfigError, NodeSettings
+from strategies.settings import client_setting
 from training.errors import DataError
 
 if TYPE_CHECKING:
     from training.data import Dataset
-
-DEFAULT_CLIENT_DATA = "synthetic-image"
-PARTITION_SCHEMES = ("iid", "dirichlet")
 
 
 @dataclass(frozen=True)
@@ -40,31 +38,23 @@ class DataPlan:
 
 
 def data_plan(settings: NodeSettings, run_config: Any, seq_len: int) -> DataPlan:
-    """The node's own `data`, else its partition of the run's `client-data`."""
-    seed = run_config.get("client-data-seed", 0)
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise NodeConfigError(f"run config 'client-data-seed' must be an integer ≥ 0, got {seed!r}")
+    """The node's own `data`, else its partition of the run's `client-data` (each run config key read
+    and checked as `strategies.settings` declares it)."""
+
+    def setting(key: str) -> Any:
+        return client_setting(run_config, key, NodeConfigError)
+
+    seed = setting("client-data-seed")
     if settings.data is not None:
         return DataPlan(settings.data, seed, seq_len)
-    spec = run_config.get("client-data", DEFAULT_CLIENT_DATA)
-    if not isinstance(spec, str) or not spec.strip():
-        raise NodeConfigError(f"run config 'client-data' must be a dataset spec, got {spec!r}")
-    scheme = run_config.get("partitioning", "iid")
-    if scheme not in PARTITION_SCHEMES:
-        raise NodeConfigError(
-            f"run config 'partitioning' must be one of {', '.join(PARTITION_SCHEMES)}, got {scheme!r}"
-        )
-    alpha = run_config.get("dirichlet-alpha", 0.5)
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0:
-        raise NodeConfigError(f"run config 'dirichlet-alpha' must be a positive number, got {alpha!r}")
     return DataPlan(
-        spec.strip(),
+        setting("client-data"),
         seed,
         seq_len,
         settings.partition_id,
         settings.num_partitions or 1,
-        scheme,
-        float(alpha),
+        setting("partitioning"),
+        setting("dirichlet-alpha"),
     )
 
 

@@ -68,7 +68,7 @@ def default_results_dir(run_id: int) -> Path:
     return Path(base) / "powerfed" / "runs" / str(run_id)
 
 
-def pretrained_weights(cfg: ServerConfig) -> Path:
+def pretrained_weights(cfg: ServerConfig, *, progress: bool = False) -> Path:
     """The weights to start from: the given file, or pre-trained on the embedded task (cached by recipe)."""
     if cfg.weights:
         return app_path(cfg.weights, "weights")
@@ -94,7 +94,7 @@ def pretrained_weights(cfg: ServerConfig) -> Path:
         out=path,
         samples=cfg.pretrain_samples,
         seed=cfg.pretrain_seed,
-        progress=False,
+        progress=progress,
     )
     return path
 
@@ -109,7 +109,7 @@ def given_relation(cfg: ServerConfig) -> RelationVector:
     return relation
 
 
-def relation_vector(cfg: ServerConfig, weights: Path) -> RelationVector:
+def relation_vector(cfg: ServerConfig, weights: Path, *, progress: bool = False) -> RelationVector:
     """The relation vector: the given file (checked against the model), or estimated on the proxy data."""
     if cfg.relation:
         return given_relation(cfg)
@@ -123,42 +123,21 @@ def relation_vector(cfg: ServerConfig, weights: Path) -> RelationVector:
         batch_sizes=cfg.batch_size_list(),
         seeds=cfg.seeds(),
         lr_max=cfg.lr_max,
+        lr_rule=cfg.lr_rule,
         max_samples=cfg.relation_max_samples,
         eval_every_samples=cfg.eval_every_samples,
         eval_max_samples=cfg.eval_max_samples,
         data_seed=cfg.proxy_seed,
-        progress=False,
+        progress=progress,
     )
 
 
 def instructions(
     cfg: ServerConfig, relation: RelationVector, meta_classes: int, overrides: dict
 ) -> TrainInstructions:
-    return TrainInstructions(
-        model=cfg.model,
-        num_classes=meta_classes,
-        model_overrides=overrides,
-        target_accuracy=cfg.target_accuracy,
-        relation_batch_sizes=list(relation.batch_sizes),
-        relation_samples=list(relation.samples_to_target),
-        lr_max=cfg.lr_max,
-        lr_rule=cfg.lr_rule,
-        budget_samples=cfg.budget_samples,
-        budget_device_seconds=cfg.budget_device_seconds,
-        eval_every_samples=cfg.eval_every_samples,
-        eval_max_samples=cfg.eval_max_samples,
-        profile_order=cfg.profile_order,
-        profile_samples=cfg.profile_samples,
-        profile_warmup=cfg.profile_warmup,
-        profile_steps=cfg.profile_steps,
-        seed=cfg.seed,
-        proxy_dataset=relation.proxy_dataset,
-        guard_window=cfg.guard_window,
-        guard_tolerance=cfg.guard_tolerance,
-        cap_poll_s=cfg.cap_poll_s,
-        cap_pause_timeout_s=cfg.cap_pause_timeout_s,
-        profile_source=cfg.profile_source,
-        checkpoint_every_samples=cfg.checkpoint_every_samples,
+    """The run's train instructions: the settings the clients take from the server, and the relation."""
+    return TrainInstructions.for_run(
+        cfg, num_classes=meta_classes, model_overrides=overrides, relation=relation
     )
 
 
@@ -317,7 +296,7 @@ def run_method(
         initial_arrays=ArrayRecord.from_torch_state_dict(model.state_dict()),
         num_rounds=cfg.num_server_rounds,
         timeout=cfg.round_timeout,
-        train_config=setup.base.to_config(),
+        instructions=setup.base,
         evaluate_config=setup.eval_config,
         first_round=first_round,
     )

@@ -23,7 +23,9 @@ from powerctl.cliutil import (
     positive_int,
 )
 from powerctl.devices import SPEC_HELP
+from powerctl.relation import VECTORS
 from training.finetune import DEFAULT_EVAL_EVERY_SAMPLES, DEFAULT_EVAL_MAX_SAMPLES
+from training.lr import LR_RULES
 from training.models import model_names
 
 PROG = "fl-server"
@@ -50,8 +52,11 @@ example (relation vector on tiny Shakespeare from the weights above; about two m
       --eval-every 256 --eval-max-samples 256 --parallel --out relation.json
 
 Every batch size starts from the same weights and trains until the target accuracy on the proxy's
-test split; its learning rate is lr_max * sqrt(b / largest b). samples_to_target is the median over
---seeds, relation = samples_to_target / samples_to_target[largest batch size]. A batch size that does
+test split; its learning rate is lr_max * sqrt(b / largest b) (--lr-rule). Samples to target is the
+interpolated crossing of the target, on runs evaluated often enough to cross after several evaluations.
+samples_to_target is the mean over --seeds (the file keeps every seed's, their spread and a fitted
+batch-efficiency model; --max-seeds adds seeds until the ranking of batch sizes is stable),
+relation = samples_to_target / samples_to_target[largest batch size]. A batch size that does
 not reach the target within --max-samples is an error (lower --target or raise --max-samples); so is
 a target the starting weights already meet. Results are cached (--cache-dir, default
 $POWERFED_CACHE/relation or ~/.cache/powerfed/relation): the same inputs again return at once.
@@ -195,7 +200,25 @@ def build_parser() -> argparse.ArgumentParser:
         type=int_list,
         default=[0],
         metavar="S,S,...",
-        help="seeds per batch size; samples_to_target is the median (default: 0)",
+        help="seeds per batch size; samples_to_target is their mean (default: 0)",
+    )
+    rel.add_argument(
+        "--max-seeds",
+        type=positive_int,
+        metavar="N",
+        help="add seeds one at a time, up to N in all, until the ranking of batch sizes is stable",
+    )
+    rel.add_argument(
+        "--lr-rule",
+        choices=LR_RULES,
+        default="sqrt",
+        help="how the learning rate scales from the largest batch size (the run's lr-rule; default: sqrt)",
+    )
+    rel.add_argument(
+        "--vector",
+        choices=VECTORS,
+        default="raw",
+        help="samples_to_target: the seeds' means (raw, default) or the batch-efficiency model fitted",
     )
     rel.add_argument(
         "--lr-max",
@@ -214,7 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_int,
         default=DEFAULT_EVAL_EVERY_SAMPLES,
         metavar="N",
-        help="evaluate every N training samples: the resolution of samples_to_target (default: %(default)s)",
+        help="evaluate every N training samples at most; a run that crosses the target within fewer than "
+        "8 evaluations is run again more often (default: %(default)s)",
     )
     rel.add_argument(
         "--data-seed",
@@ -284,6 +308,9 @@ def _relation(args: argparse.Namespace) -> int:
         batch_sizes=args.batch_sizes,
         seeds=args.seeds,
         lr_max=args.lr_max,
+        lr_rule=args.lr_rule,
+        max_seeds=args.max_seeds,
+        vector=args.vector,
         max_samples=args.max_samples,
         eval_every_samples=args.eval_every,
         eval_max_samples=args.eval_max_samples,

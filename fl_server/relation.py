@@ -1,9 +1,14 @@
 """Estimate the relation vector on proxy data (DESIGN §1, §5).
 
 For every batch size (and seed), the SAME starting weights are fine-tuned on a proxy dataset of the
-task until the target accuracy, with the learning rate scaled from the largest batch size by the
-square-root rule. `samples_to_target[b]` is the median over seeds; `relation[b]` divides it by the
-largest batch size's. A batch size that cannot reach the target within the budget is an error (the
+task until the target accuracy, with the learning rate scaled from the largest batch size by the run's
+rule (`lr_rule`, the square-root rule by default). Samples to target is the interpolated crossing of
+the target on a run evaluated densely enough that every batch size crosses after several evaluations
+(`training.crossing`). `samples_to_target[b]` is the mean over seeds (or the batch-efficiency model
+fitted to them, `vector="fitted"`); `relation[b]` divides it by the largest batch size's; the file keeps
+every seed's samples, their mean and spread beside it. Seeds can be added, one at a time up to
+`max_seeds`, until the ranking of batch sizes by samples to target no longer changes (the file says
+how many were needed). A batch size that cannot reach the target within the budget is an error (the
 relation file needs a positive number for every batch size, and a made-up one would mislead the
 selection): the message names it and says what to change.
 
@@ -31,11 +36,12 @@ from fl_server.weights import load_weights, weights_hash
 from powerctl.cache import CACHE_ENV, cache_dir
 from powerctl.devices.host import HostDevice
 from powerctl.errors import FileFormatError, PowerctlError
-from powerctl.relation import RelationVector
+from powerctl.relation import VECTORS, RelationVector
+from training.crossing import DEFAULT_MIN_EVALUATIONS, run_dense
 from training.data import Dataset, load_dataset, train_test_split
 from training.errors import DataError, ModelError
 from training.finetune import DEFAULT_EVAL_EVERY_SAMPLES, DEFAULT_EVAL_MAX_SAMPLES, fine_tune
-from training.lr import scaled_lr
+from training.lr import LR_RULES, scaled_lr
 from training.models import build_model, get_model_spec
 
 __all__ = [
@@ -48,7 +54,7 @@ __all__ = [
     "file_digest",
 ]
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 """Bump when a code change alters what a relation estimate would be: old cache entries then miss."""
 INIT_SEED = 0
 """Seed of the starting weights when no pre-trained weights are given (same for every run)."""
@@ -104,9 +110,13 @@ class RelationRequest:
     batch_sizes: tuple[int, ...]
     seeds: tuple[int, ...]
     lr_max: float
+    lr_rule: str
     max_samples: int
     eval_every_samples: int
     eval_max_samples: int | None
+    min_evaluations: int
+    max_seeds: int
+    vector: str
 
     def cache_key(self) -> str:
         fields = dict(self.__dict__)
@@ -119,7 +129,14 @@ class RelationRequest:
 
 
 def _validate(
-    target_accuracy: float, batch_sizes: Sequence[int], seeds: Sequence[int], lr_max: float, max_samples: int
+    target_accuracy: float,
+    batch_sizes: Sequence[int],
+    seeds: Sequence[int],
+    lr_max: float,
+    max_samples: int,
+    lr_rule: str = "sqrt",
+    vector: str = "raw",
+    max_seeds: int | None = None,
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
     if not 0.0 < target_accuracy <= 1.0:
         raise RelationError(f"target accuracy must be in (0, 1], got {target_accuracy}")
@@ -133,6 +150,12 @@ def _validate(
         raise RelationError(f"seeds must be a non-empty list of distinct integers, got {list(sd)}")
     if not lr_max > 0:
         raise RelationError(f"lr_max must be > 0, got {lr_max}")
+    if lr_rule not in LR_RULES:
+        raise RelationError(f"unknown learning-rate rule {lr_rule!r}; use one of {', '.join(LR_RULES)}")
+    if vector not in VECTORS:
+        raise RelationError(f"unknown relation vector {vector!r}; use one of {', '.join(VECTORS)}")
+    if max_seeds is not None and max_seeds < len(seeds):
+        raise RelationError(f"max_seeds ({max_seeds}) is fewer than the {len(seeds)} seeds given")
     if max_samples < 1:
         raise RelationError(f"max_samples must be ≥ 1, got {max_samples}")
     return tuple(sorted(bs)), sd
@@ -152,35 +175,50 @@ def _run_job(
     max_samples: int,
     eval_every_samples: int,
     eval_max_samples: int | None,
+    min_evaluations: int,
     progress: bool,
     threads: int | None,
 ) -> dict[str, Any]:
-    """One fine-tuning run from the shared starting weights; a plain dict so it crosses Ray."""
+    """One fine-tuning run from the shared starting weights, run again with denser evaluation if it
+    crossed too early (`training.crossing.run_dense`); a plain dict so it crosses Ray."""
     if threads is not None:
         torch.set_num_threads(threads)
-    model = build_model(model_name, num_classes, **overrides)
-    model.load_state_dict(state)
-    result = fine_tune(
-        model,
-        train,
-        test,
-        device=HostDevice(),
+
+    def run(every: int) -> Any:
+        model = build_model(model_name, num_classes, **overrides)
+        model.load_state_dict(state)
+        return fine_tune(
+            model,
+            train,
+            test,
+            device=HostDevice(),
+            batch_size=batch_size,
+            lr=lr,
+            target_accuracy=target_accuracy,
+            max_samples=max_samples,
+            eval_every_samples=every,
+            eval_max_samples=eval_max_samples,
+            seed=seed,
+            progress=progress,
+            desc=f"b={batch_size} seed={seed}",
+        )
+
+    result, crossing, every = run_dense(
+        run,
         batch_size=batch_size,
-        lr=lr,
-        target_accuracy=target_accuracy,
-        max_samples=max_samples,
         eval_every_samples=eval_every_samples,
-        eval_max_samples=eval_max_samples,
-        seed=seed,
-        progress=progress,
-        desc=f"b={batch_size} seed={seed}",
+        target=target_accuracy,
+        min_evaluations=min_evaluations,
     )
     return {
         "batch_size": batch_size,
         "seed": seed,
         "lr": lr,
         "reached": result.reached,
-        "samples": result.samples,
+        "samples": float(crossing) if crossing is not None else float(result.samples),
+        "samples_at_evaluation": result.samples,
+        "eval_every_samples": every,
+        "evaluations": len(result.curve) - 1,
         "steps": result.steps,
         "final_accuracy": result.final_accuracy,
         "best_accuracy": max(p.accuracy for p in result.curve),
@@ -250,9 +288,13 @@ def estimate_relation(
     batch_sizes: Sequence[int],
     seeds: Sequence[int] = (0,),
     lr_max: float = 1e-3,
+    lr_rule: str = "sqrt",
     max_samples: int = 50_000,
     eval_every_samples: int = DEFAULT_EVAL_EVERY_SAMPLES,
     eval_max_samples: int | None = DEFAULT_EVAL_MAX_SAMPLES,
+    min_evaluations: int = DEFAULT_MIN_EVALUATIONS,
+    max_seeds: int | None = None,
+    vector: str = "raw",
     seq_len: int | None = None,
     limit: int | None = None,
     data_seed: int = 0,
@@ -266,11 +308,16 @@ def estimate_relation(
     """The relation vector of `model_name` from `weights` (None: a seeded fresh init) on `proxy_spec`.
 
     The proxy dataset is split into train/test (training.data defaults, `data_seed`); each run trains
-    on the train part and evaluates every `eval_every_samples` samples on the test part, so
-    samples-to-target is known to that resolution. Returns the vector (also stored in the cache,
-    `cache_dir` or $POWERFED_CACHE/relation or ~/.cache/powerfed/relation).
+    on the train part with the rate `scaled_lr(lr_max, b, largest b, lr_rule)` and evaluates every
+    `eval_every_samples` samples on the test part — again more often if it crossed within fewer than
+    `min_evaluations` evaluations — and its samples to target is the interpolated crossing
+    (`training.crossing`). With `max_seeds` above the number of `seeds`, further seeds (the next
+    integers) are run one at a time until adding one leaves the ranking of batch sizes unchanged, or
+    the budget is spent (`seeds_needed`, `ranking_stable` in the file). Returns the vector (also stored
+    in the cache, `cache_dir` or $POWERFED_CACHE/relation or ~/.cache/powerfed/relation).
     """
-    bs, sd = _validate(target_accuracy, batch_sizes, seeds, lr_max, max_samples)
+    bs, sd = _validate(target_accuracy, batch_sizes, seeds, lr_max, max_samples, lr_rule, vector, max_seeds)
+    budget = max(len(sd), max_seeds or 0)
     spec = get_model_spec(model_name)
     state, overrides, num_classes, weights_id = _starting_weights(model_name, weights, overrides)
     if spec.task == "text" and seq_len is None:
@@ -288,9 +335,13 @@ def estimate_relation(
         batch_sizes=bs,
         seeds=sd,
         lr_max=float(lr_max),
+        lr_rule=lr_rule,
         max_samples=int(max_samples),
         eval_every_samples=int(eval_every_samples),
         eval_max_samples=eval_max_samples,
+        min_evaluations=int(min_evaluations),
+        max_seeds=budget,
+        vector=vector,
     )
     key = request.cache_key()
     cache_file = Path(cache_dir or default_cache_dir()) / f"relation-{key[:40]}.json"
@@ -328,34 +379,61 @@ def estimate_relation(
         "max_samples": int(max_samples),
         "eval_every_samples": int(eval_every_samples),
         "eval_max_samples": eval_max_samples,
+        "min_evaluations": int(min_evaluations),
     }
-    jobs = [
-        {"batch_size": b, "seed": s, "lr": scaled_lr(lr_max, b, bs[-1]), **common} for b in bs for s in sd
-    ]
+    lrs = [scaled_lr(lr_max, b, bs[-1], lr_rule) for b in bs]
+
+    def run_seeds(seed_list: Sequence[int]) -> list[dict[str, Any]]:
+        jobs = [
+            {"batch_size": b, "seed": s, "lr": lr, **common}
+            for b, lr in zip(bs, lrs, strict=True)
+            for s in seed_list
+        ]
+        if parallel and len(jobs) > 1:
+            found = _run_parallel(jobs, shared, num_cpus, progress)
+        else:
+            found = [_run_job(**shared, **job, progress=progress, threads=None) for job in jobs]
+        _check_runs(found, proxy_spec, target_accuracy, max_samples)
+        return found
+
     started = time.perf_counter()
-    if parallel and len(jobs) > 1:
-        runs = _run_parallel(jobs, shared, num_cpus, progress)
-    else:
-        runs = [_run_job(**shared, **job, progress=progress, threads=None) for job in jobs]
+    runs = run_seeds(sd)
+    used = list(sd)
+    stable = None
+    while len(used) < budget:
+        before = ranking(bs, runs)
+        extra_seed = max(used) + 1
+        runs += run_seeds([extra_seed])
+        used.append(extra_seed)
+        stable = ranking(bs, runs) == before
+        if stable:
+            break
     wall = time.perf_counter() - started
 
-    _check_runs(runs, proxy_spec, target_accuracy, max_samples)
-    per_seed = [[float(r["samples"]) for r in runs if r["batch_size"] == b] for b in bs]
-    relation = RelationVector.from_samples(
+    per_seed = {
+        b: [float(r["samples"]) for s in used for r in runs if r["batch_size"] == b and r["seed"] == s]
+        for b in bs
+    }
+    relation = RelationVector.from_seeds(
         model_name,
         proxy_spec,
         float(target_accuracy),
-        {b: statistics.median(s) for b, s in zip(bs, per_seed, strict=True)},
-        seeds=list(sd),
+        per_seed,
+        vector=vector,
+        seeds=used,
+        seeds_needed=len(used),
+        max_seeds=budget,
+        ranking_stable=stable,
         lr_max=float(lr_max),
-        lr=[scaled_lr(lr_max, b, bs[-1]) for b in bs],
-        lr_rule="sqrt",
-        samples_per_seed=per_seed,
+        lr=lrs,
+        lr_rule=lr_rule,
         weights_sha256=weights_id,
         proxy_sha256=request.proxy_sha256,
         max_samples=int(max_samples),
         eval_every_samples=int(eval_every_samples),
         eval_max_samples=eval_max_samples,
+        min_evaluations=int(min_evaluations),
+        samples_rule="interpolated crossing, isotonic curve (training.crossing)",
         overrides=overrides,
         runs=runs,
         wall_seconds=wall,
@@ -369,6 +447,14 @@ def estimate_relation(
                 f"warning: relation cache not written ({cache_file}: {exc.strerror or exc})", file=sys.stderr
             )
     return relation
+
+
+def ranking(batch_sizes: Sequence[int], runs: list[dict[str, Any]]) -> list[int]:
+    """Batch sizes in order of mean samples to target over the runs so far (ties: the larger first)."""
+    mean = {
+        b: statistics.fmean(float(r["samples"]) for r in runs if r["batch_size"] == b) for b in batch_sizes
+    }
+    return sorted(batch_sizes, key=lambda b: (mean[b], -b))
 
 
 def _check_runs(runs: list[dict[str, Any]], proxy: str, target: float, max_samples: int) -> None:

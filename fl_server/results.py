@@ -97,6 +97,7 @@ def client_table(record: RoundRecord) -> str:
         )
     for f in record.failed:
         lines.append(f"{f.node_key:<13.13} {f.device:<18.18} FAILED ({f.kind}): {f.reason}")
+    lines += [f"{c['node_key']}: {c['restored']}" for c in record.clients if c.get("restored")]
     return "\n".join(lines)
 
 
@@ -111,6 +112,8 @@ def summary_lines(record: RoundRecord) -> str:
         f"over cap: {', '.join(o['node'] for o in s['over_cap']) or 'none'}",
         f"failed: {len(s['failed'])}",
     ]
+    if restored := [c["node_key"] for c in record.clients if c.get("restored")]:
+        parts.append(f"boards found left pinned and restored: {', '.join(restored)}")
     if s.get("stand_ins"):
         parts.append(f"stand-ins (not trained): {s['stand_ins']}")
     if not s["reported"]:

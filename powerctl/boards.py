@@ -6,10 +6,13 @@ stays under a power limit (derived from training profiles, as the paper does —
 
 A board may be `derived_from` a measured one: its full-load power curve, throughput and CPU-side
 costs then follow from the same structural model and its own specifications (cores, clocks).
+Every constant names its source (measured, derived or estimated): a model is only as good as the
+reader's knowledge of which of its numbers to replace first.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
@@ -35,6 +38,25 @@ _FIELDS = (
     "launch_s",
     "optimizer_kernels_per_tensor",
 )
+CONSTANTS = (
+    "frequencies_hz",
+    "full_load_power_w",
+    "cuda_cores",
+    "cpu_clock_ghz",
+    "energy_per_flop_factor",
+    "rails",
+    *_FIELDS,
+)
+"""Every number of a board entry (after derivation): each needs a `sources` line."""
+SOURCE_KINDS = ("measured", "derived", "estimated")
+
+
+def source_kind(source: object) -> str | None:
+    """``KIND[, qualifier]`` of a source line ``KIND[, qualifier] — where it comes from``; None if the
+    line is not of that form or KIND is not one of SOURCE_KINDS."""
+    kind, dash, where = str(source).partition(" — ")
+    ok = isinstance(source, str) and dash and where.strip() and kind.split(",")[0] in SOURCE_KINDS
+    return kind if ok else None
 
 
 @dataclass(frozen=True)
@@ -46,6 +68,22 @@ class StateOfPracticeTable:
     models: tuple[str, ...]
     batch_sizes: tuple[int, ...]
     derivation: str
+
+
+@dataclass(frozen=True)
+class TimeCalibration:
+    """The paper's measured training seconds that a board's calibrated constants reproduce: one run
+    (model, batch size, top clock, no cap) on a reference board and on this one, per target."""
+
+    reference: str
+    model: str
+    batch_size: int
+    seconds: dict[str, tuple[float, float]]
+    """Target → (seconds on the reference board, seconds on this one)."""
+
+    def paper_time_ratio(self) -> float:
+        """Reference seconds over this board's, averaged over the targets (same samples on both)."""
+        return float(np.mean([ref / own for ref, own in self.seconds.values()]))
 
 
 @dataclass(frozen=True)
@@ -79,6 +117,11 @@ class BoardModel:
     rails: tuple[str, ...] = ()
     sources: dict[str, str] = field(default_factory=dict)
     state_of_practice: StateOfPracticeTable | None = None
+    calibration: TimeCalibration | None = None
+
+    def source_kind(self, key: str) -> str:
+        """Where constant `key` comes from: ``measured``, ``derived``, ``estimated[, calibrated]``."""
+        return source_kind(self.sources[key]) or ""
 
     def full_load_power(self, hz: int) -> float:
         try:
@@ -96,6 +139,16 @@ class BoardModel:
         """State of practice: the highest frequency whose `fixed_power_w` stays ≤ the cap (None: none)."""
         ok = [f for f, p in zip(self.frequencies_hz, self.fixed_power_w(), strict=True) if p <= power_cap_w]
         return ok[-1] if ok else None
+
+    def overhead_power_w(self, hz: int) -> float:
+        """Power of a step's frequency-independent phase (kernel launches, memory traffic) at `hz`: the
+        least a training step of any workload draws there (`powerctl.devices.simulated.step_cost`)."""
+        return self.idle_power_w + self.overhead_utilisation * (self.full_load_power(hz) - self.idle_power_w)
+
+    def least_power_w(self) -> float:
+        """The least peak power of any training step on this board (lowest frequency): under a cap
+        below it nothing can run."""
+        return self.overhead_power_w(self.frequencies_hz[0])
 
     def least_fixed_power_w(self) -> float:
         """The lowest frequency's entry of the state-of-practice table: no fixed frequency below it."""
@@ -154,9 +207,42 @@ def _parse_table(name: str, raw: dict[str, Any] | None, n: int) -> StateOfPracti
     )
 
 
+def _parse_calibration(
+    name: str, raw: dict[str, Any] | None, boards: dict[str, Any]
+) -> TimeCalibration | None:
+    if raw is None:
+        return None
+    ref = str(raw["reference"])
+    if ref == name or ref not in boards:
+        raise ValueError(f"calibration: reference {ref!r} must be another board of this file")
+    pairs: dict[str, tuple[float, float]] = {}
+    for target, v in dict(raw["seconds"]).items():
+        if not (
+            isinstance(v, list) and len(v) == 2 and all(math.isfinite(float(s)) and float(s) > 0 for s in v)
+        ):
+            raise ValueError(
+                f"calibration: seconds: {target}: expected [reference board s, this board s], both > 0"
+            )
+        pairs[str(target)] = (float(v[0]), float(v[1]))
+    if not pairs:
+        raise ValueError("calibration: seconds: expected at least one target")
+    return TimeCalibration(ref, str(raw["model"]), int(raw["batch_size"]), pairs)
+
+
+def _check_sources(raw: dict[str, Any]) -> None:
+    sources = dict(raw.get("sources") or {})
+    for key in CONSTANTS:
+        if key in raw and source_kind(sources.get(key)) is None:
+            raise ValueError(
+                f"constant {key} has no valid source; add under sources: "
+                f"`{key}: measured|derived|estimated — where it comes from`"
+            )
+
+
 def _parse(name: str, raw: dict[str, Any], boards: dict[str, Any]) -> BoardModel:
     if "derived_from" in raw:
         raw = _derive(name, raw, boards[raw["derived_from"]])
+    _check_sources(raw)
     freqs = tuple(int(f) for f in raw["frequencies_hz"])
     power = tuple(float(p) for p in raw["full_load_power_w"])
     if len(freqs) != len(power) or list(freqs) != sorted(set(freqs)):
@@ -171,6 +257,7 @@ def _parse(name: str, raw: dict[str, Any], boards: dict[str, Any]) -> BoardModel
         rails=tuple(raw.get("rails", ())),
         sources=dict(raw.get("sources", {})),
         state_of_practice=_parse_table(name, raw.get("state_of_practice"), len(freqs)),
+        calibration=_parse_calibration(name, raw.get("calibration"), boards),
         cuda_cores=int(raw.get("cuda_cores", 0)),
         cpu_clock_ghz=float(raw.get("cpu_clock_ghz", 0.0)),
         **{k: (int(raw[k]) if k.endswith("bytes") else float(raw[k])) for k in _FIELDS},

@@ -20,21 +20,65 @@ from pathlib import Path
 from typing import Any
 
 from powerctl.errors import PowerctlError
+from powerctl.mapping import Invalid, Kind, is_number, must_be
 
 
-class CapSourceError(PowerctlError, ValueError):
+class InvalidPowerCapError(PowerctlError, ValueError):
+    """A power cap that is not a positive finite number of watts (a usage error, not an infeasible cap)."""
+
+
+class CapSourceError(InvalidPowerCapError):
     """A cap source that cannot be used (unsorted times, negative watts, unreadable file); one line."""
 
 
-def _watts(value: object, where: str) -> float | None:
-    """A cap value: None (or "none", as YAML writes it) = no cap, else a positive finite number of watts."""
-    if value is None or (isinstance(value, str) and value.strip().lower() == "none"):
+CAP_EXPECTED = "a number of watts > 0 or none"
+
+
+def cap_watts(value: Any, *, text: bool = True) -> float | None:
+    """None = no cap; otherwise a positive finite number of watts. `text`: a string may say it too
+    ("none", "", "3.5": what config files, tables and flags hold). Anything else raises `Invalid`."""
+    if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise CapSourceError(f"{where}: a cap must be a number of watts or none, got {value!r}")
-    if not math.isfinite(value) or value <= 0:
-        raise CapSourceError(f"{where}: a cap must be a positive, finite number of watts, got {value!r}")
+    if text and isinstance(value, str):
+        stripped = value.strip()
+        if stripped.lower() in ("none", ""):
+            return None
+        try:
+            value = float(stripped)
+        except ValueError:
+            raise must_be(CAP_EXPECTED, value) from None
+    if not is_number(value) or value <= 0:
+        raise must_be(CAP_EXPECTED, value)
     return float(value)
+
+
+def parse_power_cap(
+    value: Any,
+    where: str = "power cap",
+    *,
+    text: bool = True,
+    error: type[InvalidPowerCapError] = InvalidPowerCapError,
+) -> float | None:
+    """THE power cap parser (node config, fleet tables and files, run config, instructions, flags, the
+    selection API with `text=False`): `cap_watts`, or one `error` line ``{where} must be …, got …``."""
+    try:
+        return cap_watts(value, text=text)
+    except Invalid as exc:
+        raise error(f"{where} {exc}") from None
+
+
+@dataclass(frozen=True)
+class PowerCapKind(Kind):
+    """The cap as a `powerctl.mapping` kind: a reader's key holding a cap."""
+
+    expected = CAP_EXPECTED
+    python_type = float
+
+    def __call__(self, value: Any) -> float | None:
+        return cap_watts(value)
+
+
+POWER_CAP = PowerCapKind()
 
 
 MAX_POINTS = 100_000
@@ -76,7 +120,7 @@ class ConstantCap(CapSource):
     power_cap_w: float | None
 
     def __post_init__(self) -> None:
-        _watts(self.power_cap_w, "constant cap")
+        parse_power_cap(self.power_cap_w, "constant cap", text=False, error=CapSourceError)
 
     def cap_at(self, t_s: float) -> float | None:
         return self.power_cap_w
@@ -116,7 +160,7 @@ class ScheduleCap(CapSource):
                 raise CapSourceError(f"{here}: times must increase, got {t:g} after {steps[-1][0]:g}")
             if not steps and t != 0:
                 raise CapSourceError(f"{here}: a schedule starts at t_s = 0, got {t:g}")
-            steps.append((float(t), _watts(w, here)))
+            steps.append((float(t), parse_power_cap(w, here, error=CapSourceError)))
         return cls(tuple(steps))
 
     def cap_at(self, t_s: float) -> float | None:
@@ -277,7 +321,7 @@ class LiveFileCap(CapSource):
         if text.lower() == "none":
             return None
         try:
-            return _watts(float(text), str(self.path))
+            return parse_power_cap(float(text), str(self.path), error=CapSourceError)
         except ValueError:
             raise CapSourceError(
                 f"{self.path}: the live cap file must hold a number of watts or none, got {text[:40]!r}"
@@ -323,17 +367,9 @@ def parse_cap_source(value: Any, where: str, base_dir: Path | None = None) -> Ca
     ``trace:PATH`` → a CSV trace, options after ``?`` joined by ``&`` (``end=repeat|clip``,
     ``scale=X``, ``timescale=X``); ``live:PATH`` → a live file (``poll=S``). Relative paths start at
     `base_dir` (default: the working directory). Anything else: one CapSourceError line."""
-    if value is None:
-        return ConstantCap(None)
     if isinstance(value, (list, tuple)):
         return ScheduleCap.from_pairs(value, where)
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return ConstantCap(_watts(value, where))
-    if not isinstance(value, str):
-        raise CapSourceError(f"{where}: expected {SOURCE_FORMS}; got {value!r}")
-    text = value.strip()
-    if text.lower() in ("", "none"):
-        return ConstantCap(None)
+    text = value.strip() if isinstance(value, str) else ""
     if text.startswith("["):
         try:
             pairs = json.loads(text)
@@ -361,11 +397,9 @@ def parse_cap_source(value: Any, where: str, base_dir: Path | None = None) -> Ca
             scale=_number(options.get("scale", "1"), "scale", where),
             time_scale=_number(options.get("timescale", "1"), "timescale", where),
         )
-    try:
-        number = float(text)
-    except ValueError:
-        raise CapSourceError(f"{where}: expected {SOURCE_FORMS}; got {text!r}") from None
-    return ConstantCap(_watts(number, where))
+    if isinstance(value, str) and not _is_number(text) and text.lower() not in ("", "none"):
+        raise CapSourceError(f"{where} must be {SOURCE_FORMS}, got {value!r}")
+    return ConstantCap(parse_power_cap(value, where, error=CapSourceError))
 
 
 def _options(query: str, where: str, allowed: tuple[str, ...]) -> dict[str, str]:

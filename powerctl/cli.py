@@ -20,9 +20,12 @@ from powerctl.cliutil import (
     one_line_errors,
     positive_float,
     positive_int,
+    power_cap,
+    power_cap_w,
 )
 from powerctl.devices import SPEC_HELP, open_device
 from powerctl.errors import InfeasibleCapError, PowerctlError
+from powerctl.selection import DEFAULT_RELATION_RULE, RELATION_RULES
 
 PROG = "powerctl"
 
@@ -245,7 +248,7 @@ def cmd_select(args: argparse.Namespace) -> int:
     relation = RelationVector.load(args.relation)
     for warning in check_pairing(profile, relation, allow_mismatch=args.allow_mismatch):
         print(f"{PROG} select: warning: {warning}", file=sys.stderr)
-    choice = select(profile, relation, args.power_cap, args.objective)
+    choice = select(profile, relation, args.power_cap, args.objective, args.relation_rule)
     energy = args.objective == "energy"
     if args.json:
         _print_json(choice.to_json_dict(with_energy=energy))
@@ -436,7 +439,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument(
         "--power-cap",
-        type=positive_float,
+        type=power_cap,
         metavar="W",
         help="power cap in W (for --order efficient and fitted)",
     )
@@ -468,14 +471,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--profile", required=True, action="append", type=Path, help="profile JSON (repeat: all models)"
     )
-    s.add_argument("--power-cap", required=True, type=positive_float, metavar="W", help="power cap in W")
+    s.add_argument("--power-cap", required=True, type=power_cap_w, metavar="W", help="power cap in W")
     s.add_argument("--json", action="store_true", help='print {"power_cap_w", "frequency_hz", ...}')
     s.set_defaults(func=cmd_caps)
 
     s = sub.add_parser("select", help="the (batch size, frequency) with the least predicted time under a cap")
     s.add_argument("--profile", required=True, type=Path, help="profile JSON (powerctl profile)")
     s.add_argument("--relation", required=True, type=Path, help="relation vector JSON (fl-server relation)")
-    s.add_argument("--power-cap", type=positive_float, metavar="W", help="power cap in W (omit: no cap)")
+    s.add_argument("--power-cap", type=power_cap, metavar="W", help="power cap in W (omit or none: no cap)")
     s.add_argument("--compare", action="store_true", help="also print the baselines")
     s.add_argument(
         "--allow-mismatch",
@@ -489,6 +492,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="minimise the predicted time to the target (default, the paper) or the energy to it",
     )
     s.add_argument(
+        "--relation-rule",
+        choices=RELATION_RULES,
+        default=DEFAULT_RELATION_RULE,
+        help="mean: Algorithm 1 on the relation vector (default); robust: the least mean regret over the "
+        "seeds' vectors kept in the file (its samples_per_seed)",
+    )
+    s.add_argument(
         "--json",
         action="store_true",
         help='print {"batch_size", "frequency_hz", "predicted_seconds", "peak_power_w"} '
@@ -499,7 +509,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("pareto", help="the time–energy front of the feasible (batch size, frequency) pairs")
     s.add_argument("--profile", required=True, type=Path, help="profile JSON (powerctl profile)")
     s.add_argument("--relation", required=True, type=Path, help="relation vector JSON (fl-server relation)")
-    s.add_argument("--power-cap", type=positive_float, metavar="W", help="power cap in W (omit: no cap)")
+    s.add_argument("--power-cap", type=power_cap, metavar="W", help="power cap in W (omit or none: no cap)")
     s.add_argument("--out", required=True, type=Path, help="folder for pareto.json and pareto.png")
     s.add_argument("--allow-mismatch", action="store_true", help="as for select")
     s.add_argument("--json", action="store_true", help="print pareto.json's content")
@@ -534,7 +544,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("plot", help="heat maps of peak power and time over (batch size, frequency)")
     s.add_argument("profile", type=Path, help="profile JSON")
     s.add_argument("--out", required=True, type=Path, help="folder for the PNG files")
-    s.add_argument("--power-cap", type=positive_float, metavar="W", help="draw the cap's boundary")
+    s.add_argument("--power-cap", type=power_cap, metavar="W", help="draw the cap's boundary")
     s.add_argument(
         "--relation", type=Path, help="relation JSON: mark the selected pair, plot time-to-accuracy"
     )

@@ -10,7 +10,9 @@ import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+from powerctl.capsource import cap_watts
 from powerctl.errors import PowerctlError
+from powerctl.mapping import Invalid
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -93,6 +95,22 @@ def positive_float(text: str) -> float:
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
     return value
+
+
+def power_cap(text: str) -> float | None:
+    """`--power-cap W` (none: no cap): the one cap parser (`powerctl.capsource.cap_watts`) as a flag type."""
+    try:
+        return cap_watts(text)
+    except Invalid as exc:
+        raise argparse.ArgumentTypeError(str(exc).replace("must be", "expected", 1)) from None
+
+
+def power_cap_w(text: str) -> float:
+    """`--power-cap W` where a cap must be given (a number of watts: none makes no sense there)."""
+    cap = power_cap(text)
+    if cap is None:
+        raise argparse.ArgumentTypeError(f"expected a number of watts > 0, got {text!r}")
+    return cap
 
 
 def accuracy(text: str) -> float:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from powerctl.errors import FileFormatError
+from powerctl.mapping import MappingReader, Number
 
 
 def read_json(path: str | Path, schema: str) -> dict[str, Any]:
@@ -77,49 +77,16 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-class Fields:
-    """Typed access to a decoded JSON object; every failure names the file and the field."""
+class Fields(MappingReader):
+    """The one mapping reader (`powerctl.mapping`) over a decoded JSON object: errors are FileFormatError
+    lines naming the file and the key."""
 
     def __init__(self, data: dict[str, Any], where: str) -> None:
-        self.data, self.where = data, where
-
-    def fail(self, msg: str) -> FileFormatError:
-        return FileFormatError(f"{self.where}: {msg}")
-
-    def get(self, key: str) -> Any:
-        if key not in self.data:
-            raise self.fail(f"missing field {key!r}")
-        return self.data[key]
-
-    def string(self, key: str) -> str:
-        v = self.get(key)
-        if not isinstance(v, str) or not v:
-            raise self.fail(f"{key!r} must be a non-empty string")
-        return v
-
-    def number(self, key: str, *, positive: bool = False, minimum: float | None = 0.0) -> float:
-        return check_number(self.get(key), key, self, positive=positive, minimum=minimum)
-
-    def integer(self, key: str, *, minimum: int = 1) -> int:
-        v = self.get(key)
-        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-            raise self.fail(f"{key!r} must be an integer ≥ {minimum}, got {v!r}")
-        return v
-
-    def list_of(self, key: str) -> list[Any]:
-        v = self.get(key)
-        if not isinstance(v, list):
-            raise self.fail(f"{key!r} must be a list")
-        return v
+        super().__init__(data, where, FileFormatError)
 
 
 def check_number(
     v: Any, key: str, fields: Fields, *, positive: bool = False, minimum: float | None = 0.0
 ) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise fields.fail(f"{key!r} must be a finite number, got {v!r}")
-    if positive and v <= 0:
-        raise fields.fail(f"{key!r} must be > 0, got {v!r}")
-    if minimum is not None and v < minimum:
-        raise fields.fail(f"{key!r} must be ≥ {minimum}, got {v!r}")
-    return float(v)
+    """A number found inside `key` (a list entry), checked as `Fields.number` checks one."""
+    return fields.check(key, v, Number(0.0, above=True) if positive else Number(minimum))

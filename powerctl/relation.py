@@ -1,7 +1,19 @@
-"""The relation vector: samples to the target accuracy per batch size — `powerctl.relation/1`."""
+"""The relation vector: samples to the target accuracy per batch size — `powerctl.relation/1`.
+
+Besides the vector the client uses (`samples_to_target`, `relation`), a file may keep the evidence
+behind it (extra keys; files without them still load): `samples_per_seed` (per batch size, the seeds'
+samples to target, in seed order), `samples_mean` and `samples_sd`, `relation_raw` (the means' vector)
+and `relation_fitted` (the batch-efficiency model's, `fit_batch_efficiency`), `vector` (which of the
+two `samples_to_target` is) and `seeds_needed` (`fl_server.relation`'s stopping rule). Selection under
+uncertainty (`powerctl.selection`, rule "robust") reads the per-seed samples from here, so whatever
+carries a RelationVector carries what the rule needs.
+"""
 
 from __future__ import annotations
 
+import math
+import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -9,6 +21,8 @@ from typing import Any
 from powerctl.jsonfile import Fields, check_number, read_json, write_json
 
 RELATION_SCHEMA = "powerctl.relation/1"
+VECTORS: tuple[str, ...] = ("raw", "fitted")
+"""Which vector the client uses: the seeds' means, or the batch-efficiency model fitted to the seeds."""
 
 
 @dataclass
@@ -41,6 +55,22 @@ class RelationVector:
             "often (fl-server relation --eval-every)"
         )
 
+    def per_seed_samples(self) -> list[list[float]] | None:
+        """Per batch size, the seeds' samples to target (None when the file does not keep them)."""
+        per_seed = self.extra.get("samples_per_seed")
+        return None if per_seed is None else [[float(v) for v in row] for row in per_seed]
+
+    def seed_scenarios(self) -> list[dict[int, float]]:
+        """One samples map per seed (seed k's samples at every batch size), the spread the robust rule
+        weighs; with no per-seed samples (or unequal counts), the one map of `samples_to_target`."""
+        per_seed = self.per_seed_samples()
+        if not per_seed or len({len(row) for row in per_seed}) != 1 or not per_seed[0]:
+            return [self.samples_map()]
+        return [
+            {b: row[k] for b, row in zip(self.batch_sizes, per_seed, strict=True)}
+            for k in range(len(per_seed[0]))
+        ]
+
     def as_map(self) -> dict[int, float]:
         """Batch size → r_b."""
         return dict(zip(self.batch_sizes, self.relation, strict=True))
@@ -54,6 +84,44 @@ class RelationVector:
     ) -> RelationVector:
         bs = sorted(samples)
         return cls(model, proxy_dataset, target_accuracy, bs, [float(samples[b]) for b in bs], dict(extra))
+
+    @classmethod
+    def from_seeds(
+        cls,
+        model: str,
+        proxy_dataset: str,
+        target_accuracy: float,
+        per_seed: dict[int, Sequence[float]],
+        *,
+        vector: str = "raw",
+        **extra: Any,
+    ) -> RelationVector:
+        """The vector from per-seed samples to target: their means (`vector="raw"`) or the batch-
+        efficiency model fitted to them (`"fitted"`); both, the spread and the fit are kept in the file."""
+        if vector not in VECTORS:
+            raise ValueError(f"unknown relation vector {vector!r}; use one of {', '.join(VECTORS)}")
+        bs = sorted(per_seed)
+        rows = [[float(v) for v in per_seed[b]] for b in bs]
+        if any(not row for row in rows):
+            raise ValueError("every batch size needs at least one seed's samples to target")
+        means = [statistics.fmean(row) for row in rows]
+        sds = [statistics.stdev(row) if len(row) > 1 else 0.0 for row in rows]
+        fit = fit_batch_efficiency(bs, rows)
+        chosen = fit.samples if vector == "fitted" else means
+        return cls.from_samples(
+            model,
+            proxy_dataset,
+            target_accuracy,
+            dict(zip(bs, chosen, strict=True)),
+            **extra,
+            vector=vector,
+            samples_per_seed=rows,
+            samples_mean=means,
+            samples_sd=sds,
+            relation_raw=[m / means[-1] for m in means],
+            relation_fitted=[f / fit.samples[-1] for f in fit.samples],
+            batch_efficiency=fit.to_dict(),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -89,6 +157,13 @@ class RelationVector:
         if sorted(set(bs)) != bs:
             raise f.fail("'batch_sizes' must be strictly increasing (largest last)")
         values = [check_number(s, "samples_to_target", f, positive=True) for s in samples]
+        if "samples_per_seed" in data:
+            per_seed = f.list_of("samples_per_seed")
+            if len(per_seed) != len(bs) or any(not isinstance(row, list) or not row for row in per_seed):
+                raise f.fail("'samples_per_seed' must hold one non-empty list per batch size")
+            for row in per_seed:
+                for v in row:
+                    check_number(v, "samples_per_seed", f, positive=True)
         if "relation" in data:
             rel = f.list_of("relation")
             want = [v / values[-1] for v in values]
@@ -122,3 +197,75 @@ class RelationVector:
     @classmethod
     def load(cls, path: str | Path) -> RelationVector:
         return cls.from_dict(read_json(path, RELATION_SCHEMA), str(path))
+
+
+@dataclass(frozen=True)
+class BatchEfficiencyFit:
+    """samples(b) = e_min · (1 + b / b_crit) ("An Empirical Model of Large-Batch Training", McCandlish
+    et al. 2018): below the critical batch size a larger batch costs few extra samples, above it
+    samples grow in proportion to b. Fitted by weighted least squares in relative error to every seed's
+    samples, slope ≥ 0 (samples never fall as b grows in this model)."""
+
+    batch_sizes: list[int]
+    samples: list[float]
+    """The model's samples to target per batch size."""
+    e_min: float
+    b_crit: float | None
+    """None: no growth measured (slope 0, b_crit infinite)."""
+    chi2: float
+    """Σ over batch sizes of ((mean − model) / standard error of the mean)²: how far the means sit
+    from the model in units of their own noise (batch sizes without spread, e.g. one seed, left out)."""
+    dof: int
+
+    @property
+    def explains(self) -> bool:
+        """The model is within the seeds' noise: chi2 no more than dof + 2·sqrt(2·dof) (about the 95th
+        percentile of a chi-squared with dof degrees of freedom for the dof seen here)."""
+        return self.dof > 0 and self.chi2 <= self.dof + 2 * math.sqrt(2 * self.dof)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": "e_min*(1+b/b_crit)",
+            "e_min": self.e_min,
+            "b_crit": self.b_crit,
+            "chi2": self.chi2,
+            "dof": self.dof,
+            "explains": self.explains,
+        }
+
+
+def fit_batch_efficiency(
+    batch_sizes: Sequence[int], per_seed: Sequence[Sequence[float]]
+) -> BatchEfficiencyFit:
+    """Fit samples(b) = a + c·b (a = e_min, c = e_min / b_crit, c ≥ 0) to every seed's samples, each
+    weighted by 1 / (its batch size's mean)² so that every batch size counts by its relative error."""
+    bs = [int(b) for b in batch_sizes]
+    means = [statistics.fmean(row) for row in per_seed]
+    xs, ys, ws = [], [], []
+    for b, row, m in zip(bs, per_seed, means, strict=True):
+        for v in row:
+            xs.append(float(b))
+            ys.append(float(v))
+            ws.append(1.0 / (m * m))
+    sw = sum(ws)
+    xbar = sum(w * x for w, x in zip(ws, xs, strict=True)) / sw
+    ybar = sum(w * y for w, y in zip(ws, ys, strict=True)) / sw
+    sxx = sum(w * (x - xbar) ** 2 for w, x in zip(ws, xs, strict=True))
+    sxy = sum(w * (x - xbar) * (y - ybar) for w, x, y in zip(ws, xs, ys, strict=True))
+    slope = max(0.0, sxy / sxx) if sxx > 0 else 0.0
+    intercept = ybar - slope * xbar
+    if intercept <= 0:  # samples proportional to b (or worse): through the origin
+        slope = sum(w * x * y for w, x, y in zip(ws, xs, ys, strict=True)) / sum(
+            w * x * x for w, x in zip(ws, xs, strict=True)
+        )
+        intercept = 0.0
+    fitted = [intercept + slope * b for b in bs]
+    chi2, dof = 0.0, 0
+    for row, m, f in zip(per_seed, means, fitted, strict=True):
+        se = statistics.stdev(row) / math.sqrt(len(row)) if len(row) > 1 else 0.0
+        if se > 0:  # a batch size whose seeds all agree gives no noise scale: left out of chi2
+            chi2 += ((m - f) / se) ** 2
+            dof += 1
+    dof = max(0, dof - 2)
+    b_crit = None if slope == 0 else (intercept / slope if intercept > 0 else 0.0)
+    return BatchEfficiencyFit(bs, fitted, intercept, b_crit, chi2, dof)

@@ -8,6 +8,15 @@ over the profiled (b, f) pairs whose batch size has a relation entry. Ties go to
 then the lower frequency. Predicted times are compared exactly (no epsilon): the products come from the
 same profile and relation, so equal inputs give bit-equal products and the tie rule decides; a nearly-equal
 pair is a real (if tiny) difference and the faster one wins.
+
+Two rules read the relation (`rule`):
+- "mean" (the default): Algorithm 1 on the vector itself (`samples_to_target`, the seeds' mean).
+- "robust": the seeds disagree about the vector; each seed's samples to target is one possible truth
+  (`RelationVector.seed_scenarios`). In each, a pair's predicted cost is divided by that scenario's best
+  feasible cost (its regret: 1.0 = the fastest had that seed been the truth), and the pair with the least
+  mean regret over the seeds wins. A pair that is best on average but far off under some seeds loses to
+  one that is close to the best under all of them; what the bench scores (ours / fastest) is exactly this
+  ratio. With one seed (or no per-seed samples in the file) it is the mean rule.
 """
 
 from __future__ import annotations
@@ -16,6 +25,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from powerctl.capsource import InvalidPowerCapError as InvalidPowerCapError  # re-exported: API users catch it
+from powerctl.capsource import parse_power_cap
 from powerctl.errors import FileFormatError, InfeasibleCapError, PowerctlError
 from powerctl.profile_table import Profile, ProfilePoint
 from powerctl.relation import RelationVector
@@ -23,10 +34,9 @@ from powerctl.relation import RelationVector
 Objective = Literal["time", "energy"]
 OBJECTIVES: tuple[str, ...] = ("time", "energy")
 """What selection minimises: predicted time to the target (the paper, the default) or energy to it."""
-
-
-class InvalidPowerCapError(PowerctlError, ValueError):
-    """The power cap is not a positive finite number of watts (a usage error, not an infeasible cap)."""
+RELATION_RULES: tuple[str, ...] = ("mean", "robust")
+"""How selection reads the relation vector: its mean (Algorithm 1) or every seed's (least mean regret)."""
+DEFAULT_RELATION_RULE = "mean"
 
 
 @dataclass(frozen=True)
@@ -56,14 +66,9 @@ class Selection:
 
 
 def check_power_cap(power_cap_w: float | None) -> float | None:
-    """None = no cap; otherwise a positive finite number of watts, or one InvalidPowerCapError line."""
-    if power_cap_w is None:
-        return None
-    if isinstance(power_cap_w, bool) or not isinstance(power_cap_w, (int, float)):
-        raise InvalidPowerCapError(f"power cap must be a number of watts, got {power_cap_w!r}")
-    if not math.isfinite(power_cap_w) or power_cap_w <= 0:
-        raise InvalidPowerCapError(f"power cap must be a positive, finite number of watts, got {power_cap_w}")
-    return float(power_cap_w)
+    """None = no cap; otherwise a positive finite number of watts (the one cap parser, as an API takes
+    it: no text), or one InvalidPowerCapError line."""
+    return parse_power_cap(power_cap_w, "power cap", text=False)
 
 
 class MismatchError(FileFormatError):
@@ -158,20 +163,61 @@ def candidates(profile: Profile, relation: RelationVector, power_cap_w: float | 
     ]
 
 
-def rank(
+def check_relation_rule(rule: str) -> str:
+    if rule not in RELATION_RULES:
+        raise PowerctlError(f"unknown relation rule {rule!r}; use one of: {', '.join(RELATION_RULES)}")
+    return rule
+
+
+def mean_regret(
     profile: Profile, relation: RelationVector, power_cap_w: float | None, objective: str = "time"
+) -> dict[tuple[int, int], float]:
+    """(b, f) → mean over the seeds' scenarios of its predicted cost / that scenario's least feasible
+    cost (1.0: the best under every seed). Empty when nothing is feasible."""
+    obj = check_objective(objective)
+    cap = check_power_cap(power_cap_w)
+    common = set(common_batch_sizes(profile, relation))
+    points = [p for p in profile.points if p.batch_size in common and is_feasible(p, cap)]
+    cost = predicted_energy_j if obj == "energy" else predicted_seconds
+    total = dict.fromkeys(((p.batch_size, p.frequency_hz) for p in points), 0.0)
+    scenarios = relation.seed_scenarios()
+    for samples in scenarios:
+        costs = {(p.batch_size, p.frequency_hz): cost(p, samples[p.batch_size]) for p in points}
+        best = min(costs.values(), default=math.nan)
+        for k, c in costs.items():
+            total[k] += c / best
+    return {k: v / len(scenarios) for k, v in total.items()}
+
+
+def rank(
+    profile: Profile,
+    relation: RelationVector,
+    power_cap_w: float | None,
+    objective: str = "time",
+    rule: str = DEFAULT_RELATION_RULE,
 ) -> list[Selection]:
-    """Every feasible pair with a relation entry, best first for `objective` (empty if none is feasible)."""
+    """Every feasible pair with a relation entry, best first for `objective` under `rule` (empty if none
+    is feasible); ties of the robust rule's regret fall back to the mean rule's order."""
     key = _order_key(check_objective(objective))
-    return sorted(candidates(profile, relation, power_cap_w), key=key)
+    ranked = sorted(candidates(profile, relation, power_cap_w), key=key)
+    if check_relation_rule(rule) == "robust":
+        regret = mean_regret(profile, relation, power_cap_w, objective)
+        ranked.sort(key=lambda s: regret[(s.batch_size, s.frequency_hz)])  # stable: ties keep the order
+    return ranked
 
 
 def select(
-    profile: Profile, relation: RelationVector, power_cap_w: float | None, objective: str = "time"
+    profile: Profile,
+    relation: RelationVector,
+    power_cap_w: float | None,
+    objective: str = "time",
+    rule: str = DEFAULT_RELATION_RULE,
 ) -> Selection:
     """Algorithm 1: the feasible pair with the least T_N·r_b (or E_N·r_b for `objective="energy"`);
-    none feasible → one InfeasibleCapError line."""
-    ranked = rank(profile, relation, power_cap_w, objective)
+    `rule="robust"`: the least mean regret over the seeds' vectors (see the module's docstring). The
+    Selection's predictions are the mean vector's either way. None feasible → one InfeasibleCapError
+    line."""
+    ranked = rank(profile, relation, power_cap_w, objective, rule)
     if ranked:
         return ranked[0]
     assert power_cap_w is not None  # with no cap every common point is feasible, and there is one

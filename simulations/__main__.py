@@ -20,9 +20,10 @@ PROG = "python -m simulations"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from simulations.demo import DemoConfig
+    from simulations.demo import DEMO_RUN, DemoConfig
 
     d = DemoConfig()
+    model = DEMO_RUN["model"]
     p = OneLineParser(
         prog=PROG, description="Simulations of power-aware fine-tuning on simulated edge boards."
     )
@@ -36,14 +37,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--out", type=Path, required=True, help="output folder (results.json, plots/)")
     s.add_argument("--device", default=d.device, help=f"simulated board (default {d.device})")
-    s.add_argument("--model", default=d.model, help=f"model name (default {d.model})")
+    s.add_argument("--model", default=model, help=f"model name (default {model})")
     s.add_argument(
         "--power-cap", type=positive_float, default=d.power_cap_w, help=f"W (default {d.power_cap_w:g})"
     )
     s.add_argument(
-        "--target-accuracy", type=accuracy, default=d.target_accuracy, help=f"default {d.target_accuracy}"
+        "--target-accuracy", type=accuracy, default=None, help="default: the run config's target-accuracy"
     )
-    s.add_argument("--quiet", action="store_true", help="no progress bars")
+    s.add_argument("--quiet", action="store_true", help="no progress lines")
     r = sub.add_parser(
         "run",
         help="a fleet file on Flower's simulation engine (Ray), every method side by side",
@@ -205,12 +206,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "ray-check":
         return ray_check()
-    from simulations.demo import DemoConfig, run_demo, summary_table
+    from simulations.demo import DemoConfig, quiet, run_demo, say_on_stderr, summary_table
 
-    cfg = DemoConfig(
-        model=args.model, device=args.device, power_cap_w=args.power_cap, target_accuracy=args.target_accuracy
-    )
-    results = run_demo(cfg, args.out, progress=not args.quiet)
+    run = {"model": args.model}
+    if args.target_accuracy is not None:
+        run["target-accuracy"] = args.target_accuracy
+    cfg = DemoConfig(device=args.device, power_cap_w=args.power_cap, run=run)
+    results = run_demo(cfg, args.out, quiet if args.quiet else say_on_stderr)
     print(summary_table(results))
     print(
         f"\nprofiling cost {results['profiling_seconds']:.1f} device seconds; wrote {args.out}/results.json "

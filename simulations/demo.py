@@ -1,288 +1,273 @@
-"""One simulated board, end to end: server relation vector → client profile → select → measured runs.
+"""One simulated board, end to end: the server's weights and relation vector → one client round per method.
 
-The method and the three baselines of DESIGN §1 are each fine-tuned to the target accuracy on the
-client's own data, on the same simulated board under the same power cap, and their measured device
-time is compared. Everything runs on embedded defaults (synthetic data, no download).
+The demo is a federation of one: the ServerApp's own preparation (`fl_server.app`: pre-trained weights,
+the relation vector on the proxy data, the train instructions, all from the same run settings) and the
+client's own round (`fl_client.round.run_round`) for each method — ours and the three baselines — on
+the same simulated board, under the same cap, on the same local data. Nothing here chooses or trains
+by itself: the rows are what a client of `flwr run .` would report. A (b, f) two methods pick is
+measured once and shared (`SharedRuns`), and the oracle's own-data search measures every batch size
+at its fastest feasible frequency, which the other methods' pairs often are.
 """
 
 from __future__ import annotations
 
+import sys
 import time
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from powerctl.baselines import predict, proxy_batch, state_of_practice
-from powerctl.devices import open_device
-from powerctl.devices.base import Device
+from fl_client.round import (
+    Profiled,
+    RoundOutcome,
+    RoundSteps,
+    RoundWork,
+    Rule,
+    Trained,
+    fine_tune_step,
+    measured_profile_step,
+    method_step,
+    model_seq_len,
+    node_device_seed,
+    oracle_search,
+    run_round,
+    usable_relation,
+)
+from powerctl.baselines import predict
 from powerctl.jsonfile import write_json
-from powerctl.profile_table import Profile
-from powerctl.profiler import profile_device
-from powerctl.relation import RelationVector
-from powerctl.selection import best_frequency_per_batch, select
+from strategies.protocol import METHODS, ORACLE, OURS, STATE_OF_PRACTICE
 
 if TYPE_CHECKING:
-    from training.data import Dataset
+    from fl_server.run_config import ServerConfig
 
-DEMO_SCHEMA = "simulations.demo/1"
+DEMO_SCHEMA = "simulations.demo/2"
+DEMO_RUN = {
+    "model": "resnet18-small",
+    "relation-seeds": "0",
+    "relation-max-samples": 6000,
+    "checkpoint-every-samples": 0,
+}
+"""The demo's run settings where they differ from the app's defaults: a small ResNet, one proxy seed
+(minutes on 2 cores), no checkpoints (nothing restarts it)."""
+DEMO_NODE = "demo"
+"""The one node's name (its simulated board's noise seed derives from it, as every node's does)."""
+ORDER = (ORACLE, OURS, *(m for m in METHODS if m not in (ORACLE, OURS)))
+"""The oracle first: its search measures the pairs the others most often pick."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class DemoConfig:
-    """Embedded defaults: a small ResNet on a simulated Jetson Nano under a 3 W cap (minutes on 2 cores)."""
+    """One simulated board under a cap, and the run settings (run-config keys, over `DEMO_RUN` and the
+    app's defaults) its round uses."""
 
-    model: str = "resnet18-small"
     device: str = "sim:jetson-nano"
-    power_cap_w: float = 3.0
-    target_accuracy: float = 0.7
-    batch_sizes: list[int] = field(default_factory=lambda: [8, 16, 32, 64])
-    pretrain_dataset: str = "synthetic-image"
-    pretrain_seed: int = 0
-    pretrain_samples: int = 2000
-    proxy_dataset: str = "synthetic-image"
-    proxy_seed: int = 1
-    target_dataset: str = "synthetic-image"
-    target_seed: int = 2
-    lr_max: float = 2e-3
-    max_samples: int = 6000
-    eval_every_samples: int = 128
-    eval_max_samples: int = 300
-    profile_samples: int = 4000
-    profile_warmup: int = 1
-    profile_steps: int = 2
-    seed: int = 0
+    power_cap_w: float | None = 3.0
+    run: dict[str, Any] = field(default_factory=dict)
+
+    def run_config(self) -> dict[str, Any]:
+        return {**DEMO_RUN, **self.run}
+
+    def settings(self) -> ServerConfig:
+        from fl_server.run_config import parse_server_config
+
+        return parse_server_config(self.run_config())
 
 
-@dataclass
-class Run:
-    """One measured fine-tuning of the target data at a pinned (batch size, frequency)."""
-
-    batch_size: int
-    frequency_hz: int
-    reached: bool
-    samples: int
-    device_seconds: float
-    energy_j: float | None
-    peak_power_w: float | None
-    final_accuracy: float
-    curve: list[dict[str, float]]
+Say = Callable[[str], None]
 
 
-def pretrain_weights(cfg: DemoConfig, out: Path, progress: bool) -> Path:
-    from fl_server.pretrain import pretrain
-
-    weights = out / "weights.safetensors"
-    if not weights.exists():
-        pretrain(
-            cfg.model,
-            cfg.pretrain_dataset,
-            out=weights,
-            samples=cfg.pretrain_samples,
-            seed=cfg.pretrain_seed,
-            progress=progress,
-        )
-    return weights
+def say_on_stderr(text: str) -> None:
+    """Progress of the long phases, on stderr (the table goes to stdout)."""
+    print(f"demo: {text}", file=sys.stderr, flush=True)
 
 
-def relation_vector(cfg: DemoConfig, weights: Path, progress: bool) -> RelationVector:
-    from fl_server.relation import estimate_relation
-
-    return estimate_relation(
-        cfg.model,
-        weights,
-        cfg.proxy_dataset,
-        target_accuracy=cfg.target_accuracy,
-        batch_sizes=cfg.batch_sizes,
-        lr_max=cfg.lr_max,
-        max_samples=cfg.max_samples,
-        eval_every_samples=cfg.eval_every_samples,
-        eval_max_samples=cfg.eval_max_samples,
-        data_seed=cfg.proxy_seed,
-        progress=progress,
-    )
+def quiet(text: str) -> None:
+    """No progress lines."""
 
 
-def measured_profile(cfg: DemoConfig, dev: Device, weights: Path, progress: bool) -> Profile:
-    from fl_server.weights import load_model
-    from training.profiling import profiling_step_factory
+class SharedRuns:
+    """The train step, measured once per (b, f): every method whose rule picks a pair already measured
+    reuses that run (the same seeded work gives the same run)."""
 
-    model, _ = load_model(weights, expect_model=cfg.model)
-    workload, make_step = profiling_step_factory(
-        cfg.model, model=model, torch_device=dev.torch_device(), seed=cfg.seed
-    )
-    # the client knows its cap: the efficient order stops each batch size where the cap is crossed
-    # (no cap, or one that changes: the whole grid)
-    return profile_device(
-        dev,
-        workload,
-        make_step,
-        batch_sizes=cfg.batch_sizes,
-        samples=cfg.profile_samples,
-        order="efficient" if cfg.power_cap_w is not None else "grid",
-        power_cap_w=cfg.power_cap_w,
-        warmup_steps=cfg.profile_warmup,
-        measure_steps=cfg.profile_steps,
-        progress=progress,
-    )
+    def __init__(self, say: Say = quiet) -> None:
+        self.runs: dict[tuple[int, int], Trained] = {}
+        self.say = say
 
-
-def load_target_data(cfg: DemoConfig) -> tuple[Dataset, Dataset]:
-    """The client's own data, split 80/20 — loaded once, shared by every measured run."""
-    from training.data import load_dataset, train_test_split
-
-    data = load_dataset(cfg.target_dataset, split="all", seed=cfg.target_seed)
-    return train_test_split(data, seed=cfg.target_seed)
+    def __call__(self, work: RoundWork, rule: Rule) -> Trained:
+        choice = rule(work.cap_at_start)
+        pair = (choice.batch_size, choice.frequency_hz)
+        if pair not in self.runs:
+            self.say(f"fine-tuning at b={pair[0]}, {pair[1] / 1e6:.1f} MHz (run {len(self.runs) + 1}) ...")
+            started = time.perf_counter()
+            self.runs[pair] = fine_tune_step(work, rule)
+            r = self.runs[pair].result
+            self.say(
+                f"  {'reached' if r.reached else 'missed'} the target after {r.samples} samples, "
+                f"{r.device_seconds:.1f} simulated s ({time.perf_counter() - started:.0f} s wall)"
+            )
+        return replace(self.runs[pair], choice=choice)
 
 
-def fine_tune_at(
-    cfg: DemoConfig,
-    dev: Device,
-    weights: Path,
-    data: tuple[Dataset, Dataset],
-    b: int,
-    hz: int,
-    progress: bool,
-) -> Run:
-    from fl_server.weights import load_model
-    from training.finetune import fine_tune
-    from training.lr import scaled_lr
-
-    model, _ = load_model(weights, expect_model=cfg.model)  # every run starts from the same weights
-    train, test = data
-    with dev.pinned(hz):
-        r = fine_tune(
-            model,
-            train,
-            test,
-            device=dev,
-            batch_size=b,
-            lr=scaled_lr(cfg.lr_max, b, max(cfg.batch_sizes)),
-            target_accuracy=cfg.target_accuracy,
-            max_samples=cfg.max_samples,
-            eval_every_samples=cfg.eval_every_samples,
-            eval_max_samples=cfg.eval_max_samples,
-            seed=cfg.seed,
-            progress=progress,
-            desc=f"b={b} f={hz / 1e6:.0f} MHz",
-        )
-    return Run(
-        b,
-        hz,
-        r.reached,
-        r.samples,
-        r.device_seconds,
-        r.energy_j,
-        r.peak_power_w,
-        r.final_accuracy,
-        [asdict(p) for p in r.curve],
-    )
-
-
-def check_demo(cfg: DemoConfig, out: Path) -> None:
-    """Every input checked before pre-training (minutes): the output folder, the model, the device, and
-    that the board has a state-of-practice frequency under the cap (the baselines need one)."""
+def check_demo(cfg: DemoConfig, out: Path) -> ServerConfig:
+    """Every input checked before pre-training (minutes): the output folder, the run settings, the
+    device, and that the board has a state-of-practice frequency under the cap (the baselines need one)."""
     from powerctl.baselines import board_fixed_frequency
     from powerctl.boards import board_model
+    from powerctl.devices import open_device
     from powerctl.outputs import check_output_dir
     from training.models import get_model_spec
 
     check_output_dir(out)
-    get_model_spec(cfg.model)
-    with open_device(cfg.device, seed=cfg.seed) as dev:
+    get_model_spec(cfg.run_config()["model"])  # "unknown model", before the run config says it its way
+    settings = cfg.settings()
+    with open_device(cfg.device, seed=settings.seed) as dev:
         board = dev.board
     board_fixed_frequency(board_model(board), cfg.power_cap_w)
+    return settings
 
 
-def run_demo(cfg: DemoConfig, out: Path, *, progress: bool = True) -> dict[str, Any]:
-    """Run the whole flow, write `out/results.json` and plots, return the results."""
-    check_demo(cfg, out)
+def demo_work(cfg: DemoConfig, settings: ServerConfig, out: Path, say: Say = quiet) -> RoundWork:
+    """The one node's round: the server's weights, relation vector and instructions, the board and its
+    own data (the run's `client-data`, split as a node with its own `data` splits it)."""
+    from fl_client.local_data import data_plan, load_local_data
+    from fl_client.node import NodeSettings
+    from fl_server.app import instructions, pretrained_weights, relation_vector
+    from fl_server.weights import load_model
+
+    say(f"pre-trained weights: {settings.model} on {settings.pretrain_data} (cached after the first run) ...")
+    weights = pretrained_weights(settings, progress=say is not quiet)
+    model, meta = load_model(weights, expect_model=settings.model)
+    say(
+        f"relation vector on proxy {settings.proxy_data}: {len(settings.batch_size_list())} batch sizes × "
+        f"{len(settings.seeds())} seed(s) to accuracy {settings.target_accuracy:g} "
+        "(cached after the first run) ..."
+    )
+    relation = relation_vector(settings, weights, progress=say is not quiet)
+    relation.save(out / "relation.json")
+    node = NodeSettings(
+        device=cfg.device,
+        power_cap_w=cfg.power_cap_w,
+        data=settings.client_data,
+        partition_id=None,
+        num_partitions=None,
+        key=DEMO_NODE,
+    )
+    plan = data_plan(node, cfg.run_config(), model_seq_len(settings.model, {}))
+    return RoundWork(
+        node,
+        instructions(settings, relation, meta.num_classes, meta.overrides),
+        {k: v.clone() for k, v in model.state_dict().items()},
+        load_local_data(plan),
+        device_seed=node_device_seed(node, settings.seed),
+    )
+
+
+def run_demo(cfg: DemoConfig, out: Path, say: Say = say_on_stderr) -> dict[str, Any]:
+    """Run every method's round on the board, write `out/results.json`, `out/profile.json` and plots."""
+    settings = check_demo(cfg, out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    weights = pretrain_weights(cfg, out, progress)
-    relation = relation_vector(cfg, weights, progress)
-    relation.save(out / "relation.json")
-
-    with open_device(cfg.device, seed=cfg.seed) as dev:
-        profile = measured_profile(cfg, dev, weights, progress)
-        profile.save(out / "profile.json")
-        cap = cfg.power_cap_w
-        chosen = select(profile, relation, cap)
-        target_data = load_target_data(cfg)
-        runs: dict[tuple[int, int], Run] = {}
-
-        def measured(b: int, hz: int) -> Run:
-            if (b, hz) not in runs:  # the same (b, f) is the same run: measure it once
-                runs[(b, hz)] = fine_tune_at(cfg, dev, weights, target_data, b, hz, progress)
-            return runs[(b, hz)]
-
-        # every batch size at its fastest feasible frequency (time falls as frequency rises): the
-        # oracle is the one of these with the least MEASURED time to the target (DESIGN §1)
-        candidates = [
-            measured(b, p.frequency_hz) for b, p in sorted(best_frequency_per_batch(profile, cap).items())
-        ]
-        reached = [r for r in candidates if r.reached] or candidates
-        fastest = min(reached, key=lambda r: (not r.reached, r.device_seconds))
-        target_relation = RelationVector.from_samples(
-            cfg.model,
-            cfg.target_dataset,
-            cfg.target_accuracy,
-            {b: float(r.samples) for (b, _), r in runs.items() if r.reached},
+    work = demo_work(cfg, settings, out, say)
+    relation = usable_relation(work.instr, len(work.split()[0]))
+    say(f"profiling {cfg.device} under {_cap(cfg.power_cap_w)} (cached after the first run) ...")
+    profiled = measured_profile_step(work, relation)
+    profiled.profile.save(out / "profile.json")
+    shared = SharedRuns(say)
+    outcomes: dict[str, RoundOutcome] = {}
+    for method in ORDER:
+        say(f"{method}:")
+        steps = RoundSteps(
+            profile=lambda _w, _r: profiled,
+            choose=oracle_search if method == ORACLE else method_step,
+            train=shared,
         )
-        strategies = {
-            "method": (chosen.batch_size, chosen.frequency_hz),
-            "state-of-practice": _pair(state_of_practice(profile, cap)),
-            "proxy-batch": _pair(proxy_batch(profile, relation, cap)),
-            "oracle": (fastest.batch_size, fastest.frequency_hz),
-        }
-        rows = []
-        for name, (b, hz) in strategies.items():
-            run = measured(b, hz)
-            point = profile.point(b, hz)
-            rows.append(
-                {
-                    "strategy": name,
-                    **asdict(run),
-                    "predicted_seconds": predict(profile, relation, b, hz),
-                    "profiled_peak_power_w": None if point is None else point.peak_power_w,
-                }
-            )
-    sop = next(r for r in rows if r["strategy"] == "state-of-practice")
+        outcomes[method] = run_round(replace(work, instr=replace(work.instr, method=method)), steps)
+    rows = [_row(m, outcomes[m], profiled, relation) for m in METHODS]
+    sop = next(r for r in rows if r["strategy"] == STATE_OF_PRACTICE)
     for r in rows:
         r["speedup_vs_state_of_practice"] = (
-            sop["device_seconds"] / r["device_seconds"] if r["reached"] else None
+            sop["device_seconds"] / r["device_seconds"] if r["reached"] and sop["reached"] else None
         )
+    search = outcomes[ORACLE].chosen.search
+    assert search is not None
     results = {
         "schema": DEMO_SCHEMA,
-        "config": asdict(cfg),
+        "config": {"device": cfg.device, "power_cap_w": cfg.power_cap_w, "run": cfg.run_config()},
         "relation": relation.to_dict(),
-        "target_relation": target_relation.to_dict(),
-        "profiling_seconds": profile.profiling_seconds,
+        "own_data_relation": search.relation.to_dict(),
+        "profiling_seconds": profiled.profile.profiling_seconds,
         "strategies": rows,
-        "all_runs": [asdict(r) for r in runs.values()],
+        "all_runs": [_run(t) for t in shared.runs.values()],
         "wall_seconds": time.perf_counter() - started,
     }
     write_json(out / "results.json", results)
-    from powerctl.plot import plot_profile
-    from simulations.plots import plot_strategies
-
-    plot_profile(profile, out / "plots", power_cap_w=cap, relation=relation, selection=chosen)
-    plot_strategies(
-        rows,
-        out / "plots" / "strategies.png",
-        title=f"{cfg.model} on {cfg.device}, cap {cap:g} W",
-        target_accuracy=cfg.target_accuracy,
-    )
+    _plots(cfg, settings, profiled, relation, outcomes[OURS], rows, out)
     return results
 
 
-def _pair(b: Any) -> tuple[int, int]:
-    return int(b.batch_size), int(b.frequency_hz)
+def _cap(cap: float | None) -> str:
+    return "no cap" if cap is None else f"a {cap:g} W cap"
+
+
+def _run(t: Trained) -> dict[str, Any]:
+    r = t.result
+    return {
+        "batch_size": t.choice.batch_size,
+        "frequency_hz": t.choice.frequency_hz,
+        "reached": r.reached,
+        "samples": r.samples,
+        "device_seconds": r.device_seconds,
+        "energy_j": r.energy_j,
+        "peak_power_w": r.peak_power_w,
+        "final_accuracy": r.final_accuracy,
+        "curve": [asdict(p) for p in r.curve],
+    }
+
+
+def _row(method: str, o: RoundOutcome, profiled: Profiled, relation: Any) -> dict[str, Any]:
+    """A method's row: its measured run, and what the profile and the proxy's relation predict for it."""
+    b, hz = o.report.batch_size, o.report.frequency_hz
+    point = profiled.profile.point(b, hz)
+    return {
+        "strategy": method,
+        **_run(o.trained),
+        "predicted_seconds": predict(profiled.profile, relation, b, hz),
+        "profiled_peak_power_w": None if point is None else point.peak_power_w,
+    }
+
+
+def _plots(
+    cfg: DemoConfig,
+    settings: ServerConfig,
+    profiled: Profiled,
+    relation: Any,
+    ours: RoundOutcome,
+    rows: list[dict[str, Any]],
+    out: Path,
+) -> None:
+    from powerctl.plot import plot_profile
+    from powerctl.selection import select
+    from simulations.plots import plot_strategies
+
+    chosen = select(profiled.profile, relation, cfg.power_cap_w)
+    assert (chosen.batch_size, chosen.frequency_hz) == (ours.report.batch_size, ours.report.frequency_hz)
+    plot_profile(
+        profiled.profile, out / "plots", power_cap_w=cfg.power_cap_w, relation=relation, selection=chosen
+    )
+    plot_strategies(
+        rows,
+        out / "plots" / "strategies.png",
+        title=f"{settings.model} on {cfg.device}, {_cap(cfg.power_cap_w)}",
+        target_accuracy=settings.target_accuracy,
+    )
 
 
 def summary_table(results: dict[str, Any]) -> str:
-    """A plain-text table of the strategies, as printed at the end of the demo."""
+    """A plain-text table of the methods, as printed at the end of the demo (simulated seconds, watts
+    and joules: the board model's charges for real training steps)."""
     head = (
-        f"{'strategy':<18} {'b':>4} {'MHz':>7} {'pred s':>8} {'device s':>9} {'samples':>8} "
+        f"{'method':<18} {'b':>4} {'MHz':>7} {'pred s':>8} {'device s':>9} {'samples':>8} "
         f"{'energy J':>9} {'peak W':>7} {'acc':>6} {'speedup':>8}"
     )
     lines = [head, "-" * len(head)]

@@ -1,73 +1,78 @@
 """The fleet file of `python -m simulations run`: boards, task, partitioning, rounds, seeds, budget.
 
 One strict reader: an unknown key or a bad value is one `FleetFileError` line naming the key and its
-place in the file (``quick.yaml: groups[1].power-cap-w: expected a number > 0 or none, got "abc"``).
-The groups (which board, how many, which cap) are read by `fl_client.node`, the one place that maps
-partition ids to boards, so the runner and every ClientApp see the same fleet. A file becomes a Flower
-run config (`FleetSpec.run_config`): the ServerApp and ClientApps then read nothing else.
+place in the file (``quick.yaml: task: 'lr-max' must be a number > 0, got 0``). Every value but the
+boards is a run setting under another name (`PLACES`): its default and its check are the setting's
+(`strategies.settings`). The groups (which board, how many, which cap) are read by `strategies.fleet`,
+the one place that maps partition ids to boards, so the runner and every ClientApp see the same fleet.
+A file becomes a Flower run config (`FleetSpec.run_config`): the ServerApp and ClientApps then read
+nothing else.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-from fl_client.node import FleetEntry, NodeConfigError, parse_fleet_groups, quoted, read_yaml
+from fl_client.node import FleetEntry, NodeConfigError, parse_fleet_groups, read_yaml
 from powerctl.devices.simulated import SIM_BOARDS
-from strategies.protocol import PROFILE_ORDERS, PROFILE_SOURCES, RUN_METHODS
-from training.lr import LR_RULES
+from powerctl.mapping import MappingReader, Text, mapping_reader
+from strategies.settings import APP_FILE, DATASET, OURS_DEADLINE, RUN_METHODS, SETTINGS, RunSettings
 
-TOP_KEYS = (
-    "name",
-    "groups",
-    "task",
-    "partitioning",
-    "rounds",
-    "seeds",
-    "budget",
-    "methods",
-    "scale",
-    "profiling",
-    "evaluation",
-    "round-timeout-s",
-)
-REQUIRED_TOP = ("groups", "task")
-FILE_KINDS = (
-    "cifar10",
-    "cifar100",
-    "cifar10-jpeg",
-    "cinic10",
-    "svhn",
-    "fashion-mnist",
-    "mnist",
-    "text",
-    "npz",
-)
-GENERATED = ("synthetic-image", "synthetic-text")
+PLACES: dict[str, str | dict[str, str]] = {
+    "rounds": "num-server-rounds",
+    "round-timeout-s": "round-timeout",
+    "methods": "methods",
+    "task": {
+        "model": "model",
+        "pretrain": "pretrain-data",
+        "pretrain-samples": "pretrain-samples",
+        "weights": "weights",
+        "proxy": "proxy-data",
+        "relation": "relation",
+        "target": "client-data",
+        "target-accuracy": "target-accuracy",
+        "batch-sizes": "batch-sizes",
+        "lr-max": "lr-max",
+        "lr-rule": "lr-rule",
+    },
+    "partitioning": {"scheme": "partitioning", "alpha": "dirichlet-alpha"},
+    "seeds": {
+        "run": "seed",
+        "pretrain": "pretrain-seed",
+        "proxy": "proxy-seed",
+        "data": "client-data-seed",
+        "relation": "relation-seeds",
+    },
+    "budget": {"samples": "budget-samples", "device-seconds": "budget-device-seconds"},
+    "scale": {"profiles": "profile-source", "real-share": "real-share"},
+    "profiling": {
+        "order": "profile-order",
+        "samples": "profile-samples",
+        "warmup": "profile-warmup",
+        "steps": "profile-steps",
+    },
+    "evaluation": {"every-samples": "eval-every-samples", "max-samples": "eval-max-samples"},
+}
+"""Where each run setting a fleet file may set stands in it: a top-level key, or a key of a section."""
+TOP_KEYS = ("name", "groups", *PLACES)
+RUN_KEYS = {
+    *(key for key in PLACES.values() if isinstance(key, str)),
+    *(key for section in PLACES.values() if isinstance(section, dict) for key in section.values()),
+    "fleet",
+    "results-dir",
+    "profile-cache",
+}
+"""The run config keys a fleet run passes to Flower (the others: pyproject's, which are the declared)."""
+FLEET_METHODS = [m for m in RUN_METHODS if m != OURS_DEADLINE]
+"""A fleet file compares methods: without `methods`, every client method (the run config's default,
+`ours` alone, is for one run)."""
 
 
 class FleetFileError(NodeConfigError):
     """A fleet file that cannot be run; the text names the key, its place and the value."""
-
-
-@dataclass(frozen=True)
-class Task:
-    model: str
-    pretrain: str
-    """A dataset spec to pre-train on, used when `weights` is empty."""
-    pretrain_samples: int
-    weights: str
-    proxy: str
-    relation: str
-    target: str
-    """The clients' data (partitioned among the boards)."""
-    target_accuracy: float
-    batch_sizes: list[int]
-    lr_max: float
-    lr_rule: str
 
 
 @dataclass(frozen=True)
@@ -77,187 +82,60 @@ class FleetSpec:
     path: Path
     name: str
     boards: list[FleetEntry]
-    task: Task
-    partitioning: str
-    dirichlet_alpha: float
-    rounds: int
-    seeds: dict[str, Any]
-    budget_samples: int
-    budget_device_seconds: float
-    methods: list[str]
-    profile_source: str
-    real_share: float
-    profiling: dict[str, Any]
-    evaluation: dict[str, int]
-    round_timeout_s: float
+    settings: RunSettings
+    """The run the file describes: what it sets (dataset and file paths made absolute, `fleet` this
+    file), the declared defaults for the rest."""
     notes: list[str] = field(default_factory=list)
     """What the run cannot do as the file says (a cap schedule), said in output and results."""
 
     @property
+    def methods(self) -> list[str]:
+        return self.settings.methods
+
+    @property
     def scale_mode(self) -> bool:
-        return self.profile_source == "predicted" or self.real_share < 1.0
+        return self.settings.profile_source == "predicted" or self.settings.real_share < 1.0
 
     def run_config(self, results_dir: Path, methods: list[str], profile_cache: Path) -> dict[str, Any]:
-        """The Flower run config that runs this fleet (every value a str, int or float)."""
-        t = self.task
-        return {
-            "num-server-rounds": self.rounds,
-            "model": t.model,
-            "weights": t.weights,
-            "pretrain-data": t.pretrain,
-            "pretrain-samples": t.pretrain_samples,
-            "pretrain-seed": self.seeds["pretrain"],
-            "relation": t.relation,
-            "proxy-data": t.proxy,
-            "proxy-seed": self.seeds["proxy"],
-            "relation-seeds": ",".join(map(str, self.seeds["relation"])),
-            "target-accuracy": t.target_accuracy,
-            "batch-sizes": ",".join(map(str, t.batch_sizes)),
-            "lr-max": t.lr_max,
-            "lr-rule": t.lr_rule,
-            "budget-samples": self.budget_samples,
-            "budget-device-seconds": self.budget_device_seconds,
-            "eval-every-samples": self.evaluation["every-samples"],
-            "eval-max-samples": self.evaluation["max-samples"],
-            "profile-order": self.profiling["order"],
-            "profile-samples": self.profiling["samples"],
-            "profile-warmup": self.profiling["warmup"],
-            "profile-steps": self.profiling["steps"],
-            "seed": self.seeds["run"],
-            "results-dir": str(results_dir),
-            "round-timeout": self.round_timeout_s,
-            "fleet": str(self.path),
-            "client-data": t.target,
-            "client-data-seed": self.seeds["data"],
-            "partitioning": self.partitioning,
-            "dirichlet-alpha": self.dirichlet_alpha,
-            "methods": ",".join(methods),
-            "profile-source": self.profile_source,
-            "real-share": self.real_share,
-            "profile-cache": str(profile_cache),
-        }
+        """The Flower run config that runs this fleet (every value a str, int or float): the settings a
+        fleet file sets, where to write, and which methods."""
+        run = dataclasses.replace(
+            self.settings, methods=methods, results_dir=str(results_dir), profile_cache=str(profile_cache)
+        ).to_run_config()
+        return {key: run[key] for key in SETTINGS if key in RUN_KEYS}
 
 
-class _Section:
-    """A mapping of the file read key by key; every error names `where.key`."""
-
-    def __init__(self, raw: Any, where: str, keys: tuple[str, ...]) -> None:
-        if raw is None:
-            raw = {}
-        if not isinstance(raw, dict):
-            raise FleetFileError(
-                f"{where}: expected a mapping with keys {', '.join(keys)}, got {quoted(raw)}"
-            )
-        unknown = sorted(str(k) for k in set(raw) - set(keys))
-        if unknown:
-            raise FleetFileError(f"{where}: unknown key {unknown[0]!r}; keys are {', '.join(keys)}")
-        self.raw, self.where = raw, where
-
-    def fail(self, key: str, expected: str) -> FleetFileError:
-        return FleetFileError(f"{self.where}.{key}: expected {expected}, got {quoted(self.raw[key])}")
-
-    def get(self, key: str, default: Any, check: Callable[[Any], bool], expected: str) -> Any:
-        if key not in self.raw:
-            if default is _REQUIRED:
-                raise FleetFileError(f"{self.where}: missing key {key!r} ({expected})")
-            return default
-        if not check(self.raw[key]):
-            raise self.fail(key, expected)
-        return self.raw[key]
-
-    def integer(self, key: str, default: Any, minimum: int) -> int:
-        return self.get(key, default, lambda v: _is_int(v) and v >= minimum, f"an integer ≥ {minimum}")
-
-    def number(self, key: str, default: Any, *, minimum: float, strict: bool) -> float:
-        op = ">" if strict else "≥"
-        ok = lambda v: _is_num(v) and (v > minimum if strict else v >= minimum)  # noqa: E731
-        return float(self.get(key, default, ok, f"a number {op} {minimum:g}"))
-
-    def choice(self, key: str, default: Any, allowed: tuple[str, ...]) -> str:
-        return self.get(key, default, lambda v: v in allowed, f"one of {', '.join(allowed)}")
-
-    def string(self, key: str, default: Any, expected: str) -> str:
-        return self.get(key, default, lambda v: isinstance(v, str) and bool(v.strip()), expected).strip()
+def _setting(r: MappingReader, leaf: str, key: str, base: Path) -> Any:
+    """The value of run setting `key`, written as `leaf` in the section `r` reads: checked by its
+    declared kind, its declared default when absent. Relative dataset and file paths start at the
+    fleet file's folder, and what they name must exist."""
+    setting = SETTINGS[key]
+    if key == "methods":
+        chosen = r.value(leaf, setting.kind, FLEET_METHODS)
+        return [m for m in RUN_METHODS if m in chosen]
+    if setting.kind is DATASET:
+        spec = r.value(leaf, DATASET, setting.typed_default())
+        kind, sep, arg = spec.partition(":")
+        if not sep:
+            return spec
+        path = _resolve(arg, base)
+        if not path.exists():
+            raise r.fail(leaf, f"names no such file or folder: {path}")
+        return f"{kind}:{path}"
+    if setting.kind is APP_FILE:
+        given = r.get(leaf, "")
+        text = str(_resolve(given, base)) if isinstance(given, str) and given.strip() else given
+        return r.check(leaf, text, APP_FILE)
+    return r.value(leaf, setting.kind, setting.typed_default())
 
 
-_REQUIRED = object()
+def _resolve(text: str, base: Path) -> Path:
+    path = Path(text.strip()).expanduser()
+    return path if path.is_absolute() else (base / path).resolve()
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _dataset(sec: _Section, key: str, default: Any, base: Path) -> str:
-    """A dataset spec; a file path in it is made absolute (relative paths start at the fleet file)."""
-    expected = f"a dataset spec ({', '.join(GENERATED)} or KIND:PATH with KIND in {', '.join(FILE_KINDS)})"
-    spec = sec.string(key, default, expected)
-    if spec in GENERATED:
-        return spec
-    kind, _, arg = spec.partition(":")
-    if kind not in FILE_KINDS or not arg.strip():
-        raise sec.fail(key, expected)
-    path = Path(arg.strip()).expanduser()
-    path = path if path.is_absolute() else (base / path).resolve()
-    if not path.exists():
-        raise FleetFileError(f"{sec.where}.{key}: no such file or folder {path}")
-    return f"{kind}:{path}"
-
-
-def _file(sec: _Section, key: str, base: Path) -> str:
-    value = sec.get(key, "", lambda v: isinstance(v, str), "a file path")
-    if not value.strip():
-        return ""
-    path = Path(value.strip()).expanduser()
-    path = path if path.is_absolute() else (base / path).resolve()
-    if not path.is_file():
-        raise FleetFileError(f"{sec.where}.{key}: no such file {path}")
-    return str(path)
-
-
-def _task(raw: Any, where: str, base: Path) -> Task:
-    from training.models import model_names
-
-    keys = (
-        "model",
-        "pretrain",
-        "pretrain-samples",
-        "weights",
-        "proxy",
-        "relation",
-        "target",
-        "target-accuracy",
-        "batch-sizes",
-        "lr-max",
-        "lr-rule",
-    )
-    s = _Section(raw, where, keys)
-    names = tuple(model_names())
-    acc = s.get("target-accuracy", 0.7, lambda v: _is_num(v) and 0 < v <= 1, "an accuracy in (0, 1]")
-    sizes = s.get(
-        "batch-sizes",
-        [8, 16, 32, 64],
-        lambda v: (
-            isinstance(v, list) and v and all(_is_int(b) and b >= 1 for b in v) and len(set(v)) == len(v)
-        ),
-        "a list of distinct integers ≥ 1, e.g. [8, 16, 32, 64]",
-    )
-    return Task(
-        model=s.choice("model", _REQUIRED, names),
-        pretrain=_dataset(s, "pretrain", "synthetic-image", base),
-        pretrain_samples=s.integer("pretrain-samples", 2000, 1),
-        weights=_file(s, "weights", base),
-        proxy=_dataset(s, "proxy", "synthetic-image", base),
-        relation=_file(s, "relation", base),
-        target=_dataset(s, "target", "synthetic-image", base),
-        target_accuracy=float(acc),
-        batch_sizes=sorted(sizes),
-        lr_max=s.number("lr-max", 2e-3, minimum=0, strict=True),
-        lr_rule=s.choice("lr-rule", "sqrt", LR_RULES),
-    )
+def _missing(where: str, key: str) -> NoReturn:
+    raise FleetFileError(f"{where}: missing key {key!r} (see simulations/fleets/quick.yaml)")
 
 
 def _boards(raw: Any, name: str, base: Path) -> list[FleetEntry]:
@@ -266,8 +144,8 @@ def _boards(raw: Any, name: str, base: Path) -> list[FleetEntry]:
         kind, _, board = b.device.partition(":")
         if kind != "sim" or board not in SIM_BOARDS:
             known = ", ".join(f"sim:{n}" for n in SIM_BOARDS)
-            where = f"{name}: groups[{b.group}].device"
-            raise FleetFileError(f"{where}: expected a simulated board ({known}), got {quoted(b.device)}")
+            where = f"{name}: groups[{b.group}]"
+            raise FleetFileError(f"{where}: 'device' must be a simulated board ({known}), got {b.device!r}")
     return boards
 
 
@@ -277,7 +155,7 @@ def load_fleet_spec(path: Path) -> FleetSpec:
         return _load(path)
     except FleetFileError:
         raise
-    except NodeConfigError as exc:  # the groups, read by fl_client.node
+    except NodeConfigError as exc:  # the groups, read by strategies.fleet
         raise FleetFileError(str(exc)) from None
 
 
@@ -286,68 +164,24 @@ def _load(path: Path) -> FleetSpec:
     name = path.name
     if not path.is_file():
         raise FleetFileError(f"{path}: no such fleet file")
-    doc = read_yaml(path)
-    top = _Section(doc, name, TOP_KEYS)
-    for key in REQUIRED_TOP:
-        if key not in top.raw:
-            raise FleetFileError(f"{name}: missing key {key!r} (see simulations/fleets/quick.yaml)")
+    top = mapping_reader(read_yaml(path), name, FleetFileError, TOP_KEYS)
+    for key in ("groups", "task"):
+        if top.get(key, None) is None:
+            _missing(name, key)
     base = path.parent
-    boards = _boards(top.raw["groups"], name, base)
-    task = _task(top.raw["task"], f"{name}: task", base)
-    part = _Section(top.raw.get("partitioning"), f"{name}: partitioning", ("scheme", "alpha"))
-    seeds = _Section(top.raw.get("seeds"), f"{name}: seeds", ("run", "pretrain", "proxy", "data", "relation"))
-    budget = _Section(top.raw.get("budget"), f"{name}: budget", ("samples", "device-seconds"))
-    scale = _Section(top.raw.get("scale"), f"{name}: scale", ("profiles", "real-share"))
-    prof = _Section(top.raw.get("profiling"), f"{name}: profiling", ("order", "samples", "warmup", "steps"))
-    ev = _Section(top.raw.get("evaluation"), f"{name}: evaluation", ("every-samples", "max-samples"))
-    relation_seeds = seeds.get(
-        "relation",
-        [0, 1, 2],
-        lambda v: (
-            isinstance(v, list) and v and all(_is_int(x) and x >= 0 for x in v) and len(set(v)) == len(v)
-        ),
-        "a list of distinct integers ≥ 0, e.g. [0, 1, 2]",
-    )
-    methods = top.get(
-        "methods",
-        [m for m in RUN_METHODS if m != "ours-deadline"],
-        lambda v: isinstance(v, list) and v and all(m in RUN_METHODS for m in v) and len(set(v)) == len(v),
-        f"a list of distinct methods from {', '.join(RUN_METHODS)}",
-    )
-    spec = FleetSpec(
-        path=path,
-        name=top.string("name", path.stem, "a name"),
-        boards=boards,
-        task=task,
-        partitioning=part.choice("scheme", "iid", ("iid", "dirichlet")),
-        dirichlet_alpha=part.number("alpha", 0.5, minimum=0, strict=True),
-        rounds=top.integer("rounds", 2, 1),
-        seeds={
-            "run": seeds.integer("run", 0, 0),
-            "pretrain": seeds.integer("pretrain", 0, 0),
-            "proxy": seeds.integer("proxy", 1, 0),
-            "data": seeds.integer("data", 2, 0),
-            "relation": list(relation_seeds),
-        },
-        budget_samples=budget.integer("samples", 6000, 0),
-        budget_device_seconds=budget.number("device-seconds", 0.0, minimum=0, strict=False),
-        methods=[m for m in RUN_METHODS if m in methods],
-        profile_source=scale.choice("profiles", "measured", PROFILE_SOURCES),
-        real_share=float(
-            scale.get("real-share", 1.0, lambda v: _is_num(v) and 0 <= v <= 1, "a share in [0, 1]")
-        ),
-        profiling={
-            "order": prof.choice("order", "efficient", PROFILE_ORDERS),
-            "samples": prof.integer("samples", 4000, 1),
-            "warmup": prof.integer("warmup", 1, 0),
-            "steps": prof.integer("steps", 2, 1),
-        },
-        evaluation={
-            "every-samples": ev.integer("every-samples", 128, 1),
-            "max-samples": ev.integer("max-samples", 300, 1),
-        },
-        round_timeout_s=top.number("round-timeout-s", 3600.0, minimum=0, strict=True),
-    )
+    boards = _boards(top.get("groups"), name, base)
+    settings: dict[str, Any] = {}
+    for place, key in PLACES.items():
+        if isinstance(key, str):
+            settings[key] = _setting(top, place, key, base)
+            continue
+        section = top.section(place, tuple(key))
+        if place == "task" and "model" not in section:
+            _missing(section.where, "model")
+        for leaf, setting_key in key.items():
+            settings[setting_key] = _setting(section, leaf, setting_key, base)
+    run = RunSettings(**{SETTINGS[key].attr: value for key, value in settings.items()}, fleet=str(path))
+    spec = FleetSpec(path, top.value("name", Text(what="a name"), path.stem), boards, run)
     if any(b.caps() is not None for b in boards) and spec.scale_mode:
         spec.notes.append(
             "stand-in clients (scale mode) do not train, so they do not follow a changing cap: each "

@@ -24,7 +24,7 @@ MARKERS = {"ours": "*", "state-of-practice": "s", "proxy-batch": "^", "oracle": 
 
 
 def _colour(method: str) -> str:
-    return COLOURS.get("method" if method == "ours" else method, "#999999")
+    return COLOURS.get(method, "#999999")
 
 
 def _figure(size: tuple[float, float]) -> Figure:

@@ -125,7 +125,7 @@ def build_results(
         run = data["run"]
         mine = records_of(spec, method, data)
         records += mine
-        summaries.append(method_summary(method, data, spec.task.target_accuracy, len(spec.boards), mine))
+        summaries.append(method_summary(method, data, spec.settings.target_accuracy, len(spec.boards), mine))
         evaluations[method] = [
             {"round": r["round"], **{k: v for k, v in (r.get("evaluation") or {}).items() if k != "clients"}}
             for r in data["rounds"]
@@ -143,12 +143,12 @@ def build_results(
                 {"partition_id": i, "device": b.device, "power_cap_w": b.power_cap_w, "cap": b.cap_label()}
                 for i, b in enumerate(spec.boards)
             ],
-            "target_accuracy": spec.task.target_accuracy,
-            "model": spec.task.model,
-            "rounds": spec.rounds,
+            "target_accuracy": spec.settings.target_accuracy,
+            "model": spec.settings.model,
+            "rounds": spec.settings.num_server_rounds,
             "scale_mode": spec.scale_mode,
-            "profile_source": spec.profile_source,
-            "real_share": spec.real_share,
+            "profile_source": spec.settings.profile_source,
+            "real_share": spec.settings.real_share,
             "notes": list(spec.notes),
         },
         "run": {"relation": run.get("relation"), "weights": run.get("weights"), "config": run.get("config")},

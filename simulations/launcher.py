@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import difflib
 import os
 import re
 import shlex
@@ -33,7 +32,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fl_client.node import MAX_BOARDS
 from powerctl.errors import PowerctlError
 from simulations.local_superlink import (
     alive,
@@ -46,6 +44,7 @@ from simulations.local_superlink import (
     stop_tree,
 )
 from simulations.ray_cluster import preflight
+from strategies.fleet import MAX_BOARDS
 
 APP_DIR = Path(__file__).resolve().parents[1]
 INFRA_LINE = re.compile(r"^\(\w+ pid=\d+\)|^(INFO|WARNING|DEBUG|ERROR)\s*:|^\s*$")
@@ -107,30 +106,21 @@ def parse_run_config(text: str) -> dict[str, Any]:
     return parsed
 
 
-def check_keys(overrides: dict[str, Any], known: dict[str, Any]) -> None:
-    """Every key must be one of the app's (Flower refuses others with a line naming none of them)."""
-    for key in overrides:
-        if key not in known:
-            near = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
-            hint = f"did you mean {near[0]!r}? " if near else ""
-            raise LaunchError(
-                f"run config has unknown key {key!r}: {hint}the keys are those of [tool.flwr.app.config] "
-                "in pyproject.toml"
-            )
-
-
 def checked_run_config(overrides: dict[str, Any], app_dir: Path = APP_DIR) -> dict[str, Any]:
-    """The run config the ServerApp will see (the app's defaults, then `overrides`), checked by the
-    ServerApp's own parser before anything starts; returns the merged config."""
+    """The run config the ServerApp will see (the app's defaults, then `overrides`), checked whole by the
+    ServerApp's own parser before anything starts (an unknown key is named with the nearest known one,
+    a fleet file is read); returns it merged as Flower merges it."""
     from flwr.common.config import fuse_dicts
 
+    from fl_client.node import load_fleet_file
     from fl_server.run_config import parse_server_config
 
     known = app_config(app_dir)
-    check_keys(overrides, known)
-    merged = fuse_dicts(known, overrides)
-    parse_server_config(merged)
-    return merged
+    parse_server_config({**known, **overrides}, load_fleet_file=load_fleet_file)
+    try:
+        return fuse_dicts(known, overrides)
+    except ValueError as exc:  # a declared key pyproject.toml lacks: Flower would refuse the run
+        raise LaunchError(f"run config: {exc} (keys of [tool.flwr.app.config] in pyproject.toml)") from None
 
 
 def toml_value(value: Any, key: str) -> str:

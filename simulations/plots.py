@@ -10,7 +10,7 @@ from matplotlib.figure import Figure
 
 from powerctl.plot import short_number
 
-COLOURS = {"method": "#1b9e77", "state-of-practice": "#d95f02", "proxy-batch": "#7570b3", "oracle": "#666666"}
+COLOURS = {"ours": "#1b9e77", "state-of-practice": "#d95f02", "proxy-batch": "#7570b3", "oracle": "#666666"}
 
 
 def plot_strategies(

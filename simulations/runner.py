@@ -104,15 +104,16 @@ def run_fleet(
     started = time.perf_counter()
     for note in spec.notes:
         echo(f"note: {note}")
+    run = spec.settings
     echo(
-        f"fleet {spec.name}: {len(spec.boards)} boards, {spec.rounds} round(s), "
-        f"methods {', '.join(methods)}, model {spec.task.model}; Flower simulation on Ray, 1 CPU per client"
+        f"fleet {spec.name}: {len(spec.boards)} boards, {run.num_server_rounds} round(s), "
+        f"methods {', '.join(methods)}, model {run.model}; Flower simulation on Ray, 1 CPU per client"
     )
     if spec.scale_mode:
-        real = sum(trains_real_model(i, spec.real_share) for i in range(len(spec.boards)))
+        real = sum(trains_real_model(i, run.real_share) for i in range(len(spec.boards)))
         echo(
-            f"scale mode: profiles {spec.profile_source}; {real} of {len(spec.boards)} boards fine-tune "
-            f"{spec.task.model}, the other {len(spec.boards) - real} run the stand-in (no training)"
+            f"scale mode: profiles {run.profile_source}; {real} of {len(spec.boards)} boards fine-tune "
+            f"{run.model}, the other {len(spec.boards) - real} run the stand-in (no training)"
         )
     check_before_flower(spec, out, methods)
     flwr_out, pids = run_flower(spec, out, methods, echo=echo, verbose=verbose, port=port)

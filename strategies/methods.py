@@ -2,7 +2,7 @@
 
 The method travels to the client in its `TrainInstructions`; the client chooses (b, f) with it
 (`fl_client.methods`). In scale mode only a share of the clients fine-tune the real model, spread
-evenly over partition ids; the others run the cheap stand-in (`fl_client.work`).
+evenly over partition ids; the others run the cheap stand-in (`fl_client.round`).
 """
 
 from __future__ import annotations

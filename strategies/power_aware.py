@@ -17,7 +17,8 @@ not race to idle.
 3. ``configure_evaluate`` / ``aggregate_evaluate``: FedAvg's, plus the per-node accuracy and loss.
 `on_round` receives the `RoundRecord` after training and again after evaluation, so the ServerApp can
 write results as each round completes; `on_round_end(round, weights)` follows once the round is over,
-so it can save the global model. `start(..., first_round=k)` continues a run after its round k - 1.
+so it can save the global model. `start(..., instructions=..., first_round=k)` runs the rounds with the
+run's typed `TrainInstructions` and continues a run after its round k - 1.
 """
 
 from __future__ import annotations
@@ -117,6 +118,8 @@ class PowerAwareFedAvg(FedAvg):
         self._global: ArrayRecord | None = None
         self._gathered = False
         self.round_objective, self.round_deadline_s = round_objective, round_deadline_s
+        self.instructions: TrainInstructions | None = None
+        """The run's train instructions (`start`); each node's are made from them every round."""
         self.plans: dict[int, Plan] = {}
         self.deadlines: dict[int, float] = {}
         self._unbilled_profiling: dict[int, float] = {}
@@ -128,19 +131,21 @@ class PowerAwareFedAvg(FedAvg):
         initial_arrays: ArrayRecord,
         num_rounds: int = 3,
         timeout: float = 3600,
-        train_config: ConfigRecord | None = None,
         evaluate_config: ConfigRecord | None = None,
         evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
         *,
+        instructions: TrainInstructions,
         first_round: int = 1,
     ) -> Result:
-        """Flower's `Strategy.start` (train, then evaluate, every round), from `first_round`.
+        """Flower's `Strategy.start` (train, then evaluate, every round), from `first_round`, with the
+        run's train instructions typed (Flower's `train_config` record is not used: each node's own
+        record is written from them, `node_instructions`, every round).
 
         A resumed run passes the weights its last completed round produced and the round after it.
         The result's weights are the last round's average, or `initial_arrays` when no client
         ever reported (Flower's own loop would return no weights at all then).
         """
-        train_config = ConfigRecord() if train_config is None else train_config
+        self.instructions = instructions
         evaluate_config = ConfigRecord() if evaluate_config is None else evaluate_config
         result = Result(arrays=initial_arrays)
         arrays = initial_arrays
@@ -148,7 +153,7 @@ class PowerAwareFedAvg(FedAvg):
         for current_round in range(first_round, num_rounds + 1):
             log(INFO, "[ROUND %s/%s]", current_round, num_rounds)
             replies = grid.send_and_receive(
-                messages=self.configure_train(current_round, arrays, train_config, grid), timeout=timeout
+                messages=self.configure_train(current_round, arrays, ConfigRecord(), grid), timeout=timeout
             )
             agg_arrays, train_metrics = self.aggregate_train(current_round, replies)
             if agg_arrays is not None:
@@ -246,11 +251,15 @@ class PowerAwareFedAvg(FedAvg):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
+        """One TRAIN message per sampled node, its record written from the instructions `start` took
+        (Flower's `config` is not read)."""
         if self.fraction_train == 0.0:
             return []
-        base = TrainInstructions.from_config(
-            ConfigRecord({**dict(config), "server-round": server_round}), "strategy train config"
-        )
+        base = self.instructions
+        if base is None:
+            raise RuntimeError(
+                "configure_train needs the run's instructions: call start(..., instructions=...)"
+            )
         node_ids = self._sample(grid, self.fraction_train, self.min_train_nodes)
         self.learn_nodes(grid, node_ids)
         log(INFO, "configure_train: %d nodes", len(node_ids))
@@ -350,7 +359,7 @@ class PowerAwareFedAvg(FedAvg):
         if self._global is not None and (why := weights_mismatch(arrays, self._global)):
             raise ProtocolError(f"train reply: {why}")
         metrics = required(content.metric_records, METRICS_KEY, "train reply")
-        examples = reader(metrics, "train reply metrics").number(EXAMPLES_KEY, allow_min=False)
+        examples = reader(metrics, "train reply metrics").number(EXAMPLES_KEY, positive=True)
         return report, arrays, examples
 
     # --- evaluation ---------------------------------------------------------------------------
@@ -382,7 +391,7 @@ class PowerAwareFedAvg(FedAvg):
                     {
                         "node_key": info.key,
                         "device": info.device,
-                        "examples": r.number(EXAMPLES_KEY, allow_min=False),
+                        "examples": r.number(EXAMPLES_KEY, positive=True),
                         "accuracy": r.number("accuracy"),
                         "loss": r.number("loss"),
                     }

@@ -4,7 +4,8 @@ The strategy writes `TrainInstructions` into each TRAIN message's ConfigRecord; 
 back with `TrainInstructions.from_config`, which names the key and the value of anything missing or
 wrong. The client's reply carries a `ClientReport` (a ConfigRecord, so strings and absent values
 survive) next to the weights and a MetricRecord with the examples FedAvg weighs by.
-Both sides import this one module, so a key can never be spelled two ways.
+Both sides import this one module, so a key can never be spelled two ways; the instructions' keys are
+kebab-case, the run settings among them spelled as their run config keys (`strategies.settings`).
 """
 
 from __future__ import annotations
@@ -16,12 +17,41 @@ from typing import Any
 
 from flwr.app import ConfigRecord
 
-from powerctl.baselines import ORACLE, PROXY_BATCH, STATE_OF_PRACTICE
-from powerctl.errors import PowerctlError
-from powerctl.follow import DEFAULT_PAUSE_TIMEOUT_S, DEFAULT_POLL_S
-from powerctl.guard import DEFAULT_TOLERANCE, DEFAULT_WINDOW
+from powerctl.capsource import POWER_CAP
+from powerctl.errors import FileFormatError, PowerctlError
+from powerctl.mapping import Choice, Flag, Integer, JsonObject, MappingReader, Number, Text
 from powerctl.relation import RelationVector
-from training.lr import LR_RULES, scaled_lr
+from strategies.settings import (
+    BOTH,
+    METHODS,
+    ORACLE,
+    OURS,
+    OURS_DEADLINE,
+    PROFILE_ORDERS,
+    PROFILE_SOURCES,
+    PROXY_BATCH,
+    ROUND_OBJECTIVES,
+    RUN_METHODS,
+    STATE_OF_PRACTICE,
+    setting_fields,
+    settings_of,
+    to_config,
+    with_settings,
+)
+from training.lr import scaled_lr
+
+__all__ = [  # the method and profile names both sides use, declared with the settings
+    "METHODS",
+    "ORACLE",
+    "OURS",
+    "OURS_DEADLINE",
+    "PROFILE_ORDERS",
+    "PROFILE_SOURCES",
+    "PROXY_BATCH",
+    "ROUND_OBJECTIVES",
+    "RUN_METHODS",
+    "STATE_OF_PRACTICE",
+]
 
 ARRAYS_KEY = "arrays"
 CONFIG_KEY = "config"
@@ -30,102 +60,12 @@ REPORT_KEY = "report"
 NODE_KEY = "node"
 EXAMPLES_KEY = "num-examples"
 """The MetricRecord key the weights are averaged by (FedAvg's default `weighted_by_key`)."""
-
-PROFILE_ORDERS = ("efficient", "grid", "fitted")
-"""How a client measures its profile (powerctl.profiler): efficient (stop each batch size at the cap),
-grid (every pair), fitted (a few points, a fit, and measurements confirming the choice)."""
-PROFILE_SOURCES = ("measured", "predicted")
-"""measured: profile the device (cached); predicted: a simulated board's model profile (no device time)."""
-OURS = "ours"
-METHODS = (OURS, STATE_OF_PRACTICE, PROXY_BATCH, ORACLE)
-"""How a client chooses (b, f): the power-aware method, or one of powerctl.baselines' baselines."""
-OURS_DEADLINE = "ours-deadline"
-RUN_METHODS = (*METHODS, OURS_DEADLINE)
-"""What a run compares: the client methods, and `ours-deadline` = ours with energy-under-deadline
-rounds (the server sets a deadline; each client picks its least-energy pair that meets it)."""
-ROUND_OBJECTIVES = ("time", "energy-under-deadline")
-"""time: every client its fastest pair (the paper); energy-under-deadline: see `OURS_DEADLINE`."""
 PLAN_KEY = "plan"
 """The ConfigRecord a client replies to a planning query: its predicted fastest time to target."""
 
 
 class ProtocolError(PowerctlError):
     """A message lacks a key or holds a value that cannot be used; the text names both."""
-
-
-class _Reader:
-    """Typed access to a ConfigRecord (or any mapping); every failure names the key and the value."""
-
-    def __init__(self, record: Any, where: str) -> None:
-        self.record, self.where = record, where
-
-    def fail(self, key: str, why: str) -> ProtocolError:
-        return ProtocolError(f"{self.where}: {key!r} {why}")
-
-    def get(self, key: str) -> Any:
-        if key not in self.record:
-            raise ProtocolError(f"{self.where}: missing key {key!r}")
-        return self.record[key]
-
-    def string(self, key: str) -> str:
-        v = self.get(key)
-        if not isinstance(v, str) or not v:
-            raise self.fail(key, f"must be a non-empty string, got {v!r}")
-        return v
-
-    def number(self, key: str, *, minimum: float = 0.0, allow_min: bool = True) -> float:
-        v = self.get(key)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise self.fail(key, f"must be a finite number, got {v!r}")
-        if v < minimum or (v == minimum and not allow_min):
-            op = "≥" if allow_min else ">"
-            raise self.fail(key, f"must be {op} {minimum:g}, got {v!r}")
-        return float(v)
-
-    def integer(self, key: str, *, minimum: int = 1) -> int:
-        v = self.get(key)
-        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-            raise self.fail(key, f"must be an integer ≥ {minimum}, got {v!r}")
-        return int(v)
-
-    def choice(self, key: str, allowed: tuple[str, ...]) -> str:
-        v = self.string(key)
-        if v not in allowed:
-            raise self.fail(key, f"must be one of {', '.join(allowed)}, got {v!r}")
-        return v
-
-    def flag(self, key: str) -> bool:
-        v = self.get(key)
-        if not isinstance(v, bool):
-            raise self.fail(key, f"must be true or false, got {v!r}")
-        return v
-
-    def int_list(self, key: str) -> list[int]:
-        v = self.get(key)
-        if not isinstance(v, list) or not v or any(isinstance(b, bool) or not isinstance(b, int) for b in v):
-            raise self.fail(key, f"must be a non-empty list of integers, got {v!r}")
-        return [int(b) for b in v]
-
-    def float_list(self, key: str) -> list[float]:
-        v = self.get(key)
-        if not isinstance(v, list) or not v:
-            raise self.fail(key, f"must be a non-empty list of numbers, got {v!r}")
-        out = []
-        for x in v:
-            if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x <= 0:
-                raise self.fail(key, f"must hold positive finite numbers, got {x!r}")
-            out.append(float(x))
-        return out
-
-    def json_object(self, key: str) -> dict[str, Any]:
-        v = self.string(key)
-        try:
-            obj = json.loads(v)
-        except ValueError:
-            raise self.fail(key, f"must be a JSON object, got {v!r}") from None
-        if not isinstance(obj, dict):
-            raise self.fail(key, f"must be a JSON object, got {v!r}")
-        return obj
 
 
 def required(records: Any, key: str, where: str, what: str = "") -> Any:
@@ -135,147 +75,112 @@ def required(records: Any, key: str, where: str, what: str = "") -> Any:
     return records[key]
 
 
-def reader(record: Any, where: str) -> _Reader:
-    """A checked view of `record` whose errors start with `where`."""
-    return _Reader(record, where)
+def reader(record: Any, where: str) -> MappingReader:
+    """The one mapping reader (`powerctl.mapping`) over a message's record: ProtocolError lines."""
+    return MappingReader(record, where, ProtocolError)
 
 
-@dataclass(frozen=True)
+RELATION_KEY = "relation-vector"
+"""The relation vector, as its file holds it (`RelationVector.to_dict`, JSON): every field it has
+travels, the per-seed ones included."""
+MESSAGE_KINDS = {
+    "num-classes": Integer(1),
+    "model-overrides": JsonObject(),
+    "server-round": Integer(1),
+    "node-key": Text(empty=True),
+    "method": Choice(METHODS),
+    "stand-in": Flag(),
+    "deadline-s": Number(0.0, unit="seconds"),
+}
+"""The instructions' keys that are not run settings: what the server adds for the model, the round
+and the node (the relation vector and the node's cap besides)."""
+
+
+@with_settings(BOTH)
 class TrainInstructions:
-    """Everything a client needs for one round besides the weights: the method's inputs and the budget."""
+    """Everything a client needs for one round besides the weights: the method's inputs and the budget.
 
-    model: str
+    Its fields are the run settings the server sends (`strategies.settings`, readers "both": model,
+    target accuracy, learning rate, budget, profiling, guard, ...), plus these."""
+
     num_classes: int
     model_overrides: dict[str, Any]
-    target_accuracy: float
-    relation_batch_sizes: list[int]
-    relation_samples: list[float]
-    """Samples to the target per batch size on the proxy data (the relation is these over the last)."""
-    lr_max: float
-    lr_rule: str = "sqrt"
-    """How the rate scales from the largest batch size: sqrt (Adam, the paper), linear, constant."""
-    budget_samples: int = 0
-    """Stop after this many training samples this round (0: no sample budget)."""
-    budget_device_seconds: float = 0.0
-    """Stop after this many device seconds of training this round (0: no time budget)."""
-    eval_every_samples: int = 128
-    eval_max_samples: int = 512
-    profile_order: str = "efficient"
-    profile_samples: int = 4000
-    profile_warmup: int = 1
-    profile_steps: int = 2
-    seed: int = 0
+    relation_vector: RelationVector
+    """Samples to the target per batch size on the proxy data, as the server estimated (or loaded) it."""
     server_round: int = 1
     node_key: str = ""
     """Which node this message was built for (partition or node name), echoed in the report."""
     power_cap_w: float | None = None
     """A cap the server sets for this node this round; None: the node's own (node config) cap."""
-    proxy_dataset: str = ""
-    guard_window: int = DEFAULT_WINDOW
-    """The power guard: consecutive over-cap training steps before a step-down (powerctl.guard)."""
-    guard_tolerance: float = DEFAULT_TOLERANCE
-    """The power guard: relative excess over the cap a reading may show (the sensor's noise band)."""
     method: str = OURS
     """How the client chooses (b, f) this round: one of METHODS (powerctl.baselines for the baselines)."""
-    profile_source: str = "measured"
     stand_in: bool = False
     """Scale mode: this client runs the cheap stand-in (no training; the board model charges the proxy's
     samples to target at the chosen pair) instead of fine-tuning the real model."""
-    checkpoint_every_samples: int = 0
-    """The client saves its fine-tune this often, to resume it if killed mid-round (0: never)."""
     deadline_s: float = 0.0
     """Energy-under-deadline rounds (ours only): pick the least-energy pair predicted to reach the
     target within this many seconds under the cap, else the fastest pair (0: no deadline, the fastest)."""
-    cap_poll_s: float = DEFAULT_POLL_S
-    """A client paused because nothing fits under its (changing) cap reads the cap this often."""
-    cap_pause_timeout_s: float = DEFAULT_PAUSE_TIMEOUT_S
-    """... and gives up (one error line, frequency restored) after this long paused."""
+
+    @classmethod
+    def for_run(
+        cls, settings: Any, *, num_classes: int, model_overrides: dict[str, Any], relation: RelationVector
+    ) -> TrainInstructions:
+        """The run's instructions: every setting the server sends (from its checked `RunSettings`), the
+        model's classes and options, and the relation vector."""
+        sent = {s.attr: getattr(settings, s.attr) for s in settings_of([BOTH])}
+        return cls(**sent, num_classes=num_classes, model_overrides=model_overrides, relation_vector=relation)
 
     def relation(self) -> RelationVector:
-        return RelationVector.from_samples(
-            self.model,
-            self.proxy_dataset or "proxy",
-            self.target_accuracy,
-            dict(zip(self.relation_batch_sizes, self.relation_samples, strict=True)),
-        )
+        return self.relation_vector
 
     def lr_for(self, batch_size: int) -> float:
-        return scaled_lr(self.lr_max, batch_size, max(self.relation_batch_sizes), self.lr_rule)
+        return scaled_lr(
+            self.lr_max,
+            batch_size,
+            max(self.relation_vector.batch_sizes),
+            self.lr_rule,
+        )
 
     def to_config(self) -> ConfigRecord:
-        d = asdict(self)
-        d["model_overrides"] = json.dumps(self.model_overrides, sort_keys=True)
-        if self.power_cap_w is None:
-            del d["power_cap_w"]
-        return ConfigRecord({k.replace("_", "-"): v for k, v in d.items()})
+        d = to_config(setting_fields(self))
+        d.update(
+            {
+                "num-classes": self.num_classes,
+                "model-overrides": json.dumps(self.model_overrides, sort_keys=True),
+                RELATION_KEY: json.dumps(self.relation_vector.to_dict(), sort_keys=True),
+                "server-round": self.server_round,
+                "node-key": self.node_key,
+                "method": self.method,
+                "stand-in": self.stand_in,
+                "deadline-s": self.deadline_s,
+            }
+        )
+        if self.power_cap_w is not None:
+            d["power-cap-w"] = self.power_cap_w
+        return ConfigRecord(d)
 
     @classmethod
     def from_config(cls, record: Any, where: str = "train message config") -> TrainInstructions:
         r = reader(record, where)
-        bs = r.int_list("relation-batch-sizes")
-        samples = r.float_list("relation-samples")
-        if len(bs) != len(samples):
-            raise r.fail("relation-samples", f"has {len(samples)} entries for {len(bs)} batch sizes")
-        if sorted(set(bs)) != bs or bs[0] < 1:
-            raise r.fail("relation-batch-sizes", f"must be distinct positive integers, ascending; got {bs}")
-        target = r.number("target-accuracy", allow_min=False)
-        if target > 1:
-            raise r.fail("target-accuracy", f"must be in (0, 1], got {target}")
-        cap = None
-        if "power-cap-w" in record:
-            cap = r.number("power-cap-w", allow_min=False)
+        settings = {s.attr: r.value(s.key, s.kind) for s in settings_of([BOTH])}
+        message = {key.replace("-", "_"): r.value(key, kind) for key, kind in MESSAGE_KINDS.items()}
+        try:
+            relation = RelationVector.from_dict(r.json_object(RELATION_KEY), f"{where}: {RELATION_KEY!r}")
+        except FileFormatError as exc:
+            raise ProtocolError(str(exc)) from None
+        if relation.model != settings["model"]:
+            raise r.fail(
+                RELATION_KEY, f"is for model {relation.model!r}, the instructions for {settings['model']!r}"
+            )
         return cls(
-            model=r.string("model"),
-            num_classes=r.integer("num-classes"),
-            model_overrides=r.json_object("model-overrides"),
-            target_accuracy=target,
-            relation_batch_sizes=bs,
-            relation_samples=samples,
-            lr_max=r.number("lr-max", allow_min=False),
-            lr_rule=r.choice("lr-rule", LR_RULES),
-            budget_samples=r.integer("budget-samples", minimum=0),
-            budget_device_seconds=r.number("budget-device-seconds"),
-            eval_every_samples=r.integer("eval-every-samples"),
-            eval_max_samples=r.integer("eval-max-samples"),
-            profile_order=r.choice("profile-order", PROFILE_ORDERS),
-            profile_samples=r.integer("profile-samples"),
-            profile_warmup=r.integer("profile-warmup", minimum=0),
-            profile_steps=r.integer("profile-steps"),
-            seed=r.integer("seed", minimum=0),
-            server_round=r.integer("server-round"),
-            node_key=str(record.get("node-key", "")),
-            power_cap_w=cap,
-            proxy_dataset=str(record.get("proxy-dataset", "")),
-            guard_window=r.integer("guard-window") if "guard-window" in record else DEFAULT_WINDOW,
-            guard_tolerance=_tolerance(r) if "guard-tolerance" in record else DEFAULT_TOLERANCE,
-            method=r.choice("method", METHODS) if "method" in record else OURS,
-            profile_source=r.choice("profile-source", PROFILE_SOURCES)
-            if "profile-source" in record
-            else "measured",
-            stand_in=r.flag("stand-in") if "stand-in" in record else False,
-            checkpoint_every_samples=(
-                r.integer("checkpoint-every-samples", minimum=0)
-                if "checkpoint-every-samples" in record
-                else 0
-            ),
-            deadline_s=r.number("deadline-s") if "deadline-s" in record else 0.0,
-            cap_poll_s=r.number("cap-poll-s", allow_min=False) if "cap-poll-s" in record else DEFAULT_POLL_S,
-            cap_pause_timeout_s=(
-                r.number("cap-pause-timeout-s", allow_min=False)
-                if "cap-pause-timeout-s" in record
-                else DEFAULT_PAUSE_TIMEOUT_S
-            ),
+            **settings,
+            **message,
+            relation_vector=relation,
+            power_cap_w=r.value("power-cap-w", POWER_CAP, None),
         )
 
 
-def _tolerance(r: _Reader) -> float:
-    v = r.number("guard-tolerance")
-    if v >= 1:
-        raise r.fail("guard-tolerance", f"must be in [0, 1), got {v!r}")
-    return v
-
-
-def _json_list(r: _Reader, key: str) -> list[Any]:
+def _json_list(r: MappingReader, key: str) -> list[Any]:
     """A report field that carries a JSON list (a ConfigRecord holds no nested records)."""
     text = r.string(key)
     try:
@@ -300,7 +205,7 @@ CAP_EVENT_NUMBERS = (
 )
 
 
-def _cap_events(r: _Reader) -> list[dict[str, Any]]:
+def _cap_events(r: MappingReader) -> list[dict[str, Any]]:
     """A changing cap's events: a JSON list of {t_s, kind, power_cap_w, old/new (b, f), ...}."""
     items = _json_list(r, "cap_events")
     for item in items:
@@ -320,7 +225,7 @@ def _cap_events(r: _Reader) -> list[dict[str, Any]]:
 STEP_DOWN_KEYS = ("device_seconds", "old_hz", "new_hz", "measured_w", "power_cap_w")
 
 
-def _step_downs(r: _Reader) -> list[dict[str, float]]:
+def _step_downs(r: MappingReader) -> list[dict[str, float]]:
     """The power guard's step-downs: a JSON list of {device_seconds, old_hz, new_hz, measured_w, ...}."""
     items = _json_list(r, "step_downs")
     out = []
@@ -380,6 +285,9 @@ class ClientReport:
     over_cap_seconds: float | None = None
     """Device seconds the measured power exceeded the cap in force × (1 + guard tolerance), steps in
     progress at cap drops included (measured only under a changing cap; per event in `cap_events`)."""
+    restored: str = ""
+    """When the board was found left pinned by a killed process and put back before this round: the
+    line that says what was restored (empty: nothing was)."""
 
     def unprevented_over_cap_s(self) -> float:
         """Under a changing cap: time over it beyond the steps in progress at its changes."""
@@ -434,6 +342,7 @@ class ClientReport:
             cap_events=_cap_events(r) if "cap_events" in record else [],
             paused_seconds=optional("paused_seconds") or 0.0,
             over_cap_seconds=optional("over_cap_seconds"),
+            restored=str(record.get("restored", "")),
         )
 
 

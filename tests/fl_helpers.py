@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from powerctl.relation import RelationVector
 from strategies.protocol import TrainInstructions
 from training.models import build_model
 
@@ -20,15 +21,22 @@ RUN_CONFIG: dict[str, Any] = {
 }
 
 
+def relation(samples: dict[int, float] | None = None, model: str = "cnn-tiny") -> RelationVector:
+    """A relation vector on the synthetic proxy: samples to the target per batch size."""
+    return RelationVector.from_samples(model, "synthetic-image", 0.99, samples or {8: 300.0, 16: 400.0})
+
+
 def instructions(**changes: Any) -> TrainInstructions:
-    """cnn-tiny, batch sizes 8 and 16, a target it will not reach in 64 samples: the budget stops it."""
+    """cnn-tiny, batch sizes 8 and 16, a target it will not reach in 64 samples: the budget stops it.
+    `relation_batch_sizes` with `relation_samples` give another relation vector."""
+    sizes = changes.pop("relation_batch_sizes", [8, 16])
+    samples = changes.pop("relation_samples", [300.0, 400.0])
     base = TrainInstructions(
         model="cnn-tiny",
         num_classes=10,
         model_overrides={},
         target_accuracy=0.99,
-        relation_batch_sizes=[8, 16],
-        relation_samples=[300.0, 400.0],
+        relation_vector=relation(dict(zip(sizes, samples, strict=True))),
         lr_max=2e-3,
         budget_samples=64,
         eval_every_samples=32,

@@ -151,12 +151,12 @@ def test_model_options_of_the_wrong_type_or_range_are_one_model_error(overrides:
 
 @pytest.fixture
 def no_pretraining(monkeypatch: pytest.MonkeyPatch) -> None:
-    import simulations.demo
+    import fl_server.app
 
     def refuse(*_: object, **__: object) -> None:
         raise AssertionError("pre-trained before the input was checked")
 
-    monkeypatch.setattr(simulations.demo, "pretrain_weights", refuse)
+    monkeypatch.setattr(fl_server.app, "pretrained_weights", refuse)
 
 
 @pytest.mark.parametrize(

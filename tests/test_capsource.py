@@ -84,9 +84,9 @@ def test_a_live_file_is_read_at_its_poll_period_and_keeps_the_last_good_cap(tmp_
 @pytest.mark.parametrize(
     ("value", "fragment"),
     [
-        ("abc", "expected a number of watts, none, a schedule"),
-        ("-3", "positive, finite number of watts"),
-        (True, "expected a number of watts"),
+        ("abc", "must be a number of watts, none, a schedule"),
+        ("-3", "must be a number of watts > 0 or none, got -3.0"),
+        (True, "must be a number of watts > 0 or none, got True"),
         ("[[0, 5], [0, 3]]", "[1]: times must increase"),
         ("[[1, 5]]", "a schedule starts at t_s = 0"),
         ("[[0, 5], [10]]", "[1]: expected a step [t_s, W]"),

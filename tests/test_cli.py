@@ -156,9 +156,18 @@ def test_select_with_no_feasible_pair_exits_2_naming_cap_and_least_power(
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
-        (["select", "--profile", "{p}", "--relation", "{r}", "--power-cap", "0"], "positive"),
-        (["select", "--profile", "{p}", "--relation", "{r}", "--power-cap", "nan"], "positive"),
-        (["select", "--profile", "{p}", "--relation", "{r}", "--power-cap", "-3"], "positive"),
+        (
+            ["select", "--profile", "{p}", "--relation", "{r}", "--power-cap", "0"],
+            "expected a number of watts > 0 or none",
+        ),
+        (
+            ["select", "--profile", "{p}", "--relation", "{r}", "--power-cap", "nan"],
+            "expected a number of watts > 0 or none",
+        ),
+        (
+            ["select", "--profile", "{p}", "--relation", "{r}", "--power-cap", "-3"],
+            "expected a number of watts > 0 or none",
+        ),
         (["select", "--profile", "{bad}", "--relation", "{r}"], "not valid JSON"),
         (["select", "--profile", "{r}", "--relation", "{r}"], "schema"),
         (["select", "--profile", "{p}", "--relation", "{missing}"], "no such file"),

@@ -296,3 +296,33 @@ def test_a_corrupt_record_is_one_line_and_nothing_is_written(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and str(path) in err and "not valid JSON" in err
     assert tree_snapshot(nano) == before
+
+
+def test_a_client_round_reports_the_board_it_found_pinned_and_restored(
+    crash: Crash, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ClientApp killed mid-round left the board pinned: the next round on that board puts it back and
+    says so in its report and in the round's table, so the coordinator sees it, not only the node's log."""
+    from fl_client.local_data import data_plan, load_local_data
+    from fl_client.node import resolve_node
+    from fl_client.round import train_round
+    from fl_server.results import client_table, summary_lines
+    from strategies.rounds import NodeInfo, RoundRecord, report_row, summarise
+    from tests.fl_helpers import RUN_CONFIG, initial_state, instructions
+
+    _as_left_by(crash, monkeypatch)
+    settings = resolve_node(
+        {"device": "jetson", "power-cap-w": 10.0, "partition-id": 0, "num-partitions": 3}, RUN_CONFIG
+    )
+    data = load_local_data(data_plan(settings, RUN_CONFIG, 64))
+    instr = instructions(relation_batch_sizes=[8], relation_samples=[300.0], budget_samples=16)
+    _, report = train_round(settings, instr, initial_state(), data)
+    assert f"process {crash.pid} pinned it and died" in report.restored
+    assert tree_snapshot(crash.root) == crash.before  # restored, and left as found after the round
+    record = RoundRecord(
+        1, [report_row(report, NodeInfo(1, settings.key, "jetson"))], [], summarise([report], [], 1)
+    )
+    assert report.restored in client_table(record)
+    assert f"left pinned and restored: {settings.key}" in summary_lines(record)
+    _, again = train_round(settings, instr, initial_state(), data)
+    assert again.restored == ""  # nothing left to restore the second time

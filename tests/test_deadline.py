@@ -86,7 +86,7 @@ def test_plans_and_options_are_checked() -> None:
         PowerAwareFedAvg(round_objective="cheapest")
     for key, value, fragment in (
         ("round-objective", "cheapest", "'round-objective' must be one of time, energy-under-deadline"),
-        ("round-deadline-s", -1.0, "'round-deadline-s' must be ≥ 0"),
+        ("round-deadline-s", -1.0, "'round-deadline-s' must be a number of seconds ≥ 0"),
         ("methods", "ours,ours-fastest", "'methods' must be distinct names from"),
     ):
         with pytest.raises(RunConfigError, match=fragment):

@@ -70,7 +70,7 @@ def _mutations():
     yield "wrong schema", "schema", lambda d: d.update(schema="powerctl.relation/1"), None
     yield "no points", "no profiled points", lambda d: d.update(points=[]), None
     yield "duplicate", "duplicate", lambda d: d["points"].append(dict(d["points"][0])), None
-    yield "missing field", "missing field 'samples'", lambda d: d.pop("samples"), None
+    yield "missing field", "missing key 'samples'", lambda d: d.pop("samples"), None
     yield "bad shape", "input_shape", lambda d: d.update(input_shape=[3, -32]), None
 
 
@@ -110,7 +110,7 @@ def test_relation_round_trip_and_definition(tmp_path: Path) -> None:
     [
         ({"batch_sizes": [8, 4], "samples_to_target": [1, 2]}, "strictly increasing"),
         ({"samples_to_target": [1.0]}, "differ in length"),
-        ({"samples_to_target": [0, 5]}, "must be > 0"),
+        ({"samples_to_target": [0, 5]}, "'samples_to_target' must be a number > 0, got 0"),
         ({"relation": [0.5, 0.9]}, "not samples_to_target divided"),
         ({"target_accuracy": 1.5}, "(0, 1]"),
         ({"batch_sizes": []}, "empty"),

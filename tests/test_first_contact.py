@@ -13,13 +13,14 @@ from matplotlib.artist import Artist
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from fl_client.node import MAX_BOARDS, NodeConfigError, read_yaml
+from fl_client.node import NodeConfigError, read_yaml
 from fl_server.cli import main as fl_server_main
 from powerctl.capsource import MAX_POINTS
 from powerctl.cli import main as powerctl_main
 from powerctl.cliutil import MAX_BATCH_SIZE
 from powerctl.relation import RelationVector
 from simulations.__main__ import main as simulations_main
+from strategies.fleet import MAX_BOARDS
 from tests.test_bad_input import _one_line
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,7 +109,7 @@ def test_a_fleet_of_too_many_boards_is_one_line_saying_the_limit(tmp_path: Path,
     fleet = tmp_path / "huge.yaml"
     fleet.write_text(FLEET.replace("power-cap-w: 3.0}", "power-cap-w: 3.0, count: 1000000000}"))
     with pytest.raises(
-        NodeConfigError, match=rf"groups\[0\]\.count: a fleet has at most {MAX_BOARDS} boards"
+        NodeConfigError, match=rf"groups\[0\]: 'count': a fleet has at most {MAX_BOARDS} boards"
     ):
         from simulations.fleet import load_fleet_spec
 

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from fl_client import work
+from fl_client import round as client_round
 from fl_client.local_data import data_plan, load_local_data
 from fl_client.node import NodeConfigError, fleet_entry, load_fleet, parse_fleet_table, resolve_node
 from fl_client.profile_cache import ProfileKey, cached_profile
-from fl_client.work import ClientWorkError, train_round
+from fl_client.round import ClientWorkError, train_round
 from powerctl.devices.simulated import POWER_NOISE
 from powerctl.errors import DeviceError, InfeasibleCapError
 from powerctl.profile_table import Profile, ProfilePoint
@@ -57,6 +57,14 @@ def test_node_config_wins_over_the_fleet_and_names_the_node() -> None:
         ({"partition-id": 0}, {"fleet": "sim:jetson-nano@cheap"}, "'cheap'"),
         ({"partition-id": 0}, {"fleet": " , "}, "empty"),
         ({"partition-id": 0}, {"fleet": "/nonexistent/fleet.yaml"}, "no such fleet file"),
+        # a cap below the least power of the simulated board: nothing could ever run (issue 18)
+        ({"partition-id": 0}, {"fleet": "sim:jetson-nano@0.5"}, "a cap of 0.5 W is below anything"),
+        (
+            {"device": "sim:jetson-tx2nx", "power-cap-w": 2.0, "partition-id": 0},
+            {},
+            "node config 'power-cap-w': a cap of 2 W is below anything sim:jetson-tx2nx can run",
+        ),
+        ({"device": "sim:jetson-nano", "partition-id": "0"}, {}, "'partition-id' must be an integer ≥ 0"),
     ],
 )
 def test_bad_node_settings_are_one_line_naming_key_and_value(
@@ -219,7 +227,7 @@ def test_a_round_on_a_jetson_leaves_the_board_exactly_as_found(
     )
     _, data = _data(0)
     pinned_during: list[tuple[str, str]] = []  # (min_freq, max_freq) while fine-tuning
-    real_fine_tune = work.fine_tune
+    real_fine_tune = client_round.fine_tune
 
     def spy(*args: object, **kwargs: object) -> object:
         devfreq = root / NANO_DEVFREQ
@@ -230,7 +238,7 @@ def test_a_round_on_a_jetson_leaves_the_board_exactly_as_found(
             raise KeyboardInterrupt  # Ctrl-C in the middle of fine-tuning
         return real_fine_tune(*args, **kwargs)
 
-    monkeypatch.setattr(work, "fine_tune", spy)
+    monkeypatch.setattr(client_round, "fine_tune", spy)
     instr = instructions(relation_batch_sizes=[8], relation_samples=[300.0], budget_samples=16)
     if fail_in_training:
         with pytest.raises(KeyboardInterrupt):

@@ -38,17 +38,31 @@ def test_the_shipped_run_config_parses_and_has_no_federations_table() -> None:
     ("run_config", "fragment"),
     [
         ({"model": "resnet99"}, "'model' must be one of"),
-        ({"target-accuracy": 1.5}, "'target-accuracy' must be in (0, 1], got 1.5"),
-        ({"target-accuracy": 0.0}, "'target-accuracy' must be in (0, 1], got 0.0"),
-        ({"target-accuracy": "high"}, "'target-accuracy' must be a finite number, got 'high'"),
-        ({"num-server-rounds": 0}, "'num-server-rounds' must be ≥ 1"),
-        ({"relation-seeds": "0,x"}, "'relation-seeds' must be integers"),
+        ({"target-accuracy": 1.5}, "'target-accuracy' must be a number in (0, 1], got 1.5"),
+        ({"target-accuracy": 0.0}, "'target-accuracy' must be a number in (0, 1], got 0.0"),
+        ({"target-accuracy": "high"}, "'target-accuracy' must be a number in (0, 1], got 'high'"),
+        ({"num-server-rounds": 0}, "'num-server-rounds' must be an integer ≥ 1, got 0"),
+        ({"relation-seeds": "0,x"}, "'relation-seeds' must be distinct integers ≥ 0"),
         ({"batch-sizes": "8,8"}, "'batch-sizes' must be distinct"),
-        ({"results-dir": "runs/out"}, "'results-dir' must be an absolute path"),
+        ({"results-dir": "runs/out"}, "'results-dir' must be an absolute folder"),
         ({"lr-rule": "cubic"}, "'lr-rule' must be one of"),
-        ({"targte-accuracy": 0.5}, "unknown key 'targte-accuracy'"),
-        ({"cap-poll-s": 0.0}, "'cap-poll-s' must be > 0 seconds"),
-        ({"cap-pause-timeout-s": -1.0}, "'cap-pause-timeout-s' must be > 0 seconds"),
+        ({"targte-accuracy": 0.5}, "unknown key 'targte-accuracy'; did you mean 'target-accuracy'?"),
+        ({"num-server-roundz": 3}, "unknown key 'num-server-roundz'; did you mean 'num-server-rounds'?"),
+        ({"cap-poll-s": 0.0}, "'cap-poll-s' must be a number of seconds > 0, got 0.0"),
+        ({"cap-pause-timeout-s": -1.0}, "'cap-pause-timeout-s' must be a number of seconds > 0, got -1.0"),
+        # the keys only the clients read are checked by the server too, before round 1 (issue 18)
+        ({"fleet": "sim:jetson-nano@abc"}, "'fleet' entry 'sim:jetson-nano@abc': its cap must be a number"),
+        ({"fleet": "sim:jetson-nano@0.5"}, "a cap of 0.5 W is below anything sim:jetson-nano can run"),
+        ({"fleet": "/no/such/fleet.yaml"}, "'fleet' names no such fleet file: /no/such/fleet.yaml"),
+        ({"fleet": ""}, "'fleet' must be a non-empty string"),
+        ({"inject-failures": "boom:0.5"}, "'inject-failures' holds 'boom:0.5', which is not KIND:P"),
+        ({"inject-hang-s": 0.0}, "'inject-hang-s' must be a number of seconds in (0, 3600)"),
+        ({"client-data": "cifar11:/data"}, "'client-data' must be a dataset spec"),
+        ({"partitioning": "skewed"}, "'partitioning' must be one of iid, dirichlet, got 'skewed'"),
+        ({"dirichlet-alpha": 0}, "'dirichlet-alpha' must be a number > 0, got 0"),
+        ({"profile-cache": "cache"}, "'profile-cache' must be an absolute folder"),
+        ({"client-data-seed": -1}, "'client-data-seed' must be an integer ≥ 0, got -1"),
+        ({"weights": "/no/such.safetensors"}, "'weights' names no such file: /no/such.safetensors"),
     ],
 )
 def test_bad_run_config_is_one_line_naming_key_and_value(run_config: dict, fragment: str) -> None:
@@ -123,10 +137,35 @@ def test_the_server_side_runs_rounds_and_writes_results_after_each(
     assert "[round 1] clients" in out and "FAILED (error)" in out and "makespan" in out
 
 
+@pytest.mark.parametrize(
+    ("extra", "fragment"),
+    [
+        ({"fleet": "sim:jetson-nano@abc"}, "'fleet' entry 'sim:jetson-nano@abc'"),
+        ({"fleet": "sim:jetson-nano@3.0, sim:jetson-tx2nx@0.5"}, "a cap of 0.5 W is below anything"),
+        ({"inject-failures": "raise:2"}, "'inject-failures' holds 'raise:2'"),
+        ({"partitioning": "skewed"}, "'partitioning' must be one of iid, dirichlet"),
+    ],
+)
+def test_a_bad_key_the_clients_read_stops_the_server_before_any_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: dict, fragment: str
+) -> None:
+    def refuse(*_: object) -> None:
+        raise AssertionError("prepared weights before the run config was checked")
+
+    monkeypatch.setattr(server_app, "prepare_apart", refuse)
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "results.json").write_text("{}")  # an earlier run's: left where it is
+    with pytest.raises(RunConfigError) as err:
+        _server(tmp_path, _run_config(tmp_path, **extra))
+    assert fragment in str(err.value) and "\n" not in str(err.value)
+    assert [p.name for p in results.iterdir()] == ["results.json"]
+
+
 def test_bad_weights_or_relation_files_stop_the_server_with_one_line(tmp_path: Path) -> None:
     bad = tmp_path / "relation.json"
     bad.write_text('{"schema": "powerctl.relation/1", "model": "cnn-tiny"}')
-    with pytest.raises(FileFormatError, match="missing field"):
+    with pytest.raises(FileFormatError, match="missing key"):
         _server(tmp_path, _run_config(tmp_path, relation=str(bad)))
     other = tmp_path / "other.json"
     RelationVector.from_samples("resnet18", "proxy", 0.5, {8: 10.0, 16: 20.0}).save(other)

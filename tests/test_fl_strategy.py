@@ -11,11 +11,12 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Rec
 
 from fl_client.app import app as client_app
 from powerctl.devices.simulated import POWER_NOISE
+from powerctl.relation import RelationVector
 from strategies.power_aware import PowerAwareFedAvg
 from strategies.protocol import ProtocolError, TrainInstructions
 from strategies.rounds import weighted_average
 from tests.fake_grid import FakeGrid, set_task_identity
-from tests.fl_helpers import RUN_CONFIG, initial_state, instructions
+from tests.fl_helpers import RUN_CONFIG, initial_state, instructions, relation
 
 
 def _nodes(n: int) -> dict[int, dict]:
@@ -32,7 +33,7 @@ def _run(grid: FakeGrid, strategy: PowerAwareFedAvg, rounds: int = 1, instr: Tra
         initial_arrays=ArrayRecord.from_torch_state_dict(initial_state()),
         num_rounds=rounds,
         timeout=60,
-        train_config=instr.to_config(),
+        instructions=instr,
         evaluate_config=eval_cfg,
     )
 
@@ -141,7 +142,7 @@ def test_a_node_that_never_described_itself_is_named_by_its_node_id(mode: str, k
 @pytest.mark.parametrize(
     ("mode", "fragment"),
     [
-        ("nan", "'accuracy' must be a finite number, got nan"),
+        ("nan", "'accuracy' must be a number ≥ 0, got nan"),
         ("wrong-types", "'batch_size' must be an integer ≥ 1, got 'eight'"),
         ("bad-report", "missing key"),
         ("nan-weights", "weights hold NaN or infinity"),
@@ -180,7 +181,7 @@ def test_failures_while_evaluating_are_named_in_the_evaluation_and_the_rest_aver
         "partition-3": "timeout",
         "partition-4": "error",
     }
-    assert "'accuracy' must be a finite number" in ev["failed"][-1]["reason"]
+    assert "'accuracy' must be a number ≥ 0, got nan" in ev["failed"][-1]["reason"]
 
 
 def test_a_round_where_every_evaluation_fails_has_no_accuracy_and_the_run_goes_on() -> None:
@@ -248,12 +249,12 @@ def test_messages_with_missing_or_bad_keys_get_error_replies_naming_them() -> No
     nan_state["fc.weight"][0, 0] = float("inf")
     nan_arrays = ArrayRecord.from_torch_state_dict(nan_state)
     cases = {
-        "missing key 'relation-batch-sizes'": (
-            {k: v for k, v in good.items() if k != "relation-batch-sizes"},
+        "missing key 'relation-vector'": (
+            {k: v for k, v in good.items() if k != "relation-vector"},
             arrays,
         ),
-        "'target-accuracy' must be in (0, 1], got 1.5": ({**good, "target-accuracy": 1.5}, arrays),
-        "'target-accuracy' must be > 0": ({**good, "target-accuracy": 0.0}, arrays),
+        "'target-accuracy' must be a number in (0, 1], got 1.5": ({**good, "target-accuracy": 1.5}, arrays),
+        "'target-accuracy' must be a number in (0, 1], got 0.0": ({**good, "target-accuracy": 0.0}, arrays),
         "'lr-rule' must be one of": ({**good, "lr-rule": "cubic"}, arrays),
         "missing key 'arrays'": (good, None),
         "do not fit model 'cnn-tiny'": (good, ArrayRecord({"w": Array(np.zeros(3, dtype=np.float32))})),
@@ -270,11 +271,32 @@ def test_train_instructions_round_trip_and_reject_bad_values() -> None:
     instr = instructions(power_cap_w=4.0, node_key="partition-3", server_round=2)
     assert TrainInstructions.from_config(instr.to_config()) == instr
     assert "power-cap-w" not in instructions().to_config()
-    with pytest.raises(ProtocolError, match="relation-samples"):
-        TrainInstructions.from_config({**instr.to_config(), "relation-samples": [1.0]})
-    with pytest.raises(ProtocolError, match="must hold positive finite numbers"):
-        TrainInstructions.from_config({**instr.to_config(), "relation-samples": [1.0, float("nan")]})
+    with pytest.raises(ProtocolError, match="'relation-vector' is for model 'cnn-small', the instructions"):
+        TrainInstructions.from_config(instructions(relation_vector=relation(model="cnn-small")).to_config())
+    broken = {**instr.relation_vector.to_dict(), "samples_to_target": [300.0, float("nan")]}
+    del broken["relation"]
+    with pytest.raises(ProtocolError, match="'samples_to_target' must be a number > 0, got nan"):
+        TrainInstructions.from_config({**instr.to_config(), "relation-vector": json.dumps(broken)})
     assert instr.lr_for(16) == pytest.approx(2e-3) and instr.lr_for(8) == pytest.approx(2e-3 * 0.5**0.5)
+
+
+def test_the_strategy_sends_the_relation_vector_whole_extra_fields_included() -> None:
+    """One relation type from the server's estimate to the client's `select`: whatever fields the
+    vector carries (per-seed samples, how it was estimated) reach the client unchanged."""
+    rel = RelationVector.from_samples(
+        "cnn-tiny",
+        "synthetic-image",
+        0.99,
+        {8: 300.0, 16: 400.0},
+        samples_per_seed={"0": [280.0, 390.0], "1": [320.0, 410.0]},
+        eval_every_samples=32,
+    )
+    grid = FakeGrid(client_app, _nodes(2), RUN_CONFIG)
+    _run(grid, PowerAwareFedAvg(), instr=instructions(relation_vector=rel))
+    sent = [TrainInstructions.from_config(m.content.config_records["config"])
+            for m in grid.sent if m.metadata.message_type == MessageType.TRAIN]  # fmt: skip
+    assert len(sent) == 2 and all(i.relation() == rel for i in sent)
+    assert sent[0].relation().extra["samples_per_seed"] == {"0": [280.0, 390.0], "1": [320.0, 410.0]}
 
 
 def test_weighted_average_keeps_integer_buffers_integers() -> None:

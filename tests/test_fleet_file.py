@@ -51,7 +51,8 @@ def test_a_fleet_file_becomes_boards_and_a_run_config(tmp_path: Path) -> None:
     assert spec.boards[3].caps() is not None and spec.boards[0].caps() is None
     # scale mode: the stand-ins do not train, so they cannot follow it; said plainly
     assert spec.notes and "stand-in clients" in spec.notes[0]
-    assert spec.scale_mode and spec.real_share == 0.5 and spec.profile_source == "predicted"
+    assert spec.scale_mode and spec.settings.real_share == 0.5
+    assert spec.settings.profile_source == "predicted"
     cfg = spec.run_config(tmp_path / "out", ["ours", "oracle"], tmp_path / "profiles")
     assert (
         cfg["batch-sizes"] == "8,16" and cfg["partitioning"] == "dirichlet" and cfg["dirichlet-alpha"] == 0.3
@@ -83,55 +84,72 @@ def test_the_shipped_fleets_parse() -> None:
     [
         (
             GOOD.replace("power-cap-w: none}", 'power-cap-w: "abc"}'),
-            'fleet.yaml: groups[1].power-cap-w: expected a number > 0 or none, got "abc"',
+            "fleet.yaml: groups[1]: 'power-cap-w' must be a number of watts, none, a schedule",
         ),
         (
             GOOD.replace("power-cap-w: 3.0,", "power-cap-w: -1,"),
-            "groups[0].power-cap-w: expected a number > 0",
+            "groups[0]: 'power-cap-w' must be a number of watts > 0 or none, got -1",
         ),
         (
             GOOD.replace("[[0, 3.5], [60, none]]", "[[0, 3.5], [0, 4]]"),
-            "groups[2].power-cap-w[1]: times must",
+            "groups[2]: 'power-cap-w'[1]: times must",
         ),
-        (GOOD.replace("[[0, 3.5], [60, none]]", "[[5, 3.5]]"), "groups[2].power-cap-w[0]: a schedule starts"),
+        (
+            GOOD.replace("[[0, 3.5], [60, none]]", "[[5, 3.5]]"),
+            "groups[2]: 'power-cap-w'[0]: a schedule starts",
+        ),
         (
             GOOD.replace("[[0, 3.5], [60, none]]", "[[0, 3.5, 1]]"),
-            "groups[2].power-cap-w[0]: expected a step",
+            "groups[2]: 'power-cap-w'[0]: expected a step",
         ),
-        (GOOD.replace("count: 2", "count: 0"), "groups[0].count: expected an integer ≥ 1, got 0"),
+        (GOOD.replace("count: 2", "count: 0"), "groups[0]: 'count' must be an integer ≥ 1, got 0"),
         (GOOD.replace("count: 2", "cap: 2"), "groups[0]: unknown key 'cap'"),
         (
-            GOOD.replace("sim:jetson-tx2nx, power-cap-w: none", "jetson, power-cap-w: none"),
-            "groups[1].device",
+            GOOD.replace("power-cap-w: 3.0,", "power-cap-w: 0.5,"),
+            "groups[0]: 'power-cap-w': a cap of 0.5 W is below anything sim:jetson-nano can run",
         ),
-        (GOOD.replace("model: cnn-tiny", "model: resnet9000"), "task.model: expected one of"),
+        (
+            GOOD.replace("[[0, 3.5], [60, none]]", "[[0, 1.5], [60, 2.0]]"),
+            "groups[2]: 'power-cap-w': a cap of 2 W is below anything sim:jetson-tx2nx can run",
+        ),
+        (
+            GOOD.replace("sim:jetson-tx2nx, power-cap-w: none", "jetson, power-cap-w: none"),
+            "groups[1]: 'device' must be a simulated board (sim:jetson-nano, sim:jetson-tx2nx), got 'jetson'",
+        ),
+        (GOOD.replace("model: cnn-tiny", "model: resnet9000"), "task: 'model' must be one of"),
         (
             GOOD.replace("target-accuracy: 0.6", "target-accuracy: 1.5"),
-            "task.target-accuracy: expected an accuracy",
+            "task: 'target-accuracy' must be a number in (0, 1], got 1.5",
         ),
-        (GOOD.replace("batch-sizes: [16, 8]", "batch-sizes: [8, 8]"), "task.batch-sizes: expected a list"),
-        (GOOD.replace("model: cnn-tiny", "model: cnn-tiny\n  modle: x"), "task: unknown key 'modle'"),
+        (
+            GOOD.replace("batch-sizes: [16, 8]", "batch-sizes: [8, 8]"),
+            "task: 'batch-sizes' must be distinct integers ≥ 1",
+        ),
+        (
+            GOOD.replace("model: cnn-tiny", "model: cnn-tiny\n  modle: x"),
+            "task: unknown key 'modle'; did you mean 'model'?",
+        ),
         (
             GOOD.replace("  target-accuracy", "  target: cifar10:/nowhere\n  target-accuracy"),
-            "task.target: no such",
+            "task: 'target' names no such file or folder: /nowhere",
         ),
         (
             GOOD.replace("scheme: dirichlet", "scheme: skewed"),
-            "partitioning.scheme: expected one of iid, dirichlet",
+            "partitioning: 'scheme' must be one of iid, dirichlet",
         ),
-        (GOOD.replace("alpha: 0.3", "alpha: 0"), "partitioning.alpha: expected a number > 0"),
-        (GOOD.replace("rounds: 3", "rounds: two"), 'fleet.yaml.rounds: expected an integer ≥ 1, got "two"'),
-        (GOOD.replace("relation: [0]", "relation: 0"), "seeds.relation: expected a list"),
-        (GOOD.replace("samples: 500", "samples: -5"), "budget.samples: expected an integer ≥ 0"),
-        (GOOD.replace("real-share: 0.5", "real-share: 2"), "scale.real-share: expected a share in [0, 1]"),
-        (GOOD.replace("profiles: predicted", "profiles: guessed"), "scale.profiles: expected one of"),
+        (GOOD.replace("alpha: 0.3", "alpha: 0"), "partitioning: 'alpha' must be a number > 0"),
+        (GOOD.replace("rounds: 3", "rounds: two"), "fleet.yaml: 'rounds' must be an integer ≥ 1, got 'two'"),
+        (GOOD.replace("relation: [0]", "relation: 0"), "seeds: 'relation' must be distinct integers ≥ 0"),
+        (GOOD.replace("samples: 500", "samples: -5"), "budget: 'samples' must be an integer ≥ 0"),
+        (GOOD.replace("real-share: 0.5", "real-share: 2"), "scale: 'real-share' must be a number in [0, 1]"),
+        (GOOD.replace("profiles: predicted", "profiles: guessed"), "scale: 'profiles' must be one of"),
         (GOOD + "colour: blue\n", "fleet.yaml: unknown key 'colour'"),
-        (GOOD + "methods: [ours, magic]\n", "fleet.yaml.methods: expected a list of distinct methods"),
+        (GOOD + "methods: [ours, magic]\n", "fleet.yaml: 'methods' must be distinct names from"),
         (GOOD.replace("groups:", "grops:"), "unknown key 'grops'"),
         ("task: {model: cnn-tiny}\n", "fleet.yaml: missing key 'groups'"),
-        ("groups: []\ntask: {model: cnn-tiny}\n", "groups: expected a non-empty list"),
+        ("groups: []\ntask: {model: cnn-tiny}\n", "fleet.yaml: 'groups' must be a non-empty list"),
         ("groups: [unclosed\n", "not valid YAML"),
-        ("- just a list\n", "fleet.yaml: expected a mapping"),
+        ("- just a list\n", "fleet.yaml: must be a mapping"),
     ],
 )
 def test_bad_fleet_files_are_one_line_naming_the_key_and_its_place(
@@ -154,8 +172,9 @@ def test_the_command_line_says_it_in_one_line_with_exit_status_2(tmp_path: Path)
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        "python -m simulations: error: fleet.yaml: groups[1].power-cap-w: "
-        'expected a number > 0 or none, got "abc"'
+        "python -m simulations: error: fleet.yaml: groups[1]: 'power-cap-w' must be a number of watts, "
+        "none, a schedule [[t_s, W], ...], trace:PATH[?end=repeat|clip&scale=X&timescale=X] or "
+        "live:PATH[?poll=S], got 'abc'"
     ]
     assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists()
     missing = subprocess.run(

@@ -11,7 +11,7 @@ import torch
 from fl_client.local_data import data_plan, load_local_data
 from fl_client.methods import choose
 from fl_client.node import resolve_node
-from fl_client.work import train_round
+from fl_client.round import train_round
 from powerctl.baselines import oracle, proxy_batch, state_of_practice
 from powerctl.boards import board_model
 from powerctl.devices.simulated import predicted_profile, replay_cost

@@ -10,7 +10,7 @@ import torch
 
 from fl_client.local_data import data_plan, load_local_data
 from fl_client.node import resolve_node
-from fl_client.work import train_round
+from fl_client.round import train_round
 from powerctl.capsource import ConstantCap, ScheduleCap
 from powerctl.devices import open_device
 from powerctl.devices.simulated import SimulatedBoard

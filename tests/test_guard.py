@@ -7,7 +7,7 @@ from itertools import pairwise
 
 import pytest
 
-from fl_client import work
+from fl_client import round as client_round
 from fl_client.local_data import data_plan, load_local_data
 from fl_client.node import resolve_node
 from powerctl.boards import board_model
@@ -144,7 +144,7 @@ def test_the_client_report_lists_each_step_down(monkeypatch: pytest.MonkeyPatch)
     settings = resolve_node({"partition-id": 0, "num-partitions": 3}, RUN_CONFIG)  # sim:jetson-nano @ 3 W
     data = load_local_data(data_plan(settings, RUN_CONFIG, 64))
     opened: list[SimulatedBoard] = []
-    real_open = work.open_device
+    real_open = client_round.open_device
 
     def open_hot_for_training(spec: str, *, seed: int = 0):
         opened.append(real_open(spec, seed=seed))
@@ -152,9 +152,9 @@ def test_the_client_report_lists_each_step_down(monkeypatch: pytest.MonkeyPatch)
             opened[-1] = SimulatedBoard.open("jetson-nano", seed=seed, power_scale=1.3)
         return opened[-1]
 
-    monkeypatch.setattr(work, "open_device", open_hot_for_training)
+    monkeypatch.setattr(client_round, "open_device", open_hot_for_training)
     instr = instructions(budget_samples=640, guard_window=2)
-    _, report = work.train_round(settings, instr, initial_state(), data, device_seed=1)
+    _, report = client_round.train_round(settings, instr, initial_state(), data, device_seed=1)
     assert report.step_downs, "the hot board must be stepped down"
     assert report.step_downs[0]["old_hz"] == report.frequency_hz
     for earlier, later in pairwise(report.step_downs):

@@ -19,9 +19,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fl_server.run_config import RunConfigError
+from powerctl.errors import PowerctlError
 from simulations.launcher import (
     MAX_NODES,
-    LaunchError,
     check_launch,
     parse_run_config,
     run_config_text,
@@ -102,14 +102,14 @@ def test_what_the_launcher_passes_on_flower_reads_back_unchanged(config: dict) -
 def test_a_bad_run_config_is_one_line_before_flower_starts(
     tmp_path: Path, run_config: str, fragments: list[str]
 ) -> None:
-    with pytest.raises(LaunchError) as err:
+    with pytest.raises(PowerctlError) as err:
         check_launch(4, run_config, tmp_path / "flwr", tmp_path / "flwr.log")
     assert all(f in str(err.value) for f in fragments) and "\n" not in str(err.value), err.value
     assert not (tmp_path / "flwr").exists()
 
 
 def test_bad_values_are_refused_by_the_server_config_parser_before_flower_starts(tmp_path: Path) -> None:
-    with pytest.raises(RunConfigError, match=r"'target-accuracy' must be in \(0, 1\], got 2"):
+    with pytest.raises(RunConfigError, match=r"'target-accuracy' must be a number in \(0, 1\], got 2"):
         check_launch(4, "target-accuracy=2", tmp_path / "flwr", tmp_path / "flwr.log")
     with pytest.raises(RunConfigError, match="'model' must be one of"):
         check_launch(4, "model='resnet99'", tmp_path / "flwr", tmp_path / "flwr.log")

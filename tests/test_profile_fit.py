@@ -263,14 +263,16 @@ def test_cli_fitted_order_writes_provenance_and_select_picks_a_measured_pair(tmp
 
 def test_run_config_takes_the_fitted_order() -> None:
     assert parse_server_config({"profile-order": "fitted"}).profile_order == "fitted"
-    with pytest.raises(RunConfigError, match="must be efficient, grid or fitted"):
+    with pytest.raises(
+        RunConfigError, match="'profile-order' must be one of efficient, grid, fitted, got 'guessed'"
+    ):
         parse_server_config({"profile-order": "guessed"})
 
 
 def test_a_client_round_with_the_fitted_order_runs_a_measured_pair_and_caches_it() -> None:
     from fl_client.local_data import data_plan, load_local_data
     from fl_client.node import resolve_node
-    from fl_client.work import train_round
+    from fl_client.round import train_round
     from tests.fl_helpers import RUN_CONFIG, initial_state, instructions
 
     settings = resolve_node({"partition-id": 0, "num-partitions": 3}, RUN_CONFIG)  # sim:jetson-nano at 3 W

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,8 @@ import fl_server.relation as relmod
 from fl_server.relation import RelationError, estimate_relation
 from fl_server.weights import save_weights
 from powerctl.devices.host import HostDevice
-from powerctl.relation import RelationVector
+from powerctl.errors import FileFormatError
+from powerctl.relation import RelationVector, fit_batch_efficiency
 from training.data import load_dataset, train_test_split
 from training.errors import DataError
 from training.finetune import CurvePoint, FineTuneResult, fine_tune
@@ -192,6 +194,10 @@ CHANGES = {
     "batch_sizes": lambda s: {"batch_sizes": (4, 8, 16)},
     "seeds": lambda s: {"seeds": (0, 1)},
     "lr_max": lambda s: {"lr_max": 2e-3},
+    "lr_rule": lambda s: {"lr_rule": "linear"},
+    "min_evaluations": lambda s: {"min_evaluations": 4},
+    "max_seeds": lambda s: {"max_seeds": 3},
+    "vector": lambda s: {"vector": "fitted"},
     "max_samples": lambda s: {"max_samples": 2000},
     "eval_every": lambda s: {"eval_every_samples": 32},
     "eval_max": lambda s: {"eval_max_samples": 64},
@@ -259,3 +265,132 @@ def test_parallel_equals_serial(tmp_path: Path) -> None:
     parallel = estimate_relation("cnn-tiny", None, "synthetic-image", parallel=True, num_cpus=2, **kw)
     assert parallel.samples_to_target == serial.samples_to_target
     assert parallel.extra["samples_per_seed"] == serial.extra["samples_per_seed"]
+
+
+class RecordingFineTune(CountingFineTune):
+    """The counting fake that also records the learning rate and seed of every run."""
+
+    def __init__(self, per_seed: dict[int, dict[int, int]] | None = None) -> None:
+        super().__init__()
+        self.lrs: dict[int, float] = {}
+        self.per_seed = per_seed
+
+    def __call__(self, model: Any, train: Any, test: Any, **kw: Any) -> FineTuneResult:
+        self.lrs[kw["batch_size"]] = kw["lr"]
+        if self.per_seed is None:
+            return super().__call__(model, train, test, **kw)
+        self.calls += 1
+        b, target = kw["batch_size"], kw["target_accuracy"]
+        samples = self.per_seed[kw["seed"]][b]
+        # evaluated every 16 samples on a straight line to the target: ≥ 8 evaluations, no second run
+        curve = [CurvePoint(s, 0.0, target * s / samples) for s in range(0, samples + 1, 16)]
+        return FineTuneResult(True, samples, 1.0, None, None, None, target, curve, b, kw["lr"], samples // b)
+
+
+@pytest.mark.parametrize("rule", ["sqrt", "linear", "constant"])
+def test_lr_rule_reaches_every_run_and_the_file(
+    text_setup: dict[str, Any], monkeypatch: pytest.MonkeyPatch, rule: str
+) -> None:
+    fake = RecordingFineTune()
+    monkeypatch.setattr(relmod, "fine_tune", fake)
+    rel = estimate_relation(**text_setup, lr_rule=rule)
+    want = {b: scaled_lr(1e-3, b, 8, rule) for b in (4, 8)}
+    assert fake.lrs == pytest.approx(want)
+    assert rel.extra["lr_rule"] == rule and rel.extra["lr"] == pytest.approx([want[4], want[8]])
+
+
+def test_unknown_lr_rule_is_one_line(text_setup: dict[str, Any], counting: CountingFineTune) -> None:
+    with pytest.raises(RelationError, match="unknown learning-rate rule 'cubic'"):
+        estimate_relation(**text_setup, lr_rule="cubic")
+    assert counting.calls == 0
+
+
+def test_server_passes_its_lr_rule(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import fl_server.app as app
+    from fl_server.run_config import ServerConfig
+
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(relmod, "estimate_relation", lambda *a, **kw: seen.update(kw) or "vector")
+    cfg = ServerConfig(lr_rule="linear", relation="")
+    assert app.relation_vector(cfg, tmp_path / "w.safetensors") == "vector"
+    assert seen["lr_rule"] == "linear"
+
+
+# samples to target per seed and batch size: seed 2 swaps the order of b=4 and b=8 that seeds 0-1 agree on
+_SEEDS = {
+    0: {4: 160, 8: 320},
+    1: {4: 192, 8: 320},
+    2: {4: 480, 8: 320},
+    3: {4: 160, 8: 352},
+    4: {4: 176, 8: 336},
+}
+
+
+def test_relation_file_keeps_per_seed_samples_mean_and_spread(
+    text_setup: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(relmod, "fine_tune", RecordingFineTune(_SEEDS))
+    rel = estimate_relation(**{**text_setup, "seeds": (0, 1)})
+    assert rel.extra["samples_per_seed"] == [[160.0, 192.0], [320.0, 320.0]]
+    assert rel.extra["samples_mean"] == [176.0, 320.0] == rel.samples_to_target
+    assert rel.extra["samples_sd"] == pytest.approx([22.627417, 0.0])
+    assert rel.extra["seeds_needed"] == 2 and rel.extra["ranking_stable"] is None
+    again = RelationVector.load(Path(text_setup["cache_dir"]).glob("*.json").__next__())
+    assert again.per_seed_samples() == rel.per_seed_samples()
+
+
+def test_seeds_are_added_until_the_ranking_is_stable(
+    text_setup: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = RecordingFineTune(_SEEDS)
+    monkeypatch.setattr(relmod, "fine_tune", fake)
+    rel = estimate_relation(**{**text_setup, "seeds": (0, 1), "max_seeds": 5})
+    # seeds 0-1: b=4 (mean 176) before b=8 (320); seed 2 lifts b=4 to 277, still first → stable at 3
+    assert rel.extra["seeds_needed"] == 3 and rel.extra["ranking_stable"] is True
+    assert fake.calls == 6
+
+
+def test_seed_budget_ends_an_unstable_ranking(
+    text_setup: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    flip = {0: {4: 100, 8: 320}, 1: {4: 600, 8: 320}, 2: {4: 100, 8: 320}, 3: {4: 900, 8: 320}}
+    monkeypatch.setattr(relmod, "fine_tune", RecordingFineTune(flip))
+    rel = estimate_relation(**{**text_setup, "seeds": (0,), "max_seeds": 4})
+    # means of b=4: 100 → 350 (after b=8's 320) → 266 → 425: the order flips at every added seed
+    assert rel.extra["seeds_needed"] == 4 and rel.extra["ranking_stable"] is False
+
+
+def test_old_relation_files_load_and_new_ones_carry_the_evidence(tmp_path: Path) -> None:
+    old = RelationVector.from_samples("m", "p", 0.5, {4: 100.0, 8: 200.0})
+    old.save(tmp_path / "old.json")
+    loaded = RelationVector.load(tmp_path / "old.json")
+    assert loaded.per_seed_samples() is None and loaded.seed_scenarios() == [{4: 100.0, 8: 200.0}]
+    new = RelationVector.from_seeds("m", "p", 0.5, {4: [90.0, 110.0], 8: [150.0, 250.0]}, vector="fitted")
+    new.save(tmp_path / "new.json")
+    again = RelationVector.load(tmp_path / "new.json")
+    assert again.seed_scenarios() == [{4: 90.0, 8: 150.0}, {4: 110.0, 8: 250.0}]
+    assert again.extra["vector"] == "fitted" and again.extra["relation_raw"] == [0.5, 1.0]
+
+
+def test_bad_per_seed_samples_are_one_line(tmp_path: Path) -> None:
+    data = RelationVector.from_seeds("m", "p", 0.5, {4: [90.0, 110.0], 8: [150.0, 250.0]}).to_dict()
+    for bad, why in (([[1.0]], "one non-empty list per batch size"), ([[1.0], [-2.0]], "must be > 0")):
+        path = tmp_path / "bad.json"
+        path.write_text(json.dumps({**data, "samples_per_seed": bad}))
+        with pytest.raises(FileFormatError, match=why):
+            RelationVector.load(path)
+
+
+def test_batch_efficiency_fit_recovers_the_critical_batch_size() -> None:
+    # samples(b) = 100 · (1 + b / 50), two seeds ± 5 % around it
+    bs = [4, 8, 16, 32, 64, 128]
+    exact = [100 * (1 + b / 50) for b in bs]
+    fit = fit_batch_efficiency(bs, [[0.95 * s, 1.05 * s] for s in exact])
+    assert fit.e_min == pytest.approx(100.0) and fit.b_crit == pytest.approx(50.0)
+    assert fit.samples == pytest.approx(exact) and fit.explains
+    # a U-shaped vector is not what the model can say: it does not explain it
+    u_shape = fit_batch_efficiency(bs, [[s * 0.99, s * 1.01] for s in (600, 560, 350, 430, 650, 1000)])
+    assert not u_shape.explains
+    # samples that fall with b: slope held at 0 (b_crit infinite), the level weighted by relative error
+    flat = fit_batch_efficiency([4, 8], [[200.0, 200.0], [100.0, 100.0]])
+    assert flat.b_crit is None and flat.samples == pytest.approx([120.0, 120.0])  # 1/mean² weights

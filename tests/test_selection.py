@@ -20,6 +20,7 @@ from powerctl.selection import (
     Selection,
     best_frequency_per_batch,
     common_batch_sizes,
+    mean_regret,
     rank,
     select,
 )
@@ -400,3 +401,51 @@ def test_energy_choice_is_the_least_predicted_energy(profile: Profile, cap: floa
         assert {(s.batch_size, s.frequency_hz) for s in ranked} == {
             (s.batch_size, s.frequency_hz) for s in rank(profile, relation, cap)
         }
+
+
+def _two_seed_case() -> tuple[Profile, RelationVector]:
+    """Two pairs of equal speed per sample (T_N = 1 s each); two seeds that disagree about the vector:
+    seed 0: b=16 needs 1.0, b=32 1.5 (units of samples); seed 1: b=16 10, b=32 8."""
+    profile = make_profile([point(16, 100, 3.0, 1.0), point(32, 100, 3.0, 1.0)])
+    relation = RelationVector.from_seeds("resnet18", "cifar10", 0.8, {16: [1.0, 10.0], 32: [1.5, 8.0]})
+    return profile, relation
+
+
+def test_mean_and_robust_rules_disagree_on_a_hand_worked_case() -> None:
+    profile, relation = _two_seed_case()
+    # mean vector: b=16 5.5, b=32 4.75 → Algorithm 1 takes b=32 (predicted 4.75/4.75 = 1.0 of the largest)
+    assert relation.samples_to_target == [5.5, 4.75]
+    assert select(profile, relation, None).batch_size == 32
+    # robust: regret of b=16 is (1/1 + 10/8)/2 = 1.125; of b=32 (1.5/1 + 8/8)/2 = 1.25 → b=16
+    regret = mean_regret(profile, relation, None)
+    assert regret[(16, 100 * MHZ)] == pytest.approx(1.125)
+    assert regret[(32, 100 * MHZ)] == pytest.approx(1.25)
+    robust = select(profile, relation, None, rule="robust")
+    assert robust.batch_size == 16
+    assert robust.predicted_seconds == pytest.approx(5.5 / 4.75)  # predictions stay the mean vector's
+
+
+def test_robust_rule_without_per_seed_samples_is_the_mean_rule() -> None:
+    profile, relation = small()
+    for cap in (None, 5.0, 4.49, 3.5):
+        assert select(profile, relation, cap, rule="robust") == select(profile, relation, cap)
+
+
+def test_unknown_relation_rule_is_one_line() -> None:
+    profile, relation = small()
+    with pytest.raises(PowerctlError, match="unknown relation rule 'best'; use one of: mean, robust"):
+        select(profile, relation, None, rule="best")
+
+
+def test_select_cli_takes_the_relation_rule(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from powerctl.cli import main
+
+    profile, relation = _two_seed_case()
+    profile.save(tmp_path / "p.json")
+    relation.save(tmp_path / "r.json")
+    picks = {}
+    for rule in ("mean", "robust"):
+        args = ["select", "--profile", str(tmp_path / "p.json"), "--relation", str(tmp_path / "r.json")]
+        assert main([*args, "--relation-rule", rule, "--json"]) == 0
+        picks[rule] = json.loads(capsys.readouterr().out)["batch_size"]
+    assert picks == {"mean": 32, "robust": 16}

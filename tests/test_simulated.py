@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
 
 from powerctl.boards import BoardModel, board_model
 from powerctl.devices import open_device
-from powerctl.devices.simulated import SimulatedBoard, step_cost
+from powerctl.devices.simulated import SimulatedBoard, step_cost, top_clock_time_ratio
 from powerctl.errors import DeviceError, DeviceOutOfMemory
 from powerctl.monitor import PowerMonitor
 from powerctl.workload import Workload, measure_workload
@@ -158,9 +160,34 @@ def test_the_tx2nx_is_built_from_the_nano_and_its_own_specifications() -> None:
     assert TX2.launch_s == pytest.approx(NANO.launch_s * 1.43 / 2.0)
     assert list(TX2.full_load_power_w) == sorted(TX2.full_load_power_w)
     assert TX2.full_load_power_w[0] > TX2.idle_power_w
-    for key in ("full_load_power_w", "gflops_per_ghz", "launch_s", "idle_power_w", "cuda_cores"):
-        kind = TX2.sources[key].split(" ")[0]
-        assert kind in ("measured", "derived", "estimated"), key
+
+
+def test_the_tx2nx_is_calibrated_to_the_papers_time_ratio(paper_workloads: dict[str, Workload]) -> None:
+    # the paper's state of practice without a cap (ResNet18, b=128, top clocks): Nano / TX2 NX ≈ 2.05
+    cal = TX2.calibration
+    assert cal is not None
+    ref, w = board_model(cal.reference), paper_workloads[cal.model]
+    assert top_clock_time_ratio(ref, TX2, w, cal.batch_size) == pytest.approx(
+        cal.paper_time_ratio(), rel=0.05
+    )
+    # the calibrated constants are what bring it there: with the Nano's values the TX2 NX is far too fast
+    tuned = [k for k in TX2.sources if TX2.source_kind(k) == "estimated, calibrated"]
+    assert tuned == ["max_utilisation"]
+    spec_only = dataclasses.replace(TX2, **{k: getattr(ref, k) for k in tuned})
+    assert top_clock_time_ratio(ref, spec_only, w, cal.batch_size) > 1.10 * cal.paper_time_ratio()
+
+
+def test_the_small_batch_end_follows_the_two_boards_physics(all_workloads: dict[str, Workload]) -> None:
+    # not tuned: a small step is launch- and CPU-bound and gains about the CPU's speed-up (1.4x: the launch
+    # path on a 2.0 GHz A57 vs a 1.43 GHz one), a large one the GPU's; never more than the GPU's peak ratio
+    cpu = NANO.launch_s / TX2.launch_s
+    peak = (TX2.gflops_per_ghz * TX2.frequencies_hz[-1]) / (NANO.gflops_per_ghz * NANO.frequencies_hz[-1])
+    for name, w in all_workloads.items():
+        sizes = [b for b in (4, 8, 16, 32, 64, 128) if w.memory_bytes(b) <= NANO.training_memory_bytes]
+        ratios = [top_clock_time_ratio(NANO, TX2, w, b) for b in sizes]
+        assert ratios == sorted(ratios), (name, ratios)
+        assert cpu <= ratios[0] and ratios[-1] < peak, (name, ratios)
+        assert ratios[0] - cpu < ratios[-1] - ratios[0], (name, ratios)  # nearer the CPU's than the large end
 
 
 @pytest.mark.parametrize("board", [NANO, TX2], ids=lambda b: b.name)
@@ -174,13 +201,8 @@ def test_every_shipped_model_shows_the_trade_off(
             costs = [step_cost(board, w, b, hz) for b in sizes]
             peaks = [c.peak_w for c in costs]
             per_sample = [c.seconds / b for c, b in zip(costs, sizes, strict=True)]
-            dynamic = board.full_load_power(hz) - board.idle_power_w
-            assert peaks == sorted(peaks) and peaks[-1] > peaks[0] + 0.15 * dynamic, (name, hz, peaks)
+            # the rise spans a fifth or more of what training can draw above idle (max_utilisation of the
+            # full-load range; the TX2 NX's training reaches less of its SGEMM peak than the Nano's)
+            trainable = board.max_utilisation * (board.full_load_power(hz) - board.idle_power_w)
+            assert peaks == sorted(peaks) and peaks[-1] > peaks[0] + 0.19 * trainable, (name, hz, peaks)
             assert per_sample == sorted(per_sample, reverse=True), (name, hz, per_sample)
-
-
-def test_the_tx2nx_trains_faster_than_the_nano(paper_workloads: dict[str, Workload]) -> None:
-    for w in paper_workloads.values():
-        nano = step_cost(NANO, w, 32, NANO.frequencies_hz[-1]).seconds
-        tx2 = step_cost(TX2, w, 32, TX2.frequencies_hz[-1]).seconds
-        assert 1.5 < nano / tx2 < 3.0

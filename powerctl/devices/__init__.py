@@ -21,13 +21,13 @@ def open_device(spec: str, *, seed: int = 0) -> Device:
     """The device named by `spec`; an unknown spec is one DeviceError line listing the valid ones.
 
     A board that a dead process left pinned (SIGKILL, OOM, power loss) is put back first, with one line
-    on stderr: every command and every client start goes through here.
+    on stderr (kept in `Device.recovered`): every command and every client start goes through here.
     """
     from powerctl.pinsession import recover
 
     dev = _open(spec, seed=seed)
     try:
-        recover(dev)
+        dev.recovered = recover(dev)
     except BaseException:
         dev.close()
         raise

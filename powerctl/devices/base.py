@@ -97,6 +97,9 @@ class Device(ABC):
     board: str
     """Board/GPU name, e.g. ``jetson-nano``; used as the profile's ``device`` field."""
     has_power_sensor: bool = False
+    recovered: str | None = None
+    """Set by `open_device`: the line said when this board was found left pinned by a dead process and
+    put back (None: it was not). A client's report carries it, so the coordinator sees it too."""
 
     def __init__(self) -> None:
         self._session: PinSession | None = None

@@ -86,8 +86,20 @@ def step_cost(board: BoardModel, workload: Workload, batch_size: int, hz: int) -
         compute_s=compute_s,
         fixed_s=board.step_overhead_s + launches * board.launch_s + memory_s,
         compute_w=board.idle_power_w + u * dynamic,
-        fixed_w=board.idle_power_w + board.overhead_utilisation * dynamic,
+        fixed_w=board.overhead_power_w(hz),
         utilisation=u,
+    )
+
+
+def top_clock_time_ratio(
+    reference: BoardModel, board: BoardModel, workload: Workload, batch_size: int
+) -> float:
+    """Time per sample on `reference` over that on `board`, each at its top clock: the speed-up the paper's
+    no-cap state of practice measures between two boards (the same samples to target on both), which a
+    board's `calibration` holds (boards.yaml)."""
+    return (
+        step_cost(reference, workload, batch_size, reference.frequencies_hz[-1]).seconds
+        / step_cost(board, workload, batch_size, board.frequencies_hz[-1]).seconds
     )
 
 

@@ -1,0 +1,31 @@
+"""Bootstrap 95 % intervals over seeds, shared by the benches (one resampling rule, one seed)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+DRAWS = 4000
+SEED = 0
+
+
+def resampled_means(values: Sequence[float], rng: np.random.Generator, draws: int = DRAWS) -> np.ndarray:
+    """`draws` means of `values` resampled with replacement (same length)."""
+    v = np.asarray(values, dtype=float)
+    return v[rng.integers(0, len(v), size=(draws, len(v)))].mean(axis=1)
+
+
+def paired_resampled_means(
+    a: Sequence[float], b: Sequence[float], rng: np.random.Generator, draws: int = DRAWS
+) -> tuple[np.ndarray, np.ndarray]:
+    """Means of `a` and `b` over the SAME resampled seeds (a[i] and b[i] share seed i)."""
+    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    idx = rng.integers(0, len(x), size=(draws, len(x)))
+    return x[idx].mean(axis=1), y[idx].mean(axis=1)
+
+
+def interval95(samples: np.ndarray) -> tuple[float, float]:
+    """The 2.5th and 97.5th percentiles."""
+    lo, hi = np.percentile(samples, [2.5, 97.5])
+    return float(lo), float(hi)

@@ -1,0 +1,690 @@
+"""One client round, Flower-free: profile → choose → pin and train → report.
+
+Every caller that fine-tunes a client's data under a power cap goes through `run_round`: the ClientApp
+(`fl_client.app` only translates Flower messages to and from it), the one-board demo
+(`simulations.demo`) and the benches. What differs between them is a different step, never a mode:
+
+- `profile`: the device measured (and cached), or a simulated board's model predicted (scale mode);
+- `choose`: the method's rule as a function of the cap (`MethodRule`: Algorithm 1 for ours, the
+  baselines of `powerctl.baselines`); the oracle's step first searches the client's own data
+  (`oracle_search`) — the paper's "fastest configuration", defined once (`powerctl.baselines.oracle`);
+- `train`: a fine-tune at the rule's pair under a constant cap (power guard), or following a cap that
+  changes (the rule re-applied at every change, `powerctl.follow`) — or the scale-mode stand-in
+  (`stand_in_step`) that charges the board model for the proxy's samples without training.
+
+The device is opened per step and closed on every way out (`restore_on_exit`: exceptions, SIGINT,
+SIGTERM), so nothing stays pinned after a round; a board that a killed process left pinned is put back
+when the device opens, and the report says so (`ClientReport.restored`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import time
+import zlib
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field, replace
+from functools import cached_property, lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+from torch import nn
+
+from fl_client.methods import Choice, choose
+from fl_client.node import NodeSettings
+from fl_client.profile_cache import ProfileKey, cached_profile
+from powerctl.boards import board_model
+from powerctl.cache import cache_dir
+from powerctl.capsource import CapSource, ConstantCap
+from powerctl.devices import open_device
+from powerctl.devices.base import Device
+from powerctl.devices.simulated import SimulatedBoard, predicted_profile, replay_cost, step_cost
+from powerctl.errors import PowerctlError
+from powerctl.follow import CapFollower, Pick
+from powerctl.guard import PowerGuard
+from powerctl.profile_table import Profile
+from powerctl.profiler import profile_device
+from powerctl.relation import RelationVector
+from powerctl.safety import restore_on_exit
+from powerctl.selection import best_frequency_per_batch, check_power_cap, select
+from powerctl.workload import Workload
+from strategies.protocol import ORACLE, OURS, ClientReport, Plan, TrainInstructions
+from training.checkpoint import Checkpointing
+from training.errors import DataError, ModelError
+from training.finetune import FineTuneResult, evaluate_with_loss, fine_tune
+from training.models import build_model, get_model_spec, model_workload
+
+if TYPE_CHECKING:
+    from training.data import Dataset
+
+State = dict[str, torch.Tensor]
+
+
+class ClientWorkError(PowerctlError):
+    """This round cannot run on this node as instructed (no usable batch size, no knob, ...)."""
+
+
+# --- the work ------------------------------------------------------------------------------------
+
+
+def node_caps(settings: NodeSettings, instr: TrainInstructions) -> CapSource:
+    """The cap this round follows: the server's constant for this round when it sets one, else the
+    node's own (a constant, a schedule, a trace or a live file)."""
+    if instr.power_cap_w is not None:
+        return ConstantCap(check_power_cap(instr.power_cap_w))
+    return settings.caps()
+
+
+def node_device_seed(settings: NodeSettings, server_seed: int) -> int:
+    """A simulated board's noise seed: stable per node (not per node id, which changes every run)."""
+    return (server_seed * 1_000_003 + zlib.crc32(settings.key.encode())) % (2**31)
+
+
+@dataclass(frozen=True)
+class RoundWork:
+    """One round's work on one node: who it is, what the server asked, its weights and local data.
+
+    `caps` is resolved once from the node and the instructions (a step may narrow it: the oracle's
+    search trains under a constant cap)."""
+
+    settings: NodeSettings
+    instr: TrainInstructions
+    state: State | None
+    """The server's weights; None for a planning query, which profiles but does not train."""
+    data: tuple[Dataset, Dataset] | None
+    device_seed: int = 0
+    profile_cache: Path | None = None
+    on_step: Callable[[int, int], None] | None = None
+    caps: CapSource = field(default=None)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.caps is None:
+            object.__setattr__(self, "caps", node_caps(self.settings, self.instr))
+
+    @cached_property
+    def cap_at_start(self) -> float | None:
+        return self.caps.cap_at(0.0)
+
+    def model(self) -> nn.Module:
+        """The network the server described, with its weights (a fresh copy for every use)."""
+        instr = self.instr
+        if self.state is None:
+            return build_model(instr.model, instr.num_classes, seed=0, **instr.model_overrides)
+        return build_local_model(instr.model, instr.num_classes, instr.model_overrides, self.state)
+
+    def split(self) -> tuple[Dataset, Dataset]:
+        if self.data is None:
+            raise ClientWorkError("this round has no local data to train on")
+        return self.data
+
+
+def build_local_model(model_name: str, num_classes: int, overrides: dict, state: State) -> nn.Module:
+    """The network the server described, with the server's weights; a mismatch is one ModelError line."""
+    model = build_model(model_name, num_classes, **overrides)
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        first = str(exc).splitlines()[0]
+        raise ModelError(f"the weights received do not fit model {model_name!r} ({first})") from None
+    return model
+
+
+def model_seq_len(model_name: str, overrides: dict) -> int:
+    """The window length text data is cut into (64 for images, which ignore it)."""
+    spec = get_model_spec(model_name)
+    return int(overrides.get("seq_len", spec.input_shape[0])) if spec.task == "text" else 64
+
+
+def check_data(instr: TrainInstructions, train: Dataset) -> None:
+    task = get_model_spec(instr.model).task
+    if train.task != task:
+        raise DataError(f"model {instr.model} is a {task} model but this node's data is {train.task} data")
+    if train.num_classes > instr.num_classes:
+        raise DataError(
+            f"this node's data has {train.num_classes} classes, the model {instr.num_classes} outputs"
+        )
+
+
+def usable_relation(instr: TrainInstructions, train_examples: int) -> RelationVector:
+    """The relation restricted to batch sizes this node's train split can fill at least once."""
+    relation = instr.relation()
+    keep = {b: s for b, s in relation.samples_map().items() if b <= train_examples}
+    if not keep:
+        raise ClientWorkError(
+            f"this node has {train_examples} training samples, fewer than the smallest batch size "
+            f"{min(relation.batch_sizes)} of the relation vector; give it more data or smaller batch sizes"
+        )
+    return RelationVector.from_samples(relation.model, relation.proxy_dataset, relation.target_accuracy, keep)
+
+
+# --- step results ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Profiled:
+    """What the profile step produced."""
+
+    profile: Profile
+    cached: bool
+    """Taken from the cache (or predicted): no device time spent on it this round."""
+    board: str
+    restored: str = ""
+    """The line said when the device was opened and found left pinned by a killed process."""
+
+
+class Rule(Protocol):
+    """A method's rule as a function of the cap: what it pins under a constant cap, and what a follower
+    re-applies when the cap changes. `relation` is what it predicts progress by."""
+
+    profile: Profile
+    relation: RelationVector
+
+    def __call__(self, power_cap_w: float | None) -> Choice: ...
+
+
+@dataclass(frozen=True)
+class MethodRule:
+    """The instructed method's rule (`fl_client.methods.choose`) over one profile."""
+
+    method: str
+    profile: Profile
+    relation: RelationVector
+    """The proxy's relation; the oracle's rule predicts by its own-data relation instead."""
+    own_data: RelationVector | None = None
+    deadline_s: float = 0.0
+
+    def __call__(self, power_cap_w: float | None) -> Choice:
+        return choose(self.method, self.profile, self.relation, power_cap_w, self.own_data, self.deadline_s)
+
+    @property
+    def predicts_by(self) -> RelationVector:
+        return self.own_data or self.relation
+
+
+@dataclass
+class Trained:
+    """A train step's outcome: the fine-tune's result, the weights after it, the board, and the choice it
+    started from (under a changing cap the follower's first pick)."""
+
+    result: FineTuneResult
+    state: State
+    board: str
+    choice: Choice
+    stand_in: bool = False
+
+
+@dataclass(frozen=True)
+class OwnDataSearch:
+    """The oracle's search: samples to the target per batch size on this client's own data, each batch
+    size fine-tuned at its fastest feasible frequency. Reported apart, never charged to the round."""
+
+    relation: RelationVector
+    runs: dict[tuple[int, int], Trained]
+
+    @property
+    def device_seconds(self) -> float:
+        return sum(t.result.device_seconds for t in self.runs.values())
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """The choose step's outcome: the rule the train step applies, and the oracle's search if any."""
+
+    rule: Rule
+    search: OwnDataSearch | None = None
+
+
+ProfileStep = Callable[[RoundWork, RelationVector], Profiled]
+TrainStep = Callable[[RoundWork, Rule], Trained]
+ChooseStep = Callable[[RoundWork, Profile, RelationVector, TrainStep], Chosen]
+
+
+# --- profile ----------------------------------------------------------------------------------------
+
+
+def profile_order(instr: TrainInstructions, caps: CapSource) -> tuple[str, float | None]:
+    """(order, the cap the order stops at). The efficient order stops at the cap (no cap: the grid); the
+    fitted order predicts and confirms the choice for this cap; a cap that changes may rise above
+    today's, so it needs the whole grid."""
+    if not caps.is_constant:
+        return "grid", None
+    cap = caps.cap_at(0.0)
+    order = instr.profile_order if cap is not None or instr.profile_order == "fitted" else "grid"
+    return order, (cap if order in ("efficient", "fitted") else None)
+
+
+def measured_profile_step(work: RoundWork, relation: RelationVector) -> Profiled:
+    """The device's profile for this model, from the cache or measured now (and cached); a device
+    without a knob or a sensor is refused by the profiler with one line."""
+    from training.profiling import profiling_step_factory
+
+    instr = work.instr
+    order, order_cap = profile_order(instr, work.caps)
+    fitted_relation = relation.as_map() if order == "fitted" else None
+    spec = get_model_spec(instr.model)
+    shape = (model_seq_len(instr.model, instr.model_overrides),) if spec.task == "text" else spec.input_shape
+    with open_device(work.settings.device, seed=work.device_seed) as dev:
+        key = ProfileKey(
+            device_kind=f"{type(dev).__name__}/{dev.board}",
+            model=instr.model,
+            overrides=json.dumps(instr.model_overrides, sort_keys=True),
+            num_classes=instr.num_classes,
+            input_shape=tuple(shape),
+            batch_sizes=tuple(relation.batch_sizes),
+            order=order,
+            power_cap_w=order_cap,
+            relation=None if fitted_relation is None else json.dumps(sorted(fitted_relation.items())),
+            samples=instr.profile_samples,
+            warmup_steps=instr.profile_warmup,
+            measure_steps=instr.profile_steps,
+        )
+
+        def measure() -> Profile:
+            # profiling trains: its own copy of the weights, so the round starts from the server's
+            workload, make_step = profiling_step_factory(
+                instr.model,
+                model=work.model().to(dev.torch_device()),
+                num_classes=instr.num_classes,
+                torch_device=dev.torch_device(),
+                seed=instr.seed,
+            )
+            return profile_device(
+                dev,
+                workload,
+                make_step,
+                batch_sizes=relation.batch_sizes,
+                samples=instr.profile_samples,
+                order=order,
+                power_cap_w=order_cap,
+                relation=fitted_relation,
+                warmup_steps=instr.profile_warmup,
+                measure_steps=instr.profile_steps,
+                progress=False,
+            )
+
+        profile, cached = cached_profile(key, measure, work.profile_cache)
+        return Profiled(profile, cached, dev.board, dev.recovered or "")
+
+
+@lru_cache(maxsize=16)
+def _board_prediction(
+    board: str, model: str, overrides: str, num_classes: int, batch_sizes: tuple[int, ...], samples: int
+) -> Profile:
+    """A simulated board's model profile, one per board × model × settings in this process (scale mode:
+    a thousand boards of two kinds cost two profiles)."""
+    net = build_model(model, num_classes, seed=0, **json.loads(overrides))
+    return predicted_profile(board, model_workload(model, net, num_classes), batch_sizes, samples)
+
+
+def predicted_profile_step(work: RoundWork, relation: RelationVector) -> Profiled:
+    """A simulated board's model profile: no device time (scale mode)."""
+    instr = work.instr
+    with open_device(work.settings.device, seed=work.device_seed) as dev:
+        if not isinstance(dev, SimulatedBoard):
+            raise ClientWorkError(f"predicted profiles need a simulated board (sim:...), not {dev.spec}")
+        overrides = json.dumps(instr.model_overrides, sort_keys=True)
+        profile = _board_prediction(
+            dev.board, instr.model, overrides, instr.num_classes, tuple(relation.batch_sizes),
+            instr.profile_samples,
+        )  # fmt: skip
+        return Profiled(profile, True, dev.board, dev.recovered or "")
+
+
+# --- choose -----------------------------------------------------------------------------------------
+
+
+def method_step(work: RoundWork, profile: Profile, relation: RelationVector, train: TrainStep) -> Chosen:
+    """The instructed method's rule. A stand-in oracle has no training to search with: it predicts by
+    the proxy's relation."""
+    instr = work.instr
+    own = relation if instr.method == ORACLE else None
+    return Chosen(MethodRule(instr.method, profile, relation, own, instr.deadline_s))
+
+
+def oracle_search(work: RoundWork, profile: Profile, relation: RelationVector, train: TrainStep) -> Chosen:
+    """The oracle: fine-tune this client's own data at every batch size (each at its fastest feasible
+    frequency under the cap; under a cap that changes, at the board's lowest frequency, safe under any
+    cap it can meet), take the samples to the target, and select with them by Algorithm 1
+    (`powerctl.baselines.oracle`). Batch sizes that miss the target within the budget are left out of
+    the own-data relation (when none reaches it, every run counts with the samples it used)."""
+    cap = work.cap_at_start if work.caps.is_constant else None
+    if work.caps.is_constant:
+        pairs = {b: p.frequency_hz for b, p in best_frequency_per_batch(profile, cap).items()}
+    else:
+        lowest = profile.frequencies()[0]
+        pairs = {b: lowest for b in profile.batch_sizes()}
+    search_work = replace(work, caps=ConstantCap(cap), on_step=None)
+    runs = {
+        (b, hz): train(search_work, PinnedRule(b, hz, profile, relation))
+        for b, hz in pairs.items()
+        if b in relation.batch_sizes
+    }
+    if not runs:
+        raise ClientWorkError(f"oracle: no profiled batch size is feasible under the cap {cap}")
+    own = own_data_relation(work.instr, [t.result for t in runs.values()])
+    rule = MethodRule(ORACLE, profile, relation, own, work.instr.deadline_s)
+    return Chosen(rule, OwnDataSearch(own, runs))
+
+
+def own_data_relation(instr: TrainInstructions, results: list[FineTuneResult]) -> RelationVector:
+    """Samples to the target per batch size measured on the client's own data (one run each; several
+    runs of a batch size are averaged). Runs that missed the target are left out unless none reached it."""
+    reached = [r for r in results if r.reached] or results
+    by_b: dict[int, list[float]] = {}
+    for r in reached:
+        # 0 samples = at the target before training: every batch size then needs (about) nothing
+        by_b.setdefault(r.batch_size, []).append(max(float(r.samples), 1.0))
+    samples = {b: sum(v) / len(v) for b, v in by_b.items()}
+    return RelationVector.from_samples(instr.model, "own data", instr.target_accuracy, samples)
+
+
+@dataclass(frozen=True)
+class PinnedRule:
+    """A fixed pair whatever the cap (the oracle's search runs, a bench's policy)."""
+
+    batch_size: int
+    frequency_hz: int
+    profile: Profile
+    relation: RelationVector
+    method: str = ORACLE
+
+    def __call__(self, power_cap_w: float | None) -> Choice:
+        return Choice(self.method, self.batch_size, self.frequency_hz, None, None)
+
+
+# --- train ------------------------------------------------------------------------------------------
+
+
+def round_checkpoint(work: RoundWork, pair: tuple[int, int]) -> Checkpointing | None:
+    """Where this node checkpoints this round's fine-tune, keyed by the work itself.
+
+    One file per node (a later round's work replaces an earlier one's). The key is the round's
+    instructions, the node and the first pair, not Flower's run or node ids: a restarted ServerApp
+    (a new run id) that re-sends the same round from the same weights finds the node's checkpoint,
+    and `fine_tune` also checks the received weights, the data and the device before resuming.
+    """
+    instr, settings = work.instr, work.settings
+    if not instr.checkpoint_every_samples:
+        return None
+    what = {"instructions": dict(instr.to_config()), "node": settings.key, "pair": list(pair)}
+    key = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", settings.key)[:80]
+    path = cache_dir("checkpoints") / f"finetune-{name}-{zlib.crc32(settings.key.encode()):08x}.safetensors"
+    return Checkpointing(path, every_samples=instr.checkpoint_every_samples, key=key)
+
+
+def fine_tune_step(
+    work: RoundWork, rule: Rule, *, observe: Callable[[Device], AbstractContextManager] | None = None
+) -> Trained:
+    """Fine-tune the server's weights on a fresh device handle (a simulated board's noise then does not
+    depend on what ran before, so a seeded run repeats exactly), checkpointed so that the same work
+    killed and sent again resumes. Under a constant cap: pinned at the rule's pair, the power guard
+    watching; under a cap that changes: the follower re-applies the rule at every change.
+
+    `observe(device)` is entered around the whole fine-tune, pauses included (a bench records the
+    board's power over time with it)."""
+    instr = work.instr
+    train, test = work.split()
+    model = work.model()
+    watch = observe or (lambda _dev: nullcontext())
+    with open_device(work.settings.device, seed=work.device_seed) as dev, restore_on_exit(dev), watch(dev):
+        model = model.to(dev.torch_device())
+        follower = guard = None
+        if work.caps.is_constant:
+            cap = work.cap_at_start
+            choice = rule(cap)
+            dev.pin_frequency(choice.frequency_hz)
+            if cap is not None and dev.has_power_sensor:
+                guard = PowerGuard(
+                    dev, cap, choice.frequency_hz, window=instr.guard_window, tolerance=instr.guard_tolerance
+                )
+        else:
+            follower = CapFollower(
+                dev,
+                work.caps,
+                lambda cap: _pick(rule(cap)),
+                lr_for=instr.lr_for,
+                samples_to_target=rule.relation.samples_map(),
+                poll_s=instr.cap_poll_s,
+                pause_timeout_s=instr.cap_pause_timeout_s,
+                guard_window=instr.guard_window,
+                guard_tolerance=instr.guard_tolerance,
+            )
+            first = follower.start()
+            choice = Choice(instr.method, first.batch_size, first.frequency_hz, first.predicted_seconds, None)
+        result = fine_tune(
+            model,
+            train,
+            test,
+            device=dev,
+            batch_size=choice.batch_size if follower is None else follower.batch_size,
+            lr=instr.lr_for(choice.batch_size if follower is None else follower.batch_size),
+            target_accuracy=instr.target_accuracy,
+            max_samples=instr.budget_samples or None,
+            max_device_seconds=instr.budget_device_seconds or None,
+            eval_every_samples=instr.eval_every_samples,
+            eval_max_samples=instr.eval_max_samples,
+            seed=instr.seed,
+            progress=False,
+            power_guard=guard,
+            checkpoint=round_checkpoint(work, (choice.batch_size, choice.frequency_hz)),
+            on_step=work.on_step,
+            follower=follower,
+        )
+        if follower is not None:
+            result.extra.update(
+                cap_source=work.caps.describe(), final_pair=[follower.batch_size, follower.frequency_hz]
+            )
+            # the pair it started with (from the events: a resumed run's first pick is its first run's)
+            e = next(e for e in result.cap_events if e["kind"] in ("start", "resume"))
+            b, hz, predicted = e["new_batch_size"], e["new_frequency_hz"], e["predicted_remaining_s"]
+            choice = Choice(instr.method, b, hz, predicted, None)
+        state = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
+        return Trained(result, state, dev.board, choice)
+
+
+def _pick(choice: Choice) -> Pick:
+    return Pick(choice.batch_size, choice.frequency_hz, choice.predicted_seconds)
+
+
+def stand_in_step(work: RoundWork, rule: Rule) -> Trained:
+    """Scale mode's cheap stand-in: selection is real; training is not. The board model charges the
+    steps the proxy's samples to target need at the chosen pair (capped by the budget); the weights go
+    back unchanged; the accuracy is the received model's on the local test split (a forward pass)."""
+    instr = work.instr
+    _, test = work.split()
+    cap = work.cap_at_start
+    choice = rule(cap)
+    profile = rule.profile
+    model = work.model()
+    task = get_model_spec(instr.model).task
+    accuracy, _ = evaluate_with_loss(model, task, test.x, test.y) if len(test) else (0.0, 0.0)
+    b, hz = choice.batch_size, choice.frequency_hz
+    w = dict(profile.extra["workload"])
+    workload = Workload(**{**w, "input_shape": tuple(w["input_shape"])})
+    sim = board_model(profile.device)
+    need = 0.0 if accuracy >= instr.target_accuracy else rule.relation.samples_map()[b]
+    samples = min(need, instr.budget_samples or math.inf)
+    steps = math.ceil(samples / b)
+    cost = step_cost(sim, workload, b, hz)
+    if instr.budget_device_seconds and steps * cost.seconds > instr.budget_device_seconds:
+        steps = int(instr.budget_device_seconds // cost.seconds)
+    seconds, energy = replay_cost(sim, workload, b, steps, hz)
+    reached = need == 0.0 or steps * b >= need
+    result = FineTuneResult(
+        reached=reached,
+        samples=steps * b,
+        device_seconds=seconds,
+        energy_j=energy,
+        peak_power_w=cost.peak_w if steps else None,
+        mean_power_w=None,
+        final_accuracy=accuracy,
+        curve=[],
+        batch_size=b,
+        lr=instr.lr_for(b),
+        steps=steps,
+        target_accuracy=instr.target_accuracy,
+        stop_reason="stand-in",
+        extra={"accuracy_of": "received weights (stand-in: not trained)"},
+    )
+    return Trained(result, dict(work.state or {}), profile.device, choice, stand_in=True)
+
+
+# --- the round --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RoundSteps:
+    """The three steps of a round; `for_instructions` gives the ones the server's instructions ask for."""
+
+    profile: ProfileStep = measured_profile_step
+    choose: ChooseStep = method_step
+    train: TrainStep = fine_tune_step
+
+    @classmethod
+    def for_instructions(cls, instr: TrainInstructions) -> RoundSteps:
+        return cls(
+            profile=predicted_profile_step if instr.profile_source == "predicted" else measured_profile_step,
+            choose=oracle_search if instr.method == ORACLE and not instr.stand_in else method_step,
+            train=stand_in_step if instr.stand_in else fine_tune_step,
+        )
+
+
+@dataclass
+class RoundOutcome:
+    """What a round produced, for callers that need more than the report (the demo, the benches)."""
+
+    state: State
+    report: ClientReport
+    profiled: Profiled
+    chosen: Chosen
+    trained: Trained
+
+
+def run_round(work: RoundWork, steps: RoundSteps | None = None) -> RoundOutcome:
+    """Profile → choose → pin and train → report, with the steps given (default: what the instructions
+    ask for). Only the power-aware method is charged for profiling it measured this round (the
+    baselines do not profile: they read only which batch sizes fit; the oracle is a limit, its own-data
+    search is reported apart)."""
+    steps = steps or RoundSteps.for_instructions(work.instr)
+    wall_start = time.perf_counter()
+    train, _ = work.split()
+    check_data(work.instr, train)
+    relation = work.instr.relation() if work.instr.stand_in else usable_relation(work.instr, len(train))
+    profiled = steps.profile(work, relation)
+    chosen = steps.choose(work, profiled.profile, relation, steps.train)
+    trained = None
+    if chosen.search is not None and work.caps.is_constant:  # the chosen pair was measured by the search
+        c = chosen.rule(work.cap_at_start)
+        trained = chosen.search.runs.get((c.batch_size, c.frequency_hz))
+        if trained is not None:
+            trained = replace(trained, choice=c)
+    if trained is None:
+        trained = steps.train(work, chosen.rule)
+    report = build_report(work, profiled, chosen, trained, len(train), time.perf_counter() - wall_start)
+    return RoundOutcome(trained.state, report, profiled, chosen, trained)
+
+
+def train_round(
+    settings: NodeSettings,
+    instr: TrainInstructions,
+    state: State,
+    data: tuple[Dataset, Dataset],
+    *,
+    device_seed: int = 0,
+    profile_cache: Path | None = None,
+    on_step: Callable[[int, int], None] | None = None,
+) -> tuple[State, ClientReport]:
+    """The ClientApp's round: the steps the instructions ask for; returns the new weights and the report."""
+    work = RoundWork(settings, instr, state, data, device_seed, profile_cache, on_step)
+    outcome = run_round(work)
+    return outcome.state, outcome.report
+
+
+def build_report(
+    work: RoundWork,
+    profiled: Profiled,
+    chosen: Chosen,
+    trained: Trained,
+    train_examples: int,
+    wall_seconds: float,
+) -> ClientReport:
+    """The round's report. Only the power-aware method is charged for profiling it measured this round."""
+    instr, result, choice, profile = work.instr, trained.result, trained.choice, profiled.profile
+    charged = instr.method == OURS and not profiled.cached and not trained.stand_in
+    extra: dict[str, Any] = {"profile_points": len(profile.points), "steps": result.steps}
+    if trained.stand_in:
+        extra = {}
+    if choice.meets_deadline is not None:
+        extra.update(deadline_s=instr.deadline_s, meets_deadline_predicted=choice.meets_deadline)
+    if chosen.search is not None:
+        extra.update(
+            oracle_samples_to_target={str(b): s for b, s in chosen.search.relation.samples_map().items()},
+            oracle_search_device_seconds=chosen.search.device_seconds,
+        )
+    extra.update(result.extra)
+    point = profile.point(choice.batch_size, choice.frequency_hz)
+    peak = choice.profiled_peak_power_w or (point.peak_power_w if point is not None else 0.0)
+    more: dict[str, Any] = {}
+    if result.cap_events:
+        more = dict(
+            cap_events=result.cap_events,
+            paused_seconds=result.paused_seconds,
+            over_cap_seconds=result.over_cap_seconds,
+        )
+    return ClientReport(
+        device=work.settings.device,
+        power_cap_w=work.cap_at_start,
+        batch_size=choice.batch_size,
+        frequency_hz=choice.frequency_hz,
+        device_seconds=result.device_seconds,
+        energy_j=result.energy_j,
+        peak_power_w=result.peak_power_w,
+        samples=result.samples,
+        accuracy=result.final_accuracy,
+        reached_target=result.reached,
+        profiling_seconds=float(profile.profiling_seconds or 0.0) if charged else 0.0,
+        board=trained.board,
+        node_key=work.settings.key,
+        predicted_seconds=choice.predicted_seconds or 0.0,
+        profiled_peak_power_w=peak or 0.0,
+        profile_cached=profiled.cached,
+        lr=result.lr,
+        stop_reason=result.stop_reason,
+        train_examples=train_examples,
+        wall_seconds=wall_seconds,
+        step_downs=result.step_downs,
+        method=instr.method,
+        stand_in=trained.stand_in,
+        extra=extra,
+        restored=profiled.restored,
+        **more,
+    )
+
+
+def plan_round(
+    settings: NodeSettings,
+    instr: TrainInstructions,
+    train_examples: int,
+    *,
+    profile_cache: Path | None = None,
+) -> Plan:
+    """A planning query (energy-under-deadline rounds): this node's fastest pair under its cap and its
+    predicted time to the target. The profile is measured now when not cached (the next round's
+    training then finds it cached; the server charges these seconds to that round)."""
+    work = RoundWork(settings, instr, None, None, profile_cache=profile_cache)
+    relation = usable_relation(instr, train_examples)
+    profiled = measured_profile_step(work, relation)
+    fastest = select(profiled.profile, relation, work.cap_at_start)
+    return Plan(
+        fastest_seconds=fastest.predicted_seconds,
+        batch_size=fastest.batch_size,
+        frequency_hz=fastest.frequency_hz,
+        energy_j=fastest.predicted_energy_j,
+        profiling_seconds=0.0 if profiled.cached else float(profiled.profile.profiling_seconds or 0.0),
+    )

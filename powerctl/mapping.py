@@ -1,0 +1,334 @@
+"""One reader for every mapping the project reads: JSON files, Flower records, run and node config, YAML.
+
+A value is read by its key and its `Kind` (what it must be: an integer ≥ 1, one of a few names, a power
+cap); any problem is ONE line of the reader's own error class that names the place, the key and the
+value — ``quick.yaml: task: 'lr-max' must be a number > 0, got 0``. An unknown key is named with the
+nearest known one. The kinds also serve `strategies.settings`, which declares every run setting once.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from powerctl.errors import PowerctlError
+
+MISSING: Any = object()
+"""The default of a key that must be present."""
+
+
+class Invalid(ValueError):
+    """A kind's refusal of a value. The text follows the key in the reader's line: "must be …, got …"."""
+
+
+def must_be(expected: str, value: Any) -> Invalid:
+    return Invalid(f"must be {expected}, got {value!r}")
+
+
+def is_integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    """A finite int or float (bool is not a number here, whatever Python says)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+class Kind:
+    """What a value must be: `expected` in words, `__call__` returns it typed or raises `Invalid`.
+
+    `to_config` gives the value back as a run config or ConfigRecord holds it (bool, int, float, str)."""
+
+    expected: str = "a value"
+    python_type: Any = object
+
+    def __call__(self, value: Any) -> Any:
+        raise NotImplementedError
+
+    def to_config(self, value: Any) -> Any:
+        return value
+
+
+@dataclass(frozen=True)
+class Integer(Kind):
+    minimum: int | None = None
+    maximum: int | None = None
+
+    @property
+    def expected(self) -> str:  # type: ignore[override]
+        return "an integer" + _bounds(self.minimum, self.maximum, False, False)
+
+    python_type = int
+
+    def __call__(self, value: Any) -> int:
+        if not is_integer(value) or not _within(value, self.minimum, self.maximum, False, False):
+            raise must_be(self.expected, value)
+        return int(value)
+
+
+@dataclass(frozen=True)
+class Number(Kind):
+    """A finite number (an int is taken as a float); `above`/`below` make a bound strict."""
+
+    minimum: float | None = None
+    maximum: float | None = None
+    above: bool = False
+    below: bool = False
+    unit: str = ""
+
+    @property
+    def expected(self) -> str:  # type: ignore[override]
+        bounds = _bounds(self.minimum, self.maximum, self.above, self.below)
+        what = f"a number of {self.unit}" if self.unit else "a number"
+        return what + bounds if bounds else ("a finite number" if not self.unit else what)
+
+    python_type = float
+
+    def __call__(self, value: Any) -> float:
+        if not is_number(value) or not _within(value, self.minimum, self.maximum, self.above, self.below):
+            raise must_be(self.expected, value)
+        return float(value)
+
+
+@dataclass(frozen=True)
+class Flag(Kind):
+    expected = "true or false"
+    python_type = bool
+
+    def __call__(self, value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise must_be(self.expected, value)
+        return value
+
+
+@dataclass(frozen=True)
+class Text(Kind):
+    """A string, stripped; `empty` allows "" (a setting whose empty value means "none given")."""
+
+    empty: bool = False
+    what: str = ""
+
+    @property
+    def expected(self) -> str:  # type: ignore[override]
+        return self.what or ("a string" if self.empty else "a non-empty string")
+
+    python_type = str
+
+    def __call__(self, value: Any) -> str:
+        if not isinstance(value, str) or not (self.empty or value.strip()):
+            raise must_be(self.expected, value)
+        return value.strip()
+
+
+@dataclass(frozen=True)
+class Choice(Kind):
+    options: tuple[str, ...]
+
+    @property
+    def expected(self) -> str:  # type: ignore[override]
+        return f"one of {', '.join(self.options)}"
+
+    python_type = str
+
+    def __call__(self, value: Any) -> str:
+        if not isinstance(value, str) or value.strip() not in self.options:
+            raise must_be(self.expected, value)
+        return value.strip()
+
+
+@dataclass(frozen=True)
+class Distinct(Kind):
+    """Distinct values `item` accepts: a list, or text separated by commas (a run config holds no lists).
+
+    `what` names them in the plural ("integers ≥ 1"); `ascending` gives them back sorted (an order
+    that means nothing, e.g. batch sizes)."""
+
+    item: Kind
+    what: str
+    example: str
+    ascending: bool = False
+
+    @property
+    def expected(self) -> str:  # type: ignore[override]
+        return f"distinct {self.what}, a list or separated by commas (e.g. {self.example})"
+
+    python_type = list
+
+    def __call__(self, value: Any) -> list[Any]:
+        items = _split(value) if isinstance(value, str) else value
+        if isinstance(value, str) and isinstance(self.item, Integer):
+            items = [int(v) if v.lstrip("-").isdigit() else v for v in items]
+        try:
+            checked = [self.item(v) for v in items] if isinstance(items, list) else None
+        except Invalid:
+            checked = None
+        if not checked or len(set(checked)) != len(checked):
+            raise must_be(self.expected, value)
+        return sorted(checked) if self.ascending else checked
+
+    def to_config(self, value: Any) -> str:
+        return ",".join(str(v) for v in value)
+
+
+def distinct_ints(minimum: int, example: str, *, ascending: bool = False) -> Distinct:
+    return Distinct(Integer(minimum), f"integers ≥ {minimum}", example, ascending)
+
+
+def distinct_names(options: tuple[str, ...]) -> Distinct:
+    return Distinct(Choice(options), f"names from {', '.join(options)}", ",".join(options[:2]))
+
+
+@dataclass(frozen=True)
+class JsonObject(Kind):
+    """A JSON object written as text (a ConfigRecord holds no nested records)."""
+
+    expected = "a JSON object"
+    python_type = dict
+
+    def __call__(self, value: Any) -> dict[str, Any]:
+        try:
+            obj = json.loads(value) if isinstance(value, str) else None
+        except ValueError:
+            obj = None
+        if not isinstance(obj, dict):
+            raise must_be(self.expected, value)
+        return obj
+
+
+@dataclass(frozen=True)
+class Custom(Kind):
+    """A kind made from a function that returns the value or raises `Invalid` (with its own words)."""
+
+    parse: Callable[[Any], Any]
+    expected: str = "a value"  # type: ignore[misc]
+    python_type: Any = object
+
+    def __call__(self, value: Any) -> Any:
+        return self.parse(value)
+
+
+def _split(text: str) -> list[str]:
+    return [t.strip() for t in text.replace(";", ",").split(",") if t.strip()]
+
+
+def _bounds(lo: float | None, hi: float | None, above: bool, below: bool) -> str:
+    if lo is not None and hi is not None:
+        return f" in {'(' if above else '['}{lo:g}, {hi:g}{')' if below else ']'}"
+    if lo is not None:
+        return f" {'>' if above else '≥'} {lo:g}"
+    if hi is not None:
+        return f" {'<' if below else '≤'} {hi:g}"
+    return ""
+
+
+def _within(v: float, lo: float | None, hi: float | None, above: bool, below: bool) -> bool:
+    if lo is not None and (v < lo or (above and v == lo)):
+        return False
+    return not (hi is not None and (v > hi or (below and v == hi)))
+
+
+def unknown_key_text(key: str, known: Collection[str]) -> str:
+    """``unknown key 'lr-mx'; did you mean 'lr-max'?`` (the known keys listed when none is near)."""
+    near = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+    if near:
+        return f"unknown key {key!r}; did you mean {near[0]!r}?"
+    return f"unknown key {key!r}; keys are {', '.join(known)}"
+
+
+class MappingReader:
+    """Typed reads of one mapping; every failure is one line of `error` naming `where`, the key, the value."""
+
+    def __init__(self, data: Any, where: str, error: type[PowerctlError] = PowerctlError) -> None:
+        self.data, self.where, self.error = data, where, error
+
+    def fail(self, key_or_text: str, why: str | None = None) -> PowerctlError:
+        """``{where}: {key!r} {why}``; with one argument, ``{where}: {text}``."""
+        if why is None:
+            return self.error(f"{self.where}: {key_or_text}")
+        return self.error(f"{self.where}: {key_or_text!r} {why}")
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.data
+
+    def get(self, key: str, default: Any = MISSING) -> Any:
+        if key in self.data:
+            return self.data[key]
+        if default is MISSING:
+            raise self.fail(f"missing key {key!r}")
+        return default
+
+    def value(self, key: str, kind: Kind, default: Any = MISSING) -> Any:
+        """The value of `key` checked by `kind`; `default` (returned as given) when absent."""
+        if key not in self.data:
+            return self.get(key, default)
+        return self.check(key, self.data[key], kind)
+
+    def check(self, key: str, value: Any, kind: Kind | Callable[[Any], Any]) -> Any:
+        """`value` (found under `key`, or inside it) checked by `kind`, or this reader's one-line error."""
+        try:
+            return kind(value)
+        except Invalid as exc:
+            raise self.fail(key, str(exc)) from None
+
+    def only(self, known: Collection[str]) -> MappingReader:
+        """Refuse any key not in `known`, naming the nearest known one."""
+        for key in sorted(str(k) for k in self.data):
+            if key not in known:
+                raise self.fail(unknown_key_text(key, known))
+        return self
+
+    def section(self, key: str, known: Collection[str]) -> MappingReader:
+        """The mapping under `key` (absent or empty: {}), read with its keys checked; errors name
+        ``{where}: {key}``."""
+        raw = self.data.get(key)
+        return mapping_reader(raw if raw is not None else {}, f"{self.where}: {key}", self.error, known)
+
+    # the common kinds by name
+    def string(self, key: str, default: Any = MISSING) -> str:
+        return self.value(key, Text(), default)
+
+    def number(
+        self,
+        key: str,
+        *,
+        positive: bool = False,
+        minimum: float | None = 0.0,
+        maximum: float | None = None,
+        default: Any = MISSING,
+    ) -> float:
+        """A finite number ≥ `minimum` (None: no bound); `positive`: > 0."""
+        kind = Number(0.0, maximum, above=True) if positive else Number(minimum, maximum)
+        return self.value(key, kind, default)
+
+    def integer(self, key: str, *, minimum: int | None = 1, default: Any = MISSING) -> int:
+        return self.value(key, Integer(minimum), default)
+
+    def flag(self, key: str, default: Any = MISSING) -> bool:
+        return self.value(key, Flag(), default)
+
+    def choice(self, key: str, allowed: tuple[str, ...], default: Any = MISSING) -> str:
+        return self.value(key, Choice(allowed), default)
+
+    def json_object(self, key: str, default: Any = MISSING) -> dict[str, Any]:
+        return self.value(key, JsonObject(), default)
+
+    def list_of(self, key: str) -> list[Any]:
+        v = self.get(key)
+        if not isinstance(v, list):
+            raise self.fail(key, f"must be a list, got {v!r}")
+        return v
+
+
+def mapping_reader(
+    data: Any, where: str, error: type[PowerctlError] = PowerctlError, known: Collection[str] | None = None
+) -> MappingReader:
+    """A reader of `data`, which must be a mapping (with only the `known` keys, when given)."""
+    if not isinstance(data, Mapping):
+        keys = f" with keys {', '.join(known)}" if known else ""
+        raise error(f"{where}: must be a mapping{keys}, got {data!r}")
+    reader = MappingReader(data, where, error)
+    return reader.only(known) if known is not None else reader

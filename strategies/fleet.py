@@ -1,0 +1,211 @@
+"""The fleet: which board and power cap each virtual node runs on, read by the ServerApp and the ClientApp.
+
+A virtual node in Flower 1.41's simulation gets only `partition-id` and `num-partitions` as node config,
+so the run config's `fleet` maps partition ids to boards and caps: a table
+(``"sim:jetson-nano@3.5, sim:jetson-tx2nx@6, sim:jetson-nano@none"``, entry i % len for partition i) or a
+YAML file (``groups:`` or ``boards:``, each {device, power-cap-w, count}). The ServerApp checks it before
+round 1, the ClientApp maps its partition through it (`fl_client.node`), the fleet runner reads the same
+groups (`simulations.fleet`). A board of a simulated kind refuses a cap it could never run under.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from powerctl.capsource import (
+    CapSource,
+    ConstantCap,
+    InvalidPowerCapError,
+    ScheduleCap,
+    TraceCap,
+    cap_watts,
+    parse_cap_source,
+)
+from powerctl.errors import PowerctlError
+from powerctl.mapping import Integer, Invalid, Text, mapping_reader
+
+APP_DIR = Path(__file__).resolve().parents[1]
+"""The app's root (the project folder, or Flower's copy of it): relative run config paths start here."""
+FLEET_KEYS = ("device", "power-cap-w", "count")
+MAX_BOARDS = 10_000
+"""Most boards a fleet (and virtual nodes a simulation) may have: each is a Ray actor's worth of state,
+and a typo (count: 1000000000) must be one line, not a machine out of memory."""
+YAML_SUFFIXES = (".yaml", ".yml")
+
+
+class NodeConfigError(PowerctlError):
+    """A node config or fleet entry that cannot be used; the text names the key and the value."""
+
+
+CapSchedule = tuple[tuple[float, float | None], ...]
+"""A power cap over time: ((t_s, W or None), ...), t_s ascending from 0."""
+
+
+@dataclass(frozen=True)
+class FleetEntry:
+    device: str
+    power_cap_w: float | None
+    """The cap at t = 0: the constant, or a schedule's or trace's first value."""
+    group: int = 0
+    """Index of the fleet file's group this board came from."""
+    cap_source: CapSource | None = None
+    """The schedule, trace or live file the group follows (None: the constant `power_cap_w`)."""
+
+    def caps(self) -> CapSource | None:
+        """The changing cap this board follows, None for a constant one."""
+        return self.cap_source
+
+    @property
+    def power_cap_schedule(self) -> CapSchedule | None:
+        """The full schedule when the file gave one."""
+        return self.cap_source.steps if isinstance(self.cap_source, ScheduleCap) else None
+
+    def label(self) -> str:
+        return f"{self.device}@{'none' if self.power_cap_w is None else f'{self.power_cap_w:g}'}"
+
+    def cap_label(self) -> str:
+        """The cap as a report shows it: W, none, the schedule, or the trace / live file."""
+        if (schedule := self.power_cap_schedule) is not None:
+            steps = ", ".join(f"{t:g}s:{'none' if w is None else f'{w:g}'}" for t, w in schedule)
+            return f"schedule [{steps}]"
+        if self.cap_source is not None:
+            return self.cap_source.describe()
+        return "none" if self.power_cap_w is None else f"{self.power_cap_w:g}"
+
+
+def board_cap_problem(device: str, source: CapSource) -> str | None:
+    """Why a simulated board can never run under this cap: every value it takes is below the least
+    power of any training step on that board (a changing cap that dips below it only pauses the node).
+    None: it can (or the board is not a simulated one, whose least power is not known in advance)."""
+    kind, _, name = device.partition(":")
+    if kind != "sim":
+        return None
+    from powerctl.boards import board_model
+    from powerctl.devices.simulated import SIM_BOARDS
+
+    if name not in SIM_BOARDS:
+        return None  # an unknown board is the device's own one-line error when it is opened
+    if isinstance(source, ConstantCap):
+        caps = [source.power_cap_w]
+    elif isinstance(source, ScheduleCap):
+        caps = [w for _, w in source.steps]
+    elif isinstance(source, TraceCap):
+        caps = list(source.watts)
+    else:
+        return None  # a live file: what it will say is not known in advance
+    if None in caps:
+        return None
+    least = board_model(name).least_power_w()
+    highest = max(w for w in caps if w is not None)
+    if highest >= least:
+        return None
+    return (
+        f"a cap of {highest:g} W is below anything {device} can run (its least power is {least:.2f} W): "
+        "raise it, or give none"
+    )
+
+
+def check_board_cap(device: str, source: CapSource, where: str) -> None:
+    """`board_cap_problem` as one NodeConfigError line naming `where`."""
+    if (problem := board_cap_problem(device, source)) is not None:
+        raise NodeConfigError(f"{where}: {problem}")
+
+
+def _entry_caps(value: Any, device: str, where: str, base_dir: Path | None) -> tuple[float | None, Any]:
+    """A fleet entry's `power-cap-w` (the one cap source parser) → (the cap at t = 0, the changing
+    source or None), checked against the board."""
+    try:
+        source = parse_cap_source(value, where, base_dir)
+    except InvalidPowerCapError as exc:
+        raise NodeConfigError(str(exc)) from None
+    check_board_cap(device, source, where)
+    return source.cap_at(0.0), None if isinstance(source, ConstantCap) else source
+
+
+def fleet_table(text: str) -> list[FleetEntry]:
+    """``DEVICE[@CAP], ...`` (CAP in W, or none) → entries in order; a problem raises `Invalid` (the
+    words that follow the key: "entry 'sim:jetson-nano@abc': its cap must be …")."""
+    entries = []
+    for item in (t.strip() for t in text.replace(";", ",").split(",")):
+        if not item:
+            continue
+        device, _, cap = item.partition("@")
+        if not device.strip():
+            raise Invalid(f"entry {item!r} has no device (e.g. sim:jetson-nano@3.5)")
+        try:
+            watts = cap_watts(cap)
+        except Invalid as exc:
+            raise Invalid(f"entry {item!r}: its cap {exc}") from None
+        if problem := board_cap_problem(device.strip(), ConstantCap(watts)):
+            raise Invalid(f"entry {item!r}: {problem}")
+        entries.append(FleetEntry(device.strip(), watts))
+    if not entries:
+        raise Invalid(f"is empty ({text!r}); e.g. 'sim:jetson-nano@3.5'")
+    return entries
+
+
+def parse_fleet_table(text: str, where: str = "run config: 'fleet'") -> list[FleetEntry]:
+    """`fleet_table`, or one NodeConfigError line naming `where`."""
+    try:
+        return fleet_table(text)
+    except Invalid as exc:
+        raise NodeConfigError(f"{where} {exc}") from None
+
+
+def parse_fleet_groups(
+    groups: Any, where: str, key: str = "groups", base_dir: Path | None = None
+) -> list[FleetEntry]:
+    """A fleet file's list of groups {device, count, power-cap-w} → one entry per board, in order.
+
+    Every error names the place in the file, e.g. ``fleet.yaml: groups[1]: 'count' must be …``. Trace
+    and live-file paths start at `base_dir` (default: the folder of `where`)."""
+    if not isinstance(groups, list) or not groups:
+        raise NodeConfigError(f"{where}: {key!r} must be a non-empty list of groups, got {groups!r}")
+    entries: list[FleetEntry] = []
+    for i, raw in enumerate(groups):
+        r = mapping_reader(raw, f"{where}: {key}[{i}]", NodeConfigError, FLEET_KEYS)
+        device = r.value("device", Text(what="a device spec such as sim:jetson-nano"))
+        count = r.value("count", Integer(1), 1)
+        if len(entries) + count > MAX_BOARDS:
+            raise NodeConfigError(
+                f"{r.where}: 'count': a fleet has at most {MAX_BOARDS} boards, got {count} more"
+            )
+        cap, source = _entry_caps(
+            r.get("power-cap-w", None), device, f"{r.where}: 'power-cap-w'", base_dir or Path(where).parent
+        )
+        entries += [FleetEntry(device, cap, i, source)] * count
+    return entries
+
+
+def fleet_from_document(doc: Any, name: str) -> list[FleetEntry]:
+    """A YAML fleet document: ``groups:`` (a fleet file of `python -m simulations run`, whose other
+    sections the fleet runner checks) or ``boards:`` (a bare list of boards)."""
+    if isinstance(doc, dict) and "groups" in doc:
+        return parse_fleet_groups(doc["groups"], name, "groups")
+    if isinstance(doc, dict) and set(doc) == {"boards"}:
+        return parse_fleet_groups(doc["boards"], name, "boards")
+    raise NodeConfigError(f"{name}: expected a list of boards under 'groups:' (or 'boards:')")
+
+
+def app_path_of(text: str) -> Path:
+    """A path named in the run config: absolute, or relative to the app folder."""
+    path = Path(text.strip()).expanduser()
+    return path if path.is_absolute() else APP_DIR / path
+
+
+def fleet_file(value: str) -> Path | None:
+    """The fleet file the run config's `fleet` names (absolute, or relative to the app), which must
+    exist (else `Invalid`); None when `fleet` is a table."""
+    if not value.strip().endswith(YAML_SUFFIXES):
+        return None
+    path = app_path_of(value)
+    if not path.is_file():
+        raise Invalid(f"names no such fleet file: {path}")
+    return path
+
+
+def fleet_entry(fleet: Any, partition_id: int) -> FleetEntry:
+    """Partition i runs on entry i % len: any number of virtual nodes maps onto the table."""
+    return fleet[partition_id % len(fleet)]

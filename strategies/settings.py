@@ -1,0 +1,433 @@
+"""Every run setting, declared once: its key, default, kind (type and check), help, and who reads it.
+
+Flower takes the settings' defaults from pyproject.toml's ``[tool.flwr.app.config]`` (a test keeps that
+table equal to this declaration; ``python -m strategies.settings`` prints it) and overrides with
+``--run-config``. From this declaration come the ServerApp's checked config (`read_settings` →
+`RunSettings`, `fl_server.run_config`), the settings fields of every client's train instructions
+(`strategies.protocol.TrainInstructions`), what the ClientApp reads from the run config
+(`client_setting`), and the fleet file's defaults and checks (`simulations.fleet`). A changed default
+here changes it everywhere; a new setting is one more `Setting(...)` line (and the table in pyproject).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import sys
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from powerctl.baselines import ORACLE, PROXY_BATCH, STATE_OF_PRACTICE
+from powerctl.errors import PowerctlError
+from powerctl.follow import DEFAULT_PAUSE_TIMEOUT_S, DEFAULT_POLL_S
+from powerctl.guard import DEFAULT_TOLERANCE, DEFAULT_WINDOW
+from powerctl.mapping import (
+    Choice,
+    Custom,
+    Flag,
+    Integer,
+    Invalid,
+    Kind,
+    MappingReader,
+    Number,
+    Text,
+    distinct_ints,
+    distinct_names,
+    must_be,
+)
+from strategies.fleet import app_path_of, fleet_file, fleet_table
+from training.lr import LR_RULES
+
+SERVER = "server"
+"""Read by the ServerApp only."""
+CLIENT = "client"
+"""Read by the ClientApp from the run config (the ServerApp checks it before round 1)."""
+BOTH = "both"
+"""Read by the ServerApp, which sends it to every client in its train instructions."""
+READERS = (SERVER, CLIENT, BOTH)
+
+PROFILE_ORDERS = ("efficient", "grid", "fitted")
+"""How a client measures its profile (powerctl.profiler): efficient (stop each batch size at the cap),
+grid (every pair), fitted (a few points, a fit, and measurements confirming the choice)."""
+PROFILE_SOURCES = ("measured", "predicted")
+"""measured: profile the device (cached); predicted: a simulated board's model profile (no device time)."""
+OURS = "ours"
+METHODS = (OURS, STATE_OF_PRACTICE, PROXY_BATCH, ORACLE)
+"""How a client chooses (b, f): the power-aware method, or one of powerctl.baselines' baselines."""
+OURS_DEADLINE = "ours-deadline"
+RUN_METHODS = (*METHODS, OURS_DEADLINE)
+"""What a run compares: the client methods, and `ours-deadline` = ours with energy-under-deadline
+rounds (the server sets a deadline; each client picks its least-energy pair that meets it)."""
+ROUND_OBJECTIVES = ("time", "energy-under-deadline")
+"""time: every client its fastest pair (the paper); energy-under-deadline: see `OURS_DEADLINE`."""
+PARTITION_SCHEMES = ("iid", "dirichlet")
+FAULT_KINDS = ("raise", "hang", "kill")
+"""Injected failures (soak tests only, `fl_client.faults`)."""
+
+
+class SettingsError(PowerctlError):
+    """A setting that is unknown or holds a value that cannot be used; the text names the key and value."""
+
+
+# --- kinds of the project's own values --------------------------------------------------------------
+def _model(value: Any) -> str:
+    from training.models import model_names
+
+    return Choice(tuple(model_names()))(value)
+
+
+def _dataset(value: Any) -> str:
+    """A dataset spec (`training.data.SPECS`): checked for its form here; the file is the loader's (in
+    a deployment it lives on the clients, not where the run is checked)."""
+    from training.data import SPECS
+    from training.data.load import _FILE_LOADERS  # the file kinds (SPECS names mnist only in words)
+
+    generated = [spec for spec in SPECS if ":" not in spec]
+    text = Text()(value) if isinstance(value, str) else value
+    kind, sep, arg = text.partition(":") if isinstance(text, str) else ("", "", "")
+    if not (text in generated or (kind in _FILE_LOADERS and sep and arg.strip())):
+        raise must_be(
+            f"a dataset spec ({', '.join(generated)}, or KIND:PATH with KIND in {', '.join(_FILE_LOADERS)})",
+            value,
+        )
+    return text
+
+
+def _app_file(value: Any) -> str:
+    """Empty, or a file that exists: absolute, or relative to the app folder (the ServerApp runs in
+    Flower's copy of the app, not where `flwr run` started)."""
+    text = Text(empty=True)(value)
+    if text and not (path := app_path_of(text)).is_file():
+        raise Invalid(f"names no such file: {path} (give an absolute path)")
+    return text
+
+
+def _folder(value: Any) -> str:
+    text = Text(empty=True)(value)
+    if text and not Path(text).expanduser().is_absolute():
+        raise must_be("an absolute folder (the apps do not run in the folder flwr run started in)", value)
+    return text
+
+
+def _fleet(value: Any) -> str:
+    """A fleet table (parsed, every cap checked against its board) or a fleet file that exists (its
+    YAML is read by `fl_client.node.load_fleet_file`, see `fl_server.run_config.parse_server_config`)."""
+    text = Text()(value)
+    if fleet_file(text) is None:
+        fleet_table(text)
+    return text
+
+
+def parse_fault_spec(spec: str) -> dict[str, float]:
+    """``raise:0.1,hang:0.05,kill:0.05`` → probabilities per kind (empty: none), or `Invalid`."""
+    probabilities: dict[str, float] = {}
+    for part in (p.strip() for p in spec.split(",") if p.strip()):
+        kind, _, p = part.partition(":")
+        try:
+            value = float(p)
+        except ValueError:
+            value = -1.0
+        if kind not in FAULT_KINDS or not 0.0 <= value <= 1.0:
+            raise Invalid(
+                f"holds {part!r}, which is not KIND:P (KIND in {', '.join(FAULT_KINDS)}, P in [0, 1])"
+            )
+        probabilities[kind] = value
+    if sum(probabilities.values()) > 1.0:
+        raise Invalid(f"has probabilities that add up to more than 1: {spec!r}")
+    return probabilities
+
+
+def _faults(value: Any) -> str:
+    text = Text(empty=True)(value)
+    parse_fault_spec(text)
+    return text
+
+
+MODEL = Custom(_model, "a model name", str)
+DATASET = Custom(_dataset, "a dataset spec", str)
+APP_FILE = Custom(_app_file, "a file (or empty)", str)
+FOLDER = Custom(_folder, "an absolute folder (or empty)", str)
+FLEET = Custom(_fleet, "a fleet table or a fleet file", str)
+FAULTS = Custom(_faults, "KIND:P, ... (or empty)", str)
+
+
+# --- the declaration ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Setting:
+    key: str
+    """The run config key (kebab-case); the Python attribute is its snake_case."""
+    default: bool | int | float | str
+    """As pyproject.toml holds it (a list is text separated by commas)."""
+    kind: Kind
+    help: str
+    readers: str = SERVER
+
+    @property
+    def attr(self) -> str:
+        return self.key.replace("-", "_")
+
+    def typed_default(self) -> Any:
+        return self.kind(self.default)
+
+
+def _declare(*settings: Setting) -> dict[str, Setting]:
+    out = {s.key: s for s in settings}
+    assert len(out) == len(settings) and all(s.readers in READERS for s in settings)
+    return out
+
+
+SETTINGS: dict[str, Setting] = _declare(
+    Setting("num-server-rounds", 2, Integer(1), "Rounds of federated training (each: train, evaluate)."),
+    Setting("model", "cnn-tiny", MODEL, "The model to fine-tune (training.models).", BOTH),
+    Setting("weights", "", APP_FILE, "Weights (safetensors) to start from; empty: pre-train (cached)."),
+    Setting("pretrain-data", "synthetic-image", DATASET, "Pre-training data, when `weights` is empty."),
+    Setting("pretrain-samples", 2000, Integer(1), "Pre-training samples."),
+    Setting("pretrain-seed", 0, Integer(0), "Pre-training seed."),
+    Setting("relation", "", APP_FILE, "A relation vector file; empty: estimate it on proxy-data (cached)."),
+    Setting("proxy-data", "synthetic-image", DATASET, "The proxy data the relation vector is estimated on."),
+    Setting("proxy-seed", 1, Integer(0), "Seed of the proxy data."),
+    Setting(
+        "relation-seeds", "0,1,2", distinct_ints(0, "0,1,2"), "Training seeds the relation vector averages."
+    ),
+    Setting("relation-max-samples", 16000, Integer(1), "Most samples a relation run trains."),
+    Setting("target-accuracy", 0.7, Number(0.0, 1.0, above=True), "The accuracy to reach.", BOTH),
+    Setting(
+        "batch-sizes",
+        "8,16,32,64",
+        distinct_ints(1, "8,16,32,64", ascending=True),
+        "Batch sizes of the relation vector.",
+    ),
+    Setting("lr-max", 0.002, Number(0.0, above=True), "Learning rate of the largest batch size.", BOTH),
+    Setting("lr-rule", "sqrt", Choice(LR_RULES), "How the rate scales with the batch size.", BOTH),
+    Setting("budget-samples", 6000, Integer(0), "Training samples per round (0: no budget).", BOTH),
+    Setting("budget-device-seconds", 0.0, Number(0.0), "Device seconds per round (0: none).", BOTH),
+    Setting("eval-every-samples", 128, Integer(1), "Evaluate the target this often.", BOTH),
+    Setting("eval-max-samples", 300, Integer(1), "Most test samples an evaluation uses.", BOTH),
+    Setting("profile-order", "efficient", Choice(PROFILE_ORDERS), "How a client profiles its board.", BOTH),
+    Setting("profile-samples", 4000, Integer(1), "N: the samples a profile's time is for.", BOTH),
+    Setting("profile-warmup", 1, Integer(0), "Warm-up steps per profiled pair.", BOTH),
+    Setting("profile-steps", 2, Integer(1), "Measured steps per profiled pair.", BOTH),
+    Setting("seed", 0, Integer(0), "The run's training seed.", BOTH),
+    Setting("results-dir", "", FOLDER, "Folder of results.json; empty: ~/.local/share/powerfed/runs/ID."),
+    Setting(
+        "checkpoint-every-samples",
+        4096,
+        Integer(0),
+        "Clients checkpoint their fine-tune this often and resume it when restarted (0: never).",
+        BOTH,
+    ),
+    Setting("resume", True, Flag(), "Continue from the last completed round of this run in results-dir."),
+    Setting("round-timeout", 3600.0, Number(0.0, above=True, unit="seconds"), "How long a round waits."),
+    Setting("min-nodes", 1, Integer(1), "Nodes to wait for before round 1."),
+    Setting("fraction-train", 1.0, Number(0.0, 1.0), "Share of the nodes that train each round."),
+    Setting("fraction-evaluate", 1.0, Number(0.0, 1.0), "Share of the nodes that evaluate each round."),
+    Setting(
+        "guard-window",
+        DEFAULT_WINDOW,
+        Integer(1),
+        "Power guard: consecutive over-cap steps before a client steps its frequency down.",
+        BOTH,
+    ),
+    Setting(
+        "guard-tolerance",
+        DEFAULT_TOLERANCE,
+        Number(0.0, 1.0, below=True),
+        "Power guard: relative excess over the cap a reading may show (the sensor's noise band).",
+        BOTH,
+    ),
+    Setting(
+        "round-objective",
+        "time",
+        Choice(ROUND_OBJECTIVES),
+        "time: every client its fastest pair; energy-under-deadline: the least-energy pair meeting the "
+        "round's deadline (ours).",
+    ),
+    Setting(
+        "round-deadline-s",
+        0.0,
+        Number(0.0, unit="seconds"),
+        "Energy-under-deadline rounds: the deadline in device seconds (0: the slowest client's fastest).",
+    ),
+    Setting(
+        "cap-poll-s",
+        DEFAULT_POLL_S,
+        Number(0.0, above=True, unit="seconds"),
+        "A client paused because nothing fits under its changing cap reads the cap this often.",
+        BOTH,
+    ),
+    Setting(
+        "cap-pause-timeout-s",
+        DEFAULT_PAUSE_TIMEOUT_S,
+        Number(0.0, above=True, unit="seconds"),
+        "... and gives up after this long paused.",
+        BOTH,
+    ),
+    Setting(
+        "fleet",
+        "sim:jetson-nano@3.0, sim:jetson-tx2nx@4.5, sim:jetson-nano@none, sim:jetson-tx2nx@3.5",
+        FLEET,
+        "Virtual nodes' boards and caps: a table DEVICE@CAP, ... (partition i: entry i % len), or a file.",
+        CLIENT,
+    ),
+    Setting("client-data", "synthetic-image", DATASET, "The data partitioned among virtual nodes.", CLIENT),
+    Setting("client-data-seed", 2, Integer(0), "Seed of the client data and its split.", CLIENT),
+    Setting("partitioning", "iid", Choice(PARTITION_SCHEMES), "How client data is shared out.", CLIENT),
+    Setting("dirichlet-alpha", 0.5, Number(0.0, above=True), "Label skew of dirichlet partitioning.", CLIENT),
+    Setting("methods", "ours", distinct_names(RUN_METHODS), "The methods to run one after another."),
+    Setting(
+        "profile-source",
+        "measured",
+        Choice(PROFILE_SOURCES),
+        "measured (profile each device, cached) or predicted (a simulated board's model: scale mode).",
+        BOTH,
+    ),
+    Setting(
+        "real-share",
+        1.0,
+        Number(0.0, 1.0),
+        "Scale mode: the share of clients that fine-tune the real model; the others run the stand-in.",
+    ),
+    Setting("profile-cache", "", FOLDER, "Clients' profile cache folder; empty: the shared one.", CLIENT),
+    Setting(
+        "inject-failures",
+        "",
+        FAULTS,
+        "Soak tests only (POWERFED_FAULT_INJECTION=1): failures per train message, e.g. raise:0.1,hang:0.05.",
+        CLIENT,
+    ),
+    Setting("inject-seed", 0, Integer(), "Soak tests only: the seed of injected failures.", CLIENT),
+    Setting(
+        "inject-hang-s",
+        60.0,
+        Number(0.0, 3600.0, above=True, below=True, unit="seconds"),
+        "Soak tests only: how long an injected hang sleeps.",
+        CLIENT,
+    ),
+    Setting(
+        "inject-server-stop-round",
+        0,
+        Integer(0),
+        "Soak tests only: the ServerApp stops as if it crashed once this round's replies are in (0: never).",
+    ),
+)
+
+
+def settings_of(readers: Collection[str]) -> list[Setting]:
+    """The declared settings read by any of `readers`, in declaration order (looked up now, so a
+    changed declaration is seen)."""
+    return [s for s in SETTINGS.values() if s.readers in readers]
+
+
+# --- what derives from it ----------------------------------------------------------------------------
+def with_settings(*readers: str) -> Callable[[type], type]:
+    """Class decorator: a frozen, keyword-only dataclass whose fields are the class's own plus one per
+    setting read by `readers` (named by its attribute, typed by its kind, defaulting to the declared
+    default as it is when the object is made)."""
+
+    def decorate(cls: type) -> type:
+        annotations = dict(inspect.get_annotations(cls))
+        for s in settings_of(readers):
+            annotations[s.attr] = s.kind.python_type
+            factory = _default_of(s.key)
+            setattr(cls, s.attr, dataclasses.field(default_factory=factory, metadata={"setting": s.key}))
+        cls.__annotations__ = annotations
+        return dataclass(frozen=True, kw_only=True)(cls)
+
+    return decorate
+
+
+def _default_of(key: str) -> Callable[[], Any]:
+    return lambda: SETTINGS[key].typed_default()
+
+
+def setting_fields(obj: Any) -> dict[str, Any]:
+    """{key: value} of the declared settings among `obj`'s dataclass fields."""
+    return {
+        f.metadata["setting"]: getattr(obj, f.name)
+        for f in dataclasses.fields(obj)
+        if "setting" in f.metadata
+    }
+
+
+def to_config(values: Mapping[str, Any]) -> dict[str, Any]:
+    """{key: typed value} → as a run config or a ConfigRecord holds them (lists as text)."""
+    return {key: SETTINGS[key].kind.to_config(v) for key, v in values.items()}
+
+
+@with_settings(SERVER, CLIENT, BOTH)
+class RunSettings:
+    """The run config, every key checked and typed (`read_settings`)."""
+
+    def method_list(self) -> list[str]:
+        return list(self.methods)
+
+    def seeds(self) -> list[int]:
+        return list(self.relation_seeds)
+
+    def batch_size_list(self) -> list[int]:
+        return sorted(self.batch_sizes)
+
+    def to_run_config(self) -> dict[str, Any]:
+        return to_config(setting_fields(self))
+
+
+def _reader(run_config: Any, error: type[PowerctlError]) -> MappingReader:
+    return MappingReader(run_config, "run config", error)
+
+
+def read_settings(run_config: Any, error: type[PowerctlError] = SettingsError) -> RunSettings:
+    """Every key of `run_config` checked by its declaration (an unknown key named with the nearest
+    known one), the others at their defaults; the first problem is one `error` line."""
+    r = _reader(run_config, error).only(SETTINGS)
+    return RunSettings(**{s.attr: r.value(s.key, s.kind, s.typed_default()) for s in SETTINGS.values()})
+
+
+def client_setting(run_config: Any, key: str, error: type[PowerctlError] = SettingsError) -> Any:
+    """One setting as the ClientApp reads it from its run config: checked, typed, else the default."""
+    s = SETTINGS[key]
+    return _reader(run_config, error).value(key, s.kind, s.typed_default())
+
+
+def app_config_toml(settings: Iterable[Setting] | None = None) -> str:
+    """The ``[tool.flwr.app.config]`` table pyproject.toml must hold, each key under its help."""
+    lines = ["[tool.flwr.app.config]"]
+    for s in settings if settings is not None else SETTINGS.values():
+        lines += [f"# {s.help}", f"{s.key} = {_toml(s.default)}"]
+    return "\n".join(lines) + "\n"
+
+
+def markdown_table() -> str:
+    """The settings as a Markdown table (key, default, who reads it, what it is), for the docs."""
+    lines = ["| key | default | read by | what it is |", "| --- | --- | --- | --- |"]
+    for s in SETTINGS.values():
+        cells = [f"`{s.key}`", f"`{_toml(s.default)}`", s.readers, s.help]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(
+        prog="python -m strategies.settings",
+        description="Print the run settings as pyproject.toml's [tool.flwr.app.config] table (default) or "
+        "as a Markdown table.",
+    )
+    p.add_argument("--markdown", action="store_true", help="a Markdown table for the docs")
+    args = p.parse_args(argv)
+    sys.stdout.write(markdown_table() if args.markdown else app_config_toml())
+    return 0
+
+
+def _toml(value: bool | int | float | str) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return repr(value)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

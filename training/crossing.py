@@ -1,0 +1,157 @@
+"""Samples to a target accuracy, read from an evaluation curve at the resolution a decision needs.
+
+A fine-tuning run evaluates every so many samples and stops at the first evaluation at or above the
+target. Reading "samples to target" as that evaluation's sample count quantises it to the evaluation
+interval: two batch sizes that both cross within the first interval look equal, and a ranking can turn
+on a difference smaller than one interval. Two rules fix this (docs/results/paper_tables.md measures
+them):
+
+- **Interpolated crossing** (`crossing_samples`): the crossing is the linear interpolation between the
+  last evaluation below the target and the first at or above it, on the curve made monotone by
+  isotonic regression (pool-adjacent-violators, the least-squares non-decreasing fit). Fine-tuning
+  accuracy is expected to rise; a dip just before the crossing is evaluation noise, and on the raw
+  curve it would move the crossing by up to a whole interval. PAV has no window to tune and adds no
+  lag (a trailing moving average would cross late, by a lag that depends on the interval). It cannot
+  undo a lucky last evaluation (nothing follows it: the run stopped there); that early bias is the
+  evaluation noise divided by the curve's slope, small where targets sit on the rising part of the
+  curve and the evaluations are dense.
+- **Dense evaluation** (`run_dense`): a run that crossed after fewer than `min_evaluations`
+  evaluations is run again from the same start and seed (same data order, same steps: the same
+  trajectory) with the interval shrunk to its (interpolated) crossing / `min_evaluations` (at least
+  one step), and again while it still crosses too early (a coarse first curve interpolates a fast
+  early jump as a straight line, so the first estimate of the crossing can be twice too late). The
+  interval is then tied to each batch size's own samples to target, so every batch size crosses
+  after several evaluations, whatever its batch efficiency, and the quantisation left is a fixed
+  fraction of its samples to target; only runs that crossed too early pay for a second run, which
+  costs no more than the first.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+__all__ = [
+    "DEFAULT_MIN_EVALUATIONS",
+    "SMOOTHINGS",
+    "crossing_samples",
+    "dense_eval_interval",
+    "evaluations_before",
+    "isotonic",
+    "run_dense",
+]
+
+SMOOTHINGS: tuple[str, ...] = ("isotonic", "none")
+DEFAULT_MIN_EVALUATIONS = 8
+"""Evaluations a run should take before it crosses: the crossing is then known to ≤ 1/8 of itself
+before interpolation (and much better after); fewer makes the ranking of close batch sizes a coin toss,
+more costs evaluations that change nothing (docs/results/paper_tables.md)."""
+
+
+class _Point(Protocol):
+    samples: int
+    accuracy: float
+
+
+Curve = Sequence[_Point] | Sequence[tuple[float, float]]
+
+
+def _pairs(curve: Curve) -> list[tuple[float, float]]:
+    """(samples, accuracy) pairs from CurvePoints or pairs, in sample order."""
+    out = []
+    for p in curve:
+        s, a = (p[0], p[1]) if isinstance(p, tuple | list) else (p.samples, p.accuracy)
+        out.append((float(s), float(a)))
+    if any(b[0] < a[0] for a, b in itertools.pairwise(out)):
+        raise ValueError("a curve's sample counts must not decrease")
+    return out
+
+
+def isotonic(values: Sequence[float]) -> list[float]:
+    """The least-squares non-decreasing fit (pool-adjacent-violators), equal weights."""
+    blocks: list[list[float]] = []  # [sum, count]
+    for v in values:
+        blocks.append([float(v), 1.0])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            s, c = blocks.pop()
+            blocks[-1][0] += s
+            blocks[-1][1] += c
+    out: list[float] = []
+    for s, c in blocks:
+        out.extend([s / c] * int(c))
+    return out
+
+
+def _smoothed(curve: Curve, smoothing: str) -> list[tuple[float, float]]:
+    pts = _pairs(curve)
+    if smoothing == "none":
+        return pts
+    if smoothing == "isotonic":
+        return list(zip((s for s, _ in pts), isotonic([a for _, a in pts]), strict=True))
+    raise ValueError(f"unknown smoothing {smoothing!r}; use one of {', '.join(SMOOTHINGS)}")
+
+
+def crossing_samples(curve: Curve, target: float, *, smoothing: str = "isotonic") -> float | None:
+    """Samples at which the (smoothed) curve first reaches `target`, interpolated linearly between the
+    last evaluation below it and the first at or above it; 0.0 when the first evaluation already meets
+    it, None when no evaluation does. `curve`: CurvePoints (`FineTuneResult.curve`) or (samples,
+    accuracy) pairs."""
+    pts = _smoothed(curve, smoothing)
+    for i, (s, a) in enumerate(pts):
+        if a >= target:
+            if i == 0:
+                return s
+            s0, a0 = pts[i - 1]
+            if a <= a0:  # flat step onto the target (cannot happen below it): the later point
+                return s
+            return s0 + (target - a0) / (a - a0) * (s - s0)
+    return None
+
+
+def evaluations_before(curve: Curve, target: float) -> int | None:
+    """How many evaluations after the start came before the first raw one at or above `target` (that
+    one included): 1 means the run was decided at its first evaluation. None: never reached."""
+    for i, (_, a) in enumerate(_pairs(curve)):
+        if a >= target:
+            return i
+    return None
+
+
+def dense_eval_interval(
+    batch_size: int, crossing: float, min_evaluations: int = DEFAULT_MIN_EVALUATIONS
+) -> int:
+    """The interval (samples) that puts ≥ `min_evaluations` evaluations before `crossing`: a whole
+    number of steps of `batch_size`, at least one."""
+    if batch_size < 1 or min_evaluations < 1:
+        raise ValueError("batch_size and min_evaluations must be ≥ 1")
+    steps = max(1, math.floor(crossing / min_evaluations / batch_size))
+    return steps * batch_size
+
+
+def run_dense(
+    run: Callable[[int], Any],
+    *,
+    batch_size: int,
+    eval_every_samples: int,
+    target: float,
+    min_evaluations: int = DEFAULT_MIN_EVALUATIONS,
+    smoothing: str = "isotonic",
+) -> tuple[Any, float | None, int]:
+    """Run `run(eval_every_samples)` (a FineTuneResult-like object with `.curve`); while it crossed
+    `target` after fewer than `min_evaluations` evaluations and the interval can still shrink, run it
+    again with `dense_eval_interval` (the caller's `run` must start from the same weights and seed).
+    Returns (result, interpolated crossing or None, the interval used)."""
+    result = run(eval_every_samples)
+    while True:  # each pass shrinks the interval; it ends at one step at the latest
+        evals = evaluations_before(result.curve, target)
+        if evals is None or evals == 0 or evals >= min_evaluations:
+            break
+        first = crossing_samples(result.curve, target, smoothing=smoothing) or _pairs(result.curve)[evals][0]
+        denser = dense_eval_interval(batch_size, first, min_evaluations)
+        if denser >= eval_every_samples:
+            break
+        eval_every_samples = denser
+        result = run(eval_every_samples)
+    return result, crossing_samples(result.curve, target, smoothing=smoothing), eval_every_samples
