@@ -14,13 +14,16 @@ export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
 export FLWR_DISABLE_UPDATE_CHECK := 1
 export RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO := 0
 
-# `make run`: Flower's local simulation with its own Flower home and ports, so it neither reuses nor
-# leaves behind anybody else's SuperLink; the SuperLink it starts is stopped by process id afterwards.
+# `make run`: Flower's local simulation of the app's default federation, with a private Flower home, on
+# SUPERLINK_PORT (the control API on +2). `python -m simulations flwr-run` checks NODES and RUN_CONFIG
+# before anything starts and owns the run: Ctrl-C or SIGTERM stops the SuperLink, the simulation and Ray
+# by process id. RUN_CONFIG is Flower's --run-config syntax, passed through the environment untouched
+# (quotes included): make run RUN_CONFIG='num-server-rounds=3 model="cnn-tiny"'.
 NODES ?= 4
 RUN_CONFIG ?=
 SUPERLINK_PORT ?= 39291
-FLWR := FLWR_HOME=$(CURDIR)/.flwr FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=$(SUPERLINK_PORT) \
-	FLWR_LOCAL_CONTROL_API_PORT=$(shell expr $(SUPERLINK_PORT) + 2) PATH=$(CURDIR)/$(BIN):$$PATH
+RUN_OUT ?= runs/flwr
+export RUN_CONFIG
 
 .PHONY: setup run demo fleet test test-fast test-torch-floor lint bench clean
 
@@ -33,18 +36,11 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-# `flwr run` exits 0 even when the ServerApp fails (Flower 1.41): the run's results line decides, and is
-# repeated as the last line (Flower and Ray may log after the ServerApp's own last line).
-# `ray-check` before `flwr run`: Ray joins RAY_ADDRESS or the cluster recorded by the last `ray start`, and waits
-# forever for a dead one; the check names the cluster, or says what is dead and what to do (exit 2).
+# `exec`: make's SIGTERM reaches the launcher itself, not a shell. Exit 0 only with the run's results line
+# (repeated last); a failed run (every client failed, a ServerApp error) is one line and exit 2.
 run: setup
-	@$(BIN)/python -m simulations stop-superlink --port $(SUPERLINK_PORT) >/dev/null
-	@$(FLWR) $(BIN)/python -m simulations ray-check
-	@mkdir -p runs
-	$(FLWR) $(BIN)/flwr run . --stream --federation-config "num-supernodes=$(NODES)" \
-		--run-config "results-dir='$(CURDIR)/runs/flwr' $(RUN_CONFIG)" 2>&1 | tee runs/flwr.log; \
-	$(BIN)/python -m simulations stop-superlink --port $(SUPERLINK_PORT) >/dev/null; \
-	grep '^results: ' runs/flwr.log || { echo "make run: the run ended without its results line" >&2; exit 2; }
+	@exec $(BIN)/python -m simulations flwr-run --nodes "$(NODES)" --port "$(SUPERLINK_PORT)" \
+		--out "$(RUN_OUT)" --log "$(dir $(RUN_OUT))flwr.log" --run-config "$$RUN_CONFIG"
 
 demo: setup
 	$(BIN)/python -m simulations demo --out runs/demo

@@ -68,12 +68,39 @@ class NodeSettings:
         return self.cap_source if self.cap_source is not None else ConstantCap(self.power_cap_w)
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last silently:
+    a second `groups:` would replace the first without a word)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, yaml.Mark] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)  # type: ignore[no-untyped-call]
+            if isinstance(key, (str, int, float, bool)) or key is None:
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None,
+                        None,
+                        f"key {key!r} is given twice (lines {seen[key].line + 1} and "
+                        f"{key_node.start_mark.line + 1}); keep one",
+                        key_node.start_mark,
+                    )
+                seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: Path) -> Any:
-    """A YAML document, or one NodeConfigError line (unreadable, not YAML)."""
+    """A YAML document, or one NodeConfigError line (unreadable, not text, not YAML, a key twice)."""
     try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
+        text = path.read_bytes().decode("utf-8")
     except OSError as exc:
         raise NodeConfigError(f"{path}: cannot read the fleet file ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise NodeConfigError(f"{path}: not a text file (not UTF-8); a fleet file is YAML text") from None
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass: no arbitrary objects
+    except yaml.constructor.ConstructorError as exc:
+        raise NodeConfigError(f"{path}: {exc.problem}") from None
     except yaml.YAMLError as exc:
         raise NodeConfigError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
 

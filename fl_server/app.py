@@ -15,7 +15,7 @@ import multiprocessing
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,11 +27,11 @@ from fl_server.results import ResultsWriter, client_table, evaluation_line, summ
 from fl_server.resume import (
     GLOBAL_FILE,
     RESULTS_FILE,
+    EarlierFiles,
     NotResumable,
     ResumePoint,
     read_point,
     run_fingerprint,
-    set_aside,
 )
 from fl_server.run_config import ServerConfig, app_path, parse_server_config
 from powerctl.cache import cache_dir
@@ -48,6 +48,10 @@ if TYPE_CHECKING:
 app = ServerApp()
 
 PRETRAIN_CACHE_VERSION = 1
+
+
+class NoClientReported(PowerctlError):
+    """Every client failed in every round: the run has no result (a failed run, not an empty one)."""
 
 
 class InjectedServerStop(RuntimeError):
@@ -95,16 +99,20 @@ def pretrained_weights(cfg: ServerConfig, *, progress: bool = False) -> Path:
     return path
 
 
+def given_relation(cfg: ServerConfig) -> RelationVector:
+    """The relation vector file the run config names, checked against the run's model."""
+    relation = RelationVector.load(app_path(cfg.relation, "relation"))
+    if relation.model != cfg.model:
+        raise PowerctlError(
+            f"run config 'relation': the vector is for model {relation.model!r}, the run trains {cfg.model!r}"
+        )
+    return relation
+
+
 def relation_vector(cfg: ServerConfig, weights: Path, *, progress: bool = False) -> RelationVector:
     """The relation vector: the given file (checked against the model), or estimated on the proxy data."""
     if cfg.relation:
-        relation = RelationVector.load(app_path(cfg.relation, "relation"))
-        if relation.model != cfg.model:
-            raise PowerctlError(
-                f"run config 'relation': the vector is for model {relation.model!r}, "
-                f"the run trains {cfg.model!r}"
-            )
-        return relation
+        return given_relation(cfg)
     from fl_server.relation import estimate_relation
 
     return estimate_relation(
@@ -172,29 +180,33 @@ CLIENT_TABLE_MAX = 24
 """Rounds with more clients print only their summary (every client is in results.json)."""
 
 
-def resume_point(cfg: ServerConfig, out: Path, fingerprint: str) -> ResumePoint | None:
-    """Where this run continues from (None: round 1). Files of another run, or files that cannot be
-    trusted, are renamed aside with one line, never mixed into this run or deleted."""
+def resume_point(
+    cfg: ServerConfig, out: Path, fingerprint: str
+) -> tuple[ResumePoint | None, EarlierFiles | None]:
+    """Where this run continues from (None: round 1), and the earlier files it does not continue. Those
+    (files of another run, or files that cannot be trusted) are renamed aside once this run has a result
+    of its own (`EarlierFiles`), never mixed into this run or deleted."""
     if not (out / RESULTS_FILE).exists() and not (out / GLOBAL_FILE).exists():
-        return None
+        return None, None
+    point, earlier = None, None
     if not cfg.resume:
-        say(f"resume = false: moved the earlier results to {set_aside(out)}; starting from round 1")
-        return None
-    try:
-        point = read_point(out, fingerprint)
-    except NotResumable as exc:
-        say(f"resume: {exc}; moved it aside to {set_aside(out)}; starting from round 1")
-        return None
+        earlier = EarlierFiles(out, f"resume = false: the earlier results in {out} are not continued")
+    else:
+        try:
+            point = read_point(out, fingerprint)
+        except NotResumable as exc:
+            earlier = EarlierFiles(out, f"resume: {exc}")
     if point is not None and point.last_round >= cfg.num_server_rounds:
         # a finished run is not resumed: the same command again is a new run (a seeded one repeats)
-        say(
-            f"resume: an earlier run with these settings is complete in {out}; moved it aside to "
-            f"{set_aside(out)}; starting from round 1"
+        point, earlier = (
+            None,
+            EarlierFiles(out, f"resume: an earlier run with these settings is complete in {out}"),
         )
-        return None
-    if point is not None:
+    if earlier is not None:
+        say(f"{earlier.reason}; starting from round 1 (moved aside when a client of this run first reports)")
+    elif point is not None:
         say(f"resume: rounds 1-{point.last_round} of this run are complete in {out}")
-    return point
+    return point, earlier
 
 
 @dataclass
@@ -209,6 +221,8 @@ class RunSetup:
     base: TrainInstructions
     eval_config: ConfigRecord
     fingerprint: str
+    reported: list[str] = field(default_factory=list)
+    """The methods in which some client reported in some round (none: the run failed)."""
 
 
 def run_method(
@@ -221,19 +235,23 @@ def run_method(
 
     cfg, model, meta = setup.cfg, setup.model, setup.meta
     fingerprint = f"{setup.fingerprint}:{method}"
-    point = resume_point(cfg, out, fingerprint)
+    point, earlier = resume_point(cfg, out, fingerprint)
     model.load_state_dict(point.state if point is not None else setup.initial_state)
     writer = ResultsWriter(
         out / RESULTS_FILE,
         {**setup.run_info, "method": method, "fingerprint": fingerprint},
         rounds=point.rounds if point else None,
         nodes=point.nodes if point else None,
+        held=earlier is not None,  # nothing over the earlier files before this run has a result
     )
     strategy: PowerAwareFedAvg
     tag = f"[{method}] " if label else ""
 
     def on_round(record: RoundRecord) -> None:
         writer.record_round(record, nodes=list(strategy.nodes.values()))
+        if writer.held and record.clients and earlier is not None:
+            say(f"{tag}moved the earlier results to {earlier.make_room()}")
+            writer.release()
         if record.evaluation is None and record.round == cfg.inject_server_stop_round:
             raise InjectedServerStop(f"injected ServerApp stop in round {record.round} (soak test)")
         if record.evaluation is None:
@@ -249,6 +267,8 @@ def run_method(
 
     def save_global(server_round: int, arrays: ArrayRecord) -> None:
         """The model after a completed round, atomically: what a restarted ServerApp continues from."""
+        if writer.held:
+            return  # no client has reported yet: the earlier run's model stays
         model.load_state_dict(arrays.to_torch_state_dict())
         save_weights(
             out / GLOBAL_FILE,
@@ -283,7 +303,10 @@ def run_method(
         first_round=first_round,
     )
     if not any(r["clients"] for r in writer.data["rounds"]):
-        say(f"{tag}no client reported in any round: the global model is the starting one")
+        where = "nothing written: the earlier results stay" if writer.held else f"recorded in {writer.path}"
+        say(f"{tag}no client reported in any round ({where}): the global model is the starting one")
+    else:
+        setup.reported.append(method)
     return out / RESULTS_FILE, strategy.nodes
 
 
@@ -342,6 +365,8 @@ def run(grid: Grid, context: Context) -> Path:
         paths.append(path)
         if several:
             say(f"results ({method}): {path.resolve()}")
+    if not setup.reported:
+        raise NoClientReported("every client failed in every round (the FAILED lines above say why)")
     return paths[0] if not several else out
 
 

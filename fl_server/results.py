@@ -39,8 +39,13 @@ class ResultsWriter:
         run: dict[str, Any],
         rounds: list[dict[str, Any]] | None = None,
         nodes: list[dict[str, Any]] | None = None,
+        *,
+        held: bool = False,
     ) -> None:
-        """A new file, or (a resumed run) one that starts with the `rounds` and `nodes` done before."""
+        """A new file, or (a resumed run) one that starts with the `rounds` and `nodes` done before.
+
+        `held`: keep the record in memory, writing nothing, until `release()` (an earlier run's file is
+        still at `path` and stays there until this run has a result of its own)."""
         self.path = path
         self.data: dict[str, Any] = {
             "schema": RESULTS_SCHEMA,
@@ -48,6 +53,13 @@ class ResultsWriter:
             "nodes": list(nodes or []),
             "rounds": list(rounds or []),
         }
+        self.held = held
+        if not held:
+            write_json(self.path, self.data)
+
+    def release(self) -> None:
+        """Start writing: the record so far now, every update from now on."""
+        self.held = False
         write_json(self.path, self.data)
 
     def record_round(self, record: RoundRecord, nodes: list[NodeInfo] | None = None) -> None:
@@ -60,7 +72,8 @@ class ResultsWriter:
         rounds = [r for r in self.data["rounds"] if r["round"] != record.round]
         rounds.append(record.to_dict())
         self.data["rounds"] = sorted(rounds, key=lambda r: r["round"])
-        write_json(self.path, self.data)
+        if not self.held:
+            write_json(self.path, self.data)
 
 
 def _num(v: float | None, fmt: str) -> str:

@@ -4,7 +4,9 @@ After every completed round the ServerApp saves the global model (`global.safete
 and the run's fingerprint in its metadata) beside `results.json`. A restarted ServerApp with the same
 fingerprint — the same run config (less the keys below), starting weights and relation vector —
 continues after the last round both files agree on. Anything else never mixes with the new run: the
-old files are renamed aside (one line says where) and the run starts over.
+old files are renamed aside (one line says where) and the run starts over — but only once the new run
+has a result of its own (`EarlierFiles`): a run stopped early, or one in which every client failed,
+leaves the earlier results where they were.
 """
 
 from __future__ import annotations
@@ -97,3 +99,23 @@ def set_aside(out: Path) -> Path:
         if (out / name).exists():
             (out / name).replace(out / f"previous-{stamp}-{name}")
     return moved
+
+
+@dataclass
+class EarlierFiles:
+    """An earlier run's results in `out` that this run does not continue.
+
+    They are renamed aside (`set_aside`), never deleted, and not before this run has something to put
+    in their place (`make_room`, called when a round first has a client report): until then nothing of
+    this run is written over them."""
+
+    out: Path
+    reason: str
+    """Why this run does not continue them (one line, for the run's output)."""
+    moved_to: Path | None = None
+
+    def make_room(self) -> Path:
+        """Rename the earlier files aside (once); returns where the results file went."""
+        if self.moved_to is None:
+            self.moved_to = set_aside(self.out)
+        return self.moved_to

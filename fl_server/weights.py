@@ -107,6 +107,8 @@ def load_weights(path: str | Path) -> tuple[dict[str, torch.Tensor], WeightsMeta
     from safetensors import SafetensorError, safe_open
 
     p = Path(path)
+    if p.is_dir():
+        raise DataError(f"{path}: is a folder; give the weights file in it (.safetensors)")
     if not p.is_file():
         raise DataError(f"{path}: no such weights file")
     try:

@@ -50,6 +50,13 @@ def frequency_cap(profiles: Sequence[Profile], power_cap_w: float) -> int:
 
     None does → one InfeasibleCapError line naming the least power seen at a fixed frequency.
     """
+    least = min((pt for p in profiles for pt in p.points), key=lambda pt: pt.peak_power_w)
+    if least.peak_power_w > power_cap_w:  # the cap, not the profiles' coverage, rules everything out
+        raise InfeasibleCapError(
+            f"no profiled point stays under {power_cap_w:.2f} W: the least peak power is "
+            f"{least.peak_power_w:.2f} W (batch size {least.batch_size} at "
+            f"{least.frequency_hz / 1e6:.1f} MHz); raise the cap to at least {least.peak_power_w:.2f} W"
+        )
     peaks = peak_power_by_frequency(profiles)
     if not peaks:
         raise InfeasibleCapError("the profiles share no frequency profiled at every batch size")

@@ -81,12 +81,25 @@ class PowerCapKind(Kind):
 POWER_CAP = PowerCapKind()
 
 
+MAX_POINTS = 100_000
+"""The most points a cap is listed or drawn with (`powerctl cap-source`): far more than a plot or a
+terminal shows, few enough that `--until 1e9 --every 0.001` is one line and not memory exhausted."""
+
+StepList = list[tuple[float, float | None]]
+
+
 class CapSource(ABC):
     """A power cap as a function of time since the source started."""
 
     @abstractmethod
     def cap_at(self, t_s: float) -> float | None:
         """The cap in force at `t_s` seconds (None: no cap)."""
+
+    def steps_until(self, until_s: float) -> StepList:
+        """Every (t_s, cap) at which the cap changes in [0, until_s], the first at 0: the source drawn
+        exactly, whatever interval it is listed at. A source whose future is unknown (a live file)
+        gives its cap now."""
+        return [(0.0, self.cap_at(0.0))]
 
     def lowest_w(self) -> float | None:
         """The lowest cap the source will ever give, when known in advance (None: no cap ever, or
@@ -157,6 +170,9 @@ class ScheduleCap(CapSource):
                 break
             current = w
         return current
+
+    def steps_until(self, until_s: float) -> StepList:
+        return [(t, w) for t, w in self.steps if t <= until_s]
 
     def lowest_w(self) -> float | None:
         caps = [w for _, w in self.steps if w is not None]
@@ -250,6 +266,23 @@ class TraceCap(CapSource):
             t_s = math.fmod(t_s, self.period_s)
         i = bisect.bisect_right(self.times_s, t_s) - 1
         return self.watts[max(i, 0)]
+
+    def steps_until(self, until_s: float) -> StepList:
+        rows = list(zip(self.times_s, self.watts, strict=True))
+        if self.end == "clip" or not math.isfinite(self.period_s):
+            return [(t, w) for t, w in rows if t <= until_s]
+        periods = math.floor(until_s / self.period_s) + 1
+        if periods * len(rows) > MAX_POINTS:
+            raise CapSourceError(
+                f"{self.name}: {periods:,} repeats of {len(rows)} rows up to {until_s:g} s are more than "
+                f"{MAX_POINTS:,} steps to draw; lower --until"
+            )
+        return [
+            (k * self.period_s + t, w)
+            for k in range(periods)
+            for t, w in rows
+            if k * self.period_s + t <= until_s
+        ]
 
     def lowest_w(self) -> float | None:
         return min(self.watts)

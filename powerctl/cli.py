@@ -149,6 +149,17 @@ def _predicted_profile(args: argparse.Namespace, step_factory: ModelStepFactory)
     return predicted_profile(board, workload, args.batch_sizes, args.samples)
 
 
+def _save_profile(profile: Any, out: Path) -> None:
+    """Write the profile, unless it has no point (a file every reader would refuse)."""
+    if not profile.points:
+        skipped = [s["batch_size"] for s in profile.skipped]
+        raise PowerctlError(
+            f"no batch size fits in the device's memory (skipped {skipped}): nothing written to {out}; "
+            "profile smaller batch sizes"
+        )
+    profile.save(out)
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
     from powerctl.outputs import check_output_file
     from powerctl.profiler import profile_device
@@ -162,7 +173,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     check_output_file(args.out)  # before the profile: its result must not be lost at the end
     if args.predicted:
         profile = _predicted_profile(args, step_factory)
-        profile.save(args.out)
+        _save_profile(profile, args.out)
         skipped = [s["batch_size"] for s in profile.skipped]
         print(
             f"wrote {args.out}: {len(profile.points)} predicted points (board model, no training run), "
@@ -201,7 +212,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
             rate_hz=args.rate,
             progress=not args.quiet,
         )
-    profile.save(args.out)
+    _save_profile(profile, args.out)
     cost = profile.profiling_seconds or 0.0
     predicted = f" measured, {len(profile.predicted)} predicted (fitted)" if args.order == "fitted" else ""
     print(
@@ -291,13 +302,15 @@ def cmd_plot(args: argparse.Namespace) -> int:
     from powerctl.plot import plot_profile
     from powerctl.profile_table import Profile
     from powerctl.relation import RelationVector
-    from powerctl.selection import select
+    from powerctl.selection import check_pairing, select
 
     check_output_dir(args.out)
     profile = Profile.load(args.profile)
     relation = RelationVector.load(args.relation) if args.relation else None
     selection = None
     if relation is not None:
+        for warning in check_pairing(profile, relation, allow_mismatch=args.allow_mismatch):
+            print(f"{PROG} plot: warning: {warning}", file=sys.stderr)
         try:
             selection = select(profile, relation, args.power_cap)
         except InfeasibleCapError as exc:
@@ -348,8 +361,13 @@ def cmd_pareto(args: argparse.Namespace) -> int:
 
 
 def cmd_cap_source(args: argparse.Namespace) -> int:
-    from powerctl.capsource import ScheduleCap, TraceCap, parse_cap_source
+    from powerctl.capsource import MAX_POINTS, ScheduleCap, TraceCap, parse_cap_source
 
+    plot = None
+    if args.plot:
+        from powerctl.outputs import check_output_file
+
+        plot = check_output_file(args.plot, "--plot", in_folder="cap_source.png")
     source = parse_cap_source(args.source, "cap source")
     until = args.until
     if until is None:
@@ -360,12 +378,18 @@ def cmd_cap_source(args: argparse.Namespace) -> int:
         else:
             until = 60.0
     every = args.every or until / 60
-    times = [i * every for i in range(int(until / every + 1e-9) + 1)]
+    count = math.floor(until / every + 1e-9) + 1
+    if count > MAX_POINTS:
+        raise PowerctlError(
+            f"--until {until:g} s every {every:g} s is {count:,} lines, more than {MAX_POINTS:,}: "
+            "raise --every or lower --until (--plot draws every change of the cap whatever --every is)"
+        )
+    times = [i * every for i in range(count)]
     caps = [source.cap_at(t) for t in times]
-    if args.plot:
+    if plot is not None:
         from powerctl.plot import plot_cap_over_time
 
-        plot_cap_over_time(times, caps, source.describe(), args.plot)
+        plot_cap_over_time(source.steps_until(until), until, source.describe(), plot)
     if args.json:
         _print_json(
             {
@@ -379,8 +403,8 @@ def cmd_cap_source(args: argparse.Namespace) -> int:
     print(f"{source.describe()}; lowest {'unknown' if lowest is None else f'{lowest:g} W'}")
     for t, w in zip(times, caps, strict=True):
         print(f"{t:>10.1f} s  {'none' if w is None else f'{w:.2f} W'}")
-    if args.plot:
-        print(args.plot)
+    if plot is not None:
+        print(plot)
     return 0
 
 
@@ -529,7 +553,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--every", type=positive_float, metavar="S", help="one line every S seconds (default: 60 lines)"
     )
-    s.add_argument("--plot", type=Path, metavar="PNG", help="also draw the cap over time")
+    s.add_argument(
+        "--plot",
+        type=Path,
+        metavar="PNG",
+        help="also draw every change of the cap over time into PNG (in an existing folder; a folder: "
+        "FOLDER/cap_source.png)",
+    )
     s.add_argument(
         "--json", action="store_true", help='print {"source", "lowest_w", "points": [[t_s, W], ...]}'
     )
@@ -542,6 +572,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--relation", type=Path, help="relation JSON: mark the selected pair, plot time-to-accuracy"
     )
+    s.add_argument("--allow-mismatch", action="store_true", help="as for select")
     s.set_defaults(func=cmd_plot)
 
     from powerctl.fakeboard import KINDS

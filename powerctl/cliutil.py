@@ -66,6 +66,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def tcp_port(text: str) -> int:
+    """A TCP port number, 1 to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a TCP port from 1 to 65535, got {text!r}") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a TCP port from 1 to 65535, got {text!r}")
+    return value
+
+
 def non_negative_int(text: str) -> int:
     try:
         value = int(text)
@@ -119,10 +130,17 @@ def int_list(text: str) -> list[int]:
     return values
 
 
+MAX_BATCH_SIZE = 65_536
+"""The largest batch size a command takes: far above what an edge GPU holds (the paper's largest is
+128), low enough that a typo (100000000) is one line and not an out-of-memory skip of every size."""
+
+
 def batch_sizes(text: str) -> list[int]:
     values = int_list(text)
     if any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"batch sizes must be positive, got {text!r}")
+    if any(v > MAX_BATCH_SIZE for v in values):
+        raise argparse.ArgumentTypeError(f"batch sizes must be at most {MAX_BATCH_SIZE}, got {text!r}")
     if len(set(values)) != len(values):
         raise argparse.ArgumentTypeError(f"batch sizes must be distinct, got {text!r}")
     return values

@@ -15,19 +15,27 @@ from powerctl.mapping import MappingReader, Number
 def read_json(path: str | Path, schema: str) -> dict[str, Any]:
     """Load `path` and check its ``schema`` field; any problem is one FileFormatError line."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        raw = Path(path).read_bytes()
     except FileNotFoundError:
         raise FileFormatError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise FileFormatError(f"{path}: is a folder; give the {schema} file") from None
     except OSError as exc:
         raise FileFormatError(f"{path}: cannot read ({exc.strerror})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise FileFormatError(f"{path}: not a text file (not UTF-8); expected {schema} JSON") from None
     try:
         data = json.loads(text, parse_constant=_reject_constant)
     except (json.JSONDecodeError, ValueError) as exc:
         raise FileFormatError(f"{path}: not valid JSON ({exc})") from None
     if not isinstance(data, dict):
         raise FileFormatError(f'{path}: expected a JSON object with "schema": "{schema}"')
-    if data.get("schema") != schema:
-        raise FileFormatError(f"{path}: schema is {data.get('schema')!r}, expected {schema!r}")
+    if "schema" not in data:
+        raise FileFormatError(f'{path}: has no "schema" field; expected a {schema} file')
+    if data["schema"] != schema:
+        raise FileFormatError(f"{path}: schema is {data['schema']!r}, expected {schema!r}")
     return data
 
 

@@ -30,9 +30,14 @@ def _probe(folder: Path, what: str, path: Path) -> None:
     os.unlink(tmp)
 
 
-def check_output_file(path: str | Path, what: str = "--out") -> Path:
-    """`path` can be written as a file: its folder exists and takes files, and it is not a folder."""
+def check_output_file(path: str | Path, what: str = "--out", in_folder: str | None = None) -> Path:
+    """`path` can be written as a file: its folder exists and takes files, and it is not a folder.
+
+    `in_folder`: an existing folder is taken too, as the file of that name inside it (what the command
+    then prints is the file it writes)."""
     path = Path(path)
+    if in_folder is not None and path.is_dir():
+        path = path / in_folder
     if path.is_dir():
         raise OutputPathError(f"{what} {path}: is a folder; give a file name")
     parent = path.parent

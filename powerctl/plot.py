@@ -7,16 +7,20 @@ a library call never changes the backend of the program that imports it.
 
 from __future__ import annotations
 
+import math
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
 import numpy as np
+from matplotlib.artist import Artist
+from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.collections import LineCollection
 from matplotlib.colors import LogNorm, Normalize
-from matplotlib.figure import Figure
+from matplotlib.figure import Figure, FigureBase
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
@@ -33,6 +37,10 @@ BOUNDARY_GID = "cap-boundary"
 _STAR_DX, _STAR_DY = 0.3, 0.22
 """The star sits in the selected cell's upper-right corner (offsets in cell units, < 0.5)."""
 
+_VEIL = 0.6
+"""How much white covers a cell over the cap (its value stays legible, the feasible region stands out)."""
+_CHAR_IN = 0.062
+"""About the width of one character of an 8-point legend label, in inches (to fit legend rows)."""
 _MISSING_HATCH = "////"
 _MISSING_EDGE = "0.72"
 _BOUNDARY_COLOR = "#1565c0"  # blue: stands out on both the red power map and the viridis time maps
@@ -54,7 +62,8 @@ class _Grid:
         return out
 
 
-def _fmt(v: float) -> str:
+def short_number(v: float) -> str:
+    """Three significant digits or so, without an exponent: cell values, bar labels."""
     if v >= 100:
         return f"{v:.0f}"
     if v >= 10:
@@ -72,7 +81,7 @@ def _cap_text(cap: float | None) -> str:
 
 
 def _heatmap(
-    fig: Figure,
+    fig: FigureBase,
     grid: _Grid,
     values: np.ndarray,
     *,
@@ -83,8 +92,9 @@ def _heatmap(
     cap: float | None,
     selection: Selection | None,
     log: bool = False,
-) -> None:
-    """One annotated heat map: rows = batch sizes (categorical), columns = frequencies in MHz."""
+) -> tuple[Axes, list[Artist]]:
+    """One annotated heat map: rows = batch sizes (categorical), columns = frequencies in MHz. Returns
+    its axes and the legend's handles (`_legend` places them)."""
     ax = fig.add_subplot()
     n_rows, n_cols = values.shape
     finite = values[np.isfinite(values)]
@@ -113,7 +123,7 @@ def _heatmap(
     peak = grid.values(lambda p: p.peak_power_w)
     feasible = np.isfinite(peak) & ((peak <= cap) if cap is not None else True)
     infeasible = np.isfinite(peak) & ~feasible
-    handles: list[Line2D | Patch] = []
+    handles: list[Artist] = []
 
     for i in range(n_rows):
         for j in range(n_cols):
@@ -133,7 +143,7 @@ def _heatmap(
                 continue
             if infeasible[i, j]:
                 # Over the cap: faded, so the feasible region reads at a glance; the value stays legible.
-                ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor="white", alpha=0.6, lw=0))
+                ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor="white", alpha=_VEIL, lw=0))
                 color = "0.35"
             else:
                 r, g, b, _ = colormap(norm(v))
@@ -161,12 +171,20 @@ def _heatmap(
         if segments:
             ax.add_collection(
                 LineCollection(
-                    segments, colors=_BOUNDARY_COLOR, linewidths=2.5, capstyle="projecting", gid=BOUNDARY_GID
+                    segments,
+                    colors=_BOUNDARY_COLOR,
+                    linewidths=2.5,
+                    capstyle="projecting",
+                    gid=BOUNDARY_GID,
+                    zorder=4.5,  # over the selected cell's outline: the boundary reads unbroken
                 )
             )
             handles.append(Line2D([], [], color=_BOUNDARY_COLOR, lw=2.5, label=f"cap boundary ({cap:.2f} W)"))
         if infeasible.any():
-            handles.append(Patch(facecolor="0.93", edgecolor="0.8", label="peak power over the cap (faded)"))
+            # the swatch is what such a cell looks like: its colour under the same white veil
+            typical = colormap(norm(float(np.median(values[infeasible & np.isfinite(values)]))))
+            veiled = tuple(c * (1 - _VEIL) + _VEIL for c in typical[:3])
+            handles.append(Patch(facecolor=veiled, edgecolor="0.8", label="peak power over the cap (faded)"))
 
     if selection is not None:
         key = (selection.batch_size, selection.frequency_hz)
@@ -213,15 +231,38 @@ def _heatmap(
     for spine in ax.spines.values():
         spine.set_visible(False)
     ax.set_title(title, fontsize=11, loc="left")
-    if handles:
-        ax.legend(
-            handles=handles,
-            loc="upper center",
-            bbox_to_anchor=(0.5, -0.13),
-            ncol=min(4, len(handles)),
-            fontsize=8,
-            frameon=False,
-        )
+    return ax, handles
+
+
+def _peak_power_map(
+    fig: FigureBase, grid: _Grid, title: str, cap: float | None, selection: Selection | None = None
+) -> tuple[Axes, list[Artist]]:
+    return _heatmap(
+        fig,
+        grid,
+        grid.values(lambda p: p.peak_power_w),
+        title=title,
+        cbar_label="peak power (W)",
+        cmap="YlOrRd",
+        fmt=lambda v: f"{v:.1f}",
+        cap=cap,
+        selection=selection,
+    )
+
+
+def _legend(fig: FigureBase, handles: list[Artist], width_in: float) -> None:
+    """The legend as a row under the plot, in the layout (never cut at the figure's edges): as many
+    columns as fit in `width_in`, the others wrap."""
+    if not handles:
+        return
+    widths = [0.45 + _CHAR_IN * len(str(h.get_label())) for h in handles]
+    ncol = len(handles)
+    while ncol > 1:
+        columns = [max(widths[c::ncol]) for c in range(ncol)]
+        if sum(columns) <= width_in - 0.3:
+            break
+        ncol -= 1
+    fig.legend(handles=handles, loc="outside lower center", ncol=ncol, fontsize=8, frameon=False)
 
 
 def profile_figures(
@@ -257,32 +298,24 @@ def profile_figures(
 
     figs: dict[str, Figure] = {}
     fig = new_fig()
-    _heatmap(
-        fig,
-        grid,
-        grid.values(lambda p: p.peak_power_w),
-        title=f"Peak power $P(b, f)$ — {subject}\n{cap_line}",
-        cbar_label="peak power (W)",
-        cmap="YlOrRd",
-        fmt=lambda v: f"{v:.1f}",
-        cap=cap,
-        selection=selection,
-    )
+    _, handles = _peak_power_map(fig, grid, f"Peak power $P(b, f)$ — {subject}\n{cap_line}", cap, selection)
+    _legend(fig, handles, width)
     figs["peak_power"] = fig
 
     fig = new_fig()
-    _heatmap(
+    _, handles = _heatmap(
         fig,
         grid,
         grid.values(lambda p: p.seconds_for_samples),
         title=f"Time for N = {profile.samples:,} samples $T_N(b, f)$ — {subject}\n{cap_line}",
         cbar_label="$T_N$ (s)",
         cmap="viridis_r",
-        fmt=_fmt,
+        fmt=short_number,
         cap=cap,
         selection=selection,
         log=True,
     )
+    _legend(fig, handles, width)
     figs["time"] = fig
 
     if relation is not None:
@@ -290,7 +323,7 @@ def profile_figures(
         r = relation.as_map()
         sub = _Grid(common, grid.frequencies_hz, {k: v for k, v in points.items() if k[0] in r})
         fig = new_fig()
-        _heatmap(
+        _, handles = _heatmap(
             fig,
             sub,
             sub.values(lambda p: p.seconds_for_samples * r[p.batch_size]),
@@ -300,11 +333,12 @@ def profile_figures(
             ),
             cbar_label="$T_N \\cdot r_b$ (s)",
             cmap="viridis_r",
-            fmt=_fmt,
+            fmt=short_number,
             cap=cap,
             selection=selection if selection is not None and selection.batch_size in r else None,
             log=True,
         )
+        _legend(fig, handles, width)
         figs["time_to_accuracy"] = fig
     return figs
 
@@ -330,19 +364,78 @@ def plot_profile(
     return paths
 
 
+@dataclass(frozen=True)
+class Mark:
+    """A (batch size, frequency) to mark on a map, and who chose it (drawn as `marker` in `color`)."""
+
+    batch_size: int
+    frequency_hz: int
+    label: str
+    marker: str
+    color: str
+
+
+def choices_per_cap(profile: Profile, marks: dict[float | None, list[Mark]], *, title: str) -> Figure:
+    """The profile's peak-power map once per cap, stacked: each panel titled with its cap, with the cap's
+    boundary drawn (and named in its legend) and the cells over it faded, and the (b, f) each chooser
+    picked under that cap marked. Every label has its own slot in a cell, so marks never hide each
+    other, and the cap a mark was chosen under is its panel's."""
+    labels = list(dict.fromkeys(m.label for ms in marks.values() for m in ms))
+    points = {(p.batch_size, p.frequency_hz): p for p in profile.points}
+    grid = _Grid(profile.batch_sizes(), profile.frequencies(), points)
+    width = max(7.5, 1.6 + 0.62 * len(grid.frequencies_hz))
+    panel_h = max(3.4, 2.0 + 0.42 * len(grid.batch_sizes))
+    caps = sorted(marks, key=lambda c: math.inf if c is None else c)
+    fig = Figure(figsize=(width, panel_h * len(caps) + 0.4), dpi=110, layout="constrained")
+    FigureCanvasAgg(fig)
+    fig.suptitle(title, fontsize=11, x=0.01, ha="left")
+    for sub, cap in zip(fig.subfigures(len(caps), 1, squeeze=False)[:, 0], caps, strict=True):
+        ax, handles = _peak_power_map(
+            sub, grid, f"{_cap_text(cap)}: the (b, f) each method chose under it", cap
+        )
+        drawn: dict[str, Artist] = {}
+        for m in marks[cap]:
+            if (m.batch_size, m.frequency_hz) not in points:
+                continue
+            k = labels.index(m.label)
+            x = grid.frequencies_hz.index(m.frequency_hz) + _slot(k, len(labels))
+            y = grid.batch_sizes.index(m.batch_size) + 0.27
+            (drawn[m.label],) = ax.plot(
+                [x],
+                [y],
+                ls="none",
+                marker=m.marker,
+                color=m.color,
+                markeredgecolor="black",
+                markersize=13 if m.marker == "*" else 9,  # a star fills less of its box
+                label=m.label,
+                zorder=5,
+            )
+        _legend(sub, [*handles, *(drawn[lb] for lb in labels if lb in drawn)], width)
+    return fig
+
+
+def _slot(k: int, n: int) -> float:
+    """The x offset of label k of n within a cell (cell units, the cell spans ±0.5)."""
+    return 0.0 if n == 1 else -0.34 + 0.68 * k / (n - 1)
+
+
 def plot_cap_over_time(
-    times_s: list[float], caps_w: list[float | None], title: str, path: str | Path
+    steps: list[tuple[float, float | None]], until_s: float, title: str, path: Path
 ) -> Path:
-    """A cap over time as a step line (`powerctl cap-source --plot`); no cap is drawn as a gap."""
+    """A cap over time as a step line (`powerctl cap-source --plot`), drawn from every change of the
+    source (`CapSource.steps_until`), not from a listing's samples; no cap is a gap. `path` is an
+    output file already checked (`powerctl.outputs.check_output_file`): no folder is created."""
     fig = Figure(figsize=(7, 3), layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    ax.step(times_s, [np.nan if w is None else w for w in caps_w], where="post", color="tab:blue")
+    times = [t for t, _ in steps] + [until_s]
+    caps = [np.nan if w is None else w for _, w in steps]
+    ax.step(times, [*caps, caps[-1]], where="post", color="tab:blue")
+    ax.set_xlim(0, until_s)
     ax.set_xlabel("time (s)")
     ax.set_ylabel("power cap (W)")
-    ax.set_title(title, fontsize=9)
+    ax.set_title(textwrap.fill(title, 88), fontsize=9)  # a trace's path can be long: wrapped, not cut
     ax.grid(alpha=0.3)
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    return out
+    fig.savefig(path)
+    return path

@@ -185,7 +185,11 @@ class RelationVector:
                 abs(check_number(r, "relation", f, positive=True) - w) > 1e-6 * max(1.0, w)
                 for r, w in zip(rel, want, strict=True)
             ):
-                raise f.fail("'relation' is not samples_to_target divided by its last entry")
+                shown = ", ".join(f"{w:.4g}" for w in want)
+                raise f.fail(
+                    f"'relation' {rel} is not samples_to_target divided by its last entry, [{shown}]: "
+                    "correct it or leave it out (it is derived)"
+                )
         known = {
             "schema",
             "model",

@@ -1,17 +1,20 @@
 """`python -m simulations demo --out DIR`: the whole method on one simulated board, on embedded defaults.
 
-Also `stop-superlink` (what `flwr run .` leaves running) and `ray-check` (the Ray cluster a run would join).
+Also `run` (a fleet file, every method), `flwr-run` (what `make run` runs: the app's default federation,
+checked first and stopped whole on every way out), `stop-superlink` (what a bare `flwr run .` leaves
+running) and `ray-check` (the Ray cluster a run would join).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from powerctl.cliutil import OneLineParser, accuracy, one_line_errors, positive_float, positive_int
+from powerctl.cliutil import OneLineParser, accuracy, one_line_errors, positive_float, tcp_port
 
 PROG = "python -m simulations"
 
@@ -59,6 +62,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--verbose", action="store_true", help="also print Flower's and Ray's own log lines")
     r.add_argument("--no-plots", action="store_true", help="skip the plots")
+    f = sub.add_parser(
+        "flwr-run",
+        help="what `make run` runs: `flwr run .` on N virtual nodes, checked first, stopped whole at exit",
+        description="Check the number of nodes and the run config (Flower's own syntax, keys and values as "
+        "the ServerApp reads them) before anything starts, then run `flwr run . --stream` with a private "
+        "Flower home, its output copied to --log. On every way out (the end, an error, Ctrl-C, SIGTERM) "
+        "the local SuperLink, the simulation and Ray are stopped by process id and group. Exit 0 only "
+        "when the run ended with its results line, which is repeated last.",
+    )
+    f.add_argument("--nodes", type=int, default=4, help="virtual nodes (default 4)")
+    f.add_argument(
+        "--run-config",
+        default="",
+        help="key=value pairs as `flwr run --run-config` takes them, strings quoted: "
+        "'num-server-rounds=3 model=\"cnn-tiny\"'",
+    )
+    f.add_argument("--out", type=Path, default=Path("runs/flwr"), help="results folder (default runs/flwr)")
+    f.add_argument("--log", type=Path, default=Path("runs/flwr.log"), help="default runs/flwr.log")
+    f.add_argument(
+        "--port",
+        type=tcp_port,
+        help="the local SuperLink's HTTP port (default: a free one); the control API uses PORT+2",
+    )
     k = sub.add_parser(
         "stop-superlink",
         help="stop the local SuperLink that `flwr run .` leaves running (by process id)",
@@ -66,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
         "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT moves it) and stop it with every process it started, by "
         "process id and process group. Nothing listening is not an error.",
     )
-    k.add_argument("--port", type=positive_int, default=39091, help="default 39091")
+    k.add_argument("--port", type=tcp_port, default=39091, help="default 39091")
     sub.add_parser(
         "ray-check",
         help="say which Ray cluster `flwr run` would join; exit 2 if it is dead",
@@ -112,20 +138,50 @@ def run_command(args: argparse.Namespace) -> int:
     """`run`: parse the fleet (one line on a bad file), run it, print the summary."""
     import time
 
+    from powerctl.outputs import check_output_dir
     from simulations.fleet import load_fleet_spec
     from simulations.fleet_results import summary_text
-    from simulations.runner import run_fleet
+    from simulations.runner import check_before_flower, run_fleet
 
     started = time.perf_counter()
     spec = load_fleet_spec(args.fleet)
     methods = args.methods or spec.methods
-    results = run_fleet(spec, args.out, methods, verbose=args.verbose, plots=not args.no_plots)
+    check_before_flower(spec, check_output_dir(args.out.expanduser().resolve()), methods)  # before owning
+    with owning_every_process():
+        results = run_fleet(spec, args.out, methods, verbose=args.verbose, plots=not args.no_plots)
     print("\n" + summary_text(results))
     out = args.out.expanduser().resolve()
     print(
         f"\nwall time {time.perf_counter() - started:.0f} s; wrote {out / 'results.json'}, "
         f"{out / 'summary.txt'}" + (f" and {out / 'plots'}/" if not args.no_plots else "")
     )
+    return 0
+
+
+@contextlib.contextmanager
+def owning_every_process() -> Iterator[None]:
+    """This command's main process adopts what is orphaned below it and, on every way out, stops
+    whatever is still running there (by process id and group) and reaps it."""
+    from simulations.launcher import adopt_orphans, reap_adopted, stop_everything_below, uninterrupted
+
+    adopt_orphans()
+    try:
+        yield
+    finally:
+        with uninterrupted():
+            stop_everything_below()
+            reap_adopted()
+
+
+def flwr_run_command(args: argparse.Namespace) -> int:
+    """`flwr-run` (`make run`): the run's results line is repeated last (Flower and Ray may log after
+    the ServerApp's own last line)."""
+    from simulations.launcher import check_launch, launch
+
+    plan = check_launch(args.nodes, args.run_config, args.out, args.log, args.port)
+    with owning_every_process():
+        path = launch(plan)
+    print(f"results: {path}")
     return 0
 
 
@@ -137,12 +193,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(done.code or 0)
     if args.command == "run":
         return run_command(args)
+    if args.command == "flwr-run":
+        return flwr_run_command(args)
     if args.command == "stop-superlink":
         from simulations.local_superlink import stop_local_superlink
 
         stopped = stop_local_superlink(args.port)
         if stopped:
             print(f"stopped the local SuperLink on port {args.port} (pids {', '.join(map(str, stopped))})")
+        else:
+            print(f"nothing listens on port {args.port}: nothing to stop")
         return 0
     if args.command == "ray-check":
         return ray_check()

@@ -5,7 +5,8 @@
   method, per board and cap;
 - makespan.png: every round's makespan per method;
 - profile_maps/BOARD.png: the board's peak-power map for the run's model (its predicted profile, the
-  board model's noise-free grid; `powerctl.plot`) with the (b, f) each method chose under each cap.
+  board model's noise-free grid), one panel per cap with its boundary and the (b, f) each method chose
+  under it (`powerctl.plot.choices_per_cap`).
 """
 
 from __future__ import annotations
@@ -124,9 +125,10 @@ def plot_makespans(results: dict[str, Any], path: Path) -> Path:
 
 
 def plot_profile_maps(results: dict[str, Any], out: Path) -> list[Path]:
-    """Per board kind: the predicted peak-power map of the run's model with every method's choice."""
+    """Per board kind: the predicted peak-power map of the run's model, one panel per cap the board ran
+    under, each with that cap's boundary and the (b, f) every method chose under it (round 1)."""
     from powerctl.devices.simulated import predicted_profile
-    from powerctl.plot import profile_figures
+    from powerctl.plot import Mark, choices_per_cap
     from training.models import build_model, model_workload
 
     cfg = results["run"]["config"] or {}
@@ -137,56 +139,26 @@ def plot_profile_maps(results: dict[str, Any], out: Path) -> list[Path]:
     boards = sorted({r["board"] for r in results["records"] if r.get("board")})
     for board in boards:
         profile = predicted_profile(board, workload, batch_sizes, int(cfg.get("profile-samples", 4000)))
-        fig = profile_figures(profile)["peak_power"]
-        ax = fig.axes[0]
-        bs = sorted(profile.batch_sizes())
-        hzs = sorted({p.frequency_hz for p in profile.points})
-        seen: set[tuple[str, int, int, str]] = set()
+        marks: dict[float | None, list[Mark]] = {}
         for r in results["records"]:
-            if r.get("board") != board or r["round"] != 1 or r["batch_size"] not in bs:
+            if r.get("board") != board or r["round"] != 1:
                 continue
-            cap = "none" if r["power_cap_w"] is None else f"{r['power_cap_w']:g}"
-            key = (r["method"], r["batch_size"], r["frequency_hz"], cap)
-            if key in seen or r["frequency_hz"] not in hzs:
-                continue
-            seen.add(key)
-            k = results["methods"].index(r["method"])
-            x = hzs.index(r["frequency_hz"]) - 0.3 + 0.2 * k
-            y = bs.index(r["batch_size"]) + 0.25
-            ax.plot(
-                x,
-                y,
-                marker=MARKERS.get(r["method"], "o"),
-                color=_colour(r["method"]),
-                markeredgecolor="black",
-                markersize=10,
-                ls="none",
+            mark = Mark(
+                r["batch_size"],
+                r["frequency_hz"],
+                r["method"],
+                MARKERS.get(r["method"], "o"),
+                _colour(r["method"]),
             )
-            ax.annotate(cap, (x, y), xytext=(0, -11), textcoords="offset points", ha="center", fontsize=6)
-        handles = [
-            ax.plot(
-                [],
-                [],
-                marker=MARKERS.get(m, "o"),
-                color=_colour(m),
-                markeredgecolor="black",
-                ls="none",
-                label=m,
-            )[0]
-            for m in results["methods"]
-        ]
-        fig.legend(
-            handles=handles,
-            loc="lower center",
-            ncol=len(handles),
-            fontsize=8,
-            title="the (b, f) each method chose; the cap (W) under each mark",
-            title_fontsize=8,
-            bbox_to_anchor=(0.5, -0.12),
+            chosen = marks.setdefault(r["power_cap_w"], [])
+            if mark not in chosen:
+                chosen.append(mark)
+        fig = choices_per_cap(
+            profile, marks, title=f"{board} · {model}: predicted peak power, the methods' choices per cap"
         )
         path = out / "profile_maps" / f"{board}.png"
         path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=110, bbox_inches="tight")
+        fig.savefig(path)
         paths.append(path)
     return paths
 

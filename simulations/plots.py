@@ -8,6 +8,8 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from powerctl.plot import short_number
+
 COLOURS = {"ours": "#1b9e77", "state-of-practice": "#d95f02", "proxy-batch": "#7570b3", "oracle": "#666666"}
 
 
@@ -23,7 +25,9 @@ def plot_strategies(
     colours = [COLOURS.get(n, "#999999") for n in names]
     drawn = bars.bar(names, secs, color=colours)
     for rect, r in zip(drawn, rows, strict=True):
-        label = f"{r['device_seconds']:.0f} s\nb={r['batch_size']}, {r['frequency_hz'] / 1e6:.0f} MHz"
+        label = (
+            f"{short_number(r['device_seconds'])} s\nb={r['batch_size']}, {r['frequency_hz'] / 1e6:.0f} MHz"
+        )
         if not r["reached"]:
             label += "\nnot reached"
         bars.annotate(

@@ -29,6 +29,9 @@ from powerctl.mapping import Integer, Invalid, Text, mapping_reader
 APP_DIR = Path(__file__).resolve().parents[1]
 """The app's root (the project folder, or Flower's copy of it): relative run config paths start here."""
 FLEET_KEYS = ("device", "power-cap-w", "count")
+MAX_BOARDS = 10_000
+"""Most boards a fleet (and virtual nodes a simulation) may have: each is a Ray actor's worth of state,
+and a typo (count: 1000000000) must be one line, not a machine out of memory."""
 YAML_SUFFIXES = (".yaml", ".yml")
 
 
@@ -165,6 +168,10 @@ def parse_fleet_groups(
         r = mapping_reader(raw, f"{where}: {key}[{i}]", NodeConfigError, FLEET_KEYS)
         device = r.value("device", Text(what="a device spec such as sim:jetson-nano"))
         count = r.value("count", Integer(1), 1)
+        if len(entries) + count > MAX_BOARDS:
+            raise NodeConfigError(
+                f"{r.where}: 'count': a fleet has at most {MAX_BOARDS} boards, got {count} more"
+            )
         cap, source = _entry_caps(
             r.get("power-cap-w", None), device, f"{r.where}: 'power-cap-w'", base_dir or Path(where).parent
         )

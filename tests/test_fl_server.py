@@ -277,24 +277,48 @@ def test_a_restarted_server_continues_after_its_last_round_to_the_same_model(
     assert set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in got)
 
 
-def test_every_client_failing_is_recorded_and_the_run_ends_with_its_results_line(
+def test_every_client_failing_is_a_failed_run_that_leaves_earlier_results_alone(
     tmp_path: Path, prepared: Path, capsys
 ) -> None:
     from fl_server.weights import load_weights
 
     rc = _run_config(tmp_path)
-    path, _ = _server(tmp_path, rc, nodes=2, behaviour={100: "raise", 101: "dead"})
+    with pytest.raises(server_app.NoClientReported, match="every client failed in every round"):
+        _server(tmp_path, rc, nodes=2, behaviour={100: "raise", 101: "dead"})
     out = capsys.readouterr().out
-    data = json.loads(path.read_text())
+    path = tmp_path / "results" / "results.json"
+    data = json.loads(path.read_text())  # a fresh folder: the failures are recorded
     assert [len(r["failed"]) for r in data["rounds"]] == [2, 2]
     assert out.count("no client reported: the global model stays as it was") == 2
-    assert "no client reported in any round" in out and "FAILED (unavailable)" in out
+    assert "no client reported in any round (recorded in" in out and "FAILED (unavailable)" in out
     final, start = _state(path.parent / "global.safetensors"), load_weights(prepared)[0]
     assert all(torch.equal(final[k], start[k]) for k in start)
 
+    # a new run (another target) over those files, failing too: nothing of it replaces them
+    before = {p.name: p.read_bytes() for p in path.parent.iterdir()}
+    with pytest.raises(server_app.NoClientReported):
+        _server(tmp_path, {**rc, "target-accuracy": 0.4}, nodes=2, behaviour={100: "raise", 101: "raise"})
+    assert "(nothing written: the earlier results stay)" in capsys.readouterr().out
+    assert {p.name: p.read_bytes() for p in path.parent.iterdir()} == before
+
+
+def test_a_new_run_stopped_before_its_first_report_leaves_the_earlier_results_in_place(
+    tmp_path: Path, prepared: Path, capsys
+) -> None:
+    rc = _run_config(tmp_path)
+    path, _ = _server(tmp_path, rc, nodes=2, behaviour={101: "raise"})
+    before = {p.name: p.read_bytes() for p in path.parent.iterdir()}
+    other = {**rc, "target-accuracy": 0.4}  # another run: it will not continue these files
+    node_cfgs = {100 + i: {"partition-id": i, "num-partitions": 2} for i in range(2)}
+    context = Context(run_id=43, node_id=0, node_config={}, state=RecordDict(), run_config=other)
+    with pytest.raises(ServerKilled):  # stopped in round 1, as Ctrl-C on `make run` stops it
+        server_app.run(FakeGrid(client_app, node_cfgs, other, on_call=_kill_in_round(1)), context)
+    assert "is of another run" in capsys.readouterr().out
+    assert {p.name: p.read_bytes() for p in path.parent.iterdir()} == before
+
 
 def test_resume_continues_extends_or_sets_aside_never_mixes(tmp_path: Path, prepared: Path, capsys) -> None:
-    failing = {100: "raise", 101: "raise"}  # rounds that cost nothing: what is resumed is the bookkeeping
+    failing = {101: "raise"}  # one client trains (a run where every client fails is a failed run)
     rc = _run_config(tmp_path)
     out_dir = tmp_path / "results"
     path, _ = _server(tmp_path, rc, nodes=2, behaviour=failing)
@@ -330,22 +354,25 @@ def test_resume_continues_extends_or_sets_aside_never_mixes(tmp_path: Path, prep
 def test_a_corrupt_or_partial_state_is_one_line_set_aside_and_a_fresh_start(
     tmp_path: Path, prepared: Path, capsys, spoil, fragment: str
 ) -> None:
-    failing = {100: "raise", 101: "raise"}
+    failing = {101: "raise"}
     rc = _run_config(tmp_path)
     _server(tmp_path, rc, nodes=2, behaviour=failing)
     spoil(tmp_path / "results")
     capsys.readouterr()
     path, grid = _server(tmp_path, rc, nodes=2, behaviour=failing)
-    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("resume:")]
-    assert len(lines) == 1 and fragment in lines[0] and "moved it aside to" in lines[0], lines
+    out = capsys.readouterr().out
+    lines = [ln for ln in out.splitlines() if ln.startswith("resume:")]
+    assert len(lines) == 1 and fragment in lines[0] and "starting from round 1" in lines[0], lines
+    assert out.count("moved the earlier results to") == 1
     assert _trained_rounds(grid) == [1, 2] and len(json.loads(path.read_text())["rounds"]) == 2
     assert list((tmp_path / "results").glob("previous-*-results.json"))
 
 
 def test_resume_false_starts_over_and_keeps_the_old_results(tmp_path: Path, prepared: Path, capsys) -> None:
-    failing = {100: "raise", 101: "raise"}
+    failing = {101: "raise"}
     _server(tmp_path, _run_config(tmp_path), nodes=2, behaviour=failing)
     capsys.readouterr()
     _, grid = _server(tmp_path, _run_config(tmp_path, resume=False), nodes=2, behaviour=failing)
-    assert "resume = false: moved the earlier results to" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "resume = false: the earlier results in" in out and "moved the earlier results to" in out
     assert _trained_rounds(grid) == [1, 2] and list((tmp_path / "results").glob("previous-*-results.json"))

@@ -222,9 +222,18 @@ def test_ray_check_on_a_dead_cluster_is_one_line_and_exit_2(tmp_path: Path) -> N
     ]
 
 
-def test_make_run_checks_ray_before_flwr_run() -> None:
-    recipe = (ROOT / "Makefile").read_text().split("\nrun: setup\n", 1)[1].split("\n\n", 1)[0]
-    assert recipe.index("simulations ray-check") < recipe.index("flwr run")
+def test_make_run_checks_ray_before_flwr_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`make run`'s launcher (and the fleet runner, through the same `run_flwr`) refuses a dead cluster
+    in one line before `flwr run` starts anything."""
+    from simulations.launcher import check_launch, launch
+
+    def refuse(*_: object, **__: object) -> None:
+        raise AssertionError("flwr run was started before Ray was checked")
+
+    monkeypatch.setattr(subprocess, "Popen", refuse)
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{free_port()}")  # nothing listens there
+    with pytest.raises(RayClusterError, match="nothing answers there"):
+        launch(check_launch(2, "", tmp_path / "flwr", tmp_path / "flwr.log"))
 
 
 # ------------------------------------------------------------------------- an existing Ray cluster

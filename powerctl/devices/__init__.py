@@ -51,8 +51,10 @@ def _open(spec: str, *, seed: int = 0) -> Device:
     if spec.startswith("nvml:"):
         from powerctl.devices.nvml import open_nvml
 
-        index = spec[len("nvml:") :]
-        if not index.isdigit():
+        index = spec[len("nvml:") :].strip()
+        if not index.lstrip("+-").isdigit():
             raise DeviceError(f"device spec {spec!r}: the NVML index must be a number, e.g. nvml:0")
+        if int(index) < 0:
+            raise DeviceError(f"device spec {spec!r}: the NVML index counts from 0 (nvml:0 is the first GPU)")
         return open_nvml(int(index))
     raise DeviceError(f"unknown device spec {spec!r}; use one of: {SPEC_HELP}")

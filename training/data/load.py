@@ -141,6 +141,8 @@ def _npz(path: Path, *, split: str, seq_len: int, limit: int | None) -> Dataset:
 
 
 def _read_npz(path: Path) -> dict[str, np.ndarray]:
+    if path.is_file() and not zipfile.is_zipfile(path):  # else numpy reads it as a pickle and says so
+        raise DataError(f"{path}: not a readable .npz: not a zip archive (numpy.savez writes one)")
     try:
         with np.load(path, allow_pickle=False) as z:
             return {k: z[k] for k in z.files}
