@@ -13,14 +13,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 README_MAX_LINES = 250
 
-PENDING: set[str] = {
-    "docs/deployment.md",
-    "docs/jetson.md",
-    "docs/results/paper_tables.md",
-    "docs/results/zeus_traces.md",
-}
-"""Pages other branches add: links to them may dangle until they are merged (then empty this set)."""
-
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^```.*?^```", re.S | re.M)
 CODE_SPAN = re.compile(r"`[^`\n]*`")
@@ -61,11 +53,6 @@ def relative_links(path: Path) -> list[str]:
     return [t for t in LINK.findall(prose(path.read_text(encoding="utf-8"))) if not re.match(r"[a-z]+:", t)]
 
 
-def test_pending_pages_are_still_missing():
-    there = sorted(p for p in PENDING if (ROOT / p).exists())
-    assert not there, f"these pages exist now: remove them from PENDING in {Path(__file__).name}: {there}"
-
-
 @pytest.mark.parametrize("page", markdown_files(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_relative_links_point_at_files_and_headings(page):
     problems = []
@@ -74,23 +61,11 @@ def test_relative_links_point_at_files_and_headings(page):
         dest = (page.parent / file_part).resolve() if file_part else page
         rel = dest.relative_to(ROOT).as_posix() if dest.is_relative_to(ROOT) else str(dest)
         if not dest.exists():
-            if rel not in PENDING:
-                problems.append(f"{target}: no such file {rel}")
+            problems.append(f"{target}: no such file {rel}")
             continue
         if fragment and dest.suffix == ".md" and fragment not in anchors(dest):
             problems.append(f"{target}: no heading #{fragment} in {rel}")
     assert not problems, f"{page.relative_to(ROOT)}:\n" + "\n".join(problems)
-
-
-def test_every_pending_page_is_linked():
-    """Every PENDING page is linked from somewhere: it is a real promise, not a leftover."""
-    linked = {
-        (page.parent / t.partition("#")[0]).resolve().relative_to(ROOT).as_posix()
-        for page in markdown_files()
-        for t in relative_links(page)
-        if t.partition("#")[0]
-    }
-    assert linked >= PENDING, f"PENDING pages no page links to: {sorted(PENDING - linked)}"
 
 
 def test_readme_is_short():

@@ -118,12 +118,15 @@ def test_bad_values_are_refused_by_the_server_config_parser_before_flower_starts
 
 
 @contextlib.contextmanager
-def _make(tmp_path: Path, port: int, **kwargs: str) -> Iterator[subprocess.Popen[str]]:
+def _make(
+    tmp_path: Path, port: int, env: dict[str, str] | None = None, **kwargs: str
+) -> Iterator[subprocess.Popen[str]]:
     """`make run` in its own process group (a shell's foreground job); whatever happens in the test, its
     group and the SuperLink on `port` are stopped afterwards (today's main would leave them running)."""
     proc = subprocess.Popen(
         _make_run(tmp_path, port, **kwargs),
         cwd=ROOT,
+        env={**os.environ, **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -198,8 +201,9 @@ def test_make_run_in_which_every_client_fails_is_a_failed_run_that_keeps_the_ear
     tmp_path: Path,
 ) -> None:
     earlier, before = _plant_earlier_results(tmp_path)
-    port = free_port()  # a 0.5 W cap: below anything the board runs, so every client fails
-    with _make(tmp_path, port, run_config=SMALL_RUN + " fleet='sim:jetson-nano@0.5'") as proc:
+    port = free_port()  # every client raises in every round (a cap nothing fits is refused before it starts)
+    faults = {"POWERFED_FAULT_INJECTION": "1"}
+    with _make(tmp_path, port, env=faults, run_config=SMALL_RUN + " inject-failures='raise:1.0'") as proc:
         out, err, seen = _watch(proc, port)
     assert proc.returncode == 2, (out + err)[-3000:]
     assert "the ServerApp stopped: every client failed in every round" in err
