@@ -339,7 +339,7 @@ def profile_figures(
             log=True,
         )
         _legend(fig, handles, width)
-        figs["time_to_accuracy"] = fig
+        figs["predicted_time_to_target"] = fig
     return figs
 
 
@@ -351,7 +351,8 @@ def plot_profile(
     relation: RelationVector | None = None,
     selection: Selection | None = None,
 ) -> list[Path]:
-    """Write peak_power.png, time.png (and time_to_accuracy.png with a relation) into out_dir."""
+    """Write peak_power.png, time.png (and predicted_time_to_target.png, a heat map of T_N·r_b, with a
+    relation) into out_dir: the measured time-to-accuracy curves are the fleet's time_to_accuracy.png."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths: list[Path] = []

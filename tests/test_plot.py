@@ -64,7 +64,7 @@ def test_writes_valid_pngs(tmp_path: Path) -> None:
     out = tmp_path / "new" / "dir"
     assert list(profile_figures(profile)) == ["peak_power", "time"]  # no relation: no time-to-accuracy map
     paths = plot_profile(profile, out, power_cap_w=5.0, relation=relation)
-    assert [p.name for p in paths] == ["peak_power.png", "time.png", "time_to_accuracy.png"]
+    assert [p.name for p in paths] == ["peak_power.png", "time.png", "predicted_time_to_target.png"]
     for p in paths:
         data = p.read_bytes()
         assert p.parent == out and len(data) > 1000 and data.startswith(PNG_MAGIC)
@@ -76,7 +76,7 @@ def test_given_selection_is_marked_in_its_cell_on_every_map() -> None:
         32, 100 * MHZ, 100.0, 4.0
     )  # not what select would pick: the plot must mark what it is given
     figs = profile_figures(profile, power_cap_w=5.0, relation=relation, selection=sel)
-    assert set(figs) == {"peak_power", "time", "time_to_accuracy"}
+    assert set(figs) == {"peak_power", "time", "predicted_time_to_target"}
     for fig in figs.values():
         assert marked_cell(fig) == ("32", "100")
 
@@ -156,5 +156,5 @@ def test_selection_not_in_the_profile_is_a_one_line_error() -> None:
 def test_time_to_accuracy_rows_are_the_common_batch_sizes() -> None:
     profile, _ = sample()
     relation = make_relation({16: 1.0, 32: 2.0, 64: 1.0})
-    ax = axes(profile_figures(profile, relation=relation)["time_to_accuracy"])
+    ax = axes(profile_figures(profile, relation=relation)["predicted_time_to_target"])
     assert [t.get_text() for t in ax.get_yticklabels()] == ["16", "32"]
