@@ -9,11 +9,14 @@ ends with one line ``results: /ABSOLUTE/PATH/results.json``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import multiprocessing
 import os
+import queue
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,8 +71,11 @@ def default_results_dir(run_id: int) -> Path:
     return Path(base) / "powerfed" / "runs" / str(run_id)
 
 
-def pretrained_weights(cfg: ServerConfig, *, progress: bool = False) -> Path:
-    """The weights to start from: the given file, or pre-trained on the embedded task (cached by recipe)."""
+def pretrained_weights(
+    cfg: ServerConfig, *, progress: bool = False, say: Callable[[str], None] | None = None
+) -> Path:
+    """The weights to start from: the given file, or pre-trained on the embedded task (cached by recipe);
+    `say` hears when pre-training starts and how long it took."""
     if cfg.weights:
         return app_path(cfg.weights, "weights")
     import torch
@@ -88,6 +94,9 @@ def pretrained_weights(cfg: ServerConfig, *, progress: bool = False) -> Path:
         return path
     from fl_server.pretrain import pretrain
 
+    started = time.perf_counter()
+    if say is not None:
+        say(f"pre-training {cfg.model} on {cfg.pretrain_data}: {cfg.pretrain_samples} samples ...")
     pretrain(
         cfg.model,
         cfg.pretrain_data,
@@ -96,6 +105,8 @@ def pretrained_weights(cfg: ServerConfig, *, progress: bool = False) -> Path:
         seed=cfg.pretrain_seed,
         progress=progress,
     )
+    if say is not None:
+        say(f"pre-trained in {time.perf_counter() - started:.0f} s (cached: {path})")
     return path
 
 
@@ -109,8 +120,11 @@ def given_relation(cfg: ServerConfig) -> RelationVector:
     return relation
 
 
-def relation_vector(cfg: ServerConfig, weights: Path, *, progress: bool = False) -> RelationVector:
-    """The relation vector: the given file (checked against the model), or estimated on the proxy data."""
+def relation_vector(
+    cfg: ServerConfig, weights: Path, *, progress: bool = False, say: Callable[[str], None] | None = None
+) -> RelationVector:
+    """The relation vector: the given file (checked against the model), or estimated on the proxy data
+    (`say` hears each run's end, with an estimate of the time left)."""
     if cfg.relation:
         return given_relation(cfg)
     from fl_server.relation import estimate_relation
@@ -131,6 +145,7 @@ def relation_vector(cfg: ServerConfig, weights: Path, *, progress: bool = False)
         eval_max_samples=cfg.eval_max_samples,
         data_seed=cfg.proxy_seed,
         progress=progress,
+        say=say,
     )
 
 
@@ -143,10 +158,12 @@ def instructions(
     )
 
 
-def prepare(cfg: ServerConfig) -> tuple[Path, dict]:
-    """The starting weights and the relation vector (as a dict, so it crosses a process boundary)."""
-    weights = pretrained_weights(cfg)
-    return weights, relation_vector(cfg, weights).to_dict()
+def prepare(cfg: ServerConfig, lines: Any = None) -> tuple[Path, dict]:
+    """The starting weights and the relation vector (as a dict, so it crosses a process boundary); its
+    progress lines go to `lines` (a queue the parent prints from), else to this process's output."""
+    tell = say if lines is None else lines.put
+    weights = pretrained_weights(cfg, say=tell)
+    return weights, relation_vector(cfg, weights, say=tell).to_dict()
 
 
 def prepare_apart(cfg: ServerConfig) -> tuple[Path, RelationVector]:
@@ -165,8 +182,14 @@ def prepare_apart(cfg: ServerConfig) -> tuple[Path, RelationVector]:
     say(f"preparing: {'; '.join(what)} (cached under {cache_dir('')}) ...")
     started = time.perf_counter()
     ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
-        weights, relation = pool.submit(prepare, cfg).result()
+    # the child's progress lines come back through a queue: what it prints itself is not in the run's log
+    with ctx.Manager() as manager, ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
+        lines = manager.Queue()
+        future = pool.submit(prepare, cfg, lines)
+        while not (future.done() and lines.empty()):
+            with contextlib.suppress(queue.Empty):
+                say(f"  {lines.get(timeout=0.5)}")
+        weights, relation = future.result()
     say(f"prepared in {time.perf_counter() - started:.0f} s: weights {weights}")
     return weights, RelationVector.from_dict(relation)
 

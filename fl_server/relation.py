@@ -19,13 +19,14 @@ is instant. Runs can go in parallel as Ray tasks, one CPU thread each; the numbe
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -227,8 +228,36 @@ def _run_job(
     }
 
 
+Say = Callable[[str], None]
+
+
+class _RunProgress:
+    """One line per finished run: which, what it measured, time so far and an estimate of what is left
+    (runs of one batch size take about as long as each other; the estimate is the mean so far)."""
+
+    def __init__(self, say: Say | None, total: int) -> None:
+        self.say, self.total, self.done = say, total, 0
+        self.started = time.perf_counter()
+
+    def __call__(self, run: dict[str, Any]) -> None:
+        self.done += 1
+        if self.say is None:
+            return
+        spent = time.perf_counter() - self.started
+        left = spent / self.done * (self.total - self.done)
+        what = f"target after {run['samples']:.0f} samples" if run["reached"] else "missed the target"
+        self.say(
+            f"relation vector: run {self.done} of {self.total} (b={run['batch_size']}, seed {run['seed']}): "
+            f"{what}; {spent:.0f} s so far, about {left:.0f} s left"
+        )
+
+
 def _run_parallel(
-    jobs: list[dict[str, Any]], shared: dict[str, Any], num_cpus: int | None, progress: bool
+    jobs: list[dict[str, Any]],
+    shared: dict[str, Any],
+    num_cpus: int | None,
+    progress: bool,
+    finished: Callable[[dict[str, Any]], None],
 ) -> list:
     """Each job a Ray task with one torch thread; Ray is started locally (and stopped) if needed."""
     import ray
@@ -252,6 +281,9 @@ def _run_parallel(
             done, pending = ray.wait(pending, num_returns=1)
             if bar is not None:
                 bar.update(len(done))
+            for ref in done:
+                with contextlib.suppress(ray.exceptions.RayTaskError):  # raised below, as one line
+                    finished(ray.get(ref))
         if bar is not None:
             bar.close()
         try:
@@ -304,6 +336,7 @@ def estimate_relation(
     parallel: bool = False,
     num_cpus: int | None = None,
     progress: bool = True,
+    say: Say | None = None,
 ) -> RelationVector:
     """The relation vector of `model_name` from `weights` (None: a seeded fresh init) on `proxy_spec`.
 
@@ -314,7 +347,9 @@ def estimate_relation(
     (`training.crossing`). With `max_seeds` above the number of `seeds`, further seeds (the next
     integers) are run one at a time until adding one leaves the ranking of batch sizes unchanged, or
     the budget is spent (`seeds_needed`, `ranking_stable` in the file). Returns the vector (also stored
-    in the cache, `cache_dir` or $POWERFED_CACHE/relation or ~/.cache/powerfed/relation).
+    in the cache, `cache_dir` or $POWERFED_CACHE/relation or ~/.cache/powerfed/relation). `say` gets a
+    line per finished run (what it measured, an estimate of the time left): long estimates show progress
+    where no terminal shows a bar (a ServerApp's log).
     """
     bs, sd = _validate(target_accuracy, batch_sizes, seeds, lr_max, max_samples, lr_rule, vector, max_seeds)
     budget = max(len(sd), max_seeds or 0)
@@ -389,10 +424,14 @@ def estimate_relation(
             for b, lr in zip(bs, lrs, strict=True)
             for s in seed_list
         ]
+        finished = _RunProgress(say, len(jobs))
         if parallel and len(jobs) > 1:
-            found = _run_parallel(jobs, shared, num_cpus, progress)
+            found = _run_parallel(jobs, shared, num_cpus, progress, finished)
         else:
-            found = [_run_job(**shared, **job, progress=progress, threads=None) for job in jobs]
+            found = []
+            for job in jobs:
+                found.append(_run_job(**shared, **job, progress=progress, threads=None))
+                finished(found[-1])
         _check_runs(found, proxy_spec, target_accuracy, max_samples)
         return found
 

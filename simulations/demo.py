@@ -138,15 +138,14 @@ def demo_work(cfg: DemoConfig, settings: ServerConfig, out: Path, say: Say = qui
     from fl_server.app import instructions, pretrained_weights, relation_vector
     from fl_server.weights import load_model
 
-    say(f"pre-trained weights: {settings.model} on {settings.pretrain_data} (cached after the first run) ...")
-    weights = pretrained_weights(settings, progress=say is not quiet)
+    weights = pretrained_weights(settings, say=say)
     model, meta = load_model(weights, expect_model=settings.model)
     say(
         f"relation vector on proxy {settings.proxy_data}: {len(settings.batch_size_list())} batch sizes × "
         f"{len(settings.seeds())} seed(s) to accuracy {settings.target_accuracy:g} "
         "(cached after the first run) ..."
     )
-    relation = relation_vector(settings, weights, progress=say is not quiet)
+    relation = relation_vector(settings, weights, say=say)
     relation.save(out / "relation.json")
     node = NodeSettings(
         device=cfg.device,
