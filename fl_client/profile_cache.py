@@ -92,15 +92,57 @@ def _trusted(path: Path, key: ProfileKey, digest: str) -> Profile | None:
     return profile
 
 
+def _path(key: ProfileKey, cache_dir: Path | None) -> tuple[Path, str]:
+    digest = key.digest()
+    return (cache_dir or profile_cache_dir()) / f"profile-{digest[:40]}.json", digest
+
+
+def lookup(key: ProfileKey, cache_dir: Path | None = None) -> Profile | None:
+    """The profile cached under `key`, or None (none, or one that cannot be trusted)."""
+    path, digest = _path(key, cache_dir)
+    return _trusted(path, key, digest)
+
+
+def store(key: ProfileKey, profile: Profile, cache_dir: Path | None = None) -> None:
+    """Cache `profile` under `key` (with the key it was stored under and the device kind it is of)."""
+    path, digest = _path(key, cache_dir)
+    profile.extra["cache_key"] = digest
+    profile.extra["device_kind"] = key.device_kind
+    profile.save(path)
+
+
 def cached_profile(
     key: ProfileKey, measure: Callable[[], Profile], cache_dir: Path | None = None
 ) -> tuple[Profile, bool]:
     """(profile, True) from the cache, or (measure(), False) after storing it under `key`."""
-    digest = key.digest()
-    path = (cache_dir or profile_cache_dir()) / f"profile-{digest[:40]}.json"
-    if (profile := _trusted(path, key, digest)) is not None:
+    if (profile := lookup(key, cache_dir)) is not None:
         return profile, True
     profile = measure()
-    profile.extra["cache_key"] = digest
-    profile.save(path)
+    store(key, profile, cache_dir)
     return profile, False
+
+
+MEASURED_ORDERS = ("grid", "efficient", "fitted")
+
+
+def same_kind_profiles(
+    device_kind: str, workload: dict, cache_dir: Path | None = None
+) -> list[tuple[Path, Profile]]:
+    """Measured profiles in the cache of this kind of board (backend and board) and this workload (model,
+    classes, input shape: what a step computes), whatever cap or order they were measured for — the
+    predicted profile of a real board (`powerctl.profile_budget`). The most points first; unreadable
+    entries are passed over."""
+    found = []
+    for path in sorted((cache_dir or profile_cache_dir()).glob("profile-*.json")):
+        try:
+            profile = Profile.load(path)
+        except FileFormatError:
+            continue
+        extra = profile.extra
+        if (
+            extra.get("device_kind") == device_kind
+            and extra.get("workload") == workload
+            and extra.get("order") in MEASURED_ORDERS
+        ):
+            found.append((path, profile))
+    return sorted(found, key=lambda item: (-len(item[1].points), str(item[0])))

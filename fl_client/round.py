@@ -37,18 +37,28 @@ from torch import nn
 
 from fl_client.methods import Choice, choose
 from fl_client.node import NodeSettings
-from fl_client.profile_cache import ProfileKey, cached_profile
-from powerctl.boards import board_model
+from fl_client.profile_cache import ProfileKey, cached_profile, lookup, same_kind_profiles, store
+from powerctl.baselines import board_fixed_frequency
+from powerctl.boards import board_model, board_names
 from powerctl.cache import cache_dir
 from powerctl.capsource import CapSource, ConstantCap
 from powerctl.devices import open_device
 from powerctl.devices.base import Device
 from powerctl.devices.simulated import SimulatedBoard, predicted_profile, replay_cost, step_cost
-from powerctl.errors import PowerctlError
+from powerctl.errors import InfeasibleCapError, PowerctlError
 from powerctl.follow import CapFollower, Pick
 from powerctl.guard import PowerGuard
+from powerctl.profile_budget import (
+    BOARD_MODEL,
+    FITTED,
+    PREDICTED,
+    ProfilingPlan,
+    completed,
+    profile_within_budget,
+    still_enough,
+)
 from powerctl.profile_table import Profile
-from powerctl.profiler import profile_device
+from powerctl.profiler import StepFactory, profile_device
 from powerctl.relation import RelationVector
 from powerctl.safety import restore_on_exit
 from powerctl.selection import DEFAULT_RELATION_RULE, best_frequency_per_batch, check_power_cap, select
@@ -57,7 +67,7 @@ from strategies.protocol import ORACLE, OURS, ClientReport, Plan, TrainInstructi
 from training.checkpoint import Checkpointing
 from training.crossing import run_dense
 from training.errors import DataError, ModelError
-from training.finetune import FineTuneResult, evaluate_with_loss, fine_tune
+from training.finetune import DEFAULT_MAX_EPOCHS, FineTuneResult, evaluate_with_loss, fine_tune
 from training.models import build_model, get_model_spec, model_workload
 
 if TYPE_CHECKING:
@@ -176,6 +186,8 @@ class Profiled:
     board: str
     restored: str = ""
     """The line said when the device was opened and found left pinned by a killed process."""
+    plan: ProfilingPlan | None = None
+    """A budgeted profile: what the client predicted and chose (None: the instructed order, or cached)."""
 
 
 class Rule(Protocol):
@@ -277,9 +289,25 @@ def profile_order(instr: TrainInstructions, caps: CapSource) -> tuple[str, float
     return order, (cap if order in ("efficient", "fitted") else None)
 
 
+def budgeted(work: RoundWork) -> bool:
+    """Whether this round's profiling is held to a share of its predicted training: ours (no deadline:
+    energy under a deadline reads the whole profile) training under a constant cap (a cap that changes
+    needs the grid), with a budget set."""
+    instr = work.instr
+    return (
+        instr.profiling_budget > 0
+        and instr.method == OURS
+        and not instr.deadline_s
+        and not instr.stand_in
+        and work.caps.is_constant
+        and work.data is not None
+    )
+
+
 def measured_profile_step(work: RoundWork, relation: RelationVector) -> Profiled:
     """The device's profile for this model, from the cache or measured now (and cached); a device
-    without a knob or a sensor is refused by the profiler with one line."""
+    without a knob or a sensor is refused by the profiler with one line. Ours with a profiling budget
+    (`budgeted`) measures only what its predicted training pays for (`budgeted_profile`)."""
     from training.profiling import profiling_step_factory
 
     instr = work.instr
@@ -303,15 +331,21 @@ def measured_profile_step(work: RoundWork, relation: RelationVector) -> Profiled
             measure_steps=instr.profile_steps,
         )
 
-        def measure() -> Profile:
+        def step_factory() -> tuple[Workload, StepFactory]:
             # profiling trains: its own copy of the weights, so the round starts from the server's
-            workload, make_step = profiling_step_factory(
+            return profiling_step_factory(
                 instr.model,
                 model=work.model().to(dev.torch_device()),
                 num_classes=instr.num_classes,
                 torch_device=dev.torch_device(),
                 seed=instr.seed,
             )
+
+        if budgeted(work):
+            return budgeted_profile(work, dev, key, relation, step_factory)
+
+        def measure() -> Profile:
+            workload, make_step = step_factory()
             return profile_device(
                 dev,
                 workload,
@@ -328,6 +362,107 @@ def measured_profile_step(work: RoundWork, relation: RelationVector) -> Profiled
 
         profile, cached = cached_profile(key, measure, work.profile_cache)
         return Profiled(profile, cached, dev.board, dev.recovered or "")
+
+
+def budgeted_profile(
+    work: RoundWork,
+    dev: Device,
+    key: ProfileKey,
+    relation: RelationVector,
+    step_factory: Callable[[], tuple[Workload, StepFactory]],
+) -> Profiled:
+    """Profiling that pays for itself (`powerctl.profile_budget`): a profile cached for this board,
+    model and cap by any of the ways costs nothing; else one measured step predicts the training, and
+    the client profiles the most thorough way whose predicted cost is within `profiling-budget` of it —
+    the instructed order, the fitted order, or the predicted profile's choice confirmed. The predicted
+    profile: a simulated board's model; a real board's, a measured profile in the cache of the same
+    kind of board and model (completed by the fit), marked as such."""
+    instr, cap = work.instr, work.cap_at_start
+    rmap = json.dumps(sorted(relation.as_map().items()))
+    keys = {
+        key.order: key,
+        FITTED: replace(key, order=FITTED, power_cap_w=cap, relation=rmap),
+        PREDICTED: replace(key, order=PREDICTED, power_cap_w=cap, relation=f"{rmap} {instr.relation_rule}"),
+    }
+    restored = dev.recovered or ""
+    train, _ = work.split()
+    max_samples = instr.budget_samples or DEFAULT_MAX_EPOCHS * len(train)
+    max_training_s = instr.budget_device_seconds or None
+    for way, way_key in keys.items():
+        profile = lookup(way_key, work.profile_cache)
+        enough = profile is not None and (
+            way != PREDICTED
+            or still_enough(
+                profile,
+                [key.order, FITTED],
+                relation,
+                cap,
+                instr.profiling_budget,
+                max_samples=max_samples,
+                max_training_s=max_training_s,
+                rule=instr.relation_rule,
+            )
+        )
+        if profile is not None and enough:
+            return Profiled(profile, True, dev.board, restored)
+    workload, make_step = step_factory()
+    prediction, source = _prediction(work, dev, key, workload, relation)
+    profile, plan = profile_within_budget(
+        dev,
+        workload,
+        make_step,
+        order=key.order,
+        order_cap_w=key.power_cap_w,
+        batch_sizes=relation.batch_sizes,
+        samples=instr.profile_samples,
+        power_cap_w=cap,
+        relation=relation,
+        share=instr.profiling_budget,
+        prediction=prediction,
+        predicted_from=source,
+        reference_hz=_reference_hz(dev, cap),
+        max_samples=max_samples,
+        max_training_s=max_training_s,
+        rule=instr.relation_rule,
+        warmup_steps=instr.profile_warmup,
+        measure_steps=instr.profile_steps,
+    )
+    store(keys[plan.choice], profile, work.profile_cache)
+    return Profiled(profile, False, dev.board, restored, plan)
+
+
+def _prediction(
+    work: RoundWork, dev: Device, key: ProfileKey, workload: Workload, relation: RelationVector
+) -> tuple[Profile | None, str]:
+    """The board's predicted profile and where it came from (None: nothing predicts this board)."""
+    instr = work.instr
+    if isinstance(dev, SimulatedBoard):
+        overrides = json.dumps(instr.model_overrides, sort_keys=True)
+        sizes = tuple(relation.batch_sizes)
+        profile = _board_prediction(
+            dev.board, instr.model, overrides, instr.num_classes, sizes, instr.profile_samples
+        )
+        return profile, BOARD_MODEL
+    for path, measured in same_kind_profiles(key.device_kind, workload.to_dict(), work.profile_cache):
+        if (full := completed(measured, dev.frequencies())) is not None:
+            order = measured.extra.get("order")
+            return full, f"the {order} profile of a {key.device_kind} measured earlier ({path.name})"
+    return None, ""
+
+
+def _reference_hz(dev: Device, cap: float | None) -> int | None:
+    """Where one step is measured when nothing predicts the board: the state of practice's frequency
+    for the cap (safe for any model) where the board kind has one, else the lowest (None)."""
+    if not dev.frequencies():
+        return None  # no knob: the profiler refuses it with one line
+    if cap is None:
+        return dev.frequencies()[-1]
+    if dev.board not in board_names():
+        return None
+    try:
+        return board_fixed_frequency(board_model(dev.board), cap)
+    except InfeasibleCapError:
+        return None
 
 
 @lru_cache(maxsize=16)
@@ -658,7 +793,7 @@ def build_report(
     """The round's report. Only the power-aware method is charged for profiling it measured this round."""
     instr, result, choice, profile = work.instr, trained.result, trained.choice, profiled.profile
     charged = instr.method == OURS and not profiled.cached and not trained.stand_in
-    search = chosen.search
+    search, plan = chosen.search, profiled.plan
     point = profile.point(choice.batch_size, choice.frequency_hz)
     peak = choice.profiled_peak_power_w or (point.peak_power_w if point is not None else 0.0)
     return ClientReport(
@@ -700,7 +835,20 @@ def build_report(
         paused_seconds=trained.paused_seconds,
         over_cap_seconds=trained.over_cap_seconds,
         restored=profiled.restored,
+        profiling_choice=profiling_choice(profiled),
+        profiling_predicted_from=plan.predicted_from if plan else "",
+        predicted_training_seconds=plan.predicted_training_s if plan else None,
+        profiling_budget_seconds=plan.budget_s if plan else None,
+        profiling_costs_predicted=dict(plan.costs_s) if plan else None,
     )
+
+
+def profiling_choice(profiled: Profiled) -> str:
+    """How the profile was made (`ClientReport.profiling_choice`)."""
+    if profiled.plan is not None:
+        return profiled.plan.choice
+    extra = profiled.profile.extra
+    return "model" if extra.get("predicted") is True else str(extra.get("order") or "")
 
 
 def plan_round(

@@ -80,17 +80,32 @@ def _num(v: float | None, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
 
 
+PROFILING_WAYS = {"efficient": "eff", "grid": "grid", "fitted": "fit", "predicted": "pred", "model": "model"}
+"""How a client profiled (`ClientReport.profiling_choice`), as the round table shows it."""
+
+
+def profiled_as(client: dict[str, Any]) -> str:
+    """ "cached", or the way the client profiled this round (pred: its predicted profile's choice,
+    confirmed by measuring it)."""
+    if client.get("profile_cached"):
+        return "cached"
+    way = client.get("profiling_choice") or ""
+    return PROFILING_WAYS.get(way, way or "-")
+
+
 def client_table(record: RoundRecord) -> str:
-    """device, cap, b, MHz, device s, energy J, peak W, accuracy, at target — one row per client."""
+    """device, cap, b, MHz, how it profiled and at what cost against its budget, device s, energy J,
+    peak W, accuracy, at target — one row per client."""
     head = (
-        f"{'node':<13} {'device':<18} {'cap W':>6} {'b':>4} {'MHz':>7} {'prof s':>7} {'device s':>9} "
-        f"{'energy J':>9} {'peak W':>7} {'acc':>6} {'target':>6}"
+        f"{'node':<13} {'device':<18} {'cap W':>6} {'b':>4} {'MHz':>7} {'profiled':>8} {'prof s':>7} "
+        f"{'budget s':>8} {'device s':>9} {'energy J':>9} {'peak W':>7} {'acc':>6} {'target':>6}"
     )
     lines = [head, "-" * len(head)]
     for c in record.clients:
         lines.append(
             f"{c['node_key']:<13.13} {c['device']:<18.18} {_num(c['power_cap_w'], '6.2f'):>6} "
-            f"{c['batch_size']:>4} {c['frequency_hz'] / 1e6:>7.1f} {c['profiling_seconds']:>7.1f} "
+            f"{c['batch_size']:>4} {c['frequency_hz'] / 1e6:>7.1f} {profiled_as(c):>8} "
+            f"{c['profiling_seconds']:>7.1f} {_num(c.get('profiling_budget_seconds'), '8.1f'):>8} "
             f"{c['device_seconds']:>9.1f} {_num(c['energy_j'], '9.0f'):>9} "
             f"{_num(c['peak_power_w'], '7.2f'):>7} "
             f"{c['accuracy']:>6.3f} {'yes' if c['reached_target'] else 'no':>6}"
@@ -98,7 +113,20 @@ def client_table(record: RoundRecord) -> str:
     for f in record.failed:
         lines.append(f"{f.node_key:<13.13} {f.device:<18.18} FAILED ({f.kind}): {f.reason}")
     lines += [f"{c['node_key']}: {c['restored']}" for c in record.clients if c.get("restored")]
+    if any(c.get("profiling_budget_seconds") is not None for c in record.clients):
+        lines.append(
+            "profiled: eff/grid/fit = that order measured, pred = the predicted profile's choice "
+            "confirmed by measuring it; budget s = profiling-budget × the training predicted before "
+            "profiling"
+        )
     return "\n".join(lines)
+
+
+def profiling_share(clients: list[dict[str, Any]]) -> float | None:
+    """Profiling device seconds over fine-tuning device seconds, summed over `clients` (None: none
+    trained)."""
+    training = sum(c["device_seconds"] for c in clients)
+    return sum(c["profiling_seconds"] for c in clients) / training if training > 0 else None
 
 
 def summary_lines(record: RoundRecord) -> str:
@@ -106,6 +134,8 @@ def summary_lines(record: RoundRecord) -> str:
     parts = [
         f"round {record.round}: makespan {s['makespan_s']:.1f} device s (slowest: {s['slowest']}, "
         f"profiling included)",
+        f"profiling {s['profiling_s']:.1f} device s"
+        + ("" if (share := profiling_share(record.clients)) is None else f" ({share:.1%} of fine-tuning)"),
         f"total energy {s['total_energy_j']:.0f} J"
         + ("" if s["energy_complete"] else " (some clients lack a sensor)"),
         f"at target {s['share_at_target']:.0%} of {s['sampled']}",

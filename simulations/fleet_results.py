@@ -13,9 +13,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from fl_server.results import profiled_as, profiling_share
 from powerctl.jsonfile import write_json
 from simulations.fleet import FleetSpec
-from strategies.protocol import STATE_OF_PRACTICE
+from strategies.protocol import OURS, OURS_DEADLINE, STATE_OF_PRACTICE
 
 FLEET_SCHEMA = "simulations.fleet/1"
 SOP_DEFINITION = (
@@ -61,7 +62,10 @@ def method_summary(
     makespans, energy, over_cap, failed, accuracies = [], 0.0, 0, 0, []
     reached_round = time_to_target = train_to_target = None
     elapsed = training = 0.0
+    through_target: list[dict[str, Any]] = []  # client reports through the round that reached it
     for rnd in data["rounds"]:
+        if reached_round is None:
+            through_target += rnd["clients"]
         s = rnd["summary"]
         makespans.append(s["makespan_s"])
         energy += s["total_energy_j"]
@@ -79,6 +83,8 @@ def method_summary(
         "rounds": len(data["rounds"]),
         "time_to_target_s": time_to_target,
         "training_to_target_s": train_to_target,
+        "profiling_s": sum(c["profiling_seconds"] for c in through_target),
+        "profiling_share": profiling_share(through_target),
         "reached_round": reached_round,
         "total_makespan_s": elapsed,
         "makespans_s": makespans,
@@ -160,6 +166,8 @@ def build_results(
             "state-of-practice": SOP_DEFINITION,
             "profiling": "only 'ours' is charged for profiling; the baselines do not profile and the "
             "oracle's own-data search is reported apart (oracle_search_device_seconds)",
+            "profiling_share": "every client's profiling device seconds over its fine-tuning device "
+            "seconds, summed through the round that reached the target (all rounds if none did)",
             "stand_in": "scale mode: A stand-in client does not train; its device time and energy are the "
             "board model's for the proxy's samples to target at the chosen pair; its weights go back "
             "unchanged",
@@ -180,6 +188,11 @@ def _s(v: float | None, fmt: str = ".1f") -> str:
     return "-" if v is None else format(v, fmt)
 
 
+def _share(summary: dict[str, Any]) -> str:
+    share = summary.get("profiling_share")
+    return "-" if share is None else f"{share:.1%}"
+
+
 def _ratio(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}x"
 
@@ -188,8 +201,9 @@ def summary_text(results: dict[str, Any]) -> str:
     """The table printed at the end of a fleet run (and saved as summary.txt)."""
     fleet = results["fleet"]
     head = (
-        f"{'method':<18} {'to target s':>11} {'(training)':>10} {'round':>5} {'makespans s':<22} "
-        f"{'energy J':>9} {'at target':>9} {'over cap':>8} {'failed':>6} {'speed-up':>8} {'energy':>7}"
+        f"{'method':<18} {'to target s':>11} {'(training)':>10} {'prof %':>6} {'round':>5} "
+        f"{'makespans s':<22} {'energy J':>9} {'at target':>9} {'over cap':>8} {'failed':>6} "
+        f"{'speed-up':>8} {'energy':>7}"
     )
     lines = [
         f"fleet {fleet['name']}: {len(fleet['boards'])} boards, model {fleet['model']}, "
@@ -207,7 +221,7 @@ def summary_text(results: dict[str, Any]) -> str:
             else f">{s['total_makespan_s']:.1f}"
         )
         lines.append(
-            f"{s['method']:<18} {ttt:>11} {_s(s['training_to_target_s']):>10} "
+            f"{s['method']:<18} {ttt:>11} {_s(s['training_to_target_s']):>10} {_share(s):>6} "
             f"{_s(s['reached_round'], 'd'):>5} {spans:<22} "
             f"{s['energy_j']:>9.0f} {s['clients_at_target']:>4}/{s['clients']:<4} {s['over_cap']:>8} "
             f"{s['failed']:>6} {_ratio(s['speedup_vs_sop']):>8} {_s(s['energy_vs_sop'], '.2f'):>7}"
@@ -215,7 +229,9 @@ def summary_text(results: dict[str, Any]) -> str:
     lines += [
         "",
         "to target s: " + results["definitions"]["time_to_target_s"] + "; (training): the same without "
-        "profiling (each round's slowest fine-tuning).",
+        "profiling (each round's slowest fine-tuning); prof %: "
+        + results["definitions"]["profiling_share"]
+        + ".",
         "speed-up: state-of-practice's time to target / the method's; energy: the method's energy / "
         "state-of-practice's (all rounds). " + results["definitions"]["state-of-practice"] + ".",
         "at target: clients that reported the target in the last round; over cap: client-rounds whose "
@@ -251,8 +267,8 @@ def choices_table(results: dict[str, Any]) -> list[str]:
             cap = "none" if r["power_cap_w"] is None else f"{r['power_cap_w']:g}"
             groups.setdefault((r["device"], cap, r["method"]), []).append(r)
     head = (
-        f"{'round 1: device':<18} {'cap W':>6} {'method':<18} {'n':>4} {'b':>4} {'MHz':>7} {'prof s':>7} "
-        f"{'device s':>9} {'energy J':>9} {'peak W':>7}"
+        f"{'round 1: device':<18} {'cap W':>6} {'method':<18} {'n':>4} {'b':>4} {'MHz':>7} {'profiled':>8} "
+        f"{'prof s':>7} {'device s':>9} {'energy J':>9} {'peak W':>7}"
     )
     lines = [head, "-" * len(head)]
     order = {m: i for i, m in enumerate(results["methods"])}
@@ -265,11 +281,12 @@ def choices_table(results: dict[str, Any]) -> list[str]:
         n = len(rs)
         peaks = [r["peak_power_w"] for r in rs if r["peak_power_w"] is not None]
         prof = sum(r["profiling_seconds"] for r in rs) / n
+        ways = "/".join(sorted({profiled_as(r) for r in rs})) if method in (OURS, OURS_DEADLINE) else "-"
         secs = sum(r["device_seconds"] for r in rs) / n
         joules = sum(r["energy_j"] or 0 for r in rs) / n
         lines.append(
-            f"{device:<18} {cap:>6} {method:<18} {n:>4} {b:>4} {hz / 1e6:>6.1f}{more:1} {prof:>7.1f} "
-            f"{secs:>9.1f} {joules:>9.0f} {_s(max(peaks) if peaks else None, '.2f'):>7}"
+            f"{device:<18} {cap:>6} {method:<18} {n:>4} {b:>4} {hz / 1e6:>6.1f}{more:1} {ways:>8} "
+            f"{prof:>7.1f} {secs:>9.1f} {joules:>9.0f} {_s(max(peaks) if peaks else None, '.2f'):>7}"
         )
     return lines
 

@@ -262,6 +262,15 @@ def _samples_by_batch(value: Any) -> dict[str, float]:
     return items
 
 
+def _seconds_by_way(value: Any) -> dict[str, float]:
+    """A budgeted client's predicted costs: a JSON object way → device seconds ≥ 0."""
+    items = _json(value, "a JSON object", dict)
+    for way, v in items.items():
+        if way not in (*PROFILE_ORDERS, "predicted") or not _number_at_least_0(v):
+            raise Invalid(f"must map ways of profiling to seconds ≥ 0, got {way!r}: {v!r}")
+    return items
+
+
 def _pair(value: Any) -> list[int]:
     items = _json(value, "a JSON list [batch size, Hz]", list)
     if len(items) != 2 or not all(is_integer(v) and v >= 0 for v in items):
@@ -369,6 +378,23 @@ class ClientReport:
     restored: str = field(default="", metadata=_kind(TEXT))
     """When the board was found left pinned by a killed process and put back before this round: the
     line that says what was restored (empty: nothing was)."""
+    profiling_choice: str = field(default="", metadata=_kind(TEXT))
+    """How the profile was made: the order measured (efficient, grid, fitted), `predicted` (a predicted
+    profile's choice, confirmed by measuring it), `model` (scale mode: the board model's, unmeasured);
+    with `profile_cached`, the way a cached profile was made."""
+    profiling_predicted_from: str = field(default="", metadata=_kind(TEXT))
+    """The predicted profile a budgeted client weighed its ways with (the simulated board's model, or a
+    profile of the same kind of board measured earlier); empty: none."""
+    predicted_training_seconds: float | None = field(default=None, metadata=_kind(NUMBER))
+    """A budgeted client: its training predicted before profiling (samples to the target × one measured
+    step's seconds per sample); None: not budgeted this round."""
+    profiling_budget_seconds: float | None = field(default=None, metadata=_kind(NUMBER))
+    """... the share of it profiling could spend (`profiling-budget` × the prediction)."""
+    profiling_costs_predicted: dict[str, float] | None = field(
+        default=None, metadata=_kind(_Json(_seconds_by_way, "a JSON object"))
+    )
+    """... and each way's predicted device seconds (efficient, grid, fitted, predicted), which it chose
+    by; `profiling_seconds` is what the chosen way cost."""
 
     def unprevented_over_cap_s(self) -> float:
         """Under a changing cap: time over it beyond the steps in progress at its changes."""

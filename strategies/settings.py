@@ -232,6 +232,15 @@ SETTINGS: dict[str, Setting] = _declare(
     Setting("profile-samples", 4000, Integer(1), "N: the samples a profile's time is for.", BOTH),
     Setting("profile-warmup", 1, Integer(0), "Warm-up steps per profiled pair.", BOTH),
     Setting("profile-steps", 2, Integer(1), "Measured steps per profiled pair.", BOTH),
+    Setting(
+        "profiling-budget",
+        0.03,
+        Number(0.0, 1.0),
+        "Share of its predicted training a client (ours) may spend profiling: the profile-order if it "
+        "fits, else the fitted order, else its predicted profile's choice, confirmed (0: no budget, "
+        "always the profile-order).",
+        BOTH,
+    ),
     Setting("seed", 0, Integer(0), "The run's training seed.", BOTH),
     Setting("results-dir", "", FOLDER, "Folder of results.json; empty: ~/.local/share/powerfed/runs/ID."),
     Setting(

@@ -1,0 +1,319 @@
+"""Profiling that pays for itself: time to the target INCLUDING profiling, per way of profiling.
+
+For each model, simulated board, power cap (and none), task length and seed, four ways to a trained model:
+
+- efficient: the efficient order measured in full (no cap: the grid), then Algorithm 1 on it;
+- fitted: the fitted order (a few points, a fit, the choice confirmed; `powerctl.profiler`);
+- budgeted: what a client with `profiling-budget` does (`powerctl.profile_budget.profile_within_budget`,
+  the function `fl_client.round` calls): one measured step, its training predicted, each way's cost
+  walked over the board model's predicted profile, the most thorough way within the budget;
+- state of practice: no profiling; the largest batch size that fits at the board's fixed frequency for
+  the cap (`powerctl.baselines`, the paper's Baseline 1).
+
+Time to target = profiling device seconds + training: the samples to the target of the chosen batch size
+(the relation vector: bench/paper_tables.py's shape, scaled so the best batch size needs the task's
+samples) at the chosen pair's noise-free step time on the board. `over` counts choices whose true peak is
+above the cap. Two kinds of board: `as modelled` (the board model predicts it up to the 1 % sensor and
+time noise) and `off-model` (it draws `--off-model` times the power its model predicts — a hot board, or
+one whose model is wrong — so the predicted profile misleads the budgeted client and its confirmation has
+to catch it). Everything is simulated: the board model charges seconds and watts; the profiler runs a
+no-op step (the board charges the full model's cost), so the bench takes a minute.
+
+    python bench/profiling_budget.py [--models resnet18-small,resnet18,mobilenetv2,chartransformer]
+        [--seeds 0,1,2,3,4] [--short 5000] [--long 250000] [--shares 0.01,0.03,0.1] [--off-model 1.03]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections import defaultdict
+
+from profiling_cost import BATCH_SIZES, CAPS_W, MEASURE_STEPS, MODEL_SHAPE, SHAPES, WARMUP_STEPS, _noop_step
+
+from powerctl.baselines import board_fixed_frequency
+from powerctl.boards import board_model
+from powerctl.devices.simulated import SimulatedBoard, predicted_profile
+from powerctl.errors import InfeasibleCapError
+from powerctl.profile_budget import profile_within_budget
+from powerctl.profile_table import Profile
+from powerctl.profiler import profile_device
+from powerctl.relation import RelationVector
+from powerctl.selection import select
+from powerctl.workload import Workload
+
+WAYS = ("efficient", "fitted", "budgeted", "state-of-practice")
+VARIANTS = ("as modelled", "off-model")
+
+
+def _board(board: str, seed: int, scale: float) -> SimulatedBoard:
+    return SimulatedBoard.open(board, seed=seed, power_scale=scale)
+
+
+def _measured(
+    board: str,
+    workload: Workload,
+    seed: int,
+    scale: float,
+    order: str,
+    cap: float | None,
+    rel: RelationVector,
+) -> Profile:
+    return profile_device(
+        _board(board, seed, scale),
+        workload,
+        _noop_step,
+        batch_sizes=BATCH_SIZES,
+        samples=round(rel.samples_to_target[-1]),
+        order=order,
+        power_cap_w=cap if order != "grid" else None,
+        relation=rel.as_map() if order == "fitted" else None,
+        warmup_steps=WARMUP_STEPS,
+        measure_steps=MEASURE_STEPS,
+        progress=False,
+    )
+
+
+def _budgeted(
+    board: str,
+    workload: Workload,
+    seed: int,
+    scale: float,
+    cap: float | None,
+    rel: RelationVector,
+    share: float,
+    prediction: Profile,
+) -> tuple[Profile, str]:
+    profile, plan = profile_within_budget(
+        _board(board, seed, scale),
+        workload,
+        _noop_step,
+        order="efficient" if cap is not None else "grid",
+        order_cap_w=cap,
+        batch_sizes=BATCH_SIZES,
+        samples=round(rel.samples_to_target[-1]),
+        power_cap_w=cap,
+        relation=rel,
+        share=share,
+        prediction=prediction,
+        predicted_from="the board model",
+        warmup_steps=WARMUP_STEPS,
+        measure_steps=MEASURE_STEPS,
+    )
+    return profile, plan.choice
+
+
+def _relation(model: str, samples_to_target: float) -> RelationVector:
+    """bench/paper_tables.py's shape for the model's task (vision for the ResNets and MobileNetV2),
+    scaled so the best batch size needs `samples_to_target` samples."""
+    kind = MODEL_SHAPE.get(model, "vision")
+    scaled = {b: s * samples_to_target for b, s in SHAPES[kind].items()}
+    return RelationVector.from_samples(model, f"paper_tables:{kind}", 0.0, scaled)
+
+
+def _row(cell: dict, way: str, share: float | None, profiling_s: float, b: int, hz: int, how: str) -> dict:
+    truth: Profile = cell["truth"]
+    point = truth.point(b, hz)
+    assert point is not None
+    cap = cell["cap"]
+    return {k: v for k, v in cell.items() if k not in ("truth", "r", "scale")} | {
+        "way": way,
+        "share": share,
+        "profiling_s": profiling_s,
+        "train_s": point.seconds_for_samples * cell["r"][b],
+        "over": cap is not None and point.peak_power_w * cell["scale"] > cap,
+        "choice": f"{b}@{hz / 1e6:.0f}",
+        "how": how,
+    }
+
+
+def _cell_rows(cell: dict, workload: Workload, rel: RelationVector, shares: list[float], sop_hz: int) -> list:
+    board, seed, scale, cap, truth = cell["board"], cell["seed"], cell["scale"], cell["cap"], cell["truth"]
+    b_max = max(truth.batch_sizes())
+    rows = [_row(cell, "state-of-practice", None, 0.0, b_max, sop_hz, "")]
+    order = "efficient" if cap is not None else "grid"
+    runs = [
+        ("efficient", None, _measured(board, workload, seed, scale, order, cap, rel), ""),
+        ("fitted", None, _measured(board, workload, seed, scale, "fitted", cap, rel), ""),
+    ]
+    for share in shares:
+        prof, how = _budgeted(board, workload, seed, scale, cap, rel, share, truth)
+        runs.append(("budgeted", share, prof, how))
+    for way, share, prof, how in runs:
+        try:
+            sel = select(prof, rel, cap)
+        except InfeasibleCapError:
+            continue
+        rows.append(
+            _row(cell, way, share, prof.profiling_seconds or 0.0, sel.batch_size, sel.frequency_hz, how)
+        )
+    return rows
+
+
+def run(
+    models: list[str], seeds: list[int], tasks: dict[str, float], shares: list[float], off_model: float
+) -> list[dict]:
+    from training.models import build_model, model_workload
+
+    rows = []
+    for model in models:
+        workload = model_workload(model, build_model(model, seed=0))
+        for task, samples in tasks.items():
+            rel = _relation(model, samples)
+            n = round(rel.samples_to_target[-1])
+            for board in CAPS_W:
+                truth = predicted_profile(board, workload, BATCH_SIZES, n)  # noise-free, as modelled
+                for cap in (*CAPS_W[board], None):
+                    try:
+                        sop_hz = board_fixed_frequency(board_model(board), cap)
+                    except InfeasibleCapError:
+                        continue
+                    for variant, scale in zip(VARIANTS, (1.0, off_model), strict=True):
+                        for seed in seeds:
+                            cell = {
+                                "model": model,
+                                "task": task,
+                                "board": board,
+                                "cap": cap,
+                                "variant": variant,
+                                "seed": seed,
+                                "truth": truth,
+                                "r": rel.as_map(),
+                                "scale": scale,
+                            }
+                            rows += _cell_rows(cell, workload, rel, shares, sop_hz)
+    for row in rows:
+        row["total_s"] = row["profiling_s"] + row["train_s"]
+    return rows
+
+
+def _cells(rows: list[dict], share: float) -> dict[tuple, dict[str, list[dict]]]:
+    """Per (model, task, board, cap, variant): the four ways' rows (budgeted at `share`)."""
+    cells: dict[tuple, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    for row in rows:
+        if row["way"] == "budgeted" and row["share"] != share:
+            continue
+        key = (row["model"], row["task"], row["board"], row["cap"], row["variant"])
+        cells[key][row["way"]].append(row)
+    return cells
+
+
+def _mean(rows: list[dict], key: str) -> float:
+    return statistics.mean(r[key] for r in rows)
+
+
+def summary(rows: list[dict], share: float) -> dict[str, float]:
+    """Over the cells: how often budgeted is the slowest of the four, and its time over the best way's
+    (means over seeds per cell), per task length."""
+    out: dict[str, float] = {}
+    for task in sorted({r["task"] for r in rows}):
+        ratios, slowest, cells = [], 0, 0
+        for key, ways in _cells(rows, share).items():
+            if key[1] != task or len(ways) < len(WAYS):
+                continue
+            means = {w: _mean(rs, "total_s") for w, rs in ways.items()}
+            cells += 1
+            slowest += means["budgeted"] >= max(means.values()) - 1e-9
+            ratios.append(means["budgeted"] / min(means.values()))
+        out[f"{task} cells"] = cells
+        out[f"{task} slowest"] = slowest
+        out[f"{task} mean"] = statistics.mean(ratios)
+        out[f"{task} max"] = max(ratios)
+    return out
+
+
+def report(rows: list[dict], shares: list[float], default_share: float) -> None:
+    print(
+        f"Per cell (means over seeds; budgeted at profiling-budget {default_share:g}): time to the target "
+        "INCLUDING profiling, simulated seconds; (prof %) = profiling / training; × best = the way's time / "
+        "the fastest way's; budgeted's ways: eff = the efficient order (grid without a cap), fit = fitted, "
+        "pred = the predicted profile's choice confirmed.\n"
+    )
+    print(
+        "| model | task | board | cap | board kind | efficient s (prof %) | fitted s (prof %) "
+        "| budgeted s (prof %) | budgeted's ways | state of practice s | budgeted × best | over |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for (model, task, board, cap, variant), ways in _cells(rows, default_share).items():
+        if len(ways) < len(WAYS):
+            continue
+        means = {w: _mean(rs, "total_s") for w, rs in ways.items()}
+
+        def fmt(way: str, ways: dict[str, list[dict]] = ways) -> str:
+            rs = ways[way]
+            share = statistics.mean(r["profiling_s"] / r["train_s"] for r in rs)
+            return f"{_mean(rs, 'total_s'):.0f} ({100 * share:.1f} %)"
+
+        hows = defaultdict(int)
+        for r in ways["budgeted"]:
+            hows[{"efficient": "eff", "grid": "eff", "fitted": "fit", "predicted": "pred"}[r["how"]]] += 1
+        over = {w: sum(r["over"] for r in rs) for w, rs in ways.items() if any(r["over"] for r in rs)}
+        cap_text = "none" if cap is None else f"{cap:g} W"
+        print(
+            f"| {model} | {task} | {board.removeprefix('jetson-')} | {cap_text} "
+            f"| {variant} | {fmt('efficient')} | {fmt('fitted')} | {fmt('budgeted')} "
+            f"| {', '.join(f'{k} {v}' for k, v in sorted(hows.items()))} "
+            f"| {_mean(ways['state-of-practice'], 'total_s'):.0f} "
+            f"| {means['budgeted'] / min(means.values()):.4f} "
+            f"| {', '.join(f'{w} {n}' for w, n in over.items()) or '-'} |"
+        )
+    print(
+        "\nSummary per profiling-budget (cells = model × board × cap × board kind; seeds averaged per cell):"
+    )
+    for share in shares:
+        s = summary(rows, share)
+        parts = [
+            f"{task}: slowest of the four in {s[f'{task} slowest']:.0f}/{s[f'{task} cells']:.0f} cells, "
+            f"× best mean {s[f'{task} mean']:.4f} max {s[f'{task} max']:.4f}"
+            for task in sorted({r["task"] for r in rows})
+        ]
+        print(f"  budget {share:>5.3f}: " + "; ".join(parts))
+    print("\nOther ways, × best (mean, max over cells):")
+    for way in ("efficient", "fitted", "state-of-practice"):
+        parts = []
+        for task in sorted({r["task"] for r in rows}):
+            ratios = []
+            for key, ways in _cells(rows, default_share).items():
+                if key[1] == task and len(ways) == len(WAYS):
+                    means = {w: _mean(rs, "total_s") for w, rs in ways.items()}
+                    ratios.append(means[way] / min(means.values()))
+            parts.append(f"{task} {statistics.mean(ratios):.4f}, {max(ratios):.4f}")
+        print(f"  {way:<18} " + "; ".join(parts))
+
+
+def main(argv: list[str] | None = None) -> int:
+    from strategies.settings import SETTINGS
+
+    default_share = float(SETTINGS["profiling-budget"].default)
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default="resnet18-small,resnet18,mobilenetv2,chartransformer")
+    p.add_argument("--seeds", default="0,1,2,3,4")
+    p.add_argument("--short", type=float, default=5_000.0, help="samples to the target, short task")
+    p.add_argument("--long", type=float, default=250_000.0, help="samples to the target, long task")
+    p.add_argument("--shares", default=f"0.01,{default_share:g},0.1", help="profiling budgets to compare")
+    p.add_argument(
+        "--budget", type=float, default=default_share, help="the profiling-budget the table shows"
+    )
+    p.add_argument("--off-model", type=float, default=1.03, help="power drawn over the model's, off-model")
+    args = p.parse_args(argv)
+    models = [m for m in args.models.split(",") if m]
+    seeds = [int(s) for s in args.seeds.split(",") if s]
+    shares = sorted({float(s) for s in args.shares.split(",") if s} | {args.budget})
+    start = time.perf_counter()
+    print(
+        f"models {models}, boards {list(CAPS_W)} (caps {dict(CAPS_W)} and none), batch sizes {BATCH_SIZES}, "
+        f"seeds {seeds}; the best batch size needs {args.short:g} (short) or {args.long:g} (long) samples "
+        f"(relation shapes from bench/paper_tables.py); {WARMUP_STEPS} warm-up + {MEASURE_STEPS} measured "
+        f"steps per point; off-model boards draw {args.off_model:g}× their model's power; "
+        "simulated seconds.\n"
+    )
+    rows = run(models, seeds, {"short": args.short, "long": args.long}, shares, args.off_model)
+    report(rows, shares, args.budget)
+    print(f"\n({time.perf_counter() - start:.0f} s wall)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

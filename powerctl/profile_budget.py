@@ -1,0 +1,486 @@
+"""Profiling that pays for itself: a client holds its profiling to a share of the training it serves.
+
+On the paper's boards profiling costs 1.9–6 % of training; on a short task the same profile can cost more
+than the training itself, and then it never pays back. So before it profiles, a client predicts
+
+- its **training**: samples to the target (the relation vector's absolute samples, within the round's
+  sample budget) at the seconds per sample of ONE measured step, and
+- what each way of profiling would **cost**: the profiler itself is walked over a predicted profile of the
+  board (`ReplayBoard`: a simulated board's model, or a measured profile of the same board kind completed
+  by `powerctl.profile_fit`), so the cost predicted is that of the very points the order would measure,
+
+and takes the most thorough way whose cost stays within `share` × the predicted training
+(docs/design/profiling-budget.md):
+
+1. the instructed order (`efficient`: each batch size up to the cap; `grid`),
+2. `fitted`: a few points, a fit, the choice confirmed by measuring (`powerctl.profiler`),
+3. `predicted`: Algorithm 1 on the predicted profile, and only its pair measured — the confirmation. A
+   pair measured over the cap is dropped and the next best predicted pair measured, until one is measured
+   under it. The profile's `points` are what was measured and the prediction goes to `predicted`, so, as
+   with the fitted order, nothing that was not measured under the cap is ever pinned.
+
+When even the least way exceeds the budget, the least is taken: the confirmation is what keeps the cap.
+Without a predicted profile the client cannot take the third way; it bounds the instructed order's cost
+by the whole grid scaled from the measured step (time ∝ b / f) and otherwise profiles the fitted order.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, TypeVar
+
+from powerctl.devices.base import Device, PowerSampler, PowerSamples
+from powerctl.errors import DeviceOutOfMemory, InfeasibleCapError
+from powerctl.profile_fit import fit_profile
+from powerctl.profile_table import Profile, ProfilePoint
+from powerctl.profiler import Profiler, StepFactory
+from powerctl.relation import RelationVector
+from powerctl.safety import restore_on_exit
+from powerctl.selection import DEFAULT_RELATION_RULE, select
+from powerctl.workload import Workload
+
+T = TypeVar("T")
+
+PREDICTED = "predicted"
+"""The least way: the predicted profile's choice, confirmed by measuring it (and nothing else)."""
+FITTED = "fitted"
+BOARD_MODEL = "the simulated board's model"
+"""`predicted_from` of a simulated board's prediction."""
+
+
+# --- a device that behaves as a profile says --------------------------------------------------------
+class _ReplaySampler(PowerSampler):
+    def __init__(self, board: ReplayBoard) -> None:
+        self._board = board
+        self._samples: PowerSamples = []
+
+    def start(self) -> None:
+        self._samples = [(self._board.clock(), self._board.watts)]
+        self._board.samplers.append(self)
+
+    def samples_so_far(self) -> PowerSamples:
+        return self._samples
+
+    def stop(self) -> PowerSamples:
+        if self in self._board.samplers:
+            self._board.samplers.remove(self)
+        self._samples.append((self._board.clock(), self._board.watts))
+        return self._samples
+
+
+class ReplayBoard(Device):
+    """A virtual board whose every step costs what `table` says (seconds per batch, peak power), without
+    noise: the profiler walked over it measures what it would measure on the board the table predicts,
+    and its clock says what that would cost. A pair the table lacks does not fit (out of memory)."""
+
+    has_power_sensor = True
+
+    def __init__(self, table: Profile, frequencies: Sequence[int]) -> None:
+        super().__init__()
+        self.board, self.spec = table.device, f"replay:{table.device}"
+        self._points = {(p.batch_size, p.frequency_hz): p for p in (*table.predicted, *table.points)}
+        self._table = sorted(frequencies)
+        self._hz = self._table[-1]
+        self._t = 0.0
+        self.watts = 0.0
+        self.samplers: list[_ReplaySampler] = []
+
+    def frequencies(self) -> list[int]:
+        return list(self._table)
+
+    def current_frequency(self) -> int:
+        return self._hz
+
+    def _write_pin(self, hz: int) -> None:
+        self._hz = hz
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"hz": self._hz}
+
+    def apply_snapshot(self, state: dict[str, Any]) -> None:
+        self._hz = int(state["hz"])
+
+    def read_power_w(self) -> float:
+        return self.watts
+
+    def power_sampler(self, rate_hz: float) -> PowerSampler:
+        return _ReplaySampler(self)
+
+    def memory_bytes(self) -> int:
+        return 0
+
+    def clock(self) -> float:
+        return self._t
+
+    def synchronize(self) -> None:
+        return None
+
+    def torch_device(self) -> str:
+        return "cpu"
+
+    def run_step(self, fn: Callable[[], T], *, batch_size: int, workload: Workload) -> T:
+        point = self._points.get((batch_size, self._hz))
+        if point is None:
+            raise DeviceOutOfMemory(f"the predicted profile has no batch size {batch_size} at {self._hz} Hz")
+        result = fn()
+        self._t += point.seconds_per_batch
+        self.watts = point.peak_power_w
+        for sampler in self.samplers:
+            sampler._samples.append((self._t, self.watts))
+        return result
+
+
+def _no_step(batch_size: int) -> Callable[[], None]:
+    return lambda: None
+
+
+def order_cost(
+    prediction: Profile,
+    workload: Workload,
+    order: str,
+    *,
+    frequencies: Sequence[int],
+    batch_sizes: Sequence[int],
+    samples: int,
+    power_cap_w: float | None,
+    relation: Mapping[int, float] | None,
+    warmup_steps: int,
+    measure_steps: int,
+) -> tuple[float, int]:
+    """(device seconds, points) the profiler's `order` would spend on the board `prediction` describes."""
+    board = ReplayBoard(prediction, frequencies)
+    profiler = Profiler(
+        board, workload, _no_step, samples=samples, warmup_steps=warmup_steps, measure_steps=measure_steps
+    )
+    profile = profiler.run(
+        batch_sizes, order=order, power_cap_w=power_cap_w, relation=relation, progress=False
+    )
+    return float(profile.profiling_seconds or 0.0), len(profile.points)
+
+
+def completed(profile: Profile, frequencies: Sequence[int]) -> Profile | None:
+    """A measured profile with every pair of its batch sizes: measured where it was, else predicted by
+    the fit (`powerctl.profile_fit`), all in `points` (it is a prediction, never a selection's input
+    for a pin). None when its points cannot be fitted (the largest batch size at one frequency only)."""
+    measured = {(p.batch_size, p.frequency_hz): p for p in profile.points}
+    try:
+        fit = fit_profile(profile.points, max(frequencies))
+    except ValueError:
+        return None
+    points = [
+        measured.get((b, hz)) or fit.predict(b, hz, profile.samples)
+        for b in sorted(fit.utilisation)
+        for hz in sorted(frequencies)
+    ]
+    return replace(profile, points=points, predicted=[], extra={**profile.extra, "completed_by_fit": True})
+
+
+# --- the plan ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ProfilingPlan:
+    """What a client predicted and chose before profiling, and what it spent (reported to the server)."""
+
+    choice: str
+    """The way it profiled: the instructed order (efficient, grid), fitted, or predicted."""
+    share: float
+    predicted_training_s: float
+    """Samples to the target × seconds per sample at the measured pair (the predicted profile's choice;
+    without a prediction the largest batch size at the reference frequency: the state of practice's)."""
+    budget_s: float
+    """share × predicted_training_s."""
+    costs_s: dict[str, float]
+    """Each way's predicted device seconds, the measured step included (ways it could not predict are
+    absent)."""
+    reference: tuple[int, int]
+    """The (batch size, Hz) of the measured step."""
+    predicted_from: str = ""
+    """Where the predicted profile came from ("" without one)."""
+    spent_s: float = 0.0
+    """Device seconds profiling actually cost, the measured step included."""
+    points: int = 0
+    """Pairs measured, the measured step included."""
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["reference"] = list(self.reference)
+        return d
+
+
+def choose_way(ways: Sequence[str], costs_s: Mapping[str, float], budget_s: float) -> str:
+    """The first (most thorough) of `ways` predicted to fit the budget; else the last (the least)."""
+    for way in ways:
+        if way in costs_s and costs_s[way] <= budget_s:
+            return way
+    return ways[-1]
+
+
+@dataclass
+class _Confirmation:
+    """The predicted way's walk: Algorithm 1 on the prediction, with every measured pair standing for
+    itself, until its choice is a measured pair (under the cap, as every selection is)."""
+
+    profiler: Profiler
+    prediction: Profile
+    relation: RelationVector
+    cap: float | None
+    rule: str
+    measured: dict[tuple[int, int], ProfilePoint] = field(default_factory=dict)
+    gone: set[int] = field(default_factory=set)
+    """Batch sizes that did not fit when measured."""
+
+    def merged(self) -> Profile:
+        points = [
+            self.measured.get((p.batch_size, p.frequency_hz), p)
+            for p in self.prediction.points
+            if p.batch_size not in self.gone
+        ]
+        points += [p for key, p in self.measured.items() if self.prediction.point(*key) is None]
+        return replace(self.prediction, points=points)
+
+    def next_pair(self) -> tuple[int, int] | None:
+        """The pair to measure next, or None when the choice is measured (or nothing is feasible)."""
+        try:
+            sel = select(self.merged(), self.relation, self.cap, rule=self.rule)
+        except InfeasibleCapError:
+            return None
+        pair = (sel.batch_size, sel.frequency_hz)
+        return None if pair in self.measured else pair
+
+    def measure(self, pair: tuple[int, int]) -> ProfilePoint | None:
+        point = self.profiler.measure(*pair)
+        if point is None:
+            self.gone.add(pair[0])
+        else:
+            self.measured[pair] = point
+        return point
+
+    def first(self) -> ProfilePoint | None:
+        """Measure the prediction's choice (the next one if it does not fit): the measured step."""
+        while (pair := self.next_pair()) is not None:
+            if (point := self.measure(pair)) is not None:
+                return point
+        return None
+
+    def run(self) -> None:
+        for _ in range(len(self.prediction.points) + 1):  # each pass measures a new pair: bounded
+            pair = self.next_pair()
+            if pair is None:
+                return
+            self.measure(pair)
+
+    def profile(
+        self, device: Device, workload: Workload, samples: int, power_cap_w: float | None, source: str
+    ) -> Profile:
+        """The measured pairs as the profile's points, the rest of the prediction as `predicted`."""
+        measured = sorted(self.measured.values(), key=lambda p: (p.batch_size, p.frequency_hz))
+        predicted = [p for p in self.prediction.points if (p.batch_size, p.frequency_hz) not in self.measured]
+        return Profile(
+            device=device.board,
+            model=workload.model,
+            input_shape=list(workload.input_shape),
+            samples=samples,
+            points=measured,
+            predicted=predicted,
+            skipped=[{"batch_size": b, "reason": why} for b, why in sorted(self.profiler.skipped.items())],
+            extra={
+                "order": PREDICTED,
+                "power_cap_w": power_cap_w,
+                "predicted_from": source,
+                "warmup_steps": self.profiler.warmup_steps,
+                "measure_steps": self.profiler.measure_steps,
+                "workload": workload.to_dict(),
+            },
+        )
+
+
+def still_enough(
+    profile: Profile,
+    ways: Sequence[str],
+    relation: RelationVector,
+    power_cap_w: float | None,
+    share: float,
+    *,
+    max_samples: float | None = None,
+    max_training_s: float | None = None,
+    rule: str = DEFAULT_RELATION_RULE,
+) -> bool:
+    """Whether a cached profile of the predicted way is still all this task's budget pays for: its
+    measured choice predicts this task's training (no device time), weighed against the costs its
+    plan recorded for the other `ways` (most thorough first). False: a longer task, worth profiling."""
+    plan = profile.extra.get("budget")
+    if not isinstance(plan, dict) or not isinstance(plan.get("costs_s"), dict):
+        return True  # nothing to weigh with: kept, as every cached profile is
+    try:
+        sel = select(profile, relation, power_cap_w, rule=rule)
+    except InfeasibleCapError:
+        return False
+    point = profile.point(sel.batch_size, sel.frequency_hz)
+    assert point is not None  # selection picks measured points only
+    training = predicted_training_s(relation.samples_map(), point, max_samples, max_training_s)
+    costs = {w: float(c) for w, c in plan["costs_s"].items() if w != PREDICTED}
+    return choose_way([*ways, PREDICTED], costs, share * training) == PREDICTED
+
+
+def predicted_training_s(
+    samples_to_target: Mapping[int, float],
+    point: ProfilePoint,
+    max_samples: float | None,
+    max_training_s: float | None,
+) -> float:
+    """Seconds to train to the target at `point`: its batch size's samples to the target (no more than
+    `max_samples`, the round's sample budget) at the point's seconds per sample (no more than
+    `max_training_s`, the round's device-seconds budget)."""
+    b = point.batch_size
+    samples = min(samples_to_target[b], max_samples or math.inf)
+    seconds = samples * point.seconds_per_batch / b
+    return min(seconds, max_training_s or math.inf)
+
+
+def grid_bound_s(
+    point: ProfilePoint,
+    frequencies: Sequence[int],
+    batch_sizes: Sequence[int],
+    steps_per_point: int,
+) -> float:
+    """Without a prediction: the whole grid's cost scaled from one measured point, step time ∝ b / f
+    (a bound on every order that stops earlier)."""
+    per_step = point.seconds_per_batch / point.batch_size * point.frequency_hz
+    return sum(steps_per_point * per_step * b / hz for b in batch_sizes for hz in frequencies)
+
+
+def profile_within_budget(
+    device: Device,
+    workload: Workload,
+    make_step: StepFactory,
+    *,
+    order: str,
+    order_cap_w: float | None,
+    batch_sizes: Sequence[int],
+    samples: int,
+    power_cap_w: float | None,
+    relation: RelationVector,
+    share: float,
+    prediction: Profile | None,
+    predicted_from: str = "",
+    reference_hz: int | None = None,
+    max_samples: float | None = None,
+    max_training_s: float | None = None,
+    rule: str = DEFAULT_RELATION_RULE,
+    warmup_steps: int = 2,
+    measure_steps: int = 5,
+    progress: bool = False,
+) -> tuple[Profile, ProfilingPlan]:
+    """Measure one step, predict the training and each way's cost, profile the most thorough way within
+    `share` of the training (see the module docstring). `order`/`order_cap_w`: the instructed order and
+    the cap it stops at; `reference_hz`: the measured step's frequency when there is no prediction (the
+    board's state-of-practice frequency for the cap: safe; default the lowest). The profile's
+    `profiling_seconds` include the measured step; its `extra["budget"]` is the plan."""
+    if not 0.0 < share <= 1.0:
+        raise ValueError(f"share must be in (0, 1], got {share!r}")
+    table = device.frequencies()
+    sizes = sorted(set(batch_sizes) & set(relation.batch_sizes), reverse=True)
+    samples_to_target = relation.samples_map()
+    profiler = Profiler(
+        device, workload, make_step, samples=samples, warmup_steps=warmup_steps, measure_steps=measure_steps
+    )
+    ways = [order] + [w for w in (FITTED, PREDICTED) if w != order]
+    if prediction is not None:
+        prediction = replace(prediction, points=[p for p in prediction.points if p.batch_size in sizes])
+    with restore_on_exit(device):
+        start = device.clock()
+        confirm = None
+        if prediction is not None and prediction.points:
+            confirm = _Confirmation(profiler, prediction, relation, power_cap_w, rule)
+            ref_point = confirm.first()
+        else:
+            ways = [w for w in ways if w != PREDICTED]
+            hz = reference_hz if reference_hz is not None else table[0]
+            ref_point = next((p for b in sizes if (p := profiler.measure(b, hz)) is not None), None)
+        spent = device.clock() - start
+        if ref_point is None:  # nothing fits where it was tried: profile as instructed, nothing to weigh
+            ways, training, costs = [order], 0.0, {}
+            ref_point = ProfilePoint(sizes[-1], table[-1], 0.0, 0.0, 0.0, 0.0)
+        else:
+            training = predicted_training_s(samples_to_target, ref_point, max_samples, max_training_s)
+            costs = _costs(
+                ways, confirm, ref_point, spent, workload, order, order_cap_w, table, sizes, samples,
+                power_cap_w, relation, warmup_steps, measure_steps,
+            )  # fmt: skip
+        budget = share * training
+        choice = choose_way(ways, costs, budget)
+        if choice == PREDICTED:
+            assert confirm is not None
+            confirm.run()
+            profile = confirm.profile(device, workload, samples, power_cap_w, predicted_from)
+        else:
+            profile = profiler.run(
+                sizes,
+                order=choice,
+                power_cap_w=order_cap_w if choice == order else power_cap_w,
+                relation=relation.as_map() if choice == FITTED else None,
+                progress=progress,
+            )
+        extra_points = 0 if choice == PREDICTED or training == 0 else 1  # the measured step
+        profile.profiling_seconds = device.clock() - start
+        plan = ProfilingPlan(
+            choice=choice,
+            share=share,
+            predicted_training_s=training,
+            budget_s=budget,
+            costs_s=costs,
+            reference=(ref_point.batch_size, ref_point.frequency_hz),
+            predicted_from=predicted_from if confirm is not None else "",
+            spent_s=profile.profiling_seconds,
+            points=len(profile.points) + extra_points,
+        )
+        profile.extra["budget"] = plan.to_dict()
+        return profile, plan
+
+
+def _costs(
+    ways: list[str],
+    confirm: _Confirmation | None,
+    ref_point: ProfilePoint,
+    spent: float,
+    workload: Workload,
+    order: str,
+    order_cap_w: float | None,
+    table: list[int],
+    sizes: list[int],
+    samples: int,
+    power_cap_w: float | None,
+    relation: RelationVector,
+    warmup_steps: int,
+    measure_steps: int,
+) -> dict[str, float]:
+    """Each way's predicted device seconds, the measured step (`spent`) included: walked over the
+    prediction, its times scaled by what the measured step found; without one, the instructed order's
+    grid bound only."""
+    if confirm is None:
+        if order == FITTED:
+            return {}
+        return {order: spent + grid_bound_s(ref_point, table, sizes, warmup_steps + measure_steps)}
+    prediction = confirm.prediction
+    guess = prediction.point(ref_point.batch_size, ref_point.frequency_hz)
+    scale = ref_point.seconds_per_batch / guess.seconds_per_batch if guess else 1.0
+    costs = {}
+    for way in ways:
+        if way == PREDICTED:  # measured already when its choice is confirmed; else about one more point
+            costs[way] = spent if confirm.next_pair() is None else 2 * spent
+            continue
+        seconds, _ = order_cost(
+            prediction,
+            workload,
+            way,
+            frequencies=table,
+            batch_sizes=sizes,
+            samples=samples,
+            power_cap_w=order_cap_w if way == order else power_cap_w,
+            relation=relation.as_map() if way == FITTED else None,
+            warmup_steps=warmup_steps,
+            measure_steps=measure_steps,
+        )
+        costs[way] = spent + seconds * scale
+    return costs
