@@ -340,8 +340,9 @@ SETTINGS: dict[str, Setting] = _declare(
         "eval-every-samples",
         128,
         Integer(1),
-        "Clients and the relation estimate evaluate every this many training samples: the resolution of "
-        "samples to target.",
+        "Clients evaluate every this many training samples, the relation estimate at least this often "
+        "(a run that crosses the target within a few evaluations is run again more densely): the "
+        "resolution of samples to target.",
         BOTH,
         group="rounds",
     ),
