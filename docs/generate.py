@@ -26,15 +26,16 @@ same declaration (`strategies.settings.app_config_toml`).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
 import json
 import os
 import re
 import sys
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection
 from pathlib import Path
+from unittest import mock
 
+from powerctl.cliutil import OneLineParser
 from strategies.settings import GROUPS, SETTINGS, app_config_toml, markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -122,24 +123,10 @@ def every_command() -> list[str]:
     return [c for program in COMMANDS for c in walk(program, parser_of(program))]
 
 
-@contextlib.contextmanager
-def _help_environment() -> Iterator[None]:
-    """argparse reads the terminal's width (COLUMNS) and, from 3.14, colours unless NO_COLOR."""
-    saved = {k: os.environ.get(k) for k in ("COLUMNS", "NO_COLOR")}
-    os.environ.update(COLUMNS=str(COLUMNS), NO_COLOR="1")
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
 def usage_block(command: str, page: Path) -> str:
     parser = parser_of(command)
-    with _help_environment():
+    # argparse reads the terminal's width from COLUMNS and, from Python 3.14, colours unless NO_COLOR
+    with mock.patch.dict(os.environ, COLUMNS=str(COLUMNS), NO_COLOR="1"):
         text = parser.format_help()
     return "```text\n" + text.rstrip() + "\n```\n"
 
@@ -232,7 +219,7 @@ def stale() -> dict[Path, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python docs/generate.py", description=__doc__.split("\n\n")[0])
+    p = OneLineParser(prog="python docs/generate.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--check", action="store_true", help="name what is stale and exit 1; write nothing")
     args = p.parse_args(argv)
     try:

@@ -6,7 +6,8 @@ table equal to this declaration; ``python -m strategies.settings`` prints it) an
 `RunSettings`, `fl_server.run_config`), the settings fields of every client's train instructions
 (`strategies.protocol.TrainInstructions`), what the ClientApp reads from the run config
 (`client_setting`), and the fleet file's defaults and checks (`simulations.fleet`). A changed default
-here changes it everywhere; a new setting is one more `Setting(...)` line (and the table in pyproject).
+here changes it everywhere; a new setting is one more `Setting(...)` line with its group, then `make
+docs` writes pyproject's table and the tables of docs/reference/run-config.md from it.
 """
 
 from __future__ import annotations
