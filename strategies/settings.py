@@ -6,7 +6,8 @@ table equal to this declaration; ``python -m strategies.settings`` prints it) an
 `RunSettings`, `fl_server.run_config`), the settings fields of every client's train instructions
 (`strategies.protocol.TrainInstructions`), what the ClientApp reads from the run config
 (`client_setting`), and the fleet file's defaults and checks (`simulations.fleet`). A changed default
-here changes it everywhere; a new setting is one more `Setting(...)` line (and the table in pyproject).
+here changes it everywhere; a new setting is one more `Setting(...)` line with its group, then `make
+docs` writes pyproject's table and the tables of docs/reference/run-config.md from it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import sys
+import textwrap
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +51,10 @@ CLIENT = "client"
 BOTH = "both"
 """Read by the ServerApp, which sends it to every client in its train instructions."""
 READERS = (SERVER, CLIENT, BOTH)
+READ_BY = {SERVER: "server", CLIENT: "client app", BOTH: "server, clients"}
+"""How the docs name each kind of reader."""
+GROUPS = ("task", "rounds", "profiling", "power", "fleet", "results", "faults")
+"""The sections of docs/reference/run-config.md, one table each, in its order."""
 
 PROFILE_ORDERS = ("efficient", "grid", "fitted")
 """How a client measures its profile (powerctl.profiler): efficient (stop each batch size at the cap),
@@ -164,7 +170,11 @@ class Setting:
     """As pyproject.toml holds it (a list is text separated by commas)."""
     kind: Kind
     help: str
+    """What it is, its range where the kind does not say, what empty or 0 means (the docs' table and
+    pyproject's comments)."""
     readers: str = SERVER
+    group: str = ""
+    """One of `GROUPS`: the table of docs/reference/run-config.md it is listed in."""
 
     @property
     def attr(self) -> str:
@@ -177,35 +187,98 @@ class Setting:
 def _declare(*settings: Setting) -> dict[str, Setting]:
     out = {s.key: s for s in settings}
     assert len(out) == len(settings) and all(s.readers in READERS for s in settings)
+    assert all(s.group in (*GROUPS, "") for s in settings)  # "": none yet (`make docs` says which)
     return out
 
 
 SETTINGS: dict[str, Setting] = _declare(
-    Setting("num-server-rounds", 2, Integer(1), "Rounds of federated training (each: train, evaluate)."),
-    Setting("model", "cnn-tiny", MODEL, "The model to fine-tune (training.models).", BOTH),
-    Setting("weights", "", APP_FILE, "Weights (safetensors) to start from; empty: pre-train (cached)."),
-    Setting("pretrain-data", "synthetic-image", DATASET, "Pre-training data, when `weights` is empty."),
-    Setting("pretrain-samples", 2000, Integer(1), "Pre-training samples."),
-    Setting("pretrain-seed", 0, Integer(0), "Pre-training seed."),
-    Setting("relation", "", APP_FILE, "A relation vector file; empty: estimate it on proxy-data (cached)."),
-    Setting("proxy-data", "synthetic-image", DATASET, "The proxy data the relation vector is estimated on."),
-    Setting("proxy-seed", 1, Integer(0), "Seed of the proxy data."),
     Setting(
-        "relation-seeds", "0,1,2", distinct_ints(0, "0,1,2"), "Training seeds the relation vector averages."
+        "num-server-rounds",
+        2,
+        Integer(1),
+        "Rounds of federated training (each: train, evaluate).",
+        group="rounds",
     ),
-    Setting("relation-max-samples", 16000, Integer(1), "Most samples a relation run trains."),
+    Setting(
+        "model",
+        "cnn-tiny",
+        MODEL,
+        "The model to fine-tune, a name of training.models (`fl-server pretrain --help` lists them); "
+        "resnet18-small shows more of the trade-off, its 3-seed relation vector takes minutes on 2 cores.",
+        BOTH,
+        group="task",
+    ),
+    Setting(
+        "weights",
+        "",
+        APP_FILE,
+        "Weights (safetensors) to start from, absolute or relative to the app folder; empty: pre-train "
+        "on pretrain-data (cached in $POWERFED_CACHE/weights: "
+        "docs/reference/files.md#caches-checkpoints-and-board-records).",
+        group="task",
+    ),
+    Setting(
+        "pretrain-data",
+        "synthetic-image",
+        DATASET,
+        "Pre-training data, when `weights` is empty.",
+        group="task",
+    ),
+    Setting("pretrain-samples", 2000, Integer(1), "Pre-training samples.", group="task"),
+    Setting("pretrain-seed", 0, Integer(0), "Pre-training seed.", group="task"),
+    Setting(
+        "relation",
+        "",
+        APP_FILE,
+        "A relation vector file (powerctl.relation/1: "
+        "docs/reference/files.md#relation-vector-powerctlrelation1) for the same model, absolute or "
+        "relative to the app folder; empty: estimate it on proxy-data (cached in $POWERFED_CACHE/relation).",
+        group="task",
+    ),
+    Setting(
+        "proxy-data",
+        "synthetic-image",
+        DATASET,
+        "The proxy data the relation vector is estimated on.",
+        group="task",
+    ),
+    Setting(
+        "proxy-seed",
+        1,
+        Integer(0),
+        "Seed of the proxy data (generated data; the image train/test split).",
+        group="task",
+    ),
+    Setting(
+        "relation-seeds",
+        "0,1,2",
+        distinct_ints(0, "0,1,2"),
+        "Training seeds of the relation estimate, each batch size trained once per seed: samples to "
+        "target is the mean over them (see relation-values), and the file keeps every seed's.",
+        group="task",
+    ),
+    Setting(
+        "relation-max-samples",
+        16000,
+        Integer(1),
+        "Most samples a relation run trains: a batch size that has not reached the target by then is an "
+        "error that says what to change.",
+        group="task",
+    ),
     Setting(
         "relation-max-seeds",
         0,
         Integer(0),
         "Seeds are added beyond relation-seeds until the batch sizes' ranking is stable, up to this many "
         "in all (0: relation-seeds only).",
+        group="task",
     ),
     Setting(
         "relation-values",
         "raw",
         Choice(VECTORS),
         "The vector clients use: the seeds' means (raw) or the batch-efficiency fit to them (fitted).",
+        group="task",
     ),
     Setting(
         "relation-rule",
@@ -214,24 +287,94 @@ SETTINGS: dict[str, Setting] = _declare(
         "How clients read the relation: Algorithm 1 on its mean (mean) or the least mean regret over "
         "the seeds' vectors (robust).",
         BOTH,
+        group="task",
     ),
-    Setting("target-accuracy", 0.7, Number(0.0, 1.0, above=True), "The accuracy to reach.", BOTH),
+    Setting(
+        "target-accuracy",
+        0.7,
+        Number(0.0, 1.0, above=True),
+        "The test accuracy to reach: of the relation estimate and of every client.",
+        BOTH,
+        group="task",
+    ),
     Setting(
         "batch-sizes",
         "8,16,32,64",
         distinct_ints(1, "8,16,32,64", ascending=True),
-        "Batch sizes of the relation vector.",
+        "Batch sizes of the relation vector, and so of every profile.",
+        group="task",
     ),
-    Setting("lr-max", 0.002, Number(0.0, above=True), "Learning rate of the largest batch size.", BOTH),
-    Setting("lr-rule", "sqrt", Choice(LR_RULES), "How the rate scales with the batch size.", BOTH),
-    Setting("budget-samples", 6000, Integer(0), "Training samples per round (0: no budget).", BOTH),
-    Setting("budget-device-seconds", 0.0, Number(0.0), "Device seconds per round (0: none).", BOTH),
-    Setting("eval-every-samples", 128, Integer(1), "Evaluate the target this often.", BOTH),
-    Setting("eval-max-samples", 300, Integer(1), "Most test samples an evaluation uses.", BOTH),
-    Setting("profile-order", "efficient", Choice(PROFILE_ORDERS), "How a client profiles its board.", BOTH),
-    Setting("profile-samples", 4000, Integer(1), "N: the samples a profile's time is for.", BOTH),
-    Setting("profile-warmup", 1, Integer(0), "Warm-up steps per profiled pair.", BOTH),
-    Setting("profile-steps", 2, Integer(1), "Measured steps per profiled pair.", BOTH),
+    Setting(
+        "lr-max",
+        0.002,
+        Number(0.0, above=True),
+        "Learning rate of the largest batch size.",
+        BOTH,
+        group="task",
+    ),
+    Setting(
+        "lr-rule",
+        "sqrt",
+        Choice(LR_RULES),
+        "How the rate scales to smaller batch sizes, in the relation estimate (part of its cache key) and "
+        "on the clients: sqrt (the paper's, for Adam/AdamW), linear or constant.",
+        BOTH,
+        group="task",
+    ),
+    Setting(
+        "budget-samples",
+        6000,
+        Integer(0),
+        "Each client's training samples per round (0: no budget).",
+        BOTH,
+        group="rounds",
+    ),
+    Setting(
+        "budget-device-seconds",
+        0.0,
+        Number(0.0),
+        "Each client's device seconds of training per round (0: none).",
+        BOTH,
+        group="rounds",
+    ),
+    Setting(
+        "eval-every-samples",
+        128,
+        Integer(1),
+        "Clients evaluate every this many training samples, the relation estimate at least this often "
+        "(a run that crosses the target within a few evaluations is run again more densely): the "
+        "resolution of samples to target.",
+        BOTH,
+        group="rounds",
+    ),
+    Setting(
+        "eval-max-samples",
+        300,
+        Integer(1),
+        "Most test samples an evaluation uses (a fixed subset).",
+        BOTH,
+        group="rounds",
+    ),
+    Setting(
+        "profile-order",
+        "efficient",
+        Choice(PROFILE_ORDERS),
+        "How a client profiles its board: efficient (each batch size up to the cap; no cap: the whole "
+        "grid), grid (every pair), fitted (a few pairs measured, the rest predicted, the choice confirmed: "
+        "docs/design/fitted-profiling.md). Under a cap that changes every order profiles the grid.",
+        BOTH,
+        group="profiling",
+    ),
+    Setting(
+        "profile-samples",
+        4000,
+        Integer(1),
+        "N of T_N: the samples a profile's times are given for.",
+        BOTH,
+        group="profiling",
+    ),
+    Setting("profile-warmup", 1, Integer(0), "Warm-up steps per profiled pair.", BOTH, group="profiling"),
+    Setting("profile-steps", 2, Integer(1), "Measured steps per profiled pair.", BOTH, group="profiling"),
     Setting(
         "profiling-budget",
         0.03,
@@ -240,108 +383,220 @@ SETTINGS: dict[str, Setting] = _declare(
         "fits, else the fitted order, else its predicted profile's choice, confirmed (0: no budget, "
         "always the profile-order).",
         BOTH,
+        group="profiling",
     ),
-    Setting("seed", 0, Integer(0), "The run's training seed.", BOTH),
-    Setting("results-dir", "", FOLDER, "Folder of results.json; empty: ~/.local/share/powerfed/runs/ID."),
+    Setting(
+        "seed",
+        0,
+        Integer(0),
+        "The clients' training seed; with the node's name, the seed of a simulated board's sensor noise.",
+        BOTH,
+        group="rounds",
+    ),
+    Setting(
+        "results-dir",
+        "",
+        FOLDER,
+        "An absolute folder for results.json and global.safetensors; empty: "
+        "$XDG_DATA_HOME/powerfed/runs/RUN_ID (default ~/.local/share/powerfed/runs/RUN_ID). `make run` "
+        "sets runs/flwr.",
+        group="results",
+    ),
     Setting(
         "checkpoint-every-samples",
         4096,
         Integer(0),
-        "Clients checkpoint their fine-tune this often and resume it when restarted (0: never).",
+        "Clients checkpoint their fine-tune this often (at the next evaluation) and resume it when the "
+        "same work comes again (0: never).",
         BOTH,
+        group="results",
     ),
-    Setting("resume", True, Flag(), "Continue from the last completed round of this run in results-dir."),
-    Setting("round-timeout", 3600.0, Number(0.0, above=True, unit="seconds"), "How long a round waits."),
-    Setting("min-nodes", 1, Integer(1), "Nodes to wait for before round 1."),
-    Setting("fraction-train", 1.0, Number(0.0, 1.0), "Share of the nodes that train each round."),
-    Setting("fraction-evaluate", 1.0, Number(0.0, 1.0), "Share of the nodes that evaluate each round."),
+    Setting(
+        "resume",
+        True,
+        Flag(),
+        "Continue after the last completed round of this run found in results-dir; false: start over, "
+        "the old files renamed aside (docs/design/federation.md#resuming).",
+        group="results",
+    ),
+    Setting(
+        "round-timeout",
+        3600.0,
+        Number(0.0, above=True, unit="seconds"),
+        "Seconds a round waits for its replies; a client that has not replied is named timeout.",
+        group="rounds",
+    ),
+    Setting(
+        "min-nodes",
+        1,
+        Integer(1),
+        "A run starts once this many nodes are connected (deployment: the number of boards); later rounds "
+        "take whoever is connected.",
+        group="rounds",
+    ),
+    Setting(
+        "fraction-train",
+        1.0,
+        Number(0.0, 1.0),
+        "FedAvg's share of the connected nodes sampled to train each round.",
+        group="rounds",
+    ),
+    Setting(
+        "fraction-evaluate",
+        1.0,
+        Number(0.0, 1.0),
+        "FedAvg's share of the connected nodes sampled to evaluate each round.",
+        group="rounds",
+    ),
     Setting(
         "guard-window",
         DEFAULT_WINDOW,
         Integer(1),
-        "Power guard: consecutive over-cap steps before a client steps its frequency down.",
+        "Power guard: consecutive training steps over cap × (1 + guard-tolerance) before a client steps "
+        "its frequency down (docs/design/power-guard.md).",
         BOTH,
+        group="power",
     ),
     Setting(
         "guard-tolerance",
         DEFAULT_TOLERANCE,
         Number(0.0, 1.0, below=True),
-        "Power guard: relative excess over the cap a reading may show (the sensor's noise band).",
+        "Power guard: relative excess over the cap a reading may show (the sensor's noise band); 0 guards "
+        "the cap exactly.",
         BOTH,
+        group="power",
     ),
     Setting(
         "round-objective",
         "time",
         Choice(ROUND_OBJECTIVES),
-        "time: every client its fastest pair; energy-under-deadline: the least-energy pair meeting the "
-        "round's deadline (ours).",
+        "time: every client its fastest pair (the paper); energy-under-deadline: each client its "
+        "least-energy pair that meets the round's deadline, for ours (docs/design/deadline-rounds.md).",
+        group="rounds",
     ),
     Setting(
         "round-deadline-s",
         0.0,
         Number(0.0, unit="seconds"),
-        "Energy-under-deadline rounds: the deadline in device seconds (0: the slowest client's fastest).",
+        "Energy-under-deadline rounds: the deadline in device seconds (0: the slowest client's predicted "
+        "fastest time).",
+        group="rounds",
     ),
     Setting(
         "cap-poll-s",
         DEFAULT_POLL_S,
         Number(0.0, above=True, unit="seconds"),
-        "A client paused because nothing fits under its changing cap reads the cap this often.",
+        "A client paused because nothing fits under its changing cap reads the cap this often "
+        "(docs/design/changing-caps.md).",
         BOTH,
+        group="power",
     ),
     Setting(
         "cap-pause-timeout-s",
         DEFAULT_PAUSE_TIMEOUT_S,
         Number(0.0, above=True, unit="seconds"),
-        "... and gives up after this long paused.",
+        "A client paused under its changing cap gives up after this long (one error line, its frequency "
+        "restored).",
         BOTH,
+        group="power",
     ),
     Setting(
         "fleet",
         "sim:jetson-nano@3.0, sim:jetson-tx2nx@4.5, sim:jetson-nano@none, sim:jetson-tx2nx@3.5",
         FLEET,
-        "Virtual nodes' boards and caps: a table DEVICE@CAP, ... (partition i: entry i % len), or a file.",
+        "Device and cap of nodes without a device in their node config, by partition id: a table "
+        "DEVICE@CAP, ... (CAP in W or none; partition i takes entry i mod its length) or a YAML fleet "
+        "file (docs/reference/node-config.md#the-fleet-table).",
         CLIENT,
+        group="fleet",
     ),
-    Setting("client-data", "synthetic-image", DATASET, "The data partitioned among virtual nodes.", CLIENT),
-    Setting("client-data-seed", 2, Integer(0), "Seed of the client data and its split.", CLIENT),
-    Setting("partitioning", "iid", Choice(PARTITION_SCHEMES), "How client data is shared out.", CLIENT),
-    Setting("dirichlet-alpha", 0.5, Number(0.0, above=True), "Label skew of dirichlet partitioning.", CLIENT),
-    Setting("methods", "ours", distinct_names(RUN_METHODS), "The methods to run one after another."),
+    Setting(
+        "client-data",
+        "synthetic-image",
+        DATASET,
+        "The data split among the nodes that have no data of their own.",
+        CLIENT,
+        group="fleet",
+    ),
+    Setting(
+        "client-data-seed", 2, Integer(0), "Seed of the client data and its split.", CLIENT, group="fleet"
+    ),
+    Setting(
+        "partitioning",
+        "iid",
+        Choice(PARTITION_SCHEMES),
+        "How client data is shared out: iid, or dirichlet (label skew).",
+        CLIENT,
+        group="fleet",
+    ),
+    Setting(
+        "dirichlet-alpha",
+        0.5,
+        Number(0.0, above=True),
+        "The Dirichlet concentration of dirichlet partitioning (smaller: more label skew).",
+        CLIENT,
+        group="fleet",
+    ),
+    Setting(
+        "methods",
+        "ours",
+        distinct_names(RUN_METHODS),
+        "The methods to run one after another from the same weights, relation and fleet (ours, "
+        "state-of-practice, proxy-batch, oracle, ours-deadline); with several, one results folder each "
+        "(docs/design/method.md#baselines).",
+        group="rounds",
+    ),
     Setting(
         "profile-source",
         "measured",
         Choice(PROFILE_SOURCES),
-        "measured (profile each device, cached) or predicted (a simulated board's model: scale mode).",
+        "measured (profile each device, cached) or predicted (a simulated board's noise-free model "
+        "profile, no device time: scale mode).",
         BOTH,
+        group="profiling",
     ),
     Setting(
         "real-share",
         1.0,
         Number(0.0, 1.0),
-        "Scale mode: the share of clients that fine-tune the real model; the others run the stand-in.",
+        "Scale mode: the share of clients (spread evenly over partition ids) that fine-tune the real "
+        "model; the others run the stand-in (docs/howto/fleets.md#scale-mode).",
+        group="profiling",
     ),
-    Setting("profile-cache", "", FOLDER, "Clients' profile cache folder; empty: the shared one.", CLIENT),
+    Setting(
+        "profile-cache",
+        "",
+        FOLDER,
+        "An absolute folder for the clients' profile cache; empty: $POWERFED_CACHE/profile.",
+        CLIENT,
+        group="profiling",
+    ),
     Setting(
         "inject-failures",
         "",
         FAULTS,
-        "Soak tests only (POWERFED_FAULT_INJECTION=1): failures per train message, e.g. raise:0.1,hang:0.05.",
+        "Soak tests only (POWERFED_FAULT_INJECTION=1): failures per train message, KIND:P,... with KIND "
+        "in raise, hang, kill, drawn from (seed, node, round), e.g. raise:0.1,hang:0.05.",
         CLIENT,
+        group="faults",
     ),
-    Setting("inject-seed", 0, Integer(), "Soak tests only: the seed of injected failures.", CLIENT),
+    Setting(
+        "inject-seed", 0, Integer(), "Soak tests only: the seed of injected failures.", CLIENT, group="faults"
+    ),
     Setting(
         "inject-hang-s",
         60.0,
         Number(0.0, 3600.0, above=True, below=True, unit="seconds"),
         "Soak tests only: how long an injected hang sleeps.",
         CLIENT,
+        group="faults",
     ),
     Setting(
         "inject-server-stop-round",
         0,
         Integer(0),
         "Soak tests only: the ServerApp stops as if it crashed once this round's replies are in (0: never).",
+        group="faults",
     ),
 )
 
@@ -426,15 +681,19 @@ def app_config_toml(settings: Iterable[Setting] | None = None) -> str:
     """The ``[tool.flwr.app.config]`` table pyproject.toml must hold, each key under its help."""
     lines = ["[tool.flwr.app.config]"]
     for s in settings if settings is not None else SETTINGS.values():
-        lines += [f"# {s.help}", f"{s.key} = {_toml(s.default)}"]
+        lines += textwrap.wrap(
+            s.help, 100, initial_indent="# ", subsequent_indent="# ", break_on_hyphens=False
+        )
+        lines.append(f"{s.key} = {_toml(s.default)}")
     return "\n".join(lines) + "\n"
 
 
-def markdown_table() -> str:
-    """The settings as a Markdown table (key, default, who reads it, what it is), for the docs."""
-    lines = ["| key | default | read by | what it is |", "| --- | --- | --- | --- |"]
-    for s in SETTINGS.values():
-        cells = [f"`{s.key}`", f"`{_toml(s.default)}`", s.readers, s.help]
+def markdown_table(settings: Iterable[Setting] | None = None, text: Callable[[str], str] = str) -> str:
+    """The settings as a Markdown table (key, default, the values its check takes, what it is, who reads
+    it) for the docs; `text` turns a help text into the cell (docs/generate.py makes docs/ paths links)."""
+    lines = ["| key | default | takes | what it is | read by |", "|---|---|---|---|---|"]
+    for s in settings if settings is not None else SETTINGS.values():
+        cells = [f"`{s.key}`", f"`{_toml(s.default)}`", s.kind.expected, text(s.help), READ_BY[s.readers]]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
