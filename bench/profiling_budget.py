@@ -293,9 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--short", type=float, default=5_000.0, help="samples to the target, short task")
     p.add_argument("--long", type=float, default=250_000.0, help="samples to the target, long task")
     p.add_argument("--shares", default=f"0.01,{default_share:g},0.1", help="profiling budgets to compare")
-    p.add_argument(
-        "--budget", type=float, default=default_share, help="the profiling-budget the table shows"
-    )
+    p.add_argument("--budget", type=float, default=default_share, help="the profiling-budget the table shows")
     p.add_argument("--off-model", type=float, default=1.03, help="power drawn over the model's, off-model")
     args = p.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
