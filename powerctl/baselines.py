@@ -25,7 +25,7 @@ from powerctl.selection import Selection, check_power_cap, common_batch_sizes, p
 STATE_OF_PRACTICE = "state-of-practice"
 PROXY_BATCH = "proxy-batch"
 ORACLE = "oracle"
-METHOD = "method"
+OURS = "ours"
 
 
 @dataclass(frozen=True)
@@ -174,9 +174,9 @@ def compare(
     method: Selection = select(profile, relation, cap)
     makers: list[tuple[str, Callable[[], Baseline]]] = [
         (
-            METHOD,
+            OURS,
             lambda: Baseline(
-                METHOD, method.batch_size, method.frequency_hz, method.predicted_seconds, method.peak_power_w
+                OURS, method.batch_size, method.frequency_hz, method.predicted_seconds, method.peak_power_w
             ),
         ),
         (

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from powerctl.baselines import ORACLE, PROXY_BATCH, STATE_OF_PRACTICE
+from powerctl.baselines import ORACLE, OURS, PROXY_BATCH, STATE_OF_PRACTICE
 from powerctl.errors import PowerctlError
 from powerctl.follow import DEFAULT_PAUSE_TIMEOUT_S, DEFAULT_POLL_S
 from powerctl.guard import DEFAULT_TOLERANCE, DEFAULT_WINDOW
@@ -61,7 +61,6 @@ PROFILE_ORDERS = ("efficient", "grid", "fitted")
 grid (every pair), fitted (a few points, a fit, and measurements confirming the choice)."""
 PROFILE_SOURCES = ("measured", "predicted")
 """measured: profile the device (cached); predicted: a simulated board's model profile (no device time)."""
-OURS = "ours"
 METHODS = (OURS, STATE_OF_PRACTICE, PROXY_BATCH, ORACLE)
 """How a client chooses (b, f): the power-aware method, or one of powerctl.baselines' baselines."""
 OURS_DEADLINE = "ours-deadline"

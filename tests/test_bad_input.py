@@ -252,8 +252,8 @@ def test_select_compare_prints_every_row_and_marks_an_infeasible_baseline(
     assert powerctl_main(argv) == 0  # the method has a pair under 2.2 W; no fixed frequency does
     out = capsys.readouterr().out.splitlines()
     rows = {line.split()[0]: line for line in out[3:] if line.strip()}
-    assert set(rows) == {"method", "state-of-practice", "proxy-batch"}
-    assert "infeasible under the cap" not in rows["method"]
+    assert set(rows) == {"ours", "state-of-practice", "proxy-batch"}
+    assert "infeasible under the cap" not in rows["ours"]
     for name in ("state-of-practice", "proxy-batch"):
         assert "infeasible under the cap: state of practice: no fixed frequency of jetson-nano" in rows[name]
 

@@ -180,20 +180,20 @@ def test_compare_rows_and_speedups() -> None:
     rows = compare(profile, proxy, 5.0, target_relation=target)
     assert json.loads(json.dumps(rows)) == rows
     by = {r["name"]: r for r in rows}
-    assert list(by) == ["method", STATE_OF_PRACTICE, PROXY_BATCH, ORACLE]
+    assert list(by) == ["ours", STATE_OF_PRACTICE, PROXY_BATCH, ORACLE]
     method = select(profile, proxy, 5.0)
-    assert (by["method"]["batch_size"], by["method"]["frequency_hz"]) == (
+    assert (by["ours"]["batch_size"], by["ours"]["frequency_hz"]) == (
         method.batch_size,
         method.frequency_hz,
     )
-    assert by["method"]["speedup"] == 1.0 and by["method"]["speedup_target"] == 1.0
+    assert by["ours"]["speedup"] == 1.0 and by["ours"]["speedup_target"] == 1.0
     assert (by[STATE_OF_PRACTICE]["batch_size"], by[STATE_OF_PRACTICE]["frequency_hz"]) == (128, NANO_5W)
     assert by[PROXY_BATCH]["batch_size"] == 16
     for row in rows:
         assert row["feasible"] is True
         assert row["speedup"] == pytest.approx(row["predicted_seconds"] / method.predicted_seconds)
         assert row["speedup_target"] == pytest.approx(
-            row["predicted_seconds_target"] / by["method"]["predicted_seconds_target"]
+            row["predicted_seconds_target"] / by["ours"]["predicted_seconds_target"]
         )
     # The method beats both baselines under the relation it optimises; the oracle is the limit under the
     # target relation.
@@ -206,7 +206,7 @@ def test_compare_without_target_has_no_oracle_and_handles_unprofiled_baselines()
     full = nano_grid([16, 128])
     profile = make_profile([p for p in full.points if (p.batch_size, p.frequency_hz) != (128, NANO_5W)])
     rows = compare(profile, make_relation({16: 1.0, 128: 1.0}), 5.0)
-    assert [r["name"] for r in rows] == ["method", STATE_OF_PRACTICE, PROXY_BATCH]
+    assert [r["name"] for r in rows] == ["ours", STATE_OF_PRACTICE, PROXY_BATCH]
     sop = rows[1]
     assert sop["predicted_seconds"] is None and sop["speedup"] is None and sop["feasible"] is None
     assert "predicted_seconds_target" not in sop
@@ -239,8 +239,8 @@ def test_hand_built_comparison() -> None:
     )
     relation = make_relation({16: 500.0, 64: 1000.0})
     rows = {r["name"]: r for r in compare(profile, relation, 4.5)}
-    assert (rows["method"]["batch_size"], rows["method"]["frequency_hz"]) == (16, 768 * MHZ)
-    assert rows["method"]["predicted_seconds"] == pytest.approx(65.0)
+    assert (rows["ours"]["batch_size"], rows["ours"]["frequency_hz"]) == (16, 768 * MHZ)
+    assert rows["ours"]["predicted_seconds"] == pytest.approx(65.0)
     assert rows[STATE_OF_PRACTICE]["predicted_seconds"] == pytest.approx(100.0)
     assert rows[STATE_OF_PRACTICE]["speedup"] == pytest.approx(100 / 65)
     assert rows[PROXY_BATCH]["batch_size"] == 16 and rows[PROXY_BATCH]["speedup"] == pytest.approx(80 / 65)

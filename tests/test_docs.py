@@ -226,3 +226,58 @@ def test_node_config_reference_names_every_node_key_and_dataset_kind():
     missing += [f"{kind}:" for kind in _FILE_LOADERS if kind not in named]
     missing += [s for s in SPECS if ":" not in s and s not in named]
     assert not missing, f"docs/reference/node-config.md lacks {missing}"
+
+
+SESSION = re.compile(r"((?:^    \$ powerctl [^\n]*\n(?:^    (?!\$)[^\n]*\n|^\n(?=    [^$\n]))*)+)", re.M)
+
+
+def quoted_sessions() -> list[tuple[str, str]]:
+    """(page, block) for every quoted `$ powerctl …` session outside docs/results/ (a result page's
+    long outputs carry the commit they came from instead)."""
+    out = []
+    for page in markdown_files():
+        if "results" in page.relative_to(ROOT).parts:
+            continue
+        for block in SESSION.findall(page.read_text(encoding="utf-8")):
+            out.append((str(page.relative_to(ROOT)), block))
+    return out
+
+
+def session_steps(block: str) -> list[tuple[list[str], list[str]]]:
+    """The session as (argv, the lines it printed) per `$` command; a trailing `\\` continues a command."""
+    import shlex
+
+    steps: list[tuple[list[str], list[str]]] = []
+    command = ""
+    for raw in block.splitlines():
+        line = raw[4:] if raw.startswith("    ") else raw
+        if command or line.startswith("$ "):
+            command += " " + (line[2:] if line.startswith("$ ") else line.strip())
+            if command.endswith("\\"):
+                command = command[:-1]
+                continue
+            steps.append((shlex.split(command), []))
+            command = ""
+        elif line.strip():
+            steps[-1][1].append(line.rstrip())
+    return steps
+
+
+@pytest.mark.parametrize(("page", "block"), quoted_sessions(), ids=[p for p, _ in quoted_sessions()])
+def test_quoted_powerctl_sessions_print_what_the_page_says(page, block, tmp_path):
+    """Each quoted `$ powerctl …` session is run again in an empty folder (with docs/ reachable, for
+    docs/examples/) and must print what the page quotes: short outputs stay what the code prints now."""
+    import subprocess
+    import sys
+
+    (tmp_path / "docs").symlink_to(ROOT / "docs")
+    powerctl = str(Path(sys.executable).with_name("powerctl"))
+    for argv, expected in session_steps(block):
+        assert argv[0] == "powerctl", f"{page}: a quoted session runs powerctl only, not {argv[0]}"
+        done = subprocess.run(
+            [powerctl, *argv[1:]], cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False
+        )
+        printed = [x.rstrip() for x in (done.stdout + done.stderr).splitlines() if x.strip()]
+        assert printed == expected, (
+            f"{page}: `{' '.join(argv)}` prints something else now; paste its output:\n" + "\n".join(printed)
+        )
