@@ -280,8 +280,7 @@ def cmd_select(args: argparse.Namespace) -> int:
         from powerctl.baselines import compare
 
         print(
-            f"\n{'strategy':<18} {'b':>5} {'MHz':>8} {'peak W':>7} {'predicted s':>12} "
-            f"{'ours faster by':>17}"
+            f"\n{'strategy':<18} {'b':>5} {'MHz':>8} {'peak W':>7} {'predicted s':>12} {'ours faster by':>17}"
         )
         for row in compare(profile, relation, args.power_cap):
             if "infeasible" in row:
