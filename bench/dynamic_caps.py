@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     # the whole grid, profiled once per board with noise seed 0, like every seeded run after it
     works = {
         board: replace(
-            demo_work(replace(base, device=f"sim:{board}", power_cap_w=None), settings, args.out),
+            demo_work(replace(base, device=f"sim:{board}", power_cap_w=None), settings),
             caps=ConstantCap(None),
             device_seed=0,
         )

@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = []
     for board in args.boards.split(","):
         # the client round's own steps: the whole grid profiled (noise seed 0), then pinned fine-tunes
-        work = demo_work(replace(base, device=f"sim:{board}", power_cap_w=None), settings, args.out)
+        work = demo_work(replace(base, device=f"sim:{board}", power_cap_w=None), settings)
         work = replace(work, caps=ConstantCap(None), device_seed=0)
         relation = usable_relation(work.instr, len(work.split()[0]))
         profile = measured_profile_step(work, relation).profile

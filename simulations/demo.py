@@ -130,7 +130,7 @@ def check_demo(cfg: DemoConfig, out: Path) -> ServerConfig:
     return settings
 
 
-def demo_work(cfg: DemoConfig, settings: ServerConfig, out: Path, say: Say = quiet) -> RoundWork:
+def demo_work(cfg: DemoConfig, settings: ServerConfig, say: Say = quiet) -> RoundWork:
     """The one node's round: the server's weights, relation vector and instructions, the board and its
     own data (the run's `client-data`, split as a node with its own `data` splits it)."""
     from fl_client.local_data import data_plan, load_local_data
@@ -146,7 +146,6 @@ def demo_work(cfg: DemoConfig, settings: ServerConfig, out: Path, say: Say = qui
         "(cached after the first run) ..."
     )
     relation = relation_vector(settings, weights, say=say)
-    relation.save(out / "relation.json")
     node = NodeSettings(
         device=cfg.device,
         power_cap_w=cfg.power_cap_w,
@@ -166,15 +165,16 @@ def demo_work(cfg: DemoConfig, settings: ServerConfig, out: Path, say: Say = qui
 
 
 def run_demo(cfg: DemoConfig, out: Path, say: Say = say_on_stderr) -> dict[str, Any]:
-    """Run every method's round on the board, write `out/results.json`, `out/profile.json` and plots."""
+    """Run every method's round on the board; then write `out/results.json`, `profile.json`,
+    `relation.json` and plots (all at the end: a demo stopped half-way leaves the last one's files as
+    they were)."""
     settings = check_demo(cfg, out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    work = demo_work(cfg, settings, out, say)
+    work = demo_work(cfg, settings, say)
     relation = usable_relation(work.instr, len(work.split()[0]))
     say(f"profiling {cfg.device} under {_cap(cfg.power_cap_w)} (cached after the first run) ...")
     profiled = measured_profile_step(work, relation)
-    profiled.profile.save(out / "profile.json")
     shared = SharedRuns(say)
     outcomes: dict[str, RoundOutcome] = {}
     for method in ORDER:
@@ -203,6 +203,8 @@ def run_demo(cfg: DemoConfig, out: Path, say: Say = say_on_stderr) -> dict[str, 
         "all_runs": [{**_run(t), "eval_every_samples": every} for (_, _, every), t in shared.runs.items()],
         "wall_seconds": time.perf_counter() - started,
     }
+    work.instr.relation_vector.save(out / "relation.json")
+    profiled.profile.save(out / "profile.json")
     write_json(out / "results.json", results)
     _plots(cfg, settings, profiled, relation, outcomes[OURS], rows, out)
     return results

@@ -77,9 +77,9 @@ def test_the_demo_and_a_fleet_client_agree_on_the_oracle(results) -> None:
     from strategies.power_aware import PowerAwareFedAvg
     from tests.fake_grid import FakeGrid
 
-    res, out = results
+    res, _ = results
     cfg = DemoConfig(power_cap_w=2.5, run=TINY)
-    work = demo_work(cfg, cfg.settings(), out)
+    work = demo_work(cfg, cfg.settings())
     node = {
         "device": cfg.device,
         "power-cap-w": cfg.power_cap_w,
@@ -103,3 +103,23 @@ def test_the_demo_and_a_fleet_client_agree_on_the_oracle(results) -> None:
     assert client["oracle_samples_to_target"] == {
         str(b): s for b, s in zip(own["batch_sizes"], own["samples_to_target"], strict=True)
     }
+
+
+def test_a_demo_stopped_half_way_leaves_the_last_ones_files_as_they_were(results, tmp_path) -> None:
+    """Ctrl-C (KeyboardInterrupt) during the rounds: every file of the previous demo is untouched."""
+    _, previous = results
+    out = tmp_path / "demo"
+    out.mkdir()
+    names = ("results.json", "profile.json", "relation.json")
+    kept = {name: (previous / name).read_bytes() for name in names}
+    for name, data in kept.items():
+        (out / name).write_bytes(data)
+
+    def stop_at_the_second_round(line: str) -> None:
+        if line == "state-of-practice:":
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_demo(DemoConfig(power_cap_w=2.5, run=TINY), out, stop_at_the_second_round)
+    assert {p.name for p in out.iterdir()} == set(kept)
+    assert all((out / name).read_bytes() == data for name, data in kept.items())
