@@ -37,6 +37,11 @@ def test_every_strategy_is_measured_under_the_same_cap(results) -> None:
     res, out = results
     rows = {r["strategy"]: r for r in res["strategies"]}
     assert set(rows) == {"ours", "state-of-practice", "proxy-batch", "oracle"}
+    # every method reads the whole profile: the oracle searched every batch size, proxy-batch took the
+    # proxy's fewest samples (a budgeted profile of ours alone would leave them one batch size)
+    assert res["own_data_relation"]["batch_sizes"] == res["relation"]["batch_sizes"]
+    proxy = dict(zip(res["relation"]["batch_sizes"], res["relation"]["samples_to_target"], strict=True))
+    assert rows["proxy-batch"]["batch_size"] == min(proxy, key=lambda b: (proxy[b], -b))
     cap = res["config"]["power_cap_w"]
     method = rows["ours"]
     assert method["peak_power_w"] <= cap * 1.05  # measured while training (1 % sensor noise)
