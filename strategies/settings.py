@@ -182,7 +182,7 @@ def _declare(*settings: Setting) -> dict[str, Setting]:
 
 SETTINGS: dict[str, Setting] = _declare(
     Setting("num-server-rounds", 2, Integer(1), "Rounds of federated training (each: train, evaluate)."),
-    Setting("model", "cnn-tiny", MODEL, "The model to fine-tune (training.models).", BOTH),
+    Setting("model", "resnet18-small", MODEL, "The model to fine-tune (training.models).", BOTH),
     Setting("weights", "", APP_FILE, "Weights (safetensors) to start from; empty: pre-train (cached)."),
     Setting("pretrain-data", "synthetic-image", DATASET, "Pre-training data, when `weights` is empty."),
     Setting("pretrain-samples", 2000, Integer(1), "Pre-training samples."),
@@ -215,7 +215,7 @@ SETTINGS: dict[str, Setting] = _declare(
         "the seeds' vectors (robust).",
         BOTH,
     ),
-    Setting("target-accuracy", 0.7, Number(0.0, 1.0, above=True), "The accuracy to reach.", BOTH),
+    Setting("target-accuracy", 0.5, Number(0.0, 1.0, above=True), "The accuracy to reach.", BOTH),
     Setting(
         "batch-sizes",
         "8,16,32,64",
@@ -226,7 +226,7 @@ SETTINGS: dict[str, Setting] = _declare(
     Setting("lr-rule", "sqrt", Choice(LR_RULES), "How the rate scales with the batch size.", BOTH),
     Setting("budget-samples", 6000, Integer(0), "Training samples per round (0: no budget).", BOTH),
     Setting("budget-device-seconds", 0.0, Number(0.0), "Device seconds per round (0: none).", BOTH),
-    Setting("eval-every-samples", 128, Integer(1), "Evaluate the target this often.", BOTH),
+    Setting("eval-every-samples", 256, Integer(1), "Evaluate the target this often.", BOTH),
     Setting("eval-max-samples", 300, Integer(1), "Most test samples an evaluation uses.", BOTH),
     Setting("profile-order", "efficient", Choice(PROFILE_ORDERS), "How a client profiles its board.", BOTH),
     Setting("profile-samples", 4000, Integer(1), "N: the samples a profile's time is for.", BOTH),
@@ -234,7 +234,7 @@ SETTINGS: dict[str, Setting] = _declare(
     Setting("profile-steps", 2, Integer(1), "Measured steps per profiled pair.", BOTH),
     Setting(
         "profiling-budget",
-        0.03,
+        0.01,
         Number(0.0, 1.0),
         "Share of its predicted training a client (ours) may spend profiling: the profile-order if it "
         "fits, else the fitted order, else its predicted profile's choice, confirmed (0: no budget, "

@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 
 from fl_client.round import train_round
+from fl_server.run_config import RunConfigError, parse_server_config
 from powerctl.devices.simulated import SimulatedBoard, predicted_profile
 from powerctl.profile_budget import FITTED, PREDICTED, profile_within_budget
 from powerctl.relation import RelationVector
 from powerctl.selection import select
 from strategies.protocol import ClientReport
-from fl_server.run_config import RunConfigError, parse_server_config
+from strategies.settings import SETTINGS
 from tests.fl_helpers import initial_state, instructions
 from tests.test_fl_client import _data
 from training.models import build_model, model_workload
@@ -25,6 +26,9 @@ SIZES = [8, 16, 32, 64]
 
 def _noop(batch_size: int) -> Callable[[], None]:
     return lambda: None
+
+
+DEFAULT_SHARE = float(SETTINGS["profiling-budget"].default)
 
 
 def _budgeted(samples_to_target: float, share: float, cap: float | None = 3.0, seed: int = 0):
@@ -56,13 +60,13 @@ def _budgeted(samples_to_target: float, share: float, cap: float | None = 3.0, s
 
 
 def test_a_short_task_profiles_less_and_a_long_one_the_whole_efficient_order() -> None:
-    short, short_plan, rel = _budgeted(2_000, 0.03)
-    long, long_plan, long_rel = _budgeted(500_000, 0.03)
+    short, short_plan, rel = _budgeted(2_000, DEFAULT_SHARE)
+    long, long_plan, long_rel = _budgeted(500_000, DEFAULT_SHARE)
     assert short_plan.choice == PREDICTED and long_plan.choice == "efficient"
     # the choice is the most thorough way within the budget, by the costs it predicted
     assert long_plan.costs_s["efficient"] <= long_plan.budget_s
     assert short_plan.costs_s["efficient"] > short_plan.costs_s[FITTED] > short_plan.budget_s
-    assert short_plan.budget_s == pytest.approx(0.03 * short_plan.predicted_training_s)
+    assert short_plan.budget_s == pytest.approx(DEFAULT_SHARE * short_plan.predicted_training_s)
     # ... and what it spent is what it predicted for that way (the board is the model's, up to 1 % noise)
     assert long_plan.spent_s == pytest.approx(long_plan.costs_s["efficient"], rel=0.05)
     assert short_plan.spent_s < long_plan.spent_s / 5 and short_plan.points < long_plan.points
