@@ -20,7 +20,7 @@ to catch it). Everything is simulated: the board model charges seconds and watts
 no-op step (the board charges the full model's cost), so the bench takes a few minutes.
 
     python bench/profiling_budget.py [--models resnet18-small,resnet18,mobilenetv2,chartransformer]
-        [--seeds 0,1,2,3,4] [--short 5000] [--long 250000] [--shares 0.01,0.03,0.1] [--off-model 1.03]
+        [--seeds 0,1,2,3,4] [--short 5000] [--long 250000] [--shares 0.003,0.01,0.03,0.1] [--off-model 1.03]
 """
 
 from __future__ import annotations
@@ -310,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", default="0,1,2,3,4")
     p.add_argument("--short", type=float, default=5_000.0, help="samples to the target, short task")
     p.add_argument("--long", type=float, default=250_000.0, help="samples to the target, long task")
-    p.add_argument("--shares", default=f"0.01,{default_share:g},0.1", help="profiling budgets to compare")
+    p.add_argument("--shares", default="0.003,0.01,0.03,0.1", help="profiling budgets to compare")
     p.add_argument("--budget", type=float, default=default_share, help="the profiling-budget the table shows")
     p.add_argument("--off-model", type=float, default=1.03, help="power drawn over the model's, off-model")
     args = p.parse_args(argv)
