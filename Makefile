@@ -46,7 +46,7 @@ demo: setup
 	$(BIN)/python -m simulations demo --out runs/demo
 
 # Every method side by side on a fleet file (its own Flower home and ports; stopped by pid afterwards).
-FLEET ?= simulations/fleets/quick.yaml
+FLEET ?= simulations/fleets/default.yaml
 fleet: setup
 	$(BIN)/python -m simulations run $(FLEET) --out runs/fleet-$(basename $(notdir $(FLEET)))
 

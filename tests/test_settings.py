@@ -46,7 +46,7 @@ def test_the_printed_table_is_what_pyproject_holds_and_every_default_passes_its_
 
 
 def test_every_instruction_setting_is_sent_and_read_back_by_its_run_config_key() -> None:
-    cfg = read_settings({"lr-max": 0.01, "eval-max-samples": 77, "guard-window": 5})
+    cfg = read_settings({"model": "cnn-tiny", "lr-max": 0.01, "eval-max-samples": 77, "guard-window": 5})
     instr = TrainInstructions.for_run(cfg, num_classes=10, model_overrides={}, relation=relation())
     record = instr.to_config()
     for s in SETTINGS.values():

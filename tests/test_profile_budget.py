@@ -1,0 +1,125 @@
+"""Profiling that pays for itself (`powerctl.profile_budget`): a client predicts its training from one
+measured step and profiles only as thoroughly as that training pays for; the round reports its choice."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from fl_client.round import train_round
+from fl_server.run_config import RunConfigError, parse_server_config
+from powerctl.devices.simulated import SimulatedBoard, predicted_profile
+from powerctl.profile_budget import FITTED, PREDICTED, profile_within_budget
+from powerctl.relation import RelationVector
+from powerctl.selection import select
+from strategies.protocol import ClientReport
+from strategies.settings import SETTINGS
+from tests.fl_helpers import initial_state, instructions
+from tests.test_fl_client import _data
+from training.models import build_model, model_workload
+
+SIZES = [8, 16, 32, 64]
+
+
+def _noop(batch_size: int) -> Callable[[], None]:
+    return lambda: None
+
+
+DEFAULT_SHARE = float(SETTINGS["profiling-budget"].default)
+
+
+def _budgeted(samples_to_target: float, share: float, cap: float | None = 3.0, seed: int = 0):
+    """ResNet18-small on a simulated Nano: the board charges the model's step, the step itself is a no-op."""
+    workload = model_workload("resnet18-small", build_model("resnet18-small", seed=0))
+    relation = RelationVector.from_samples(
+        "resnet18-small", "synthetic-image", 0.7, {b: samples_to_target * (1 + b / 128) for b in SIZES}
+    )
+    n = round(relation.samples_to_target[-1])
+    prediction = predicted_profile("jetson-nano", workload, SIZES, n)
+    board = SimulatedBoard.open("jetson-nano", seed=seed)
+    profile, plan = profile_within_budget(
+        board,
+        workload,
+        _noop,
+        order="efficient",
+        order_cap_w=cap,
+        batch_sizes=SIZES,
+        samples=n,
+        power_cap_w=cap,
+        relation=relation,
+        share=share,
+        prediction=prediction,
+        predicted_from="the board model",
+        warmup_steps=1,
+        measure_steps=2,
+    )
+    return profile, plan, relation
+
+
+def test_a_short_task_profiles_less_and_a_long_one_the_whole_efficient_order() -> None:
+    short, short_plan, rel = _budgeted(2_000, DEFAULT_SHARE)
+    long, long_plan, long_rel = _budgeted(500_000, DEFAULT_SHARE)
+    assert short_plan.choice == PREDICTED and long_plan.choice == "efficient"
+    # the choice is the most thorough way within the budget, by the costs it predicted
+    assert long_plan.costs_s["efficient"] <= long_plan.budget_s
+    assert short_plan.costs_s["efficient"] > short_plan.costs_s[FITTED] > short_plan.budget_s
+    assert short_plan.budget_s == pytest.approx(DEFAULT_SHARE * short_plan.predicted_training_s)
+    # ... and what it spent is what it predicted for that way (the board is the model's, up to 1 % noise)
+    assert long_plan.spent_s == pytest.approx(long_plan.costs_s["efficient"], rel=0.05)
+    assert short_plan.spent_s < long_plan.spent_s / 5 and short_plan.points < long_plan.points
+    assert long.profiling_seconds == long_plan.spent_s and short.extra["budget"]["choice"] == PREDICTED
+    # both end at a measured pair under the cap: the predicted way pins only what it measured
+    for profile, r in ((short, rel), (long, long_rel)):
+        sel = select(profile, r, 3.0)
+        assert profile.point(sel.batch_size, sel.frequency_hz).peak_power_w <= 3.0
+
+
+def test_a_middle_task_takes_the_fitted_order_and_a_larger_budget_buys_more() -> None:
+    _, plan, _ = _budgeted(50_000, 0.03)
+    assert plan.choice == FITTED and plan.costs_s[FITTED] <= plan.budget_s < plan.costs_s["efficient"]
+    _, generous, _ = _budgeted(50_000, 0.1)
+    assert generous.choice == "efficient"
+
+
+def test_a_round_reports_its_choice_prediction_budget_and_cost(tmp_path: Path) -> None:
+    settings, data = _data(0)  # sim:jetson-nano at 3 W, 64 samples of cnn-tiny's task
+    # short: the round's 64-sample budget is all the training predicted; long: no sample budget, the
+    # relation's 5000 samples within DEFAULT_MAX_EPOCHS of its data (a target it does not reach)
+    short_instr = instructions(profiling_budget=0.3)
+    _, short = train_round(
+        settings, short_instr, initial_state(), data, device_seed=1, profile_cache=tmp_path / "a"
+    )
+    assert short.profiling_choice == PREDICTED and short.profiling_predicted_from
+    assert short.predicted_training_seconds and short.predicted_training_seconds > 0
+    assert short.profiling_budget_seconds == pytest.approx(0.3 * short.predicted_training_seconds)
+    assert set(short.profiling_costs_predicted) == {"efficient", FITTED, PREDICTED}
+    assert short.profiling_seconds == pytest.approx(short.profiling_costs_predicted[PREDICTED], rel=0.5)
+
+    long_instr = instructions(
+        profiling_budget=0.3,
+        relation_samples=[5000.0, 6000.0],
+        budget_samples=0,
+    )
+    _, long = train_round(
+        settings, long_instr, initial_state(), data, device_seed=1, profile_cache=tmp_path / "b"
+    )
+    assert long.profiling_choice == "efficient"
+    assert long.predicted_training_seconds > 10 * short.predicted_training_seconds
+    assert long.profiling_seconds > 3 * short.profiling_seconds
+    # the report travels (the message's config record) and reads back with every budget field
+    back = ClientReport.from_config(long.to_config())
+    assert back.profiling_choice == "efficient"
+    assert back.profiling_costs_predicted == long.profiling_costs_predicted
+    assert back.profiling_budget_seconds == long.profiling_budget_seconds
+    assert json.loads(json.dumps(long.profiling_costs_predicted)) == long.profiling_costs_predicted
+
+
+@pytest.mark.parametrize("value", ["-0.1", "1.5", "lots"])
+def test_a_bad_profiling_budget_is_one_line(value: str) -> None:
+    with pytest.raises(RunConfigError) as err:
+        parse_server_config({"profiling-budget": value})
+    line = str(err.value)
+    assert "profiling-budget" in line and "\n" not in line

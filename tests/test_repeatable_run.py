@@ -1,0 +1,65 @@
+"""A seeded `make run` prints the same numbers when run again: the default run config (model, task,
+target, fleet, budgets) at a reduced size — fewer nodes, rounds, relation seeds and batch sizes, a
+smaller pre-training and round budget — twice, the second from its own profile cache."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from simulations.local_superlink import free_port
+from tests.test_launcher import _make
+
+REDUCED = (
+    "num-server-rounds=1 relation-seeds=\"0\" batch-sizes='32,64' pretrain-samples=256 "
+    "budget-samples=512 eval-max-samples=100"
+)
+"""Overrides of the defaults for size only: the task and its target are the default run's."""
+
+NUMBERS = (
+    "device",
+    "power_cap_w",
+    "batch_size",
+    "frequency_hz",
+    "samples",
+    "device_seconds",
+    "energy_j",
+    "peak_power_w",
+    "accuracy",
+    "profiling_seconds",
+    "profiling_choice",
+    "predicted_training_seconds",
+    "profiling_budget_seconds",
+)
+
+
+def _run(tmp_path: Path, name: str, cache: Path) -> dict:
+    port = free_port()
+    out_dir = tmp_path / name
+    with _make(out_dir, port, env={"POWERFED_CACHE": str(cache)}, run_config=REDUCED) as proc:
+        try:
+            out, err = proc.communicate(timeout=900)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the reduced default run took over 15 minutes")
+    assert proc.returncode == 0, (out + err)[-3000:]
+    return json.loads((out_dir / "runs" / "flwr" / "results.json").read_text())
+
+
+@pytest.mark.slow
+def test_the_default_run_at_a_reduced_size_gives_the_same_numbers_twice(tmp_path: Path) -> None:
+    first_cache, second_cache = tmp_path / "cache-1", tmp_path / "cache-2"
+    first = _run(tmp_path, "first", first_cache)
+    # the second run re-profiles every board (its own profile cache); the pre-trained weights and the
+    # relation vector, deterministic and tested elsewhere, are reused so the test stays short
+    for kind in ("weights", "relation"):
+        shutil.copytree(first_cache / kind, second_cache / kind)
+    second = _run(tmp_path, "second", second_cache)
+    assert first["run"]["config"]["model"] == "resnet18-small"  # the default task, not a smaller one
+    rows = [[[c[k] for k in NUMBERS] for c in r["clients"]] for r in first["rounds"]]
+    again = [[[c[k] for k in NUMBERS] for c in r["clients"]] for r in second["rounds"]]
+    assert rows and rows[0] and rows == again
+    assert all(c["profiling_choice"] and not c["profile_cached"] for c in second["rounds"][0]["clients"])
