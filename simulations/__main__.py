@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
         "oracle) from the same weights, data and seeds, on Flower's simulation engine on Ray. Writes "
         "DIR/results.json, DIR/summary.txt and DIR/plots/.",
     )
-    r.add_argument("fleet", type=Path, help="the fleet file (see simulations/fleets/quick.yaml)")
+    r.add_argument("fleet", type=Path, help="the fleet file (see simulations/fleets/default.yaml)")
     r.add_argument("--out", type=Path, required=True, help="output folder")
     r.add_argument(
         "--methods",
