@@ -14,6 +14,10 @@ import pytest
 from simulations.local_superlink import free_port
 from tests.test_launcher import _make
 
+ROOT = Path(__file__).resolve().parents[1]
+QUOTED = ROOT / "docs" / "howto" / "flwr-run.md"
+"""The page that quotes this run's round-1 table (the block after `make run NODES=2 RUN_CONFIG=...`)."""
+
 REDUCED = (
     "num-server-rounds=1 relation-seeds=\"0\" batch-sizes='32,64' pretrain-samples=256 "
     "budget-samples=512 eval-max-samples=100"
@@ -37,7 +41,15 @@ NUMBERS = (
 )
 
 
-def _run(tmp_path: Path, name: str, cache: Path) -> dict:
+def _round_one_table(text: str) -> list[str]:
+    """The lines of round 1's client table, from its header to the round's summary line."""
+    lines = [line.strip() for line in text.splitlines()]
+    start = next(i for i, line in enumerate(lines) if line.startswith("[round 1] clients"))
+    end = next(i for i, line in enumerate(lines) if i > start and line.startswith("round 1: makespan"))
+    return [line for line in lines[start : end + 1] if line and not line.startswith("(")]  # not Ray's lines
+
+
+def _run(tmp_path: Path, name: str, cache: Path) -> tuple[dict, str]:
     port = free_port()
     out_dir = tmp_path / name
     with _make(out_dir, port, env={"POWERFED_CACHE": str(cache)}, run_config=REDUCED) as proc:
@@ -46,20 +58,24 @@ def _run(tmp_path: Path, name: str, cache: Path) -> dict:
         except subprocess.TimeoutExpired:
             pytest.fail("the reduced default run took over 15 minutes")
     assert proc.returncode == 0, (out + err)[-3000:]
-    return json.loads((out_dir / "runs" / "flwr" / "results.json").read_text())
+    return json.loads((out_dir / "runs" / "flwr" / "results.json").read_text()), out + err
 
 
 @pytest.mark.slow
 def test_the_default_run_at_a_reduced_size_gives_the_same_numbers_twice(tmp_path: Path) -> None:
     first_cache, second_cache = tmp_path / "cache-1", tmp_path / "cache-2"
-    first = _run(tmp_path, "first", first_cache)
+    first, printed = _run(tmp_path, "first", first_cache)
     # the second run re-profiles every board (its own profile cache); the pre-trained weights and the
     # relation vector, deterministic and tested elsewhere, are reused so the test stays short
     for kind in ("weights", "relation"):
         shutil.copytree(first_cache / kind, second_cache / kind)
-    second = _run(tmp_path, "second", second_cache)
+    second, _ = _run(tmp_path, "second", second_cache)
     assert first["run"]["config"]["model"] == "resnet18-small"  # the default task, not a smaller one
     rows = [[[c[k] for k in NUMBERS] for c in r["clients"]] for r in first["rounds"]]
     again = [[[c[k] for k in NUMBERS] for c in r["clients"]] for r in second["rounds"]]
     assert rows and rows[0] and rows == again
     assert all(c["profiling_choice"] and not c["profile_cached"] for c in second["rounds"][0]["clients"])
+    # and what the how-to page quotes of this run is what the code prints now
+    assert _round_one_table(printed) == _round_one_table(QUOTED.read_text(encoding="utf-8")), (
+        f"{QUOTED.relative_to(ROOT)}: the quoted round-1 table is stale; paste this run's"
+    )
