@@ -129,7 +129,7 @@ def test_a_repeating_trace_only_gives_its_own_values_and_is_periodic(
     trace = TraceCap(tuple(times), tuple(watts))
     assert trace.cap_at(t) in watts
     if math.isfinite(trace.period_s):
-        # t + period is rounded: within that rounding of a change (or of the period's end) either side is right
+        # t + period is rounded: within that rounding of a change (or of the period end), either side holds
         phase = t % trace.period_s
         eps = 1e-9 * max(1.0, t + trace.period_s)
         at_a_change = any(abs(phase - c) <= eps for c in (*times, trace.period_s))
