@@ -24,6 +24,7 @@ run's typed `TrainInstructions` and continues a run after its round k - 1.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Iterable
 from logging import INFO, WARNING
 
@@ -117,6 +118,7 @@ class PowerAwareFedAvg(FedAvg):
         self._sent: dict[str, list[Message]] = {}
         self._global: ArrayRecord | None = None
         self._gathered = False
+        self._most_seen = 0
         self.round_objective, self.round_deadline_s = round_objective, round_deadline_s
         self.instructions: TrainInstructions | None = None
         """The run's train instructions (`start`); each node's are made from them every round."""
@@ -179,10 +181,22 @@ class PowerAwareFedAvg(FedAvg):
         after that, whoever is connected: Flower's sampling waits for that many nodes without a limit,
         so one SuperNode that died would otherwise hold the run forever."""
         available = 1 if self._gathered else self.min_available_nodes
-        num = int(len(list(grid.get_node_ids())) * fraction)
+        self._wait_for_rejoining(grid)
+        connected = len(list(grid.get_node_ids()))
+        num = int(connected * fraction)
         node_ids, _ = sample_nodes(grid, available, max(num, minimum))
         self._gathered = True
+        self._most_seen = max(self._most_seen, connected)
         return sorted(node_ids)
+
+    REJOIN_WAIT_S = 30.0
+    """How long a round waits for nodes seen before to reconnect (after a SuperLink restart they come
+    back one by one); a node that is gone for good costs each round this much, then the round goes on."""
+
+    def _wait_for_rejoining(self, grid: Grid) -> None:
+        deadline = time.monotonic() + self.REJOIN_WAIT_S
+        while len(list(grid.get_node_ids())) < self._most_seen and time.monotonic() < deadline:
+            time.sleep(1.0)
 
     def _query(self, grid: Grid, contents: dict[int, RecordDict]) -> list[tuple[int, Message]]:
         """Send each node its QUERY and pair every reply with the node it answers (by message id: a
