@@ -14,9 +14,10 @@ How it is made (said again in the output):
 - Scaled-down models train (resnet18-small, chartransformer-small) while the board charges the full
   model's cost (resnet18, chartransformer): 2 CPU cores cannot train full ResNet18 to target dozens of
   times. `--full` trains the full models (a GPU machine).
-- Vision: CIFAR-10 (JPEG copy in ../shared/data) split into disjoint pre-training, proxy and target
-  parts; the proxy and the two targets get CIFAR-10-C-style corruptions generated in code (pixelate +
-  brightness for the proxy; noise + contrast and blur + fog for the targets; not SVHN/CINIC-10).
+- Vision: CIFAR-10 (JPEG copy in ../shared/data), related as the paper's sources are: pre-training on
+  another label space (five of the ten classes; a fresh 10-way head after it), the proxy from the test
+  split, the two targets other sources of the same ten classes (the darker and the brighter half of
+  unused train-split photos; not SVHN/CINIC-10, which are not here). See `vision_data`.
   Text: pre-train on WikiText-2, proxy tiny Shakespeare, targets Austen (Emma) and Dickens (Oliver Twist).
 - Targets are lower than the paper's (smaller models, shorter pre-training) and set per dataset by one
   rule: the plateau of a calibration run at the largest batch size less one point (`calibrate_target`;
@@ -106,42 +107,60 @@ class Task:
 # --- data ------------------------------------------------------------------------------------------------
 
 
-def _corrupt(x: torch.Tensor, kind: str, seed: int) -> torch.Tensor:
-    """CIFAR-10-C-style corruptions on normalised images, generated in code (severity ~3)."""
-    g = torch.Generator().manual_seed(seed)
-    if kind == "noise+contrast":
-        mean = x.mean(dim=(1, 2, 3), keepdim=True)
-        return (x - mean) * 0.6 + mean + 0.5 * torch.randn(x.shape, generator=g)
-    if kind == "pixelate+brightness":
-        small = torch.nn.functional.avg_pool2d(x, 2)
-        return torch.nn.functional.interpolate(small, size=32, mode="nearest") * 0.8 + 0.5
-    if kind == "blur+fog":
-        blurred = torch.nn.functional.avg_pool2d(x, 3, stride=1, padding=1, count_include_pad=False)
-        fog = torch.nn.functional.interpolate(
-            torch.randn(x.shape[0], 1, 4, 4, generator=g), size=32, mode="bilinear"
-        )
-        return blurred * 0.7 + 0.6 * fog + 0.3
-    raise ValueError(kind)
+PRETRAIN_CLASSES = 5
+"""Pre-training sees only CIFAR-10's first five classes (airplane … deer) and its head is then replaced by a
+fresh 10-way one: like the paper's CIFAR-100 → CIFAR-10, fine-tuning learns a label space the pre-trained
+network was not trained on, from the same starting weights for the proxy and every target."""
 
 
-def vision_data(n_pretrain: int, n_proxy: int, n_target: int) -> dict[str, Any]:
+def _luminance(x: torch.Tensor) -> torch.Tensor:
+    """Mean brightness of each normalised image in 0..1 (the normalisation undone)."""
+    from training.data import CIFAR10_MEAN, CIFAR10_STD
+
+    mean = torch.tensor(CIFAR10_MEAN).view(1, 3, 1, 1)
+    std = torch.tensor(CIFAR10_STD).view(1, 3, 1, 1)
+    return (x * std + mean).mean(dim=(1, 2, 3))
+
+
+def vision_data(n_pretrain_pool: int, n_proxy: int, n_target: int) -> dict[str, Any]:
+    """Pre-training, proxy and targets from CIFAR-10, the one image set here, as the paper's sources relate.
+
+    - pre-training: the first `PRETRAIN_CLASSES` classes of a pool of the train split (another label space);
+    - proxy: the test split, every class (the paper's proxy: a CIFAR-10 subset);
+    - targets: two other sources of the same ten classes, natural photos rather than corrupted copies:
+      the darker and the brighter half (mean luminance) of train-split images unused by pre-training
+      (scenes under other light, with the class mix that comes with them, as CINIC-10's ImageNet photos
+      differ from CIFAR-10's).
+    """
     from training.data import load_dataset
 
     spec = f"cifar10-jpeg:{DATA / 'cifar10_jpeg' / 'cifar10-jpg.tar.gz'}"
-    full = load_dataset(spec, split="train", limit=n_pretrain + n_proxy + 2 * n_target)
-    perm = torch.randperm(len(full), generator=torch.Generator().manual_seed(0))
-    cuts = [n_pretrain, n_pretrain + n_proxy, n_pretrain + n_proxy + n_target, len(full)]
-    parts = [full.subset(perm[a:b]) for a, b in zip([0, *cuts[:-1]], cuts, strict=True)]
-    pre, proxy, ta, tb = parts
-    # the proxy gets a shift of its own (the paper's proxy is another dataset than pre-training, CIFAR-10
-    # after CIFAR-100): without it, the proxy is the pre-training distribution and every batch size
-    # reaches the target at the first evaluation, which makes the relation vector flat
-    proxy.x = _corrupt(proxy.x, "pixelate+brightness", 3)
-    proxy.name = "cifar10-c:pixelate+brightness"
-    for ds, kind, seed in ((ta, "noise+contrast", 1), (tb, "blur+fog", 2)):
-        ds.x = _corrupt(ds.x, kind, seed)
-        ds.name = f"cifar10-c:{kind}"
-    return {"pretrain": pre, "proxy": proxy, "targets": {ta.name: ta, tb.name: tb}}
+    train = load_dataset(spec, split="train", limit=n_pretrain_pool + 2 * n_target)
+    perm = torch.randperm(len(train), generator=torch.Generator().manual_seed(0))
+    pool, rest = train.subset(perm[:n_pretrain_pool]), train.subset(perm[n_pretrain_pool:])
+    pre = pool.subset(torch.nonzero(pool.y < PRETRAIN_CLASSES).flatten())
+    pre.name = f"cifar10:classes-0-{PRETRAIN_CLASSES - 1}"
+    proxy = load_dataset(spec, split="test", limit=n_proxy)
+    proxy.name = "cifar10:test"
+    order = torch.argsort(_luminance(rest.x), stable=True)
+    half = len(order) // 2
+    dark, bright = rest.subset(order[:half]), rest.subset(order[half:])
+    dark.name, bright.name = "cifar10:dark", "cifar10:bright"
+    return {"pretrain": pre, "proxy": proxy, "targets": {dark.name: dark, bright.name: bright}}
+
+
+def fresh_head(model_name: str, weights: dict[str, torch.Tensor], num_classes: int) -> dict[str, torch.Tensor]:
+    """`weights` with the classifier (the last linear layer) replaced by a freshly initialised one (seed 0):
+    the starting weights for a label space pre-training did not have."""
+    from training.models import build_model
+
+    fresh = build_model(model_name, num_classes, seed=0)
+    head = [n for n, m in fresh.named_modules() if isinstance(m, torch.nn.Linear)][-1]
+    out = {k: v.clone() for k, v in weights.items()}
+    for k, v in fresh.state_dict().items():
+        if k.startswith(f"{head}."):
+            out[k] = v.clone()
+    return out
 
 
 def text_data(limit: int) -> dict[str, Any]:
@@ -438,6 +457,8 @@ def make_tasks(args: argparse.Namespace) -> list[Task]:
             ("resnet18", "resnet18", args.batch_sizes),
             ("mobilenetv2", "mobilenetv2", [b for b in args.batch_sizes if b <= 64]),
         ):
+            if trained not in args.vision_models:
+                continue
             tasks.append(Task(
                 "vision", trained if args.full else f"{trained}-small", charged, lr_max=5e-4,
                 pretrain_samples=args.vision_pretrain_samples, batch_sizes=bs,
@@ -480,6 +501,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="the calibrated target's place between the starting accuracy (0) and the plateau (1)",
     )  # fmt: skip
     p.add_argument("--vision-pretrain-samples", type=int, default=32_000)
+    p.add_argument(
+        "--vision-models", type=lambda s: s.split(","), default=["resnet18", "mobilenetv2"],
+        help="which of the paper's vision models (comma-separated; two processes can share the work)",
+    )  # fmt: skip
     p.add_argument("--text-pretrain-samples", type=int, default=80_000)
     p.add_argument(
         "--quick", action="store_true",
@@ -493,6 +518,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path("runs/paper_tables"))
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: steady on a shared machine)")
     args = p.parse_args(argv)
+    if unknown := set(args.vision_models) - {"resnet18", "mobilenetv2"}:
+        p.error(f"--vision-models: unknown {', '.join(sorted(unknown))}; give resnet18 and/or mobilenetv2")
     if args.quick:
         args.seeds, args.proxy_seeds, args.batch_sizes = 2, 2, [16, 32, 64, 128]
         args.vision_pretrain_samples, args.vision_calibration_samples = 16_000, 2000
@@ -503,7 +530,7 @@ def prepare_data(task: Task, quick: bool) -> None:
     from training.models import build_model, model_workload
 
     if task.name == "vision":
-        task.data.update(vision_data(16_000, 3000 if quick else 6000, 3000 if quick else 6000))
+        task.data.update(vision_data(20_000, 3000 if quick else 6000, 3000 if quick else 6000))
     else:
         task.data.update(text_data(8000 if quick else 16_000))
     task.data["charged_workload"] = model_workload(task.charged, build_model(task.charged, seed=0))
@@ -569,14 +596,19 @@ def proxy_relation(task: Task, weights: dict[str, torch.Tensor], host: Any) -> d
 
 def pretrained(task: Task, host: Any, out: Path) -> dict[str, torch.Tensor]:
     """Pre-trained weights, kept in OUT so that a second run of the same settings skips pre-training
-    (same seed, same data: the same weights)."""
-    path = out / f"pretrained-{task.model}-{task.pretrain_samples}.pt"
+    (same seed, same data: the same weights); vision's then get a fresh head (`fresh_head`)."""
+    data = task.data["pretrain"].name.replace(":", "-").replace("/", "-")
+    path = out / f"pretrained-{task.model}-{data}-{task.pretrain_samples}.pt"
     if path.is_file():
         print(f"  pre-trained {task.model}: {path} (kept from an earlier run)")
-        return torch.load(path)
-    weights = pretrain(task, host)
-    out.mkdir(parents=True, exist_ok=True)
-    torch.save(weights, path)
+        weights = torch.load(path)
+    else:
+        weights = pretrain(task, host)
+        out.mkdir(parents=True, exist_ok=True)
+        torch.save(weights, path)
+    if task.name == "vision":
+        weights = fresh_head(task.model, weights, task.data["proxy"].num_classes)
+        print(f"  fine-tuning starts from it with a fresh {task.data['proxy'].num_classes}-way head")
     return weights
 
 
