@@ -149,7 +149,9 @@ def vision_data(n_pretrain_pool: int, n_proxy: int, n_target: int) -> dict[str, 
     return {"pretrain": pre, "proxy": proxy, "targets": {dark.name: dark, bright.name: bright}}
 
 
-def fresh_head(model_name: str, weights: dict[str, torch.Tensor], num_classes: int) -> dict[str, torch.Tensor]:
+def fresh_head(
+    model_name: str, weights: dict[str, torch.Tensor], num_classes: int
+) -> dict[str, torch.Tensor]:
     """`weights` with the classifier (the last linear layer) replaced by a freshly initialised one (seed 0):
     the starting weights for a label space pre-training did not have."""
     from training.models import build_model
