@@ -514,8 +514,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )  # fmt: skip
     p.add_argument("--full", action="store_true", help="train the full models (GPU machine)")
     p.add_argument(
-        "--retable", type=Path, metavar="RESULTS",
-        help="no training: the tables again from a results.json's recorded runs (a recalibrated board)",
+        "--retable", type=Path, nargs="+", metavar="RESULTS",
+        help="no training: the tables again from results.json files' recorded runs (a recalibrated board; "
+        "several files, e.g. one per model, give one summary)",
     )  # fmt: skip
     p.add_argument("--out", type=Path, default=Path("runs/paper_tables"))
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: steady on a shared machine)")
@@ -667,15 +668,29 @@ def tabulate(
     }
 
 
-def retable(path: Path, out: Path) -> int:
-    """The tables again from a results.json's recorded runs and proxy relation, without training: the
+def retable(paths: list[Path], out: Path) -> int:
+    """The tables again from results.json files' recorded runs and proxy relations, without training: the
     sample counts do not depend on the board, so a recalibrated board model (or another selection
     default) is charged on the same runs."""
-    from training.models import build_model, model_workload
-
-    old = json.loads(path.read_text())
     started = time.perf_counter()
     results: dict[str, Any] = {}
+    for path in paths:
+        try:
+            old = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            print(
+                f"paper_tables: cannot read {path}: {exc}; give a results.json this bench wrote",
+                file=sys.stderr,
+            )
+            return 2
+        retable_one(path, old, results)
+    return finish(results, out, started)
+
+
+def retable_one(path: Path, old: dict[str, Any], results: dict[str, Any]) -> None:
+    """Every task of one results.json, charged again into `results`."""
+    from training.models import build_model, model_workload
+
     for key in [k for k in old if k.endswith("|relation")]:
         name, charged, _ = key.split("|")
         raw = RelationVector.from_dict(old[key], f"{path}: {key}")
@@ -692,7 +707,6 @@ def retable(path: Path, out: Path) -> int:
         runs = {n: {(r["b"], r["seed"]): r for r in rs} for n, rs in recorded.items()}
         print(f"\n== {name}: {charged}, recorded runs from {path}")
         tabulate(task, relations, runs, results)
-    return finish(results, out, started)
 
 
 def finish(results: dict[str, Any], out: Path, started: float) -> int:

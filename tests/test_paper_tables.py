@@ -1,0 +1,53 @@
+"""bench/paper_tables.py: vision sources and starting weights (measurements: docs/results/paper_tables.md)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import paper_tables
+
+from training.models import build_model
+
+CIFAR = Path("../shared/data/cifar10_jpeg/cifar10-jpg.tar.gz")
+
+
+@pytest.mark.parametrize("name", ["resnet18-small", "mobilenetv2-small"])
+def test_a_fresh_head_replaces_the_classifier_and_keeps_every_other_weight(name: str) -> None:
+    pretrained = build_model(name, 10, seed=7).state_dict()
+    weights = paper_tables.fresh_head(name, pretrained, 10)
+    fresh = build_model(name, 10, seed=0).state_dict()
+    changed = {k for k in weights if not torch.equal(weights[k], pretrained[k])}
+    assert changed and all(torch.equal(weights[k], fresh[k]) for k in changed)
+    # only the classifier (the last linear layer) changed; its bias starts at zero either way
+    head = [n for n, m in build_model(name, 10).named_modules() if isinstance(m, torch.nn.Linear)][-1]
+    assert {k.rsplit(".", 1)[0] for k in changed} == {head}
+    build_model(name, 10).load_state_dict(weights)
+
+
+@pytest.mark.skipif(not CIFAR.is_file(), reason="the shared CIFAR-10 copy is not here")
+def test_vision_sources_are_another_label_space_the_test_split_and_two_lighting_halves() -> None:
+    data = paper_tables.vision_data(400, 100, 100)
+    assert set(data["pretrain"].y.tolist()) == set(range(paper_tables.PRETRAIN_CLASSES))
+    assert data["proxy"].info["split"] == "test"
+    dark, bright = data["targets"].values()
+    assert len(dark) == len(bright) == 100
+    assert paper_tables._luminance(dark.x).max() <= paper_tables._luminance(bright.x).min()
+    for ds in (data["proxy"], dark, bright):
+        assert len(set(ds.y.tolist())) == 10  # the same ten classes as the proxy
+    # pre-training and targets are disjoint images of the train split
+    pre = {x.numpy().tobytes() for x in data["pretrain"].x}
+    assert not any(x.numpy().tobytes() in pre for t in (dark, bright) for x in t.x)
+
+
+def test_retable_of_an_unreadable_results_file_is_one_line_and_exit_2(tmp_path: Path, capsys) -> None:
+    bad = tmp_path / "results.json"
+    bad.write_text("{not json")
+    assert paper_tables.main(["--retable", str(bad), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "results.json" in err
+    assert not (tmp_path / "out").exists()
