@@ -18,9 +18,9 @@ CIFAR = Path("../shared/data/cifar10_jpeg/cifar10-jpg.tar.gz")
 
 @pytest.mark.parametrize("name", ["resnet18-small", "mobilenetv2-small"])
 def test_a_fresh_head_replaces_the_classifier_and_keeps_every_other_weight(name: str) -> None:
-    pretrained = build_model(name, 10, seed=7).state_dict()
+    pretrained = build_model(name, 10, seed=0).state_dict()  # the seed pre-training starts from
     weights = paper_tables.fresh_head(name, pretrained, 10)
-    fresh = build_model(name, 10, seed=0).state_dict()
+    fresh = build_model(name, 10, seed=paper_tables.FRESH_HEAD_SEED).state_dict()
     changed = {k for k in weights if not torch.equal(weights[k], pretrained[k])}
     assert changed and all(torch.equal(weights[k], fresh[k]) for k in changed)
     # only the classifier (the last linear layer) changed; its bias starts at zero either way
