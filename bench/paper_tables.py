@@ -84,6 +84,9 @@ class Task:
     target_fraction: float = 0.8
     """Where the target sits between the starting accuracy (0) and the calibration plateau (1)."""
     min_evaluations: int = DEFAULT_MIN_EVALUATIONS
+    proxy_max_seeds: int = 0
+    """More proxy seeds, one at a time up to this many in all, until the batch sizes' ranking is stable
+    (the ServerApp's `relation-max-seeds`, the same rule: `fl_server.relation.ranking`); 0: none."""
     fixed_targets: list[float] | None = None
     """Targets for (proxy, target 1, target 2) given on the command line instead of calibrated."""
     targets: dict[str, float] = field(default_factory=dict)
@@ -470,6 +473,7 @@ def make_tasks(args: argparse.Namespace) -> list[Task]:
                 "vision", trained if args.full else f"{trained}-small", charged, lr_max=5e-4,
                 pretrain_samples=args.vision_pretrain_samples, batch_sizes=bs,
                 seeds=seeds(5), proxy_seeds=list(range(args.proxy_seeds)),
+                proxy_max_seeds=args.proxy_max_seeds,
                 calibration_samples=args.vision_calibration_samples, eval_every=args.eval_every,
                 eval_max_samples=500, fixed_targets=args.vision_targets, target_fraction=args.target_fraction,
             ))  # fmt: skip
@@ -478,6 +482,7 @@ def make_tasks(args: argparse.Namespace) -> list[Task]:
             "text", "chartransformer" if args.full else "chartransformer-small", "chartransformer",
             lr_max=3e-3, pretrain_samples=args.text_pretrain_samples, batch_sizes=args.batch_sizes,
             seeds=seeds(3), proxy_seeds=list(range(args.proxy_seeds)),
+            proxy_max_seeds=args.proxy_max_seeds,
             calibration_samples=args.text_calibration_samples, eval_every=args.eval_every,
             eval_max_samples=500, fixed_targets=args.text_targets, target_fraction=args.target_fraction,
         ))  # fmt: skip
@@ -489,6 +494,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--task", choices=["vision", "text", "both"], default="both")
     p.add_argument("--seeds", type=int, default=0, help="seeds per (b, target); default 5 images, 3 text")
     p.add_argument("--proxy-seeds", type=int, default=3, help="proxy runs per batch size (mean)")
+    p.add_argument(
+        "--proxy-max-seeds", type=int, default=0,
+        help="add proxy seeds until the batch sizes' ranking is stable, up to this many (relation-max-seeds)",
+    )  # fmt: skip
     p.add_argument(
         "--batch-sizes", type=lambda s: [int(v) for v in s.split(",")], default=[4, 8, 16, 32, 64, 128]
     )
@@ -575,9 +584,35 @@ def _samples_line(task: Task, runs: dict[tuple[int, int], dict[str, Any]], seeds
 def proxy_relation(task: Task, weights: dict[str, torch.Tensor], host: Any) -> dict[str, RelationVector]:
     """The proxy's relation vectors from `proxy_seeds` seeds: "raw" (the means) and "fitted" (the
     batch-efficiency model), both carrying every seed's samples for the robust rule."""
+    from fl_server.relation import ranking
+
     target = task.targets["proxy"]
-    runs = {(b, s): run_to_target(task, weights, task.data["proxy"], target, b, s, host)
-            for b in task.batch_sizes for s in task.proxy_seeds}  # fmt: skip
+
+    def run_seed(s: int) -> dict[tuple[int, int], dict[str, Any]]:
+        return {
+            (b, s): run_to_target(task, weights, task.data["proxy"], target, b, s, host)
+            for b in task.batch_sizes
+        }
+
+    def order() -> list[int]:
+        return ranking(
+            task.batch_sizes, [{"batch_size": b, "samples": r["samples"]} for (b, _), r in runs.items()]
+        )
+
+    runs: dict[tuple[int, int], dict[str, Any]] = {}
+    for s in task.proxy_seeds:
+        runs.update(run_seed(s))
+    stable = None
+    while len(task.proxy_seeds) < task.proxy_max_seeds:  # the ServerApp's stopping rule
+        before = order()
+        task.proxy_seeds = [*task.proxy_seeds, max(task.proxy_seeds) + 1]
+        runs.update(run_seed(task.proxy_seeds[-1]))
+        stable = order() == before
+        if stable:
+            break
+    if task.proxy_max_seeds:
+        print(f"  proxy seeds needed: {len(task.proxy_seeds)} of at most {task.proxy_max_seeds} "
+              f"(ranking {'stable' if stable else 'not stable'}: {order()})")  # fmt: skip
     print(f"  proxy samples to target (mean of {len(task.proxy_seeds)} seeds): "
           + _samples_line(task, runs, task.proxy_seeds))  # fmt: skip
     censored = [b for b in task.batch_sizes if not all(runs[(b, s)]["reached"] for s in task.proxy_seeds)]
@@ -589,7 +624,16 @@ def proxy_relation(task: Task, weights: dict[str, torch.Tensor], host: Any) -> d
         )
     per_seed = {b: [runs[(b, s)]["samples"] for s in task.proxy_seeds] for b in task.batch_sizes}
     relations = {
-        v: RelationVector.from_seeds(task.charged, "proxy", target, per_seed, vector=v)
+        v: RelationVector.from_seeds(
+            task.charged,
+            "proxy",
+            target,
+            per_seed,
+            vector=v,
+            seeds=task.proxy_seeds,
+            seeds_needed=len(task.proxy_seeds),
+            ranking_stable=stable,
+        )
         for v in ("raw", "fitted")
     }
     fit = relations["raw"].extra["batch_efficiency"]
