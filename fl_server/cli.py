@@ -24,15 +24,13 @@ from powerctl.cliutil import (
 )
 from powerctl.devices import SPEC_HELP
 from powerctl.relation import VECTORS
+from training.data import SPECS
 from training.finetune import DEFAULT_EVAL_EVERY_SAMPLES, DEFAULT_EVAL_MAX_SAMPLES
 from training.lr import LR_RULES
 from training.models import model_names
 
 PROG = "fl-server"
-DATA_HELP = (
-    "dataset spec: synthetic-image, synthetic-text, text:PATH (plain text, character level), "
-    "npz:PATH (arrays x, y), cifar10:DIR, cifar10-jpeg:PATH"
-)
+DATA_HELP = "dataset spec, one of: " + ", ".join(SPECS) + " (docs/reference/node-config.md)"
 
 PRETRAIN_EPILOG = """\
 example (a small character transformer on WikiText-2; a few minutes on 2 CPU cores):

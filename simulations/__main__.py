@@ -21,6 +21,7 @@ PROG = "python -m simulations"
 
 def build_parser() -> argparse.ArgumentParser:
     from simulations.demo import DEMO_RUN, DemoConfig
+    from strategies.settings import METHODS, RUN_METHODS
 
     d = DemoConfig()
     model = DEMO_RUN["model"]
@@ -58,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--methods",
         type=_methods,
         default=None,
-        help="comma-separated: ours,state-of-practice,proxy-batch,oracle (default: the file's, else all)",
+        help=f"comma-separated, from {','.join(RUN_METHODS)} (default: the fleet file's methods, "
+        f"else {','.join(METHODS)})",
     )
     r.add_argument("--verbose", action="store_true", help="also print Flower's and Ray's own log lines")
     r.add_argument("--no-plots", action="store_true", help="skip the plots")
