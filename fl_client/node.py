@@ -137,7 +137,8 @@ def _node_cap(node_config: Any, device: str) -> tuple[float | None, CapSource | 
 
 def resolve_node(node_config: Any, run_config: Any) -> NodeSettings:
     """This node's settings: its node config, completed by the run's fleet for virtual nodes."""
-    r = MappingReader(node_config, "node config", NodeConfigError)
+    # a misspelt key (powercap-w) must not leave the node uncapped without a word
+    r = MappingReader(node_config, "node config", NodeConfigError).only(NODE_KEYS)
     pid = r.value("partition-id", Integer(0), None)
     num = r.value("num-partitions", Integer(1), None)
     if pid is not None and num is not None and pid >= num:

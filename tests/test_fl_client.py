@@ -65,6 +65,8 @@ def test_node_config_wins_over_the_fleet_and_names_the_node() -> None:
             "node config 'power-cap-w': a cap of 2 W is below anything sim:jetson-tx2nx can run",
         ),
         ({"device": "sim:jetson-nano", "partition-id": "0"}, {}, "'partition-id' must be an integer ≥ 0"),
+        # a misspelt cap is refused, not ignored (the node would run uncapped)
+        ({"device": "sim:jetson-nano", "power-cap": 3, "data": "npz:/d.npz"}, {}, "power-cap-w"),
     ],
 )
 def test_bad_node_settings_are_one_line_naming_key_and_value(
