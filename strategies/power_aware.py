@@ -90,6 +90,7 @@ class PowerAwareFedAvg(FedAvg):
         min_available_nodes: int = 1,
         round_objective: str = "time",
         round_deadline_s: float = 0.0,
+        rejoin_wait_s: float = 30.0,
     ) -> None:
         if round_objective not in ROUND_OBJECTIVES:
             raise ValueError(
@@ -119,6 +120,10 @@ class PowerAwareFedAvg(FedAvg):
         self._global: ArrayRecord | None = None
         self._gathered = False
         self._most_seen = 0
+        self.rejoin_wait_s = rejoin_wait_s
+        """How long a round waits for nodes seen before to reconnect (after a SuperLink restart they come
+        back one by one). A node still missing after it is taken as gone: later rounds do not wait for
+        it again unless it comes back."""
         self.round_objective, self.round_deadline_s = round_objective, round_deadline_s
         self.instructions: TrainInstructions | None = None
         """The run's train instructions (`start`); each node's are made from them every round."""
@@ -189,14 +194,11 @@ class PowerAwareFedAvg(FedAvg):
         self._most_seen = max(self._most_seen, connected)
         return sorted(node_ids)
 
-    REJOIN_WAIT_S = 30.0
-    """How long a round waits for nodes seen before to reconnect (after a SuperLink restart they come
-    back one by one); a node that is gone for good costs each round this much, then the round goes on."""
-
     def _wait_for_rejoining(self, grid: Grid) -> None:
-        deadline = time.monotonic() + self.REJOIN_WAIT_S
-        while len(list(grid.get_node_ids())) < self._most_seen and time.monotonic() < deadline:
-            time.sleep(1.0)
+        deadline = time.monotonic() + self.rejoin_wait_s
+        while (connected := len(list(grid.get_node_ids()))) < self._most_seen and time.monotonic() < deadline:
+            time.sleep(min(1.0, self.rejoin_wait_s))
+        self._most_seen = connected  # whoever did not come back in time is gone: wait for them once
 
     def _query(self, grid: Grid, contents: dict[int, RecordDict]) -> list[tuple[int, Message]]:
         """Send each node its QUERY and pair every reply with the node it answers (by message id: a

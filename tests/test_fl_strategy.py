@@ -331,9 +331,54 @@ def test_min_available_nodes_gathers_the_fleet_once_and_a_node_gone_later_does_n
             return [n for n in self.node_configs if not (trained and n == gone)]
 
     grid = ShrinkingGrid(client_app, nodes, RUN_CONFIG, {gone: "dead"})
-    strategy = PowerAwareFedAvg(min_available_nodes=2)
+    strategy = PowerAwareFedAvg(min_available_nodes=2, rejoin_wait_s=1.0)  # the gone node: one short wait
     _run(grid, strategy, rounds=2)
     assert [(f.node_key, f.kind) for f in strategy.rounds[1].failed] == [("partition-1", "unavailable")]
     assert [c["node_key"] for c in strategy.rounds[2].clients] == ["partition-0"] and not strategy.rounds[
         2
     ].failed
+
+
+class _Clock:
+    """time.monotonic and time.sleep for the strategy's rejoin wait, without waiting."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.slept = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        self.slept += seconds
+
+
+class _Nodes(FakeGrid):
+    """Only node ids: `back_at` is when a missing node reconnects (None: never)."""
+
+    def __init__(self, clock: _Clock, missing: int, back_at: float | None) -> None:
+        super().__init__(client_app, {1: {}, 2: {}, 3: {}}, RUN_CONFIG)
+        self.clock, self.missing, self.back_at, self.present = clock, missing, back_at, True
+
+    def get_node_ids(self):
+        back = self.back_at is not None and self.clock.now >= self.back_at
+        return [n for n in (1, 2, 3) if self.present or n != self.missing or back]
+
+
+@pytest.mark.parametrize(("back_at", "sampled", "slept"), [(None, [1, 2], 10.0), (2.0, [1, 2, 3], 2.0)])
+def test_a_round_waits_once_for_a_node_seen_before(
+    monkeypatch: pytest.MonkeyPatch, back_at: float | None, sampled: list[int], slept: float
+) -> None:
+    import strategies.power_aware as power_aware
+
+    clock = _Clock()
+    monkeypatch.setattr(power_aware, "time", clock)
+    grid = _Nodes(clock, missing=3, back_at=back_at)
+    strategy = PowerAwareFedAvg(rejoin_wait_s=10.0)
+    assert strategy._sample(grid, 1.0, 1) == [1, 2, 3] and clock.slept == 0  # every node seen
+    grid.present = False  # node 3 drops (a SuperLink restart: it may come back)
+    assert strategy._sample(grid, 1.0, 1) == sampled and clock.slept == pytest.approx(slept)
+    # the next samplings (the round's evaluation, later rounds) do not wait for it again
+    assert strategy._sample(grid, 1.0, 1) == sampled and strategy._sample(grid, 1.0, 1) == sampled
+    assert clock.slept == pytest.approx(slept)
