@@ -17,12 +17,6 @@ def pytest_configure(config: pytest.Config) -> None:
     torch.set_num_threads(1)
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The long tests (marked slow) first, in their order: under `pytest -n 2` both workers start on
-    them and the short ones fill the gaps, so the run does not end on one worker's long test alone."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
-
-
 @pytest.fixture(autouse=True)
 def _isolated_environment(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     root = tmp_path_factory.mktemp("env")
