@@ -34,6 +34,7 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -584,35 +585,26 @@ def _samples_line(task: Task, runs: dict[tuple[int, int], dict[str, Any]], seeds
 def proxy_relation(task: Task, weights: dict[str, torch.Tensor], host: Any) -> dict[str, RelationVector]:
     """The proxy's relation vectors from `proxy_seeds` seeds: "raw" (the means) and "fitted" (the
     batch-efficiency model), both carrying every seed's samples for the robust rule."""
-    from fl_server.relation import ranking
+    from fl_server.relation import ranking, seeds_until_stable
 
     target = task.targets["proxy"]
 
-    def run_seed(s: int) -> dict[tuple[int, int], dict[str, Any]]:
-        return {
-            (b, s): run_to_target(task, weights, task.data["proxy"], target, b, s, host)
+    def run_seeds(seeds: Sequence[int]) -> list[dict[str, Any]]:
+        return [
+            {**run_to_target(task, weights, task.data["proxy"], target, b, s, host), "batch_size": b}
+            for s in seeds
             for b in task.batch_sizes
-        }
+        ]
 
-    def order() -> list[int]:
-        return ranking(
-            task.batch_sizes, [{"batch_size": b, "samples": r["samples"]} for (b, _), r in runs.items()]
-        )
-
-    runs: dict[tuple[int, int], dict[str, Any]] = {}
-    for s in task.proxy_seeds:
-        runs.update(run_seed(s))
-    stable = None
-    while len(task.proxy_seeds) < task.proxy_max_seeds:  # the ServerApp's stopping rule
-        before = order()
-        task.proxy_seeds = [*task.proxy_seeds, max(task.proxy_seeds) + 1]
-        runs.update(run_seed(task.proxy_seeds[-1]))
-        stable = order() == before
-        if stable:
-            break
+    # the ServerApp's stopping rule (relation-max-seeds); without a budget, the proxy seeds alone
+    found, task.proxy_seeds, stable = seeds_until_stable(
+        task.batch_sizes, task.proxy_seeds, task.proxy_max_seeds, run_seeds
+    )
+    runs = {(r["b"], r["seed"]): r for r in found}
     if task.proxy_max_seeds:
+        verdict = "stable" if stable else "not stable"
         print(f"  proxy seeds needed: {len(task.proxy_seeds)} of at most {task.proxy_max_seeds} "
-              f"(ranking {'stable' if stable else 'not stable'}: {order()})")  # fmt: skip
+              f"(ranking {verdict}: {ranking(task.batch_sizes, found)})")  # fmt: skip
     print(f"  proxy samples to target (mean of {len(task.proxy_seeds)} seeds): "
           + _samples_line(task, runs, task.proxy_seeds))  # fmt: skip
     censored = [b for b in task.batch_sizes if not all(runs[(b, s)]["reached"] for s in task.proxy_seeds)]

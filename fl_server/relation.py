@@ -436,17 +436,7 @@ def estimate_relation(
         return found
 
     started = time.perf_counter()
-    runs = run_seeds(sd)
-    used = list(sd)
-    stable = None
-    while len(used) < budget:
-        before = ranking(bs, runs)
-        extra_seed = max(used) + 1
-        runs += run_seeds([extra_seed])
-        used.append(extra_seed)
-        stable = ranking(bs, runs) == before
-        if stable:
-            break
+    runs, used, stable = seeds_until_stable(bs, sd, budget, run_seeds)
     wall = time.perf_counter() - started
 
     per_seed = {
@@ -486,6 +476,28 @@ def estimate_relation(
                 f"warning: relation cache not written ({cache_file}: {exc.strerror or exc})", file=sys.stderr
             )
     return relation
+
+
+def seeds_until_stable(
+    batch_sizes: Sequence[int],
+    seeds: Sequence[int],
+    max_seeds: int,
+    run_seeds: Callable[[Sequence[int]], list[dict[str, Any]]],
+) -> tuple[list[dict[str, Any]], list[int], bool | None]:
+    """The stopping rule: run `seeds`, then one more seed at a time, up to `max_seeds` in all, until a
+    seed leaves the batch sizes' `ranking` unchanged. Returns (every run, the seeds used, whether the
+    ranking ended stable; None: no seed was added)."""
+    runs = run_seeds(list(seeds))
+    used = list(seeds)
+    stable = None
+    while len(used) < max_seeds:
+        before = ranking(batch_sizes, runs)
+        used.append(max(used) + 1)
+        runs += run_seeds(used[-1:])
+        stable = ranking(batch_sizes, runs) == before
+        if stable:
+            break
+    return runs, used, stable
 
 
 def ranking(batch_sizes: Sequence[int], runs: list[dict[str, Any]]) -> list[int]:

@@ -51,3 +51,28 @@ def test_retable_of_an_unreadable_results_file_is_one_line_and_exit_2(tmp_path: 
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "results.json" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_proxy_seeds_follow_the_servers_stopping_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    # b=8 needs fewer samples than b=4 on seeds 0 and 1, more on seed 2: the ranking changes with
+    # seed 2 and holds with seed 3, so four seeds are needed of a budget of six
+    samples = {
+        (4, 0): 100,
+        (8, 0): 90,
+        (4, 1): 100,
+        (8, 1): 90,
+        (4, 2): 100,
+        (8, 2): 200,
+        (4, 3): 100,
+        (8, 3): 100,
+    }
+
+    def run(task, weights, ds, target, b, s, host, expected_samples=None):
+        return {"b": b, "seed": s, "samples": float(samples[(b, s)]), "reached": True, "evaluations": 8}
+
+    monkeypatch.setattr(paper_tables, "run_to_target", run)
+    task = paper_tables.Task("text", "m", "chartransformer", 1e-3, 0, [4, 8], [0], [0, 1], 0, 0, 0)
+    task.proxy_max_seeds, task.targets["proxy"], task.data["proxy"] = 6, 0.5, None
+    relation = paper_tables.proxy_relation(task, {}, None)["raw"]
+    assert task.proxy_seeds == [0, 1, 2, 3] and relation.extra["ranking_stable"] is True
+    assert relation.extra["samples_mean"] == [100.0, 120.0]
