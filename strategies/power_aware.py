@@ -186,19 +186,18 @@ class PowerAwareFedAvg(FedAvg):
         after that, whoever is connected: Flower's sampling waits for that many nodes without a limit,
         so one SuperNode that died would otherwise hold the run forever."""
         available = 1 if self._gathered else self.min_available_nodes
-        self._wait_for_rejoining(grid)
-        connected = len(list(grid.get_node_ids()))
-        num = int(connected * fraction)
+        num = int(self._wait_for_rejoining(grid) * fraction)
         node_ids, _ = sample_nodes(grid, available, max(num, minimum))
         self._gathered = True
-        self._most_seen = max(self._most_seen, connected)
         return sorted(node_ids)
 
-    def _wait_for_rejoining(self, grid: Grid) -> None:
+    def _wait_for_rejoining(self, grid: Grid) -> int:
+        """Wait up to `rejoin_wait_s` for the most nodes seen so far; returns how many are connected."""
         deadline = time.monotonic() + self.rejoin_wait_s
         while (connected := len(list(grid.get_node_ids()))) < self._most_seen and time.monotonic() < deadline:
             time.sleep(min(1.0, self.rejoin_wait_s))
         self._most_seen = connected  # whoever did not come back in time is gone: wait for them once
+        return connected
 
     def _query(self, grid: Grid, contents: dict[int, RecordDict]) -> list[tuple[int, Message]]:
         """Send each node its QUERY and pair every reply with the node it answers (by message id: a
