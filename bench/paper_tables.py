@@ -87,7 +87,8 @@ class Task:
     min_evaluations: int = DEFAULT_MIN_EVALUATIONS
     proxy_max_seeds: int = 0
     """More proxy seeds, one at a time up to this many in all, until the batch sizes' ranking is stable
-    (the ServerApp's `relation-max-seeds`, the same rule: `fl_server.relation.ranking`); 0: none."""
+    (the ServerApp's `relation-max-seeds`, the same function: `fl_server.relation.seeds_until_stable`);
+    0: none."""
     fixed_targets: list[float] | None = None
     """Targets for (proxy, target 1, target 2) given on the command line instead of calibrated."""
     targets: dict[str, float] = field(default_factory=dict)
