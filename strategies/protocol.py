@@ -343,7 +343,8 @@ class ClientReport:
     """Scale mode: not trained; the board model charged the proxy's samples to target at the chosen
     pair, the accuracy is the received weights' on the local test split."""
     resumed_at_samples: int | None = field(default=None, metadata=_kind(COUNT))
-    """The fine-tune continued from a checkpoint taken at this many samples (a round sent again)."""
+    """The fine-tune continued from a checkpoint taken at this many samples (a round sent again);
+    equal to `samples`: the round had finished, and its end state answered without training."""
     deadline_s: float | None = field(default=None, metadata=_kind(NUMBER))
     """Energy-under-deadline rounds: the round's deadline the client chose for (None: no deadline)."""
     meets_deadline_predicted: bool | None = field(default=None, metadata=_kind(Flag()))

@@ -71,7 +71,26 @@ def test_an_interrupted_run_resumes_to_the_uninterrupted_result(tmp_path: Path) 
     resumed = _run(ckpt)
     _same(resumed, plain)
     assert resumed[0].samples == 480 and resumed[0].device_seconds > 0
-    assert not ckpt.path.exists()  # a finished run leaves nothing to resume
+    assert resumed[0].extra["resumed_at_samples"] == 256
+    assert load(ckpt.path).state["finished"]  # the end state stays, for the same work sent again
+
+
+def test_the_same_work_after_it_finished_returns_its_result_without_training(tmp_path: Path, capsys) -> None:
+    """A resent round whose reply was lost: the end state answers it, step for step the same result,
+    and no training step runs (on_step would raise at the first)."""
+    ckpt = Checkpointing(tmp_path / "ft.safetensors", every_samples=128, key="work-1")
+    first = _run(ckpt)
+    assert "resumed_at_samples" not in first[0].extra
+    again = _run(ckpt, stop_at_step=1)
+    _same(again, first)
+    assert again[0].extra["resumed_at_samples"] == again[0].samples == 480
+    assert again[0].stop_reason == first[0].stop_reason == "max_samples"
+    assert "its result again, without training" in capsys.readouterr().err
+    # other work finds the end state of this one: it trains from the start, with no line about it
+    other = _run(Checkpointing(ckpt.path, every_samples=128, key="work-2"))
+    _same(other, first)
+    assert "resumed_at_samples" not in other[0].extra
+    assert "checkpoint" not in capsys.readouterr().err
 
 
 def test_a_checkpoint_of_other_work_or_a_corrupt_one_is_ignored(tmp_path: Path, capsys) -> None:

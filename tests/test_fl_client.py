@@ -273,7 +273,10 @@ def _kill_after(samples_at_least: int):
 def test_a_round_killed_mid_way_resumes_its_checkpoint_to_the_same_result(capsys) -> None:
     settings, data = _data(0)
     instr = instructions(checkpoint_every_samples=32)
-    plain_state, plain = train_round(settings, instr, initial_state(), data, device_seed=1)
+    # uncheckpointed: a finished checkpointed run would leave its end state for the same work
+    plain_state, plain = train_round(
+        settings, instructions(checkpoint_every_samples=0), initial_state(), data, device_seed=1
+    )
     assert plain.resumed_at_samples is None
     with pytest.raises(Killed):
         train_round(settings, instr, initial_state(), data, device_seed=1, on_step=_kill_after(40))
@@ -282,6 +285,26 @@ def test_a_round_killed_mid_way_resumes_its_checkpoint_to_the_same_result(capsys
     same = ("batch_size", "frequency_hz", "device_seconds", "energy_j", "peak_power_w", "accuracy", "samples")
     assert [getattr(report, k) for k in same] == [getattr(plain, k) for k in same]
     assert all(torch.equal(state[k], plain_state[k]) for k in state)
+
+
+def test_a_round_sent_again_after_it_finished_is_answered_without_training(capsys) -> None:
+    """A restarted ServerApp re-sends a round this node finished (its reply never recorded): the node
+    answers from the round's end state, the same report, and runs no training step."""
+    settings, data = _data(0)
+    instr = instructions(checkpoint_every_samples=32)
+    first_state, first = train_round(settings, instr, initial_state(), data, device_seed=1)
+    capsys.readouterr()
+    state, again = train_round(settings, instr, initial_state(), data, device_seed=1, on_step=_kill_after(0))
+    assert again.resumed_at_samples == again.samples == first.samples
+    assert "without training" in capsys.readouterr().err
+    same = ("batch_size", "frequency_hz", "device_seconds", "energy_j", "peak_power_w", "accuracy", "samples")
+    assert [getattr(again, k) for k in same] == [getattr(first, k) for k in same]
+    assert all(torch.equal(state[k], first_state[k]) for k in state)
+    # the next round's work replaces it, silently
+    _, next_round = train_round(
+        settings, instructions(checkpoint_every_samples=32, server_round=2), initial_state(), data
+    )
+    assert next_round.resumed_at_samples is None and "checkpoint" not in capsys.readouterr().err
 
 
 def test_a_checkpoint_of_another_round_or_other_weights_is_ignored_with_a_line(capsys) -> None:

@@ -249,7 +249,9 @@ def test_a_killed_round_under_a_changing_cap_resumes_to_the_uninterrupted_result
         settings, cap_source=ScheduleCap.from_pairs([[0, 4.0], [0.05, 2.3], [0.12, 4.5]])
     )
     instr = dataclasses.replace(INSTR, checkpoint_every_samples=32, eval_every_samples=32)
-    state, whole = train_round(node, instr, initial_state(), data, device_seed=2)
+    # uncheckpointed: a finished checkpointed run's end state would answer the same work
+    whole_instr = dataclasses.replace(instr, checkpoint_every_samples=0)
+    state, whole = train_round(node, whole_instr, initial_state(), data, device_seed=2)
 
     def kill(steps: int, samples: int) -> None:
         if steps == 9:  # after the first switch, before the rise
@@ -264,3 +266,7 @@ def test_a_killed_round_under_a_changing_cap_resumes_to_the_uninterrupted_result
     same = ("device_seconds", "energy_j", "samples", "accuracy", "over_cap_seconds")
     assert [getattr(resumed, k) for k in same] == [getattr(whole, k) for k in same]
     assert all(torch.equal(state[k], again_state[k]) for k in state)
+    # sent once more after it finished: answered from its end state, the follower's events included
+    _, replayed = train_round(node, instr, initial_state(), data, device_seed=2, on_step=kill)
+    assert replayed.resumed_at_samples == replayed.samples and replayed.cap_events == whole.cap_events
+    assert [getattr(replayed, k) for k in same] == [getattr(whole, k) for k in same]

@@ -7,6 +7,9 @@ and `restore_parts` both walk that one table. One safetensors file holds every p
 checkpoint can never run code. Written to a temporary file and renamed, so a crash leaves the
 previous checkpoint or the new one, never half of one.
 
+A finished run leaves its end state, marked `finished`: the same work sent again (a restarted ServerApp
+re-sending a round whose reply it never recorded) gets the result back without training again.
+
 A checkpoint is used only when its `identity` (what the run is: starting weights, data sizes,
 hyper-parameters, the caller's key) equals the new run's; otherwise it is ignored with one line.
 """
@@ -65,10 +68,11 @@ class Part:
     put: Callable[[Tensors, Any], None]
 
 
-def save_parts(path: Path, identity: str, parts: dict[str, Part]) -> None:
-    """Write every part (tensors as `NAME.TENSOR`, JSON values under `NAME`) under `identity`."""
+def save_parts(path: Path, identity: str, parts: dict[str, Part], *, finished: bool = False) -> None:
+    """Write every part (tensors as `NAME.TENSOR`, JSON values under `NAME`) under `identity`;
+    `finished`: the run is over and this is its end state (see `resumable`)."""
     tensors: Tensors = {}
-    state: dict[str, Any] = {"identity": identity}
+    state: dict[str, Any] = {"identity": identity, "finished": finished}
     for name, part in parts.items():
         part_tensors, state[name] = part.take()
         tensors.update({f"{name}.{key}": t for key, t in part_tensors.items()})
@@ -160,7 +164,8 @@ def load(path: Path) -> Saved:
 
 
 def resumable(ckpt: Checkpointing, identity: str) -> Saved | None:
-    """The checkpoint at `ckpt.path` if it belongs to this run; otherwise None, with one line saying why."""
+    """The checkpoint at `ckpt.path` if it belongs to this run; otherwise None, with one line saying why
+    (none for a finished run's end state: the next work replacing it is the normal course)."""
     if not ckpt.path.is_file():
         return None
     try:
@@ -169,6 +174,8 @@ def resumable(ckpt: Checkpointing, identity: str) -> Saved | None:
         print(f"checkpoint: {exc}; starting from the beginning", file=sys.stderr)
         return None
     if saved.state.get("identity") != identity:
+        if saved.state.get("finished"):
+            return None  # the end state of earlier work, kept for that work only: nothing is lost
         print(
             f"checkpoint: {ckpt.path} belongs to other work (another round, node, data or settings); "
             "ignored, starting from the beginning",

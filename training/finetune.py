@@ -269,6 +269,8 @@ class _Progress:
     perm: torch.Tensor | None = None
     """This epoch's order of the train split (a new one when the next batch does not fit)."""
     curve: list[CurvePoint] = field(default_factory=list)
+    stop_reason: str = ""
+    """Why the run ended ("target", "max_samples", "max_device_seconds"); "" while it runs."""
 
     def take(self) -> tuple[Tensors, dict[str, Any]]:
         """(the permutation, every other field) for a checkpoint."""
@@ -439,7 +441,9 @@ def fine_tune(
     With `checkpoint`, the run saves itself at evaluations (see `training.checkpoint`) and, when a
     checkpoint of the same work exists, continues from it instead of starting over: the weights,
     samples, accuracy curve, device seconds, energy and the hooks' state are then those of a run never
-    interrupted. The checkpoint is removed when the run returns. `on_step(steps, samples)` is called
+    interrupted. A finished run leaves its end state there (one file, replaced by the next work's): the
+    same work again returns the same result at once, without training (`extra.resumed_at_samples`
+    then equals `samples`). `on_step(steps, samples)` is called
     after every training step (progress reports, fault injection); what it raises ends the run.
     """
     lr_for = lr if callable(lr) else (lambda _: lr)
@@ -488,10 +492,18 @@ def fine_tune(
         gen = torch.Generator().manual_seed(seed)
         power = _TrainingPower(device, POWER_RATE_HZ)
         parts = _resumable_parts(run, dev, model, opt, gen, cuda, power, device, hooks)
+        finished = False
         if saved is not None:
             restore_parts(saved, parts)
-            resumed_at = run.samples
-            print(f"checkpoint: resuming from {saved.path} at {resumed_at} samples", file=sys.stderr)
+            resumed_at, finished = run.samples, bool(run.stop_reason)
+            if finished:
+                print(
+                    f"checkpoint: {saved.path} holds this work's end ({resumed_at} samples, stopped at "
+                    f"{run.stop_reason}): its result again, without training",
+                    file=sys.stderr,
+                )
+            else:
+                print(f"checkpoint: resuming from {saved.path} at {resumed_at} samples", file=sys.stderr)
         saved_at = run.samples
         bar = _progress_bar(progress, max_samples, desc, run.samples)
 
@@ -503,12 +515,12 @@ def fine_tune(
                 bar.set_postfix(acc=f"{acc:.3f}", dev_s=f"{run.device_seconds:.1f}", refresh=False)
             return target_accuracy is not None and acc >= target_accuracy
 
-        stop_reason = ""  # "target", "max_samples" or "max_device_seconds" once the run is over
         try:
             if saved is None and eval_every_samples is not None and look():
-                stop_reason = "target"  # met before any training
-            power.resume()
-            while not stop_reason:
+                run.stop_reason = "target"  # met before any training
+            if not finished:  # (a finished run's end state: no step, no reading, no look)
+                power.resume()
+            while not run.stop_reason:
                 for hook in hooks:
                     if (b := hook.before_step(run.samples)) is not None and b != run.batch_size:
                         run.batch_size, run.lr = b, float(lr_for(b))
@@ -539,35 +551,38 @@ def fine_tune(
                     on_step(run.steps, run.samples)
 
                 if max_samples is not None and run.samples >= max_samples:
-                    stop_reason = "max_samples"
+                    run.stop_reason = "max_samples"
                 elif max_device_seconds is not None and run.device_seconds >= max_device_seconds:
-                    stop_reason = "max_device_seconds"
+                    run.stop_reason = "max_device_seconds"
                 elif eval_every_samples is not None and run.samples >= run.next_eval:
                     power.pause()
                     met = look()
                     while run.next_eval <= run.samples:
                         run.next_eval += eval_every_samples
                     if met:
-                        stop_reason = "target"
+                        run.stop_reason = "target"
                     elif checkpoint is not None and run.samples - saved_at >= checkpoint.every_samples:
                         save_parts(checkpoint.path, identity, parts)
                         saved_at = run.samples
                     power.resume()
             power.pause()
-            if stop_reason != "target" and look():  # budget spent: one last look may still meet the target
-                stop_reason = "target"
+            if not finished and run.stop_reason != "target" and look():
+                run.stop_reason = "target"  # budget spent: one last look may still meet the target
         except BaseException:
             power.abort()
             raise
         finally:
             if bar is not None:
                 bar.close()
-    if checkpoint is not None:
-        checkpoint.path.unlink(missing_ok=True)  # done: nothing left to resume
+        if checkpoint is not None and not finished:
+            if run.perm is None:  # met before any step: nothing a resend would save
+                checkpoint.path.unlink(missing_ok=True)
+            else:  # the end state, for this same work sent again (a resent round)
+                save_parts(checkpoint.path, identity, parts, finished=True)
 
     energy, peak, mean = power.summary()
     return FineTuneResult(
-        reached=stop_reason == "target",
+        reached=run.stop_reason == "target",
         samples=run.samples,
         device_seconds=run.device_seconds,
         energy_j=energy,
@@ -579,7 +594,7 @@ def fine_tune(
         lr=float(start_lr),
         steps=run.steps,
         target_accuracy=target_accuracy,
-        stop_reason=stop_reason,
+        stop_reason=run.stop_reason,
         wall_seconds=time.perf_counter() - wall_start,
         extra={} if resumed_at is None else {"resumed_at_samples": resumed_at},
     )
