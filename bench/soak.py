@@ -9,7 +9,8 @@ because this script sets POWERFED_FAULT_INJECTION=1) are drawn per (node, round)
   runs, as with SIGKILL; Ray reports the dead actor and Flower replies an error for it).
 The ServerApp itself is stopped once, in round --stop-server-round after its training replies arrived,
 and started again with the same run: it must resume after the last completed round, re-send that
-round, and the nodes killed in it must resume their fine-tune checkpoints ("restores").
+round: the nodes killed in it resume their fine-tune checkpoints and the ones that had finished answer
+from their end state without training (both are "restores").
 
 Printed: completed rounds; lost reports (every train message sent is a report or a named failure, and
 every injected failure is named in its round: must be 0); cap violations (a report whose profiled peak
@@ -231,7 +232,7 @@ def main() -> int:
     print(f"completed rounds: {len(got['completed'])} of {args.rounds}")
     print(f"lost reports: {len(got['lost'])}" + "".join(f"\n  {x}" for x in got["lost"]))
     print(f"cap violations: {len(got['violations'])}" + "".join(f"\n  {x}" for x in got["violations"]))
-    print(f"restores (fine-tunes resumed from a checkpoint): {got['restores']}")
+    print(f"restores (resumed or finished checkpoints answering a resent round): {got['restores']}")
     print(f"peak memory (process tree RSS): {memory.peak / 2**30:.2f} GiB")
     print(f"wall time: {wall:.0f} s  (log: {log}, results: {results / 'results.json'})")
     ok = not got["lost"] and not got["violations"] and len(got["completed"]) == args.rounds
