@@ -184,11 +184,13 @@ class PowerAwareFedAvg(FedAvg):
     def _sample(self, grid: Grid, fraction: float, minimum: int) -> list[int]:
         """FedAvg's sampling. `min_available_nodes` gathers the fleet once, before the first round;
         after that, whoever is connected: Flower's sampling waits for that many nodes without a limit,
-        so one SuperNode that died would otherwise hold the run forever."""
-        available = 1 if self._gathered else self.min_available_nodes
+        so one SuperNode that died would otherwise hold the run forever. The sample's size is counted
+        after that wait: counted before it, a node that connected during the wait was left out."""
+        if not self._gathered:
+            sample_nodes(grid, self.min_available_nodes, 0)  # Flower's wait for the fleet, sampling none
+            self._gathered = True
         num = int(self._wait_for_rejoining(grid) * fraction)
-        node_ids, _ = sample_nodes(grid, available, max(num, minimum))
-        self._gathered = True
+        node_ids, _ = sample_nodes(grid, 1, max(num, minimum))
         return sorted(node_ids)
 
     def _wait_for_rejoining(self, grid: Grid) -> int:

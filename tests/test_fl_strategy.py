@@ -366,6 +366,24 @@ class _Nodes(FakeGrid):
         return [n for n in (1, 2, 3) if self.present or n != self.missing or back]
 
 
+def test_the_first_sampling_takes_every_node_it_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`min_available_nodes` = 3 with 2 connected: the first round waits for the third and samples all
+    three (it sampled the 2 counted before the wait; seen when a SuperNode reconnected late after a
+    SuperLink restart)."""
+    import flwr.serverapp.strategy.strategy_utils as flower_sampling
+
+    import strategies.power_aware as power_aware
+
+    clock = _Clock()
+    monkeypatch.setattr(power_aware, "time", clock)
+    monkeypatch.setattr(flower_sampling, "sleep", clock.sleep)
+    grid = _Nodes(clock, missing=3, back_at=2.0)
+    grid.present = False
+    strategy = PowerAwareFedAvg(min_available_nodes=3, rejoin_wait_s=10.0)
+    assert strategy._sample(grid, 1.0, 1) == [1, 2, 3] and clock.slept == pytest.approx(2.0)
+    assert strategy._sample(grid, 1.0, 1) == [1, 2, 3] and clock.slept == pytest.approx(2.0)
+
+
 @pytest.mark.parametrize(("back_at", "sampled", "slept"), [(None, [1, 2], 10.0), (2.0, [1, 2, 3], 2.0)])
 def test_a_round_waits_once_for_a_node_seen_before(
     monkeypatch: pytest.MonkeyPatch, back_at: float | None, sampled: list[int], slept: float
