@@ -16,16 +16,15 @@ from typing import Any
 from powerctl.cliutil import (
     OneLineParser,
     accuracy,
-    batch_sizes,
-    int_list,
     one_line_errors,
     positive_float,
     positive_int,
 )
 from powerctl.devices import SPEC_HELP
 from powerctl.relation import VECTORS
+from strategies.settings import flag
 from training.data import SPECS
-from training.finetune import DEFAULT_EVAL_EVERY_SAMPLES, DEFAULT_EVAL_MAX_SAMPLES
+from training.finetune import DEFAULT_EVAL_MAX_SAMPLES
 from training.lr import LR_RULES
 from training.models import model_names
 
@@ -93,12 +92,6 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="use at most this many samples of the dataset (default: all)",
     )
     p.add_argument(
-        "--eval-max-samples",
-        type=positive_int,
-        default=DEFAULT_EVAL_MAX_SAMPLES,
-        help="evaluate on at most this many test samples, a fixed subset (default: %(default)s)",
-    )
-    p.add_argument(
         "--threads",
         type=positive_int,
         default=None,
@@ -146,7 +139,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=1e-3,
         help="learning rate, Adam (images) / AdamW (text) (default: %(default)s)",
     )
-    pre.add_argument("--seed", type=int, default=0, help="initialisation, split and order seed (default: 0)")
+    pre.add_argument(
+        "--eval-max-samples",
+        type=positive_int,
+        default=DEFAULT_EVAL_MAX_SAMPLES,
+        help="evaluate on at most this many test samples, a fixed subset (default: %(default)s)",
+    )
+    pre.add_argument("--seed", **flag("pretrain-seed", "initialisation, split and order seed"))
     pre.add_argument(
         "--device", default="host", metavar="SPEC", help=f"where to train: {SPEC_HELP} (default: host)"
     )
@@ -186,63 +185,55 @@ def build_parser() -> argparse.ArgumentParser:
         help="target test accuracy on the proxy, in (0, 1], e.g. 0.45",
     )
     rel.add_argument("--out", required=True, type=Path, metavar="PATH", help="relation JSON to write")
+    # the flags that are run settings take the run's default and check (strategies.settings): with
+    # none given, this writes the vector the ServerApp estimates on the same proxy and target
     rel.add_argument(
-        "--batch-sizes",
-        type=batch_sizes,
-        default=[4, 8, 16, 32, 64],
-        metavar="B,B,...",
-        help="batch sizes, comma-separated (default: 4,8,16,32,64)",
+        "--batch-sizes", metavar="B,B,...", **flag("batch-sizes", "batch sizes, comma-separated")
     )
     rel.add_argument(
         "--seeds",
-        type=int_list,
-        default=[0],
         metavar="S,S,...",
-        help="seeds per batch size; samples_to_target is their mean (default: 0)",
+        **flag("relation-seeds", "seeds per batch size; samples_to_target is their mean"),
     )
     rel.add_argument(
         "--max-seeds",
-        type=positive_int,
         metavar="N",
-        help="add seeds one at a time, up to N in all, until the ranking of batch sizes is stable",
+        **flag(
+            "relation-max-seeds",
+            "add seeds one at a time, up to N in all, until the ranking of batch sizes is stable (0: none)",
+        ),
     )
     rel.add_argument(
         "--lr-rule",
-        choices=LR_RULES,
-        default="sqrt",
-        help="how the learning rate scales from the largest batch size (the run's lr-rule; default: sqrt)",
+        metavar="{" + ",".join(LR_RULES) + "}",
+        **flag("lr-rule", "how the learning rate scales from the largest batch size"),
     )
     rel.add_argument(
         "--vector",
-        choices=VECTORS,
-        default="raw",
-        help="samples_to_target: the seeds' means (raw, default) or the batch-efficiency model fitted",
+        metavar="{" + ",".join(VECTORS) + "}",
+        **flag("relation-values", "samples_to_target: the seeds' means (raw) or the batch-efficiency fit"),
     )
+    rel.add_argument("--lr-max", **flag("lr-max", "learning rate of the largest batch size"))
     rel.add_argument(
-        "--lr-max",
-        type=positive_float,
-        default=1e-3,
-        help="learning rate of the largest batch size (default: %(default)s)",
-    )
-    rel.add_argument(
-        "--max-samples",
-        type=positive_int,
-        default=50_000,
-        help="give up on a batch size after this many samples (default: %(default)s)",
+        "--max-samples", **flag("relation-max-samples", "give up on a batch size after this many samples")
     )
     rel.add_argument(
         "--eval-every",
-        type=positive_int,
-        default=DEFAULT_EVAL_EVERY_SAMPLES,
         metavar="N",
-        help="evaluate every N training samples at most; a run that crosses the target within fewer than "
-        "8 evaluations is run again more often (default: %(default)s)",
+        **flag(
+            "eval-every-samples",
+            "evaluate every N training samples at most; a run that crosses the target within fewer "
+            "than 8 evaluations is run again more often",
+        ),
+    )
+    rel.add_argument(
+        "--eval-max-samples",
+        metavar="N",
+        **flag("eval-max-samples", "evaluate on at most this many test samples, a fixed subset"),
     )
     rel.add_argument(
         "--data-seed",
-        type=int,
-        default=0,
-        help="seed of the proxy data: generated data, image train/test split (default: 0)",
+        **flag("proxy-seed", "seed of the proxy data: generated data, image train/test split"),
     )
     rel.add_argument(
         "--cache-dir",
@@ -307,7 +298,7 @@ def _relation(args: argparse.Namespace) -> int:
         seeds=args.seeds,
         lr_max=args.lr_max,
         lr_rule=args.lr_rule,
-        max_seeds=args.max_seeds,
+        max_seeds=args.max_seeds or None,
         vector=args.vector,
         max_samples=args.max_samples,
         eval_every_samples=args.eval_every,

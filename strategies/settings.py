@@ -12,6 +12,8 @@ docs` writes pyproject's table and the tables of docs/reference/run-config.md fr
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import dataclasses
 import inspect
 import sys
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from powerctl.baselines import ORACLE, OURS, PROXY_BATCH, STATE_OF_PRACTICE
+from powerctl.cliutil import MAX_BATCH_SIZE
 from powerctl.errors import PowerctlError
 from powerctl.follow import DEFAULT_PAUSE_TIMEOUT_S, DEFAULT_POLL_S
 from powerctl.guard import DEFAULT_TOLERANCE, DEFAULT_WINDOW
@@ -299,7 +302,7 @@ SETTINGS: dict[str, Setting] = _declare(
     Setting(
         "batch-sizes",
         "8,16,32,64",
-        distinct_ints(1, "8,16,32,64", ascending=True),
+        distinct_ints(1, "8,16,32,64", ascending=True, maximum=MAX_BATCH_SIZE),
         "Batch sizes of the relation vector, and so of every profile.",
         group="task",
     ),
@@ -674,6 +677,30 @@ def client_setting(run_config: Any, key: str, error: type[PowerctlError] = Setti
     """One setting as the ClientApp reads it from its run config: checked, typed, else the default."""
     s = SETTINGS[key]
     return _reader(run_config, error).value(key, s.kind, s.typed_default())
+
+
+def flag(key: str, help: str) -> dict[str, Any]:
+    """`add_argument` keywords for a command-line flag that is run setting `key`: its kind reads the text
+    (what it refuses is argparse's one line), its declared default, and `help` naming both. A command
+    that takes a run setting as a flag takes it from here, so its default and check are the run's."""
+    setting = SETTINGS[key]
+
+    def parse(text: str) -> Any:
+        value: Any = text
+        if setting.kind.python_type in (int, float):
+            with contextlib.suppress(ValueError):  # the kind says what it must be
+                value = setting.kind.python_type(text)
+        try:
+            return setting.kind(value)
+        except Invalid as exc:
+            raise argparse.ArgumentTypeError(str(exc).replace("must be", "expected", 1)) from None
+
+    parse.__name__ = key  # argparse names a refused value's type by it
+    return {
+        "type": parse,
+        "default": setting.typed_default(),
+        "help": f"{help} (run config {key}; default: {setting.default})",
+    }
 
 
 def app_config_toml(settings: Iterable[Setting] | None = None) -> str:

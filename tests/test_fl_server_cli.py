@@ -44,6 +44,11 @@ BAD = {
     "missing proxy": f"{REL} --proxy npz:{{tmp}}/none.npz --target 0.5",
     "target above 1": f"{REL} --proxy synthetic-image --target 1.5",
     "bad batch list": f"{REL} --proxy synthetic-image --target 0.5 --batch-sizes 8,x",
+    "huge batch size": f"{REL} --proxy synthetic-image --target 0.5 --batch-sizes 8,100000000",
+    "negative seed": f"{REL} --proxy synthetic-image --target 0.5 --seeds -1",
+    "repeated seed": f"{REL} --proxy synthetic-image --target 0.5 --seeds 0,0",
+    "unknown lr rule": f"{REL} --proxy synthetic-image --target 0.5 --lr-rule cubic",
+    "fractional budget": f"{REL} --proxy synthetic-image --target 0.5 --max-samples 1.5",
     "unknown flag": "relation --model cnn-tiny --frobnicate",
     "no command": "",
 }
@@ -63,6 +68,23 @@ def test_bad_input_is_one_line_exit_2_nothing_written(
     assert len(lines) == 1 and lines[0].startswith("fl-server") and "error:" in lines[0], captured.err
     assert "Traceback" not in captured.err and captured.out == ""
     assert list(tmp_path.iterdir()) == []
+
+
+def test_relation_flags_that_are_run_settings_default_and_check_as_the_run_does() -> None:
+    """With no flag given, `fl-server relation` estimates what the ServerApp estimates by default; a
+    value the run config refuses, the flag refuses in the same words."""
+    from fl_server.cli import build_parser
+    from strategies.settings import read_settings
+
+    args = build_parser().parse_args(
+        ["relation", "--model", "cnn-tiny", "--proxy", "p", "--target", "0.5", "--out", "r"]
+    )
+    run = read_settings({})
+    assert args.batch_sizes == run.batch_size_list() and args.seeds == run.seeds()
+    assert (args.lr_max, args.lr_rule, args.vector) == (run.lr_max, run.lr_rule, run.relation_values)
+    assert (args.max_samples, args.max_seeds) == (run.relation_max_samples, run.relation_max_seeds)
+    assert (args.eval_every, args.eval_max_samples) == (run.eval_every_samples, run.eval_max_samples)
+    assert args.data_seed == run.proxy_seed
 
 
 def test_pretrain_then_relation_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
