@@ -159,6 +159,7 @@ def main() -> None:
         "max_samples": args.max_samples,
         "eval_every_samples": args.eval_every,
         "eval_max_samples": args.eval_max_samples,
+        "data_seed": 0,  # the proxy split of the runs its results page quotes
         "cache_dir": out / "cache",
         "use_cache": not args.no_cache,
         "parallel": not args.serial,

@@ -41,7 +41,7 @@ from powerctl.relation import VECTORS, RelationVector
 from training.crossing import DEFAULT_MIN_EVALUATIONS, run_dense
 from training.data import Dataset, load_dataset, train_test_split
 from training.errors import DataError, ModelError
-from training.finetune import DEFAULT_EVAL_EVERY_SAMPLES, DEFAULT_EVAL_MAX_SAMPLES, fine_tune
+from training.finetune import fine_tune
 from training.lr import LR_RULES, scaled_lr
 from training.models import build_model, get_model_spec
 
@@ -311,6 +311,12 @@ def _starting_weights(
     return state, dict(meta.overrides), meta.num_classes, weights_hash(state)
 
 
+def _run_default(key: str) -> Any:
+    from strategies.settings import SETTINGS
+
+    return SETTINGS[key].typed_default()
+
+
 def estimate_relation(
     model_name: str,
     weights: str | Path | None,
@@ -318,18 +324,18 @@ def estimate_relation(
     *,
     target_accuracy: float,
     batch_sizes: Sequence[int],
-    seeds: Sequence[int] = (0,),
-    lr_max: float = 1e-3,
-    lr_rule: str = "sqrt",
-    max_samples: int = 50_000,
-    eval_every_samples: int = DEFAULT_EVAL_EVERY_SAMPLES,
-    eval_max_samples: int | None = DEFAULT_EVAL_MAX_SAMPLES,
+    seeds: Sequence[int] = tuple(_run_default("relation-seeds")),
+    lr_max: float = _run_default("lr-max"),
+    lr_rule: str = _run_default("lr-rule"),
+    max_samples: int = _run_default("relation-max-samples"),
+    eval_every_samples: int = _run_default("eval-every-samples"),
+    eval_max_samples: int | None = _run_default("eval-max-samples"),
     min_evaluations: int = DEFAULT_MIN_EVALUATIONS,
-    max_seeds: int | None = None,
-    vector: str = "raw",
+    max_seeds: int | None = _run_default("relation-max-seeds") or None,
+    vector: str = _run_default("relation-values"),
     seq_len: int | None = None,
     limit: int | None = None,
-    data_seed: int = 0,
+    data_seed: int = _run_default("proxy-seed"),
     overrides: dict[str, Any] | None = None,
     cache_dir: str | Path | None = None,
     use_cache: bool = True,
@@ -338,7 +344,8 @@ def estimate_relation(
     progress: bool = True,
     say: Say | None = None,
 ) -> RelationVector:
-    """The relation vector of `model_name` from `weights` (None: a seeded fresh init) on `proxy_spec`.
+    """The relation vector of `model_name` from `weights` (None: a seeded fresh init) on `proxy_spec`;
+    what is not given is the run config's default (`strategies.settings`), as the ServerApp estimates.
 
     The proxy dataset is split into train/test (training.data defaults, `data_seed`); each run trains
     on the train part with the rate `scaled_lr(lr_max, b, largest b, lr_rule)` and evaluates every

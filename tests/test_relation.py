@@ -21,7 +21,16 @@ from training.finetune import CurvePoint, FineTuneResult, fine_tune
 from training.lr import scaled_lr
 from training.models import build_model
 
-IMAGE = {"limit": 150, "eval_every_samples": 32, "max_samples": 3000, "progress": False}
+IMAGE = {
+    "limit": 150,
+    "eval_every_samples": 32,
+    "max_samples": 3000,
+    "progress": False,
+    "seeds": (0,),
+    "data_seed": 0,
+}
+"""A small image estimate: one seed, and the proxy split of `train_test_split`'s default seed (0) that the
+direct run below uses (the run config's defaults, 3 seeds and proxy seed 1, are the function's)."""
 
 
 def test_end_to_end_on_synthetic_images(tmp_path: Path) -> None:
@@ -61,6 +70,27 @@ def test_end_to_end_on_synthetic_images(tmp_path: Path) -> None:
         progress=False,
     )
     assert direct.reached and rel.samples_map()[16] == direct.samples
+
+
+def test_what_is_not_given_is_the_run_configs_default() -> None:
+    """Called with the essentials only, the estimate is the one the ServerApp makes by default."""
+    import inspect
+
+    from strategies.settings import read_settings
+
+    run = read_settings({})
+    given = {k: p.default for k, p in inspect.signature(estimate_relation).parameters.items()}
+    assert list(given["seeds"]) == run.seeds() and given["data_seed"] == run.proxy_seed
+    assert (given["lr_max"], given["lr_rule"], given["vector"]) == (
+        run.lr_max,
+        run.lr_rule,
+        run.relation_values,
+    )
+    assert given["max_samples"] == run.relation_max_samples and given["max_seeds"] is None
+    assert (given["eval_every_samples"], given["eval_max_samples"]) == (
+        run.eval_every_samples,
+        run.eval_max_samples,
+    )
 
 
 def test_batch_size_that_misses_the_target_is_named(tmp_path: Path) -> None:
@@ -260,7 +290,7 @@ def test_default_cache_dir_follows_env(monkeypatch: pytest.MonkeyPatch, tmp_path
 
 @pytest.mark.slow
 def test_parallel_equals_serial(tmp_path: Path) -> None:
-    kw = {"target_accuracy": 0.5, "batch_sizes": [8, 16, 32], "seeds": (0, 1), "use_cache": False, **IMAGE}
+    kw = {**IMAGE, "target_accuracy": 0.5, "batch_sizes": [8, 16, 32], "seeds": (0, 1), "use_cache": False}
     serial = estimate_relation("cnn-tiny", None, "synthetic-image", **kw)
     parallel = estimate_relation("cnn-tiny", None, "synthetic-image", parallel=True, num_cpus=2, **kw)
     assert parallel.samples_to_target == serial.samples_to_target
