@@ -48,7 +48,7 @@ demo: setup
 # Every method side by side on a fleet file (its own Flower home and ports; stopped by pid afterwards).
 FLEET ?= simulations/fleets/default.yaml
 fleet: setup
-	$(BIN)/python -m simulations run $(FLEET) --out runs/fleet-$(basename $(notdir $(FLEET)))
+	$(BIN)/python -m simulations run $(FLEET)
 
 lint: setup
 	$(BIN)/ruff check .

@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
         "DIR/results.json, DIR/summary.txt and DIR/plots/.",
     )
     r.add_argument("fleet", type=Path, help="the fleet file (see simulations/fleets/default.yaml)")
-    r.add_argument("--out", type=Path, required=True, help="output folder")
+    r.add_argument("--out", type=Path, help="output folder (default: runs/fleet-NAME, NAME the fleet file's)")
     r.add_argument(
         "--methods",
         type=_methods,
@@ -136,6 +136,11 @@ def _methods(text: str) -> list[str]:
     return [m for m in RUN_METHODS if m in names]
 
 
+def default_fleet_out(fleet: Path) -> Path:
+    """Where a fleet's results go unless --out says: runs/fleet-NAME (`make fleet`'s folder)."""
+    return Path("runs") / f"fleet-{fleet.stem}"
+
+
 def run_command(args: argparse.Namespace) -> int:
     """`run`: parse the fleet (one line on a bad file), run it, print the summary."""
     import time
@@ -146,6 +151,8 @@ def run_command(args: argparse.Namespace) -> int:
     from simulations.runner import check_before_flower, run_fleet
 
     started = time.perf_counter()
+    if args.out is None:
+        args.out = default_fleet_out(args.fleet)
     spec = load_fleet_spec(args.fleet)
     methods = args.methods or spec.methods
     check_before_flower(spec, check_output_dir(args.out.expanduser().resolve()), methods)  # before owning

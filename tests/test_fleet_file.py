@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -159,6 +160,23 @@ def test_bad_fleet_files_are_one_line_naming_the_key_and_its_place(
         load_fleet_spec(write(tmp_path, text))
     assert message in str(err.value), str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_without_out_the_results_go_to_runs_fleet_name_and_a_bad_file_writes_nothing(tmp_path: Path) -> None:
+    from simulations.__main__ import default_fleet_out
+
+    assert default_fleet_out(Path("simulations/fleets/default.yaml")) == Path("runs/fleet-default")
+    bad = write(tmp_path, GOOD.replace("power-cap-w: none}", "power-cap-w: abc}"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "simulations", "run", str(bad)],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and "'power-cap-w' must be" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "runs").exists()
 
 
 def test_the_command_line_says_it_in_one_line_with_exit_status_2(tmp_path: Path) -> None:
