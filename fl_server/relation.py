@@ -38,6 +38,7 @@ from powerctl.cache import CACHE_ENV, cache_dir
 from powerctl.devices.host import HostDevice
 from powerctl.errors import FileFormatError, PowerctlError
 from powerctl.relation import VECTORS, RelationVector
+from strategies.settings import SETTINGS
 from training.crossing import DEFAULT_MIN_EVALUATIONS, run_dense
 from training.data import Dataset, load_dataset, train_test_split
 from training.errors import DataError, ModelError
@@ -312,8 +313,6 @@ def _starting_weights(
 
 
 def _run_default(key: str) -> Any:
-    from strategies.settings import SETTINGS
-
     return SETTINGS[key].typed_default()
 
 

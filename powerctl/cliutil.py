@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import math
 import re
@@ -12,7 +13,7 @@ from typing import Any, NoReturn
 
 from powerctl.capsource import cap_watts
 from powerctl.errors import PowerctlError
-from powerctl.mapping import Invalid
+from powerctl.mapping import Invalid, Kind
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -97,12 +98,36 @@ def positive_float(text: str) -> float:
     return value
 
 
+def _refused(exc: Invalid) -> argparse.ArgumentTypeError:
+    """A kind's refusal ("must be …, got …") in argparse's words ("expected …, got …")."""
+    return argparse.ArgumentTypeError(str(exc).replace("must be", "expected", 1))
+
+
+def kind_type(kind: Kind, name: str) -> Callable[[str], Any]:
+    """A `powerctl.mapping` kind as a flag type: the text is read as the kind's number type first (a
+    flag is text, a config value already typed), then checked by the kind; `name` is how argparse
+    names the type."""
+
+    def parse(text: str) -> Any:
+        value: Any = text
+        if kind.python_type in (int, float):
+            with contextlib.suppress(ValueError):  # the kind says what it must be
+                value = kind.python_type(text)
+        try:
+            return kind(value)
+        except Invalid as exc:
+            raise _refused(exc) from None
+
+    parse.__name__ = name
+    return parse
+
+
 def power_cap(text: str) -> float | None:
     """`--power-cap W` (none: no cap): the one cap parser (`powerctl.capsource.cap_watts`) as a flag type."""
     try:
         return cap_watts(text)
     except Invalid as exc:
-        raise argparse.ArgumentTypeError(str(exc).replace("must be", "expected", 1)) from None
+        raise _refused(exc) from None
 
 
 def power_cap_w(text: str) -> float:

@@ -12,8 +12,6 @@ docs` writes pyproject's table and the tables of docs/reference/run-config.md fr
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import dataclasses
 import inspect
 import sys
@@ -24,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from powerctl.baselines import ORACLE, OURS, PROXY_BATCH, STATE_OF_PRACTICE
-from powerctl.cliutil import MAX_BATCH_SIZE
+from powerctl.cliutil import MAX_BATCH_SIZE, kind_type
 from powerctl.errors import PowerctlError
 from powerctl.follow import DEFAULT_PAUSE_TIMEOUT_S, DEFAULT_POLL_S
 from powerctl.guard import DEFAULT_TOLERANCE, DEFAULT_WINDOW
@@ -684,20 +682,8 @@ def flag(key: str, help: str) -> dict[str, Any]:
     (what it refuses is argparse's one line), its declared default, and `help` naming both. A command
     that takes a run setting as a flag takes it from here, so its default and check are the run's."""
     setting = SETTINGS[key]
-
-    def parse(text: str) -> Any:
-        value: Any = text
-        if setting.kind.python_type in (int, float):
-            with contextlib.suppress(ValueError):  # the kind says what it must be
-                value = setting.kind.python_type(text)
-        try:
-            return setting.kind(value)
-        except Invalid as exc:
-            raise argparse.ArgumentTypeError(str(exc).replace("must be", "expected", 1)) from None
-
-    parse.__name__ = key  # argparse names a refused value's type by it
     return {
-        "type": parse,
+        "type": kind_type(setting.kind, key),
         "default": setting.typed_default(),
         "help": f"{help} (run config {key}; default: {setting.default})",
     }
