@@ -459,8 +459,7 @@ def _floats(text: str) -> list[float]:
 
 
 def make_tasks(args: argparse.Namespace) -> list[Task]:
-    def seeds(n: int) -> list[int]:
-        return list(range(args.seeds if args.seeds else n))
+    seeds = list(range(args.seeds))
 
     tasks = []
     if args.task in ("vision", "both"):
@@ -474,7 +473,7 @@ def make_tasks(args: argparse.Namespace) -> list[Task]:
             tasks.append(Task(
                 "vision", trained if args.full else f"{trained}-small", charged, lr_max=5e-4,
                 pretrain_samples=args.vision_pretrain_samples, batch_sizes=bs,
-                seeds=seeds(5), proxy_seeds=list(range(args.proxy_seeds)),
+                seeds=seeds, proxy_seeds=list(range(args.proxy_seeds)),
                 proxy_max_seeds=args.proxy_max_seeds,
                 calibration_samples=args.vision_calibration_samples, eval_every=args.eval_every,
                 eval_max_samples=500, fixed_targets=args.vision_targets, target_fraction=args.target_fraction,
@@ -483,7 +482,7 @@ def make_tasks(args: argparse.Namespace) -> list[Task]:
         tasks.append(Task(
             "text", "chartransformer" if args.full else "chartransformer-small", "chartransformer",
             lr_max=3e-3, pretrain_samples=args.text_pretrain_samples, batch_sizes=args.batch_sizes,
-            seeds=seeds(3), proxy_seeds=list(range(args.proxy_seeds)),
+            seeds=seeds, proxy_seeds=list(range(args.proxy_seeds)),
             proxy_max_seeds=args.proxy_max_seeds,
             calibration_samples=args.text_calibration_samples, eval_every=args.eval_every,
             eval_max_samples=500, fixed_targets=args.text_targets, target_fraction=args.target_fraction,
@@ -494,7 +493,7 @@ def make_tasks(args: argparse.Namespace) -> list[Task]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--task", choices=["vision", "text", "both"], default="both")
-    p.add_argument("--seeds", type=int, default=0, help="seeds per (b, target); default 5 images, 3 text")
+    p.add_argument("--seeds", type=int, default=5, help="truth seeds per (b, target), both tasks")
     p.add_argument("--proxy-seeds", type=int, default=3, help="proxy runs per batch size (mean)")
     p.add_argument(
         "--proxy-max-seeds", type=int, default=0,
@@ -539,6 +538,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if unknown := set(args.vision_models) - {"resnet18", "mobilenetv2"}:
         p.error(f"--vision-models: unknown {', '.join(sorted(unknown))}; give resnet18 and/or mobilenetv2")
+    if args.seeds < 1 or args.proxy_seeds < 1:
+        p.error("--seeds and --proxy-seeds: give at least 1")
     if args.quick:
         args.seeds, args.proxy_seeds, args.batch_sizes = 2, 2, [16, 32, 64, 128]
         args.vision_pretrain_samples, args.vision_calibration_samples = 16_000, 2000
