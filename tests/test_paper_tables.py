@@ -76,3 +76,57 @@ def test_proxy_seeds_follow_the_servers_stopping_rule(monkeypatch: pytest.Monkey
     relation = paper_tables.proxy_relation(task, {}, None)["raw"]
     assert task.proxy_seeds == [0, 1, 2, 3] and relation.extra["ranking_stable"] is True
     assert relation.extra["samples_mean"] == [100.0, 120.0]
+
+
+def test_the_floor_on_charged_tables_is_what_select_reaches_with_its_witness() -> None:
+    # Two targets that disagree about b=32 against b=64 (as the text bench's Austen and Dickens do), on
+    # both simulated boards: the floor is a real vector's worst cell, and no proxy vector tried beats it.
+    from powerctl.boards import board_model
+    from powerctl.devices.simulated import predicted_profile
+    from powerctl.relation import RelationVector
+    from powerctl.selection import select
+    from training.models import build_model, model_workload
+
+    bs = [8, 16, 32, 64]
+    need = {
+        "austen": {8: 2400, 16: 2500, 32: 2950, 64: 3800},
+        "dickens": {8: 2500, 16: 2600, 32: 3100, 64: 3750},
+    }
+    runs = {
+        t: {(b, s): {"b": b, "seed": s, "samples": n * (1 + 0.02 * s), "steps": n * (1 + 0.02 * s) / b,
+                     "reached": True} for b, n in per_b.items() for s in (0, 1, 2)}
+        for t, per_b in need.items()
+    }  # fmt: skip
+    task = paper_tables.Task("text", "m", "chartransformer", 1e-3, 0, bs, [0, 1, 2], [0], 0, 0, 0)
+    task.targets = {"austen": 0.5, "dickens": 0.5}
+    w = model_workload("chartransformer", build_model("chartransformer", seed=0))
+    task.data["charged_workload"] = w
+    proxy = RelationVector.from_samples(
+        "chartransformer", "proxy", 0.5, {8: 2000, 16: 2100, 32: 2500, 64: 3300}
+    )
+    results: dict = {}
+    for board in paper_tables.BOARDS:
+        results[f"{task.key}|{board}"] = paper_tables.table(
+            task, board_model(board), {"raw": proxy, "fitted": proxy}, runs, [0, 1, 2]
+        )
+    floor = paper_tables.shared_vector_floor(paper_tables.floor_groups(results, task.key))
+    witness = RelationVector.from_samples("chartransformer", "proxy", 0.5, floor.relation)
+    worst = 1.0
+    for board in paper_tables.BOARDS:
+        profile = predicted_profile(board_model(board), w, bs, samples=10_000)
+        for cap in (*paper_tables.CAPS_W[board], None):
+            pick = select(profile, witness, cap)
+            assert pick.batch_size == floor.picks[f"{board} {'no cap' if cap is None else f'{cap:g} W'}"]
+            for target in need:
+                col = results[f"{task.key}|{board}"][f"{target}|{'no cap' if cap is None else f'{cap:g} W'}"]
+                assert col["per_batch"][pick.batch_size]["hz"] == pick.frequency_hz
+                worst = max(worst, col["per_batch"][pick.batch_size]["s"] / col["fastest"]["s"])
+                assert col["ours"]["over_fastest"] >= 1.0
+    assert (
+        worst == pytest.approx(floor.worst) and floor.worst > 1.0
+    )  # the targets disagree: no vector is exact
+    summary = paper_tables.summarise(
+        {**results, f"{task.key}|vector-floor": {"worst": floor.worst, "cell": floor.cell}}
+    )
+    assert summary["text|ours"]["worst"] >= floor.worst - 1e-12
+    assert summary["text|any-one-vector"]["worst"] == floor.worst
