@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,11 @@ def pytest_configure(config: pytest.Config) -> None:
     # One intra-op thread per test process: small models on a shared 2-core machine run many times
     # faster than with oversubscribed threads, and `pytest -n 2` then uses both cores.
     torch.set_num_threads(1)
+    # The tests that press Ctrl-C (SIGINT to a process group) expect what a terminal gives its jobs:
+    # SIGINT's default. A pytest started as a script's background job (`cmd &`) inherits SIGINT ignored,
+    # and so would every process a test starts; a handler here is reset to the default by their exec.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)
