@@ -51,9 +51,9 @@ from powerctl.boards import BoardModel, board_model
 from powerctl.devices import open_device
 from powerctl.devices.simulated import predicted_profile, replay_cost
 from powerctl.errors import InfeasibleCapError
-from powerctl.profile_table import Profile, ProfilePoint
+from powerctl.profile_table import Profile
 from powerctl.relation import RelationVector
-from powerctl.selection import is_feasible, select
+from powerctl.selection import Selection, rank, select
 from powerctl.workload import Workload
 from training.crossing import DEFAULT_MIN_EVALUATIONS, dense_eval_interval, evaluations_before, run_dense
 
@@ -352,7 +352,7 @@ def table(
         truth = target_relation(task, target, target_runs, seeds)
         for cap in (*CAPS_W[board.name], None):
             col: dict[str, Any] = {"per_batch": {
-                b: {"seconds_per_sample": p.seconds_for_samples / profile.samples,
+                b: {"seconds_per_sample": p.predicted_seconds / profile.samples,
                     **cell(board, w, target_runs, b, p.frequency_hz, seeds)}
                 for b, p in best_pair_per_batch(profile, cap).items()}}  # fmt: skip
             f_sop = board.frequencies_hz[-1] if cap is None else board.fixed_frequency_cap(cap)
@@ -376,13 +376,13 @@ def table(
     return out
 
 
-def best_pair_per_batch(profile: Profile, cap: float | None) -> dict[int, ProfilePoint]:
-    """Per batch size, the feasible pair Algorithm 1 takes whenever it takes that batch size (the least
-    time, then the lower frequency: `powerctl.selection`'s order), whatever the relation vector."""
-    best: dict[int, ProfilePoint] = {}
-    for p in sorted(profile.points, key=lambda p: (p.seconds_for_samples, p.frequency_hz), reverse=True):
-        if is_feasible(p, cap):
-            best[p.batch_size] = p  # the last written (the least time, then lower frequency) stays
+def best_pair_per_batch(profile: Profile, cap: float | None) -> dict[int, Selection]:
+    """Per batch size, the feasible pair Algorithm 1 takes whenever it takes that batch size, whatever the
+    relation vector: the first of that batch size in `powerctl.selection.rank` under a flat vector."""
+    flat = RelationVector.from_samples(profile.model, "flat", 1.0, dict.fromkeys(profile.batch_sizes(), 1.0))
+    best: dict[int, Selection] = {}
+    for pick in rank(profile, flat, cap):
+        best.setdefault(pick.batch_size, pick)
     return dict(sorted(best.items()))
 
 

@@ -138,7 +138,7 @@ def relation_vector(
         seeds=cfg.seeds(),
         lr_max=cfg.lr_max,
         lr_rule=cfg.lr_rule,
-        max_seeds=cfg.relation_max_seeds or None,
+        max_seeds=cfg.relation_max_seeds,
         vector=cfg.relation_values,
         max_samples=cfg.relation_max_samples,
         eval_every_samples=cfg.eval_every_samples,

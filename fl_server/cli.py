@@ -298,7 +298,7 @@ def _relation(args: argparse.Namespace) -> int:
         seeds=args.seeds,
         lr_max=args.lr_max,
         lr_rule=args.lr_rule,
-        max_seeds=args.max_seeds or None,
+        max_seeds=args.max_seeds,
         vector=args.vector,
         max_samples=args.max_samples,
         eval_every_samples=args.eval_every,

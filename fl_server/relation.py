@@ -38,7 +38,7 @@ from powerctl.cache import CACHE_ENV, cache_dir
 from powerctl.devices.host import HostDevice
 from powerctl.errors import FileFormatError, PowerctlError
 from powerctl.relation import VECTORS, RelationVector
-from strategies.settings import SETTINGS
+from strategies.settings import run_default
 from training.crossing import DEFAULT_MIN_EVALUATIONS, run_dense
 from training.data import Dataset, load_dataset, train_test_split
 from training.errors import DataError, ModelError
@@ -156,7 +156,7 @@ def _validate(
         raise RelationError(f"unknown learning-rate rule {lr_rule!r}; use one of {', '.join(LR_RULES)}")
     if vector not in VECTORS:
         raise RelationError(f"unknown relation vector {vector!r}; use one of {', '.join(VECTORS)}")
-    if max_seeds is not None and max_seeds < len(seeds):
+    if max_seeds and max_seeds < len(seeds):
         raise RelationError(f"max_seeds ({max_seeds}) is fewer than the {len(seeds)} seeds given")
     if max_samples < 1:
         raise RelationError(f"max_samples must be ≥ 1, got {max_samples}")
@@ -312,10 +312,6 @@ def _starting_weights(
     return state, dict(meta.overrides), meta.num_classes, weights_hash(state)
 
 
-def _run_default(key: str) -> Any:
-    return SETTINGS[key].typed_default()
-
-
 def estimate_relation(
     model_name: str,
     weights: str | Path | None,
@@ -323,18 +319,18 @@ def estimate_relation(
     *,
     target_accuracy: float,
     batch_sizes: Sequence[int],
-    seeds: Sequence[int] = tuple(_run_default("relation-seeds")),
-    lr_max: float = _run_default("lr-max"),
-    lr_rule: str = _run_default("lr-rule"),
-    max_samples: int = _run_default("relation-max-samples"),
-    eval_every_samples: int = _run_default("eval-every-samples"),
-    eval_max_samples: int | None = _run_default("eval-max-samples"),
+    seeds: Sequence[int] = tuple(run_default("relation-seeds")),
+    lr_max: float = run_default("lr-max"),
+    lr_rule: str = run_default("lr-rule"),
+    max_samples: int = run_default("relation-max-samples"),
+    eval_every_samples: int = run_default("eval-every-samples"),
+    eval_max_samples: int | None = run_default("eval-max-samples"),
     min_evaluations: int = DEFAULT_MIN_EVALUATIONS,
-    max_seeds: int | None = _run_default("relation-max-seeds") or None,
-    vector: str = _run_default("relation-values"),
+    max_seeds: int | None = run_default("relation-max-seeds") or None,
+    vector: str = run_default("relation-values"),
     seq_len: int | None = None,
     limit: int | None = None,
-    data_seed: int = _run_default("proxy-seed"),
+    data_seed: int = run_default("proxy-seed"),
     overrides: dict[str, Any] | None = None,
     cache_dir: str | Path | None = None,
     use_cache: bool = True,
@@ -350,12 +346,12 @@ def estimate_relation(
     on the train part with the rate `scaled_lr(lr_max, b, largest b, lr_rule)` and evaluates every
     `eval_every_samples` samples on the test part — again more often if it crossed within fewer than
     `min_evaluations` evaluations — and its samples to target is the interpolated crossing
-    (`training.crossing`). With `max_seeds` above the number of `seeds`, further seeds (the next
-    integers) are run one at a time until adding one leaves the ranking of batch sizes unchanged, or
-    the budget is spent (`seeds_needed`, `ranking_stable` in the file). Returns the vector (also stored
-    in the cache, `cache_dir` or $POWERFED_CACHE/relation or ~/.cache/powerfed/relation). `say` gets a
-    line per finished run (what it measured, an estimate of the time left): long estimates show progress
-    where no terminal shows a bar (a ServerApp's log).
+    (`training.crossing`). With `max_seeds` (0 or None: none, as in the run config) above the number
+    of `seeds`, further seeds (the next integers) are run one at a time until adding one leaves the
+    ranking of batch sizes unchanged, or the budget is spent (`seeds_needed`, `ranking_stable` in the
+    file). Returns the vector (also stored in the cache, `cache_dir` or $POWERFED_CACHE/relation or
+    ~/.cache/powerfed/relation). `say` gets a line per finished run (what it measured, an estimate of
+    the time left): long estimates show progress where no terminal shows a bar (a ServerApp's log).
     """
     bs, sd = _validate(target_accuracy, batch_sizes, seeds, lr_max, max_samples, lr_rule, vector, max_seeds)
     budget = max(len(sd), max_seeds or 0)

@@ -625,8 +625,13 @@ def with_settings(*readers: str) -> Callable[[type], type]:
     return decorate
 
 
+def run_default(key: str) -> Any:
+    """Run setting `key`'s declared default, typed: what a caller that is not given it uses."""
+    return SETTINGS[key].typed_default()
+
+
 def _default_of(key: str) -> Callable[[], Any]:
-    return lambda: SETTINGS[key].typed_default()
+    return lambda: run_default(key)
 
 
 def setting_fields(obj: Any) -> dict[str, Any]:
@@ -684,7 +689,7 @@ def flag(key: str, help: str) -> dict[str, Any]:
     setting = SETTINGS[key]
     return {
         "type": kind_type(setting.kind, key),
-        "default": setting.typed_default(),
+        "default": run_default(key),
         "help": f"{help} (run config {key}; default: {setting.default})",
     }
 
