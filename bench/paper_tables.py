@@ -55,7 +55,7 @@ from powerctl.profile_table import Profile
 from powerctl.relation import RelationVector
 from powerctl.selection import Selection, rank, select
 from powerctl.workload import Workload
-from training.crossing import DEFAULT_MIN_EVALUATIONS, dense_eval_interval, evaluations_before, run_dense
+from training.crossing import DEFAULT_MIN_EVALUATIONS, evaluations_before, run_dense
 
 DATA = Path("../shared/data")
 BOARDS = ("jetson-nano", "jetson-tx2nx")
@@ -225,12 +225,15 @@ def run_to_target(
     b: int,
     seed: int,
     host: Any,
-    expected_samples: float | None = None,
 ) -> dict[str, Any]:
     """One run to `target` (None: the calibration budget) evaluated densely enough that it crosses after
-    `task.min_evaluations` evaluations (`training.crossing.run_dense`: first at the interval for the
-    `expected_samples`, again denser if it crossed sooner); samples to target is the interpolated
-    crossing, and the steps charged are that crossing's (fractional) steps."""
+    `task.min_evaluations` evaluations (`training.crossing.run_dense`: first every `task.eval_every`
+    samples, again denser if it crossed sooner); samples to target is the interpolated crossing, and the
+    steps charged are that crossing's (fractional) steps.
+
+    Every run, proxy or target, finds its grid from its own curve by this one rule, so a target's
+    samples to target do not depend on the proxy (they did when a target run's first interval was
+    scaled from the proxy's samples: docs/results/paper_tables.md)."""
     from training.data import train_test_split
     from training.finetune import fine_tune
     from training.lr import scaled_lr
@@ -249,8 +252,6 @@ def run_to_target(
         )  # fmt: skip
 
     every = task.eval_every
-    if expected_samples:
-        every = min(every, dense_eval_interval(b, expected_samples, task.min_evaluations))
     if target is None:
         r, crossing = run(every), None
     else:
@@ -721,13 +722,9 @@ def main(argv: list[str] | None = None) -> int:
         weights = pretrained(task, host, args.out)
         set_targets(task, weights, host)
         relations = proxy_relation(task, weights, host)
-        proxy_map = relations["raw"].samples_map()
         runs: dict[str, dict[tuple[int, int], dict[str, Any]]] = {}
         for name, ds in task.data["targets"].items():
-            # the first evaluation interval: the proxy's samples to target, scaled to this target by the
-            # largest batch size's; runs that cross sooner are evaluated again, more often
-            runs[name] = {(b, s): run_to_target(task, weights, ds, task.targets[name], b, s, host,
-                                                expected_samples=proxy_map[b])
+            runs[name] = {(b, s): run_to_target(task, weights, ds, task.targets[name], b, s, host)
                           for b in task.batch_sizes for s in task.seeds}  # fmt: skip
             print(
                 f"  {name}: samples to target (mean over seeds) "

@@ -67,7 +67,7 @@ def test_proxy_seeds_follow_the_servers_stopping_rule(monkeypatch: pytest.Monkey
         (8, 3): 100,
     }
 
-    def run(task, weights, ds, target, b, s, host, expected_samples=None):
+    def run(task, weights, ds, target, b, s, host):
         return {"b": b, "seed": s, "samples": float(samples[(b, s)]), "reached": True, "evaluations": 8}
 
     monkeypatch.setattr(paper_tables, "run_to_target", run)
