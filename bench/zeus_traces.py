@@ -368,7 +368,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--train", type=Path, required=True, help="summary_train.csv (epochs to target per run)")
     p.add_argument(
-        "--power", type=Path, action="append", required=True, help="a summary_power_GPU.csv; repeat"
+        "--power",
+        type=Path,
+        nargs="+",
+        action="extend",
+        required=True,
+        help="summary_power_GPU.csv files (one per GPU): list them, or repeat --power",
     )
     p.add_argument("--json", type=Path, help="write the cells as a JSON list here")
     p.add_argument("--proxy-seeds", type=int, default=2, help="runs per batch size held apart as the proxy")

@@ -106,6 +106,23 @@ def test_main_writes_json_and_bad_files_are_one_line(
     out = tmp_path / "cells.json"
     assert zeus_traces.main(["--train", str(train), "--power", str(power), "--json", str(out)]) == 0
     assert len(json.loads(out.read_text())) > 0 and "ours/fastest" in capsys.readouterr().out
+    # several power files: listed after one --power or with --power repeated, the same cells
+    a40 = tmp_path / "summary_power_a40.csv"
+    a40.write_text(power.read_text())
+    listed, repeated = tmp_path / "listed.json", tmp_path / "repeated.json"
+    assert (
+        zeus_traces.main(["--train", str(train), "--power", str(power), str(a40), "--json", str(listed)]) == 0
+    )
+    assert (
+        zeus_traces.main(
+            ["--train", str(train), "--power", str(power), "--power", str(a40), "--json", str(repeated)]
+        )
+        == 0
+    )
+    cells = json.loads(listed.read_text())
+    assert cells == json.loads(repeated.read_text())
+    assert {c["gpu"] for c in cells} == {"gpu1", "a40"}
+    capsys.readouterr()
     bad = tmp_path / "bad.csv"
     bad.write_text("dataset,network\nsquad,bert\n")
     assert zeus_traces.main(["--train", str(bad), "--power", str(power)]) == 1
