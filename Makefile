@@ -60,7 +60,7 @@ lint: setup
 docs: setup
 	$(BIN)/python docs/generate.py
 
-# Everything, the tests marked slow included (about 2 minutes on 2 cores); plain `pytest` skips those.
+# Everything, the tests marked slow included (about 16 minutes on 2 cores); plain `pytest` skips those.
 test: lint
 	$(BIN)/pytest -q -n 2 -m "slow or not slow"
 
