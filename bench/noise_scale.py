@@ -1,0 +1,262 @@
+"""Could the client's own data correct the proxy's relation vector, and what would that cost?
+
+The method sends every client the proxy's relation vector; where a target's batch efficiency differs
+from the proxy's, no vector is right for it (docs/results/paper_tables.md). "An Empirical Model of
+Large-Batch Training" (McCandlish et al. 2018) predicts the critical batch size — where a larger batch
+starts to cost proportionally more samples — from the gradient noise scale B_simple = tr(Σ) / |G|²,
+which a few mini-batch gradients measure (Pollux, OSDI'21, adapts batch sizes with it). So a client
+could measure B_simple on its own data at the starting weights, the server the same on the proxy, and
+the client could stretch the proxy's critical batch size by the ratio before Algorithm 1.
+
+This bench measures that on a `paper_tables.py` run (its results.json and pre-trained weights, read from
+its --out folder), without training to any target again:
+1. B_simple at the starting weights for the proxy and each target (estimator of McCandlish et al.,
+   appendix A.1: micro-batches of `--micro` samples and their mean, `--reps` draws, per estimator seed);
+2. the critical batch size each target's truth runs show (`powerctl.relation.fit_batch_efficiency`),
+   against the proxy's, and whether the noise-scale ratio predicts it;
+3. per board × cap × target: ours (the proxy's raw vector, the mean rule), ours with the vector
+   corrected by the target's noise-scale ratio, and the fastest; with the device seconds the measurement
+   itself would cost on that board (its micro-batch steps at the corrected pick's frequency).
+
+Sample counts are measured; seconds are the simulated boards'.
+
+    .venv/bin/python bench/noise_scale.py runs/pt_text_g10 [more paper_tables --out folders]
+        [--micro 8] [--count 16] [--reps 12] [--estimator-seeds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import paper_tables as pt
+import torch
+
+from powerctl.baselines import oracle
+from powerctl.boards import board_model
+from powerctl.devices import open_device
+from powerctl.devices.simulated import predicted_profile, replay_cost
+from powerctl.relation import RelationVector, fit_batch_efficiency
+from powerctl.selection import select
+
+
+def noise_scale(
+    model: torch.nn.Module,
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    ds: Any,
+    params: dict[str, list[str]],
+    *,
+    micro: int,
+    count: int,
+    reps: int,
+    seed: int,
+) -> tuple[dict[str, float], int]:
+    """(B_simple per parameter set, samples used): `reps` draws of `count` micro-batches of `micro`
+    samples; |G_small|² is the micro-batches' mean squared gradient norm, |G_big|² that of their mean
+    (a batch of micro·count). |G|² and tr(Σ) are summed over draws before their ratio (a ratio of noisy
+    estimates is biased). `params` names each set's parameters (the same backward passes serve all)."""
+    g = torch.Generator().manual_seed(seed)
+    named = dict(model.named_parameters())
+    b_small, b_big = micro, micro * count
+    g2 = dict.fromkeys(params, 0.0)
+    trace = dict.fromkeys(params, 0.0)
+    model.train()
+    for _ in range(reps):
+        idx = torch.randperm(len(ds.x), generator=g)[:b_big]
+        grads: dict[str, list[torch.Tensor]] = {k: [] for k in params}
+        for i in range(count):
+            part = idx[i * micro : (i + 1) * micro]
+            model.zero_grad()
+            loss(model(ds.x[part]), ds.y[part]).backward()
+            for k, names in params.items():
+                grads[k].append(torch.cat([named[n].grad.flatten() for n in names]))
+        for k, rows in grads.items():
+            stacked = torch.stack(rows)
+            small_sq = stacked.pow(2).sum(dim=1).mean().item()
+            big_sq = stacked.mean(dim=0).pow(2).sum().item()
+            g2[k] += (b_big * big_sq - b_small * small_sq) / (b_big - b_small)
+            trace[k] += (small_sq - big_sq) / (1 / b_small - 1 / b_big)
+    return {k: trace[k] / g2[k] for k in params}, reps * b_big
+
+
+def parameter_sets(model: torch.nn.Module, vision: bool) -> dict[str, list[str]]:
+    """ "all" parameters, and for vision "pre-trained": all but the fresh head's (`paper_tables.fresh_head`
+    replaces the last linear layer), whose large starting gradient dominates |G|² on every source."""
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    if not vision:
+        return {"all": names}
+    head = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)][-1]
+    return {"all": names, "pre-trained": [n for n in names if not n.startswith(f"{head}.")]}
+
+
+def corrected(raw: RelationVector, b_crit: float | None, ratio: float, name: str) -> RelationVector:
+    """The proxy's vector with its critical batch size stretched by `ratio`: every r_b multiplied by
+    (1 + b / (ratio·b_crit)) / (1 + b / b_crit), so the proxy's own shape (even where the model does not
+    explain it) is kept and only its batch-size penalty changes."""
+    if b_crit is None or b_crit <= 0:
+        return raw
+    samples = {b: s * (1 + b / (ratio * b_crit)) / (1 + b / b_crit) for b, s in raw.samples_map().items()}
+    return RelationVector.from_samples(raw.model, name, raw.target_accuracy, samples)
+
+
+def task_for(results: dict[str, Any], key: str) -> pt.Task:
+    """The paper_tables task behind `key` (TASK|MODEL), with its data, as that bench builds it."""
+    name, charged = key.split("|")
+    args = pt.parse_args(["--task", name, "--vision-models", charged if name == "vision" else "resnet18"])
+    task = next(t for t in pt.make_tasks(args) if t.charged == charged)
+    pt.prepare_data(task, quick=False)
+    task.targets = results[f"{key}|targets"]
+    return task
+
+
+Scales = dict[str, dict[str, list[float]]]
+"""Parameter set → source → B_simple per estimator seed."""
+
+
+def measure(folder: Path, args: argparse.Namespace, host: Any) -> dict[str, Any]:
+    from training.data import train_test_split
+    from training.models import build_model, loss_fn
+
+    results = json.loads((folder / "results.json").read_text())
+    out: dict[str, Any] = {}
+    for key in [k.rsplit("|", 1)[0] for k in results if k.endswith("|relation")]:
+        task = task_for(results, key)
+        weights = pt.pretrained(task, host, folder)
+        sources = {"proxy": task.data["proxy"], **task.data["targets"]}
+        print(f"\n== {key}: B_simple at the starting weights (micro-batch {args.micro}, "
+              f"{args.count} per draw, {args.reps} draws, {args.estimator_seeds} seeds)")  # fmt: skip
+        scales: Scales = {}
+        for name, ds in sources.items():
+            train, _ = train_test_split(ds, seed=0)
+            model = build_model(task.model, ds.num_classes, seed=0)
+            sets = parameter_sets(model, task.name == "vision")
+            for s in range(args.estimator_seeds):
+                model.load_state_dict(copy.deepcopy(weights))
+                values, used = noise_scale(
+                    model,
+                    loss_fn(ds.task),
+                    train,
+                    sets,
+                    micro=args.micro,
+                    count=args.count,
+                    reps=args.reps,
+                    seed=s,
+                )
+                for k, v in values.items():
+                    scales.setdefault(k, {}).setdefault(name, []).append(v)
+            print(f"  {name:<22} " + "  ".join(
+                f"{k} params: B_simple {statistics.fmean(by[name]):6.1f} "
+                f"({', '.join(f'{v:.1f}' for v in by[name])})" for k, by in scales.items())
+                + f"  [{used} samples each]")  # fmt: skip
+        out[key] = analyse(key, task, results, scales, used, args.micro)
+    return out
+
+
+def analyse(key: str, task: pt.Task, results: dict[str, Any], scales: Scales, used: int, micro: int
+            ) -> dict[str, Any]:  # fmt: skip
+    """The critical batch sizes the runs show against the noise-scale ratios, and every cell's picks."""
+    raw = RelationVector.from_dict(results[f"{key}|relation"], key)
+    proxy_fit = fit_batch_efficiency(raw.batch_sizes, raw.per_seed_samples() or [])
+    runs = results[f"{key}|runs"]
+    seeds = sorted({r["seed"] for rs in runs.values() for r in rs})
+    ratio = {
+        k: {n: statistics.fmean(v) / statistics.fmean(by["proxy"]) for n, v in by.items()}
+        for k, by in scales.items()
+    }
+    print(f"  proxy: b_crit {proxy_fit.b_crit:.0f} from its runs (chi2 {proxy_fit.chi2:.1f} on "
+          f"{proxy_fit.dof} dof)")  # fmt: skip
+    out: dict[str, Any] = {
+        "b_simple": scales,
+        "samples_per_measurement": used,
+        "proxy_b_crit": proxy_fit.b_crit,
+    }
+    for target, rs in runs.items():
+        fit = fit_batch_efficiency(
+            raw.batch_sizes, [[r["samples"] for r in rs if r["b"] == b] for b in raw.batch_sizes]
+        )
+        out[f"{target}|b_crit"] = fit.b_crit
+        print(f"  {target}: b_crit {fit.b_crit:.0f} from its runs = {fit.b_crit / proxy_fit.b_crit:.2f}x the "
+              f"proxy's (chi2 {fit.chi2:.1f} on {fit.dof} dof); B_simple "
+              + ", ".join(f"{ratio[k][target]:.2f}x ({k} params)" for k in scales))  # fmt: skip
+    w = task.data["charged_workload"]
+    methods = ["ours", *(f"+noise({k})" for k in scales)]
+    worst = dict.fromkeys(methods, 1.0)
+    print("  picks (b) and ours/fastest; measuring = the measurement's simulated seconds / ours's fine-tune")
+    print(f"  {'board':<13} {'cap':<7} {'target':<22} {'fastest':>7} "
+          + " ".join(f"{m:>22}" for m in methods) + f" {'measuring':>9}")  # fmt: skip
+    for board_name in pt.BOARDS:
+        board = board_model(board_name)
+        profile = predicted_profile(board, w, raw.batch_sizes, samples=10_000)
+        for cap in (*pt.CAPS_W[board_name], None):
+            cap_s = "no cap" if cap is None else f"{cap:g} W"
+            for target, rs in runs.items():
+                by = {(r["b"], r["seed"]): r for r in rs}
+                best = oracle(profile, pt.target_relation(task, target, by, seeds), cap)
+                fast = pt.cell(board, w, by, best.batch_size, best.frequency_hz, seeds)["s"]
+                vectors = {"ours": raw} | {
+                    f"+noise({k})": corrected(raw, proxy_fit.b_crit, ratio[k][target], f"proxy+{target}")
+                    for k in scales
+                }
+                picks = {m: select(profile, v, cap) for m, v in vectors.items()}
+                secs = {
+                    m: pt.cell(board, w, by, p.batch_size, p.frequency_hz, seeds)["s"]
+                    for m, p in picks.items()
+                }
+                cost_s, _ = replay_cost(board, w, micro, used // micro, picks["ours"].frequency_hz)
+                for m in methods:
+                    worst[m] = max(worst[m], secs[m] / fast)
+                shown = [f"b={picks[m].batch_size} {secs[m] / fast:.3f}x" for m in methods]
+                print(f"  {board_name:<13} {cap_s:<7} {target:<22} {best.batch_size:>7} "
+                      + " ".join(f"{c:>22}" for c in shown) + f" {cost_s / secs['ours']:9.2f}")  # fmt: skip
+                cell_out = {m: {"b": picks[m].batch_size, "over_fastest": secs[m] / fast} for m in methods}
+                out[f"{board_name}|{cap_s}|{target}"] = {
+                    "fastest_b": best.batch_size,
+                    "measuring_over_ours": cost_s / secs["ours"],
+                    **cell_out,
+                }
+    print("  worst ours/fastest: " + ", ".join(f"{m} {v:.3f}x" for m, v in worst.items())
+          + " (the measurement's own seconds not counted)")  # fmt: skip
+    out["worst"] = worst
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument(
+        "folders", type=Path, nargs="+", help="paper_tables.py --out folders (results.json, weights)"
+    )
+    p.add_argument("--micro", type=int, default=8, help="samples per micro-batch (the small batch)")
+    p.add_argument(
+        "--count", type=int, default=16, help="micro-batches per draw (the big batch: micro x count)"
+    )
+    p.add_argument("--reps", type=int, default=12, help="draws per estimate")
+    p.add_argument("--estimator-seeds", type=int, default=3, help="independent estimates per source")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--json", type=Path, help="write every number here")
+    args = p.parse_args(argv)
+    if min(args.micro, args.count - 1, args.reps, args.estimator_seeds) < 1:
+        p.error("--micro, --reps and --estimator-seeds: at least 1; --count: at least 2")
+    for folder in args.folders:
+        if not (folder / "results.json").is_file():
+            p.error(f"{folder}: no results.json; give a folder paper_tables.py --out wrote")
+    torch.set_num_threads(args.threads)
+    started = time.perf_counter()
+    host = open_device("host")
+    out: dict[str, Any] = {}
+    for folder in args.folders:
+        out.update(measure(folder, args, host))
+    print(f"\nwall {time.perf_counter() - started:.0f} s")
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
