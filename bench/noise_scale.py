@@ -163,7 +163,8 @@ def analyse(key: str, task: pt.Task, results: dict[str, Any], scales: Scales, us
             ) -> dict[str, Any]:  # fmt: skip
     """The critical batch sizes the runs show against the noise-scale ratios, and every cell's picks."""
     raw = RelationVector.from_dict(results[f"{key}|relation"], key)
-    proxy_fit = fit_batch_efficiency(raw.batch_sizes, raw.per_seed_samples() or [])
+    per_seed = raw.per_seed_samples() or [[s] for s in raw.samples_to_target]
+    proxy_fit = fit_batch_efficiency(raw.batch_sizes, per_seed)
     runs = results[f"{key}|runs"]
     seeds = sorted({r["seed"] for rs in runs.values() for r in rs})
     ratio = {
