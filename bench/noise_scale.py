@@ -16,7 +16,7 @@ its --out folder), without training to any target again:
    against the proxy's, and whether the noise-scale ratio predicts it;
 3. per board × cap × target: ours (the proxy's raw vector, the mean rule), ours with the vector
    corrected by the target's noise-scale ratio, and the fastest; with the device seconds the measurement
-   itself would cost on that board (its micro-batch steps at the corrected pick's frequency).
+   itself would cost on that board (its micro-batch steps at ours's frequency).
 
 Sample counts are measured; seconds are the simulated boards'.
 
@@ -92,7 +92,7 @@ def parameter_sets(model: torch.nn.Module, vision: bool) -> dict[str, list[str]]
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     if not vision:
         return {"all": names}
-    head = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)][-1]
+    head = pt.head_name(model)
     return {"all": names, "pre-trained": [n for n in names if not n.startswith(f"{head}.")]}
 
 
@@ -120,11 +120,10 @@ Scales = dict[str, dict[str, list[float]]]
 """Parameter set → source → B_simple per estimator seed."""
 
 
-def measure(folder: Path, args: argparse.Namespace, host: Any) -> dict[str, Any]:
+def measure(folder: Path, results: dict[str, Any], args: argparse.Namespace, host: Any) -> dict[str, Any]:
     from training.data import train_test_split
     from training.models import build_model, loss_fn
 
-    results = json.loads((folder / "results.json").read_text())
     out: dict[str, Any] = {}
     for key in [k.rsplit("|", 1)[0] for k in results if k.endswith("|relation")]:
         task = task_for(results, key)
@@ -228,6 +227,21 @@ def analyse(key: str, task: pt.Task, results: dict[str, Any], scales: Scales, us
     return out
 
 
+def read_results(folder: Path) -> dict[str, Any]:
+    """A paper_tables results.json with at least one task's relation; else one line and exit status 2."""
+    path = folder / "results.json"
+    try:
+        results = json.loads(path.read_text())
+        problem = None if isinstance(results, dict) and any(k.endswith("|relation") for k in results) else (
+            "holds no paper_tables run")  # fmt: skip
+    except (OSError, ValueError) as exc:
+        problem = f"cannot be read: {exc}"
+    if problem:
+        print(f"noise_scale: {path} {problem}; give a folder paper_tables.py --out wrote", file=sys.stderr)
+        raise SystemExit(2)
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
@@ -244,15 +258,13 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if min(args.micro, args.count - 1, args.reps, args.estimator_seeds) < 1:
         p.error("--micro, --reps and --estimator-seeds: at least 1; --count: at least 2")
-    for folder in args.folders:
-        if not (folder / "results.json").is_file():
-            p.error(f"{folder}: no results.json; give a folder paper_tables.py --out wrote")
+    runs = {folder: read_results(folder) for folder in args.folders}  # all checked before any measuring
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
     host = open_device("host")
     out: dict[str, Any] = {}
-    for folder in args.folders:
-        out.update(measure(folder, args, host))
+    for folder, results in runs.items():
+        out.update(measure(folder, results, args, host))
     print(f"\nwall {time.perf_counter() - started:.0f} s")
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))

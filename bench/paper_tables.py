@@ -162,6 +162,11 @@ def vision_data(n_pretrain_pool: int, n_proxy: int, n_target: int) -> dict[str, 
 FRESH_HEAD_SEED = 1
 
 
+def head_name(model: torch.nn.Module) -> str:
+    """The classifier that `fresh_head` replaces: the model's last linear layer."""
+    return [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)][-1]
+
+
 def fresh_head(
     model_name: str, weights: dict[str, torch.Tensor], num_classes: int
 ) -> dict[str, torch.Tensor]:
@@ -172,7 +177,7 @@ def fresh_head(
     from training.models import build_model
 
     fresh = build_model(model_name, num_classes, seed=FRESH_HEAD_SEED)
-    head = [n for n, m in fresh.named_modules() if isinstance(m, torch.nn.Linear)][-1]
+    head = head_name(fresh)
     out = {k: v.clone() for k, v in weights.items()}
     for k, v in fresh.state_dict().items():
         if k.startswith(f"{head}."):
