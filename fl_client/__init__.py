@@ -1,1 +1,2 @@
-"""ClientApp: profile → select → pin → fine-tune → restore → report. Built in a later issue."""
+"""The ClientApp: node settings and the fleet table, local data, the profile cache, and one round of
+work (profile → select → pin → fine-tune → restore → report)."""

@@ -1,1 +1,2 @@
-"""Flower strategies (power-aware FedAvg and friends). Built in a later issue."""
+"""Flower strategies: the power-aware FedAvg, the message protocol (train instructions, client
+reports), the run settings, the fleet table, and the round records and summaries."""
