@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from fl_client.check import HEARTBEAT_WINDOW_S, CheckFailed, Target, parse_address, release_stale_node
-from powerctl.cliutil import installed_tool
+from powerctl.cliutil import installed_tool, one_line_errors
 from powerctl.errors import PowerctlError
 
 PROG = "python -m fl_client.supernode"
@@ -74,6 +74,7 @@ def run_once(argv: list[str]) -> tuple[int, bool]:
     return rc, refused
 
 
+@one_line_errors(PROG)
 def main(argv: Sequence[str] | None = None) -> int:
     flags = list(sys.argv[1:] if argv is None else argv)
     wait_s = 2 * HEARTBEAT_WINDOW_S
