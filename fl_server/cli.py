@@ -21,6 +21,7 @@ from powerctl.cliutil import (
     positive_int,
 )
 from powerctl.devices import SPEC_HELP
+from powerctl.outputs import output_path
 from powerctl.relation import VECTORS
 from strategies.settings import flag
 from training.data import SPECS
@@ -124,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     pre.add_argument(
         "--out",
         required=True,
-        type=Path,
+        type=output_path,
         metavar="PATH",
         help="weights file to write (e.g. weights.safetensors); the report goes to PATH's "
         "stem + .report.json",
@@ -184,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ACC",
         help="target test accuracy on the proxy, in (0, 1], e.g. 0.45",
     )
-    rel.add_argument("--out", required=True, type=Path, metavar="PATH", help="relation JSON to write")
+    rel.add_argument("--out", required=True, type=output_path, metavar="PATH", help="relation JSON to write")
     # the flags that are run settings take the run's default and check (strategies.settings): with
     # none given, this writes the vector the ServerApp estimates on the same proxy and target
     rel.add_argument(
@@ -253,10 +254,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _pretrain(args: argparse.Namespace) -> int:
-    from fl_server.pretrain import pretrain
+    from fl_server.pretrain import pretrain, report_path_for
     from powerctl.outputs import check_output_file
 
-    check_output_file(args.out)
+    check_output_file(args.out, beside=[report_path_for(args.out)])
     report = pretrain(
         args.model,
         args.data,

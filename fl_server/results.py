@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from powerctl.jsonfile import write_json
+from powerctl.outputs import writable_file
 from strategies.rounds import NodeInfo, RoundRecord
 
 RESULTS_SCHEMA = "fl_server.results/1"
@@ -46,6 +47,7 @@ class ResultsWriter:
 
         `held`: keep the record in memory, writing nothing, until `release()` (an earlier run's file is
         still at `path` and stays there until this run has a result of its own)."""
+        writable_file(path, "results file")  # a device, a FIFO, a folder: refused now, not after round 1
         self.path = path
         self.data: dict[str, Any] = {
             "schema": RESULTS_SCHEMA,

@@ -8,7 +8,6 @@ independently of the file layout; the relation cache and the reports use it.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from powerctl.outputs import replacing
 from training.checkpoint import state_digest
 from training.errors import DataError, ModelError
 from training.models import build_model, get_model_spec
@@ -61,13 +61,6 @@ class WeightsMeta:
         return cls(model, num_classes, task, overrides, meta)
 
 
-def _file_mode() -> int:
-    """What a plain `open(..., "w")` would give under the current umask."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask
-
-
 def _canonical(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Detached, contiguous CPU copies: safetensors refuses shared storage (tied embeddings)."""
     return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items()}
@@ -87,18 +80,10 @@ def save_weights(
 
     spec = get_model_spec(model_name)
     meta = WeightsMeta(model_name, int(num_classes), spec.task, dict(overrides or {}), dict(extra or {}))
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
     state = _canonical(model.state_dict())
     metadata = {**meta.to_metadata(), "sha256": weights_hash(state)}
-    try:
+    with replacing(path) as tmp:  # shared mode: weights are meant to be shared (safetensors makes 0600)
         save_file(state, str(tmp), metadata=metadata)
-        os.chmod(tmp, _file_mode())  # safetensors creates 0600; weights are meant to be shared
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
     return meta
 
 

@@ -27,6 +27,7 @@ from powerctl.cliutil import (
 )
 from powerctl.devices import SPEC_HELP, open_device
 from powerctl.errors import InfeasibleCapError, PowerctlError
+from powerctl.outputs import output_path
 from powerctl.selection import DEFAULT_RELATION_RULE, RELATION_RULES
 
 if TYPE_CHECKING:
@@ -364,9 +365,9 @@ def cmd_cap_source(args: argparse.Namespace) -> int:
 
     plot = None
     if args.plot:
-        from powerctl.outputs import check_output_file
+        from powerctl.outputs import check_plot_file
 
-        plot = check_output_file(args.plot, "--plot", in_folder="cap_source.png")
+        plot = check_plot_file(args.plot, "--plot", in_folder="cap_source.png")
     source = parse_cap_source(args.source, "cap source")
     until = args.until
     if until is None:
@@ -448,7 +449,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("profile", help="measure peak power and time per (batch size, frequency)")
     s.add_argument("--device", required=True, help=device_help)
     s.add_argument("--model", required=True, help="model name from the training registry, e.g. resnet18")
-    s.add_argument("--out", required=True, type=Path, help="where to write the profile JSON")
+    s.add_argument("--out", required=True, type=output_path, help="where to write the profile JSON")
     s.add_argument(
         "--batch-sizes", type=batch_sizes, default=[4, 8, 16, 32, 64], help="default: 4,8,16,32,64"
     )
@@ -533,7 +534,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--profile", required=True, type=Path, help="profile JSON (powerctl profile)")
     s.add_argument("--relation", required=True, type=Path, help="relation vector JSON (fl-server relation)")
     s.add_argument("--power-cap", type=power_cap, metavar="W", help="power cap in W (omit or none: no cap)")
-    s.add_argument("--out", required=True, type=Path, help="folder for pareto.json and pareto.png")
+    s.add_argument("--out", required=True, type=output_path, help="folder for pareto.json and pareto.png")
     s.add_argument("--allow-mismatch", action="store_true", help="as for select")
     s.add_argument("--json", action="store_true", help="print pareto.json's content")
     s.set_defaults(func=cmd_pareto)
@@ -554,7 +555,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument(
         "--plot",
-        type=Path,
+        type=output_path,
         metavar="PNG",
         help="also draw every change of the cap over time into PNG (in an existing folder; a folder: "
         "FOLDER/cap_source.png)",
@@ -566,7 +567,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("plot", help="heat maps of peak power and time over (batch size, frequency)")
     s.add_argument("profile", type=Path, help="profile JSON")
-    s.add_argument("--out", required=True, type=Path, help="folder for the PNG files")
+    s.add_argument("--out", required=True, type=output_path, help="folder for the PNG files")
     s.add_argument("--power-cap", type=power_cap, metavar="W", help="draw the cap's boundary")
     s.add_argument(
         "--relation", type=Path, help="relation JSON: mark the selected pair, plot time-to-accuracy"

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from powerctl.errors import FileFormatError
 from powerctl.mapping import MappingReader, Number
+from powerctl.outputs import replacing
 
 
 def read_json(path: str | Path, schema: str) -> dict[str, Any]:
@@ -44,37 +44,17 @@ def _reject_constant(name: str) -> Any:
 
 
 def write_json(path: str | Path, data: dict[str, Any], *, durable: bool = False) -> None:
-    """Write atomically (temp file + rename): a crash never leaves half a file behind.
+    """Write atomically (`powerctl.outputs.replacing`: temp file + rename): a crash never leaves half a
+    file behind, and a path that is not a regular file (a device, a FIFO) is never replaced.
 
     `durable` also fsyncs the file and its folder, so that a power loss right after the call keeps it.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; these files are meant to be shared
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2, allow_nan=False)
-            f.write("\n")
-            if durable:
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
+    with replacing(path, durable=durable) as tmp, tmp.open("w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2, allow_nan=False)
+        f.write("\n")
         if durable:
-            _fsync_dir(path.parent)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+            f.flush()
+            os.fsync(f.fileno())
 
 
 class Fields(MappingReader):

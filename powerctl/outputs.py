@@ -1,24 +1,150 @@
-"""Output paths, checked before the work that fills them: a long profile or training run must never end
-in a traceback because its result cannot be written.
+"""Output paths, checked before the work that fills them, and the one atomic writer that fills them.
 
 The rule, for every command: an output FILE goes into a folder that already exists (a typo in the folder
 must not silently create one somewhere, even at the filesystem root); an output FOLDER (plots, a demo's
 results) may be created, with any missing parents, below the nearest existing folder. Either way the
 place is probed by actually creating (and removing) a file in it, which also catches read-only mounts
 and pseudo file systems such as /proc, where permission bits alone say "writable".
+
+What is never replaced: an existing path that is not a regular file (a device such as /dev/null, a
+FIFO, a socket) where a file is expected, or not a folder where a folder is expected. The atomic rename
+would otherwise swap a character device for a plain file. A symbolic link to a regular file is written
+through: the file it names is replaced (atomically, in its own folder) and the link stays a link; a link
+to nothing is refused, since writing through it would create a file wherever it points.
+
+Names are checked against the file system's limits (NAME_MAX per component, PATH_MAX in all) before any
+system call could fail on them; names derived from an output's (`X.report.json` beside X) are checked
+by the caller as `beside`; the writer's temporary names are shortened to fit, so they never push a name
+that passed over the limit.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import os
+import shutil
+import stat
 import tempfile
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from powerctl.errors import PowerctlError
 
+NAME_MAX = 255
+"""Bytes in one path component when the file system does not say (Linux's ext4, xfs, btrfs, tmpfs)."""
+PATH_MAX = 4096
+"""Bytes in a whole path when the system does not say (Linux)."""
+TEMP_EXTRA = len("..XXXXXXXX.tmp")
+"""What a temporary name (`.NAME.RANDOM.tmp`) adds to NAME."""
+
 
 class OutputPathError(PowerctlError):
     """An output path that cannot be written; the text names the flag and the path."""
+
+
+def output_path(text: str) -> Path:
+    """argparse type of an output flag: an empty path would quietly mean the current folder."""
+    if not text.strip() or "\0" in text:
+        raise argparse.ArgumentTypeError(f"expected a path to write, got {text!r}")
+    return Path(text)
+
+
+def _where(what: str, path: Path | str) -> str:
+    return f"{what} {path}" if what else str(path)
+
+
+def _as_path(path: str | Path, what: str) -> Path:
+    if isinstance(path, str) and not path.strip():
+        raise OutputPathError(f"{_where(what, repr(path))}: is empty; give a path")
+    if "\0" in str(path):
+        raise OutputPathError(f"{_where(what, repr(str(path)))}: holds a NUL byte; give a path")
+    return Path(path)
+
+
+def _limit(path: Path, name: str, default: int) -> int:
+    """`os.pathconf` of the nearest ancestor that answers (the ones below may not exist yet)."""
+    for folder in [path, *path.parents]:
+        with contextlib.suppress(OSError, ValueError):
+            return int(os.pathconf(folder, name))
+    return default
+
+
+def _short(text: str, keep: int = 32) -> str:
+    return text if len(text) <= 2 * keep + 1 else f"{text[:keep]}…{text[-keep:]}"
+
+
+def check_name_lengths(path: str | Path, what: str = "--out", *, room: int = 0, hint: str = "") -> Path:
+    """Every component of `path` fits NAME_MAX and the whole path PATH_MAX (less `room`, for the names a
+    folder output gets inside it), as the file system below it says: checked by length alone, so that
+    no later `stat` fails with "File name too long"."""
+    p = _as_path(path, what)
+    name_max = _limit(p.parent, "PC_NAME_MAX", NAME_MAX)
+    hint = hint or "give a shorter path"
+    for part in p.parts:
+        size = len(os.fsencode(part))
+        if part != "/" and size > name_max:
+            name = "its name" if part == p.name else f"the folder name {_short(part)!r} in it"
+            raise OutputPathError(
+                f"{_where(what, _short(str(p)))}: {name} is {size} bytes, over the {name_max} this file "
+                f"system allows; {hint}"
+            )
+    path_max = _limit(p.parent, "PC_PATH_MAX", PATH_MAX)
+    size = len(os.fsencode(os.path.abspath(p))) + room
+    if size >= path_max:
+        raise OutputPathError(
+            f"{_where(what, _short(str(p)))}: the path is {size - room} bytes"
+            + (f" (+{room} for the names inside it)" if room else "")
+            + f", over the {path_max} this system allows; {hint}"
+        )
+    return p
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISREG, "a file"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _stat(path: Path, what: str) -> os.stat_result | None:
+    """`path`'s stat, links followed; None when nothing is there (or a component is a file)."""
+    try:
+        return os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        if os.path.islink(path):
+            raise OutputPathError(
+                f"{_where(what, path)}: is a symbolic link to {os.readlink(path)}, which does not exist; "
+                "remove the link or give another path"
+            ) from None
+        return None
+    except OSError as exc:
+        raise OutputPathError(f"{_where(what, path)}: cannot be checked ({exc.strerror or exc})") from None
+
+
+def writable_file(path: str | Path, what: str = "") -> Path:
+    """The file a write to `path` replaces: `path`, or the regular file its symbolic link names.
+
+    Refuses a name over the limits and anything there that is not a regular file, in one line."""
+    p = check_name_lengths(path, what)
+    st = _stat(p, what)
+    if st is None:
+        return p
+    if stat.S_ISDIR(st.st_mode):
+        raise OutputPathError(f"{_where(what, p)}: is a folder; give a file name")
+    if not stat.S_ISREG(st.st_mode):
+        raise OutputPathError(
+            f"{_where(what, p)}: is {_kind(st.st_mode)}, not a regular file, and is never replaced; "
+            "give the path of a file"
+        )
+    return Path(os.path.realpath(p)) if p.is_symlink() else p
 
 
 def _probe(folder: Path, what: str, path: Path) -> None:
@@ -30,35 +156,127 @@ def _probe(folder: Path, what: str, path: Path) -> None:
     os.unlink(tmp)
 
 
-def check_output_file(path: str | Path, what: str = "--out", in_folder: str | None = None) -> Path:
-    """`path` can be written as a file: its folder exists and takes files, and it is not a folder.
+def check_output_file(
+    path: str | Path, what: str = "--out", in_folder: str | None = None, beside: Iterable[str | Path] = ()
+) -> Path:
+    """`path` can be written as a file: its folder exists and takes files, and it is absent or a regular
+    file (or a link to one).
 
     `in_folder`: an existing folder is taken too, as the file of that name inside it (what the command
-    then prints is the file it writes)."""
-    path = Path(path)
-    if in_folder is not None and path.is_dir():
-        path = path / in_folder
-    if path.is_dir():
-        raise OutputPathError(f"{what} {path}: is a folder; give a file name")
-    parent = path.parent
-    if not parent.is_dir():
+    then prints is the file it writes). `beside`: the other files the command derives from this one and
+    writes next to it (`X.report.json`), held to the same rules."""
+    path = check_name_lengths(path, what)
+    if in_folder is not None and (st := _stat(path, what)) is not None and stat.S_ISDIR(st.st_mode):
+        path = check_name_lengths(path / in_folder, what)
+    target = writable_file(path, what)
+    parent = target.parent
+    st = _stat(parent, what)
+    if st is None or not stat.S_ISDIR(st.st_mode):
         raise OutputPathError(
             f"{what} {path}: folder {parent} does not exist"
-            + (" (it is a file)" if parent.exists() else "; create it first")
+            + (f" (it is {_kind(st.st_mode)})" if st is not None else "; create it first")
         )
     _probe(parent, what, path)
+    for other in beside:
+        writable_file(other, f"{what} also writes")
     return path
 
 
-def check_output_dir(path: str | Path, what: str = "--out") -> Path:
+def check_output_dir(path: str | Path, what: str = "--out", *, hint: str = "") -> Path:
     """`path` is, or can be created as, a writable folder (missing parents are created too)."""
-    path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise OutputPathError(f"{what} {path}: is a file, not a folder; give a folder")
+    path = check_name_lengths(path, what, room=NAME_MAX + 1, hint=hint)
     existing = path
-    while not existing.exists():
+    while (st := _stat(existing, what)) is None:
+        if existing.parent == existing:  # the current folder was removed
+            raise OutputPathError(f"{what} {path}: no folder above it exists")
         existing = existing.parent
-    if not existing.is_dir():
-        raise OutputPathError(f"{what} {path}: {existing} is a file, not a folder")
+    if not stat.S_ISDIR(st.st_mode):
+        kind = _kind(st.st_mode)
+        if existing == path:
+            raise OutputPathError(f"{what} {path}: is {kind}, not a folder; give a folder")
+        raise OutputPathError(f"{what} {path}: {existing} is {kind}, not a folder")
     _probe(existing, what, path)
+    return path
+
+
+def _temp_prefix(name: str, name_max: int) -> str:
+    """`.NAME.`, NAME cut (at a character) so that `.NAME.RANDOM.tmp` fits the file system."""
+    keep = name
+    while keep and len(os.fsencode(keep)) > name_max - TEMP_EXTRA:
+        keep = keep[:-1]
+    return f".{keep}."
+
+
+def _shared_mode() -> int:
+    """What a plain `open(..., "w")` would give under the current umask."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+@contextlib.contextmanager
+def replacing(
+    path: str | Path, what: str = "", *, shared: bool = True, durable: bool = False
+) -> Iterator[Path]:
+    """Write `path` atomically: yields a temporary file beside it to fill, renamed over it on success and
+    removed on any failure, so a crash never leaves half a file behind.
+
+    The last guard of every writer: what `writable_file` refuses (a device, a FIFO, a folder, a name over
+    the limit) is never replaced. A link to a regular file is written through. Missing folders are
+    created. `shared`: the file gets the umask's mode (else mkstemp's 0600); `durable`: the folder is
+    fsynced after the rename (the writer fsyncs the file)."""
+    target = writable_file(path, what)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    name_max = _limit(target.parent, "PC_NAME_MAX", NAME_MAX)
+    fd, name = tempfile.mkstemp(dir=target.parent, prefix=_temp_prefix(target.name, name_max), suffix=".tmp")
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+        if shared:
+            os.chmod(tmp, _shared_mode())
+        writable_file(target, what)  # again: it may have changed while the temporary file was filled
+        os.replace(tmp, target)
+        if durable:
+            _fsync_dir(target.parent)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def plot_formats() -> list[str]:
+    """The file suffixes matplotlib can write here (pgf only with its TeX system installed)."""
+    from matplotlib import rcParams
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    formats = list(FigureCanvasAgg.get_supported_filetypes())
+    if shutil.which(str(rcParams["pgf.texsystem"])) is None:
+        formats.remove("pgf")
+    return formats
+
+
+def plot_format(path: str | Path, what: str = "") -> str:
+    """The format a plot file's suffix names; one line listing the known ones when it names none."""
+    suffix = Path(path).suffix.lower().removeprefix(".")
+    formats = plot_formats()
+    if suffix not in formats:
+        got = f"its suffix .{suffix} is not a format matplotlib writes" if suffix else "it has no suffix"
+        raise OutputPathError(
+            f"{_where(what, path)}: {got}; end it in one of {', '.join('.' + f for f in formats)}"
+        )
+    return suffix
+
+
+def check_plot_file(path: str | Path, what: str = "--plot", in_folder: str | None = None) -> Path:
+    """`check_output_file` for a plot: its suffix names a format matplotlib writes."""
+    path = check_output_file(path, what, in_folder)
+    plot_format(path, what)
     return path

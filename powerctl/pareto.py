@@ -86,6 +86,8 @@ def _plot(front: Front, profile: Profile, relation: RelationVector, path: Path) 
     from matplotlib.figure import Figure
     from matplotlib.ticker import FuncFormatter
 
+    from powerctl.plot import save_figure
+
     fig = Figure(figsize=(7, 4.5), layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
@@ -145,4 +147,4 @@ def _plot(front: Front, profile: Profile, relation: RelationVector, path: Path) 
     ax.set_ylabel("predicted energy to target (J, log)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)

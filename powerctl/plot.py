@@ -12,6 +12,7 @@ import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 import numpy as np
@@ -26,6 +27,7 @@ from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from powerctl.errors import FileFormatError, InfeasibleCapError
+from powerctl.outputs import plot_format, replacing
 from powerctl.profile_table import Profile, ProfilePoint
 from powerctl.relation import RelationVector
 from powerctl.selection import Selection, check_power_cap, common_batch_sizes, select
@@ -359,9 +361,7 @@ def plot_profile(
     for stem, fig in profile_figures(
         profile, power_cap_w=power_cap_w, relation=relation, selection=selection
     ).items():
-        path = out / f"{stem}.png"
-        fig.savefig(path)
-        paths.append(path)
+        paths.append(save_figure(fig, out / f"{stem}.png"))
     return paths
 
 
@@ -438,5 +438,14 @@ def plot_cap_over_time(
     ax.set_ylabel("power cap (W)")
     ax.set_title(textwrap.fill(title, 88), fontsize=9)  # a trace's path can be long: wrapped, not cut
     ax.grid(alpha=0.3)
-    fig.savefig(path)
+    return save_figure(fig, path)
+
+
+def save_figure(fig: Figure, path: Path, **kwargs: Any) -> Path:
+    """The one way a figure reaches disk: in the format its suffix names (one line listing the known
+    ones otherwise, `powerctl.outputs.plot_format`), written atomically, and never over a path that is
+    not a regular file (`powerctl.outputs.replacing`). Missing folders are created."""
+    fmt = plot_format(path)
+    with replacing(path) as tmp:
+        fig.savefig(tmp, format=fmt, **kwargs)
     return path

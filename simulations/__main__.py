@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from powerctl.cliutil import OneLineParser, accuracy, one_line_errors, positive_float, tcp_port
+from powerctl.outputs import output_path
 
 PROG = "python -m simulations"
 
@@ -36,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
         "select (batch size, frequency) under the cap, then fine-tune the target data with the method and "
         "each baseline and compare measured device time. Writes results.json and plots into --out.",
     )
-    s.add_argument("--out", type=Path, required=True, help="output folder (results.json, plots/)")
+    s.add_argument("--out", type=output_path, required=True, help="output folder (results.json, plots/)")
     s.add_argument("--device", default=d.device, help=f"simulated board (default {d.device})")
     s.add_argument("--model", default=model, help=f"model name (default {model})")
     s.add_argument(
@@ -54,7 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
         "DIR/results.json, DIR/summary.txt and DIR/plots/.",
     )
     r.add_argument("fleet", type=Path, help="the fleet file (see simulations/fleets/default.yaml)")
-    r.add_argument("--out", type=Path, help="output folder (default: runs/fleet-NAME, NAME the fleet file's)")
+    r.add_argument(
+        "--out", type=output_path, help="output folder (default: runs/fleet-NAME, NAME the fleet file's)"
+    )
     r.add_argument(
         "--methods",
         type=_methods,
@@ -80,8 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="key=value pairs as `flwr run --run-config` takes them, strings quoted: "
         "'num-server-rounds=3 model=\"cnn-tiny\"'",
     )
-    f.add_argument("--out", type=Path, default=Path("runs/flwr"), help="results folder (default runs/flwr)")
-    f.add_argument("--log", type=Path, default=Path("runs/flwr.log"), help="default runs/flwr.log")
+    f.add_argument(
+        "--out", type=output_path, default=Path("runs/flwr"), help="results folder (default runs/flwr)"
+    )
+    f.add_argument("--log", type=output_path, default=Path("runs/flwr.log"), help="default runs/flwr.log")
     f.add_argument(
         "--port",
         type=tcp_port,
@@ -138,7 +143,9 @@ def _methods(text: str) -> list[str]:
 
 def default_fleet_out(fleet: Path) -> Path:
     """Where a fleet's results go unless --out says: runs/fleet-NAME (`make fleet`'s folder)."""
-    return Path("runs") / f"fleet-{fleet.stem}"
+    from powerctl.outputs import check_name_lengths
+
+    return check_name_lengths(Path("runs") / f"fleet-{fleet.stem}", "the default --out", hint="give --out")
 
 
 def run_command(args: argparse.Namespace) -> int:

@@ -18,6 +18,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from powerctl.plot import save_figure
 from simulations.plots import COLOURS
 
 MARKERS = {"ours": "*", "state-of-practice": "s", "proxy-batch": "^", "oracle": "o"}
@@ -34,10 +35,8 @@ def _figure(size: tuple[float, float]) -> Figure:
 
 
 def _save(fig: Figure, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return path
+    return save_figure(fig, path, dpi=110)
 
 
 def plot_time_to_accuracy(results: dict[str, Any], path: Path) -> Path:
@@ -156,10 +155,7 @@ def plot_profile_maps(results: dict[str, Any], out: Path) -> list[Path]:
         fig = choices_per_cap(
             profile, marks, title=f"{board} · {model}: predicted peak power, the methods' choices per cap"
         )
-        path = out / "profile_maps" / f"{board}.png"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path)
-        paths.append(path)
+        paths.append(save_figure(fig, out / "profile_maps" / f"{board}.png"))
     return paths
 
 

@@ -8,7 +8,7 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from powerctl.plot import short_number
+from powerctl.plot import save_figure, short_number
 
 COLOURS = {"ours": "#1b9e77", "state-of-practice": "#d95f02", "proxy-batch": "#7570b3", "oracle": "#666666"}
 
@@ -68,6 +68,4 @@ def plot_strategies(
     curves.legend(fontsize=8, loc="lower right")
     fig.suptitle(title)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    return path
+    return save_figure(fig, path, dpi=110)

@@ -97,7 +97,7 @@ def run_fleet(
     port: int | None = None,
 ) -> dict[str, Any]:
     """Run, merge and report: DIR/results.json, DIR/summary.txt, DIR/plots/*.png."""
-    from powerctl.outputs import check_output_dir
+    from powerctl.outputs import check_output_dir, replacing
     from simulations.fleet_results import build_results, summary_text, write_results
 
     out = check_output_dir(out.expanduser().resolve())
@@ -121,7 +121,8 @@ def run_fleet(
     results["processes"] = {"started": pids, "alive_after": [p for p in pids if alive(p)]}
     write_results(out / "results.json", results)
     text = summary_text(results)
-    (out / "summary.txt").write_text(text + "\n", encoding="utf-8")
+    with replacing(out / "summary.txt") as tmp:  # never over a device or FIFO
+        tmp.write_text(text + "\n", encoding="utf-8")
     if plots:
         from simulations.fleet_plots import plot_fleet
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from powerctl.outputs import replacing
 
 CHECKPOINT_FORMAT = "powerfed.finetune-checkpoint/2"
 
@@ -126,19 +127,14 @@ def optimizer_state(tensors: Tensors, parts: dict[str, Any]) -> dict[str, Any]:
 
 
 def save(path: Path, tensors: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
-    """Write atomically: a temporary file beside `path`, then one rename."""
+    """Write atomically (`powerctl.outputs.replacing`): a temporary file beside `path`, then one rename;
+    a path that is not a regular file is never replaced. Private (0600), as safetensors makes it."""
     from safetensors.torch import save_file
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     canonical = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in tensors.items()}
     metadata = {"format": CHECKPOINT_FORMAT, "state": json.dumps(state, allow_nan=False)}
-    try:
+    with replacing(path, shared=False) as tmp:
         save_file(canonical, str(tmp), metadata=metadata)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def load(path: Path) -> Saved:
