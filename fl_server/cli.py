@@ -14,11 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from powerctl.cliutil import (
+    MAX_BATCH_SIZE,
+    MAX_COUNT,
     OneLineParser,
     accuracy,
+    bounded_float,
+    bounded_int,
     one_line_errors,
-    positive_float,
-    positive_int,
 )
 from powerctl.devices import SPEC_HELP
 from powerctl.outputs import output_path
@@ -27,9 +29,18 @@ from strategies.settings import flag
 from training.data import SPECS
 from training.finetune import DEFAULT_EVAL_MAX_SAMPLES
 from training.lr import LR_RULES
-from training.models import model_names
+from training.models import MAX_SEQ_LEN, model_names, option_ranges
 
 PROG = "fl-server"
+
+# the ranges of the numeric flags (each flag's help names its own; the run settings' are theirs)
+SEQ_LEN = bounded_int(1, MAX_SEQ_LEN)
+SAMPLES = bounded_int(1, MAX_COUNT)
+EPOCHS = bounded_float(0.0, 1000.0)
+BATCH_SIZE = bounded_int(1, MAX_BATCH_SIZE)
+LR = bounded_float(0.0, 10.0)
+"""A learning rate above 10 diverges with Adam and with SGD alike."""
+THREADS = bounded_int(1, 1024)
 DATA_HELP = "dataset spec, one of: " + ", ".join(SPECS) + " (docs/reference/node-config.md)"
 
 PRETRAIN_EPILOG = """\
@@ -82,21 +93,23 @@ def _common(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--seq-len",
-        type=positive_int,
+        type=SEQ_LEN,
         default=None,
-        help="text only: characters per sample (default: the model's context, 64)",
+        help=SEQ_LEN.help("text only: characters per sample (default: the model's context, 64)"),
     )
     p.add_argument(
         "--limit",
-        type=positive_int,
+        type=SAMPLES,
         default=None,
-        help="use at most this many samples of the dataset (default: all)",
+        help=SAMPLES.help("use at most this many samples of the dataset (default: all)"),
     )
     p.add_argument(
         "--threads",
-        type=positive_int,
+        type=THREADS,
         default=None,
-        help="torch CPU threads (default: torch's choice; 1 is often fastest on a busy machine)",
+        help=THREADS.help(
+            "torch CPU threads (default: torch's choice; 1 is often fastest on a busy machine)"
+        ),
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
 
@@ -131,20 +144,28 @@ def build_parser() -> argparse.ArgumentParser:
         "stem + .report.json",
     )
     budget = pre.add_mutually_exclusive_group()
-    budget.add_argument("--samples", type=positive_int, help="training samples to process")
-    budget.add_argument("--epochs", type=positive_float, help="passes over the train split (default: 1)")
-    pre.add_argument("--batch-size", type=positive_int, default=64, help="default: %(default)s")
+    budget.add_argument("--samples", type=SAMPLES, help=SAMPLES.help("training samples to process"))
+    budget.add_argument(
+        "--epochs",
+        type=EPOCHS,
+        help=EPOCHS.help("passes over the train split, at least one batch (default: 1)"),
+    )
+    pre.add_argument(
+        "--batch-size", type=BATCH_SIZE, default=64, help=BATCH_SIZE.help("default: %(default)s")
+    )
     pre.add_argument(
         "--lr",
-        type=positive_float,
+        type=LR,
         default=1e-3,
-        help="learning rate, Adam (images) / AdamW (text) (default: %(default)s)",
+        help=LR.help("learning rate, Adam (images) / AdamW (text) (default: %(default)s)"),
     )
     pre.add_argument(
         "--eval-max-samples",
-        type=positive_int,
+        type=SAMPLES,
         default=DEFAULT_EVAL_MAX_SAMPLES,
-        help="evaluate on at most this many test samples, a fixed subset (default: %(default)s)",
+        help=SAMPLES.help(
+            "evaluate on at most this many test samples, a fixed subset (default: %(default)s)"
+        ),
     )
     pre.add_argument("--seed", **flag("pretrain-seed", "initialisation, split and order seed"))
     pre.add_argument(
@@ -158,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="KEY=VALUE",
         help="model size option, repeatable, e.g. --set n_embd=128 --set n_layer=4 "
-        "(chartransformer), --set width=32 (resnet18, cnn-tiny)",
+        f"(chartransformer), --set width=32 (resnet18, cnn-tiny); ranges: {option_ranges()}",
     )
 
     rel = sub.add_parser(
@@ -246,9 +267,9 @@ def build_parser() -> argparse.ArgumentParser:
     rel.add_argument("--parallel", action="store_true", help="run batch sizes as parallel Ray tasks")
     rel.add_argument(
         "--cpus",
-        type=positive_int,
+        type=THREADS,
         default=None,
-        help="CPUs for --parallel (default: one per run, at most the machine's)",
+        help=THREADS.help("CPUs for --parallel (default: one per run, at most the machine's)"),
     )
     return parser
 
@@ -325,7 +346,6 @@ def _relation(args: argparse.Namespace) -> int:
     return 0
 
 
-@one_line_errors(PROG)
 def _dispatch(args: argparse.Namespace) -> int:
     if args.threads:
         import torch
@@ -334,6 +354,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     return _pretrain(args) if args.command == "pretrain" else _relation(args)
 
 
+@one_line_errors(PROG)
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `fl-server` and `python -m fl_server`; returns the exit status."""
     try:

@@ -7,6 +7,7 @@ JSON report next to them.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,7 @@ from powerctl.outputs import OutputPathError, check_output_dir
 from training.data import load_dataset, train_test_split
 from training.errors import DataError, ModelError
 from training.finetune import DEFAULT_EVAL_MAX_SAMPLES, fine_tune
-from training.models import build_model, check_overrides, get_model_spec
+from training.models import build_model, check_overrides, check_size, get_model_spec
 
 __all__ = ["PRETRAIN_SCHEMA", "PretrainReport", "check_output_path", "pretrain", "report_path_for"]
 
@@ -68,6 +69,21 @@ def _text_seq_len(model_name: str, overrides: dict[str, Any], seq_len: int | Non
     return seq_len
 
 
+def _epochs_budget(epochs: float, train_size: int, batch_size: int) -> int:
+    """The samples of `epochs` passes over a train split of `train_size`; fewer than one batch is an
+    error (it used to be rounded up to a batch, silently training another budget than asked)."""
+    budget = round(epochs * train_size)
+    if budget < min(batch_size, train_size):
+        least = min(batch_size, train_size) / train_size
+        digits = 2 - math.floor(math.log10(least))  # three significant digits, rounded up
+        least = math.ceil(least * 10**digits) / 10**digits
+        raise DataError(
+            f"epochs {epochs:g} of the {train_size}-sample train split is {budget} samples, less than one "
+            f"batch of {batch_size}: give at least {least:g} epochs, or a sample budget"
+        )
+    return budget
+
+
 def pretrain(
     model_name: str,
     dataset_spec: str,
@@ -100,6 +116,7 @@ def pretrain(
     if out.suffix == ".json":
         raise DataError(f"{out}: the weights file must not end in .json (the report goes to *.report.json)")
     overrides = check_overrides(model_name, dict(overrides or {}))
+    check_size(model_name, None, overrides)  # before the data is read (again with its classes below)
     spec = get_model_spec(model_name)
     length = _text_seq_len(model_name, overrides, seq_len)
     dataset = load_dataset(dataset_spec, split="all", seq_len=length, limit=limit, seed=seed)
@@ -108,7 +125,7 @@ def pretrain(
             f"model {model_name} is a {spec.task} model but {dataset_spec} is {dataset.task} data"
         )
     train, test = train_test_split(dataset, seed=seed)
-    budget = samples if samples is not None else max(batch_size, round((epochs or 1.0) * len(train)))
+    budget = samples if samples is not None else _epochs_budget(epochs or 1.0, len(train), batch_size)
     model = build_model(model_name, dataset.num_classes, seed=seed, **overrides)
     dev = open_device(device, seed=seed) if isinstance(device, str) else device
 

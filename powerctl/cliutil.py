@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import functools
-import math
+import io
 import re
 import sys
 from collections.abc import Callable
+from types import TracebackType
 from typing import Any, NoReturn
 
 from powerctl.capsource import cap_watts
 from powerctl.errors import PowerctlError
-from powerctl.mapping import Invalid, Kind
+from powerctl.mapping import Integer, Invalid, Kind, Number, bounds_text, number_text
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -22,7 +24,11 @@ EXIT_INTERRUPTED = 130
 def one_line_errors(prog: str) -> Callable[[Callable[..., int]], Callable[..., int]]:
     """Decorate a `main(argv) -> int`: PowerctlError → `prog: error: …` and exit 2, Ctrl-C → 130.
 
-    Any device pinned inside `main` is restored by its own context manager before we get here.
+    The safety net under the checks (`fault_line`): an error of the machine or of a number's range
+    that a hostile input still reaches (a path the file system refuses, a file that is not text, no
+    memory left) is one line naming the file and exit 2 too. Any other exception is a bug and keeps
+    its traceback. Any device pinned inside `main` is restored by its own context manager before we
+    get here.
     """
 
     def wrap(main: Callable[..., int]) -> Callable[..., int]:
@@ -36,10 +42,113 @@ def one_line_errors(prog: str) -> Callable[[Callable[..., int]], Callable[..., i
             except KeyboardInterrupt:
                 print(f"{prog}: interrupted", file=sys.stderr)
                 return EXIT_INTERRUPTED
+            except Exception as exc:  # only the classes fault_line knows; any other is re-raised
+                line = fault_line(exc)
+                if line is None:
+                    raise
+                print(f"{prog}: error: {line}", file=sys.stderr)
+                return EXIT_USAGE
 
         return run
 
     return wrap
+
+
+_OS_HINTS = {
+    errno.ENAMETOOLONG: "use a shorter name",
+    errno.EACCES: "check its permissions or use another path",
+    errno.EPERM: "check its permissions or use another path",
+    errno.EISDIR: "give a file, not a folder",
+    errno.ENOTDIR: "a part of the path is a file, not a folder",
+    errno.ENOENT: "check the path",
+    errno.EEXIST: "it exists already; remove it or use another path",
+    errno.ENOSPC: "free some space or write elsewhere",
+    errno.EDQUOT: "free some space or write elsewhere",
+    errno.EROFS: "write elsewhere",
+    errno.EFBIG: "write less or elsewhere",
+    errno.ELOOP: "a symbolic link in the path points back at itself",
+    errno.ENXIO: "give a regular file",
+    errno.ENODEV: "give a regular file",
+    errno.ETXTBSY: "it is a running program; use another path",
+}
+"""What to do about an OSError of the file system; an errno not listed is named with no advice."""
+
+_STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG, errno.EIO})
+"""Errors of a write that carry no file name but are still the machine's, not the program's."""
+
+_OUT_OF_RANGE = re.compile(r"out of range|too large|overflow|exceeds the limit|too many digits", re.I)
+"""A ValueError that is a number beyond a library's range (a date, a timestamp, an int's digits)."""
+
+_NO_MEMORY = re.compile(r"can't allocate memory|out of memory|not enough memory|failed to allocate", re.I)
+
+
+def _printable(text: str, limit: int = 160) -> str:
+    """`text` on one line (control characters escaped) and at most `limit` characters (the middle cut)."""
+    one = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return one if len(one) <= limit else f"{one[: limit // 2]}…{one[-(limit // 2) + 1 :]}"
+
+
+def _first_line(exc: BaseException) -> str:
+    return _printable((str(exc).strip().splitlines() or [type(exc).__name__])[0])
+
+
+def _open_file_in(tb: TracebackType | None) -> str | None:
+    """The name of the innermost file object open in the frames of `tb` (the file a decode failed on)."""
+    frames = []
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    for frame in reversed(frames):
+        for value in frame.f_locals.values():
+            if isinstance(value, io.IOBase) and isinstance(getattr(value, "name", None), str):
+                return str(value.name)
+    return None
+
+
+_PARSERS = re.compile(r"[/\\](json|tomllib|yaml)[/\\]")
+"""Where a RecursionError is an input nested too deeply (``[[[[…``), not a bug of ours."""
+
+
+def _in_a_parser(tb: TracebackType | None) -> bool:
+    """Whether the innermost frame of `tb` is in a parser of JSON, TOML or YAML."""
+    last = None
+    while tb is not None:
+        last, tb = tb.tb_frame, tb.tb_next
+    return last is not None and bool(_PARSERS.search(last.f_code.co_filename))
+
+
+def fault_line(exc: BaseException) -> str | None:
+    """The one line for an exception a check did not catch but a hostile input can reach, or None when
+    `exc` is not one of those (a bug: it keeps its traceback)."""
+    if isinstance(exc, MemoryError) or (isinstance(exc, RuntimeError) and _NO_MEMORY.search(str(exc))):
+        detail = "" if isinstance(exc, MemoryError) else f" ({_first_line(exc)})"
+        return f"out of memory{detail}: ask for less (smaller model options, batch size, samples or limit)"
+    if isinstance(exc, UnicodeDecodeError):
+        name = _open_file_in(exc.__traceback__)
+        what = f"{_printable(name)}: is not" if name else "an input file is not"
+        return f"{what} UTF-8 text ({exc.reason} at byte {exc.start}); give a text file"
+    if isinstance(exc, OSError):
+        return _os_line(exc)
+    if isinstance(exc, RecursionError) and _in_a_parser(exc.__traceback__):
+        return "an input file is nested too deeply to read; give a flatter file"
+    if isinstance(exc, OverflowError) or (isinstance(exc, ValueError) and _OUT_OF_RANGE.search(str(exc))):
+        return f"a number is out of range ({_first_line(exc)}); use a smaller value"
+    return None
+
+
+def _os_line(exc: OSError) -> str | None:
+    """``PATH: File name too long; use a shorter name`` (None for an OSError of no file, e.g. a socket's)."""
+    reason = exc.strerror or _first_line(exc)
+    hint = _OS_HINTS.get(exc.errno or 0)
+    tail = f"{reason}; {hint}" if hint else reason
+    if exc.filename is not None:
+        where = _printable(str(exc.filename))
+        if exc.filename2 is not None:
+            where += f" → {_printable(str(exc.filename2))}"
+        return f"{where}: {tail}"
+    if exc.errno in _STORAGE_ERRNOS:
+        return tail
+    return None
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -56,15 +165,74 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
+    def _get_values(self, action: argparse.Action, arg_strings: list[str]) -> Any:
+        # `--samples=--`: argparse drops the "--" and hands the flag an empty list, not a value
+        if action.option_strings and action.nargs is None and arg_strings == ["--"]:
+            raise argparse.ArgumentError(action, "expected a value, got '--'")
+        return super()._get_values(action, arg_strings)
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+
+MAX_COUNT = 10**9
+"""The ceiling of a count or an amount a flag takes unless it says a lower one (samples, seconds,
+days): no command here needs more, and far larger values end in a library's overflow, not in work."""
+
+
+class Bounded:
+    """A numeric flag type with a range: argparse's one line for a value outside it, and `range` (the
+    bounds in words) for the flag's help. Below the minimum (or not a number) the line says what the
+    flag takes ("expected a positive integer"); above the maximum it names the maximum."""
+
+    def __init__(self, kind: Integer | Number, what: str, name: str) -> None:
+        self.kind, self.what, self.__name__ = kind, what, name
+        low = Integer(kind.minimum) if isinstance(kind, Integer) else Number(kind.minimum, above=kind.above)
+        self._low: Integer | Number = low
+        self.range = bounds_text(kind)
+
+    def __call__(self, text: str) -> Any:
+        value: Any = text
+        with contextlib.suppress(ValueError, OverflowError):  # the kinds say what it must be
+            value = self.kind.python_type(text)
+        try:
+            self._low(value)
+        except Invalid:
+            raise argparse.ArgumentTypeError(f"expected {self.what}, got {text!r}") from None
+        try:
+            return self.kind(value)
+        except Invalid:
+            sign = "<" if isinstance(self.kind, Number) and self.kind.below else "≤"
+            top = number_text(self.kind.maximum or 0)
+            raise argparse.ArgumentTypeError(f"expected {self.what} {sign} {top}, got {text!r}") from None
+
+    def help(self, text: str) -> str:
+        """`text` with this type's range: "power sampling rate in Hz (default 50)" → "… (default 50;
+        in (0, 1000])"."""
+        if text.endswith(")"):
+            return f"{text[:-1]}; {self.range})"
+        return f"{text} ({self.range})"
+
+
+def bounded_int(minimum: int, maximum: int, name: str = "int") -> Bounded:
+    """A flag type: an integer in [minimum, maximum]."""
+    what = {1: "a positive integer", 0: "an integer ≥ 0"}.get(minimum, f"an integer ≥ {minimum}")
+    return Bounded(Integer(minimum, maximum), what, name)
+
+
+def bounded_float(minimum: float, maximum: float, *, above: bool = True, name: str = "float") -> Bounded:
+    """A flag type: a finite number in (minimum, maximum] (`above=False`: [minimum, maximum])."""
+    if minimum == 0 and above:
+        what = "a positive number"
+    else:
+        what = f"a number {'>' if above else '≥'} {number_text(minimum)}"
+    return Bounded(Number(minimum, maximum, above=above), what, name)
+
+
+MAX_SEED = 2**32 - 1
+"""The largest seed: what every generator here takes (numpy's legacy seed is 32 bits)."""
+
+positive_int = bounded_int(1, MAX_COUNT, "positive_int")
+seed = bounded_int(0, MAX_SEED, "seed")
+non_negative_int = bounded_int(0, MAX_COUNT, "non_negative_int")
+positive_float = bounded_float(0.0, float(MAX_COUNT), name="positive_float")
 
 
 def tcp_port(text: str) -> int:
@@ -75,26 +243,6 @@ def tcp_port(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a TCP port from 1 to 65535, got {text!r}") from None
     if not 1 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"expected a TCP port from 1 to 65535, got {text!r}")
-    return value
-
-
-def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer ≥ 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer ≥ 0, got {text!r}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
     return value
 
 
@@ -123,7 +271,12 @@ def kind_type(kind: Kind, name: str) -> Callable[[str], Any]:
 
 
 def power_cap(text: str) -> float | None:
-    """`--power-cap W` (none: no cap): the one cap parser (`powerctl.capsource.cap_watts`) as a flag type."""
+    """`--power-cap W` (none: no cap): the one cap parser (`powerctl.capsource.cap_watts`) as a flag type.
+
+    An empty value is refused: on a command line it is an unset variable (`--power-cap "$CAP"`), not a
+    wish for no cap, which is said by leaving the flag out or by `none`."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("empty; give watts or leave the flag out")
     try:
         return cap_watts(text)
     except Invalid as exc:

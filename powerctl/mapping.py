@@ -218,14 +218,26 @@ def _split(text: str) -> list[str]:
     return [t.strip() for t in text.replace(";", ",").split(",") if t.strip()]
 
 
+def number_text(v: float) -> str:
+    """A bound as people write it: 1000000000, not 1e+09 (a whole number below 10¹⁶ in full)."""
+    return str(int(v)) if float(v).is_integer() and abs(v) < 1e16 else f"{v:g}"
+
+
 def _bounds(lo: float | None, hi: float | None, above: bool, below: bool) -> str:
     if lo is not None and hi is not None:
-        return f" in {'(' if above else '['}{lo:g}, {hi:g}{')' if below else ']'}"
+        return f" in {'(' if above else '['}{number_text(lo)}, {number_text(hi)}{')' if below else ']'}"
     if lo is not None:
-        return f" {'>' if above else '≥'} {lo:g}"
+        return f" {'>' if above else '≥'} {number_text(lo)}"
     if hi is not None:
-        return f" {'<' if below else '≤'} {hi:g}"
+        return f" {'<' if below else '≤'} {number_text(hi)}"
     return ""
+
+
+def bounds_text(kind: Integer | Number) -> str:
+    """The range of a bounded kind in words for a flag's help: "in [1, 1000000000]", "> 0"."""
+    if isinstance(kind, Number):
+        return _bounds(kind.minimum, kind.maximum, kind.above, kind.below).strip()
+    return _bounds(kind.minimum, kind.maximum, False, False).strip()
 
 
 def _within(v: float, lo: float | None, hi: float | None, above: bool, below: bool) -> bool:

@@ -7,7 +7,9 @@ text models take [B, T] character ids (T ≤ seq_len) and return next-character 
 
 from __future__ import annotations
 
+import functools
 import inspect
+import logging
 import math
 import string
 from collections.abc import Callable, Mapping
@@ -19,8 +21,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from powerctl.mapping import Integer, Number, bounds_text
 from powerctl.workload import Workload, measure_workload
 from training.errors import ModelError
+
+log = logging.getLogger(__name__)
 
 VOCAB: str = string.ascii_letters + string.digits + string.punctuation + " \n"
 """The paper's character vocabulary (96 symbols); text outside it is dropped by the loaders."""
@@ -392,10 +397,57 @@ def default_num_classes(task: str) -> int:
     return VOCAB_SIZE if _check_task(task) == "text" else 10
 
 
+MAX_SEQ_LEN = 16_384
+"""The longest context (characters) of a text model, and the longest sample a command cuts."""
+MAX_STAGES = 8
+"""ResNet stages at most: widths double each stage, so eight already reach 128 × width."""
+OPTION_MAXIMUM: Mapping[str, float] = MappingProxyType(
+    {
+        "width": 4096,
+        "blocks": 64,  # per stage
+        "width_mult": 16.0,
+        "n_layer": 256,
+        "n_head": 256,
+        "n_embd": 16_384,
+        "seq_len": MAX_SEQ_LEN,
+        "head_dim": 4096,
+    }
+)
+"""The largest value of each size option. Each alone is generous; what a combination builds is
+bounded by MAX_PARAMETERS and MAX_ACTIVATIONS, checked before anything is allocated."""
+MAX_PARAMETERS = 200_000_000
+"""Parameters at most: 800 MB of float32 weights, about 3.2 GB with their gradients and Adam's two
+states, as much as the largest board here (8 GB, shared with the CPU) can train; 18 × resnet18."""
+MAX_ACTIVATIONS = 2**28
+"""Layer outputs per sample at most (1 GiB of float32 a sample): 50 × mobilenetv2's 4.8 million."""
+
+
+def _option_kind(key: str) -> Integer | Number:
+    """The range of size option `key` (for its help: the checks below keep their own words)."""
+    if key == "dropout":
+        return Number(0.0, 1.0, below=True)
+    if key == "width_mult":
+        return Number(0.0, OPTION_MAXIMUM[key], above=True)
+    return Integer(1, int(OPTION_MAXIMUM[key]))
+
+
+def option_ranges() -> str:
+    """Every size option's range and the size bounds, in words (for `--set`'s help)."""
+    keys = dict.fromkeys(k for spec in _REGISTRY.values() for k in spec.options())
+    ranges = ", ".join(
+        f"{k} {bounds_text(_option_kind(k))}"
+        + (f" each, at most {MAX_STAGES} stages" if k == "blocks" else "")
+        for k in keys
+    )
+    return f"{ranges}; at most {MAX_PARAMETERS:,} parameters and {MAX_ACTIVATIONS:,} layer outputs per sample"
+
+
 def _checked_option(spec: ModelSpec, key: str, value: Any) -> Any:
     """An override of the builder's type and range (from a command line, a weights file or a message),
-    or one ModelError line: a string where a size belongs must not reach the builder."""
+    or one ModelError line: a string where a size belongs must not reach the builder, nor a size that
+    would ask for more memory than any board has."""
     annotation = str(inspect.signature(spec.builder).parameters[key].annotation)
+    top = OPTION_MAXIMUM.get(key)
 
     def bad(what: str) -> ModelError:
         return ModelError(f"model {spec.name!r} option {key} must be {what}, got {value!r}")
@@ -405,6 +457,8 @@ def _checked_option(spec: ModelSpec, key: str, value: Any) -> Any:
             return None
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise bad("a positive integer")
+        if top is not None and value > top:
+            raise bad(f"at most {top:g}")
         return value
     if annotation == "float":
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -413,12 +467,16 @@ def _checked_option(spec: ModelSpec, key: str, value: Any) -> Any:
             raise bad("in [0, 1)")
         if key != "dropout" and value <= 0:
             raise bad("> 0")
+        if top is not None and value > top:
+            raise bad(f"at most {top:g}")
         return float(value)
     if annotation.startswith("tuple[int"):
         if not isinstance(value, (list, tuple)) or not value:
             raise bad("a list of positive integers")
         if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in value):
             raise bad("a list of positive integers")
+        if len(value) > MAX_STAGES or (top is not None and max(value) > top):
+            raise bad(f"at most {MAX_STAGES} stages of at most {top:g} blocks")
         return tuple(value)
     return value
 
@@ -432,6 +490,96 @@ def check_overrides(name: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
             f"model {name!r} has no option {', '.join(unknown)}; options: {', '.join(spec.options())}"
         )
     return {k: _checked_option(spec, k, v) for k, v in overrides.items()}
+
+
+def _described(overrides: Mapping[str, Any]) -> str:
+    return f" with {', '.join(f'{k}={v}' for k, v in overrides.items())}" if overrides else ""
+
+
+def _grows(spec: ModelSpec, num_classes: int, kwargs: Mapping[str, Any]) -> bool:
+    """Whether a size option, or the classes, make the model larger than a named one (which fits): only
+    then is its size counted, on the meta device, whose first use costs torch one to two seconds."""
+    if num_classes > FEW_CLASSES:
+        return True
+    defaults = {
+        k: p.default for k, p in inspect.signature(spec.builder).parameters.items() if k != "num_classes"
+    }
+    defaults.update(spec.defaults)
+    for key, value in kwargs.items():
+        default = defaults.get(key)
+        if key == "dropout" or value == default:
+            continue
+        if value is None or default is None or isinstance(value, tuple):
+            return True  # head_dim given, or other blocks: counted
+        if value > default:
+            return True
+    return False
+
+
+FEW_CLASSES = 1000
+"""Classes that add little to any model here (resnet18's head: 0.5 M parameters at 1000)."""
+
+
+@functools.lru_cache(maxsize=64)
+def _size_of(name: str, num_classes: int, options: tuple[tuple[str, Any], ...]) -> tuple[int, int] | None:
+    """(parameters, layer outputs per sample) of a model, counted on torch's meta device: shapes only,
+    nothing allocated. None where it cannot be counted (torch 1.13 has no meta device context, or a
+    layer has no meta kernel): then only building tells."""
+    if not hasattr(torch.device, "__enter__"):
+        return None
+    spec = get_model_spec(name)
+    kwargs = {**spec.defaults, **dict(options)}
+    try:
+        with torch.device("meta"):
+            model = spec.builder(num_classes=num_classes, **kwargs)
+        params = sum(p.numel() for p in model.parameters())
+        if params > MAX_PARAMETERS:
+            return params, 0
+        outputs = 0
+
+        def count(_module: nn.Module, _inputs: Any, out: Any) -> None:
+            nonlocal outputs
+            outputs += out.numel() if isinstance(out, torch.Tensor) else 0
+
+        leaves = [m for m in model.modules() if next(m.children(), None) is None]
+        handles = [m.register_forward_hook(count) for m in leaves]
+        text = spec.task == "text"
+        shape = (int(kwargs.get("seq_len", spec.input_shape[0])),) if text else spec.input_shape
+        x = torch.zeros((1, *shape), dtype=torch.long if text else torch.float32, device="meta")
+        with torch.no_grad():
+            model.train()(x)
+        for h in handles:
+            h.remove()
+    except (NotImplementedError, RuntimeError) as exc:  # no meta kernel: not a verdict on the size
+        log.debug("model %s: size not counted on the meta device: %s", name, exc)
+        return None
+    return params, outputs
+
+
+def check_size(name: str, num_classes: int | None = None, overrides: Mapping[str, Any] | None = None) -> None:
+    """Refuse, before any memory is asked for, a model whose parameters or layer outputs per sample
+    exceed MAX_PARAMETERS or MAX_ACTIVATIONS (e.g. resnet18 with width=100000: 27 trillion
+    parameters, which torch would try to allocate as 100 TB)."""
+    spec = get_model_spec(name)
+    options = check_overrides(name, overrides or {})
+    n = default_num_classes(spec.task) if num_classes is None else int(num_classes)
+    if not _grows(spec, n, {**spec.defaults, **options}):
+        return
+    size = _size_of(name, n, tuple(sorted(options.items())))
+    if size is None:
+        return
+    params, outputs = size
+    lower = f"lower {', '.join(options)}" if options else "use fewer classes"
+    if params > MAX_PARAMETERS:
+        raise ModelError(
+            f"model {name!r}{_described(options)} would have {params:,} parameters, more than the "
+            f"{MAX_PARAMETERS:,} a board can train: {lower}"
+        )
+    if outputs > MAX_ACTIVATIONS:
+        raise ModelError(
+            f"model {name!r}{_described(options)} would keep {outputs:,} layer outputs per sample "
+            f"({outputs * 4 / 2**30:.1f} GiB), more than {MAX_ACTIVATIONS:,}: {lower}"
+        )
 
 
 def build_model(
@@ -450,12 +598,20 @@ def build_model(
     n = default_num_classes(spec.task) if num_classes is None else int(num_classes)
     if n < 1:
         raise ModelError(f"model {name!r}: num_classes must be ≥ 1, got {n}")
+    check_size(name, n, overrides)
     kwargs = {**spec.defaults, **overrides}
-    if seed is None:
-        return spec.builder(num_classes=n, **kwargs)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return spec.builder(num_classes=n, **kwargs)
+    try:
+        if seed is None:
+            return spec.builder(num_classes=n, **kwargs)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return spec.builder(num_classes=n, **kwargs)
+    except (MemoryError, RuntimeError) as exc:  # what the size check could not count (torch 1.13)
+        if isinstance(exc, RuntimeError) and "alloc" not in str(exc).lower():
+            raise
+        raise ModelError(
+            f"model {name!r}{_described(overrides)}: not enough memory to build it: lower its size options"
+        ) from None
 
 
 # --------------------------------------------------------------------------- losses and accuracy

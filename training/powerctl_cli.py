@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from powerctl import cli
+from powerctl.cliutil import one_line_errors
 from powerctl.workload import Workload
 
 
@@ -26,6 +27,7 @@ def _profiling_step(model_name: str, **options: Any) -> tuple[Workload, Callable
     return profiling_step_factory(model_name, **options)
 
 
+@one_line_errors(cli.PROG)  # cli.main is wrapped too: this makes the installed entry point one as well
 def main(argv: Sequence[str] | None = None) -> int:
     return cli.main(argv, step_factory=_profiling_step)
 
