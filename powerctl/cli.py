@@ -16,14 +16,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from powerctl.cliutil import (
+    MAX_COUNT,
     OneLineParser,
     batch_sizes,
-    non_negative_int,
+    bounded_float,
+    bounded_int,
     one_line_errors,
-    positive_float,
-    positive_int,
     power_cap,
     power_cap_w,
+    seed,
 )
 from powerctl.devices import SPEC_HELP, open_device
 from powerctl.errors import InfeasibleCapError, PowerctlError
@@ -35,6 +36,21 @@ if TYPE_CHECKING:
     from powerctl.workload import Workload
 
 PROG = "powerctl"
+
+# the ranges of the numeric flags (each flag's help names its own)
+SAMPLES = bounded_int(1, MAX_COUNT)
+"""N of T_N: a billion samples is hundreds of passes over ImageNet; more only overflows the prediction."""
+WARMUP_STEPS = bounded_int(0, 1000)
+MEASURED_STEPS = bounded_int(1, 1000)
+RATE_HZ = bounded_float(0.0, 1000.0)
+"""Power sampling rate: the boards' sensors update every few ms (INA3221) to every 20-100 ms (NVML)."""
+NUM_CLASSES = bounded_int(2, 100_000)
+"""A classifier needs two classes at least; 100000 is five times ImageNet-21k's."""
+SPAN_S = bounded_float(0.0, MAX_COUNT)
+"""cap-source --until: up to about 31 years (the lines and steps it makes are bounded on their own)."""
+STEP_S = bounded_float(0.001, MAX_COUNT, above=False)
+"""cap-source --every: a millisecond at least (the live source polls far more slowly)."""
+MAX_FREQUENCY_HZ = 100e9
 
 
 class ModelStepFactory(Protocol):
@@ -60,6 +76,8 @@ def _frequency(text: str) -> int:
         raise argparse.ArgumentTypeError(f"frequency must be in Hz (or with MHz/GHz), got {text!r}") from None
     if not math.isfinite(hz) or hz <= 0:
         raise argparse.ArgumentTypeError(f"frequency must be > 0, got {text!r}")
+    if hz > MAX_FREQUENCY_HZ:
+        raise argparse.ArgumentTypeError(f"frequency must be at most 100 GHz, got {text!r}")
     return round(hz)
 
 
@@ -453,7 +471,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--batch-sizes", type=batch_sizes, default=[4, 8, 16, 32, 64], help="default: 4,8,16,32,64"
     )
-    s.add_argument("--samples", type=positive_int, default=10_000, help="N of T_N: samples (default 10000)")
+    s.add_argument(
+        "--samples", type=SAMPLES, default=10_000, help=SAMPLES.help("N of T_N: samples (default 10000)")
+    )
     s.add_argument(
         "--order",
         choices=["grid", "efficient", "fitted"],
@@ -474,12 +494,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="--order fitted: relation vector JSON; only batch sizes that could win are confirmed "
         "(without it: every batch size)",
     )
-    s.add_argument("--warmup", type=non_negative_int, default=2, help="warm-up steps per point (default 2)")
-    s.add_argument("--steps", type=positive_int, default=5, help="measured steps per point (default 5)")
-    s.add_argument("--rate", type=positive_float, default=50.0, help="power sampling rate in Hz (default 50)")
-    s.add_argument("--num-classes", type=positive_int, help="classes (image models; default 10)")
     s.add_argument(
-        "--seed", type=non_negative_int, default=0, help="seed of weights, inputs and simulated noise"
+        "--warmup",
+        type=WARMUP_STEPS,
+        default=2,
+        help=WARMUP_STEPS.help("warm-up steps per point (default 2)"),
+    )
+    s.add_argument(
+        "--steps",
+        type=MEASURED_STEPS,
+        default=5,
+        help=MEASURED_STEPS.help("measured steps per point (default 5)"),
+    )
+    s.add_argument(
+        "--rate", type=RATE_HZ, default=50.0, help=RATE_HZ.help("power sampling rate in Hz (default 50)")
+    )
+    s.add_argument(
+        "--num-classes", type=NUM_CLASSES, help=NUM_CLASSES.help("classes (image models; default 10)")
+    )
+    s.add_argument(
+        "--seed", type=seed, default=0, help=seed.help("seed of weights, inputs and simulated noise")
     )
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.add_argument(
@@ -548,10 +582,10 @@ def build_parser() -> argparse.ArgumentParser:
         "&timescale=X] or live:PATH[?poll=S]",
     )
     s.add_argument(
-        "--until", type=positive_float, metavar="S", help="show up to S seconds (default: one period)"
+        "--until", type=SPAN_S, metavar="S", help=SPAN_S.help("show up to S seconds (default: one period)")
     )
     s.add_argument(
-        "--every", type=positive_float, metavar="S", help="one line every S seconds (default: 60 lines)"
+        "--every", type=STEP_S, metavar="S", help=STEP_S.help("one line every S seconds (default: 60 lines)")
     )
     s.add_argument(
         "--plot",
