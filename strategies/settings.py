@@ -87,19 +87,20 @@ def _model(value: Any) -> str:
 
 
 def _dataset(value: Any) -> str:
-    """A dataset spec (`training.data.SPECS`): checked for its form here; the file is the loader's (in
-    a deployment it lives on the clients, not where the run is checked)."""
-    from training.data import SPECS
-    from training.data.load import _FILE_LOADERS  # the file kinds (SPECS names mnist only in words)
+    """A dataset spec, read by the loader's own parser (`training.data.load.dataset_path`): checked for
+    its form here; the file is the loader's (in a deployment it lives on the clients, not where the run
+    is checked; a local simulation's pre-flight checks it exists, `simulations.launcher`)."""
+    from training.data.load import _FILE_LOADERS, GENERATED, dataset_path
+    from training.errors import DataError
 
-    generated = [spec for spec in SPECS if ":" not in spec]
-    text = Text()(value) if isinstance(value, str) else value
-    kind, sep, arg = text.partition(":") if isinstance(text, str) else ("", "", "")
-    if not (text in generated or (kind in _FILE_LOADERS and sep and arg.strip())):
+    text = value.strip() if isinstance(value, str) else ""
+    try:
+        dataset_path(text)  # "" is no spec
+    except DataError:
         raise must_be(
-            f"a dataset spec ({', '.join(generated)}, or KIND:PATH with KIND in {', '.join(_FILE_LOADERS)})",
+            f"a dataset spec ({', '.join(GENERATED)}, or KIND:PATH with KIND in {', '.join(_FILE_LOADERS)})",
             value,
-        )
+        ) from None
     return text
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from powerctl.devices.base import Device, PowerSampler, ThreadSampler
 from powerctl.errors import DeviceError
 
-__all__ = ["Device", "PowerSampler", "ThreadSampler", "open_device", "SPEC_HELP"]
+__all__ = ["Device", "PowerSampler", "ThreadSampler", "check_spec", "open_device", "SPEC_HELP"]
 
 SPEC_HELP = "host, sim:jetson-nano, sim:jetson-tx2nx, jetson, jetson-nano, jetson-tx2nx, nvml:INDEX"
 
@@ -34,27 +34,44 @@ def open_device(spec: str, *, seed: int = 0) -> Device:
     return dev
 
 
-def _open(spec: str, *, seed: int = 0) -> Device:
+def check_spec(spec: str) -> tuple[str, str]:
+    """(kind, argument) of a device spec as `open_device` reads it, checked without opening anything:
+    ("host", ""), ("sim", "jetson-nano"), ("jetson", "jetson" or "jetson-NAME"), ("nvml", "0"). An
+    unknown spec, an unknown simulated board or an NVML index that is not one is one DeviceError line;
+    whether this machine has that Jetson or GPU only opening it can say. A run's pre-flight calls it."""
     spec = spec.strip()
     if spec == "host":
-        from powerctl.devices.host import HostDevice
-
-        return HostDevice()
+        return "host", ""
     if spec.startswith("sim:"):
-        from powerctl.devices.simulated import SimulatedBoard
+        from powerctl.devices.simulated import check_board_name
 
-        return SimulatedBoard.open(spec[len("sim:") :], seed=seed)
+        return "sim", check_board_name(spec[len("sim:") :])
     if spec == "jetson" or spec.startswith("jetson-"):
-        from powerctl.devices.jetson import open_jetson
-
-        return open_jetson(spec)
+        return "jetson", spec
     if spec.startswith("nvml:"):
-        from powerctl.devices.nvml import open_nvml
-
         index = spec[len("nvml:") :].strip()
         if not index.lstrip("+-").isdigit():
             raise DeviceError(f"device spec {spec!r}: the NVML index must be a number, e.g. nvml:0")
         if int(index) < 0:
             raise DeviceError(f"device spec {spec!r}: the NVML index counts from 0 (nvml:0 is the first GPU)")
-        return open_nvml(int(index))
+        return "nvml", str(int(index))
     raise DeviceError(f"unknown device spec {spec!r}; use one of: {SPEC_HELP}")
+
+
+def _open(spec: str, *, seed: int = 0) -> Device:
+    kind, arg = check_spec(spec)
+    if kind == "host":
+        from powerctl.devices.host import HostDevice
+
+        return HostDevice()
+    if kind == "sim":
+        from powerctl.devices.simulated import SimulatedBoard
+
+        return SimulatedBoard.open(arg, seed=seed)
+    if kind == "jetson":
+        from powerctl.devices.jetson import open_jetson
+
+        return open_jetson(arg)
+    from powerctl.devices.nvml import open_nvml
+
+    return open_nvml(int(arg))

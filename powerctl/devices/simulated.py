@@ -25,6 +25,15 @@ T = TypeVar("T")
 SIM_BOARDS = ("jetson-nano", "jetson-tx2nx")
 """Boards with a simulation model; `sim:NAME` opens one."""
 
+
+def check_board_name(name: str) -> str:
+    """`name` when it is a simulated board (`SIM_BOARDS`), else one DeviceError line naming them."""
+    if name not in SIM_BOARDS:
+        known = ", ".join(f"sim:{b}" for b in SIM_BOARDS if b in board_names())
+        raise DeviceError(f"no simulated board named {name!r}; choose one of: {known}")
+    return name
+
+
 TIME_NOISE = 0.01
 """Relative standard deviation of a step's duration (seeded)."""
 POWER_NOISE = 0.01
@@ -224,10 +233,7 @@ class SimulatedBoard(Device):
     def open(
         cls, name: str, *, seed: int = 0, noise: bool = True, power_scale: float = 1.0
     ) -> SimulatedBoard:
-        if name not in SIM_BOARDS:
-            known = ", ".join(f"sim:{b}" for b in SIM_BOARDS if b in board_names())
-            raise DeviceError(f"no simulated board named {name!r}; choose one of: {known}")
-        return cls(board_model(name), seed=seed, noise=noise, power_scale=power_scale)
+        return cls(board_model(check_board_name(name)), seed=seed, noise=noise, power_scale=power_scale)
 
     # knob: the devfreq min/max pair of a real board, under a governor that runs at max under load
     def frequencies(self) -> list[int]:

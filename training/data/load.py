@@ -14,6 +14,8 @@ from training.errors import DataError
 from training.models import VOCAB_SIZE
 
 SPLITS = ("train", "test", "all")
+GENERATED = ("synthetic-image", "synthetic-text")
+"""The specs of generated data (no file)."""
 SPECS = {
     "synthetic-image": "generated images, 10 classes (no file)",
     "synthetic-text": "generated order-2 Markov text (no file)",
@@ -37,17 +39,38 @@ def load_dataset(
     and quick runs read only what they use; `seed` only matters for generated data. Nothing is
     downloaded: a missing or unreadable file is a DataError that says which and what to do.
     """
-    kind, _, arg = spec.partition(":")
-    if kind in ("synthetic-image", "synthetic-text"):
+    path = dataset_path(spec)
+    kind = spec.partition(":")[0]
+    if path is None:
         return _synthetic(kind, split=split, seq_len=seq_len, limit=limit, seed=seed)
-    if kind not in _FILE_LOADERS:
-        raise DataError(f"unknown dataset spec {spec!r}; use one of: {', '.join(SPECS)}")
-    if not arg:
-        raise DataError(f"dataset spec {spec!r} needs a path: {kind}:PATH")
     if split not in SPLITS and not (kind == "cinic10" and split == "valid"):
         raise DataError(f"unknown split {split!r}; use one of: {', '.join(SPLITS)}")
-    path = Path(arg).expanduser()
     return _FILE_LOADERS[kind](path, split=split, seq_len=seq_len, limit=limit)
+
+
+def dataset_path(spec: str) -> Path | None:
+    """The file or folder `spec` names (None: generated data), read as `load_dataset` reads it, nothing
+    opened: a kind it does not know, or KIND: without a path, is one DataError line."""
+    kind, sep, arg = spec.partition(":")
+    if kind in GENERATED and not sep:
+        return None
+    if kind not in _FILE_LOADERS:
+        raise DataError(f"unknown dataset spec {spec!r}; use one of: {', '.join(SPECS)}")
+    if not arg.strip():
+        raise DataError(f"dataset spec {spec!r} needs a path: {kind}:PATH")
+    return Path(arg).expanduser()
+
+
+def existing_dataset_path(spec: str, base: Path | None = None) -> Path | None:
+    """`dataset_path`, relative paths from `base` (default: the current folder), which must exist:
+    a run's pre-flight, where the loader would only fail once the run is under way."""
+    path = dataset_path(spec)
+    if path is None:
+        return None
+    path = path if base is None or path.is_absolute() else base / path
+    if not path.exists():
+        raise DataError(f"dataset spec {spec!r}: no such file or folder {path}")
+    return path
 
 
 def _synthetic(kind: str, *, split: str, seq_len: int, limit: int | None, seed: int) -> Dataset:
