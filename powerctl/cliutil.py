@@ -79,6 +79,9 @@ _STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBI
 _OUT_OF_RANGE = re.compile(r"out of range|too large|overflow|exceeds the limit|too many digits", re.I)
 """A ValueError that is a number beyond a library's range (a date, a timestamp, an int's digits)."""
 
+_TORCH_OVERFLOW = re.compile(r"without overflow|overflow when unpacking", re.I)
+"""torch's RuntimeError for a Python number its tensors cannot hold (a learning rate of 1e300)."""
+
 _NO_MEMORY = re.compile(r"can't allocate memory|out of memory|not enough memory|failed to allocate", re.I)
 
 
@@ -131,7 +134,11 @@ def fault_line(exc: BaseException) -> str | None:
         return _os_line(exc)
     if isinstance(exc, RecursionError) and _in_a_parser(exc.__traceback__):
         return "an input file is nested too deeply to read; give a flatter file"
-    if isinstance(exc, OverflowError) or (isinstance(exc, ValueError) and _OUT_OF_RANGE.search(str(exc))):
+    if (
+        isinstance(exc, OverflowError)
+        or (isinstance(exc, ValueError) and _OUT_OF_RANGE.search(str(exc)))
+        or (isinstance(exc, RuntimeError) and _TORCH_OVERFLOW.search(str(exc)))
+    ):
         return f"a number is out of range ({_first_line(exc)}); use a smaller value"
     return None
 

@@ -91,6 +91,10 @@ def _raise(exc: BaseException) -> Callable[[], object]:
         (lambda: datetime.date(10**5, 1, 1), r"a number is out of range \(year 100000 is out of range\)"),
         (lambda: int("9" * 5000), r"a number is out of range \(Exceeds the limit"),
         (lambda: float(10**400), "a number is out of range"),
+        (
+            _raise(RuntimeError("value cannot be converted to type float without overflow")),
+            r"a number is out of range \(value cannot be converted",
+        ),
         (_raise(MemoryError()), r"out of memory: ask for less \(smaller model options, batch size"),
         (
             _raise(
