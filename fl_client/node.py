@@ -20,6 +20,7 @@ import yaml
 
 from powerctl.capsource import CapSource, ConstantCap, InvalidPowerCapError, parse_cap_source
 from powerctl.mapping import Integer, Invalid, MappingReader, Text
+from powerctl.readfile import YAML_LIMIT, read_bytes
 from strategies.fleet import (
     FleetEntry,
     NodeConfigError,
@@ -92,7 +93,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 def read_yaml(path: Path) -> Any:
     """A YAML document, or one NodeConfigError line (unreadable, not text, not YAML, a key twice)."""
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = read_bytes(path, limit=YAML_LIMIT, what="a fleet file (YAML)", error=NodeConfigError).decode()
     except OSError as exc:
         raise NodeConfigError(f"{path}: cannot read the fleet file ({exc.strerror})") from None
     except UnicodeDecodeError:

@@ -22,6 +22,7 @@ import numpy as np
 import yaml
 
 from powerctl.errors import DeviceError
+from powerctl.readfile import YAML_LIMIT, read_bytes
 
 _FIELDS = (
     "idle_power_w",
@@ -265,8 +266,13 @@ def _parse(name: str, raw: dict[str, Any], boards: dict[str, Any]) -> BoardModel
 
 
 def _raw_boards() -> dict[str, Any]:
-    text = resources.files("powerctl.data").joinpath("boards.yaml").read_text(encoding="utf-8")
-    return dict(yaml.safe_load(text))
+    """The decoded boards.yaml, read as every other file is (`powerctl.readfile`: bounded)."""
+    with resources.as_file(resources.files("powerctl.data").joinpath("boards.yaml")) as path:
+        try:
+            raw = read_bytes(path, limit=YAML_LIMIT, what="the board models (boards.yaml)", error=DeviceError)
+        except OSError as exc:
+            raise DeviceError(f"{path}: cannot read the board models ({exc.strerror}); reinstall") from None
+    return dict(yaml.safe_load(raw.decode()))
 
 
 def parse_boards(raw: Any, where: str = "boards.yaml") -> dict[str, BoardModel]:

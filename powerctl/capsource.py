@@ -21,6 +21,7 @@ from typing import Any
 
 from powerctl.errors import PowerctlError
 from powerctl.mapping import Invalid, Kind, is_number, must_be
+from powerctl.readfile import LIVE_CAP_LIMIT, TRACE_LIMIT, read_bytes
 
 
 class InvalidPowerCapError(PowerctlError, ValueError):
@@ -219,7 +220,9 @@ class TraceCap(CapSource):
             if not math.isfinite(value) or value <= 0:
                 raise CapSourceError(f"{path}: {name} must be a positive number, got {value!r}")
         try:
-            text = path.read_text(encoding="utf-8")
+            text = read_bytes(
+                path, limit=TRACE_LIMIT, what="a cap trace (CSV)", error=CapSourceError
+            ).decode()
         except (OSError, UnicodeDecodeError) as exc:
             why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
             raise CapSourceError(f"{path}: cannot read the cap trace ({why})") from None
@@ -313,8 +316,9 @@ class LiveFileCap(CapSource):
         self._last_t_s = 0.0
 
     def _read(self) -> float | None:
-        try:
-            text = self.path.read_text(encoding="utf-8").strip()
+        try:  # never blocks and never reads much: this runs inside the training loop
+            raw = read_bytes(self.path, limit=LIVE_CAP_LIMIT, what="a live cap file", error=CapSourceError)
+            text = raw.decode().strip()
         except (OSError, UnicodeDecodeError) as exc:
             why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
             raise CapSourceError(f"{self.path}: cannot read the live cap file ({why})") from None

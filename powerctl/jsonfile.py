@@ -10,12 +10,13 @@ from typing import Any
 from powerctl.errors import FileFormatError
 from powerctl.mapping import MappingReader, Number
 from powerctl.outputs import replacing
+from powerctl.readfile import JSON_LIMIT, read_bytes
 
 
 def read_json(path: str | Path, schema: str) -> dict[str, Any]:
     """Load `path` and check its ``schema`` field; any problem is one FileFormatError line."""
     try:
-        raw = Path(path).read_bytes()
+        raw = read_bytes(path, limit=JSON_LIMIT, what=f"the {schema} file", error=FileFormatError)
     except FileNotFoundError:
         raise FileFormatError(f"{path}: no such file") from None
     except IsADirectoryError:

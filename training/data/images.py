@@ -9,12 +9,14 @@ from __future__ import annotations
 import gzip
 import io
 import pickle
+import zlib
 from collections.abc import Callable, Iterable
 from pathlib import Path, PurePosixPath
 from typing import ClassVar
 
 import numpy as np
 
+from powerctl.readfile import DATA_LIMIT, IMAGE_LIMIT, open_regular, read_bytes, too_large
 from training.data.dataset import CIFAR10_CLASSES, Dataset, image_dataset
 from training.data.matv5 import read_mat_v5
 from training.data.tarstream import iter_tar_files
@@ -83,7 +85,8 @@ class _NumpyOnlyUnpickler(pickle.Unpickler):
 
 def _load_pickle(path: Path) -> dict:
     try:
-        with _exists(path, "CIFAR batch").open("rb") as f:
+        what = "a CIFAR python batch"
+        with open_regular(_exists(path, "CIFAR batch"), limit=DATA_LIMIT, what=what, error=DataError) as f:
             obj = _NumpyOnlyUnpickler(f, encoding="bytes").load()
     except DataError:
         raise
@@ -239,10 +242,18 @@ def _image_sources(path: Path) -> Iterable[tuple[tuple[str, ...], Callable[[], b
     if path.is_dir():
         for f in sorted(path.rglob("*")):
             if f.is_file():
-                yield f.relative_to(path).parts, f.read_bytes, str(f)
+                yield f.relative_to(path).parts, lambda f=f: _image_bytes(f), str(f)
         return
     for name, data in iter_tar_files(path):
         yield PurePosixPath(name).parts, (lambda data=data: data), f"{path}:{name}"
+
+
+def _image_bytes(path: Path) -> bytes:
+    """One image file of a folder, read bounded (`IMAGE_LIMIT`)."""
+    try:
+        return read_bytes(path, limit=IMAGE_LIMIT, what="an image file", error=DataError)
+    except OSError as exc:
+        raise DataError(f"cannot read {path}: {exc.strerror or exc}; check the file") from None
 
 
 # --------------------------------------------------------------------------- SVHN (.mat)
@@ -302,8 +313,13 @@ def read_idx(path: Path) -> np.ndarray:
     else:
         raise DataError(f"idx file not found: {path}[.gz]; check the folder (nothing is downloaded)")
     try:
-        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-    except (OSError, EOFError, gzip.BadGzipFile) as exc:
+        raw = read_bytes(path, limit=DATA_LIMIT, what="an idx file", error=DataError)
+        if path.suffix == ".gz":
+            with gzip.GzipFile(fileobj=io.BytesIO(raw)) as gz:
+                raw = gz.read(DATA_LIMIT + 1)  # bounded: a small .gz may unpack to anything
+            if len(raw) > DATA_LIMIT:
+                raise DataError(too_large(path, DATA_LIMIT, "an idx file, unpacked"))
+    except (OSError, EOFError, zlib.error) as exc:
         raise DataError(f"{path}: cannot read ({exc}); the file is corrupt") from None
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _IDX_DTYPES or not 1 <= raw[3] <= 4:
         raise DataError(f"{path}: not an idx file (bad magic {raw[:4].hex()}); check the file")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from powerctl.readfile import DATA_LIMIT, read_bytes, too_large
 from training.errors import DataError
 
 # data element types (miXXX) → numpy dtype
@@ -94,7 +95,7 @@ def read_mat_v5(path: str | Path, names: set[str] | None = None) -> dict[str, np
     """Numeric arrays of a v5 MAT-file by variable name (only `names`, when given)."""
     path = Path(path)
     try:
-        raw = path.read_bytes()
+        raw = read_bytes(path, limit=DATA_LIMIT, what="a MATLAB v5 MAT-file", error=DataError)
     except OSError as exc:
         raise DataError(f"cannot read {path}: {exc.strerror or exc}; check the path") from None
     endian = _check_header(raw[:128], path)
@@ -105,9 +106,12 @@ def read_mat_v5(path: str | Path, names: set[str] | None = None) -> dict[str, np
         mtype, _, body = r.tag()
         if mtype == MI_COMPRESSED:
             try:
-                body = memoryview(zlib.decompress(body))
+                unzip = zlib.decompressobj()
+                body = memoryview(unzip.decompress(body, DATA_LIMIT + 1))  # bounded: a bomb stops here
             except zlib.error as exc:
                 raise r.fail(f"compressed element: {exc}") from None
+            if len(body) > DATA_LIMIT:
+                raise DataError(too_large(path, DATA_LIMIT, "a MAT-file element, unpacked"))
             inner = _Reader(body, endian, path)
             mtype, _, body = inner.tag()
         if mtype != MI_MATRIX:

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from powerctl.readfile import DATA_LIMIT, open_regular, too_large
 from training.errors import DataError
 
 BLOCK = 512
@@ -24,10 +25,11 @@ CHUNK = 1 << 20
 class _Inflater:
     """A readable byte stream over a file, gunzipping it (all gzip members) when it is gzip."""
 
-    def __init__(self, f: BinaryIO, gzipped: bool) -> None:
-        self.f, self.gzipped = f, gzipped
+    def __init__(self, f: BinaryIO, gzipped: bool, where: Path) -> None:
+        self.f, self.gzipped, self.where = f, gzipped, where
         self.z = zlib.decompressobj(31) if gzipped else None
         self.buf, self.pos, self.eof = b"", 0, False
+        self.total = 0
 
     def _fill(self, need: int) -> None:
         parts, have = [self.buf[self.pos :]], len(self.buf) - self.pos
@@ -46,6 +48,9 @@ class _Inflater:
                     self.eof = True
             parts.append(data)
             have += len(data)
+            self.total += len(data)
+            if self.total > DATA_LIMIT:  # a small .tar.gz may unpack to anything
+                raise DataError(too_large(self.where, DATA_LIMIT, "an image archive, unpacked"))
         self.buf, self.pos = b"".join(parts), 0
 
     def read(self, n: int) -> bytes:
@@ -96,6 +101,8 @@ def _members(stream: _Inflater, where: Path) -> Iterator[tuple[str, bytes]]:
             name = _cstr(head[345:500]) + "/" + name
         size = int(pending.get("size", _octal(head[124:136])))
         name = pending.get("path", name)
+        if size > DATA_LIMIT:  # read whole below: said before asking for the memory
+            raise DataError(too_large(f"{where}:{name}", DATA_LIMIT, "an archive member"))
         data = stream.read(size)
         if len(data) < size:
             raise DataError(f"{where}: the archive is truncated inside {name!r}; re-copy the file")
@@ -114,11 +121,12 @@ def _members(stream: _Inflater, where: Path) -> Iterator[tuple[str, bytes]]:
 def iter_tar_files(path: Path) -> Iterator[tuple[str, bytes]]:
     """(member name, bytes) of every regular file, in archive order; stop iterating to stop reading."""
     try:
-        with path.open("rb") as f:
+        what = "an image archive (.tar, .tar.gz)"
+        with open_regular(path, limit=DATA_LIMIT, what=what, error=DataError) as f:
             magic = f.read(6)
             f.seek(0)
             if magic[:2] == b"\x1f\x8b" or _looks_like_tar(f):
-                yield from _members(_Inflater(f, gzipped=magic[:2] == b"\x1f\x8b"), path)
+                yield from _members(_Inflater(f, gzipped=magic[:2] == b"\x1f\x8b", where=path), path)
                 return
         yield from _tarfile_members(path)
     except zlib.error as exc:
@@ -139,7 +147,11 @@ def _tarfile_members(path: Path) -> Iterator[tuple[str, bytes]]:
     """bz2/xz/other tars, through the standard library."""
     try:
         with tarfile.open(path, "r|*") as tf:
+            total = 0
             for member in tf:
+                total += member.size if member.isfile() else 0
+                if total > DATA_LIMIT:  # a small .tar.bz2 may unpack to anything
+                    raise DataError(too_large(path, DATA_LIMIT, "an image archive, unpacked"))
                 if member.isfile():
                     fh = tf.extractfile(member)
                     yield member.name, fh.read() if fh is not None else b""

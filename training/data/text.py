@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from powerctl.readfile import TEXT_LIMIT, read_bytes
 from training.data.dataset import Dataset
 from training.errors import DataError
 from training.models import VOCAB, VOCAB_SIZE
@@ -78,9 +79,10 @@ def text_dataset(
 
 
 def load_text(path: Path, *, split: str, seq_len: int, limit: int | None) -> Dataset:
-    """A plain UTF-8 text file, character level; characters outside VOCAB are dropped and counted."""
+    """A plain UTF-8 text file, character level; characters outside VOCAB are dropped and counted.
+    Read bounded (`TEXT_LIMIT`): `text:/dev/zero` or a FIFO is refused, not read."""
     try:
-        raw = path.read_bytes()
+        raw = read_bytes(path, limit=TEXT_LIMIT, what="a UTF-8 text file", error=DataError)
     except FileNotFoundError:
         raise DataError(f"text file not found: {path}; check the path (nothing is downloaded)") from None
     except OSError as exc:
