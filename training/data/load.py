@@ -8,6 +8,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from powerctl.mapping import Invalid
+from powerctl.readfile import DATA_LIMIT, open_regular, too_large
 from training.data import images, text
 from training.data.dataset import CIFAR10_CLASSES, Dataset, concat, normalise_uint8
 from training.errors import DataError
@@ -153,26 +155,80 @@ def _npz(path: Path, *, split: str, seq_len: int, limit: int | None) -> Dataset:
         raise DataError(f"{path}: needs arrays x and y (has {', '.join(sorted(arrays)) or 'none'})")
     x = np.concatenate([p[0] for p in pairs])
     y = np.concatenate([p[1] for p in pairs])
-    n_classes = int(arrays["num_classes"]) if "num_classes" in arrays else None
-    ds = (
-        _npz_text(path, x, y)
-        if x.ndim == 2 and np.issubdtype(x.dtype, np.integer)
-        else _npz_image(path, x, y, n_classes)
-    )
+    if x.ndim == 2 and np.issubdtype(x.dtype, np.integer):
+        ds = _npz_text(path, x, y)
+    else:
+        every = [a for k, a in arrays.items() if k in ("y", "y_train", "y_test")]
+        ds = _npz_image(path, x, y, _image_classes(path, every, _stored_classes(path, arrays)))
     ds.info.update(source=str(path), split=split)
     return ds if limit is None else ds.subset(np.arange(min(limit, len(ds))))
 
 
 def _read_npz(path: Path) -> dict[str, np.ndarray]:
-    if path.is_file() and not zipfile.is_zipfile(path):  # else numpy reads it as a pickle and says so
-        raise DataError(f"{path}: not a readable .npz: not a zip archive (numpy.savez writes one)")
+    """Every array of the file: a regular file, its arrays unpacked at most `DATA_LIMIT` bytes in all
+    (the sizes the zip declares, which bound what it unpacks to)."""
+    what = "an .npz file (numpy.savez)"
     try:
-        with np.load(path, allow_pickle=False) as z:
-            return {k: z[k] for k in z.files}
+        with open_regular(path, limit=DATA_LIMIT, what=what, error=DataError) as f:
+            if not zipfile.is_zipfile(f):  # else numpy reads it as a pickle and says so
+                raise DataError(f"{path}: not a readable .npz: not a zip archive (numpy.savez writes one)")
+            f.seek(0)
+            with np.load(f, allow_pickle=False) as z:
+                if sum(info.file_size for info in z.zip.infolist()) > DATA_LIMIT:
+                    raise DataError(too_large(path, DATA_LIMIT, f"{what}, unpacked"))
+                return {k: z[k] for k in z.files}
     except FileNotFoundError:
         raise DataError(f"npz file not found: {path}; check the path") from None
+    except IsADirectoryError:
+        raise DataError(f"{path}: is a folder; give {what}") from None
+    except MemoryError:
+        raise DataError(f"{path}: its arrays do not fit in memory; give a smaller file") from None
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
         raise DataError(f"{path}: not a readable .npz ({exc}); save it with numpy.savez") from None
+
+
+def _stored_classes(path: Path, arrays: dict[str, np.ndarray]) -> int | None:
+    """The file's `num_classes` (what `save_npz` writes), held to the bound of `--num-classes`."""
+    from powerctl.cli import NUM_CLASSES  # the one class-count bound
+
+    if "num_classes" not in arrays:
+        return None
+    stored = arrays["num_classes"]
+    if stored.size != 1 or not np.issubdtype(stored.dtype, np.integer):
+        raise DataError(
+            f"{path}: num_classes must be one integer, got {stored.dtype} of shape {stored.shape}"
+        )
+    try:
+        return int(NUM_CLASSES.kind(int(stored.reshape(()))))
+    except Invalid as exc:
+        raise DataError(f"{path}: num_classes {exc}") from None
+
+
+def _image_classes(path: Path, every: list[np.ndarray], stored: int | None) -> int:
+    """How many classes the labels of the whole file (every split) stand for; refused in one line when
+    the labels are not class indices 0..K-1 or are all one class (any model would score 1.0)."""
+    if not all(y.ndim == 1 and np.issubdtype(y.dtype, np.integer) for y in every):
+        return stored or 1  # the shape check of _npz_image says what is wrong
+    labels = np.concatenate(every)
+    if labels.size == 0:
+        return stored or 1
+    low, top = int(labels.min()), int(labels.max())
+    if low < 0:
+        raise DataError(f"{path}: labels must be class indices 0..K-1, got {low}")
+    if low == top:
+        raise DataError(
+            f"{path}: every one of the {labels.size} labels is {top}: accuracy would be meaningless; "
+            "give samples of two classes at least"
+        )
+    if stored is None and top + 1 > labels.size:
+        raise DataError(
+            f"{path}: labels reach {top} with only {labels.size} samples: number the classes 0..K-1, "
+            "or store num_classes in the file"
+        )
+    n = stored if stored is not None else top + 1
+    if top >= n:
+        raise DataError(f"{path}: labels must lie in 0..{n - 1} (num_classes {n}), got {top}")
+    return n
 
 
 def _npz_text(path: Path, x: np.ndarray, y: np.ndarray) -> Dataset:
@@ -189,7 +245,7 @@ def _npz_text(path: Path, x: np.ndarray, y: np.ndarray) -> Dataset:
     )
 
 
-def _npz_image(path: Path, x: np.ndarray, y: np.ndarray, num_classes: int | None) -> Dataset:
+def _npz_image(path: Path, x: np.ndarray, y: np.ndarray, num_classes: int) -> Dataset:
     if x.ndim == 4 and x.shape[1] != 3 and x.shape[-1] == 3:
         x = x.transpose(0, 3, 1, 2)
     if x.ndim != 4 or x.shape[1] != 3 or y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
@@ -204,9 +260,7 @@ def _npz_image(path: Path, x: np.ndarray, y: np.ndarray, num_classes: int | None
         xt = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
     else:
         raise DataError(f"{path}: image x must be uint8 or float, got {x.dtype}")
-    n = num_classes or (int(y.max()) + 1 if y.size else 1)
-    if y.size and (y.min() < 0 or y.max() >= n):
-        raise DataError(f"{path}: labels must lie in 0..{n - 1}")
+    n = num_classes  # checked against every split's labels by _image_classes
     classes = CIFAR10_CLASSES if n == 10 else None
     return Dataset(f"npz:{path.name}", "image", xt, torch.from_numpy(y.astype(np.int64)), n, classes=classes)
 
