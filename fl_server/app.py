@@ -36,7 +36,7 @@ from fl_server.resume import (
     read_point,
     run_fingerprint,
 )
-from fl_server.run_config import ServerConfig, app_path, parse_server_config
+from fl_server.run_config import ServerConfig, app_path, check_results_dir, parse_server_config
 from powerctl.cache import cache_dir
 from powerctl.errors import PowerctlError
 from powerctl.relation import RelationVector
@@ -340,6 +340,7 @@ def run(grid: Grid, context: Context) -> Path:
     cfg = parse_server_config(context.run_config)
     methods = cfg.method_list()
     out = Path(cfg.results_dir).expanduser() if cfg.results_dir else default_results_dir(context.run_id)
+    check_results_dir(out)  # before the pre-training: a folder it cannot write is one line now
     weights, relation = prepare_apart(cfg)
     model, meta = load_model(weights, expect_model=cfg.model)
     say(relation_line(relation))

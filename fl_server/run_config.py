@@ -7,21 +7,30 @@ rather than every client in every round — and a launcher can call it before Fl
 is one line naming it, its value and what it must be; an unknown one is named with the nearest known
 key. Paths must be absolute (or relative to the app folder): the ServerApp runs from Flower's copy of
 the app, not from the folder `flwr run` was started in.
+
+Where a run is submitted (`make run`'s launcher, `fl_server.supervise`), `check_before_start` checks what the
+config names as well, by the same functions the ServerApp uses: `--run-config` as Flower parses it
+(`parse_run_config`), the keys against the app's table, the results folder writable (probed by
+writing), the weights and relation files readable for the run's model. Nothing is started or written.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shlex
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from powerctl.errors import PowerctlError
 from strategies.fleet import NodeConfigError, app_path_of, fleet_file
 from strategies.settings import RunSettings, SettingsError, read_settings
 
 ServerConfig = RunSettings
 """The run, as the server runs it (and as it checked what its clients will read)."""
 FAULT_SWITCH = "POWERFED_FAULT_INJECTION"
+RUN_CONFIG_EXAMPLE = "'num-server-rounds=3 model=\"cnn-tiny\"'"
 
 
 class RunConfigError(SettingsError):
@@ -58,3 +67,133 @@ def app_path(value: str, key: str) -> Path:
     if not path.is_file():
         raise RunConfigError(f"run config: {key!r}: no such file {path} (give an absolute path)")
     return path
+
+
+# --- the run config as Flower reads it ---------------------------------------------------------------
+def app_config(app_dir: Path) -> dict[str, Any]:
+    """The app's `[tool.flwr.app.config]`, flattened as Flower flattens it: the keys a run may set."""
+    from flwr.common.config import flatten_dict, get_project_config
+
+    try:
+        project = get_project_config(app_dir)
+    except (ValueError, OSError) as exc:  # no pyproject.toml, or not a Flower app's
+        raise RunConfigError(f"{app_dir}: not a Flower app ({' '.join(str(exc).split())})") from None
+    return flatten_dict(project["tool"]["flwr"]["app"].get("config", {}))
+
+
+def parse_run_config(text: str) -> dict[str, Any]:
+    """`--run-config TEXT` as `flwr run` parses it (Flower's own parser: ``key=value`` pairs, strings
+    quoted as TOML strings, ``model="cnn-tiny"`` or ``model='cnn-tiny'``); one line when it cannot."""
+    import click
+    from flwr.common.config import parse_config_args
+
+    try:
+        parsed = dict(parse_config_args([text]))
+    except (click.ClickException, ValueError, OSError) as exc:
+        for pair in text.split():  # name the pair Flower cannot read, when one alone is the problem
+            key, eq, value = pair.partition("=")
+            try:
+                parse_config_args([pair])
+            except (click.ClickException, ValueError, OSError):
+                if eq and key and value and value[0] not in "'\"":
+                    raise RunConfigError(
+                        f"run config {pair!r}: {value!r} is not a number or true/false, and a string "
+                        f'is quoted: {key}="{value}"'
+                    ) from None
+                raise RunConfigError(
+                    f"run config {pair!r} is not key=value as Flower reads it; e.g. {RUN_CONFIG_EXAMPLE}"
+                ) from None
+        detail = exc.format_message() if isinstance(exc, click.ClickException) else str(exc)
+        raise RunConfigError(f"run config {text!r}: {detail.splitlines()[0]}") from None
+    with contextlib.suppress(ValueError):  # Flower skips what is not key=value: a typo must not pass
+        for word in shlex.split(text):
+            if word.partition("=")[0] not in parsed:
+                raise RunConfigError(
+                    f"run config {word!r} is not key=value (Flower would ignore it); "
+                    f"e.g. {RUN_CONFIG_EXAMPLE}"
+                )
+    return parsed
+
+
+def toml_value(value: Any, key: str) -> str:
+    """One run config value as Flower's `--run-config` parser reads it back unchanged."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if not isinstance(value, str):
+        raise RunConfigError(
+            f"run config {key!r}: a value must be a string, number or boolean, got {value!r}"
+        )
+    if "'" not in value:
+        return f"'{value}'"  # a TOML literal string: backslashes and double quotes as they are
+    if '"' not in value and "\\" not in value:
+        return f'"{value}"'
+    raise RunConfigError(f"run config {key!r}: a string cannot hold both quote kinds, got {value!r}")
+
+
+def run_config_text(config: dict[str, Any]) -> str:
+    """`--run-config` text: key=value pairs, strings quoted as TOML strings."""
+    return " ".join(f"{k}={toml_value(v, k)}" for k, v in config.items())
+
+
+# --- what the config names, checked where the run is submitted ---------------------------------------
+def check_results_dir(path: Path) -> Path:
+    """The run's results folder is a folder this process can write in, or can be made below one
+    (`powerctl.outputs.check_output_dir` probes by writing: /proc, a read-only mount, an existing file
+    are one line). The pre-flight and the ServerApp, before any work, call it."""
+    from powerctl.outputs import check_output_dir
+
+    try:
+        return check_output_dir(path, "run config: 'results-dir'")
+    except PowerctlError as exc:
+        raise RunConfigError(str(exc)) from None
+
+
+def check_task_files(
+    cfg: ServerConfig,
+    where: Callable[[str], str] = lambda key: f"run config: {key!r}",
+    error: type[PowerctlError] = RunConfigError,
+) -> None:
+    """The weights and relation files the run config names are read as the ServerApp reads them (the
+    model they are for included); the first problem is one `error` line starting with `where(key)`."""
+
+    def weights() -> None:
+        from fl_server.weights import load_model
+
+        load_model(app_path(cfg.weights, "weights"), expect_model=cfg.model)
+
+    def relation() -> None:
+        from fl_server.app import given_relation
+
+        given_relation(cfg)
+
+    for key, check in (("weights", weights), ("relation", relation)):
+        if getattr(cfg, key):
+            try:
+                check()
+            except PowerctlError as exc:
+                raise error(f"{where(key)}: {exc}") from None
+
+
+def check_before_start(
+    overrides: dict[str, Any], app_dir: Path, *, load_fleet_file: FleetFileLoader | None = None
+) -> tuple[ServerConfig, dict[str, Any]]:
+    """Every check of a run that can be made where it is submitted, before Flower starts: the
+    overrides against the app's keys and merged as Flower merges them, every value by
+    `parse_server_config`, the results folder writable, the task's files readable. Returns the checked
+    config and the merged run config; the first problem is one RunConfigError line."""
+    from flwr.common.config import fuse_dicts
+
+    known = app_config(app_dir)
+    cfg = parse_server_config({**known, **overrides}, load_fleet_file=load_fleet_file)
+    try:
+        merged = fuse_dicts(known, overrides)
+    except ValueError as exc:  # a declared key pyproject.toml lacks: Flower would refuse the run
+        raise RunConfigError(
+            f"run config: {exc} (keys of [tool.flwr.app.config] in pyproject.toml)"
+        ) from None
+    if cfg.results_dir:
+        check_results_dir(Path(cfg.results_dir).expanduser())
+    check_task_files(cfg)
+    return cfg, merged

@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from powerctl.cliutil import OneLineParser, installed_tool, non_negative_int, one_line_errors, positive_float
 from powerctl.errors import PowerctlError
@@ -42,8 +43,32 @@ RESTART_DETAILS = (
     "Task failed because the run expired",
 )
 """How Flower 1.41 marks a run its SuperLink's restart ended (measured; docs/deployment.md, "Restarts")."""
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_MAX_LINE = 400
+"""Most characters of Flower's words a refusal line quotes."""
 APP_FAILED = ("powerfed server: error:", "ServerApp failed with exception")
 """The ServerApp's own failures: submitting the same run again would fail the same way."""
+
+
+def _json_object(out: str) -> dict[str, Any] | None:
+    """The JSON object `flwr … --format json` printed (among other lines), None when there is none."""
+    try:
+        payload = json.loads(out[out.index("{") : out.rindex("}") + 1])
+    except ValueError:
+        return None
+    return payload if isinstance(payload, dict) else None
+
+
+def refusal(payload: dict[str, Any] | None, out: str, rc: int) -> str:
+    """Why `flwr run --format json` started no run, in one line. Flower 1.41 prints
+    ``{"success": false, "error-message": "<what it had printed>\n<the error>"}`` and exits 0
+    (flwr/cli/utils.py: cli_output_handler): the error is its message's last paragraph."""
+    message = payload.get("error-message") if payload is not None else None
+    if isinstance(message, str) and message.strip():
+        last = [part for part in re.split(r"\n\s*\n", message) if part.strip()][-1]
+        return _ANSI.sub("", " ".join(last.split()))[:_MAX_LINE]
+    tail = " ".join(_ANSI.sub("", out).split())[-_MAX_LINE:]
+    return f"exit status {rc}, {tail or 'no output'}"
 
 
 @dataclass
@@ -72,15 +97,14 @@ class Supervisor:
         return proc.returncode, proc.stdout + proc.stderr
 
     def submit(self) -> int:
-        """`flwr run APP CONNECTION --run-config ...`: the new run's id."""
+        """`flwr run APP CONNECTION --run-config ...`: the new run's id; a refusal is one line."""
         args = ["run", str(self.app), self.connection, "--run-config", self.run_config, "--format", "json"]
         rc, out = self._call(args, timeout_s=600.0)
+        payload = _json_object(out)
         try:
-            payload = json.loads(out[out.index("{") : out.rindex("}") + 1])
-            return int(payload["run-id"])
-        except (ValueError, KeyError, TypeError):
-            tail = " ".join(out.split())[-300:]
-            raise PowerctlError(f"flwr run did not start the run (exit {rc}): {tail}") from None
+            return int(payload["run-id"])  # type: ignore[index]
+        except (KeyError, TypeError, ValueError):
+            raise PowerctlError(f"flwr run did not start the run: {refusal(payload, out, rc)}") from None
 
     def status(self, run_id: int) -> tuple[str, str] | None:
         """(status, details) of the run, e.g. ('running', ''); None while the SuperLink does not answer."""
@@ -216,14 +240,24 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def checked_supervisor(args: argparse.Namespace) -> Supervisor:
+    """The run to submit, checked here before anything is submitted, as `make run` checks its own
+    (`fl_server.run_config.check_before_start`: Flower's parser, the app's keys, every value, the
+    results folder writable, the task's files): one line for the first problem."""
+    from fl_server.run_config import check_before_start, parse_run_config, run_config_text
+
+    overrides = parse_run_config(args.run_config)
+    if "results-dir" in overrides:
+        raise PowerctlError("give the results folder as --results-dir, not in --run-config")
+    overrides["results-dir"] = str(args.results_dir.expanduser().resolve())
+    check_before_start(overrides, args.app.expanduser().resolve())
+    return Supervisor(args.app, args.connection, run_config_text(overrides), args.max_restarts, args.wait)
+
+
 @one_line_errors(PROG)
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)  # a bad flag: one line and exit 2 (OneLineParser)
-    if re.search(r"(^|\s)results-dir\s*=", args.run_config):
-        raise PowerctlError("give the results folder as --results-dir, not in --run-config")
-    results_dir = args.results_dir.expanduser().resolve()
-    config = f"{args.run_config} results-dir='{results_dir}'".strip()
-    supervisor = Supervisor(args.app, args.connection, config, args.max_restarts, args.wait)
+    supervisor = checked_supervisor(args)
     try:
         path = supervisor.run()
     except KeyboardInterrupt:

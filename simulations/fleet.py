@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from fl_client.node import FleetEntry, NodeConfigError, parse_fleet_groups, read_yaml
-from powerctl.devices.simulated import SIM_BOARDS
 from powerctl.mapping import MappingReader, Text, mapping_reader
+from strategies.fleet import not_simulated
 from strategies.settings import APP_FILE, DATASET, OURS_DEADLINE, RUN_METHODS, SETTINGS, RunSettings
 
 PLACES: dict[str, str | dict[str, str]] = {
@@ -141,11 +141,8 @@ def _missing(where: str, key: str) -> NoReturn:
 def _boards(raw: Any, name: str, base: Path) -> list[FleetEntry]:
     boards = parse_fleet_groups(raw, name, "groups", base)
     for b in boards:
-        kind, _, board = b.device.partition(":")
-        if kind != "sim" or board not in SIM_BOARDS:
-            known = ", ".join(f"sim:{n}" for n in SIM_BOARDS)
-            where = f"{name}: groups[{b.group}]"
-            raise FleetFileError(f"{where}: 'device' must be a simulated board ({known}), got {b.device!r}")
+        if problem := not_simulated(b.device):
+            raise FleetFileError(f"{name}: groups[{b.group}]: 'device' {problem}")
     return boards
 
 
@@ -162,9 +159,9 @@ def load_fleet_spec(path: Path) -> FleetSpec:
 def _load(path: Path) -> FleetSpec:
     path = Path(path).expanduser().resolve()
     name = path.name
-    if not path.exists():
+    if not path.is_file():
         raise FleetFileError(f"{path}: no such fleet file")
-    top = mapping_reader(read_yaml(path), name, FleetFileError, TOP_KEYS)  # bounded, a regular file only
+    top = mapping_reader(read_yaml(path), name, FleetFileError, TOP_KEYS)
     for key in ("groups", "task"):
         if top.get(key, None) is None:
             _missing(name, key)

@@ -6,7 +6,8 @@ runs it, stops none of them, and the orphaned run goes on to write its results. 
 
 - everything is checked before anything starts: the number of virtual nodes, and the run config, parsed
   by Flower's own parser, its keys against the app's `[tool.flwr.app.config]` (an unknown key names the
-  nearest known one) and its values by the ServerApp's own `parse_server_config`;
+  nearest known one) and its values by the ServerApp's own `parse_server_config`, and what it names: the
+  results folder (probed by writing), the task's files, simulated boards, dataset files that exist;
 - `flwr run` gets a private Flower home and its own ports, runs in its own process group, and its output
   is copied to the terminal and to a log as it comes;
 - on every way out (the end, an error, Ctrl-C, SIGTERM) the SuperLink and everything below it are
@@ -21,7 +22,6 @@ import contextlib
 import ctypes
 import os
 import re
-import shlex
 import shutil
 import signal
 import subprocess
@@ -32,6 +32,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fl_server.run_config import (  # the run config as Flower reads it (`run_config_text`: the runner's)
+    RunConfigError,
+    ServerConfig,
+    check_before_start,
+    parse_run_config,
+    run_config_text,
+)
 from powerctl.errors import PowerctlError
 from simulations.local_superlink import (
     alive,
@@ -63,84 +70,53 @@ class LaunchError(PowerctlError):
     """A run that cannot start as asked (bad nodes, bad run config) or that failed; one line."""
 
 
-# --- the run config, as Flower reads it -------------------------------------------------------------
-def app_config(app_dir: Path = APP_DIR) -> dict[str, Any]:
-    """The app's `[tool.flwr.app.config]`, flattened as Flower flattens it: the keys a run may set."""
-    from flwr.common.config import flatten_dict, get_project_config
-
-    return flatten_dict(get_project_config(app_dir)["tool"]["flwr"]["app"].get("config", {}))
-
-
-def parse_run_config(text: str) -> dict[str, Any]:
-    """`--run-config TEXT` as `flwr run` parses it (Flower's own parser: ``key=value`` pairs, strings
-    quoted as TOML strings, ``model="cnn-tiny"`` or ``model='cnn-tiny'``); one line when it cannot."""
-    import click
-    from flwr.common.config import parse_config_args
-
-    try:
-        parsed = dict(parse_config_args([text]))
-    except (click.ClickException, ValueError, OSError) as exc:
-        for pair in text.split():  # name the pair Flower cannot read, when one alone is the problem
-            key, eq, value = pair.partition("=")
-            try:
-                parse_config_args([pair])
-            except (click.ClickException, ValueError, OSError):
-                if eq and key and value and value[0] not in "'\"":
-                    raise LaunchError(
-                        f"run config {pair!r}: {value!r} is not a number or true/false, and a string "
-                        f'is quoted: {key}="{value}"'
-                    ) from None
-                raise LaunchError(
-                    f"run config {pair!r} is not key=value as Flower reads it; e.g. "
-                    "RUN_CONFIG='num-server-rounds=3 model=\"cnn-tiny\"'"
-                ) from None
-        detail = exc.format_message() if isinstance(exc, click.ClickException) else str(exc)
-        raise LaunchError(f"run config {text!r}: {detail.splitlines()[0]}") from None
-    with contextlib.suppress(ValueError):  # Flower skips what is not key=value: a typo must not pass
-        for word in shlex.split(text):
-            if word.partition("=")[0] not in parsed:
-                raise LaunchError(
-                    f"run config {word!r} is not key=value (Flower would ignore it); "
-                    "e.g. RUN_CONFIG='num-server-rounds=3 model=\"cnn-tiny\"'"
-                )
-    return parsed
-
-
+# --- the run config, and what it names --------------------------------------------------------------
 def checked_run_config(overrides: dict[str, Any], app_dir: Path = APP_DIR) -> dict[str, Any]:
-    """The run config the ServerApp will see (the app's defaults, then `overrides`), checked whole by the
-    ServerApp's own parser before anything starts (an unknown key is named with the nearest known one,
-    a fleet file is read); returns it merged as Flower merges it."""
-    from flwr.common.config import fuse_dicts
-
+    """The run config the ServerApp will see (the app's defaults, then `overrides`), checked whole
+    before anything starts: what any submitted run is checked for (`run_config.check_before_start`:
+    the ServerApp's own parser, a fleet file read by the ClientApp's reader, the results folder, the
+    task's files), then what a simulation on this machine needs of it (`check_simulation`). Returns the
+    overrides to pass on, relative dataset paths made absolute (from the app folder)."""
     from fl_client.node import load_fleet_file
-    from fl_server.run_config import parse_server_config
 
-    known = app_config(app_dir)
-    parse_server_config({**known, **overrides}, load_fleet_file=load_fleet_file)
-    try:
-        return fuse_dicts(known, overrides)
-    except ValueError as exc:  # a declared key pyproject.toml lacks: Flower would refuse the run
-        raise LaunchError(f"run config: {exc} (keys of [tool.flwr.app.config] in pyproject.toml)") from None
+    cfg, _ = check_before_start(overrides, app_dir, load_fleet_file=load_fleet_file)
+    return check_simulation(cfg, overrides, app_dir)
 
 
-def toml_value(value: Any, key: str) -> str:
-    """One run config value as Flower's `--run-config` parser reads it back unchanged."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if not isinstance(value, str):
-        raise LaunchError(f"run config {key!r}: a value must be a string, number or boolean, got {value!r}")
-    if "'" not in value:
-        return f"'{value}'"  # a TOML literal string: backslashes and double quotes as they are
-    if '"' not in value and "\\" not in value:
-        return f'"{value}"'
-    raise LaunchError(f"run config {key!r}: a string cannot hold both quote kinds, got {value!r}")
+def check_simulation(cfg: ServerConfig, overrides: dict[str, Any], app_dir: Path = APP_DIR) -> dict[str, Any]:
+    """What a local simulation's virtual nodes need of this machine, where they run: every board of
+    the fleet a simulated one (a real board joins a deployment as a SuperNode with its own device), every
+    dataset file there (relative paths from the app folder, passed on absolute), the profile cache
+    writable. The first problem is one RunConfigError line; returns the overrides to pass on."""
+    from fl_client.node import load_fleet
+    from powerctl.outputs import check_output_dir
+    from strategies.fleet import not_simulated
+    from strategies.settings import DATASET, SETTINGS
+    from training.data.load import existing_dataset_path
+    from training.errors import DataError
 
-
-def run_config_text(config: dict[str, Any]) -> str:
-    """`--run-config` text: key=value pairs, strings quoted as TOML strings."""
-    return " ".join(f"{k}={toml_value(v, k)}" for k, v in config.items())
+    for entry in load_fleet(cfg.fleet):
+        if problem := not_simulated(entry.device):
+            raise RunConfigError(
+                f"run config: 'fleet' entry {entry.label()!r}: {problem}; a local simulation runs simulated "
+                "boards, a real board joins a deployment as a SuperNode with its own device "
+                "(docs/deployment.md)"
+            )
+    passed = dict(overrides)
+    for setting in (s for s in SETTINGS.values() if s.kind is DATASET):
+        spec = getattr(cfg, setting.attr)
+        try:
+            path = existing_dataset_path(spec, base=app_dir)
+        except DataError as exc:
+            raise RunConfigError(f"run config: {setting.key!r}: {exc}") from None
+        if path is not None and setting.key in passed:
+            passed[setting.key] = f"{spec.partition(':')[0]}:{path}"
+    if cfg.profile_cache:
+        try:
+            check_output_dir(Path(cfg.profile_cache).expanduser(), "run config: 'profile-cache'")
+        except PowerctlError as exc:
+            raise RunConfigError(str(exc)) from None
+    return passed
 
 
 def check_nodes(nodes: int) -> int:
@@ -318,16 +294,17 @@ class Launch:
 
 
 def check_launch(nodes: int, run_config: str, out: Path, log_path: Path, port: int | None = None) -> Launch:
-    """Every input of `make run`, checked before anything starts: one LaunchError (or other
-    PowerctlError) line naming what is wrong."""
+    """Every input of `make run`, and everything its run config names, checked before anything starts
+    (`checked_run_config`): one LaunchError (or other PowerctlError) line naming what is wrong; nothing
+    is started or written."""
     from powerctl.outputs import check_output_dir, check_output_file
 
     check_nodes(nodes)
     overrides = parse_run_config(run_config)
-    if "results-dir" not in overrides:  # a results-dir in the run config wins (the ServerApp checks it)
+    if "results-dir" not in overrides:  # a results-dir in the run config wins (checked with the rest)
         out = check_output_dir(out.expanduser().resolve(), "results folder")
         overrides = {"results-dir": str(out), **overrides}
-    checked_run_config(overrides)
+    overrides = checked_run_config(overrides)
     log_path = log_path.expanduser().resolve()
     check_output_dir(log_path.parent, "log folder")
     if log_path.parent.is_dir():  # else it is created at the start, as the results folder is

@@ -70,20 +70,10 @@ def run_flower(
 def check_before_flower(spec: FleetSpec, out: Path, methods: list[str]) -> None:
     """What the ServerApp would refuse only once the SuperLink and Ray are up (about 25 s in): the run
     config, and the task's weights and relation vector files — by the ServerApp's own checks."""
-    from fl_server.app import given_relation
-    from fl_server.run_config import app_path, parse_server_config
-    from fl_server.weights import load_model
+    from fl_server.run_config import check_task_files, parse_server_config
 
     cfg = parse_server_config(spec.run_config(out / "flwr", methods, out / "profiles"))
-    for key, check in (
-        ("weights", lambda: load_model(app_path(cfg.weights, "weights"), expect_model=cfg.model)),
-        ("relation", lambda: given_relation(cfg)),
-    ):
-        if getattr(cfg, key):
-            try:
-                check()
-            except PowerctlError as exc:
-                raise FleetFileError(f"{spec.path.name}: task.{key}: {exc}") from None
+    check_task_files(cfg, lambda key: f"{spec.path.name}: task.{key}", FleetFileError)
 
 
 def run_fleet(

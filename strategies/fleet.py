@@ -10,6 +10,7 @@ groups (`simulations.fleet`). A board of a simulated kind refuses a cap it could
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,8 @@ MAX_BOARDS = 10_000
 """Most boards a fleet (and virtual nodes a simulation) may have: each is a Ray actor's worth of state,
 and a typo (count: 1000000000) must be one line, not a machine out of memory."""
 YAML_SUFFIXES = (".yaml", ".yml")
+FILE_NAME = re.compile(r"\.[A-Za-z]\w{0,4}$")
+"""What ends a file's name (a suffix such as .json): no device spec has one."""
 
 
 class NodeConfigError(PowerctlError):
@@ -124,25 +127,59 @@ def _entry_caps(value: Any, device: str, where: str, base_dir: Path | None) -> t
     return source.cap_at(0.0), None if isinstance(source, ConstantCap) else source
 
 
+def device_problem(device: str) -> str | None:
+    """Why `device` is no device spec, read by `powerctl.devices.check_spec` (nothing opened), or None.
+    A path is named as one: a fleet file is YAML, and a profile or a results file is no fleet."""
+    from powerctl.devices import check_spec
+    from powerctl.errors import DeviceError
+
+    if "/" in device or FILE_NAME.search(device):
+        return f"names a file, not a device (a fleet file is YAML: {' or '.join(YAML_SUFFIXES)})"
+    try:
+        check_spec(device)
+    except DeviceError as exc:
+        return str(exc)
+    return None
+
+
+def not_simulated(device: str) -> str | None:
+    """Why `device` is not a simulated board (a local simulation's and a fleet run's boards), or None."""
+    from powerctl.devices.simulated import SIM_BOARDS
+
+    kind, _, name = device.partition(":")
+    if kind == "sim" and name in SIM_BOARDS:
+        return None
+    known = ", ".join(f"sim:{n}" for n in SIM_BOARDS)
+    return f"must be a simulated board ({known}), got {device!r}"
+
+
 def fleet_table(text: str) -> list[FleetEntry]:
     """``DEVICE[@CAP], ...`` (CAP in W, or none) → entries in order; a problem raises `Invalid` (the
-    words that follow the key: "entry 'sim:jetson-nano@abc': its cap must be …")."""
+    words that follow the key: "entry 'sim:jetson-nano@abc': its cap must be …"). An empty entry (a
+    comma too many) is refused: a table is written as it is meant."""
+    if not text.strip():
+        raise Invalid(f"is empty ({text!r}); e.g. 'sim:jetson-nano@3.5'")
     entries = []
-    for item in (t.strip() for t in text.replace(";", ",").split(",")):
+    for n, item in enumerate((t.strip() for t in text.replace(";", ",").split(",")), start=1):
         if not item:
-            continue
-        device, _, cap = item.partition("@")
-        if not device.strip():
+            raise Invalid(
+                f"entry {n} is empty in {text!r} (a comma too many?); entries are DEVICE@CAP separated "
+                "by commas, e.g. 'sim:jetson-nano@3.5, sim:jetson-tx2nx@none'"
+            )
+        device, at, cap = (part.strip() for part in item.partition("@"))
+        if not device:
             raise Invalid(f"entry {item!r} has no device (e.g. sim:jetson-nano@3.5)")
+        if at and not cap:
+            raise Invalid(f"entry {item!r} has no cap after '@': give watts or none (e.g. {device}@none)")
+        if problem := device_problem(device):
+            raise Invalid(f"entry {item!r}: {problem}")
         try:
             watts = cap_watts(cap)
         except Invalid as exc:
             raise Invalid(f"entry {item!r}: its cap {exc}") from None
-        if problem := board_cap_problem(device.strip(), ConstantCap(watts)):
+        if problem := board_cap_problem(device, ConstantCap(watts)):
             raise Invalid(f"entry {item!r}: {problem}")
-        entries.append(FleetEntry(device.strip(), watts))
-    if not entries:
-        raise Invalid(f"is empty ({text!r}); e.g. 'sim:jetson-nano@3.5'")
+        entries.append(FleetEntry(device, watts))
     return entries
 
 
@@ -167,6 +204,8 @@ def parse_fleet_groups(
     for i, raw in enumerate(groups):
         r = mapping_reader(raw, f"{where}: {key}[{i}]", NodeConfigError, FLEET_KEYS)
         device = r.value("device", Text(what="a device spec such as sim:jetson-nano"))
+        if problem := device_problem(device):
+            raise NodeConfigError(f"{r.where}: 'device': {problem}")
         count = r.value("count", Integer(1), 1)
         if len(entries) + count > MAX_BOARDS:
             raise NodeConfigError(
