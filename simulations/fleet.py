@@ -159,9 +159,9 @@ def load_fleet_spec(path: Path) -> FleetSpec:
 def _load(path: Path) -> FleetSpec:
     path = Path(path).expanduser().resolve()
     name = path.name
-    if not path.is_file():
+    if not path.exists():
         raise FleetFileError(f"{path}: no such fleet file")
-    top = mapping_reader(read_yaml(path), name, FleetFileError, TOP_KEYS)
+    top = mapping_reader(read_yaml(path), name, FleetFileError, TOP_KEYS)  # bounded, a regular file only
     for key in ("groups", "task"):
         if top.get(key, None) is None:
             _missing(name, key)
