@@ -94,17 +94,21 @@ def cmd_devices(args: argparse.Namespace) -> int:
     from powerctl.devices.detect import detect_devices
 
     devices = detect_devices()
+    broken = 2 if any("error" in d for d in devices) else 0  # a device there but unusable: not "no knob"
     if args.json:
         _print_json(devices)
-        return 0
+        return broken
     for d in devices:
+        if "error" in d:
+            print(f"{d['spec']:<20} {d.get('board', ''):<18} error: {d['error']}")
+            continue
         freqs = d.get("frequencies_hz") or []
         span = (
             f"{len(freqs)} frequencies {_mhz(freqs[0])} … {_mhz(freqs[-1])}" if freqs else "no frequency knob"
         )
         rails = ", ".join(d.get("rails") or []) or "no power sensor"
         print(f"{d['spec']:<20} {d.get('board', ''):<18} {span}; rails: {rails}")
-    return 0
+    return broken
 
 
 def cmd_power(args: argparse.Namespace) -> int:

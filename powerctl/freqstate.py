@@ -34,6 +34,25 @@ class BoardBusyError(DeviceError):
     """Another live process holds the board's pin lock."""
 
 
+class BadRecordError(FileFormatError):
+    """A board record that cannot be read (empty, truncated, edited) or holds a state the board cannot
+    take: nothing is written to the board, and `powerctl freq --restore` releases the pin to the board's
+    full range instead (`pinsession.restore_saved`), so a bad record never keeps a board pinned."""
+
+    def __init__(self, path: Path, problem: str, spec: str) -> None:
+        super().__init__(
+            f"{path}: {problem}; `powerctl freq --device {spec} --restore` releases the board to its "
+            "full range"
+        )
+        self.path, self.problem = path, problem
+
+
+def bad_record(key: str, problem: str, spec: str | None = None) -> BadRecordError:
+    """The one line for board `key`'s record: where it is, what is wrong, the command that releases the
+    pin anyway (`spec` when known; else the board name in the key, which is a spec for a Jetson)."""
+    return BadRecordError(record_path(key), problem, spec or key.partition("@")[0])
+
+
 def state_dir() -> Path:
     """`POWERCTL_STATE_DIR`, else `$XDG_STATE_HOME/powerctl`, else `~/.local/state/powerctl`."""
     if d := os.environ.get("POWERCTL_STATE_DIR"):
@@ -97,16 +116,31 @@ class BoardRecord:
         )
 
 
-def read_record(key: str) -> BoardRecord | None:
-    """The record of board `key`, None when there is none; a corrupt one is one FileFormatError line."""
+def read_record(key: str, spec: str | None = None) -> BoardRecord | None:
+    """The record of board `key`, None when there is none; one that cannot be read or makes no sense is
+    one BadRecordError line saying how to release the board anyway (`spec`: how the user named it)."""
     path = record_path(key)
-    if not path.exists():
+    if not os.path.lexists(path):
         return None
-    data = read_json(path, STATE_SCHEMA)
-    record = BoardRecord.from_dict(data, str(path))
+    try:
+        record = BoardRecord.from_dict(read_json(path, STATE_SCHEMA), str(path))
+    except FileFormatError as exc:
+        raise bad_record(key, str(exc).removeprefix(f"{path}: "), spec) from None
     if record.key != key:
-        raise FileFormatError(f"{path}: holds the record of {record.key!r}, not {key!r}")
+        raise bad_record(key, f"holds the record of {record.key!r}, not {key!r}", spec)
     return record
+
+
+def set_aside(key: str) -> Path | None:
+    """Move a record that cannot be used out of the way (``KEY.json.bad``), kept for a look; None when
+    there is none."""
+    path = record_path(key)
+    aside = path.with_name(path.name + ".bad")
+    try:
+        os.replace(path, aside)
+    except FileNotFoundError:
+        return None
+    return aside
 
 
 def write_record(record: BoardRecord) -> Path:

@@ -13,6 +13,7 @@ there is no hardware state to lose) runs the same session with no lock and no re
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from typing import TYPE_CHECKING, Any
@@ -20,17 +21,21 @@ from typing import TYPE_CHECKING, Any
 from powerctl.freqstate import (
     KIND_PIN,
     KIND_SET,
+    BadRecordError,
     BoardBusyError,
     BoardLock,
     BoardRecord,
     read_record,
     record_path,
     remove_record,
+    set_aside,
     write_record,
 )
 
 if TYPE_CHECKING:
     from powerctl.devices.base import Device
+
+log = logging.getLogger(__name__)
 
 
 class PinSession:
@@ -51,10 +56,10 @@ class PinSession:
         lock = BoardLock(key, device.spec)
         lock.acquire()
         try:
-            below = read_record(key)
+            below = read_record(key, device.spec)  # a bad record refuses the pin, saying how to release
             if below is not None and below.kind == KIND_PIN:
                 put_back(device, below)
-                below = read_record(key)
+                below = read_record(key, device.spec)
             state = device.snapshot()
             write_record(BoardRecord(key, device.spec, KIND_PIN, state, os.getpid(), under=below))
         except BaseException:
@@ -115,28 +120,50 @@ def recover(device: Device) -> str | None:
     except BoardBusyError:
         return None
     try:
-        record = read_record(key)
+        record = read_record(key, device.spec)
         if record is None or record.kind != KIND_PIN:
             return None
         return put_back(device, record)
+    except BadRecordError as exc:  # left for `freq --restore`; a pin is refused with this line
+        log.info("%s", exc)
+        return None
     finally:
         lock.release()
 
 
 def restore_saved(device: Device) -> dict[str, Any] | None:
     """`powerctl freq --restore`: put back the board's recorded state under its lock (a live pin by
-    another process is refused in one line); None when nothing is recorded."""
+    another process is refused in one line); None when nothing is recorded. A record that cannot be
+    used releases the board to its full range instead, in one stderr line: never left pinned."""
     key = device.physical_key()
     if key is None:
         return None
     lock = BoardLock(key, device.spec)
     lock.acquire()
     try:
-        record = read_record(key)
-        if record is None:
-            return None
-        device.apply_snapshot(record.state)
+        try:
+            record = read_record(key, device.spec)
+            if record is None:
+                return None
+            device.apply_snapshot(record.state)  # checks the state whole before writing any of it
+        except BadRecordError as bad:
+            return _release(device, key, bad)
         remove_record(key)
         return record.state
     finally:
         lock.release()
+
+
+def _release(device: Device, key: str, bad: BadRecordError) -> dict[str, Any]:
+    """`freq --restore` with a record it cannot use: the knob's full range (`apply_snapshot({})`), the
+    record moved aside; one stderr line saying what was wrong and what was done."""
+    device.apply_snapshot({})
+    aside = set_aside(key)
+    state = device.snapshot()
+    shown = ", ".join(f"{k}={v}" for k, v in state.items())
+    print(
+        f"powerctl: {bad.path}: {bad.problem}; released {device.spec} to its full range instead ({shown})"
+        + (f"; the record is kept as {aside}" if aside else ""),
+        file=sys.stderr,
+    )
+    return state

@@ -14,13 +14,14 @@ def _jetson() -> list[dict[str, Any]]:
 
     root = jetson.sysfs_root()
     model = jetson.read_model(root)
-    if model is None or jetson.board_name(model, jetson.read_compatible(root)) is None:
+    name = None if model is None else jetson.board_name(model, jetson.read_compatible(root))
+    if name is None:
         return []
     try:
         with open_device("jetson") as board:
             return [{"kind": "jetson", **board.describe()}]
-    except DeviceError as exc:
-        return [{"kind": "jetson", "spec": "jetson", "model": model, "error": str(exc)}]
+    except DeviceError as exc:  # e.g. a frequency table that is there but garbage: not "no knob"
+        return [{"kind": "jetson", "spec": "jetson", "board": name, "model": model, "error": str(exc)}]
 
 
 def _nvml_gpus() -> list[dict[str, Any]]:
@@ -61,5 +62,6 @@ def _simulated() -> list[dict[str, Any]]:
 
 
 def detect_devices() -> list[dict[str, Any]]:
-    """Jetson (if any), NVML GPUs (if any), the host, then the simulated boards."""
+    """Jetson (if any), NVML GPUs (if any), the host, then the simulated boards. A device that is there
+    but cannot be used carries an `error` line instead of its description."""
     return [*_jetson(), *_nvml_gpus(), _host(), *_simulated()]

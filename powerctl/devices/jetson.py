@@ -14,6 +14,8 @@ from typing import Any
 
 from powerctl.devices.base import Device
 from powerctl.errors import DeviceError, DevicePermissionError
+from powerctl.freqstate import bad_record
+from powerctl.readfile import SYSFS_LIMIT, read_bytes
 
 ROOT_ENV = "POWERCTL_SYSFS_ROOT"
 MODEL_FILE = "proc/device-tree/model"
@@ -47,11 +49,13 @@ def sysfs_root() -> Path:
 
 
 def _read(path: Path) -> str:
-    """The stripped text of a sysfs file; a failure is one DeviceError line naming the file."""
+    """The stripped text of a sysfs file, read bounded (a fake tree may hold a FIFO or /dev/zero); a
+    failure is one DeviceError line naming the file."""
     try:
-        return path.read_text(errors="replace").strip()
+        raw = read_bytes(path, limit=SYSFS_LIMIT, what="a sysfs file", error=DeviceError)
     except OSError as exc:
         raise DeviceError(f"reading {path} failed: {exc.strerror or exc}") from None
+    return raw.decode(errors="replace").strip()
 
 
 def _write_sysfs(path: Path, value: str) -> None:
@@ -120,25 +124,59 @@ def board_name(model: str, compatible: list[str] | None = None) -> str | None:
 
 
 def find_devfreq(root: Path, board: str) -> Path | None:
-    """The GPU's devfreq directory: a known path for the board, else the first GPU node in the class."""
+    """The GPU's devfreq directory: a known path for the board, else the first GPU node in the class.
+    A node whose table is there but is no file (a folder, a FIFO, a broken link) is found, so that
+    reading it says what is wrong: only a board with no table at all has no knob."""
     for rel in KNOWN_DEVFREQ.get(board, ()):
         node = root / rel
-        if (node / "available_frequencies").is_file():
+        if os.path.lexists(node / "available_frequencies"):
             return node
     class_dir = root / DEVFREQ_CLASS
     if class_dir.is_dir():
         for node in sorted(class_dir.iterdir()):
-            if _GPU_NODE.search(node.name.lower()) and (node / "available_frequencies").is_file():
+            if _GPU_NODE.search(node.name.lower()) and os.path.lexists(node / "available_frequencies"):
                 return node
     return None
 
 
 def _parse_table(path: Path) -> list[int]:
+    """The frequency table, ascending; empty or garbage is one DeviceError line (never "no knob")."""
     text = _read(path)
+    fix = "the GPU's devfreq node is broken (or POWERCTL_SYSFS_ROOT names a bad tree)"
     try:
-        return sorted({int(tok) for tok in text.split()})
+        table = sorted({int(tok) for tok in text.split()})
     except ValueError:
-        raise DeviceError(f"{path} is not a list of frequencies in Hz: {text[:80]!r}") from None
+        raise DeviceError(f"{path} is not a list of frequencies in Hz: {text[:80]!r}; {fix}") from None
+    if not table:
+        raise DeviceError(f"{path} lists no frequency; {fix}")
+    if table[0] <= 0:
+        raise DeviceError(f"{path}: a frequency must be a positive number of Hz, got {table[0]}; {fix}")
+    return table
+
+
+_FREQ_TEXT = re.compile(r"[0-9]{1,15}")
+_GOVERNOR_TEXT = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def _saved_state(state: Any) -> tuple[str, str, str | None] | str:
+    """(min_freq, max_freq, governor) as the record holds them, or what is wrong with them: a state
+    is checked whole before anything is written, so a bad one writes nothing."""
+    if not isinstance(state, dict):
+        return "'state' must be an object"
+    freqs = []
+    for name in ("min_freq", "max_freq"):
+        value = state.get(name)
+        text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+        if not isinstance(text, str) or not _FREQ_TEXT.fullmatch(text) or int(text) == 0:
+            return f"'state': {name!r} must be a frequency in Hz, got {value!r}"
+        freqs.append(text)
+    lo, hi = freqs
+    if int(lo) > int(hi):
+        return f"'state': min_freq {lo} is above max_freq {hi}"
+    governor = state.get("governor")
+    if governor is not None and not (isinstance(governor, str) and _GOVERNOR_TEXT.fullmatch(governor)):
+        return f"'state': 'governor' must be a devfreq governor's name, got {governor!r}"
+    return lo, hi, governor
 
 
 # --- power rails ----------------------------------------------------------------------------
@@ -230,7 +268,11 @@ class JetsonBoard(Device):
         super().__init__()
         self.spec, self.board, self.model, self.root = spec, board, model, root
         self.devfreq = find_devfreq(root, board)
-        self._table = self._parse_devfreq_table()
+        self._table, self._table_error = [], ""
+        try:
+            self._table = self._parse_devfreq_table()
+        except DeviceError as exc:  # said by every command that needs the knob; power still reads
+            self._table_error = str(exc)
         self._rails = find_rails(root)
         self._total = total_rail(self._rails)
         self.has_power_sensor = bool(self._rails)
@@ -260,6 +302,8 @@ class JetsonBoard(Device):
 
     # --- knob -----------------------------------------------------------------------------
     def frequencies(self) -> list[int]:
+        if self._table_error:
+            raise DeviceError(self._table_error)
         return list(self._table)
 
     def current_frequency(self) -> int | None:
@@ -282,17 +326,28 @@ class JetsonBoard(Device):
         }
 
     def apply_snapshot(self, state: dict[str, Any]) -> None:
-        """Put back exactly the saved strings; unchanged files are not written (no root needed for them)."""
-        if self.devfreq is None or not state:
+        """Put back exactly the saved strings; unchanged files are not written (no root needed for them).
+
+        An empty state releases any pin: the table's full range, the governor as it is (what
+        `powerctl freq --restore` puts back when the board's record cannot be used). A state that makes
+        no sense (a record edited by hand) is one BadRecordError line, and nothing is written."""
+        if self.devfreq is None:
             return
-        lo, hi = str(state["min_freq"]), str(state["max_freq"])
+        if state:
+            saved = _saved_state(state)
+            if isinstance(saved, str):
+                raise bad_record(self.physical_key() or self.board, saved, self.spec)
+            lo, hi, governor = saved
+        else:
+            table = self.frequencies()
+            lo, hi, governor = str(table[0]), str(table[-1]), None
         order = (
             ("max_freq", "min_freq") if int(lo) > self._read_freq("max_freq") else ("min_freq", "max_freq")
         )
         for name in order:
             self._write_if_different(name, lo if name == "min_freq" else hi)
-        if state.get("governor") is not None:
-            self._write_if_different("governor", str(state["governor"]))
+        if governor is not None:
+            self._write_if_different("governor", governor)
 
     def _write_if_different(self, name: str, value: str) -> None:
         path = self._devfreq_file(name)
