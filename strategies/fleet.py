@@ -159,8 +159,11 @@ def fleet_table(text: str) -> list[FleetEntry]:
     comma too many) is refused: a table is written as it is meant."""
     if not text.strip():
         raise Invalid(f"is empty ({text!r}); e.g. 'sim:jetson-nano@3.5'")
+    items = [t.strip() for t in text.replace(";", ",").split(",")]
+    if len(items) > MAX_BOARDS:
+        raise Invalid(f"has {len(items)} entries; a fleet has at most {MAX_BOARDS} boards")
     entries = []
-    for n, item in enumerate((t.strip() for t in text.replace(";", ",").split(",")), start=1):
+    for n, item in enumerate(items, start=1):
         if not item:
             raise Invalid(
                 f"entry {n} is empty in {text!r} (a comma too many?); entries are DEVICE@CAP separated "
@@ -176,7 +179,8 @@ def fleet_table(text: str) -> list[FleetEntry]:
         try:
             watts = cap_watts(cap)
         except Invalid as exc:
-            raise Invalid(f"entry {item!r}: its cap {exc}") from None
+            hint = "; entries are separated by commas" if "@" in cap else ""
+            raise Invalid(f"entry {item!r}: its cap {exc}{hint}") from None
         if problem := board_cap_problem(device, ConstantCap(watts)):
             raise Invalid(f"entry {item!r}: {problem}")
         entries.append(FleetEntry(device, watts))

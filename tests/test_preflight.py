@@ -33,9 +33,16 @@ BAD_FLWR_RUN = [
     ('fleet="sim:jetson-nano@3,"', "'fleet' entry 2 is empty"),
     ('fleet=",,"', "'fleet' entry 1 is empty"),
     ('fleet="sim:jetson-nano@"', "has no cap after '@'"),
+    ('fleet="sim:jetson-nano@3 sim:jetson-tx2nx@4"', "got '3 sim:jetson-tx2nx@4'; entries are separated by"),
+    pytest.param(
+        "fleet='" + ",".join(["sim:jetson-nano@3"] * 10_001) + "'",
+        "has 10001 entries; a fleet has at most",
+        id="fleet-of-10001-boards",
+    ),
     ('client-data="npz:/nonexist"', "'client-data': dataset spec 'npz:/nonexist': no such file or folder"),
     ('client-data="npz:no/such.npz"', f"no such file or folder {REPO}/no/such.npz"),
     ('proxy-data="text:/nonexist.txt"', "'proxy-data': dataset spec 'text:/nonexist.txt': no such file"),
+    ('client-data="text:/dev/zero"', "'client-data': dataset spec 'text:/dev/zero': /dev/zero is neither"),
     ('pretrain-data="npz:"', "'pretrain-data' must be a dataset spec"),
     (
         'results-dir="/proc/powerfed-run"',

@@ -72,6 +72,8 @@ def existing_dataset_path(spec: str, base: Path | None = None) -> Path | None:
     path = path if base is None or path.is_absolute() else base / path
     if not path.exists():
         raise DataError(f"dataset spec {spec!r}: no such file or folder {path}")
+    if not (path.is_file() or path.is_dir()):  # a device or a FIFO: never read as data
+        raise DataError(f"dataset spec {spec!r}: {path} is neither a file nor a folder")
     return path
 
 
