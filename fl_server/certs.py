@@ -6,35 +6,128 @@ certificate without a SAN for that name or IP is refused (docs/deployment.md, "T
 ca.crt (give it to every SuperNode and to `flwr`), ca.key (keep it on the coordinator, 0600: it signs
 new certificates), server.pem and server.key (the SuperLink's `--ssl-certfile`/`--ssl-keyfile`;
 `--ssl-ca-certfile ca.crt`). ECDSA P-256 keys, SHA-256 signatures.
+
+The four files are one set (a CA with another CA's key is useless): they are written whole or not at
+all. Every name and every target is checked first, then all four are filled as temporary files beside
+their targets and only then renamed over them (`powerctl.outputs.replacing`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import ipaddress
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from powerctl.cliutil import OneLineParser, one_line_errors, positive_int
 from powerctl.errors import PowerctlError
+from powerctl.outputs import check_output_dir, replacing, writable_file
 
 PROG = "python -m fl_server.certs"
 FILES = ("ca.crt", "ca.key", "server.pem", "server.key")
 DEFAULT_SANS = ("localhost", "127.0.0.1")
+MAX_DAYS = 36500
+"""100 years: far enough for anyone, and far below X.509's last date (9999-12-31)."""
+CN_MAX = 64
+"""The longest common name X.509 (and `cryptography`) accepts (RFC 5280 ub-common-name)."""
+FALLBACK_CN = "powerfed SuperLink"
+"""The subject's name when the first SAN is too long for a common name: clients check the SAN only."""
+_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+
+
+def _shown(name: str) -> str:
+    """`--san 'NAME'` for a message, a long name cut in the middle."""
+    return f"--san {name if len(name) <= 48 else name[:30] + '…' + name[-12:]!r}"
+
+
+def _dns_name(name: str) -> str:
+    """`name` as a DNS name a certificate can hold (ASCII A-labels, each 1 to 63 characters, 253 in
+    all; a leading `*.` wildcard allowed); a PowerctlError saying what is wrong otherwise."""
+    if not name.isascii():
+        try:
+            hint = f"give its ASCII form (A-label): --san {name.encode('idna').decode('ascii')}"
+        except UnicodeError:
+            hint = "give a host name in ASCII (A-labels, e.g. xn--bcher-kva.example)"
+        raise PowerctlError(f"{_shown(name)} is not an ASCII host name; {hint}")
+    if len(name) > 253:
+        raise PowerctlError(f"{_shown(name)} is {len(name)} characters, over the 253 a host name may have")
+    labels = name.split(".")
+    if labels[0] == "*" and len(labels) > 2:
+        labels = labels[1:]
+    for label in labels:
+        if len(label) > 63:
+            raise PowerctlError(
+                f"{_shown(name)} has a part of {len(label)} characters between dots, over the 63 a DNS "
+                "label may have"
+            )
+        if not _LABEL.match(label):
+            raise PowerctlError(
+                f"{_shown(name)} is neither an IP address nor a host name (each part between dots: "
+                "letters, digits and inner hyphens, 1 to 63 characters)"
+            )
+    if labels[-1].isdigit():
+        raise PowerctlError(f"{_shown(name)} is neither an IP address (four numbers 0-255) nor a host name")
+    return name
 
 
 def _san_entry(name: str) -> object:
     from cryptography import x509
 
+    if "%" not in name:  # a scoped IPv6 address (fe80::1%eth0) cannot be written in a certificate
+        try:
+            return x509.IPAddress(ipaddress.ip_address(name))
+        except ValueError:
+            pass
+    if ":" in name or "%" in name:
+        raise PowerctlError(f"{_shown(name)} is neither an IP address nor a host name")
+    return x509.DNSName(_dns_name(name))
+
+
+def _common_name(sans: Sequence[str]) -> str:
+    return sans[0] if 1 <= len(sans[0]) <= CN_MAX else FALLBACK_CN
+
+
+def _check_targets(folder: Path, overwrite: bool) -> list[Path]:
+    """The four targets, all checked before anything is written: names within the file system's
+    limits, nothing there that is not a regular file, and (without --force) nothing there at all."""
+    check_output_dir(folder, "--out")
+    targets = [writable_file(folder / name, "--out") for name in FILES]
+    existing = [t.name for t in targets if t.exists()]
+    if existing and not overwrite:
+        raise PowerctlError(f"{folder} already holds {', '.join(existing)}: choose another --out, or --force")
+    return targets
+
+
+def _created_folders(folder: Path) -> list[Path]:
+    """The folders a write to `folder` would create, deepest first (removed again if the write fails)."""
+    missing = []
+    for f in [folder, *folder.parents]:
+        if f.exists():
+            break
+        missing.append(f)
+    return missing
+
+
+def write_set(folder: Path, files: dict[str, tuple[bytes, bool]], overwrite: bool) -> None:
+    """Write `files` ({name: (data, private)}) into `folder` whole or not at all: every target checked,
+    every temporary file filled, then all renamed; on any failure the temporary files (and any folder
+    made for them) are removed and nothing is replaced."""
+    _check_targets(folder, overwrite)
+    created = _created_folders(folder)
     try:
-        return x509.IPAddress(ipaddress.ip_address(name))
-    except ValueError:
-        pass
-    if not name or any(c.isspace() or c in "/,:" for c in name):
-        raise PowerctlError(f"SAN entry {name!r} is neither an IP address nor a host name")
-    return x509.DNSName(name)
+        with contextlib.ExitStack() as stack:
+            for name, (data, private) in files.items():
+                tmp = stack.enter_context(replacing(folder / name, "--out", shared=not private))
+                tmp.write_bytes(data)
+    except OSError as exc:
+        for f in created:
+            with contextlib.suppress(OSError):
+                f.rmdir()
+        raise PowerctlError(f"cannot write the certificates to {folder}: {exc.strerror or exc}") from None
 
 
 def make_certificates(
@@ -48,10 +141,10 @@ def make_certificates(
 
     if not sans:
         raise PowerctlError("give at least one --san (the coordinator's host name or IP address)")
+    if not 1 <= days <= MAX_DAYS:
+        raise PowerctlError(f"--days must be from 1 to {MAX_DAYS} (100 years), got {days}")
     names = [_san_entry(n) for n in sans]
-    existing = [f for f in FILES if (folder / f).exists()]
-    if existing and not overwrite:
-        raise PowerctlError(f"{folder} already holds {', '.join(existing)}: choose another --out, or --force")
+    _check_targets(folder, overwrite)
     now = dt.datetime.now(dt.timezone.utc)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "powerfed CA")])
@@ -83,7 +176,7 @@ def make_certificates(
     key = ec.generate_private_key(ec.SECP256R1())
     server = (
         x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, sans[0])]))
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, _common_name(sans))]))
         .issuer_name(ca_name)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
@@ -95,20 +188,16 @@ def make_certificates(
         .sign(ca_key, hashes.SHA256())
     )
     pem, pkcs8 = serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        for name, data, private in (
-            ("ca.crt", ca.public_bytes(pem), False),
-            ("ca.key", ca_key.private_bytes(pem, pkcs8, serialization.NoEncryption()), True),
-            ("server.pem", server.public_bytes(pem), False),
-            ("server.key", key.private_bytes(pem, pkcs8, serialization.NoEncryption()), True),
-        ):
-            path = folder / name
-            path.write_bytes(data)
-            if private:
-                path.chmod(0o600)
-    except OSError as exc:
-        raise PowerctlError(f"cannot write the certificates to {folder}: {exc.strerror or exc}") from None
+    write_set(
+        folder,
+        {
+            "ca.crt": (ca.public_bytes(pem), False),
+            "ca.key": (ca_key.private_bytes(pem, pkcs8, serialization.NoEncryption()), True),
+            "server.pem": (server.public_bytes(pem), False),
+            "server.key": (key.private_bytes(pem, pkcs8, serialization.NoEncryption()), True),
+        },
+        overwrite,
+    )
     return folder / "ca.crt", folder / "server.pem", folder / "server.key"
 
 
