@@ -13,7 +13,12 @@ the first thing that is wrong:
 - untrusted certificate: not signed by the given CA (or, without one, by the system's); also a
   certificate that does not name the address (no SAN for it) or that has expired;
 - unregistered node key: the SuperLink has no SuperNode with this public key; a key whose SuperNode
-  is still counted online (a crash less than ~60 s ago) is told apart when the Control API answers.
+  is still counted online (a crash less than ~60 s ago) is told apart when the Control API answers
+  (node key in use), and when it does not answer the refusal is only "node key not activated".
+
+The files named (node key, CA certificate, $FLWR_HOME/config.toml) are read first, bounded, as Flower
+reads them; one it cannot use (a key with a passphrase, a CA that is not PEM, a config.toml that is a
+folder or not TOML) is one line and exit status 2 before anything connects.
 
 A SuperNode-side check with a key activates the node and releases it at once (what a SuperNode does
 when it starts and stops cleanly); without a key it registers a throwaway key and unregisters it
@@ -24,6 +29,7 @@ when it starts and stops cleanly); without a key it registers a throwaway key an
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 import ssl
 import sys
@@ -142,15 +148,45 @@ def _describe(der: bytes | None) -> tuple[str, str, str]:
     return cert.subject.rfc4514_string(), cert.issuer.rfc4514_string(), ", ".join(names) or "none"
 
 
+CA_LIMIT = 1 << 20
+"""A CA file holds a few PEM certificates (a system bundle is ~200 KB)."""
+KEY_LIMIT = 64 << 10
+"""A node key is a few hundred bytes."""
+CONFIG_LIMIT = 1 << 20
+"""Flower's config.toml holds a few connections."""
+
+
+def _read_small(path: Path, limit: int, what: str) -> bytes:
+    """A file the user names, bounded (`powerctl.readfile`): anything else is one line naming it."""
+    from powerctl.readfile import read_bytes
+
+    try:
+        return read_bytes(path.expanduser(), limit=limit, what=what, error=PowerctlError)
+    except OSError as exc:
+        raise PowerctlError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+
+
+def load_ca(path: Path) -> str:
+    """The CA certificate(s) in `path` as PEM text, checked as Flower (and OpenSSL) will load them."""
+    data = _read_small(path, CA_LIMIT, "the CA certificate (PEM)")
+    try:
+        text = data.decode("ascii")
+        if "-----BEGIN CERTIFICATE-----" not in text:
+            raise ValueError("no certificate")
+        ssl.create_default_context(cadata=text)
+    except (UnicodeDecodeError, ssl.SSLError, ValueError):
+        raise PowerctlError(
+            f"{path} is not a CA certificate in PEM form (-----BEGIN CERTIFICATE-----); give the ca.crt the "
+            "SuperLink's --ssl-ca-certfile names"
+        ) from None
+    return text
+
+
 def _ca_context(t: Target) -> ssl.SSLContext:
     """What Flower verifies with: the given CA file, else the system's trust store."""
     if t.root_certificates is None:
         return ssl.create_default_context()
-    try:
-        return ssl.create_default_context(cafile=str(t.root_certificates))
-    except (OSError, ssl.SSLError) as exc:
-        reason = getattr(exc, "strerror", None) or getattr(exc, "reason", None) or exc
-        raise PowerctlError(f"cannot read the CA certificate {t.root_certificates}: {reason}") from None
+    return ssl.create_default_context(cadata=load_ca(t.root_certificates))
 
 
 def check_tls(t: Target, timeout_s: float) -> str:
@@ -255,16 +291,21 @@ def _not_flower(t: Target, what: str, exc: Exception) -> CheckFailed:
     )
 
 
-def _load_node_key(path: Path) -> Any:
-    """The SuperNode's ECDSA private key, read as flower-supernode reads it."""
+def load_node_key(path: Path) -> Any:
+    """The SuperNode's ECDSA private key, read as flower-supernode reads it (OpenSSH format, no
+    passphrase: Flower cannot ask for one); anything else is one line saying what to give."""
     from cryptography.exceptions import UnsupportedAlgorithm
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.hazmat.primitives.serialization import load_ssh_private_key
 
+    data = _read_small(path, KEY_LIMIT, "the node key")
     try:
-        key = load_ssh_private_key(path.expanduser().read_bytes(), None)
-    except OSError as exc:
-        raise PowerctlError(f"cannot read the node key {path}: {exc.strerror or exc}") from None
+        key = load_ssh_private_key(data, None)
+    except TypeError:  # "Key is password-protected, but password was not provided."
+        raise PowerctlError(
+            f"the node key {path} is protected by a passphrase, and flower-supernode can only read an "
+            f'unencrypted key: remove the passphrase (ssh-keygen -p -N "" -f {path})'
+        ) from None
     except (ValueError, UnsupportedAlgorithm):
         key = None
     if not isinstance(key, ec.EllipticCurvePrivateKey):
@@ -339,7 +380,7 @@ def release_stale_node(t: Target, say: Callable[[str], None]) -> bool:
     from flwr.supercore.primitives.asymmetric import public_key_to_bytes
 
     assert t.node_key is not None
-    private_key = _load_node_key(t.node_key)
+    private_key = load_node_key(t.node_key)
     try:
         node = node_with_key(t, public_key_to_bytes(private_key.public_key()))
     except Exception:
@@ -371,7 +412,7 @@ def check_node_key(t: Target) -> str:
     from flwr.supercore.primitives.asymmetric import public_key_to_bytes
 
     assert t.node_key is not None
-    private_key = _load_node_key(t.node_key)
+    private_key = load_node_key(t.node_key)
     public_key = public_key_to_bytes(private_key.public_key())
     client = _fleet_client(t, private_key)
     try:
@@ -406,8 +447,9 @@ def _refused_key(t: Target, exc: Exception, public_key: bytes) -> CheckFailed:
         node = node_with_key(t, public_key)
     except Exception:
         return CheckFailed(
-            "unregistered node key",
-            f"the SuperLink refused to activate the node with key {pub} (Flower error 2004)",
+            "node key not activated",
+            f"the SuperLink refused to activate the node with key {pub} (Flower error 2004) and its Control "
+            "API does not say why",
             f"register it on the coordinator (flwr supernode register {pub} CONNECTION); if it is "
             "registered, a SuperNode with this key runs, or crashed less than "
             f"{HEARTBEAT_WINDOW_S:.0f} s ago",
@@ -492,15 +534,68 @@ def run_checks(t: Target, timeout_s: float = 5.0, say: Callable[[str], None] = p
         say(check_self_registration(t))
 
 
-def target_from_connection(name: str | None) -> Target:
-    """The target of a `flwr` connection in $FLWR_HOME/config.toml (None: the default one)."""
+def flower_config_path() -> Path:
+    """$FLWR_HOME/config.toml (default ~/.flwr/config.toml), where `flwr` keeps its connections."""
+    from flwr.cli.constant import FLOWER_CONFIG_FILE
+    from flwr.supercore.utils import get_flwr_home
+
+    return get_flwr_home() / FLOWER_CONFIG_FILE
+
+
+def _check_connection(doc: dict[str, Any], name: str | None, path: Path) -> None:
+    """The connection asked for is a table in config.toml's [superlink] (its default when `name` is
+    None): otherwise one line listing the ones there."""
+    links = doc.get("superlink", {})
+    links = links if isinstance(links, dict) else {}
+    names = sorted(k for k, v in links.items() if isinstance(v, dict))
+    there = f"it has {', '.join(names)}" if names else "it has none"
+    if name is None:
+        name = links.get("default")
+        if not isinstance(name, str):
+            raise PowerctlError(
+                f'no default flwr connection in {path} ({there}): name one, or set default = "NAME" under '
+                "[superlink]"
+            )
+    if name not in names:
+        raise PowerctlError(
+            f"no flwr connection {name!r} in {path} ({there}); add a [superlink.{name}] table with its "
+            "address (docs/deployment.md, section 5)"
+        )
+
+
+def read_flwr_connection(name: str | None) -> Any:
+    """The `flwr` connection `name` (None: the default one) from $FLWR_HOME/config.toml, as `flwr` reads
+    it; a file that is not a small TOML text, or no such connection, is one line (a PowerctlError).
+
+    The one reader of config.toml here: `flwr` itself raises on a folder or a binary file
+    (IsADirectoryError, UnicodeDecodeError), so the file is read bounded and parsed first, with the
+    parser `flwr` uses. A missing file is left to `flwr`, which writes its default one."""
     import click
+    import tomli
     from flwr.cli.flower_config import read_superlink_connection
 
+    path = flower_config_path()
+    if os.path.lexists(path):
+        data = _read_small(path, CONFIG_LIMIT, "Flower's config.toml")
+        fix = "fix it, or move it away (flwr then writes a fresh one)"
+        try:
+            doc = tomli.loads(data.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise PowerctlError(f"{path} is not a text file (UTF-8 TOML); {fix}") from None
+        except tomli.TOMLDecodeError as exc:
+            raise PowerctlError(f"{path} is not valid TOML ({exc}); {fix}") from None
+        _check_connection(doc, name, path)
     try:
-        conn = read_superlink_connection(name)
+        return read_superlink_connection(name)
     except click.ClickException as exc:
-        raise PowerctlError(str(exc.message).splitlines()[0]) from None
+        raise PowerctlError(" ".join(str(exc.message).split())) from None
+    except (OSError, ValueError) as exc:  # changed under us since it was read
+        raise PowerctlError(f"cannot read {path}: {exc}") from None
+
+
+def target_from_connection(name: str | None) -> Target:
+    """The target of a `flwr` connection in $FLWR_HOME/config.toml (None: the default one)."""
+    conn = read_flwr_connection(name)
     if not conn.address:
         raise PowerctlError(f"flwr connection {conn.name!r} has no address (a simulation connection?)")
     host, port = parse_address(conn.address)
@@ -549,10 +644,20 @@ def target_from_args(args: argparse.Namespace) -> Target:
     return Target(host, port, args.insecure, args.root_certificates, args.auth_supernode_private_key)
 
 
+def check_files(t: Target) -> None:
+    """The files the target names (CA certificate, node key), read as Flower will read them: a bad one
+    is a PowerctlError (one line, exit status 2) before anything connects."""
+    if t.root_certificates is not None:
+        load_ca(t.root_certificates)
+    if t.node_key is not None:
+        load_node_key(t.node_key)
+
+
 @one_line_errors(PROG)
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)  # a bad flag: one line and exit 2 (OneLineParser)
     target = target_from_args(args)
+    check_files(target)
     try:
         run_checks(target, args.timeout)
     except CheckFailed as failed:

@@ -1,16 +1,31 @@
-"""`python -m fl_client.supernode [flower-supernode flags]`: a SuperNode that starts again after a crash.
+"""`python -m fl_client.supernode [flower-supernode flags]`: a SuperNode that starts again after a crash
+and, when it cannot start, says why in one line.
 
 Flower 1.41 keeps a SuperNode's registration online for up to 2 × its 30 s heartbeat after the
 SuperNode dies without saying goodbye (SIGKILL, OOM kill, power loss); a SuperNode with the same key
 started in that window is refused ("Exit Code: 305 … [code: 2004] Failed to activate SuperNode") and
 exits (docs/deployment.md, "Restarts"). This wrapper runs `flower-supernode` with the flags given,
-unchanged, after two things:
+unchanged, after three things:
 
-1. with a node key, it asks the SuperLink (Control API, as `flwr supernode ls`) whether this key's node
+1. the files it names are checked (the node key: an ECDSA key in OpenSSH format without a passphrase;
+   the CA certificate): a bad one is one line and exit status 2 before Flower starts;
+2. with a node key, it asks the SuperLink (Control API, as `flwr supernode ls`) whether this key's node
    is still counted online; if so it releases it, signed with the key (`fl_client.check`);
-2. if the SuperNode is refused all the same (no Control API here, say), it waits and starts it again,
-   one line each time, until `--wait` seconds have passed; a key the SuperLink does not know at all is
-   one line and exit status 1 at once (waiting would not help).
+3. if the SuperNode exits all the same, the connection is checked layer by layer (`fl_client.check`)
+   and the first cause found is one line on stderr and exit status 1, at once: a key the SuperLink
+   does not know, the wrong address, a TLS mismatch, an untrusted certificate; a local port in use is
+   named likewise. Only where the cause may pass (Flower's 2004 while the Control API does not answer,
+   or the key's node still online) it waits and starts it again, one line each time, until `--wait`
+   seconds have passed.
+
+The wrapper waits on the SuperNode process itself, never on its output: Flower's SuperNode starts a
+`flower-superexec` that inherits the output pipe and lives until its parent is reaped, so reading the
+pipe to its end would wait for ever. When the SuperNode has exited, what it started and left behind
+(re-parented to this process, a Linux child subreaper) is stopped: SIGTERM, then SIGKILL.
+
+`flower-superexec` and `flwr-clientapp` are found on PATH by the SuperNode: the folder of the
+`flower-supernode` run (this interpreter's bin, a venv's) is put first on the SuperNode's PATH, so a
+service that starts `/opt/…/.venv/bin/python -m fl_client.supernode` with the venv not on PATH works.
 
 SIGINT/SIGTERM/SIGHUP are passed on to the SuperNode (which then restores its board and says goodbye to
 the SuperLink); the exit status is the SuperNode's.
@@ -19,25 +34,59 @@ the SuperLink); the exit status is the SuperNode's.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from fl_client.check import HEARTBEAT_WINDOW_S, CheckFailed, Target, parse_address, release_stale_node
+from fl_client.check import (
+    HEARTBEAT_WINDOW_S,
+    CheckFailed,
+    Target,
+    check_files,
+    check_node_key,
+    check_reachable,
+    check_self_registration,
+    check_tls,
+    parse_address,
+    release_stale_node,
+)
 from powerctl.cliutil import installed_tool, one_line_errors
 from powerctl.errors import PowerctlError
 
 PROG = "python -m fl_client.supernode"
 REFUSED = "Failed to activate SuperNode"
+CONNECTION_ERROR = 305
+"""Flower's exit code (printed as `Exit Code: 305`) when the SuperNode cannot connect or is refused."""
 RETRY_S = 10.0
+STOP_GRACE_S = 10.0
+"""How long what the SuperNode left behind has to end after SIGTERM (a ClientApp restores its board)."""
+DRAIN_S = 2.0
+"""How long the rest of the output is read once every process we started has ended."""
+CHECK_TIMEOUT_S = 5.0
+CHECK_PROG = "python -m fl_client.check"
+MAX_WAIT_S = 86400.0
+_EXIT_CODE = re.compile(r"Exit Code: (\d+)")
+_BIND = re.compile(r"error while attempting to bind on address \('?([^',]*)'?, (\d+)\): (.*)$")
+_API_FAILED = "SuperNode Runtime HTTP API failed to start"
+_TRACEBACK = "Traceback (most recent call last):"
+_CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
+PR_SET_CHILD_SUBREAPER = 36
 
 
-def _target(flags: list[str]) -> Target | None:
-    """The connection part of the SuperNode's own flags (None without --superlink: Flower's default)."""
+class NotStarted(Exception):
+    """The SuperNode could not start, for a named cause: one line on stderr, exit status 1."""
+
+
+def _target(flags: list[str]) -> Target:
+    """The connection part of the SuperNode's own flags (Flower's default address without --superlink)."""
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--superlink")
     p.add_argument("--insecure", action="store_true")
@@ -45,97 +94,276 @@ def _target(flags: list[str]) -> Target | None:
     p.add_argument("--auth-supernode-private-key", type=Path)
     known, _ = p.parse_known_args(flags)
     if known.superlink is None:
-        return None
+        from flwr.supercore.constant import SUPERLINK_DEFAULT_CLIENT_ADDRESS
+
+        known.superlink = SUPERLINK_DEFAULT_CLIENT_ADDRESS
     host, port = parse_address(known.superlink)
     return Target(host, port, known.insecure, known.root_certificates, known.auth_supernode_private_key)
 
 
-def run_once(argv: list[str]) -> tuple[int, bool]:
-    """Run the SuperNode, its output passed through; (exit status, whether it was refused activation)."""
+def child_env(tool: str) -> dict[str, str]:
+    """This environment with the folder of `tool` first on PATH: the SuperNode starts
+    `flower-superexec` (and that `flwr-clientapp`) by name, from the same install."""
+    path = os.environ.get("PATH", "")
+    return {
+        **os.environ,
+        "PATH": f"{Path(tool).parent}{os.pathsep}{path}" if path else str(Path(tool).parent),
+    }
+
+
+# ------------------------------------------------------------------------------------------ processes
+
+
+def become_subreaper() -> bool:
+    """Orphans of the SuperNode's tree (its SuperExec, a ClientApp) are re-parented to this process
+    rather than to init, so they can be found and stopped (Linux; False elsewhere)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+def _children() -> dict[int, bool]:
+    """This process's children: {pid: still running (False: a zombie to reap)}."""
+    from simulations.local_superlink import PROC, proc_table
+
+    if not PROC.is_dir():  # no /proc: nothing to find (and no subreaper either)
+        return {}
+    me = os.getpid()
+    return {pid: st.running for pid, st in proc_table().items() if st.ppid == me}
+
+
+def stop_leftovers(grace_s: float = STOP_GRACE_S) -> list[int]:
+    """SIGTERM every child of this process (left by an exited SuperNode), SIGKILL what is left after
+    `grace_s`, and reap them: by pid, safe because an unreaped child's pid cannot be reused."""
+    deadline, signalled, seen = time.monotonic() + grace_s, {}, set()
+    while True:
+        kids = _children()
+        for pid, running in kids.items():
+            if not running:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)
+        live = [pid for pid, running in kids.items() if running]
+        if not live:
+            return sorted(seen)
+        sig = signal.SIGKILL if time.monotonic() > deadline else signal.SIGTERM
+        for pid in live:
+            seen.add(pid)
+            if signalled.get(pid) != sig:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+                signalled[pid] = sig
+        time.sleep(0.1)
+
+
+@dataclass
+class Outcome:
+    """How one SuperNode run ended, read from its exit status and its output."""
+
+    rc: int = 0
+    flower_exit: int | None = None
+    """The code Flower printed (`Exit Code: N`); its process exit status is 1 whatever N is."""
+    refused: bool = False
+    """`[code: 2004] Failed to activate SuperNode`."""
+    bind: tuple[str, int, str] | None = None
+    """(host, port, why) of the local API address uvicorn could not bind."""
+    api_failed: bool = False
+    held: list[str] = field(default_factory=list)
+    """The last traceback, held back: printed only when its cause is not named in one line."""
+    in_traceback: bool = False
+    stopped: bool = False
+    """The wrapper passed on a stop signal: the SuperNode was asked to stop."""
+
+    def read(self, line: str) -> list[str]:
+        """Note what `line` says; the lines to show now. A traceback is held back until a line that is
+        not part of it shows it was only logged (then it is shown), or the output ends with it."""
+        self.refused = self.refused or REFUSED in line
+        self.api_failed = self.api_failed or _API_FAILED in line
+        if (m := _EXIT_CODE.search(line)) is not None:
+            self.flower_exit = int(m.group(1))
+        if (m := _BIND.search(line)) is not None:
+            self.bind = (m.group(1), int(m.group(2)), m.group(3).strip())
+        if line.startswith(_TRACEBACK) or self.in_traceback:
+            self.in_traceback = not (line[:1].strip() and not line.startswith(_TRACEBACK))
+            self.held.append(line)
+            return []
+        if self.held and (not line.strip() or line.startswith(_CHAINED)):
+            self.held.append(line)  # "During handling of the above exception…": the next one follows
+            return []
+        shown, self.held = [*self.held, line], []
+        return shown
+
+
+def _pass_through(stream: object, outcome: Outcome) -> None:
+    for line in stream:  # type: ignore[attr-defined]
+        if shown := outcome.read(line):
+            sys.stdout.writelines(shown)
+            sys.stdout.flush()
+
+
+def run_once(argv: list[str], env: dict[str, str]) -> Outcome:
+    """Run the SuperNode, its output passed through, until the SuperNode process exits; then stop what
+    it left behind. Never waits on the output pipe, which the SuperNode's children hold too."""
+    outcome = Outcome()
     proc = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, env=env
     )
+    reader = threading.Thread(target=_pass_through, args=(proc.stdout, outcome), daemon=True)
+    reader.start()
 
     def forward(signum: int, _frame: object) -> None:
-        proc.send_signal(signum)
+        outcome.stopped = True
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signum)
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    refused = False
     try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            refused = refused or REFUSED in line
-            sys.stdout.write(line)
-            sys.stdout.flush()
-        rc = proc.wait()
+        outcome.rc = proc.wait()
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-    return rc, refused
-
-
-@one_line_errors(PROG)
-def main(argv: Sequence[str] | None = None) -> int:
-    flags = list(sys.argv[1:] if argv is None else argv)
-    wait_s = 2 * HEARTBEAT_WINDOW_S
-    if flags[:1] == ["--wait"] and len(flags) > 1:
         try:
-            wait_s = float(flags[1])
-        except ValueError:
-            print(f"{PROG}: error: --wait takes seconds, got {flags[1]!r}", file=sys.stderr)
-            return 2
-        flags = flags[2:]
-    if flags[:1] in (["-h"], ["--help"]):
-        print(__doc__)
-        return 0
-    try:
-        target = _target(flags)
-        command = [installed_tool("flower-supernode"), *flags]
-        if target is not None and target.node_key is not None:
-            release_stale_node(target, lambda text: print(f"supernode: {text}", flush=True))
-    except PowerctlError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
-    deadline = time.monotonic() + wait_s
-    while True:
-        rc, refused = run_once(command)
-        if not refused or rc == 0:
-            return rc
-        if target is not None and target.node_key is not None:
-            try:
-                from fl_client.check import check_node_key
+            if proc.poll() is None:  # the wrapper itself fails: the SuperNode stops with it
+                proc.terminate()
+                try:
+                    proc.wait(STOP_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+            stop_leftovers()
+            reader.join(DRAIN_S)
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+    return outcome
 
-                check_node_key(target)
-            except CheckFailed as failed:
-                if failed.cause == "unregistered node key":
-                    print(f"supernode: {failed}", flush=True)
-                    return 1
-            except PowerctlError:
-                pass
-        if time.monotonic() + RETRY_S > deadline:
-            print(
-                f"supernode: still refused after {wait_s:.0f} s: check the key's registration "
-                f"(python -m fl_client.check {' '.join(_connection_flags(flags))})",
-                flush=True,
+
+# ------------------------------------------------------------------------------------------ causes
+
+
+def _diagnose(target: Target) -> CheckFailed | None:
+    """The first thing `fl_client.check` finds wrong with this connection (None: nothing now)."""
+    try:
+        check_reachable(target, CHECK_TIMEOUT_S)
+        check_tls(target, CHECK_TIMEOUT_S)
+        if target.node_key is not None:
+            check_node_key(target)
+        else:
+            check_self_registration(target)
+    except CheckFailed as failed:
+        return failed
+    return None
+
+
+def _port_line(outcome: Outcome, flags: list[str]) -> str:
+    if outcome.bind is not None:
+        host, port, why = outcome.bind
+        if "in use" in why:
+            return (
+                f"port {port} is in use: another process listens on {host}:{port} (another SuperNode?); give "
+                "this SuperNode its own --port (each SuperNode on a host needs one; default 9094)"
             )
-            return rc
-        print(
-            f"supernode: refused by the SuperLink (this key's node is still counted online after a crash, up "
-            f"to {HEARTBEAT_WINDOW_S:.0f} s); starting again in {RETRY_S:.0f} s",
-            flush=True,
-        )
-        time.sleep(RETRY_S)
+        return f"the SuperNode cannot listen on {host}:{port} ({why}); give it another --port"
+    port = _flag(flags, "--port") or "9094 (the default)"
+    return f"the SuperNode's local API did not start on port {port}; give it another --port"
+
+
+def _flag(flags: list[str], name: str) -> str | None:
+    for i, flag in enumerate(flags):
+        if flag == name and i + 1 < len(flags):
+            return flags[i + 1]
+        if flag.startswith(name + "="):
+            return flag.split("=", 1)[1]
+    return None
 
 
 def _connection_flags(flags: list[str]) -> list[str]:
     """The flags `fl_client.check` takes, from the SuperNode's."""
-    out, keep = [], {"--superlink", "--root-certificates", "--auth-supernode-private-key"}
-    for i, flag in enumerate(flags):
-        if flag == "--insecure":
-            out.append(flag)
-        elif flag in keep and i + 1 < len(flags):
-            out += [flag, flags[i + 1]]
+    out = ["--insecure"] if "--insecure" in flags else []
+    for name in ("--superlink", "--root-certificates", "--auth-supernode-private-key"):
+        if (value := _flag(flags, name)) is not None:
+            out += [name, value]
     return out
+
+
+def _may_pass(failed: CheckFailed | None) -> bool:
+    """Whether waiting can help: the key's node may still be counted online after a crash."""
+    return failed is None or failed.cause in ("node key in use", "node key not activated")
+
+
+def _wait_flag(flags: list[str]) -> tuple[float, list[str]]:
+    """`--wait S` as the first flags (seconds to keep starting a refused SuperNode), and the rest."""
+    if flags[:1] != ["--wait"] or len(flags) < 2:
+        return 2 * HEARTBEAT_WINDOW_S, flags
+    try:
+        wait_s = float(flags[1])
+    except ValueError:
+        wait_s = float("nan")
+    if not 0 <= wait_s <= MAX_WAIT_S:
+        raise PowerctlError(f"--wait takes seconds from 0 to {MAX_WAIT_S:.0f}, got {flags[1]!r}")
+    return wait_s, flags[2:]
+
+
+def _say(text: str) -> None:
+    print(f"supernode: {text}", flush=True)
+
+
+def run_until_started(command: list[str], target: Target, flags: list[str], wait_s: float) -> int:
+    """Run the SuperNode; start it again while the cause of a refusal may pass, up to `wait_s`.
+    A cause that will not pass raises NotStarted naming it."""
+    env = child_env(command[0])
+    deadline = time.monotonic() + wait_s
+    while True:
+        outcome = run_once(command, env)
+        if outcome.rc == 0 or outcome.stopped:
+            _flush(outcome.held)
+            return outcome.rc
+        if outcome.bind is not None or outcome.api_failed:
+            raise NotStarted(_port_line(outcome, flags))
+        if outcome.flower_exit != CONNECTION_ERROR and not outcome.refused:
+            _flush(outcome.held)  # a failure this wrapper cannot name: Flower's own words stand
+            return outcome.rc
+        failed = _diagnose(target)
+        if not _may_pass(failed):
+            raise NotStarted(str(failed))
+        why = str(failed) if failed is not None else "Flower error 2004, Failed to activate SuperNode"
+        if time.monotonic() + RETRY_S > deadline:
+            check = " ".join([CHECK_PROG, *_connection_flags(flags)])
+            raise NotStarted(
+                f"the SuperLink still refuses the SuperNode after {wait_s:.0f} s ({why}); see: {check}"
+            )
+        _say(
+            f"refused by the SuperLink ({why}); the node of this key may still be counted online after a "
+            f"crash (up to {HEARTBEAT_WINDOW_S:.0f} s): starting again in {RETRY_S:.0f} s"
+        )
+        time.sleep(RETRY_S)
+        if target.node_key is not None:
+            release_stale_node(target, _say)
+
+
+def _flush(lines: list[str]) -> None:
+    sys.stdout.writelines(lines)
+    sys.stdout.flush()
+
+
+@one_line_errors(PROG)
+def main(argv: Sequence[str] | None = None) -> int:
+    wait_s, flags = _wait_flag(list(sys.argv[1:] if argv is None else argv))
+    if flags[:1] in (["-h"], ["--help"]):
+        print(__doc__)
+        return 0
+    target = _target(flags)  # the files it names, checked before Flower starts: one line, exit 2
+    command = [installed_tool("flower-supernode"), *flags]
+    check_files(target)
+    if target.node_key is not None:
+        release_stale_node(target, _say)
+    become_subreaper()
+    try:
+        return run_until_started(command, target, flags, wait_s)
+    except NotStarted as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

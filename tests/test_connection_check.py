@@ -131,4 +131,4 @@ def test_bad_flags_are_one_line(tmp_path: Path) -> None:
     rc, lines = check(
         "--superlink", "127.0.0.1:1", "--insecure", "--auth-supernode-private-key", str(bad_key)
     )
-    assert rc == 1 and "wrong address" in lines[-1], lines  # the address fails first: no key is read
+    assert rc == 2 and len(lines) == 1 and "not an ECDSA private key" in lines[0], lines  # files first
