@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fl_client.check import read_flwr_connection
 from powerctl.cliutil import OneLineParser, installed_tool, non_negative_int, one_line_errors, positive_float
 from powerctl.errors import PowerctlError
 
@@ -257,6 +258,7 @@ def checked_supervisor(args: argparse.Namespace) -> Supervisor:
 @one_line_errors(PROG)
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)  # a bad flag: one line and exit 2 (OneLineParser)
+    read_flwr_connection(args.connection)  # a bad config.toml or no such connection: one line, before flwr
     supervisor = checked_supervisor(args)
     try:
         path = supervisor.run()
