@@ -29,7 +29,6 @@ when it starts and stops cleanly); without a key it registers a throwaway key an
 from __future__ import annotations
 
 import argparse
-import os
 import socket
 import ssl
 import sys
@@ -41,6 +40,7 @@ from typing import Any
 
 from powerctl.cliutil import OneLineParser, one_line_errors, positive_float
 from powerctl.errors import PowerctlError
+from strategies.flower_config import read_flwr_connection, read_small
 
 PROG = "python -m fl_client.check"
 HEARTBEAT_WINDOW_S = 60.0
@@ -152,23 +152,11 @@ CA_LIMIT = 1 << 20
 """A CA file holds a few PEM certificates (a system bundle is ~200 KB)."""
 KEY_LIMIT = 64 << 10
 """A node key is a few hundred bytes."""
-CONFIG_LIMIT = 1 << 20
-"""Flower's config.toml holds a few connections."""
-
-
-def _read_small(path: Path, limit: int, what: str) -> bytes:
-    """A file the user names, bounded (`powerctl.readfile`): anything else is one line naming it."""
-    from powerctl.readfile import read_bytes
-
-    try:
-        return read_bytes(path.expanduser(), limit=limit, what=what, error=PowerctlError)
-    except OSError as exc:
-        raise PowerctlError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
 
 
 def load_ca(path: Path) -> str:
     """The CA certificate(s) in `path` as PEM text, checked as Flower (and OpenSSL) will load them."""
-    data = _read_small(path, CA_LIMIT, "the CA certificate (PEM)")
+    data = read_small(path, CA_LIMIT, "the CA certificate (PEM)")
     try:
         text = data.decode("ascii")
         if "-----BEGIN CERTIFICATE-----" not in text:
@@ -298,7 +286,7 @@ def load_node_key(path: Path) -> Any:
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.hazmat.primitives.serialization import load_ssh_private_key
 
-    data = _read_small(path, KEY_LIMIT, "the node key")
+    data = read_small(path, KEY_LIMIT, "the node key")
     try:
         key = load_ssh_private_key(data, None)
     except TypeError:  # "Key is password-protected, but password was not provided."
@@ -532,65 +520,6 @@ def run_checks(t: Target, timeout_s: float = 5.0, say: Callable[[str], None] = p
         say(check_node_key(t))
     else:
         say(check_self_registration(t))
-
-
-def flower_config_path() -> Path:
-    """$FLWR_HOME/config.toml (default ~/.flwr/config.toml), where `flwr` keeps its connections."""
-    from flwr.cli.constant import FLOWER_CONFIG_FILE
-    from flwr.supercore.utils import get_flwr_home
-
-    return get_flwr_home() / FLOWER_CONFIG_FILE
-
-
-def _check_connection(doc: dict[str, Any], name: str | None, path: Path) -> None:
-    """The connection asked for is a table in config.toml's [superlink] (its default when `name` is
-    None): otherwise one line listing the ones there."""
-    links = doc.get("superlink", {})
-    links = links if isinstance(links, dict) else {}
-    names = sorted(k for k, v in links.items() if isinstance(v, dict))
-    there = f"it has {', '.join(names)}" if names else "it has none"
-    if name is None:
-        name = links.get("default")
-        if not isinstance(name, str):
-            raise PowerctlError(
-                f'no default flwr connection in {path} ({there}): name one, or set default = "NAME" under '
-                "[superlink]"
-            )
-    if name not in names:
-        raise PowerctlError(
-            f"no flwr connection {name!r} in {path} ({there}); add a [superlink.{name}] table with its "
-            "address (docs/deployment.md, section 5)"
-        )
-
-
-def read_flwr_connection(name: str | None) -> Any:
-    """The `flwr` connection `name` (None: the default one) from $FLWR_HOME/config.toml, as `flwr` reads
-    it; a file that is not a small TOML text, or no such connection, is one line (a PowerctlError).
-
-    The one reader of config.toml here: `flwr` itself raises on a folder or a binary file
-    (IsADirectoryError, UnicodeDecodeError), so the file is read bounded and parsed first, with the
-    parser `flwr` uses. A missing file is left to `flwr`, which writes its default one."""
-    import click
-    import tomli
-    from flwr.cli.flower_config import read_superlink_connection
-
-    path = flower_config_path()
-    if os.path.lexists(path):
-        data = _read_small(path, CONFIG_LIMIT, "Flower's config.toml")
-        fix = "fix it, or move it away (flwr then writes a fresh one)"
-        try:
-            doc = tomli.loads(data.decode("utf-8"))
-        except UnicodeDecodeError:
-            raise PowerctlError(f"{path} is not a text file (UTF-8 TOML); {fix}") from None
-        except tomli.TOMLDecodeError as exc:
-            raise PowerctlError(f"{path} is not valid TOML ({exc}); {fix}") from None
-        _check_connection(doc, name, path)
-    try:
-        return read_superlink_connection(name)
-    except click.ClickException as exc:
-        raise PowerctlError(" ".join(str(exc.message).split())) from None
-    except (OSError, ValueError) as exc:  # changed under us since it was read
-        raise PowerctlError(f"cannot read {path}: {exc}") from None
 
 
 def target_from_connection(name: str | None) -> Target:

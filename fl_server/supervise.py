@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fl_client.check import read_flwr_connection
 from powerctl.cliutil import OneLineParser, installed_tool, non_negative_int, one_line_errors, positive_float
 from powerctl.errors import PowerctlError
+from strategies.flower_config import read_flwr_connection
 
 PROG = "python -m fl_server.supervise"
 LOST = "Connection to the SuperLink is unavailable"

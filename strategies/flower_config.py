@@ -1,0 +1,85 @@
+"""Flower's own config file ($FLWR_HOME/config.toml), read bounded and checked before `flwr` reads it.
+
+Shared by the coordinator's supervisor (`fl_server.supervise`) and the board's connection check
+(`fl_client.check`): `flwr` itself raises a traceback on a folder or a binary config.toml.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from powerctl.errors import PowerctlError
+
+CONFIG_LIMIT = 1 << 20
+"""Flower's config.toml holds a few connections."""
+
+
+def read_small(path: Path, limit: int, what: str) -> bytes:
+    """A file the user names, bounded (`powerctl.readfile`): anything else is one line naming it."""
+    from powerctl.readfile import read_bytes
+
+    try:
+        return read_bytes(path.expanduser(), limit=limit, what=what, error=PowerctlError)
+    except OSError as exc:
+        raise PowerctlError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+
+
+def flower_config_path() -> Path:
+    """$FLWR_HOME/config.toml (default ~/.flwr/config.toml), where `flwr` keeps its connections."""
+    from flwr.cli.constant import FLOWER_CONFIG_FILE
+    from flwr.supercore.utils import get_flwr_home
+
+    return get_flwr_home() / FLOWER_CONFIG_FILE
+
+
+def _check_connection(doc: dict[str, Any], name: str | None, path: Path) -> None:
+    """The connection asked for is a table in config.toml's [superlink] (its default when `name` is
+    None): otherwise one line listing the ones there."""
+    links = doc.get("superlink", {})
+    links = links if isinstance(links, dict) else {}
+    names = sorted(k for k, v in links.items() if isinstance(v, dict))
+    there = f"it has {', '.join(names)}" if names else "it has none"
+    if name is None:
+        name = links.get("default")
+        if not isinstance(name, str):
+            raise PowerctlError(
+                f'no default flwr connection in {path} ({there}): name one, or set default = "NAME" under '
+                "[superlink]"
+            )
+    if name not in names:
+        raise PowerctlError(
+            f"no flwr connection {name!r} in {path} ({there}); add a [superlink.{name}] table with its "
+            "address (docs/deployment.md, section 5)"
+        )
+
+
+def read_flwr_connection(name: str | None) -> Any:
+    """The `flwr` connection `name` (None: the default one) from $FLWR_HOME/config.toml, as `flwr` reads
+    it; a file that is not a small TOML text, or no such connection, is one line (a PowerctlError).
+
+    The one reader of config.toml here: `flwr` itself raises on a folder or a binary file
+    (IsADirectoryError, UnicodeDecodeError), so the file is read bounded and parsed first, with the
+    parser `flwr` uses. A missing file is left to `flwr`, which writes its default one."""
+    import click
+    import tomli
+    from flwr.cli.flower_config import read_superlink_connection
+
+    path = flower_config_path()
+    if os.path.lexists(path):
+        data = read_small(path, CONFIG_LIMIT, "Flower's config.toml")
+        fix = "fix it, or move it away (flwr then writes a fresh one)"
+        try:
+            doc = tomli.loads(data.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise PowerctlError(f"{path} is not a text file (UTF-8 TOML); {fix}") from None
+        except tomli.TOMLDecodeError as exc:
+            raise PowerctlError(f"{path} is not valid TOML ({exc}); {fix}") from None
+        _check_connection(doc, name, path)
+    try:
+        return read_superlink_connection(name)
+    except click.ClickException as exc:
+        raise PowerctlError(" ".join(str(exc.message).split())) from None
+    except (OSError, ValueError) as exc:  # changed under us since it was read
+        raise PowerctlError(f"cannot read {path}: {exc}") from None
