@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from powerctl.baselines import ORACLE, OURS, PROXY_BATCH, STATE_OF_PRACTICE
-from powerctl.cliutil import MAX_BATCH_SIZE, kind_type
+from powerctl.cliutil import MAX_BATCH_SIZE, MAX_COUNT, MAX_SEED, kind_type
 from powerctl.errors import PowerctlError
 from powerctl.follow import DEFAULT_PAUSE_TIMEOUT_S, DEFAULT_POLL_S
 from powerctl.guard import DEFAULT_TOLERANCE, DEFAULT_WINDOW
@@ -225,8 +225,8 @@ SETTINGS: dict[str, Setting] = _declare(
         "Pre-training data, when `weights` is empty.",
         group="task",
     ),
-    Setting("pretrain-samples", 2000, Integer(1), "Pre-training samples.", group="task"),
-    Setting("pretrain-seed", 0, Integer(0), "Pre-training seed.", group="task"),
+    Setting("pretrain-samples", 2000, Integer(1, MAX_COUNT), "Pre-training samples.", group="task"),
+    Setting("pretrain-seed", 0, Integer(0, MAX_SEED), "Pre-training seed.", group="task"),
     Setting(
         "relation",
         "",
@@ -246,14 +246,14 @@ SETTINGS: dict[str, Setting] = _declare(
     Setting(
         "proxy-seed",
         1,
-        Integer(0),
+        Integer(0, MAX_SEED),
         "Seed of the proxy data (generated data; the image train/test split).",
         group="task",
     ),
     Setting(
         "relation-seeds",
         "0,1,2",
-        distinct_ints(0, "0,1,2"),
+        distinct_ints(0, "0,1,2", maximum=MAX_SEED),
         "Training seeds of the relation estimate, each batch size trained once per seed: samples to "
         "target is the mean over them (see relation-values), and the file keeps every seed's.",
         group="task",
@@ -261,7 +261,7 @@ SETTINGS: dict[str, Setting] = _declare(
     Setting(
         "relation-max-samples",
         16000,
-        Integer(1),
+        Integer(1, MAX_COUNT),
         "Most samples a relation run trains: a batch size that has not reached the target by then is an "
         "error that says what to change.",
         group="task",
@@ -269,7 +269,7 @@ SETTINGS: dict[str, Setting] = _declare(
     Setting(
         "relation-max-seeds",
         0,
-        Integer(0),
+        Integer(0, 64),
         "Seeds are added beyond relation-seeds until the batch sizes' ranking is stable, up to this many "
         "in all (0: relation-seeds only).",
         group="task",
@@ -308,7 +308,7 @@ SETTINGS: dict[str, Setting] = _declare(
     Setting(
         "lr-max",
         0.002,
-        Number(0.0, above=True),
+        Number(0.0, 10.0, above=True),
         "Learning rate of the largest batch size.",
         BOTH,
         group="task",
@@ -341,7 +341,7 @@ SETTINGS: dict[str, Setting] = _declare(
     Setting(
         "eval-every-samples",
         256,
-        Integer(1),
+        Integer(1, MAX_COUNT),
         "Clients evaluate every this many training samples, the relation estimate at least this often "
         "(a run that crosses the target within a few evaluations is run again more densely): the "
         "resolution of samples to target.",
@@ -351,7 +351,7 @@ SETTINGS: dict[str, Setting] = _declare(
     Setting(
         "eval-max-samples",
         300,
-        Integer(1),
+        Integer(1, MAX_COUNT),
         "Most test samples an evaluation uses (a fixed subset).",
         BOTH,
         group="rounds",
@@ -520,7 +520,7 @@ SETTINGS: dict[str, Setting] = _declare(
         group="fleet",
     ),
     Setting(
-        "client-data-seed", 2, Integer(0), "Seed of the client data and its split.", CLIENT, group="fleet"
+        "client-data-seed", 2, Integer(0, MAX_SEED), "Seed of the client data and its split.", CLIENT, group="fleet"
     ),
     Setting(
         "partitioning",
