@@ -14,10 +14,41 @@ set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 PYTHON=${PYTHON:-python}
-BIN=$(dirname "$(command -v "$PYTHON")")
 PORT=${PORT:-39400}
 ROUNDS=${ROUNDS:-2}
-if [ -n "${1:-}" ]; then mkdir -p "$1" && WORK=$(cd "$1" && pwd); else WORK=$(mktemp -d -t powerfed-loopback.XXXXXX); fi
+
+# Every input is checked before anything is made or started: one line on stderr and exit status 2.
+die() { echo "loopback: error: $*" >&2; exit 2; }
+PYTHON_PATH=$(command -v -- "$PYTHON" 2>/dev/null) ||
+    die "PYTHON=$PYTHON: no such program; activate the project's venv or set PYTHON=.venv/bin/python"
+[ "$("$PYTHON_PATH" -c "import flwr, fl_server, fl_client; print('ok')" 2>/dev/null)" = ok ] ||
+    die "PYTHON=$PYTHON cannot import flwr and this project; set PYTHON=.venv/bin/python (after make setup)"
+BIN=$(dirname "$PYTHON_PATH")
+[ -x "$BIN/flower-superlink" ] || die "no flower-superlink beside $PYTHON_PATH; set PYTHON=.venv/bin/python"
+[[ $PORT =~ ^[0-9]{1,5}$ ]] && ((10#$PORT >= 1 && 10#$PORT <= 65533)) ||
+    die "PORT=$PORT: expected a TCP port from 1 to 65533 (the SuperNodes take PORT+1 and PORT+2)"
+PORT=$((10#$PORT))
+[[ $ROUNDS =~ ^[0-9]{1,4}$ ]] && ((10#$ROUNDS >= 1)) || die "ROUNDS=$ROUNDS: expected a whole number of rounds >= 1"
+ROUNDS=$((10#$ROUNDS))
+"$PYTHON_PATH" - "$PORT" <<'PY' || exit 2
+import socket, sys
+port = int(sys.argv[1])
+for p in (port, port + 1, port + 2):
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", p))
+        except OSError as exc:
+            sys.exit(f"loopback: error: port {p} on 127.0.0.1 is not free ({exc.strerror}); the SuperLink takes "
+                     "PORT and the SuperNodes PORT+1 and PORT+2: pick another PORT")
+PY
+if [ -n "${1:-}" ]; then
+    if [ -e "$1" ] && [ ! -d "$1" ]; then die "WORK_DIR $1 exists and is not a folder; give a folder (or none)"; fi
+    mkdir -p -- "$1" 2>/dev/null || die "cannot make WORK_DIR $1; give a folder you may write to"
+    WORK=$(cd -- "$1" && pwd)
+    [ -w "$WORK" ] || die "WORK_DIR $WORK is not writable; give a folder you may write to"
+else
+    WORK=$(mktemp -d -t powerfed-loopback.XXXXXX) || die "cannot make a temporary folder; give WORK_DIR"
+fi
 mkdir -p "$WORK/logs"
 ADDRESS=127.0.0.1:$PORT
 PIDS=()

@@ -8,12 +8,15 @@ runs it, stops none of them, and the orphaned run goes on to write its results. 
   by Flower's own parser, its keys against the app's `[tool.flwr.app.config]` (an unknown key names the
   nearest known one) and its values by the ServerApp's own `parse_server_config`, and what it names: the
   results folder (probed by writing), the task's files, simulated boards, dataset files that exist;
-- `flwr run` gets a private Flower home and its own ports, runs in its own process group, and its output
-  is copied to the terminal and to a log as it comes;
-- on every way out (the end, an error, Ctrl-C, SIGTERM) the SuperLink and everything below it are
-  stopped by process id and process group (`local_superlink.stop_tree`, never by name), and so is any
-  process orphaned below this one: the CLI makes itself a child subreaper, so a process whose parent
-  died before it was seen is still found.
+- `flwr run` gets a private Flower home (`simulations.flower_home`: locked while this process lives,
+  every process of the run marked by it) and its own ports, runs in its own session, and its output is
+  copied to the terminal and to a log as it comes; a home left by a launcher that was killed is cleaned
+  up first (its processes stopped, the folder removed), and a port held by anything but a local
+  SuperLink of `flwr run` is refused in one line, nothing signalled;
+- on every way out (the end, an error, Ctrl-C, SIGTERM) the processes of the run are stopped by process
+  id (`local_superlink.stop_tree`, never by name or port alone), and so is any process orphaned below
+  this one: the CLI makes itself a child subreaper, so a process whose parent died before it was seen
+  is still found. A SIGKILL skips all that: a watchdog in a session of its own then does it.
 """
 
 from __future__ import annotations
@@ -22,10 +25,8 @@ import contextlib
 import ctypes
 import os
 import re
-import shutil
 import signal
 import subprocess
-import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -40,6 +41,7 @@ from fl_server.run_config import (  # the run config as Flower reads it (`run_co
     run_config_text,
 )
 from powerctl.errors import PowerctlError
+from simulations.flower_home import FlowerHome, clean_stale_homes, describe_cleaned
 from simulations.local_superlink import (
     alive,
     descendants,
@@ -49,6 +51,7 @@ from simulations.local_superlink import (
     pids_listening_on,
     stop_local_superlink,
     stop_tree,
+    superlink_home,
 )
 from simulations.ray_cluster import preflight
 from strategies.fleet import MAX_BOARDS
@@ -139,7 +142,7 @@ def adopt_orphans() -> bool:
 
 
 def stop_everything_below(pid: int | None = None) -> list[int]:
-    """Stop every process below `pid` (default: this one), by pid and process group; returns them."""
+    """Stop every process below `pid` (default: this one), by pid (`stop_tree`); returns them."""
     pid = os.getpid() if pid is None else pid
     stopped: list[int] = []
     for child in descendants(pid):
@@ -201,12 +204,25 @@ class FlowerRun:
         return Path(self.results_line.removeprefix("results: ").strip()) if self.results_line else None
 
 
-def _tree(port: int) -> list[int]:
-    """The SuperLink on `port` and everything below it (SuperExec, the simulation, Ray)."""
+def _tree(port: int, home: Path) -> list[int]:
+    """The SuperLink of Flower home `home` on `port` and everything below it (SuperExec, the
+    simulation, Ray); nothing that merely listens there."""
     pids: list[int] = []
     for pid in pids_listening_on(port):
-        pids += [pid, *descendants(pid)]
+        if superlink_home(pid) == home:
+            pids += [pid, *descendants(pid)]
     return pids
+
+
+def _clear_ports(ports: list[int], echo: Callable[[str], None]) -> None:
+    """What a killed launcher left, then a local SuperLink of `flwr run` on a port asked for, are
+    stopped; anything else on those ports is one line (NotOurProcessError), nothing signalled."""
+    for home, launcher, stopped in clean_stale_homes():
+        echo(f"cleaned up an earlier run: {describe_cleaned(home, launcher, stopped)}")
+    for port in ports:
+        if stale := stop_local_superlink(port):
+            pids = ", ".join(map(str, stale))
+            echo(f"stopped the local SuperLink on port {port} before this run (pids {pids})")
 
 
 def run_flwr(
@@ -224,21 +240,24 @@ def run_flwr(
     Lines go to `log_path` and, unless `verbose` is off and they are Flower's or Ray's own, to `echo`.
     Every process it started is stopped before this returns or raises (KeyboardInterrupt included)."""
     preflight()  # a Ray cluster recorded but dead makes `flwr run` hang: check it first
-    home = Path(tempfile.mkdtemp(prefix="powerfed-flwr-home-"))
+    _clear_ports([p for p in (port, control_port) if p is not None], echo)
     port = port or free_port()
     control = control_port or free_port()
-    env = flower_env(
-        port,
-        control,
-        FLWR_HOME=str(home),
-        PYTHONPATH=os.pathsep.join(p for p in (str(APP_DIR), os.environ.get("PYTHONPATH", "")) if p),
-    )
     cmd = flwr_run_command(APP_DIR, federation, run_config)
     run = FlowerRun()
     proc = None
+    home = FlowerHome.create()  # a killed launcher's home is cleaned by the next start (above)
     try:
+        env = flower_env(
+            port,
+            control,
+            FLWR_HOME=str(home.path),
+            PYTHONPATH=os.pathsep.join(p for p in (str(APP_DIR), os.environ.get("PYTHONPATH", "")) if p),
+        )
         with signals_as_interrupt(), log_path.open("w", encoding="utf-8") as log:
             log.write(" ".join(cmd) + "\n")
+            log.flush()
+            home.start_watchdog(stderr=log)
             proc = subprocess.Popen(
                 cmd,
                 cwd=APP_DIR,
@@ -249,13 +268,15 @@ def run_flwr(
                 start_new_session=True,
             )
             run.pids.append(proc.pid)
+            home.record(run.pids)
             assert proc.stdout is not None
             for raw in proc.stdout:
                 line = ANSI.sub("", raw.rstrip("\n"))
                 log.write(line + "\n")
                 log.flush()
-                if not run.pids[1:]:
-                    run.pids += _tree(port)
+                if not run.pids[1:] and (tree := _tree(port, home.path)):
+                    run.pids += tree
+                    home.record(tree)
                 if line.startswith("results: "):
                     run.results_line = line
                 elif SERVER_ERROR in line:
@@ -268,15 +289,15 @@ def run_flwr(
         raise
     finally:
         with uninterrupted():
-            run.pids += _tree(port)
-            stop_local_superlink(port)
+            run.pids += _tree(port, home.path) + home.processes()
             if proc is not None:
-                run.pids += [p for p in descendants(proc.pid) if p not in run.pids]
+                run.pids += descendants(proc.pid)
+            home.close()  # every process marked with the home or recorded in it, then the folder
+            if proc is not None:
                 if alive(proc.pid):
                     stop_tree(proc.pid)
                 with contextlib.suppress(OSError, subprocess.SubprocessError):
                     proc.wait(timeout=5)
-            shutil.rmtree(home, ignore_errors=True)
     run.pids = sorted(set(run.pids))
     return run
 
@@ -318,8 +339,6 @@ def launch(plan: Launch, *, echo: Callable[[str], None] = print) -> Path:
     Returns the results file; LaunchError (one line) when the run failed."""
     plan.log_path.parent.mkdir(parents=True, exist_ok=True)
     port = plan.port
-    if port is not None and (stale := stop_local_superlink(port)):
-        echo(f"stopped what listened on port {port} before this run (pids {', '.join(map(str, stale))})")
     run = run_flwr(
         f"num-supernodes={plan.nodes}",
         run_config_text(plan.overrides),

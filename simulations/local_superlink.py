@@ -1,23 +1,42 @@
-"""Stop the local SuperLink that `flwr run .` leaves running, by process id, never by name.
+"""Stop the local SuperLink that `flwr run .` leaves running, by process id, and nothing else.
 
 `flwr run .` starts a detached `flower-superlink --simulation` on fixed local ports and keeps it after
-the run (FLOWER-1.41 notes). We find the process that LISTENS on the given port (Linux /proc: the
-socket's inode → the process holding it), take it and all its descendants (superexec, the simulation
-process, orphaned app processes), and end each process group: SIGTERM, then SIGKILL after a grace.
+the run (FLOWER-1.41 notes). A port alone says nothing about who listens there, so a process is stopped
+only when it IS such a SuperLink (`superlink_home`): a Python running `flower-superlink --simulation`
+whose log file lies in the Flower home of its own environment, as `flwr run` starts it. Anything else
+on the port is refused in one line naming it, with nothing signalled.
+
+What is stopped goes by process id (`stop_tree`): the process, its descendants, and the members of any
+session one of them leads (a session holds only its leader's descendants, so a process orphaned inside
+it is found too). A process group or session we cannot tie to the process stopped (a shell's, ours) is
+never signalled, and each pid is signalled only while it still names the process first seen (its start
+time).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from powerctl.errors import PowerctlError
+
 PROC = Path("/proc")
 _LISTEN = "0A"
+_PYTHON = re.compile(r"python[0-9.]*$")
+SUPERLINK_SCRIPT = "flower-superlink"
+LOG_FILE = Path("local-superlink") / "superlink.log"
+"""Where `flwr run` tells the local SuperLink it starts to log, under its Flower home (flwr 1.41:
+`flwr/cli/local_superlink.py`)."""
+
+
+class NotOurProcessError(PowerctlError):
+    """What holds a port is not a local SuperLink of `flwr run`: nothing was signalled."""
 
 
 def _listening_inodes(port: int) -> set[str]:
@@ -35,11 +54,7 @@ def _listening_inodes(port: int) -> set[str]:
     return inodes
 
 
-def pids_listening_on(port: int) -> list[int]:
-    """Processes holding a listening TCP socket on `port` (only those this user may inspect)."""
-    inodes = _listening_inodes(port)
-    if not inodes:
-        return []
+def _holders(inodes: set[str]) -> list[int]:
     found = []
     for proc in PROC.iterdir():
         if not proc.name.isdigit():
@@ -53,6 +68,12 @@ def pids_listening_on(port: int) -> list[int]:
         except OSError:
             continue
     return sorted(found)
+
+
+def pids_listening_on(port: int) -> list[int]:
+    """Processes holding a listening TCP socket on `port` (only those this user may inspect)."""
+    inodes = _listening_inodes(port)
+    return _holders(inodes) if inodes else []
 
 
 @dataclass(frozen=True)
@@ -89,10 +110,10 @@ def proc_table() -> dict[int, ProcStat]:
     return table
 
 
-def descendants(pid: int) -> list[int]:
+def descendants(pid: int, table: dict[int, ProcStat] | None = None) -> list[int]:
     """Every process below `pid` in the process tree (children, grandchildren, ...)."""
     children: dict[int, list[int]] = {}
-    for child, st in proc_table().items():
+    for child, st in (proc_table() if table is None else table).items():
         children.setdefault(st.ppid, []).append(child)
     out, todo = [], [pid]
     while todo:
@@ -108,35 +129,148 @@ def alive(pid: int) -> bool:
     return st is not None and st.running
 
 
+def cmdline(pid: int) -> list[str]:
+    """The process's arguments ([] once it is gone, or for a kernel thread)."""
+    try:
+        raw = (PROC / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return []
+    return [a.decode(errors="replace") for a in raw.split(b"\0")[:-1]] if raw else []
+
+
+def environ(pid: int) -> dict[str, str] | None:
+    """The environment the process was started with; None where this user may not read it."""
+    try:
+        raw = (PROC / str(pid) / "environ").read_bytes()
+    except OSError:
+        return None
+    pairs = (item.decode(errors="replace").partition("=") for item in raw.split(b"\0") if item)
+    return {k: v for k, eq, v in pairs if eq}
+
+
+def describe(pid: int, width: int = 120) -> str:
+    """``pid N (its command line)``, shortened to `width` characters, for a one-line message."""
+    cmd = " ".join(cmdline(pid)) or "?"
+    return f"pid {pid} ({cmd if len(cmd) <= width else cmd[: width - 3] + '...'})"
+
+
+def _option(args: list[str], name: str) -> str | None:
+    for i, arg in enumerate(args):
+        if arg == name and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def superlink_home(pid: int) -> Path | None:
+    """The Flower home of `pid` when it is a local SuperLink that `flwr run` started, else None.
+
+    That is: a Python running `flower-superlink --simulation` whose `--log-file` is
+    HOME/local-superlink/superlink.log, HOME the Flower home of its own environment (FLWR_HOME, else
+    ~/.flwr as Flower reads it). A SuperLink an operator started, or any other program, is not one."""
+    args = cmdline(pid)
+    if len(args) < 2 or not _PYTHON.match(Path(args[0]).name) or Path(args[1]).name != SUPERLINK_SCRIPT:
+        return None
+    log_file = _option(args, "--log-file")
+    env = environ(pid)
+    if "--simulation" not in args or log_file is None or env is None:
+        return None
+    if env.get("FLWR_HOME"):
+        home = Path(env["FLWR_HOME"])
+    elif env.get("HOME"):
+        home = Path(env["HOME"]) / ".flwr"
+    else:
+        return None
+    return home if os.path.normpath(log_file) == os.path.normpath(home / LOG_FILE) else None
+
+
+def _identity(pid: int, table: dict[int, ProcStat]) -> tuple[int, int] | None:
+    st = table.get(pid)
+    return (pid, st.start_ticks) if st is not None and st.running else None
+
+
+def _protected() -> set[int]:
+    """This process and its ancestors: never stopped by `stop_tree`, whoever asks."""
+    out, pid = set(), os.getpid()
+    while pid > 1 and pid not in out:
+        out.add(pid)
+        st = proc_stat(pid)
+        pid = st.ppid if st is not None else 0
+    return out
+
+
+def _members(roots: set[int], table: dict[int, ProcStat], protected: set[int]) -> set[int]:
+    """`roots`, their descendants, and every member of a session one of them leads."""
+    members = set(roots)
+    for root in roots:
+        members.update(descendants(root, table))
+    leaders = {p for p in members if (st := table.get(p)) is not None and st.sid == p}
+    leaders -= {table[p].sid for p in protected if p in table}  # never our own session
+    members.update(p for p, st in table.items() if st.sid in leaders)
+    return members - protected
+
+
 def stop_tree(pid: int, grace_s: float = 5.0) -> list[int]:
-    """SIGTERM `pid`, its descendants and their process groups; SIGKILL what is left after `grace_s`."""
-    tree = [pid, *descendants(pid)]
-    groups = set()
-    for p in tree:
-        with contextlib.suppress(OSError):
-            groups.add(os.getpgid(p))
-    own = os.getpgrp()
+    """Stop `pid`, its descendants and the members of the sessions they lead, by process id: SIGTERM,
+    then SIGKILL to what is left after `grace_s`. A pid is signalled only while it names the process
+    first seen there (same start time); this process and its ancestors never. Returns the pids."""
+    protected = _protected()
+    seen: dict[int, int] = {}  # pid -> start ticks
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        for g in groups - {own}:
-            with contextlib.suppress(OSError):
-                os.killpg(g, sig)
-        for p in tree:
-            with contextlib.suppress(OSError):
-                os.kill(p, sig)
+        table = proc_table()
+        roots = {p for p, t in seen.items() if p in table and table[p].start_ticks == t} if seen else {pid}
+        for p in _members(roots, table, protected):
+            if (ident := _identity(p, table)) is not None:
+                seen.setdefault(*ident)
+        for p, ticks in seen.items():
+            st = proc_stat(p)
+            if st is not None and st.running and st.start_ticks == ticks:
+                with contextlib.suppress(OSError):
+                    os.kill(p, sig)
         deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and any(alive(p) for p in tree):
+        while time.monotonic() < deadline and _any_alive(seen):
             time.sleep(0.1)
-        if not any(alive(p) for p in tree):
+        if not _any_alive(seen):
             break
-    return tree
+    return sorted(seen)
 
 
-def stop_local_superlink(port: int, grace_s: float = 5.0) -> list[int]:
-    """Stop whatever listens on `port` (the local SuperLink's port) with all it started."""
+def _any_alive(procs: dict[int, int]) -> bool:
+    for p, ticks in procs.items():
+        st = proc_stat(p)
+        if st is not None and st.running and st.start_ticks == ticks:
+            return True
+    return False
+
+
+def stop_local_superlink(port: int, grace_s: float = 5.0, *, home: Path | None = None) -> list[int]:
+    """Stop the local SuperLink of `flwr run` listening on `port` (of Flower home `home`, when given)
+    with all it started; [] when nothing listens. Anything else holding the port is one
+    NotOurProcessError line naming it, and nothing is signalled."""
+    inodes = _listening_inodes(port)
+    if not inodes:
+        return []
+    holders = _holders(inodes)
+    if not holders:
+        raise NotOurProcessError(
+            f"port {port} is held by a process this user cannot see (another user's): nothing stopped"
+        )
+    homes = {pid: superlink_home(pid) for pid in holders}
+    ours = {pid for pid, h in homes.items() if h is not None and (home is None or h == home)}
+    below = {d for pid in ours for d in descendants(pid)}  # a child may hold the socket it inherited
+    for pid in holders:
+        if pid not in ours and pid not in below:
+            what = "a SuperLink of another Flower home" if homes[pid] is not None else "not a local SuperLink"
+            raise NotOurProcessError(
+                f"port {port} is held by {describe(pid)}, {what} that `flwr run` started: nothing stopped; "
+                "stop it yourself if it is yours, or give the SuperLink's own --port"
+            )
     stopped: list[int] = []
-    for pid in pids_listening_on(port):
-        stopped += stop_tree(pid, grace_s)
-    return stopped
+    for pid in sorted(ours):
+        if alive(pid):
+            stopped += stop_tree(pid, grace_s)
+    return sorted(set(stopped))
 
 
 def free_port() -> int:

@@ -1,0 +1,250 @@
+"""A private Flower home for each `flwr run` the launcher starts, and the clean-up of those a killed
+launcher left behind (as `powerctl.pinsession` puts back a board a dead process left pinned).
+
+The home, TMPDIR/powerfed-flwr-home-XXXXXXXX, is locked (flock on the folder) for the life of the process
+that made it: the kernel drops the lock when that process dies, however it dies (SIGKILL included).
+`launcher.json` in it names that process and the processes it started (pid and start time). Every process
+of the run carries FLWR_HOME=<the home> in its environment (flwr run, the SuperLink, its SuperExec, the
+simulation, Ray), a mark no other process has. So a home whose lock can be taken belongs to a dead
+launcher: its processes are stopped by process id (`local_superlink.stop_tree`) and the folder removed —
+at once by a watchdog the launcher starts in a session of its own (`start_watchdog`), and at the next
+start by `clean_stale_homes` for what the watchdog could not do (it was killed too).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import IO, Any
+
+from powerctl.errors import FileFormatError, PowerctlError
+from powerctl.jsonfile import read_json, write_json
+from simulations.local_superlink import alive, environ, proc_stat, proc_table, stop_tree
+
+PREFIX = "powerfed-flwr-home-"
+MARKER = "launcher.json"
+SCHEMA = "simulations.flower_home/1"
+APP_DIR = Path(__file__).resolve().parents[1]
+
+
+class FlowerHomeError(PowerctlError):
+    """The private Flower home cannot be made or recorded (a full or read-only temp folder)."""
+
+
+def _lock(path: Path, *, wait: bool = False) -> int | None:
+    """An open fd holding the exclusive flock of folder `path` (ours only); None when a live process
+    holds it. OSError when `path` is gone, not a folder, or a symbolic link."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        if os.fstat(fd).st_uid != os.getuid():
+            os.close(fd)
+            return None
+        fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _still_there(fd: int, path: Path) -> bool:
+    """`path` is still the folder `fd` was opened on (not removed, or removed and made again)."""
+    try:
+        here, held = os.stat(path, follow_symlinks=False), os.fstat(fd)
+    except OSError:
+        return False
+    return (here.st_dev, here.st_ino) == (held.st_dev, held.st_ino)
+
+
+def _identity(pid: int) -> list[int] | None:
+    st = proc_stat(pid)
+    return [pid, st.start_ticks] if st is not None and st.running else None
+
+
+def processes_of(home: Path, recorded: Iterable[tuple[int, int]] = ()) -> list[int]:
+    """The live processes of `home`'s run: those recorded (pid and start time both match) and every
+    process whose environment has FLWR_HOME=`home`; never this one."""
+    table = proc_table()
+    found = {p for p, ticks in recorded if (st := table.get(p)) and st.running and st.start_ticks == ticks}
+    for pid, st in table.items():
+        if st.running and (env := environ(pid)) is not None and env.get("FLWR_HOME") == str(home):
+            found.add(pid)
+    found.discard(os.getpid())
+    return sorted(found)
+
+
+def _stop(home: Path, recorded: Iterable[tuple[int, int]], grace_s: float) -> list[int]:
+    stopped: list[int] = []
+    for pid in processes_of(home, recorded):
+        if pid not in stopped and alive(pid):
+            stopped += stop_tree(pid, grace_s)
+    return sorted(set(stopped))
+
+
+def _recorded(home: Path) -> tuple[int | None, list[tuple[int, int]]]:
+    """The launcher's pid and the processes `launcher.json` records; nothing from a missing or
+    unreadable file (the FLWR_HOME mark still finds every process)."""
+    try:
+        data = read_json(home / MARKER, SCHEMA)
+        launcher = data["launcher"][0]
+        procs = [(int(p), int(t)) for p, t in data["processes"]]
+    except (FileFormatError, KeyError, TypeError, ValueError, IndexError):
+        return None, []
+    return (launcher if isinstance(launcher, int) else None), procs
+
+
+class FlowerHome:
+    """A locked private Flower home: what runs with it is stopped and the folder removed by `close`."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path, self._fd = path, fd
+        self._launcher = _identity(os.getpid())
+        self._procs: dict[int, int] = {}
+        self._watchdog: subprocess.Popen[bytes] | None = None
+
+    @classmethod
+    def create(cls, base: Path | None = None) -> FlowerHome:
+        """A new home under `base` (default: the temp folder), locked by this process and recorded."""
+        for _ in range(5):  # a clean-up elsewhere may take a brand-new folder's lock: make another
+            try:
+                path = Path(tempfile.mkdtemp(prefix=PREFIX, dir=base))
+            except OSError as exc:
+                raise FlowerHomeError(
+                    f"cannot make a private Flower home in {base or tempfile.gettempdir()} "
+                    f"({exc.strerror or exc}); set TMPDIR to a writable folder"
+                ) from None
+            with contextlib.suppress(OSError):
+                fd = _lock(path)
+                if fd is not None and _still_there(fd, path):
+                    home = cls(path, fd)
+                    home.record([])
+                    return home
+                if fd is not None:
+                    os.close(fd)
+        raise FlowerHomeError(f"cannot lock a private Flower home in {base or tempfile.gettempdir()}")
+
+    def record(self, pids: Iterable[int]) -> None:
+        """Add `pids` (with their start times) to `launcher.json`, atomically."""
+        for pid in pids:
+            if pid not in self._procs and (ident := _identity(pid)) is not None:
+                self._procs[pid] = ident[1]
+        data: dict[str, Any] = {
+            "schema": SCHEMA,
+            "launcher": self._launcher,
+            "processes": [[p, t] for p, t in sorted(self._procs.items())],
+        }
+        try:
+            write_json(self.path / MARKER, data)
+        except OSError as exc:
+            raise FlowerHomeError(
+                f"cannot record the run's processes in {self.path} ({exc.strerror or exc})"
+            ) from None
+
+    def processes(self) -> list[int]:
+        """Every live process of this home's run (see `processes_of`)."""
+        return processes_of(self.path, self._procs.items())
+
+    def start_watchdog(self, stderr: IO[Any] | int | None = None) -> None:
+        """A process in a session of its own that waits for this one's lock on the home and then
+        cleans up what is left: after a normal `close`, nothing; after a SIGKILL, the whole run."""
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, (str(APP_DIR), os.environ.get("PYTHONPATH")))),
+        }
+        env.pop("FLWR_HOME", None)
+        self._watchdog = subprocess.Popen(
+            [sys.executable, "-m", "simulations.flower_home", str(self.path)],
+            cwd=APP_DIR,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            start_new_session=True,
+        )
+
+    def close(self, grace_s: float = 5.0) -> list[int]:
+        """Stop every process of the run (by pid), remove the home, unlock it, and let the watchdog
+        see that; returns the pids stopped. Idempotent."""
+        if self._fd < 0:
+            return []
+        try:
+            stopped = _stop(self.path, self._procs.items(), grace_s)
+            shutil.rmtree(self.path, ignore_errors=True)
+        finally:
+            os.close(self._fd)
+            self._fd = -1
+        if self._watchdog is not None:
+            try:
+                self._watchdog.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                stopped += stop_tree(self._watchdog.pid, grace_s)
+                self._watchdog.wait()
+        return stopped
+
+
+def _clean_locked(path: Path, fd: int, grace_s: float) -> tuple[int | None, list[int]] | None:
+    if not _still_there(fd, path):
+        return None
+    launcher, recorded = _recorded(path)
+    stopped = _stop(path, recorded, grace_s)
+    shutil.rmtree(path, ignore_errors=True)
+    return launcher, stopped
+
+
+def clean_home(
+    path: Path, grace_s: float = 5.0, *, wait: bool = False
+) -> tuple[int | None, list[int]] | None:
+    """When the process that made home `path` is gone (its lock can be taken; `wait`: once it can):
+    stop the processes of its run, remove the folder, and return (that launcher's pid, the pids
+    stopped). None when its launcher still lives, or the folder is gone or not ours."""
+    try:
+        fd = _lock(path, wait=wait)
+    except OSError:
+        return None
+    if fd is None:
+        return None
+    try:
+        return _clean_locked(path, fd, grace_s)
+    finally:
+        os.close(fd)
+
+
+def clean_stale_homes(
+    base: Path | None = None, grace_s: float = 5.0
+) -> list[tuple[Path, int | None, list[int]]]:
+    """Every home under `base` (default: the temp folder) whose launcher died: its processes stopped
+    and the folder removed. Returns (home, its launcher's pid, the pids stopped) for each."""
+    cleaned = []
+    for path in sorted(Path(base or tempfile.gettempdir()).glob(PREFIX + "*")):
+        if (done := clean_home(path, grace_s)) is not None:
+            cleaned.append((path, *done))
+    return cleaned
+
+
+def describe_cleaned(home: Path, launcher: int | None, stopped: list[int]) -> str:
+    """One line saying what a dead launcher left and what was done about it."""
+    who = f"pid {launcher}" if launcher is not None else "a launcher"
+    what = f"stopped pids {', '.join(map(str, stopped))}" if stopped else "no process was left"
+    return f"{who} died without stopping its run: {what}; removed {home}"
+
+
+def main(argv: list[str]) -> int:
+    """The watchdog: `python -m simulations.flower_home HOME`."""
+    if len(argv) != 1:
+        print("usage: python -m simulations.flower_home HOME", file=sys.stderr)
+        return 2
+    home = Path(argv[0])
+    done = clean_home(home, wait=True)
+    if done is not None:
+        print(f"powerfed watchdog: {describe_cleaned(home, *done)}", file=sys.stderr, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
