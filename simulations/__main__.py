@@ -96,8 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
         "stop-superlink",
         help="stop the local SuperLink that `flwr run .` leaves running (by process id)",
         description="Find the process listening on --port (the local SuperLink's HTTP port, 39091 unless "
-        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT moves it) and stop it with every process it started, by "
-        "process id and process group. Nothing listening is not an error.",
+        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT moves it) and, when it is a local SuperLink that `flwr run` "
+        "started (a Python running flower-superlink --simulation with its log in its own Flower home), "
+        "stop it with every process it started, by process id. Anything else on the port is one line "
+        "naming it (exit 2), nothing stopped. Nothing listening is not an error.",
     )
     k.add_argument("--port", type=tcp_port, default=39091, help="default 39091")
     sub.add_parser(
