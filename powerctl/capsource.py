@@ -32,7 +32,9 @@ class CapSourceError(InvalidPowerCapError):
     """A cap source that cannot be used (unsorted times, negative watts, unreadable file); one line."""
 
 
-CAP_EXPECTED = "a number of watts > 0 or none"
+MAX_CAP_W = 100_000.0
+"""The largest cap taken: above any board or GPU (a rack is tens of kW); 1e300 W is a typo, not a cap."""
+CAP_EXPECTED = "a number of watts > 0 and ≤ 100000, or none"
 
 
 def cap_watts(value: Any, *, text: bool = True) -> float | None:
@@ -48,7 +50,7 @@ def cap_watts(value: Any, *, text: bool = True) -> float | None:
             value = float(stripped)
         except ValueError:
             raise must_be(CAP_EXPECTED, value) from None
-    if not is_number(value) or value <= 0:
+    if not is_number(value) or value <= 0 or value > MAX_CAP_W:
         raise must_be(CAP_EXPECTED, value)
     return float(value)
 

@@ -319,8 +319,10 @@ class MappingReader:
         kind = Number(0.0, maximum, above=True) if positive else Number(minimum, maximum)
         return self.value(key, kind, default)
 
-    def integer(self, key: str, *, minimum: int | None = 1, default: Any = MISSING) -> int:
-        return self.value(key, Integer(minimum), default)
+    def integer(
+        self, key: str, *, minimum: int | None = 1, maximum: int | None = None, default: Any = MISSING
+    ) -> int:
+        return self.value(key, Integer(minimum, maximum), default)
 
     def flag(self, key: str, default: Any = MISSING) -> bool:
         return self.value(key, Flag(), default)

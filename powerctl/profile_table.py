@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from powerctl.cliutil import MAX_COUNT
 from powerctl.jsonfile import Fields, read_json, write_json
 
 PROFILE_SCHEMA = "powerctl.profile/1"
@@ -112,7 +113,7 @@ class Profile:
             device=f.string("device"),
             model=f.string("model"),
             input_shape=list(shape),
-            samples=f.integer("samples"),
+            samples=f.integer("samples", maximum=MAX_COUNT),
             points=points,
             profiling_seconds=None if cost is None else f.number("profiling_seconds"),
             skipped=list(data.get("skipped") or []),

@@ -85,8 +85,8 @@ def test_a_live_file_is_read_at_its_poll_period_and_keeps_the_last_good_cap(tmp_
     ("value", "fragment"),
     [
         ("abc", "must be a number of watts, none, a schedule"),
-        ("-3", "must be a number of watts > 0 or none, got -3.0"),
-        (True, "must be a number of watts > 0 or none, got True"),
+        ("-3", "must be a number of watts > 0 and ≤ 100000, or none, got -3.0"),
+        (True, "must be a number of watts > 0 and ≤ 100000, or none, got True"),
         ("[[0, 5], [0, 3]]", "[1]: times must increase"),
         ("[[1, 5]]", "a schedule starts at t_s = 0"),
         ("[[0, 5], [10]]", "[1]: expected a step [t_s, W]"),

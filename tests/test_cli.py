@@ -158,15 +158,15 @@ def test_select_with_no_feasible_pair_exits_2_naming_cap_and_least_power(
     [
         (
             ["select", "--profile", "{p}", "--relation", "{r}", "--power-cap", "0"],
-            "expected a number of watts > 0 or none",
+            "expected a number of watts > 0 and ≤ 100000, or none",
         ),
         (
             ["select", "--profile", "{p}", "--relation", "{r}", "--power-cap", "nan"],
-            "expected a number of watts > 0 or none",
+            "expected a number of watts > 0 and ≤ 100000, or none",
         ),
         (
             ["select", "--profile", "{p}", "--relation", "{r}", "--power-cap", "-3"],
-            "expected a number of watts > 0 or none",
+            "expected a number of watts > 0 and ≤ 100000, or none",
         ),
         (["select", "--profile", "{bad}", "--relation", "{r}"], "not valid JSON"),
         (["select", "--profile", "{r}", "--relation", "{r}"], "schema"),

@@ -89,7 +89,7 @@ def test_the_shipped_fleets_parse() -> None:
         ),
         (
             GOOD.replace("power-cap-w: 3.0,", "power-cap-w: -1,"),
-            "groups[0]: 'power-cap-w' must be a number of watts > 0 or none, got -1",
+            "groups[0]: 'power-cap-w' must be a number of watts > 0 and ≤ 100000, or none, got -1",
         ),
         (
             GOOD.replace("[[0, 3.5], [60, none]]", "[[0, 3.5], [0, 4]]"),
