@@ -128,7 +128,7 @@ def become_subreaper() -> bool:
 
 def _children() -> dict[int, bool]:
     """This process's children: {pid: still running (False: a zombie to reap)}."""
-    from simulations.local_superlink import PROC, proc_table
+    from powerctl.procs import PROC, proc_table
 
     if not PROC.is_dir():  # no /proc: nothing to find (and no subreaper either)
         return {}

@@ -26,7 +26,8 @@ from typing import IO, Any
 
 from powerctl.errors import FileFormatError, PowerctlError
 from powerctl.jsonfile import read_json, write_json
-from simulations.local_superlink import alive, environ, proc_stat, proc_table, stop_tree
+from powerctl.procs import alive, environ, proc_stat, proc_table
+from simulations.local_superlink import stop_tree
 
 PREFIX = "powerfed-flwr-home-"
 MARKER = "launcher.json"

@@ -21,12 +21,21 @@ import re
 import signal
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from powerctl.errors import PowerctlError
+from powerctl.procs import (
+    PROC,
+    ProcStat,
+    alive,
+    cmdline,
+    descendants,
+    describe,
+    environ,
+    proc_stat,
+    proc_table,
+)
 
-PROC = Path("/proc")
 _LISTEN = "0A"
 _PYTHON = re.compile(r"python[0-9.]*$")
 SUPERLINK_SCRIPT = "flower-superlink"
@@ -74,84 +83,6 @@ def pids_listening_on(port: int) -> list[int]:
     """Processes holding a listening TCP socket on `port` (only those this user may inspect)."""
     inodes = _listening_inodes(port)
     return _holders(inodes) if inodes else []
-
-
-@dataclass(frozen=True)
-class ProcStat:
-    """What /proc/PID/stat says of a process that we need to follow a process tree."""
-
-    ppid: int
-    sid: int
-    start_ticks: int
-    """Start time in clock ticks since boot: with the pid, it names one process, not a reused pid."""
-    state: str
-
-    @property
-    def running(self) -> bool:
-        return self.state not in ("Z", "X")  # a zombie waiting to be reaped counts as gone
-
-
-def proc_stat(pid: int) -> ProcStat | None:
-    """The process's stat line, or None once it is gone."""
-    try:
-        stat = (PROC / str(pid) / "stat").read_text()
-    except OSError:
-        return None
-    f = stat.rsplit(")", 1)[1].split()  # the command name, in parentheses, may hold spaces
-    return ProcStat(ppid=int(f[1]), sid=int(f[3]), start_ticks=int(f[19]), state=f[0])
-
-
-def proc_table() -> dict[int, ProcStat]:
-    """Every process this user can see, by pid."""
-    table = {}
-    for entry in PROC.iterdir():
-        if entry.name.isdigit() and (st := proc_stat(int(entry.name))) is not None:
-            table[int(entry.name)] = st
-    return table
-
-
-def descendants(pid: int, table: dict[int, ProcStat] | None = None) -> list[int]:
-    """Every process below `pid` in the process tree (children, grandchildren, ...)."""
-    children: dict[int, list[int]] = {}
-    for child, st in (proc_table() if table is None else table).items():
-        children.setdefault(st.ppid, []).append(child)
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
-def alive(pid: int) -> bool:
-    """Running (a zombie waiting to be reaped counts as gone)."""
-    st = proc_stat(pid)
-    return st is not None and st.running
-
-
-def cmdline(pid: int) -> list[str]:
-    """The process's arguments ([] once it is gone, or for a kernel thread)."""
-    try:
-        raw = (PROC / str(pid) / "cmdline").read_bytes()
-    except OSError:
-        return []
-    return [a.decode(errors="replace") for a in raw.split(b"\0")[:-1]] if raw else []
-
-
-def environ(pid: int) -> dict[str, str] | None:
-    """The environment the process was started with; None where this user may not read it."""
-    try:
-        raw = (PROC / str(pid) / "environ").read_bytes()
-    except OSError:
-        return None
-    pairs = (item.decode(errors="replace").partition("=") for item in raw.split(b"\0") if item)
-    return {k: v for k, eq, v in pairs if eq}
-
-
-def describe(pid: int, width: int = 120) -> str:
-    """``pid N (its command line)``, shortened to `width` characters, for a one-line message."""
-    cmd = " ".join(cmdline(pid)) or "?"
-    return f"pid {pid} ({cmd if len(cmd) <= width else cmd[: width - 3] + '...'})"
 
 
 def _option(args: list[str], name: str) -> str | None:

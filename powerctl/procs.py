@@ -1,0 +1,91 @@
+"""Processes by pid, read from Linux's /proc: the one place that knows its format.
+
+The launcher and the SuperLink stop (`simulations`) and the SuperNode wrapper (`fl_client.supernode`)
+follow process trees and identify processes with these; a pid is only ever signalled together with
+its start time, so a reused pid is never taken for the process it once named.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+PROC = Path("/proc")
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    """What /proc/PID/stat says of a process that we need to follow a process tree."""
+
+    ppid: int
+    sid: int
+    start_ticks: int
+    """Start time in clock ticks since boot: with the pid, it names one process, not a reused pid."""
+    state: str
+
+    @property
+    def running(self) -> bool:
+        return self.state not in ("Z", "X")  # a zombie waiting to be reaped counts as gone
+
+
+def proc_stat(pid: int) -> ProcStat | None:
+    """The process's stat line, or None once it is gone."""
+    try:
+        stat = (PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    f = stat.rsplit(")", 1)[1].split()  # the command name, in parentheses, may hold spaces
+    return ProcStat(ppid=int(f[1]), sid=int(f[3]), start_ticks=int(f[19]), state=f[0])
+
+
+def proc_table() -> dict[int, ProcStat]:
+    """Every process this user can see, by pid."""
+    table = {}
+    for entry in PROC.iterdir():
+        if entry.name.isdigit() and (st := proc_stat(int(entry.name))) is not None:
+            table[int(entry.name)] = st
+    return table
+
+
+def descendants(pid: int, table: dict[int, ProcStat] | None = None) -> list[int]:
+    """Every process below `pid` in the process tree (children, grandchildren, ...)."""
+    children: dict[int, list[int]] = {}
+    for child, st in (proc_table() if table is None else table).items():
+        children.setdefault(st.ppid, []).append(child)
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie waiting to be reaped counts as gone)."""
+    st = proc_stat(pid)
+    return st is not None and st.running
+
+
+def cmdline(pid: int) -> list[str]:
+    """The process's arguments ([] once it is gone, or for a kernel thread)."""
+    try:
+        raw = (PROC / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return []
+    return [a.decode(errors="replace") for a in raw.split(b"\0")[:-1]] if raw else []
+
+
+def environ(pid: int) -> dict[str, str] | None:
+    """The environment the process was started with; None where this user may not read it."""
+    try:
+        raw = (PROC / str(pid) / "environ").read_bytes()
+    except OSError:
+        return None
+    pairs = (item.decode(errors="replace").partition("=") for item in raw.split(b"\0") if item)
+    return {k: v for k, eq, v in pairs if eq}
+
+
+def describe(pid: int, width: int = 120) -> str:
+    """``pid N (its command line)``, shortened to `width` characters, for a one-line message."""
+    cmd = " ".join(cmdline(pid)) or "?"
+    return f"pid {pid} ({cmd if len(cmd) <= width else cmd[: width - 3] + '...'})"
