@@ -520,7 +520,12 @@ SETTINGS: dict[str, Setting] = _declare(
         group="fleet",
     ),
     Setting(
-        "client-data-seed", 2, Integer(0, MAX_SEED), "Seed of the client data and its split.", CLIENT, group="fleet"
+        "client-data-seed",
+        2,
+        Integer(0, MAX_SEED),
+        "Seed of the client data and its split.",
+        CLIENT,
+        group="fleet",
     ),
     Setting(
         "partitioning",
