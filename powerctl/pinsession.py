@@ -5,7 +5,8 @@ Every pin of every process (profiler, training loop, ClientApp, `powerctl freq -
 one place where a pin is made crash-safe. Before the first write to the knob the session takes the
 board's lock (a second process pinning the same board is refused) and records the state to go back to
 (`powerctl.freqstate`). If the process dies without restoring, `recover` — run whenever a device is
-opened — puts that state back and says so on stderr.
+opened — puts that state back and says so in one
+WARNING of the `powerctl.pinsession` logger (a command line shows it on stderr).
 
 A device whose `physical_key` is None (a simulated board: every handle is its own virtual board, and
 there is no hardware state to lose) runs the same session with no lock and no record.
@@ -15,8 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from powerctl.freqstate import (
     KIND_PIN,
@@ -32,23 +32,35 @@ from powerctl.freqstate import (
     write_record,
 )
 
-if TYPE_CHECKING:
-    from powerctl.devices.base import Device
-
 log = logging.getLogger(__name__)
+"""`powerctl.pinsession`: a board found left pinned and put back, a bad record released (WARNING)."""
+
+
+class Pinnable(Protocol):
+    """What a session needs of a board (`powerctl.devices.Device`): its name, the key of the physical
+    board (None: nothing to lose) and its knob state, taken and put back. A Protocol, so that this
+    module knows nothing of devices and `devices.base` imports it without a circle."""
+
+    spec: str
+
+    def physical_key(self) -> str | None: ...
+
+    def snapshot(self) -> dict[str, Any]: ...
+
+    def apply_snapshot(self, state: dict[str, Any]) -> None: ...
 
 
 class PinSession:
     """Holds the board's lock and its record while a device is pinned; `state` is what restore puts back."""
 
     def __init__(
-        self, device: Device, state: dict[str, Any], lock: BoardLock | None, under: BoardRecord | None
+        self, device: Pinnable, state: dict[str, Any], lock: BoardLock | None, under: BoardRecord | None
     ) -> None:
         self.device, self.state, self._lock, self._under = device, state, lock, under
         self.key = device.physical_key()
 
     @classmethod
-    def start(cls, device: Device) -> PinSession:
+    def start(cls, device: Pinnable) -> PinSession:
         """Lock the board, put back what a dead process left pinned, snapshot it and record the snapshot."""
         key = device.physical_key()
         if key is None:
@@ -92,8 +104,8 @@ class PinSession:
         return self.state
 
 
-def put_back(device: Device, record: BoardRecord) -> str:
-    """Apply a dead process's record (the caller holds the lock), keep what lay under it; one stderr line."""
+def put_back(device: Pinnable, record: BoardRecord) -> str:
+    """Apply a dead process's record (the caller holds the lock), keep what lay under it; one warning line."""
     device.apply_snapshot(record.state)
     if record.under is not None:
         write_record(record.under)
@@ -104,11 +116,11 @@ def put_back(device: Device, record: BoardRecord) -> str:
         f"powerctl: restored {device.spec} ({record.key}) to {shown}: process {record.pid} pinned it "
         "and died without restoring it"
     )
-    print(message, file=sys.stderr)
+    log.warning("%s", message)
     return message
 
 
-def recover(device: Device) -> str | None:
+def recover(device: Pinnable) -> str | None:
     """On opening a device: restore the state a dead process left pinned; None when there is nothing to do
     (no record, a `freq --set` record, or a live process holding the board)."""
     key = device.physical_key()
@@ -125,16 +137,16 @@ def recover(device: Device) -> str | None:
             return None
         return put_back(device, record)
     except BadRecordError as exc:  # left for `freq --restore`; a pin is refused with this line
-        log.info("%s", exc)
+        log.debug("%s", exc)
         return None
     finally:
         lock.release()
 
 
-def restore_saved(device: Device) -> dict[str, Any] | None:
+def restore_saved(device: Pinnable) -> dict[str, Any] | None:
     """`powerctl freq --restore`: put back the board's recorded state under its lock (a live pin by
     another process is refused in one line); None when nothing is recorded. A record that cannot be
-    used releases the board to its full range instead, in one stderr line: never left pinned."""
+    used releases the board to its full range instead, in one warning line: never left pinned."""
     key = device.physical_key()
     if key is None:
         return None
@@ -154,16 +166,19 @@ def restore_saved(device: Device) -> dict[str, Any] | None:
         lock.release()
 
 
-def _release(device: Device, key: str, bad: BadRecordError) -> dict[str, Any]:
+def _release(device: Pinnable, key: str, bad: BadRecordError) -> dict[str, Any]:
     """`freq --restore` with a record it cannot use: the knob's full range (`apply_snapshot({})`), the
-    record moved aside; one stderr line saying what was wrong and what was done."""
+    record moved aside; one warning line saying what was wrong and what was done."""
     device.apply_snapshot({})
     aside = set_aside(key)
     state = device.snapshot()
     shown = ", ".join(f"{k}={v}" for k, v in state.items())
-    print(
-        f"powerctl: {bad.path}: {bad.problem}; released {device.spec} to its full range instead ({shown})"
-        + (f"; the record is kept as {aside}" if aside else ""),
-        file=sys.stderr,
+    log.warning(
+        "powerctl: %s: %s; released %s to its full range instead (%s)%s",
+        bad.path,
+        bad.problem,
+        device.spec,
+        shown,
+        f"; the record is kept as {aside}" if aside else "",
     )
     return state

@@ -7,10 +7,15 @@ import signal
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from powerctl.devices.base import Device
+
+class Restorable(Protocol):
+    """What the guard needs of a device: a `restore` that puts its state back, a no-op when nothing is
+    pinned (`powerctl.devices.Device`). A Protocol, so that this module knows nothing of devices."""
+
+    def restore(self) -> None: ...
+
 
 _TERMINATING = (signal.SIGTERM, signal.SIGHUP)
 
@@ -21,7 +26,7 @@ def _raise_exit(signum: int, _frame: object) -> None:
 
 
 @contextmanager
-def restore_on_exit(device: Device) -> Iterator[None]:
+def restore_on_exit(device: Restorable) -> Iterator[None]:
     """Within the block, any way out of the process restores `device` first.
 
     SIGINT already raises KeyboardInterrupt; SIGTERM and SIGHUP are turned into SystemExit

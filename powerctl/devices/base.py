@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from powerctl.errors import DeviceError
 from powerctl.pinsession import PinSession
+from powerctl.safety import restore_on_exit
 from powerctl.workload import Workload
 
 T = TypeVar("T")
@@ -176,8 +177,6 @@ class Device(ABC):
     @contextmanager
     def pinned(self, hz: int) -> Iterator[Device]:
         """Pin for the block; restore on every exit path (exception, SIGINT, SIGTERM)."""
-        from powerctl.safety import restore_on_exit
-
         with restore_on_exit(self):
             self.pin_frequency(hz)
             yield self
