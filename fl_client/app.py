@@ -12,6 +12,7 @@ naming the key and the value; the server reports it for that node and goes on wi
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from fl_client.faults import before_training, kill_after_checkpoint, parse_fault
 from fl_client.local_data import data_plan, load_local_data
 from fl_client.node import NodeConfigError, NodeSettings, resolve_node
 from fl_client.round import build_local_model, model_seq_len, node_device_seed, plan_round, train_round
+from powerctl.cliutil import library_lines_on_stderr
 from powerctl.devices import open_device
 from powerctl.errors import PowerctlError
 from strategies.protocol import (
@@ -45,7 +47,17 @@ from training.models import get_model_spec
 CLIENT_ERROR_CODE = 2
 """ErrorCode.CLIENT_APP_RAISED_EXCEPTION: what Flower itself uses when a ClientApp fails."""
 
-app = ClientApp()
+
+def _library_lines(
+    msg: Message, context: Context, call_next: Callable[[Message, Context], Message]
+) -> Message:
+    """A Mod: what the library logs while a message is handled (a board found left pinned and restored,
+    a checkpoint resumed) is shown on this process's stderr in its own words, as the CLIs show it."""
+    with library_lines_on_stderr():
+        return call_next(msg, context)
+
+
+app = ClientApp(mods=[_library_lines])
 
 
 def _error_reply(msg: Message, settings: NodeSettings | None, exc: Exception) -> Message:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import statistics
 import sys
@@ -45,6 +46,9 @@ from training.errors import DataError, ModelError
 from training.finetune import fine_tune
 from training.lr import LR_RULES, scaled_lr
 from training.models import build_model, get_model_spec
+
+log = logging.getLogger(__name__)
+"""`fl_server.relation`: a relation cache that could not be written (WARNING)."""
 
 __all__ = [
     "CACHE_ENV",
@@ -474,9 +478,7 @@ def estimate_relation(
         try:
             relation.save(cache_file)
         except OSError as exc:  # the cache is a convenience: an unwritable one must not lose the result
-            print(
-                f"warning: relation cache not written ({cache_file}: {exc.strerror or exc})", file=sys.stderr
-            )
+            log.warning("warning: relation cache not written (%s: %s)", cache_file, exc.strerror or exc)
     return relation
 
 

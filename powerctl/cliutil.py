@@ -7,9 +7,11 @@ import contextlib
 import errno
 import functools
 import io
+import logging
 import re
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any, NoReturn
 
@@ -20,6 +22,55 @@ from powerctl.mapping import Integer, Invalid, Kind, Number, bounds_text, number
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
+LIBRARY_LOGGERS = ("powerctl", "training", "strategies", "fl_server", "fl_client", "simulations", "powerfed")
+"""The loggers of this project's packages (each module logs to `logging.getLogger(__name__)` under
+one of them): what a user silences or redirects, and what a command line shows on stderr."""
+
+
+class _StderrLines(logging.Handler):
+    """Each record's message as is, one line on the `sys.stderr` of the moment: what the library's
+    `print(..., file=sys.stderr)` did, so that pytest's capture and Flower's redirection see it too."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stderr.write(self.format(record) + "\n")
+        except Exception:
+            self.handleError(record)
+
+
+_shown = threading.Lock()
+_showing: list[tuple[logging.Logger, int, bool]] = []
+_depth = [0]
+_HANDLER = _StderrLines(logging.INFO)
+
+
+@contextlib.contextmanager
+def library_lines_on_stderr() -> Iterator[None]:
+    """Within the block, the library's log records (INFO and up) are lines on stderr in their own
+    words, once: how every command line and the ClientApp show what the library says (a board found
+    left pinned and restored, a checkpoint resumed). A logger a user set a level on keeps it; when the
+    last block open (nested, or in threads) ends, every logger is as it was."""
+    with _shown:
+        _depth[0] += 1
+        if _depth[0] == 1:
+            _showing[:] = [(log, log.level, log.propagate) for log in map(logging.getLogger, LIBRARY_LOGGERS)]
+            for log, level, _ in _showing:
+                log.addHandler(_HANDLER)
+                log.propagate = False  # shown here, not a second time by a handler of the root logger
+                if level == logging.NOTSET:
+                    log.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        with _shown:
+            _depth[0] -= 1
+            if _depth[0] == 0:
+                for log, level, propagate in _showing:
+                    log.removeHandler(_HANDLER)
+                    log.setLevel(level)
+                    log.propagate = propagate
+                _showing.clear()
+
 
 def one_line_errors(prog: str) -> Callable[[Callable[..., int]], Callable[..., int]]:
     """Decorate a `main(argv) -> int`: PowerctlError → `prog: error: …` and exit 2, Ctrl-C → 130.
@@ -28,14 +79,15 @@ def one_line_errors(prog: str) -> Callable[[Callable[..., int]], Callable[..., i
     that a hostile input still reaches (a path the file system refuses, a file that is not text, no
     memory left) is one line naming the file and exit 2 too. Any other exception is a bug and keeps
     its traceback. Any device pinned inside `main` is restored by its own context manager before we
-    get here.
+    get here. What the library logs while `main` runs is shown on stderr (`library_lines_on_stderr`).
     """
 
     def wrap(main: Callable[..., int]) -> Callable[..., int]:
         @functools.wraps(main)
         def run(*args: object, **kwargs: object) -> int:
             try:
-                return main(*args, **kwargs)
+                with library_lines_on_stderr():
+                    return main(*args, **kwargs)
             except PowerctlError as exc:
                 print(f"{prog}: error: {exc}", file=sys.stderr)
                 return EXIT_USAGE

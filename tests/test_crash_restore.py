@@ -4,6 +4,7 @@ processes never pin one board at once."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -255,7 +256,7 @@ def test_simulated_boards_pin_through_the_same_session_without_a_record() -> Non
 
 
 def test_an_nvml_record_left_by_a_dead_process_resets_the_locked_clocks(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     mod = fake_pynvml([FakeGpu()])
     monkeypatch.setitem(sys.modules, "pynvml", mod)
@@ -269,7 +270,8 @@ def test_an_nvml_record_left_by_a_dead_process_resets_the_locked_clocks(
     assert [c for c in mod.calls if c[0] == "nvmlDeviceResetGpuLockedClocks"] == [
         ("nvmlDeviceResetGpuLockedClocks", 0)
     ]
-    assert "restored nvml:0" in capsys.readouterr().err
+    said = [(name, level) for name, level, line in caplog.record_tuples if "restored nvml:0" in line]
+    assert said == [("powerctl.pinsession", logging.WARNING)] and "restored nvml:0" in str(gpu.recovered)
     assert read_record(key) is None
     gpu.close()
 

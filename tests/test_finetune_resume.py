@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -75,9 +76,19 @@ def test_an_interrupted_run_resumes_to_the_uninterrupted_result(tmp_path: Path) 
     assert load(ckpt.path).state["finished"]  # the end state stays, for the same work sent again
 
 
-def test_the_same_work_after_it_finished_returns_its_result_without_training(tmp_path: Path, capsys) -> None:
+def _said(caplog: pytest.LogCaptureFixture) -> str:
+    """What the library logged (INFO and up) since the last call, its lines; forgotten after."""
+    text = "\n".join(caplog.messages)
+    caplog.clear()
+    return text
+
+
+def test_the_same_work_after_it_finished_returns_its_result_without_training(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """A resent round whose reply was lost: the end state answers it, step for step the same result,
     and no training step runs (on_step would raise at the first)."""
+    caplog.set_level(logging.INFO)
     ckpt = Checkpointing(tmp_path / "ft.safetensors", every_samples=128, key="work-1")
     first = _run(ckpt)
     assert "resumed_at_samples" not in first[0].extra
@@ -85,25 +96,27 @@ def test_the_same_work_after_it_finished_returns_its_result_without_training(tmp
     _same(again, first)
     assert again[0].extra["resumed_at_samples"] == again[0].samples == 480
     assert again[0].stop_reason == first[0].stop_reason == "max_samples"
-    assert "its result again, without training" in capsys.readouterr().err
+    assert "its result again, without training" in _said(caplog)
     # other work finds the end state of this one: it trains from the start, with no line about it
     other = _run(Checkpointing(ckpt.path, every_samples=128, key="work-2"))
     _same(other, first)
     assert "resumed_at_samples" not in other[0].extra
-    assert "checkpoint" not in capsys.readouterr().err
+    assert "checkpoint" not in _said(caplog)
 
 
-def test_a_checkpoint_of_other_work_or_a_corrupt_one_is_ignored(tmp_path: Path, capsys) -> None:
+def test_a_checkpoint_of_other_work_or_a_corrupt_one_is_ignored(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     plain = _run(None)
     path = tmp_path / "ft.safetensors"
     with pytest.raises(Interrupted):
         _run(Checkpointing(path, every_samples=64, key="round-1"), stop_at_step=10)
     assert path.is_file()
     _same(_run(Checkpointing(path, every_samples=64, key="round-2")), plain)
-    assert "belongs to other work" in capsys.readouterr().err
+    assert "belongs to other work" in _said(caplog)
 
     with pytest.raises(Interrupted):
         _run(Checkpointing(path, every_samples=64, key="round-1"), stop_at_step=10)
     path.write_bytes(path.read_bytes()[:200])  # truncated by a crash of the disk, not of the writer
     _same(_run(Checkpointing(path, every_samples=64, key="round-1")), plain)
-    assert "not a readable checkpoint" in capsys.readouterr().err
+    assert "not a readable checkpoint" in _said(caplog)

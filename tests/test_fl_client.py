@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -270,7 +271,17 @@ def _kill_after(samples_at_least: int):
     return on_step
 
 
-def test_a_round_killed_mid_way_resumes_its_checkpoint_to_the_same_result(capsys) -> None:
+def _said(caplog: pytest.LogCaptureFixture) -> str:
+    """What the library logged (INFO and up) since the last call, its lines; forgotten after."""
+    text = "\n".join(caplog.messages)
+    caplog.clear()
+    return text
+
+
+def test_a_round_killed_mid_way_resumes_its_checkpoint_to_the_same_result(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO)  # the lines the ClientApp shows on stderr
     settings, data = _data(0)
     instr = instructions(checkpoint_every_samples=32)
     # uncheckpointed: a finished checkpointed run would leave its end state for the same work
@@ -281,22 +292,25 @@ def test_a_round_killed_mid_way_resumes_its_checkpoint_to_the_same_result(capsys
     with pytest.raises(Killed):
         train_round(settings, instr, initial_state(), data, device_seed=1, on_step=_kill_after(40))
     state, report = train_round(settings, instr, initial_state(), data, device_seed=1)
-    assert report.resumed_at_samples == 32 and "checkpoint: resuming" in capsys.readouterr().err
+    assert report.resumed_at_samples == 32 and "checkpoint: resuming" in _said(caplog)
     same = ("batch_size", "frequency_hz", "device_seconds", "energy_j", "peak_power_w", "accuracy", "samples")
     assert [getattr(report, k) for k in same] == [getattr(plain, k) for k in same]
     assert all(torch.equal(state[k], plain_state[k]) for k in state)
 
 
-def test_a_round_sent_again_after_it_finished_is_answered_without_training(capsys) -> None:
+def test_a_round_sent_again_after_it_finished_is_answered_without_training(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """A restarted ServerApp re-sends a round this node finished (its reply never recorded): the node
     answers from the round's end state, the same report, and runs no training step."""
+    caplog.set_level(logging.INFO)  # the lines the ClientApp shows on stderr
     settings, data = _data(0)
     instr = instructions(checkpoint_every_samples=32)
     first_state, first = train_round(settings, instr, initial_state(), data, device_seed=1)
-    capsys.readouterr()
+    caplog.clear()
     state, again = train_round(settings, instr, initial_state(), data, device_seed=1, on_step=_kill_after(0))
     assert again.resumed_at_samples == again.samples == first.samples
-    assert "without training" in capsys.readouterr().err
+    assert "without training" in _said(caplog)
     same = ("batch_size", "frequency_hz", "device_seconds", "energy_j", "peak_power_w", "accuracy", "samples")
     assert [getattr(again, k) for k in same] == [getattr(first, k) for k in same]
     assert all(torch.equal(state[k], first_state[k]) for k in state)
@@ -304,20 +318,23 @@ def test_a_round_sent_again_after_it_finished_is_answered_without_training(capsy
     _, next_round = train_round(
         settings, instructions(checkpoint_every_samples=32, server_round=2), initial_state(), data
     )
-    assert next_round.resumed_at_samples is None and "checkpoint" not in capsys.readouterr().err
+    assert next_round.resumed_at_samples is None and "checkpoint" not in _said(caplog)
 
 
-def test_a_checkpoint_of_another_round_or_other_weights_is_ignored_with_a_line(capsys) -> None:
+def test_a_checkpoint_of_another_round_or_other_weights_is_ignored_with_a_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO)  # the lines the ClientApp shows on stderr
     settings, data = _data(0)
     instr = instructions(checkpoint_every_samples=32)
     with pytest.raises(Killed):
         train_round(settings, instr, initial_state(), data, device_seed=1, on_step=_kill_after(40))
-    capsys.readouterr()
+    caplog.clear()
     _, next_round = train_round(
         settings, instructions(checkpoint_every_samples=32, server_round=2), initial_state(), data
     )
     assert next_round.resumed_at_samples is None
-    assert "belongs to other work" in capsys.readouterr().err
+    assert "belongs to other work" in _said(caplog)
     with pytest.raises(Killed):
         train_round(settings, instr, initial_state(), data, device_seed=1, on_step=_kill_after(40))
     _, other_weights = train_round(settings, instr, initial_state(seed=1), data, device_seed=1)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +27,9 @@ from typing import Any
 import torch
 
 from powerctl.outputs import replacing
+
+log = logging.getLogger(__name__)
+"""`training.checkpoint`: a checkpoint that cannot be used and is ignored (WARNING)."""
 
 CHECKPOINT_FORMAT = "powerfed.finetune-checkpoint/2"
 
@@ -167,15 +170,15 @@ def resumable(ckpt: Checkpointing, identity: str) -> Saved | None:
     try:
         saved = load(ckpt.path)
     except CheckpointError as exc:
-        print(f"checkpoint: {exc}; starting from the beginning", file=sys.stderr)
+        log.warning("checkpoint: %s; starting from the beginning", exc)
         return None
     if saved.state.get("identity") != identity:
         if saved.state.get("finished"):
             return None  # the end state of earlier work, kept for that work only: nothing is lost
-        print(
-            f"checkpoint: {ckpt.path} belongs to other work (another round, node, data or settings); "
+        log.warning(
+            "checkpoint: %s belongs to other work (another round, node, data or settings); "
             "ignored, starting from the beginning",
-            file=sys.stderr,
+            ckpt.path,
         )
         return None
     return saved

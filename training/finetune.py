@@ -10,6 +10,7 @@ slicing, no DataLoader): its overhead must stay within a few percent of a bare P
 
 from __future__ import annotations
 
+import logging
 import math
 import sys
 import time
@@ -38,6 +39,9 @@ from training.checkpoint import (
 )
 from training.errors import DataError
 from training.models import correct_count, loss_fn, targets_count
+
+log = logging.getLogger(__name__)
+"""`training.finetune`: a fine-tune resumed from its checkpoint (INFO)."""
 
 if TYPE_CHECKING:
     from training.data import Dataset
@@ -497,13 +501,15 @@ def fine_tune(
             restore_parts(saved, parts)
             resumed_at, finished = run.samples, bool(run.stop_reason)
             if finished:
-                print(
-                    f"checkpoint: {saved.path} holds this work's end ({resumed_at} samples, stopped at "
-                    f"{run.stop_reason}): its result again, without training",
-                    file=sys.stderr,
+                log.info(
+                    "checkpoint: %s holds this work's end (%s samples, stopped at %s): its result again, "
+                    "without training",
+                    saved.path,
+                    resumed_at,
+                    run.stop_reason,
                 )
             else:
-                print(f"checkpoint: resuming from {saved.path} at {resumed_at} samples", file=sys.stderr)
+                log.info("checkpoint: resuming from %s at %s samples", saved.path, resumed_at)
         saved_at = run.samples
         bar = _progress_bar(progress, max_samples, desc, run.samples)
 
