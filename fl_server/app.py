@@ -302,7 +302,10 @@ def run_method(
             extra={"round": str(server_round), "fingerprint": fingerprint},
         )
 
+    first_round = point.last_round + 1 if point else 1
     strategy = PowerAwareFedAvg(
+        instructions=setup.base,
+        first_round=first_round,
         node_instructions=for_method(method, cfg.real_share),
         on_round=on_round,
         on_round_end=save_global,
@@ -315,15 +318,12 @@ def run_method(
         round_deadline_s=cfg.round_deadline_s,
     )
     strategy.nodes.update(known_nodes)  # node ids hold for the whole run: ask each node once
-    first_round = point.last_round + 1 if point else 1
     strategy.start(
         grid=grid,
         initial_arrays=ArrayRecord.from_torch_state_dict(model.state_dict()),
         num_rounds=cfg.num_server_rounds,
         timeout=cfg.round_timeout,
-        instructions=setup.base,
         evaluate_config=setup.eval_config,
-        first_round=first_round,
     )
     if not any(r["clients"] for r in writer.data["rounds"]):
         where = "nothing written: the earlier results stay" if writer.held else f"recorded in {writer.path}"

@@ -35,6 +35,8 @@ class ProgressGrid:
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> list[Message]:
         messages = list(messages)
+        if not messages:
+            return []  # nothing to wait for (a resumed run's rounds done before): no progress line
         kind = messages[0].metadata.message_type if messages else "?"
         if messages and "config" in messages[0].content.config_records:
             self.round = int(messages[0].content.config_records["config"].get("server-round", self.round))

@@ -146,6 +146,8 @@ def summary_lines(record: RoundRecord) -> str:
     ]
     if restored := [c["node_key"] for c in record.clients if c.get("restored")]:
         parts.append(f"boards found left pinned and restored: {', '.join(restored)}")
+    if s.get("unreported"):
+        parts.append(f"aggregated without a report: {', '.join(s['unreported'])}")
     if s.get("stand_ins"):
         parts.append(f"stand-ins (not trained): {s['stand_ins']}")
     if not s["reported"]:

@@ -1,24 +1,29 @@
-"""Power-aware FedAvg: FedAvg's rounds, with the method's inputs sent per node and every report kept.
+"""Power-aware rounds around any Flower strategy: the method's plan sent in the train config, every
+client's report kept.
 
-Per round:
-1. ``configure_train``: sample nodes as FedAvg does; ask nodes it has not met yet who they are
-   (``query``: device, cap, data size); build ONE message per node with the weights and that node's
-   own ConfigRecord (`TrainInstructions`: relation vector, target, LR rule, budget, plus what
-   `node_instructions` sets for it, keyed by the node's partition or name, never by list position).
-2. ``aggregate_train``: map every reply to the node it answers through the message ids sent (a dead
-   SuperNode's error reply comes from the SuperLink's id, not the node's); keep each report; name every
-   node that failed, replied something unusable, or did not reply in time; average the weights of the
-   others by examples. A failed client never stops the round.
-With `round_objective="energy-under-deadline"` (ours), ``configure_train`` first asks each sampled node
-once for its plan (a QUERY with its instructions: its predicted fastest time to the target), sets the
-round's deadline to the slowest one's (or `round_deadline_s`), and sends it: each client then runs its
-least-energy pair that meets it. A FedAvg round waits for its slowest client anyway; the others need
-not race to idle.
-3. ``configure_evaluate`` / ``aggregate_evaluate``: FedAvg's, plus the per-node accuracy and loss.
+`PowerAware(strategy, instructions)` is a strategy wrapper in the shape of Flower's own
+(`DifferentialPrivacyServerSideFixedClipping(strategy, ...)`): the inner strategy (FedAvg, FedAdam,
+FedProx, a user's own) samples the nodes, builds the messages and aggregates; the wrapper
+1. ``configure_train``: puts the run's `TrainInstructions` (relation vector, target, budget, method, LR
+   rule, ...) into the train `config` it passes to the inner strategy's ``configure_train``, so any
+   strategy sends it; asks nodes it has not met yet who they are (``query``: device, cap, data size);
+   then gives each message its own RecordDict whose config holds what `node_instructions` sets for
+   that node (keyed by its partition or name, never by list position). With
+   `round_objective="energy-under-deadline"` it first asks each sampled node once for its plan (a
+   QUERY with its instructions: its predicted fastest time to the target), sets the round's deadline
+   to the slowest one's (or `round_deadline_s`) and sends it: each client then runs its least-energy
+   pair that meets it.
+2. ``aggregate_train``: maps every reply to the node it answers through the message ids sent (a dead
+   SuperNode's error reply comes from the SuperLink's id, not the node's); keeps each report, takes it
+   out of the reply, and hands the inner strategy the usable replies (ordered by node key: the same sum
+   in every run) and the error replies. A reply without a report is aggregated and counted as such
+   (`summary["unreported"]`); one that is unusable (no weights, weights that do not fit or hold NaN,
+   a malformed report) is named and kept out. A failed client never stops the round.
+3. ``configure_evaluate`` / ``aggregate_evaluate``: the inner strategy's, plus each node's accuracy
+   and loss in the round's record.
 `on_round` receives the `RoundRecord` after training and again after evaluation, so the ServerApp can
 write results as each round completes; `on_round_end(round, weights)` follows once the round is over,
-so it can save the global model. `start(..., instructions=..., first_round=k)` runs the rounds with the
-run's typed `TrainInstructions` and continues a run after its round k - 1.
+so it can save the global model. `start` is Flower's (round-0 `evaluate_fn`, `summary()`, the loop).
 """
 
 from __future__ import annotations
@@ -27,10 +32,11 @@ import dataclasses
 import time
 from collections.abc import Callable, Iterable
 from logging import INFO, WARNING
+from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg, Result
+from flwr.serverapp.strategy import FedAvg, Result, Strategy
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 from flwr.supercore import log
 
@@ -41,6 +47,7 @@ from strategies.protocol import (
     METRICS_KEY,
     NODE_KEY,
     PLAN_KEY,
+    RELATION_KEY,
     REPORT_KEY,
     ROUND_OBJECTIVES,
     ClientReport,
@@ -73,24 +80,69 @@ def same_for_every_node(node: NodeInfo, server_round: int, base: TrainInstructio
     return dataclasses.replace(base, server_round=server_round, node_key=node.key)
 
 
-class PowerAwareFedAvg(FedAvg):
-    """FedAvg whose clients each choose (batch size, GPU frequency) under their own power cap."""
+def _inner_attr(strategy: Strategy, name: str, default: Any) -> Any:
+    """An attribute of `strategy` or of the strategy it wraps (Flower's wrappers keep it as `.strategy`)."""
+    while strategy is not None:
+        if hasattr(strategy, name):
+            return getattr(strategy, name)
+        strategy = getattr(strategy, "strategy", None)
+    return default
+
+
+def _one(records: Any, key: str, where: str, what: str) -> Any:
+    """`records[key]`, else the reply's only record of that type (a user's client may name it otherwise)."""
+    if key not in records and len(records) == 1:
+        return next(iter(records.values()))
+    return required(records, key, where, what)
+
+
+def _own_message(msg: Message, content: RecordDict) -> Message:
+    """`msg` with its own `content` (Flower's strategies share one RecordDict between their messages)."""
+    meta = msg.metadata
+    return Message(
+        content,
+        dst_node_id=meta.dst_node_id,
+        message_type=meta.message_type,
+        ttl=meta.ttl,
+        group_id=meta.group_id,
+    )
+
+
+class PowerAware(Strategy):
+    """Wraps any Flower strategy: its clients each choose (batch size, GPU frequency) under their own
+    power cap from the plan the train config carries, and report what it cost.
+
+    Parameters
+    ----------
+    strategy : Strategy
+        The strategy that samples, sends and aggregates (FedAvg, FedAdam, FedProx, a user's own, or one
+        of Flower's wrappers around one).
+    instructions : TrainInstructions
+        The run's plan; every round each node's is made from it by `node_instructions`. A public
+        attribute: a run may change it between rounds.
+    min_available_nodes : int
+        Wait once, before the first round, for this many nodes (0: leave it to `strategy`). After that
+        a round waits up to `rejoin_wait_s` for the nodes seen before, then goes on with whoever is
+        connected (Flower's own sampling waits forever for a node that died).
+    first_round : int
+        A resumed run: the rounds before it are done (their weights are `initial_arrays`); Flower's loop
+        sends nothing for them.
+    """
 
     def __init__(
         self,
+        strategy: Strategy,
+        instructions: TrainInstructions,
         *,
         node_instructions: NodeInstructions = same_for_every_node,
         on_round: Callable[[RoundRecord], None] | None = None,
         on_round_end: Callable[[int, ArrayRecord], None] | None = None,
         query_timeout: float = 120.0,
-        fraction_train: float = 1.0,
-        fraction_evaluate: float = 1.0,
-        min_train_nodes: int = 1,
-        min_evaluate_nodes: int = 1,
-        min_available_nodes: int = 1,
+        min_available_nodes: int = 0,
         round_objective: str = "time",
         round_deadline_s: float = 0.0,
         rejoin_wait_s: float = 30.0,
+        first_round: int = 1,
     ) -> None:
         if round_objective not in ROUND_OBJECTIVES:
             raise ValueError(
@@ -100,106 +152,78 @@ class PowerAwareFedAvg(FedAvg):
             raise ValueError(
                 f"round deadline must be ≥ 0 seconds (0: the slowest client's), got {round_deadline_s!r}"
             )
-        super().__init__(
-            fraction_train=fraction_train,
-            fraction_evaluate=fraction_evaluate,
-            min_train_nodes=min_train_nodes,
-            min_evaluate_nodes=min_evaluate_nodes,
-            min_available_nodes=min_available_nodes,
-            arrayrecord_key=ARRAYS_KEY,
-            configrecord_key=CONFIG_KEY,
-            weighted_by_key=EXAMPLES_KEY,
-        )
+        if not isinstance(strategy, Strategy):
+            raise TypeError(f"PowerAware wraps a Flower Strategy, got {type(strategy).__name__}")
+        self.strategy = strategy
+        self.instructions = instructions
         self.node_instructions = node_instructions
         self.on_round = on_round
         self.on_round_end = on_round_end
         self.query_timeout = query_timeout
+        self.min_available_nodes = min_available_nodes
+        self.rejoin_wait_s = rejoin_wait_s
+        self.round_objective, self.round_deadline_s = round_objective, round_deadline_s
+        self.first_round = first_round
         self.nodes: dict[int, NodeInfo] = {}
         self.rounds: dict[int, RoundRecord] = {}
-        self._sent: dict[str, list[Message]] = {}
-        self._global: ArrayRecord | None = None
-        self._gathered = False
-        self._most_seen = 0
-        self.rejoin_wait_s = rejoin_wait_s
-        """How long a round waits for nodes seen before to reconnect (after a SuperLink restart they come
-        back one by one). A node still missing after it is taken as gone: later rounds do not wait for
-        it again unless it comes back."""
-        self.round_objective, self.round_deadline_s = round_objective, round_deadline_s
-        self.instructions: TrainInstructions | None = None
-        """The run's train instructions (`start`); each node's are made from them every round."""
         self.plans: dict[int, Plan] = {}
         self.deadlines: dict[int, float] = {}
+        self._sent: dict[str, list[Message]] = {}
+        self._global: ArrayRecord | None = None
+        self._eval_arrays: ArrayRecord | None = None
+        self._gathered = False
+        self._most_seen = 0
         self._unbilled_profiling: dict[int, float] = {}
 
-    # --- the rounds ---------------------------------------------------------------------------
+    def __repr__(self) -> str:
+        return f"PowerAware({self.strategy!r})"
+
+    def summary(self) -> None:
+        """Log the wrapper's settings, then the inner strategy's."""
+        log(INFO, "\t├──> Power-aware settings:")
+        log(INFO, "\t│\t├── Model: %s", self.instructions.model)
+        log(INFO, "\t│\t├── Target accuracy: %s", self.instructions.target_accuracy)
+        log(INFO, "\t│\t├── Round objective: %s", self.round_objective)
+        log(INFO, "\t│\t└── Relation vector: %s", self.instructions.relation_vector.as_map())
+        self.strategy.summary()
+
     def start(
         self,
         grid: Grid,
         initial_arrays: ArrayRecord,
         num_rounds: int = 3,
         timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
         evaluate_config: ConfigRecord | None = None,
         evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
-        *,
-        instructions: TrainInstructions,
-        first_round: int = 1,
     ) -> Result:
-        """Flower's `Strategy.start` (train, then evaluate, every round), from `first_round`, with the
-        run's train instructions typed (Flower's `train_config` record is not used: each node's own
-        record is written from them, `node_instructions`, every round).
+        """Flower's `Strategy.start`. A resumed run (`first_round` > 1) evaluates `initial_arrays` as
+        round `first_round - 1`'s, not the skipped rounds."""
+        if evaluate_fn is not None and self.first_round > 1:
+            evaluate_all, done = evaluate_fn, self.first_round - 1
 
-        A resumed run passes the weights its last completed round produced and the round after it.
-        The result's weights are the last round's average, or `initial_arrays` when no client
-        ever reported (Flower's own loop would return no weights at all then).
-        """
-        self.instructions = instructions
-        evaluate_config = ConfigRecord() if evaluate_config is None else evaluate_config
-        result = Result(arrays=initial_arrays)
-        arrays = initial_arrays
-        log(INFO, "Starting %s from round %d of %d", type(self).__name__, first_round, num_rounds)
-        for current_round in range(first_round, num_rounds + 1):
-            log(INFO, "[ROUND %s/%s]", current_round, num_rounds)
-            replies = grid.send_and_receive(
-                messages=self.configure_train(current_round, arrays, ConfigRecord(), grid), timeout=timeout
-            )
-            agg_arrays, train_metrics = self.aggregate_train(current_round, replies)
-            if agg_arrays is not None:
-                result.arrays = arrays = agg_arrays
-            if train_metrics is not None:
-                result.train_metrics_clientapp[current_round] = train_metrics
-            replies = grid.send_and_receive(
-                messages=self.configure_evaluate(current_round, arrays, evaluate_config, grid),
-                timeout=timeout,
-            )
-            eval_metrics = self.aggregate_evaluate(current_round, replies)
-            if eval_metrics is not None:
-                result.evaluate_metrics_clientapp[current_round] = eval_metrics
-            if evaluate_fn is not None and (res := evaluate_fn(current_round, arrays)) is not None:
-                result.evaluate_metrics_serverapp[current_round] = res
-            if self.on_round_end is not None:
-                self.on_round_end(current_round, arrays)
-        return result
+            def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+                return evaluate_all(server_round, arrays) if server_round >= done else None
+
+        return super().start(
+            grid, initial_arrays, num_rounds, timeout, train_config, evaluate_config, evaluate_fn
+        )
+
+    def _skipped(self, server_round: int) -> bool:
+        return server_round < self.first_round
 
     # --- nodes --------------------------------------------------------------------------------
-    def _sample(self, grid: Grid, fraction: float, minimum: int) -> list[int]:
-        """FedAvg's sampling. `min_available_nodes` gathers the fleet once, before the first round;
-        after that, whoever is connected: Flower's sampling waits for that many nodes without a limit,
-        so one SuperNode that died would otherwise hold the run forever. The sample's size is counted
-        after that wait: counted before it, a node that connected during the wait was left out."""
+    def connected(self, grid: Grid) -> list[int]:
+        """The nodes to sample from, after the waits: `min_available_nodes` once (the fleet gathers
+        before the first round), then up to `rejoin_wait_s` for the most nodes seen so far."""
         if not self._gathered:
             sample_nodes(grid, self.min_available_nodes, 0)  # Flower's wait for the fleet, sampling none
             self._gathered = True
-        num = int(self._wait_for_rejoining(grid) * fraction)
-        node_ids, _ = sample_nodes(grid, 1, max(num, minimum))
-        return sorted(node_ids)
-
-    def _wait_for_rejoining(self, grid: Grid) -> int:
-        """Wait up to `rejoin_wait_s` for the most nodes seen so far; returns how many are connected."""
         deadline = time.monotonic() + self.rejoin_wait_s
-        while (connected := len(list(grid.get_node_ids()))) < self._most_seen and time.monotonic() < deadline:
+        while len(nodes := sorted(grid.get_node_ids())) < self._most_seen and time.monotonic() < deadline:
             time.sleep(min(1.0, self.rejoin_wait_s))
-        self._most_seen = connected  # whoever did not come back in time is gone: wait for them once
-        return connected
+        self._most_seen = len(nodes)  # whoever did not come back in time is gone: wait for them once
+        return nodes
 
     def _query(self, grid: Grid, contents: dict[int, RecordDict]) -> list[tuple[int, Message]]:
         """Send each node its QUERY and pair every reply with the node it answers (by message id: a
@@ -268,19 +292,21 @@ class PowerAwareFedAvg(FedAvg):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """One TRAIN message per sampled node, its record written from the instructions `start` took
-        (Flower's `config` is not read)."""
-        if self.fraction_train == 0.0:
+        """The inner strategy's TRAIN messages, its `config` carrying the plan; each message then gets
+        its own RecordDict with that node's instructions (`node_instructions`)."""
+        self._sent[MessageType.TRAIN] = []
+        if self._skipped(server_round):
             return []
-        base = self.instructions
-        if base is None:
-            raise RuntimeError(
-                "configure_train needs the run's instructions: call start(..., instructions=...)"
-            )
-        node_ids = self._sample(grid, self.fraction_train, self.min_train_nodes)
+        self.connected(grid)
+        plan = self.instructions.to_config()
+        config = ConfigRecord({**dict(config), **dict(plan)})
+        messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
+        node_ids = sorted(m.metadata.dst_node_id for m in messages)
         self.learn_nodes(grid, node_ids)
-        log(INFO, "configure_train: %d nodes", len(node_ids))
-        instructions = {nid: self.node_instructions(self.node(nid), server_round, base) for nid in node_ids}
+        log(INFO, "configure_train: %d nodes, power-aware", len(node_ids))
+        instructions = {
+            nid: self.node_instructions(self.node(nid), server_round, self.instructions) for nid in node_ids
+        }
         if self.round_objective == "energy-under-deadline":
             deadline = self.plan_deadline(grid, instructions)
             if deadline > 0:
@@ -288,23 +314,32 @@ class PowerAwareFedAvg(FedAvg):
                 instructions = {
                     n: dataclasses.replace(i, deadline_s=deadline) for n, i in instructions.items()
                 }
-        messages = []
-        for nid in node_ids:
-            instr = instructions[nid]
-            content = RecordDict({ARRAYS_KEY: arrays, CONFIG_KEY: instr.to_config()})
-            messages.append(Message(content, dst_node_id=nid, message_type=MessageType.TRAIN))
-        self._sent[MessageType.TRAIN] = messages
+        config_key = _inner_attr(self.strategy, "configrecord_key", CONFIG_KEY)
+        own = []
+        for msg in messages:
+            node_config = instructions[msg.metadata.dst_node_id].to_config()
+            records = dict(msg.content.items())
+            key = next((k for k, r in msg.content.config_records.items() if RELATION_KEY in r), None)
+            if key is None:  # the inner strategy sent its own config: the plan goes in whole
+                key, changed = config_key, dict(node_config)
+            else:  # only what differs for this node: what the inner strategy set stays
+                changed = {k: v for k, v in node_config.items() if plan.get(k) != v}
+            records[key] = ConfigRecord({**dict(records.get(key) or {}), **changed})
+            own.append(_own_message(msg, RecordDict(records)))
+        self._sent[MessageType.TRAIN] = own
         self._global = arrays
-        return messages
+        return own
 
     def _match(
         self, kind: str, replies: Iterable[Message]
-    ) -> tuple[list[tuple[int, Message]], list[Failure]]:
-        """Pair each reply with the node it answers; failures for errors and for missing replies."""
+    ) -> tuple[list[tuple[int, Message]], list[tuple[int, Message]], list[Failure]]:
+        """Pair each reply with the node it answers: (replies with content, error replies, failures for
+        the errors and for the missing replies)."""
         sent = self._sent.pop(kind, [])
         by_id = {m.metadata.message_id: m.metadata.dst_node_id for m in sent}
         answered: set[int] = set()
         ok: list[tuple[int, Message]] = []
+        errors: list[tuple[int, Message]] = []
         failed: list[Failure] = []
         for reply in replies:
             nid = by_id.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
@@ -313,119 +348,216 @@ class PowerAwareFedAvg(FedAvg):
                 code = reply.error.code
                 why = "unavailable" if code == NODE_UNAVAILABLE else "error"
                 failed.append(self._failure(nid, why, f"{one_line(reply.error.reason)} (code {code})"))
+                errors.append((nid, reply))
             else:
                 ok.append((nid, reply))
         for nid in sorted(set(by_id.values()) - answered):
             failed.append(self._failure(nid, "timeout", "no reply within the round's timeout"))
-        return ok, failed
+        return ok, errors, failed
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        matched, failed = self._match(MessageType.TRAIN, replies)
+        """Keep each report, hand the inner strategy the usable replies without it, record the round."""
+        if self._skipped(server_round):
+            return None, None
+        matched, errors, failed = self._match(MessageType.TRAIN, replies)
         sampled = len(matched) + len(failed)
-        good: list[tuple[int, ClientReport, ArrayRecord, float]] = []
+        usable: list[tuple[str, Message]] = []
+        good: list[tuple[int, ClientReport]] = []
+        unreported: list[str] = []
         for nid, reply in matched:
             try:
-                report, arrays, examples = self._read_train_reply(reply)
+                report = self._read_train_reply(reply)
             except ProtocolError as exc:
                 failed.append(self._failure(nid, "error", str(exc)))
                 continue
-            report.node_key = report.node_key or self.node(nid).key
-            # profiling a planning query measured belongs to the first round the node then trains
-            report.profiling_seconds += self._unbilled_profiling.pop(nid, 0.0)
-            good.append((nid, report, arrays, examples))
+            key = self.node(nid).key
+            if report is None:
+                unreported.append(key)
+            else:
+                report.node_key = report.node_key or key
+                # profiling a planning query measured belongs to the first round the node then trains
+                report.profiling_seconds += self._unbilled_profiling.pop(nid, 0.0)
+                good.append((nid, report))
+                key = report.node_key
+            usable.append((key, reply))
         good.sort(key=lambda g: g[1].node_key)  # node keys, not ids: the same order (and sum) in every run
+        usable.sort(key=lambda u: u[0])
         for f in failed:
             log(WARNING, "round %d: %s (%s) failed: %s", server_round, f.node_key, f.kind, f.reason)
-        reports = [g[1] for g in good]
+        reports = [report for _, report in good]
         record = RoundRecord(
             round=server_round,
-            clients=[report_row(report, self.node(nid)) for nid, report, _, _ in good],
+            clients=[report_row(report, self.node(nid)) for nid, report in good],
             failed=sorted(failed, key=lambda f: f.node_key),
             summary=summarise(reports, failed, sampled),
         )
+        if unreported:
+            record.summary["unreported"] = sorted(unreported)
         if server_round in self.deadlines:
             record.summary["deadline_s"] = self.deadlines[server_round]
             record.summary["met_deadline_predicted"] = sum(bool(r.meets_deadline_predicted) for r in reports)
         self.rounds[server_round] = record
         if self.on_round is not None:
             self.on_round(record)
-        if not good:
+        if not usable:
             return None, None
-        arrays = weighted_average([(g[2], g[3]) for g in good], self._global or good[0][2])
-        s = record.summary
-        metrics = MetricRecord(
-            {
-                "makespan-s": s["makespan_s"],
-                "total-energy-j": s["total_energy_j"],
-                "share-at-target": s["share_at_target"],
-                "reported": s["reported"],
-                "failed": len(s["failed"]),
-                "over-cap": len(s["over_cap"]),
-            }
+        arrays, metrics = self.strategy.aggregate_train(
+            server_round, [reply for _, reply in usable] + [reply for _, reply in errors]
         )
-        return arrays, metrics
+        s = record.summary
+        round_metrics = {
+            "makespan-s": s["makespan_s"],
+            "total-energy-j": s["total_energy_j"],
+            "share-at-target": s["share_at_target"],
+            "reported": s["reported"],
+            "unreported": len(unreported),
+            "failed": len(s["failed"]),
+            "over-cap": len(s["over_cap"]),
+        }
+        return arrays, MetricRecord({**dict(metrics or {}), **round_metrics})
 
-    def _read_train_reply(self, reply: Message) -> tuple[ClientReport, ArrayRecord, float]:
+    def _read_train_reply(self, reply: Message) -> ClientReport | None:
+        """The reply's report (None: it has none), taken out of the reply; ProtocolError when the reply
+        cannot be aggregated (no weights, weights that do not fit, no weight to average by) or its
+        report is malformed."""
         content = reply.content
-        report = ClientReport.from_config(required(content.config_records, REPORT_KEY, "train reply"))
-        arrays = required(content.array_records, ARRAYS_KEY, "train reply", "the weights")
+        arrays = _one(content.array_records, ARRAYS_KEY, "train reply", "the weights")
         if self._global is not None and (why := weights_mismatch(arrays, self._global)):
             raise ProtocolError(f"train reply: {why}")
-        metrics = required(content.metric_records, METRICS_KEY, "train reply")
-        examples = reader(metrics, "train reply metrics").number(EXAMPLES_KEY, positive=True)
-        return report, arrays, examples
+        metrics = _one(content.metric_records, METRICS_KEY, "train reply", "")
+        weight_key = _inner_attr(self.strategy, "weighted_by_key", EXAMPLES_KEY)
+        reader(metrics, "train reply metrics").number(weight_key, positive=True)
+        if REPORT_KEY not in content.config_records:
+            return None
+        report = ClientReport.from_config(content.config_records[REPORT_KEY])
+        del content.config_records[REPORT_KEY]  # the inner strategy sees the reply it expects
+        return report
 
     # --- evaluation ---------------------------------------------------------------------------
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        if self.fraction_evaluate == 0.0:
+        """The inner strategy's EVALUATE messages, sent to the nodes connected now."""
+        self._sent[MessageType.EVALUATE] = []
+        if self._skipped(server_round):
             return []
-        node_ids = self._sample(grid, self.fraction_evaluate, self.min_evaluate_nodes)
-        messages = []
-        for nid in node_ids:  # one RecordDict per message: nothing shared that a node could alter
-            cfg = ConfigRecord({**dict(config), "server-round": server_round, "node-key": self.node(nid).key})
-            content = RecordDict({ARRAYS_KEY: arrays, CONFIG_KEY: cfg})
-            messages.append(Message(content, dst_node_id=nid, message_type=MessageType.EVALUATE))
+        self._eval_arrays = arrays  # the round's global model: what `on_round_end` hears
+        self.connected(grid)
+        messages = list(self.strategy.configure_evaluate(server_round, arrays, config, grid))
         self._sent[MessageType.EVALUATE] = messages
         return messages
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        if not self._sent.get(MessageType.EVALUATE):
-            return None  # no evaluation this round (fraction_evaluate = 0)
-        matched, failed = self._match(MessageType.EVALUATE, replies)
-        clients = []
+        """Each node's accuracy and loss into the round's record; the inner strategy's aggregate of the
+        usable replies."""
+        if self._skipped(server_round):
+            return None
+        metrics = None
+        if self._sent.get(MessageType.EVALUATE):  # else no evaluation this round (fraction_evaluate = 0)
+            metrics = self._evaluate(server_round, replies)
+        if self.on_round_end is not None and self._eval_arrays is not None:
+            self.on_round_end(server_round, self._eval_arrays)
+        return metrics
+
+    def _evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        matched, errors, failed = self._match(MessageType.EVALUATE, replies)
+        weight_key = _inner_attr(self.strategy, "weighted_by_key", EXAMPLES_KEY)
+        clients, usable = [], []
         for nid, reply in matched:
             info = self.node(nid)
             try:
-                metrics = required(reply.content.metric_records, METRICS_KEY, "evaluate reply")
+                metrics = _one(reply.content.metric_records, METRICS_KEY, "evaluate reply", "")
                 r = reader(metrics, "evaluate reply metrics")
-                clients.append(
-                    {
-                        "node_key": info.key,
-                        "device": info.device,
-                        "examples": r.number(EXAMPLES_KEY, positive=True),
-                        "accuracy": r.number("accuracy"),
-                        "loss": r.number("loss"),
-                    }
-                )
+                row = {
+                    "node_key": info.key,
+                    "device": info.device,
+                    "examples": r.number(weight_key, positive=True),
+                }
+                row.update({k: r.number(k) if k in r else None for k in ("accuracy", "loss")})
             except ProtocolError as exc:
                 failed.append(self._failure(nid, "error", str(exc)))
+                continue
+            clients.append(row)
+            usable.append((info.key, reply))
         clients.sort(key=lambda c: c["node_key"])
-        total = sum(c["examples"] for c in clients)
         evaluation = {
             "clients": clients,
             "failed": [dataclasses.asdict(f) for f in sorted(failed, key=lambda f: f.node_key)],
-            "accuracy": sum(c["accuracy"] * c["examples"] for c in clients) / total if total else None,
-            "loss": sum(c["loss"] * c["examples"] for c in clients) / total if total else None,
+            "accuracy": _mean(clients, "accuracy"),
+            "loss": _mean(clients, "loss"),
         }
         record = self.rounds.get(server_round)
         if record is not None:
             record.evaluation = evaluation
             if self.on_round is not None:
                 self.on_round(record)
-        if not total:
+        if not usable:
             return None
-        return MetricRecord({"accuracy": evaluation["accuracy"], "loss": evaluation["loss"]})
+        usable.sort(key=lambda u: u[0])
+        return self.strategy.aggregate_evaluate(
+            server_round, [reply for _, reply in usable] + [reply for _, reply in errors]
+        )
+
+
+def _mean(clients: list[dict[str, Any]], key: str) -> float | None:
+    """The examples-weighted mean of `key` over the clients that reported it (None: none did)."""
+    having = [c for c in clients if c[key] is not None]
+    total = sum(c["examples"] for c in having)
+    return sum(c[key] * c["examples"] for c in having) / total if total else None
+
+
+class FedAvgInOrder(FedAvg):
+    """Flower's FedAvg whose weights are averaged in float64, in the order the replies come (the
+    wrapper orders them by node key), and cast back to each array's dtype: the same global model in
+    every run, integer buffers (BatchNorm's `num_batches_tracked`) kept integers
+    (`strategies.rounds.weighted_average`). Flower's sums in float32 and makes integers floats."""
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        valid, _ = self._check_and_log_replies(replies, is_train=True)
+        if not valid:
+            return None, None
+        contents = [msg.content for msg in valid]
+        items = [
+            (
+                next(iter(c.array_records.values())),
+                float(next(iter(c.metric_records.values()))[self.weighted_by_key]),
+            )
+            for c in contents
+        ]
+        return weighted_average(items, items[0][0]), self.train_metrics_aggr_fn(
+            contents, self.weighted_by_key
+        )
+
+
+class PowerAwareFedAvg(PowerAware):
+    """`PowerAware` around FedAvg (`FedAvgInOrder`): the project's own ServerApp's strategy.
+
+    FedAvg's sampling parameters are FedAvg's; the rest are `PowerAware`'s. FedAvg itself does not wait
+    for nodes: the wrapper gathers `min_available_nodes` once and then goes on with whoever is there."""
+
+    def __init__(
+        self,
+        *,
+        instructions: TrainInstructions,
+        fraction_train: float = 1.0,
+        fraction_evaluate: float = 1.0,
+        min_train_nodes: int = 1,
+        min_evaluate_nodes: int = 1,
+        min_available_nodes: int = 1,
+        **power_aware: Any,
+    ) -> None:
+        fedavg = FedAvgInOrder(
+            fraction_train=fraction_train,
+            fraction_evaluate=fraction_evaluate,
+            min_train_nodes=min_train_nodes,
+            min_evaluate_nodes=min_evaluate_nodes,
+            min_available_nodes=1,
+            arrayrecord_key=ARRAYS_KEY,
+            configrecord_key=CONFIG_KEY,
+            weighted_by_key=EXAMPLES_KEY,
+        )
+        super().__init__(fedavg, instructions, min_available_nodes=min_available_nodes, **power_aware)

@@ -107,6 +107,10 @@ MESSAGE_KINDS = {
 }
 """The instructions' keys that are not run settings: what the server adds for the model, the round
 and the node (the relation vector and the node's cap besides)."""
+MESSAGE_SETTING_KINDS = {"model": Text()}
+"""Settings read from a message by another kind than the run config's: a model is any non-empty name
+(a user's own model included); whether it names a model is checked where the model is built, from the
+registry (`training.models`), on the server and on the client alike."""
 
 
 @with_settings(BOTH)
@@ -175,7 +179,9 @@ class TrainInstructions:
     @classmethod
     def from_config(cls, record: Any, where: str = "train message config") -> TrainInstructions:
         r = reader(record, where)
-        settings = {s.attr: r.value(s.key, s.kind) for s in settings_of([BOTH])}
+        settings = {
+            s.attr: r.value(s.key, MESSAGE_SETTING_KINDS.get(s.key, s.kind)) for s in settings_of([BOTH])
+        }
         message = {key.replace("-", "_"): r.value(key, kind) for key, kind in MESSAGE_KINDS.items()}
         try:
             relation = RelationVector.from_dict(r.json_object(RELATION_KEY), f"{where}: {RELATION_KEY!r}")

@@ -9,11 +9,10 @@ from fl_client.app import app as client_app
 from fl_server.run_config import RunConfigError, parse_server_config
 from powerctl.errors import PowerctlError
 from powerctl.selection import select, select_under_deadline
-from strategies.power_aware import PowerAwareFedAvg
 from strategies.protocol import PLAN_KEY, Plan, ProtocolError, TrainInstructions
 from tests.fake_grid import FakeGrid
 from tests.fl_helpers import RUN_CONFIG, instructions
-from tests.test_fl_strategy import _nodes, _run
+from tests.test_fl_strategy import _nodes, _run, power_aware
 from tests.test_pareto import hand_profile
 from tests.test_selection import MHZ, make_relation
 
@@ -33,9 +32,9 @@ def test_the_least_energy_pair_that_meets_the_deadline_else_the_fastest() -> Non
 def test_a_deadline_round_plans_sets_the_slowest_fastest_time_and_saves_energy() -> None:
     instr = instructions(budget_samples=128)
     grid = FakeGrid(client_app, _nodes(3), RUN_CONFIG)
-    strategy = PowerAwareFedAvg(round_objective="energy-under-deadline")
+    strategy = power_aware(round_objective="energy-under-deadline")
     _run(grid, strategy, instr=instr)  # first: its planning queries profile (nothing cached yet)
-    fastest = PowerAwareFedAvg()
+    fastest = power_aware()
     _run(FakeGrid(client_app, _nodes(3), RUN_CONFIG), fastest, instr=instr)
     plans = [
         m
@@ -68,7 +67,7 @@ def test_a_deadline_round_plans_sets_the_slowest_fastest_time_and_saves_energy()
 
 def test_a_user_deadline_too_short_makes_clients_run_their_fastest_and_say_so() -> None:
     grid = FakeGrid(client_app, _nodes(2), RUN_CONFIG)
-    strategy = PowerAwareFedAvg(round_objective="energy-under-deadline", round_deadline_s=1e-6)
+    strategy = power_aware(round_objective="energy-under-deadline", round_deadline_s=1e-6)
     _run(grid, strategy, instr=instructions(budget_samples=64))
     record = strategy.rounds[1]
     assert record.summary["deadline_s"] == 1e-6 and record.summary["met_deadline_predicted"] == 0
@@ -83,7 +82,7 @@ def test_plans_and_options_are_checked() -> None:
     with pytest.raises(ProtocolError, match="fastest-seconds"):
         Plan.from_config(bad)
     with pytest.raises(ValueError, match="round objective must be one of time, energy-under-deadline"):
-        PowerAwareFedAvg(round_objective="cheapest")
+        power_aware(round_objective="cheapest")
     for key, value, fragment in (
         ("round-objective", "cheapest", "'round-objective' must be one of time, energy-under-deadline"),
         ("round-deadline-s", -1.0, "'round-deadline-s' must be a number of seconds ≥ 0"),

@@ -91,12 +91,11 @@ def test_the_demo_and_a_fleet_client_agree_on_the_oracle(results) -> None:
         "data": "synthetic-image",
         "name": DEMO_NODE,
     }
-    strategy = PowerAwareFedAvg(node_instructions=for_method("oracle"))
+    strategy = PowerAwareFedAvg(instructions=work.instr, node_instructions=for_method("oracle"))
     strategy.start(
         grid=FakeGrid(client_app, {5: node}, cfg.run_config()),
         initial_arrays=ArrayRecord.from_torch_state_dict(work.state),
         num_rounds=1,
-        instructions=work.instr,
         evaluate_config=ConfigRecord({"model": "cnn-tiny", "num-classes": 10, "model-overrides": "{}"}),
     )
     (client,) = strategy.rounds[1].clients

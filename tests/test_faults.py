@@ -12,10 +12,9 @@ import pytest
 from fl_client.app import app as client_app
 from fl_client.faults import KILL_EXIT_STATUS, FaultConfigError, Faults, InjectedFailure, parse_faults
 from fl_server.run_config import RunConfigError, parse_server_config
-from strategies.power_aware import PowerAwareFedAvg
 from tests.fake_grid import FakeGrid
 from tests.fl_helpers import RUN_CONFIG
-from tests.test_fl_strategy import _nodes, _run
+from tests.test_fl_strategy import _nodes, _run, power_aware
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,7 +23,7 @@ def test_without_the_switch_a_node_refuses_injected_failures_with_one_line(monke
     monkeypatch.delenv("POWERFED_FAULT_INJECTION", raising=False)
     run_config = {**RUN_CONFIG, "inject-failures": "raise:1.0"}
     grid = FakeGrid(client_app, _nodes(2), run_config)
-    strategy = PowerAwareFedAvg(fraction_evaluate=0.0)
+    strategy = power_aware(fraction_evaluate=0.0)
     _run(grid, strategy)
     assert len(strategy.rounds[1].failed) == 2
     assert all(
@@ -65,7 +64,7 @@ def test_an_injected_raise_leaves_the_handler_as_a_bug_would_and_is_logged(
     monkeypatch.setenv("POWERFED_FAULT_LOG", str(tmp_path / "faults.jsonl"))
     grid = FakeGrid(client_app, _nodes(1), {**RUN_CONFIG, "inject-failures": "raise:1.0"})
     with pytest.raises(InjectedFailure):
-        _run(grid, PowerAwareFedAvg(fraction_evaluate=0.0))
+        _run(grid, power_aware(fraction_evaluate=0.0))
     (entry,) = [json.loads(x) for x in (tmp_path / "faults.jsonl").read_text().splitlines()]
     assert (entry["node"], entry["round"], entry["fault"]) == ("partition-0", 1, "raise")
 

@@ -25,31 +25,39 @@ def _nodes(n: int) -> dict[int, dict]:
     return {nid: {"partition-id": i, "num-partitions": n} for i, nid in enumerate(ids)}
 
 
+def power_aware(**kwargs) -> PowerAwareFedAvg:
+    """The ServerApp's strategy with the test instructions (`_run` may give others)."""
+    return PowerAwareFedAvg(instructions=instructions(), **kwargs)
+
+
 def _run(grid: FakeGrid, strategy: PowerAwareFedAvg, rounds: int = 1, instr: TrainInstructions | None = None):
-    instr = instr or instructions()
+    if instr is not None:
+        strategy.instructions = instr
     eval_cfg = ConfigRecord({"model": "cnn-tiny", "num-classes": 10, "model-overrides": "{}"})
     return strategy.start(
         grid=grid,
         initial_arrays=ArrayRecord.from_torch_state_dict(initial_state()),
         num_rounds=rounds,
         timeout=60,
-        instructions=instr,
         evaluate_config=eval_cfg,
     )
 
 
 def test_each_node_gets_its_own_message_and_every_report_is_kept() -> None:
-    replies: dict[str, ArrayRecord] = {}
-    grid = FakeGrid(client_app, _nodes(3), RUN_CONFIG)
-    strategy = PowerAwareFedAvg()
-    original = strategy._read_train_reply
+    replies: dict[str, tuple[ArrayRecord, float]] = {}
 
-    def keep(reply: Message):  # the weights each client sent back, to check the average
-        report, arrays, examples = original(reply)
-        replies[report.node_key] = (arrays, examples)
-        return report, arrays, examples
+    class Keeping(FakeGrid):  # the weights each client sent back, to check the average
+        def send_and_receive(self, messages, *, timeout=None):
+            got = super().send_and_receive(messages, timeout=timeout)
+            for r in got:
+                if r.metadata.message_type == MessageType.TRAIN:
+                    c = r.content
+                    key = c.config_records["report"]["node-key"]
+                    replies[key] = (c.array_records["arrays"], c.metric_records["metrics"]["num-examples"])
+            return got
 
-    strategy._read_train_reply = keep  # type: ignore[method-assign]
+    grid = Keeping(client_app, _nodes(3), RUN_CONFIG)
+    strategy = power_aware()
     result = _run(grid, strategy)
 
     train_msgs = [m for m in grid.sent if m.metadata.message_type == MessageType.TRAIN]
@@ -94,7 +102,7 @@ def test_node_instructions_set_per_node_values_by_partition() -> None:
         )
 
     grid = FakeGrid(client_app, _nodes(2), RUN_CONFIG)
-    strategy = PowerAwareFedAvg(node_instructions=own_cap, fraction_evaluate=0.0)
+    strategy = power_aware(node_instructions=own_cap, fraction_evaluate=0.0)
     _run(grid, strategy)
     got = {c["node_key"]: c["power_cap_w"] for c in strategy.rounds[1].clients}
     assert got == caps
@@ -108,7 +116,7 @@ def test_failed_clients_are_named_and_never_stop_the_round() -> None:
     behaviour = {ids[1]: "raise", ids[2]: "dead", ids[3]: "silent", ids[4]: "garbage"}
     grid = FakeGrid(client_app, nodes, RUN_CONFIG, behaviour)
     seen: list[int] = []
-    strategy = PowerAwareFedAvg(on_round=lambda r: seen.append(r.round), fraction_evaluate=0.0)
+    strategy = power_aware(on_round=lambda r: seen.append(r.round), fraction_evaluate=0.0)
     result = _run(grid, strategy)
     record = strategy.rounds[1]
     assert [c["node_key"] for c in record.clients] == ["partition-0"]
@@ -120,7 +128,8 @@ def test_failed_clients_are_named_and_never_stop_the_round() -> None:
         "partition-4": "error",
     }
     assert "boom" in next(f.reason for f in record.failed if f.node_key == "partition-1")
-    assert "missing key 'report'" in next(f.reason for f in record.failed if f.node_key == "partition-4")
+    # no weights: unusable (a reply with weights but no report is aggregated: tests/test_strategy_wrapper.py)
+    assert "missing key 'arrays'" in next(f.reason for f in record.failed if f.node_key == "partition-4")
     assert record.summary["sampled"] == 5 and record.summary["share_at_target"] == 0.0
     assert len(record.summary["failed"]) == 4 and seen == [1]
     assert result.arrays is not None  # the one good client's weights
@@ -133,7 +142,7 @@ def test_a_node_that_never_described_itself_is_named_by_its_node_id(mode: str, k
     nodes = _nodes(2)
     bad = list(nodes)[1]
     grid = FakeGrid(client_app, nodes, RUN_CONFIG, {bad: mode})
-    strategy = PowerAwareFedAvg(fraction_evaluate=0.0)
+    strategy = power_aware(fraction_evaluate=0.0)
     _run(grid, strategy)
     assert [(f.node_key, f.kind) for f in strategy.rounds[1].failed] == [(f"node-{bad}", kind)]
     assert [c["node_key"] for c in strategy.rounds[1].clients] == ["partition-0"]
@@ -152,7 +161,7 @@ def test_a_reply_with_unusable_values_is_named_and_kept_out_of_the_average(mode:
     nodes = _nodes(2)
     bad = list(nodes)[1]
     grid = FakeGrid(client_app, nodes, RUN_CONFIG, {bad: mode})
-    strategy = PowerAwareFedAvg(fraction_evaluate=0.0)
+    strategy = power_aware(fraction_evaluate=0.0)
     result = _run(grid, strategy)
     record = strategy.rounds[1]
     assert [c["node_key"] for c in record.clients] == ["partition-0"]
@@ -167,7 +176,7 @@ def test_failures_while_evaluating_are_named_in_the_evaluation_and_the_rest_aver
     ids = list(nodes)
     behaviour = {ids[1]: "eval-raise", ids[2]: "eval-dead", ids[3]: "eval-silent", ids[4]: "eval-nan"}
     grid = FakeGrid(client_app, nodes, RUN_CONFIG, behaviour)
-    strategy = PowerAwareFedAvg()
+    strategy = power_aware()
     _run(grid, strategy)
     record = strategy.rounds[1]
     assert len(record.clients) == 5 and record.failed == []  # all of them trained
@@ -187,7 +196,7 @@ def test_failures_while_evaluating_are_named_in_the_evaluation_and_the_rest_aver
 def test_a_round_where_every_evaluation_fails_has_no_accuracy_and_the_run_goes_on() -> None:
     nodes = _nodes(2)
     grid = FakeGrid(client_app, nodes, RUN_CONFIG, {nid: "eval-garbage" for nid in nodes})
-    strategy = PowerAwareFedAvg()
+    strategy = power_aware()
     _run(grid, strategy, rounds=2)
     for rnd in (1, 2):
         ev = strategy.rounds[rnd].evaluation
@@ -198,11 +207,14 @@ def test_a_round_where_every_evaluation_fails_has_no_accuracy_and_the_run_goes_o
 def test_a_round_where_every_client_fails_keeps_the_old_weights() -> None:
     nodes = _nodes(2)
     grid = FakeGrid(client_app, nodes, RUN_CONFIG, {nid: "dead" for nid in nodes})
-    strategy = PowerAwareFedAvg(fraction_evaluate=0.0)
+    ends: list[tuple[int, ArrayRecord]] = []
+    strategy = power_aware(fraction_evaluate=0.0, on_round_end=lambda r, a: ends.append((r, a)))
     result = _run(grid, strategy)
     assert strategy.rounds[1].clients == [] and len(strategy.rounds[1].failed) == 2
-    assert set(result.arrays.keys()) == set(initial_state())
-    for name, arr in result.arrays.items():
+    assert 1 not in result.train_metrics_clientapp  # nothing aggregated (Flower's Result holds no weights)
+    ((server_round, arrays),) = ends
+    assert server_round == 1 and set(arrays.keys()) == set(initial_state())
+    for name, arr in arrays.items():
         np.testing.assert_array_equal(arr.numpy(), initial_state()[name].numpy())
 
 
@@ -220,7 +232,7 @@ def test_bad_node_config_is_an_error_reply_naming_it_and_the_round_goes_on(
 ) -> None:
     nodes = {5: node_config, 6: {"partition-id": 1, "num-partitions": 2}}
     grid = FakeGrid(client_app, nodes, RUN_CONFIG)
-    strategy = PowerAwareFedAvg(fraction_evaluate=0.0)
+    strategy = power_aware(fraction_evaluate=0.0)
     _run(grid, strategy)
     record = strategy.rounds[1]
     assert [c["node_key"] for c in record.clients] == ["partition-1"]
@@ -287,7 +299,7 @@ def test_the_strategy_sends_the_relation_vector_whole_extra_fields_included() ->
         "cnn-tiny", "synthetic-image", 0.99, {8: [280.0, 320.0], 16: [390.0, 410.0]}, eval_every_samples=32
     )
     grid = FakeGrid(client_app, _nodes(2), RUN_CONFIG)
-    _run(grid, PowerAwareFedAvg(), instr=instructions(relation_vector=rel))
+    _run(grid, power_aware(), instr=instructions(relation_vector=rel))
     sent = [TrainInstructions.from_config(m.content.config_records["config"])
             for m in grid.sent if m.metadata.message_type == MessageType.TRAIN]  # fmt: skip
     assert len(sent) == 2 and all(i.relation() == rel for i in sent)
@@ -331,7 +343,7 @@ def test_min_available_nodes_gathers_the_fleet_once_and_a_node_gone_later_does_n
             return [n for n in self.node_configs if not (trained and n == gone)]
 
     grid = ShrinkingGrid(client_app, nodes, RUN_CONFIG, {gone: "dead"})
-    strategy = PowerAwareFedAvg(min_available_nodes=2, rejoin_wait_s=1.0)  # the gone node: one short wait
+    strategy = power_aware(min_available_nodes=2, rejoin_wait_s=1.0)  # the gone node: one short wait
     _run(grid, strategy, rounds=2)
     assert [(f.node_key, f.kind) for f in strategy.rounds[1].failed] == [("partition-1", "unavailable")]
     assert [c["node_key"] for c in strategy.rounds[2].clients] == ["partition-0"] and not strategy.rounds[
@@ -372,31 +384,31 @@ def test_the_first_sampling_takes_every_node_it_waited_for(monkeypatch: pytest.M
     SuperLink restart)."""
     import flwr.serverapp.strategy.strategy_utils as flower_sampling
 
-    import strategies.power_aware as power_aware
+    import strategies.power_aware as power_aware_module
 
     clock = _Clock()
-    monkeypatch.setattr(power_aware, "time", clock)
+    monkeypatch.setattr(power_aware_module, "time", clock)
     monkeypatch.setattr(flower_sampling, "sleep", clock.sleep)
     grid = _Nodes(clock, missing=3, back_at=2.0)
     grid.present = False
-    strategy = PowerAwareFedAvg(min_available_nodes=3, rejoin_wait_s=10.0)
-    assert strategy._sample(grid, 1.0, 1) == [1, 2, 3] and clock.slept == pytest.approx(2.0)
-    assert strategy._sample(grid, 1.0, 1) == [1, 2, 3] and clock.slept == pytest.approx(2.0)
+    strategy = power_aware(min_available_nodes=3, rejoin_wait_s=10.0)
+    assert strategy.connected(grid) == [1, 2, 3] and clock.slept == pytest.approx(2.0)
+    assert strategy.connected(grid) == [1, 2, 3] and clock.slept == pytest.approx(2.0)
 
 
 @pytest.mark.parametrize(("back_at", "sampled", "slept"), [(None, [1, 2], 10.0), (2.0, [1, 2, 3], 2.0)])
 def test_a_round_waits_once_for_a_node_seen_before(
     monkeypatch: pytest.MonkeyPatch, back_at: float | None, sampled: list[int], slept: float
 ) -> None:
-    import strategies.power_aware as power_aware
+    import strategies.power_aware as power_aware_module
 
     clock = _Clock()
-    monkeypatch.setattr(power_aware, "time", clock)
+    monkeypatch.setattr(power_aware_module, "time", clock)
     grid = _Nodes(clock, missing=3, back_at=back_at)
-    strategy = PowerAwareFedAvg(rejoin_wait_s=10.0)
-    assert strategy._sample(grid, 1.0, 1) == [1, 2, 3] and clock.slept == 0  # every node seen
+    strategy = power_aware(rejoin_wait_s=10.0)
+    assert strategy.connected(grid) == [1, 2, 3] and clock.slept == 0  # every node seen
     grid.present = False  # node 3 drops (a SuperLink restart: it may come back)
-    assert strategy._sample(grid, 1.0, 1) == sampled and clock.slept == pytest.approx(slept)
+    assert strategy.connected(grid) == sampled and clock.slept == pytest.approx(slept)
     # the next samplings (the round's evaluation, later rounds) do not wait for it again
-    assert strategy._sample(grid, 1.0, 1) == sampled and strategy._sample(grid, 1.0, 1) == sampled
+    assert strategy.connected(grid) == sampled and strategy.connected(grid) == sampled
     assert clock.slept == pytest.approx(slept)
