@@ -68,7 +68,7 @@ from training.checkpoint import Checkpointing
 from training.crossing import run_dense
 from training.errors import DataError, ModelError
 from training.finetune import DEFAULT_MAX_EPOCHS, FineTuneResult, evaluate_with_loss, fine_tune
-from training.models import build_model, get_model_spec, model_workload
+from training.models import build_model, check_input_shape, get_model_spec, model_workload
 
 if TYPE_CHECKING:
     from training.data import Dataset
@@ -155,6 +155,7 @@ def check_data(instr: TrainInstructions, train: Dataset) -> None:
     task = get_model_spec(instr.model).task
     if train.task != task:
         raise DataError(f"model {instr.model} is a {task} model but this node's data is {train.task} data")
+    check_input_shape(get_model_spec(instr.model), tuple(train.x.shape[1:]), "this node's data")
     if train.num_classes > instr.num_classes:
         raise DataError(
             f"this node's data has {train.num_classes} classes, the model {instr.num_classes} outputs"

@@ -20,7 +20,7 @@ from powerctl.outputs import OutputPathError, check_output_dir
 from training.data import load_dataset, train_test_split
 from training.errors import DataError, ModelError
 from training.finetune import DEFAULT_EVAL_MAX_SAMPLES, fine_tune
-from training.models import build_model, check_overrides, check_size, get_model_spec
+from training.models import build_model, check_input_shape, check_overrides, check_size, get_model_spec
 
 __all__ = ["PRETRAIN_SCHEMA", "PretrainReport", "check_output_path", "pretrain", "report_path_for"]
 
@@ -124,6 +124,7 @@ def pretrain(
         raise DataError(
             f"model {model_name} is a {spec.task} model but {dataset_spec} is {dataset.task} data"
         )
+    check_input_shape(spec, tuple(dataset.x.shape[1:]), dataset_spec)
     train, test = train_test_split(dataset, seed=seed)
     budget = samples if samples is not None else _epochs_budget(epochs or 1.0, len(train), batch_size)
     model = build_model(model_name, dataset.num_classes, seed=seed, **overrides)

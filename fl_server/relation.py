@@ -15,6 +15,12 @@ selection): the message names it and says what to change.
 Results are cached on disk, keyed by a hash of everything that determines them (model, weights,
 proxy spec and proxy bytes, target, batch sizes, seeds, rates, budgets, code version), so asking again
 is instant. Runs can go in parallel as Ray tasks, one CPU thread each; the numbers are the same.
+
+The same estimator serves user code: a model factory or a name registered with
+`training.models.register_model`, proxy data as a torch Dataset, a DataLoader or tensors (x, y) of any
+shape, a loss and a metric — or a `train_to_target(batch_size, lr, seed)` callable for a user's own
+loop. The project cannot version user code, so its results are cached only under a `cache_key` the
+user gives (and changes with the code), together with the data's bytes and every setting above.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import os
 import statistics
 import sys
@@ -33,7 +40,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
+from fl_server.relation_data import ProxyData, file_digest, load_proxy
 from fl_server.weights import load_weights, weights_hash
 from powerctl.cache import CACHE_ENV, cache_dir
 from powerctl.devices.host import HostDevice
@@ -41,11 +50,11 @@ from powerctl.errors import FileFormatError, PowerctlError
 from powerctl.relation import VECTORS, RelationVector
 from strategies.settings import run_default
 from training.crossing import DEFAULT_MIN_EVALUATIONS, run_dense
-from training.data import Dataset, load_dataset, train_test_split
+from training.data import Dataset
 from training.errors import DataError, ModelError
-from training.finetune import fine_tune
+from training.finetune import LossFn, MetricFn, fine_tune
 from training.lr import LR_RULES, scaled_lr
-from training.models import build_model, get_model_spec
+from training.models import ModelSpec, build_spec, check_input_shape, get_model_spec, model_spec
 
 log = logging.getLogger(__name__)
 """`fl_server.relation`: a relation cache that could not be written (WARNING)."""
@@ -53,12 +62,19 @@ log = logging.getLogger(__name__)
 __all__ = [
     "CACHE_ENV",
     "CACHE_VERSION",
+    "ModelFactory",
     "RelationError",
     "RelationRequest",
+    "TrainToTarget",
     "default_cache_dir",
     "estimate_relation",
     "file_digest",
 ]
+
+ModelFactory = Callable[[], nn.Module]
+"""A user's model: called with no argument (or `num_classes=` where it takes it), a fresh nn.Module."""
+TrainToTarget = Callable[[int, float, int], float | None]
+"""A user's own loop: (batch_size, lr, seed) → samples to the target, None when it was not reached."""
 
 CACHE_VERSION = 2
 """Bump when a code change alters what a relation estimate would be: old cache entries then miss."""
@@ -72,31 +88,6 @@ class RelationError(PowerctlError):
 
 def default_cache_dir() -> Path:
     return cache_dir("relation")
-
-
-def file_digest(path: str | Path) -> str:
-    """sha256 of a file's bytes, or of a folder's files (relative names and bytes, sorted)."""
-    p = Path(path)
-    h = hashlib.sha256()
-    files = [p] if p.is_file() else sorted(f for f in p.rglob("*") if f.is_file())
-    for f in files:
-        if p.is_dir():
-            h.update(f"{f.relative_to(p).as_posix()}\0".encode())
-        with f.open("rb") as fh:
-            for chunk in iter(lambda fh=fh: fh.read(1 << 20), b""):
-                h.update(chunk)
-        h.update(b"\0")
-    return h.hexdigest()
-
-
-def _spec_digest(spec: str) -> str | None:
-    """Digest of the file/folder a dataset spec points at (`kind:PATH`); None for generated data."""
-    _, sep, rest = spec.partition(":")
-    if not sep or not rest:
-        return None
-    if not Path(rest).exists():
-        raise DataError(f"dataset {spec!r}: {rest} does not exist")
-    return file_digest(rest)
 
 
 @dataclass(frozen=True)
@@ -123,9 +114,13 @@ class RelationRequest:
     min_evaluations: int
     max_seeds: int
     vector: str
+    user_key: str | None = None
+    """The user's `cache_key` where user code is involved (None for the project's own models)."""
 
     def cache_key(self) -> str:
         fields = dict(self.__dict__)
+        if self.user_key is None:
+            del fields["user_key"]  # the project's own models: the keys they always had
         fields["batch_sizes"] = list(self.batch_sizes)
         fields["seeds"] = list(self.seeds)
         fields["cache_version"] = CACHE_VERSION
@@ -169,11 +164,13 @@ def _validate(
 
 def _run_job(
     state: dict[str, torch.Tensor],
-    model_name: str,
+    spec: ModelSpec,
     num_classes: int,
     overrides: dict[str, Any],
     train: Dataset,
     test: Dataset,
+    loss: LossFn | None,
+    metric: MetricFn | None,
     batch_size: int,
     seed: int,
     lr: float,
@@ -186,12 +183,13 @@ def _run_job(
     threads: int | None,
 ) -> dict[str, Any]:
     """One fine-tuning run from the shared starting weights, run again with denser evaluation if it
-    crossed too early (`training.crossing.run_dense`); a plain dict so it crosses Ray."""
+    crossed too early (`training.crossing.run_dense`); a plain dict so it crosses Ray. The model comes
+    from its registry entry itself (a Ray worker has not run the user's `register_model`)."""
     if threads is not None:
         torch.set_num_threads(threads)
 
     def run(every: int) -> Any:
-        model = build_model(model_name, num_classes, **overrides)
+        model = build_spec(spec, num_classes, **overrides)
         model.load_state_dict(state)
         return fine_tune(
             model,
@@ -207,6 +205,8 @@ def _run_job(
             seed=seed,
             progress=progress,
             desc=f"b={batch_size} seed={seed}",
+            loss=loss,
+            metric=metric,
         )
 
     result, crossing, every = run_dense(
@@ -230,6 +230,33 @@ def _run_job(
         "best_accuracy": max(p.accuracy for p in result.curve),
         "initial_accuracy": result.curve[0].accuracy,
         "wall_seconds": result.wall_seconds,
+    }
+
+
+def _run_user_job(
+    train_to_target: TrainToTarget, batch_size: int, seed: int, lr: float, threads: int | None, **_: Any
+) -> dict[str, Any]:
+    """One run of the user's own loop; its answer checked, as a run record like `_run_job`'s."""
+    if threads is not None:
+        torch.set_num_threads(threads)
+    started = time.perf_counter()
+    samples = train_to_target(batch_size, lr, seed)
+    ok = samples is None or (
+        isinstance(samples, (int, float)) and not isinstance(samples, bool) and not math.isnan(samples)
+    )
+    if not ok or (samples is not None and samples < 0):
+        raise RelationError(
+            f"train_to_target({batch_size}, {lr:g}, {seed}) returned {samples!r}: it must return the "
+            "samples it trained until the target (a number ≥ 0), or None when it missed the target"
+        )
+    reached = samples is not None and math.isfinite(samples)
+    return {
+        "batch_size": batch_size,
+        "seed": seed,
+        "lr": lr,
+        "reached": reached,
+        "samples": float(samples) if reached else math.inf,
+        "wall_seconds": time.perf_counter() - started,
     }
 
 
@@ -257,7 +284,21 @@ class _RunProgress:
         )
 
 
+def _picklable(shared: dict[str, Any]) -> bool:
+    """Whether what every run needs can cross to a Ray worker (a lambda in a user's script can; a
+    local object holding a lock or an open file cannot)."""
+    from ray import cloudpickle
+
+    try:
+        cloudpickle.dumps({k: v for k, v in shared.items() if not isinstance(v, (Dataset, dict))})
+    except Exception as exc:  # what cannot be pickled fails in many ways
+        log.warning("relation runs one at a time: the model or callables cannot go to Ray workers (%s)", exc)
+        return False
+    return True
+
+
 def _run_parallel(
+    fn: Callable[..., dict[str, Any]],
     jobs: list[dict[str, Any]],
     shared: dict[str, Any],
     num_cpus: int | None,
@@ -273,7 +314,7 @@ def _run_parallel(
         cpus = num_cpus or min(len(jobs), os.cpu_count() or 1)
         ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
-        remote = ray.remote(num_cpus=1)(_run_job)
+        remote = ray.remote(num_cpus=1)(fn)
         refs = {k: ray.put(v) for k, v in shared.items()}
         futures = [remote.remote(**refs, **job, progress=False, threads=1) for job in jobs]
         bar = None
@@ -316,10 +357,56 @@ def _starting_weights(
     return state, dict(meta.overrides), meta.num_classes, weights_hash(state)
 
 
+def _model_entry(model: str | ModelFactory | ModelSpec) -> ModelSpec | None:
+    """The registry entry of a name, an entry as given, or None for a factory (wrapped once the data
+    says its input shape)."""
+    if isinstance(model, ModelSpec):
+        return model
+    if isinstance(model, str):
+        return get_model_spec(model)
+    if not callable(model):
+        raise ModelError(
+            f"model must be a registered name or a factory returning an nn.Module, got {type(model).__name__}"
+        )
+    return None
+
+
+def _factory_name(factory: Callable[..., Any]) -> str:
+    name = getattr(factory, "__qualname__", None) or type(factory).__name__
+    return name if name != "<lambda>" else "user-model"
+
+
+def _probe(
+    spec: ModelSpec,
+    state: dict[str, torch.Tensor],
+    num_classes: int,
+    overrides: dict[str, Any],
+    train: Dataset,
+    loss: LossFn | None,
+    proxy: str,
+) -> None:
+    """One forward and loss on two proxy samples before any run: a model and data that do not fit
+    together are one line, not a traceback from inside a Ray task."""
+    from training.models import loss_fn
+
+    model = build_spec(spec, num_classes, **overrides)
+    model.load_state_dict(state)
+    try:
+        with torch.no_grad():
+            model.eval()
+            float((loss or loss_fn(spec.task))(model(train.x[:2]), train.y[:2]))
+    except Exception as exc:  # the user's model, loss or data: any error means they do not fit
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelError(
+            f"model {spec.name!r} cannot train on {proxy} (inputs {tuple(train.x.shape[1:])}, targets "
+            f"{tuple(train.y.shape[1:]) or 'one per sample'}): {first}"
+        ) from None
+
+
 def estimate_relation(
-    model_name: str,
-    weights: str | Path | None,
-    proxy_spec: str,
+    model: str | ModelFactory | ModelSpec,
+    weights: str | Path | None = None,
+    proxy: ProxyData = None,
     *,
     target_accuracy: float,
     batch_sizes: Sequence[int],
@@ -336,6 +423,10 @@ def estimate_relation(
     limit: int | None = None,
     data_seed: int = run_default("proxy-seed"),
     overrides: dict[str, Any] | None = None,
+    loss: LossFn | None = None,
+    metric: MetricFn | None = None,
+    train_to_target: TrainToTarget | None = None,
+    cache_key: str | None = None,
     cache_dir: str | Path | None = None,
     use_cache: bool = True,
     parallel: bool = False,
@@ -343,8 +434,16 @@ def estimate_relation(
     progress: bool = True,
     say: Say | None = None,
 ) -> RelationVector:
-    """The relation vector of `model_name` from `weights` (None: a seeded fresh init) on `proxy_spec`;
-    what is not given is the run config's default (`strategies.settings`), as the ServerApp estimates.
+    """The relation vector of `model` from `weights` (None: a seeded fresh init) on `proxy`; what is not
+    given is the run config's default (`strategies.settings`), as the ServerApp estimates.
+
+    `model` is a registered name (`training.models.register_model`: the seven built-ins and the
+    user's), or a factory returning an nn.Module (given `num_classes=` where it takes it). `proxy` is a
+    dataset spec (`training.data.load_dataset`), a torch Dataset, a DataLoader (its dataset) or tensors
+    (x, y) of any sample shape and channel count. `loss(outputs, targets)` and `metric(outputs,
+    targets)` replace the task's cross entropy and top-1 accuracy. Instead of all these, a user whose
+    loop is their own gives `train_to_target(batch_size, lr, seed)` → samples to the target (None: not
+    reached); `model` then only names the file's model and `proxy` (optional) its data.
 
     The proxy dataset is split into train/test (training.data defaults, `data_seed`); each run trains
     on the train part with the rate `scaled_lr(lr_max, b, largest b, lr_rule)` and evaluates every
@@ -354,21 +453,47 @@ def estimate_relation(
     of `seeds`, further seeds (the next integers) are run one at a time until adding one leaves the
     ranking of batch sizes unchanged, or the budget is spent (`seeds_needed`, `ranking_stable` in the
     file). Returns the vector (also stored in the cache, `cache_dir` or $POWERFED_CACHE/relation or
-    ~/.cache/powerfed/relation). `say` gets a line per finished run (what it measured, an estimate of
-    the time left): long estimates show progress where no terminal shows a bar (a ServerApp's log).
+    ~/.cache/powerfed/relation). User code (a model not built into the project, a loss, a metric or
+    `train_to_target`) is cached only with a `cache_key`, which must change when that code does; the
+    key also holds the data's bytes and every setting. `parallel` runs go to Ray where the model and
+    callables can be pickled, else one at a time (logged). `say` gets a line per finished run (what it
+    measured, an estimate of the time left): long estimates show progress where no terminal shows a
+    bar (a ServerApp's log).
     """
     bs, sd = _validate(target_accuracy, batch_sizes, seeds, lr_max, max_samples, lr_rule, vector, max_seeds)
+    if cache_key is not None and (not isinstance(cache_key, str) or not cache_key.strip()):
+        raise RelationError(f"cache_key must be a non-empty string naming the user code, got {cache_key!r}")
     budget = max(len(sd), max_seeds or 0)
-    spec = get_model_spec(model_name)
-    state, overrides, num_classes, weights_id = _starting_weights(model_name, weights, overrides)
-    if spec.task == "text" and seq_len is None:
-        seq_len = int(overrides.get("seq_len", spec.input_shape[0]))
+    lrs = [scaled_lr(lr_max, b, bs[-1], lr_rule) for b in bs]
+    if train_to_target is not None:
+        return _estimate_own_loop(
+            model, weights, proxy, train_to_target, bs, sd, lrs, budget, locals(), cache_dir, use_cache
+        )
+    if proxy is None:
+        raise RelationError("proxy data is needed: a dataset spec, a torch Dataset, a DataLoader or (x, y)")
+    spec = _model_entry(model)
+    if spec is None and weights is not None:
+        raise ModelError(
+            "weights files name their model: register the factory with register_model and give its name"
+        )
+    user_code = not (spec is not None and spec.builtin) or loss is not None or metric is not None
+    if spec is not None:
+        state, overrides, num_classes, weights_id = _starting_weights(spec.name, weights, overrides)
+        if spec.task == "text" and seq_len is None:
+            seq_len = int(overrides.get("seq_len", spec.input_shape[0]))
+    else:
+        state, overrides, num_classes, weights_id = None, dict(overrides or {}), None, f"init:{INIT_SEED}"
+    task = spec.task if spec is not None else None
+    data = load_proxy(proxy, task=task, seq_len=seq_len or 64, limit=limit, seed=data_seed)
+    dataset, train, test = data.whole, data.train, data.test
+    if spec is None:
+        spec = model_spec(_factory_name(model), model, task=dataset.task, input_shape=dataset.x.shape[1:])
     request = RelationRequest(
-        model=model_name,
+        model=spec.name,
         overrides=overrides,
         weights_sha256=weights_id,
-        proxy_spec=proxy_spec,
-        proxy_sha256=_spec_digest(proxy_spec),
+        proxy_spec=data.label,
+        proxy_sha256=data.sha256,
         seq_len=seq_len if spec.task == "text" else None,
         limit=limit,
         data_seed=data_seed,
@@ -383,37 +508,34 @@ def estimate_relation(
         min_evaluations=int(min_evaluations),
         max_seeds=budget,
         vector=vector,
+        user_key=cache_key if user_code else None,
     )
-    key = request.cache_key()
-    cache_file = Path(cache_dir or default_cache_dir()) / f"relation-{key[:40]}.json"
-    if use_cache and cache_file.is_file():
-        try:
-            cached = RelationVector.load(cache_file)
-            if cached.extra.get("cache_key") == key:
-                return cached
-        except FileFormatError:
-            pass  # a damaged cache entry is recomputed and overwritten
+    cache_file = _cache_file(request, cache_dir, use_cache, user_code)
+    if cache_file is not None and (cached := _cached(cache_file, request.cache_key())) is not None:
+        return cached
 
-    dataset = load_dataset(proxy_spec, split="all", seq_len=seq_len or 64, limit=limit, seed=data_seed)
     if dataset.task != spec.task:
-        raise DataError(f"model {model_name} is a {spec.task} model but {proxy_spec} is {dataset.task} data")
-    train, test = train_test_split(dataset, seed=data_seed)
+        raise DataError(f"model {spec.name} is a {spec.task} model but {data.label} is {dataset.task} data")
+    check_input_shape(spec, tuple(dataset.x.shape[1:]), data.label)
     if len(train) < bs[-1]:
         raise DataError(f"proxy train split has {len(train)} samples, fewer than batch size {bs[-1]}")
     if num_classes is not None and num_classes != dataset.num_classes:
         raise DataError(
-            f"{weights}: weights have {num_classes} outputs, {proxy_spec} has {dataset.num_classes} classes"
+            f"{weights}: weights have {num_classes} outputs, {data.label} has {dataset.num_classes} classes"
         )
     if num_classes is None:
         num_classes = dataset.num_classes
-        state = build_model(model_name, num_classes, seed=INIT_SEED, **overrides).state_dict()
+        state = build_spec(spec, num_classes, seed=INIT_SEED, **overrides).state_dict()
+    _probe(spec, state, num_classes, overrides, train, loss, data.label)
     shared = {
         "state": state,
-        "model_name": model_name,
+        "spec": spec,
         "num_classes": num_classes,
         "overrides": overrides,
         "train": train,
         "test": test,
+        "loss": loss,
+        "metric": metric,
     }
     common = {
         "target_accuracy": float(target_accuracy),
@@ -422,7 +544,123 @@ def estimate_relation(
         "eval_max_samples": eval_max_samples,
         "min_evaluations": int(min_evaluations),
     }
-    lrs = [scaled_lr(lr_max, b, bs[-1], lr_rule) for b in bs]
+    run_seeds = _seed_runner(_run_job, shared, common, bs, lrs, data.label, locals())
+    started = time.perf_counter()
+    runs, used, stable = seeds_until_stable(bs, sd, budget, run_seeds)
+    return _finish(
+        request,
+        runs,
+        used,
+        stable,
+        time.perf_counter() - started,
+        cache_file,
+        lrs=lrs,
+        samples_rule="interpolated crossing, isotonic curve (training.crossing)",
+        overrides=overrides,
+    )
+
+
+def _estimate_own_loop(
+    model: Any,
+    weights: Any,
+    proxy: Any,
+    train_to_target: TrainToTarget,
+    bs: tuple[int, ...],
+    sd: tuple[int, ...],
+    lrs: list[float],
+    budget: int,
+    given: dict[str, Any],
+    cache_dir: str | Path | None,
+    use_cache: bool,
+) -> RelationVector:
+    """`estimate_relation` with the user's own loop: the seeds, the stopping rule, the cache and Ray
+    as for the project's loop; the crossing is the user's."""
+    if weights is not None:
+        raise RelationError("train_to_target starts from the user's own weights: give weights=None")
+    if not callable(train_to_target):
+        raise RelationError(
+            f"train_to_target must be callable (batch_size, lr, seed), got {train_to_target!r}"
+        )
+    name = model if isinstance(model, str) else (model.name if isinstance(model, ModelSpec) else None)
+    name = name or (_factory_name(model) if callable(model) else "user-model")
+    label = proxy if isinstance(proxy, str) else (type(proxy).__name__ if proxy is not None else "user data")
+    request = RelationRequest(
+        model=name,
+        overrides={},
+        weights_sha256="user",
+        proxy_spec=label,
+        proxy_sha256=None,
+        seq_len=None,
+        limit=None,
+        data_seed=0,
+        target_accuracy=float(given["target_accuracy"]),
+        batch_sizes=bs,
+        seeds=sd,
+        lr_max=float(given["lr_max"]),
+        lr_rule=given["lr_rule"],
+        max_samples=0,
+        eval_every_samples=0,
+        eval_max_samples=None,
+        min_evaluations=0,
+        max_seeds=budget,
+        vector=given["vector"],
+        user_key=given["cache_key"] or "",
+    )
+    cache_file = _cache_file(request, cache_dir, use_cache, True)
+    if cache_file is not None and (cached := _cached(cache_file, request.cache_key())) is not None:
+        return cached
+    shared = {"train_to_target": train_to_target}
+    run_seeds = _seed_runner(_run_user_job, shared, {}, bs, lrs, label, {**given, "max_samples": 0})
+    started = time.perf_counter()
+    runs, used, stable = seeds_until_stable(bs, sd, budget, run_seeds)
+    return _finish(
+        request,
+        runs,
+        used,
+        stable,
+        time.perf_counter() - started,
+        cache_file,
+        lrs=lrs,
+        samples_rule="the user's train_to_target",
+        overrides={},
+    )
+
+
+def _cache_file(
+    request: RelationRequest, cache_dir: str | Path | None, use_cache: bool, user_code: bool
+) -> Path | None:
+    """Where this estimate is cached; None when it is not (asked not to, or user code without a
+    `cache_key`: the project cannot tell when that code changes)."""
+    if not use_cache:
+        return None
+    if user_code and not request.user_key:
+        log.info("relation vector of %s not cached: user code needs a cache_key to be cached", request.model)
+        return None
+    return Path(cache_dir or default_cache_dir()) / f"relation-{request.cache_key()[:40]}.json"
+
+
+def _cached(cache_file: Path, key: str) -> RelationVector | None:
+    if cache_file.is_file():
+        try:
+            cached = RelationVector.load(cache_file)
+            if cached.extra.get("cache_key") == key:
+                return cached
+        except FileFormatError:
+            pass  # a damaged cache entry is recomputed and overwritten
+    return None
+
+
+def _seed_runner(
+    fn: Callable[..., dict[str, Any]],
+    shared: dict[str, Any],
+    common: dict[str, Any],
+    bs: tuple[int, ...],
+    lrs: list[float],
+    label: str,
+    given: dict[str, Any],
+) -> Callable[[Sequence[int]], list[dict[str, Any]]]:
+    """run_seeds for `seeds_until_stable`: every batch size × seed, on Ray or one after another."""
+    parallel, progress = given["parallel"], given["progress"]
 
     def run_seeds(seed_list: Sequence[int]) -> list[dict[str, Any]]:
         jobs = [
@@ -430,51 +668,60 @@ def estimate_relation(
             for b, lr in zip(bs, lrs, strict=True)
             for s in seed_list
         ]
-        finished = _RunProgress(say, len(jobs))
-        if parallel and len(jobs) > 1:
-            found = _run_parallel(jobs, shared, num_cpus, progress, finished)
+        finished = _RunProgress(given["say"], len(jobs))
+        if parallel and len(jobs) > 1 and _picklable(shared):
+            found = _run_parallel(fn, jobs, shared, given["num_cpus"], progress, finished)
         else:
             found = []
             for job in jobs:
-                found.append(_run_job(**shared, **job, progress=progress, threads=None))
+                found.append(fn(**shared, **job, progress=progress, threads=None))
                 finished(found[-1])
-        _check_runs(found, proxy_spec, target_accuracy, max_samples)
+        _check_runs(found, label, given["target_accuracy"], given["max_samples"])
         return found
 
-    started = time.perf_counter()
-    runs, used, stable = seeds_until_stable(bs, sd, budget, run_seeds)
-    wall = time.perf_counter() - started
+    return run_seeds
 
+
+def _finish(
+    request: RelationRequest,
+    runs: list[dict[str, Any]],
+    used: list[int],
+    stable: bool | None,
+    wall: float,
+    cache_file: Path | None,
+    **extra: Any,
+) -> RelationVector:
+    """The vector and its evidence, written to the cache (where there is one)."""
+    bs = request.batch_sizes
     per_seed = {
         b: [float(r["samples"]) for s in used for r in runs if r["batch_size"] == b and r["seed"] == s]
         for b in bs
     }
     relation = RelationVector.from_seeds(
-        model_name,
-        proxy_spec,
-        float(target_accuracy),
+        request.model,
+        request.proxy_spec,
+        request.target_accuracy,
         per_seed,
-        vector=vector,
+        vector=request.vector,
         seeds=used,
         seeds_needed=len(used),
-        max_seeds=budget,
+        max_seeds=request.max_seeds,
         ranking_stable=stable,
-        lr_max=float(lr_max),
-        lr=lrs,
-        lr_rule=lr_rule,
-        weights_sha256=weights_id,
+        lr_max=request.lr_max,
+        lr=extra.pop("lrs"),
+        lr_rule=request.lr_rule,
+        weights_sha256=request.weights_sha256,
         proxy_sha256=request.proxy_sha256,
-        max_samples=int(max_samples),
-        eval_every_samples=int(eval_every_samples),
-        eval_max_samples=eval_max_samples,
-        min_evaluations=int(min_evaluations),
-        samples_rule="interpolated crossing, isotonic curve (training.crossing)",
-        overrides=overrides,
+        max_samples=request.max_samples,
+        eval_every_samples=request.eval_every_samples,
+        eval_max_samples=request.eval_max_samples,
+        min_evaluations=request.min_evaluations,
+        **extra,
         runs=runs,
         wall_seconds=wall,
-        cache_key=key,
+        cache_key=request.cache_key(),
     )
-    if use_cache:
+    if cache_file is not None:
         try:
             relation.save(cache_file)
         except OSError as exc:  # the cache is a convenience: an unwritable one must not lose the result
@@ -516,17 +763,21 @@ def _check_runs(runs: list[dict[str, Any]], proxy: str, target: float, max_sampl
     """Every run must reach the target after > 0 samples, or the relation has no meaning."""
     already = [r for r in runs if r["reached"] and r["samples"] == 0]
     if already:
-        acc = already[0]["initial_accuracy"]
+        acc = already[0].get("initial_accuracy")
+        where = f" (accuracy {acc:.3f})" if acc is not None else ""
         raise RelationError(
-            f"the starting weights already reach target {target} on {proxy} before training "
-            f"(accuracy {acc:.3f}); choose a higher target"
+            f"the starting weights already reach target {target} on {proxy} before training{where}; "
+            "choose a higher target"
         )
     failed = [r for r in runs if not r["reached"]]
     if failed:
         which = ", ".join(
-            f"{r['batch_size']} (seed {r['seed']}, best {r['best_accuracy']:.3f})" for r in failed
+            f"{r['batch_size']} (seed {r['seed']}"
+            + (f", best {r['best_accuracy']:.3f})" if "best_accuracy" in r else ")")
+            for r in failed
         )
+        budget = f" within {max_samples} samples" if max_samples else ""
         raise RelationError(
-            f"batch size {which} did not reach target accuracy {target} within {max_samples} samples "
+            f"batch size {which} did not reach target accuracy {target}{budget} "
             f"on {proxy}; lower the target or raise the sample budget"
         )

@@ -180,9 +180,9 @@ def text_setup(tmp_path: Path) -> dict[str, Any]:
         num_classes=96,
     )
     return {
-        "model_name": "chartransformer-small",
+        "model": "chartransformer-small",
         "weights": weights,
-        "proxy_spec": f"text:{proxy}",
+        "proxy": f"text:{proxy}",
         "target_accuracy": 0.5,
         "batch_sizes": (4, 8),
         "seeds": (0,),
@@ -207,16 +207,16 @@ def _other_weights(setup: dict[str, Any]) -> dict[str, Any]:
 
 
 def _edited_proxy(setup: dict[str, Any]) -> dict[str, Any]:
-    path = Path(setup["proxy_spec"].partition(":")[2])
+    path = Path(setup["proxy"].partition(":")[2])
     path.write_text(path.read_text(encoding="utf-8") + "x", encoding="utf-8")  # same spec, other bytes
     return {}
 
 
 def _moved_proxy(setup: dict[str, Any]) -> dict[str, Any]:
-    src = Path(setup["proxy_spec"].partition(":")[2])
+    src = Path(setup["proxy"].partition(":")[2])
     dst = src.with_name("copy.txt")
     dst.write_bytes(src.read_bytes())  # same bytes, other spec
-    return {"proxy_spec": f"text:{dst}"}
+    return {"proxy": f"text:{dst}"}
 
 
 CHANGES = {

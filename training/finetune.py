@@ -52,6 +52,8 @@ __all__ = [
     "DEFAULT_MAX_EPOCHS",
     "CurvePoint",
     "FineTuneResult",
+    "LossFn",
+    "MetricFn",
     "StepHook",
     "evaluate",
     "evaluate_with_loss",
@@ -73,6 +75,11 @@ POWER_RATE_HZ = 20.0
 _EVAL_SUBSET_SEED = 0x5EED  # fixed: every run (any batch size, any seed) is evaluated on the same samples
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter], float], torch.optim.Optimizer]
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""(model outputs, targets) → the scalar loss to minimise (default: the task's, `training.models.loss_fn`)."""
+MetricFn = Callable[[torch.Tensor, torch.Tensor], float]
+"""(outputs, targets) of the whole evaluation subset → the accuracy-like number the target is set in
+(higher is better; default: the task's top-1 accuracy, per character for text)."""
 
 
 class StepHook(Protocol):
@@ -168,36 +175,57 @@ def _eval_subset(test: Dataset, eval_max_samples: int | None) -> tuple[torch.Ten
 
 
 @torch.no_grad()
-def evaluate_with_loss(model: nn.Module, task: str, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+def evaluate_with_loss(
+    model: nn.Module,
+    task: str,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    loss: LossFn | None = None,
+    metric: MetricFn | None = None,
+) -> tuple[float, float]:
     """(accuracy, mean loss) of `model` on (x, y): eval mode, no gradients, fixed batches; train mode
-    restored. The loss is the task's training loss, averaged over samples."""
+    restored. The loss is the training loss (`loss`, default the task's), averaged over samples; the
+    accuracy is the task's, or `metric` of every batch's outputs together."""
     was_training = model.training
     model.eval()
-    criterion = loss_fn(task)
+    criterion = loss or loss_fn(task)
     correct = total = 0
     loss_sum = 0.0
+    outputs: list[torch.Tensor] = []
     try:
         for start in range(0, len(x), EVAL_BATCH_SIZE):
             xb, yb = x[start : start + EVAL_BATCH_SIZE], y[start : start + EVAL_BATCH_SIZE]
             logits = model(xb)
-            correct += correct_count(task, logits, yb)
-            total += targets_count(task, yb)
+            if metric is None:
+                correct += correct_count(task, logits, yb)
+                total += targets_count(task, yb)
+            else:
+                outputs.append(logits)
             loss_sum += float(criterion(logits, yb)) * len(xb)
     finally:
         model.train(was_training)
-    return (correct / total if total else 0.0), (loss_sum / len(x) if len(x) else math.nan)
+    if metric is not None:
+        accuracy = float(metric(torch.cat(outputs), y)) if outputs else 0.0
+    else:
+        accuracy = correct / total if total else 0.0
+    return accuracy, (loss_sum / len(x) if len(x) else math.nan)
 
 
-def evaluate(model: nn.Module, task: str, x: torch.Tensor, y: torch.Tensor) -> float:
+def evaluate(
+    model: nn.Module, task: str, x: torch.Tensor, y: torch.Tensor, *, metric: MetricFn | None = None
+) -> float:
     """Accuracy of `model` on (x, y) (see `evaluate_with_loss`)."""
-    return evaluate_with_loss(model, task, x, y)[0]
+    return evaluate_with_loss(model, task, x, y, metric=metric)[0]
 
 
-def step_workload(model: nn.Module, task: str, x: torch.Tensor, y: torch.Tensor) -> Workload:
+def step_workload(
+    model: nn.Module, task: str, x: torch.Tensor, y: torch.Tensor, loss: LossFn | None = None
+) -> Workload:
     """Workload of one step, from a batch of 2; buffers (BatchNorm statistics) are put back after."""
     buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
     name = getattr(model, "model_name", None) or type(model).__name__
-    wl = measure_workload(model, x[:2], y[:2], loss_fn(task), name)
+    wl = measure_workload(model, x[:2], y[:2], loss or loss_fn(task), name)
     with torch.no_grad():
         for bname, b in model.named_buffers():
             b.copy_(buffers[bname])
@@ -426,6 +454,8 @@ def fine_tune(
     checkpoint: Checkpointing | None = None,
     hooks: Sequence[StepHook] = (),
     on_step: Callable[[int, int], None] | None = None,
+    loss: LossFn | None = None,
+    metric: MetricFn | None = None,
 ) -> FineTuneResult:
     """Train `model` in place on `train` until its accuracy on `test` reaches `target_accuracy`.
 
@@ -449,6 +479,8 @@ def fine_tune(
     same work again returns the same result at once, without training (`extra.resumed_at_samples`
     then equals `samples`). `on_step(steps, samples)` is called
     after every training step (progress reports, fault injection); what it raises ends the run.
+    `loss` and `metric` replace the task's loss and accuracy (`LossFn`, `MetricFn`): a user's model
+    whose outputs or targets are not the task's.
     """
     lr_for = lr if callable(lr) else (lambda _: lr)
     start_lr = lr_for(batch_size)
@@ -471,8 +503,8 @@ def fine_tune(
     x, y = train.x.to(dev), train.y.to(dev)
     ex, ey = (t.to(dev) for t in _eval_subset(test, eval_max_samples))
     if workload is None:
-        workload = step_workload(model, task, x, y)
-    criterion = loss_fn(task)
+        workload = step_workload(model, task, x, y, loss)
+    criterion = loss or loss_fn(task)
     model.train()
     run = _Progress(batch_size, float(start_lr), eval_every_samples or 0)
     identity, saved, resumed_at = "", None, None
@@ -515,7 +547,7 @@ def fine_tune(
 
         def look() -> bool:
             """Evaluate now; True when the target is met."""
-            acc = evaluate(model, task, ex, ey)
+            acc = evaluate(model, task, ex, ey, metric=metric)
             run.curve.append(CurvePoint(run.samples, run.device_seconds, acc))
             if bar is not None:
                 bar.set_postfix(acc=f"{acc:.3f}", dev_s=f"{run.device_seconds:.1f}", refresh=False)

@@ -1,8 +1,10 @@
 """Model registry: the paper's networks in plain torch, small variants, losses and accuracy.
 
-Every model here is built by name so that the server, the clients and the profiler agree on what
-"resnet18" is without shipping code. Image models take [B, 3, 32, 32] floats and return [B, classes];
-text models take [B, T] character ids (T ≤ seq_len) and return next-character logits [B, T, vocab].
+Every model is built by name so that the server, the clients and the profiler agree on what
+"resnet18" is without shipping code; users add theirs with `register_model` (in every process, server
+and clients alike), as the seven built-ins below register themselves. The built-in image models take
+[B, 3, 32, 32] floats and return [B, classes]; text models take [B, T] character ids (T ≤ seq_len)
+and return next-character logits [B, T, vocab].
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import inspect
 import logging
 import math
 import string
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -32,6 +34,12 @@ VOCAB: str = string.ascii_letters + string.digits + string.punctuation + " \n"
 VOCAB_SIZE: int = len(VOCAB)
 
 TASKS = ("image", "text")
+
+
+def _check_task(task: str) -> str:
+    if task not in TASKS:
+        raise ModelError(f"unknown task {task!r}; expected one of: {', '.join(TASKS)}")
+    return task
 
 
 # --------------------------------------------------------------------------- ResNet18 (CIFAR stem)
@@ -329,67 +337,200 @@ class CharTransformer(nn.Module):
 # --------------------------------------------------------------------------- registry
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ModelSpec:
+    """One registered model: what the server names in its messages and every side builds by that name.
+
+    Compared by identity: a name registered again (`replace=True`) is another model, whose size is
+    counted afresh.
+    """
+
     name: str
-    task: str  # "image" or "text"
-    input_shape: tuple[int, ...]  # (3, 32, 32) or (seq_len,)
+    task: str  # "image" (one class per sample: cross entropy, top-1 accuracy) or "text" (per character)
+    input_shape: tuple[int, ...]  # one sample's shape: (3, 32, 32), (1, 16, 16) or (seq_len,)
     description: str
-    builder: Callable[..., nn.Module] = field(repr=False, compare=False)
-    defaults: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    builder: Callable[..., nn.Module] = field(repr=False)
+    defaults: Mapping[str, Any] = field(default_factory=dict)
     """Keyword arguments of `builder` that define this named variant; overrides go on top."""
+
+    def _parameters(self) -> list[inspect.Parameter]:
+        try:
+            return list(inspect.signature(self.builder).parameters.values())
+        except (TypeError, ValueError):  # a callable without a signature: no options
+            return []
 
     def options(self) -> list[str]:
         """Names `build_model` accepts as overrides for this model."""
-        return [p for p in inspect.signature(self.builder).parameters if p != "num_classes"]
+        named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        return [p.name for p in self._parameters() if p.kind in named and p.name != "num_classes"]
+
+    def takes_num_classes(self) -> bool:
+        """Whether the builder is told the number of classes (a user's factory may fix its own)."""
+        return any(p.name == "num_classes" or p.kind is p.VAR_KEYWORD for p in self._parameters())
+
+    def call(self, num_classes: int, kwargs: Mapping[str, Any]) -> nn.Module:
+        """The builder called with `kwargs`, and `num_classes` where it takes it."""
+        extra = {"num_classes": num_classes} if self.takes_num_classes() else {}
+        model = self.builder(**extra, **kwargs)
+        if not isinstance(model, nn.Module):
+            raise ModelError(
+                f"model {self.name!r}: its factory returned {type(model).__name__}, not a torch nn.Module"
+            )
+        return model
+
+    @property
+    def builtin(self) -> bool:
+        """Whether this is one of the project's own models (its code is versioned with the project)."""
+        return getattr(self.builder, "__module__", None) == __name__
 
 
-def _spec(
-    name: str, task: str, shape: tuple[int, ...], desc: str, builder: Callable[..., nn.Module], **kw: Any
+_REGISTRY: dict[str, ModelSpec] = {}
+
+
+def model_spec(
+    name: str,
+    factory: Callable[..., nn.Module],
+    *,
+    task: str = "image",
+    input_shape: Sequence[int],
+    description: str = "",
+    **defaults: Any,
 ) -> ModelSpec:
-    return ModelSpec(name, task, shape, desc, builder, MappingProxyType(kw))
+    """A checked registry entry, not registered (`register_model` registers one; the relation estimator
+    wraps an unregistered factory in one)."""
+    if not isinstance(name, str) or not name.strip() or name != name.strip():
+        raise ModelError(f"a model name must be a non-empty string without surrounding spaces, got {name!r}")
+    if not callable(factory):
+        raise ModelError(
+            f"model {name!r}: the factory must be callable (returning an nn.Module), got {factory!r}"
+        )
+    _check_task(task)
+    shape = tuple(input_shape) if isinstance(input_shape, (list, tuple)) else ()
+    if not shape or any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in shape):
+        raise ModelError(
+            f"model {name!r}: input_shape must be one sample's shape in positive integers, e.g. (1, 16, 16), "
+            f"got {input_shape!r}"
+        )
+    spec = ModelSpec(name, task, shape, description or name, factory, MappingProxyType(dict(defaults)))
+    unknown = sorted(set(defaults) - set(spec.options()))
+    if unknown:
+        raise ModelError(
+            f"model {name!r}: its factory takes no {', '.join(unknown)}; options: {spec.options()}"
+        )
+    return spec
+
+
+def register_model(
+    name: str,
+    factory: Callable[..., nn.Module],
+    *,
+    task: str = "image",
+    input_shape: Sequence[int],
+    description: str = "",
+    replace: bool = False,
+    **defaults: Any,
+) -> ModelSpec:
+    """Register `factory` as model `name`, so that a name in a message, a run config or a command builds
+    it on the server and the clients alike (each process registers it: import the module that does).
+
+    `factory(**options)` returns an nn.Module; it is given `num_classes=` too when it takes it.
+    `task` "image" means one label per sample (cross entropy, top-1 accuracy), whatever the input shape
+    and channel count; "text" means next-character ids [B, T]. `input_shape` is one sample's shape
+    ((1, 16, 16), or (seq_len,) for text); `defaults` are keyword arguments of `factory` that define this
+    variant (what `build_model`'s overrides go on top of). A name already taken is refused unless
+    `replace=True`. Returns the entry.
+    """
+    spec = model_spec(name, factory, task=task, input_shape=input_shape, description=description, **defaults)
+    if name in _REGISTRY and not replace:
+        raise ModelError(
+            f"model {name!r} is already registered ({_REGISTRY[name].description}); "
+            "pass replace=True to replace it or choose another name"
+        )
+    _REGISTRY[name] = spec
+    return spec
+
+
+def unregister_model(name: str) -> None:
+    """Remove model `name` (a user's, e.g. after a test); unknown names are refused as `get_model_spec`."""
+    get_model_spec(name)
+    del _REGISTRY[name]
 
 
 _IMG = (3, 32, 32)
-_REGISTRY: dict[str, ModelSpec] = {
-    s.name: s
-    for s in (
-        _spec("resnet18", "image", _IMG, "ResNet18, CIFAR stem, widths 64..512", ResNet, width=64),
-        _spec("resnet18-small", "image", _IMG, "ResNet18 topology, widths 16..128", ResNet, width=16),
-        _spec("mobilenetv2", "image", _IMG, "MobileNetV2 for 32x32, width 1.0", MobileNetV2, width_mult=1.0),
-        _spec(
-            "mobilenetv2-small",
-            "image",
-            _IMG,
-            "MobileNetV2 for 32x32, width 0.25",
-            MobileNetV2,
-            width_mult=0.25,
-        ),
-        _spec("cnn-tiny", "image", _IMG, "two-conv CNN for fast tests", TinyCNN, width=16),
-        _spec("chartransformer", "text", (64,), "char GPT, 6 layers, 6 heads, 256 wide", CharTransformer),
-        _spec(
-            "chartransformer-small",
-            "text",
-            (64,),
-            "char GPT, 2 layers, 2 heads, 64 wide",
-            CharTransformer,
-            n_layer=2,
-            n_head=2,
-            n_embd=64,
-        ),
-    )
-}
+register_model(
+    "resnet18", ResNet, input_shape=_IMG, description="ResNet18, CIFAR stem, widths 64..512", width=64
+)
+register_model(
+    "resnet18-small", ResNet, input_shape=_IMG, description="ResNet18 topology, widths 16..128", width=16
+)
+register_model(
+    "mobilenetv2",
+    MobileNetV2,
+    input_shape=_IMG,
+    description="MobileNetV2 for 32x32, width 1.0",
+    width_mult=1.0,
+)
+register_model(
+    "mobilenetv2-small",
+    MobileNetV2,
+    input_shape=_IMG,
+    description="MobileNetV2 for 32x32, width 0.25",
+    width_mult=0.25,
+)
+register_model("cnn-tiny", TinyCNN, input_shape=_IMG, description="two-conv CNN for fast tests", width=16)
+register_model(
+    "chartransformer",
+    CharTransformer,
+    task="text",
+    input_shape=(64,),
+    description="char GPT, 6 layers, 6 heads, 256 wide",
+)
+register_model(
+    "chartransformer-small",
+    CharTransformer,
+    task="text",
+    input_shape=(64,),
+    description="char GPT, 2 layers, 2 heads, 64 wide",
+    n_layer=2,
+    n_head=2,
+    n_embd=64,
+)
 
 
 def model_names() -> list[str]:
+    """Every registered model's name: the seven built-ins, then the users', in registration order."""
     return list(_REGISTRY)
 
 
 def get_model_spec(name: str) -> ModelSpec:
+    """The registry entry of `name`; an unknown name is one ModelError line listing the registered ones."""
     try:
         return _REGISTRY[name]
-    except KeyError:
-        raise ModelError(f"unknown model {name!r}; choose one of: {', '.join(_REGISTRY)}") from None
+    except (KeyError, TypeError):
+        raise ModelError(
+            f"unknown model {name!r}; choose one of: {', '.join(_REGISTRY)} "
+            "(or register yours with training.models.register_model)"
+        ) from None
+
+
+def check_input_shape(spec: ModelSpec, sample_shape: Sequence[int], data: str) -> None:
+    """One ModelError line when samples of `sample_shape` (from `data`) cannot feed model `spec`: an
+    image model takes samples of its input_shape's rank and channel count (the first dimension; the
+    built-in networks pool over any height and width); a text model, windows of at most its context."""
+    shape = tuple(int(d) for d in sample_shape)
+    want = spec.input_shape
+    if spec.task == "image" and (len(shape) != len(want) or shape[:1] != want[:1]):
+        channels = f" ({want[0]} channels)" if len(want) == 3 else ""
+        raise ModelError(
+            f"model {spec.name!r} takes samples of shape {_shape_text(want)}{channels}, {data} has "
+            f"{_shape_text(shape)}: give data of that shape or a model registered with its input_shape"
+        )
+    if spec.task == "text" and len(shape) != 1:
+        raise ModelError(f"model {spec.name!r} takes character windows [T], {data} has {_shape_text(shape)}")
+
+
+def _shape_text(shape: Sequence[int]) -> str:
+    return "x".join(str(d) for d in shape) or "scalars"
 
 
 def default_num_classes(task: str) -> int:
@@ -483,7 +624,11 @@ def _checked_option(spec: ModelSpec, key: str, value: Any) -> Any:
 
 def check_overrides(name: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
     """The overrides of model `name`, checked without building it (for commands, before any work)."""
-    spec = get_model_spec(name)
+    return _checked_overrides(get_model_spec(name), overrides)
+
+
+def _checked_overrides(spec: ModelSpec, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    name = spec.name
     unknown = sorted(set(overrides) - set(spec.options()))
     if unknown:
         raise ModelError(
@@ -507,6 +652,8 @@ def _grows(spec: ModelSpec, num_classes: int, kwargs: Mapping[str, Any]) -> bool
     defaults.update(spec.defaults)
     for key, value in kwargs.items():
         default = defaults.get(key)
+        if default is inspect.Parameter.empty:
+            return True  # a user's option without a default: counted
         if key == "dropout" or value == default:
             continue
         if value is None or default is None or isinstance(value, tuple):
@@ -521,17 +668,18 @@ FEW_CLASSES = 1000
 
 
 @functools.lru_cache(maxsize=64)
-def _size_of(name: str, num_classes: int, options: tuple[tuple[str, Any], ...]) -> tuple[int, int] | None:
+def _size_of(
+    spec: ModelSpec, num_classes: int, options: tuple[tuple[str, Any], ...]
+) -> tuple[int, int] | None:
     """(parameters, layer outputs per sample) of a model, counted on torch's meta device: shapes only,
     nothing allocated. None where it cannot be counted (torch 1.13 has no meta device context, or a
     layer has no meta kernel): then only building tells."""
     if not hasattr(torch.device, "__enter__"):
         return None
-    spec = get_model_spec(name)
     kwargs = {**spec.defaults, **dict(options)}
     try:
         with torch.device("meta"):
-            model = spec.builder(num_classes=num_classes, **kwargs)
+            model = spec.call(num_classes, kwargs)
         params = sum(p.numel() for p in model.parameters())
         if params > MAX_PARAMETERS:
             return params, 0
@@ -550,8 +698,8 @@ def _size_of(name: str, num_classes: int, options: tuple[tuple[str, Any], ...]) 
             model.train()(x)
         for h in handles:
             h.remove()
-    except (NotImplementedError, RuntimeError) as exc:  # no meta kernel: not a verdict on the size
-        log.debug("model %s: size not counted on the meta device: %s", name, exc)
+    except Exception as exc:  # no meta kernel (or a user's forward that needs real data): no verdict
+        log.debug("model %s: size not counted on the meta device: %s", spec.name, exc)
         return None
     return params, outputs
 
@@ -560,12 +708,16 @@ def check_size(name: str, num_classes: int | None = None, overrides: Mapping[str
     """Refuse, before any memory is asked for, a model whose parameters or layer outputs per sample
     exceed MAX_PARAMETERS or MAX_ACTIVATIONS (e.g. resnet18 with width=100000: 27 trillion
     parameters, which torch would try to allocate as 100 TB)."""
-    spec = get_model_spec(name)
-    options = check_overrides(name, overrides or {})
+    _check_size(get_model_spec(name), num_classes, overrides)
+
+
+def _check_size(spec: ModelSpec, num_classes: int | None, overrides: Mapping[str, Any] | None) -> None:
+    name = spec.name
+    options = _checked_overrides(spec, overrides or {})
     n = default_num_classes(spec.task) if num_classes is None else int(num_classes)
     if not _grows(spec, n, {**spec.defaults, **options}):
         return
-    size = _size_of(name, n, tuple(sorted(options.items())))
+    size = _size_of(spec, n, tuple(sorted(options.items())))
     if size is None:
         return
     params, outputs = size
@@ -589,23 +741,32 @@ def build_model(
 
     `seed` makes the initial weights reproducible without touching the global RNG stream;
     `overrides` change sizes (resnet: width, blocks; mobilenetv2: width_mult, dropout;
-    chartransformer: n_layer, n_head, n_embd, seq_len, head_dim, dropout; cnn-tiny: width).
+    chartransformer: n_layer, n_head, n_embd, seq_len, head_dim, dropout; cnn-tiny: width; a
+    registered model: its factory's keyword arguments).
     """
-    spec = get_model_spec(name)
-    overrides = check_overrides(name, overrides)
+    return build_spec(get_model_spec(name), num_classes, seed=seed, **overrides)
+
+
+def build_spec(
+    spec: ModelSpec, num_classes: int | None = None, *, seed: int | None = None, **overrides: Any
+) -> nn.Module:
+    """`build_model` of a registry entry, registered or not (what crosses to a Ray worker, which has
+    not run the user's `register_model`)."""
+    name = spec.name
+    overrides = _checked_overrides(spec, overrides)
     if isinstance(num_classes, bool) or not isinstance(num_classes, (int, type(None))):
         raise ModelError(f"model {name!r}: num_classes must be an integer, got {num_classes!r}")
     n = default_num_classes(spec.task) if num_classes is None else int(num_classes)
     if n < 1:
         raise ModelError(f"model {name!r}: num_classes must be ≥ 1, got {n}")
-    check_size(name, n, overrides)
+    _check_size(spec, n, overrides)
     kwargs = {**spec.defaults, **overrides}
     try:
         if seed is None:
-            return spec.builder(num_classes=n, **kwargs)
+            return spec.call(n, kwargs)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            return spec.builder(num_classes=n, **kwargs)
+            return spec.call(n, kwargs)
     except (MemoryError, RuntimeError) as exc:  # what the size check could not count (torch 1.13)
         if isinstance(exc, RuntimeError) and "alloc" not in str(exc).lower():
             raise
@@ -615,12 +776,6 @@ def build_model(
 
 
 # --------------------------------------------------------------------------- losses and accuracy
-
-
-def _check_task(task: str) -> str:
-    if task not in TASKS:
-        raise ModelError(f"unknown task {task!r}; expected one of: {', '.join(TASKS)}")
-    return task
 
 
 def _text_ce(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

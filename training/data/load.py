@@ -11,7 +11,7 @@ import torch
 from powerctl.mapping import Invalid
 from powerctl.readfile import DATA_LIMIT, open_regular, too_large
 from training.data import images, text
-from training.data.dataset import CIFAR10_CLASSES, Dataset, concat, normalise_uint8
+from training.data.dataset import CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD, Dataset, concat, normalise_uint8
 from training.errors import DataError
 from training.models import VOCAB_SIZE
 
@@ -140,10 +140,11 @@ def _text(path: Path, *, split: str, seq_len: int, limit: int | None) -> Dataset
 def _npz(path: Path, *, split: str, seq_len: int, limit: int | None) -> Dataset:
     """Arrays x, y — or x_train, y_train, x_test, y_test for a file with its own split.
 
-    The task is read off x: integers [N, T] → text (y [N, T] next characters); [N, 3, H, W] or
-    [N, H, W, 3] images → image, uint8 scaled to [0, 1] and normalised like every image loader,
-    float taken as already normalised (what `save_npz` writes). A file with only x, y has no test
-    split: load it with split "train" or "all" and use train_test_split.
+    The task is read off x: integers [N, T] → text (y [N, T] next characters); images of any channel
+    count, [N, C, H, W], [N, H, W, C] (C 1, 3 or 4) or grey [N, H, W] → image, uint8 scaled to [0, 1]
+    and normalised like every image loader, float taken as already normalised (what `save_npz` writes).
+    Which channel count fits is the model's to say (`training.models.check_input_shape`). A file with
+    only x, y has no test split: load it with split "train" or "all" and use train_test_split.
     """
     arrays = _read_npz(path)
     if {"x_train", "y_train", "x_test", "y_test"} <= arrays.keys():
@@ -247,15 +248,27 @@ def _npz_text(path: Path, x: np.ndarray, y: np.ndarray) -> Dataset:
     )
 
 
+_CHANNELS_LAST = (1, 3, 4)
+"""Channel counts recognised at the end of [N, H, W, C] (grey, RGB, RGBA)."""
+
+
 def _npz_image(path: Path, x: np.ndarray, y: np.ndarray, num_classes: int) -> Dataset:
-    if x.ndim == 4 and x.shape[1] != 3 and x.shape[-1] == 3:
+    if x.ndim == 3:  # grey [N, H, W]
+        x = x[:, None]
+    if x.ndim == 4 and x.shape[1] not in _CHANNELS_LAST and x.shape[-1] in _CHANNELS_LAST:
         x = x.transpose(0, 3, 1, 2)
-    if x.ndim != 4 or x.shape[1] != 3 or y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
+    if (
+        x.ndim != 4
+        or min(x.shape[1:], default=0) < 1
+        or y.ndim != 1
+        or not np.issubdtype(y.dtype, np.integer)
+    ):
         raise DataError(
-            f"{path}: images need x [N, 3, H, W] or [N, H, W, 3] and integer y [N]; got {x.shape}, {y.shape}"
+            f"{path}: images need x [N, C, H, W], [N, H, W, C] or [N, H, W] and integer y [N]; "
+            f"got {x.shape}, {y.shape}"
         )
     if x.dtype == np.uint8:
-        xt = normalise_uint8(np.ascontiguousarray(x))
+        xt = _normalised(np.ascontiguousarray(x))
     elif np.issubdtype(x.dtype, np.floating):
         if not np.isfinite(x).all():
             raise DataError(f"{path}: image x holds NaN or infinite values")
@@ -265,6 +278,15 @@ def _npz_image(path: Path, x: np.ndarray, y: np.ndarray, num_classes: int) -> Da
     n = num_classes  # checked against every split's labels by _image_classes
     classes = CIFAR10_CLASSES if n == 10 else None
     return Dataset(f"npz:{path.name}", "image", xt, torch.from_numpy(y.astype(np.int64)), n, classes=classes)
+
+
+def _normalised(x: np.ndarray) -> torch.Tensor:
+    """uint8 [N, C, H, W] → float32 by the one fixed transform: CIFAR-10's per-channel constants for
+    three channels, their means on every channel for any other count."""
+    if x.shape[1] == 3:
+        return normalise_uint8(x)
+    mean, std = float(np.mean(CIFAR10_MEAN)), float(np.mean(CIFAR10_STD))
+    return torch.from_numpy(x).to(torch.float32).div_(255.0).sub_(mean).div_(std)
 
 
 def save_npz(ds: Dataset, path: str | Path) -> None:
