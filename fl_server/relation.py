@@ -372,7 +372,8 @@ def _model_entry(model: str | ModelFactory | ModelSpec) -> ModelSpec | None:
 
 
 def _factory_name(factory: Callable[..., Any]) -> str:
-    name = getattr(factory, "__qualname__", None) or type(factory).__name__
+    """The relation file's model name for an unregistered factory: its own name (a lambda has none)."""
+    name = getattr(factory, "__name__", None) or type(factory).__name__
     return name if name != "<lambda>" else "user-model"
 
 
