@@ -401,11 +401,12 @@ class PowerAware(Strategy):
         self.rounds[server_round] = record
         if self.on_round is not None:
             self.on_round(record)
-        if not usable:
-            return None, None
+        # the inner strategy hears every round, an empty one too (its own bookkeeping, e.g. DP's)
         arrays, metrics = self.strategy.aggregate_train(
             server_round, [reply for _, reply in usable] + [reply for _, reply in errors]
         )
+        if not usable:
+            return arrays, metrics
         s = record.summary
         round_metrics = {
             "makespan-s": s["makespan_s"],
@@ -454,9 +455,10 @@ class PowerAware(Strategy):
         usable replies."""
         if self._skipped(server_round):
             return None
-        metrics = None
-        if self._sent.get(MessageType.EVALUATE):  # else no evaluation this round (fraction_evaluate = 0)
+        if self._sent.get(MessageType.EVALUATE):
             metrics = self._evaluate(server_round, replies)
+        else:  # no evaluation this round (fraction_evaluate = 0): nothing to record
+            metrics = self.strategy.aggregate_evaluate(server_round, replies)
         if self.on_round_end is not None and self._eval_arrays is not None:
             self.on_round_end(server_round, self._eval_arrays)
         return metrics
@@ -493,8 +495,6 @@ class PowerAware(Strategy):
             record.evaluation = evaluation
             if self.on_round is not None:
                 self.on_round(record)
-        if not usable:
-            return None
         usable.sort(key=lambda u: u[0])
         return self.strategy.aggregate_evaluate(
             server_round, [reply for _, reply in usable] + [reply for _, reply in errors]

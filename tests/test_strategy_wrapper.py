@@ -194,3 +194,20 @@ def test_a_model_is_any_name_in_a_message() -> None:
     assert TrainInstructions.from_config(instr.to_config()).model == "mycnn"
     with pytest.raises(ProtocolError, match="'model'"):
         TrainInstructions.from_config({**instr.to_config(), "model": ""})
+
+
+def test_around_a_users_strategy_that_builds_its_own_config_the_plan_goes_in_whole() -> None:
+    class Mine(FedAvg):  # a user's strategy: it sends its own config, not the one it is given
+        def configure_train(self, server_round, arrays, config, grid):
+            return super().configure_train(server_round, arrays, ConfigRecord({"epochs": 2}), grid)
+
+    strategy = PowerAware(Mine(**SMALL), instructions())
+    grid = FakeGrid(client_app, _nodes(2), RUN_CONFIG)
+    _start(strategy, grid)
+    configs = _train_configs(grid)
+    assert len(configs) == 2 and all(c["epochs"] == 2 for c in configs.values())
+    assert {TrainInstructions.from_config(c).node_key for c in configs.values()} == {
+        "partition-0",
+        "partition-1",
+    }
+    assert strategy.rounds[1].summary["reported"] == 2
