@@ -61,7 +61,7 @@ def test_the_shipped_run_config_parses_and_has_no_federations_table() -> None:
         ({"partitioning": "skewed"}, "'partitioning' must be one of iid, dirichlet, got 'skewed'"),
         ({"dirichlet-alpha": 0}, "'dirichlet-alpha' must be a number > 0, got 0"),
         ({"profile-cache": "cache"}, "'profile-cache' must be an absolute folder"),
-        ({"client-data-seed": -1}, "'client-data-seed' must be an integer ≥ 0, got -1"),
+        ({"client-data-seed": -1}, "'client-data-seed' must be an integer in [0, 4294967295], got -1"),
         ({"weights": "/no/such.safetensors"}, "'weights' names no such file: /no/such.safetensors"),
     ],
 )
