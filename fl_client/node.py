@@ -90,6 +90,44 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+MAX_YAML_VALUES = 1_000_000
+"""The most values a YAML document may hold once its aliases are expanded: a 4 MB file without aliases
+holds fewer; nine anchors of nine aliases each (a "billion laughs") hold 9^9."""
+
+
+def _check_expansion(root: yaml.Node, path: Path) -> None:
+    """Refuse a document whose aliases expand to more than MAX_YAML_VALUES values, or that holds itself
+    (an alias inside its own anchor), before it is built: a reader that walks such a document, or a
+    message that shows a value of it, would never end. Linear in the composed nodes (sizes memoised)."""
+    size: dict[int, int] = {}
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    open_: set[int] = set()
+    while stack:
+        node, done = stack.pop()
+        if isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        elif isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        else:
+            children = []
+        if done:
+            open_.discard(id(node))
+            size[id(node)] = 1 + sum(size[id(c)] for c in children)
+            if size[id(node)] > MAX_YAML_VALUES:
+                raise NodeConfigError(
+                    f"{path}: its aliases (*name) expand to more than {MAX_YAML_VALUES:,} values; "
+                    "write the values out or use fewer aliases"
+                )
+            continue
+        if id(node) in size:
+            continue
+        if id(node) in open_:
+            raise NodeConfigError(f"{path}: an alias (*name) refers to a value that holds it; remove it")
+        open_.add(id(node))
+        stack.append((node, True))
+        stack.extend((c, False) for c in children if id(c) not in size)
+
+
 def read_yaml(path: Path) -> Any:
     """A YAML document, or one NodeConfigError line (unreadable, not text, not YAML, a key twice)."""
     try:
@@ -99,7 +137,15 @@ def read_yaml(path: Path) -> Any:
     except UnicodeDecodeError:
         raise NodeConfigError(f"{path}: not a text file (not UTF-8); a fleet file is YAML text") from None
     try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass: no arbitrary objects
+        loader = _UniqueKeyLoader(text)  # a SafeLoader subclass: no arbitrary objects
+        try:
+            node = loader.get_single_node()  # type: ignore[no-untyped-call]
+            if node is None:
+                return None
+            _check_expansion(node, path)
+            return loader.construct_document(node)  # type: ignore[no-untyped-call]
+        finally:
+            loader.dispose()  # type: ignore[no-untyped-call]
     except yaml.constructor.ConstructorError as exc:
         raise NodeConfigError(f"{path}: {exc.problem}") from None
     except yaml.YAMLError as exc:

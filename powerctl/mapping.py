@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import reprlib
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -25,8 +26,23 @@ class Invalid(ValueError):
     """A kind's refusal of a value. The text follows the key in the reader's line: "must be …, got …"."""
 
 
+_SHOWN = reprlib.Repr()
+_SHOWN.maxstring = _SHOWN.maxother = 160
+_SHOWN.maxlong = 120
+_SHOWN.maxlist = _SHOWN.maxtuple = _SHOWN.maxdict = _SHOWN.maxset = 12
+_SHOWN.maxlevel = 3
+SHOWN_MAX = 400
+
+
+def shown(value: Any) -> str:
+    """`repr(value)` cut to a line: a refused value may be a 60 MB string from a JSON file or a YAML
+    alias that expands to a billion items, and the refusal must stay one readable line."""
+    text = _SHOWN.repr(value)
+    return text if len(text) <= SHOWN_MAX else text[: SHOWN_MAX - 3] + "..."
+
+
 def must_be(expected: str, value: Any) -> Invalid:
-    return Invalid(f"must be {expected}, got {value!r}")
+    return Invalid(f"must be {expected}, got {shown(value)}")
 
 
 def is_integer(value: Any) -> bool:
@@ -215,7 +231,9 @@ class Custom(Kind):
 
 
 def _split(text: str) -> list[str]:
-    return [t.strip() for t in text.replace(";", ",").split(",") if t.strip()]
+    """Items separated by commas (or semicolons); an empty item stays, so that '8,,16' or '8,16,' is
+    refused by the item's kind instead of read as a shorter list."""
+    return [t.strip() for t in text.replace(";", ",").split(",")]
 
 
 def number_text(v: float) -> str:

@@ -12,12 +12,13 @@ nothing else.
 from __future__ import annotations
 
 import dataclasses
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
 from fl_client.node import FleetEntry, NodeConfigError, parse_fleet_groups, read_yaml
-from powerctl.mapping import MappingReader, Text, mapping_reader
+from powerctl.mapping import Custom, MappingReader, mapping_reader, must_be
 from strategies.fleet import not_simulated
 from strategies.settings import APP_FILE, DATASET, OURS_DEADLINE, RUN_METHODS, SETTINGS, RunSettings
 
@@ -69,6 +70,18 @@ RUN_KEYS = {
 FLEET_METHODS = [m for m in RUN_METHODS if m != OURS_DEADLINE]
 """A fleet file compares methods: without `methods`, every client method (the run config's default,
 `ours` alone, is for one run)."""
+
+
+NAME_EXPECTED = "a name of one line without '/' (it names the results and their folder runs/fleet-NAME)"
+
+
+def _fleet_name(value: Any) -> str:
+    """The fleet's name: a label in every report and the default folder's last part, so a word a folder
+    can be named: no '/', no '..', no control character (a newline would split the report's lines)."""
+    text = value.strip() if isinstance(value, str) else ""
+    if not text or "/" in text or text in (".", "..") or any(unicodedata.category(c) == "Cc" for c in text):
+        raise must_be(NAME_EXPECTED, value)
+    return text
 
 
 class FleetFileError(NodeConfigError):
@@ -178,7 +191,7 @@ def _load(path: Path) -> FleetSpec:
         for leaf, setting_key in key.items():
             settings[setting_key] = _setting(section, leaf, setting_key, base)
     run = RunSettings(**{SETTINGS[key].attr: value for key, value in settings.items()}, fleet=str(path))
-    spec = FleetSpec(path, top.value("name", Text(what="a name"), path.stem), boards, run)
+    spec = FleetSpec(path, top.value("name", Custom(_fleet_name, NAME_EXPECTED, str), path.stem), boards, run)
     if any(b.caps() is not None for b in boards) and spec.scale_mode:
         spec.notes.append(
             "stand-in clients (scale mode) do not train, so they do not follow a changing cap: each "
