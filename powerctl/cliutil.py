@@ -287,6 +287,10 @@ def bounded_float(minimum: float, maximum: float, *, above: bool = True, name: s
 
 MAX_SEED = 2**32 - 1
 """The largest seed: what every generator here takes (numpy's legacy seed is 32 bits)."""
+MAX_STEPS = 1000
+"""The most warm-up or measured training steps per profiled pair (`powerctl profile`, the run config)."""
+MAX_ROUNDS = 100_000
+"""The most rounds of a run: years of rounds; a typo of 10^13 is one line, not Flower's int64 overflow."""
 
 positive_int = bounded_int(1, MAX_COUNT, "positive_int")
 seed = bounded_int(0, MAX_SEED, "seed")
@@ -358,8 +362,8 @@ def accuracy(text: str) -> float:
 
 
 def int_list(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.replace(" ", "").split(",") if v]
+    try:  # an empty item ('8,,16', '8,16,') is refused, not dropped: a number was left out
+        values = [int(v) for v in text.replace(" ", "").split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
     if not values:

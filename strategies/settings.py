@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from powerctl.baselines import ORACLE, OURS, PROXY_BATCH, STATE_OF_PRACTICE
-from powerctl.cliutil import MAX_BATCH_SIZE, MAX_COUNT, MAX_SEED, kind_type
+from powerctl.cliutil import MAX_BATCH_SIZE, MAX_COUNT, MAX_ROUNDS, MAX_SEED, MAX_STEPS, kind_type
 from powerctl.errors import PowerctlError
 from powerctl.follow import DEFAULT_PAUSE_TIMEOUT_S, DEFAULT_POLL_S
 from powerctl.guard import DEFAULT_TOLERANCE, DEFAULT_WINDOW
@@ -42,7 +42,7 @@ from powerctl.mapping import (
 )
 from powerctl.relation import VECTORS
 from powerctl.selection import RELATION_RULES
-from strategies.fleet import app_path_of, fleet_file, fleet_table
+from strategies.fleet import MAX_BOARDS, app_path_of, fleet_file, fleet_table
 from training.lr import LR_RULES
 
 SERVER = "server"
@@ -189,6 +189,11 @@ def _declare(*settings: Setting) -> dict[str, Setting]:
     out = {s.key: s for s in settings}
     assert len(out) == len(settings) and all(s.readers in READERS for s in settings)
     assert all(s.group in (*GROUPS, "") for s in settings)  # "": none yet (`make docs` says which)
+    # every integer has a ceiling: Flower carries run config integers as int64 and refuses a larger
+    # one only after the run started ("Value out of range"); a typo must be one line before that
+    assert all(s.kind.maximum is not None for s in settings if isinstance(s.kind, Integer)), [
+        s.key for s in settings if isinstance(s.kind, Integer) and s.kind.maximum is None
+    ]
     return out
 
 
@@ -196,7 +201,7 @@ SETTINGS: dict[str, Setting] = _declare(
     Setting(
         "num-server-rounds",
         2,
-        Integer(1),
+        Integer(1, MAX_ROUNDS),
         "Rounds of federated training (each: train, evaluate).",
         group="rounds",
     ),
@@ -325,7 +330,7 @@ SETTINGS: dict[str, Setting] = _declare(
     Setting(
         "budget-samples",
         6000,
-        Integer(0),
+        Integer(0, MAX_COUNT),
         "Each client's training samples per round (0: no budget).",
         BOTH,
         group="rounds",
@@ -369,13 +374,27 @@ SETTINGS: dict[str, Setting] = _declare(
     Setting(
         "profile-samples",
         4000,
-        Integer(1),
+        Integer(1, MAX_COUNT),
         "N of T_N: the samples a profile's times are given for.",
         BOTH,
         group="profiling",
     ),
-    Setting("profile-warmup", 1, Integer(0), "Warm-up steps per profiled pair.", BOTH, group="profiling"),
-    Setting("profile-steps", 2, Integer(1), "Measured steps per profiled pair.", BOTH, group="profiling"),
+    Setting(
+        "profile-warmup",
+        1,
+        Integer(0, MAX_STEPS),
+        "Warm-up steps per profiled pair.",
+        BOTH,
+        group="profiling",
+    ),
+    Setting(
+        "profile-steps",
+        2,
+        Integer(1, MAX_STEPS),
+        "Measured steps per profiled pair.",
+        BOTH,
+        group="profiling",
+    ),
     Setting(
         "profiling-budget",
         0.01,
@@ -389,7 +408,7 @@ SETTINGS: dict[str, Setting] = _declare(
     Setting(
         "seed",
         0,
-        Integer(0),
+        Integer(0, MAX_SEED),
         "The clients' training seed; with the node's name, the seed of a simulated board's sensor noise.",
         BOTH,
         group="rounds",
@@ -406,7 +425,7 @@ SETTINGS: dict[str, Setting] = _declare(
     Setting(
         "checkpoint-every-samples",
         4096,
-        Integer(0),
+        Integer(0, MAX_COUNT),
         "Clients checkpoint their fine-tune this often (at the next evaluation) and resume it when the "
         "same work comes again (0: never).",
         BOTH,
@@ -430,7 +449,7 @@ SETTINGS: dict[str, Setting] = _declare(
     Setting(
         "min-nodes",
         1,
-        Integer(1),
+        Integer(1, MAX_BOARDS),
         "A run starts once this many nodes are connected (deployment: the number of boards); later rounds "
         "take whoever is connected.",
         group="rounds",
@@ -452,7 +471,7 @@ SETTINGS: dict[str, Setting] = _declare(
     Setting(
         "guard-window",
         DEFAULT_WINDOW,
-        Integer(1),
+        Integer(1, MAX_COUNT),
         "Power guard: consecutive training steps over cap × (1 + guard-tolerance) before a client steps "
         "its frequency down (docs/design/power-guard.md).",
         BOTH,
@@ -587,7 +606,12 @@ SETTINGS: dict[str, Setting] = _declare(
         group="faults",
     ),
     Setting(
-        "inject-seed", 0, Integer(), "Soak tests only: the seed of injected failures.", CLIENT, group="faults"
+        "inject-seed",
+        0,
+        Integer(0, MAX_SEED),
+        "Soak tests only: the seed of injected failures.",
+        CLIENT,
+        group="faults",
     ),
     Setting(
         "inject-hang-s",
@@ -600,7 +624,7 @@ SETTINGS: dict[str, Setting] = _declare(
     Setting(
         "inject-server-stop-round",
         0,
-        Integer(0),
+        Integer(0, MAX_ROUNDS),
         "Soak tests only: the ServerApp stops as if it crashed once this round's replies are in (0: never).",
         group="faults",
     ),
