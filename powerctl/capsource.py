@@ -84,6 +84,10 @@ class PowerCapKind(Kind):
 POWER_CAP = PowerCapKind()
 
 
+MAX_TIME_S = 1e9
+"""The latest time a schedule or a trace may name, and the largest factor or poll interval a source's
+options take: about 31 years, as `cap-source --until` (1e300 s is a typo, not a time)."""
+
 MAX_POINTS = 100_000
 """The most points a cap is listed or drawn with (`powerctl cap-source`): far more than a plot or a
 terminal shows, few enough that `--until 1e9 --every 0.001` is one line and not memory exhausted."""
@@ -159,6 +163,10 @@ class ScheduleCap(CapSource):
             t, w = pair
             if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
                 raise CapSourceError(f"{here}: expected a time t_s ≥ 0 in seconds, got {t!r}")
+            if t > MAX_TIME_S:
+                raise CapSourceError(
+                    f"{here}: a time must be at most {MAX_TIME_S:g} s (about 31 years), got {t:g}"
+                )
             if steps and t <= steps[-1][0]:
                 raise CapSourceError(f"{here}: times must increase, got {t:g} after {steps[-1][0]:g}")
             if not steps and t != 0:
@@ -186,11 +194,10 @@ class ScheduleCap(CapSource):
         return len({w for _, w in self.steps}) == 1
 
     def describe(self) -> str:
-        return (
-            "schedule ["
-            + ", ".join(f"{t:g}s:{'none' if w is None else f'{w:g}W'}" for t, w in self.steps)
-            + "]"
-        )
+        shown = [f"{t:g}s:{'none' if w is None else f'{w:g}W'}" for t, w in self.steps[:8]]
+        if len(self.steps) > 8:  # one line for logs: a schedule of thousands of steps is not listed whole
+            shown.append(f"… {len(self.steps)} steps to {self.steps[-1][0]:g}s")
+        return "schedule [" + ", ".join(shown) + "]"
 
 
 TRACE_ENDS = ("repeat", "clip")
@@ -254,8 +261,19 @@ class TraceCap(CapSource):
                 raise CapSourceError(f"{here}: a trace starts at 0 s, got {cells[0]}")
             if not math.isfinite(w) or w <= 0:
                 raise CapSourceError(f"{here}: a cap must be a positive number of watts, got {cells[1]}")
+            if t * time_scale > MAX_TIME_S:
+                got = cells[0] if time_scale == 1 else f"{cells[0]} × timescale {time_scale:g}"
+                raise CapSourceError(
+                    f"{here}: a time must be at most {MAX_TIME_S:g} s (about 31 years), got {got}"
+                )
+            try:  # the one cap check: a trace (after scale) holds no cap a constant or a schedule may not
+                watts.append(cap_watts(w * scale, text=False))  # type: ignore[arg-type]
+            except Invalid:
+                got = cells[1] if scale == 1 else f"{cells[1]} × scale {scale:g}"
+                raise CapSourceError(
+                    f"{here}: a cap must be a number of watts ≤ {MAX_CAP_W:g}, got {got}"
+                ) from None
             times.append(t * time_scale)
-            watts.append(w * scale)
         if not times:
             raise CapSourceError(f"{path}: the cap trace has no 'seconds,watts' rows")
         return cls(tuple(times), tuple(watts), end, str(path))
@@ -414,6 +432,8 @@ def _options(query: str, where: str, allowed: tuple[str, ...]) -> dict[str, str]
         key, eq, val = item.partition("=")
         if not eq or key not in allowed:
             raise CapSourceError(f"{where}: unknown option {item!r}; options are {', '.join(allowed)}")
+        if key in out:  # which one was meant? the last silently winning hides a typo
+            raise CapSourceError(f"{where}: option {key} is given twice ({out[key]!r}, {val!r}); keep one")
         out[key] = val
     return out
 
@@ -423,6 +443,6 @@ def _number(text: str, name: str, where: str) -> float:
         value = float(text)
     except ValueError:
         raise CapSourceError(f"{where}: {name} must be a number, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise CapSourceError(f"{where}: {name} must be a positive number, got {text!r}")
+    if not math.isfinite(value) or value <= 0 or value > MAX_TIME_S:
+        raise CapSourceError(f"{where}: {name} must be a positive number ≤ {MAX_TIME_S:g}, got {text!r}")
     return value

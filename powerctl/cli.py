@@ -383,13 +383,15 @@ def cmd_pareto(args: argparse.Namespace) -> int:
 
 
 def cmd_cap_source(args: argparse.Namespace) -> int:
-    from powerctl.capsource import MAX_POINTS, ScheduleCap, TraceCap, parse_cap_source
+    from powerctl.capsource import MAX_POINTS, CapSourceError, ScheduleCap, TraceCap, parse_cap_source
 
     plot = None
     if args.plot:
         from powerctl.outputs import check_plot_file
 
         plot = check_plot_file(args.plot, "--plot", in_folder="cap_source.png")
+    if not args.source.strip():  # as --power-cap '': an empty word is not "no cap"
+        raise CapSourceError("cap source: empty; give watts, none, a schedule, trace:PATH or live:PATH")
     source = parse_cap_source(args.source, "cap source")
     until = args.until
     if until is None:
