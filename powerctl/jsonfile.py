@@ -28,7 +28,7 @@ def read_json(path: str | Path, schema: str) -> dict[str, Any]:
     except UnicodeDecodeError:
         raise FileFormatError(f"{path}: not a text file (not UTF-8); expected {schema} JSON") from None
     try:
-        data = json.loads(text, parse_constant=_reject_constant)
+        data = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
     except (json.JSONDecodeError, ValueError) as exc:
         raise FileFormatError(f"{path}: not valid JSON ({exc})") from None
     if not isinstance(data, dict):
@@ -38,6 +38,17 @@ def read_json(path: str | Path, schema: str) -> dict[str, Any]:
     if data["schema"] != schema:
         raise FileFormatError(f"{path}: schema is {data['schema']!r}, expected {schema!r}")
     return data
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object whose key is given twice is refused (json keeps the last silently: a second "samples"
+    edited in would replace the first without a word), as the fleet file's YAML reader does."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"key {key!r} is given twice in one object; keep one")
+        out[key] = value
+    return out
 
 
 def _reject_constant(name: str) -> Any:

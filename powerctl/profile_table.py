@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from powerctl.cliutil import MAX_COUNT
+from powerctl.capsource import MAX_CAP_W
+from powerctl.cliutil import MAX_BATCH_SIZE, MAX_COUNT
 from powerctl.jsonfile import Fields, read_json, write_json
 
 PROFILE_SCHEMA = "powerctl.profile/1"
@@ -134,10 +135,11 @@ def _points(f: Fields, key: str, where: str, seen: set[tuple[int, int]]) -> list
             raise f.fail(f"{key}[{i}] must be an object")
         pf = Fields(raw, f"{where}: {key}[{i}]")
         p = ProfilePoint(
-            batch_size=pf.integer("batch_size"),
+            batch_size=pf.integer("batch_size", maximum=MAX_BATCH_SIZE),
             frequency_hz=pf.integer("frequency_hz"),
-            peak_power_w=pf.number("peak_power_w", positive=True),
-            mean_power_w=pf.number("mean_power_w", positive=True),
+            # no board draws more than a cap may be (1e308 W is an edit gone wrong, not a measurement)
+            peak_power_w=pf.number("peak_power_w", positive=True, maximum=MAX_CAP_W),
+            mean_power_w=pf.number("mean_power_w", positive=True, maximum=MAX_CAP_W),
             seconds_per_batch=pf.number("seconds_per_batch", positive=True),
             seconds_for_samples=pf.number("seconds_for_samples", positive=True),
         )
