@@ -3,13 +3,44 @@
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
+
+from powerctl.errors import PowerctlError
 
 CACHE_ENV = "POWERFED_CACHE"
 """Environment variable: root of every cache (default ~/.cache/powerfed)."""
 
 
+class CacheError(PowerctlError):
+    """$POWERFED_CACHE names no usable folder; one line saying what to set instead."""
+
+
+def cache_root() -> Path:
+    """$POWERFED_CACHE, else ~/.cache/powerfed; checked here, at every use, because a cache is written
+    only after the work it keeps (a pre-training, a relation vector): set to a file, a device or a
+    relative path (each of Flower's processes runs in another folder), it would fail or scatter
+    minutes later. A folder that does not exist yet is fine: it is created when first written."""
+    root = os.environ.get(CACHE_ENV)
+    if not root:
+        return Path.home() / ".cache" / "powerfed"
+    hint = f"set {CACHE_ENV} to an absolute folder, or unset it for ~/.cache/powerfed"
+    if "\0" in root:
+        raise CacheError(f"{CACHE_ENV}={root!r}: not a path (it holds a NUL character); {hint}")
+    path = Path(root).expanduser()
+    if not path.is_absolute():
+        raise CacheError(f"{CACHE_ENV}={root}: a relative path (Flower's processes run elsewhere); {hint}")
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return path
+    except OSError as exc:
+        raise CacheError(f"{CACHE_ENV}={root}: cannot be used ({exc.strerror}); {hint}") from None
+    if not stat.S_ISDIR(mode):
+        raise CacheError(f"{CACHE_ENV}={root}: exists and is not a folder; {hint}")
+    return path
+
+
 def cache_dir(kind: str) -> Path:
     """$POWERFED_CACHE/KIND, else ~/.cache/powerfed/KIND (profile, relation, weights)."""
-    root = os.environ.get(CACHE_ENV)
-    return (Path(root) if root else Path.home() / ".cache" / "powerfed") / kind
+    return cache_root() / kind

@@ -40,6 +40,7 @@ from fl_server.run_config import (  # the run config as Flower reads it (`run_co
     parse_run_config,
     run_config_text,
 )
+from powerctl.cache import cache_root
 from powerctl.errors import PowerctlError
 from simulations.flower_home import FlowerHome, clean_stale_homes, describe_cleaned
 from simulations.local_superlink import (
@@ -240,6 +241,7 @@ def run_flwr(
     Lines go to `log_path` and, unless `verbose` is off and they are Flower's or Ray's own, to `echo`.
     Every process it started is stopped before this returns or raises (KeyboardInterrupt included)."""
     preflight()  # a Ray cluster recorded but dead makes `flwr run` hang: check it first
+    cache_root()  # $POWERFED_CACHE set to a file would fail only after Flower started: check it first
     _clear_ports([p for p in (port, control_port) if p is not None], echo)
     port = port or free_port()
     control = control_port or free_port()

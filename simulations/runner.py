@@ -87,9 +87,11 @@ def run_fleet(
     port: int | None = None,
 ) -> dict[str, Any]:
     """Run, merge and report: DIR/results.json, DIR/summary.txt, DIR/plots/*.png."""
+    from powerctl.cache import cache_root
     from powerctl.outputs import check_output_dir, replacing
     from simulations.fleet_results import build_results, summary_text, write_results
 
+    cache_root()  # a $POWERFED_CACHE that cannot be a folder: one line before --out is created
     out = check_output_dir(out.expanduser().resolve())
     started = time.perf_counter()
     for note in spec.notes:
