@@ -27,9 +27,10 @@ from powerctl.outputs import output_path
 from powerctl.relation import VECTORS
 from strategies.settings import flag
 from training.data import SPECS
+from training.errors import ModelError
 from training.finetune import DEFAULT_EVAL_MAX_SAMPLES
 from training.lr import LR_RULES
-from training.models import MAX_SEQ_LEN, model_names, option_ranges
+from training.models import MAX_SEQ_LEN, get_model_spec, model_names, option_ranges
 
 PROG = "fl-server"
 
@@ -347,6 +348,8 @@ def _relation(args: argparse.Namespace) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
+    if args.seq_len is not None and get_model_spec(args.model).task != "text":
+        raise ModelError(f"--seq-len is for text models; {args.model!r} is an image model: drop --seq-len")
     if args.threads:
         import torch
 

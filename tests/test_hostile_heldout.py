@@ -295,6 +295,29 @@ def test_an_empty_item_in_batch_sizes_is_refused(tmp_path: Path, capsys: pytest.
     assert _tree(tmp_path) == []
 
 
+@pytest.mark.parametrize("command", ["pretrain", "relation"])
+def test_seq_len_on_an_image_model_is_refused(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = (
+        ["--data", "synthetic-image"]
+        if command == "pretrain"
+        else ["--proxy", "synthetic-image", "--target", "0.5"]
+    )
+    argv = [
+        command,
+        "--model",
+        "cnn-tiny",
+        *data,
+        "--seq-len",
+        "32",
+        "--out",
+        str(tmp_path / "w.safetensors"),
+    ]
+    assert "--seq-len is for text models" in _refused(fl_server_main, argv, capsys, "fl-server")
+    assert _tree(tmp_path) == []
+
+
 # --- $POWERFED_CACHE -------------------------------------------------------------------------------
 
 
