@@ -13,6 +13,7 @@ and NAME says what goes there; the prose around the blocks is written by hand an
                      COLUMNS=100, in a code block
     usage-python     the Python version the usage blocks were written with (argparse's layout differs a
                      little between versions; tests/test_docs.py compares them only under that one)
+    api              the public face: every name `powerfed` exports, its signature and docstring
     fleet-places     where each run setting stands in a fleet file, with its default
                      (simulations/fleet.py: PLACES)
 
@@ -154,11 +155,44 @@ def fleet_places_block(_: str, page: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def api_block(_: str, page: Path) -> str:
+    """Every name of `powerfed.__all__`: where it lives, its signature and its docstring's first paragraph."""
+    import inspect
+
+    import powerfed
+
+    lines = []
+    for name in powerfed.__all__:
+        obj = getattr(powerfed, name)
+        try:
+            sig = re.sub(
+                r"<(?:function|class) ([\w.]+)(?: at 0x[0-9a-f]+)?>", r"\1", str(inspect.signature(obj))
+            )
+        except (TypeError, ValueError):
+            sig = ""
+        kind = "class" if inspect.isclass(obj) else "function"
+        doc = (inspect.getdoc(obj) or "(no docstring)").split("\n\n")[0]
+        lines += [
+            f"### `{name}`",
+            "",
+            f"{kind} `{obj.__module__}.{obj.__qualname__}`",
+            "",
+            "```python",
+            f"{name}{sig}",
+            "```",
+            "",
+            " ".join(doc.split()),
+            "",
+        ]
+    return "\n".join(lines)
+
+
 MAKERS: dict[str, Callable[[str, Path], str]] = {
     "settings": settings_block,
     "usage": usage_block,
     "usage-python": usage_python_block,
     "fleet-places": fleet_places_block,
+    "api": api_block,
 }
 
 

@@ -1,0 +1,60 @@
+"""powerfed: power-aware federated fine-tuning on edge GPUs, as a Flower extension.
+
+The one public face users import. Each name is resolved on first use (PEP 562), so `import powerfed`
+costs nothing until a name is touched, and the packages behind it keep their one-way imports
+(docs/design/layout.md). What each name is: docs/reference/api.md.
+
+Server side::
+
+    from powerfed import PowerAware, TrainInstructions, estimate_relation, register_model
+    strategy = PowerAware(FedAdam(...), TrainInstructions(model="mycnn", relation=rel, ...))
+
+Device side::
+
+    from powerfed import open_device, Profiler, select
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_WHERE: dict[str, str] = {
+    # server: strategies and the plan they send
+    "PowerAware": "strategies.power_aware",
+    "PowerAwareFedAvg": "strategies.power_aware",
+    "TrainInstructions": "strategies.protocol",
+    "ClientReport": "strategies.protocol",
+    # the relation vector, for the built-in models and for users' own
+    "estimate_relation": "fl_server.relation",
+    "register_model": "training.models",
+    "unregister_model": "training.models",
+    "model_names": "training.models",
+    "RelationVector": "powerctl.relation",
+    # the device side: devices, profiling, selection
+    "open_device": "powerctl.devices",
+    "Device": "powerctl.devices.base",
+    "PowerMonitor": "powerctl.monitor",
+    "measure_workload": "powerctl.workload",
+    "Profiler": "powerctl.profiler",
+    "Profile": "powerctl.profile_table",
+    "select": "powerctl.selection",
+    # errors a caller may catch: every one is a single line saying what to do
+    "PowerctlError": "powerctl.errors",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module = _WHERE[name]
+    except KeyError:
+        raise AttributeError(f"module 'powerfed' has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # resolved once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -1,0 +1,46 @@
+"""`import powerfed`: the one public face. Every exported name resolves, importing it costs nothing
+until a name is used, and an unknown name is an AttributeError as for any module."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import powerfed
+
+
+def test_every_exported_name_resolves_to_what_its_module_defines() -> None:
+    import importlib
+
+    for name in powerfed.__all__:
+        obj = getattr(powerfed, name)
+        assert obj is getattr(importlib.import_module(powerfed._WHERE[name]), name)
+        assert obj.__doc__, f"{name} has no docstring (docs/reference/api.md is made of them)"
+
+
+def test_import_powerfed_loads_neither_torch_nor_flower() -> None:
+    code = "import sys, powerfed; print(sorted(m for m in ('torch', 'flwr', 'ray') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_an_unknown_name_is_an_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="no attribute 'nosuch'"):
+        powerfed.nosuch  # noqa: B018
+
+
+def test_a_user_model_registers_through_the_face() -> None:
+    from torch import nn
+
+    spec = powerfed.register_model(
+        "face-test-cnn",
+        lambda num_classes=10: nn.Sequential(nn.Flatten(), nn.Linear(16, num_classes)),
+        input_shape=(1, 4, 4),
+    )
+    try:
+        assert "face-test-cnn" in powerfed.model_names() and spec.name == "face-test-cnn"
+    finally:
+        powerfed.unregister_model("face-test-cnn")
+    assert "face-test-cnn" not in powerfed.model_names()
