@@ -35,6 +35,9 @@ echo start >> "$FAKE_DIR/starts"
 case "$FAKE_SUPERNODE" in
 refused)
   flower-superexec --parent-pid $$ &
+  # like Flower's, exit only once the superexec runs (at most 5 s: a superexec not found never writes)
+  i=0; while [ "$(cat "$FAKE_DIR/pids" 2>/dev/null | wc -l)" -lt 2 ] && [ $i -lt 100 ]; do
+    sleep 0.05; i=$((i + 1)); done
   echo "ERROR :      Exit Code: 305"
   echo "Failed to initialize the connection to the SuperLink."
   echo "[code: 2004] Failed to activate SuperNode."
