@@ -60,6 +60,7 @@ from fl_client.check import (
 )
 from powerctl.cliutil import installed_tool, one_line_errors
 from powerctl.errors import PowerctlError
+from powerctl.procs import option_value
 
 PROG = "python -m fl_client.supernode"
 REFUSED = "Failed to activate SuperNode"
@@ -265,24 +266,15 @@ def _port_line(outcome: Outcome, flags: list[str]) -> str:
                 "this SuperNode its own --port (each SuperNode on a host needs one; default 9094)"
             )
         return f"the SuperNode cannot listen on {host}:{port} ({why}); give it another --port"
-    port = _flag(flags, "--port") or "9094 (the default)"
+    port = option_value(flags, "--port") or "9094 (the default)"
     return f"the SuperNode's local API did not start on port {port}; give it another --port"
-
-
-def _flag(flags: list[str], name: str) -> str | None:
-    for i, flag in enumerate(flags):
-        if flag == name and i + 1 < len(flags):
-            return flags[i + 1]
-        if flag.startswith(name + "="):
-            return flag.split("=", 1)[1]
-    return None
 
 
 def _connection_flags(flags: list[str]) -> list[str]:
     """The flags `fl_client.check` takes, from the SuperNode's."""
     out = ["--insecure"] if "--insecure" in flags else []
     for name in ("--superlink", "--root-certificates", "--auth-supernode-private-key"):
-        if (value := _flag(flags, name)) is not None:
+        if (value := option_value(flags, name)) is not None:
             out += [name, value]
     return out
 

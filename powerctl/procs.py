@@ -89,3 +89,13 @@ def describe(pid: int, width: int = 120) -> str:
     """``pid N (its command line)``, shortened to `width` characters, for a one-line message."""
     cmd = " ".join(cmdline(pid)) or "?"
     return f"pid {pid} ({cmd if len(cmd) <= width else cmd[: width - 3] + '...'})"
+
+
+def option_value(args: list[str], name: str) -> str | None:
+    """The value of option `name` in a command line (``--name VALUE`` or ``--name=VALUE``); None if absent."""
+    for i, arg in enumerate(args):
+        if arg == name and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None

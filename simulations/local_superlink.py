@@ -32,6 +32,7 @@ from powerctl.procs import (
     descendants,
     describe,
     environ,
+    option_value,
     proc_stat,
     proc_table,
 )
@@ -85,15 +86,6 @@ def pids_listening_on(port: int) -> list[int]:
     return _holders(inodes) if inodes else []
 
 
-def _option(args: list[str], name: str) -> str | None:
-    for i, arg in enumerate(args):
-        if arg == name and i + 1 < len(args):
-            return args[i + 1]
-        if arg.startswith(name + "="):
-            return arg.split("=", 1)[1]
-    return None
-
-
 def superlink_home(pid: int) -> Path | None:
     """The Flower home of `pid` when it is a local SuperLink that `flwr run` started, else None.
 
@@ -103,7 +95,7 @@ def superlink_home(pid: int) -> Path | None:
     args = cmdline(pid)
     if len(args) < 2 or not _PYTHON.match(Path(args[0]).name) or Path(args[1]).name != SUPERLINK_SCRIPT:
         return None
-    log_file = _option(args, "--log-file")
+    log_file = option_value(args, "--log-file")
     env = environ(pid)
     if "--simulation" not in args or log_file is None or env is None:
         return None
