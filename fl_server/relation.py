@@ -546,14 +546,9 @@ def estimate_relation(
         "min_evaluations": int(min_evaluations),
     }
     run_seeds = _seed_runner(_run_job, shared, common, bs, lrs, data.label, locals())
-    started = time.perf_counter()
-    runs, used, stable = seeds_until_stable(bs, sd, budget, run_seeds)
     return _finish(
         request,
-        runs,
-        used,
-        stable,
-        time.perf_counter() - started,
+        run_seeds,
         cache_file,
         lrs=lrs,
         samples_rule="interpolated crossing, isotonic curve (training.crossing)",
@@ -612,14 +607,9 @@ def _estimate_own_loop(
         return cached
     shared = {"train_to_target": train_to_target}
     run_seeds = _seed_runner(_run_user_job, shared, {}, bs, lrs, label, {**given, "max_samples": 0})
-    started = time.perf_counter()
-    runs, used, stable = seeds_until_stable(bs, sd, budget, run_seeds)
     return _finish(
         request,
-        runs,
-        used,
-        stable,
-        time.perf_counter() - started,
+        run_seeds,
         cache_file,
         lrs=lrs,
         samples_rule="the user's train_to_target",
@@ -685,15 +675,16 @@ def _seed_runner(
 
 def _finish(
     request: RelationRequest,
-    runs: list[dict[str, Any]],
-    used: list[int],
-    stable: bool | None,
-    wall: float,
+    run_seeds: Callable[[Sequence[int]], list[dict[str, Any]]],
     cache_file: Path | None,
     **extra: Any,
 ) -> RelationVector:
-    """The vector and its evidence, written to the cache (where there is one)."""
+    """The request's seeds run until the ranking is stable (`seeds_until_stable`), then the vector and
+    its evidence, written to the cache (where there is one): one ending for every kind of run."""
     bs = request.batch_sizes
+    started = time.perf_counter()
+    runs, used, stable = seeds_until_stable(bs, request.seeds, request.max_seeds, run_seeds)
+    wall = time.perf_counter() - started
     per_seed = {
         b: [float(r["samples"]) for s in used for r in runs if r["batch_size"] == b and r["seed"] == s]
         for b in bs
