@@ -197,12 +197,22 @@ def stop_local_superlink(port: int, grace_s: float = 5.0, *, home: Path | None =
 
 
 def free_port() -> int:
-    """A local TCP port nobody listens on now (the kernel picks it: never Flower's defaults)."""
+    """A local TCP port nobody listens on now, nor on the control port two above it that a local
+    SuperLink also takes (the kernel picks it: never Flower's defaults)."""
     import socket
 
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    for _ in range(50):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port + 2 <= 65535:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind(("127.0.0.1", port + 2))
+                except OSError:
+                    continue
+            return port
+    return port
 
 
 FLOWER_ENV = {
