@@ -30,7 +30,7 @@ CAPS_W = {"jetson-nano": (2.5, 3.0, 3.5, 4.0, 5.0, 6.0), "jetson-tx2nx": (3.0, 3
 
 
 def workloads() -> dict[str, Workload]:
-    from training.models import build_model, model_names, model_workload
+    from powerfed.training.models import build_model, model_names, model_workload
 
     return {n: model_workload(n, build_model(n, seed=0)) for n in model_names()}
 

@@ -23,7 +23,7 @@ BOARDS_YAML = Path(__file__).resolve().parents[1] / "powerctl" / "data" / "board
 
 
 def model_set_workloads(names: tuple[str, ...]) -> list[Workload]:
-    from training.models import build_model, model_workload
+    from powerfed.training.models import build_model, model_workload
 
     return [model_workload(n, build_model(n, seed=0)) for n in names]
 

@@ -20,9 +20,9 @@ import torch
 
 from powerctl.devices import Device, open_device
 from powerctl.devices.host import HostDevice
-from training.data import load_dataset
-from training.finetune import fine_tune, step_workload
-from training.models import build_model, loss_fn
+from powerfed.training.data import load_dataset
+from powerfed.training.finetune import fine_tune, step_workload
+from powerfed.training.models import build_model, loss_fn
 
 
 def bare_loop(

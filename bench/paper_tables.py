@@ -55,7 +55,7 @@ from powerctl.profile_table import Profile
 from powerctl.relation import RelationVector
 from powerctl.selection import Selection, rank, select
 from powerctl.workload import Workload
-from training.crossing import DEFAULT_MIN_EVALUATIONS, evaluations_before, run_dense
+from powerfed.training.crossing import DEFAULT_MIN_EVALUATIONS, evaluations_before, run_dense
 
 DATA = Path("../shared/data")
 BOARDS = ("jetson-nano", "jetson-tx2nx")
@@ -125,7 +125,7 @@ network was not trained on, from the same starting weights for the proxy and eve
 
 def _luminance(x: torch.Tensor) -> torch.Tensor:
     """Mean brightness of each normalised image in 0..1 (the normalisation undone)."""
-    from training.data import CIFAR10_MEAN, CIFAR10_STD
+    from powerfed.training.data import CIFAR10_MEAN, CIFAR10_STD
 
     mean = torch.tensor(CIFAR10_MEAN).view(1, 3, 1, 1)
     std = torch.tensor(CIFAR10_STD).view(1, 3, 1, 1)
@@ -142,7 +142,7 @@ def vision_data(n_pretrain_pool: int, n_proxy: int, n_target: int) -> dict[str, 
       (scenes under other light, with the class mix that comes with them, as CINIC-10's ImageNet photos
       differ from CIFAR-10's).
     """
-    from training.data import load_dataset
+    from powerfed.training.data import load_dataset
 
     spec = f"cifar10-jpeg:{DATA / 'cifar10_jpeg' / 'cifar10-jpg.tar.gz'}"
     train = load_dataset(spec, split="train", limit=n_pretrain_pool + 2 * n_target)
@@ -174,7 +174,7 @@ def fresh_head(
     starting weights for a label space pre-training did not have. Its seed is `FRESH_HEAD_SEED`, not the
     seed pre-training started from: the backbone has adapted to that initial head, which then scores
     0.35 on the ten classes before any fine-tuning (measured), where a fresh head scores 0.10."""
-    from training.models import build_model
+    from powerfed.training.models import build_model
 
     fresh = build_model(model_name, num_classes, seed=FRESH_HEAD_SEED)
     head = head_name(fresh)
@@ -186,7 +186,7 @@ def fresh_head(
 
 
 def text_data(limit: int) -> dict[str, Any]:
-    from training.data import load_dataset
+    from powerfed.training.data import load_dataset
 
     def text(path: Path) -> Any:
         return load_dataset(f"text:{path}", split="all", seq_len=64, limit=limit)
@@ -205,9 +205,9 @@ def text_data(limit: int) -> dict[str, Any]:
 
 
 def pretrain(task: Task, host: Any) -> dict[str, torch.Tensor]:
-    from training.data import train_test_split
-    from training.finetune import fine_tune
-    from training.models import build_model
+    from powerfed.training.data import train_test_split
+    from powerfed.training.finetune import fine_tune
+    from powerfed.training.models import build_model
 
     ds = task.data["pretrain"]
     train, test = train_test_split(ds, seed=0)
@@ -232,17 +232,17 @@ def run_to_target(
     host: Any,
 ) -> dict[str, Any]:
     """One run to `target` (None: the calibration budget) evaluated densely enough that it crosses after
-    `task.min_evaluations` evaluations (`training.crossing.run_dense`: first every `task.eval_every`
+    `task.min_evaluations` evaluations (`powerfed.training.crossing.run_dense`: first every `task.eval_every`
     samples, again denser if it crossed sooner); samples to target is the interpolated crossing, and the
     steps charged are that crossing's (fractional) steps.
 
     Every run, proxy or target, finds its grid from its own curve by this one rule, so a target's
     samples to target do not depend on the proxy (they did when a target run's first interval was
     scaled from the proxy's samples: docs/results/paper_tables.md)."""
-    from training.data import train_test_split
-    from training.finetune import fine_tune
-    from training.lr import scaled_lr
-    from training.models import build_model
+    from powerfed.training.data import train_test_split
+    from powerfed.training.finetune import fine_tune
+    from powerfed.training.lr import scaled_lr
+    from powerfed.training.models import build_model
 
     train, test = train_test_split(ds, seed=seed)
 
@@ -598,7 +598,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def prepare_data(task: Task, quick: bool) -> None:
-    from training.models import build_model, model_workload
+    from powerfed.training.models import build_model, model_workload
 
     if task.name == "vision":
         task.data.update(vision_data(20_000, 3000 if quick else 6000, 3000 if quick else 6000))
@@ -785,7 +785,7 @@ def retable(paths: list[Path], out: Path) -> int:
 
 def retable_one(path: Path, old: dict[str, Any], results: dict[str, Any]) -> None:
     """Every task of one results.json, charged again into `results`."""
-    from training.models import build_model, model_workload
+    from powerfed.training.models import build_model, model_workload
 
     for key in [k for k in old if k.endswith("|relation")]:
         name, charged, _ = key.split("|")

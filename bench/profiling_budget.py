@@ -155,7 +155,7 @@ def _cell_rows(cell: dict, workload: Workload, rel: RelationVector, shares: list
 def run(
     models: list[str], seeds: list[int], tasks: dict[str, float], shares: list[float], off_model: float
 ) -> list[dict]:
-    from training.models import build_model, model_workload
+    from powerfed.training.models import build_model, model_workload
 
     rows = []
     for model in models:

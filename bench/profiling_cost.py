@@ -107,7 +107,7 @@ def _profile(
 def run(
     models: list[str], seeds: list[int], samples_to_target: float, margin: float, noise: bool = True
 ) -> list[dict]:
-    from training.models import build_model, model_workload
+    from powerfed.training.models import build_model, model_workload
 
     rows = []
     for model in models:

@@ -10,7 +10,7 @@ The acceptance experiment of the server side, on real data (no network, ../share
    target's best, and the Spearman rank correlation of the two sample counts.
 
 Results go to OUT/results.json (plus the weights and relation files). Every step uses the project's
-code (fl_server.pretrain, fl_server.relation, training.finetune): nothing is re-implemented here.
+code (fl_server.pretrain, fl_server.relation, powerfed.training.finetune): nothing is re-implemented here.
 Step 2 and 3 are cached in OUT/cache, so a rerun with the same settings only prints.
 
     .venv/bin/python bench/relation_vs_target.py [--out runs/relation_vs_target]
@@ -31,7 +31,7 @@ from fl_server.pretrain import pretrain
 from fl_server.relation import RelationError, estimate_relation
 from powerctl.jsonfile import write_json
 from powerctl.relation import RelationVector
-from training.lr import LR_RULES
+from powerfed.training.lr import LR_RULES
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data"

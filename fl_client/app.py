@@ -27,6 +27,8 @@ from fl_client.round import build_local_model, model_seq_len, node_device_seed, 
 from powerctl.cliutil import library_lines_on_stderr
 from powerctl.devices import open_device
 from powerctl.errors import PowerctlError
+from powerfed.training.finetune import evaluate_with_loss
+from powerfed.training.models import get_model_spec
 from strategies.protocol import (
     ARRAYS_KEY,
     CONFIG_KEY,
@@ -41,8 +43,6 @@ from strategies.protocol import (
     required,
 )
 from strategies.settings import client_setting
-from training.finetune import evaluate_with_loss
-from training.models import get_model_spec
 
 CLIENT_ERROR_CODE = 2
 """ErrorCode.CLIENT_APP_RAISED_EXCEPTION: what Flower itself uses when a ClientApp fails."""

@@ -17,11 +17,11 @@ from functools import cache, lru_cache
 from typing import TYPE_CHECKING, Any
 
 from fl_client.node import NodeConfigError, NodeSettings
+from powerfed.training.errors import DataError
 from strategies.settings import client_setting
-from training.errors import DataError
 
 if TYPE_CHECKING:
-    from training.data import Dataset
+    from powerfed.training.data import Dataset
 
 
 @dataclass(frozen=True)
@@ -60,14 +60,14 @@ def data_plan(settings: NodeSettings, run_config: Any, seq_len: int) -> DataPlan
 
 @lru_cache(maxsize=2)
 def _dataset(spec: str, seq_len: int, seed: int) -> Dataset:
-    from training.data import load_dataset
+    from powerfed.training.data import load_dataset
 
     return load_dataset(spec, split="all", seq_len=seq_len, seed=seed)
 
 
 @lru_cache(maxsize=2)
 def _shares(spec: str, seq_len: int, seed: int, num: int, scheme: str, alpha: float) -> list[Dataset]:
-    from training.partition import partition
+    from powerfed.training.partition import partition
 
     return partition(_dataset(spec, seq_len, seed), num, scheme=scheme, alpha=alpha, seed=seed, min_size=2)
 
@@ -75,7 +75,7 @@ def _shares(spec: str, seq_len: int, seed: int, num: int, scheme: str, alpha: fl
 @cache
 def load_local_data(plan: DataPlan) -> tuple[Dataset, Dataset]:
     """(train, test) of the node; a missing file or an empty share is one DataError line."""
-    from training.data import train_test_split
+    from powerfed.training.data import train_test_split
 
     if plan.partition_id is None:
         data = _dataset(plan.spec, plan.seq_len, plan.seed)

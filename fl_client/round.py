@@ -63,15 +63,15 @@ from powerctl.relation import RelationVector
 from powerctl.safety import restore_on_exit
 from powerctl.selection import DEFAULT_RELATION_RULE, best_frequency_per_batch, check_power_cap, select
 from powerctl.workload import Workload
+from powerfed.training.checkpoint import Checkpointing
+from powerfed.training.crossing import run_dense
+from powerfed.training.errors import DataError, ModelError
+from powerfed.training.finetune import DEFAULT_MAX_EPOCHS, FineTuneResult, evaluate_with_loss, fine_tune
+from powerfed.training.models import build_model, check_input_shape, get_model_spec, model_workload
 from strategies.protocol import ORACLE, OURS, ClientReport, Plan, TrainInstructions
-from training.checkpoint import Checkpointing
-from training.crossing import run_dense
-from training.errors import DataError, ModelError
-from training.finetune import DEFAULT_MAX_EPOCHS, FineTuneResult, evaluate_with_loss, fine_tune
-from training.models import build_model, check_input_shape, get_model_spec, model_workload
 
 if TYPE_CHECKING:
-    from training.data import Dataset
+    from powerfed.training.data import Dataset
 
 State = dict[str, torch.Tensor]
 
@@ -309,7 +309,7 @@ def measured_profile_step(work: RoundWork, relation: RelationVector) -> Profiled
     """The device's profile for this model, from the cache or measured now (and cached); a device
     without a knob or a sensor is refused by the profiler with one line. Ours with a profiling budget
     (`budgeted`) measures only what its predicted training pays for (`budgeted_profile`)."""
-    from training.profiling import profiling_step_factory
+    from powerfed.training.profiling import profiling_step_factory
 
     instr = work.instr
     order, order_cap = profile_order(instr, work.caps)
@@ -506,7 +506,7 @@ def oracle_search(work: RoundWork, profile: Profile, relation: RelationVector, t
     frequency under the cap; under a cap that changes, at the board's lowest frequency, safe under any
     cap it can meet), take the samples to the target, and select with them by Algorithm 1
     (`powerctl.baselines.oracle`). Samples to the target are the interpolated crossing of a run that
-    evaluates densely enough (`training.crossing.run_dense`: at least 8 evaluations before it), as on
+    evaluates densely enough (`powerfed.training.crossing.run_dense`: at least 8 evaluations before it), as on
     the server's proxy. Batch sizes that miss the target within the budget are left out of the own-data
     relation (when none reaches it, every run counts with the samples it used)."""
     cap = work.cap_at_start if work.caps.is_constant else None

@@ -25,12 +25,12 @@ from powerctl.cliutil import (
 from powerctl.devices import SPEC_HELP
 from powerctl.outputs import output_path
 from powerctl.relation import VECTORS
+from powerfed.training.data import SPECS
+from powerfed.training.errors import ModelError
+from powerfed.training.finetune import DEFAULT_EVAL_MAX_SAMPLES
+from powerfed.training.lr import LR_RULES
+from powerfed.training.models import MAX_SEQ_LEN, get_model_spec, model_names, option_ranges
 from strategies.settings import flag
-from training.data import SPECS
-from training.errors import ModelError
-from training.finetune import DEFAULT_EVAL_MAX_SAMPLES
-from training.lr import LR_RULES
-from training.models import MAX_SEQ_LEN, get_model_spec, model_names, option_ranges
 
 PROG = "fl-server"
 

@@ -17,10 +17,16 @@ from fl_server.weights import save_weights, weights_hash
 from powerctl.devices import Device, open_device
 from powerctl.jsonfile import write_json
 from powerctl.outputs import OutputPathError, check_output_dir
-from training.data import load_dataset, train_test_split
-from training.errors import DataError, ModelError
-from training.finetune import DEFAULT_EVAL_MAX_SAMPLES, fine_tune
-from training.models import build_model, check_input_shape, check_overrides, check_size, get_model_spec
+from powerfed.training.data import load_dataset, train_test_split
+from powerfed.training.errors import DataError, ModelError
+from powerfed.training.finetune import DEFAULT_EVAL_MAX_SAMPLES, fine_tune
+from powerfed.training.models import (
+    build_model,
+    check_input_shape,
+    check_overrides,
+    check_size,
+    get_model_spec,
+)
 
 __all__ = ["PRETRAIN_SCHEMA", "PretrainReport", "check_output_path", "pretrain", "report_path_for"]
 
@@ -104,7 +110,7 @@ def pretrain(
     """Train `model_name` from a seeded initialisation on `dataset_spec` and save weights + report.
 
     The budget is `samples` training samples or `epochs` passes over the train split (not both;
-    neither = 1 epoch). The dataset is split into train/test (training.data defaults) and the report
+    neither = 1 epoch). The dataset is split into train/test (powerfed.training.data defaults) and the report
     gives the final test accuracy. Nothing is written unless training completes.
     """
     if samples is not None and epochs is not None:

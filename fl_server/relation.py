@@ -4,7 +4,7 @@ For every batch size (and seed), the SAME starting weights are fine-tuned on a p
 task until the target accuracy, with the learning rate scaled from the largest batch size by the run's
 rule (`lr_rule`, the square-root rule by default). Samples to target is the interpolated crossing of
 the target on a run evaluated densely enough that every batch size crosses after several evaluations
-(`training.crossing`). `samples_to_target[b]` is the mean over seeds (or the batch-efficiency model
+(`powerfed.training.crossing`). `samples_to_target[b]` is the mean over seeds (or the batch-efficiency model
 fitted to them, `vector="fitted"`); `relation[b]` divides it by the largest batch size's; the file keeps
 every seed's samples, their mean and spread beside it. Seeds can be added, one at a time up to
 `max_seeds`, until the ranking of batch sizes by samples to target no longer changes (the file says
@@ -17,9 +17,9 @@ proxy spec and proxy bytes, target, batch sizes, seeds, rates, budgets, code ver
 is instant. Runs can go in parallel as Ray tasks, one CPU thread each; the numbers are the same.
 
 The same estimator serves user code: a model factory or a name registered with
-`training.models.register_model`, proxy data as a torch Dataset, a DataLoader or tensors (x, y) of any
-shape, a loss and a metric — or a `train_to_target(batch_size, lr, seed)` callable for a user's own
-loop. The project cannot version user code, so its results are cached only under a `cache_key` the
+`powerfed.training.models.register_model`, proxy data as a torch Dataset, a DataLoader or tensors
+(x, y) of any shape, a loss and a metric — or a `train_to_target(batch_size, lr, seed)` callable for a
+user's own loop. The project cannot version user code, so its results are cached only under a `cache_key` the
 user gives (and changes with the code), together with the data's bytes and every setting above.
 """
 
@@ -48,13 +48,13 @@ from powerctl.cache import CACHE_ENV, cache_dir
 from powerctl.devices.host import HostDevice
 from powerctl.errors import FileFormatError, PowerctlError
 from powerctl.relation import VECTORS, RelationVector
+from powerfed.training.crossing import DEFAULT_MIN_EVALUATIONS, run_dense
+from powerfed.training.data import Dataset
+from powerfed.training.errors import DataError, ModelError
+from powerfed.training.finetune import LossFn, MetricFn, fine_tune
+from powerfed.training.lr import LR_RULES, scaled_lr
+from powerfed.training.models import ModelSpec, build_spec, check_input_shape, get_model_spec, model_spec
 from strategies.settings import run_default
-from training.crossing import DEFAULT_MIN_EVALUATIONS, run_dense
-from training.data import Dataset
-from training.errors import DataError, ModelError
-from training.finetune import LossFn, MetricFn, fine_tune
-from training.lr import LR_RULES, scaled_lr
-from training.models import ModelSpec, build_spec, check_input_shape, get_model_spec, model_spec
 
 log = logging.getLogger(__name__)
 """`fl_server.relation`: a relation cache that could not be written (WARNING)."""
@@ -183,8 +183,8 @@ def _run_job(
     threads: int | None,
 ) -> dict[str, Any]:
     """One fine-tuning run from the shared starting weights, run again with denser evaluation if it
-    crossed too early (`training.crossing.run_dense`); a plain dict so it crosses Ray. The model comes
-    from its registry entry itself (a Ray worker has not run the user's `register_model`)."""
+    crossed too early (`powerfed.training.crossing.run_dense`); a plain dict so it crosses Ray. The model
+    comes from its registry entry itself (a Ray worker has not run the user's `register_model`)."""
     if threads is not None:
         torch.set_num_threads(threads)
 
@@ -388,7 +388,7 @@ def _probe(
 ) -> None:
     """One forward and loss on two proxy samples before any run: a model and data that do not fit
     together are one line, not a traceback from inside a Ray task."""
-    from training.models import loss_fn
+    from powerfed.training.models import loss_fn
 
     model = build_spec(spec, num_classes, **overrides)
     model.load_state_dict(state)
@@ -438,19 +438,19 @@ def estimate_relation(
     """The relation vector of `model` from `weights` (None: a seeded fresh init) on `proxy`; what is not
     given is the run config's default (`strategies.settings`), as the ServerApp estimates.
 
-    `model` is a registered name (`training.models.register_model`: the seven built-ins and the
+    `model` is a registered name (`powerfed.training.models.register_model`: the seven built-ins and the
     user's), or a factory returning an nn.Module (given `num_classes=` where it takes it). `proxy` is a
-    dataset spec (`training.data.load_dataset`), a torch Dataset, a DataLoader (its dataset) or tensors
-    (x, y) of any sample shape and channel count. `loss(outputs, targets)` and `metric(outputs,
+    dataset spec (`powerfed.training.data.load_dataset`), a torch Dataset, a DataLoader (its dataset) or
+    tensors (x, y) of any sample shape and channel count. `loss(outputs, targets)` and `metric(outputs,
     targets)` replace the task's cross entropy and top-1 accuracy. Instead of all these, a user whose
     loop is their own gives `train_to_target(batch_size, lr, seed)` → samples to the target (None: not
     reached); `model` then only names the file's model and `proxy` (optional) its data.
 
-    The proxy dataset is split into train/test (training.data defaults, `data_seed`); each run trains
+    The proxy dataset is split into train/test (powerfed.training.data defaults, `data_seed`); each run trains
     on the train part with the rate `scaled_lr(lr_max, b, largest b, lr_rule)` and evaluates every
     `eval_every_samples` samples on the test part — again more often if it crossed within fewer than
     `min_evaluations` evaluations — and its samples to target is the interpolated crossing
-    (`training.crossing`). With `max_seeds` (0 or None: none, as in the run config) above the number
+    (`powerfed.training.crossing`). With `max_seeds` (0 or None: none, as in the run config) above the number
     of `seeds`, further seeds (the next integers) are run one at a time until adding one leaves the
     ranking of batch sizes unchanged, or the budget is spent (`seeds_needed`, `ranking_stable` in the
     file). Returns the vector (also stored in the cache, `cache_dir` or $POWERFED_CACHE/relation or
@@ -551,7 +551,7 @@ def estimate_relation(
         run_seeds,
         cache_file,
         lrs=lrs,
-        samples_rule="interpolated crossing, isotonic curve (training.crossing)",
+        samples_rule="interpolated crossing, isotonic curve (powerfed.training.crossing)",
         overrides=overrides,
     )
 

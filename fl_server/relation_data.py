@@ -1,6 +1,6 @@
 """Proxy data for the relation estimator, whatever form the user holds it in.
 
-A dataset spec (`training.data.load_dataset`), the project's in-memory `Dataset`, a torch `Dataset`,
+A dataset spec (`powerfed.training.data.load_dataset`), the project's in-memory `Dataset`, a torch `Dataset`,
 a `DataLoader` (its dataset) or tensors (x, y) of any sample shape: all become one in-memory `Dataset`
 with a train/test split, a label for the relation file and a digest of its bytes for the cache.
 """
@@ -16,11 +16,11 @@ import numpy as np
 import torch
 
 from powerctl.errors import PowerctlError
-from training.data import Dataset, load_dataset, train_test_split
-from training.errors import DataError
+from powerfed.training.data import Dataset, load_dataset, train_test_split
+from powerfed.training.errors import DataError
 
 ProxyData = Any
-"""A spec string, a `training.data.Dataset`, a torch `Dataset`, a `DataLoader` or a pair (x, y)."""
+"""A spec string, a `powerfed.training.data.Dataset`, a torch `Dataset`, a `DataLoader` or a pair (x, y)."""
 TEST_FRACTION = 0.2
 """The test share of a split that cannot be stratified (targets that are not one class per sample)."""
 

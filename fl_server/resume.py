@@ -23,7 +23,7 @@ import torch
 from fl_server.results import RESULTS_SCHEMA
 from powerctl.errors import FileFormatError
 from powerctl.jsonfile import read_json
-from training.errors import DataError
+from powerfed.training.errors import DataError
 
 GLOBAL_FILE = "global.safetensors"
 RESULTS_FILE = "results.json"

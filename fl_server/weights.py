@@ -16,9 +16,9 @@ import torch
 from torch import nn
 
 from powerctl.outputs import replacing
-from training.checkpoint import state_digest
-from training.errors import DataError, ModelError
-from training.models import build_model, get_model_spec
+from powerfed.training.checkpoint import state_digest
+from powerfed.training.errors import DataError, ModelError
+from powerfed.training.models import build_model, get_model_spec
 
 __all__ = ["WEIGHTS_FORMAT", "WeightsMeta", "load_model", "load_weights", "save_weights", "weights_hash"]
 

@@ -2,7 +2,7 @@
 
 Every user error is one line on stderr and exit status 2; nothing on the device is left changed.
 `powerctl profile` runs real training steps, which this package does not have: `main` receives them as
-`step_factory` (the installed command, `training.powerctl_cli`, passes the training package's).
+`step_factory` (the installed command, `powerfed.training.powerctl_cli`, passes the training package's).
 """
 
 from __future__ import annotations
@@ -191,7 +191,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if step_factory is None:
         raise PowerctlError(
             "profile needs the training package's steps, which `python -m powerctl` does not load: "
-            "run the installed `powerctl` command (or python -m training.powerctl_cli)"
+            "run the installed `powerctl` command (or python -m powerfed.training.powerctl_cli)"
         )
     check_output_file(args.out)  # before the profile: its result must not be lost at the end
     if args.predicted:

@@ -27,9 +27,9 @@ _WHERE: dict[str, str] = {
     "ClientReport": "strategies.protocol",
     # the relation vector, for the built-in models and for users' own
     "estimate_relation": "fl_server.relation",
-    "register_model": "training.models",
-    "unregister_model": "training.models",
-    "model_names": "training.models",
+    "register_model": "powerfed.training.models",
+    "unregister_model": "powerfed.training.models",
+    "model_names": "powerfed.training.models",
     "RelationVector": "powerctl.relation",
     # the device side: devices, profiling, selection
     "open_device": "powerctl.devices",

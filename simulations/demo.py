@@ -119,7 +119,7 @@ def check_demo(cfg: DemoConfig, out: Path) -> ServerConfig:
     from powerctl.boards import board_model
     from powerctl.devices import open_device
     from powerctl.outputs import check_output_dir
-    from training.models import get_model_spec
+    from powerfed.training.models import get_model_spec
 
     check_output_dir(out)
     get_model_spec(cfg.run_config()["model"])  # "unknown model", before the run config says it its way

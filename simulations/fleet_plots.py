@@ -128,7 +128,7 @@ def plot_profile_maps(results: dict[str, Any], out: Path) -> list[Path]:
     under, each with that cap's boundary and the (b, f) every method chose under it (round 1)."""
     from powerctl.devices.simulated import predicted_profile
     from powerctl.plot import Mark, choices_per_cap
-    from training.models import build_model, model_workload
+    from powerfed.training.models import build_model, model_workload
 
     cfg = results["run"]["config"] or {}
     model = results["fleet"]["model"]

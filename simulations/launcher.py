@@ -94,10 +94,10 @@ def check_simulation(cfg: ServerConfig, overrides: dict[str, Any], app_dir: Path
     writable. The first problem is one RunConfigError line; returns the overrides to pass on."""
     from fl_client.node import load_fleet
     from powerctl.outputs import check_output_dir
+    from powerfed.training.data.load import existing_dataset_path
+    from powerfed.training.errors import DataError
     from strategies.fleet import not_simulated
     from strategies.settings import DATASET, SETTINGS
-    from training.data.load import existing_dataset_path
-    from training.errors import DataError
 
     for entry in load_fleet(cfg.fleet):
         if problem := not_simulated(entry.device):

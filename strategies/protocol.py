@@ -34,6 +34,7 @@ from powerctl.mapping import (
     must_be,
 )
 from powerctl.relation import RelationVector
+from powerfed.training.lr import scaled_lr
 from strategies.settings import (
     BOTH,
     METHODS,
@@ -51,7 +52,6 @@ from strategies.settings import (
     to_config,
     with_settings,
 )
-from training.lr import scaled_lr
 
 __all__ = [  # the method and profile names both sides use, declared with the settings
     "METHODS",
@@ -110,7 +110,7 @@ and the node (the relation vector and the node's cap besides)."""
 MESSAGE_SETTING_KINDS = {"model": Text()}
 """Settings read from a message by another kind than the run config's: a model is any non-empty name
 (a user's own model included); whether it names a model is checked where the model is built, from the
-registry (`training.models`), on the server and on the client alike."""
+registry (`powerfed.training.models`), on the server and on the client alike."""
 
 
 @with_settings(BOTH)

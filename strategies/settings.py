@@ -42,8 +42,8 @@ from powerctl.mapping import (
 )
 from powerctl.relation import VECTORS
 from powerctl.selection import RELATION_RULES
+from powerfed.training.lr import LR_RULES
 from strategies.fleet import MAX_BOARDS, app_path_of, fleet_file, fleet_table
-from training.lr import LR_RULES
 
 SERVER = "server"
 """Read by the ServerApp only."""
@@ -81,17 +81,17 @@ class SettingsError(PowerctlError):
 
 # --- kinds of the project's own values --------------------------------------------------------------
 def _model(value: Any) -> str:
-    from training.models import model_names
+    from powerfed.training.models import model_names
 
     return Choice(tuple(model_names()))(value)
 
 
 def _dataset(value: Any) -> str:
-    """A dataset spec, read by the loader's own parser (`training.data.load.dataset_path`): checked for
-    its form here; the file is the loader's (in a deployment it lives on the clients, not where the run
-    is checked; a local simulation's pre-flight checks it exists, `simulations.launcher`)."""
-    from training.data.load import _FILE_LOADERS, GENERATED, dataset_path
-    from training.errors import DataError
+    """A dataset spec, read by the loader's own parser (`powerfed.training.data.load.dataset_path`):
+    checked for its form here; the file is the loader's (in a deployment it lives on the clients, not
+    where the run is checked; a local simulation's pre-flight checks it exists, `simulations.launcher`)."""
+    from powerfed.training.data.load import _FILE_LOADERS, GENERATED, dataset_path
+    from powerfed.training.errors import DataError
 
     text = value.strip() if isinstance(value, str) else ""
     try:
@@ -209,7 +209,7 @@ SETTINGS: dict[str, Setting] = _declare(
         "model",
         "resnet18-small",
         MODEL,
-        "The model to fine-tune, a name of training.models (`fl-server pretrain --help` lists them); "
+        "The model to fine-tune, a registered model name (`fl-server pretrain --help` lists the built-ins); "
         "cnn-tiny is the smoke tests' (profiling then outweighs its seconds of training).",
         BOTH,
         group="task",

@@ -45,7 +45,7 @@ def shared_data() -> Path:
 @pytest.fixture(scope="session")
 def paper_workloads() -> dict[str, Any]:
     """Workloads of the paper's full-size models (measured once per test process: ~10 s)."""
-    from training.models import build_model, model_workload
+    from powerfed.training.models import build_model, model_workload
 
     names = ("resnet18", "mobilenetv2", "chartransformer")
     return {n: model_workload(n, build_model(n, seed=0)) for n in names}
@@ -54,7 +54,7 @@ def paper_workloads() -> dict[str, Any]:
 @pytest.fixture(scope="session")
 def small_workload() -> Any:
     """A small image model's workload, with kernels and traffic measured."""
-    from training.models import build_model, model_workload
+    from powerfed.training.models import build_model, model_workload
 
     return model_workload("resnet18-small", build_model("resnet18-small", seed=0))
 
@@ -62,7 +62,7 @@ def small_workload() -> Any:
 @pytest.fixture(scope="session")
 def all_workloads(paper_workloads: dict[str, Any]) -> dict[str, Any]:
     """Workloads of every model the project ships (the small ones added to the paper's)."""
-    from training.models import build_model, model_names, model_workload
+    from powerfed.training.models import build_model, model_names, model_workload
 
     rest = {n: model_workload(n, build_model(n, seed=0)) for n in model_names() if n not in paper_workloads}
     return {**paper_workloads, **rest}

@@ -8,8 +8,8 @@ from typing import Any
 import torch
 
 from powerctl.relation import RelationVector
+from powerfed.training.models import build_model
 from strategies.protocol import TrainInstructions
-from training.models import build_model
 
 FLEET = "sim:jetson-nano@3.0, sim:jetson-tx2nx@4.5, sim:jetson-nano@none"
 

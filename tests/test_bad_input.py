@@ -12,10 +12,10 @@ from fl_server.cli import main as fl_server_main
 from powerctl.outputs import OutputPathError, check_output_dir, check_output_file
 from powerctl.profile_table import Profile
 from powerctl.relation import RelationVector
+from powerfed.training.errors import ModelError
+from powerfed.training.models import build_model, check_overrides
+from powerfed.training.powerctl_cli import main as powerctl_main
 from simulations.__main__ import main as simulations_main
-from training.errors import ModelError
-from training.models import build_model, check_overrides
-from training.powerctl_cli import main as powerctl_main
 
 PROFILE = ["profile", "--device", "sim:jetson-nano", "--model", "cnn-tiny", "--batch-sizes", "4", "--quiet"]
 

@@ -17,9 +17,9 @@ import pytest
 
 from powerctl.cli import main
 from powerctl.freqstate import STATE_SCHEMA, read_record, state_dir
+from powerfed.training.data import load_dataset
+from powerfed.training.errors import DataError
 from tests.fake_boards import NANO_DEVFREQ, NANO_FREQS, make_nano_tree, tree_snapshot
-from training.data import load_dataset
-from training.errors import DataError
 
 LOW, MID = NANO_FREQS[5], NANO_FREQS[7]
 

@@ -31,8 +31,8 @@ from powerctl.readfile import (
     read_bytes,
     size_text,
 )
-from training.data import load_dataset
-from training.errors import DataError
+from powerfed.training.data import load_dataset
+from powerfed.training.errors import DataError
 
 ROOT = Path(__file__).resolve().parents[1]
 MEMORY = 2 << 30
@@ -213,7 +213,7 @@ def test_an_npz_that_unpacks_past_the_limit_is_refused(
     x = np.zeros((50, 3, 32, 32), np.uint8)  # 150 KB unpacked, a few hundred bytes packed
     np.savez_compressed(tmp_path / "bomb.npz", x=x, y=np.arange(50) % 2)
     assert (tmp_path / "bomb.npz").stat().st_size < 10_000
-    monkeypatch.setattr("training.data.load.DATA_LIMIT", 10_000)
+    monkeypatch.setattr("powerfed.training.data.load.DATA_LIMIT", 10_000)
     with pytest.raises(
         DataError, match=r"larger than the 9.77 KiB limit for an .npz file \(numpy.savez\), unpacked"
     ):
@@ -223,8 +223,8 @@ def test_an_npz_that_unpacks_past_the_limit_is_refused(
 def test_an_idx_gz_and_a_tar_gz_that_unpack_past_the_limit_are_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from training.data.images import read_idx
-    from training.data.tarstream import iter_tar_files
+    from powerfed.training.data.images import read_idx
+    from powerfed.training.data.tarstream import iter_tar_files
 
     raw = b"\x00\x00\x08\x01" + (100_000).to_bytes(4, "big") + bytes(100_000)
     (tmp_path / "labels-idx1-ubyte.gz").write_bytes(gzip.compress(raw))
@@ -234,8 +234,8 @@ def test_an_idx_gz_and_a_tar_gz_that_unpack_past_the_limit_are_refused(
         info.size = 100_000
         tf.addfile(info, io.BytesIO(bytes(100_000)))
     (tmp_path / "a.tar.gz").write_bytes(buf.getvalue())
-    monkeypatch.setattr("training.data.images.DATA_LIMIT", 10_000)
-    monkeypatch.setattr("training.data.tarstream.DATA_LIMIT", 10_000)
+    monkeypatch.setattr("powerfed.training.data.images.DATA_LIMIT", 10_000)
+    monkeypatch.setattr("powerfed.training.data.tarstream.DATA_LIMIT", 10_000)
     with pytest.raises(DataError, match="limit for an idx file, unpacked"):
         read_idx(tmp_path / "labels-idx1-ubyte")
     with pytest.raises(DataError, match=r"limit for an (archive member|image archive, unpacked)"):

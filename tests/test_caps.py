@@ -14,8 +14,8 @@ from powerctl.errors import FileFormatError, InfeasibleCapError
 from powerctl.profile_table import Profile
 from powerctl.profiler import profile_device
 from powerctl.workload import Workload
+from powerfed.training.powerctl_cli import main
 from tests.test_selection import make_profile, point
-from training.powerctl_cli import main
 
 NANO = board_model("jetson-nano")
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from powerctl.relation import RelationVector
+from powerfed.training.powerctl_cli import main
 from tests.fake_boards import NANO_FREQS, make_nano_tree, tree_snapshot
-from training.powerctl_cli import main
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -247,7 +247,7 @@ def test_profile_runs_the_injected_training_step_and_says_where_it_is_without_on
     """powerctl imports no training: `powerctl.cli.main` measures the step it is given; without one
     (`python -m powerctl profile`) it is one line naming the installed command, and nothing is written."""
     from powerctl import cli
-    from training.profiling import profiling_step_factory
+    from powerfed.training.profiling import profiling_step_factory
 
     asked: list[tuple[str, dict]] = []
 

@@ -15,15 +15,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import training.models as models
+import powerfed.training.models as models
 from fl_server.cli import build_parser as fl_server_parser
 from fl_server.cli import main as fl_server_main
 from powerctl.cli import build_parser as powerctl_parser
 from powerctl.cliutil import Bounded, bounded_float, bounded_int, power_cap
 from powerctl.mapping import Integer, Number, bounds_text
-from training.errors import ModelError
-from training.models import MAX_PARAMETERS, OPTION_MAXIMUM, build_model, check_size, model_names
-from training.powerctl_cli import main as powerctl_main
+from powerfed.training.errors import ModelError
+from powerfed.training.models import MAX_PARAMETERS, OPTION_MAXIMUM, build_model, check_size, model_names
+from powerfed.training.powerctl_cli import main as powerctl_main
 
 EXAMPLE_RELATION = Path(__file__).resolve().parents[1] / "docs" / "examples" / "relation-cnn-tiny.json"
 PROFILE = ["profile", "--device", "sim:jetson-nano", "--model", "cnn-tiny", "--batch-sizes", "4", "--quiet"]

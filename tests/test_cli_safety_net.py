@@ -18,12 +18,12 @@ import pytest
 import tomllib
 
 from powerctl.cliutil import EXIT_INTERRUPTED, EXIT_USAGE, fault_line, one_line_errors
-from training.powerctl_cli import main as powerctl_main
+from powerfed.training.powerctl_cli import main as powerctl_main
 
 ROOT = Path(__file__).resolve().parents[1]
 
 ENTRY_POINTS = {
-    "powerctl": "training.powerctl_cli:main",
+    "powerctl": "powerfed.training.powerctl_cli:main",
     "fl-server": "fl_server.cli:main",
     "python -m powerctl": "powerctl.cli:main",
     "python -m fl_server": "fl_server.cli:main",
@@ -32,7 +32,7 @@ ENTRY_POINTS = {
     "python -m fl_client.check": "fl_client.check:main",
     "python -m fl_client.supernode": "fl_client.supernode:main",
     "python -m simulations": "simulations.__main__:main",
-    "python -m training.powerctl_cli": "training.powerctl_cli:main",
+    "python -m powerfed.training.powerctl_cli": "powerfed.training.powerctl_cli:main",
 }
 """Every command a user runs, and the function it runs (the console scripts of pyproject.toml, and every
 `python -m X` the README and docs/ name)."""

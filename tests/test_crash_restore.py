@@ -18,8 +18,8 @@ import pytest
 from powerctl.devices import open_device
 from powerctl.devices.jetson import open_jetson
 from powerctl.freqstate import KIND_PIN, KIND_SET, BoardBusyError, BoardRecord, read_record, write_record
+from powerfed.training.powerctl_cli import main
 from tests.fake_boards import NANO_DEVFREQ, FakeGpu, fake_pynvml, make_nano_tree, tree_snapshot
-from training.powerctl_cli import main
 
 
 @pytest.fixture
@@ -35,7 +35,7 @@ def _state_files() -> list[Path]:
 
 def _powerctl(*argv: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "training.powerctl_cli", *argv],
+        [sys.executable, "-m", "powerfed.training.powerctl_cli", *argv],
         capture_output=True,
         text=True,
         timeout=300,
@@ -79,7 +79,7 @@ def crash(tmp_path_factory: pytest.TempPathFactory) -> Crash:
     before = tree_snapshot(root)
     out = root.parent / "killed.json"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "training.powerctl_cli", "profile", "--device", "jetson",
+        [sys.executable, "-m", "powerfed.training.powerctl_cli", "profile", "--device", "jetson",
          "--model", "cnn-tiny", "--batch-sizes", "4,8", "--steps", "500", "--quiet", "--out", str(out)],
         env=dict(os.environ, POWERCTL_SYSFS_ROOT=str(root), POWERCTL_STATE_DIR=str(state)),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

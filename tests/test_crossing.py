@@ -1,4 +1,5 @@
-"""Samples to target read as an interpolated crossing on densely evaluated curves (training.crossing)."""
+"""Samples to target read as an interpolated crossing on densely evaluated curves
+(powerfed.training.crossing)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from training.crossing import crossing_samples, dense_eval_interval, evaluations_before, isotonic, run_dense
-from training.finetune import CurvePoint
+from powerfed.training.crossing import (
+    crossing_samples,
+    dense_eval_interval,
+    evaluations_before,
+    isotonic,
+    run_dense,
+)
+from powerfed.training.finetune import CurvePoint
 
 
 def test_crossing_is_interpolated_between_the_last_below_and_the_first_at_or_above() -> None:

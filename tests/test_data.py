@@ -17,7 +17,7 @@ import pytest
 import torch
 from PIL import Image
 
-from training.data import (
+from powerfed.training.data import (
     CIFAR10_CLASSES,
     CIFAR10_MEAN,
     CIFAR10_STD,
@@ -28,10 +28,10 @@ from training.data import (
     take_fraction,
     train_test_split,
 )
-from training.data.matv5 import read_mat_v5
-from training.errors import DataError
-from training.models import VOCAB, VOCAB_SIZE
-from training.synthetic import synthetic_image, synthetic_text
+from powerfed.training.data.matv5 import read_mat_v5
+from powerfed.training.errors import DataError
+from powerfed.training.models import VOCAB, VOCAB_SIZE
+from powerfed.training.synthetic import synthetic_image, synthetic_text
 
 MEAN = torch.tensor(CIFAR10_MEAN).view(1, 3, 1, 1)
 STD = torch.tensor(CIFAR10_STD).view(1, 3, 1, 1)

@@ -214,10 +214,10 @@ def test_run_config_reference_has_every_key_with_its_default():
 
 def test_node_config_reference_names_every_node_key_and_dataset_kind():
     """node-config.md is written by hand (the node keys have no help to generate from): it names every
-    key `fl_client.node` reads and every kind of dataset file `training.data` loads."""
+    key `fl_client.node` reads and every kind of dataset file `powerfed.training.data` loads."""
     from fl_client.node import NODE_KEYS
-    from training.data import SPECS
-    from training.data.load import _FILE_LOADERS
+    from powerfed.training.data import SPECS
+    from powerfed.training.data.load import _FILE_LOADERS
 
     page = (ROOT / "docs" / "reference" / "node-config.md").read_text(encoding="utf-8")
     first_cells = re.findall(r"^\|([^|]*)\|", page, re.M)

@@ -14,10 +14,10 @@ from powerctl.devices import open_device
 from powerctl.devices.base import PowerSampler
 from powerctl.devices.host import HostDevice
 from powerctl.workload import Workload
-from training.data import Dataset, load_dataset, train_test_split
-from training.finetune import DEFAULT_MAX_EPOCHS, FineTuneResult, fine_tune, make_optimizer
-from training.lr import scaled_lr
-from training.models import build_model
+from powerfed.training.data import Dataset, load_dataset, train_test_split
+from powerfed.training.finetune import DEFAULT_MAX_EPOCHS, FineTuneResult, fine_tune, make_optimizer
+from powerfed.training.lr import scaled_lr
+from powerfed.training.models import build_model
 
 STEP_S = 0.25  # a fake device's seconds per training step (exact in binary floating point)
 EVAL_S = 10.0  # ... and per evaluation forward pass, which must NOT count as device time

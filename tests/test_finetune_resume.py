@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from powerctl.devices import open_device
-from training.checkpoint import Checkpointing, load
-from training.data import load_dataset, train_test_split
-from training.finetune import FineTuneResult, fine_tune
-from training.models import build_model
+from powerfed.training.checkpoint import Checkpointing, load
+from powerfed.training.data import load_dataset, train_test_split
+from powerfed.training.finetune import FineTuneResult, fine_tune
+from powerfed.training.models import build_model
 
 
 class Interrupted(Exception):

@@ -18,10 +18,10 @@ from fl_server.cli import main as fl_server_main
 from powerctl.capsource import MAX_POINTS
 from powerctl.cliutil import MAX_BATCH_SIZE
 from powerctl.relation import RelationVector
+from powerfed.training.powerctl_cli import main as powerctl_main
 from simulations.__main__ import main as simulations_main
 from strategies.fleet import MAX_BOARDS
 from tests.test_bad_input import _one_line
-from training.powerctl_cli import main as powerctl_main
 
 ROOT = Path(__file__).resolve().parents[1]
 SOLAR = ROOT / "simulations" / "caps" / "solar-jetson-nano.csv"

@@ -206,7 +206,7 @@ def test_a_seeded_run_repeats_its_numbers(tmp_path: Path, monkeypatch: pytest.Mo
 def prepared(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Skip pre-training and the relation estimate: fixed starting weights and relation vector."""
     from fl_server.weights import save_weights
-    from training.models import build_model
+    from powerfed.training.models import build_model
 
     weights = tmp_path / "start.safetensors"
     save_weights(weights, build_model("cnn-tiny", 10, seed=0), model_name="cnn-tiny", num_classes=10)

@@ -17,11 +17,11 @@ from powerctl.boards import board_model
 from powerctl.devices.simulated import predicted_profile, replay_cost
 from powerctl.relation import RelationVector
 from powerctl.selection import select
+from powerfed.training.models import build_model, model_workload
 from strategies.methods import for_method, trains_real_model
 from strategies.protocol import METHODS, TrainInstructions
 from strategies.rounds import NodeInfo
 from tests.fl_helpers import RUN_CONFIG, initial_state, instructions
-from training.models import build_model, model_workload
 
 CAP_W = 3.0
 

@@ -15,6 +15,7 @@ import pytest
 from fl_server.weights import save_weights
 from powerctl.devices.simulated import POWER_NOISE
 from powerctl.relation import RelationVector
+from powerfed.training.models import build_model
 from simulations.launcher import ANSI, INFRA_LINE
 from simulations.local_superlink import (
     alive,
@@ -25,7 +26,6 @@ from simulations.local_superlink import (
     pids_listening_on,
     stop_local_superlink,
 )
-from training.models import build_model
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -16,12 +16,12 @@ from powerctl.devices import open_device
 from powerctl.devices.simulated import SimulatedBoard
 from powerctl.errors import InfeasibleCapError
 from powerctl.follow import CapFollower, CapPauseTimeout, Pick
+from powerfed.training.data import Dataset
+from powerfed.training.finetune import fine_tune
+from powerfed.training.models import build_model
 from strategies.protocol import ClientReport, ProtocolError
 from tests.fake_boards import NANO_DEVFREQ, make_nano_tree, tree_snapshot
 from tests.fl_helpers import RUN_CONFIG, initial_state, instructions
-from training.data import Dataset
-from training.finetune import fine_tune
-from training.models import build_model
 
 # cnn-tiny on the synthetic task reaches 50 % in a few hundred samples: a run long enough for 4 changes
 INSTR = instructions(budget_samples=4096, cap_poll_s=0.02, target_accuracy=0.5, eval_every_samples=64)
@@ -175,7 +175,7 @@ def test_a_cap_lifted_and_back_pins_the_capped_pick_again() -> None:
 
 
 def _workload(model: torch.nn.Module):  # type: ignore[no-untyped-def]
-    from training.models import model_workload
+    from powerfed.training.models import model_workload
 
     return model_workload("cnn-tiny", model, 10)
 

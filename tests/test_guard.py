@@ -15,12 +15,12 @@ from powerctl.devices.simulated import SimulatedBoard, predicted_point
 from powerctl.guard import PowerCapExceeded, PowerGuard
 from powerctl.profiler import profile_device
 from powerctl.selection import select
+from powerfed.training.data import load_dataset, train_test_split
+from powerfed.training.finetune import fine_tune
+from powerfed.training.models import build_model, model_workload
+from powerfed.training.profiling import profiling_step_factory
 from strategies.protocol import ClientReport
 from tests.fl_helpers import RUN_CONFIG, initial_state, instructions
-from training.data import load_dataset, train_test_split
-from training.finetune import fine_tune
-from training.models import build_model, model_workload
-from training.profiling import profiling_step_factory
 
 NANO = board_model("jetson-nano")
 
@@ -171,7 +171,7 @@ class _Killed(Exception):
 def test_a_guarded_run_killed_after_step_downs_resumes_where_the_guard_had_stepped_it(tmp_path) -> None:
     """The guard's state (the level it stepped down to, its excess count, its step-downs) is in the
     checkpoint: the resumed run is the uninterrupted one, not a run back at the selected frequency."""
-    from training.checkpoint import Checkpointing
+    from powerfed.training.checkpoint import Checkpointing
 
     train, test = train_test_split(load_dataset("synthetic-image", limit=600, seed=3), seed=0)
     selected = NANO.frequencies_hz[7]

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from fl_server.cli import main as fl_server_main
+from powerfed.training.powerctl_cli import main as powerctl_main
 from simulations.__main__ import main as simulations_main
-from training.powerctl_cli import main as powerctl_main
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "docs" / "examples"
 RELATION = EXAMPLES / "relation-cnn-tiny.json"

@@ -1,6 +1,7 @@
-"""Imports point one way: `bench`, `simulations` → `fl_server`, `fl_client` → `strategies` → `training` →
-`powerctl`. `powerctl` (the device side) imports no Flower and no training; nothing outside `tests`
-imports `tests`. Read from every module's own import statements (ast), the ones inside functions too."""
+"""Imports point one way: `bench`, `simulations` → `fl_server`, `fl_client` → `strategies` →
+`powerfed.training` → `powerctl`. `powerctl` (the device side) imports no Flower and no training;
+nothing outside `tests` imports `tests`. Read from every module's own import statements (ast), the
+ones inside functions too."""
 
 from __future__ import annotations
 
@@ -10,20 +11,28 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+TRAINING = "powerfed.training"
 LOWER = {
     "powerctl": set(),
-    "training": {"powerctl"},
-    "strategies": {"training", "powerctl"},
-    "fl_server": {"strategies", "training", "powerctl"},
-    "fl_client": {"strategies", "training", "powerctl"},
-    "simulations": {"fl_server", "fl_client", "strategies", "training", "powerctl"},
-    "powerfed": {"fl_server", "fl_client", "strategies", "training", "powerctl"},
-    "bench": {"powerfed", "simulations", "fl_server", "fl_client", "strategies", "training", "powerctl"},
+    TRAINING: {"powerctl"},
+    "strategies": {TRAINING, "powerctl"},
+    "fl_server": {"strategies", TRAINING, "powerctl"},
+    "fl_client": {"strategies", TRAINING, "powerctl"},
+    "simulations": {"fl_server", "fl_client", "strategies", TRAINING, "powerctl"},
+    "powerfed": {"fl_server", "fl_client", "strategies", TRAINING, "powerctl"},
+    "bench": {"powerfed", "simulations", "fl_server", "fl_client", "strategies", TRAINING, "powerctl"},
 }
 """What each part of the project may import of the others (bench may use what simulations builds; `powerfed`,
-the public face, sits on top of the library and below nothing of ours but bench)."""
-FLOWER_FREE = {"powerctl", "training"}
+the public face, sits on top of the library and below nothing of ours but bench). The training core lives
+under the project's name (`powerfed.training`) but is a layer of its own, below the face."""
+FLOWER_FREE = {"powerctl", TRAINING}
 OURS = {*LOWER, "tests"}
+
+
+def part_of(dotted: str) -> str:
+    """The part a dotted module name belongs to: `powerfed.training.x` is the training core, any other
+    `powerfed...` the public face."""
+    return TRAINING if (dotted + ".").startswith(TRAINING + ".") else dotted.split(".")[0]
 
 
 def imported_parts(path: Path, part: str) -> dict[str, int]:
@@ -37,12 +46,18 @@ def imported_parts(path: Path, part: str) -> dict[str, int]:
         else:
             continue
         for name in names:
-            found.setdefault(name.split(".")[0], node.lineno)
+            found.setdefault(part_of(name), node.lineno)
     return found
 
 
 def _modules() -> list[tuple[str, Path]]:
-    return [(part, path) for part in LOWER for path in sorted((ROOT / part).rglob("*.py"))]
+    paths = {path: part_of(".".join(path.relative_to(ROOT).parts)) for path in _python_files()}
+    return [(part, path) for path, part in sorted(paths.items()) if part in LOWER]
+
+
+def _python_files() -> list[Path]:
+    tops = {part.split(".")[0] for part in LOWER}
+    return [path for top in sorted(tops) for path in sorted((ROOT / top).rglob("*.py"))]
 
 
 def test_every_part_is_found() -> None:
@@ -68,6 +83,7 @@ def test_imports_point_down(part: str, path: Path) -> None:
 def test_the_check_catches_a_wrong_import(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
     module.write_text(
-        "import os\n\ndef f():\n    from training.models import build_model\n    from . import x\n"
+        "import os\n\ndef f():\n    from powerfed.training.models import build_model\n    from . import x\n"
+        "import powerfed\n"
     )
-    assert imported_parts(module, "powerctl") == {"os": 1, "training": 4, "powerctl": 5}
+    assert imported_parts(module, "powerctl") == {"os": 1, TRAINING: 4, "powerctl": 5, "powerfed": 6}

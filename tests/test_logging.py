@@ -16,8 +16,8 @@ from powerctl.cliutil import LIBRARY_LOGGERS
 from powerctl.devices import open_device
 from powerctl.devices.jetson import open_jetson
 from powerctl.freqstate import KIND_PIN, BoardRecord, read_record, write_record
+from powerfed.training.powerctl_cli import main
 from tests.fake_boards import make_nano_tree
-from training.powerctl_cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -152,7 +152,7 @@ def test_the_clientapp_shows_the_librarys_lines_on_stderr(
 
     def handler(msg: object, context: object) -> str:
         open_device("jetson").close()
-        logging.getLogger("training.finetune").info("checkpoint: resuming from X at 32 samples")
+        logging.getLogger("powerfed.training.finetune").info("checkpoint: resuming from X at 32 samples")
         return "reply"
 
     assert _library_lines(None, None, handler) == "reply"  # type: ignore[arg-type]

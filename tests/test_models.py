@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from training.errors import ModelError
-from training.models import (
+from powerfed.training.errors import ModelError
+from powerfed.training.models import (
     VOCAB,
     VOCAB_SIZE,
     build_model,
@@ -18,7 +18,7 @@ from training.models import (
     model_workload,
     targets_count,
 )
-from training.synthetic import synthetic_image, synthetic_text
+from powerfed.training.synthetic import synthetic_image, synthetic_text
 
 ALL = model_names()
 FAST = [n for n in ALL if n not in ("resnet18", "mobilenetv2", "chartransformer")]

@@ -17,8 +17,8 @@ import torch
 from fl_server.cli import main as fl_server_main
 from powerctl.jsonfile import write_json
 from powerctl.outputs import OutputPathError, check_output_file
+from powerfed.training.powerctl_cli import main as powerctl_main
 from simulations.__main__ import main as simulations_main
-from training.powerctl_cli import main as powerctl_main
 
 ROOT = Path(__file__).resolve().parents[1]
 SOLAR = ROOT / "simulations" / "caps" / "solar-jetson-nano.csv"
@@ -223,8 +223,8 @@ def _writers(tmp: Path) -> dict[str, Callable[[Path], object]]:
     from fl_server.results import ResultsWriter
     from fl_server.weights import save_weights
     from powerctl.plot import save_figure
-    from training import checkpoint
-    from training.models import build_model
+    from powerfed.training import checkpoint
+    from powerfed.training.models import build_model
 
     def figure(path: Path) -> Path:
         fig = Figure()

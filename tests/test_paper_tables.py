@@ -11,7 +11,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import paper_tables
 
-from training.models import build_model
+from powerfed.training.models import build_model
 
 CIFAR = Path("../shared/data/cifar10_jpeg/cifar10-jpg.tar.gz")
 
@@ -85,7 +85,7 @@ def test_the_floor_on_charged_tables_is_what_select_reaches_with_its_witness() -
     from powerctl.devices.simulated import predicted_profile
     from powerctl.relation import RelationVector
     from powerctl.selection import select
-    from training.models import build_model, model_workload
+    from powerfed.training.models import build_model, model_workload
 
     bs = [8, 16, 32, 64]
     need = {

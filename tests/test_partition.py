@@ -8,10 +8,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from training.data import Dataset
-from training.errors import DataError
-from training.partition import partition, partition_indices
-from training.synthetic import synthetic_text
+from powerfed.training.data import Dataset
+from powerfed.training.errors import DataError
+from powerfed.training.partition import partition, partition_indices
+from powerfed.training.synthetic import synthetic_text
 
 
 def labelled(labels: list[int] | np.ndarray, num_classes: int = 10) -> Dataset:

@@ -11,10 +11,10 @@ from safetensors.torch import save_file
 
 from fl_server.pretrain import pretrain, report_path_for
 from fl_server.weights import load_model, load_weights, save_weights, weights_hash
-from training.data import load_dataset, train_test_split
-from training.errors import DataError, ModelError
-from training.finetune import evaluate
-from training.models import build_model
+from powerfed.training.data import load_dataset, train_test_split
+from powerfed.training.errors import DataError, ModelError
+from powerfed.training.finetune import evaluate
+from powerfed.training.models import build_model
 
 
 def test_pretrain_writes_weights_and_report_of_the_trained_model(tmp_path: Path) -> None:

@@ -15,11 +15,11 @@ from powerctl.devices.simulated import SimulatedBoard, predicted_profile
 from powerctl.profile_budget import FITTED, PREDICTED, profile_within_budget
 from powerctl.relation import RelationVector
 from powerctl.selection import select
+from powerfed.training.models import build_model, model_workload
 from strategies.protocol import ClientReport
 from strategies.settings import SETTINGS
 from tests.fl_helpers import initial_state, instructions
 from tests.test_fl_client import _data
-from training.models import build_model, model_workload
 
 SIZES = [8, 16, 32, 64]
 

@@ -20,7 +20,7 @@ from powerctl.profiler import profile_device
 from powerctl.relation import RelationVector
 from powerctl.selection import select
 from powerctl.workload import Workload
-from training.powerctl_cli import main
+from powerfed.training.powerctl_cli import main
 
 BATCHES = [4, 8, 16, 32, 64, 128]
 NANO = board_model("jetson-nano").frequencies_hz

@@ -15,11 +15,11 @@ from fl_server.weights import save_weights
 from powerctl.devices.host import HostDevice
 from powerctl.errors import FileFormatError
 from powerctl.relation import RelationVector, fit_batch_efficiency
-from training.data import load_dataset, train_test_split
-from training.errors import DataError
-from training.finetune import CurvePoint, FineTuneResult, fine_tune
-from training.lr import scaled_lr
-from training.models import build_model
+from powerfed.training.data import load_dataset, train_test_split
+from powerfed.training.errors import DataError
+from powerfed.training.finetune import CurvePoint, FineTuneResult, fine_tune
+from powerfed.training.lr import scaled_lr
+from powerfed.training.models import build_model
 
 IMAGE = {
     "limit": 150,

@@ -7,9 +7,9 @@ import pytest
 from powerctl.boards import board_model
 from powerctl.devices.simulated import SimulatedBoard, replay_cost
 from powerctl.workload import Workload
-from training.data import load_dataset, train_test_split
-from training.finetune import fine_tune
-from training.models import build_model
+from powerfed.training.data import load_dataset, train_test_split
+from powerfed.training.finetune import fine_tune
+from powerfed.training.models import build_model
 
 
 @pytest.mark.parametrize("board_name", ["jetson-nano", "jetson-tx2nx"])

@@ -24,7 +24,7 @@ def test_profile_interrupted_on_a_jetson_restores_the_frequency(tmp_path: Path, 
         [
             sys.executable,
             "-m",
-            "training.powerctl_cli",
+            "powerfed.training.powerctl_cli",
             "profile",
             "--device",
             "jetson",

@@ -13,10 +13,10 @@ import pytest
 from powerctl.devices.simulated import SimulatedBoard
 from powerctl.follow import CapFollower
 from powerctl.guard import PowerGuard
-from training.checkpoint import Checkpointing
-from training.data import load_dataset, train_test_split
-from training.finetune import FineTuneResult, StepHook, fine_tune
-from training.models import build_model
+from powerfed.training.checkpoint import Checkpointing
+from powerfed.training.data import load_dataset, train_test_split
+from powerfed.training.finetune import FineTuneResult, StepHook, fine_tune
+from powerfed.training.models import build_model
 
 
 def _methods(cls: type) -> dict[str, list[str]]:

@@ -14,7 +14,14 @@ import torch.nn.functional as F
 from torch import nn
 
 import powerctl.workload as workload
-from training.models import _causal_attention, build_model, example_batch, get_model_spec, layer_norm, loss_fn
+from powerfed.training.models import (
+    _causal_attention,
+    build_model,
+    example_batch,
+    get_model_spec,
+    layer_norm,
+    loss_fn,
+)
 
 CONV_MODELS = ["cnn-tiny", "resnet18-small", "mobilenetv2-small"]
 
@@ -93,7 +100,7 @@ def test_causal_attention_without_sdpa_is_torchs(monkeypatch: pytest.MonkeyPatch
 @pytest.mark.parametrize("name", ["cnn-tiny", "resnet18-small", "mobilenetv2-small", "chartransformer-small"])
 def test_every_small_model_has_a_workload(name: str) -> None:
     """What a board's profile is priced from: FLOPs, activations and kernels of a training step."""
-    from training.models import model_workload
+    from powerfed.training.models import model_workload
 
     w = model_workload(name, build_model(name, seed=0))
     assert w.flops_per_sample > 0 and w.activation_bytes_per_sample > 0 and w.kernels_per_step > 0

@@ -19,10 +19,16 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import fl_server.relation as relmod
 from fl_server.relation import RelationError, estimate_relation
-from training.data import load_dataset
-from training.errors import ModelError
-from training.lr import scaled_lr
-from training.models import build_model, get_model_spec, model_names, register_model, unregister_model
+from powerfed.training.data import load_dataset
+from powerfed.training.errors import ModelError
+from powerfed.training.lr import scaled_lr
+from powerfed.training.models import (
+    build_model,
+    get_model_spec,
+    model_names,
+    register_model,
+    unregister_model,
+)
 
 NAME = "test-user-cnn"
 

@@ -5,7 +5,7 @@ training steps, so the composition happens here, one layer up: the step and, thr
 registry (`--model` names, their workloads) are handed to `powerctl.cli.main`.
 
     powerctl profile --device sim:jetson-nano --model cnn-tiny --out profile.json
-    python -m training.powerctl_cli profile ...     (the same, without the console script)
+    python -m powerfed.training.powerctl_cli profile ...     (the same, without the console script)
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from powerctl.workload import Workload
 
 
 def _profiling_step(model_name: str, **options: Any) -> tuple[Workload, Callable[[int], Callable[[], None]]]:
-    """`training.profiling.profiling_step_factory`, imported only when a profile is run: the other
+    """`powerfed.training.profiling.profiling_step_factory`, imported only when a profile is run: the other
     commands (`devices`, `freq` on a board) start without loading torch."""
-    from training.profiling import profiling_step_factory
+    from powerfed.training.profiling import profiling_step_factory
 
     return profiling_step_factory(model_name, **options)
 

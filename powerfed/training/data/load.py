@@ -10,10 +10,17 @@ import torch
 
 from powerctl.mapping import Invalid
 from powerctl.readfile import DATA_LIMIT, open_regular, too_large
-from training.data import images, text
-from training.data.dataset import CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD, Dataset, concat, normalise_uint8
-from training.errors import DataError
-from training.models import VOCAB_SIZE
+from powerfed.training.data import images, text
+from powerfed.training.data.dataset import (
+    CIFAR10_CLASSES,
+    CIFAR10_MEAN,
+    CIFAR10_STD,
+    Dataset,
+    concat,
+    normalise_uint8,
+)
+from powerfed.training.errors import DataError
+from powerfed.training.models import VOCAB_SIZE
 
 SPLITS = ("train", "test", "all")
 GENERATED = ("synthetic-image", "synthetic-text")
@@ -78,7 +85,7 @@ def existing_dataset_path(spec: str, base: Path | None = None) -> Path | None:
 
 
 def _synthetic(kind: str, *, split: str, seq_len: int, limit: int | None, seed: int) -> Dataset:
-    from training.synthetic import synthetic_image, synthetic_text
+    from powerfed.training.synthetic import synthetic_image, synthetic_text
 
     if split not in SPLITS:
         raise DataError(f"unknown split {split!r}; use one of: {', '.join(SPLITS)}")
@@ -143,7 +150,7 @@ def _npz(path: Path, *, split: str, seq_len: int, limit: int | None) -> Dataset:
     The task is read off x: integers [N, T] → text (y [N, T] next characters); images of any channel
     count, [N, C, H, W], [N, H, W, C] (C 1, 3 or 4) or grey [N, H, W] → image, uint8 scaled to [0, 1]
     and normalised like every image loader, float taken as already normalised (what `save_npz` writes).
-    Which channel count fits is the model's to say (`training.models.check_input_shape`). A file with
+    Which channel count fits is the model's to say (`powerfed.training.models.check_input_shape`). A file with
     only x, y has no test split: load it with split "train" or "all" and use train_test_split.
     """
     arrays = _read_npz(path)

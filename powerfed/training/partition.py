@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from training.data.dataset import Dataset
-from training.errors import DataError
+from powerfed.training.data.dataset import Dataset
+from powerfed.training.errors import DataError
 
 SCHEMES = ("iid", "dirichlet")
 MAX_DRAWS = 1000

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from powerctl.workload import Workload
-from training.models import build_model, example_batch, get_model_spec, loss_fn, model_workload
+from powerfed.training.models import build_model, example_batch, get_model_spec, loss_fn, model_workload
 
 
 def profiling_step_factory(

@@ -25,7 +25,7 @@ from torch import nn
 
 from powerctl.mapping import Integer, Number, bounds_text
 from powerctl.workload import Workload, measure_workload
-from training.errors import ModelError
+from powerfed.training.errors import ModelError
 
 log = logging.getLogger(__name__)
 
@@ -509,7 +509,7 @@ def get_model_spec(name: str) -> ModelSpec:
     except (KeyError, TypeError):
         raise ModelError(
             f"unknown model {name!r}; choose one of: {', '.join(_REGISTRY)} "
-            "(or register yours with training.models.register_model)"
+            "(or register yours with powerfed.training.models.register_model)"
         ) from None
 
 

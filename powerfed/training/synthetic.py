@@ -13,10 +13,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from training.data.dataset import Dataset
-from training.data.text import split_ids, text_dataset
-from training.errors import DataError
-from training.models import VOCAB
+from powerfed.training.data.dataset import Dataset
+from powerfed.training.data.text import split_ids, text_dataset
+from powerfed.training.errors import DataError
+from powerfed.training.models import VOCAB
 
 SPLIT_OFFSETS = {"train": 1, "test": 2}
 """Samples of each split come from their own stream, so train and test never share a sample."""

@@ -9,9 +9,9 @@ import numpy as np
 import torch
 
 from powerctl.readfile import TEXT_LIMIT, read_bytes
-from training.data.dataset import Dataset
-from training.errors import DataError
-from training.models import VOCAB, VOCAB_SIZE
+from powerfed.training.data.dataset import Dataset
+from powerfed.training.errors import DataError
+from powerfed.training.models import VOCAB, VOCAB_SIZE
 
 TEXT_TRAIN_FRACTION = 0.9
 

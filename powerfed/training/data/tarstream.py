@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from powerctl.readfile import DATA_LIMIT, open_regular, too_large
-from training.errors import DataError
+from powerfed.training.errors import DataError
 
 BLOCK = 512
 CHUNK = 1 << 20

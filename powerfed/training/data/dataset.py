@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from training.errors import DataError
+from powerfed.training.errors import DataError
 
 CIFAR10_CLASSES: tuple[str, ...] = (
     "airplane",

@@ -17,10 +17,10 @@ from typing import ClassVar
 import numpy as np
 
 from powerctl.readfile import DATA_LIMIT, IMAGE_LIMIT, open_regular, read_bytes, too_large
-from training.data.dataset import CIFAR10_CLASSES, Dataset, image_dataset
-from training.data.matv5 import read_mat_v5
-from training.data.tarstream import iter_tar_files
-from training.errors import DataError
+from powerfed.training.data.dataset import CIFAR10_CLASSES, Dataset, image_dataset
+from powerfed.training.data.matv5 import read_mat_v5
+from powerfed.training.data.tarstream import iter_tar_files
+from powerfed.training.errors import DataError
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 FASHION_MNIST_CLASSES = (

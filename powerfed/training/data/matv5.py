@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from powerctl.readfile import DATA_LIMIT, read_bytes, too_large
-from training.errors import DataError
+from powerfed.training.errors import DataError
 
 # data element types (miXXX) → numpy dtype
 _MI_DTYPES = {1: "i1", 2: "u1", 3: "i2", 4: "u2", 5: "i4", 6: "u4", 7: "f4", 9: "f8", 12: "i8", 13: "u8"}

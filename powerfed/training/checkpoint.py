@@ -1,6 +1,6 @@
 """Fine-tune checkpoints: enough to continue an interrupted run to the result it would have had.
 
-A run describes its resumable state once, as named `Part`s (`training.finetune` lists them: model,
+A run describes its resumable state once, as named `Part`s (`powerfed.training.finetune` lists them: model,
 optimizer, RNGs, progress, power readings, the device's clock and noise, the step hooks); `save_parts`
 and `restore_parts` both walk that one table. One safetensors file holds every part's tensors (named
 `PART.NAME`) and, in its metadata, a JSON document with every part's plain values. No pickle: a
@@ -29,7 +29,7 @@ import torch
 from powerctl.outputs import replacing
 
 log = logging.getLogger(__name__)
-"""`training.checkpoint`: a checkpoint that cannot be used and is ignored (WARNING)."""
+"""`powerfed.training.checkpoint`: a checkpoint that cannot be used and is ignored (WARNING)."""
 
 CHECKPOINT_FORMAT = "powerfed.finetune-checkpoint/2"
 

@@ -25,7 +25,7 @@ from torch import nn
 from powerctl.devices.base import Device, PowerSamples
 from powerctl.monitor import PowerMonitor, PowerReading
 from powerctl.workload import Workload, measure_workload
-from training.checkpoint import (
+from powerfed.training.checkpoint import (
     Checkpointing,
     Part,
     Tensors,
@@ -37,14 +37,14 @@ from training.checkpoint import (
     save_parts,
     state_digest,
 )
-from training.errors import DataError
-from training.models import correct_count, loss_fn, targets_count
+from powerfed.training.errors import DataError
+from powerfed.training.models import correct_count, loss_fn, targets_count
 
 log = logging.getLogger(__name__)
-"""`training.finetune`: a fine-tune resumed from its checkpoint (INFO)."""
+"""`powerfed.training.finetune`: a fine-tune resumed from its checkpoint (INFO)."""
 
 if TYPE_CHECKING:
-    from training.data import Dataset
+    from powerfed.training.data import Dataset
 
 __all__ = [
     "DEFAULT_EVAL_EVERY_SAMPLES",
@@ -76,7 +76,8 @@ _EVAL_SUBSET_SEED = 0x5EED  # fixed: every run (any batch size, any seed) is eva
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter], float], torch.optim.Optimizer]
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-"""(model outputs, targets) → the scalar loss to minimise (default: the task's, `training.models.loss_fn`)."""
+"""(model outputs, targets) → the scalar loss to minimise (default: the task's,
+`powerfed.training.models.loss_fn`)."""
 MetricFn = Callable[[torch.Tensor, torch.Tensor], float]
 """(outputs, targets) of the whole evaluation subset → the accuracy-like number the target is set in
 (higher is better; default: the task's top-1 accuracy, per character for text)."""
@@ -472,7 +473,7 @@ def fine_tune(
     guard, a cap follower): before a step a hook may hand over another batch size, which takes effect
     at once with the optimizer state kept and the rate `lr(b)`; after it, each sees its power readings.
     What they did, they keep (the caller reads it from them). `batch_size` is where the run starts.
-    With `checkpoint`, the run saves itself at evaluations (see `training.checkpoint`) and, when a
+    With `checkpoint`, the run saves itself at evaluations (see `powerfed.training.checkpoint`) and, when a
     checkpoint of the same work exists, continues from it instead of starting over: the weights,
     samples, accuracy curve, device seconds, energy and the hooks' state are then those of a run never
     interrupted. A finished run leaves its end state there (one file, replaced by the next work's): the

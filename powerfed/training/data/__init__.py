@@ -5,7 +5,7 @@ Everything is loaded into memory as tensors (`Dataset`); nothing is ever downloa
 
 from __future__ import annotations
 
-from training.data.dataset import (
+from powerfed.training.data.dataset import (
     CIFAR10_CLASSES,
     CIFAR10_MEAN,
     CIFAR10_STD,
@@ -15,8 +15,8 @@ from training.data.dataset import (
     take_fraction,
     train_test_split,
 )
-from training.data.load import SPECS, load_dataset, save_npz
-from training.data.text import decode, encode
+from powerfed.training.data.load import SPECS, load_dataset, save_npz
+from powerfed.training.data.text import decode, encode
 
 __all__ = [
     "CIFAR10_CLASSES",
