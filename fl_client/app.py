@@ -13,16 +13,15 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fl_client.faults import before_training, kill_after_checkpoint, parse_faults
 from fl_client.local_data import data_plan, load_local_data
-from fl_client.node import NodeConfigError, NodeSettings, resolve_node
+from fl_client.mod import error_reply, message_config, profile_cache
+from fl_client.node import NodeSettings, resolve_node
 from fl_client.round import build_local_model, model_seq_len, node_device_seed, plan_round, train_round
 from powerctl.cliutil import library_lines_on_stderr
 from powerctl.devices import open_device
@@ -42,10 +41,6 @@ from strategies.protocol import (
     reader,
     required,
 )
-from strategies.settings import client_setting
-
-CLIENT_ERROR_CODE = 2
-"""ErrorCode.CLIENT_APP_RAISED_EXCEPTION: what Flower itself uses when a ClientApp fails."""
 
 
 def _library_lines(
@@ -60,13 +55,6 @@ def _library_lines(
 app = ClientApp(mods=[_library_lines])
 
 
-def _error_reply(msg: Message, settings: NodeSettings | None, exc: Exception) -> Message:
-    who = f"{settings.key} ({settings.device})" if settings else "node"
-    reason = f"{who}: {exc}".replace("\n", " ")
-    print(f"powerfed client: {reason}", file=sys.stderr)
-    return Message(Error(code=CLIENT_ERROR_CODE, reason=reason), reply_to=msg)
-
-
 def _arrays(msg: Message) -> ArrayRecord:
     """The weights sent; NaN or infinity is refused before any device time is spent on them."""
     where = f"{msg.metadata.message_type} message"
@@ -76,16 +64,6 @@ def _arrays(msg: Message) -> ArrayRecord:
         if values.dtype.kind in "fc" and not np.all(np.isfinite(values)):
             raise ProtocolError(f"{where}: {ARRAYS_KEY!r} hold NaN or infinity (in {name!r})")
     return arrays
-
-
-def _config(msg: Message) -> ConfigRecord:
-    return required(msg.content.config_records, CONFIG_KEY, f"{msg.metadata.message_type} message")
-
-
-def _profile_cache(run_config: Any) -> Path | None:
-    """The run's own profile cache (`profile-cache`, an absolute folder), else the shared default."""
-    value = client_setting(run_config, "profile-cache", NodeConfigError)
-    return Path(value) if value else None
 
 
 def _node_record(settings: NodeSettings, context: Context) -> ConfigRecord:
@@ -112,17 +90,17 @@ def query(msg: Message, context: Context) -> Message:
         record = _node_record(settings, context)
         content = RecordDict({NODE_KEY: record})
         if CONFIG_KEY in msg.content.config_records:
-            instr = TrainInstructions.from_config(_config(msg), "plan query config")
+            instr = TrainInstructions.from_config(message_config(msg), "plan query config")
             examples = record.get("train-examples")
             if not isinstance(examples, int):
                 plan_data = data_plan(
                     settings, context.run_config, model_seq_len(instr.model, instr.model_overrides)
                 )
                 examples = len(load_local_data(plan_data)[0])
-            plan = plan_round(settings, instr, examples, profile_cache=_profile_cache(context.run_config))
+            plan = plan_round(settings, instr, examples, profile_cache=profile_cache(context.run_config))
             content[PLAN_KEY] = plan.to_config()
     except PowerctlError as exc:
-        return _error_reply(msg, settings, exc)
+        return error_reply(msg, settings, exc)
     return Message(content, reply_to=msg)
 
 
@@ -131,7 +109,7 @@ def train(msg: Message, context: Context) -> Message:
     settings = None
     try:
         settings = resolve_node(context.node_config, context.run_config)
-        instr = TrainInstructions.from_config(_config(msg))
+        instr = TrainInstructions.from_config(message_config(msg))
         state = _arrays(msg).to_torch_state_dict()
         plan = data_plan(settings, context.run_config, model_seq_len(instr.model, instr.model_overrides))
         data = load_local_data(plan)
@@ -146,11 +124,11 @@ def train(msg: Message, context: Context) -> Message:
             state,
             data,
             device_seed=node_device_seed(settings, instr.seed),
-            profile_cache=_profile_cache(context.run_config),
+            profile_cache=profile_cache(context.run_config),
             on_step=on_step,
         )
     except PowerctlError as exc:
-        return _error_reply(msg, settings, exc)
+        return error_reply(msg, settings, exc)
     print(
         f"powerfed client {settings.key} [{instr.method}{', stand-in' if report.stand_in else ''}]: "
         f"round {instr.server_round} b={report.batch_size} "
@@ -181,7 +159,7 @@ def evaluate(msg: Message, context: Context) -> Message:
     settings = None
     try:
         settings = resolve_node(context.node_config, context.run_config)
-        r = reader(_config(msg), "evaluate message config")
+        r = reader(message_config(msg), "evaluate message config")
         model_name = r.string("model")
         overrides = r.json_object("model-overrides")
         state = _arrays(msg).to_torch_state_dict()
@@ -190,7 +168,7 @@ def evaluate(msg: Message, context: Context) -> Message:
         _, test = load_local_data(plan)
         accuracy, loss = evaluate_with_loss(model, get_model_spec(model_name).task, test.x, test.y)
     except PowerctlError as exc:
-        return _error_reply(msg, settings, exc)
+        return error_reply(msg, settings, exc)
     metrics = MetricRecord({EXAMPLES_KEY: len(test), "accuracy": accuracy, "loss": loss})
     node = ConfigRecord({"node-key": settings.key, "device": settings.device})
     return Message(RecordDict({METRICS_KEY: metrics, NODE_KEY: node}), reply_to=msg)

@@ -182,8 +182,9 @@ def _node_cap(node_config: Any, device: str) -> tuple[float | None, CapSource | 
     return source.cap_at(0.0), None if source.is_constant else source
 
 
-def resolve_node(node_config: Any, run_config: Any) -> NodeSettings:
-    """This node's settings: its node config, completed by the run's fleet for virtual nodes."""
+def resolve_node(node_config: Any, run_config: Any, *, needs_data: bool = True) -> NodeSettings:
+    """This node's settings: its node config, completed by the run's fleet for virtual nodes.
+    `needs_data=False`: a user's own loop brings its own data (`fl_client.session`)."""
     # a misspelt key (powercap-w) must not leave the node uncapped without a word
     r = MappingReader(node_config, "node config", NodeConfigError).only(NODE_KEYS)
     pid = r.value("partition-id", Integer(0), None)
@@ -206,12 +207,12 @@ def resolve_node(node_config: Any, run_config: Any) -> NodeSettings:
         if "power-cap-w" in r:
             cap, cap_source = _node_cap(node_config, device)
     data = r.value("data", Text(what="a dataset spec such as cifar10:/data/cifar"), None)
-    if data is None and pid is None:
+    if data is None and pid is None and needs_data:
         raise NodeConfigError(
             "node config has no 'data' (e.g. data=\"cifar10:/data/cifar\") and no 'partition-id' "
             "to take a share of the run's client-data"
         )
-    if data is None and num is None:
+    if data is None and num is None and needs_data:
         raise NodeConfigError(
             f"node config has 'partition-id' {pid} but no 'num-partitions': the share of the run's "
             "client-data it takes is undefined"

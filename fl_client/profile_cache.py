@@ -56,6 +56,9 @@ class ProfileKey:
     measure_steps: int
     relation: str | None = None
     """Only for the fitted order, whose confirmed points depend on r_b: the (b, r_b) pairs as JSON."""
+    step: str = ""
+    """Whose training step was measured: "" for the built-in fine-tune's, else the user's step key
+    (`fl_client.session`: the model's class, the step's code and the user's own cache key)."""
 
     def digest(self) -> str:
         import torch
@@ -63,6 +66,8 @@ class ProfileKey:
         fields = asdict(self)
         if fields["relation"] is None:
             del fields["relation"]  # keys of the other orders (and their cache entries) stay as they were
+        if not fields["step"]:
+            del fields["step"]  # the built-in step's keys stay as they were
         fields["cache_version"] = PROFILE_CACHE_VERSION
         fields["code_version"] = code_version()
         fields["torch"] = ".".join(torch.__version__.split(".")[:2])

@@ -97,6 +97,43 @@ def node_device_seed(settings: NodeSettings, server_seed: int) -> int:
 
 
 @dataclass(frozen=True)
+class ProfiledStep:
+    """The training step a round profiles: the step of the loop that will train, on the model it trains
+    and inputs of its shape, so that the profile is of what is trained.
+
+    `build(device)` gives the step's workload (what it computes, for a simulated board's charge and the
+    profile's record) and batch size → one step on the device; profiling trains, so it builds its own
+    copy of the model. `model`, `input_shape` and `key` name it in the profile cache."""
+
+    model: str
+    input_shape: tuple[int, ...]
+    build: Callable[[Device], tuple[Workload, StepFactory]]
+    key: str = ""
+    """"" for the built-in step; a user's step: its own key (`ProfileKey.step`)."""
+
+
+def builtin_step(work: RoundWork) -> ProfiledStep:
+    """The built-in fine-tune's own step (`powerfed.training.profiling`: its optimizer and loss) on the
+    server's model, at the task's input shape."""
+    from powerfed.training.profiling import profiling_step_factory
+
+    instr = work.instr
+    spec = get_model_spec(instr.model)
+    shape = (model_seq_len(instr.model, instr.model_overrides),) if spec.task == "text" else spec.input_shape
+
+    def build(dev: Device) -> tuple[Workload, StepFactory]:
+        return profiling_step_factory(
+            instr.model,
+            model=work.model().to(dev.torch_device()),
+            num_classes=instr.num_classes,
+            torch_device=dev.torch_device(),
+            seed=instr.seed,
+        )
+
+    return ProfiledStep(instr.model, tuple(shape), build)
+
+
+@dataclass(frozen=True)
 class RoundWork:
     """One round's work on one node: who it is, what the server asked, its weights and local data.
 
@@ -112,10 +149,23 @@ class RoundWork:
     profile_cache: Path | None = None
     on_step: Callable[[int, int], None] | None = None
     caps: CapSource = field(default=None)  # type: ignore[assignment]
+    step: ProfiledStep | None = None
+    """The training step profiled: None for the built-in fine-tune's (`builtin_step`); a user's own loop
+    gives its own (`fl_client.session.PowerSession`)."""
+    examples: int | None = None
+    """Training samples on this node when `data` is not ours to hold (a user's own loop)."""
 
     def __post_init__(self) -> None:
         if self.caps is None:
             object.__setattr__(self, "caps", node_caps(self.settings, self.instr))
+
+    @property
+    def train_examples(self) -> int | None:
+        """This node's training samples (None: a planning query, which has no data)."""
+        return len(self.data[0]) if self.data is not None else self.examples
+
+    def profiled_step(self) -> ProfiledStep:
+        return self.step or builtin_step(self)
 
     @cached_property
     def cap_at_start(self) -> float | None:
@@ -301,7 +351,7 @@ def budgeted(work: RoundWork) -> bool:
         and not instr.deadline_s
         and not instr.stand_in
         and work.caps.is_constant
-        and work.data is not None
+        and work.train_examples is not None
     )
 
 
@@ -309,20 +359,17 @@ def measured_profile_step(work: RoundWork, relation: RelationVector) -> Profiled
     """The device's profile for this model, from the cache or measured now (and cached); a device
     without a knob or a sensor is refused by the profiler with one line. Ours with a profiling budget
     (`budgeted`) measures only what its predicted training pays for (`budgeted_profile`)."""
-    from powerfed.training.profiling import profiling_step_factory
-
     instr = work.instr
     order, order_cap = profile_order(instr, work.caps)
     fitted_relation = relation.as_map() if order == "fitted" else None
-    spec = get_model_spec(instr.model)
-    shape = (model_seq_len(instr.model, instr.model_overrides),) if spec.task == "text" else spec.input_shape
+    step = work.profiled_step()
     with open_device(work.settings.device, seed=work.device_seed) as dev:
         key = ProfileKey(
             device_kind=f"{type(dev).__name__}/{dev.board}",
-            model=instr.model,
+            model=step.model,
             overrides=json.dumps(instr.model_overrides, sort_keys=True),
             num_classes=instr.num_classes,
-            input_shape=tuple(shape),
+            input_shape=step.input_shape,
             batch_sizes=tuple(relation.batch_sizes),
             order=order,
             power_cap_w=order_cap,
@@ -330,17 +377,12 @@ def measured_profile_step(work: RoundWork, relation: RelationVector) -> Profiled
             samples=instr.profile_samples,
             warmup_steps=instr.profile_warmup,
             measure_steps=instr.profile_steps,
+            step=step.key,
         )
 
         def step_factory() -> tuple[Workload, StepFactory]:
             # profiling trains: its own copy of the weights, so the round starts from the server's
-            return profiling_step_factory(
-                instr.model,
-                model=work.model().to(dev.torch_device()),
-                num_classes=instr.num_classes,
-                torch_device=dev.torch_device(),
-                seed=instr.seed,
-            )
+            return step.build(dev)
 
         if budgeted(work):
             return budgeted_profile(work, dev, key, relation, step_factory)
@@ -386,8 +428,7 @@ def budgeted_profile(
         PREDICTED: replace(key, order=PREDICTED, power_cap_w=cap, relation=f"{rmap} {instr.relation_rule}"),
     }
     restored = dev.recovered or ""
-    train, _ = work.split()
-    max_samples = instr.budget_samples or DEFAULT_MAX_EPOCHS * len(train)
+    max_samples = instr.budget_samples or DEFAULT_MAX_EPOCHS * (work.train_examples or 0)
     max_training_s = instr.budget_device_seconds or None
     for way, way_key in keys.items():
         profile = lookup(way_key, work.profile_cache)
@@ -437,12 +478,8 @@ def _prediction(
 ) -> tuple[Profile | None, str]:
     """The board's predicted profile and where it came from (None: nothing predicts this board)."""
     instr = work.instr
-    if isinstance(dev, SimulatedBoard):
-        overrides = json.dumps(instr.model_overrides, sort_keys=True)
-        sizes = tuple(relation.batch_sizes)
-        profile = _board_prediction(
-            dev.board, instr.model, overrides, instr.num_classes, sizes, instr.profile_samples
-        )
+    if isinstance(dev, SimulatedBoard):  # the board's model of the very step profiled
+        profile = predicted_profile(dev.board, workload, relation.batch_sizes, instr.profile_samples)
         return profile, BOARD_MODEL
     for path, measured in same_kind_profiles(key.device_kind, workload.to_dict(), work.profile_cache):
         if (full := completed(measured, dev.frequencies())) is not None:
@@ -587,13 +624,83 @@ def round_checkpoint(work: RoundWork, pair: tuple[int, int]) -> Checkpointing | 
     return Checkpointing(path, every_samples=instr.checkpoint_every_samples, key=key)
 
 
+@dataclass
+class Pinning:
+    """A rule in force on an open device while a loop trains: under a constant cap pinned at the rule's
+    pair with the power guard watching; under a cap that changes, the follower re-applying the rule at
+    every change. Any loop (the built-in fine-tune, a user's own through `fl_client.session`) runs its
+    steps with `hooks`; the caller restores the device (`restore_on_exit`)."""
+
+    choice: Choice
+    guard: PowerGuard | None = None
+    follower: CapFollower | None = None
+
+    @classmethod
+    def start(cls, work: RoundWork, rule: Rule, dev: Device) -> Pinning:
+        instr = work.instr
+        if work.caps.is_constant:
+            cap = work.cap_at_start
+            choice = rule(cap)
+            dev.pin_frequency(choice.frequency_hz)
+            guard = None
+            if cap is not None and dev.has_power_sensor:
+                guard = PowerGuard(
+                    dev, cap, choice.frequency_hz, window=instr.guard_window, tolerance=instr.guard_tolerance
+                )
+            return cls(choice, guard=guard)
+        follower = CapFollower(
+            dev,
+            work.caps,
+            lambda cap: _pick(rule(cap)),
+            samples_to_target=rule.relation.samples_map(),
+            poll_s=instr.cap_poll_s,
+            pause_timeout_s=instr.cap_pause_timeout_s,
+            guard_window=instr.guard_window,
+            guard_tolerance=instr.guard_tolerance,
+        )
+        first = follower.start()
+        choice = Choice(instr.method, first.batch_size, first.frequency_hz, first.predicted_seconds, None)
+        return cls(choice, follower=follower)
+
+    @property
+    def hooks(self) -> list[Any]:
+        """The step hooks a loop runs (`powerfed.training.finetune.StepHook`)."""
+        return [h for h in (self.guard, self.follower) if h is not None]
+
+    @property
+    def batch_size(self) -> int:
+        """The batch size in force (a follower may change it between steps)."""
+        return self.choice.batch_size if self.follower is None else self.follower.batch_size
+
+    def trained(self, result: FineTuneResult, state: State, board: str) -> Trained:
+        """The train step's outcome, with what the guard or the follower did."""
+        follower, method = self.follower, self.choice.method
+        if follower is None:
+            downs = [] if self.guard is None else [e.to_dict() for e in self.guard.step_downs]
+            return Trained(result, state, board, self.choice, step_downs=downs)
+        events = [e.to_dict() for e in follower.events]
+        # the pair it started with (from the events: a resumed run's first pick is its first run's)
+        e = next(e for e in events if e["kind"] in ("start", "resume"))
+        choice = Choice(method, e["new_batch_size"], e["new_frequency_hz"], e["predicted_remaining_s"], None)
+        return Trained(
+            result,
+            state,
+            board,
+            choice,
+            step_downs=[e.to_dict() for e in follower.step_downs],
+            cap_events=events,
+            paused_seconds=follower.paused_s,
+            over_cap_seconds=follower.over_cap_s,
+            final_pair=[follower.batch_size, follower.frequency_hz],
+        )
+
+
 def fine_tune_step(
     work: RoundWork, rule: Rule, *, observe: Callable[[Device], AbstractContextManager] | None = None
 ) -> Trained:
     """Fine-tune the server's weights on a fresh device handle (a simulated board's noise then does not
     depend on what ran before, so a seeded run repeats exactly), checkpointed so that the same work
-    killed and sent again resumes. Under a constant cap: pinned at the rule's pair, the power guard
-    watching; under a cap that changes: the follower re-applies the rule at every change.
+    killed and sent again resumes; the rule in force as `Pinning` holds it.
 
     `observe(device)` is entered around the whole fine-tune, pauses included (a bench records the
     board's power over time with it)."""
@@ -603,34 +710,14 @@ def fine_tune_step(
     watch = observe or (lambda _dev: nullcontext())
     with open_device(work.settings.device, seed=work.device_seed) as dev, restore_on_exit(dev), watch(dev):
         model = model.to(dev.torch_device())
-        follower = guard = None
-        if work.caps.is_constant:
-            cap = work.cap_at_start
-            choice = rule(cap)
-            dev.pin_frequency(choice.frequency_hz)
-            if cap is not None and dev.has_power_sensor:
-                guard = PowerGuard(
-                    dev, cap, choice.frequency_hz, window=instr.guard_window, tolerance=instr.guard_tolerance
-                )
-        else:
-            follower = CapFollower(
-                dev,
-                work.caps,
-                lambda cap: _pick(rule(cap)),
-                samples_to_target=rule.relation.samples_map(),
-                poll_s=instr.cap_poll_s,
-                pause_timeout_s=instr.cap_pause_timeout_s,
-                guard_window=instr.guard_window,
-                guard_tolerance=instr.guard_tolerance,
-            )
-            first = follower.start()
-            choice = Choice(instr.method, first.batch_size, first.frequency_hz, first.predicted_seconds, None)
+        pinning = Pinning.start(work, rule, dev)
+        choice = pinning.choice
         result = fine_tune(
             model,
             train,
             test,
             device=dev,
-            batch_size=choice.batch_size if follower is None else follower.batch_size,
+            batch_size=pinning.batch_size,
             lr=instr.lr_for,
             target_accuracy=instr.target_accuracy,
             max_samples=instr.budget_samples or None,
@@ -640,30 +727,11 @@ def fine_tune_step(
             seed=instr.seed,
             progress=False,
             checkpoint=round_checkpoint(work, (choice.batch_size, choice.frequency_hz)),
-            hooks=[h for h in (guard, follower) if h is not None],
+            hooks=pinning.hooks,
             on_step=work.on_step,
         )
         state = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
-        if follower is None:
-            downs = [] if guard is None else [e.to_dict() for e in guard.step_downs]
-            return Trained(result, state, dev.board, choice, step_downs=downs)
-        events = [e.to_dict() for e in follower.events]
-        # the pair it started with (from the events: a resumed run's first pick is its first run's)
-        e = next(e for e in events if e["kind"] in ("start", "resume"))
-        choice = Choice(
-            instr.method, e["new_batch_size"], e["new_frequency_hz"], e["predicted_remaining_s"], None
-        )
-        return Trained(
-            result,
-            state,
-            dev.board,
-            choice,
-            step_downs=[e.to_dict() for e in follower.step_downs],
-            cap_events=events,
-            paused_seconds=follower.paused_s,
-            over_cap_seconds=follower.over_cap_s,
-            final_pair=[follower.batch_size, follower.frequency_hz],
-        )
+        return pinning.trained(result, state, dev.board)
 
 
 def _pick(choice: Choice) -> Pick:

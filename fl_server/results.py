@@ -163,3 +163,13 @@ def evaluation_line(record: RoundRecord) -> str:
         f"round {record.round} evaluation on the clients' test splits: accuracy {ev['accuracy']:.3f}, "
         f"loss {ev['loss']:.3f} ({len(ev['clients'])} clients, {len(ev['failed'])} failed)"
     )
+
+
+def save_results(strategy: Any, path: Path | str, run: dict[str, Any] | None = None) -> Path:
+    """Write a `PowerAware` strategy's rounds and nodes to `path` as `results.json` (a user's own
+    ServerApp, after `strategy.start(...)`; the built-in ServerApp writes it after every round)."""
+    writer = ResultsWriter(Path(path), dict(run or {}), held=True)
+    for server_round in sorted(strategy.rounds):
+        writer.record_round(strategy.rounds[server_round], list(strategy.nodes.values()))
+    writer.release()
+    return writer.path

@@ -22,7 +22,7 @@ from powerctl.mapping import Integer, Invalid, Kind, Number, bounds_text, number
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
-LIBRARY_LOGGERS = ("powerctl", "training", "strategies", "fl_server", "fl_client", "simulations", "powerfed")
+LIBRARY_LOGGERS = ("powerctl", "strategies", "fl_server", "fl_client", "simulations", "powerfed")
 """The loggers of this project's packages (each module logs to `logging.getLogger(__name__)` under
 one of them): what a user silences or redirects, and what a command line shows on stderr."""
 

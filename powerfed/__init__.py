@@ -9,6 +9,12 @@ Server side::
     from powerfed import PowerAware, TrainInstructions, estimate_relation, register_model
     strategy = PowerAware(FedAdam(...), TrainInstructions(model="mycnn", relation=rel, ...))
 
+Client side, around the user's own loop::
+
+    app = ClientApp(mods=[power_aware_mod])
+    with PowerSession(model=net, make_step=make_step, example=(x, y), train_examples=n) as session:
+        ...  # the loop, batches of session.batch_size, each step through session.step(step, x, y)
+
 Device side::
 
     from powerfed import open_device, Profiler, select
@@ -25,6 +31,11 @@ _WHERE: dict[str, str] = {
     "PowerAwareFedAvg": "strategies.power_aware",
     "TrainInstructions": "strategies.protocol",
     "ClientReport": "strategies.protocol",
+    "save_results": "fl_server.results",
+    # client: any ClientApp's train function, any loop
+    "power_aware_mod": "fl_client.mod",
+    "PowerSession": "fl_client.session",
+    "SessionError": "fl_client.session",
     # the relation vector, for the built-in models and for users' own
     "estimate_relation": "fl_server.relation",
     "register_model": "powerfed.training.models",

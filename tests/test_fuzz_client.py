@@ -16,8 +16,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, Message
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from fl_client.app import CLIENT_ERROR_CODE
 from fl_client.app import app as client_app
+from fl_client.mod import CLIENT_ERROR_CODE
 from tests.fake_boards import make_nano_tree, tree_snapshot
 from tests.fake_grid import set_task_identity
 from tests.fl_helpers import RUN_CONFIG, initial_state, instructions

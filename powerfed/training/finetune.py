@@ -233,7 +233,7 @@ def step_workload(
     return wl
 
 
-class _TrainingPower:
+class TrainingPower:
     """Power over the training segments only: the monitor is paused around every evaluation."""
 
     def __init__(self, device: Device, rate_hz: float) -> None:
@@ -337,7 +337,7 @@ def _resumable_parts(
     opt: torch.optim.Optimizer,
     gen: torch.Generator,
     cuda: list[int],
-    power: _TrainingPower,
+    power: TrainingPower,
     device: Device,
     hooks: Sequence[StepHook],
 ) -> dict[str, Part]:
@@ -527,7 +527,7 @@ def fine_tune(
         torch.manual_seed(seed)  # dropout and friends: repeatable, and the caller's RNG is left alone
         opt = make_optimizer(task, model.parameters(), run.lr, optimizer)
         gen = torch.Generator().manual_seed(seed)
-        power = _TrainingPower(device, POWER_RATE_HZ)
+        power = TrainingPower(device, POWER_RATE_HZ)
         parts = _resumable_parts(run, dev, model, opt, gen, cuda, power, device, hooks)
         finished = False
         if saved is not None:

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from powerctl.workload import Workload
+from powerfed.training.finetune import make_optimizer
 from powerfed.training.models import build_model, example_batch, get_model_spec, loss_fn, model_workload
 
 
@@ -21,14 +22,15 @@ def profiling_step_factory(
 ) -> tuple[Workload, Callable[[int], Callable[[], None]]]:
     """(workload, batch size → step). Profiling is data-independent: random inputs of the task's shape.
 
-    The step is a full Adam training step, so power and time are those of fine-tuning.
+    The step is the fine-tune's own (`powerfed.training.finetune`: its optimizer for the task — Adam for
+    images, AdamW for text — and its loss), so power and time are those of the step that trains.
     """
     spec = get_model_spec(model_name)
     if model is None:
         model = build_model(model_name, **({"num_classes": num_classes} if num_classes else {}), seed=seed)
     workload = model_workload(model_name, model, num_classes)
     model = model.to(torch_device).train()
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    optimizer = make_optimizer(spec.task, model.parameters(), 1e-4)
     loss = loss_fn(spec.task)
     gen = torch.Generator().manual_seed(seed)
 

@@ -1,0 +1,86 @@
+"""`power_aware_mod`: the Flower Mod that makes any ClientApp's train function power-aware.
+
+For a train message carrying the plan (`strategies.power_aware.PowerAware` puts it in the train config),
+the Mod resolves the node (its device and cap: node config, or the run's `fleet` for virtual nodes),
+reads the plan, and runs the train function with that round open: a `fl_client.session.PowerSession`
+in it profiles the function's own step, selects, pins, charges and restores. The Mod then puts the
+session's report in the reply (`REPORT_KEY`, the key the strategy wrapper reads: one constant, as
+Flower's `fixedclipping_mod` shares its key with the DP strategy). Other messages pass through.
+
+Bad input (node config, plan, a train function that opened no session) is an error reply whose reason
+is one line; the server names it for that node and goes on with the others.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from flwr.app import ConfigRecord, Context, Error, Message, MessageType
+
+from fl_client.node import NodeConfigError, NodeSettings, resolve_node
+from fl_client.session import CURRENT_ROUND, RoundContext
+from powerctl.errors import PowerctlError
+from strategies.protocol import CONFIG_KEY, REPORT_KEY, TrainInstructions, required
+from strategies.settings import client_setting
+
+log = logging.getLogger(__name__)
+
+CLIENT_ERROR_CODE = 2
+"""ErrorCode.CLIENT_APP_RAISED_EXCEPTION: what Flower itself uses when a ClientApp fails."""
+
+
+def error_reply(msg: Message, settings: NodeSettings | None, exc: Exception) -> Message:
+    """The one-line error reply for this node (logged here too, in the same words)."""
+    who = f"{settings.key} ({settings.device})" if settings else "node"
+    reason = f"{who}: {exc}".replace("\n", " ")
+    log.error("powerfed client: %s", reason)
+    return Message(Error(code=CLIENT_ERROR_CODE, reason=reason), reply_to=msg)
+
+
+def message_config(msg: Message) -> ConfigRecord:
+    """The message's config record (the plan), required."""
+    return required(msg.content.config_records, CONFIG_KEY, f"{msg.metadata.message_type} message")
+
+
+def profile_cache(run_config: Any) -> Path | None:
+    """The run's own profile cache (`profile-cache`, an absolute folder), else the shared default."""
+    value = client_setting(run_config, "profile-cache", NodeConfigError)
+    return Path(value) if value else None
+
+
+def power_aware_mod(
+    msg: Message, context: Context, call_next: Callable[[Message, Context], Message]
+) -> Message:
+    """A ClientApp Mod: the train function runs with this round's node and plan open for its
+    `PowerSession`, and its reply carries the session's report."""
+    if msg.metadata.message_type.split(".")[0] != MessageType.TRAIN:
+        return call_next(msg, context)
+    settings = None
+    try:
+        settings = resolve_node(context.node_config, context.run_config, needs_data=False)
+        instr = TrainInstructions.from_config(message_config(msg))
+        round_ = RoundContext(settings, instr, profile_cache(context.run_config))
+    except PowerctlError as exc:
+        return error_reply(msg, settings, exc)
+    token = CURRENT_ROUND.set(round_)
+    try:
+        reply = call_next(msg, context)
+    except PowerctlError as exc:
+        return error_reply(msg, settings, exc)
+    finally:
+        CURRENT_ROUND.reset(token)
+    if reply.has_error():
+        return reply
+    reports = [s.report for s in round_.sessions if s.report is not None]
+    if len(reports) != 1:
+        what = "opened no PowerSession" if not reports else f"ran {len(reports)} PowerSessions"
+        return error_reply(
+            msg,
+            settings,
+            PowerctlError(f"the train function {what}: run its loop in one `with PowerSession(...)`"),
+        )
+    reply.content[REPORT_KEY] = reports[0].to_config()
+    return reply

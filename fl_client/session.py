@@ -1,0 +1,375 @@
+"""A power-aware round around any training loop: the user's own step profiled, a pair chosen under the
+node's cap, the board pinned, every step charged, the board restored, the round reported.
+
+A Flower user keeps their model, data and loop. In the ClientApp's train function::
+
+    with PowerSession(model=net, make_step=make_step, example=(x, y), train_examples=len(trainset)) as s:
+        loader = DataLoader(trainset, batch_size=s.batch_size, shuffle=True)
+        step = make_step(net)
+        for x, y in loader:
+            s.step(step, x.to(s.torch_device), y.to(s.torch_device))
+            if s.done:
+                break
+
+`make_step(model)` returns the loop's own training step, `step(x, y)`: the session profiles exactly that
+step (on a copy of the model, at every batch size of the plan, on inputs of the example's shape), so
+what is profiled is what trains. With `power_aware_mod` on the ClientApp the plan (relation vector,
+target, method, budget) comes from the train message and the report goes back in the reply; without
+it, give `instructions=` and `node=` yourself and read `session.report`.
+
+Everything the built-in client does holds here, through the same code (`fl_client.round`): the
+profile cache (per board × model × input shape × step), the profiling budget and orders, every
+method's rule, the power guard, caps that change (the follower may change `batch_size` between
+steps: read it again when you build a batch), energy, simulated boards, Jetson and NVML. The device is
+restored on every way out of the `with` (exceptions, SIGINT, SIGTERM).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import copy
+import hashlib
+import inspect
+import time
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import torch
+from torch import nn
+
+from fl_client.node import NodeSettings
+from fl_client.round import (
+    ClientWorkError,
+    Pinning,
+    Profiled,
+    ProfiledStep,
+    RoundWork,
+    build_report,
+    measured_profile_step,
+    method_step,
+    node_device_seed,
+    usable_relation,
+)
+from powerctl.devices import open_device
+from powerctl.devices.base import Device
+from powerctl.devices.simulated import SimulatedBoard
+from powerctl.profiler import StepFactory
+from powerctl.safety import restore_on_exit
+from powerctl.workload import Workload, measure_workload
+from powerfed.training.finetune import POWER_RATE_HZ, FineTuneResult, LossFn, TrainingPower
+from strategies.protocol import ClientReport, TrainInstructions
+
+Step = Callable[..., Any]
+"""One training step of the user's loop: `step(x, y)` trains on one batch."""
+MakeStep = Callable[[nn.Module], Step]
+"""model → its training step (an optimizer of its own over that model's parameters)."""
+
+
+class SessionError(ClientWorkError):
+    """The session cannot run as used (no round to join, a loop that ran no step through it, ...)."""
+
+
+@dataclass
+class RoundContext:
+    """What `power_aware_mod` hands the train function's session: the node, the plan, and where the
+    session leaves its report."""
+
+    node: NodeSettings
+    instructions: TrainInstructions
+    profile_cache: Path | None = None
+    sessions: list[PowerSession] = field(default_factory=list)
+
+
+CURRENT_ROUND: contextvars.ContextVar[RoundContext | None] = contextvars.ContextVar(
+    "powerfed_round", default=None
+)
+"""Set by `power_aware_mod` while a train message is handled."""
+
+
+def user_step(
+    instr: TrainInstructions,
+    model: nn.Module,
+    make_step: MakeStep,
+    example: Sequence[torch.Tensor],
+    loss: LossFn | None,
+    key: str,
+) -> ProfiledStep:
+    """The user's step as the round profiles it: on a copy of `model` (profiling trains; the loop's
+    model is left as the server sent it), batches of each size made from the example's samples."""
+    x, y = _example(example)
+    loss_fn = loss or nn.functional.cross_entropy
+
+    def build(dev: Device) -> tuple[Workload, StepFactory]:
+        torch_device = dev.torch_device()
+        net = copy.deepcopy(model).to(torch_device)
+        xs, ys = x.to(torch_device), y.to(torch_device)
+        workload = measure_workload(net, xs[:4], ys[:4], loss_fn, instr.model)
+        step = make_step(net)
+
+        def make(batch_size: int) -> Callable[[], None]:
+            rows = torch.arange(batch_size, device=xs.device) % len(xs)
+            xb, yb = xs.index_select(0, rows), ys.index_select(0, rows)
+            return lambda: step(xb, yb)
+
+        return workload, make
+
+    return ProfiledStep(
+        instr.model, tuple(int(s) for s in x.shape[1:]), build, _step_key(model, make_step, key)
+    )
+
+
+def _example(example: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    try:
+        x, y = example
+    except (TypeError, ValueError):
+        raise SessionError(
+            "PowerSession: 'example' must be one batch (inputs, targets) of the loop's data, e.g. "
+            "next(iter(trainloader))"
+        ) from None
+    if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor) or not len(x) or len(x) != len(y):
+        raise SessionError(
+            "PowerSession: 'example' must be two tensors (inputs, targets) with the same number of "
+            "samples (at least 1)"
+        )
+    return x, y
+
+
+def _code_of(obj: Any) -> str:
+    try:
+        return inspect.getsource(obj)
+    except (OSError, TypeError):
+        code = getattr(obj, "__code__", None)
+        return code.co_code.hex() if code is not None else type(obj).__qualname__
+
+
+def _step_key(model: nn.Module, make_step: MakeStep, key: str) -> str:
+    """Names the step in the profile cache: the model's class and size, the step's and the model's
+    code, and the user's own `key` (for what the code does not show: a changed optimizer setting)."""
+    params = sum(p.numel() for p in model.parameters())
+    what = "|".join(
+        [
+            type(model).__module__,
+            type(model).__qualname__,
+            str(params),
+            _code_of(make_step),
+            _code_of(type(model)),
+        ]
+    )
+    return f"{type(model).__qualname__}:{hashlib.sha256(what.encode()).hexdigest()[:16]}:{key}"
+
+
+class PowerSession:
+    """One round of a user's own loop under the node's power cap (see the module's docstring).
+
+    Parameters
+    ----------
+    model : nn.Module
+        The model the loop trains, with the weights the server sent.
+    make_step : MakeStep
+        model → the loop's training step `step(x, y)`; called once on a copy to profile.
+    example : (inputs, targets)
+        One batch of the loop's data: its sample shape is profiled.
+    train_examples : int
+        The node's training samples (batch sizes the node cannot fill once are left out).
+    loss : callable, optional
+        (outputs, targets) → loss, for counting the step's work on a simulated board (default: cross
+        entropy).
+    key : str
+        Changes the profile cache's key when the step changes in a way its code does not show.
+    instructions, node : optional
+        The plan and the node, when no `power_aware_mod` passes them in.
+    """
+
+    def __init__(
+        self,
+        *,
+        model: nn.Module,
+        make_step: MakeStep,
+        example: Sequence[torch.Tensor],
+        train_examples: int,
+        loss: LossFn | None = None,
+        key: str = "",
+        instructions: TrainInstructions | None = None,
+        node: NodeSettings | None = None,
+        profile_cache: Path | None = None,
+    ) -> None:
+        joined = CURRENT_ROUND.get()
+        if instructions is None or node is None:
+            if joined is None:
+                raise SessionError(
+                    "PowerSession: no round to join: add powerfed.power_aware_mod to the ClientApp's mods, "
+                    "or give instructions= and node="
+                )
+            instructions = instructions or joined.instructions
+            node = node or joined.node
+            profile_cache = profile_cache or joined.profile_cache
+        if not isinstance(train_examples, int) or train_examples < 1:
+            raise SessionError(
+                f"PowerSession: train_examples must be a positive count, got {train_examples!r}"
+            )
+        self.instructions = instructions
+        self.work = RoundWork(
+            node,
+            instructions,
+            None,
+            None,
+            node_device_seed(node, instructions.seed),
+            profile_cache,
+            step=user_step(instructions, model, make_step, example, loss, key),
+            examples=train_examples,
+        )
+        self._joined = joined
+        self.report: ClientReport | None = None
+        self.profiled: Profiled | None = None
+        self.samples = 0
+        self.steps = 0
+        self.device_seconds = 0.0
+        self.accuracy: float | None = None
+        self._stack: ExitStack | None = None
+        self._dev: Device | None = None
+        self._pinning: Pinning | None = None
+        self._power: TrainingPower | None = None
+        self._workload: Workload | None = None
+        self._wall = 0.0
+
+    # --- the round ----------------------------------------------------------------------------
+    def __enter__(self) -> PowerSession:
+        work = self.work
+        self._wall = time.perf_counter()
+        relation = usable_relation(work.instr, work.examples or 0)
+        self.profiled = measured_profile_step(work, relation)
+        self.chosen = method_step(work, self.profiled.profile, relation, _no_training)
+        stack = ExitStack()
+        try:
+            dev = stack.enter_context(open_device(work.settings.device, seed=work.device_seed))
+            stack.enter_context(restore_on_exit(dev))
+            self._workload, _ = work.profiled_step().build(dev)
+            self._pinning = Pinning.start(work, self.chosen.rule, dev)
+            self._power = TrainingPower(dev, POWER_RATE_HZ)
+            self._power.resume()
+        except BaseException:
+            stack.close()
+            raise
+        self._stack, self._dev = stack, dev
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        stack, power, dev = self._stack, self._power, self._dev
+        self._stack = None
+        if stack is None or power is None or dev is None:
+            return
+        try:
+            if exc_type is not None:
+                power.abort()
+                return
+            power.pause()
+            if self.steps == 0 and isinstance(dev, SimulatedBoard):
+                raise SessionError(
+                    "PowerSession: the loop ran no training step through session.step(...): a simulated "
+                    "board charges only the steps it runs, so this round would report 0 s and 0 J"
+                )
+            self.report = self._report(dev)
+        finally:
+            stack.close()  # the device restored on every way out
+        if self._joined is not None:
+            self._joined.sessions.append(self)
+
+    # --- what the loop uses --------------------------------------------------------------------
+    @property
+    def batch_size(self) -> int:
+        """The batch size chosen (a cap that changes may change it between steps)."""
+        return self._active().batch_size
+
+    @property
+    def lr(self) -> float:
+        """The plan's learning rate for the batch size in force (its LR rule)."""
+        return float(self.instructions.lr_for(self.batch_size))
+
+    @property
+    def torch_device(self) -> str:
+        """Where the loop's tensors go (the board's GPU; "cpu" on a simulated board)."""
+        if self._dev is None:
+            raise SessionError("PowerSession: use it inside its `with` block")
+        return self._dev.torch_device()
+
+    def step(self, fn: Step, *args: Any, **kwargs: Any) -> Any:
+        """Run one training step `fn(*args, **kwargs)` on the pinned board and charge it: the batch
+        size is the first argument's length. Returns what `fn` returns."""
+        pinning, dev, power = self._active(), self._dev, self._power
+        assert dev is not None and power is not None and self._workload is not None
+        batch = len(args[0]) if args and hasattr(args[0], "__len__") else self.batch_size
+        for hook in pinning.hooks:
+            hook.before_step(self.samples)
+        t0 = dev.clock()
+        result = dev.run_step(lambda: fn(*args, **kwargs), batch_size=batch, workload=self._workload)
+        self.device_seconds += dev.clock() - t0
+        self.samples += batch
+        self.steps += 1
+        if pinning.hooks:
+            readings = power.new_samples()
+            for hook in pinning.hooks:
+                hook.after_step(readings, self.device_seconds)
+        return result
+
+    def evaluated(self, accuracy: float) -> bool:
+        """Record an evaluation of the model (the last one is reported); True once it meets the target."""
+        power = self._power
+        if power is not None:
+            power.pause()  # evaluation is not training: its power and time are not charged
+            power.resume()
+        self.accuracy = float(accuracy)
+        return self.reached
+
+    @property
+    def reached(self) -> bool:
+        return self.accuracy is not None and self.accuracy >= self.instructions.target_accuracy
+
+    @property
+    def done(self) -> bool:
+        """The target met, or the plan's budget (samples, device seconds) spent: stop the loop."""
+        instr = self.instructions
+        return (
+            self.reached
+            or (bool(instr.budget_samples) and self.samples >= instr.budget_samples)
+            or (bool(instr.budget_device_seconds) and self.device_seconds >= instr.budget_device_seconds)
+        )
+
+    def _active(self) -> Pinning:
+        if self._pinning is None or self._stack is None:
+            raise SessionError("PowerSession: use it inside its `with` block")
+        return self._pinning
+
+    def _report(self, dev: Device) -> ClientReport:
+        assert self._pinning is not None and self._power is not None and self.profiled is not None
+        instr = self.instructions
+        energy, peak, mean = self._power.summary()
+        start = self._pinning.choice
+        stop = "target" if self.reached else ("budget" if self.done else "loop")
+        result = FineTuneResult(
+            reached=self.reached,
+            samples=self.samples,
+            device_seconds=self.device_seconds,
+            energy_j=energy,
+            peak_power_w=peak,
+            mean_power_w=mean,
+            final_accuracy=self.accuracy if self.accuracy is not None else 0.0,
+            curve=[],
+            batch_size=start.batch_size,
+            lr=float(instr.lr_for(start.batch_size)),
+            steps=self.steps,
+            target_accuracy=instr.target_accuracy,
+            stop_reason=stop,
+        )
+        trained = self._pinning.trained(result, {}, dev.board)
+        wall = time.perf_counter() - self._wall
+        return build_report(self.work, self.profiled, self.chosen, trained, self.work.examples or 0, wall)
+
+
+def _no_training(*_: Any) -> Any:
+    raise SessionError("PowerSession: this method needs the built-in client's own training (oracle search)")
