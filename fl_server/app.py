@@ -75,7 +75,9 @@ def pretrained_weights(
     cfg: ServerConfig, *, progress: bool = False, say: Callable[[str], None] | None = None
 ) -> Path:
     """The weights to start from: the given file, or pre-trained on the embedded task (cached by recipe);
-    `say` hears when pre-training starts and how long it took."""
+    `say` hears when pre-training starts and how long it took. The recipe holds torch's intra-op thread
+    count (another count sums in another order: other weights) but not `server-device`, whose weights
+    differ from the CPU's only by floating-point nondeterminism (docs/howto/server-gpu.md)."""
     if cfg.weights:
         return app_path(cfg.weights, "weights")
     import torch
@@ -86,6 +88,7 @@ def pretrained_weights(
         "samples": cfg.pretrain_samples,
         "seed": cfg.pretrain_seed,
         "torch": ".".join(torch.__version__.split(".")[:2]),
+        "threads": torch.get_num_threads(),
         "version": PRETRAIN_CACHE_VERSION,
     }
     key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:32]
@@ -103,6 +106,7 @@ def pretrained_weights(
         out=path,
         samples=cfg.pretrain_samples,
         seed=cfg.pretrain_seed,
+        device=cfg.server_device,
         progress=progress,
     )
     if say is not None:
@@ -144,6 +148,7 @@ def relation_vector(
         eval_every_samples=cfg.eval_every_samples,
         eval_max_samples=cfg.eval_max_samples,
         data_seed=cfg.proxy_seed,
+        device=cfg.server_device,
         progress=progress,
         say=say,
     )

@@ -22,7 +22,6 @@ from powerctl.cliutil import (
     bounded_int,
     one_line_errors,
 )
-from powerctl.devices import SPEC_HELP
 from powerctl.outputs import output_path
 from powerctl.relation import VECTORS
 from powerfed.training.data import SPECS
@@ -112,6 +111,11 @@ def _common(p: argparse.ArgumentParser) -> None:
             "torch CPU threads (default: torch's choice; 1 is often fastest on a busy machine)"
         ),
     )
+    p.add_argument(
+        "--device",
+        metavar="DEVICE",
+        **flag("server-device", "where to train: auto (a GPU where torch sees one), cpu, cuda, cuda:INDEX"),
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
 
 
@@ -169,9 +173,6 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     pre.add_argument("--seed", **flag("pretrain-seed", "initialisation, split and order seed"))
-    pre.add_argument(
-        "--device", default="host", metavar="SPEC", help=f"where to train: {SPEC_HELP} (default: host)"
-    )
     pre.add_argument(
         "--set",
         dest="overrides",
@@ -333,6 +334,7 @@ def _relation(args: argparse.Namespace) -> int:
         use_cache=not args.no_cache,
         parallel=args.parallel,
         num_cpus=args.cpus,
+        device=args.device,
         progress=not args.no_progress,
     )
     rel.save(args.out)
@@ -350,6 +352,9 @@ def _relation(args: argparse.Namespace) -> int:
 def _dispatch(args: argparse.Namespace) -> int:
     if args.seq_len is not None and get_model_spec(args.model).task != "text":
         raise ModelError(f"--seq-len is for text models; {args.model!r} is an image model: drop --seq-len")
+    from powerctl.devices.torchdev import resolve_torch_device
+
+    resolve_torch_device(args.device)  # a GPU this torch does not have: one line before any work
     if args.threads:
         import torch
 

@@ -100,7 +100,7 @@ def pretrain(
     batch_size: int = 64,
     lr: float = 1e-3,
     seed: int = 0,
-    device: str | Device = "host",
+    device: str | Device = "auto",
     progress: bool = True,
     overrides: dict[str, Any] | None = None,
     seq_len: int | None = None,
@@ -112,6 +112,10 @@ def pretrain(
     The budget is `samples` training samples or `epochs` passes over the train split (not both;
     neither = 1 epoch). The dataset is split into train/test (powerfed.training.data defaults) and the report
     gives the final test accuracy. Nothing is written unless training completes.
+
+    `device` is a spec (`powerctl.devices.open_device`: `auto`, `cpu`, `cuda[:INDEX]`, or a board) or an
+    open Device; the model goes to its torch device, and the batches, the optimizer state and the
+    evaluation follow the model (`fine_tune`). The weights are written as CPU tensors (`save_weights`).
     """
     if samples is not None and epochs is not None:
         raise ValueError("give either samples or epochs, not both")
@@ -133,11 +137,12 @@ def pretrain(
     check_input_shape(spec, tuple(dataset.x.shape[1:]), dataset_spec)
     train, test = train_test_split(dataset, seed=seed)
     budget = samples if samples is not None else _epochs_budget(epochs or 1.0, len(train), batch_size)
-    model = build_model(model_name, dataset.num_classes, seed=seed, **overrides)
     dev = open_device(device, seed=seed) if isinstance(device, str) else device
 
     started = time.perf_counter()
     try:
+        # built on the CPU from its seed (the same initial weights on every device), then moved
+        model = build_model(model_name, dataset.num_classes, seed=seed, **overrides).to(dev.torch_device())
         result = fine_tune(
             model,
             train,
@@ -180,6 +185,7 @@ def pretrain(
         "lr": lr,
         "seed": seed,
         "device": dev.spec,
+        "torch_device": dev.torch_device(),
         "samples": result.samples,
         "epochs": result.samples / len(train),
         "steps": result.steps,

@@ -13,8 +13,12 @@ relation file needs a positive number for every batch size, and a made-up one wo
 selection): the message names it and says what to change.
 
 Results are cached on disk, keyed by a hash of everything that determines them (model, weights,
-proxy spec and proxy bytes, target, batch sizes, seeds, rates, budgets, code version), so asking again
-is instant. Runs can go in parallel as Ray tasks, one CPU thread each; the numbers are the same.
+proxy spec and proxy bytes, target, batch sizes, seeds, rates, budgets, torch's intra-op thread count,
+code version), so asking again is instant. The torch device (`device`: auto, cpu, cuda[:INDEX]) is not
+in the key: a GPU reaches the same samples to target up to floating-point nondeterminism (the order of
+reductions), as a run with another thread count does, which is why the thread count is in the key (a
+cached vector of another count was silently reused: issue 31). Runs can go in parallel as Ray tasks, one
+CPU thread each (and a share of the GPU where the device is one).
 
 The same estimator serves user code: a model factory or a name registered with
 `powerfed.training.models.register_model`, proxy data as a torch Dataset, a DataLoader or tensors
@@ -46,6 +50,7 @@ from fl_server.relation_data import ProxyData, file_digest, load_proxy
 from fl_server.weights import load_weights, weights_hash
 from powerctl.cache import CACHE_ENV, cache_dir
 from powerctl.devices.host import HostDevice
+from powerctl.devices.torchdev import resolve_torch_device
 from powerctl.errors import FileFormatError, PowerctlError
 from powerctl.relation import VECTORS, RelationVector
 from powerfed.training.crossing import DEFAULT_MIN_EVALUATIONS, run_dense
@@ -114,6 +119,9 @@ class RelationRequest:
     min_evaluations: int
     max_seeds: int
     vector: str
+    threads: int = 1
+    """torch's intra-op thread count the runs train with: another count sums in another order, and its
+    samples to target differ in the last digits, enough to move a crossing by an evaluation."""
     user_key: str | None = None
     """The user's `cache_key` where user code is involved (None for the project's own models)."""
 
@@ -180,22 +188,23 @@ def _run_job(
     eval_max_samples: int | None,
     min_evaluations: int,
     progress: bool,
-    threads: int | None,
+    threads: int,
+    device: str = "cpu",
 ) -> dict[str, Any]:
     """One fine-tuning run from the shared starting weights, run again with denser evaluation if it
     crossed too early (`powerfed.training.crossing.run_dense`); a plain dict so it crosses Ray. The model
-    comes from its registry entry itself (a Ray worker has not run the user's `register_model`)."""
-    if threads is not None:
-        torch.set_num_threads(threads)
+    comes from its registry entry itself (a Ray worker has not run the user's `register_model`) and
+    trains on the torch `device` (batches, optimizer state and evaluation follow it: `fine_tune`)."""
+    host = HostDevice(device, torch_device=device)
 
     def run(every: int) -> Any:
         model = build_spec(spec, num_classes, **overrides)
         model.load_state_dict(state)
         return fine_tune(
-            model,
+            model.to(host.torch_device()),
             train,
             test,
-            device=HostDevice(),
+            device=host,
             batch_size=batch_size,
             lr=lr,
             target_accuracy=target_accuracy,
@@ -209,13 +218,14 @@ def _run_job(
             metric=metric,
         )
 
-    result, crossing, every = run_dense(
-        run,
-        batch_size=batch_size,
-        eval_every_samples=eval_every_samples,
-        target=target_accuracy,
-        min_evaluations=min_evaluations,
-    )
+    with _torch_threads(threads):
+        result, crossing, every = run_dense(
+            run,
+            batch_size=batch_size,
+            eval_every_samples=eval_every_samples,
+            target=target_accuracy,
+            min_evaluations=min_evaluations,
+        )
     return {
         "batch_size": batch_size,
         "seed": seed,
@@ -233,14 +243,26 @@ def _run_job(
     }
 
 
+@contextlib.contextmanager
+def _torch_threads(threads: int) -> Any:
+    """torch's intra-op thread count `threads` for the block, the caller's put back after (a run one at
+    a time must not leave the caller's process with another count)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def _run_user_job(
-    train_to_target: TrainToTarget, batch_size: int, seed: int, lr: float, threads: int | None, **_: Any
+    train_to_target: TrainToTarget, batch_size: int, seed: int, lr: float, threads: int, **_: Any
 ) -> dict[str, Any]:
-    """One run of the user's own loop; its answer checked, as a run record like `_run_job`'s."""
-    if threads is not None:
-        torch.set_num_threads(threads)
+    """One run of the user's own loop; its answer checked, as a run record like `_run_job`'s (the
+    device is the user's loop's own business)."""
     started = time.perf_counter()
-    samples = train_to_target(batch_size, lr, seed)
+    with _torch_threads(threads):
+        samples = train_to_target(batch_size, lr, seed)
     ok = samples is None or (
         isinstance(samples, (int, float)) and not isinstance(samples, bool) and not math.isnan(samples)
     )
@@ -305,16 +327,23 @@ def _run_parallel(
     progress: bool,
     finished: Callable[[dict[str, Any]], None],
 ) -> list:
-    """Each job a Ray task with one torch thread; Ray is started locally (and stopped) if needed."""
+    """Each job a Ray task with one torch thread; Ray is started locally (and stopped) if needed. Jobs
+    on a GPU (`device` cuda:...) ask Ray for an equal share of one GPU each, as many as run at once,
+    and train on the GPU Ray gives them (their cuda:0: Ray sets CUDA_VISIBLE_DEVICES)."""
     import ray
 
     started_here = not ray.is_initialized()
+    cpus = num_cpus or min(len(jobs), os.cpu_count() or 1)
     if started_here:
         os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # CPU tasks: leave CUDA env alone
-        cpus = num_cpus or min(len(jobs), os.cpu_count() or 1)
         ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
-        remote = ray.remote(num_cpus=1)(fn)
+        gpu = str(jobs[0].get("device", "cpu")).startswith("cuda")
+        options = {"num_cpus": 1, **({"num_gpus": gpu_share(cpus, len(jobs))} if gpu else {})}
+        if gpu:
+            _check_ray_gpus()
+            jobs = [{**job, "device": "cuda:0"} for job in jobs]
+        remote = ray.remote(**options)(fn)
         refs = {k: ray.put(v) for k, v in shared.items()}
         futures = [remote.remote(**refs, **job, progress=False, threads=1) for job in jobs]
         bar = None
@@ -341,6 +370,23 @@ def _run_parallel(
     finally:
         if started_here:
             ray.shutdown()
+
+
+def gpu_share(cpus: int, jobs: int) -> float:
+    """The share of one GPU each Ray task asks for: as many tasks as run at once (one per CPU, at most
+    one per job) fit on one GPU together, rounded down to Ray's resolution (1/10000)."""
+    return math.floor(10_000 / max(1, min(cpus, jobs))) / 10_000
+
+
+def _check_ray_gpus() -> None:
+    """A task asking for a GPU that Ray does not have waits forever: one line instead."""
+    import ray
+
+    if not ray.cluster_resources().get("GPU", 0):
+        raise RelationError(
+            "the relation runs train on a GPU but Ray sees none (it counts CUDA_VISIBLE_DEVICES' GPUs); "
+            "run without --parallel, or start Ray with --num-gpus"
+        )
 
 
 def _starting_weights(
@@ -385,17 +431,20 @@ def _probe(
     train: Dataset,
     loss: LossFn | None,
     proxy: str,
+    device: str = "cpu",
 ) -> None:
-    """One forward and loss on two proxy samples before any run: a model and data that do not fit
-    together are one line, not a traceback from inside a Ray task."""
+    """One forward and loss on two proxy samples, on the runs' torch device, before any run: a model
+    and data that do not fit together are one line, not a traceback from inside a Ray task."""
     from powerfed.training.models import loss_fn
 
     model = build_spec(spec, num_classes, **overrides)
     model.load_state_dict(state)
+    model = model.to(device)
     try:
         with torch.no_grad():
             model.eval()
-            float((loss or loss_fn(spec.task))(model(train.x[:2]), train.y[:2]))
+            x, y = train.x[:2].to(device), train.y[:2].to(device)
+            float((loss or loss_fn(spec.task))(model(x), y))
     except Exception as exc:  # the user's model, loss or data: any error means they do not fit
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelError(
@@ -432,6 +481,7 @@ def estimate_relation(
     use_cache: bool = True,
     parallel: bool = False,
     num_cpus: int | None = None,
+    device: str = "auto",
     progress: bool = True,
     say: Say | None = None,
 ) -> RelationVector:
@@ -459,13 +509,16 @@ def estimate_relation(
     key also holds the data's bytes and every setting. `parallel` runs go to Ray where the model and
     callables can be pickled, else one at a time (logged). `say` gets a line per finished run (what it
     measured, an estimate of the time left): long estimates show progress where no terminal shows a
-    bar (a ServerApp's log).
+    bar (a ServerApp's log). `device` (auto, cpu, cuda[:INDEX]; `powerctl.devices.torchdev`) is where
+    the runs train; it is not in the cache key, torch's intra-op thread count the runs use is (1 per
+    Ray task with `parallel`, else this process's).
     """
     bs, sd = _validate(target_accuracy, batch_sizes, seeds, lr_max, max_samples, lr_rule, vector, max_seeds)
     if cache_key is not None and (not isinstance(cache_key, str) or not cache_key.strip()):
         raise RelationError(f"cache_key must be a non-empty string naming the user code, got {cache_key!r}")
     budget = max(len(sd), max_seeds or 0)
     lrs = [scaled_lr(lr_max, b, bs[-1], lr_rule) for b in bs]
+    threads = 1 if parallel else torch.get_num_threads()
     if train_to_target is not None:
         return _estimate_own_loop(
             model, weights, proxy, train_to_target, bs, sd, lrs, budget, locals(), cache_dir, use_cache
@@ -485,6 +538,7 @@ def estimate_relation(
     else:
         state, overrides, num_classes, weights_id = None, dict(overrides or {}), None, f"init:{INIT_SEED}"
     task = spec.task if spec is not None else None
+    torch_device = resolve_torch_device(device)  # a GPU that is not here: one line before the data is read
     data = load_proxy(proxy, task=task, seq_len=seq_len or 64, limit=limit, seed=data_seed)
     dataset, train, test = data.whole, data.train, data.test
     if spec is None:
@@ -509,6 +563,7 @@ def estimate_relation(
         min_evaluations=int(min_evaluations),
         max_seeds=budget,
         vector=vector,
+        threads=threads,
         user_key=cache_key if user_code else None,
     )
     cache_file = _cache_file(request, cache_dir, use_cache, user_code)
@@ -527,7 +582,7 @@ def estimate_relation(
     if num_classes is None:
         num_classes = dataset.num_classes
         state = build_spec(spec, num_classes, seed=INIT_SEED, **overrides).state_dict()
-    _probe(spec, state, num_classes, overrides, train, loss, data.label)
+    _probe(spec, state, num_classes, overrides, train, loss, data.label, torch_device)
     shared = {
         "state": state,
         "spec": spec,
@@ -544,6 +599,7 @@ def estimate_relation(
         "eval_every_samples": int(eval_every_samples),
         "eval_max_samples": eval_max_samples,
         "min_evaluations": int(min_evaluations),
+        "device": torch_device,
     }
     run_seeds = _seed_runner(_run_job, shared, common, bs, lrs, data.label, locals())
     return _finish(
@@ -600,6 +656,7 @@ def _estimate_own_loop(
         min_evaluations=0,
         max_seeds=budget,
         vector=given["vector"],
+        threads=given["threads"],
         user_key=given["cache_key"] or "",
     )
     cache_file = _cache_file(request, cache_dir, use_cache, True)
@@ -651,7 +708,7 @@ def _seed_runner(
     given: dict[str, Any],
 ) -> Callable[[Sequence[int]], list[dict[str, Any]]]:
     """run_seeds for `seeds_until_stable`: every batch size × seed, on Ray or one after another."""
-    parallel, progress = given["parallel"], given["progress"]
+    parallel, progress, threads = given["parallel"], given["progress"], given["threads"]
 
     def run_seeds(seed_list: Sequence[int]) -> list[dict[str, Any]]:
         jobs = [
@@ -665,7 +722,7 @@ def _seed_runner(
         else:
             found = []
             for job in jobs:
-                found.append(fn(**shared, **job, progress=progress, threads=None))
+                found.append(fn(**shared, **job, progress=progress, threads=threads))
                 finished(found[-1])
         _check_runs(found, label, given["target_accuracy"], given["max_samples"])
         return found

@@ -28,7 +28,14 @@ from powerfed.training.errors import DataError
 GLOBAL_FILE = "global.safetensors"
 RESULTS_FILE = "results.json"
 NOT_IN_FINGERPRINT = frozenset(
-    {"num-server-rounds", "resume", "results-dir", "round-timeout", "inject-server-stop-round"}
+    {
+        "num-server-rounds",
+        "resume",
+        "results-dir",
+        "round-timeout",
+        "inject-server-stop-round",
+        "server-device",
+    }
 )
 """Keys that do not change what a round computes: a resumed run may extend its rounds or wait longer."""
 

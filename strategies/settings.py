@@ -113,6 +113,19 @@ def _app_file(value: Any) -> str:
     return text
 
 
+def _torch_device(value: Any) -> str:
+    """Where the server trains, in its one written form (`powerctl.devices.torchdev`): checked for its
+    form here; whether that GPU is there only the machine that trains can say (it refuses one that is
+    not, in one line, before any work)."""
+    from powerctl.devices.torchdev import TORCH_SPEC_HELP, check_torch_spec
+    from powerctl.errors import DeviceError
+
+    try:
+        return check_torch_spec(value)
+    except DeviceError:
+        raise must_be(TORCH_SPEC_HELP, value) from None
+
+
 def _folder(value: Any) -> str:
     text = Text(empty=True)(value)
     if text and not Path(text).expanduser().is_absolute():
@@ -157,6 +170,7 @@ def _faults(value: Any) -> str:
 MODEL = Custom(_model, "a model name", str)
 DATASET = Custom(_dataset, "a dataset spec", str)
 APP_FILE = Custom(_app_file, "a file (or empty)", str)
+TORCH_DEVICE = Custom(_torch_device, "auto, cpu, cuda or cuda:INDEX", str)
 FOLDER = Custom(_folder, "an absolute folder (or empty)", str)
 FLEET = Custom(_fleet, "a fleet table or a fleet file", str)
 FAULTS = Custom(_faults, "KIND:P, ... (or empty)", str)
@@ -232,6 +246,15 @@ SETTINGS: dict[str, Setting] = _declare(
     ),
     Setting("pretrain-samples", 2000, Integer(1, MAX_COUNT), "Pre-training samples.", group="task"),
     Setting("pretrain-seed", 0, Integer(0, MAX_SEED), "Pre-training seed.", group="task"),
+    Setting(
+        "server-device",
+        "auto",
+        TORCH_DEVICE,
+        "Where the ServerApp pre-trains and estimates the relation vector: auto (the first CUDA device "
+        "torch sees, else the CPU), cpu, cuda or cuda:INDEX. Not in the caches' keys: a GPU reaches the "
+        "same samples to target up to floating-point nondeterminism (docs/howto/server-gpu.md).",
+        group="task",
+    ),
     Setting(
         "relation",
         "",

@@ -5,16 +5,20 @@ sim:jetson-nano, sim:...  a simulated board (see powerctl/data/boards.yaml)
 jetson                    the Jetson this runs on (auto-detect via /proc/device-tree/model)
 jetson-nano, jetson-tx2nx a named Jetson board (sysfs)
 nvml:INDEX                a discrete NVIDIA GPU through NVML
+auto, cpu, cuda[:INDEX]   this machine like host, training on that torch device (powerctl.devices.torchdev)
 """
 
 from __future__ import annotations
 
 from powerctl.devices.base import Device, PowerSampler, ThreadSampler
+from powerctl.devices.torchdev import TORCH_SPEC_HELP, check_torch_spec, is_torch_spec
 from powerctl.errors import DeviceError
 
 __all__ = ["Device", "PowerSampler", "ThreadSampler", "check_spec", "open_device", "SPEC_HELP"]
 
 SPEC_HELP = "host, sim:jetson-nano, sim:jetson-tx2nx, jetson, jetson-nano, jetson-tx2nx, nvml:INDEX"
+SERVER_SPEC_HELP = f"{TORCH_SPEC_HELP}, or a board: {SPEC_HELP}"
+"""What a training command that runs on the coordinator takes (`fl-server pretrain --device`)."""
 
 
 def open_device(spec: str, *, seed: int = 0) -> Device:
@@ -36,12 +40,15 @@ def open_device(spec: str, *, seed: int = 0) -> Device:
 
 def check_spec(spec: str) -> tuple[str, str]:
     """(kind, argument) of a device spec as `open_device` reads it, checked without opening anything:
-    ("host", ""), ("sim", "jetson-nano"), ("jetson", "jetson" or "jetson-NAME"), ("nvml", "0"). An
+    ("host", ""), ("sim", "jetson-nano"), ("jetson", "jetson" or "jetson-NAME"), ("nvml", "0"), ("torch",
+    "auto" / "cpu" / "cuda:0") for the host training on that torch device. An
     unknown spec, an unknown simulated board or an NVML index that is not one is one DeviceError line;
     whether this machine has that Jetson or GPU only opening it can say. A run's pre-flight calls it."""
     spec = spec.strip()
     if spec == "host":
         return "host", ""
+    if is_torch_spec(spec):
+        return "torch", check_torch_spec(spec)
     if spec.startswith("sim:"):
         from powerctl.devices.simulated import check_board_name
 
@@ -60,10 +67,10 @@ def check_spec(spec: str) -> tuple[str, str]:
 
 def _open(spec: str, *, seed: int = 0) -> Device:
     kind, arg = check_spec(spec)
-    if kind == "host":
+    if kind in ("host", "torch"):
         from powerctl.devices.host import HostDevice
 
-        return HostDevice()
+        return HostDevice() if kind == "host" else HostDevice(arg, torch_device=arg)
     if kind == "sim":
         from powerctl.devices.simulated import SimulatedBoard
 

@@ -226,8 +226,9 @@ class Device(ABC):
 
     def torch_device(self) -> str:
         """Where training tensors live: the GPU when torch sees one (a simulated board: the CPU)."""
-        torch = sys.modules.get("torch")
-        return "cuda" if torch is not None and torch.cuda.is_available() else "cpu"
+        from powerctl.devices.torchdev import resolve_torch_device
+
+        return resolve_torch_device("auto") if "torch" in sys.modules else "cpu"
 
     def run_step(self, fn: Callable[[], T], *, batch_size: int, workload: Workload) -> T:
         """Run one training step and charge it to the device.

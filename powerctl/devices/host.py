@@ -7,17 +7,28 @@ import sys
 from typing import Any
 
 from powerctl.devices.base import Device
+from powerctl.devices.torchdev import resolve_torch_device
 from powerctl.errors import DeviceError
 
 
 class HostDevice(Device):
-    """Wall-clock time, no frequency knob, no power sensor (energy is then not reported)."""
+    """Wall-clock time, no frequency knob, no power sensor (energy is then not reported). Training goes
+    to `torch_device` (`auto`, `cpu`, `cuda:INDEX`: `powerctl.devices.torchdev`; default auto); a CUDA
+    device torch does not have is refused when it is opened, before any work."""
 
     board = "host"
 
-    def __init__(self, spec: str = "host") -> None:
+    def __init__(self, spec: str = "host", *, torch_device: str = "auto") -> None:
         super().__init__()
         self.spec = spec
+        # asked for by name: checked now (a missing GPU is one line before any work); auto: when training
+        # asks, so that listing the host (`powerctl devices`) does not load torch
+        self._torch_device = None if torch_device == "auto" else resolve_torch_device(torch_device)
+
+    def torch_device(self) -> str:
+        if self._torch_device is None:
+            return super().torch_device()
+        return self._torch_device
 
     def frequencies(self) -> list[int]:
         return []
@@ -35,7 +46,7 @@ class HostDevice(Device):
         return None
 
     def memory_bytes(self) -> int:
-        torch = sys.modules.get("torch")
-        if torch is not None and torch.cuda.is_available():
-            return int(torch.cuda.get_device_properties(0).total_memory)
+        where = self.torch_device()
+        if where.startswith("cuda"):  # resolving it loaded torch
+            return int(sys.modules["torch"].cuda.get_device_properties(where).total_memory)
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

@@ -1,0 +1,69 @@
+"""Where torch tensors live: the one reader of `auto`, `cpu`, `cuda` and `cuda:INDEX`.
+
+A device spec names a board (its knob and sensor, `powerctl.devices`); these four name only where the
+model, the batches and the optimizer state go, on a machine with no board to control: the coordinator
+that pre-trains, estimates the relation vector and calibrates targets. `check_torch_spec` reads the form
+without torch (a run config is checked where the run is submitted, not where it trains);
+`resolve_torch_device` asks torch whether that device is here.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from powerctl.errors import DeviceError
+
+__all__ = ["TORCH_SPECS", "TORCH_SPEC_HELP", "check_torch_spec", "is_torch_spec", "resolve_torch_device"]
+
+TORCH_SPECS = ("auto", "cpu", "cuda", "cuda:INDEX")
+TORCH_SPEC_HELP = "auto (the first CUDA device torch sees, else the CPU), cpu, cuda, cuda:INDEX"
+
+
+def is_torch_spec(spec: str) -> bool:
+    """Whether `spec` is one of the torch forms (well formed or not): `auto`, `cpu`, `cuda...`."""
+    spec = spec.strip()
+    return spec in ("auto", "cpu") or spec == "cuda" or spec.startswith("cuda:")
+
+
+def check_torch_spec(spec: str) -> str:
+    """`spec` in its one written form (`cuda` → `cuda:0`), checked without torch; anything else is one
+    DeviceError line that lists the forms."""
+    text = spec.strip() if isinstance(spec, str) else ""
+    if text in ("auto", "cpu"):
+        return text
+    if text == "cuda":
+        return "cuda:0"
+    if text.startswith("cuda:"):
+        index = text[len("cuda:") :].strip()
+        if index.isdigit():
+            return f"cuda:{int(index)}"
+        raise DeviceError(f"device {spec!r}: the CUDA index must be a number from 0, e.g. cuda:0")
+    raise DeviceError(f"unknown torch device {spec!r}; use one of: {TORCH_SPEC_HELP}")
+
+
+def resolve_torch_device(spec: str = "auto") -> str:
+    """The torch device `spec` names on this machine: `auto` is `cuda:0` when torch sees a CUDA device,
+    else `cpu`. A CUDA device torch does not have is one DeviceError line (a user asked for a GPU and
+    must not silently train on the CPU)."""
+    form = check_torch_spec(spec)
+    if form == "cpu":
+        return "cpu"
+    torch = sys.modules.get("torch")
+    if torch is None:
+        import torch
+    cuda = torch.cuda.is_available()
+    if form == "auto":
+        return "cuda:0" if cuda else "cpu"
+    if not cuda:
+        build = f"built for CUDA {torch.version.cuda}" if torch.version.cuda else "built without CUDA"
+        raise DeviceError(
+            f"device {form}: torch {torch.__version__} ({build}) sees no CUDA device here; "
+            "use cpu, or auto (a GPU where there is one)"
+        )
+    index, count = int(form.split(":")[1]), torch.cuda.device_count()
+    if index >= count:
+        raise DeviceError(
+            f"device {form}: torch sees {count} CUDA device(s) here (cuda:0 to cuda:{count - 1}); "
+            "check CUDA_VISIBLE_DEVICES"
+        )
+    return form
