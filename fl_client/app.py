@@ -20,11 +20,10 @@ from flwr.clientapp import ClientApp
 
 from fl_client.faults import before_training, kill_after_checkpoint, parse_faults
 from fl_client.local_data import data_plan, load_local_data
-from fl_client.mod import error_reply, message_config, profile_cache
+from fl_client.mod import error_reply, message_config, node_info, profile_cache
 from fl_client.node import NodeSettings, resolve_node
 from fl_client.round import build_local_model, model_seq_len, node_device_seed, plan_round, train_round
 from powerctl.cliutil import library_lines_on_stderr
-from powerctl.devices import open_device
 from powerctl.errors import PowerctlError
 from powerfed.training.finetune import evaluate_with_loss
 from powerfed.training.models import get_model_spec
@@ -67,12 +66,7 @@ def _arrays(msg: Message) -> ArrayRecord:
 
 
 def _node_record(settings: NodeSettings, context: Context) -> ConfigRecord:
-    with open_device(settings.device) as dev:  # an unknown or absent device fails here, before any data
-        info: dict = {"node-key": settings.key, "device": settings.device, "board": dev.board}
-    if settings.power_cap_w is not None:
-        info["power-cap-w"] = settings.power_cap_w
-    if settings.partition_id is not None:
-        info["partition-id"] = settings.partition_id
+    info = node_info(settings)
     model = context.run_config.get("model")
     if isinstance(model, str) and model:
         train, test = load_local_data(data_plan(settings, context.run_config, model_seq_len(model, {})))

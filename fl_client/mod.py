@@ -18,12 +18,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from flwr.app import ConfigRecord, Context, Error, Message, MessageType
+from flwr.app import ConfigRecord, Context, Error, Message, MessageType, RecordDict
 
 from fl_client.node import NodeConfigError, NodeSettings, resolve_node
 from fl_client.session import CURRENT_ROUND, RoundContext
+from powerctl.devices import open_device
 from powerctl.errors import PowerctlError
-from strategies.protocol import CONFIG_KEY, REPORT_KEY, TrainInstructions, required
+from strategies.protocol import CONFIG_KEY, NODE_KEY, REPORT_KEY, TrainInstructions, required
 from strategies.settings import client_setting
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,36 @@ def profile_cache(run_config: Any) -> Path | None:
     """The run's own profile cache (`profile-cache`, an absolute folder), else the shared default."""
     value = client_setting(run_config, "profile-cache", NodeConfigError)
     return Path(value) if value else None
+
+
+def node_info(settings: NodeSettings) -> dict[str, Any]:
+    """Who this node is, as a query reply says it (`strategies.rounds.NodeInfo`): its key, device,
+    board, cap and partition. An unknown or absent device fails here, before anything else."""
+    with open_device(settings.device) as dev:
+        info: dict[str, Any] = {"node-key": settings.key, "device": settings.device, "board": dev.board}
+    if settings.power_cap_w is not None:
+        info["power-cap-w"] = settings.power_cap_w
+    if settings.partition_id is not None:
+        info["partition-id"] = settings.partition_id
+    return info
+
+
+def describe_node(msg: Message, context: Context) -> Message:
+    """A query function for a user's ClientApp (`app.query()(describe_node)`): the node's device, board
+    and cap, which `PowerAware` asks every node it has not met (without it the server warns once per
+    node and knows the node only from its reports). Planning queries (energy-under-deadline rounds)
+    need the built-in ClientApp."""
+    settings = None
+    try:
+        settings = resolve_node(context.node_config, context.run_config, needs_data=False)
+        if CONFIG_KEY in msg.content.config_records:
+            raise PowerctlError(
+                "energy-under-deadline rounds ask the built-in ClientApp for a plan; this app only "
+                "describes itself"
+            )
+        return Message(RecordDict({NODE_KEY: ConfigRecord(node_info(settings))}), reply_to=msg)
+    except PowerctlError as exc:
+        return error_reply(msg, settings, exc)
 
 
 def power_aware_mod(

@@ -34,6 +34,7 @@ _WHERE: dict[str, str] = {
     "save_results": "fl_server.results",
     # client: any ClientApp's train function, any loop
     "power_aware_mod": "fl_client.mod",
+    "describe_node": "fl_client.mod",
     "PowerSession": "fl_client.session",
     "SessionError": "fl_client.session",
     # the relation vector, for the built-in models and for users' own

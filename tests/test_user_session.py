@@ -1,0 +1,258 @@
+"""A user's own model, data, loop and ClientApp, power-aware through the public face (issue 27): the
+relation vector estimated on the server for the user's model, the user's own step profiled, a pair
+selected under each node's cap, the user's loop trained through `PowerSession`, the report back through
+`power_aware_mod` into `PowerAware`'s round and `results.json`; the board restored on every way out."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp.strategy import FedAvg
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import powerfed
+from fl_client.node import NodeSettings
+from powerctl.relation import RelationVector
+from strategies.protocol import TrainInstructions
+from tests.fake_boards import NANO_DEVFREQ, make_nano_tree, tree_snapshot
+from tests.fake_grid import FakeGrid
+from tests.test_user_model_relation import SETTINGS, UserCNN, user_data
+
+NAME = "session-user-cnn"
+FLEET = "sim:jetson-nano@3.0, sim:jetson-tx2nx@3.5"
+
+
+def make_step(net: nn.Module) -> Callable[[torch.Tensor, torch.Tensor], None]:
+    """The user's own training step: SGD with momentum, their choice, not the project's."""
+    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> None:
+        opt.zero_grad()
+        F.cross_entropy(net(x), y).backward()
+        opt.step()
+
+    return step
+
+
+def accuracy(net: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    with torch.no_grad():
+        return float((net(x).argmax(1) == y).float().mean())
+
+
+@pytest.fixture(autouse=True)
+def registered() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    powerfed.register_model(NAME, UserCNN, input_shape=(1, 16, 16))
+    try:
+        yield
+    finally:
+        powerfed.unregister_model(NAME)
+        torch.set_num_threads(threads)
+
+
+def plan(relation: RelationVector | None = None, **changes: Any) -> TrainInstructions:
+    rel = relation or RelationVector.from_samples(NAME, "tensors", 0.75, {8: 400.0, 16: 480.0, 32: 640.0})
+    base = {
+        "model": NAME,
+        "num_classes": 4,
+        "model_overrides": {},
+        "target_accuracy": rel.target_accuracy,
+        "relation_vector": rel,
+        "lr_max": 0.05,
+        "budget_samples": 2000,
+        "profile_samples": 256,
+        "profile_warmup": 0,
+        "profile_steps": 1,
+    }
+    return TrainInstructions(**{**base, **changes})
+
+
+def user_train(msg: Message, context: Context) -> Message:
+    """The user's train function: their model, their data, their loop, in one PowerSession."""
+    net = UserCNN()
+    net.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    pid = int(context.node_config["partition-id"])
+    x, y = user_data(n=320, seed=10 + pid)
+    test_x, test_y = user_data(n=128, seed=20 + pid)
+    trainset = TensorDataset(x, y)
+    with powerfed.PowerSession(
+        model=net, make_step=make_step, example=(x[:8], y[:8]), train_examples=len(trainset)
+    ) as session:
+        loader = DataLoader(trainset, batch_size=session.batch_size, shuffle=True, drop_last=True)
+        step = make_step(net)
+        while not session.done:
+            for xb, yb in loader:
+                session.step(step, xb, yb)
+                if session.samples % 64 < session.batch_size and session.evaluated(
+                    accuracy(net, test_x, test_y)
+                ):
+                    break
+        session.evaluated(accuracy(net, test_x, test_y))
+    content = RecordDict(
+        {
+            "arrays": ArrayRecord.from_torch_state_dict(net.state_dict()),
+            "metrics": MetricRecord({"num-examples": len(trainset)}),
+        }
+    )
+    return Message(content, reply_to=msg)
+
+
+def user_app(train: Callable[[Message, Context], Message] = user_train) -> ClientApp:
+    app = ClientApp(mods=[powerfed.power_aware_mod])
+    app.train()(train)
+    app.query()(powerfed.describe_node)
+    return app
+
+
+def _nodes(n: int) -> dict[int, dict[str, Any]]:
+    return {100 + i: {"partition-id": i, "num-partitions": n} for i in range(n)}
+
+
+def test_a_users_model_goes_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("POWERFED_CACHE", str(tmp_path / "cache"))
+    relation = powerfed.estimate_relation(NAME, None, user_data(), **SETTINGS, cache_dir=tmp_path / "rel")
+    assert relation.model == NAME and relation.batch_sizes == [8, 16, 32]
+    strategy = powerfed.PowerAware(
+        FedAvg(min_train_nodes=2, min_evaluate_nodes=0, min_available_nodes=2, fraction_evaluate=0.0),
+        plan(relation),
+    )
+    grid = FakeGrid(user_app(), _nodes(2), {"fleet": FLEET})
+    start = ArrayRecord.from_torch_state_dict(UserCNN().state_dict())
+    strategy.start(grid, start, 1, 60)
+    clients = {c["node_key"]: c for c in strategy.rounds[1].clients}
+    assert sorted(clients) == ["partition-0", "partition-1"]
+    for key, board in (("partition-0", "jetson-nano"), ("partition-1", "jetson-tx2nx")):
+        c = clients[key]
+        assert c["board"] == board and c["method"] == "ours"
+        assert c["batch_size"] in relation.batch_sizes and c["frequency_hz"] > 0
+        assert c["device_seconds"] > 0 and c["energy_j"] > 0 and c["samples"] > 0
+        # the cap held: what the profile predicted for the pair, and what the board drew
+        assert (
+            0 < c["profiled_peak_power_w"] <= c["power_cap_w"]
+            and c["peak_power_w"] <= 1.05 * c["power_cap_w"]
+        )
+        assert c["profiling_seconds"] > 0 and not c["profile_cached"]
+    out = powerfed.save_results(strategy, tmp_path / "results.json")
+    rows = json.loads(out.read_text())["rounds"][0]["clients"]
+    assert {r["node_key"]: (r["batch_size"], r["frequency_hz"]) for r in rows} == {
+        k: (c["batch_size"], c["frequency_hz"]) for k, c in clients.items()
+    }
+    # round 2 of the same step finds its profile cached: no profiling charged
+    strategy.start(FakeGrid(user_app(), _nodes(2), {"fleet": FLEET}), start, 1, 60)
+    assert all(c["profile_cached"] and c["profiling_seconds"] == 0 for c in strategy.rounds[1].clients)
+
+
+def _node(device: str = "sim:jetson-nano", cap: float | None = 3.0) -> NodeSettings:
+    return NodeSettings(device, cap, None, 0, 1, "n0", None)
+
+
+def _session(**kw: Any) -> powerfed.PowerSession:
+    x, y = user_data(n=64)
+    args: dict[str, Any] = {
+        "model": UserCNN(),
+        "make_step": make_step,
+        "example": (x[:8], y[:8]),
+        "train_examples": 64,
+        "instructions": plan(),
+        "node": _node(),
+    }
+    return powerfed.PowerSession(**{**args, **kw})
+
+
+def test_the_profile_is_of_the_users_step_and_changes_with_it(tmp_path: Path) -> None:
+    with _session(profile_cache=tmp_path) as first:
+        first.step(lambda: None)
+    with _session(profile_cache=tmp_path) as again:
+        again.step(lambda: None)
+
+    def adam_step(net: nn.Module) -> Callable[[torch.Tensor, torch.Tensor], None]:
+        opt = torch.optim.Adam(net.parameters())
+
+        def step(x: torch.Tensor, y: torch.Tensor) -> None:
+            opt.zero_grad()
+            F.cross_entropy(net(x), y).backward()
+            opt.step()
+
+        return step
+
+    with _session(profile_cache=tmp_path, make_step=adam_step) as other:
+        other.step(lambda: None)
+    assert first.profiled is not None and not first.profiled.cached
+    assert again.profiled is not None and again.profiled.cached  # the same step: cached
+    assert other.profiled is not None and not other.profiled.cached  # another step: profiled again
+    assert tuple(first.profiled.profile.input_shape) == (1, 16, 16)
+
+
+def test_a_loop_that_runs_no_step_through_it_on_a_simulated_board_is_one_error(tmp_path: Path) -> None:
+    with pytest.raises(powerfed.SessionError, match="ran no training step"), _session(profile_cache=tmp_path):
+        pass
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_a_jetson_is_pinned_while_the_loop_trains_and_left_as_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fail: bool
+) -> None:
+    root = make_nano_tree(tmp_path / "nano")
+    monkeypatch.setenv("POWERCTL_SYSFS_ROOT", str(root))
+    before = tree_snapshot(root)
+    devfreq = root / NANO_DEVFREQ
+    seen: list[tuple[str, str]] = []
+    x, y = user_data(n=64)
+    net = UserCNN()
+    with (
+        pytest.raises(KeyboardInterrupt) if fail else _nothing(),
+        _session(
+            model=net,
+            node=_node("jetson", 10.0),
+            profile_cache=tmp_path,
+            instructions=plan(budget_samples=32),
+        ) as s,
+    ):
+        step = make_step(net)
+        s.step(step, x[: s.batch_size], y[: s.batch_size])
+        seen.append(((devfreq / "min_freq").read_text().strip(), (devfreq / "max_freq").read_text().strip()))
+        if fail:
+            raise KeyboardInterrupt  # Ctrl-C in the user's loop
+    assert seen and seen[0][0] == seen[0][1]  # pinned while the loop ran
+    assert tree_snapshot(root) == before
+    if not fail:
+        assert s.report is not None and s.report.frequency_hz == int(seen[0][0]) and s.report.samples > 0
+
+
+class _nothing:
+    def __enter__(self) -> None: ...
+    def __exit__(self, *_: Any) -> None: ...
+
+
+def test_a_train_function_that_opens_no_session_is_an_error_reply_of_one_line() -> None:
+    def forgot(msg: Message, context: Context) -> Message:
+        return Message(RecordDict({"metrics": MetricRecord({"num-examples": 1})}), reply_to=msg)
+
+    grid = FakeGrid(user_app(forgot), _nodes(1), {"fleet": FLEET})
+    strategy = powerfed.PowerAware(
+        FedAvg(min_train_nodes=1, min_available_nodes=1, fraction_evaluate=0.0), plan()
+    )
+    strategy.start(grid, ArrayRecord.from_torch_state_dict(UserCNN().state_dict()), 1, 60)
+    (failure,) = strategy.rounds[1].failed
+    assert "opened no PowerSession" in failure.reason and "\n" not in failure.reason
+
+
+def test_without_a_round_to_join_the_session_says_how_to_get_one() -> None:
+    x, y = user_data(n=16)
+    with pytest.raises(powerfed.SessionError, match="power_aware_mod"):
+        powerfed.PowerSession(model=UserCNN(), make_step=make_step, example=(x, y), train_examples=16)
+
+
+def test_the_config_it_joins_is_the_plan_the_wrapper_sent() -> None:
+    sent = plan().to_config()
+    assert TrainInstructions.from_config(ConfigRecord(dict(sent))).model == NAME
