@@ -41,8 +41,10 @@ import torch
 
 from powerctl.baselines import oracle
 from powerctl.boards import board_model
+from powerctl.cliutil import OneLineParser
 from powerctl.devices import open_device
 from powerctl.devices.simulated import predicted_profile, replay_cost
+from powerctl.devices.torchdev import TORCH_SPEC_HELP, torch_device_arg
 from powerctl.relation import RelationVector, fit_batch_efficiency
 from powerctl.selection import select
 
@@ -64,6 +66,7 @@ def noise_scale(
     estimates is biased). `params` names each set's parameters (the same backward passes serve all)."""
     g = torch.Generator().manual_seed(seed)
     named = dict(model.named_parameters())
+    where = next(iter(named.values())).device  # the batches go where the model is (--device)
     b_small, b_big = micro, micro * count
     g2 = dict.fromkeys(params, 0.0)
     trace = dict.fromkeys(params, 0.0)
@@ -74,7 +77,7 @@ def noise_scale(
         for i in range(count):
             part = idx[i * micro : (i + 1) * micro]
             model.zero_grad()
-            loss(model(ds.x[part]), ds.y[part]).backward()
+            loss(model(ds.x[part].to(where)), ds.y[part].to(where)).backward()
             for k, names in params.items():
                 grads[k].append(torch.cat([named[n].grad.flatten() for n in names]))
         for k, rows in grads.items():
@@ -134,7 +137,7 @@ def measure(folder: Path, results: dict[str, Any], args: argparse.Namespace, hos
         scales: Scales = {}
         for name, ds in sources.items():
             train, _ = train_test_split(ds, seed=0)
-            model = build_model(task.model, ds.num_classes, seed=0)
+            model = build_model(task.model, ds.num_classes, seed=0).to(host.torch_device())
             sets = parameter_sets(model, task.name == "vision")
             for s in range(args.estimator_seeds):
                 model.load_state_dict(copy.deepcopy(weights))
@@ -243,7 +246,7 @@ def read_results(folder: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="noise_scale", description=__doc__.splitlines()[0])
     p.add_argument(
         "folders", type=Path, nargs="+", help="paper_tables.py --out folders (results.json, weights)"
     )
@@ -254,6 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=12, help="draws per estimate")
     p.add_argument("--estimator-seeds", type=int, default=3, help="independent estimates per source")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument(
+        "--device", type=torch_device_arg, default="auto", help=f"where the models run: {TORCH_SPEC_HELP}"
+    )
     p.add_argument("--json", type=Path, help="write every number here")
     args = p.parse_args(argv)
     if min(args.micro, args.count - 1, args.reps, args.estimator_seeds) < 1:
@@ -261,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = {folder: read_results(folder) for folder in args.folders}  # all checked before any measuring
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
-    host = open_device("host")
+    host = open_device(args.device)
     out: dict[str, Any] = {}
     for folder, results in runs.items():
         out.update(measure(folder, results, args, host))

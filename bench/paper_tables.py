@@ -6,24 +6,30 @@ dataset × (two power caps, no cap). Cells: mean ± std device seconds to the ta
 and energy; then ours/fastest and state-of-practice/ours.
 
 How it is made (said again in the output):
-- REAL training on the CPU for the accuracy dynamics: each (batch size, seed) is fine-tuned ONCE from
+- REAL training (on --device: auto = a GPU where torch sees one, else the CPU) for the accuracy
+  dynamics: each (batch size, seed) is fine-tuned ONCE from
   the same pre-trained weights until the target (or the sample budget), and its steps are recorded.
   Samples-to-target depends on (b, seed), not on the GPU frequency, so every (b, f) is then charged the
   board's cost for that run's steps (`powerctl.devices.simulated.replay_cost`, tested equal to a pinned
   run in tests/test_replay.py). The client's profile is the board model's predicted profile.
 - Scaled-down models train (resnet18-small, chartransformer-small) while the board charges the full
   model's cost (resnet18, chartransformer): 2 CPU cores cannot train full ResNet18 to target dozens of
-  times. `--full` trains the full models (a GPU machine).
+  times. `--full` trains the full models (a GPU machine: --device cuda). Its text regime pre-trains
+  the full chartransformer at 1e-3 (fine-tunes at lr_max 5e-4) on WikiText-2 valid+test for 300k
+  samples: the small regime's 6e-3 left it at 0.28-0.29 character accuracy, and its targets inside the
+  evaluation's noise (issue 29). That regime is NOT yet verified at full size (no GPU was lent).
 - Vision: CIFAR-10 (JPEG copy in ../shared/data), related as the paper's sources are: pre-training on
   another label space (five of the ten classes; a fresh 10-way head after it), the proxy from the test
   split, the two targets other sources of the same ten classes (the darker and the brighter half of
   unused train-split photos; not SVHN/CINIC-10, which are not here). See `vision_data`.
   Text: pre-train on WikiText-2, proxy tiny Shakespeare, targets Austen (Emma) and Dickens (Oliver Twist).
 - Targets are lower than the paper's (smaller models, shorter pre-training) and set per dataset by one
-  rule: the plateau of a calibration run at the largest batch size less one point (`calibrate_target`;
+  rule: 0.8 of the way from the start to the plateau of a calibration run at the largest batch size
+  (`calibrate_target`, which refuses a plateau within the evaluation's noise of the start;
   --vision-targets / --text-targets give them by hand). The relation vector is the mean of 3 proxy seeds.
 
-    python bench/paper_tables.py [--task vision|text|both] [--seeds N] [--quick] [--full] [--out DIR]
+    python bench/paper_tables.py [--task vision|text|both] [--seeds N] [--quick] [--full] [--device D]
+                                 [--out DIR]
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import argparse
 import copy
 import dataclasses
 import json
+import math
 import statistics
 import sys
 import time
@@ -48,9 +55,11 @@ from vector_floor import Group, shared_vector_floor
 
 from powerctl.baselines import oracle
 from powerctl.boards import BoardModel, board_model
+from powerctl.cliutil import OneLineParser
 from powerctl.devices import open_device
 from powerctl.devices.simulated import predicted_profile, replay_cost
-from powerctl.errors import InfeasibleCapError
+from powerctl.devices.torchdev import TORCH_SPEC_HELP, torch_device_arg
+from powerctl.errors import InfeasibleCapError, PowerctlError
 from powerctl.profile_table import Profile
 from powerctl.relation import RelationVector
 from powerctl.selection import Selection, rank, select
@@ -96,6 +105,8 @@ class Task:
     0: none."""
     fixed_targets: list[float] | None = None
     """Targets for (proxy, target 1, target 2) given on the command line instead of calibrated."""
+    pretrain_lr: float | None = None
+    """Pre-training's learning rate (None: twice `lr_max`, the small models')."""
     targets: dict[str, float] = field(default_factory=dict)
     data: dict[str, Any] = field(default_factory=dict)
 
@@ -185,14 +196,22 @@ def fresh_head(
     return out
 
 
-def text_data(limit: int) -> dict[str, Any]:
+def text_data(limit: int, full: bool = False) -> dict[str, Any]:
+    """Pre-training on WikiText-2 (valid; with `full`, valid and test joined, twice the text for the
+    full model), the proxy tiny Shakespeare, the targets two novels."""
     from powerfed.training.data import load_dataset
 
-    def text(path: Path) -> Any:
-        return load_dataset(f"text:{path}", split="all", seq_len=64, limit=limit)
+    def text(path: Path, most: int | None = limit) -> Any:
+        return load_dataset(f"text:{path}", split="all", seq_len=64, limit=most)
 
+    wiki = text(DATA / "wikitext-2" / "wiki.valid.tokens", None if full else limit)
+    if full:
+        more = text(DATA / "wikitext-2" / "wiki.test.tokens", None)
+        wiki = dataclasses.replace(
+            wiki, name="wikitext-2:valid+test", x=torch.cat([wiki.x, more.x]), y=torch.cat([wiki.y, more.y])
+        )
     return {
-        "pretrain": text(DATA / "wikitext-2" / "wiki.valid.tokens"),
+        "pretrain": wiki,
         "proxy": text(DATA / "tinyshakespeare" / "input.txt"),
         "targets": {
             "austen-emma": text(DATA / "gutenberg_austen" / "austen-emma.txt"),
@@ -211,15 +230,17 @@ def pretrain(task: Task, host: Any) -> dict[str, torch.Tensor]:
 
     ds = task.data["pretrain"]
     train, test = train_test_split(ds, seed=0)
-    model = build_model(task.model, ds.num_classes, seed=0)
+    model = build_model(task.model, ds.num_classes, seed=0).to(host.torch_device())
+    lr = task.pretrain_lr or task.lr_max * 2
     r = fine_tune(
-        model, train, test, device=host, batch_size=64, lr=task.lr_max * 2, target_accuracy=None,
+        model, train, test, device=host, batch_size=64, lr=lr, target_accuracy=None,
         max_samples=task.pretrain_samples, eval_every_samples=None, progress=False,
     )  # fmt: skip
     print(
-        f"  pre-trained {task.model} on {ds.name}: {r.samples} samples, test accuracy {r.final_accuracy:.3f}"
+        f"  pre-trained {task.model} on {ds.name} ({host.torch_device()}, lr {lr:g}): {r.samples} samples, "
+        f"test accuracy {r.final_accuracy:.3f}"
     )
-    return {k: v.clone() for k, v in model.state_dict().items()}
+    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
 
 
 def run_to_target(
@@ -250,7 +271,8 @@ def run_to_target(
         model = build_model(task.model, ds.num_classes, seed=0)
         model.load_state_dict(copy.deepcopy(weights))
         return fine_tune(
-            model, train, test, device=host, batch_size=b, lr=scaled_lr(task.lr_max, b, task.b_max),
+            model.to(host.torch_device()), train, test, device=host, batch_size=b,
+            lr=scaled_lr(task.lr_max, b, task.b_max),
             target_accuracy=target, workload=task.data["workload"],
             max_samples=task.max_samples if target is not None else task.calibration_samples,
             eval_every_samples=every, eval_max_samples=task.eval_max_samples, seed=seed, progress=False,
@@ -266,9 +288,33 @@ def run_to_target(
     samples = float(r.samples) if crossing is None else crossing
     return {"b": b, "seed": seed, "steps": samples / b, "samples": samples, "reached": r.reached,
             "samples_at_evaluation": r.samples, "eval_every": every,
+            "eval_samples": min(len(test), task.eval_max_samples),
             "evaluations": evaluations_before(r.curve, target) if target is not None else None,
             "accuracy": r.final_accuracy, "wall_s": r.wall_seconds,
             "curve": [(p.samples, p.accuracy) for p in r.curve]}  # fmt: skip
+
+
+class TargetInNoise(PowerctlError):
+    """A calibrated target the evaluation cannot tell from the starting accuracy: a table on it ranks
+    noise (the full-size text regime's 0.002-0.018 above the start, issue 29)."""
+
+
+NOISE_Z = 2.0
+"""Standard errors a plateau must clear: about 95 % of evaluations of an unchanged model fall within."""
+
+
+def evaluation_noise(start: float, plateau: float, n: int, plateau_evaluations: Sequence[float]) -> float:
+    """What the plateau's gain over the start must exceed to be more than the evaluation's noise, both
+    parts measured: `NOISE_Z` standard errors of the difference of two accuracies on the `n` evaluated
+    samples (binomial; for text `n` counts sequences, not characters, whose correctness within one
+    sequence is not independent), the plateau's taken as the larger of the binomial one and the
+    spread of its own evaluations (training noise the binomial does not see)."""
+
+    def binomial(p: float) -> float:
+        return math.sqrt(max(p * (1 - p), 0.0) / max(n, 1))
+
+    spread = statistics.stdev(plateau_evaluations) if len(plateau_evaluations) > 1 else 0.0
+    return NOISE_Z * math.hypot(binomial(start), max(binomial(plateau), spread))
 
 
 def calibrate_target(
@@ -283,11 +329,23 @@ def calibrate_target(
     which evaluation noise first lifts it over the target decides: ± 30–57 % between seeds, more than
     the batch sizes' differences. On the rising part, where batch size changes what a sample buys, the
     crossing is steep and well defined.
+
+    A plateau not above the start by more than the evaluation's noise (`evaluation_noise`) is refused
+    in one line (`TargetInNoise`), for every task and size: its targets would rank noise.
     """
     run = run_to_target(task, weights, ds, None, task.b_max, 0, host)
     half = [acc for samples, acc in run["curve"] if samples >= task.calibration_samples / 2]
     plateau = statistics.median(half)
     start = run["curve"][0][1]
+    noise = evaluation_noise(start, plateau, run["eval_samples"], half)
+    if plateau - start <= noise:
+        raise TargetInNoise(
+            f"{task.name} {task.model} on {ds.name}: the calibration plateau {plateau:.3f} is "
+            f"{plateau - start:+.3f} from the start {start:.3f}, within the evaluation's noise {noise:.3f} "
+            f"({NOISE_Z:g} standard errors on {run['eval_samples']} evaluated samples and the plateau's "
+            f"spread): a target there ranks noise; pre-train the model better or longer, raise "
+            f"--{task.name}-calibration-samples, or give --{task.name}-targets"
+        )
     return round(start + task.target_fraction * (plateau - start), 3), plateau, start
 
 
@@ -527,9 +585,12 @@ def make_tasks(args: argparse.Namespace) -> list[Task]:
                 eval_max_samples=500, fixed_targets=args.vision_targets, target_fraction=args.target_fraction,
             ))  # fmt: skip
     if args.task in ("text", "both"):
+        # the full char GPT (6 layers, 256 wide) at the small one's 6e-3 pre-trained to 0.28-0.29 only
+        # (issue 29): nanoGPT's rate for a character model of this size, 1e-3, and half of it to fine-tune
         tasks.append(Task(
             "text", "chartransformer" if args.full else "chartransformer-small", "chartransformer",
-            lr_max=3e-3, pretrain_samples=args.text_pretrain_samples, batch_sizes=args.batch_sizes,
+            lr_max=5e-4 if args.full else 3e-3, pretrain_lr=1e-3 if args.full else None,
+            pretrain_samples=args.text_pretrain_samples, batch_sizes=args.batch_sizes,
             seeds=seeds, proxy_seeds=list(range(args.proxy_seeds)),
             proxy_max_seeds=args.proxy_max_seeds,
             calibration_samples=args.text_calibration_samples, eval_every=args.eval_every,
@@ -539,7 +600,7 @@ def make_tasks(args: argparse.Namespace) -> list[Task]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="paper_tables", description=__doc__.splitlines()[0])
     p.add_argument("--task", choices=["vision", "text", "both"], default="both")
     p.add_argument(
         "--seeds", type=int, default=10,
@@ -573,12 +634,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--vision-models", type=lambda s: s.split(","), default=["resnet18", "mobilenetv2"],
         help="which of the paper's vision models (comma-separated; two processes can share the work)",
     )  # fmt: skip
-    p.add_argument("--text-pretrain-samples", type=int, default=80_000)
+    p.add_argument(
+        "--text-pretrain-samples", type=int, default=None,
+        help="default 80000; with --full 300000 (the full model at its lower rate needs more steps)",
+    )  # fmt: skip
     p.add_argument(
         "--quick", action="store_true",
         help="2 seeds, 2 proxy seeds, batch sizes 16..128, less vision data (a smoke run, ~15 min)",
     )  # fmt: skip
-    p.add_argument("--full", action="store_true", help="train the full models (GPU machine)")
+    p.add_argument("--full", action="store_true", help="train the full models (GPU machine: --device cuda)")
+    p.add_argument(
+        "--device", type=torch_device_arg, default="auto", help=f"where the models train: {TORCH_SPEC_HELP}"
+    )
     p.add_argument(
         "--retable", type=Path, nargs="+", metavar="RESULTS",
         help="no training: the tables again from results.json files' recorded runs (a recalibrated board; "
@@ -591,6 +658,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--vision-models: unknown {', '.join(sorted(unknown))}; give resnet18 and/or mobilenetv2")
     if args.seeds < 1 or args.proxy_seeds < 1:
         p.error("--seeds and --proxy-seeds: give at least 1")
+    if args.text_pretrain_samples is None:
+        args.text_pretrain_samples = 300_000 if args.full else 80_000
     if args.quick:
         args.seeds, args.proxy_seeds, args.batch_sizes = 2, 2, [16, 32, 64, 128]
         args.vision_pretrain_samples, args.vision_calibration_samples = 16_000, 2000
@@ -603,7 +672,7 @@ def prepare_data(task: Task, quick: bool) -> None:
     if task.name == "vision":
         task.data.update(vision_data(20_000, 3000 if quick else 6000, 3000 if quick else 6000))
     else:
-        task.data.update(text_data(8000 if quick else 16_000))
+        task.data.update(text_data(8000 if quick else 16_000, full=task.model == "chartransformer"))
     task.data["charged_workload"] = model_workload(task.charged, build_model(task.charged, seed=0))
     task.data["workload"] = task.data["charged_workload"]
 
@@ -695,10 +764,11 @@ def pretrained(task: Task, host: Any, out: Path) -> dict[str, torch.Tensor]:
     """Pre-trained weights, kept in OUT so that a second run of the same settings skips pre-training
     (same seed, same data: the same weights); vision's then get a fresh head (`fresh_head`)."""
     data = task.data["pretrain"].name.replace(":", "-").replace("/", "-")
-    path = out / f"pretrained-{task.model}-{data}-{task.pretrain_samples}.pt"
+    rate = f"-lr{task.pretrain_lr:g}" if task.pretrain_lr is not None else ""  # the small regime's names stay
+    path = out / f"pretrained-{task.model}-{data}-{task.pretrain_samples}{rate}.pt"
     if path.is_file():
         print(f"  pre-trained {task.model}: {path} (kept from an earlier run)")
-        weights = torch.load(path)
+        weights = torch.load(path, map_location="cpu")
     else:
         weights = pretrain(task, host)
         out.mkdir(parents=True, exist_ok=True)
@@ -713,11 +783,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.retable:
         return retable(args.retable, args.out)
+    try:
+        return tables(args)
+    except PowerctlError as exc:  # a target inside the noise, ...: one line, nothing written
+        print(f"paper_tables: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def tables(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
-    host = open_device("host")
+    host = open_device(args.device)
     print(__doc__.split("\n\n")[1])
-    print(f"\nbatch sizes {args.batch_sizes}, proxy seeds {args.proxy_seeds}, torch threads {args.threads}")
+    print(f"\nbatch sizes {args.batch_sizes}, proxy seeds {args.proxy_seeds}, torch threads {args.threads}, "
+          f"device {host.torch_device()}")  # fmt: skip
     results: dict[str, Any] = {}
     for task in make_tasks(args):
         t0 = time.perf_counter()

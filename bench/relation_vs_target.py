@@ -29,6 +29,8 @@ import torch
 
 from fl_server.pretrain import pretrain
 from fl_server.relation import RelationError, estimate_relation
+from powerctl.cliutil import OneLineParser
+from powerctl.devices.torchdev import TORCH_SPEC_HELP, torch_device_arg
 from powerctl.jsonfile import write_json
 from powerctl.relation import RelationVector
 from powerfed.training.lr import LR_RULES
@@ -72,7 +74,9 @@ def _key_value(text: str) -> tuple[str, Any]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineParser(
+        prog="relation_vs_target", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--out", type=Path, default=REPO / "runs" / "relation_vs_target")
     ap.add_argument("--data", type=Path, default=DATA, help="the shared data folder (default ../shared/data)")
     ap.add_argument("--model", default="chartransformer-small")
@@ -113,6 +117,9 @@ def main() -> None:
         help="torch threads for pre-training (default 1: fastest on a small shared machine)",
     )
     ap.add_argument("--no-cache", action="store_true")
+    ap.add_argument(
+        "--device", type=torch_device_arg, default="auto", help=f"where the models train: {TORCH_SPEC_HELP}"
+    )
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args()
 
@@ -144,6 +151,7 @@ def main() -> None:
             batch_size=args.pretrain_batch_size,
             lr=args.pretrain_lr,
             overrides=overrides,
+            device=args.device,
             progress=progress,
         ).data
         timings["pretrain_s"] = time.perf_counter() - t0
@@ -163,6 +171,7 @@ def main() -> None:
         "cache_dir": out / "cache",
         "use_cache": not args.no_cache,
         "parallel": not args.serial,
+        "device": args.device,
         "progress": progress,
     }
     vectors: dict[str, RelationVector] = {}

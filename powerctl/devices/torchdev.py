@@ -13,7 +13,14 @@ import sys
 
 from powerctl.errors import DeviceError
 
-__all__ = ["TORCH_SPECS", "TORCH_SPEC_HELP", "check_torch_spec", "is_torch_spec", "resolve_torch_device"]
+__all__ = [
+    "TORCH_SPECS",
+    "TORCH_SPEC_HELP",
+    "check_torch_spec",
+    "is_torch_spec",
+    "resolve_torch_device",
+    "torch_device_arg",
+]
 
 TORCH_SPECS = ("auto", "cpu", "cuda", "cuda:INDEX")
 TORCH_SPEC_HELP = "auto (the first CUDA device torch sees, else the CPU), cpu, cuda, cuda:INDEX"
@@ -67,3 +74,14 @@ def resolve_torch_device(spec: str = "auto") -> str:
             "check CUDA_VISIBLE_DEVICES"
         )
     return form
+
+
+def torch_device_arg(text: str) -> str:
+    """`--device` of a command that trains on this machine (the benches): the device resolved, or
+    argparse's one line (with `OneLineParser`) before any work."""
+    import argparse
+
+    try:
+        return resolve_torch_device(text)
+    except DeviceError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
