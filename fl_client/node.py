@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from powerctl.capsource import CapSource, ConstantCap, InvalidPowerCapError, parse_cap_source
-from powerctl.mapping import Integer, Invalid, MappingReader, Text
+from powerctl.mapping import Flag, Integer, Invalid, MappingReader, Text
 from powerctl.readfile import YAML_LIMIT, read_bytes
 from strategies.fleet import (
     FleetEntry,
@@ -46,7 +46,7 @@ __all__ = [  # the fleet's names, for the callers that read a node's settings an
     "resolve_node",
 ]
 
-NODE_KEYS = ("device", "power-cap-w", "data", "name", "partition-id", "num-partitions")
+NODE_KEYS = ("device", "power-cap-w", "data", "name", "partition-id", "num-partitions", "pin")
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,9 @@ class NodeSettings:
     """How the server names this node in reports: `name`, else partition-N, else device@host."""
     cap_source: CapSource | None = None
     """The node's cap over time (powerctl.capsource); None: the constant `power_cap_w`."""
+    pin: bool | None = None
+    """`open_device(pin=...)`: None (no `pin` key), pin where this process may, else run at the clock
+    in force; False (`pin = false`), never change the frequency (a shared GPU); True, pin or fail."""
 
     def caps(self) -> CapSource:
         """The cap over time this node must stay under (a constant when nothing else was given)."""
@@ -218,5 +221,6 @@ def resolve_node(node_config: Any, run_config: Any, *, needs_data: bool = True) 
             "client-data it takes is undefined"
         )
     name = r.value("name", Text(), None)
+    pin = r.value("pin", Flag(), None)
     key = name or (f"partition-{pid}" if pid is not None else f"{device}@{socket.gethostname()}")
-    return NodeSettings(device, cap, data, pid, num, key, cap_source)
+    return NodeSettings(device, cap, data, pid, num, key, cap_source, pin)

@@ -95,6 +95,11 @@ def profiled_as(client: dict[str, Any]) -> str:
     return PROFILING_WAYS.get(way, way or "-")
 
 
+def _mhz(client: dict[str, Any]) -> str:
+    """The client's frequency in MHz, or "not pinned": it ran at the clock in force (ClientReport.pinned)."""
+    return f"{client['frequency_hz'] / 1e6:.1f}" if client.get("pinned", True) else "not pinned"
+
+
 def client_table(record: RoundRecord) -> str:
     """device, cap, b, MHz, how it profiled and at what cost against its budget, device s, energy J,
     peak W, accuracy, at target — one row per client."""
@@ -106,7 +111,7 @@ def client_table(record: RoundRecord) -> str:
     for c in record.clients:
         lines.append(
             f"{c['node_key']:<13.13} {c['device']:<18.18} {_num(c['power_cap_w'], '6.2f'):>6} "
-            f"{c['batch_size']:>4} {c['frequency_hz'] / 1e6:>7.1f} {profiled_as(c):>8} "
+            f"{c['batch_size']:>4} {_mhz(c):>7} {profiled_as(c):>8} "
             f"{c['profiling_seconds']:>7.1f} {_num(c.get('profiling_budget_seconds'), '8.1f'):>8} "
             f"{c['device_seconds']:>9.1f} {_num(c['energy_j'], '9.0f'):>9} "
             f"{_num(c['peak_power_w'], '7.2f'):>7} "

@@ -27,6 +27,7 @@ from powerctl.cliutil import (
     seed,
 )
 from powerctl.devices import SPEC_HELP, open_device
+from powerctl.devices.unpinned import NOT_PINNED
 from powerctl.errors import InfeasibleCapError, PowerctlError
 from powerctl.outputs import output_path
 from powerctl.selection import DEFAULT_RELATION_RULE, RELATION_RULES
@@ -87,6 +88,13 @@ def _print_json(data: Any) -> None:
 
 def _mhz(hz: int | None) -> str:
     return "-" if hz is None else f"{hz / 1e6:.1f} MHz"
+
+
+def _pair_mhz(profile: Any, hz: int, width: int = 0) -> str:
+    """A selected pair's frequency: its MHz, or "not pinned" where the profile was measured at the clock
+    in force (`powerctl.devices.unpinned`): the clock was the governor's, not one the pair sets."""
+    text = f"{hz / 1e6:.1f}" if profile.extra.get("pinned", True) else NOT_PINNED
+    return f"{text:>{width}}"
 
 
 # --- devices / power / freq -------------------------------------------------------------------
@@ -217,7 +225,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
             raise PowerctlError(
                 f"--relation is of model {relation.model!r}, not {args.model!r}: they do not belong together"
             )
-    with open_device(args.device, seed=args.seed) as dev:
+    with open_device(args.device, seed=args.seed, pin=not args.no_pin) as dev:
         workload, make_step = step_factory(
             args.model, torch_device=dev.torch_device(), num_classes=args.num_classes, seed=args.seed
         )
@@ -246,6 +254,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
             else ""
         )
         + f"; profiling took {cost:.1f} device seconds"
+        + ("" if profile.extra.get("pinned", True) else f" at the clock in force ({NOT_PINNED})")
     )
     return 0
 
@@ -291,8 +300,13 @@ def cmd_select(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(choice.to_json_dict(with_energy=energy))
         return 0
+    at = (
+        _mhz(choice.frequency_hz)
+        if profile.extra.get("pinned", True)
+        else f"the clock in force ({NOT_PINNED})"
+    )
     print(
-        f"batch size {choice.batch_size} at {_mhz(choice.frequency_hz)}: "
+        f"batch size {choice.batch_size} at {at}: "
         f"predicted {choice.predicted_seconds:.1f} s "
         + (f"and {choice.predicted_energy_j:.1f} J " if energy else "")
         + f"to {relation.target_accuracy:.0%} accuracy, peak {choice.peak_power_w:.2f} W"
@@ -313,8 +327,8 @@ def cmd_select(args: argparse.Namespace) -> int:
             pred = "-" if row["predicted_seconds"] is None else f"{row['predicted_seconds']:.1f}"
             speed = "-" if row["speedup"] is None else f"{row['speedup']:.2f}x"
             print(
-                f"{row['name']:<18} {row['batch_size']:>5} {row['frequency_hz'] / 1e6:>8.1f} {peak:>7} "
-                f"{pred:>12} {speed:>17}"
+                f"{row['name']:<18} {row['batch_size']:>5} {_pair_mhz(profile, row['frequency_hz'], 8)} "
+                f"{peak:>7} {pred:>12} {speed:>17}"
             )
     return 0
 
@@ -526,6 +540,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--predicted",
         action="store_true",
         help="sim:NAME only: write the board model's noise-free profile without running training steps",
+    )
+    s.add_argument(
+        "--no-pin",
+        action="store_true",
+        help="never change the GPU frequency (a shared GPU, no root): profile every batch size at the "
+        "clock in force; the selection then chooses the batch size alone",
     )
     s.set_defaults(func=cmd_profile)
 

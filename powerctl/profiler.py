@@ -63,8 +63,9 @@ class Profiler:
     ) -> None:
         if not device.frequencies():
             raise DeviceError(
-                f"{device.spec} has no GPU frequency knob to profile; "
-                "use a Jetson, nvml:INDEX or sim:jetson-nano"
+                f"{device.spec} has no GPU frequency knob to profile"
+                + ("" if device.pins else " and no clock in force to read")
+                + "; use a Jetson, nvml:INDEX or sim:jetson-nano"
             )
         if not device.has_power_sensor:
             raise DeviceError(f"{device.spec} has no power sensor to profile with")
@@ -195,6 +196,8 @@ class Profiler:
             extra={
                 "order": order,
                 "power_cap_w": power_cap_w,
+                # False: measured at the clock in force (powerctl.devices.unpinned), its one frequency
+                "pinned": self.device.pins,
                 "warmup_steps": self.warmup_steps,
                 "measure_steps": self.measure_steps,
                 "workload": self.workload.to_dict(),

@@ -382,6 +382,10 @@ class ClientReport:
     over_cap_seconds: float | None = field(default=None, metadata=_kind(NUMBER))
     """Device seconds the measured power exceeded the cap in force × (1 + guard tolerance), steps in
     progress at cap drops included (measured only under a changing cap; per event in `cap_events`)."""
+    pinned: bool = field(default=True, metadata=_kind(Flag()))
+    """False: the GPU frequency was not pinned (no permission, or the node config's pin = false): the
+    client profiled and trained at the clock in force and chose the batch size alone; `frequency_hz`
+    is that clock as read (the governor's), not one the client set."""
     restored: str = field(default="", metadata=_kind(TEXT))
     """When the board was found left pinned by a killed process and put back before this round: the
     line that says what was restored (empty: nothing was)."""

@@ -21,21 +21,30 @@ SERVER_SPEC_HELP = f"{TORCH_SPEC_HELP}, or a board: {SPEC_HELP}"
 """What a training command that runs on the coordinator takes (`fl-server pretrain --device`)."""
 
 
-def open_device(spec: str, *, seed: int = 0) -> Device:
+def open_device(spec: str, *, seed: int = 0, pin: bool | None = True) -> Device:
     """The device named by `spec`; an unknown spec is one DeviceError line listing the valid ones.
 
     A board that a dead process left pinned (SIGKILL, OOM, power loss) is put back first, with one line
     on stderr (kept in `Device.recovered`): every command and every client start goes through here.
+
+    `pin`: True, the device as it is (a pin this process may not make is `DevicePermissionError`);
+    False, the operator forbids pinning: the device at the clock in force (`powerctl.devices.unpinned`),
+    nothing written to it — not even putting back a dead process's pin (`powerctl freq --restore` does
+    that); None, pin where this process may (`Device.pin_refusal`), else the clock in force.
     """
+    from powerctl.devices.unpinned import unpinned
     from powerctl.pinsession import recover
 
     dev = _open(spec, seed=seed)
     try:
+        if pin is False:
+            return unpinned(dev, "the operator's pin = false")
         dev.recovered = recover(dev)
+        refusal = dev.pin_refusal() if pin is None else None
+        return dev if refusal is None else unpinned(dev, refusal)
     except BaseException:
         dev.close()
         raise
-    return dev
 
 
 def check_spec(spec: str) -> tuple[str, str]:

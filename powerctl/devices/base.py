@@ -101,6 +101,10 @@ class Device(ABC):
     recovered: str | None = None
     """Set by `open_device`: the line said when this board was found left pinned by a dead process and
     put back (None: it was not). A client's report carries it, so the coordinator sees it too."""
+    pins: bool = True
+    """Whether `pin_frequency` sets the clock. False: a device at the clock in force (no permission, or
+    the operator's `pin = false`: `powerctl.devices.unpinned`), whose profile has that one frequency and
+    whose report says "not pinned"."""
 
     def __init__(self) -> None:
         self._session: PinSession | None = None
@@ -130,6 +134,21 @@ class Device(ABC):
     @abstractmethod
     def apply_snapshot(self, state: dict[str, Any]) -> None:
         """Put back a state taken by `snapshot` (possibly in another process)."""
+
+    def profile_kind(self) -> str:
+        """BACKEND/BOARD: the kind of device a cached profile is of (a real and a simulated Nano differ;
+        so do a pinned board and one at a clock in force); the board name is last."""
+        return f"{type(self).__name__}/{self.board}"
+
+    def clock_in_force(self) -> int | None:
+        """The frequency the GPU runs work at when this process does not set it, read without writing
+        (None: unknown): what a device that may not be pinned is profiled and trained at."""
+        return self.current_frequency()
+
+    def pin_refusal(self) -> str | None:
+        """Why this process may not pin the frequency, found without writing (None: it may, or only a
+        pin can tell): a device refused here runs at the clock in force (`open_device(pin=None)`)."""
+        return None
 
     def pin_frequency(self, hz: int) -> None:
         """Pin the GPU frequency; the state before the first pin is kept for `restore`."""

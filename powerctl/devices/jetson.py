@@ -309,6 +309,23 @@ class JetsonBoard(Device):
     def current_frequency(self) -> int | None:
         return None if self.devfreq is None else self._read_freq("cur_freq")
 
+    def clock_in_force(self) -> int | None:
+        """The governor's ceiling (`max_freq`): under training load the GPU runs at it, and it is the
+        pinned clock where a pin is in force (min = max); `cur_freq` follows the load, idle included."""
+        return None if self.devfreq is None else self._read_freq("max_freq")
+
+    def pin_refusal(self) -> str | None:
+        """Writing min_freq and max_freq is what a pin does: refused here when the files are not writable
+        by this process (checked with access(2), nothing written)."""
+        if self.devfreq is None:
+            return None
+        for name in ("min_freq", "max_freq"):
+            path = self._devfreq_file(name)
+            effective = os.access in os.supports_effective_ids  # the euid a write would run as
+            if path.exists() and not os.access(path, os.W_OK, effective_ids=effective):
+                return f"writing {path} needs root"
+        return None
+
     def _write_pin(self, hz: int) -> None:
         """min_freq = max_freq = hz, ordered so that min ≤ max holds after every single write."""
         order = ("max_freq", "min_freq") if hz > self._read_freq("max_freq") else ("min_freq", "max_freq")

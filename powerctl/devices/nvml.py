@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 from types import ModuleType
 from typing import Any, NoReturn
@@ -90,7 +91,8 @@ class NvmlGpu(Device):
         nvml = self._nvml
         if exc.value == nvml.NVML_ERROR_NO_PERMISSION:
             raise DevicePermissionError(
-                f"{what} needs root: run with sudo ({self.spec}, {self.name}: NVML says {exc})"
+                f"{what} needs root: run with sudo, or profile at the clock in force (--no-pin, node config "
+                f"pin = false) ({self.spec}, {self.name}: NVML says {exc})"
             ) from None
         if exc.value == nvml.NVML_ERROR_NOT_SUPPORTED:
             raise DeviceError(
@@ -143,6 +145,18 @@ class NvmlGpu(Device):
             "reading the graphics clock", nvml.nvmlDeviceGetClockInfo, self._handle, nvml.NVML_CLOCK_GRAPHICS
         )
         return int(mhz) * MHZ
+
+    def clock_in_force(self) -> int | None:
+        """The highest supported graphics clock: an unlocked GPU boosts to it under load (power and
+        heat permitting); the current clock follows the load, and NVML cannot read a lock back."""
+        return max(self._table) if self._table else None
+
+    def pin_refusal(self) -> str | None:
+        """Locking clocks needs root (NVML's rule); as root, only the attempt can tell (a container
+        without the capability is refused then: `DevicePermissionError`)."""
+        if hasattr(os, "geteuid") and os.geteuid() != 0:
+            return "locking GPU clocks needs root (NVML)"
+        return None
 
     def _write_pin(self, hz: int) -> None:
         mhz = hz // MHZ

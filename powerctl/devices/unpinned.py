@@ -1,0 +1,148 @@
+"""A device whose GPU frequency this process may not change: profile and train at the clock in force.
+
+No permission (no root, a shared datacenter GPU) or an operator who forbids it (`powerctl profile
+--no-pin`, node config `pin = false`): the frequency is the governor's, not ours. Wrapped here, the
+device offers one frequency — the clock in force (`Device.clock_in_force`) — so the profiler measures
+every batch size at it and the selection chooses the batch size alone under the cap; a pin at that
+clock is accepted and writes nothing, restoring writes nothing, and no board lock or record is taken.
+Everything else (sensor, clock, steps, memory) is the wrapped device's.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from powerctl.devices.base import Device, PowerSampler
+from powerctl.errors import DeviceError
+from powerctl.workload import Workload
+
+T = TypeVar("T")
+
+log = logging.getLogger(__name__)
+"""`powerctl.devices.unpinned`: a device that profiles at the clock in force, and why (WARNING)."""
+
+NOT_PINNED = "not pinned"
+"""What the frequency column says for a pair measured at the clock in force."""
+
+
+class UnpinnedDevice(Device):
+    """`inner` at the clock in force; `reason` says why it is not pinned (kept for the report)."""
+
+    pins = False
+
+    def __init__(self, inner: Device, reason: str) -> None:
+        super().__init__()
+        self.inner, self.reason = inner, reason
+        self.spec, self.board, self.recovered = inner.spec, inner.board, inner.recovered
+        hz = inner.clock_in_force()
+        self._hz = [hz] if hz else []
+
+    def __getattr__(self, name: str) -> Any:  # what a backend has of its own (a simulated board's model)
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    # --- the knob: one frequency, never written ----------------------------------------------
+    def frequencies(self) -> list[int]:
+        return list(self._hz)
+
+    def current_frequency(self) -> int | None:
+        return self.inner.current_frequency()
+
+    def clock_in_force(self) -> int | None:
+        return self._hz[0] if self._hz else None
+
+    def profile_kind(self) -> str:
+        """Its own kind per clock in force: a profile at one clock is not a pinned board's grid, nor
+        valid at another clock (an operator who lowers max_freq)."""
+        return f"{type(self.inner).__name__}-not-pinned-{self.clock_in_force()}Hz/{self.board}"
+
+    def pin_frequency(self, hz: int) -> None:
+        """Accept the clock in force (what the profile holds) and write nothing; refuse any other."""
+        if hz not in self._hz:
+            raise DeviceError(
+                f"{self.spec} is {NOT_PINNED} ({self.reason}): it runs at the clock in force "
+                f"({self._mhz()}), not {hz / 1e6:.1f} MHz"
+            )
+
+    def restore(self) -> None:
+        return None
+
+    def release_snapshot(self) -> dict[str, Any] | None:
+        return None
+
+    def _write_pin(self, hz: int) -> None:  # pragma: no cover - pin_frequency never calls it
+        raise DeviceError(f"{self.spec} is {NOT_PINNED}: nothing is written to it")
+
+    def snapshot(self) -> dict[str, Any]:
+        return {}
+
+    def apply_snapshot(self, state: dict[str, Any]) -> None:
+        return None
+
+    def physical_key(self) -> str | None:
+        return None  # nothing is pinned, so there is nothing to lock, record or put back
+
+    def _mhz(self) -> str:
+        return f"{self._hz[0] / 1e6:.1f} MHz" if self._hz else "unknown"
+
+    # --- the rest is the device's own --------------------------------------------------------
+    @property
+    def has_power_sensor(self) -> bool:  # type: ignore[override]
+        return self.inner.has_power_sensor
+
+    def read_power_w(self) -> float:
+        return self.inner.read_power_w()
+
+    def rails(self) -> dict[str, float]:
+        return self.inner.rails()
+
+    def power_sampler(self, rate_hz: float) -> PowerSampler:
+        return self.inner.power_sampler(rate_hz)
+
+    def memory_bytes(self) -> int:
+        return self.inner.memory_bytes()
+
+    def clock(self) -> float:
+        return self.inner.clock()
+
+    def idle(self, seconds: float) -> None:
+        self.inner.idle(seconds)
+
+    def resume_state(self) -> dict[str, Any]:
+        return self.inner.resume_state()
+
+    def load_resume_state(self, state: dict[str, Any]) -> None:
+        self.inner.load_resume_state(state)
+
+    def synchronize(self) -> None:
+        self.inner.synchronize()
+
+    def torch_device(self) -> str:
+        return self.inner.torch_device()
+
+    def run_step(self, fn: Callable[[], T], *, batch_size: int, workload: Workload) -> T:
+        return self.inner.run_step(fn, batch_size=batch_size, workload=workload)
+
+    def describe(self) -> dict[str, Any]:
+        return {**self.inner.describe(), "frequencies_hz": self.frequencies(), "pinned": False,
+                "not_pinned": self.reason}  # fmt: skip
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def unpinned(inner: Device, reason: str) -> UnpinnedDevice:
+    """`inner` at the clock in force, said once in a WARNING line (a command shows it on stderr)."""
+    dev = UnpinnedDevice(inner, reason)
+    log.warning(
+        "%s: frequency %s (%s): profiling and training at the clock in force (%s); the batch size alone "
+        "is chosen under the cap, nothing is written to the device",
+        dev.spec,
+        NOT_PINNED,
+        reason,
+        dev._mhz(),
+    )
+    return dev
