@@ -22,10 +22,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fl_client.round import PinnedRule, fine_tune_step, measured_profile_step, usable_relation  # noqa: E402
+from fl_client.round import fine_tune_step, measured_profile_step, usable_relation  # noqa: E402
 from powerctl.capsource import ConstantCap  # noqa: E402
 from powerctl.pareto import pareto_front, write_front  # noqa: E402
 from powerctl.selection import Selection  # noqa: E402
+from simulations.bench_steps import PinnedRule  # noqa: E402
 from simulations.demo import DemoConfig, demo_work  # noqa: E402
 
 CAPS_W = {"jetson-nano": (None, 4.0, 3.0), "jetson-tx2nx": (None, 5.5, 4.0)}

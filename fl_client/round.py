@@ -4,13 +4,16 @@ Every caller that fine-tunes a client's data under a power cap goes through `run
 (`fl_client.app` only translates Flower messages to and from it), the one-board demo
 (`simulations.demo`) and the benches. What differs between them is a different step, never a mode:
 
-- `profile`: the device measured (and cached), or a simulated board's model predicted (scale mode);
+- `profile`: the device measured (and cached) running the step that will train (`ProfiledStep`: the
+  built-in fine-tune's, or a user's own through `fl_client.session`);
 - `choose`: the method's rule as a function of the cap (`MethodRule`: Algorithm 1 for ours, the
-  baselines of `powerctl.baselines`); the oracle's step first searches the client's own data
-  (`oracle_search`) — the paper's "fastest configuration", defined once (`powerctl.baselines.oracle`);
+  baselines of `powerctl.baselines`);
 - `train`: a fine-tune at the rule's pair under a constant cap (power guard), or following a cap that
-  changes (the rule re-applied at every change, `powerctl.follow`) — or the scale-mode stand-in
-  (`stand_in_step`) that charges the board model for the proxy's samples without training.
+  changes (the rule re-applied at every change, `powerctl.follow`): `Pinning`, shared with a user's loop.
+
+What only the fleet runner and the benches ask for — scale mode's predicted profiles and stand-in
+training, the oracle's own-data search — is theirs (`simulations.bench_steps`), plugged in through
+`RoundSteps` when the instructions ask for it (`needs_bench_steps`).
 
 The device is opened per step and closed on every way out (`restore_on_exit`: exceptions, SIGINT,
 SIGTERM), so nothing stays pinned after a round; a board that a killed process left pinned is put back
@@ -21,14 +24,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 import time
 import zlib
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
-from functools import cached_property, lru_cache
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -44,7 +46,7 @@ from powerctl.cache import cache_dir
 from powerctl.capsource import CapSource, ConstantCap
 from powerctl.devices import open_device
 from powerctl.devices.base import Device
-from powerctl.devices.simulated import SimulatedBoard, predicted_profile, replay_cost, step_cost
+from powerctl.devices.simulated import SimulatedBoard, predicted_profile
 from powerctl.errors import InfeasibleCapError, PowerctlError
 from powerctl.follow import CapFollower, Pick
 from powerctl.guard import PowerGuard
@@ -61,13 +63,12 @@ from powerctl.profile_table import Profile
 from powerctl.profiler import StepFactory, profile_device
 from powerctl.relation import RelationVector
 from powerctl.safety import restore_on_exit
-from powerctl.selection import DEFAULT_RELATION_RULE, best_frequency_per_batch, check_power_cap, select
+from powerctl.selection import DEFAULT_RELATION_RULE, check_power_cap, select
 from powerctl.workload import Workload
 from powerfed.training.checkpoint import Checkpointing
-from powerfed.training.crossing import run_dense
 from powerfed.training.errors import DataError, ModelError
-from powerfed.training.finetune import DEFAULT_MAX_EPOCHS, FineTuneResult, evaluate_with_loss, fine_tune
-from powerfed.training.models import build_model, check_input_shape, get_model_spec, model_workload
+from powerfed.training.finetune import DEFAULT_MAX_EPOCHS, FineTuneResult, fine_tune
+from powerfed.training.models import build_model, check_input_shape, get_model_spec
 from strategies.protocol import ORACLE, OURS, ClientReport, Plan, TrainInstructions
 
 if TYPE_CHECKING:
@@ -503,30 +504,6 @@ def _reference_hz(dev: Device, cap: float | None) -> int | None:
         return None
 
 
-@lru_cache(maxsize=16)
-def _board_prediction(
-    board: str, model: str, overrides: str, num_classes: int, batch_sizes: tuple[int, ...], samples: int
-) -> Profile:
-    """A simulated board's model profile, one per board × model × settings in this process (scale mode:
-    a thousand boards of two kinds cost two profiles)."""
-    net = build_model(model, num_classes, seed=0, **json.loads(overrides))
-    return predicted_profile(board, model_workload(model, net, num_classes), batch_sizes, samples)
-
-
-def predicted_profile_step(work: RoundWork, relation: RelationVector) -> Profiled:
-    """A simulated board's model profile: no device time (scale mode)."""
-    instr = work.instr
-    with open_device(work.settings.device, seed=work.device_seed) as dev:
-        if not isinstance(dev, SimulatedBoard):
-            raise ClientWorkError(f"predicted profiles need a simulated board (sim:...), not {dev.spec}")
-        overrides = json.dumps(instr.model_overrides, sort_keys=True)
-        profile = _board_prediction(
-            dev.board, instr.model, overrides, instr.num_classes, tuple(relation.batch_sizes),
-            instr.profile_samples,
-        )  # fmt: skip
-        return Profiled(profile, True, dev.board, dev.recovered or "")
-
-
 # --- choose -----------------------------------------------------------------------------------------
 
 
@@ -536,71 +513,6 @@ def method_step(work: RoundWork, profile: Profile, relation: RelationVector, tra
     instr = work.instr
     own = relation if instr.method == ORACLE else None
     return Chosen(MethodRule(instr.method, profile, relation, own, instr.deadline_s, instr.relation_rule))
-
-
-def oracle_search(work: RoundWork, profile: Profile, relation: RelationVector, train: TrainStep) -> Chosen:
-    """The oracle: fine-tune this client's own data at every batch size (each at its fastest feasible
-    frequency under the cap; under a cap that changes, at the board's lowest frequency, safe under any
-    cap it can meet), take the samples to the target, and select with them by Algorithm 1
-    (`powerctl.baselines.oracle`). Samples to the target are the interpolated crossing of a run that
-    evaluates densely enough (`powerfed.training.crossing.run_dense`: at least 8 evaluations before it), as on
-    the server's proxy. Batch sizes that miss the target within the budget are left out of the own-data
-    relation (when none reaches it, every run counts with the samples it used)."""
-    cap = work.cap_at_start if work.caps.is_constant else None
-    if work.caps.is_constant:
-        pairs = {b: p.frequency_hz for b, p in best_frequency_per_batch(profile, cap).items()}
-    else:
-        lowest = profile.frequencies()[0]
-        pairs = {b: lowest for b in profile.batch_sizes()}
-    search_work = replace(work, caps=ConstantCap(cap), on_step=None)
-    runs: dict[tuple[int, int], Trained] = {}
-    samples: dict[int, float] = {}
-    missed: dict[int, float] = {}
-    spent_s = 0.0
-    for b, hz in pairs.items():
-        if b not in relation.batch_sizes:
-            continue
-        rule = PinnedRule(b, hz, profile, relation)
-        tried: dict[int, Trained] = {}
-
-        def run(every: int, rule: PinnedRule = rule, tried: dict[int, Trained] = tried) -> FineTuneResult:
-            instr = replace(work.instr, eval_every_samples=every)
-            tried[every] = train(replace(search_work, instr=instr), rule)
-            return tried[every].result
-
-        every = work.instr.eval_every_samples
-        result, crossing, _ = run_dense(
-            run, batch_size=b, eval_every_samples=every, target=work.instr.target_accuracy
-        )
-        spent_s += sum(t.result.device_seconds for t in tried.values())
-        if every in tried:  # a run like any method's: the chosen pair may reuse it
-            runs[(b, hz)] = tried[every]
-        # samples to target: the interpolated crossing (0 before training: about nothing, 1 sample)
-        if result.reached and crossing is not None:
-            samples[b] = max(crossing, 1.0)
-        else:
-            missed[b] = max(float(result.samples), 1.0)
-    if not samples and not missed:
-        raise ClientWorkError(f"oracle: no profiled batch size is feasible under the cap {cap}")
-    own = RelationVector.from_samples(
-        work.instr.model, "own data", work.instr.target_accuracy, samples or missed
-    )
-    rule = MethodRule(ORACLE, profile, relation, own, work.instr.deadline_s, work.instr.relation_rule)
-    return Chosen(rule, OwnDataSearch(own, runs, spent_s))
-
-
-@dataclass(frozen=True)
-class PinnedRule:
-    """A fixed pair whatever the cap (the oracle's search runs, a bench's policy)."""
-
-    batch_size: int
-    frequency_hz: int
-    profile: Profile
-    relation: RelationVector
-    method: str = ORACLE
-
-    def __call__(self, power_cap_w: float | None) -> Choice:
-        return Choice(self.method, self.batch_size, self.frequency_hz, None, None)
 
 
 # --- train ------------------------------------------------------------------------------------------
@@ -738,48 +650,6 @@ def _pick(choice: Choice) -> Pick:
     return Pick(choice.batch_size, choice.frequency_hz, choice.predicted_seconds)
 
 
-def stand_in_step(work: RoundWork, rule: Rule) -> Trained:
-    """Scale mode's cheap stand-in: selection is real; training is not. The board model charges the
-    steps the proxy's samples to target need at the chosen pair (capped by the budget); the weights go
-    back unchanged; the accuracy is the received model's on the local test split (a forward pass)."""
-    instr = work.instr
-    _, test = work.split()
-    cap = work.cap_at_start
-    choice = rule(cap)
-    profile = rule.profile
-    model = work.model()
-    task = get_model_spec(instr.model).task
-    accuracy, _ = evaluate_with_loss(model, task, test.x, test.y) if len(test) else (0.0, 0.0)
-    b, hz = choice.batch_size, choice.frequency_hz
-    w = dict(profile.extra["workload"])
-    workload = Workload(**{**w, "input_shape": tuple(w["input_shape"])})
-    sim = board_model(profile.device)
-    need = 0.0 if accuracy >= instr.target_accuracy else rule.relation.samples_map()[b]
-    samples = min(need, instr.budget_samples or math.inf)
-    steps = math.ceil(samples / b)
-    cost = step_cost(sim, workload, b, hz)
-    if instr.budget_device_seconds and steps * cost.seconds > instr.budget_device_seconds:
-        steps = int(instr.budget_device_seconds // cost.seconds)
-    seconds, energy = replay_cost(sim, workload, b, steps, hz)
-    reached = need == 0.0 or steps * b >= need
-    result = FineTuneResult(
-        reached=reached,
-        samples=steps * b,
-        device_seconds=seconds,
-        energy_j=energy,
-        peak_power_w=cost.peak_w if steps else None,
-        mean_power_w=None,
-        final_accuracy=accuracy,
-        curve=[],
-        batch_size=b,
-        lr=instr.lr_for(b),
-        steps=steps,
-        target_accuracy=instr.target_accuracy,
-        stop_reason="stand-in",
-    )
-    return Trained(result, dict(work.state or {}), profile.device, choice, stand_in=True)
-
-
 # --- the round --------------------------------------------------------------------------------------
 
 
@@ -793,11 +663,33 @@ class RoundSteps:
 
     @classmethod
     def for_instructions(cls, instr: TrainInstructions) -> RoundSteps:
-        return cls(
-            profile=predicted_profile_step if instr.profile_source == "predicted" else measured_profile_step,
-            choose=oracle_search if instr.method == ORACLE and not instr.stand_in else method_step,
-            train=stand_in_step if instr.stand_in else fine_tune_step,
+        """The production round (measured profile, the method's rule, fine-tune), or for what only the
+        fleet benches ask for (`needs_bench_steps`) the steps the fleet runner plugs in."""
+        return bench_round_steps(instr) if needs_bench_steps(instr) else cls()
+
+
+BENCH_STEPS_GROUP = "powerfed.round_steps"
+"""The entry-point group through which the fleet runner plugs its steps into the round
+(`simulations.bench_steps`, declared in pyproject.toml): the client imports no simulation code."""
+
+
+def needs_bench_steps(instr: TrainInstructions) -> bool:
+    """Scale mode's predicted profiles and stand-in training, and the oracle's own-data search: what
+    only the fleet runner and the benches ask a client for."""
+    return instr.stand_in or instr.profile_source == "predicted" or instr.method == ORACLE
+
+
+def bench_round_steps(instr: TrainInstructions) -> RoundSteps:
+    from importlib.metadata import entry_points
+
+    found = list(entry_points(group=BENCH_STEPS_GROUP, name="fleet"))
+    if not found:
+        raise ClientWorkError(
+            "these instructions ask for the fleet runner's steps (scale mode, predicted profiles or "
+            "the oracle's search), which this installation does not provide: install powerfed whole"
         )
+    steps: RoundSteps = found[0].load()(instr)
+    return steps
 
 
 @dataclass

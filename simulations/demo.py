@@ -30,12 +30,12 @@ from fl_client.round import (
     method_step,
     model_seq_len,
     node_device_seed,
-    oracle_search,
     run_round,
     usable_relation,
 )
 from powerctl.baselines import predict
 from powerctl.jsonfile import write_json
+from simulations.bench_steps import oracle_search
 from strategies.protocol import METHODS, ORACLE, OURS, STATE_OF_PRACTICE
 
 if TYPE_CHECKING:

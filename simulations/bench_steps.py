@@ -1,0 +1,187 @@
+"""The fleet runner's and the benches' own steps, plugged into the client's round (`fl_client.round`)
+through its step interface (`RoundSteps`), never part of the production round:
+
+- scale mode: a simulated board's predicted profile (`predicted_profile_step`) and the stand-in that
+  charges the board model for the proxy's samples to target without training (`stand_in_step`);
+- the oracle's own-data search (`oracle_search`): every batch size fine-tuned on the client's own data,
+  the paper's "fastest configuration" (`powerctl.baselines.oracle`), reported apart.
+
+A client finds them through the entry point `powerfed.round_steps` (pyproject.toml) when the server's
+instructions ask for them (`fl_client.round.needs_bench_steps`); the demo and the benches import them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, replace
+from functools import lru_cache
+
+from fl_client.methods import Choice
+from fl_client.round import (
+    Chosen,
+    ClientWorkError,
+    MethodRule,
+    OwnDataSearch,
+    Profiled,
+    RoundSteps,
+    RoundWork,
+    Rule,
+    Trained,
+    TrainStep,
+    fine_tune_step,
+    measured_profile_step,
+    method_step,
+)
+from powerctl.boards import board_model
+from powerctl.capsource import ConstantCap
+from powerctl.devices import open_device
+from powerctl.devices.simulated import SimulatedBoard, predicted_profile, replay_cost, step_cost
+from powerctl.profile_table import Profile
+from powerctl.relation import RelationVector
+from powerctl.selection import best_frequency_per_batch
+from powerctl.workload import Workload
+from powerfed.training.crossing import run_dense
+from powerfed.training.finetune import FineTuneResult, evaluate_with_loss
+from powerfed.training.models import build_model, get_model_spec, model_workload
+from strategies.protocol import ORACLE, TrainInstructions
+
+
+def round_steps(instr: TrainInstructions) -> RoundSteps:
+    """The steps the instructions ask for (the entry point `powerfed.round_steps:fleet`)."""
+    return RoundSteps(
+        profile=predicted_profile_step if instr.profile_source == "predicted" else measured_profile_step,
+        choose=oracle_search if instr.method == ORACLE and not instr.stand_in else method_step,
+        train=stand_in_step if instr.stand_in else fine_tune_step,
+    )
+
+
+@lru_cache(maxsize=16)
+def _board_prediction(
+    board: str, model: str, overrides: str, num_classes: int, batch_sizes: tuple[int, ...], samples: int
+) -> Profile:
+    """A simulated board's model profile, one per board × model × settings in this process (scale mode:
+    a thousand boards of two kinds cost two profiles)."""
+    net = build_model(model, num_classes, seed=0, **json.loads(overrides))
+    return predicted_profile(board, model_workload(model, net, num_classes), batch_sizes, samples)
+
+
+def predicted_profile_step(work: RoundWork, relation: RelationVector) -> Profiled:
+    """A simulated board's model profile: no device time (scale mode)."""
+    instr = work.instr
+    with open_device(work.settings.device, seed=work.device_seed) as dev:
+        if not isinstance(dev, SimulatedBoard):
+            raise ClientWorkError(f"predicted profiles need a simulated board (sim:...), not {dev.spec}")
+        overrides = json.dumps(instr.model_overrides, sort_keys=True)
+        profile = _board_prediction(
+            dev.board, instr.model, overrides, instr.num_classes, tuple(relation.batch_sizes),
+            instr.profile_samples,
+        )  # fmt: skip
+        return Profiled(profile, True, dev.board, dev.recovered or "")
+
+
+def oracle_search(work: RoundWork, profile: Profile, relation: RelationVector, train: TrainStep) -> Chosen:
+    """The oracle: fine-tune this client's own data at every batch size (each at its fastest feasible
+    frequency under the cap; under a cap that changes, at the board's lowest frequency, safe under any
+    cap it can meet), take the samples to the target, and select with them by Algorithm 1
+    (`powerctl.baselines.oracle`). Samples to the target are the interpolated crossing of a run that
+    evaluates densely enough (`powerfed.training.crossing.run_dense`: at least 8 evaluations before it), as on
+    the server's proxy. Batch sizes that miss the target within the budget are left out of the own-data
+    relation (when none reaches it, every run counts with the samples it used)."""
+    cap = work.cap_at_start if work.caps.is_constant else None
+    if work.caps.is_constant:
+        pairs = {b: p.frequency_hz for b, p in best_frequency_per_batch(profile, cap).items()}
+    else:
+        lowest = profile.frequencies()[0]
+        pairs = {b: lowest for b in profile.batch_sizes()}
+    search_work = replace(work, caps=ConstantCap(cap), on_step=None)
+    runs: dict[tuple[int, int], Trained] = {}
+    samples: dict[int, float] = {}
+    missed: dict[int, float] = {}
+    spent_s = 0.0
+    for b, hz in pairs.items():
+        if b not in relation.batch_sizes:
+            continue
+        rule = PinnedRule(b, hz, profile, relation)
+        tried: dict[int, Trained] = {}
+
+        def run(every: int, rule: PinnedRule = rule, tried: dict[int, Trained] = tried) -> FineTuneResult:
+            instr = replace(work.instr, eval_every_samples=every)
+            tried[every] = train(replace(search_work, instr=instr), rule)
+            return tried[every].result
+
+        every = work.instr.eval_every_samples
+        result, crossing, _ = run_dense(
+            run, batch_size=b, eval_every_samples=every, target=work.instr.target_accuracy
+        )
+        spent_s += sum(t.result.device_seconds for t in tried.values())
+        if every in tried:  # a run like any method's: the chosen pair may reuse it
+            runs[(b, hz)] = tried[every]
+        # samples to target: the interpolated crossing (0 before training: about nothing, 1 sample)
+        if result.reached and crossing is not None:
+            samples[b] = max(crossing, 1.0)
+        else:
+            missed[b] = max(float(result.samples), 1.0)
+    if not samples and not missed:
+        raise ClientWorkError(f"oracle: no profiled batch size is feasible under the cap {cap}")
+    own = RelationVector.from_samples(
+        work.instr.model, "own data", work.instr.target_accuracy, samples or missed
+    )
+    rule = MethodRule(ORACLE, profile, relation, own, work.instr.deadline_s, work.instr.relation_rule)
+    return Chosen(rule, OwnDataSearch(own, runs, spent_s))
+
+
+@dataclass(frozen=True)
+class PinnedRule:
+    """A fixed pair whatever the cap (the oracle's search runs, a bench's policy)."""
+
+    batch_size: int
+    frequency_hz: int
+    profile: Profile
+    relation: RelationVector
+    method: str = ORACLE
+
+    def __call__(self, power_cap_w: float | None) -> Choice:
+        return Choice(self.method, self.batch_size, self.frequency_hz, None, None)
+
+
+def stand_in_step(work: RoundWork, rule: Rule) -> Trained:
+    """Scale mode's cheap stand-in: selection is real; training is not. The board model charges the
+    steps the proxy's samples to target need at the chosen pair (capped by the budget); the weights go
+    back unchanged; the accuracy is the received model's on the local test split (a forward pass)."""
+    instr = work.instr
+    _, test = work.split()
+    cap = work.cap_at_start
+    choice = rule(cap)
+    profile = rule.profile
+    model = work.model()
+    task = get_model_spec(instr.model).task
+    accuracy, _ = evaluate_with_loss(model, task, test.x, test.y) if len(test) else (0.0, 0.0)
+    b, hz = choice.batch_size, choice.frequency_hz
+    w = dict(profile.extra["workload"])
+    workload = Workload(**{**w, "input_shape": tuple(w["input_shape"])})
+    sim = board_model(profile.device)
+    need = 0.0 if accuracy >= instr.target_accuracy else rule.relation.samples_map()[b]
+    samples = min(need, instr.budget_samples or math.inf)
+    steps = math.ceil(samples / b)
+    cost = step_cost(sim, workload, b, hz)
+    if instr.budget_device_seconds and steps * cost.seconds > instr.budget_device_seconds:
+        steps = int(instr.budget_device_seconds // cost.seconds)
+    seconds, energy = replay_cost(sim, workload, b, steps, hz)
+    reached = need == 0.0 or steps * b >= need
+    result = FineTuneResult(
+        reached=reached,
+        samples=steps * b,
+        device_seconds=seconds,
+        energy_j=energy,
+        peak_power_w=cost.peak_w if steps else None,
+        mean_power_w=None,
+        final_accuracy=accuracy,
+        curve=[],
+        batch_size=b,
+        lr=instr.lr_for(b),
+        steps=steps,
+        target_accuracy=instr.target_accuracy,
+        stop_reason="stand-in",
+    )
+    return Trained(result, dict(work.state or {}), profile.device, choice, stand_in=True)
