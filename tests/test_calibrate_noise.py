@@ -17,7 +17,7 @@ from paper_tables import NOISE_Z, TargetInNoise, Task, calibrate_target, evaluat
 from powerctl.devices import open_device
 from powerfed.training.data import load_dataset
 from powerfed.training.models import build_model, model_workload
-from tests.test_server_device import fake_gpu  # noqa: F401 - the pretend GPU
+from tests.test_server_device import fake_gpu, tensors  # noqa: F401 - the pretend GPU
 
 Ds = type("Ds", (), {"name": "text:fake.txt"})
 
@@ -117,3 +117,4 @@ def test_calibration_runs_train_on_the_device(fake_gpu: list) -> None:  # noqa: 
     weights = build_model("cnn-tiny", ds.num_classes, seed=0).state_dict()
     run = paper_tables.run_to_target(task, weights, ds, None, 16, 0, open_device("cuda:1"))
     assert run["eval_samples"] == 24 and [t for w, t in fake_gpu if w != "tensor"] == ["cuda:1"]
+    assert len(tensors(fake_gpu)) >= 5 and set(tensors(fake_gpu)) == {"cuda:1"}  # its data follow it

@@ -8,7 +8,9 @@ module or a tensor is recorded and left where it is (on the CPU), so the real co
 
 from __future__ import annotations
 
+import contextlib
 import types
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ import torch
 from ray import cloudpickle
 
 import fl_server.relation as relmod
+import powerfed.training.finetune as finetune
 from fl_server.app import pretrained_weights
 from fl_server.cli import main
 from fl_server.pretrain import pretrain
@@ -60,6 +63,20 @@ def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
 
     monkeypatch.setattr(torch.nn.Module, "to", recorder(torch.nn.Module.to, lambda m: type(m).__name__))
     monkeypatch.setattr(torch.Tensor, "to", recorder(torch.Tensor.to, lambda _: "tensor"))
+    # the training loop puts its batches where the model is: a model sent to a pretend GPU is there for
+    # it (its RNG fork on that GPU is the one thing the CPU cannot pretend)
+    sent: weakref.WeakKeyDictionary[torch.nn.Module, torch.device] = weakref.WeakKeyDictionary()
+    moving = torch.nn.Module.to
+
+    def module_to(self: Any, *args: Any, **kwargs: Any) -> Any:
+        target = args[0] if args else kwargs.get("device")
+        if isinstance(target, (str, torch.device)) and str(target).startswith("cuda"):
+            sent[self] = torch.device(str(target))
+        return moving(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.Module, "to", module_to)
+    monkeypatch.setattr(finetune, "_model_device", lambda model: sent.get(model, torch.device("cpu")))
+    monkeypatch.setattr(torch.random, "fork_rng", lambda devices=(): contextlib.nullcontext())
     return moved
 
 
@@ -75,6 +92,11 @@ def built(monkeypatch: pytest.MonkeyPatch) -> list[torch.nn.Module]:
 
     monkeypatch.setattr(relmod, "build_spec", build)
     return models
+
+
+def tensors(moved: list[tuple[str, str]]) -> list[str]:
+    """Where the tensors (not the modules) were sent, in order."""
+    return [t for w, t in moved if w == "tensor"]
 
 
 # --- the one reader ----------------------------------------------------------------------------------
@@ -131,7 +153,9 @@ def test_pretrain_moves_the_model_to_the_device_and_writes_cpu_weights(
     report = pretrain(
         "cnn-tiny", "synthetic-image", out=out, samples=64, device="cuda:1", progress=False, limit=100
     )
-    assert [t for w, t in fake_gpu if w != "tensor"] == ["cuda:1"]  # the model; its batches follow it
+    assert [t for w, t in fake_gpu if w != "tensor"] == ["cuda:1"]  # the model
+    # its data, evaluation subset and sample order follow it (train x, y; eval x, y; the order)
+    assert len(tensors(fake_gpu)) >= 5 and set(tensors(fake_gpu)) == {"cuda:1"}
     assert report.data["torch_device"] == "cuda:1" and report.data["device"] == "cuda:1"
     state, _ = load_weights(out)
     assert {t.device.type for t in state.values()} == {"cpu"}
@@ -151,7 +175,9 @@ def test_every_relation_model_and_probe_batch_goes_to_the_device(
     models = [t for w, t in fake_gpu if w != "tensor"]
     # the first model built only makes the seeded starting weights; the probe's and every run's train
     assert len(built) >= 4 and models == ["cuda:1"] * (len(built) - 1)
-    assert [t for w, t in fake_gpu if w == "tensor"] == ["cuda:1", "cuda:1"]  # the probe's x and y
+    # the probe's x and y, then every run's data, evaluation subset and order
+    runs = len(built) - 2
+    assert len(tensors(fake_gpu)) >= 2 + 5 * runs and set(tensors(fake_gpu)) == {"cuda:1"}
 
 
 class FakeRay(types.SimpleNamespace):
@@ -199,6 +225,8 @@ def test_parallel_runs_on_a_gpu_ask_ray_for_a_share_of_it(
     assert ray.options == [{"num_cpus": 1, "num_gpus": 0.5}]
     # in a task, the GPU Ray gave is its cuda:0 (Ray sets CUDA_VISIBLE_DEVICES)
     assert [t for w, t in fake_gpu if w != "tensor"] == ["cuda:1"] + ["cuda:0"] * (len(built) - 2)
+    moved = tensors(fake_gpu)
+    assert moved[:2] == ["cuda:1"] * 2 and len(moved) > 2 and set(moved[2:]) == {"cuda:0"}
     assert gpu_share(3, 12) == 0.3333 and gpu_share(8, 2) == 0.5 and gpu_share(1, 5) == 1.0
 
 
