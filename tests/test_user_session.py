@@ -256,3 +256,29 @@ def test_without_a_round_to_join_the_session_says_how_to_get_one() -> None:
 def test_the_config_it_joins_is_the_plan_the_wrapper_sent() -> None:
     sent = plan().to_config()
     assert TrainInstructions.from_config(ConfigRecord(dict(sent))).model == NAME
+
+
+def test_a_cap_that_changes_is_followed_in_the_users_loop(tmp_path: Path) -> None:
+    from powerctl.capsource import ScheduleCap
+
+    caps = ScheduleCap.from_pairs([[0, None], [0.05, 2.2]])  # uncapped, then 2.2 W after 0.05 device s
+    x, y = user_data(n=512)
+    net = UserCNN()
+    node = NodeSettings("sim:jetson-nano", None, None, 0, 1, "n0", caps)
+    with _session(
+        model=net,
+        node=node,
+        profile_cache=tmp_path,
+        instructions=plan(budget_samples=1500),
+        train_examples=512,
+    ) as s:
+        step, first = make_step(net), 0
+        while not s.done:
+            b = s.batch_size  # read again every step: the follower may change it
+            first = 0 if first + b > len(x) else first
+            s.step(step, x[first : first + b], y[first : first + b])
+            first += b
+    r = s.report
+    assert r is not None and [e["kind"] for e in r.cap_events][:2] == ["start", "switch"]
+    assert r.final_pair is not None and r.final_pair[1] < r.frequency_hz  # stepped down under 2.2 W
+    assert r.over_cap_seconds == 0.0 and r.samples >= 1500
