@@ -43,6 +43,7 @@ from fl_server.run_config import (  # the run config as Flower reads it (`run_co
 from powerctl.cache import cache_root
 from powerctl.errors import PowerctlError
 from simulations.flower_home import FlowerHome, clean_stale_homes, describe_cleaned
+from simulations.linkstate_index import check_flower_version, install_script
 from simulations.local_superlink import (
     alive,
     descendants,
@@ -235,11 +236,17 @@ def run_flwr(
     verbose: bool = False,
     port: int | None = None,
     control_port: int | None = None,
+    index_messages: bool = True,
 ) -> FlowerRun:
     """`flwr run APP_DIR --stream` with a private Flower home on `port` (default: free ports).
 
     Lines go to `log_path` and, unless `verbose` is off and they are Flower's or Ray's own, to `echo`.
+    With `index_messages` the simulation dispatches messages through `simulations.linkstate_index`
+    (O(messages) a pass, not O(nodes × messages)): its `flwr-simulation` wrapper comes first on the
+    run's PATH; on a Flower it was not written for, one line and nothing started.
     Every process it started is stopped before this returns or raises (KeyboardInterrupt included)."""
+    if index_messages:
+        check_flower_version()
     preflight()  # a Ray cluster recorded but dead makes `flwr run` hang: check it first
     cache_root()  # $POWERFED_CACHE set to a file would fail only after Flower started: check it first
     _clear_ports([p for p in (port, control_port) if p is not None], echo)
@@ -256,6 +263,8 @@ def run_flwr(
             FLWR_HOME=str(home.path),
             PYTHONPATH=os.pathsep.join(p for p in (str(APP_DIR), os.environ.get("PYTHONPATH", "")) if p),
         )
+        if index_messages:  # the SuperExec finds `flwr-simulation` on PATH: ours first, in the home
+            env["PATH"] = f"{install_script(home.path / 'bin').parent}{os.pathsep}{env['PATH']}"
         with signals_as_interrupt(), log_path.open("w", encoding="utf-8") as log:
             log.write(" ".join(cmd) + "\n")
             log.flush()
@@ -322,6 +331,7 @@ def check_launch(nodes: int, run_config: str, out: Path, log_path: Path, port: i
     is started or written."""
     from powerctl.outputs import check_output_dir, check_output_file
 
+    check_flower_version()  # the run's simulation uses the message index (`run_flwr`)
     check_nodes(nodes)
     overrides = parse_run_config(run_config)
     if "results-dir" not in overrides:  # a results-dir in the run config wins (checked with the rest)

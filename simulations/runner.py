@@ -20,6 +20,7 @@ from typing import Any
 from powerctl.errors import PowerctlError
 from simulations.fleet import FleetFileError, FleetSpec
 from simulations.launcher import run_config_text, run_flwr
+from simulations.linkstate_index import check_flower_version
 from simulations.local_superlink import alive
 from strategies.methods import trains_real_model
 
@@ -41,6 +42,7 @@ def run_flower(
     verbose: bool = False,
     cpus_per_client: int = 1,
     port: int | None = None,
+    index_messages: bool = True,
 ) -> tuple[Path, list[int]]:
     """Run the fleet under `flwr run`; returns (the ServerApp's results folder, every pid it started).
 
@@ -59,6 +61,7 @@ def run_flower(
         echo=echo,
         verbose=verbose,
         port=port,
+        index_messages=index_messages,
     )
     if run.error_line:
         raise FleetRunError(f"the ServerApp stopped: {run.error_line} (log: {log_path})")
@@ -67,10 +70,16 @@ def run_flower(
     return flwr_out, run.pids
 
 
-def check_before_flower(spec: FleetSpec, out: Path, methods: list[str]) -> None:
+def check_before_flower(
+    spec: FleetSpec, out: Path, methods: list[str], *, index_messages: bool = True
+) -> None:
     """What the ServerApp would refuse only once the SuperLink and Ray are up (about 25 s in): the run
-    config, and the task's weights and relation vector files — by the ServerApp's own checks."""
+    config, and the task's weights and relation vector files — by the ServerApp's own checks; and a
+    Flower the message index was not written for (`simulations.linkstate_index`)."""
     from fl_server.run_config import check_task_files, parse_server_config
+
+    if index_messages:
+        check_flower_version()
 
     cfg = parse_server_config(spec.run_config(out / "flwr", methods, out / "profiles"))
     check_task_files(cfg, lambda key: f"{spec.path.name}: task.{key}", FleetFileError)
@@ -85,13 +94,19 @@ def run_fleet(
     verbose: bool = False,
     plots: bool = True,
     port: int | None = None,
+    index_messages: bool = True,
 ) -> dict[str, Any]:
-    """Run, merge and report: DIR/results.json, DIR/summary.txt, DIR/plots/*.png."""
+    """Run, merge and report: DIR/results.json, DIR/summary.txt, DIR/plots/*.png.
+
+    `index_messages=False` runs Flower's own per-node scan (`simulations.linkstate_index`): the
+    before of `bench/fleet_scale.py` and of the equivalence test; the results are the same."""
     from powerctl.cache import cache_root
     from powerctl.outputs import check_output_dir, replacing
     from simulations.fleet_results import build_results, summary_text, write_results
 
     cache_root()  # a $POWERFED_CACHE that cannot be a folder: one line before --out is created
+    if index_messages:
+        check_flower_version()  # before --out is created or anything in it removed
     out = check_output_dir(out.expanduser().resolve())
     started = time.perf_counter()
     for note in spec.notes:
@@ -107,8 +122,10 @@ def run_fleet(
             f"scale mode: profiles {run.profile_source}; {real} of {len(spec.boards)} boards fine-tune "
             f"{run.model}, the other {len(spec.boards) - real} run the stand-in (no training)"
         )
-    check_before_flower(spec, out, methods)
-    flwr_out, pids = run_flower(spec, out, methods, echo=echo, verbose=verbose, port=port)
+    check_before_flower(spec, out, methods, index_messages=index_messages)
+    flwr_out, pids = run_flower(
+        spec, out, methods, echo=echo, verbose=verbose, port=port, index_messages=index_messages
+    )
     results = build_results(spec, flwr_out, methods, wall_seconds=time.perf_counter() - started)
     results["processes"] = {"started": pids, "alive_after": [p for p in pids if alive(p)]}
     write_results(out / "results.json", results)

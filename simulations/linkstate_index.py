@@ -1,0 +1,264 @@
+"""Message dispatch in O(messages) per pass for this project's simulation runs (Flower 1.41).
+
+Why: Flower 1.41's simulation engine (`flwr/server/superlink/fleet/vce/vce_api.py`,
+`add_messages_to_queue`) asks the link state for every virtual node's next message every 0.1 s, and
+`InMemoryLinkState.get_message_ins` answers each call by scanning every stored message (checking each
+one's expiry) under the state's lock: O(nodes × messages) per pass, about 10^6 checks a pass for
+1,000 boards, competing with the ServerApp and the actors for the same cores.
+
+What: `IndexedLinkState`, an `InMemoryLinkState` whose message store also indexes message ids by
+destination node (kept in storage order, so a node's messages come back in the order Flower's scan
+finds them), plus the set of nodes that may still have an undelivered message; and a dispatch loop that
+visits only those nodes, in the engine's node order. Each call then does Flower's own per-message work
+(`_check_stored_messages`, the same filters, `delivered_at` set the same way) on that node's messages
+only. What differs: an expired message of another node is deleted when its own node is next asked, not
+by any node's call.
+
+Where: only inside the simulation process of a run this project starts (`flwr-simulation`, below the
+local SuperLink that `flwr run` starts; `simulations.launcher.run_flwr` puts `install_script`'s
+wrapper first on that run's PATH). Only on the Flower series it was written for: any other version is
+refused in one line (`check_flower_version`) before anything starts.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Iterable
+from logging import INFO
+from pathlib import Path
+from queue import Queue
+from typing import Any
+
+from powerctl.errors import PowerctlError
+
+SUPPORTED_FLOWER = ("1.41.",)
+"""Flower releases whose `InMemoryLinkState.get_message_ins` and `vce_api.add_messages_to_queue` this
+module reproduces (read from their source); any other is refused."""
+WRAPPED_COMMAND = "flwr-simulation"
+"""The command the SuperExec runs for a simulation (flwr 1.41 `TASK_TYPE_TO_COMMAND`), found on PATH."""
+
+
+INSTALLED_LINE = "powerfed: simulation messages indexed by destination node (simulations.linkstate_index)"
+"""What the simulation logs when it uses the index (a run's log says which dispatch it had)."""
+
+
+class LinkStateIndexError(PowerctlError):
+    """The installed Flower is not one this adapter was written for; nothing was started."""
+
+
+def flower_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("flwr")
+    except PackageNotFoundError:
+        return "none"
+
+
+def check_flower_version(found: str | None = None) -> str:
+    """The installed Flower's version when the adapter supports it; else one LinkStateIndexError line."""
+    found = flower_version() if found is None else found
+    if not found.startswith(SUPPORTED_FLOWER):
+        wanted = ", ".join(f"{s}*" for s in SUPPORTED_FLOWER)
+        raise LinkStateIndexError(
+            f"flwr {found} is installed, but the simulation's message index (simulations.linkstate_index) "
+            f"was written for flwr {wanted}: install flwr[simulation] {wanted} (pyproject.toml)"
+        )
+    return found
+
+
+class IndexedStore(dict):  # type: ignore[type-arg]
+    """Flower's `message_ins_store` (message id → Message) that also keeps, per destination node, that
+    node's message ids in storage order, and the nodes that may hold an undelivered message. Every way
+    a dict can change goes through `_add` / `_drop`."""
+
+    def __init__(self, items: Iterable[tuple[str, Any]] = ()) -> None:
+        super().__init__()
+        self.by_node: dict[int, dict[str, None]] = {}
+        self.pending: set[int] = set()
+        for key, value in items:
+            self[key] = value
+
+    def _add(self, key: str, message: Any) -> None:
+        node = message.metadata.dst_node_id
+        old = super().get(key)
+        super().__setitem__(key, message)
+        if old is not None and (old_node := old.metadata.dst_node_id) != node:
+            self._unindex(key, old_node)
+            # the key keeps its place in the dict: rebuild the node's order from it (rare; Flower never
+            # stores a message id twice)
+            self.by_node[node] = {k: None for k, m in self.items() if m.metadata.dst_node_id == node}
+        else:
+            self.by_node.setdefault(node, {})[key] = None
+        self.pending.add(node)
+
+    def _unindex(self, key: str, node: int) -> None:
+        ids = self.by_node.get(node)
+        if ids is not None:
+            ids.pop(key, None)
+            if not ids:
+                del self.by_node[node]
+                self.pending.discard(node)
+
+    def _drop(self, key: str) -> Any:
+        message = super().pop(key)
+        self._unindex(key, message.metadata.dst_node_id)
+        return message
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self._add(key, value)
+
+    def __delitem__(self, key: str) -> None:
+        self._drop(key)
+
+    def pop(self, key: str, *default: Any) -> Any:
+        if key not in self and default:
+            return default[0]
+        return self._drop(key)
+
+    def popitem(self) -> tuple[str, Any]:
+        key = next(reversed(self))
+        return key, self._drop(key)
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        if key not in self:
+            self._add(key, default)
+        return self[key]
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        for key, value in dict(*args, **kwargs).items():
+            self._add(key, value)
+
+    def __ior__(self, other: Any) -> IndexedStore:
+        self.update(other)
+        return self
+
+    def clear(self) -> None:
+        super().clear()
+        self.by_node.clear()
+        self.pending.clear()
+
+    def ids_for(self, node: int) -> list[str]:
+        """The ids of `node`'s stored messages, in storage order (a copy: the caller may delete)."""
+        return list(self.by_node.get(node, ()))
+
+
+def _state_class() -> type:
+    from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
+    from flwr.supercore import log as flwr_log
+    from flwr.supercore.date import now
+
+    class IndexedLinkState(InMemoryLinkState):  # type: ignore[misc,valid-type]
+        """Flower 1.41's `InMemoryLinkState`, its `get_message_ins` reading the node's own messages."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.message_ins_store = IndexedStore(self.message_ins_store.items())
+            flwr_log(INFO, INSTALLED_LINE)
+
+        def get_message_ins(self, node_id: int, limit: int | None, *, run_id: int | None = None) -> list[Any]:
+            """Flower's `get_message_ins`, line for line, over `node_id`'s messages instead of all."""
+            if limit is not None and limit < 1:
+                raise AssertionError("`limit` must be >= 1")
+            store: IndexedStore = self.message_ins_store
+            found: list[Any] = []
+            with self.lock:
+                ids = store.ids_for(node_id)
+                for i, msg_id in enumerate(ids):
+                    self._check_stored_messages({msg_id})
+                    if (
+                        (msg_ins := store.get(msg_id))
+                        and msg_ins.metadata.dst_node_id == node_id
+                        and (run_id is None or msg_ins.metadata.run_id == run_id)
+                        and msg_ins.metadata.delivered_at == ""
+                    ):
+                        found.append(msg_ins)
+                    if limit and len(found) == limit:
+                        rest = ids[i + 1 :]
+                        break
+                else:
+                    rest = []
+                taken = {id(m) for m in found}
+                if not any(
+                    (m := store.get(k)) is not None and m.metadata.delivered_at == "" and id(m) not in taken
+                    for k in (ids if run_id is not None else rest)
+                ):
+                    store.pending.discard(node_id)  # nothing left for this node until a new message
+            delivered_at = now().isoformat()
+            for msg_ins in found:
+                msg_ins.metadata.delivered_at = delivered_at
+            return found
+
+        def pending_nodes(self) -> list[int]:
+            """Nodes that may hold an undelivered message (a superset: never one fewer)."""
+            with self.lock:
+                return list(self.message_ins_store.pending)
+
+    return IndexedLinkState
+
+
+_CLASS: type | None = None
+
+
+def indexed_state_class() -> type:
+    """The adapter class (built on first use: Flower is imported only where it runs)."""
+    global _CLASS
+    if _CLASS is None:
+        _CLASS = _state_class()
+    return _CLASS
+
+
+def add_messages_to_queue(
+    state: Any, queue: Queue[Any], nodes_mapping: dict[int, int], f_stop: threading.Event
+) -> None:
+    """Flower's dispatch loop (`vce_api.add_messages_to_queue`) asking only the nodes that may have a
+    message, in the engine's node order, one message per node per pass, every 0.1 s as Flower does."""
+    pending = getattr(state, "pending_nodes", None)
+    position = {node: i for i, node in enumerate(nodes_mapping)}
+    while not f_stop.is_set():
+        nodes = pending() if pending is not None else list(nodes_mapping)
+        for node_id in sorted((n for n in nodes if n in position), key=position.__getitem__):
+            for msg in state.get_message_ins(node_id=node_id, limit=1):
+                queue.put(msg)
+        f_stop.wait(0.1)
+
+
+def install() -> None:
+    """Make this process's simulation use the index: the link state factory builds `IndexedLinkState`
+    for the in-memory state, and the engine dispatches through `add_messages_to_queue` above."""
+    check_flower_version()
+    from flwr.server.superlink.fleet.vce import vce_api
+    from flwr.server.superlink.linkstate import linkstate_factory
+
+    linkstate_factory.InMemoryLinkState = indexed_state_class()
+    vce_api.add_messages_to_queue = add_messages_to_queue
+
+
+def install_script(folder: Path) -> Path:
+    """Write FOLDER/flwr-simulation: this interpreter running `main` below. Put FOLDER first on a run's
+    PATH and the SuperExec starts it for the simulation instead of Flower's own script."""
+    folder.mkdir(parents=True, exist_ok=True)
+    script = folder / WRAPPED_COMMAND
+    script.write_text(
+        f"#!{sys.executable}\n"
+        "import sys\n"
+        "from simulations.linkstate_index import main\n"
+        "if __name__ == '__main__':\n"
+        "    sys.exit(main())\n",
+        encoding="utf-8",
+    )
+    script.chmod(0o755)
+    return script
+
+
+def main() -> int | None:
+    """`flwr-simulation` with the index installed (argv passed on unchanged)."""
+    try:
+        install()
+    except LinkStateIndexError as exc:
+        print(f"powerfed: error: {exc}", file=sys.stderr)
+        return 2
+    from flwr.simulation.app import flwr_simulation
+
+    return flwr_simulation()  # type: ignore[no-any-return]

@@ -1,0 +1,261 @@
+"""The simulation's message index (`simulations.linkstate_index`) answers as Flower 1.41's scan does.
+
+Two link states, Flower's own `InMemoryLinkState` and the adapter, get the same nodes and the same
+stored messages (fresh objects each), then the same sequence of calls; every call must return the same
+message ids in the same order, and the stores must hold the same messages afterwards. Random sequences
+(hypothesis) mix storing, asking a node (limit 1, 2 or none; a run filter), deleting, and messages that
+have expired.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from queue import Queue
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("flwr")
+
+from simulations import linkstate_index as li
+from simulations.local_superlink import descendants
+
+RUN_ID = 77
+NODES = [1001, 1002, 1003, 1004]
+
+
+@pytest.fixture(autouse=True)
+def _identity(monkeypatch: pytest.MonkeyPatch) -> None:
+    from flwr.supercore.task_identity import TaskIdentity
+
+    monkeypatch.setattr(TaskIdentity, "_run_id", RUN_ID)
+    monkeypatch.setattr(TaskIdentity, "_node_id", 1)
+    monkeypatch.setattr(TaskIdentity, "_task_id", 5)
+
+
+def make_state(cls: type, nodes: list[int]) -> Any:
+    """A link state as the simulation sets it up (`run_simulation._main_loop`, `vce_api._register_nodes`),
+    its node ids `nodes` in that order."""
+    from flwr.common.constant import HEARTBEAT_INTERVAL_INF
+    from flwr.proto.task_pb2 import Task
+    from flwr.server.superlink.linkstate import in_memory_linkstate as ims
+    from flwr.supercore.constant import NOOP_FEDERATION_ID
+    from flwr.supercore.object_store import ObjectStoreFactory
+    from flwr.supercore.run import Run
+    from flwr.superlink.federation import NoOpFederationManager
+
+    state = cls(NoOpFederationManager(), ObjectStoreFactory().store())
+    ids = iter(nodes)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ims, "generate_rand_int_from_bytes", lambda *a, **k: next(ids))
+        for n in nodes:
+            node_id = state.create_node(
+                "aid", "name", n.to_bytes(8, "big"), heartbeat_interval=HEARTBEAT_INTERVAL_INF
+            )
+            state.acknowledge_node_heartbeat(node_id=node_id, heartbeat_interval=HEARTBEAT_INTERVAL_INF)
+    run = Run.create_empty(RUN_ID)
+    run.primary_task_id = 9
+    run.federation_id = NOOP_FEDERATION_ID
+    state.run_ids[RUN_ID] = ims.RunRecord(run=run)
+    state.task_store[9] = Task(task_id=9, run_id=RUN_ID)
+    return state
+
+
+def message(msg_id: str, dst: int, *, expired: bool = False, run_id: int = RUN_ID) -> Any:
+    from flwr.app import Message, RecordDict
+
+    msg = Message(RecordDict(), dst_node_id=dst, message_type="train")
+    msg.metadata.__dict__["_message_id"] = msg_id
+    msg.metadata.__dict__["_run_id"] = run_id
+    if expired:
+        msg.metadata.created_at = time.time() - 10 * msg.metadata.ttl
+    return msg
+
+
+# one operation: ("store", node index, expired) | ("get", node index, limit, filtered) | ("delete", k)
+op = st.one_of(
+    st.tuples(st.just("store"), st.integers(0, len(NODES) - 1), st.booleans()),
+    st.tuples(st.just("get"), st.integers(0, len(NODES) - 1), st.sampled_from([None, 1, 2]), st.booleans()),
+    st.tuples(st.just("delete"), st.integers(0, 40)),
+)
+
+
+def replay(state: Any, ops: list[tuple]) -> list[Any]:
+    """Apply `ops` to `state`; what each call answered (message ids, in order). After every step, the
+    adapter's dispatch would ask every node that has an undelivered message."""
+    answers: list[Any] = []
+    counter = itertools.count()
+    stored: list[str] = []
+    for o in ops:
+        if o[0] == "store":
+            msg_id = f"m{next(counter)}"
+            answers.append(state.store_message_ins(message(msg_id, NODES[o[1]], expired=o[2])))
+            stored.append(msg_id)
+        elif o[0] == "get":
+            got = state.get_message_ins(NODES[o[1]], o[2], run_id=RUN_ID if o[3] else None)
+            answers.append([m.metadata.message_id for m in got])
+        elif stored:
+            state.delete_messages({stored[o[1] % len(stored)]})
+            answers.append("deleted")
+        if hasattr(state, "pending_nodes"):
+            assert set(live_undelivered(state)) <= set(state.pending_nodes())
+    return answers
+
+
+def live_undelivered(state: Any) -> dict[int, list[str]]:
+    """Per node, the stored messages not yet delivered and not expired, in storage order."""
+    now = time.time()
+    out: dict[int, list[str]] = {}
+    for k, m in state.message_ins_store.items():
+        if m.metadata.delivered_at == "" and m.metadata.created_at + m.metadata.ttl > now:
+            out.setdefault(m.metadata.dst_node_id, []).append(k)
+    return out
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=st.lists(op, max_size=40))
+def test_same_messages_in_the_same_order_as_flowers_scan(ops: list[tuple]) -> None:
+    from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
+
+    flower = make_state(InMemoryLinkState, NODES)
+    ours = make_state(li.indexed_state_class(), NODES)
+    assert replay(ours, ops) == replay(flower, ops)
+    assert live_undelivered(ours) == live_undelivered(flower)
+    store = ours.message_ins_store
+    assert {n: list(ids) for n, ids in store.by_node.items()} == {
+        n: [k for k, m in store.items() if m.metadata.dst_node_id == n]
+        for n in {m.metadata.dst_node_id for m in store.values()}
+    }
+
+
+def test_the_dispatch_delivers_every_message_once_in_node_order() -> None:
+    state = make_state(li.indexed_state_class(), NODES)
+    for i, dst in enumerate([1003, 1001, 1003, 1002]):
+        state.store_message_ins(message(f"m{i}", dst))
+    queue: Queue[Any] = Queue()
+    stop = threading.Event()
+    mapping = {n: i for i, n in enumerate(NODES)}
+    thread = threading.Thread(target=li.add_messages_to_queue, args=(state, queue, mapping, stop))
+    thread.start()
+    got: list[str] = [queue.get(timeout=10).metadata.message_id for _ in range(4)]
+    stop.set()
+    thread.join()
+    # first pass: one message per node in the engine's node order; the second m2
+    assert got == ["m1", "m3", "m0", "m2"]
+    assert queue.empty() and state.pending_nodes() == []
+
+
+def test_a_dict_change_of_any_kind_keeps_the_index() -> None:
+    class Meta:
+        def __init__(self, dst: int) -> None:
+            self.dst_node_id = dst
+
+    class Msg:
+        def __init__(self, dst: int) -> None:
+            self.metadata = Meta(dst)
+
+    store = li.IndexedStore()
+    store["a"] = Msg(1)
+    store.update({"b": Msg(2), "c": Msg(1)})
+    store.setdefault("d", Msg(2))
+    store["a"] = Msg(2)  # the same id, another node: keeps its place in the dict
+    assert store.by_node == {1: {"c": None}, 2: {"a": None, "b": None, "d": None}}
+    assert store.pop("b").metadata.dst_node_id == 2 and store.pop("zz", None) is None
+    del store["c"]
+    assert store.by_node == {2: {"a": None, "d": None}} and store.pending == {2}
+    assert store.popitem()[0] == "d"
+    store.clear()
+    assert store.by_node == {} and store.pending == set() and not store
+
+
+def test_another_flower_version_is_refused_in_one_line() -> None:
+    with pytest.raises(li.LinkStateIndexError) as info:
+        li.check_flower_version("1.42.0")
+    text = str(info.value)
+    assert "\n" not in text and "flwr 1.42.0 is installed" in text and "1.41.*" in text
+    assert li.check_flower_version("1.41.0") == "1.41.0"
+    assert li.check_flower_version().startswith("1.41.")
+
+
+def test_a_fleet_run_on_another_flower_is_refused_before_anything(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from simulations.__main__ import main
+    from simulations.launcher import check_launch
+
+    monkeypatch.setattr(li, "flower_version", lambda: "1.42.0")
+    fleet = tmp_path / "f.yaml"
+    fleet.write_text(fleet_text(4))
+    before = set(descendants(os.getpid()))
+    assert main(["run", str(fleet), "--out", str(tmp_path / "out")]) != 0
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "flwr 1.42.0 is installed" in err
+    assert not (tmp_path / "out").exists() and set(descendants(os.getpid())) == before
+    with pytest.raises(li.LinkStateIndexError):
+        check_launch(2, "", tmp_path / "run", tmp_path / "logs" / "run.log")
+    assert not (tmp_path / "run").exists() and not (tmp_path / "logs").exists()
+
+
+def fleet_text(n: int) -> str:
+    """A scale-mode fleet of `n` boards (four kinds), two rounds, one method; a few boards fine-tune."""
+    a = n // 4
+    return f"""\
+name: index-{n}
+groups:
+  - {{device: sim:jetson-nano, power-cap-w: 3.0, count: {n - 3 * a}}}
+  - {{device: sim:jetson-nano, power-cap-w: none, count: {a}}}
+  - {{device: sim:jetson-tx2nx, power-cap-w: 4.5, count: {a}}}
+  - {{device: sim:jetson-tx2nx, power-cap-w: 3.5, count: {a}}}
+task: {{model: cnn-tiny, pretrain-samples: 256, target-accuracy: 0.3, batch-sizes: [8, 16]}}
+rounds: 2
+seeds: {{relation: [0]}}
+budget: {{samples: 96}}
+evaluation: {{every-samples: 32, max-samples: 64}}
+scale: {{profiles: predicted, real-share: 0.05}}
+methods: [ours]
+"""
+
+
+def per_board(out: Path) -> dict[str, Any]:
+    """What a fleet run reports per board and per round, without wall-clock times."""
+    data = json.loads((out / "results.json").read_text())
+    records = sorted(
+        ({k: v for k, v in r.items() if "wall" not in k} for r in data["records"]),
+        key=lambda r: (r["method"], r["round"], r["node_key"]),
+    )
+    return {
+        "records": records,
+        "summary": data["summary"],
+        "evaluations": data["evaluations"],
+        "failures": data["failures"],
+        "table": (out / "summary.txt").read_text(),
+    }
+
+
+@pytest.mark.slow
+def test_a_100_board_fleet_reports_the_same_with_and_without_the_index(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from simulations.fleet import load_fleet_spec
+    from simulations.runner import run_fleet
+
+    monkeypatch.setenv("POWERFED_CACHE", str(tmp_path / "cache"))
+    fleet = tmp_path / "f.yaml"
+    fleet.write_text(fleet_text(100))
+    got = {}
+    for index in (False, True):
+        out = tmp_path / f"index-{index}"
+        run_fleet(
+            load_fleet_spec(fleet), out, ["ours"], echo=lambda _: None, plots=False, index_messages=index
+        )
+        assert (li.INSTALLED_LINE in (out / "flwr.log").read_text()) is index
+        got[index] = per_board(out)
+    assert len(got[True]["records"]) == 200 and sum(not r["stand_in"] for r in got[True]["records"]) == 10
+    assert got[True] == got[False]
