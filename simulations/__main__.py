@@ -92,6 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=tcp_port,
         help="the local SuperLink's HTTP port (default: a free one); the control API uses PORT+2",
     )
+    f.add_argument(
+        "--app",
+        type=Path,
+        help="run another Flower app folder (e.g. examples/quickstart-powerfed): its run config is its own "
+        "(checked by Flower), --out is not used, and the app prints its own 'results: PATH' line",
+    )
     k = sub.add_parser(
         "stop-superlink",
         help="stop the local SuperLink that `flwr run .` leaves running (by process id)",
@@ -196,7 +202,7 @@ def flwr_run_command(args: argparse.Namespace) -> int:
     the ServerApp's own last line)."""
     from simulations.launcher import check_launch, launch
 
-    plan = check_launch(args.nodes, args.run_config, args.out, args.log, args.port)
+    plan = check_launch(args.nodes, args.run_config, args.out, args.log, args.port, args.app)
     with owning_every_process():
         path = launch(plan)
     print(f"results: {path}")

@@ -236,9 +236,11 @@ def run_flwr(
     verbose: bool = False,
     port: int | None = None,
     control_port: int | None = None,
+    app_dir: Path = APP_DIR,
     index_messages: bool = True,
 ) -> FlowerRun:
-    """`flwr run APP_DIR --stream` with a private Flower home on `port` (default: free ports).
+    """`flwr run APP_DIR --stream` (or another Flower app's folder, `app_dir`) with a private Flower home
+    on `port` (default: free ports).
 
     Lines go to `log_path` and, unless `verbose` is off and they are Flower's or Ray's own, to `echo`.
     With `index_messages` the simulation dispatches messages through `simulations.linkstate_index`
@@ -252,7 +254,7 @@ def run_flwr(
     _clear_ports([p for p in (port, control_port) if p is not None], echo)
     port = port or free_port()
     control = control_port or free_port()
-    cmd = flwr_run_command(APP_DIR, federation, run_config)
+    cmd = flwr_run_command(app_dir, federation, run_config)
     run = FlowerRun()
     proc = None
     home = FlowerHome.create()  # a killed launcher's home is cleaned by the next start (above)
@@ -271,7 +273,7 @@ def run_flwr(
             home.start_watchdog(stderr=log)
             proc = subprocess.Popen(
                 cmd,
-                cwd=APP_DIR,
+                cwd=app_dir,
                 env=env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
@@ -323,26 +325,41 @@ class Launch:
     """The run config given, with the results folder added (every key the app's, every value checked)."""
     log_path: Path
     port: int | None
+    app_dir: Path = APP_DIR
+    """The Flower app run: this one, or a user's (`--app`, e.g. examples/quickstart-powerfed)."""
 
 
-def check_launch(nodes: int, run_config: str, out: Path, log_path: Path, port: int | None = None) -> Launch:
+def check_app(app: Path) -> Path:
+    """`--app`: a Flower app folder (one with a pyproject.toml), made absolute."""
+    folder = app.expanduser().resolve()
+    if not (folder / "pyproject.toml").is_file():
+        raise LaunchError(f"--app {app}: not a Flower app folder (no pyproject.toml in it); give the folder")
+    return folder
+
+
+def check_launch(
+    nodes: int, run_config: str, out: Path, log_path: Path, port: int | None = None, app: Path | None = None
+) -> Launch:
     """Every input of `make run`, and everything its run config names, checked before anything starts
     (`checked_run_config`): one LaunchError (or other PowerctlError) line naming what is wrong; nothing
-    is started or written."""
+    is started or written. Another app (`app`) has run config keys of its own: Flower checks them, and
+    the app prints its own `results: PATH` line (`out` is not used)."""
     from powerctl.outputs import check_output_dir, check_output_file
 
     check_flower_version()  # the run's simulation uses the message index (`run_flwr`)
+    app_dir = APP_DIR if app is None else check_app(app)
     check_nodes(nodes)
     overrides = parse_run_config(run_config)
-    if "results-dir" not in overrides:  # a results-dir in the run config wins (checked with the rest)
+    if app is None and "results-dir" not in overrides:  # a results-dir in the run config wins
         out = check_output_dir(out.expanduser().resolve(), "results folder")
         overrides = {"results-dir": str(out), **overrides}
-    overrides = checked_run_config(overrides)
+    if app is None:
+        overrides = checked_run_config(overrides)
     log_path = log_path.expanduser().resolve()
     check_output_dir(log_path.parent, "log folder")
     if log_path.parent.is_dir():  # else it is created at the start, as the results folder is
         check_output_file(log_path, "log")
-    return Launch(nodes, overrides, log_path, port)
+    return Launch(nodes, overrides, log_path, port, app_dir)
 
 
 def launch(plan: Launch, *, echo: Callable[[str], None] = print) -> Path:
@@ -359,6 +376,7 @@ def launch(plan: Launch, *, echo: Callable[[str], None] = print) -> Path:
         verbose=True,
         port=port,
         control_port=port + 2 if port is not None and port + 2 < 65536 else None,
+        app_dir=plan.app_dir,
     )
     if run.error_line:
         raise LaunchError(f"the ServerApp stopped: {run.error_line} (log: {plan.log_path})")

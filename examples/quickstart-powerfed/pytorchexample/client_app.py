@@ -4,13 +4,14 @@ import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from powerfed import PowerSession, power_aware_mod
+from powerfed import PowerSession, describe_node, power_aware_mod
 from pytorchexample.task import Net, load_data, make_step
 from pytorchexample.task import test as test_fn
 from pytorchexample.task import train as train_fn
 
 # Flower ClientApp
 app = ClientApp(mods=[power_aware_mod])
+app.query()(describe_node)
 
 
 @app.train()

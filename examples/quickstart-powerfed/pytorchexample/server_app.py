@@ -1,12 +1,12 @@
 """pytorchexample: A Flower / PyTorch app."""
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context
+from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
 from powerfed import PowerAware, TrainInstructions, estimate_relation, save_results
-from pytorchexample.task import Net, load_data
+from pytorchexample.task import Net, load_centralized_dataset, test
 
 # Create ServerApp
 app = ServerApp()
@@ -26,7 +26,8 @@ def main(grid: Grid, context: Context) -> None:
     arrays = ArrayRecord(global_model.state_dict())
 
     # Initialize FedAvg strategy
-    proxy, _ = load_data(0, 10, 32)
+    # power-aware: Net's samples to target per batch size on proxy data (cached), the plan it sends
+    proxy = load_centralized_dataset()
     rel = estimate_relation(Net, proxy=proxy, target_accuracy=0.8, batch_sizes=[8, 16, 32], cache_key="1")
     plan = TrainInstructions(
         model=rel.model, relation_vector=rel, target_accuracy=0.8, num_classes=4, model_overrides={}
@@ -39,6 +40,7 @@ def main(grid: Grid, context: Context) -> None:
         initial_arrays=arrays,
         train_config=ConfigRecord({"lr": lr}),
         num_rounds=num_rounds,
+        evaluate_fn=global_evaluate,
     )
 
     # Save final model to disk
@@ -46,3 +48,21 @@ def main(grid: Grid, context: Context) -> None:
     state_dict = result.arrays.to_torch_state_dict()
     torch.save(state_dict, context.run_config["model-path"])
     print(f"results: {save_results(strategy, context.run_config['results'])}")
+
+
+def global_evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+    """Evaluate model on central data."""
+
+    # Load the model and initialize it with the received weights
+    model = Net()
+    model.load_state_dict(arrays.to_torch_state_dict())
+    device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+
+    # Load entire test set
+    test_dataloader = load_centralized_dataset()
+
+    # Evaluate the global model on the test set
+    test_loss, test_acc = test(model, test_dataloader, device)
+
+    # Return the evaluation metrics
+    return MetricRecord({"accuracy": test_acc, "loss": test_loss})

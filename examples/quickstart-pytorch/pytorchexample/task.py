@@ -24,9 +24,9 @@ class Net(nn.Module):
 
 
 def make_dataset(num_samples=2000, seed=0):
-    """Four classes, each a fixed 16x16 pattern under noise (seeded: every node makes the same)."""
+    """Four classes, each a fixed 16x16 pattern under noise; `seed` draws the samples."""
+    patterns = torch.randn(NUM_CLASSES, 1, 16, 16, generator=torch.Generator().manual_seed(0))
     g = torch.Generator().manual_seed(seed)
-    patterns = torch.randn(NUM_CLASSES, 1, 16, 16, generator=g)
     labels = torch.randint(0, NUM_CLASSES, (num_samples,), generator=g)
     images = 1.0 * patterns[labels] + torch.randn(num_samples, 1, 16, 16, generator=g)
     return images, labels
@@ -42,6 +42,12 @@ def load_data(partition_id: int, num_partitions: int, batch_size: int):
     trainloader = DataLoader(trainset, batch_size=batch_size, shuffle=True)
     testloader = DataLoader(testset, batch_size=batch_size)
     return trainloader, testloader
+
+
+def load_centralized_dataset():
+    """Load a held-out test set for the server (its own seed: none of the nodes' samples)."""
+    images, labels = make_dataset(num_samples=500, seed=1)
+    return DataLoader(TensorDataset(images, labels), batch_size=64)
 
 
 def make_step(net, lr=0.01):
