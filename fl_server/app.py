@@ -41,6 +41,7 @@ from powerctl.cache import cache_dir
 from powerctl.errors import PowerctlError
 from powerctl.relation import RelationVector
 from strategies.methods import for_method
+from strategies.population import POPULATION_FILE, Population, PopulationLog, PopulationSampled
 from strategies.power_aware import PowerAwareFedAvg
 from strategies.protocol import OURS, OURS_DEADLINE, TrainInstructions
 from strategies.rounds import RoundRecord
@@ -322,6 +323,10 @@ def run_method(
         else (cfg.round_objective if method == OURS else "time"),
         round_deadline_s=cfg.round_deadline_s,
     )
+    population = Population(cfg.clients_per_round, cfg.availability, cfg.seed)
+    if population.active:  # a population larger than a round (simulation): each round's boards only
+        log_draws = PopulationLog(out / POPULATION_FILE, population)
+        strategy.strategy = PopulationSampled(strategy.strategy, population, on_draw=log_draws)
     strategy.nodes.update(known_nodes)  # node ids hold for the whole run: ask each node once
     strategy.start(
         grid=grid,

@@ -56,6 +56,7 @@ PLACES: dict[str, str | dict[str, str]] = {
         "steps": "profile-steps",
     },
     "evaluation": {"every-samples": "eval-every-samples", "max-samples": "eval-max-samples"},
+    "population": {"clients-per-round": "clients-per-round", "availability": "availability"},
 }
 """Where each run setting a fleet file may set stands in it: a top-level key, or a key of a section."""
 TOP_KEYS = ("name", "groups", *PLACES)

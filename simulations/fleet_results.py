@@ -16,6 +16,7 @@ from typing import Any
 from fl_server.results import profiled_as, profiling_share
 from powerctl.jsonfile import write_json
 from simulations.fleet import FleetSpec
+from strategies.population import POPULATION_FILE
 from strategies.protocol import OURS, OURS_DEADLINE, STATE_OF_PRACTICE
 
 FLEET_SCHEMA = "simulations.fleet/1"
@@ -126,12 +127,19 @@ def build_results(
     """Merge the ServerApp's per-method files into the fleet's results."""
     records: list[dict[str, Any]] = []
     summaries, evaluations, failures, run = [], {}, [], {}
+    population: dict[str, Any] = {}
     for method in methods:
         data = json.loads(_method_file(flwr_out, method, methods).read_text(encoding="utf-8"))
+        draws = _method_file(flwr_out, method, methods).parent / POPULATION_FILE
+        if draws.is_file():  # a population sampled per round (strategies.population)
+            population[method] = json.loads(draws.read_text(encoding="utf-8"))
         run = data["run"]
         mine = records_of(spec, method, data)
         records += mine
-        summaries.append(method_summary(method, data, spec.settings.target_accuracy, len(spec.boards), mine))
+        # clients: the boards of the last round (a sampled population: those sampled, not the whole fleet)
+        drawn = population.get(method)
+        clients = len(drawn["rounds"][-1]["sampled"]) if drawn else len(spec.boards)
+        summaries.append(method_summary(method, data, spec.settings.target_accuracy, clients, mine))
         evaluations[method] = [
             {"round": r["round"], **{k: v for k, v in (r.get("evaluation") or {}).items() if k != "clients"}}
             for r in data["rounds"]
@@ -177,7 +185,7 @@ def build_results(
         "failures": failures,
         "records": records,
         "wall_seconds": wall_seconds,
-    }
+    } | ({"population": population} if population else {})
 
 
 def write_results(path: Path, results: dict[str, Any]) -> None:
@@ -255,8 +263,31 @@ def summary_text(results: dict[str, Any]) -> str:
             + results["definitions"]["stand_in"][len("scale mode: ") :]
             + "."
         )
+    lines += population_lines(results)
     lines += [f"note: {n}" for n in fleet["notes"]]
     return "\n".join(lines)
+
+
+def population_lines(results: dict[str, Any]) -> list[str]:
+    """Who was available and who was sampled, per round (the same draw for every method: seeded by the
+    run's seed and the round)."""
+    drawn = results.get("population") or {}
+    if not drawn:
+        return []
+    first = next(iter(drawn.values()))
+    per_round = first["clients_per_round"] or "every available"
+    lines = [
+        f"population: {len(results['fleet']['boards'])} boards; {per_round} sampled per round, each board "
+        f"available with probability {first['availability']:g} (seed {first['seed']}); the same boards for "
+        "every method; results.json 'population' lists each round's sampled and unavailable boards"
+    ]
+    for r in first["rounds"]:
+        shown = ", ".join(map(str, r["sampled"][:8])) + (" …" if len(r["sampled"]) > 8 else "")
+        lines.append(
+            f"  round {r['round']}: {r['available']} of {r['population']} available, "
+            f"{len(r['sampled'])} sampled (partitions {shown})"
+        )
+    return lines
 
 
 def choices_table(results: dict[str, Any]) -> list[str]:

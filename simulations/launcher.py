@@ -43,7 +43,7 @@ from fl_server.run_config import (  # the run config as Flower reads it (`run_co
 from powerctl.cache import cache_root
 from powerctl.errors import PowerctlError
 from simulations.flower_home import FlowerHome, clean_stale_homes, describe_cleaned
-from simulations.linkstate_index import check_flower_version, install_script
+from simulations.linkstate_index import INDEX_ENV, check_flower_version, install_script
 from simulations.local_superlink import (
     alive,
     descendants,
@@ -243,12 +243,12 @@ def run_flwr(
     on `port` (default: free ports).
 
     Lines go to `log_path` and, unless `verbose` is off and they are Flower's or Ray's own, to `echo`.
-    With `index_messages` the simulation dispatches messages through `simulations.linkstate_index`
-    (O(messages) a pass, not O(nodes × messages)): its `flwr-simulation` wrapper comes first on the
-    run's PATH; on a Flower it was not written for, one line and nothing started.
+    The simulation runs through `simulations.linkstate_index`'s `flwr-simulation` wrapper, first on the
+    run's PATH: it records the virtual nodes for a population's sampling and, with `index_messages`,
+    dispatches messages in O(messages) a pass, not O(nodes × messages); on a Flower it was not written
+    for, one line and nothing started.
     Every process it started is stopped before this returns or raises (KeyboardInterrupt included)."""
-    if index_messages:
-        check_flower_version()
+    check_flower_version()  # the simulation runs through our wrapper (simulations.linkstate_index)
     preflight()  # a Ray cluster recorded but dead makes `flwr run` hang: check it first
     cache_root()  # $POWERFED_CACHE set to a file would fail only after Flower started: check it first
     _clear_ports([p for p in (port, control_port) if p is not None], echo)
@@ -265,8 +265,9 @@ def run_flwr(
             FLWR_HOME=str(home.path),
             PYTHONPATH=os.pathsep.join(p for p in (str(APP_DIR), os.environ.get("PYTHONPATH", "")) if p),
         )
-        if index_messages:  # the SuperExec finds `flwr-simulation` on PATH: ours first, in the home
-            env["PATH"] = f"{install_script(home.path / 'bin').parent}{os.pathsep}{env['PATH']}"
+        # the SuperExec finds `flwr-simulation` on PATH: ours first, in the home
+        env["PATH"] = f"{install_script(home.path / 'bin').parent}{os.pathsep}{env['PATH']}"
+        env[INDEX_ENV] = "1" if index_messages else "0"
         with signals_as_interrupt(), log_path.open("w", encoding="utf-8") as log:
             log.write(" ".join(cmd) + "\n")
             log.flush()

@@ -22,6 +22,7 @@ refused in one line (`check_flower_version`) before anything starts.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from collections.abc import Iterable
@@ -35,6 +36,8 @@ from powerctl.errors import PowerctlError
 SUPPORTED_FLOWER = ("1.41.",)
 """Flower releases whose `InMemoryLinkState.get_message_ins` and `vce_api.add_messages_to_queue` this
 module reproduces (read from their source); any other is refused."""
+INDEX_ENV = "POWERFED_MESSAGE_INDEX"
+"""Set to 0 in a run's environment (`run_flwr(index_messages=False)`): Flower's own dispatch."""
 WRAPPED_COMMAND = "flwr-simulation"
 """The command the SuperExec runs for a simulation (flwr 1.41 `TASK_TYPE_TO_COMMAND`), found on PATH."""
 
@@ -224,15 +227,28 @@ def add_messages_to_queue(
         f_stop.wait(0.1)
 
 
-def install() -> None:
-    """Make this process's simulation use the index: the link state factory builds `IndexedLinkState`
-    for the in-memory state, and the engine dispatches through `add_messages_to_queue` above."""
+def install(index: bool = True) -> None:
+    """Make this process's simulation record its virtual nodes for the ServerApp
+    (`strategies.population.record_nodes`: node id → partition id) and, with `index`, use the index:
+    the link state factory builds `IndexedLinkState` for the in-memory state, and the engine
+    dispatches through `add_messages_to_queue` above."""
     check_flower_version()
     from flwr.server.superlink.fleet.vce import vce_api
     from flwr.server.superlink.linkstate import linkstate_factory
 
-    linkstate_factory.InMemoryLinkState = indexed_state_class()
-    vce_api.add_messages_to_queue = add_messages_to_queue
+    from strategies.population import record_nodes
+
+    register = vce_api._register_nodes
+
+    def register_and_record(*args: Any, **kwargs: Any) -> dict[int, int]:
+        mapping = register(*args, **kwargs)
+        record_nodes(mapping)
+        return mapping
+
+    vce_api._register_nodes = register_and_record
+    if index:
+        linkstate_factory.InMemoryLinkState = indexed_state_class()
+        vce_api.add_messages_to_queue = add_messages_to_queue
 
 
 def install_script(folder: Path) -> Path:
@@ -253,9 +269,10 @@ def install_script(folder: Path) -> Path:
 
 
 def main() -> int | None:
-    """`flwr-simulation` with the index installed (argv passed on unchanged)."""
+    """`flwr-simulation` with the node record and (unless $POWERFED_MESSAGE_INDEX=0) the index
+    installed; argv passed on unchanged."""
     try:
-        install()
+        install(index=os.environ.get(INDEX_ENV, "1") != "0")
     except LinkStateIndexError as exc:
         print(f"powerfed: error: {exc}", file=sys.stderr)
         return 2

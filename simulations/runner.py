@@ -70,17 +70,13 @@ def run_flower(
     return flwr_out, run.pids
 
 
-def check_before_flower(
-    spec: FleetSpec, out: Path, methods: list[str], *, index_messages: bool = True
-) -> None:
+def check_before_flower(spec: FleetSpec, out: Path, methods: list[str]) -> None:
     """What the ServerApp would refuse only once the SuperLink and Ray are up (about 25 s in): the run
     config, and the task's weights and relation vector files — by the ServerApp's own checks; and a
     Flower the message index was not written for (`simulations.linkstate_index`)."""
     from fl_server.run_config import check_task_files, parse_server_config
 
-    if index_messages:
-        check_flower_version()
-
+    check_flower_version()  # the simulation runs through simulations.linkstate_index's wrapper
     cfg = parse_server_config(spec.run_config(out / "flwr", methods, out / "profiles"))
     check_task_files(cfg, lambda key: f"{spec.path.name}: task.{key}", FleetFileError)
 
@@ -105,8 +101,7 @@ def run_fleet(
     from simulations.fleet_results import build_results, summary_text, write_results
 
     cache_root()  # a $POWERFED_CACHE that cannot be a folder: one line before --out is created
-    if index_messages:
-        check_flower_version()  # before --out is created or anything in it removed
+    check_flower_version()  # before --out is created or anything in it removed
     out = check_output_dir(out.expanduser().resolve())
     started = time.perf_counter()
     for note in spec.notes:
@@ -122,7 +117,7 @@ def run_fleet(
             f"scale mode: profiles {run.profile_source}; {real} of {len(spec.boards)} boards fine-tune "
             f"{run.model}, the other {len(spec.boards) - real} run the stand-in (no training)"
         )
-    check_before_flower(spec, out, methods, index_messages=index_messages)
+    check_before_flower(spec, out, methods)
     flwr_out, pids = run_flower(
         spec, out, methods, echo=echo, verbose=verbose, port=port, index_messages=index_messages
     )

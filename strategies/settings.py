@@ -485,6 +485,22 @@ SETTINGS: dict[str, Setting] = _declare(
         group="rounds",
     ),
     Setting(
+        "clients-per-round",
+        0,
+        Integer(0, MAX_BOARDS),
+        "Simulation: the boards sampled to train and evaluate each round among those available, seeded by "
+        "`seed` and the round (strategies/population.py); 0: every connected node, as `fraction-train` says.",
+        group="rounds",
+    ),
+    Setting(
+        "availability",
+        1.0,
+        Number(0.0, 1.0),
+        "Simulation: each board's chance to be available in a round (seeded by `seed` and the round); "
+        "an unavailable board is not sampled. 1: always there.",
+        group="rounds",
+    ),
+    Setting(
         "fraction-evaluate",
         1.0,
         Number(0.0, 1.0),

@@ -1,0 +1,204 @@
+"""A population larger than a round (simulation): which boards are available and which train, per round.
+
+A fleet file may describe far more boards than a round takes (`population: {clients-per-round: N,
+availability: P}`). Each round, every board is available with probability P, and N of the available
+ones are sampled; both draws are seeded by the run's `seed` and the round, over the boards' partition
+ids — never over node ids, which change every run — so every method of a run, and every rerun, sees
+the same boards in each round. A board not sampled gets no message at all: it costs its entry in the
+fleet and its virtual node's registration, nothing else.
+
+`PopulationSampled` wraps the inner strategy (FedAvg): its `configure_train` / `configure_evaluate`
+see a grid holding only the round's sampled nodes. Node ids are mapped to partition ids through what
+the simulation registered (`record_nodes`, called in the simulation process by
+`simulations.linkstate_index`); without it (a deployment, where boards come and go themselves) a run
+that asks for a population stops at round 1 with one line.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+from powerctl.errors import PowerctlError
+from powerctl.jsonfile import write_json
+
+log = logging.getLogger(__name__)
+POPULATION_FILE = "population.json"
+"""Beside a method's results.json: each round's draw (`PopulationLog`)."""
+SCHEMA = "strategies.population/1"
+
+_NODE_PARTITIONS: dict[int, int] = {}
+"""node id → partition id of this process's simulation (`record_nodes`)."""
+
+
+class PopulationError(PowerctlError):
+    """A population was asked for where the boards' node ids are unknown (not a local simulation)."""
+
+
+def record_nodes(mapping: Mapping[int, int]) -> None:
+    """The simulation's virtual nodes, node id → partition id (Flower's `vce_api._register_nodes`)."""
+    _NODE_PARTITIONS.clear()
+    _NODE_PARTITIONS.update(mapping)
+
+
+def node_partitions() -> dict[int, int]:
+    return dict(_NODE_PARTITIONS)
+
+
+@dataclass(frozen=True)
+class Draw:
+    """One round's draw: the boards (partition ids) available, and those sampled among them."""
+
+    round: int
+    population: int
+    available: list[int]
+    sampled: list[int]
+
+    def record(self) -> dict[str, Any]:
+        """What results.json keeps: counts, the sampled boards, and the boards NOT available (the
+        shorter list when most boards are there)."""
+        gone = sorted(set(range(self.population)) - set(self.available)) if self.population else []
+        return {
+            "round": self.round,
+            "population": self.population,
+            "available": len(self.available),
+            "sampled": self.sampled,
+            "unavailable": gone,
+        }
+
+
+@dataclass(frozen=True)
+class Population:
+    """`clients-per-round` (0: every available board) and `availability` (each board's chance to be
+    there in a round), seeded by `seed`."""
+
+    clients_per_round: int = 0
+    availability: float = 1.0
+    seed: int = 0
+
+    @property
+    def active(self) -> bool:
+        return self.clients_per_round > 0 or self.availability < 1.0
+
+    def draw(self, server_round: int, boards: Iterable[int], population: int) -> Draw:
+        """Round `server_round`'s draw over `boards` (partition ids connected), the same in every run."""
+        rng = random.Random(f"powerfed-population/{self.seed}/{server_round}")
+        boards = sorted(boards)
+        available = (
+            boards if self.availability >= 1.0 else [b for b in boards if rng.random() < self.availability]
+        )
+        k = len(available) if self.clients_per_round == 0 else min(self.clients_per_round, len(available))
+        return Draw(server_round, population, available, sorted(rng.sample(available, k)))
+
+
+class _RoundGrid:
+    """The grid as the inner strategy sees it in one round: only the sampled nodes exist."""
+
+    def __init__(self, grid: Grid, node_ids: list[int]) -> None:
+        self._grid, self._node_ids = grid, node_ids
+
+    def get_node_ids(self) -> list[int]:
+        return list(self._node_ids)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._grid, name)
+
+
+class PopulationSampled(Strategy):
+    """The inner strategy, its nodes each round those `population` samples (see the module)."""
+
+    def __init__(
+        self,
+        strategy: Strategy,
+        population: Population,
+        *,
+        on_draw: Callable[[Draw], None] | None = None,
+        partitions: Callable[[], dict[int, int]] = node_partitions,
+    ) -> None:
+        self.strategy, self.population, self.on_draw, self._partitions = (
+            strategy,
+            population,
+            on_draw,
+            partitions,
+        )
+        self._draws: dict[int, tuple[Draw, list[int]]] = {}
+
+    def round_nodes(self, server_round: int, grid: Grid) -> list[int]:
+        """The node ids sampled for `server_round` (drawn once a round; training and evaluation alike)."""
+        if server_round not in self._draws:
+            mapping = self._partitions()
+            if not mapping:
+                raise PopulationError(
+                    "'clients-per-round' and 'availability' need a local simulation (the boards' node ids "
+                    "are known there only): in a deployment each board joins and leaves by itself"
+                )
+            connected = [n for n in grid.get_node_ids() if n in mapping]
+            by_board = {mapping[n]: n for n in connected}
+            draw = self.population.draw(server_round, by_board, len(mapping))
+            self._draws[server_round] = (draw, [by_board[b] for b in draw.sampled])
+            if self.on_draw is not None:
+                self.on_draw(draw)
+        return self._draws[server_round][1]
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        nodes = self.round_nodes(server_round, grid)
+        if not nodes:  # nobody there: Flower's sampling would wait for nodes for ever
+            return []
+        return self.strategy.configure_train(server_round, arrays, config, _RoundGrid(grid, nodes))
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        nodes = self.round_nodes(server_round, grid)
+        if not nodes:
+            return []
+        return self.strategy.configure_evaluate(server_round, arrays, config, _RoundGrid(grid, nodes))
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        return self.strategy.aggregate_train(server_round, replies)
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        return self.strategy.aggregate_evaluate(server_round, replies)
+
+    def summary(self) -> None:
+        self.strategy.summary()
+
+
+class PopulationLog:
+    """`on_draw` that keeps every round's draw in a JSON file (rewritten whole, atomically, each round)."""
+
+    def __init__(self, path: Path, population: Population) -> None:
+        self.path, self.population = path, population
+        self.rounds: list[dict[str, Any]] = []
+
+    def __call__(self, draw: Draw) -> None:
+        log.info(
+            "population: round %d: %d of %d boards available, %d sampled",
+            draw.round,
+            len(draw.available),
+            draw.population,
+            len(draw.sampled),
+        )
+        self.rounds = [r for r in self.rounds if r["round"] != draw.round] + [draw.record()]
+        write_json(
+            self.path,
+            {
+                "schema": SCHEMA,
+                "clients_per_round": self.population.clients_per_round,
+                "availability": self.population.availability,
+                "seed": self.population.seed,
+                "rounds": self.rounds,
+            },
+        )

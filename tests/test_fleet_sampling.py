@@ -1,0 +1,169 @@
+"""A population sampled per round (`strategies.population`): the draw is seeded by the run's seed and
+the round over partition ids, the inner strategy sees only the sampled nodes, and every round's draw is
+recorded (population.json → results.json and the summary)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from powerctl.errors import PowerctlError
+from simulations.fleet import FleetFileError, load_fleet_spec
+from strategies.population import (
+    POPULATION_FILE,
+    Population,
+    PopulationError,
+    PopulationLog,
+    PopulationSampled,
+)
+
+FLEET = """\
+name: pop
+groups:
+  - {{device: sim:jetson-nano, power-cap-w: 3.0, count: {a}}}
+  - {{device: sim:jetson-tx2nx, power-cap-w: none, count: {b}}}
+task: {{model: cnn-tiny, pretrain-samples: 256, target-accuracy: 0.3, batch-sizes: [8, 16]}}
+rounds: 2
+seeds: {{run: 3, relation: [0]}}
+budget: {{samples: 96}}
+evaluation: {{every-samples: 32, max-samples: 64}}
+scale: {{profiles: predicted, real-share: 0.1}}
+population: {population}
+methods: [ours, state-of-practice]
+"""
+
+
+def test_the_draw_is_seeded_by_seed_and_round_over_partition_ids() -> None:
+    pop = Population(clients_per_round=10, availability=0.6, seed=3)
+    boards = range(200)
+    one = pop.draw(1, boards, 200)
+    assert one == pop.draw(1, reversed(boards), 200)  # the order nodes come in does not matter
+    assert one != pop.draw(2, boards, 200) and one != Population(10, 0.6, seed=4).draw(1, boards, 200)
+    assert (
+        len(one.sampled) == 10
+        and set(one.sampled) <= set(one.available)
+        and one.sampled == sorted(one.sampled)
+    )
+    assert 80 < len(one.available) < 160  # about 0.6 of 200
+    assert Population(0, 1.0).draw(1, boards, 200).sampled == list(boards)  # all there, all sampled
+    assert Population(500, 1.0).draw(1, boards, 200).sampled == list(boards)  # more asked than there are
+    rec = one.record()
+    assert rec["available"] + len(rec["unavailable"]) == 200 and not set(rec["unavailable"]) & set(
+        one.sampled
+    )
+    assert not Population().active and Population(1).active and Population(0, 0.5).active
+
+
+class FakeGrid:
+    def __init__(self, node_ids: list[int]) -> None:
+        self.node_ids = node_ids
+
+    def get_node_ids(self) -> list[int]:
+        return list(self.node_ids)
+
+
+class Inner:
+    """Records the node ids the inner strategy is shown."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, int, list[int]]] = []
+
+    def configure_train(self, rnd: int, arrays: Any, config: Any, grid: Any) -> list[int]:
+        self.seen.append(("train", rnd, sorted(grid.get_node_ids())))
+        return []
+
+    def configure_evaluate(self, rnd: int, arrays: Any, config: Any, grid: Any) -> list[int]:
+        self.seen.append(("evaluate", rnd, sorted(grid.get_node_ids())))
+        return []
+
+    def aggregate_train(self, rnd: int, replies: Any) -> tuple[None, None]:
+        return None, None
+
+    def aggregate_evaluate(self, rnd: int, replies: Any) -> None:
+        return None
+
+    def summary(self) -> None:
+        return None
+
+
+def test_the_inner_strategy_sees_only_the_rounds_sampled_nodes_and_each_draw_is_written(
+    tmp_path: Path,
+) -> None:
+    mapping = {1000 + p: p for p in range(50)}  # node id -> partition id, as the simulation registered
+    pop = Population(clients_per_round=5, availability=0.8, seed=1)
+    inner = Inner()
+    log = PopulationLog(tmp_path / POPULATION_FILE, pop)
+    strategy = PopulationSampled(inner, pop, on_draw=log, partitions=lambda: mapping)
+    grid = FakeGrid(list(mapping))
+    for rnd in (1, 2):
+        strategy.configure_train(rnd, None, None, grid)
+        strategy.configure_evaluate(rnd, None, None, grid)
+    for rnd in (1, 2):
+        expected = [1000 + p for p in pop.draw(rnd, range(50), 50).sampled]
+        assert [s for s in inner.seen if s[1] == rnd] == [
+            ("train", rnd, expected),
+            ("evaluate", rnd, expected),
+        ]
+    data = json.loads((tmp_path / POPULATION_FILE).read_text())
+    assert data["clients_per_round"] == 5 and data["availability"] == 0.8 and data["seed"] == 1
+    assert [r["round"] for r in data["rounds"]] == [1, 2]
+    assert data["rounds"][0] == pop.draw(1, range(50), 50).record()
+
+
+def test_nobody_available_sends_nothing_and_no_simulation_is_one_line() -> None:
+    inner = Inner()
+    nobody = PopulationSampled(inner, Population(5, 0.0), partitions=lambda: {7: 0, 8: 1})
+    assert list(nobody.configure_train(1, None, None, FakeGrid([7, 8]))) == [] and inner.seen == []
+    deployed = PopulationSampled(inner, Population(5), partitions=dict)
+    with pytest.raises(PopulationError) as info:
+        deployed.configure_train(1, None, None, FakeGrid([7, 8]))
+    assert isinstance(info.value, PowerctlError) and "\n" not in str(info.value)
+
+
+def test_the_fleet_file_population_section_is_run_settings(tmp_path: Path) -> None:
+    fleet = tmp_path / "f.yaml"
+    fleet.write_text(FLEET.format(a=3, b=3, population="{clients-per-round: 4, availability: 0.5}"))
+    config = load_fleet_spec(fleet).run_config(tmp_path / "r", ["ours"], tmp_path / "p")
+    assert config["clients-per-round"] == 4 and config["availability"] == 0.5 and config["seed"] == 3
+    for bad, says in (
+        ("{availability: 1.5}", "'availability'"),
+        ("{clients-per-round: -1}", "'clients-per-round'"),
+        ("{per-round: 3}", "per-round"),
+    ):
+        fleet.write_text(FLEET.format(a=3, b=3, population=bad))
+        with pytest.raises(FleetFileError) as info:
+            load_fleet_spec(fleet)
+        assert says in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.slow
+def test_a_sampled_fleet_records_who_was_available_and_sampled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from simulations.runner import run_fleet
+
+    monkeypatch.setenv("POWERFED_CACHE", str(tmp_path / "cache"))
+    fleet = tmp_path / "f.yaml"
+    fleet.write_text(FLEET.format(a=20, b=20, population="{clients-per-round: 6, availability: 0.5}"))
+    out = tmp_path / "out"
+    results = run_fleet(
+        load_fleet_spec(fleet), out, ["ours", "state-of-practice"], echo=lambda _: None, plots=False
+    )
+    pop = Population(clients_per_round=6, availability=0.5, seed=3)
+    data = json.loads((out / "results.json").read_text())
+    for method in ("ours", "state-of-practice"):
+        rounds = data["population"][method]["rounds"]
+        assert rounds == [pop.draw(r, range(40), 40).record() for r in (1, 2)]  # seeded: the same draw here
+        for r in rounds:
+            trained = sorted(
+                x["partition_id"]
+                for x in data["records"]
+                if x["method"] == method and x["round"] == r["round"]
+            )
+            assert trained == r["sampled"] and len(trained) == 6
+    text = (out / "summary.txt").read_text()
+    assert "population: 40 boards; 6 sampled per round" in text and "round 2: " in text
+    assert all(s["clients"] == 6 for s in results["summary"])
