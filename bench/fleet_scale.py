@@ -1,6 +1,11 @@
-"""How a fleet run grows with the fleet: wall time and peak memory per round for 10, 100, 1,000 boards.
+"""How a fleet run grows with the fleet: wall time and peak memory per round, Flower's dispatch and ours.
 
-    .venv/bin/python bench/fleet_scale.py [--sizes 10,100,1000] [--rounds 2] [--out runs/bench/fleet-scale]
+    .venv/bin/python bench/fleet_scale.py [--sizes 100,1000,10000] [--before-sizes 100,1000]
+        [--population 100000 --per-round 1000] [--rounds 2] [--out runs/bench/fleet-scale]
+
+Each size in --sizes runs with the simulation's message index (`simulations.linkstate_index`, "indexed");
+each size in --before-sizes also runs without it first (Flower 1.41's own per-node scan, "flower");
+--population N --per-round K adds a run of N boards of which K are sampled each round (indexed).
 
 Each size runs `python -m simulations run`'s runner (`flwr run` on Ray, 1 CPU per client) on a generated
 fleet in scale mode: predicted profiles, and every client a stand-in (real-share 0), so what is measured
@@ -41,6 +46,7 @@ rounds: {rounds}
 seeds: {{relation: [0, 1, 2]}}
 budget: {{samples: 2000}}
 scale: {{profiles: predicted, real-share: 0.0}}
+population: {{clients-per-round: {per_round}}}
 methods: [ours]
 """
 ROUND_END = re.compile(r"^round (\d+) evaluation")
@@ -75,11 +81,12 @@ class Sampler(threading.Thread):
             self.stop.wait(self.every_s)
 
 
-def run_size(n: int, rounds: int, out: Path) -> list[dict]:
+def run_size(n: int, rounds: int, out: Path, index: bool, per_round: int = 0) -> list[dict]:
+    """One run of `n` boards (`per_round` of them sampled each round; 0: all); its rows per round."""
     a = n // 4
-    fleet = out / f"fleet-{n}.yaml"
+    fleet = out / f"fleet-{n}-{per_round}.yaml"
     out.mkdir(parents=True, exist_ok=True)
-    fleet.write_text(FLEET.format(n=n, a=n - 3 * a, b=a, c=a, d=a, rounds=rounds))
+    fleet.write_text(FLEET.format(n=n, a=n - 3 * a, b=a, c=a, d=a, rounds=rounds, per_round=per_round))
     port = free_port()
     marks: list[tuple[float, str]] = []
 
@@ -89,7 +96,9 @@ def run_size(n: int, rounds: int, out: Path) -> list[dict]:
     sampler = Sampler(port)
     sampler.start()
     try:
-        run_fleet(load_fleet_spec(fleet), out / f"run-{n}", ["ours"], echo=echo, plots=False, port=port)
+        spec = load_fleet_spec(fleet)
+        run = out / f"run-{n}-{per_round}-{'indexed' if index else 'flower'}"
+        run_fleet(spec, run, ["ours"], echo=echo, plots=False, port=port, index_messages=index)
     finally:
         sampler.stop.set()
         sampler.join()
@@ -101,7 +110,9 @@ def run_size(n: int, rounds: int, out: Path) -> list[dict]:
             window = [s for s in sampler.samples if last <= s[0] <= t]
             rows.append(
                 {
-                    "boards": n,
+                    "boards": per_round or n,
+                    "population": n,
+                    "dispatch": "indexed" if index else "flower",
                     "round": int(m.group(1)),
                     "wall_s": t - last,
                     "peak_tree_mib": max((s[1] for s in window), default=0) / 2**20,
@@ -118,43 +129,67 @@ def fit_exponent(xs: list[float], ys: list[float]) -> float:
     return sum((a - mx) * (b - my) for a, b in zip(lx, ly, strict=True)) / sum((a - mx) ** 2 for a in lx)
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--sizes", default="10,100,1000")
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--out", type=Path, default=ROOT / "runs" / "bench" / "fleet-scale")
-    args = p.parse_args()
-    sizes = [int(s) for s in args.sizes.split(",")]
-    rows: list[dict] = []
-    for n in sizes:
-        started = time.perf_counter()
-        got = run_size(n, args.rounds, args.out)
-        rows += got
-        print(
-            f"{n} boards: {time.perf_counter() - started:.0f} s for the whole run (Ray start included)",
-            flush=True,
-        )
+def print_table(rows: list[dict]) -> None:
     head = (
-        f"{'boards':>7} {'round':>5} {'wall s':>8} {'s/board':>8} {'peak tree MiB':>14} {'largest MiB':>12}"
+        f"{'boards':>7} {'of':>7} {'dispatch':>8} {'round':>5} {'wall s':>8} {'ms/board':>8} "
+        f"{'peak tree MiB':>14} {'largest MiB':>12}"
     )
     print("\n" + head)
     for r in rows:
         print(
-            f"{r['boards']:>7} {r['round']:>5} {r['wall_s']:>8.1f} {r['wall_s'] / r['boards']:>8.3f} "
-            f"{r['peak_tree_mib']:>14.0f} {r['peak_process_mib']:>12.0f}"
+            f"{r['boards']:>7} {r['population']:>7} {r['dispatch']:>8} {r['round']:>5} {r['wall_s']:>8.1f} "
+            f"{1000 * r['wall_s'] / r['boards']:>8.1f} {r['peak_tree_mib']:>14.0f} "
+            f"{r['peak_process_mib']:>12.0f}"
         )
-    for rnd in sorted({r["round"] for r in rows}):
-        sel = [r for r in rows if r["round"] == rnd]
-        if len(sel) < 2:
-            continue
-        xs = [r["boards"] for r in sel]
-        k_t = fit_exponent(xs, [r["wall_s"] for r in sel])
-        k_m = fit_exponent(xs, [r["peak_tree_mib"] for r in sel])
-        k_p = fit_exponent(xs, [r["peak_process_mib"] for r in sel])
+    for dispatch in ("flower", "indexed"):
+        for rnd in sorted({r["round"] for r in rows}):
+            sel = [
+                r
+                for r in rows
+                if r["round"] == rnd and r["dispatch"] == dispatch and r["population"] == r["boards"]
+            ]
+            if len(sel) < 2:
+                continue
+            xs = [r["boards"] for r in sel]
+            k_t = fit_exponent(xs, [r["wall_s"] for r in sel])
+            k_m = fit_exponent(xs, [r["peak_tree_mib"] for r in sel])
+            print(
+                f"{dispatch} dispatch, round {rnd}: wall time grows as boards^{k_t:.2f}, peak memory of the "
+                f"tree as boards^{k_m:.2f} (1.00 = linear; sizes {', '.join(map(str, xs))})"
+            )
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", default="100,1000,10000")
+    p.add_argument("--before-sizes", default="100,1000", help="sizes also run with Flower's own dispatch")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--population", type=int, default=0, help="also a population of this many boards ...")
+    p.add_argument("--per-round", type=int, default=0, help="... sampling this many a round (indexed)")
+    p.add_argument("--out", type=Path, default=ROOT / "runs" / "bench" / "fleet-scale")
+    args = p.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    before = [int(s) for s in args.before_sizes.split(",") if s]
+    rows: list[dict] = []
+    for n in sizes:
+        for index in ([False] if n in before else []) + [True]:
+            started = time.perf_counter()
+            rows += run_size(n, args.rounds, args.out, index)
+            took = time.perf_counter() - started
+            print(
+                f"{n} boards, {'indexed' if index else 'flower'} dispatch: {took:.0f} s for the whole run "
+                "(Ray start included)",
+                flush=True,
+            )
+    if args.population:
+        started = time.perf_counter()
+        rows += run_size(args.population, args.rounds, args.out, True, args.per_round)
+        took = time.perf_counter() - started
         print(
-            f"round {rnd}: wall time grows as boards^{k_t:.2f}; peak memory of the tree as boards^{k_m:.2f}, "
-            f"of the largest process as boards^{k_p:.2f} (1.00 = linear)"
+            f"population {args.population}, {args.per_round} a round: {took:.0f} s for the whole run",
+            flush=True,
         )
+    print_table(rows)
     return 0
 
 

@@ -30,9 +30,10 @@ from powerctl.mapping import Integer, Invalid, Text, mapping_reader
 APP_DIR = Path(__file__).resolve().parents[1]
 """The app's root (the project folder, or Flower's copy of it): relative run config paths start here."""
 FLEET_KEYS = ("device", "power-cap-w", "count")
-MAX_BOARDS = 10_000
-"""Most boards a fleet (and virtual nodes a simulation) may have: each is a Ray actor's worth of state,
-and a typo (count: 1000000000) must be one line, not a machine out of memory."""
+MAX_BOARDS = 100_000
+"""Most boards a fleet (and virtual nodes a simulation) may have: a population sampled per round
+(`strategies.population`) of 100,000 boards runs on 2 cores (docs/results/fleets.md), and a typo
+(count: 1000000000) must be one line, not a machine out of memory."""
 YAML_SUFFIXES = (".yaml", ".yml")
 FILE_NAME = re.compile(r"\.[A-Za-z]\w{0,4}$")
 """What ends a file's name (a suffix such as .json): no device spec has one."""
