@@ -126,7 +126,8 @@ def train(msg: Message, context: Context) -> Message:
     print(
         f"powerfed client {settings.key} [{instr.method}{', stand-in' if report.stand_in else ''}]: "
         f"round {instr.server_round} b={report.batch_size} "
-        f"f={report.frequency_hz / 1e6:.1f} MHz {report.device_seconds:.1f} device s, "
+        f"f={report.frequency_hz / 1e6:.1f} MHz{'' if report.pinned else ' (not pinned)'} "
+        f"{report.device_seconds:.1f} device s, "
         f"accuracy {report.accuracy:.3f}",
         file=sys.stderr,
     )

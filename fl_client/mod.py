@@ -55,7 +55,7 @@ def profile_cache(run_config: Any) -> Path | None:
 def node_info(settings: NodeSettings) -> dict[str, Any]:
     """Who this node is, as a query reply says it (`strategies.rounds.NodeInfo`): its key, device,
     board, cap and partition. An unknown or absent device fails here, before anything else."""
-    with open_device(settings.device) as dev:
+    with open_device(settings.device, pin=settings.pin) as dev:
         info: dict[str, Any] = {"node-key": settings.key, "device": settings.device, "board": dev.board}
     if settings.power_cap_w is not None:
         info["power-cap-w"] = settings.power_cap_w

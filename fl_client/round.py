@@ -168,6 +168,11 @@ class RoundWork:
     def profiled_step(self) -> ProfiledStep:
         return self.step or builtin_step(self)
 
+    def device(self) -> Device:
+        """A fresh handle on this node's device (each step opens its own: a simulated board's noise
+        then does not depend on what ran before), pinnable as the node allows (`NodeSettings.pin`)."""
+        return open_device(self.settings.device, seed=self.device_seed, pin=self.settings.pin)
+
     @cached_property
     def cap_at_start(self) -> float | None:
         return self.caps.cap_at(0.0)
@@ -300,6 +305,8 @@ class Trained:
     """Device seconds the follower paused (nothing fitted under the cap); not in the result's seconds."""
     over_cap_seconds: float | None = None
     """Device seconds the follower measured over the cap in force (None: no follower)."""
+    pinned: bool = True
+    """False: trained at the clock in force, the frequency not ours to change (`open_device(pin=...)`)."""
 
 
 @dataclass(frozen=True)
@@ -364,9 +371,9 @@ def measured_profile_step(work: RoundWork, relation: RelationVector) -> Profiled
     order, order_cap = profile_order(instr, work.caps)
     fitted_relation = relation.as_map() if order == "fitted" else None
     step = work.profiled_step()
-    with open_device(work.settings.device, seed=work.device_seed) as dev:
+    with work.device() as dev:
         key = ProfileKey(
-            device_kind=f"{type(dev).__name__}/{dev.board}",
+            device_kind=dev.profile_kind(),
             model=step.model,
             overrides=json.dumps(instr.model_overrides, sort_keys=True),
             num_classes=instr.num_classes,
@@ -546,6 +553,8 @@ class Pinning:
     choice: Choice
     guard: PowerGuard | None = None
     follower: CapFollower | None = None
+    pinned: bool = True
+    """False: the device runs at the clock in force (the one frequency it offers); nothing is written."""
 
     @classmethod
     def start(cls, work: RoundWork, rule: Rule, dev: Device) -> Pinning:
@@ -559,7 +568,7 @@ class Pinning:
                 guard = PowerGuard(
                     dev, cap, choice.frequency_hz, window=instr.guard_window, tolerance=instr.guard_tolerance
                 )
-            return cls(choice, guard=guard)
+            return cls(choice, guard=guard, pinned=dev.pins)
         follower = CapFollower(
             dev,
             work.caps,
@@ -572,7 +581,7 @@ class Pinning:
         )
         first = follower.start()
         choice = Choice(instr.method, first.batch_size, first.frequency_hz, first.predicted_seconds, None)
-        return cls(choice, follower=follower)
+        return cls(choice, follower=follower, pinned=dev.pins)
 
     @property
     def hooks(self) -> list[Any]:
@@ -589,7 +598,7 @@ class Pinning:
         follower, method = self.follower, self.choice.method
         if follower is None:
             downs = [] if self.guard is None else [e.to_dict() for e in self.guard.step_downs]
-            return Trained(result, state, board, self.choice, step_downs=downs)
+            return Trained(result, state, board, self.choice, step_downs=downs, pinned=self.pinned)
         events = [e.to_dict() for e in follower.events]
         # the pair it started with (from the events: a resumed run's first pick is its first run's)
         e = next(e for e in events if e["kind"] in ("start", "resume"))
@@ -604,6 +613,7 @@ class Pinning:
             paused_seconds=follower.paused_s,
             over_cap_seconds=follower.over_cap_s,
             final_pair=[follower.batch_size, follower.frequency_hz],
+            pinned=self.pinned,
         )
 
 
@@ -620,7 +630,11 @@ def fine_tune_step(
     train, test = work.split()
     model = work.model()
     watch = observe or (lambda _dev: nullcontext())
-    with open_device(work.settings.device, seed=work.device_seed) as dev, restore_on_exit(dev), watch(dev):
+    with (
+        work.device() as dev,
+        restore_on_exit(dev),
+        watch(dev),
+    ):
         model = model.to(dev.torch_device())
         pinning = Pinning.start(work, rule, dev)
         choice = pinning.choice
@@ -795,6 +809,7 @@ def build_report(
         cap_events=trained.cap_events,
         paused_seconds=trained.paused_seconds,
         over_cap_seconds=trained.over_cap_seconds,
+        pinned=trained.pinned,
         restored=profiled.restored,
         profiling_choice=profiling_choice(profiled),
         profiling_predicted_from=plan.predicted_from if plan else "",

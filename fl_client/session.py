@@ -54,7 +54,6 @@ from fl_client.round import (
     node_device_seed,
     usable_relation,
 )
-from powerctl.devices import open_device
 from powerctl.devices.base import Device
 from powerctl.devices.simulated import SimulatedBoard
 from powerctl.profiler import StepFactory
@@ -180,6 +179,9 @@ class PowerSession:
         entropy).
     key : str
         Changes the profile cache's key when the step changes in a way its code does not show.
+    lr : float, optional
+        The learning rate the loop trains with, for the report (default: the plan's rule at the batch
+        size chosen, `session.lr`).
     instructions, node : optional
         The plan and the node, when no `power_aware_mod` passes them in.
     """
@@ -193,6 +195,7 @@ class PowerSession:
         train_examples: int,
         loss: LossFn | None = None,
         key: str = "",
+        lr: float | None = None,
         instructions: TrainInstructions | None = None,
         node: NodeSettings | None = None,
         profile_cache: Path | None = None,
@@ -212,6 +215,7 @@ class PowerSession:
                 f"PowerSession: train_examples must be a positive count, got {train_examples!r}"
             )
         self.instructions = instructions
+        self._loop_lr = lr
         self.work = RoundWork(
             node,
             instructions,
@@ -245,7 +249,7 @@ class PowerSession:
         self.chosen = method_step(work, self.profiled.profile, relation, _no_training)
         stack = ExitStack()
         try:
-            dev = stack.enter_context(open_device(work.settings.device, seed=work.device_seed))
+            dev = stack.enter_context(work.device())
             stack.enter_context(restore_on_exit(dev))
             self._workload, _ = work.profiled_step().build(dev)
             self._pinning = Pinning.start(work, self.chosen.rule, dev)
@@ -361,7 +365,7 @@ class PowerSession:
             final_accuracy=self.accuracy if self.accuracy is not None else 0.0,
             curve=[],
             batch_size=start.batch_size,
-            lr=float(instr.lr_for(start.batch_size)),
+            lr=float(self._loop_lr if self._loop_lr is not None else instr.lr_for(start.batch_size)),
             steps=self.steps,
             target_accuracy=instr.target_accuracy,
             stop_reason=stop,

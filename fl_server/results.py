@@ -172,8 +172,11 @@ def evaluation_line(record: RoundRecord) -> str:
 
 def save_results(strategy: Any, path: Path | str, run: dict[str, Any] | None = None) -> Path:
     """Write a `PowerAware` strategy's rounds and nodes to `path` as `results.json` (a user's own
-    ServerApp, after `strategy.start(...)`; the built-in ServerApp writes it after every round)."""
-    writer = ResultsWriter(Path(path), dict(run or {}), held=True)
+    ServerApp, after `strategy.start(...)`; the built-in ServerApp writes it after every round). `run`
+    describes the run (default: the plan sent and its relation vector)."""
+    plan = strategy.instructions
+    default = {"instructions": dict(plan.to_config()), "relation": plan.relation_vector.to_dict()}
+    writer = ResultsWriter(Path(path), dict(run or default), held=True)
     for server_round in sorted(strategy.rounds):
         writer.record_round(strategy.rounds[server_round], list(strategy.nodes.values()))
     writer.release()

@@ -37,6 +37,7 @@ _WHERE: dict[str, str] = {
     "describe_node": "fl_client.mod",
     "PowerSession": "fl_client.session",
     "SessionError": "fl_client.session",
+    "NodeSettings": "fl_client.node",
     # the relation vector, for the built-in models and for users' own
     "estimate_relation": "fl_server.relation",
     "register_model": "powerfed.training.models",

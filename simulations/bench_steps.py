@@ -35,7 +35,6 @@ from fl_client.round import (
 )
 from powerctl.boards import board_model
 from powerctl.capsource import ConstantCap
-from powerctl.devices import open_device
 from powerctl.devices.simulated import SimulatedBoard, predicted_profile, replay_cost, step_cost
 from powerctl.profile_table import Profile
 from powerctl.relation import RelationVector
@@ -69,7 +68,7 @@ def _board_prediction(
 def predicted_profile_step(work: RoundWork, relation: RelationVector) -> Profiled:
     """A simulated board's model profile: no device time (scale mode)."""
     instr = work.instr
-    with open_device(work.settings.device, seed=work.device_seed) as dev:
+    with work.device() as dev:
         if not isinstance(dev, SimulatedBoard):
             raise ClientWorkError(f"predicted profiles need a simulated board (sim:...), not {dev.spec}")
         overrides = json.dumps(instr.model_overrides, sort_keys=True)

@@ -154,6 +154,11 @@ class PowerAware(Strategy):
             )
         if not isinstance(strategy, Strategy):
             raise TypeError(f"PowerAware wraps a Flower Strategy, got {type(strategy).__name__}")
+        if instructions.relation_vector.model != instructions.model:
+            raise ValueError(  # every client would refuse the plan: say it once, here
+                f"the relation vector is for model {instructions.relation_vector.model!r}, the instructions "
+                f"train {instructions.model!r} (TrainInstructions.for_relation takes the vector's)"
+            )
         self.strategy = strategy
         self.instructions = instructions
         self.node_instructions = node_instructions

@@ -147,6 +147,27 @@ class TrainInstructions:
         sent = {s.attr: getattr(settings, s.attr) for s in settings_of([BOTH])}
         return cls(**sent, num_classes=num_classes, model_overrides=model_overrides, relation_vector=relation)
 
+    @classmethod
+    def for_relation(
+        cls,
+        relation: RelationVector,
+        *,
+        num_classes: int,
+        model_overrides: dict[str, Any] | None = None,
+        **settings: Any,
+    ) -> TrainInstructions:
+        """A user's plan from a relation vector: its model and target are the vector's; every other run
+        setting (`strategies.settings`, as attributes: lr_max, budget_samples, ...) its default unless
+        given."""
+        return cls(
+            model=relation.model,
+            target_accuracy=relation.target_accuracy,
+            num_classes=num_classes,
+            model_overrides=dict(model_overrides or {}),
+            relation_vector=relation,
+            **settings,
+        )
+
     def relation(self) -> RelationVector:
         return self.relation_vector
 

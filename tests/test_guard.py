@@ -146,8 +146,8 @@ def test_the_client_report_lists_each_step_down(monkeypatch: pytest.MonkeyPatch)
     opened: list[SimulatedBoard] = []
     real_open = client_round.open_device
 
-    def open_hot_for_training(spec: str, *, seed: int = 0):
-        opened.append(real_open(spec, seed=seed))
+    def open_hot_for_training(spec: str, *, seed: int = 0, pin: bool | None = None):
+        opened.append(real_open(spec, seed=seed, pin=pin))
         if len(opened) == 2:  # the second open is the training one: a board hotter than its profile
             opened[-1] = SimulatedBoard.open("jetson-nano", seed=seed, power_scale=1.3)
         return opened[-1]

@@ -143,7 +143,9 @@ def test_a_users_model_goes_end_to_end(tmp_path: Path, monkeypatch: pytest.Monke
         )
         assert c["profiling_seconds"] > 0 and not c["profile_cached"]
     out = powerfed.save_results(strategy, tmp_path / "results.json")
-    rows = json.loads(out.read_text())["rounds"][0]["clients"]
+    written = json.loads(out.read_text())
+    assert written["run"]["relation"]["model"] == NAME  # the plan sent is in the file
+    rows = written["rounds"][0]["clients"]
     assert {r["node_key"]: (r["batch_size"], r["frequency_hz"]) for r in rows} == {
         k: (c["batch_size"], c["frequency_hz"]) for k, c in clients.items()
     }
@@ -282,3 +284,41 @@ def test_a_cap_that_changes_is_followed_in_the_users_loop(tmp_path: Path) -> Non
     assert r is not None and [e["kind"] for e in r.cap_events][:2] == ["start", "switch"]
     assert r.final_pair is not None and r.final_pair[1] < r.frequency_hz  # stepped down under 2.2 W
     assert r.over_cap_seconds == 0.0 and r.samples >= 1500
+
+
+@pytest.mark.parametrize("own_loop", [False, True])
+def test_a_node_that_may_not_pin_trains_at_the_clock_in_force_and_writes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, own_loop: bool
+) -> None:
+    from fl_client.node import resolve_node
+    from fl_client.round import train_round
+    from tests.fl_helpers import RUN_CONFIG, initial_state, instructions
+    from tests.test_fl_client import _data
+
+    root = make_nano_tree(tmp_path / "nano")
+    monkeypatch.setenv("POWERCTL_SYSFS_ROOT", str(root))
+    before = tree_snapshot(root)
+    in_force = int(before[f"{NANO_DEVFREQ}/max_freq"])  # the governor's ceiling: the clock under load
+    config = {"device": "jetson", "power-cap-w": 10.0, "pin": False, "partition-id": 0, "num-partitions": 3}
+    node = resolve_node(config, RUN_CONFIG)
+    if own_loop:
+        x, y = user_data(n=64)
+        net = UserCNN()
+        with _session(
+            model=net, node=node, profile_cache=tmp_path, instructions=plan(budget_samples=32)
+        ) as s:
+            step = make_step(net)
+            s.step(step, x[: s.batch_size], y[: s.batch_size])
+        report = s.report
+    else:
+        instr = instructions(relation_batch_sizes=[8], relation_samples=[300.0], budget_samples=16)
+        _, report = train_round(node, instr, initial_state(), _data(0)[1], profile_cache=tmp_path)
+    assert report is not None and not report.pinned and report.frequency_hz == in_force
+    assert tree_snapshot(root) == before  # nothing written, not even a pin at the same clock
+
+
+def test_a_plan_whose_model_is_not_its_vectors_is_refused_on_the_server() -> None:
+    rel = RelationVector.from_samples("other-model", "tensors", 0.75, {8: 400.0, 16: 480.0})
+    with pytest.raises(ValueError, match="for_relation"):
+        powerfed.PowerAware(FedAvg(), plan(rel))
+    assert powerfed.TrainInstructions.for_relation(rel, num_classes=4).model == "other-model"

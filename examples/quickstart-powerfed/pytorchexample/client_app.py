@@ -31,7 +31,9 @@ def train(msg: Message, context: Context):
 
     # Call the training function
     epochs, lr = context.run_config["local-epochs"], msg.content["config"]["lr"]
-    with PowerSession(model=model, make_step=make_step, example=example, train_examples=num_examples) as s:
+    with PowerSession(
+        model=model, make_step=make_step, example=example, train_examples=num_examples, lr=lr
+    ) as s:
         trainloader, valloader = load_data(partition_id, num_partitions, s.batch_size)
         train_loss = train_fn(model, trainloader, epochs, lr, s.torch_device, s)
         s.evaluated(test_fn(model, valloader, s.torch_device)[1])

@@ -29,9 +29,7 @@ def main(grid: Grid, context: Context) -> None:
     # power-aware: Net's samples to target per batch size on proxy data (cached), the plan it sends
     proxy = load_centralized_dataset()
     rel = estimate_relation(Net, proxy=proxy, target_accuracy=0.8, batch_sizes=[8, 16, 32], cache_key="1")
-    plan = TrainInstructions(
-        model=rel.model, relation_vector=rel, target_accuracy=0.8, num_classes=4, model_overrides={}
-    )
+    plan = TrainInstructions.for_relation(rel, num_classes=4)
     strategy = PowerAware(FedAvg(fraction_train=fraction_train), plan)
 
     # Start strategy, run FedAvg for `num_rounds`
