@@ -322,3 +322,32 @@ def test_a_plan_whose_model_is_not_its_vectors_is_refused_on_the_server() -> Non
     with pytest.raises(ValueError, match="for_relation"):
         powerfed.PowerAware(FedAvg(), plan(rel))
     assert powerfed.TrainInstructions.for_relation(rel, num_classes=4).model == "other-model"
+
+
+def test_an_nvml_gpu_is_locked_while_the_loop_trains_and_reset_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    from powerctl.devices.nvml import NvmlGpu
+    from tests.fake_boards import FakeGpu, fake_pynvml
+
+    mod = fake_pynvml([FakeGpu()])
+    monkeypatch.setitem(sys.modules, "pynvml", mod)
+    monkeypatch.setattr(NvmlGpu, "torch_device", lambda self: "cpu")  # no CUDA here: the loop on the CPU
+    x, y = user_data(n=64)
+    net = UserCNN()
+    locked_during: list[int] = []
+    with _session(
+        model=net, node=_node("nvml:0", 300.0), profile_cache=tmp_path, instructions=plan(budget_samples=32)
+    ) as s:
+        step = make_step(net)
+        s.step(step, x[: s.batch_size], y[: s.batch_size])
+        locked_during.extend(c[2] for c in mod.calls if c[0] == "nvmlDeviceSetGpuLockedClocks")
+    r = s.report
+    assert r is not None and r.board and r.pinned and r.frequency_hz // 1_000_000 == locked_during[-1]
+    calls = [c[0] for c in mod.calls]
+    assert calls.index("nvmlDeviceResetGpuLockedClocks", calls.index("nvmlDeviceSetGpuLockedClocks")) > 0
+    assert calls[-1] != "nvmlDeviceSetGpuLockedClocks"  # reset after the last lock
+    last_lock = max(i for i, c in enumerate(calls) if c == "nvmlDeviceSetGpuLockedClocks")
+    assert "nvmlDeviceResetGpuLockedClocks" in calls[last_lock:]
