@@ -33,9 +33,11 @@ from typing import Any
 
 from powerctl.errors import PowerctlError
 
-SUPPORTED_FLOWER = ("1.41.",)
+SUPPORTED_FLOWER = ("1.41.", "1.42.")
 """Flower releases whose `InMemoryLinkState.get_message_ins` and `vce_api.add_messages_to_queue` this
-module reproduces (read from their source); any other is refused."""
+module reproduces, and whose `vce_api._register_nodes`, link state factory and `flwr-simulation` launch
+it relies on (read from their source: in 1.42.0 those files are the same as in 1.41.0); any other is
+refused."""
 INDEX_ENV = "POWERFED_MESSAGE_INDEX"
 """Set to 0 in a run's environment (`run_flwr(index_messages=False)`): Flower's own dispatch."""
 WRAPPED_COMMAND = "flwr-simulation"

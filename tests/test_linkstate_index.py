@@ -177,10 +177,10 @@ def test_a_dict_change_of_any_kind_keeps_the_index() -> None:
 
 def test_another_flower_version_is_refused_in_one_line() -> None:
     with pytest.raises(li.LinkStateIndexError) as info:
-        li.check_flower_version("1.42.0")
+        li.check_flower_version("1.43.0")
     text = str(info.value)
-    assert "\n" not in text and "flwr 1.42.0 is installed" in text and "1.41.*" in text
-    assert li.check_flower_version("1.41.0") == "1.41.0"
+    assert "\n" not in text and "flwr 1.43.0 is installed" in text and "1.41.*, 1.42.*" in text
+    assert li.check_flower_version("1.41.0") == "1.41.0" and li.check_flower_version("1.42.0") == "1.42.0"
     assert li.check_flower_version().startswith("1.41.")
 
 
@@ -190,13 +190,13 @@ def test_a_fleet_run_on_another_flower_is_refused_before_anything(
     from simulations.__main__ import main
     from simulations.launcher import check_launch
 
-    monkeypatch.setattr(li, "flower_version", lambda: "1.42.0")
+    monkeypatch.setattr(li, "flower_version", lambda: "1.43.0")
     fleet = tmp_path / "f.yaml"
     fleet.write_text(fleet_text(4))
     before = set(descendants(os.getpid()))
     assert main(["run", str(fleet), "--out", str(tmp_path / "out")]) != 0
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "flwr 1.42.0 is installed" in err
+    assert len(err.splitlines()) == 1 and "flwr 1.43.0 is installed" in err
     assert not (tmp_path / "out").exists() and set(descendants(os.getpid())) == before
     with pytest.raises(li.LinkStateIndexError):
         check_launch(2, "", tmp_path / "run", tmp_path / "logs" / "run.log")
