@@ -25,7 +25,7 @@ SUPERLINK_PORT ?= 39291
 RUN_OUT ?= runs/flwr
 export RUN_CONFIG
 
-.PHONY: setup run demo fleet test test-fast test-torch-floor lint docs bench clean
+.PHONY: setup run demo fleet test test-fast test-torch-floor test-flower-floor lint docs bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -89,6 +89,30 @@ $(FLOOR_STAMP): pyproject.toml
 test-torch-floor: $(FLOOR_STAMP)
 	$(FLOOR_VENV)/bin/python -c "import torch; v = torch.__version__; assert v.startswith('1.13.'), v; print('torch', v)"
 	$(FLOOR_VENV)/bin/pytest -q -n 2 -p no:cacheprovider $(FLOOR_TESTS)
+
+# The oldest Flower the pin allows (1.41; `make setup` installs the newest, 1.42): the Flower-facing tests
+# (the app, deployment, restarts, fleets; the fast ones: their slow ones take ~19 min on 2 cores) in a
+# venv holding only flwr 1.41 and the uv it wants, every other package the main venv's (a .pth adds its
+# site-packages after the venv's own).
+FLOWER_FLOOR ?= flwr==1.41.*
+FLOWER_FLOOR_VENV ?= .venv-flwr141
+FLOWER_FLOOR_STAMP := $(FLOWER_FLOOR_VENV)/.installed
+FLOWER_TESTS := tests/test_flwr_run.py tests/test_deployment.py tests/test_restarts.py tests/test_fleet_run.py \
+	tests/test_fl_server.py tests/test_fl_strategy.py tests/test_strategy_wrapper.py tests/test_launcher.py \
+	tests/test_linkstate_index.py tests/test_fleet_sampling.py tests/test_supernode_faults.py \
+	tests/test_flower_deploy.py tests/test_connection_check.py tests/test_fl_client.py tests/test_process_safety.py
+
+$(FLOWER_FLOOR_STAMP): $(STAMP)
+	$(PYTHON) -m venv $(FLOWER_FLOOR_VENV)
+	$(FLOWER_FLOOR_VENV)/bin/python -m pip install -q --no-deps "$(FLOWER_FLOOR)" "uv>=0.12.20,<0.13"
+	main=$$($(BIN)/python -c "import sysconfig; print(sysconfig.get_path('purelib'))"); \
+	floor=$$($(FLOWER_FLOOR_VENV)/bin/python -c "import sysconfig; print(sysconfig.get_path('purelib'))"); \
+	echo "import site; site.addsitedir('$$main')" > "$$floor/zz-main-venv.pth"
+	touch $(FLOWER_FLOOR_STAMP)
+
+test-flower-floor: $(FLOWER_FLOOR_STAMP)
+	$(FLOWER_FLOOR_VENV)/bin/python -c "import flwr; v = flwr.__version__; assert v.startswith('1.41.') and '$(FLOWER_FLOOR_VENV)' in flwr.__file__, (v, flwr.__file__); print('flwr', v, flwr.__file__)"
+	$(FLOWER_FLOOR_VENV)/bin/python -m pytest -q -n 2 -p no:cacheprovider $(FLOWER_TESTS)
 
 bench: setup
 	$(BIN)/python bench/loop_overhead.py
