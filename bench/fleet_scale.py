@@ -41,7 +41,7 @@ groups:
   - {{device: sim:jetson-nano, power-cap-w: none, count: {b}}}
   - {{device: sim:jetson-tx2nx, power-cap-w: 4.5, count: {c}}}
   - {{device: sim:jetson-tx2nx, power-cap-w: 3.5, count: {d}}}
-task: {{model: cnn-tiny, target-accuracy: 0.7, batch-sizes: [8, 16, 32]}}
+task: {{model: cnn-tiny, target: "{target}", target-accuracy: 0.7, batch-sizes: [8, 16, 32]}}
 rounds: {rounds}
 seeds: {{relation: [0, 1, 2]}}
 budget: {{samples: 2000}}
@@ -81,12 +81,15 @@ class Sampler(threading.Thread):
             self.stop.wait(self.every_s)
 
 
-def run_size(n: int, rounds: int, out: Path, index: bool, per_round: int = 0) -> list[dict]:
+def run_size(
+    n: int, rounds: int, out: Path, index: bool, per_round: int = 0, target: str = "synthetic-image"
+) -> list[dict]:
     """One run of `n` boards (`per_round` of them sampled each round; 0: all); its rows per round."""
     a = n // 4
     fleet = out / f"fleet-{n}-{per_round}.yaml"
     out.mkdir(parents=True, exist_ok=True)
-    fleet.write_text(FLEET.format(n=n, a=n - 3 * a, b=a, c=a, d=a, rounds=rounds, per_round=per_round))
+    text = FLEET.format(n=n, a=n - 3 * a, b=a, c=a, d=a, rounds=rounds, per_round=per_round, target=target)
+    fleet.write_text(text)
     port = free_port()
     marks: list[tuple[float, str]] = []
 
@@ -164,6 +167,11 @@ def main() -> int:
     p.add_argument("--sizes", default="100,1000,10000")
     p.add_argument("--before-sizes", default="100,1000", help="sizes also run with Flower's own dispatch")
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument(
+        "--target",
+        default="synthetic-image",
+        help="the clients' data (synthetic-image: 5,000 samples, at most 2,500 boards; beyond, npz:PATH)",
+    )
     p.add_argument("--population", type=int, default=0, help="also a population of this many boards ...")
     p.add_argument("--per-round", type=int, default=0, help="... sampling this many a round (indexed)")
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "bench" / "fleet-scale")
@@ -174,7 +182,7 @@ def main() -> int:
     for n in sizes:
         for index in ([False] if n in before else []) + [True]:
             started = time.perf_counter()
-            rows += run_size(n, args.rounds, args.out, index)
+            rows += run_size(n, args.rounds, args.out, index, target=args.target)
             took = time.perf_counter() - started
             print(
                 f"{n} boards, {'indexed' if index else 'flower'} dispatch: {took:.0f} s for the whole run "
@@ -183,7 +191,7 @@ def main() -> int:
             )
     if args.population:
         started = time.perf_counter()
-        rows += run_size(args.population, args.rounds, args.out, True, args.per_round)
+        rows += run_size(args.population, args.rounds, args.out, True, args.per_round, args.target)
         took = time.perf_counter() - started
         print(
             f"population {args.population}, {args.per_round} a round: {took:.0f} s for the whole run",
