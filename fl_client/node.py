@@ -13,24 +13,21 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
-
-import yaml
 
 from powerctl.capsource import CapSource, ConstantCap, InvalidPowerCapError, parse_cap_source
 from powerctl.mapping import Flag, Integer, Invalid, MappingReader, Text
-from powerctl.readfile import YAML_LIMIT, read_bytes
 from strategies.fleet import (
     FleetEntry,
     NodeConfigError,
     check_board_cap,
     fleet_entry,
     fleet_file,
-    fleet_from_document,
     fleet_table,
+    load_fleet_file,
     parse_fleet_groups,
     parse_fleet_table,
+    read_yaml,
 )
 
 __all__ = [  # the fleet's names, for the callers that read a node's settings and its fleet together
@@ -70,95 +67,6 @@ class NodeSettings:
     def caps(self) -> CapSource:
         """The cap over time this node must stay under (a constant when nothing else was given)."""
         return self.cap_source if self.cap_source is not None else ConstantCap(self.power_cap_w)
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """YAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last silently:
-    a second `groups:` would replace the first without a word)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: dict[Any, yaml.Mark] = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)  # type: ignore[no-untyped-call]
-            if isinstance(key, (str, int, float, bool)) or key is None:
-                if key in seen:
-                    raise yaml.constructor.ConstructorError(
-                        None,
-                        None,
-                        f"key {key!r} is given twice (lines {seen[key].line + 1} and "
-                        f"{key_node.start_mark.line + 1}); keep one",
-                        key_node.start_mark,
-                    )
-                seen[key] = key_node.start_mark
-        return super().construct_mapping(node, deep=deep)
-
-
-MAX_YAML_VALUES = 1_000_000
-"""The most values a YAML document may hold once its aliases are expanded: a 4 MB file without aliases
-holds fewer; nine anchors of nine aliases each (a "billion laughs") hold 9^9."""
-
-
-def _check_expansion(root: yaml.Node, path: Path) -> None:
-    """Refuse a document whose aliases expand to more than MAX_YAML_VALUES values, or that holds itself
-    (an alias inside its own anchor), before it is built: a reader that walks such a document, or a
-    message that shows a value of it, would never end. Linear in the composed nodes (sizes memoised)."""
-    size: dict[int, int] = {}
-    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
-    open_: set[int] = set()
-    while stack:
-        node, done = stack.pop()
-        if isinstance(node, yaml.MappingNode):
-            children = [n for pair in node.value for n in pair]
-        elif isinstance(node, yaml.SequenceNode):
-            children = list(node.value)
-        else:
-            children = []
-        if done:
-            open_.discard(id(node))
-            size[id(node)] = 1 + sum(size[id(c)] for c in children)
-            if size[id(node)] > MAX_YAML_VALUES:
-                raise NodeConfigError(
-                    f"{path}: its aliases (*name) expand to more than {MAX_YAML_VALUES:,} values; "
-                    "write the values out or use fewer aliases"
-                )
-            continue
-        if id(node) in size:
-            continue
-        if id(node) in open_:
-            raise NodeConfigError(f"{path}: an alias (*name) refers to a value that holds it; remove it")
-        open_.add(id(node))
-        stack.append((node, True))
-        stack.extend((c, False) for c in children if id(c) not in size)
-
-
-def read_yaml(path: Path) -> Any:
-    """A YAML document, or one NodeConfigError line (unreadable, not text, not YAML, a key twice)."""
-    try:
-        text = read_bytes(path, limit=YAML_LIMIT, what="a fleet file (YAML)", error=NodeConfigError).decode()
-    except OSError as exc:
-        raise NodeConfigError(f"{path}: cannot read the fleet file ({exc.strerror})") from None
-    except UnicodeDecodeError:
-        raise NodeConfigError(f"{path}: not a text file (not UTF-8); a fleet file is YAML text") from None
-    try:
-        loader = _UniqueKeyLoader(text)  # a SafeLoader subclass: no arbitrary objects
-        try:
-            node = loader.get_single_node()  # type: ignore[no-untyped-call]
-            if node is None:
-                return None
-            _check_expansion(node, path)
-            return loader.construct_document(node)  # type: ignore[no-untyped-call]
-        finally:
-            loader.dispose()  # type: ignore[no-untyped-call]
-    except yaml.constructor.ConstructorError as exc:
-        raise NodeConfigError(f"{path}: {exc.problem}") from None
-    except yaml.YAMLError as exc:
-        raise NodeConfigError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
-
-
-def load_fleet_file(path: Path) -> list[FleetEntry]:
-    """A YAML fleet: ``groups:`` (a fleet file of `python -m simulations run`, whose other sections the
-    fleet runner checks) or ``boards:`` (a bare list of boards), each {device, power-cap-w, count}."""
-    return fleet_from_document(read_yaml(path), str(path))
 
 
 @lru_cache(maxsize=8)

@@ -40,6 +40,7 @@ from fl_server.run_config import ServerConfig, app_path, check_results_dir, pars
 from powerctl.cache import cache_dir
 from powerctl.errors import PowerctlError
 from powerctl.relation import RelationVector
+from strategies.fleet import fleet_availability
 from strategies.methods import for_method
 from strategies.population import POPULATION_FILE, Population, PopulationLog, PopulationSampled
 from strategies.power_aware import PowerAwareFedAvg
@@ -323,7 +324,7 @@ def run_method(
         else (cfg.round_objective if method == OURS else "time"),
         round_deadline_s=cfg.round_deadline_s,
     )
-    population = Population(cfg.clients_per_round, cfg.availability, cfg.seed)
+    population = Population(cfg.clients_per_round, cfg.availability, cfg.seed, fleet_availability(cfg.fleet))
     if population.active:  # a population larger than a round (simulation): each round's boards only
         log_draws = PopulationLog(out / POPULATION_FILE, population)
         strategy.strategy = PopulationSampled(strategy.strategy, population, on_draw=log_draws)

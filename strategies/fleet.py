@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from powerctl.capsource import (
     CapSource,
     ConstantCap,
@@ -25,11 +27,12 @@ from powerctl.capsource import (
     parse_cap_source,
 )
 from powerctl.errors import PowerctlError
-from powerctl.mapping import Integer, Invalid, Text, mapping_reader
+from powerctl.mapping import Integer, Invalid, Number, Text, mapping_reader
+from powerctl.readfile import YAML_LIMIT, read_bytes
 
 APP_DIR = Path(__file__).resolve().parents[1]
 """The app's root (the project folder, or Flower's copy of it): relative run config paths start here."""
-FLEET_KEYS = ("device", "power-cap-w", "count")
+FLEET_KEYS = ("device", "power-cap-w", "count", "availability")
 MAX_BOARDS = 100_000
 """Most boards a fleet (and virtual nodes a simulation) may have: a population sampled per round
 (`strategies.population`) of 100,000 boards runs on 2 cores (docs/results/fleets.md), and a typo
@@ -56,6 +59,9 @@ class FleetEntry:
     """Index of the fleet file's group this board came from."""
     cap_source: CapSource | None = None
     """The schedule, trace or live file the group follows (None: the constant `power_cap_w`)."""
+    availability: float | None = None
+    """The board's chance to be available in a round of a sampled population (None: the run's
+    `availability`; `strategies.population`)."""
 
     def caps(self) -> CapSource | None:
         """The changing cap this board follows, None for a constant one."""
@@ -199,7 +205,8 @@ def parse_fleet_table(text: str, where: str = "run config: 'fleet'") -> list[Fle
 def parse_fleet_groups(
     groups: Any, where: str, key: str = "groups", base_dir: Path | None = None
 ) -> list[FleetEntry]:
-    """A fleet file's list of groups {device, count, power-cap-w} → one entry per board, in order.
+    """A fleet file's list of groups {device, count, power-cap-w, availability} → one entry per board,
+    in order.
 
     Every error names the place in the file, e.g. ``fleet.yaml: groups[1]: 'count' must be …``. Trace
     and live-file paths start at `base_dir` (default: the folder of `where`)."""
@@ -219,7 +226,8 @@ def parse_fleet_groups(
         cap, source = _entry_caps(
             r.get("power-cap-w", None), device, f"{r.where}: 'power-cap-w'", base_dir or Path(where).parent
         )
-        entries += [FleetEntry(device, cap, i, source)] * count
+        availability = r.value("availability", Number(0.0, 1.0), None)
+        entries += [FleetEntry(device, cap, i, source, availability)] * count
     return entries
 
 
@@ -253,3 +261,105 @@ def fleet_file(value: str) -> Path | None:
 def fleet_entry(fleet: Any, partition_id: int) -> FleetEntry:
     """Partition i runs on entry i % len: any number of virtual nodes maps onto the table."""
     return fleet[partition_id % len(fleet)]
+
+
+# --- the fleet file (YAML) ------------------------------------------------------------------
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last silently:
+    a second `groups:` would replace the first without a word)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, yaml.Mark] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)  # type: ignore[no-untyped-call]
+            if isinstance(key, (str, int, float, bool)) or key is None:
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None,
+                        None,
+                        f"key {key!r} is given twice (lines {seen[key].line + 1} and "
+                        f"{key_node.start_mark.line + 1}); keep one",
+                        key_node.start_mark,
+                    )
+                seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
+
+
+MAX_YAML_VALUES = 1_000_000
+"""The most values a YAML document may hold once its aliases are expanded: a 4 MB file without aliases
+holds fewer; nine anchors of nine aliases each (a "billion laughs") hold 9^9."""
+
+
+def _check_expansion(root: yaml.Node, path: Path) -> None:
+    """Refuse a document whose aliases expand to more than MAX_YAML_VALUES values, or that holds itself
+    (an alias inside its own anchor), before it is built: a reader that walks such a document, or a
+    message that shows a value of it, would never end. Linear in the composed nodes (sizes memoised)."""
+    size: dict[int, int] = {}
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    open_: set[int] = set()
+    while stack:
+        node, done = stack.pop()
+        if isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        elif isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        else:
+            children = []
+        if done:
+            open_.discard(id(node))
+            size[id(node)] = 1 + sum(size[id(c)] for c in children)
+            if size[id(node)] > MAX_YAML_VALUES:
+                raise NodeConfigError(
+                    f"{path}: its aliases (*name) expand to more than {MAX_YAML_VALUES:,} values; "
+                    "write the values out or use fewer aliases"
+                )
+            continue
+        if id(node) in size:
+            continue
+        if id(node) in open_:
+            raise NodeConfigError(f"{path}: an alias (*name) refers to a value that holds it; remove it")
+        open_.add(id(node))
+        stack.append((node, True))
+        stack.extend((c, False) for c in children if id(c) not in size)
+
+
+def read_yaml(path: Path) -> Any:
+    """A YAML document, or one NodeConfigError line (unreadable, not text, not YAML, a key twice)."""
+    try:
+        text = read_bytes(path, limit=YAML_LIMIT, what="a fleet file (YAML)", error=NodeConfigError).decode()
+    except OSError as exc:
+        raise NodeConfigError(f"{path}: cannot read the fleet file ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise NodeConfigError(f"{path}: not a text file (not UTF-8); a fleet file is YAML text") from None
+    try:
+        loader = _UniqueKeyLoader(text)  # a SafeLoader subclass: no arbitrary objects
+        try:
+            node = loader.get_single_node()  # type: ignore[no-untyped-call]
+            if node is None:
+                return None
+            _check_expansion(node, path)
+            return loader.construct_document(node)  # type: ignore[no-untyped-call]
+        finally:
+            loader.dispose()  # type: ignore[no-untyped-call]
+    except yaml.constructor.ConstructorError as exc:
+        raise NodeConfigError(f"{path}: {exc.problem}") from None
+    except yaml.YAMLError as exc:
+        raise NodeConfigError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+
+
+def load_fleet_file(path: Path) -> list[FleetEntry]:
+    """A YAML fleet: ``groups:`` (a fleet file of `python -m simulations run`, whose other sections the
+    fleet runner checks) or ``boards:`` (a bare list of boards), each {device, power-cap-w, count}."""
+    return fleet_from_document(read_yaml(path), str(path))
+
+
+def fleet_availability(value: str) -> tuple[float | None, ...]:
+    """Each board's availability as the run config's `fleet` gives it (a YAML fleet's groups may set
+    `availability`; a table cannot): partition i takes entry i mod its length. Empty: no fleet."""
+    if not value.strip():
+        return ()
+    path = fleet_file(value)
+    entries = load_fleet_file(path) if path is not None else fleet_table(value)
+    return tuple(e.availability for e in entries)

@@ -1,7 +1,8 @@
 """A population larger than a round (simulation): which boards are available and which train, per round.
 
 A fleet file may describe far more boards than a round takes (`population: {clients-per-round: N,
-availability: P}`). Each round, every board is available with probability P, and N of the available
+availability: P}`, and a group's own `availability`). Each round, every board is available with its
+probability (its group's, else P), and N of the available
 ones are sampled; both draws are seeded by the run's `seed` and the round, over the boards' partition
 ids — never over node ids, which change every run — so every method of a run, and every rerun, sees
 the same boards in each round. A board not sampled gets no message at all: it costs its entry in the
@@ -83,18 +84,34 @@ class Population:
     clients_per_round: int = 0
     availability: float = 1.0
     seed: int = 0
+    per_board: tuple[float | None, ...] = ()
+    """Each board's own availability by partition id (i mod its length; None: `availability`), from a
+    fleet file's groups (`strategies.fleet.fleet_availability`)."""
 
     @property
     def active(self) -> bool:
-        return self.clients_per_round > 0 or self.availability < 1.0
+        return self.clients_per_round > 0 or self.availability < 1.0 or self._own()
+
+    def _own(self) -> bool:
+        return any(p is not None for p in self.per_board)
+
+    def chance(self, board: int) -> float:
+        """Board `board`'s chance to be available in a round."""
+        own = self.per_board[board % len(self.per_board)] if self.per_board else None
+        return self.availability if own is None else own
 
     def draw(self, server_round: int, boards: Iterable[int], population: int) -> Draw:
         """Round `server_round`'s draw over `boards` (partition ids connected), the same in every run."""
         rng = random.Random(f"powerfed-population/{self.seed}/{server_round}")
         boards = sorted(boards)
-        available = (
-            boards if self.availability >= 1.0 else [b for b in boards if rng.random() < self.availability]
-        )
+        if self._own():  # each board its own chance (one draw each, in partition order)
+            available = [b for b in boards if rng.random() < self.chance(b)]
+        else:
+            available = (
+                boards
+                if self.availability >= 1.0
+                else [b for b in boards if rng.random() < self.availability]
+            )
         k = len(available) if self.clients_per_round == 0 else min(self.clients_per_round, len(available))
         return Draw(server_round, population, available, sorted(rng.sample(available, k)))
 

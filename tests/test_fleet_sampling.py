@@ -167,3 +167,39 @@ def test_a_sampled_fleet_records_who_was_available_and_sampled(
     text = (out / "summary.txt").read_text()
     assert "population: 40 boards; 6 sampled per round" in text and "round 2: " in text
     assert all(s["clients"] == 6 for s in results["summary"])
+
+
+def test_a_groups_own_availability_is_each_of_its_boards_chance(tmp_path: Path) -> None:
+    from strategies.fleet import fleet_availability
+
+    fleet = tmp_path / "groups.yaml"
+    fleet.write_text(
+        "groups:\n"
+        "  - {device: sim:jetson-nano, power-cap-w: 3.0, count: 50, availability: 0.0}\n"
+        "  - {device: sim:jetson-tx2nx, power-cap-w: none, count: 50}\n"
+        "  - {device: sim:jetson-tx2nx, power-cap-w: 3.5, count: 100, availability: 0.5}\n"
+    )
+    per_board = fleet_availability(str(fleet))
+    assert per_board == (0.0,) * 50 + (None,) * 50 + (0.5,) * 100
+    pop = Population(clients_per_round=0, availability=1.0, seed=3, per_board=per_board)
+    assert pop.active
+    draws = [pop.draw(r, range(200), 200) for r in (1, 2, 3)]
+    for draw in draws:
+        available = set(draw.available)
+        assert not available & set(range(50))  # never there
+        assert set(range(50, 100)) <= available  # the run's availability, 1.0: always there
+        assert 20 < len(available & set(range(100, 200))) < 80  # about half, drawn per round
+    assert draws[0].available != draws[1].available  # present in some rounds, not others
+    again = Population(clients_per_round=0, availability=1.0, seed=3, per_board=per_board)
+    assert again.draw(2, range(200), 200) == draws[1]  # seeded
+    assert Population(per_board=(None, None)).active is False  # no group sets one: as before
+
+
+def test_a_groups_availability_outside_0_1_is_one_line(tmp_path: Path) -> None:
+    from strategies.fleet import NodeConfigError, fleet_availability
+
+    fleet = tmp_path / "bad.yaml"
+    fleet.write_text("groups:\n  - {device: sim:jetson-nano, power-cap-w: 3.0, availability: 1.5}\n")
+    with pytest.raises(NodeConfigError, match="availability") as caught:
+        fleet_availability(str(fleet))
+    assert "\n" not in str(caught.value)

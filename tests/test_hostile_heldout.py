@@ -77,7 +77,10 @@ FLEETS = {
         "groups: !!python/object/apply:os.system ['true']\n" + TASK,
         "could not determine a constructor",
     ),
-    "count-million": ("groups: [{device: sim:jetson-nano, count: 1000000}]\n" + TASK, "at most 100000 boards"),
+    "count-million": (
+        "groups: [{device: sim:jetson-nano, count: 1000000}]\n" + TASK,
+        "at most 100000 boards",
+    ),
     "key-twice": ("groups: [{device: sim:jetson-nano, device: host}]\n" + TASK, "is given twice"),
     "cap-nan": ("groups: [{device: sim:jetson-nano, power-cap-w: .nan}]\n" + TASK, "'power-cap-w' must be"),
     "cap-trace-devzero": (

@@ -19,7 +19,7 @@ from simulations import __main__ as simulations_cli
 from simulations import launcher
 from simulations.launcher import check_launch, check_simulation
 from simulations.local_superlink import descendants
-from strategies.fleet import NodeConfigError
+from strategies.fleet import MAX_BOARDS, NodeConfigError
 from strategies.settings import read_settings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,9 +35,9 @@ BAD_FLWR_RUN = [
     ('fleet="sim:jetson-nano@"', "has no cap after '@'"),
     ('fleet="sim:jetson-nano@3 sim:jetson-tx2nx@4"', "got '3 sim:jetson-tx2nx@4'; entries are separated by"),
     pytest.param(
-        "fleet='" + ",".join(["sim:jetson-nano@3"] * 10_001) + "'",
-        "has 10001 entries; a fleet has at most",
-        id="fleet-of-10001-boards",
+        "fleet='" + ",".join(["sim:jetson-nano@3"] * (MAX_BOARDS + 1)) + "'",
+        f"has {MAX_BOARDS + 1} entries; a fleet has at most",
+        id="fleet-of-too-many-boards",
     ),
     ('client-data="npz:/nonexist"', "'client-data': dataset spec 'npz:/nonexist': no such file or folder"),
     ('client-data="npz:no/such.npz"', f"no such file or folder {REPO}/no/such.npz"),
