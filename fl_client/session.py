@@ -251,7 +251,7 @@ class PowerSession:
         try:
             dev = stack.enter_context(work.device())
             stack.enter_context(restore_on_exit(dev))
-            self._workload, _ = work.profiled_step().build(dev)
+            self._workload = Workload.from_dict(self.profiled.profile.extra["workload"])  # the step profiled
             self._pinning = Pinning.start(work, self.chosen.rule, dev)
             self._power = TrainingPower(dev, POWER_RATE_HZ)
             self._power.resume()
@@ -322,11 +322,8 @@ class PowerSession:
         return result
 
     def evaluated(self, accuracy: float) -> bool:
-        """Record an evaluation of the model (the last one is reported); True once it meets the target."""
-        power = self._power
-        if power is not None:
-            power.pause()  # evaluation is not training: its power and time are not charged
-            power.resume()
+        """Record an evaluation of the model (the last one is reported); True once it meets the target.
+        Only steps run through `step` are charged device seconds, so evaluation time is not."""
         self.accuracy = float(accuracy)
         return self.reached
 

@@ -251,6 +251,8 @@ class RunSetup:
     base: TrainInstructions
     eval_config: ConfigRecord
     fingerprint: str
+    population: Population
+    """Which boards each round takes (every connected one unless the run samples a population)."""
     reported: list[str] = field(default_factory=list)
     """The methods in which some client reported in some round (none: the run failed)."""
 
@@ -324,7 +326,7 @@ def run_method(
         else (cfg.round_objective if method == OURS else "time"),
         round_deadline_s=cfg.round_deadline_s,
     )
-    population = Population(cfg.clients_per_round, cfg.availability, cfg.seed, fleet_availability(cfg.fleet))
+    population = setup.population
     if population.active:  # a population larger than a round (simulation): each round's boards only
         log_draws = PopulationLog(out / POPULATION_FILE, population)
         strategy.strategy = PopulationSampled(strategy.strategy, population, on_draw=log_draws)
@@ -380,6 +382,9 @@ def run(grid: Grid, context: Context) -> Path:
             }
         ),
         fingerprint=run_fingerprint(dict(context.run_config), weights_hash(model), relation.to_dict()),
+        population=Population(
+            cfg.clients_per_round, cfg.availability, cfg.seed, fleet_availability(cfg.fleet)
+        ),
     )
     progress = ProgressGrid(grid, say)
     nodes: dict = {}

@@ -44,6 +44,11 @@ class Workload:
         d["input_shape"] = list(self.input_shape)
         return d
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Workload:
+        """The workload `to_dict` wrote (a profile's `extra["workload"]`)."""
+        return cls(**{**d, "input_shape": tuple(d["input_shape"])})
+
 
 def measure_workload(
     model: Any,

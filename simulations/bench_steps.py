@@ -157,8 +157,7 @@ def stand_in_step(work: RoundWork, rule: Rule) -> Trained:
     task = get_model_spec(instr.model).task
     accuracy, _ = evaluate_with_loss(model, task, test.x, test.y) if len(test) else (0.0, 0.0)
     b, hz = choice.batch_size, choice.frequency_hz
-    w = dict(profile.extra["workload"])
-    workload = Workload(**{**w, "input_shape": tuple(w["input_shape"])})
+    workload = Workload.from_dict(profile.extra["workload"])
     sim = board_model(profile.device)
     need = 0.0 if accuracy >= instr.target_accuracy else rule.relation.samples_map()[b]
     samples = min(need, instr.budget_samples or math.inf)
