@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable
 
 import numpy as np
+import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
@@ -22,7 +23,14 @@ from fl_client.faults import before_training, kill_after_checkpoint, parse_fault
 from fl_client.local_data import data_plan, load_local_data
 from fl_client.mod import error_reply, message_config, node_info, profile_cache
 from fl_client.node import NodeSettings, resolve_node
-from fl_client.round import build_local_model, model_seq_len, node_device_seed, plan_round, train_round
+from fl_client.round import (
+    State,
+    build_local_model,
+    model_seq_len,
+    node_device_seed,
+    plan_round,
+    train_round,
+)
 from powerctl.cliutil import library_lines_on_stderr
 from powerctl.errors import PowerctlError
 from powerfed.training.finetune import evaluate_with_loss
@@ -54,15 +62,18 @@ def _library_lines(
 app = ClientApp(mods=[_library_lines])
 
 
-def _arrays(msg: Message) -> ArrayRecord:
-    """The weights sent; NaN or infinity is refused before any device time is spent on them."""
+def _state(msg: Message) -> State:
+    """The weights sent, as a state dict; NaN or infinity is refused before any device time is spent on
+    them. Each array is decoded once (Flower's `to_torch_state_dict` would decode them again)."""
     where = f"{msg.metadata.message_type} message"
     arrays = required(msg.content.array_records, ARRAYS_KEY, where, "the weights")
+    state: State = {}
     for name, array in arrays.items():
         values = array.numpy()
         if values.dtype.kind in "fc" and not np.all(np.isfinite(values)):
             raise ProtocolError(f"{where}: {ARRAYS_KEY!r} hold NaN or infinity (in {name!r})")
-    return arrays
+        state[name] = torch.from_numpy(values)
+    return state
 
 
 def _node_record(settings: NodeSettings, context: Context) -> ConfigRecord:
@@ -104,7 +115,7 @@ def train(msg: Message, context: Context) -> Message:
     try:
         settings = resolve_node(context.node_config, context.run_config)
         instr = TrainInstructions.from_config(message_config(msg))
-        state = _arrays(msg).to_torch_state_dict()
+        state = _state(msg)
         plan = data_plan(settings, context.run_config, model_seq_len(instr.model, instr.model_overrides))
         data = load_local_data(plan)
         faults = parse_faults(context.run_config)  # soak tests only; refused elsewhere
@@ -157,7 +168,7 @@ def evaluate(msg: Message, context: Context) -> Message:
         r = reader(message_config(msg), "evaluate message config")
         model_name = r.string("model")
         overrides = r.json_object("model-overrides")
-        state = _arrays(msg).to_torch_state_dict()
+        state = _state(msg)
         model = build_local_model(model_name, r.integer("num-classes"), overrides, state)
         plan = data_plan(settings, context.run_config, model_seq_len(model_name, overrides))
         _, test = load_local_data(plan)

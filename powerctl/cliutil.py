@@ -44,6 +44,15 @@ _depth = [0]
 _HANDLER = _StderrLines(logging.INFO)
 
 
+def _levels_changed() -> None:
+    """Forget every logger's cached level checks once, after all the library loggers' levels were set:
+    `Logger.setLevel` does that for each logger it is called on, a pass over every logger of the process
+    (Ray's, torch's, Flower's: hundreds), which per library logger and per ClientApp message was a tenth
+    of a simulated client's work."""
+    root = logging.getLogger()
+    root.setLevel(root.level)
+
+
 @contextlib.contextmanager
 def library_lines_on_stderr() -> Iterator[None]:
     """Within the block, the library's log records (INFO and up) are lines on stderr in their own
@@ -58,7 +67,8 @@ def library_lines_on_stderr() -> Iterator[None]:
                 log.addHandler(_HANDLER)
                 log.propagate = False  # shown here, not a second time by a handler of the root logger
                 if level == logging.NOTSET:
-                    log.setLevel(logging.INFO)
+                    log.level = logging.INFO
+            _levels_changed()
     try:
         yield
     finally:
@@ -67,9 +77,10 @@ def library_lines_on_stderr() -> Iterator[None]:
             if _depth[0] == 0:
                 for log, level, propagate in _showing:
                     log.removeHandler(_HANDLER)
-                    log.setLevel(level)
+                    log.level = level
                     log.propagate = propagate
                 _showing.clear()
+                _levels_changed()
 
 
 def one_line_errors(prog: str) -> Callable[[Callable[..., int]], Callable[..., int]]:

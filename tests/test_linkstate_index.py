@@ -175,6 +175,45 @@ def test_a_dict_change_of_any_kind_keeps_the_index() -> None:
     assert store.by_node == {} and store.pending == set() and not store
 
 
+def test_the_nodes_contexts_are_flowers_with_the_app_config_read_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from flwr.common import config as flwr_config
+    from flwr.supercore.run import Run
+    from flwr.server.superlink.fleet.vce import vce_api
+
+    (tmp_path / "pyproject.toml").write_text(
+        '[project]\nname = "app"\nversion = "1.0.0"\n'
+        "[tool.flwr.app]\npublisher = \"me\"\n"
+        '[tool.flwr.app.components]\nserverapp = "a:b"\nclientapp = "a:c"\n'
+        '[tool.flwr.app.config]\nrounds = 3\nmodel = "cnn-tiny"\n[tool.flwr.app.config.task]\nlr = 0.1\n'
+    )
+    run = Run.create_empty(run_id=RUN_ID)
+    run.override_config = {"rounds": 5}
+    mapping = {node: i for i, node in enumerate(NODES)}
+    reads: list[Path] = []
+    parse = flwr_config.get_project_config
+
+    def counted(project_dir: Path) -> dict[str, Any]:
+        reads.append(Path(project_dir))
+        return parse(project_dir)
+
+    monkeypatch.setattr(flwr_config, "get_project_config", counted)
+    flowers = vce_api._register_node_info_stores(mapping, run, str(tmp_path))
+    assert len(reads) == len(NODES)  # Flower's own: once per node
+    reads.clear()
+    ours = li.config_read_once(vce_api._register_node_info_stores)(mapping, run, str(tmp_path))
+    assert reads == [tmp_path]
+    configs = [ours[n].retrieve_context(RUN_ID).run_config for n in NODES]
+    assert configs == [flowers[n].retrieve_context(RUN_ID).run_config for n in NODES]
+    assert configs[0] == {"rounds": 5, "model": "cnn-tiny", "task.lr": 0.1}
+    assert len({id(c) for c in configs}) == len(NODES)  # each node its own dict, as before
+    assert [ours[n].node_config for n in NODES] == [flowers[n].node_config for n in NODES]
+    from flwr.compat.client import run_info_store
+
+    assert run_info_store.get_fused_config_from_dir is flwr_config.get_fused_config_from_dir  # restored
+
+
 def test_another_flower_version_is_refused_in_one_line() -> None:
     with pytest.raises(li.LinkStateIndexError) as info:
         li.check_flower_version("1.43.0")
