@@ -179,12 +179,12 @@ def test_the_nodes_contexts_are_flowers_with_the_app_config_read_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from flwr.common import config as flwr_config
-    from flwr.supercore.run import Run
     from flwr.server.superlink.fleet.vce import vce_api
+    from flwr.supercore.run import Run
 
     (tmp_path / "pyproject.toml").write_text(
         '[project]\nname = "app"\nversion = "1.0.0"\n'
-        "[tool.flwr.app]\npublisher = \"me\"\n"
+        '[tool.flwr.app]\npublisher = "me"\n'
         '[tool.flwr.app.components]\nserverapp = "a:b"\nclientapp = "a:c"\n'
         '[tool.flwr.app.config]\nrounds = 3\nmodel = "cnn-tiny"\n[tool.flwr.app.config.task]\nlr = 0.1\n'
     )
