@@ -42,7 +42,13 @@ from powerctl.errors import PowerctlError
 from powerctl.relation import RelationVector
 from strategies.fleet import fleet_availability
 from strategies.methods import for_method
-from strategies.population import POPULATION_FILE, Population, PopulationLog, PopulationSampled
+from strategies.population import (
+    POPULATION_FILE,
+    Population,
+    PopulationLog,
+    PopulationSampled,
+    run_population,
+)
 from strategies.power_aware import PowerAwareFedAvg
 from strategies.protocol import OURS, OURS_DEADLINE, TrainInstructions
 from strategies.rounds import RoundRecord
@@ -382,9 +388,7 @@ def run(grid: Grid, context: Context) -> Path:
             }
         ),
         fingerprint=run_fingerprint(dict(context.run_config), weights_hash(model), relation.to_dict()),
-        population=Population(
-            cfg.clients_per_round, cfg.availability, cfg.seed, fleet_availability(cfg.fleet)
-        ),
+        population=run_population(cfg, fleet_availability(cfg.fleet)),
     )
     progress = ProgressGrid(grid, say)
     nodes: dict = {}

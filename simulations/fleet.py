@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 from fl_client.node import FleetEntry, NodeConfigError, parse_fleet_groups, read_yaml
 from powerctl.mapping import Custom, MappingReader, mapping_reader, must_be
 from strategies.fleet import not_simulated
+from strategies.population import Population, PopulationError, run_population
 from strategies.settings import APP_FILE, DATASET, OURS_DEADLINE, RUN_METHODS, SETTINGS, RunSettings
 
 PLACES: dict[str, str | dict[str, str]] = {
@@ -56,7 +57,11 @@ PLACES: dict[str, str | dict[str, str]] = {
         "steps": "profile-steps",
     },
     "evaluation": {"every-samples": "eval-every-samples", "max-samples": "eval-max-samples"},
-    "population": {"clients-per-round": "clients-per-round", "availability": "availability"},
+    "population": {
+        "clients-per-round": "clients-per-round",
+        "availability": "availability",
+        "availability-trace": "availability-trace",
+    },
 }
 """Where each run setting a fleet file may set stands in it: a top-level key, or a key of a section."""
 TOP_KEYS = ("name", "groups", *PLACES)
@@ -143,6 +148,15 @@ def _setting(r: MappingReader, leaf: str, key: str, base: Path) -> Any:
     return r.value(leaf, setting.kind, setting.typed_default())
 
 
+def _population(run: RunSettings, boards: list[FleetEntry], name: str) -> Population:
+    """The run's population as the ServerApp will build it; a trace that cannot be read, or availability
+    given twice, is one line naming the fleet file."""
+    try:
+        return run_population(run, tuple(b.availability for b in boards))
+    except PopulationError as exc:
+        raise FleetFileError(f"{name}: population: {exc}") from None
+
+
 def _resolve(text: str, base: Path) -> Path:
     path = Path(text.strip()).expanduser()
     return path if path.is_absolute() else (base / path).resolve()
@@ -192,6 +206,7 @@ def _load(path: Path) -> FleetSpec:
         for leaf, setting_key in key.items():
             settings[setting_key] = _setting(section, leaf, setting_key, base)
     run = RunSettings(**{SETTINGS[key].attr: value for key, value in settings.items()}, fleet=str(path))
+    _population(run, boards, name)  # the ServerApp draws from it: refused here, before Ray starts
     spec = FleetSpec(path, top.value("name", Custom(_fleet_name, NAME_EXPECTED, str), path.stem), boards, run)
     if any(b.caps() is not None for b in boards) and spec.scale_mode:
         spec.notes.append(

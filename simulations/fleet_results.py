@@ -276,10 +276,16 @@ def population_lines(results: dict[str, Any]) -> list[str]:
         return []
     first = next(iter(drawn.values()))
     per_round = first["clients_per_round"] or "every available"
+    trace = first.get("availability_trace", "")
+    present = (
+        f"each board available in the rounds the trace {trace} gives it"
+        if trace
+        else f"each board available with probability {first['availability']:g}"
+    )
     lines = [
-        f"population: {len(results['fleet']['boards'])} boards; {per_round} sampled per round, each board "
-        f"available with probability {first['availability']:g} (seed {first['seed']}); the same boards for "
-        "every method; results.json 'population' lists each round's sampled and unavailable boards"
+        f"population: {len(results['fleet']['boards'])} boards; {per_round} sampled per round, {present} "
+        f"(seed {first['seed']}); the same boards for every method; results.json 'population' lists each "
+        "round's sampled and unavailable boards"
     ]
     for r in first["rounds"]:
         shown = ", ".join(map(str, r["sampled"][:8])) + (" …" if len(r["sampled"]) > 8 else "")

@@ -1,12 +1,12 @@
 """A population larger than a round (simulation): which boards are available and which train, per round.
 
 A fleet file may describe far more boards than a round takes (`population: {clients-per-round: N,
-availability: P}`, and a group's own `availability`). Each round, every board is available with its
-probability (its group's, else P), and N of the available
-ones are sampled; both draws are seeded by the run's `seed` and the round, over the boards' partition
-ids — never over node ids, which change every run — so every method of a run, and every rerun, sees
-the same boards in each round. A board not sampled gets no message at all: it costs its entry in the
-fleet and its virtual node's registration, nothing else.
+availability: P}`, and a group's own `availability`, or `availability-trace: FILE`). Each round, every
+board is available with its probability (its group's, else P) or as the trace says, and N of the
+available ones are sampled; both draws are seeded by the run's `seed` and the round, over the boards'
+partition ids — never over node ids, which change every run — so every method of a run, and every
+rerun, sees the same boards in each round. A board not sampled gets no message at all: it costs its
+entry in the fleet and its virtual node's registration, nothing else.
 
 `PopulationSampled` wraps the inner strategy (FedAvg): its `configure_train` / `configure_evaluate`
 see a grid holding only the round's sampled nodes. Node ids are mapped to partition ids through what
@@ -17,6 +17,8 @@ that asks for a population stops at round 1 with one line.
 
 from __future__ import annotations
 
+import csv
+import io
 import logging
 import random
 from collections.abc import Callable, Iterable, Mapping
@@ -30,6 +32,9 @@ from flwr.serverapp.strategy import Strategy
 
 from powerctl.errors import PowerctlError
 from powerctl.jsonfile import write_json
+from powerctl.readfile import TRACE_LIMIT, read_bytes
+from strategies.fleet import app_path_of
+from strategies.settings import RunSettings
 
 log = logging.getLogger(__name__)
 POPULATION_FILE = "population.json"
@@ -76,6 +81,65 @@ class Draw:
         }
 
 
+TRACE_COLUMNS = ("board", "first-round", "last-round")
+"""An availability trace's header: each row a window of rounds (inclusive; last-round empty: to the end)
+in which board `board` (its partition id, the fleet file's order from 0) is available."""
+TRACE_HELP = (
+    "a CSV with the header board,first-round,last-round and a row per window of rounds a board is "
+    "available (docs/reference/files.md#availability-trace)"
+)
+
+
+@dataclass(frozen=True)
+class AvailabilityTrace:
+    """Which rounds each board is there, as a trace recorded them (FedScale's client traces, a device
+    log): a board the trace does not name is never available."""
+
+    path: str
+    windows: Mapping[int, tuple[tuple[int, int | None], ...]]
+
+    def available(self, board: int, server_round: int) -> bool:
+        return any(
+            first <= server_round and (last is None or server_round <= last)
+            for first, last in self.windows.get(board, ())
+        )
+
+
+def read_availability_trace(path: str | Path) -> AvailabilityTrace:
+    """The trace at `path` (`TRACE_COLUMNS`); anything else is one `PopulationError` line naming the file
+    and the row."""
+    what = "an availability trace (CSV)"
+    try:
+        text = read_bytes(path, limit=TRACE_LIMIT, what=what, error=PopulationError).decode("utf-8")
+    except OSError as exc:
+        raise PopulationError(f"{path}: cannot read the availability trace ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise PopulationError(f"{path}: not UTF-8 text; give {TRACE_HELP}") from None
+    rows = csv.reader(io.StringIO(text))
+    header = [cell.strip() for cell in next(rows, [])]
+    if tuple(header) != TRACE_COLUMNS:
+        raise PopulationError(f"{path}: line 1 is {','.join(header)!r}, not the header; give {TRACE_HELP}")
+    windows: dict[int, list[tuple[int, int | None]]] = {}
+    for line, row in enumerate(rows, start=2):
+        cells = [cell.strip() for cell in row]
+        if not any(cells):
+            continue
+        try:
+            if len(cells) != 3:
+                raise ValueError
+            board, first = int(cells[0]), int(cells[1])
+            last = int(cells[2]) if cells[2] else None
+            if board < 0 or first < 1 or (last is not None and last < first):
+                raise ValueError
+        except ValueError:
+            raise PopulationError(
+                f"{path}: line {line}: {','.join(cells)!r} is not a board (0 or more), a first round (1 or "
+                f"more) and a last round (empty, or not before the first); give {TRACE_HELP}"
+            ) from None
+        windows.setdefault(board, []).append((first, last))
+    return AvailabilityTrace(str(path), {b: tuple(w) for b, w in windows.items()})
+
+
 @dataclass(frozen=True)
 class Population:
     """`clients-per-round` (0: every available board) and `availability` (each board's chance to be
@@ -87,10 +151,19 @@ class Population:
     per_board: tuple[float | None, ...] = ()
     """Each board's own availability by partition id (i mod its length; None: `availability`), from a
     fleet file's groups (`strategies.fleet.fleet_availability`)."""
+    trace: AvailabilityTrace | None = None
+    """Which rounds each board is there (`read_availability_trace`): instead of the chances above."""
+
+    def __post_init__(self) -> None:
+        if self.trace is not None and (self.availability < 1.0 or self._own()):
+            raise PopulationError(
+                "availability is given twice, as a chance ('availability', a group's 'availability') and "
+                "as a trace ('availability-trace'): keep one"
+            )
 
     @property
     def active(self) -> bool:
-        return self.clients_per_round > 0 or self.availability < 1.0 or self._own()
+        return self.clients_per_round > 0 or self.availability < 1.0 or self._own() or self.trace is not None
 
     def _own(self) -> bool:
         return any(p is not None for p in self.per_board)
@@ -104,7 +177,9 @@ class Population:
         """Round `server_round`'s draw over `boards` (partition ids connected), the same in every run."""
         rng = random.Random(f"powerfed-population/{self.seed}/{server_round}")
         boards = sorted(boards)
-        if self._own():  # each board its own chance (one draw each, in partition order)
+        if self.trace is not None:
+            available = [b for b in boards if self.trace.available(b, server_round)]
+        elif self._own():  # each board its own chance (one draw each, in partition order)
             available = [b for b in boards if rng.random() < self.chance(b)]
         else:
             available = (
@@ -114,6 +189,14 @@ class Population:
             )
         k = len(available) if self.clients_per_round == 0 else min(self.clients_per_round, len(available))
         return Draw(server_round, population, available, sorted(rng.sample(available, k)))
+
+
+def run_population(settings: RunSettings, per_board: tuple[float | None, ...]) -> Population:
+    """The run's population: its settings' sampling and availability, each board's own chance
+    (`per_board`, from the fleet's groups), the trace read (a path relative to the app folder)."""
+    trace_file = settings.availability_trace
+    trace = read_availability_trace(app_path_of(trace_file)) if trace_file.strip() else None
+    return Population(settings.clients_per_round, settings.availability, settings.seed, per_board, trace)
 
 
 class _RoundGrid:
@@ -215,6 +298,7 @@ class PopulationLog:
                 "schema": SCHEMA,
                 "clients_per_round": self.population.clients_per_round,
                 "availability": self.population.availability,
+                "availability_trace": self.population.trace.path if self.population.trace else "",
                 "seed": self.population.seed,
                 "rounds": self.rounds,
             },

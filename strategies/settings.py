@@ -501,6 +501,15 @@ SETTINGS: dict[str, Setting] = _declare(
         group="rounds",
     ),
     Setting(
+        "availability-trace",
+        "",
+        APP_FILE,
+        "Simulation: instead of `availability`, a CSV of the rounds each board is there "
+        "(board,first-round,last-round; docs/reference/files.md#availability-trace), absolute or relative "
+        "to the app folder; a board it does not name is never available. Empty: `availability` decides.",
+        group="rounds",
+    ),
+    Setting(
         "fraction-evaluate",
         1.0,
         Number(0.0, 1.0),

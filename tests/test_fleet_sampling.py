@@ -203,3 +203,123 @@ def test_a_groups_availability_outside_0_1_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(NodeConfigError, match="availability") as caught:
         fleet_availability(str(fleet))
     assert "\n" not in str(caught.value)
+
+
+TRACE = """\
+board,first-round,last-round
+0,1,1
+0,3,
+2,2,3
+4,1,
+5,9,9
+"""
+
+
+def test_a_trace_gives_each_board_its_rounds_and_sampling_draws_among_them(tmp_path: Path) -> None:
+    from strategies.population import read_availability_trace
+
+    (tmp_path / "trace.csv").write_text(TRACE)
+    trace = read_availability_trace(tmp_path / "trace.csv")
+    pop = Population(clients_per_round=0, seed=3, trace=trace)
+    assert pop.active
+    available = {r: pop.draw(r, range(6), 6).available for r in (1, 2, 3, 4)}
+    # boards 1 and 3 are not in the trace: never there; board 5 only in round 9
+    assert available == {1: [0, 4], 2: [2, 4], 3: [0, 2, 4], 4: [0, 4]}
+    two = Population(clients_per_round=2, seed=3, trace=trace)
+    draws = [two.draw(3, range(6), 6) for _ in range(2)]
+    assert draws[0] == draws[1] and len(draws[0].sampled) == 2 and set(draws[0].sampled) <= {0, 2, 4}
+    assert draws[0].record()["unavailable"] == [1, 3, 5]
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("board,round\n0,1\n", "line 1"),
+        ("board,first-round,last-round\n0,x,\n", "line 2"),
+        ("board,first-round,last-round\n0,1,\n-1,1,2\n", "line 3"),
+        ("board,first-round,last-round\n0,3,2\n", "not before the first"),
+        ("board,first-round,last-round\n0,0,\n", "line 2"),
+        ("board,first-round,last-round\n0,1\n", "line 2"),
+        ("", "line 1"),
+    ],
+)
+def test_a_bad_trace_is_one_line_naming_the_file_and_the_line(tmp_path: Path, text: str, says: str) -> None:
+    from strategies.population import read_availability_trace
+
+    path = tmp_path / "trace.csv"
+    path.write_text(text)
+    with pytest.raises(PopulationError) as info:
+        read_availability_trace(path)
+    assert says in str(info.value) and str(path) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_trace_that_is_not_a_text_file_is_one_line(tmp_path: Path) -> None:
+    from strategies.population import read_availability_trace
+
+    (tmp_path / "bin.csv").write_bytes(b"\xff\xfe\x00board")
+    for path in (tmp_path / "bin.csv", tmp_path, tmp_path / "missing.csv"):
+        with pytest.raises(PopulationError) as info:
+            read_availability_trace(path)
+        assert str(path) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_fleet_files_trace_is_read_from_its_folder_and_reaches_the_serverapp(tmp_path: Path) -> None:
+    from strategies.population import run_population
+    from strategies.settings import read_settings
+
+    (tmp_path / "trace.csv").write_text(TRACE)
+    fleet = tmp_path / "f.yaml"
+    fleet.write_text(
+        FLEET.format(a=3, b=3, population="{clients-per-round: 2, availability-trace: trace.csv}")
+    )
+    config = load_fleet_spec(fleet).run_config(tmp_path / "r", ["ours"], tmp_path / "p")
+    assert config["availability-trace"] == str(tmp_path / "trace.csv")
+    pop = run_population(read_settings(config), ())  # what the ServerApp builds from the run config
+    assert pop.trace is not None and pop.draw(2, range(6), 6).available == [2, 4]
+    log = PopulationLog(tmp_path / POPULATION_FILE, pop)
+    log(pop.draw(1, range(6), 6))
+    assert json.loads((tmp_path / POPULATION_FILE).read_text())["availability_trace"] == str(
+        tmp_path / "trace.csv"
+    )
+
+
+@pytest.mark.parametrize(
+    ("population", "groups_availability", "says"),
+    [
+        ("{availability-trace: trace.csv, availability: 0.5}", "", "keep one"),
+        ("{availability-trace: trace.csv}", ", availability: 0.5", "keep one"),
+        ("{availability-trace: bad.csv}", "", "line 2"),
+        ("{availability-trace: none.csv}", "", "none.csv"),
+    ],
+)
+def test_a_fleet_files_trace_that_cannot_be_used_is_one_line_before_anything_runs(
+    tmp_path: Path, population: str, groups_availability: str, says: str
+) -> None:
+    (tmp_path / "trace.csv").write_text(TRACE)
+    (tmp_path / "bad.csv").write_text("board,first-round,last-round\n1,2,one\n")
+    fleet = tmp_path / "f.yaml"
+    text = FLEET.format(a=3, b=3, population=population)
+    fleet.write_text(text.replace("count: 3}", f"count: 3{groups_availability}}}", 1))
+    with pytest.raises(FleetFileError) as info:
+        load_fleet_spec(fleet)
+    assert says in str(info.value) and "\n" not in str(info.value)
+
+
+def test_the_summary_says_the_trace_decided_who_was_there() -> None:
+    from simulations.fleet_results import population_lines
+
+    draw = Population(clients_per_round=1, seed=3).draw(1, range(4), 4)
+    results = {
+        "fleet": {"boards": [{}] * 4},
+        "population": {
+            "ours": {
+                "clients_per_round": 1,
+                "availability": 1.0,
+                "availability_trace": "/data/trace.csv",
+                "seed": 3,
+                "rounds": [draw.record()],
+            }
+        },
+    }
+    lines = population_lines(results)
+    assert "in the rounds the trace /data/trace.csv gives it" in lines[0] and "probability" not in lines[0]
