@@ -4,7 +4,7 @@
         [--population 100000 --per-round 1000] [--rounds 2] [--out runs/bench/fleet-scale]
 
 Each size in --sizes runs with the simulation's message index (`simulations.linkstate_index`, "indexed");
-each size in --before-sizes also runs without it first (Flower 1.41's own per-node scan, "flower");
+each size in --before-sizes runs without it, first (Flower's own per-node scan, "flower");
 --population N --per-round K adds a run of N boards of which K are sampled each round (indexed).
 
 Each size runs `python -m simulations run`'s runner (`flwr run` on Ray, 1 CPU per client) on a generated
@@ -179,8 +179,8 @@ def main() -> int:
     sizes = [int(s) for s in args.sizes.split(",") if s]
     before = [int(s) for s in args.before_sizes.split(",") if s]
     rows: list[dict] = []
-    for n in sizes:
-        for index in ([False] if n in before else []) + [True]:
+    for n in sorted(set(sizes) | set(before)):
+        for index in ([False] if n in before else []) + ([True] if n in sizes else []):
             started = time.perf_counter()
             rows += run_size(n, args.rounds, args.out, index, target=args.target)
             took = time.perf_counter() - started
