@@ -202,4 +202,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # the run's processes were stopped by the runner on the way out
+        print("fleet_scale: interrupted; the run's processes were stopped", file=sys.stderr)
+        sys.exit(130)
