@@ -80,6 +80,27 @@ def test_the_shipped_fleets_parse() -> None:
     assert {(b.device, b.power_cap_w) for b in paper.boards} >= {("sim:jetson-nano", None)}
 
 
+def test_the_shipped_population_reads_its_trace_which_its_script_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.util
+
+    from strategies.population import run_population
+
+    spec = load_fleet_spec(FLEETS / "population.yaml")
+    trace = FLEETS / "traces" / "online-250.csv"
+    assert spec.settings.availability_trace == str(trace) and len(spec.boards) == 250
+    pop = run_population(spec.settings, tuple(b.availability for b in spec.boards))
+    draw = pop.draw(1, range(250), 250)
+    assert 25 < len(draw.available) < 250 and len(draw.sampled) == spec.settings.clients_per_round == 25
+    script = importlib.util.spec_from_file_location("make_online", FLEETS / "traces" / "make_online.py")
+    module = importlib.util.module_from_spec(script)
+    script.loader.exec_module(module)
+    monkeypatch.setattr(module, "__file__", str(tmp_path / "make_online.py"))
+    module.main()
+    assert (tmp_path / "online-250.csv").read_text() == trace.read_text()  # the file is the script's
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
