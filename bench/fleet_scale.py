@@ -5,7 +5,8 @@
 
 Each size in --sizes runs with the simulation's message index (`simulations.linkstate_index`, "indexed");
 each size in --before-sizes runs without it, first (Flower's own per-node scan, "flower");
---population N --per-round K adds a run of N boards of which K are sampled each round (indexed).
+--population N --per-round K adds a run of N boards of which K are sampled each round (indexed; with
+--population-before, Flower's own dispatch first).
 
 Each size runs `python -m simulations run`'s runner (`flwr run` on Ray, 1 CPU per client) on a generated
 fleet in scale mode: predicted profiles, and every client a stand-in (real-share 0), so what is measured
@@ -174,6 +175,9 @@ def main() -> int:
     )
     p.add_argument("--population", type=int, default=0, help="also a population of this many boards ...")
     p.add_argument("--per-round", type=int, default=0, help="... sampling this many a round (indexed)")
+    p.add_argument(
+        "--population-before", action="store_true", help="run the population with Flower's own dispatch first"
+    )
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "bench" / "fleet-scale")
     args = p.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s]
@@ -189,12 +193,13 @@ def main() -> int:
                 "(Ray start included)",
                 flush=True,
             )
-    if args.population:
+    for index in (([False] if args.population_before else []) + [True]) if args.population else []:
         started = time.perf_counter()
-        rows += run_size(args.population, args.rounds, args.out, True, args.per_round, args.target)
+        rows += run_size(args.population, args.rounds, args.out, index, args.per_round, args.target)
         took = time.perf_counter() - started
         print(
-            f"population {args.population}, {args.per_round} a round: {took:.0f} s for the whole run",
+            f"population {args.population}, {args.per_round} a round, {'indexed' if index else 'flower'} "
+            f"dispatch: {took:.0f} s for the whole run",
             flush=True,
         )
     print_table(rows)

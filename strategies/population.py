@@ -115,13 +115,16 @@ def read_availability_trace(path: str | Path) -> AvailabilityTrace:
         raise PopulationError(f"{path}: cannot read the availability trace ({exc.strerror})") from None
     except UnicodeDecodeError:
         raise PopulationError(f"{path}: not UTF-8 text; give {TRACE_HELP}") from None
-    rows = csv.reader(io.StringIO(text))
-    header = [cell.strip() for cell in next(rows, [])]
+    rows = csv.reader(io.StringIO(text), strict=True)
+    try:
+        table = [[cell.strip() for cell in row] for row in rows]
+    except csv.Error as exc:  # a NUL character, a quote left open
+        raise PopulationError(f"{path}: line {rows.line_num}: not CSV ({exc}); give {TRACE_HELP}") from None
+    header = table[0] if table else []
     if tuple(header) != TRACE_COLUMNS:
         raise PopulationError(f"{path}: line 1 is {','.join(header)!r}, not the header; give {TRACE_HELP}")
     windows: dict[int, list[tuple[int, int | None]]] = {}
-    for line, row in enumerate(rows, start=2):
-        cells = [cell.strip() for cell in row]
+    for line, cells in enumerate(table[1:], start=2):
         if not any(cells):
             continue
         try:

@@ -241,6 +241,8 @@ def test_a_trace_gives_each_board_its_rounds_and_sampling_draws_among_them(tmp_p
         ("board,first-round,last-round\n0,0,\n", "line 2"),
         ("board,first-round,last-round\n0,1\n", "line 2"),
         ("", "line 1"),
+        ("board,first-round,last-round\n0,1,\n1,\x002,\n", "line 3"),
+        ('board,first-round,last-round\n0,"1,\n', "not CSV"),
     ],
 )
 def test_a_bad_trace_is_one_line_naming_the_file_and_the_line(tmp_path: Path, text: str, says: str) -> None:
