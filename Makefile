@@ -60,7 +60,7 @@ lint: setup
 docs: setup
 	$(BIN)/python docs/generate.py
 
-# Everything, the tests marked slow included (about 24 minutes on 2 cores: 1568 tests in 1434 s in fresh-ci at 628366a; the whole CI 1658 s); plain `pytest` skips those.
+# Everything, the tests marked slow included (about 21 minutes on 2 cores: 1586 tests in 1261 s in fresh-ci at bb382f0; the whole CI 1452 s); plain `pytest` skips those.
 test: lint
 	$(BIN)/pytest -q -n 2 -m "slow or not slow"
 

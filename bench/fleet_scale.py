@@ -166,7 +166,11 @@ def print_table(rows: list[dict]) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", default="100,1000,10000")
-    p.add_argument("--before-sizes", default="100,1000", help="sizes also run with Flower's own dispatch")
+    p.add_argument(
+        "--before-sizes",
+        default=None,
+        help="sizes run with Flower's own dispatch (default: 100 and 1000 where --sizes has them)",
+    )
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument(
         "--target",
@@ -181,7 +185,10 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "bench" / "fleet-scale")
     args = p.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s]
-    before = [int(s) for s in args.before_sizes.split(",") if s]
+    if args.before_sizes is None:
+        before = [n for n in (100, 1000) if n in sizes]
+    else:
+        before = [int(s) for s in args.before_sizes.split(",") if s]
     rows: list[dict] = []
     for n in sorted(set(sizes) | set(before)):
         for index in ([False] if n in before else []) + ([True] if n in sizes else []):
