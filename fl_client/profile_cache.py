@@ -61,7 +61,7 @@ class ProfileKey:
     (`fl_client.session`: the model's class, the step's code and the user's own cache key)."""
 
     def digest(self) -> str:
-        import torch
+        from powerfed.training.numerics import torch_minor
 
         fields = asdict(self)
         if fields["relation"] is None:
@@ -70,7 +70,7 @@ class ProfileKey:
             del fields["step"]  # the built-in step's keys stay as they were
         fields["cache_version"] = PROFILE_CACHE_VERSION
         fields["code_version"] = code_version()
-        fields["torch"] = ".".join(torch.__version__.split(".")[:2])
+        fields["torch"] = torch_minor()
         blob = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()
 

@@ -83,20 +83,21 @@ def pretrained_weights(
     cfg: ServerConfig, *, progress: bool = False, say: Callable[[str], None] | None = None
 ) -> Path:
     """The weights to start from: the given file, or pre-trained on the embedded task (cached by recipe);
-    `say` hears when pre-training starts and how long it took. The recipe holds torch's intra-op thread
-    count (another count sums in another order: other weights) but not `server-device`, whose weights
-    differ from the CPU's only by floating-point nondeterminism (docs/howto/server-gpu.md)."""
+    `say` hears when pre-training starts and how long it took. The recipe holds what the floats depend on
+    (torch's minor version, its intra-op thread count, the CPU: `numerics_key`) but not `server-device`,
+    whose weights differ from the CPU's only by floating-point nondeterminism (docs/howto/server-gpu.md)."""
     if cfg.weights:
         return app_path(cfg.weights, "weights")
     import torch
+
+    from powerfed.training.numerics import numerics_key
 
     recipe = {
         "model": cfg.model,
         "data": cfg.pretrain_data,
         "samples": cfg.pretrain_samples,
         "seed": cfg.pretrain_seed,
-        "torch": ".".join(torch.__version__.split(".")[:2]),
-        "threads": torch.get_num_threads(),
+        **numerics_key(torch.get_num_threads()),
         "version": PRETRAIN_CACHE_VERSION,
     }
     key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:32]

@@ -13,12 +13,12 @@ relation file needs a positive number for every batch size, and a made-up one wo
 selection): the message names it and says what to change.
 
 Results are cached on disk, keyed by a hash of everything that determines them (model, weights,
-proxy spec and proxy bytes, target, batch sizes, seeds, rates, budgets, torch's intra-op thread count,
-code version), so asking again is instant. The torch device (`device`: auto, cpu, cuda[:INDEX]) is not
-in the key: a GPU reaches the same samples to target up to floating-point nondeterminism (the order of
-reductions), as a run with another thread count does, which is why the thread count is in the key (a
-cached vector of another count was silently reused: issue 31). Runs can go in parallel as Ray tasks, one
-CPU thread each (and a share of the GPU where the device is one).
+proxy spec and proxy bytes, target, batch sizes, seeds, rates, budgets, code version, and what the
+floats depend on: torch's version and intra-op thread count, the CPU). The torch device (`device`: auto,
+cpu, cuda[:INDEX]) is not in the key: a GPU reaches the same samples to target up to floating-point
+nondeterminism (the order of reductions), as a run with another thread count or on another CPU does,
+which is why those are in the key (a vector made elsewhere was silently reused: issue 31). Runs can go
+in parallel as Ray tasks, one CPU thread each (and a share of the GPU where the device is one).
 
 The same estimator serves user code: a model factory or a name registered with
 `powerfed.training.models.register_model`, proxy data as a torch Dataset, a DataLoader or tensors
@@ -59,6 +59,7 @@ from powerfed.training.errors import DataError, ModelError
 from powerfed.training.finetune import LossFn, MetricFn, fine_tune
 from powerfed.training.lr import LR_RULES, scaled_lr
 from powerfed.training.models import ModelSpec, build_spec, check_input_shape, get_model_spec, model_spec
+from powerfed.training.numerics import numerics_key
 from strategies.settings import run_default
 
 log = logging.getLogger(__name__)
@@ -132,7 +133,7 @@ class RelationRequest:
         fields["batch_sizes"] = list(self.batch_sizes)
         fields["seeds"] = list(self.seeds)
         fields["cache_version"] = CACHE_VERSION
-        fields["torch"] = ".".join(torch.__version__.split(".")[:2])
+        fields.update(numerics_key(self.threads))
         blob = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()
 

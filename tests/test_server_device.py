@@ -20,6 +20,7 @@ from ray import cloudpickle
 
 import fl_server.relation as relmod
 import powerfed.training.finetune as finetune
+import powerfed.training.numerics as numerics
 from fl_server.app import pretrained_weights
 from fl_server.cli import main
 from fl_server.pretrain import pretrain
@@ -241,8 +242,8 @@ def test_parallel_gpu_runs_where_ray_has_no_gpu_are_one_line(
 
 
 # --- the caches: the device out of the key, the thread count in it -----------------------------------
-def test_the_relation_cache_key_has_the_thread_count_not_the_device(
-    fake_gpu: list, built: list, tmp_path: Path
+def test_the_relation_cache_key_has_the_thread_count_and_cpu_not_the_device(
+    fake_gpu: list, built: list, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     before = torch.get_num_threads()
     try:
@@ -261,12 +262,20 @@ def test_the_relation_cache_key_has_the_thread_count_not_the_device(
         )
         assert len(built) > runs and other.extra["cache_key"] != first.extra["cache_key"]
         assert torch.get_num_threads() == 2  # the runs gave the caller's count back
+        runs = len(built)
+        monkeypatch.setattr(numerics, "cpu_identity", lambda: "AVX512 another CPU")
+        elsewhere = estimate_relation(
+            "cnn-tiny", None, "synthetic-image", device="cpu", cache_dir=tmp_path, **SMALL
+        )
+        assert len(built) > runs and elsewhere.extra["cache_key"] != other.extra["cache_key"]
     finally:
         torch.set_num_threads(before)
-    assert len(list(tmp_path.glob("relation-*.json"))) == 2
+    assert len(list(tmp_path.glob("relation-*.json"))) == 3
 
 
-def test_the_weights_recipe_has_the_thread_count_not_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_weights_recipe_has_the_thread_count_and_cpu_not_the_device(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     import fl_server.pretrain as premod
 
     calls: list[dict[str, Any]] = []
@@ -274,11 +283,18 @@ def test_the_weights_recipe_has_the_thread_count_not_the_device(monkeypatch: pyt
     paths = {}
     before = torch.get_num_threads()
     try:
-        for threads, device in ((1, "cpu"), (1, "cuda"), (2, "cpu")):
+        for threads, device, cpu in (
+            (1, "cpu", "here"),
+            (1, "cuda", "here"),
+            (2, "cpu", "here"),
+            (2, "cpu", "AVX512"),
+        ):
             torch.set_num_threads(threads)
+            monkeypatch.setattr(numerics, "cpu_identity", lambda cpu=cpu: cpu)
             cfg = read_settings({"model": "cnn-tiny", "server-device": device})
-            paths[threads, device] = pretrained_weights(cfg)
+            paths[threads, device, cpu] = pretrained_weights(cfg)
     finally:
         torch.set_num_threads(before)
-    assert paths[1, "cpu"] == paths[1, "cuda"] != paths[2, "cpu"]
-    assert [c["device"] for c in calls] == ["cpu", "cuda:0", "cpu"]
+    assert paths[1, "cpu", "here"] == paths[1, "cuda", "here"] != paths[2, "cpu", "here"]
+    assert paths[2, "cpu", "AVX512"] not in (paths[1, "cpu", "here"], paths[2, "cpu", "here"])
+    assert [c["device"] for c in calls] == ["cpu", "cuda:0", "cpu", "cpu"]

@@ -1,0 +1,55 @@
+"""What the last digits of a CPU training result depend on beyond its inputs, for the caches' keys.
+
+The same code on the same inputs gives other floats with another torch minor version, another intra-op
+thread count (another summation order) or another CPU: torch's vector kernels, MKL and oneDNN pick their
+code per instruction set and vendor. A relation vector moves with such differences (docs/results/fleets.md:
+the default fleet's vector on an AVX2 AMD EPYC is not the one another 2-core machine gave), so a cache
+shared by machines (a home folder on a cluster, a machine replaced) must not hand one machine's result to
+another. The device (cpu, cuda) stays out: a GPU's results differ from the CPU's only by nondeterminism.
+"""
+
+from __future__ import annotations
+
+import functools
+import platform
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+@functools.cache
+def cpu_identity() -> str:
+    """torch's CPU capability (the vector kernels it dispatches to, e.g. AVX2, AVX512) and the CPU's model
+    name, e.g. 'AVX2 AMD EPYC'."""
+    capability = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", None)
+    parts = [capability() if capability is not None else "unknown-capability", _cpu_model_name()]
+    return " ".join(part for part in parts if part)
+
+
+def _cpu_model_name() -> str:
+    """The first 'model name' of /proc/cpuinfo (Linux), else what platform says."""
+    try:
+        with Path("/proc/cpuinfo").open(encoding="utf-8", errors="replace") as cpuinfo:
+            for line in cpuinfo:
+                name, sep, value = line.partition(":")
+                if sep and name.strip() == "model name":
+                    return " ".join(value.split())
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def torch_minor() -> str:
+    """torch's major.minor version, e.g. '2.13' (a patch release keeps the numerics)."""
+    return ".".join(torch.__version__.split(".")[:2])
+
+
+def numerics_key(threads: int) -> dict[str, Any]:
+    """The fields of a cache key that a CPU result's floats depend on, for runs with `threads` intra-op
+    threads."""
+    return {
+        "torch": torch_minor(),
+        "threads": threads,
+        "cpu": cpu_identity(),
+    }
