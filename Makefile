@@ -60,7 +60,8 @@ lint: setup
 docs: setup
 	$(BIN)/python docs/generate.py
 
-# Everything, the tests marked slow included (about 21 minutes on 2 cores: 1586 tests in 1261 s in fresh-ci at bb382f0; the whole CI 1452 s); plain `pytest` skips those.
+# Everything, the tests marked slow included (about 21 minutes on the 2 cores of earlier sessions: 1586 tests in 1261 s in
+# fresh-ci at bb382f0, the whole CI 1452 s; on a 2-core AMD EPYC, 1589 tests in 2012 s at af418ce); plain `pytest` skips those.
 test: lint
 	$(BIN)/pytest -q -n 2 -m "slow or not slow"
 

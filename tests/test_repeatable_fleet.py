@@ -2,7 +2,8 @@
 default task, seeds and methods' rules (simulations/fleets/default.yaml) on one board of each kind, with
 fewer rounds, relation seeds and batch sizes, a smaller pre-training and round budget — the way
 tests/test_repeatable_run.py ties `make run` to its quote. A change that moves the fleet's numbers
-(a default, a seed, the relation estimate) fails here until the quote is re-run and pasted."""
+(a default, a seed, the relation estimate) fails here until the quote is re-run and pasted (one quote
+per CPU: tests/cpu_quotes.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import yaml
 
 from simulations.fleet import load_fleet_spec
 from simulations.runner import run_fleet
+from tests.cpu_quotes import check_against_quotes, quotes
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = ROOT / "simulations" / "fleets" / "default.yaml"
@@ -52,10 +54,9 @@ def _blocks(text: str) -> list[str]:
     return table + lines[first:end]
 
 
-def _quoted() -> list[str]:
-    text = QUOTED.read_text(encoding="utf-8")
-    after = text[text.index(MARK) :]
-    return _blocks(after)
+def _quoted() -> dict[str, list[str]]:
+    """The page's quotes of this run, by the CPU that printed each."""
+    return quotes(QUOTED.read_text(encoding="utf-8"), MARK, "fleet default-reduced:", _blocks)
 
 
 @pytest.mark.slow
@@ -68,7 +69,4 @@ def test_the_default_fleet_at_a_reduced_size_prints_its_quote(tmp_path: Path) ->
     results = run_fleet(spec, tmp_path / "out", spec.methods, echo=lambda _: None, plots=False)
     assert results["failures"] == [] and not results["processes"]["alive_after"]
     printed = (tmp_path / "out" / "summary.txt").read_text(encoding="utf-8")
-    assert _blocks(printed) == _quoted(), (
-        f"{QUOTED.relative_to(ROOT)}: the reduced fleet's quoted summary is stale; paste this run's:\n"
-        + printed
-    )
+    check_against_quotes(_blocks(printed), QUOTED.relative_to(ROOT), _quoted())
