@@ -60,8 +60,9 @@ lint: setup
 docs: setup
 	$(BIN)/python docs/generate.py
 
-# Everything, the tests marked slow included (about 21 minutes on the 2 cores of earlier sessions: 1586 tests in 1261 s in
-# fresh-ci at bb382f0, the whole CI 1452 s; on a 2-core AMD EPYC, 1591 tests in 2179 s at a680498, the whole CI 2534 s); plain `pytest` skips those.
+# Everything, the tests marked slow included; plain `pytest` skips those. About 21 minutes on the 2 cores
+# of earlier sessions (1586 tests in 1261 s in fresh-ci at bb382f0, the whole CI 1452 s), 36 on a 2-core
+# AMD EPYC (1591 tests in 2179 s at a680498, the whole CI 2534 s).
 test: lint
 	$(BIN)/pytest -q -n 2 -m "slow or not slow"
 
