@@ -25,7 +25,7 @@ SUPERLINK_PORT ?= 39291
 RUN_OUT ?= runs/flwr
 export RUN_CONFIG
 
-.PHONY: setup run demo fleet test test-fast test-torch-floor test-flower-floor lint docs bench clean
+.PHONY: setup run demo fleet test coverage test-fast test-torch-floor test-flower-floor lint docs bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -60,11 +60,18 @@ lint: setup
 docs: setup
 	$(BIN)/python docs/generate.py
 
-# Everything, the tests marked slow included; plain `pytest` skips those. About 21 minutes on the 2 cores
-# of earlier sessions (1586 tests in 1261 s in fresh-ci at bb382f0, the whole CI 1452 s), 36 on a 2-core
-# AMD EPYC (1591 tests in 2179 s at a680498, the whole CI 2534 s).
+# Everything, the tests marked slow included; plain `pytest` skips those. It measures line and branch
+# coverage of the non-test code as it goes (its total is the last line; `make coverage` lists each file)
+# and names the 25 slowest tests (docs/testing.md: where the time goes, what each long test proves).
+# On a 2-core AMD EPYC in fresh-ci: 2179 s at a680498 (1591 tests; the whole CI 2534 s); see
+# docs/testing.md for this commit's figure.
+PYTEST_ALL = $(BIN)/pytest -q -n 2 -m "slow or not slow" --cov --cov-report= --durations=25
 test: lint
-	$(BIN)/pytest -q -n 2 -m "slow or not slow"
+	$(PYTEST_ALL)
+	@echo "coverage of the non-test code, lines and branches: $$($(BIN)/coverage report --format=total) %"
+
+coverage: test
+	$(BIN)/coverage report --skip-covered --sort=cover
 
 test-fast: lint
 	$(BIN)/pytest -q -n 2
@@ -121,4 +128,4 @@ bench: setup
 	$(BIN)/python bench/relation_vs_target.py --out runs/bench
 
 clean:
-	rm -rf $(VENV) runs .flwr .pytest_cache .ruff_cache
+	rm -rf $(VENV) runs .flwr .pytest_cache .ruff_cache .coverage .coverage.*

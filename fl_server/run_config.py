@@ -16,9 +16,8 @@ writing), the weights and relation files readable for the run's model. Nothing i
 
 from __future__ import annotations
 
-import contextlib
 import os
-import shlex
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,9 @@ ServerConfig = RunSettings
 """The run, as the server runs it (and as it checked what its clients will read)."""
 FAULT_SWITCH = "POWERFED_FAULT_INJECTION"
 RUN_CONFIG_EXAMPLE = "'num-server-rounds=3 model=\"cnn-tiny\"'"
+_WORD = re.compile(r"""(?:[^\s'"]+|'[^']*'|"(?:[^"\\]|\\.)*")+""")
+"""A shell word: unquoted characters and quoted strings side by side (`shlex.split`'s words, found in
+linear time: shlex builds each word a character at a time, 75 s for a 100,000-board fleet table)."""
 
 
 class RunConfigError(SettingsError):
@@ -105,13 +107,13 @@ def parse_run_config(text: str) -> dict[str, Any]:
                 ) from None
         detail = exc.format_message() if isinstance(exc, click.ClickException) else str(exc)
         raise RunConfigError(f"run config {text!r}: {detail.splitlines()[0]}") from None
-    with contextlib.suppress(ValueError):  # Flower skips what is not key=value: a typo must not pass
-        for word in shlex.split(text):
-            if word.partition("=")[0] not in parsed:
-                raise RunConfigError(
-                    f"run config {word!r} is not key=value (Flower would ignore it); "
-                    f"e.g. {RUN_CONFIG_EXAMPLE}"
-                )
+    if _WORD.sub("", text).strip():
+        return parsed  # an open quote: Flower's parser above read it as it reads it
+    for word in _WORD.findall(text):  # Flower skips what is not key=value: a typo must not pass
+        if word.partition("=")[0] not in parsed:
+            raise RunConfigError(
+                f"run config {word!r} is not key=value (Flower would ignore it); e.g. {RUN_CONFIG_EXAMPLE}"
+            )
     return parsed
 
 

@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
+import shutil
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from filelock import FileLock
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = ROOT.parent / "shared" / "data"
+SEEDED_KINDS = ("weights", "relation")
+"""What a seeded cache holds: the server's pre-trained weights and relation vector, never profiles or
+checkpoints (a test that reuses a board's profile says so itself)."""
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -33,6 +42,55 @@ def _isolated_environment(tmp_path_factory: pytest.TempPathFactory, monkeypatch:
     monkeypatch.setenv("FLWR_HOME", str(root / "flwr"))
     monkeypatch.setenv("FLWR_TELEMETRY_ENABLED", "0")
     monkeypatch.setenv("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slow tests first: with `-n 2` each worker starts on a long one and the short ones fill in
+    behind, instead of two long ones ending a run on one worker while the other idles."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+@pytest.fixture(scope="session")
+def _seeded_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One folder for the whole test run, shared by the xdist workers (their base temps' parent is
+    this run's own), never by another run."""
+    base = tmp_path_factory.getbasetemp()
+    return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "seeded-caches"
+
+
+@pytest.fixture
+def seeded_cache(_seeded_root: Path, tmp_path: Path) -> Callable[[str], Path]:
+    """`seeded_cache(run_config)` is a new cache folder holding the pre-trained weights and relation
+    vector of that run config (Flower's --run-config syntax over the app's defaults), built once per test
+    run by the server's own code (`fl_server.app.prepare_apart`, which keys both as a run does) and
+    copied for each test. An end-to-end test that is about the run, not its preparation, starts from it;
+    tests/test_flwr_run.py's four-board run keeps preparing from an empty cache."""
+
+    def make(run_config: str) -> Path:
+        key = hashlib.sha256(run_config.encode()).hexdigest()[:16]
+        built = _seeded_root / key
+        _seeded_root.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(_seeded_root / f"{key}.lock")):
+            if not (built / "done").is_file():
+                _build_seeded_cache(run_config, built)
+        cache = tmp_path / f"seeded-cache-{key}"
+        for kind in SEEDED_KINDS:
+            shutil.copytree(built / kind, cache / kind)
+        return cache
+
+    return make
+
+
+def _build_seeded_cache(run_config: str, folder: Path) -> None:
+    from fl_server.app import prepare_apart
+    from fl_server.run_config import app_config, parse_run_config, parse_server_config
+
+    cfg = parse_server_config({**app_config(ROOT), **parse_run_config(run_config)})
+    shutil.rmtree(folder, ignore_errors=True)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("POWERFED_CACHE", str(folder))
+        prepare_apart(cfg)
+    (folder / "done").write_text(run_config, encoding="utf-8")
 
 
 @pytest.fixture

@@ -2,9 +2,13 @@
 
 Three connection modes share one flow (`Deployment` in tests/flower_deploy.py): insecure, TLS with a CA
 made by the test, and TLS + SuperNode authentication (registered keys; an unregistered node is refused).
+The whole flow's checks run once, with TLS and authentication (the insecure mode's own test is the killed
+SuperNode's below; `deploy/loopback.sh`'s test runs TLS + authentication as an operator does): a mode
+each cost two minutes of CI's quarter hour for the same run (docs/testing.md).
 Every process a test starts, with all its children, is stopped by process id in the fixture's finalizer,
 and the finalizer asserts that none of them is left. Logs are under tmp_path; failures quote their tails.
-About 1 minute per mode (Flower's 3 s idle polling on each side dominates).
+About 1 minute per mode (Flower's 3 s idle polling on each side dominates). The server's weights and
+relation vector come from the test run's seeded cache (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -76,9 +80,20 @@ def content_lines(output: str) -> list[str]:
     return [line for line in lines if line.strip() and not _EMPTY_LOG_RECORD.fullmatch(line.strip())]
 
 
+def seeded_task(seeded_cache: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """$POWERFED_CACHE (which a Deployment passes on to its processes) holds the run's weights and
+    relation vector, built once per test run by the server's own code."""
+    task = " ".join(p for p in run_config_for(Path("unused")).split() if not p.startswith("results-dir="))
+    monkeypatch.setenv("POWERFED_CACHE", str(seeded_cache(task)))
+
+
 @pytest.fixture
-def deployment(tmp_path: Path) -> Iterator[Callable[[str], Deployment]]:
-    """Makes Deployments; the finalizer stops every process they started and asserts none is left."""
+def deployment(
+    tmp_path: Path, seeded_cache: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Callable[[str], Deployment]]:
+    """Makes Deployments (on the seeded cache); the finalizer stops every process they started and
+    asserts none is left."""
+    seeded_task(seeded_cache, monkeypatch)
     made: list[Deployment] = []
 
     def make(mode: str) -> Deployment:
@@ -155,19 +170,6 @@ def check_results(path: Path, context: str) -> dict:
     return results
 
 
-def test_insecure_deployment(deployment: Callable[[str], Deployment]) -> None:
-    deploy_and_run(deployment("insecure"))
-
-
-def test_tls_deployment(deployment: Callable[[str], Deployment]) -> None:
-    d = deployment("tls")
-    deploy_and_run(d)
-    superlink_log = (d.logs / "superlink.log").read_text(errors="replace")
-    assert "--insecure" not in d.superlink.argv and "--ssl-certfile" in d.superlink.argv
-    assert all("--root-certificates" in p.argv for p in d.procs if p.name.startswith("supernode"))
-    assert "Traceback" not in superlink_log, superlink_log[-4000:]
-
-
 def test_supernode_authentication(deployment: Callable[[str], Deployment]) -> None:
     d = deployment("auth")
     keys = {name: make_ecdsa_key(d.root / "keys" / name)[0] for name in NODES}
@@ -195,8 +197,12 @@ def test_supernode_authentication(deployment: Callable[[str], Deployment]) -> No
     assert "No SuperNode found with the given public key" in superlink_log, d.superlink.tail()
     print(f"unregistered SuperNode refused: exit status {rc} after {waited:.1f} s")
 
-    # the registered ones join, on the same SuperLink, and the run goes as without authentication
+    # the registered ones join, on the same SuperLink, and the run goes as without authentication, over TLS
     deploy_and_run(d, keys)
+    superlink_log = (d.logs / "superlink.log").read_text(errors="replace")
+    assert "--insecure" not in d.superlink.argv and "--ssl-certfile" in d.superlink.argv
+    assert all("--root-certificates" in p.argv for p in d.procs if p.name.startswith("supernode"))
+    assert "Traceback" not in superlink_log, superlink_log[-4000:]
 
 
 def test_a_supernode_killed_mid_round_is_named_unavailable_and_the_round_goes_on(

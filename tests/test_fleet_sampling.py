@@ -147,26 +147,26 @@ def test_a_sampled_fleet_records_who_was_available_and_sampled(
 
     monkeypatch.setenv("POWERFED_CACHE", str(tmp_path / "cache"))
     fleet = tmp_path / "f.yaml"
-    fleet.write_text(FLEET.format(a=20, b=20, population="{clients-per-round: 6, availability: 0.5}"))
+    fleet.write_text(FLEET.format(a=6, b=6, population="{clients-per-round: 3, availability: 0.5}"))
     out = tmp_path / "out"
     results = run_fleet(
         load_fleet_spec(fleet), out, ["ours", "state-of-practice"], echo=lambda _: None, plots=False
     )
-    pop = Population(clients_per_round=6, availability=0.5, seed=3)
+    pop = Population(clients_per_round=3, availability=0.5, seed=3)
     data = json.loads((out / "results.json").read_text())
     for method in ("ours", "state-of-practice"):
         rounds = data["population"][method]["rounds"]
-        assert rounds == [pop.draw(r, range(40), 40).record() for r in (1, 2)]  # seeded: the same draw here
+        assert rounds == [pop.draw(r, range(12), 12).record() for r in (1, 2)]  # seeded: the same draw here
         for r in rounds:
             trained = sorted(
                 x["partition_id"]
                 for x in data["records"]
                 if x["method"] == method and x["round"] == r["round"]
             )
-            assert trained == r["sampled"] and len(trained) == 6
+            assert trained == r["sampled"] and len(trained) == 3
     text = (out / "summary.txt").read_text()
-    assert "population: 40 boards; 6 sampled per round" in text and "round 2: " in text
-    assert all(s["clients"] == 6 for s in results["summary"])
+    assert "population: 12 boards; 3 sampled per round" in text and "round 2: " in text
+    assert all(s["clients"] == 3 for s in results["summary"])
 
 
 def test_a_groups_own_availability_is_each_of_its_boards_chance(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -183,10 +183,10 @@ def _plant_earlier_results(tmp_path: Path) -> tuple[Path, bytes]:
 
 @pytest.mark.slow
 def test_make_run_with_flowers_string_syntax_ends_with_its_results_line_and_leaves_nothing(
-    tmp_path: Path,
+    tmp_path: Path, seeded_cache: Callable[[str], Path]
 ) -> None:
     port = free_port()
-    with _make(tmp_path, port) as proc:
+    with _make(tmp_path, port, env={"POWERFED_CACHE": str(seeded_cache(SMALL_RUN))}) as proc:
         out, err, seen = _watch(proc, port)
     results = tmp_path / "runs" / "flwr" / "results.json"
     assert proc.returncode == 0, (out + err)[-3000:]
@@ -198,11 +198,11 @@ def test_make_run_with_flowers_string_syntax_ends_with_its_results_line_and_leav
 
 @pytest.mark.slow
 def test_make_run_in_which_every_client_fails_is_a_failed_run_that_keeps_the_earlier_results(
-    tmp_path: Path,
+    tmp_path: Path, seeded_cache: Callable[[str], Path]
 ) -> None:
     earlier, before = _plant_earlier_results(tmp_path)
     port = free_port()  # every client raises in every round (a cap nothing fits is refused before it starts)
-    faults = {"POWERFED_FAULT_INJECTION": "1"}
+    faults = {"POWERFED_FAULT_INJECTION": "1", "POWERFED_CACHE": str(seeded_cache(SMALL_RUN))}
     with _make(tmp_path, port, env=faults, run_config=SMALL_RUN + " inject-failures='raise:1.0'") as proc:
         out, err, seen = _watch(proc, port)
     assert proc.returncode == 2, (out + err)[-3000:]
@@ -215,14 +215,14 @@ def test_make_run_in_which_every_client_fails_is_a_failed_run_that_keeps_the_ear
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
 def test_interrupting_make_run_stops_every_process_and_leaves_the_earlier_results(
-    tmp_path: Path, how: str
+    tmp_path: Path, how: str, seeded_cache: Callable[[str], Path]
 ) -> None:
     """Ctrl-C (SIGINT to the terminal's process group) or SIGTERM to `make` alone, mid-round."""
     earlier, before = _plant_earlier_results(tmp_path)
     log = tmp_path / "runs" / "flwr.log"
     port = free_port()
     seen: set[int] = set()
-    with _make(tmp_path, port) as proc:
+    with _make(tmp_path, port, env={"POWERFED_CACHE": str(seeded_cache(SMALL_RUN))}) as proc:
         deadline = time.monotonic() + 300
         while "round 1 train" not in (log.read_text() if log.exists() else ""):
             if proc.poll() is not None or time.monotonic() > deadline:

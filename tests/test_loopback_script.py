@@ -39,7 +39,7 @@ def three_free_ports() -> int:
     raise AssertionError("no three consecutive free ports")
 
 
-def start(work: Path, rounds: int = 2) -> subprocess.Popen:
+def start(work: Path, rounds: int = 1) -> subprocess.Popen:
     env = {**os.environ, "PYTHON": sys.executable, "PORT": str(three_free_ports()), "ROUNDS": str(rounds)}
     env.pop("PYTHONPATH", None)
     env.pop("POWERCTL_SYSFS_ROOT", None)  # the script sets its own for the fake Nano only
@@ -77,7 +77,7 @@ def test_the_loopback_deployment_runs_and_stops_everything(tmp_path: Path) -> No
     assert f"results: {results}" in lines, context
     assert lines[-1].startswith("loopback: stopped every process"), context
     data = json.loads(results.read_text())
-    assert [r["round"] for r in data["rounds"]] == [1, 2]
+    assert [r["round"] for r in data["rounds"]] == [1]  # more rounds: tests/test_restarts.py
     for rnd in data["rounds"]:
         assert rnd["failed"] == [] and len(rnd["clients"]) == 2, rnd
         got = sorted((c["device"], c["power_cap_w"]) for c in rnd["clients"])

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -396,7 +396,9 @@ def _run_home(base: Path, port: int) -> Path | None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("watchdog", ["lives", "killed too"])
-def test_a_sigkilled_make_run_leaves_no_process_and_no_flower_home(tmp_path: Path, watchdog: str) -> None:
+def test_a_sigkilled_make_run_leaves_no_process_and_no_flower_home(
+    tmp_path: Path, watchdog: str, seeded_cache: Callable[[str], Path]
+) -> None:
     from tests.test_launcher import SMALL_RUN
 
     # TMPDIR moves Ray's folder too: a short one, as Ray's socket paths must fit in 107 bytes
@@ -405,7 +407,7 @@ def test_a_sigkilled_make_run_leaves_no_process_and_no_flower_home(tmp_path: Pat
     out = tmp_path / "runs"
     cmd = [sys.executable, "-m", "simulations", "flwr-run", "--nodes", "2", "--port", str(port)]
     cmd += ["--out", str(out / "flwr"), "--log", str(out / "flwr.log"), "--run-config", SMALL_RUN]
-    env = {**os.environ, "TMPDIR": str(base)}
+    env = {**os.environ, "TMPDIR": str(base), "POWERFED_CACHE": str(seeded_cache(SMALL_RUN))}
     seen: set[int] = set()
     with _started(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, start_new_session=True) as launcher:
         log = out / "flwr.log"

@@ -7,6 +7,7 @@ per CPU: tests/cpu_quotes.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import yaml
 from simulations.fleet import load_fleet_spec
 from simulations.runner import run_fleet
 from tests.cpu_quotes import check_against_quotes, quotes
+from tests.test_repeatable_run import REDUCED
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = ROOT / "simulations" / "fleets" / "default.yaml"
@@ -60,7 +62,12 @@ def _quoted() -> dict[str, list[str]]:
 
 
 @pytest.mark.slow
-def test_the_default_fleet_at_a_reduced_size_prints_its_quote(tmp_path: Path) -> None:
+def test_the_default_fleet_at_a_reduced_size_prints_its_quote(
+    tmp_path: Path, seeded_cache: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the reduced fleet's pre-training and relation vector are the reduced run's (the same keys): built
+    # once per test run, shared with tests/test_repeatable_run.py
+    monkeypatch.setenv("POWERFED_CACHE", str(seeded_cache(REDUCED)))
     spec = load_fleet_spec(reduced_fleet(tmp_path / "default-reduced.yaml"))
     default = load_fleet_spec(DEFAULT)
     assert spec.settings.model == default.settings.model == "resnet18-small"  # the default task

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -63,11 +64,14 @@ def _run(tmp_path: Path, name: str, cache: Path) -> tuple[dict, str]:
 
 
 @pytest.mark.slow
-def test_the_default_run_at_a_reduced_size_gives_the_same_numbers_twice(tmp_path: Path) -> None:
-    first_cache, second_cache = tmp_path / "cache-1", tmp_path / "cache-2"
+def test_the_default_run_at_a_reduced_size_gives_the_same_numbers_twice(
+    tmp_path: Path, seeded_cache: Callable[[str], Path]
+) -> None:
+    # the pre-trained weights and the relation vector are the server's own, built once per test run
+    # (tests/conftest.py seeded_cache; tests/test_repeatable_fleet.py shares them); each run profiles
+    # every board in its own profile cache
+    first_cache, second_cache = seeded_cache(REDUCED), tmp_path / "cache-2"
     first, printed = _run(tmp_path, "first", first_cache)
-    # the second run re-profiles every board (its own profile cache); the pre-trained weights and the
-    # relation vector, deterministic and tested elsewhere, are reused so the test stays short
     for kind in ("weights", "relation"):
         shutil.copytree(first_cache / kind, second_cache / kind)
     second, _ = _run(tmp_path, "second", second_cache)

@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ import pytest
 from powerctl.fakeboard import make_fake_board
 from tests.fake_boards import tree_snapshot
 from tests.flower_deploy import BIN, REPO, Deployment, Proc, free_port, make_ecdsa_key
-from tests.test_deployment import run_config_for
+from tests.test_deployment import run_config_for, seeded_task
 
 pytestmark = pytest.mark.slow
 
@@ -44,7 +45,10 @@ def wait_for(path: Path, text: str, timeout_s: float, after: int = 0) -> int:
     )
 
 
-def test_a_run_goes_on_through_a_superlink_kill_and_a_clean_stop(tmp_path: Path) -> None:
+def test_a_run_goes_on_through_a_superlink_kill_and_a_clean_stop(
+    tmp_path: Path, seeded_cache: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seeded_task(seeded_cache, monkeypatch)  # the server's weights and relation vector, as prepared
     d = Deployment(tmp_path / "deploy", mode="auth")
     board = make_fake_board(tmp_path / "nano-sysfs", "jetson-nano")
     board_before = tree_snapshot(board)
