@@ -65,7 +65,7 @@ docs: setup
 # and names the 25 slowest tests (docs/testing.md: where the time goes, what each long test proves).
 # On a 2-core AMD EPYC in fresh-ci: 2179 s at a680498 (1591 tests; the whole CI 2534 s); see
 # docs/testing.md for this commit's figure.
-PYTEST_ALL = $(BIN)/pytest -q -n 2 -m "slow or not slow" --cov --cov-report= --durations=25
+PYTEST_ALL = $(BIN)/pytest -q -n 2 --maxschedchunk 1 -m "slow or not slow" --cov --cov-report= --durations=25
 test: lint
 	$(PYTEST_ALL)
 	@echo "coverage of the non-test code, lines and branches: $$($(BIN)/coverage report --format=total) %"
@@ -74,7 +74,7 @@ coverage: test
 	$(BIN)/coverage report --skip-covered --sort=cover
 
 test-fast: lint
-	$(BIN)/pytest -q -n 2
+	$(BIN)/pytest -q -n 2 --maxschedchunk 1
 
 # The oldest torch the code runs on (torch 1.13: the newest that builds for JetPack 4's CUDA 10.2, see
 # docs/jetson.md), in a venv of its own: the device layer, the models and the workload counter, the
@@ -97,7 +97,7 @@ $(FLOOR_STAMP): pyproject.toml
 
 test-torch-floor: $(FLOOR_STAMP)
 	$(FLOOR_VENV)/bin/python -c "import torch; v = torch.__version__; assert v.startswith('1.13.'), v; print('torch', v)"
-	$(FLOOR_VENV)/bin/pytest -q -n 2 -p no:cacheprovider $(FLOOR_TESTS)
+	$(FLOOR_VENV)/bin/pytest -q -n 2 --maxschedchunk 1 -p no:cacheprovider $(FLOOR_TESTS)
 
 # The oldest Flower the pin allows (1.41; `make setup` installs the newest, 1.42): the Flower-facing tests
 # (the app, deployment, restarts, fleets; the fast ones: their slow ones take ~19 min on 2 cores) in a
@@ -121,7 +121,7 @@ $(FLOWER_FLOOR_STAMP): $(STAMP)
 
 test-flower-floor: $(FLOWER_FLOOR_STAMP)
 	$(FLOWER_FLOOR_VENV)/bin/python -c "import flwr; v = flwr.__version__; assert v.startswith('1.41.') and '$(FLOWER_FLOOR_VENV)' in flwr.__file__, (v, flwr.__file__); print('flwr', v, flwr.__file__)"
-	$(FLOWER_FLOOR_VENV)/bin/python -m pytest -q -n 2 -p no:cacheprovider $(FLOWER_TESTS)
+	$(FLOWER_FLOOR_VENV)/bin/python -m pytest -q -n 2 --maxschedchunk 1 -p no:cacheprovider $(FLOWER_TESTS)
 
 bench: setup
 	$(BIN)/python bench/loop_overhead.py

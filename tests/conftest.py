@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import signal
@@ -45,8 +46,9 @@ def _isolated_environment(tmp_path_factory: pytest.TempPathFactory, monkeypatch:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The slow tests first: with `-n 2` each worker starts on a long one and the short ones fill in
-    behind, instead of two long ones ending a run on one worker while the other idles."""
+    """The slow tests first, so that the longest start first and the short ones fill in behind them.
+    The Makefile's `--maxschedchunk 1` hands tests out one at a time in this order (xdist's default
+    hands each worker a quarter of its share up front: one worker would get every slow test)."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
@@ -67,7 +69,11 @@ def seeded_cache(_seeded_root: Path, tmp_path: Path) -> Callable[[str], Path]:
     tests/test_flwr_run.py's four-board run keeps preparing from an empty cache."""
 
     def make(run_config: str) -> Path:
-        key = hashlib.sha256(run_config.encode()).hexdigest()[:16]
+        from fl_server.run_config import parse_run_config
+
+        # keyed by what the text says, not how it quotes it (tests write the same config both ways)
+        said = json.dumps(parse_run_config(run_config), sort_keys=True)
+        key = hashlib.sha256(said.encode()).hexdigest()[:16]
         built = _seeded_root / key
         _seeded_root.mkdir(parents=True, exist_ok=True)
         with FileLock(str(_seeded_root / f"{key}.lock")):

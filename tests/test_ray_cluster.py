@@ -12,7 +12,7 @@ import re
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -247,7 +247,9 @@ ACTOR_LINE = re.compile(r"\(ClientAppActor pid=(\d+)\)")
 
 
 @pytest.mark.slow
-def test_flwr_run_runs_its_clients_on_a_joined_ray_worker(tmp_path: Path) -> None:
+def test_flwr_run_runs_its_clients_on_a_joined_ray_worker(
+    tmp_path: Path, seeded_cache: Callable[[str], Path]
+) -> None:
     """A head with no CPUs on the SuperLink host and one worker joined to it (`ray start --address`):
     `flwr run` with RAY_ADDRESS joins as a driver and every ClientApp actor runs on the worker node."""
     env = dict(
@@ -272,7 +274,7 @@ def test_flwr_run_runs_its_clients_on_a_joined_ray_worker(tmp_path: Path) -> Non
         assert find_target({"RAY_TMPDIR": str(head.temp_dir.parent)}).address == recorded
         run_env = dict(
             env,
-            POWERFED_CACHE=str(tmp_path / "run-cache"),
+            POWERFED_CACHE=str(run_cache := seeded_cache(RUN_CONFIG)),  # the run's weights, prepared
             RAY_ADDRESS=cluster.address,
             FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(port),
             FLWR_LOCAL_CONTROL_API_PORT=str(control),
@@ -305,10 +307,10 @@ def test_flwr_run_runs_its_clients_on_a_joined_ray_worker(tmp_path: Path) -> Non
             (log,) = worker.log_files(f"worker-*-{pid}.out")
             assert ":actor_name:ClientAppActor" in log.read_text()
             assert not head.log_files(f"worker-*-{pid}.out")
-        # the clients profiled under the worker node's cache; the ServerApp cached its weights under the run's
+        # the clients profiled under the worker node's cache; the ServerApp read its weights from the run's
         assert list((tmp_path / "worker-cache" / "profile").glob("profile-*.json"))
-        assert list((tmp_path / "run-cache" / "weights").glob("*.safetensors"))
-        assert not (tmp_path / "run-cache" / "profile").exists()
+        assert not (tmp_path / "worker-cache" / "weights").exists()
+        assert not (run_cache / "profile").exists()
         # the cluster is gone, its record stays: exactly the stale record the preflight refuses
         with pytest.raises(RayClusterError, match="nothing answers there"):
             preflight({"RAY_TMPDIR": str(head.temp_dir.parent)})
