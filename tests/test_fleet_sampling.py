@@ -5,6 +5,7 @@ recorded (population.json → results.json and the summary)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -141,11 +142,12 @@ def test_the_fleet_file_population_section_is_run_settings(tmp_path: Path) -> No
 
 @pytest.mark.slow
 def test_a_sampled_fleet_records_who_was_available_and_sampled(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seeded_cache: Callable[[str], Path]
 ) -> None:
     from simulations.runner import run_fleet
+    from tests.test_launcher import SMALL_RUN
 
-    monkeypatch.setenv("POWERFED_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("POWERFED_CACHE", str(seeded_cache(SMALL_RUN)))  # the fleet's task is SMALL_RUN's
     fleet = tmp_path / "f.yaml"
     fleet.write_text(FLEET.format(a=6, b=6, population="{clients-per-round: 3, availability: 0.5}"))
     out = tmp_path / "out"

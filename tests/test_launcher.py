@@ -248,7 +248,9 @@ def test_interrupting_make_run_stops_every_process_and_leaves_the_earlier_result
 
 
 @pytest.mark.slow
-def test_interrupting_a_fleet_run_stops_every_process_and_leaves_its_earlier_results(tmp_path: Path) -> None:
+def test_interrupting_a_fleet_run_stops_every_process_and_leaves_its_earlier_results(
+    tmp_path: Path, seeded_cache: Callable[[str], Path]
+) -> None:
     """`make fleet` runs `python -m simulations run`: Ctrl-C mid-round, the same by process id."""
     from tests.test_fleet_run import TINY
 
@@ -259,8 +261,15 @@ def test_interrupting_a_fleet_run_stops_every_process_and_leaves_its_earlier_res
     (out / "results.json").write_text('{"schema": "simulations.fleet/1", "earlier": true}\n')
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     cmd = [sys.executable, "-m", "simulations", "run", str(fleet), "--out", str(out)]
+    env = {**os.environ, "POWERFED_CACHE": str(seeded_cache(SMALL_RUN))}  # the tiny fleet's task
     proc = subprocess.Popen(
-        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        cmd,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
     seen: set[int] = set()
     try:

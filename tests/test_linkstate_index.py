@@ -14,6 +14,7 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from queue import Queue
 from typing import Any
@@ -280,12 +281,13 @@ def per_board(out: Path) -> dict[str, Any]:
 
 @pytest.mark.slow
 def test_a_40_board_fleet_reports_the_same_with_and_without_the_index(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seeded_cache: Callable[[str], Path]
 ) -> None:
     from simulations.fleet import load_fleet_spec
     from simulations.runner import run_fleet
+    from tests.test_launcher import SMALL_RUN
 
-    monkeypatch.setenv("POWERFED_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("POWERFED_CACHE", str(seeded_cache(SMALL_RUN)))  # the fleet's task is SMALL_RUN's
     fleet = tmp_path / "f.yaml"
     fleet.write_text(fleet_text(40).replace("real-share: 0.05", "real-share: 0.1"))  # 4 boards train
     got = {}

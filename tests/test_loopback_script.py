@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ import pytest
 from simulations.local_superlink import alive
 from tests.fake_boards import default_signals
 from tests.flower_deploy import REPO, free_port
+from tests.test_deployment import seeded_task
 
 pytestmark = pytest.mark.slow
 SCRIPT = REPO / "deploy" / "loopback.sh"
@@ -40,6 +42,7 @@ def three_free_ports() -> int:
 
 
 def start(work: Path, rounds: int = 1) -> subprocess.Popen:
+    """The script as an operator runs it, with this test's environment ($POWERFED_CACHE included)."""
     env = {**os.environ, "PYTHON": sys.executable, "PORT": str(three_free_ports()), "ROUNDS": str(rounds)}
     env.pop("PYTHONPATH", None)
     env.pop("POWERCTL_SYSFS_ROOT", None)  # the script sets its own for the fake Nano only
@@ -60,7 +63,10 @@ def started_pids(work: Path) -> list[int]:
     return [int(line.split()[0]) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def test_the_loopback_deployment_runs_and_stops_everything(tmp_path: Path) -> None:
+def test_the_loopback_deployment_runs_and_stops_everything(
+    tmp_path: Path, seeded_cache: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seeded_task(seeded_cache, monkeypatch)  # the script's task is tests/test_deployment.py's
     work = tmp_path / "loopback"
     proc = start(work)
     try:
