@@ -54,6 +54,7 @@ from strategies.protocol import (
     Plan,
     ProtocolError,
     TrainInstructions,
+    evaluation_metrics,
     reader,
     required,
 )
@@ -482,7 +483,7 @@ class PowerAware(Strategy):
                     "device": info.device,
                     "examples": r.number(weight_key, positive=True),
                 }
-                row.update({k: r.number(k) if k in r else None for k in ("accuracy", "loss")})
+                row.update(evaluation_metrics(r))
             except ProtocolError as exc:
                 failed.append(self._failure(nid, "error", str(exc)))
                 continue

@@ -93,6 +93,24 @@ def reader(record: Any, where: str) -> MappingReader:
     return MappingReader(record, where, ProtocolError)
 
 
+EVALUATION_METRIC_NAMES: dict[str, tuple[str, ...]] = {
+    "accuracy": ("accuracy", "acc", "eval_acc", "eval_accuracy"),
+    "loss": ("loss", "eval_loss"),
+}
+"""The names an evaluate reply's metrics may give its accuracy and loss under: the project's own and the
+ones Flower's examples and templates send (`eval_acc`, `eval_loss`). The first one present counts."""
+
+
+def evaluation_metrics(metrics: MappingReader) -> dict[str, float | None]:
+    """An evaluate reply's accuracy and loss under any of their usual names (None where it has neither);
+    a value that is not a number ≥ 0 is one ProtocolError naming its key."""
+    found: dict[str, float | None] = {}
+    for metric, names in EVALUATION_METRIC_NAMES.items():
+        name = next((n for n in names if n in metrics), None)
+        found[metric] = None if name is None else metrics.number(name)
+    return found
+
+
 RELATION_KEY = "relation-vector"
 """The relation vector, as its file holds it (`RelationVector.to_dict`, JSON): every field it has
 travels, the per-seed ones included."""
@@ -156,9 +174,13 @@ class TrainInstructions:
         model_overrides: dict[str, Any] | None = None,
         **settings: Any,
     ) -> TrainInstructions:
-        """A user's plan from a relation vector: its model and target are the vector's; every other run
-        setting (`strategies.settings`, as attributes: lr_max, budget_samples, ...) its default unless
-        given."""
+        """A user's plan from a relation vector: its model and target are the vector's, and so is its
+        learning-rate rule (`lr_max`, `lr_rule`, where the vector records them: an estimate's do) unless
+        given; every other run setting (`strategies.settings`, as attributes: budget_samples, ...) its
+        default unless given."""
+        for key in ("lr_max", "lr_rule"):  # the rule the relation was measured with is the one to train by
+            if key not in settings and key in relation.extra:
+                settings[key] = relation.extra[key]
         return cls(
             model=relation.model,
             target_accuracy=relation.target_accuracy,

@@ -162,6 +162,10 @@ def test_the_power_aware_example_runs_with_flwr_run_on_two_simulated_boards(tmp_
         assert row["peak_power_w"] > 0 and row["profiled_peak_power_w"] <= cap
         assert row["batch_size"] in relation_batch_sizes and row["frequency_hz"] > 0
         assert row["accuracy"] > 0 and row["pinned"] and not row["restored"]
+    # its evaluate replies name their metrics as Flower's templates do (eval_acc, eval_loss)
+    evaluated = {c["node_key"]: c for c in rnd["evaluation"]["clients"]}
+    assert sorted(evaluated) == ["partition-0", "partition-1"]
+    assert all(0.0 <= c["accuracy"] <= 1.0 and c["loss"] > 0.0 for c in evaluated.values()), evaluated
     nodes = {n["key"]: n for n in data["nodes"]}  # describe_node answered the wrapper's query
     assert nodes["partition-1"]["device"] == "sim:jetson-tx2nx" and nodes["partition-0"]["power_cap_w"] == 3.0
     assert (tmp_path / "model.pt").is_file()

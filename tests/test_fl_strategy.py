@@ -7,13 +7,13 @@ import json
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
 from fl_client.app import app as client_app
 from powerctl.devices.simulated import POWER_NOISE
 from powerctl.relation import RelationVector
 from strategies.power_aware import PowerAwareFedAvg
-from strategies.protocol import ProtocolError, TrainInstructions
+from strategies.protocol import ProtocolError, TrainInstructions, evaluation_metrics, reader
 from strategies.rounds import weighted_average
 from tests.fake_grid import FakeGrid, set_task_identity
 from tests.fl_helpers import RUN_CONFIG, initial_state, instructions, relation
@@ -191,6 +191,25 @@ def test_failures_while_evaluating_are_named_in_the_evaluation_and_the_rest_aver
         "partition-4": "error",
     }
     assert "'accuracy' must be a number ≥ 0, got nan" in ev["failed"][-1]["reason"]
+
+
+@pytest.mark.parametrize(
+    ("metrics", "expected"),
+    [
+        ({"accuracy": 0.5, "loss": 1.0}, {"accuracy": 0.5, "loss": 1.0}),
+        ({"eval_acc": 0.25, "eval_loss": 2.0}, {"accuracy": 0.25, "loss": 2.0}),  # Flower's templates
+        ({"acc": 0.75}, {"accuracy": 0.75, "loss": None}),
+        ({"eval_accuracy": 0.5, "accuracy": 0.25}, {"accuracy": 0.25, "loss": None}),  # the first name wins
+        ({"num-examples": 10.0}, {"accuracy": None, "loss": None}),
+    ],
+)
+def test_an_evaluate_reply_names_its_metrics_as_flower_users_do(metrics: dict, expected: dict) -> None:
+    assert evaluation_metrics(reader(MetricRecord(metrics), "evaluate reply metrics")) == expected
+
+
+def test_an_evaluate_metric_under_flowers_name_is_checked_as_ours() -> None:
+    with pytest.raises(ProtocolError, match="'eval_acc' must be a number ≥ 0, got -1"):
+        evaluation_metrics(reader(MetricRecord({"eval_acc": -1.0}), "evaluate reply metrics"))
 
 
 def test_a_round_where_every_evaluation_fails_has_no_accuracy_and_the_run_goes_on() -> None:

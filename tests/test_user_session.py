@@ -324,6 +324,18 @@ def test_a_plan_whose_model_is_not_its_vectors_is_refused_on_the_server() -> Non
     assert powerfed.TrainInstructions.for_relation(rel, num_classes=4).model == "other-model"
 
 
+def test_a_plan_from_a_vector_trains_by_the_vectors_learning_rate_rule() -> None:
+    rel = RelationVector.from_samples(
+        "cnn-tiny", "tensors", 0.75, {8: 400.0, 16: 480.0}, lr_max=0.05, lr_rule="constant"
+    )
+    plan = powerfed.TrainInstructions.for_relation(rel, num_classes=4)
+    assert (plan.lr_max, plan.lr_rule, plan.lr_for(8)) == (0.05, "constant", 0.05)  # not 0.002 and sqrt
+    given = powerfed.TrainInstructions.for_relation(rel, num_classes=4, lr_max=0.01, lr_rule="sqrt")
+    assert (given.lr_max, given.lr_rule) == (0.01, "sqrt")  # what the caller says wins
+    bare = RelationVector.from_samples("cnn-tiny", "tensors", 0.75, {8: 400.0, 16: 480.0})
+    assert powerfed.TrainInstructions.for_relation(bare, num_classes=4).lr_rule == "sqrt"  # the default
+
+
 def test_an_nvml_gpu_is_locked_while_the_loop_trains_and_reset_after(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
