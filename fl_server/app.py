@@ -79,13 +79,11 @@ def default_results_dir(run_id: int) -> Path:
     return Path(base) / "powerfed" / "runs" / str(run_id)
 
 
-def pretrained_weights(
-    cfg: ServerConfig, *, progress: bool = False, say: Callable[[str], None] | None = None
-) -> Path:
-    """The weights to start from: the given file, or pre-trained on the embedded task (cached by recipe);
-    `say` hears when pre-training starts and how long it took. The recipe holds what the floats depend on
-    (torch's minor version, its intra-op thread count, the CPU: `numerics_key`) but not `server-device`,
-    whose weights differ from the CPU's only by floating-point nondeterminism (docs/howto/server-gpu.md)."""
+def weights_path(cfg: ServerConfig) -> Path:
+    """Where the weights to start from are: the given file, or the pre-training cache's entry for the
+    run's recipe (which may not exist yet). The recipe holds what the floats depend on (torch's minor
+    version, its intra-op thread count, the CPU: `numerics_key`) but not `server-device`, whose weights
+    differ from the CPU's only by floating-point nondeterminism (docs/howto/server-gpu.md)."""
     if cfg.weights:
         return app_path(cfg.weights, "weights")
     import torch
@@ -101,7 +99,15 @@ def pretrained_weights(
         "version": PRETRAIN_CACHE_VERSION,
     }
     key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:32]
-    path = cache_dir("weights") / f"pretrain-{cfg.model}-{key}.safetensors"
+    return cache_dir("weights") / f"pretrain-{cfg.model}-{key}.safetensors"
+
+
+def pretrained_weights(
+    cfg: ServerConfig, *, progress: bool = False, say: Callable[[str], None] | None = None
+) -> Path:
+    """The weights to start from (`weights_path`), pre-trained on the embedded task when not cached;
+    `say` hears when pre-training starts and how long it took."""
+    path = weights_path(cfg)
     if path.is_file():
         return path
     from fl_server.pretrain import pretrain
@@ -134,10 +140,16 @@ def given_relation(cfg: ServerConfig) -> RelationVector:
 
 
 def relation_vector(
-    cfg: ServerConfig, weights: Path, *, progress: bool = False, say: Callable[[str], None] | None = None
+    cfg: ServerConfig,
+    weights: Path,
+    *,
+    progress: bool = False,
+    say: Callable[[str], None] | None = None,
+    compute: bool = True,
 ) -> RelationVector:
     """The relation vector: the given file (checked against the model), or estimated on the proxy data
-    (`say` hears each run's end, with an estimate of the time left)."""
+    (`say` hears each run's end, with an estimate of the time left; `compute=False`: only a cached one,
+    else `NotCached`)."""
     if cfg.relation:
         return given_relation(cfg)
     from fl_server.relation import estimate_relation
@@ -160,6 +172,7 @@ def relation_vector(
         device=cfg.server_device,
         progress=progress,
         say=say,
+        compute=compute,
     )
 
 
@@ -193,6 +206,9 @@ def prepare_apart(cfg: ServerConfig) -> tuple[Path, RelationVector]:
         if cfg.relation
         else f"relation vector on proxy {cfg.proxy_data} with {len(cfg.seeds())} seeds",
     ]
+    if (ready := cached_preparation(cfg)) is not None:
+        say(f"prepared (cached under {cache_dir('')}): weights {ready[0]}")
+        return ready
     say(f"preparing: {'; '.join(what)} (cached under {cache_dir('')}) ...")
     started = time.perf_counter()
     ctx = multiprocessing.get_context("spawn")
@@ -206,6 +222,20 @@ def prepare_apart(cfg: ServerConfig) -> tuple[Path, RelationVector]:
         weights, relation = future.result()
     say(f"prepared in {time.perf_counter() - started:.0f} s: weights {weights}")
     return weights, RelationVector.from_dict(relation)
+
+
+def cached_preparation(cfg: ServerConfig) -> tuple[Path, RelationVector] | None:
+    """The weights and relation vector when both are given or cached, looked up in this process: a
+    warm cache costs reading the two and the proxy data, not a spawned interpreter (`prepare_apart`)."""
+    from fl_server.relation import NotCached
+
+    weights = weights_path(cfg)
+    if not weights.is_file():
+        return None
+    try:
+        return weights, relation_vector(cfg, weights, compute=False)
+    except NotCached:
+        return None
 
 
 def relation_line(relation: RelationVector) -> str:

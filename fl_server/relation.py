@@ -30,6 +30,7 @@ user gives (and changes with the code), together with the data's bytes and every
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -46,7 +47,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fl_server.relation_data import ProxyData, file_digest, load_proxy
+from fl_server.relation_data import ProxyData, file_digest, load_proxy, spec_digest
 from fl_server.weights import load_weights, weights_hash
 from powerctl.cache import CACHE_ENV, cache_dir
 from powerctl.devices.host import HostDevice
@@ -94,6 +95,10 @@ class RelationError(PowerctlError):
 
 def default_cache_dir() -> Path:
     return cache_dir("relation")
+
+
+class NotCached(RelationError):
+    """`estimate_relation(compute=False)` found no cached vector for its settings."""
 
 
 @dataclass(frozen=True)
@@ -480,6 +485,7 @@ def estimate_relation(
     cache_key: str | None = None,
     cache_dir: str | Path | None = None,
     use_cache: bool = True,
+    compute: bool = True,
     parallel: bool = False,
     num_cpus: int | None = None,
     device: str = "auto",
@@ -506,13 +512,14 @@ def estimate_relation(
     ranking of batch sizes unchanged, or the budget is spent (`seeds_needed`, `ranking_stable` in the
     file). Returns the vector (also stored in the cache, `cache_dir` or $POWERFED_CACHE/relation or
     ~/.cache/powerfed/relation). User code (a model not built into the project, a loss, a metric or
-    `train_to_target`) is cached only with a `cache_key`, which must change when that code does; the
-    key also holds the data's bytes and every setting. `parallel` runs go to Ray where the model and
-    callables can be pickled, else one at a time (logged). `say` gets a line per finished run (what it
-    measured, an estimate of the time left): long estimates show progress where no terminal shows a
-    bar (a ServerApp's log). `device` (auto, cpu, cuda[:INDEX]; `powerctl.devices.torchdev`) is where
-    the runs train; it is not in the cache key, torch's intra-op thread count the runs use is (1 per
-    Ray task with `parallel`, else this process's).
+    `train_to_target`) is cached only with a `cache_key`, which must change when that code does; the key
+    also holds the data's bytes and every setting. With `compute=False` nothing trains: the cached vector,
+    else `NotCached` (a look-up that costs reading the weights and the proxy data). `parallel` runs go to
+    Ray where the model and callables can be pickled, else one at a time (logged). `say` gets a line per
+    finished run (what it measured, an estimate of the time left): long estimates show progress where no
+    terminal shows a bar (a ServerApp's log). `device` (auto, cpu, cuda[:INDEX];
+    `powerctl.devices.torchdev`) is where the runs train; it is not in the cache key, torch's intra-op
+    thread count the runs use is (1 per Ray task with `parallel`, else this process's).
     """
     bs, sd = _validate(target_accuracy, batch_sizes, seeds, lr_max, max_samples, lr_rule, vector, max_seeds)
     if cache_key is not None and (not isinstance(cache_key, str) or not cache_key.strip()):
@@ -540,17 +547,10 @@ def estimate_relation(
         state, overrides, num_classes, weights_id = None, dict(overrides or {}), None, f"init:{INIT_SEED}"
     task = spec.task if spec is not None else None
     torch_device = resolve_torch_device(device)  # a GPU that is not here: one line before the data is read
-    data = load_proxy(proxy, task=task, seq_len=seq_len or 64, limit=limit, seed=data_seed)
-    dataset, train, test = data.whole, data.train, data.test
-    if spec is None:
-        spec = model_spec(_factory_name(model), model, task=dataset.task, input_shape=dataset.x.shape[1:])
-    request = RelationRequest(
-        model=spec.name,
+    request_for = functools.partial(
+        RelationRequest,
         overrides=overrides,
         weights_sha256=weights_id,
-        proxy_spec=data.label,
-        proxy_sha256=data.sha256,
-        seq_len=seq_len if spec.task == "text" else None,
         limit=limit,
         data_seed=data_seed,
         target_accuracy=float(target_accuracy),
@@ -567,9 +567,25 @@ def estimate_relation(
         threads=threads,
         user_key=cache_key if user_code else None,
     )
+    data = None
+    if spec is not None and isinstance(proxy, str):  # a spec's digest is its file's: looked up unread
+        label, digest = proxy, spec_digest(proxy)
+    else:
+        data = load_proxy(proxy, task=task, seq_len=seq_len or 64, limit=limit, seed=data_seed)
+        if spec is None:
+            shape = data.whole.x.shape[1:]
+            spec = model_spec(_factory_name(model), model, task=data.whole.task, input_shape=shape)
+        label, digest = data.label, data.sha256
+    text_len = seq_len if spec.task == "text" else None
+    request = request_for(model=spec.name, proxy_spec=label, proxy_sha256=digest, seq_len=text_len)
     cache_file = _cache_file(request, cache_dir, use_cache, user_code)
     if cache_file is not None and (cached := _cached(cache_file, request.cache_key())) is not None:
         return cached
+    if not compute:
+        raise NotCached(f"no cached relation vector of {spec.name} for these settings")
+    if data is None:
+        data = load_proxy(proxy, task=task, seq_len=seq_len or 64, limit=limit, seed=data_seed)
+    dataset, train, test = data.whole, data.train, data.test
 
     if dataset.task != spec.task:
         raise DataError(f"model {spec.name} is a {spec.task} model but {data.label} is {dataset.task} data")
@@ -663,6 +679,8 @@ def _estimate_own_loop(
     cache_file = _cache_file(request, cache_dir, use_cache, True)
     if cache_file is not None and (cached := _cached(cache_file, request.cache_key())) is not None:
         return cached
+    if not given["compute"]:
+        raise NotCached(f"no cached relation vector of {name} for these settings")
     shared = {"train_to_target": train_to_target}
     run_seeds = _seed_runner(_run_user_job, shared, {}, bs, lrs, label, {**given, "max_samples": 0})
     return _finish(

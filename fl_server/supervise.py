@@ -24,12 +24,14 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fl_server.fab import staged_app
 from powerctl.cliutil import OneLineParser, installed_tool, non_negative_int, one_line_errors, positive_float
 from powerctl.errors import PowerctlError
 from strategies.flower_config import read_flwr_connection
@@ -99,8 +101,10 @@ class Supervisor:
 
     def submit(self) -> int:
         """`flwr run APP CONNECTION --run-config ...`: the new run's id; a refusal is one line."""
-        args = ["run", str(self.app), self.connection, "--run-config", self.run_config, "--format", "json"]
-        rc, out = self._call(args, timeout_s=600.0)
+        with tempfile.TemporaryDirectory(prefix="powerfed-app-") as stage:
+            app = staged_app(self.app, Path(stage) / "app")
+            args = ["run", str(app), self.connection, "--run-config", self.run_config, "--format", "json"]
+            rc, out = self._call(args, timeout_s=600.0)
         payload = _json_object(out)
         try:
             return int(payload["run-id"])  # type: ignore[index]

@@ -21,7 +21,7 @@ PROG = "python -m simulations"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from simulations.demo import DEMO_RUN, DemoConfig
+    from simulations.demo_config import DEMO_RUN, DemoConfig
     from strategies.settings import METHODS, RUN_METHODS
 
     d = DemoConfig()

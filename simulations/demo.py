@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,42 +36,15 @@ from fl_client.round import (
 from powerctl.baselines import predict
 from powerctl.jsonfile import write_json
 from simulations.bench_steps import oracle_search
+from simulations.demo_config import DEMO_NODE, DemoConfig
 from strategies.protocol import METHODS, ORACLE, OURS, STATE_OF_PRACTICE
 
 if TYPE_CHECKING:
     from fl_server.run_config import ServerConfig
 
 DEMO_SCHEMA = "simulations.demo/2"
-DEMO_RUN = {
-    "model": "resnet18-small",
-    "relation-seeds": "0",
-    "relation-max-samples": 6000,
-    "checkpoint-every-samples": 0,
-}
-"""The demo's run settings where they differ from the app's defaults: a small ResNet, one proxy seed
-(minutes on 2 cores), no checkpoints (nothing restarts it)."""
-DEMO_NODE = "demo"
-"""The one node's name (its simulated board's noise seed derives from it, as every node's does)."""
 ORDER = (ORACLE, OURS, *(m for m in METHODS if m not in (ORACLE, OURS)))
 """The oracle first: its search measures the pairs the others most often pick."""
-
-
-@dataclass(frozen=True)
-class DemoConfig:
-    """One simulated board under a cap, and the run settings (run-config keys, over `DEMO_RUN` and the
-    app's defaults) its round uses."""
-
-    device: str = "sim:jetson-nano"
-    power_cap_w: float | None = 3.0
-    run: dict[str, Any] = field(default_factory=dict)
-
-    def run_config(self) -> dict[str, Any]:
-        return {**DEMO_RUN, **self.run}
-
-    def settings(self) -> ServerConfig:
-        from fl_server.run_config import parse_server_config
-
-        return parse_server_config(self.run_config())
 
 
 Say = Callable[[str], None]

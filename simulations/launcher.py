@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fl_server.fab import staged_app
 from fl_server.run_config import (  # the run config as Flower reads it (`run_config_text`: the runner's)
     RunConfigError,
     ServerConfig,
@@ -254,11 +255,11 @@ def run_flwr(
     _clear_ports([p for p in (port, control_port) if p is not None], echo)
     port = port or free_port()
     control = control_port or free_port()
-    cmd = flwr_run_command(app_dir, federation, run_config)
     run = FlowerRun()
     proc = None
     home = FlowerHome.create()  # a killed launcher's home is cleaned by the next start (above)
     try:
+        cmd = flwr_run_command(staged_app(app_dir, home.path / "app"), federation, run_config)
         env = flower_env(
             port,
             control,
