@@ -30,6 +30,7 @@ import contextvars
 import copy
 import hashlib
 import inspect
+import os
 import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
@@ -56,6 +57,8 @@ from fl_client.round import (
 )
 from powerctl.devices.base import Device
 from powerctl.devices.simulated import SimulatedBoard
+from powerctl.errors import ArgumentError
+from powerctl.mapping import Integer, Number, check_arguments
 from powerctl.profiler import StepFactory
 from powerctl.safety import restore_on_exit
 from powerctl.workload import Workload, measure_workload
@@ -66,6 +69,35 @@ Step = Callable[..., Any]
 """One training step of the user's loop: `step(x, y)` trains on one batch."""
 MakeStep = Callable[[nn.Module], Step]
 """model → its training step (an optimizer of its own over that model's parameters)."""
+
+
+def _check_session_arguments(
+    model: Any, make_step: Any, example: Any, train_examples: Any, lr: Any, key: Any, profile_cache: Any
+) -> None:
+    """PowerSession's arguments, checked where the user makes one: one ArgumentError line each."""
+    where = "PowerSession"
+    if not isinstance(model, nn.Module):
+        raise ArgumentError(f"{where}: 'model' must be a torch nn.Module, got {type(model).__name__}")
+    if not callable(make_step):
+        raise ArgumentError(f"{where}: 'make_step' must be callable (model → step(x, y)), got {make_step!r}")
+    if not (
+        isinstance(example, (tuple, list))
+        and len(example) == 2
+        and all(isinstance(t, torch.Tensor) for t in example)
+        and example[0].ndim >= 1
+        and len(example[0]) >= 1
+    ):
+        raise ArgumentError(
+            f"{where}: 'example' must be one batch (inputs, targets) of torch tensors, got "
+            f"{type(example).__name__}"
+        )
+    check_arguments(where, train_examples=(train_examples, Integer(1)))
+    if lr is not None:
+        check_arguments(where, lr=(lr, Number(0.0, above=True)))
+    if not isinstance(key, str):
+        raise ArgumentError(f"{where}: 'key' must be a string, got {key!r}")
+    if profile_cache is not None and not isinstance(profile_cache, (str, os.PathLike)):
+        raise ArgumentError(f"{where}: 'profile_cache' must be a folder path, got {profile_cache!r}")
 
 
 class SessionError(ClientWorkError):
@@ -210,10 +242,8 @@ class PowerSession:
             instructions = instructions or joined.instructions
             node = node or joined.node
             profile_cache = profile_cache or joined.profile_cache
-        if not isinstance(train_examples, int) or train_examples < 1:
-            raise SessionError(
-                f"PowerSession: train_examples must be a positive count, got {train_examples!r}"
-            )
+        _check_session_arguments(model, make_step, example, train_examples, lr, key, profile_cache)
+        profile_cache = Path(profile_cache) if profile_cache is not None else None
         self.instructions = instructions
         self._loop_lr = lr
         self.work = RoundWork(
@@ -323,7 +353,9 @@ class PowerSession:
 
     def evaluated(self, accuracy: float) -> bool:
         """Record an evaluation of the model (the last one is reported); True once it meets the target.
-        Only steps run through `step` are charged device seconds, so evaluation time is not."""
+        Only steps run through `step` are charged device seconds, so evaluation time is not. An accuracy
+        outside [0, 1] (NaN, a percentage, a string) is one ArgumentError line, never reported."""
+        check_arguments("PowerSession.evaluated", accuracy=(accuracy, Number(0.0, 1.0)))
         self.accuracy = float(accuracy)
         return self.reached
 

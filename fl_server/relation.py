@@ -40,7 +40,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +130,9 @@ class RelationRequest:
     samples to target differ in the last digits, enough to move a crossing by an evaluation."""
     user_key: str | None = None
     """The user's `cache_key` where user code is involved (None for the project's own models)."""
+    model_entry: dict[str, Any] = field(default_factory=dict)
+    """The registry entry's variant (its defaults, input shape and task): a name registered again with
+    other defaults (`register_model(..., replace=True)`) is another model, estimated afresh."""
 
     def cache_key(self) -> str:
         fields = dict(self.__dict__)
@@ -139,7 +142,7 @@ class RelationRequest:
         fields["seeds"] = list(self.seeds)
         fields["cache_version"] = CACHE_VERSION
         fields.update(numerics_key(self.threads))
-        blob = json.dumps(fields, sort_keys=True, separators=(",", ":"))
+        blob = json.dumps(fields, sort_keys=True, separators=(",", ":"), default=repr)
         return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -577,7 +580,10 @@ def estimate_relation(
             spec = model_spec(_factory_name(model), model, task=data.whole.task, input_shape=shape)
         label, digest = data.label, data.sha256
     text_len = seq_len if spec.task == "text" else None
-    request = request_for(model=spec.name, proxy_spec=label, proxy_sha256=digest, seq_len=text_len)
+    entry = {"defaults": dict(spec.defaults), "input_shape": list(spec.input_shape), "task": spec.task}
+    request = request_for(
+        model=spec.name, proxy_spec=label, proxy_sha256=digest, seq_len=text_len, model_entry=entry
+    )
     cache_file = _cache_file(request, cache_dir, use_cache, user_code)
     if cache_file is not None and (cached := _cached(cache_file, request.cache_key())) is not None:
         return cached

@@ -23,3 +23,8 @@ class FileFormatError(PowerctlError):
 
 class InfeasibleCapError(PowerctlError):
     """No profiled (batch size, frequency) pair stays under the power cap."""
+
+
+class ArgumentError(PowerctlError, ValueError):
+    """A Python caller gave an argument that cannot be used (`except ValueError` catches it): one line
+    naming the argument, its value and what is allowed, raised where the call is made."""

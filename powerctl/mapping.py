@@ -16,7 +16,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from powerctl.errors import PowerctlError
+from powerctl.errors import ArgumentError, PowerctlError
 
 MISSING: Any = object()
 """The default of a key that must be present."""
@@ -367,3 +367,11 @@ def mapping_reader(
         raise error(f"{where}: must be a mapping{keys}, got {data!r}")
     reader = MappingReader(data, where, error)
     return reader.only(known) if known is not None else reader
+
+
+def check_arguments(where: str, **arguments: tuple[Any, Kind]) -> None:
+    """A Python call's arguments, each `name=(value, kind)`, checked where the call is made: the first
+    that its kind refuses is one ArgumentError line (a ValueError) naming `where`, it and its value."""
+    reader = MappingReader({}, where, ArgumentError)
+    for name, (value, kind) in arguments.items():
+        reader.check(name, value, kind)

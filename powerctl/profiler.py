@@ -12,8 +12,10 @@ from typing import Any
 
 from tqdm import tqdm
 
+from powerctl.capsource import POWER_CAP
 from powerctl.devices.base import Device
-from powerctl.errors import DeviceError, DeviceOutOfMemory
+from powerctl.errors import ArgumentError, DeviceError, DeviceOutOfMemory
+from powerctl.mapping import Integer, Number, check_arguments
 from powerctl.monitor import PowerMonitor
 from powerctl.profile_fit import ProfileFit, fit_profile, seed_frequencies
 from powerctl.profile_table import Profile, ProfilePoint
@@ -69,8 +71,17 @@ class Profiler:
             )
         if not device.has_power_sensor:
             raise DeviceError(f"{device.spec} has no power sensor to profile with")
-        if samples < 1 or warmup_steps < 0 or measure_steps < 1:
-            raise ValueError("samples and measure_steps must be ≥ 1, warmup_steps ≥ 0")
+        check_arguments(
+            "Profiler",
+            samples=(samples, Integer(1)),
+            warmup_steps=(warmup_steps, Integer(0)),
+            measure_steps=(measure_steps, Integer(1)),
+            rate_hz=(rate_hz, Number(0.0, 10_000.0, above=True, unit="Hz")),
+        )
+        if not callable(make_step):
+            raise ArgumentError(
+                f"Profiler: 'make_step' must be callable (batch size → step), got {make_step!r}"
+            )
         self.device, self.workload, self.make_step = device, workload, make_step
         self.samples, self.warmup_steps, self.measure_steps, self.rate_hz = (
             samples,
@@ -93,6 +104,11 @@ class Profiler:
                     raise
                 self._skip(batch_size, exc)
                 return None
+            if not callable(self._steps[batch_size]):
+                raise ArgumentError(
+                    f"Profiler: make_step({batch_size}) returned {self._steps[batch_size]!r}; it must return "
+                    "the step, a callable that runs one training step"
+                )
         return self._steps[batch_size]
 
     def _skip(self, batch_size: int, exc: BaseException) -> None:
@@ -154,6 +170,15 @@ class Profiler:
             raise ValueError(f"margin must be a finite share ≥ 0, got {margin!r}")
         if order == "efficient" and power_cap_w is None:
             raise ValueError("the efficient order needs a power cap (it stops each batch size at the cap)")
+        for name, values in (("batch_sizes", batch_sizes), ("frequencies", frequencies)):
+            if values is not None and not (isinstance(values, (list, tuple, range)) and len(values)):
+                raise ArgumentError(
+                    f"Profiler.run: {name!r} must be a non-empty list of integers ≥ 1, got {values!r}"
+                )
+            for v in values or ():
+                check_arguments("Profiler.run", **{name: (v, Integer(1))})
+        if power_cap_w is not None:
+            check_arguments("Profiler.run", power_cap_w=(power_cap_w, POWER_CAP))
         table = sorted(frequencies or self.device.frequencies())
         unknown = set(table) - set(self.device.frequencies())
         if unknown:

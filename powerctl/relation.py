@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from powerctl.errors import ArgumentError, FileFormatError
 from powerctl.jsonfile import Fields, check_number, read_json, write_json
 
 RELATION_SCHEMA = "powerctl.relation/1"
@@ -153,64 +154,90 @@ class RelationVector:
     def save(self, path: str | Path) -> None:
         write_json(path, self.to_dict())
 
+    def __post_init__(self) -> None:
+        """Checked as a file is (`from_dict`), so that selection and the strategy never see NaN,
+        negative, unsorted or mismatched entries: one ArgumentError line (a ValueError)."""
+        as_list = [list(v) if isinstance(v, tuple) else v for v in (self.batch_sizes, self.samples_to_target)]
+        if not isinstance(self.extra, dict):
+            raise ArgumentError(f"RelationVector: 'extra' must be a dict, got {self.extra!r}")
+        data = {
+            **self.extra,
+            "model": self.model,
+            "proxy_dataset": self.proxy_dataset,
+            "target_accuracy": self.target_accuracy,
+            "batch_sizes": as_list[0],
+            "samples_to_target": as_list[1],
+        }
+        try:
+            checked = _checked(data, "RelationVector")
+        except FileFormatError as exc:
+            raise ArgumentError(str(exc)) from None
+        self.batch_sizes, self.samples_to_target = checked["batch_sizes"], checked["samples_to_target"]
+
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "relation") -> RelationVector:
-        f = Fields(data, where)
-        target = f.number("target_accuracy", positive=True)
-        if target > 1:
-            raise f.fail(f"'target_accuracy' must be in (0, 1], got {target}")
-        bs = f.list_of("batch_sizes")
-        samples = f.list_of("samples_to_target")
-        if not bs:
-            raise f.fail("'batch_sizes' is empty")
-        if len(bs) != len(samples):
-            raise f.fail("'batch_sizes' and 'samples_to_target' differ in length")
-        for b in bs:
-            if isinstance(b, bool) or not isinstance(b, int) or b < 1:
-                raise f.fail(f"batch sizes must be positive integers, got {b!r}")
-        if sorted(set(bs)) != bs:
-            raise f.fail("'batch_sizes' must be strictly increasing (largest last)")
-        values = [check_number(s, "samples_to_target", f, positive=True) for s in samples]
-        if "samples_per_seed" in data:
-            per_seed = f.list_of("samples_per_seed")
-            if len(per_seed) != len(bs) or any(not isinstance(row, list) or not row for row in per_seed):
-                raise f.fail("'samples_per_seed' must hold one non-empty list per batch size")
-            for row in per_seed:
-                for v in row:
-                    check_number(v, "samples_per_seed", f, positive=True)
-        if "relation" in data:
-            rel = f.list_of("relation")
-            want = [v / values[-1] for v in values]
-            if len(rel) != len(values) or any(
-                abs(check_number(r, "relation", f, positive=True) - w) > 1e-6 * max(1.0, w)
-                for r, w in zip(rel, want, strict=True)
-            ):
-                shown = ", ".join(f"{w:.4g}" for w in want)
-                raise f.fail(
-                    f"'relation' {rel} is not samples_to_target divided by its last entry, [{shown}]: "
-                    "correct it or leave it out (it is derived)"
-                )
-        known = {
-            "schema",
-            "model",
-            "proxy_dataset",
-            "target_accuracy",
-            "batch_sizes",
-            "samples_to_target",
-            "relation",
-        }
-        return cls(
-            model=f.string("model"),
-            proxy_dataset=f.string("proxy_dataset"),
-            target_accuracy=target,
-            batch_sizes=list(bs),
-            samples_to_target=values,
-            extra={k: v for k, v in data.items() if k not in known},
-        )
+        return cls(**_checked(data, where))
 
     @classmethod
     def load(cls, path: str | Path) -> RelationVector:
         return cls.from_dict(read_json(path, RELATION_SCHEMA), str(path))
+
+
+def _checked(data: dict[str, Any], where: str) -> dict[str, Any]:
+    """A relation vector's fields from its file's mapping, every value checked (FileFormatError lines
+    naming `where` and the key); what `RelationVector` is made from."""
+    f = Fields(data, where)
+    target = f.number("target_accuracy", positive=True)
+    if target > 1:
+        raise f.fail(f"'target_accuracy' must be in (0, 1], got {target}")
+    bs = f.list_of("batch_sizes")
+    samples = f.list_of("samples_to_target")
+    if not bs:
+        raise f.fail("'batch_sizes' is empty")
+    if len(bs) != len(samples):
+        raise f.fail("'batch_sizes' and 'samples_to_target' differ in length")
+    for b in bs:
+        if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+            raise f.fail(f"batch sizes must be positive integers, got {b!r}")
+    if sorted(set(bs)) != bs:
+        raise f.fail("'batch_sizes' must be strictly increasing (largest last)")
+    values = [check_number(s, "samples_to_target", f, positive=True) for s in samples]
+    if "samples_per_seed" in data:
+        per_seed = f.list_of("samples_per_seed")
+        if len(per_seed) != len(bs) or any(not isinstance(row, list) or not row for row in per_seed):
+            raise f.fail("'samples_per_seed' must hold one non-empty list per batch size")
+        for row in per_seed:
+            for v in row:
+                check_number(v, "samples_per_seed", f, positive=True)
+    if "relation" in data:
+        rel = f.list_of("relation")
+        want = [v / values[-1] for v in values]
+        if len(rel) != len(values) or any(
+            abs(check_number(r, "relation", f, positive=True) - w) > 1e-6 * max(1.0, w)
+            for r, w in zip(rel, want, strict=True)
+        ):
+            shown = ", ".join(f"{w:.4g}" for w in want)
+            raise f.fail(
+                f"'relation' {rel} is not samples_to_target divided by its last entry, [{shown}]: "
+                "correct it or leave it out (it is derived)"
+            )
+    known = {
+        "schema",
+        "model",
+        "proxy_dataset",
+        "target_accuracy",
+        "batch_sizes",
+        "samples_to_target",
+        "relation",
+    }
+    return {
+        "model": f.string("model"),
+        "proxy_dataset": f.string("proxy_dataset"),
+        "target_accuracy": target,
+        "batch_sizes": list(bs),
+        "samples_to_target": values,
+        "extra": {k: v for k, v in data.items() if k not in known},
+    }
 
 
 @dataclass(frozen=True)

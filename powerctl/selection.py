@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from powerctl.capsource import InvalidPowerCapError as InvalidPowerCapError  # re-exported: API users catch it
 from powerctl.capsource import parse_power_cap
-from powerctl.errors import FileFormatError, InfeasibleCapError, PowerctlError
+from powerctl.errors import ArgumentError, FileFormatError, InfeasibleCapError, PowerctlError
 from powerctl.profile_table import Profile, ProfilePoint
 from powerctl.relation import RelationVector
 
@@ -134,7 +134,7 @@ def predicted_energy_j(point: ProfilePoint, r_b: float) -> float:
 
 def check_objective(objective: str) -> Objective:
     if objective not in OBJECTIVES:
-        raise PowerctlError(f"unknown objective {objective!r}; use one of: {', '.join(OBJECTIVES)}")
+        raise ArgumentError(f"unknown objective {objective!r}; use one of: {', '.join(OBJECTIVES)}")
     return objective  # type: ignore[return-value]
 
 
@@ -165,7 +165,7 @@ def candidates(profile: Profile, relation: RelationVector, power_cap_w: float | 
 
 def check_relation_rule(rule: str) -> str:
     if rule not in RELATION_RULES:
-        raise PowerctlError(f"unknown relation rule {rule!r}; use one of: {', '.join(RELATION_RULES)}")
+        raise ArgumentError(f"unknown relation rule {rule!r}; use one of: {', '.join(RELATION_RULES)}")
     return rule
 
 
@@ -198,6 +198,10 @@ def rank(
 ) -> list[Selection]:
     """Every feasible pair with a relation entry, best first for `objective` under `rule` (empty if none
     is feasible); ties of the robust rule's regret fall back to the mean rule's order."""
+    if not isinstance(profile, Profile):
+        raise ArgumentError(f"select: 'profile' must be a Profile, got {type(profile).__name__}")
+    if not isinstance(relation, RelationVector):  # a RelationVector checks its entries itself
+        raise ArgumentError(f"select: 'relation' must be a RelationVector, got {type(relation).__name__}")
     key = _order_key(check_objective(objective))
     ranked = sorted(candidates(profile, relation, power_cap_w), key=key)
     if check_relation_rule(rule) == "robust":

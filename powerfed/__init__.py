@@ -54,6 +54,7 @@ _WHERE: dict[str, str] = {
     "select": "powerctl.selection",
     # errors a caller may catch: every one is a single line saying what to do
     "PowerctlError": "powerctl.errors",
+    "ArgumentError": "powerctl.errors",
 }
 
 __all__ = sorted(_WHERE)

@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 from fl_client.node import FleetEntry, NodeConfigError, parse_fleet_groups, read_yaml
 from powerctl.mapping import Custom, MappingReader, mapping_reader, must_be
 from strategies.fleet import not_simulated
-from strategies.population import Population, PopulationError, run_population
+from strategies.population import Population, PopulationError, check_population, run_population
 from strategies.settings import APP_FILE, DATASET, OURS_DEADLINE, RUN_METHODS, SETTINGS, RunSettings
 
 PLACES: dict[str, str | dict[str, str]] = {
@@ -152,7 +152,9 @@ def _population(run: RunSettings, boards: list[FleetEntry], name: str) -> Popula
     """The run's population as the ServerApp will build it; a trace that cannot be read, or availability
     given twice, is one line naming the fleet file."""
     try:
-        return run_population(run, tuple(b.availability for b in boards))
+        population = run_population(run, tuple(b.availability for b in boards))
+        check_population(population, len(boards), run.num_server_rounds)
+        return population
     except PopulationError as exc:
         raise FleetFileError(f"{name}: population: {exc}") from None
 

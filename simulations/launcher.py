@@ -77,7 +77,7 @@ class LaunchError(PowerctlError):
 
 
 # --- the run config, and what it names --------------------------------------------------------------
-def checked_run_config(overrides: dict[str, Any], app_dir: Path = APP_DIR) -> dict[str, Any]:
+def checked_run_config(overrides: dict[str, Any], app_dir: Path = APP_DIR, nodes: int = 0) -> dict[str, Any]:
     """The run config the ServerApp will see (the app's defaults, then `overrides`), checked whole
     before anything starts: what any submitted run is checked for (`run_config.check_before_start`:
     the ServerApp's own parser, a fleet file read by the ClientApp's reader, the results folder, the
@@ -86,19 +86,24 @@ def checked_run_config(overrides: dict[str, Any], app_dir: Path = APP_DIR) -> di
     from fl_client.node import load_fleet_file
 
     cfg, _ = check_before_start(overrides, app_dir, load_fleet_file=load_fleet_file)
-    return check_simulation(cfg, overrides, app_dir)
+    return check_simulation(cfg, overrides, app_dir, nodes)
 
 
-def check_simulation(cfg: ServerConfig, overrides: dict[str, Any], app_dir: Path = APP_DIR) -> dict[str, Any]:
+def check_simulation(
+    cfg: ServerConfig, overrides: dict[str, Any], app_dir: Path = APP_DIR, nodes: int = 0
+) -> dict[str, Any]:
     """What a local simulation's virtual nodes need of this machine, where they run: every board of
     the fleet a simulated one (a real board joins a deployment as a SuperNode with its own device), every
     dataset file there (relative paths from the app folder, passed on absolute), the profile cache
-    writable. The first problem is one RunConfigError line; returns the overrides to pass on."""
+    writable, and a population under which one of the `nodes` virtual nodes is available in some round
+    (`strategies.population.check_population`). The first problem is one RunConfigError line; returns
+    the overrides to pass on."""
     from fl_client.node import load_fleet
     from powerctl.outputs import check_output_dir
     from powerfed.training.data.load import existing_dataset_path
     from powerfed.training.errors import DataError
-    from strategies.fleet import not_simulated
+    from strategies.fleet import fleet_availability, not_simulated
+    from strategies.population import PopulationError, check_population, run_population
     from strategies.settings import DATASET, SETTINGS
 
     for entry in load_fleet(cfg.fleet):
@@ -122,6 +127,11 @@ def check_simulation(cfg: ServerConfig, overrides: dict[str, Any], app_dir: Path
             check_output_dir(Path(cfg.profile_cache).expanduser(), "run config: 'profile-cache'")
         except PowerctlError as exc:
             raise RunConfigError(str(exc)) from None
+    try:
+        population = run_population(cfg, fleet_availability(cfg.fleet))
+        check_population(population, nodes, cfg.num_server_rounds)
+    except PopulationError as exc:
+        raise RunConfigError(f"run config: population: {exc}") from None
     return passed
 
 
@@ -356,7 +366,7 @@ def check_launch(
         out = check_output_dir(out.expanduser().resolve(), "results folder")
         overrides = {"results-dir": str(out), **overrides}
     if app is None:
-        overrides = checked_run_config(overrides)
+        overrides = checked_run_config(overrides, nodes=nodes)
     log_path = log_path.expanduser().resolve()
     check_output_dir(log_path.parent, "log folder")
     if log_path.parent.is_dir():  # else it is created at the start, as the results folder is

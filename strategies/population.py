@@ -194,6 +194,32 @@ class Population:
         return Draw(server_round, population, available, sorted(rng.sample(available, k)))
 
 
+def check_population(population: Population, boards: int, rounds: int) -> None:
+    """A population under which the run could train: one PopulationError line, before any work, when
+    its trace names boards the fleet does not have or when no board is available in any of the
+    `rounds` rounds (the draws are seeded: what is checked here is what the run would draw)."""
+    if not population.active or boards < 1:
+        return
+    if population.trace is not None:
+        beyond = sorted(b for b in population.trace.windows if b >= boards)
+        if beyond:
+            shown = ", ".join(map(str, beyond[:5])) + (" ..." if len(beyond) > 5 else "")
+            raise PopulationError(
+                f"the availability trace {population.trace.path} names board(s) {shown} the fleet does not "
+                f"have (its {boards} boards are 0-{boards - 1}, in the fleet's order)"
+            )
+    if not any(population.draw(r, range(boards), boards).available for r in range(1, rounds + 1)):
+        why = (
+            f"the availability trace {population.trace.path} has no window in rounds 1-{rounds}"
+            if population.trace is not None
+            else f"availability {population.availability:g} and the groups' own chances drew none"
+        )
+        raise PopulationError(
+            f"no board is available in any of the {rounds} round(s): {why}; raise the availability or "
+            "give the boards windows in these rounds"
+        )
+
+
 def run_population(settings: RunSettings, per_board: tuple[float | None, ...]) -> Population:
     """The run's population: its settings' sampling and availability, each board's own chance
     (`per_board`, from the fleet's groups), the trace read (a path relative to the app folder)."""

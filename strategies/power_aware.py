@@ -40,6 +40,8 @@ from flwr.serverapp.strategy import FedAvg, Result, Strategy
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 from flwr.supercore import log
 
+from powerctl.errors import ArgumentError
+from powerctl.mapping import Choice, Integer, Number, check_arguments
 from strategies.protocol import (
     ARRAYS_KEY,
     CONFIG_KEY,
@@ -145,20 +147,21 @@ class PowerAware(Strategy):
         rejoin_wait_s: float = 30.0,
         first_round: int = 1,
     ) -> None:
-        if round_objective not in ROUND_OBJECTIVES:
-            raise ValueError(
-                f"round objective must be one of {', '.join(ROUND_OBJECTIVES)}, got {round_objective!r}"
-            )
-        if not round_deadline_s >= 0:
-            raise ValueError(
-                f"round deadline must be ≥ 0 seconds (0: the slowest client's), got {round_deadline_s!r}"
-            )
+        check_arguments(
+            "PowerAware",
+            round_objective=(round_objective, Choice(ROUND_OBJECTIVES)),
+            round_deadline_s=(round_deadline_s, Number(0.0, unit="seconds")),
+            query_timeout=(query_timeout, Number(0.0, above=True, unit="seconds")),
+            rejoin_wait_s=(rejoin_wait_s, Number(0.0, unit="seconds")),
+            min_available_nodes=(min_available_nodes, Integer(0)),
+            first_round=(first_round, Integer(1)),
+        )
         if not isinstance(strategy, Strategy):
-            raise TypeError(f"PowerAware wraps a Flower Strategy, got {type(strategy).__name__}")
-        if instructions.relation_vector.model != instructions.model:
-            raise ValueError(  # every client would refuse the plan: say it once, here
-                f"the relation vector is for model {instructions.relation_vector.model!r}, the instructions "
-                f"train {instructions.model!r} (TrainInstructions.for_relation takes the vector's)"
+            raise ArgumentError(f"PowerAware wraps a Flower Strategy, got {type(strategy).__name__}")
+        if not isinstance(instructions, TrainInstructions):  # a TrainInstructions checks itself
+            raise ArgumentError(
+                f"PowerAware: 'instructions' must be a TrainInstructions (TrainInstructions.for_relation "
+                f"makes one), got {type(instructions).__name__}"
             )
         self.strategy = strategy
         self.instructions = instructions

@@ -18,7 +18,7 @@ from typing import Any
 from flwr.app import ConfigRecord
 
 from powerctl.capsource import POWER_CAP
-from powerctl.errors import FileFormatError, PowerctlError
+from powerctl.errors import ArgumentError, FileFormatError, PowerctlError
 from powerctl.mapping import (
     Choice,
     Flag,
@@ -178,6 +178,12 @@ class TrainInstructions:
         learning-rate rule (`lr_max`, `lr_rule`, where the vector records them: an estimate's do) unless
         given; every other run setting (`strategies.settings`, as attributes: budget_samples, ...) its
         default unless given."""
+        for key in ("model", "target_accuracy"):
+            if key in settings:
+                raise ArgumentError(
+                    f"TrainInstructions.for_relation: {key!r} is the relation vector's "
+                    f"({getattr(relation, key, None)!r}); estimate a vector for another one"
+                )
         for key in ("lr_max", "lr_rule"):  # the rule the relation was measured with is the one to train by
             if key not in settings and key in relation.extra:
                 settings[key] = relation.extra[key]
@@ -185,10 +191,17 @@ class TrainInstructions:
             model=relation.model,
             target_accuracy=relation.target_accuracy,
             num_classes=num_classes,
-            model_overrides=dict(model_overrides or {}),
+            model_overrides=dict(model_overrides or {})
+            if isinstance(model_overrides, (dict, type(None)))
+            else model_overrides,
             relation_vector=relation,
             **settings,
         )
+
+    def __post_init__(self) -> None:
+        """Checked as a client reads it (`from_config`), so that a plan every client would refuse is
+        refused where it is made: one ArgumentError line (a ValueError) naming the field."""
+        check_instructions(self)
 
     def relation(self) -> RelationVector:
         return self.relation_vector
@@ -240,6 +253,41 @@ class TrainInstructions:
             relation_vector=relation,
             power_cap_w=r.value("power-cap-w", POWER_CAP, None),
         )
+
+
+def check_instructions(instr: TrainInstructions) -> None:
+    """Each field of `instr` as it travels (`to_config`), read back by the kind its reader uses; the
+    relation vector checks itself (`RelationVector`) and must be of the instructions' model."""
+    r = MappingReader({}, "TrainInstructions", ArgumentError)
+    kinds = {s.attr: MESSAGE_SETTING_KINDS.get(s.key, s.kind) for s in settings_of([BOTH])}
+    kinds.update({key.replace("-", "_"): kind for key, kind in MESSAGE_KINDS.items()})
+    del kinds["model_overrides"]  # travels as JSON text (`to_config`), checked below
+    if instr.power_cap_w is not None:
+        kinds["power_cap_w"] = POWER_CAP
+    for attr, kind in kinds.items():
+        value = getattr(instr, attr)
+        try:
+            sent = kind.to_config(value)
+        except (TypeError, ValueError, AttributeError):
+            raise r.fail(attr, f"must be {kind.expected}, got {value!r}") from None
+        r.check(attr, sent, kind)
+    if not isinstance(instr.relation_vector, RelationVector):
+        raise r.fail(
+            "relation_vector", f"must be a RelationVector, got {type(instr.relation_vector).__name__}"
+        )
+    if instr.relation_vector.model != instr.model:
+        raise r.fail(
+            "relation_vector",
+            f"is for model {instr.relation_vector.model!r}, the instructions for {instr.model!r} "
+            "(TrainInstructions.for_relation takes the vector's)",
+        )
+    overrides = instr.model_overrides
+    try:
+        if not isinstance(overrides, dict):
+            raise TypeError
+        json.dumps(overrides, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError):
+        raise r.fail("model_overrides", f"must be a dict of JSON option values, got {overrides!r}") from None
 
 
 def _json(value: Any, expected: str, python_type: type) -> Any:

@@ -81,7 +81,7 @@ def test_plans_and_options_are_checked() -> None:
     bad["fastest-seconds"] = "soon"
     with pytest.raises(ProtocolError, match="fastest-seconds"):
         Plan.from_config(bad)
-    with pytest.raises(ValueError, match="round objective must be one of time, energy-under-deadline"):
+    with pytest.raises(ValueError, match="'round_objective' must be one of time, energy-under-deadline"):
         power_aware(round_objective="cheapest")
     for key, value, fragment in (
         ("round-objective", "cheapest", "'round-objective' must be one of time, energy-under-deadline"),

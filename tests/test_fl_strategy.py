@@ -11,6 +11,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Met
 
 from fl_client.app import app as client_app
 from powerctl.devices.simulated import POWER_NOISE
+from powerctl.errors import ArgumentError
 from powerctl.relation import RelationVector
 from strategies.power_aware import PowerAwareFedAvg
 from strategies.protocol import ProtocolError, TrainInstructions, evaluation_metrics, reader
@@ -302,8 +303,11 @@ def test_train_instructions_round_trip_and_reject_bad_values() -> None:
     instr = instructions(power_cap_w=4.0, node_key="partition-3", server_round=2)
     assert TrainInstructions.from_config(instr.to_config()) == instr
     assert "power-cap-w" not in instructions().to_config()
+    other = json.dumps(relation(model="cnn-small").to_dict())
     with pytest.raises(ProtocolError, match="'relation-vector' is for model 'cnn-small', the instructions"):
-        TrainInstructions.from_config(instructions(relation_vector=relation(model="cnn-small")).to_config())
+        TrainInstructions.from_config({**instr.to_config(), "relation-vector": other})  # the receiver checks
+    with pytest.raises(ArgumentError, match="'relation_vector' is for model 'cnn-small', the instructions"):
+        instructions(relation_vector=relation(model="cnn-small"))  # and the sender, before it is sent
     broken = {**instr.relation_vector.to_dict(), "samples_to_target": [300.0, float("nan")]}
     del broken["relation"]
     with pytest.raises(ProtocolError, match="'samples_to_target' must be a number > 0, got nan"):

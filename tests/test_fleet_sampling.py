@@ -327,3 +327,40 @@ def test_the_summary_says_the_trace_decided_who_was_there() -> None:
     }
     lines = population_lines(results)
     assert "in the rounds the trace /data/trace.csv gives it" in lines[0] and "probability" not in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("population", "trace", "says"),
+    [
+        ("{availability: 0.0}", None, "no board is available in any of the 2 round(s): availability 0"),
+        ("{clients-per-round: 2, availability-trace: t.csv}", "", "has no window in rounds 1-2"),
+        ("{availability-trace: t.csv}", "4,3,\n", "has no window in rounds 1-2"),
+        ("{availability-trace: t.csv}", "0,1,\n6,1,2\n9,2,\n", "names board(s) 6, 9 the fleet does not have"),
+    ],
+)
+def test_a_population_under_which_no_board_can_train_is_one_line_before_ray_starts(
+    tmp_path: Path, population: str, trace: str | None, says: str
+) -> None:
+    """Issue 36, class 5: refused by the fleet file's reader (and `make run`'s, tests/test_preflight.py),
+    not found out after Ray and pre-training as a run in which every client 'failed'."""
+    from simulations.__main__ import main as simulations_main
+
+    if trace is not None:
+        (tmp_path / "t.csv").write_text("board,first-round,last-round\n" + trace)
+    fleet = tmp_path / "f.yaml"
+    fleet.write_text(FLEET.format(a=3, b=3, population=population))
+    with pytest.raises(FleetFileError) as info:
+        load_fleet_spec(fleet)
+    assert says in str(info.value) and "\n" not in str(info.value)
+    assert simulations_main(["run", str(fleet), "--out", str(tmp_path / "out")]) == 2
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_population_that_trains_in_some_round_passes_whatever_its_chance() -> None:
+    from strategies.population import check_population
+
+    rare = Population(availability=0.02, seed=1)
+    check_population(rare, 200, 2)  # seeded draws: some board is there in round 1 or 2
+    with pytest.raises(PopulationError, match="no board is available in any of the 1 round"):
+        check_population(Population(availability=0.0), 10_000, 1)
+    check_population(Population(availability=0.0), 0, 3)  # no boards known (a deployment): not checked

@@ -50,6 +50,12 @@ BAD_FLWR_RUN = [
     ),
     ('results-dir="{inputs}/profile.json"', "is a file, not a folder"),
     ('profile-cache="/proc/powerfed-profiles"', "run config: 'profile-cache' /proc/powerfed-profiles"),
+    ("availability=0.0", "run config: population: no board is available in any of the 2 round(s)"),
+    ('availability-trace="{inputs}/header-only.csv"', "has no window in rounds 1-2"),
+    (
+        'availability-trace="{inputs}/beyond.csv"',
+        "names board(s) 7 the fleet does not have (its 4 boards are 0-3",
+    ),
     ('weights="{inputs}/profile.json"', "run config: 'weights': "),
     ('relation="{inputs}/profile.json"', "run config: 'relation': "),
 ]
@@ -62,6 +68,8 @@ def inputs(tmp_path: Path) -> Path:
     folder.mkdir()
     profile = {"schema": "powerctl.profile/1", "device": "sim:jetson-nano", "points": []}
     (folder / "profile.json").write_text(json.dumps(profile), encoding="utf-8")
+    (folder / "header-only.csv").write_text("board,first-round,last-round\n", encoding="utf-8")
+    (folder / "beyond.csv").write_text("board,first-round,last-round\n0,1,\n7,1,2\n", encoding="utf-8")
     return folder
 
 

@@ -264,6 +264,26 @@ def test_changing_any_input_misses(
     assert counting.calls > 2, f"changing {change} must not hit the cache"
 
 
+def test_a_name_registered_again_with_other_defaults_is_estimated_afresh(
+    text_setup: dict[str, Any], counting: CountingFineTune
+) -> None:
+    """The cache key holds the registry entry's variant, not only its name (issue 36, class 2)."""
+    from powerfed.training.models import get_model_spec, register_model
+
+    setup = {**text_setup, "weights": None}  # a seeded fresh init: no weights file's hash to tell them apart
+    estimate_relation(**setup)
+    spec = get_model_spec("chartransformer-small")
+    entry = {"task": spec.task, "input_shape": spec.input_shape, "description": spec.description}
+    register_model(spec.name, spec.builder, **entry, replace=True, **{**spec.defaults, "n_embd": 32})
+    try:
+        estimate_relation(**setup)
+        assert counting.calls == 4, "the wider registration must not be served the narrower one's vector"
+    finally:
+        register_model(spec.name, spec.builder, **entry, replace=True, **spec.defaults)
+    estimate_relation(**setup)
+    assert counting.calls == 4, "the original registration again: its own cache entry"
+
+
 def test_corrupt_cache_entry_is_recomputed(text_setup: dict[str, Any], counting: CountingFineTune) -> None:
     estimate_relation(**text_setup)
     (entry,) = Path(text_setup["cache_dir"]).iterdir()

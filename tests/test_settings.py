@@ -47,7 +47,9 @@ def test_the_printed_table_is_what_pyproject_holds_and_every_default_passes_its_
 
 def test_every_instruction_setting_is_sent_and_read_back_by_its_run_config_key() -> None:
     cfg = read_settings({"model": "cnn-tiny", "lr-max": 0.01, "eval-max-samples": 77, "guard-window": 5})
-    instr = TrainInstructions.for_run(cfg, num_classes=10, model_overrides={}, relation=relation())
+    instr = TrainInstructions.for_run(
+        cfg, num_classes=10, model_overrides={}, relation=relation(model=cfg.model)
+    )
     record = instr.to_config()
     for s in SETTINGS.values():
         assert (s.key in record) == (s.readers == BOTH), s.key
@@ -77,9 +79,13 @@ def test_a_changed_default_in_the_declaration_changes_it_everywhere(
     )
     assert ServerConfig().eval_max_samples == 123
     # the train instructions: built from the config, and by default
-    instr = TrainInstructions.for_run(cfg, num_classes=10, model_overrides={}, relation=relation())
+    instr = TrainInstructions.for_run(
+        cfg, num_classes=10, model_overrides={}, relation=relation(model=cfg.model)
+    )
     assert instr.eval_max_samples == 123 and instr.lr_rule == "linear"
-    plain = TrainInstructions(num_classes=10, model_overrides={}, relation_vector=relation())
+    plain = TrainInstructions(
+        num_classes=10, model_overrides={}, relation_vector=relation(model=ServerConfig().model)
+    )
     assert plain.eval_max_samples == 123 and plain.lr_rule == "linear"
     # what the ClientApp reads from its run config
     assert client_setting({}, "client-data-seed") == 9 and client_setting({}, "partitioning") == "dirichlet"
@@ -104,7 +110,9 @@ def test_a_changed_check_in_the_declaration_changes_it_everywhere(monkeypatch: p
     with pytest.raises(RunConfigError, match="'eval-max-samples' must be an integer ≥ 200, got 100"):
         parse_server_config({"eval-max-samples": 100})
     record = dict(
-        TrainInstructions(num_classes=10, model_overrides={}, relation_vector=relation()).to_config()
+        TrainInstructions(
+            num_classes=10, model_overrides={}, relation_vector=relation(model=ServerConfig().model)
+        ).to_config()
     )
     with pytest.raises(ProtocolError, match="'eval-max-samples' must be an integer ≥ 200, got 100"):
         TrainInstructions.from_config({**record, "eval-max-samples": 100})
