@@ -52,7 +52,8 @@ from fl_server.weights import load_weights, weights_hash
 from powerctl.cache import CACHE_ENV, cache_dir
 from powerctl.devices.host import HostDevice
 from powerctl.devices.torchdev import resolve_torch_device
-from powerctl.errors import FileFormatError, PowerctlError
+from powerctl.errors import ArgumentError, FileFormatError, PowerctlError
+from powerctl.mapping import Integer, Kind, Number, check_arguments
 from powerctl.relation import VECTORS, RelationVector
 from powerfed.training.crossing import DEFAULT_MIN_EVALUATIONS, run_dense
 from powerfed.training.data import Dataset
@@ -144,6 +145,33 @@ class RelationRequest:
         fields.update(numerics_key(self.threads))
         blob = json.dumps(fields, sort_keys=True, separators=(",", ":"), default=repr)
         return hashlib.sha256(blob.encode()).hexdigest()
+
+
+_NUMBERS: dict[str, Kind] = {
+    "target_accuracy": Number(0.0, 1.0, above=True),
+    "lr_max": Number(0.0, 10.0, above=True),
+    "max_samples": Integer(1),
+    "eval_every_samples": Integer(1),
+    "min_evaluations": Integer(1),
+    "data_seed": Integer(0),
+}
+_OPTIONAL_COUNTS = ("eval_max_samples", "limit", "seq_len", "max_seeds", "num_cpus")
+
+
+def _check_numbers(given: dict[str, Any]) -> None:
+    """`estimate_relation`'s numbers, each where the call is made: one ArgumentError line (a NaN budget,
+    a string target, `limit=-1` would otherwise fail deep inside, or silently drop samples)."""
+    check_arguments("estimate_relation", **{name: (given[name], kind) for name, kind in _NUMBERS.items()})
+    for name in _OPTIONAL_COUNTS:
+        if given[name] is not None:
+            check_arguments(
+                "estimate_relation", **{name: (given[name], Integer(0 if name == "max_seeds" else 1))}
+            )
+    seeds = given["seeds"]
+    if isinstance(seeds, (str, bytes)) or not isinstance(seeds, Sequence):
+        raise ArgumentError(f"estimate_relation: 'seeds' must be a list of integers ≥ 0, got {seeds!r}")
+    for seed in seeds:
+        check_arguments("estimate_relation", seeds=(seed, Integer(0)))
 
 
 def _validate(
@@ -524,6 +552,7 @@ def estimate_relation(
     `powerctl.devices.torchdev`) is where the runs train; it is not in the cache key, torch's intra-op
     thread count the runs use is (1 per Ray task with `parallel`, else this process's).
     """
+    _check_numbers(locals())
     bs, sd = _validate(target_accuracy, batch_sizes, seeds, lr_max, max_samples, lr_rule, vector, max_seeds)
     if cache_key is not None and (not isinstance(cache_key, str) or not cache_key.strip()):
         raise RelationError(f"cache_key must be a non-empty string naming the user code, got {cache_key!r}")

@@ -244,3 +244,61 @@ def test_a_step_builder_that_returns_no_step_is_named_not_profiled_as_empty() ->
     with pytest.raises(ArgumentError) as err:
         profiler.run([8], progress=False)
     one_line(err.value, "make_step(8) returned None")
+
+
+@pytest.mark.parametrize(
+    ("changes", "fragment"),
+    [
+        ({"limit": -1}, "'limit' must be an integer ≥ 1, got -1"),
+        ({"max_samples": math.nan}, "'max_samples' must be an integer ≥ 1, got nan"),
+        ({"seeds": "01"}, "'seeds' must be a list of integers ≥ 0, got '01'"),
+        ({"seeds": ["a"]}, "'seeds' must be an integer ≥ 0, got 'a'"),
+        ({"target_accuracy": "0.5"}, "'target_accuracy' must be a number in (0, 1], got '0.5'"),
+        ({"eval_every_samples": 0}, "'eval_every_samples' must be an integer ≥ 1"),
+        ({"lr_max": math.inf}, "'lr_max' must be a number in (0, 10]"),
+    ],
+)
+def test_estimate_relation_refuses_its_numbers_before_reading_data(changes: dict, fragment: str) -> None:
+    args = {"target_accuracy": 0.2, "batch_sizes": [8, 16], "compute": False}
+    with pytest.raises(ArgumentError) as err:
+        powerfed.estimate_relation("cnn-tiny", None, "synthetic-image", **{**args, **changes})
+    one_line(err.value, "estimate_relation", fragment)
+
+
+def test_a_metric_that_returns_no_accuracy_is_named_in_one_line(tmp_path: Any) -> None:
+    def percent(outputs: torch.Tensor, targets: torch.Tensor) -> str:
+        return "97%"
+
+    x, y = torch.randn(64, 3, 32, 32), torch.randint(0, 10, (64,))
+    with pytest.raises(ArgumentError) as err:
+        powerfed.estimate_relation(
+            "cnn-tiny",
+            None,
+            (x, y),
+            target_accuracy=0.5,
+            batch_sizes=[8, 16],
+            seeds=[0],
+            metric=percent,
+            max_samples=64,
+            eval_every_samples=32,
+            use_cache=False,
+            progress=False,
+        )
+    one_line(err.value, "metric percent(outputs, targets) returned '97%'", "an accuracy in [0, 1]")
+
+
+@pytest.mark.parametrize("name", ["a/b", "a\x00b", "line\nbreak", "", " padded", "x" * 101])
+def test_a_model_name_that_cannot_name_a_file_is_refused(name: str) -> None:
+    from powerfed.training.errors import ModelError
+
+    with pytest.raises(ModelError, match="a model name must be 1-100 letters, digits and"):
+        powerfed.register_model(name, torch.nn.Linear, input_shape=(4,), in_features=4, out_features=2)
+    assert name not in powerfed.model_names()
+
+
+def test_a_model_instance_is_not_a_factory() -> None:
+    from powerfed.training.errors import ModelError
+
+    with pytest.raises(ModelError, match=r"give the factory that builds the model .*the class Linear"):
+        powerfed.register_model("an-instance", torch.nn.Linear(4, 2), input_shape=(4,))
+    assert "an-instance" not in powerfed.model_names()

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from powerctl.devices.base import Device, PowerSamples
+from powerctl.errors import ArgumentError
 from powerctl.monitor import PowerMonitor, PowerReading
 from powerctl.workload import Workload, measure_workload
 from powerfed.training.checkpoint import (
@@ -207,10 +208,27 @@ def evaluate_with_loss(
     finally:
         model.train(was_training)
     if metric is not None:
-        accuracy = float(metric(torch.cat(outputs), y)) if outputs else 0.0
+        accuracy = _metric_value(metric, torch.cat(outputs), y) if outputs else 0.0
     else:
         accuracy = correct / total if total else 0.0
     return accuracy, (loss_sum / len(x) if len(x) else math.nan)
+
+
+def _metric_value(metric: MetricFn, outputs: torch.Tensor, targets: torch.Tensor) -> float:
+    """A user's metric's value, which must be an accuracy in [0, 1]: anything else is one line naming
+    the metric (not a TypeError from deep in the loop, nor a NaN that never crosses the target)."""
+    value = metric(outputs, targets)
+    number = (
+        float(value)
+        if isinstance(value, (int, float, torch.Tensor)) and torch.numel(torch.as_tensor(value)) == 1
+        else None
+    )
+    if number is None or not 0.0 <= number <= 1.0:
+        name = getattr(metric, "__name__", type(metric).__name__)
+        raise ArgumentError(
+            f"metric {name}(outputs, targets) returned {value!r}; it must return an accuracy in [0, 1]"
+        )
+    return number
 
 
 def evaluate(

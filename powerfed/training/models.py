@@ -13,6 +13,7 @@ import functools
 import inspect
 import logging
 import math
+import re
 import string
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -385,6 +386,8 @@ class ModelSpec:
 
 
 _REGISTRY: dict[str, ModelSpec] = {}
+MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")
+"""What a model name may be: it becomes part of file names (weights, caches) and travels in messages."""
 
 
 def model_spec(
@@ -398,8 +401,16 @@ def model_spec(
 ) -> ModelSpec:
     """A checked registry entry, not registered (`register_model` registers one; the relation estimator
     wraps an unregistered factory in one)."""
-    if not isinstance(name, str) or not name.strip() or name != name.strip():
-        raise ModelError(f"a model name must be a non-empty string without surrounding spaces, got {name!r}")
+    if not isinstance(name, str) or not MODEL_NAME.fullmatch(name):
+        raise ModelError(
+            "a model name must be 1-100 letters, digits and . _ + - (it names cache files and messages), "
+            f"got {name!r}"
+        )
+    if isinstance(factory, nn.Module):
+        raise ModelError(
+            f"model {name!r}: give the factory that builds the model (e.g. the class "
+            f"{type(factory).__name__}), not a model instance: every node builds its own"
+        )
     if not callable(factory):
         raise ModelError(
             f"model {name!r}: the factory must be callable (returning an nn.Module), got {factory!r}"
