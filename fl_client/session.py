@@ -63,6 +63,7 @@ from powerctl.profiler import StepFactory
 from powerctl.safety import restore_on_exit
 from powerctl.workload import Workload, measure_workload
 from powerfed.training.finetune import POWER_RATE_HZ, FineTuneResult, LossFn, TrainingPower
+from powerfed.training.models import same_model
 from strategies.protocol import ClientReport, TrainInstructions
 
 Step = Callable[..., Any]
@@ -72,25 +73,15 @@ MakeStep = Callable[[nn.Module], Step]
 
 
 def _check_session_arguments(
-    model: Any, make_step: Any, example: Any, train_examples: Any, lr: Any, key: Any, profile_cache: Any
+    model: Any, make_step: Any, train_examples: Any, lr: Any, key: Any, profile_cache: Any
 ) -> None:
-    """PowerSession's arguments, checked where the user makes one: one ArgumentError line each."""
+    """PowerSession's arguments, checked where the user makes one: one ArgumentError line each (the
+    example batch: `_example`)."""
     where = "PowerSession"
     if not isinstance(model, nn.Module):
         raise ArgumentError(f"{where}: 'model' must be a torch nn.Module, got {type(model).__name__}")
     if not callable(make_step):
         raise ArgumentError(f"{where}: 'make_step' must be callable (model → step(x, y)), got {make_step!r}")
-    if not (
-        isinstance(example, (tuple, list))
-        and len(example) == 2
-        and all(isinstance(t, torch.Tensor) for t in example)
-        and example[0].ndim >= 1
-        and len(example[0]) >= 1
-    ):
-        raise ArgumentError(
-            f"{where}: 'example' must be one batch (inputs, targets) of torch tensors, got "
-            f"{type(example).__name__}"
-        )
     check_arguments(where, train_examples=(train_examples, Integer(1)))
     if lr is not None:
         check_arguments(where, lr=(lr, Number(0.0, above=True)))
@@ -242,7 +233,14 @@ class PowerSession:
             instructions = instructions or joined.instructions
             node = node or joined.node
             profile_cache = profile_cache or joined.profile_cache
-        _check_session_arguments(model, make_step, example, train_examples, lr, key, profile_cache)
+        _check_session_arguments(model, make_step, train_examples, lr, key, profile_cache)
+        if (
+            differs := same_model(instructions.relation_vector.extra.get("model_fingerprint"), model)
+        ) is not None:
+            raise SessionError(
+                f"PowerSession: the plan is for another model: {differs}; estimate the relation vector "
+                "with this model (estimate_relation(YourModel, ...))"
+            )
         profile_cache = Path(profile_cache) if profile_cache is not None else None
         self.instructions = instructions
         self._loop_lr = lr

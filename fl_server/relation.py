@@ -60,7 +60,14 @@ from powerfed.training.data import Dataset
 from powerfed.training.errors import DataError, ModelError
 from powerfed.training.finetune import LossFn, MetricFn, fine_tune
 from powerfed.training.lr import LR_RULES, scaled_lr
-from powerfed.training.models import ModelSpec, build_spec, check_input_shape, get_model_spec, model_spec
+from powerfed.training.models import (
+    ModelSpec,
+    build_spec,
+    check_input_shape,
+    get_model_spec,
+    model_fingerprint,
+    model_spec,
+)
 from powerfed.training.numerics import numerics_key
 from strategies.settings import run_default
 
@@ -469,9 +476,10 @@ def _probe(
     loss: LossFn | None,
     proxy: str,
     device: str = "cpu",
-) -> None:
+) -> dict[str, Any]:
     """One forward and loss on two proxy samples, on the runs' torch device, before any run: a model
-    and data that do not fit together are one line, not a traceback from inside a Ray task."""
+    and data that do not fit together are one line, not a traceback from inside a Ray task. Returns
+    the model's fingerprint (`model_fingerprint`), which the vector records."""
     from powerfed.training.models import loss_fn
 
     model = build_spec(spec, num_classes, **overrides)
@@ -488,6 +496,7 @@ def _probe(
             f"model {spec.name!r} cannot train on {proxy} (inputs {tuple(train.x.shape[1:])}, targets "
             f"{tuple(train.y.shape[1:]) or 'one per sample'}): {first}"
         ) from None
+    return model_fingerprint(model)
 
 
 def estimate_relation(
@@ -634,7 +643,7 @@ def estimate_relation(
     if num_classes is None:
         num_classes = dataset.num_classes
         state = build_spec(spec, num_classes, seed=INIT_SEED, **overrides).state_dict()
-    _probe(spec, state, num_classes, overrides, train, loss, data.label, torch_device)
+    fingerprint = _probe(spec, state, num_classes, overrides, train, loss, data.label, torch_device)
     shared = {
         "state": state,
         "spec": spec,
@@ -661,6 +670,7 @@ def estimate_relation(
         lrs=lrs,
         samples_rule="interpolated crossing, isotonic curve (powerfed.training.crossing)",
         overrides=overrides,
+        model_fingerprint=fingerprint,
     )
 
 

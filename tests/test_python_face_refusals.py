@@ -170,7 +170,6 @@ def _session(**changes: Any) -> powerfed.PowerSession:
         ({"train_examples": 0}, "'train_examples' must be an integer ≥ 1"),
         ({"train_examples": 12.5}, "'train_examples' must be an integer ≥ 1"),
         ({"profile_cache": 3}, "'profile_cache' must be a folder path"),
-        ({"example": torch.zeros(4, 4)}, "'example' must be one batch (inputs, targets)"),
         ({"make_step": "step"}, "'make_step' must be callable"),
         ({"model": "cnn-tiny"}, "'model' must be a torch nn.Module"),
         ({"key": 3}, "'key' must be a string"),
@@ -180,6 +179,11 @@ def test_a_session_refuses_its_arguments_where_it_is_made(changes: dict, fragmen
     with pytest.raises(ArgumentError) as err:
         _session(**changes)
     one_line(err.value, "PowerSession", fragment)
+
+
+def test_a_session_refuses_an_example_that_is_not_one_batch() -> None:
+    with pytest.raises(powerfed.SessionError, match=r"'example' must be one batch \(inputs, targets\)"):
+        _session(example=torch.zeros(4, 4))
 
 
 @pytest.mark.parametrize("accuracy", [math.nan, -1.0, math.inf, 1.5, 75.0, "abc", None])

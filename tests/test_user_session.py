@@ -122,6 +122,7 @@ def test_a_users_model_goes_end_to_end(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.setenv("POWERFED_CACHE", str(tmp_path / "cache"))
     relation = powerfed.estimate_relation(NAME, None, user_data(), **SETTINGS, cache_dir=tmp_path / "rel")
     assert relation.model == NAME and relation.batch_sizes == [8, 16, 32]
+    assert relation.extra["model_fingerprint"]["class"].endswith(".UserCNN")  # what the session checks
     strategy = powerfed.PowerAware(
         FedAvg(min_train_nodes=2, min_evaluate_nodes=0, min_available_nodes=2, fraction_evaluate=0.0),
         plan(relation),
@@ -363,3 +364,31 @@ def test_an_nvml_gpu_is_locked_while_the_loop_trains_and_reset_after(
     assert calls[-1] != "nvmlDeviceSetGpuLockedClocks"  # reset after the last lock
     last_lock = max(i for i, c in enumerate(calls) if c == "nvmlDeviceSetGpuLockedClocks")
     assert "nvmlDeviceResetGpuLockedClocks" in calls[last_lock:]
+
+
+def test_a_plan_whose_vector_is_of_another_model_is_refused_in_one_line(tmp_path: Path) -> None:
+    """Issue 37, item 4: the vector records the model it was estimated for (class, parameter shapes)."""
+    from powerfed.training.models import model_fingerprint
+
+    def vector_for(net: nn.Module) -> RelationVector:
+        samples = {8: 400.0, 16: 480.0, 32: 640.0}
+        return RelationVector.from_samples(
+            NAME, "tensors", 0.75, samples, model_fingerprint=model_fingerprint(net)
+        )
+
+    class UserGRU(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gru, self.head = nn.GRU(16, 8, batch_first=True), nn.Linear(8, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(self.gru(x.flatten(1, 2))[0][:, -1])
+
+    with pytest.raises(powerfed.SessionError) as err:
+        _session(model=UserGRU(), instructions=plan(vector_for(UserCNN())), profile_cache=tmp_path)
+    text = str(err.value)
+    assert "\n" not in text and "the plan is for another model" in text and ".UserCNN with" in text, text
+    assert ".UserGRU with" in text
+    with _session(instructions=plan(vector_for(UserCNN())), profile_cache=tmp_path) as same:  # its own model
+        same.step(lambda: None)
+    assert same.profiled is not None

@@ -10,7 +10,9 @@ and return next-character logits [B, T, vocab].
 from __future__ import annotations
 
 import functools
+import hashlib
 import inspect
+import json
 import logging
 import math
 import re
@@ -506,6 +508,34 @@ register_model(
     n_head=2,
     n_embd=64,
 )
+
+
+def model_fingerprint(model: nn.Module) -> dict[str, Any]:
+    """What a relation vector was estimated for, to tell another model from it (a session refuses a
+    plan whose vector is of another model): the module's class, its parameter count, and a digest of
+    every parameter's and buffer's name and shape. Not the weights' values (fine-tuning changes them)."""
+    shapes = [[name, list(t.shape)] for name, t in model.state_dict().items()]
+    digest = hashlib.sha256(json.dumps(shapes).encode()).hexdigest()[:16]
+    cls = type(model)
+    return {
+        "class": f"{cls.__module__}.{cls.__qualname__}",
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "shapes_sha256": digest,
+    }
+
+
+def same_model(recorded: Any, model: nn.Module) -> str | None:
+    """None when `model` is what `recorded` (a vector's `model_fingerprint`) describes, or nothing is
+    recorded (files from before it was); else what differs, in words."""
+    if not isinstance(recorded, dict):
+        return None
+    now = model_fingerprint(model)
+    if recorded.get("class") == now["class"] and recorded.get("shapes_sha256") == now["shapes_sha256"]:
+        return None
+    return (
+        f"the relation vector was estimated for {recorded.get('class')} with {recorded.get('parameters')} "
+        f"parameters, this loop trains {now['class']} with {now['parameters']}"
+    )
 
 
 def model_names() -> list[str]:
