@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextvars
 import copy
 import hashlib
-import inspect
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -55,6 +54,7 @@ from fl_client.round import (
     node_device_seed,
     usable_relation,
 )
+from fl_client.step_identity import step_identity
 from powerctl.devices.base import Device
 from powerctl.devices.simulated import SimulatedBoard
 from powerctl.errors import ArgumentError
@@ -160,25 +160,18 @@ def _example(example: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tenso
     return x, y
 
 
-def _code_of(obj: Any) -> str:
-    try:
-        return inspect.getsource(obj)
-    except (OSError, TypeError):
-        code = getattr(obj, "__code__", None)
-        return code.co_code.hex() if code is not None else type(obj).__qualname__
-
-
 def _step_key(model: nn.Module, make_step: MakeStep, key: str) -> str:
-    """Names the step in the profile cache: the model's class and size, the step's and the model's
-    code, and the user's own `key` (for what the code does not show: a changed optimizer setting)."""
+    """Names the step in the profile cache: the model's class and size, what the step runs and the
+    model's code (`fl_client.step_identity`: through lambdas, partials, closures and globals), and the
+    user's own `key` (for what the code does not show)."""
     params = sum(p.numel() for p in model.parameters())
     what = "|".join(
         [
             type(model).__module__,
             type(model).__qualname__,
             str(params),
-            _code_of(make_step),
-            _code_of(type(model)),
+            step_identity(make_step),
+            step_identity(type(model)),
         ]
     )
     return f"{type(model).__qualname__}:{hashlib.sha256(what.encode()).hexdigest()[:16]}:{key}"

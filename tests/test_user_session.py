@@ -392,3 +392,22 @@ def test_a_plan_whose_vector_is_of_another_model_is_refused_in_one_line(tmp_path
     with _session(instructions=plan(vector_for(UserCNN())), profile_cache=tmp_path) as same:  # its own model
         same.step(lambda: None)
     assert same.profiled is not None
+
+
+def test_a_step_behind_a_lambda_is_profiled_again_when_the_step_it_calls_changes(tmp_path: Path) -> None:
+    """A FedProx loop passes lr and mu in: `make_step=lambda m: build(m, lr, mu)`. Editing `build` (here:
+    another optimizer) is another step, though the lambda's line is the same (issue 37, item 2)."""
+    from tests.test_step_identity import user_module
+
+    def session(module: dict) -> powerfed.PowerSession:
+        return _session(make_step=lambda m: module["make_step"](m, 0.05, 0.01), profile_cache=tmp_path)
+
+    with session(user_module()) as first:
+        first.step(lambda: None)
+    with session(user_module()) as again:
+        again.step(lambda: None)
+    with session(user_module(optimizer="Adam")) as edited:
+        edited.step(lambda: None)
+    assert first.profiled is not None and not first.profiled.cached
+    assert again.profiled is not None and again.profiled.cached
+    assert edited.profiled is not None and not edited.profiled.cached

@@ -1,0 +1,169 @@
+"""What a user's training step is, for the profile cache: a digest that follows the code it runs.
+
+A profile is reused only for the same step. `make_step` is whatever the user passes: a function, a
+`lambda m: make_step(m, lr, mu)`, a `functools.partial`, a bound method. The digest covers, from it:
+
+- **functions** (lambdas and nested ones included): their bytecode, constants and the names they use;
+  the values in their closures and defaults; and every global they name, described the same way — so a
+  lambda that calls `make_step` covers `make_step`'s own code, and an edited helper it calls changes it;
+- `functools.partial`: the function, its arguments and keywords; **bound methods**: the function and
+  the class of the object it is bound to;
+- **classes** of the user's code: their source (their methods); the project's and libraries' classes and
+  functions by their qualified name (their code is versioned with the package);
+- **objects** in closures or globals: numbers, strings and containers by value; an optimizer by its class
+  and hyper-parameters (`defaults`); a model by its class and parameter shapes; a tensor by its shape
+  and dtype; anything else by its class.
+
+Not covered: what a step reads at run time from outside its code (a file, an environment variable, an
+attribute of an object set after the session starts), the values of a library's own settings
+(`torch.backends`), and code reached only through `getattr` by a computed name. The session's `key=`
+names what the code does not show. Bytecode is Python's own: another Python version profiles again.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import json
+import sys
+import sysconfig
+import types
+from pathlib import Path
+from typing import Any
+
+MAX_DEPTH = 12
+MAX_ITEMS = 64
+_LIBRARY_ROOTS = tuple(
+    str(Path(p).resolve()) for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"]}
+)
+_PROJECT = ("powerfed", "powerctl", "strategies", "fl_server", "fl_client", "simulations")
+
+
+def step_identity(obj: Any) -> str:
+    """A sha256 digest of what `obj` (a step factory, a class) runs, as the module's docstring says."""
+    text = json.dumps(_describe(obj, set(), 0), sort_keys=True, default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _is_library(obj: Any) -> bool:
+    """Code versioned with an installed package, the standard library or this project: named, not read."""
+    module_name = getattr(obj, "__module__", None) or ""
+    if module_name.split(".")[0] in (*_PROJECT, "builtins", "torch"):
+        return True
+    module = sys.modules.get(module_name)
+    path = getattr(module, "__file__", None)
+    if module is None or path is None:
+        return module_name in sys.builtin_module_names
+    resolved = str(Path(path).resolve())
+    return any(resolved.startswith(root) for root in _LIBRARY_ROOTS)
+
+
+def _name(obj: Any) -> str:
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', type(obj).__qualname__)}"
+
+
+def _describe(obj: Any, seen: set[int], depth: int) -> Any:
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return repr(obj)
+    if isinstance(obj, bytes):
+        return hashlib.sha256(obj).hexdigest()
+    if depth > MAX_DEPTH:
+        return ["deep", type(obj).__qualname__]
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        items = sorted(obj, key=repr) if isinstance(obj, (set, frozenset)) else list(obj)
+        return [type(obj).__name__, *[_describe(v, seen, depth + 1) for v in items[:MAX_ITEMS]], len(items)]
+    if isinstance(obj, dict):
+        if len(obj) > MAX_ITEMS * 64:  # a global table, not a setting: its size only
+            return ["dict", len(obj)]
+        keys = sorted(obj, key=repr)[:MAX_ITEMS]
+        return ["dict", [[repr(k), _describe(obj[k], seen, depth + 1)] for k in keys], len(obj)]
+    if isinstance(obj, types.ModuleType):
+        return ["module", obj.__name__]
+    if isinstance(obj, functools.partial):
+        return [
+            "partial",
+            _describe(obj.func, seen, depth + 1),
+            _describe(obj.args, seen, depth + 1),
+            _describe(obj.keywords, seen, depth + 1),
+        ]
+    if isinstance(obj, types.MethodType):
+        return [
+            "method",
+            _describe(obj.__func__, seen, depth + 1),
+            _describe(type(obj.__self__), seen, depth + 1),
+        ]
+    if isinstance(obj, (types.FunctionType, type)):
+        if _is_library(obj):
+            return ["named", _name(obj)]
+        if id(obj) in seen:  # recursion, or a helper reached twice
+            return ["seen", _name(obj)]
+        seen.add(id(obj))
+        return (
+            _function(obj, seen, depth) if isinstance(obj, types.FunctionType) else _class(obj, seen, depth)
+        )
+    if callable(obj) and isinstance(obj, (types.BuiltinFunctionType, types.BuiltinMethodType)):
+        return ["named", _name(obj)]
+    return _instance(obj, seen, depth)
+
+
+def _code(code: types.CodeType) -> tuple[Any, set[str]]:
+    """A code object's bytecode, constants (nested code recursed) and the names it uses, nested ones
+    included."""
+    names = set(code.co_names)
+    consts = []
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            inner, inner_names = _code(c)
+            consts.append(inner)
+            names |= inner_names
+        else:
+            consts.append(repr(c))
+    return [code.co_code.hex(), consts, sorted(code.co_names)], names
+
+
+def _function(fn: types.FunctionType, seen: set[int], depth: int) -> Any:
+    body, names = _code(fn.__code__)
+    cells = [_describe(_cell(c), seen, depth + 1) for c in fn.__closure__ or ()]
+    used = {n: fn.__globals__[n] for n in sorted(names) if n in fn.__globals__}
+    return [
+        "function",
+        _name(fn),
+        body,
+        cells,
+        _describe(fn.__defaults__, seen, depth + 1),
+        _describe(fn.__kwdefaults__, seen, depth + 1),
+        [[n, _describe(v, seen, depth + 1)] for n, v in used.items()],
+    ]
+
+
+def _cell(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell (a name assigned later in the enclosing function)
+        return None
+
+
+def _class(cls: type, seen: set[int], depth: int) -> Any:
+    try:
+        source = inspect.getsource(cls)
+    except (OSError, TypeError):  # defined where no file holds it (exec, a notebook cell): its methods
+        source = [
+            [name, _describe(value, seen, depth + 1)]
+            for name, value in sorted(vars(cls).items())
+            if isinstance(value, (types.FunctionType, staticmethod, classmethod, property))
+        ]
+    return ["class", _name(cls), source, [_describe(b, seen, depth + 1) for b in cls.__bases__]]
+
+
+def _instance(obj: Any, seen: set[int], depth: int) -> Any:
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        if isinstance(obj, torch.optim.Optimizer):
+            return ["optimizer", _name(type(obj)), _describe(obj.defaults, seen, depth + 1)]
+        if isinstance(obj, torch.nn.Module):
+            shapes = [[n, list(t.shape)] for n, t in obj.state_dict().items()]
+            return ["model", _describe(type(obj), seen, depth + 1), shapes]
+        if isinstance(obj, torch.Tensor):
+            return ["tensor", list(obj.shape), str(obj.dtype)]
+    return ["object", _describe(type(obj), seen, depth + 1)]
