@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import contextvars
 import copy
+import dataclasses
 import hashlib
+import logging
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -61,11 +63,12 @@ from powerctl.errors import ArgumentError
 from powerctl.mapping import Integer, Number, check_arguments
 from powerctl.profiler import StepFactory
 from powerctl.safety import restore_on_exit
-from powerctl.workload import Workload, measure_workload
+from powerctl.workload import Workload, count_flops, measure_workload
 from powerfed.training.finetune import POWER_RATE_HZ, FineTuneResult, LossFn, TrainingPower
 from powerfed.training.models import same_model
 from strategies.protocol import ClientReport, TrainInstructions
 
+log = logging.getLogger(__name__)
 Step = Callable[..., Any]
 """One training step of the user's loop: `step(x, y)` trains on one batch."""
 MakeStep = Callable[[nn.Module], Step]
@@ -89,6 +92,10 @@ def _check_session_arguments(
         raise ArgumentError(f"{where}: 'key' must be a string, got {key!r}")
     if profile_cache is not None and not isinstance(profile_cache, (str, os.PathLike)):
         raise ArgumentError(f"{where}: 'profile_cache' must be a folder path, got {profile_cache!r}")
+
+
+FIRST_STEP_TOLERANCE = 1.25
+"""How far the first step's FLOPs a sample may be from the profiled step's (a factor either way)."""
 
 
 class SessionError(ClientWorkError):
@@ -131,6 +138,11 @@ def user_step(
         xs, ys = x.to(torch_device), y.to(torch_device)
         workload = measure_workload(net, xs[:4], ys[:4], loss_fn, instr.model)
         step = make_step(net)
+        if not callable(step):
+            raise SessionError(f"PowerSession: make_step(model) returned {step!r}; it must return the step")
+        _, flops = count_flops(lambda: step(xs[:4], ys[:4]))  # the step's own work, not one pass's
+        if flops:
+            workload = dataclasses.replace(workload, flops_per_sample=flops / len(xs[:4]))
 
         def make(batch_size: int) -> Callable[[], None]:
             rows = torch.arange(batch_size, device=xs.device) % len(xs)
@@ -299,6 +311,15 @@ class PowerSession:
                     "PowerSession: the loop ran no training step through session.step(...): a simulated "
                     "board charges only the steps it runs, so this round would report 0 s and 0 J"
                 )
+            examples = self.work.examples or 0
+            if self.samples < examples and not self.done:
+                log.warning(
+                    "PowerSession: the loop ended after %d samples through session.step, fewer than one "
+                    "pass over its %d training examples: steps run outside session.step are not charged "
+                    "(device seconds and energy undercount)",
+                    self.samples,
+                    examples,
+                )
             self.report = self._report(dev)
         finally:
             stack.close()  # the device restored on every way out
@@ -332,7 +353,13 @@ class PowerSession:
         for hook in pinning.hooks:
             hook.before_step(self.samples)
         t0 = dev.clock()
-        result = dev.run_step(lambda: fn(*args, **kwargs), batch_size=batch, workload=self._workload)
+        if self.steps == 0:  # the first step is counted: is it the step that was profiled?
+            result, flops = dev.run_step(
+                lambda: count_flops(lambda: fn(*args, **kwargs)), batch_size=batch, workload=self._workload
+            )
+            self._check_first_step(flops, batch)
+        else:
+            result = dev.run_step(lambda: fn(*args, **kwargs), batch_size=batch, workload=self._workload)
         self.device_seconds += dev.clock() - t0
         self.samples += batch
         self.steps += 1
@@ -341,6 +368,21 @@ class PowerSession:
             for hook in pinning.hooks:
                 hook.after_step(readings, self.device_seconds)
         return result
+
+    def _check_first_step(self, flops: float | None, batch: int) -> None:
+        """The first step's FLOPs per sample against the profiled step's: another step (make_step
+        returned one the loop does not run) would be charged the wrong workload. A step torch counts
+        nothing in (no matmul or convolution) is not compared."""
+        profiled = self._workload.flops_per_sample if self._workload is not None else 0.0
+        if not flops or not profiled or batch < 1:
+            return
+        ratio = flops / batch / profiled
+        if not 1 / FIRST_STEP_TOLERANCE <= ratio <= FIRST_STEP_TOLERANCE:
+            raise SessionError(
+                f"PowerSession: the step run through session.step does {flops / batch:.3g} FLOPs a "
+                f"sample, the step make_step returned (profiled) {profiled:.3g}: make_step(model) must "
+                "return the step the loop runs, so that what was profiled is what trains"
+            )
 
     def evaluated(self, accuracy: float) -> bool:
         """Record an evaluation of the model (the last one is reported); True once it meets the target.

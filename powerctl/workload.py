@@ -296,3 +296,14 @@ def _flop_counter_fixed() -> Iterator[None]:
                 fc.flop_registry.pop(key, None)
             else:
                 fc.flop_registry[key] = old
+
+
+def count_flops(fn: Callable[[], Any]) -> tuple[Any, float | None]:
+    """Run `fn` once under torch's FLOP counter: (what it returned, its FLOPs); None where torch has no
+    counter (1.13). What a training step really costs, whatever it does (two passes, a proximal term)."""
+    counter = _flop_counter()
+    if counter is None:
+        return fn(), None
+    with counter:
+        result = fn()
+    return result, float(counter.get_total_flops())

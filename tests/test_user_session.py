@@ -411,3 +411,56 @@ def test_a_step_behind_a_lambda_is_profiled_again_when_the_step_it_calls_changes
     assert first.profiled is not None and not first.profiled.cached
     assert again.profiled is not None and again.profiled.cached
     assert edited.profiled is not None and not edited.profiled.cached
+
+
+def _double_step(net: nn.Module) -> Callable[[torch.Tensor, torch.Tensor], None]:
+    """Two forward/backward passes a step (e.g. a sharpness-aware update): twice one pass's work."""
+    opt = torch.optim.SGD(net.parameters(), lr=0.05)
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> None:
+        opt.zero_grad()
+        F.cross_entropy(net(x), y).backward()
+        F.cross_entropy(net(x), y).backward()
+        opt.step()
+
+    return step
+
+
+def test_the_profile_charges_the_steps_own_work_and_the_first_step_is_checked_against_it(
+    tmp_path: Path,
+) -> None:
+    """Issue 37, item 3: the workload is the step's (two passes: twice the FLOPs), and a loop that runs
+    another step than the one make_step returned is one line at its first step, not a wrong charge."""
+    x, y = user_data(n=64)
+    with _session(make_step=_double_step, profile_cache=tmp_path) as double:
+        double.step(_double_step(UserCNN()), x[:8], y[:8])
+    with _session(profile_cache=tmp_path / "single") as single:
+        single.step(make_step(UserCNN()), x[:8], y[:8])
+    assert double._workload is not None and single._workload is not None
+    ratio = double._workload.flops_per_sample / single._workload.flops_per_sample
+    assert 1.9 < ratio < 2.1, ratio
+    with pytest.raises(powerfed.SessionError) as err, _session(profile_cache=tmp_path / "single") as other:
+        other.step(_double_step(UserCNN()), x[:8], y[:8])  # profiled: one pass; runs: two
+    text = str(err.value)
+    assert "\n" not in text and "make_step(model) must return the step the loop runs" in text, text
+
+
+def test_a_loop_that_steps_outside_the_session_is_told_in_one_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    x, y = user_data(n=64)
+    net = UserCNN()
+    step = make_step(net)
+    with (
+        caplog.at_level("WARNING", logger="fl_client.session"),
+        _session(model=net, profile_cache=tmp_path) as session,
+    ):
+        for i in range(0, 64, 8):
+            if i < 32:
+                session.step(step, x[i : i + 8], y[i : i + 8])
+            else:
+                step(x[i : i + 8], y[i : i + 8])  # outside the session: not charged
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "after 32 samples through session.step" in warnings[0], warnings
+    assert "fewer than one pass over its 64 training examples" in warnings[0]
+    assert session.report is not None and session.report.samples == 32
