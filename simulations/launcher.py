@@ -46,13 +46,14 @@ from powerctl.errors import PowerctlError
 from simulations.flower_home import FlowerHome, clean_stale_homes, describe_cleaned
 from simulations.linkstate_index import INDEX_ENV, check_flower_version, install_script
 from simulations.local_superlink import (
+    NotOurProcessError,
     alive,
     descendants,
     flower_env,
     flwr_run_command,
     free_port,
     pids_listening_on,
-    stop_local_superlink,
+    port_holder,
     stop_tree,
     superlink_home,
 )
@@ -228,14 +229,19 @@ def _tree(port: int, home: Path) -> list[int]:
 
 
 def _clear_ports(ports: list[int], echo: Callable[[str], None]) -> None:
-    """What a killed launcher left, then a local SuperLink of `flwr run` on a port asked for, are
-    stopped; anything else on those ports is one line (NotOurProcessError), nothing signalled."""
+    """What a killed launcher left is stopped (its home says it is ours: `clean_stale_homes`); then a
+    port asked for that anything still holds — another run's SuperLink, a bare `flwr run`'s, any other
+    program — is one NotOurProcessError line naming the process, and nothing is signalled: a run never
+    joins, nor stops, a SuperLink it did not start."""
     for home, launcher, stopped in clean_stale_homes():
         echo(f"cleaned up an earlier run: {describe_cleaned(home, launcher, stopped)}")
     for port in ports:
-        if stale := stop_local_superlink(port):
-            pids = ", ".join(map(str, stale))
-            echo(f"stopped the local SuperLink on port {port} before this run (pids {pids})")
+        if (what := port_holder(port)) is not None:
+            raise NotOurProcessError(
+                f"port {port} is held by {what}: this run starts its own SuperLink; give another port "
+                f"(SUPERLINK_PORT=, --port; none: a free one), or stop that process if it is yours "
+                f"(a SuperLink `flwr run .` left: python -m simulations stop-superlink --port {port})"
+            )
 
 
 def run_flwr(

@@ -46,7 +46,8 @@ LOG_FILE = Path("local-superlink") / "superlink.log"
 
 
 class NotOurProcessError(PowerctlError):
-    """What holds a port is not a local SuperLink of `flwr run`: nothing was signalled."""
+    """What holds a port is not ours to stop (not a local SuperLink of `flwr run`, or not this run's):
+    nothing was signalled."""
 
 
 def _listening_inodes(port: int) -> set[str]:
@@ -84,6 +85,16 @@ def pids_listening_on(port: int) -> list[int]:
     """Processes holding a listening TCP socket on `port` (only those this user may inspect)."""
     inodes = _listening_inodes(port)
     return _holders(inodes) if inodes else []
+
+
+def port_holder(port: int) -> str | None:
+    """Who listens on `port`, in words (None: nobody): the first process holding it, or "a process this
+    user cannot see" (another user's)."""
+    inodes = _listening_inodes(port)
+    if not inodes:
+        return None
+    holders = _holders(inodes)
+    return describe(holders[0]) if holders else "a process this user cannot see (another user's)"
 
 
 def superlink_home(pid: int) -> Path | None:

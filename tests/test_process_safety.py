@@ -233,6 +233,37 @@ def test_make_run_refuses_a_port_held_by_another_program_before_flower_starts(
     assert not list((tmp_path / "tmp").iterdir()), "no Flower home may be left"
 
 
+def test_make_run_never_stops_nor_joins_another_runs_superlink_on_its_port(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two `make run`s on the same SUPERLINK_PORT: the second is one line naming the first's SuperLink,
+    which goes on (issue 37, item 6); it used to stop it as "a local SuperLink of flwr run"."""
+    from simulations.launcher import check_launch, launch
+    from simulations.local_superlink import NotOurProcessError
+
+    def refuse(*_: object, **__: object) -> None:
+        raise AssertionError("flwr run was started on a port another run's SuperLink holds")
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path / "ray"))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    port, home = free_port(), tmp_path / "first-run-home"
+    env = {**os.environ, "FLWR_HOME": str(home)}
+    cmd = _fake_superlink(tmp_path, port, home)
+    with _started(cmd, env=env, stdout=subprocess.PIPE, start_new_session=True) as link:
+        assert link.stdout is not None
+        child = int(link.stdout.readline())
+        _wait(lambda: pids_listening_on(port), "the first run's SuperLink")
+        with monkeypatch.context() as m, pytest.raises(NotOurProcessError) as err:
+            m.setattr(subprocess, "Popen", refuse)
+            launch(check_launch(2, "", tmp_path / "flwr", tmp_path / "flwr.log", port))
+        text = str(err.value)
+        assert f"port {port} is held by pid {link.pid}" in text and "\n" not in text, text
+        assert "this run starts its own SuperLink" in text
+        assert alive(link.pid) and alive(child), "the first run's SuperLink was stopped"
+
+
 # --- what a killed launcher leaves -----------------------------------------------------------------
 def _leftover_home(base: Path, launcher: int, recorded: list[list[int]]) -> Path:
     """A home as a launcher writes it, whose launcher is gone (nobody holds its lock)."""
