@@ -143,6 +143,8 @@ def user_step(
         _, flops = count_flops(lambda: step(xs[:4], ys[:4]))  # the step's own work, not one pass's
         if flops:
             workload = dataclasses.replace(workload, flops_per_sample=flops / len(xs[:4]))
+        if (states := optimizer_states(step, net)) is not None:  # after a step: its state exists
+            workload = dataclasses.replace(workload, optimizer_states=states)
 
         def make(batch_size: int) -> Callable[[], None]:
             rows = torch.arange(batch_size, device=xs.device) % len(xs)
@@ -154,6 +156,44 @@ def user_step(
     return ProfiledStep(
         instr.model, tuple(int(s) for s in x.shape[1:]), build, _step_key(model, make_step, key)
     )
+
+
+def optimizer_states(step: Any, model: nn.Module) -> int | None:
+    """How many copies of the parameters the step's optimizer keeps (Adam 2, SGD with momentum 1, plain
+    SGD 0), read from its state after one step: the memory a simulated board charges. The optimizer is
+    found where a step keeps it, in the step's closure (or its bound object); None when none is found
+    (the workload keeps Adam's 2, the larger)."""
+    params = {id(p): p for p in model.parameters()}
+    for opt in _optimizers_of(step):
+        counts = [
+            sum(
+                1 for v in opt.state.get(p, {}).values() if isinstance(v, torch.Tensor) and v.shape == p.shape
+            )
+            for group in opt.param_groups
+            for p in group["params"]
+            if id(p) in params
+        ]
+        if counts:
+            return max(counts)
+    return None
+
+
+def _optimizers_of(step: Any) -> list[torch.optim.Optimizer]:
+    found: list[torch.optim.Optimizer] = []
+    holders = [getattr(step, "__self__", None), *(_cell(c) for c in getattr(step, "__closure__", None) or ())]
+    for value in holders:
+        if isinstance(value, torch.optim.Optimizer):
+            found.append(value)
+        elif value is not None and not callable(value) and hasattr(value, "__dict__"):
+            found += [v for v in vars(value).values() if isinstance(v, torch.optim.Optimizer)]
+    return found
+
+
+def _cell(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:
+        return None
 
 
 def _example(example: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -464,3 +464,33 @@ def test_a_loop_that_steps_outside_the_session_is_told_in_one_line(
     assert len(warnings) == 1 and "after 32 samples through session.step" in warnings[0], warnings
     assert "fewer than one pass over its 64 training examples" in warnings[0]
     assert session.report is not None and session.report.samples == 32
+
+
+def test_the_workload_counts_the_optimizers_real_state(tmp_path: Path) -> None:
+    """Issue 37, item 5: the memory a simulated board charges holds the step's optimizer's state, not
+    Adam's always: SGD with momentum keeps one copy of the parameters, plain SGD none, Adam two."""
+
+    def with_optimizer(make_opt: Callable[[Any], torch.optim.Optimizer]) -> Callable[[nn.Module], Any]:
+        def build(net: nn.Module) -> Callable[[torch.Tensor, torch.Tensor], None]:
+            opt = make_opt(net.parameters())
+
+            def step(x: torch.Tensor, y: torch.Tensor) -> None:
+                opt.zero_grad()
+                F.cross_entropy(net(x), y).backward()
+                opt.step()
+
+            return step
+
+        return build
+
+    states = {}
+    for name, make_opt in {
+        "momentum": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9),
+        "plain": lambda p: torch.optim.SGD(p, lr=0.05),
+        "adam": lambda p: torch.optim.Adam(p, lr=1e-3),
+    }.items():
+        with _session(make_step=with_optimizer(make_opt), profile_cache=tmp_path / name) as session:
+            session.step(lambda: None)
+        assert session._workload is not None
+        states[name] = session._workload.optimizer_states
+    assert states == {"momentum": 1, "plain": 0, "adam": 2}
