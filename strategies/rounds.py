@@ -83,13 +83,24 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 REASON_LIMIT = 400
 
 
+_RAISED = re.compile(r"^(?P<cls>[A-Za-z_][\w.]*(?:Error|Exception|Interrupt)): (?P<message>.+?)(?:'>)?$")
+"""The line a traceback ends with (Flower's simulation wraps it in `<class ...>:<'...'>`)."""
+OWN_PACKAGES = ("powerctl.", "powerfed.", "strategies.", "fl_server.", "fl_client.", "simulations.")
+
+
 def one_line(reason: str) -> str:
     """A failure reason fit for a table row: colour codes out, and of a multi-line text (Ray puts a
-    whole remote traceback there) its first line and its last, where the exception is said."""
+    whole remote traceback there, after its own lines) the exception it ends with — the project's own
+    error by its message alone, which already says what to do; else its first line and its last."""
     lines = [ln.strip() for ln in _ANSI.sub("", reason).splitlines() if ln.strip()]
     if not lines:
         return "(no reason given)"
-    text = lines[0] if len(lines) == 1 else f"{lines[0]} … {lines[-1]}"
+    raised = next((m for ln in reversed(lines) if (m := _RAISED.match(ln))), None) if len(lines) > 1 else None
+    if raised is not None:
+        own = raised["cls"].startswith(OWN_PACKAGES)
+        text = raised["message"] if own else f"{raised['cls'].rsplit('.', 1)[-1]}: {raised['message']}"
+    else:
+        text = lines[0] if len(lines) == 1 else f"{lines[0]} … {lines[-1]}"
     return text if len(text) <= REASON_LIMIT else text[: REASON_LIMIT - 1] + "…"
 
 

@@ -348,6 +348,23 @@ def test_a_multi_line_coloured_reason_becomes_one_line_with_the_exception() -> N
     assert one_line("") == "(no reason given)" and len(one_line("x" * 1000)) == 400
 
 
+def test_a_ray_wrapped_error_of_the_project_is_its_own_line() -> None:
+    """A train function without `power_aware_mod`, in Flower's simulation: Ray's lines, the traceback,
+    then the project's error, which says what to do; the warning is that line alone (issue 37)."""
+    from strategies.rounds import one_line
+
+    said = "PowerSession: no round to join: add powerfed.power_aware_mod to the ClientApp's mods"
+    reason = (
+        "<class 'flwr.clientapp.client_app.ClientAppException'>:<'\nException ClientAppException occurred. "
+        "Message: ray::ClientAppActor.run() (pid=4242, ip=127.0.0.1, actor_id=abc)\n"
+        '  File "/app/task.py", line 12, in train\n    with PowerSession(model=net) as s:\n'
+        f"fl_client.session.SessionError: {said}'>"
+    )
+    assert one_line(reason) == said
+    other = reason.replace(f"fl_client.session.SessionError: {said}", "ValueError: bad shape (3, 2)")
+    assert one_line(other) == "ValueError: bad shape (3, 2)"  # another library's: its class kept
+
+
 def test_min_available_nodes_gathers_the_fleet_once_and_a_node_gone_later_does_not_hold_the_run(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

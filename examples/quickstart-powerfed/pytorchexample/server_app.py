@@ -1,5 +1,7 @@
 """pytorchexample: A Flower / PyTorch app."""
 
+from pathlib import Path
+
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
@@ -44,6 +46,7 @@ def main(grid: Grid, context: Context) -> None:
     # Save final model to disk
     print("\nSaving final model to disk...")
     state_dict = result.arrays.to_torch_state_dict()
+    Path(context.run_config["model-path"]).parent.mkdir(parents=True, exist_ok=True)  # runs/: git ignores it
     torch.save(state_dict, context.run_config["model-path"])
     print(f"results: {save_results(strategy, context.run_config['results'])}")
 
