@@ -64,15 +64,13 @@ from powerctl.mapping import Integer, Number, check_arguments
 from powerctl.profiler import StepFactory
 from powerctl.safety import restore_on_exit
 from powerctl.workload import Workload, count_flops, measure_workload
-from powerfed.training.finetune import POWER_RATE_HZ, FineTuneResult, LossFn, TrainingPower
+from powerfed.training.finetune import POWER_RATE_HZ, FineTuneResult, LossFn, MakeStep, TrainingPower
 from powerfed.training.models import same_model
 from strategies.protocol import ClientReport, TrainInstructions
 
 log = logging.getLogger(__name__)
 Step = Callable[..., Any]
 """One training step of the user's loop: `step(x, y)` trains on one batch."""
-MakeStep = Callable[[nn.Module], Step]
-"""model → its training step (an optimizer of its own over that model's parameters)."""
 
 
 def _check_session_arguments(

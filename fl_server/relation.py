@@ -21,10 +21,11 @@ which is why those are in the key (a vector made elsewhere was silently reused: 
 in parallel as Ray tasks, one CPU thread each (and a share of the GPU where the device is one).
 
 The same estimator serves user code: a model factory or a name registered with
-`powerfed.training.models.register_model`, proxy data as a torch Dataset, a DataLoader or tensors
-(x, y) of any shape, a loss and a metric — or a `train_to_target(batch_size, lr, seed)` callable for a
-user's own loop. The project cannot version user code, so its results are cached only under a `cache_key` the
-user gives (and changes with the code), together with the data's bytes and every setting above.
+`powerfed.training.models.register_model`, proxy data as a torch Dataset, a DataLoader or tensors (x, y)
+of any shape, a loss and a metric, the user's own training step (`make_step`, as a `PowerSession` takes
+it) — or a `train_to_target(batch_size, lr, seed[, target])` callable for a user's own loop. The project
+cannot version user code, so its results are cached only under a `cache_key` the user gives (and changes
+with the code), together with the data's bytes and every setting above.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import inspect
 import json
 import logging
 import math
@@ -58,7 +60,7 @@ from powerctl.relation import VECTORS, RelationVector
 from powerfed.training.crossing import DEFAULT_MIN_EVALUATIONS, run_dense
 from powerfed.training.data import Dataset
 from powerfed.training.errors import DataError, ModelError
-from powerfed.training.finetune import LossFn, MetricFn, fine_tune
+from powerfed.training.finetune import LossFn, MakeStep, MetricFn, fine_tune
 from powerfed.training.lr import LR_RULES, scaled_lr
 from powerfed.training.models import (
     ModelSpec,
@@ -88,8 +90,9 @@ __all__ = [
 
 ModelFactory = Callable[[], nn.Module]
 """A user's model: called with no argument (or `num_classes=` where it takes it), a fresh nn.Module."""
-TrainToTarget = Callable[[int, float, int], float | None]
-"""A user's own loop: (batch_size, lr, seed) → samples to the target, None when it was not reached."""
+TrainToTarget = Callable[..., float | None]
+"""A user's own loop: (batch_size, lr, seed[, target_accuracy]) → samples to the target, None when it was
+not reached (a callable that takes a fourth argument is given the target)."""
 
 CACHE_VERSION = 2
 """Bump when a code change alters what a relation estimate would be: old cache entries then miss."""
@@ -223,6 +226,7 @@ def _run_job(
     test: Dataset,
     loss: LossFn | None,
     metric: MetricFn | None,
+    make_step: MakeStep | None,
     batch_size: int,
     seed: int,
     lr: float,
@@ -260,6 +264,7 @@ def _run_job(
             desc=f"b={batch_size} seed={seed}",
             loss=loss,
             metric=metric,
+            make_step=make_step,
         )
 
     with _torch_threads(threads):
@@ -299,14 +304,34 @@ def _torch_threads(threads: int) -> Any:
         torch.set_num_threads(before)
 
 
+def _takes_four(fn: Callable[..., Any]) -> bool:
+    """Whether `fn` can be called with four positional arguments (then it is given the target)."""
+    try:
+        inspect.signature(fn).bind(0, 0.0, 0, 0.5)
+    except TypeError:
+        return False
+    except ValueError:  # no signature (a builtin): the documented three
+        return False
+    return True
+
+
 def _run_user_job(
-    train_to_target: TrainToTarget, batch_size: int, seed: int, lr: float, threads: int, **_: Any
+    train_to_target: TrainToTarget,
+    batch_size: int,
+    seed: int,
+    lr: float,
+    threads: int,
+    target_accuracy: float,
+    **_: Any,
 ) -> dict[str, Any]:
     """One run of the user's own loop; its answer checked, as a run record like `_run_job`'s (the
     device is the user's loop's own business)."""
     started = time.perf_counter()
+    args: tuple[Any, ...] = (batch_size, lr, seed)
+    if _takes_four(train_to_target):
+        args = (*args, target_accuracy)
     with _torch_threads(threads):
-        samples = train_to_target(batch_size, lr, seed)
+        samples = train_to_target(*args)
     ok = samples is None or (
         isinstance(samples, (int, float)) and not isinstance(samples, bool) and not math.isnan(samples)
     )
@@ -521,6 +546,7 @@ def estimate_relation(
     overrides: dict[str, Any] | None = None,
     loss: LossFn | None = None,
     metric: MetricFn | None = None,
+    make_step: MakeStep | None = None,
     train_to_target: TrainToTarget | None = None,
     cache_key: str | None = None,
     cache_dir: str | Path | None = None,
@@ -539,9 +565,13 @@ def estimate_relation(
     user's), or a factory returning an nn.Module (given `num_classes=` where it takes it). `proxy` is a
     dataset spec (`powerfed.training.data.load_dataset`), a torch Dataset, a DataLoader (its dataset) or
     tensors (x, y) of any sample shape and channel count. `loss(outputs, targets)` and `metric(outputs,
-    targets)` replace the task's cross entropy and top-1 accuracy. Instead of all these, a user whose
-    loop is their own gives `train_to_target(batch_size, lr, seed)` → samples to the target (None: not
-    reached); `model` then only names the file's model and `proxy` (optional) its data.
+    targets)` replace the task's cross entropy and top-1 accuracy. `make_step(model)` → `step(x, y)`
+    replaces the training step (the one a `PowerSession` takes: the user's optimizer, loss, proximal
+    term), so that the vector is the user's optimizer's; the crossing, seeds, stopping rule, cache and
+    Ray are the project's, and `lr_max`/`lr_rule` are the step's business (its own rate). Instead of all
+    these, a user whose loop is their own gives `train_to_target(batch_size, lr, seed[, target])` →
+    samples to the target (None: not reached), given the target where it takes a fourth argument;
+    `model` then only names the file's model and `proxy` (optional) its data, whose bytes the key holds.
 
     The proxy dataset is split into train/test (powerfed.training.data defaults, `data_seed`); each run trains
     on the train part with the rate `scaled_lr(lr_max, b, largest b, lr_rule)` and evaluates every
@@ -579,7 +609,13 @@ def estimate_relation(
         raise ModelError(
             "weights files name their model: register the factory with register_model and give its name"
         )
-    user_code = not (spec is not None and spec.builtin) or loss is not None or metric is not None
+    user_code = not (spec is not None and spec.builtin) or any(
+        f is not None for f in (loss, metric, make_step)
+    )
+    if make_step is not None and not callable(make_step):
+        raise ArgumentError(
+            f"estimate_relation: 'make_step' must be callable (model → step(x, y)), got {make_step!r}"
+        )
     if spec is not None:
         state, overrides, num_classes, weights_id = _starting_weights(spec.name, weights, overrides)
         if spec.task == "text" and seq_len is None:
@@ -653,6 +689,7 @@ def estimate_relation(
         "test": test,
         "loss": loss,
         "metric": metric,
+        "make_step": make_step,
     }
     common = {
         "target_accuracy": float(target_accuracy),
@@ -703,7 +740,7 @@ def _estimate_own_loop(
         overrides={},
         weights_sha256="user",
         proxy_spec=label,
-        proxy_sha256=None,
+        proxy_sha256=_given_data_digest(proxy),
         seq_len=None,
         limit=None,
         data_seed=0,
@@ -727,7 +764,8 @@ def _estimate_own_loop(
     if not given["compute"]:
         raise NotCached(f"no cached relation vector of {name} for these settings")
     shared = {"train_to_target": train_to_target}
-    run_seeds = _seed_runner(_run_user_job, shared, {}, bs, lrs, label, {**given, "max_samples": 0})
+    common = {"target_accuracy": float(given["target_accuracy"])}
+    run_seeds = _seed_runner(_run_user_job, shared, common, bs, lrs, label, {**given, "max_samples": 0})
     return _finish(
         request,
         run_seeds,
@@ -736,6 +774,16 @@ def _estimate_own_loop(
         samples_rule="the user's train_to_target",
         overrides={},
     )
+
+
+def _given_data_digest(proxy: Any) -> str | None:
+    """The digest of the data a user's own loop names (`proxy`), so that its cache key holds the data's
+    bytes: a spec's file, or the tensors of a Dataset, DataLoader or (x, y); None when none is given."""
+    if proxy is None:
+        return None
+    if isinstance(proxy, str):
+        return spec_digest(proxy) or proxy
+    return load_proxy(proxy, task=None, seq_len=64, limit=None, seed=0).sha256
 
 
 def _cache_file(

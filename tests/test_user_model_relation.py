@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -293,3 +293,67 @@ def test_npz_takes_one_channel_and_the_model_decides(tmp_path: Path) -> None:
     msg = str(err.value)
     assert msg.startswith("model 'cnn-tiny' takes samples of shape 3x32x32 (3 channels)") and "\n" not in msg
     assert "has 1x16x16" in msg
+
+
+def _sgd_momentum_step(
+    calls: list[int],
+) -> Callable[[nn.Module], Callable[[torch.Tensor, torch.Tensor], None]]:
+    """The user's own step, the one their PowerSession takes: SGD with momentum, their rate."""
+
+    def make_step(model: nn.Module) -> Callable[[torch.Tensor, torch.Tensor], None]:
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+        def step(x: torch.Tensor, y: torch.Tensor) -> None:
+            calls.append(len(x))
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+
+        return step
+
+    return make_step
+
+
+def test_the_relation_vector_is_the_users_step_s_when_it_gives_one(tmp_path: Path) -> None:
+    """Issue 37, item 1: `estimate_relation(make_step=...)` trains every run with the user's step (their
+    optimizer), with the project's crossing, seeds and cache; a step without a cache_key is not cached."""
+    calls: list[int] = []
+    kw = {**SETTINGS, "cache_dir": tmp_path}
+    own = estimate_relation(NAME, None, user_data(), make_step=_sgd_momentum_step(calls), **kw)
+    assert calls and set(calls) == {8, 16, 32}, "every run's steps are the user's"
+    adam = estimate_relation(NAME, None, user_data(), **kw)
+    assert own.samples_to_target != adam.samples_to_target  # another optimizer, another vector
+    assert not list(tmp_path.glob("relation-*.json")), "user code without a cache_key: nothing cached"
+    before = len(calls)
+    estimate_relation(NAME, None, user_data(), make_step=_sgd_momentum_step(calls), **kw)
+    assert len(calls) > before, "user code without a cache_key is estimated again, never served a cache"
+    keyed = estimate_relation(
+        NAME, None, user_data(), make_step=_sgd_momentum_step(calls), cache_key="sgd-v1", **kw
+    )
+    at = len(calls)
+    again = estimate_relation(
+        NAME, None, user_data(), make_step=_sgd_momentum_step(calls), cache_key="sgd-v1", **kw
+    )
+    assert len(calls) == at and again.to_dict() == keyed.to_dict()  # keyed: cached
+    assert keyed.samples_to_target == own.samples_to_target  # the same step and seeds: the same numbers
+
+
+def test_train_to_target_is_given_the_target_and_its_key_holds_the_datas_bytes(tmp_path: Path) -> None:
+    seen: list[float] = []
+
+    def four(batch_size: int, lr: float, seed: int, target: float) -> float:
+        seen.append(target)
+        return 100.0 * batch_size
+
+    kw = {"target_accuracy": 0.6, "batch_sizes": (8, 16), "seeds": (0,), "cache_dir": tmp_path}
+    x, y = user_data(n=64)
+    estimate_relation(NAME, proxy=(x, y), train_to_target=four, cache_key="k", **kw)
+    assert seen == [0.6, 0.6]
+    estimate_relation(NAME, proxy=(x, y), train_to_target=four, cache_key="k", **kw)
+    assert len(seen) == 2, "the same data: cached"
+    estimate_relation(NAME, proxy=(x + 1.0, y), train_to_target=four, cache_key="k", **kw)
+    assert len(seen) == 4, "other data bytes under the same cache_key: estimated again"
+    three = estimate_relation(
+        NAME, train_to_target=lambda b, lr, s: 50.0 * b, target_accuracy=0.6, batch_sizes=(8, 16), seeds=(0,)
+    )
+    assert three.samples_to_target == [400.0, 800.0]  # the documented three arguments still work

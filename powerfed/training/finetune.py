@@ -82,6 +82,9 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 MetricFn = Callable[[torch.Tensor, torch.Tensor], float]
 """(outputs, targets) of the whole evaluation subset → the accuracy-like number the target is set in
 (higher is better; default: the task's top-1 accuracy, per character for text)."""
+MakeStep = Callable[[nn.Module], Callable[..., Any]]
+"""model → the user's training step `step(x, y)` (one optimizer step on one batch): what a
+`PowerSession` profiles and the loop runs, and what `estimate_relation(make_step=...)` trains with."""
 
 
 class StepHook(Protocol):
@@ -475,6 +478,7 @@ def fine_tune(
     on_step: Callable[[int, int], None] | None = None,
     loss: LossFn | None = None,
     metric: MetricFn | None = None,
+    make_step: MakeStep | None = None,
 ) -> FineTuneResult:
     """Train `model` in place on `train` until its accuracy on `test` reaches `target_accuracy`.
 
@@ -499,8 +503,13 @@ def fine_tune(
     then equals `samples`). `on_step(steps, samples)` is called
     after every training step (progress reports, fault injection); what it raises ends the run.
     `loss` and `metric` replace the task's loss and accuracy (`LossFn`, `MetricFn`): a user's model
-    whose outputs or targets are not the task's.
+    whose outputs or targets are not the task's. `make_step(model)` replaces the whole training step
+    with the user's own (`step(x, y)`: their optimizer, their loss, a proximal term, two passes; the
+    one a `PowerSession` takes): `lr`, `optimizer` and `loss` then do not train (the step has its own),
+    and a run with it is not checkpointed (its optimizer state is the step's).
     """
+    if make_step is not None and (checkpoint is not None or hooks):
+        raise ArgumentError("fine_tune: a user's make_step runs without checkpoints or step hooks")
     lr_for = lr if callable(lr) else (lambda _: lr)
     start_lr = lr_for(batch_size)
     _check_args(
@@ -544,6 +553,7 @@ def fine_tune(
     with torch.random.fork_rng(devices=cuda):
         torch.manual_seed(seed)  # dropout and friends: repeatable, and the caller's RNG is left alone
         opt = make_optimizer(task, model.parameters(), run.lr, optimizer)
+        user_step = make_step(model) if make_step is not None else None
         gen = torch.Generator().manual_seed(seed)
         power = TrainingPower(device, POWER_RATE_HZ)
         parts = _resumable_parts(run, dev, model, opt, gen, cuda, power, device, hooks)
@@ -591,7 +601,9 @@ def fine_tune(
 
                 t0 = device.clock()
                 device.run_step(
-                    partial(_train_step, model, opt, criterion, xb, yb),
+                    partial(user_step, xb, yb)
+                    if user_step is not None
+                    else partial(_train_step, model, opt, criterion, xb, yb),
                     batch_size=run.batch_size,
                     workload=workload,
                 )
