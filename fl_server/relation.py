@@ -708,6 +708,7 @@ def estimate_relation(
         samples_rule="interpolated crossing, isotonic curve (powerfed.training.crossing)",
         overrides=overrides,
         model_fingerprint=fingerprint,
+        **({"training_step": "the user's make_step"} if make_step is not None else {}),
     )
 
 

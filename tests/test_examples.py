@@ -1,7 +1,9 @@
-"""examples/: a Flower `quickstart-pytorch`-style app and the same app made power-aware (issue 27 item 6).
+"""examples/: two Flower apps, each with its power-aware twin (issue 27 item 6, issue 37): a
+`quickstart-pytorch`-style app (Adam, FedAvg) and a FedProx app (SGD with momentum and the proximal
+term in its own step, Flower's FedProx strategy, its relation vector estimated with that step).
 
-The power-aware version differs from the plain one by at most 30 lines; the plain one trains as it
-stands; the power-aware one runs with `flwr run` on two simulated boards through the project's launcher
+Each power-aware version differs from its plain one by at most 30 (40) lines; the plain ones train as they
+stand; the power-aware ones run with `flwr run` on two simulated boards through the project's launcher
 (`python -m simulations flwr-run --app`: a private Flower home, a SuperLink started and stopped by
 process id), and every node's row in its results.json says what the round cost and the pair it chose.
 """
@@ -23,7 +25,13 @@ from simulations.local_superlink import free_port, pids_listening_on
 ROOT = Path(__file__).resolve().parents[1]
 PLAIN = ROOT / "examples" / "quickstart-pytorch"
 POWER_AWARE = ROOT / "examples" / "quickstart-powerfed"
-MAX_CHANGED_LINES = 30
+FEDPROX = ROOT / "examples" / "quickstart-fedprox"
+FEDPROX_AWARE = ROOT / "examples" / "quickstart-fedprox-powerfed"
+PAIRS = [
+    pytest.param(PLAIN, POWER_AWARE, "pytorchexample", 30, id="adam-fedavg"),
+    pytest.param(FEDPROX, FEDPROX_AWARE, "fedproxexample", 40, id="sgd-fedprox"),
+]
+"""(plain app, power-aware app, their package, the most lines the power-aware diff may change)."""
 LAUNCHER = [sys.executable, "-m", "simulations", "flwr-run"]
 
 
@@ -46,11 +54,14 @@ def changed_lines(a: dict[str, list[str]], b: dict[str, list[str]]) -> list[str]
     return out
 
 
-def test_the_power_aware_example_differs_from_the_plain_one_by_at_most_30_lines() -> None:
-    plain, aware = app_files(PLAIN), app_files(POWER_AWARE)
+@pytest.mark.parametrize(("plain_app", "aware_app", "package", "most"), PAIRS)
+def test_each_power_aware_example_differs_from_its_plain_one_by_at_most_its_lines(
+    plain_app: Path, aware_app: Path, package: str, most: int
+) -> None:
+    plain, aware = app_files(plain_app), app_files(aware_app)
     assert sorted(plain) == sorted(aware)  # the same app: the same files
     changed = changed_lines(plain, aware)
-    assert 0 < len(changed) <= MAX_CHANGED_LINES, "\n".join(changed)
+    assert 0 < len(changed) <= most, "\n".join(changed)
     # what it takes is what the howto walks through: the Mod, the session, the wrapper, the relation
     text = "\n".join(changed)
     for name in ("power_aware_mod", "PowerSession", "session.step", "PowerAware(", "estimate_relation"):
@@ -71,29 +82,33 @@ def _run_python(app: Path, code: str, env: dict[str, str] | None = None) -> str:
     return proc.stdout
 
 
-def test_the_plain_example_trains_and_evaluates_through_its_client_app() -> None:
+@pytest.mark.parametrize(("plain_app", "aware_app", "package", "most"), PAIRS)
+def test_each_plain_example_trains_and_evaluates_through_its_client_app(
+    plain_app: Path, aware_app: Path, package: str, most: int
+) -> None:
     """The plain app's own train and evaluate functions, called as Flower calls them: one epoch on one
     partition learns the task (the data is seeded, so the power-aware run has something to learn)."""
     out = _run_python(
-        PLAIN,
-        """
+        plain_app,
+        f"""
         import sys
         sys.path.insert(0, ".")
         from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
         from flwr.supercore.task_identity import TaskIdentity
-        from pytorchexample import client_app
-        from pytorchexample.task import Net
+        from {package} import client_app
+        from {package}.task import Net
 
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 7, 0, 0
-        run_config = {"local-epochs": 1, "batch-size": 32}
-        context = Context(1, 1, {"partition-id": 0, "num-partitions": 2}, RecordDict(), run_config)
+        run_config = {{"local-epochs": 1, "batch-size": 32}}
+        context = Context(1, 1, {{"partition-id": 0, "num-partitions": 2}}, RecordDict(), run_config)
         arrays = ArrayRecord(Net().state_dict())
-        train = Message(RecordDict({"arrays": arrays, "config": ConfigRecord({"lr": 0.01})}),
-                        dst_node_id=1, message_type="train")
+        config = ConfigRecord({{"lr": 0.01, "proximal-mu": 0.1}})  # FedProx sends mu; FedAvg's app ignores it
+        train = Message(RecordDict({{"arrays": arrays, "config": config}}), dst_node_id=1,
+                        message_type="train")
         reply = client_app.train(train, context)
-        evaluate = Message(RecordDict({"arrays": reply.content["arrays"], "config": ConfigRecord({})}),
+        evaluate = Message(RecordDict({{"arrays": reply.content["arrays"], "config": ConfigRecord({{}})}}),
                            dst_node_id=1, message_type="evaluate")
-        before = client_app.evaluate(Message(RecordDict({"arrays": arrays}), dst_node_id=1,
+        before = client_app.evaluate(Message(RecordDict({{"arrays": arrays}}), dst_node_id=1,
                                              message_type="evaluate"), context)
         after = client_app.evaluate(evaluate, context)
         print(reply.content["metrics"]["num-examples"], before.content["metrics"]["eval_acc"],
@@ -123,16 +138,19 @@ def test_an_app_folder_that_is_not_a_flower_app_is_one_line_and_starts_nothing(t
 
 
 @pytest.mark.slow
-def test_the_power_aware_example_runs_with_flwr_run_on_two_simulated_boards(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("plain_app", "aware_app", "package", "most"), PAIRS)
+def test_each_power_aware_example_runs_with_flwr_run_on_two_simulated_boards(
+    tmp_path: Path, plain_app: Path, aware_app: Path, package: str, most: int
+) -> None:
     """`flwr run` of the example app as it stands, one round, two virtual nodes mapped by its `fleet`
     to a Jetson Nano capped at 3 W and a TX2 NX at 3.5 W: every node reports device seconds, energy,
     peak power and the (batch size, frequency) pair it chose under its cap; the app folder is left as
     it was and nothing listens on the SuperLink's port afterwards."""
-    before = app_files(POWER_AWARE)
+    before = app_files(aware_app)
     port = free_port()
     results = tmp_path / "results.json"
     run_config = f"num-server-rounds=1 results='{results}' model-path='{tmp_path / 'model.pt'}'"
-    args = ["--app", str(POWER_AWARE), "--nodes", "2", "--port", str(port), "--run-config", run_config]
+    args = ["--app", str(aware_app), "--nodes", "2", "--port", str(port), "--run-config", run_config]
     proc = subprocess.run(
         [*LAUNCHER, *args, "--log", str(tmp_path / "flwr.log")],
         cwd=ROOT,
@@ -144,7 +162,7 @@ def test_the_power_aware_example_runs_with_flwr_run_on_two_simulated_boards(tmp_
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert proc.stdout.strip().splitlines()[-1] == f"results: {results}"
-    assert not pids_listening_on(port) and app_files(POWER_AWARE) == before
+    assert not pids_listening_on(port) and app_files(aware_app) == before
 
     data = json.loads(results.read_text())
     (rnd,) = data["rounds"]
@@ -169,3 +187,5 @@ def test_the_power_aware_example_runs_with_flwr_run_on_two_simulated_boards(tmp_
     nodes = {n["key"]: n for n in data["nodes"]}  # describe_node answered the wrapper's query
     assert nodes["partition-1"]["device"] == "sim:jetson-tx2nx" and nodes["partition-0"]["power_cap_w"] == 3.0
     assert (tmp_path / "model.pt").is_file()
+    if package == "fedproxexample":  # the vector is the app's own step's (SGD, proximal term)
+        assert data["run"]["relation"]["training_step"] == "the user's make_step"

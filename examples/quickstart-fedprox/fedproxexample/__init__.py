@@ -1,0 +1,1 @@
+"""fedproxexample: A Flower / PyTorch app trained with FedProx."""
