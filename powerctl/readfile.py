@@ -58,6 +58,22 @@ _KINDS = (
 )
 
 
+def not_regular(path: str | Path) -> str | None:
+    """What `path` is when it is not a regular file to read, in words ("no such file", "a folder",
+    "a FIFO", "a character device", ...); None for a regular file (a link is followed)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "no such file"
+    except OSError as exc:
+        return exc.strerror or "unreadable"
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if not stat.S_ISREG(mode):
+        return next((name for test, name in _KINDS if test(mode)), "not a file")
+    return None
+
+
 def size_text(n: int) -> str:
     """A byte count as people say it: 4 KiB, 64 MiB, 4 GiB (the limits are powers of two)."""
     for unit, scale in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):

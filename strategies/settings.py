@@ -107,9 +107,13 @@ def _dataset(value: Any) -> str:
 def _app_file(value: Any) -> str:
     """Empty, or a file that exists: absolute, or relative to the app folder (the ServerApp runs in
     Flower's copy of the app, not where `flwr run` started)."""
+    from powerctl.readfile import not_regular
+
     text = Text(empty=True)(value)
-    if text and not (path := app_path_of(text)).is_file():
-        raise Invalid(f"names no such file: {path} (give an absolute path)")
+    if text and (what := not_regular(path := app_path_of(text))) is not None:
+        if what == "no such file":
+            raise Invalid(f"names no such file: {path} (give an absolute path)")
+        raise Invalid(f"names {path}, which is {what}, not a regular file; give a file")
     return text
 
 

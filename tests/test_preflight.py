@@ -56,6 +56,12 @@ BAD_FLWR_RUN = [
         'availability-trace="{inputs}/beyond.csv"',
         "names board(s) 7 the fleet does not have (its 4 boards are 0-3",
     ),
+    ('availability-trace="/dev/zero"', "names /dev/zero, which is a character device, not a regular file"),
+    (
+        'availability-trace="{inputs}/fifo.csv"',
+        "names {inputs}/fifo.csv, which is a FIFO, not a regular file",
+    ),
+    ('weights="{inputs}"', "'weights' names {inputs}, which is a folder, not a regular file; give a file"),
     ('weights="{inputs}/profile.json"', "run config: 'weights': "),
     ('relation="{inputs}/profile.json"', "run config: 'relation': "),
 ]
@@ -69,6 +75,7 @@ def inputs(tmp_path: Path) -> Path:
     profile = {"schema": "powerctl.profile/1", "device": "sim:jetson-nano", "points": []}
     (folder / "profile.json").write_text(json.dumps(profile), encoding="utf-8")
     (folder / "header-only.csv").write_text("board,first-round,last-round\n", encoding="utf-8")
+    os.mkfifo(folder / "fifo.csv")  # never opened: a FIFO without a writer would block a reader
     (folder / "beyond.csv").write_text("board,first-round,last-round\n0,1,\n7,1,2\n", encoding="utf-8")
     return folder
 
