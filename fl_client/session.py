@@ -56,7 +56,7 @@ from fl_client.round import (
     node_device_seed,
     usable_relation,
 )
-from fl_client.step_identity import step_identity
+from fl_client.step_identity import cell_value, step_identity
 from powerctl.devices.base import Device
 from powerctl.devices.simulated import SimulatedBoard
 from powerctl.errors import ArgumentError
@@ -178,20 +178,16 @@ def optimizer_states(step: Any, model: nn.Module) -> int | None:
 
 def _optimizers_of(step: Any) -> list[torch.optim.Optimizer]:
     found: list[torch.optim.Optimizer] = []
-    holders = [getattr(step, "__self__", None), *(_cell(c) for c in getattr(step, "__closure__", None) or ())]
+    holders = [
+        getattr(step, "__self__", None),
+        *(cell_value(c) for c in getattr(step, "__closure__", None) or ()),
+    ]
     for value in holders:
         if isinstance(value, torch.optim.Optimizer):
             found.append(value)
         elif value is not None and not callable(value) and hasattr(value, "__dict__"):
             found += [v for v in vars(value).values() if isinstance(v, torch.optim.Optimizer)]
     return found
-
-
-def _cell(cell: Any) -> Any:
-    try:
-        return cell.cell_contents
-    except ValueError:
-        return None
 
 
 def _example(example: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -124,7 +124,7 @@ def _code(code: types.CodeType) -> tuple[Any, set[str]]:
 
 def _function(fn: types.FunctionType, seen: set[int], depth: int) -> Any:
     body, names = _code(fn.__code__)
-    cells = [_describe(_cell(c), seen, depth + 1) for c in fn.__closure__ or ()]
+    cells = [_describe(cell_value(c), seen, depth + 1) for c in fn.__closure__ or ()]
     used = {n: fn.__globals__[n] for n in sorted(names) if n in fn.__globals__}
     return [
         "function",
@@ -137,10 +137,11 @@ def _function(fn: types.FunctionType, seen: set[int], depth: int) -> Any:
     ]
 
 
-def _cell(cell: Any) -> Any:
+def cell_value(cell: Any) -> Any:
+    """A closure cell's value (None while it is empty: a name the enclosing function assigns later)."""
     try:
         return cell.cell_contents
-    except ValueError:  # an empty cell (a name assigned later in the enclosing function)
+    except ValueError:
         return None
 
 

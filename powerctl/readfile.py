@@ -69,9 +69,7 @@ def not_regular(path: str | Path) -> str | None:
         return exc.strerror or "unreadable"
     if stat.S_ISDIR(mode):
         return "a folder"
-    if not stat.S_ISREG(mode):
-        return next((name for test, name in _KINDS if test(mode)), "not a file")
-    return None
+    return None if stat.S_ISREG(mode) else _kind(mode)
 
 
 def size_text(n: int) -> str:
@@ -91,8 +89,12 @@ def _check_regular(mode: int, path: str | Path, what: str, error: ErrorType) -> 
     if stat.S_ISDIR(mode):
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
     if not stat.S_ISREG(mode):
-        kind = next((name for test, name in _KINDS if test(mode)), "not a file")
-        raise error(f"{path}: not a regular file ({kind}); give {what}")
+        raise error(f"{path}: not a regular file ({_kind(mode)}); give {what}")
+
+
+def _kind(mode: int) -> str:
+    """What a file that is neither regular nor a folder is, in words."""
+    return next((name for test, name in _KINDS if test(mode)), "not a file")
 
 
 def open_regular(path: str | Path, *, limit: int, what: str, error: ErrorType) -> BinaryIO:
