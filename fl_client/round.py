@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 import time
 import zlib
@@ -70,6 +71,8 @@ from powerfed.training.errors import DataError, ModelError
 from powerfed.training.finetune import DEFAULT_MAX_EPOCHS, FineTuneResult, fine_tune
 from powerfed.training.models import build_model, check_input_shape, get_model_spec
 from strategies.protocol import ORACLE, OURS, ClientReport, Plan, TrainInstructions
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from powerfed.training.data import Dataset
@@ -478,6 +481,8 @@ def budgeted_profile(
         measure_steps=instr.profile_steps,
     )
     store(keys[plan.choice], profile, work.profile_cache)
+    if (why := plan.over_budget()) is not None:
+        log.warning("%s on %s: %s", work.settings.key, dev.board, why)
     return Profiled(profile, False, dev.board, restored, plan)
 
 

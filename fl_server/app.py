@@ -26,7 +26,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
 from fl_server.progress import ProgressGrid
-from fl_server.results import ResultsWriter, client_table, evaluation_line, summary_lines
+from fl_server.results import ResultsWriter, client_table, evaluation_line, over_budget_lines, summary_lines
 from fl_server.resume import (
     GLOBAL_FILE,
     RESULTS_FILE,
@@ -331,6 +331,8 @@ def run_method(
             if len(record.clients) + len(record.failed) <= CLIENT_TABLE_MAX:
                 say(client_table(record))
             say(summary_lines(record))
+            for line in over_budget_lines(record):
+                say(line)
         else:
             say(evaluation_line(record))
 

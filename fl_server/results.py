@@ -12,6 +12,7 @@ from typing import Any
 
 from powerctl.jsonfile import write_json
 from powerctl.outputs import writable_file
+from powerctl.profile_budget import over_budget
 from strategies.rounds import NodeInfo, RoundRecord
 
 RESULTS_SCHEMA = "fl_server.results/1"
@@ -129,6 +130,21 @@ def client_table(record: RoundRecord) -> str:
     return "\n".join(lines)
 
 
+def profiling_over_budget(client: dict[str, Any]) -> str | None:
+    """Why a budgeted client's profiling cost more than its budget (None: it did not, or it was not
+    budgeted), from the report's own fields."""
+    budget, costs = client.get("profiling_budget_seconds"), client.get("profiling_costs_predicted")
+    if budget is None or costs is None:
+        return None
+    return over_budget(
+        client["profiling_choice"],
+        costs,
+        budget,
+        client["profiling_seconds"],
+        client.get("predicted_training_seconds") or 0.0,
+    )
+
+
 def profiling_share(clients: list[dict[str, Any]]) -> float | None:
     """Profiling device seconds over fine-tuning device seconds, summed over `clients` (None: none
     trained)."""
@@ -158,6 +174,15 @@ def summary_lines(record: RoundRecord) -> str:
     if not s["reported"]:
         parts.append("no client reported: the global model stays as it was")
     return "; ".join(parts)
+
+
+def over_budget_lines(record: RoundRecord, most: int = 3) -> list[str]:
+    """One line per client whose profiling cost more than its budget, saying why (a large round: the
+    count and the first `most`)."""
+    over = [f"{c['node_key']}: {why}" for c in record.clients if (why := profiling_over_budget(c))]
+    if len(over) > most:
+        over = [*over[:most], f"profiling over its budget on {len(over)} of {len(record.clients)} clients"]
+    return over
 
 
 def evaluation_line(record: RoundRecord) -> str:

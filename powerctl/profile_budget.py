@@ -207,6 +207,29 @@ class ProfilingPlan:
         d["reference"] = list(self.reference)
         return d
 
+    def over_budget(self) -> str | None:
+        """Why profiling spent more than its budget, in one line (None: it did not)."""
+        return over_budget(self.choice, self.costs_s, self.budget_s, self.spent_s, self.predicted_training_s)
+
+
+def over_budget(
+    choice: str, costs_s: Mapping[str, float], budget_s: float, spent_s: float, training_s: float
+) -> str | None:
+    """Why a budgeted client's profiling cost more than its budget, from what its report holds: no way
+    was predicted to fit (a training too short for any profile to pay for itself: the least thorough
+    way was taken), or the way chosen cost more than predicted. None when it stayed within."""
+    if spent_s <= budget_s:
+        return None
+    spent = f"profiling took {spent_s:.3g} s, over its {budget_s:.3g} s budget"
+    predicted = costs_s.get(choice)
+    if predicted is not None and predicted > budget_s:
+        return (
+            f"{spent} (a share of {training_s:.3g} s of training predicted): even the cheapest way, "
+            f"{choice} ({predicted:.3g} s predicted), does not fit; a larger profiling-budget or a longer "
+            "training makes room, a cached profile costs nothing"
+        )
+    return f"{spent}: {choice} was predicted to cost {predicted or 0.0:.3g} s and cost more"
+
 
 def choose_way(ways: Sequence[str], costs_s: Mapping[str, float], budget_s: float) -> str:
     """The first (most thorough) of `ways` predicted to fit the budget; else the last (the least)."""

@@ -12,7 +12,7 @@ import pytest
 from fl_client.round import train_round
 from fl_server.run_config import RunConfigError, parse_server_config
 from powerctl.devices.simulated import SimulatedBoard, predicted_profile
-from powerctl.profile_budget import FITTED, PREDICTED, profile_within_budget
+from powerctl.profile_budget import FITTED, PREDICTED, over_budget, profile_within_budget
 from powerctl.relation import RelationVector
 from powerctl.selection import select
 from powerfed.training.models import build_model, model_workload
@@ -102,6 +102,7 @@ def test_a_round_reports_its_choice_prediction_budget_and_cost(tmp_path: Path) -
         profiling_budget=0.3,
         relation_samples=[5000.0, 6000.0],
         budget_samples=0,
+        eval_every_samples=640,  # two evaluations: the choice, not the curve, is under test
     )
     _, long = train_round(
         settings, long_instr, initial_state(), data, device_seed=1, profile_cache=tmp_path / "b"
@@ -123,3 +124,51 @@ def test_a_bad_profiling_budget_is_one_line(value: str) -> None:
         parse_server_config({"profiling-budget": value})
     line = str(err.value)
     assert "profiling-budget" in line and "\n" not in line
+
+
+def test_over_budget_says_why_or_nothing() -> None:
+    costs = {"efficient": 0.4, FITTED: 0.15, PREDICTED: 0.02}
+    assert over_budget(PREDICTED, costs, 0.05, 0.03, 5.0) is None  # within
+    why = over_budget(PREDICTED, costs, 0.005, 0.024, 0.5)
+    assert why is not None and "\n" not in why
+    assert "over its 0.005 s budget" in why and "even the cheapest way, predicted (0.02 s predicted)" in why
+    late = over_budget(FITTED, costs, 0.2, 0.3, 20.0)  # predicted to fit, measured more
+    assert late is not None and "fitted was predicted to cost 0.15 s and cost more" in late
+
+
+def test_a_user_session_too_short_for_any_profile_says_so_in_its_log_and_the_round(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A user's loop (issue 37): 400 samples to the target at 1 % make a budget of a few milliseconds
+    that no way of profiling fits; the cheapest is taken, and the client's log and the round's output
+    say why, from the report's own fields."""
+    import types
+
+    import powerfed
+    from fl_client.node import NodeSettings
+    from fl_server.results import over_budget_lines
+    from tests.test_user_session import NAME, UserCNN, make_step, plan, user_data
+
+    powerfed.register_model(NAME, UserCNN, input_shape=(1, 16, 16))
+    try:
+        node = NodeSettings("sim:jetson-nano", 3.0, None, 0, 1, "n0", None)
+        net = UserCNN()
+        x, y = user_data(n=64, seed=10)
+        with caplog.at_level("WARNING", logger="fl_client.round"), powerfed.PowerSession(
+            model=net, make_step=make_step, example=(x[:8], y[:8]), train_examples=64,
+            instructions=plan(budget_samples=64), node=node, profile_cache=tmp_path,
+        ) as session:  # fmt: skip
+            step = make_step(net)
+            while not session.done:
+                session.step(step, x[: session.batch_size], y[: session.batch_size])
+    finally:
+        powerfed.unregister_model(NAME)
+    report = session.report
+    assert report is not None and report.profiling_choice == PREDICTED
+    assert report.profiling_seconds > report.profiling_budget_seconds
+    assert min(report.profiling_costs_predicted.values()) > report.profiling_budget_seconds
+    (logged,) = [r.getMessage() for r in caplog.records if "over its" in r.getMessage()]
+    assert logged.startswith("n0 on jetson-nano: profiling took") and "even the cheapest way" in logged
+    record = types.SimpleNamespace(clients=[report.to_dict()])
+    (line,) = over_budget_lines(record)
+    assert line == "n0: " + logged.removeprefix("n0 on jetson-nano: ")

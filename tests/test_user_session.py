@@ -460,7 +460,9 @@ def test_a_loop_that_steps_outside_the_session_is_told_in_one_line(
                 session.step(step, x[i : i + 8], y[i : i + 8])
             else:
                 step(x[i : i + 8], y[i : i + 8])  # outside the session: not charged
-    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    warnings = [
+        r.getMessage() for r in caplog.records if r.levelname == "WARNING" and r.name == "fl_client.session"
+    ]
     assert len(warnings) == 1 and "after 32 samples through session.step" in warnings[0], warnings
     assert "fewer than one pass over its 64 training examples" in warnings[0]
     assert session.report is not None and session.report.samples == 32
