@@ -598,6 +598,14 @@ class Pinning:
         """The batch size in force (a follower may change it between steps)."""
         return self.choice.batch_size if self.follower is None else self.follower.batch_size
 
+    @property
+    def frequency_hz(self) -> int:
+        """The frequency in force: the follower's, the guard's after its step-downs, else the choice's."""
+        for holder in (self.follower, self.guard):
+            if holder is not None:
+                return int(holder.frequency_hz)
+        return self.choice.frequency_hz
+
     def trained(self, result: FineTuneResult, state: State, board: str) -> Trained:
         """The train step's outcome, with what the guard or the follower did."""
         follower, method = self.follower, self.choice.method

@@ -95,6 +95,15 @@ def _check_session_arguments(
 FIRST_STEP_TOLERANCE = 1.25
 """How far the first step's FLOPs a sample may be from the profiled step's (a factor either way)."""
 
+STEP_TIME_TOLERANCE = 2.0
+"""On a real board: how far the loop's step time may be from the profiled step's at the same pair (a
+factor either way). Wide: a board's timing noise, a second process on the GPU; a step doing other work
+than the profiled one (data moved inside the step, another precision) is further off."""
+TIMED_STEPS = 3
+"""Real-board steps timed after the first (which counts FLOPs and warms up); their median is compared."""
+MIN_TIMED_STEP_S = 2e-3
+"""A profiled step shorter than this is not timed against: launch overheads and noise dominate."""
+
 
 class SessionError(ClientWorkError):
     """The session cannot run as used (no round to join, a loop that ran no step through it, ...)."""
@@ -306,6 +315,7 @@ class PowerSession:
         self._power: TrainingPower | None = None
         self._workload: Workload | None = None
         self._wall = 0.0
+        self._step_seconds: list[float] = []
 
     # --- the round ----------------------------------------------------------------------------
     def __enter__(self) -> PowerSession:
@@ -394,7 +404,10 @@ class PowerSession:
             self._check_first_step(flops, batch)
         else:
             result = dev.run_step(lambda: fn(*args, **kwargs), batch_size=batch, workload=self._workload)
-        self.device_seconds += dev.clock() - t0
+        seconds = dev.clock() - t0
+        if 1 <= self.steps <= TIMED_STEPS and not isinstance(dev, SimulatedBoard):
+            self._check_step_time(batch, seconds)
+        self.device_seconds += seconds
         self.samples += batch
         self.steps += 1
         if pinning.hooks:
@@ -416,6 +429,31 @@ class PowerSession:
                 f"PowerSession: the step run through session.step does {flops / batch:.3g} FLOPs a "
                 f"sample, the step make_step returned (profiled) {profiled:.3g}: make_step(model) must "
                 "return the step the loop runs, so that what was profiled is what trains"
+            )
+
+    def _check_step_time(self, batch: int, seconds: float) -> None:
+        """On a real board, steps 2 to 1 + TIMED_STEPS against the profile's time at the pair in force:
+        their median off by more than STEP_TIME_TOLERANCE either way means the loop runs another step
+        than the one profiled (the FLOP check sees only matmuls and convolutions). Steps of another
+        batch size than the pair's (a last, short batch) are not timed."""
+        assert self.profiled is not None
+        if batch != self.batch_size:
+            return
+        self._step_seconds.append(seconds)
+        if len(self._step_seconds) < TIMED_STEPS:
+            return
+        hz = self._active().frequency_hz
+        point = self.profiled.profile.point(batch, hz)
+        if point is None or point.seconds_per_batch < MIN_TIMED_STEP_S:
+            return
+        measured = sorted(self._step_seconds)[len(self._step_seconds) // 2]
+        ratio = measured / point.seconds_per_batch
+        if not 1 / STEP_TIME_TOLERANCE <= ratio <= STEP_TIME_TOLERANCE:
+            raise SessionError(
+                f"PowerSession: the step run through session.step takes {measured * 1e3:.3g} ms at "
+                f"b={batch}, {hz / 1e6:.1f} MHz, the step make_step returned (profiled) "
+                f"{point.seconds_per_batch * 1e3:.3g} ms: make_step(model) must return the step the loop "
+                "runs, so that the pair chosen is chosen for it (or the GPU was shared while profiling)"
             )
 
     def evaluated(self, accuracy: float) -> bool:

@@ -228,7 +228,12 @@ def over_budget(
             f"{choice} ({predicted:.3g} s predicted), does not fit; a larger profiling-budget or a longer "
             "training makes room, a cached profile costs nothing"
         )
-    return f"{spent}: {choice} was predicted to cost {predicted or 0.0:.3g} s and cost more"
+    if predicted is None:
+        return (
+            f"{spent} (a share of {training_s:.3g} s of training predicted): with no predicted profile of "
+            f"this kind of board to cost the lighter ways, the least thorough one, {choice}, was taken"
+        )
+    return f"{spent}: {choice} was predicted to cost {predicted:.3g} s and cost more"
 
 
 def choose_way(ways: Sequence[str], costs_s: Mapping[str, float], budget_s: float) -> str:

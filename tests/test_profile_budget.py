@@ -134,6 +134,8 @@ def test_over_budget_says_why_or_nothing() -> None:
     assert "over its 0.005 s budget" in why and "even the cheapest way, predicted (0.02 s predicted)" in why
     late = over_budget(FITTED, costs, 0.2, 0.3, 20.0)  # predicted to fit, measured more
     assert late is not None and "fitted was predicted to cost 0.15 s and cost more" in late
+    blind = over_budget(FITTED, {"efficient": 1.2}, 0.001, 0.2, 0.1)  # a board with no prediction
+    assert blind is not None and "no predicted profile of this kind of board" in blind and "fitted" in blind
 
 
 def test_a_user_session_too_short_for_any_profile_says_so_in_its_log_and_the_round(

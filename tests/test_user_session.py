@@ -5,7 +5,9 @@ selected under each node's cap, the user's loop trained through `PowerSession`, 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -496,3 +498,38 @@ def test_the_workload_counts_the_optimizers_real_state(tmp_path: Path) -> None:
         assert session._workload is not None
         states[name] = session._workload.optimizer_states
     assert states == {"momentum": 1, "plain": 0, "adam": 2}
+
+
+@pytest.mark.parametrize("extra_s", [0.0, 0.05])
+def test_on_a_real_board_the_loops_step_time_is_checked_against_the_profiled_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra_s: float
+) -> None:
+    """Issue 37, item 3, on a board (a fake Jetson's sysfs; the step runs on this CPU): steps 2-4 are
+    timed against the profile at the pair in force. The step profiled, run as is, trains on; the same
+    step with 50 ms of other work (its FLOPs unchanged, so the first-step check cannot see it) is one
+    line at the fourth step, and the board is left as found."""
+    root = make_nano_tree(tmp_path / "nano")
+    monkeypatch.setenv("POWERCTL_SYSFS_ROOT", str(root))
+    before = tree_snapshot(root)
+    net = UserCNN()
+    x, y = user_data(n=64)
+    step = make_step(net)
+
+    def loop_step(xb: torch.Tensor, yb: torch.Tensor) -> None:
+        step(xb, yb)
+        time.sleep(extra_s)  # e.g. a copy to the host and back inside the step
+
+    steady = plan(budget_samples=0, profile_warmup=1, profile_steps=3)  # a profile of warm steps
+    session = _session(model=net, node=_node("jetson", 10.0), profile_cache=tmp_path, instructions=steady)
+    with contextlib.ExitStack() as stack:
+        err = stack.enter_context(pytest.raises(powerfed.SessionError)) if extra_s else None
+        s = stack.enter_context(session)
+        for _ in range(6):
+            s.step(loop_step, x[: s.batch_size], y[: s.batch_size])
+    assert tree_snapshot(root) == before
+    if err is not None:
+        text = str(err.value)
+        assert "\n" not in text and "make_step(model) must return the step the loop runs" in text, text
+        assert session.steps == 3 and session.report is None  # the fourth step's time decided
+    else:
+        assert session.report is not None and session.report.steps == 6
