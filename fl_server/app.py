@@ -189,8 +189,9 @@ def prepare(cfg: ServerConfig, lines: Any = None) -> tuple[Path, dict]:
     """The starting weights and the relation vector (as a dict, so it crosses a process boundary); its
     progress lines go to `lines` (a queue the parent prints from), else to this process's output."""
     tell = say if lines is None else lines.put
+    given = given_relation(cfg) if cfg.relation else None  # a file for another model: before pre-training
     weights = pretrained_weights(cfg, say=tell)
-    return weights, relation_vector(cfg, weights, say=tell).to_dict()
+    return weights, (given or relation_vector(cfg, weights, say=tell)).to_dict()
 
 
 def prepare_apart(cfg: ServerConfig) -> tuple[Path, RelationVector]:
@@ -206,6 +207,8 @@ def prepare_apart(cfg: ServerConfig) -> tuple[Path, RelationVector]:
         if cfg.relation
         else f"relation vector on proxy {cfg.proxy_data} with {len(cfg.seeds())} seeds",
     ]
+    if cfg.relation:
+        given_relation(cfg)  # a file for another model is refused here, not after a spawned pre-training
     if (ready := cached_preparation(cfg)) is not None:
         say(f"prepared (cached under {cache_dir('')}): weights {ready[0]}")
         return ready

@@ -162,7 +162,9 @@ def test_a_bad_key_the_clients_read_stops_the_server_before_any_work(
     assert [p.name for p in results.iterdir()] == ["results.json"]
 
 
-def test_bad_weights_or_relation_files_stop_the_server_with_one_line(tmp_path: Path) -> None:
+def test_bad_weights_or_relation_files_stop_the_server_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     bad = tmp_path / "relation.json"
     bad.write_text('{"schema": "powerctl.relation/1", "model": "cnn-tiny"}')
     with pytest.raises(FileFormatError, match="missing key"):
@@ -174,8 +176,10 @@ def test_bad_weights_or_relation_files_stop_the_server_with_one_line(tmp_path: P
         _server(tmp_path, _run_config(tmp_path, weights=str(weights)))
     cfg = _run_config(tmp_path, relation=str(other), weights="")
     cfg["pretrain-samples"] = 64
+    capsys.readouterr()
     with pytest.raises(Exception, match="the vector is for model 'resnet18'"):
         _server(tmp_path, cfg)
+    assert "pre-train" not in capsys.readouterr().out  # refused before any work
 
 
 def _numbers(path: Path) -> list:
