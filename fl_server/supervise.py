@@ -22,9 +22,11 @@ import argparse
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -85,6 +87,9 @@ class Supervisor:
     wait_s: float = 600.0
     poll_s: float = 5.0
     say: Callable[[str], None] = print
+    address: str | None = None
+    """The SuperLink's Control API host:port, watched while its log is followed (`_watch`)."""
+    listen_poll_s: float = 1.0
 
     def _call(self, args: list[str], timeout_s: float = 120.0) -> tuple[int, str]:
         try:
@@ -137,6 +142,9 @@ class Supervisor:
         )
         assert proc.stdout is not None
         lost, box, replayed = False, [], 0
+        done, draining = threading.Event(), threading.Event()
+        if self.address is not None:
+            threading.Thread(target=self._watch, args=(proc, done, draining), daemon=True).start()
         try:
             for line in proc.stdout:
                 if line.lstrip().startswith(("╭", "│", "╰")):
@@ -156,8 +164,23 @@ class Supervisor:
                     sys.stdout.write(out)
                     sys.stdout.flush()
         finally:
+            done.set()
             proc.wait()
-        return lost
+        return lost or draining.is_set()
+
+    def _watch(self, proc: subprocess.Popen[str], done: threading.Event, draining: threading.Event) -> None:
+        """A SuperLink stopped with SIGTERM closes its port at once but waits for open requests before it
+        exits, and a followed log is one that never ends (Flower 1.41-1.42: about 50 s, until the run's
+        heartbeat times out). Two refused connections in a row: the log is let go, so the SuperLink exits
+        and its restart is waited for like a crash's."""
+        assert self.address is not None
+        refused = 0
+        while not done.wait(self.listen_poll_s):
+            refused = refused + 1 if refuses(self.address) else 0
+            if refused >= 2:
+                draining.set()
+                proc.terminate()
+                return
 
     def wait_for_superlink(self, run_id: int) -> tuple[str, str]:
         """Poll until the SuperLink answers about the run; PowerctlError after `wait_s`."""
@@ -215,6 +238,19 @@ class Supervisor:
             shown = []
 
 
+def refuses(address: str) -> bool:
+    """Whether nothing listens at `address` (host:port, [v6]:port): a refused TCP connection. A timeout
+    or any other error is not a refusal (a slow network is not a stopped SuperLink)."""
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=2.0).close()
+    except ConnectionRefusedError:
+        return True
+    except (OSError, ValueError):
+        return False
+    return False
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(
         prog=PROG,
@@ -262,8 +298,9 @@ def checked_supervisor(args: argparse.Namespace) -> Supervisor:
 @one_line_errors(PROG)
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)  # a bad flag: one line and exit 2 (OneLineParser)
-    read_flwr_connection(args.connection)  # a bad config.toml or no such connection: one line, before flwr
+    connection = read_flwr_connection(args.connection)  # a bad config.toml or no connection: one line
     supervisor = checked_supervisor(args)
+    supervisor.address = getattr(connection, "address", None)
     try:
         path = supervisor.run()
     except KeyboardInterrupt:

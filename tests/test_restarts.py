@@ -94,7 +94,9 @@ def test_a_run_goes_on_through_a_superlink_kill_and_a_clean_stop(
         at = wait_for(log, "round 2 train: 0/2", TIMEOUT_S, at)
         time.sleep(3)
         d.superlink.popen.send_signal(signal.SIGTERM)
+        stopping = time.monotonic()
         d.superlink.popen.wait(timeout=120)
+        print(f"the SuperLink exited {time.monotonic() - stopping:.1f} s after its SIGTERM")
         d.start_superlink(database=database, own_superexec=True, name="superlink-3")
 
         rc = supervisor.popen.wait(timeout=TIMEOUT_S)
@@ -109,6 +111,10 @@ def test_a_run_goes_on_through_a_superlink_kill_and_a_clean_stop(
         assert len(went_on) + len(resubmitted) >= 2, (
             f"two restarts, each followed by the run going on{context}"
         )
+        # the clean stop too: the supervisor let its log stream go when the port closed (else the
+        # SuperLink waits for the stream until the run's heartbeat times out, fl_server.supervise._watch)
+        lost = [line for line in lines if line.startswith("supervise: lost the SuperLink")]
+        assert len(lost) == 2, context
         assert nano.alive() and tx2nx.alive(), f"a SuperNode did not stay up through the restarts{context}"
 
         data = json.loads((results / "results.json").read_text())
