@@ -138,6 +138,7 @@ def user_step(
     model is left as the server sent it), batches of each size made from the example's samples."""
     x, y = _example(example)
     loss_fn = loss or nn.functional.cross_entropy
+    _check_fit(model, x, y, loss_fn)
 
     def build(dev: Device) -> tuple[Workload, StepFactory]:
         torch_device = dev.torch_device()
@@ -213,6 +214,26 @@ def _example(example: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tenso
             "samples (at least 1)"
         )
     return x, y
+
+
+def _check_fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn) -> None:
+    """One sample of the example through the model and the loss (eval mode, no gradient, on the model's
+    device), so that an example of another shape is one line where the session is made, not a torch
+    error from inside profiling (or none at all when the profile is cached)."""
+    device = next(model.parameters(), torch.empty(0)).device
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            loss_fn(model(x[:1].to(device)), y[:1].to(device))
+    except (RuntimeError, ValueError, TypeError, IndexError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise SessionError(
+            f"PowerSession: the model and loss cannot take the example (inputs {tuple(x.shape[1:])} a "
+            f"sample, targets {tuple(y.shape[1:])}): {first}; give one batch of the loop's own data"
+        ) from None
+    finally:
+        model.train(was_training)
 
 
 def _step_key(model: nn.Module, make_step: MakeStep, key: str) -> str:

@@ -182,8 +182,14 @@ class BoardLock:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             f.close()
+            holder = _holder_pid(self.key)
+            if holder == os.getpid():  # flock is per open file: a second pin in this very process
+                raise BoardBusyError(
+                    f"{self.spec} is already pinned by this process (pid {holder}): one pin at a time per "
+                    "board — leave the first pin's `with` block (or release it) before pinning again"
+                ) from None
             raise BoardBusyError(
-                f"{self.spec} is pinned by another process{_holder(self.key)}; "
+                f"{self.spec} is pinned by another process{'' if holder is None else f' (pid {holder})'}; "
                 "wait for it to finish (or stop it), then try again"
             ) from None
         self._file = f
@@ -198,10 +204,10 @@ class BoardLock:
         return self._file is not None
 
 
-def _holder(key: str) -> str:
-    """`` (pid N)`` from the record the holder wrote, when it can be read."""
+def _holder_pid(key: str) -> int | None:
+    """The pid in the record the lock's holder wrote, when it can be read."""
     try:
         record = read_record(key)
     except FileFormatError:
-        return ""
-    return "" if record is None or record.kind != KIND_PIN else f" (pid {record.pid})"
+        return None
+    return None if record is None or record.kind != KIND_PIN else record.pid

@@ -2,9 +2,10 @@
 
 Three connection modes share one flow (`Deployment` in tests/flower_deploy.py): insecure, TLS with a CA
 made by the test, and TLS + SuperNode authentication (registered keys; an unregistered node is refused).
-The whole flow's checks run once, with TLS and authentication (the insecure mode's own test is the killed
-SuperNode's below; `deploy/loopback.sh`'s test runs TLS + authentication as an operator does): a mode
-each cost two minutes of CI's quarter hour for the same run (docs/testing.md).
+The whole flow runs once, with TLS and authentication, and a second run on the same deployment loses a
+SuperNode mid-round: a deployment's start paid once (docs/testing.md). `deploy/loopback.sh`'s test and
+the restart test run TLS + authentication as an operator does; an insecure SuperLink answers the
+connection check (tests/test_connection_check.py), and every simulation's local SuperLink is insecure.
 Every process a test starts, with all its children, is stopped by process id in the fixture's finalizer,
 and the finalizer asserts that none of them is left. Logs are under tmp_path; failures quote their tails.
 About 1 minute per mode (Flower's 3 s idle polling on each side dominates). The server's weights and
@@ -25,7 +26,7 @@ import pytest
 
 from fl_server.results import CLIENT_FIELDS, RESULTS_SCHEMA
 from simulations.local_superlink import stop_tree
-from tests.flower_deploy import Deployment, make_ecdsa_key
+from tests.flower_deploy import Deployment, Proc, make_ecdsa_key
 
 pytestmark = pytest.mark.slow
 
@@ -115,22 +116,29 @@ def deployment(
         assert not d.remaining(), f"processes still running ({d.mode}): {d.remaining()}"
 
 
-def deploy_and_run(d: Deployment, keys: dict[str, Path] | None = None) -> tuple[str, dict]:
-    """SuperLink, connection, the two SuperNodes, `flwr run`; checks the output, returns it and results."""
+def deploy_and_run(
+    d: Deployment, keys: dict[str, Path] | None = None, extra_env: dict[str, str] | None = None
+) -> dict[str, Proc]:
+    """SuperLink, connection, the two SuperNodes, `flwr run`; checks the output and the results, returns
+    the SuperNodes (by name), still running."""
     if d.superlink is None:
         d.start_superlink()
         d.write_connection()
     for name, key in (keys or {}).items():
         d.register(key.with_name(key.name + ".pub"))
         print(f"registered {name}: {key}.pub")
-    nodes = [d.start_supernode(name, node_config(*NODES[name]), key=(keys or {}).get(name)) for name in NODES]
+    nodes = {
+        name: d.start_supernode(name, node_config(*NODES[name]), (keys or {}).get(name), extra_env)
+        for name in NODES
+    }
     results_dir = d.root / "results"
     rc, output = d.run_app(run_config_for(results_dir), RUN_TIMEOUT_S)
     context = f"\n--- flwr run (exit {rc}) ---\n{output[-6000:]}\n{d.tails()}"
     assert rc == 0, f"flwr run failed{context}"
-    assert all(n.alive() for n in nodes), f"a SuperNode died during the run{context}"
+    assert all(n.alive() for n in nodes.values()), f"a SuperNode died during the run{context}"
     check_output(output, results_dir, context)
-    return output, check_results(results_dir / "results.json", context)
+    check_results(results_dir / "results.json", context)
+    return nodes
 
 
 def check_output(output: str, results_dir: Path, context: str) -> None:
@@ -170,7 +178,13 @@ def check_results(path: Path, context: str) -> dict:
     return results
 
 
-def test_supernode_authentication(deployment: Callable[[str], Deployment]) -> None:
+def test_supernode_authentication_and_a_node_killed_mid_round(
+    deployment: Callable[[str], Deployment],
+) -> None:
+    """TLS + SuperNode authentication: an unregistered node is refused in one line; the registered ones
+    run a round, the whole table and results checked. Then a second run on the same deployment:
+    partition-1's ClientApp hangs (injected), its SuperNode is stopped (SIGTERM, as a service manager
+    stops it): the SuperLink answers for it (Flower error 5) and the round ends without it."""
     d = deployment("auth")
     keys = {name: make_ecdsa_key(d.root / "keys" / name)[0] for name in NODES}
     stranger, _ = make_ecdsa_key(d.root / "keys" / "unregistered")
@@ -197,27 +211,20 @@ def test_supernode_authentication(deployment: Callable[[str], Deployment]) -> No
     assert "No SuperNode found with the given public key" in superlink_log, d.superlink.tail()
     print(f"unregistered SuperNode refused: exit status {rc} after {waited:.1f} s")
 
-    # the registered ones join, on the same SuperLink, and the run goes as without authentication, over TLS
-    deploy_and_run(d, keys)
+    # the registered ones join, on the same SuperLink, and the run goes as without authentication, over TLS;
+    # their ClientApps may be told to fail (POWERFED_FAULT_INJECTION): the first run tells none to
+    fault_log = d.root / "faults.jsonl"
+    inject = {"POWERFED_FAULT_INJECTION": "1", "POWERFED_FAULT_LOG": str(fault_log)}
+    nodes = deploy_and_run(d, keys, inject)
     superlink_log = (d.logs / "superlink.log").read_text(errors="replace")
     assert "--insecure" not in d.superlink.argv and "--ssl-certfile" in d.superlink.argv
     assert all("--root-certificates" in p.argv for p in d.procs if p.name.startswith("supernode"))
     assert "Traceback" not in superlink_log, superlink_log[-4000:]
+    assert not fault_log.exists()
 
-
-def test_a_supernode_killed_mid_round_is_named_unavailable_and_the_round_goes_on(
-    deployment: Callable[[str], Deployment],
-) -> None:
-    """partition-1's ClientApp hangs (injected), its SuperNode is then stopped (SIGTERM, as a service
-    manager stops it): the SuperLink answers for it (Flower error 5) and the round ends without it."""
-    d = deployment("insecure")
-    d.start_superlink()
-    d.write_connection()
-    fault_log = d.root / "faults.jsonl"
-    inject = {"POWERFED_FAULT_INJECTION": "1", "POWERFED_FAULT_LOG": str(fault_log)}
-    nodes = {name: d.start_supernode(name, node_config(*NODES[name]), extra_env=inject) for name in NODES}
-    results_dir = d.root / "results"
-    # seed 4 draws, for round 1: partition-0 nothing, partition-1 hang (for far longer than the test)
+    # a second run: seed 4 draws, for round 1, partition-0 nothing, partition-1 a hang (far longer than
+    # the test); partition-1's SuperNode is stopped while it hangs
+    results_dir = d.root / "results-killed"
     run_config = run_config_for(results_dir) + " inject-failures='hang:0.5' inject-seed=4 inject-hang-s=900.0"
     ran: dict[str, object] = {}
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -184,6 +185,29 @@ def test_a_session_refuses_its_arguments_where_it_is_made(changes: dict, fragmen
 def test_a_session_refuses_an_example_that_is_not_one_batch() -> None:
     with pytest.raises(powerfed.SessionError, match=r"'example' must be one batch \(inputs, targets\)"):
         _session(example=torch.zeros(4, 4))
+
+
+@pytest.mark.parametrize(
+    ("example", "fragment"),
+    [
+        ((torch.zeros(8, 3, 32, 32), torch.zeros(8, dtype=torch.long)), "inputs (3, 32, 32) a sample"),
+        ((torch.zeros(8, 1, 16, 16), torch.zeros(8, 5, 7)), "targets (5, 7)"),
+    ],
+)
+def test_a_session_refuses_an_example_its_model_cannot_take_where_it_is_made(
+    tmp_path: Path, example: tuple, fragment: str
+) -> None:
+    """Issue 36, class 6: inputs of another shape (or targets the loss cannot take) are one line at
+    construction, not a torch error from inside profiling — also when the profile is already cached
+    (nothing is profiled then)."""
+    good = _session(profile_cache=tmp_path)
+    with good:
+        good.step(lambda: None)  # profiled and cached
+    with pytest.raises(powerfed.SessionError) as err:
+        _session(profile_cache=tmp_path, example=example)
+    text = str(err.value)
+    assert "\n" not in text and text.startswith("PowerSession: the model and loss cannot take the example")
+    assert fragment in text and text.endswith("give one batch of the loop's own data"), text
 
 
 @pytest.mark.parametrize("accuracy", [math.nan, -1.0, math.inf, 1.5, 75.0, "abc", None])
