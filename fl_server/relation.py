@@ -38,6 +38,7 @@ import json
 import logging
 import math
 import os
+import re
 import statistics
 import sys
 import time
@@ -435,10 +436,21 @@ def _run_parallel(
         except ray.exceptions.RayTaskError as exc:  # a user error inside a task stays a one-line error
             if isinstance(exc.cause, PowerctlError):
                 raise exc.cause from None
+            if (module := _MISSING_MODULE.search(str(exc))) is not None:
+                raise PowerctlError(
+                    f"estimate_relation: a Ray worker cannot import module {module[1]!r}, which the model or "
+                    "a callable given comes from: put it on the workers' path (PYTHONPATH, or installed in "
+                    "the venv; a folder added to sys.path here or a script's __main__ is not), or pass "
+                    "parallel=False"
+                ) from None
             raise
     finally:
         if started_here:
             ray.shutdown()
+
+
+_MISSING_MODULE = re.compile(r"No module named '([^']+)'")
+"""What a Ray worker says when it cannot unpickle an object from a module only the driver can import."""
 
 
 def gpu_share(cpus: int, jobs: int) -> float:

@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import fl_server.relation as relmod
 from fl_server.relation import RelationError, estimate_relation
+from powerctl.errors import PowerctlError
 from powerfed.training.data import load_dataset
 from powerfed.training.errors import ModelError
 from powerfed.training.lr import scaled_lr
@@ -244,12 +245,47 @@ def test_unpicklable_model_runs_one_at_a_time_with_a_log_line(caplog: pytest.Log
     assert any("one at a time" in r.getMessage() for r in caplog.records)
 
 
+DRIVER_ONLY = """
+from torch import nn
+class DriverOnlyNet(nn.Module):
+    def __init__(self, num_classes=4):
+        super().__init__()
+        self.fc = nn.Sequential(nn.Flatten(), nn.Linear(256, num_classes))
+    def forward(self, x):
+        return self.fc(x)
+"""
+
+
 @pytest.mark.slow
-def test_registered_user_model_in_ray_equals_serial() -> None:
+def test_registered_user_model_in_ray_equals_serial_and_one_only_the_driver_imports_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One Ray for both: a registered model importable by the workers gives the serial vector; one whose
+    module only this process can import (a folder put on sys.path here) is one line naming the module
+    and what to do, not Ray's nine-line RayTaskError (issue 36, class 6)."""
+    import ray
+
     kw = {**SETTINGS, "use_cache": False, "batch_sizes": (8, 16, 32)}
     serial = estimate_relation(NAME, None, user_data(), **kw)
-    parallel = estimate_relation(NAME, None, user_data(), parallel=True, num_cpus=2, **kw)
-    assert parallel.samples_to_target == serial.samples_to_target
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        parallel = estimate_relation(NAME, None, user_data(), parallel=True, num_cpus=2, **kw)
+        assert parallel.samples_to_target == serial.samples_to_target
+        (tmp_path / "driver_only_models.py").write_text(DRIVER_ONLY)
+        monkeypatch.syspath_prepend(str(tmp_path))
+        from driver_only_models import DriverOnlyNet  # type: ignore[import-not-found]
+
+        register_model("driver-only-net", DriverOnlyNet, input_shape=(1, 16, 16))
+        try:
+            with pytest.raises(PowerctlError) as err:
+                estimate_relation("driver-only-net", None, user_data(), parallel=True, num_cpus=2, **kw)
+        finally:
+            unregister_model("driver-only-net")
+    finally:
+        ray.shutdown()
+    text = str(err.value)
+    assert "\n" not in text and "a Ray worker cannot import module 'driver_only_models'" in text, text
+    assert "or pass parallel=False" in text
 
 
 # --------------------------------------------------------------------------- registry and channels
