@@ -173,11 +173,14 @@ def _predicted_profile(args: argparse.Namespace, step_factory: ModelStepFactory)
         )
     if args.order != "grid":
         raise PowerctlError(f"--predicted writes the whole grid at no cost; drop --order {args.order}")
-    with open_device(args.device, seed=args.seed) as dev:
-        assert isinstance(dev, SimulatedBoard)
-        board = dev.model
+    with open_device(args.device, seed=args.seed, pin=not args.no_pin) as dev:
+        board = getattr(dev, "inner", dev)  # --no-pin: the board behind its clock in force
+        assert isinstance(board, SimulatedBoard)
+        frequencies, pins = dev.frequencies(), dev.pins  # --no-pin: the one clock in force
     workload, _ = step_factory(args.model, torch_device="cpu", num_classes=args.num_classes, seed=0)
-    return predicted_profile(board, workload, args.batch_sizes, args.samples)
+    profile = predicted_profile(board.model, workload, args.batch_sizes, args.samples, frequencies)
+    profile.extra["pinned"] = pins
+    return profile
 
 
 def _save_profile(profile: Any, out: Path) -> None:

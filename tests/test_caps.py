@@ -165,6 +165,24 @@ def test_caps_with_no_feasible_frequency_is_one_line(
     assert code == 2 and text == "" and err.count("\n") == 1 and "raise the cap" in err
 
 
+def test_predicted_with_no_pin_is_the_clock_in_force_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 36, class 8: `--no-pin` holds for `--predicted` too, as for a measured profile: the board
+    model's points at the one clock in force (the governor's ceiling), marked unpinned."""
+    out = tmp_path / "p.json"
+    code, _, err = run(
+        capsys, "profile", "--device", "sim:jetson-nano", "--model", "cnn-tiny", "--out", str(out),
+        "--batch-sizes", "4,16", "--predicted", "--no-pin",
+    )  # fmt: skip
+    assert code == 0, err
+    data = json.loads(out.read_text())
+    assert data["pinned"] is False and {p["frequency_hz"] for p in data["points"]} == {
+        max(NANO.frequencies_hz)
+    }
+    assert sorted(p["batch_size"] for p in data["points"]) == [4, 16]
+
+
 @pytest.mark.parametrize("device", ["host", "jetson-nano", "nvml:0"])
 def test_predicted_is_refused_for_devices_that_are_measured(
     device: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
