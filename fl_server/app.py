@@ -49,7 +49,7 @@ from strategies.population import (
     PopulationSampled,
     run_population,
 )
-from strategies.power_aware import PowerAwareFedAvg
+from strategies.power_aware import NoClientReported, PowerAwareFedAvg
 from strategies.protocol import OURS, OURS_DEADLINE, TrainInstructions
 from strategies.rounds import RoundRecord
 
@@ -59,10 +59,6 @@ if TYPE_CHECKING:
 app = ServerApp()
 
 PRETRAIN_CACHE_VERSION = 1
-
-
-class NoClientReported(PowerctlError):
-    """Every client failed in every round: the run has no result (a failed run, not an empty one)."""
 
 
 class InjectedServerStop(RuntimeError):
@@ -295,6 +291,8 @@ class RunSetup:
     """Which boards each round takes (every connected one unless the run samples a population)."""
     reported: list[str] = field(default_factory=list)
     """The methods in which some client reported in some round (none: the run failed)."""
+    failures: list[str] = field(default_factory=list)
+    """Why each method in which no client reported failed (`NoClientReported`'s line)."""
 
 
 def run_method(
@@ -373,13 +371,16 @@ def run_method(
         log_draws = PopulationLog(out / POPULATION_FILE, population)
         strategy.strategy = PopulationSampled(strategy.strategy, population, on_draw=log_draws)
     strategy.nodes.update(known_nodes)  # node ids hold for the whole run: ask each node once
-    strategy.start(
-        grid=grid,
-        initial_arrays=ArrayRecord.from_torch_state_dict(model.state_dict()),
-        num_rounds=cfg.num_server_rounds,
-        timeout=cfg.round_timeout,
-        evaluate_config=setup.eval_config,
-    )
+    try:
+        strategy.start(
+            grid=grid,
+            initial_arrays=ArrayRecord.from_torch_state_dict(model.state_dict()),
+            num_rounds=cfg.num_server_rounds,
+            timeout=cfg.round_timeout,
+            evaluate_config=setup.eval_config,
+        )
+    except NoClientReported as exc:  # the other methods still run; `run` fails if none reported
+        setup.failures.append(str(exc))
     if not any(r["clients"] for r in writer.data["rounds"]):
         where = "nothing written: the earlier results stay" if writer.held else f"recorded in {writer.path}"
         say(f"{tag}no client reported in any round ({where}): the global model is the starting one")
@@ -446,7 +447,7 @@ def run(grid: Grid, context: Context) -> Path:
         if several:
             say(f"results ({method}): {path.resolve()}")
     if not setup.reported:
-        raise NoClientReported("every client failed in every round (the FAILED lines above say why)")
+        raise NoClientReported(setup.failures[0] if setup.failures else "no client reported in any round")
     return paths[0] if not several else out
 
 

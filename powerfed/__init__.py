@@ -55,6 +55,7 @@ _WHERE: dict[str, str] = {
     # errors a caller may catch: every one is a single line saying what to do
     "PowerctlError": "powerctl.errors",
     "ArgumentError": "powerctl.errors",
+    "NoClientReported": "strategies.power_aware",
 }
 
 __all__ = sorted(_WHERE)

@@ -40,7 +40,7 @@ from flwr.serverapp.strategy import FedAvg, Result, Strategy
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 from flwr.supercore import log
 
-from powerctl.errors import ArgumentError
+from powerctl.errors import ArgumentError, PowerctlError
 from powerctl.mapping import Choice, Integer, Number, check_arguments
 from strategies.protocol import (
     ARRAYS_KEY,
@@ -70,6 +70,27 @@ from strategies.rounds import (
     weighted_average,
     weights_mismatch,
 )
+
+
+class NoClientReported(PowerctlError):
+    """Every client failed in every round: the run has no result (a failed run, not an empty one)."""
+
+
+def no_client_reported(rounds: Iterable[RoundRecord], most: int = 3) -> NoClientReported | None:
+    """The error for rounds in which no client ever reported, naming why the first ones failed (None:
+    a client reported, or no round ran)."""
+    records = list(rounds)
+    if not records or any(r.clients for r in records):
+        return None
+    why = [f"{f.node_key} ({f.kind}) failed: {one_line(f.reason)}" for r in records for f in r.failed]
+    distinct = list(dict.fromkeys(why))
+    more = f"; and {len(distinct) - most} more" if len(distinct) > most else ""
+    shown = "; ".join(distinct[:most]) + more
+    return NoClientReported(
+        f"every client failed in every round ({len(records)} round{'s' * (len(records) > 1)}): "
+        + (shown or "no client was sent work")
+    )
+
 
 NODE_UNAVAILABLE = 5
 """Flower's ErrorCode.NODE_UNAVAILABLE: the SuperNode went away while the message was out."""
@@ -207,16 +228,20 @@ class PowerAware(Strategy):
         evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
     ) -> Result:
         """Flower's `Strategy.start`. A resumed run (`first_round` > 1) evaluates `initial_arrays` as
-        round `first_round - 1`'s, not the skipped rounds."""
+        round `first_round - 1`'s, not the skipped rounds. Every client failing in every round raises
+        `NoClientReported`, one line naming why (catch it in a ServerApp's main to exit with it)."""
         if evaluate_fn is not None and self.first_round > 1:
             evaluate_all, done = evaluate_fn, self.first_round - 1
 
             def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
                 return evaluate_all(server_round, arrays) if server_round >= done else None
 
-        return super().start(
+        result = super().start(
             grid, initial_arrays, num_rounds, timeout, train_config, evaluate_config, evaluate_fn
         )
+        if (failed := no_client_reported(self.rounds.values())) is not None:
+            raise failed  # a run with no result is a failed run, not an exit 0 with the starting model
+        return result
 
     def _skipped(self, server_round: int) -> bool:
         return server_round < self.first_round

@@ -111,13 +111,15 @@ def test_each_plain_example_trains_and_evaluates_through_its_client_app(
         before = client_app.evaluate(Message(RecordDict({{"arrays": arrays}}), dst_node_id=1,
                                              message_type="evaluate"), context)
         after = client_app.evaluate(evaluate, context)
+        context.run_config["local-epochs"] = 0  # no step: a loss of 0, not a division by zero
+        idle = client_app.train(train, context)
         print(reply.content["metrics"]["num-examples"], before.content["metrics"]["eval_acc"],
-              after.content["metrics"]["eval_acc"])
+              after.content["metrics"]["eval_acc"], idle.content["metrics"]["train_loss"])
         """,
     )
-    examples, before, after = out.split()
+    examples, before, after, idle = out.split()
     assert int(examples) == 800  # 2000 samples, half of them, 80% to train
-    assert float(after) >= 0.8 > float(before)
+    assert float(after) >= 0.8 > float(before) and float(idle) == 0.0
 
 
 def test_an_app_folder_that_is_not_a_flower_app_is_one_line_and_starts_nothing(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from fl_client.app import app as client_app
 from powerctl.devices.simulated import POWER_NOISE
 from powerctl.errors import ArgumentError
 from powerctl.relation import RelationVector
-from strategies.power_aware import PowerAwareFedAvg
+from strategies.power_aware import NoClientReported, PowerAwareFedAvg
 from strategies.protocol import ProtocolError, TrainInstructions, evaluation_metrics, reader
 from strategies.rounds import weighted_average
 from tests.fake_grid import FakeGrid, set_task_identity
@@ -229,9 +229,12 @@ def test_a_round_where_every_client_fails_keeps_the_old_weights() -> None:
     grid = FakeGrid(client_app, nodes, RUN_CONFIG, {nid: "dead" for nid in nodes})
     ends: list[tuple[int, ArrayRecord]] = []
     strategy = power_aware(fraction_evaluate=0.0, on_round_end=lambda r, a: ends.append((r, a)))
-    result = _run(grid, strategy)
+    with pytest.raises(NoClientReported) as err:  # a run with no result fails, naming why (issue 36)
+        _run(grid, strategy)
+    text = str(err.value)
+    assert "\n" not in text and text.startswith("every client failed in every round (1 round): ")
+    assert text.count("(unavailable)") == 2, text
     assert strategy.rounds[1].clients == [] and len(strategy.rounds[1].failed) == 2
-    assert 1 not in result.train_metrics_clientapp  # nothing aggregated (Flower's Result holds no weights)
     ((server_round, arrays),) = ends
     assert server_round == 1 and set(arrays.keys()) == set(initial_state())
     for name, arr in arrays.items():

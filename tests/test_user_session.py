@@ -247,9 +247,14 @@ def test_a_train_function_that_opens_no_session_is_an_error_reply_of_one_line() 
     strategy = powerfed.PowerAware(
         FedAvg(min_train_nodes=1, min_available_nodes=1, fraction_evaluate=0.0), plan()
     )
-    strategy.start(grid, ArrayRecord.from_torch_state_dict(UserCNN().state_dict()), 1, 60)
+    with pytest.raises(powerfed.NoClientReported) as err:  # the only client failed: no result
+        strategy.start(grid, ArrayRecord.from_torch_state_dict(UserCNN().state_dict()), 1, 60)
     (failure,) = strategy.rounds[1].failed
     assert "opened no PowerSession" in failure.reason and "\n" not in failure.reason
+    assert str(err.value).startswith(
+        "every client failed in every round (1 round): partition-0 (error) failed"
+    )
+    assert "opened no PowerSession" in str(err.value)
 
 
 def test_without_a_round_to_join_the_session_says_how_to_get_one() -> None:

@@ -81,7 +81,7 @@ def train(net, trainloader, epochs, lr, mu, device):
         for images, labels in trainloader:
             running_loss += step(images.to(device), labels.to(device))
             steps += 1
-    return running_loss / steps
+    return running_loss / max(steps, 1)  # local-epochs=0: no step, no division by zero
 
 
 def test(net, testloader, device):
