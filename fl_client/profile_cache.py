@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
+import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -18,6 +18,8 @@ from pathlib import Path
 from powerctl.cache import cache_dir
 from powerctl.errors import FileFormatError
 from powerctl.profile_table import Profile
+
+log = logging.getLogger(__name__)
 
 PROFILE_CACHE_VERSION = 1
 """Bump when a code change alters what a profile would measure: old entries then miss."""
@@ -76,13 +78,13 @@ class ProfileKey:
 
 
 def _trusted(path: Path, key: ProfileKey, digest: str) -> Profile | None:
-    """The cached profile, or None (with one line on stderr) when the entry cannot be trusted."""
+    """The cached profile, or None (with one warning line) when the entry cannot be trusted."""
     if not path.is_file():
         return None
     try:
         profile = Profile.load(path)
     except FileFormatError as exc:
-        print(f"profile cache: {exc}; profiling again", file=sys.stderr)
+        log.warning("profile cache: %s; profiling again", exc)
         return None
     board = key.device_kind.split("/", 1)[-1]
     if (
@@ -92,7 +94,7 @@ def _trusted(path: Path, key: ProfileKey, digest: str) -> Profile | None:
         or tuple(profile.input_shape) != key.input_shape
         or not set(profile.batch_sizes()) <= set(key.batch_sizes)
     ):
-        print(f"profile cache: {path} does not match this device and model; profiling again", file=sys.stderr)
+        log.warning("profile cache: %s does not match this device and model; profiling again", path)
         return None
     return profile
 

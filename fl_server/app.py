@@ -36,7 +36,13 @@ from fl_server.resume import (
     read_point,
     run_fingerprint,
 )
-from fl_server.run_config import ServerConfig, app_path, check_results_dir, parse_server_config
+from fl_server.run_config import (
+    ServerConfig,
+    app_path,
+    check_results_dir,
+    given_relation,
+    parse_server_config,
+)
 from powerctl.cache import cache_dir
 from powerctl.errors import PowerctlError
 from powerctl.relation import RelationVector
@@ -123,16 +129,6 @@ def pretrained_weights(
     if say is not None:
         say(f"pre-trained in {time.perf_counter() - started:.0f} s (cached: {path})")
     return path
-
-
-def given_relation(cfg: ServerConfig) -> RelationVector:
-    """The relation vector file the run config names, checked against the run's model."""
-    relation = RelationVector.load(app_path(cfg.relation, "relation"))
-    if relation.model != cfg.model:
-        raise PowerctlError(
-            f"run config 'relation': the vector is for model {relation.model!r}, the run trains {cfg.model!r}"
-        )
-    return relation
 
 
 def relation_vector(

@@ -20,11 +20,14 @@ import os
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from powerctl.errors import PowerctlError
 from strategies.fleet import NodeConfigError, app_path_of, fleet_file
 from strategies.settings import RunSettings, SettingsError, read_settings
+
+if TYPE_CHECKING:
+    from powerctl.relation import RelationVector
 
 ServerConfig = RunSettings
 """The run, as the server runs it (and as it checked what its clients will read)."""
@@ -69,6 +72,18 @@ def app_path(value: str, key: str) -> Path:
     if not path.is_file():
         raise RunConfigError(f"run config: {key!r}: no such file {path} (give an absolute path)")
     return path
+
+
+def given_relation(cfg: ServerConfig) -> RelationVector:
+    """The relation vector file the run config names, checked against the run's model."""
+    from powerctl.relation import RelationVector
+
+    relation = RelationVector.load(app_path(cfg.relation, "relation"))
+    if relation.model != cfg.model:
+        raise PowerctlError(
+            f"run config 'relation': the vector is for model {relation.model!r}, the run trains {cfg.model!r}"
+        )
+    return relation
 
 
 # --- the run config as Flower reads it ---------------------------------------------------------------
@@ -166,8 +181,6 @@ def check_task_files(
         load_model(app_path(cfg.weights, "weights"), expect_model=cfg.model)
 
     def relation() -> None:
-        from fl_server.app import given_relation
-
         given_relation(cfg)
 
     for key, check in (("weights", weights), ("relation", relation)):
