@@ -6,8 +6,9 @@ costs nothing until a name is touched, and the packages behind it keep their one
 
 Server side::
 
-    from powerfed import PowerAware, TrainInstructions, estimate_relation, register_model
-    strategy = PowerAware(FedAdam(...), TrainInstructions(model="mycnn", relation=rel, ...))
+    from powerfed import PowerAware, TrainInstructions, estimate_relation
+    rel = estimate_relation(MyCNN, proxy=(x, y), target_accuracy=0.8, batch_sizes=[8, 16, 32])
+    strategy = PowerAware(FedAdam(...), TrainInstructions.for_relation(rel, num_classes=10))
 
 Client side, around the user's own loop::
 
