@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import Strategy
 
 from fl_server.progress import ProgressGrid
 from fl_server.results import ResultsWriter, client_table, evaluation_line, over_budget_lines, summary_lines
@@ -348,6 +349,12 @@ def run_method(
         )
 
     first_round = point.last_round + 1 if point else 1
+    population = setup.population  # active: larger than a round (simulation), each round's boards only
+    log_draws = PopulationLog(out / POPULATION_FILE, population) if population.active else None
+
+    def sampled(fedavg: Strategy) -> Strategy:
+        return PopulationSampled(fedavg, population, on_draw=log_draws)
+
     strategy = PowerAwareFedAvg(
         instructions=setup.base,
         first_round=first_round,
@@ -361,11 +368,8 @@ def run_method(
         if method == OURS_DEADLINE
         else (cfg.round_objective if method == OURS else "time"),
         round_deadline_s=cfg.round_deadline_s,
+        inner=sampled if log_draws is not None else None,
     )
-    population = setup.population
-    if population.active:  # a population larger than a round (simulation): each round's boards only
-        log_draws = PopulationLog(out / POPULATION_FILE, population)
-        strategy.strategy = PopulationSampled(strategy.strategy, population, on_draw=log_draws)
     strategy.nodes.update(known_nodes)  # node ids hold for the whole run: ask each node once
     try:
         strategy.start(

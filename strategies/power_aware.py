@@ -571,7 +571,9 @@ class PowerAwareFedAvg(PowerAware):
     """`PowerAware` around FedAvg (`FedAvgInOrder`): the project's own ServerApp's strategy.
 
     FedAvg's sampling parameters are FedAvg's; the rest are `PowerAware`'s. FedAvg itself does not wait
-    for nodes: the wrapper gathers `min_available_nodes` once and then goes on with whoever is there."""
+    for nodes: the wrapper gathers `min_available_nodes` once and then goes on with whoever is there.
+    `inner` wraps the FedAvg before `PowerAware` holds it (a simulated population's sampling:
+    `lambda fedavg: PopulationSampled(fedavg, population)`)."""
 
     def __init__(
         self,
@@ -582,9 +584,10 @@ class PowerAwareFedAvg(PowerAware):
         min_train_nodes: int = 1,
         min_evaluate_nodes: int = 1,
         min_available_nodes: int = 1,
+        inner: Callable[[Strategy], Strategy] | None = None,
         **power_aware: Any,
     ) -> None:
-        fedavg = FedAvgInOrder(
+        fedavg: Strategy = FedAvgInOrder(
             fraction_train=fraction_train,
             fraction_evaluate=fraction_evaluate,
             min_train_nodes=min_train_nodes,
@@ -594,4 +597,6 @@ class PowerAwareFedAvg(PowerAware):
             configrecord_key=CONFIG_KEY,
             weighted_by_key=EXAMPLES_KEY,
         )
+        if inner is not None:
+            fedavg = inner(fedavg)
         super().__init__(fedavg, instructions, min_available_nodes=min_available_nodes, **power_aware)

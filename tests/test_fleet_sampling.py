@@ -364,3 +364,18 @@ def test_a_population_that_trains_in_some_round_passes_whatever_its_chance() -> 
     with pytest.raises(PopulationError, match="no board is available in any of the 1 round"):
         check_population(Population(availability=0.0), 10_000, 1)
     check_population(Population(availability=0.0), 0, 3)  # no boards known (a deployment): not checked
+
+
+def test_the_power_aware_fedavg_is_composed_around_the_sampled_fedavg() -> None:
+    """Issue 39: the population's sampling wraps the FedAvg when the strategy is made (`inner=`), not by
+    replacing the wrapper's strategy afterwards."""
+    from strategies.power_aware import FedAvgInOrder, PowerAwareFedAvg
+    from tests.fl_helpers import instructions
+
+    pop = Population(clients_per_round=2, availability=1.0, seed=0)
+    made = PowerAwareFedAvg(
+        instructions=instructions(), fraction_train=0.5, inner=lambda s: PopulationSampled(s, pop)
+    )
+    assert isinstance(made.strategy, PopulationSampled) and made.strategy.population is pop
+    assert isinstance(made.strategy.strategy, FedAvgInOrder) and made.strategy.strategy.fraction_train == 0.5
+    assert isinstance(PowerAwareFedAvg(instructions=instructions()).strategy, FedAvgInOrder)
