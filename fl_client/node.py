@@ -16,7 +16,8 @@ from functools import lru_cache
 from typing import Any
 
 from powerctl.capsource import CapSource, ConstantCap, InvalidPowerCapError, parse_cap_source
-from powerctl.mapping import Flag, Integer, Invalid, MappingReader, Text
+from powerctl.errors import ArgumentError
+from powerctl.mapping import Flag, Integer, Invalid, MappingReader, Number, Text, check_arguments
 from strategies.fleet import (
     FleetEntry,
     NodeConfigError,
@@ -63,6 +64,17 @@ class NodeSettings:
     pin: bool | None = None
     """`open_device(pin=...)`: None (no `pin` key), pin where this process may, else run at the clock
     in force; False (`pin = false`), never change the frequency (a shared GPU); True, pin or fail."""
+
+    def __post_init__(self) -> None:
+        """A NodeSettings made in Python (a user's `PowerSession(node=...)`) holds what a node config
+        would: the readers' own checks, one ArgumentError line each."""
+        for name in ("device", "key"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise ArgumentError(
+                    f"NodeSettings: {name!r} must be a non-empty string, got {getattr(self, name)!r}"
+                )
+        if self.power_cap_w is not None:
+            check_arguments("NodeSettings", power_cap_w=(self.power_cap_w, Number(0.0, above=True, unit="W")))
 
     def caps(self) -> CapSource:
         """The cap over time this node must stay under (a constant when nothing else was given)."""

@@ -208,7 +208,14 @@ def _example(example: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tenso
             "PowerSession: 'example' must be one batch (inputs, targets) of the loop's data, e.g. "
             "next(iter(trainloader))"
         ) from None
-    if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor) or not len(x) or len(x) != len(y):
+    if (
+        not isinstance(x, torch.Tensor)
+        or not isinstance(y, torch.Tensor)
+        or x.dim() == 0
+        or y.dim() == 0
+        or not len(x)
+        or len(x) != len(y)
+    ):
         raise SessionError(
             "PowerSession: 'example' must be two tensors (inputs, targets) with the same number of "
             "samples (at least 1)"
@@ -303,6 +310,13 @@ class PowerSession:
             node = node or joined.node
             profile_cache = profile_cache or joined.profile_cache
         _check_session_arguments(model, make_step, train_examples, lr, key, profile_cache)
+        if not isinstance(instructions, TrainInstructions):
+            raise ArgumentError(
+                "PowerSession: 'instructions' must be a TrainInstructions (TrainInstructions.for_relation "
+                f"makes one), got {type(instructions).__name__}"
+            )
+        if not isinstance(node, NodeSettings):
+            raise ArgumentError(f"PowerSession: 'node' must be a NodeSettings, got {type(node).__name__}")
         if (
             differs := same_model(instructions.relation_vector.extra.get("model_fingerprint"), model)
         ) is not None:
@@ -414,7 +428,10 @@ class PowerSession:
         size is the first argument's length. Returns what `fn` returns."""
         pinning, dev, power = self._active(), self._dev, self._power
         assert dev is not None and power is not None and self._workload is not None
-        batch = len(args[0]) if args and hasattr(args[0], "__len__") else self.batch_size
+        first = args[0] if args else None
+        if isinstance(first, torch.Tensor) and first.dim() == 0:
+            raise SessionError("PowerSession.step: the batch is a 0-d tensor; pass the batch's inputs first")
+        batch = len(first) if first is not None and hasattr(first, "__len__") else self.batch_size
         for hook in pinning.hooks:
             hook.before_step(self.samples)
         t0 = dev.clock()

@@ -158,13 +158,15 @@ class RelationRequest:
         return hashlib.sha256(blob.encode()).hexdigest()
 
 
+SEED_MAX = 2**32 - 1
+"""The largest seed every generator the runs seed takes (numpy's legacy seeding; torch takes 2**64 - 1)."""
 _NUMBERS: dict[str, Kind] = {
     "target_accuracy": Number(0.0, 1.0, above=True),
     "lr_max": Number(0.0, 10.0, above=True),
     "max_samples": Integer(1),
     "eval_every_samples": Integer(1),
     "min_evaluations": Integer(1),
-    "data_seed": Integer(0),
+    "data_seed": Integer(0, SEED_MAX),
 }
 _OPTIONAL_COUNTS = ("eval_max_samples", "limit", "seq_len", "max_seeds", "num_cpus")
 
@@ -182,7 +184,15 @@ def _check_numbers(given: dict[str, Any]) -> None:
     if isinstance(seeds, (str, bytes)) or not isinstance(seeds, Sequence):
         raise ArgumentError(f"estimate_relation: 'seeds' must be a list of integers ≥ 0, got {seeds!r}")
     for seed in seeds:
-        check_arguments("estimate_relation", seeds=(seed, Integer(0)))
+        check_arguments("estimate_relation", seeds=(seed, Integer(0, SEED_MAX)))
+    overrides = given["overrides"]
+    if overrides is not None and not isinstance(overrides, dict):
+        raise ArgumentError(
+            f"estimate_relation: 'overrides' must be a dict of the model's options, got {overrides!r}"
+        )
+    for name in ("loss", "metric", "make_step", "train_to_target"):
+        if given[name] is not None and not callable(given[name]):
+            raise ArgumentError(f"estimate_relation: {name!r} must be callable, got {given[name]!r}")
 
 
 def _validate(
@@ -624,10 +634,6 @@ def estimate_relation(
     user_code = not (spec is not None and spec.builtin) or any(
         f is not None for f in (loss, metric, make_step)
     )
-    if make_step is not None and not callable(make_step):
-        raise ArgumentError(
-            f"estimate_relation: 'make_step' must be callable (model → step(x, y)), got {make_step!r}"
-        )
     if spec is not None:
         state, overrides, num_classes, weights_id = _starting_weights(spec.name, weights, overrides)
         if spec.task == "text" and seq_len is None:

@@ -10,8 +10,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from powerctl.jsonfile import write_json
-from powerctl.outputs import writable_file
+from powerctl.errors import ArgumentError, FileFormatError
+from powerctl.jsonfile import read_json, write_json
+from powerctl.outputs import OutputPathError, writable_file
 from powerctl.profile_budget import over_budget
 from strategies.rounds import NodeInfo, RoundRecord
 
@@ -198,7 +199,21 @@ def evaluation_line(record: RoundRecord) -> str:
 def save_results(strategy: Any, path: Path | str, run: dict[str, Any] | None = None) -> Path:
     """Write a `PowerAware` strategy's rounds and nodes to `path` as `results.json` (a user's own
     ServerApp, after `strategy.start(...)`; the built-in ServerApp writes it after every round). `run`
-    describes the run (default: the plan sent and its relation vector)."""
+    describes the run (default: the plan sent and its relation vector). A file at `path` that is not a
+    results file (a link to one included) is never replaced: one line, nothing written."""
+    if not isinstance(getattr(strategy, "rounds", None), dict) or not hasattr(strategy, "instructions"):
+        raise ArgumentError(
+            f"save_results: 'strategy' must be the PowerAware strategy that ran (its rounds are what is "
+            f"saved), got {type(strategy).__name__}"
+        )
+    target = writable_file(path, "save_results path")
+    if target.exists():
+        try:
+            read_json(target, RESULTS_SCHEMA)
+        except FileFormatError as exc:
+            raise OutputPathError(
+                f"save_results: {path} is not a results file and is never replaced ({exc}); give another path"
+            ) from None
     plan = strategy.instructions
     default = {"instructions": dict(plan.to_config()), "relation": plan.relation_vector.to_dict()}
     writer = ResultsWriter(Path(path), dict(run or default), held=True)

@@ -31,6 +31,8 @@ def read_json(path: str | Path, schema: str) -> dict[str, Any]:
         data = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
     except (json.JSONDecodeError, ValueError) as exc:
         raise FileFormatError(f"{path}: not valid JSON ({exc})") from None
+    except RecursionError:
+        raise FileFormatError(f"{path}: nested too deeply to be a {schema} file") from None
     if not isinstance(data, dict):
         raise FileFormatError(f'{path}: expected a JSON object with "schema": "{schema}"')
     if "schema" not in data:

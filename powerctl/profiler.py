@@ -63,6 +63,14 @@ class Profiler:
         measure_steps: int = 5,
         rate_hz: float = 50.0,
     ) -> None:
+        if not isinstance(device, Device):
+            raise ArgumentError(
+                f"Profiler: 'device' must be an open Device (open_device('sim:jetson-nano')), got {device!r}"
+            )
+        if not isinstance(workload, Workload):
+            raise ArgumentError(
+                f"Profiler: 'workload' must be a Workload (measure_workload(model, x, y)), got {workload!r}"
+            )
         if not device.frequencies():
             raise DeviceError(
                 f"{device.spec} has no GPU frequency knob to profile"

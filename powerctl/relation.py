@@ -20,6 +20,7 @@ from typing import Any
 
 from powerctl.errors import ArgumentError, FileFormatError
 from powerctl.jsonfile import Fields, check_number, read_json, write_json
+from powerctl.mapping import Number, check_arguments
 
 RELATION_SCHEMA = "powerctl.relation/1"
 VECTORS: tuple[str, ...] = ("raw", "fitted")
@@ -113,12 +114,24 @@ class RelationVector:
     ) -> RelationVector:
         """The vector from per-seed samples to target: their means (`vector="raw"`) or the batch-
         efficiency model fitted to them (`"fitted"`); both, the spread and the fit are kept in the file."""
+        where = "RelationVector.from_seeds"
         if vector not in VECTORS:
-            raise ValueError(f"unknown relation vector {vector!r}; use one of {', '.join(VECTORS)}")
+            raise ArgumentError(
+                f"{where}: unknown relation vector {vector!r}; use one of {', '.join(VECTORS)}"
+            )
+        if not isinstance(per_seed, dict) or not per_seed:
+            raise ArgumentError(
+                f"{where}: 'per_seed' must map each batch size to its seeds' samples to target, "
+                f"got {per_seed!r}"
+            )
         bs = sorted(per_seed)
-        rows = [[float(v) for v in per_seed[b]] for b in bs]
+        rows = [list(per_seed[b]) if isinstance(per_seed[b], (list, tuple)) else [] for b in bs]
         if any(not row for row in rows):
-            raise ValueError("every batch size needs at least one seed's samples to target")
+            raise ArgumentError(f"{where}: every batch size needs a list of one or more seeds' samples")
+        for row in rows:
+            for v in row:  # NaN, inf, ≤ 0 or a string: the file's reader would refuse it too
+                check_arguments(where, samples_to_target=(v, Number(0.0, 1e12, above=True)))
+        rows = [[float(v) for v in row] for row in rows]
         means = [statistics.fmean(row) for row in rows]
         sds = [statistics.stdev(row) if len(row) > 1 else 0.0 for row in rows]
         fit = fit_batch_efficiency(bs, rows)
@@ -202,6 +215,10 @@ def _checked(data: dict[str, Any], where: str) -> dict[str, Any]:
     if sorted(set(bs)) != bs:
         raise f.fail("'batch_sizes' must be strictly increasing (largest last)")
     values = [check_number(s, "samples_to_target", f, positive=True) for s in samples]
+    if not all(math.isfinite(v / values[-1]) for v in values):  # r_b = samples / the last: what selects
+        raise f.fail(
+            f"'samples_to_target' {samples} over its last entry is not finite (the last is too small)"
+        )
     if "samples_per_seed" in data:
         per_seed = f.list_of("samples_per_seed")
         if len(per_seed) != len(bs) or any(not isinstance(row, list) or not row for row in per_seed):

@@ -202,6 +202,17 @@ def rank(
         raise ArgumentError(f"select: 'profile' must be a Profile, got {type(profile).__name__}")
     if not isinstance(relation, RelationVector):  # a RelationVector checks its entries itself
         raise ArgumentError(f"select: 'relation' must be a RelationVector, got {type(relation).__name__}")
+    if profile.model != relation.model:  # another model's vector ranks batch sizes for another task
+        raise MismatchError(
+            f"select: the profile is of model {profile.model!r}, the relation vector of {relation.model!r}: "
+            "they do not belong together"
+        )
+    for p in profile.points:  # a NaN or negative time would rank first (Profile's fields are the user's)
+        if not (math.isfinite(p.seconds_for_samples) and p.seconds_for_samples > 0):
+            raise ArgumentError(
+                f"select: the profile's point (b={p.batch_size}, {p.frequency_hz} Hz) takes "
+                f"{p.seconds_for_samples!r} s; every point must take a finite time > 0"
+            )
     key = _order_key(check_objective(objective))
     ranked = sorted(candidates(profile, relation, power_cap_w), key=key)
     if check_relation_rule(rule) == "robust":

@@ -184,6 +184,13 @@ class PowerAware(Strategy):
                 f"PowerAware: 'instructions' must be a TrainInstructions (TrainInstructions.for_relation "
                 f"makes one), got {type(instructions).__name__}"
             )
+        for name, fn, optional in (
+            ("node_instructions", node_instructions, False),
+            ("on_round", on_round, True),
+            ("on_round_end", on_round_end, True),
+        ):
+            if not callable(fn) and not (optional and fn is None):  # else a TypeError mid-round
+                raise ArgumentError(f"PowerAware: {name!r} must be callable, got {fn!r}")
         self.strategy = strategy
         self.instructions = instructions
         self.node_instructions = node_instructions
@@ -587,6 +594,13 @@ class PowerAwareFedAvg(PowerAware):
         inner: Callable[[Strategy], Strategy] | None = None,
         **power_aware: Any,
     ) -> None:
+        check_arguments(  # FedAvg reads them only when a round samples: a NaN there is Flower's error
+            "PowerAwareFedAvg",
+            fraction_train=(fraction_train, Number(0.0, 1.0)),
+            fraction_evaluate=(fraction_evaluate, Number(0.0, 1.0)),
+            min_train_nodes=(min_train_nodes, Integer(0)),
+            min_evaluate_nodes=(min_evaluate_nodes, Integer(0)),
+        )
         fedavg: Strategy = FedAvgInOrder(
             fraction_train=fraction_train,
             fraction_evaluate=fraction_evaluate,

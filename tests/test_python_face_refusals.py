@@ -143,7 +143,7 @@ def test_select_names_an_argument_of_the_wrong_type() -> None:
     with pytest.raises(ArgumentError, match="'relation' must be a RelationVector, got dict"):
         select(Profile("sim:x", "m", [1], 8, []), {8: 1.0}, None)  # type: ignore[arg-type]
     with pytest.raises(ArgumentError, match="unknown objective 'fast'"):
-        select(Profile("sim:x", "m", [1], 8, []), REL, None, objective="fast")
+        select(Profile("sim:x", "cnn-tiny", [1], 8, []), REL, None, objective="fast")
 
 
 def _session(**changes: Any) -> powerfed.PowerSession:
@@ -280,7 +280,11 @@ def test_a_step_builder_that_returns_no_step_is_named_not_profiled_as_empty() ->
         ({"limit": -1}, "'limit' must be an integer ≥ 1, got -1"),
         ({"max_samples": math.nan}, "'max_samples' must be an integer ≥ 1, got nan"),
         ({"seeds": "01"}, "'seeds' must be a list of integers ≥ 0, got '01'"),
-        ({"seeds": ["a"]}, "'seeds' must be an integer ≥ 0, got 'a'"),
+        ({"seeds": ["a"]}, "'seeds' must be an integer in [0, 4294967295], got 'a'"),
+        ({"seeds": [2**64]}, "'seeds' must be an integer in [0, 4294967295]"),
+        ({"data_seed": 2**70}, "'data_seed' must be an integer in [0, 4294967295]"),
+        ({"overrides": "width=8"}, "'overrides' must be a dict of the model's options"),
+        ({"metric": 3}, "'metric' must be callable, got 3"),
         ({"target_accuracy": "0.5"}, "'target_accuracy' must be a number in (0, 1], got '0.5'"),
         ({"eval_every_samples": 0}, "'eval_every_samples' must be an integer ≥ 1"),
         ({"lr_max": math.inf}, "'lr_max' must be a number in (0, 10]"),

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from powerctl.devices.base import Device, PowerSampler, ThreadSampler
 from powerctl.devices.torchdev import TORCH_SPEC_HELP, check_torch_spec, is_torch_spec
-from powerctl.errors import DeviceError
+from powerctl.errors import ArgumentError, DeviceError
+from powerctl.mapping import Integer, check_arguments
 
 __all__ = ["Device", "PowerSampler", "ThreadSampler", "check_spec", "open_device", "SPEC_HELP"]
 
@@ -35,6 +36,11 @@ def open_device(spec: str, *, seed: int = 0, pin: bool | None = True) -> Device:
     from powerctl.devices.unpinned import unpinned
     from powerctl.pinsession import recover
 
+    check_arguments("open_device", seed=(seed, Integer(0, 2**32 - 1)))  # numpy's legacy seeding takes these
+    if not isinstance(spec, str):
+        raise ArgumentError(
+            f"open_device: 'spec' must be a device spec string (e.g. sim:jetson-nano), got {spec!r}"
+        )
     dev = _open(spec, seed=seed)
     try:
         if pin is False:

@@ -464,8 +464,11 @@ def register_model(
 
 
 def unregister_model(name: str) -> None:
-    """Remove model `name` (a user's, e.g. after a test); unknown names are refused as `get_model_spec`."""
+    """Remove model `name` (a user's, e.g. after a test); unknown names are refused as `get_model_spec`,
+    built-in ones (`BUILT_IN`) are kept: a run's clients and caches name them."""
     get_model_spec(name)
+    if name in BUILT_IN:
+        raise ModelError(f"model {name!r} is built in and stays registered; unregister only your own models")
     del _REGISTRY[name]
 
 
@@ -508,6 +511,9 @@ register_model(
     n_head=2,
     n_embd=64,
 )
+
+BUILT_IN = frozenset(_REGISTRY)
+"""The models this package registers itself: `unregister_model` leaves them."""
 
 
 def model_fingerprint(model: nn.Module) -> dict[str, Any]:

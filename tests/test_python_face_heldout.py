@@ -1,0 +1,204 @@
+"""A held-out set of hostile inputs to the Python face (issue 36): a red-team pass at `6ce5604` tried 336
+inputs the other tests do not (numpy scalars, 0-d tensors, huge seeds, links to system files, callbacks
+that are not callable, ...); 49 were handled badly. Each fixed class keeps one input here, refused where
+the call is made in one line of the project's own error type, nothing written or changed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from flwr.serverapp.strategy import FedAvg
+
+import powerfed
+from powerctl.errors import ArgumentError, FileFormatError, PowerctlError
+from powerctl.jsonfile import read_json
+from powerctl.relation import RelationVector
+from strategies.protocol import TrainInstructions
+
+REL = RelationVector.from_samples("cnn-tiny", "proxy", 0.5, {8: 300.0, 16: 400.0})
+PLAN = TrainInstructions.for_relation(REL, num_classes=10)
+
+
+def one_line(exc: BaseException, *fragments: str) -> str:
+    text = str(exc)
+    assert "\n" not in text and isinstance(exc, PowerctlError), repr(exc)
+    for fragment in fragments:
+        assert fragment in text, text
+    return text
+
+
+# --- save_results: a file that is not a results file is never replaced ---------------------------------
+def test_save_results_never_replaces_what_is_not_a_results_file_even_through_a_link(tmp_path: Path) -> None:
+    strategy = powerfed.PowerAware(FedAvg(), PLAN)
+    precious = tmp_path / "passwd"  # standing in for /etc/passwd, which a link run as root clobbered
+    precious.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    link = tmp_path / "results.json"
+    link.symlink_to(precious)
+    with pytest.raises(PowerctlError) as err:
+        powerfed.save_results(strategy, link)
+    one_line(err.value, "is not a results file and is never replaced")
+    assert precious.read_text() == "root:x:0:0:root:/root:/bin/bash\n" and link.is_symlink()
+    if Path("/proc/version").exists():
+        with pytest.raises(PowerctlError) as err:
+            powerfed.save_results(strategy, "/proc/version")
+        one_line(err.value, "/proc/version")
+    ours = powerfed.save_results(strategy, tmp_path / "ours.json")
+    again = powerfed.save_results(strategy, ours)  # a results file is replaced by the next one
+    assert json.loads(again.read_text())["schema"] == "fl_server.results/1"
+    with pytest.raises(ArgumentError) as err:
+        powerfed.save_results(FedAvg(), tmp_path / "other.json")
+    one_line(err.value, "'strategy' must be the PowerAware strategy that ran")
+    assert not (tmp_path / "other.json").exists()
+
+
+def test_a_json_file_nested_too_deeply_is_one_line(tmp_path: Path) -> None:
+    deep = tmp_path / "relation.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(FileFormatError) as err:
+        read_json(deep, "powerctl.relation/1")
+    one_line(err.value, "nested too deeply")
+    with pytest.raises(PowerctlError):
+        RelationVector.load(deep)
+
+
+# --- the relation vector: nothing infinite, NaN or empty reaches selection --------------------------
+@pytest.mark.parametrize(
+    ("make", "fragment"),
+    [
+        (lambda: RelationVector("m", "p", 0.5, [8, 16], [1.0, 1e-320]), "over its last entry is not finite"),
+        (lambda: RelationVector.from_seeds("m", "p", 0.5, {8: [float("nan"), 1.0], 16: [2.0]}), "got nan"),
+        (lambda: RelationVector.from_seeds("m", "p", 0.5, {8: [1e308, 1e308], 16: [1.0]}), "got 1e+308"),
+        (lambda: RelationVector.from_seeds("m", "p", 0.5, {}), "'per_seed' must map each batch size"),
+        (lambda: RelationVector.from_seeds("m", "p", 0.5, {8: 5.0}), "a list of one or more seeds"),
+    ],
+)
+def test_a_relation_vector_that_would_select_nonsense_is_refused(make: Any, fragment: str) -> None:
+    with pytest.raises(PowerctlError) as err:
+        make()
+    one_line(err.value, fragment)
+
+
+def test_select_refuses_another_models_vector_and_a_point_without_a_time() -> None:
+    from powerctl.profile_table import Profile, ProfilePoint
+    from powerctl.selection import select
+
+    points = [ProfilePoint(8, 100, 2.0, 1.5, 0.1, 1.0), ProfilePoint(16, 100, 2.5, 2.0, 0.15, 0.8)]
+    with pytest.raises(PowerctlError) as err:  # another model's vector ranks another task's batch sizes
+        select(Profile("sim:jetson-nano", "resnet18", [3, 32, 32], 100, points), REL, 5.0)
+    one_line(err.value, "the profile is of model 'resnet18', the relation vector of 'cnn-tiny'")
+    for bad in (float("nan"), -5.0):
+        broken = [points[0], ProfilePoint(16, 100, 2.5, 2.0, 0.15, bad)]
+        with pytest.raises(ArgumentError) as err:
+            select(Profile("sim:jetson-nano", "cnn-tiny", [3, 32, 32], 100, broken), REL, 5.0)
+        one_line(err.value, "every point must take a finite time > 0")
+    chosen = select(Profile("sim:jetson-nano", "cnn-tiny", [3, 32, 32], 100, points), REL, 5.0)
+    assert (chosen.batch_size, chosen.frequency_hz) in {(8, 100), (16, 100)}
+
+
+# --- the wrapper: what a round calls is checked when it is made --------------------------------------
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"on_round": "print"}, "'on_round' must be callable"),
+        ({"on_round_end": 42}, "'on_round_end' must be callable"),
+        ({"node_instructions": None}, "'node_instructions' must be callable"),
+    ],
+)
+def test_power_aware_refuses_callbacks_that_are_not_callable(kwargs: dict, fragment: str) -> None:
+    with pytest.raises(ArgumentError) as err:
+        powerfed.PowerAware(FedAvg(), PLAN, **kwargs)
+    one_line(err.value, fragment)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"fraction_train": float("nan")}, "'fraction_train' must be a number in [0, 1]"),
+        ({"fraction_evaluate": -1}, "'fraction_evaluate' must be a number in [0, 1]"),
+        ({"min_train_nodes": "2"}, "'min_train_nodes' must be an integer ≥ 0"),
+    ],
+)
+def test_power_aware_fedavg_refuses_what_fedavg_would_fail_on_mid_round(kwargs: dict, fragment: str) -> None:
+    with pytest.raises(ArgumentError) as err:
+        powerfed.PowerAwareFedAvg(instructions=PLAN, **kwargs)
+    one_line(err.value, "PowerAwareFedAvg", fragment)
+
+
+# --- the session, the registry, devices, the relation estimate ---------------------------------------
+def _session(**changes: Any) -> powerfed.PowerSession:
+    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 2))
+    args: dict[str, Any] = {
+        "model": net,
+        "make_step": lambda model: lambda x, y: None,
+        "example": (torch.zeros(4, 4), torch.zeros(4, dtype=torch.long)),
+        "train_examples": 64,
+        "instructions": TrainInstructions.for_relation(
+            RelationVector.from_samples("held-out-net", "proxy", 0.5, {8: 300.0, 16: 400.0}), num_classes=2
+        ),
+        "node": powerfed.NodeSettings("sim:jetson-nano", 3.0, None, 0, 1, "n0", None),
+    }
+    return powerfed.PowerSession(**{**args, **changes})
+
+
+@pytest.mark.parametrize(
+    ("changes", "error", "fragment"),
+    [
+        ({"example": (torch.tensor(1.0), torch.tensor(1))}, PowerctlError, "'example' must be two tensors"),
+        ({"instructions": {"model": "m"}}, ArgumentError, "'instructions' must be a TrainInstructions"),
+        ({"node": {"device": "sim:jetson-nano"}}, ArgumentError, "'node' must be a NodeSettings"),
+    ],
+)
+def test_a_session_refuses_held_out_arguments_where_it_is_made(
+    changes: dict, error: type, fragment: str
+) -> None:
+    with pytest.raises(error) as err:
+        _session(**changes)
+    one_line(err.value, fragment)
+
+
+def test_node_settings_made_in_python_hold_what_a_node_config_would() -> None:
+    with pytest.raises(ArgumentError) as err:
+        powerfed.NodeSettings("sim:jetson-nano", 3.0, None, 0, 1, 3, None)  # type: ignore[arg-type]
+    one_line(err.value, "'key' must be a non-empty string, got 3")
+    with pytest.raises(ArgumentError) as err:
+        powerfed.NodeSettings("sim:jetson-nano", float("nan"), None, 0, 1, "n0", None)
+    one_line(err.value, "'power_cap_w' must be a number of W")
+
+
+def test_a_step_given_a_0d_batch_is_one_line() -> None:
+    session = _session()
+    with pytest.raises(PowerctlError) as err, session:  # the session restores the board on the way out
+        session.step(lambda x: None, torch.tensor(3.0))
+    one_line(err.value, "the batch is a 0-d tensor")
+
+
+def test_built_in_models_stay_registered() -> None:
+    with pytest.raises(PowerctlError) as err:
+        powerfed.unregister_model("cnn-tiny")
+    one_line(err.value, "'cnn-tiny' is built in and stays registered")
+    assert "cnn-tiny" in powerfed.model_names()
+
+
+@pytest.mark.parametrize(
+    ("call", "fragment"),
+    [
+        (lambda: powerfed.open_device(None), "'spec' must be a device spec string"),  # type: ignore[arg-type]
+        (lambda: powerfed.open_device(Path("host")), "'spec' must be a device spec string"),  # type: ignore[arg-type]
+        (
+            lambda: powerfed.open_device("sim:jetson-nano", seed=-1),
+            "'seed' must be an integer in [0, 4294967295]",
+        ),
+        (
+            lambda: powerfed.Profiler("sim:jetson-nano", None, lambda b: None, samples=8),
+            "'device' must be an open Device",
+        ),  # type: ignore[arg-type]
+    ],
+)
+def test_devices_and_the_profiler_refuse_what_is_not_one(call: Any, fragment: str) -> None:
+    with pytest.raises(ArgumentError) as err:
+        call()
+    one_line(err.value, fragment)
