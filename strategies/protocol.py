@@ -10,6 +10,7 @@ kebab-case, the run settings among them spelled as their run config keys (`strat
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
@@ -178,6 +179,11 @@ class TrainInstructions:
         learning-rate rule (`lr_max`, `lr_rule`, where the vector records them: an estimate's do) unless
         given; every other run setting (`strategies.settings`, as attributes: budget_samples, ...) its
         default unless given."""
+        if not isinstance(relation, RelationVector):
+            raise ArgumentError(
+                "TrainInstructions.for_relation: 'relation' must be a RelationVector (estimate_relation "
+                f"returns one), got {type(relation).__name__}"
+            )
         for key in ("model", "target_accuracy"):
             if key in settings:
                 raise ArgumentError(
@@ -255,6 +261,9 @@ class TrainInstructions:
         )
 
 
+INT32_MAX = 2**31 - 1
+
+
 def check_instructions(instr: TrainInstructions) -> None:
     """Each field of `instr` as it travels (`to_config`), read back by the kind its reader uses; the
     relation vector checks itself (`RelationVector`) and must be of the instructions' model."""
@@ -283,11 +292,34 @@ def check_instructions(instr: TrainInstructions) -> None:
         )
     overrides = instr.model_overrides
     try:
-        if not isinstance(overrides, dict):
+        if not isinstance(overrides, dict) or not all(isinstance(k, str) for k in overrides):
             raise TypeError
-        json.dumps(overrides, sort_keys=True, allow_nan=False)
+        text = json.dumps(overrides, sort_keys=True, allow_nan=False)
     except (TypeError, ValueError):
         raise r.fail("model_overrides", f"must be a dict of JSON option values, got {overrides!r}") from None
+    if instr.num_classes > INT32_MAX:  # a message's integers are int64; no board trains that many classes
+        raise r.fail("num_classes", f"must be an integer in [1, {INT32_MAX}], got {instr.num_classes!r}")
+    from powerfed.training.models import get_model_spec, model_names
+
+    spec = get_model_spec(instr.model) if instr.model in model_names() else None
+    if spec is not None and (why := _model_refusal(instr.model, id(spec), instr.num_classes, text)):
+        raise ArgumentError(f"TrainInstructions: {why}")  # what every client's build_model would say
+
+
+@functools.lru_cache(maxsize=256)
+def _model_refusal(model: str, spec_id: int, num_classes: int, overrides: str) -> str | None:
+    """Why the model registered here cannot be built with these classes and options (an unknown option,
+    more parameters than a board trains), as `build_model` on the clients would refuse it; None: it can.
+    A model not registered on this side is not checked (a client may register it). Cached, keyed by the
+    registry entry (`spec_id`): a plan is replaced for every node of every round."""
+    from powerfed.training.errors import ModelError
+    from powerfed.training.models import check_size
+
+    try:
+        check_size(model, num_classes, json.loads(overrides))
+    except ModelError as exc:
+        return str(exc)
+    return None
 
 
 def _json(value: Any, expected: str, python_type: type) -> Any:

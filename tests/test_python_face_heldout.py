@@ -202,3 +202,23 @@ def test_devices_and_the_profiler_refuse_what_is_not_one(call: Any, fragment: st
     with pytest.raises(ArgumentError) as err:
         call()
     one_line(err.value, fragment)
+
+
+# --- plans every client would refuse -----------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("relation", "kwargs", "fragment"),
+    [
+        (REL, {"num_classes": 10**9}, "would have 2,049,000,005,088 parameters"),
+        (REL, {"num_classes": 10**30}, "'num_classes' must be an integer in [1, 2147483647]"),
+        (REL, {"num_classes": 10, "model_overrides": {"bogus_kw": 1}}, "has no option bogus_kw"),
+        (REL, {"num_classes": 10, "model_overrides": {1: 2}}, "'model_overrides' must be a dict of JSON"),
+        (None, {"num_classes": 10}, "'relation' must be a RelationVector"),
+    ],
+)
+def test_a_plan_every_client_would_refuse_is_refused_where_it_is_made(
+    relation: Any, kwargs: dict, fragment: str
+) -> None:
+    with pytest.raises(ArgumentError) as err:
+        TrainInstructions.for_relation(relation, **kwargs)
+    one_line(err.value, fragment)
+    assert TrainInstructions.for_relation(REL, num_classes=10, model_overrides={"width": 8}).model_overrides

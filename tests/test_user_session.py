@@ -505,16 +505,17 @@ def test_the_workload_counts_the_optimizers_real_state(tmp_path: Path) -> None:
     assert states == {"momentum": 1, "plain": 0, "adam": 2}
 
 
-@pytest.mark.parametrize("extra_s", [0.0, 0.05])
+@pytest.mark.parametrize("extra_s", [0.0, 0.25])
 def test_on_a_real_board_the_loops_step_time_is_checked_against_the_profiled_step(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra_s: float
 ) -> None:
     """Issue 37, item 3, on a board (a fake Jetson's sysfs; the step runs on this CPU): steps 2-4 are
     timed against the profile at the pair in force. The step profiled, run as is, trains on; the same
-    step with 50 ms of other work (its FLOPs unchanged, so the first-step check cannot see it: about 12
+    step with 250 ms of other work (its FLOPs unchanged, so the first-step check cannot see it: some 50
     times the step) is one line at the fourth step, and the board is left as found. The tolerance is
-    4x here, not the default 2x: this CPU is shared with the suite's other worker, a board's GPU is not."""
-    monkeypatch.setattr("fl_client.session.STEP_TIME_TOLERANCE", 4.0)
+    20x here, not the default 2x: this CPU is shared with the suite's other worker and its end-to-end
+    runs (a step measured 4x its profile under that load), a board's GPU is not."""
+    monkeypatch.setattr("fl_client.session.STEP_TIME_TOLERANCE", 20.0)
     root = make_nano_tree(tmp_path / "nano")
     monkeypatch.setenv("POWERCTL_SYSFS_ROOT", str(root))
     before = tree_snapshot(root)
