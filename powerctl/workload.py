@@ -34,6 +34,22 @@ class Workload:
     parameter_tensors: int = 0
     """Parameter tensors: a per-tensor optimizer (PyTorch 1.10's Adam) launches kernels for each."""
 
+    def __post_init__(self) -> None:
+        """A workload a user makes by hand holds what a counted one does: a NaN or negative count would
+        profile finite nonsense (a batch of 10⁶ "fitting" a 2 GiB board), one ArgumentError line."""
+        from powerctl.mapping import Integer, Number, check_arguments
+
+        check_arguments(
+            "Workload",
+            flops_per_sample=(self.flops_per_sample, Number(0.0)),
+            activation_bytes_per_sample=(self.activation_bytes_per_sample, Number(0.0)),
+            parameter_bytes=(self.parameter_bytes, Number(0.0)),
+            optimizer_states=(self.optimizer_states, Integer(0)),
+            kernels_per_step=(self.kernels_per_step, Integer(0)),
+            traffic_bytes_per_sample=(self.traffic_bytes_per_sample, Number(0.0)),
+            parameter_tensors=(self.parameter_tensors, Integer(0)),
+        )
+
     def memory_bytes(self, batch_size: int) -> float:
         """Training memory at `batch_size`: weights, grads, optimizer state, activations."""
         fixed = self.parameter_bytes * (2 + self.optimizer_states)
@@ -48,6 +64,50 @@ class Workload:
     def from_dict(cls, d: dict[str, Any]) -> Workload:
         """The workload `to_dict` wrote (a profile's `extra["workload"]`)."""
         return cls(**{**d, "input_shape": tuple(d["input_shape"])})
+
+
+def _check_measure_arguments(
+    model: Any, inputs: Any, targets: Any, loss_fn: Any, optimizer_states: Any
+) -> None:
+    """`measure_workload`'s arguments, one ArgumentError line each (a string model, a 0-d or empty batch
+    would fail deep inside torch, or divide by zero)."""
+    import torch
+
+    from powerctl.errors import ArgumentError
+    from powerctl.mapping import Integer, check_arguments
+
+    where = "measure_workload"
+    if not isinstance(model, torch.nn.Module):
+        raise ArgumentError(f"{where}: 'model' must be a torch nn.Module, got {type(model).__name__}")
+    for name, t in (("inputs", inputs), ("targets", targets)):
+        if not isinstance(t, torch.Tensor) or t.dim() == 0 or len(t) == 0:
+            raise ArgumentError(
+                f"{where}: {name!r} must be a batch tensor of one sample or more, got {t!r:.80}"
+            )
+    if len(inputs) != len(targets):
+        raise ArgumentError(f"{where}: 'inputs' has {len(inputs)} samples, 'targets' {len(targets)}")
+    if not callable(loss_fn):
+        raise ArgumentError(f"{where}: 'loss_fn' must be callable (outputs, targets) → loss, got {loss_fn!r}")
+    check_arguments(where, optimizer_states=(optimizer_states, Integer(0)))
+
+
+def _forward(model: Any, inputs: Any, targets: Any, loss_fn: Callable[[Any, Any], Any]) -> Any:
+    """The loss of one forward pass; the model or loss refusing the batch (another shape, a dtype) is one
+    ArgumentError line with torch's first line, not its traceback (running out of memory stays itself)."""
+    import torch
+
+    from powerctl.errors import ArgumentError
+
+    try:
+        return loss_fn(model(inputs), targets)
+    except getattr(torch.cuda, "OutOfMemoryError", ()):  # torch ≥ 1.13
+        raise
+    except (RuntimeError, ValueError, TypeError, IndexError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise ArgumentError(
+            f"measure_workload: the model and loss cannot take the batch (inputs {tuple(inputs.shape)}, "
+            f"targets {tuple(targets.shape)}): {first}"
+        ) from None
 
 
 def measure_workload(
@@ -65,6 +125,7 @@ def measure_workload(
     """
     import torch
 
+    _check_measure_arguments(model, inputs, targets, loss_fn, optimizer_states)
     batch = int(inputs.shape[0])
     param_storages = {_storage(p).data_ptr() for p in model.parameters()}
     saved_storages: dict[int, int] = {}
@@ -92,7 +153,7 @@ def measure_workload(
     saved = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
     with counter or contextlib.nullcontext(), ops:
         with saved if together else contextlib.nullcontext():
-            loss = loss_fn(model(inputs), targets)
+            loss = _forward(model, inputs, targets, loss_fn)
         loss.backward()  # counted too: the backward pass is most of a training step's work
         del loss
     if not together:

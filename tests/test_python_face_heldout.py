@@ -222,3 +222,37 @@ def test_a_plan_every_client_would_refuse_is_refused_where_it_is_made(
         TrainInstructions.for_relation(relation, **kwargs)
     one_line(err.value, fragment)
     assert TrainInstructions.for_relation(REL, num_classes=10, model_overrides={"width": 8}).model_overrides
+
+
+# --- measuring a workload by hand --------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (("net", torch.zeros(2, 4), torch.zeros(2, dtype=torch.long)), "'model' must be a torch nn.Module"),
+        ((None, torch.tensor(1.0), torch.tensor(1)), "'inputs' must be a batch tensor"),
+        ((None, torch.zeros(0, 4), torch.zeros(0, dtype=torch.long)), "'inputs' must be a batch tensor"),
+        ((None, torch.zeros(2, 5), torch.zeros(2, dtype=torch.long)), "cannot take the batch (inputs (2, 5)"),
+    ],
+)
+def test_measure_workload_refuses_a_model_or_batch_it_cannot_count(args: tuple, fragment: str) -> None:
+    net = torch.nn.Linear(4, 2)
+    model, inputs, targets = args
+    with pytest.raises(ArgumentError) as err:
+        powerfed.measure_workload(
+            net if model is None else model, inputs, targets, torch.nn.functional.cross_entropy, "x"
+        )
+    one_line(err.value, fragment)
+
+
+def test_a_workload_made_by_hand_holds_what_a_counted_one_does() -> None:
+    from powerctl.workload import Workload
+
+    for bad in (
+        {"flops_per_sample": float("nan")},
+        {"activation_bytes_per_sample": -1e12},
+        {"optimizer_states": -5},
+    ):
+        values = {"flops_per_sample": 1e6, "activation_bytes_per_sample": 1e3, "parameter_bytes": 1e4, **bad}
+        with pytest.raises(ArgumentError) as err:
+            Workload("m", (3, 32, 32), **values)
+        one_line(err.value, f"'{next(iter(bad))}' must be")
