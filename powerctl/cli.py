@@ -298,7 +298,14 @@ def cmd_select(args: argparse.Namespace) -> int:
     relation = RelationVector.load(args.relation)
     for warning in check_pairing(profile, relation, allow_mismatch=args.allow_mismatch):
         print(f"{PROG} select: warning: {warning}", file=sys.stderr)
-    choice = select(profile, relation, args.power_cap, args.objective, args.relation_rule)
+    choice = select(
+        profile,
+        relation,
+        args.power_cap,
+        args.objective,
+        args.relation_rule,
+        allow_mismatch=args.allow_mismatch,
+    )
     energy = args.objective == "energy"
     if args.json:
         _print_json(choice.to_json_dict(with_energy=energy))
@@ -351,7 +358,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
         for warning in check_pairing(profile, relation, allow_mismatch=args.allow_mismatch):
             print(f"{PROG} plot: warning: {warning}", file=sys.stderr)
         try:
-            selection = select(profile, relation, args.power_cap)
+            selection = select(profile, relation, args.power_cap, allow_mismatch=args.allow_mismatch)
         except InfeasibleCapError as exc:
             print(f"{PROG} plot: note: {exc}", file=sys.stderr)
     paths = plot_profile(

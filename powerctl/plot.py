@@ -282,7 +282,7 @@ def profile_figures(
     cap = check_power_cap(power_cap_w)
     if selection is None and relation is not None:
         try:
-            selection = select(profile, relation, cap)
+            selection = select(profile, relation, cap, allow_mismatch=True)  # cmd_plot checked the pairing
         except InfeasibleCapError:
             selection = None
     points = {(p.batch_size, p.frequency_hz): p for p in profile.points}

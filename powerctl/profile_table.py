@@ -64,6 +64,26 @@ class Profile:
     apart from `points` on purpose: selection, caps and baselines read `points` only, so nothing that was
     not measured under the cap is ever chosen. Files without the key (every older one) have none."""
 
+    def __post_init__(self) -> None:
+        """A profile made in Python (a user's, for `select`) has the shape a profile file's reader gives:
+        one ArgumentError line, not an AttributeError inside selection."""
+        from powerctl.errors import ArgumentError
+        from powerctl.mapping import Integer, check_arguments
+
+        for name in ("device", "model"):
+            if not isinstance(getattr(self, name), str):
+                raise ArgumentError(f"Profile: {name!r} must be a string, got {getattr(self, name)!r}")
+        shape = self.input_shape
+        if not isinstance(shape, (list, tuple)) or any(
+            isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in shape
+        ):
+            raise ArgumentError(f"Profile: 'input_shape' must be a list of integers ≥ 1, got {shape!r}")
+        check_arguments("Profile", samples=(self.samples, Integer(1)))
+        for name in ("points", "predicted"):
+            got = getattr(self, name)
+            if not isinstance(got, list) or not all(isinstance(q, ProfilePoint) for q in got):
+                raise ArgumentError(f"Profile: {name!r} must be a list of ProfilePoint, got {got!r:.80}")
+
     def batch_sizes(self) -> list[int]:
         return sorted({p.batch_size for p in self.points})
 

@@ -215,9 +215,10 @@ def _checked(data: dict[str, Any], where: str) -> dict[str, Any]:
     if sorted(set(bs)) != bs:
         raise f.fail("'batch_sizes' must be strictly increasing (largest last)")
     values = [check_number(s, "samples_to_target", f, positive=True) for s in samples]
-    if not all(math.isfinite(v / values[-1]) for v in values):  # r_b = samples / the last: what selects
+    if not all(1e-9 <= v / values[-1] <= 1e9 for v in values):  # r_b = samples / the last: what selects
         raise f.fail(
-            f"'samples_to_target' {samples} over its last entry is not finite (the last is too small)"
+            f"'samples_to_target' {samples}: an entry over the last is outside [1e-9, 1e9] (no measured "
+            "relation is that uneven; a time times it would not be finite or not > 0)"
         )
     if "samples_per_seed" in data:
         per_seed = f.list_of("samples_per_seed")

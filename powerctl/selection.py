@@ -202,11 +202,6 @@ def rank(
         raise ArgumentError(f"select: 'profile' must be a Profile, got {type(profile).__name__}")
     if not isinstance(relation, RelationVector):  # a RelationVector checks its entries itself
         raise ArgumentError(f"select: 'relation' must be a RelationVector, got {type(relation).__name__}")
-    if profile.model != relation.model:  # another model's vector ranks batch sizes for another task
-        raise MismatchError(
-            f"select: the profile is of model {profile.model!r}, the relation vector of {relation.model!r}: "
-            "they do not belong together"
-        )
     for p in profile.points:  # a NaN or negative time would rank first (Profile's fields are the user's)
         if not (math.isfinite(p.seconds_for_samples) and p.seconds_for_samples > 0):
             raise ArgumentError(
@@ -227,12 +222,16 @@ def select(
     power_cap_w: float | None,
     objective: str = "time",
     rule: str = DEFAULT_RELATION_RULE,
+    *,
+    allow_mismatch: bool = False,
 ) -> Selection:
     """Algorithm 1: the feasible pair with the least T_N·r_b (or E_N·r_b for `objective="energy"`);
     `rule="robust"`: the least mean regret over the seeds' vectors (see the module's docstring). The
     Selection's predictions are the mean vector's either way. None feasible → one InfeasibleCapError
-    line."""
+    line. A relation vector of another model or input than the profile is one MismatchError line
+    (`check_pairing`; `allow_mismatch`: combined anyway, as `powerctl select --allow-mismatch`)."""
     ranked = rank(profile, relation, power_cap_w, objective, rule)
+    check_pairing(profile, relation, allow_mismatch=allow_mismatch)
     if ranked:
         return ranked[0]
     assert power_cap_w is not None  # with no cap every common point is feasible, and there is one

@@ -12,6 +12,7 @@ import pytest
 from fl_client.app import app as client_app
 from fl_client.faults import KILL_EXIT_STATUS, FaultConfigError, Faults, InjectedFailure, parse_faults
 from fl_server.run_config import RunConfigError, parse_server_config
+from strategies.power_aware import NoClientReported
 from tests.fake_grid import FakeGrid
 from tests.fl_helpers import RUN_CONFIG
 from tests.test_fl_strategy import _nodes, _run, power_aware
@@ -24,7 +25,8 @@ def test_without_the_switch_a_node_refuses_injected_failures_with_one_line(monke
     run_config = {**RUN_CONFIG, "inject-failures": "raise:1.0"}
     grid = FakeGrid(client_app, _nodes(2), run_config)
     strategy = power_aware(fraction_evaluate=0.0)
-    _run(grid, strategy)
+    with pytest.raises(NoClientReported, match="does not allow fault injection"):  # every node refused
+        _run(grid, strategy)
     assert len(strategy.rounds[1].failed) == 2
     assert all(
         "'inject-failures'" in f.reason and "POWERFED_FAULT_INJECTION" in f.reason

@@ -69,7 +69,10 @@ def test_a_json_file_nested_too_deeply_is_one_line(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("make", "fragment"),
     [
-        (lambda: RelationVector("m", "p", 0.5, [8, 16], [1.0, 1e-320]), "over its last entry is not finite"),
+        (
+            lambda: RelationVector("m", "p", 0.5, [8, 16], [1.0, 1e-320]),
+            "an entry over the last is outside [1e-9, 1e9]",
+        ),
         (lambda: RelationVector.from_seeds("m", "p", 0.5, {8: [float("nan"), 1.0], 16: [2.0]}), "got nan"),
         (lambda: RelationVector.from_seeds("m", "p", 0.5, {8: [1e308, 1e308], 16: [1.0]}), "got 1e+308"),
         (lambda: RelationVector.from_seeds("m", "p", 0.5, {}), "'per_seed' must map each batch size"),
@@ -97,6 +100,24 @@ def test_select_refuses_another_models_vector_and_a_point_without_a_time() -> No
         one_line(err.value, "every point must take a finite time > 0")
     chosen = select(Profile("sim:jetson-nano", "cnn-tiny", [3, 32, 32], 100, points), REL, 5.0)
     assert (chosen.batch_size, chosen.frequency_hz) in {(8, 100), (16, 100)}
+    other = Profile("sim:jetson-nano", "resnet18", [3, 32, 32], 100, points)
+    assert select(other, REL, 5.0, allow_mismatch=True).batch_size in (8, 16)  # combined when told
+    for fields, fragment in (
+        ({"points": [{"batch_size": 8}]}, "'points' must be a list of ProfilePoint"),
+        ({"input_shape": "abc"}, "'input_shape' must be a list of integers ≥ 1"),
+        ({"samples": -1}, "'samples' must be an integer ≥ 1"),
+    ):
+        made = {
+            "device": "sim:x",
+            "model": "cnn-tiny",
+            "input_shape": [3],
+            "samples": 8,
+            "points": [],
+            **fields,
+        }
+        with pytest.raises(ArgumentError) as err:
+            Profile(**made)
+        one_line(err.value, fragment)
 
 
 # --- the wrapper: what a round calls is checked when it is made --------------------------------------
