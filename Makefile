@@ -64,8 +64,8 @@ docs: setup
 # coverage of the non-test code as it goes (its total is the last line; `make coverage` lists each file)
 # and names the 25 slowest tests; every test's seconds go to $(TEST_REPORT) (JUnit XML), from which
 # `python tests/durations.py` prints the table of docs/testing.md.
-# On a 2-core AMD EPYC in fresh-ci: pytest 1445 s at 88c7389 (1700 tests; the whole CI 1807 s), 1545 s at
-# b915650 (1590 tests; CI 1914 s), against 2179 s at a680498 (1591 tests; CI 2534 s): docs/testing.md.
+# On a 2-core AMD EPYC in fresh-ci: pytest 1262 s at 8aa09aa (1748 tests; the whole CI 1626 s), 1445 s at
+# 88c7389 (1700 tests; CI 1807 s), against 2179 s at a680498 (1591 tests; CI 2534 s): docs/testing.md.
 TEST_REPORT ?= runs/tests.xml
 PYTEST_ALL = $(BIN)/pytest -q -n 2 --maxschedchunk 1 -m "slow or not slow" --cov --cov-report= --durations=25 \
 	--junitxml=$(TEST_REPORT)

@@ -145,6 +145,7 @@ def test_a_users_model_goes_end_to_end(tmp_path: Path, monkeypatch: pytest.Monke
             and c["peak_power_w"] <= 1.05 * c["power_cap_w"]
         )
         assert c["profiling_seconds"] > 0 and not c["profile_cached"]
+        assert c["train_examples"] == 320  # the session's train_examples, not 0 (issue 37)
     out = powerfed.save_results(strategy, tmp_path / "results.json")
     written = json.loads(out.read_text())
     assert written["run"]["relation"]["model"] == NAME  # the plan sent is in the file
