@@ -57,13 +57,14 @@ from fl_client.round import (
     usable_relation,
 )
 from fl_client.step_identity import cell_value, step_identity
+from powerctl.cliutil import first_line
 from powerctl.devices.base import Device
 from powerctl.devices.simulated import SimulatedBoard
 from powerctl.errors import ArgumentError
 from powerctl.mapping import Integer, Number, check_arguments
 from powerctl.profiler import StepFactory
 from powerctl.safety import restore_on_exit
-from powerctl.workload import Workload, count_flops, measure_workload
+from powerctl.workload import MODEL_INPUT_ERRORS, Workload, count_flops, measure_workload
 from powerfed.training.finetune import POWER_RATE_HZ, FineTuneResult, LossFn, MakeStep, TrainingPower
 from powerfed.training.models import same_model
 from strategies.protocol import ClientReport, TrainInstructions
@@ -233,11 +234,10 @@ def _check_fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: Loss
     try:
         with torch.no_grad():
             loss_fn(model(x[:1].to(device)), y[:1].to(device))
-    except (RuntimeError, ValueError, TypeError, IndexError) as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+    except MODEL_INPUT_ERRORS as exc:
         raise SessionError(
             f"PowerSession: the model and loss cannot take the example (inputs {tuple(x.shape[1:])} a "
-            f"sample, targets {tuple(y.shape[1:])}): {first}; give one batch of the loop's own data"
+            f"sample, targets {tuple(y.shape[1:])}): {first_line(exc)}; give one batch of the loop's own data"
         ) from None
     finally:
         model.train(was_training)

@@ -154,7 +154,8 @@ def _printable(text: str, limit: int = 160) -> str:
     return one if len(one) <= limit else f"{one[: limit // 2]}…{one[-(limit // 2) + 1 :]}"
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """An exception's first line, printable and bounded: what a one-line error quotes of another library's."""
     return _printable((str(exc).strip().splitlines() or [type(exc).__name__])[0])
 
 
@@ -187,7 +188,7 @@ def fault_line(exc: BaseException) -> str | None:
     """The one line for an exception a check did not catch but a hostile input can reach, or None when
     `exc` is not one of those (a bug: it keeps its traceback)."""
     if isinstance(exc, MemoryError) or (isinstance(exc, RuntimeError) and _NO_MEMORY.search(str(exc))):
-        detail = "" if isinstance(exc, MemoryError) else f" ({_first_line(exc)})"
+        detail = "" if isinstance(exc, MemoryError) else f" ({first_line(exc)})"
         return f"out of memory{detail}: ask for less (smaller model options, batch size, samples or limit)"
     if isinstance(exc, UnicodeDecodeError):
         name = _open_file_in(exc.__traceback__)
@@ -202,13 +203,13 @@ def fault_line(exc: BaseException) -> str | None:
         or (isinstance(exc, ValueError) and _OUT_OF_RANGE.search(str(exc)))
         or (isinstance(exc, RuntimeError) and _TORCH_OVERFLOW.search(str(exc)))
     ):
-        return f"a number is out of range ({_first_line(exc)}); use a smaller value"
+        return f"a number is out of range ({first_line(exc)}); use a smaller value"
     return None
 
 
 def _os_line(exc: OSError) -> str | None:
     """``PATH: File name too long; use a shorter name`` (None for an OSError of no file, e.g. a socket's)."""
-    reason = exc.strerror or _first_line(exc)
+    reason = exc.strerror or first_line(exc)
     hint = _OS_HINTS.get(exc.errno or 0)
     tail = f"{reason}; {hint}" if hint else reason
     if exc.filename is not None:

@@ -96,18 +96,22 @@ def _forward(model: Any, inputs: Any, targets: Any, loss_fn: Callable[[Any, Any]
     ArgumentError line with torch's first line, not its traceback (running out of memory stays itself)."""
     import torch
 
+    from powerctl.cliutil import first_line
     from powerctl.errors import ArgumentError
 
     try:
         return loss_fn(model(inputs), targets)
     except getattr(torch.cuda, "OutOfMemoryError", ()):  # torch ≥ 1.13
         raise
-    except (RuntimeError, ValueError, TypeError, IndexError) as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+    except MODEL_INPUT_ERRORS as exc:
         raise ArgumentError(
             f"measure_workload: the model and loss cannot take the batch (inputs {tuple(inputs.shape)}, "
-            f"targets {tuple(targets.shape)}): {first}"
+            f"targets {tuple(targets.shape)}): {first_line(exc)}"
         ) from None
+
+
+MODEL_INPUT_ERRORS = (RuntimeError, ValueError, TypeError, IndexError)
+"""What torch (or a user's loss) raises for a batch a model cannot take: another shape, dtype or device."""
 
 
 def measure_workload(
