@@ -53,6 +53,7 @@ from torch import nn
 from fl_server.relation_data import ProxyData, file_digest, load_proxy, spec_digest
 from fl_server.weights import load_weights, weights_hash
 from powerctl.cache import CACHE_ENV, cache_dir
+from powerctl.cliutil import MAX_SEED
 from powerctl.devices.host import HostDevice
 from powerctl.devices.torchdev import resolve_torch_device
 from powerctl.errors import ArgumentError, FileFormatError, PowerctlError
@@ -158,15 +159,13 @@ class RelationRequest:
         return hashlib.sha256(blob.encode()).hexdigest()
 
 
-SEED_MAX = 2**32 - 1
-"""The largest seed every generator the runs seed takes (numpy's legacy seeding; torch takes 2**64 - 1)."""
 _NUMBERS: dict[str, Kind] = {
     "target_accuracy": Number(0.0, 1.0, above=True),
     "lr_max": Number(0.0, 10.0, above=True),
     "max_samples": Integer(1),
     "eval_every_samples": Integer(1),
     "min_evaluations": Integer(1),
-    "data_seed": Integer(0, SEED_MAX),
+    "data_seed": Integer(0, MAX_SEED),
 }
 _OPTIONAL_COUNTS = ("eval_max_samples", "limit", "seq_len", "max_seeds", "num_cpus")
 
@@ -184,7 +183,7 @@ def _check_numbers(given: dict[str, Any]) -> None:
     if isinstance(seeds, (str, bytes)) or not isinstance(seeds, Sequence):
         raise ArgumentError(f"estimate_relation: 'seeds' must be a list of integers ≥ 0, got {seeds!r}")
     for seed in seeds:
-        check_arguments("estimate_relation", seeds=(seed, Integer(0, SEED_MAX)))
+        check_arguments("estimate_relation", seeds=(seed, Integer(0, MAX_SEED)))
     overrides = given["overrides"]
     if overrides is not None and not isinstance(overrides, dict):
         raise ArgumentError(

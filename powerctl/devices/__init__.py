@@ -33,10 +33,11 @@ def open_device(spec: str, *, seed: int = 0, pin: bool | None = True) -> Device:
     nothing written to it — not even putting back a dead process's pin (`powerctl freq --restore` does
     that); None, pin where this process may (`Device.pin_refusal`), else the clock in force.
     """
+    from powerctl.cliutil import MAX_SEED
     from powerctl.devices.unpinned import unpinned
     from powerctl.pinsession import recover
 
-    check_arguments("open_device", seed=(seed, Integer(0, 2**32 - 1)))  # numpy's legacy seeding takes these
+    check_arguments("open_device", seed=(seed, Integer(0, MAX_SEED)))
     if not isinstance(spec, str):
         raise ArgumentError(
             f"open_device: 'spec' must be a device spec string (e.g. sim:jetson-nano), got {spec!r}"
