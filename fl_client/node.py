@@ -74,7 +74,10 @@ class NodeSettings:
                     f"NodeSettings: {name!r} must be a non-empty string, got {getattr(self, name)!r}"
                 )
         if self.power_cap_w is not None:
-            check_arguments("NodeSettings", power_cap_w=(self.power_cap_w, Number(0.0, above=True, unit="W")))
+            cap = check_arguments(
+                "NodeSettings", power_cap_w=(self.power_cap_w, Number(0.0, above=True, unit="W"))
+            )
+            object.__setattr__(self, "power_cap_w", cap["power_cap_w"])  # a plain float, numpy's converted
 
     def caps(self) -> CapSource:
         """The cap over time this node must stay under (a constant when nothing else was given)."""

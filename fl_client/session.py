@@ -64,7 +64,7 @@ from powerctl.errors import ArgumentError
 from powerctl.mapping import Integer, Number, check_arguments
 from powerctl.profiler import StepFactory
 from powerctl.safety import restore_on_exit
-from powerctl.workload import MODEL_INPUT_ERRORS, Workload, count_flops, measure_workload
+from powerctl.workload import MODEL_INPUT_ERRORS, Workload, check_model, count_flops, measure_workload
 from powerfed.training.finetune import POWER_RATE_HZ, FineTuneResult, LossFn, MakeStep, TrainingPower
 from powerfed.training.models import same_model
 from strategies.protocol import ClientReport, TrainInstructions
@@ -76,21 +76,26 @@ Step = Callable[..., Any]
 
 def _check_session_arguments(
     model: Any, make_step: Any, train_examples: Any, lr: Any, key: Any, profile_cache: Any
-) -> None:
+) -> tuple[int, float | None]:
     """PowerSession's arguments, checked where the user makes one: one ArgumentError line each (the
-    example batch: `_example`)."""
+    example batch: `_example`). Returns `train_examples` and `lr` as plain numbers (numpy's converted)."""
     where = "PowerSession"
-    if not isinstance(model, nn.Module):
-        raise ArgumentError(f"{where}: 'model' must be a torch nn.Module, got {type(model).__name__}")
+    check_model(where, model)
     if not callable(make_step):
         raise ArgumentError(f"{where}: 'make_step' must be callable (model → step(x, y)), got {make_step!r}")
-    check_arguments(where, train_examples=(train_examples, Integer(1)))
+    examples = check_arguments(where, train_examples=(train_examples, Integer(1)))["train_examples"]
     if lr is not None:
-        check_arguments(where, lr=(lr, Number(0.0, above=True)))
+        lr = check_arguments(where, lr=(lr, Number(0.0, above=True)))["lr"]
     if not isinstance(key, str):
         raise ArgumentError(f"{where}: 'key' must be a string, got {key!r}")
-    if profile_cache is not None and not isinstance(profile_cache, (str, os.PathLike)):
-        raise ArgumentError(f"{where}: 'profile_cache' must be a folder path, got {profile_cache!r}")
+    if profile_cache is not None and (
+        not isinstance(profile_cache, (str, os.PathLike)) or not os.fspath(profile_cache)
+    ):  # Path('') is the working directory: profiles would be cached wherever the loop was started
+        raise ArgumentError(
+            f"{where}: 'profile_cache' must be a folder path (leave it out for the round's or the shared "
+            f"cache), got {profile_cache!r}"
+        )
+    return examples, lr
 
 
 FIRST_STEP_TOLERANCE = 1.25
@@ -308,8 +313,10 @@ class PowerSession:
                 )
             instructions = instructions or joined.instructions
             node = node or joined.node
-            profile_cache = profile_cache or joined.profile_cache
-        _check_session_arguments(model, make_step, train_examples, lr, key, profile_cache)
+            profile_cache = joined.profile_cache if profile_cache is None else profile_cache
+        train_examples, lr = _check_session_arguments(
+            model, make_step, train_examples, lr, key, profile_cache
+        )
         if not isinstance(instructions, TrainInstructions):
             raise ArgumentError(
                 "PowerSession: 'instructions' must be a TrainInstructions (TrainInstructions.for_relation "

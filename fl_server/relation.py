@@ -170,20 +170,24 @@ _NUMBERS: dict[str, Kind] = {
 _OPTIONAL_COUNTS = ("eval_max_samples", "limit", "seq_len", "max_seeds", "num_cpus")
 
 
-def _check_numbers(given: dict[str, Any]) -> None:
+def _check_numbers(given: dict[str, Any]) -> dict[str, Any]:
     """`estimate_relation`'s numbers, each where the call is made: one ArgumentError line (a NaN budget,
-    a string target, `limit=-1` would otherwise fail deep inside, or silently drop samples)."""
-    check_arguments("estimate_relation", **{name: (given[name], kind) for name, kind in _NUMBERS.items()})
+    a string target, `limit=-1` would otherwise fail deep inside, or silently drop samples). Returns them
+    as plain ints and floats (numpy's converted: they go into the cache key and the vector's file), the
+    seeds and batch sizes as lists."""
+    where = "estimate_relation"
+    checked = check_arguments(where, **{name: (given[name], kind) for name, kind in _NUMBERS.items()})
     for name in _OPTIONAL_COUNTS:
-        if given[name] is not None:
-            check_arguments(
-                "estimate_relation", **{name: (given[name], Integer(0 if name == "max_seeds" else 1))}
-            )
-    seeds = given["seeds"]
-    if isinstance(seeds, (str, bytes)) or not isinstance(seeds, Sequence):
-        raise ArgumentError(f"estimate_relation: 'seeds' must be a list of integers ≥ 0, got {seeds!r}")
-    for seed in seeds:
-        check_arguments("estimate_relation", seeds=(seed, Integer(0, MAX_SEED)))
+        kind = Integer(0 if name == "max_seeds" else 1)
+        checked[name] = (
+            None if given[name] is None else check_arguments(where, **{name: (given[name], kind)})[name]
+        )
+    for name, kind in (("seeds", Integer(0, MAX_SEED)), ("batch_sizes", Integer(1))):
+        values = given[name]
+        if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+            what = "integers ≥ 0" if name == "seeds" else "integers ≥ 1"
+            raise ArgumentError(f"{where}: {name!r} must be a list of {what}, got {values!r}")
+        checked[name] = [check_arguments(where, **{name: (v, kind)})[name] for v in values]
     overrides = given["overrides"]
     if overrides is not None and not isinstance(overrides, dict):
         raise ArgumentError(
@@ -192,6 +196,7 @@ def _check_numbers(given: dict[str, Any]) -> None:
     for name in ("loss", "metric", "make_step", "train_to_target"):
         if given[name] is not None and not callable(given[name]):
             raise ArgumentError(f"estimate_relation: {name!r} must be callable, got {given[name]!r}")
+    return checked
 
 
 def _validate(
@@ -612,7 +617,11 @@ def estimate_relation(
     `powerctl.devices.torchdev`) is where the runs train; it is not in the cache key, torch's intra-op
     thread count the runs use is (1 per Ray task with `parallel`, else this process's).
     """
-    _check_numbers(locals())
+    n = _check_numbers(locals())  # plain ints and floats from here on (numpy's converted)
+    target_accuracy, lr_max, data_seed, seeds = n["target_accuracy"], n["lr_max"], n["data_seed"], n["seeds"]
+    max_samples, min_evaluations, batch_sizes = n["max_samples"], n["min_evaluations"], n["batch_sizes"]
+    eval_every_samples, eval_max_samples = n["eval_every_samples"], n["eval_max_samples"]
+    limit, seq_len, max_seeds, num_cpus = n["limit"], n["seq_len"], n["max_seeds"], n["num_cpus"]
     bs, sd = _validate(target_accuracy, batch_sizes, seeds, lr_max, max_samples, lr_rule, vector, max_seeds)
     if cache_key is not None and (not isinstance(cache_key, str) or not cache_key.strip()):
         raise RelationError(f"cache_key must be a non-empty string naming the user code, got {cache_key!r}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import numbers
 import reprlib
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
@@ -46,12 +47,15 @@ def must_be(expected: str, value: Any) -> Invalid:
 
 
 def is_integer(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    """An int, or a numpy integer scalar (what numpy arithmetic gives a user: `np.int64(10)`); bool and
+    numpy's bool are not integers here. The kinds hand back a plain int (Flower's records hold no numpy)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def is_number(value: Any) -> bool:
-    """A finite int or float (bool is not a number here, whatever Python says)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """A finite int or float, numpy's scalars included (`np.float32(0.5)`); bool is not a number here,
+    whatever Python says. The kinds hand back a plain float."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 class Kind:
@@ -369,9 +373,10 @@ def mapping_reader(
     return reader.only(known) if known is not None else reader
 
 
-def check_arguments(where: str, **arguments: tuple[Any, Kind]) -> None:
+def check_arguments(where: str, **arguments: tuple[Any, Kind]) -> dict[str, Any]:
     """A Python call's arguments, each `name=(value, kind)`, checked where the call is made: the first
-    that its kind refuses is one ArgumentError line (a ValueError) naming `where`, it and its value."""
+    that its kind refuses is one ArgumentError line (a ValueError) naming `where`, it and its value.
+    Returns {name: the value as its kind gives it back}: a plain int or float where numpy's was given,
+    which is what the caller keeps and sends on."""
     reader = MappingReader({}, where, ArgumentError)
-    for name, (value, kind) in arguments.items():
-        reader.check(name, value, kind)
+    return {name: reader.check(name, value, kind) for name, (value, kind) in arguments.items()}

@@ -78,7 +78,7 @@ class Profile:
             isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in shape
         ):
             raise ArgumentError(f"Profile: 'input_shape' must be a list of integers ≥ 1, got {shape!r}")
-        check_arguments("Profile", samples=(self.samples, Integer(1)))
+        self.samples = check_arguments("Profile", samples=(self.samples, Integer(1)))["samples"]
         for name in ("points", "predicted"):
             got = getattr(self, name)
             if not isinstance(got, list) or not all(isinstance(q, ProfilePoint) for q in got):

@@ -15,10 +15,11 @@ from tqdm import tqdm
 from powerctl.capsource import POWER_CAP
 from powerctl.devices.base import Device
 from powerctl.errors import ArgumentError, DeviceError, DeviceOutOfMemory
-from powerctl.mapping import Integer, Number, check_arguments
+from powerctl.mapping import Integer, Number, check_arguments, is_integer, is_number, shown
 from powerctl.monitor import PowerMonitor
 from powerctl.profile_fit import ProfileFit, fit_profile, seed_frequencies
 from powerctl.profile_table import Profile, ProfilePoint
+from powerctl.relation import RelationVector
 from powerctl.safety import restore_on_exit
 from powerctl.workload import Workload
 
@@ -46,6 +47,33 @@ def _free_accelerator_memory() -> None:
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+def _integers(name: str, values: Any) -> list[int]:
+    """`Profiler.run`'s batch sizes or frequencies: a non-empty list of integers ≥ 1, as plain ints
+    (numpy's converted: they end up in the profile's JSON)."""
+    if not (isinstance(values, (list, tuple, range)) and len(values)):
+        raise ArgumentError(
+            f"Profiler.run: {name!r} must be a non-empty list of integers ≥ 1, got {values!r}"
+        )
+    return [check_arguments("Profiler.run", **{name: (v, Integer(1))})[name] for v in values]
+
+
+def _relation_map(relation: Any) -> dict[int, float] | None:
+    """`Profiler.run`'s `relation` as r_b per batch size: a RelationVector (its `as_map()`) or such a
+    mapping; anything else is one ArgumentError line (a string failed deep in the fitted order)."""
+    if relation is None:
+        return None
+    if isinstance(relation, RelationVector):
+        return relation.as_map()
+    if isinstance(relation, Mapping) and all(
+        is_integer(b) and b >= 1 and is_number(r) and r > 0 for b, r in relation.items()
+    ):
+        return {int(b): float(r) for b, r in relation.items()}
+    raise ArgumentError(
+        "Profiler.run: 'relation' must be a RelationVector (estimate_relation returns one) or a mapping "
+        f"batch size → r_b > 0, got {shown(relation)}"
+    )
 
 
 class Profiler:
@@ -79,7 +107,7 @@ class Profiler:
             )
         if not device.has_power_sensor:
             raise DeviceError(f"{device.spec} has no power sensor to profile with")
-        check_arguments(
+        checked = check_arguments(  # plain numbers from here on (numpy's converted)
             "Profiler",
             samples=(samples, Integer(1)),
             warmup_steps=(warmup_steps, Integer(0)),
@@ -91,12 +119,7 @@ class Profiler:
                 f"Profiler: 'make_step' must be callable (batch size → step), got {make_step!r}"
             )
         self.device, self.workload, self.make_step = device, workload, make_step
-        self.samples, self.warmup_steps, self.measure_steps, self.rate_hz = (
-            samples,
-            warmup_steps,
-            measure_steps,
-            rate_hz,
-        )
+        self.samples, self.warmup_steps, self.measure_steps, self.rate_hz = checked.values()
         self._steps: dict[int, Callable[[], Any]] = {}
         self.skipped: dict[int, str] = {}
 
@@ -163,14 +186,15 @@ class Profiler:
         frequencies: Sequence[int] | None = None,
         order: str = "grid",
         power_cap_w: float | None = None,
-        relation: Mapping[int, float] | None = None,
+        relation: RelationVector | Mapping[int, float] | None = None,
         margin: float = FITTED_MARGIN,
         progress: bool = True,
     ) -> Profile:
         """Profile and restore the device's frequency afterwards, whatever happens.
 
-        `relation` (r_b per batch size) and `margin` are for the fitted order only: which batch sizes are
-        worth confirming. Without a relation every batch size is confirmed at its best feasible frequency.
+        `relation` (a RelationVector, or r_b per batch size) and `margin` are for the fitted order only:
+        which batch sizes are worth confirming. Without a relation every batch size is confirmed at its
+        best feasible frequency.
         """
         if order not in ORDERS:
             raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
@@ -178,15 +202,12 @@ class Profiler:
             raise ValueError(f"margin must be a finite share ≥ 0, got {margin!r}")
         if order == "efficient" and power_cap_w is None:
             raise ValueError("the efficient order needs a power cap (it stops each batch size at the cap)")
-        for name, values in (("batch_sizes", batch_sizes), ("frequencies", frequencies)):
-            if values is not None and not (isinstance(values, (list, tuple, range)) and len(values)):
-                raise ArgumentError(
-                    f"Profiler.run: {name!r} must be a non-empty list of integers ≥ 1, got {values!r}"
-                )
-            for v in values or ():
-                check_arguments("Profiler.run", **{name: (v, Integer(1))})
+        batch_sizes = _integers("batch_sizes", batch_sizes)
+        if frequencies is not None:  # None: the device's table
+            frequencies = _integers("frequencies", frequencies)
         if power_cap_w is not None:
-            check_arguments("Profiler.run", power_cap_w=(power_cap_w, POWER_CAP))
+            power_cap_w = check_arguments("Profiler.run", power_cap_w=(power_cap_w, POWER_CAP))["power_cap_w"]
+        relation = _relation_map(relation)
         table = sorted(frequencies or self.device.frequencies())
         unknown = set(table) - set(self.device.frequencies())
         if unknown:
@@ -425,7 +446,7 @@ def profile_device(
     frequencies: Sequence[int] | None = None,
     order: str = "grid",
     power_cap_w: float | None = None,
-    relation: Mapping[int, float] | None = None,
+    relation: RelationVector | Mapping[int, float] | None = None,
     margin: float = FITTED_MARGIN,
     warmup_steps: int = 2,
     measure_steps: int = 5,

@@ -39,7 +39,7 @@ class Workload:
         profile finite nonsense (a batch of 10⁶ "fitting" a 2 GiB board), one ArgumentError line."""
         from powerctl.mapping import Integer, Number, check_arguments
 
-        check_arguments(
+        checked = check_arguments(
             "Workload",
             flops_per_sample=(self.flops_per_sample, Number(0.0)),
             activation_bytes_per_sample=(self.activation_bytes_per_sample, Number(0.0)),
@@ -49,6 +49,8 @@ class Workload:
             traffic_bytes_per_sample=(self.traffic_bytes_per_sample, Number(0.0)),
             parameter_tensors=(self.parameter_tensors, Integer(0)),
         )
+        for name, value in checked.items():  # plain numbers (numpy's converted): a profile's JSON holds it
+            object.__setattr__(self, name, value)
 
     def memory_bytes(self, batch_size: int) -> float:
         """Training memory at `batch_size`: weights, grads, optimizer state, activations."""
@@ -66,19 +68,38 @@ class Workload:
         return cls(**{**d, "input_shape": tuple(d["input_shape"])})
 
 
+def check_model(where: str, model: Any) -> None:
+    """A model to measure or train (`measure_workload`, `PowerSession`): an nn.Module whose tensors hold
+    data. One built under `torch.device("meta")` has shapes only: it would fail deep inside torch at the
+    first step, so it is one ArgumentError line here."""
+    import torch
+
+    from powerctl.errors import ArgumentError
+
+    if not isinstance(model, torch.nn.Module):
+        raise ArgumentError(f"{where}: 'model' must be a torch nn.Module, got {type(model).__name__}")
+    for what, tensors in (("parameters", model.named_parameters()), ("buffers", model.named_buffers())):
+        meta = [name for name, t in tensors if t.is_meta]
+        if meta:
+            more = f" and {len(meta) - 1} more" if len(meta) > 1 else ""
+            raise ArgumentError(
+                f"{where}: 'model' has {what} on the meta device (not materialized): {meta[0]}{more}; "
+                "build it outside torch.device('meta'), or model.to_empty(device=...) and load its weights"
+            )
+
+
 def _check_measure_arguments(
     model: Any, inputs: Any, targets: Any, loss_fn: Any, optimizer_states: Any
-) -> None:
+) -> int:
     """`measure_workload`'s arguments, one ArgumentError line each (a string model, a 0-d or empty batch
-    would fail deep inside torch, or divide by zero)."""
+    would fail deep inside torch, or divide by zero); returns `optimizer_states` as a plain int."""
     import torch
 
     from powerctl.errors import ArgumentError
     from powerctl.mapping import Integer, check_arguments
 
     where = "measure_workload"
-    if not isinstance(model, torch.nn.Module):
-        raise ArgumentError(f"{where}: 'model' must be a torch nn.Module, got {type(model).__name__}")
+    check_model(where, model)
     for name, t in (("inputs", inputs), ("targets", targets)):
         if not isinstance(t, torch.Tensor) or t.dim() == 0 or len(t) == 0:
             raise ArgumentError(
@@ -88,7 +109,7 @@ def _check_measure_arguments(
         raise ArgumentError(f"{where}: 'inputs' has {len(inputs)} samples, 'targets' {len(targets)}")
     if not callable(loss_fn):
         raise ArgumentError(f"{where}: 'loss_fn' must be callable (outputs, targets) → loss, got {loss_fn!r}")
-    check_arguments(where, optimizer_states=(optimizer_states, Integer(0)))
+    return check_arguments(where, optimizer_states=(optimizer_states, Integer(0)))["optimizer_states"]
 
 
 def _forward(model: Any, inputs: Any, targets: Any, loss_fn: Callable[[Any, Any], Any]) -> Any:
@@ -129,7 +150,7 @@ def measure_workload(
     """
     import torch
 
-    _check_measure_arguments(model, inputs, targets, loss_fn, optimizer_states)
+    optimizer_states = _check_measure_arguments(model, inputs, targets, loss_fn, optimizer_states)
     batch = int(inputs.shape[0])
     param_storages = {_storage(p).data_ptr() for p in model.parameters()}
     saved_storages: dict[int, int] = {}

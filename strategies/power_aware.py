@@ -168,7 +168,7 @@ class PowerAware(Strategy):
         rejoin_wait_s: float = 30.0,
         first_round: int = 1,
     ) -> None:
-        check_arguments(
+        checked = check_arguments(  # kept as checked: plain numbers where numpy's were given
             "PowerAware",
             round_objective=(round_objective, Choice(ROUND_OBJECTIVES)),
             round_deadline_s=(round_deadline_s, Number(0.0, unit="seconds")),
@@ -196,11 +196,11 @@ class PowerAware(Strategy):
         self.node_instructions = node_instructions
         self.on_round = on_round
         self.on_round_end = on_round_end
-        self.query_timeout = query_timeout
-        self.min_available_nodes = min_available_nodes
-        self.rejoin_wait_s = rejoin_wait_s
-        self.round_objective, self.round_deadline_s = round_objective, round_deadline_s
-        self.first_round = first_round
+        self.query_timeout = checked["query_timeout"]
+        self.min_available_nodes = checked["min_available_nodes"]
+        self.rejoin_wait_s = checked["rejoin_wait_s"]
+        self.round_objective, self.round_deadline_s = checked["round_objective"], checked["round_deadline_s"]
+        self.first_round = checked["first_round"]
         self.nodes: dict[int, NodeInfo] = {}
         self.rounds: dict[int, RoundRecord] = {}
         self.plans: dict[int, Plan] = {}
@@ -594,7 +594,8 @@ class PowerAwareFedAvg(PowerAware):
         inner: Callable[[Strategy], Strategy] | None = None,
         **power_aware: Any,
     ) -> None:
-        check_arguments(  # FedAvg reads them only when a round samples: a NaN there is Flower's error
+        # FedAvg reads them only when a round samples: a NaN there is Flower's error
+        checked = check_arguments(
             "PowerAwareFedAvg",
             fraction_train=(fraction_train, Number(0.0, 1.0)),
             fraction_evaluate=(fraction_evaluate, Number(0.0, 1.0)),
@@ -602,10 +603,7 @@ class PowerAwareFedAvg(PowerAware):
             min_evaluate_nodes=(min_evaluate_nodes, Integer(0)),
         )
         fedavg: Strategy = FedAvgInOrder(
-            fraction_train=fraction_train,
-            fraction_evaluate=fraction_evaluate,
-            min_train_nodes=min_train_nodes,
-            min_evaluate_nodes=min_evaluate_nodes,
+            **checked,
             min_available_nodes=1,
             arrayrecord_key=ARRAYS_KEY,
             configrecord_key=CONFIG_KEY,

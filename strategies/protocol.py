@@ -266,7 +266,9 @@ INT32_MAX = 2**31 - 1
 
 def check_instructions(instr: TrainInstructions) -> None:
     """Each field of `instr` as it travels (`to_config`), read back by the kind its reader uses; the
-    relation vector checks itself (`RelationVector`) and must be of the instructions' model."""
+    relation vector checks itself (`RelationVector`) and must be of the instructions' model. A number
+    is kept as its kind gives it back (a plain int or float where numpy's was given: a ConfigRecord
+    refuses numpy's)."""
     r = MappingReader({}, "TrainInstructions", ArgumentError)
     kinds = {s.attr: MESSAGE_SETTING_KINDS.get(s.key, s.kind) for s in settings_of([BOTH])}
     kinds.update({key.replace("-", "_"): kind for key, kind in MESSAGE_KINDS.items()})
@@ -279,7 +281,9 @@ def check_instructions(instr: TrainInstructions) -> None:
             sent = kind.to_config(value)
         except (TypeError, ValueError, AttributeError):
             raise r.fail(attr, f"must be {kind.expected}, got {value!r}") from None
-        r.check(attr, sent, kind)
+        checked = r.check(attr, sent, kind)
+        if kind.python_type in (int, float):
+            object.__setattr__(instr, attr, checked)  # frozen: set once, as __post_init__ may
     if not isinstance(instr.relation_vector, RelationVector):
         raise r.fail(
             "relation_vector", f"must be a RelationVector, got {type(instr.relation_vector).__name__}"

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from flwr.serverapp.strategy import FedAvg
@@ -277,3 +278,129 @@ def test_a_workload_made_by_hand_holds_what_a_counted_one_does() -> None:
         with pytest.raises(ArgumentError) as err:
             Workload("m", (3, 32, 32), **values)
         one_line(err.value, f"'{next(iter(bad))}' must be")
+
+
+# --- numpy scalars: taken where a number is, kept as plain Python numbers (issue 36, left over) -------
+def test_numpy_scalars_are_numbers_and_what_is_kept_and_sent_is_plain(tmp_path: Path) -> None:
+    """`np.int64(10)` and `np.float32(0.5)` are what numpy arithmetic gives a user: taken where an int or
+    a float is, kept as int and float (a ConfigRecord refuses numpy's); numpy's bool is still no number."""
+    plan = TrainInstructions.for_relation(
+        REL, num_classes=np.int64(10), lr_max=np.float32(0.05), budget_samples=np.int64(500)
+    )
+    assert (type(plan.num_classes), type(plan.lr_max), type(plan.budget_samples)) == (int, float, int)
+    assert plan.lr_max == float(np.float32(0.05))
+    assert TrainInstructions.from_config(plan.to_config()) == plan  # a ConfigRecord took it
+    with pytest.raises(ArgumentError) as err:
+        TrainInstructions.for_relation(REL, num_classes=np.bool_(True))
+    one_line(err.value, "'num_classes' must be an integer ≥ 1, got np.True_")
+
+    session = _session(train_examples=np.int64(64), lr=np.float32(0.01), profile_cache=tmp_path)
+    with session:
+        session.step(lambda x, y: None, torch.zeros(4, 4), torch.zeros(4, dtype=torch.long))
+    assert session.report is not None and type(session.report.train_examples) is int
+    assert session.report.lr == float(np.float32(0.01))
+    session.report.to_config()
+
+    profiler = powerfed.Profiler(
+        powerfed.open_device("sim:jetson-nano", seed=np.uint32(3)),
+        powerfed.measure_workload(
+            torch.nn.Linear(4, 2),
+            torch.zeros(2, 4),
+            torch.zeros(2, dtype=torch.long),
+            torch.nn.functional.cross_entropy,
+            "x",
+        ),
+        lambda b: lambda: None,
+        samples=np.int64(256),
+        measure_steps=np.int32(2),
+        rate_hz=np.float32(50.0),
+    )
+    assert (type(profiler.samples), type(profiler.measure_steps), type(profiler.rate_hz)) == (int, int, float)
+    hz = int(max(profiler.device.frequencies()))
+    profile = profiler.run(
+        [np.int64(8)], frequencies=[np.int64(hz)], power_cap_w=np.float32(50.0), progress=False
+    )
+    assert [(type(p.batch_size), type(p.frequency_hz)) for p in profile.points] == [(int, int)]
+    json.dumps(profile.to_dict())  # a profile file holds it
+
+    seen: list[tuple[Any, ...]] = []
+
+    def train_to_target(batch_size: int, lr: float, seed: int) -> float:
+        seen.append((type(batch_size), type(lr), type(seed)))
+        return 100.0 * batch_size**0.5
+
+    rel = powerfed.estimate_relation(
+        "held-out-loop",
+        target_accuracy=np.float32(0.5),
+        batch_sizes=[np.int64(8), np.int64(16)],
+        seeds=[np.int64(0)],
+        lr_max=np.float32(0.01),
+        train_to_target=train_to_target,
+        use_cache=False,
+        progress=False,
+    )
+    assert set(seen) == {(int, float, int)}
+    assert type(rel.target_accuracy) is float and [type(b) for b in rel.batch_sizes] == [int, int]
+    json.dumps(rel.to_dict())
+
+
+# --- a model on the meta device, a relation that is not one, a built-in name, an empty cache path -----
+def test_a_model_on_the_meta_device_is_refused_where_it_is_given() -> None:
+    with torch.device("meta"):
+        net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 2))
+    x, y = torch.zeros(4, 4), torch.zeros(4, dtype=torch.long)
+    with pytest.raises(ArgumentError) as err:
+        powerfed.measure_workload(net, x, y, torch.nn.functional.cross_entropy, "x")  # what Profiler takes
+    one_line(
+        err.value, "measure_workload: 'model' has parameters on the meta device (not materialized): 1.weight"
+    )
+    with pytest.raises(ArgumentError) as err:
+        _session(model=net)
+    one_line(err.value, "PowerSession: 'model' has parameters on the meta device (not materialized)")
+
+
+def test_the_fitted_order_takes_a_relation_vector_and_refuses_what_is_not_one() -> None:
+    profiler = powerfed.Profiler(
+        powerfed.open_device("sim:jetson-nano"),
+        powerfed.measure_workload(
+            torch.nn.Linear(4, 2),
+            torch.zeros(2, 4),
+            torch.zeros(2, dtype=torch.long),
+            torch.nn.functional.cross_entropy,
+            "x",
+        ),
+        lambda b: lambda: None,
+        samples=256,
+        measure_steps=1,
+        warmup_steps=0,
+    )
+    for bad in ("x", {8: "fast"}, [0.5, 1.0]):
+        with pytest.raises(ArgumentError) as err:
+            profiler.run([8, 16], order="fitted", relation=bad, progress=False)
+        one_line(err.value, "Profiler.run: 'relation' must be a RelationVector")
+    assert profiler.run([8, 16], order="fitted", relation=REL, progress=False).points
+
+
+def test_a_built_in_model_is_never_registered_again() -> None:
+    from powerfed.training.models import get_model_spec
+
+    before = get_model_spec("cnn-tiny")
+    for replace in (True, False):
+        with pytest.raises(PowerctlError) as err:
+            powerfed.register_model(
+                "cnn-tiny", torch.nn.Linear, input_shape=(4,), replace=replace, in_features=4
+            )
+        one_line(
+            err.value,
+            "model 'cnn-tiny' is built in and stays as it is",
+            "register yours under a name of its own",
+        )
+    assert get_model_spec("cnn-tiny") is before
+
+
+def test_an_empty_profile_cache_is_not_a_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # Path('') is here: nothing may be cached in it
+    with pytest.raises(ArgumentError) as err:
+        _session(profile_cache="")
+    one_line(err.value, "PowerSession: 'profile_cache' must be a folder path", "got ''")
+    assert not list(tmp_path.iterdir())

@@ -267,21 +267,25 @@ def test_changing_any_input_misses(
 def test_a_name_registered_again_with_other_defaults_is_estimated_afresh(
     text_setup: dict[str, Any], counting: CountingFineTune
 ) -> None:
-    """The cache key holds the registry entry's variant, not only its name (issue 36, class 2)."""
-    from powerfed.training.models import get_model_spec, register_model
+    """The cache key holds the registry entry's variant, not only its name (issue 36, class 2). A built-in
+    name is never registered again, so the user's own name is: the project's model code under it."""
+    from powerfed.training.models import get_model_spec, register_model, unregister_model
 
-    setup = {**text_setup, "weights": None}  # a seeded fresh init: no weights file's hash to tell them apart
-    estimate_relation(**setup)
     spec = get_model_spec("chartransformer-small")
     entry = {"task": spec.task, "input_shape": spec.input_shape, "description": spec.description}
-    register_model(spec.name, spec.builder, **entry, replace=True, **{**spec.defaults, "n_embd": 32})
+    name = "my-chartransformer"
+    register_model(name, spec.builder, **entry, **spec.defaults)
     try:
+        setup = {**text_setup, "model": name, "weights": None}  # a seeded fresh init: no weights file's hash
+        estimate_relation(**setup)
+        register_model(name, spec.builder, **entry, replace=True, **{**spec.defaults, "n_embd": 32})
         estimate_relation(**setup)
         assert counting.calls == 4, "the wider registration must not be served the narrower one's vector"
+        register_model(name, spec.builder, **entry, replace=True, **spec.defaults)
+        estimate_relation(**setup)
+        assert counting.calls == 4, "the original registration again: its own cache entry"
     finally:
-        register_model(spec.name, spec.builder, **entry, replace=True, **spec.defaults)
-    estimate_relation(**setup)
-    assert counting.calls == 4, "the original registration again: its own cache entry"
+        unregister_model(name)
 
 
 def test_corrupt_cache_entry_is_recomputed(text_setup: dict[str, Any], counting: CountingFineTune) -> None:

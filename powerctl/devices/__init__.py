@@ -37,7 +37,7 @@ def open_device(spec: str, *, seed: int = 0, pin: bool | None = True) -> Device:
     from powerctl.devices.unpinned import unpinned
     from powerctl.pinsession import recover
 
-    check_arguments("open_device", seed=(seed, Integer(0, MAX_SEED)))
+    seed = check_arguments("open_device", seed=(seed, Integer(0, MAX_SEED)))["seed"]
     if not isinstance(spec, str):
         raise ArgumentError(
             f"open_device: 'spec' must be a device spec string (e.g. sim:jetson-nano), got {spec!r}"

@@ -388,6 +388,8 @@ class ModelSpec:
 
 
 _REGISTRY: dict[str, ModelSpec] = {}
+BUILT_IN: frozenset[str] = frozenset()
+"""The models this package registers itself (set once they are, below): never replaced or removed."""
 MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")
 """What a model name may be: it becomes part of file names (weights, caches) and travels in messages."""
 
@@ -451,9 +453,15 @@ def register_model(
     and channel count; "text" means next-character ids [B, T]. `input_shape` is one sample's shape
     ((1, 16, 16), or (seq_len,) for text); `defaults` are keyword arguments of `factory` that define this
     variant (what `build_model`'s overrides go on top of). A name already taken is refused unless
-    `replace=True`. Returns the entry.
+    `replace=True`; a built-in model's name is refused even then (every run's clients, caches and
+    results name it: register yours under a name of its own). Returns the entry.
     """
     spec = model_spec(name, factory, task=task, input_shape=input_shape, description=description, **defaults)
+    if name in BUILT_IN:
+        raise ModelError(
+            f"model {name!r} is built in and stays as it is (every run's clients and caches name it); "
+            "register yours under a name of its own"
+        )
     if name in _REGISTRY and not replace:
         raise ModelError(
             f"model {name!r} is already registered ({_REGISTRY[name].description}); "
@@ -513,7 +521,6 @@ register_model(
 )
 
 BUILT_IN = frozenset(_REGISTRY)
-"""The models this package registers itself: `unregister_model` leaves them."""
 
 
 def model_fingerprint(model: nn.Module) -> dict[str, Any]:
