@@ -31,7 +31,6 @@ import copy
 import dataclasses
 import hashlib
 import logging
-import os
 import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
@@ -61,7 +60,7 @@ from powerctl.cliutil import first_line
 from powerctl.devices.base import Device
 from powerctl.devices.simulated import SimulatedBoard
 from powerctl.errors import ArgumentError
-from powerctl.mapping import Integer, Number, check_arguments
+from powerctl.mapping import FolderPath, Integer, Number, check_arguments
 from powerctl.profiler import StepFactory
 from powerctl.safety import restore_on_exit
 from powerctl.workload import MODEL_INPUT_ERRORS, Workload, check_model, count_flops, measure_workload
@@ -88,13 +87,9 @@ def _check_session_arguments(
         lr = check_arguments(where, lr=(lr, Number(0.0, above=True)))["lr"]
     if not isinstance(key, str):
         raise ArgumentError(f"{where}: 'key' must be a string, got {key!r}")
-    if profile_cache is not None and (
-        not isinstance(profile_cache, (str, os.PathLike)) or not os.fspath(profile_cache)
-    ):  # Path('') is the working directory: profiles would be cached wherever the loop was started
-        raise ArgumentError(
-            f"{where}: 'profile_cache' must be a folder path (leave it out for the round's or the shared "
-            f"cache), got {profile_cache!r}"
-        )
+    if profile_cache is not None:  # '' is the working directory: cached wherever the loop was started
+        folder = FolderPath("a folder path (leave it out for the round's or the shared cache)")
+        check_arguments(where, profile_cache=(profile_cache, folder))
     return examples, lr
 
 

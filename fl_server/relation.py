@@ -57,7 +57,7 @@ from powerctl.cliutil import MAX_SEED
 from powerctl.devices.host import HostDevice
 from powerctl.devices.torchdev import resolve_torch_device
 from powerctl.errors import ArgumentError, FileFormatError, PowerctlError
-from powerctl.mapping import Integer, Kind, Number, check_arguments
+from powerctl.mapping import FolderPath, Integer, Kind, Number, check_arguments
 from powerctl.relation import VECTORS, RelationVector
 from powerfed.training.crossing import DEFAULT_MIN_EVALUATIONS, run_dense
 from powerfed.training.data import Dataset
@@ -172,9 +172,9 @@ _OPTIONAL_COUNTS = ("eval_max_samples", "limit", "seq_len", "max_seeds", "num_cp
 
 def _check_numbers(given: dict[str, Any]) -> dict[str, Any]:
     """`estimate_relation`'s numbers, each where the call is made: one ArgumentError line (a NaN budget,
-    a string target, `limit=-1` would otherwise fail deep inside, or silently drop samples). Returns them
-    as plain ints and floats (numpy's converted: they go into the cache key and the vector's file), the
-    seeds and batch sizes as lists."""
+    a string target, `limit=-1` would otherwise fail deep inside, or silently drop samples); then its
+    overrides, callables and cache folder. Returns the numbers as plain ints and floats (numpy's
+    converted: they go into the cache key and the vector's file), the seeds and batch sizes as lists."""
     where = "estimate_relation"
     checked = check_arguments(where, **{name: (given[name], kind) for name, kind in _NUMBERS.items()})
     for name in _OPTIONAL_COUNTS:
@@ -196,6 +196,9 @@ def _check_numbers(given: dict[str, Any]) -> dict[str, Any]:
     for name in ("loss", "metric", "make_step", "train_to_target"):
         if given[name] is not None and not callable(given[name]):
             raise ArgumentError(f"estimate_relation: {name!r} must be callable, got {given[name]!r}")
+    if given["cache_dir"] is not None:  # '' is the working directory, not the default cache (None)
+        folder = FolderPath("a folder path (leave it out, or None, for the default cache)")
+        check_arguments(where, cache_dir=(given["cache_dir"], folder))
     return checked
 
 

@@ -35,6 +35,8 @@ class CapSourceError(InvalidPowerCapError):
 MAX_CAP_W = 100_000.0
 """The largest cap taken: above any board or GPU (a rack is tens of kW); 1e300 W is a typo, not a cap."""
 CAP_EXPECTED = "a number of watts > 0 and ≤ 100000, or none"
+CAP_VALUE_EXPECTED = "a number of watts > 0 and ≤ 100000, or None"
+"""The same in Python (`text=False`): a string there is refused, "none" included."""
 
 
 def cap_watts(value: Any, *, text: bool = True) -> float | None:
@@ -51,7 +53,7 @@ def cap_watts(value: Any, *, text: bool = True) -> float | None:
         except ValueError:
             raise must_be(CAP_EXPECTED, value) from None
     if not is_number(value) or value <= 0 or value > MAX_CAP_W:
-        raise must_be(CAP_EXPECTED, value)
+        raise must_be(CAP_EXPECTED if text else CAP_VALUE_EXPECTED, value)
     return float(value)
 
 
@@ -72,16 +74,24 @@ def parse_power_cap(
 
 @dataclass(frozen=True)
 class PowerCapKind(Kind):
-    """The cap as a `powerctl.mapping` kind: a reader's key holding a cap."""
+    """The cap as a `powerctl.mapping` kind: a reader's key holding a cap. `text`: as `cap_watts`
+    (False for a Python caller's argument: a number or None, never "none")."""
 
-    expected = CAP_EXPECTED
+    text: bool = True
+
+    @property
+    def expected(self) -> str:  # type: ignore[override]
+        return CAP_EXPECTED if self.text else CAP_VALUE_EXPECTED
+
     python_type = float
 
     def __call__(self, value: Any) -> float | None:
-        return cap_watts(value)
+        return cap_watts(value, text=self.text)
 
 
 POWER_CAP = PowerCapKind()
+POWER_CAP_VALUE = PowerCapKind(text=False)
+"""A cap given in Python (`Profiler.run(power_cap_w=...)`): a number of watts or None, no text."""
 
 
 MAX_TIME_S = 1e9

@@ -12,9 +12,11 @@ import difflib
 import json
 import math
 import numbers
+import os
 import reprlib
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from powerctl.errors import ArgumentError, PowerctlError
@@ -220,6 +222,27 @@ class JsonObject(Kind):
         if not isinstance(obj, dict):
             raise must_be(self.expected, value)
         return obj
+
+
+@dataclass(frozen=True)
+class FolderPath(Kind):
+    """A folder a Python caller names: a str or os.PathLike that is not empty, handed back as a Path.
+    '' is refused: Path('') is the working directory, so a cache would land wherever the program was
+    started. `what` says it in the caller's words ("a folder path (leave it out for …)")."""
+
+    what: str = "a folder path"
+
+    @property
+    def expected(self) -> str:  # type: ignore[override]
+        return self.what
+
+    python_type = Path
+
+    def __call__(self, value: Any) -> Path:
+        text = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
+        if not isinstance(text, str) or not text:
+            raise must_be(self.expected, value)
+        return Path(text)
 
 
 @dataclass(frozen=True)

@@ -68,16 +68,15 @@ class Profile:
         """A profile made in Python (a user's, for `select`) has the shape a profile file's reader gives:
         one ArgumentError line, not an AttributeError inside selection."""
         from powerctl.errors import ArgumentError
-        from powerctl.mapping import Integer, check_arguments
+        from powerctl.mapping import Integer, check_arguments, is_integer
 
         for name in ("device", "model"):
             if not isinstance(getattr(self, name), str):
                 raise ArgumentError(f"Profile: {name!r} must be a string, got {getattr(self, name)!r}")
         shape = self.input_shape
-        if not isinstance(shape, (list, tuple)) or any(
-            isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in shape
-        ):
+        if not isinstance(shape, (list, tuple)) or any(not is_integer(d) or d < 1 for d in shape):
             raise ArgumentError(f"Profile: 'input_shape' must be a list of integers ≥ 1, got {shape!r}")
+        self.input_shape = [int(d) for d in shape]  # plain ints (numpy's converted): a profile file holds it
         self.samples = check_arguments("Profile", samples=(self.samples, Integer(1)))["samples"]
         for name in ("points", "predicted"):
             got = getattr(self, name)

@@ -12,10 +12,10 @@ from typing import Any
 
 from tqdm import tqdm
 
-from powerctl.capsource import POWER_CAP
+from powerctl.capsource import POWER_CAP_VALUE
 from powerctl.devices.base import Device
 from powerctl.errors import ArgumentError, DeviceError, DeviceOutOfMemory
-from powerctl.mapping import Integer, Number, check_arguments, is_integer, is_number, shown
+from powerctl.mapping import Choice, Integer, Number, check_arguments, is_integer, is_number, shown
 from powerctl.monitor import PowerMonitor
 from powerctl.profile_fit import ProfileFit, fit_profile, seed_frequencies
 from powerctl.profile_table import Profile, ProfilePoint
@@ -196,17 +196,19 @@ class Profiler:
         which batch sizes are worth confirming. Without a relation every batch size is confirmed at its
         best feasible frequency.
         """
-        if order not in ORDERS:
-            raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
-        if not math.isfinite(margin) or margin < 0:
-            raise ValueError(f"margin must be a finite share ≥ 0, got {margin!r}")
+        where = "Profiler.run"
+        checked = check_arguments(where, order=(order, Choice(ORDERS)), margin=(margin, Number(0.0)))
+        order, margin = checked["order"], checked["margin"]
         if order == "efficient" and power_cap_w is None:
-            raise ValueError("the efficient order needs a power cap (it stops each batch size at the cap)")
+            raise ArgumentError(
+                f"{where}: 'power_cap_w' must be a number of watts for the efficient order (it stops each "
+                "batch size at the power cap), got None"
+            )
         batch_sizes = _integers("batch_sizes", batch_sizes)
         if frequencies is not None:  # None: the device's table
             frequencies = _integers("frequencies", frequencies)
-        if power_cap_w is not None:
-            power_cap_w = check_arguments("Profiler.run", power_cap_w=(power_cap_w, POWER_CAP))["power_cap_w"]
+        if power_cap_w is not None:  # a number: "none" is a command line's word (its reader's, not ours)
+            power_cap_w = check_arguments(where, power_cap_w=(power_cap_w, POWER_CAP_VALUE))["power_cap_w"]
         relation = _relation_map(relation)
         table = sorted(frequencies or self.device.frequencies())
         unknown = set(table) - set(self.device.frequencies())

@@ -404,3 +404,99 @@ def test_an_empty_profile_cache_is_not_a_folder(tmp_path: Path, monkeypatch: pyt
         _session(profile_cache="")
     one_line(err.value, "PowerSession: 'profile_cache' must be a folder path", "got ''")
     assert not list(tmp_path.iterdir())
+
+
+# --- left-overs: an empty cache folder, the profiler's order, margin and cap, a numpy input shape ------
+def _profiler() -> powerfed.Profiler:
+    workload = powerfed.measure_workload(
+        torch.nn.Linear(4, 2),
+        torch.zeros(2, 4),
+        torch.zeros(2, dtype=torch.long),
+        torch.nn.functional.cross_entropy,
+        "x",
+    )
+    return powerfed.Profiler(
+        powerfed.open_device("sim:jetson-nano"),
+        workload,
+        lambda b: lambda: None,
+        samples=256,
+        measure_steps=1,
+    )
+
+
+def test_an_empty_relation_cache_dir_is_not_the_default_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # Path('') is here: nothing may be cached in it
+    monkeypatch.setenv("POWERFED_CACHE", str(tmp_path / "default"))
+    args: dict[str, Any] = {
+        "target_accuracy": 0.5,
+        "batch_sizes": [8, 16],
+        "seeds": [0],
+        "train_to_target": lambda batch_size, lr, seed: 100.0 * batch_size**0.5,
+        "cache_key": "held-out-loop/1",
+        "progress": False,
+    }
+    for bad in ("", 3):
+        with pytest.raises(ArgumentError) as err:
+            powerfed.estimate_relation("held-out-loop", cache_dir=bad, **args)
+        one_line(err.value, "estimate_relation: 'cache_dir' must be a folder path", f"got {bad!r}")
+    assert not list(tmp_path.iterdir())
+    rel = powerfed.estimate_relation("held-out-loop", cache_dir=None, **args)  # None: the default cache
+    assert rel.batch_sizes == [8, 16] and list((tmp_path / "default").rglob("relation-*.json"))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"order": "fast"}, "Profiler.run: 'order' must be one of grid, efficient, fitted, got 'fast'"),
+        ({"margin": float("nan")}, "Profiler.run: 'margin' must be a number ≥ 0, got nan"),
+        ({"margin": -0.1}, "Profiler.run: 'margin' must be a number ≥ 0, got -0.1"),
+        ({"margin": "10%"}, "Profiler.run: 'margin' must be a number ≥ 0, got '10%'"),
+        ({"order": "efficient"}, "Profiler.run: 'power_cap_w' must be a number of watts for the efficient"),
+        ({"power_cap_w": "none"}, "Profiler.run: 'power_cap_w' must be a number of watts > 0"),
+        ({"power_cap_w": "5"}, "or None, got '5'"),
+        ({"power_cap_w": ""}, "Profiler.run: 'power_cap_w' must be a number of watts > 0"),
+    ],
+)
+def test_profiler_run_names_itself_the_argument_and_what_is_allowed(kwargs: dict, fragment: str) -> None:
+    profiler = _profiler()
+    with pytest.raises(ArgumentError) as err:
+        profiler.run([8], progress=False, **kwargs)
+    one_line(err.value, fragment)
+    assert isinstance(err.value, ValueError)  # `except ValueError` still catches it
+
+
+def test_profiler_run_takes_a_cap_as_a_number_and_the_command_line_still_reads_none() -> None:
+    from powerctl.cliutil import power_cap
+
+    hz = max(_profiler().device.frequencies())
+    for cap, kept in ((None, None), (np.float32(50.0), 50.0), (5, 5.0)):
+        profile = _profiler().run(
+            [8], frequencies=[hz], power_cap_w=cap, margin=np.float64(0.2), progress=False
+        )
+        assert profile.extra["power_cap_w"] == kept and type(profile.extra["power_cap_w"]) is type(kept)
+    assert power_cap("none") is None and power_cap("3.5") == 3.5  # `--power-cap none`: no cap
+
+
+def test_a_numpy_input_shape_is_taken_and_kept_as_plain_ints() -> None:
+    from powerctl.profile_table import Profile
+    from powerfed.training.models import get_model_spec
+
+    profile = Profile("sim:x", "cnn-tiny", [np.int64(3), np.int32(32), np.uint16(32)], 8, [])
+    assert profile.input_shape == [3, 32, 32] and {type(d) for d in profile.input_shape} == {int}
+    json.dumps(profile.to_dict())
+    with pytest.raises(ArgumentError) as err:
+        Profile("sim:x", "cnn-tiny", [np.True_, 4], 8, [])
+    one_line(err.value, "Profile: 'input_shape' must be a list of integers ≥ 1")
+    spec = powerfed.register_model(
+        "held-out-numpy-shape", torch.nn.Linear, input_shape=(np.int64(4),), in_features=4, out_features=2
+    )
+    try:
+        assert spec.input_shape == (4,) and type(spec.input_shape[0]) is int
+        assert get_model_spec("held-out-numpy-shape").input_shape == (4,)
+        with pytest.raises(PowerctlError) as err:
+            powerfed.register_model("held-out-bool-shape", torch.nn.Linear, input_shape=(np.True_,))
+        one_line(err.value, "input_shape must be one sample's shape in positive integers")
+    finally:
+        powerfed.unregister_model("held-out-numpy-shape")

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from powerctl.mapping import Integer, Number, bounds_text
+from powerctl.mapping import Integer, Number, bounds_text, is_integer
 from powerctl.workload import Workload, measure_workload
 from powerfed.training.errors import ModelError
 
@@ -421,11 +421,12 @@ def model_spec(
         )
     _check_task(task)
     shape = tuple(input_shape) if isinstance(input_shape, (list, tuple)) else ()
-    if not shape or any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in shape):
+    if not shape or any(not is_integer(d) or d < 1 for d in shape):
         raise ModelError(
             f"model {name!r}: input_shape must be one sample's shape in positive integers, e.g. (1, 16, 16), "
             f"got {input_shape!r}"
         )
+    shape = tuple(int(d) for d in shape)  # plain ints (numpy's converted): the cache key holds them
     spec = ModelSpec(name, task, shape, description or name, factory, MappingProxyType(dict(defaults)))
     unknown = sorted(set(defaults) - set(spec.options()))
     if unknown:
