@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import signal
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -65,8 +66,8 @@ def seeded_cache(_seeded_root: Path, tmp_path: Path) -> Callable[[str], Path]:
     """`seeded_cache(run_config)` is a new cache folder holding the pre-trained weights and relation
     vector of that run config (Flower's --run-config syntax over the app's defaults), built once per test
     run by the server's own code (`fl_server.app.prepare_apart`, which keys both as a run does) and
-    copied for each test. An end-to-end test that is about the run, not its preparation, starts from it;
-    tests/test_flwr_run.py's four-board run keeps preparing from an empty cache."""
+    copied afresh for each call. An end-to-end test that is about the run, not its preparation, starts
+    from it; tests/test_flwr_run.py's four-board run keeps preparing from an empty cache."""
 
     def make(run_config: str) -> Path:
         from fl_server.run_config import parse_run_config
@@ -79,7 +80,7 @@ def seeded_cache(_seeded_root: Path, tmp_path: Path) -> Callable[[str], Path]:
         with FileLock(str(_seeded_root / f"{key}.lock")):
             if not (built / "done").is_file():
                 _build_seeded_cache(run_config, built)
-        cache = tmp_path / f"seeded-cache-{key}"
+        cache = Path(tempfile.mkdtemp(prefix=f"seeded-cache-{key}-", dir=tmp_path))  # a new copy each call
         for kind in SEEDED_KINDS:
             shutil.copytree(built / kind, cache / kind)
         return cache

@@ -1,4 +1,9 @@
-"""`python -m simulations run` end to end on Flower's simulation engine (Ray): a tiny fleet, two methods."""
+"""`python -m simulations run` end to end on Flower's simulation engine (Ray): a tiny fleet, two methods,
+from an empty cache, with a population sampled per round (who was available and sampled is recorded:
+the draw's own tests are tests/test_fleet_sampling.py's) — one start-up for both behaviours. Its summary
+is the one docs/results/fleets.md quotes for this CPU (tests/cpu_quotes.py): a change that moves the
+fleet's numbers (a default, a seed, pre-training, the relation estimate) fails here until the quote is
+run again and pasted."""
 
 from __future__ import annotations
 
@@ -10,28 +15,54 @@ import pytest
 from simulations.fleet import load_fleet_spec
 from simulations.local_superlink import alive
 from simulations.runner import run_fleet
+from strategies.population import Population
+from tests.cpu_quotes import check_against_quotes, quotes
+
+ROOT = Path(__file__).resolve().parents[1]
+QUOTED = ROOT / "docs" / "results" / "fleets.md"
+"""The page that quotes this run's summary (the block after the line naming this file)."""
+MARK = "tests/test_fleet_run.py"
 
 TINY = """\
 name: tiny
 groups:
-  - {device: sim:jetson-nano, power-cap-w: 3.0}
-  - {device: sim:jetson-tx2nx, power-cap-w: none}
+  - {device: sim:jetson-nano, power-cap-w: 3.0, count: 6}
+  - {device: sim:jetson-tx2nx, power-cap-w: none, count: 6}
 task:
   model: cnn-tiny
   pretrain-samples: 256
   target-accuracy: 0.3
   batch-sizes: [8, 16]
-rounds: 1
-seeds: {relation: [0]}
+rounds: 2
+seeds: {run: 6, relation: [0]}
 budget: {samples: 96}
 profiling: {samples: 512, warmup: 0, steps: 1}
 evaluation: {every-samples: 32, max-samples: 64}
+population: {clients-per-round: 2, availability: 0.5}
 methods: [ours, state-of-practice]
 """
+"""Seed 6 samples one Nano and one TX2 NX in each round (partitions 0-5 are Nanos): boards of one kind
+in one round would race for the profile cache they share, and the quote would move with the race."""
+
+
+def _blocks(text: str) -> list[str]:
+    """The summary's method table and round-1 choices table: every line from `fleet tiny:` through the
+    choices table, without the definitions paragraph between them."""
+    lines = [line.strip() for line in text.splitlines()]
+    start = next(i for i, line in enumerate(lines) if line.startswith("fleet tiny:"))
+    table = lines[start : lines.index("", start)]
+    first = next(i for i, line in enumerate(lines) if i > start and line.startswith("round 1: device"))
+    end = next((i for i in range(first, len(lines)) if not lines[i]), len(lines))
+    return table + lines[first:end]
+
+
+def _quoted() -> dict[str, list[str]]:
+    """The page's quotes of this run, by the CPU that printed each."""
+    return quotes(QUOTED.read_text(encoding="utf-8"), MARK, "fleet tiny:", _blocks)
 
 
 @pytest.mark.slow
-def test_a_tiny_fleet_runs_every_method_and_leaves_no_process(
+def test_a_tiny_sampled_fleet_runs_every_method_records_its_draws_and_leaves_no_process(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("POWERFED_CACHE", str(tmp_path / "cache"))
@@ -47,18 +78,31 @@ def test_a_tiny_fleet_runs_every_method_and_leaves_no_process(
 
     data = json.loads((out / "results.json").read_text())
     assert data["schema"] == "simulations.fleet/1" and data["methods"] == ["ours", "state-of-practice"]
-    recs = data["records"]
-    assert sorted((r["method"], r["device"], r["power_cap_w"]) for r in recs) == [
-        ("ours", "sim:jetson-nano", 3.0),
-        ("ours", "sim:jetson-tx2nx", None),
-        ("state-of-practice", "sim:jetson-nano", 3.0),
-        ("state-of-practice", "sim:jetson-tx2nx", None),
-    ]
     assert data["failures"] == [] and [s["method"] for s in data["summary"]] == data["methods"]
-    sop = {r["device"]: r for r in recs if r["method"] == "state-of-practice"}
-    assert sop["sim:jetson-nano"]["batch_size"] == 16 and sop["sim:jetson-nano"]["profiling_seconds"] == 0.0
+    pop = Population(clients_per_round=2, availability=0.5, seed=6)
+    for method in data["methods"]:
+        rounds = data["population"][method]["rounds"]
+        assert rounds == [pop.draw(r, range(12), 12).record() for r in (1, 2)]  # seeded: the same draw here
+        for r in rounds:
+            trained = sorted(
+                x["partition_id"]
+                for x in data["records"]
+                if x["method"] == method and x["round"] == r["round"]
+            )
+            assert trained == r["sampled"] and len(trained) == 2
+    assert all(s["clients"] == 2 for s in results["summary"])
+    recs = data["records"]
+    assert {(r["device"], r["power_cap_w"]) for r in recs} == {
+        ("sim:jetson-nano", 3.0),
+        ("sim:jetson-tx2nx", None),
+    }
+    for r in recs:
+        if r["method"] == "state-of-practice" and r["device"] == "sim:jetson-nano":
+            assert r["batch_size"] == 16 and r["profiling_seconds"] == 0.0
     for plot in ("time_to_accuracy.png", "per_cap.png", "makespan.png", "profile_maps/jetson-nano.png"):
         assert (out / "plots" / plot).stat().st_size > 10_000
-    assert (out / "summary.txt").read_text().startswith("fleet tiny: 2 boards")
-    text = "\n".join(lines)
-    assert "[ours] round 1 train: 2/2 clients done" in text and "=== method state-of-practice" in text
+    text = (out / "summary.txt").read_text()
+    assert text.startswith("fleet tiny: 12 boards") and "population: 12 boards; 2 sampled per round" in text
+    echoed = "\n".join(lines)
+    assert "[ours] round 1 train: 2/2 clients done" in echoed and "=== method state-of-practice" in echoed
+    check_against_quotes(_blocks(text), QUOTED.relative_to(ROOT), _quoted())

@@ -1,11 +1,11 @@
 """A population sampled per round (`strategies.population`): the draw is seeded by the run's seed and
 the round over partition ids, the inner strategy sees only the sampled nodes, and every round's draw is
-recorded (population.json → results.json and the summary)."""
+recorded (population.json → results.json and the summary: a whole sampled fleet run end to end is
+tests/test_fleet_run.py's)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -138,37 +138,6 @@ def test_the_fleet_file_population_section_is_run_settings(tmp_path: Path) -> No
         with pytest.raises(FleetFileError) as info:
             load_fleet_spec(fleet)
         assert says in str(info.value) and "\n" not in str(info.value)
-
-
-@pytest.mark.slow
-def test_a_sampled_fleet_records_who_was_available_and_sampled(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seeded_cache: Callable[[str], Path]
-) -> None:
-    from simulations.runner import run_fleet
-    from tests.test_launcher import SMALL_RUN
-
-    monkeypatch.setenv("POWERFED_CACHE", str(seeded_cache(SMALL_RUN)))  # the fleet's task is SMALL_RUN's
-    fleet = tmp_path / "f.yaml"
-    fleet.write_text(FLEET.format(a=6, b=6, population="{clients-per-round: 3, availability: 0.5}"))
-    out = tmp_path / "out"
-    results = run_fleet(
-        load_fleet_spec(fleet), out, ["ours", "state-of-practice"], echo=lambda _: None, plots=False
-    )
-    pop = Population(clients_per_round=3, availability=0.5, seed=3)
-    data = json.loads((out / "results.json").read_text())
-    for method in ("ours", "state-of-practice"):
-        rounds = data["population"][method]["rounds"]
-        assert rounds == [pop.draw(r, range(12), 12).record() for r in (1, 2)]  # seeded: the same draw here
-        for r in rounds:
-            trained = sorted(
-                x["partition_id"]
-                for x in data["records"]
-                if x["method"] == method and x["round"] == r["round"]
-            )
-            assert trained == r["sampled"] and len(trained) == 3
-    text = (out / "summary.txt").read_text()
-    assert "population: 12 boards; 3 sampled per round" in text and "round 2: " in text
-    assert all(s["clients"] == 3 for s in results["summary"])
 
 
 def test_a_groups_own_availability_is_each_of_its_boards_chance(tmp_path: Path) -> None:

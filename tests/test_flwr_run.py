@@ -12,10 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fl_server.weights import save_weights
 from powerctl.devices.simulated import POWER_NOISE
-from powerctl.relation import RelationVector
-from powerfed.training.models import build_model
 from simulations.launcher import ANSI, INFRA_LINE
 from simulations.local_superlink import (
     alive,
@@ -31,16 +28,24 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
-def test_flwr_run_simulates_four_boards_and_ends_with_the_results_line(tmp_path: Path) -> None:
+def test_flwr_run_simulates_four_boards_names_a_client_that_raises_and_one_that_hangs(tmp_path: Path) -> None:
+    """The whole app from an empty cache (pre-training and relation vector included) on four simulated
+    boards, one start-up for two behaviours of the real simulation path: two boards fine-tune under
+    their caps, and an exception in a Ray actor and a reply later than `round-timeout` are each named
+    while the round ends without them."""
     port, control = free_port(), free_port()
-    env = flower_env(port, control)
+    env = flower_env(port, control, POWERFED_FAULT_INJECTION="1")
     results = tmp_path / "results"
+    # seed 5 draws, for round 1: partition-0 and -2 (the uncapped Nano) nothing, -1 raise, -3 hang
     run_config = (
         f"model='cnn-tiny' num-server-rounds=1 relation-seeds='0' batch-sizes='8,16' pretrain-samples=256 "
         f"target-accuracy=0.3 budget-samples=96 eval-every-samples=32 eval-max-samples=64 "
-        f"profile-samples=512 profile-warmup=0 profile-steps=1 results-dir='{results}'"
+        f"profile-samples=512 profile-warmup=0 profile-steps=1 results-dir='{results}' fraction-evaluate=0.0 "
+        f"round-timeout=30.0 inject-failures='raise:0.3,hang:0.3' inject-seed=5 inject-hang-s=40.0"
     )
-    cmd = flwr_run_command(".", "num-supernodes=4", run_config)
+    cmd = flwr_run_command(
+        ".", "num-supernodes=4 client-resources-num-cpus=1 init-args-num-cpus=4", run_config
+    )
     tree: list[int] = []
     try:
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=420)
@@ -59,47 +64,18 @@ def test_flwr_run_simulates_four_boards_and_ends_with_the_results_line(tmp_path:
     lines = [ln for ln in plain if ln.strip() and not INFRA_LINE.match(ln)]
     assert lines[-1] == f"results: {results / 'results.json'}", out[-3000:]
     assert [ln for ln in lines if ln.startswith("results: ")] == [lines[-1]]
-    assert "[round 1] clients" in out and "sim:jetson-tx2nx" in out
+    assert "[round 1] clients" in out and "pre-training cnn-tiny" in out
     data = json.loads((results / "results.json").read_text())
+    nodes = sorted((n["key"], n["device"]) for n in data["nodes"])
+    assert [d for _, d in nodes] == ["sim:jetson-nano", "sim:jetson-tx2nx"] * 2, nodes
     (rnd,) = data["rounds"]
     devices = sorted((c["device"], c["power_cap_w"] or 0.0) for c in rnd["clients"])
-    assert len(devices) == 4 and rnd["summary"]["failed"] == []
-    assert ("sim:jetson-nano", 0.0) in devices  # the uncapped board
+    assert devices == [("sim:jetson-nano", 0.0), ("sim:jetson-nano", 3.0)]  # the uncapped board too
     for c in rnd["clients"]:  # the method's guarantee is on the profile; a run's peak adds sensor noise
         assert c["power_cap_w"] is None or c["profiled_peak_power_w"] <= c["power_cap_w"]
         assert c["power_cap_w"] is None or c["peak_power_w"] <= c["power_cap_w"] * (1 + 5 * POWER_NOISE)
-    assert not (ROOT / "pyproject.toml").read_text().count("[tool.flwr.federations")
-
-
-@pytest.mark.slow
-def test_flwr_run_names_a_client_that_raises_and_one_that_hangs_past_the_timeout(tmp_path: Path) -> None:
-    """The real simulation path: an exception in a Ray actor and a reply later than `round-timeout`."""
-    port, control = free_port(), free_port()
-    env = flower_env(port, control, POWERFED_FAULT_INJECTION="1")
-    results = tmp_path / "results"
-    weights, relation = tmp_path / "weights.safetensors", tmp_path / "relation.json"  # no pre-training
-    save_weights(weights, build_model("cnn-tiny", 10, seed=0), model_name="cnn-tiny", num_classes=10)
-    RelationVector.from_samples("cnn-tiny", "proxy", 0.3, {8: 300.0, 16: 400.0}).save(relation)
-    # seed 59 draws, for round 1: partition-0 nothing, partition-1 raise, partition-2 hang
-    run_config = (
-        f"model='cnn-tiny' num-server-rounds=1 weights='{weights}' relation='{relation}' batch-sizes='8,16' "
-        f"target-accuracy=0.3 budget-samples=96 eval-every-samples=32 eval-max-samples=64 "
-        f"profile-samples=512 profile-warmup=0 profile-steps=1 results-dir='{results}' fraction-evaluate=0.0 "
-        f"round-timeout=30.0 inject-failures='raise:0.3,hang:0.3' inject-seed=59 inject-hang-s=40.0"
-    )
-    cmd = flwr_run_command(
-        ".", "num-supernodes=3 client-resources-num-cpus=1 init-args-num-cpus=3", run_config
-    )
-    try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=420)
-        out = proc.stdout + proc.stderr
-        assert proc.returncode == 0, out[-4000:]
-    finally:
-        stop_local_superlink(port)
-    (rnd,) = json.loads((results / "results.json").read_text())["rounds"]
-    assert [c["node_key"] for c in rnd["clients"]] == ["partition-0"]
     failed = {f["node_key"]: f for f in rnd["failed"]}
     assert failed["partition-1"]["kind"] == "error" and "injected failure" in failed["partition-1"]["reason"]
-    assert failed["partition-2"]["kind"] == "timeout" and len(failed) == 2
-    assert "partition-2 (timeout)" in rnd["summary"]["failed"][1]
-    assert f"results: {results / 'results.json'}" in out
+    assert failed["partition-3"]["kind"] == "timeout" and len(failed) == 2
+    assert "partition-3 (timeout)" in rnd["summary"]["failed"][1]
+    assert not (ROOT / "pyproject.toml").read_text().count("[tool.flwr.federations")

@@ -1,10 +1,11 @@
 """`make run` (`python -m simulations flwr-run`): inputs checked before anything starts, Flower's string
-syntax, and Ctrl-C / SIGTERM stopping every process of the run by process id, the results left alone."""
+syntax, and Ctrl-C / SIGTERM stopping every process of the run by process id, the results left alone.
+A whole `make run` in Flower's string syntax that ends with its results line and leaves nothing is
+tests/test_repeatable_run.py's (one start-up pays for both)."""
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -36,6 +37,22 @@ SMALL_RUN = (
     "target-accuracy=0.3 budget-samples=96 eval-every-samples=32 eval-max-samples=64 profile-samples=512 "
     "profile-warmup=0 profile-steps=1"
 )
+
+
+TWO_BOARDS = """\
+name: two-boards
+groups:
+  - {device: sim:jetson-nano, power-cap-w: 3.0}
+  - {device: sim:jetson-tx2nx, power-cap-w: none}
+task: {model: cnn-tiny, pretrain-samples: 256, target-accuracy: 0.3, batch-sizes: [8, 16]}
+rounds: 1
+seeds: {relation: [0]}
+budget: {samples: 96}
+profiling: {samples: 512, warmup: 0, steps: 1}
+evaluation: {every-samples: 32, max-samples: 64}
+methods: [ours, state-of-practice]
+"""
+"""A fleet whose task is SMALL_RUN's (its seeded cache serves it)."""
 
 
 def _make_run(tmp_path: Path, port: int, nodes: str = "2", run_config: str = SMALL_RUN) -> list[str]:
@@ -182,21 +199,6 @@ def _plant_earlier_results(tmp_path: Path) -> tuple[Path, bytes]:
 
 
 @pytest.mark.slow
-def test_make_run_with_flowers_string_syntax_ends_with_its_results_line_and_leaves_nothing(
-    tmp_path: Path, seeded_cache: Callable[[str], Path]
-) -> None:
-    port = free_port()
-    with _make(tmp_path, port, env={"POWERFED_CACHE": str(seeded_cache(SMALL_RUN))}) as proc:
-        out, err, seen = _watch(proc, port)
-    results = tmp_path / "runs" / "flwr" / "results.json"
-    assert proc.returncode == 0, (out + err)[-3000:]
-    assert out.strip().splitlines()[-1] == f"results: {results}"
-    assert json.loads(results.read_text())["run"]["config"]["model"] == "cnn-tiny"
-    assert len(seen) >= 4, "make, the launcher, flwr and the SuperLink should have been seen"
-    assert not [p for p in seen if alive(p)] and not pids_listening_on(port)
-
-
-@pytest.mark.slow
 def test_make_run_in_which_every_client_fails_is_a_failed_run_that_keeps_the_earlier_results(
     tmp_path: Path, seeded_cache: Callable[[str], Path]
 ) -> None:
@@ -250,16 +252,14 @@ def test_interrupting_a_fleet_run_stops_every_process_and_leaves_its_earlier_res
     tmp_path: Path, seeded_cache: Callable[[str], Path]
 ) -> None:
     """`make fleet` runs `python -m simulations run`: Ctrl-C mid-round, the same by process id."""
-    from tests.test_fleet_run import TINY
-
     fleet = tmp_path / "tiny.yaml"
-    fleet.write_text(TINY)
+    fleet.write_text(TWO_BOARDS)
     out = tmp_path / "fleet"
     out.mkdir()
     (out / "results.json").write_text('{"schema": "simulations.fleet/1", "earlier": true}\n')
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     cmd = [sys.executable, "-m", "simulations", "run", str(fleet), "--out", str(out)]
-    env = {**os.environ, "POWERFED_CACHE": str(seeded_cache(SMALL_RUN))}  # the tiny fleet's task
+    env = {**os.environ, "POWERFED_CACHE": str(seeded_cache(SMALL_RUN))}  # the fleet's task
     proc = subprocess.Popen(
         cmd,
         cwd=ROOT,

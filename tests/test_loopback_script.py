@@ -6,7 +6,6 @@ started (by process group), also when interrupted with Ctrl-C.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -19,12 +18,15 @@ from pathlib import Path
 import pytest
 
 from simulations.local_superlink import alive
+from tests.deployed_run import check_results, check_table, seeded_task
 from tests.fake_boards import default_signals
 from tests.flower_deploy import REPO, free_port
-from tests.test_deployment import seeded_task
 
 pytestmark = pytest.mark.slow
 SCRIPT = REPO / "deploy" / "loopback.sh"
+NODES = {"nano-01": ("jetson", 4.0), "tx2nx-01": ("sim:jetson-tx2nx", 4.5)}
+"""The script's SuperNodes by the names it gives them: device and cap in W (the fake Nano is a
+real-board backend)."""
 
 
 def three_free_ports() -> int:
@@ -66,7 +68,7 @@ def started_pids(work: Path) -> list[int]:
 def test_the_loopback_deployment_runs_and_stops_everything(
     tmp_path: Path, seeded_cache: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    seeded_task(seeded_cache, monkeypatch)  # the script's task is tests/test_deployment.py's
+    seeded_task(seeded_cache, monkeypatch)  # the deployed-run task (tests/deployed_run.py)
     work = tmp_path / "loopback"
     proc = start(work)
     try:
@@ -82,12 +84,8 @@ def test_the_loopback_deployment_runs_and_stops_everything(
     results = work / "results" / "results.json"
     assert f"results: {results}" in lines, context
     assert lines[-1].startswith("loopback: stopped every process"), context
-    data = json.loads(results.read_text())
-    assert [r["round"] for r in data["rounds"]] == [1]  # more rounds: tests/test_restarts.py
-    for rnd in data["rounds"]:
-        assert rnd["failed"] == [] and len(rnd["clients"]) == 2, rnd
-        got = sorted((c["device"], c["power_cap_w"]) for c in rnd["clients"])
-        assert got == [("jetson", 4.0), ("sim:jetson-tx2nx", 4.5)], got
+    check_table(out, NODES, context)  # both rows, and both reports in full (more rounds: test_restarts)
+    check_results(results, context, NODES)
     devfreq = work / "nano-sysfs/sys/devices/gpu.0/devfreq/57000000.gpu"
     assert (devfreq / "min_freq").read_text() == "76800000\n" and (
         devfreq / "max_freq"

@@ -1,30 +1,24 @@
-"""A seeded `make run` prints the same numbers when run again: the default run config (model, task,
-target, fleet, budgets) at a reduced size — fewer nodes, rounds, relation seeds and batch sizes, a
-smaller pre-training and round budget — prints the round-1 table that docs/howto/flwr-run.md quotes
-from an earlier run on this CPU (tests/cpu_quotes.py)."""
+"""A seeded `make run` prints the same numbers when run again: a small run (cnn-tiny on two simulated
+boards, one round: tests/test_launcher.py's SMALL_RUN, in Flower's string syntax) prints the round-1
+table that docs/howto/flwr-run.md quotes from an earlier run on this CPU (tests/cpu_quotes.py). It is
+also the launcher's whole successful `make run`: the results line last, no process left."""
 
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from simulations.local_superlink import free_port
+from powerctl.relation import RelationVector
+from simulations.local_superlink import alive, free_port, pids_listening_on
 from tests.cpu_quotes import check_against_quotes, quotes
-from tests.test_launcher import _make
+from tests.test_launcher import SMALL_RUN, _make, _watch
 
 ROOT = Path(__file__).resolve().parents[1]
 QUOTED = ROOT / "docs" / "howto" / "flwr-run.md"
 """The page that quotes this run's round-1 table (the block after `make run NODES=2 RUN_CONFIG=...`)."""
-
-REDUCED = (
-    "num-server-rounds=1 relation-seeds=\"0\" batch-sizes='32,64' pretrain-samples=256 "
-    "budget-samples=512 eval-max-samples=100"
-)
-"""Overrides of the defaults for size only: the task and its target are the default run's."""
 
 NUMBERS = (
     "device",
@@ -52,27 +46,31 @@ def _round_one_table(text: str) -> list[str]:
 
 
 def _run(tmp_path: Path, name: str, cache: Path) -> tuple[dict, str]:
+    """`make run` as a user types it (Flower's string syntax, both quotes), watched to its end: it must
+    end with its results line and leave no process of its run behind."""
     port = free_port()
     out_dir = tmp_path / name
-    with _make(out_dir, port, env={"POWERFED_CACHE": str(cache)}, run_config=REDUCED) as proc:
-        try:
-            out, err = proc.communicate(timeout=900)
-        except subprocess.TimeoutExpired:
-            pytest.fail("the reduced default run took over 15 minutes")
+    with _make(out_dir, port, env={"POWERFED_CACHE": str(cache)}, run_config=SMALL_RUN) as proc:
+        out, err, seen = _watch(proc, port)
     assert proc.returncode == 0, (out + err)[-3000:]
-    return json.loads((out_dir / "runs" / "flwr" / "results.json").read_text()), out + err
+    results = out_dir / "runs" / "flwr" / "results.json"
+    assert out.strip().splitlines()[-1] == f"results: {results}"
+    assert len(seen) >= 4, "make, the launcher, flwr and the SuperLink should have been seen"
+    assert not [p for p in seen if alive(p)] and not pids_listening_on(port)
+    return json.loads(results.read_text()), out + err
 
 
 @pytest.mark.slow
-def test_the_default_run_at_a_reduced_size_prints_its_quote(
-    tmp_path: Path, seeded_cache: Callable[[str], Path]
-) -> None:
+def test_a_small_run_prints_its_quote(tmp_path: Path, seeded_cache: Callable[[str], Path]) -> None:
     """The run profiles every board afresh (its cache holds the server's weights and relation vector only,
-    built once per test run: tests/conftest.py seeded_cache, shared with tests/test_repeatable_fleet.py)
-    and prints, to the digit, the round-1 table an earlier run of this code printed on this CPU. Exact
-    floats twice from empty caches: tests/test_fl_server.py::test_a_seeded_run_repeats_its_numbers."""
-    run, printed = _run(tmp_path, "run", seeded_cache(REDUCED))
-    assert run["run"]["config"]["model"] == "resnet18-small"  # the default task, not a smaller one
+    built once per test run: tests/conftest.py seeded_cache) and prints, to the digit, the round-1 table
+    an earlier run of this code printed on this CPU. Exact floats twice from empty caches:
+    tests/test_fl_server.py::test_a_seeded_run_repeats_its_numbers."""
+    run, printed = _run(tmp_path, "run", seeded_cache(SMALL_RUN))
+    assert run["run"]["config"]["model"] == "cnn-tiny"
+    # the string syntax read as Flower documents it ("0" and '8,16': tests/test_launcher.py's reader tests)
+    assert run["run"]["config"]["relation-seeds"] == "0" and run["run"]["config"]["batch-sizes"] == "8,16"
+    assert RelationVector.from_dict(run["run"]["relation"]).batch_sizes == [8, 16]
     clients = run["rounds"][0]["clients"]
     assert clients and all(c[k] is not None for c in clients for k in NUMBERS)
     assert all(c["profiling_choice"] and not c["profile_cached"] for c in clients)

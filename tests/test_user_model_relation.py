@@ -260,17 +260,20 @@ class DriverOnlyNet(nn.Module):
 def test_registered_user_model_in_ray_equals_serial_and_one_only_the_driver_imports_is_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """One Ray for both: a registered model importable by the workers gives the serial vector; one whose
+    """A registered model importable by the workers gives the serial vector, seed by seed, on the Ray
+    that estimate_relation starts and stops itself (the built-in models' path: the same code); one whose
     module only this process can import (a folder put on sys.path here) is one line naming the module
-    and what to do, not Ray's nine-line RayTaskError (issue 36, class 6)."""
+    and what to do, not Ray's nine-line RayTaskError (issue 36, class 6), on a Ray started beforehand."""
     import ray
 
-    kw = {**SETTINGS, "use_cache": False, "batch_sizes": (8, 16, 32)}
+    kw = {**SETTINGS, "use_cache": False, "batch_sizes": (8, 16, 32), "seeds": (0, 1)}
     serial = estimate_relation(NAME, None, user_data(), **kw)
+    parallel = estimate_relation(NAME, None, user_data(), parallel=True, num_cpus=2, **kw)
+    assert not ray.is_initialized()  # the Ray it started is stopped
+    assert parallel.samples_to_target == serial.samples_to_target
+    assert parallel.extra["samples_per_seed"] == serial.extra["samples_per_seed"]
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
-        parallel = estimate_relation(NAME, None, user_data(), parallel=True, num_cpus=2, **kw)
-        assert parallel.samples_to_target == serial.samples_to_target
         (tmp_path / "driver_only_models.py").write_text(DRIVER_ONLY)
         monkeypatch.syspath_prepend(str(tmp_path))
         from driver_only_models import DriverOnlyNet  # type: ignore[import-not-found]
