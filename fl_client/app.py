@@ -31,7 +31,7 @@ from fl_client.round import (
     plan_round,
     train_round,
 )
-from powerctl.cliutil import library_lines_on_stderr
+from powerctl.cliutil import library_lines_on_stderr, say
 from powerctl.errors import PowerctlError
 from powerfed.training.finetune import evaluate_with_loss
 from powerfed.training.models import get_model_spec
@@ -134,7 +134,7 @@ def train(msg: Message, context: Context) -> Message:
         )
     except PowerctlError as exc:
         return error_reply(msg, settings, exc)
-    print(
+    say(
         f"powerfed client {settings.key} [{instr.method}{', stand-in' if report.stand_in else ''}]: "
         f"round {instr.server_round} b={report.batch_size} "
         f"f={report.frequency_hz / 1e6:.1f} MHz{'' if report.pinned else ' (not pinned)'} "

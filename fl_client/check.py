@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from powerctl.cliutil import OneLineParser, one_line_errors, positive_float
+from powerctl.cliutil import OneLineParser, one_line_errors, positive_float, say
 from powerctl.errors import PowerctlError
 from strategies.flower_config import read_flwr_connection, read_small
 
@@ -510,7 +510,7 @@ def check_control(t: Target) -> str:
 # ------------------------------------------------------------------------------------ the check
 
 
-def run_checks(t: Target, timeout_s: float = 5.0, say: Callable[[str], None] = print) -> None:
+def run_checks(t: Target, timeout_s: float = 5.0, say: Callable[[str], None] = say) -> None:
     """Every layer in order, a line for each that passed; the first failure raises CheckFailed."""
     say(check_reachable(t, timeout_s))
     say(check_tls(t, timeout_s))
@@ -590,10 +590,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         run_checks(target, args.timeout)
     except CheckFailed as failed:
-        print(f"check: {failed}", flush=True)
+        say(f"check: {failed}")
         return 1
     side = f"flwr connection {target.connection!r}" if target.connection else "this SuperNode"
-    print(f"check: OK: the SuperLink at {target.address} accepts {side}")
+    say(f"check: OK: the SuperLink at {target.address} accepts {side}")
     return 0
 
 

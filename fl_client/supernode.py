@@ -58,7 +58,7 @@ from fl_client.check import (
     parse_address,
     release_stale_node,
 )
-from powerctl.cliutil import installed_tool, one_line_errors
+from powerctl.cliutil import installed_tool, one_line_errors, say
 from powerctl.errors import PowerctlError
 from powerctl.procs import option_value
 
@@ -298,7 +298,7 @@ def _wait_flag(flags: list[str]) -> tuple[float, list[str]]:
 
 
 def _say(text: str) -> None:
-    print(f"supernode: {text}", flush=True)
+    say(f"supernode: {text}")
 
 
 def run_until_started(command: list[str], target: Target, flags: list[str], wait_s: float) -> int:
@@ -343,7 +343,7 @@ def _flush(lines: list[str]) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     wait_s, flags = _wait_flag(list(sys.argv[1:] if argv is None else argv))
     if flags[:1] in (["-h"], ["--help"]):
-        print(__doc__)
+        say(__doc__)
         return 0
     target = _target(flags)  # the files it names, checked before Flower starts: one line, exit 2
     command = [installed_tool("flower-supernode"), *flags]
@@ -354,7 +354,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return run_until_started(command, target, flags, wait_s)
     except NotStarted as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        say(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1
 
 

@@ -45,6 +45,7 @@ from fl_server.run_config import (
     parse_server_config,
 )
 from powerctl.cache import cache_dir
+from powerctl.cliutil import say
 from powerctl.errors import PowerctlError
 from powerctl.relation import RelationVector
 from strategies.fleet import fleet_availability
@@ -70,11 +71,6 @@ PRETRAIN_CACHE_VERSION = 1
 
 class InjectedServerStop(RuntimeError):
     """A crash on purpose (run config inject-server-stop-round, soak tests only)."""
-
-
-def say(text: str) -> None:
-    """The run's own output: stdout, flushed, so `flwr run --stream` shows it as it happens."""
-    print(text, flush=True)
 
 
 def default_results_dir(run_id: int) -> Path:

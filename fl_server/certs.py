@@ -23,7 +23,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from powerctl.cliutil import OneLineParser, one_line_errors, positive_int
+from powerctl.cliutil import OneLineParser, one_line_errors, positive_int, say
 from powerctl.errors import PowerctlError
 from powerctl.outputs import check_output_dir, replacing, writable_file
 
@@ -226,8 +226,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)  # a bad flag: one line and exit 2 (OneLineParser)
     sans = args.san or list(DEFAULT_SANS)
     ca, cert, key = make_certificates(args.out, sans, args.days, args.force)
-    print(f"wrote {ca} (for SuperNodes and flwr), {cert} and {key} (the SuperLink's), {ca.parent / 'ca.key'}")
-    print(f"the certificate names: {', '.join(sans)}; valid for {args.days} days")
+    say(f"wrote {ca} (for SuperNodes and flwr), {cert} and {key} (the SuperLink's), {ca.parent / 'ca.key'}")
+    say(f"the certificate names: {', '.join(sans)}; valid for {args.days} days")
     return 0
 
 

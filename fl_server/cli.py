@@ -21,6 +21,7 @@ from powerctl.cliutil import (
     bounded_float,
     bounded_int,
     one_line_errors,
+    say,
 )
 from powerctl.outputs import output_path
 from powerctl.relation import VECTORS
@@ -298,11 +299,11 @@ def _pretrain(args: argparse.Namespace) -> int:
         eval_max_samples=args.eval_max_samples,
     )
     d = report.data
-    print(
+    say(
         f"pre-trained {d['model']} on {d['dataset']}: {d['samples']} samples ({d['epochs']:.2f} epochs), "
         f"test accuracy {d['final_test_accuracy']:.4f}, {d['wall_seconds']:.1f} s"
     )
-    print(f"wrote {report.weights_path} and {report.report_path}")
+    say(f"wrote {report.weights_path} and {report.report_path}")
     return 0
 
 
@@ -339,13 +340,13 @@ def _relation(args: argparse.Namespace) -> int:
     )
     rel.save(args.out)
     if warning := rel.coarse_warning():
-        print(f"{PROG} relation: warning: {warning}", file=sys.stderr)
-    print(f"relation vector of {rel.model} on {rel.proxy_dataset}, target accuracy {rel.target_accuracy}:")
-    print(f"{'batch':>6} {'lr':>10} {'samples':>10} {'relation':>9}")
+        say(f"{PROG} relation: warning: {warning}", file=sys.stderr)
+    say(f"relation vector of {rel.model} on {rel.proxy_dataset}, target accuracy {rel.target_accuracy}:")
+    say(f"{'batch':>6} {'lr':>10} {'samples':>10} {'relation':>9}")
     lrs = rel.extra.get("lr") or [float("nan")] * len(rel.batch_sizes)
     for b, lr, s, r in zip(rel.batch_sizes, lrs, rel.samples_to_target, rel.relation, strict=True):
-        print(f"{b:>6} {lr:>10.3g} {s:>10.0f} {r:>9.3f}")
-    print(f"wrote {args.out}")
+        say(f"{b:>6} {lr:>10.3g} {s:>10.0f} {r:>9.3f}")
+    say(f"wrote {args.out}")
     return 0
 
 

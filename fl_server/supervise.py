@@ -34,7 +34,14 @@ from pathlib import Path
 from typing import Any
 
 from fl_server.fab import staged_app
-from powerctl.cliutil import OneLineParser, installed_tool, non_negative_int, one_line_errors, positive_float
+from powerctl.cliutil import (
+    OneLineParser,
+    installed_tool,
+    non_negative_int,
+    one_line_errors,
+    positive_float,
+    say,
+)
 from powerctl.errors import PowerctlError
 from strategies.flower_config import read_flwr_connection
 
@@ -86,7 +93,7 @@ class Supervisor:
     max_restarts: int = 5
     wait_s: float = 600.0
     poll_s: float = 5.0
-    say: Callable[[str], None] = print
+    say: Callable[[str], None] = say
     address: str | None = None
     """The SuperLink's Control API host:port, watched while its log is followed (`_watch`)."""
     listen_poll_s: float = 1.0
@@ -304,9 +311,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         path = supervisor.run()
     except KeyboardInterrupt:
-        print(f"{PROG}: interrupted; the run goes on on the SuperLink (flwr stop RUN_ID {args.connection})")
+        say(f"{PROG}: interrupted; the run goes on on the SuperLink (flwr stop RUN_ID {args.connection})")
         return 130
-    print(f"results: {path}")
+    say(f"results: {path}")
     return 0
 
 

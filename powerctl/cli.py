@@ -24,6 +24,7 @@ from powerctl.cliutil import (
     one_line_errors,
     power_cap,
     power_cap_w,
+    say,
     seed,
 )
 from powerctl.devices import SPEC_HELP, open_device
@@ -83,7 +84,7 @@ def _frequency(text: str) -> int:
 
 
 def _print_json(data: Any) -> None:
-    print(json.dumps(data, indent=2))
+    say(json.dumps(data, indent=2))
 
 
 def _mhz(hz: int | None) -> str:
@@ -108,14 +109,14 @@ def cmd_devices(args: argparse.Namespace) -> int:
         return broken
     for d in devices:
         if "error" in d:
-            print(f"{d['spec']:<20} {d.get('board', ''):<18} error: {d['error']}")
+            say(f"{d['spec']:<20} {d.get('board', ''):<18} error: {d['error']}")
             continue
         freqs = d.get("frequencies_hz") or []
         span = (
             f"{len(freqs)} frequencies {_mhz(freqs[0])} … {_mhz(freqs[-1])}" if freqs else "no frequency knob"
         )
         rails = ", ".join(d.get("rails") or []) or "no power sensor"
-        print(f"{d['spec']:<20} {d.get('board', ''):<18} {span}; rails: {rails}")
+        say(f"{d['spec']:<20} {d.get('board', ''):<18} {span}; rails: {rails}")
     return broken
 
 
@@ -126,7 +127,7 @@ def cmd_power(args: argparse.Namespace) -> int:
     if args.json:
         _print_json({"device": args.device, "power_w": total, "rails_w": rails})
     else:
-        print(f"{total:.3f} W" + "".join(f"\n  {k}: {v:.3f} W" for k, v in rails.items()))
+        say(f"{total:.3f} W" + "".join(f"\n  {k}: {v:.3f} W" for k, v in rails.items()))
     return 0
 
 
@@ -155,9 +156,9 @@ def cmd_freq(args: argparse.Namespace) -> int:
         _print_json(info | ({"message": message} if message else {}))
     else:
         if message:
-            print(message)
-        print(f"current: {_mhz(info['current_frequency_hz'])}")
-        print("available: " + " ".join(f"{f / 1e6:g}" for f in info["frequencies_hz"]) + " MHz")
+            say(message)
+        say(f"current: {_mhz(info['current_frequency_hz'])}")
+        say("available: " + " ".join(f"{f / 1e6:g}" for f in info["frequencies_hz"]) + " MHz")
     return 0
 
 
@@ -209,7 +210,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         profile = _predicted_profile(args, step_factory)
         _save_profile(profile, args.out)
         skipped = [s["batch_size"] for s in profile.skipped]
-        print(
+        say(
             f"wrote {args.out}: {len(profile.points)} predicted points (board model, no training run), "
             f"batch sizes {profile.batch_sizes()}"
             + (f", skipped {skipped} (out of memory)" if skipped else "")
@@ -249,7 +250,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     _save_profile(profile, args.out)
     cost = profile.profiling_seconds or 0.0
     predicted = f" measured, {len(profile.predicted)} predicted (fitted)" if args.order == "fitted" else ""
-    print(
+    say(
         f"wrote {args.out}: {len(profile.points)} points{predicted}, batch sizes {profile.batch_sizes()}"
         + (
             f", skipped {[s['batch_size'] for s in profile.skipped]} (out of memory)"
@@ -281,7 +282,7 @@ def cmd_caps(args: argparse.Namespace) -> int:
             }
         )
         return 0
-    print(
+    say(
         f"{_mhz(hz)}: the highest frequency at which every point of the {len(profiles)} profile(s) stays "
         f"under {args.power_cap:g} W (peak {peak:.2f} W)"
     )
@@ -297,7 +298,7 @@ def cmd_select(args: argparse.Namespace) -> int:
     profile = Profile.load(args.profile)
     relation = RelationVector.load(args.relation)
     for warning in check_pairing(profile, relation, allow_mismatch=args.allow_mismatch):
-        print(f"{PROG} select: warning: {warning}", file=sys.stderr)
+        say(f"{PROG} select: warning: {warning}", file=sys.stderr)
     choice = select(
         profile,
         relation,
@@ -315,7 +316,7 @@ def cmd_select(args: argparse.Namespace) -> int:
         if profile.extra.get("pinned", True)
         else f"the clock in force ({NOT_PINNED})"
     )
-    print(
+    say(
         f"batch size {choice.batch_size} at {at}: "
         f"predicted {choice.predicted_seconds:.1f} s "
         + (f"and {choice.predicted_energy_j:.1f} J " if energy else "")
@@ -326,17 +327,17 @@ def cmd_select(args: argparse.Namespace) -> int:
     if args.compare:
         from powerctl.baselines import compare
 
-        print(
+        say(
             f"\n{'strategy':<18} {'b':>5} {'MHz':>8} {'peak W':>7} {'predicted s':>12} {'ours faster by':>17}"
         )
         for row in compare(profile, relation, args.power_cap):
             if "infeasible" in row:
-                print(f"{row['name']:<18} infeasible under the cap: {row['infeasible']}")
+                say(f"{row['name']:<18} infeasible under the cap: {row['infeasible']}")
                 continue
             peak = "-" if row["peak_power_w"] is None else f"{row['peak_power_w']:.2f}"
             pred = "-" if row["predicted_seconds"] is None else f"{row['predicted_seconds']:.1f}"
             speed = "-" if row["speedup"] is None else f"{row['speedup']:.2f}x"
-            print(
+            say(
                 f"{row['name']:<18} {row['batch_size']:>5} {_pair_mhz(profile, row['frequency_hz'], 8)} "
                 f"{peak:>7} {pred:>12} {speed:>17}"
             )
@@ -356,16 +357,16 @@ def cmd_plot(args: argparse.Namespace) -> int:
     selection = None
     if relation is not None:
         for warning in check_pairing(profile, relation, allow_mismatch=args.allow_mismatch):
-            print(f"{PROG} plot: warning: {warning}", file=sys.stderr)
+            say(f"{PROG} plot: warning: {warning}", file=sys.stderr)
         try:
             selection = select(profile, relation, args.power_cap, allow_mismatch=args.allow_mismatch)
         except InfeasibleCapError as exc:
-            print(f"{PROG} plot: note: {exc}", file=sys.stderr)
+            say(f"{PROG} plot: note: {exc}", file=sys.stderr)
     paths = plot_profile(
         profile, args.out, power_cap_w=args.power_cap, relation=relation, selection=selection
     )
     for p in paths:
-        print(p)
+        say(p)
     return 0
 
 
@@ -380,29 +381,29 @@ def cmd_pareto(args: argparse.Namespace) -> int:
     profile = Profile.load(args.profile)
     relation = RelationVector.load(args.relation)
     for warning in check_pairing(profile, relation, allow_mismatch=args.allow_mismatch):
-        print(f"{PROG} pareto: warning: {warning}", file=sys.stderr)
+        say(f"{PROG} pareto: warning: {warning}", file=sys.stderr)
     front = pareto_front(profile, relation, args.power_cap)
     paths = write_front(front, profile, relation, args.out)
     if args.json:
         _print_json(front.to_json_dict(profile, relation))
         return 0
-    print(
+    say(
         f"{len(front.pairs)} feasible pairs, {len(front.front)} on the time–energy front"
         + (f" (cap {args.power_cap:g} W)" if args.power_cap else " (no cap)")
     )
-    print(f"{'':2}{'b':>5} {'MHz':>8} {'predicted s':>12} {'predicted J':>12} {'peak W':>7}")
+    say(f"{'':2}{'b':>5} {'MHz':>8} {'predicted s':>12} {'predicted J':>12} {'peak W':>7}")
     for s in front.front:
         mark = "".join(
             tag
             for tag, best in ((" fastest", front.fastest), (" most frugal", front.most_frugal))
             if s == best
         )
-        print(
+        say(
             f"{'':2}{s.batch_size:>5} {s.frequency_hz / 1e6:>8.1f} {s.predicted_seconds:>12.1f} "
             f"{s.predicted_energy_j:>12.1f} {s.peak_power_w:>7.2f}{mark}"
         )
     for p in paths:
-        print(p)
+        say(p)
     return 0
 
 
@@ -448,11 +449,11 @@ def cmd_cap_source(args: argparse.Namespace) -> int:
         )
         return 0
     lowest = source.lowest_w()
-    print(f"{source.describe()}; lowest {'unknown' if lowest is None else f'{lowest:g} W'}")
+    say(f"{source.describe()}; lowest {'unknown' if lowest is None else f'{lowest:g} W'}")
     for t, w in zip(times, caps, strict=True):
-        print(f"{t:>10.1f} s  {'none' if w is None else f'{w:.2f} W'}")
+        say(f"{t:>10.1f} s  {'none' if w is None else f'{w:.2f} W'}")
     if plot is not None:
-        print(plot)
+        say(plot)
     return 0
 
 
@@ -460,8 +461,8 @@ def cmd_fake_board(args: argparse.Namespace) -> int:
     from powerctl.fakeboard import make_fake_board
 
     root = make_fake_board(args.folder, args.kind).resolve()
-    print(f"fake {args.kind} board written to {root}")
-    print(f"use it: export POWERCTL_SYSFS_ROOT={root}; then `powerctl devices` lists it as device 'jetson'")
+    say(f"fake {args.kind} board written to {root}")
+    say(f"use it: export POWERCTL_SYSFS_ROOT={root}; then `powerctl devices` lists it as device 'jetson'")
     return 0
 
 

@@ -13,7 +13,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from types import TracebackType
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TextIO
 
 from powerctl.capsource import cap_watts
 from powerctl.errors import PowerctlError
@@ -25,6 +25,15 @@ EXIT_INTERRUPTED = 130
 LIBRARY_LOGGERS = ("powerctl", "strategies", "fl_server", "fl_client", "simulations", "powerfed")
 """The loggers of this project's packages (each module logs to `logging.getLogger(__name__)` under
 one of them): what a user silences or redirects, and what a command line shows on stderr."""
+
+
+def say(*values: object, sep: str = " ", end: str = "\n", file: TextIO | None = None) -> None:
+    """A command line's or an app's own output, flushed at once (`flwr run --stream`, a service's
+    journal): the one place the project writes to a terminal (print's arguments; `file` is stdout by
+    default, the one of the moment). The library itself logs (`library_lines_on_stderr`)."""
+    stream = sys.stdout if file is None else file
+    stream.write(sep.join(str(v) for v in values) + end)
+    stream.flush()
 
 
 class _StderrLines(logging.Handler):
@@ -100,16 +109,16 @@ def one_line_errors(prog: str) -> Callable[[Callable[..., int]], Callable[..., i
                 with library_lines_on_stderr():
                     return main(*args, **kwargs)
             except PowerctlError as exc:
-                print(f"{prog}: error: {exc}", file=sys.stderr)
+                say(f"{prog}: error: {exc}", file=sys.stderr)
                 return EXIT_USAGE
             except KeyboardInterrupt:
-                print(f"{prog}: interrupted", file=sys.stderr)
+                say(f"{prog}: interrupted", file=sys.stderr)
                 return EXIT_INTERRUPTED
             except Exception as exc:  # only the classes fault_line knows; any other is re-raised
                 line = fault_line(exc)
                 if line is None:
                     raise
-                print(f"{prog}: error: {line}", file=sys.stderr)
+                say(f"{prog}: error: {line}", file=sys.stderr)
                 return EXIT_USAGE
 
         return run

@@ -87,3 +87,30 @@ def test_the_check_catches_a_wrong_import(tmp_path: Path) -> None:
         "import powerfed\n"
     )
     assert imported_parts(module, "powerctl") == {"os": 1, TRAINING: 4, "powerctl": 5, "powerfed": 6}
+
+
+LIBRARY = ("powerfed", "powerctl", "strategies", "fl_server", "fl_client")
+"""The packages a user imports (simulations and bench are programs): they log, and what a command line
+or an app writes as its own output goes through one helper, `powerctl.cliutil.say`."""
+
+
+def prints_in(path: Path) -> list[int]:
+    """The lines where `path` names the builtin `print` (a call, or `say=print` handed on)."""
+    tree = ast.parse(path.read_text(), str(path))
+    return [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == "print"]
+
+
+def test_library_code_never_prints() -> None:
+    found = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for top in LIBRARY
+        for path in sorted((ROOT / top).rglob("*.py"))
+        for line in prints_in(path)
+    ]
+    assert not found, f"print in library code (log, or powerctl.cliutil.say for a command's output): {found}"
+
+
+def test_the_print_check_sees_a_call_and_a_default(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text("def f(say=print):\n    print('x')\n    say('y')\n\n# print('no')\n")
+    assert prints_in(module) == [1, 2]
