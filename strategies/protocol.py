@@ -18,7 +18,7 @@ from typing import Any
 
 from flwr.app import ConfigRecord
 
-from powerctl.capsource import POWER_CAP
+from powerctl.capsource import POWER_CAP, POWER_CAP_VALUE
 from powerctl.errors import ArgumentError, FileFormatError, PowerctlError
 from powerctl.mapping import (
     Choice,
@@ -273,8 +273,8 @@ def check_instructions(instr: TrainInstructions) -> None:
     kinds = {s.attr: MESSAGE_SETTING_KINDS.get(s.key, s.kind) for s in settings_of([BOTH])}
     kinds.update({key.replace("-", "_"): kind for key, kind in MESSAGE_KINDS.items()})
     del kinds["model_overrides"]  # travels as JSON text (`to_config`), checked below
-    if instr.power_cap_w is not None:
-        kinds["power_cap_w"] = POWER_CAP
+    if instr.power_cap_w is not None:  # a number of watts in Python, never the text "none" a file may hold
+        kinds["power_cap_w"] = POWER_CAP_VALUE
     for attr, kind in kinds.items():
         value = getattr(instr, attr)
         try:

@@ -5,6 +5,7 @@ the call is made in one line of the project's own error type, nothing written or
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -500,3 +501,12 @@ def test_a_numpy_input_shape_is_taken_and_kept_as_plain_ints() -> None:
         one_line(err.value, "input_shape must be one sample's shape in positive integers")
     finally:
         powerfed.unregister_model("held-out-numpy-shape")
+
+
+@pytest.mark.parametrize("cap", ["none", "5", ""])
+def test_a_plans_cap_is_a_number_of_watts_not_text(cap: str) -> None:
+    """A file or a command line may write no cap as "none"; a Python caller writes None."""
+    with pytest.raises(ArgumentError) as err:
+        dataclasses.replace(PLAN, power_cap_w=cap)
+    one_line(err.value, "'power_cap_w'")
+    assert dataclasses.replace(PLAN, power_cap_w=np.float32(4.5)).to_config()["power-cap-w"] == 4.5
