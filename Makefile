@@ -95,10 +95,15 @@ FLOOR_TESTS := tests/test_simulated.py tests/test_jetson.py tests/test_fake_boar
 	tests/test_crash_restore.py tests/test_workload.py tests/test_finetune.py \
 	tests/test_finetune_resume.py tests/test_fl_client.py tests/test_torch_floor.py
 
-$(FLOOR_STAMP): pyproject.toml
+# Torch first (the long part: it may install beside the main venv, `make -j 2`), the project after the
+# main venv's own editable install (two at once would write the same build metadata in the project).
+$(FLOOR_VENV)/.torch: pyproject.toml
 	$(PYTHON) -m venv $(FLOOR_VENV)
 	$(FLOOR_VENV)/bin/python -m pip install -q --upgrade pip
 	$(FLOOR_VENV)/bin/python -m pip install -q "$(TORCH_FLOOR)" "numpy<2"
+	touch $(FLOOR_VENV)/.torch
+
+$(FLOOR_STAMP): $(FLOOR_VENV)/.torch $(STAMP)
 	$(FLOOR_VENV)/bin/python -m pip install -q -e '.[dev]' "$(TORCH_FLOOR)" "numpy<2"
 	touch $(FLOOR_STAMP)
 
@@ -126,8 +131,7 @@ $(FLOWER_FLOOR_STAMP): $(STAMP)
 	echo "import site; site.addsitedir('$$main')" > "$$floor/zz-main-venv.pth"
 	touch $(FLOWER_FLOOR_STAMP)
 
-# Both floors' venvs: .ci/run builds them at low priority while `make test` runs (installing is mostly
-# unpacking and disk; the suite leaves a few per cent of the CPU idle).
+# Both floors' venvs: .ci/run builds them beside the main one (`make -j 2 setup floor-venvs`).
 floor-venvs: $(FLOOR_STAMP) $(FLOWER_FLOOR_STAMP)
 
 test-flower-floor: $(FLOWER_FLOOR_STAMP)
