@@ -304,13 +304,7 @@ def test_numpy_scalars_are_numbers_and_what_is_kept_and_sent_is_plain(tmp_path: 
 
     profiler = powerfed.Profiler(
         powerfed.open_device("sim:jetson-nano", seed=np.uint32(3)),
-        powerfed.measure_workload(
-            torch.nn.Linear(4, 2),
-            torch.zeros(2, 4),
-            torch.zeros(2, dtype=torch.long),
-            torch.nn.functional.cross_entropy,
-            "x",
-        ),
+        _linear_workload(),
         lambda b: lambda: None,
         samples=np.int64(256),
         measure_steps=np.int32(2),
@@ -363,13 +357,7 @@ def test_a_model_on_the_meta_device_is_refused_where_it_is_given() -> None:
 def test_the_fitted_order_takes_a_relation_vector_and_refuses_what_is_not_one() -> None:
     profiler = powerfed.Profiler(
         powerfed.open_device("sim:jetson-nano"),
-        powerfed.measure_workload(
-            torch.nn.Linear(4, 2),
-            torch.zeros(2, 4),
-            torch.zeros(2, dtype=torch.long),
-            torch.nn.functional.cross_entropy,
-            "x",
-        ),
+        _linear_workload(),
         lambda b: lambda: None,
         samples=256,
         measure_steps=1,
@@ -408,17 +396,21 @@ def test_an_empty_profile_cache_is_not_a_folder(tmp_path: Path, monkeypatch: pyt
 
 
 # --- left-overs: an empty cache folder, the profiler's order, margin and cap, a numpy input shape ------
-def _profiler() -> powerfed.Profiler:
-    workload = powerfed.measure_workload(
+def _linear_workload() -> powerfed.Workload:
+    """A one-layer model's workload: what a Profiler needs besides its device."""
+    return powerfed.measure_workload(
         torch.nn.Linear(4, 2),
         torch.zeros(2, 4),
         torch.zeros(2, dtype=torch.long),
         torch.nn.functional.cross_entropy,
         "x",
     )
+
+
+def _profiler() -> powerfed.Profiler:
     return powerfed.Profiler(
         powerfed.open_device("sim:jetson-nano"),
-        workload,
+        _linear_workload(),
         lambda b: lambda: None,
         samples=256,
         measure_steps=1,
