@@ -19,6 +19,7 @@ import powerfed
 from powerctl.errors import ArgumentError, FileFormatError, PowerctlError
 from powerctl.jsonfile import read_json
 from powerctl.relation import RelationVector
+from powerctl.workload import Workload
 from strategies.protocol import TrainInstructions
 
 REL = RelationVector.from_samples("cnn-tiny", "proxy", 0.5, {8: 300.0, 16: 400.0})
@@ -396,7 +397,7 @@ def test_an_empty_profile_cache_is_not_a_folder(tmp_path: Path, monkeypatch: pyt
 
 
 # --- left-overs: an empty cache folder, the profiler's order, margin and cap, a numpy input shape ------
-def _linear_workload() -> powerfed.Workload:
+def _linear_workload() -> Workload:
     """A one-layer model's workload: what a Profiler needs besides its device."""
     return powerfed.measure_workload(
         torch.nn.Linear(4, 2),
