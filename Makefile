@@ -65,8 +65,8 @@ docs: setup
 # the table of docs/testing.md. Coverage is `make coverage`'s: its tracer nearly doubles the time of the
 # tests that run the library in pytest's own process (docs/testing.md), so the proof that it works
 # does not wait for it.
-# On a 2-core AMD EPYC in fresh-ci: pytest 1262 s at 8aa09aa with coverage (1748 tests; the whole CI
-# 1626 s), 2179 s at a680498 (1591 tests; CI 2534 s); this session's figures: docs/testing.md.
+# On a 2-core AMD EPYC in fresh-ci: pytest 918 s at b82bad3 (1765 tests; the whole CI 1292 s), 1262 s at
+# 8aa09aa with coverage (1748 tests; CI 1626 s), 2179 s at a680498 (1591 tests; CI 2534 s): docs/testing.md.
 TEST_REPORT ?= runs/tests.xml
 PYTEST_ALL = $(BIN)/pytest -q -n 2 --maxschedchunk 1 -m "slow or not slow" --durations=25 \
 	--junitxml=$(TEST_REPORT)
