@@ -109,7 +109,7 @@ $(FLOOR_STAMP): $(FLOOR_VENV)/.torch $(STAMP)
 
 test-torch-floor: $(FLOOR_STAMP)
 	$(FLOOR_VENV)/bin/python -c "import torch; v = torch.__version__; assert v.startswith('1.13.'), v; print('torch', v)"
-	$(FLOOR_VENV)/bin/pytest -q -n 2 --maxschedchunk 1 -p no:cacheprovider $(FLOOR_TESTS)
+	$(FLOOR_VENV)/bin/pytest -q -n 2 --maxschedchunk 1 -p no:cacheprovider --durations=10 $(FLOOR_TESTS)
 
 # The oldest Flower the pin allows (1.41; `make setup` installs the newest, 1.42): the Flower-facing tests
 # (the app, deployment, restarts, fleets; the fast ones: their slow ones take ~19 min on 2 cores) in a
@@ -136,7 +136,7 @@ floor-venvs: $(FLOOR_STAMP) $(FLOWER_FLOOR_STAMP)
 
 test-flower-floor: $(FLOWER_FLOOR_STAMP)
 	$(FLOWER_FLOOR_VENV)/bin/python -c "import flwr; v = flwr.__version__; assert v.startswith('1.41.') and '$(FLOWER_FLOOR_VENV)' in flwr.__file__, (v, flwr.__file__); print('flwr', v, flwr.__file__)"
-	$(FLOWER_FLOOR_VENV)/bin/python -m pytest -q -n 2 --maxschedchunk 1 -p no:cacheprovider $(FLOWER_TESTS)
+	$(FLOWER_FLOOR_VENV)/bin/python -m pytest -q -n 2 --maxschedchunk 1 -p no:cacheprovider --durations=10 $(FLOWER_TESTS)
 
 bench: setup
 	$(BIN)/python bench/loop_overhead.py
