@@ -24,10 +24,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from powerctl.methods import ENERGY_UNDER_DEADLINE, OURS, OURS_DEADLINE, run_method_named  # noqa: E402
 from simulations.fleet import load_fleet_spec  # noqa: E402
 from simulations.runner import run_fleet  # noqa: E402
 
-METHODS = ["ours", "ours-deadline"]
+METHODS = [OURS, OURS_DEADLINE]
 
 
 def _ms(values: list[float]) -> str:
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
                 statistics.mean(max(c["device_seconds"] + (c.get("paused_seconds") or 0) for c in cs)
                                 for cs in rounds.values())
             )  # fmt: skip
-            if method == "ours-deadline":
+            if run_method_named(method).objective(spec.settings.round_objective) == ENERGY_UNDER_DEADLINE:
                 clients = [c for cs in rounds.values() for c in cs]
                 met += sum(bool(c.get("meets_deadline_predicted")) for c in clients)
         print(f"seed {seed}: {args.out / f'seed-{seed}' / 'summary.txt'}", flush=True)

@@ -34,7 +34,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-from fl_client.methods import Choice  # noqa: E402
 from fl_client.round import (  # noqa: E402
     MethodRule,
     RoundWork,
@@ -45,11 +44,12 @@ from fl_client.round import (  # noqa: E402
 )
 from powerctl.capsource import CapSource, ConstantCap, ScheduleCap, TraceCap  # noqa: E402
 from powerctl.devices.base import Device  # noqa: E402
+from powerctl.methods import OURS, STATE_OF_PRACTICE  # noqa: E402
+from powerctl.pick import Pick  # noqa: E402
 from powerctl.profile_table import Profile  # noqa: E402
 from powerctl.relation import RelationVector  # noqa: E402
 from powerctl.selection import select  # noqa: E402
 from simulations.demo import DemoConfig, demo_work  # noqa: E402
-from strategies.protocol import OURS, STATE_OF_PRACTICE  # noqa: E402
 
 POLICIES = ("follow (ours)", "once for the minimum (ours)", "state of practice, following")
 
@@ -71,11 +71,11 @@ class Outcome:
 class Once:
     """Ours selected once, for the lowest cap the source will give, and kept whatever the cap."""
 
-    choice: Choice
+    choice: Pick
     profile: Profile
     relation: RelationVector
 
-    def __call__(self, power_cap_w: float | None) -> Choice:
+    def __call__(self, power_cap_w: float | None) -> Pick:
         return self.choice
 
 

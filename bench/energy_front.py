@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 from fl_client.round import fine_tune_step, measured_profile_step, usable_relation  # noqa: E402
 from powerctl.capsource import ConstantCap  # noqa: E402
 from powerctl.pareto import pareto_front, write_front  # noqa: E402
-from powerctl.selection import Selection  # noqa: E402
+from powerctl.pick import Pick  # noqa: E402
 from simulations.bench_steps import PinnedRule  # noqa: E402
 from simulations.demo import DemoConfig, demo_work  # noqa: E402
 
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
             cap_s = "none" if cap is None else f"{cap:g}"
             write_front(front, profile, relation, args.out / f"{board}-cap-{cap_s}")
             measured: dict[str, tuple[list[float], list[float]]] = {}
-            ends: dict[str, Selection] = {"time-optimal": front.fastest, "energy-optimal": front.most_frugal}
+            ends: dict[str, Pick] = {"time-optimal": front.fastest, "energy-optimal": front.most_frugal}
             for end, s in ends.items():
                 secs, joules = [], []
                 for seed in range(args.seeds):

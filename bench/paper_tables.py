@@ -60,9 +60,10 @@ from powerctl.devices import open_device
 from powerctl.devices.simulated import predicted_profile, replay_cost
 from powerctl.devices.torchdev import TORCH_SPEC_HELP, torch_device_arg
 from powerctl.errors import InfeasibleCapError, PowerctlError
+from powerctl.pick import Pick
 from powerctl.profile_table import Profile
 from powerctl.relation import RelationVector
-from powerctl.selection import Selection, rank, select
+from powerctl.selection import rank, select
 from powerctl.workload import Workload
 from powerfed.training.crossing import DEFAULT_MIN_EVALUATIONS, evaluations_before, run_dense
 
@@ -440,11 +441,11 @@ def table(
     return out
 
 
-def best_pair_per_batch(profile: Profile, cap: float | None) -> dict[int, Selection]:
+def best_pair_per_batch(profile: Profile, cap: float | None) -> dict[int, Pick]:
     """Per batch size, the feasible pair Algorithm 1 takes whenever it takes that batch size, whatever the
     relation vector: the first of that batch size in `powerctl.selection.rank` under a flat vector."""
     flat = RelationVector.from_samples(profile.model, "flat", 1.0, dict.fromkeys(profile.batch_sizes(), 1.0))
-    best: dict[int, Selection] = {}
+    best: dict[int, Pick] = {}
     for pick in rank(profile, flat, cap):
         best.setdefault(pick.batch_size, pick)
     return dict(sorted(best.items()))

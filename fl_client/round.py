@@ -6,8 +6,8 @@ Every caller that fine-tunes a client's data under a power cap goes through `run
 
 - `profile`: the device measured (and cached) running the step that will train (`ProfiledStep`: the
   built-in fine-tune's, or a user's own through `fl_client.session`);
-- `choose`: the method's rule as a function of the cap (`MethodRule`: Algorithm 1 for ours, the
-  baselines of `powerctl.baselines`);
+- `choose`: the method's rule as a function of the cap (`MethodRule`: the registry's method,
+  `powerctl.methods`: Algorithm 1 for ours, the baselines of `powerctl.baselines`);
 - `train`: a fine-tune at the rule's pair under a constant cap (power guard), or following a cap that
   changes (the rule re-applied at every change, `powerctl.follow`): `Pinning`, shared with a user's loop.
 
@@ -38,7 +38,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch import nn
 
-from fl_client.methods import Choice, choose
 from fl_client.node import NodeSettings
 from fl_client.profile_cache import ProfileKey, cached_profile, lookup, same_kind_profiles, store
 from powerctl.baselines import board_fixed_frequency
@@ -49,8 +48,10 @@ from powerctl.devices import open_device
 from powerctl.devices.base import Device
 from powerctl.devices.simulated import SimulatedBoard, predicted_profile
 from powerctl.errors import InfeasibleCapError, PowerctlError
-from powerctl.follow import CapFollower, Pick
+from powerctl.follow import CapFollower
 from powerctl.guard import PowerGuard
+from powerctl.methods import MethodContext, method_named
+from powerctl.pick import Pick
 from powerctl.profile_budget import (
     BOARD_MODEL,
     FITTED,
@@ -70,7 +71,7 @@ from powerfed.training.checkpoint import Checkpointing
 from powerfed.training.errors import DataError, ModelError
 from powerfed.training.finetune import DEFAULT_MAX_EPOCHS, FineTuneResult, fine_tune
 from powerfed.training.models import build_model, check_input_shape, get_model_spec
-from strategies.protocol import ORACLE, OURS, ClientReport, Plan, TrainInstructions
+from strategies.protocol import ClientReport, Plan, TrainInstructions
 
 log = logging.getLogger(__name__)
 
@@ -257,12 +258,13 @@ class Rule(Protocol):
     profile: Profile
     relation: RelationVector
 
-    def __call__(self, power_cap_w: float | None) -> Choice: ...
+    def __call__(self, power_cap_w: float | None) -> Pick: ...
 
 
 @dataclass(frozen=True)
 class MethodRule:
-    """The instructed method's rule (`fl_client.methods.choose`) over one profile."""
+    """The instructed method's rule (`powerctl.methods`: the registry's method of that name) over one
+    profile."""
 
     method: str
     profile: Profile
@@ -272,16 +274,9 @@ class MethodRule:
     deadline_s: float = 0.0
     relation_rule: str = DEFAULT_RELATION_RULE
 
-    def __call__(self, power_cap_w: float | None) -> Choice:
-        return choose(
-            self.method,
-            self.profile,
-            self.relation,
-            power_cap_w,
-            self.own_data,
-            self.deadline_s,
-            self.relation_rule,
-        )
+    def __call__(self, power_cap_w: float | None) -> Pick:
+        context = MethodContext(self.own_data, self.deadline_s, self.relation_rule)
+        return method_named(self.method).choose(self.profile, self.relation, power_cap_w, context)
 
     @property
     def predicts_by(self) -> RelationVector:
@@ -296,7 +291,7 @@ class Trained:
     result: FineTuneResult
     state: State
     board: str
-    choice: Choice
+    choice: Pick
     stand_in: bool = False
     final_pair: list[int] | None = None
     """Under a cap that changes: the pair in force when the fine-tune ended."""
@@ -358,7 +353,7 @@ def budgeted(work: RoundWork) -> bool:
     instr = work.instr
     return (
         instr.profiling_budget > 0
-        and instr.method == OURS
+        and method_named(instr.method).power_aware
         and not instr.deadline_s
         and not instr.stand_in
         and work.caps.is_constant
@@ -523,7 +518,7 @@ def method_step(work: RoundWork, profile: Profile, relation: RelationVector, tra
     """The instructed method's rule. A stand-in oracle has no training to search with: it predicts by
     the proxy's relation."""
     instr = work.instr
-    own = relation if instr.method == ORACLE else None
+    own = relation if method_named(instr.method).searches_own_data else None
     return Chosen(MethodRule(instr.method, profile, relation, own, instr.deadline_s, instr.relation_rule))
 
 
@@ -555,7 +550,7 @@ class Pinning:
     every change. Any loop (the built-in fine-tune, a user's own through `fl_client.session`) runs its
     steps with `hooks`; the caller restores the device (`restore_on_exit`)."""
 
-    choice: Choice
+    choice: Pick
     guard: PowerGuard | None = None
     follower: CapFollower | None = None
     pinned: bool = True
@@ -577,7 +572,7 @@ class Pinning:
         follower = CapFollower(
             dev,
             work.caps,
-            lambda cap: _pick(rule(cap)),
+            rule,
             samples_to_target=rule.relation.samples_map(),
             poll_s=instr.cap_poll_s,
             pause_timeout_s=instr.cap_pause_timeout_s,
@@ -585,7 +580,7 @@ class Pinning:
             guard_tolerance=instr.guard_tolerance,
         )
         first = follower.start()
-        choice = Choice(instr.method, first.batch_size, first.frequency_hz, first.predicted_seconds, None)
+        choice = Pick(first.batch_size, first.frequency_hz, first.predicted_seconds, method=instr.method)
         return cls(choice, follower=follower, pinned=dev.pins)
 
     @property
@@ -615,7 +610,7 @@ class Pinning:
         events = [e.to_dict() for e in follower.events]
         # the pair it started with (from the events: a resumed run's first pick is its first run's)
         e = next(e for e in events if e["kind"] in ("start", "resume"))
-        choice = Choice(method, e["new_batch_size"], e["new_frequency_hz"], e["predicted_remaining_s"], None)
+        choice = Pick(e["new_batch_size"], e["new_frequency_hz"], e["predicted_remaining_s"], method=method)
         return Trained(
             result,
             state,
@@ -673,10 +668,6 @@ def fine_tune_step(
         return pinning.trained(result, state, dev.board)
 
 
-def _pick(choice: Choice) -> Pick:
-    return Pick(choice.batch_size, choice.frequency_hz, choice.predicted_seconds)
-
-
 # --- the round --------------------------------------------------------------------------------------
 
 
@@ -703,7 +694,9 @@ BENCH_STEPS_GROUP = "powerfed.round_steps"
 def needs_bench_steps(instr: TrainInstructions) -> bool:
     """Scale mode's predicted profiles and stand-in training, and the oracle's own-data search: what
     only the fleet runner and the benches ask a client for."""
-    return instr.stand_in or instr.profile_source == "predicted" or instr.method == ORACLE
+    return (
+        instr.stand_in or instr.profile_source == "predicted" or method_named(instr.method).searches_own_data
+    )
 
 
 def bench_round_steps(instr: TrainInstructions) -> RoundSteps:
@@ -788,10 +781,10 @@ def build_report(
 ) -> ClientReport:
     """The round's report. Only the power-aware method is charged for profiling it measured this round."""
     instr, result, choice, profile = work.instr, trained.result, trained.choice, profiled.profile
-    charged = instr.method == OURS and not profiled.cached and not trained.stand_in
+    charged = method_named(instr.method).power_aware and not profiled.cached and not trained.stand_in
     search, plan = chosen.search, profiled.plan
     point = profile.point(choice.batch_size, choice.frequency_hz)
-    peak = choice.profiled_peak_power_w or (point.peak_power_w if point is not None else 0.0)
+    peak = choice.peak_power_w or (point.peak_power_w if point is not None else 0.0)
     return ClientReport(
         device=work.settings.device,
         power_cap_w=work.cap_at_start,
@@ -862,10 +855,4 @@ def plan_round(
     relation = usable_relation(instr, train_examples)
     profiled = measured_profile_step(work, relation)
     fastest = select(profiled.profile, relation, work.cap_at_start, rule=instr.relation_rule)
-    return Plan(
-        fastest_seconds=fastest.predicted_seconds,
-        batch_size=fastest.batch_size,
-        frequency_hz=fastest.frequency_hz,
-        energy_j=fastest.predicted_energy_j,
-        profiling_seconds=0.0 if profiled.cached else float(profiled.profile.profiling_seconds or 0.0),
-    )
+    return Plan.of(fastest, 0.0 if profiled.cached else float(profiled.profile.profiling_seconds or 0.0))

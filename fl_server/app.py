@@ -47,6 +47,7 @@ from fl_server.run_config import (
 from powerctl.cache import cache_dir
 from powerctl.cliutil import say
 from powerctl.errors import PowerctlError
+from powerctl.methods import run_method_named
 from powerctl.relation import RelationVector
 from strategies.fleet import fleet_availability
 from strategies.methods import for_method
@@ -58,7 +59,7 @@ from strategies.population import (
     run_population,
 )
 from strategies.power_aware import NoClientReported, PowerAwareFedAvg
-from strategies.protocol import OURS, OURS_DEADLINE, TrainInstructions
+from strategies.protocol import TrainInstructions
 from strategies.rounds import RoundRecord
 
 if TYPE_CHECKING:
@@ -360,9 +361,7 @@ def run_method(
         fraction_train=cfg.fraction_train,
         fraction_evaluate=cfg.fraction_evaluate,
         min_available_nodes=cfg.min_nodes,
-        round_objective="energy-under-deadline"
-        if method == OURS_DEADLINE
-        else (cfg.round_objective if method == OURS else "time"),
+        round_objective=run_method_named(method).objective(cfg.round_objective),
         round_deadline_s=cfg.round_deadline_s,
         inner=sampled if log_draws is not None else None,
     )

@@ -13,41 +13,16 @@ None for the predicted values: a comparison says "not profiled" rather than gues
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any
 
 from powerctl.boards import BoardModel, board_model
 from powerctl.errors import InfeasibleCapError
+from powerctl.methods import ORACLE, OURS, PROXY_BATCH, STATE_OF_PRACTICE
+from powerctl.pick import Pick
 from powerctl.profile_table import Profile
 from powerctl.relation import RelationVector
-from powerctl.selection import Selection, check_power_cap, common_batch_sizes, predicted_seconds, select
-
-STATE_OF_PRACTICE = "state-of-practice"
-PROXY_BATCH = "proxy-batch"
-ORACLE = "oracle"
-OURS = "ours"
-
-
-@dataclass(frozen=True)
-class Baseline:
-    """A baseline's (b, f) and, where the profile and relation hold it, its predicted values."""
-
-    name: str
-    batch_size: int
-    frequency_hz: int
-    predicted_seconds: float | None
-    """T_N(b, f) · r_b under the relation given; None if the point is not profiled or r_b is unknown."""
-    peak_power_w: float | None
-    """Profiled peak power at (b, f); None if not profiled."""
-
-    def to_json_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "batch_size": self.batch_size,
-            "frequency_hz": self.frequency_hz,
-            "predicted_seconds": self.predicted_seconds,
-            "peak_power_w": self.peak_power_w,
-        }
+from powerctl.selection import check_power_cap, common_batch_sizes, predicted_seconds, select
 
 
 def predict(
@@ -63,14 +38,14 @@ def predict(
 
 def _make(
     name: str, profile: Profile, relation: RelationVector | None, batch_size: int, frequency_hz: int
-) -> Baseline:
+) -> Pick:
     point = profile.point(batch_size, frequency_hz)
-    return Baseline(
-        name=name,
-        batch_size=batch_size,
-        frequency_hz=frequency_hz,
+    return Pick(
+        batch_size,
+        frequency_hz,
         predicted_seconds=predict(profile, relation, batch_size, frequency_hz),
         peak_power_w=None if point is None else point.peak_power_w,
+        method=name,
     )
 
 
@@ -121,7 +96,7 @@ def state_of_practice(
     fixed_frequency_hz: int | None = None,
     *,
     relation: RelationVector | None = None,
-) -> Baseline:
+) -> Pick:
     """Baseline 1: the largest batch size that fits (= the largest profiled) at the fixed frequency cap."""
     hz = fixed_frequency(profile, power_cap_w, board, fixed_frequency_hz)
     return _make(STATE_OF_PRACTICE, profile, relation, max(profile.batch_sizes()), hz)
@@ -133,7 +108,7 @@ def proxy_batch(
     power_cap_w: float | None,
     board: BoardModel | None = None,
     fixed_frequency_hz: int | None = None,
-) -> Baseline:
+) -> Pick:
     """Baseline 2: the profiled batch size with the least samples to target on the proxy data (ties → the
     larger), at the fixed frequency cap. Batch sizes not profiled (out of memory) cannot be chosen."""
     hz = fixed_frequency(profile, power_cap_w, board, fixed_frequency_hz)
@@ -142,10 +117,9 @@ def proxy_batch(
     return _make(PROXY_BATCH, profile, relation, b, hz)
 
 
-def oracle(profile: Profile, target_relation: RelationVector, power_cap_w: float | None) -> Baseline:
+def oracle(profile: Profile, target_relation: RelationVector, power_cap_w: float | None) -> Pick:
     """The fastest configuration: Algorithm 1 with the relation measured on the target data itself."""
-    sel = select(profile, target_relation, power_cap_w)
-    return Baseline(ORACLE, sel.batch_size, sel.frequency_hz, sel.predicted_seconds, sel.peak_power_w)
+    return replace(select(profile, target_relation, power_cap_w), method=ORACLE)
 
 
 def _speedup(base: float | None, method: float | None) -> float | None:
@@ -171,14 +145,9 @@ def compare(
     relation measured on the target data.
     """
     cap = check_power_cap(power_cap_w)
-    method: Selection = select(profile, relation, cap)
-    makers: list[tuple[str, Callable[[], Baseline]]] = [
-        (
-            OURS,
-            lambda: Baseline(
-                OURS, method.batch_size, method.frequency_hz, method.predicted_seconds, method.peak_power_w
-            ),
-        ),
+    ours = replace(select(profile, relation, cap), method=OURS)
+    makers: list[tuple[str, Callable[[], Pick]]] = [
+        (OURS, lambda: ours),
         (
             STATE_OF_PRACTICE,
             lambda: state_of_practice(profile, cap, board, fixed_frequency_hz, relation=relation),
@@ -187,12 +156,12 @@ def compare(
     ]
     if target_relation is not None:
 
-        def _oracle() -> Baseline:
+        def _oracle() -> Pick:
             orc = oracle(profile, target_relation, cap)
             return _make(ORACLE, profile, relation, orc.batch_size, orc.frequency_hz)
 
         makers.append((ORACLE, _oracle))
-    method_target = predict(profile, target_relation, method.batch_size, method.frequency_hz)
+    method_target = predict(profile, target_relation, ours.batch_size, ours.frequency_hz)
     rows: list[dict[str, Any]] = []
     for name, make in makers:
         try:
@@ -200,9 +169,9 @@ def compare(
         except InfeasibleCapError as exc:  # one row says why; the others are still worth printing
             rows.append({"name": name, "infeasible": str(exc)})
             continue
-        row = b.to_json_dict()
+        row = {"name": name, **b.to_json_dict()}
         row["feasible"] = None if b.peak_power_w is None else (cap is None or b.peak_power_w <= cap)
-        row["speedup"] = _speedup(b.predicted_seconds, method.predicted_seconds)
+        row["speedup"] = _speedup(b.predicted_seconds, ours.predicted_seconds)
         if target_relation is not None:
             t = predict(profile, target_relation, b.batch_size, b.frequency_hz)
             row["predicted_seconds_target"] = t

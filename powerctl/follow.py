@@ -33,6 +33,7 @@ from powerctl.capsource import CapSource
 from powerctl.devices.base import Device, PowerSamples
 from powerctl.errors import InfeasibleCapError, PowerctlError
 from powerctl.guard import DEFAULT_TOLERANCE, DEFAULT_WINDOW, PowerGuard, StepDown
+from powerctl.pick import Pick
 
 DEFAULT_POLL_S = 1.0
 """How often a paused fine-tune reads its cap again (device seconds)."""
@@ -42,16 +43,6 @@ DEFAULT_PAUSE_TIMEOUT_S = 1800.0
 
 class CapPauseTimeout(PowerctlError):
     """No (b, f) fitted under the cap for longer than the pause time-out: training stops."""
-
-
-@dataclass(frozen=True)
-class Pick:
-    """What the method's rule picks for a cap: the pair, and its predicted seconds for the whole way
-    to the target (T_N · r_b; None when the pair was not profiled)."""
-
-    batch_size: int
-    frequency_hz: int
-    predicted_seconds: float | None = None
 
 
 Chooser = Callable[[float | None], Pick]

@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from powerctl.jsonfile import write_json
+from powerctl.pick import Pick
 from powerctl.profile_table import Profile
 from powerctl.relation import RelationVector
-from powerctl.selection import Selection, candidates, check_power_cap, rank, select
+from powerctl.selection import candidates, check_power_cap, rank, select
 
 PARETO_SCHEMA = "powerctl.pareto/1"
 
@@ -24,14 +25,14 @@ PARETO_SCHEMA = "powerctl.pareto/1"
 class Front:
     """Every feasible pair, the non-dominated ones (fastest first) and the two optima."""
 
-    pairs: list[Selection]
-    front: list[Selection]
-    fastest: Selection
-    most_frugal: Selection
+    pairs: list[Pick]
+    front: list[Pick]
+    fastest: Pick
+    most_frugal: Pick
     power_cap_w: float | None
 
     def to_json_dict(self, profile: Profile, relation: RelationVector) -> dict[str, Any]:
-        def point(s: Selection) -> dict[str, Any]:
+        def point(s: Pick) -> dict[str, Any]:
             return {**s.to_json_dict(with_energy=True)}
 
         return {
@@ -61,7 +62,7 @@ def pareto_front(profile: Profile, relation: RelationVector, power_cap_w: float 
     ordered = sorted(
         pairs, key=lambda s: (s.predicted_seconds, s.predicted_energy_j, -s.batch_size, s.frequency_hz)
     )
-    front: list[Selection] = []
+    front: list[Pick] = []
     for s in ordered:
         if not front or s.predicted_energy_j < front[-1].predicted_energy_j:
             front.append(s)

@@ -28,9 +28,10 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from powerctl.errors import FileFormatError, InfeasibleCapError
 from powerctl.outputs import plot_format, replacing
+from powerctl.pick import Pick
 from powerctl.profile_table import Profile, ProfilePoint
 from powerctl.relation import RelationVector
-from powerctl.selection import Selection, check_power_cap, common_batch_sizes, select
+from powerctl.selection import check_power_cap, common_batch_sizes, select
 
 SELECTION_GID = "selection"
 """The gid of the star that marks the selected pair (tests and callers find it by this)."""
@@ -92,7 +93,7 @@ def _heatmap(
     cmap: str,
     fmt: Callable[[float], str],
     cap: float | None,
-    selection: Selection | None,
+    selection: Pick | None,
     log: bool = False,
 ) -> tuple[Axes, list[Artist]]:
     """One annotated heat map: rows = batch sizes (categorical), columns = frequencies in MHz. Returns
@@ -237,7 +238,7 @@ def _heatmap(
 
 
 def _peak_power_map(
-    fig: FigureBase, grid: _Grid, title: str, cap: float | None, selection: Selection | None = None
+    fig: FigureBase, grid: _Grid, title: str, cap: float | None, selection: Pick | None = None
 ) -> tuple[Axes, list[Artist]]:
     return _heatmap(
         fig,
@@ -272,7 +273,7 @@ def profile_figures(
     *,
     power_cap_w: float | None = None,
     relation: RelationVector | None = None,
-    selection: Selection | None = None,
+    selection: Pick | None = None,
 ) -> dict[str, Figure]:
     """The figures, by file stem, before saving (so callers and tests can inspect them).
 
@@ -351,7 +352,7 @@ def plot_profile(
     *,
     power_cap_w: float | None = None,
     relation: RelationVector | None = None,
-    selection: Selection | None = None,
+    selection: Pick | None = None,
 ) -> list[Path]:
     """Write peak_power.png, time.png (and predicted_time_to_target.png, a heat map of T_N·r_b, with a
     relation) into out_dir: the measured time-to-accuracy curves are the fleet's time_to_accuracy.png."""

@@ -22,12 +22,12 @@ Two rules read the relation (`rule`):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from powerctl.capsource import InvalidPowerCapError as InvalidPowerCapError  # re-exported: API users catch it
 from powerctl.capsource import parse_power_cap
 from powerctl.errors import ArgumentError, FileFormatError, InfeasibleCapError, PowerctlError
+from powerctl.pick import Pick
 from powerctl.profile_table import Profile, ProfilePoint
 from powerctl.relation import RelationVector
 
@@ -37,32 +37,6 @@ OBJECTIVES: tuple[str, ...] = ("time", "energy")
 RELATION_RULES: tuple[str, ...] = ("mean", "robust")
 """How selection reads the relation vector: its mean (Algorithm 1) or every seed's (least mean regret)."""
 DEFAULT_RELATION_RULE = "mean"
-
-
-@dataclass(frozen=True)
-class Selection:
-    """The chosen (b, f): what the client pins, and what the choice predicts."""
-
-    batch_size: int
-    frequency_hz: int
-    predicted_seconds: float
-    """T_N(b, f) · r_b: predicted seconds to the target accuracy, in units of the profile's N samples."""
-    peak_power_w: float
-    predicted_energy_j: float = math.nan
-    """E_N(b, f) · r_b: predicted joules to the target (profile mean power × T_N · r_b)."""
-
-    def to_json_dict(self, *, with_energy: bool = False) -> dict[str, Any]:
-        """The `select --json` object (docs/reference/files.md): exactly four keys, plus `predicted_energy_j`
-        when asked (the energy objective)."""
-        d = {
-            "batch_size": self.batch_size,
-            "frequency_hz": self.frequency_hz,
-            "predicted_seconds": self.predicted_seconds,
-            "peak_power_w": self.peak_power_w,
-        }
-        if with_energy:
-            d["predicted_energy_j"] = self.predicted_energy_j
-        return d
 
 
 def check_power_cap(power_cap_w: float | None) -> float | None:
@@ -145,13 +119,13 @@ def _order_key(objective: Objective) -> Any:
     return lambda s: (s.predicted_seconds, -s.batch_size, s.frequency_hz)
 
 
-def candidates(profile: Profile, relation: RelationVector, power_cap_w: float | None) -> list[Selection]:
+def candidates(profile: Profile, relation: RelationVector, power_cap_w: float | None) -> list[Pick]:
     """Every feasible pair with a relation entry, with its predicted time and energy, in profile order."""
     cap = check_power_cap(power_cap_w)
     r = relation.as_map()
     common = set(common_batch_sizes(profile, relation))
     return [
-        Selection(
+        Pick(
             p.batch_size,
             p.frequency_hz,
             predicted_seconds(p, r[p.batch_size]),
@@ -195,7 +169,7 @@ def rank(
     power_cap_w: float | None,
     objective: str = "time",
     rule: str = DEFAULT_RELATION_RULE,
-) -> list[Selection]:
+) -> list[Pick]:
     """Every feasible pair with a relation entry, best first for `objective` under `rule` (empty if none
     is feasible); ties of the robust rule's regret fall back to the mean rule's order."""
     if not isinstance(profile, Profile):
@@ -224,10 +198,10 @@ def select(
     rule: str = DEFAULT_RELATION_RULE,
     *,
     allow_mismatch: bool = False,
-) -> Selection:
+) -> Pick:
     """Algorithm 1: the feasible pair with the least T_N·r_b (or E_N·r_b for `objective="energy"`);
     `rule="robust"`: the least mean regret over the seeds' vectors (see the module's docstring). The
-    Selection's predictions are the mean vector's either way. None feasible → one InfeasibleCapError
+    Pick's predictions are the mean vector's either way. None feasible → one InfeasibleCapError
     line. A relation vector of another model or input than the profile is one MismatchError line
     (`check_pairing`; `allow_mismatch`: combined anyway, as `powerctl select --allow-mismatch`)."""
     ranked = rank(profile, relation, power_cap_w, objective, rule)
@@ -279,7 +253,7 @@ def select_under_deadline(
     power_cap_w: float | None,
     deadline_s: float,
     rule: str = DEFAULT_RELATION_RULE,
-) -> tuple[Selection, bool]:
+) -> tuple[Pick, bool]:
     """The feasible pair with the least predicted energy whose predicted time meets `deadline_s`, and
     True; when none meets it, the fastest feasible pair (Algorithm 1 under `rule`) and False. No feasible
     pair: the InfeasibleCapError line of `select`."""

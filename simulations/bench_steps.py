@@ -17,7 +17,6 @@ import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from fl_client.methods import Choice
 from fl_client.round import (
     Chosen,
     ClientWorkError,
@@ -36,6 +35,8 @@ from fl_client.round import (
 from powerctl.boards import board_model
 from powerctl.capsource import ConstantCap
 from powerctl.devices.simulated import SimulatedBoard, predicted_profile, replay_cost, step_cost
+from powerctl.methods import ORACLE, method_named
+from powerctl.pick import Pick
 from powerctl.profile_table import Profile
 from powerctl.relation import RelationVector
 from powerctl.selection import best_frequency_per_batch
@@ -43,14 +44,16 @@ from powerctl.workload import Workload
 from powerfed.training.crossing import run_dense
 from powerfed.training.finetune import FineTuneResult, evaluate_with_loss
 from powerfed.training.models import build_model, get_model_spec, model_workload
-from strategies.protocol import ORACLE, TrainInstructions
+from strategies.protocol import TrainInstructions
 
 
 def round_steps(instr: TrainInstructions) -> RoundSteps:
     """The steps the instructions ask for (the entry point `powerfed.round_steps:fleet`)."""
     return RoundSteps(
         profile=predicted_profile_step if instr.profile_source == "predicted" else measured_profile_step,
-        choose=oracle_search if instr.method == ORACLE and not instr.stand_in else method_step,
+        choose=oracle_search
+        if method_named(instr.method).searches_own_data and not instr.stand_in
+        else method_step,
         train=stand_in_step if instr.stand_in else fine_tune_step,
     )
 
@@ -132,7 +135,7 @@ def oracle_search(work: RoundWork, profile: Profile, relation: RelationVector, t
 
 @dataclass(frozen=True)
 class PinnedRule:
-    """A fixed pair whatever the cap (the oracle's search runs, a bench's policy)."""
+    """A rule that picks a fixed pair whatever the cap (the oracle's search runs, a bench's policy)."""
 
     batch_size: int
     frequency_hz: int
@@ -140,8 +143,8 @@ class PinnedRule:
     relation: RelationVector
     method: str = ORACLE
 
-    def __call__(self, power_cap_w: float | None) -> Choice:
-        return Choice(self.method, self.batch_size, self.frequency_hz, None, None)
+    def __call__(self, power_cap_w: float | None) -> Pick:
+        return Pick(self.batch_size, self.frequency_hz, method=self.method)
 
 
 def stand_in_step(work: RoundWork, rule: Rule) -> Trained:

@@ -35,16 +35,16 @@ from fl_client.round import (
 )
 from powerctl.baselines import predict
 from powerctl.jsonfile import write_json
+from powerctl.methods import METHODS, OURS, method_named
 from simulations.bench_steps import oracle_search
 from simulations.demo_config import DEMO_NODE, DemoConfig
-from strategies.protocol import METHODS, ORACLE, OURS, STATE_OF_PRACTICE
 
 if TYPE_CHECKING:
     from fl_server.run_config import ServerConfig
 
 DEMO_SCHEMA = "simulations.demo/2"
-ORDER = (ORACLE, OURS, *(m for m in METHODS if m not in (ORACLE, OURS)))
-"""The oracle first: its search measures the pairs the others most often pick."""
+ORDER = tuple(sorted(METHODS, key=lambda m: not method_named(m).searches_own_data))
+"""The oracle first: its search measures the pairs the others most often pick (the others as declared)."""
 
 
 Say = Callable[[str], None]
@@ -156,17 +156,17 @@ def run_demo(cfg: DemoConfig, out: Path, say: Say = say_on_stderr) -> dict[str, 
         say(f"{method}:")
         steps = RoundSteps(
             profile=lambda _w, _r: profiled,
-            choose=oracle_search if method == ORACLE else method_step,
+            choose=oracle_search if method_named(method).searches_own_data else method_step,
             train=shared,
         )
         outcomes[method] = run_round(replace(work, instr=replace(work.instr, method=method)), steps)
     rows = [_row(m, outcomes[m], profiled, relation) for m in METHODS]
-    sop = next(r for r in rows if r["strategy"] == STATE_OF_PRACTICE)
+    sop = next(r for r in rows if method_named(r["strategy"]).reference)
     for r in rows:
         r["speedup_vs_state_of_practice"] = (
             sop["device_seconds"] / r["device_seconds"] if r["reached"] and sop["reached"] else None
         )
-    search = outcomes[ORACLE].chosen.search
+    search = next(o.chosen.search for m, o in outcomes.items() if method_named(m).searches_own_data)
     assert search is not None
     results = {
         "schema": DEMO_SCHEMA,

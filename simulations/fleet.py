@@ -21,7 +21,7 @@ from fl_client.node import FleetEntry, NodeConfigError, parse_fleet_groups, read
 from powerctl.mapping import Custom, MappingReader, mapping_reader, must_be
 from strategies.fleet import not_simulated
 from strategies.population import Population, PopulationError, check_population, run_population
-from strategies.settings import APP_FILE, DATASET, OURS_DEADLINE, RUN_METHODS, SETTINGS, RunSettings
+from strategies.settings import APP_FILE, DATASET, METHODS, RUN_METHODS, SETTINGS, RunSettings
 
 PLACES: dict[str, str | dict[str, str]] = {
     "rounds": "num-server-rounds",
@@ -73,7 +73,7 @@ RUN_KEYS = {
     "profile-cache",
 }
 """The run config keys a fleet run passes to Flower (the others: pyproject's, which are the declared)."""
-FLEET_METHODS = [m for m in RUN_METHODS if m != OURS_DEADLINE]
+FLEET_METHODS = list(METHODS)
 """A fleet file compares methods: without `methods`, every client method (the run config's default,
 `ours` alone, is for one run)."""
 

@@ -15,9 +15,9 @@ from typing import Any
 
 from fl_server.results import profiled_as, profiling_share
 from powerctl.jsonfile import write_json
+from powerctl.methods import run_method_named
 from simulations.fleet import FleetSpec
 from strategies.population import POPULATION_FILE
-from strategies.protocol import OURS, OURS_DEADLINE, STATE_OF_PRACTICE
 
 FLEET_SCHEMA = "simulations.fleet/1"
 SOP_DEFINITION = (
@@ -110,7 +110,7 @@ def method_summary(
 
 def add_ratios(summaries: list[dict[str, Any]]) -> None:
     """speedup = state of practice's time to target / the method's; energy ratio = method's / SoP's."""
-    sop = next((s for s in summaries if s["method"] == STATE_OF_PRACTICE), None)
+    sop = next((s for s in summaries if run_method_named(s["method"]).method.reference), None)
     for s in summaries:
         s["speedup_vs_sop"] = s["energy_vs_sop"] = None
         if sop is None:
@@ -318,7 +318,11 @@ def choices_table(results: dict[str, Any]) -> list[str]:
         n = len(rs)
         peaks = [r["peak_power_w"] for r in rs if r["peak_power_w"] is not None]
         prof = sum(r["profiling_seconds"] for r in rs) / n
-        ways = "/".join(sorted({profiled_as(r) for r in rs})) if method in (OURS, OURS_DEADLINE) else "-"
+        ways = (
+            "/".join(sorted({profiled_as(r) for r in rs}))
+            if run_method_named(method).method.power_aware
+            else "-"
+        )
         secs = sum(r["device_seconds"] for r in rs) / n
         joules = sum(r["energy_j"] or 0 for r in rs) / n
         lines.append(

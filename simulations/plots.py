@@ -8,6 +8,7 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from powerctl.methods import method_named
 from powerctl.plot import save_figure, short_number
 
 COLOURS = {"ours": "#1b9e77", "state-of-practice": "#d95f02", "proxy-batch": "#7570b3", "oracle": "#666666"}
@@ -44,7 +45,8 @@ def plot_strategies(
     bars.tick_params(axis="x", labelrotation=15)
     bars.set_title("time to accuracy (measured)")
     seen: dict[tuple[int, int], str] = {}
-    for r in sorted(rows, key=lambda r: r["strategy"] == "oracle"):  # the oracle last, dashed on top
+    # the oracle last, dashed on top
+    for r in sorted(rows, key=lambda r: method_named(r["strategy"]).searches_own_data):
         pair = (r["batch_size"], r["frequency_hz"])
         same = f", same run as {seen[pair]}" if pair in seen else ""
         seen.setdefault(pair, r["strategy"])

@@ -1,7 +1,7 @@
 """Which method each node runs and whether it trains the real model (scale mode), per round.
 
 The method travels to the client in its `TrainInstructions`; the client chooses (b, f) with it
-(`fl_client.methods`). In scale mode only a share of the clients fine-tune the real model, spread
+(`powerctl.methods`). In scale mode only a share of the clients fine-tune the real model, spread
 evenly over partition ids; the others run the cheap stand-in (`fl_client.round`).
 """
 
@@ -10,8 +10,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from powerctl.methods import run_method_named
 from strategies.power_aware import NodeInstructions
-from strategies.protocol import OURS, OURS_DEADLINE, TrainInstructions
+from strategies.protocol import TrainInstructions
 from strategies.rounds import NodeInfo
 
 
@@ -25,8 +26,9 @@ def trains_real_model(partition_id: int | None, real_share: float) -> bool:
 
 def for_method(method: str, real_share: float = 1.0) -> NodeInstructions:
     """Node instructions that run `method` on every node, the real model on `real_share` of them
-    (`ours-deadline` is ours on the client; the deadline comes from the strategy)."""
-    client_method = OURS if method == OURS_DEADLINE else method
+    (a run method names the client method it runs, e.g. `ours-deadline` is ours on the client; the
+    deadline comes from the strategy)."""
+    client_method = run_method_named(method).client_method
 
     def instruct(node: NodeInfo, server_round: int, base: TrainInstructions) -> TrainInstructions:
         return dataclasses.replace(

@@ -34,27 +34,30 @@ from powerctl.mapping import (
     is_number,
     must_be,
 )
-from powerctl.relation import RelationVector
-from powerfed.training.lr import scaled_lr
-from strategies.settings import (
-    BOTH,
+from powerctl.methods import (
     METHODS,
     ORACLE,
     OURS,
     OURS_DEADLINE,
-    PROFILE_ORDERS,
-    PROFILE_SOURCES,
     PROXY_BATCH,
     ROUND_OBJECTIVES,
     RUN_METHODS,
     STATE_OF_PRACTICE,
+)
+from powerctl.pick import Pick
+from powerctl.relation import RelationVector
+from powerfed.training.lr import scaled_lr
+from strategies.settings import (
+    BOTH,
+    PROFILE_ORDERS,
+    PROFILE_SOURCES,
     setting_fields,
     settings_of,
     to_config,
     with_settings,
 )
 
-__all__ = [  # the method and profile names both sides use, declared with the settings
+__all__ = [  # the method names both sides use (the registry's, powerctl.methods) and the profile names
     "METHODS",
     "ORACLE",
     "OURS",
@@ -149,7 +152,7 @@ class TrainInstructions:
     power_cap_w: float | None = None
     """A cap the server sets for this node this round; None: the node's own (node config) cap."""
     method: str = OURS
-    """How the client chooses (b, f) this round: one of METHODS (powerctl.baselines for the baselines)."""
+    """How the client chooses (b, f) this round: one of METHODS (`powerctl.methods`)."""
     stand_in: bool = False
     """Scale mode: this client runs the cheap stand-in (no training; the board model charges the proxy's
     samples to target at the chosen pair) instead of fine-tuning the real model."""
@@ -581,6 +584,24 @@ class Plan:
     frequency_hz: int
     energy_j: float
     profiling_seconds: float = 0.0
+
+    @classmethod
+    def of(cls, fastest: Pick, profiling_seconds: float = 0.0) -> Plan:
+        """The plan that reports `fastest` (Algorithm 1's pick under the node's cap)."""
+        return cls(
+            fastest_seconds=float(fastest.predicted_seconds),
+            batch_size=fastest.batch_size,
+            frequency_hz=fastest.frequency_hz,
+            energy_j=float(fastest.predicted_energy_j),
+            profiling_seconds=profiling_seconds,
+        )
+
+    @property
+    def pick(self) -> Pick:
+        """The fastest pair the plan reports, as a pick."""
+        return Pick(
+            self.batch_size, self.frequency_hz, self.fastest_seconds, predicted_energy_j=self.energy_j
+        )
 
     def to_config(self) -> ConfigRecord:
         return ConfigRecord({k.replace("_", "-"): v for k, v in asdict(self).items()})

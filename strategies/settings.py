@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from powerctl.baselines import ORACLE, OURS, PROXY_BATCH, STATE_OF_PRACTICE
 from powerctl.cliutil import MAX_BATCH_SIZE, MAX_COUNT, MAX_ROUNDS, MAX_SEED, MAX_STEPS, kind_type
 from powerctl.errors import PowerctlError
 from powerctl.follow import DEFAULT_PAUSE_TIMEOUT_S, DEFAULT_POLL_S
@@ -40,6 +39,8 @@ from powerctl.mapping import (
     distinct_names,
     must_be,
 )
+from powerctl.methods import METHODS as METHODS  # the registry's names (powerctl.methods), re-exported
+from powerctl.methods import ROUND_OBJECTIVES, RUN_METHODS
 from powerctl.relation import VECTORS
 from powerctl.selection import RELATION_RULES
 from powerfed.training.lr import LR_RULES
@@ -62,14 +63,6 @@ PROFILE_ORDERS = ("efficient", "grid", "fitted")
 grid (every pair), fitted (a few points, a fit, and measurements confirming the choice)."""
 PROFILE_SOURCES = ("measured", "predicted")
 """measured: profile the device (cached); predicted: a simulated board's model profile (no device time)."""
-METHODS = (OURS, STATE_OF_PRACTICE, PROXY_BATCH, ORACLE)
-"""How a client chooses (b, f): the power-aware method, or one of powerctl.baselines' baselines."""
-OURS_DEADLINE = "ours-deadline"
-RUN_METHODS = (*METHODS, OURS_DEADLINE)
-"""What a run compares: the client methods, and `ours-deadline` = ours with energy-under-deadline
-rounds (the server sets a deadline; each client picks its least-energy pair that meets it)."""
-ROUND_OBJECTIVES = ("time", "energy-under-deadline")
-"""time: every client its fastest pair (the paper); energy-under-deadline: see `OURS_DEADLINE`."""
 PARTITION_SCHEMES = ("iid", "dirichlet")
 FAULT_KINDS = ("raise", "hang", "kill")
 """Injected failures (soak tests only, `fl_client.faults`)."""

@@ -3,23 +3,17 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from powerctl.baselines import (
-    ORACLE,
-    PROXY_BATCH,
-    STATE_OF_PRACTICE,
-    Baseline,
-    compare,
-    oracle,
-    proxy_batch,
-    state_of_practice,
-)
+from powerctl.baselines import compare, oracle, proxy_batch, state_of_practice
 from powerctl.boards import board_model
 from powerctl.errors import DeviceError, InfeasibleCapError
+from powerctl.methods import ORACLE, PROXY_BATCH, STATE_OF_PRACTICE
+from powerctl.pick import Pick
 from powerctl.profile_table import Profile, ProfilePoint
 from powerctl.relation import RelationVector
 from powerctl.selection import select
@@ -54,7 +48,7 @@ def test_state_of_practice_on_a_nano_at_5_w() -> None:
     profile = nano_grid([8, 32, 128])
     relation = make_relation({8: 3000.0, 32: 2000.0, 128: 4000.0})
     base = state_of_practice(profile, 5.0, relation=relation)
-    assert (base.name, base.batch_size, base.frequency_hz) == (STATE_OF_PRACTICE, 128, NANO_5W)
+    assert (base.method, base.batch_size, base.frequency_hz) == (STATE_OF_PRACTICE, 128, NANO_5W)
     p = profile.point(128, NANO_5W)
     assert base.peak_power_w == p.peak_power_w
     assert base.predicted_seconds == pytest.approx(p.seconds_for_samples * 1.0)  # r_128 = 1: largest batch
@@ -102,7 +96,7 @@ def test_proxy_batch_takes_the_least_samples_among_profiled_batch_sizes() -> Non
     profile = nano_grid([8, 16, 32, 64])  # 128 and 256 did not fit in memory
     relation = make_relation({8: 5000.0, 16: 3000.0, 32: 3500.0, 64: 4000.0, 128: 6000.0, 256: 1000.0})
     base = proxy_batch(profile, relation, 5.0)
-    assert (base.name, base.batch_size, base.frequency_hz) == (PROXY_BATCH, 16, NANO_5W)
+    assert (base.method, base.batch_size, base.frequency_hz) == (PROXY_BATCH, 16, NANO_5W)
     p = profile.point(16, NANO_5W)
     assert base.predicted_seconds == pytest.approx(
         p.seconds_for_samples * 3000.0 / 1000.0
@@ -124,9 +118,7 @@ def test_oracle_is_select_with_the_target_relation() -> None:
     for cap in (3.0, 4.0, 5.0, 7.0, None):
         orc = oracle(profile, target, cap)
         sel = select(profile, target, cap)
-        assert orc == Baseline(
-            ORACLE, sel.batch_size, sel.frequency_hz, sel.predicted_seconds, sel.peak_power_w
-        )
+        assert orc == replace(sel, method=ORACLE)
 
 
 @st.composite
@@ -213,14 +205,16 @@ def test_compare_without_target_has_no_oracle_and_handles_unprofiled_baselines()
 
 
 def test_baseline_json() -> None:
-    b = Baseline(STATE_OF_PRACTICE, 128, 614_400_000, None, None)
+    b = Pick(128, 614_400_000, method=STATE_OF_PRACTICE)
     assert b.to_json_dict() == {
-        "name": STATE_OF_PRACTICE,
         "batch_size": 128,
         "frequency_hz": 614_400_000,
         "predicted_seconds": None,
         "peak_power_w": None,
     }
+    rows = compare(nano_grid([16, 128]), make_relation({16: 1.0, 128: 1.0}), 5.0)
+    keys = ["name", "batch_size", "frequency_hz", "predicted_seconds", "peak_power_w"]
+    assert all(list(r)[:5] == keys for r in rows)  # the name first, then the pick's four keys
 
 
 def test_hand_built_comparison() -> None:

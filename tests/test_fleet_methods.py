@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from fl_client.local_data import data_plan, load_local_data
-from fl_client.methods import choose
 from fl_client.node import resolve_node
 from fl_client.round import train_round
 from powerctl.baselines import oracle, proxy_batch, state_of_practice
 from powerctl.boards import board_model
 from powerctl.devices.simulated import predicted_profile, replay_cost
+from powerctl.methods import ORACLE, method_named
 from powerctl.relation import RelationVector
 from powerctl.selection import select
 from powerfed.training.models import build_model, model_workload
@@ -112,9 +112,9 @@ def _workload():
     return model_workload("cnn-tiny", build_model("cnn-tiny", 10, seed=0), 10)
 
 
-def test_choose_refuses_an_oracle_without_its_measurements() -> None:
+def test_the_oracle_refuses_to_choose_without_its_measurements() -> None:
     with pytest.raises(Exception, match="own data"):
-        choose("oracle", _predicted([8, 16]), instructions().relation(), CAP_W)
+        method_named(ORACLE).choose(_predicted([8, 16]), instructions().relation(), CAP_W)
 
 
 def test_a_share_of_partitions_trains_the_real_model_spread_evenly() -> None:

@@ -15,7 +15,8 @@ from powerctl.capsource import ConstantCap, ScheduleCap
 from powerctl.devices import open_device
 from powerctl.devices.simulated import SimulatedBoard
 from powerctl.errors import InfeasibleCapError
-from powerctl.follow import CapFollower, CapPauseTimeout, Pick
+from powerctl.follow import CapFollower, CapPauseTimeout
+from powerctl.pick import Pick
 from powerfed.training.data import Dataset
 from powerfed.training.finetune import fine_tune
 from powerfed.training.models import build_model

@@ -12,13 +12,13 @@ from hypothesis import strategies as st
 from powerctl.cli import main as powerctl
 from powerctl.errors import InfeasibleCapError
 from powerctl.pareto import PARETO_SCHEMA, pareto_front, write_front
+from powerctl.pick import Pick
 from powerctl.profile_table import Profile
 from powerctl.relation import RelationVector
-from powerctl.selection import Selection
 from tests.test_selection import MHZ, energy_point, make_profile, make_relation, profiles
 
 
-def dominates(a: Selection, b: Selection) -> bool:
+def dominates(a: Pick, b: Pick) -> bool:
     """`a` is at least as fast and as frugal as `b`, and strictly better in one (the definition)."""
     return (
         a.predicted_seconds <= b.predicted_seconds
@@ -105,8 +105,8 @@ def test_pareto_json_holds_the_front_and_the_png_is_written(tmp_path: Path) -> N
     paths = write_front(front, profile, relation, tmp_path / "f")
     assert [p.name for p in paths] == ["pareto.json", "pareto.png"]
     doc = json.loads(paths[0].read_text())
-    front_back = [Selection(**d) for d in doc["front"]]
-    assert (front_back, Selection(**doc["time_optimal"]), Selection(**doc["energy_optimal"])) == (
+    front_back = [Pick(**d) for d in doc["front"]]
+    assert (front_back, Pick(**doc["time_optimal"]), Pick(**doc["energy_optimal"])) == (
         front.front,
         front.fastest,
         front.most_frugal,

@@ -11,10 +11,11 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from powerctl.errors import FileFormatError
+from powerctl.pick import Pick
 from powerctl.plot import BOUNDARY_GID, SELECTION_CELL_GID, SELECTION_GID, plot_profile, profile_figures
 from powerctl.profile_table import Profile
 from powerctl.relation import RelationVector
-from powerctl.selection import Selection, select
+from powerctl.selection import select
 from tests.test_selection import MHZ, make_profile, make_relation, point
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -72,9 +73,7 @@ def test_writes_valid_pngs(tmp_path: Path) -> None:
 
 def test_given_selection_is_marked_in_its_cell_on_every_map() -> None:
     profile, relation = sample()
-    sel = Selection(
-        32, 100 * MHZ, 100.0, 4.0
-    )  # not what select would pick: the plot must mark what it is given
+    sel = Pick(32, 100 * MHZ, 100.0, 4.0)  # not what select would pick: the plot must mark what it is given
     figs = profile_figures(profile, power_cap_w=5.0, relation=relation, selection=sel)
     assert set(figs) == {"peak_power", "time", "predicted_time_to_target"}
     for fig in figs.values():
@@ -150,7 +149,7 @@ def test_ticks_titles_and_colorbar_units() -> None:
 def test_selection_not_in_the_profile_is_a_one_line_error() -> None:
     profile, _ = sample()
     with pytest.raises(FileFormatError, match="not a profiled point"):
-        profile_figures(profile, selection=Selection(8, 300 * MHZ, 1.0, 1.0))
+        profile_figures(profile, selection=Pick(8, 300 * MHZ, 1.0, 1.0))
 
 
 def test_time_to_accuracy_rows_are_the_common_batch_sizes() -> None:

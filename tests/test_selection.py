@@ -13,11 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from powerctl.errors import FileFormatError, InfeasibleCapError, PowerctlError
+from powerctl.pick import Pick
 from powerctl.profile_table import Profile, ProfilePoint
 from powerctl.relation import RelationVector
 from powerctl.selection import (
     InvalidPowerCapError,
-    Selection,
     best_frequency_per_batch,
     common_batch_sizes,
     mean_regret,
@@ -359,8 +359,8 @@ def test_best_frequency_per_batch_worked() -> None:
     assert best_frequency_per_batch(profile, 2.0) == {}
 
 
-def test_selection_is_frozen() -> None:
-    sel = Selection(8, 100, 1.0, 2.0)
+def test_a_pick_is_frozen() -> None:
+    sel = Pick(8, 100, 1.0, 2.0)
     with pytest.raises(AttributeError):
         sel.batch_size = 16  # type: ignore[misc]
 

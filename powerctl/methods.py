@@ -1,0 +1,195 @@
+"""The methods: how a client chooses (b, f), and what a run compares. One object per method, one registry.
+
+A client method (`Method`) is a name, its rule (profile, relation, cap, context → `Pick`) and what the
+rest of the project asks of it instead of comparing names:
+
+- `power_aware`: ours. Its profiling is its own cost: charged to its round and held to the profiling
+  budget (`fl_client.round`); it takes a round deadline (energy-under-deadline rounds).
+- `searches_own_data`: the oracle. It selects with samples to target measured on the client's own
+  data (`MethodContext.target_relation`), which a search finds (`simulations.bench_steps`).
+- `reference`: the state of practice, the denominator of every ratio a comparison reports.
+
+A run method (`RunMethod`) is what a run's `methods` setting names: a client method, and the round
+objective the server runs it under (`ours-deadline` is ours with energy-under-deadline rounds).
+
+The rules call the selection and the baselines (`powerctl.selection`, `powerctl.baselines`), where all
+the math stays. `register_method` adds a method of one's own to this process's registry (a client's
+instructions still name only the built-ins: a registered method does not travel).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+from powerctl.errors import PowerctlError
+from powerctl.pick import Pick
+from powerctl.selection import DEFAULT_RELATION_RULE, select, select_under_deadline
+
+if TYPE_CHECKING:
+    from powerctl.profile_table import Profile
+    from powerctl.relation import RelationVector
+
+OURS = "ours"
+STATE_OF_PRACTICE = "state-of-practice"
+PROXY_BATCH = "proxy-batch"
+ORACLE = "oracle"
+OURS_DEADLINE = "ours-deadline"
+
+TIME = "time"
+ENERGY_UNDER_DEADLINE = "energy-under-deadline"
+ROUND_OBJECTIVES: tuple[str, ...] = (TIME, ENERGY_UNDER_DEADLINE)
+"""time: every client its fastest pair (the paper); energy-under-deadline: each power-aware client its
+least-energy pair that meets the round's deadline (docs/design/deadline-rounds.md)."""
+
+
+@dataclass(frozen=True)
+class MethodContext:
+    """What a rule may read besides the profile, the relation and the cap."""
+
+    target_relation: RelationVector | None = None
+    """Samples to target measured on the client's own data (the oracle's; None: not measured)."""
+    deadline_s: float = 0.0
+    """The round's deadline in device seconds (0: none); only a power-aware method reads it."""
+    relation_rule: str = DEFAULT_RELATION_RULE
+    """How a power-aware method reads the relation (`powerctl.selection.RELATION_RULES`)."""
+
+
+Rule = Callable[["Profile", "RelationVector", "float | None", MethodContext], Pick]
+"""A method's rule: (profile, relation, power cap in W or None, context) → the pair it picks; a cap
+nothing meets is one InfeasibleCapError line."""
+
+
+@dataclass(frozen=True)
+class Method:
+    """A client method: its name, its rule, and what it is (see the module doc)."""
+
+    name: str
+    rule: Rule = field(repr=False, compare=False)
+    power_aware: bool = False
+    searches_own_data: bool = False
+    reference: bool = False
+
+    def choose(
+        self,
+        profile: Profile,
+        relation: RelationVector,
+        power_cap_w: float | None,
+        context: MethodContext | None = None,
+    ) -> Pick:
+        """The (b, f) this method picks for this profile and cap, its `method` set to this name."""
+        return replace(
+            self.rule(profile, relation, power_cap_w, context or MethodContext()), method=self.name
+        )
+
+
+@dataclass(frozen=True)
+class RunMethod:
+    """What a run compares: a client method, run under a round objective."""
+
+    name: str
+    client_method: str
+    round_objective: str | None = None
+    """The round objective it always runs under; None: the run's `round-objective` setting for a
+    power-aware method, time for the others."""
+
+    @property
+    def method(self) -> Method:
+        return method_named(self.client_method)
+
+    def objective(self, configured: str) -> str:
+        """The round objective of a run of this method whose `round-objective` setting is `configured`."""
+        if self.round_objective is not None:
+            return self.round_objective
+        return configured if self.method.power_aware else TIME
+
+
+# --- the built-ins' rules ------------------------------------------------------------------------------
+def _ours(profile: Profile, relation: RelationVector, cap: float | None, ctx: MethodContext) -> Pick:
+    """Algorithm 1 under the relation rule; with a deadline (> 0) the least-energy pair predicted to meet
+    it, else the fastest pair."""
+    if ctx.deadline_s > 0:
+        pick, met = select_under_deadline(profile, relation, cap, ctx.deadline_s, ctx.relation_rule)
+        return replace(pick, meets_deadline=met)
+    return select(profile, relation, cap, rule=ctx.relation_rule)
+
+
+def _state_of_practice(
+    profile: Profile, relation: RelationVector, cap: float | None, _: MethodContext
+) -> Pick:
+    from powerctl.baselines import state_of_practice
+
+    return state_of_practice(profile, cap, relation=relation)
+
+
+def _proxy_batch(profile: Profile, relation: RelationVector, cap: float | None, _: MethodContext) -> Pick:
+    from powerctl.baselines import proxy_batch
+
+    return proxy_batch(profile, relation, cap)
+
+
+def _oracle(profile: Profile, _relation: RelationVector, cap: float | None, ctx: MethodContext) -> Pick:
+    from powerctl.baselines import oracle
+
+    if ctx.target_relation is None:
+        raise PowerctlError("the oracle needs samples to target measured on this client's own data")
+    return oracle(profile, ctx.target_relation, cap)
+
+
+_BUILT_IN: tuple[Method, ...] = (
+    Method(OURS, _ours, power_aware=True),
+    Method(STATE_OF_PRACTICE, _state_of_practice, reference=True),
+    Method(PROXY_BATCH, _proxy_batch),
+    Method(ORACLE, _oracle, searches_own_data=True),
+)
+METHODS: tuple[str, ...] = tuple(m.name for m in _BUILT_IN)
+"""The built-in client methods: the power-aware method and the baselines (`powerctl.baselines`)."""
+_RUN_METHODS: tuple[RunMethod, ...] = (
+    *(RunMethod(name, name) for name in METHODS),
+    RunMethod(OURS_DEADLINE, OURS, ENERGY_UNDER_DEADLINE),
+)
+RUN_METHODS: tuple[str, ...] = tuple(r.name for r in _RUN_METHODS)
+"""What a run compares: the client methods, and `ours-deadline` = ours with energy-under-deadline
+rounds (the server sets a deadline; each client picks its least-energy pair that meets it)."""
+
+_registry: dict[str, Method] = {m.name: m for m in _BUILT_IN}
+
+
+def method_names() -> tuple[str, ...]:
+    """Every client method in the registry: the built-ins, then the registered ones."""
+    return tuple(_registry)
+
+
+def method_named(name: str) -> Method:
+    """The client method called `name`, or one PowerctlError line naming the known ones."""
+    try:
+        return _registry[name]
+    except (KeyError, TypeError):
+        raise PowerctlError(f"unknown method {name!r}; methods are {', '.join(_registry)}") from None
+
+
+def run_method_named(name: str) -> RunMethod:
+    """The run method called `name`, or one PowerctlError line naming the known ones."""
+    for r in _RUN_METHODS:
+        if r.name == name:
+            return r
+    raise PowerctlError(f"unknown run method {name!r}; run methods are {', '.join(RUN_METHODS)}")
+
+
+def register_method(method: Method) -> Method:
+    """Add a client method of one's own to this process's registry (a later one of the same name replaces
+    it); a built-in's or a run method's name is refused with one line."""
+    if not isinstance(method, Method):
+        raise PowerctlError(f"register_method takes a powerctl.methods.Method, got {type(method).__name__}")
+    if method.name in RUN_METHODS:
+        raise PowerctlError(f"{method.name!r} is a built-in method's name: register yours under another")
+    _registry[method.name] = method
+    return method
+
+
+def unregister_method(name: str) -> None:
+    """Take a registered method out of the registry (a built-in stays: one line)."""
+    if name in METHODS:
+        raise PowerctlError(f"{name!r} is a built-in method: it cannot be unregistered")
+    _registry.pop(name, None)
