@@ -68,7 +68,12 @@ docs: setup
 # On a 2-core AMD EPYC in fresh-ci: pytest 918 s at b82bad3 (1765 tests; the whole CI 1292 s), 1262 s at
 # 8aa09aa with coverage (1748 tests; CI 1626 s), 2179 s at a680498 (1591 tests; CI 2534 s): docs/testing.md.
 TEST_REPORT ?= runs/tests.xml
-PYTEST_ALL = $(BIN)/pytest -q -n 2 --maxschedchunk 1 -m "slow or not slow" --durations=25 \
+# Two workers, each test file one unit of work, handed out in collection order (the files with slow tests
+# first: tests/conftest.py): a file's module fixtures (a killed profile, two SuperLinks, the demo) are
+# built once, not once per worker. (`--dist loadgroup` would group only the files that need it, but with
+# pytest 9.2 it silently groups nothing: pytest-xdist issue #1386.)
+XDIST := -n 2 --dist loadfile --no-loadscope-reorder
+PYTEST_ALL = $(BIN)/pytest -q $(XDIST) -m "slow or not slow" --durations=25 \
 	--junitxml=$(TEST_REPORT)
 test: lint
 	$(PYTEST_ALL)
@@ -81,7 +86,7 @@ coverage: lint
 	@echo "coverage of the non-test code, lines and branches: $$($(BIN)/coverage report --format=total) %"
 
 test-fast: lint
-	$(BIN)/pytest -q -n 2 --maxschedchunk 1
+	$(BIN)/pytest -q $(XDIST)
 
 # The oldest torch the code runs on (torch 1.13: the newest that builds for JetPack 4's CUDA 10.2, see
 # docs/jetson.md), in a venv of its own: the device layer, the models and the workload counter, the
@@ -109,7 +114,7 @@ $(FLOOR_STAMP): $(FLOOR_VENV)/.torch $(STAMP)
 
 test-torch-floor: $(FLOOR_STAMP)
 	$(FLOOR_VENV)/bin/python -c "import torch; v = torch.__version__; assert v.startswith('1.13.'), v; print('torch', v)"
-	$(FLOOR_VENV)/bin/pytest -q -n 2 --maxschedchunk 1 -p no:cacheprovider --durations=10 $(FLOOR_TESTS)
+	$(FLOOR_VENV)/bin/pytest -q $(XDIST) -p no:cacheprovider --durations=10 $(FLOOR_TESTS)
 
 # The oldest Flower the pin allows (1.41; `make setup` installs the newest, 1.42): the Flower-facing tests
 # (the app, deployment, restarts, fleets; the fast ones: their slow ones take ~19 min on 2 cores) in a
@@ -136,7 +141,7 @@ floor-venvs: $(FLOOR_STAMP) $(FLOWER_FLOOR_STAMP)
 
 test-flower-floor: $(FLOWER_FLOOR_STAMP)
 	$(FLOWER_FLOOR_VENV)/bin/python -c "import flwr; v = flwr.__version__; assert v.startswith('1.41.') and '$(FLOWER_FLOOR_VENV)' in flwr.__file__, (v, flwr.__file__); print('flwr', v, flwr.__file__)"
-	$(FLOWER_FLOOR_VENV)/bin/python -m pytest -q -n 2 --maxschedchunk 1 -p no:cacheprovider --durations=10 $(FLOWER_TESTS)
+	$(FLOWER_FLOOR_VENV)/bin/python -m pytest -q $(XDIST) -p no:cacheprovider --durations=10 $(FLOWER_TESTS)
 
 bench: setup
 	$(BIN)/python bench/loop_overhead.py

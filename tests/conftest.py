@@ -48,8 +48,9 @@ def _isolated_environment(tmp_path_factory: pytest.TempPathFactory, monkeypatch:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The slow tests first, so that the longest start first and the short ones fill in behind them.
-    The Makefile's `--maxschedchunk 1` hands tests out one at a time in this order (xdist's default
-    hands each worker a quarter of its share up front: one worker would get every slow test)."""
+    The Makefile's `--dist loadfile --no-loadscope-reorder` hands the test files out one at a time in
+    the order of their first test, so the files with slow tests start first (xdist's default hands each
+    worker a quarter of its share up front: one worker would get every slow test)."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 

@@ -104,9 +104,11 @@ def _server(
 
 
 @pytest.mark.slow
-def test_the_server_side_runs_rounds_and_writes_results_after_each(
+def test_the_server_side_runs_rounds_writes_results_after_each_and_a_seeded_run_repeats_its_numbers(
     tmp_path: Path, capsys, monkeypatch
 ) -> None:
+    """Two runs of the same seeded config, each from an empty cache (pre-training, the relation vector
+    and the profiles redone): the first is checked round by round, the second must repeat its numbers."""
     written: list[int] = []
     from fl_server import results as results_mod
 
@@ -135,6 +137,12 @@ def test_the_server_side_runs_rounds_and_writes_results_after_each(
     assert RelationVector.from_dict(data["run"]["relation"]).batch_sizes == [8, 16]
     assert (tmp_path / "results" / "global.safetensors").is_file()
     assert "[round 1] clients" in out and "FAILED (error)" in out and "makespan" in out
+
+    monkeypatch.setenv("POWERFED_CACHE", str(tmp_path / "second-cache"))  # empty: everything redone
+    again, _ = _server(tmp_path / "second", _run_config(tmp_path / "second"), behaviour={102: "raise"})
+    first, second = _numbers(path), _numbers(again)
+    assert first == second
+    assert first[0]["clients"] and first[0]["summary"]["makespan_s"] > 0
 
 
 @pytest.mark.parametrize(
@@ -189,18 +197,6 @@ def _numbers(path: Path) -> list:
         for client in rnd["clients"]:
             client.pop("wall_seconds")
     return rounds
-
-
-@pytest.mark.slow
-def test_a_seeded_run_repeats_its_numbers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    paths = []
-    for i in range(2):  # fresh caches each time: pre-training, relation and profiles are redone
-        monkeypatch.setenv("POWERFED_CACHE", str(tmp_path / f"cache{i}"))
-        rc = _run_config(tmp_path / f"run{i}", **{"num-server-rounds": 1})
-        paths.append(_server(tmp_path / f"run{i}", rc)[0])
-    first, second = _numbers(paths[0]), _numbers(paths[1])
-    assert first == second
-    assert first[0]["clients"] and first[0]["summary"]["makespan_s"] > 0
 
 
 # --- a restarted ServerApp resumes ------------------------------------------------------------

@@ -65,7 +65,8 @@ def test_a_small_run_prints_its_quote(tmp_path: Path, seeded_cache: Callable[[st
     """The run profiles every board afresh (its cache holds the server's weights and relation vector only,
     built once per test run: tests/conftest.py seeded_cache) and prints, to the digit, the round-1 table
     an earlier run of this code printed on this CPU. Exact floats twice from empty caches:
-    tests/test_fl_server.py::test_a_seeded_run_repeats_its_numbers."""
+    tests/test_fl_server.py::
+    test_the_server_side_runs_rounds_writes_results_after_each_and_a_seeded_run_repeats_its_numbers."""
     run, printed = _run(tmp_path, "run", seeded_cache(SMALL_RUN))
     assert run["run"]["config"]["model"] == "cnn-tiny"
     # the string syntax read as Flower documents it ("0" and '8,16': tests/test_launcher.py's reader tests)
