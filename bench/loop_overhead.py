@@ -21,7 +21,7 @@ import torch
 from powerctl.devices import Device, open_device
 from powerctl.devices.host import HostDevice
 from powerfed.training.data import load_dataset
-from powerfed.training.finetune import fine_tune, step_workload
+from powerfed.training.finetune import FineTuneCallbacks, FineTuneConfig, fine_tune, step_workload
 from powerfed.training.models import build_model, loss_fn
 
 
@@ -80,6 +80,7 @@ def main() -> None:
     init = build_model(args.model, ds.num_classes, seed=0)
     workload = step_workload(copy.deepcopy(init), ds.task, ds.x, ds.y)
     b, lr = args.batch_size, 1e-3
+    quiet = FineTuneCallbacks(progress=False)
 
     devices: dict[str, Device] = {"fine_tune/host": HostDevice()}
     if not args.no_sim:
@@ -91,21 +92,16 @@ def main() -> None:
     def run_ft(device: Device, samples: int) -> tuple[float, float]:
         model = copy.deepcopy(init)
         start, cpu = time.perf_counter(), time.process_time()
-        fine_tune(
-            model,
-            ds,
-            test,
-            device=device,
+        config = FineTuneConfig(
             batch_size=b,
             lr=lr,
             target_accuracy=None,
-            workload=workload,
             max_samples=samples,
             eval_every_samples=None,
             eval_max_samples=32,
             seed=0,
-            progress=False,
         )
+        fine_tune(model, ds, test, config, device=device, workload=workload, callbacks=quiet)
         return time.perf_counter() - start, time.process_time() - cpu
 
     def run_bare(samples: int) -> tuple[float, float]:

@@ -43,7 +43,7 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -226,17 +226,17 @@ def text_data(limit: int, full: bool = False) -> dict[str, Any]:
 
 def pretrain(task: Task, host: Any) -> dict[str, torch.Tensor]:
     from powerfed.training.data import train_test_split
-    from powerfed.training.finetune import fine_tune
+    from powerfed.training.finetune import FineTuneCallbacks, FineTuneConfig, fine_tune
     from powerfed.training.models import build_model
 
     ds = task.data["pretrain"]
     train, test = train_test_split(ds, seed=0)
     model = build_model(task.model, ds.num_classes, seed=0).to(host.torch_device())
     lr = task.pretrain_lr or task.lr_max * 2
-    r = fine_tune(
-        model, train, test, device=host, batch_size=64, lr=lr, target_accuracy=None,
-        max_samples=task.pretrain_samples, eval_every_samples=None, progress=False,
-    )  # fmt: skip
+    config = FineTuneConfig(
+        batch_size=64, lr=lr, target_accuracy=None, max_samples=task.pretrain_samples, eval_every_samples=None
+    )
+    r = fine_tune(model, train, test, config, device=host, callbacks=FineTuneCallbacks(progress=False))
     print(
         f"  pre-trained {task.model} on {ds.name} ({host.torch_device()}, lr {lr:g}): {r.samples} samples, "
         f"test accuracy {r.final_accuracy:.3f}"
@@ -262,22 +262,33 @@ def run_to_target(
     samples to target do not depend on the proxy (they did when a target run's first interval was
     scaled from the proxy's samples: docs/results/paper_tables.md)."""
     from powerfed.training.data import train_test_split
-    from powerfed.training.finetune import fine_tune
+    from powerfed.training.finetune import FineTuneCallbacks, FineTuneConfig, fine_tune
     from powerfed.training.lr import scaled_lr
     from powerfed.training.models import build_model
 
     train, test = train_test_split(ds, seed=seed)
+    config = FineTuneConfig(
+        batch_size=b,
+        lr=scaled_lr(task.lr_max, b, task.b_max),
+        target_accuracy=target,
+        max_samples=task.max_samples if target is not None else task.calibration_samples,
+        eval_every_samples=task.eval_every,
+        eval_max_samples=task.eval_max_samples,
+        seed=seed,
+    )
 
     def run(every: int) -> Any:
         model = build_model(task.model, ds.num_classes, seed=0)
         model.load_state_dict(copy.deepcopy(weights))
         return fine_tune(
-            model.to(host.torch_device()), train, test, device=host, batch_size=b,
-            lr=scaled_lr(task.lr_max, b, task.b_max),
-            target_accuracy=target, workload=task.data["workload"],
-            max_samples=task.max_samples if target is not None else task.calibration_samples,
-            eval_every_samples=every, eval_max_samples=task.eval_max_samples, seed=seed, progress=False,
-        )  # fmt: skip
+            model.to(host.torch_device()),
+            train,
+            test,
+            replace(config, eval_every_samples=every),
+            device=host,
+            workload=task.data["workload"],
+            callbacks=FineTuneCallbacks(progress=False),
+        )
 
     every = task.eval_every
     if target is None:

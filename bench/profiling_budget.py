@@ -37,7 +37,7 @@ from powerctl.baselines import board_fixed_frequency
 from powerctl.boards import board_model
 from powerctl.devices.simulated import SimulatedBoard, predicted_profile
 from powerctl.errors import InfeasibleCapError
-from powerctl.profile_budget import profile_within_budget
+from powerctl.profile_budget import ProfilingRequest, profile_within_budget
 from powerctl.profile_table import Profile
 from powerctl.profiler import profile_device
 from powerctl.relation import RelationVector
@@ -86,10 +86,7 @@ def _budgeted(
     share: float,
     prediction: Profile,
 ) -> tuple[Profile, str]:
-    profile, plan = profile_within_budget(
-        _board(board, seed, scale),
-        workload,
-        _noop_step,
+    request = ProfilingRequest(
         order="efficient" if cap is not None else "grid",
         order_cap_w=cap,
         batch_sizes=BATCH_SIZES,
@@ -97,10 +94,16 @@ def _budgeted(
         power_cap_w=cap,
         relation=rel,
         share=share,
-        prediction=prediction,
-        predicted_from="the board model",
         warmup_steps=WARMUP_STEPS,
         measure_steps=MEASURE_STEPS,
+    )
+    profile, plan = profile_within_budget(
+        _board(board, seed, scale),
+        workload,
+        _noop_step,
+        request,
+        prediction=prediction,
+        predicted_from="the board model",
     )
     return profile, plan.choice
 

@@ -57,6 +57,7 @@ from powerctl.profile_budget import (
     FITTED,
     PREDICTED,
     ProfilingPlan,
+    ProfilingRequest,
     completed,
     profile_within_budget,
     still_enough,
@@ -69,7 +70,13 @@ from powerctl.selection import DEFAULT_RELATION_RULE, check_power_cap, select
 from powerctl.workload import Workload
 from powerfed.training.checkpoint import Checkpointing
 from powerfed.training.errors import DataError, ModelError
-from powerfed.training.finetune import DEFAULT_MAX_EPOCHS, FineTuneResult, fine_tune
+from powerfed.training.finetune import (
+    DEFAULT_MAX_EPOCHS,
+    FineTuneCallbacks,
+    FineTuneConfig,
+    FineTuneResult,
+    fine_tune,
+)
 from powerfed.training.models import build_model, check_input_shape, get_model_spec
 from strategies.protocol import ClientReport, Plan, TrainInstructions
 
@@ -455,10 +462,7 @@ def budgeted_profile(
             return Profiled(profile, True, dev.board, restored)
     workload, make_step = step_factory()
     prediction, source = _prediction(work, dev, key, workload, relation)
-    profile, plan = profile_within_budget(
-        dev,
-        workload,
-        make_step,
+    request = ProfilingRequest(
         order=key.order,
         order_cap_w=key.power_cap_w,
         batch_sizes=relation.batch_sizes,
@@ -466,14 +470,20 @@ def budgeted_profile(
         power_cap_w=cap,
         relation=relation,
         share=instr.profiling_budget,
-        prediction=prediction,
-        predicted_from=source,
-        reference_hz=_reference_hz(dev, cap),
         max_samples=max_samples,
         max_training_s=max_training_s,
         rule=instr.relation_rule,
         warmup_steps=instr.profile_warmup,
         measure_steps=instr.profile_steps,
+    )
+    profile, plan = profile_within_budget(
+        dev,
+        workload,
+        make_step,
+        request,
+        prediction=prediction,
+        predicted_from=source,
+        reference_hz=_reference_hz(dev, cap),
     )
     store(keys[plan.choice], profile, work.profile_cache)
     if (why := plan.over_budget()) is not None:
@@ -646,11 +656,7 @@ def fine_tune_step(
         model = model.to(dev.torch_device())
         pinning = Pinning.start(work, rule, dev)
         choice = pinning.choice
-        result = fine_tune(
-            model,
-            train,
-            test,
-            device=dev,
+        config = FineTuneConfig(
             batch_size=pinning.batch_size,
             lr=instr.lr_for,
             target_accuracy=instr.target_accuracy,
@@ -659,11 +665,14 @@ def fine_tune_step(
             eval_every_samples=instr.eval_every_samples,
             eval_max_samples=instr.eval_max_samples,
             seed=instr.seed,
+        )
+        callbacks = FineTuneCallbacks(
             progress=False,
             checkpoint=round_checkpoint(work, (choice.batch_size, choice.frequency_hz)),
             hooks=pinning.hooks,
             on_step=work.on_step,
         )
+        result = fine_tune(model, train, test, config, device=dev, callbacks=callbacks)
         state = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
         return pinning.trained(result, state, dev.board)
 

@@ -19,7 +19,12 @@ from powerctl.jsonfile import write_json
 from powerctl.outputs import OutputPathError, check_output_dir
 from powerfed.training.data import load_dataset, train_test_split
 from powerfed.training.errors import DataError, ModelError
-from powerfed.training.finetune import DEFAULT_EVAL_MAX_SAMPLES, fine_tune
+from powerfed.training.finetune import (
+    DEFAULT_EVAL_MAX_SAMPLES,
+    FineTuneCallbacks,
+    FineTuneConfig,
+    fine_tune,
+)
 from powerfed.training.models import (
     build_model,
     check_input_shape,
@@ -143,11 +148,7 @@ def pretrain(
     try:
         # built on the CPU from its seed (the same initial weights on every device), then moved
         model = build_model(model_name, dataset.num_classes, seed=seed, **overrides).to(dev.torch_device())
-        result = fine_tune(
-            model,
-            train,
-            test,
-            device=dev,
+        config = FineTuneConfig(
             batch_size=batch_size,
             lr=lr,
             target_accuracy=None,
@@ -155,9 +156,9 @@ def pretrain(
             eval_every_samples=max(batch_size, budget // CURVE_POINTS),
             eval_max_samples=eval_max_samples,
             seed=seed,
-            progress=progress,
-            desc=f"pretrain {model_name}",
         )
+        callbacks = FineTuneCallbacks(progress=progress, desc=f"pretrain {model_name}")
+        result = fine_tune(model, train, test, config, device=dev, callbacks=callbacks)
     finally:
         if isinstance(device, str):  # opened here, so closed here (restores any knob state)
             dev.close()

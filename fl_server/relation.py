@@ -43,7 +43,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +62,15 @@ from powerctl.relation import VECTORS, RelationVector
 from powerfed.training.crossing import DEFAULT_MIN_EVALUATIONS, run_dense
 from powerfed.training.data import Dataset
 from powerfed.training.errors import DataError, ModelError
-from powerfed.training.finetune import LossFn, MakeStep, MetricFn, fine_tune
+from powerfed.training.finetune import (
+    FineTuneCallbacks,
+    FineTuneConfig,
+    LossFn,
+    MakeStep,
+    MetricFn,
+    UserFunctions,
+    fine_tune,
+)
 from powerfed.training.lr import LR_RULES, scaled_lr
 from powerfed.training.models import (
     ModelSpec,
@@ -262,6 +270,17 @@ def _run_job(
     comes from its registry entry itself (a Ray worker has not run the user's `register_model`) and
     trains on the torch `device` (batches, optimizer state and evaluation follow it: `fine_tune`)."""
     host = HostDevice(device, torch_device=device)
+    config = FineTuneConfig(
+        batch_size=batch_size,
+        lr=lr,
+        target_accuracy=target_accuracy,
+        max_samples=max_samples,
+        eval_every_samples=eval_every_samples,
+        eval_max_samples=eval_max_samples,
+        seed=seed,
+    )
+    callbacks = FineTuneCallbacks(progress=progress, desc=f"b={batch_size} seed={seed}")
+    user = UserFunctions(loss=loss, metric=metric, make_step=make_step)
 
     def run(every: int) -> Any:
         model = build_spec(spec, num_classes, **overrides)
@@ -270,19 +289,10 @@ def _run_job(
             model.to(host.torch_device()),
             train,
             test,
+            replace(config, eval_every_samples=every),
             device=host,
-            batch_size=batch_size,
-            lr=lr,
-            target_accuracy=target_accuracy,
-            max_samples=max_samples,
-            eval_every_samples=every,
-            eval_max_samples=eval_max_samples,
-            seed=seed,
-            progress=progress,
-            desc=f"b={batch_size} seed={seed}",
-            loss=loss,
-            metric=metric,
-            make_step=make_step,
+            callbacks=callbacks,
+            user=user,
         )
 
     with _torch_threads(threads):

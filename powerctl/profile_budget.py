@@ -179,6 +179,39 @@ def completed(profile: Profile, frequencies: Sequence[int]) -> Profile | None:
 
 # --- the plan ---------------------------------------------------------------------------------------
 @dataclass(frozen=True)
+class ProfilingRequest:
+    """What a client's profiling is asked to do (the instructed order and its cap, the grid, the cap
+    the pair must keep) and what it is held to: `share` of the training it serves, predicted from the
+    relation vector within the round's budget. Checked when made."""
+
+    order: str
+    """The instructed order (efficient, grid, fitted)."""
+    order_cap_w: float | None
+    """The cap the instructed order stops at."""
+    batch_sizes: Sequence[int]
+    """The batch sizes to profile (those the relation vector also has)."""
+    samples: int
+    """Samples per profiled point (the profiler's `samples`)."""
+    power_cap_w: float | None
+    """The cap the chosen pair must keep (the fitted and predicted ways stop at it)."""
+    relation: RelationVector
+    share: float
+    """Profiling may cost at most this share of the predicted training, in (0, 1]."""
+    max_samples: float | None = None
+    """The round's sample budget: the training predicted stops there."""
+    max_training_s: float | None = None
+    """The round's device-seconds budget: the training predicted stops there."""
+    rule: str = DEFAULT_RELATION_RULE
+    """The relation rule the predicted way's choice is made by (`powerctl.selection.select`)."""
+    warmup_steps: int = 2
+    measure_steps: int = 5
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.share <= 1.0:
+            raise ValueError(f"share must be in (0, 1], got {self.share!r}")
+
+
+@dataclass(frozen=True)
 class ProfilingPlan:
     """What a client predicted and chose before profiling, and what it spent (reported to the server)."""
 
@@ -382,36 +415,30 @@ def profile_within_budget(
     device: Device,
     workload: Workload,
     make_step: StepFactory,
+    request: ProfilingRequest,
     *,
-    order: str,
-    order_cap_w: float | None,
-    batch_sizes: Sequence[int],
-    samples: int,
-    power_cap_w: float | None,
-    relation: RelationVector,
-    share: float,
     prediction: Profile | None,
     predicted_from: str = "",
     reference_hz: int | None = None,
-    max_samples: float | None = None,
-    max_training_s: float | None = None,
-    rule: str = DEFAULT_RELATION_RULE,
-    warmup_steps: int = 2,
-    measure_steps: int = 5,
     progress: bool = False,
 ) -> tuple[Profile, ProfilingPlan]:
     """Measure one step, predict the training and each way's cost, profile the most thorough way within
-    `share` of the training (see the module docstring). `order`/`order_cap_w`: the instructed order and
-    the cap it stops at; `reference_hz`: the measured step's frequency when there is no prediction (the
-    board's state-of-practice frequency for the cap: safe; default the lowest). The profile's
-    `profiling_seconds` include the measured step; its `extra["budget"]` is the plan."""
-    if not 0.0 < share <= 1.0:
-        raise ValueError(f"share must be in (0, 1], got {share!r}")
+    `request.share` of the training (see the module docstring). `prediction`: the board's predicted
+    profile (None: nothing predicts it), `predicted_from` where it came from; `reference_hz`: the
+    measured step's frequency when there is no prediction (the board's state-of-practice frequency for
+    the cap: safe; default the lowest). The profile's `profiling_seconds` include the measured step; its
+    `extra["budget"]` is the plan."""
+    order, power_cap_w, relation = request.order, request.power_cap_w, request.relation
     table = device.frequencies()
-    sizes = sorted(set(batch_sizes) & set(relation.batch_sizes), reverse=True)
+    sizes = sorted(set(request.batch_sizes) & set(relation.batch_sizes), reverse=True)
     samples_to_target = relation.samples_map()
     profiler = Profiler(
-        device, workload, make_step, samples=samples, warmup_steps=warmup_steps, measure_steps=measure_steps
+        device,
+        workload,
+        make_step,
+        samples=request.samples,
+        warmup_steps=request.warmup_steps,
+        measure_steps=request.measure_steps,
     )
     ways = [order] + [w for w in (FITTED, PREDICTED) if w != order]
     if prediction is not None:
@@ -420,7 +447,7 @@ def profile_within_budget(
         start = device.clock()
         confirm = None
         if prediction is not None and prediction.points:
-            confirm = _Confirmation(profiler, prediction, relation, power_cap_w, rule)
+            confirm = _Confirmation(profiler, prediction, relation, power_cap_w, request.rule)
             ref_point = confirm.first()
         else:
             ways = [w for w in ways if w != PREDICTED]
@@ -431,22 +458,21 @@ def profile_within_budget(
             ways, training, costs = [order], 0.0, {}
             ref_point = ProfilePoint(sizes[-1], table[-1], 0.0, 0.0, 0.0, 0.0)
         else:
-            training = predicted_training_s(samples_to_target, ref_point, max_samples, max_training_s)
-            costs = _costs(
-                ways, confirm, ref_point, spent, workload, order, order_cap_w, table, sizes, samples,
-                power_cap_w, relation, warmup_steps, measure_steps,
-            )  # fmt: skip
-        budget = share * training
+            training = predicted_training_s(
+                samples_to_target, ref_point, request.max_samples, request.max_training_s
+            )
+            costs = _costs(ways, confirm, ref_point, spent, workload, request, table, sizes)
+        budget = request.share * training
         choice = choose_way(ways, costs, budget)
         if choice == PREDICTED:
             assert confirm is not None
             confirm.run()
-            profile = confirm.profile(device, workload, samples, power_cap_w, predicted_from)
+            profile = confirm.profile(device, workload, request.samples, power_cap_w, predicted_from)
         else:
             profile = profiler.run(
                 sizes,
                 order=choice,
-                power_cap_w=order_cap_w if choice == order else power_cap_w,
+                power_cap_w=request.order_cap_w if choice == order else power_cap_w,
                 relation=relation.as_map() if choice == FITTED else None,
                 progress=progress,
             )
@@ -454,7 +480,7 @@ def profile_within_budget(
         profile.profiling_seconds = device.clock() - start
         plan = ProfilingPlan(
             choice=choice,
-            share=share,
+            share=request.share,
             predicted_training_s=training,
             budget_s=budget,
             costs_s=costs,
@@ -473,23 +499,18 @@ def _costs(
     ref_point: ProfilePoint,
     spent: float,
     workload: Workload,
-    order: str,
-    order_cap_w: float | None,
+    request: ProfilingRequest,
     table: list[int],
     sizes: list[int],
-    samples: int,
-    power_cap_w: float | None,
-    relation: RelationVector,
-    warmup_steps: int,
-    measure_steps: int,
 ) -> dict[str, float]:
     """Each way's predicted device seconds, the measured step (`spent`) included: walked over the
     prediction, its times scaled by what the measured step found; without one, the instructed order's
     grid bound only."""
+    order, steps_per_point = request.order, request.warmup_steps + request.measure_steps
     if confirm is None:
         if order == FITTED:
             return {}
-        return {order: spent + grid_bound_s(ref_point, table, sizes, warmup_steps + measure_steps)}
+        return {order: spent + grid_bound_s(ref_point, table, sizes, steps_per_point)}
     prediction = confirm.prediction
     guess = prediction.point(ref_point.batch_size, ref_point.frequency_hz)
     scale = ref_point.seconds_per_batch / guess.seconds_per_batch if guess else 1.0
@@ -504,11 +525,11 @@ def _costs(
             way,
             frequencies=table,
             batch_sizes=sizes,
-            samples=samples,
-            power_cap_w=order_cap_w if way == order else power_cap_w,
-            relation=relation.as_map() if way == FITTED else None,
-            warmup_steps=warmup_steps,
-            measure_steps=measure_steps,
+            samples=request.samples,
+            power_cap_w=request.order_cap_w if way == order else request.power_cap_w,
+            relation=request.relation.as_map() if way == FITTED else None,
+            warmup_steps=request.warmup_steps,
+            measure_steps=request.measure_steps,
         )
         costs[way] = spent + seconds * scale
     return costs

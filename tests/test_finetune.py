@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from typing import Any
@@ -15,7 +16,14 @@ from powerctl.devices.base import PowerSampler
 from powerctl.devices.host import HostDevice
 from powerctl.workload import Workload
 from powerfed.training.data import Dataset, load_dataset, train_test_split
-from powerfed.training.finetune import DEFAULT_MAX_EPOCHS, FineTuneResult, fine_tune, make_optimizer
+from powerfed.training.finetune import (
+    DEFAULT_MAX_EPOCHS,
+    FineTuneCallbacks,
+    FineTuneConfig,
+    FineTuneResult,
+    fine_tune,
+    make_optimizer,
+)
 from powerfed.training.lr import scaled_lr
 from powerfed.training.models import build_model
 
@@ -90,18 +98,27 @@ def image_split() -> tuple[Dataset, Dataset]:
 def _tune(
     split: tuple[Dataset, Dataset], device: Any = None, model: nn.Module | None = None, **kw: Any
 ) -> FineTuneResult:
+    """A run of these settings (`FineTuneConfig`'s fields in `kw`), quiet."""
     train, test = split
-    args: dict[str, Any] = {
-        "device": device or HostDevice(),
+    settings: dict[str, Any] = {
         "batch_size": 16,
         "lr": 1e-3,
         "target_accuracy": 0.5,
         "eval_every_samples": 64,
         "max_samples": 3000,
-        "progress": False,
     }
-    args.update(kw)
-    return fine_tune(model or build_model("cnn-tiny", train.num_classes, seed=0), train, test, **args)
+    config = FineTuneConfig(**{**settings, **kw})
+    return fine_tune(
+        model or build_model("cnn-tiny", train.num_classes, seed=0),
+        train,
+        test,
+        config,
+        device=device or HostDevice(),
+        callbacks=QUIET,
+    )
+
+
+QUIET = FineTuneCallbacks(progress=False)
 
 
 def _monotone(r: FineTuneResult) -> bool:
@@ -131,16 +148,9 @@ def test_no_budget_defaults_to_max_epochs(image_split: tuple[Dataset, Dataset]) 
     train, test = image_split
     small = train.subset(list(range(40)))  # 2 steps of 16 per epoch (the incomplete batch is dropped)
     board = FakeBoard()
+    config = FineTuneConfig(batch_size=16, lr=1e-7, target_accuracy=1.0, eval_every_samples=64)
     r = fine_tune(
-        build_model("cnn-tiny", train.num_classes, seed=0),
-        small,
-        test,
-        device=board,
-        batch_size=16,
-        lr=1e-7,
-        target_accuracy=1.0,
-        eval_every_samples=64,
-        progress=False,
+        build_model("cnn-tiny", train.num_classes, seed=0), small, test, config, device=board, callbacks=QUIET
     )
     assert not r.reached and r.stop_reason == "max_samples"
     assert r.steps == math.ceil(DEFAULT_MAX_EPOCHS * len(small) / 16)
@@ -195,18 +205,10 @@ def test_no_sensor_no_energy(image_split: tuple[Dataset, Dataset]) -> None:
 def test_text_task_trains_with_adamw() -> None:
     train, test = train_test_split(load_dataset("synthetic-text", split="all", seq_len=16, limit=400))
     model = build_model("chartransformer-small", seed=0, seq_len=16)
-    r = fine_tune(
-        model,
-        train,
-        test,
-        device=HostDevice(),
-        batch_size=8,
-        lr=3e-3,
-        target_accuracy=None,
-        max_samples=160,
-        eval_every_samples=80,
-        progress=False,
+    config = FineTuneConfig(
+        batch_size=8, lr=3e-3, target_accuracy=None, max_samples=160, eval_every_samples=80
     )
+    r = fine_tune(model, train, test, config, device=HostDevice(), callbacks=QUIET)
     assert r.steps == 20 and r.curve[-1].accuracy > r.curve[0].accuracy
     assert isinstance(make_optimizer("text", model.parameters(), 1e-3), torch.optim.AdamW)
     assert type(make_optimizer("image", model.parameters(), 1e-3)) is torch.optim.Adam
@@ -219,6 +221,27 @@ def test_rejects_bad_arguments(image_split: tuple[Dataset, Dataset]) -> None:
         _tune(image_split, batch_size=0)
     with pytest.raises(ValueError, match="eval_every_samples"):
         _tune(image_split, eval_every_samples=None)
+
+
+def test_settings_are_checked_once_when_made(image_split: tuple[Dataset, Dataset]) -> None:
+    """A `FineTuneConfig` that exists can run: its refusals come when it is made, a rate rule's when a
+    run asks it (once, for the batch size the run starts with)."""
+    with pytest.raises(ValueError, match="lr must be a positive number, got 0"):
+        FineTuneConfig(batch_size=16, lr=0, target_accuracy=None)
+    good = FineTuneConfig(batch_size=16, lr=1e-3, target_accuracy=None, max_samples=32)
+    with pytest.raises(ValueError, match="max_samples must be a positive integer"):
+        dataclasses.replace(good, max_samples=0)
+    asked: list[int] = []
+
+    def negative(batch_size: int) -> float:
+        asked.append(batch_size)
+        return -1.0
+
+    _ = FineTuneConfig(batch_size=16, lr=negative, target_accuracy=None)
+    assert asked == []
+    with pytest.raises(ValueError, match=r"lr must be a positive number, got -1\.0"):
+        _tune(image_split, lr=negative, target_accuracy=None, max_samples=32)
+    assert asked == [16]
 
 
 def test_square_root_lr_rule() -> None:

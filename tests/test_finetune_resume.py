@@ -11,7 +11,7 @@ import torch
 from powerctl.devices import open_device
 from powerfed.training.checkpoint import Checkpointing, load
 from powerfed.training.data import load_dataset, train_test_split
-from powerfed.training.finetune import FineTuneResult, fine_tune
+from powerfed.training.finetune import FineTuneCallbacks, FineTuneConfig, FineTuneResult, fine_tune
 from powerfed.training.models import build_model
 
 
@@ -34,11 +34,7 @@ def _run(
             raise Interrupted(f"step {steps}")
 
     with open_device("sim:jetson-nano", seed=5) as dev, dev.pinned(dev.frequencies()[6]):
-        result = fine_tune(
-            model,
-            train,
-            test,
-            device=dev,
+        config = FineTuneConfig(
             batch_size=16,
             lr=2e-3,
             target_accuracy=0.99,  # not reached: the sample budget ends the run
@@ -46,10 +42,9 @@ def _run(
             eval_every_samples=64,
             eval_max_samples=64,
             seed=4,
-            progress=False,
-            checkpoint=ckpt,
-            on_step=on_step,
         )
+        callbacks = FineTuneCallbacks(progress=False, checkpoint=ckpt, on_step=on_step)
+        result = fine_tune(model, train, test, config, device=dev, callbacks=callbacks)
     return result, {k: v.clone() for k, v in model.state_dict().items()}
 
 

@@ -18,7 +18,7 @@ from powerctl.errors import InfeasibleCapError
 from powerctl.follow import CapFollower, CapPauseTimeout
 from powerctl.pick import Pick
 from powerfed.training.data import Dataset
-from powerfed.training.finetune import fine_tune
+from powerfed.training.finetune import FineTuneCallbacks, FineTuneConfig, fine_tune
 from powerfed.training.models import build_model
 from strategies.protocol import ClientReport, ProtocolError
 from tests.fake_boards import NANO_DEVFREQ, make_nano_tree, tree_snapshot
@@ -128,19 +128,21 @@ def test_a_batch_size_switch_keeps_the_optimizer_state_and_rescales_the_rate() -
     follower = CapFollower(dev, caps, lambda cap: Pick(16 if cap is None else 8, top))
     with dev.pinned(top):
         first = follower.start()
-        result = fine_tune(
-            model,
-            train,
-            test,
-            device=dev,
+        config = FineTuneConfig(
             batch_size=first.batch_size,
             lr=lr_for,
             target_accuracy=None,
             max_samples=16 * 4 + 8 * 4,
             eval_every_samples=None,
-            progress=False,
             optimizer=adam,
-            hooks=[follower],
+        )
+        result = fine_tune(
+            model,
+            train,
+            test,
+            config,
+            device=dev,
+            callbacks=FineTuneCallbacks(progress=False, hooks=[follower]),
         )
     opt = made[0]
     assert [e["kind"] for e in (e.to_dict() for e in follower.events)] == ["start", "switch"]
@@ -165,11 +167,15 @@ def test_a_cap_lifted_and_back_pins_the_capped_pick_again() -> None:
     pinned: list[int] = []
     with dev.pinned(dev.frequencies()[0]):
         follower.start()
-        fine_tune(
-            model, train, test, device=dev, batch_size=8, lr=1e-3, target_accuracy=None, max_samples=8 * 9,
-            eval_every_samples=None, progress=False, hooks=[follower],
+        config = FineTuneConfig(
+            batch_size=8, lr=1e-3, target_accuracy=None, max_samples=8 * 9, eval_every_samples=None
+        )
+        callbacks = FineTuneCallbacks(
+            progress=False,
+            hooks=[follower],
             on_step=lambda steps, samples: pinned.append(dev.current_frequency()),
-        )  # fmt: skip
+        )
+        fine_tune(model, train, test, config, device=dev, callbacks=callbacks)
     assert [e.kind for e in follower.events] == ["start", "switch", "switch"]
     assert pinned == [capped] * 3 + [top] * 3 + [capped] * 3
     assert follower.step_downs == []

@@ -16,7 +16,7 @@ from powerctl.guard import PowerCapExceeded, PowerGuard
 from powerctl.profiler import profile_device
 from powerctl.selection import select
 from powerfed.training.data import load_dataset, train_test_split
-from powerfed.training.finetune import fine_tune
+from powerfed.training.finetune import FineTuneCallbacks, FineTuneConfig, fine_tune
 from powerfed.training.models import build_model, model_workload
 from powerfed.training.profiling import profiling_step_factory
 from strategies.protocol import ClientReport
@@ -92,11 +92,11 @@ def test_a_board_drawing_more_than_its_profile_is_stepped_down_within_the_window
     with board.pinned(selected):
         guard = PowerGuard(board, cap, selected, window=window, tolerance=0.0)
         timeline.start()
-        fine_tune(
-            model, train, test, device=board, batch_size=b, lr=1e-3, target_accuracy=None,
-            max_samples=60 * b, eval_every_samples=None, workload=workload, progress=False,
-            hooks=[guard],
-        )  # fmt: skip
+        config = FineTuneConfig(
+            batch_size=b, lr=1e-3, target_accuracy=None, max_samples=60 * b, eval_every_samples=None
+        )
+        callbacks = FineTuneCallbacks(progress=False, hooks=[guard])
+        fine_tune(model, train, test, config, device=board, workload=workload, callbacks=callbacks)
         samples = timeline.stop()
     over = _over_cap(samples, cap)
     downs = [d.to_dict() for d in guard.step_downs]
@@ -134,10 +134,13 @@ def test_sensor_noise_alone_walks_nothing_down_at_the_selected_pair() -> None:
     model = build_model("cnn-tiny", 10, seed=0)
     with dev.pinned(chosen.frequency_hz):
         guard = PowerGuard(dev, 3.0, chosen.frequency_hz)
-        result = fine_tune(
-            model, train, test, device=dev, batch_size=chosen.batch_size, lr=1e-3, target_accuracy=None,
-            max_samples=300 * chosen.batch_size, eval_every_samples=None, progress=False, hooks=[guard],
+        config = FineTuneConfig(
+            batch_size=chosen.batch_size, lr=1e-3, target_accuracy=None, max_samples=300 * chosen.batch_size,
+            eval_every_samples=None,
         )  # fmt: skip
+        result = fine_tune(
+            model, train, test, config, device=dev, callbacks=FineTuneCallbacks(progress=False, hooks=[guard])
+        )
     assert result.steps == 300 and guard.step_downs == []
     assert result.peak_power_w is not None and result.peak_power_w <= 3.0 * 1.04
 
@@ -188,12 +191,15 @@ def test_a_guarded_run_killed_after_step_downs_resumes_where_the_guard_had_stepp
 
         with board.pinned(selected):
             guard = PowerGuard(board, 3.0, selected, window=2)
-            result = fine_tune(
-                model, train, test, device=board, batch_size=16, lr=1e-3, target_accuracy=None,
-                max_samples=16 * 24, eval_every_samples=64, eval_max_samples=64, progress=False,
-                checkpoint=Checkpointing(tmp_path / "ft.safetensors", every_samples=64), hooks=[guard],
-                on_step=on_step,
+            config = FineTuneConfig(
+                batch_size=16, lr=1e-3, target_accuracy=None, max_samples=16 * 24, eval_every_samples=64,
+                eval_max_samples=64,
             )  # fmt: skip
+            callbacks = FineTuneCallbacks(
+                progress=False, checkpoint=Checkpointing(tmp_path / "ft.safetensors", every_samples=64),
+                hooks=[guard], on_step=on_step,
+            )  # fmt: skip
+            result = fine_tune(model, train, test, config, device=board, callbacks=callbacks)
             return result, guard.step_downs, board.current_frequency()
 
     whole, whole_downs, whole_hz = run(None)

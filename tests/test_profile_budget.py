@@ -12,7 +12,7 @@ import pytest
 from fl_client.round import train_round
 from fl_server.run_config import RunConfigError, parse_server_config
 from powerctl.devices.simulated import SimulatedBoard, predicted_profile
-from powerctl.profile_budget import FITTED, PREDICTED, over_budget, profile_within_budget
+from powerctl.profile_budget import FITTED, PREDICTED, ProfilingRequest, over_budget, profile_within_budget
 from powerctl.relation import RelationVector
 from powerctl.selection import select
 from powerfed.training.models import build_model, model_workload
@@ -40,10 +40,7 @@ def _budgeted(samples_to_target: float, share: float, cap: float | None = 3.0, s
     n = round(relation.samples_to_target[-1])
     prediction = predicted_profile("jetson-nano", workload, SIZES, n)
     board = SimulatedBoard.open("jetson-nano", seed=seed)
-    profile, plan = profile_within_budget(
-        board,
-        workload,
-        _noop,
+    request = ProfilingRequest(
         order="efficient",
         order_cap_w=cap,
         batch_sizes=SIZES,
@@ -51,10 +48,11 @@ def _budgeted(samples_to_target: float, share: float, cap: float | None = 3.0, s
         power_cap_w=cap,
         relation=relation,
         share=share,
-        prediction=prediction,
-        predicted_from="the board model",
         warmup_steps=1,
         measure_steps=2,
+    )
+    profile, plan = profile_within_budget(
+        board, workload, _noop, request, prediction=prediction, predicted_from="the board model"
     )
     return profile, plan, relation
 

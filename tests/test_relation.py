@@ -17,7 +17,13 @@ from powerctl.errors import FileFormatError
 from powerctl.relation import RelationVector, fit_batch_efficiency
 from powerfed.training.data import load_dataset, train_test_split
 from powerfed.training.errors import DataError
-from powerfed.training.finetune import CurvePoint, FineTuneResult, fine_tune
+from powerfed.training.finetune import (
+    CurvePoint,
+    FineTuneCallbacks,
+    FineTuneConfig,
+    FineTuneResult,
+    fine_tune,
+)
 from powerfed.training.lr import scaled_lr
 from powerfed.training.models import build_model
 
@@ -56,18 +62,20 @@ def test_end_to_end_on_synthetic_images(tmp_path: Path) -> None:
     assert back.batch_sizes == rel.batch_sizes and back.relation == pytest.approx(rel.relation)
     # samples_to_target is what the training loop itself reports for that batch size and rate
     train, test = train_test_split(load_dataset("synthetic-image", split="all", limit=150))
-    direct = fine_tune(
-        build_model("cnn-tiny", train.num_classes, seed=0),
-        train,
-        test,
-        device=HostDevice(),
+    config = FineTuneConfig(
         batch_size=16,
         lr=scaled_lr(2e-3, 16, 32),
         target_accuracy=0.5,
         max_samples=3000,
         eval_every_samples=32,
-        seed=0,
-        progress=False,
+    )
+    direct = fine_tune(
+        build_model("cnn-tiny", train.num_classes, seed=0),
+        train,
+        test,
+        config,
+        device=HostDevice(),
+        callbacks=FineTuneCallbacks(progress=False),
     )
     assert direct.reached and rel.samples_map()[16] == direct.samples
 
@@ -153,12 +161,14 @@ class CountingFineTune:
     def __init__(self) -> None:
         self.calls = 0
 
-    def __call__(self, model: Any, train: Any, test: Any, **kw: Any) -> FineTuneResult:
+    def __call__(
+        self, model: Any, train: Any, test: Any, config: FineTuneConfig, **kw: Any
+    ) -> FineTuneResult:
         self.calls += 1
-        b, target = kw["batch_size"], kw["target_accuracy"]
-        samples = kw["eval_every_samples"] * (1 + 64 // b) + kw["seed"]
+        b, target = config.batch_size, config.target_accuracy
+        samples = config.eval_every_samples * (1 + 64 // b) + config.seed
         curve = [CurvePoint(0, 0.0, 0.0), CurvePoint(samples, 1.0, target)]
-        return FineTuneResult(True, samples, 1.0, None, None, None, target, curve, b, kw["lr"], samples // b)
+        return FineTuneResult(True, samples, 1.0, None, None, None, target, curve, b, config.lr, samples // b)
 
 
 @pytest.fixture
@@ -324,16 +334,18 @@ class RecordingFineTune(CountingFineTune):
         self.lrs: dict[int, float] = {}
         self.per_seed = per_seed
 
-    def __call__(self, model: Any, train: Any, test: Any, **kw: Any) -> FineTuneResult:
-        self.lrs[kw["batch_size"]] = kw["lr"]
+    def __call__(
+        self, model: Any, train: Any, test: Any, config: FineTuneConfig, **kw: Any
+    ) -> FineTuneResult:
+        self.lrs[config.batch_size] = config.lr
         if self.per_seed is None:
-            return super().__call__(model, train, test, **kw)
+            return super().__call__(model, train, test, config, **kw)
         self.calls += 1
-        b, target = kw["batch_size"], kw["target_accuracy"]
-        samples = self.per_seed[kw["seed"]][b]
+        b, target = config.batch_size, config.target_accuracy
+        samples = self.per_seed[config.seed][b]
         # evaluated every 16 samples on a straight line to the target: ≥ 8 evaluations, no second run
         curve = [CurvePoint(s, 0.0, target * s / samples) for s in range(0, samples + 1, 16)]
-        return FineTuneResult(True, samples, 1.0, None, None, None, target, curve, b, kw["lr"], samples // b)
+        return FineTuneResult(True, samples, 1.0, None, None, None, target, curve, b, config.lr, samples // b)
 
 
 @pytest.mark.parametrize("rule", ["sqrt", "linear", "constant"])

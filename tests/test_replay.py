@@ -8,7 +8,7 @@ from powerctl.boards import board_model
 from powerctl.devices.simulated import SimulatedBoard, replay_cost
 from powerctl.workload import Workload
 from powerfed.training.data import load_dataset, train_test_split
-from powerfed.training.finetune import fine_tune
+from powerfed.training.finetune import FineTuneCallbacks, FineTuneConfig, fine_tune
 from powerfed.training.models import build_model
 
 
@@ -19,13 +19,15 @@ def test_replayed_cost_equals_a_pinned_run(board_name: str, paper_workloads: dic
     data = load_dataset("synthetic-image", split="all", limit=400, seed=3)
     train, test = train_test_split(data, seed=3)
     runs = {}
+    config = FineTuneConfig(
+        batch_size=16, lr=2e-3, target_accuracy=None, max_samples=160, eval_every_samples=None
+    )
     for hz in (board.frequencies_hz[2], board.frequencies_hz[-1]):
         dev = SimulatedBoard(board, noise=False)
         with dev.pinned(hz):
             runs[hz] = fine_tune(
-                build_model("cnn-tiny", seed=0), train, test, device=dev, batch_size=16, lr=2e-3,
-                target_accuracy=None, workload=full, max_samples=160, eval_every_samples=None,
-                progress=False,
+                build_model("cnn-tiny", seed=0), train, test, config, device=dev, workload=full,
+                callbacks=FineTuneCallbacks(progress=False),
             )  # fmt: skip
     (lo, a), (hi, b) = runs.items()
     assert a.steps == b.steps == 10 and a.samples == b.samples  # the frequency does not change the run

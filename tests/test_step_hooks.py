@@ -15,7 +15,7 @@ from powerctl.follow import CapFollower
 from powerctl.guard import PowerGuard
 from powerfed.training.checkpoint import Checkpointing
 from powerfed.training.data import load_dataset, train_test_split
-from powerfed.training.finetune import FineTuneResult, StepHook, fine_tune
+from powerfed.training.finetune import FineTuneCallbacks, FineTuneConfig, FineTuneResult, StepHook, fine_tune
 from powerfed.training.models import build_model
 
 
@@ -72,12 +72,17 @@ def _run(tmp_path: Path, kill_at_step: int | None = None) -> tuple[FineTuneResul
             raise _Killed
 
     with board.pinned(board.frequencies()[6]):
-        result = fine_tune(
-            build_model("cnn-tiny", 10, seed=0), train, test, device=board, batch_size=16, lr=rate,
-            target_accuracy=None, max_samples=256, eval_every_samples=64, eval_max_samples=64, seed=1,
+        config = FineTuneConfig(
+            batch_size=16, lr=rate, target_accuracy=None, max_samples=256, eval_every_samples=64,
+            eval_max_samples=64, seed=1,
+        )  # fmt: skip
+        callbacks = FineTuneCallbacks(
             progress=False, checkpoint=Checkpointing(tmp_path / "ft.safetensors", every_samples=64),
             hooks=[hook], on_step=on_step,
         )  # fmt: skip
+        result = fine_tune(
+            build_model("cnn-tiny", 10, seed=0), train, test, config, device=board, callbacks=callbacks
+        )
     return result, hook, rates
 
 

@@ -29,6 +29,7 @@ from powerctl.workload import Workload, measure_workload
 from powerfed.training.checkpoint import (
     Checkpointing,
     Part,
+    Saved,
     Tensors,
     identity_digest,
     optimizer_parts,
@@ -52,10 +53,13 @@ __all__ = [
     "DEFAULT_EVAL_MAX_SAMPLES",
     "DEFAULT_MAX_EPOCHS",
     "CurvePoint",
+    "FineTuneCallbacks",
+    "FineTuneConfig",
     "FineTuneResult",
     "LossFn",
     "MetricFn",
     "StepHook",
+    "UserFunctions",
     "evaluate",
     "evaluate_with_loss",
     "step_workload",
@@ -145,6 +149,107 @@ class FineTuneResult:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+# --- what a fine-tune is asked to do, and what watches it ----------------------------------------------
+
+
+def _check_positive(name: str, value: float | None, *, integer: bool = False) -> None:
+    if value is None:
+        return
+    bad_type = isinstance(value, bool) or not isinstance(value, int if integer else (int, float))
+    if bad_type or not math.isfinite(value) or value <= 0:
+        kind = "a positive integer" if integer else "a positive number"
+        raise ValueError(f"{name} must be {kind}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class FineTuneConfig:
+    """What a fine-tune is asked to do: where it starts, when it stops, how it is judged. Checked when
+    made (one ValueError line), so no run starts with settings it could not finish; the data is checked
+    by `fine_tune`. A checkpoint is resumed only by a run of the same settings."""
+
+    batch_size: int
+    """The batch size the run starts with (a step hook may change it)."""
+    lr: float | Callable[[int], float]
+    """The learning rate, or the rule batch size → rate (needed when a hook changes the batch size; a
+    number is the same rate for every size). A rule's rate is checked when a run asks it."""
+    target_accuracy: float | None
+    """Stop at the first evaluation at or above it; None trains for the budget only (pre-training)."""
+    max_samples: int | None = None
+    """Training samples to spend at most (with no budget at all: DEFAULT_MAX_EPOCHS epochs)."""
+    max_device_seconds: float | None = None
+    """Device seconds of training steps to spend at most."""
+    eval_every_samples: int | None = DEFAULT_EVAL_EVERY_SAMPLES
+    """Evaluate after every this many training samples (None: only before training and at the end)."""
+    eval_max_samples: int | None = DEFAULT_EVAL_MAX_SAMPLES
+    """Evaluate on a fixed subset of at most this many test samples (None: all of them)."""
+    seed: int = 0
+    """Seeds the batch order and the run's own RNG (dropout): same seed, same curve (on the CPU)."""
+    optimizer: str | OptimizerFactory | None = None
+    """adam, adamw, sgd or a factory; None: the task's (`make_optimizer`)."""
+
+    def __post_init__(self) -> None:
+        _check_positive("batch_size", self.batch_size, integer=True)
+        if not callable(self.lr):
+            _check_positive("lr", self.lr)
+        _check_positive("max_samples", self.max_samples, integer=True)
+        _check_positive("max_device_seconds", self.max_device_seconds)
+        _check_positive("eval_every_samples", self.eval_every_samples, integer=True)
+        _check_positive("eval_max_samples", self.eval_max_samples, integer=True)
+        if self.target_accuracy is not None and not 0.0 < self.target_accuracy <= 1.0:
+            raise ValueError(f"target_accuracy must be in (0, 1], got {self.target_accuracy}")
+        if self.target_accuracy is not None and self.eval_every_samples is None:
+            raise ValueError("a target accuracy needs periodic evaluation: set eval_every_samples")
+
+    def start_lr(self) -> float:
+        """The rate the run starts with: a rule is asked here, once per run, and its answer checked."""
+        if not callable(self.lr):
+            return float(self.lr)
+        lr = self.lr(self.batch_size)
+        _check_positive("lr", lr)
+        return float(lr)
+
+    def rate(self, batch_size: int) -> float:
+        """The rate for a batch size a step hook handed over."""
+        return float(self.lr(batch_size) if callable(self.lr) else self.lr)
+
+    def sample_budget(self, train_samples: int) -> int | None:
+        """`max_samples`, or with no budget at all DEFAULT_MAX_EPOCHS epochs of the train split, so that
+        an unreachable target can never run forever."""
+        if self.max_samples is None and self.max_device_seconds is None:
+            return DEFAULT_MAX_EPOCHS * train_samples
+        return self.max_samples
+
+
+@dataclass(frozen=True)
+class FineTuneCallbacks:
+    """What watches or steers a run without being what it is asked to do (`FineTuneConfig`)."""
+
+    progress: bool = True
+    """A tqdm bar on stderr, shown only when stderr is a terminal."""
+    desc: str | None = None
+    """The bar's label (default "fine-tune")."""
+    checkpoint: Checkpointing | None = None
+    """Save at evaluations and resume the same work from there (`powerfed.training.checkpoint`)."""
+    hooks: Sequence[StepHook] = ()
+    """What acts between steps (`StepHook`: the power guard, a cap follower); what they did, they keep."""
+    on_step: Callable[[int, int], None] | None = None
+    """`on_step(steps, samples)` after every training step (progress reports, fault injection); what it
+    raises ends the run."""
+
+
+@dataclass(frozen=True)
+class UserFunctions:
+    """The user's own loss, metric or whole training step, for a model whose outputs or targets are not
+    the task's; None: the task's."""
+
+    loss: LossFn | None = None
+    metric: MetricFn | None = None
+    make_step: MakeStep | None = None
+    """The whole training step (`step(x, y)`: their optimizer, their loss, a proximal term, two passes;
+    the one a `PowerSession` takes): `lr`, `optimizer` and `loss` then do not train, and the run has no
+    checkpoints or step hooks (its optimizer state is the step's)."""
 
 
 def make_optimizer(
@@ -351,36 +456,6 @@ def _set_rng_states(gen: torch.Generator, cuda: list[int], states: Tensors) -> N
         torch.cuda.set_rng_state(states["cuda"], cuda[0])
 
 
-def _resumable_parts(
-    run: _Progress,
-    dev: torch.device,
-    model: nn.Module,
-    opt: torch.optim.Optimizer,
-    gen: torch.Generator,
-    cuda: list[int],
-    power: TrainingPower,
-    device: Device,
-    hooks: Sequence[StepHook],
-) -> dict[str, Part]:
-    """Everything a resumed run needs to end where an uninterrupted one ends, each piece once:
-    checkpoints are written and read back from this table, in its order (the device before the hooks:
-    a follower resumes on the device's clock)."""
-    return {
-        "model": Part(lambda: (model.state_dict(), None), lambda t, _: model.load_state_dict(t)),
-        "optimizer": Part(
-            lambda: optimizer_parts(opt), lambda t, plain: opt.load_state_dict(optimizer_state(t, plain))
-        ),
-        "rng": Part(lambda: (_rng_states(gen, cuda), None), lambda t, _: _set_rng_states(gen, cuda, t)),
-        "progress": Part(run.take, lambda t, plain: run.put(t, plain, dev)),
-        "power": Part(lambda: ({}, power.resume_state()), lambda _, plain: power.load_resume_state(plain)),
-        "device": Part(lambda: ({}, device.resume_state()), lambda _, plain: device.load_resume_state(plain)),
-        "hooks": Part(
-            lambda: ({}, [h.resume_state() for h in hooks]),
-            lambda _, states: [h.load_resume_state(st) for h, st in zip(hooks, states, strict=True)],
-        ),
-    }
-
-
 def _identity(
     checkpoint: Checkpointing,
     model: nn.Module,
@@ -405,43 +480,14 @@ def _identity(
     )
 
 
-def _check_positive(name: str, value: float | None, *, integer: bool = False) -> None:
-    if value is None:
-        return
-    bad_type = isinstance(value, bool) or not isinstance(value, int if integer else (int, float))
-    if bad_type or not math.isfinite(value) or value <= 0:
-        kind = "a positive integer" if integer else "a positive number"
-        raise ValueError(f"{name} must be {kind}, got {value!r}")
-
-
-def _check_args(
-    train: Dataset,
-    test: Dataset,
-    batch_size: int,
-    lr: float,
-    target_accuracy: float | None,
-    max_samples: int | None,
-    max_device_seconds: float | None,
-    eval_every_samples: int | None,
-    eval_max_samples: int | None,
-) -> None:
-    """One ValueError or DataError line for anything `fine_tune` cannot run with."""
-    _check_positive("batch_size", batch_size, integer=True)
-    _check_positive("lr", lr)
-    _check_positive("max_samples", max_samples, integer=True)
-    _check_positive("max_device_seconds", max_device_seconds)
-    _check_positive("eval_every_samples", eval_every_samples, integer=True)
-    _check_positive("eval_max_samples", eval_max_samples, integer=True)
-    if target_accuracy is not None and not 0.0 < target_accuracy <= 1.0:
-        raise ValueError(f"target_accuracy must be in (0, 1], got {target_accuracy}")
-    if target_accuracy is not None and eval_every_samples is None:
-        raise ValueError("a target accuracy needs periodic evaluation: set eval_every_samples")
+def _check_data(config: FineTuneConfig, train: Dataset, test: Dataset) -> None:
+    """One DataError line for splits the run cannot use (the settings are checked by `FineTuneConfig`)."""
     if train.task != test.task:
         raise DataError(f"train split is {train.task!r} data but test split is {test.task!r}")
-    if len(train) < batch_size:
+    if len(train) < config.batch_size:
         raise DataError(
-            f"the train split of {train.name} has {len(train)} samples, fewer than batch size {batch_size}; "
-            "use a smaller batch size or more data"
+            f"the train split of {train.name} has {len(train)} samples, fewer than batch size "
+            f"{config.batch_size}; use a smaller batch size or more data"
         )
     if len(test) == 0:
         raise DataError(f"the test split of {test.name} is empty")
@@ -455,218 +501,279 @@ def _train_step(
     opt.step()
 
 
-def fine_tune(
-    model: nn.Module,
-    train: Dataset,
-    test: Dataset,
-    *,
-    device: Device,
-    batch_size: int,
-    lr: float | Callable[[int], float],
-    target_accuracy: float | None,
-    workload: Workload | None = None,
-    max_samples: int | None = None,
-    max_device_seconds: float | None = None,
-    eval_every_samples: int | None = DEFAULT_EVAL_EVERY_SAMPLES,
-    eval_max_samples: int | None = DEFAULT_EVAL_MAX_SAMPLES,
-    seed: int = 0,
-    optimizer: str | OptimizerFactory | None = None,
-    progress: bool = True,
-    desc: str | None = None,
-    checkpoint: Checkpointing | None = None,
-    hooks: Sequence[StepHook] = (),
-    on_step: Callable[[int, int], None] | None = None,
-    loss: LossFn | None = None,
-    metric: MetricFn | None = None,
-    make_step: MakeStep | None = None,
-) -> FineTuneResult:
-    """Train `model` in place on `train` until its accuracy on `test` reaches `target_accuracy`.
+class _Loop:
+    """One fine-tune under way: the model and its data on the model's device, the optimizer, the power
+    segments and where the run stands (`_Progress`), which its steps, evaluations and checkpoints share.
+    `fine_tune` makes it, then inside the run's own RNG calls `start`, `restore`, `run_to_end`, `save_end`."""
 
-    Stops at the first evaluation at or above the target, or when `max_samples` training samples or
-    `max_device_seconds` device seconds are spent (with neither, after DEFAULT_MAX_EPOCHS epochs).
-    `target_accuracy=None` trains for the budget only (pre-training). Evaluation happens before
-    training, every `eval_every_samples` samples (None: only at the end) and at the end, on a fixed
-    subset of at most `eval_max_samples` test samples. Batches are drawn from a seeded permutation per
-    epoch (the last incomplete batch of an epoch is dropped so every step has `batch_size` samples).
-    Same seed, same data, same starting weights → the same curve (on the CPU).
+    def __init__(
+        self,
+        model: nn.Module,
+        train: Dataset,
+        test: Dataset,
+        config: FineTuneConfig,
+        device: Device,
+        callbacks: FineTuneCallbacks,
+        user: UserFunctions,
+    ) -> None:
+        self.model, self.config, self.device, self.user = model, config, device, user
+        self.callbacks, self.hooks = callbacks, callbacks.hooks
+        self.task, self.n = train.task, len(train)
+        self.max_samples = config.sample_budget(self.n)
+        self.dev = _model_device(model)
+        self.x, self.y = train.x.to(self.dev), train.y.to(self.dev)
+        self.ex, self.ey = (t.to(self.dev) for t in _eval_subset(test, config.eval_max_samples))
+        self.criterion = user.loss or loss_fn(self.task)
+        self.start_lr = config.start_lr()
+        self.run = _Progress(config.batch_size, self.start_lr, config.eval_every_samples or 0)
+        self.cuda = [self.dev.index or 0] if self.dev.type == "cuda" else []
+        self.identity = ""
+        self.resumed_at: int | None = None
+        """The samples a checkpoint held, None when the run started afresh."""
+        self.finished = False
+        """True when the checkpoint held this work's end: its result again, without training."""
+        self.saved_at = 0
+        self.bar: Any = None
 
-    `lr` is the learning rate, or the rule batch size → rate (needed when a hook changes the batch
-    size; a number is the same rate for every size). `hooks` act between steps (`StepHook`: the power
-    guard, a cap follower): before a step a hook may hand over another batch size, which takes effect
-    at once with the optimizer state kept and the rate `lr(b)`; after it, each sees its power readings.
-    What they did, they keep (the caller reads it from them). `batch_size` is where the run starts.
-    With `checkpoint`, the run saves itself at evaluations (see `powerfed.training.checkpoint`) and, when a
-    checkpoint of the same work exists, continues from it instead of starting over: the weights,
-    samples, accuracy curve, device seconds, energy and the hooks' state are then those of a run never
-    interrupted. A finished run leaves its end state there (one file, replaced by the next work's): the
-    same work again returns the same result at once, without training (`extra.resumed_at_samples`
-    then equals `samples`). `on_step(steps, samples)` is called
-    after every training step (progress reports, fault injection); what it raises ends the run.
-    `loss` and `metric` replace the task's loss and accuracy (`LossFn`, `MetricFn`): a user's model
-    whose outputs or targets are not the task's. `make_step(model)` replaces the whole training step
-    with the user's own (`step(x, y)`: their optimizer, their loss, a proximal term, two passes; the
-    one a `PowerSession` takes): `lr`, `optimizer` and `loss` then do not train (the step has its own),
-    and a run with it is not checkpointed (its optimizer state is the step's).
-    """
-    if make_step is not None and (checkpoint is not None or hooks):
-        raise ArgumentError("fine_tune: a user's make_step runs without checkpoints or step hooks")
-    lr_for = lr if callable(lr) else (lambda _: lr)
-    start_lr = lr_for(batch_size)
-    _check_args(
-        train,
-        test,
-        batch_size,
-        start_lr,
-        target_accuracy,
-        max_samples,
-        max_device_seconds,
-        eval_every_samples,
-        eval_max_samples,
-    )
-    wall_start = time.perf_counter()
-    task, n = train.task, len(train)
-    if max_samples is None and max_device_seconds is None:
-        max_samples = DEFAULT_MAX_EPOCHS * n
-    dev = _model_device(model)
-    x, y = train.x.to(dev), train.y.to(dev)
-    ex, ey = (t.to(dev) for t in _eval_subset(test, eval_max_samples))
-    if workload is None:
-        workload = step_workload(model, task, x, y, loss)
-    criterion = loss or loss_fn(task)
-    model.train()
-    run = _Progress(batch_size, float(start_lr), eval_every_samples or 0)
-    identity, saved, resumed_at = "", None, None
-    if checkpoint is not None:
+    def find_saved(self, train: Dataset, test: Dataset) -> Saved | None:
+        """This same work's checkpoint, if any (before training: the identity holds the start weights)."""
+        checkpoint = self.callbacks.checkpoint
+        if checkpoint is None:
+            return None
+        config, name = self.config, self.config.optimizer
         settings = {
-            "batch_size": batch_size,
-            "lr": run.lr,
-            "target_accuracy": target_accuracy,
-            "max_samples": max_samples,
-            "max_device_seconds": max_device_seconds,
-            "eval": [eval_every_samples, eval_max_samples],
-            "seed": seed,
-            "optimizer": optimizer if optimizer is None or isinstance(optimizer, str) else "custom",
+            "batch_size": config.batch_size,
+            "lr": self.run.lr,
+            "target_accuracy": config.target_accuracy,
+            "max_samples": self.max_samples,
+            "max_device_seconds": config.max_device_seconds,
+            "eval": [config.eval_every_samples, config.eval_max_samples],
+            "seed": config.seed,
+            "optimizer": name if name is None or isinstance(name, str) else "custom",
         }
-        identity = _identity(checkpoint, model, train, test, device, hooks, settings)
-        saved = resumable(checkpoint, identity)
-    cuda = [dev.index or 0] if dev.type == "cuda" else []
-    with torch.random.fork_rng(devices=cuda):
-        torch.manual_seed(seed)  # dropout and friends: repeatable, and the caller's RNG is left alone
-        opt = make_optimizer(task, model.parameters(), run.lr, optimizer)
-        user_step = make_step(model) if make_step is not None else None
-        gen = torch.Generator().manual_seed(seed)
-        power = TrainingPower(device, POWER_RATE_HZ)
-        parts = _resumable_parts(run, dev, model, opt, gen, cuda, power, device, hooks)
-        finished = False
+        self.identity = _identity(checkpoint, self.model, train, test, self.device, self.hooks, settings)
+        return resumable(checkpoint, self.identity)
+
+    def start(self, workload: Workload) -> None:
+        """Seed the run and make what trains; called inside the run's own RNG (the caller's is left alone)."""
+        torch.manual_seed(self.config.seed)  # dropout and friends: repeatable
+        self.workload = workload
+        self.opt = make_optimizer(self.task, self.model.parameters(), self.run.lr, self.config.optimizer)
+        make_step = self.user.make_step
+        self.user_step = make_step(self.model) if make_step is not None else None
+        self.gen = torch.Generator().manual_seed(self.config.seed)
+        self.power = TrainingPower(self.device, POWER_RATE_HZ)
+        self.parts = self._parts()
+
+    def _parts(self) -> dict[str, Part]:
+        """Everything a resumed run needs to end where an uninterrupted one ends, each piece once:
+        checkpoints are written and read back from this table, in its order (the device before the hooks:
+        a follower resumes on the device's clock)."""
+        model, opt, gen, cuda = self.model, self.opt, self.gen, self.cuda
+        run, power, device, hooks = self.run, self.power, self.device, self.hooks
+        return {
+            "model": Part(lambda: (model.state_dict(), None), lambda t, _: model.load_state_dict(t)),
+            "optimizer": Part(
+                lambda: optimizer_parts(opt), lambda t, plain: opt.load_state_dict(optimizer_state(t, plain))
+            ),
+            "rng": Part(lambda: (_rng_states(gen, cuda), None), lambda t, _: _set_rng_states(gen, cuda, t)),
+            "progress": Part(run.take, lambda t, plain: run.put(t, plain, self.dev)),
+            "power": Part(
+                lambda: ({}, power.resume_state()), lambda _, plain: power.load_resume_state(plain)
+            ),
+            "device": Part(
+                lambda: ({}, device.resume_state()), lambda _, plain: device.load_resume_state(plain)
+            ),
+            "hooks": Part(
+                lambda: ({}, [h.resume_state() for h in hooks]),
+                lambda _, states: [h.load_resume_state(st) for h, st in zip(hooks, states, strict=True)],
+            ),
+        }
+
+    def restore(self, saved: Saved | None) -> None:
+        """Continue from this work's checkpoint: mid-run, or its end state (then nothing is trained)."""
         if saved is not None:
-            restore_parts(saved, parts)
-            resumed_at, finished = run.samples, bool(run.stop_reason)
-            if finished:
+            restore_parts(saved, self.parts)
+            self.resumed_at, self.finished = self.run.samples, bool(self.run.stop_reason)
+            if self.finished:
                 log.info(
                     "checkpoint: %s holds this work's end (%s samples, stopped at %s): its result again, "
                     "without training",
                     saved.path,
-                    resumed_at,
-                    run.stop_reason,
+                    self.resumed_at,
+                    self.run.stop_reason,
                 )
             else:
-                log.info("checkpoint: resuming from %s at %s samples", saved.path, resumed_at)
-        saved_at = run.samples
-        bar = _progress_bar(progress, max_samples, desc, run.samples)
+                log.info("checkpoint: resuming from %s at %s samples", saved.path, self.resumed_at)
+        self.saved_at = self.run.samples
 
-        def look() -> bool:
-            """Evaluate now; True when the target is met."""
-            acc = evaluate(model, task, ex, ey, metric=metric)
-            run.curve.append(CurvePoint(run.samples, run.device_seconds, acc))
-            if bar is not None:
-                bar.set_postfix(acc=f"{acc:.3f}", dev_s=f"{run.device_seconds:.1f}", refresh=False)
-            return target_accuracy is not None and acc >= target_accuracy
-
+    def run_to_end(self) -> None:
+        """Train until the target or a budget stops the run, evaluating before training (a fresh run),
+        when due and at the end; on a failure the open power segment is dropped."""
+        run, power, callbacks = self.run, self.power, self.callbacks
+        self.bar = _progress_bar(callbacks.progress, self.max_samples, callbacks.desc, run.samples)
         try:
-            if saved is None and eval_every_samples is not None and look():
+            if self.resumed_at is None and self.config.eval_every_samples is not None and self._look():
                 run.stop_reason = "target"  # met before any training
-            if not finished:  # (a finished run's end state: no step, no reading, no look)
+            if not self.finished:  # (a finished run's end state: no step, no reading, no look)
                 power.resume()
             while not run.stop_reason:
-                for hook in hooks:
-                    if (b := hook.before_step(run.samples)) is not None and b != run.batch_size:
-                        run.batch_size, run.lr = b, float(lr_for(b))
-                        for group in opt.param_groups:  # the optimizer state (moments) is kept
-                            group["lr"] = run.lr
-                if run.perm is None or run.first + run.batch_size > n:  # a new epoch; the tail is dropped
-                    run.perm, run.first = torch.randperm(n, generator=gen).to(dev), 0
-                idx = run.perm[run.first : run.first + run.batch_size]
-                run.first += run.batch_size
-                xb, yb = x.index_select(0, idx), y.index_select(0, idx)
-
-                t0 = device.clock()
-                device.run_step(
-                    partial(user_step, xb, yb)
-                    if user_step is not None
-                    else partial(_train_step, model, opt, criterion, xb, yb),
-                    batch_size=run.batch_size,
-                    workload=workload,
-                )
-                run.device_seconds += device.clock() - t0
-                run.samples += run.batch_size
-                run.steps += 1
-                if hooks:
-                    readings = power.new_samples()
-                    for hook in hooks:
-                        hook.after_step(readings, run.device_seconds)
-                if bar is not None:
-                    bar.update(run.batch_size)
-                if on_step is not None:
-                    on_step(run.steps, run.samples)
-
-                if max_samples is not None and run.samples >= max_samples:
-                    run.stop_reason = "max_samples"
-                elif max_device_seconds is not None and run.device_seconds >= max_device_seconds:
-                    run.stop_reason = "max_device_seconds"
-                elif eval_every_samples is not None and run.samples >= run.next_eval:
-                    power.pause()
-                    met = look()
-                    while run.next_eval <= run.samples:
-                        run.next_eval += eval_every_samples
-                    if met:
-                        run.stop_reason = "target"
-                    elif checkpoint is not None and run.samples - saved_at >= checkpoint.every_samples:
-                        save_parts(checkpoint.path, identity, parts)
-                        saved_at = run.samples
-                    power.resume()
+                self._step()
+                self._stop_or_evaluate()
             power.pause()
-            if not finished and run.stop_reason != "target" and look():
+            if not self.finished and run.stop_reason != "target" and self._look():
                 run.stop_reason = "target"  # budget spent: one last look may still meet the target
         except BaseException:
             power.abort()
             raise
         finally:
-            if bar is not None:
-                bar.close()
-        if checkpoint is not None and not finished:
-            if run.perm is None:  # met before any step: nothing a resend would save
-                checkpoint.path.unlink(missing_ok=True)
-            else:  # the end state, for this same work sent again (a resent round)
-                save_parts(checkpoint.path, identity, parts, finished=True)
+            if self.bar is not None:
+                self.bar.close()
 
-    energy, peak, mean = power.summary()
-    return FineTuneResult(
-        reached=run.stop_reason == "target",
-        samples=run.samples,
-        device_seconds=run.device_seconds,
-        energy_j=energy,
-        peak_power_w=peak,
-        mean_power_w=mean,
-        final_accuracy=run.curve[-1].accuracy,
-        curve=run.curve,
-        batch_size=batch_size,
-        lr=float(start_lr),
-        steps=run.steps,
-        target_accuracy=target_accuracy,
-        stop_reason=run.stop_reason,
-        wall_seconds=time.perf_counter() - wall_start,
-        extra={} if resumed_at is None else {"resumed_at_samples": resumed_at},
-    )
+    def _step(self) -> None:
+        """One training step: the hooks' batch size, the next batch of the epoch's order, the device's
+        step; then the hooks see its readings, the bar and `on_step` its count."""
+        run, hooks, device = self.run, self.hooks, self.device
+        for hook in hooks:
+            if (b := hook.before_step(run.samples)) is not None and b != run.batch_size:
+                run.batch_size, run.lr = b, self.config.rate(b)
+                for group in self.opt.param_groups:  # the optimizer state (moments) is kept
+                    group["lr"] = run.lr
+        if run.perm is None or run.first + run.batch_size > self.n:  # a new epoch; the tail is dropped
+            run.perm, run.first = torch.randperm(self.n, generator=self.gen).to(self.dev), 0
+        idx = run.perm[run.first : run.first + run.batch_size]
+        run.first += run.batch_size
+        xb, yb = self.x.index_select(0, idx), self.y.index_select(0, idx)
+
+        t0 = device.clock()
+        device.run_step(
+            partial(self.user_step, xb, yb)
+            if self.user_step is not None
+            else partial(_train_step, self.model, self.opt, self.criterion, xb, yb),
+            batch_size=run.batch_size,
+            workload=self.workload,
+        )
+        run.device_seconds += device.clock() - t0
+        run.samples += run.batch_size
+        run.steps += 1
+        if hooks:
+            readings = self.power.new_samples()
+            for hook in hooks:
+                hook.after_step(readings, run.device_seconds)
+        if self.bar is not None:
+            self.bar.update(run.batch_size)
+        if self.callbacks.on_step is not None:
+            self.callbacks.on_step(run.steps, run.samples)
+
+    def _stop_or_evaluate(self) -> None:
+        """After a step: a spent budget stops the run; else, when due, evaluate (the target met stops it)
+        and save a checkpoint when one is due."""
+        run, config, checkpoint = self.run, self.config, self.callbacks.checkpoint
+        if self.max_samples is not None and run.samples >= self.max_samples:
+            run.stop_reason = "max_samples"
+        elif config.max_device_seconds is not None and run.device_seconds >= config.max_device_seconds:
+            run.stop_reason = "max_device_seconds"
+        elif config.eval_every_samples is not None and run.samples >= run.next_eval:
+            self.power.pause()
+            met = self._look()
+            while run.next_eval <= run.samples:
+                run.next_eval += config.eval_every_samples
+            if met:
+                run.stop_reason = "target"
+            elif checkpoint is not None and run.samples - self.saved_at >= checkpoint.every_samples:
+                save_parts(checkpoint.path, self.identity, self.parts)
+                self.saved_at = run.samples
+            self.power.resume()
+
+    def _look(self) -> bool:
+        """Evaluate now; True when the target is met."""
+        run, target = self.run, self.config.target_accuracy
+        acc = evaluate(self.model, self.task, self.ex, self.ey, metric=self.user.metric)
+        run.curve.append(CurvePoint(run.samples, run.device_seconds, acc))
+        if self.bar is not None:
+            self.bar.set_postfix(acc=f"{acc:.3f}", dev_s=f"{run.device_seconds:.1f}", refresh=False)
+        return target is not None and acc >= target
+
+    def save_end(self) -> None:
+        """Leave the end state for this same work sent again (a resent round), or nothing when the target
+        was met before any step (nothing a resend would save)."""
+        checkpoint = self.callbacks.checkpoint
+        if checkpoint is None or self.finished:
+            return
+        if self.run.perm is None:
+            checkpoint.path.unlink(missing_ok=True)
+        else:
+            save_parts(checkpoint.path, self.identity, self.parts, finished=True)
+
+    def result(self, wall_start: float) -> FineTuneResult:
+        run = self.run
+        energy, peak, mean = self.power.summary()
+        return FineTuneResult(
+            reached=run.stop_reason == "target",
+            samples=run.samples,
+            device_seconds=run.device_seconds,
+            energy_j=energy,
+            peak_power_w=peak,
+            mean_power_w=mean,
+            final_accuracy=run.curve[-1].accuracy,
+            curve=run.curve,
+            batch_size=self.config.batch_size,
+            lr=self.start_lr,
+            steps=run.steps,
+            target_accuracy=self.config.target_accuracy,
+            stop_reason=run.stop_reason,
+            wall_seconds=time.perf_counter() - wall_start,
+            extra={} if self.resumed_at is None else {"resumed_at_samples": self.resumed_at},
+        )
+
+
+def fine_tune(
+    model: nn.Module,
+    train: Dataset,
+    test: Dataset,
+    config: FineTuneConfig,
+    *,
+    device: Device,
+    workload: Workload | None = None,
+    callbacks: FineTuneCallbacks | None = None,
+    user: UserFunctions | None = None,
+) -> FineTuneResult:
+    """Train `model` in place on `train` until its accuracy on `test` reaches `config.target_accuracy`.
+
+    Stops at the first evaluation at or above the target, or when the budget (`max_samples`,
+    `max_device_seconds`; with neither, DEFAULT_MAX_EPOCHS epochs) is spent. Evaluation happens before
+    training, every `eval_every_samples` samples (None: only at the end) and at the end, on a fixed
+    subset of at most `eval_max_samples` test samples. Batches are drawn from a seeded permutation per
+    epoch (the last incomplete batch of an epoch is dropped so every step has the batch size's samples).
+    Same seed, same data, same starting weights → the same curve (on the CPU). `workload` is what the
+    device charges per step (default: measured from the model).
+
+    `callbacks.hooks` act between steps: before a step a hook may hand over another batch size, which
+    takes effect at once with the optimizer state kept and the rate `config.lr(b)`; after it, each sees
+    its power readings. With `callbacks.checkpoint`, the run saves itself at evaluations and, when a
+    checkpoint of the same work exists, continues from it instead of starting over: the weights,
+    samples, accuracy curve, device seconds, energy and the hooks' state are then those of a run never
+    interrupted. A finished run leaves its end state there (one file, replaced by the next work's): the
+    same work again returns the same result at once, without training (`extra.resumed_at_samples`
+    then equals `samples`). `user` replaces the task's loss, metric or whole step (`UserFunctions`).
+    """
+    callbacks = callbacks or FineTuneCallbacks()
+    user = user or UserFunctions()
+    if user.make_step is not None and (callbacks.checkpoint is not None or callbacks.hooks):
+        raise ArgumentError("fine_tune: a user's make_step runs without checkpoints or step hooks")
+    _check_data(config, train, test)
+    wall_start = time.perf_counter()
+    loop = _Loop(model, train, test, config, device, callbacks, user)
+    if workload is None:
+        workload = step_workload(model, loop.task, loop.x, loop.y, user.loss)
+    model.train()
+    saved = loop.find_saved(train, test)
+    with torch.random.fork_rng(devices=loop.cuda):
+        loop.start(workload)
+        loop.restore(saved)
+        loop.run_to_end()
+        loop.save_end()
+    return loop.result(wall_start)
 
 
 def _progress_bar(progress: bool, total: int | None, desc: str | None, done: int) -> Any:
