@@ -361,6 +361,7 @@ def run_method(
         fraction_train=cfg.fraction_train,
         fraction_evaluate=cfg.fraction_evaluate,
         min_available_nodes=cfg.min_nodes,
+        rejoin_wait_s=cfg.rejoin_wait_s,
         round_objective=run_method_named(method).objective(cfg.round_objective),
         round_deadline_s=cfg.round_deadline_s,
         inner=sampled if log_draws is not None else None,

@@ -33,6 +33,7 @@ NOT_IN_FINGERPRINT = frozenset(
         "resume",
         "results-dir",
         "round-timeout",
+        "rejoin-wait-s",
         "inject-server-stop-round",
         "server-device",
     }

@@ -467,6 +467,15 @@ SETTINGS: dict[str, Setting] = _declare(
         group="rounds",
     ),
     Setting(
+        "rejoin-wait-s",
+        30.0,
+        Number(0.0, unit="seconds"),
+        "Seconds a round waits for nodes that were connected before and are not now (a SuperNode "
+        "restarting, a SuperLink back from a restart) before it goes on without them; each is waited "
+        "for once.",
+        group="rounds",
+    ),
+    Setting(
         "min-nodes",
         1,
         Integer(1, MAX_BOARDS),

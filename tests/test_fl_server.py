@@ -63,6 +63,7 @@ def test_the_shipped_run_config_parses_and_has_no_federations_table() -> None:
         ({"profile-cache": "cache"}, "'profile-cache' must be an absolute folder"),
         ({"client-data-seed": -1}, "'client-data-seed' must be an integer in [0, 4294967295], got -1"),
         ({"weights": "/no/such.safetensors"}, "'weights' names no such file: /no/such.safetensors"),
+        ({"rejoin-wait-s": -1}, "'rejoin-wait-s' must be a number of seconds ≥ 0, got -1"),
     ],
 )
 def test_bad_run_config_is_one_line_naming_key_and_value(run_config: dict, fragment: str) -> None:
@@ -213,6 +214,23 @@ def prepared(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     relation = RelationVector.from_samples("cnn-tiny", "proxy", 0.3, {8: 300.0, 16: 400.0})
     monkeypatch.setattr(server_app, "prepare_apart", lambda cfg: (weights, relation))
     return weights
+
+
+def test_the_run_configs_rejoin_wait_reaches_the_strategy(
+    tmp_path: Path, prepared: Path, monkeypatch
+) -> None:
+    """`rejoin-wait-s`: how long a round waits for a node gone since the last (a deployment's SuperNode
+    restarting); the strategy's own wait is tests/test_fl_strategy.py's."""
+    built: dict = {}
+    real = server_app.PowerAwareFedAvg
+
+    def spy(**kwargs):
+        built.update(kwargs)
+        return real(**kwargs)
+
+    monkeypatch.setattr(server_app, "PowerAwareFedAvg", spy)
+    _server(tmp_path, _run_config(tmp_path, **{"num-server-rounds": 1, "rejoin-wait-s": 4.5}), nodes=2)
+    assert built["rejoin_wait_s"] == 4.5
 
 
 def _state(path: Path) -> dict:

@@ -119,6 +119,7 @@ def test_a_run_goes_on_through_superlink_restarts_and_a_lost_supernode(
         config = " ".join(part for part in config.split() if not part.startswith("results-dir="))
         config = config.replace("budget-samples=512", "budget-samples=1024") + " checkpoint-every-samples=128"
         config += f" inject-failures='hang:0.5' inject-seed={HANG_SEED} inject-hang-s=900.0"
+        config += " rejoin-wait-s=5.0"  # the lost TX2 NX is waited for once before round 3's evaluation
         argv = [sys.executable, "-m", "fl_server.supervise", d.connection, "--app", str(REPO)]
         argv += ["--results-dir", str(results), "--run-config", config, "--wait", "300"]
         supervisor = d.spawn("supervise", argv, cwd=REPO)
