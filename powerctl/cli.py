@@ -466,16 +466,8 @@ def cmd_fake_board(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = OneLineParser(
-        prog=PROG,
-        description="Power-aware training on edge GPUs: inspect devices, pin frequencies, profile "
-        "(batch size, frequency) pairs, and select the fastest pair under a power cap.",
-        epilog="Example: powerctl profile --device sim:jetson-nano --model resnet18-small --out profile.json",
-    )
-    sub = p.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
-    device_help = f"device spec: {SPEC_HELP}"
-
+def _add_device_commands(sub: Any, device_help: str) -> None:
+    """devices, power, freq: what a board has and its frequency, one reading or one change at a time."""
     s = sub.add_parser("devices", help="list the devices here, with frequency tables and rails")
     s.add_argument("--json", action="store_true", help="print JSON")
     s.set_defaults(func=cmd_devices)
@@ -495,6 +487,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print JSON")
     s.set_defaults(func=cmd_freq)
 
+
+def _add_profile(sub: Any, device_help: str) -> None:
+    """profile: the measured (batch size, frequency) grid, or the part of it an order measures."""
     s = sub.add_parser("profile", help="measure peak power and time per (batch size, frequency)")
     s.add_argument("--device", required=True, help=device_help)
     s.add_argument("--model", required=True, help="model name from the training registry, e.g. resnet18")
@@ -560,6 +555,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.set_defaults(func=cmd_profile)
 
+
+def _add_caps_and_select(sub: Any) -> None:
+    """caps and select: the state of practice's frequency under a cap, and Algorithm 1's pair."""
     s = sub.add_parser(
         "caps", help="state-of-practice frequency: the highest at which every profile stays under a cap"
     )
@@ -601,6 +599,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.set_defaults(func=cmd_select)
 
+
+def _add_pareto_and_cap_source(sub: Any) -> None:
+    """pareto and cap-source: the time–energy front, and a cap that changes over time."""
     s = sub.add_parser("pareto", help="the time–energy front of the feasible (batch size, frequency) pairs")
     s.add_argument("--profile", required=True, type=Path, help="profile JSON (powerctl profile)")
     s.add_argument("--relation", required=True, type=Path, help="relation vector JSON (fl-server relation)")
@@ -636,6 +637,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.set_defaults(func=cmd_cap_source)
 
+
+def _add_plot_and_fake_board(sub: Any) -> None:
+    """plot and fake-board: heat maps of a profile, and a fake Jetson tree to rehearse on."""
     s = sub.add_parser("plot", help="heat maps of peak power and time over (batch size, frequency)")
     s.add_argument("profile", type=Path, help="profile JSON")
     s.add_argument("--out", required=True, type=output_path, help="folder for the PNG files")
@@ -656,6 +660,23 @@ def build_parser() -> argparse.ArgumentParser:
         "--kind", choices=sorted(KINDS), default="jetson-nano", help="the board (default jetson-nano)"
     )
     s.set_defaults(func=cmd_fake_board)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = OneLineParser(
+        prog=PROG,
+        description="Power-aware training on edge GPUs: inspect devices, pin frequencies, profile "
+        "(batch size, frequency) pairs, and select the fastest pair under a power cap.",
+        epilog="Example: powerctl profile --device sim:jetson-nano --model resnet18-small --out profile.json",
+    )
+    sub = p.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
+    device_help = f"device spec: {SPEC_HELP}"
+
+    _add_device_commands(sub, device_help)
+    _add_profile(sub, device_help)
+    _add_caps_and_select(sub)
+    _add_pareto_and_cap_source(sub)
+    _add_plot_and_fake_board(sub)
     return p
 
 
