@@ -35,7 +35,6 @@ How it is made (said again in the output):
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 import json
 import math
@@ -43,7 +42,7 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +64,7 @@ from powerctl.profile_table import Profile
 from powerctl.relation import RelationVector
 from powerctl.selection import rank, select
 from powerctl.workload import Workload
-from powerfed.training.crossing import DEFAULT_MIN_EVALUATIONS, evaluations_before, run_dense
+from powerfed.training.crossing import DEFAULT_MIN_EVALUATIONS, evaluations_before
 
 DATA = Path("../shared/data")
 BOARDS = ("jetson-nano", "jetson-tx2nx")
@@ -253,18 +252,26 @@ def run_to_target(
     seed: int,
     host: Any,
 ) -> dict[str, Any]:
-    """One run to `target` (None: the calibration budget) evaluated densely enough that it crosses after
-    `task.min_evaluations` evaluations (`powerfed.training.crossing.run_dense`: first every `task.eval_every`
-    samples, again denser if it crossed sooner); samples to target is the interpolated crossing, and the
-    steps charged are that crossing's (fractional) steps.
+    """One run to `target` (None: the calibration budget) by the product's own proxy run
+    (`fl_server.relation.run_to_target`, the one every relation job makes): evaluated densely enough
+    that it crosses after `task.min_evaluations` evaluations (`powerfed.training.crossing.run_dense`:
+    first every `task.eval_every` samples, again denser if it crossed sooner); samples to target is the
+    interpolated crossing, and the steps charged are that crossing's (fractional) steps.
+
+    What is the bench's own, beside the product's: each seed splits `ds` into train/test with that seed
+    (`train_test_split(ds, seed=seed)`; the product splits its proxy once, by `proxy-seed`, for every
+    seed), the rate is `scaled_lr`'s default (square-root) rule, the device charges the charged model's
+    workload, and a calibration run (no target) is one run for its budget.
 
     Every run, proxy or target, finds its grid from its own curve by this one rule, so a target's
     samples to target do not depend on the proxy (they did when a target run's first interval was
     scaled from the proxy's samples: docs/results/paper_tables.md)."""
+    from fl_server.relation import ProxyRuns
+    from fl_server.relation import run_to_target as proxy_run
     from powerfed.training.data import train_test_split
-    from powerfed.training.finetune import FineTuneCallbacks, FineTuneConfig, fine_tune
+    from powerfed.training.finetune import FineTuneConfig
     from powerfed.training.lr import scaled_lr
-    from powerfed.training.models import build_model
+    from powerfed.training.models import get_model_spec
 
     train, test = train_test_split(ds, seed=seed)
     config = FineTuneConfig(
@@ -276,27 +283,16 @@ def run_to_target(
         eval_max_samples=task.eval_max_samples,
         seed=seed,
     )
-
-    def run(every: int) -> Any:
-        model = build_model(task.model, ds.num_classes, seed=0)
-        model.load_state_dict(copy.deepcopy(weights))
-        return fine_tune(
-            model.to(host.torch_device()),
-            train,
-            test,
-            replace(config, eval_every_samples=every),
-            device=host,
-            workload=task.data["workload"],
-            callbacks=FineTuneCallbacks(progress=False),
-        )
-
-    every = task.eval_every
-    if target is None:
-        r, crossing = run(every), None
-    else:
-        r, crossing, every = run_dense(
-            run, batch_size=b, eval_every_samples=every, target=target, min_evaluations=task.min_evaluations
-        )
+    runs = ProxyRuns(
+        spec=get_model_spec(task.model),
+        num_classes=ds.num_classes,
+        state=weights,
+        train=train,
+        test=test,
+        min_evaluations=task.min_evaluations,
+        workload=task.data["workload"],
+    )
+    r, crossing, every = proxy_run(runs, config, host=host)
     samples = float(r.samples) if crossing is None else crossing
     return {"b": b, "seed": seed, "steps": samples / b, "samples": samples, "reached": r.reached,
             "samples_at_evaluation": r.samples, "eval_every": every,

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from fl_server.pretrain import pretrain
-from fl_server.relation import RelationError, estimate_relation
+from fl_server.relation import RelationCompute, RelationError, RelationSettings, estimate_relation
 from powerctl.cliutil import OneLineParser
 from powerctl.devices.torchdev import TORCH_SPEC_HELP, torch_device_arg
 from powerctl.jsonfile import write_json
@@ -159,21 +159,22 @@ def main() -> None:
     else:
         weights, report = args.weights, {"weights": str(args.weights)}
 
-    common: dict[str, Any] = {
-        "batch_sizes": batch_sizes,
-        "seeds": seeds,
-        "lr_max": args.lr_max,
-        "lr_rule": args.lr_rule,
-        "max_samples": args.max_samples,
-        "eval_every_samples": args.eval_every,
-        "eval_max_samples": args.eval_max_samples,
-        "data_seed": 0,  # the proxy split of the runs its results page quotes
-        "cache_dir": out / "cache",
-        "use_cache": not args.no_cache,
-        "parallel": not args.serial,
-        "device": args.device,
-        "progress": progress,
-    }
+    settings = RelationSettings(
+        seeds=seeds,
+        lr_max=args.lr_max,
+        lr_rule=args.lr_rule,
+        max_samples=args.max_samples,
+        eval_every_samples=args.eval_every,
+        eval_max_samples=args.eval_max_samples,
+        data_seed=0,  # the proxy split of the runs its results page quotes
+    )
+    how = RelationCompute(
+        cache_dir=out / "cache",
+        use_cache=not args.no_cache,
+        parallel=not args.serial,
+        device=args.device,
+        progress=progress,
+    )
     vectors: dict[str, RelationVector] = {}
     for role, path, target in (
         ("proxy", args.proxy, args.target),
@@ -182,7 +183,13 @@ def main() -> None:
         t0 = time.perf_counter()
         try:
             vectors[role] = estimate_relation(
-                args.model, weights, f"text:{args.data / path}", target_accuracy=target, **common
+                args.model,
+                weights,
+                f"text:{args.data / path}",
+                target_accuracy=target,
+                batch_sizes=batch_sizes,
+                settings=settings,
+                how=how,
             )
         except RelationError as exc:
             raise SystemExit(f"relation_vs_target: {role} ({path}): {exc}") from None

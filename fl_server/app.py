@@ -65,6 +65,8 @@ from strategies.rounds import RoundRecord
 if TYPE_CHECKING:
     from torch import nn
 
+    from fl_server.relation import RelationSettings
+
 app = ServerApp()
 
 PRETRAIN_CACHE_VERSION = 1
@@ -142,14 +144,25 @@ def relation_vector(
     else `NotCached`)."""
     if cfg.relation:
         return given_relation(cfg)
-    from fl_server.relation import estimate_relation
+    from fl_server.relation import RelationCompute, estimate_relation
 
+    how = RelationCompute(compute=compute, device=cfg.server_device, progress=progress, say=say)
     return estimate_relation(
         cfg.model,
         weights,
         cfg.proxy_data,
         target_accuracy=cfg.target_accuracy,
         batch_sizes=cfg.batch_size_list(),
+        settings=relation_settings(cfg),
+        how=how,
+    )
+
+
+def relation_settings(cfg: ServerConfig) -> RelationSettings:
+    """The run's relation settings (`fl_server.relation.RelationSettings`), made once from its config."""
+    from fl_server.relation import RelationSettings
+
+    return RelationSettings(
         seeds=cfg.seeds(),
         lr_max=cfg.lr_max,
         lr_rule=cfg.lr_rule,
@@ -159,10 +172,6 @@ def relation_vector(
         eval_every_samples=cfg.eval_every_samples,
         eval_max_samples=cfg.eval_max_samples,
         data_seed=cfg.proxy_seed,
-        device=cfg.server_device,
-        progress=progress,
-        say=say,
-        compute=compute,
     )
 
 

@@ -308,18 +308,13 @@ def _pretrain(args: argparse.Namespace) -> int:
 
 
 def _relation(args: argparse.Namespace) -> int:
-    from fl_server.relation import estimate_relation
+    from fl_server.relation import RelationCompute, RelationSettings, estimate_relation
     from powerctl.outputs import check_output_dir, check_output_file
 
     check_output_file(args.out)
     if args.cache_dir is not None and not args.no_cache:
         check_output_dir(args.cache_dir, "--cache-dir")
-    rel = estimate_relation(
-        args.model,
-        args.weights,
-        args.proxy,
-        target_accuracy=args.target,
-        batch_sizes=args.batch_sizes,
+    settings = RelationSettings(
         seeds=args.seeds,
         lr_max=args.lr_max,
         lr_rule=args.lr_rule,
@@ -331,12 +326,23 @@ def _relation(args: argparse.Namespace) -> int:
         seq_len=args.seq_len,
         limit=args.limit,
         data_seed=args.data_seed,
+    )
+    how = RelationCompute(
         cache_dir=args.cache_dir,
         use_cache=not args.no_cache,
         parallel=args.parallel,
         num_cpus=args.cpus,
         device=args.device,
         progress=not args.no_progress,
+    )
+    rel = estimate_relation(
+        args.model,
+        args.weights,
+        args.proxy,
+        target_accuracy=args.target,
+        batch_sizes=args.batch_sizes,
+        settings=settings,
+        how=how,
     )
     rel.save(args.out)
     if warning := rel.coarse_warning():

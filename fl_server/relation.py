@@ -31,7 +31,6 @@ with the code), together with the data's bytes and every setting above.
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import inspect
 import json
@@ -54,20 +53,21 @@ from fl_server.relation_data import ProxyData, file_digest, load_proxy, spec_dig
 from fl_server.weights import load_weights, weights_hash
 from powerctl.cache import CACHE_ENV, cache_dir
 from powerctl.cliutil import MAX_SEED
+from powerctl.devices.base import Device
 from powerctl.devices.host import HostDevice
 from powerctl.devices.torchdev import resolve_torch_device
 from powerctl.errors import ArgumentError, FileFormatError, PowerctlError
 from powerctl.mapping import FolderPath, Integer, Kind, Number, check_arguments
 from powerctl.relation import VECTORS, RelationVector
+from powerctl.workload import Workload
 from powerfed.training.crossing import DEFAULT_MIN_EVALUATIONS, run_dense
 from powerfed.training.data import Dataset
 from powerfed.training.errors import DataError, ModelError
 from powerfed.training.finetune import (
     FineTuneCallbacks,
     FineTuneConfig,
-    LossFn,
-    MakeStep,
-    MetricFn,
+    FineTuneResult,
+    TrainToTarget,
     UserFunctions,
     fine_tune,
 )
@@ -91,18 +91,19 @@ __all__ = [
     "CACHE_VERSION",
     "ModelFactory",
     "RelationError",
+    "ProxyRuns",
+    "RelationCompute",
     "RelationRequest",
+    "RelationSettings",
     "TrainToTarget",
     "default_cache_dir",
     "estimate_relation",
     "file_digest",
+    "run_to_target",
 ]
 
 ModelFactory = Callable[[], nn.Module]
 """A user's model: called with no argument (or `num_classes=` where it takes it), a fresh nn.Module."""
-TrainToTarget = Callable[..., float | None]
-"""A user's own loop: (batch_size, lr, seed[, target_accuracy]) → samples to the target, None when it was
-not reached (a callable that takes a fourth argument is given the target)."""
 
 CACHE_VERSION = 2
 """Bump when a code change alters what a relation estimate would be: old cache entries then miss."""
@@ -167,146 +168,294 @@ class RelationRequest:
         return hashlib.sha256(blob.encode()).hexdigest()
 
 
-_NUMBERS: dict[str, Kind] = {
-    "target_accuracy": Number(0.0, 1.0, above=True),
+WHERE = "estimate_relation"
+"""What every refusal of an estimate's arguments names: the call the user made."""
+Say = Callable[[str], None]
+
+
+def _integers(name: str, values: Any, kind: Kind, what: str) -> list[int]:
+    """A list of integers, each checked: one ArgumentError line naming the argument."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        raise ArgumentError(f"{WHERE}: {name!r} must be a list of {what}, got {values!r}")
+    return [check_arguments(WHERE, **{name: (v, kind)})[name] for v in values]
+
+
+def _optional_count(name: str, value: Any, least: int = 1) -> int | None:
+    return None if value is None else check_arguments(WHERE, **{name: (value, Integer(least))})[name]
+
+
+_SETTING_NUMBERS: dict[str, Kind] = {
     "lr_max": Number(0.0, 10.0, above=True),
     "max_samples": Integer(1),
     "eval_every_samples": Integer(1),
     "min_evaluations": Integer(1),
     "data_seed": Integer(0, MAX_SEED),
 }
-_OPTIONAL_COUNTS = ("eval_max_samples", "limit", "seq_len", "max_seeds", "num_cpus")
 
 
-def _check_numbers(given: dict[str, Any]) -> dict[str, Any]:
-    """`estimate_relation`'s numbers, each where the call is made: one ArgumentError line (a NaN budget,
-    a string target, `limit=-1` would otherwise fail deep inside, or silently drop samples); then its
-    overrides, callables and cache folder. Returns the numbers as plain ints and floats (numpy's
-    converted: they go into the cache key and the vector's file), the seeds and batch sizes as lists."""
-    where = "estimate_relation"
-    checked = check_arguments(where, **{name: (given[name], kind) for name, kind in _NUMBERS.items()})
-    for name in _OPTIONAL_COUNTS:
-        kind = Integer(0 if name == "max_seeds" else 1)
-        checked[name] = (
-            None if given[name] is None else check_arguments(where, **{name: (given[name], kind)})[name]
+@dataclass(frozen=True)
+class RelationSettings:
+    """What a relation estimate is, beside its model, weights, proxy, target and batch sizes: how the
+    proxy runs run. The defaults are the run config's (`strategies.settings`), as the ServerApp
+    estimates. Checked when made, before any data is read: one ArgumentError line naming
+    estimate_relation and the setting (a NaN budget or `limit=-1` would otherwise fail deep inside, or
+    silently drop samples); numpy's numbers become plain ones (they go into the cache key and the file)."""
+
+    seeds: Sequence[int] = tuple(run_default("relation-seeds"))
+    """The runs' seeds per batch size (the vector is their mean); kept as a tuple."""
+    lr_max: float = run_default("lr-max")
+    """The rate at the largest batch size; the others' by `lr_rule` (`powerfed.training.lr.scaled_lr`)."""
+    lr_rule: str = run_default("lr-rule")
+    max_samples: int = run_default("relation-max-samples")
+    """One run's budget: a batch size that misses the target within it is an error."""
+    eval_every_samples: int = run_default("eval-every-samples")
+    eval_max_samples: int | None = run_default("eval-max-samples")
+    min_evaluations: int = DEFAULT_MIN_EVALUATIONS
+    """Evaluations before the crossing; a run that crossed sooner runs again, denser (`run_dense`)."""
+    max_seeds: int | None = run_default("relation-max-seeds") or None
+    """Further seeds, one at a time up to this many in all, until the ranking is stable (0, None: none)."""
+    vector: str = run_default("relation-values")
+    """raw (the means) or fitted (the batch-efficiency model; `powerctl.relation.VECTORS`)."""
+    seq_len: int | None = None
+    """A text model's sequence length (None: the model's)."""
+    limit: int | None = None
+    """Proxy samples to use at most (None: all)."""
+    data_seed: int = run_default("proxy-seed")
+    """Seed of the proxy's train/test split, the same for every run."""
+    overrides: dict[str, Any] | None = None
+    """The model's options; with weights, those they were built with."""
+
+    def __post_init__(self) -> None:
+        checked = check_arguments(WHERE, **{n: (getattr(self, n), k) for n, k in _SETTING_NUMBERS.items()})
+        for name in ("eval_max_samples", "limit", "seq_len"):
+            checked[name] = _optional_count(name, getattr(self, name))
+        checked["max_seeds"] = _optional_count("max_seeds", self.max_seeds, least=0)
+        seeds = tuple(_integers("seeds", self.seeds, Integer(0, MAX_SEED), "integers ≥ 0"))
+        if self.overrides is not None and not isinstance(self.overrides, dict):
+            raise ArgumentError(
+                f"{WHERE}: 'overrides' must be a dict of the model's options, got {self.overrides!r}"
+            )
+        if not seeds or len(set(seeds)) != len(seeds):
+            raise RelationError(f"seeds must be a non-empty list of distinct integers, got {list(seeds)}")
+        if self.lr_rule not in LR_RULES:
+            raise RelationError(
+                f"unknown learning-rate rule {self.lr_rule!r}; use one of {', '.join(LR_RULES)}"
+            )
+        if self.vector not in VECTORS:
+            raise RelationError(f"unknown relation vector {self.vector!r}; use one of {', '.join(VECTORS)}")
+        if checked["max_seeds"] and checked["max_seeds"] < len(seeds):
+            raise RelationError(
+                f"max_seeds ({checked['max_seeds']}) is fewer than the {len(seeds)} seeds given"
+            )
+        for name, value in {**checked, "seeds": seeds}.items():
+            object.__setattr__(self, name, value)
+
+
+@dataclass(frozen=True)
+class RelationCompute:
+    """Where a relation estimate is cached and how it is computed and shown: nothing here changes the
+    vector (the thread count that `parallel` implies is in the cache key). Checked when made, as
+    `RelationSettings` is."""
+
+    cache_key: str | None = None
+    """Names the version of the user's code (a model not built into the project, a loss, a metric, a
+    step or a loop): only then is such an estimate cached, and it must change when that code does."""
+    cache_dir: str | Path | None = None
+    """The cache's folder (None: $POWERFED_CACHE/relation or ~/.cache/powerfed/relation)."""
+    use_cache: bool = True
+    compute: bool = True
+    """False: nothing trains; the cached vector, else `NotCached`."""
+    parallel: bool = False
+    """The runs as Ray tasks with one torch thread each, where the model and callables can be pickled
+    (else one at a time, logged)."""
+    num_cpus: int | None = None
+    """CPUs of the Ray started here (None: one per run, at most this machine's)."""
+    device: str = "auto"
+    """Where the runs train (auto, cpu, cuda[:INDEX]; `powerctl.devices.torchdev`); not in the key."""
+    progress: bool = True
+    """A bar on stderr where it is a terminal."""
+    say: Say | None = None
+    """Hears a line per finished run (what it measured, the time left): progress where no terminal
+    shows a bar (a ServerApp's log)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "num_cpus", _optional_count("num_cpus", self.num_cpus))
+        if self.cache_dir is not None:  # '' is the working directory, not the default cache (None)
+            folder = FolderPath("a folder path (leave it out, or None, for the default cache)")
+            check_arguments(WHERE, cache_dir=(self.cache_dir, folder))
+        key = self.cache_key
+        if key is not None and (not isinstance(key, str) or not key.strip()):
+            raise RelationError(f"cache_key must be a non-empty string naming the user code, got {key!r}")
+
+
+@dataclass(frozen=True)
+class _Estimate:
+    """One call's arguments, checked: what every step of the estimate reads."""
+
+    target_accuracy: float
+    batch_sizes: tuple[int, ...]
+    """Sorted: the largest last (the vector's denominator)."""
+    settings: RelationSettings
+    user: UserFunctions
+    how: RelationCompute
+    threads: int
+    """torch's intra-op threads per run: 1 per Ray task, else this process's (in the cache key)."""
+
+    @property
+    def budget(self) -> int:
+        """Seeds at most: those given, or `max_seeds` where it is more."""
+        return max(len(self.settings.seeds), self.settings.max_seeds or 0)
+
+    @property
+    def lrs(self) -> list[float]:
+        s, largest = self.settings, self.batch_sizes[-1]
+        return [scaled_lr(s.lr_max, b, largest, s.lr_rule) for b in self.batch_sizes]
+
+    @property
+    def user_code(self) -> bool:
+        """Whether the user's functions take part (then the cache needs a `cache_key`)."""
+        u = self.user
+        return any(f is not None for f in (u.loss, u.metric, u.make_step, u.train_to_target))
+
+    def request(self, **what: Any) -> RelationRequest:
+        """The cache's request: these settings, and `what` names the model, weights and data."""
+        s = self.settings
+        own = {"limit": s.limit, "data_seed": s.data_seed, "max_samples": s.max_samples}
+        runs = {"eval_every_samples": s.eval_every_samples, "eval_max_samples": s.eval_max_samples}
+        return RelationRequest(
+            **{**own, **runs, "min_evaluations": s.min_evaluations, **what},
+            target_accuracy=self.target_accuracy,
+            batch_sizes=self.batch_sizes,
+            seeds=tuple(s.seeds),
+            lr_max=s.lr_max,
+            lr_rule=s.lr_rule,
+            max_seeds=self.budget,
+            vector=s.vector,
+            threads=self.threads,
         )
-    for name, kind in (("seeds", Integer(0, MAX_SEED)), ("batch_sizes", Integer(1))):
-        values = given[name]
-        if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
-            what = "integers ≥ 0" if name == "seeds" else "integers ≥ 1"
-            raise ArgumentError(f"{where}: {name!r} must be a list of {what}, got {values!r}")
-        checked[name] = [check_arguments(where, **{name: (v, kind)})[name] for v in values]
-    overrides = given["overrides"]
-    if overrides is not None and not isinstance(overrides, dict):
-        raise ArgumentError(
-            f"estimate_relation: 'overrides' must be a dict of the model's options, got {overrides!r}"
-        )
+
+    def jobs(self, seeds: Sequence[int]) -> list[FineTuneConfig]:
+        """Every batch size × seed, each with its scaled rate."""
+        s = self.settings
+        return [
+            FineTuneConfig(
+                batch_size=b,
+                lr=lr,
+                target_accuracy=self.target_accuracy,
+                max_samples=s.max_samples,
+                eval_every_samples=s.eval_every_samples,
+                eval_max_samples=s.eval_max_samples,
+                seed=seed,
+            )
+            for b, lr in zip(self.batch_sizes, self.lrs, strict=True)
+            for seed in seeds
+        ]
+
+
+def _estimate(
+    target_accuracy: Any,
+    batch_sizes: Any,
+    settings: RelationSettings | None,
+    user: UserFunctions | None,
+    how: RelationCompute | None,
+) -> _Estimate:
+    """`estimate_relation`'s arguments, each refused where the call is made, in one line."""
+    for name, value, kind in (
+        ("settings", settings, RelationSettings),
+        ("user", user, UserFunctions),
+        ("how", how, RelationCompute),
+    ):
+        if value is not None and not isinstance(value, kind):
+            raise ArgumentError(f"{WHERE}: {name!r} must be a {kind.__name__} or None, got {value!r}")
+    target = check_arguments(WHERE, target_accuracy=(target_accuracy, Number(0.0, 1.0, above=True)))
+    sizes = tuple(_integers("batch_sizes", batch_sizes, Integer(1), "integers ≥ 1"))
+    if not sizes:
+        raise RelationError(f"batch sizes must be positive integers, got {list(sizes)}")
+    if len(set(sizes)) != len(sizes):
+        raise RelationError(f"batch sizes must be distinct, got {list(sizes)}")
+    user = user or UserFunctions()
     for name in ("loss", "metric", "make_step", "train_to_target"):
-        if given[name] is not None and not callable(given[name]):
-            raise ArgumentError(f"estimate_relation: {name!r} must be callable, got {given[name]!r}")
-    if given["cache_dir"] is not None:  # '' is the working directory, not the default cache (None)
-        folder = FolderPath("a folder path (leave it out, or None, for the default cache)")
-        check_arguments(where, cache_dir=(given["cache_dir"], folder))
-    return checked
-
-
-def _validate(
-    target_accuracy: float,
-    batch_sizes: Sequence[int],
-    seeds: Sequence[int],
-    lr_max: float,
-    max_samples: int,
-    lr_rule: str = "sqrt",
-    vector: str = "raw",
-    max_seeds: int | None = None,
-) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    if not 0.0 < target_accuracy <= 1.0:
-        raise RelationError(f"target accuracy must be in (0, 1], got {target_accuracy}")
-    bs = tuple(batch_sizes)
-    if not bs or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in bs):
-        raise RelationError(f"batch sizes must be positive integers, got {list(bs)}")
-    if len(set(bs)) != len(bs):
-        raise RelationError(f"batch sizes must be distinct, got {list(bs)}")
-    sd = tuple(seeds)
-    if not sd or len(set(sd)) != len(sd):
-        raise RelationError(f"seeds must be a non-empty list of distinct integers, got {list(sd)}")
-    if not lr_max > 0:
-        raise RelationError(f"lr_max must be > 0, got {lr_max}")
-    if lr_rule not in LR_RULES:
-        raise RelationError(f"unknown learning-rate rule {lr_rule!r}; use one of {', '.join(LR_RULES)}")
-    if vector not in VECTORS:
-        raise RelationError(f"unknown relation vector {vector!r}; use one of {', '.join(VECTORS)}")
-    if max_seeds and max_seeds < len(seeds):
-        raise RelationError(f"max_seeds ({max_seeds}) is fewer than the {len(seeds)} seeds given")
-    if max_samples < 1:
-        raise RelationError(f"max_samples must be ≥ 1, got {max_samples}")
-    return tuple(sorted(bs)), sd
-
-
-def _run_job(
-    state: dict[str, torch.Tensor],
-    spec: ModelSpec,
-    num_classes: int,
-    overrides: dict[str, Any],
-    train: Dataset,
-    test: Dataset,
-    loss: LossFn | None,
-    metric: MetricFn | None,
-    make_step: MakeStep | None,
-    batch_size: int,
-    seed: int,
-    lr: float,
-    target_accuracy: float,
-    max_samples: int,
-    eval_every_samples: int,
-    eval_max_samples: int | None,
-    min_evaluations: int,
-    progress: bool,
-    threads: int,
-    device: str = "cpu",
-) -> dict[str, Any]:
-    """One fine-tuning run from the shared starting weights, run again with denser evaluation if it
-    crossed too early (`powerfed.training.crossing.run_dense`); a plain dict so it crosses Ray. The model
-    comes from its registry entry itself (a Ray worker has not run the user's `register_model`) and
-    trains on the torch `device` (batches, optimizer state and evaluation follow it: `fine_tune`)."""
-    host = HostDevice(device, torch_device=device)
-    config = FineTuneConfig(
-        batch_size=batch_size,
-        lr=lr,
-        target_accuracy=target_accuracy,
-        max_samples=max_samples,
-        eval_every_samples=eval_every_samples,
-        eval_max_samples=eval_max_samples,
-        seed=seed,
+        if (fn := getattr(user, name)) is not None and not callable(fn):
+            raise ArgumentError(f"{WHERE}: {name!r} must be callable, got {fn!r}")
+    how = how or RelationCompute()
+    return _Estimate(
+        target_accuracy=target["target_accuracy"],
+        batch_sizes=tuple(sorted(sizes)),
+        settings=settings or RelationSettings(),
+        user=user,
+        how=how,
+        threads=1 if how.parallel else torch.get_num_threads(),
     )
-    callbacks = FineTuneCallbacks(progress=progress, desc=f"b={batch_size} seed={seed}")
-    user = UserFunctions(loss=loss, metric=metric, make_step=make_step)
 
-    def run(every: int) -> Any:
-        model = build_spec(spec, num_classes, **overrides)
-        model.load_state_dict(state)
+
+@dataclass(frozen=True)
+class ProxyRuns:
+    """What every run of one estimate shares: the model and its starting weights, the train/test split,
+    how densely a crossing is read, the user's functions, where it trains. The paper tables' runs
+    (bench/paper_tables.py) are this too, so that the product and the tables cannot drift apart."""
+
+    spec: ModelSpec
+    """The model's registry entry (a Ray worker has not run the user's `register_model`)."""
+    num_classes: int
+    state: dict[str, torch.Tensor]
+    """The starting weights, the same for every run."""
+    train: Dataset
+    test: Dataset
+    overrides: dict[str, Any] = field(default_factory=dict)
+    min_evaluations: int = DEFAULT_MIN_EVALUATIONS
+    """A run that crossed within fewer evaluations runs again, denser (`run_dense`)."""
+    user: UserFunctions = field(default_factory=UserFunctions)
+    device: str = "cpu"
+    """The torch device the runs train on (batches, optimizer state and evaluation follow it)."""
+    workload: Workload | None = None
+    """What the device charges per step (None: measured from the model, `fine_tune`'s default)."""
+
+
+def run_to_target(
+    runs: ProxyRuns, config: FineTuneConfig, *, host: Device | None = None, progress: bool = False
+) -> tuple[FineTuneResult, float | None, int]:
+    """One fine-tuning run from the shared starting weights (`config`: batch size, rate, seed, target,
+    budget), run again with denser evaluation if it crossed too early
+    (`powerfed.training.crossing.run_dense`); with no target, one run for the budget. Returns (the
+    run, its interpolated crossing or None, the evaluation interval it used). `host`: the device that
+    runs the steps (default: this host on `runs.device`)."""
+    host = host or HostDevice(runs.device, torch_device=runs.device)
+    callbacks = FineTuneCallbacks(progress=progress, desc=f"b={config.batch_size} seed={config.seed}")
+
+    def run(every: int) -> FineTuneResult:
+        model = build_spec(runs.spec, runs.num_classes, **runs.overrides)
+        model.load_state_dict(runs.state)
         return fine_tune(
             model.to(host.torch_device()),
-            train,
-            test,
+            runs.train,
+            runs.test,
             replace(config, eval_every_samples=every),
             device=host,
+            workload=runs.workload,
             callbacks=callbacks,
-            user=user,
+            user=runs.user,
         )
 
+    every = config.eval_every_samples
+    if config.target_accuracy is None or every is None:
+        return run(every), None, every
+    return run_dense(
+        run,
+        batch_size=config.batch_size,
+        eval_every_samples=every,
+        target=config.target_accuracy,
+        min_evaluations=runs.min_evaluations,
+    )
+
+
+def _run_job(runs: ProxyRuns, config: FineTuneConfig, progress: bool, threads: int) -> dict[str, Any]:
+    """One run to the target with `threads` torch threads, as a plain dict so that it crosses Ray."""
     with _torch_threads(threads):
-        result, crossing, every = run_dense(
-            run,
-            batch_size=batch_size,
-            eval_every_samples=eval_every_samples,
-            target=target_accuracy,
-            min_evaluations=min_evaluations,
-        )
+        result, crossing, every = run_to_target(runs, config, progress=progress)
     return {
-        "batch_size": batch_size,
-        "seed": seed,
-        "lr": lr,
+        "batch_size": config.batch_size,
+        "seed": config.seed,
+        "lr": config.lr,
         "reached": result.reached,
         "samples": float(crossing) if crossing is not None else float(result.samples),
         "samples_at_evaluation": result.samples,
@@ -344,16 +493,11 @@ def _takes_four(fn: Callable[..., Any]) -> bool:
 
 
 def _run_user_job(
-    train_to_target: TrainToTarget,
-    batch_size: int,
-    seed: int,
-    lr: float,
-    threads: int,
-    target_accuracy: float,
-    **_: Any,
+    train_to_target: TrainToTarget, config: FineTuneConfig, progress: bool, threads: int
 ) -> dict[str, Any]:
     """One run of the user's own loop; its answer checked, as a run record like `_run_job`'s (the
     device is the user's loop's own business)."""
+    batch_size, lr, seed, target_accuracy = config.batch_size, config.lr, config.seed, config.target_accuracy
     started = time.perf_counter()
     args: tuple[Any, ...] = (batch_size, lr, seed)
     if _takes_four(train_to_target):
@@ -379,9 +523,6 @@ def _run_user_job(
     }
 
 
-Say = Callable[[str], None]
-
-
 class _RunProgress:
     """One line per finished run: which, what it measured, time so far and an estimate of what is left
     (runs of one batch size take about as long as each other; the estimate is the mean so far)."""
@@ -403,13 +544,13 @@ class _RunProgress:
         )
 
 
-def _picklable(shared: dict[str, Any]) -> bool:
+def _picklable(shared: ProxyRuns | TrainToTarget) -> bool:
     """Whether what every run needs can cross to a Ray worker (a lambda in a user's script can; a
-    local object holding a lock or an open file cannot)."""
+    local object holding a lock or an open file cannot); the data and weights always can."""
     from ray import cloudpickle
 
     try:
-        cloudpickle.dumps({k: v for k, v in shared.items() if not isinstance(v, (Dataset, dict))})
+        cloudpickle.dumps((shared.spec, shared.user) if isinstance(shared, ProxyRuns) else shared)
     except Exception as exc:  # what cannot be pickled fails in many ways
         log.warning("relation runs one at a time: the model or callables cannot go to Ray workers (%s)", exc)
         return False
@@ -418,33 +559,32 @@ def _picklable(shared: dict[str, Any]) -> bool:
 
 def _run_parallel(
     fn: Callable[..., dict[str, Any]],
-    jobs: list[dict[str, Any]],
-    shared: dict[str, Any],
-    num_cpus: int | None,
-    progress: bool,
+    jobs: list[FineTuneConfig],
+    shared: ProxyRuns | TrainToTarget,
+    how: RelationCompute,
     finished: Callable[[dict[str, Any]], None],
 ) -> list:
     """Each job a Ray task with one torch thread; Ray is started locally (and stopped) if needed. Jobs
-    on a GPU (`device` cuda:...) ask Ray for an equal share of one GPU each, as many as run at once,
+    on a GPU (`ProxyRuns.device` cuda:...) ask Ray for an equal share of one GPU each, as many as run at once,
     and train on the GPU Ray gives them (their cuda:0: Ray sets CUDA_VISIBLE_DEVICES)."""
     import ray
 
     started_here = not ray.is_initialized()
-    cpus = num_cpus or min(len(jobs), os.cpu_count() or 1)
+    cpus = how.num_cpus or min(len(jobs), os.cpu_count() or 1)
     if started_here:
         os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # CPU tasks: leave CUDA env alone
         ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
-        gpu = str(jobs[0].get("device", "cpu")).startswith("cuda")
+        gpu = isinstance(shared, ProxyRuns) and str(shared.device).startswith("cuda")
         options = {"num_cpus": 1, **({"num_gpus": gpu_share(cpus, len(jobs))} if gpu else {})}
         if gpu:
             _check_ray_gpus()
-            jobs = [{**job, "device": "cuda:0"} for job in jobs]
+            shared = replace(shared, device="cuda:0")
         remote = ray.remote(**options)(fn)
-        refs = {k: ray.put(v) for k, v in shared.items()}
-        futures = [remote.remote(**refs, **job, progress=False, threads=1) for job in jobs]
+        ref = ray.put(shared)
+        futures = [remote.remote(ref, job, False, 1) for job in jobs]
         bar = None
-        if progress and sys.stderr.isatty():
+        if how.progress and sys.stderr.isatty():
             from tqdm import tqdm
 
             bar = tqdm(total=len(futures), desc="relation runs", unit="run", leave=False, file=sys.stderr)
@@ -531,29 +671,21 @@ def _factory_name(factory: Callable[..., Any]) -> str:
     return name if name != "<lambda>" else "user-model"
 
 
-def _probe(
-    spec: ModelSpec,
-    state: dict[str, torch.Tensor],
-    num_classes: int,
-    overrides: dict[str, Any],
-    train: Dataset,
-    loss: LossFn | None,
-    proxy: str,
-    device: str = "cpu",
-) -> dict[str, Any]:
+def _probe(runs: ProxyRuns, proxy: str) -> dict[str, Any]:
     """One forward and loss on two proxy samples, on the runs' torch device, before any run: a model
     and data that do not fit together are one line, not a traceback from inside a Ray task. Returns
     the model's fingerprint (`model_fingerprint`), which the vector records."""
     from powerfed.training.models import loss_fn
 
-    model = build_spec(spec, num_classes, **overrides)
-    model.load_state_dict(state)
+    spec, train, device = runs.spec, runs.train, runs.device
+    model = build_spec(spec, runs.num_classes, **runs.overrides)
+    model.load_state_dict(runs.state)
     model = model.to(device)
     try:
         with torch.no_grad():
             model.eval()
             x, y = train.x[:2].to(device), train.y[:2].to(device)
-            float((loss or loss_fn(spec.task))(model(x), y))
+            float((runs.user.loss or loss_fn(spec.task))(model(x), y))
     except Exception as exc:  # the user's model, loss or data: any error means they do not fit
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelError(
@@ -570,81 +702,95 @@ def estimate_relation(
     *,
     target_accuracy: float,
     batch_sizes: Sequence[int],
-    seeds: Sequence[int] = tuple(run_default("relation-seeds")),
-    lr_max: float = run_default("lr-max"),
-    lr_rule: str = run_default("lr-rule"),
-    max_samples: int = run_default("relation-max-samples"),
-    eval_every_samples: int = run_default("eval-every-samples"),
-    eval_max_samples: int | None = run_default("eval-max-samples"),
-    min_evaluations: int = DEFAULT_MIN_EVALUATIONS,
-    max_seeds: int | None = run_default("relation-max-seeds") or None,
-    vector: str = run_default("relation-values"),
-    seq_len: int | None = None,
-    limit: int | None = None,
-    data_seed: int = run_default("proxy-seed"),
-    overrides: dict[str, Any] | None = None,
-    loss: LossFn | None = None,
-    metric: MetricFn | None = None,
-    make_step: MakeStep | None = None,
-    train_to_target: TrainToTarget | None = None,
-    cache_key: str | None = None,
-    cache_dir: str | Path | None = None,
-    use_cache: bool = True,
-    compute: bool = True,
-    parallel: bool = False,
-    num_cpus: int | None = None,
-    device: str = "auto",
-    progress: bool = True,
-    say: Say | None = None,
+    settings: RelationSettings | None = None,
+    user: UserFunctions | None = None,
+    how: RelationCompute | None = None,
 ) -> RelationVector:
-    """The relation vector of `model` from `weights` (None: a seeded fresh init) on `proxy`; what is not
-    given is the run config's default (`strategies.settings`), as the ServerApp estimates.
+    """The relation vector of `model` from `weights` (None: a seeded fresh init) on `proxy`, at
+    `target_accuracy` for `batch_sizes`; `settings` (`RelationSettings`; None: the run config's
+    defaults, as the ServerApp estimates) say how the proxy runs run.
 
     `model` is a registered name (`powerfed.training.models.register_model`: the seven built-ins and the
     user's), or a factory returning an nn.Module (given `num_classes=` where it takes it). `proxy` is a
     dataset spec (`powerfed.training.data.load_dataset`), a torch Dataset, a DataLoader (its dataset) or
-    tensors (x, y) of any sample shape and channel count. `loss(outputs, targets)` and `metric(outputs,
-    targets)` replace the task's cross entropy and top-1 accuracy. `make_step(model)` → `step(x, y)`
-    replaces the training step (the one a `PowerSession` takes: the user's optimizer, loss, proximal
-    term), so that the vector is the user's optimizer's; the crossing, seeds, stopping rule, cache and
-    Ray are the project's, and `lr_max`/`lr_rule` are the step's business (its own rate). Instead of all
-    these, a user whose loop is their own gives `train_to_target(batch_size, lr, seed[, target])` →
-    samples to the target (None: not reached), given the target where it takes a fourth argument;
-    `model` then only names the file's model and `proxy` (optional) its data, whose bytes the key holds.
+    tensors (x, y) of any sample shape and channel count. `user` (`UserFunctions`): `loss(outputs,
+    targets)` and `metric(outputs, targets)` replace the task's cross entropy and top-1 accuracy;
+    `make_step(model)` → `step(x, y)` replaces the training step (the one a `PowerSession` takes), so
+    that the vector is the user's optimizer's (`lr_max`/`lr_rule` are then the step's business); the
+    crossing, seeds, stopping rule, cache and Ray stay the project's. Instead of all these, a user whose
+    loop is their own gives `train_to_target(batch_size, lr, seed[, target])` → samples to the target
+    (None: not reached); `model` then only names the file's model and `proxy` (optional) its data.
 
-    The proxy dataset is split into train/test (powerfed.training.data defaults, `data_seed`); each run trains
-    on the train part with the rate `scaled_lr(lr_max, b, largest b, lr_rule)` and evaluates every
-    `eval_every_samples` samples on the test part — again more often if it crossed within fewer than
-    `min_evaluations` evaluations — and its samples to target is the interpolated crossing
-    (`powerfed.training.crossing`). With `max_seeds` (0 or None: none, as in the run config) above the number
-    of `seeds`, further seeds (the next integers) are run one at a time until adding one leaves the
-    ranking of batch sizes unchanged, or the budget is spent (`seeds_needed`, `ranking_stable` in the
-    file). Returns the vector (also stored in the cache, `cache_dir` or $POWERFED_CACHE/relation or
-    ~/.cache/powerfed/relation). User code (a model not built into the project, a loss, a metric or
-    `train_to_target`) is cached only with a `cache_key`, which must change when that code does; the key
-    also holds the data's bytes and every setting. With `compute=False` nothing trains: the cached vector,
-    else `NotCached` (a look-up that costs reading the weights and the proxy data). `parallel` runs go to
-    Ray where the model and callables can be pickled, else one at a time (logged). `say` gets a line per
-    finished run (what it measured, an estimate of the time left): long estimates show progress where no
-    terminal shows a bar (a ServerApp's log). `device` (auto, cpu, cuda[:INDEX];
-    `powerctl.devices.torchdev`) is where the runs train; it is not in the cache key, torch's intra-op
-    thread count the runs use is (1 per Ray task with `parallel`, else this process's).
+    Each run trains on the proxy's train split (`data_seed`) at `scaled_lr(lr_max, b, largest b,
+    lr_rule)` and evaluates every `eval_every_samples` samples — again more often if it crossed within
+    fewer than `min_evaluations` evaluations — and its samples to target is the interpolated crossing
+    (`powerfed.training.crossing`). With `max_seeds` above the number of `seeds`, further seeds are run
+    one at a time until the ranking of batch sizes stays the same (`seeds_needed`, `ranking_stable` in
+    the file). `how` (`RelationCompute`) says where the vector is cached and how it is computed: user
+    code is cached only under its `cache_key`; `compute=False` trains nothing (the cached vector, else
+    `NotCached`); `parallel` runs go to Ray; `device` is where the runs train, not in the cache key
+    (torch's thread count is); `say` hears a line per finished run.
     """
-    n = _check_numbers(locals())  # plain ints and floats from here on (numpy's converted)
-    target_accuracy, lr_max, data_seed, seeds = n["target_accuracy"], n["lr_max"], n["data_seed"], n["seeds"]
-    max_samples, min_evaluations, batch_sizes = n["max_samples"], n["min_evaluations"], n["batch_sizes"]
-    eval_every_samples, eval_max_samples = n["eval_every_samples"], n["eval_max_samples"]
-    limit, seq_len, max_seeds, num_cpus = n["limit"], n["seq_len"], n["max_seeds"], n["num_cpus"]
-    bs, sd = _validate(target_accuracy, batch_sizes, seeds, lr_max, max_samples, lr_rule, vector, max_seeds)
-    if cache_key is not None and (not isinstance(cache_key, str) or not cache_key.strip()):
-        raise RelationError(f"cache_key must be a non-empty string naming the user code, got {cache_key!r}")
-    budget = max(len(sd), max_seeds or 0)
-    lrs = [scaled_lr(lr_max, b, bs[-1], lr_rule) for b in bs]
-    threads = 1 if parallel else torch.get_num_threads()
-    if train_to_target is not None:
-        return _estimate_own_loop(
-            model, weights, proxy, train_to_target, bs, sd, lrs, budget, locals(), cache_dir, use_cache
-        )
+    est = _estimate(target_accuracy, batch_sizes, settings, user, how)
+    if est.user.train_to_target is not None:
+        return _estimate_own_loop(model, weights, proxy, est)
+    start = _locate(model, weights, proxy, est)
+    spec = start.spec
+    request = est.request(
+        model=spec.name,
+        overrides=start.overrides,
+        weights_sha256=start.weights_id,
+        proxy_spec=start.label,
+        proxy_sha256=start.digest,
+        seq_len=start.seq_len if spec.task == "text" else None,
+        user_key=est.how.cache_key if start.user_code else None,
+        model_entry={
+            "defaults": dict(spec.defaults),
+            "input_shape": list(spec.input_shape),
+            "task": spec.task,
+        },
+    )
+    cache_file = _cache_file(request, est.how.cache_dir, est.how.use_cache, start.user_code)
+    if cache_file is not None and (cached := _cached(cache_file, request.cache_key())) is not None:
+        return cached
+    if not est.how.compute:
+        raise NotCached(f"no cached relation vector of {spec.name} for these settings")
+    runs, label = _proxy_runs(start, proxy, est)
+    fingerprint = _probe(runs, label)
+    return _finish(
+        request,
+        _seed_runner(_run_job, runs, est, label),
+        cache_file,
+        lrs=est.lrs,
+        samples_rule="interpolated crossing, isotonic curve (powerfed.training.crossing)",
+        overrides=start.overrides,
+        model_fingerprint=fingerprint,
+        **({"training_step": "the user's make_step"} if est.user.make_step is not None else {}),
+    )
+
+
+@dataclass
+class _Start:
+    """Where an estimate starts, found before any training: the model's entry, its starting weights
+    (None: a seeded init, made once the data gives the classes), the proxy's label and digest (its
+    data read only where a spec's file cannot say it)."""
+
+    spec: ModelSpec
+    state: dict[str, torch.Tensor] | None
+    overrides: dict[str, Any]
+    num_classes: int | None
+    weights: str | Path | None
+    weights_id: str
+    seq_len: int | None
+    device: str
+    user_code: bool
+    label: str = ""
+    digest: str | None = None
+    data: Any = None
+
+
+def _locate(model: str | ModelFactory | ModelSpec, weights: Any, proxy: ProxyData, est: _Estimate) -> _Start:
+    """The model's entry and starting weights, and the proxy's digest: what the cache key needs."""
     if proxy is None:
         raise RelationError("proxy data is needed: a dataset spec, a torch Dataset, a DataLoader or (x, y)")
     spec = _model_entry(model)
@@ -652,130 +798,85 @@ def estimate_relation(
         raise ModelError(
             "weights files name their model: register the factory with register_model and give its name"
         )
-    user_code = not (spec is not None and spec.builtin) or any(
-        f is not None for f in (loss, metric, make_step)
-    )
+    s, seq_len = est.settings, est.settings.seq_len
+    user_code = not (spec is not None and spec.builtin) or est.user_code
     if spec is not None:
-        state, overrides, num_classes, weights_id = _starting_weights(spec.name, weights, overrides)
+        state, overrides, num_classes, weights_id = _starting_weights(spec.name, weights, s.overrides)
         if spec.task == "text" and seq_len is None:
             seq_len = int(overrides.get("seq_len", spec.input_shape[0]))
     else:
-        state, overrides, num_classes, weights_id = None, dict(overrides or {}), None, f"init:{INIT_SEED}"
-    task = spec.task if spec is not None else None
-    torch_device = resolve_torch_device(device)  # a GPU that is not here: one line before the data is read
-    request_for = functools.partial(
-        RelationRequest,
-        overrides=overrides,
-        weights_sha256=weights_id,
-        limit=limit,
-        data_seed=data_seed,
-        target_accuracy=float(target_accuracy),
-        batch_sizes=bs,
-        seeds=sd,
-        lr_max=float(lr_max),
-        lr_rule=lr_rule,
-        max_samples=int(max_samples),
-        eval_every_samples=int(eval_every_samples),
-        eval_max_samples=eval_max_samples,
-        min_evaluations=int(min_evaluations),
-        max_seeds=budget,
-        vector=vector,
-        threads=threads,
-        user_key=cache_key if user_code else None,
-    )
-    data = None
+        state, overrides, num_classes, weights_id = None, dict(s.overrides or {}), None, f"init:{INIT_SEED}"
+    device = resolve_torch_device(est.how.device)  # a GPU that is not here: one line before the data is read
     if spec is not None and isinstance(proxy, str):  # a spec's digest is its file's: looked up unread
-        label, digest = proxy, spec_digest(proxy)
+        data, label, digest = None, proxy, spec_digest(proxy)
     else:
-        data = load_proxy(proxy, task=task, seq_len=seq_len or 64, limit=limit, seed=data_seed)
+        task = spec.task if spec is not None else None
+        data = load_proxy(proxy, task=task, seq_len=seq_len or 64, limit=s.limit, seed=s.data_seed)
         if spec is None:
             shape = data.whole.x.shape[1:]
             spec = model_spec(_factory_name(model), model, task=data.whole.task, input_shape=shape)
         label, digest = data.label, data.sha256
-    text_len = seq_len if spec.task == "text" else None
-    entry = {"defaults": dict(spec.defaults), "input_shape": list(spec.input_shape), "task": spec.task}
-    request = request_for(
-        model=spec.name, proxy_spec=label, proxy_sha256=digest, seq_len=text_len, model_entry=entry
+    return _Start(
+        spec,
+        state,
+        overrides,
+        num_classes,
+        weights,
+        weights_id,
+        seq_len,
+        device,
+        user_code,
+        label,
+        digest,
+        data,
     )
-    cache_file = _cache_file(request, cache_dir, use_cache, user_code)
-    if cache_file is not None and (cached := _cached(cache_file, request.cache_key())) is not None:
-        return cached
-    if not compute:
-        raise NotCached(f"no cached relation vector of {spec.name} for these settings")
-    if data is None:
-        data = load_proxy(proxy, task=task, seq_len=seq_len or 64, limit=limit, seed=data_seed)
-    dataset, train, test = data.whole, data.train, data.test
 
+
+def _proxy_runs(start: _Start, proxy: ProxyData, est: _Estimate) -> tuple[ProxyRuns, str]:
+    """The runs' shared part, the proxy read where it was not yet, and checked against the model: a
+    model and data that do not fit are one line before any run. Returns it and the data's label."""
+    s, spec, bs = est.settings, start.spec, est.batch_sizes
+    data = start.data or load_proxy(
+        proxy, task=spec.task, seq_len=start.seq_len or 64, limit=s.limit, seed=s.data_seed
+    )
+    dataset, train, test = data.whole, data.train, data.test
     if dataset.task != spec.task:
         raise DataError(f"model {spec.name} is a {spec.task} model but {data.label} is {dataset.task} data")
     check_input_shape(spec, tuple(dataset.x.shape[1:]), data.label)
     if len(train) < bs[-1]:
         raise DataError(f"proxy train split has {len(train)} samples, fewer than batch size {bs[-1]}")
+    num_classes, state = start.num_classes, start.state
     if num_classes is not None and num_classes != dataset.num_classes:
         raise DataError(
-            f"{weights}: weights have {num_classes} outputs, {data.label} has {dataset.num_classes} classes"
+            f"{start.weights}: weights have {num_classes} outputs, "
+            f"{data.label} has {dataset.num_classes} classes"
         )
     if num_classes is None:
         num_classes = dataset.num_classes
-        state = build_spec(spec, num_classes, seed=INIT_SEED, **overrides).state_dict()
-    fingerprint = _probe(spec, state, num_classes, overrides, train, loss, data.label, torch_device)
-    shared = {
-        "state": state,
-        "spec": spec,
-        "num_classes": num_classes,
-        "overrides": overrides,
-        "train": train,
-        "test": test,
-        "loss": loss,
-        "metric": metric,
-        "make_step": make_step,
-    }
-    common = {
-        "target_accuracy": float(target_accuracy),
-        "max_samples": int(max_samples),
-        "eval_every_samples": int(eval_every_samples),
-        "eval_max_samples": eval_max_samples,
-        "min_evaluations": int(min_evaluations),
-        "device": torch_device,
-    }
-    run_seeds = _seed_runner(_run_job, shared, common, bs, lrs, data.label, locals())
-    return _finish(
-        request,
-        run_seeds,
-        cache_file,
-        lrs=lrs,
-        samples_rule="interpolated crossing, isotonic curve (powerfed.training.crossing)",
-        overrides=overrides,
-        model_fingerprint=fingerprint,
-        **({"training_step": "the user's make_step"} if make_step is not None else {}),
+        state = build_spec(spec, num_classes, seed=INIT_SEED, **start.overrides).state_dict()
+    runs = ProxyRuns(
+        spec=spec,
+        num_classes=num_classes,
+        state=state,
+        train=train,
+        test=test,
+        overrides=start.overrides,
+        min_evaluations=s.min_evaluations,
+        user=est.user,
+        device=start.device,
     )
+    return runs, data.label
 
 
-def _estimate_own_loop(
-    model: Any,
-    weights: Any,
-    proxy: Any,
-    train_to_target: TrainToTarget,
-    bs: tuple[int, ...],
-    sd: tuple[int, ...],
-    lrs: list[float],
-    budget: int,
-    given: dict[str, Any],
-    cache_dir: str | Path | None,
-    use_cache: bool,
-) -> RelationVector:
+def _estimate_own_loop(model: Any, weights: Any, proxy: Any, est: _Estimate) -> RelationVector:
     """`estimate_relation` with the user's own loop: the seeds, the stopping rule, the cache and Ray
     as for the project's loop; the crossing is the user's."""
     if weights is not None:
         raise RelationError("train_to_target starts from the user's own weights: give weights=None")
-    if not callable(train_to_target):
-        raise RelationError(
-            f"train_to_target must be callable (batch_size, lr, seed), got {train_to_target!r}"
-        )
     name = model if isinstance(model, str) else (model.name if isinstance(model, ModelSpec) else None)
     name = name or (_factory_name(model) if callable(model) else "user-model")
     label = proxy if isinstance(proxy, str) else (type(proxy).__name__ if proxy is not None else "user data")
-    request = RelationRequest(
+    request = est.request(
         model=name,
         overrides={},
         weights_sha256="user",
@@ -784,33 +885,22 @@ def _estimate_own_loop(
         seq_len=None,
         limit=None,
         data_seed=0,
-        target_accuracy=float(given["target_accuracy"]),
-        batch_sizes=bs,
-        seeds=sd,
-        lr_max=float(given["lr_max"]),
-        lr_rule=given["lr_rule"],
         max_samples=0,
         eval_every_samples=0,
         eval_max_samples=None,
         min_evaluations=0,
-        max_seeds=budget,
-        vector=given["vector"],
-        threads=given["threads"],
-        user_key=given["cache_key"] or "",
+        user_key=est.how.cache_key or "",
     )
-    cache_file = _cache_file(request, cache_dir, use_cache, True)
+    cache_file = _cache_file(request, est.how.cache_dir, est.how.use_cache, True)
     if cache_file is not None and (cached := _cached(cache_file, request.cache_key())) is not None:
         return cached
-    if not given["compute"]:
+    if not est.how.compute:
         raise NotCached(f"no cached relation vector of {name} for these settings")
-    shared = {"train_to_target": train_to_target}
-    common = {"target_accuracy": float(given["target_accuracy"])}
-    run_seeds = _seed_runner(_run_user_job, shared, common, bs, lrs, label, {**given, "max_samples": 0})
     return _finish(
         request,
-        run_seeds,
+        _seed_runner(_run_user_job, est.user.train_to_target, est, label),
         cache_file,
-        lrs=lrs,
+        lrs=est.lrs,
         samples_rule="the user's train_to_target",
         overrides={},
     )
@@ -851,32 +941,27 @@ def _cached(cache_file: Path, key: str) -> RelationVector | None:
 
 
 def _seed_runner(
-    fn: Callable[..., dict[str, Any]],
-    shared: dict[str, Any],
-    common: dict[str, Any],
-    bs: tuple[int, ...],
-    lrs: list[float],
+    fn: Callable[[Any, FineTuneConfig, bool, int], dict[str, Any]],
+    shared: ProxyRuns | TrainToTarget,
+    est: _Estimate,
     label: str,
-    given: dict[str, Any],
 ) -> Callable[[Sequence[int]], list[dict[str, Any]]]:
-    """run_seeds for `seeds_until_stable`: every batch size × seed, on Ray or one after another."""
-    parallel, progress, threads = given["parallel"], given["progress"], given["threads"]
+    """run_seeds for `seeds_until_stable`: every batch size × seed, on Ray or one after another; `fn`
+    runs one (`_run_job` with the shared `ProxyRuns`, `_run_user_job` with the user's loop)."""
+    how = est.how
+    budget = est.settings.max_samples if isinstance(shared, ProxyRuns) else 0  # a user's loop: its own
 
     def run_seeds(seed_list: Sequence[int]) -> list[dict[str, Any]]:
-        jobs = [
-            {"batch_size": b, "seed": s, "lr": lr, **common}
-            for b, lr in zip(bs, lrs, strict=True)
-            for s in seed_list
-        ]
-        finished = _RunProgress(given["say"], len(jobs))
-        if parallel and len(jobs) > 1 and _picklable(shared):
-            found = _run_parallel(fn, jobs, shared, given["num_cpus"], progress, finished)
+        jobs = est.jobs(seed_list)
+        finished = _RunProgress(how.say, len(jobs))
+        if how.parallel and len(jobs) > 1 and _picklable(shared):
+            found = _run_parallel(fn, jobs, shared, how, finished)
         else:
             found = []
             for job in jobs:
-                found.append(fn(**shared, **job, progress=progress, threads=threads))
+                found.append(fn(shared, job, how.progress, est.threads))
                 finished(found[-1])
-        _check_runs(found, label, given["target_accuracy"], given["max_samples"])
+        _check_runs(found, label, est.target_accuracy, budget)
         return found
 
     return run_seeds

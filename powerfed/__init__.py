@@ -41,6 +41,9 @@ _WHERE: dict[str, str] = {
     "NodeSettings": "fl_client.node",
     # the relation vector, for the built-in models and for users' own
     "estimate_relation": "fl_server.relation",
+    "RelationSettings": "fl_server.relation",
+    "RelationCompute": "fl_server.relation",
+    "UserFunctions": "powerfed.training.finetune",
     "register_model": "powerfed.training.models",
     "unregister_model": "powerfed.training.models",
     "model_names": "powerfed.training.models",

@@ -117,8 +117,9 @@ ROUND = """
     from torch.utils.data import DataLoader
 
     rel = estimate_relation(
-        Net, proxy=make_data(300, seed=1), target_accuracy=0.6, batch_sizes=[8, 16, 32], seeds=[0],
-        eval_every_samples=32, max_samples=3000, progress=False, use_cache=False,
+        Net, proxy=make_data(300, seed=1), target_accuracy=0.6, batch_sizes=[8, 16, 32],
+        settings=powerfed.RelationSettings(seeds=[0], eval_every_samples=32, max_samples=3000),
+        how=powerfed.RelationCompute(progress=False, use_cache=False),
     )
     plan = TrainInstructions(
         model=rel.model, relation_vector=rel, target_accuracy=0.6, num_classes=4, model_overrides={},

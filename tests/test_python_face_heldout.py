@@ -21,6 +21,7 @@ from powerctl.jsonfile import read_json
 from powerctl.relation import RelationVector
 from powerctl.workload import Workload
 from strategies.protocol import TrainInstructions
+from tests.relation_call import flat_estimate
 
 REL = RelationVector.from_samples("cnn-tiny", "proxy", 0.5, {8: 300.0, 16: 400.0})
 PLAN = TrainInstructions.for_relation(REL, num_classes=10)
@@ -325,7 +326,7 @@ def test_numpy_scalars_are_numbers_and_what_is_kept_and_sent_is_plain(tmp_path: 
         seen.append((type(batch_size), type(lr), type(seed)))
         return 100.0 * batch_size**0.5
 
-    rel = powerfed.estimate_relation(
+    rel = flat_estimate(
         "held-out-loop",
         target_accuracy=np.float32(0.5),
         batch_sizes=[np.int64(8), np.int64(16)],
@@ -433,10 +434,10 @@ def test_an_empty_relation_cache_dir_is_not_the_default_cache(
     }
     for bad in ("", 3):
         with pytest.raises(ArgumentError) as err:
-            powerfed.estimate_relation("held-out-loop", cache_dir=bad, **args)
+            flat_estimate("held-out-loop", cache_dir=bad, **args)
         one_line(err.value, "estimate_relation: 'cache_dir' must be a folder path", f"got {bad!r}")
     assert not list(tmp_path.iterdir())
-    rel = powerfed.estimate_relation("held-out-loop", cache_dir=None, **args)  # None: the default cache
+    rel = flat_estimate("held-out-loop", cache_dir=None, **args)  # None: the default cache
     assert rel.batch_sizes == [8, 16] and list((tmp_path / "default").rglob("relation-*.json"))
 
 

@@ -23,6 +23,7 @@ from powerctl.relation import RelationVector
 from powerctl.selection import select
 from strategies.protocol import TrainInstructions
 from strategies.settings import BOTH, settings_of
+from tests.relation_call import flat_estimate
 
 REL = RelationVector.from_samples("cnn-tiny", "proxy", 0.5, {8: 300.0, 16: 400.0})
 HOSTILE_NUMBERS = st.one_of(
@@ -293,7 +294,7 @@ def test_a_step_builder_that_returns_no_step_is_named_not_profiled_as_empty() ->
 def test_estimate_relation_refuses_its_numbers_before_reading_data(changes: dict, fragment: str) -> None:
     args = {"target_accuracy": 0.2, "batch_sizes": [8, 16], "compute": False}
     with pytest.raises(ArgumentError) as err:
-        powerfed.estimate_relation("cnn-tiny", None, "synthetic-image", **{**args, **changes})
+        flat_estimate("cnn-tiny", None, "synthetic-image", **{**args, **changes})
     one_line(err.value, "estimate_relation", fragment)
 
 
@@ -303,7 +304,7 @@ def test_a_metric_that_returns_no_accuracy_is_named_in_one_line(tmp_path: Any) -
 
     x, y = torch.randn(64, 3, 32, 32), torch.randint(0, 10, (64,))
     with pytest.raises(ArgumentError) as err:
-        powerfed.estimate_relation(
+        flat_estimate(
             "cnn-tiny",
             None,
             (x, y),

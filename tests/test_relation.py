@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import fl_server.relation as relmod
-from fl_server.relation import RelationError, estimate_relation
+from fl_server.relation import RelationError
 from fl_server.weights import save_weights
 from powerctl.devices.host import HostDevice
 from powerctl.errors import FileFormatError
@@ -26,6 +26,7 @@ from powerfed.training.finetune import (
 )
 from powerfed.training.lr import scaled_lr
 from powerfed.training.models import build_model
+from tests.relation_call import flat_estimate
 
 IMAGE = {
     "limit": 150,
@@ -40,7 +41,7 @@ direct run below uses (the run config's defaults, 3 seeds and proxy seed 1, are 
 
 
 def test_end_to_end_on_synthetic_images(tmp_path: Path) -> None:
-    rel = estimate_relation(
+    rel = flat_estimate(
         "cnn-tiny",
         None,
         "synthetic-image",
@@ -82,12 +83,12 @@ def test_end_to_end_on_synthetic_images(tmp_path: Path) -> None:
 
 def test_what_is_not_given_is_the_run_configs_default() -> None:
     """Called with the essentials only, the estimate is the one the ServerApp makes by default."""
-    import inspect
+    import dataclasses
 
     from strategies.settings import read_settings
 
     run = read_settings({})
-    given = {k: p.default for k, p in inspect.signature(estimate_relation).parameters.items()}
+    given = {f.name: f.default for f in dataclasses.fields(relmod.RelationSettings)}
     assert list(given["seeds"]) == run.seeds() and given["data_seed"] == run.proxy_seed
     assert (given["lr_max"], given["lr_rule"], given["vector"]) == (
         run.lr_max,
@@ -103,7 +104,7 @@ def test_what_is_not_given_is_the_run_configs_default() -> None:
 
 def test_batch_size_that_misses_the_target_is_named(tmp_path: Path) -> None:
     with pytest.raises(RelationError) as err:
-        estimate_relation(
+        flat_estimate(
             "cnn-tiny",
             None,
             "synthetic-image",
@@ -121,7 +122,7 @@ def test_batch_size_that_misses_the_target_is_named(tmp_path: Path) -> None:
 
 def test_target_met_before_training_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(RelationError, match=r"already reach target 0\.01"):
-        estimate_relation(
+        flat_estimate(
             "cnn-tiny",
             None,
             "synthetic-image",
@@ -134,15 +135,15 @@ def test_target_met_before_training_is_an_error(tmp_path: Path) -> None:
 
 def test_bad_inputs_fail_before_any_training(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="does not exist"):
-        estimate_relation(
+        flat_estimate(
             "cnn-tiny", None, "npz:/no/such.npz", target_accuracy=0.5, batch_sizes=[8], cache_dir=tmp_path
         )
     with pytest.raises(RelationError, match="distinct"):
-        estimate_relation(
+        flat_estimate(
             "cnn-tiny", None, "synthetic-image", target_accuracy=0.5, batch_sizes=[8, 8], cache_dir=tmp_path
         )
     with pytest.raises(DataError, match="no such weights file"):
-        estimate_relation(
+        flat_estimate(
             "cnn-tiny",
             tmp_path / "nope.safetensors",
             "synthetic-image",
@@ -252,10 +253,10 @@ CHANGES = {
 
 
 def test_cache_hit_is_instant_and_equal(text_setup: dict[str, Any], counting: CountingFineTune) -> None:
-    first = estimate_relation(**text_setup)
+    first = flat_estimate(**text_setup)
     assert counting.calls == 2
     start = time.perf_counter()
-    second = estimate_relation(**text_setup)
+    second = flat_estimate(**text_setup)
     assert time.perf_counter() - start < 0.5
     assert counting.calls == 2, "a cache hit must not train"
     assert second.to_dict() == first.to_dict()
@@ -266,11 +267,11 @@ def test_cache_hit_is_instant_and_equal(text_setup: dict[str, Any], counting: Co
 def test_changing_any_input_misses(
     text_setup: dict[str, Any], counting: CountingFineTune, change: str
 ) -> None:
-    estimate_relation(**text_setup)
-    estimate_relation(**text_setup)
+    flat_estimate(**text_setup)
+    flat_estimate(**text_setup)
     assert counting.calls == 2
     changed = {**text_setup, **CHANGES[change](text_setup)}
-    estimate_relation(**changed)
+    flat_estimate(**changed)
     assert counting.calls > 2, f"changing {change} must not hit the cache"
 
 
@@ -287,30 +288,30 @@ def test_a_name_registered_again_with_other_defaults_is_estimated_afresh(
     register_model(name, spec.builder, **entry, **spec.defaults)
     try:
         setup = {**text_setup, "model": name, "weights": None}  # a seeded fresh init: no weights file's hash
-        estimate_relation(**setup)
+        flat_estimate(**setup)
         register_model(name, spec.builder, **entry, replace=True, **{**spec.defaults, "n_embd": 32})
-        estimate_relation(**setup)
+        flat_estimate(**setup)
         assert counting.calls == 4, "the wider registration must not be served the narrower one's vector"
         register_model(name, spec.builder, **entry, replace=True, **spec.defaults)
-        estimate_relation(**setup)
+        flat_estimate(**setup)
         assert counting.calls == 4, "the original registration again: its own cache entry"
     finally:
         unregister_model(name)
 
 
 def test_corrupt_cache_entry_is_recomputed(text_setup: dict[str, Any], counting: CountingFineTune) -> None:
-    estimate_relation(**text_setup)
+    flat_estimate(**text_setup)
     (entry,) = Path(text_setup["cache_dir"]).iterdir()
     entry.write_text("{not json", encoding="utf-8")
-    rel = estimate_relation(**text_setup)
+    rel = flat_estimate(**text_setup)
     assert counting.calls == 4 and RelationVector.load(entry).to_dict() == rel.to_dict()
 
 
 def test_use_cache_false_neither_reads_nor_writes(
     text_setup: dict[str, Any], counting: CountingFineTune
 ) -> None:
-    estimate_relation(**text_setup, use_cache=False)
-    estimate_relation(**text_setup, use_cache=False)
+    flat_estimate(**text_setup, use_cache=False)
+    flat_estimate(**text_setup, use_cache=False)
     assert counting.calls == 4 and not Path(text_setup["cache_dir"]).exists()
 
 
@@ -354,7 +355,7 @@ def test_lr_rule_reaches_every_run_and_the_file(
 ) -> None:
     fake = RecordingFineTune()
     monkeypatch.setattr(relmod, "fine_tune", fake)
-    rel = estimate_relation(**text_setup, lr_rule=rule)
+    rel = flat_estimate(**text_setup, lr_rule=rule)
     want = {b: scaled_lr(1e-3, b, 8, rule) for b in (4, 8)}
     assert fake.lrs == pytest.approx(want)
     assert rel.extra["lr_rule"] == rule and rel.extra["lr"] == pytest.approx([want[4], want[8]])
@@ -362,7 +363,7 @@ def test_lr_rule_reaches_every_run_and_the_file(
 
 def test_unknown_lr_rule_is_one_line(text_setup: dict[str, Any], counting: CountingFineTune) -> None:
     with pytest.raises(RelationError, match="unknown learning-rate rule 'cubic'"):
-        estimate_relation(**text_setup, lr_rule="cubic")
+        flat_estimate(**text_setup, lr_rule="cubic")
     assert counting.calls == 0
 
 
@@ -374,7 +375,7 @@ def test_server_passes_its_lr_rule(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
     monkeypatch.setattr(relmod, "estimate_relation", lambda *a, **kw: seen.update(kw) or "vector")
     cfg = ServerConfig(lr_rule="linear", relation="")
     assert app.relation_vector(cfg, tmp_path / "w.safetensors") == "vector"
-    assert seen["lr_rule"] == "linear"
+    assert seen["settings"].lr_rule == "linear"
 
 
 # samples to target per seed and batch size: seed 2 swaps the order of b=4 and b=8 that seeds 0-1 agree on
@@ -391,7 +392,7 @@ def test_relation_file_keeps_per_seed_samples_mean_and_spread(
     text_setup: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(relmod, "fine_tune", RecordingFineTune(_SEEDS))
-    rel = estimate_relation(**{**text_setup, "seeds": (0, 1)})
+    rel = flat_estimate(**{**text_setup, "seeds": (0, 1)})
     assert rel.extra["samples_per_seed"] == [[160.0, 192.0], [320.0, 320.0]]
     assert rel.extra["samples_mean"] == [176.0, 320.0] == rel.samples_to_target
     assert rel.extra["samples_sd"] == pytest.approx([22.627417, 0.0])
@@ -405,7 +406,7 @@ def test_seeds_are_added_until_the_ranking_is_stable(
 ) -> None:
     fake = RecordingFineTune(_SEEDS)
     monkeypatch.setattr(relmod, "fine_tune", fake)
-    rel = estimate_relation(**{**text_setup, "seeds": (0, 1), "max_seeds": 5})
+    rel = flat_estimate(**{**text_setup, "seeds": (0, 1), "max_seeds": 5})
     # seeds 0-1: b=4 (mean 176) before b=8 (320); seed 2 lifts b=4 to 277, still first → stable at 3
     assert rel.extra["seeds_needed"] == 3 and rel.extra["ranking_stable"] is True
     assert fake.calls == 6
@@ -416,7 +417,7 @@ def test_seed_budget_ends_an_unstable_ranking(
 ) -> None:
     flip = {0: {4: 100, 8: 320}, 1: {4: 600, 8: 320}, 2: {4: 100, 8: 320}, 3: {4: 900, 8: 320}}
     monkeypatch.setattr(relmod, "fine_tune", RecordingFineTune(flip))
-    rel = estimate_relation(**{**text_setup, "seeds": (0,), "max_seeds": 4})
+    rel = flat_estimate(**{**text_setup, "seeds": (0,), "max_seeds": 4})
     # means of b=4: 100 → 350 (after b=8's 320) → 266 → 425: the order flips at every added seed
     assert rel.extra["seeds_needed"] == 4 and rel.extra["ranking_stable"] is False
 

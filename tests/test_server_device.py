@@ -24,13 +24,14 @@ import powerfed.training.numerics as numerics
 from fl_server.app import pretrained_weights
 from fl_server.cli import main
 from fl_server.pretrain import pretrain
-from fl_server.relation import RelationError, estimate_relation, gpu_share
+from fl_server.relation import RelationError, gpu_share
 from fl_server.weights import load_weights
 from powerctl.devices import open_device
 from powerctl.devices.host import HostDevice
 from powerctl.devices.torchdev import check_torch_spec, resolve_torch_device
 from powerctl.errors import DeviceError
 from strategies.settings import read_settings
+from tests.relation_call import flat_estimate
 
 SMALL = {
     "limit": 150,
@@ -172,7 +173,7 @@ def test_pretrain_by_default_trains_on_the_cpu_here(tmp_path: Path) -> None:
 def test_every_relation_model_and_probe_batch_goes_to_the_device(
     fake_gpu: list, built: list, tmp_path: Path
 ) -> None:
-    estimate_relation("cnn-tiny", None, "synthetic-image", device="cuda:1", cache_dir=tmp_path, **SMALL)
+    flat_estimate("cnn-tiny", None, "synthetic-image", device="cuda:1", cache_dir=tmp_path, **SMALL)
     models = [t for w, t in fake_gpu if w != "tensor"]
     # the first model built only makes the seeded starting weights; the probe's and every run's train
     assert len(built) >= 4 and models == ["cuda:1"] * (len(built) - 1)
@@ -196,7 +197,7 @@ class FakeRay(types.SimpleNamespace):
 
     def remote(self, **options: Any) -> Any:
         self.options.append(options)
-        return lambda fn: types.SimpleNamespace(remote=lambda **kw: fn(**kw))
+        return lambda fn: types.SimpleNamespace(remote=lambda *a, **kw: fn(*a, **kw))
 
     def put(self, value: Any) -> Any:
         return value
@@ -213,7 +214,7 @@ def test_parallel_runs_on_a_gpu_ask_ray_for_a_share_of_it(
 ) -> None:
     ray = FakeRay(gpus=1)
     monkeypatch.setitem(__import__("sys").modules, "ray", ray)
-    estimate_relation(
+    flat_estimate(
         "cnn-tiny",
         None,
         "synthetic-image",
@@ -236,7 +237,7 @@ def test_parallel_gpu_runs_where_ray_has_no_gpu_are_one_line(
 ) -> None:
     monkeypatch.setitem(__import__("sys").modules, "ray", FakeRay(gpus=0))
     with pytest.raises(RelationError, match="Ray sees none"):
-        estimate_relation(
+        flat_estimate(
             "cnn-tiny", None, "synthetic-image", device="cuda", parallel=True, cache_dir=tmp_path, **SMALL
         )
 
@@ -248,23 +249,19 @@ def test_the_relation_cache_key_has_the_thread_count_and_cpu_not_the_device(
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        first = estimate_relation(
-            "cnn-tiny", None, "synthetic-image", device="cpu", cache_dir=tmp_path, **SMALL
-        )
+        first = flat_estimate("cnn-tiny", None, "synthetic-image", device="cpu", cache_dir=tmp_path, **SMALL)
         runs = len(built)
-        again = estimate_relation(
+        again = flat_estimate(
             "cnn-tiny", None, "synthetic-image", device="cuda:1", cache_dir=tmp_path, **SMALL
         )
         assert len(built) == runs and again.extra["cache_key"] == first.extra["cache_key"]  # from the cache
         torch.set_num_threads(2)
-        other = estimate_relation(
-            "cnn-tiny", None, "synthetic-image", device="cpu", cache_dir=tmp_path, **SMALL
-        )
+        other = flat_estimate("cnn-tiny", None, "synthetic-image", device="cpu", cache_dir=tmp_path, **SMALL)
         assert len(built) > runs and other.extra["cache_key"] != first.extra["cache_key"]
         assert torch.get_num_threads() == 2  # the runs gave the caller's count back
         runs = len(built)
         monkeypatch.setattr(numerics, "cpu_identity", lambda: "AVX512 another CPU")
-        elsewhere = estimate_relation(
+        elsewhere = flat_estimate(
             "cnn-tiny", None, "synthetic-image", device="cpu", cache_dir=tmp_path, **SMALL
         )
         assert len(built) > runs and elsewhere.extra["cache_key"] != other.extra["cache_key"]

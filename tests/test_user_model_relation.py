@@ -18,7 +18,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import fl_server.relation as relmod
-from fl_server.relation import RelationError, estimate_relation
+from fl_server.relation import RelationError
 from powerctl.errors import PowerctlError
 from powerfed.training.data import load_dataset
 from powerfed.training.errors import ModelError
@@ -30,6 +30,7 @@ from powerfed.training.models import (
     register_model,
     unregister_model,
 )
+from tests.relation_call import flat_estimate
 
 NAME = "test-user-cnn"
 
@@ -99,7 +100,7 @@ def test_registered_user_model_gets_a_relation_vector_with_crossing_and_cache(
 ) -> None:
     runs = CountingRuns(monkeypatch)
     kw = {**SETTINGS, "cache_dir": tmp_path, "cache_key": "user-cnn-v1"}
-    rel = estimate_relation(NAME, None, user_data(), **kw)
+    rel = flat_estimate(NAME, None, user_data(), **kw)
     assert rel.model == NAME and rel.proxy_dataset == "tensors:400x1x16x16"
     assert rel.batch_sizes == [8, 16, 32] and rel.relation[-1] == 1.0
     assert all(s > 0 for s in rel.samples_to_target)
@@ -109,15 +110,15 @@ def test_registered_user_model_gets_a_relation_vector_with_crossing_and_cache(
     first = runs.calls
     assert first >= 3
     # the cache: the same model, data and settings again train nothing and give the same file
-    assert estimate_relation(NAME, None, user_data(), **kw).to_dict() == rel.to_dict()
+    assert flat_estimate(NAME, None, user_data(), **kw).to_dict() == rel.to_dict()
     assert runs.calls == first and len(list(tmp_path.iterdir())) == 1
     # other data of the same shape, or another cache_key (the user's code changed): estimated again
     x, y = user_data()
     x[0, 0, 0, 0] += 1.0
-    estimate_relation(NAME, None, (x, y), **{**kw, "max_seeds": None})
+    flat_estimate(NAME, None, (x, y), **{**kw, "max_seeds": None})
     assert runs.calls > first
     again = runs.calls
-    estimate_relation(NAME, None, user_data(), **{**kw, "cache_key": "user-cnn-v2"})
+    flat_estimate(NAME, None, user_data(), **{**kw, "cache_key": "user-cnn-v2"})
     assert runs.calls > again and len(list(tmp_path.iterdir())) == 3
 
 
@@ -127,17 +128,17 @@ def test_user_code_without_a_cache_key_is_not_cached(tmp_path: Path, monkeypatch
 
     monkeypatch.setattr(relmod, "fine_tune", no_training)
     with pytest.raises(AssertionError):
-        estimate_relation(NAME, None, user_data(), **SETTINGS, cache_dir=tmp_path)
+        flat_estimate(NAME, None, user_data(), **SETTINGS, cache_dir=tmp_path)
     assert not tmp_path.exists() or not list(tmp_path.iterdir())
 
 
 def test_the_same_data_as_tensors_a_dataset_a_loader_or_a_factory_gives_the_same_vector() -> None:
     x, y = user_data()
     kw = {**SETTINGS, "use_cache": False, "batch_sizes": (8, 32)}
-    tensors = estimate_relation(NAME, None, (x, y), **kw)
-    loader = estimate_relation(NAME, None, DataLoader(TensorDataset(x, y), batch_size=50), **kw)
+    tensors = flat_estimate(NAME, None, (x, y), **kw)
+    loader = flat_estimate(NAME, None, DataLoader(TensorDataset(x, y), batch_size=50), **kw)
     samples = [(x[i], int(y[i])) for i in range(len(y))]  # a map-style dataset of pairs, as users write
-    factory = estimate_relation(lambda: UserCNN(), None, samples, **kw)
+    factory = flat_estimate(lambda: UserCNN(), None, samples, **kw)
     assert loader.samples_to_target == tensors.samples_to_target == factory.samples_to_target
     assert factory.model == "user-model"
 
@@ -154,7 +155,7 @@ def test_loss_and_metric_are_the_users(tmp_path: Path) -> None:
         return float((out.argmax(1) == target).float().mean())
 
     kw = {**SETTINGS, "batch_sizes": (16, 32), "cache_dir": tmp_path}
-    rel = estimate_relation(NAME, None, user_data(), loss=loss, metric=metric, **kw)
+    rel = flat_estimate(NAME, None, user_data(), loss=loss, metric=metric, **kw)
     assert seen["loss"] > 10 and seen["metric"] > 4 and rel.relation[-1] == 1.0
     assert not list(tmp_path.iterdir()), "a user's loss and metric without a cache_key are not cached"
 
@@ -184,13 +185,13 @@ def test_own_loop_through_train_to_target(tmp_path: Path) -> None:
         return None
 
     kw = {k: v for k, v in SETTINGS.items() if k in ("target_accuracy", "batch_sizes", "seeds", "lr_max")}
-    rel = estimate_relation(
+    rel = flat_estimate(
         NAME, train_to_target=train_to_target, cache_dir=tmp_path, cache_key="own-loop-v1", **kw
     )
     assert rel.model == NAME and rel.relation[-1] == 1.0 and all(s > 0 for s in rel.samples_to_target)
     assert calls == [(b, scaled_lr(1e-2, b, 32), 0) for b in (8, 16, 32)]
     assert rel.extra["samples_rule"] == "the user's train_to_target"
-    again = estimate_relation(
+    again = flat_estimate(
         NAME, train_to_target=train_to_target, cache_dir=tmp_path, cache_key="own-loop-v1", **kw
     )
     assert again.to_dict() == rel.to_dict() and len(calls) == 3, "a cache hit runs nothing"
@@ -202,7 +203,7 @@ def test_own_loop_keeps_the_stopping_rule_and_names_a_miss() -> None:
     def samples(batch_size: int, lr: float, seed: int) -> float:
         return float(per_seed[seed][batch_size])
 
-    rel = estimate_relation(
+    rel = flat_estimate(
         "anything",
         train_to_target=samples,
         target_accuracy=0.5,
@@ -214,7 +215,7 @@ def test_own_loop_keeps_the_stopping_rule_and_names_a_miss() -> None:
     with pytest.raises(
         RelationError, match=r"^batch size 8 \(seed 0\) did not reach target accuracy 0\.5 on"
     ):
-        estimate_relation(
+        flat_estimate(
             "anything",
             train_to_target=lambda b, lr, s: None if b == 8 else 10.0,
             target_accuracy=0.5,
@@ -222,7 +223,7 @@ def test_own_loop_keeps_the_stopping_rule_and_names_a_miss() -> None:
             seeds=(0,),
         )
     with pytest.raises(RelationError, match=r"returned 'ten': it must return the samples"):
-        estimate_relation(
+        flat_estimate(
             "anything",
             train_to_target=lambda b, lr, s: "ten",
             target_accuracy=0.5,
@@ -240,7 +241,7 @@ def test_unpicklable_model_runs_one_at_a_time_with_a_log_line(caplog: pytest.Log
 
     kw = {**SETTINGS, "use_cache": False, "batch_sizes": (16, 32), "parallel": True}
     with caplog.at_level(logging.WARNING, logger="fl_server.relation"):
-        rel = estimate_relation(factory, None, user_data(), **kw)
+        rel = flat_estimate(factory, None, user_data(), **kw)
     assert rel.relation[-1] == 1.0
     assert any("one at a time" in r.getMessage() for r in caplog.records)
 
@@ -267,8 +268,8 @@ def test_registered_user_model_in_ray_equals_serial_and_one_only_the_driver_impo
     import ray
 
     kw = {**SETTINGS, "use_cache": False, "batch_sizes": (8, 16, 32), "seeds": (0, 1)}
-    serial = estimate_relation(NAME, None, user_data(), **kw)
-    parallel = estimate_relation(NAME, None, user_data(), parallel=True, num_cpus=2, **kw)
+    serial = flat_estimate(NAME, None, user_data(), **kw)
+    parallel = flat_estimate(NAME, None, user_data(), parallel=True, num_cpus=2, **kw)
     assert not ray.is_initialized()  # the Ray it started is stopped
     assert parallel.samples_to_target == serial.samples_to_target
     assert parallel.extra["samples_per_seed"] == serial.extra["samples_per_seed"]
@@ -281,7 +282,7 @@ def test_registered_user_model_in_ray_equals_serial_and_one_only_the_driver_impo
         register_model("driver-only-net", DriverOnlyNet, input_shape=(1, 16, 16))
         try:
             with pytest.raises(PowerctlError) as err:
-                estimate_relation("driver-only-net", None, user_data(), parallel=True, num_cpus=2, **kw)
+                flat_estimate("driver-only-net", None, user_data(), parallel=True, num_cpus=2, **kw)
         finally:
             unregister_model("driver-only-net")
     finally:
@@ -328,7 +329,7 @@ def test_npz_takes_one_channel_and_the_model_decides(tmp_path: Path) -> None:
     np.savez(channels_last, x=rng.integers(0, 256, (20, 16, 16, 1), dtype=np.uint8), y=np.arange(20) % 4)
     assert tuple(load_dataset(f"npz:{channels_last}", split="all").x.shape) == (20, 1, 16, 16)
     with pytest.raises(ModelError) as err:
-        estimate_relation("cnn-tiny", None, f"npz:{path}", **SETTINGS, use_cache=False)
+        flat_estimate("cnn-tiny", None, f"npz:{path}", **SETTINGS, use_cache=False)
     msg = str(err.value)
     assert msg.startswith("model 'cnn-tiny' takes samples of shape 3x32x32 (3 channels)") and "\n" not in msg
     assert "has 1x16x16" in msg
@@ -354,23 +355,23 @@ def _sgd_momentum_step(
 
 
 def test_the_relation_vector_is_the_users_step_s_when_it_gives_one(tmp_path: Path) -> None:
-    """Issue 37, item 1: `estimate_relation(make_step=...)` trains every run with the user's step (their
+    """Issue 37, item 1: `flat_estimate(make_step=...)` trains every run with the user's step (their
     optimizer), with the project's crossing, seeds and cache; a step without a cache_key is not cached."""
     calls: list[int] = []
     kw = {**SETTINGS, "cache_dir": tmp_path}
-    own = estimate_relation(NAME, None, user_data(), make_step=_sgd_momentum_step(calls), **kw)
+    own = flat_estimate(NAME, None, user_data(), make_step=_sgd_momentum_step(calls), **kw)
     assert calls and set(calls) == {8, 16, 32}, "every run's steps are the user's"
-    adam = estimate_relation(NAME, None, user_data(), **kw)
+    adam = flat_estimate(NAME, None, user_data(), **kw)
     assert own.samples_to_target != adam.samples_to_target  # another optimizer, another vector
     assert not list(tmp_path.glob("relation-*.json")), "user code without a cache_key: nothing cached"
     before = len(calls)
-    estimate_relation(NAME, None, user_data(), make_step=_sgd_momentum_step(calls), **kw)
+    flat_estimate(NAME, None, user_data(), make_step=_sgd_momentum_step(calls), **kw)
     assert len(calls) > before, "user code without a cache_key is estimated again, never served a cache"
-    keyed = estimate_relation(
+    keyed = flat_estimate(
         NAME, None, user_data(), make_step=_sgd_momentum_step(calls), cache_key="sgd-v1", **kw
     )
     at = len(calls)
-    again = estimate_relation(
+    again = flat_estimate(
         NAME, None, user_data(), make_step=_sgd_momentum_step(calls), cache_key="sgd-v1", **kw
     )
     assert len(calls) == at and again.to_dict() == keyed.to_dict()  # keyed: cached
@@ -386,13 +387,13 @@ def test_train_to_target_is_given_the_target_and_its_key_holds_the_datas_bytes(t
 
     kw = {"target_accuracy": 0.6, "batch_sizes": (8, 16), "seeds": (0,), "cache_dir": tmp_path}
     x, y = user_data(n=64)
-    estimate_relation(NAME, proxy=(x, y), train_to_target=four, cache_key="k", **kw)
+    flat_estimate(NAME, proxy=(x, y), train_to_target=four, cache_key="k", **kw)
     assert seen == [0.6, 0.6]
-    estimate_relation(NAME, proxy=(x, y), train_to_target=four, cache_key="k", **kw)
+    flat_estimate(NAME, proxy=(x, y), train_to_target=four, cache_key="k", **kw)
     assert len(seen) == 2, "the same data: cached"
-    estimate_relation(NAME, proxy=(x + 1.0, y), train_to_target=four, cache_key="k", **kw)
+    flat_estimate(NAME, proxy=(x + 1.0, y), train_to_target=four, cache_key="k", **kw)
     assert len(seen) == 4, "other data bytes under the same cache_key: estimated again"
-    three = estimate_relation(
+    three = flat_estimate(
         NAME, train_to_target=lambda b, lr, s: 50.0 * b, target_accuracy=0.6, batch_sizes=(8, 16), seeds=(0,)
     )
     assert three.samples_to_target == [400.0, 800.0]  # the documented three arguments still work

@@ -27,6 +27,7 @@ from powerctl.relation import RelationVector
 from strategies.protocol import TrainInstructions
 from tests.fake_boards import NANO_DEVFREQ, make_nano_tree, tree_snapshot
 from tests.fake_grid import FakeGrid
+from tests.relation_call import flat_estimate
 from tests.test_user_model_relation import SETTINGS, UserCNN, user_data
 
 NAME = "session-user-cnn"
@@ -122,7 +123,7 @@ def _nodes(n: int) -> dict[int, dict[str, Any]]:
 
 def test_a_users_model_goes_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("POWERFED_CACHE", str(tmp_path / "cache"))
-    relation = powerfed.estimate_relation(NAME, None, user_data(), **SETTINGS, cache_dir=tmp_path / "rel")
+    relation = flat_estimate(NAME, None, user_data(), **SETTINGS, cache_dir=tmp_path / "rel")
     assert relation.model == NAME and relation.batch_sizes == [8, 16, 32]
     assert relation.extra["model_fingerprint"]["class"].endswith(".UserCNN")  # what the session checks
     strategy = powerfed.PowerAware(

@@ -13,8 +13,9 @@ import pytest
 import fl_server.app as server_app
 import fl_server.relation as relation_module
 from fl_server.fab import fab_roots, staged_app
-from fl_server.relation import NotCached, estimate_relation
+from fl_server.relation import NotCached
 from fl_server.run_config import app_config, parse_run_config, parse_server_config
+from tests.relation_call import flat_estimate
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = (
@@ -54,7 +55,7 @@ def test_a_warm_cache_is_found_in_process_without_reading_the_proxy_or_spawning(
 def test_compute_false_trains_nothing_and_says_not_cached(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(relation_module, "fine_tune", _refuse("training"))
     with pytest.raises(NotCached, match="no cached relation vector of cnn-tiny"):
-        estimate_relation(
+        flat_estimate(
             "cnn-tiny", None, "synthetic-image", target_accuracy=0.2, batch_sizes=[8, 16], compute=False
         )
 

@@ -59,6 +59,7 @@ __all__ = [
     "LossFn",
     "MetricFn",
     "StepHook",
+    "TrainToTarget",
     "UserFunctions",
     "evaluate",
     "evaluate_with_loss",
@@ -88,7 +89,11 @@ MetricFn = Callable[[torch.Tensor, torch.Tensor], float]
 (higher is better; default: the task's top-1 accuracy, per character for text)."""
 MakeStep = Callable[[nn.Module], Callable[..., Any]]
 """model → the user's training step `step(x, y)` (one optimizer step on one batch): what a
-`PowerSession` profiles and the loop runs, and what `estimate_relation(make_step=...)` trains with."""
+`PowerSession` profiles and the loop runs, and what `estimate_relation(user=UserFunctions(make_step=...))`
+trains with."""
+TrainToTarget = Callable[..., float | None]
+"""A user's own loop: (batch_size, lr, seed[, target_accuracy]) → samples to the target, None when it was
+not reached (a callable that takes a fourth argument is given the target)."""
 
 
 class StepHook(Protocol):
@@ -250,6 +255,9 @@ class UserFunctions:
     """The whole training step (`step(x, y)`: their optimizer, their loss, a proximal term, two passes;
     the one a `PowerSession` takes): `lr`, `optimizer` and `loss` then do not train, and the run has no
     checkpoints or step hooks (its optimizer state is the step's)."""
+    train_to_target: TrainToTarget | None = None
+    """The whole loop instead of the project's (`estimate_relation` only: the crossing is then the
+    user's); `fine_tune`, the project's loop, refuses it."""
 
 
 def make_optimizer(
@@ -761,6 +769,8 @@ def fine_tune(
     user = user or UserFunctions()
     if user.make_step is not None and (callbacks.checkpoint is not None or callbacks.hooks):
         raise ArgumentError("fine_tune: a user's make_step runs without checkpoints or step hooks")
+    if user.train_to_target is not None:
+        raise ArgumentError("fine_tune: train_to_target is a loop of the user's own, not a part of this one")
     _check_data(config, train, test)
     wall_start = time.perf_counter()
     loop = _Loop(model, train, test, config, device, callbacks, user)

@@ -8,7 +8,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedProx
 
 from fedproxexample.task import Net, load_centralized_dataset, make_step, test
-from powerfed import PowerAware, TrainInstructions, estimate_relation, save_results
+from powerfed import PowerAware, TrainInstructions, UserFunctions, estimate_relation, save_results
 
 # Create ServerApp
 app = ServerApp()
@@ -32,7 +32,7 @@ def main(grid: Grid, context: Context) -> None:
     mu = context.run_config["proximal-mu"]
     proxy, own_step = load_centralized_dataset(), lambda m: make_step(m, lr, mu)
     rel = estimate_relation(
-        Net, proxy=proxy, make_step=own_step, target_accuracy=0.8, batch_sizes=[8, 16, 32]
+        Net, proxy=proxy, target_accuracy=0.8, batch_sizes=[8, 16, 32], user=UserFunctions(make_step=own_step)
     )
     plan = TrainInstructions.for_relation(rel, num_classes=4)
     strategy = PowerAware(FedProx(fraction_train=fraction_train, proximal_mu=mu), plan)

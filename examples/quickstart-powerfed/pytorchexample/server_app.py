@@ -7,7 +7,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
-from powerfed import PowerAware, TrainInstructions, estimate_relation, save_results
+from powerfed import PowerAware, RelationCompute, TrainInstructions, estimate_relation, save_results
 from pytorchexample.task import Net, load_centralized_dataset, test
 
 # Create ServerApp
@@ -29,8 +29,8 @@ def main(grid: Grid, context: Context) -> None:
 
     # Initialize FedAvg strategy
     # power-aware: Net's samples to target per batch size on proxy data (cached), the plan it sends
-    proxy = load_centralized_dataset()
-    rel = estimate_relation(Net, proxy=proxy, target_accuracy=0.8, batch_sizes=[8, 16, 32], cache_key="1")
+    proxy, cached = load_centralized_dataset(), RelationCompute(cache_key="1")  # "1": Net's version
+    rel = estimate_relation(Net, proxy=proxy, target_accuracy=0.8, batch_sizes=[8, 16, 32], how=cached)
     plan = TrainInstructions.for_relation(rel, num_classes=4)
     strategy = PowerAware(FedAvg(fraction_train=fraction_train), plan)
 
