@@ -6,14 +6,15 @@ table equal to this declaration; ``python -m strategies.settings`` prints it) an
 `RunSettings`, `fl_server.run_config`), the settings fields of every client's train instructions
 (`strategies.protocol.TrainInstructions`), what the ClientApp reads from the run config
 (`client_setting`), and the fleet file's defaults and checks (`simulations.fleet`). A changed default
-here changes it everywhere; a new setting is one more `Setting(...)` line with its group, then `make
-docs` writes pyproject's table and the tables of docs/reference/run-config.md from it.
+here changes it everywhere; a new setting is one more `Setting(...)` line with its group and its field
+(`setting_field`) in `RunSettings`, and in `TrainInstructions` when the clients read it (a test names a
+missing one), then `make docs` writes pyproject's table and the tables of docs/reference/run-config.md
+from it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import sys
 import textwrap
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -38,6 +39,7 @@ from powerctl.mapping import (
     distinct_ints,
     distinct_names,
     must_be,
+    unknown_key_text,
 )
 from powerctl.methods import METHODS as METHODS  # the registry's names (powerctl.methods), re-exported
 from powerctl.methods import ROUND_OBJECTIVES, RUN_METHODS
@@ -55,6 +57,8 @@ BOTH = "both"
 READERS = (SERVER, CLIENT, BOTH)
 READ_BY = {SERVER: "server", CLIENT: "client app", BOTH: "server, clients"}
 """How the docs name each kind of reader."""
+SETTING_METADATA = "setting"
+"""The metadata key of a setting's dataclass field (`setting_field`): its run config key."""
 GROUPS = ("task", "rounds", "profiling", "power", "fleet", "results", "faults")
 """The sections of docs/reference/run-config.md, one table each, in its order."""
 
@@ -692,23 +696,6 @@ def settings_of(readers: Collection[str]) -> list[Setting]:
 
 
 # --- what derives from it ----------------------------------------------------------------------------
-def with_settings(*readers: str) -> Callable[[type], type]:
-    """Class decorator: a frozen, keyword-only dataclass whose fields are the class's own plus one per
-    setting read by `readers` (named by its attribute, typed by its kind, defaulting to the declared
-    default as it is when the object is made)."""
-
-    def decorate(cls: type) -> type:
-        annotations = dict(inspect.get_annotations(cls))
-        for s in settings_of(readers):
-            annotations[s.attr] = s.kind.python_type
-            factory = _default_of(s.key)
-            setattr(cls, s.attr, dataclasses.field(default_factory=factory, metadata={"setting": s.key}))
-        cls.__annotations__ = annotations
-        return dataclass(frozen=True, kw_only=True)(cls)
-
-    return decorate
-
-
 def run_default(key: str) -> Any:
     """Run setting `key`'s declared default, typed: what a caller that is not given it uses."""
     return SETTINGS[key].typed_default()
@@ -718,12 +705,23 @@ def _default_of(key: str) -> Callable[[], Any]:
     return lambda: run_default(key)
 
 
+def setting_field(key: str) -> Any:
+    """The dataclass field of run setting `key`, written out in a class body (``lr_max: float =
+    setting_field("lr-max")``) so that readers and type checkers see its name and type. Its default is
+    the declaration's, read when an object is made (a changed declaration is seen), and its metadata
+    names the key that `setting_fields` goes by; tests/test_settings_fields.py keeps each class's fields
+    equal to the settings its readers read."""
+    if key not in SETTINGS:
+        raise SettingsError(f"setting_field: {unknown_key_text(key, SETTINGS)} (strategies/settings.py)")
+    return dataclasses.field(default_factory=_default_of(key), metadata={SETTING_METADATA: key})
+
+
 def setting_fields(obj: Any) -> dict[str, Any]:
     """{key: value} of the declared settings among `obj`'s dataclass fields."""
     return {
-        f.metadata["setting"]: getattr(obj, f.name)
+        f.metadata[SETTING_METADATA]: getattr(obj, f.name)
         for f in dataclasses.fields(obj)
-        if "setting" in f.metadata
+        if SETTING_METADATA in f.metadata
     }
 
 
@@ -732,9 +730,70 @@ def to_config(values: Mapping[str, Any]) -> dict[str, Any]:
     return {key: SETTINGS[key].kind.to_config(v) for key, v in values.items()}
 
 
-@with_settings(SERVER, CLIENT, BOTH)
+@dataclass(frozen=True, kw_only=True)
 class RunSettings:
-    """The run config, every key checked and typed (`read_settings`)."""
+    """The run config, every key checked and typed (`read_settings`): one field per declared setting,
+    in the declaration's order (the order of `to_run_config`)."""
+
+    num_server_rounds: int = setting_field("num-server-rounds")
+    model: str = setting_field("model")
+    weights: str = setting_field("weights")
+    pretrain_data: str = setting_field("pretrain-data")
+    pretrain_samples: int = setting_field("pretrain-samples")
+    pretrain_seed: int = setting_field("pretrain-seed")
+    server_device: str = setting_field("server-device")
+    relation: str = setting_field("relation")
+    proxy_data: str = setting_field("proxy-data")
+    proxy_seed: int = setting_field("proxy-seed")
+    relation_seeds: list[int] = setting_field("relation-seeds")
+    relation_max_samples: int = setting_field("relation-max-samples")
+    relation_max_seeds: int = setting_field("relation-max-seeds")
+    relation_values: str = setting_field("relation-values")
+    relation_rule: str = setting_field("relation-rule")
+    target_accuracy: float = setting_field("target-accuracy")
+    batch_sizes: list[int] = setting_field("batch-sizes")
+    lr_max: float = setting_field("lr-max")
+    lr_rule: str = setting_field("lr-rule")
+    budget_samples: int = setting_field("budget-samples")
+    budget_device_seconds: float = setting_field("budget-device-seconds")
+    eval_every_samples: int = setting_field("eval-every-samples")
+    eval_max_samples: int = setting_field("eval-max-samples")
+    profile_order: str = setting_field("profile-order")
+    profile_samples: int = setting_field("profile-samples")
+    profile_warmup: int = setting_field("profile-warmup")
+    profile_steps: int = setting_field("profile-steps")
+    profiling_budget: float = setting_field("profiling-budget")
+    seed: int = setting_field("seed")
+    results_dir: str = setting_field("results-dir")
+    checkpoint_every_samples: int = setting_field("checkpoint-every-samples")
+    resume: bool = setting_field("resume")
+    round_timeout: float = setting_field("round-timeout")
+    rejoin_wait_s: float = setting_field("rejoin-wait-s")
+    min_nodes: int = setting_field("min-nodes")
+    fraction_train: float = setting_field("fraction-train")
+    clients_per_round: int = setting_field("clients-per-round")
+    availability: float = setting_field("availability")
+    availability_trace: str = setting_field("availability-trace")
+    fraction_evaluate: float = setting_field("fraction-evaluate")
+    guard_window: int = setting_field("guard-window")
+    guard_tolerance: float = setting_field("guard-tolerance")
+    round_objective: str = setting_field("round-objective")
+    round_deadline_s: float = setting_field("round-deadline-s")
+    cap_poll_s: float = setting_field("cap-poll-s")
+    cap_pause_timeout_s: float = setting_field("cap-pause-timeout-s")
+    fleet: str = setting_field("fleet")
+    client_data: str = setting_field("client-data")
+    client_data_seed: int = setting_field("client-data-seed")
+    partitioning: str = setting_field("partitioning")
+    dirichlet_alpha: float = setting_field("dirichlet-alpha")
+    methods: list[str] = setting_field("methods")
+    profile_source: str = setting_field("profile-source")
+    real_share: float = setting_field("real-share")
+    profile_cache: str = setting_field("profile-cache")
+    inject_failures: str = setting_field("inject-failures")
+    inject_seed: int = setting_field("inject-seed")
+    inject_hang_s: float = setting_field("inject-hang-s")
+    inject_server_stop_round: int = setting_field("inject-server-stop-round")
 
     def method_list(self) -> list[str]:
         return list(self.methods)
