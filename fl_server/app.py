@@ -51,6 +51,7 @@ from powerctl.methods import run_method_named
 from powerctl.relation import RelationVector
 from strategies.fleet import fleet_availability
 from strategies.methods import for_method
+from strategies.objectives import objective_named
 from strategies.population import (
     POPULATION_FILE,
     Population,
@@ -361,6 +362,7 @@ def run_method(
     def sampled(fedavg: Strategy) -> Strategy:
         return PopulationSampled(fedavg, population, on_draw=log_draws)
 
+    objective = run_method_named(method).objective(cfg.round_objective)  # the registry's name for it
     strategy = PowerAwareFedAvg(
         instructions=setup.base,
         first_round=first_round,
@@ -371,8 +373,7 @@ def run_method(
         fraction_evaluate=cfg.fraction_evaluate,
         min_available_nodes=cfg.min_nodes,
         rejoin_wait_s=cfg.rejoin_wait_s,
-        round_objective=run_method_named(method).objective(cfg.round_objective),
-        round_deadline_s=cfg.round_deadline_s,
+        round_objective=objective_named(objective, cfg.round_deadline_s),
         inner=sampled if log_draws is not None else None,
     )
     strategy.nodes.update(known_nodes)  # node ids hold for the whole run: ask each node once

@@ -27,13 +27,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from powerctl.capsource import CapSource
-from powerctl.devices.base import Device, PowerSamples
 from powerctl.errors import InfeasibleCapError, PowerctlError
 from powerctl.guard import DEFAULT_TOLERANCE, DEFAULT_WINDOW, PowerGuard, StepDown
 from powerctl.pick import Pick
+
+if TYPE_CHECKING:  # annotations only: the run settings read this module's defaults without a device
+    from powerctl.capsource import CapSource
+    from powerctl.devices.base import Device, PowerSamples
 
 DEFAULT_POLL_S = 1.0
 """How often a paused fine-tune reads its cap again (device seconds)."""

@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from powerctl.devices.base import Device, PowerSamples
 from powerctl.errors import PowerctlError
+
+if TYPE_CHECKING:  # annotations only: the run settings read this module's defaults without a device
+    from powerctl.devices.base import Device, PowerSamples
 
 DEFAULT_WINDOW = 3
 """Consecutive over-cap checks (training steps) before a step-down."""

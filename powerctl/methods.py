@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from powerctl.errors import PowerctlError
 from powerctl.pick import Pick
-from powerctl.selection import DEFAULT_RELATION_RULE, select, select_under_deadline
+from powerctl.relation import DEFAULT_RELATION_RULE
 
 if TYPE_CHECKING:
     from powerctl.profile_table import Profile
@@ -53,7 +53,7 @@ class MethodContext:
     deadline_s: float = 0.0
     """The round's deadline in device seconds (0: none); only a power-aware method reads it."""
     relation_rule: str = DEFAULT_RELATION_RULE
-    """How a power-aware method reads the relation (`powerctl.selection.RELATION_RULES`)."""
+    """How a power-aware method reads the relation (`powerctl.relation.RELATION_RULES`)."""
 
 
 Rule = Callable[["Profile", "RelationVector", "float | None", MethodContext], Pick]
@@ -109,6 +109,8 @@ class RunMethod:
 def _ours(profile: Profile, relation: RelationVector, cap: float | None, ctx: MethodContext) -> Pick:
     """Algorithm 1 under the relation rule; with a deadline (> 0) the least-energy pair predicted to meet
     it, else the fastest pair."""
+    from powerctl.selection import select, select_under_deadline  # as the baselines': on first use
+
     if ctx.deadline_s > 0:
         pick, met = select_under_deadline(profile, relation, cap, ctx.deadline_s, ctx.relation_rule)
         return replace(pick, meets_deadline=met)

@@ -25,6 +25,10 @@ from powerctl.mapping import Number, check_arguments
 RELATION_SCHEMA = "powerctl.relation/1"
 VECTORS: tuple[str, ...] = ("raw", "fitted")
 """Which vector the client uses: the seeds' means, or the batch-efficiency model fitted to the seeds."""
+RELATION_RULES: tuple[str, ...] = ("mean", "robust")
+"""How selection (`powerctl.selection`) reads the vector: its mean (Algorithm 1) or every seed's (least
+mean regret). Named here, beside the vector, so that a run's settings check them without the selection."""
+DEFAULT_RELATION_RULE = "mean"
 
 
 @dataclass

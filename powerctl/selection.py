@@ -29,14 +29,11 @@ from powerctl.capsource import parse_power_cap
 from powerctl.errors import ArgumentError, FileFormatError, InfeasibleCapError, PowerctlError
 from powerctl.pick import Pick
 from powerctl.profile_table import Profile, ProfilePoint
-from powerctl.relation import RelationVector
+from powerctl.relation import DEFAULT_RELATION_RULE, RELATION_RULES, RelationVector
 
 Objective = Literal["time", "energy"]
 OBJECTIVES: tuple[str, ...] = ("time", "energy")
 """What selection minimises: predicted time to the target (the paper, the default) or energy to it."""
-RELATION_RULES: tuple[str, ...] = ("mean", "robust")
-"""How selection reads the relation vector: its mean (Algorithm 1) or every seed's (least mean regret)."""
-DEFAULT_RELATION_RULE = "mean"
 
 
 def check_power_cap(power_cap_w: float | None) -> float | None:

@@ -30,6 +30,8 @@ _WHERE: dict[str, str] = {
     # server: strategies and the plan they send
     "PowerAware": "strategies.power_aware",
     "PowerAwareFedAvg": "strategies.power_aware",
+    "RoundObjective": "strategies.objectives",
+    "EnergyUnderDeadline": "strategies.objectives",
     "TrainInstructions": "strategies.protocol",
     "ClientReport": "strategies.protocol",
     "save_results": "fl_server.results",

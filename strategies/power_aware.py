@@ -8,11 +8,11 @@ FedProx, a user's own) samples the nodes, builds the messages and aggregates; th
    rule, ...) into the train `config` it passes to the inner strategy's ``configure_train``, so any
    strategy sends it; asks nodes it has not met yet who they are (``query``: device, cap, data size);
    then gives each message its own RecordDict whose config holds what `node_instructions` sets for
-   that node (keyed by its partition or name, never by list position). With
-   `round_objective="energy-under-deadline"` it first asks each sampled node once for its plan (a
-   QUERY with its instructions: its predicted fastest time to the target), sets the round's deadline
-   to the slowest one's (or `round_deadline_s`) and sends it: each client then runs its least-energy
-   pair that meets it.
+   that node (keyed by its partition or name, never by list position). The round objective, an object
+   given at construction (`strategies.objectives`), sets the round's deadline: `EnergyUnderDeadline`
+   first asks each sampled node once for its plan (a QUERY with its instructions: its predicted
+   fastest time to the target), takes the slowest one's (or its own `deadline_s`) and the wrapper
+   sends it: each client then runs its least-energy pair that meets it.
 2. ``aggregate_train``: maps every reply to the node it answers through the message ids sent (a dead
    SuperNode's error reply comes from the SuperLink's id, not the node's); keeps each report, takes it
    out of the reply, and hands the inner strategy the usable replies (ordered by node key: the same sum
@@ -41,7 +41,8 @@ from flwr.serverapp.strategy.strategy_utils import sample_nodes
 from flwr.supercore import log
 
 from powerctl.errors import ArgumentError, PowerctlError
-from powerctl.mapping import Choice, Integer, Number, check_arguments
+from powerctl.mapping import Integer, Number, check_arguments
+from strategies.objectives import OBJECTIVE, RoundObjective
 from strategies.protocol import (
     ARRAYS_KEY,
     CONFIG_KEY,
@@ -51,7 +52,6 @@ from strategies.protocol import (
     PLAN_KEY,
     RELATION_KEY,
     REPORT_KEY,
-    ROUND_OBJECTIVES,
     ClientReport,
     Plan,
     ProtocolError,
@@ -148,6 +148,10 @@ class PowerAware(Strategy):
         Wait once, before the first round, for this many nodes (0: leave it to `strategy`). After that
         a round waits up to `rejoin_wait_s` for the nodes seen before, then goes on with whoever is
         connected (Flower's own sampling waits forever for a node that died).
+    round_objective : RoundObjective | str
+        What each round asks of its clients (`strategies.objectives`): `RoundObjective()` (time: each
+        client its fastest pair) or `EnergyUnderDeadline(deadline_s)`; or the name of one
+        (`"energy-under-deadline"`: the slowest sampled node's fastest time as the deadline).
     first_round : int
         A resumed run: the rounds before it are done (their weights are `initial_arrays`); Flower's loop
         sends nothing for them.
@@ -163,15 +167,13 @@ class PowerAware(Strategy):
         on_round_end: Callable[[int, ArrayRecord], None] | None = None,
         query_timeout: float = 120.0,
         min_available_nodes: int = 0,
-        round_objective: str = "time",
-        round_deadline_s: float = 0.0,
+        round_objective: RoundObjective | str = "time",
         rejoin_wait_s: float = 30.0,
         first_round: int = 1,
     ) -> None:
         checked = check_arguments(  # kept as checked: plain numbers where numpy's were given
             "PowerAware",
-            round_objective=(round_objective, Choice(ROUND_OBJECTIVES)),
-            round_deadline_s=(round_deadline_s, Number(0.0, unit="seconds")),
+            round_objective=(round_objective, OBJECTIVE),
             query_timeout=(query_timeout, Number(0.0, above=True, unit="seconds")),
             rejoin_wait_s=(rejoin_wait_s, Number(0.0, unit="seconds")),
             min_available_nodes=(min_available_nodes, Integer(0)),
@@ -199,7 +201,7 @@ class PowerAware(Strategy):
         self.query_timeout = checked["query_timeout"]
         self.min_available_nodes = checked["min_available_nodes"]
         self.rejoin_wait_s = checked["rejoin_wait_s"]
-        self.round_objective, self.round_deadline_s = checked["round_objective"], checked["round_deadline_s"]
+        self.round_objective: RoundObjective = checked["round_objective"]
         self.first_round = checked["first_round"]
         self.nodes: dict[int, NodeInfo] = {}
         self.rounds: dict[int, RoundRecord] = {}
@@ -220,7 +222,7 @@ class PowerAware(Strategy):
         log(INFO, "\t├──> Power-aware settings:")
         log(INFO, "\t│\t├── Model: %s", self.instructions.model)
         log(INFO, "\t│\t├── Target accuracy: %s", self.instructions.target_accuracy)
-        log(INFO, "\t│\t├── Round objective: %s", self.round_objective)
+        log(INFO, "\t│\t├── Round objective: %r", self.round_objective)
         log(INFO, "\t│\t└── Relation vector: %s", self.instructions.relation_vector.as_map())
         self.strategy.summary()
 
@@ -296,12 +298,11 @@ class PowerAware(Strategy):
         for nid in new:
             self.nodes.setdefault(nid, NodeInfo.unknown(nid))
 
-    def plan_deadline(self, grid: Grid, instructions: dict[int, TrainInstructions]) -> float:
-        """Energy-under-deadline: ask every sampled node not planned yet for its predicted fastest time
-        to the target (a QUERY carrying its train instructions: the node profiles, cached, and
-        selects), and return the round's deadline: the user's, else the slowest node's fastest time
-        (0 when no node answered: everyone then runs its fastest pair). A node that fails to answer is
-        named in the log; the deadline comes from the others, and it receives it too."""
+    def plan(self, grid: Grid, instructions: dict[int, TrainInstructions]) -> list[Plan]:
+        """The plans of the round's sampled nodes, for the round objective: every one not planned yet is
+        asked for its predicted fastest time to the target (a QUERY carrying its train instructions:
+        the node profiles, cached, and selects). A node that fails to answer is named in the log and
+        left out; the deadline comes from the others, and it receives it too."""
         new = {
             nid: RecordDict({CONFIG_KEY: instr.to_config()})
             for nid, instr in instructions.items()
@@ -317,10 +318,7 @@ class PowerAware(Strategy):
                 continue
             self.plans[nid] = plan
             self._unbilled_profiling[nid] = plan.profiling_seconds
-        if self.round_deadline_s > 0:
-            return self.round_deadline_s
-        planned = [self.plans[nid].fastest_seconds for nid in instructions if nid in self.plans]
-        return max(planned, default=0.0)
+        return [self.plans[nid] for nid in instructions if nid in self.plans]
 
     def node(self, node_id: int) -> NodeInfo:
         return self.nodes.get(node_id) or NodeInfo.unknown(node_id)
@@ -348,13 +346,10 @@ class PowerAware(Strategy):
         instructions = {
             nid: self.node_instructions(self.node(nid), server_round, self.instructions) for nid in node_ids
         }
-        if self.round_objective == "energy-under-deadline":
-            deadline = self.plan_deadline(grid, instructions)
-            if deadline > 0:
-                self.deadlines[server_round] = deadline
-                instructions = {
-                    n: dataclasses.replace(i, deadline_s=deadline) for n, i in instructions.items()
-                }
+        deadline = self.round_objective.round_deadline(lambda: self.plan(grid, instructions))
+        if deadline > 0:
+            self.deadlines[server_round] = deadline
+            instructions = {n: dataclasses.replace(i, deadline_s=deadline) for n, i in instructions.items()}
         config_key = _inner_attr(self.strategy, "configrecord_key", CONFIG_KEY)
         own = []
         for msg in messages:

@@ -43,8 +43,7 @@ from powerctl.mapping import (
 )
 from powerctl.methods import METHODS as METHODS  # the registry's names (powerctl.methods), re-exported
 from powerctl.methods import ROUND_OBJECTIVES, RUN_METHODS
-from powerctl.relation import VECTORS
-from powerctl.selection import RELATION_RULES
+from powerctl.relation import RELATION_RULES, VECTORS
 from powerfed.training.lr import LR_RULES
 from strategies.fleet import MAX_BOARDS, app_path_of, fleet_file, fleet_table
 

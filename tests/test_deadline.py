@@ -8,7 +8,9 @@ from flwr.app import MessageType
 from fl_client.app import app as client_app
 from fl_server.run_config import RunConfigError, parse_server_config
 from powerctl.errors import PowerctlError
+from powerctl.methods import ENERGY_UNDER_DEADLINE, OURS_DEADLINE, ROUND_OBJECTIVES, TIME, run_method_named
 from powerctl.selection import select, select_under_deadline
+from strategies.objectives import EnergyUnderDeadline, RoundObjective, objective_named
 from strategies.protocol import PLAN_KEY, Plan, ProtocolError, TrainInstructions
 from tests.fake_grid import FakeGrid
 from tests.fl_helpers import RUN_CONFIG, instructions
@@ -32,7 +34,7 @@ def test_the_least_energy_pair_that_meets_the_deadline_else_the_fastest() -> Non
 def test_a_deadline_round_plans_sets_the_slowest_fastest_time_and_saves_energy() -> None:
     instr = instructions(budget_samples=128)
     grid = FakeGrid(client_app, _nodes(3), RUN_CONFIG)
-    strategy = power_aware(round_objective="energy-under-deadline")
+    strategy = power_aware(round_objective=EnergyUnderDeadline())
     _run(grid, strategy, instr=instr)  # first: its planning queries profile (nothing cached yet)
     fastest = power_aware()
     _run(FakeGrid(client_app, _nodes(3), RUN_CONFIG), fastest, instr=instr)
@@ -67,7 +69,7 @@ def test_a_deadline_round_plans_sets_the_slowest_fastest_time_and_saves_energy()
 
 def test_a_user_deadline_too_short_makes_clients_run_their_fastest_and_say_so() -> None:
     grid = FakeGrid(client_app, _nodes(2), RUN_CONFIG)
-    strategy = power_aware(round_objective="energy-under-deadline", round_deadline_s=1e-6)
+    strategy = power_aware(round_objective=EnergyUnderDeadline(deadline_s=1e-6))
     _run(grid, strategy, instr=instructions(budget_samples=64))
     record = strategy.rounds[1]
     assert record.summary["deadline_s"] == 1e-6 and record.summary["met_deadline_predicted"] == 0
@@ -83,6 +85,8 @@ def test_plans_and_options_are_checked() -> None:
         Plan.from_config(bad)
     with pytest.raises(ValueError, match="'round_objective' must be one of time, energy-under-deadline"):
         power_aware(round_objective="cheapest")
+    with pytest.raises(ValueError, match="EnergyUnderDeadline: 'deadline_s' must be a number of seconds ≥ 0"):
+        EnergyUnderDeadline(-1.0)
     for key, value, fragment in (
         ("round-objective", "cheapest", "'round-objective' must be one of time, energy-under-deadline"),
         ("round-deadline-s", -1.0, "'round-deadline-s' must be a number of seconds ≥ 0"),
@@ -92,3 +96,33 @@ def test_plans_and_options_are_checked() -> None:
             parse_server_config({key: value})
     assert parse_server_config({"methods": "ours,ours-deadline"}).method_list() == ["ours", "ours-deadline"]
     assert PLAN_KEY == "plan"
+
+
+def test_the_round_objective_is_an_object_made_once_from_the_registry_s_names() -> None:
+    """Issue 39: the strategy is given its objective when made (a name, the documented call, is made
+    into one then); the registry's names are the only ones, each making its own objective."""
+    assert {objective_named(name).name for name in ROUND_OBJECTIVES} == set(ROUND_OBJECTIVES)
+    assert type(objective_named(TIME, 5.0)) is RoundObjective  # the time objective has no deadline
+    made = objective_named(ENERGY_UNDER_DEADLINE, 7.5)
+    assert isinstance(made, EnergyUnderDeadline) and made.deadline_s == 7.5
+    run = objective_named(run_method_named(OURS_DEADLINE).objective(TIME), 2.0)  # as the ServerApp makes it
+    assert isinstance(run, EnergyUnderDeadline) and run.deadline_s == 2.0
+    assert type(power_aware().round_objective) is RoundObjective
+    named = power_aware(round_objective=" energy-under-deadline").round_objective
+    assert isinstance(named, EnergyUnderDeadline) and named.deadline_s == 0.0
+    given = EnergyUnderDeadline(3.0)
+    assert power_aware(round_objective=given).round_objective is given
+    asked: list[int] = []
+
+    def plans() -> list[Plan]:
+        asked.append(1)
+        return [Plan(12.5, 16, 1, 40.0), Plan(20.0, 8, 1, 30.0)]
+
+    assert RoundObjective().round_deadline(plans) == 0.0 and not asked  # time rounds ask no node
+    assert EnergyUnderDeadline().round_deadline(plans) == 20.0  # the slowest node's fastest time
+    assert EnergyUnderDeadline(3.0).round_deadline(plans) == 3.0 and len(asked) == 2  # planned still
+    assert EnergyUnderDeadline().round_deadline(list) == 0.0  # nobody answered: everyone its fastest
+    with pytest.raises(
+        ValueError, match=r"'round_objective' must be one of .* \(or a RoundObjective\), got 3"
+    ):
+        power_aware(round_objective=3)

@@ -1,5 +1,6 @@
 """`import powerfed`: the one public face. Every exported name resolves, importing it costs nothing
-until a name is used, and an unknown name is an AttributeError as for any module."""
+until a name is used (and `PowerAware` then loads no device code), and an unknown name is an
+AttributeError as for any module."""
 
 from __future__ import annotations
 
@@ -24,6 +25,35 @@ def test_import_powerfed_loads_neither_torch_nor_flower() -> None:
     code = "import sys, powerfed; print(sorted(m for m in ('torch', 'flwr', 'ray') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+POWER_AWARE_NEEDS = {
+    "powerctl",
+    "powerctl.errors",
+    "powerctl.mapping",  # the argument checks
+    "powerctl.readfile",
+    "powerctl.jsonfile",
+    "powerctl.outputs",
+    "powerctl.cliutil",  # the settings' bounds
+    "powerctl.capsource",  # the power cap's reader
+    "powerctl.pick",
+    "powerctl.relation",  # the relation vector, its rules' names
+    "powerctl.methods",  # the registry's method and round objective names
+    "powerctl.guard",  # the guard's and the cap follower's defaults (settings)
+    "powerctl.follow",
+}
+"""The device-side modules importing `PowerAware` may load: names, checks and the plan's readers; no
+device, no profiler, no sensors (issue 39: it imported 22)."""
+
+
+def test_importing_power_aware_loads_no_device_profiling_or_selection_code() -> None:
+    code = (
+        "import sys; from powerfed import PowerAware; "
+        "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] == 'powerctl')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    loaded = set(out.split())
+    assert "powerctl.methods" in loaded and not loaded - POWER_AWARE_NEEDS, sorted(loaded - POWER_AWARE_NEEDS)
 
 
 def test_an_unknown_name_is_an_attribute_error() -> None:

@@ -1,0 +1,89 @@
+"""The round objective: what a round of `PowerAware` asks of its clients, an object the strategy is
+given when it is made (as Flower composes its DP strategies), so the strategy compares no names.
+
+- `RoundObjective` (`time`, the paper's): each client runs its fastest pair; nothing is asked before
+  the round.
+- `EnergyUnderDeadline(deadline_s)`: the round first asks each sampled node for its plan (its predicted
+  fastest time to the target), sets the deadline to `deadline_s` (> 0) or else to the slowest node's
+  fastest time, and each client runs its least-energy pair that meets it
+  (docs/design/deadline-rounds.md).
+
+The names are the method registry's (`powerctl.methods.ROUND_OBJECTIVES`, what a run's
+`round-objective` setting and a run method name); `objective_named` makes the object a name stands for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from powerctl.mapping import Choice, Custom, Number, check_arguments, must_be
+from powerctl.methods import ENERGY_UNDER_DEADLINE, ROUND_OBJECTIVES, TIME
+from strategies.protocol import Plan
+
+Plans = Callable[[], Sequence[Plan]]
+"""Asks the round's sampled nodes for their plans (a QUERY each, once per node) and returns those that
+answered; an objective that needs none never calls it."""
+
+
+class RoundObjective:
+    """The `time` objective (the paper's): no deadline, each client its fastest pair. Other objectives
+    subclass it and override only what differs."""
+
+    name: str = TIME
+
+    def round_deadline(self, plans: Plans) -> float:
+        """The round's deadline in device seconds (0: none, each client runs its fastest pair)."""
+        return 0.0
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class EnergyUnderDeadline(RoundObjective):
+    """Each client its least-energy pair that meets the round's deadline: `deadline_s` (device seconds),
+    or with 0 the slowest sampled node's predicted fastest time."""
+
+    name = ENERGY_UNDER_DEADLINE
+
+    def __init__(self, deadline_s: float = 0.0) -> None:
+        checked = check_arguments("EnergyUnderDeadline", deadline_s=(deadline_s, Number(0.0, unit="seconds")))
+        self.deadline_s: float = checked["deadline_s"]
+
+    def round_deadline(self, plans: Plans) -> float:
+        # asked with a fixed deadline too: the plan's profiling is billed to the round that trains
+        planned = plans()
+        if self.deadline_s > 0:
+            return self.deadline_s
+        return max((p.fastest_seconds for p in planned), default=0.0)
+
+    def __repr__(self) -> str:
+        return f"EnergyUnderDeadline(deadline_s={self.deadline_s!r})"
+
+
+_MADE: dict[str, Callable[[float], RoundObjective]] = {
+    RoundObjective.name: lambda _deadline_s: RoundObjective(),
+    EnergyUnderDeadline.name: EnergyUnderDeadline,
+}
+
+
+def objective_named(name: str, deadline_s: float = 0.0) -> RoundObjective:
+    """The objective `name` (one of `ROUND_OBJECTIVES`) stands for, with `deadline_s` where it takes
+    one (a run's `round-deadline-s`); an unknown name is `Invalid` (a ValueError)."""
+    return _MADE[Choice(ROUND_OBJECTIVES)(name)](deadline_s)
+
+
+def _objective(value: Any) -> RoundObjective:
+    if isinstance(value, RoundObjective):
+        return value
+    if isinstance(value, str) and value.strip() in ROUND_OBJECTIVES:
+        return objective_named(value)
+    raise must_be(OBJECTIVE.expected, value)
+
+
+OBJECTIVE = Custom(
+    _objective,
+    expected=f"one of {', '.join(ROUND_OBJECTIVES)} (or a RoundObjective)",
+    python_type=RoundObjective,
+)
+"""A constructor argument's kind (`check_arguments`): a `RoundObjective`, or the name of one."""
