@@ -120,15 +120,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(
-        prog=PROG,
-        description="Server-side jobs of power-aware federated fine-tuning: pre-train the starting "
-        "weights on a public dataset, and estimate the relation vector (samples to a target accuracy "
-        "per batch size) on a proxy dataset. Run 'fl-server COMMAND --help' for each.",
-    )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
+def _add_pretrain(sub: Any) -> None:
+    """pretrain: the starting weights, trained from a seeded initialisation on a public dataset."""
     pre = sub.add_parser(
         "pretrain",
         help="train a model on a public dataset; write weights + report",
@@ -185,6 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
         f"(chartransformer), --set width=32 (resnet18, cnn-tiny); ranges: {option_ranges()}",
     )
 
+
+def _add_relation(sub: Any) -> None:
+    """relation: the relation vector, one fine-tune per batch size (and seed) on a proxy dataset."""
     rel = sub.add_parser(
         "relation",
         help="estimate the relation vector on a proxy dataset; write relation JSON",
@@ -274,6 +270,19 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help=THREADS.help("CPUs for --parallel (default: one per run, at most the machine's)"),
     )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(
+        prog=PROG,
+        description="Server-side jobs of power-aware federated fine-tuning: pre-train the starting "
+        "weights on a public dataset, and estimate the relation vector (samples to a target accuracy "
+        "per batch size) on a proxy dataset. Run 'fl-server COMMAND --help' for each.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    _add_pretrain(sub)
+    _add_relation(sub)
     return parser
 
 
