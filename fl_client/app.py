@@ -37,6 +37,7 @@ from powerfed.training.finetune import evaluate_with_loss
 from powerfed.training.models import get_model_spec
 from strategies.protocol import (
     ARRAYS_KEY,
+    BENCH_REPORT_KEY,
     CONFIG_KEY,
     EXAMPLES_KEY,
     METRICS_KEY,
@@ -134,8 +135,9 @@ def train(msg: Message, context: Context) -> Message:
         )
     except PowerctlError as exc:
         return error_reply(msg, settings, exc)
+    stand_in = report.bench is not None and report.bench.stand_in
     say(
-        f"powerfed client {settings.key} [{instr.method}{', stand-in' if report.stand_in else ''}]: "
+        f"powerfed client {settings.key} [{instr.method}{', stand-in' if stand_in else ''}]: "
         f"round {instr.server_round} b={report.batch_size} "
         f"f={report.frequency_hz / 1e6:.1f} MHz{'' if report.pinned else ' (not pinned)'} "
         f"{report.device_seconds:.1f} device s, "
@@ -157,6 +159,8 @@ def train(msg: Message, context: Context) -> Message:
             REPORT_KEY: report.to_config(),
         }
     )
+    if report.bench is not None:  # a bench's steps ran: what they measured, beside the report
+        content[BENCH_REPORT_KEY] = report.bench.to_config()
     return Message(content, reply_to=msg)
 
 

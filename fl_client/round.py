@@ -13,7 +13,11 @@ Every caller that fine-tunes a client's data under a power cap goes through `run
 
 What only the fleet runner and the benches ask for — scale mode's predicted profiles and stand-in
 training, the oracle's own-data search — is theirs (`simulations.bench_steps`), plugged in through
-`RoundSteps` when the instructions ask for it (`needs_bench_steps`).
+`RoundSteps` when the instructions ask for it (`needs_bench_steps`); what those steps measure beyond the
+report travels in its own record (`strategies.protocol.BenchReport`), which only they fill.
+
+What other modules use is listed in `__all__` (tests/test_round_surface.py: nothing outside imports a
+name that starts with an underscore).
 
 The device is opened per step and closed on every way out (`restore_on_exit`: exceptions, SIGINT,
 SIGTERM), so nothing stays pinned after a round; a board that a killed process left pinned is put back
@@ -78,7 +82,47 @@ from powerfed.training.finetune import (
     fine_tune,
 )
 from powerfed.training.models import build_model, check_input_shape, get_model_spec
-from strategies.protocol import ClientReport, Plan, TrainInstructions
+from strategies.protocol import BenchReport, ClientReport, Plan, TrainInstructions
+
+__all__ = [
+    "BENCH_STEPS_GROUP",
+    "ChooseStep",
+    "Chosen",
+    "ClientWorkError",
+    "MethodRule",
+    "Pinning",
+    "ProfileStep",
+    "Profiled",
+    "ProfiledStep",
+    "RoundOutcome",
+    "RoundSteps",
+    "RoundWork",
+    "Rule",
+    "State",
+    "TrainStep",
+    "Trained",
+    "bench_round_steps",
+    "budgeted",
+    "budgeted_profile",
+    "build_local_model",
+    "build_report",
+    "builtin_step",
+    "check_data",
+    "fine_tune_step",
+    "measured_profile_step",
+    "method_step",
+    "model_seq_len",
+    "needs_bench_steps",
+    "node_caps",
+    "node_device_seed",
+    "plan_round",
+    "profile_order",
+    "profiling_choice",
+    "round_checkpoint",
+    "run_round",
+    "train_round",
+    "usable_relation",
+]
 
 log = logging.getLogger(__name__)
 
@@ -299,7 +343,8 @@ class Trained:
     state: State
     board: str
     choice: Pick
-    stand_in: bool = False
+    bench: BenchReport | None = None
+    """What a bench's train step measured beside the report (scale mode's stand-in); None: it trained."""
     final_pair: list[int] | None = None
     """Under a cap that changes: the pair in force when the fine-tune ended."""
     step_downs: list[dict[str, Any]] = field(default_factory=list)
@@ -313,25 +358,23 @@ class Trained:
     pinned: bool = True
     """False: trained at the clock in force, the frequency not ours to change (`open_device(pin=...)`)."""
 
-
-@dataclass(frozen=True)
-class OwnDataSearch:
-    """The oracle's search: samples to the target per batch size on this client's own data, each batch
-    size fine-tuned at its fastest feasible frequency. Reported apart, never charged to the round."""
-
-    relation: RelationVector
-    runs: dict[tuple[int, int], Trained]
-    """The search's runs at the round's own evaluation interval, by pair: the chosen pair's is reused."""
-    device_seconds: float
-    """Device seconds of every search run, the denser re-runs included."""
+    @property
+    def stand_in(self) -> bool:
+        """Not trained: a bench's stand-in charged a board model (no steps, no profiling charged)."""
+        return self.bench is not None and self.bench.stand_in
 
 
 @dataclass(frozen=True)
 class Chosen:
-    """The choose step's outcome: the rule the train step applies, and the oracle's search if any."""
+    """The choose step's outcome: the rule the train step applies; a step that trained to choose (the
+    oracle's search) hands on its runs and what it measured."""
 
     rule: Rule
-    search: OwnDataSearch | None = None
+    runs: dict[tuple[int, int], Trained] = field(default_factory=dict)
+    """Runs the choose step made under this round's constant cap, by pair: the chosen pair's is the
+    round's training, not run again."""
+    bench: BenchReport | None = None
+    """What a bench's choose step measured beside the report (the oracle's own-data search)."""
 
 
 ProfileStep = Callable[[RoundWork, RelationVector], Profiled]
@@ -753,9 +796,9 @@ def run_round(work: RoundWork, steps: RoundSteps | None = None) -> RoundOutcome:
     profiled = steps.profile(work, relation)
     chosen = steps.choose(work, profiled.profile, relation, steps.train)
     trained = None
-    if chosen.search is not None and work.caps.is_constant:  # the chosen pair was measured by the search
+    if chosen.runs and work.caps.is_constant:  # the chosen pair was measured while choosing
         c = chosen.rule(work.cap_at_start)
-        trained = chosen.search.runs.get((c.batch_size, c.frequency_hz))
+        trained = chosen.runs.get((c.batch_size, c.frequency_hz))
         if trained is not None:
             trained = replace(trained, choice=c)
     if trained is None:
@@ -788,10 +831,15 @@ def build_report(
     train_examples: int,
     wall_seconds: float,
 ) -> ClientReport:
-    """The round's report. Only the power-aware method is charged for profiling it measured this round."""
+    """The round's report, with what a bench's steps measured beside it (`ClientReport.bench`, None for
+    the production steps). Only the power-aware method is charged for profiling it measured this round."""
     instr, result, choice, profile = work.instr, trained.result, trained.choice, profiled.profile
     charged = method_named(instr.method).power_aware and not profiled.cached and not trained.stand_in
-    search, plan = chosen.search, profiled.plan
+    plan = profiled.plan
+    bench = None
+    for measured in (chosen.bench, trained.bench):  # what a bench's steps measured, if any
+        if measured is not None:
+            bench = (bench or BenchReport()).merged(measured)
     point = profile.point(choice.batch_size, choice.frequency_hz)
     peak = choice.peak_power_w or (point.peak_power_w if point is not None else 0.0)
     return ClientReport(
@@ -817,16 +865,11 @@ def build_report(
         wall_seconds=wall_seconds,
         step_downs=trained.step_downs,
         method=instr.method,
-        stand_in=trained.stand_in,
         profile_points=0 if trained.stand_in else len(profile.points),
         steps=0 if trained.stand_in else result.steps,
         resumed_at_samples=result.extra.get("resumed_at_samples"),
         deadline_s=instr.deadline_s if choice.meets_deadline is not None else None,
         meets_deadline_predicted=choice.meets_deadline,
-        oracle_samples_to_target=None
-        if search is None
-        else {str(b): s for b, s in search.relation.samples_map().items()},
-        oracle_search_device_seconds=None if search is None else search.device_seconds,
         cap_source="" if trained.final_pair is None else work.caps.describe(),
         final_pair=trained.final_pair,
         cap_events=trained.cap_events,
@@ -839,6 +882,7 @@ def build_report(
         predicted_training_seconds=plan.predicted_training_s if plan else None,
         profiling_budget_seconds=plan.budget_s if plan else None,
         profiling_costs_predicted=dict(plan.costs_s) if plan else None,
+        bench=bench,
     )
 
 

@@ -6,6 +6,10 @@ through its step interface (`RoundSteps`), never part of the production round:
 - the oracle's own-data search (`oracle_search`): every batch size fine-tuned on the client's own data,
   the paper's "fastest configuration" (`powerctl.baselines.oracle`), reported apart.
 
+What they measure beyond the client's report they alone fill in, in the bench's own record
+(`strategies.protocol.BenchReport`: stand-in, the oracle's samples to target and search seconds), which
+travels beside the report and joins it in the server's results row.
+
 A client finds them through the entry point `powerfed.round_steps` (pyproject.toml) when the server's
 instructions ask for them (`fl_client.round.needs_bench_steps`); the demo and the benches import them.
 """
@@ -21,7 +25,6 @@ from fl_client.round import (
     Chosen,
     ClientWorkError,
     MethodRule,
-    OwnDataSearch,
     Profiled,
     RoundSteps,
     RoundWork,
@@ -44,7 +47,7 @@ from powerctl.workload import Workload
 from powerfed.training.crossing import run_dense
 from powerfed.training.finetune import FineTuneResult, evaluate_with_loss
 from powerfed.training.models import build_model, get_model_spec, model_workload
-from strategies.protocol import TrainInstructions
+from strategies.protocol import BenchReport, TrainInstructions
 
 
 def round_steps(instr: TrainInstructions) -> RoundSteps:
@@ -130,7 +133,11 @@ def oracle_search(work: RoundWork, profile: Profile, relation: RelationVector, t
         work.instr.model, "own data", work.instr.target_accuracy, samples or missed
     )
     rule = MethodRule(ORACLE, profile, relation, own, work.instr.deadline_s, work.instr.relation_rule)
-    return Chosen(rule, OwnDataSearch(own, runs, spent_s))
+    measured = BenchReport(
+        oracle_samples_to_target={str(b): s for b, s in own.samples_map().items()},
+        oracle_search_device_seconds=spent_s,
+    )
+    return Chosen(rule, runs=runs, bench=measured)
 
 
 @dataclass(frozen=True)
@@ -185,4 +192,4 @@ def stand_in_step(work: RoundWork, rule: Rule) -> Trained:
         target_accuracy=instr.target_accuracy,
         stop_reason="stand-in",
     )
-    return Trained(result, dict(work.state or {}), profile.device, choice, stand_in=True)
+    return Trained(result, dict(work.state or {}), profile.device, choice, bench=BenchReport(stand_in=True))

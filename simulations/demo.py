@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fl_client.round import (
+    MethodRule,
     Profiled,
     RoundOutcome,
     RoundSteps,
@@ -166,13 +167,13 @@ def run_demo(cfg: DemoConfig, out: Path, say: Say = say_on_stderr) -> dict[str, 
         r["speedup_vs_state_of_practice"] = (
             sop["device_seconds"] / r["device_seconds"] if r["reached"] and sop["reached"] else None
         )
-    search = next(o.chosen.search for m, o in outcomes.items() if method_named(m).searches_own_data)
-    assert search is not None
+    oracle = next(o.chosen.rule for m, o in outcomes.items() if method_named(m).searches_own_data)
+    assert isinstance(oracle, MethodRule) and oracle.own_data is not None  # the relation it searched
     results = {
         "schema": DEMO_SCHEMA,
         "config": {"device": cfg.device, "power_cap_w": cfg.power_cap_w, "run": cfg.run_config()},
         "relation": relation.to_dict(),
-        "own_data_relation": search.relation.to_dict(),
+        "own_data_relation": oracle.own_data.to_dict(),
         "profiling_seconds": profiled.profile.profiling_seconds,
         "strategies": rows,
         "all_runs": [{**_run(t), "eval_every_samples": every} for (_, _, every), t in shared.runs.items()],

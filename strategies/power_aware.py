@@ -51,7 +51,6 @@ from strategies.protocol import (
     NODE_KEY,
     PLAN_KEY,
     RELATION_KEY,
-    REPORT_KEY,
     ClientReport,
     Plan,
     ProtocolError,
@@ -59,6 +58,7 @@ from strategies.protocol import (
     evaluation_metrics,
     reader,
     required,
+    take_report,
 )
 from strategies.rounds import (
     Failure,
@@ -466,11 +466,7 @@ class PowerAware(Strategy):
         metrics = _one(content.metric_records, METRICS_KEY, "train reply", "")
         weight_key = _inner_attr(self.strategy, "weighted_by_key", EXAMPLES_KEY)
         reader(metrics, "train reply metrics").number(weight_key, positive=True)
-        if REPORT_KEY not in content.config_records:
-            return None
-        report = ClientReport.from_config(content.config_records[REPORT_KEY])
-        del content.config_records[REPORT_KEY]  # the inner strategy sees the reply it expects
-        return report
+        return take_report(content)  # with a bench's record beside it; the inner strategy sees the rest
 
     # --- evaluation ---------------------------------------------------------------------------
     def configure_evaluate(

@@ -3,17 +3,19 @@
 The strategy writes `TrainInstructions` into each TRAIN message's ConfigRecord; the ClientApp reads it
 back with `TrainInstructions.from_config`, which names the key and the value of anything missing or
 wrong. The client's reply carries a `ClientReport` (a ConfigRecord, so strings and absent values
-survive) next to the weights and a MetricRecord with the examples FedAvg weighs by.
+survive) next to the weights and a MetricRecord with the examples FedAvg weighs by; a round that ran a
+bench's steps (scale mode, the oracle's search) carries a `BenchReport` beside it.
 Both sides import this one module, so a key can never be spelled two ways; the instructions' keys are
 kebab-case, the run settings among them spelled as their run config keys (`strategies.settings`).
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from flwr.app import ConfigRecord
@@ -74,6 +76,8 @@ ARRAYS_KEY = "arrays"
 CONFIG_KEY = "config"
 METRICS_KEY = "metrics"
 REPORT_KEY = "report"
+BENCH_REPORT_KEY = "bench-report"
+"""The ConfigRecord beside the report that carries what only a bench step measured (`BenchReport`)."""
 NODE_KEY = "node"
 EXAMPLES_KEY = "num-examples"
 """The MetricRecord key the weights are averaged by (FedAvg's default `weighted_by_key`)."""
@@ -454,9 +458,39 @@ class _Json(Kind):
         return _as_json(value)
 
 
-def _kind(kind: Kind, *, required: bool = False) -> dict[str, Any]:
-    """A report field's metadata: how it is checked when read back, whether a reply must carry it."""
-    return {"kind": kind, "required": required}
+def _kind(kind: Kind, *, required: bool = False, after: str = "") -> dict[str, Any]:
+    """A report field's metadata: how it is checked when read back, whether a reply must carry it; a
+    bench field, the report field it follows in a results row (`ClientReport.row`)."""
+    return {"kind": kind, "required": required, "after": after}
+
+
+def _travelling(record: Any) -> list[Any]:
+    """The fields of a report record that travel in its ConfigRecord (not a companion record)."""
+    return [f for f in fields(record) if f.metadata.get("kind") is not None]
+
+
+def _record_to_config(record: Any) -> ConfigRecord:
+    """A report record as its ConfigRecord: each field under its kebab-case key; None left out."""
+    return ConfigRecord(
+        {
+            _key(f): f.metadata["kind"].to_config(getattr(record, f.name))
+            for f in _travelling(record)
+            if getattr(record, f.name) is not None
+        }
+    )
+
+
+def _record_values(cls: type, record: Any, where: str) -> dict[str, Any]:
+    """A report record's fields read back from its ConfigRecord, each checked by its kind."""
+    r = reader(record, where)
+    values = {}
+    for f in _travelling(cls):
+        key, kind = _key(f), f.metadata["kind"]
+        if key in r:
+            values[f.name] = r.value(key, kind)
+        elif f.metadata["required"] and f.name not in OPTIONAL_REQUIRED:
+            r.get(key)  # one "missing key" line
+    return values
 
 
 NUMBER = Number(0.0)
@@ -497,9 +531,6 @@ class ClientReport:
     train_examples: int = field(default=0, metadata=_kind(COUNT))
     wall_seconds: float = field(default=0.0, metadata=_kind(NUMBER))
     method: str = field(default=OURS, metadata=_kind(Choice(METHODS)))
-    stand_in: bool = field(default=False, metadata=_kind(Flag()))
-    """Scale mode: not trained; the board model charged the proxy's samples to target at the chosen
-    pair, the accuracy is the received weights' on the local test split."""
     resumed_at_samples: int | None = field(default=None, metadata=_kind(COUNT))
     """The fine-tune continued from a checkpoint taken at this many samples (a round sent again);
     equal to `samples`: the round had finished, and its end state answered without training."""
@@ -507,12 +538,6 @@ class ClientReport:
     """Energy-under-deadline rounds: the round's deadline the client chose for (None: no deadline)."""
     meets_deadline_predicted: bool | None = field(default=None, metadata=_kind(Flag()))
     """... and whether its pair is predicted to meet it (else it ran its fastest pair)."""
-    oracle_samples_to_target: dict[str, float] | None = field(
-        default=None, metadata=_kind(_Json(_samples_by_batch, "a JSON object"))
-    )
-    """The oracle: samples to the target per batch size measured on the client's own data."""
-    oracle_search_device_seconds: float | None = field(default=None, metadata=_kind(NUMBER))
-    """The oracle: device seconds its own-data search took (reported apart, never charged)."""
     step_downs: list[dict[str, float]] = field(
         default_factory=list, metadata=_kind(_Json(_step_downs, "a JSON list"))
     )
@@ -558,34 +583,92 @@ class ClientReport:
     )
     """... and each way's predicted device seconds (efficient, grid, fitted, predicted), which it chose
     by; `profiling_seconds` is what the chosen way cost."""
+    bench: BenchReport | None = field(default=None, repr=False, compare=False, metadata={"kind": None})
+    """What a bench's steps measured beside this round (None: a production round ran). A companion, not
+    a report field: it travels in its own record (`BENCH_REPORT_KEY`), and the results row holds both."""
 
     def unprevented_over_cap_s(self) -> float:
         """Under a changing cap: time over it beyond the steps in progress at its changes."""
         return float(sum(e.get("over_cap_s", 0.0) for e in self.cap_events))
 
     def to_config(self) -> ConfigRecord:
-        return ConfigRecord(
-            {
-                _key(f): f.metadata["kind"].to_config(getattr(self, f.name))
-                for f in fields(self)
-                if getattr(self, f.name) is not None
-            }
-        )
+        return _record_to_config(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report's own fields (the bench's record apart: `row` holds both)."""
+        return {f.name: copy.deepcopy(getattr(self, f.name)) for f in _travelling(self)}
+
+    def row(self) -> dict[str, Any]:
+        """The report as a results row (docs/reference/files.md): its fields with the bench record's at
+        their places, a production round's holding the bench's defaults, so that every row has one
+        shape."""
+        bench = (self.bench or BenchReport()).to_dict()
+        after: dict[str, list[str]] = {}
+        for f in fields(BenchReport):
+            after.setdefault(f.metadata["after"], []).append(f.name)
+        row: dict[str, Any] = {}
+        for name, value in self.to_dict().items():
+            row[name] = value
+            row.update({b: bench[b] for b in after.get(name, [])})
+        return row
+
+    @classmethod
+    def from_config(cls, record: Any, where: str = "train reply report") -> ClientReport:
+        values = _record_values(cls, record, where)
+        return cls(**{**dict.fromkeys(OPTIONAL_REQUIRED), **values})
+
+
+@dataclass
+class BenchReport:
+    """What only a bench's steps measure in a client's round (`simulations.bench_steps`: scale mode's
+    stand-in, the oracle's own-data search), beside its `ClientReport` and apart from it: a production
+    client sends none. Declared here, where both sides read the protocol; filled only by the bench steps.
+    Each field names the report field it follows in a results row (`ClientReport.row`)."""
+
+    stand_in: bool = field(default=False, metadata=_kind(Flag(), after="method"))
+    """Scale mode: not trained; the board model charged the proxy's samples to target at the chosen
+    pair, the accuracy is the received weights' on the local test split."""
+    oracle_samples_to_target: dict[str, float] | None = field(
+        default=None,
+        metadata=_kind(_Json(_samples_by_batch, "a JSON object"), after="meets_deadline_predicted"),
+    )
+    """The oracle: samples to the target per batch size measured on the client's own data."""
+    oracle_search_device_seconds: float | None = field(
+        default=None, metadata=_kind(NUMBER, after="meets_deadline_predicted")
+    )
+    """The oracle: device seconds its own-data search took (reported apart, never charged)."""
+
+    def merged(self, other: BenchReport | None) -> BenchReport:
+        """This record with what `other` measured (its fields not at their defaults) over it."""
+        if other is None:
+            return self
+        measured = {f.name: v for f in fields(other) if (v := getattr(other, f.name)) != f.default}
+        return replace(self, **measured)
+
+    def to_config(self) -> ConfigRecord:
+        return _record_to_config(self)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_config(cls, record: Any, where: str = "train reply report") -> ClientReport:
-        r = reader(record, where)
-        values = {}
-        for f in fields(cls):
-            key, kind = _key(f), f.metadata["kind"]
-            if key in r:
-                values[f.name] = r.value(key, kind)
-            elif f.metadata["required"] and f.name not in OPTIONAL_REQUIRED:
-                r.get(key)  # one "missing key" line
-        return cls(**{**dict.fromkeys(OPTIONAL_REQUIRED), **values})
+    def from_config(cls, record: Any, where: str = "train reply bench report") -> BenchReport:
+        return cls(**_record_values(cls, record, where))
+
+
+def take_report(content: Any) -> ClientReport | None:
+    """A train reply's report (None: it has none), with the bench's record beside it if any, both taken
+    out of the reply's RecordDict (the inner strategy then sees the reply it expects); ProtocolError
+    when either is malformed."""
+    records = content.config_records
+    if REPORT_KEY not in records:
+        return None
+    report = ClientReport.from_config(records[REPORT_KEY])
+    if BENCH_REPORT_KEY in records:
+        report.bench = BenchReport.from_config(records[BENCH_REPORT_KEY])
+        del content.config_records[BENCH_REPORT_KEY]
+    del content.config_records[REPORT_KEY]
+    return report
 
 
 OPTIONAL_REQUIRED = ("power_cap_w", "energy_j", "peak_power_w")

@@ -146,7 +146,7 @@ def summarise(reports: list[ClientReport], failed: list[Failure], sampled: int) 
         "over_cap": over_cap,
         "accuracy": (sum(r.accuracy * r.train_examples for r in reports) / examples) if examples else None,
         "profiling_s": float(sum(r.profiling_seconds for r in reports)),
-        "stand_ins": sum(r.stand_in for r in reports),
+        "stand_ins": sum(r.bench is not None and r.bench.stand_in for r in reports),
     }
 
 
@@ -186,5 +186,6 @@ def weighted_average(items: list[tuple[ArrayRecord, float]], like: ArrayRecord) 
 
 
 def report_row(report: ClientReport, info: NodeInfo) -> dict[str, Any]:
-    """A client's entry in the results file: its report plus what the server knows of the node."""
-    return {**report.to_dict(), "node_key": report.node_key or info.key, "partition_id": info.partition_id}
+    """A client's entry in the results file: its report (with a bench's record, `ClientReport.row`) plus
+    what the server knows of the node."""
+    return {**report.row(), "node_key": report.node_key or info.key, "partition_id": info.partition_id}

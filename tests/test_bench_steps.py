@@ -50,3 +50,56 @@ def test_without_the_fleet_runner_installed_it_is_one_line(monkeypatch: pytest.M
     with pytest.raises(ClientWorkError, match="does not provide") as caught:
         RoundSteps.for_instructions(dataclasses.replace(instructions(), stand_in=True))
     assert "\n" not in str(caught.value)
+
+
+def _train_reply(**changes: object):
+    """One TRAIN message through the ClientApp (a fleet's partition 0: sim:jetson-nano @ 3 W)."""
+    from flwr.app import ArrayRecord, Message, MessageType, RecordDict
+
+    from fl_client.app import app as client_app
+    from strategies.protocol import ARRAYS_KEY, CONFIG_KEY
+    from tests.fake_grid import FakeGrid
+    from tests.fl_helpers import RUN_CONFIG, initial_state
+
+    grid = FakeGrid(client_app, {1: {"partition-id": 0, "num-partitions": 3}}, RUN_CONFIG)
+    instr = dataclasses.replace(instructions(), **changes)
+    arrays = ArrayRecord.from_torch_state_dict(initial_state())
+    content = RecordDict({ARRAYS_KEY: arrays, CONFIG_KEY: instr.to_config()})
+    (reply,) = grid.send_and_receive([Message(content, dst_node_id=1, message_type=MessageType.TRAIN)])
+    return reply
+
+
+def test_only_a_bench_round_sends_the_bench_record_and_rows_keep_one_shape() -> None:
+    """Issue 39: the bench's fields travel in their own record, filled only by its steps; the server's
+    row merges it back at its old places (a production row holds its defaults), so rows keep one shape."""
+    from strategies.protocol import BENCH_REPORT_KEY, REPORT_KEY, BenchReport, take_report
+    from strategies.rounds import NodeInfo, report_row, summarise
+
+    production, bench = _train_reply(), _train_reply(stand_in=True, profile_source="predicted")
+    assert BENCH_REPORT_KEY not in production.content.config_records
+    assert BENCH_REPORT_KEY in bench.content.config_records
+    plain, stood_in = take_report(production.content), take_report(bench.content)
+    assert plain is not None and stood_in is not None
+    assert plain.bench is None and stood_in.bench == BenchReport(stand_in=True)
+    assert not {REPORT_KEY, BENCH_REPORT_KEY} & set(bench.content.config_records)  # taken out of the reply
+    info = NodeInfo(1, "partition-0", "sim:jetson-nano", partition_id=0)
+    rows = [report_row(r, info) for r in (plain, stood_in)]
+    assert list(rows[0]) == list(rows[1])
+    keys = list(rows[0])
+    assert keys[keys.index("method") + 1] == "stand_in"
+    after = keys.index("meets_deadline_predicted")
+    assert keys[after + 1 : after + 3] == ["oracle_samples_to_target", "oracle_search_device_seconds"]
+    assert [(r["stand_in"], r["oracle_samples_to_target"]) for r in rows] == [(False, None), (True, None)]
+    assert summarise([plain, stood_in], [], 2)["stand_ins"] == 1
+
+
+def test_the_bench_record_round_trips_and_is_checked() -> None:
+    from strategies.protocol import BenchReport, ProtocolError
+
+    record = BenchReport(oracle_samples_to_target={"8": 120.5}, oracle_search_device_seconds=3.0)
+    assert BenchReport.from_config(record.to_config()) == record
+    assert BenchReport().merged(record).merged(BenchReport(stand_in=True)) == dataclasses.replace(
+        record, stand_in=True
+    )
+    with pytest.raises(ProtocolError, match="oracle-samples-to-target"):
+        BenchReport.from_config({"oracle-samples-to-target": '{"x": 1}'})

@@ -76,8 +76,9 @@ def test_the_oracle_measures_samples_to_target_on_its_own_data_then_asks_powerct
         eval_every_samples=32,
     )
     _, _, report = _round(instr, tmp_path)
-    measured = {int(b): s for b, s in report.oracle_samples_to_target.items()}
-    assert set(measured) == {8, 16} and report.oracle_search_device_seconds > 0
+    bench = report.bench  # the bench's own record, beside the report
+    measured = {int(b): s for b, s in bench.oracle_samples_to_target.items()}
+    assert set(measured) == {8, 16} and bench.oracle_search_device_seconds > 0 and not bench.stand_in
     target = RelationVector.from_samples("cnn-tiny", "own", 0.3, measured)
     expected = oracle(_predicted([8, 16]), target, CAP_W)
     assert (report.batch_size, report.frequency_hz) == (expected.batch_size, expected.frequency_hz)
@@ -91,7 +92,7 @@ def test_a_stand_in_selects_for_real_but_charges_the_board_model_and_returns_the
 ) -> None:
     instr = instructions(method="ours", profile_source="predicted", stand_in=True, budget_samples=200)
     state, new_state, report = _round(instr, tmp_path)
-    assert report.stand_in and report.stop_reason == "stand-in"
+    assert report.bench.stand_in and report.stop_reason == "stand-in"
     assert all(torch.equal(state[k], new_state[k]) for k in state)
     profile = _predicted([8, 16])
     chosen = select(profile, instr.relation(), CAP_W)
