@@ -113,19 +113,14 @@ def pretrained_weights(
     path = weights_path(cfg)
     if path.is_file():
         return path
-    from fl_server.pretrain import pretrain
+    from fl_server.pretrain import PretrainSettings, pretrain
 
     started = time.perf_counter()
     if say is not None:
         say(f"pre-training {cfg.model} on {cfg.pretrain_data}: {cfg.pretrain_samples} samples ...")
+    settings = PretrainSettings(samples=cfg.pretrain_samples, seed=cfg.pretrain_seed)
     pretrain(
-        cfg.model,
-        cfg.pretrain_data,
-        out=path,
-        samples=cfg.pretrain_samples,
-        seed=cfg.pretrain_seed,
-        device=cfg.server_device,
-        progress=progress,
+        cfg.model, cfg.pretrain_data, out=path, settings=settings, device=cfg.server_device, progress=progress
     )
     if say is not None:
         say(f"pre-trained in {time.perf_counter() - started:.0f} s (cached: {path})")

@@ -287,25 +287,28 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _pretrain(args: argparse.Namespace) -> int:
-    from fl_server.pretrain import pretrain, report_path_for
+    from fl_server.pretrain import PretrainSettings, pretrain, report_path_for
     from powerctl.outputs import check_output_file
 
     check_output_file(args.out, beside=[report_path_for(args.out)])
-    report = pretrain(
-        args.model,
-        args.data,
-        out=args.out,
+    settings = PretrainSettings(
         samples=args.samples,
         epochs=args.epochs,
         batch_size=args.batch_size,
         lr=args.lr,
         seed=args.seed,
-        device=args.device,
-        progress=not args.no_progress,
         overrides=dict(args.overrides),
         seq_len=args.seq_len,
         limit=args.limit,
         eval_max_samples=args.eval_max_samples,
+    )
+    report = pretrain(
+        args.model,
+        args.data,
+        out=args.out,
+        settings=settings,
+        device=args.device,
+        progress=not args.no_progress,
     )
     d = report.data
     say(

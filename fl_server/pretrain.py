@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -95,67 +95,82 @@ def _epochs_budget(epochs: float, train_size: int, batch_size: int) -> int:
     return budget
 
 
+@dataclass(frozen=True)
+class PretrainSettings:
+    """How the starting weights are trained: the budget (`samples` training samples or `epochs` passes
+    over the train split, not both; neither = 1 epoch), the step, the seed, the model's options and
+    how much data is read. Checked when made."""
+
+    samples: int | None = None
+    epochs: float | None = None
+    batch_size: int = 64
+    lr: float = 1e-3
+    seed: int = 0
+    overrides: dict[str, Any] = field(default_factory=dict)
+    seq_len: int | None = None
+    """Text models: the context length (None: the model's own)."""
+    limit: int | None = None
+    """Read at most this many samples of the dataset (None: all)."""
+    eval_max_samples: int | None = DEFAULT_EVAL_MAX_SAMPLES
+
+    def __post_init__(self) -> None:
+        if self.samples is not None and self.epochs is not None:
+            raise ValueError("give either samples or epochs, not both")
+        if self.epochs is not None and not self.epochs > 0:
+            raise ValueError(f"epochs must be > 0, got {self.epochs}")
+
+
 def pretrain(
     model_name: str,
     dataset_spec: str,
     *,
     out: str | Path,
-    samples: int | None = None,
-    epochs: float | None = None,
-    batch_size: int = 64,
-    lr: float = 1e-3,
-    seed: int = 0,
+    settings: PretrainSettings | None = None,
     device: str | Device = "auto",
     progress: bool = True,
-    overrides: dict[str, Any] | None = None,
-    seq_len: int | None = None,
-    limit: int | None = None,
-    eval_max_samples: int | None = DEFAULT_EVAL_MAX_SAMPLES,
 ) -> PretrainReport:
     """Train `model_name` from a seeded initialisation on `dataset_spec` and save weights + report.
 
-    The budget is `samples` training samples or `epochs` passes over the train split (not both;
-    neither = 1 epoch). The dataset is split into train/test (powerfed.training.data defaults) and the report
-    gives the final test accuracy. Nothing is written unless training completes.
+    The dataset is split into train/test (powerfed.training.data defaults) and the report gives the final
+    test accuracy. Nothing is written unless training completes.
 
     `device` is a spec (`powerctl.devices.open_device`: `auto`, `cpu`, `cuda[:INDEX]`, or a board) or an
     open Device; the model goes to its torch device, and the batches, the optimizer state and the
     evaluation follow the model (`fine_tune`). The weights are written as CPU tensors (`save_weights`).
     """
-    if samples is not None and epochs is not None:
-        raise ValueError("give either samples or epochs, not both")
-    if epochs is not None and not epochs > 0:
-        raise ValueError(f"epochs must be > 0, got {epochs}")
+    st = settings or PretrainSettings()
     out = Path(out)
     check_output_path(out)
     if out.suffix == ".json":
         raise DataError(f"{out}: the weights file must not end in .json (the report goes to *.report.json)")
-    overrides = check_overrides(model_name, dict(overrides or {}))
+    overrides = check_overrides(model_name, dict(st.overrides))
     check_size(model_name, None, overrides)  # before the data is read (again with its classes below)
     spec = get_model_spec(model_name)
-    length = _text_seq_len(model_name, overrides, seq_len)
-    dataset = load_dataset(dataset_spec, split="all", seq_len=length, limit=limit, seed=seed)
+    length = _text_seq_len(model_name, overrides, st.seq_len)
+    dataset = load_dataset(dataset_spec, split="all", seq_len=length, limit=st.limit, seed=st.seed)
     if dataset.task != spec.task:
         raise DataError(
             f"model {model_name} is a {spec.task} model but {dataset_spec} is {dataset.task} data"
         )
     check_input_shape(spec, tuple(dataset.x.shape[1:]), dataset_spec)
-    train, test = train_test_split(dataset, seed=seed)
-    budget = samples if samples is not None else _epochs_budget(epochs or 1.0, len(train), batch_size)
-    dev = open_device(device, seed=seed) if isinstance(device, str) else device
+    train, test = train_test_split(dataset, seed=st.seed)
+    budget = (
+        st.samples if st.samples is not None else _epochs_budget(st.epochs or 1.0, len(train), st.batch_size)
+    )
+    dev = open_device(device, seed=st.seed) if isinstance(device, str) else device
 
     started = time.perf_counter()
     try:
         # built on the CPU from its seed (the same initial weights on every device), then moved
-        model = build_model(model_name, dataset.num_classes, seed=seed, **overrides).to(dev.torch_device())
+        model = build_model(model_name, dataset.num_classes, seed=st.seed, **overrides).to(dev.torch_device())
         config = FineTuneConfig(
-            batch_size=batch_size,
-            lr=lr,
+            batch_size=st.batch_size,
+            lr=st.lr,
             target_accuracy=None,
             max_samples=budget,
-            eval_every_samples=max(batch_size, budget // CURVE_POINTS),
-            eval_max_samples=eval_max_samples,
-            seed=seed,
+            eval_every_samples=max(st.batch_size, budget // CURVE_POINTS),
+            eval_max_samples=st.eval_max_samples,
+            seed=st.seed,
         )
         callbacks = FineTuneCallbacks(progress=progress, desc=f"pretrain {model_name}")
         result = fine_tune(model, train, test, config, device=dev, callbacks=callbacks)
@@ -182,9 +197,9 @@ def pretrain(
         "train_size": len(train),
         "test_size": len(test),
         "seq_len": length if spec.task == "text" else None,
-        "batch_size": batch_size,
-        "lr": lr,
-        "seed": seed,
+        "batch_size": st.batch_size,
+        "lr": st.lr,
+        "seed": st.seed,
         "device": dev.spec,
         "torch_device": dev.torch_device(),
         "samples": result.samples,

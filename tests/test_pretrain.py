@@ -9,19 +9,20 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from fl_server.pretrain import pretrain, report_path_for
+from fl_server.pretrain import PretrainSettings, pretrain, report_path_for
 from fl_server.weights import load_model, load_weights, save_weights, weights_hash
 from powerfed.training.data import load_dataset, train_test_split
 from powerfed.training.errors import DataError, ModelError
 from powerfed.training.finetune import evaluate
 from powerfed.training.models import build_model
 
+SAMPLES_32 = PretrainSettings(samples=32)
+
 
 def test_pretrain_writes_weights_and_report_of_the_trained_model(tmp_path: Path) -> None:
     out = tmp_path / "w" / "cnn.safetensors"
-    rep = pretrain(
-        "cnn-tiny", "synthetic-image", out=out, samples=320, batch_size=16, lr=2e-3, limit=200, progress=False
-    )
+    settings = PretrainSettings(samples=320, batch_size=16, lr=2e-3, limit=200)
+    rep = pretrain("cnn-tiny", "synthetic-image", out=out, settings=settings, progress=False)
     assert rep.weights_path == out and rep.report_path == tmp_path / "w" / "cnn.report.json"
     data = json.loads(rep.report_path.read_text())
     assert data["schema"] == "fl_server.pretrain/1" and data["model"] == "cnn-tiny"
@@ -44,9 +45,7 @@ def test_pretrain_text_with_overrides_and_epochs(tmp_path: Path) -> None:
         "chartransformer-small",
         f"text:{text}",
         out=tmp_path / "c.safetensors",
-        epochs=0.5,
-        batch_size=8,
-        overrides={"n_embd": 32, "seq_len": 16},
+        settings=PretrainSettings(epochs=0.5, batch_size=8, overrides={"n_embd": 32, "seq_len": 16}),
         progress=False,
     )
     assert rep.data["seq_len"] == 16 and rep.data["overrides"] == {"n_embd": 32, "seq_len": 16}
@@ -58,19 +57,22 @@ def test_pretrain_text_with_overrides_and_epochs(tmp_path: Path) -> None:
 def test_pretrain_bad_inputs_write_nothing(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="not found"):
         pretrain(
-            "cnn-tiny", "npz:/no/such/file.npz", out=tmp_path / "w.safetensors", samples=32, progress=False
+            "cnn-tiny",
+            "npz:/no/such/file.npz",
+            out=tmp_path / "w.safetensors",
+            settings=SAMPLES_32,
+            progress=False,
         )
     with pytest.raises(DataError, match="text model"):
         pretrain(
             "chartransformer-small",
             "synthetic-image",
             out=tmp_path / "w.safetensors",
-            samples=32,
-            limit=50,
+            settings=PretrainSettings(samples=32, limit=50),
             progress=False,
         )
     with pytest.raises(DataError, match="directory"):
-        pretrain("cnn-tiny", "synthetic-image", out=tmp_path, samples=32, progress=False)
+        pretrain("cnn-tiny", "synthetic-image", out=tmp_path, settings=SAMPLES_32, progress=False)
     assert list(tmp_path.iterdir()) == []
 
 

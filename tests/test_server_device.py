@@ -23,7 +23,7 @@ import powerfed.training.finetune as finetune
 import powerfed.training.numerics as numerics
 from fl_server.app import pretrained_weights
 from fl_server.cli import main
-from fl_server.pretrain import pretrain
+from fl_server.pretrain import PretrainSettings, pretrain
 from fl_server.relation import RelationError, gpu_share
 from fl_server.weights import load_weights
 from powerctl.devices import open_device
@@ -152,8 +152,9 @@ def test_pretrain_moves_the_model_to_the_device_and_writes_cpu_weights(
     fake_gpu: list, tmp_path: Path
 ) -> None:
     out = tmp_path / "w.safetensors"
+    settings = PretrainSettings(samples=64, limit=100)
     report = pretrain(
-        "cnn-tiny", "synthetic-image", out=out, samples=64, device="cuda:1", progress=False, limit=100
+        "cnn-tiny", "synthetic-image", out=out, settings=settings, device="cuda:1", progress=False
     )
     assert [t for w, t in fake_gpu if w != "tensor"] == ["cuda:1"]  # the model
     # its data, evaluation subset and sample order follow it (train x, y; eval x, y; the order)
@@ -164,8 +165,9 @@ def test_pretrain_moves_the_model_to_the_device_and_writes_cpu_weights(
 
 
 def test_pretrain_by_default_trains_on_the_cpu_here(tmp_path: Path) -> None:
+    settings = PretrainSettings(samples=64, limit=100)
     report = pretrain(
-        "cnn-tiny", "synthetic-image", out=tmp_path / "w.safetensors", samples=64, progress=False, limit=100
+        "cnn-tiny", "synthetic-image", out=tmp_path / "w.safetensors", settings=settings, progress=False
     )
     assert report.data["device"] == "auto" and report.data["torch_device"] == "cpu"
 
