@@ -17,9 +17,9 @@ from __future__ import annotations
 import sys
 import time
 
-from powerctl.boards import BoardModel, board_model
+from powerctl.devices.boards import BoardModel, board_model
 from powerctl.devices.simulated import step_cost, top_clock_time_ratio
-from powerctl.workload import Workload
+from powerctl.records.workload import Workload
 
 BATCHES = (4, 8, 16, 32, 64, 128)
 PAPER_SLOWDOWN = {"jetson-nano": (2.32, 1.95), "jetson-tx2nx": (2.43, 1.80)}

@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from powerctl.methods import ENERGY_UNDER_DEADLINE, OURS, OURS_DEADLINE, run_method_named  # noqa: E402
+from powerctl.selection.methods import ENERGY_UNDER_DEADLINE, OURS, OURS_DEADLINE, run_method_named  # noqa: E402
 from simulations.fleet import load_fleet_spec  # noqa: E402
 from simulations.runner import run_fleet  # noqa: E402
 

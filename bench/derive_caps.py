@@ -15,9 +15,9 @@ import re
 import sys
 from pathlib import Path
 
-from powerctl.boards import load_boards
-from powerctl.caps import SOP_BATCH_SIZES, derive_peak_training_power
-from powerctl.workload import Workload
+from powerctl.devices.boards import load_boards
+from powerctl.records.workload import Workload
+from powerctl.selection.caps import SOP_BATCH_SIZES, derive_peak_training_power
 
 BOARDS_YAML = Path(__file__).resolve().parents[1] / "powerctl" / "data" / "boards.yaml"
 

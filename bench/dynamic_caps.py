@@ -5,7 +5,7 @@ accuracy on the client's own data) runs under a cap that moves — a solar-like 
 `simulations/caps/solar-BOARD.csv`, one "day" replayed over about one run) and a step schedule that
 falls and rises — with three policies, each over several seeds (training seed = board noise seed):
 
-- follow (ours): the method's Algorithm 1 re-applied at every cap change (`powerctl.follow`);
+- follow (ours): the method's Algorithm 1 re-applied at every cap change (`powerctl.selection.follow`);
 - once for the minimum (ours): the method's pair for the lowest cap the source will give, kept for the
   whole run (safe by construction, never switches);
 - state of practice, following: at every change the largest batch size at the board's fixed frequency
@@ -42,13 +42,13 @@ from fl_client.round import (  # noqa: E402
     measured_profile_step,
     usable_relation,
 )
-from powerctl.capsource import CapSource, ConstantCap, ScheduleCap, TraceCap  # noqa: E402
 from powerctl.devices.base import Device  # noqa: E402
-from powerctl.methods import OURS, STATE_OF_PRACTICE  # noqa: E402
-from powerctl.pick import Pick  # noqa: E402
-from powerctl.profile_table import Profile  # noqa: E402
-from powerctl.relation import RelationVector  # noqa: E402
-from powerctl.selection import select  # noqa: E402
+from powerctl.records.pick import Pick  # noqa: E402
+from powerctl.records.profile import Profile  # noqa: E402
+from powerctl.records.relation import RelationVector  # noqa: E402
+from powerctl.selection.capsource import CapSource, ConstantCap, ScheduleCap, TraceCap  # noqa: E402
+from powerctl.selection.joint import select  # noqa: E402
+from powerctl.selection.methods import OURS, STATE_OF_PRACTICE  # noqa: E402
 from simulations.demo import DemoConfig, demo_work  # noqa: E402
 
 POLICIES = ("follow (ours)", "once for the minimum (ours)", "state of practice, following")

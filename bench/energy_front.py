@@ -2,7 +2,8 @@
 
 On simulated boards, the demo's task (a pre-trained ResNet-18-small fine-tuned to a target accuracy on
 the client's own data) is profiled over the whole grid, the front of the feasible pairs is computed
-(`powerctl.pareto`) under a few caps, and the fine-tune is then run for real at both ends of the front —
+(`powerctl.selection.pareto`) under a few caps, and the fine-tune is then run for real at both ends of the
+front —
 the time-optimal pair (Algorithm 1) and the energy-optimal one — over several seeds (training seed =
 board noise seed). It prints, per board and cap, the predicted and measured time and energy to the
 target at both ends and the ratios: the energy the frugal end saves and the time it costs.
@@ -23,9 +24,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from fl_client.round import fine_tune_step, measured_profile_step, usable_relation  # noqa: E402
-from powerctl.capsource import ConstantCap  # noqa: E402
-from powerctl.pareto import pareto_front, write_front  # noqa: E402
-from powerctl.pick import Pick  # noqa: E402
+from powerctl.cli.plot import write_front  # noqa: E402
+from powerctl.records.pick import Pick  # noqa: E402
+from powerctl.selection.capsource import ConstantCap  # noqa: E402
+from powerctl.selection.pareto import pareto_front  # noqa: E402
 from simulations.bench_steps import PinnedRule  # noqa: E402
 from simulations.demo import DemoConfig, demo_work  # noqa: E402
 

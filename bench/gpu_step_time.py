@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from powerctl.devices import open_device
-from powerctl.profiler import Profiler
-from powerctl.workload import measure_workload
+from powerctl.profiling.profiler import Profiler
+from powerctl.records.workload import measure_workload
 
 torch.manual_seed(0)
 print("torch", torch.__version__, torch.cuda.get_device_name(0), flush=True)

@@ -12,7 +12,7 @@ This bench measures that on a `paper_tables.py` run (its results.json and pre-tr
 its --out folder), without training to any target again:
 1. B_simple at the starting weights for the proxy and each target (estimator of McCandlish et al.,
    appendix A.1: micro-batches of `--micro` samples and their mean, `--reps` draws, per estimator seed);
-2. the critical batch size each target's truth runs show (`powerctl.relation.fit_batch_efficiency`),
+2. the critical batch size each target's truth runs show (`powerctl.records.relation.fit_batch_efficiency`),
    against the proxy's, and whether the noise-scale ratio predicts it;
 3. per board × cap × target: ours (the proxy's raw vector, the mean rule), ours with the vector
    corrected by the target's noise-scale ratio, and the fastest; with the device seconds the measurement
@@ -39,14 +39,14 @@ from typing import Any
 import paper_tables as pt
 import torch
 
-from powerctl.baselines import oracle
-from powerctl.boards import board_model
-from powerctl.cliutil import OneLineParser
+from powerctl.cli.util import OneLineParser
 from powerctl.devices import open_device
+from powerctl.devices.boards import board_model
 from powerctl.devices.simulated import predicted_profile, replay_cost
 from powerctl.devices.torchdev import TORCH_SPEC_HELP, torch_device_arg
-from powerctl.relation import RelationVector, fit_batch_efficiency
-from powerctl.selection import select
+from powerctl.records.relation import RelationVector, fit_batch_efficiency
+from powerctl.selection.baselines import oracle
+from powerctl.selection.joint import select
 
 
 def noise_scale(

@@ -52,18 +52,18 @@ import torch
 from bootstrap import paired_resampled_means
 from vector_floor import Group, shared_vector_floor
 
-from powerctl.baselines import oracle
-from powerctl.boards import BoardModel, board_model
-from powerctl.cliutil import OneLineParser
+from powerctl.cli.util import OneLineParser
 from powerctl.devices import open_device
+from powerctl.devices.boards import BoardModel, board_model
 from powerctl.devices.simulated import predicted_profile, replay_cost
 from powerctl.devices.torchdev import TORCH_SPEC_HELP, torch_device_arg
 from powerctl.errors import InfeasibleCapError, PowerctlError
-from powerctl.pick import Pick
-from powerctl.profile_table import Profile
-from powerctl.relation import RelationVector
-from powerctl.selection import rank, select
-from powerctl.workload import Workload
+from powerctl.records.pick import Pick
+from powerctl.records.profile import Profile
+from powerctl.records.relation import RelationVector
+from powerctl.records.workload import Workload
+from powerctl.selection.baselines import oracle
+from powerctl.selection.joint import rank, select
 from powerfed.training.crossing import DEFAULT_MIN_EVALUATIONS, evaluations_before
 
 DATA = Path("../shared/data")
@@ -450,7 +450,7 @@ def table(
 
 def best_pair_per_batch(profile: Profile, cap: float | None) -> dict[int, Pick]:
     """Per batch size, the feasible pair Algorithm 1 takes whenever it takes that batch size, whatever the
-    relation vector: the first of that batch size in `powerctl.selection.rank` under a flat vector."""
+    relation vector: the first of that batch size in `powerctl.selection.joint.rank` under a flat vector."""
     flat = RelationVector.from_samples(profile.model, "flat", 1.0, dict.fromkeys(profile.batch_sizes(), 1.0))
     best: dict[int, Pick] = {}
     for pick in rank(profile, flat, cap):

@@ -3,12 +3,12 @@
 For each model, simulated board, power cap (and none), task length and seed, four ways to a trained model:
 
 - efficient: the efficient order measured in full (no cap: the grid), then Algorithm 1 on it;
-- fitted: the fitted order (a few points, a fit, the choice confirmed; `powerctl.profiler`);
-- budgeted: what a client with `profiling-budget` does (`powerctl.profile_budget.profile_within_budget`,
+- fitted: the fitted order (a few points, a fit, the choice confirmed; `powerctl.profiling.profiler`);
+- budgeted: what a client with `profiling-budget` does (`powerctl.profiling.budget.profile_within_budget`,
   the function `fl_client.round` calls): one measured step, its training predicted, each way's cost
   walked over the board model's predicted profile, the most thorough way within the budget;
 - state of practice: no profiling; the largest batch size that fits at the board's fixed frequency for
-  the cap (`powerctl.baselines`, the paper's Baseline 1).
+  the cap (`powerctl.selection.baselines`, the paper's Baseline 1).
 
 Time to target = profiling device seconds + training: the samples to the target of the chosen batch size
 (the relation vector: bench/paper_tables.py's shape, scaled so the best batch size needs the task's
@@ -33,16 +33,16 @@ from collections import defaultdict
 
 from profiling_cost import BATCH_SIZES, CAPS_W, MEASURE_STEPS, MODEL_SHAPE, SHAPES, WARMUP_STEPS, _noop_step
 
-from powerctl.baselines import board_fixed_frequency
-from powerctl.boards import board_model
+from powerctl.devices.boards import board_model
 from powerctl.devices.simulated import SimulatedBoard, predicted_profile
 from powerctl.errors import InfeasibleCapError
-from powerctl.profile_budget import ProfilingRequest, profile_within_budget
-from powerctl.profile_table import Profile
-from powerctl.profiler import profile_device
-from powerctl.relation import RelationVector
-from powerctl.selection import select
-from powerctl.workload import Workload
+from powerctl.profiling.budget import ProfilingRequest, profile_within_budget
+from powerctl.profiling.profiler import profile_device
+from powerctl.records.profile import Profile
+from powerctl.records.relation import RelationVector
+from powerctl.records.workload import Workload
+from powerctl.selection.baselines import board_fixed_frequency
+from powerctl.selection.joint import select
 
 WAYS = ("efficient", "fitted", "budgeted", "state-of-practice")
 VARIANTS = ("as modelled", "off-model")

@@ -1,7 +1,8 @@
 """What profiling costs, and what a cheaper order loses: grid vs efficient vs fitted, on simulated boards.
 
 For each model (full size, as the paper), board, power cap and seed, the board is profiled three ways
-through `powerctl.profiler.profile_device`, and each profile's choice (Algorithm 1, `powerctl.selection`)
+through `powerctl.profiling.profiler.profile_device`, and each profile's choice (Algorithm 1,
+`powerctl.selection.joint`)
 is compared with the full grid's:
 
 - points: pairs measured; device s: profiling seconds on the board's clock (warm-up + measured steps);
@@ -40,11 +41,11 @@ from collections.abc import Callable
 
 from powerctl.devices.simulated import SimulatedBoard
 from powerctl.errors import InfeasibleCapError
-from powerctl.profile_table import Profile
-from powerctl.profiler import FITTED_MARGIN, profile_device
-from powerctl.relation import RelationVector
-from powerctl.selection import select
-from powerctl.workload import Workload
+from powerctl.profiling.profiler import FITTED_MARGIN, profile_device
+from powerctl.records.profile import Profile
+from powerctl.records.relation import RelationVector
+from powerctl.records.workload import Workload
+from powerctl.selection.joint import select
 
 BATCH_SIZES = [4, 8, 16, 32, 64, 128]
 CAPS_W = {"jetson-nano": (3.0, 4.0, 5.0), "jetson-tx2nx": (3.5, 5.0, 6.5)}

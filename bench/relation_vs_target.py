@@ -29,10 +29,10 @@ import torch
 
 from fl_server.pretrain import pretrain
 from fl_server.relation import RelationCompute, RelationError, RelationSettings, estimate_relation
-from powerctl.cliutil import OneLineParser
+from powerctl.cli.util import OneLineParser
 from powerctl.devices.torchdev import TORCH_SPEC_HELP, torch_device_arg
-from powerctl.jsonfile import write_json
-from powerctl.relation import RelationVector
+from powerctl.files.jsonfile import write_json
+from powerctl.records.relation import RelationVector
 from powerfed.training.lr import LR_RULES
 
 REPO = Path(__file__).resolve().parents[1]

@@ -17,10 +17,11 @@ Per workload (and GPU):
 - proxies: "held-out seeds" (the first --proxy-seeds runs of every batch size, the rest are the truth)
   for every workload, and for the two BERT workloads also "other workload" (SQuAD <-> Sentiment140, all
   its runs, at its own target by the same rule);
-- ours: `powerctl.selection.select` (Algorithm 1) on the proxy's relation vector (epochs to target per
+- ours: `powerctl.selection.joint.select` (Algorithm 1) on the proxy's relation vector (epochs to target per
   batch size, `RelationVector.from_seeds`) and the GPU's (b, power limit) table as a profile, under caps
   of 150 W, 200 W and none, for time and for energy (energy = epochs x time per epoch x average power);
-- fastest: the same selection with the relation measured on the truth seeds (`powerctl.baselines.oracle`
+- fastest: the same selection with the relation measured on the truth seeds
+(`powerctl.selection.baselines.oracle`
   for time, its energy twin for energy): the project's one oracle definition;
 - state of practice: the largest batch size measured, at the highest power limit under the cap.
 
@@ -45,11 +46,11 @@ from typing import Any
 import numpy as np
 from bootstrap import SEED, interval95, resampled_means
 
-from powerctl.baselines import oracle
 from powerctl.errors import InfeasibleCapError, PowerctlError
-from powerctl.profile_table import Profile, ProfilePoint
-from powerctl.relation import RelationVector
-from powerctl.selection import RELATION_RULES, select
+from powerctl.records.profile import Profile, ProfilePoint
+from powerctl.records.relation import RelationVector
+from powerctl.selection.baselines import oracle
+from powerctl.selection.joint import RELATION_RULES, select
 
 TRAIN_COLUMNS = ("dataset", "network", "batch_size", "optimizer", "run", "target_metric", "target_epoch")
 POWER_COLUMNS = (

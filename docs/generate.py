@@ -36,7 +36,7 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from unittest import mock
 
-from powerctl.cliutil import OneLineParser
+from powerctl.cli.util import OneLineParser
 from strategies.settings import GROUPS, SETTINGS, app_config_toml, markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,7 +45,7 @@ PYPROJECT = ROOT / "pyproject.toml"
 COLUMNS = 100
 
 COMMANDS: dict[str, str] = {
-    "powerctl": "powerctl.cli:build_parser",
+    "powerctl": "powerctl.cli.commands:build_parser",
     "fl-server": "fl_server.cli:build_parser",
     "python -m simulations": "simulations.__main__:build_parser",
     "python -m fl_server.supervise": "fl_server.supervise:build_parser",

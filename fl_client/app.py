@@ -31,7 +31,7 @@ from fl_client.round import (
     plan_round,
     train_round,
 )
-from powerctl.cliutil import library_lines_on_stderr, say
+from powerctl.cli.util import library_lines_on_stderr, say
 from powerctl.errors import PowerctlError
 from powerfed.training.finetune import evaluate_with_loss
 from powerfed.training.models import get_model_spec

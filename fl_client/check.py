@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from powerctl.cliutil import OneLineParser, one_line_errors, positive_float, say
+from powerctl.cli.util import OneLineParser, one_line_errors, positive_float, say
 from powerctl.errors import PowerctlError
 from strategies.flower_config import read_flwr_connection, read_small
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from powerctl.capsource import CapSource, ConstantCap, InvalidPowerCapError, parse_cap_source
 from powerctl.errors import ArgumentError
-from powerctl.mapping import Flag, Integer, Invalid, MappingReader, Number, Text, check_arguments
+from powerctl.files.mapping import Flag, Integer, Invalid, MappingReader, Number, Text, check_arguments
+from powerctl.selection.capsource import CapSource, ConstantCap, InvalidPowerCapError, parse_cap_source
 from strategies.fleet import (
     FleetEntry,
     NodeConfigError,
@@ -60,7 +60,7 @@ class NodeSettings:
     key: str
     """How the server names this node in reports: `name`, else partition-N, else device@host."""
     cap_source: CapSource | None = None
-    """The node's cap over time (powerctl.capsource); None: the constant `power_cap_w`."""
+    """The node's cap over time (powerctl.selection.capsource); None: the constant `power_cap_w`."""
     pin: bool | None = None
     """`open_device(pin=...)`: None (no `pin` key), pin where this process may, else run at the clock
     in force; False (`pin = false`), never change the frequency (a shared GPU); True, pin or fail."""

@@ -15,9 +15,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from powerctl.cache import cache_dir
 from powerctl.errors import FileFormatError
-from powerctl.profile_table import Profile
+from powerctl.files.cache import cache_dir
+from powerctl.records.profile import Profile
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +137,7 @@ def same_kind_profiles(
 ) -> list[tuple[Path, Profile]]:
     """Measured profiles in the cache of this kind of board (backend and board) and this workload (model,
     classes, input shape: what a step computes), whatever cap or order they were measured for — the
-    predicted profile of a real board (`powerctl.profile_budget`). The most points first; unreadable
+    predicted profile of a real board (`powerctl.profiling.budget`). The most points first; unreadable
     entries are passed over."""
     found = []
     for path in sorted((cache_dir or profile_cache_dir()).glob("profile-*.json")):

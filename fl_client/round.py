@@ -7,9 +7,10 @@ Every caller that fine-tunes a client's data under a power cap goes through `run
 - `profile`: the device measured (and cached) running the step that will train (`ProfiledStep`: the
   built-in fine-tune's, or a user's own through `fl_client.session`);
 - `choose`: the method's rule as a function of the cap (`MethodRule`: the registry's method,
-  `powerctl.methods`: Algorithm 1 for ours, the baselines of `powerctl.baselines`);
+  `powerctl.selection.methods`: Algorithm 1 for ours, the baselines of `powerctl.selection.baselines`);
 - `train`: a fine-tune at the rule's pair under a constant cap (power guard), or following a cap that
-  changes (the rule re-applied at every change, `powerctl.follow`): `Pinning`, shared with a user's loop.
+  changes (the rule re-applied at every change, `powerctl.selection.follow`): `Pinning`, shared with a user's
+  loop.
 
 What only the fleet runner and the benches ask for — scale mode's predicted profiles and stand-in
 training, the oracle's own-data search — is theirs (`simulations.bench_steps`), plugged in through
@@ -44,19 +45,14 @@ from torch import nn
 
 from fl_client.node import NodeSettings
 from fl_client.profile_cache import ProfileKey, cached_profile, lookup, same_kind_profiles, store
-from powerctl.baselines import board_fixed_frequency
-from powerctl.boards import board_model, board_names
-from powerctl.cache import cache_dir
-from powerctl.capsource import CapSource, ConstantCap
 from powerctl.devices import open_device
 from powerctl.devices.base import Device
+from powerctl.devices.boards import board_model, board_names
 from powerctl.devices.simulated import SimulatedBoard, predicted_profile
 from powerctl.errors import InfeasibleCapError, PowerctlError
-from powerctl.follow import CapFollower
-from powerctl.guard import PowerGuard
-from powerctl.methods import MethodContext, method_named
-from powerctl.pick import Pick
-from powerctl.profile_budget import (
+from powerctl.files.cache import cache_dir
+from powerctl.pinning.safety import restore_on_exit
+from powerctl.profiling.budget import (
     BOARD_MODEL,
     FITTED,
     PREDICTED,
@@ -66,12 +62,17 @@ from powerctl.profile_budget import (
     profile_within_budget,
     still_enough,
 )
-from powerctl.profile_table import Profile
-from powerctl.profiler import StepFactory, profile_device
-from powerctl.relation import RelationVector
-from powerctl.safety import restore_on_exit
-from powerctl.selection import DEFAULT_RELATION_RULE, check_power_cap, select
-from powerctl.workload import Workload
+from powerctl.profiling.profiler import StepFactory, profile_device
+from powerctl.records.pick import Pick
+from powerctl.records.profile import Profile
+from powerctl.records.relation import RelationVector
+from powerctl.records.workload import Workload
+from powerctl.selection.baselines import board_fixed_frequency
+from powerctl.selection.capsource import CapSource, ConstantCap
+from powerctl.selection.follow import CapFollower
+from powerctl.selection.guard import PowerGuard
+from powerctl.selection.joint import DEFAULT_RELATION_RULE, check_power_cap, select
+from powerctl.selection.methods import MethodContext, method_named
 from powerfed.training.checkpoint import Checkpointing
 from powerfed.training.errors import DataError, ModelError
 from powerfed.training.finetune import (
@@ -314,7 +315,8 @@ class Rule(Protocol):
 
 @dataclass(frozen=True)
 class MethodRule:
-    """The instructed method's rule (`powerctl.methods`: the registry's method of that name) over one
+    """The instructed method's rule (`powerctl.selection.methods`: the registry's method of that name) over
+    one
     profile."""
 
     method: str
@@ -350,7 +352,7 @@ class Trained:
     step_downs: list[dict[str, Any]] = field(default_factory=list)
     """What the power guard did (read from the guard or the follower after the fine-tune)."""
     cap_events: list[dict[str, Any]] = field(default_factory=list)
-    """What the cap follower did (a cap that changes, `powerctl.follow.CapEvent`), in order."""
+    """What the cap follower did (a cap that changes, `powerctl.selection.follow.CapEvent`), in order."""
     paused_seconds: float = 0.0
     """Device seconds the follower paused (nothing fitted under the cap); not in the result's seconds."""
     over_cap_seconds: float | None = None
@@ -470,7 +472,7 @@ def budgeted_profile(
     relation: RelationVector,
     step_factory: Callable[[], tuple[Workload, StepFactory]],
 ) -> Profiled:
-    """Profiling that pays for itself (`powerctl.profile_budget`): a profile cached for this board,
+    """Profiling that pays for itself (`powerctl.profiling.budget`): a profile cached for this board,
     model and cap by any of the ways costs nothing; else one measured step predicts the training, and
     the client profiles the most thorough way whose predicted cost is within `profiling-budget` of it —
     the instructed order, the fitted order, or the predicted profile's choice confirmed. The predicted

@@ -56,14 +56,19 @@ from fl_client.round import (
     usable_relation,
 )
 from fl_client.step_identity import cell_value, step_identity
-from powerctl.cliutil import first_line
 from powerctl.devices.base import Device
 from powerctl.devices.simulated import SimulatedBoard
-from powerctl.errors import ArgumentError
-from powerctl.mapping import FolderPath, Integer, Number, check_arguments
-from powerctl.profiler import StepFactory
-from powerctl.safety import restore_on_exit
-from powerctl.workload import MODEL_INPUT_ERRORS, Workload, check_model, count_flops, measure_workload
+from powerctl.errors import ArgumentError, first_line
+from powerctl.files.mapping import FolderPath, Integer, Number, check_arguments
+from powerctl.pinning.safety import restore_on_exit
+from powerctl.profiling.profiler import StepFactory
+from powerctl.records.workload import (
+    MODEL_INPUT_ERRORS,
+    Workload,
+    check_model,
+    count_flops,
+    measure_workload,
+)
 from powerfed.training.finetune import POWER_RATE_HZ, FineTuneResult, LossFn, MakeStep, TrainingPower
 from powerfed.training.models import same_model
 from strategies.protocol import ClientReport, TrainInstructions

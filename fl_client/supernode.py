@@ -58,7 +58,7 @@ from fl_client.check import (
     parse_address,
     release_stale_node,
 )
-from powerctl.cliutil import installed_tool, one_line_errors, say
+from powerctl.cli.util import installed_tool, one_line_errors, say
 from powerctl.errors import PowerctlError
 from powerctl.procs import option_value
 

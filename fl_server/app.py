@@ -44,11 +44,11 @@ from fl_server.run_config import (
     given_relation,
     parse_server_config,
 )
-from powerctl.cache import cache_dir
-from powerctl.cliutil import say
+from powerctl.cli.util import say
 from powerctl.errors import PowerctlError
-from powerctl.methods import run_method_named
-from powerctl.relation import RelationVector
+from powerctl.files.cache import cache_dir
+from powerctl.records.relation import RelationVector
+from powerctl.selection.methods import run_method_named
 from strategies.fleet import fleet_availability
 from strategies.methods import for_method
 from strategies.objectives import objective_named

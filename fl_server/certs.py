@@ -9,7 +9,7 @@ new certificates), server.pem and server.key (the SuperLink's `--ssl-certfile`/`
 
 The four files are one set (a CA with another CA's key is useless): they are written whole or not at
 all. Every name and every target is checked first, then all four are filled as temporary files beside
-their targets and only then renamed over them (`powerctl.outputs.replacing`).
+their targets and only then renamed over them (`powerctl.files.outputs.replacing`).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from powerctl.cliutil import OneLineParser, one_line_errors, positive_int, say
+from powerctl.cli.util import OneLineParser, one_line_errors, positive_int, say
 from powerctl.errors import PowerctlError
-from powerctl.outputs import check_output_dir, replacing, writable_file
+from powerctl.files.outputs import check_output_dir, replacing, writable_file
 
 PROG = "python -m fl_server.certs"
 FILES = ("ca.crt", "ca.key", "server.pem", "server.key")

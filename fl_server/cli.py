@@ -13,9 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from powerctl.cliutil import (
-    MAX_BATCH_SIZE,
-    MAX_COUNT,
+from powerctl.cli.util import (
     OneLineParser,
     accuracy,
     bounded_float,
@@ -23,8 +21,9 @@ from powerctl.cliutil import (
     one_line_errors,
     say,
 )
-from powerctl.outputs import output_path
-from powerctl.relation import VECTORS
+from powerctl.files.mapping import MAX_BATCH_SIZE, MAX_COUNT
+from powerctl.files.outputs import output_path
+from powerctl.records.relation import VECTORS
 from powerfed.training.data import SPECS
 from powerfed.training.errors import ModelError
 from powerfed.training.finetune import DEFAULT_EVAL_MAX_SAMPLES
@@ -288,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _pretrain(args: argparse.Namespace) -> int:
     from fl_server.pretrain import PretrainSettings, pretrain, report_path_for
-    from powerctl.outputs import check_output_file
+    from powerctl.files.outputs import check_output_file
 
     check_output_file(args.out, beside=[report_path_for(args.out)])
     settings = PretrainSettings(
@@ -321,7 +320,7 @@ def _pretrain(args: argparse.Namespace) -> int:
 
 def _relation(args: argparse.Namespace) -> int:
     from fl_server.relation import RelationCompute, RelationSettings, estimate_relation
-    from powerctl.outputs import check_output_dir, check_output_file
+    from powerctl.files.outputs import check_output_dir, check_output_file
 
     check_output_file(args.out)
     if args.cache_dir is not None and not args.no_cache:

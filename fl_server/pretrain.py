@@ -15,8 +15,8 @@ from typing import Any
 
 from fl_server.weights import save_weights, weights_hash
 from powerctl.devices import Device, open_device
-from powerctl.jsonfile import write_json
-from powerctl.outputs import OutputPathError, check_output_dir
+from powerctl.files.jsonfile import write_json
+from powerctl.files.outputs import OutputPathError, check_output_dir
 from powerfed.training.data import load_dataset, train_test_split
 from powerfed.training.errors import DataError, ModelError
 from powerfed.training.finetune import (
@@ -61,7 +61,7 @@ def check_output_path(path: Path) -> None:
     """Fail before any work when `path` cannot be written, so a long run never ends in a lost result.
 
     Missing folders are created when writing (the weights cache relies on it); the command line is
-    stricter and wants an output file's folder to exist (powerctl.outputs)."""
+    stricter and wants an output file's folder to exist (powerctl.files.outputs)."""
     if path.is_dir():
         raise DataError(f"{path}: is a directory; give a file name for the output")
     try:

@@ -51,15 +51,14 @@ from torch import nn
 
 from fl_server.relation_data import ProxyData, file_digest, load_proxy, spec_digest
 from fl_server.weights import load_weights, weights_hash
-from powerctl.cache import CACHE_ENV, cache_dir
-from powerctl.cliutil import MAX_SEED
 from powerctl.devices.base import Device
 from powerctl.devices.host import HostDevice
 from powerctl.devices.torchdev import resolve_torch_device
 from powerctl.errors import ArgumentError, FileFormatError, PowerctlError
-from powerctl.mapping import FolderPath, Integer, Kind, Number, check_arguments
-from powerctl.relation import VECTORS, RelationVector
-from powerctl.workload import Workload
+from powerctl.files.cache import CACHE_ENV, cache_dir
+from powerctl.files.mapping import MAX_SEED, FolderPath, Integer, Kind, Number, check_arguments
+from powerctl.records.relation import VECTORS, RelationVector
+from powerctl.records.workload import Workload
 from powerfed.training.crossing import DEFAULT_MIN_EVALUATIONS, run_dense
 from powerfed.training.data import Dataset
 from powerfed.training.errors import DataError, ModelError
@@ -215,7 +214,7 @@ class RelationSettings:
     max_seeds: int | None = run_default("relation-max-seeds") or None
     """Further seeds, one at a time up to this many in all, until the ranking is stable (0, None: none)."""
     vector: str = run_default("relation-values")
-    """raw (the means) or fitted (the batch-efficiency model; `powerctl.relation.VECTORS`)."""
+    """raw (the means) or fitted (the batch-efficiency model; `powerctl.records.relation.VECTORS`)."""
     seq_len: int | None = None
     """A text model's sequence length (None: the model's)."""
     limit: int | None = None

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from powerctl.errors import ArgumentError, FileFormatError
-from powerctl.jsonfile import read_json, write_json
-from powerctl.outputs import OutputPathError, writable_file
-from powerctl.profile_budget import over_budget
+from powerctl.files.jsonfile import read_json, write_json
+from powerctl.files.outputs import OutputPathError, writable_file
+from powerctl.profiling.budget import over_budget
 from strategies.rounds import NodeInfo, RoundRecord
 
 RESULTS_SCHEMA = "fl_server.results/1"

@@ -22,7 +22,7 @@ import torch
 
 from fl_server.results import RESULTS_SCHEMA
 from powerctl.errors import FileFormatError
-from powerctl.jsonfile import read_json
+from powerctl.files.jsonfile import read_json
 from powerfed.training.errors import DataError
 
 GLOBAL_FILE = "global.safetensors"

@@ -27,7 +27,7 @@ from strategies.fleet import NodeConfigError, app_path_of, fleet_file
 from strategies.settings import RunSettings, SettingsError, read_settings
 
 if TYPE_CHECKING:
-    from powerctl.relation import RelationVector
+    from powerctl.records.relation import RelationVector
 
 ServerConfig = RunSettings
 """The run, as the server runs it (and as it checked what its clients will read)."""
@@ -76,7 +76,7 @@ def app_path(value: str, key: str) -> Path:
 
 def given_relation(cfg: ServerConfig) -> RelationVector:
     """The relation vector file the run config names, checked against the run's model."""
-    from powerctl.relation import RelationVector
+    from powerctl.records.relation import RelationVector
 
     relation = RelationVector.load(app_path(cfg.relation, "relation"))
     if relation.model != cfg.model:
@@ -157,9 +157,9 @@ def run_config_text(config: dict[str, Any]) -> str:
 # --- what the config names, checked where the run is submitted ---------------------------------------
 def check_results_dir(path: Path) -> Path:
     """The run's results folder is a folder this process can write in, or can be made below one
-    (`powerctl.outputs.check_output_dir` probes by writing: /proc, a read-only mount, an existing file
+    (`powerctl.files.outputs.check_output_dir` probes by writing: /proc, a read-only mount, an existing file
     are one line). The pre-flight and the ServerApp, before any work, call it."""
-    from powerctl.outputs import check_output_dir
+    from powerctl.files.outputs import check_output_dir
 
     try:
         return check_output_dir(path, "run config: 'results-dir'")

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from fl_server.fab import staged_app
-from powerctl.cliutil import (
+from powerctl.cli.util import (
     OneLineParser,
     installed_tool,
     non_negative_int,

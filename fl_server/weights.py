@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from powerctl.outputs import replacing
+from powerctl.files.outputs import replacing
 from powerfed.training.checkpoint import state_digest
 from powerfed.training.errors import DataError, ModelError
 from powerfed.training.models import build_model, get_model_spec

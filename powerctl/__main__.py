@@ -1,5 +1,5 @@
 import sys
 
-from powerctl.cli import main
+from powerctl.cli.commands import main
 
 sys.exit(main())

@@ -28,3 +28,14 @@ class InfeasibleCapError(PowerctlError):
 class ArgumentError(PowerctlError, ValueError):
     """A Python caller gave an argument that cannot be used (`except ValueError` catches it): one line
     naming the argument, its value and what is allowed, raised where the call is made."""
+
+
+def printable(text: str, limit: int = 160) -> str:
+    """`text` on one line (control characters escaped) and at most `limit` characters (the middle cut)."""
+    one = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return one if len(one) <= limit else f"{one[: limit // 2]}…{one[-(limit // 2) + 1 :]}"
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's first line, printable and bounded: what a one-line error quotes of another library's."""
+    return printable((str(exc).strip().splitlines() or [type(exc).__name__])[0])

@@ -14,8 +14,8 @@ import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from powerctl.cliutil import OneLineParser, accuracy, one_line_errors, positive_float, tcp_port
-from powerctl.outputs import output_path
+from powerctl.cli.util import OneLineParser, accuracy, one_line_errors, positive_float, tcp_port
+from powerctl.files.outputs import output_path
 
 PROG = "python -m simulations"
 
@@ -151,7 +151,7 @@ def _methods(text: str) -> list[str]:
 
 def default_fleet_out(fleet: Path) -> Path:
     """Where a fleet's results go unless --out says: runs/fleet-NAME (`make fleet`'s folder)."""
-    from powerctl.outputs import check_name_lengths
+    from powerctl.files.outputs import check_name_lengths
 
     return check_name_lengths(Path("runs") / f"fleet-{fleet.stem}", "the default --out", hint="give --out")
 
@@ -160,7 +160,7 @@ def run_command(args: argparse.Namespace) -> int:
     """`run`: parse the fleet (one line on a bad file), run it, print the summary."""
     import time
 
-    from powerctl.outputs import check_output_dir
+    from powerctl.files.outputs import check_output_dir
     from simulations.fleet import load_fleet_spec
     from simulations.fleet_results import summary_text
     from simulations.runner import check_before_flower, run_fleet

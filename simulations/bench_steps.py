@@ -4,7 +4,7 @@ through its step interface (`RoundSteps`), never part of the production round:
 - scale mode: a simulated board's predicted profile (`predicted_profile_step`) and the stand-in that
   charges the board model for the proxy's samples to target without training (`stand_in_step`);
 - the oracle's own-data search (`oracle_search`): every batch size fine-tuned on the client's own data,
-  the paper's "fastest configuration" (`powerctl.baselines.oracle`), reported apart.
+  the paper's "fastest configuration" (`powerctl.selection.baselines.oracle`), reported apart.
 
 What they measure beyond the client's report they alone fill in, in the bench's own record
 (`strategies.protocol.BenchReport`: stand-in, the oracle's samples to target and search seconds), which
@@ -35,15 +35,15 @@ from fl_client.round import (
     measured_profile_step,
     method_step,
 )
-from powerctl.boards import board_model
-from powerctl.capsource import ConstantCap
+from powerctl.devices.boards import board_model
 from powerctl.devices.simulated import SimulatedBoard, predicted_profile, replay_cost, step_cost
-from powerctl.methods import ORACLE, method_named
-from powerctl.pick import Pick
-from powerctl.profile_table import Profile
-from powerctl.relation import RelationVector
-from powerctl.selection import best_frequency_per_batch
-from powerctl.workload import Workload
+from powerctl.records.pick import Pick
+from powerctl.records.profile import Profile
+from powerctl.records.relation import RelationVector
+from powerctl.records.workload import Workload
+from powerctl.selection.capsource import ConstantCap
+from powerctl.selection.joint import best_frequency_per_batch
+from powerctl.selection.methods import ORACLE, method_named
 from powerfed.training.crossing import run_dense
 from powerfed.training.finetune import FineTuneResult, evaluate_with_loss
 from powerfed.training.models import build_model, get_model_spec, model_workload
@@ -89,7 +89,7 @@ def oracle_search(work: RoundWork, profile: Profile, relation: RelationVector, t
     """The oracle: fine-tune this client's own data at every batch size (each at its fastest feasible
     frequency under the cap; under a cap that changes, at the board's lowest frequency, safe under any
     cap it can meet), take the samples to the target, and select with them by Algorithm 1
-    (`powerctl.baselines.oracle`). Samples to the target are the interpolated crossing of a run that
+    (`powerctl.selection.baselines.oracle`). Samples to the target are the interpolated crossing of a run that
     evaluates densely enough (`powerfed.training.crossing.run_dense`: at least 8 evaluations before it), as on
     the server's proxy. Batch sizes that miss the target within the budget are left out of the own-data
     relation (when none reaches it, every run counts with the samples it used)."""

@@ -34,9 +34,9 @@ from fl_client.round import (
     run_round,
     usable_relation,
 )
-from powerctl.baselines import predict
-from powerctl.jsonfile import write_json
-from powerctl.methods import METHODS, OURS, method_named
+from powerctl.files.jsonfile import write_json
+from powerctl.selection.baselines import predict
+from powerctl.selection.methods import METHODS, OURS, method_named
 from simulations.bench_steps import oracle_search
 from simulations.demo_config import DEMO_NODE, DemoConfig
 
@@ -89,10 +89,10 @@ class SharedRuns:
 def check_demo(cfg: DemoConfig, out: Path) -> ServerConfig:
     """Every input checked before pre-training (minutes): the output folder, the run settings, the
     device, and that the board has a state-of-practice frequency under the cap (the baselines need one)."""
-    from powerctl.baselines import board_fixed_frequency
-    from powerctl.boards import board_model
     from powerctl.devices import open_device
-    from powerctl.outputs import check_output_dir
+    from powerctl.devices.boards import board_model
+    from powerctl.files.outputs import check_output_dir
+    from powerctl.selection.baselines import board_fixed_frequency
     from powerfed.training.models import get_model_spec
 
     check_output_dir(out)
@@ -226,8 +226,8 @@ def _plots(
     rows: list[dict[str, Any]],
     out: Path,
 ) -> None:
-    from powerctl.plot import plot_profile
-    from powerctl.selection import select
+    from powerctl.cli.plot import plot_profile
+    from powerctl.selection.joint import select
     from simulations.plots import plot_strategies
 
     chosen = select(profiled.profile, relation, cfg.power_cap_w)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from fl_client.node import FleetEntry, NodeConfigError, parse_fleet_groups, read_yaml
-from powerctl.mapping import Custom, MappingReader, mapping_reader, must_be
+from powerctl.files.mapping import Custom, MappingReader, mapping_reader, must_be
 from strategies.fleet import not_simulated
 from strategies.population import Population, PopulationError, check_population, run_population
 from strategies.settings import APP_FILE, DATASET, METHODS, RUN_METHODS, SETTINGS, RunSettings

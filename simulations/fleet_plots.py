@@ -6,7 +6,7 @@
 - makespan.png: every round's makespan per method;
 - profile_maps/BOARD.png: the board's peak-power map for the run's model (its predicted profile, the
   board model's noise-free grid), one panel per cap with its boundary and the (b, f) each method chose
-  under it (`powerctl.plot.choices_per_cap`).
+  under it (`powerctl.cli.plot.choices_per_cap`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from powerctl.plot import save_figure
+from powerctl.cli.plot import save_figure
 from simulations.plots import COLOURS
 
 MARKERS = {"ours": "*", "state-of-practice": "s", "proxy-batch": "^", "oracle": "o"}
@@ -126,8 +126,8 @@ def plot_makespans(results: dict[str, Any], path: Path) -> Path:
 def plot_profile_maps(results: dict[str, Any], out: Path) -> list[Path]:
     """Per board kind: the predicted peak-power map of the run's model, one panel per cap the board ran
     under, each with that cap's boundary and the (b, f) every method chose under it (round 1)."""
+    from powerctl.cli.plot import Mark, choices_per_cap
     from powerctl.devices.simulated import predicted_profile
-    from powerctl.plot import Mark, choices_per_cap
     from powerfed.training.models import build_model, model_workload
 
     cfg = results["run"]["config"] or {}

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from fl_server.results import profiled_as, profiling_share
-from powerctl.jsonfile import write_json
-from powerctl.methods import run_method_named
+from powerctl.files.jsonfile import write_json
+from powerctl.selection.methods import run_method_named
 from simulations.fleet import FleetSpec
 from strategies.population import POPULATION_FILE
 

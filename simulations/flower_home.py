@@ -1,5 +1,5 @@
 """A private Flower home for each `flwr run` the launcher starts, and the clean-up of those a killed
-launcher left behind (as `powerctl.pinsession` puts back a board a dead process left pinned).
+launcher left behind (as `powerctl.pinning.pinsession` puts back a board a dead process left pinned).
 
 The home, TMPDIR/powerfed-flwr-home-XXXXXXXX, is locked (flock on the folder) for the life of the process
 that made it: the kernel drops the lock when that process dies, however it dies (SIGKILL included).
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from powerctl.errors import FileFormatError, PowerctlError
-from powerctl.jsonfile import read_json, write_json
+from powerctl.files.jsonfile import read_json, write_json
 from powerctl.procs import alive, environ, proc_stat, proc_table
 from simulations.local_superlink import stop_tree
 

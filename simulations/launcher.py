@@ -41,8 +41,8 @@ from fl_server.run_config import (  # the run config as Flower reads it (`run_co
     parse_run_config,
     run_config_text,
 )
-from powerctl.cache import cache_root
 from powerctl.errors import PowerctlError
+from powerctl.files.cache import cache_root
 from simulations.flower_home import FlowerHome, clean_stale_homes, describe_cleaned
 from simulations.linkstate_index import INDEX_ENV, check_flower_version, install_script
 from simulations.local_superlink import (
@@ -100,7 +100,7 @@ def check_simulation(
     (`strategies.population.check_population`). The first problem is one RunConfigError line; returns
     the overrides to pass on."""
     from fl_client.node import load_fleet
-    from powerctl.outputs import check_output_dir
+    from powerctl.files.outputs import check_output_dir
     from powerfed.training.data.load import existing_dataset_path
     from powerfed.training.errors import DataError
     from strategies.fleet import fleet_availability, not_simulated
@@ -362,7 +362,7 @@ def check_launch(
     (`checked_run_config`): one LaunchError (or other PowerctlError) line naming what is wrong; nothing
     is started or written. Another app (`app`) has run config keys of its own: Flower checks them, and
     the app prints its own `results: PATH` line (`out` is not used)."""
-    from powerctl.outputs import check_output_dir, check_output_file
+    from powerctl.files.outputs import check_output_dir, check_output_file
 
     check_flower_version()  # the run's simulation uses the message index (`run_flwr`)
     app_dir = APP_DIR if app is None else check_app(app)

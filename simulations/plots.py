@@ -8,8 +8,8 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from powerctl.methods import method_named
-from powerctl.plot import save_figure, short_number
+from powerctl.cli.plot import save_figure, short_number
+from powerctl.selection.methods import method_named
 
 COLOURS = {"ours": "#1b9e77", "state-of-practice": "#d95f02", "proxy-batch": "#7570b3", "oracle": "#666666"}
 

@@ -96,8 +96,8 @@ def run_fleet(
 
     `index_messages=False` runs Flower's own per-node scan (`simulations.linkstate_index`): the
     before of `bench/fleet_scale.py` and of the equivalence test; the results are the same."""
-    from powerctl.cache import cache_root
-    from powerctl.outputs import check_output_dir, replacing
+    from powerctl.files.cache import cache_root
+    from powerctl.files.outputs import check_output_dir, replacing
     from simulations.fleet_results import build_results, summary_text, write_results
 
     cache_root()  # a $POWERFED_CACHE that cannot be a folder: one line before --out is created

@@ -17,7 +17,10 @@ from typing import Any
 
 import yaml
 
-from powerctl.capsource import (
+from powerctl.errors import PowerctlError
+from powerctl.files.mapping import Integer, Invalid, Number, Text, mapping_reader
+from powerctl.files.readfile import YAML_LIMIT, read_bytes
+from powerctl.selection.capsource import (
     CapSource,
     ConstantCap,
     InvalidPowerCapError,
@@ -26,9 +29,6 @@ from powerctl.capsource import (
     cap_watts,
     parse_cap_source,
 )
-from powerctl.errors import PowerctlError
-from powerctl.mapping import Integer, Invalid, Number, Text, mapping_reader
-from powerctl.readfile import YAML_LIMIT, read_bytes
 
 APP_DIR = Path(__file__).resolve().parents[1]
 """The app's root (the project folder, or Flower's copy of it): relative run config paths start here."""
@@ -92,7 +92,7 @@ def board_cap_problem(device: str, source: CapSource) -> str | None:
     kind, _, name = device.partition(":")
     if kind != "sim":
         return None
-    from powerctl.boards import board_model
+    from powerctl.devices.boards import board_model
     from powerctl.devices.simulated import SIM_BOARDS
 
     if name not in SIM_BOARDS:

@@ -17,8 +17,8 @@ CONFIG_LIMIT = 1 << 20
 
 
 def read_small(path: Path, limit: int, what: str) -> bytes:
-    """A file the user names, bounded (`powerctl.readfile`): anything else is one line naming it."""
-    from powerctl.readfile import read_bytes
+    """A file the user names, bounded (`powerctl.files.readfile`): anything else is one line naming it."""
+    from powerctl.files.readfile import read_bytes
 
     try:
         return read_bytes(path.expanduser(), limit=limit, what=what, error=PowerctlError)

@@ -1,7 +1,7 @@
 """Which method each node runs and whether it trains the real model (scale mode), per round.
 
 The method travels to the client in its `TrainInstructions`; the client chooses (b, f) with it
-(`powerctl.methods`). In scale mode only a share of the clients fine-tune the real model, spread
+(`powerctl.selection.methods`). In scale mode only a share of the clients fine-tune the real model, spread
 evenly over partition ids; the others run the cheap stand-in (`fl_client.round`).
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from powerctl.methods import run_method_named
+from powerctl.selection.methods import run_method_named
 from strategies.power_aware import NodeInstructions
 from strategies.protocol import TrainInstructions
 from strategies.rounds import NodeInfo

@@ -8,7 +8,7 @@ given when it is made (as Flower composes its DP strategies), so the strategy co
   fastest time, and each client runs its least-energy pair that meets it
   (docs/design/deadline-rounds.md).
 
-The names are the method registry's (`powerctl.methods.ROUND_OBJECTIVES`, what a run's
+The names are the method registry's (`powerctl.selection.methods.ROUND_OBJECTIVES`, what a run's
 `round-objective` setting and a run method name); `objective_named` makes the object a name stands for.
 """
 
@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from powerctl.mapping import Choice, Custom, Number, check_arguments, must_be
-from powerctl.methods import ENERGY_UNDER_DEADLINE, ROUND_OBJECTIVES, TIME
+from powerctl.files.mapping import Choice, Custom, Number, check_arguments, must_be
+from powerctl.selection.methods import ENERGY_UNDER_DEADLINE, ROUND_OBJECTIVES, TIME
 from strategies.protocol import Plan
 
 Plans = Callable[[], Sequence[Plan]]

@@ -31,8 +31,8 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from powerctl.errors import PowerctlError
-from powerctl.jsonfile import write_json
-from powerctl.readfile import TRACE_LIMIT, read_bytes
+from powerctl.files.jsonfile import write_json
+from powerctl.files.readfile import TRACE_LIMIT, read_bytes
 from strategies.fleet import app_path_of
 from strategies.settings import RunSettings
 

@@ -41,7 +41,7 @@ from flwr.serverapp.strategy.strategy_utils import sample_nodes
 from flwr.supercore import log
 
 from powerctl.errors import ArgumentError, PowerctlError
-from powerctl.mapping import Integer, Number, check_arguments
+from powerctl.files.mapping import Integer, Number, check_arguments
 from strategies.objectives import OBJECTIVE, RoundObjective
 from strategies.protocol import (
     ARRAYS_KEY,

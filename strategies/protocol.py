@@ -20,9 +20,8 @@ from typing import Any
 
 from flwr.app import ConfigRecord
 
-from powerctl.capsource import POWER_CAP, POWER_CAP_VALUE
 from powerctl.errors import ArgumentError, FileFormatError, PowerctlError
-from powerctl.mapping import (
+from powerctl.files.mapping import (
     Choice,
     Flag,
     Integer,
@@ -36,7 +35,10 @@ from powerctl.mapping import (
     is_number,
     must_be,
 )
-from powerctl.methods import (
+from powerctl.records.pick import Pick
+from powerctl.records.relation import RelationVector
+from powerctl.selection.capsource import POWER_CAP, POWER_CAP_VALUE
+from powerctl.selection.methods import (
     METHODS,
     ORACLE,
     OURS,
@@ -46,8 +48,6 @@ from powerctl.methods import (
     RUN_METHODS,
     STATE_OF_PRACTICE,
 )
-from powerctl.pick import Pick
-from powerctl.relation import RelationVector
 from powerfed.training.lr import scaled_lr
 from strategies.settings import (
     BOTH,
@@ -59,7 +59,7 @@ from strategies.settings import (
     to_config,
 )
 
-__all__ = [  # the method names both sides use (the registry's, powerctl.methods) and the profile names
+__all__ = [  # the method names both sides use (the registry's, powerctl.selection.methods), the profile names
     "METHODS",
     "ORACLE",
     "OURS",
@@ -97,7 +97,7 @@ def required(records: Any, key: str, where: str, what: str = "") -> Any:
 
 
 def reader(record: Any, where: str) -> MappingReader:
-    """The one mapping reader (`powerctl.mapping`) over a message's record: ProtocolError lines."""
+    """The one mapping reader (`powerctl.files.mapping`) over a message's record: ProtocolError lines."""
     return MappingReader(record, where, ProtocolError)
 
 
@@ -156,7 +156,7 @@ class TrainInstructions:
     power_cap_w: float | None = None
     """A cap the server sets for this node this round; None: the node's own (node config) cap."""
     method: str = OURS
-    """How the client chooses (b, f) this round: one of METHODS (`powerctl.methods`)."""
+    """How the client chooses (b, f) this round: one of METHODS (`powerctl.selection.methods`)."""
     stand_in: bool = False
     """Scale mode: this client runs the cheap stand-in (no training; the board model charges the proxy's
     samples to target at the chosen pair) instead of fine-tuning the real model."""
@@ -541,7 +541,7 @@ class ClientReport:
     step_downs: list[dict[str, float]] = field(
         default_factory=list, metadata=_kind(_Json(_step_downs, "a JSON list"))
     )
-    """The power guard's actions while training (powerctl.guard.StepDown): time (training device
+    """The power guard's actions while training (powerctl.selection.guard.StepDown): time (training device
     seconds), old and new frequency in Hz, the measured W that caused it, the cap. `frequency_hz` stays
     the selected one; the last step-down's `new_hz` is where training ended."""
     cap_source: str = field(default="", metadata=_kind(TEXT))
@@ -549,7 +549,8 @@ class ClientReport:
     cap_events: list[dict[str, Any]] = field(
         default_factory=list, metadata=_kind(_Json(_cap_events, "a JSON list"))
     )
-    """Under a cap that changes (powerctl.follow.CapEvent): every start, switch, hold, pause and resume
+    """Under a cap that changes (powerctl.selection.follow.CapEvent): every start, switch, hold, pause and
+    resume
     with its time, the cap, the old and new (b, f) and the seconds measured over the cap after it.
     `batch_size`/`frequency_hz` are then the first pick."""
     final_pair: list[int] | None = field(default=None, metadata=_kind(_Json(_pair, "[batch size, Hz]")))

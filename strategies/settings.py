@@ -22,11 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from powerctl.cliutil import MAX_BATCH_SIZE, MAX_COUNT, MAX_ROUNDS, MAX_SEED, MAX_STEPS, kind_type
+from powerctl.cli.util import kind_type
 from powerctl.errors import PowerctlError
-from powerctl.follow import DEFAULT_PAUSE_TIMEOUT_S, DEFAULT_POLL_S
-from powerctl.guard import DEFAULT_TOLERANCE, DEFAULT_WINDOW
-from powerctl.mapping import (
+from powerctl.files.mapping import (
+    MAX_BATCH_SIZE,
+    MAX_COUNT,
+    MAX_ROUNDS,
+    MAX_SEED,
+    MAX_STEPS,
     Choice,
     Custom,
     Flag,
@@ -41,9 +44,13 @@ from powerctl.mapping import (
     must_be,
     unknown_key_text,
 )
-from powerctl.methods import METHODS as METHODS  # the registry's names (powerctl.methods), re-exported
-from powerctl.methods import ROUND_OBJECTIVES, RUN_METHODS
-from powerctl.relation import RELATION_RULES, VECTORS
+from powerctl.records.relation import RELATION_RULES, VECTORS
+from powerctl.selection.follow import DEFAULT_PAUSE_TIMEOUT_S, DEFAULT_POLL_S
+from powerctl.selection.guard import DEFAULT_TOLERANCE, DEFAULT_WINDOW
+from powerctl.selection.methods import (
+    METHODS as METHODS,  # the registry's names (powerctl.selection.methods), re-exported
+)
+from powerctl.selection.methods import ROUND_OBJECTIVES, RUN_METHODS
 from powerfed.training.lr import LR_RULES
 from strategies.fleet import MAX_BOARDS, app_path_of, fleet_file, fleet_table
 
@@ -62,7 +69,8 @@ GROUPS = ("task", "rounds", "profiling", "power", "fleet", "results", "faults")
 """The sections of docs/reference/run-config.md, one table each, in its order."""
 
 PROFILE_ORDERS = ("efficient", "grid", "fitted")
-"""How a client measures its profile (powerctl.profiler): efficient (stop each batch size at the cap),
+"""How a client measures its profile (powerctl.profiling.profiler): efficient (stop each batch size at the
+cap),
 grid (every pair), fitted (a few points, a fit, and measurements confirming the choice)."""
 PROFILE_SOURCES = ("measured", "predicted")
 """measured: profile the device (cached); predicted: a simulated board's model profile (no device time)."""
@@ -103,7 +111,7 @@ def _dataset(value: Any) -> str:
 def _app_file(value: Any) -> str:
     """Empty, or a file that exists: absolute, or relative to the app folder (the ServerApp runs in
     Flower's copy of the app, not where `flwr run` started)."""
-    from powerctl.readfile import not_regular
+    from powerctl.files.readfile import not_regular
 
     text = Text(empty=True)(value)
     if text and (what := not_regular(path := app_path_of(text))) is not None:

@@ -1,4 +1,4 @@
-"""Test helpers for boards: the fake Jetson trees (from `powerctl.fakeboard`, the one generator), a
+"""Test helpers for boards: the fake Jetson trees (from `powerctl.devices.fakeboard`, the one generator), a
 byte-for-byte snapshot of a tree, a fake `pynvml`, and signal set-up for child processes.
 """
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from powerctl.fakeboard import (  # noqa: F401  (the one generator; tests import the trees from here)
+from powerctl.devices.fakeboard import (  # noqa: F401  (the one generator; tests import the trees from here)
     NANO_DEVFREQ,
     NANO_FREQS,
     ORIN_DEVFREQ,

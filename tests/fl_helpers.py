@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from powerctl.relation import RelationVector
+from powerctl.records.relation import RelationVector
 from powerfed.training.models import build_model
 from strategies.protocol import TrainInstructions
 

@@ -7,7 +7,7 @@ import dataclasses
 from typing import Any
 
 from fl_server.relation import RelationCompute, RelationSettings, estimate_relation
-from powerctl.relation import RelationVector
+from powerctl.records.relation import RelationVector
 from powerfed.training.finetune import UserFunctions
 
 RECORDS = {

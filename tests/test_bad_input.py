@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from fl_server.cli import main as fl_server_main
-from powerctl.outputs import OutputPathError, check_output_dir, check_output_file
-from powerctl.profile_table import Profile
-from powerctl.relation import RelationVector
+from powerctl.files.outputs import OutputPathError, check_output_dir, check_output_file
+from powerctl.records.profile import Profile
+from powerctl.records.relation import RelationVector
 from powerfed.training.errors import ModelError
 from powerfed.training.models import build_model, check_overrides
 from powerfed.training.powerctl_cli import main as powerctl_main
@@ -30,12 +30,12 @@ def _one_line(capsys: pytest.CaptureFixture[str], prog: str) -> str:
 @pytest.fixture
 def no_profiling(monkeypatch: pytest.MonkeyPatch) -> None:
     """Any profiling is a failure: these inputs must be refused before the profile starts."""
-    import powerctl.profiler
+    import powerctl.profiling.profiler
 
     def refuse(*_: object, **__: object) -> None:
         raise AssertionError("profiled before the input was checked")
 
-    monkeypatch.setattr(powerctl.profiler, "profile_device", refuse)
+    monkeypatch.setattr(powerctl.profiling.profiler, "profile_device", refuse)
 
 
 @pytest.mark.parametrize(
@@ -186,7 +186,7 @@ def test_demo_inputs_are_refused_before_pretraining(
 
 
 def _profile(tmp_path: Path, model: str = "mobilenetv2-small") -> Path:
-    from powerctl.profile_table import ProfilePoint
+    from powerctl.records.profile import ProfilePoint
 
     points = [
         ProfilePoint(b, f, peak, peak * 0.9, 0.01 * b / f * 1e9 / 1e3, 10.0 * 64 / b * 614.4e6 / f)

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from powerctl.cli import main
-from powerctl.freqstate import STATE_SCHEMA, read_record, state_dir
+from powerctl.cli.commands import main
+from powerctl.pinning.freqstate import STATE_SCHEMA, read_record, state_dir
 from powerfed.training.data import load_dataset
 from powerfed.training.errors import DataError
 from tests.fake_boards import NANO_DEVFREQ, NANO_FREQS, make_nano_tree, tree_snapshot

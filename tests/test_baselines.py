@@ -9,14 +9,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from powerctl.baselines import compare, oracle, proxy_batch, state_of_practice
-from powerctl.boards import board_model
+from powerctl.devices.boards import board_model
 from powerctl.errors import DeviceError, InfeasibleCapError
-from powerctl.methods import ORACLE, PROXY_BATCH, STATE_OF_PRACTICE
-from powerctl.pick import Pick
-from powerctl.profile_table import Profile, ProfilePoint
-from powerctl.relation import RelationVector
-from powerctl.selection import select
+from powerctl.records.pick import Pick
+from powerctl.records.profile import Profile, ProfilePoint
+from powerctl.records.relation import RelationVector
+from powerctl.selection.baselines import compare, oracle, proxy_batch, state_of_practice
+from powerctl.selection.joint import select
+from powerctl.selection.methods import ORACLE, PROXY_BATCH, STATE_OF_PRACTICE
 from tests.test_selection import MHZ, make_profile, make_relation, point, profiles
 
 NANO = board_model("jetson-nano")

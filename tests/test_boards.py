@@ -7,13 +7,21 @@ from typing import Any
 
 import pytest
 
-from powerctl.boards import CONSTANTS, SOURCE_KINDS, _raw_boards, board_model, board_names, parse_boards
+from powerctl.devices.boards import (
+    CONSTANTS,
+    SOURCE_KINDS,
+    _raw_boards,
+    board_model,
+    board_names,
+    parse_boards,
+)
 from powerctl.errors import DeviceError
 
 RANK = {kind: i for i, kind in enumerate(SOURCE_KINDS)}
 """measured < derived < estimated: a constant is no better than the weakest of its inputs."""
 DERIVE_INPUTS = {"full_load_power_w": ("energy_per_flop_factor", "idle_power_w", "gflops_per_ghz")}
-"""This board's own inputs of a constant `powerctl.boards._derive` computes, beyond the reference's."""
+"""This board's own inputs of a constant `powerctl.devices.boards._derive` computes, beyond the
+reference's."""
 
 
 def _rank(source: str) -> int:

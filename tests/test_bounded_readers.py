@@ -1,6 +1,6 @@
 """Inputs that never end: every reader of a file a user names refuses a device, a FIFO with no writer, a
 folder or a file over its limit in one line, reads nothing it cannot bound and never blocks
-(`powerctl.readfile`, issue 28)."""
+(`powerctl.files.readfile`, issue 28)."""
 
 from __future__ import annotations
 
@@ -19,10 +19,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from powerctl import readfile
-from powerctl.capsource import CapSourceError, LiveFileCap, parse_cap_source
 from powerctl.errors import FileFormatError
-from powerctl.readfile import (
+from powerctl.files import readfile
+from powerctl.files.readfile import (
     JSON_LIMIT,
     LIVE_CAP_LIMIT,
     TEXT_LIMIT,
@@ -31,6 +30,7 @@ from powerctl.readfile import (
     read_bytes,
     size_text,
 )
+from powerctl.selection.capsource import CapSourceError, LiveFileCap, parse_cap_source
 from powerfed.training.data import load_dataset
 from powerfed.training.errors import DataError
 

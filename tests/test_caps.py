@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from powerctl.boards import board_model, board_names
-from powerctl.caps import derive_peak_training_power, frequency_cap, peak_power_by_frequency
+from powerctl.devices.boards import board_model, board_names
 from powerctl.devices.simulated import SimulatedBoard, predicted_profile
 from powerctl.errors import FileFormatError, InfeasibleCapError
-from powerctl.profile_table import Profile
-from powerctl.profiler import profile_device
-from powerctl.workload import Workload
+from powerctl.profiling.profiler import profile_device
+from powerctl.records.profile import Profile
+from powerctl.records.workload import Workload
+from powerctl.selection.caps import derive_peak_training_power, frequency_cap, peak_power_by_frequency
 from powerfed.training.powerctl_cli import main
 from tests.test_selection import make_profile, point
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fl_client.node import NodeConfigError, load_fleet_file, resolve_node
-from powerctl.capsource import (
+from powerctl.selection.capsource import (
     CapSourceError,
     ConstantCap,
     LiveFileCap,
@@ -163,7 +163,7 @@ def test_node_config_and_fleet_files_take_every_source(tmp_path: Path) -> None:
 
 
 def test_powerctl_cap_source_shows_checks_and_plots(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    from powerctl.cli import main as powerctl
+    from powerctl.cli.commands import main as powerctl
 
     def main(argv: list[str]) -> int:
         return powerctl(["cap-source", *argv])

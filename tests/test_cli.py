@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from powerctl.relation import RelationVector
+from powerctl.records.relation import RelationVector
 from powerfed.training.powerctl_cli import main
 from tests.fake_boards import NANO_FREQS, make_nano_tree, tree_snapshot
 
@@ -244,9 +244,9 @@ def test_console_script_prints_no_traceback(tmp_path: Path) -> None:
 def test_profile_runs_the_injected_training_step_and_says_where_it_is_without_one(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """powerctl imports no training: `powerctl.cli.main` measures the step it is given; without one
+    """powerctl imports no training: `powerctl.cli.commands.main` measures the step it is given; without one
     (`python -m powerctl profile`) it is one line naming the installed command, and nothing is written."""
-    from powerctl import cli
+    from powerctl.cli import commands as cli
     from powerfed.training.profiling import profiling_step_factory
 
     asked: list[tuple[str, dict]] = []

@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 import powerfed.training.models as models
 from fl_server.cli import build_parser as fl_server_parser
 from fl_server.cli import main as fl_server_main
-from powerctl.cli import build_parser as powerctl_parser
-from powerctl.cliutil import Bounded, bounded_float, bounded_int, power_cap
-from powerctl.mapping import Integer, Number, bounds_text
+from powerctl.cli.commands import build_parser as powerctl_parser
+from powerctl.cli.util import Bounded, bounded_float, bounded_int, power_cap
+from powerctl.files.mapping import Integer, Number, bounds_text
 from powerfed.training.errors import ModelError
 from powerfed.training.models import MAX_PARAMETERS, OPTION_MAXIMUM, build_model, check_size, model_names
 from powerfed.training.powerctl_cli import main as powerctl_main
@@ -41,12 +41,12 @@ def _one_line(capsys: pytest.CaptureFixture[str], prog: str) -> str:
 def no_work(monkeypatch: pytest.MonkeyPatch) -> None:
     """Profiling or training is a failure: these inputs must be refused before either starts."""
     import fl_server.pretrain
-    import powerctl.profiler
+    import powerctl.profiling.profiler
 
     def refuse(*_: object, **__: object) -> None:
         raise AssertionError("worked before the input was checked")
 
-    monkeypatch.setattr(powerctl.profiler, "profile_device", refuse)
+    monkeypatch.setattr(powerctl.profiling.profiler, "profile_device", refuse)
     monkeypatch.setattr(fl_server.pretrain, "fine_tune", refuse)
 
 

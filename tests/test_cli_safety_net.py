@@ -1,4 +1,4 @@
-"""The safety net under every command's checks (issue 28): `powerctl.cliutil.one_line_errors` turns the
+"""The safety net under every command's checks (issue 28): `powerctl.cli.util.one_line_errors` turns the
 faults a hostile input can still reach (a path the file system refuses, a file that is not text, a number
 beyond a library's range, no memory, an input nested too deeply) into one line naming the file and exit
 status 2; a bug keeps its traceback; and every entry point the project installs or documents is wrapped."""
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from powerctl.cliutil import EXIT_INTERRUPTED, EXIT_USAGE, fault_line, one_line_errors
+from powerctl.cli.util import EXIT_INTERRUPTED, EXIT_USAGE, fault_line, one_line_errors
 from powerfed.training.powerctl_cli import main as powerctl_main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ENTRY_POINTS = {
     "powerctl": "powerfed.training.powerctl_cli:main",
     "fl-server": "fl_server.cli:main",
-    "python -m powerctl": "powerctl.cli:main",
+    "python -m powerctl": "powerctl.cli.commands:main",
     "python -m fl_server": "fl_server.cli:main",
     "python -m fl_server.certs": "fl_server.certs:main",
     "python -m fl_server.supervise": "fl_server.supervise:main",

@@ -17,7 +17,14 @@ import pytest
 
 from powerctl.devices import open_device
 from powerctl.devices.jetson import open_jetson
-from powerctl.freqstate import KIND_PIN, KIND_SET, BoardBusyError, BoardRecord, read_record, write_record
+from powerctl.pinning.freqstate import (
+    KIND_PIN,
+    KIND_SET,
+    BoardBusyError,
+    BoardRecord,
+    read_record,
+    write_record,
+)
 from powerfed.training.powerctl_cli import main
 from tests.fake_boards import NANO_DEVFREQ, FakeGpu, fake_pynvml, make_nano_tree, tree_snapshot
 
@@ -273,7 +280,9 @@ def test_an_nvml_record_left_by_a_dead_process_resets_the_locked_clocks(
         ("nvmlDeviceResetGpuLockedClocks", 0)
     ]
     said = [(name, level) for name, level, line in caplog.record_tuples if "restored nvml:0" in line]
-    assert said == [("powerctl.pinsession", logging.WARNING)] and "restored nvml:0" in str(gpu.recovered)
+    assert said == [("powerctl.pinning.pinsession", logging.WARNING)] and "restored nvml:0" in str(
+        gpu.recovered
+    )
     assert read_record(key) is None
     gpu.close()
 

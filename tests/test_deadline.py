@@ -8,8 +8,14 @@ from flwr.app import MessageType
 from fl_client.app import app as client_app
 from fl_server.run_config import RunConfigError, parse_server_config
 from powerctl.errors import PowerctlError
-from powerctl.methods import ENERGY_UNDER_DEADLINE, OURS_DEADLINE, ROUND_OBJECTIVES, TIME, run_method_named
-from powerctl.selection import select, select_under_deadline
+from powerctl.selection.joint import select, select_under_deadline
+from powerctl.selection.methods import (
+    ENERGY_UNDER_DEADLINE,
+    OURS_DEADLINE,
+    ROUND_OBJECTIVES,
+    TIME,
+    run_method_named,
+)
 from strategies.objectives import EnergyUnderDeadline, RoundObjective, objective_named
 from strategies.protocol import PLAN_KEY, Plan, ProtocolError, TrainInstructions
 from tests.fake_grid import FakeGrid

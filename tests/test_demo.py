@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from powerctl.boards import board_model
+from powerctl.devices.boards import board_model
 from simulations.__main__ import main
 from simulations.demo import DEMO_NODE, DemoConfig, demo_work, quiet, run_demo, summary_table
 

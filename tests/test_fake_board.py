@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from powerctl.cli import main
+from powerctl.cli.commands import main
 from powerctl.devices import open_device
-from powerctl.fakeboard import KINDS, NANO_FREQS, ORIN_NANO_FREQS, TX2NX_FREQS
+from powerctl.devices.fakeboard import KINDS, NANO_FREQS, ORIN_NANO_FREQS, TX2NX_FREQS
 from tests.fake_boards import tree_snapshot
 
 EXPECTED = {

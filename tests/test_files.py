@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from powerctl.errors import FileFormatError
-from powerctl.profile_table import Profile
-from powerctl.relation import RelationVector
+from powerctl.records.profile import Profile
+from powerctl.records.relation import RelationVector
 
 
 def _profile_dict() -> dict:

@@ -14,7 +14,7 @@ from torch import nn
 from powerctl.devices import open_device
 from powerctl.devices.base import PowerSampler
 from powerctl.devices.host import HostDevice
-from powerctl.workload import Workload
+from powerctl.records.workload import Workload
 from powerfed.training.data import Dataset, load_dataset, train_test_split
 from powerfed.training.finetune import (
     DEFAULT_MAX_EPOCHS,

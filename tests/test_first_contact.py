@@ -15,9 +15,9 @@ from matplotlib.patches import Rectangle
 
 from fl_client.node import NodeConfigError, read_yaml
 from fl_server.cli import main as fl_server_main
-from powerctl.capsource import MAX_POINTS
-from powerctl.cliutil import MAX_BATCH_SIZE
-from powerctl.relation import RelationVector
+from powerctl.files.mapping import MAX_BATCH_SIZE
+from powerctl.records.relation import RelationVector
+from powerctl.selection.capsource import MAX_POINTS
 from powerfed.training.powerctl_cli import main as powerctl_main
 from simulations.__main__ import main as simulations_main
 from strategies.fleet import MAX_BOARDS
@@ -336,8 +336,8 @@ def _inside(fig: Figure, artist: Artist) -> bool:
 
 
 def test_heat_map_legends_fit_the_figure_and_the_over_cap_swatch_looks_like_the_cells(profile: Path) -> None:
-    from powerctl.plot import profile_figures
-    from powerctl.profile_table import Profile
+    from powerctl.cli.plot import profile_figures
+    from powerctl.records.profile import Profile
 
     data = json.loads(profile.read_text())
     data["points"] = [p for p in data["points"] if p["frequency_hz"] < 500e6]  # a narrow figure
@@ -370,7 +370,7 @@ def test_heat_map_legends_fit_the_figure_and_the_over_cap_swatch_looks_like_the_
 def test_fleet_profile_maps_draw_one_panel_per_cap_with_its_boundary_and_every_choice(tmp_path: Path) -> None:
     from matplotlib.collections import LineCollection
 
-    from powerctl.plot import BOUNDARY_GID
+    from powerctl.cli.plot import BOUNDARY_GID
     from simulations.fleet_plots import plot_profile_maps
 
     figures: list[Figure] = []

@@ -16,7 +16,7 @@ from fl_client.profile_cache import ProfileKey, cached_profile
 from fl_client.round import ClientWorkError, train_round
 from powerctl.devices.simulated import POWER_NOISE
 from powerctl.errors import DeviceError, InfeasibleCapError
-from powerctl.profile_table import Profile, ProfilePoint
+from powerctl.records.profile import Profile, ProfilePoint
 from tests.fake_boards import NANO_DEVFREQ, make_nano_tree, tree_snapshot
 from tests.fl_helpers import FLEET, RUN_CONFIG, initial_state, instructions
 

@@ -14,7 +14,7 @@ from fl_server import app as server_app
 from fl_server.results import CLIENT_FIELDS, RESULTS_SCHEMA
 from fl_server.run_config import RunConfigError, ServerConfig, parse_server_config
 from powerctl.errors import FileFormatError
-from powerctl.relation import RelationVector
+from powerctl.records.relation import RelationVector
 from tests.fake_grid import FakeGrid
 from tests.fl_helpers import FLEET
 

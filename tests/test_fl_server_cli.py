@@ -12,7 +12,7 @@ import pytest
 
 from fl_server.cli import main
 from fl_server.weights import load_model
-from powerctl.relation import RelationVector
+from powerctl.records.relation import RelationVector
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["pretrain", "--help"], ["relation", "--help"]])
@@ -89,7 +89,7 @@ def test_relation_flags_that_are_run_settings_default_and_check_as_the_run_does(
 
 def test_pretrain_then_relation_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     weights = tmp_path / "w" / "pre.safetensors"
-    weights.parent.mkdir()  # an output file's folder must exist (powerctl.outputs)
+    weights.parent.mkdir()  # an output file's folder must exist (powerctl.files.outputs)
     pre = "pretrain --model cnn-tiny --data synthetic-image --limit 150 --samples 240 --batch-size 16 "
     assert main(_argv(pre + "--lr 0.002 --out {w} --no-progress", w=weights)) == 0
     report = json.loads((tmp_path / "w" / "pre.report.json").read_text())

@@ -12,7 +12,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Met
 from fl_client.app import app as client_app
 from powerctl.devices.simulated import POWER_NOISE
 from powerctl.errors import ArgumentError
-from powerctl.relation import RelationVector
+from powerctl.records.relation import RelationVector
 from strategies.power_aware import NoClientReported, PowerAwareFedAvg
 from strategies.protocol import ProtocolError, TrainInstructions, evaluation_metrics, reader
 from strategies.rounds import weighted_average

@@ -11,12 +11,12 @@ import torch
 from fl_client.local_data import data_plan, load_local_data
 from fl_client.node import resolve_node
 from fl_client.round import train_round
-from powerctl.baselines import oracle, proxy_batch, state_of_practice
-from powerctl.boards import board_model
+from powerctl.devices.boards import board_model
 from powerctl.devices.simulated import predicted_profile, replay_cost
-from powerctl.methods import ORACLE, method_named
-from powerctl.relation import RelationVector
-from powerctl.selection import select
+from powerctl.records.relation import RelationVector
+from powerctl.selection.baselines import oracle, proxy_batch, state_of_practice
+from powerctl.selection.joint import select
+from powerctl.selection.methods import ORACLE, method_named
 from powerfed.training.models import build_model, model_workload
 from strategies.methods import for_method, trains_real_model
 from strategies.protocol import METHODS, TrainInstructions

@@ -11,12 +11,12 @@ import torch
 from fl_client.local_data import data_plan, load_local_data
 from fl_client.node import resolve_node
 from fl_client.round import train_round
-from powerctl.capsource import ConstantCap, ScheduleCap
 from powerctl.devices import open_device
 from powerctl.devices.simulated import SimulatedBoard
 from powerctl.errors import InfeasibleCapError
-from powerctl.follow import CapFollower, CapPauseTimeout
-from powerctl.pick import Pick
+from powerctl.records.pick import Pick
+from powerctl.selection.capsource import ConstantCap, ScheduleCap
+from powerctl.selection.follow import CapFollower, CapPauseTimeout
 from powerfed.training.data import Dataset
 from powerfed.training.finetune import FineTuneCallbacks, FineTuneConfig, fine_tune
 from powerfed.training.models import build_model

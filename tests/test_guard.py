@@ -10,11 +10,11 @@ import pytest
 from fl_client import round as client_round
 from fl_client.local_data import data_plan, load_local_data
 from fl_client.node import resolve_node
-from powerctl.boards import board_model
+from powerctl.devices.boards import board_model
 from powerctl.devices.simulated import SimulatedBoard, predicted_point
-from powerctl.guard import PowerCapExceeded, PowerGuard
-from powerctl.profiler import profile_device
-from powerctl.selection import select
+from powerctl.profiling.profiler import profile_device
+from powerctl.selection.guard import PowerCapExceeded, PowerGuard
+from powerctl.selection.joint import select
 from powerfed.training.data import load_dataset, train_test_split
 from powerfed.training.finetune import FineTuneCallbacks, FineTuneConfig, fine_tune
 from powerfed.training.models import build_model, model_workload
@@ -126,7 +126,7 @@ def test_sensor_noise_alone_walks_nothing_down_at_the_selected_pair() -> None:
         dev, workload, make_step, batch_sizes=[16, 32, 64], samples=4000, order="efficient",
         power_cap_w=3.0, warmup_steps=1, measure_steps=2, progress=False,
     )  # fmt: skip
-    from powerctl.relation import RelationVector
+    from powerctl.records.relation import RelationVector
 
     relation = RelationVector.from_samples("cnn-tiny", "p", 0.7, {16: 900.0, 32: 1000.0, 64: 1100.0})
     chosen = select(profile, relation, 3.0)

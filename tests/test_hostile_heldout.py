@@ -147,7 +147,7 @@ def test_a_run_config_out_of_range_is_refused_before_flower_starts(
 
 
 def test_every_integer_run_setting_has_a_ceiling() -> None:
-    from powerctl.mapping import Integer
+    from powerctl.files.mapping import Integer
     from strategies.settings import SETTINGS
 
     unbounded = [s.key for s in SETTINGS.values() if isinstance(s.kind, Integer) and s.kind.maximum is None]

@@ -91,7 +91,7 @@ def test_the_check_catches_a_wrong_import(tmp_path: Path) -> None:
 
 LIBRARY = ("powerfed", "powerctl", "strategies", "fl_server", "fl_client")
 """The packages a user imports (simulations and bench are programs): they log, and what a command line
-or an app writes as its own output goes through one helper, `powerctl.cliutil.say`."""
+or an app writes as its own output goes through one helper, `powerctl.cli.util.say`."""
 
 
 def prints_in(path: Path) -> list[int]:
@@ -107,10 +107,70 @@ def test_library_code_never_prints() -> None:
         for path in sorted((ROOT / top).rglob("*.py"))
         for line in prints_in(path)
     ]
-    assert not found, f"print in library code (log, or powerctl.cliutil.say for a command's output): {found}"
+    assert not found, f"print in library code (log, or powerctl.cli.util.say for a command's output): {found}"
 
 
 def test_the_print_check_sees_a_call_and_a_default(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
     module.write_text("def f(say=print):\n    print('x')\n    say('y')\n\n# print('no')\n")
     assert prints_in(module) == [1, 2]
+
+
+POWERCTL_ROOMS = ("cli", "profiling", "selection", "devices", "pinning", "records", "files")
+"""powerctl's rooms from the top (its package docstring says what each holds): a room imports only
+rooms after it here, and `errors`/`procs`, the ground (`__main__` is the command's entry)."""
+GROUND = {"errors", "procs"}
+
+
+def powerctl_room(dotted: str) -> str | None:
+    """The room of a `powerctl.<room>...` module name; None outside powerctl."""
+    parts = dotted.split(".")
+    return parts[1] if parts[0] == "powerctl" and len(parts) > 1 else None
+
+
+def room_imports(path: Path) -> dict[str, int]:
+    """The powerctl rooms `path` imports (absolute imports: the house has none relative), a line of each."""
+    found: dict[str, int] = {}
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        else:
+            continue
+        for name in names:
+            if (room := powerctl_room(name)) is not None:
+                found.setdefault(room, node.lineno)
+    return found
+
+
+def test_powerctl_rooms_are_the_listed_ones() -> None:
+    rooms = {p.parent.name for p in (ROOT / "powerctl").glob("*/__init__.py")} - {"data"}  # data: boards.yaml
+    top = {p.stem for p in (ROOT / "powerctl").glob("*.py")} - {"__init__", "__main__"}
+    assert rooms == set(POWERCTL_ROOMS) and top == GROUND
+
+
+def test_powerctl_rooms_import_only_rooms_below() -> None:
+    wrong = []
+    for room in POWERCTL_ROOMS:
+        below = set(POWERCTL_ROOMS[POWERCTL_ROOMS.index(room) :]) | GROUND
+        for path in sorted((ROOT / "powerctl" / room).rglob("*.py")):
+            wrong += [
+                f"{path.relative_to(ROOT)}:{line} imports powerctl.{name}"
+                for name, line in room_imports(path).items()
+                if name not in below
+            ]
+    for name in sorted(GROUND):
+        path = ROOT / "powerctl" / f"{name}.py"
+        wrong += [
+            f"{path.relative_to(ROOT)}:{line} imports powerctl.{r}" for r, line in room_imports(path).items()
+        ]
+    assert not wrong, wrong
+
+
+def test_the_room_check_sees_an_upward_import(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text(
+        "import json\n\ndef f():\n    from powerctl.cli.util import say\nimport powerctl.records.pick\n"
+    )
+    assert room_imports(module) == {"cli": 4, "records": 5}

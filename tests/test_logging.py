@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from fl_client.app import _library_lines
-from powerctl.cliutil import LIBRARY_LOGGERS
+from powerctl.cli.util import LIBRARY_LOGGERS
 from powerctl.devices import open_device
 from powerctl.devices.jetson import open_jetson
-from powerctl.freqstate import KIND_PIN, BoardRecord, read_record, write_record
+from powerctl.pinning.freqstate import KIND_PIN, BoardRecord, read_record, write_record
 from powerfed.training.powerctl_cli import main
 from tests.fake_boards import make_nano_tree
 
@@ -34,11 +34,11 @@ import torch
 from torch import nn
 from powerctl.devices import open_device
 from powerctl.devices.jetson import open_jetson
-from powerctl.freqstate import KIND_PIN, BoardRecord, write_record
-from powerctl.profiler import profile_device
-from powerctl.relation import RelationVector
-from powerctl.selection import select
-from powerctl.workload import measure_workload
+from powerctl.pinning.freqstate import KIND_PIN, BoardRecord, write_record
+from powerctl.profiling.profiler import profile_device
+from powerctl.records.relation import RelationVector
+from powerctl.selection.joint import select
+from powerctl.records.workload import measure_workload
 
 # a Jetson a dead process left pinned: opening it puts it back, which the library says
 with open_jetson("jetson") as board:
@@ -98,7 +98,9 @@ def test_the_library_says_nothing_when_silenced_and_its_loggers_get_its_lines_wh
     redirected, said = _use_the_library("redirected", tmp_path)
     assert (redirected.stdout, redirected.stderr) == ("", "")
     lines = said.read_text().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("powerctl.pinsession WARNING powerctl: restored jetson ")
+    assert len(lines) == 1 and lines[0].startswith(
+        "powerctl.pinning.pinsession WARNING powerctl: restored jetson "
+    )
 
     # nothing configured: Python shows a library's warnings on stderr, as the line always was
     plain, _ = _use_the_library("plain", tmp_path)
@@ -140,7 +142,7 @@ def test_the_command_line_prints_the_librarys_line_once_and_leaves_the_loggers_a
     open_device("jetson").close()
     assert capsys.readouterr().err == ""
     assert [(name, level) for name, level, _ in caplog.record_tuples] == [
-        ("powerctl.pinsession", logging.WARNING)
+        ("powerctl.pinning.pinsession", logging.WARNING)
     ]
 
 

@@ -1,4 +1,5 @@
-"""One object per method, found in one registry (`powerctl.methods`), each choosing a `Pick` by the same
+"""One object per method, found in one registry (`powerctl.selection.methods`), each choosing a `Pick` by the
+same
 rule as the selection and baselines functions; nothing outside the registry compares method names."""
 
 from __future__ import annotations
@@ -9,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from powerctl.baselines import oracle, proxy_batch, state_of_practice
 from powerctl.errors import PowerctlError
-from powerctl.methods import (
+from powerctl.records.pick import Pick
+from powerctl.selection.baselines import oracle, proxy_batch, state_of_practice
+from powerctl.selection.joint import select, select_under_deadline
+from powerctl.selection.methods import (
     ENERGY_UNDER_DEADLINE,
     METHODS,
     ORACLE,
@@ -29,8 +32,6 @@ from powerctl.methods import (
     run_method_named,
     unregister_method,
 )
-from powerctl.pick import Pick
-from powerctl.selection import select, select_under_deadline
 from strategies.protocol import Plan
 from tests.test_baselines import nano_grid
 from tests.test_selection import make_relation
@@ -158,7 +159,7 @@ CHECKED = ("powerctl", "strategies", "fl_server", "fl_client", "powerfed", "simu
 LITERALS_CHECKED = ("powerctl", "strategies", "fl_server", "fl_client", "powerfed", "simulations")
 """Where a method's name written out is a method's name; bench's tables label their own rows and
 variants with such words ("ours-robust", ...)."""
-REGISTRY = ROOT / "powerctl" / "methods.py"
+REGISTRY = ROOT / "powerctl" / "selection" / "methods.py"
 
 
 def _operands(node: ast.expr) -> list[ast.expr]:
@@ -193,7 +194,9 @@ def test_no_module_outside_the_registry_compares_a_method_name() -> None:
         if path != REGISTRY
         for line in name_comparisons(path, literals=top in LITERALS_CHECKED)
     ]
-    assert not found, f"method names compared outside powerctl/methods.py (ask the registry): {found}"
+    assert not found, (
+        f"method names compared outside powerctl/selection/methods.py (ask the registry): {found}"
+    )
 
 
 def test_the_name_check_sees_constants_attributes_and_literals(tmp_path: Path) -> None:

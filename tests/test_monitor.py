@@ -6,7 +6,7 @@ import pytest
 
 from powerctl.devices.base import ThreadSampler
 from powerctl.errors import DeviceError
-from powerctl.monitor import summarize
+from powerctl.profiling.monitor import summarize
 
 
 def test_summary_of_a_step_function() -> None:

@@ -13,7 +13,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from noise_scale import corrected, noise_scale, parameter_sets
 
-from powerctl.relation import RelationVector, fit_batch_efficiency
+from powerctl.records.relation import RelationVector, fit_batch_efficiency
 
 
 @dataclass

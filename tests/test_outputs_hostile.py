@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from fl_server.cli import main as fl_server_main
-from powerctl.jsonfile import write_json
-from powerctl.outputs import OutputPathError, check_output_file
+from powerctl.files.jsonfile import write_json
+from powerctl.files.outputs import OutputPathError, check_output_file
 from powerfed.training.powerctl_cli import main as powerctl_main
 from simulations.__main__ import main as simulations_main
 
@@ -84,14 +84,14 @@ def no_work(monkeypatch: pytest.MonkeyPatch) -> None:
     import fl_server.app
     import fl_server.pretrain
     import fl_server.relation
-    import powerctl.profiler
+    import powerctl.profiling.profiler
     import simulations.__main__
     import simulations.runner
 
     def refuse(*_: object, **__: object) -> None:
         raise AssertionError("the work started before its output was checked")
 
-    monkeypatch.setattr(powerctl.profiler, "profile_device", refuse)
+    monkeypatch.setattr(powerctl.profiling.profiler, "profile_device", refuse)
     monkeypatch.setattr(fl_server.pretrain, "fine_tune", refuse)
     monkeypatch.setattr(fl_server.relation, "estimate_relation", refuse)
     monkeypatch.setattr(fl_server.app, "pretrained_weights", refuse)
@@ -222,7 +222,7 @@ def _writers(tmp: Path) -> dict[str, Callable[[Path], object]]:
 
     from fl_server.results import ResultsWriter
     from fl_server.weights import save_weights
-    from powerctl.plot import save_figure
+    from powerctl.cli.plot import save_figure
     from powerfed.training import checkpoint
     from powerfed.training.models import build_model
 

@@ -81,10 +81,10 @@ def test_proxy_seeds_follow_the_servers_stopping_rule(monkeypatch: pytest.Monkey
 def test_the_floor_on_charged_tables_is_what_select_reaches_with_its_witness() -> None:
     # Two targets that disagree about b=32 against b=64 (as the text bench's Austen and Dickens do), on
     # both simulated boards: the floor is a real vector's worst cell, and no proxy vector tried beats it.
-    from powerctl.boards import board_model
+    from powerctl.devices.boards import board_model
     from powerctl.devices.simulated import predicted_profile
-    from powerctl.relation import RelationVector
-    from powerctl.selection import select
+    from powerctl.records.relation import RelationVector
+    from powerctl.selection.joint import select
     from powerfed.training.models import build_model, model_workload
 
     bs = [8, 16, 32, 64]

@@ -9,12 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from powerctl.cli import main as powerctl
+from powerctl.cli.commands import main as powerctl
+from powerctl.cli.plot import write_front
 from powerctl.errors import InfeasibleCapError
-from powerctl.pareto import PARETO_SCHEMA, pareto_front, write_front
-from powerctl.pick import Pick
-from powerctl.profile_table import Profile
-from powerctl.relation import RelationVector
+from powerctl.records.pick import Pick
+from powerctl.records.profile import Profile
+from powerctl.records.relation import RelationVector
+from powerctl.selection.pareto import PARETO_SCHEMA, pareto_front
 from tests.test_selection import MHZ, energy_point, make_profile, make_relation, profiles
 
 

@@ -10,12 +10,12 @@ from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
+from powerctl.cli.plot import BOUNDARY_GID, SELECTION_CELL_GID, SELECTION_GID, plot_profile, profile_figures
 from powerctl.errors import FileFormatError
-from powerctl.pick import Pick
-from powerctl.plot import BOUNDARY_GID, SELECTION_CELL_GID, SELECTION_GID, plot_profile, profile_figures
-from powerctl.profile_table import Profile
-from powerctl.relation import RelationVector
-from powerctl.selection import select
+from powerctl.records.pick import Pick
+from powerctl.records.profile import Profile
+from powerctl.records.relation import RelationVector
+from powerctl.selection.joint import select
 from tests.test_selection import MHZ, make_profile, make_relation, point
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -1,4 +1,4 @@
-"""Profiling that pays for itself (`powerctl.profile_budget`): a client predicts its training from one
+"""Profiling that pays for itself (`powerctl.profiling.budget`): a client predicts its training from one
 measured step and profiles only as thoroughly as that training pays for; the round reports its choice."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import pytest
 from fl_client.round import train_round
 from fl_server.run_config import RunConfigError, parse_server_config
 from powerctl.devices.simulated import SimulatedBoard, predicted_profile
-from powerctl.profile_budget import FITTED, PREDICTED, ProfilingRequest, over_budget, profile_within_budget
-from powerctl.relation import RelationVector
-from powerctl.selection import select
+from powerctl.profiling.budget import FITTED, PREDICTED, ProfilingRequest, over_budget, profile_within_budget
+from powerctl.records.relation import RelationVector
+from powerctl.selection.joint import select
 from powerfed.training.models import build_model, model_workload
 from strategies.protocol import ClientReport
 from strategies.settings import SETTINGS

@@ -11,15 +11,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fl_server.run_config import RunConfigError, parse_server_config
-from powerctl.boards import board_model
+from powerctl.devices.boards import board_model
 from powerctl.devices.simulated import SimulatedBoard
 from powerctl.errors import FileFormatError, InfeasibleCapError
-from powerctl.profile_fit import ProfileFit, fit_profile, seed_frequencies
-from powerctl.profile_table import Profile, ProfilePoint
-from powerctl.profiler import profile_device
-from powerctl.relation import RelationVector
-from powerctl.selection import select
-from powerctl.workload import Workload
+from powerctl.profiling.fit import ProfileFit, fit_profile, seed_frequencies
+from powerctl.profiling.profiler import profile_device
+from powerctl.records.profile import Profile, ProfilePoint
+from powerctl.records.relation import RelationVector
+from powerctl.records.workload import Workload
+from powerctl.selection.joint import select
 from powerfed.training.powerctl_cli import main
 
 BATCHES = [4, 8, 16, 32, 64, 128]

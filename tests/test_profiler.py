@@ -6,15 +6,15 @@ import pytest
 import torch
 from torch import nn
 
-from powerctl.boards import board_model
 from powerctl.devices import open_device
+from powerctl.devices.boards import board_model
 from powerctl.devices.simulated import SimulatedBoard
 from powerctl.errors import DeviceError
-from powerctl.profile_table import Profile
-from powerctl.profiler import profile_device
-from powerctl.relation import RelationVector
-from powerctl.selection import select
-from powerctl.workload import Workload, measure_workload
+from powerctl.profiling.profiler import profile_device
+from powerctl.records.profile import Profile
+from powerctl.records.relation import RelationVector
+from powerctl.records.workload import Workload, measure_workload
+from powerctl.selection.joint import select
 
 BATCHES = [4, 8, 16, 32]
 

@@ -17,9 +17,9 @@ from flwr.serverapp.strategy import FedAvg
 
 import powerfed
 from powerctl.errors import ArgumentError, FileFormatError, PowerctlError
-from powerctl.jsonfile import read_json
-from powerctl.relation import RelationVector
-from powerctl.workload import Workload
+from powerctl.files.jsonfile import read_json
+from powerctl.records.relation import RelationVector
+from powerctl.records.workload import Workload
 from strategies.protocol import TrainInstructions
 from tests.relation_call import flat_estimate
 
@@ -90,8 +90,8 @@ def test_a_relation_vector_that_would_select_nonsense_is_refused(make: Any, frag
 
 
 def test_select_refuses_another_models_vector_and_a_point_without_a_time() -> None:
-    from powerctl.profile_table import Profile, ProfilePoint
-    from powerctl.selection import select
+    from powerctl.records.profile import Profile, ProfilePoint
+    from powerctl.selection.joint import select
 
     points = [ProfilePoint(8, 100, 2.0, 1.5, 0.1, 1.0), ProfilePoint(16, 100, 2.5, 2.0, 0.15, 0.8)]
     with pytest.raises(PowerctlError) as err:  # another model's vector ranks another task's batch sizes
@@ -270,7 +270,7 @@ def test_measure_workload_refuses_a_model_or_batch_it_cannot_count(args: tuple, 
 
 
 def test_a_workload_made_by_hand_holds_what_a_counted_one_does() -> None:
-    from powerctl.workload import Workload
+    from powerctl.records.workload import Workload
 
     for bad in (
         {"flops_per_sample": float("nan")},
@@ -463,7 +463,7 @@ def test_profiler_run_names_itself_the_argument_and_what_is_allowed(kwargs: dict
 
 
 def test_profiler_run_takes_a_cap_as_a_number_and_the_command_line_still_reads_none() -> None:
-    from powerctl.cliutil import power_cap
+    from powerctl.cli.util import power_cap
 
     hz = max(_profiler().device.frequencies())
     for cap, kept in ((None, None), (np.float32(50.0), 50.0), (5, 5.0)):
@@ -475,7 +475,7 @@ def test_profiler_run_takes_a_cap_as_a_number_and_the_command_line_still_reads_n
 
 
 def test_a_numpy_input_shape_is_taken_and_kept_as_plain_ints() -> None:
-    from powerctl.profile_table import Profile
+    from powerctl.records.profile import Profile
     from powerfed.training.models import get_model_spec
 
     profile = Profile("sim:x", "cnn-tiny", [np.int64(3), np.int32(32), np.uint16(32)], 8, [])

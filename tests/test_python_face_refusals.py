@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 import powerfed
 from fl_client.node import NodeSettings
 from powerctl.errors import ArgumentError, PowerctlError
-from powerctl.profile_table import Profile, ProfilePoint
-from powerctl.relation import RelationVector
-from powerctl.selection import select
+from powerctl.records.profile import Profile, ProfilePoint
+from powerctl.records.relation import RelationVector
+from powerctl.selection.joint import select
 from strategies.protocol import TrainInstructions
 from strategies.settings import BOTH, settings_of
 from tests.relation_call import flat_estimate
@@ -225,7 +225,7 @@ def test_an_evaluation_the_server_would_drop_is_refused_when_it_is_recorded(accu
 
 def _profiler(**changes: Any) -> Any:
     from powerctl.devices import open_device
-    from powerctl.workload import Workload
+    from powerctl.records.workload import Workload
 
     args: dict[str, Any] = {
         "device": open_device("sim:jetson-nano"),

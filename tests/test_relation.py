@@ -14,7 +14,7 @@ from fl_server.relation import RelationError
 from fl_server.weights import save_weights
 from powerctl.devices.host import HostDevice
 from powerctl.errors import FileFormatError
-from powerctl.relation import RelationVector, fit_batch_efficiency
+from powerctl.records.relation import RelationVector, fit_batch_efficiency
 from powerfed.training.data import load_dataset, train_test_split
 from powerfed.training.errors import DataError
 from powerfed.training.finetune import (

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from powerctl.boards import board_model
+from powerctl.devices.boards import board_model
 from powerctl.devices.simulated import SimulatedBoard, replay_cost
-from powerctl.workload import Workload
+from powerctl.records.workload import Workload
 from powerfed.training.data import load_dataset, train_test_split
 from powerfed.training.finetune import FineTuneCallbacks, FineTuneConfig, fine_tune
 from powerfed.training.models import build_model

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from powerctl.fakeboard import make_fake_board
+from powerctl.devices.fakeboard import make_fake_board
 from simulations.local_superlink import stop_tree
 from tests.deployed_run import run_config_for, seeded_task
 from tests.fake_boards import tree_snapshot

@@ -13,10 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from powerctl.errors import FileFormatError, InfeasibleCapError, PowerctlError
-from powerctl.pick import Pick
-from powerctl.profile_table import Profile, ProfilePoint
-from powerctl.relation import RelationVector
-from powerctl.selection import (
+from powerctl.records.pick import Pick
+from powerctl.records.profile import Profile, ProfilePoint
+from powerctl.records.relation import RelationVector
+from powerctl.selection.joint import (
     InvalidPowerCapError,
     best_frequency_per_batch,
     common_batch_sizes,
@@ -438,7 +438,7 @@ def test_unknown_relation_rule_is_one_line() -> None:
 
 
 def test_select_cli_takes_the_relation_rule(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from powerctl.cli import main
+    from powerctl.cli.commands import main
 
     profile, relation = _two_seed_case()
     profile.save(tmp_path / "p.json")

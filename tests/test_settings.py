@@ -103,7 +103,7 @@ def test_a_changed_default_in_the_declaration_changes_it_everywhere(
 
 
 def test_a_changed_check_in_the_declaration_changes_it_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
-    from powerctl.mapping import Integer
+    from powerctl.files.mapping import Integer
 
     s = SETTINGS["eval-max-samples"]
     monkeypatch.setitem(SETTINGS, s.key, dataclasses.replace(s, kind=Integer(200), default=300))

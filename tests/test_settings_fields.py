@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from powerctl.mapping import Distinct
+from powerctl.files.mapping import Distinct
 from strategies.protocol import TrainInstructions
 from strategies.settings import (
     BOTH,

@@ -8,12 +8,12 @@ import pytest
 import torch
 from torch import nn
 
-from powerctl.boards import BoardModel, board_model
 from powerctl.devices import open_device
+from powerctl.devices.boards import BoardModel, board_model
 from powerctl.devices.simulated import SimulatedBoard, step_cost, top_clock_time_ratio
 from powerctl.errors import DeviceError, DeviceOutOfMemory
-from powerctl.monitor import PowerMonitor
-from powerctl.workload import Workload, measure_workload
+from powerctl.profiling.monitor import PowerMonitor
+from powerctl.records.workload import Workload, measure_workload
 
 NANO = board_model("jetson-nano")
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from powerctl.devices.simulated import SimulatedBoard
-from powerctl.follow import CapFollower
-from powerctl.guard import PowerGuard
+from powerctl.selection.follow import CapFollower
+from powerctl.selection.guard import PowerGuard
 from powerfed.training.checkpoint import Checkpointing
 from powerfed.training.data import load_dataset, train_test_split
 from powerfed.training.finetune import FineTuneCallbacks, FineTuneConfig, FineTuneResult, StepHook, fine_tune

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import powerctl.workload as workload
+import powerctl.records.workload as workload
 from powerfed.training.models import (
     _causal_attention,
     build_model,

@@ -20,10 +20,10 @@ from powerctl.devices.jetson import JetsonBoard
 from powerctl.devices.nvml import NvmlGpu
 from powerctl.devices.unpinned import NOT_PINNED, UnpinnedDevice
 from powerctl.errors import DeviceError, DevicePermissionError
-from powerctl.profiler import profile_device
-from powerctl.relation import RelationVector
-from powerctl.selection import select
-from powerctl.workload import Workload
+from powerctl.profiling.profiler import profile_device
+from powerctl.records.relation import RelationVector
+from powerctl.records.workload import Workload
+from powerctl.selection.joint import select
 from powerfed.training.powerctl_cli import main as powerctl
 from strategies.fleet import NodeConfigError
 from strategies.protocol import ClientReport

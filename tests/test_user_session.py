@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import powerfed
 from fl_client.node import NodeSettings
-from powerctl.relation import RelationVector
+from powerctl.records.relation import RelationVector
 from strategies.protocol import TrainInstructions
 from tests.fake_boards import NANO_DEVFREQ, make_nano_tree, tree_snapshot
 from tests.fake_grid import FakeGrid
@@ -271,7 +271,7 @@ def test_the_config_it_joins_is_the_plan_the_wrapper_sent() -> None:
 
 
 def test_a_cap_that_changes_is_followed_in_the_users_loop(tmp_path: Path) -> None:
-    from powerctl.capsource import ScheduleCap
+    from powerctl.selection.capsource import ScheduleCap
 
     caps = ScheduleCap.from_pairs([[0, None], [0.05, 2.2]])  # uncapped, then 2.2 W after 0.05 device s
     x, y = user_data(n=512)

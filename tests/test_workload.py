@@ -8,7 +8,7 @@ from torch import nn
 
 from powerctl.devices import open_device
 from powerctl.errors import DeviceOutOfMemory
-from powerctl.workload import Workload, measure_workload
+from powerctl.records.workload import Workload, measure_workload
 
 
 def _measure(model: nn.Module, batch: int) -> Workload:

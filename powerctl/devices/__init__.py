@@ -13,7 +13,7 @@ from __future__ import annotations
 from powerctl.devices.base import Device, PowerSampler, ThreadSampler
 from powerctl.devices.torchdev import TORCH_SPEC_HELP, check_torch_spec, is_torch_spec
 from powerctl.errors import ArgumentError, DeviceError
-from powerctl.mapping import Integer, check_arguments
+from powerctl.files.mapping import Integer, check_arguments
 
 __all__ = ["Device", "PowerSampler", "ThreadSampler", "check_spec", "open_device", "SPEC_HELP"]
 
@@ -33,9 +33,9 @@ def open_device(spec: str, *, seed: int = 0, pin: bool | None = True) -> Device:
     nothing written to it — not even putting back a dead process's pin (`powerctl freq --restore` does
     that); None, pin where this process may (`Device.pin_refusal`), else the clock in force.
     """
-    from powerctl.cliutil import MAX_SEED
     from powerctl.devices.unpinned import unpinned
-    from powerctl.pinsession import recover
+    from powerctl.files.mapping import MAX_SEED
+    from powerctl.pinning.pinsession import recover
 
     seed = check_arguments("open_device", seed=(seed, Integer(0, MAX_SEED)))["seed"]
     if not isinstance(spec, str):

@@ -16,9 +16,9 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from powerctl.errors import DeviceError
-from powerctl.pinsession import PinSession
-from powerctl.safety import restore_on_exit
-from powerctl.workload import Workload
+from powerctl.pinning.pinsession import PinSession
+from powerctl.pinning.safety import restore_on_exit
+from powerctl.records.workload import Workload
 
 T = TypeVar("T")
 
@@ -162,7 +162,7 @@ class Device(ABC):
         first = self._session is None
         if first:
             # lock + on-disk record BEFORE the first write: a SIGKILL from here on is undone by the
-            # next command that opens this board (powerctl.pinsession)
+            # next command that opens this board (powerctl.pinning.pinsession)
             self._session = PinSession.start(self)
         try:
             self._write_pin(hz)

@@ -14,8 +14,8 @@ from typing import Any
 
 from powerctl.devices.base import Device
 from powerctl.errors import DeviceError, DevicePermissionError
-from powerctl.freqstate import bad_record
-from powerctl.readfile import SYSFS_LIMIT, read_bytes
+from powerctl.files.readfile import SYSFS_LIMIT, read_bytes
+from powerctl.pinning.freqstate import bad_record
 
 ROOT_ENV = "POWERCTL_SYSFS_ROOT"
 MODEL_FILE = "proc/device-tree/model"

@@ -14,11 +14,11 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from powerctl.boards import BoardModel, board_model, board_names
 from powerctl.devices.base import Device, PowerSampler, PowerSamples
+from powerctl.devices.boards import BoardModel, board_model, board_names
 from powerctl.errors import DeviceError, DeviceOutOfMemory
-from powerctl.profile_table import Profile, ProfilePoint
-from powerctl.workload import Workload
+from powerctl.records.profile import Profile, ProfilePoint
+from powerctl.records.workload import Workload
 
 T = TypeVar("T")
 

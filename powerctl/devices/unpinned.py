@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from powerctl.devices.base import Device, PowerSampler
 from powerctl.errors import DeviceError
-from powerctl.workload import Workload
+from powerctl.records.workload import Workload
 
 T = TypeVar("T")
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from powerctl.outputs import replacing
+from powerctl.files.outputs import replacing
 
 log = logging.getLogger(__name__)
 """`powerfed.training.checkpoint`: a checkpoint that cannot be used and is ignored (WARNING)."""
@@ -130,7 +130,7 @@ def optimizer_state(tensors: Tensors, parts: dict[str, Any]) -> dict[str, Any]:
 
 
 def save(path: Path, tensors: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
-    """Write atomically (`powerctl.outputs.replacing`): a temporary file beside `path`, then one rename;
+    """Write atomically (`powerctl.files.outputs.replacing`): a temporary file beside `path`, then one rename;
     a path that is not a regular file is never replaced. Private (0600), as safetensors makes it."""
     from safetensors.torch import save_file
 

@@ -24,8 +24,8 @@ from torch import nn
 
 from powerctl.devices.base import Device, PowerSamples
 from powerctl.errors import ArgumentError
-from powerctl.monitor import PowerMonitor, PowerReading
-from powerctl.workload import Workload, measure_workload
+from powerctl.profiling.monitor import PowerMonitor, PowerReading
+from powerctl.records.workload import Workload, measure_workload
 from powerfed.training.checkpoint import (
     Checkpointing,
     Part,

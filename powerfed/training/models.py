@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from powerctl.mapping import Integer, Number, bounds_text, is_integer
-from powerctl.workload import Workload, measure_workload
+from powerctl.files.mapping import Integer, Number, bounds_text, is_integer
+from powerctl.records.workload import Workload, measure_workload
 from powerfed.training.errors import ModelError
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 `powerctl` is the device side and imports no training (docs: layout); `powerctl profile` measures real
 training steps, so the composition happens here, one layer up: the step and, through it, the model
-registry (`--model` names, their workloads) are handed to `powerctl.cli.main`.
+registry (`--model` names, their workloads) are handed to `powerctl.cli.commands.main`.
 
     powerctl profile --device sim:jetson-nano --model cnn-tiny --out profile.json
     python -m powerfed.training.powerctl_cli profile ...     (the same, without the console script)
@@ -14,9 +14,9 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from powerctl import cli
-from powerctl.cliutil import one_line_errors
-from powerctl.workload import Workload
+from powerctl.cli import commands as cli
+from powerctl.cli.util import one_line_errors
+from powerctl.records.workload import Workload
 
 
 def _profiling_step(model_name: str, **options: Any) -> tuple[Workload, Callable[[int], Callable[[], None]]]:

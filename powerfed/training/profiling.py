@@ -7,7 +7,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from powerctl.workload import Workload
+from powerctl.records.workload import Workload
 from powerfed.training.finetune import make_optimizer
 from powerfed.training.models import build_model, example_batch, get_model_spec, loss_fn, model_workload
 

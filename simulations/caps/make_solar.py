@@ -3,7 +3,7 @@
 A day from sunrise to sunset compressed into `DAY_S` trace seconds: the power a small panel leaves for
 the board rises as sin(π t / day)^1.5 from the board's low cap to its high one, and a passing cloud
 takes 45 % off between 55 % and 65 % of the day. One row every day / 60, rounded to 0.05 W. Replay a
-trace faster or slower with ``?timescale=`` (see `powerctl.capsource.parse_cap_source`).
+trace faster or slower with ``?timescale=`` (see `powerctl.selection.capsource.parse_cap_source`).
 """
 
 from __future__ import annotations

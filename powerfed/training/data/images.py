@@ -16,7 +16,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from powerctl.readfile import DATA_LIMIT, IMAGE_LIMIT, open_regular, read_bytes, too_large
+from powerctl.files.readfile import DATA_LIMIT, IMAGE_LIMIT, open_regular, read_bytes, too_large
 from powerfed.training.data.dataset import CIFAR10_CLASSES, Dataset, image_dataset
 from powerfed.training.data.matv5 import read_mat_v5
 from powerfed.training.data.tarstream import iter_tar_files

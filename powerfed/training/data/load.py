@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from powerctl.mapping import Invalid
-from powerctl.readfile import DATA_LIMIT, open_regular, too_large
+from powerctl.files.mapping import Invalid
+from powerctl.files.readfile import DATA_LIMIT, open_regular, too_large
 from powerfed.training.data import images, text
 from powerfed.training.data.dataset import (
     CIFAR10_CLASSES,
@@ -199,7 +199,7 @@ def _read_npz(path: Path) -> dict[str, np.ndarray]:
 
 def _stored_classes(path: Path, arrays: dict[str, np.ndarray]) -> int | None:
     """The file's `num_classes` (what `save_npz` writes), held to the bound of `--num-classes`."""
-    from powerctl.cli import NUM_CLASSES  # the one class-count bound
+    from powerctl.cli.commands import NUM_CLASSES  # the one class-count bound
 
     if "num_classes" not in arrays:
         return None

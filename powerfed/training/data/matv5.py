@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from powerctl.readfile import DATA_LIMIT, read_bytes, too_large
+from powerctl.files.readfile import DATA_LIMIT, read_bytes, too_large
 from powerfed.training.errors import DataError
 
 # data element types (miXXX) → numpy dtype

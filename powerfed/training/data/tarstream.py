@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from powerctl.readfile import DATA_LIMIT, open_regular, too_large
+from powerctl.files.readfile import DATA_LIMIT, open_regular, too_large
 from powerfed.training.errors import DataError
 
 BLOCK = 512

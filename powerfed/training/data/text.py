@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from powerctl.readfile import TEXT_LIMIT, read_bytes
+from powerctl.files.readfile import TEXT_LIMIT, read_bytes
 from powerfed.training.data.dataset import Dataset
 from powerfed.training.errors import DataError
 from powerfed.training.models import VOCAB, VOCAB_SIZE

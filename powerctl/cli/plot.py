@@ -27,11 +27,13 @@ from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from powerctl.errors import FileFormatError, InfeasibleCapError
-from powerctl.outputs import plot_format, replacing
-from powerctl.pick import Pick
-from powerctl.profile_table import Profile, ProfilePoint
-from powerctl.relation import RelationVector
-from powerctl.selection import check_power_cap, common_batch_sizes, select
+from powerctl.files.jsonfile import write_json
+from powerctl.files.outputs import plot_format, replacing
+from powerctl.records.pick import Pick
+from powerctl.records.profile import Profile, ProfilePoint
+from powerctl.records.relation import RelationVector
+from powerctl.selection.joint import candidates, check_power_cap, common_batch_sizes, select
+from powerctl.selection.pareto import Front
 
 SELECTION_GID = "selection"
 """The gid of the star that marks the selected pair (tests and callers find it by this)."""
@@ -427,7 +429,7 @@ def plot_cap_over_time(
 ) -> Path:
     """A cap over time as a step line (`powerctl cap-source --plot`), drawn from every change of the
     source (`CapSource.steps_until`), not from a listing's samples; no cap is a gap. `path` is an
-    output file already checked (`powerctl.outputs.check_output_file`): no folder is created."""
+    output file already checked (`powerctl.files.outputs.check_output_file`): no folder is created."""
     fig = Figure(figsize=(7, 3), layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
@@ -444,9 +446,83 @@ def plot_cap_over_time(
 
 def save_figure(fig: Figure, path: Path, **kwargs: Any) -> Path:
     """The one way a figure reaches disk: in the format its suffix names (one line listing the known
-    ones otherwise, `powerctl.outputs.plot_format`), written atomically, and never over a path that is
-    not a regular file (`powerctl.outputs.replacing`). Missing folders are created."""
+    ones otherwise, `powerctl.files.outputs.plot_format`), written atomically, and never over a path that is
+    not a regular file (`powerctl.files.outputs.replacing`). Missing folders are created."""
     fmt = plot_format(path)
     with replacing(path) as tmp:
         fig.savefig(tmp, format=fmt, **kwargs)
     return path
+
+
+def write_front(front: Front, profile: Profile, relation: RelationVector, out_dir: Path) -> list[Path]:
+    """`out_dir/pareto.json` (`powerctl.pareto/1`) and `out_dir/pareto.png`: the front of every feasible
+    pair."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path = out_dir / "pareto.json"
+    write_json(json_path, front.to_json_dict(profile, relation))
+    png = out_dir / "pareto.png"
+    _front_plot(front, profile, relation, png)
+    return [json_path, png]
+
+
+def _front_plot(front: Front, profile: Profile, relation: RelationVector, path: Path) -> None:
+    fig = Figure(figsize=(7, 4.5), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    sizes = sorted({s.batch_size for s in front.pairs})
+    cmap = matplotlib.colormaps["viridis"]
+    cap = check_power_cap(front.power_cap_w)
+    over = [s for s in candidates(profile, relation, None) if cap is not None and s.peak_power_w > cap]
+    if over:  # what the cap rules out, for scale: greyed, behind the feasible pairs
+        ax.scatter(
+            [s.predicted_seconds for s in over],
+            [s.predicted_energy_j for s in over],
+            s=12,
+            color="0.8",
+            label=f"over the cap ({len(over)})",
+            zorder=1,
+        )
+    for i, b in enumerate(sizes):
+        pts = [s for s in front.pairs if s.batch_size == b]
+        ax.scatter(
+            [s.predicted_seconds for s in pts],
+            [s.predicted_energy_j for s in pts],
+            s=18,
+            color=cmap(i / max(1, len(sizes) - 1)),
+            label=f"b={b}",
+            alpha=0.8,
+            zorder=2,
+        )
+    xs = [s.predicted_seconds for s in front.front]
+    ys = [s.predicted_energy_j for s in front.front]
+    ax.step(xs, ys, where="post", color="black", lw=1.2, label="Pareto front", zorder=3)
+    ax.scatter(xs, ys, s=30, facecolors="none", edgecolors="black", lw=0.9, zorder=4)
+    # both labels up and to the right: the front is the plot's lower-left edge, so nothing sits there
+    for label, s, dy in (("fastest", front.fastest, 55), ("most frugal", front.most_frugal, 25)):
+        ax.annotate(
+            f"{label}: b={s.batch_size} @ {s.frequency_hz / 1e6:.0f} MHz",
+            (s.predicted_seconds, s.predicted_energy_j),
+            xytext=(30, dy),
+            textcoords="offset points",
+            fontsize=8,
+            bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "0.6", "lw": 0.5},
+            arrowprops={"arrowstyle": "-", "lw": 0.6},
+        )
+    cap_s = "no cap" if cap is None else f"cap {cap:g} W"
+    ax.set_title(
+        f"{profile.device}, {profile.model}: predicted time and energy to "
+        f"{relation.target_accuracy:.0%} ({cap_s})",
+        fontsize=9,
+    )
+    ax.set_xscale("log")  # the lowest clocks lie far out; the front sits near the fast corner
+    ax.set_yscale("log")
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_formatter(plain)
+        axis.set_minor_formatter(plain)
+    ax.tick_params(which="minor", labelsize=7)
+    ax.set_xlabel("predicted time to target (s, log)")
+    ax.set_ylabel("predicted energy to target (J, log)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    save_figure(fig, path, dpi=110)

@@ -1,7 +1,9 @@
 """A chosen (batch size, GPU frequency) and what the choice predicts: the one type every method returns.
 
-Algorithm 1 (`powerctl.selection`), the baselines (`powerctl.baselines`), a method of the registry
-(`powerctl.methods`), a cap follower's rule (`powerctl.follow`) and a client's round all hand a `Pick`
+Algorithm 1 (`powerctl.selection.joint`), the baselines (`powerctl.selection.baselines`), a method of the
+registry
+(`powerctl.selection.methods`), a cap follower's rule (`powerctl.selection.follow`) and a client's round all
+hand a `Pick`
 on; the wire keeps its own messages (`strategies.protocol`)."""
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ class Pick:
     predicted_energy_j: float | None = None
     """E_N(b, f) · r_b: predicted joules to the target (profile mean power × T_N · r_b)."""
     method: str | None = None
-    """Who chose it (a method's name, `powerctl.methods`); None: no method (a fixed pair, a selection)."""
+    """Who chose it (a method's name, `powerctl.selection.methods`); None: no method (a fixed pair, a
+    selection)."""
     meets_deadline: bool | None = None
     """Energy-under-deadline rounds: whether the pair is predicted to meet the round's deadline (None:
     no deadline)."""

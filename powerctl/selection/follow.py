@@ -6,7 +6,7 @@ time on a real one). When the cap changed it re-selects from the profile it alre
 is the method's own rule (Algorithm 1 for ours; the state of practice's fixed frequency for the cap,
 ...) — pins a new frequency before the next step and hands a new batch size back to the training
 loop, which keeps the optimizer state and rescales the learning rate. So a drop is acted on within
-one step; the power guard (`powerctl.guard`, retargeted at every change) stays the second
+one step; the power guard (`powerctl.selection.guard`, retargeted at every change) stays the second
 line of defence. When no pair is feasible the follower pauses: lowest frequency, no work, the cap
 polled every `poll_s` until a pair fits again, for at most `pause_timeout_s` (then one
 CapPauseTimeout line: running on would knowingly exceed the cap).
@@ -30,12 +30,12 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from powerctl.errors import InfeasibleCapError, PowerctlError
-from powerctl.guard import DEFAULT_TOLERANCE, DEFAULT_WINDOW, PowerGuard, StepDown
-from powerctl.pick import Pick
+from powerctl.records.pick import Pick
+from powerctl.selection.guard import DEFAULT_TOLERANCE, DEFAULT_WINDOW, PowerGuard, StepDown
 
 if TYPE_CHECKING:  # annotations only: the run settings read this module's defaults without a device
-    from powerctl.capsource import CapSource
     from powerctl.devices.base import Device, PowerSamples
+    from powerctl.selection.capsource import CapSource
 
 DEFAULT_POLL_S = 1.0
 """How often a paused fine-tune reads its cap again (device seconds)."""

@@ -24,12 +24,14 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-from powerctl.capsource import InvalidPowerCapError as InvalidPowerCapError  # re-exported: API users catch it
-from powerctl.capsource import parse_power_cap
 from powerctl.errors import ArgumentError, FileFormatError, InfeasibleCapError, PowerctlError
-from powerctl.pick import Pick
-from powerctl.profile_table import Profile, ProfilePoint
-from powerctl.relation import DEFAULT_RELATION_RULE, RELATION_RULES, RelationVector
+from powerctl.records.pick import Pick
+from powerctl.records.profile import Profile, ProfilePoint
+from powerctl.records.relation import DEFAULT_RELATION_RULE, RELATION_RULES, RelationVector
+from powerctl.selection.capsource import (
+    InvalidPowerCapError as InvalidPowerCapError,  # re-exported: API users catch it
+)
+from powerctl.selection.capsource import parse_power_cap
 
 Objective = Literal["time", "energy"]
 OBJECTIVES: tuple[str, ...] = ("time", "energy")

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from powerctl.errors import FileFormatError
-from powerctl.mapping import MappingReader, Number
-from powerctl.outputs import replacing
-from powerctl.readfile import JSON_LIMIT, read_bytes
+from powerctl.files.mapping import MappingReader, Number
+from powerctl.files.outputs import replacing
+from powerctl.files.readfile import JSON_LIMIT, read_bytes
 
 
 def read_json(path: str | Path, schema: str) -> dict[str, Any]:
@@ -58,7 +58,7 @@ def _reject_constant(name: str) -> Any:
 
 
 def write_json(path: str | Path, data: dict[str, Any], *, durable: bool = False) -> None:
-    """Write atomically (`powerctl.outputs.replacing`: temp file + rename): a crash never leaves half a
+    """Write atomically (`powerctl.files.outputs.replacing`: temp file + rename): a crash never leaves half a
     file behind, and a path that is not a regular file (a device, a FIFO) is never replaced.
 
     `durable` also fsyncs the file and its folder, so that a power loss right after the call keeps it.
@@ -72,7 +72,8 @@ def write_json(path: str | Path, data: dict[str, Any], *, durable: bool = False)
 
 
 class Fields(MappingReader):
-    """The one mapping reader (`powerctl.mapping`) over a decoded JSON object: errors are FileFormatError
+    """The one mapping reader (`powerctl.files.mapping`) over a decoded JSON object: errors are
+    FileFormatError
     lines naming the file and the key."""
 
     def __init__(self, data: dict[str, Any], where: str) -> None:

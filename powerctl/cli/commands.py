@@ -15,8 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from powerctl.cliutil import (
-    MAX_COUNT,
+from powerctl.cli.util import (
     OneLineParser,
     batch_sizes,
     bounded_float,
@@ -30,12 +29,13 @@ from powerctl.cliutil import (
 from powerctl.devices import SPEC_HELP, open_device
 from powerctl.devices.unpinned import NOT_PINNED
 from powerctl.errors import InfeasibleCapError, PowerctlError
-from powerctl.outputs import output_path
-from powerctl.selection import DEFAULT_RELATION_RULE, RELATION_RULES
+from powerctl.files.mapping import MAX_COUNT
+from powerctl.files.outputs import output_path
+from powerctl.selection.joint import DEFAULT_RELATION_RULE, RELATION_RULES
 
 if TYPE_CHECKING:
-    from powerctl.profiler import StepFactory
-    from powerctl.workload import Workload
+    from powerctl.profiling.profiler import StepFactory
+    from powerctl.records.workload import Workload
 
 PROG = "powerctl"
 
@@ -132,7 +132,7 @@ def cmd_power(args: argparse.Namespace) -> int:
 
 
 def cmd_freq(args: argparse.Namespace) -> int:
-    from powerctl.pinsession import restore_saved
+    from powerctl.pinning.pinsession import restore_saved
 
     with open_device(args.device) as dev:
         if args.set is not None:
@@ -196,8 +196,8 @@ def _save_profile(profile: Any, out: Path) -> None:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from powerctl.outputs import check_output_file
-    from powerctl.profiler import profile_device
+    from powerctl.files.outputs import check_output_file
+    from powerctl.profiling.profiler import profile_device
 
     step_factory: ModelStepFactory | None = args.step_factory
     if step_factory is None:
@@ -222,7 +222,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         raise PowerctlError("--relation is for --order fitted (which confirms the choice it predicts)")
     relation = None
     if args.relation is not None:
-        from powerctl.relation import RelationVector
+        from powerctl.records.relation import RelationVector
 
         relation = RelationVector.load(args.relation)
         if relation.model != args.model:
@@ -265,8 +265,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 # --- caps ------------------------------------------------------------------------------------
 def cmd_caps(args: argparse.Namespace) -> int:
-    from powerctl.caps import frequency_cap, peak_power_by_frequency
-    from powerctl.profile_table import Profile
+    from powerctl.records.profile import Profile
+    from powerctl.selection.caps import frequency_cap, peak_power_by_frequency
 
     profiles = [Profile.load(p) for p in args.profile]
     hz = frequency_cap(profiles, args.power_cap)
@@ -291,9 +291,9 @@ def cmd_caps(args: argparse.Namespace) -> int:
 
 # --- select / plot ----------------------------------------------------------------------------
 def cmd_select(args: argparse.Namespace) -> int:
-    from powerctl.profile_table import Profile
-    from powerctl.relation import RelationVector
-    from powerctl.selection import check_pairing, select
+    from powerctl.records.profile import Profile
+    from powerctl.records.relation import RelationVector
+    from powerctl.selection.joint import check_pairing, select
 
     profile = Profile.load(args.profile)
     relation = RelationVector.load(args.relation)
@@ -325,7 +325,7 @@ def cmd_select(args: argparse.Namespace) -> int:
         + ("; the least energy" if energy else "")
     )
     if args.compare:
-        from powerctl.baselines import compare
+        from powerctl.selection.baselines import compare
 
         say(
             f"\n{'strategy':<18} {'b':>5} {'MHz':>8} {'peak W':>7} {'predicted s':>12} {'ours faster by':>17}"
@@ -345,11 +345,11 @@ def cmd_select(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from powerctl.outputs import check_output_dir
-    from powerctl.plot import plot_profile
-    from powerctl.profile_table import Profile
-    from powerctl.relation import RelationVector
-    from powerctl.selection import check_pairing, select
+    from powerctl.cli.plot import plot_profile
+    from powerctl.files.outputs import check_output_dir
+    from powerctl.records.profile import Profile
+    from powerctl.records.relation import RelationVector
+    from powerctl.selection.joint import check_pairing, select
 
     check_output_dir(args.out)
     profile = Profile.load(args.profile)
@@ -371,11 +371,12 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_pareto(args: argparse.Namespace) -> int:
-    from powerctl.outputs import check_output_dir
-    from powerctl.pareto import pareto_front, write_front
-    from powerctl.profile_table import Profile
-    from powerctl.relation import RelationVector
-    from powerctl.selection import check_pairing
+    from powerctl.cli.plot import write_front
+    from powerctl.files.outputs import check_output_dir
+    from powerctl.records.profile import Profile
+    from powerctl.records.relation import RelationVector
+    from powerctl.selection.joint import check_pairing
+    from powerctl.selection.pareto import pareto_front
 
     check_output_dir(args.out)
     profile = Profile.load(args.profile)
@@ -408,11 +409,17 @@ def cmd_pareto(args: argparse.Namespace) -> int:
 
 
 def cmd_cap_source(args: argparse.Namespace) -> int:
-    from powerctl.capsource import MAX_POINTS, CapSourceError, ScheduleCap, TraceCap, parse_cap_source
+    from powerctl.selection.capsource import (
+        MAX_POINTS,
+        CapSourceError,
+        ScheduleCap,
+        TraceCap,
+        parse_cap_source,
+    )
 
     plot = None
     if args.plot:
-        from powerctl.outputs import check_plot_file
+        from powerctl.files.outputs import check_plot_file
 
         plot = check_plot_file(args.plot, "--plot", in_folder="cap_source.png")
     if not args.source.strip():  # as --power-cap '': an empty word is not "no cap"
@@ -436,7 +443,7 @@ def cmd_cap_source(args: argparse.Namespace) -> int:
     times = [i * every for i in range(count)]
     caps = [source.cap_at(t) for t in times]
     if plot is not None:
-        from powerctl.plot import plot_cap_over_time
+        from powerctl.cli.plot import plot_cap_over_time
 
         plot_cap_over_time(source.steps_until(until), until, source.describe(), plot)
     if args.json:
@@ -458,7 +465,7 @@ def cmd_cap_source(args: argparse.Namespace) -> int:
 
 
 def cmd_fake_board(args: argparse.Namespace) -> int:
-    from powerctl.fakeboard import make_fake_board
+    from powerctl.devices.fakeboard import make_fake_board
 
     root = make_fake_board(args.folder, args.kind).resolve()
     say(f"fake {args.kind} board written to {root}")
@@ -650,7 +657,7 @@ def _add_plot_and_fake_board(sub: Any) -> None:
     s.add_argument("--allow-mismatch", action="store_true", help="as for select")
     s.set_defaults(func=cmd_plot)
 
-    from powerctl.fakeboard import KINDS
+    from powerctl.devices.fakeboard import KINDS
 
     s = sub.add_parser(
         "fake-board", help="write a fake Jetson sysfs tree to rehearse on (for POWERCTL_SYSFS_ROOT)"

@@ -2,7 +2,7 @@
 
 - state-of-practice: the largest batch size that fits in memory, at the fixed frequency cap that keeps every
   model of the paper's set at every batch size under the power limit (boards.yaml: state_of_practice, derived
-  from training profiles as the paper does; see powerctl.caps);
+  from training profiles as the paper does; see powerctl.selection.caps);
 - proxy-batch: the batch size with the least samples to target on the proxy data, same fixed cap;
 - oracle: Algorithm 1 with the relation measured on the target data itself — the limit of selection.
 
@@ -16,13 +16,13 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from powerctl.boards import BoardModel, board_model
+from powerctl.devices.boards import BoardModel, board_model
 from powerctl.errors import InfeasibleCapError
-from powerctl.methods import ORACLE, OURS, PROXY_BATCH, STATE_OF_PRACTICE
-from powerctl.pick import Pick
-from powerctl.profile_table import Profile
-from powerctl.relation import RelationVector
-from powerctl.selection import check_power_cap, common_batch_sizes, predicted_seconds, select
+from powerctl.records.pick import Pick
+from powerctl.records.profile import Profile
+from powerctl.records.relation import RelationVector
+from powerctl.selection.joint import check_power_cap, common_batch_sizes, predicted_seconds, select
+from powerctl.selection.names import ORACLE, OURS, PROXY_BATCH, STATE_OF_PRACTICE
 
 
 def predict(

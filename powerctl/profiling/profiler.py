@@ -12,16 +12,16 @@ from typing import Any
 
 from tqdm import tqdm
 
-from powerctl.capsource import POWER_CAP_VALUE
 from powerctl.devices.base import Device
 from powerctl.errors import ArgumentError, DeviceError, DeviceOutOfMemory
-from powerctl.mapping import Choice, Integer, Number, check_arguments, is_integer, is_number, shown
-from powerctl.monitor import PowerMonitor
-from powerctl.profile_fit import ProfileFit, fit_profile, seed_frequencies
-from powerctl.profile_table import Profile, ProfilePoint
-from powerctl.relation import RelationVector
-from powerctl.safety import restore_on_exit
-from powerctl.workload import Workload
+from powerctl.files.mapping import Choice, Integer, Number, check_arguments, is_integer, is_number, shown
+from powerctl.pinning.safety import restore_on_exit
+from powerctl.profiling.fit import ProfileFit, fit_profile, seed_frequencies
+from powerctl.profiling.monitor import PowerMonitor
+from powerctl.records.profile import Profile, ProfilePoint
+from powerctl.records.relation import RelationVector
+from powerctl.records.workload import Workload
+from powerctl.selection.capsource import POWER_CAP_VALUE
 
 StepFactory = Callable[[int], Callable[[], Any]]
 """batch size → a zero-argument training step on a batch of that size (model, optimizer, data bound)."""
@@ -78,7 +78,7 @@ def _relation_map(relation: Any) -> dict[int, float] | None:
 
 class Profiler:
     """Measures points one at a time; `run` walks a grid, the efficient order (docs/design/method.md), fitted
-    order (measure a few points, fit `powerctl.profile_fit`, predict, confirm by measuring)."""
+    order (measure a few points, fit `powerctl.profiling.fit`, predict, confirm by measuring)."""
 
     def __init__(
         self,

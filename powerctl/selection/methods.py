@@ -12,7 +12,8 @@ rest of the project asks of it instead of comparing names:
 A run method (`RunMethod`) is what a run's `methods` setting names: a client method, and the round
 objective the server runs it under (`ours-deadline` is ours with energy-under-deadline rounds).
 
-The rules call the selection and the baselines (`powerctl.selection`, `powerctl.baselines`), where all
+The rules call the selection and the baselines (`powerctl.selection.joint`, `powerctl.selection.baselines`),
+where all
 the math stays. `register_method` adds a method of one's own to this process's registry (a client's
 instructions still name only the built-ins: a registered method does not travel).
 """
@@ -24,18 +25,14 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from powerctl.errors import PowerctlError
-from powerctl.pick import Pick
-from powerctl.relation import DEFAULT_RELATION_RULE
+from powerctl.records.pick import Pick
+from powerctl.records.relation import DEFAULT_RELATION_RULE
+from powerctl.selection.names import ORACLE, OURS, OURS_DEADLINE, PROXY_BATCH, STATE_OF_PRACTICE
 
 if TYPE_CHECKING:
-    from powerctl.profile_table import Profile
-    from powerctl.relation import RelationVector
+    from powerctl.records.profile import Profile
+    from powerctl.records.relation import RelationVector
 
-OURS = "ours"
-STATE_OF_PRACTICE = "state-of-practice"
-PROXY_BATCH = "proxy-batch"
-ORACLE = "oracle"
-OURS_DEADLINE = "ours-deadline"
 
 TIME = "time"
 ENERGY_UNDER_DEADLINE = "energy-under-deadline"
@@ -53,7 +50,7 @@ class MethodContext:
     deadline_s: float = 0.0
     """The round's deadline in device seconds (0: none); only a power-aware method reads it."""
     relation_rule: str = DEFAULT_RELATION_RULE
-    """How a power-aware method reads the relation (`powerctl.relation.RELATION_RULES`)."""
+    """How a power-aware method reads the relation (`powerctl.records.relation.RELATION_RULES`)."""
 
 
 Rule = Callable[["Profile", "RelationVector", "float | None", MethodContext], Pick]
@@ -109,7 +106,7 @@ class RunMethod:
 def _ours(profile: Profile, relation: RelationVector, cap: float | None, ctx: MethodContext) -> Pick:
     """Algorithm 1 under the relation rule; with a deadline (> 0) the least-energy pair predicted to meet
     it, else the fastest pair."""
-    from powerctl.selection import select, select_under_deadline  # as the baselines': on first use
+    from powerctl.selection.joint import select, select_under_deadline  # as the baselines': on first use
 
     if ctx.deadline_s > 0:
         pick, met = select_under_deadline(profile, relation, cap, ctx.deadline_s, ctx.relation_rule)
@@ -120,19 +117,19 @@ def _ours(profile: Profile, relation: RelationVector, cap: float | None, ctx: Me
 def _state_of_practice(
     profile: Profile, relation: RelationVector, cap: float | None, _: MethodContext
 ) -> Pick:
-    from powerctl.baselines import state_of_practice
+    from powerctl.selection.baselines import state_of_practice
 
     return state_of_practice(profile, cap, relation=relation)
 
 
 def _proxy_batch(profile: Profile, relation: RelationVector, cap: float | None, _: MethodContext) -> Pick:
-    from powerctl.baselines import proxy_batch
+    from powerctl.selection.baselines import proxy_batch
 
     return proxy_batch(profile, relation, cap)
 
 
 def _oracle(profile: Profile, _relation: RelationVector, cap: float | None, ctx: MethodContext) -> Pick:
-    from powerctl.baselines import oracle
+    from powerctl.selection.baselines import oracle
 
     if ctx.target_relation is None:
         raise PowerctlError("the oracle needs samples to target measured on this client's own data")
@@ -146,7 +143,7 @@ _BUILT_IN: tuple[Method, ...] = (
     Method(ORACLE, _oracle, searches_own_data=True),
 )
 METHODS: tuple[str, ...] = tuple(m.name for m in _BUILT_IN)
-"""The built-in client methods: the power-aware method and the baselines (`powerctl.baselines`)."""
+"""The built-in client methods: the power-aware method and the baselines (`powerctl.selection.baselines`)."""
 _RUN_METHODS: tuple[RunMethod, ...] = (
     *(RunMethod(name, name) for name in METHODS),
     RunMethod(OURS_DEADLINE, OURS, ENERGY_UNDER_DEADLINE),
@@ -183,7 +180,9 @@ def register_method(method: Method) -> Method:
     """Add a client method of one's own to this process's registry (a later one of the same name replaces
     it); a built-in's or a run method's name is refused with one line."""
     if not isinstance(method, Method):
-        raise PowerctlError(f"register_method takes a powerctl.methods.Method, got {type(method).__name__}")
+        raise PowerctlError(
+            f"register_method takes a powerctl.selection.methods.Method, got {type(method).__name__}"
+        )
     if method.name in RUN_METHODS:
         raise PowerctlError(f"{method.name!r} is a built-in method's name: register yours under another")
     _registry[method.name] = method

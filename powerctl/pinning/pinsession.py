@@ -4,9 +4,9 @@ Every pin of every process (profiler, training loop, ClientApp, `powerctl freq -
 `Device.pin_frequency`, which starts a `PinSession`, and `Device.restore`, which finishes it: that is the
 one place where a pin is made crash-safe. Before the first write to the knob the session takes the
 board's lock (a second process pinning the same board is refused) and records the state to go back to
-(`powerctl.freqstate`). If the process dies without restoring, `recover` — run whenever a device is
+(`powerctl.pinning.freqstate`). If the process dies without restoring, `recover` — run whenever a device is
 opened — puts that state back and says so in one
-WARNING of the `powerctl.pinsession` logger (a command line shows it on stderr).
+WARNING of the `powerctl.pinning.pinsession` logger (a command line shows it on stderr).
 
 A device whose `physical_key` is None (a simulated board: every handle is its own virtual board, and
 there is no hardware state to lose) runs the same session with no lock and no record.
@@ -18,7 +18,7 @@ import logging
 import os
 from typing import Any, Protocol
 
-from powerctl.freqstate import (
+from powerctl.pinning.freqstate import (
     KIND_PIN,
     KIND_SET,
     BadRecordError,
@@ -33,7 +33,7 @@ from powerctl.freqstate import (
 )
 
 log = logging.getLogger(__name__)
-"""`powerctl.pinsession`: a board found left pinned and put back, a bad record released (WARNING)."""
+"""`powerctl.pinning.pinsession`: a board found left pinned and put back, a bad record released (WARNING)."""
 
 
 class Pinnable(Protocol):

@@ -3,7 +3,7 @@
 A process that pins a real board writes the state to go back to here BEFORE its first write to the knob,
 and removes the record after its normal restore. A SIGKILL, an OOM kill or a power loss skips that
 restore: the record survives, and the next command that opens the board puts the state back
-(`powerctl.pinsession.recover`). `powerctl freq --set` leaves a record of kind ``set`` on purpose, for
+(`powerctl.pinning.pinsession.recover`). `powerctl freq --set` leaves a record of kind ``set`` on purpose, for
 `powerctl freq --restore` in a later process.
 
 The lock (``fcntl.flock`` on ``KEY.lock`` beside the record) is held for a pin's whole lifetime, so two
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from powerctl.errors import DeviceError, FileFormatError
-from powerctl.jsonfile import Fields, read_json, write_json
+from powerctl.files.jsonfile import Fields, read_json, write_json
 
 STATE_SCHEMA = "powerctl.freqstate/2"
 KIND_PIN = "pin"

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from powerctl.errors import PowerctlError
-from powerctl.mapping import Invalid, Kind, is_number, must_be
-from powerctl.readfile import LIVE_CAP_LIMIT, TRACE_LIMIT, read_bytes
+from powerctl.files.mapping import MAX_CAP_W, Invalid, Kind, is_number, must_be
+from powerctl.files.readfile import LIVE_CAP_LIMIT, TRACE_LIMIT, read_bytes
 
 
 class InvalidPowerCapError(PowerctlError, ValueError):
@@ -32,8 +32,6 @@ class CapSourceError(InvalidPowerCapError):
     """A cap source that cannot be used (unsorted times, negative watts, unreadable file); one line."""
 
 
-MAX_CAP_W = 100_000.0
-"""The largest cap taken: above any board or GPU (a rack is tens of kW); 1e300 W is a typo, not a cap."""
 CAP_EXPECTED = "a number of watts > 0 and ≤ 100000, or none"
 CAP_VALUE_EXPECTED = "a number of watts > 0 and ≤ 100000, or None"
 """The same in Python (`text=False`): a string there is refused, "none" included."""
@@ -74,7 +72,7 @@ def parse_power_cap(
 
 @dataclass(frozen=True)
 class PowerCapKind(Kind):
-    """The cap as a `powerctl.mapping` kind: a reader's key holding a cap. `text`: as `cap_watts`
+    """The cap as a `powerctl.files.mapping` kind: a reader's key holding a cap. `text`: as `cap_watts`
     (False for a Python caller's argument: a number or None, never "none")."""
 
     text: bool = True

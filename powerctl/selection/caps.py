@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from powerctl.boards import BoardModel
+from powerctl.devices.boards import BoardModel
 from powerctl.errors import FileFormatError, InfeasibleCapError
-from powerctl.profile_table import Profile
-from powerctl.workload import Workload
+from powerctl.records.profile import Profile
+from powerctl.records.workload import Workload
 
 SOP_BATCH_SIZES = (4, 8, 16, 32, 64, 128)
 """Batch sizes of the paper's profiles (docs/design/method.md)."""

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from powerctl.profile_table import ProfilePoint
+from powerctl.records.profile import ProfilePoint
 
 _ALTERNATIONS = 10
 """Rounds of alternating least squares between the power curve and the utilisations: a starting point."""

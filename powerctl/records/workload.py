@@ -37,7 +37,7 @@ class Workload:
     def __post_init__(self) -> None:
         """A workload a user makes by hand holds what a counted one does: a NaN or negative count would
         profile finite nonsense (a batch of 10⁶ "fitting" a 2 GiB board), one ArgumentError line."""
-        from powerctl.mapping import Integer, Number, check_arguments
+        from powerctl.files.mapping import Integer, Number, check_arguments
 
         checked = check_arguments(
             "Workload",
@@ -96,7 +96,7 @@ def _check_measure_arguments(
     import torch
 
     from powerctl.errors import ArgumentError
-    from powerctl.mapping import Integer, check_arguments
+    from powerctl.files.mapping import Integer, check_arguments
 
     where = "measure_workload"
     check_model(where, model)
@@ -117,8 +117,7 @@ def _forward(model: Any, inputs: Any, targets: Any, loss_fn: Callable[[Any, Any]
     ArgumentError line with torch's first line, not its traceback (running out of memory stays itself)."""
     import torch
 
-    from powerctl.cliutil import first_line
-    from powerctl.errors import ArgumentError
+    from powerctl.errors import ArgumentError, first_line
 
     try:
         return loss_fn(model(inputs), targets)

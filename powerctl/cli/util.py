@@ -15,9 +15,19 @@ from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any, NoReturn, TextIO
 
-from powerctl.capsource import cap_watts
-from powerctl.errors import PowerctlError
-from powerctl.mapping import Integer, Invalid, Kind, Number, bounds_text, number_text
+from powerctl.errors import PowerctlError, first_line, printable
+from powerctl.files.mapping import (
+    MAX_BATCH_SIZE,
+    MAX_COUNT,
+    MAX_SEED,
+    Integer,
+    Invalid,
+    Kind,
+    Number,
+    bounds_text,
+    number_text,
+)
+from powerctl.selection.capsource import cap_watts
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -157,17 +167,6 @@ _TORCH_OVERFLOW = re.compile(r"without overflow|overflow when unpacking", re.I)
 _NO_MEMORY = re.compile(r"can't allocate memory|out of memory|not enough memory|failed to allocate", re.I)
 
 
-def _printable(text: str, limit: int = 160) -> str:
-    """`text` on one line (control characters escaped) and at most `limit` characters (the middle cut)."""
-    one = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-    return one if len(one) <= limit else f"{one[: limit // 2]}…{one[-(limit // 2) + 1 :]}"
-
-
-def first_line(exc: BaseException) -> str:
-    """An exception's first line, printable and bounded: what a one-line error quotes of another library's."""
-    return _printable((str(exc).strip().splitlines() or [type(exc).__name__])[0])
-
-
 def _open_file_in(tb: TracebackType | None) -> str | None:
     """The name of the innermost file object open in the frames of `tb` (the file a decode failed on)."""
     frames = []
@@ -201,7 +200,7 @@ def fault_line(exc: BaseException) -> str | None:
         return f"out of memory{detail}: ask for less (smaller model options, batch size, samples or limit)"
     if isinstance(exc, UnicodeDecodeError):
         name = _open_file_in(exc.__traceback__)
-        what = f"{_printable(name)}: is not" if name else "an input file is not"
+        what = f"{printable(name)}: is not" if name else "an input file is not"
         return f"{what} UTF-8 text ({exc.reason} at byte {exc.start}); give a text file"
     if isinstance(exc, OSError):
         return _os_line(exc)
@@ -222,9 +221,9 @@ def _os_line(exc: OSError) -> str | None:
     hint = _OS_HINTS.get(exc.errno or 0)
     tail = f"{reason}; {hint}" if hint else reason
     if exc.filename is not None:
-        where = _printable(str(exc.filename))
+        where = printable(str(exc.filename))
         if exc.filename2 is not None:
-            where += f" → {_printable(str(exc.filename2))}"
+            where += f" → {printable(str(exc.filename2))}"
         return f"{where}: {tail}"
     if exc.errno in _STORAGE_ERRNOS:
         return tail
@@ -250,11 +249,6 @@ class OneLineParser(argparse.ArgumentParser):
         if action.option_strings and action.nargs is None and arg_strings == ["--"]:
             raise argparse.ArgumentError(action, "expected a value, got '--'")
         return super()._get_values(action, arg_strings)
-
-
-MAX_COUNT = 10**9
-"""The ceiling of a count or an amount a flag takes unless it says a lower one (samples, seconds,
-days): no command here needs more, and far larger values end in a library's overflow, not in work."""
 
 
 class Bounded:
@@ -306,13 +300,6 @@ def bounded_float(minimum: float, maximum: float, *, above: bool = True, name: s
     return Bounded(Number(minimum, maximum, above=above), what, name)
 
 
-MAX_SEED = 2**32 - 1
-"""The largest seed: what every generator here takes (numpy's legacy seed is 32 bits)."""
-MAX_STEPS = 1000
-"""The most warm-up or measured training steps per profiled pair (`powerctl profile`, the run config)."""
-MAX_ROUNDS = 100_000
-"""The most rounds of a run: years of rounds; a typo of 10^13 is one line, not Flower's int64 overflow."""
-
 positive_int = bounded_int(1, MAX_COUNT, "positive_int")
 seed = bounded_int(0, MAX_SEED, "seed")
 non_negative_int = bounded_int(0, MAX_COUNT, "non_negative_int")
@@ -336,7 +323,7 @@ def _refused(exc: Invalid) -> argparse.ArgumentTypeError:
 
 
 def kind_type(kind: Kind, name: str) -> Callable[[str], Any]:
-    """A `powerctl.mapping` kind as a flag type: the text is read as the kind's number type first (a
+    """A `powerctl.files.mapping` kind as a flag type: the text is read as the kind's number type first (a
     flag is text, a config value already typed), then checked by the kind; `name` is how argparse
     names the type."""
 
@@ -355,7 +342,8 @@ def kind_type(kind: Kind, name: str) -> Callable[[str], Any]:
 
 
 def power_cap(text: str) -> float | None:
-    """`--power-cap W` (none: no cap): the one cap parser (`powerctl.capsource.cap_watts`) as a flag type.
+    """`--power-cap W` (none: no cap): the one cap parser (`powerctl.selection.capsource.cap_watts`) as a
+    flag type.
 
     An empty value is refused: on a command line it is an unset variable (`--power-cap "$CAP"`), not a
     wish for no cap, which is said by leaving the flag out or by `none`."""
@@ -390,11 +378,6 @@ def int_list(text: str) -> list[int]:
     if not values:
         raise argparse.ArgumentTypeError("expected at least one integer")
     return values
-
-
-MAX_BATCH_SIZE = 65_536
-"""The largest batch size a command takes: far above what an edge GPU holds (the paper's largest is
-128), low enough that a typo (100000000) is one line and not an out-of-memory skip of every size."""
 
 
 def batch_sizes(text: str) -> list[int]:

@@ -25,6 +25,24 @@ MISSING: Any = object()
 """The default of a key that must be present."""
 
 
+# The bounds every reader and flag of the project uses: far above any real value, low enough that a typo
+# is one line and not a library's overflow or an out-of-memory skip.
+MAX_COUNT = 10**9
+"""The ceiling of a count or an amount a flag takes unless it says a lower one (samples, seconds,
+days): no command here needs more, and far larger values end in a library's overflow, not in work."""
+MAX_SEED = 2**32 - 1
+"""The largest seed: what every generator here takes (numpy's legacy seed is 32 bits)."""
+MAX_STEPS = 1000
+"""The most warm-up or measured training steps per profiled pair (`powerctl profile`, the run config)."""
+MAX_ROUNDS = 100_000
+"""The most rounds of a run: years of rounds; a typo of 10^13 is one line, not Flower's int64 overflow."""
+MAX_BATCH_SIZE = 65_536
+"""The largest batch size a command takes: far above what an edge GPU holds (the paper's largest is
+128), low enough that a typo (100000000) is one line and not an out-of-memory skip of every size."""
+MAX_CAP_W = 100_000.0
+"""The largest cap taken: above any board or GPU (a rack is tens of kW); 1e300 W is a typo, not a cap."""
+
+
 class Invalid(ValueError):
     """A kind's refusal of a value. The text follows the key in the reader's line: "must be …, got …"."""
 

@@ -5,7 +5,7 @@ behind it (extra keys; files without them still load): `samples_per_seed` (per b
 samples to target, in seed order), `samples_mean` and `samples_sd`, `relation_raw` (the means' vector)
 and `relation_fitted` (the batch-efficiency model's, `fit_batch_efficiency`), `vector` (which of the
 two `samples_to_target` is) and `seeds_needed` (`fl_server.relation`'s stopping rule). Selection under
-uncertainty (`powerctl.selection`, rule "robust") reads the per-seed samples from here, so whatever
+uncertainty (`powerctl.selection.joint`, rule "robust") reads the per-seed samples from here, so whatever
 carries a RelationVector carries what the rule needs.
 """
 
@@ -19,14 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from powerctl.errors import ArgumentError, FileFormatError
-from powerctl.jsonfile import Fields, check_number, read_json, write_json
-from powerctl.mapping import Number, check_arguments
+from powerctl.files.jsonfile import Fields, check_number, read_json, write_json
+from powerctl.files.mapping import Number, check_arguments
 
 RELATION_SCHEMA = "powerctl.relation/1"
 VECTORS: tuple[str, ...] = ("raw", "fitted")
 """Which vector the client uses: the seeds' means, or the batch-efficiency model fitted to the seeds."""
 RELATION_RULES: tuple[str, ...] = ("mean", "robust")
-"""How selection (`powerctl.selection`) reads the vector: its mean (Algorithm 1) or every seed's (least
+"""How selection (`powerctl.selection.joint`) reads the vector: its mean (Algorithm 1) or every seed's (least
 mean regret). Named here, beside the vector, so that a run's settings check them without the selection."""
 DEFAULT_RELATION_RULE = "mean"
 

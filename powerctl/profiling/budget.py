@@ -7,13 +7,13 @@ than the training itself, and then it never pays back. So before it profiles, a 
   sample budget) at the seconds per sample of ONE measured step, and
 - what each way of profiling would **cost**: the profiler itself is walked over a predicted profile of the
   board (`ReplayBoard`: a simulated board's model, or a measured profile of the same board kind completed
-  by `powerctl.profile_fit`), so the cost predicted is that of the very points the order would measure,
+  by `powerctl.profiling.fit`), so the cost predicted is that of the very points the order would measure,
 
 and takes the most thorough way whose cost stays within `share` × the predicted training
 (docs/design/profiling-budget.md):
 
 1. the instructed order (`efficient`: each batch size up to the cap; `grid`),
-2. `fitted`: a few points, a fit, the choice confirmed by measuring (`powerctl.profiler`),
+2. `fitted`: a few points, a fit, the choice confirmed by measuring (`powerctl.profiling.profiler`),
 3. `predicted`: Algorithm 1 on the predicted profile, and only its pair measured — the confirmation. A
    pair measured over the cap is dropped and the next best predicted pair measured, until one is measured
    under it. The profile's `points` are what was measured and the prediction goes to `predicted`, so, as
@@ -33,13 +33,13 @@ from typing import Any, TypeVar
 
 from powerctl.devices.base import Device, PowerSampler, PowerSamples
 from powerctl.errors import DeviceOutOfMemory, InfeasibleCapError
-from powerctl.profile_fit import fit_profile
-from powerctl.profile_table import Profile, ProfilePoint
-from powerctl.profiler import Profiler, StepFactory
-from powerctl.relation import RelationVector
-from powerctl.safety import restore_on_exit
-from powerctl.selection import DEFAULT_RELATION_RULE, select
-from powerctl.workload import Workload
+from powerctl.pinning.safety import restore_on_exit
+from powerctl.profiling.fit import fit_profile
+from powerctl.profiling.profiler import Profiler, StepFactory
+from powerctl.records.profile import Profile, ProfilePoint
+from powerctl.records.relation import RelationVector
+from powerctl.records.workload import Workload
+from powerctl.selection.joint import DEFAULT_RELATION_RULE, select
 
 T = TypeVar("T")
 
@@ -162,7 +162,7 @@ def order_cost(
 
 def completed(profile: Profile, frequencies: Sequence[int]) -> Profile | None:
     """A measured profile with every pair of its batch sizes: measured where it was, else predicted by
-    the fit (`powerctl.profile_fit`), all in `points` (it is a prediction, never a selection's input
+    the fit (`powerctl.profiling.fit`), all in `points` (it is a prediction, never a selection's input
     for a pin). None when its points cannot be fitted (the largest batch size at one frequency only)."""
     measured = {(p.batch_size, p.frequency_hz): p for p in profile.points}
     try:
@@ -202,7 +202,7 @@ class ProfilingRequest:
     max_training_s: float | None = None
     """The round's device-seconds budget: the training predicted stops there."""
     rule: str = DEFAULT_RELATION_RULE
-    """The relation rule the predicted way's choice is made by (`powerctl.selection.select`)."""
+    """The relation rule the predicted way's choice is made by (`powerctl.selection.joint.select`)."""
     warmup_steps: int = 2
     measure_steps: int = 5
 

@@ -22,7 +22,7 @@ import numpy as np
 import yaml
 
 from powerctl.errors import DeviceError
-from powerctl.readfile import YAML_LIMIT, read_bytes
+from powerctl.files.readfile import YAML_LIMIT, read_bytes
 
 _FIELDS = (
     "idle_power_w",
@@ -266,7 +266,7 @@ def _parse(name: str, raw: dict[str, Any], boards: dict[str, Any]) -> BoardModel
 
 
 def _raw_boards() -> dict[str, Any]:
-    """The decoded boards.yaml, read as every other file is (`powerctl.readfile`: bounded)."""
+    """The decoded boards.yaml, read as every other file is (`powerctl.files.readfile`: bounded)."""
     with resources.as_file(resources.files("powerctl.data").joinpath("boards.yaml")) as path:
         try:
             raw = read_bytes(path, limit=YAML_LIMIT, what="the board models (boards.yaml)", error=DeviceError)

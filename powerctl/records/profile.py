@@ -6,9 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from powerctl.capsource import MAX_CAP_W
-from powerctl.cliutil import MAX_BATCH_SIZE, MAX_COUNT
-from powerctl.jsonfile import Fields, read_json, write_json
+from powerctl.files.jsonfile import Fields, read_json, write_json
+from powerctl.files.mapping import MAX_BATCH_SIZE, MAX_CAP_W, MAX_COUNT
 
 PROFILE_SCHEMA = "powerctl.profile/1"
 _KNOWN = {
@@ -68,7 +67,7 @@ class Profile:
         """A profile made in Python (a user's, for `select`) has the shape a profile file's reader gives:
         one ArgumentError line, not an AttributeError inside selection."""
         from powerctl.errors import ArgumentError
-        from powerctl.mapping import Integer, check_arguments, is_integer
+        from powerctl.files.mapping import Integer, check_arguments, is_integer
 
         for name in ("device", "model"):
             if not isinstance(getattr(self, name), str):
