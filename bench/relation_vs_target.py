@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fl_server.pretrain import pretrain
+from fl_server.pretrain import PretrainSettings, pretrain
 from fl_server.relation import RelationCompute, RelationError, RelationSettings, estimate_relation
 from powerctl.cli.util import OneLineParser
 from powerctl.devices.torchdev import TORCH_SPEC_HELP, torch_device_arg
@@ -73,7 +73,7 @@ def _key_value(text: str) -> tuple[str, Any]:
         return key, raw
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     ap = OneLineParser(
         prog="relation_vs_target", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -121,46 +121,44 @@ def main() -> None:
         "--device", type=torch_device_arg, default="auto", help=f"where the models train: {TORCH_SPEC_HELP}"
     )
     ap.add_argument("--no-progress", action="store_true")
-    args = ap.parse_args()
+    return ap
 
-    started = time.perf_counter()
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
+
+def pretrained_weights(args: argparse.Namespace, timings: dict[str, float]) -> tuple[Path, dict[str, Any]]:
+    """Step 1: pre-train on WikiText-2 (the two files joined: text:PATH takes one file), or --weights."""
+    if args.weights is not None:
+        return args.weights, {"weights": str(args.weights)}
     out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
-    overrides = dict(args.overrides)
-    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
-    seeds = [int(s) for s in args.seeds.split(",")]
-    progress = not args.no_progress
-
-    # 1. pre-train on WikiText-2 (the two files joined: text:PATH takes one file)
-    timings: dict[str, float] = {}
-    if args.weights is None:
-        wiki = out / "wikitext-2.valid+test.txt"
-        wiki.write_bytes(
-            b"".join(
-                (args.data / "wikitext-2" / f).read_bytes() for f in ("wiki.valid.tokens", "wiki.test.tokens")
-            )
+    wiki = out / "wikitext-2.valid+test.txt"
+    wiki.write_bytes(
+        b"".join(
+            (args.data / "wikitext-2" / f).read_bytes() for f in ("wiki.valid.tokens", "wiki.test.tokens")
         )
-        t0 = time.perf_counter()
-        report = pretrain(
-            args.model,
-            f"text:{wiki}",
-            out=out / "pretrained.safetensors",
+    )
+    t0 = time.perf_counter()
+    report = pretrain(
+        args.model,
+        f"text:{wiki}",
+        out=out / "pretrained.safetensors",
+        settings=PretrainSettings(
             samples=args.pretrain_samples,
             batch_size=args.pretrain_batch_size,
             lr=args.pretrain_lr,
-            overrides=overrides,
-            device=args.device,
-            progress=progress,
-        ).data
-        timings["pretrain_s"] = time.perf_counter() - t0
-        weights = out / "pretrained.safetensors"
-    else:
-        weights, report = args.weights, {"weights": str(args.weights)}
+            overrides=dict(args.overrides),
+        ),
+        device=args.device,
+        progress=not args.no_progress,
+    ).data
+    timings["pretrain_s"] = time.perf_counter() - t0
+    return out / "pretrained.safetensors", report
 
+
+def relation_vectors(
+    args: argparse.Namespace, weights: Path, timings: dict[str, float]
+) -> tuple[RelationVector, RelationVector]:
+    """Step 2: the relation vector on the proxy text and on the target text, by the product's estimator."""
     settings = RelationSettings(
-        seeds=seeds,
+        seeds=[int(s) for s in args.seeds.split(",")],
         lr_max=args.lr_max,
         lr_rule=args.lr_rule,
         max_samples=args.max_samples,
@@ -169,11 +167,11 @@ def main() -> None:
         data_seed=0,  # the proxy split of the runs its results page quotes
     )
     how = RelationCompute(
-        cache_dir=out / "cache",
+        cache_dir=args.out / "cache",
         use_cache=not args.no_cache,
         parallel=not args.serial,
         device=args.device,
-        progress=progress,
+        progress=not args.no_progress,
     )
     vectors: dict[str, RelationVector] = {}
     for role, path, target in (
@@ -187,42 +185,43 @@ def main() -> None:
                 weights,
                 f"text:{args.data / path}",
                 target_accuracy=target,
-                batch_sizes=batch_sizes,
+                batch_sizes=[int(b) for b in args.batch_sizes.split(",")],
                 settings=settings,
                 how=how,
             )
         except RelationError as exc:
             raise SystemExit(f"relation_vs_target: {role} ({path}): {exc}") from None
         timings[f"{role}_s"] = time.perf_counter() - t0
-        vectors[role].save(out / f"relation_{role}.json")
-    proxy, target = vectors["proxy"], vectors["target"]
+        vectors[role].save(args.out / f"relation_{role}.json")
+    return vectors["proxy"], vectors["target"]
 
-    rho = spearman(proxy.samples_to_target, target.samples_to_target)
-    proxy_best, target_best = best_batch_sizes(proxy), best_batch_sizes(target)
-    match = bool(set(proxy_best) & set(target_best))
-    timings["total_s"] = time.perf_counter() - started
 
-    acc = report.get("final_test_accuracy")
+def print_comparison(
+    args: argparse.Namespace, report: dict[str, Any], proxy: RelationVector, target: RelationVector
+) -> None:
+    """The table: per batch size, samples to target (± sd over seeds) and r_b on both texts."""
+    overrides = dict(args.overrides)
     model_text = f"{args.model} {overrides}" if overrides else args.model
     if args.weights is None:
         print(
             f"model {model_text}; pre-trained on WikiText-2 valid+test: {report['samples']} samples, "
-            f"test accuracy {acc:.4f}"
+            f"test accuracy {report.get('final_test_accuracy'):.4f}"
         )
     else:
         print(f"model {model_text}; weights {args.weights}")
     print(f"proxy  {args.proxy}: target accuracy {proxy.target_accuracy}")
     print(f"target {args.target_data}: target accuracy {target.target_accuracy}")
     print(
-        f"lr_max {args.lr_max} ({args.lr_rule} rule), seeds {seeds}, eval every ≤ {args.eval_every} samples "
-        f"on {args.eval_max_samples} test windows, budget {args.max_samples} samples"
+        f"lr_max {args.lr_max} ({args.lr_rule} rule), seeds {[int(s) for s in args.seeds.split(',')]}, "
+        f"eval every ≤ {args.eval_every} "
+        f"samples on {args.eval_max_samples} test windows, budget {args.max_samples} samples"
     )
     print(
         f"{'batch':>5} {'lr':>9} | {'proxy samples ± sd':>19} {'r_b':>6} | "
         f"{'target samples ± sd':>20} {'r_b':>6}"
     )
     p_sd, t_sd = proxy.extra["samples_sd"], target.extra["samples_sd"]
-    for i, b in enumerate(batch_sizes):
+    for i, b in enumerate(proxy.batch_sizes):
         lr = proxy.extra["lr"][i]
         p_s, p_r = proxy.samples_to_target[i], proxy.relation[i]
         t_s, t_r = target.samples_to_target[i], target.relation[i]
@@ -230,6 +229,25 @@ def main() -> None:
             f"{b:>5} {lr:>9.2e} | {p_s:>11.0f} ± {p_sd[i]:>5.0f} {p_r:>6.3f} | "
             f"{t_s:>12.0f} ± {t_sd[i]:>5.0f} {t_r:>6.3f}"
         )
+
+
+def main() -> None:
+    args = build_parser().parse_args()
+    started = time.perf_counter()
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    timings: dict[str, float] = {}
+    weights, report = pretrained_weights(args, timings)
+    proxy, target = relation_vectors(args, weights, timings)
+
+    rho = spearman(proxy.samples_to_target, target.samples_to_target)
+    proxy_best, target_best = best_batch_sizes(proxy), best_batch_sizes(target)
+    match = bool(set(proxy_best) & set(target_best))
+    timings["total_s"] = time.perf_counter() - started
+
+    print_comparison(args, report, proxy, target)
     print(
         f"best batch size (fewest samples): proxy {proxy_best}, target {target_best} -> "
         f"{'MATCH' if match else 'NO MATCH'}"
@@ -242,7 +260,7 @@ def main() -> None:
         {
             "schema": "bench.relation_vs_target/1",
             "model": args.model,
-            "overrides": overrides,
+            "overrides": dict(args.overrides),
             "pretrain": {k: v for k, v in report.items() if k != "curve"},
             "proxy": proxy.to_dict(),
             "target": target.to_dict(),

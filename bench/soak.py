@@ -51,11 +51,12 @@ FLEET = "sim:jetson-nano@3.0, sim:jetson-tx2nx@4.5, sim:jetson-nano@none, sim:je
 
 def prepare(work: Path) -> tuple[Path, Path]:
     """Starting weights (cnn-tiny pre-trained on 512 synthetic images) and a fixed relation vector."""
-    from fl_server.pretrain import pretrain
+    from fl_server.pretrain import PretrainSettings, pretrain
     from powerctl.records.relation import RelationVector
 
     weights, relation = work / "weights.safetensors", work / "relation.json"
-    pretrain("cnn-tiny", "synthetic-image", out=weights, samples=512, seed=0, progress=False)
+    settings = PretrainSettings(samples=512, seed=0)
+    pretrain("cnn-tiny", "synthetic-image", out=weights, settings=settings, progress=False)
     RelationVector.from_samples("cnn-tiny", "synthetic-image", 0.99, {8: 1100.0, 16: 1000.0}).save(relation)
     return weights, relation
 

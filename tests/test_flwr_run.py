@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,24 +24,26 @@ from simulations.local_superlink import (
     pids_listening_on,
     stop_local_superlink,
 )
+from tests.test_launcher import SMALL_RUN
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
-def test_flwr_run_simulates_four_boards_names_a_client_that_raises_and_one_that_hangs(tmp_path: Path) -> None:
-    """The whole app from an empty cache (pre-training and relation vector included) on four simulated
-    boards, one start-up for two behaviours of the real simulation path: two boards fine-tune under
-    their caps, and an exception in a Ray actor and a reply later than `round-timeout` are each named
-    while the round ends without them."""
+def test_flwr_run_simulates_four_boards_names_a_client_that_raises_and_one_that_hangs(
+    tmp_path: Path, seeded_cache: Callable[[str], Path]
+) -> None:
+    """The whole app on four simulated boards, its task's weights and relation vector from the cache
+    (preparing from an empty one inside `flwr run` is test_fleet_run's), one start-up for two behaviours
+    of the real simulation path: two boards fine-tune under their caps, and an exception in a Ray actor
+    and a reply later than `round-timeout` are each named while the round ends without them."""
     port, control = free_port(), free_port()
-    env = flower_env(port, control, POWERFED_FAULT_INJECTION="1")
+    cache = seeded_cache(SMALL_RUN)  # this run's task is SMALL_RUN's
+    env = flower_env(port, control, POWERFED_FAULT_INJECTION="1", POWERFED_CACHE=str(cache))
     results = tmp_path / "results"
     # seed 5 draws, for round 1: partition-0 and -2 (the uncapped Nano) nothing, -1 raise, -3 hang
     run_config = (
-        f"model='cnn-tiny' num-server-rounds=1 relation-seeds='0' batch-sizes='8,16' pretrain-samples=256 "
-        f"target-accuracy=0.3 budget-samples=96 eval-every-samples=32 eval-max-samples=64 "
-        f"profile-samples=512 profile-warmup=0 profile-steps=1 results-dir='{results}' fraction-evaluate=0.0 "
+        f"{SMALL_RUN} results-dir='{results}' fraction-evaluate=0.0 "
         f"round-timeout=30.0 inject-failures='raise:0.3,hang:0.3' inject-seed=5 inject-hang-s=40.0"
     )
     cmd = flwr_run_command(
@@ -64,7 +67,7 @@ def test_flwr_run_simulates_four_boards_names_a_client_that_raises_and_one_that_
     lines = [ln for ln in plain if ln.strip() and not INFRA_LINE.match(ln)]
     assert lines[-1] == f"results: {results / 'results.json'}", out[-3000:]
     assert [ln for ln in lines if ln.startswith("results: ")] == [lines[-1]]
-    assert "[round 1] clients" in out and "pre-training cnn-tiny" in out
+    assert "[round 1] clients" in out and "pre-training" not in out  # the cached weights were used
     data = json.loads((results / "results.json").read_text())
     nodes = sorted((n["key"], n["device"]) for n in data["nodes"])
     assert [d for _, d in nodes] == ["sim:jetson-nano", "sim:jetson-tx2nx"] * 2, nodes
