@@ -46,10 +46,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import bootstrap
 import numpy as np
 import torch
-from bootstrap import paired_resampled_means
 from vector_floor import Group, shared_vector_floor
 
 from powerctl.cli.util import OneLineParser
@@ -65,6 +63,8 @@ from powerctl.records.workload import Workload
 from powerctl.selection.baselines import oracle
 from powerctl.selection.joint import rank, select
 from powerfed.training.crossing import DEFAULT_MIN_EVALUATIONS, evaluations_before
+from simulations import intervals
+from simulations.intervals import paired_resampled_means
 
 DATA = Path("../shared/data")
 BOARDS = ("jetson-nano", "jetson-tx2nx")
@@ -387,8 +387,8 @@ def cell(board: BoardModel, w: Workload, runs: dict[tuple[int, int], dict[str, A
 def ratio_interval(ours: list[float], fastest: list[float]) -> tuple[float, float]:
     """Bootstrap 95 % interval of mean(ours) / mean(fastest), seeds resampled with replacement (the
     same draw for both rows: a seed is one data order for every batch size)."""
-    a, f = paired_resampled_means(ours, fastest, np.random.default_rng(bootstrap.SEED))
-    return bootstrap.interval95(a / f)
+    a, f = paired_resampled_means(ours, fastest, np.random.default_rng(intervals.SEED))
+    return intervals.interval95(a / f)
 
 
 def compare_to_fastest(row: dict[str, Any], fastest: dict[str, Any]) -> dict[str, Any]:

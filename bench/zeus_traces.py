@@ -44,13 +44,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from bootstrap import SEED, interval95, resampled_means
 
 from powerctl.errors import InfeasibleCapError, PowerctlError
 from powerctl.records.profile import Profile, ProfilePoint
 from powerctl.records.relation import RelationVector
 from powerctl.selection.baselines import oracle
 from powerctl.selection.joint import RELATION_RULES, select
+from simulations.intervals import SEED, interval95, resampled_means
 
 TRAIN_COLUMNS = ("dataset", "network", "batch_size", "optimizer", "run", "target_metric", "target_epoch")
 POWER_COLUMNS = (

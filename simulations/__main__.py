@@ -13,23 +13,58 @@ import os
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from powerctl.cli.util import OneLineParser, accuracy, one_line_errors, positive_float, tcp_port
+from powerctl.cli.util import (
+    OneLineParser,
+    accuracy,
+    bounded_int,
+    one_line_errors,
+    positive_float,
+    tcp_port,
+)
 from powerctl.files.outputs import output_path
+
+if TYPE_CHECKING:
+    from simulations.fleet import FleetSpec
 
 PROG = "python -m simulations"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from simulations.demo_config import DEMO_RUN, DemoConfig
-    from strategies.settings import METHODS, RUN_METHODS
-
-    d = DemoConfig()
-    model = DEMO_RUN["model"]
     p = OneLineParser(
         prog=PROG, description="Simulations of power-aware fine-tuning on simulated edge boards."
     )
     sub = p.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
+    _add_demo(sub)
+    _add_run(sub)
+    _flwr_add_run(sub)
+    k = sub.add_parser(
+        "stop-superlink",
+        help="stop the local SuperLink that `flwr run .` leaves running (by process id)",
+        description="Find the process listening on --port (the local SuperLink's HTTP port, 39091 unless "
+        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT moves it) and, when it is a local SuperLink that `flwr run` "
+        "started (a Python running flower-superlink --simulation with its log in its own Flower home), "
+        "stop it with every process it started, by process id. Anything else on the port is one line "
+        "naming it (exit 2), nothing stopped. Nothing listening is not an error.",
+    )
+    k.add_argument("--port", type=tcp_port, default=39091, help="default 39091")
+    sub.add_parser(
+        "ray-check",
+        help="say which Ray cluster `flwr run` would join; exit 2 if it is dead",
+        description="Resolve the cluster Ray's `ray.init()` joins (RAY_ADDRESS, else the address the last "
+        "`ray start --head` recorded in RAY_TMPDIR/ray/ray_current_cluster, default /tmp/ray) and try a TCP "
+        "connect to it (1 s). Prints the cluster that will be used, or one line saying what is dead and what "
+        "to do (exit 2): Ray would otherwise wait for a dead cluster forever.",
+    )
+    return p
+
+
+def _add_demo(sub: Any) -> None:
+    from simulations.demo_config import DEMO_RUN, DemoConfig
+
+    d = DemoConfig()
+    model = DEMO_RUN["model"]
     s = sub.add_parser(
         "demo",
         help="one simulated board: the method against state-of-practice, proxy-batch and oracle",
@@ -47,12 +82,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--target-accuracy", type=accuracy, default=None, help="default: the run config's target-accuracy"
     )
     s.add_argument("--quiet", action="store_true", help="no progress lines")
+
+
+def _add_run(sub: Any) -> None:
+    from simulations.fleet import MAX_SEEDS
+    from strategies.settings import METHODS, RUN_METHODS
+
+    seed_count = bounded_int(1, MAX_SEEDS, "seed_count")
     r = sub.add_parser(
         "run",
         help="a fleet file on Flower's simulation engine (Ray), every method side by side",
         description="Run the fleet of FLEET.yaml under each method (ours, state-of-practice, proxy-batch, "
         "oracle) from the same weights, data and seeds, on Flower's simulation engine on Ray. Writes "
-        "DIR/results.json, DIR/summary.txt and DIR/plots/.",
+        "DIR/results.json, DIR/summary.txt and DIR/plots/. With N seeds (--seeds, or the file's "
+        "seeds.count), once per seed into DIR/seed-K/, and DIR/results.json and DIR/summary.txt "
+        "summarise the seeds.",
     )
     r.add_argument("fleet", type=Path, help="the fleet file (see simulations/fleets/default.yaml)")
     r.add_argument(
@@ -65,8 +109,22 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"comma-separated, from {','.join(RUN_METHODS)} (default: the fleet file's methods, "
         f"else {','.join(METHODS)})",
     )
+    r.add_argument(
+        "--seeds",
+        type=seed_count,
+        default=None,
+        help=seed_count.help(
+            "run the fleet N times, seed K with run and data seeds moved by K - 1 (DIR/seed-K/), and "
+            "summarise them paired by seed against state-of-practice (default: the fleet file's "
+            "seeds.count, else 1)"
+        ),
+        metavar="N",
+    )
     r.add_argument("--verbose", action="store_true", help="also print Flower's and Ray's own log lines")
     r.add_argument("--no-plots", action="store_true", help="skip the plots")
+
+
+def _flwr_add_run(sub: Any) -> None:
     f = sub.add_parser(
         "flwr-run",
         help="what `make run` runs: `flwr run .` on N virtual nodes, checked first, stopped whole at exit",
@@ -98,25 +156,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="run another Flower app folder (e.g. examples/quickstart-powerfed): its run config is its own "
         "(checked by Flower), --out is not used, and the app prints its own 'results: PATH' line",
     )
-    k = sub.add_parser(
-        "stop-superlink",
-        help="stop the local SuperLink that `flwr run .` leaves running (by process id)",
-        description="Find the process listening on --port (the local SuperLink's HTTP port, 39091 unless "
-        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT moves it) and, when it is a local SuperLink that `flwr run` "
-        "started (a Python running flower-superlink --simulation with its log in its own Flower home), "
-        "stop it with every process it started, by process id. Anything else on the port is one line "
-        "naming it (exit 2), nothing stopped. Nothing listening is not an error.",
-    )
-    k.add_argument("--port", type=tcp_port, default=39091, help="default 39091")
-    sub.add_parser(
-        "ray-check",
-        help="say which Ray cluster `flwr run` would join; exit 2 if it is dead",
-        description="Resolve the cluster Ray's `ray.init()` joins (RAY_ADDRESS, else the address the last "
-        "`ray start --head` recorded in RAY_TMPDIR/ray/ray_current_cluster, default /tmp/ray) and try a TCP "
-        "connect to it (1 s). Prints the cluster that will be used, or one line saying what is dead and what "
-        "to do (exit 2): Ray would otherwise wait for a dead cluster forever.",
-    )
-    return p
 
 
 def ray_check() -> int:
@@ -170,6 +209,9 @@ def run_command(args: argparse.Namespace) -> int:
         args.out = default_fleet_out(args.fleet)
     spec = load_fleet_spec(args.fleet)
     methods = args.methods or spec.methods
+    count = spec.seed_count if args.seeds is None else spec.check_seed_count(args.seeds, "--seeds")
+    if count > 1:
+        return seeds_command(args, spec, methods, count, started)
     check_before_flower(spec, check_output_dir(args.out.expanduser().resolve()), methods)  # before owning
     with owning_every_process():
         results = run_fleet(spec, args.out, methods, verbose=args.verbose, plots=not args.no_plots)
@@ -178,6 +220,27 @@ def run_command(args: argparse.Namespace) -> int:
     print(
         f"\nwall time {time.perf_counter() - started:.0f} s; wrote {out / 'results.json'}, "
         f"{out / 'summary.txt'}" + (f" and {out / 'plots'}/" if not args.no_plots else "")
+    )
+    return 0
+
+
+def seeds_command(
+    args: argparse.Namespace, spec: FleetSpec, methods: list[str], count: int, started: float
+) -> int:
+    """`run --seeds N` (N > 1): every seed into DIR/seed-K/, then the summary over seeds."""
+    import time
+
+    from simulations.fleet_seeds import seeds_summary_text
+    from simulations.runner import run_seeds
+
+    with owning_every_process():
+        results = run_seeds(spec, args.out, methods, count, verbose=args.verbose, plots=not args.no_plots)
+    print("\n" + seeds_summary_text(results))
+    out = args.out.expanduser().resolve()
+    plots = f" and {out / 'plots' / 'seed-ratios.png'}" if results.get("plots") else ""
+    print(
+        f"\nwall time {time.perf_counter() - started:.0f} s; wrote {out / 'results.json'}, "
+        f"{out / 'summary.txt'}{plots}; each seed's own in {out}/seed-K/"
     )
     return 0
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from fl_client.node import FleetEntry, NodeConfigError, parse_fleet_groups, read_yaml
-from powerctl.files.mapping import Custom, MappingReader, mapping_reader, must_be
+from powerctl.files.mapping import MAX_SEED, Custom, Integer, MappingReader, mapping_reader, must_be
 from strategies.fleet import not_simulated
 from strategies.population import Population, PopulationError, check_population, run_population
 from strategies.settings import APP_FILE, DATASET, METHODS, RUN_METHODS, SETTINGS, RunSettings
@@ -73,6 +73,10 @@ RUN_KEYS = {
     "profile-cache",
 }
 """The run config keys a fleet run passes to Flower (the others: pyproject's, which are the declared)."""
+SEED_COUNT_KEY = "count"
+"""`seeds: {count: N}`: how many seeds the runner runs (`--seeds` wins); not a run setting."""
+MAX_SEEDS = 100
+"""The most seeds one command runs: each is a whole `flwr run`."""
 FLEET_METHODS = list(METHODS)
 """A fleet file compares methods: without `methods`, every client method (the run config's default,
 `ours` alone, is for one run)."""
@@ -106,6 +110,8 @@ class FleetSpec:
     file), the declared defaults for the rest."""
     notes: list[str] = field(default_factory=list)
     """What the run cannot do as the file says (a cap schedule), said in output and results."""
+    seed_count: int = 1
+    """`seeds.count`: how many seeds `python -m simulations run` runs (`for_seed`)."""
 
     @property
     def methods(self) -> list[str]:
@@ -117,11 +123,38 @@ class FleetSpec:
 
     def run_config(self, results_dir: Path, methods: list[str], profile_cache: Path) -> dict[str, Any]:
         """The Flower run config that runs this fleet (every value a str, int or float): the settings a
-        fleet file sets, where to write, and which methods."""
+        fleet file sets, where to write, and which methods; and any other setting this spec's settings
+        were given beyond its default in code (a test's injected fault), which a file cannot set."""
         run = dataclasses.replace(
             self.settings, methods=methods, results_dir=str(results_dir), profile_cache=str(profile_cache)
         ).to_run_config()
-        return {key: run[key] for key in SETTINGS if key in RUN_KEYS}
+        declared = RunSettings().to_run_config()
+        return {key: run[key] for key in SETTINGS if key in RUN_KEYS or run[key] != declared[key]}
+
+    def for_seed(self, offset: int) -> FleetSpec:
+        """This fleet with the run seed and data seed moved by `offset` (seed K of a run over seeds is
+        offset K - 1): the clients' training, their data and partition, and a population's draws change;
+        the pre-training, proxy and relation seeds stay the file's, so every seed starts from the same
+        cached weights and relation vector (docs/howto/fleets.md#seeds)."""
+        run = self.settings
+        moved = dataclasses.replace(
+            run, seed=run.seed + offset, client_data_seed=run.client_data_seed + offset
+        )
+        return dataclasses.replace(self, settings=moved)
+
+    def check_seed_count(self, count: int, where: str) -> int:
+        """`count` seeds, 1 to MAX_SEEDS, whose derived run and data seeds are all valid seeds; else one
+        FleetFileError line naming `where` (the flag or the file's key)."""
+        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_SEEDS:
+            raise FleetFileError(f"{where}: expected a number of seeds from 1 to {MAX_SEEDS}, got {count!r}")
+        run = self.settings
+        for name, first in (("seeds.run", run.seed), ("seeds.data", run.client_data_seed)):
+            if first + count - 1 > MAX_SEED:
+                raise FleetFileError(
+                    f"{where}: {count} seeds take {name} {first} to {first + count - 1}, over the largest "
+                    f"seed {MAX_SEED}; lower {name} or the count"
+                )
+        return count
 
 
 def _setting(r: MappingReader, leaf: str, key: str, base: Path) -> Any:
@@ -198,18 +231,23 @@ def _load(path: Path) -> FleetSpec:
     base = path.parent
     boards = _boards(top.get("groups"), name, base)
     settings: dict[str, Any] = {}
+    count = 1
     for place, key in PLACES.items():
         if isinstance(key, str):
             settings[key] = _setting(top, place, key, base)
             continue
-        section = top.section(place, tuple(key))
+        section = top.section(place, (*key, SEED_COUNT_KEY) if place == "seeds" else tuple(key))
         if place == "task" and "model" not in section:
             _missing(section.where, "model")
+        if place == "seeds":
+            count = section.value(SEED_COUNT_KEY, Integer(1, MAX_SEEDS), 1)
         for leaf, setting_key in key.items():
             settings[setting_key] = _setting(section, leaf, setting_key, base)
     run = RunSettings(**{SETTINGS[key].attr: value for key, value in settings.items()}, fleet=str(path))
     _population(run, boards, name)  # the ServerApp draws from it: refused here, before Ray starts
-    spec = FleetSpec(path, top.value("name", Custom(_fleet_name, NAME_EXPECTED, str), path.stem), boards, run)
+    fleet_name = top.value("name", Custom(_fleet_name, NAME_EXPECTED, str), path.stem)
+    spec = FleetSpec(path, fleet_name, boards, run, seed_count=count)
+    spec.check_seed_count(count, f"{name}: seeds: {SEED_COUNT_KEY!r}")
     if any(b.caps() is not None for b in boards) and spec.scale_mode:
         spec.notes.append(
             "stand-in clients (scale mode) do not train, so they do not follow a changing cap: each "

@@ -6,7 +6,9 @@
 - makespan.png: every round's makespan per method;
 - profile_maps/BOARD.png: the board's peak-power map for the run's model (its predicted profile, the
   board model's noise-free grid), one panel per cap with its boundary and the (b, f) each method chose
-  under it (`powerctl.cli.plot.choices_per_cap`).
+  under it (`powerctl.cli.plot.choices_per_cap`);
+- seed-ratios.png (a run over seeds, `simulations.fleet_seeds`): per method, its per-seed ratios to the
+  state of practice, their mean and its bootstrap 95 % interval.
 """
 
 from __future__ import annotations
@@ -167,3 +169,44 @@ def plot_fleet(results: dict[str, Any], out: Path) -> list[Path]:
         plot_makespans(results, out / "makespan.png"),
         *plot_profile_maps(results, out),
     ]
+
+
+def plot_seed_ratios(results: dict[str, Any], path: Path) -> Path:
+    """A run over seeds: one panel per ratio (per board speed-up, fleet speed-up, energy), per method a
+    point per seed (its ratio to the state of practice), the mean and its 95 % interval."""
+    from simulations.fleet_seeds import RATIO_PANELS
+
+    methods = [m for m in results["summary"] if m["method"] != results["reference"]]
+    fig = _figure((max(9.0, 1.3 * len(methods) * len(RATIO_PANELS) + 2), 4.6))
+    axes = fig.subplots(1, len(RATIO_PANELS), sharey=False)
+    for ax, (title, stats_of) in zip(axes, RATIO_PANELS, strict=True):
+        for x, m in enumerate(methods):
+            stats = stats_of(m)
+            if not stats or stats["mean"] is None:
+                ax.text(x, 1.0, "no pairs", ha="center", va="bottom", fontsize=7)
+                continue
+            ratios = [s["ratio"] for s in stats["per_seed"]]
+            spread = np.linspace(-0.15, 0.15, len(ratios)) if len(ratios) > 1 else [0.0]
+            ax.scatter(x + np.asarray(spread), ratios, s=18, color=_colour(m["method"]), alpha=0.7, zorder=3)
+            lo, hi = stats["interval"]
+            ax.errorbar(
+                x + 0.3,
+                stats["mean"],
+                yerr=[[stats["mean"] - lo], [hi - stats["mean"]]],
+                fmt=MARKERS.get(m["method"], "o"),
+                color=_colour(m["method"]),
+                capsize=4,
+                zorder=3,
+            )
+        ax.axhline(1.0, color="black", ls=":", lw=1)
+        ax.set_xticks(range(len(methods)), [m["method"] for m in methods], fontsize=8)
+        ax.set_xlim(-0.6, len(methods) - 0.3)
+        ax.set_title(title, fontsize=9)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].set_ylabel("ratio to state-of-practice\n(a point per seed; mean and 95 % interval)")
+    fig.suptitle(
+        f"fleet {results['fleet']['name']}: {len(results['seeds']) - len(results['failed_seeds'])} seeds "
+        "(speed-up > 1: faster; energy < 1: less)",
+        fontsize=10,
+    )
+    return _save(fig, path)

@@ -32,6 +32,30 @@ def _method_file(flwr_out: Path, method: str, methods: list[str]) -> Path:
     return flwr_out / "results.json" if len(methods) == 1 else flwr_out / method / "results.json"
 
 
+def missing_methods(flwr_out: Path, methods: list[str]) -> list[str]:
+    """The methods whose results file the ServerApp did not write (a run that ended early)."""
+    return [m for m in methods if not _method_file(flwr_out, m, methods).is_file()]
+
+
+def fleet_block(spec: FleetSpec) -> dict[str, Any]:
+    """What `results.json` says of the fleet itself (its boards, task and mode)."""
+    return {
+        "file": str(spec.path),
+        "name": spec.name,
+        "boards": [
+            {"partition_id": i, "device": b.device, "power_cap_w": b.power_cap_w, "cap": b.cap_label()}
+            for i, b in enumerate(spec.boards)
+        ],
+        "target_accuracy": spec.settings.target_accuracy,
+        "model": spec.settings.model,
+        "rounds": spec.settings.num_server_rounds,
+        "scale_mode": spec.scale_mode,
+        "profile_source": spec.settings.profile_source,
+        "real_share": spec.settings.real_share,
+        "notes": list(spec.notes),
+    }
+
+
 def records_of(spec: FleetSpec, method: str, data: dict[str, Any]) -> list[dict[str, Any]]:
     """One flat record per client per round, with the fleet file's group and cap schedule."""
     out = []
@@ -150,21 +174,7 @@ def build_results(
     add_ratios(summaries)
     return {
         "schema": FLEET_SCHEMA,
-        "fleet": {
-            "file": str(spec.path),
-            "name": spec.name,
-            "boards": [
-                {"partition_id": i, "device": b.device, "power_cap_w": b.power_cap_w, "cap": b.cap_label()}
-                for i, b in enumerate(spec.boards)
-            ],
-            "target_accuracy": spec.settings.target_accuracy,
-            "model": spec.settings.model,
-            "rounds": spec.settings.num_server_rounds,
-            "scale_mode": spec.scale_mode,
-            "profile_source": spec.settings.profile_source,
-            "real_share": spec.settings.real_share,
-            "notes": list(spec.notes),
-        },
+        "fleet": fleet_block(spec),
         "run": {"relation": run.get("relation"), "weights": run.get("weights"), "config": run.get("config")},
         "methods": methods,
         "definitions": {

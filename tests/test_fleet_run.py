@@ -7,14 +7,15 @@ run again and pasted."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
-from simulations.fleet import load_fleet_spec
+from simulations.fleet import FleetSpec, load_fleet_spec
 from simulations.local_superlink import alive
-from simulations.runner import run_fleet
+from simulations.runner import run_seeds
 from strategies.population import Population
 from tests.cpu_quotes import check_against_quotes, quotes
 
@@ -61,22 +62,51 @@ def _quoted() -> dict[str, list[str]]:
     return quotes(QUOTED.read_text(encoding="utf-8"), MARK, "fleet tiny:", _blocks)
 
 
+def second_seed_stops(spec: FleetSpec, offset: int) -> FleetSpec:
+    """The product's seed rule (`FleetSpec.for_seed`); seed 2's ServerApp then stops after its first
+    round as if it crashed (the soak tests' `inject-server-stop-round`, POWERFED_FAULT_INJECTION=1)."""
+    seeded = spec.for_seed(offset)
+    if offset == 1:
+        stop = dataclasses.replace(seeded.settings, inject_server_stop_round=1)
+        seeded = dataclasses.replace(seeded, settings=stop)
+    return seeded
+
+
 @pytest.mark.slow
-def test_a_tiny_sampled_fleet_runs_every_method_records_its_draws_and_leaves_no_process(
+def test_a_tiny_sampled_fleet_over_two_seeds_records_its_draws_leaves_out_a_failed_seed_and_no_process(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Seed 1 is the quoted run from an empty cache; seed 2 (run and data seeds moved, its weights and
+    relation vector the cache's) fails in round 1 and is reported and left out of the summary over seeds
+    (`--seeds`' loop; its summary arithmetic is tests/test_fleet_seeds.py's)."""
     monkeypatch.setenv("POWERFED_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("POWERFED_FAULT_INJECTION", "1")
     fleet = tmp_path / "tiny.yaml"
     fleet.write_text(TINY)
-    out = tmp_path / "out"
+    top = tmp_path / "out"
     lines: list[str] = []
-    results = run_fleet(load_fleet_spec(fleet), out, ["ours", "state-of-practice"], echo=lines.append)
+    methods = ["ours", "state-of-practice"]
+    seeds = run_seeds(load_fleet_spec(fleet), top, methods, 2, echo=lines.append, seed_spec=second_seed_stops)
 
-    started = results["processes"]["started"]
-    assert len(started) >= 3, "flwr, its SuperLink and the simulation should have been seen"
-    assert not [p for p in started if alive(p)], "processes of the run are still alive"
-
+    first, second = seeds["seeds"]
+    assert (first["status"], first["run_seed"]) == ("ok", 6) and not first["prepared_cached"]
+    assert second["status"] == "failed" and seeds["failed_seeds"] == [2] and second["prepared_cached"]
+    assert "InjectedServerStop: injected ServerApp stop in round 1" in second["reason"]
+    assert second["log"] in second["reason"] and Path(second["log"]).is_file()
+    assert [s["seeds"] for s in seeds["summary"]] == [1, 1]
+    assert (
+        "seed 2 (run 7, data" in (top / "summary.txt").read_text()
+        and "FAILED, excluded" in (top / "summary.txt").read_text()
+    )
+    assert any(line.startswith("=== seed 2 of 2 FAILED after") for line in lines)
+    out = top / "seed-1"  # seed 1's own folder: what a single run writes
     data = json.loads((out / "results.json").read_text())
+    assert first["summary"] == data["summary"]
+    started = data["processes"]["started"] + second["processes"]["started"]
+    assert min(len(data["processes"]["started"]), len(second["processes"]["started"])) >= 3, (
+        "flwr, its SuperLink and the simulation should have been seen in each run"
+    )
+    assert not [p for p in started if alive(p)], "processes of the runs are still alive"
     assert data["schema"] == "simulations.fleet/1" and data["methods"] == ["ours", "state-of-practice"]
     assert data["failures"] == [] and [s["method"] for s in data["summary"]] == data["methods"]
     pop = Population(clients_per_round=2, availability=0.5, seed=6)
@@ -90,7 +120,7 @@ def test_a_tiny_sampled_fleet_runs_every_method_records_its_draws_and_leaves_no_
                 if x["method"] == method and x["round"] == r["round"]
             )
             assert trained == r["sampled"] and len(trained) == 2
-    assert all(s["clients"] == 2 for s in results["summary"])
+    assert all(s["clients"] == 2 for s in data["summary"])
     recs = data["records"]
     assert {(r["device"], r["power_cap_w"]) for r in recs} == {
         ("sim:jetson-nano", 3.0),

@@ -1,4 +1,9 @@
-"""Bootstrap 95 % intervals over seeds, shared by the benches (one resampling rule, one seed)."""
+"""Bootstrap 95 % intervals over seeds: one resampling rule and one seed, for the fleet runner's summary
+over seeds (`simulations.fleet_seeds`) and the benches (bench/paper_tables.py, bench/zeus_traces.py).
+
+A seed is the unit resampled: values that share a seed (two methods' runs of it, a method's ratio to
+the state of practice on it) are drawn together, so an interval over them is paired.
+"""
 
 from __future__ import annotations
 
@@ -29,3 +34,8 @@ def interval95(samples: np.ndarray) -> tuple[float, float]:
     """The 2.5th and 97.5th percentiles."""
     lo, hi = np.percentile(samples, [2.5, 97.5])
     return float(lo), float(hi)
+
+
+def mean_interval95(values: Sequence[float], seed: int = SEED) -> tuple[float, float]:
+    """The bootstrap 95 % interval of the mean of `values`, one value per seed, seeds resampled."""
+    return interval95(resampled_means(values, np.random.default_rng(seed)))

@@ -1,0 +1,371 @@
+"""A fleet over seeds (`python -m simulations run FLEET --seeds N`): every seed's rows and, per method, the
+summary paired with the state of practice by seed: `DIR/results.json` (`simulations.fleet-seeds/1`) and
+its printed table (docs/howto/fleets.md#seeds).
+
+Seed K (1..N) is the fleet with its run and data seeds moved by K - 1 (`FleetSpec.for_seed`), run and
+merged as one fleet run is (`simulations.runner.run_fleet`, DIR/seed-K/). Per method, over the seeds
+that ran:
+
+- per board: its time to its own target in round 1, the paper's metric: its profiling seconds plus its
+  fine-tuning seconds until its own evaluation crossed the target (a client stops there). A board that
+  did not reach it, or failed, is counted and named, never averaged in;
+- the fleet: its time to the global target (`time_to_target_s`: the summed round makespans) and energy;
+- ratios to the state of practice paired by seed: speed-up (its seconds / the method's) per board and
+  seed, and per seed for the fleet; energy ratio (the method's joules / its) per seed. Each: the mean of
+  one value per seed (per board: the seed's geometric mean over its boards), a bootstrap 95 % interval
+  of that mean resampling seeds (`simulations.intervals`) and the geometric mean of every ratio (per
+  board: over boards and seeds). A pair missing a value (not at target, failed) is counted as unpaired.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from powerctl.procs import alive
+from powerctl.selection.methods import run_method_named
+from simulations.fleet import FleetSpec
+from simulations.fleet_results import fleet_block
+from simulations.intervals import DRAWS, SEED, mean_interval95
+
+SEEDS_SCHEMA = "simulations.fleet-seeds/1"
+DEFINITIONS = {
+    "seeds": "seed K (1..N) runs the fleet with run seed = seeds.run + K - 1 and data seed = seeds.data + "
+    "K - 1 (the clients' training, their data and partition, a population's draws); the pre-training, "
+    "proxy and relation seeds are the file's, so every seed starts from the same cached weights and "
+    "relation vector",
+    "board_to_own_target_s": "a board's time to its own target, round 1: its profiling seconds plus its "
+    "fine-tuning seconds until its own evaluation crossed the target; a board that did not reach it (or "
+    "failed) is counted, not averaged in",
+    "fleet_to_target_s": "the fleet's time to the global target: the summed round makespans through the "
+    "first round after which the global model reached it (each seed's time_to_target_s)",
+    "ratios": "paired by seed with state-of-practice: speed-up = its seconds / the method's (per board and "
+    "seed; per seed for the fleet), energy = the method's joules / its (per seed, all rounds); mean: of "
+    "one value per seed (per board: the seed's geometric mean over its boards); 95 % interval: "
+    f"percentile bootstrap of that mean, seeds resampled with replacement ({DRAWS} draws, seed {SEED}); "
+    "geo mean: of every ratio (per board: over boards and seeds); unpaired: pairs without both values",
+    "failed_seed": "a seed whose run failed (the ServerApp stopped, or its results miss a method) is "
+    "reported with its reason and log, and left out of the summary",
+}
+
+
+@dataclass
+class SeedRun:
+    """One seed of a run over seeds: what it was, how long it took, and its results or why it failed."""
+
+    seed: int
+    """K, 1-based: its folder is DIR/seed-K."""
+    run_seed: int
+    data_seed: int
+    folder: Path
+    prepared_cached: bool
+    """The pre-trained weights and relation vector were cached before it started."""
+    wall_seconds: float = 0.0
+    results: dict[str, Any] | None = None
+    error: str | None = None
+    """The one-line reason it failed (None: it ran)."""
+    pids: list[int] = field(default_factory=list)
+    """A failed seed: every process its run started (a seed that ran has them in its results)."""
+
+    @property
+    def ok(self) -> bool:
+        return self.results is not None
+
+    def row(self) -> dict[str, Any]:
+        """Its entry in results.json's `seeds`: the seed's method rows and per-board rows, or its failure."""
+        head = {
+            "seed": self.seed,
+            "run_seed": self.run_seed,
+            "data_seed": self.data_seed,
+            "folder": str(self.folder),
+            "status": "ok" if self.ok else "failed",
+            "wall_seconds": self.wall_seconds,
+            "prepared_cached": self.prepared_cached,
+        }
+        if self.results is None:
+            processes = {"started": self.pids, "alive_after": [p for p in self.pids if alive(p)]}
+            return head | {"reason": self.error, "log": str(self.folder / "flwr.log"), "processes": processes}
+        return head | {"summary": self.results["summary"], "boards": board_rows(self.results)}
+
+
+def board_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per method and board of round 1: its time to its own target (None: not reached), or its failure."""
+    rows = []
+    for r in results["records"]:
+        if r["round"] != 1:
+            continue
+        reached = bool(r["reached_target"])
+        rows.append(
+            {
+                "method": r["method"],
+                "node_key": r["node_key"],
+                "device": r["device"],
+                "power_cap_w": r["power_cap_w"],
+                "reached_target": reached,
+                "profiling_s": r["profiling_seconds"],
+                "fine_tuning_s": r["device_seconds"],
+                "to_own_target_s": r["profiling_seconds"] + r["device_seconds"] if reached else None,
+                "failed": None,
+            }
+        )
+    rows += [
+        {
+            "method": f["method"],
+            "node_key": f["node_key"],
+            "device": f["device"],
+            "power_cap_w": None,
+            "reached_target": False,
+            "profiling_s": None,
+            "fine_tuning_s": None,
+            "to_own_target_s": None,
+            "failed": f"{f['kind']}: {f['reason']}",
+        }
+        for f in results["failures"]
+        if f["round"] == 1
+    ]
+    return rows
+
+
+def _geomean(values: list[float]) -> float:
+    return math.exp(statistics.fmean(math.log(v) for v in values))
+
+
+def ratio_stats(per_seed: dict[int, list[float]], unpaired: int) -> dict[str, Any]:
+    """Ratios by seed (a seed's list: its boards', or its one value): per-seed values (a seed's
+    geometric mean), their mean and its bootstrap 95 % interval over seeds, and the geometric mean of
+    every ratio."""
+    seeds = {k: v for k, v in sorted(per_seed.items()) if v}
+    values = [_geomean(v) for v in seeds.values()]
+    every = [x for v in seeds.values() for x in v]
+    mean = statistics.fmean(values) if values else None
+    return {
+        "pairs": len(every),
+        "unpaired": unpaired,
+        "per_seed": [{"seed": k, "ratio": r} for k, r in zip(seeds, values, strict=True)],
+        "mean": mean,
+        "interval": list(mean_interval95(values)) if values else None,
+        "geomean": _geomean(every) if every else None,
+    }
+
+
+def _ratio(reference: float | None, value: float | None, *, speedup: bool) -> float | None:
+    """speed-up: reference / value; else value / reference; None unless both are > 0."""
+    if not reference or not value or reference <= 0 or value <= 0:
+        return None
+    return reference / value if speedup else value / reference
+
+
+def method_over_seeds(method: str, sop: str | None, runs: list[SeedRun]) -> dict[str, Any]:
+    """One method's summary over the seeds that ran (`runs`: only those), paired with `sop` by seed."""
+    boards: list[tuple[int, dict[str, Any]]] = []
+    fleet: dict[int, dict[str, Any]] = {}
+    board_ratio: dict[int, list[float]] = {}
+    time_ratio: dict[int, list[float]] = {}
+    energy_ratio: dict[int, list[float]] = {}
+    unpaired = {"board": 0, "fleet": 0, "energy": 0}
+    for run in runs:
+        assert run.results is not None
+        rows = board_rows(run.results)
+        mine = [r for r in rows if r["method"] == method]
+        boards += [(run.seed, r) for r in mine]
+        rows_by = {s["method"]: s for s in run.results["summary"]}
+        fleet[run.seed] = rows_by[method]
+        if sop is None or method == sop:
+            continue
+        theirs = {r["node_key"]: r for r in rows if r["method"] == sop}
+        board_ratio[run.seed] = []
+        for r in mine:
+            other = theirs.get(r["node_key"])
+            ratio = _ratio(other["to_own_target_s"] if other else None, r["to_own_target_s"], speedup=True)
+            if ratio is None:
+                unpaired["board"] += 1
+            else:
+                board_ratio[run.seed].append(ratio)
+        unpaired["board"] += len(set(theirs) - {r["node_key"] for r in mine})
+        ref = rows_by[sop]
+        for key, into, name, speedup in (
+            ("fleet", time_ratio, "time_to_target_s", True),
+            ("energy", energy_ratio, "energy_j", False),
+        ):
+            ratio = _ratio(ref[name], rows_by[method][name], speedup=speedup)
+            if ratio is None:
+                unpaired[key] += 1
+            else:
+                into[run.seed] = [ratio]
+    at_target = [(k, r) for k, r in boards if r["to_own_target_s"] is not None]
+    reached = {k: s["time_to_target_s"] for k, s in fleet.items() if s["time_to_target_s"] is not None}
+    compared = sop is not None and method != sop
+    return {
+        "method": method,
+        "seeds": len(runs),
+        "board": {
+            "runs": len(boards),
+            "at_target": len(at_target),
+            "not_at_target": [
+                f"seed {k} {r['node_key']}" + (f" (failed: {r['failed']})" if r["failed"] else "")
+                for k, r in boards
+                if r["to_own_target_s"] is None
+            ],
+            "mean_s": statistics.fmean(r["to_own_target_s"] for _, r in at_target) if at_target else None,
+            "speedup": ratio_stats(board_ratio, unpaired["board"]) if compared else None,
+        },
+        "fleet": {
+            "reached": len(reached),
+            "not_reached": [f"seed {k}" for k in fleet if k not in reached],
+            "mean_s": statistics.fmean(reached.values()) if reached else None,
+            "speedup": ratio_stats(time_ratio, unpaired["fleet"]) if compared else None,
+        },
+        "energy": {
+            "mean_j": statistics.fmean(s["energy_j"] for s in fleet.values()) if fleet else None,
+            "ratio": ratio_stats(energy_ratio, unpaired["energy"]) if compared else None,
+        },
+    }
+
+
+def reference_method(methods: list[str]) -> str | None:
+    """The state of practice among `methods` (None: not run, so no ratios)."""
+    return next((m for m in methods if run_method_named(m).method.reference), None)
+
+
+def build_seed_results(
+    spec: FleetSpec, methods: list[str], runs: list[SeedRun], *, wall_seconds: float
+) -> dict[str, Any]:
+    """results.json of a run over seeds: every seed's rows, and the summary over those that ran."""
+    ran = [r for r in runs if r.ok]
+    sop = reference_method(methods)
+    return {
+        "schema": SEEDS_SCHEMA,
+        "fleet": fleet_block(spec),
+        "methods": methods,
+        "seed_rule": {
+            "count": len(runs),
+            "run": spec.settings.seed,
+            "data": spec.settings.client_data_seed,
+            "pretrain": spec.settings.pretrain_seed,
+            "proxy": spec.settings.proxy_seed,
+            "relation": list(spec.settings.relation_seeds),
+        },
+        "definitions": DEFINITIONS,
+        "seeds": [r.row() for r in runs],
+        "failed_seeds": [r.seed for r in runs if not r.ok],
+        "reference": sop,
+        "summary": [method_over_seeds(m, sop, ran) for m in methods] if ran else [],
+        "wall_seconds": wall_seconds,
+    }
+
+
+def _s(v: float | None, fmt: str = ".1f") -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def _stats_cells(stats: dict[str, Any] | None, unit: str) -> str:
+    if stats is None or stats["mean"] is None:
+        unpaired = "-" if stats is None else str(stats["unpaired"])
+        return f"{'-':>9}  {'-':>18}  {'-':>8}  {unpaired:>8}"
+    lo, hi = stats["interval"]
+    interval = f"[{lo:.2f}{unit}, {hi:.2f}{unit}]"
+    geo = f"{stats['geomean']:.2f}{unit}"
+    return f"{stats['mean']:>8.2f}{unit}  {interval:>18}  {geo:>8}  {stats['unpaired']:>8}"
+
+
+def _table(
+    title: str, count_head: str, mean_head: str, ratio_head: str, rows: list[tuple[str, int, str, str, str]]
+) -> list[str]:
+    head = (
+        f"{'method':<18} {'seeds':>5} {count_head:>10} {mean_head:>9} {ratio_head:>9}  "
+        f"{'95 % interval':>18}  {'geo mean':>8}  {'unpaired':>8}"
+    )
+    lines = ["", title, head, "-" * len(head)]
+    lines += [f"{m:<18} {n:>5} {count:>10} {mean:>9} {cells}" for m, n, count, mean, cells in rows]
+    return lines
+
+
+def _some(items: list[str], shown: int = 8) -> str:
+    """The first few of a list; the rest counted (results.json has them all)."""
+    more = f" … ({len(items)} in all)" if len(items) > shown else ""
+    return ", ".join(items[:shown]) + more
+
+
+def seeds_summary_text(results: dict[str, Any]) -> str:
+    """The table printed at the end of a run over seeds (and saved as DIR/summary.txt)."""
+    fleet, rule = results["fleet"], results["seed_rule"]
+    ran = len(results["seeds"]) - len(results["failed_seeds"])
+    lines = [
+        f"fleet {fleet['name']} over {rule['count']} seeds ({ran} ran, {len(results['failed_seeds'])} "
+        f"failed): {len(fleet['boards'])} boards, model {fleet['model']}, target accuracy "
+        f"{fleet['target_accuracy']:g}, {fleet['rounds']} round(s)",
+        f"seed K: run seed {rule['run']} + K - 1, data seed {rule['data']} + K - 1; pre-training "
+        f"{rule['pretrain']}, proxy {rule['proxy']} and relation {rule['relation']} seeds the file's",
+    ]
+    for s in results["seeds"]:
+        where = f"seed {s['seed']} (run {s['run_seed']}, data {s['data_seed']})"
+        if s["status"] == "ok":
+            cached = "cached" if s["prepared_cached"] else "prepared by this seed"
+            lines.append(
+                f"  {where}: ran in {s['wall_seconds']:.0f} s (weights and relation vector {cached}): "
+                f"{s['folder']}"
+            )
+        else:
+            lines.append(f"  {where}: FAILED, excluded from the summary: {s['reason']} (log: {s['log']})")
+    summary = results["summary"]
+    if not summary:
+        lines.append("no seed ran: nothing to summarise")
+        return "\n".join(lines)
+    board_rows_, fleet_rows, energy_rows = [], [], []
+    for m in summary:
+        b, f, e = m["board"], m["fleet"], m["energy"]
+        board_rows_.append(
+            (
+                m["method"],
+                m["seeds"],
+                f"{b['at_target']}/{b['runs']}",
+                _s(b["mean_s"], ".2f"),
+                _stats_cells(b["speedup"], "x"),
+            )
+        )
+        fleet_rows.append(
+            (
+                m["method"],
+                m["seeds"],
+                f"{f['reached']}/{m['seeds']}",
+                _s(f["mean_s"], ".2f"),
+                _stats_cells(f["speedup"], "x"),
+            )
+        )
+        energy_rows.append(
+            (m["method"], m["seeds"], "", _s(e["mean_j"], ".1f"), _stats_cells(e["ratio"], ""))
+        )
+    lines += _table(
+        "per board: time to its own target, round 1", "at target", "mean s", "speed-up", board_rows_
+    )
+    lines += _table("fleet: time to the global target", "reached", "mean s", "speed-up", fleet_rows)
+    lines += _table("fleet: energy, all rounds", "", "mean J", "energy", energy_rows)
+    for m in summary:
+        if missed := m["board"]["not_at_target"]:
+            lines.append(f"{m['method']}: not at its own target in round 1: {_some(missed)}")
+        if missed := m["fleet"]["not_reached"]:
+            lines.append(f"{m['method']}: the fleet did not reach the global target in {_some(missed)}")
+    d = results["definitions"]
+    ref = results["reference"]
+    lines += [
+        "",
+        f"per board: {d['board_to_own_target_s']}.",
+        f"fleet: {d['fleet_to_target_s']}; energy: every client's, all rounds.",
+        f"ratios: {d['ratios']}."
+        if ref
+        else "no state-of-practice among the methods: no ratios (add it to --methods).",
+        f"failed seeds: {d['failed_seed']}.",
+    ]
+    return "\n".join(lines)
+
+
+RATIO_PANELS: list[tuple[str, Callable[[dict[str, Any]], dict[str, Any] | None]]] = [
+    ("per board:\nspeed-up to its own target", lambda m: m["board"]["speedup"]),
+    ("fleet:\nspeed-up to the global target", lambda m: m["fleet"]["speedup"]),
+    ("fleet:\nenergy ratio, all rounds", lambda m: m["energy"]["ratio"]),
+]
+"""The seed-ratios plot's panels (`simulations.fleet_plots`): a title, and a method's ratio stats."""
