@@ -48,6 +48,9 @@ DEFINITIONS = {
     "one value per seed (per board: the seed's geometric mean over its boards); 95 % interval: "
     f"percentile bootstrap of that mean, seeds resampled with replacement ({DRAWS} draws, seed {SEED}); "
     "geo mean: of every ratio (per board: over boards and seeds); unpaired: pairs without both values",
+    "averaged_model": "round 1, the seeds in which every client of the method reached its own target: in "
+    "how many the averaged model's evaluation (the round's global model on the clients' test splits) was "
+    "still under the target, and the mean batch size the clients chose in those seeds and in the others",
     "failed_seed": "a seed whose run failed (the ServerApp stopped, or its results miss a method) is "
     "reported with its reason and log, and left out of the summary",
 }
@@ -159,7 +162,34 @@ def _ratio(reference: float | None, value: float | None, *, speedup: bool) -> fl
     return reference / value if speedup else value / reference
 
 
-def method_over_seeds(method: str, sop: str | None, runs: list[SeedRun]) -> dict[str, Any]:
+def averaged_model(method: str, target: float, runs: list[SeedRun]) -> dict[str, Any]:
+    """Issue 40's question of the averaged model: where every client reached its own target in round 1,
+    did the round's averaged model reach it too, and did the batch sizes chosen differ when it did not?"""
+    all_reached, missed, sizes_missed, sizes_met = [], [], [], []
+    for run in runs:
+        assert run.results is not None
+        mine = [r for r in run.results["records"] if r["method"] == method and r["round"] == 1]
+        failed = [f for f in run.results["failures"] if f["method"] == method and f["round"] == 1]
+        if not mine or failed or not all(r["reached_target"] for r in mine):
+            continue
+        all_reached.append(run.seed)
+        evaluated = run.results.get("evaluations", {}).get(method) or []
+        accuracy = next((e.get("accuracy") for e in evaluated if e["round"] == 1), None)
+        sizes = [r["batch_size"] for r in mine if r.get("batch_size") is not None]
+        if accuracy is not None and accuracy < target:
+            missed.append(run.seed)
+            sizes_missed += sizes
+        else:
+            sizes_met += sizes
+    return {
+        "seeds_all_at_target": len(all_reached),
+        "missed": [f"seed {k}" for k in missed],
+        "batch_size_missed": statistics.fmean(sizes_missed) if sizes_missed else None,
+        "batch_size_met": statistics.fmean(sizes_met) if sizes_met else None,
+    }
+
+
+def method_over_seeds(method: str, sop: str | None, runs: list[SeedRun], target: float) -> dict[str, Any]:
     """One method's summary over the seeds that ran (`runs`: only those), paired with `sop` by seed."""
     boards: list[tuple[int, dict[str, Any]]] = []
     fleet: dict[int, dict[str, Any]] = {}
@@ -223,6 +253,7 @@ def method_over_seeds(method: str, sop: str | None, runs: list[SeedRun]) -> dict
             "mean_j": statistics.fmean(s["energy_j"] for s in fleet.values()) if fleet else None,
             "ratio": ratio_stats(energy_ratio, unpaired["energy"]) if compared else None,
         },
+        "averaged_model": averaged_model(method, target, runs),
     }
 
 
@@ -253,7 +284,9 @@ def build_seed_results(
         "seeds": [r.row() for r in runs],
         "failed_seeds": [r.seed for r in runs if not r.ok],
         "reference": sop,
-        "summary": [method_over_seeds(m, sop, ran) for m in methods] if ran else [],
+        "summary": [method_over_seeds(m, sop, ran, spec.settings.target_accuracy) for m in methods]
+        if ran
+        else [],
         "wall_seconds": wall_seconds,
     }
 
@@ -349,6 +382,15 @@ def seeds_summary_text(results: dict[str, Any]) -> str:
             lines.append(f"{m['method']}: not at its own target in round 1: {_some(missed)}")
         if missed := m["fleet"]["not_reached"]:
             lines.append(f"{m['method']}: the fleet did not reach the global target in {_some(missed)}")
+    lines += ["", "round 1's averaged model, in the seeds where every client reached its own target:"]
+    for m in summary:
+        a = m["averaged_model"]
+        lines.append(
+            f"  {m['method']}: under the target in {len(a['missed'])} of {a['seeds_all_at_target']}"
+            + (f" ({_some(a['missed'])})" if a["missed"] else "")
+            + f"; mean batch size {_s(a['batch_size_missed'])} where it missed, {_s(a['batch_size_met'])}"
+            " where it reached it"
+        )
     d = results["definitions"]
     ref = results["reference"]
     lines += [
@@ -358,6 +400,7 @@ def seeds_summary_text(results: dict[str, Any]) -> str:
         f"ratios: {d['ratios']}."
         if ref
         else "no state-of-practice among the methods: no ratios (add it to --methods).",
+        f"averaged model: {d['averaged_model']}.",
         f"failed seeds: {d['failed_seed']}.",
     ]
     return "\n".join(lines)

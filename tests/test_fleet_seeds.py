@@ -329,3 +329,35 @@ def _alive(pid: int) -> bool:
     from powerctl.procs import alive
 
     return alive(pid)
+
+
+def test_the_averaged_model_is_counted_where_every_client_reached_its_own_target(tmp_path: Path) -> None:
+    """Issue 40's item 4: in how many of the seeds where every client of a method reached its own target
+    was round 1's averaged model still under it, and the batch sizes chosen there and elsewhere."""
+    spec = load_fleet_spec(fleet_file(tmp_path))
+    target = spec.settings.target_accuracy
+    made = runs(tmp_path)[:3]  # ours: every client at target in seeds 1 and 2, not in seed 3
+    for run, (ours_acc, sop_acc), sizes in zip(
+        made,
+        [(target - 0.05, target), (target + 0.01, None), (target - 0.2, target - 0.1)],
+        [8, 16, 8],
+        strict=True,
+    ):
+        assert run.results is not None
+        for r in run.results["records"]:
+            r["batch_size"] = sizes if r["method"] == "ours" else 64
+        run.results["evaluations"] = {
+            "ours": [{"round": 1, "accuracy": ours_acc}],
+            SOP: [{"round": 1, "accuracy": sop_acc}],
+        }
+    ours, sop = build_seed_results(spec, ["ours", SOP], made, wall_seconds=1.0)["summary"]
+    assert ours["averaged_model"] == {
+        "seeds_all_at_target": 2,
+        "missed": ["seed 1"],
+        "batch_size_missed": 8.0,
+        "batch_size_met": 16.0,
+    }
+    # SoP: every client at target in all three; seed 2 not evaluated (counted as not missed), seed 3 missed
+    assert sop["averaged_model"]["seeds_all_at_target"] == 3 and sop["averaged_model"]["missed"] == ["seed 3"]
+    text = seeds_summary_text(build_seed_results(spec, ["ours", SOP], made, wall_seconds=1.0))
+    assert "  ours: under the target in 1 of 2 (seed 1); mean batch size 8.0 where it missed, 16.0" in text
