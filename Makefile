@@ -25,7 +25,7 @@ SUPERLINK_PORT ?= 39291
 RUN_OUT ?= runs/flwr
 export RUN_CONFIG
 
-.PHONY: setup run demo fleet test coverage test-fast floor-venvs test-torch-floor test-flower-floor lint docs bench clean
+.PHONY: setup run demo fleet test coverage test-fast floor-venvs test-torch-floor test-flower-floor lint typecheck docs bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +53,13 @@ fleet: setup
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+# mypy on the packages users import ([tool.mypy] in pyproject.toml: every function annotated, no bare
+# generics, names imported from where they are defined). On 2 cores about 60 s from an empty cache (53 s
+# of it reading torch's, flwr's, ray's, numpy's and matplotlib's own hints), 2 s with .mypy_cache kept.
+# Not part of `make test`: .ci/run runs it while the floors' venvs install.
+typecheck: setup
+	$(BIN)/mypy
 
 # The docs' generated parts from the code that defines them: usage blocks (docs/reference/cli.md), the
 # settings tables (run-config.md, fleet-file.md) and pyproject.toml's [tool.flwr.app.config]; the hand
@@ -150,4 +157,4 @@ bench: setup
 	$(BIN)/python bench/relation_vs_target.py --out runs/bench
 
 clean:
-	rm -rf $(VENV) runs .flwr .pytest_cache .ruff_cache .coverage .coverage.*
+	rm -rf $(VENV) runs .flwr .pytest_cache .ruff_cache .mypy_cache .coverage .coverage.*

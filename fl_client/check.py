@@ -310,7 +310,7 @@ def _verify(t: Target) -> str | bool:
 
 def control_nodes(t: Target) -> list[Any]:
     """Every SuperNode the SuperLink knows (Flower's `ListNodes`, as `flwr supernode ls` asks)."""
-    from flwr.proto.control_pb2 import ListNodesRequest  # type: ignore[attr-defined]
+    from flwr.proto.control_pb2 import ListNodesRequest
     from flwr.supercore.control import ControlHttpClient
     from flwr.supercore.interceptors.http.runtime_version import RuntimeVersionHttpInterceptor
 
@@ -364,7 +364,7 @@ def release_stale_node(t: Target, say: Callable[[str], None]) -> bool:
 
     Only with a node key (a SuperNode without one registers a fresh key at every start and is never
     refused), and only when the Control API answers; False when nothing was released."""
-    from flwr.proto.fleet_pb2 import DeactivateNodeRequest  # type: ignore[attr-defined]
+    from flwr.proto.fleet_pb2 import DeactivateNodeRequest
     from flwr.supercore.primitives.asymmetric import public_key_to_bytes
 
     assert t.node_key is not None
@@ -393,7 +393,7 @@ def check_node_key(t: Target) -> str:
     """Activate the node with the key and release it at once, as a SuperNode starting and stopping."""
     import httpx
     from flwr.common.constant import HEARTBEAT_DEFAULT_INTERVAL
-    from flwr.proto.fleet_pb2 import (  # type: ignore[attr-defined]
+    from flwr.proto.fleet_pb2 import (
         ActivateNodeRequest,
         DeactivateNodeRequest,
     )
@@ -460,7 +460,7 @@ def _refused_key(t: Target, exc: Exception, public_key: bytes) -> CheckFailed:
 def check_self_registration(t: Target) -> str:
     """Without a key a SuperNode registers a fresh one: do that with a throwaway key, then undo it."""
     import httpx
-    from flwr.proto.fleet_pb2 import (  # type: ignore[attr-defined]
+    from flwr.proto.fleet_pb2 import (
         RegisterNodeFleetRequest,
         UnregisterNodeFleetRequest,
     )

@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -128,7 +129,7 @@ def before_training(faults: Faults | None, node: str, server_round: int) -> str 
     return fault
 
 
-def kill_after_checkpoint(node: str, server_round: int, after_samples: int):
+def kill_after_checkpoint(node: str, server_round: int, after_samples: int) -> Callable[[int, int], None]:
     """An `on_step` that ends the process (no handler runs, as with SIGKILL) once the fine-tune has
     passed `after_samples` (its first checkpoint); logged just before, so a fine-tune that ends
     earlier is not counted as killed."""

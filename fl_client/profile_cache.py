@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from powerctl.errors import FileFormatError
 from powerctl.files.cache import cache_dir
@@ -133,7 +134,7 @@ MEASURED_ORDERS = ("grid", "efficient", "fitted")
 
 
 def same_kind_profiles(
-    device_kind: str, workload: dict, cache_dir: Path | None = None
+    device_kind: str, workload: dict[str, Any], cache_dir: Path | None = None
 ) -> list[tuple[Path, Profile]]:
     """Measured profiles in the cache of this kind of board (backend and board) and this workload (model,
     classes, input shape: what a step computes), whatever cap or order they were measured for — the

@@ -65,13 +65,13 @@ from powerctl.profiling.budget import (
 from powerctl.profiling.profiler import StepFactory, profile_device
 from powerctl.records.pick import Pick
 from powerctl.records.profile import Profile
-from powerctl.records.relation import RelationVector
+from powerctl.records.relation import DEFAULT_RELATION_RULE, RelationVector
 from powerctl.records.workload import Workload
 from powerctl.selection.baselines import board_fixed_frequency
 from powerctl.selection.capsource import CapSource, ConstantCap
 from powerctl.selection.follow import CapFollower
 from powerctl.selection.guard import PowerGuard
-from powerctl.selection.joint import DEFAULT_RELATION_RULE, check_power_cap, select
+from powerctl.selection.joint import check_power_cap, select
 from powerctl.selection.methods import MethodContext, method_named
 from powerfed.training.checkpoint import Checkpointing
 from powerfed.training.errors import DataError, ModelError
@@ -246,7 +246,9 @@ class RoundWork:
         return self.data
 
 
-def build_local_model(model_name: str, num_classes: int, overrides: dict, state: State) -> nn.Module:
+def build_local_model(
+    model_name: str, num_classes: int, overrides: dict[str, Any], state: State
+) -> nn.Module:
     """The network the server described, with the server's weights; a mismatch is one ModelError line."""
     model = build_model(model_name, num_classes, **overrides)
     try:
@@ -257,7 +259,7 @@ def build_local_model(model_name: str, num_classes: int, overrides: dict, state:
     return model
 
 
-def model_seq_len(model_name: str, overrides: dict) -> int:
+def model_seq_len(model_name: str, overrides: dict[str, Any]) -> int:
     """The window length text data is cut into (64 for images, which ignore it)."""
     spec = get_model_spec(model_name)
     return int(overrides.get("seq_len", spec.input_shape[0])) if spec.task == "text" else 64
@@ -307,8 +309,11 @@ class Rule(Protocol):
     """A method's rule as a function of the cap: what it pins under a constant cap, and what a follower
     re-applies when the cap changes. `relation` is what it predicts progress by."""
 
-    profile: Profile
-    relation: RelationVector
+    # read-only: a frozen dataclass (`MethodRule`) is a rule
+    @property
+    def profile(self) -> Profile: ...
+    @property
+    def relation(self) -> RelationVector: ...
 
     def __call__(self, power_cap_w: float | None) -> Pick: ...
 
@@ -681,7 +686,7 @@ class Pinning:
 
 
 def fine_tune_step(
-    work: RoundWork, rule: Rule, *, observe: Callable[[Device], AbstractContextManager] | None = None
+    work: RoundWork, rule: Rule, *, observe: Callable[[Device], AbstractContextManager[Any]] | None = None
 ) -> Trained:
     """Fine-tune the server's weights on a fresh device handle (a simulated board's noise then does not
     depend on what ran before, so a seeded run repeats exactly), checkpointed so that the same work

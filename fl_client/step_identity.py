@@ -146,6 +146,7 @@ def cell_value(cell: Any) -> Any:
 
 
 def _class(cls: type, seen: set[int], depth: int) -> Any:
+    source: str | list[list[Any]]
     try:
         source = inspect.getsource(cls)
     except (OSError, TypeError):  # defined where no file holds it (exec, a notebook cell): its methods

@@ -140,7 +140,9 @@ def _children() -> dict[int, bool]:
 def stop_leftovers(grace_s: float = STOP_GRACE_S) -> list[int]:
     """SIGTERM every child of this process (left by an exited SuperNode), SIGKILL what is left after
     `grace_s`, and reap them: by pid, safe because an unreaped child's pid cannot be reused."""
-    deadline, signalled, seen = time.monotonic() + grace_s, {}, set()
+    deadline = time.monotonic() + grace_s
+    signalled: dict[int, signal.Signals] = {}
+    seen: set[int] = set()
     while True:
         kids = _children()
         for pid, running in kids.items():
@@ -266,8 +268,8 @@ def _port_line(outcome: Outcome, flags: list[str]) -> str:
                 "this SuperNode its own --port (each SuperNode on a host needs one; default 9094)"
             )
         return f"the SuperNode cannot listen on {host}:{port} ({why}); give it another --port"
-    port = option_value(flags, "--port") or "9094 (the default)"
-    return f"the SuperNode's local API did not start on port {port}; give it another --port"
+    given = option_value(flags, "--port") or "9094 (the default)"
+    return f"the SuperNode's local API did not start on port {given}; give it another --port"
 
 
 def _connection_flags(flags: list[str]) -> list[str]:

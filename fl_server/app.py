@@ -20,7 +20,7 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
@@ -61,7 +61,7 @@ from strategies.population import (
 )
 from strategies.power_aware import NoClientReported, PowerAwareFedAvg
 from strategies.protocol import TrainInstructions
-from strategies.rounds import RoundRecord
+from strategies.rounds import NodeInfo, RoundRecord
 
 if TYPE_CHECKING:
     from torch import nn
@@ -172,7 +172,7 @@ def relation_settings(cfg: ServerConfig) -> RelationSettings:
 
 
 def instructions(
-    cfg: ServerConfig, relation: RelationVector, meta_classes: int, overrides: dict
+    cfg: ServerConfig, relation: RelationVector, meta_classes: int, overrides: dict[str, Any]
 ) -> TrainInstructions:
     """The run's train instructions: the settings the clients take from the server, and the relation."""
     return TrainInstructions.for_run(
@@ -180,7 +180,7 @@ def instructions(
     )
 
 
-def prepare(cfg: ServerConfig, lines: Any = None) -> tuple[Path, dict]:
+def prepare(cfg: ServerConfig, lines: Any = None) -> tuple[Path, dict[str, Any]]:
     """The starting weights and the relation vector (as a dict, so it crosses a process boundary); its
     progress lines go to `lines` (a queue the parent prints from), else to this process's output."""
     tell = say if lines is None else lines.put
@@ -281,8 +281,8 @@ class RunSetup:
     cfg: ServerConfig
     model: nn.Module
     meta: Any
-    initial_state: dict
-    run_info: dict
+    initial_state: dict[str, Any]
+    run_info: dict[str, Any]
     base: TrainInstructions
     eval_config: ConfigRecord
     fingerprint: str
@@ -295,8 +295,8 @@ class RunSetup:
 
 
 def run_method(
-    method: str, grid: Grid, setup: RunSetup, out: Path, known_nodes: dict, label: bool = True
-) -> tuple[Path, dict]:
+    method: str, grid: Grid, setup: RunSetup, out: Path, known_nodes: dict[int, NodeInfo], label: bool = True
+) -> tuple[Path, dict[int, NodeInfo]]:
     """Every round of one method from the run's initial weights, or from where an earlier start of
     this same run stopped; results in `out`/results.json, the model after each round in
     `out`/global.safetensors. `label`: name the method in the round headers (several methods)."""
@@ -429,7 +429,7 @@ def run(grid: Grid, context: Context) -> Path:
         population=run_population(cfg, fleet_availability(cfg.fleet)),
     )
     progress = ProgressGrid(grid, say)
-    nodes: dict = {}
+    nodes: dict[int, NodeInfo] = {}
     paths = []
     several = len(methods) > 1
     for number, method in enumerate(methods, start=1):
@@ -438,11 +438,11 @@ def run(grid: Grid, context: Context) -> Path:
             say(f"\n=== method {method} ({number} of {len(methods)}) ===")
         path, nodes = run_method(
             method,
-            progress,
+            cast(Grid, progress),  # a Grid to the strategy: it forwards what it does not override
             setup,
             out / method if several else out,
             nodes,
-            several,  # type: ignore[arg-type]
+            several,
         )
         paths.append(path)
         if several:

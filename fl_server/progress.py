@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
 from flwr.app import Message
 
@@ -39,7 +39,9 @@ class ProgressGrid:
             return []  # nothing to wait for (a resumed run's rounds done before): no progress line
         kind = messages[0].metadata.message_type if messages else "?"
         if messages and "config" in messages[0].content.config_records:
-            self.round = int(messages[0].content.config_records["config"].get("server-round", self.round))
+            config = messages[0].content.config_records["config"]
+            # server-round: an int in every config Flower sends
+            self.round = int(cast(int, config.get("server-round", self.round)))
         total = len(messages)
         pending = set(self._grid.push_messages(messages))
         del messages

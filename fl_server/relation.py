@@ -412,7 +412,7 @@ class ProxyRuns:
 
 def run_to_target(
     runs: ProxyRuns, config: FineTuneConfig, *, host: Device | None = None, progress: bool = False
-) -> tuple[FineTuneResult, float | None, int]:
+) -> tuple[FineTuneResult, float | None, int | None]:
     """One fine-tuning run from the shared starting weights (`config`: batch size, rate, seed, target,
     budget), run again with denser evaluation if it crossed too early
     (`powerfed.training.crossing.run_dense`); with no target, one run for the budget. Returns (the
@@ -421,7 +421,7 @@ def run_to_target(
     host = host or HostDevice(runs.device, torch_device=runs.device)
     callbacks = FineTuneCallbacks(progress=progress, desc=f"b={config.batch_size} seed={config.seed}")
 
-    def run(every: int) -> FineTuneResult:
+    def run(every: int | None) -> FineTuneResult:
         model = build_spec(runs.spec, runs.num_classes, **runs.overrides)
         model.load_state_dict(runs.state)
         return fine_tune(
@@ -517,7 +517,7 @@ def _run_user_job(
         "seed": seed,
         "lr": lr,
         "reached": reached,
-        "samples": float(samples) if reached else math.inf,
+        "samples": float(samples) if reached and samples is not None else math.inf,
         "wall_seconds": time.perf_counter() - started,
     }
 
@@ -562,7 +562,7 @@ def _run_parallel(
     shared: ProxyRuns | TrainToTarget,
     how: RelationCompute,
     finished: Callable[[dict[str, Any]], None],
-) -> list:
+) -> list[dict[str, Any]]:
     """Each job a Ray task with one torch thread; Ray is started locally (and stopped) if needed. Jobs
     on a GPU (`ProxyRuns.device` cuda:...) ask Ray for an equal share of one GPU each, as many as run at once,
     and train on the GPU Ray gives them (their cuda:0: Ray sets CUDA_VISIBLE_DEVICES)."""
@@ -575,8 +575,9 @@ def _run_parallel(
         ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         gpu = isinstance(shared, ProxyRuns) and str(shared.device).startswith("cuda")
-        options = {"num_cpus": 1, **({"num_gpus": gpu_share(cpus, len(jobs))} if gpu else {})}
+        options: dict[str, Any] = {"num_cpus": 1, **({"num_gpus": gpu_share(cpus, len(jobs))} if gpu else {})}
         if gpu:
+            assert isinstance(shared, ProxyRuns)  # `gpu` says so
             _check_ray_gpus()
             shared = replace(shared, device="cuda:0")
         remote = ray.remote(**options)(fn)
@@ -592,9 +593,9 @@ def _run_parallel(
             done, pending = ray.wait(pending, num_returns=1)
             if bar is not None:
                 bar.update(len(done))
-            for ref in done:
+            for one in done:
                 with contextlib.suppress(ray.exceptions.RayTaskError):  # raised below, as one line
-                    finished(ray.get(ref))
+                    finished(ray.get(one))
         if bar is not None:
             bar.close()
         try:
@@ -812,6 +813,7 @@ def _locate(model: str | ModelFactory | ModelSpec, weights: Any, proxy: ProxyDat
         task = spec.task if spec is not None else None
         data = load_proxy(proxy, task=task, seq_len=seq_len or 64, limit=s.limit, seed=s.data_seed)
         if spec is None:
+            assert callable(model)  # `_model_entry` is None for a factory only
             shape = data.whole.x.shape[1:]
             spec = model_spec(_factory_name(model), model, task=data.whole.task, input_shape=shape)
         label, digest = data.label, data.sha256
@@ -853,6 +855,7 @@ def _proxy_runs(start: _Start, proxy: ProxyData, est: _Estimate) -> tuple[ProxyR
     if num_classes is None:
         num_classes = dataset.num_classes
         state = build_spec(spec, num_classes, seed=INIT_SEED, **start.overrides).state_dict()
+    assert state is not None  # weights come with their number of classes; without, built above
     runs = ProxyRuns(
         spec=spec,
         num_classes=num_classes,
@@ -895,6 +898,7 @@ def _estimate_own_loop(model: Any, weights: Any, proxy: Any, est: _Estimate) -> 
         return cached
     if not est.how.compute:
         raise NotCached(f"no cached relation vector of {name} for these settings")
+    assert est.user.train_to_target is not None  # `estimate_relation` comes here only with one
     return _finish(
         request,
         _seed_runner(_run_user_job, est.user.train_to_target, est, label),
@@ -978,7 +982,7 @@ def _finish(
     started = time.perf_counter()
     runs, used, stable = seeds_until_stable(bs, request.seeds, request.max_seeds, run_seeds)
     wall = time.perf_counter() - started
-    per_seed = {
+    per_seed: dict[int, Sequence[float]] = {
         b: [float(r["samples"]) for s in used for r in runs if r["batch_size"] == b and r["seed"] == s]
         for b in bs
     }

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +58,7 @@ def file_digest(path: str | Path) -> str:
         if p.is_dir():
             h.update(f"{f.relative_to(p).as_posix()}\0".encode())
         with f.open("rb") as fh:
-            for chunk in iter(lambda fh=fh: fh.read(1 << 20), b""):
+            for chunk in iter(partial(fh.read, 1 << 20), b""):
                 h.update(chunk)
         h.update(b"\0")
     return h.hexdigest()
@@ -89,7 +90,8 @@ def _pairs_of(data: Any, limit: int | None) -> tuple[torch.Tensor, torch.Tensor]
     if isinstance(data, TensorDataset) and len(data.tensors) == 2:
         x, y = data.tensors
         return (x, y) if limit is None else (x[:limit], y[:limit])
-    xs, ys = [], []
+    xs: list[torch.Tensor] = []
+    ys: list[torch.Tensor] = []
     try:
         items = iter(data) if not hasattr(data, "__getitem__") else (data[i] for i in range(len(data)))
         for item in items:

@@ -92,7 +92,7 @@ def read_point(out: Path, fingerprint: str) -> ResumePoint | None:
     done = [r for r in rounds if isinstance(r["round"], int) and r["round"] <= last]
     if [r["round"] for r in done] != list(range(1, last + 1)):
         raise NotResumable(f"{results} lacks records of rounds 1 to {last}, which {model} has completed")
-    nodes = data.get("nodes") if isinstance(data.get("nodes"), list) else []
+    nodes = data["nodes"] if isinstance(data.get("nodes"), list) else []
     return ResumePoint(last, done, nodes, state)
 
 

@@ -24,7 +24,7 @@ Device side::
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 _WHERE: dict[str, str] = {
     # server: strategies and the plan they send
@@ -65,6 +65,38 @@ _WHERE: dict[str, str] = {
 }
 
 __all__ = sorted(_WHERE)
+
+if TYPE_CHECKING:  # what type checkers and editors see; at run time `__getattr__` resolves each name
+    from fl_client.mod import describe_node as describe_node
+    from fl_client.mod import power_aware_mod as power_aware_mod
+    from fl_client.node import NodeSettings as NodeSettings
+    from fl_client.session import PowerSession as PowerSession
+    from fl_client.session import SessionError as SessionError
+    from fl_server.relation import RelationCompute as RelationCompute
+    from fl_server.relation import RelationSettings as RelationSettings
+    from fl_server.relation import estimate_relation as estimate_relation
+    from fl_server.results import save_results as save_results
+    from powerctl.devices import open_device as open_device
+    from powerctl.devices.base import Device as Device
+    from powerctl.errors import ArgumentError as ArgumentError
+    from powerctl.errors import PowerctlError as PowerctlError
+    from powerctl.profiling.monitor import PowerMonitor as PowerMonitor
+    from powerctl.profiling.profiler import Profiler as Profiler
+    from powerctl.records.profile import Profile as Profile
+    from powerctl.records.relation import RelationVector as RelationVector
+    from powerctl.records.workload import measure_workload as measure_workload
+    from powerctl.selection.joint import select as select
+    from powerfed.training.finetune import UserFunctions as UserFunctions
+    from powerfed.training.models import model_names as model_names
+    from powerfed.training.models import register_model as register_model
+    from powerfed.training.models import unregister_model as unregister_model
+    from strategies.objectives import EnergyUnderDeadline as EnergyUnderDeadline
+    from strategies.objectives import RoundObjective as RoundObjective
+    from strategies.power_aware import NoClientReported as NoClientReported
+    from strategies.power_aware import PowerAware as PowerAware
+    from strategies.power_aware import PowerAwareFedAvg as PowerAwareFedAvg
+    from strategies.protocol import ClientReport as ClientReport
+    from strategies.protocol import TrainInstructions as TrainInstructions
 
 
 def __getattr__(name: str) -> Any:

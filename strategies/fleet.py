@@ -273,7 +273,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, yaml.Mark] = {}
         for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)  # type: ignore[no-untyped-call]
+            key = self.construct_object(key_node, deep=True)
             if isinstance(key, (str, int, float, bool)) or key is None:
                 if key in seen:
                     raise yaml.constructor.ConstructorError(
@@ -336,13 +336,13 @@ def read_yaml(path: Path) -> Any:
     try:
         loader = _UniqueKeyLoader(text)  # a SafeLoader subclass: no arbitrary objects
         try:
-            node = loader.get_single_node()  # type: ignore[no-untyped-call]
+            node = loader.get_single_node()
             if node is None:
                 return None
             _check_expansion(node, path)
-            return loader.construct_document(node)  # type: ignore[no-untyped-call]
+            return loader.construct_document(node)
         finally:
-            loader.dispose()  # type: ignore[no-untyped-call]
+            loader.dispose()
     except yaml.constructor.ConstructorError as exc:
         raise NodeConfigError(f"{path}: {exc.problem}") from None
     except yaml.YAMLError as exc:

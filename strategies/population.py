@@ -24,7 +24,7 @@ import random
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
@@ -283,7 +283,9 @@ class PopulationSampled(Strategy):
         nodes = self.round_nodes(server_round, grid)
         if not nodes:  # nobody there: Flower's sampling would wait for nodes for ever
             return []
-        return self.strategy.configure_train(server_round, arrays, config, _RoundGrid(grid, nodes))
+        return self.strategy.configure_train(
+            server_round, arrays, config, cast(Grid, _RoundGrid(grid, nodes))
+        )
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -291,7 +293,9 @@ class PopulationSampled(Strategy):
         nodes = self.round_nodes(server_round, grid)
         if not nodes:
             return []
-        return self.strategy.configure_evaluate(server_round, arrays, config, _RoundGrid(grid, nodes))
+        return self.strategy.configure_evaluate(
+            server_round, arrays, config, cast(Grid, _RoundGrid(grid, nodes))
+        )
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]

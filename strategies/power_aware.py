@@ -32,7 +32,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Iterable
 from logging import INFO, WARNING
-from typing import Any
+from typing import Any, cast
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
@@ -104,7 +104,7 @@ def same_for_every_node(node: NodeInfo, server_round: int, base: TrainInstructio
     return dataclasses.replace(base, server_round=server_round, node_key=node.key)
 
 
-def _inner_attr(strategy: Strategy, name: str, default: Any) -> Any:
+def _inner_attr(strategy: Strategy | None, name: str, default: Any) -> Any:
     """An attribute of `strategy` or of the strategy it wraps (Flower's wrappers keep it as `.strategy`)."""
     while strategy is not None:
         if hasattr(strategy, name):
@@ -354,7 +354,7 @@ class PowerAware(Strategy):
         own = []
         for msg in messages:
             node_config = instructions[msg.metadata.dst_node_id].to_config()
-            records = dict(msg.content.items())
+            records: dict[str, Any] = dict(msg.content.items())
             key = next((k for k, r in msg.content.config_records.items() if RELATION_KEY in r), None)
             if key is None:  # the inner strategy sent its own config: the plan goes in whole
                 key, changed = config_key, dict(node_config)
@@ -504,7 +504,7 @@ class PowerAware(Strategy):
             try:
                 metrics = _one(reply.content.metric_records, METRICS_KEY, "evaluate reply", "")
                 r = reader(metrics, "evaluate reply metrics")
-                row = {
+                row: dict[str, Any] = {
                     "node_key": info.key,
                     "device": info.device,
                     "examples": r.number(weight_key, positive=True),
@@ -556,7 +556,8 @@ class FedAvgInOrder(FedAvg):
         items = [
             (
                 next(iter(c.array_records.values())),
-                float(next(iter(c.metric_records.values()))[self.weighted_by_key]),
+                # a number: FedAvg's reply check refuses a list there
+                float(cast(float, next(iter(c.metric_records.values()))[self.weighted_by_key])),
             )
             for c in contents
         ]

@@ -38,16 +38,8 @@ from powerctl.files.mapping import (
 from powerctl.records.pick import Pick
 from powerctl.records.relation import RelationVector
 from powerctl.selection.capsource import POWER_CAP, POWER_CAP_VALUE
-from powerctl.selection.methods import (
-    METHODS,
-    ORACLE,
-    OURS,
-    OURS_DEADLINE,
-    PROXY_BATCH,
-    ROUND_OBJECTIVES,
-    RUN_METHODS,
-    STATE_OF_PRACTICE,
-)
+from powerctl.selection.methods import METHODS, ROUND_OBJECTIVES, RUN_METHODS
+from powerctl.selection.names import ORACLE, OURS, OURS_DEADLINE, PROXY_BATCH, STATE_OF_PRACTICE
 from powerfed.training.lr import scaled_lr
 from strategies.settings import (
     BOTH,
@@ -449,7 +441,7 @@ class _Json(Kind):
     """A field that travels as JSON text, checked by `parse`."""
 
     parse: Callable[[Any], Any]
-    expected: str = "JSON"  # type: ignore[misc]
+    expected: str = "JSON"
 
     def __call__(self, value: Any) -> Any:
         return self.parse(value)
@@ -694,6 +686,8 @@ class Plan:
     @classmethod
     def of(cls, fastest: Pick, profiling_seconds: float = 0.0) -> Plan:
         """The plan that reports `fastest` (Algorithm 1's pick under the node's cap)."""
+        # a ranked pick (`powerctl.selection.joint.rank`) carries both predictions
+        assert fastest.predicted_seconds is not None and fastest.predicted_energy_j is not None
         return cls(
             fastest_seconds=float(fastest.predicted_seconds),
             batch_size=fastest.batch_size,

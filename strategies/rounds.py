@@ -88,11 +88,11 @@ _RAISED = re.compile(r"^(?P<cls>[A-Za-z_][\w.]*(?:Error|Exception|Interrupt)): (
 OWN_PACKAGES = ("powerctl.", "powerfed.", "strategies.", "fl_server.", "fl_client.", "simulations.")
 
 
-def one_line(reason: str) -> str:
+def one_line(reason: str | None) -> str:
     """A failure reason fit for a table row: colour codes out, and of a multi-line text (Ray puts a
     whole remote traceback there, after its own lines) the exception it ends with — the project's own
     error by its message alone, which already says what to do; else its first line and its last."""
-    lines = [ln.strip() for ln in _ANSI.sub("", reason).splitlines() if ln.strip()]
+    lines = [ln.strip() for ln in _ANSI.sub("", reason or "").splitlines() if ln.strip()]
     if not lines:
         return "(no reason given)"
     raised = next((m for ln in reversed(lines) if (m := _RAISED.match(ln))), None) if len(lines) > 1 else None

@@ -81,3 +81,22 @@ def test_a_user_model_registers_through_the_face() -> None:
     finally:
         powerfed.unregister_model("face-test-cnn")
     assert "face-test-cnn" not in powerfed.model_names()
+
+
+def test_what_type_checkers_see_of_the_face_is_what_it_resolves() -> None:
+    """`powerfed` resolves its names lazily (`_WHERE`); its `if TYPE_CHECKING:` block imports the same
+    names from the same modules, so that mypy and editors see their types: the two lists stay one."""
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse(Path(powerfed.__file__).read_text(encoding="utf-8"))
+    (block,) = [
+        node for node in tree.body if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
+    ]
+    seen = {
+        alias.asname or alias.name: node.module
+        for node in block.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+    assert seen == powerfed._WHERE

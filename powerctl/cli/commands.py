@@ -31,7 +31,7 @@ from powerctl.devices.unpinned import NOT_PINNED
 from powerctl.errors import InfeasibleCapError, PowerctlError
 from powerctl.files.mapping import MAX_COUNT
 from powerctl.files.outputs import output_path
-from powerctl.selection.joint import DEFAULT_RELATION_RULE, RELATION_RULES
+from powerctl.records.relation import DEFAULT_RELATION_RULE, RELATION_RULES
 
 if TYPE_CHECKING:
     from powerctl.profiling.profiler import StepFactory

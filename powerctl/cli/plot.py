@@ -12,7 +12,7 @@ import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import matplotlib
 import numpy as np
@@ -188,8 +188,10 @@ def _heatmap(
         if infeasible.any():
             # the swatch is what such a cell looks like: its colour under the same white veil
             typical = colormap(norm(float(np.median(values[infeasible & np.isfinite(values)]))))
-            veiled = tuple(c * (1 - _VEIL) + _VEIL for c in typical[:3])
-            handles.append(Patch(facecolor=veiled, edgecolor="0.8", label="peak power over the cap (faded)"))
+            r, g, b = (c * (1 - _VEIL) + _VEIL for c in typical[:3])
+            handles.append(
+                Patch(facecolor=(r, g, b), edgecolor="0.8", label="peak power over the cap (faded)")
+            )
 
     if selection is not None:
         key = (selection.batch_size, selection.frequency_hz)
@@ -465,6 +467,13 @@ def write_front(front: Front, profile: Profile, relation: RelationVector, out_di
     return [json_path, png]
 
 
+def _predicted(picks: list[Pick]) -> tuple[list[float], list[float]]:
+    """The predicted seconds and joules of `candidates`' picks, which carry both."""
+    seconds = [cast(float, s.predicted_seconds) for s in picks]
+    joules = [cast(float, s.predicted_energy_j) for s in picks]
+    return seconds, joules
+
+
 def _front_plot(front: Front, profile: Profile, relation: RelationVector, path: Path) -> None:
     fig = Figure(figsize=(7, 4.5), layout="constrained")
     FigureCanvasAgg(fig)
@@ -472,11 +481,14 @@ def _front_plot(front: Front, profile: Profile, relation: RelationVector, path: 
     sizes = sorted({s.batch_size for s in front.pairs})
     cmap = matplotlib.colormaps["viridis"]
     cap = check_power_cap(front.power_cap_w)
-    over = [s for s in candidates(profile, relation, None) if cap is not None and s.peak_power_w > cap]
+    over = [
+        s
+        for s in candidates(profile, relation, None)
+        if cap is not None and cast(float, s.peak_power_w) > cap
+    ]
     if over:  # what the cap rules out, for scale: greyed, behind the feasible pairs
         ax.scatter(
-            [s.predicted_seconds for s in over],
-            [s.predicted_energy_j for s in over],
+            *_predicted(over),
             s=12,
             color="0.8",
             label=f"over the cap ({len(over)})",
@@ -485,16 +497,14 @@ def _front_plot(front: Front, profile: Profile, relation: RelationVector, path: 
     for i, b in enumerate(sizes):
         pts = [s for s in front.pairs if s.batch_size == b]
         ax.scatter(
-            [s.predicted_seconds for s in pts],
-            [s.predicted_energy_j for s in pts],
+            *_predicted(pts),
             s=18,
             color=cmap(i / max(1, len(sizes) - 1)),
             label=f"b={b}",
             alpha=0.8,
             zorder=2,
         )
-    xs = [s.predicted_seconds for s in front.front]
-    ys = [s.predicted_energy_j for s in front.front]
+    xs, ys = _predicted(front.front)
     ax.step(xs, ys, where="post", color="black", lw=1.2, label="Pareto front", zorder=3)
     ax.scatter(xs, ys, s=30, facecolors="none", edgecolors="black", lw=0.9, zorder=4)
     # both labels up and to the right: the front is the plot's lower-left edge, so nothing sits there

@@ -175,8 +175,8 @@ def _open_file_in(tb: TracebackType | None) -> str | None:
         tb = tb.tb_next
     for frame in reversed(frames):
         for value in frame.f_locals.values():
-            if isinstance(value, io.IOBase) and isinstance(getattr(value, "name", None), str):
-                return str(value.name)
+            if isinstance(value, io.IOBase) and isinstance(name := getattr(value, "name", None), str):
+                return name
     return None
 
 

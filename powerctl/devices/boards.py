@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import yaml
@@ -130,7 +130,7 @@ class BoardModel:
         except ValueError:
             raise DeviceError(f"{hz} Hz is not a frequency of {self.name}") from None
 
-    def fixed_power_w(self) -> list[float]:
+    def fixed_power_w(self) -> tuple[float, ...]:
         """Per frequency, the peak power the state-of-practice rule must keep under a cap: the derived
         table of training profiles of the model set; without one, the full-load (SGEMM) curve — stricter."""
         table = self.state_of_practice
@@ -261,7 +261,10 @@ def _parse(name: str, raw: dict[str, Any], boards: dict[str, Any]) -> BoardModel
         calibration=_parse_calibration(name, raw.get("calibration"), boards),
         cuda_cores=int(raw.get("cuda_cores", 0)),
         cpu_clock_ghz=float(raw.get("cpu_clock_ghz", 0.0)),
-        **{k: (int(raw[k]) if k.endswith("bytes") else float(raw[k])) for k in _FIELDS},
+        # int for the byte counts, float for the rest: each field's own type, which one dict cannot say
+        **cast(
+            "dict[str, Any]", {k: (int(raw[k]) if k.endswith("bytes") else float(raw[k])) for k in _FIELDS}
+        ),
     )
 
 

@@ -10,6 +10,7 @@ without torch (a run config is checked where the run is submitted, not where it 
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 from powerctl.errors import DeviceError
 
@@ -55,7 +56,7 @@ def resolve_torch_device(spec: str = "auto") -> str:
     form = check_torch_spec(spec)
     if form == "cpu":
         return "cpu"
-    torch = sys.modules.get("torch")
+    torch: Any = sys.modules.get("torch")
     if torch is None:
         import torch
     cuda = torch.cuda.is_available()

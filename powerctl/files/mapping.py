@@ -268,7 +268,7 @@ class Custom(Kind):
     """A kind made from a function that returns the value or raises `Invalid` (with its own words)."""
 
     parse: Callable[[Any], Any]
-    expected: str = "a value"  # type: ignore[misc]
+    expected: str = "a value"
     python_type: Any = object
 
     def __call__(self, value: Any) -> Any:

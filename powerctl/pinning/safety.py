@@ -32,7 +32,7 @@ def restore_on_exit(device: Restorable) -> Iterator[None]:
     SIGINT already raises KeyboardInterrupt; SIGTERM and SIGHUP are turned into SystemExit
     (only possible in the main thread; elsewhere the atexit hook still covers a clean exit).
     """
-    previous: dict[int, object] = {}
+    previous: dict[signal.Signals, object] = {}
     if threading.current_thread() is threading.main_thread():
         for sig in _TERMINATING:
             previous[sig] = signal.signal(sig, _raise_exit)

@@ -37,9 +37,9 @@ from powerctl.pinning.safety import restore_on_exit
 from powerctl.profiling.fit import fit_profile
 from powerctl.profiling.profiler import Profiler, StepFactory
 from powerctl.records.profile import Profile, ProfilePoint
-from powerctl.records.relation import RelationVector
+from powerctl.records.relation import DEFAULT_RELATION_RULE, RelationVector
 from powerctl.records.workload import Workload
-from powerctl.selection.joint import DEFAULT_RELATION_RULE, select
+from powerctl.selection.joint import select
 
 T = TypeVar("T")
 

@@ -22,7 +22,7 @@ Two rules read the relation (`rule`):
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from powerctl.errors import ArgumentError, FileFormatError, InfeasibleCapError, PowerctlError
 from powerctl.records.pick import Pick
@@ -259,7 +259,7 @@ def select_under_deadline(
     if not math.isfinite(deadline_s) or deadline_s <= 0:
         raise PowerctlError(f"a deadline must be a positive number of seconds, got {deadline_s!r}")
     ranked = rank(profile, relation, power_cap_w, "energy", rule)
-    in_time = [s for s in ranked if s.predicted_seconds <= deadline_s]
+    in_time = [s for s in ranked if cast(float, s.predicted_seconds) <= deadline_s]  # ranked: predicted
     if in_time:
         return in_time[0], True
     return select(profile, relation, power_cap_w, rule=rule), False

@@ -9,7 +9,7 @@ its two ends: a lower frequency can finish later yet use less energy, which is w
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from powerctl.records.pick import Pick
 from powerctl.records.profile import Profile
@@ -62,7 +62,8 @@ def pareto_front(profile: Profile, relation: RelationVector, power_cap_w: float 
     )
     front: list[Pick] = []
     for s in ordered:
-        if not front or s.predicted_energy_j < front[-1].predicted_energy_j:
+        # candidates' picks carry their predictions
+        if not front or cast(float, s.predicted_energy_j) < cast(float, front[-1].predicted_energy_j):
             front.append(s)
     # the time-optimal end is the front's first pair: among pairs tied at the least time, the one with
     # the least energy (Algorithm 1's own tie rule — the larger batch — may pick a dearer one of them)

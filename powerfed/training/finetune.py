@@ -502,7 +502,7 @@ def _check_data(config: FineTuneConfig, train: Dataset, test: Dataset) -> None:
 
 
 def _train_step(
-    model: nn.Module, opt: torch.optim.Optimizer, criterion: nn.Module, xb: torch.Tensor, yb: torch.Tensor
+    model: nn.Module, opt: torch.optim.Optimizer, criterion: LossFn, xb: torch.Tensor, yb: torch.Tensor
 ) -> None:
     opt.zero_grad(set_to_none=True)
     criterion(model(xb), yb).backward()
@@ -579,6 +579,11 @@ class _Loop:
         a follower resumes on the device's clock)."""
         model, opt, gen, cuda = self.model, self.opt, self.gen, self.cuda
         run, power, device, hooks = self.run, self.power, self.device, self.hooks
+
+        def put_hooks(_: Any, states: Any) -> None:
+            for h, st in zip(hooks, states, strict=True):
+                h.load_resume_state(st)
+
         return {
             "model": Part(lambda: (model.state_dict(), None), lambda t, _: model.load_state_dict(t)),
             "optimizer": Part(
@@ -594,7 +599,7 @@ class _Loop:
             ),
             "hooks": Part(
                 lambda: ({}, [h.resume_state() for h in hooks]),
-                lambda _, states: [h.load_resume_state(st) for h, st in zip(hooks, states, strict=True)],
+                put_hooks,
             ),
         }
 

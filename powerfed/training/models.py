@@ -884,8 +884,9 @@ def _input_shape_of(spec: ModelSpec, model: nn.Module) -> tuple[int, ...]:
 
 def _num_classes_of(model: nn.Module) -> int | None:
     head = getattr(model, "lm_head", None) or getattr(model, "fc", None)
-    if head is None and isinstance(getattr(model, "classifier", None), nn.Sequential):
-        head = model.classifier[-1]
+    classifier = getattr(model, "classifier", None)
+    if head is None and isinstance(classifier, nn.Sequential):
+        head = classifier[-1]
     return int(head.out_features) if isinstance(head, nn.Linear) else None
 
 

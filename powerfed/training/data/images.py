@@ -11,8 +11,9 @@ import io
 import pickle
 import zlib
 from collections.abc import Callable, Iterable
+from functools import partial
 from pathlib import Path, PurePosixPath
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -83,7 +84,7 @@ class _NumpyOnlyUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"{module}.{name} is not allowed in a dataset file")
 
 
-def _load_pickle(path: Path) -> dict:
+def _load_pickle(path: Path) -> dict[Any, Any]:
     try:
         what = "a CIFAR python batch"
         with open_regular(_exists(path, "CIFAR batch"), limit=DATA_LIMIT, what=what, error=DataError) as f:
@@ -242,10 +243,10 @@ def _image_sources(path: Path) -> Iterable[tuple[tuple[str, ...], Callable[[], b
     if path.is_dir():
         for f in sorted(path.rglob("*")):
             if f.is_file():
-                yield f.relative_to(path).parts, lambda f=f: _image_bytes(f), str(f)
+                yield f.relative_to(path).parts, partial(_image_bytes, f), str(f)
         return
     for name, data in iter_tar_files(path):
-        yield PurePosixPath(name).parts, (lambda data=data: data), f"{path}:{name}"
+        yield PurePosixPath(name).parts, partial(bytes, data), f"{path}:{name}"
 
 
 def _image_bytes(path: Path) -> bytes:

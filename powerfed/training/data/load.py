@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -110,7 +112,7 @@ def _synthetic_sizes(split: str, limit: int | None) -> dict[str, int]:
     return {split: limit or (4000 if split == "train" else 1000)}
 
 
-def _cifar(path: Path, *, fine: bool, **kw: object) -> Dataset:
+def _cifar(path: Path, *, fine: bool, **kw: Any) -> Dataset:
     return images.load_cifar(path, fine=fine, split=kw["split"], limit=kw["limit"])
 
 
@@ -301,7 +303,7 @@ def save_npz(ds: Dataset, path: str | Path) -> None:
     np.savez(path, x=ds.x.numpy(), y=ds.y.numpy(), num_classes=np.int64(ds.num_classes))
 
 
-_FILE_LOADERS = {
+_FILE_LOADERS: dict[str, Callable[..., Dataset]] = {
     "cifar10": lambda p, **kw: _cifar(p, fine=False, **kw),
     "cifar100": lambda p, **kw: _cifar(p, fine=True, **kw),
     "cifar10-jpeg": _jpeg,

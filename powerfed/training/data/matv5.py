@@ -10,11 +10,15 @@ from __future__ import annotations
 import struct
 import zlib
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
 from powerctl.files.readfile import DATA_LIMIT, read_bytes, too_large
 from powerfed.training.errors import DataError
+
+Endian = Literal["<", ">"]
+"""The byte order of a MAT-file, as struct and numpy write it."""
 
 # data element types (miXXX) → numpy dtype
 _MI_DTYPES = {1: "i1", 2: "u1", 3: "i2", 4: "u2", 5: "i4", 6: "u4", 7: "f4", 9: "f8", 12: "i8", 13: "u8"}
@@ -25,7 +29,7 @@ _MX_DTYPES = {6: "f8", 7: "f4", 8: "i1", 9: "u1", 10: "i2", 11: "u2", 12: "i4", 
 
 
 class _Reader:
-    def __init__(self, buf: bytes | memoryview, endian: str, path: Path) -> None:
+    def __init__(self, buf: bytes | memoryview, endian: Endian, path: Path) -> None:
         self.buf, self.e, self.path, self.pos = memoryview(buf), endian, path, 0
 
     def fail(self, what: str) -> DataError:
@@ -76,7 +80,7 @@ def _read_matrix(r: _Reader, body: memoryview) -> tuple[str, np.ndarray] | None:
     return name, values.reshape(dims, order="F")
 
 
-def _check_header(head: bytes, path: Path) -> str:
+def _check_header(head: bytes, path: Path) -> Endian:
     """The 128-byte header: text, version 0x0100 and the endian indicator 'MI'/'IM'."""
     if head.startswith(b"MATLAB 7.3"):
         raise DataError(
