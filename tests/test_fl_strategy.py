@@ -349,6 +349,7 @@ def test_a_multi_line_coloured_reason_becomes_one_line_with_the_exception() -> N
     )
     assert one_line(ray) == "<class 'X'>:<'ray::ClientAppActor.run() (pid=1) … InjectedFailure: boom'>"
     assert one_line("") == "(no reason given)" and len(one_line("x" * 1000)) == 400
+    assert one_line(None) == "(no reason given)"  # Flower's Error.reason may be None
 
 
 def test_a_ray_wrapped_error_of_the_project_is_its_own_line() -> None:
