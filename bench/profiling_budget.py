@@ -37,7 +37,7 @@ from powerctl.devices.boards import board_model
 from powerctl.devices.simulated import SimulatedBoard, predicted_profile
 from powerctl.errors import InfeasibleCapError
 from powerctl.profiling.budget import ProfilingRequest, profile_within_budget
-from powerctl.profiling.profiler import profile_device
+from powerctl.profiling.profiler import Profiler
 from powerctl.records.profile import Profile
 from powerctl.records.relation import RelationVector
 from powerctl.records.workload import Workload
@@ -61,17 +61,18 @@ def _measured(
     cap: float | None,
     rel: RelationVector,
 ) -> Profile:
-    return profile_device(
+    return Profiler(
         _board(board, seed, scale),
         workload,
         _noop_step,
-        batch_sizes=BATCH_SIZES,
         samples=round(rel.samples_to_target[-1]),
+        warmup_steps=WARMUP_STEPS,
+        measure_steps=MEASURE_STEPS,
+    ).run(
+        BATCH_SIZES,
         order=order,
         power_cap_w=cap if order != "grid" else None,
         relation=rel.as_map() if order == "fitted" else None,
-        warmup_steps=WARMUP_STEPS,
-        measure_steps=MEASURE_STEPS,
         progress=False,
     )
 

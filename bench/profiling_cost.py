@@ -1,7 +1,7 @@
 """What profiling costs, and what a cheaper order loses: grid vs efficient vs fitted, on simulated boards.
 
 For each model (full size, as the paper), board, power cap and seed, the board is profiled three ways
-through `powerctl.profiling.profiler.profile_device`, and each profile's choice (Algorithm 1,
+through `powerctl.profiling.profiler.Profiler`, and each profile's choice (Algorithm 1,
 `powerctl.selection.joint`)
 is compared with the full grid's:
 
@@ -41,7 +41,7 @@ from collections.abc import Callable
 
 from powerctl.devices.simulated import SimulatedBoard
 from powerctl.errors import InfeasibleCapError
-from powerctl.profiling.profiler import FITTED_MARGIN, profile_device
+from powerctl.profiling.profiler import FITTED_MARGIN, Profiler
 from powerctl.records.profile import Profile
 from powerctl.records.relation import RelationVector
 from powerctl.records.workload import Workload
@@ -89,18 +89,19 @@ def _profile(
     noise: bool = True,
 ) -> Profile:
     dev = SimulatedBoard.open(board, seed=seed, noise=noise)
-    return profile_device(
+    return Profiler(
         dev,
         workload,
         _noop_step,
-        batch_sizes=BATCH_SIZES,
-        samples=round(relation.samples_to_target[-1]),  # T_N · r_b is then the training time itself
+        samples=round(relation.samples_to_target[-1]),
+        warmup_steps=WARMUP_STEPS,
+        measure_steps=MEASURE_STEPS,
+    ).run(
+        BATCH_SIZES,
         order=order,
         power_cap_w=cap if order != "grid" else None,
         relation=relation.as_map() if order == "fitted" else None,
         margin=margin,
-        warmup_steps=WARMUP_STEPS,
-        measure_steps=MEASURE_STEPS,
         progress=False,
     )
 

@@ -62,7 +62,7 @@ from powerctl.profiling.budget import (
     profile_within_budget,
     still_enough,
 )
-from powerctl.profiling.profiler import StepFactory, profile_device
+from powerctl.profiling.profiler import Profiler, StepFactory
 from powerctl.records.pick import Pick
 from powerctl.records.profile import Profile
 from powerctl.records.relation import DEFAULT_RELATION_RULE, RelationVector
@@ -452,17 +452,18 @@ def measured_profile_step(work: RoundWork, relation: RelationVector) -> Profiled
 
         def measure() -> Profile:
             workload, make_step = step_factory()
-            return profile_device(
+            return Profiler(
                 dev,
                 workload,
                 make_step,
-                batch_sizes=relation.batch_sizes,
                 samples=instr.profile_samples,
+                warmup_steps=instr.profile_warmup,
+                measure_steps=instr.profile_steps,
+            ).run(
+                relation.batch_sizes,
                 order=order,
                 power_cap_w=order_cap,
                 relation=fitted_relation,
-                warmup_steps=instr.profile_warmup,
-                measure_steps=instr.profile_steps,
                 progress=False,
             )
 

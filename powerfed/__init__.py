@@ -19,6 +19,20 @@ Client side, around the user's own loop::
 Device side::
 
     from powerfed import open_device, Profiler, select
+
+A plan from a relation vector (run as a doctest by tests/test_docs.py):
+
+>>> import powerfed
+>>> rel = powerfed.RelationVector.from_samples("cnn-tiny", "proxy", 0.5, {8: 300.0, 16: 400.0})
+>>> list(zip(rel.batch_sizes, rel.relation))
+[(8, 0.75), (16, 1.0)]
+>>> plan = powerfed.TrainInstructions.for_relation(rel, num_classes=10)
+>>> plan.model, plan.method, plan.target_accuracy
+('cnn-tiny', 'ours', 0.5)
+>>> powerfed.TrainInstructions.for_relation(rel, num_classes=10, target_accuracy=0.9)  # doctest: +ELLIPSIS
+Traceback (most recent call last):
+  ...
+powerctl.errors.ArgumentError: TrainInstructions.for_relation: 'target_accuracy' is the relation ...
 """
 
 from __future__ import annotations

@@ -252,12 +252,11 @@ def run_flwr(
     echo: Callable[[str], None] = print,
     verbose: bool = False,
     port: int | None = None,
-    control_port: int | None = None,
     app_dir: Path = APP_DIR,
     index_messages: bool = True,
 ) -> FlowerRun:
     """`flwr run APP_DIR --stream` (or another Flower app's folder, `app_dir`) with a private Flower home
-    on `port` (default: free ports).
+    on `port` and its control API on `port` + 2 (default: free ports).
 
     Lines go to `log_path` and, unless `verbose` is off and they are Flower's or Ray's own, to `echo`.
     The simulation runs through `simulations.linkstate_index`'s `flwr-simulation` wrapper, first on the
@@ -268,6 +267,7 @@ def run_flwr(
     check_flower_version()  # the simulation runs through our wrapper (simulations.linkstate_index)
     preflight()  # a Ray cluster recorded but dead makes `flwr run` hang: check it first
     cache_root()  # $POWERFED_CACHE set to a file would fail only after Flower started: check it first
+    control_port = port + 2 if port is not None and port + 2 < 65536 else None
     _clear_ports([p for p in (port, control_port) if p is not None], echo)
     port = port or free_port()
     control = control_port or free_port()
@@ -393,7 +393,6 @@ def launch(plan: Launch, *, echo: Callable[[str], None] = print) -> Path:
         echo=echo,
         verbose=True,
         port=port,
-        control_port=port + 2 if port is not None and port + 2 < 65536 else None,
         app_dir=plan.app_dir,
     )
     if run.error_line:

@@ -35,7 +35,7 @@ def no_profiling(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*_: object, **__: object) -> None:
         raise AssertionError("profiled before the input was checked")
 
-    monkeypatch.setattr(powerctl.profiling.profiler, "profile_device", refuse)
+    monkeypatch.setattr(powerctl.profiling.profiler.Profiler, "run", refuse)
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ import pytest
 from powerctl.devices.boards import board_model, board_names
 from powerctl.devices.simulated import SimulatedBoard, predicted_profile
 from powerctl.errors import FileFormatError, InfeasibleCapError
-from powerctl.profiling.profiler import profile_device
+from powerctl.profiling.profiler import Profiler
 from powerctl.records.profile import Profile
 from powerctl.records.workload import Workload
 from powerctl.selection.caps import derive_peak_training_power, frequency_cap, peak_power_by_frequency
@@ -62,17 +62,9 @@ def test_predicted_profile_equals_a_noise_free_simulated_profile(small_workload:
     predicted = predicted_profile(NANO, small_workload, [4, 32], samples=1000, frequencies=freqs)
     assert predicted.extra["predicted"] is True
     dev = SimulatedBoard(NANO, noise=False)
-    measured = profile_device(
-        dev,
-        small_workload,
-        lambda b: lambda: None,
-        batch_sizes=[4, 32],
-        samples=1000,
-        frequencies=freqs,
-        warmup_steps=1,
-        measure_steps=3,
-        progress=False,
-    )
+    measured = Profiler(
+        dev, small_workload, lambda b: lambda: None, samples=1000, warmup_steps=1, measure_steps=3
+    ).run([4, 32], frequencies=freqs, progress=False)
     assert len(predicted.points) == len(measured.points) == 2 * len(freqs)
     for p, m in zip(predicted.points, measured.points, strict=True):
         assert (p.batch_size, p.frequency_hz) == (m.batch_size, m.frequency_hz)

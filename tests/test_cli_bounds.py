@@ -46,7 +46,7 @@ def no_work(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*_: object, **__: object) -> None:
         raise AssertionError("worked before the input was checked")
 
-    monkeypatch.setattr(powerctl.profiling.profiler, "profile_device", refuse)
+    monkeypatch.setattr(powerctl.profiling.profiler.Profiler, "run", refuse)
     monkeypatch.setattr(fl_server.pretrain, "fine_tune", refuse)
 
 

@@ -71,6 +71,16 @@ def test_relative_links_point_at_files_and_headings(page):
     assert not problems, f"{page.relative_to(ROOT)}:\n" + "\n".join(problems)
 
 
+def test_the_public_faces_docstring_examples_run() -> None:
+    """The examples in `powerfed`'s docstring are doctests: a change to what they show fails here."""
+    import doctest
+
+    import powerfed
+
+    result = doctest.testmod(powerfed)
+    assert result.attempted >= 5 and result.failed == 0, result
+
+
 def test_readme_is_short():
     lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
     assert len(lines) <= README_MAX_LINES, (

@@ -12,7 +12,7 @@ from fl_client.local_data import data_plan, load_local_data
 from fl_client.node import resolve_node
 from powerctl.devices.boards import board_model
 from powerctl.devices.simulated import SimulatedBoard, predicted_point
-from powerctl.profiling.profiler import profile_device
+from powerctl.profiling.profiler import Profiler
 from powerctl.selection.guard import PowerCapExceeded, PowerGuard
 from powerctl.selection.joint import select
 from powerfed.training.data import load_dataset, train_test_split
@@ -122,10 +122,8 @@ def test_sensor_noise_alone_walks_nothing_down_at_the_selected_pair() -> None:
     default guard. Peaks read up to ~1 % over the cap through noise; the 2 % tolerance keeps them."""
     dev = SimulatedBoard.open("jetson-nano", seed=3)
     workload, make_step = profiling_step_factory("cnn-tiny", torch_device="cpu", seed=0)
-    profile = profile_device(
-        dev, workload, make_step, batch_sizes=[16, 32, 64], samples=4000, order="efficient",
-        power_cap_w=3.0, warmup_steps=1, measure_steps=2, progress=False,
-    )  # fmt: skip
+    profiler = Profiler(dev, workload, make_step, samples=4000, warmup_steps=1, measure_steps=2)
+    profile = profiler.run([16, 32, 64], order="efficient", power_cap_w=3.0, progress=False)
     from powerctl.records.relation import RelationVector
 
     relation = RelationVector.from_samples("cnn-tiny", "p", 0.7, {16: 900.0, 32: 1000.0, 64: 1100.0})

@@ -35,7 +35,7 @@ from torch import nn
 from powerctl.devices import open_device
 from powerctl.devices.jetson import open_jetson
 from powerctl.pinning.freqstate import KIND_PIN, BoardRecord, write_record
-from powerctl.profiling.profiler import profile_device
+from powerctl.profiling.profiler import Profiler
 from powerctl.records.relation import RelationVector
 from powerctl.selection.joint import select
 from powerctl.records.workload import measure_workload
@@ -61,10 +61,8 @@ def make_step(b):
     return step
 
 board = open_device("sim:jetson-nano")
-profile = profile_device(
-    board, workload, make_step, batch_sizes=[4, 8], samples=200, warmup_steps=0, measure_steps=1,
-    progress=False,
-)
+profiler = Profiler(board, workload, make_step, samples=200, warmup_steps=0, measure_steps=1)
+profile = profiler.run([4, 8], progress=False)
 relation = RelationVector.from_samples("linear", "proxy", 0.8, {4: 150.0, 8: 180.0})
 choice = select(profile, relation, 5.0)
 assert choice.batch_size in (4, 8) and not board.is_pinned

@@ -91,7 +91,7 @@ def no_work(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*_: object, **__: object) -> None:
         raise AssertionError("the work started before its output was checked")
 
-    monkeypatch.setattr(powerctl.profiling.profiler, "profile_device", refuse)
+    monkeypatch.setattr(powerctl.profiling.profiler.Profiler, "run", refuse)
     monkeypatch.setattr(fl_server.pretrain, "fine_tune", refuse)
     monkeypatch.setattr(fl_server.relation, "estimate_relation", refuse)
     monkeypatch.setattr(fl_server.app, "pretrained_weights", refuse)

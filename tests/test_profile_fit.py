@@ -15,7 +15,7 @@ from powerctl.devices.boards import board_model
 from powerctl.devices.simulated import SimulatedBoard
 from powerctl.errors import FileFormatError, InfeasibleCapError
 from powerctl.profiling.fit import ProfileFit, fit_profile, seed_frequencies
-from powerctl.profiling.profiler import profile_device
+from powerctl.profiling.profiler import Profiler
 from powerctl.records.profile import Profile, ProfilePoint
 from powerctl.records.relation import RelationVector
 from powerctl.records.workload import Workload
@@ -37,17 +37,18 @@ def _relation(model: str) -> RelationVector:
 
 
 def _profile(board: str, workload: Workload, order: str, cap: float | None, *, seed: int = 0, noise=True):
-    return profile_device(
+    return Profiler(
         SimulatedBoard(board_model(board), seed=seed, noise=noise),
         workload,
         _noop,
-        batch_sizes=BATCHES,
         samples=2100,
+        warmup_steps=1,
+        measure_steps=2,
+    ).run(
+        BATCHES,
         order=order,
         power_cap_w=cap,
         relation=_relation(workload.model).as_map() if order == "fitted" else None,
-        warmup_steps=1,
-        measure_steps=2,
         progress=False,
     )
 
@@ -161,19 +162,14 @@ def test_the_chosen_pair_is_always_measured_under_the_cap(
 ) -> None:
     workload = paper_workloads[model]
     r = dict(zip(BATCHES, relation, strict=True))
-    prof = profile_device(
+    prof = Profiler(
         SimulatedBoard(board_model(board), seed=seed),
         workload,
         _noop,
-        batch_sizes=BATCHES,
         samples=1000,
-        order="fitted",
-        power_cap_w=cap,
-        relation=r,
         warmup_steps=1,
         measure_steps=2,
-        progress=False,
-    )
+    ).run(BATCHES, order="fitted", power_cap_w=cap, relation=r, progress=False)
     grid_size = len(board_model(board).frequencies_hz) * len(BATCHES)
     assert len(prof.points) < grid_size / 3
     try:

@@ -10,7 +10,7 @@ from powerctl.devices import open_device
 from powerctl.devices.boards import board_model
 from powerctl.devices.simulated import SimulatedBoard
 from powerctl.errors import DeviceError
-from powerctl.profiling.profiler import profile_device
+from powerctl.profiling.profiler import Profiler
 from powerctl.records.profile import Profile
 from powerctl.records.relation import RelationVector
 from powerctl.records.workload import Workload, measure_workload
@@ -51,15 +51,8 @@ def test_grid_profile_covers_every_pair_and_runs_real_steps(model_and_workload) 
     model, w = model_and_workload
     dev = open_device("sim:jetson-nano")
     calls: list[int] = []
-    prof = profile_device(
-        dev,
-        w,
-        _factory(model, calls),
-        batch_sizes=[4, 32],
-        samples=1000,
-        warmup_steps=1,
-        measure_steps=2,
-        progress=False,
+    prof = Profiler(dev, w, _factory(model, calls), samples=1000, warmup_steps=1, measure_steps=2).run(
+        [4, 32], progress=False
     )
     assert len(prof.points) == 2 * 12
     assert len(calls) == len(prof.points) * 3  # warm-up + measured steps all ran for real
@@ -76,8 +69,8 @@ def test_grid_profile_covers_every_pair_and_runs_real_steps(model_and_workload) 
 def test_profile_json_round_trip(model_and_workload, tmp_path) -> None:
     model, w = model_and_workload
     dev = open_device("sim:jetson-tx2nx")
-    prof = profile_device(
-        dev, w, _factory(model), batch_sizes=[8], samples=500, measure_steps=1, warmup_steps=0, progress=False
+    prof = Profiler(dev, w, _factory(model), samples=500, measure_steps=1, warmup_steps=0).run(
+        [8], progress=False
     )
     prof.save(tmp_path / "p.json")
     back = Profile.load(tmp_path / "p.json")
@@ -91,29 +84,23 @@ def test_profile_json_round_trip(model_and_workload, tmp_path) -> None:
 def test_efficient_order_selects_what_the_grid_selects(model_and_workload) -> None:
     model, w = model_and_workload
     relation = RelationVector.from_samples("conv8", "proxy", 0.8, {4: 600.0, 8: 700.0, 16: 900.0, 32: 1300.0})
-    grid = profile_device(
+    grid = Profiler(
         SimulatedBoard(board_model("jetson-nano"), noise=False),
         w,
         _factory(model),
-        batch_sizes=BATCHES,
         samples=1000,
         warmup_steps=0,
         measure_steps=1,
-        progress=False,
-    )
+    ).run(BATCHES, progress=False)
     for cap in (2.6, 3.5, 5.0, 8.0):
-        fast = profile_device(
+        fast = Profiler(
             SimulatedBoard(board_model("jetson-nano"), noise=False),
             w,
             _factory(model),
-            batch_sizes=BATCHES,
             samples=1000,
             warmup_steps=0,
             measure_steps=1,
-            order="efficient",
-            power_cap_w=cap,
-            progress=False,
-        )
+        ).run(BATCHES, order="efficient", power_cap_w=cap, progress=False)
         assert len(fast.points) < len(grid.points)
         a, b = select(fast, relation, cap), select(grid, relation, cap)
         assert (a.batch_size, a.frequency_hz) == (b.batch_size, b.frequency_hz)
@@ -125,15 +112,8 @@ def test_batches_that_do_not_fit_are_skipped(model_and_workload) -> None:
     model, w = model_and_workload
     dev = open_device("sim:jetson-nano")
     fat = Workload("fat", w.input_shape, w.flops_per_sample, dev.memory_bytes() / 12, w.parameter_bytes)
-    prof = profile_device(
-        dev,
-        fat,
-        _factory(model),
-        batch_sizes=[4, 8, 16],
-        samples=100,
-        warmup_steps=0,
-        measure_steps=1,
-        progress=False,
+    prof = Profiler(dev, fat, _factory(model), samples=100, warmup_steps=0, measure_steps=1).run(
+        [4, 8, 16], progress=False
     )
     assert prof.batch_sizes() == [4, 8]
     assert [s["batch_size"] for s in prof.skipped] == [16]
@@ -155,27 +135,19 @@ def test_frequency_restored_when_a_step_fails(model_and_workload) -> None:
         return step
 
     with pytest.raises(RuntimeError, match="kernel failed"):
-        profile_device(
-            dev, w, make_step, batch_sizes=[4], samples=100, warmup_steps=1, measure_steps=1, progress=False
-        )
+        Profiler(dev, w, make_step, samples=100, warmup_steps=1, measure_steps=1).run([4], progress=False)
     assert dev.snapshot() == before and not dev.is_pinned
 
 
 def test_profiling_needs_a_knob_and_a_sensor(model_and_workload) -> None:
     model, w = model_and_workload
     with pytest.raises(DeviceError, match="no GPU frequency knob"):
-        profile_device(open_device("host"), w, _factory(model), batch_sizes=[4], samples=10, progress=False)
+        Profiler(open_device("host"), w, _factory(model), samples=10).run([4], progress=False)
 
 
 def test_efficient_order_needs_a_cap(model_and_workload) -> None:
     model, w = model_and_workload
     with pytest.raises(ValueError, match="power cap"):
-        profile_device(
-            open_device("sim:jetson-nano"),
-            w,
-            _factory(model),
-            batch_sizes=[4],
-            samples=10,
-            order="efficient",
-            progress=False,
+        Profiler(open_device("sim:jetson-nano"), w, _factory(model), samples=10).run(
+            [4], order="efficient", progress=False
         )

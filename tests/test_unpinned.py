@@ -20,7 +20,7 @@ from powerctl.devices.jetson import JetsonBoard
 from powerctl.devices.nvml import NvmlGpu
 from powerctl.devices.unpinned import NOT_PINNED, UnpinnedDevice
 from powerctl.errors import DeviceError, DevicePermissionError
-from powerctl.profiling.profiler import profile_device
+from powerctl.profiling.profiler import Profiler
 from powerctl.records.relation import RelationVector
 from powerctl.records.workload import Workload
 from powerctl.selection.joint import select
@@ -42,18 +42,8 @@ def _steps(b: int):  # a training step that does nothing: the knob, not the work
 
 
 def _profile(dev, order: str = "grid"):
-    return profile_device(
-        dev,
-        WORKLOAD,
-        _steps,
-        batch_sizes=BATCHES,
-        samples=1000,
-        order=order,
-        power_cap_w=NO_CAP_BELOW if order != "grid" else None,
-        warmup_steps=0,
-        measure_steps=2,
-        rate_hz=200.0,
-        progress=False,
+    return Profiler(dev, WORKLOAD, _steps, samples=1000, warmup_steps=0, measure_steps=2, rate_hz=200.0).run(
+        BATCHES, order=order, power_cap_w=NO_CAP_BELOW if order != "grid" else None, progress=False
     )
 
 

@@ -197,7 +197,7 @@ def _save_profile(profile: Any, out: Path) -> None:
 
 def cmd_profile(args: argparse.Namespace) -> int:
     from powerctl.files.outputs import check_output_file
-    from powerctl.profiling.profiler import profile_device
+    from powerctl.profiling.profiler import Profiler
 
     step_factory: ModelStepFactory | None = args.step_factory
     if step_factory is None:
@@ -233,18 +233,19 @@ def cmd_profile(args: argparse.Namespace) -> int:
         workload, make_step = step_factory(
             args.model, torch_device=dev.torch_device(), num_classes=args.num_classes, seed=args.seed
         )
-        profile = profile_device(
+        profile = Profiler(
             dev,
             workload,
             make_step,
-            batch_sizes=args.batch_sizes,
             samples=args.samples,
-            order=args.order,
-            power_cap_w=args.power_cap,
-            relation=None if relation is None else relation.as_map(),
             warmup_steps=args.warmup,
             measure_steps=args.steps,
             rate_hz=args.rate,
+        ).run(
+            args.batch_sizes,
+            order=args.order,
+            power_cap_w=args.power_cap,
+            relation=None if relation is None else relation.as_map(),
             progress=not args.quiet,
         )
     _save_profile(profile, args.out)

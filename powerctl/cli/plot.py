@@ -85,29 +85,74 @@ def _cap_text(cap: float | None) -> str:
     return "no power cap" if cap is None else f"power cap {cap:.2f} W"
 
 
+@dataclass(frozen=True)
+class _Panel:
+    """What one heat map shows: its title, the colour bar's label, the colour map, how a cell's value
+    is written, and whether the scale is logarithmic (where the values span more than 5×)."""
+
+    title: str
+    cbar_label: str
+    cmap: str
+    fmt: Callable[[float], str]
+    log: bool = False
+
+
 def _heatmap(
     fig: FigureBase,
     grid: _Grid,
     values: np.ndarray,
+    panel: _Panel,
     *,
-    title: str,
-    cbar_label: str,
-    cmap: str,
-    fmt: Callable[[float], str],
     cap: float | None,
     selection: Pick | None,
-    log: bool = False,
 ) -> tuple[Axes, list[Artist]]:
     """One annotated heat map: rows = batch sizes (categorical), columns = frequencies in MHz. Returns
     its axes and the legend's handles (`_legend` places them)."""
     ax = fig.add_subplot()
+    colormap, norm = _colour_scale(fig, ax, values, panel)
+    peak = grid.values(lambda p: p.peak_power_w)
+    feasible = np.isfinite(peak) & ((peak <= cap) if cap is not None else True)
+    infeasible = np.isfinite(peak) & ~feasible
+    _annotate_cells(ax, values, infeasible, colormap, norm, panel.fmt)
+    handles: list[Artist] = []
+    if np.isnan(values).any():
+        handles.append(
+            Patch(facecolor="white", hatch=_MISSING_HATCH, edgecolor=_MISSING_EDGE, label="not profiled")
+        )
+    if cap is not None:
+        handles += _cap_boundary(ax, cap, feasible, infeasible)
+        if infeasible.any():
+            # the swatch is what such a cell looks like: its colour under the same white veil
+            typical = colormap(norm(float(np.median(values[infeasible & np.isfinite(values)]))))
+            r, g, b = (c * (1 - _VEIL) + _VEIL for c in typical[:3])
+            handles.append(
+                Patch(facecolor=(r, g, b), edgecolor="0.8", label="peak power over the cap (faded)")
+            )
+    if selection is not None:
+        handles.append(_mark_selection(ax, grid, selection))
+    n_rows, n_cols = values.shape
+    ax.set_xticks(range(n_cols), [f"{hz / 1e6:.0f}" for hz in grid.frequencies_hz])
+    ax.set_yticks(range(n_rows), [str(b) for b in grid.batch_sizes])
+    ax.set_xlabel("GPU frequency (MHz)")
+    ax.set_ylabel("batch size")
+    ax.set_xlim(-0.5, n_cols - 0.5)
+    ax.set_ylim(-0.5, n_rows - 0.5)
+    ax.tick_params(length=0)
+    for spine in ax.spines.values():
+        spine.set_visible(False)
+    ax.set_title(panel.title, fontsize=11, loc="left")
+    return ax, handles
+
+
+def _colour_scale(fig: FigureBase, ax: Axes, values: np.ndarray, panel: _Panel) -> tuple[Any, Normalize]:
+    """The cells' image and its colour bar; the colour map (missing cells see-through) and its norm."""
     n_rows, n_cols = values.shape
     finite = values[np.isfinite(values)]
     lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
     if hi <= lo:
         hi = lo + 1.0
-    norm = LogNorm(lo, hi) if log and lo > 0 and hi / lo > 5 else Normalize(lo, hi)
-    colormap = matplotlib.colormaps[cmap].with_extremes(bad=(0, 0, 0, 0))  # missing cells: see-through
+    norm = LogNorm(lo, hi) if panel.log and lo > 0 and hi / lo > 5 else Normalize(lo, hi)
+    colormap = matplotlib.colormaps[panel.cmap].with_extremes(bad=(0, 0, 0, 0))  # missing cells: see-through
     im = ax.imshow(
         np.ma.masked_invalid(values),
         cmap=colormap,
@@ -118,18 +163,25 @@ def _heatmap(
         extent=(-0.5, n_cols - 0.5, -0.5, n_rows - 0.5),
     )
     cbar = fig.colorbar(im, ax=ax, pad=0.015, fraction=0.05)
-    cbar.set_label(cbar_label)
+    cbar.set_label(panel.cbar_label)
     if isinstance(norm, LogNorm):
         # Plain numbers (150, 200, 1000), not 2×10²: the cells are annotated the same way.
         cbar.ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
         cbar.ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
         cbar.ax.yaxis.set_minor_formatter(NullFormatter())
+    return colormap, norm
 
-    peak = grid.values(lambda p: p.peak_power_w)
-    feasible = np.isfinite(peak) & ((peak <= cap) if cap is not None else True)
-    infeasible = np.isfinite(peak) & ~feasible
-    handles: list[Artist] = []
 
+def _annotate_cells(
+    ax: Axes,
+    values: np.ndarray,
+    infeasible: np.ndarray,
+    colormap: Any,
+    norm: Normalize,
+    fmt: Callable[[float], str],
+) -> None:
+    """Each cell's value, legible on its colour; a missing cell hatched, one over the cap faded."""
+    n_rows, n_cols = values.shape
     for i in range(n_rows):
         for j in range(n_cols):
             v = values[i, j]
@@ -155,90 +207,72 @@ def _heatmap(
                 color = "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else "white"
             ax.text(j, i, fmt(v), ha="center", va="center", fontsize=7, color=color)
 
-    if np.isnan(values).any():
-        handles.append(
-            Patch(facecolor="white", hatch=_MISSING_HATCH, edgecolor=_MISSING_EDGE, label="not profiled")
-        )
-    if cap is not None:
-        segments = []
-        for i in range(n_rows):
-            for j in range(n_cols):
-                if not feasible[i, j]:
-                    continue
-                if j + 1 < n_cols and infeasible[i, j + 1]:
-                    segments.append([(j + 0.5, i - 0.5), (j + 0.5, i + 0.5)])
-                if j > 0 and infeasible[i, j - 1]:
-                    segments.append([(j - 0.5, i - 0.5), (j - 0.5, i + 0.5)])
-                if i + 1 < n_rows and infeasible[i + 1, j]:
-                    segments.append([(j - 0.5, i + 0.5), (j + 0.5, i + 0.5)])
-                if i > 0 and infeasible[i - 1, j]:
-                    segments.append([(j - 0.5, i - 0.5), (j + 0.5, i - 0.5)])
-        if segments:
-            ax.add_collection(
-                LineCollection(
-                    segments,
-                    colors=_BOUNDARY_COLOR,
-                    linewidths=2.5,
-                    capstyle="projecting",
-                    gid=BOUNDARY_GID,
-                    zorder=4.5,  # over the selected cell's outline: the boundary reads unbroken
-                )
-            )
-            handles.append(Line2D([], [], color=_BOUNDARY_COLOR, lw=2.5, label=f"cap boundary ({cap:.2f} W)"))
-        if infeasible.any():
-            # the swatch is what such a cell looks like: its colour under the same white veil
-            typical = colormap(norm(float(np.median(values[infeasible & np.isfinite(values)]))))
-            r, g, b = (c * (1 - _VEIL) + _VEIL for c in typical[:3])
-            handles.append(
-                Patch(facecolor=(r, g, b), edgecolor="0.8", label="peak power over the cap (faded)")
-            )
 
-    if selection is not None:
-        key = (selection.batch_size, selection.frequency_hz)
-        if key not in grid.points or selection.batch_size not in grid.batch_sizes:
-            raise FileFormatError(
-                f"the selection (batch size {key[0]} at {key[1]} Hz) is not a profiled point of this profile"
-            )
-        x, y = grid.frequencies_hz.index(key[1]), grid.batch_sizes.index(key[0])
-        # Outline the cell and put the star in its corner, so the cell's value stays readable.
-        ax.add_patch(
-            Rectangle(
-                (x - 0.5, y - 0.5),
-                1,
-                1,
-                fill=False,
-                edgecolor="black",
-                lw=2.2,
-                zorder=4,
-                gid=SELECTION_CELL_GID,
-            )
+def _cap_boundary(ax: Axes, cap: float, feasible: np.ndarray, infeasible: np.ndarray) -> list[Artist]:
+    """The line between the cells under the cap and those over it; its legend handle (none: no line)."""
+    n_rows, n_cols = feasible.shape
+    segments = []
+    for i in range(n_rows):
+        for j in range(n_cols):
+            if not feasible[i, j]:
+                continue
+            if j + 1 < n_cols and infeasible[i, j + 1]:
+                segments.append([(j + 0.5, i - 0.5), (j + 0.5, i + 0.5)])
+            if j > 0 and infeasible[i, j - 1]:
+                segments.append([(j - 0.5, i - 0.5), (j - 0.5, i + 0.5)])
+            if i + 1 < n_rows and infeasible[i + 1, j]:
+                segments.append([(j - 0.5, i + 0.5), (j + 0.5, i + 0.5)])
+            if i > 0 and infeasible[i - 1, j]:
+                segments.append([(j - 0.5, i - 0.5), (j + 0.5, i - 0.5)])
+    if not segments:
+        return []
+    ax.add_collection(
+        LineCollection(
+            segments,
+            colors=_BOUNDARY_COLOR,
+            linewidths=2.5,
+            capstyle="projecting",
+            gid=BOUNDARY_GID,
+            zorder=4.5,  # over the selected cell's outline: the boundary reads unbroken
         )
-        (star,) = ax.plot(
-            [x + _STAR_DX],
-            [y + _STAR_DY],
-            ls="none",
-            marker="*",
-            markersize=13,
-            markerfacecolor="gold",
-            markeredgecolor="black",
-            markeredgewidth=0.8,
-            zorder=5,
-            gid=SELECTION_GID,
-            label=f"selected: b = {key[0]}, {key[1] / 1e6:.0f} MHz",
-        )
-        handles.append(star)
+    )
+    return [Line2D([], [], color=_BOUNDARY_COLOR, lw=2.5, label=f"cap boundary ({cap:.2f} W)")]
 
-    ax.set_xticks(range(n_cols), [f"{hz / 1e6:.0f}" for hz in grid.frequencies_hz])
-    ax.set_yticks(range(n_rows), [str(b) for b in grid.batch_sizes])
-    ax.set_xlabel("GPU frequency (MHz)")
-    ax.set_ylabel("batch size")
-    ax.set_xlim(-0.5, n_cols - 0.5)
-    ax.set_ylim(-0.5, n_rows - 0.5)
-    ax.tick_params(length=0)
-    for spine in ax.spines.values():
-        spine.set_visible(False)
-    ax.set_title(title, fontsize=11, loc="left")
-    return ax, handles
+
+def _mark_selection(ax: Axes, grid: _Grid, selection: Pick) -> Artist:
+    """The selected cell outlined, a star in its corner (its value stays readable); the star's handle."""
+    key = (selection.batch_size, selection.frequency_hz)
+    if key not in grid.points or selection.batch_size not in grid.batch_sizes:
+        raise FileFormatError(
+            f"the selection (batch size {key[0]} at {key[1]} Hz) is not a profiled point of this profile"
+        )
+    x, y = grid.frequencies_hz.index(key[1]), grid.batch_sizes.index(key[0])
+    ax.add_patch(
+        Rectangle(
+            (x - 0.5, y - 0.5),
+            1,
+            1,
+            fill=False,
+            edgecolor="black",
+            lw=2.2,
+            zorder=4,
+            gid=SELECTION_CELL_GID,
+        )
+    )
+    (star,) = ax.plot(
+        [x + _STAR_DX],
+        [y + _STAR_DY],
+        ls="none",
+        marker="*",
+        markersize=13,
+        markerfacecolor="gold",
+        markeredgecolor="black",
+        markeredgewidth=0.8,
+        zorder=5,
+        gid=SELECTION_GID,
+        label=f"selected: b = {key[0]}, {key[1] / 1e6:.0f} MHz",
+    )
+    return star
 
 
 def _peak_power_map(
@@ -248,10 +282,7 @@ def _peak_power_map(
         fig,
         grid,
         grid.values(lambda p: p.peak_power_w),
-        title=title,
-        cbar_label="peak power (W)",
-        cmap="YlOrRd",
-        fmt=lambda v: f"{v:.1f}",
+        _Panel(title, "peak power (W)", "YlOrRd", lambda v: f"{v:.1f}"),
         cap=cap,
         selection=selection,
     )
@@ -314,13 +345,15 @@ def profile_figures(
         fig,
         grid,
         grid.values(lambda p: p.seconds_for_samples),
-        title=f"Time for N = {profile.samples:,} samples $T_N(b, f)$ — {subject}\n{cap_line}",
-        cbar_label="$T_N$ (s)",
-        cmap="viridis_r",
-        fmt=short_number,
+        _Panel(
+            f"Time for N = {profile.samples:,} samples $T_N(b, f)$ — {subject}\n{cap_line}",
+            "$T_N$ (s)",
+            "viridis_r",
+            short_number,
+            log=True,
+        ),
         cap=cap,
         selection=selection,
-        log=True,
     )
     _legend(fig, handles, width)
     figs["time"] = fig
@@ -334,16 +367,16 @@ def profile_figures(
             fig,
             sub,
             sub.values(lambda p: p.seconds_for_samples * r[p.batch_size]),
-            title=(
+            _Panel(
                 f"Predicted time to {relation.target_accuracy:.0%} accuracy $T_N \\cdot r_b$ — {subject}\n"
-                f"{cap_line}; $r_b$ from {relation.proxy_dataset}"
+                f"{cap_line}; $r_b$ from {relation.proxy_dataset}",
+                "$T_N \\cdot r_b$ (s)",
+                "viridis_r",
+                short_number,
+                log=True,
             ),
-            cbar_label="$T_N \\cdot r_b$ (s)",
-            cmap="viridis_r",
-            fmt=short_number,
             cap=cap,
             selection=selection if selection is not None and selection.batch_size in r else None,
-            log=True,
         )
         _legend(fig, handles, width)
         figs["predicted_time_to_target"] = fig

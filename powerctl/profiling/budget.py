@@ -140,22 +140,29 @@ def order_cost(
     prediction: Profile,
     workload: Workload,
     order: str,
+    request: ProfilingRequest,
     *,
     frequencies: Sequence[int],
     batch_sizes: Sequence[int],
-    samples: int,
-    power_cap_w: float | None,
-    relation: Mapping[int, float] | None,
-    warmup_steps: int,
-    measure_steps: int,
 ) -> tuple[float, int]:
-    """(device seconds, points) the profiler's `order` would spend on the board `prediction` describes."""
+    """(device seconds, points) the profiler's `order` would spend on the board `prediction` describes,
+    profiling as `request` asks: the instructed order stops at its own cap, the others at the pair's;
+    the fitted order reads the relation vector."""
     board = ReplayBoard(prediction, frequencies)
     profiler = Profiler(
-        board, workload, _no_step, samples=samples, warmup_steps=warmup_steps, measure_steps=measure_steps
+        board,
+        workload,
+        _no_step,
+        samples=request.samples,
+        warmup_steps=request.warmup_steps,
+        measure_steps=request.measure_steps,
     )
     profile = profiler.run(
-        batch_sizes, order=order, power_cap_w=power_cap_w, relation=relation, progress=False
+        batch_sizes,
+        order=order,
+        power_cap_w=request.order_cap_w if order == request.order else request.power_cap_w,
+        relation=request.relation.as_map() if order == FITTED else None,
+        progress=False,
     )
     return float(profile.profiling_seconds or 0.0), len(profile.points)
 
@@ -519,17 +526,6 @@ def _costs(
         if way == PREDICTED:  # measured already when its choice is confirmed; else about one more point
             costs[way] = spent if confirm.next_pair() is None else 2 * spent
             continue
-        seconds, _ = order_cost(
-            prediction,
-            workload,
-            way,
-            frequencies=table,
-            batch_sizes=sizes,
-            samples=request.samples,
-            power_cap_w=request.order_cap_w if way == order else request.power_cap_w,
-            relation=request.relation.as_map() if way == FITTED else None,
-            warmup_steps=request.warmup_steps,
-            measure_steps=request.measure_steps,
-        )
+        seconds, _ = order_cost(prediction, workload, way, request, frequencies=table, batch_sizes=sizes)
         costs[way] = spent + seconds * scale
     return costs
