@@ -31,7 +31,16 @@ import sys
 import time
 from collections import defaultdict
 
-from profiling_cost import BATCH_SIZES, CAPS_W, MEASURE_STEPS, MODEL_SHAPE, SHAPES, WARMUP_STEPS, _noop_step
+from profiling_cost import (
+    BATCH_SIZES,
+    CAPS_W,
+    MEASURE_STEPS,
+    MODEL_SHAPE,
+    NOMINAL_TARGET,
+    SHAPES,
+    WARMUP_STEPS,
+    _noop_step,
+)
 
 from powerctl.devices.boards import board_model
 from powerctl.devices.simulated import SimulatedBoard, predicted_profile
@@ -114,7 +123,7 @@ def _relation(model: str, samples_to_target: float) -> RelationVector:
     scaled so the best batch size needs `samples_to_target` samples."""
     kind = MODEL_SHAPE.get(model, "vision")
     scaled = {b: s * samples_to_target for b, s in SHAPES[kind].items()}
-    return RelationVector.from_samples(model, f"paper_tables:{kind}", 0.0, scaled)
+    return RelationVector.from_samples(model, f"paper_tables:{kind}", NOMINAL_TARGET, scaled)
 
 
 def _row(cell: dict, way: str, share: float | None, profiling_s: float, b: int, hz: int, how: str) -> dict:
