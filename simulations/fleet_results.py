@@ -202,7 +202,8 @@ def write_results(path: Path, results: dict[str, Any]) -> None:
     write_json(path, results)
 
 
-def _s(v: float | None, fmt: str = ".1f") -> str:
+def cell(v: float | None, fmt: str = ".1f") -> str:
+    """A table cell: the number in `fmt`, "-" for none."""
     return "-" if v is None else format(v, fmt)
 
 
@@ -234,15 +235,15 @@ def summary_text(results: dict[str, Any]) -> str:
             " …" if len(s["makespans_s"]) > 4 else ""
         )
         ttt = (
-            _s(s["time_to_target_s"])
+            cell(s["time_to_target_s"])
             if s["time_to_target_s"] is not None
             else f">{s['total_makespan_s']:.1f}"
         )
         lines.append(
-            f"{s['method']:<18} {ttt:>11} {_s(s['training_to_target_s']):>10} {_share(s):>6} "
-            f"{_s(s['reached_round'], 'd'):>5} {spans:<22} "
+            f"{s['method']:<18} {ttt:>11} {cell(s['training_to_target_s']):>10} {_share(s):>6} "
+            f"{cell(s['reached_round'], 'd'):>5} {spans:<22} "
             f"{s['energy_j']:>9.0f} {s['clients_at_target']:>4}/{s['clients']:<4} {s['over_cap']:>8} "
-            f"{s['failed']:>6} {_ratio(s['speedup_vs_sop']):>8} {_s(s['energy_vs_sop'], '.2f'):>7}"
+            f"{s['failed']:>6} {_ratio(s['speedup_vs_sop']):>8} {cell(s['energy_vs_sop'], '.2f'):>7}"
         )
     lines += [
         "",
@@ -337,7 +338,7 @@ def choices_table(results: dict[str, Any]) -> list[str]:
         joules = sum(r["energy_j"] or 0 for r in rs) / n
         lines.append(
             f"{device:<18} {cap:>6} {method:<18} {n:>4} {b:>4} {hz / 1e6:>6.1f}{more:1} {ways:>8} "
-            f"{prof:>7.1f} {secs:>9.1f} {joules:>9.0f} {_s(max(peaks) if peaks else None, '.2f'):>7}"
+            f"{prof:>7.1f} {secs:>9.1f} {joules:>9.0f} {cell(max(peaks) if peaks else None, '.2f'):>7}"
         )
     return lines
 

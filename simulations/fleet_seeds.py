@@ -29,7 +29,7 @@ from typing import Any
 from powerctl.procs import alive
 from powerctl.selection.methods import run_method_named
 from simulations.fleet import FleetSpec
-from simulations.fleet_results import fleet_block
+from simulations.fleet_results import cell, fleet_block
 from simulations.intervals import DRAWS, SEED, mean_interval95
 
 SEEDS_SCHEMA = "simulations.fleet-seeds/1"
@@ -291,10 +291,6 @@ def build_seed_results(
     }
 
 
-def _s(v: float | None, fmt: str = ".1f") -> str:
-    return "-" if v is None else format(v, fmt)
-
-
 def _stats_cells(stats: dict[str, Any] | None, unit: str) -> str:
     if stats is None or stats["mean"] is None:
         unpaired = "-" if stats is None else str(stats["unpaired"])
@@ -356,7 +352,7 @@ def seeds_summary_text(results: dict[str, Any]) -> str:
                 m["method"],
                 m["seeds"],
                 f"{b['at_target']}/{b['runs']}",
-                _s(b["mean_s"], ".2f"),
+                cell(b["mean_s"], ".2f"),
                 _stats_cells(b["speedup"], "x"),
             )
         )
@@ -365,12 +361,12 @@ def seeds_summary_text(results: dict[str, Any]) -> str:
                 m["method"],
                 m["seeds"],
                 f"{f['reached']}/{m['seeds']}",
-                _s(f["mean_s"], ".2f"),
+                cell(f["mean_s"], ".2f"),
                 _stats_cells(f["speedup"], "x"),
             )
         )
         energy_rows.append(
-            (m["method"], m["seeds"], "", _s(e["mean_j"], ".1f"), _stats_cells(e["ratio"], ""))
+            (m["method"], m["seeds"], "", cell(e["mean_j"], ".1f"), _stats_cells(e["ratio"], ""))
         )
     lines += _table(
         "per board: time to its own target, round 1", "at target", "mean s", "speed-up", board_rows_
@@ -388,7 +384,7 @@ def seeds_summary_text(results: dict[str, Any]) -> str:
         lines.append(
             f"  {m['method']}: under the target in {len(a['missed'])} of {a['seeds_all_at_target']}"
             + (f" ({_some(a['missed'])})" if a["missed"] else "")
-            + f"; mean batch size {_s(a['batch_size_missed'])} where it missed, {_s(a['batch_size_met'])}"
+            + f"; mean batch size {cell(a['batch_size_missed'])} where it missed, {cell(a['batch_size_met'])}"
             " where it reached it"
         )
     d = results["definitions"]
