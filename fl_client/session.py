@@ -15,7 +15,7 @@ A Flower user keeps their model, data and loop. In the ClientApp's train functio
 step (on a copy of the model, at every batch size of the plan, on inputs of the example's shape), so
 what is profiled is what trains. With `power_aware_mod` on the ClientApp the plan (relation vector,
 target, method, budget) comes from the train message and the report goes back in the reply; without
-it, give `instructions=` and `node=` yourself and read `session.report`.
+it, give `round_context=RoundContext(node, instructions)` yourself and read `session.report`.
 
 Everything the built-in client does holds here, through the same code (`fl_client.round`): the
 profile cache (per board × model × input shape × step), the profiling budget and orders, every
@@ -79,7 +79,7 @@ Step = Callable[..., Any]
 
 
 def _check_session_arguments(
-    model: Any, make_step: Any, train_examples: Any, lr: Any, key: Any, profile_cache: Any
+    model: Any, make_step: Any, train_examples: Any, lr: Any, key: Any
 ) -> tuple[int, float | None]:
     """PowerSession's arguments, checked where the user makes one: one ArgumentError line each (the
     example batch: `_example`). Returns `train_examples` and `lr` as plain numbers (numpy's converted)."""
@@ -92,9 +92,6 @@ def _check_session_arguments(
         lr = check_arguments(where, lr=(lr, Number(0.0, above=True)))["lr"]
     if not isinstance(key, str):
         raise ArgumentError(f"{where}: 'key' must be a string, got {key!r}")
-    if profile_cache is not None:  # '' is the working directory: cached wherever the loop was started
-        folder = FolderPath("a folder path (leave it out for the round's or the shared cache)")
-        check_arguments(where, profile_cache=(profile_cache, folder))
     return examples, lr
 
 
@@ -117,13 +114,38 @@ class SessionError(ClientWorkError):
 
 @dataclass
 class RoundContext:
-    """What `power_aware_mod` hands the train function's session: the node, the plan, and where the
-    session leaves its report."""
+    """The round a `PowerSession` runs in: the node, the plan, the profile cache, and where the session
+    leaves its report. `power_aware_mod` makes one per train message; a loop without the mod makes its
+    own, `RoundContext(node, instructions)`, and reads `session.report`.
+
+    Parameters
+    ----------
+    node : NodeSettings
+        The node: its device, cap, data share.
+    instructions : TrainInstructions
+        The plan (relation vector, target, method, budget).
+    profile_cache : path, optional
+        Where profiles are kept (default: the shared cache, `$POWERFED_CACHE/profile`).
+    """
 
     node: NodeSettings
     instructions: TrainInstructions
     profile_cache: Path | None = None
     sessions: list[PowerSession] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        where = "RoundContext"
+        if not isinstance(self.instructions, TrainInstructions):
+            raise ArgumentError(
+                f"{where}: 'instructions' must be a TrainInstructions (TrainInstructions.for_relation "
+                f"makes one), got {type(self.instructions).__name__}"
+            )
+        if not isinstance(self.node, NodeSettings):
+            raise ArgumentError(f"{where}: 'node' must be a NodeSettings, got {type(self.node).__name__}")
+        if self.profile_cache is not None:  # '' is the working directory: cached wherever the loop started
+            folder = FolderPath("a folder path (leave it out for the shared cache)")
+            check_arguments(where, profile_cache=(self.profile_cache, folder))
+            self.profile_cache = Path(self.profile_cache)
 
 
 CURRENT_ROUND: contextvars.ContextVar[RoundContext | None] = contextvars.ContextVar(
@@ -286,8 +308,8 @@ class PowerSession:
     lr : float, optional
         The learning rate the loop trains with, for the report (default: the plan's rule at the batch
         size chosen, `session.lr`).
-    instructions, node : optional
-        The plan and the node, when no `power_aware_mod` passes them in.
+    round_context : RoundContext, optional
+        The node, the plan and the profile cache, when no `power_aware_mod` passes them in.
     """
 
     def __init__(
@@ -300,30 +322,20 @@ class PowerSession:
         loss: LossFn | None = None,
         key: str = "",
         lr: float | None = None,
-        instructions: TrainInstructions | None = None,
-        node: NodeSettings | None = None,
-        profile_cache: Path | None = None,
+        round_context: RoundContext | None = None,
     ) -> None:
-        joined = CURRENT_ROUND.get()
-        if instructions is None or node is None:
-            if joined is None:
-                raise SessionError(
-                    "PowerSession: no round to join: add powerfed.power_aware_mod to the ClientApp's mods, "
-                    "or give instructions= and node="
-                )
-            instructions = instructions or joined.instructions
-            node = node or joined.node
-            profile_cache = joined.profile_cache if profile_cache is None else profile_cache
-        train_examples, lr = _check_session_arguments(
-            model, make_step, train_examples, lr, key, profile_cache
-        )
-        if not isinstance(instructions, TrainInstructions):
-            raise ArgumentError(
-                "PowerSession: 'instructions' must be a TrainInstructions (TrainInstructions.for_relation "
-                f"makes one), got {type(instructions).__name__}"
+        joined = CURRENT_ROUND.get() if round_context is None else round_context
+        if joined is None:
+            raise SessionError(
+                "PowerSession: no round to join: add powerfed.power_aware_mod to the ClientApp's mods, "
+                "or give round_context=RoundContext(node, instructions)"
             )
-        if not isinstance(node, NodeSettings):
-            raise ArgumentError(f"PowerSession: 'node' must be a NodeSettings, got {type(node).__name__}")
+        if not isinstance(joined, RoundContext):
+            raise ArgumentError(
+                f"PowerSession: 'round_context' must be a RoundContext, got {type(joined).__name__}"
+            )
+        train_examples, lr = _check_session_arguments(model, make_step, train_examples, lr, key)
+        instructions, node = joined.instructions, joined.node
         if (
             differs := same_model(instructions.relation_vector.extra.get("model_fingerprint"), model)
         ) is not None:
@@ -331,7 +343,6 @@ class PowerSession:
                 f"PowerSession: the plan is for another model: {differs}; estimate the relation vector "
                 "with this model (estimate_relation(YourModel, ...))"
             )
-        profile_cache = Path(profile_cache) if profile_cache is not None else None
         self.instructions = instructions
         self._loop_lr = lr
         self.work = RoundWork(
@@ -340,7 +351,7 @@ class PowerSession:
             None,
             None,
             node_device_seed(node, instructions.seed),
-            profile_cache,
+            joined.profile_cache,
             step=user_step(instructions, model, make_step, example, loss, key),
             examples=train_examples,
         )
@@ -409,8 +420,7 @@ class PowerSession:
             self.report = self._report(dev)
         finally:
             stack.close()  # the device restored on every way out
-        if self._joined is not None:
-            self._joined.sessions.append(self)
+        self._joined.sessions.append(self)
 
     # --- what the loop uses --------------------------------------------------------------------
     @property

@@ -51,6 +51,7 @@ from powerctl.records.relation import RelationVector
 from powerctl.selection.methods import run_method_named
 from strategies.fleet import fleet_availability
 from strategies.methods import for_method
+from strategies.node_waits import NodeWaits
 from strategies.objectives import objective_named
 from strategies.population import (
     POPULATION_FILE,
@@ -366,8 +367,7 @@ def run_method(
         on_round_end=save_global,
         fraction_train=cfg.fraction_train,
         fraction_evaluate=cfg.fraction_evaluate,
-        min_available_nodes=cfg.min_nodes,
-        rejoin_wait_s=cfg.rejoin_wait_s,
+        waits=NodeWaits(min_available_nodes=cfg.min_nodes, rejoin_wait_s=cfg.rejoin_wait_s),
         round_objective=objective_named(objective, cfg.round_deadline_s),
         inner=sampled if log_draws is not None else None,
     )

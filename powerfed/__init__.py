@@ -46,6 +46,7 @@ _WHERE: dict[str, str] = {
     "PowerAwareFedAvg": "strategies.power_aware",
     "RoundObjective": "strategies.objectives",
     "EnergyUnderDeadline": "strategies.objectives",
+    "NodeWaits": "strategies.node_waits",
     "TrainInstructions": "strategies.protocol",
     "ClientReport": "strategies.protocol",
     "save_results": "fl_server.results",
@@ -54,6 +55,7 @@ _WHERE: dict[str, str] = {
     "describe_node": "fl_client.mod",
     "PowerSession": "fl_client.session",
     "SessionError": "fl_client.session",
+    "RoundContext": "fl_client.session",
     "NodeSettings": "fl_client.node",
     # the relation vector, for the built-in models and for users' own
     "estimate_relation": "fl_server.relation",
@@ -85,6 +87,7 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time `__getattr_
     from fl_client.mod import power_aware_mod as power_aware_mod
     from fl_client.node import NodeSettings as NodeSettings
     from fl_client.session import PowerSession as PowerSession
+    from fl_client.session import RoundContext as RoundContext
     from fl_client.session import SessionError as SessionError
     from fl_server.relation import RelationCompute as RelationCompute
     from fl_server.relation import RelationSettings as RelationSettings
@@ -104,6 +107,7 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time `__getattr_
     from powerfed.training.models import model_names as model_names
     from powerfed.training.models import register_model as register_model
     from powerfed.training.models import unregister_model as unregister_model
+    from strategies.node_waits import NodeWaits as NodeWaits
     from strategies.objectives import EnergyUnderDeadline as EnergyUnderDeadline
     from strategies.objectives import RoundObjective as RoundObjective
     from strategies.power_aware import NoClientReported as NoClientReported

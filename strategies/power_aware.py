@@ -42,6 +42,7 @@ from flwr.supercore import log
 
 from powerctl.errors import ArgumentError, PowerctlError
 from powerctl.files.mapping import Integer, Number, check_arguments
+from strategies.node_waits import NodeWaits
 from strategies.objectives import OBJECTIVE, RoundObjective
 from strategies.protocol import (
     ARRAYS_KEY,
@@ -144,10 +145,10 @@ class PowerAware(Strategy):
     instructions : TrainInstructions
         The run's plan; every round each node's is made from it by `node_instructions`. A public
         attribute: a run may change it between rounds.
-    min_available_nodes : int
-        Wait once, before the first round, for this many nodes (0: leave it to `strategy`). After that
-        a round waits up to `rejoin_wait_s` for the nodes seen before, then goes on with whoever is
-        connected (Flower's own sampling waits forever for a node that died).
+    waits : NodeWaits
+        How long it waits for nodes (`strategies.node_waits`): the fleet once before the first round,
+        the nodes seen before in each round, each question to a node (Flower's own sampling waits
+        forever for a node that died).
     round_objective : RoundObjective | str
         What each round asks of its clients (`strategies.objectives`): `RoundObjective()` (time: each
         client its fastest pair) or `EnergyUnderDeadline(deadline_s)`; or the name of one
@@ -165,20 +166,17 @@ class PowerAware(Strategy):
         node_instructions: NodeInstructions = same_for_every_node,
         on_round: Callable[[RoundRecord], None] | None = None,
         on_round_end: Callable[[int, ArrayRecord], None] | None = None,
-        query_timeout: float = 120.0,
-        min_available_nodes: int = 0,
         round_objective: RoundObjective | str = "time",
-        rejoin_wait_s: float = 30.0,
+        waits: NodeWaits = NodeWaits(),
         first_round: int = 1,
     ) -> None:
         checked = check_arguments(  # kept as checked: plain numbers where numpy's were given
             "PowerAware",
             round_objective=(round_objective, OBJECTIVE),
-            query_timeout=(query_timeout, Number(0.0, above=True, unit="seconds")),
-            rejoin_wait_s=(rejoin_wait_s, Number(0.0, unit="seconds")),
-            min_available_nodes=(min_available_nodes, Integer(0)),
             first_round=(first_round, Integer(1)),
         )
+        if not isinstance(waits, NodeWaits):  # a NodeWaits checks itself
+            raise ArgumentError(f"PowerAware: 'waits' must be a NodeWaits, got {type(waits).__name__}")
         if not isinstance(strategy, Strategy):
             raise ArgumentError(f"PowerAware wraps a Flower Strategy, got {type(strategy).__name__}")
         if not isinstance(instructions, TrainInstructions):  # a TrainInstructions checks itself
@@ -198,9 +196,7 @@ class PowerAware(Strategy):
         self.node_instructions = node_instructions
         self.on_round = on_round
         self.on_round_end = on_round_end
-        self.query_timeout = checked["query_timeout"]
-        self.min_available_nodes = checked["min_available_nodes"]
-        self.rejoin_wait_s = checked["rejoin_wait_s"]
+        self.waits = waits
         self.round_objective: RoundObjective = checked["round_objective"]
         self.first_round = checked["first_round"]
         self.nodes: dict[int, NodeInfo] = {}
@@ -257,14 +253,14 @@ class PowerAware(Strategy):
 
     # --- nodes --------------------------------------------------------------------------------
     def connected(self, grid: Grid) -> list[int]:
-        """The nodes to sample from, after the waits: `min_available_nodes` once (the fleet gathers
-        before the first round), then up to `rejoin_wait_s` for the most nodes seen so far."""
+        """The nodes to sample from, after the waits: `waits.min_available_nodes` once (the fleet
+        gathers before the first round), then up to `waits.rejoin_wait_s` for the most nodes seen so far."""
         if not self._gathered:
-            sample_nodes(grid, self.min_available_nodes, 0)  # Flower's wait for the fleet, sampling none
+            sample_nodes(grid, self.waits.min_available_nodes, 0)  # Flower's wait for the fleet, no sample
             self._gathered = True
-        deadline = time.monotonic() + self.rejoin_wait_s
+        deadline = time.monotonic() + self.waits.rejoin_wait_s
         while len(nodes := sorted(grid.get_node_ids())) < self._most_seen and time.monotonic() < deadline:
-            time.sleep(min(1.0, self.rejoin_wait_s))
+            time.sleep(min(1.0, self.waits.rejoin_wait_s))
         self._most_seen = len(nodes)  # whoever did not come back in time is gone: wait for them once
         return nodes
 
@@ -278,7 +274,7 @@ class PowerAware(Strategy):
             for nid, content in contents.items()
         ]
         sent = {m.metadata.message_id: m.metadata.dst_node_id for m in queries}
-        replies = grid.send_and_receive(queries, timeout=self.query_timeout)
+        replies = grid.send_and_receive(queries, timeout=self.waits.query_timeout_s)
         return [(sent.get(r.metadata.reply_to_message_id, r.metadata.src_node_id), r) for r in replies]
 
     def learn_nodes(self, grid: Grid, node_ids: Iterable[int]) -> None:
@@ -570,7 +566,8 @@ class PowerAwareFedAvg(PowerAware):
     """`PowerAware` around FedAvg (`FedAvgInOrder`): the project's own ServerApp's strategy.
 
     FedAvg's sampling parameters are FedAvg's; the rest are `PowerAware`'s. FedAvg itself does not wait
-    for nodes: the wrapper gathers `min_available_nodes` once and then goes on with whoever is there.
+    for nodes: the wrapper gathers `waits.min_available_nodes` (here 1 by default) once and then goes on
+    with whoever is there.
     `inner` wraps the FedAvg before `PowerAware` holds it (a simulated population's sampling:
     `lambda fedavg: PopulationSampled(fedavg, population)`)."""
 
@@ -582,7 +579,7 @@ class PowerAwareFedAvg(PowerAware):
         fraction_evaluate: float = 1.0,
         min_train_nodes: int = 1,
         min_evaluate_nodes: int = 1,
-        min_available_nodes: int = 1,
+        waits: NodeWaits = NodeWaits(min_available_nodes=1),
         inner: Callable[[Strategy], Strategy] | None = None,
         **power_aware: Any,
     ) -> None:
@@ -603,4 +600,4 @@ class PowerAwareFedAvg(PowerAware):
         )
         if inner is not None:
             fedavg = inner(fedavg)
-        super().__init__(fedavg, instructions, min_available_nodes=min_available_nodes, **power_aware)
+        super().__init__(fedavg, instructions, waits=waits, **power_aware)

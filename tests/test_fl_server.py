@@ -230,7 +230,7 @@ def test_the_run_configs_rejoin_wait_reaches_the_strategy(
 
     monkeypatch.setattr(server_app, "PowerAwareFedAvg", spy)
     _server(tmp_path, _run_config(tmp_path, **{"num-server-rounds": 1, "rejoin-wait-s": 4.5}), nodes=2)
-    assert built["rejoin_wait_s"] == 4.5
+    assert built["waits"].rejoin_wait_s == 4.5
 
 
 def _state(path: Path) -> dict:

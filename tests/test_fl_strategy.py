@@ -13,6 +13,7 @@ from fl_client.app import app as client_app
 from powerctl.devices.simulated import POWER_NOISE
 from powerctl.errors import ArgumentError
 from powerctl.records.relation import RelationVector
+from strategies.node_waits import NodeWaits
 from strategies.power_aware import NoClientReported, PowerAwareFedAvg
 from strategies.protocol import ProtocolError, TrainInstructions, evaluation_metrics, reader
 from strategies.rounds import weighted_average
@@ -387,7 +388,8 @@ def test_min_available_nodes_gathers_the_fleet_once_and_a_node_gone_later_does_n
             return [n for n in self.node_configs if not (trained and n == gone)]
 
     grid = ShrinkingGrid(client_app, nodes, RUN_CONFIG, {gone: "dead"})
-    strategy = power_aware(min_available_nodes=2, rejoin_wait_s=1.0)  # the gone node: one short wait
+    # the gone node: one short wait
+    strategy = power_aware(waits=NodeWaits(min_available_nodes=2, rejoin_wait_s=1.0))
     _run(grid, strategy, rounds=2)
     assert [(f.node_key, f.kind) for f in strategy.rounds[1].failed] == [("partition-1", "unavailable")]
     assert [c["node_key"] for c in strategy.rounds[2].clients] == ["partition-0"] and not strategy.rounds[
@@ -435,7 +437,7 @@ def test_the_first_sampling_takes_every_node_it_waited_for(monkeypatch: pytest.M
     monkeypatch.setattr(flower_sampling, "sleep", clock.sleep)
     grid = _Nodes(clock, missing=3, back_at=2.0)
     grid.present = False
-    strategy = power_aware(min_available_nodes=3, rejoin_wait_s=10.0)
+    strategy = power_aware(waits=NodeWaits(min_available_nodes=3, rejoin_wait_s=10.0))
     assert strategy.connected(grid) == [1, 2, 3] and clock.slept == pytest.approx(2.0)
     assert strategy.connected(grid) == [1, 2, 3] and clock.slept == pytest.approx(2.0)
 
@@ -449,7 +451,7 @@ def test_a_round_waits_once_for_a_node_seen_before(
     clock = _Clock()
     monkeypatch.setattr(power_aware_module, "time", clock)
     grid = _Nodes(clock, missing=3, back_at=back_at)
-    strategy = power_aware(rejoin_wait_s=10.0)
+    strategy = power_aware(waits=NodeWaits(min_available_nodes=1, rejoin_wait_s=10.0))
     assert strategy.connected(grid) == [1, 2, 3] and clock.slept == 0  # every node seen
     grid.present = False  # node 3 drops (a SuperLink restart: it may come back)
     assert strategy.connected(grid) == sampled and clock.slept == pytest.approx(slept)

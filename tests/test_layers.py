@@ -181,8 +181,6 @@ MAX_PARAMETERS = 8
 """Issue 39: a function a reader can hold — at most 100 lines and 8 parameters (a config record counts
 as one; `self`/`cls` do not)."""
 WIDE_FOR_NOW = {
-    "fl_client/session.py:PowerSession.__init__": "public constructor; issue 39: group its options",
-    "strategies/power_aware.py:PowerAware.__init__": "public constructor; issue 39: group its options",
     "powerctl/records/workload.py:_conv_backward_flop": "torch's flop-counter signature for conv backward",
 }
 """The functions over the limit today, each with why (none may be added)."""

@@ -156,7 +156,7 @@ def test_a_user_session_too_short_for_any_profile_says_so_in_its_log_and_the_rou
         x, y = user_data(n=64, seed=10)
         with caplog.at_level("WARNING", logger="fl_client.round"), powerfed.PowerSession(
             model=net, make_step=make_step, example=(x[:8], y[:8]), train_examples=64,
-            instructions=plan(budget_samples=64), node=node, profile_cache=tmp_path,
+            round_context=powerfed.RoundContext(node, plan(budget_samples=64), tmp_path),
         ) as session:  # fmt: skip
             step = make_step(net)
             while not session.done:

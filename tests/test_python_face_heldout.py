@@ -161,12 +161,16 @@ def _session(**changes: Any) -> powerfed.PowerSession:
         "make_step": lambda model: lambda x, y: None,
         "example": (torch.zeros(4, 4), torch.zeros(4, dtype=torch.long)),
         "train_examples": 64,
+    }
+    joined = {
+        "node": powerfed.NodeSettings("sim:jetson-nano", 3.0, None, 0, 1, "n0", None),
         "instructions": TrainInstructions.for_relation(
             RelationVector.from_samples("held-out-net", "proxy", 0.5, {8: 300.0, 16: 400.0}), num_classes=2
         ),
-        "node": powerfed.NodeSettings("sim:jetson-nano", 3.0, None, 0, 1, "n0", None),
+        "profile_cache": None,
     }
-    return powerfed.PowerSession(**{**args, **changes})
+    joined.update({k: changes.pop(k) for k in list(changes) if k in joined})
+    return powerfed.PowerSession(**{**args, "round_context": powerfed.RoundContext(**joined), **changes})
 
 
 @pytest.mark.parametrize(
@@ -393,7 +397,7 @@ def test_an_empty_profile_cache_is_not_a_folder(tmp_path: Path, monkeypatch: pyt
     monkeypatch.chdir(tmp_path)  # Path('') is here: nothing may be cached in it
     with pytest.raises(ArgumentError) as err:
         _session(profile_cache="")
-    one_line(err.value, "PowerSession: 'profile_cache' must be a folder path", "got ''")
+    one_line(err.value, "RoundContext: 'profile_cache' must be a folder path", "got ''")
     assert not list(tmp_path.iterdir())
 
 

@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from flwr.serverapp.strategy import FedAvg
@@ -84,11 +85,9 @@ def test_changing_a_made_plan_is_checked_the_same_way() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "fragment"),
     [
-        ({"query_timeout": 0.0}, "'query_timeout' must be a number of seconds > 0"),
-        ({"rejoin_wait_s": math.inf}, "'rejoin_wait_s' must be a number of seconds ≥ 0"),
         ({"round_objective": "speed"}, "'round_objective' must be one of time"),
         ({"first_round": 0}, "'first_round' must be an integer ≥ 1"),
-        ({"min_available_nodes": -2}, "'min_available_nodes' must be an integer ≥ 0"),
+        ({"waits": 30.0}, "'waits' must be a NodeWaits, got float"),
     ],
 )
 def test_power_aware_refuses_its_own_arguments_in_one_line(kwargs: dict, fragment: str) -> None:
@@ -100,6 +99,27 @@ def test_power_aware_refuses_its_own_arguments_in_one_line(kwargs: dict, fragmen
     with pytest.raises(ArgumentError) as err:
         powerfed.EnergyUnderDeadline(deadline_s=math.nan)
     one_line(err.value, "EnergyUnderDeadline", "'deadline_s' must be a number of seconds ≥ 0")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"query_timeout_s": 0.0}, "'query_timeout_s' must be a number of seconds > 0"),
+        ({"rejoin_wait_s": math.inf}, "'rejoin_wait_s' must be a number of seconds ≥ 0"),
+        ({"min_available_nodes": -2}, "'min_available_nodes' must be an integer ≥ 0"),
+        ({"min_available_nodes": 1.5}, "'min_available_nodes' must be an integer ≥ 0"),
+    ],
+)
+def test_node_waits_refuse_their_bounds_in_one_line(kwargs: dict, fragment: str) -> None:
+    with pytest.raises(ArgumentError) as err:
+        powerfed.NodeWaits(**kwargs)
+    one_line(err.value, "NodeWaits", fragment)
+
+
+def test_node_waits_keep_plain_numbers() -> None:
+    waits = powerfed.NodeWaits(min_available_nodes=np.int64(3), rejoin_wait_s=np.float32(2.5))
+    assert waits == powerfed.NodeWaits(min_available_nodes=3, rejoin_wait_s=2.5)
+    assert type(waits.min_available_nodes) is int and type(waits.rejoin_wait_s) is float
 
 
 @settings(max_examples=200, deadline=None)
@@ -160,10 +180,14 @@ def _session(**changes: Any) -> powerfed.PowerSession:
         "make_step": make_step,
         "example": (torch.zeros(4, 4), torch.zeros(4, dtype=torch.long)),
         "train_examples": 64,
-        "instructions": TrainInstructions.for_relation(REL, num_classes=2),
-        "node": NodeSettings("sim:jetson-nano", 3.0, None, 0, 1, "n0", None),
     }
-    return powerfed.PowerSession(**{**args, **changes})
+    joined = {
+        "node": NodeSettings("sim:jetson-nano", 3.0, None, 0, 1, "n0", None),
+        "instructions": TrainInstructions.for_relation(REL, num_classes=2),
+        "profile_cache": None,
+    }
+    joined.update({k: changes.pop(k) for k in list(changes) if k in joined})
+    return powerfed.PowerSession(**{**args, "round_context": powerfed.RoundContext(**joined), **changes})
 
 
 @pytest.mark.parametrize(
@@ -173,7 +197,7 @@ def _session(**changes: Any) -> powerfed.PowerSession:
         ({"lr": -0.1}, "'lr' must be a number > 0"),
         ({"train_examples": 0}, "'train_examples' must be an integer ≥ 1"),
         ({"train_examples": 12.5}, "'train_examples' must be an integer ≥ 1"),
-        ({"profile_cache": 3}, "'profile_cache' must be a folder path"),
+        ({"round_context": {"node": "n0"}}, "'round_context' must be a RoundContext, got dict"),
         ({"make_step": "step"}, "'make_step' must be callable"),
         ({"model": "cnn-tiny"}, "'model' must be a torch nn.Module"),
         ({"key": 3}, "'key' must be a string"),
@@ -183,6 +207,12 @@ def test_a_session_refuses_its_arguments_where_it_is_made(changes: dict, fragmen
     with pytest.raises(ArgumentError) as err:
         _session(**changes)
     one_line(err.value, "PowerSession", fragment)
+
+
+def test_a_round_context_refuses_a_profile_cache_that_is_not_a_folder() -> None:
+    with pytest.raises(ArgumentError) as err:
+        _session(profile_cache=3)
+    one_line(err.value, "RoundContext", "'profile_cache' must be a folder path")
 
 
 def test_a_session_refuses_an_example_that_is_not_one_batch() -> None:

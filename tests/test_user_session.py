@@ -170,10 +170,11 @@ def _session(**kw: Any) -> powerfed.PowerSession:
         "make_step": make_step,
         "example": (x[:8], y[:8]),
         "train_examples": 64,
-        "instructions": plan(),
-        "node": _node(),
     }
-    return powerfed.PowerSession(**{**args, **kw})
+    joined = powerfed.RoundContext(
+        kw.pop("node", _node()), kw.pop("instructions", plan()), kw.pop("profile_cache", None)
+    )
+    return powerfed.PowerSession(**{**args, "round_context": joined, **kw})
 
 
 def test_the_profile_is_of_the_users_step_and_changes_with_it(tmp_path: Path) -> None:
