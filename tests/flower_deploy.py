@@ -273,11 +273,6 @@ class Deployment:
         assert rc == 0, f"flwr {' '.join(args)} exited {rc}\n{out}\n{self.tails()}"
         return out
 
-    def run_app(self, run_config: str, timeout_s: float) -> tuple[int, str]:
-        """`flwr run . NAME --stream --run-config ...` from the repository root: this checkout's app."""
-        args = ["run", ".", self.connection, "--stream", "--run-config", run_config]
-        return self.flwr("flwr-run", args, timeout_s, cwd=REPO)
-
     # ----------------------------------------------------------------------------- bookkeeping
     def _remember(self, pid: int, st: tuple[int, int, int] | None = None) -> None:
         st = st or _stat(pid)

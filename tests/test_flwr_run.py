@@ -1,4 +1,8 @@
-"""`flwr run .` end to end on Flower's simulation engine (Ray), as a user runs it, on private ports.
+"""`flwr run APP` end to end on Flower's simulation engine (Ray), as a user runs it, on private ports.
+
+APP is this checkout staged as the launcher stages it (`fl_server.fab.staged_app`: the folders the FAB
+can hold; tests/test_warm_start.py proves it packs to the same FAB as `flwr run .`), so that Flower does
+not walk the three virtual environments in the checkout (75,000 files in CI, ~14 CPU-s).
 
 `flwr run .` leaves its local SuperLink running; the test stops it and everything it started by
 process id (simulations.local_superlink), and checks that nothing of that process tree is left.
@@ -13,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from fl_server.fab import staged_app
 from powerctl.devices.simulated import POWER_NOISE
 from simulations.launcher import ANSI, INFRA_LINE
 from simulations.local_superlink import (
@@ -47,7 +52,9 @@ def test_flwr_run_simulates_four_boards_names_a_client_that_raises_and_one_that_
         f"round-timeout=30.0 inject-failures='raise:0.3,hang:0.3' inject-seed=5 inject-hang-s=40.0"
     )
     cmd = flwr_run_command(
-        ".", "num-supernodes=4 client-resources-num-cpus=1 init-args-num-cpus=4", run_config
+        staged_app(ROOT, tmp_path / "app"),
+        "num-supernodes=4 client-resources-num-cpus=1 init-args-num-cpus=4",
+        run_config,
     )
     tree: list[int] = []
     try:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from fl_server.fab import staged_app
 from simulations.__main__ import main
 from simulations.local_superlink import alive, descendants, free_port, pids_listening_on, stop_local_superlink
 from simulations.ray_cluster import (
@@ -282,7 +283,8 @@ def test_flwr_run_runs_its_clients_on_a_joined_ray_worker(
         assert find_target(run_env).describe() == (
             f"Ray: the live cluster at {cluster.address} will be used (RAY_ADDRESS)"
         )
-        cmd = [str(BIN / "flwr"), "run", ".", "--stream", "--federation-config"]
+        app = staged_app(ROOT, tmp_path / "app")  # as the launcher runs it (tests/test_flwr_run.py)
+        cmd = [str(BIN / "flwr"), "run", str(app), "--stream", "--federation-config"]
         cmd += ["num-supernodes=2 client-resources-num-cpus=1", "--run-config"]
         cmd += [f"{RUN_CONFIG} results-dir='{results}'"]
         proc = subprocess.run(cmd, cwd=ROOT, env=run_env, capture_output=True, text=True, timeout=420)
