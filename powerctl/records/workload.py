@@ -283,7 +283,18 @@ def _convolution_backward_flops(args: Any, out: Any) -> int:
     transposed, groups, mask = args[7], args[9], args[10]
     outs = [None if o is None else o.shape for o in out]
     return _conv_backward_flop(
-        grad_out.shape, x.shape, w.shape, None, None, None, None, transposed, None, groups, mask, outs
+        grad_out.shape,
+        x.shape,
+        w.shape,
+        None,
+        None,
+        None,
+        None,
+        transposed,
+        None,
+        groups,
+        mask,
+        out_shape=outs,
     )
 
 
@@ -302,27 +313,33 @@ its formulas (the grouped-conv fix included); the op counter uses them on torch 
 # --- corrections to torch.utils.flop_counter (applied only while measuring) ---------------------
 
 
-def _conv_backward_flop(
-    grad_out_shape: Any,
-    x_shape: Any,
-    w_shape: Any,
-    _bias: Any,
-    _stride: Any,
-    _padding: Any,
-    _dilation: Any,
-    transposed: bool,
-    _output_padding: Any,
-    groups: int,
-    output_mask: Any,
-    out_shape: Any,
-    **kwargs: Any,
-) -> int:
+CONV_BACKWARD_ARGS = (
+    "grad_out",
+    "input",
+    "weight",
+    "bias_sizes",
+    "stride",
+    "padding",
+    "dilation",
+    "transposed",
+    "output_padding",
+    "groups",
+    "output_mask",
+)
+"""aten.convolution_backward's arguments, in its order: the flop counter passes their shapes positionally."""
+
+
+def _conv_backward_flop(*args: Any, out_shape: Any, **kwargs: Any) -> int:
     """torch's formula for conv backward, with the weight gradient divided by `groups`.
 
     torch.utils.flop_counter (up to at least 2.13) counts the weight gradient of a grouped conv as if
     it were dense, which makes a depthwise layer's backward ~channels× too expensive (MobileNetV2's
-    training FLOPs came out 7× too high); fixed upstream in pytorch/pytorch#183405.
+    training FLOPs came out 7× too high); fixed upstream in pytorch/pytorch#183405. The counter calls
+    it with the op's 11 arguments (`CONV_BACKWARD_ARGS`) and the outputs' shapes (`shape_wrapper`).
     """
+    named = dict(zip(CONV_BACKWARD_ARGS, args, strict=True))
+    grad_out_shape, x_shape, w_shape = named["grad_out"], named["input"], named["weight"]
+    transposed, groups, output_mask = named["transposed"], named["groups"], named["output_mask"]
 
     def t(shape: Any) -> list[int]:
         return [shape[1], shape[0], *shape[2:]]
