@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from simulations.fleet import FleetSpec, load_fleet_spec
+from simulations.linkstate_index import INSTALLED_LINE
 from simulations.local_superlink import alive
 from simulations.runner import run_seeds
 from strategies.population import Population
@@ -100,6 +101,9 @@ def test_a_tiny_sampled_fleet_over_two_seeds_records_its_draws_leaves_out_a_fail
     )
     assert any(line.startswith("=== seed 2 of 2 FAILED after") for line in lines)
     out = top / "seed-1"  # seed 1's own folder: what a single run writes
+    # the runner's simulation dispatched through the message index (the index answers as Flower's scan
+    # does: tests/test_linkstate_index.py; a run without it: tests/test_flwr_run.py's plain `flwr run`)
+    assert INSTALLED_LINE in (out / "flwr.log").read_text()
     data = json.loads((out / "results.json").read_text())
     assert first["summary"] == data["summary"]
     started = data["processes"]["started"] + second["processes"]["started"]
