@@ -262,3 +262,29 @@ evaluation: {{every-samples: 32, max-samples: 64}}
 scale: {{profiles: predicted, real-share: 0.05}}
 methods: [ours]
 """
+
+
+@pytest.mark.parametrize("index", [False, True])
+def test_the_index_is_installed_only_when_asked_and_the_nodes_are_recorded_either_way(
+    monkeypatch: pytest.MonkeyPatch, index: bool
+) -> None:
+    """`run_flwr(index_messages=False)` (bench/fleet_scale.py's baseline) sets $POWERFED_MESSAGE_INDEX=0:
+    the simulation keeps Flower's link state and dispatch, and still records its virtual nodes."""
+    from flwr.server.superlink.fleet.vce import vce_api
+    from flwr.server.superlink.linkstate import linkstate_factory
+
+    flowers = {
+        "state": linkstate_factory.InMemoryLinkState,  # type: ignore[attr-defined]
+        "dispatch": vce_api.add_messages_to_queue,
+        "register": vce_api._register_nodes,
+    }
+    for module, name in ((linkstate_factory, "InMemoryLinkState"), (vce_api, "add_messages_to_queue")):
+        monkeypatch.setattr(module, name, getattr(module, name))  # put back after the test
+    monkeypatch.setattr(vce_api, "_register_nodes", vce_api._register_nodes)
+    monkeypatch.setattr(vce_api, "_register_node_info_stores", vce_api._register_node_info_stores)
+    li.install(index=index)
+    assert (linkstate_factory.InMemoryLinkState is li.indexed_state_class()) is index  # type: ignore[attr-defined]
+    assert (linkstate_factory.InMemoryLinkState is flowers["state"]) is not index  # type: ignore[attr-defined]
+    assert (vce_api.add_messages_to_queue is li.add_messages_to_queue) is index
+    assert (vce_api.add_messages_to_queue is flowers["dispatch"]) is not index
+    assert vce_api._register_nodes is not flowers["register"]  # the node record, with or without the index
