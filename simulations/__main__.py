@@ -85,8 +85,9 @@ def _add_demo(sub: Any) -> None:
 
 
 def _add_run(sub: Any) -> None:
+    from powerctl.selection.methods import RUN_METHODS
     from simulations.fleet import MAX_SEEDS
-    from strategies.settings import METHODS, RUN_METHODS
+    from strategies.settings import METHODS
 
     seed_count = bounded_int(1, MAX_SEEDS, "seed_count")
     r = sub.add_parser(
@@ -293,7 +294,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "ray-check":
         return ray_check()
-    from simulations.demo import DemoConfig, quiet, run_demo, say_on_stderr, summary_table
+    from simulations.demo import quiet, run_demo, say_on_stderr, summary_table
+    from simulations.demo_config import DemoConfig
 
     run = {"model": args.model}
     if args.target_accuracy is not None:

@@ -43,7 +43,8 @@ from powerctl.records.relation import RelationVector
 from powerctl.records.workload import Workload
 from powerctl.selection.capsource import ConstantCap
 from powerctl.selection.joint import best_frequency_per_batch
-from powerctl.selection.methods import ORACLE, method_named
+from powerctl.selection.methods import method_named
+from powerctl.selection.names import ORACLE
 from powerfed.training.crossing import run_dense
 from powerfed.training.finetune import FineTuneResult, evaluate_with_loss
 from powerfed.training.models import build_model, get_model_spec, model_workload
@@ -132,12 +133,12 @@ def oracle_search(work: RoundWork, profile: Profile, relation: RelationVector, t
     own = RelationVector.from_samples(
         work.instr.model, "own data", work.instr.target_accuracy, samples or missed
     )
-    rule = MethodRule(ORACLE, profile, relation, own, work.instr.deadline_s, work.instr.relation_rule)
+    chosen = MethodRule(ORACLE, profile, relation, own, work.instr.deadline_s, work.instr.relation_rule)
     measured = BenchReport(
         oracle_samples_to_target={str(b): s for b, s in own.samples_map().items()},
         oracle_search_device_seconds=spent_s,
     )
-    return Chosen(rule, runs=runs, bench=measured)
+    return Chosen(chosen, runs=runs, bench=measured)
 
 
 @dataclass(frozen=True)

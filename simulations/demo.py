@@ -36,7 +36,8 @@ from fl_client.round import (
 )
 from powerctl.files.jsonfile import write_json
 from powerctl.selection.baselines import predict
-from powerctl.selection.methods import METHODS, OURS, method_named
+from powerctl.selection.methods import METHODS, method_named
+from powerctl.selection.names import OURS
 from simulations.bench_steps import oracle_search
 from simulations.demo_config import DEMO_NODE, DemoConfig
 

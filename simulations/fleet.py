@@ -19,9 +19,10 @@ from typing import Any, NoReturn
 
 from fl_client.node import FleetEntry, NodeConfigError, parse_fleet_groups, read_yaml
 from powerctl.files.mapping import MAX_SEED, Custom, Integer, MappingReader, mapping_reader, must_be
+from powerctl.selection.methods import RUN_METHODS
 from strategies.fleet import not_simulated
 from strategies.population import Population, PopulationError, check_population, run_population
-from strategies.settings import APP_FILE, DATASET, METHODS, RUN_METHODS, SETTINGS, RunSettings
+from strategies.settings import APP_FILE, DATASET, METHODS, SETTINGS, RunSettings
 
 PLACES: dict[str, str | dict[str, str]] = {
     "rounds": "num-server-rounds",
@@ -225,9 +226,9 @@ def _load(path: Path) -> FleetSpec:
     if not path.exists():
         raise FleetFileError(f"{path}: no such fleet file")
     top = mapping_reader(read_yaml(path), name, FleetFileError, TOP_KEYS)  # bounded, a regular file only
-    for key in ("groups", "task"):
-        if top.get(key, None) is None:
-            _missing(name, key)
+    for required in ("groups", "task"):
+        if top.get(required, None) is None:
+            _missing(name, required)
     base = path.parent
     boards = _boards(top.get("groups"), name, base)
     settings: dict[str, Any] = {}

@@ -29,9 +29,13 @@ from collections.abc import Callable, Iterable
 from logging import INFO
 from pathlib import Path
 from queue import Queue
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from powerctl.errors import PowerctlError
+
+if TYPE_CHECKING:  # Flower is imported only where the adapter runs
+    from _typeshed import SupportsKeysAndGetItem
+    from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
 
 SUPPORTED_FLOWER = ("1.41.", "1.42.")
 """Flower releases whose `InMemoryLinkState.get_message_ins` and `vce_api.add_messages_to_queue` this
@@ -135,7 +139,11 @@ class IndexedStore(dict):  # type: ignore[type-arg]
         for key, value in dict(*args, **kwargs).items():
             self._add(key, value)
 
-    def __ior__(self, other: Any) -> IndexedStore:
+    # `|=` takes what `update` takes (pairs too) and `|` only a dict: typeshed's own dict.__ior__ has
+    # the same ignore
+    def __ior__(  # type: ignore[misc]
+        self, other: SupportsKeysAndGetItem[Any, Any] | Iterable[tuple[Any, Any]]
+    ) -> IndexedStore:
         self.update(other)
         return self
 
@@ -149,12 +157,12 @@ class IndexedStore(dict):  # type: ignore[type-arg]
         return list(self.by_node.get(node, ()))
 
 
-def _state_class() -> type:
+def _state_class() -> type[InMemoryLinkState]:
     from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
     from flwr.supercore import log as flwr_log
     from flwr.supercore.date import now
 
-    class IndexedLinkState(InMemoryLinkState):  # type: ignore[misc,valid-type]
+    class IndexedLinkState(InMemoryLinkState):
         """Flower 1.41's `InMemoryLinkState`, its `get_message_ins` reading the node's own messages."""
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -166,7 +174,7 @@ def _state_class() -> type:
             """Flower's `get_message_ins`, line for line, over `node_id`'s messages instead of all."""
             if limit is not None and limit < 1:
                 raise AssertionError("`limit` must be >= 1")
-            store: IndexedStore = self.message_ins_store
+            store = self._indexed_store()
             found: list[Any] = []
             with self.lock:
                 ids = store.ids_for(node_id)
@@ -198,15 +206,20 @@ def _state_class() -> type:
         def pending_nodes(self) -> list[int]:
             """Nodes that may hold an undelivered message (a superset: never one fewer)."""
             with self.lock:
-                return list(self.message_ins_store.pending)
+                return list(self._indexed_store().pending)
+
+        def _indexed_store(self) -> IndexedStore:
+            # Flower declares the store `dict[str, Message]`; __init__ above replaced it with an
+            # IndexedStore (a dict subclass), which is what this class reads
+            return cast(IndexedStore, self.message_ins_store)
 
     return IndexedLinkState
 
 
-_CLASS: type | None = None
+_CLASS: type[InMemoryLinkState] | None = None
 
 
-def indexed_state_class() -> type:
+def indexed_state_class() -> type[InMemoryLinkState]:
     """The adapter class (built on first use: Flower is imported only where it runs)."""
     global _CLASS
     if _CLASS is None:
@@ -249,7 +262,8 @@ def install(index: bool = True) -> None:
 
     vce_api._register_nodes = register_and_record
     if index:
-        linkstate_factory.InMemoryLinkState = indexed_state_class()
+        # the name the factory looks up (imported there from in_memory_linkstate), so it builds ours
+        linkstate_factory.InMemoryLinkState = indexed_state_class()  # type: ignore[attr-defined]
         vce_api.add_messages_to_queue = add_messages_to_queue
         vce_api._register_node_info_stores = config_read_once(vce_api._register_node_info_stores)
 
@@ -265,7 +279,8 @@ def config_read_once(register_stores: Callable[..., dict[int, Any]]) -> Callable
     from flwr.compat.client import run_info_store
 
     def register(nodes_mapping: Any, run: Any, app_dir: str | None = None) -> dict[int, Any]:
-        read = run_info_store.get_fused_config_from_dir
+        # swapped where run_info_store looks it up (imported there from flwr.common.config; not re-exported)
+        read = run_info_store.get_fused_config_from_dir  # type: ignore[attr-defined]
         fused: dict[tuple[str, int], dict[str, Any]] = {}
 
         def once(project_dir: Path, override_config: dict[str, Any]) -> dict[str, Any]:
@@ -274,11 +289,11 @@ def config_read_once(register_stores: Callable[..., dict[int, Any]]) -> Callable
                 fused[key] = read(project_dir, override_config)
             return dict(fused[key])
 
-        run_info_store.get_fused_config_from_dir = once
+        run_info_store.get_fused_config_from_dir = once  # type: ignore[attr-defined]
         try:
             return register_stores(nodes_mapping, run, app_dir)
         finally:
-            run_info_store.get_fused_config_from_dir = read
+            run_info_store.get_fused_config_from_dir = read  # type: ignore[attr-defined]
 
     return register
 
@@ -310,4 +325,5 @@ def main() -> int | None:
         return 2
     from flwr.simulation.app import flwr_simulation
 
-    return flwr_simulation()  # type: ignore[no-any-return]
+    flwr_simulation()
+    return None

@@ -21,11 +21,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from fl_server.run_config import run_config_text
 from powerctl.errors import PowerctlError
+from powerctl.procs import alive
 from simulations.fleet import FleetFileError, FleetSpec
-from simulations.launcher import run_config_text, run_flwr
+from simulations.launcher import run_flwr
 from simulations.linkstate_index import check_flower_version
-from simulations.local_superlink import alive
 from strategies.methods import trains_real_model
 
 
