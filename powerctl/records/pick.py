@@ -1,10 +1,8 @@
 """A chosen (batch size, GPU frequency) and what the choice predicts: the one type every method returns.
 
-Algorithm 1 (`powerctl.selection.joint`), the baselines (`powerctl.selection.baselines`), a method of the
-registry
-(`powerctl.selection.methods`), a cap follower's rule (`powerctl.selection.follow`) and a client's round all
-hand a `Pick`
-on; the wire keeps its own messages (`strategies.protocol`)."""
+Algorithm 1 (`powerctl.selection.joint`), the baselines (`powerctl.selection.baselines`), a method of
+the registry (`powerctl.selection.methods`), a cap follower's rule (`powerctl.selection.follow`) and a
+client's round all hand a `Pick` on; the wire keeps its own messages (`strategies.protocol`)."""
 
 from __future__ import annotations
 
