@@ -70,9 +70,10 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# mypy on the packages users import and on simulations ([tool.mypy] in pyproject.toml: every function
-# annotated, no bare generics, names imported from where they are defined). On 2 cores about 60 s from an empty cache (53 s
-# of it reading torch's, flwr's, ray's, numpy's and matplotlib's own hints), 2 s with .mypy_cache kept.
+# mypy on the packages users import, on simulations and on bench ([tool.mypy] in pyproject.toml: every
+# function annotated, no bare generics, names imported from where they are defined). On 2 cores about 60 s
+# from an empty cache (53 s of it reading torch's, flwr's, ray's, numpy's and matplotlib's own hints), 2 s
+# with .mypy_cache kept.
 # Not part of `make test`: .ci/run runs it while the floors' venvs install.
 typecheck: $(DEPS)
 	$(BIN)/mypy

@@ -16,15 +16,18 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import io
 import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from powerctl.selection.methods import ENERGY_UNDER_DEADLINE, OURS, OURS_DEADLINE, run_method_named  # noqa: E402
+from powerctl.selection.methods import ENERGY_UNDER_DEADLINE, run_method_named  # noqa: E402
+from powerctl.selection.names import OURS, OURS_DEADLINE  # noqa: E402
 from simulations.fleet import load_fleet_spec  # noqa: E402
 from simulations.runner import run_fleet  # noqa: E402
 
@@ -38,6 +41,7 @@ def _ms(values: list[float]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    assert isinstance(sys.stdout, io.TextIOWrapper), "stdout is a text stream (reconfigure)"
     sys.stdout.reconfigure(line_buffering=True)  # rows appear as they are measured, also into a file
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--fleet", type=Path, default=ROOT / "simulations" / "fleets" / "deadline.yaml")
@@ -59,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         for s in results["summary"]:
             per[s["method"]]["round"].append(statistics.mean(s["makespans_s"]))
         for method in METHODS:
-            rounds: dict[int, list[dict]] = {}
+            rounds: dict[int, list[dict[str, Any]]] = {}
             for r in results["records"]:
                 if r["method"] == method:
                     rounds.setdefault(r["round"], []).append(r)

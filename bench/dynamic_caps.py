@@ -21,6 +21,7 @@ draws power, cap, batch size and frequency over time for one run of each policy.
 from __future__ import annotations
 
 import argparse
+import io
 import statistics
 import sys
 import time
@@ -48,8 +49,9 @@ from powerctl.records.profile import Profile  # noqa: E402
 from powerctl.records.relation import RelationVector  # noqa: E402
 from powerctl.selection.capsource import CapSource, ConstantCap, ScheduleCap, TraceCap  # noqa: E402
 from powerctl.selection.joint import select  # noqa: E402
-from powerctl.selection.methods import OURS, STATE_OF_PRACTICE  # noqa: E402
-from simulations.demo import DemoConfig, demo_work  # noqa: E402
+from powerctl.selection.names import OURS, STATE_OF_PRACTICE  # noqa: E402
+from simulations.demo import demo_work  # noqa: E402
+from simulations.demo_config import DemoConfig  # noqa: E402
 
 POLICIES = ("follow (ours)", "once for the minimum (ours)", "state of practice, following")
 
@@ -123,6 +125,7 @@ def sources(board: str, profile: Profile, relation: RelationVector) -> dict[str,
     solar = TraceCap.load(ROOT / "simulations" / "caps" / f"solar-{board}.csv")
     mid = (min(solar.watts) + max(solar.watts)) / 2
     run_s = select(profile, relation, mid).predicted_seconds
+    assert run_s is not None, "Algorithm 1's pick predicts its time"
     day = TraceCap.load(
         ROOT / "simulations" / "caps" / f"solar-{board}.csv", time_scale=run_s / solar.period_s, end="clip"
     )
@@ -186,6 +189,7 @@ def plot_runs(
 
 
 def main(argv: list[str] | None = None) -> int:
+    assert isinstance(sys.stdout, io.TextIOWrapper), "stdout is a text stream (reconfigure)"
     sys.stdout.reconfigure(line_buffering=True)  # rows appear as they are measured, also into a file
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--boards", default="jetson-nano,jetson-tx2nx")

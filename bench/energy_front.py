@@ -14,6 +14,7 @@ target at both ends and the ratios: the energy the frugal end saves and the time
 from __future__ import annotations
 
 import argparse
+import io
 import statistics
 import sys
 import time
@@ -29,7 +30,8 @@ from powerctl.records.pick import Pick  # noqa: E402
 from powerctl.selection.capsource import ConstantCap  # noqa: E402
 from powerctl.selection.pareto import pareto_front  # noqa: E402
 from simulations.bench_steps import PinnedRule  # noqa: E402
-from simulations.demo import DemoConfig, demo_work  # noqa: E402
+from simulations.demo import demo_work  # noqa: E402
+from simulations.demo_config import DemoConfig  # noqa: E402
 
 CAPS_W = {"jetson-nano": (None, 4.0, 3.0), "jetson-tx2nx": (None, 5.5, 4.0)}
 
@@ -52,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "energy-front")
     args = p.parse_args(argv)
+    assert isinstance(sys.stdout, io.TextIOWrapper), "stdout is a text stream (reconfigure)"
     sys.stdout.reconfigure(line_buffering=True)  # rows as they are measured, also into a log file
     started = time.perf_counter()
     base = DemoConfig()
@@ -101,14 +104,18 @@ def main(argv: list[str] | None = None) -> int:
                 (statistics.mean(v) for v in measured["time-optimal"]),
                 (statistics.mean(v) for v in measured["energy-optimal"]),
             )
+            fastest_j, frugal_j = front.fastest.predicted_energy_j, front.most_frugal.predicted_energy_j
+            fastest_s, frugal_s = front.fastest.predicted_seconds, front.most_frugal.predicted_seconds
+            assert fastest_j is not None and frugal_j is not None, "a front's ends predict their energy"
+            assert fastest_s is not None and frugal_s is not None, "a front's ends predict their time"
             summary.append(
                 (
                     board,
                     cap_s,
                     front.fastest != front.most_frugal,
-                    front.most_frugal.predicted_energy_j / front.fastest.predicted_energy_j,
+                    frugal_j / fastest_j,
                     e_frugal / e_fast,
-                    front.most_frugal.predicted_seconds / front.fastest.predicted_seconds,
+                    frugal_s / fastest_s,
                     t_frugal / t_fast,
                 )
             )

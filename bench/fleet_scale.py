@@ -27,12 +27,14 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from powerctl.procs import descendants  # noqa: E402
 from simulations.fleet import load_fleet_spec  # noqa: E402
-from simulations.local_superlink import descendants, free_port, pids_listening_on  # noqa: E402
+from simulations.local_superlink import free_port, pids_listening_on  # noqa: E402
 from simulations.runner import run_fleet  # noqa: E402
 
 FLEET = """\
@@ -84,7 +86,7 @@ class Sampler(threading.Thread):
 
 def run_size(
     n: int, rounds: int, out: Path, index: bool, per_round: int = 0, target: str = "synthetic-image"
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """One run of `n` boards (`per_round` of them sampled each round; 0: all); its rows per round."""
     a = n // 4
     fleet = out / f"fleet-{n}-{per_round}.yaml"
@@ -133,7 +135,7 @@ def fit_exponent(xs: list[float], ys: list[float]) -> float:
     return sum((a - mx) * (b - my) for a, b in zip(lx, ly, strict=True)) / sum((a - mx) ** 2 for a in lx)
 
 
-def print_table(rows: list[dict]) -> None:
+def print_table(rows: list[dict[str, Any]]) -> None:
     head = (
         f"{'boards':>7} {'of':>7} {'dispatch':>8} {'round':>5} {'wall s':>8} {'ms/board':>8} "
         f"{'peak tree MiB':>14} {'largest MiB':>12}"
@@ -186,10 +188,10 @@ def main() -> int:
     args = p.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s]
     if args.before_sizes is None:
-        before = [n for n in (100, 1000) if n in sizes]
+        before: list[int] = [n for n in (100, 1000) if n in sizes]
     else:
         before = [int(s) for s in args.before_sizes.split(",") if s]
-    rows: list[dict] = []
+    rows: list[dict[str, Any]] = []
     for n in sorted(set(sizes) | set(before)):
         for index in ([False] if n in before else []) + ([True] if n in sizes else []):
             started = time.perf_counter()

@@ -5,6 +5,7 @@ host work inside (a copy to the host and back) stand out?"""
 
 import statistics
 import sys
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -29,14 +30,14 @@ net = torch.nn.Sequential(
 opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
 
 
-def batch(b):
+def batch(b: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(b, 3, 32, 32, device="cuda"), torch.randint(0, 10, (b,), device="cuda")
 
 
-def make_step(b, host_copy=False):
+def make_step(b: int, host_copy: bool = False) -> Callable[[], None]:
     x, y = batch(b)
 
-    def step():
+    def step() -> None:
         opt.zero_grad()
         xs = x.cpu().cuda() if host_copy else x
         F.cross_entropy(net(xs), y).backward()
@@ -54,6 +55,7 @@ profile = Profiler(dev, workload, make_step, samples=8192, warmup_steps=3, measu
 hz = dev.frequencies()[0]
 for b in sizes:
     point = profile.point(b, hz)
+    assert point is not None, f"the grid profiled b={b} at {hz} Hz"
     for host_copy in (False, True):
         step = make_step(b, host_copy)
         times = []

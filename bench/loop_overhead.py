@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -111,8 +113,8 @@ def main() -> None:
     for dev in devices.values():
         run_ft(dev, 4 * b)
     times: dict[str, list[tuple[float, float]]] = {"bare": [], **{name: [] for name in devices}}
-    runners = {"bare": lambda: run_bare(args.samples)}
-    runners.update({name: (lambda dev=dev: run_ft(dev, args.samples)) for name, dev in devices.items()})
+    runners: dict[str, Callable[[], tuple[float, float]]] = {"bare": lambda: run_bare(args.samples)}
+    runners.update({name: functools.partial(run_ft, dev, args.samples) for name, dev in devices.items()})
     names = list(runners)
     for r in range(args.repeats):  # interleaved, and the order rotates: no loop always runs first
         for name in names[r % len(names) :] + names[: r % len(names)]:

@@ -79,7 +79,7 @@ def noise_scale(
             model.zero_grad()
             loss(model(ds.x[part].to(where)), ds.y[part].to(where)).backward()
             for k, names in params.items():
-                grads[k].append(torch.cat([named[n].grad.flatten() for n in names]))
+                grads[k].append(torch.cat([_grad(named[n]).flatten() for n in names]))
         for k, rows in grads.items():
             stacked = torch.stack(rows)
             small_sq = stacked.pow(2).sum(dim=1).mean().item()
@@ -87,6 +87,12 @@ def noise_scale(
             g2[k] += (b_big * big_sq - b_small * small_sq) / (b_big - b_small)
             trace[k] += (small_sq - big_sq) / (1 / b_small - 1 / b_big)
     return {k: trace[k] / g2[k] for k in params}, reps * b_big
+
+
+def _grad(p: torch.nn.Parameter) -> torch.Tensor:
+    """`p`'s gradient, which backward() has just filled (every parameter takes part in the loss)."""
+    assert p.grad is not None, "a parameter without a gradient after backward()"
+    return p.grad
 
 
 def parameter_sets(model: torch.nn.Module, vision: bool) -> dict[str, list[str]]:
@@ -173,6 +179,7 @@ def analyse(key: str, task: pt.Task, results: dict[str, Any], scales: Scales, us
         k: {n: statistics.fmean(v) / statistics.fmean(by["proxy"]) for n, v in by.items()}
         for k, by in scales.items()
     }
+    assert proxy_fit.b_crit is not None, "the proxy's runs show no growth with b (b_crit infinite)"
     print(f"  proxy: b_crit {proxy_fit.b_crit:.0f} from its runs (chi2 {proxy_fit.chi2:.1f} on "
           f"{proxy_fit.dof} dof)")  # fmt: skip
     out: dict[str, Any] = {
@@ -185,6 +192,7 @@ def analyse(key: str, task: pt.Task, results: dict[str, Any], scales: Scales, us
             raw.batch_sizes, [[r["samples"] for r in rs if r["b"] == b] for b in raw.batch_sizes]
         )
         out[f"{target}|b_crit"] = fit.b_crit
+        assert fit.b_crit is not None, f"{target}'s runs show no growth with b (b_crit infinite)"
         print(f"  {target}: b_crit {fit.b_crit:.0f} from its runs = {fit.b_crit / proxy_fit.b_crit:.2f}x the "
               f"proxy's (chi2 {fit.chi2:.1f} on {fit.dof} dof); B_simple "
               + ", ".join(f"{ratio[k][target]:.2f}x ({k} params)" for k in scales))  # fmt: skip

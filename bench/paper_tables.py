@@ -411,9 +411,9 @@ def table(
     task: Task,
     board: BoardModel,
     relations: dict[str, RelationVector],
-    runs: dict[str, dict],
+    runs: dict[str, dict[tuple[int, int], dict[str, Any]]],
     seeds: list[int],
-) -> dict:
+) -> dict[str, Any]:
     w: Workload = task.data["charged_workload"]
     profile = predicted_profile(board, w, task.batch_sizes, samples=10_000)
     fits = profile.batch_sizes()
@@ -424,7 +424,7 @@ def table(
         truth = target_relation(task, target, target_runs, seeds)
         for cap in (*CAPS_W[board.name], None):
             col: dict[str, Any] = {"per_batch": {
-                b: {"seconds_per_sample": p.predicted_seconds / profile.samples,
+                b: {"seconds_per_sample": _predicted_seconds(p) / profile.samples,
                     **cell(board, w, target_runs, b, p.frequency_hz, seeds)}
                 for b, p in best_pair_per_batch(profile, cap).items()}}  # fmt: skip
             f_sop = board.frequencies_hz[-1] if cap is None else board.fixed_frequency_cap(cap)
@@ -448,6 +448,12 @@ def table(
     return out
 
 
+def _predicted_seconds(pick: Pick) -> float:
+    """A ranked pick's predicted seconds (`rank` predicts every pair it ranks)."""
+    assert pick.predicted_seconds is not None, f"{pick} has no predicted seconds"
+    return pick.predicted_seconds
+
+
 def best_pair_per_batch(profile: Profile, cap: float | None) -> dict[int, Pick]:
     """Per batch size, the feasible pair Algorithm 1 takes whenever it takes that batch size, whatever the
     relation vector: the first of that batch size in `powerctl.selection.joint.rank` under a flat vector."""
@@ -461,14 +467,16 @@ def best_pair_per_batch(profile: Profile, cap: float | None) -> dict[int, Pick]:
 def floor_groups(results: dict[str, Any], task_key: str) -> list[Group]:
     """One `vector_floor.Group` per (board, cap) of one task and model, from its charged tables."""
     groups: dict[str, Group] = {}
+    ratios: dict[str, dict[str, dict[int, float]]] = {}  # each group's `ratio`, filled in here
     for board in BOARDS:
         for col_name, col in results.get(f"{task_key}|{board}", {}).items():
             if "fastest" not in col:
                 continue
             target, cap = col_name.rsplit("|", 1)
-            g = groups.setdefault(f"{board} {cap}", Group(f"{board} {cap}", {
-                int(b): c["seconds_per_sample"] for b, c in col["per_batch"].items()}, {}))  # fmt: skip
-            g.ratio[target] = {int(b): c["s"] / col["fastest"]["s"] for b, c in col["per_batch"].items()}
+            ratio = ratios.setdefault(f"{board} {cap}", {})
+            groups.setdefault(f"{board} {cap}", Group(f"{board} {cap}", {
+                int(b): c["seconds_per_sample"] for b, c in col["per_batch"].items()}, ratio))  # fmt: skip
+            ratio[target] = {int(b): c["s"] / col["fastest"]["s"] for b, c in col["per_batch"].items()}
     return list(groups.values())
 
 
@@ -744,7 +752,9 @@ def proxy_relation(task: Task, weights: dict[str, torch.Tensor], host: Any) -> d
             f"is censored there (too small), which biases ours towards those batch sizes; raise "
             f"--{task.name}-calibration-samples or lower the targets"
         )
-    per_seed = {b: [runs[(b, s)]["samples"] for s in task.proxy_seeds] for b in task.batch_sizes}
+    per_seed: dict[int, Sequence[float]] = {
+        b: [runs[(b, s)]["samples"] for s in task.proxy_seeds] for b in task.batch_sizes
+    }
     relations = {
         v: RelationVector.from_seeds(
             task.charged,
@@ -882,7 +892,9 @@ def retable_one(path: Path, old: dict[str, Any], results: dict[str, Any]) -> Non
         task = Task(name, "(recorded runs)", charged, 0.0, 0, list(raw.batch_sizes), seeds, [], 0, 0, 0)
         task.targets = old[f"{name}|{charged}|targets"]
         task.data["charged_workload"] = model_workload(charged, build_model(charged, seed=0))
-        per_seed = dict(zip(raw.batch_sizes, raw.per_seed_samples() or [], strict=True))
+        per_seed: dict[int, Sequence[float]] = dict(
+            zip(raw.batch_sizes, raw.per_seed_samples() or [], strict=True)
+        )
         relations = {
             v: RelationVector.from_seeds(charged, "proxy", raw.target_accuracy, per_seed, vector=v)
             for v in ("raw", "fitted")

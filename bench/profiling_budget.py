@@ -30,6 +30,7 @@ import statistics
 import sys
 import time
 from collections import defaultdict
+from typing import Any
 
 from profiling_cost import (
     BATCH_SIZES,
@@ -126,7 +127,9 @@ def _relation(model: str, samples_to_target: float) -> RelationVector:
     return RelationVector.from_samples(model, f"paper_tables:{kind}", NOMINAL_TARGET, scaled)
 
 
-def _row(cell: dict, way: str, share: float | None, profiling_s: float, b: int, hz: int, how: str) -> dict:
+def _row(
+    cell: dict[str, Any], way: str, share: float | None, profiling_s: float, b: int, hz: int, how: str
+) -> dict[str, Any]:
     truth: Profile = cell["truth"]
     point = truth.point(b, hz)
     assert point is not None
@@ -142,32 +145,34 @@ def _row(cell: dict, way: str, share: float | None, profiling_s: float, b: int, 
     }
 
 
-def _cell_rows(cell: dict, workload: Workload, rel: RelationVector, shares: list[float], sop_hz: int) -> list:
+def _cell_rows(
+    cell: dict[str, Any], workload: Workload, rel: RelationVector, shares: list[float], sop_hz: int
+) -> list[dict[str, Any]]:
     board, seed, scale, cap, truth = cell["board"], cell["seed"], cell["scale"], cell["cap"], cell["truth"]
     b_max = max(truth.batch_sizes())
     rows = [_row(cell, "state-of-practice", None, 0.0, b_max, sop_hz, "")]
     order = "efficient" if cap is not None else "grid"
-    runs = [
+    runs: list[tuple[str, float | None, Profile, str]] = [
         ("efficient", None, _measured(board, workload, seed, scale, order, cap, rel), ""),
         ("fitted", None, _measured(board, workload, seed, scale, "fitted", cap, rel), ""),
     ]
     for share in shares:
         prof, how = _budgeted(board, workload, seed, scale, cap, rel, share, truth)
         runs.append(("budgeted", share, prof, how))
-    for way, share, prof, how in runs:
+    for way, way_share, prof, how in runs:
         try:
             sel = select(prof, rel, cap)
         except InfeasibleCapError:
             continue
         rows.append(
-            _row(cell, way, share, prof.profiling_seconds or 0.0, sel.batch_size, sel.frequency_hz, how)
+            _row(cell, way, way_share, prof.profiling_seconds or 0.0, sel.batch_size, sel.frequency_hz, how)
         )
     return rows
 
 
 def run(
     models: list[str], seeds: list[int], tasks: dict[str, float], shares: list[float], off_model: float
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     from powerfed.training.models import build_model, model_workload
 
     rows = []
@@ -202,9 +207,13 @@ def run(
     return rows
 
 
-def _cells(rows: list[dict], share: float) -> dict[tuple, dict[str, list[dict]]]:
+CellKey = tuple[str, str, str, float | None, str]
+"""(model, task, board, cap, variant): one cell of the tables."""
+
+
+def _cells(rows: list[dict[str, Any]], share: float) -> dict[CellKey, dict[str, list[dict[str, Any]]]]:
     """Per (model, task, board, cap, variant): the four ways' rows (budgeted at `share`)."""
-    cells: dict[tuple, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    cells: dict[CellKey, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     for row in rows:
         if row["way"] == "budgeted" and row["share"] != share:
             continue
@@ -213,11 +222,11 @@ def _cells(rows: list[dict], share: float) -> dict[tuple, dict[str, list[dict]]]
     return cells
 
 
-def _mean(rows: list[dict], key: str) -> float:
+def _mean(rows: list[dict[str, Any]], key: str) -> float:
     return statistics.mean(r[key] for r in rows)
 
 
-def _outside_spread(a: list[dict], b: list[dict]) -> bool:
+def _outside_spread(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
     """Whether two ways' mean times differ by more than twice the standard error of the difference over
     the seeds (a gap that is not the sensor and time noise of the seeds)."""
     ta, tb = [r["total_s"] for r in a], [r["total_s"] for r in b]
@@ -227,7 +236,7 @@ def _outside_spread(a: list[dict], b: list[dict]) -> bool:
     return abs(statistics.mean(ta) - statistics.mean(tb)) > 2 * se
 
 
-def summary(rows: list[dict], share: float) -> dict[str, float]:
+def summary(rows: list[dict[str, Any]], share: float) -> dict[str, float]:
     """Over the cells: how often budgeted is the slowest of the four, its time over the best way's
     (means over seeds per cell), and the cells where it is more than 1 % over the best — of those, how
     many by more than the seeds' spread — per task length."""
@@ -254,7 +263,7 @@ def summary(rows: list[dict], share: float) -> dict[str, float]:
     return out
 
 
-def report(rows: list[dict], shares: list[float], default_share: float) -> None:
+def report(rows: list[dict[str, Any]], shares: list[float], default_share: float) -> None:
     print(
         f"Per cell (means over seeds; budgeted at profiling-budget {default_share:g}): time to the target "
         "INCLUDING profiling, simulated seconds; (prof %) = profiling / training; × best = the way's time / "
@@ -271,12 +280,12 @@ def report(rows: list[dict], shares: list[float], default_share: float) -> None:
             continue
         means = {w: _mean(rs, "total_s") for w, rs in ways.items()}
 
-        def fmt(way: str, ways: dict[str, list[dict]] = ways) -> str:
+        def fmt(way: str, ways: dict[str, list[dict[str, Any]]] = ways) -> str:
             rs = ways[way]
             share = statistics.mean(r["profiling_s"] / r["train_s"] for r in rs)
             return f"{_mean(rs, 'total_s'):.0f} ({100 * share:.1f} %)"
 
-        hows = defaultdict(int)
+        hows: defaultdict[str, int] = defaultdict(int)
         for r in ways["budgeted"]:
             hows[{"efficient": "eff", "grid": "eff", "fitted": "fit", "predicted": "pred"}[r["how"]]] += 1
         over = {w: sum(r["over"] for r in rs) for w, rs in ways.items() if any(r["over"] for r in rs)}

@@ -38,6 +38,7 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from typing import Any
 
 from powerctl.devices.simulated import SimulatedBoard
 from powerctl.errors import InfeasibleCapError
@@ -111,7 +112,7 @@ def _profile(
 
 def run(
     models: list[str], seeds: list[int], samples_to_target: float, margin: float, noise: bool = True
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     from powerfed.training.models import build_model, model_workload
 
     rows = []
@@ -129,6 +130,7 @@ def run(
                     except InfeasibleCapError:
                         continue
                     best_s = best.predicted_seconds
+                    assert best_s is not None, "Algorithm 1's pick predicts its time"
                     for order in ROWS:
                         if order == "grid":
                             prof = grid
@@ -165,8 +167,8 @@ def _mean_sd(xs: list[float], fmt: str) -> str:
     return f"{format(statistics.mean(xs), fmt)} ± {format(sd, fmt)}"
 
 
-def report(rows: list[dict]) -> None:
-    groups: dict[tuple, list[dict]] = defaultdict(list)
+def report(rows: list[dict[str, Any]]) -> None:
+    groups: dict[tuple[str, str, float, str], list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
         groups[row["model"], row["board"], row["cap"], row["order"]].append(row)
     print(

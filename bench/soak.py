@@ -31,14 +31,15 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from fl_client.faults import parse_faults  # noqa: E402
 from powerctl.devices.simulated import POWER_NOISE  # noqa: E402
+from powerctl.procs import descendants  # noqa: E402
 from simulations.local_superlink import (  # noqa: E402
-    descendants,
     flower_env,
     flwr_run_command,
     free_port,
@@ -89,7 +90,9 @@ class PeakMemory(threading.Thread):
             self.peak = max(self.peak, rss_of_tree(sorted(set(pids))))
 
 
-def flwr_run(env: dict, run_config: str, nodes: int, actors: int, log: Path, memory: PeakMemory) -> int:
+def flwr_run(
+    env: dict[str, str], run_config: str, nodes: int, actors: int, log: Path, memory: PeakMemory
+) -> int:
     federation = f"num-supernodes={nodes} client-resources-num-cpus=1 init-args-num-cpus={actors}"
     cmd = flwr_run_command(".", federation, run_config)
     with log.open("a") as out:
@@ -98,7 +101,7 @@ def flwr_run(env: dict, run_config: str, nodes: int, actors: int, log: Path, mem
         return proc.wait(timeout=1800)
 
 
-def check(results: Path, fault_log: Path, nodes: int) -> dict:
+def check(results: Path, fault_log: Path, nodes: int) -> dict[str, Any]:
     """Completed rounds, lost reports, cap violations and restores, from results.json and the fault log."""
     data = json.loads(results.read_text())
     faults = [json.loads(line) for line in fault_log.read_text().splitlines()] if fault_log.exists() else []

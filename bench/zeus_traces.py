@@ -39,6 +39,7 @@ import math
 import statistics
 import sys
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,9 +48,9 @@ import numpy as np
 
 from powerctl.errors import InfeasibleCapError, PowerctlError
 from powerctl.records.profile import Profile, ProfilePoint
-from powerctl.records.relation import RelationVector
+from powerctl.records.relation import RELATION_RULES, RelationVector
 from powerctl.selection.baselines import oracle
-from powerctl.selection.joint import RELATION_RULES, select
+from powerctl.selection.joint import select
 from simulations.intervals import SEED, interval95, resampled_means
 
 TRAIN_COLUMNS = ("dataset", "network", "batch_size", "optimizer", "run", "target_metric", "target_epoch")
@@ -174,8 +175,8 @@ def profile_of(
     return Profile(device=gpu, model=w.name, input_shape=[], samples=1, points=points)
 
 
-def relation_of(w: Workload, source: str, per_seed: dict[int, list[float]]) -> RelationVector:
-    return RelationVector.from_seeds(w.name, source, 1.0, per_seed)
+def relation_of(w: Workload, source: str, per_seed: Mapping[int, Sequence[float]]) -> RelationVector:
+    return RelationVector.from_seeds(w.name, source, 1.0, dict(per_seed))
 
 
 def state_of_practice(profile: Profile, cap: float | None) -> ProfilePoint | None:

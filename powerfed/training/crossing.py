@@ -51,8 +51,13 @@ more costs evaluations that change nothing (docs/results/paper_tables.md)."""
 
 
 class _Point(Protocol):
-    samples: int
-    accuracy: float
+    """A curve point as read here (read-only: a frozen `CurvePoint` is one)."""
+
+    @property
+    def samples(self) -> int: ...
+
+    @property
+    def accuracy(self) -> float: ...
 
 
 Curve = Sequence[_Point] | Sequence[tuple[float, float]]
