@@ -211,23 +211,37 @@ def run_once(argv: list[str], env: dict[str, str]) -> Outcome:
     """Run the SuperNode, its output passed through, until the SuperNode process exits; then stop what
     it left behind. Never waits on the output pipe, which the SuperNode's children hold too."""
     outcome = Outcome()
-    proc = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, env=env
-    )
-    reader = threading.Thread(target=_pass_through, args=(proc.stdout, outcome), daemon=True)
-    reader.start()
+    started: list[subprocess.Popen[str]] = []
 
     def forward(signum: int, _frame: object) -> None:
         outcome.stopped = True
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signum)
+        for proc in started:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signum)
 
+    # the handlers first: a stop signal while the SuperNode starts (a service manager stopping the unit
+    # at once) must reach it, not kill this wrapper and orphan it
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    proc: subprocess.Popen[str] | None = None
+    reader: threading.Thread | None = None
     try:
+        proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            env=env,
+        )
+        started.append(proc)
+        if outcome.stopped:  # the signal came while it was being started
+            proc.terminate()
+        reader = threading.Thread(target=_pass_through, args=(proc.stdout, outcome), daemon=True)
+        reader.start()
         outcome.rc = proc.wait()
     finally:
         try:
-            if proc.poll() is None:  # the wrapper itself fails: the SuperNode stops with it
+            if proc is not None and proc.poll() is None:  # the wrapper itself fails: the SuperNode stops
                 proc.terminate()
                 try:
                     proc.wait(STOP_GRACE_S)
@@ -235,7 +249,8 @@ def run_once(argv: list[str], env: dict[str, str]) -> Outcome:
                     proc.kill()
                     proc.wait()
             stop_leftovers()
-            reader.join(DRAIN_S)
+            if reader is not None:
+                reader.join(DRAIN_S)
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)

@@ -306,3 +306,21 @@ def test_a_bad_config_toml_is_one_line_and_left_as_it_is(tmp_path: Path, kind: s
     if content is not None:
         assert config.read_bytes() == content
     assert not (tmp_path / "r").exists()
+
+
+def test_a_stop_signal_while_the_supernode_starts_is_passed_on_and_leaves_nothing(
+    venv: Path, tmp_path: Path
+) -> None:
+    """SIGTERM as soon as the SuperNode process exists (a service manager stopping the unit at once):
+    the wrapper's handlers are in place before it starts the SuperNode, so the signal reaches it and the
+    wrapper ends by itself (not killed by the signal, which would orphan the SuperNode)."""
+    proc = start(venv, tmp_path, "serve", "--superlink", "127.0.0.1:1", "--insecure")
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "starts").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    rc, out, err = finish(proc)
+    assert rc >= 0, f"the wrapper died of signal {-rc}: {out}{err}"
+    assert "Traceback" not in out + "".join(err), (out, err)
+    time.sleep(0.5)  # a fake SuperExec polls its parent every 0.2 s
+    assert left_running(tmp_path) == []
