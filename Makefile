@@ -90,7 +90,7 @@ docs: setup
 # tests that run the library in pytest's own process (docs/testing.md), so the proof that it works
 # does not wait for it.
 # On a 2-core AMD EPYC in fresh-ci: pytest 773 s at f866f70 (1832 tests; the whole CI 998 s, mypy and the
-# uv set-up included); 882 s at 4d0faa5 (1822 tests; CI 1180 s)
+# uv set-up included) and 814 s at 887ce87 (1833; CI 1063 s); 882 s at 4d0faa5 (1822 tests; CI 1180 s)
 # and 938 s at 261c2b8 (1826; CI 1234 s: every long test 3-30 % slower), 870 s at 5f2ca10 (1797 tests; CI 1149 s) and 907 s at cc7ac8b (the same; CI 1202 s), 985 s at
 # f0e3097 (CI 1276 s), 918 s at b82bad3 (1765 tests; CI 1292 s), 1262 s at 8aa09aa with coverage (1748
 # tests; CI 1626 s), 2179 s at a680498 (1591 tests; CI 2534 s): docs/testing.md.
