@@ -149,14 +149,7 @@ def order_cost(
     profiling as `request` asks: the instructed order stops at its own cap, the others at the pair's;
     the fitted order reads the relation vector."""
     board = ReplayBoard(prediction, frequencies)
-    profiler = Profiler(
-        board,
-        workload,
-        _no_step,
-        samples=request.samples,
-        warmup_steps=request.warmup_steps,
-        measure_steps=request.measure_steps,
-    )
+    profiler = request.profiler(board, workload, _no_step)
     profile = profiler.run(
         batch_sizes,
         order=order,
@@ -216,6 +209,17 @@ class ProfilingRequest:
     def __post_init__(self) -> None:
         if not 0.0 < self.share <= 1.0:
             raise ValueError(f"share must be in (0, 1], got {self.share!r}")
+
+    def profiler(self, device: Device, workload: Workload, make_step: StepFactory) -> Profiler:
+        """The profiler this request measures with (its samples, warm-up and measured steps)."""
+        return Profiler(
+            device,
+            workload,
+            make_step,
+            samples=self.samples,
+            warmup_steps=self.warmup_steps,
+            measure_steps=self.measure_steps,
+        )
 
 
 @dataclass(frozen=True)
@@ -439,14 +443,7 @@ def profile_within_budget(
     table = device.frequencies()
     sizes = sorted(set(request.batch_sizes) & set(relation.batch_sizes), reverse=True)
     samples_to_target = relation.samples_map()
-    profiler = Profiler(
-        device,
-        workload,
-        make_step,
-        samples=request.samples,
-        warmup_steps=request.warmup_steps,
-        measure_steps=request.measure_steps,
-    )
+    profiler = request.profiler(device, workload, make_step)
     ways = [order] + [w for w in (FITTED, PREDICTED) if w != order]
     if prediction is not None:
         prediction = replace(prediction, points=[p for p in prediction.points if p.batch_size in sizes])
