@@ -365,6 +365,7 @@ VARIANTS = {
     "ours-robust": ("raw", "robust"),
     "ours-fitted": ("fitted", "mean"),
     "ours-fitted-robust": ("fitted", "robust"),
+    "ours-interval": ("raw", "interval"),
 }
 """Ours under each (relation vector, selection rule); "ours" is the project's default (raw, mean). The
 others are measured beside it so that the defaults are chosen by these tables, not by taste."""

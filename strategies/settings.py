@@ -321,8 +321,9 @@ SETTINGS: dict[str, Setting] = _declare(
         "relation-rule",
         "mean",
         Choice(RELATION_RULES),
-        "How clients read the relation: Algorithm 1 on its mean (mean) or the least mean regret over "
-        "the seeds' vectors (robust).",
+        "How clients read the relation: Algorithm 1 on its mean (mean), the least mean regret over "
+        "the seeds' vectors (robust), or its mean with the larger batch size winning among pairs whose "
+        "95 % intervals from the seeds overlap the best's (interval).",
         BOTH,
         group="task",
     ),

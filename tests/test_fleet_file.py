@@ -78,6 +78,29 @@ def test_the_shipped_fleets_parse() -> None:
     assert len(load_fleet_spec(FLEETS / "large.yaml").boards) >= 100
     paper = load_fleet_spec(FLEETS / "paper.yaml")
     assert {(b.device, b.power_cap_w) for b in paper.boards} >= {("sim:jetson-nano", None)}
+    four = load_fleet_spec(FLEETS / "four-boards.yaml")
+    assert four.name == "four-boards" and len(four.boards) == 4 and len(four.methods) == 4
+
+
+def test_the_default_fleet_is_the_paper_tables_grid_each_board_at_each_limit_and_uncapped() -> None:
+    """Issue 40: the default verdict is the paper's setting (every board kind at each of its paper
+    limits and without one), the limits bench/paper_tables.py charges its tables at: one list, checked."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import paper_tables
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    default = load_fleet_spec(FLEETS / "default.yaml")
+    grid = [
+        (f"sim:{board}", cap) for board in paper_tables.BOARDS for cap in (*paper_tables.CAPS_W[board], None)
+    ]
+    assert [(b.device, b.power_cap_w) for b in default.boards] == grid
+    assert default.name == "default" and default.methods == [
+        "ours",
+        "state-of-practice",
+        "proxy-batch",
+        "oracle",
+    ]
 
 
 def test_the_shipped_population_reads_its_trace_which_its_script_writes(

@@ -433,8 +433,58 @@ def test_robust_rule_without_per_seed_samples_is_the_mean_rule() -> None:
 
 def test_unknown_relation_rule_is_one_line() -> None:
     profile, relation = small()
-    with pytest.raises(PowerctlError, match="unknown relation rule 'best'; use one of: mean, robust"):
+    with pytest.raises(
+        PowerctlError, match="unknown relation rule 'best'; use one of: mean, robust, interval"
+    ):
         select(profile, relation, None, rule="best")
+
+
+def _three_seed_case(spread: float) -> tuple[Profile, RelationVector]:
+    """b=32 at 1.0 s per sample against b=64 at 0.9 s (a larger batch uses the GPU better); the seeds
+    say b=32 needs 1000 samples and b=64 1200 ± `spread` (three seeds: 1200 - spread, 1200, 1200 + spread)."""
+    profile = make_profile(
+        [point(32, 100, 3.0, 1000.0), point(64, 100, 3.5, 900.0), point(64, 50, 3.0, 1800.0)]
+    )
+    per_seed = {32: [1000.0, 1000.0, 1000.0], 64: [1200.0 - spread, 1200.0, 1200.0 + spread]}
+    return profile, RelationVector.from_seeds("resnet18", "cifar10", 0.8, per_seed)
+
+
+def test_the_relation_vector_states_each_batch_size_interval_from_its_seeds() -> None:
+    _, relation = _three_seed_case(100.0)
+    half = relation.interval_halfwidths()
+    # t(0.975, 2) = 4.303; sd of (1100, 1200, 1300) = 100; 4.303 * 100 / sqrt(3) / 1200
+    assert half[64] == pytest.approx(4.303 * 100 / 3**0.5 / 1200)
+    assert half[32] == 0.0  # three seeds that agree: no spread
+    lo, hi = relation.interval95()[64]
+    assert relation.as_map()[64] == 1.0 and (lo, hi) == pytest.approx((1 - half[64], 1 + half[64]))
+    assert small()[1].interval_halfwidths() == dict.fromkeys(small()[1].batch_sizes, 0.0)  # no seeds kept
+
+
+def test_interval_rule_gives_pairs_the_vector_cannot_tell_apart_to_the_larger_batch_size() -> None:
+    # mean vector: b=32 predicts 1000 * 1000/1200 = 833 s, b=64 at 100 MHz 900 s: the mean rule takes b=32
+    profile, narrow = _three_seed_case(10.0)
+    assert select(profile, narrow, None).batch_size == 32
+    # b=64's interval: 900 * (1 - 4.303 * 10 / sqrt(3) / 1200) = 881 s > 833 (b=32's seeds agree): b=32
+    assert select(profile, narrow, None, rule="interval").batch_size == 32
+    # b=64 spread by ±100: its interval reaches down to 900 * (1 - 0.207) = 714 s < 833, they overlap
+    _, wide = _three_seed_case(100.0)
+    picked = select(profile, wide, None, rule="interval")
+    assert (picked.batch_size, picked.frequency_hz) == (64, 100 * MHZ)  # b=64's best pair, not 50 MHz
+    assert picked.predicted_seconds == pytest.approx(900.0)  # predictions stay the mean vector's
+    ranked = rank(profile, wide, None, rule="interval")
+    assert [(s.batch_size, s.frequency_hz // MHZ) for s in ranked] == [(64, 100), (32, 100), (64, 50)]
+    # the cap still binds: under 3.2 W b=64 runs only at 50 MHz (1800 s; down to 1428), apart: b=32
+    assert select(profile, wide, 3.2, rule="interval").batch_size == 32
+    assert select(profile, wide, None, "energy", rule="interval").batch_size == 64
+
+
+def test_interval_rule_without_per_seed_samples_is_the_mean_rule() -> None:
+    profile, relation = small()
+    for cap in (None, 5.0, 4.49, 3.5):
+        for objective in ("time", "energy"):
+            assert select(profile, relation, cap, objective, rule="interval") == select(
+                profile, relation, cap, objective
+            )
 
 
 def test_select_cli_takes_the_relation_rule(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

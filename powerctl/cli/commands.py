@@ -596,8 +596,10 @@ def _add_caps_and_select(sub: Any) -> None:
         "--relation-rule",
         choices=RELATION_RULES,
         default=DEFAULT_RELATION_RULE,
-        help="mean: Algorithm 1 on the relation vector (default); robust: the least mean regret over the "
-        "seeds' vectors kept in the file (its samples_per_seed)",
+        help="mean: Algorithm 1 on the relation vector; robust: the least mean regret over the seeds' "
+        "vectors kept in the file (its samples_per_seed); interval: the mean, the larger batch size "
+        "winning among pairs whose 95 %% intervals from those seeds overlap the best's (default: "
+        f"{DEFAULT_RELATION_RULE})",
     )
     s.add_argument(
         "--json",

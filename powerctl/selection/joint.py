@@ -17,6 +17,14 @@ Two rules read the relation (`rule`):
   mean regret over the seeds wins. A pair that is best on average but far off under some seeds loses to
   one that is close to the best under all of them; what the bench scores (ours / fastest) is exactly this
   ratio. With one seed (or no per-seed samples in the file) it is the mean rule.
+- "interval": the seeds' spread bounds what the vector can decide. Each batch size's samples to target
+  has a 95 % interval (`RelationVector.interval_halfwidths`, Student's t over the seeds), and so has each
+  pair's prediction. The pairs whose interval overlaps that of the mean rule's best pair are those the
+  vector cannot tell from it; among them the larger batch size wins (the tie rule above, for ties within
+  the seeds' noise), at its best pair; the rest follow in the mean rule's order. A vector measured
+  again (another CPU, another thread count: other floats' last digits) moves the means by about their
+  intervals, so the choice stays unless a larger batch size's interval stops (or starts) overlapping the
+  best's. With one seed it is the mean rule.
 """
 
 from __future__ import annotations
@@ -186,7 +194,18 @@ def rank(
     if check_relation_rule(rule) == "robust":
         regret = mean_regret(profile, relation, power_cap_w, objective)
         ranked.sort(key=lambda s: regret[(s.batch_size, s.frequency_hz)])  # stable: ties keep the order
+    elif rule == "interval" and ranked:
+        cost, half = _cost(check_objective(objective)), relation.interval_halfwidths()
+        bound = cost(ranked[0]) * (1 + half[ranked[0].batch_size])
+        within = [s for s in ranked if cost(s) * (1 - half[s.batch_size]) <= bound]
+        rest = [s for s in ranked if s not in within]
+        ranked = sorted(within, key=lambda s: -s.batch_size) + rest  # stable: the mean order within
     return ranked
+
+
+def _cost(objective: Objective) -> Any:
+    """A Pick's predicted cost for `objective` (what the mean rule orders by first)."""
+    return (lambda s: s.predicted_energy_j) if objective == "energy" else (lambda s: s.predicted_seconds)
 
 
 def select(
