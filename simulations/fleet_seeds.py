@@ -133,6 +133,18 @@ def board_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def cell_label(row: dict[str, Any]) -> str:
+    """A board's cell of the fleet's grid: its device and power cap (boards of one group share it)."""
+    cap = row["power_cap_w"]
+    return f"{row['device']}@{'none' if cap is None else f'{cap:g}'}"
+
+
+def profiling_share(rows: list[dict[str, Any]]) -> float | None:
+    """Profiling seconds over fine-tuning seconds, summed over board rows that reached their target."""
+    tuning = sum(r["fine_tuning_s"] for r in rows)
+    return sum(r["profiling_s"] for r in rows) / tuning if rows and tuning > 0 else None
+
+
 def _geomean(values: list[float]) -> float:
     return math.exp(statistics.fmean(math.log(v) for v in values))
 
@@ -197,6 +209,7 @@ def method_over_seeds(method: str, sop: str | None, runs: list[SeedRun], target:
     time_ratio: dict[int, list[float]] = {}
     energy_ratio: dict[int, list[float]] = {}
     unpaired = {"board": 0, "fleet": 0, "energy": 0}
+    cells: dict[str, dict[int, list[float]]] = {}
     for run in runs:
         assert run.results is not None
         rows = board_rows(run.results)
@@ -207,6 +220,7 @@ def method_over_seeds(method: str, sop: str | None, runs: list[SeedRun], target:
         if sop is None or method == sop:
             continue
         theirs = {r["node_key"]: r for r in rows if r["method"] == sop}
+        labels = {r["node_key"]: cell_label(r) for r in rows if r["failed"] is None}
         board_ratio[run.seed] = []
         for r in mine:
             other = theirs.get(r["node_key"])
@@ -215,6 +229,7 @@ def method_over_seeds(method: str, sop: str | None, runs: list[SeedRun], target:
                 unpaired["board"] += 1
             else:
                 board_ratio[run.seed].append(ratio)
+                cells.setdefault(labels[r["node_key"]], {}).setdefault(run.seed, []).append(ratio)
         unpaired["board"] += len(set(theirs) - {r["node_key"] for r in mine})
         ref = rows_by[sop]
         for key, into, name, speedup in (
@@ -242,6 +257,14 @@ def method_over_seeds(method: str, sop: str | None, runs: list[SeedRun], target:
             ],
             "mean_s": statistics.fmean(r["to_own_target_s"] for _, r in at_target) if at_target else None,
             "speedup": ratio_stats(board_ratio, unpaired["board"]) if compared else None,
+            "profiling_share": profiling_share([r for _, r in at_target]),
+            "cells": {
+                label: ratio_stats(by_seed, len(runs) - len(by_seed))
+                | {"profiling_share": profiling_share([r for _, r in at_target if cell_label(r) == label])}
+                for label, by_seed in sorted(cells.items())
+            }
+            if compared
+            else None,
         },
         "fleet": {
             "reached": len(reached),
@@ -313,6 +336,29 @@ def _table(
     return lines
 
 
+def cells_table(summary: list[dict[str, Any]], reference: str | None) -> list[str]:
+    """Per method against the state of practice, per cell of the grid (board × power cap): the speed-up
+    to each board's own target, paired by seed, and the method's profiling over its fine-tuning."""
+    lines: list[str] = []
+    for m in summary:
+        b = m["board"]
+        if not b.get("cells"):
+            continue
+        head = (
+            f"{'cell':<26} {'seeds':>5} {'speed-up':>9}  {'95 % interval':>18}  {'geo mean':>8}  "
+            f"{'unpaired':>8}  {'prof %':>6}"
+        )
+        title = f"per cell: {m['method']} against {reference}, time to each board's own target, round 1"
+        lines += ["", title, head, "-" * len(head)]
+        for label, stats in b["cells"].items():
+            share = stats["profiling_share"]
+            prof = "-" if share is None else f"{100 * share:.1f}%"
+            lines.append(f"{label:<26} {len(stats['per_seed']):>5} {_stats_cells(stats, 'x')}  {prof:>6}")
+        if (share := b["profiling_share"]) is not None:
+            lines.append(f"{'all cells':<26} profiling {100 * share:.1f}% of fine-tuning (summed)")
+    return lines
+
+
 def _some(items: list[str], shown: int = 8) -> str:
     """The first few of a list; the rest counted (results.json has them all)."""
     more = f" … ({len(items)} in all)" if len(items) > shown else ""
@@ -371,6 +417,7 @@ def seeds_summary_text(results: dict[str, Any]) -> str:
     lines += _table(
         "per board: time to its own target, round 1", "at target", "mean s", "speed-up", board_rows_
     )
+    lines += cells_table(summary, results["reference"])
     lines += _table("fleet: time to the global target", "reached", "mean s", "speed-up", fleet_rows)
     lines += _table("fleet: energy, all rounds", "", "mean J", "energy", energy_rows)
     for m in summary:

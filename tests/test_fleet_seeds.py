@@ -212,6 +212,14 @@ def test_the_summary_pairs_each_method_with_the_state_of_practice_by_seed(tmp_pa
     lo, hi = s["interval"]
     assert lo <= s["mean"] <= hi and (lo, hi) == pytest.approx(mean_interval95(per_seed))
     assert min(per_seed) - 1e-12 <= lo < hi <= max(per_seed) + 1e-12  # never outside the seeds' values
+    # per cell of the grid (board × cap): the Nano at 3 W paired in all three seeds, the uncapped TX2
+    # NX in two (seed 3 missed its target under ours); profiling 1 s per board against its fine-tuning
+    nano, tx2 = board["cells"]["sim:jetson-nano@3"], board["cells"]["sim:jetson-tx2nx@none"]
+    assert [r["ratio"] for r in nano["per_seed"]] == pytest.approx([2.0, 2.0, 2.0])
+    assert [r["ratio"] for r in tx2["per_seed"]] == pytest.approx([1.0, 2.0]) and tx2["unpaired"] == 1
+    assert nano["profiling_share"] == pytest.approx(3 / (3 + 4 + 1))
+    assert board["profiling_share"] == pytest.approx(5 / (3 + 5 + 4 + 3 + 1))
+    assert sop["board"]["cells"] is None
 
     # the fleet: seed 3 did not reach the global target under ours: no pair there
     fleet = ours["fleet"]
@@ -234,6 +242,13 @@ def test_the_summary_pairs_each_method_with_the_state_of_practice_by_seed(tmp_pa
         if line.startswith("ours ")
     )
     assert "5/6" in row and f"{s['mean']:.2f}x" in row and f"[{lo:.2f}x, {hi:.2f}x]" in row
+    lines = text.splitlines()
+    cells = lines[
+        lines.index("per cell: ours against state-of-practice, time to each board's own target, round 1") :
+    ]
+    tx2_line = next(line for line in cells if line.startswith("sim:jetson-tx2nx@none "))
+    assert "1.50x" in tx2_line and tx2_line.split()[1] == "2" and tx2_line.endswith("25.0%")
+    assert "all cells                  profiling 31.2% of fine-tuning (summed)" in text
 
 
 def test_no_state_of_practice_means_no_ratios_and_no_seed_that_ran_means_no_summary(tmp_path: Path) -> None:

@@ -1,0 +1,188 @@
+"""Does a fleet's choice flip with torch's thread count? (issue 40 item 2: a stand-in for another CPU)
+
+Another CPU's kernels, or another thread count, sum in another order: the pre-trained weights and the
+relation vector differ in their last digits and then in their crossings. This prepares a fleet's
+weights and relation vector twice from empty caches — torch on 1 thread and on 2 — by the ServerApp's
+own `fl_server.app.prepare` (each in its own interpreter, the thread count set before torch starts),
+and then, per board of the fleet, picks the pair each vector gives under the relation rule on the board
+model's noise-free profile (`predicted_profile`; a client profiles the same grid on its board). The
+two picks pass when they are the same pair, or when each lies within the other's interval: under
+either vector, the lower end of its predicted time's 95 % interval is not above the upper end of that
+vector's best pair's (what the vector cannot tell apart; `powerctl.selection.joint`, rule "interval").
+Sample counts are measured (real training on this CPU); the seconds are the board model's.
+
+    python bench/thread_picks.py [--fleet simulations/fleets/default.yaml] [--rule RULE] [--out DIR]
+
+On 2 cores the default fleet takes about 20 CPU-minutes (pre-training and 12 relation runs, twice); a
+cache folder already filled (--out of an earlier run) is reused. Exit status 0: every board passes; 1:
+some board's two picks lie outside each other's interval; 2: bad input.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from powerctl.cli.util import OneLineParser
+from powerctl.devices.simulated import predicted_profile
+from powerctl.records.pick import Pick
+from powerctl.records.profile import Profile
+from powerctl.records.relation import DEFAULT_RELATION_RULE, RELATION_RULES, RelationVector
+from powerctl.selection.joint import rank, select
+from simulations.fleet import FleetFileError, load_fleet_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_FLEET = ROOT / "simulations" / "fleets" / "default.yaml"
+THREADS = (1, 2)
+
+PREPARE = """
+import json, sys
+from pathlib import Path
+from fl_server.app import prepare
+from fl_server.run_config import app_config, parse_server_config
+from simulations.fleet import load_fleet_spec
+
+spec = load_fleet_spec(Path(sys.argv[1]))
+out = Path(sys.argv[2])
+run = spec.run_config(out / "results", spec.methods, out / "profiles")
+cfg = parse_server_config({**app_config(Path(sys.argv[3])), **run})
+_, relation = prepare(cfg)
+print(json.dumps(relation))
+"""
+
+
+def prepared_relation(fleet: Path, threads: int, cache: Path) -> RelationVector:
+    """The fleet's relation vector, prepared (or read from `cache`) with torch on `threads` threads."""
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(threads),
+        "POWERFED_CACHE": str(cache),
+        "PYTHONPATH": str(ROOT),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", PREPARE, str(fleet), str(cache.parent), str(ROOT)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"preparing with {threads} thread(s) failed: {proc.stderr.strip()[-2000:]}")
+    return RelationVector.from_dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def board_profiles(fleet: Path) -> list[tuple[str, float | None, Profile]]:
+    """Each board of the fleet: its label, its power cap and its board model's noise-free profile."""
+    from powerfed.training.models import build_model, model_workload
+
+    spec = load_fleet_spec(fleet)
+    model = spec.settings.model
+    workload = model_workload(model, build_model(model, seed=0))
+    sizes = spec.settings.batch_size_list()
+    return [
+        (b.label(), b.power_cap_w, predicted_profile(b.device.removeprefix("sim:"), workload, sizes, 1000))
+        for b in spec.boards
+    ]
+
+
+def _seconds(pick: Pick) -> float:
+    assert pick.predicted_seconds is not None, f"{pick} has no predicted seconds"
+    return pick.predicted_seconds
+
+
+def interval_check(
+    profile: Profile, relation: RelationVector, cap: float | None, pick: Pick
+) -> tuple[float, float]:
+    """Under `relation`: the lower end of `pick`'s predicted seconds' interval, and the upper end of the
+    mean rule's best pair's (the pick is within what the vector cannot tell apart when the first is not
+    above the second)."""
+    ranked = rank(profile, relation, cap)
+    half = relation.interval_halfwidths()
+    same = next(s for s in ranked if (s.batch_size, s.frequency_hz) == (pick.batch_size, pick.frequency_hz))
+    return _seconds(same) * (1 - half[pick.batch_size]), _seconds(ranked[0]) * (
+        1 + half[ranked[0].batch_size]
+    )
+
+
+@dataclass(frozen=True)
+class BoardPicks:
+    label: str
+    one: Pick
+    two: Pick
+    within: bool
+    """The same pair, or each within the other's interval under both vectors."""
+
+    @property
+    def same(self) -> bool:
+        return (self.one.batch_size, self.one.frequency_hz) == (self.two.batch_size, self.two.frequency_hz)
+
+
+def compare(
+    one: RelationVector, two: RelationVector, boards: list[tuple[str, float | None, Profile]], rule: str
+) -> list[BoardPicks]:
+    """Per board: the pick under each vector, and whether they pass (see the module's docstring)."""
+    out = []
+    for label, cap, profile in boards:
+        a, b = select(profile, one, cap, rule=rule), select(profile, two, cap, rule=rule)
+        checks = [interval_check(profile, r, cap, p) for r in (one, two) for p in (a, b)]
+        same = (a.batch_size, a.frequency_hz) == (b.batch_size, b.frequency_hz)
+        out.append(BoardPicks(label, a, b, same or all(low <= bound for low, bound in checks)))
+    return out
+
+
+def vector_line(name: str, r: RelationVector) -> str:
+    half = r.interval_halfwidths()
+    return f"  {name}: " + ", ".join(
+        f"{b}: {v:.3f} ±{100 * half[b]:.0f}%" for b, v in zip(r.batch_sizes, r.relation, strict=True)
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = OneLineParser(prog="bench/thread_picks.py", description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--fleet", type=Path, default=DEFAULT_FLEET, help="the fleet file (default: the default fleet)"
+    )
+    p.add_argument("--rule", choices=RELATION_RULES, default=DEFAULT_RELATION_RULE, help="the relation rule")
+    p.add_argument("--out", type=Path, default=Path("runs/thread_picks"), help="caches: OUT/threads-K/cache")
+    args = p.parse_args(argv)
+    try:
+        boards = board_profiles(args.fleet)
+    except FleetFileError as exc:
+        print(f"bench/thread_picks.py: {exc}", file=sys.stderr)
+        return 2
+    vectors = {}
+    for threads in THREADS:
+        started = time.perf_counter()
+        vectors[threads] = prepared_relation(args.fleet, threads, args.out / f"threads-{threads}" / "cache")
+        print(f"prepared with {threads} thread(s) in {time.perf_counter() - started:.0f} s", flush=True)
+    one, two = vectors[1], vectors[2]
+    print(f"fleet {args.fleet}, rule {args.rule}; relation vectors (r_b, ± the 95 % interval's half-width):")
+    print(vector_line("1 thread ", one))
+    print(vector_line("2 threads", two))
+    rows = compare(one, two, boards, args.rule)
+    for rule in RELATION_RULES:
+        if rule != args.rule:
+            other = compare(one, two, boards, rule)
+            print(f"  (rule {rule}: {sum(r.same for r in other)} of {len(other)} boards the same pair, "
+                  f"{sum(r.within for r in other)} pass)")  # fmt: skip
+    for r in rows:
+        verdict = "same" if r.same else ("within each other's interval" if r.within else "APART")
+        print(
+            f"  {r.label:<26} 1 thread b={r.one.batch_size}@{r.one.frequency_hz / 1e6:.1f} MHz "
+            f"{_seconds(r.one):8.1f} s   2 threads b={r.two.batch_size}@{r.two.frequency_hz / 1e6:.1f} MHz "
+            f"{_seconds(r.two):8.1f} s   {verdict}"
+        )
+    passed = sum(r.within for r in rows)
+    print(
+        f"{passed} of {len(rows)} boards pass ({sum(r.same for r in rows)} the same pair), rule {args.rule}"
+    )
+    return 0 if passed == len(rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

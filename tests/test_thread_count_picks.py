@@ -1,0 +1,75 @@
+"""Issue 40 item 2: a fleet's choice does not flip with the floats' last digits (bench/thread_picks.py).
+
+The bench prepares a fleet twice, torch on 1 thread and on 2 (the stand-in for another CPU), and checks
+that every board's two picks are the same pair or within each other's interval. The default fleet takes
+about 20 CPU-minutes (its result: docs/results/fleets.md); here the same code runs on the default
+fleet's grid with the smoke fleet's task (cnn-tiny), end to end, and on hand-made vectors whose picks
+differ inside and outside their intervals."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from powerctl.devices.simulated import predicted_profile
+from powerctl.records.relation import RelationVector
+from powerctl.records.workload import Workload
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+import thread_picks  # noqa: E402
+
+GRID_SMOKE = """\
+name: grid-smoke
+groups:
+  - {device: sim:jetson-nano, power-cap-w: 3.0}
+  - {device: sim:jetson-nano, power-cap-w: none}
+  - {device: sim:jetson-tx2nx, power-cap-w: 5.0}
+task:
+  model: cnn-tiny
+  pretrain: synthetic-image
+  pretrain-samples: 2000
+  proxy: synthetic-image
+  target-accuracy: 0.7
+  batch-sizes: [8, 16, 32, 64]
+  lr-max: 0.002
+seeds: {pretrain: 0, proxy: 1, relation: [0, 1, 2]}
+"""
+
+
+@pytest.mark.slow
+def test_the_bench_prepares_with_one_and_two_threads_and_compares_every_board(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fleet = tmp_path / "grid-smoke.yaml"
+    fleet.write_text(GRID_SMOKE)
+    status = thread_picks.main(["--fleet", str(fleet), "--out", str(tmp_path / "out"), "--rule", "interval"])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    assert "prepared with 1 thread(s)" in out and "prepared with 2 thread(s)" in out
+    assert "3 of 3 boards pass" in out and "sim:jetson-tx2nx@5" in out
+    # each thread count has its own cache, keyed by the thread count: a second run reads them
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["threads-1", "threads-2"]
+
+
+def test_two_picks_pass_when_within_each_other_interval_and_fail_when_apart(small_workload: Workload) -> None:
+    profile = predicted_profile("jetson-nano", small_workload, [8, 16, 32, 64], 1000)
+    boards = [("sim:jetson-nano@none", None, profile)]
+
+    def vector(b8: float, spread: float) -> RelationVector:
+        per_seed = {
+            b: [s - spread * s, s, s + spread * s] for b, s in {8: b8, 16: 1500, 32: 2000, 64: 3000}.items()
+        }
+        return RelationVector.from_seeds("resnet18-small", "proxy", 0.5, per_seed)
+
+    same = thread_picks.compare(vector(1000, 0.02), vector(1001, 0.02), boards, "mean")
+    assert [(r.same, r.within) for r in same] == [(True, True)]
+    # b=8 far cheaper under one vector, far dearer under the other, with narrow intervals: apart
+    apart = thread_picks.compare(vector(300, 0.01), vector(3000, 0.01), boards, "mean")
+    assert [(r.same, r.within) for r in apart] == [(False, False)]
+    assert apart[0].one.batch_size == 8 and apart[0].two.batch_size != 8
+    # the same two means with wide seeds' spread: the vectors cannot tell the picks apart
+    wide = thread_picks.compare(vector(300, 0.6), vector(3000, 0.6), boards, "mean")
+    assert [(r.same, r.within) for r in wide] == [(False, True)]
