@@ -459,3 +459,16 @@ def test_batch_efficiency_fit_recovers_the_critical_batch_size() -> None:
     # samples that fall with b: slope held at 0 (b_crit infinite), the level weighted by relative error
     flat = fit_batch_efficiency([4, 8], [[200.0, 200.0], [100.0, 100.0]])
     assert flat.b_crit is None and flat.samples == pytest.approx([120.0, 120.0])  # 1/mean² weights
+
+
+def test_the_printed_vector_states_each_entry_interval_from_its_seeds() -> None:
+    from fl_server.app import relation_line
+
+    seeds = RelationVector.from_seeds("m", "p", 0.5, {8: [900, 1000, 1100], 16: [1250] * 3, 64: [2000] * 3})
+    # 8: t(0.975, 2) * 100 / sqrt(3) / 1000 = 25 %; entries whose seeds agree print no interval
+    assert relation_line(seeds) == (
+        "relation vector r_b (p, target 0.5; ± the 95 % interval from 3 seeds): "
+        "8: 0.500 ±25%, 16: 0.625, 64: 1.000"
+    )
+    plain = RelationVector.from_samples("m", "p", 0.5, {8: 1.0, 16: 2.0})
+    assert relation_line(plain) == "relation vector r_b (p, target 0.5): 8: 0.500, 16: 1.000"
