@@ -58,7 +58,7 @@ from powerctl.devices.torchdev import TORCH_SPEC_HELP, torch_device_arg
 from powerctl.errors import InfeasibleCapError, PowerctlError
 from powerctl.records.pick import Pick
 from powerctl.records.profile import Profile
-from powerctl.records.relation import RelationVector
+from powerctl.records.relation import DEFAULT_RELATION_RULE, RELATION_RULES, RelationVector
 from powerctl.records.workload import Workload
 from powerctl.selection.baselines import oracle
 from powerctl.selection.joint import rank, select
@@ -361,14 +361,14 @@ def calibrate_target(
 
 ROWS = ("state-of-practice", "proxy-batch", "ours", "fastest")
 VARIANTS = {
-    "ours": ("raw", "mean"),
-    "ours-robust": ("raw", "robust"),
-    "ours-fitted": ("fitted", "mean"),
+    "ours": ("raw", DEFAULT_RELATION_RULE),
+    **{f"ours-{rule}": ("raw", rule) for rule in RELATION_RULES if rule != DEFAULT_RELATION_RULE},
+    "ours-fitted": ("fitted", DEFAULT_RELATION_RULE),
     "ours-fitted-robust": ("fitted", "robust"),
-    "ours-interval": ("raw", "interval"),
 }
-"""Ours under each (relation vector, selection rule); "ours" is the project's default (raw, mean). The
-others are measured beside it so that the defaults are chosen by these tables, not by taste."""
+"""Ours under each (relation vector, selection rule); "ours" is the project's default (the raw vector,
+`DEFAULT_RELATION_RULE`). The others are measured beside it so that the defaults are chosen by these
+tables, not by taste."""
 
 
 def _stat(values: list[float]) -> tuple[float, float]:
