@@ -7,7 +7,7 @@ own `fl_server.app.prepare` (each in its own interpreter, the thread count set b
 and then, per board of the fleet, picks the pair each vector gives under the relation rule on the board
 model's noise-free profile (`predicted_profile`; a client profiles the same grid on its board). The
 two picks pass when they are the same pair, or when each lies within the other's interval: under
-either vector, the lower end of its predicted time's 95 % interval is not above the upper end of that
+either vector, the lower end of its predicted time's interval is not above the upper end of that
 vector's best pair's (what the vector cannot tell apart; `powerctl.selection.joint`, rule "interval").
 Sample counts are measured (real training on this CPU); the seconds are the board model's.
 
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         vectors[threads] = prepared_relation(args.fleet, threads, args.out / f"threads-{threads}" / "cache")
         print(f"prepared with {threads} thread(s) in {time.perf_counter() - started:.0f} s", flush=True)
     one, two = vectors[1], vectors[2]
-    print(f"fleet {args.fleet}, rule {args.rule}; relation vectors (r_b, ± the 95 % interval's half-width):")
+    print(f"fleet {args.fleet}, rule {args.rule}; relation vectors (r_b, ± 2 standard errors of the seeds):")
     print(vector_line("1 thread ", one))
     print(vector_line("2 threads", two))
     rows = compare(one, two, boards, args.rule)

@@ -238,14 +238,14 @@ def cached_preparation(cfg: ServerConfig) -> tuple[Path, RelationVector] | None:
 
 
 def relation_line(relation: RelationVector) -> str:
-    """The vector as the run prints it; with its seeds, each entry's 95 % interval (± its half-width)."""
+    """The vector as the run prints it; with its seeds, each entry's interval (± two standard errors)."""
     half = relation.interval_halfwidths()
     pairs = ", ".join(
         f"{b}: {r:.3f}" + (f" ±{100 * half[b]:.0f}%" if half[b] > 0 else "")
         for b, r in relation.as_map().items()
     )
     seeds = relation.per_seed_samples()
-    spread = f"; ± the 95 % interval from {len(seeds[0])} seeds" if seeds and any(half.values()) else ""
+    spread = f"; ± 2 standard errors of {len(seeds[0])} seeds" if seeds and any(half.values()) else ""
     where = f"{relation.proxy_dataset}, target {relation.target_accuracy:g}{spread}"
     return f"relation vector r_b ({where}): {pairs}"
 

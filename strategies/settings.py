@@ -323,7 +323,7 @@ SETTINGS: dict[str, Setting] = _declare(
         Choice(RELATION_RULES),
         "How clients read the relation: Algorithm 1 on its mean (mean), the least mean regret over "
         "the seeds' vectors (robust), or its mean with the larger batch size winning among pairs whose "
-        "95 % intervals from the seeds overlap the best's (interval).",
+        "intervals (2 standard errors of the seeds) overlap the best's (interval).",
         BOTH,
         group="task",
     ),

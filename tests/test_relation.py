@@ -465,10 +465,10 @@ def test_the_printed_vector_states_each_entry_interval_from_its_seeds() -> None:
     from fl_server.app import relation_line
 
     seeds = RelationVector.from_seeds("m", "p", 0.5, {8: [900, 1000, 1100], 16: [1250] * 3, 64: [2000] * 3})
-    # 8: t(0.975, 2) * 100 / sqrt(3) / 1000 = 25 %; entries whose seeds agree print no interval
+    # 8: 2 standard errors, 2 * 100 / sqrt(3) / 1000 = 12 %; entries whose seeds agree print no interval
     assert relation_line(seeds) == (
-        "relation vector r_b (p, target 0.5; ± the 95 % interval from 3 seeds): "
-        "8: 0.500 ±25%, 16: 0.625, 64: 1.000"
+        "relation vector r_b (p, target 0.5; ± 2 standard errors of 3 seeds): "
+        "8: 0.500 ±12%, 16: 0.625, 64: 1.000"
     )
     plain = RelationVector.from_samples("m", "p", 0.5, {8: 1.0, 16: 2.0})
     assert relation_line(plain) == "relation vector r_b (p, target 0.5): 8: 0.500, 16: 1.000"

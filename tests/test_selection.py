@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from powerctl.errors import FileFormatError, InfeasibleCapError, PowerctlError
 from powerctl.records.pick import Pick
 from powerctl.records.profile import Profile, ProfilePoint
-from powerctl.records.relation import RelationVector
+from powerctl.records.relation import DEFAULT_RELATION_RULE, INTERVAL_STANDARD_ERRORS, RelationVector
 from powerctl.selection.joint import (
     InvalidPowerCapError,
     best_frequency_per_batch,
@@ -452,30 +452,33 @@ def _three_seed_case(spread: float) -> tuple[Profile, RelationVector]:
 def test_the_relation_vector_states_each_batch_size_interval_from_its_seeds() -> None:
     _, relation = _three_seed_case(100.0)
     half = relation.interval_halfwidths()
-    # t(0.975, 2) = 4.303; sd of (1100, 1200, 1300) = 100; 4.303 * 100 / sqrt(3) / 1200
-    assert half[64] == pytest.approx(4.303 * 100 / 3**0.5 / 1200)
+    # two standard errors of the mean: sd of (1100, 1200, 1300) = 100; 2 * 100 / sqrt(3) / 1200
+    assert INTERVAL_STANDARD_ERRORS == 2.0 and half[64] == pytest.approx(2 * 100 / 3**0.5 / 1200)
     assert half[32] == 0.0  # three seeds that agree: no spread
-    lo, hi = relation.interval95()[64]
+    lo, hi = relation.interval()[64]
     assert relation.as_map()[64] == 1.0 and (lo, hi) == pytest.approx((1 - half[64], 1 + half[64]))
     assert small()[1].interval_halfwidths() == dict.fromkeys(small()[1].batch_sizes, 0.0)  # no seeds kept
 
 
 def test_interval_rule_gives_pairs_the_vector_cannot_tell_apart_to_the_larger_batch_size() -> None:
     # mean vector: b=32 predicts 1000 * 1000/1200 = 833 s, b=64 at 100 MHz 900 s: the mean rule takes b=32
-    profile, narrow = _three_seed_case(10.0)
-    assert select(profile, narrow, None).batch_size == 32
-    # b=64's interval: 900 * (1 - 4.303 * 10 / sqrt(3) / 1200) = 881 s > 833 (b=32's seeds agree): b=32
+    profile, narrow = _three_seed_case(30.0)
+    assert select(profile, narrow, None, rule="mean").batch_size == 32
+    # b=64's interval: 900 * (1 - 2 * 30 / sqrt(3) / 1200) = 874 s > 833 (b=32's seeds agree): b=32
     assert select(profile, narrow, None, rule="interval").batch_size == 32
-    # b=64 spread by ±100: its interval reaches down to 900 * (1 - 0.207) = 714 s < 833, they overlap
+    # b=64 spread by ±100: its interval reaches down to 900 * (1 - 0.096) = 813 s < 833, they overlap
     _, wide = _three_seed_case(100.0)
     picked = select(profile, wide, None, rule="interval")
     assert (picked.batch_size, picked.frequency_hz) == (64, 100 * MHZ)  # b=64's best pair, not 50 MHz
     assert picked.predicted_seconds == pytest.approx(900.0)  # predictions stay the mean vector's
+    assert select(profile, wide, None, rule="mean").batch_size == 32
     ranked = rank(profile, wide, None, rule="interval")
     assert [(s.batch_size, s.frequency_hz // MHZ) for s in ranked] == [(64, 100), (32, 100), (64, 50)]
-    # the cap still binds: under 3.2 W b=64 runs only at 50 MHz (1800 s; down to 1428), apart: b=32
+    # the cap still binds: under 3.2 W b=64 runs only at 50 MHz (1800 s; down to 1627), apart: b=32
     assert select(profile, wide, 3.2, rule="interval").batch_size == 32
-    assert select(profile, wide, None, "energy", rule="interval").batch_size == 64
+    # energy: b=32 2.4 W x 833 s = 2000 J (its seeds agree), b=64 2.8 W x 900 s = 2520 J, down to 2277: apart
+    assert select(profile, wide, None, "energy", rule="interval").batch_size == 32
+    assert DEFAULT_RELATION_RULE == "interval" and select(profile, wide, None).batch_size == 64
 
 
 def test_interval_rule_without_per_seed_samples_is_the_mean_rule() -> None:

@@ -598,7 +598,7 @@ def _add_caps_and_select(sub: Any) -> None:
         default=DEFAULT_RELATION_RULE,
         help="mean: Algorithm 1 on the relation vector; robust: the least mean regret over the seeds' "
         "vectors kept in the file (its samples_per_seed); interval: the mean, the larger batch size "
-        "winning among pairs whose 95 %% intervals from those seeds overlap the best's (default: "
+        "winning among pairs whose intervals (2 standard errors of those seeds) overlap the best's (default: "
         f"{DEFAULT_RELATION_RULE})",
     )
     s.add_argument(

@@ -27,10 +27,15 @@ VECTORS: tuple[str, ...] = ("raw", "fitted")
 """Which vector the client uses: the seeds' means, or the batch-efficiency model fitted to the seeds."""
 RELATION_RULES: tuple[str, ...] = ("mean", "robust", "interval")
 """How selection (`powerctl.selection.joint`) reads the vector: its mean (Algorithm 1), every seed's (least
-mean regret), or its mean with each batch size's interval (pairs the interval cannot tell from the best
-go to the larger batch size). Named here, beside the vector, so that a run's settings check them without
-the selection."""
-DEFAULT_RELATION_RULE = "mean"
+mean regret), or its mean with each batch size's interval (pairs the seeds cannot tell from the best go
+to the larger batch size: the default, issue 40). Named here, beside the vector, so that a run's settings
+check them without the selection."""
+DEFAULT_RELATION_RULE = "interval"
+INTERVAL_STANDARD_ERRORS = 2.0
+"""The half-width of a vector entry's interval, in standard errors of its seeds' mean: two, as the
+project's other noise bands (bench/paper_tables.py's calibration). With 3 seeds that is about an 82 %
+Student-t interval; the 95 % one (4.3 standard errors) made the interval rule drift to the largest
+batch size on the text tables (docs/results/paper_tables.md)."""
 
 
 @dataclass
@@ -80,19 +85,19 @@ class RelationVector:
         ]
 
     def interval_halfwidths(self) -> dict[int, float]:
-        """Batch size → the half-width of the 95 % interval of its samples to target, relative to the entry
-        (`samples_to_target`): Student's t over the seeds' samples, t(0.975, n-1) · sd / sqrt(n) / entry.
+        """Batch size → the half-width of its entry's interval from the seeds, relative to the entry
+        (`samples_to_target`): `INTERVAL_STANDARD_ERRORS` standard errors of the seeds' mean, sd / sqrt(n).
         0.0 where the file keeps no per-seed samples or a batch size has one seed (no spread to state)."""
         per_seed = self.per_seed_samples() or [[] for _ in self.batch_sizes]
         out: dict[int, float] = {}
         for b, entry, row in zip(self.batch_sizes, self.samples_to_target, per_seed, strict=True):
             n = len(row)
-            out[b] = 0.0 if n < 2 else t975(n - 1) * statistics.stdev(row) / math.sqrt(n) / entry
+            out[b] = 0.0 if n < 2 else INTERVAL_STANDARD_ERRORS * statistics.stdev(row) / math.sqrt(n) / entry
         return out
 
-    def interval95(self) -> dict[int, tuple[float, float]]:
-        """Batch size → the 95 % interval of r_b from the seeds (`interval_halfwidths`; the reference
-        entry's own spread is common to every pair, so r_b's interval scales the entry's alone)."""
+    def interval(self) -> dict[int, tuple[float, float]]:
+        """Batch size → the interval of r_b from the seeds (`interval_halfwidths`; the reference entry's
+        own spread is common to every pair, so r_b's interval scales the entry's alone)."""
         half = self.interval_halfwidths()
         return {b: (r * (1 - half[b]), r * (1 + half[b])) for b, r in self.as_map().items()}
 
@@ -279,19 +284,6 @@ def _checked(data: dict[str, Any], where: str) -> dict[str, Any]:
         "samples_to_target": values,
         "extra": {k: v for k, v in data.items() if k not in known},
     }
-
-
-T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
-        2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086)  # fmt: skip
-"""Student's t 0.975 quantiles for 1-20 degrees of freedom (any statistics table)."""
-
-
-def t975(dof: int) -> float:
-    """Student's t 0.975 quantile (two-sided 95 %); above 20 degrees of freedom the 20's, which
-    overstates the interval by under 7 %."""
-    if dof < 1:
-        raise ArgumentError(f"t975: degrees of freedom must be >= 1, got {dof}")
-    return T975[min(dof, len(T975)) - 1]
 
 
 @dataclass(frozen=True)

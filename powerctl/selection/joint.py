@@ -9,22 +9,25 @@ then the lower frequency. Predicted times are compared exactly (no epsilon): the
 same profile and relation, so equal inputs give bit-equal products and the tie rule decides; a nearly-equal
 pair is a real (if tiny) difference and the faster one wins.
 
-Two rules read the relation (`rule`):
-- "mean" (the default): Algorithm 1 on the vector itself (`samples_to_target`, the seeds' mean).
+Three rules read the relation (`rule`):
+- "mean": Algorithm 1 on the vector itself (`samples_to_target`, the seeds' mean).
 - "robust": the seeds disagree about the vector; each seed's samples to target is one possible truth
   (`RelationVector.seed_scenarios`). In each, a pair's predicted cost is divided by that scenario's best
   feasible cost (its regret: 1.0 = the fastest had that seed been the truth), and the pair with the least
   mean regret over the seeds wins. A pair that is best on average but far off under some seeds loses to
   one that is close to the best under all of them; what the bench scores (ours / fastest) is exactly this
   ratio. With one seed (or no per-seed samples in the file) it is the mean rule.
-- "interval": the seeds' spread bounds what the vector can decide. Each batch size's samples to target
-  has a 95 % interval (`RelationVector.interval_halfwidths`, Student's t over the seeds), and so has each
-  pair's prediction. The pairs whose interval overlaps that of the mean rule's best pair are those the
-  vector cannot tell from it; among them the larger batch size wins (the tie rule above, for ties within
-  the seeds' noise), at its best pair; the rest follow in the mean rule's order. A vector measured
-  again (another CPU, another thread count: other floats' last digits) moves the means by about their
-  intervals, so the choice stays unless a larger batch size's interval stops (or starts) overlapping the
-  best's. With one seed it is the mean rule.
+- "interval" (the default since issue 40): the seeds' spread bounds what the vector can decide. Each
+  batch size's samples to target has an interval, two standard errors of its seeds' mean
+  (`RelationVector.interval_halfwidths`), and so has each pair's prediction. The pairs whose interval
+  overlaps that of the mean rule's best pair are those the vector cannot tell from it; among them the
+  larger batch size wins (the tie rule above, for ties within the seeds' noise), at its best pair; the
+  rest follow in the mean rule's order. A vector measured again (another CPU, another thread count:
+  other floats' last digits) moves the means by about their intervals, so the choice stays unless a
+  larger batch size's interval stops (or starts) overlapping the best's. With one seed it is the mean
+  rule. Measured: on the default fleet one torch thread and two gave one pair on every board (the mean
+  rule: another on the 3 W Nano); on the text tables it chose as the mean rule in every cell
+  (docs/results/fleets.md, docs/results/paper_tables.md).
 """
 
 from __future__ import annotations
