@@ -32,7 +32,12 @@ from powerctl.cli.util import OneLineParser
 from powerctl.devices.simulated import predicted_profile
 from powerctl.records.pick import Pick
 from powerctl.records.profile import Profile
-from powerctl.records.relation import DEFAULT_RELATION_RULE, RELATION_RULES, RelationVector
+from powerctl.records.relation import (
+    DEFAULT_RELATION_RULE,
+    INTERVAL_STANDARD_ERRORS,
+    RELATION_RULES,
+    RelationVector,
+)
 from powerctl.selection.joint import rank, select
 from simulations.fleet import FleetFileError, load_fleet_spec
 
@@ -161,7 +166,9 @@ def main(argv: list[str] | None = None) -> int:
         vectors[threads] = prepared_relation(args.fleet, threads, args.out / f"threads-{threads}" / "cache")
         print(f"prepared with {threads} thread(s) in {time.perf_counter() - started:.0f} s", flush=True)
     one, two = vectors[1], vectors[2]
-    print(f"fleet {args.fleet}, rule {args.rule}; relation vectors (r_b, ± 2 standard errors of the seeds):")
+    z = f"{INTERVAL_STANDARD_ERRORS:g}"
+    head = f"fleet {args.fleet}, rule {args.rule}; relation vectors"
+    print(f"{head} (r_b, ± {z} standard errors of the seeds):")
     print(vector_line("1 thread ", one))
     print(vector_line("2 threads", two))
     rows = compare(one, two, boards, args.rule)

@@ -47,7 +47,7 @@ from fl_server.run_config import (
 from powerctl.cli.util import say
 from powerctl.errors import PowerctlError
 from powerctl.files.cache import cache_dir
-from powerctl.records.relation import RelationVector
+from powerctl.records.relation import INTERVAL_STANDARD_ERRORS, RelationVector
 from powerctl.selection.methods import run_method_named
 from strategies.fleet import fleet_availability
 from strategies.methods import for_method
@@ -245,7 +245,8 @@ def relation_line(relation: RelationVector) -> str:
         for b, r in relation.as_map().items()
     )
     seeds = relation.per_seed_samples()
-    spread = f"; ± 2 standard errors of {len(seeds[0])} seeds" if seeds and any(half.values()) else ""
+    z = f"{INTERVAL_STANDARD_ERRORS:g}"
+    spread = f"; ± {z} standard errors of {len(seeds[0])} seeds" if seeds and any(half.values()) else ""
     where = f"{relation.proxy_dataset}, target {relation.target_accuracy:g}{spread}"
     return f"relation vector r_b ({where}): {pairs}"
 

@@ -44,7 +44,7 @@ from powerctl.files.mapping import (
     must_be,
     unknown_key_text,
 )
-from powerctl.records.relation import DEFAULT_RELATION_RULE, RELATION_RULES, VECTORS
+from powerctl.records.relation import DEFAULT_RELATION_RULE, INTERVAL_STANDARD_ERRORS, RELATION_RULES, VECTORS
 from powerctl.selection.follow import DEFAULT_PAUSE_TIMEOUT_S, DEFAULT_POLL_S
 from powerctl.selection.guard import DEFAULT_TOLERANCE, DEFAULT_WINDOW
 from powerctl.selection.methods import (
@@ -323,7 +323,8 @@ SETTINGS: dict[str, Setting] = _declare(
         Choice(RELATION_RULES),
         "How clients read the relation: Algorithm 1 on its mean (mean), the least mean regret over "
         "the seeds' vectors (robust), or its mean with the larger batch size winning among pairs whose "
-        "intervals (2 standard errors of the seeds) overlap the best's (interval).",
+        f"intervals ({INTERVAL_STANDARD_ERRORS:g} standard errors of the seeds) overlap the best's "
+        "(interval).",
         BOTH,
         group="task",
     ),

@@ -2,16 +2,14 @@
 
 The bench prepares a fleet twice, torch on 1 thread and on 2 (the stand-in for another CPU), and checks
 that every board's two picks are the same pair or within each other's interval. The default fleet takes
-about 20 CPU-minutes (its result: docs/results/fleets.md); here the same code runs end to end on a
-grid like the default fleet's with a task of seconds (cnn-tiny, two batch sizes), and on hand-made
-vectors whose picks differ inside and outside their intervals."""
+about 20 CPU-minutes (its result: docs/results/fleets.md). Here its check runs on hand-made vectors
+whose picks differ inside and outside their intervals; an end-to-end run on a task of seconds (two
+preparations, 84 s in fresh-ci at `6e411fc`) was dropped to keep the suite within its quarter hour."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-
-import pytest
 
 from powerctl.devices.simulated import predicted_profile
 from powerctl.records.relation import RelationVector
@@ -20,39 +18,6 @@ from powerctl.records.workload import Workload
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 import thread_picks  # noqa: E402
-
-GRID_SMOKE = """\
-name: grid-smoke
-groups:
-  - {device: sim:jetson-nano, power-cap-w: 3.0}
-  - {device: sim:jetson-nano, power-cap-w: none}
-  - {device: sim:jetson-tx2nx, power-cap-w: 5.0}
-task:
-  model: cnn-tiny
-  pretrain: synthetic-image
-  pretrain-samples: 256
-  proxy: synthetic-image
-  target-accuracy: 0.3
-  batch-sizes: [8, 16]
-  lr-max: 0.002
-seeds: {pretrain: 0, proxy: 1, relation: [0, 1, 2]}
-evaluation: {every-samples: 32, max-samples: 64}
-"""
-
-
-@pytest.mark.slow
-def test_the_bench_prepares_with_one_and_two_threads_and_compares_every_board(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    fleet = tmp_path / "grid-smoke.yaml"
-    fleet.write_text(GRID_SMOKE)
-    status = thread_picks.main(["--fleet", str(fleet), "--out", str(tmp_path / "out"), "--rule", "interval"])
-    out = capsys.readouterr().out
-    assert status == 0, out
-    assert "prepared with 1 thread(s)" in out and "prepared with 2 thread(s)" in out
-    assert "3 of 3 boards pass" in out and "sim:jetson-tx2nx@5" in out
-    # each thread count has its own cache, keyed by the thread count: a second run reads them
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["threads-1", "threads-2"]
 
 
 def test_two_picks_pass_when_within_each_other_interval_and_fail_when_apart(small_workload: Workload) -> None:

@@ -31,7 +31,7 @@ from powerctl.devices.unpinned import NOT_PINNED
 from powerctl.errors import InfeasibleCapError, PowerctlError
 from powerctl.files.mapping import MAX_COUNT
 from powerctl.files.outputs import output_path
-from powerctl.records.relation import DEFAULT_RELATION_RULE, RELATION_RULES
+from powerctl.records.relation import DEFAULT_RELATION_RULE, INTERVAL_STANDARD_ERRORS, RELATION_RULES
 
 if TYPE_CHECKING:
     from powerctl.profiling.profiler import StepFactory
@@ -598,7 +598,8 @@ def _add_caps_and_select(sub: Any) -> None:
         default=DEFAULT_RELATION_RULE,
         help="mean: Algorithm 1 on the relation vector; robust: the least mean regret over the seeds' "
         "vectors kept in the file (its samples_per_seed); interval: the mean, the larger batch size "
-        "winning among pairs whose intervals (2 standard errors of those seeds) overlap the best's (default: "
+        f"winning among pairs whose intervals ({INTERVAL_STANDARD_ERRORS:g} standard errors of those seeds) "
+        "overlap the best's (default: "
         f"{DEFAULT_RELATION_RULE})",
     )
     s.add_argument(
