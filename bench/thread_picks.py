@@ -38,7 +38,7 @@ from powerctl.records.relation import (
     RELATION_RULES,
     RelationVector,
 )
-from powerctl.selection.joint import rank, select
+from powerctl.selection.joint import indistinguishable, rank, select
 from simulations.fleet import FleetFileError, load_fleet_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,18 +100,13 @@ def _seconds(pick: Pick) -> float:
     return pick.predicted_seconds
 
 
-def interval_check(
-    profile: Profile, relation: RelationVector, cap: float | None, pick: Pick
-) -> tuple[float, float]:
-    """Under `relation`: the lower end of `pick`'s predicted seconds' interval, and the upper end of the
-    mean rule's best pair's (the pick is within what the vector cannot tell apart when the first is not
-    above the second)."""
-    ranked = rank(profile, relation, cap)
-    half = relation.interval_halfwidths()
-    same = next(s for s in ranked if (s.batch_size, s.frequency_hz) == (pick.batch_size, pick.frequency_hz))
-    return _seconds(same) * (1 - half[pick.batch_size]), _seconds(ranked[0]) * (
-        1 + half[ranked[0].batch_size]
-    )
+def within_interval(profile: Profile, relation: RelationVector, cap: float | None, pick: Pick) -> bool:
+    """Under `relation`, `pick` is one of the pairs the vector cannot tell from the mean rule's best
+    (`powerctl.selection.joint.indistinguishable`, what the interval rule chooses among)."""
+    ranked = rank(profile, relation, cap, rule="mean")
+    return (pick.batch_size, pick.frequency_hz) in {
+        (s.batch_size, s.frequency_hz) for s in indistinguishable(ranked, relation)
+    }
 
 
 @dataclass(frozen=True)
@@ -134,9 +129,9 @@ def compare(
     out = []
     for label, cap, profile in boards:
         a, b = select(profile, one, cap, rule=rule), select(profile, two, cap, rule=rule)
-        checks = [interval_check(profile, r, cap, p) for r in (one, two) for p in (a, b)]
         same = (a.batch_size, a.frequency_hz) == (b.batch_size, b.frequency_hz)
-        out.append(BoardPicks(label, a, b, same or all(low <= bound for low, bound in checks)))
+        within = same or all(within_interval(profile, r, cap, p) for r in (one, two) for p in (a, b))
+        out.append(BoardPicks(label, a, b, within))
     return out
 
 

@@ -197,18 +197,29 @@ def rank(
     if check_relation_rule(rule) == "robust":
         regret = mean_regret(profile, relation, power_cap_w, objective)
         ranked.sort(key=lambda s: regret[(s.batch_size, s.frequency_hz)])  # stable: ties keep the order
-    elif rule == "interval" and ranked:
-        cost, half = _cost(check_objective(objective)), relation.interval_halfwidths()
-        bound = cost(ranked[0]) * (1 + half[ranked[0].batch_size])
-        within = [s for s in ranked if cost(s) * (1 - half[s.batch_size]) <= bound]
-        rest = [s for s in ranked if s not in within]
+    elif rule == "interval":
+        within = indistinguishable(ranked, relation, objective)
+        inside = {(s.batch_size, s.frequency_hz) for s in within}
+        rest = [s for s in ranked if (s.batch_size, s.frequency_hz) not in inside]
         ranked = sorted(within, key=lambda s: -s.batch_size) + rest  # stable: the mean order within
     return ranked
 
 
-def _cost(objective: Objective) -> Any:
-    """A Pick's predicted cost for `objective` (what the mean rule orders by first)."""
-    return (lambda s: s.predicted_energy_j) if objective == "energy" else (lambda s: s.predicted_seconds)
+def indistinguishable(ranked: list[Pick], relation: RelationVector, objective: str = "time") -> list[Pick]:
+    """Of `ranked` (the mean rule's order for `objective`, best first), the pairs whose predicted cost's
+    interval (`RelationVector.interval_halfwidths`) overlaps the best pair's: those the vector cannot
+    tell from it, the best included, in the same order. Empty when nothing is ranked."""
+    if not ranked:
+        return []
+    obj, half = check_objective(objective), relation.interval_halfwidths()
+
+    def cost(s: Pick) -> float:
+        value = s.predicted_energy_j if obj == "energy" else s.predicted_seconds
+        assert value is not None, f"{s} has no prediction"  # `candidates` predicts every pair it ranks
+        return value
+
+    bound = cost(ranked[0]) * (1 + half[ranked[0].batch_size])
+    return [s for s in ranked if cost(s) * (1 - half[s.batch_size]) <= bound]
 
 
 def select(
