@@ -1,0 +1,97 @@
+"""What a fleet's per-board verdict would be if a method's profiling cost nothing (issue 40's bar).
+
+Arithmetic on a finished run over seeds, not a run: each board's time to its own target (round 1) is its
+profiling seconds plus its fine-tuning seconds; here the method's profiling seconds are taken out on the
+boards chosen (uncapped ones, or all), the fine-tuning seconds as measured, and the per-board speed-up
+against the reference method is summarised by the runner's own `ratio_stats` (the seed's geometric mean
+over its boards, the mean over seeds and its bootstrap 95 % interval), as the run's own summary is. It
+says how much of the gap to a bar is the profiling — not what a method without it would choose.
+
+    python bench/fleet_without_profiling.py RUN/results.json [--method ours]
+
+RUN is the --out folder of `python -m simulations run FLEET --seeds N` (its results.json summarises the
+seeds). Exit status 0, or 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from powerctl.cli.util import OneLineParser
+from simulations.fleet_seeds import SEEDS_SCHEMA, ratio_stats
+
+Board = dict[str, Any]
+WITHOUT: dict[str, Callable[[Board], bool]] = {
+    "as run": lambda _row: False,
+    "without profiling uncapped": lambda row: row["power_cap_w"] is None,
+    "without profiling anywhere": lambda _row: True,
+}
+"""What each line takes the profiling out of."""
+
+
+def speedups(results: dict[str, Any], method: str, drop: Callable[[Board], bool]) -> dict[int, list[float]]:
+    """Per seed, each board's speed-up of `method` over the run's reference method (its seconds / the
+    method's), the method's profiling seconds left out where `drop(row)`; boards without both times are
+    left out, as in the run's summary."""
+    per_seed: dict[int, list[float]] = {}
+    for seed in results["seeds"]:
+        if seed["status"] != "ok":
+            continue
+        rows: dict[str, dict[str, Board]] = {}
+        for row in seed["boards"]:
+            rows.setdefault(row["node_key"], {})[row["method"]] = row
+        ratios = []
+        for pair in rows.values():
+            ours, ref = pair.get(method), pair.get(results["reference"])
+            if not ours or not ref or ours["to_own_target_s"] is None or ref["to_own_target_s"] is None:
+                continue
+            seconds = ours["to_own_target_s"] - (ours["profiling_s"] if drop(ours) else 0.0)
+            ratios.append(ref["to_own_target_s"] / seconds)
+        per_seed[seed["seed"]] = ratios
+    return per_seed
+
+
+def load(path: Path, method: str) -> dict[str, Any]:
+    """A run over seeds' results.json, checked for what the arithmetic reads (ValueError: one line)."""
+    try:
+        results = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"cannot read {path}: {exc}") from None
+    if not isinstance(results, dict) or results.get("schema") != SEEDS_SCHEMA:
+        raise ValueError(f"{path} is not the results.json of a run over seeds (schema {SEEDS_SCHEMA})")
+    if method not in results["methods"] or not results.get("reference") or method == results["reference"]:
+        raise ValueError(
+            f"{path}: method {method!r} is not one of the run's methods other than its reference "
+            f"{results.get('reference')!r} (methods: {', '.join(results['methods'])})"
+        )
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = OneLineParser(prog="bench/fleet_without_profiling.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("results", type=Path, help="RUN/results.json of a run over seeds")
+    p.add_argument("--method", default="ours", help="whose profiling is taken out (default: ours)")
+    args = p.parse_args(argv)
+    try:
+        results = load(args.results, args.method)
+    except ValueError as exc:
+        print(f"bench/fleet_without_profiling.py: {exc}", file=sys.stderr)
+        return 2
+    ref = results["reference"]
+    print(f"{args.method} against {ref}, per board, round 1 (speed-up = {ref}'s seconds / the method's):")
+    for label, drop in WITHOUT.items():
+        stats = ratio_stats(speedups(results, args.method, drop), unpaired=0)
+        if stats["mean"] is None:
+            print(f"  {label:<28} no board has both times")
+            continue
+        low, high = stats["interval"]
+        print(f"  {label:<28} {stats['mean']:.3f}x [{low:.3f}, {high:.3f}]  ({stats['pairs']} boards)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
