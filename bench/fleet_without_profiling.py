@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from powerctl.cli.util import OneLineParser
-from simulations.fleet_seeds import SEEDS_SCHEMA, ratio_stats
+from simulations.fleet_seeds import SEEDS_SCHEMA, board_speedups, ratio_stats
 
 Board = dict[str, Any]
 WITHOUT: dict[str, Callable[[Board], bool]] = {
@@ -34,25 +34,21 @@ WITHOUT: dict[str, Callable[[Board], bool]] = {
 
 
 def speedups(results: dict[str, Any], method: str, drop: Callable[[Board], bool]) -> dict[int, list[float]]:
-    """Per seed, each board's speed-up of `method` over the run's reference method (its seconds / the
-    method's), the method's profiling seconds left out where `drop(row)`; boards without both times are
-    left out, as in the run's summary."""
-    per_seed: dict[int, list[float]] = {}
-    for seed in results["seeds"]:
-        if seed["status"] != "ok":
-            continue
-        rows: dict[str, dict[str, Board]] = {}
-        for row in seed["boards"]:
-            rows.setdefault(row["node_key"], {})[row["method"]] = row
-        ratios = []
-        for pair in rows.values():
-            ours, ref = pair.get(method), pair.get(results["reference"])
-            if not ours or not ref or ours["to_own_target_s"] is None or ref["to_own_target_s"] is None:
-                continue
-            seconds = ours["to_own_target_s"] - (ours["profiling_s"] if drop(ours) else 0.0)
-            ratios.append(ref["to_own_target_s"] / seconds)
-        per_seed[seed["seed"]] = ratios
-    return per_seed
+    """Per seed that ran, each board's speed-up of `method` over the run's reference method
+    (`simulations.fleet_seeds.board_speedups`, as the run's summary pairs them), the method's profiling
+    seconds left out where `drop(row)`."""
+
+    def seconds(row: Board) -> float | None:
+        total = row["to_own_target_s"]
+        return None if total is None else total - (row["profiling_s"] if drop(row) else 0.0)
+
+    return {
+        seed["seed"]: [
+            ratio for _, ratio in board_speedups(seed["boards"], method, results["reference"], seconds)[0]
+        ]
+        for seed in results["seeds"]
+        if seed["status"] == "ok"
+    }
 
 
 def load(path: Path, method: str) -> dict[str, Any]:

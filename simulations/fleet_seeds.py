@@ -201,6 +201,28 @@ def averaged_model(method: str, target: float, runs: list[SeedRun]) -> dict[str,
     }
 
 
+def board_speedups(
+    rows: list[dict[str, Any]],
+    method: str,
+    reference: str,
+    seconds: Callable[[dict[str, Any]], float | None] = lambda r: r["to_own_target_s"],
+) -> tuple[list[tuple[dict[str, Any], float]], int]:
+    """One seed's board rows (`board_rows`): each of `method`'s boards with its speed-up over the same
+    board under `reference` (its time to its own target / `seconds(row)`, by default the method's own),
+    and how many boards lack either time (unpaired)."""
+    theirs = {r["node_key"]: r for r in rows if r["method"] == reference}
+    mine = [r for r in rows if r["method"] == method]
+    paired, unpaired = [], 0
+    for r in mine:
+        other = theirs.get(r["node_key"])
+        ratio = _ratio(other["to_own_target_s"] if other else None, seconds(r), speedup=True)
+        if ratio is None:
+            unpaired += 1
+        else:
+            paired.append((r, ratio))
+    return paired, unpaired + len(set(theirs) - {r["node_key"] for r in mine})
+
+
 def method_over_seeds(method: str, sop: str | None, runs: list[SeedRun], target: float) -> dict[str, Any]:
     """One method's summary over the seeds that ran (`runs`: only those), paired with `sop` by seed."""
     boards: list[tuple[int, dict[str, Any]]] = []
@@ -219,18 +241,12 @@ def method_over_seeds(method: str, sop: str | None, runs: list[SeedRun], target:
         fleet[run.seed] = rows_by[method]
         if sop is None or method == sop:
             continue
-        theirs = {r["node_key"]: r for r in rows if r["method"] == sop}
         labels = {r["node_key"]: cell_label(r) for r in rows if r["failed"] is None}
-        board_ratio[run.seed] = []
-        for r in mine:
-            other = theirs.get(r["node_key"])
-            ratio = _ratio(other["to_own_target_s"] if other else None, r["to_own_target_s"], speedup=True)
-            if ratio is None:
-                unpaired["board"] += 1
-            else:
-                board_ratio[run.seed].append(ratio)
-                cells.setdefault(labels[r["node_key"]], {}).setdefault(run.seed, []).append(ratio)
-        unpaired["board"] += len(set(theirs) - {r["node_key"] for r in mine})
+        paired, missing = board_speedups(rows, method, sop)
+        unpaired["board"] += missing
+        board_ratio[run.seed] = [x for _, x in paired]
+        for r, x in paired:
+            cells.setdefault(labels[r["node_key"]], {}).setdefault(run.seed, []).append(x)
         ref = rows_by[sop]
         for key, into, name, speedup in (
             ("fleet", time_ratio, "time_to_target_s", True),
