@@ -59,6 +59,7 @@ from powerctl.profiling.budget import (
     ProfilingPlan,
     ProfilingRequest,
     completed,
+    confirmed_in_training,
     profile_within_budget,
     still_enough,
 )
@@ -69,6 +70,7 @@ from powerctl.records.relation import DEFAULT_RELATION_RULE, RelationVector
 from powerctl.records.workload import Workload
 from powerctl.selection.baselines import board_fixed_frequency
 from powerctl.selection.capsource import CapSource, ConstantCap
+from powerctl.selection.confirm import TrainingConfirmation
 from powerctl.selection.follow import CapFollower
 from powerctl.selection.guard import PowerGuard
 from powerctl.selection.joint import check_power_cap, select
@@ -614,6 +616,8 @@ class Pinning:
     choice: Pick
     guard: PowerGuard | None = None
     follower: CapFollower | None = None
+    confirmation: TrainingConfirmation | None = None
+    """The predicted way's choice, measured by the first steps (it holds the guard until confirmed)."""
     pinned: bool = True
     """False: the device runs at the clock in force (the one frequency it offers); nothing is written."""
 
@@ -629,6 +633,18 @@ class Pinning:
                 guard = PowerGuard(
                     dev, cap, choice.frequency_hz, window=instr.guard_window, tolerance=instr.guard_tolerance
                 )
+            if cap is not None and guard is not None and confirmed_in_training(rule.profile):
+                confirmation = TrainingConfirmation(
+                    dev,
+                    rule.profile,
+                    lambda merged: select(merged, rule.relation, cap, rule=instr.relation_rule),
+                    cap,
+                    choice,
+                    warmup_steps=int(rule.profile.extra.get("warmup_steps", instr.profile_warmup)),
+                    measure_steps=int(rule.profile.extra.get("measure_steps", instr.profile_steps)),
+                    guard=guard,
+                )
+                return cls(choice, confirmation=confirmation, pinned=dev.pins)
             return cls(choice, guard=guard, pinned=dev.pins)
         follower = CapFollower(
             dev,
@@ -647,17 +663,21 @@ class Pinning:
     @property
     def hooks(self) -> list[Any]:
         """The step hooks a loop runs (`powerfed.training.finetune.StepHook`)."""
-        return [h for h in (self.guard, self.follower) if h is not None]
+        return [h for h in (self.confirmation or self.guard, self.follower) if h is not None]
 
     @property
     def batch_size(self) -> int:
-        """The batch size in force (a follower may change it between steps)."""
-        return self.choice.batch_size if self.follower is None else self.follower.batch_size
+        """The batch size in force (a follower or the confirmation may change it between steps)."""
+        for holder in (self.follower, self.confirmation):
+            if holder is not None:
+                return int(holder.batch_size)
+        return self.choice.batch_size
 
     @property
     def frequency_hz(self) -> int:
-        """The frequency in force: the follower's, the guard's after its step-downs, else the choice's."""
-        for holder in (self.follower, self.guard):
+        """The frequency in force: the follower's, the confirmation's or the guard's after its
+        step-downs, else the choice's."""
+        for holder in (self.follower, self.confirmation, self.guard):
             if holder is not None:
                 return int(holder.frequency_hz)
         return self.choice.frequency_hz
@@ -666,8 +686,22 @@ class Pinning:
         """The train step's outcome, with what the guard or the follower did."""
         follower, method = self.follower, self.choice.method
         if follower is None:
-            downs = [] if self.guard is None else [e.to_dict() for e in self.guard.step_downs]
-            return Trained(result, state, board, self.choice, step_downs=downs, pinned=self.pinned)
+            choice, guard = self.choice, self.guard
+            if self.confirmation is not None:  # the pair confirmed (or in force): what trained
+                choice, guard = replace(self.confirmation.pick, method=method), self.confirmation.guard
+                for s in self.confirmation.switches:
+                    log.info(
+                        "%s: b=%d at %d Hz read %.2f W, over the %g W cap or outranked once measured: "
+                        "b=%d at %d Hz from %.3g s of training",
+                        board,
+                        *s.old,
+                        s.measured_w,
+                        s.power_cap_w,
+                        *s.new,
+                        s.device_seconds,
+                    )
+            downs = [] if guard is None else [e.to_dict() for e in guard.step_downs]
+            return Trained(result, state, board, choice, step_downs=downs, pinned=self.pinned)
         events = [e.to_dict() for e in follower.events]
         # the pair it started with (from the events: a resumed run's first pick is its first run's)
         e = next(e for e in events if e["kind"] in ("start", "resume"))
@@ -873,7 +907,7 @@ def build_report(
         wall_seconds=wall_seconds,
         step_downs=trained.step_downs,
         method=instr.method,
-        profile_points=0 if trained.stand_in else len(profile.points),
+        profile_points=0 if trained.stand_in or confirmed_in_training(profile) else len(profile.points),
         steps=0 if trained.stand_in else result.steps,
         resumed_at_samples=result.extra.get("resumed_at_samples"),
         deadline_s=instr.deadline_s if choice.meets_deadline is not None else None,

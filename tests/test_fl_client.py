@@ -180,7 +180,9 @@ def test_a_round_on_a_simulated_board_selects_under_its_cap_and_reports(tmp_path
     assert report.profiled_peak_power_w <= 3.0  # the method's check; the run's own peak adds sensor noise
     assert report.peak_power_w is not None and report.peak_power_w <= 3.0 * (1 + 5 * POWER_NOISE)
     assert report.samples == 64 and report.stop_reason == "max_samples" and not report.reached_target
-    assert report.profiling_seconds > 0 and not report.profile_cached
+    # a task this short takes the predicted way: its pair confirmed by the first steps, no profiling seconds
+    assert report.profiling_choice == "predicted" and not report.profile_cached
+    assert report.profiling_seconds == 0.0 and report.profile_points == 0
     assert report.energy_j and report.energy_j > 0 and report.device_seconds > 0
     assert set(state) == set(initial_state()) and not torch.equal(
         state["fc.weight"], initial_state()["fc.weight"]

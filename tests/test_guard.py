@@ -156,8 +156,11 @@ def test_the_client_report_lists_each_step_down(monkeypatch: pytest.MonkeyPatch)
         return opened[-1]
 
     monkeypatch.setattr(client_round, "open_device", open_hot_for_training)
-    instr = instructions(budget_samples=640, guard_window=2)
+    # a measured profile (no budget: the efficient order), so that the guard, not the predicted way's
+    # confirmation, meets the hot board
+    instr = instructions(budget_samples=640, guard_window=2, profiling_budget=0.0)
     _, report = client_round.train_round(settings, instr, initial_state(), data, device_seed=1)
+    assert report.profiling_choice == "efficient"
     assert report.step_downs, "the hot board must be stepped down"
     assert report.step_downs[0]["old_hz"] == report.frequency_hz
     for earlier, later in pairwise(report.step_downs):
@@ -210,3 +213,28 @@ def test_a_guarded_run_killed_after_step_downs_resumes_where_the_guard_had_stepp
     assert downs == whole_downs and hz == whole_hz < selected
     same = ("samples", "device_seconds", "energy_j", "peak_power_w", "curve")
     assert [getattr(resumed, k) for k in same] == [getattr(whole, k) for k in same]
+
+
+def test_a_hot_board_under_the_predicted_way_trains_at_the_pair_its_confirmation_measured_under_the_cap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The default budget on a short task: the prediction's choice is pinned and measured by the first
+    steps; on a board 30 % hotter than its model the confirmation drops it and the pairs after it until
+    one is measured under the cap, and the report names that pair (the guard then has nothing to do)."""
+    settings = resolve_node({"partition-id": 0, "num-partitions": 3}, RUN_CONFIG)  # sim:jetson-nano @ 3 W
+    data = load_local_data(data_plan(settings, RUN_CONFIG, 64))
+
+    def open_hot(spec: str, *, seed: int = 0, pin: bool | None = None):
+        return SimulatedBoard.open("jetson-nano", seed=seed, power_scale=1.3)
+
+    # no checkpoint: the cold run's end state would answer the same work sent again without training
+    instr = instructions(budget_samples=640, guard_window=2, checkpoint_every_samples=0)
+    _, cold = client_round.train_round(settings, instr, initial_state(), data, device_seed=1)
+    monkeypatch.setattr(client_round, "open_device", open_hot)
+    _, hot = client_round.train_round(settings, instr, initial_state(), data, device_seed=1)
+    assert cold.profiling_choice == hot.profiling_choice == "predicted" and hot.profiling_seconds == 0.0
+    assert (hot.batch_size, hot.frequency_hz) != (cold.batch_size, cold.frequency_hz)
+    workload = model_workload("cnn-tiny", build_model("cnn-tiny", 10, seed=0))
+    hot_peak = 1.3 * predicted_point(NANO, workload, hot.batch_size, hot.frequency_hz, 1000).peak_power_w
+    assert hot_peak <= 3.0 and hot.step_downs == []
+    assert hot.samples == cold.samples == 640  # the measuring steps trained

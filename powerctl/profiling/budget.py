@@ -1,34 +1,35 @@
 """Profiling that pays for itself: a client holds its profiling to a share of the training it serves.
 
 On the paper's boards profiling costs 1.9–6 % of training; on a short task the same profile can cost more
-than the training itself, and then it never pays back. So before it profiles, a client predicts
+than the training itself, and then it never pays back. So before it profiles, a client predicts, from a
+predicted profile of the board (a simulated board's model, or a measured profile of the same board kind
+completed by `powerctl.profiling.fit`),
 
 - its **training**: samples to the target (the relation vector's absolute samples, within the round's
-  sample budget) at the seconds per sample of ONE measured step, and
-- what each way of profiling would **cost**: the profiler itself is walked over a predicted profile of the
-  board (`ReplayBoard`: a simulated board's model, or a measured profile of the same board kind completed
-  by `powerctl.profiling.fit`), so the cost predicted is that of the very points the order would measure,
+  sample budget) at the seconds per sample of the predicted profile's choice, and
+- what each way of profiling would **cost**: the profiler itself is walked over the prediction
+  (`ReplayBoard`), so the cost predicted is that of the very points the order would measure,
 
 and takes the most thorough way whose cost stays within `share` × the predicted training
 (docs/design/profiling-budget.md):
 
 1. the instructed order (`efficient`: each batch size up to the cap; `grid`),
 2. `fitted`: a few points, a fit, the choice confirmed by measuring (`powerctl.profiling.profiler`),
-3. `predicted`: Algorithm 1 on the predicted profile, and only its pair measured — the confirmation. A
-   pair measured over the cap is dropped and the next best predicted pair measured, until one is measured
-   under it. The profile's `points` are what was measured and the prediction goes to `predicted`, so, as
-   with the fitted order, nothing that was not measured under the cap is ever pinned.
+3. `predicted`: Algorithm 1 on the predicted profile, its choice pinned and measured by the training's
+   own first steps (`powerctl.selection.confirm`): a pair measured over the cap is dropped and the next
+   best predicted pair pinned and measured, until the choice is a measured pair under the cap. Those
+   steps train, so this way costs no device time beside the training: it always fits the budget.
 
-When even the least way exceeds the budget, the least is taken: the confirmation is what keeps the cap.
-Without a predicted profile the client cannot take the third way; it bounds the instructed order's cost
-by the whole grid scaled from the measured step (time ∝ b / f) and otherwise profiles the fitted order.
+Without a predicted profile the client cannot take the third way: it measures one step at a safe pair,
+bounds the instructed order's cost by the whole grid scaled from it (time ∝ b / f) and otherwise profiles
+the fitted order (the least it can do, even over the budget: the fitted order's confirmation keeps the cap).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any, TypeVar
 
 from powerctl.devices.base import Device, PowerSampler, PowerSamples
@@ -44,7 +45,7 @@ from powerctl.selection.joint import select
 T = TypeVar("T")
 
 PREDICTED = "predicted"
-"""The least way: the predicted profile's choice, confirmed by measuring it (and nothing else)."""
+"""The least way: the predicted profile's choice, confirmed by the training's first steps."""
 FITTED = "fitted"
 BOARD_MODEL = "the simulated board's model"
 """`predicted_from` of a simulated board's prediction."""
@@ -288,83 +289,40 @@ def choose_way(ways: Sequence[str], costs_s: Mapping[str, float], budget_s: floa
     return ways[-1]
 
 
-@dataclass
-class _Confirmation:
-    """The predicted way's walk: Algorithm 1 on the prediction, with every measured pair standing for
-    itself, until its choice is a measured pair (under the cap, as every selection is)."""
+CONFIRM_KEY = "confirm"
+"""`Profile.extra` key of the predicted way's profile: where its choice is measured."""
+IN_TRAINING = "training"
+"""The predicted way's choice is measured by the training's first steps (`powerctl.selection.confirm`)."""
 
-    profiler: Profiler
-    prediction: Profile
-    relation: RelationVector
-    cap: float | None
-    rule: str
-    measured: dict[tuple[int, int], ProfilePoint] = field(default_factory=dict)
-    gone: set[int] = field(default_factory=set)
-    """Batch sizes that did not fit when measured."""
 
-    def merged(self) -> Profile:
-        points = [
-            self.measured.get((p.batch_size, p.frequency_hz), p)
-            for p in self.prediction.points
-            if p.batch_size not in self.gone
-        ]
-        points += [p for key, p in self.measured.items() if self.prediction.point(*key) is None]
-        return replace(self.prediction, points=points)
+def confirmed_in_training(profile: Profile) -> bool:
+    """Whether `profile` is the predicted way's: its points are the board's prediction, and the pair
+    chosen from them is measured by the training's first steps before it is kept."""
+    return profile.extra.get("order") == PREDICTED and profile.extra.get(CONFIRM_KEY) == IN_TRAINING
 
-    def next_pair(self) -> tuple[int, int] | None:
-        """The pair to measure next, or None when the choice is measured (or nothing is feasible)."""
-        try:
-            sel = select(self.merged(), self.relation, self.cap, rule=self.rule)
-        except InfeasibleCapError:
-            return None
-        pair = (sel.batch_size, sel.frequency_hz)
-        return None if pair in self.measured else pair
 
-    def measure(self, pair: tuple[int, int]) -> ProfilePoint | None:
-        point = self.profiler.measure(*pair)
-        if point is None:
-            self.gone.add(pair[0])
-        else:
-            self.measured[pair] = point
-        return point
-
-    def first(self) -> ProfilePoint | None:
-        """Measure the prediction's choice (the next one if it does not fit): the measured step."""
-        while (pair := self.next_pair()) is not None:
-            if (point := self.measure(pair)) is not None:
-                return point
-        return None
-
-    def run(self) -> None:
-        for _ in range(len(self.prediction.points) + 1):  # each pass measures a new pair: bounded
-            pair = self.next_pair()
-            if pair is None:
-                return
-            self.measure(pair)
-
-    def profile(
-        self, device: Device, workload: Workload, samples: int, power_cap_w: float | None, source: str
-    ) -> Profile:
-        """The measured pairs as the profile's points, the rest of the prediction as `predicted`."""
-        measured = sorted(self.measured.values(), key=lambda p: (p.batch_size, p.frequency_hz))
-        predicted = [p for p in self.prediction.points if (p.batch_size, p.frequency_hz) not in self.measured]
-        return Profile(
-            device=device.board,
-            model=workload.model,
-            input_shape=list(workload.input_shape),
-            samples=samples,
-            points=measured,
-            predicted=predicted,
-            skipped=[{"batch_size": b, "reason": why} for b, why in sorted(self.profiler.skipped.items())],
-            extra={
-                "order": PREDICTED,
-                "power_cap_w": power_cap_w,
-                "predicted_from": source,
-                "warmup_steps": self.profiler.warmup_steps,
-                "measure_steps": self.profiler.measure_steps,
-                "workload": workload.to_dict(),
-            },
-        )
+def to_confirm(
+    prediction: Profile, workload: Workload, request: ProfilingRequest, device: Device, source: str
+) -> Profile:
+    """The predicted way's profile: the prediction's points, to be confirmed in training (no device
+    time spent on it before training)."""
+    return Profile(
+        device=device.board,
+        model=workload.model,
+        input_shape=list(workload.input_shape),
+        samples=request.samples,
+        points=list(prediction.points),
+        profiling_seconds=0.0,
+        extra={
+            "order": PREDICTED,
+            CONFIRM_KEY: IN_TRAINING,
+            "power_cap_w": request.power_cap_w,
+            "predicted_from": source,
+            "warmup_steps": request.warmup_steps,
+            "measure_steps": request.measure_steps,
+            "workload": workload.to_dict(),
+        },
+    )
 
 
 def still_enough(
@@ -433,27 +391,33 @@ def profile_within_budget(
     reference_hz: int | None = None,
     progress: bool = False,
 ) -> tuple[Profile, ProfilingPlan]:
-    """Measure one step, predict the training and each way's cost, profile the most thorough way within
-    `request.share` of the training (see the module docstring). `prediction`: the board's predicted
-    profile (None: nothing predicts it), `predicted_from` where it came from; `reference_hz`: the
-    measured step's frequency when there is no prediction (the board's state-of-practice frequency for
-    the cap: safe; default the lowest). The profile's `profiling_seconds` include the measured step; its
-    `extra["budget"]` is the plan."""
+    """Predict the training and each way's cost, profile the most thorough way within `request.share`
+    of the training (see the module docstring). `prediction`: the board's predicted profile (None:
+    nothing predicts it), `predicted_from` where it came from. With a prediction nothing is measured
+    before the choice: the training and the costs are the prediction's, and the predicted way spends no
+    device time here (its choice is confirmed by the training's first steps: `to_confirm`). Without one,
+    one step is measured at `reference_hz` (the board's state-of-practice frequency for the cap: safe;
+    default the lowest) and predicts the training. The profile's `profiling_seconds` include that step;
+    its `extra["budget"]` is the plan."""
     order, power_cap_w, relation = request.order, request.power_cap_w, request.relation
     table = device.frequencies()
     sizes = sorted(set(request.batch_sizes) & set(relation.batch_sizes), reverse=True)
     samples_to_target = relation.samples_map()
-    profiler = request.profiler(device, workload, make_step)
+    profiler = request.profiler(device, workload, make_step)  # refuses a device without a knob or sensor
     ways = [order] + [w for w in (FITTED, PREDICTED) if w != order]
     if prediction is not None:
         prediction = replace(prediction, points=[p for p in prediction.points if p.batch_size in sizes])
     with restore_on_exit(device):
         start = device.clock()
-        confirm = None
+        ref_point: ProfilePoint | None = None
         if prediction is not None and prediction.points:
-            confirm = _Confirmation(profiler, prediction, relation, power_cap_w, request.rule)
-            ref_point = confirm.first()
+            try:
+                sel = select(prediction, relation, power_cap_w, rule=request.rule)
+                ref_point = prediction.point(sel.batch_size, sel.frequency_hz)
+            except InfeasibleCapError:
+                ref_point = None
         else:
+            prediction = None
             ways = [w for w in ways if w != PREDICTED]
             hz = reference_hz if reference_hz is not None else table[0]
             ref_point = next((p for b in sizes if (p := profiler.measure(b, hz)) is not None), None)
@@ -465,13 +429,12 @@ def profile_within_budget(
             training = predicted_training_s(
                 samples_to_target, ref_point, request.max_samples, request.max_training_s
             )
-            costs = _costs(ways, confirm, ref_point, spent, workload, request, table, sizes)
+            costs = _costs(ways, prediction, ref_point, spent, workload, request, table, sizes)
         budget = request.share * training
         choice = choose_way(ways, costs, budget)
         if choice == PREDICTED:
-            assert confirm is not None
-            confirm.run()
-            profile = confirm.profile(device, workload, request.samples, power_cap_w, predicted_from)
+            assert prediction is not None
+            profile = to_confirm(prediction, workload, request, device, predicted_from)
         else:
             profile = profiler.run(
                 sizes,
@@ -480,7 +443,7 @@ def profile_within_budget(
                 relation=relation.as_map() if choice == FITTED else None,
                 progress=progress,
             )
-        extra_points = 0 if choice == PREDICTED or training == 0 else 1  # the measured step
+        measured_step = prediction is None and training > 0
         profile.profiling_seconds = device.clock() - start
         plan = ProfilingPlan(
             choice=choice,
@@ -489,9 +452,9 @@ def profile_within_budget(
             budget_s=budget,
             costs_s=costs,
             reference=(ref_point.batch_size, ref_point.frequency_hz),
-            predicted_from=predicted_from if confirm is not None else "",
+            predicted_from=predicted_from if prediction is not None else "",
             spent_s=profile.profiling_seconds,
-            points=len(profile.points) + extra_points,
+            points=(0 if choice == PREDICTED else len(profile.points)) + int(measured_step),
         )
         profile.extra["budget"] = plan.to_dict()
         return profile, plan
@@ -499,7 +462,7 @@ def profile_within_budget(
 
 def _costs(
     ways: list[str],
-    confirm: _Confirmation | None,
+    prediction: Profile | None,
     ref_point: ProfilePoint,
     spent: float,
     workload: Workload,
@@ -507,22 +470,19 @@ def _costs(
     table: list[int],
     sizes: list[int],
 ) -> dict[str, float]:
-    """Each way's predicted device seconds, the measured step (`spent`) included: walked over the
-    prediction, its times scaled by what the measured step found; without one, the instructed order's
-    grid bound only."""
+    """Each way's predicted device seconds before training: walked over the prediction (the predicted
+    way: none, its choice is measured by the training); without one, the measured step (`spent`) and
+    the instructed order's grid bound only."""
     order, steps_per_point = request.order, request.warmup_steps + request.measure_steps
-    if confirm is None:
+    if prediction is None:
         if order == FITTED:
             return {}
         return {order: spent + grid_bound_s(ref_point, table, sizes, steps_per_point)}
-    prediction = confirm.prediction
-    guess = prediction.point(ref_point.batch_size, ref_point.frequency_hz)
-    scale = ref_point.seconds_per_batch / guess.seconds_per_batch if guess else 1.0
     costs = {}
     for way in ways:
-        if way == PREDICTED:  # measured already when its choice is confirmed; else about one more point
-            costs[way] = spent if confirm.next_pair() is None else 2 * spent
+        if way == PREDICTED:
+            costs[way] = 0.0
             continue
         seconds, _ = order_cost(prediction, workload, way, request, frequencies=table, batch_sizes=sizes)
-        costs[way] = spent + seconds * scale
+        costs[way] = seconds
     return costs

@@ -1,0 +1,193 @@
+"""The predicted way's confirmation, made by the training's own first steps.
+
+A client whose profiling budget pays for nothing but the predicted way (a short task,
+docs/design/profiling-budget.md) pins its predicted profile's choice at once. Its first
+`warmup_steps + measure_steps` training steps at that pair are the measurement the profiler would have
+made there before training (the peak power over the measured steps, their seconds per step): they train,
+so the confirmation costs what measuring adds and not their seconds. A pair measured over the cap (or
+slower than another pair now ranks) is dropped as the profiler's walk would drop it: Algorithm 1 runs
+again on the prediction with every measured pair standing for itself, and the next choice is pinned and
+measured, until the choice is a measured pair under the cap. From then on the power guard watches, as for
+any pinned pair. Nothing predicted over the cap is pinned; a predicted pair measured over it runs only for
+the steps that measured it — what the profiler's confirmation ran too.
+
+The training loop meets it as a step hook (the shape `powerfed.training.finetune.StepHook` asks for).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from powerctl.errors import InfeasibleCapError, PowerctlError
+from powerctl.records.pick import Pick
+from powerctl.records.profile import Profile, ProfilePoint
+
+if TYPE_CHECKING:  # annotations only
+    from powerctl.devices.base import Device, PowerSamples
+    from powerctl.selection.guard import PowerGuard
+
+Choose = Callable[[Profile], Pick]
+"""The method's rule over a profile (Algorithm 1 under the cap): what is pinned next."""
+
+
+class NothingConfirmed(PowerctlError):
+    """Every pair the prediction offered was measured over the cap: training stops rather than exceed it."""
+
+
+@dataclass(frozen=True)
+class Switch:
+    """One pair dropped by its measurement: at `device_seconds` of training, `old` → `new` (b, Hz)."""
+
+    device_seconds: float
+    old: tuple[int, int]
+    new: tuple[int, int]
+    measured_w: float
+    power_cap_w: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class TrainingConfirmation:
+    """Measures the pair in force over the training's first steps and re-picks until the choice is a
+    measured pair under the cap (see the module doc); then hands every step to `guard`."""
+
+    def __init__(
+        self,
+        device: Device,
+        prediction: Profile,
+        choose: Choose,
+        power_cap_w: float,
+        first: Pick,
+        *,
+        warmup_steps: int,
+        measure_steps: int,
+        guard: PowerGuard | None = None,
+    ) -> None:
+        if measure_steps < 1 or warmup_steps < 0:
+            raise ValueError(f"confirmation needs ≥ 1 measured step, got {warmup_steps}+{measure_steps}")
+        self.device, self.prediction, self.choose = device, prediction, choose
+        self.power_cap_w, self.guard = power_cap_w, guard
+        self.warmup_steps, self.measure_steps = warmup_steps, measure_steps
+        self.pick = first
+        self.measured: dict[tuple[int, int], ProfilePoint] = {}
+        self.switches: list[Switch] = []
+        self.confirmed = False
+        self._pending_batch: int | None = None
+        self._steps = 0
+        self._since = 0.0
+        """Training device seconds when the pair in force started its measured steps."""
+        self._peaks: list[float] = []
+        self._means: list[float] = []
+
+    @property
+    def batch_size(self) -> int:
+        return self.pick.batch_size
+
+    @property
+    def frequency_hz(self) -> int:
+        if self.confirmed and self.guard is not None:
+            return int(self.guard.frequency_hz)
+        return self.pick.frequency_hz
+
+    def merged(self) -> Profile:
+        """The prediction with every measured pair standing for itself."""
+        points = [self.measured.get((p.batch_size, p.frequency_hz), p) for p in self.prediction.points]
+        return replace(self.prediction, points=points)
+
+    # --- as a training-loop step hook ---------------------------------------------------------------
+    def before_step(self, samples: int) -> int | None:
+        """The batch size of a pair picked after the last measurement, once; else the guard's say."""
+        batch, self._pending_batch = self._pending_batch, None
+        if batch is None and self.confirmed and self.guard is not None:
+            return self.guard.before_step(samples)
+        return batch
+
+    def after_step(self, power: PowerSamples, device_seconds: float) -> None:
+        """Count the step; at the end of the pair's measured steps, measure it and confirm or re-pick."""
+        if self.confirmed:
+            if self.guard is not None:
+                self.guard.after_step(power, device_seconds)
+            return
+        self._steps += 1
+        if self._steps <= self.warmup_steps:
+            self._since = device_seconds
+            return
+        if power:
+            watts = [w for _, w in power]
+            self._peaks.append(max(watts))
+            self._means.append(sum(watts) / len(watts))
+        if self._steps < self.warmup_steps + self.measure_steps:
+            return
+        self._measured(device_seconds)
+
+    def _measured(self, device_seconds: float) -> None:
+        b, hz = self.batch_size, self.pick.frequency_hz
+        per_batch = (device_seconds - self._since) / self.measure_steps
+        peak = max(self._peaks, default=0.0)
+        mean = sum(self._means) / len(self._means) if self._means else 0.0
+        self.measured[(b, hz)] = ProfilePoint(
+            batch_size=b,
+            frequency_hz=hz,
+            peak_power_w=peak,
+            mean_power_w=min(mean, peak),
+            seconds_per_batch=per_batch,
+            seconds_for_samples=per_batch * self.prediction.samples / b,
+        )
+        try:
+            pick = self.choose(self.merged())
+        except InfeasibleCapError as exc:
+            raise NothingConfirmed(
+                f"{self.device.spec}: no pair predicted under the {self.power_cap_w:g} W cap measured under "
+                f"it in training (b={b} at {hz / 1e6:.1f} MHz read {peak:.2f} W): {exc}"
+            ) from None
+        new = (pick.batch_size, pick.frequency_hz)
+        if new == (b, hz):
+            self.confirmed = True
+            if self.guard is not None:
+                self.guard.retarget(self.power_cap_w, hz)
+            return
+        self.switches.append(Switch(device_seconds, (b, hz), new, peak, self.power_cap_w))
+        self.device.pin_frequency(pick.frequency_hz)
+        self.pick, self._pending_batch = pick, pick.batch_size if pick.batch_size != b else None
+        self._steps, self._since, self._peaks, self._means = 0, device_seconds, [], []
+        if self.guard is not None:  # it watches the pair in force once confirmed
+            self.guard.retarget(self.power_cap_w, pick.frequency_hz)
+        self.confirmed = new in self.measured  # measured before, under the cap: nothing to measure again
+
+    def resume_state(self) -> dict[str, Any]:
+        """Where the confirmation stands (JSON): the pair in force, what was measured, the guard's."""
+        return {
+            "pick": asdict(self.pick),
+            "measured": [p.to_dict() for p in self.measured.values()],
+            "switches": [s.to_dict() for s in self.switches],
+            "confirmed": self.confirmed,
+            "steps": self._steps,
+            "since": self._since,
+            "peaks": self._peaks,
+            "means": self._means,
+            "guard": None if self.guard is None else self.guard.resume_state(),
+        }
+
+    def load_resume_state(self, state: dict[str, Any]) -> None:
+        """Continue from `resume_state()`: the board pinned at the pair in force."""
+        self.pick = Pick(**state["pick"])
+        points = [ProfilePoint(**p) for p in state["measured"]]
+        self.measured = {(p.batch_size, p.frequency_hz): p for p in points}
+        self.switches = [
+            Switch(s["device_seconds"], tuple(s["old"]), tuple(s["new"]), s["measured_w"], s["power_cap_w"])
+            for s in state["switches"]
+        ]
+        self.confirmed, self._steps, self._since = (
+            bool(state["confirmed"]),
+            int(state["steps"]),
+            state["since"],
+        )
+        self._peaks, self._means = list(state["peaks"]), list(state["means"])
+        self.device.pin_frequency(self.pick.frequency_hz)
+        if self.guard is not None:
+            self.guard.retarget(self.power_cap_w, self.pick.frequency_hz)
+            if self.confirmed and state["guard"] is not None:  # watching: where it stepped the board
+                self.guard.load_resume_state(state["guard"])
