@@ -5,8 +5,12 @@ For each model, simulated board, power cap (and none), task length and seed, fou
 - efficient: the efficient order measured in full (no cap: the grid), then Algorithm 1 on it;
 - fitted: the fitted order (a few points, a fit, the choice confirmed; `powerctl.profiling.profiler`);
 - budgeted: what a client with `profiling-budget` does (`powerctl.profiling.budget.profile_within_budget`,
-  the function `fl_client.round` calls): one measured step, its training predicted, each way's cost
-  walked over the board model's predicted profile, the most thorough way within the budget;
+  the function `fl_client.round` calls): its training predicted and each way's cost walked over the
+  board model's predicted profile, the most thorough way within the budget; the predicted way's choice
+  is confirmed by the training's first steps, here the client's own hook
+  (`powerctl.selection.confirm.TrainingConfirmation`) driven by no-op steps the board charges: its
+  steps count as training (their samples' share of the way to the target), the rest of the training
+  runs at the pair it ends at;
 - state of practice: no profiling; the largest batch size that fits at the board's fixed frequency for
   the cap (`powerctl.selection.baselines`, the paper's Baseline 1).
 
@@ -46,13 +50,15 @@ from profiling_cost import (
 from powerctl.devices.boards import board_model
 from powerctl.devices.simulated import SimulatedBoard, predicted_profile
 from powerctl.errors import InfeasibleCapError
-from powerctl.profiling.budget import ProfilingRequest, profile_within_budget
+from powerctl.profiling.budget import ProfilingRequest, confirmed_in_training, profile_within_budget
 from powerctl.profiling.profiler import Profiler
 from powerctl.records.profile import Profile
 from powerctl.records.relation import RelationVector
 from powerctl.records.workload import Workload
 from powerctl.selection.baselines import board_fixed_frequency
+from powerctl.selection.confirm import NothingConfirmed, TrainingConfirmation
 from powerctl.selection.joint import select
+from powerfed.training.finetune import POWER_RATE_HZ, TrainingPower
 
 WAYS = ("efficient", "fitted", "budgeted", "state-of-practice")
 VARIANTS = ("as modelled", "off-model")
@@ -119,6 +125,34 @@ def _budgeted(
     return profile, plan.choice
 
 
+def _confirmed(
+    board: str, workload: Workload, seed: int, scale: float, cap: float, rel: RelationVector, profile: Profile
+) -> tuple[int, int, float, float]:
+    """The predicted way's confirmation as the client's training runs it: (b, Hz it ends at, device
+    seconds of its steps, the share of the way to the target those steps trained)."""
+    dev = _board(board, seed, scale)
+    first = select(profile, rel, cap)
+    r, n = rel.as_map(), profile.samples
+    with dev.pinned(first.frequency_hz):
+        confirm = TrainingConfirmation(
+            dev, profile, lambda p: select(p, rel, cap), cap, first,
+            warmup_steps=WARMUP_STEPS, measure_steps=MEASURE_STEPS,
+        )  # fmt: skip
+        power = TrainingPower(dev, POWER_RATE_HZ)
+        power.resume()
+        seconds = share = 0.0
+        b = first.batch_size
+        while not confirm.confirmed:
+            b = confirm.before_step(0) or b
+            t0 = dev.clock()
+            dev.run_step(lambda: None, batch_size=b, workload=workload)
+            seconds += dev.clock() - t0
+            share += b / (r[b] * n)
+            confirm.after_step(power.new_samples(), seconds)
+        power.pause()
+    return confirm.batch_size, confirm.frequency_hz, seconds, share
+
+
 def _relation(model: str, samples_to_target: float) -> RelationVector:
     """bench/paper_tables.py's shape for the model's task (vision for the ResNets and MobileNetV2),
     scaled so the best batch size needs `samples_to_target` samples."""
@@ -128,17 +162,27 @@ def _relation(model: str, samples_to_target: float) -> RelationVector:
 
 
 def _row(
-    cell: dict[str, Any], way: str, share: float | None, profiling_s: float, b: int, hz: int, how: str
+    cell: dict[str, Any],
+    way: str,
+    share: float | None,
+    profiling_s: float,
+    b: int,
+    hz: int,
+    how: str,
+    confirmation: tuple[float, float] = (0.0, 0.0),
 ) -> dict[str, Any]:
+    """One way's row; `confirmation`: (seconds, share of the way to the target) trained by the steps
+    that confirmed the pair in training, the rest trained at (b, hz)."""
     truth: Profile = cell["truth"]
     point = truth.point(b, hz)
     assert point is not None
     cap = cell["cap"]
+    confirm_s, trained = confirmation
     return {k: v for k, v in cell.items() if k not in ("truth", "r", "scale")} | {
         "way": way,
         "share": share,
         "profiling_s": profiling_s,
-        "train_s": point.seconds_for_samples * cell["r"][b],
+        "train_s": confirm_s + max(0.0, 1.0 - trained) * point.seconds_for_samples * cell["r"][b],
         "over": cap is not None and point.peak_power_w * cell["scale"] > cap,
         "choice": f"{b}@{hz / 1e6:.0f}",
         "how": how,
@@ -162,11 +206,13 @@ def _cell_rows(
     for way, way_share, prof, how in runs:
         try:
             sel = select(prof, rel, cap)
-        except InfeasibleCapError:
+            b, hz, confirmation = sel.batch_size, sel.frequency_hz, (0.0, 0.0)
+            if cap is not None and confirmed_in_training(prof):
+                b, hz, *walk = _confirmed(board, workload, seed, scale, cap, rel, prof)
+                confirmation = (walk[0], walk[1])
+        except (InfeasibleCapError, NothingConfirmed):
             continue
-        rows.append(
-            _row(cell, way, way_share, prof.profiling_seconds or 0.0, sel.batch_size, sel.frequency_hz, how)
-        )
+        rows.append(_row(cell, way, way_share, prof.profiling_seconds or 0.0, b, hz, how, confirmation))
     return rows
 
 

@@ -90,7 +90,7 @@ PROFILING_WAYS = {"efficient": "eff", "grid": "grid", "fitted": "fit", "predicte
 
 def profiled_as(client: dict[str, Any]) -> str:
     """ "cached", or the way the client profiled this round (pred: its predicted profile's choice,
-    confirmed by measuring it)."""
+    confirmed by the training's first steps)."""
     if client.get("profile_cached"):
         return "cached"
     way = client.get("profiling_choice") or ""
@@ -125,8 +125,8 @@ def client_table(record: RoundRecord) -> str:
     if any(c.get("profiling_budget_seconds") is not None for c in record.clients):
         lines.append(
             "profiled: eff/grid/fit = that order measured, pred = the predicted profile's choice "
-            "confirmed by measuring it; budget s = profiling-budget × the training predicted before "
-            "profiling"
+            "confirmed by the training's first steps; budget s = profiling-budget × the training "
+            "predicted before profiling"
         )
     return "\n".join(lines)
 

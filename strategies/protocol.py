@@ -561,8 +561,8 @@ class ClientReport:
     line that says what was restored (empty: nothing was)."""
     profiling_choice: str = field(default="", metadata=_kind(TEXT))
     """How the profile was made: the order measured (efficient, grid, fitted), `predicted` (a predicted
-    profile's choice, confirmed by measuring it), `model` (scale mode: the board model's, unmeasured);
-    with `profile_cached`, the way a cached profile was made."""
+    profile's choice, confirmed by the training's first steps), `model` (scale mode: the board model's,
+    unmeasured); with `profile_cached`, the way a cached profile was made."""
     profiling_predicted_from: str = field(default="", metadata=_kind(TEXT))
     """The predicted profile a budgeted client weighed its ways with (the simulated board's model, or a
     profile of the same kind of board measured earlier); empty: none."""

@@ -433,7 +433,8 @@ SETTINGS: dict[str, Setting] = _declare(
         0.01,
         Number(0.0, 1.0),
         "Share of its predicted training a client (ours) may spend profiling: the profile-order if it "
-        "fits, else the fitted order, else its predicted profile's choice, confirmed (0: no budget, "
+        "fits, else the fitted order, else its predicted profile's choice, confirmed by the training's first "
+        "steps (0: no budget, "
         "always the profile-order).",
         BOTH,
         group="profiling",

@@ -71,6 +71,7 @@ def test_a_true_prediction_is_confirmed_by_its_first_steps_and_nothing_moves() -
     assert confirm.confirmed and not confirm.switches and not confirm.guard.step_downs
     ((pair, point),) = confirm.measured.items()
     assert pair == (first.batch_size, first.frequency_hz) and point.peak_power_w <= CAP_W
+    assert confirm.pick.peak_power_w == point.peak_power_w  # the pick reports what was measured
     expected = PREDICTION.point(*pair)
     assert point.seconds_per_batch == pytest.approx(expected.seconds_per_batch)
     assert point.peak_power_w == pytest.approx(expected.peak_power_w)
@@ -89,6 +90,8 @@ def test_a_pair_measured_over_the_cap_runs_only_its_measuring_steps(scale: float
     best = _choose(truth)
     assert confirm.confirmed and confirm.switches
     assert (confirm.batch_size, confirm.frequency_hz) == (best.batch_size, best.frequency_hz)
+    measured = confirm.measured[(best.batch_size, best.frequency_hz)]
+    assert confirm.pick.peak_power_w == measured.peak_power_w <= CAP_W
     assert all(s.measured_w > CAP_W for s in confirm.switches)
     assert [s.new for s in confirm.switches[:-1]] == [s.old for s in confirm.switches[1:]]
     assert _over_cap_segments(timeline) == (WARMUP + MEASURE) * len(confirm.switches)

@@ -145,7 +145,7 @@ class TrainingConfirmation:
             ) from None
         new = (pick.batch_size, pick.frequency_hz)
         if new == (b, hz):
-            self.confirmed = True
+            self.pick, self.confirmed = pick, True  # its peak and time now the measured ones
             if self.guard is not None:
                 self.guard.retarget(self.power_cap_w, hz)
             return
