@@ -57,6 +57,17 @@ def test_a_hand_worked_front() -> None:
         pareto_front(hand_profile(), make_relation({16: 1000.0, 32: 1000.0}), 1.0)
 
 
+def test_of_pairs_tied_at_the_least_energy_the_most_frugal_end_is_the_fastest() -> None:
+    """Two pairs predict the same joules, one in half the time: the slower is dominated, so the front
+    ends at the faster, and so does `most_frugal` (the energy ranking's tie rule, the larger batch,
+    had named the slower one: a hypothesis example)."""
+    #   b32 @300: 40 s, 0.8 W → 32 J;   b16 @600: 20 s, 1.6 W → 32 J (faster, as frugal)
+    profile = make_profile([energy_point(32, 300, 1.0, 0.8, 40.0), energy_point(16, 600, 2.0, 1.6, 20.0)])
+    front = pareto_front(profile, make_relation({16: 1000.0, 32: 1000.0}), None)
+    assert [(s.batch_size, s.frequency_hz // MHZ) for s in front.front] == [(16, 600)]
+    assert front.fastest == front.most_frugal == front.front[0]
+
+
 @settings(max_examples=100, deadline=None)
 @given(profiles(), st.one_of(st.none(), st.floats(1.0, 20.0)))
 def test_the_front_is_exactly_the_non_dominated_pairs(profile: Profile, cap: float | None) -> None:

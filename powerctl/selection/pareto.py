@@ -65,6 +65,8 @@ def pareto_front(profile: Profile, relation: RelationVector, power_cap_w: float 
         # candidates' picks carry their predictions
         if not front or cast(float, s.predicted_energy_j) < cast(float, front[-1].predicted_energy_j):
             front.append(s)
-    # the time-optimal end is the front's first pair: among pairs tied at the least time, the one with
-    # the least energy (Algorithm 1's own tie rule — the larger batch — may pick a dearer one of them)
-    return Front(pairs, front, front[0], rank(profile, relation, power_cap_w, "energy")[0], power_cap_w)
+    # the two ends are the front's: the time-optimal, among pairs tied at the least time, the one with
+    # the least energy (Algorithm 1's own tie rule — the larger batch — may pick a dearer one of them);
+    # the energy-optimal, among pairs tied at the least energy, the fastest (the energy ranking's tie
+    # rule may pick a slower one, which the fastest dominates)
+    return Front(pairs, front, front[0], front[-1], power_cap_w)
