@@ -170,14 +170,7 @@ class Profiler:
         reading = monitor.reading
         assert reading is not None  # the constructor checked for a sensor
         per_batch = (t1 - t0) / self.measure_steps
-        return ProfilePoint(
-            batch_size=batch_size,
-            frequency_hz=hz,
-            peak_power_w=reading.peak_w,
-            mean_power_w=min(reading.mean_w, reading.peak_w),
-            seconds_per_batch=per_batch,
-            seconds_for_samples=per_batch * self.samples / batch_size,
-        )
+        return ProfilePoint.measured(batch_size, hz, reading.peak_w, reading.mean_w, per_batch, self.samples)
 
     def run(
         self,

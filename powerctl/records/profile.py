@@ -33,6 +33,27 @@ class ProfilePoint:
     seconds_for_samples: float
     """T_N(b, f): seconds to process the profile's `samples` at this point."""
 
+    @classmethod
+    def measured(
+        cls,
+        batch_size: int,
+        frequency_hz: int,
+        peak_w: float,
+        mean_w: float,
+        per_batch_s: float,
+        samples: int,
+    ) -> ProfilePoint:
+        """A pair measured over steps: their peak and mean power (the mean no higher than the peak) and
+        seconds per step, T_N for the profile's `samples`."""
+        return cls(
+            batch_size=batch_size,
+            frequency_hz=frequency_hz,
+            peak_power_w=peak_w,
+            mean_power_w=min(mean_w, peak_w),
+            seconds_per_batch=per_batch_s,
+            seconds_for_samples=per_batch_s * samples / batch_size,
+        )
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "batch_size": self.batch_size,

@@ -128,14 +128,7 @@ class TrainingConfirmation:
         per_batch = (device_seconds - self._since) / self.measure_steps
         peak = max(self._peaks, default=0.0)
         mean = sum(self._means) / len(self._means) if self._means else 0.0
-        self.measured[(b, hz)] = ProfilePoint(
-            batch_size=b,
-            frequency_hz=hz,
-            peak_power_w=peak,
-            mean_power_w=min(mean, peak),
-            seconds_per_batch=per_batch,
-            seconds_for_samples=per_batch * self.prediction.samples / b,
-        )
+        self.measured[(b, hz)] = ProfilePoint.measured(b, hz, peak, mean, per_batch, self.prediction.samples)
         try:
             pick = self.choose(self.merged())
         except InfeasibleCapError as exc:
