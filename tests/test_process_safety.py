@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from powerctl.procs import environ
 from simulations.flower_home import MARKER, PREFIX, SCHEMA, FlowerHome, clean_stale_homes
 from simulations.local_superlink import (
     alive,
@@ -55,6 +56,13 @@ def _wait(condition: object, what: str, timeout: float = 60.0) -> None:
         if time.monotonic() > deadline:
             pytest.fail(f"still waiting for {what} after {timeout:.0f} s")
         time.sleep(0.1)
+
+
+def _carries(pid: int, home: Path) -> bool:
+    """Whether the process has exec'd with FLWR_HOME=`home` (between fork and exec /proc shows the
+    parent's environment: a loaded machine makes that window long enough to read)."""
+    env = environ(pid)
+    return env is not None and env.get("FLWR_HOME") == str(home)
 
 
 @contextlib.contextmanager
@@ -298,7 +306,7 @@ def test_the_next_start_cleans_up_what_a_killed_launcher_left(tmp_path: Path) ->
         data = json.loads((home / MARKER).read_text())
         data["processes"] = [[recorded.pid, ticks[recorded.pid]], [reused.pid, ticks[reused.pid] + 1]]
         (home / MARKER).write_text(json.dumps(data))
-        _wait(lambda: all(proc_stat(p.pid) for p in (run, recorded)), "the processes")
+        _wait(lambda: _carries(run.pid, home) and proc_stat(recorded.pid), "the processes")
         live = FlowerHome.create(base)  # a launcher alive now: its home and its run are left alone
         with _started(
             SLEEPER, env={**os.environ, "FLWR_HOME": str(live.path)}, start_new_session=True
@@ -318,7 +326,7 @@ def test_a_home_without_a_record_is_cleaned_by_its_flower_home_mark(tmp_path: Pa
     home = base / f"{PREFIX}old"
     home.mkdir(parents=True)
     with _started(SLEEPER, env={**os.environ, "FLWR_HOME": str(home)}, start_new_session=True) as run:
-        _wait(lambda: proc_stat(run.pid), "the process")
+        _wait(lambda: _carries(run.pid, home), "the process's exec")  # before exec it has our environment
         assert clean_stale_homes(base) == [(home, None, [run.pid])]
         assert not alive(run.pid) and not home.exists()
 
