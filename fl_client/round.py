@@ -423,7 +423,8 @@ def budgeted(work: RoundWork) -> bool:
 def measured_profile_step(work: RoundWork, relation: RelationVector) -> Profiled:
     """The device's profile for this model, from the cache or measured now (and cached); a device
     without a knob or a sensor is refused by the profiler with one line. Ours with a profiling budget
-    (`budgeted`) measures only what its predicted training pays for (`budgeted_profile`)."""
+    (`budgeted`) measures only what its predicted training pays for (`budgeted_profile`); a baseline on
+    a simulated board takes the board's model, measuring nothing (it is charged no profiling)."""
     instr = work.instr
     order, order_cap = profile_order(instr, work.caps)
     fitted_relation = relation.as_map() if order == "fitted" else None
@@ -451,6 +452,12 @@ def measured_profile_step(work: RoundWork, relation: RelationVector) -> Profiled
 
         if budgeted(work):
             return budgeted_profile(work, dev, key, relation, step_factory)
+        if not method_named(instr.method).power_aware and isinstance(dev, SimulatedBoard):
+            # a baseline is charged no profiling; on a simulated board the board's model is what its
+            # readings are drawn from: read, not measured (the paper's baselines do not profile)
+            workload, _ = step_factory()
+            model = predicted_profile(dev.board, workload, relation.batch_sizes, instr.profile_samples)
+            return Profiled(model, False, dev.board, dev.recovered or "")
 
         def measure() -> Profile:
             workload, make_step = step_factory()

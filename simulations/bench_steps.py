@@ -86,6 +86,12 @@ def predicted_profile_step(work: RoundWork, relation: RelationVector) -> Profile
         return Profiled(profile, True, dev.board, dev.recovered or "")
 
 
+PRUNE_MARGIN = 0.25
+"""The oracle's search stops a batch size's run once it has trained this share more samples than would
+tie the fastest batch size measured so far (plus one evaluation interval, for the crossing read between
+evaluations): past that it cannot be chosen, whatever the rest of its run would show."""
+
+
 def oracle_search(work: RoundWork, profile: Profile, relation: RelationVector, train: TrainStep) -> Chosen:
     """The oracle: fine-tune this client's own data at every batch size (each at its fastest feasible
     frequency under the cap; under a cap that changes, at the board's lowest frequency, safe under any
@@ -93,39 +99,75 @@ def oracle_search(work: RoundWork, profile: Profile, relation: RelationVector, t
     (`powerctl.selection.baselines.oracle`). Samples to the target are the interpolated crossing of a run that
     evaluates densely enough (`powerfed.training.crossing.run_dense`: at least 8 evaluations before it), as on
     the server's proxy. Batch sizes that miss the target within the budget are left out of the own-data
-    relation (when none reaches it, every run counts with the samples it used)."""
+    relation (when none reaches it, every run counts with the samples it used).
+
+    The fleet's search is pruned: the batch sizes run in the order the proxy's relation predicts
+    fastest first, and a later one's run stops once it has trained `PRUNE_MARGIN` more samples (and one
+    evaluation interval) than would tie the fastest measured so far at its pair's time per sample: it is
+    left out as a miss is, its samples reported apart (`oracle_stopped_at_samples`). A run that reaches
+    the target is the unpruned run (the budget only ends a run; it does not change its steps). The demo
+    searches in full: it shows every batch size's own-data samples."""
+    return _search(work, profile, relation, train, prune=True)
+
+
+def full_oracle_search(
+    work: RoundWork, profile: Profile, relation: RelationVector, train: TrainStep
+) -> Chosen:
+    """The oracle's search with every batch size run to the target or the budget (the demo's: it shows
+    each one's own-data samples)."""
+    return _search(work, profile, relation, train, prune=False)
+
+
+def _search(
+    work: RoundWork, profile: Profile, relation: RelationVector, train: TrainStep, *, prune: bool
+) -> Chosen:
+    """`oracle_search`, pruned or in full."""
     cap = work.cap_at_start if work.caps.is_constant else None
     if work.caps.is_constant:
-        pairs = {b: p.frequency_hz for b, p in best_frequency_per_batch(profile, cap).items()}
+        points = best_frequency_per_batch(profile, cap)
     else:
         lowest = profile.frequencies()[0]
-        pairs = {b: lowest for b in profile.batch_sizes()}
+        points = {b: p for b in profile.batch_sizes() if (p := profile.point(b, lowest)) is not None}
+    r = relation.as_map()
+    order = sorted((b for b in points if b in r), key=lambda b: (r[b] * points[b].seconds_per_batch / b, -b))
     search_work = replace(work, caps=ConstantCap(cap), on_step=None)
     runs: dict[tuple[int, int], Trained] = {}
     samples: dict[int, float] = {}
     missed: dict[int, float] = {}
+    stopped: dict[int, float] = {}
     spent_s = 0.0
-    for b, hz in pairs.items():
-        if b not in relation.batch_sizes:
-            continue
+    fastest_s = math.inf  # the fastest measured batch size's samples to target × its seconds per sample
+    for b in order:
+        hz, per_sample_s = points[b].frequency_hz, points[b].seconds_per_batch / b
+        every = work.instr.eval_every_samples
+        budget = work.instr.budget_samples
+        stop_at = _stop_at(fastest_s / per_sample_s, every) if prune and math.isfinite(fastest_s) else None
+        if stop_at is not None and (not budget or stop_at < budget):
+            budget = stop_at
+        else:
+            stop_at = None
         rule = PinnedRule(b, hz, profile, relation)
         tried: dict[int, Trained] = {}
 
-        def run(every: int, rule: PinnedRule = rule, tried: dict[int, Trained] = tried) -> FineTuneResult:
-            instr = replace(work.instr, eval_every_samples=every)
+        def run(
+            every: int, rule: PinnedRule = rule, tried: dict[int, Trained] = tried, budget: int = budget
+        ) -> FineTuneResult:
+            instr = replace(work.instr, eval_every_samples=every, budget_samples=budget)
             tried[every] = train(replace(search_work, instr=instr), rule)
             return tried[every].result
 
-        every = work.instr.eval_every_samples
         result, crossing, _ = run_dense(
             run, batch_size=b, eval_every_samples=every, target=work.instr.target_accuracy
         )
         spent_s += sum(t.result.device_seconds for t in tried.values())
-        if every in tried:  # a run like any method's: the chosen pair may reuse it
+        if every in tried and (stop_at is None or result.reached):  # a run like any method's: reusable
             runs[(b, hz)] = tried[every]
         # samples to target: the interpolated crossing (0 before training: about nothing, 1 sample)
         if result.reached and crossing is not None:
             samples[b] = max(crossing, 1.0)
+            fastest_s = min(fastest_s, samples[b] * per_sample_s)
+        elif stop_at is not None and result.samples >= stop_at:
+            stopped[b] = float(result.samples)
         else:
             missed[b] = max(float(result.samples), 1.0)
     if not samples and not missed:
@@ -137,8 +179,15 @@ def oracle_search(work: RoundWork, profile: Profile, relation: RelationVector, t
     measured = BenchReport(
         oracle_samples_to_target={str(b): s for b, s in own.samples_map().items()},
         oracle_search_device_seconds=spent_s,
+        oracle_stopped_at_samples={str(b): s for b, s in sorted(stopped.items())} or None,
     )
     return Chosen(chosen, runs=runs, bench=measured)
+
+
+def _stop_at(tie_samples: float, every: int) -> int:
+    """Where a pruned search run stops: `PRUNE_MARGIN` past the samples that would tie the fastest, on
+    the evaluation grid, plus one interval (the crossing is read between the evaluations around it)."""
+    return (math.ceil(tie_samples * (1 + PRUNE_MARGIN) / every) + 1) * every
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from powerctl.files.jsonfile import write_json
 from powerctl.selection.baselines import predict
 from powerctl.selection.methods import METHODS, method_named
 from powerctl.selection.names import OURS
-from simulations.bench_steps import oracle_search
+from simulations.bench_steps import full_oracle_search
 from simulations.demo_config import DEMO_NODE, DemoConfig
 
 if TYPE_CHECKING:
@@ -158,7 +158,7 @@ def run_demo(cfg: DemoConfig, out: Path, say: Say = say_on_stderr) -> dict[str, 
         say(f"{method}:")
         steps = RoundSteps(
             profile=lambda _w, _r: profiled,
-            choose=oracle_search if method_named(method).searches_own_data else method_step,
+            choose=full_oracle_search if method_named(method).searches_own_data else method_step,
             train=shared,
         )
         outcomes[method] = run_round(replace(work, instr=replace(work.instr, method=method)), steps)

@@ -630,6 +630,12 @@ class BenchReport:
         default=None, metadata=_kind(NUMBER, after="meets_deadline_predicted")
     )
     """The oracle: device seconds its own-data search took (reported apart, never charged)."""
+    oracle_stopped_at_samples: dict[str, float] | None = field(
+        default=None,
+        metadata=_kind(_Json(_samples_by_batch, "a JSON object"), after="meets_deadline_predicted"),
+    )
+    """The oracle: batch sizes whose search run was stopped once it could no longer be the fastest
+    (`simulations.bench_steps.PRUNE_MARGIN`), with the samples each had trained."""
 
     def merged(self, other: BenchReport | None) -> BenchReport:
         """This record with what `other` measured (its fields not at their defaults) over it."""

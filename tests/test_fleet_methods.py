@@ -15,7 +15,7 @@ from powerctl.devices.boards import board_model
 from powerctl.devices.simulated import predicted_profile, replay_cost
 from powerctl.records.relation import RelationVector
 from powerctl.selection.baselines import oracle, proxy_batch, state_of_practice
-from powerctl.selection.joint import select
+from powerctl.selection.joint import best_frequency_per_batch, select
 from powerctl.selection.methods import ORACLE, method_named
 from powerfed.training.models import build_model, model_workload
 from strategies.methods import for_method, trains_real_model
@@ -85,6 +85,45 @@ def test_the_oracle_measures_samples_to_target_on_its_own_data_then_asks_powerct
     # samples to target are the interpolated crossing, within the evaluation interval before the run stops
     crossing = measured[report.batch_size]
     assert report.reached_target and report.samples - instr.eval_every_samples < crossing <= report.samples
+
+
+def test_the_fleets_oracle_stops_a_batch_size_that_can_no_longer_win_and_chooses_as_the_full_search(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Real fine-tunes of cnn-tiny at b = 4, 8, 16: the pruned search (the fleet's) and the full one (the
+    demo's) choose the same pair; what the pruned one stopped it stopped short of where the full run
+    crossed, past the samples that would tie the fastest, and it trained fewer samples in all."""
+    from simulations import bench_steps
+
+    sizes = [4, 8, 16]
+    instr = instructions(
+        method="oracle",
+        profile_source="predicted",
+        target_accuracy=0.3,
+        budget_samples=2048,
+        eval_every_samples=32,
+        relation_batch_sizes=sizes,
+        relation_samples=[300.0, 300.0, 300.0],
+    )
+    _, _, pruned = _round(instr, tmp_path / "pruned")
+    monkeypatch.setattr(bench_steps, "oracle_search", bench_steps.full_oracle_search)
+    _, _, full = _round(instr, tmp_path / "full")
+    assert (pruned.batch_size, pruned.frequency_hz) == (full.batch_size, full.frequency_hz)
+    assert pruned.samples == full.samples and pruned.device_seconds == full.device_seconds  # the same run
+    crossed = {int(b): s for b, s in full.bench.oracle_samples_to_target.items()}
+    kept = {int(b): s for b, s in pruned.bench.oracle_samples_to_target.items()}
+    stopped = {int(b): s for b, s in (pruned.bench.oracle_stopped_at_samples or {}).items()}
+    assert stopped and full.bench.oracle_stopped_at_samples is None and set(crossed) == set(sizes)
+    assert set(kept) | set(stopped) == set(sizes) and not set(kept) & set(stopped)
+    assert all(kept[b] == crossed[b] for b in kept)  # a run that reached is the unpruned run
+    profile = _predicted(sizes)
+    points = best_frequency_per_batch(profile, CAP_W)
+    per_sample = {b: points[b].seconds_per_batch / b for b in sizes}
+    fastest_s = min(kept[b] * per_sample[b] for b in kept)
+    for b, trained in stopped.items():
+        assert trained < crossed[b]  # stopped before its full run crossed ...
+        assert trained * per_sample[b] > fastest_s * (1 + bench_steps.PRUNE_MARGIN)  # ... where it had lost
+    assert pruned.bench.oracle_search_device_seconds < full.bench.oracle_search_device_seconds
 
 
 def test_a_stand_in_selects_for_real_but_charges_the_board_model_and_returns_the_weights(
