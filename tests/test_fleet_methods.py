@@ -67,6 +67,29 @@ def test_each_method_picks_what_powerctl_says_for_that_profile_and_cap(method: s
     assert (report.frequency_hz > fixed) if method == "ours" else (report.frequency_hz == fixed)
 
 
+@pytest.mark.parametrize("method", ["state-of-practice", "proxy-batch"])
+def test_a_baseline_on_a_simulated_board_reads_its_model_and_measures_nothing(
+    method: str, tmp_path: Path
+) -> None:
+    """The baselines are charged no profiling and pick by batch size and fixed frequency: on a simulated
+    board they take the board's model as their profile (no profile measured, none cached) and pick what
+    they pick from it; ours, under the same instructions, still profiles."""
+    instr = instructions(method=method, relation_samples=[300.0, 600.0])  # profile-source: measured
+    assert instr.profile_source == "measured"
+    _, _, report = _round(instr, tmp_path)
+    profile, relation = _predicted([8, 16]), instr.relation()
+    expected = (
+        state_of_practice(profile, CAP_W)
+        if method == "state-of-practice"
+        else proxy_batch(profile, relation, CAP_W)
+    )
+    assert (report.batch_size, report.frequency_hz) == (expected.batch_size, expected.frequency_hz)
+    assert report.profiling_choice == "model" and report.profiling_seconds == 0.0
+    assert report.profile_points == len(profile.points) and not list(tmp_path.rglob("*.json"))
+    _, _, ours = _round(instructions(method="ours"), tmp_path / "ours")
+    assert ours.profiling_choice != "model" and list((tmp_path / "ours").rglob("*.json"))
+
+
 def test_the_oracle_measures_samples_to_target_on_its_own_data_then_asks_powerctl(tmp_path: Path) -> None:
     instr = instructions(
         method="oracle",
