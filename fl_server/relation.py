@@ -68,6 +68,7 @@ from powerfed.training.finetune import (
     FineTuneResult,
     TrainToTarget,
     UserFunctions,
+    eval_subset,
     fine_tune,
 )
 from powerfed.training.lr import LR_RULES, scaled_lr
@@ -80,6 +81,7 @@ from powerfed.training.models import (
     model_spec,
 )
 from powerfed.training.numerics import numerics_key
+from powerfed.training.trace import StepTrace
 from strategies.settings import run_default
 
 log = logging.getLogger(__name__)
@@ -420,20 +422,44 @@ def run_to_target(
     runs the steps (default: this host on `runs.device`)."""
     host = host or HostDevice(runs.device, torch_device=runs.device)
     callbacks = FineTuneCallbacks(progress=progress, desc=f"b={config.batch_size} seed={config.seed}")
+    traced: list[tuple[StepTrace, FineTuneResult]] = []  # the last trained run, with its weights per step
+    traceable = (
+        runs.user.make_step is None
+        and config.max_device_seconds is None
+        and config.target_accuracy is not None
+        and config.eval_every_samples is not None
+    )
 
     def run(every: int | None) -> FineTuneResult:
         model = build_spec(runs.spec, runs.num_classes, **runs.overrides)
         model.load_state_dict(runs.state)
-        return fine_tune(
-            model.to(host.torch_device()),
+        model = model.to(host.torch_device())
+        trace = StepTrace(model) if traceable else None
+        result = fine_tune(
+            model,
             runs.train,
             runs.test,
             replace(config, eval_every_samples=every),
             device=host,
             workload=runs.workload,
-            callbacks=callbacks,
+            callbacks=callbacks if trace is None else replace(callbacks, hooks=(trace,)),
             user=runs.user,
         )
+        traced[:] = [] if trace is None else [(trace, result)]
+        return result
+
+    def replay(every: int) -> FineTuneResult | None:
+        """The run again, evaluated every `every` samples, read from the last trained run's weights."""
+        if not traced:
+            return None
+        trace, first = traced[0]
+        x, y = eval_subset(runs.test, config.eval_max_samples)
+        dev = host.torch_device()
+        budget = config.sample_budget(len(runs.train))
+        return trace.replay(
+            first, every, eval_x=x.to(dev), eval_y=y.to(dev), task=runs.train.task, max_samples=budget,
+            metric=runs.user.metric,
+        )  # fmt: skip
 
     every = config.eval_every_samples
     if config.target_accuracy is None or every is None:
@@ -443,6 +469,7 @@ def run_to_target(
         batch_size=config.batch_size,
         eval_every_samples=every,
         target=config.target_accuracy,
+        replay=replay,
         min_evaluations=runs.min_evaluations,
     )
 

@@ -23,7 +23,9 @@ them):
   interval is then tied to each batch size's own samples to target, so every batch size crosses
   after several evaluations, whatever its batch efficiency, and the quantisation left is a fixed
   fraction of its samples to target; only runs that crossed too early pay for a second run, which
-  costs no more than the first.
+  costs no more than the first — and, where the caller keeps the first run's weights after every step
+  (`powerfed.training.trace`), nothing but its evaluations when a denser point at or before the first
+  run's end reaches the target (the second run's steps are the first's).
 """
 
 from __future__ import annotations
@@ -143,10 +145,13 @@ def run_dense(
     target: float,
     min_evaluations: int = DEFAULT_MIN_EVALUATIONS,
     smoothing: str = "isotonic",
+    replay: Callable[[int], Any | None] | None = None,
 ) -> tuple[Any, float | None, int]:
     """Run `run(eval_every_samples)` (a FineTuneResult-like object with `.curve`); while it crossed
     `target` after fewer than `min_evaluations` evaluations and the interval can still shrink, run it
     again with `dense_eval_interval` (the caller's `run` must start from the same weights and seed).
+    `replay(interval)`: the run again at `interval` read from the last trained run's trace
+    (`powerfed.training.trace.StepTrace`), or None when the trace does not hold it (then it trains).
     Returns (result, interpolated crossing or None, the interval used)."""
     result = run(eval_every_samples)
     while True:  # each pass shrinks the interval; it ends at one step at the latest
@@ -158,5 +163,6 @@ def run_dense(
         if denser >= eval_every_samples:
             break
         eval_every_samples = denser
-        result = run(eval_every_samples)
+        replayed = replay(denser) if replay is not None else None
+        result = replayed if replayed is not None else run(denser)
     return result, crossing_samples(result.curve, target, smoothing=smoothing), eval_every_samples

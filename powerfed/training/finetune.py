@@ -61,6 +61,7 @@ __all__ = [
     "StepHook",
     "TrainToTarget",
     "UserFunctions",
+    "eval_subset",
     "evaluate",
     "evaluate_with_loss",
     "step_workload",
@@ -283,7 +284,9 @@ def _model_device(model: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def _eval_subset(test: Dataset, eval_max_samples: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+def eval_subset(test: Dataset, eval_max_samples: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fixed test samples every evaluation of a run reads: at most `eval_max_samples`, the same
+    ones for every run (a seeded choice, in their order)."""
     n = len(test)
     if eval_max_samples is None or eval_max_samples >= n:
         return test.x, test.y
@@ -530,7 +533,7 @@ class _Loop:
         self.max_samples = config.sample_budget(self.n)
         self.dev = _model_device(model)
         self.x, self.y = train.x.to(self.dev), train.y.to(self.dev)
-        self.ex, self.ey = (t.to(self.dev) for t in _eval_subset(test, config.eval_max_samples))
+        self.ex, self.ey = (t.to(self.dev) for t in eval_subset(test, config.eval_max_samples))
         self.criterion = user.loss or loss_fn(self.task)
         self.start_lr = config.start_lr()
         self.run = _Progress(config.batch_size, self.start_lr, config.eval_every_samples or 0)

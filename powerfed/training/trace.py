@@ -1,0 +1,121 @@
+"""A run's weights after every step, so that the same run read on a denser evaluation grid is not
+trained again.
+
+`powerfed.training.crossing.run_dense` runs a fine-tune again from the same start and seed with a denser
+evaluation interval when it crossed the target after too few evaluations. The second run's steps are the
+first run's (same weights, data order and rates: evaluation changes nothing the steps see); only where it
+looks differs. A `StepTrace` rides the first run as a step hook and keeps the weights (parameters and
+buffers) after each step and the device seconds then; `replay` evaluates those weights at the denser
+grid's points and returns the run the second one would have been, when the trace holds it: when a
+denser point at or before the first run's end reaches the target. Otherwise (the denser run would have
+trained past the first's end, a budget or a power sensor is involved, the trace outgrew its memory)
+it returns None and the caller trains again. A replayed run's accuracies, samples, steps and device
+seconds are the trained run's; its wall seconds are those of its evaluations (`extra["replayed"]`).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from powerfed.training.finetune import CurvePoint, FineTuneResult, MetricFn, evaluate
+
+if TYPE_CHECKING:
+    from powerctl.devices.base import PowerSamples
+
+__all__ = ["MAX_TRACE_BYTES", "StepTrace"]
+
+MAX_TRACE_BYTES = 1 << 29
+"""A trace keeps at most this many bytes of weights (512 MiB; then it stops and the caller trains again):
+hundreds of steps of a model of a million parameters (ResNet18-small: 2.8 MB a step)."""
+
+
+class StepTrace:
+    """The weights after every step of one run (a `StepHook`: it changes nothing in the run)."""
+
+    def __init__(self, model: nn.Module, *, max_bytes: int = MAX_TRACE_BYTES) -> None:
+        self._model = model
+        each = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+        self._max_steps = max_bytes // max(each, 1)
+        self._states: list[dict[str, torch.Tensor]] = []
+        self._seconds: list[float] = []
+        self.overflowed = False
+        """More steps than `max_bytes` holds: the trace stopped and replays nothing."""
+
+    def before_step(self, samples: int) -> int | None:
+        return None
+
+    def after_step(self, power: PowerSamples, device_seconds: float) -> None:
+        if len(self._states) >= self._max_steps:
+            self.overflowed = True
+            return
+        self._states.append({k: v.detach().clone() for k, v in self._model.state_dict().items()})
+        self._seconds.append(device_seconds)
+
+    def resume_state(self) -> dict[str, Any]:
+        return {}
+
+    def load_resume_state(self, state: dict[str, Any]) -> None:
+        """A trace is not checkpointed: a resumed run has none of its earlier steps (it replays nothing)."""
+        self.overflowed = True
+
+    def replay(
+        self,
+        first: FineTuneResult,
+        every_samples: int,
+        *,
+        eval_x: torch.Tensor,
+        eval_y: torch.Tensor,
+        task: str,
+        max_samples: int | None,
+        metric: MetricFn | None = None,
+    ) -> FineTuneResult | None:
+        """The traced run `first` as it would have run evaluating every `every_samples` samples (a
+        multiple of its batch size), stopping at the first evaluation at or above its target; None when
+        the trace does not hold that run (see the module doc). `eval_x`, `eval_y`: the run's evaluation
+        subset on the model's device; `max_samples`: its sample budget."""
+        b, target = first.batch_size, first.target_accuracy
+        usable = (
+            not self.overflowed
+            and target is not None
+            and first.energy_j is None  # power was measured: a replay could not say what it drew
+            and first.curve
+            and first.steps == len(self._states)
+            and every_samples % b == 0
+            and first.extra.get("resumed_at_samples") is None
+        )
+        if not usable or target is None:
+            return None
+        started = time.perf_counter()
+        model = copy.deepcopy(self._model)
+        curve = [first.curve[0]]  # the look before training: the same weights
+        stride = every_samples // b
+        for step in range(stride, len(self._states) + 1, stride):
+            if max_samples is not None and step * b >= max_samples:
+                return None  # the budget would have stopped it here first: not what a replay reads
+            model.load_state_dict(self._states[step - 1])
+            accuracy = evaluate(model, task, eval_x, eval_y, metric=metric)
+            curve.append(CurvePoint(step * b, self._seconds[step - 1], accuracy))
+            if accuracy >= target:
+                return FineTuneResult(
+                    reached=True,
+                    samples=step * b,
+                    device_seconds=self._seconds[step - 1],
+                    energy_j=None,
+                    peak_power_w=None,
+                    mean_power_w=None,
+                    final_accuracy=accuracy,
+                    curve=curve,
+                    batch_size=b,
+                    lr=first.lr,
+                    steps=step,
+                    target_accuracy=target,
+                    stop_reason="target",
+                    wall_seconds=time.perf_counter() - started,
+                    extra={"replayed": True},
+                )
+        return None
