@@ -455,8 +455,7 @@ def measured_profile_step(work: RoundWork, relation: RelationVector) -> Profiled
         if not method_named(instr.method).power_aware and isinstance(dev, SimulatedBoard):
             # a baseline is charged no profiling; on a simulated board the board's model is what its
             # readings are drawn from: read, not measured (the paper's baselines do not profile)
-            workload, _ = step_factory()
-            model = predicted_profile(dev.board, workload, relation.batch_sizes, instr.profile_samples)
+            model = _board_model(dev, step_factory()[0], relation, instr.profile_samples)
             return Profiled(model, False, dev.board, dev.recovered or "")
 
         def measure() -> Profile:
@@ -551,14 +550,17 @@ def budgeted_profile(
     return Profiled(profile, False, dev.board, restored, plan)
 
 
+def _board_model(dev: SimulatedBoard, workload: Workload, relation: RelationVector, samples: int) -> Profile:
+    """A simulated board's model of the very step profiled, at the relation's batch sizes."""
+    return predicted_profile(dev.board, workload, relation.batch_sizes, samples)
+
+
 def _prediction(
     work: RoundWork, dev: Device, key: ProfileKey, workload: Workload, relation: RelationVector
 ) -> tuple[Profile | None, str]:
     """The board's predicted profile and where it came from (None: nothing predicts this board)."""
-    instr = work.instr
-    if isinstance(dev, SimulatedBoard):  # the board's model of the very step profiled
-        profile = predicted_profile(dev.board, workload, relation.batch_sizes, instr.profile_samples)
-        return profile, BOARD_MODEL
+    if isinstance(dev, SimulatedBoard):
+        return _board_model(dev, workload, relation, work.instr.profile_samples), BOARD_MODEL
     for path, measured in same_kind_profiles(key.device_kind, workload.to_dict(), work.profile_cache):
         if (full := completed(measured, dev.frequencies())) is not None:
             order = measured.extra.get("order")

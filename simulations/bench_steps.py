@@ -137,15 +137,13 @@ def _search(
     stopped: dict[int, float] = {}
     spent_s = 0.0
     fastest_s = math.inf  # the fastest measured batch size's samples to target × its seconds per sample
+    every, budget_samples = work.instr.eval_every_samples, work.instr.budget_samples
     for b in order:
         hz, per_sample_s = points[b].frequency_hz, points[b].seconds_per_batch / b
-        every = work.instr.eval_every_samples
-        budget = work.instr.budget_samples
         stop_at = _stop_at(fastest_s / per_sample_s, every) if prune and math.isfinite(fastest_s) else None
-        if stop_at is not None and (not budget or stop_at < budget):
-            budget = stop_at
-        else:
-            stop_at = None
+        if stop_at is not None and budget_samples and stop_at >= budget_samples:
+            stop_at = None  # the budget stops it first
+        budget = stop_at or budget_samples
         rule = PinnedRule(b, hz, profile, relation)
         tried: dict[int, Trained] = {}
 
