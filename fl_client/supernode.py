@@ -139,19 +139,24 @@ def _children() -> dict[int, bool]:
 
 def stop_leftovers(grace_s: float = STOP_GRACE_S) -> list[int]:
     """SIGTERM every child of this process (left by an exited SuperNode), SIGKILL what is left after
-    `grace_s`, and reap them: by pid, safe because an unreaped child's pid cannot be reused."""
+    `grace_s`, and reap them: by pid, safe because an unreaped child's pid cannot be reused.
+    Done only at a scan with no child at all: a child may show as a zombie in /proc before its own
+    children show as re-parented here; once it is reaped they do, and the next scan finds them."""
     deadline = time.monotonic() + grace_s
     signalled: dict[int, signal.Signals] = {}
     seen: set[int] = set()
     while True:
         kids = _children()
+        if not kids:
+            return sorted(seen)
         for pid, running in kids.items():
             if not running:
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(pid, os.WNOHANG)
         live = [pid for pid, running in kids.items() if running]
-        if not live:
-            return sorted(seen)
+        if not live:  # only zombies, now reaped: look again for what they left
+            time.sleep(0.01)
+            continue
         sig = signal.SIGKILL if time.monotonic() > deadline else signal.SIGTERM
         for pid in live:
             seen.add(pid)

@@ -324,3 +324,22 @@ def test_a_stop_signal_while_the_supernode_starts_is_passed_on_and_leaves_nothin
     assert "Traceback" not in out + "".join(err), (out, err)
     time.sleep(0.5)  # a fake SuperExec polls its parent every 0.2 s
     assert left_running(tmp_path) == []
+
+
+def test_what_a_zombie_child_left_is_stopped_though_it_shows_as_re_parented_only_after_the_reap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The kernel may show an exited SuperExec as a zombie before its own child shows as re-parented to
+    the wrapper (seen under load: a ClientApp left running). The wrapper looks again after reaping."""
+    from fl_client import supernode
+
+    superexec, clientapp = 101, 102
+    scans = iter([{superexec: False}, {clientapp: True}, {clientapp: False}, {}])
+    reaped: list[int] = []
+    signalled: list[tuple[int, int]] = []
+    monkeypatch.setattr(supernode, "_children", lambda: next(scans))
+    monkeypatch.setattr(supernode.os, "waitpid", lambda pid, _flags: reaped.append(pid) or (pid, 0))
+    monkeypatch.setattr(supernode.os, "kill", lambda pid, sig: signalled.append((pid, sig)))
+    assert supernode.stop_leftovers(grace_s=5) == [clientapp]
+    assert signalled == [(clientapp, signal.SIGTERM)]
+    assert reaped == [superexec, clientapp]
