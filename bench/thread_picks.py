@@ -158,7 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     vectors = {}
     for threads in sorted(THREADS, reverse=True):  # 2 first: its cache is the one a fleet run reads
         started = time.perf_counter()
-        vectors[threads] = prepared_relation(args.fleet, threads, args.out / f"threads-{threads}" / "cache")
+        vectors[threads] = prepared_relation(
+            args.fleet, threads, args.out.resolve() / f"threads-{threads}" / "cache"
+        )
         print(f"prepared with {threads} thread(s) in {time.perf_counter() - started:.0f} s", flush=True)
     one, two = vectors[1], vectors[2]
     z = f"{INTERVAL_STANDARD_ERRORS:g}"

@@ -322,9 +322,9 @@ SETTINGS: dict[str, Setting] = _declare(
         DEFAULT_RELATION_RULE,
         Choice(RELATION_RULES),
         "How clients read the relation: Algorithm 1 on its mean (mean), the least mean regret over "
-        "the seeds' vectors (robust), or its mean with the larger batch size winning among pairs whose "
-        f"intervals ({INTERVAL_STANDARD_ERRORS:g} standard errors of the seeds) overlap the best's "
-        "(interval).",
+        "the seeds' vectors (robust), or its mean with the larger batch size winning among the pairs the "
+        f"seeds cannot tell from the best ({INTERVAL_STANDARD_ERRORS:g} standard errors of each seed's "
+        "own ratio between the two batch sizes) (interval).",
         BOTH,
         group="task",
     ),

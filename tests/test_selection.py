@@ -6,6 +6,7 @@ import json
 import math
 import random
 import re
+import statistics
 from pathlib import Path
 
 import pytest
@@ -479,6 +480,31 @@ def test_interval_rule_gives_pairs_the_vector_cannot_tell_apart_to_the_larger_ba
     # energy: b=32 2.4 W x 833 s = 2000 J (its seeds agree), b=64 2.8 W x 900 s = 2520 J, down to 2277: apart
     assert select(profile, wide, None, "energy", rule="interval").batch_size == 32
     assert DEFAULT_RELATION_RULE == "interval" and select(profile, wide, None).batch_size == 64
+
+
+def test_interval_rule_pairs_the_seeds_so_a_spread_every_batch_size_shares_cancels() -> None:
+    """A seed slow at one batch size is slow at all (ResNet18's proxy seeds: b=64 against b=16 over 10
+    seeds, 0.08 paired, 0.29 from the two entries' intervals): the rule reads each seed's own ratio."""
+    profile, _ = _three_seed_case(0.0)  # b=32: 833 s on the mean vector, b=64 at 100 MHz: 900 s
+    shared = RelationVector.from_seeds(
+        "resnet18", "cifar10", 0.8, {32: [900.0, 1000.0, 1100.0], 64: [1080.0, 1200.0, 1320.0]}
+    )
+    half = shared.interval_halfwidths()
+    assert half[32] == pytest.approx(half[64]) == pytest.approx(2 * 100 / 3**0.5 / 1000)
+    # unpaired, the entries' intervals overlap (900 x 0.885 = 796 s < 833 x 1.115 = 929 s); paired, every
+    # seed says b=64 needs 1.2x b=32's samples: no spread, and b=32 is the faster
+    assert shared.paired_halfwidth(64, 32) == 0.0 and shared.paired_halfwidth(32, 32) == 0.0
+    assert select(profile, shared, None, rule="interval").batch_size == 32
+    # the same entries and intervals, the seeds crossed: ratios 1.47, 1.2, 0.98 cannot tell them apart
+    crossed = RelationVector.from_seeds(
+        "resnet18", "cifar10", 0.8, {32: [900.0, 1000.0, 1100.0], 64: [1320.0, 1200.0, 1080.0]}
+    )
+    assert crossed.interval_halfwidths() == pytest.approx(half)
+    ratios = [1320 / 900, 1.2, 1080 / 1100]
+    sem = statistics.stdev(ratios) / 3**0.5
+    assert crossed.paired_halfwidth(64, 32) == pytest.approx(2 * sem / statistics.fmean(ratios))
+    assert select(profile, crossed, None, rule="interval").batch_size == 64
+    assert select(profile, crossed, None, rule="mean").batch_size == 32
 
 
 def test_interval_rule_without_per_seed_samples_is_the_mean_rule() -> None:

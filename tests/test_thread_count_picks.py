@@ -25,10 +25,11 @@ def test_two_picks_pass_when_within_each_other_interval_and_fail_when_apart(smal
     boards = [("sim:jetson-nano@none", None, profile)]
 
     def vector(b8: float, spread: float) -> RelationVector:
-        per_seed = {
-            b: [s - spread * s, s, s + spread * s] for b, s in {8: b8, 16: 1500, 32: 2000, 64: 3000}.items()
-        }
-        return RelationVector.from_seeds("resnet18-small", "proxy", 0.5, per_seed)
+        """Three seeds that differ at b=8 alone (a spread every batch size shared would cancel in the
+        seeds' paired ratios, which is what the interval rule reads)."""
+        per_seed = {b: [s, s, s] for b, s in {16: 1500, 32: 2000, 64: 3000}.items()}
+        per_seed[8] = [b8 - spread * b8, b8, b8 + spread * b8]
+        return RelationVector.from_seeds("resnet18-small", "proxy", 0.5, dict(sorted(per_seed.items())))
 
     same = thread_picks.compare(vector(1000, 0.02), vector(1001, 0.02), boards, "mean")
     assert [(r.same, r.within) for r in same] == [(True, True)]
@@ -37,5 +38,5 @@ def test_two_picks_pass_when_within_each_other_interval_and_fail_when_apart(smal
     assert [(r.same, r.within) for r in apart] == [(False, False)]
     assert apart[0].one.batch_size == 8 and apart[0].two.batch_size != 8
     # the same two means with wide seeds' spread: the vectors cannot tell the picks apart
-    wide = thread_picks.compare(vector(300, 0.6), vector(3000, 0.6), boards, "mean")
+    wide = thread_picks.compare(vector(300, 0.9), vector(3000, 0.9), boards, "mean")
     assert [(r.same, r.within) for r in wide] == [(False, True)]

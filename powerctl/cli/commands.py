@@ -598,8 +598,8 @@ def _add_caps_and_select(sub: Any) -> None:
         default=DEFAULT_RELATION_RULE,
         help="mean: Algorithm 1 on the relation vector; robust: the least mean regret over the seeds' "
         "vectors kept in the file (its samples_per_seed); interval: the mean, the larger batch size "
-        f"winning among pairs whose intervals ({INTERVAL_STANDARD_ERRORS:g} standard errors of those seeds) "
-        "overlap the best's (default: "
+        "winning among the pairs those seeds cannot tell from the best "
+        f"({INTERVAL_STANDARD_ERRORS:g} standard errors of each seed's own ratio) (default: "
         f"{DEFAULT_RELATION_RULE})",
     )
     s.add_argument(

@@ -27,15 +27,16 @@ VECTORS: tuple[str, ...] = ("raw", "fitted")
 """Which vector the client uses: the seeds' means, or the batch-efficiency model fitted to the seeds."""
 RELATION_RULES: tuple[str, ...] = ("mean", "robust", "interval")
 """How selection (`powerctl.selection.joint`) reads the vector: its mean (Algorithm 1), every seed's (least
-mean regret), or its mean with each batch size's interval (pairs the seeds cannot tell from the best go
-to the larger batch size: the default, issue 40). Named here, beside the vector, so that a run's settings
-check them without the selection."""
+mean regret), or its mean with an interval on each pair's ratio to the best, the seeds paired (pairs the
+seeds cannot tell from the best go to the larger batch size: the default, issue 40). Named here, beside
+the vector, so that a run's settings check them without the selection."""
 DEFAULT_RELATION_RULE = "interval"
 INTERVAL_STANDARD_ERRORS = 2.0
-"""The half-width of a vector entry's interval, in standard errors of its seeds' mean: two, as the
-project's other noise bands (bench/paper_tables.py's calibration). With 3 seeds that is about an 82 %
-Student-t interval; the 95 % one (4.3 standard errors) made the interval rule drift to the largest
-batch size on the text tables (docs/results/paper_tables.md)."""
+"""The half-width of an interval from the seeds (an entry's, `interval_halfwidths`; a ratio of two
+entries', `paired_halfwidth`), in standard errors of the seeds' mean: two, as the project's other noise
+bands (bench/paper_tables.py's calibration). With 3 seeds that is about an 82 % Student-t interval; the
+95 % one (4.3 standard errors) made the interval rule drift to the largest batch size on the text
+tables (docs/results/paper_tables.md)."""
 
 
 @dataclass
@@ -94,6 +95,20 @@ class RelationVector:
             n = len(row)
             out[b] = 0.0 if n < 2 else INTERVAL_STANDARD_ERRORS * statistics.stdev(row) / math.sqrt(n) / entry
         return out
+
+    def paired_halfwidth(self, b: int, ref: int) -> float:
+        """The half-width of the ratio samples(b) / samples(ref) from the seeds, relative to that ratio:
+        `INTERVAL_STANDARD_ERRORS` standard errors of the mean of each seed's own ratio. Paired: a seed
+        slow at every batch size (harder initial head, data order) moves both entries alike, which
+        cancels in its ratio, while `interval_halfwidths` count it in each entry (measured on ResNet18:
+        b=64 against b=16 over 10 seeds, 0.08 paired, 0.29 from the two entries' intervals).
+        0.0 for b == ref and where the file keeps fewer than two seeds' samples."""
+        seeds = self.seed_scenarios()
+        if b == ref or len(seeds) < 2:
+            return 0.0
+        ratios = [seed[b] / seed[ref] for seed in seeds]
+        sem = statistics.stdev(ratios) / math.sqrt(len(ratios))
+        return INTERVAL_STANDARD_ERRORS * sem / statistics.fmean(ratios)
 
     def interval(self) -> dict[int, tuple[float, float]]:
         """Batch size → the interval of r_b from the seeds (`interval_halfwidths`; the reference entry's

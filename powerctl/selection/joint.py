@@ -18,16 +18,18 @@ Three rules read the relation (`rule`):
   one that is close to the best under all of them; what the bench scores (ours / fastest) is exactly this
   ratio. With one seed (or no per-seed samples in the file) it is the mean rule.
 - "interval" (the default since issue 40): the seeds' spread bounds what the vector can decide. Each
-  batch size's samples to target has an interval, two standard errors of its seeds' mean
-  (`RelationVector.interval_halfwidths`), and so has each pair's prediction. The pairs whose interval
-  overlaps that of the mean rule's best pair are those the vector cannot tell from it; among them the
-  larger batch size wins (the tie rule above, for ties within the seeds' noise), at its best pair; the
-  rest follow in the mean rule's order. A vector measured again (another CPU, another thread count:
-  other floats' last digits) moves the means by about their intervals, so the choice stays unless a
-  larger batch size's interval stops (or starts) overlapping the best's. With one seed it is the mean
-  rule. Measured: on the default fleet one torch thread and two gave one pair on every board (the mean
-  rule: another on the 3 W Nano); on the text tables it chose as the mean rule in every cell
-  (docs/results/fleets.md, docs/results/paper_tables.md).
+  pair's predicted cost has a ratio to the mean rule's best pair's, and that ratio an interval from the
+  seeds, paired: each seed's own ratio of samples to target at the two batch sizes, two standard errors
+  of their mean (`RelationVector.paired_halfwidth`; the profile's times are taken as exact). The pairs
+  whose ratio's interval reaches 1 are those the vector cannot tell from the best; among them the larger
+  batch size wins (the tie rule above, for ties within the seeds' noise), at its best pair; the rest
+  follow in the mean rule's order. Paired, because a seed slow at one batch size is slow at all (its
+  head and data order): that spread cancels in a ratio, and counted in each entry's own interval
+  instead it made the rule drift to larger batch sizes the seeds could in fact tell apart (ResNet18's
+  tables, docs/results/paper_tables.md). A vector measured again (another CPU, another thread count:
+  other floats' last digits) moves the ratios by about their intervals, so the choice stays unless a
+  larger batch size's interval stops (or starts) reaching the best's. With one seed it is the mean rule.
+  Measured: MEASURED
 """
 
 from __future__ import annotations
@@ -206,20 +208,23 @@ def rank(
 
 
 def indistinguishable(ranked: list[Pick], relation: RelationVector, objective: str = "time") -> list[Pick]:
-    """Of `ranked` (the mean rule's order for `objective`, best first), the pairs whose predicted cost's
-    interval (`RelationVector.interval_halfwidths`) overlaps the best pair's: those the vector cannot
-    tell from it, the best included, in the same order. Empty when nothing is ranked."""
+    """Of `ranked` (the mean rule's order for `objective`, best first), the pairs the vector cannot tell
+    from the best: those whose cost's ratio to the best pair's has an interval reaching 1, the seeds
+    paired (`RelationVector.paired_halfwidth`; the profile's times are taken as exact). The best
+    included, in the same order. Empty when nothing is ranked."""
     if not ranked:
         return []
-    obj, half = check_objective(objective), relation.interval_halfwidths()
+    obj, best = check_objective(objective), ranked[0]
 
     def cost(s: Pick) -> float:
         value = s.predicted_energy_j if obj == "energy" else s.predicted_seconds
         assert value is not None, f"{s} has no prediction"  # `candidates` predicts every pair it ranks
         return value
 
-    bound = cost(ranked[0]) * (1 + half[ranked[0].batch_size])
-    return [s for s in ranked if cost(s) * (1 - half[s.batch_size]) <= bound]
+    def lower_ratio(s: Pick) -> float:
+        return cost(s) / cost(best) * (1 - relation.paired_halfwidth(s.batch_size, best.batch_size))
+
+    return [s for s in ranked if lower_ratio(s) <= 1]
 
 
 def select(
