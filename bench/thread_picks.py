@@ -7,8 +7,8 @@ own `fl_server.app.prepare` (each in its own interpreter, the thread count set b
 and then, per board of the fleet, picks the pair each vector gives under the relation rule on the board
 model's noise-free profile (`predicted_profile`; a client profiles the same grid on its board). The
 two picks pass when they are the same pair, or when each lies within the other's interval: under
-either vector, the lower end of its predicted time's interval is not above the upper end of that
-vector's best pair's (what the vector cannot tell apart; `powerctl.selection.joint`, rule "interval").
+either vector, the interval of its predicted time's ratio to that vector's best pair's, the seeds
+paired, reaches 1 (what the vector cannot tell apart; `powerctl.selection.joint`, rule "interval").
 Sample counts are measured (real training on this CPU); the seconds are the board model's.
 
     python bench/thread_picks.py [--fleet simulations/fleets/default.yaml] [--rule RULE] [--out DIR]

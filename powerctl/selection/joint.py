@@ -224,10 +224,8 @@ def indistinguishable(ranked: list[Pick], relation: RelationVector, objective: s
         assert value is not None, f"{s} has no prediction"  # `candidates` predicts every pair it ranks
         return value
 
-    def lower_ratio(s: Pick) -> float:
-        return cost(s) / cost(best) * (1 - relation.paired_halfwidth(s.batch_size, best.batch_size))
-
-    return [s for s in ranked if lower_ratio(s) <= 1]
+    half = {b: relation.paired_halfwidth(b, best.batch_size) for b in {s.batch_size for s in ranked}}
+    return [s for s in ranked if cost(s) / cost(best) * (1 - half[s.batch_size]) <= 1]
 
 
 def select(
