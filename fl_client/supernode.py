@@ -137,6 +137,15 @@ def _children() -> dict[int, bool]:
     return {pid: st.running for pid, st in proc_table().items() if st.ppid == me}
 
 
+def _reap(pid: int) -> bool:
+    """Reap a zombie child: False while it cannot be yet (a thread group's exited leader whose other
+    threads still run shows as a zombie too), so that it is signalled, not waited on forever."""
+    try:
+        return os.waitpid(pid, os.WNOHANG)[0] != 0
+    except ChildProcessError:  # reaped already, or not ours
+        return True
+
+
 def stop_leftovers(grace_s: float = STOP_GRACE_S) -> list[int]:
     """SIGTERM every child of this process (left by an exited SuperNode), SIGKILL what is left after
     `grace_s`, and reap them: by pid, safe because an unreaped child's pid cannot be reused.
@@ -149,11 +158,7 @@ def stop_leftovers(grace_s: float = STOP_GRACE_S) -> list[int]:
         kids = _children()
         if not kids:
             return sorted(seen)
-        for pid, running in kids.items():
-            if not running:
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(pid, os.WNOHANG)
-        live = [pid for pid, running in kids.items() if running]
+        live = [pid for pid, running in kids.items() if running or not _reap(pid)]
         if not live:  # only zombies, now reaped: look again for what they left
             time.sleep(0.01)
             continue

@@ -343,3 +343,21 @@ def test_what_a_zombie_child_left_is_stopped_though_it_shows_as_re_parented_only
     assert supernode.stop_leftovers(grace_s=5) == [clientapp]
     assert signalled == [(clientapp, signal.SIGTERM)]
     assert reaped == [superexec, clientapp]
+
+
+def test_a_zombie_that_cannot_be_reaped_yet_is_signalled_not_waited_on_forever(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A thread group's exited leader shows as a zombie while its other threads run; waitpid cannot
+    reap it until they end, so the wrapper signals it (which ends the group) instead of looping."""
+    from fl_client import supernode
+
+    leader = 201
+    scans = iter([{leader: False}, {leader: False}, {}])
+    reapable = iter([False, True])
+    signalled: list[tuple[int, int]] = []
+    monkeypatch.setattr(supernode, "_children", lambda: next(scans))
+    monkeypatch.setattr(supernode.os, "waitpid", lambda pid, _flags: (pid if next(reapable) else 0, 0))
+    monkeypatch.setattr(supernode.os, "kill", lambda pid, sig: signalled.append((pid, sig)))
+    assert supernode.stop_leftovers(grace_s=5) == [leader]
+    assert signalled == [(leader, signal.SIGTERM)]
