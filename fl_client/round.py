@@ -570,10 +570,11 @@ def _prediction(
 
 def _reference_hz(dev: Device, cap: float | None) -> int | None:
     """Where one step is measured when nothing predicts the board: the state of practice's frequency
-    for the cap (safe for any model) where the board kind has one, else the lowest (None)."""
+    for the cap (safe for any model) where the board kind has one, else the lowest (None). A device
+    that may not be pinned has one frequency, the clock in force: measured there."""
     if not dev.frequencies():
         return None  # no knob: the profiler refuses it with one line
-    if cap is None:
+    if cap is None or not dev.pins:
         return dev.frequencies()[-1]
     if dev.board not in board_names():
         return None

@@ -209,3 +209,55 @@ def test_the_report_and_the_servers_table_say_not_pinned() -> None:
     )
     table = client_table(types.SimpleNamespace(clients=[back.to_dict()], failed=[]))
     assert NOT_PINNED in table.splitlines()[2] and "1410.0" not in table
+
+
+# --- the batch-size-only mode with every method's default plan --------------------------------------
+UNPINNED_METHODS = ["ours", "state-of-practice", "proxy-batch"]
+
+
+def _clock_in_force(spec: str) -> int:
+    with open_device(spec, pin=False) as dev:
+        hz = dev.clock_in_force()
+    assert hz is not None
+    return hz
+
+
+@pytest.mark.parametrize("method", UNPINNED_METHODS)
+def test_a_session_with_pin_false_and_the_default_plan_trains_at_the_clock_in_force(method: str) -> None:
+    import torch
+
+    import powerfed
+    from strategies.protocol import TrainInstructions
+
+    rel = RelationVector.from_samples("unpinned-net", "proxy", 0.5, {8: 300.0, 16: 400.0})
+    plan = TrainInstructions.for_relation(rel, num_classes=2, method=method)  # profiling budget as default
+    node = powerfed.NodeSettings("sim:jetson-nano", 3.0, None, 0, 1, "n0", None, pin=False)
+    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 2))
+    session = powerfed.PowerSession(
+        model=net,
+        make_step=lambda model: lambda x, y: None,
+        example=(torch.zeros(4, 4), torch.zeros(4, dtype=torch.long)),
+        train_examples=64,
+        round_context=powerfed.RoundContext(node, plan),
+    )
+    with session:
+        while session.samples < 64:
+            session.step(lambda x, y: None, torch.zeros(session.batch_size, 4), None)
+    report = session.report
+    assert report is not None and report.pinned is False and report.method == method
+    assert report.frequency_hz == _clock_in_force("sim:jetson-nano") and report.batch_size in (8, 16)
+
+
+@pytest.mark.parametrize("method", UNPINNED_METHODS)
+def test_the_built_in_round_with_node_config_pin_false_trains_at_the_clock_in_force(method: str) -> None:
+    from fl_client.local_data import data_plan, load_local_data
+    from fl_client.round import train_round
+    from tests.fl_helpers import RUN_CONFIG, initial_state, instructions
+
+    settings = resolve_node({"partition-id": 2, "num-partitions": 3, "pin": False}, RUN_CONFIG)
+    data = load_local_data(data_plan(settings, RUN_CONFIG, 64))
+    # a cap the clock in force stays under, below the state of practice's top frequency's
+    instr = instructions(method=method, profiling_budget=0.1, power_cap_w=4.5)
+    _, report = train_round(settings, instr, initial_state(), data, device_seed=1)
+    assert report.pinned is False and report.frequency_hz == _clock_in_force(settings.device)
+    assert report.samples == 64 and report.batch_size in (8, 16)

@@ -62,13 +62,17 @@ def fixed_frequency(
     fixed_frequency_hz: int | None = None,
 ) -> int:
     """The state-of-practice frequency cap: explicit, else the board's highest frequency at which every
-    training profile of the model set stays ≤ the cap (no cap: the board's top frequency).
+    training profile of the model set stays ≤ the cap (no cap: the board's top frequency). A profile
+    measured at the clock in force (`"pinned": false`: the frequency is not ours to set) has that one
+    frequency, and the baselines run at it: only their batch size is theirs.
 
     No frequency low enough → one InfeasibleCapError line.
     """
     cap = check_power_cap(power_cap_w)
     if fixed_frequency_hz is not None:
         return fixed_frequency_hz
+    if profile.extra.get("pinned", True) is False and profile.frequencies():
+        return profile.frequencies()[-1]
     return board_fixed_frequency(board or board_for(profile), cap)
 
 
