@@ -14,7 +14,7 @@ from fl_server.run_config import RunConfigError, parse_server_config
 from powerctl.devices.boards import board_model
 from powerctl.devices.simulated import SimulatedBoard
 from powerctl.errors import FileFormatError, InfeasibleCapError
-from powerctl.profiling.fit import ProfileFit, fit_profile, seed_frequencies
+from powerctl.profiling.fit import ProfileFit, _nonneg_lstsq, fit_profile, seed_frequencies
 from powerctl.profiling.profiler import Profiler
 from powerctl.records.profile import Profile, ProfilePoint
 from powerctl.records.relation import RelationVector
@@ -112,6 +112,47 @@ def test_with_one_percent_noise_the_fit_is_close_but_not_exact(seed: int) -> Non
     ]
     assert np.median(power) < 0.03 and np.median(time) < 0.03
     assert max(power) < 0.25 and max(time) < 0.1
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(
+    coef=st.tuples(*[st.sampled_from([0.0, 1e-4, 1e-3, 1e-2]) for _ in range(4)]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_nonneg_lstsq_is_the_least_squares_optimum_on_fitted_order_problems(
+    coef: tuple[float, ...], seed: int
+) -> None:
+    """Step time = c0 + c1·b + (c2·b + c3·√b)/x with 3 % noise, laid out as the fitted order measures it
+    (the largest batch at three clocks, three smaller batches at one clock each) and solved as the fit does
+    (relative rows). The answer meets the optimality conditions of the bounded problem (≥ 0; no gradient
+    on a positive coefficient; none pointing below zero on a zero one), so no feasible fit is better."""
+    rng = np.random.default_rng(seed)
+    b = np.array([128.0, 128.0, 128.0, 64.0, 16.0, 4.0])
+    x = np.concatenate([[1 / 3, 2 / 3, 1.0], rng.uniform(0.2, 1.0, 3)])
+    c0, c1, c2, c3 = coef
+    step = (c0 + c1 * b + (c2 * b + c3 * np.sqrt(b)) / x + 1e-5) * (1 + 0.03 * rng.standard_normal(6))
+    a = np.column_stack([np.ones_like(b), b, b / x, np.sqrt(b) / x]) / step[:, None]
+    y = np.ones_like(step)
+    got = _nonneg_lstsq(a, y)
+    grad = a.T @ (a @ got - y)
+    scale = float(np.linalg.norm(a, axis=0).max() * np.linalg.norm(y))
+    assert (got >= 0).all()
+    assert np.all(np.abs(grad[got > 0]) <= 1e-7 * scale)
+    assert np.all(grad[got == 0] >= -1e-7 * scale)
+
+
+def test_nonneg_lstsq_keeps_the_columns_the_optimum_keeps() -> None:
+    """Six fitted-order step times whose unbounded fit has c0 and c2 negative, c0 the more so: dropping
+    the most negative column and solving again ends at c0 = c2 = 0, while the optimum keeps c0 > 0 and
+    drops only c2, with a smaller residual."""
+    b = np.array([128.0, 128.0, 128.0, 64.0, 16.0, 4.0])
+    x = np.array([1 / 3, 2 / 3, 1.0, 0.97, 0.78, 0.63])
+    step = np.array([0.3479, 0.1838, 0.1269, 0.0947, 0.0512, 0.0317])
+    a = np.column_stack([np.ones_like(b), b, b / x, np.sqrt(b) / x]) / step[:, None]
+    y = np.ones_like(step)
+    got = _nonneg_lstsq(a, y)
+    assert got[0] == pytest.approx(3.6864e-4, rel=1e-3) and got[2] == 0.0
+    assert float(np.sum((a @ got - y) ** 2)) == pytest.approx(0.0034440, rel=1e-4)
 
 
 def test_the_fit_needs_the_largest_batch_at_two_frequencies() -> None:

@@ -36,16 +36,24 @@ _REFINE_STEPS = 100
 
 
 def _nonneg_lstsq(a: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Least squares with coefficients ≥ 0: drop the most negative column and solve again (few columns)."""
-    active = list(range(a.shape[1]))
-    coef = np.zeros(a.shape[1])
-    while active:
-        sol, *_ = np.linalg.lstsq(a[:, active], y, rcond=None)
-        if (sol >= 0).all():
-            coef[active] = sol
-            return coef
-        active.pop(int(np.argmin(sol)))
-    return coef
+    """Least squares with coefficients ≥ 0, exactly: every set of free columns (2^k for k columns, k ≤ 4
+    here) is solved without the bound, and the least residual among the solutions that are all ≥ 0 wins.
+    The optimum's positive coefficients are the unbounded solution on their own columns, so it is among
+    them; dropping the most negative column and solving again is not always the optimum."""
+    k = a.shape[1]
+    best, best_err = np.zeros(k), float(y @ y)  # no free column: every coefficient 0
+    for mask in range(1, 1 << k):
+        free = [j for j in range(k) if mask >> j & 1]
+        sol, *_ = np.linalg.lstsq(a[:, free], y, rcond=None)
+        if (sol < 0).any():
+            continue
+        coef = np.zeros(k)
+        coef[free] = sol
+        r = a @ coef - y
+        err = float(r @ r)
+        if err < best_err:
+            best, best_err = coef, err
+    return best
 
 
 @dataclass(frozen=True)
