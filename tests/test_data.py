@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import itertools
 import os
 import pickle
 import struct
@@ -150,6 +151,50 @@ def test_image_tar_formats(tmp_path: Path, fmt: int, mode: str) -> None:
         torch.from_numpy(written["test/airplane/0000.png"].transpose(2, 0, 1)).float(),
         atol=1e-3,
     )
+
+
+def _gzip_members(raw: bytes, members: int) -> bytes:
+    """`raw` as `members` independent gzip members, concatenated (as bgzip and pigz --independent write)."""
+    cut = [len(raw) * i // members for i in range(members + 1)]
+    return b"".join(gzip.compress(raw[a:b]) for a, b in itertools.pairwise(cut))
+
+
+def test_a_multi_member_gzip_archive_loads_every_image(cifar_tar: Path, tmp_path: Path) -> None:
+    """600 real CIFAR-10 JPEGs written as one gzip member and as 48: both load whole, the same."""
+    plain = io.BytesIO()
+    with tarfile.open(cifar_tar, "r|gz") as src, tarfile.open(fileobj=plain, mode="w") as dst:
+        for member in src:
+            if member.isfile() and member.name.endswith(".jpg"):
+                dst.addfile(member, src.extractfile(member))
+                if len(dst.getmembers()) == 600:
+                    break
+    one, many = tmp_path / "one.tar.gz", tmp_path / "many.tar.gz"
+    one.write_bytes(gzip.compress(plain.getvalue()))
+    many.write_bytes(_gzip_members(plain.getvalue(), 48))
+    whole = load_dataset(f"cifar10-jpeg:{one}", split="all")
+    split = load_dataset(f"cifar10-jpeg:{many}", split="all")
+    assert len(whole) == len(split) == 600
+    assert torch.equal(whole.x, split.x) and torch.equal(whole.y, split.y)
+
+
+@pytest.mark.parametrize("chunk", [333, 4096, 1 << 20])
+def test_gzip_members_ending_inside_one_chunk_are_all_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int
+) -> None:
+    """Hundreds of tiny members: each file read gets many member ends, at every offset in a chunk."""
+    from powerfed.training.data import tarstream
+
+    monkeypatch.setattr(tarstream, "CHUNK", chunk)
+    files = {f"top/f{i:03d}.bin": os.urandom(i * 7 % 300) for i in range(120)}
+    plain = io.BytesIO()
+    with tarfile.open(fileobj=plain, mode="w") as tf:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    arc = tmp_path / "tiny.tar.gz"
+    arc.write_bytes(_gzip_members(plain.getvalue(), len(plain.getvalue()) // 97))
+    assert dict(tarstream.iter_tar_files(arc)) == files
 
 
 def test_cinic10_has_a_valid_split(tmp_path: Path) -> None:

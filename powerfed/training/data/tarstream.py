@@ -39,11 +39,7 @@ class _Inflater:
                 data = raw
                 self.eof = not raw
             else:
-                data = self.z.decompress(raw) if raw else self.z.flush()
-                if self.z.eof and self.z.unused_data:  # concatenated gzip members
-                    rest = self.z.unused_data
-                    self.z = zlib.decompressobj(31)
-                    data += self.z.decompress(rest)
+                data = self._inflate(raw) if raw else self.z.flush()
                 if not raw:
                     self.eof = True
             parts.append(data)
@@ -52,6 +48,17 @@ class _Inflater:
             if self.total > DATA_LIMIT:  # a small .tar.gz may unpack to anything
                 raise DataError(too_large(self.where, DATA_LIMIT, "an image archive, unpacked"))
         self.buf, self.pos = b"".join(parts), 0
+
+    def _inflate(self, raw: bytes) -> bytes:
+        """`raw` gunzipped through every gzip member that ends in it: members can be far smaller than a
+        chunk (bgzip and `pigz --independent` write many), so one chunk may end and begin any number."""
+        assert self.z is not None
+        parts = [self.z.decompress(raw)]
+        while self.z.eof and self.z.unused_data:  # the next member starts in what this one left over
+            rest = self.z.unused_data
+            self.z = zlib.decompressobj(31)
+            parts.append(self.z.decompress(rest))
+        return b"".join(parts)
 
     def read(self, n: int) -> bytes:
         if len(self.buf) - self.pos < n:
