@@ -120,17 +120,24 @@ test-fast: lint
 # training loop, and the ClientApp's rounds (tests/test_models.py checks torch's own flop counter, 2.1+;
 # tests/test_torch_floor.py what stands in for it). PyPI's 1.13.1 wheel is the CUDA 11.7 build (~3.5 GB
 # installed with the nvidia-*-cu11 packages it imports); it runs on the CPU here. numpy<2: 1.13 needs 1.x.
+# The venv runs on the oldest Python the project declares (requires-python = ">=3.11": Flower 1.41-1.42
+# declare it): FLOOR_PYTHON, by default python3.11 on the PATH or pyenv's newest 3.11.x (pyenv's shim
+# refuses while another version is its global one); without one, python3 with one line saying so.
+# test-torch-floor checks that its interpreter is that floor.
 TORCH_FLOOR ?= torch==1.13.1
 FLOOR_VENV ?= .venv-torch113
+FLOOR_PYTHON ?= $(shell python3.11 -c 'import sys; print(sys.executable)' 2>/dev/null || \
+	PYENV_VERSION="$$(pyenv versions --bare 2>/dev/null | grep '^3\.11\.' | tail -n 1)" \
+	python3.11 -c 'import sys; print(sys.executable)' 2>/dev/null)
 FLOOR_STAMP := $(FLOOR_VENV)/.installed
 FLOOR_TESTS := tests/test_simulated.py tests/test_jetson.py tests/test_fake_board.py \
 	tests/test_crash_restore.py tests/test_workload.py tests/test_finetune.py \
-	tests/test_finetune_resume.py tests/test_fl_client.py tests/test_torch_floor.py
+	tests/test_finetune_resume.py tests/test_fl_client.py tests/test_torch_floor.py tests/test_python_floor.py
 
 # Torch first (the long part: it may install beside the main venv, `make -j 2`), the project after the
 # main venv's own editable install (two at once would write the same build metadata in the project).
 $(FLOOR_VENV)/.torch: pyproject.toml
-	$(PYTHON) -m venv $(FLOOR_VENV)
+	$(if $(FLOOR_PYTHON),$(FLOOR_PYTHON),@echo "no python3.11 found (set FLOOR_PYTHON=PATH): the torch floor's venv uses $(PYTHON), which test-torch-floor refuses unless it is 3.11" >&2; $(PYTHON)) -m venv $(FLOOR_VENV)
 	$(FLOOR_VENV)/bin/python -m pip install -q --upgrade pip "$(UV_PIN)"
 	$(FLOOR_VENV)/bin/$(UV_INSTALL) $(FLOOR_VENV)/bin/python "$(TORCH_FLOOR)" "numpy<2"
 	touch $(FLOOR_VENV)/.torch
@@ -141,7 +148,10 @@ $(FLOOR_STAMP): $(FLOOR_VENV)/.torch $(DEPS)
 	touch $(FLOOR_STAMP)
 
 test-torch-floor: $(FLOOR_STAMP)
-	$(FLOOR_VENV)/bin/python -c "import torch; v = torch.__version__; assert v.startswith('1.13.'), v; print('torch', v)"
+	$(FLOOR_VENV)/bin/python -c "import sys, tomllib, torch; v = torch.__version__; assert v.startswith('1.13.'), v; \
+		floor = tomllib.load(open('pyproject.toml', 'rb'))['project']['requires-python'].lstrip('>='); \
+		py = '%d.%d' % sys.version_info[:2]; assert py == floor, f'Python {py}, the declared floor is {floor}'; \
+		print('torch', v, 'on Python', py)"
 	$(FLOOR_VENV)/bin/pytest -q $(XDIST) -p no:cacheprovider --durations=10 $(FLOOR_TESTS)
 
 # The oldest Flower the pin allows (1.41; `make setup` installs the newest, 1.42): the Flower-facing tests

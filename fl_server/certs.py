@@ -145,7 +145,7 @@ def make_certificates(
         raise PowerctlError(f"--days must be from 1 to {MAX_DAYS} (100 years), got {days}")
     names = [_san_entry(n) for n in sans]
     _check_targets(folder, overwrite)
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "powerfed CA")])
     usage = dict.fromkeys(

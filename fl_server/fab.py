@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import re
 import shutil
-from pathlib import Path
-
 import tomllib
+from pathlib import Path
 
 ROOT_FILES = ("pyproject.toml", ".gitignore", "LICENSE", "LICENSE.md")
 """Files at the app's root that Flower reads or may pack whatever `fab-include` says."""

@@ -11,11 +11,11 @@ import importlib
 import json
 import os
 import re
+import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import tomllib
 
 from powerctl.cli.util import EXIT_INTERRUPTED, EXIT_USAGE, fault_line, one_line_errors
 from powerfed.training.powerctl_cli import main as powerctl_main

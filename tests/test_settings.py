@@ -6,10 +6,10 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
 
 from fl_client.node import NodeConfigError, load_fleet_file
 from fl_server.run_config import RunConfigError, ServerConfig, parse_server_config
