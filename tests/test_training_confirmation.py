@@ -8,6 +8,7 @@ import json
 from dataclasses import replace
 
 import pytest
+import torch
 
 from powerctl.devices.boards import board_model
 from powerctl.devices.simulated import SimulatedBoard, predicted_profile
@@ -36,10 +37,10 @@ def _choose(profile: Profile):
     return select(profile, RELATION, CAP_W)
 
 
-def _run(scale: float, *, max_steps: int = 120):
+def _run(scale: float, *, max_steps: int = 120, board: SimulatedBoard | None = None):
     """Fine-tune cnn-tiny on a noise-free Nano drawing `scale` × its model's power, the prediction's
     choice pinned and confirmed by the first steps; (result, confirmation, board timeline)."""
-    board = SimulatedBoard(NANO, noise=False, power_scale=scale)
+    board = board or SimulatedBoard(NANO, noise=False, power_scale=scale)
     train, test = train_test_split(load_dataset("synthetic-image", limit=1200, seed=3), seed=0)
     first = _choose(PREDICTION)
     timeline = board.power_sampler(50.0)
@@ -102,6 +103,56 @@ def test_a_pair_measured_over_the_cap_runs_only_its_measuring_steps(scale: float
 def test_a_board_no_predicted_pair_of_which_fits_stops_with_one_line() -> None:
     with pytest.raises(NothingConfirmed, match=r"no pair predicted under the 3 W cap measured under it"):
         _run(5.0, max_steps=2000)
+
+
+class _NoRoomFor(SimulatedBoard):
+    """A Nano whose steps at one batch size fail as `error` says (an accelerator out of memory)."""
+
+    def __init__(self, batch_size: int, error: Exception) -> None:
+        super().__init__(NANO, noise=False)
+        self.no_room, self.error, self.failed = batch_size, error, 0
+
+    def run_step(self, fn, *, batch_size, workload):
+        if batch_size == self.no_room:
+            self.failed += 1
+            raise self.error
+        return super().run_step(fn, batch_size=batch_size, workload=workload)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+     RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")],
+)  # fmt: skip
+def test_a_batch_size_out_of_memory_in_training_is_dropped_as_the_profiler_drops_it(error) -> None:
+    """The predicted choice's batch size does not fit: its first step fails, the batch size leaves the
+    prediction (as the profiler skips it) and the next choice is pinned, measured and confirmed; every
+    sample trains at the batch sizes that fit."""
+    first = _choose(PREDICTION)
+    board = _NoRoomFor(first.batch_size, error)
+    result, confirm, _ = _run(1.0, board=board)
+    rest = replace(PREDICTION, points=[p for p in PREDICTION.points if p.batch_size != first.batch_size])
+    best = _choose(rest)
+    assert board.failed == 1 and [s["batch_size"] for s in confirm.skipped] == [first.batch_size]
+    assert "out of memory" in confirm.skipped[0]["reason"]
+    assert confirm.confirmed and (confirm.batch_size, confirm.frequency_hz) == (
+        best.batch_size,
+        best.frequency_hz,
+    )
+    assert result.samples == result.steps * best.batch_size >= 120 * 64
+    state = json.loads(json.dumps(confirm.resume_state()))
+    again = TrainingConfirmation(
+        SimulatedBoard(NANO, noise=False), PREDICTION, _choose, CAP_W, first, warmup_steps=WARMUP,
+        measure_steps=MEASURE,
+    )  # fmt: skip
+    again.load_resume_state(state)  # a resumed run does not pick the batch size that did not fit
+    assert all(p.batch_size != first.batch_size for p in again.prediction.points)
+
+
+def test_another_failure_in_training_stands() -> None:
+    board = _NoRoomFor(_choose(PREDICTION).batch_size, RuntimeError("cuDNN error: bad param"))
+    with pytest.raises(RuntimeError, match="cuDNN error"):
+        _run(1.0, board=board)
 
 
 def test_the_confirmation_resumes_where_it_stood() -> None:

@@ -74,6 +74,8 @@ class TrainingConfirmation:
         self.pick = first
         self.measured: dict[tuple[int, int], ProfilePoint] = {}
         self.switches: list[Switch] = []
+        self.skipped: list[dict[str, Any]] = []
+        """Batch sizes dropped because a step ran out of memory, with why (as a profile's `skipped`)."""
         self.confirmed = False
         self._pending_batch: int | None = None
         self._steps = 0
@@ -123,6 +125,33 @@ class TrainingConfirmation:
             return
         self._measured(device_seconds)
 
+    def step_failed(self, exc: Exception) -> int | None:
+        """A step at the pair being confirmed ran out of memory: that batch size is dropped, as the
+        profiler skips one that does not fit (its pairs leave the prediction), and the next choice is
+        pinned; its batch size is what training goes on with. Any other failure, or one after the
+        confirmation, stands (None)."""
+        from powerctl.profiling.profiler import _free_accelerator_memory, _is_out_of_memory
+
+        if self.confirmed or not _is_out_of_memory(exc):
+            return None
+        b = self.batch_size
+        self.skipped.append({"batch_size": b, "reason": f"out of memory: {exc}"})
+        _free_accelerator_memory()
+        left = [p for p in self.prediction.points if p.batch_size != b]
+        self.prediction = replace(self.prediction, points=left)
+        try:
+            pick = self.choose(self.merged()) if left else None
+        except InfeasibleCapError:
+            pick = None
+        if pick is None:
+            raise NothingConfirmed(
+                f"{self.device.spec}: batch size {b} ran out of memory in training and no other pair "
+                f"predicted under the {self.power_cap_w:g} W cap remains: {exc}"
+            ) from None
+        self._repin(pick)
+        self._pending_batch = None
+        return pick.batch_size
+
     def _measured(self, device_seconds: float) -> None:
         b, hz = self.batch_size, self.pick.frequency_hz
         per_batch = (device_seconds - self._since) / self.measure_steps
@@ -143,12 +172,20 @@ class TrainingConfirmation:
                 self.guard.retarget(self.power_cap_w, hz)
             return
         self.switches.append(Switch(device_seconds, (b, hz), new, peak, self.power_cap_w))
+        self._repin(pick, device_seconds)
+        self._pending_batch = pick.batch_size if pick.batch_size != b else None
+
+    def _repin(self, pick: Pick, since: float | None = None) -> None:
+        """Pin `pick` and start measuring it afresh (from `since`, training device seconds; else from the
+        end of its warm-up)."""
         self.device.pin_frequency(pick.frequency_hz)
-        self.pick, self._pending_batch = pick, pick.batch_size if pick.batch_size != b else None
-        self._steps, self._since, self._peaks, self._means = 0, device_seconds, [], []
+        self.pick = pick
+        self._steps, self._peaks, self._means = 0, [], []
+        if since is not None:
+            self._since = since
         if self.guard is not None:  # it watches the pair in force once confirmed
             self.guard.retarget(self.power_cap_w, pick.frequency_hz)
-        self.confirmed = new in self.measured  # measured before, under the cap: nothing to measure again
+        self.confirmed = (pick.batch_size, pick.frequency_hz) in self.measured  # measured under it before
 
     def resume_state(self) -> dict[str, Any]:
         """Where the confirmation stands (JSON): the pair in force, what was measured, the guard's."""
@@ -156,6 +193,7 @@ class TrainingConfirmation:
             "pick": asdict(self.pick),
             "measured": [p.to_dict() for p in self.measured.values()],
             "switches": [s.to_dict() for s in self.switches],
+            "skipped": self.skipped,
             "confirmed": self.confirmed,
             "steps": self._steps,
             "since": self._since,
@@ -173,6 +211,10 @@ class TrainingConfirmation:
             Switch(s["device_seconds"], tuple(s["old"]), tuple(s["new"]), s["measured_w"], s["power_cap_w"])
             for s in state["switches"]
         ]
+        self.skipped = list(state.get("skipped", []))  # checkpoints written before it have none
+        dropped = {int(s["batch_size"]) for s in self.skipped}
+        left = [p for p in self.prediction.points if p.batch_size not in dropped]
+        self.prediction = replace(self.prediction, points=left)
         self.confirmed, self._steps, self._since = (
             bool(state["confirmed"]),
             int(state["steps"]),

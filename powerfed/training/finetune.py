@@ -120,6 +120,14 @@ class StepHook(Protocol):
         ...
 
 
+def _step_failed(hook: StepHook, exc: Exception) -> int | None:
+    """A hook's take on a step that raised: the batch size to go on with (the step did not train), or
+    None when the failure stands. Optional (`step_failed(exc)`): the in-training confirmation drops a
+    batch size that runs out of memory, as the profiler skips it; other hooks let every failure stand."""
+    handler = getattr(hook, "step_failed", None)
+    return None if handler is None else handler(exc)
+
+
 @dataclass(frozen=True)
 class CurvePoint:
     samples: int
@@ -651,10 +659,8 @@ class _Loop:
         step; then the hooks see its readings, the bar and `on_step` its count."""
         run, hooks, device = self.run, self.hooks, self.device
         for hook in hooks:
-            if (b := hook.before_step(run.samples)) is not None and b != run.batch_size:
-                run.batch_size, run.lr = b, self.config.rate(b)
-                for group in self.opt.param_groups:  # the optimizer state (moments) is kept
-                    group["lr"] = run.lr
+            if (b := hook.before_step(run.samples)) is not None:
+                self._use_batch_size(b)
         if run.perm is None or run.first + run.batch_size > self.n:  # a new epoch; the tail is dropped
             run.perm, run.first = torch.randperm(self.n, generator=self.gen).to(self.dev), 0
         idx = run.perm[run.first : run.first + run.batch_size]
@@ -662,13 +668,23 @@ class _Loop:
         xb, yb = self.x.index_select(0, idx), self.y.index_select(0, idx)
 
         t0 = device.clock()
-        device.run_step(
-            partial(self.user_step, xb, yb)
-            if self.user_step is not None
-            else partial(_train_step, self.model, self.opt, self.criterion, xb, yb),
-            batch_size=run.batch_size,
-            workload=self.workload,
-        )
+        try:
+            device.run_step(
+                partial(self.user_step, xb, yb)
+                if self.user_step is not None
+                else partial(_train_step, self.model, self.opt, self.criterion, xb, yb),
+                batch_size=run.batch_size,
+                workload=self.workload,
+            )
+        except Exception as exc:
+            taken = next((b for h in hooks if (b := _step_failed(h, exc)) is not None), None)
+            if taken is None:
+                raise
+            run.device_seconds += device.clock() - t0
+            run.first -= len(idx)  # nothing trained: the same samples come next, at the new batch size
+            self.power.new_samples()  # the failed step's readings belong to no step
+            self._use_batch_size(taken)
+            return
         run.device_seconds += device.clock() - t0
         run.samples += run.batch_size
         run.steps += 1
@@ -680,6 +696,15 @@ class _Loop:
             self.bar.update(run.batch_size)
         if self.callbacks.on_step is not None:
             self.callbacks.on_step(run.steps, run.samples)
+
+    def _use_batch_size(self, b: int) -> None:
+        """Train with batch size `b` from the next step on (a hook's say): the rate rescaled, the optimizer
+        state (moments) kept."""
+        run = self.run
+        if b != run.batch_size:
+            run.batch_size, run.lr = b, self.config.rate(b)
+            for group in self.opt.param_groups:
+                group["lr"] = run.lr
 
     def _stop_or_evaluate(self) -> None:
         """After a step: a spent budget stops the run; else, when due, evaluate (the target met stops it)
