@@ -369,9 +369,17 @@ class PowerSession:
         self._workload: Workload | None = None
         self._wall = 0.0
         self._step_seconds: list[float] = []
+        self._entered = False
 
     # --- the round ----------------------------------------------------------------------------
     def __enter__(self) -> PowerSession:
+        if self._entered:  # a second block would add its steps to the first's, charged one block's energy
+            where = "inside its own `with` block" if self._stack is not None else "a second time"
+            raise SessionError(
+                f"PowerSession: entered {where}: a session is one round and enters once; make a new "
+                "PowerSession for another block"
+            )
+        self._entered = True
         work = self.work
         self._wall = time.perf_counter()
         relation = usable_relation(work.instr, work.examples or 0)

@@ -59,3 +59,34 @@ def test_profile_interrupted_on_a_jetson_restores_the_frequency(tmp_path: Path, 
     assert "Traceback" not in err
     assert tree_snapshot(root) == before
     assert not (tmp_path / "p.json").exists()
+
+
+def test_a_guard_inside_a_guard_of_the_same_device_keeps_the_outer_ones_exit_hook(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import types
+
+    from powerctl.pinning import safety
+
+    hooks: list = []  # atexit's own list cannot be read: a stand-in with its semantics
+
+    def unregister(fn: object) -> None:  # atexit.unregister removes every hook equal to fn
+        hooks[:] = [h for h in hooks if h != fn]
+
+    monkeypatch.setattr(safety, "atexit", types.SimpleNamespace(register=hooks.append, unregister=unregister))
+
+    class Board:
+        restores = 0
+
+        def restore(self) -> None:
+            self.restores += 1
+
+    board = Board()
+    before = [signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)]
+    with safety.restore_on_exit(board):
+        with safety.restore_on_exit(board):
+            assert len(hooks) == 2
+        assert len(hooks) == 1  # the outer guard still restores the board at exit
+        assert signal.getsignal(signal.SIGTERM) not in before
+    assert hooks == [] and board.restores == 2
+    assert [signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)] == before

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -207,6 +208,31 @@ def test_the_profile_is_of_the_users_step_and_changes_with_it(tmp_path: Path) ->
 def test_a_loop_that_runs_no_step_through_it_on_a_simulated_board_is_one_error(tmp_path: Path) -> None:
     with pytest.raises(powerfed.SessionError, match="ran no training step"), _session(profile_cache=tmp_path):
         pass
+
+
+def _handlers() -> list[Any]:
+    return [signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)]
+
+
+def test_a_session_enters_once_and_leaves_the_signal_handlers_as_found(tmp_path: Path) -> None:
+    before = _handlers()
+    session = _session(profile_cache=tmp_path)
+    with session:
+        session.step(lambda: None)
+    report = session.report
+    assert report is not None and report.steps == 1 and _handlers() == before
+    with pytest.raises(powerfed.SessionError) as err, session:  # a second block would add to the first
+        session.step(lambda: None)
+    assert "\n" not in str(err.value) and "entered a second time" in str(err.value)
+    assert session.report is report and session.steps == 1 and _handlers() == before
+
+    inside = _session(profile_cache=tmp_path)
+    with pytest.raises(powerfed.SessionError) as err, inside:
+        inside.step(lambda: None)
+        with inside:
+            inside.step(lambda: None)
+    assert "\n" not in str(err.value) and "inside its own `with` block" in str(err.value)
+    assert inside.steps == 1 and inside.report is None and _handlers() == before
 
 
 @pytest.mark.parametrize("fail", [False, True])

@@ -31,18 +31,25 @@ def restore_on_exit(device: Restorable) -> Iterator[None]:
 
     SIGINT already raises KeyboardInterrupt; SIGTERM and SIGHUP are turned into SystemExit
     (only possible in the main thread; elsewhere the atexit hook still covers a clean exit).
+    The handlers in force before are put back on every way out, even one while they are installed; a
+    handler Python could not put back (installed from C: `signal.getsignal` gives None) is not replaced.
     """
     previous: dict[signal.Signals, object] = {}
-    if threading.current_thread() is threading.main_thread():
-        for sig in _TERMINATING:
-            previous[sig] = signal.signal(sig, _raise_exit)
-    atexit.register(device.restore)
+
+    def hook() -> None:  # its own object: unregistering it leaves another guard's of the same device
+        device.restore()
+
+    atexit.register(hook)
     try:
+        if threading.current_thread() is threading.main_thread():
+            for sig in _TERMINATING:
+                if signal.getsignal(sig) is not None:
+                    previous[sig] = signal.signal(sig, _raise_exit)
         yield
     finally:
         try:
             device.restore()
         finally:
-            atexit.unregister(device.restore)
+            atexit.unregister(hook)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)  # type: ignore[arg-type]
