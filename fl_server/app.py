@@ -13,7 +13,6 @@ import contextlib
 import hashlib
 import json
 import multiprocessing
-import os
 import queue
 import time
 from collections.abc import Callable
@@ -47,6 +46,7 @@ from fl_server.run_config import (
 from powerctl.cli.util import say
 from powerctl.errors import PowerctlError
 from powerctl.files.cache import cache_dir
+from powerctl.files.xdg import xdg_home
 from powerctl.records.relation import INTERVAL_STANDARD_ERRORS, RelationVector
 from powerctl.selection.methods import run_method_named
 from strategies.fleet import fleet_availability
@@ -79,8 +79,7 @@ class InjectedServerStop(RuntimeError):
 
 
 def default_results_dir(run_id: int) -> Path:
-    base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
-    return Path(base) / "powerfed" / "runs" / str(run_id)
+    return xdg_home("data") / "powerfed" / "runs" / str(run_id)
 
 
 def weights_path(cfg: ServerConfig) -> Path:

@@ -68,7 +68,7 @@ batch-efficiency model; --max-seeds adds seeds until the ranking of batch sizes 
 relation = samples_to_target / samples_to_target[largest batch size]. A batch size that does
 not reach the target within --max-samples is an error (lower --target or raise --max-samples); so is
 a target the starting weights already meet. Results are cached (--cache-dir, default
-$POWERFED_CACHE/relation or ~/.cache/powerfed/relation): the same inputs again return at once.
+$POWERFED_CACHE/relation or $XDG_CACHE_HOME/powerfed/relation): the same inputs again return at once.
 """
 
 
@@ -259,7 +259,7 @@ def _add_relation(sub: Any) -> None:
         "--cache-dir",
         type=Path,
         metavar="DIR",
-        help="cache folder (default: $POWERFED_CACHE/relation or ~/.cache/powerfed/relation)",
+        help="cache folder (default: $POWERFED_CACHE/relation or $XDG_CACHE_HOME/powerfed/relation)",
     )
     rel.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
     rel.add_argument("--parallel", action="store_true", help="run batch sizes as parallel Ray tasks")

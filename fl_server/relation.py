@@ -56,7 +56,19 @@ from powerctl.devices.host import HostDevice
 from powerctl.devices.torchdev import resolve_torch_device
 from powerctl.errors import ArgumentError, FileFormatError, PowerctlError
 from powerctl.files.cache import CACHE_ENV, cache_dir
-from powerctl.files.mapping import MAX_SEED, FolderPath, Integer, Kind, Number, check_arguments
+from powerctl.files.mapping import (
+    MAX_SEED,
+    Callback,
+    Flag,
+    FolderPath,
+    Integer,
+    Kind,
+    Maybe,
+    Number,
+    Text,
+    check_arguments,
+    check_fields,
+)
 from powerctl.records.relation import VECTORS, RelationVector
 from powerctl.records.workload import Workload
 from powerfed.training.crossing import DEFAULT_MIN_EVALUATIONS, run_dense
@@ -252,6 +264,17 @@ class RelationSettings:
             object.__setattr__(self, name, value)
 
 
+_COMPUTE_KINDS: dict[str, Kind] = {
+    "use_cache": Flag(),
+    "compute": Flag(),
+    "parallel": Flag(),
+    "num_cpus": Maybe(Integer(1)),
+    "device": Text(what="a torch device: auto, cpu or cuda[:INDEX]"),
+    "progress": Flag(),
+    "say": Maybe(Callback("line → None")),
+}
+
+
 @dataclass(frozen=True)
 class RelationCompute:
     """Where a relation estimate is cached and how it is computed and shown: nothing here changes the
@@ -262,7 +285,7 @@ class RelationCompute:
     """Names the version of the user's code (a model not built into the project, a loss, a metric, a
     step or a loop): only then is such an estimate cached, and it must change when that code does."""
     cache_dir: str | Path | None = None
-    """The cache's folder (None: $POWERFED_CACHE/relation or ~/.cache/powerfed/relation)."""
+    """The cache's folder (None: $POWERFED_CACHE/relation or $XDG_CACHE_HOME/powerfed/relation)."""
     use_cache: bool = True
     compute: bool = True
     """False: nothing trains; the cached vector, else `NotCached`."""
@@ -280,7 +303,7 @@ class RelationCompute:
     shows a bar (a ServerApp's log)."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "num_cpus", _optional_count("num_cpus", self.num_cpus))
+        check_fields(self, WHERE, _COMPUTE_KINDS)  # a flag is a bool: compute="no" must not train
         if self.cache_dir is not None:  # '' is the working directory, not the default cache (None)
             folder = FolderPath("a folder path (leave it out, or None, for the default cache)")
             check_arguments(WHERE, cache_dir=(self.cache_dir, folder))

@@ -133,3 +133,31 @@ def test_write_is_atomic(tmp_path: Path) -> None:
     finally:
         os.umask(old)
     assert (tmp_path / "shared.json").stat().st_mode & 0o777 == 0o644
+
+
+def _xdg_folder(variable: str) -> Path:
+    """The folder that follows `variable`: the profile cache, the pin records, a run's results."""
+    if variable == "XDG_CACHE_HOME":
+        from powerctl.files.cache import cache_dir
+
+        return cache_dir("profile")
+    if variable == "XDG_STATE_HOME":
+        from powerctl.pinning.freqstate import state_dir
+
+        return state_dir()
+    from fl_server.app import default_results_dir
+
+    return default_results_dir(7)
+
+
+@pytest.mark.parametrize("variable", ["XDG_CACHE_HOME", "XDG_STATE_HOME", "XDG_DATA_HOME"])
+def test_the_xdg_base_folders_are_honoured(tmp_path: Path, monkeypatch, variable: str) -> None:
+    """The cache, the pin records and the results follow $XDG_*_HOME when it is absolute; a relative
+    one is ignored (the XDG specification), the default under ~ used."""
+    monkeypatch.delenv("POWERFED_CACHE", raising=False)
+    monkeypatch.delenv("POWERCTL_STATE_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv(variable, str(tmp_path / "xdg"))
+    assert _xdg_folder(variable).is_relative_to(tmp_path / "xdg")
+    monkeypatch.setenv(variable, "relative/xdg")
+    assert _xdg_folder(variable).is_relative_to(tmp_path / "home")

@@ -7,9 +7,10 @@ import stat
 from pathlib import Path
 
 from powerctl.errors import PowerctlError
+from powerctl.files.xdg import xdg_home
 
 CACHE_ENV = "POWERFED_CACHE"
-"""Environment variable: root of every cache (default ~/.cache/powerfed)."""
+"""Environment variable: root of every cache (default $XDG_CACHE_HOME/powerfed, ~/.cache/powerfed)."""
 
 
 class CacheError(PowerctlError):
@@ -17,14 +18,15 @@ class CacheError(PowerctlError):
 
 
 def cache_root() -> Path:
-    """$POWERFED_CACHE, else ~/.cache/powerfed; checked here, at every use, because a cache is written
-    only after the work it keeps (a pre-training, a relation vector): set to a file, a device or a
-    relative path (each of Flower's processes runs in another folder), it would fail or scatter
-    minutes later. A folder that does not exist yet is fine: it is created when first written."""
+    """$POWERFED_CACHE, else $XDG_CACHE_HOME/powerfed (~/.cache/powerfed); checked here, at every use,
+    because a cache is written only after the work it keeps (a pre-training, a relation vector): set to
+    a file, a device or a relative path (each of Flower's processes runs in another folder), it would
+    fail or scatter minutes later. A folder that does not exist yet is fine: it is created when first
+    written."""
     root = os.environ.get(CACHE_ENV)
     if not root:
-        return Path.home() / ".cache" / "powerfed"
-    hint = f"set {CACHE_ENV} to an absolute folder, or unset it for ~/.cache/powerfed"
+        return xdg_home("cache") / "powerfed"
+    hint = f"set {CACHE_ENV} to an absolute folder, or unset it for $XDG_CACHE_HOME/powerfed"
     if "\0" in root:
         raise CacheError(f"{CACHE_ENV}={root!r}: not a path (it holds a NUL character); {hint}")
     path = Path(root).expanduser()
@@ -42,5 +44,5 @@ def cache_root() -> Path:
 
 
 def cache_dir(kind: str) -> Path:
-    """$POWERFED_CACHE/KIND, else ~/.cache/powerfed/KIND (profile, relation, weights)."""
+    """$POWERFED_CACHE/KIND, else $XDG_CACHE_HOME/powerfed/KIND (profile, relation, weights)."""
     return cache_root() / kind

@@ -21,6 +21,7 @@ from typing import IO, Any
 
 from powerctl.errors import DeviceError, FileFormatError
 from powerctl.files.jsonfile import Fields, read_json, write_json
+from powerctl.files.xdg import xdg_home
 
 STATE_SCHEMA = "powerctl.freqstate/2"
 KIND_PIN = "pin"
@@ -57,8 +58,7 @@ def state_dir() -> Path:
     """`POWERCTL_STATE_DIR`, else `$XDG_STATE_HOME/powerctl`, else `~/.local/state/powerctl`."""
     if d := os.environ.get("POWERCTL_STATE_DIR"):
         return Path(d)
-    base = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
-    return Path(base) / "powerctl"
+    return xdg_home("state") / "powerctl"
 
 
 def _file_stem(key: str) -> str:

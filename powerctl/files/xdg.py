@@ -1,0 +1,25 @@
+"""The XDG base folders (cache, data, state) the project's caches, results and pin records live under."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+XDG_HOMES = {
+    "cache": ("XDG_CACHE_HOME", (".cache",)),
+    "data": ("XDG_DATA_HOME", (".local", "share")),
+    "state": ("XDG_STATE_HOME", (".local", "state")),
+}
+"""Kind → its environment variable and its default under the home folder (the XDG Base Directory
+specification)."""
+
+
+def xdg_home(kind: str) -> Path:
+    """$XDG_CACHE_HOME, $XDG_DATA_HOME or $XDG_STATE_HOME (`kind` cache, data or state), else its default
+    under ~ (~/.cache, ~/.local/share, ~/.local/state). A relative value is ignored, as the specification
+    says: each of Flower's processes runs in another folder."""
+    variable, default = XDG_HOMES[kind]
+    value = os.environ.get(variable, "")
+    if value and "\0" not in value and Path(value).is_absolute():
+        return Path(value)
+    return Path.home().joinpath(*default)
