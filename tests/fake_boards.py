@@ -55,6 +55,9 @@ class FakeGpu:
         default_factory=lambda: {1593: [1410, 1395, 1380, 1365, 1350, 210, 225, 240, 1410]}
     )
     power_mw: int = 61234
+    """What nvmlDeviceGetPowerUsage reads (a one-second average on Ampere and newer)."""
+    instant_power_mw: int | None = None
+    """What the NVML_FI_DEV_POWER_INSTANT field reads; None: the driver has no such field."""
     memory_total: int = 85899345920
     clock_mhz: int = 1410
     uuid: str = "GPU-5b5a7ac0-0d38-3f0b-a1b2-000000000000"
@@ -76,6 +79,8 @@ def fake_pynvml(gpus: list[FakeGpu], init_error: int | None = None) -> types.Mod
         "NVML_CLOCK_GRAPHICS": 0,
         "NVML_CLOCK_SM": 1,
         "NVML_CLOCK_MEM": 2,
+        "NVML_FI_DEV_POWER_AVERAGE": 185,
+        "NVML_FI_DEV_POWER_INSTANT": 186,
     }
     for key, value in consts.items():
         setattr(mod, key, value)
@@ -124,6 +129,15 @@ def fake_pynvml(gpus: list[FakeGpu], init_error: int | None = None) -> types.Mod
             raise NVMLError(2)
         return index
 
+    def field_value(gpu: FakeGpu, field_id: int) -> types.SimpleNamespace:
+        """As NVML fills one field: its own return code (NOT_SUPPORTED for a field this GPU lacks)."""
+        mw = gpu.instant_power_mw if field_id == 186 else None
+        return types.SimpleNamespace(
+            fieldId=field_id,
+            nvmlReturn=0 if mw is not None else 3,
+            value=types.SimpleNamespace(uiVal=mw or 0),
+        )
+
     functions = {
         "nvmlInit": init,
         "nvmlShutdown": shutdown,
@@ -136,6 +150,7 @@ def fake_pynvml(gpus: list[FakeGpu], init_error: int | None = None) -> types.Mod
         "nvmlDeviceSetGpuLockedClocks": lambda h, lo, hi: None,
         "nvmlDeviceResetGpuLockedClocks": lambda h: None,
         "nvmlDeviceGetPowerUsage": lambda h: gpus[h].power_mw,
+        "nvmlDeviceGetFieldValues": lambda h, ids: [field_value(gpus[h], i) for i in ids],
         "nvmlDeviceGetMemoryInfo": lambda h: types.SimpleNamespace(
             total=gpus[h].memory_total, used=0, free=gpus[h].memory_total
         ),

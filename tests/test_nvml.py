@@ -248,3 +248,44 @@ def test_no_cuda_torch_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with open_device("nvml:0") as gpu, pytest.raises(DeviceError, match="CUDA build of torch"):
         gpu.torch_device()
+
+
+# --- which power reading: the instantaneous field where the driver has it, else the average ------------
+
+
+def test_power_reads_the_instant_field_where_the_driver_has_it(monkeypatch) -> None:
+    """An H100-like GPU: the field reads the spike the one-second average smooths away."""
+    mod = install(monkeypatch, FakeGpu(instant_power_mw=512_250, power_mw=301_000))
+    gpu = open_nvml(0)
+    assert gpu.has_power_sensor and gpu.power_reading == "instant"
+    assert gpu.read_power_w() == pytest.approx(512.25)
+    assert gpu.rails() == pytest.approx({"board": 512.25})
+    assert gpu.describe()["power_reading"] == "instant"
+    assert named(mod, "nvmlDeviceGetPowerUsage") == []
+    assert named(mod, "nvmlDeviceGetFieldValues")[0] == ("nvmlDeviceGetFieldValues", 0, [186])
+
+
+@pytest.mark.parametrize("no_field", ["field", "call"])
+def test_without_the_instant_field_the_average_is_read_and_said_once(monkeypatch, caplog, no_field) -> None:
+    """The field's own return code says NOT_SUPPORTED (an older driver), or the whole call fails."""
+    errors = {"nvmlDeviceGetFieldValues": NOT_SUPPORTED} if no_field == "call" else {}
+    install(monkeypatch, FakeGpu(errors=errors))
+    with caplog.at_level("INFO", logger="powerctl.devices.nvml"):
+        gpu = open_nvml(0)
+        assert gpu.power_reading == "average" and gpu.describe()["power_reading"] == "average"
+        assert gpu.read_power_w() == pytest.approx(61.234)
+        gpu.read_power_w()
+    said = [r.getMessage() for r in caplog.records if "one-second average" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("nvml:0 (NVIDIA A100-SXM4-80GB): NVML has no instantaneous")
+
+
+def test_an_instant_field_failing_later_is_one_device_error_line(monkeypatch) -> None:
+    gpus = [FakeGpu(instant_power_mw=200_000)]
+    mod = fake_pynvml(gpus)
+    monkeypatch.setitem(sys.modules, "pynvml", mod)
+    gpu = open_nvml(0)
+    gpus[0].instant_power_mw = None  # the field's own return code is NOT_SUPPORTED now
+    with pytest.raises(DeviceError) as err:
+        gpu.read_power_w()
+    assert str(err.value).startswith("nvml:0 (NVIDIA A100-SXM4-80GB) does not support reading power")
+    assert "\n" not in str(err.value)

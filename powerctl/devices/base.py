@@ -98,6 +98,9 @@ class Device(ABC):
     board: str
     """Board/GPU name, e.g. ``jetson-nano``; used as the profile's ``device`` field."""
     has_power_sensor: bool = False
+    power_reading: str | None = None
+    """How `read_power_w` reads: "instant", or "average" where only a vendor's smoothed reading is there
+    (NVML's one-second average; peaks read low); None where the backend does not say. A profile records it."""
     recovered: str | None = None
     """Set by `open_device`: the line said when this board was found left pinned by a dead process and
     put back (None: it was not). A client's report carries it, so the coordinator sees it too."""
@@ -268,6 +271,7 @@ class Device(ABC):
             "current_frequency_hz": self.current_frequency(),
             "memory_bytes": self.memory_bytes(),
             "power_sensor": self.has_power_sensor,
+            **({"power_reading": self.power_reading} if self.power_reading else {}),
             "rails": sorted(self.rails()) if self.has_power_sensor else [],
         }
 

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 from types import ModuleType
@@ -16,6 +17,7 @@ from powerctl.devices.base import Device
 from powerctl.errors import DeviceError, DevicePermissionError
 
 MHZ = 1_000_000
+log = logging.getLogger(__name__)
 
 
 def load_nvml() -> ModuleType:
@@ -121,11 +123,38 @@ class NvmlGpu(Device):
         return sorted({int(mhz) * MHZ for mhz in graphics})
 
     def _probe_power(self) -> bool:
+        """Whether NVML reads board power here, and how (`power_reading`), decided once: the instantaneous
+        field where the driver has it; else `nvmlDeviceGetPowerUsage`, which is a one-second average on
+        Ampere (A100 aside) and newer GPUs, so short peaks read low (said once, here)."""
+        nvml = self._nvml
         try:
-            self._nvml.nvmlDeviceGetPowerUsage(self._handle)
-        except self._nvml.NVMLError:
+            self._instant_mw()
+        except (nvml.NVMLError, AttributeError):  # AttributeError: a nvidia-ml-py without the field
+            pass
+        else:
+            self.power_reading = "instant"
+            return True
+        try:
+            nvml.nvmlDeviceGetPowerUsage(self._handle)
+        except nvml.NVMLError:
             return False
+        self.power_reading = "average"
+        log.info(
+            "%s (%s): NVML has no instantaneous power here; reading nvmlDeviceGetPowerUsage instead, a "
+            "one-second average on Ampere and newer GPUs: peaks shorter than that read low",
+            self.spec,
+            self.name,
+        )
         return True
+
+    def _instant_mw(self) -> int:
+        """The instantaneous board power field, in mW; NVMLError when this field is not there (its own
+        return code: the call as a whole succeeds either way)."""
+        nvml = self._nvml
+        field = nvml.nvmlDeviceGetFieldValues(self._handle, [nvml.NVML_FI_DEV_POWER_INSTANT])[0]
+        if field.nvmlReturn != nvml.NVML_SUCCESS:
+            raise nvml.NVMLError(field.nvmlReturn)
+        return int(field.value.uiVal)
 
     def physical_key(self) -> str | None:
         """The GPU's UUID: NVML indices change with CUDA_VISIBLE_DEVICES and PCI order, the UUID does not."""
@@ -172,6 +201,8 @@ class NvmlGpu(Device):
     def read_power_w(self) -> float:
         if not self.has_power_sensor:
             raise DeviceError(f"{self.spec} ({self.name}) has no power sensor NVML can read")
+        if self.power_reading == "instant":
+            return self._call("reading power", self._instant_mw) / 1000.0
         return self._call("reading power", self._nvml.nvmlDeviceGetPowerUsage, self._handle) / 1000.0
 
     def rails(self) -> dict[str, float]:

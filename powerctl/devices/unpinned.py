@@ -93,6 +93,10 @@ class UnpinnedDevice(Device):
     def has_power_sensor(self) -> bool:  # type: ignore[override]
         return self.inner.has_power_sensor
 
+    @property
+    def power_reading(self) -> str | None:  # type: ignore[override]
+        return self.inner.power_reading
+
     def read_power_w(self) -> float:
         return self.inner.read_power_w()
 
