@@ -5,6 +5,10 @@
   the weights, a MetricRecord with ``num-examples`` and the full report (a ConfigRecord);
 - ``evaluate``: accuracy and loss of the received weights on the node's local test split.
 
+A deployed SuperNode starts a process per message, so what a message does not need is not imported:
+the query imports no torch and loads no data (the node's data sizes come back with its evaluate reply);
+torch, the training core and the device backends are imported by the train or evaluate function.
+
 Bad input (node config, run config, message) is answered with an error reply whose reason is one line
 naming the key and the value; the server reports it for that node and goes on with the others.
 """
@@ -13,9 +17,9 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
@@ -23,18 +27,8 @@ from fl_client.faults import before_training, kill_after_checkpoint, parse_fault
 from fl_client.local_data import data_plan, load_local_data
 from fl_client.mod import error_reply, message_config, node_info, profile_cache
 from fl_client.node import NodeSettings, resolve_node
-from fl_client.round import (
-    State,
-    build_local_model,
-    model_seq_len,
-    node_device_seed,
-    plan_round,
-    train_round,
-)
 from powerctl.cli.util import library_lines_on_stderr, say
 from powerctl.errors import PowerctlError
-from powerfed.training.finetune import evaluate_with_loss
-from powerfed.training.models import get_model_spec
 from strategies.protocol import (
     ARRAYS_KEY,
     BENCH_REPORT_KEY,
@@ -49,6 +43,10 @@ from strategies.protocol import (
     reader,
     required,
 )
+
+if TYPE_CHECKING:
+    from fl_client.round import State
+    from powerfed.training.data import Dataset
 
 
 def _library_lines(
@@ -66,6 +64,8 @@ app = ClientApp(mods=[_library_lines])
 def _state(msg: Message) -> State:
     """The weights sent, as a state dict; NaN or infinity is refused before any device time is spent on
     them. Each array is decoded once (Flower's `to_torch_state_dict` would decode them again)."""
+    import torch
+
     where = f"{msg.metadata.message_type} message"
     arrays = required(msg.content.array_records, ARRAYS_KEY, where, "the weights")
     state: State = {}
@@ -77,13 +77,18 @@ def _state(msg: Message) -> State:
     return state
 
 
-def _node_record(settings: NodeSettings, context: Context) -> ConfigRecord:
-    info = node_info(settings)
-    model = context.run_config.get("model")
-    if isinstance(model, str) and model:
-        train, test = load_local_data(data_plan(settings, context.run_config, model_seq_len(model, {})))
-        info.update({"data": train.name, "train-examples": len(train), "test-examples": len(test)})
-    return ConfigRecord(info)
+def _data_record(settings: NodeSettings, train: Dataset, test: Dataset) -> ConfigRecord:
+    """Who this node is and its data (name, train and test sizes), as its evaluate reply says it: the
+    server completes what the node's query said with it (the query loads no data)."""
+    return ConfigRecord(
+        {
+            "node-key": settings.key,
+            "device": settings.device,
+            "data": train.name,
+            "train-examples": len(train),
+            "test-examples": len(test),
+        }
+    )
 
 
 @app.query()
@@ -93,16 +98,15 @@ def query(msg: Message, context: Context) -> Message:
     settings = None
     try:
         settings = resolve_node(context.node_config, context.run_config)
-        record = _node_record(settings, context)
-        content = RecordDict({NODE_KEY: record})
+        content = RecordDict({NODE_KEY: ConfigRecord(node_info(settings))})
         if CONFIG_KEY in msg.content.config_records:
+            from fl_client.round import model_seq_len, plan_round  # the plan profiles: torch
+
             instr = TrainInstructions.from_config(message_config(msg), "plan query config")
-            examples = record.get("train-examples")
-            if not isinstance(examples, int):
-                plan_data = data_plan(
-                    settings, context.run_config, model_seq_len(instr.model, instr.model_overrides)
-                )
-                examples = len(load_local_data(plan_data)[0])
+            plan_data = data_plan(
+                settings, context.run_config, model_seq_len(instr.model, instr.model_overrides)
+            )
+            examples = len(load_local_data(plan_data)[0])
             plan = plan_round(settings, instr, examples, profile_cache=profile_cache(context.run_config))
             content[PLAN_KEY] = plan.to_config()
     except PowerctlError as exc:
@@ -112,6 +116,8 @@ def query(msg: Message, context: Context) -> Message:
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
+    from fl_client.round import model_seq_len, node_device_seed, train_round
+
     settings = None
     try:
         settings = resolve_node(context.node_config, context.run_config)
@@ -166,6 +172,10 @@ def train(msg: Message, context: Context) -> Message:
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
+    from fl_client.round import build_local_model, model_seq_len
+    from powerfed.training.finetune import evaluate_with_loss
+    from powerfed.training.models import get_model_spec
+
     settings = None
     try:
         settings = resolve_node(context.node_config, context.run_config)
@@ -175,10 +185,11 @@ def evaluate(msg: Message, context: Context) -> Message:
         state = _state(msg)
         model = build_local_model(model_name, r.integer("num-classes"), overrides, state)
         plan = data_plan(settings, context.run_config, model_seq_len(model_name, overrides))
-        _, test = load_local_data(plan)
+        train, test = load_local_data(plan)
         accuracy, loss = evaluate_with_loss(model, get_model_spec(model_name).task, test.x, test.y)
     except PowerctlError as exc:
         return error_reply(msg, settings, exc)
     metrics = MetricRecord({EXAMPLES_KEY: len(test), "accuracy": accuracy, "loss": loss})
-    node = ConfigRecord({"node-key": settings.key, "device": settings.device})
-    return Message(RecordDict({METRICS_KEY: metrics, NODE_KEY: node}), reply_to=msg)
+    return Message(
+        RecordDict({METRICS_KEY: metrics, NODE_KEY: _data_record(settings, train, test)}), reply_to=msg
+    )

@@ -9,6 +9,9 @@ Flower's `fixedclipping_mod` shares its key with the DP strategy). Other message
 
 Bad input (node config, plan, a train function that opened no session) is an error reply whose reason
 is one line; the server names it for that node and goes on with the others.
+
+A deployed SuperNode starts a process per message: importing this module and answering a query
+(`describe_node`) import no torch; the session and the training core are imported by a train message.
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ from typing import Any
 from flwr.app import ConfigRecord, Context, Error, Message, MessageType, RecordDict
 
 from fl_client.node import NodeConfigError, NodeSettings, resolve_node
-from fl_client.session import CURRENT_ROUND, RoundContext
 from powerctl.devices import open_device
 from powerctl.errors import PowerctlError
 from strategies.protocol import CONFIG_KEY, NODE_KEY, REPORT_KEY, TrainInstructions, required
@@ -89,6 +91,9 @@ def power_aware_mod(
     `PowerSession`, and its reply carries the session's report."""
     if msg.metadata.message_type.split(".")[0] != MessageType.TRAIN:
         return call_next(msg, context)
+    # the session (torch, the training core) only for a train message: a board's query imports none of it
+    from fl_client.session import CURRENT_ROUND, RoundContext
+
     settings = None
     try:
         settings = resolve_node(context.node_config, context.run_config, needs_data=False)

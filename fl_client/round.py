@@ -30,7 +30,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import re
+import sys
 import time
 import zlib
 from collections.abc import Callable
@@ -52,6 +54,7 @@ from powerctl.devices.simulated import SimulatedBoard, predicted_profile
 from powerctl.errors import InfeasibleCapError, PowerctlError
 from powerctl.files.cache import cache_dir
 from powerctl.pinning.safety import restore_on_exit
+from powerctl.procs import seconds_since_start
 from powerctl.profiling.budget import (
     BOARD_MODEL,
     FITTED,
@@ -113,6 +116,7 @@ __all__ = [
     "check_data",
     "fine_tune_step",
     "measured_profile_step",
+    "message_process_startup_s",
     "method_step",
     "model_seq_len",
     "needs_bench_steps",
@@ -835,6 +839,20 @@ class RoundOutcome:
     trained: Trained
 
 
+CLIENTAPP_COMMAND = "flwr-clientapp"
+"""The process a deployed SuperNode starts for each message (Flower names it by this command too)."""
+
+
+def message_process_startup_s() -> float | None:
+    """Wall seconds since this process started, where it was started for this one message (a deployed
+    SuperNode's `flwr-clientapp`): the start-up the round cost before its work (`ClientReport.startup_s`).
+    None where a process serves many messages (simulation's Ray actors, a test, a user's script)."""
+    if os.path.basename(sys.argv[0]) != CLIENTAPP_COMMAND:
+        return None
+    startup = seconds_since_start(os.getpid())
+    return None if startup is None else round(startup, 2)
+
+
 def run_round(work: RoundWork, steps: RoundSteps | None = None) -> RoundOutcome:
     """Profile → choose → pin and train → report, with the steps given (default: what the instructions
     ask for). Only the power-aware method is charged for profiling it measured this round (the
@@ -845,6 +863,7 @@ def run_round(work: RoundWork, steps: RoundSteps | None = None) -> RoundOutcome:
     train, _ = work.split()
     check_data(work.instr, train)
     relation = work.instr.relation() if work.instr.stand_in else usable_relation(work.instr, len(train))
+    startup_s = message_process_startup_s()  # the first profiling or training step comes next
     profiled = steps.profile(work, relation)
     chosen = steps.choose(work, profiled.profile, relation, steps.train)
     trained = None
@@ -855,7 +874,8 @@ def run_round(work: RoundWork, steps: RoundSteps | None = None) -> RoundOutcome:
             trained = replace(trained, choice=c)
     if trained is None:
         trained = steps.train(work, chosen.rule)
-    report = build_report(work, profiled, chosen, trained, len(train), time.perf_counter() - wall_start)
+    wall_s = time.perf_counter() - wall_start
+    report = build_report(work, profiled, chosen, trained, len(train), wall_s, startup_s=startup_s)
     return RoundOutcome(trained.state, report, profiled, chosen, trained)
 
 
@@ -882,6 +902,8 @@ def build_report(
     trained: Trained,
     train_examples: int,
     wall_seconds: float,
+    *,
+    startup_s: float | None = None,
 ) -> ClientReport:
     """The round's report, with what a bench's steps measured beside it (`ClientReport.bench`, None for
     the production steps). Only the power-aware method is charged for profiling it measured this round."""
@@ -915,6 +937,7 @@ def build_report(
         stop_reason=result.stop_reason,
         train_examples=train_examples,
         wall_seconds=wall_seconds,
+        startup_s=startup_s,
         step_downs=trained.step_downs,
         method=instr.method,
         profile_points=0 if trained.stand_in or confirmed_in_training(profile) else len(profile.points),

@@ -51,6 +51,7 @@ from fl_client.round import (
     RoundWork,
     build_report,
     measured_profile_step,
+    message_process_startup_s,
     method_step,
     node_device_seed,
     usable_relation,
@@ -368,6 +369,7 @@ class PowerSession:
         self._power: TrainingPower | None = None
         self._workload: Workload | None = None
         self._wall = 0.0
+        self._startup_s: float | None = None
         self._step_seconds: list[float] = []
         self._entered = False
 
@@ -383,6 +385,7 @@ class PowerSession:
         work = self.work
         self._wall = time.perf_counter()
         relation = usable_relation(work.instr, work.examples or 0)
+        self._startup_s = message_process_startup_s()  # the first profiling step comes next
         self.profiled = measured_profile_step(work, relation)
         self.chosen = method_step(work, self.profiled.profile, relation, _no_training)
         stack = ExitStack()
@@ -569,7 +572,10 @@ class PowerSession:
         )
         trained = self._pinning.trained(result, {}, dev.board)
         wall = time.perf_counter() - self._wall
-        return build_report(self.work, self.profiled, self.chosen, trained, self.work.examples or 0, wall)
+        examples = self.work.examples or 0
+        return build_report(
+            self.work, self.profiled, self.chosen, trained, examples, wall, startup_s=self._startup_s
+        )
 
 
 def _no_training(*_: Any) -> Any:

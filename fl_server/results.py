@@ -103,11 +103,21 @@ def _mhz(client: dict[str, Any]) -> str:
 
 
 def client_table(record: RoundRecord) -> str:
-    """device, cap, b, MHz, how it profiled and at what cost against its budget, device s, energy J,
-    peak W, accuracy, at target — one row per client."""
+    """device, cap, b, MHz, how it profiled and at what cost against its budget, device s, (start s,)
+    energy J, peak W, accuracy, at target — one row per client. `start s` (`ClientReport.startup_s`: its
+    process's start to the first profiling or training step) only where a client measured it: a deployed
+    board, whose SuperNode starts a process per message; simulation's processes serve many."""
+    startup = any(c.get("startup_s") is not None for c in record.clients)
+
+    def start_s(c: dict[str, Any] | None) -> str:
+        if not startup:
+            return ""
+        return f" {'start s':>7}" if c is None else f" {_num(c.get('startup_s'), '7.1f'):>7}"
+
     head = (
         f"{'node':<13} {'device':<18} {'cap W':>6} {'b':>4} {'MHz':>7} {'profiled':>8} {'prof s':>7} "
-        f"{'budget s':>8} {'device s':>9} {'energy J':>9} {'peak W':>7} {'acc':>6} {'target':>6}"
+        f"{'budget s':>8} {'device s':>9}{start_s(None)} {'energy J':>9} {'peak W':>7} {'acc':>6} "
+        f"{'target':>6}"
     )
     lines = [head, "-" * len(head)]
     for c in record.clients:
@@ -115,7 +125,7 @@ def client_table(record: RoundRecord) -> str:
             f"{c['node_key']:<13.13} {c['device']:<18.18} {_num(c['power_cap_w'], '6.2f'):>6} "
             f"{c['batch_size']:>4} {_mhz(c):>7} {profiled_as(c):>8} "
             f"{c['profiling_seconds']:>7.1f} {_num(c.get('profiling_budget_seconds'), '8.1f'):>8} "
-            f"{c['device_seconds']:>9.1f} {_num(c['energy_j'], '9.0f'):>9} "
+            f"{c['device_seconds']:>9.1f}{start_s(c)} {_num(c['energy_j'], '9.0f'):>9} "
             f"{_num(c['peak_power_w'], '7.2f'):>7} "
             f"{c['accuracy']:>6.3f} {'yes' if c['reached_target'] else 'no':>6}"
         )

@@ -7,6 +7,7 @@ its start time, so a reused pid is never taken for the process it once named.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +37,17 @@ def proc_stat(pid: int) -> ProcStat | None:
         return None
     f = stat.rsplit(")", 1)[1].split()  # the command name, in parentheses, may hold spaces
     return ProcStat(ppid=int(f[1]), sid=int(f[3]), start_ticks=int(f[19]), state=f[0])
+
+
+def seconds_since_start(pid: int) -> float | None:
+    """Wall seconds since the process started (its start time against /proc/uptime, to the clock
+    tick), or None where /proc does not say (gone, not Linux)."""
+    st = proc_stat(pid)
+    try:
+        uptime = float((PROC / "uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None if st is None else max(0.0, uptime - st.start_ticks / os.sysconf("SC_CLK_TCK"))
 
 
 def proc_table() -> dict[int, ProcStat]:

@@ -511,6 +511,9 @@ class PowerAware(Strategy):
                 continue
             clients.append(row)
             usable.append((info.key, reply))
+            # the node's data (name and sizes), which its query leaves out
+            if nid in self.nodes and NODE_KEY in reply.content.config_records:
+                self.nodes[nid] = info.with_data(reply.content.config_records[NODE_KEY])
         clients.sort(key=lambda c: c["node_key"])
         evaluation = {
             "clients": clients,

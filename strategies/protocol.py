@@ -522,6 +522,11 @@ class ClientReport:
     steps: int = field(default=0, metadata=_kind(COUNT))
     train_examples: int = field(default=0, metadata=_kind(COUNT))
     wall_seconds: float = field(default=0.0, metadata=_kind(NUMBER))
+    startup_s: float | None = field(default=None, metadata=_kind(NUMBER))
+    """Wall seconds from the start of the process that ran this round to its first profiling or training
+    step (interpreter, imports, the message read, the data loaded): what a deployed SuperNode's
+    `flwr-clientapp`, started for this one message, cost before the work began. None where one process
+    serves many messages (simulation's Ray actors, a test)."""
     method: str = field(default=OURS, metadata=_kind(Choice(METHODS)))
     resumed_at_samples: int | None = field(default=None, metadata=_kind(COUNT))
     """The fine-tune continued from a checkpoint taken at this many samples (a round sent again);

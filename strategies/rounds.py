@@ -7,7 +7,7 @@ runner all read the same record.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -47,6 +47,17 @@ class NodeInfo:
     @classmethod
     def unknown(cls, node_id: int) -> NodeInfo:
         return cls(node_id=node_id, key=f"node-{node_id}", device="?")
+
+    def with_data(self, record: Any) -> NodeInfo:
+        """This node with the data its evaluate reply names (its name, train and test sizes): the query
+        loads no data, so that a board's query process imports no torch. Unchanged where the reply
+        names none (a user's own ClientApp)."""
+        sizes = record.get("train-examples"), record.get("test-examples")
+        if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in sizes):
+            return self
+        return replace(
+            self, data=str(record.get("data", self.data)), train_examples=sizes[0], test_examples=sizes[1]
+        )
 
 
 @dataclass(frozen=True)
