@@ -39,7 +39,6 @@ import math
 import os
 import re
 import statistics
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -51,24 +50,13 @@ from torch import nn
 
 from fl_server.relation_data import ProxyData, file_digest, load_proxy, spec_digest
 from fl_server.weights import load_weights, weights_hash
+from powerctl.cli.util import progress_bar
 from powerctl.devices.base import Device
 from powerctl.devices.host import HostDevice
 from powerctl.devices.torchdev import resolve_torch_device
 from powerctl.errors import ArgumentError, FileFormatError, PowerctlError
 from powerctl.files.cache import CACHE_ENV, cache_dir
-from powerctl.files.mapping import (
-    MAX_SEED,
-    Callback,
-    Flag,
-    FolderPath,
-    Integer,
-    Kind,
-    Maybe,
-    Number,
-    Text,
-    check_arguments,
-    check_fields,
-)
+from powerctl.files.mapping import MAX_SEED, FolderPath, Integer, Kind, Number, check_arguments
 from powerctl.records.relation import VECTORS, RelationVector
 from powerctl.records.workload import Workload
 from powerfed.training.crossing import DEFAULT_MIN_EVALUATIONS, run_dense
@@ -264,17 +252,6 @@ class RelationSettings:
             object.__setattr__(self, name, value)
 
 
-_COMPUTE_KINDS: dict[str, Kind] = {
-    "use_cache": Flag(),
-    "compute": Flag(),
-    "parallel": Flag(),
-    "num_cpus": Maybe(Integer(1)),
-    "device": Text(what="a torch device: auto, cpu or cuda[:INDEX]"),
-    "progress": Flag(),
-    "say": Maybe(Callback("line → None")),
-}
-
-
 @dataclass(frozen=True)
 class RelationCompute:
     """Where a relation estimate is cached and how it is computed and shown: nothing here changes the
@@ -303,7 +280,7 @@ class RelationCompute:
     shows a bar (a ServerApp's log)."""
 
     def __post_init__(self) -> None:
-        check_fields(self, WHERE, _COMPUTE_KINDS)  # a flag is a bool: compute="no" must not train
+        object.__setattr__(self, "num_cpus", _optional_count("num_cpus", self.num_cpus))
         if self.cache_dir is not None:  # '' is the working directory, not the default cache (None)
             folder = FolderPath("a folder path (leave it out, or None, for the default cache)")
             check_arguments(WHERE, cache_dir=(self.cache_dir, folder))
@@ -633,21 +610,14 @@ def _run_parallel(
         remote = ray.remote(**options)(fn)
         ref = ray.put(shared)
         futures = [remote.remote(ref, job, False, 1) for job in jobs]
-        bar = None
-        if how.progress and sys.stderr.isatty():
-            from tqdm import tqdm
-
-            bar = tqdm(total=len(futures), desc="relation runs", unit="run", leave=False, file=sys.stderr)
-        pending = list(futures)
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            if bar is not None:
+        with progress_bar(how.progress, len(futures), "relation runs", "run") as bar:
+            pending = list(futures)
+            while pending:
+                done, pending = ray.wait(pending, num_returns=1)
                 bar.update(len(done))
-            for one in done:
-                with contextlib.suppress(ray.exceptions.RayTaskError):  # raised below, as one line
-                    finished(ray.get(one))
-        if bar is not None:
-            bar.close()
+                for one in done:
+                    with contextlib.suppress(ray.exceptions.RayTaskError):  # raised below, as one line
+                        finished(ray.get(one))
         try:
             return ray.get(futures)
         except ray.exceptions.RayTaskError as exc:  # a user error inside a task stays a one-line error

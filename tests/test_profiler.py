@@ -151,3 +151,15 @@ def test_efficient_order_needs_a_cap(model_and_workload) -> None:
         Profiler(open_device("sim:jetson-nano"), w, _factory(model), samples=10).run(
             [4], order="efficient", progress=False
         )
+
+
+def test_the_progress_bar_stays_out_of_a_log(model_and_workload, capsys, monkeypatch) -> None:
+    """progress=True draws the bar only on a terminal: with stderr a file or a pipe (a log, a service's
+    journal) nothing is written; on a terminal the bar is drawn."""
+    model, w = model_and_workload
+    profiler = Profiler(open_device("sim:jetson-nano"), w, _factory(model), samples=1000, measure_steps=1)
+    profiler.run([4], frequencies=[76800000], progress=True)
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr("sys.stderr.isatty", lambda: True)
+    profiler.run([4], frequencies=[76800000], progress=True)
+    assert "profiling sim:jetson-nano" in capsys.readouterr().err

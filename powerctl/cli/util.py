@@ -46,6 +46,18 @@ def say(*values: object, sep: str = " ", end: str = "\n", file: TextIO | None = 
     stream.flush()
 
 
+def progress_bar(progress: bool, total: int | None, desc: str, unit: str, initial: int = 0) -> Any:
+    """A tqdm bar on stderr, drawn only when asked for (`progress`) and stderr is a terminal: redirected
+    to a log or a service's journal, its carriage-return redraws would be lines of noise. Always a bar
+    (a disabled one draws nothing and counts nothing: its `update` is a no-op)."""
+    from tqdm import tqdm
+
+    shown = progress and sys.stderr.isatty()
+    return tqdm(
+        total=total, initial=initial, desc=desc, unit=unit, file=sys.stderr, leave=False, disable=not shown
+    )
+
+
 class _StderrLines(logging.Handler):
     """Each record's message as is, one line on the `sys.stderr` of the moment: what the library's
     `print(..., file=sys.stderr)` did, so that pytest's capture and Flower's redirection see it too."""

@@ -12,6 +12,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from powerctl.cli.util import progress_bar
 from powerctl.devices.base import Device
 from powerctl.errors import ArgumentError, DeviceError, DeviceOutOfMemory
 from powerctl.files.mapping import Choice, Integer, Number, check_arguments, is_integer, is_number, shown
@@ -215,7 +216,7 @@ class Profiler:
         start = self.device.clock()
         with (
             restore_on_exit(self.device),
-            tqdm(total=total, desc=f"profiling {self.device.spec}", unit="pt", disable=not progress) as bar,
+            progress_bar(progress, total, f"profiling {self.device.spec}", "pt") as bar,
         ):
             if order == "grid":
                 for b in sizes:

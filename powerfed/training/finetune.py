@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import math
-import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch import nn
 
+from powerctl.cli.util import progress_bar
 from powerctl.devices.base import Device, PowerSamples
 from powerctl.errors import ArgumentError
 from powerctl.profiling.monitor import PowerMonitor, PowerReading
@@ -635,7 +635,9 @@ class _Loop:
         """Train until the target or a budget stops the run, evaluating before training (a fresh run),
         when due and at the end; on a failure the open power segment is dropped."""
         run, power, callbacks = self.run, self.power, self.callbacks
-        self.bar = _progress_bar(callbacks.progress, self.max_samples, callbacks.desc, run.samples)
+        self.bar = progress_bar(
+            callbacks.progress, self.max_samples, callbacks.desc or "fine-tune", "sample", run.samples
+        )
         try:
             if self.resumed_at is None and self.config.eval_every_samples is not None and self._look():
                 run.stop_reason = "target"  # met before any training
@@ -817,14 +819,3 @@ def fine_tune(
         loop.run_to_end()
         loop.save_end()
     return loop.result(wall_start)
-
-
-def _progress_bar(progress: bool, total: int | None, desc: str | None, done: int) -> Any:
-    """A tqdm bar on stderr, only when asked for and stderr is a terminal (logs stay clean)."""
-    if not progress or not sys.stderr.isatty():
-        return None
-    from tqdm import tqdm
-
-    return tqdm(
-        total=total, initial=done, desc=desc or "fine-tune", unit="sample", file=sys.stderr, leave=False
-    )
