@@ -124,7 +124,7 @@ class _NoRoomFor(SimulatedBoard):
     [torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
      RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")],
 )  # fmt: skip
-def test_a_batch_size_out_of_memory_in_training_is_dropped_as_the_profiler_drops_it(error) -> None:
+def test_a_batch_size_out_of_memory_in_training_is_dropped_as_the_profiler_drops_it(error, caplog) -> None:
     """The predicted choice's batch size does not fit: its first step fails, the batch size leaves the
     prediction (as the profiler skips it) and the next choice is pinned, measured and confirmed; every
     sample trains at the batch sizes that fit."""
@@ -135,6 +135,11 @@ def test_a_batch_size_out_of_memory_in_training_is_dropped_as_the_profiler_drops
     best = _choose(rest)
     assert board.failed == 1 and [s["batch_size"] for s in confirm.skipped] == [first.batch_size]
     assert "out of memory" in confirm.skipped[0]["reason"]
+    said = [r.getMessage() for r in caplog.records if r.name == "powerctl.selection.confirm"]
+    assert said == [
+        f"sim:jetson-nano: batch size {first.batch_size} ran out of memory in training; dropped, as "
+        f"profiling drops it: b={best.batch_size} at {best.frequency_hz / 1e6:.1f} MHz"
+    ]
     assert confirm.confirmed and (confirm.batch_size, confirm.frequency_hz) == (
         best.batch_size,
         best.frequency_hz,

@@ -16,6 +16,7 @@ The training loop meets it as a step hook (the shape `powerfed.training.finetune
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -27,6 +28,8 @@ from powerctl.records.profile import Profile, ProfilePoint
 if TYPE_CHECKING:  # annotations only
     from powerctl.devices.base import Device, PowerSamples
     from powerctl.selection.guard import PowerGuard
+
+log = logging.getLogger(__name__)
 
 Choose = Callable[[Profile], Pick]
 """The method's rule over a profile (Algorithm 1 under the cap): what is pinned next."""
@@ -148,6 +151,14 @@ class TrainingConfirmation:
                 f"{self.device.spec}: batch size {b} ran out of memory in training and no other pair "
                 f"predicted under the {self.power_cap_w:g} W cap remains: {exc}"
             ) from None
+        log.warning(
+            "%s: batch size %d ran out of memory in training; dropped, as profiling drops it: "
+            "b=%d at %.1f MHz",
+            self.device.spec,
+            b,
+            pick.batch_size,
+            pick.frequency_hz / 1e6,
+        )
         self._repin(pick)
         self._pending_batch = None
         return pick.batch_size
