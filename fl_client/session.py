@@ -60,7 +60,7 @@ from fl_client.step_identity import cell_value, step_identity
 from powerctl.devices.base import Device
 from powerctl.devices.simulated import SimulatedBoard
 from powerctl.errors import ArgumentError, first_line
-from powerctl.files.mapping import FolderPath, Integer, Number, check_arguments
+from powerctl.files.mapping import FolderPath, Integer, Number, check_arguments, check_callable
 from powerctl.pinning.safety import restore_on_exit
 from powerctl.profiling.profiler import StepFactory
 from powerctl.records.workload import (
@@ -80,14 +80,14 @@ Step = Callable[..., Any]
 
 
 def _check_session_arguments(
-    model: Any, make_step: Any, train_examples: Any, lr: Any, key: Any
+    model: Any, make_step: Any, loss: Any, train_examples: Any, lr: Any, key: Any
 ) -> tuple[int, float | None]:
     """PowerSession's arguments, checked where the user makes one: one ArgumentError line each (the
     example batch: `_example`). Returns `train_examples` and `lr` as plain numbers (numpy's converted)."""
     where = "PowerSession"
     check_model(where, model)
-    if not callable(make_step):
-        raise ArgumentError(f"{where}: 'make_step' must be callable (model → step(x, y)), got {make_step!r}")
+    check_callable(where, "make_step", make_step, "(model), returning step(x, y)", 1)
+    check_callable(where, "loss", loss, "(outputs, targets)", 2, optional=True)
     examples = check_arguments(where, train_examples=(train_examples, Integer(1)))["train_examples"]
     if lr is not None:
         lr = check_arguments(where, lr=(lr, Number(0.0, above=True)))["lr"]
@@ -335,7 +335,7 @@ class PowerSession:
             raise ArgumentError(
                 f"PowerSession: 'round_context' must be a RoundContext, got {type(joined).__name__}"
             )
-        train_examples, lr = _check_session_arguments(model, make_step, train_examples, lr, key)
+        train_examples, lr = _check_session_arguments(model, make_step, loss, train_examples, lr, key)
         instructions, node = joined.instructions, joined.node
         if (
             differs := same_model(instructions.relation_vector.extra.get("model_fingerprint"), model)

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import inspect
 import json
 import logging
 import math
@@ -56,7 +55,7 @@ from powerctl.devices.host import HostDevice
 from powerctl.devices.torchdev import resolve_torch_device
 from powerctl.errors import ArgumentError, FileFormatError, PowerctlError
 from powerctl.files.cache import CACHE_ENV, cache_dir
-from powerctl.files.mapping import MAX_SEED, FolderPath, Integer, Kind, Number, check_arguments
+from powerctl.files.mapping import MAX_SEED, FolderPath, Integer, Kind, Number, accepts, check_arguments
 from powerctl.records.relation import VECTORS, RelationVector
 from powerctl.records.workload import Workload
 from powerfed.training.crossing import DEFAULT_MIN_EVALUATIONS, run_dense
@@ -374,10 +373,7 @@ def _estimate(
         raise RelationError(f"batch sizes must be positive integers, got {list(sizes)}")
     if len(set(sizes)) != len(sizes):
         raise RelationError(f"batch sizes must be distinct, got {list(sizes)}")
-    user = user or UserFunctions()
-    for name in ("loss", "metric", "make_step", "train_to_target"):
-        if (fn := getattr(user, name)) is not None and not callable(fn):
-            raise ArgumentError(f"{WHERE}: {name!r} must be callable, got {fn!r}")
+    user = user or UserFunctions()  # a UserFunctions checks its functions where it is made
     how = how or RelationCompute()
     return _Estimate(
         target_accuracy=target["target_accuracy"],
@@ -507,17 +503,6 @@ def _torch_threads(threads: int) -> Any:
         torch.set_num_threads(before)
 
 
-def _takes_four(fn: Callable[..., Any]) -> bool:
-    """Whether `fn` can be called with four positional arguments (then it is given the target)."""
-    try:
-        inspect.signature(fn).bind(0, 0.0, 0, 0.5)
-    except TypeError:
-        return False
-    except ValueError:  # no signature (a builtin): the documented three
-        return False
-    return True
-
-
 def _run_user_job(
     train_to_target: TrainToTarget, config: FineTuneConfig, progress: bool, threads: int
 ) -> dict[str, Any]:
@@ -526,7 +511,7 @@ def _run_user_job(
     batch_size, lr, seed, target_accuracy = config.batch_size, config.lr, config.seed, config.target_accuracy
     started = time.perf_counter()
     args: tuple[Any, ...] = (batch_size, lr, seed)
-    if _takes_four(train_to_target):
+    if accepts(train_to_target, 4) is True:  # then it is given the target (unreadable: the three)
         args = (*args, target_accuracy)
     with _torch_threads(threads):
         samples = train_to_target(*args)

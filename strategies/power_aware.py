@@ -29,6 +29,7 @@ so it can save the global model. `start` is Flower's (round-0 `evaluate_fn`, `su
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import time
 from collections.abc import Callable, Iterable
 from logging import INFO, WARNING
@@ -41,7 +42,7 @@ from flwr.serverapp.strategy.strategy_utils import sample_nodes
 from flwr.supercore import log
 
 from powerctl.errors import ArgumentError, PowerctlError
-from powerctl.files.mapping import Integer, Number, check_arguments
+from powerctl.files.mapping import Integer, Number, check_arguments, check_callable, check_result
 from strategies.node_waits import NodeWaits
 from strategies.objectives import OBJECTIVE, RoundObjective
 from strategies.protocol import (
@@ -184,13 +185,11 @@ class PowerAware(Strategy):
                 f"PowerAware: 'instructions' must be a TrainInstructions (TrainInstructions.for_relation "
                 f"makes one), got {type(instructions).__name__}"
             )
-        for name, fn, optional in (
-            ("node_instructions", node_instructions, False),
-            ("on_round", on_round, True),
-            ("on_round_end", on_round_end, True),
-        ):
-            if not callable(fn) and not (optional and fn is None):  # else a TypeError mid-round
-                raise ArgumentError(f"PowerAware: {name!r} must be callable, got {fn!r}")
+        # else a TypeError mid-round
+        args = "(node, server_round, instructions)"
+        check_callable("PowerAware", "node_instructions", node_instructions, args, 3)
+        check_callable("PowerAware", "on_round", on_round, "(record)", 1, optional=True)
+        check_callable("PowerAware", "on_round_end", on_round_end, "(server_round, arrays)", 2, optional=True)
         self.strategy = strategy
         self.instructions = instructions
         self.node_instructions = node_instructions
@@ -324,6 +323,19 @@ class PowerAware(Strategy):
         return Failure(node_id, info.key, info.device, kind, reason)
 
     # --- training -----------------------------------------------------------------------------
+    def instructions_for(self, node_id: int, server_round: int) -> TrainInstructions:
+        """This node's instructions for the round (`node_instructions`), checked before anything reads
+        them: a user's function that returns None or a dict is one line naming it."""
+        given = self.node_instructions(self.node(node_id), server_round, self.instructions)
+        check_result(
+            "PowerAware",
+            "node_instructions(node, server_round, instructions)",
+            given,
+            TrainInstructions,
+            "a TrainInstructions (e.g. dataclasses.replace(instructions, ...))",
+        )
+        return given
+
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
@@ -339,10 +351,14 @@ class PowerAware(Strategy):
         node_ids = sorted(m.metadata.dst_node_id for m in messages)
         self.learn_nodes(grid, node_ids)
         log(INFO, "configure_train: %d nodes, power-aware", len(node_ids))
-        instructions = {
-            nid: self.node_instructions(self.node(nid), server_round, self.instructions) for nid in node_ids
-        }
-        deadline = self.round_objective.round_deadline(lambda: self.plan(grid, instructions))
+        instructions = {nid: self.instructions_for(nid, server_round) for nid in node_ids}
+        deadline = check_result(
+            "PowerAware",
+            "round_objective.round_deadline(plans)",
+            self.round_objective.round_deadline(lambda: self.plan(grid, instructions)),
+            numbers.Real,
+            "a number of seconds (0: no deadline)",
+        )
         if deadline > 0:
             self.deadlines[server_round] = deadline
             instructions = {n: dataclasses.replace(i, deadline_s=deadline) for n, i in instructions.items()}

@@ -317,7 +317,6 @@ def test_a_step_builder_that_returns_no_step_is_named_not_profiled_as_empty() ->
         ({"seeds": [2**64]}, "'seeds' must be an integer in [0, 4294967295]"),
         ({"data_seed": 2**70}, "'data_seed' must be an integer in [0, 4294967295]"),
         ({"overrides": "width=8"}, "'overrides' must be a dict of the model's options"),
-        ({"metric": 3}, "'metric' must be callable, got 3"),
         ({"target_accuracy": "0.5"}, "'target_accuracy' must be a number in (0, 1], got '0.5'"),
         ({"eval_every_samples": 0}, "'eval_every_samples' must be an integer ≥ 1"),
         ({"lr_max": math.inf}, "'lr_max' must be a number in (0, 10]"),

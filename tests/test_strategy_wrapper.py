@@ -211,3 +211,56 @@ def test_around_a_users_strategy_that_builds_its_own_config_the_plan_goes_in_who
         "partition-1",
     }
     assert strategy.rounds[1].summary["reported"] == 2
+
+
+# --- callbacks: checked where they are given, their results where they return ---------------------------
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"node_instructions": lambda node, base: base}, "'node_instructions' must take (node, server_round"),
+        ({"on_round": lambda: None}, "'on_round' must take (record), got '<lambda>()'"),
+        ({"on_round_end": lambda record: None}, "'on_round_end' must take (server_round, arrays)"),
+    ],
+)
+def test_a_callback_that_cannot_take_its_arguments_is_refused_where_it_is_given(
+    kwargs: dict, fragment: str
+) -> None:
+    from powerctl.errors import ArgumentError
+
+    with pytest.raises(ArgumentError) as err:
+        PowerAware(FedAvg(**SMALL), instructions(), **kwargs)
+    assert "\n" not in str(err.value) and fragment in str(err.value), str(err.value)
+
+
+def test_callbacks_taking_their_arguments_any_way_are_taken() -> None:
+    import functools
+
+    from strategies.power_aware import same_for_every_node
+
+    class Recorder:
+        def __call__(self, *records: object) -> None: ...
+
+    for kwargs in (
+        {"on_round": print, "on_round_end": Recorder()},  # a builtin whose signature is not read; *args
+        {"on_round": lambda record, extra=0: None, "on_round_end": lambda *a, **k: None},
+        {"node_instructions": functools.partial(same_for_every_node)},
+    ):
+        PowerAware(FedAvg(**SMALL), instructions(), **kwargs)
+
+
+@pytest.mark.parametrize("returned", [None, {"model": "cnn-tiny"}])
+def test_node_instructions_returning_no_plan_is_one_line_naming_it_before_anything_is_sent(
+    returned: object,
+) -> None:
+    from powerctl.errors import ArgumentError
+
+    strategy = PowerAware(
+        FedAvg(**SMALL), instructions(), node_instructions=lambda node, server_round, base: returned
+    )
+    grid = FakeGrid(client_app, _nodes(2), RUN_CONFIG)
+    arrays = ArrayRecord.from_torch_state_dict(initial_state())
+    with pytest.raises(ArgumentError) as err:
+        list(strategy.configure_train(1, arrays, ConfigRecord({}), grid))
+    text = str(err.value)
+    assert "\n" not in text and "node_instructions(node, server_round, instructions) returned" in text, text
+    assert "it must return a TrainInstructions" in text and not _train_configs(grid)

@@ -397,3 +397,36 @@ def test_train_to_target_is_given_the_target_and_its_key_holds_the_datas_bytes(t
         NAME, train_to_target=lambda b, lr, s: 50.0 * b, target_accuracy=0.6, batch_sizes=(8, 16), seeds=(0,)
     )
     assert three.samples_to_target == [400.0, 800.0]  # the documented three arguments still work
+
+
+@pytest.mark.parametrize(
+    ("given", "fragment"),
+    [
+        ({"loss": lambda outputs: outputs.sum()}, "'loss' must take (outputs, targets)"),
+        ({"metric": lambda outputs, targets, extra: 1.0}, "'metric' must take (outputs, targets)"),
+        ({"make_step": lambda: None}, "'make_step' must take (model)"),
+        ({"train_to_target": lambda b, lr: 1.0}, "'train_to_target' must take (batch_size, lr, seed["),
+        ({"metric": 3}, "'metric' must be callable, got 3"),  # refused where UserFunctions is made
+    ],
+)
+def test_user_functions_that_cannot_take_their_arguments_are_refused_where_they_are_given(
+    given: dict, fragment: str
+) -> None:
+    from powerctl.errors import ArgumentError
+    from powerfed.training.finetune import UserFunctions
+
+    with pytest.raises(ArgumentError) as err:
+        UserFunctions(**given)
+    assert "\n" not in str(err.value) and str(err.value).startswith("UserFunctions: ")
+    assert fragment in str(err.value), str(err.value)
+
+
+def test_a_make_step_that_returns_no_step_is_one_line_not_the_projects_step_trained_instead(
+    tmp_path: Path,
+) -> None:
+    from powerctl.errors import ArgumentError
+
+    kw = {**SETTINGS, "batch_sizes": (8,), "max_samples": 64, "cache_dir": tmp_path}
+    with pytest.raises(ArgumentError) as err:
+        flat_estimate(NAME, None, user_data(n=64), make_step=lambda model: None, **kw)
+    assert "\n" not in str(err.value) and "make_step(model) returned None" in str(err.value), str(err.value)

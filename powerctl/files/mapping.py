@@ -9,6 +9,7 @@ nearest known one. The kinds also serve `strategies.settings`, which declares ev
 from __future__ import annotations
 
 import difflib
+import inspect
 import json
 import math
 import numbers
@@ -421,3 +422,49 @@ def check_arguments(where: str, **arguments: tuple[Any, Kind]) -> dict[str, Any]
     which is what the caller keeps and sends on."""
     reader = MappingReader({}, where, ArgumentError)
     return {name: reader.check(name, value, kind) for name, (value, kind) in arguments.items()}
+
+
+def accepts(fn: Callable[..., Any], count: int) -> bool | None:
+    """Whether `fn` can be called with `count` positional arguments, read from its signature (defaults
+    and *args count; a required keyword-only argument does not get one); None when its signature cannot
+    be read (some builtins and C callables), which a caller then takes on trust."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    try:
+        signature.bind(*range(count))
+    except TypeError:
+        return False
+    return True
+
+
+def check_callable(
+    where: str, name: str, fn: Any, arguments: str, *counts: int, optional: bool = False
+) -> None:
+    """A callback checked where it is given, not where it is first called (mid-round, mid-run): not
+    callable, or a signature that takes none of `counts` positional arguments (`arguments` says which,
+    e.g. "(node, server_round, instructions)"), is one ArgumentError line naming `where` and `name`.
+    None passes when `optional`; a callable whose signature cannot be read passes (`accepts`)."""
+    if fn is None and optional:
+        return
+    if not callable(fn):
+        raise ArgumentError(
+            f"{where}: {name!r} must be callable, got {shown(fn)}; it is called as {name}{arguments}"
+        )
+    if all(accepts(fn, n) is False for n in counts):
+        label = f"{getattr(fn, '__name__', type(fn).__name__)}{inspect.signature(fn)}"
+        raise ArgumentError(f"{where}: {name!r} must take {arguments}, got {shown(label)}")
+
+
+def check_result(where: str, name: str, value: Any, types: Any, what: str) -> Any:
+    """A callback's result checked where it returns, before anything reads it: not one of `types` (a
+    type or a tuple of them, as `isinstance` takes, an ABC such as Callable included) is one
+    ArgumentError line naming `where` and the callback (`what` says what it must return)."""
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in _as_tuple(types)):
+        raise ArgumentError(f"{where}: {name} returned {shown(value)}; it must return {what}")
+    return value
+
+
+def _as_tuple(types: Any) -> tuple[Any, ...]:
+    return types if isinstance(types, tuple) else (types,)

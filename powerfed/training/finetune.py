@@ -24,6 +24,7 @@ from torch import nn
 from powerctl.cli.util import progress_bar
 from powerctl.devices.base import Device, PowerSamples
 from powerctl.errors import ArgumentError
+from powerctl.files.mapping import check_callable, check_result
 from powerctl.profiling.monitor import PowerMonitor, PowerReading
 from powerctl.records.workload import Workload, measure_workload
 from powerfed.training.checkpoint import (
@@ -267,6 +268,16 @@ class UserFunctions:
     train_to_target: TrainToTarget | None = None
     """The whole loop instead of the project's (`estimate_relation` only: the crossing is then the
     user's); `fine_tune`, the project's loop, refuses it."""
+
+    def __post_init__(self) -> None:
+        """Each function checked where it is given (callable, taking its arguments): one ArgumentError
+        line naming it, not a TypeError at the first step, evaluation or run."""
+        where = "UserFunctions"
+        check_callable(where, "loss", self.loss, "(outputs, targets)", 2, optional=True)
+        check_callable(where, "metric", self.metric, "(outputs, targets)", 2, optional=True)
+        check_callable(where, "make_step", self.make_step, "(model)", 1, optional=True)
+        args = "(batch_size, lr, seed[, target_accuracy])"
+        check_callable(where, "train_to_target", self.train_to_target, args, 3, 4, optional=True)
 
 
 def make_optimizer(
@@ -579,7 +590,12 @@ class _Loop:
         self.workload = workload
         self.opt = make_optimizer(self.task, self.model.parameters(), self.run.lr, self.config.optimizer)
         make_step = self.user.make_step
-        self.user_step = make_step(self.model) if make_step is not None else None
+        self.user_step = None
+        if make_step is not None:  # None back would train the project's step instead, without a word
+            made = make_step(self.model)
+            self.user_step = check_result(
+                "fine_tune", "make_step(model)", made, Callable, "the step step(x, y)"
+            )
         self.gen = torch.Generator().manual_seed(self.config.seed)
         self.power = TrainingPower(self.device, POWER_RATE_HZ)
         self.parts = self._parts()
