@@ -242,7 +242,7 @@ def main() -> None:
     weights, report = pretrained_weights(args, timings)
     proxy, target = relation_vectors(args, weights, timings)
 
-    rho = spearman(proxy.samples_to_target, target.samples_to_target)
+    rho = spearman(list(proxy.samples_to_target), list(target.samples_to_target))
     proxy_best, target_best = best_batch_sizes(proxy), best_batch_sizes(target)
     match = bool(set(proxy_best) & set(target_best))
     timings["total_s"] = time.perf_counter() - started

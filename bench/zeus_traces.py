@@ -166,9 +166,10 @@ def profile_of(
 ) -> Profile:
     """The GPU's (b, power limit) table as a profile: N = one epoch, so T_N · r_b is seconds to the
     target; `frequency_hz` carries the knob's setting, here the power limit in W, and the peak power is
-    the limit (the GPU holds it)."""
+    the limit (the GPU holds it). A step's seconds are not in the traces: the epoch's stand in (a
+    point's seconds must be a number, and nothing here reads them)."""
     points = [
-        ProfilePoint(b, int(pl), pl, watts, math.nan, tpe)
+        ProfilePoint(b, int(pl), pl, watts, tpe, tpe)
         for (b, pl), (tpe, watts) in sorted(table.items())
         if b in batch_sizes
     ]

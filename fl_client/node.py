@@ -15,9 +15,14 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from powerctl.errors import ArgumentError
-from powerctl.files.mapping import Flag, Integer, Invalid, MappingReader, Number, Text, check_arguments
-from powerctl.selection.capsource import CapSource, ConstantCap, InvalidPowerCapError, parse_cap_source
+from powerctl.files.mapping import Flag, Integer, Invalid, Kind, MappingReader, Maybe, Text, check_fields
+from powerctl.selection.capsource import (
+    POWER_CAP_VALUE,
+    CapSource,
+    ConstantCap,
+    InvalidPowerCapError,
+    parse_cap_source,
+)
 from strategies.fleet import (
     FleetEntry,
     NodeConfigError,
@@ -47,6 +52,18 @@ __all__ = [  # the fleet's names, for the callers that read a node's settings an
 NODE_KEYS = ("device", "power-cap-w", "data", "name", "partition-id", "num-partitions", "pin")
 
 
+NODE_SETTINGS_KINDS: dict[str, Kind] = {
+    "device": Text(),
+    "power_cap_w": POWER_CAP_VALUE,
+    "data": Maybe(Text()),
+    "partition_id": Maybe(Integer(0)),
+    "num_partitions": Maybe(Integer(1)),
+    "key": Text(),
+    "pin": Maybe(Flag()),
+}
+"""What each field of a `NodeSettings` must be: as `resolve_node` reads the node config's keys."""
+
+
 @dataclass(frozen=True)
 class NodeSettings:
     """What this node trains on: its device, its cap and where its data comes from."""
@@ -67,17 +84,9 @@ class NodeSettings:
 
     def __post_init__(self) -> None:
         """A NodeSettings made in Python (a user's `PowerSession(node=...)`) holds what a node config
-        would: the readers' own checks, one ArgumentError line each."""
-        for name in ("device", "key"):
-            if not isinstance(getattr(self, name), str) or not getattr(self, name):
-                raise ArgumentError(
-                    f"NodeSettings: {name!r} must be a non-empty string, got {getattr(self, name)!r}"
-                )
-        if self.power_cap_w is not None:
-            cap = check_arguments(
-                "NodeSettings", power_cap_w=(self.power_cap_w, Number(0.0, above=True, unit="W"))
-            )
-            object.__setattr__(self, "power_cap_w", cap["power_cap_w"])  # a plain float, numpy's converted
+        would: the readers' own kinds (a flag exactly a bool, text UTF-8 can write), one ArgumentError
+        line each; numbers kept plain (numpy's converted)."""
+        check_fields(self, "NodeSettings", NODE_SETTINGS_KINDS)
 
     def caps(self) -> CapSource:
         """The cap over time this node must stay under (a constant when nothing else was given)."""

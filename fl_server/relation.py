@@ -55,7 +55,19 @@ from powerctl.devices.host import HostDevice
 from powerctl.devices.torchdev import resolve_torch_device
 from powerctl.errors import ArgumentError, FileFormatError, PowerctlError
 from powerctl.files.cache import CACHE_ENV, cache_dir
-from powerctl.files.mapping import MAX_SEED, FolderPath, Integer, Kind, Number, accepts, check_arguments
+from powerctl.files.mapping import (
+    MAX_SEED,
+    Flag,
+    FolderPath,
+    Integer,
+    Kind,
+    Maybe,
+    Number,
+    Text,
+    accepts,
+    check_arguments,
+    check_fields,
+)
 from powerctl.records.relation import VECTORS, RelationVector
 from powerctl.records.workload import Workload
 from powerfed.training.crossing import DEFAULT_MIN_EVALUATIONS, run_dense
@@ -251,6 +263,16 @@ class RelationSettings:
             object.__setattr__(self, name, value)
 
 
+_COMPUTE_KINDS: dict[str, Kind] = {
+    "use_cache": Flag(),
+    "compute": Flag(),
+    "parallel": Flag(),
+    "num_cpus": Maybe(Integer(1)),
+    "device": Text(what="a torch device: auto, cpu or cuda[:INDEX]"),
+    "progress": Flag(),
+}
+
+
 @dataclass(frozen=True)
 class RelationCompute:
     """Where a relation estimate is cached and how it is computed and shown: nothing here changes the
@@ -279,7 +301,7 @@ class RelationCompute:
     shows a bar (a ServerApp's log)."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "num_cpus", _optional_count("num_cpus", self.num_cpus))
+        check_fields(self, WHERE, _COMPUTE_KINDS)  # a flag is a bool: compute="no" must not train
         if self.cache_dir is not None:  # '' is the working directory, not the default cache (None)
             folder = FolderPath("a folder path (leave it out, or None, for the default cache)")
             check_arguments(WHERE, cache_dir=(self.cache_dir, folder))

@@ -45,7 +45,7 @@ from powerctl.files.mapping import (
     unknown_key_text,
 )
 from powerctl.records.relation import DEFAULT_RELATION_RULE, INTERVAL_STANDARD_ERRORS, RELATION_RULES, VECTORS
-from powerctl.selection.follow import DEFAULT_PAUSE_TIMEOUT_S, DEFAULT_POLL_S
+from powerctl.selection.follow import DEFAULT_PAUSE_TIMEOUT_S, DEFAULT_POLL_S, POLL_S_RANGE
 from powerctl.selection.guard import DEFAULT_TOLERANCE, DEFAULT_WINDOW
 from powerctl.selection.methods import (
     METHODS as METHODS,  # the registry's names (powerctl.selection.methods), re-exported
@@ -573,7 +573,7 @@ SETTINGS: dict[str, Setting] = _declare(
     Setting(
         "cap-poll-s",
         DEFAULT_POLL_S,
-        Number(0.0, above=True, unit="seconds"),
+        Number(*POLL_S_RANGE, unit="seconds"),
         "A client paused because nothing fits under its changing cap reads the cap this often "
         "(docs/design/changing-caps.md).",
         BOTH,

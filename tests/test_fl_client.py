@@ -360,5 +360,5 @@ def test_the_runs_relation_rule_reaches_the_clients_choice() -> None:
         chosen = MethodRule("ours", profile, back.relation(), relation_rule=back.relation_rule)(None)
         assert chosen.batch_size == b
     narrow = usable_relation(instr, 20)  # 20 training samples: b=32 cannot be filled
-    assert narrow.batch_sizes == [16]
+    assert narrow.batch_sizes == (16,)
     assert narrow.per_seed_samples() == [relation.per_seed_samples()[0]]

@@ -48,7 +48,7 @@ def test_the_shipped_run_config_parses_and_has_no_federations_table() -> None:
         ({"lr-rule": "cubic"}, "'lr-rule' must be one of"),
         ({"targte-accuracy": 0.5}, "unknown key 'targte-accuracy'; did you mean 'target-accuracy'?"),
         ({"num-server-roundz": 3}, "unknown key 'num-server-roundz'; did you mean 'num-server-rounds'?"),
-        ({"cap-poll-s": 0.0}, "'cap-poll-s' must be a number of seconds > 0, got 0.0"),
+        ({"cap-poll-s": 0.0}, "'cap-poll-s' must be a number of seconds in [0.01, 3600], got 0.0"),
         ({"cap-pause-timeout-s": -1.0}, "'cap-pause-timeout-s' must be a number of seconds > 0, got -1.0"),
         # the keys only the clients read are checked by the server too, before round 1 (issue 18)
         ({"fleet": "sim:jetson-nano@abc"}, "'fleet' entry 'sim:jetson-nano@abc': its cap must be a number"),
@@ -135,7 +135,7 @@ def test_the_server_side_runs_rounds_writes_results_after_each_and_a_seeded_run_
         assert rnd["summary"]["share_at_target"] <= 2 / 3 and "evaluation" in rnd
     assert data["rounds"][1]["clients"][0]["profiling_seconds"] == 0.0  # profile cached after round 1
     assert {n["key"] for n in data["nodes"]} == {"partition-0", "partition-1", "partition-2"}
-    assert RelationVector.from_dict(data["run"]["relation"]).batch_sizes == [8, 16]
+    assert RelationVector.from_dict(data["run"]["relation"]).batch_sizes == (8, 16)
     assert (tmp_path / "results" / "global.safetensors").is_file()
     assert "[round 1] clients" in out and "FAILED (error)" in out and "makespan" in out
 

@@ -107,7 +107,7 @@ def test_pretrain_then_relation_end_to_end(tmp_path: Path, capsys: pytest.Captur
     assert main(argv) == 0
     printed = capsys.readouterr().out
     rel = RelationVector.load(out)
-    assert rel.model == "cnn-tiny" and rel.batch_sizes == [8, 16] and rel.relation[-1] == 1.0
+    assert rel.model == "cnn-tiny" and rel.batch_sizes == (8, 16) and rel.relation[-1] == 1.0
     assert rel.extra["weights_sha256"] == report["weights_sha256"]
     assert f"wrote {out}" in printed
     # the same command again is served from the cache and writes the same file

@@ -51,7 +51,7 @@ def test_end_to_end_on_synthetic_images(tmp_path: Path) -> None:
         cache_dir=tmp_path,
         **IMAGE,
     )
-    assert rel.batch_sizes == [8, 16, 32]  # sorted, largest last
+    assert rel.batch_sizes == (8, 16, 32)  # sorted, largest last
     assert all(s > 0 for s in rel.samples_to_target)
     assert rel.relation[-1] == 1.0
     assert rel.extra["lr"] == [scaled_lr(2e-3, b, 32) for b in (8, 16, 32)]
@@ -260,7 +260,7 @@ def test_cache_hit_is_instant_and_equal(text_setup: dict[str, Any], counting: Co
     assert time.perf_counter() - start < 0.5
     assert counting.calls == 2, "a cache hit must not train"
     assert second.to_dict() == first.to_dict()
-    assert first.samples_to_target == [16 * 17, 16 * 9]  # what the runs returned, median over one seed
+    assert first.samples_to_target == (16 * 17, 16 * 9)  # what the runs returned, median over one seed
 
 
 @pytest.mark.parametrize("change", sorted(CHANGES))
@@ -394,7 +394,7 @@ def test_relation_file_keeps_per_seed_samples_mean_and_spread(
     monkeypatch.setattr(relmod, "fine_tune", RecordingFineTune(_SEEDS))
     rel = flat_estimate(**{**text_setup, "seeds": (0, 1)})
     assert rel.extra["samples_per_seed"] == [[160.0, 192.0], [320.0, 320.0]]
-    assert rel.extra["samples_mean"] == [176.0, 320.0] == rel.samples_to_target
+    assert rel.extra["samples_mean"] == [176.0, 320.0] == list(rel.samples_to_target)
     assert rel.extra["samples_sd"] == pytest.approx([22.627417, 0.0])
     assert rel.extra["seeds_needed"] == 2 and rel.extra["ranking_stable"] is None
     again = RelationVector.load(Path(text_setup["cache_dir"]).glob("*.json").__next__())
@@ -438,7 +438,7 @@ def test_bad_per_seed_samples_are_one_line(tmp_path: Path) -> None:
     data = RelationVector.from_seeds("m", "p", 0.5, {4: [90.0, 110.0], 8: [150.0, 250.0]}).to_dict()
     for bad, why in (
         ([[1.0]], "one non-empty list per batch size"),
-        ([[1.0], [-2.0]], "must be a number > 0"),
+        ([[1.0], [-2.0]], r"must be a number in \(0, "),
     ):
         path = tmp_path / "bad.json"
         path.write_text(json.dumps({**data, "samples_per_seed": bad}))

@@ -71,7 +71,7 @@ def test_a_small_run_prints_its_quote(tmp_path: Path, seeded_cache: Callable[[st
     assert run["run"]["config"]["model"] == "cnn-tiny"
     # the string syntax read as Flower documents it ("0" and '8,16': tests/test_launcher.py's reader tests)
     assert run["run"]["config"]["relation-seeds"] == "0" and run["run"]["config"]["batch-sizes"] == "8,16"
-    assert RelationVector.from_dict(run["run"]["relation"]).batch_sizes == [8, 16]
+    assert RelationVector.from_dict(run["run"]["relation"]).batch_sizes == (8, 16)
     clients = run["rounds"][0]["clients"]
     assert clients and all(c[k] is not None for c in clients for k in NUMBERS)
     assert all(c["profiling_choice"] and not c["profile_cached"] for c in clients)

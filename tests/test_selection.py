@@ -415,7 +415,7 @@ def _two_seed_case() -> tuple[Profile, RelationVector]:
 def test_mean_and_robust_rules_disagree_on_a_hand_worked_case() -> None:
     profile, relation = _two_seed_case()
     # mean vector: b=16 5.5, b=32 4.75 → Algorithm 1 takes b=32 (predicted 4.75/4.75 = 1.0 of the largest)
-    assert relation.samples_to_target == [5.5, 4.75]
+    assert relation.samples_to_target == (5.5, 4.75)
     assert select(profile, relation, None).batch_size == 32
     # robust: regret of b=16 is (1/1 + 10/8)/2 = 1.125; of b=32 (1.5/1 + 8/8)/2 = 1.25 → b=16
     regret = mean_regret(profile, relation, None)

@@ -102,7 +102,7 @@ def test_registered_user_model_gets_a_relation_vector_with_crossing_and_cache(
     kw = {**SETTINGS, "cache_dir": tmp_path, "cache_key": "user-cnn-v1"}
     rel = flat_estimate(NAME, None, user_data(), **kw)
     assert rel.model == NAME and rel.proxy_dataset == "tensors:400x1x16x16"
-    assert rel.batch_sizes == [8, 16, 32] and rel.relation[-1] == 1.0
+    assert rel.batch_sizes == (8, 16, 32) and rel.relation[-1] == 1.0
     assert all(s > 0 for s in rel.samples_to_target)
     for run in rel.extra["runs"]:  # the dense rule: ≥ 8 evaluations before the crossing, or one step apart
         assert run["reached"] and run["initial_accuracy"] < 0.75
@@ -396,7 +396,7 @@ def test_train_to_target_is_given_the_target_and_its_key_holds_the_datas_bytes(t
     three = flat_estimate(
         NAME, train_to_target=lambda b, lr, s: 50.0 * b, target_accuracy=0.6, batch_sizes=(8, 16), seeds=(0,)
     )
-    assert three.samples_to_target == [400.0, 800.0]  # the documented three arguments still work
+    assert three.samples_to_target == (400.0, 800.0)  # the documented three arguments still work
 
 
 @pytest.mark.parametrize(

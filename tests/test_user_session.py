@@ -125,7 +125,7 @@ def _nodes(n: int) -> dict[int, dict[str, Any]]:
 def test_a_users_model_goes_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("POWERFED_CACHE", str(tmp_path / "cache"))
     relation = flat_estimate(NAME, None, user_data(), **SETTINGS, cache_dir=tmp_path / "rel")
-    assert relation.model == NAME and relation.batch_sizes == [8, 16, 32]
+    assert relation.model == NAME and relation.batch_sizes == (8, 16, 32)
     assert relation.extra["model_fingerprint"]["class"].endswith(".UserCNN")  # what the session checks
     strategy = powerfed.PowerAware(
         FedAvg(min_train_nodes=2, min_evaluate_nodes=0, min_available_nodes=2, fraction_evaluate=0.0),

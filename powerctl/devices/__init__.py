@@ -13,7 +13,7 @@ from __future__ import annotations
 from powerctl.devices.base import Device, PowerSampler, ThreadSampler
 from powerctl.devices.torchdev import TORCH_SPEC_HELP, check_torch_spec, is_torch_spec
 from powerctl.errors import ArgumentError, DeviceError
-from powerctl.files.mapping import Integer, check_arguments
+from powerctl.files.mapping import Flag, Integer, Maybe, check_arguments
 
 __all__ = ["Device", "PowerSampler", "ThreadSampler", "check_spec", "open_device", "SPEC_HELP"]
 
@@ -37,7 +37,8 @@ def open_device(spec: str, *, seed: int = 0, pin: bool | None = True) -> Device:
     from powerctl.files.mapping import MAX_SEED
     from powerctl.pinning.pinsession import recover
 
-    seed = check_arguments("open_device", seed=(seed, Integer(0, MAX_SEED)))["seed"]
+    checked = check_arguments("open_device", seed=(seed, Integer(0, MAX_SEED)), pin=(pin, Maybe(Flag())))
+    seed, pin = checked["seed"], checked["pin"]  # pin is exactly a bool: "false" or 0 must not pin
     if not isinstance(spec, str):
         raise ArgumentError(
             f"open_device: 'spec' must be a device spec string (e.g. sim:jetson-nano), got {spec!r}"

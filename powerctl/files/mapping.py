@@ -76,7 +76,12 @@ def is_integer(value: Any) -> bool:
 def is_number(value: Any) -> bool:
     """A finite int or float, numpy's scalars included (`np.float32(0.5)`); bool is not a number here,
     whatever Python says. The kinds hand back a plain float."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond any float (10**400): no finite number a reader takes
+        return False
 
 
 class Kind:
@@ -162,7 +167,19 @@ class Text(Kind):
     def __call__(self, value: Any) -> str:
         if not isinstance(value, str) or not (self.empty or value.strip()):
             raise must_be(self.expected, value)
+        if not encodable(value):
+            raise must_be(f"{self.expected} that UTF-8 can write", value)
         return value.strip()
+
+
+def encodable(text: str) -> bool:
+    """Whether `text` can be written (UTF-8: a file, a message, a log): a lone surrogate such as
+    "\\ud800" cannot, and would fail deep inside whatever writes it first."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -259,9 +276,36 @@ class FolderPath(Kind):
 
     def __call__(self, value: Any) -> Path:
         text = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
-        if not isinstance(text, str) or not text:
-            raise must_be(self.expected, value)
+        # Path("") is Path("."): the empty path by another spelling, refused as "" is
+        if not isinstance(text, str) or not text or Path(text) == Path(".") or not encodable(text):
+            raise must_be(f"{self.expected}, not empty or '.'", value)
         return Path(text)
+
+
+@dataclass(frozen=True)
+class Maybe(Kind):
+    """`kind`, or None (a field whose None means "not given": no cap, the default cache)."""
+
+    kind: Kind
+
+    @property
+    def expected(self) -> str:  # type: ignore[override]
+        return f"{self.kind.expected} or None"
+
+    @property
+    def python_type(self) -> Any:
+        return self.kind.python_type
+
+    def __call__(self, value: Any) -> Any:
+        if value is None:
+            return None
+        try:
+            return self.kind(value)
+        except Invalid:
+            raise must_be(self.expected, value) from None
+
+    def to_config(self, value: Any) -> Any:
+        return None if value is None else self.kind.to_config(value)
 
 
 @dataclass(frozen=True)
@@ -413,6 +457,16 @@ def mapping_reader(
         raise error(f"{where}: must be a mapping{keys}, got {data!r}")
     reader = MappingReader(data, where, error)
     return reader.only(known) if known is not None else reader
+
+
+def check_fields(record: Any, where: str, kinds: Mapping[str, Kind]) -> None:
+    """A record's fields, each named in `kinds` checked by its kind where the record is made (its
+    `__post_init__`), as `check_arguments` checks a call's: the first refused is one ArgumentError line
+    naming `where` and the field. Each field is set to what its kind gives back (a plain int or float
+    where numpy's was given, a tuple where a list was), frozen records included."""
+    checked = check_arguments(where, **{name: (getattr(record, name), kind) for name, kind in kinds.items()})
+    for name, value in checked.items():
+        object.__setattr__(record, name, value)
 
 
 def check_arguments(where: str, **arguments: tuple[Any, Kind]) -> dict[str, Any]:

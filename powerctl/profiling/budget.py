@@ -424,8 +424,9 @@ def profile_within_budget(
         spent = device.clock() - start
         if ref_point is None:  # nothing fits where it was tried: profile as instructed, nothing to weigh
             ways, training, costs = [order], 0.0, {}
-            ref_point = ProfilePoint(sizes[-1], table[-1], 0.0, 0.0, 0.0, 0.0)
+            reference = (sizes[-1], table[-1])
         else:
+            reference = (ref_point.batch_size, ref_point.frequency_hz)
             training = predicted_training_s(
                 samples_to_target, ref_point, request.max_samples, request.max_training_s
             )
@@ -451,7 +452,7 @@ def profile_within_budget(
             predicted_training_s=training,
             budget_s=budget,
             costs_s=costs,
-            reference=(ref_point.batch_size, ref_point.frequency_hz),
+            reference=reference,
             predicted_from=predicted_from if prediction is not None else "",
             spent_s=profile.profiling_seconds,
             points=(0 if choice == PREDICTED else len(profile.points)) + int(measured_step),

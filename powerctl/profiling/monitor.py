@@ -7,6 +7,7 @@ from itertools import pairwise
 from types import TracebackType
 
 from powerctl.devices.base import Device, PowerSampler, PowerSamples
+from powerctl.files.mapping import Flag, check_arguments
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ class PowerMonitor:
 
     def stop(self, *, keep: bool = True) -> PowerReading | None:
         """End sampling; `reading` summarises the block (None without a sensor or with keep=False)."""
+        check_arguments("PowerMonitor.stop", keep=(keep, Flag()))
         if self._sampler is None:
             return None
         samples = self._sampler.stop()

@@ -15,7 +15,18 @@ from tqdm import tqdm
 from powerctl.cli.util import progress_bar
 from powerctl.devices.base import Device
 from powerctl.errors import ArgumentError, DeviceError, DeviceOutOfMemory
-from powerctl.files.mapping import Choice, Integer, Number, check_arguments, is_integer, is_number, shown
+from powerctl.files.mapping import (
+    MAX_COUNT,
+    MAX_STEPS,
+    Choice,
+    Flag,
+    Integer,
+    Number,
+    check_arguments,
+    is_integer,
+    is_number,
+    shown,
+)
 from powerctl.pinning.safety import restore_on_exit
 from powerctl.profiling.fit import ProfileFit, fit_profile, seed_frequencies
 from powerctl.profiling.monitor import PowerMonitor
@@ -110,9 +121,9 @@ class Profiler:
             raise DeviceError(f"{device.spec} has no power sensor to profile with")
         checked = check_arguments(  # plain numbers from here on (numpy's converted)
             "Profiler",
-            samples=(samples, Integer(1)),
-            warmup_steps=(warmup_steps, Integer(0)),
-            measure_steps=(measure_steps, Integer(1)),
+            samples=(samples, Integer(1, MAX_COUNT)),
+            warmup_steps=(warmup_steps, Integer(0, MAX_STEPS)),  # as `powerctl profile` and the run's
+            measure_steps=(measure_steps, Integer(1, MAX_STEPS)),
             rate_hz=(rate_hz, Number(0.0, 10_000.0, above=True, unit="Hz")),
         )
         if not callable(make_step):
@@ -191,7 +202,9 @@ class Profiler:
         best feasible frequency.
         """
         where = "Profiler.run"
-        checked = check_arguments(where, order=(order, Choice(ORDERS)), margin=(margin, Number(0.0)))
+        checked = check_arguments(
+            where, order=(order, Choice(ORDERS)), margin=(margin, Number(0.0)), progress=(progress, Flag())
+        )
         order, margin = checked["order"], checked["margin"]
         if order == "efficient" and power_cap_w is None:
             raise ArgumentError(
@@ -248,8 +261,6 @@ class Profiler:
                 "power_cap_w": power_cap_w,
                 # False: measured at the clock in force (powerctl.devices.unpinned), its one frequency
                 "pinned": self.device.pins,
-                # "instant" or "average" (NVML's smoothed reading: its peaks read low); absent: not said
-                **({"power_reading": r} if (r := self.device.power_reading) else {}),
                 "warmup_steps": self.warmup_steps,
                 "measure_steps": self.measure_steps,
                 "workload": self.workload.to_dict(),

@@ -6,8 +6,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from powerctl.errors import ArgumentError
 from powerctl.files.jsonfile import Fields, read_json, write_json
-from powerctl.files.mapping import MAX_BATCH_SIZE, MAX_CAP_W, MAX_COUNT
+from powerctl.files.mapping import (
+    MAX_BATCH_SIZE,
+    MAX_CAP_W,
+    MAX_COUNT,
+    Integer,
+    Kind,
+    Maybe,
+    Number,
+    Text,
+    check_fields,
+)
 
 PROFILE_SCHEMA = "powerctl.profile/1"
 _KNOWN = {
@@ -23,6 +34,22 @@ _KNOWN = {
 }
 
 
+_WATTS = Number(0.0, MAX_CAP_W, above=True)
+_SECONDS = Number(0.0, above=True)
+POINT_KINDS: dict[str, Kind] = {
+    "batch_size": Integer(1, MAX_BATCH_SIZE),
+    "frequency_hz": Integer(1),
+    # no board draws more than a cap may be (1e308 W is an edit gone wrong, not a measurement)
+    "peak_power_w": _WATTS,
+    "mean_power_w": _WATTS,
+    "seconds_per_batch": _SECONDS,
+    "seconds_for_samples": _SECONDS,
+}
+"""What each field of a profiled point must be, in a profile file and in Python alike."""
+MEAN_OVER_PEAK = 1 + 1e-9
+"""How far a point's mean power may sit above its peak: rounding only."""
+
+
 @dataclass(frozen=True)
 class ProfilePoint:
     batch_size: int
@@ -32,6 +59,16 @@ class ProfilePoint:
     seconds_per_batch: float
     seconds_for_samples: float
     """T_N(b, f): seconds to process the profile's `samples` at this point."""
+
+    def __post_init__(self) -> None:
+        """Checked as a profile file's point is (`POINT_KINDS`): a peak of -10 W, NaN or a batch size
+        of 8.0 made in Python would otherwise be selected. One ArgumentError line naming the field."""
+        check_fields(self, "ProfilePoint", POINT_KINDS)
+        if self.mean_power_w > self.peak_power_w * MEAN_OVER_PEAK:
+            raise ArgumentError(
+                f"ProfilePoint: 'mean_power_w' {self.mean_power_w!r} exceeds 'peak_power_w' "
+                f"{self.peak_power_w!r}; the mean of a step's power is never above its peak"
+            )
 
     @classmethod
     def measured(
@@ -87,21 +124,23 @@ class Profile:
     def __post_init__(self) -> None:
         """A profile made in Python (a user's, for `select`) has the shape a profile file's reader gives:
         one ArgumentError line, not an AttributeError inside selection."""
-        from powerctl.errors import ArgumentError
-        from powerctl.files.mapping import Integer, check_arguments, is_integer
+        from powerctl.files.mapping import is_integer
 
-        for name in ("device", "model"):
-            if not isinstance(getattr(self, name), str):
-                raise ArgumentError(f"Profile: {name!r} must be a string, got {getattr(self, name)!r}")
+        check_fields(self, "Profile", PROFILE_KINDS)
         shape = self.input_shape
         if not isinstance(shape, (list, tuple)) or any(not is_integer(d) or d < 1 for d in shape):
             raise ArgumentError(f"Profile: 'input_shape' must be a list of integers ≥ 1, got {shape!r}")
         self.input_shape = [int(d) for d in shape]  # plain ints (numpy's converted): a profile file holds it
-        self.samples = check_arguments("Profile", samples=(self.samples, Integer(1)))["samples"]
         for name in ("points", "predicted"):
             got = getattr(self, name)
             if not isinstance(got, list) or not all(isinstance(q, ProfilePoint) for q in got):
                 raise ArgumentError(f"Profile: {name!r} must be a list of ProfilePoint, got {got!r:.80}")
+        for name in ("skipped", "extra"):
+            want = list if name == "skipped" else dict
+            if not isinstance(getattr(self, name), want):
+                raise ArgumentError(
+                    f"Profile: {name!r} must be a {want.__name__}, got {getattr(self, name)!r:.80}"
+                )
 
     def batch_sizes(self) -> list[int]:
         return sorted({p.batch_size for p in self.points})
@@ -166,6 +205,15 @@ class Profile:
         return cls.from_dict(read_json(path, PROFILE_SCHEMA), str(path))
 
 
+PROFILE_KINDS: dict[str, Kind] = {
+    "device": Text(),
+    "model": Text(),
+    "samples": Integer(1, MAX_COUNT),
+    "profiling_seconds": Maybe(Number(0.0)),
+}
+"""What a profile's scalar fields must be, in a profile file and in Python alike."""
+
+
 def _points(f: Fields, key: str, where: str, seen: set[tuple[int, int]]) -> list[ProfilePoint]:
     """The points under `key`; a pair already in `seen` (in this list or the measured one) is refused."""
     points: list[ProfilePoint] = []
@@ -173,17 +221,10 @@ def _points(f: Fields, key: str, where: str, seen: set[tuple[int, int]]) -> list
         if not isinstance(raw, dict):
             raise f.fail(f"{key}[{i}] must be an object")
         pf = Fields(raw, f"{where}: {key}[{i}]")
-        p = ProfilePoint(
-            batch_size=pf.integer("batch_size", maximum=MAX_BATCH_SIZE),
-            frequency_hz=pf.integer("frequency_hz"),
-            # no board draws more than a cap may be (1e308 W is an edit gone wrong, not a measurement)
-            peak_power_w=pf.number("peak_power_w", positive=True, maximum=MAX_CAP_W),
-            mean_power_w=pf.number("mean_power_w", positive=True, maximum=MAX_CAP_W),
-            seconds_per_batch=pf.number("seconds_per_batch", positive=True),
-            seconds_for_samples=pf.number("seconds_for_samples", positive=True),
-        )
-        if p.mean_power_w > p.peak_power_w * (1 + 1e-9):
+        values = {name: pf.value(name, kind) for name, kind in POINT_KINDS.items()}
+        if values["mean_power_w"] > values["peak_power_w"] * MEAN_OVER_PEAK:
             raise pf.fail("mean_power_w exceeds peak_power_w")
+        p = ProfilePoint(**values)
         pair = (p.batch_size, p.frequency_hz)
         if pair in seen:
             raise pf.fail(f"duplicate point for batch size {pair[0]} at {pair[1]} Hz")

@@ -11,6 +11,7 @@ carries a RelationVector carries what the rule needs.
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from collections.abc import Sequence
@@ -20,7 +21,7 @@ from typing import Any
 
 from powerctl.errors import ArgumentError, FileFormatError
 from powerctl.files.jsonfile import Fields, check_number, read_json, write_json
-from powerctl.files.mapping import Number, check_arguments
+from powerctl.files.mapping import MAX_BATCH_SIZE, Integer, Invalid, Number, check_arguments, shown
 
 RELATION_SCHEMA = "powerctl.relation/1"
 VECTORS: tuple[str, ...] = ("raw", "fitted")
@@ -39,15 +40,29 @@ bands (bench/paper_tables.py's calibration). With 3 seeds that is about an 82 % 
 tables (docs/results/paper_tables.md)."""
 
 
-@dataclass
+MAX_SAMPLES_TO_TARGET = 1e12
+"""The most samples to the target an entry may hold: far above any proxy run (a billion samples is weeks
+on a server), low enough that a typo is one line and not a relation of 0.0 or a rate that underflows."""
+SAMPLES_KIND = Number(0.0, MAX_SAMPLES_TO_TARGET, above=True)
+BATCH_SIZE_KIND = Integer(1, MAX_BATCH_SIZE)
+FIELDS = ("model", "proxy_dataset", "target_accuracy", "batch_sizes", "samples_to_target")
+DERIVED = ("schema", "relation")
+"""Keys a relation file holds besides `FIELDS` that are not evidence: `extra` may name none of these."""
+
+
+@dataclass(frozen=True)
 class RelationVector:
-    """`relation[i] = samples_to_target[i] / samples_to_target[last]`, largest batch size last."""
+    """`relation[i] = samples_to_target[i] / samples_to_target[last]`, largest batch size last. Frozen,
+    `batch_sizes` and `samples_to_target` tuples (compare them with tuples; `to_dict` writes lists): a
+    plan made from it cannot change behind its back. `extra` (the evidence) never names a field."""
 
     model: str
     proxy_dataset: str
     target_accuracy: float
-    batch_sizes: list[int]
-    samples_to_target: list[float]
+    batch_sizes: Sequence[int]
+    """Held as a tuple (a list given is made one)."""
+    samples_to_target: Sequence[float]
+    """Held as a tuple (a list given is made one)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -173,7 +188,7 @@ class RelationVector:
             raise ArgumentError(f"{where}: every batch size needs a list of one or more seeds' samples")
         for row in rows:
             for v in row:  # NaN, inf, ≤ 0 or a string: the file's reader would refuse it too
-                check_arguments(where, samples_to_target=(v, Number(0.0, 1e12, above=True)))
+                check_arguments(where, samples_to_target=(v, SAMPLES_KIND))
         rows = [[float(v) for v in row] for row in rows]
         means = [statistics.fmean(row) for row in rows]
         sds = [statistics.stdev(row) if len(row) > 1 else 0.0 for row in rows]
@@ -195,6 +210,7 @@ class RelationVector:
         )
 
     def to_dict(self) -> dict[str, Any]:
+        """The file's mapping: the fields, then the evidence (`extra`, which never replaces a field)."""
         d: dict[str, Any] = {
             "schema": RELATION_SCHEMA,
             "model": self.model,
@@ -204,7 +220,7 @@ class RelationVector:
             "samples_to_target": list(self.samples_to_target),
             "relation": self.relation,
         }
-        d.update(self.extra)
+        d.update({k: v for k, v in self.extra.items() if k not in d})
         return d
 
     def save(self, path: str | Path) -> None:
@@ -215,9 +231,14 @@ class RelationVector:
         negative, unsorted or mismatched entries: one ArgumentError line (a ValueError)."""
         as_list = [list(v) if isinstance(v, tuple) else v for v in (self.batch_sizes, self.samples_to_target)]
         if not isinstance(self.extra, dict):
-            raise ArgumentError(f"RelationVector: 'extra' must be a dict, got {self.extra!r}")
+            raise ArgumentError(f"RelationVector: 'extra' must be a dict, got {shown(self.extra)}")
+        if shadows := sorted(str(k) for k in self.extra if k in FIELDS or k in DERIVED):
+            raise ArgumentError(
+                f"RelationVector: 'extra' key {shadows[0]!r} is a field of the vector (or derived from "
+                "them); give it as the field, or keep the evidence under another name"
+            )
         data = {
-            **self.extra,
+            **_plain_extra(self.extra),
             "model": self.model,
             "proxy_dataset": self.proxy_dataset,
             "target_accuracy": self.target_accuracy,
@@ -228,7 +249,8 @@ class RelationVector:
             checked = _checked(data, "RelationVector")
         except FileFormatError as exc:
             raise ArgumentError(str(exc)) from None
-        self.batch_sizes, self.samples_to_target = checked["batch_sizes"], checked["samples_to_target"]
+        for name, value in checked.items():  # frozen: set once, as __post_init__ may
+            object.__setattr__(self, name, value)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "relation") -> RelationVector:
@@ -237,6 +259,43 @@ class RelationVector:
     @classmethod
     def load(cls, path: str | Path) -> RelationVector:
         return cls.from_dict(read_json(path, RELATION_SCHEMA), str(path))
+
+
+def _plain(value: Any) -> Any:
+    """`value` as JSON holds it: numpy's scalars as plain numbers, tuples as lists; what JSON cannot
+    hold raises TypeError."""
+    if isinstance(value, (str, bool)) or value is None:
+        return value
+    if isinstance(value, dict):
+        return {_key(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if type(value).__module__ == "numpy" and hasattr(value, "item"):  # np.float32, np.int64, np.bool_
+        return _plain(value.item())
+    if isinstance(value, (int, float)):
+        return value
+    raise TypeError(f"{shown(value)} is not a JSON value")
+
+
+def _key(key: Any) -> str:
+    if not isinstance(key, str):
+        raise TypeError(f"key {shown(key)} is not text")
+    return key
+
+
+def _plain_extra(extra: dict[str, Any]) -> dict[str, Any]:
+    """The evidence as its file holds it (`_plain`), or one ArgumentError line: a vector that cannot be
+    saved or sent would fail later, inside `save`, a message or `save_results`."""
+    try:
+        plain = _plain(extra)
+        json.dumps(plain, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ArgumentError(
+            f"RelationVector: 'extra' must hold JSON values (a file keeps them): {exc}"
+        ) from None
+    except RecursionError:
+        raise ArgumentError("RelationVector: 'extra' is nested too deeply to be kept in a file") from None
+    return dict(plain)
 
 
 def _checked(data: dict[str, Any], where: str) -> dict[str, Any]:
@@ -253,11 +312,14 @@ def _checked(data: dict[str, Any], where: str) -> dict[str, Any]:
     if len(bs) != len(samples):
         raise f.fail("'batch_sizes' and 'samples_to_target' differ in length")
     for b in bs:
-        if isinstance(b, bool) or not isinstance(b, int) or b < 1:
-            raise f.fail(f"batch sizes must be positive integers, got {b!r}")
+        try:
+            BATCH_SIZE_KIND(b)
+        except Invalid:
+            raise f.fail(f"batch sizes must be integers in [1, {MAX_BATCH_SIZE}], got {shown(b)}") from None
+    bs = [int(b) for b in bs]  # plain ints (numpy's converted): the file and the messages hold them
     if sorted(set(bs)) != bs:
         raise f.fail("'batch_sizes' must be strictly increasing (largest last)")
-    values = [check_number(s, "samples_to_target", f, positive=True) for s in samples]
+    values = [f.check("samples_to_target", s, SAMPLES_KIND) for s in samples]
     if not all(1e-9 <= v / values[-1] <= 1e9 for v in values):  # r_b = samples / the last: what selects
         raise f.fail(
             f"'samples_to_target' {samples}: an entry over the last is outside [1e-9, 1e9] (no measured "
@@ -269,7 +331,7 @@ def _checked(data: dict[str, Any], where: str) -> dict[str, Any]:
             raise f.fail("'samples_per_seed' must hold one non-empty list per batch size")
         for row in per_seed:
             for v in row:
-                check_number(v, "samples_per_seed", f, positive=True)
+                f.check("samples_per_seed", v, SAMPLES_KIND)
     if "relation" in data:
         rel = f.list_of("relation")
         want = [v / values[-1] for v in values]
@@ -277,26 +339,18 @@ def _checked(data: dict[str, Any], where: str) -> dict[str, Any]:
             abs(check_number(r, "relation", f, positive=True) - w) > 1e-6 * max(1.0, w)
             for r, w in zip(rel, want, strict=True)
         ):
-            shown = ", ".join(f"{w:.4g}" for w in want)
+            wanted = ", ".join(f"{w:.4g}" for w in want)
             raise f.fail(
-                f"'relation' {rel} is not samples_to_target divided by its last entry, [{shown}]: "
+                f"'relation' {rel} is not samples_to_target divided by its last entry, [{wanted}]: "
                 "correct it or leave it out (it is derived)"
             )
-    known = {
-        "schema",
-        "model",
-        "proxy_dataset",
-        "target_accuracy",
-        "batch_sizes",
-        "samples_to_target",
-        "relation",
-    }
+    known = {*FIELDS, *DERIVED}
     return {
         "model": f.string("model"),
         "proxy_dataset": f.string("proxy_dataset"),
         "target_accuracy": target,
-        "batch_sizes": list(bs),
-        "samples_to_target": values,
+        "batch_sizes": tuple(bs),
+        "samples_to_target": tuple(values),
         "extra": {k: v for k, v in data.items() if k not in known},
     }
 

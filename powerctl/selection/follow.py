@@ -39,6 +39,9 @@ if TYPE_CHECKING:  # annotations only: the run settings read this module's defau
 
 DEFAULT_POLL_S = 1.0
 """How often a paused fine-tune reads its cap again (device seconds)."""
+POLL_S_RANGE = (0.01, 3600.0)
+"""The poll interval taken (`cap-poll-s`): a read at most every 10 ms (a pause of the default time-out
+is then at most 180,000 reads, where 1e-300 s would loop for ever), at least once an hour."""
 DEFAULT_PAUSE_TIMEOUT_S = 1800.0
 """The longest a fine-tune waits, paused, for its cap to rise before it gives up."""
 

@@ -41,6 +41,7 @@ import math
 from typing import Any, Literal, cast
 
 from powerctl.errors import ArgumentError, FileFormatError, InfeasibleCapError, PowerctlError
+from powerctl.files.mapping import Flag, check_arguments
 from powerctl.records.pick import Pick
 from powerctl.records.profile import Profile, ProfilePoint
 from powerctl.records.relation import DEFAULT_RELATION_RULE, RELATION_RULES, RelationVector
@@ -68,6 +69,7 @@ def check_pairing(profile: Profile, relation: RelationVector, *, allow_mismatch:
     """Refuse a relation vector of another model or input than the profile (one line; `allow_mismatch`
     turns it into a warning), and return warnings: batch sizes in one file only, a relation too coarse
     to tell batch sizes apart."""
+    check_arguments("check_pairing", allow_mismatch=(allow_mismatch, Flag()))
     problems = []
     if profile.model != relation.model:
         problems.append(
@@ -242,6 +244,7 @@ def select(
     Pick's predictions are the mean vector's either way. None feasible → one InfeasibleCapError
     line. A relation vector of another model or input than the profile is one MismatchError line
     (`check_pairing`; `allow_mismatch`: combined anyway, as `powerctl select --allow-mismatch`)."""
+    check_arguments("select", allow_mismatch=(allow_mismatch, Flag()))  # "no" must not mix models
     ranked = rank(profile, relation, power_cap_w, objective, rule)
     check_pairing(profile, relation, allow_mismatch=allow_mismatch)
     if ranked:

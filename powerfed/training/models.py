@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from powerctl.files.mapping import Integer, Number, bounds_text, is_integer
+from powerctl.files.mapping import Flag, Integer, Number, bounds_text, check_arguments, is_integer
 from powerctl.records.workload import Workload, measure_workload
 from powerfed.training.errors import ModelError
 
@@ -457,6 +457,7 @@ def register_model(
     `replace=True`; a built-in model's name is refused even then (every run's clients, caches and
     results name it: register yours under a name of its own). Returns the entry.
     """
+    check_arguments("register_model", replace=(replace, Flag()))  # "no" must not replace
     spec = model_spec(name, factory, task=task, input_shape=input_shape, description=description, **defaults)
     if name in BUILT_IN:
         raise ModelError(
