@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -14,7 +15,11 @@ import pytest
 from powerctl.devices import open_device
 from powerctl.devices.detect import detect_devices
 from powerctl.devices.nvml import NvmlGpu, open_nvml
+from powerctl.devices.unpinned import UnpinnedDevice
 from powerctl.errors import DeviceError, DevicePermissionError
+from powerctl.profiling.profiler import Profiler
+from powerctl.records.profile import Profile
+from powerctl.records.workload import Workload
 from tests.fake_boards import FakeGpu, fake_pynvml, make_nano_tree
 
 NO_PERMISSION, NOT_SUPPORTED = 4, 3
@@ -289,3 +294,19 @@ def test_an_instant_field_failing_later_is_one_device_error_line(monkeypatch) ->
         gpu.read_power_w()
     assert str(err.value).startswith("nvml:0 (NVIDIA A100-SXM4-80GB) does not support reading power")
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(("instant", "recorded"), [(250_000, "instant"), (None, "average")])
+def test_a_profile_records_which_power_reading_it_measured_with(monkeypatch, instant, recorded) -> None:
+    install(monkeypatch, FakeGpu(instant_power_mw=instant))
+    gpu = open_nvml(0)
+    workload = Workload(
+        "m", (3, 8, 8), flops_per_sample=1e6, activation_bytes_per_sample=1e3, parameter_bytes=1e3
+    )
+    profile = Profiler(
+        gpu, workload, lambda b: lambda: None, samples=100, warmup_steps=0, measure_steps=1
+    ).run([4], frequencies=[1_410_000_000], progress=False)
+    assert profile.extra["power_reading"] == recorded
+    unpinned = UnpinnedDevice(gpu, "no root")  # profiling at the clock in force says the same
+    assert unpinned.power_reading == recorded and unpinned.describe()["power_reading"] == recorded
+    assert Profile.from_dict(json.loads(json.dumps(profile.to_dict()))).extra["power_reading"] == recorded

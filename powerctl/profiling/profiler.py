@@ -261,6 +261,8 @@ class Profiler:
                 "power_cap_w": power_cap_w,
                 # False: measured at the clock in force (powerctl.devices.unpinned), its one frequency
                 "pinned": self.device.pins,
+                # "instant" or "average" (NVML's smoothed reading: its peaks read low); absent: not said
+                **({"power_reading": r} if (r := self.device.power_reading) else {}),
                 "warmup_steps": self.warmup_steps,
                 "measure_steps": self.measure_steps,
                 "workload": self.workload.to_dict(),
