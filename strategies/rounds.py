@@ -97,19 +97,45 @@ REASON_LIMIT = 400
 _RAISED = re.compile(r"^(?P<cls>[A-Za-z_][\w.]*(?:Error|Exception|Interrupt)): (?P<message>.+?)(?:'>)?$")
 """The line a traceback ends with (Flower's simulation wraps it in `<class ...>:<'...'>`)."""
 OWN_PACKAGES = ("powerctl.", "powerfed.", "strategies.", "fl_server.", "fl_client.", "simulations.")
+_CLIENTAPP_MESSAGE = re.compile(r"^Exception ClientAppException occurred\. Message: (?P<message>.+?)(?:'>)?$")
+"""Flower's simulation: the line that holds the ClientApp's exception's own words (`str(ex)`)."""
+_WRAPPED = re.compile(r"^<class '(?P<cls>[\w.]+)'>:<'(?P<message>.+)'>$")
+"""A deployed ClientApp's exception, as Flower's SuperNode replies it: `<class 'CLS'>:<'MESSAGE'>`."""
+_NAMED = re.compile(r"^(?P<cls>[A-Za-z_][\w.]*): (?P<message>.+)$")
+
+
+def _raised(cls: str, message: str) -> str:
+    """The project's own error by its message alone (it says what to do); another's with its class."""
+    return message if cls.startswith(OWN_PACKAGES) else f"{cls.rsplit('.', 1)[-1]}: {message}"
+
+
+def _user_words(lines: list[str]) -> str | None:
+    """The ClientApp's own words where Flower's wrapping says which they are: the message line of its
+    ClientAppException (simulation; the class from the traceback line that ends with those words) or
+    its `<class ...>:<'...'>` (deployment). None: neither."""
+    said = next((m["message"] for ln in reversed(lines) if (m := _CLIENTAPP_MESSAGE.match(ln))), None)
+    if said is not None:
+        named = (m for ln in lines if (m := _NAMED.match(ln)) and m["message"] == said)
+        cls = next((m["cls"] for m in named if not m["cls"].endswith("ClientAppException")), None)
+        return said if cls is None else _raised(cls, said)
+    if len(lines) == 1 and (wrapped := _WRAPPED.match(lines[0])) is not None:
+        return _raised(wrapped["cls"], wrapped["message"])
+    return None
 
 
 def one_line(reason: str | None) -> str:
     """A failure reason fit for a table row: colour codes out, and of a multi-line text (Ray puts a
     whole remote traceback there, after its own lines) the exception it ends with — the project's own
-    error by its message alone, which already says what to do; else its first line and its last."""
+    error by its message alone, which already says what to do; else the ClientApp's own words where
+    Flower's wrapping names them (an exception class of any name); else its first line and its last."""
     lines = [ln.strip() for ln in _ANSI.sub("", reason or "").splitlines() if ln.strip()]
     if not lines:
         return "(no reason given)"
     raised = next((m for ln in reversed(lines) if (m := _RAISED.match(ln))), None) if len(lines) > 1 else None
     if raised is not None:
-        own = raised["cls"].startswith(OWN_PACKAGES)
-        text = raised["message"] if own else f"{raised['cls'].rsplit('.', 1)[-1]}: {raised['message']}"
+        text = _raised(raised["cls"], raised["message"])
+    elif (words := _user_words(lines)) is not None:
+        text = words
     else:
         text = lines[0] if len(lines) == 1 else f"{lines[0]} … {lines[-1]}"
     return text if len(text) <= REASON_LIMIT else text[: REASON_LIMIT - 1] + "…"

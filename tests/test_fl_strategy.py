@@ -370,6 +370,51 @@ def test_a_ray_wrapped_error_of_the_project_is_its_own_line() -> None:
     assert one_line(other) == "ValueError: bad shape (3, 2)"  # another library's: its class kept
 
 
+# Error.reason of a simulated ClientApp whose train function raised ValueError("my words"), as Flower
+# 1.42's simulation (Ray 2.55) replied it (pids and paths shortened)
+SIMULATED_REASON = (
+    "<class 'ray.exceptions.RayTaskError(ClientAppException)'>:<'\x1b[36mray::ClientAppActor.run()\x1b[39m "
+    "(pid=24480, ip=192.0.2.2, actor_id=67d9, repr=<flwr.simulation.ray_transport.ray_actor.ClientAppActor "
+    "object at 0x7fcd>)\n                  ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^\n"
+    '  File "/venv/flwr/clientapp/client_app.py", line 161, in __call__\n'
+    "    return self._registered_funcs[full_name](message, context)\n"
+    '  File "/app/task.py", line 10, in train\n    raise ValueError("my words")\nValueError: my words\n\n'
+    "The above exception was the direct cause of the following exception:\n\n"
+    "\x1b[36mray::ClientAppActor.run()\x1b[39m (pid=24480, ip=192.0.2.2, actor_id=67d9)\n"
+    '  File "/venv/flwr/simulation/ray_transport/ray_actor.py", line 65, in run\n'
+    "    raise ClientAppException(str(ex)) from ex\nflwr.clientapp.client_app.ClientAppException: \n"
+    "Exception ClientAppException occurred. Message: my words'>"
+)
+
+
+@pytest.mark.parametrize(
+    ("raised", "said"),
+    [
+        ("ValueError: my words", "ValueError: my words"),
+        ("task.Boom: my words", "Boom: my words"),  # a class of the user's, named as they like
+        ("fl_client.faults.InjectedFailure: my words", "my words"),  # the project's own: its words alone
+    ],
+)
+def test_a_failed_clientapp_is_its_own_words_whatever_its_exception_is_called(raised: str, said: str) -> None:
+    """Every client failed: each one's line is the exception it raised, not Ray's wrapping of it, also
+    where its class does not end in Error (the soak tests' InjectedFailure, a user's own class)."""
+    from strategies.power_aware import no_client_reported
+    from strategies.rounds import Failure, RoundRecord, one_line
+
+    reason = SIMULATED_REASON.replace("ValueError: my words", raised)
+    assert one_line(reason) == said
+    record = no_client_reported([RoundRecord(1, [], [Failure(1, "partition-0", "d", "error", reason)], {})])
+    assert str(record) == f"every client failed in every round (1 round): partition-0 (error) failed: {said}"
+
+
+def test_a_deployed_clientapp_error_is_its_class_and_words() -> None:
+    """A SuperNode replies `<class 'CLS'>:<'MESSAGE'>` (flwr.supernode.runtime.run_clientapp)."""
+    from strategies.rounds import one_line
+
+    assert one_line("<class 'ValueError'>:<'my words'>") == "ValueError: my words"
+    assert one_line("<class 'fl_client.session.SessionError'>:<'add the mod'>") == "add the mod"
+
+
 def test_min_available_nodes_gathers_the_fleet_once_and_a_node_gone_later_does_not_hold_the_run(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
