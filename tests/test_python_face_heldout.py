@@ -507,3 +507,77 @@ def test_a_plans_cap_is_a_number_of_watts_not_text(cap: str) -> None:
         dataclasses.replace(PLAN, power_cap_w=cap)
     one_line(err.value, "'power_cap_w'")
     assert dataclasses.replace(PLAN, power_cap_w=np.float32(4.5)).to_config()["power-cap-w"] == 4.5
+
+
+# --- records a user builds by hand: every field checked where it is made (one input per class) --------
+def _node(**fields: Any) -> Any:
+    base = {"device": "sim:jetson-nano", "power_cap_w": 3.0, "data": None, "partition_id": 0}
+    return powerfed.NodeSettings(**{**base, "num_partitions": 1, "key": "n0", **fields})
+
+
+def _point(**fields: Any) -> Any:
+    from powerctl.records.profile import ProfilePoint
+
+    base = {"batch_size": 8, "frequency_hz": 76_800_000, "peak_power_w": 4.0, "mean_power_w": 3.0}
+    return ProfilePoint(**{**base, "seconds_per_batch": 0.1, "seconds_for_samples": 2.0, **fields})
+
+
+@pytest.mark.parametrize(
+    ("make", "fragment"),
+    [  # a flag that is not a bool was read as true: the board pinned when told not to
+        (
+            lambda: powerfed.open_device("sim:jetson-nano", pin="false"),
+            "open_device: 'pin' must be true or false",
+        ),
+        (lambda: _node(pin=np.False_), "NodeSettings: 'pin' must be true or false"),
+        # a point that selection would pick: a negative peak
+        (lambda: _point(peak_power_w=-10.0), "ProfilePoint: 'peak_power_w' must be a number in (0, 100000]"),
+        # a relation file's batch size of 10**400: the plan's lr at b=8 was 0.0
+        (
+            lambda: RelationVector.from_samples("m", "p", 0.5, {8: 1.0, 10**400: 2.0}),
+            "integers in [1, 65536]",
+        ),
+        (
+            lambda: RelationVector.from_samples("m", "p", 0.5, {8: 1.0}, samples_per_seed=[[1e13]]),
+            "'samples_per_seed' must be a number in (0, 1000000000000]",
+        ),
+        # an extra key named like a field replaced it in to_dict: the client trained at other sizes
+        (
+            lambda: RelationVector("m", "p", 0.5, [8], [1.0], {"batch_sizes": [4096]}),
+            "'extra' key 'batch_sizes'",
+        ),
+        # the empty path by another spelling: cached in the working folder
+        (lambda: powerfed.RoundContext(_node(), PLAN, Path("")), "'profile_cache' must be a folder path"),
+        # hangs: ten to the ninth warm-up steps, a pause that polls every 1e-300 s
+        (lambda: _profiler_with(warmup_steps=10**9), "'warmup_steps' must be an integer in [0, 1000]"),
+        (lambda: dataclasses.replace(PLAN, cap_poll_s=1e-300), "'cap_poll_s' must be a number of seconds in"),
+        # text no file or message can hold
+        (lambda: _node(key="\ud800"), "NodeSettings: 'key' must be a non-empty string that UTF-8 can write"),
+    ],
+)
+def test_a_record_made_by_hand_is_checked_field_by_field(
+    make: Any, fragment: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # Path('') is here: nothing may be written in it
+    with pytest.raises(ArgumentError) as err:
+        make()
+    one_line(err.value, fragment)
+    assert not list(tmp_path.iterdir())
+
+
+def _profiler_with(**changes: Any) -> powerfed.Profiler:
+    return powerfed.Profiler(
+        powerfed.open_device("sim:jetson-nano"),
+        _linear_workload(),
+        lambda b: lambda: None,
+        **{"samples": 256, "measure_steps": 1, **changes},
+    )
+
+
+def test_a_relation_vector_holds_plain_values_and_cannot_change_behind_a_plan(tmp_path: Path) -> None:
+    rel = RelationVector.from_samples("cnn-tiny", "proxy", np.float32(0.5), {8: np.float32(300.0), 16: 400.0})
+    plan = TrainInstructions.for_relation(rel, num_classes=10)
+    rel.save(tmp_path / "rel.json")  # np.float32 broke to_dict, save and save_results
+    with pytest.raises(TypeError):
+        rel.samples_to_target[0] = -1  # type: ignore[index]
+    assert plan.relation_vector.relation == [0.75, 1.0]
