@@ -17,16 +17,21 @@ by any node's call.
 Where: only inside the simulation process of a run this project starts (`flwr-simulation`, below the
 local SuperLink that `flwr run` starts; `simulations.launcher.run_flwr` puts `install_script`'s
 wrapper first on that run's PATH). Only on the Flower series it was written for: any other version is
-refused in one line (`check_flower_version`) before anything starts.
+refused in one line (`check_flower_version`) before anything starts. Within that series, the index is
+used only while the Flower functions it copies or wraps are the source it was written against
+(`changed_flower_sources`): a release that changed one gets Flower's own dispatch and one logged line.
 """
 
 from __future__ import annotations
 
+import hashlib
+import inspect
 import os
 import sys
+import textwrap
 import threading
 from collections.abc import Callable, Iterable
-from logging import INFO
+from logging import INFO, WARNING
 from pathlib import Path
 from queue import Queue
 from typing import TYPE_CHECKING, Any, cast
@@ -42,6 +47,14 @@ SUPPORTED_FLOWER = ("1.41.", "1.42.")
 module reproduces, and whose `vce_api._register_nodes`, link state factory and `flwr-simulation` launch
 it relies on (read from their source: in 1.42.0 those files are the same as in 1.41.0); any other is
 refused."""
+COPIED_SOURCES = {
+    "InMemoryLinkState.get_message_ins": "8079cc56cb2bf1a7c2ac2e742f283298e38e5b93801e5644dc30f6e68c0b3260",
+    "vce_api.add_messages_to_queue": "90669a453e0877556bd5640c89c6340a5f1f2f824ad4808a6a26b4e81a0c76f4",
+    "vce_api._register_node_info_stores": "14d7260df16871401fea5f05d08ce2bf97c7b886c8def3c4a3da3137ce86b89d",
+}
+"""The Flower functions the index reproduces (`IndexedLinkState.get_message_ins`,
+`add_messages_to_queue`) or wraps (`config_read_once`), each by the SHA-256 of its source as
+`source_fingerprint` normalises it: the same in flwr 1.41.0 and 1.42.0."""
 INDEX_ENV = "POWERFED_MESSAGE_INDEX"
 """Set to 0 in a run's environment (`run_flwr(index_messages=False)`): Flower's own dispatch."""
 WRAPPED_COMMAND = "flwr-simulation"
@@ -75,6 +88,34 @@ def check_flower_version(found: str | None = None) -> str:
             f"was written for flwr {wanted}: install flwr[simulation] {wanted} (pyproject.toml)"
         )
     return found
+
+
+def source_fingerprint(function: Callable[..., Any]) -> str:
+    """SHA-256 of `function`'s source, dedented, trailing spaces and blank lines out (so a reindent or
+    a blank line is no change; a changed comment is: the check errs on the side of Flower's dispatch)."""
+    lines = (line.rstrip() for line in textwrap.dedent(inspect.getsource(function)).splitlines())
+    return hashlib.sha256("\n".join(line for line in lines if line).encode()).hexdigest()
+
+
+def changed_flower_sources() -> list[str]:
+    """The names in COPIED_SOURCES whose installed Flower source is not the one the index copies."""
+    from flwr.server.superlink.fleet.vce import vce_api
+    from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
+
+    installed: dict[str, Callable[..., Any]] = {
+        "InMemoryLinkState.get_message_ins": InMemoryLinkState.get_message_ins,
+        "vce_api.add_messages_to_queue": vce_api.add_messages_to_queue,
+        "vce_api._register_node_info_stores": vce_api._register_node_info_stores,
+    }
+    changed = []
+    for name, function in installed.items():
+        try:
+            same = source_fingerprint(function) == COPIED_SOURCES[name]
+        except (OSError, TypeError):  # no source to read (a compiled or patched build): not the same
+            same = False
+        if not same:
+            changed.append(name)
+    return changed
 
 
 class IndexedStore(dict):  # type: ignore[type-arg]
@@ -246,12 +287,24 @@ def install(index: bool = True) -> None:
     """Make this process's simulation record its virtual nodes for the ServerApp
     (`strategies.population.record_nodes`: node id → partition id) and, with `index`, use the index:
     the link state factory builds `IndexedLinkState` for the in-memory state, and the engine
-    dispatches through `add_messages_to_queue` above."""
+    dispatches through `add_messages_to_queue` above. Not the index where Flower's copied source
+    changed (`changed_flower_sources`): one logged line, Flower's own link state and dispatch."""
     check_flower_version()
     from flwr.server.superlink.fleet.vce import vce_api
     from flwr.server.superlink.linkstate import linkstate_factory
+    from flwr.supercore import log as flwr_log
 
     from strategies.population import record_nodes
+
+    if index and (changed := changed_flower_sources()):
+        flwr_log(
+            WARNING,
+            "powerfed: the message index is not used (Flower's own dispatch is): flwr %s's %s differ "
+            "from the source simulations.linkstate_index copies",
+            flower_version(),
+            ", ".join(changed),
+        )
+        index = False
 
     register = vce_api._register_nodes
 

@@ -288,3 +288,37 @@ def test_the_index_is_installed_only_when_asked_and_the_nodes_are_recorded_eithe
     assert (vce_api.add_messages_to_queue is li.add_messages_to_queue) is index
     assert (vce_api.add_messages_to_queue is flowers["dispatch"]) is not index
     assert vce_api._register_nodes is not flowers["register"]  # the node record, with or without the index
+
+
+def test_the_installed_flower_is_the_source_the_index_copies() -> None:
+    """flwr 1.42 here and 1.41 in `make test-flower-floor`: the functions the index copies or wraps."""
+    assert li.changed_flower_sources() == []
+
+
+def test_a_flower_whose_copied_source_changed_keeps_its_own_dispatch(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A release of the supported series whose `add_messages_to_queue` is not the one the index copies:
+    install() logs one line and leaves Flower's link state and dispatch; the nodes are still recorded."""
+    from flwr.server.superlink.fleet.vce import vce_api
+    from flwr.server.superlink.linkstate import linkstate_factory
+
+    def changed_dispatch(state: Any, queue: Any, nodes_mapping: Any, f_stop: Any) -> None:
+        """Flower's loop, changed in a later release."""
+
+    flowers_state = linkstate_factory.InMemoryLinkState  # type: ignore[attr-defined]
+    monkeypatch.setattr(linkstate_factory, "InMemoryLinkState", flowers_state)
+    monkeypatch.setattr(vce_api, "add_messages_to_queue", changed_dispatch)
+    monkeypatch.setattr(vce_api, "_register_nodes", vce_api._register_nodes)
+    monkeypatch.setattr(vce_api, "_register_node_info_stores", vce_api._register_node_info_stores)
+    register = vce_api._register_nodes
+    with caplog.at_level("INFO"):
+        li.install(index=True)
+    lines = [r.getMessage() for r in caplog.records if "message index" in r.getMessage()]
+    assert lines == [
+        f"powerfed: the message index is not used (Flower's own dispatch is): flwr {li.flower_version()}'s "
+        "vce_api.add_messages_to_queue differ from the source simulations.linkstate_index copies"
+    ]
+    assert linkstate_factory.InMemoryLinkState is flowers_state  # type: ignore[attr-defined]
+    assert vce_api.add_messages_to_queue is changed_dispatch
+    assert vce_api._register_nodes is not register  # the node record all the same
