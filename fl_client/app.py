@@ -1,6 +1,6 @@
 """The ClientApp: translates Flower messages to `fl_client.round` and back.
 
-- ``query``: the node's device, board, power cap and local data size (the server's view of its fleet);
+- ``query``: the node's device, board, power cap and partition (the server's view of its fleet);
 - ``train``: profile (cached) → select (b, f) under the node's cap → pin → fine-tune → restore; replies
   the weights, a MetricRecord with ``num-examples`` and the full report (a ConfigRecord);
 - ``evaluate``: accuracy and loss of the received weights on the node's local test split.

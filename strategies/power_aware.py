@@ -6,7 +6,8 @@ client's report kept.
 FedProx, a user's own) samples the nodes, builds the messages and aggregates; the wrapper
 1. ``configure_train``: puts the run's `TrainInstructions` (relation vector, target, budget, method, LR
    rule, ...) into the train `config` it passes to the inner strategy's ``configure_train``, so any
-   strategy sends it; asks nodes it has not met yet who they are (``query``: device, cap, data size);
+   strategy sends it; asks nodes it has not met yet who they are (``query``: device, board, cap; the
+   data sizes come with each node's evaluate reply);
    then gives each message its own RecordDict whose config holds what `node_instructions` sets for
    that node (keyed by its partition or name, never by list position). The round objective, an object
    given at construction (`strategies.objectives`), sets the round's deadline: `EnergyUnderDeadline`
@@ -277,7 +278,7 @@ class PowerAware(Strategy):
         return [(sent.get(r.metadata.reply_to_message_id, r.metadata.src_node_id), r) for r in replies]
 
     def learn_nodes(self, grid: Grid, node_ids: Iterable[int]) -> None:
-        """Ask every node not met yet for its device, cap and data size (``query``)."""
+        """Ask every node not met yet for its device, board and cap (``query``)."""
         new = [nid for nid in node_ids if nid not in self.nodes]
         if not new:
             return
