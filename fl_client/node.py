@@ -15,7 +15,18 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from powerctl.files.mapping import Flag, Integer, Invalid, Kind, MappingReader, Maybe, Text, check_fields
+from powerctl.files.mapping import (
+    Custom,
+    Flag,
+    Integer,
+    Invalid,
+    Kind,
+    MappingReader,
+    Maybe,
+    Text,
+    check_fields,
+    must_be,
+)
 from powerctl.selection.capsource import (
     POWER_CAP_VALUE,
     CapSource,
@@ -52,6 +63,16 @@ __all__ = [  # the fleet's names, for the callers that read a node's settings an
 NODE_KEYS = ("device", "power-cap-w", "data", "name", "partition-id", "num-partitions", "pin")
 
 
+CAP_SOURCE = "a CapSource (powerctl.selection.capsource; a constant cap is power_cap_w)"
+
+
+def _cap_source(value: Any) -> CapSource:
+    """A node's cap over time: a CapSource, checked where the node is made (else it fails at `with`)."""
+    if not isinstance(value, CapSource):
+        raise must_be(CAP_SOURCE, value)
+    return value
+
+
 NODE_SETTINGS_KINDS: dict[str, Kind] = {
     "device": Text(),
     "power_cap_w": POWER_CAP_VALUE,
@@ -60,6 +81,7 @@ NODE_SETTINGS_KINDS: dict[str, Kind] = {
     "num_partitions": Maybe(Integer(1)),
     "key": Text(),
     "pin": Maybe(Flag()),
+    "cap_source": Maybe(Custom(_cap_source, CAP_SOURCE)),
 }
 """What each field of a `NodeSettings` must be: as `resolve_node` reads the node config's keys."""
 

@@ -60,7 +60,7 @@ from fl_client.step_identity import cell_value, step_identity
 from powerctl.devices.base import Device
 from powerctl.devices.simulated import SimulatedBoard
 from powerctl.errors import ArgumentError, first_line
-from powerctl.files.mapping import FolderPath, Integer, Number, check_arguments, check_callable
+from powerctl.files.mapping import MAX_COUNT, FolderPath, Integer, Number, check_arguments, check_callable
 from powerctl.pinning.safety import restore_on_exit
 from powerctl.profiling.profiler import StepFactory
 from powerctl.records.workload import (
@@ -88,7 +88,8 @@ def _check_session_arguments(
     check_model(where, model)
     check_callable(where, "make_step", make_step, "(model), returning step(x, y)", 1)
     check_callable(where, "loss", loss, "(outputs, targets)", 2, optional=True)
-    examples = check_arguments(where, train_examples=(train_examples, Integer(1)))["train_examples"]
+    checked = check_arguments(where, train_examples=(train_examples, Integer(1, MAX_COUNT)))
+    examples = checked["train_examples"]
     if lr is not None:
         lr = check_arguments(where, lr=(lr, Number(0.0, above=True)))["lr"]
     if not isinstance(key, str):

@@ -22,6 +22,7 @@ from flwr.app import ConfigRecord
 
 from powerctl.errors import ArgumentError, FileFormatError, PowerctlError
 from powerctl.files.mapping import (
+    MAX_ROUNDS,
     Choice,
     Flag,
     Integer,
@@ -117,7 +118,7 @@ travels, the per-seed ones included."""
 MESSAGE_KINDS = {
     "num-classes": Integer(1),
     "model-overrides": JsonObject(),
-    "server-round": Integer(1),
+    "server-round": Integer(1, MAX_ROUNDS),
     "node-key": Text(empty=True),
     "method": Choice(METHODS),
     "stand-in": Flag(),
@@ -288,8 +289,8 @@ INT32_MAX = 2**31 - 1
 def check_instructions(instr: TrainInstructions) -> None:
     """Each field of `instr` as it travels (`to_config`), read back by the kind its reader uses; the
     relation vector checks itself (`RelationVector`) and must be of the instructions' model. A number
-    is kept as its kind gives it back (a plain int or float where numpy's was given: a ConfigRecord
-    refuses numpy's)."""
+    or a name of a few is kept as its kind gives it back (a plain int or float where numpy's was given:
+    a ConfigRecord refuses numpy's; a name stripped, as the client reads it)."""
     r = MappingReader({}, "TrainInstructions", ArgumentError)
     kinds = {s.attr: MESSAGE_SETTING_KINDS.get(s.key, s.kind) for s in settings_of([BOTH])}
     kinds.update({key.replace("-", "_"): kind for key, kind in MESSAGE_KINDS.items()})
@@ -303,8 +304,9 @@ def check_instructions(instr: TrainInstructions) -> None:
         except (TypeError, ValueError, AttributeError):
             raise r.fail(attr, f"must be {kind.expected}, got {value!r}") from None
         checked = r.check(attr, sent, kind)
-        if kind.python_type in (int, float):
-            object.__setattr__(instr, attr, checked)  # frozen: set once, as __post_init__ may
+        if kind.python_type in (int, float) or isinstance(kind, Choice):
+            # frozen: set once, as __post_init__ may; a name as the client reads it ("ours " is ours)
+            object.__setattr__(instr, attr, checked)
     if not isinstance(instr.relation_vector, RelationVector):
         raise r.fail(
             "relation_vector", f"must be a RelationVector, got {type(instr.relation_vector).__name__}"

@@ -581,3 +581,80 @@ def test_a_relation_vector_holds_plain_values_and_cannot_change_behind_a_plan(tm
     with pytest.raises(TypeError):
         rel.samples_to_target[0] = -1  # type: ignore[index]
     assert plan.relation_vector.relation == [0.75, 1.0]
+
+
+# --- sessions, the batch-size-only mode, callbacks, deep errors (issue 55, part B; one input per class) --
+def test_a_session_entered_a_second_time_is_one_line_and_adds_nothing() -> None:
+    session = _session()
+    with session:
+        session.step(lambda x, y: None, torch.zeros(session.batch_size, 4), None)
+    with pytest.raises(powerfed.SessionError) as err, session:
+        session.step(lambda x, y: None, torch.zeros(8, 4), None)
+    one_line(err.value, "PowerSession: entered a second time")
+    assert session.steps == 1 and session.report is not None and session.report.steps == 1
+
+
+def test_pin_false_with_the_default_plan_trains_at_the_clock_in_force(tmp_path: Path) -> None:
+    plan = TrainInstructions.for_relation(
+        RelationVector.from_samples("held-out-net", "proxy", 0.5, {8: 300.0, 16: 400.0}),
+        num_classes=2,
+        method="state-of-practice",
+    )
+    session = _session(node=_node(pin=False), instructions=plan, profile_cache=tmp_path)
+    with session:  # was: "not pinned (the operator's pin = false) ... not 307.2 MHz"
+        while session.samples < 64:
+            session.step(lambda x, y: None, torch.zeros(session.batch_size, 4), None)
+    assert session.report is not None and session.report.pinned is False
+    assert session.report.frequency_hz == 921_600_000  # the simulated Nano's clock in force
+
+
+@pytest.mark.parametrize(
+    ("make", "fragment"),
+    [
+        (
+            lambda: powerfed.PowerAware(FedAvg(), PLAN, node_instructions=lambda node, plan: plan),
+            "PowerAware: 'node_instructions' must take (node, server_round, instructions)",
+        ),
+        (
+            lambda: powerfed.PowerAware(
+                FedAvg(), PLAN, node_instructions=lambda n, r, p: None
+            ).instructions_for(0, 1),
+            "PowerAware: node_instructions(node, server_round, instructions) returned None",
+        ),
+        (lambda: _session(make_step=lambda: None), "PowerSession: 'make_step' must take (model)"),
+    ],
+)
+def test_a_callback_is_checked_where_it_is_given_and_its_result_where_it_returns(
+    make: Any, fragment: str
+) -> None:
+    with pytest.raises(ArgumentError) as err:
+        make()
+    one_line(err.value, fragment)
+
+
+@pytest.mark.parametrize(
+    ("make", "fragment"),
+    [  # each failed deep: in Flower's serialisation, AttributeError at `with`, RecursionError in the Mod
+        (
+            lambda: dataclasses.replace(PLAN, server_round=10**30),
+            "'server_round' must be an integer in [1, 100000]",
+        ),
+        (lambda: _session(train_examples=10**30), "'train_examples' must be an integer in [1, 1000000000]"),
+        (lambda: _node(cap_source=5), "NodeSettings: 'cap_source' must be a CapSource"),
+        (
+            lambda: TrainInstructions.from_config(
+                {**PLAN.to_config(), "relation-vector": "[" * 100_000 + "]" * 100_000}
+            ),
+            "'relation-vector' must be a JSON object nested less deeply",
+        ),
+    ],
+)
+def test_values_that_failed_deep_are_one_line_at_the_call(make: Any, fragment: str) -> None:
+    with pytest.raises(PowerctlError) as err:
+        make()
+    one_line(err.value, fragment)
+
+
+def test_a_method_name_is_kept_as_the_client_reads_it() -> None:
+    plan = dataclasses.replace(PLAN, method="state-of-practice ")  # was refused only at `with`
+    assert plan.method == "state-of-practice" and plan.to_config()["method"] == "state-of-practice"

@@ -255,6 +255,8 @@ class JsonObject(Kind):
             obj = json.loads(value) if isinstance(value, str) else None
         except ValueError:
             obj = None
+        except RecursionError:  # what a message or file could hold, never a plan: one line, not a crash
+            raise must_be(f"{self.expected} nested less deeply", value) from None
         if not isinstance(obj, dict):
             raise must_be(self.expected, value)
         return obj
