@@ -203,3 +203,16 @@ def test_the_report_carries_start_up_seconds_to_the_results_file() -> None:
     row = report_row(back, NodeInfo(node_id=1, key="nano", device="jetson"))
     assert row["startup_s"] == 6.34 and json.loads(json.dumps(row))["startup_s"] == 6.34
     assert "start s" in client_table(RoundRecord(round=1, clients=[row], failed=[], summary={}))
+
+
+def test_results_json_nodes_keep_their_data_though_the_query_loads_none(tmp_path: Path) -> None:
+    """A round through the server and the built-in ClientApp: each node's data name and sizes reach
+    results.json's `nodes` from its evaluate reply, as they did from its query."""
+    from tests.test_fl_server import _run_config, _server
+
+    path, _ = _server(tmp_path, _run_config(tmp_path, **{"num-server-rounds": 1}), nodes=2)
+    nodes = json.loads(path.read_text(encoding="utf-8"))["nodes"]
+    assert [n["key"] for n in nodes] == ["partition-0", "partition-1"]
+    for i, node in enumerate(nodes):
+        assert node["data"] == f"synthetic-image#client{i}", node
+        assert node["train_examples"] > 0 and node["test_examples"] > 0, node
