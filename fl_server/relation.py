@@ -17,7 +17,7 @@ proxy spec and proxy bytes, target, batch sizes, seeds, rates, budgets, code ver
 floats depend on: torch's version and intra-op thread count, the CPU). The torch device (`device`: auto,
 cpu, cuda[:INDEX]) is not in the key: a GPU reaches the same samples to target up to floating-point
 nondeterminism (the order of reductions), as a run with another thread count or on another CPU does,
-which is why those are in the key (a vector made elsewhere was silently reused: issue 31). Runs can go
+which is why those are in the key (else a vector made elsewhere would be reused silently). Runs can go
 in parallel as Ray tasks, one CPU thread each (and a share of the GPU where the device is one).
 
 The same estimator serves user code: a model factory or a name registered with
@@ -49,7 +49,6 @@ from torch import nn
 
 from fl_server.relation_data import ProxyData, file_digest, load_proxy, spec_digest
 from fl_server.weights import load_weights, weights_hash
-from powerctl.cli.util import progress_bar
 from powerctl.devices.base import Device
 from powerctl.devices.host import HostDevice
 from powerctl.devices.torchdev import resolve_torch_device
@@ -68,6 +67,7 @@ from powerctl.files.mapping import (
     check_arguments,
     check_fields,
 )
+from powerctl.progress import progress_bar
 from powerctl.records.relation import VECTORS, RelationVector
 from powerctl.records.workload import Workload
 from powerfed.training.crossing import DEFAULT_MIN_EVALUATIONS, run_dense

@@ -1,7 +1,7 @@
 """Device side of power-aware training; no Flower, no training import (docs/design/layout.md).
 
 Its rooms, by job, from the top: each imports only rooms below it (tests/test_layers.py checks it);
-`errors` and `procs` are the ground.
+`errors`, `procs` and `progress` (the one progress bar) are the ground.
 
 - `powerctl.cli`: the `powerctl` command, its shared one-line-error behaviour and its plots.
 - `powerctl.profiling`: peak power and time per (batch size, GPU frequency) on a device: the profiler,

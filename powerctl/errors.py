@@ -17,6 +17,15 @@ class DeviceOutOfMemory(DeviceError):
     """A batch does not fit in the device's memory; the profiler skips such batch sizes."""
 
 
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether `exc` says a batch did not fit: ours, torch's `OutOfMemoryError`, or a CUDA runtime's
+    "out of memory" text (torch before 1.13 raised a plain RuntimeError). The profiler skips such a batch
+    size and the in-training confirmation drops it, by this one test."""
+    if isinstance(exc, DeviceOutOfMemory):
+        return True
+    return type(exc).__name__ == "OutOfMemoryError" or "out of memory" in str(exc).lower()
+
+
 class FileFormatError(PowerctlError):
     """A profile/relation/config file is malformed or inconsistent."""
 

@@ -119,7 +119,7 @@ def test_the_print_check_sees_a_call_and_a_default(tmp_path: Path) -> None:
 POWERCTL_ROOMS = ("cli", "profiling", "selection", "devices", "pinning", "records", "files")
 """powerctl's rooms from the top (its package docstring says what each holds): a room imports only
 rooms after it here, and `errors`/`procs`, the ground (`__main__` is the command's entry)."""
-GROUND = {"errors", "procs"}
+GROUND = {"errors", "procs", "progress"}
 
 
 def powerctl_room(dotted: str) -> str | None:

@@ -46,18 +46,6 @@ def say(*values: object, sep: str = " ", end: str = "\n", file: TextIO | None = 
     stream.flush()
 
 
-def progress_bar(progress: bool, total: int | None, desc: str, unit: str, initial: int = 0) -> Any:
-    """A tqdm bar on stderr, drawn only when asked for (`progress`) and stderr is a terminal: redirected
-    to a log or a service's journal, its carriage-return redraws would be lines of noise. Always a bar
-    (a disabled one draws nothing and counts nothing: its `update` is a no-op)."""
-    from tqdm import tqdm
-
-    shown = progress and sys.stderr.isatty()
-    return tqdm(
-        total=total, initial=initial, desc=desc, unit=unit, file=sys.stderr, leave=False, disable=not shown
-    )
-
-
 class _StderrLines(logging.Handler):
     """Each record's message as is, one line on the `sys.stderr` of the moment: what the library's
     `print(..., file=sys.stderr)` did, so that pytest's capture and Flower's redirection see it too."""
@@ -78,8 +66,8 @@ _HANDLER = _StderrLines(logging.INFO)
 def _levels_changed() -> None:
     """Forget every logger's cached level checks once, after all the library loggers' levels were set:
     `Logger.setLevel` does that for each logger it is called on, a pass over every logger of the process
-    (Ray's, torch's, Flower's: hundreds), which per library logger and per ClientApp message was a tenth
-    of a simulated client's work."""
+    (Ray's, torch's, Flower's: hundreds), which per library logger and per ClientApp message would be a
+    large share of a simulated client's work."""
     root = logging.getLogger()
     root.setLevel(root.level)
 

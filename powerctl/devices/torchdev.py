@@ -18,6 +18,7 @@ __all__ = [
     "TORCH_SPECS",
     "TORCH_SPEC_HELP",
     "check_torch_spec",
+    "free_accelerator_memory",
     "is_torch_spec",
     "resolve_torch_device",
     "torch_device_arg",
@@ -86,3 +87,11 @@ def torch_device_arg(text: str) -> str:
         return resolve_torch_device(text)
     except DeviceError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def free_accelerator_memory() -> None:
+    """Hand torch's cached CUDA blocks back after an out-of-memory batch, so the next (smaller) batch size
+    starts from free memory; nothing where torch is not loaded or has no CUDA."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()

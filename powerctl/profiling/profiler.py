@@ -12,9 +12,9 @@ from typing import Any
 
 from tqdm import tqdm
 
-from powerctl.cli.util import progress_bar
 from powerctl.devices.base import Device
-from powerctl.errors import ArgumentError, DeviceError, DeviceOutOfMemory
+from powerctl.devices.torchdev import free_accelerator_memory
+from powerctl.errors import ArgumentError, DeviceError, is_out_of_memory
 from powerctl.files.mapping import (
     MAX_COUNT,
     MAX_STEPS,
@@ -30,6 +30,7 @@ from powerctl.files.mapping import (
 from powerctl.pinning.safety import restore_on_exit
 from powerctl.profiling.fit import ProfileFit, fit_profile, seed_frequencies
 from powerctl.profiling.monitor import PowerMonitor
+from powerctl.progress import progress_bar
 from powerctl.records.profile import Profile, ProfilePoint
 from powerctl.records.relation import RelationVector
 from powerctl.records.workload import Workload
@@ -45,20 +46,6 @@ FITTED_MARGIN = 0.10
 its next frequency up were under the cap) is within this share of the best one's. The fit's errors are a
 few percent; 0 already matched the grid on noise-free simulated boards, 0.10 leaves room for real ones at
 ~1 extra point (bench/profiling_cost.py --margin)."""
-
-
-def _is_out_of_memory(exc: BaseException) -> bool:
-    if isinstance(exc, DeviceOutOfMemory):
-        return True
-    return type(exc).__name__ == "OutOfMemoryError" or "out of memory" in str(exc).lower()
-
-
-def _free_accelerator_memory() -> None:
-    import sys
-
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 def _integers(name: str, values: Any) -> list[int]:
@@ -143,7 +130,7 @@ class Profiler:
             try:
                 self._steps = {batch_size: self.make_step(batch_size)}  # keep one batch size alive
             except Exception as exc:
-                if not _is_out_of_memory(exc):
+                if not is_out_of_memory(exc):
                     raise
                 self._skip(batch_size, exc)
                 return None
@@ -157,7 +144,7 @@ class Profiler:
     def _skip(self, batch_size: int, exc: BaseException) -> None:
         self.skipped[batch_size] = f"out of memory: {exc}"
         self._steps.pop(batch_size, None)
-        _free_accelerator_memory()
+        free_accelerator_memory()
 
     def measure(self, batch_size: int, hz: int) -> ProfilePoint | None:
         """Pin `hz`, warm up, then time `measure_steps` steps under the power monitor."""
@@ -175,7 +162,7 @@ class Profiler:
                     dev.run_step(step, batch_size=batch_size, workload=self.workload)
                 t1 = dev.clock()
         except Exception as exc:
-            if not _is_out_of_memory(exc):
+            if not is_out_of_memory(exc):
                 raise
             self._skip(batch_size, exc)
             return None

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from powerctl.errors import InfeasibleCapError, PowerctlError
+from powerctl.errors import InfeasibleCapError, PowerctlError, is_out_of_memory
 from powerctl.records.pick import Pick
 from powerctl.records.profile import Profile, ProfilePoint
 
@@ -133,13 +133,13 @@ class TrainingConfirmation:
         profiler skips one that does not fit (its pairs leave the prediction), and the next choice is
         pinned; its batch size is what training goes on with. Any other failure, or one after the
         confirmation, stands (None)."""
-        from powerctl.profiling.profiler import _free_accelerator_memory, _is_out_of_memory
+        from powerctl.devices.torchdev import free_accelerator_memory
 
-        if self.confirmed or not _is_out_of_memory(exc):
+        if self.confirmed or not is_out_of_memory(exc):
             return None
         b = self.batch_size
         self.skipped.append({"batch_size": b, "reason": f"out of memory: {exc}"})
-        _free_accelerator_memory()
+        free_accelerator_memory()
         left = [p for p in self.prediction.points if p.batch_size != b]
         self.prediction = replace(self.prediction, points=left)
         try:

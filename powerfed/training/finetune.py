@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch import nn
 
-from powerctl.cli.util import progress_bar
 from powerctl.devices.base import Device, PowerSamples
 from powerctl.errors import ArgumentError
 from powerctl.files.mapping import check_callable, check_result
 from powerctl.profiling.monitor import PowerMonitor, PowerReading
+from powerctl.progress import progress_bar
 from powerctl.records.workload import Workload, measure_workload
 from powerfed.training.checkpoint import (
     Checkpointing,

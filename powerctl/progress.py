@@ -1,0 +1,18 @@
+"""The one progress bar of the library: the profiler's, the fine-tune's and the relation runs'."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+
+def progress_bar(progress: bool, total: int | None, desc: str, unit: str, initial: int = 0) -> Any:
+    """A tqdm bar on stderr, drawn only when asked for (`progress`) and stderr is a terminal: redirected
+    to a log or a service's journal, its carriage-return redraws would be lines of noise. Always a bar
+    (a disabled one draws nothing and counts nothing: its `update` is a no-op)."""
+    from tqdm import tqdm
+
+    shown = progress and sys.stderr.isatty()
+    return tqdm(
+        total=total, initial=initial, desc=desc, unit=unit, file=sys.stderr, leave=False, disable=not shown
+    )
