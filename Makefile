@@ -3,10 +3,9 @@
 # (an unpinned torch from the registry pulls gigabytes of CUDA packages). On a Jetson or a CUDA
 # machine, install your own torch build first and set TORCH_PIN= (empty).
 # pip installs the torch pin (it reads the machine's pip configuration, which may say where a local CPU
-# wheel lies); uv installs the project and the rest (8-23 s where pip took 70 s on 2 cores); then the
-# bytecode is compiled once on every core (pip compiles on one as it installs: torch alone took 40 s).
-# mypy starts once the packages are in, beside the compiling. UV_PIN is flwr's own pin on uv. .ci/run's
-# set-up (`make -j 4 setup floor-venvs typecheck`, a fresh clone, uv's cache empty) 197 -> 167 s.
+# wheel lies); uv, faster, installs the project and the rest; then the bytecode is compiled once on every
+# core (pip compiles on one as it installs). mypy starts once the packages are in, beside the compiling.
+# UV_PIN is flwr's own pin on uv. Measured: docs/testing.md.
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -71,9 +70,8 @@ lint: setup
 	$(BIN)/ruff format --check .
 
 # mypy on the packages users import, on simulations and on bench ([tool.mypy] in pyproject.toml: every
-# function annotated, no bare generics, names imported from where they are defined). On 2 cores about 60 s
-# from an empty cache (53 s of it reading torch's, flwr's, ray's, numpy's and matplotlib's own hints), 2 s
-# with .mypy_cache kept.
+# function annotated, no bare generics, names imported from where they are defined). Most of a cold run
+# reads torch's, flwr's, ray's, numpy's and matplotlib's own hints; .mypy_cache keeps them (docs/testing.md).
 # Not part of `make test`: .ci/run runs it while the floors' venvs install.
 typecheck: $(DEPS)
 	$(BIN)/mypy
@@ -88,12 +86,7 @@ docs: setup
 # every test's seconds go to $(TEST_REPORT) (JUnit XML), from which `python tests/durations.py` prints
 # the table of docs/testing.md. Coverage is `make coverage`'s: its tracer nearly doubles the time of the
 # tests that run the library in pytest's own process (docs/testing.md), so the proof that it works
-# does not wait for it.
-# On a 2-core AMD EPYC in fresh-ci: pytest 773 s at f866f70 (1832 tests; the whole CI 998 s, mypy and the
-# uv set-up included) and 814 s at 887ce87 (1833; CI 1063 s); 882 s at 4d0faa5 (1822 tests; CI 1180 s)
-# and 938 s at 261c2b8 (1826; CI 1234 s: every long test 3-30 % slower), 870 s at 5f2ca10 (1797 tests; CI 1149 s) and 907 s at cc7ac8b (the same; CI 1202 s), 985 s at
-# f0e3097 (CI 1276 s), 918 s at b82bad3 (1765 tests; CI 1292 s), 1262 s at 8aa09aa with coverage (1748
-# tests; CI 1626 s), 2179 s at a680498 (1591 tests; CI 2534 s): docs/testing.md.
+# does not wait for it. Its time and the CI's, commit by commit: docs/testing.md.
 TEST_REPORT ?= runs/tests.xml
 # Two workers, each test file one unit of work, handed out in collection order (the files with slow tests
 # first: tests/conftest.py): a file's module fixtures (a killed profile, two SuperLinks, the demo) are

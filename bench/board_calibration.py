@@ -1,4 +1,4 @@
-"""The simulated boards next to the paper's shape facts (Ahmed et al., TMLR 2025; issue 10).
+"""The simulated boards next to the paper's shape facts (Ahmed et al., TMLR 2025).
 
 Prints, from the board model (noise-free, no training run):
 1. slowdown from no cap to a low-cap clock, by batch size (paper: small batches slow down less);
@@ -78,7 +78,7 @@ def speeds(boards: list[BoardModel], ws: dict[str, Workload]) -> None:
 
 
 def calibration(board: BoardModel, w: Workload) -> None:
-    """The board's calibrated time ratio against the paper's (the issue's done-criterion: within 10%)."""
+    """The board's calibrated time ratio against the paper's (its acceptance band: within 10%)."""
     cal = board.calibration
     assert cal is not None
     model = top_clock_time_ratio(board_model(cal.reference), board, w, cal.batch_size)

@@ -1,4 +1,4 @@
-"""What a fleet's per-board verdict would be if a method's profiling cost nothing (issue 40's bar).
+"""What a fleet's per-board verdict would be if a method's profiling cost nothing (against a bar).
 
 Arithmetic on a finished run over seeds, not a run: each board's time to its own target (round 1) is its
 profiling seconds plus its fine-tuning seconds; here the method's profiling seconds are taken out on the

@@ -16,8 +16,8 @@ How it is made (said again in the output):
   model's cost (resnet18, chartransformer): 2 CPU cores cannot train full ResNet18 to target dozens of
   times. `--full` trains the full models (a GPU machine: --device cuda). Its text regime pre-trains
   the full chartransformer at 1e-3 (fine-tunes at lr_max 5e-4) on WikiText-2 valid+test for 300k
-  samples: the small regime's 6e-3 left it at 0.28-0.29 character accuracy, and its targets inside the
-  evaluation's noise (issue 29). That regime is NOT yet verified at full size (no GPU was lent).
+  samples: the small regime's 6e-3 is too high for it and leaves its targets inside the evaluation's
+  noise. Whether this regime's targets clear the noise at full size: docs/results/paper_tables.md.
 - Vision: CIFAR-10 (JPEG copy in ../shared/data), related as the paper's sources are: pre-training on
   another label space (five of the ten classes; a fresh 10-way head after it), the proxy from the test
   split, the two targets other sources of the same ten classes (the darker and the brighter half of
@@ -88,8 +88,8 @@ class Task:
     batch_sizes: list[int]
     seeds: list[int]
     """Seeds of the target runs: 10 for both tasks (the paper: 5 for images, 3 for text). With 5, one
-    vision target's samples to target spread ± 33–38 % over seeds, and "fastest", the least of noisy
-    means, was a batch size no relation vector could pick (docs/results/paper_tables.md)."""
+    vision target's samples to target spread so wide over seeds that "fastest", the least of noisy
+    means, is a batch size no relation vector can pick (docs/results/paper_tables.md)."""
     proxy_seeds: list[int]
     """Seeds of the proxy runs; the relation vector uses their mean (the ServerApp's default is 3)."""
     calibration_samples: int
@@ -264,7 +264,7 @@ def run_to_target(
     workload, and a calibration run (no target) is one run for its budget.
 
     Every run, proxy or target, finds its grid from its own curve by this one rule, so a target's
-    samples to target do not depend on the proxy (they did when a target run's first interval was
+    samples to target do not depend on the proxy (as they would if a target run's first interval were
     scaled from the proxy's samples: docs/results/paper_tables.md)."""
     from fl_server.relation import ProxyRuns
     from fl_server.relation import run_to_target as proxy_run
@@ -304,7 +304,7 @@ def run_to_target(
 
 class TargetInNoise(PowerctlError):
     """A calibrated target the evaluation cannot tell from the starting accuracy: a table on it ranks
-    noise (the full-size text regime's 0.002-0.018 above the start, issue 29)."""
+    noise (as the full-size text regime's did at a too-high pre-training rate: paper_tables.md)."""
 
 
 NOISE_Z = 2.0
@@ -333,10 +333,10 @@ def calibrate_target(
     One run at the largest batch size (seed 0) for `calibration_samples`; its plateau is the median
     accuracy over the second half of that budget, its start the accuracy before training, and the
     target sits `target_fraction` of the way from the start to the plateau. A target on the plateau
-    itself (the old rule: plateau less one point) is crossed where the curve is flat, so the sample at
-    which evaluation noise first lifts it over the target decides: ± 30–57 % between seeds, more than
-    the batch sizes' differences. On the rising part, where batch size changes what a sample buys, the
-    crossing is steep and well defined.
+    itself (such as the plateau less one point) is crossed where the curve is flat, so the sample at
+    which evaluation noise first lifts it over the target decides, and the seeds spread more than the
+    batch sizes differ (docs/results/paper_tables_70445d6.md). On the rising part, where batch size
+    changes what a sample buys, the crossing is steep and well defined.
 
     A plateau not above the start by more than the evaluation's noise (`evaluation_noise`) is refused
     in one line (`TargetInNoise`), for every task and size: its targets would rank noise.
@@ -602,8 +602,8 @@ def make_tasks(args: argparse.Namespace) -> list[Task]:
                 eval_max_samples=500, fixed_targets=args.vision_targets, target_fraction=args.target_fraction,
             ))  # fmt: skip
     if args.task in ("text", "both"):
-        # the full char GPT (6 layers, 256 wide) at the small one's 6e-3 pre-trained to 0.28-0.29 only
-        # (issue 29): nanoGPT's rate for a character model of this size, 1e-3, and half of it to fine-tune
+        # the small one's 6e-3 is too high for the full char GPT (6 layers, 256 wide): nanoGPT's rate
+        # for a character model of this size, 1e-3, and half of it to fine-tune
         tasks.append(Task(
             "text", "chartransformer" if args.full else "chartransformer-small", "chartransformer",
             lr_max=5e-4 if args.full else 3e-3, pretrain_lr=1e-3 if args.full else None,

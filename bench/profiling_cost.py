@@ -21,10 +21,11 @@ How it is made (printed again):
   is seeded per board: every order sees the same board seed.
 - Profiling settings are the run config's defaults: 1 warm-up step and 2 measured steps per point.
 - Relation vectors: the shape (samples to the target per batch size, over the fewest) measured by
-  bench/paper_tables.py at commit 70445d6 (text: Austen, for chartransformer; vision: CIFAR-10-C
-  blur+fog, for resnet18 and mobilenetv2 — no MobileNetV2 run exists, so it borrows the vision shape),
-  scaled so the best batch size needs `--samples-to-target` samples (default 250 000: five epochs of a
-  50 000-sample dataset — fine-tuning in the paper's regime, where profiling the grid costs a few percent).
+  bench/paper_tables.py (docs/results/paper_tables_70445d6.md; text: Austen, for chartransformer;
+  vision: CIFAR-10-C blur+fog, for resnet18 and mobilenetv2 — no MobileNetV2 run exists, so it borrows
+  the vision shape), scaled so the best batch size needs `--samples-to-target` samples (default 250 000:
+  five epochs of a 50 000-sample dataset — fine-tuning in the paper's regime, where profiling the grid
+  costs a few percent).
 
     python bench/profiling_cost.py [--models resnet18,mobilenetv2,chartransformer] [--seeds 0,1,2,3,4]
                                    [--samples-to-target 250000] [--margin 0.10] [--no-noise]

@@ -1,4 +1,4 @@
-"""Does a fleet's choice flip with torch's thread count? (issue 40 item 2: a stand-in for another CPU)
+"""Does a fleet's choice flip with torch's thread count? (a stand-in for another CPU)
 
 Another CPU's kernels, or another thread count, sum in another order: the pre-trained weights and the
 relation vector differ in their last digits and then in their crossings. This prepares a fleet's

@@ -5,8 +5,8 @@ run's `client-data` (partition `partition-id` of `num-partitions`, IID or Dirich
 simulated fleet needs no files. Loading is cached per process: Flower keeps a ClientApp's process (a
 Ray actor, a SuperNode's app process) across rounds, and one actor serves many virtual nodes, so the
 dataset is read and partitioned once, and each node's split is kept — every node's: one actor serves
-hundreds of virtual nodes in a large fleet, and a bounded cache (it was 256 entries) then missed on
-every message and split again (bench/fleet_scale.py). The shares are disjoint, so what the cache holds
+hundreds of virtual nodes in a large fleet, and a bounded cache would then miss on every message and
+split again (bench/fleet_scale.py). The shares are disjoint, so what the cache holds
 is bounded by the run's dataset.
 """
 

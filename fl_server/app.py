@@ -194,7 +194,7 @@ def prepare_apart(cfg: ServerConfig) -> tuple[Path, RelationVector]:
 
     Pre-training and the relation estimate train small models in tight Python loops. In Flower's
     simulation the ServerApp is a thread of the simulation process, sharing its GIL with the engine's
-    own threads: measured there, the relation of cnn-tiny (12 runs) took 134 s against 8 s standalone.
+    own threads, and those loops run many times slower there (measured: docs/design/federation.md).
     """
     what = [
         f"weights {cfg.weights}" if cfg.weights else f"pre-training {cfg.model} on {cfg.pretrain_data}",

@@ -82,7 +82,7 @@ def _text_seq_len(model_name: str, overrides: dict[str, Any], seq_len: int | Non
 
 def _epochs_budget(epochs: float, train_size: int, batch_size: int) -> int:
     """The samples of `epochs` passes over a train split of `train_size`; fewer than one batch is an
-    error (it used to be rounded up to a batch, silently training another budget than asked)."""
+    error (rounding it up to a batch would silently train another budget than asked)."""
     budget = round(epochs * train_size)
     if budget < min(batch_size, train_size):
         least = min(batch_size, train_size) / train_size

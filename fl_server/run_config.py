@@ -35,7 +35,7 @@ FAULT_SWITCH = "POWERFED_FAULT_INJECTION"
 RUN_CONFIG_EXAMPLE = "'num-server-rounds=3 model=\"cnn-tiny\"'"
 _WORD = re.compile(r"""(?:[^\s'"]+|'[^']*'|"(?:[^"\\]|\\.)*")+""")
 """A shell word: unquoted characters and quoted strings side by side (`shlex.split`'s words, found in
-linear time: shlex builds each word a character at a time, 75 s for a 100,000-board fleet table)."""
+linear time: shlex builds each word a character at a time, quadratic on a large fleet table)."""
 
 
 class RunConfigError(SettingsError):

@@ -175,7 +175,7 @@ def _ratio(reference: float | None, value: float | None, *, speedup: bool) -> fl
 
 
 def averaged_model(method: str, target: float, runs: list[SeedRun]) -> dict[str, Any]:
-    """Issue 40's question of the averaged model: where every client reached its own target in round 1,
+    """The averaged model's question: where every client reached its own target in round 1,
     did the round's averaged model reach it too, and did the batch sizes chosen differ when it did not?"""
     all_reached, missed, sizes_missed, sizes_met = [], [], [], []
     for run in runs:

@@ -325,10 +325,10 @@ def config_read_once(register_stores: Callable[..., dict[int, Any]]) -> Callable
     """Flower's `vce_api._register_node_info_stores`, the app's run config read once for every node.
 
     Flower registers each virtual node's context by reading and parsing the app's pyproject.toml and
-    fusing the run's overrides into it (`get_fused_config_from_dir`), once per node: 100,000 nodes
-    parsed it 100,000 times, about 40 s before the first message could go out. Within one registration
-    the folder and the overrides are the same for every node, so the first node's result is the
-    answer for all; each node still gets its own dict, as before."""
+    fusing the run's overrides into it (`get_fused_config_from_dir`), once per node: a large fleet waits
+    on those parses before the first message goes out (measured: docs/results/fleets.md). Within one
+    registration the folder and the overrides are the same for every node, so the first node's result
+    is the answer for all; each node still gets its own dict, as from Flower."""
     from flwr.compat.client import run_info_store
 
     def register(nodes_mapping: Any, run: Any, app_dir: str | None = None) -> dict[int, Any]:

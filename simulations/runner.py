@@ -106,7 +106,7 @@ def last_exception(log_path: Path, limit: int = 300) -> str | None:
 
 
 def check_before_flower(spec: FleetSpec, out: Path, methods: list[str]) -> None:
-    """What the ServerApp would refuse only once the SuperLink and Ray are up (about 25 s in): the run
+    """What the ServerApp would refuse only once the SuperLink and Ray are up (tens of seconds in): the run
     config, and the task's weights and relation vector files — by the ServerApp's own checks; and a
     Flower the message index was not written for (`simulations.linkstate_index`)."""
     from fl_server.run_config import check_task_files, parse_server_config

@@ -29,14 +29,14 @@ VECTORS: tuple[str, ...] = ("raw", "fitted")
 RELATION_RULES: tuple[str, ...] = ("mean", "robust", "interval")
 """How selection (`powerctl.selection.joint`) reads the vector: its mean (Algorithm 1), every seed's (least
 mean regret), or its mean with an interval on each pair's ratio to the best, the seeds paired (pairs the
-seeds cannot tell from the best go to the larger batch size: the default, issue 40). Named here, beside
+seeds cannot tell from the best go to the larger batch size: the default). Named here, beside
 the vector, so that a run's settings check them without the selection."""
 DEFAULT_RELATION_RULE = "interval"
 INTERVAL_STANDARD_ERRORS = 2.0
 """The half-width of an interval from the seeds (an entry's, `interval_halfwidths`; a ratio of two
 entries', `paired_halfwidth`), in standard errors of the seeds' mean: two, as the project's other noise
 bands (bench/paper_tables.py's calibration). With 3 seeds that is about an 82 % Student-t interval; the
-95 % one (4.3 standard errors) made the interval rule drift to the largest batch size on the text
+95 % one (4.3 standard errors) makes the interval rule drift to the largest batch size on the text
 tables (docs/results/paper_tables.md)."""
 
 

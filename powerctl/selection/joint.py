@@ -17,7 +17,7 @@ Three rules read the relation (`rule`):
   mean regret over the seeds wins. A pair that is best on average but far off under some seeds loses to
   one that is close to the best under all of them; what the bench scores (ours / fastest) is exactly this
   ratio. With one seed (or no per-seed samples in the file) it is the mean rule.
-- "interval" (the default since issue 40): the seeds' spread bounds what the vector can decide. Each
+- "interval" (the default): the seeds' spread bounds what the vector can decide. Each
   pair's predicted cost has a ratio to the mean rule's best pair's, and that ratio an interval from the
   seeds, paired: each seed's own ratio of samples to target at the two batch sizes, two standard errors
   of their mean (`RelationVector.paired_halfwidth`; the profile's times are taken as exact). The pairs
@@ -25,14 +25,11 @@ Three rules read the relation (`rule`):
   batch size wins (the tie rule above, for ties within the seeds' noise), at its best pair; the rest
   follow in the mean rule's order. Paired, because a seed slow at one batch size is slow at all (its
   head and data order): that spread cancels in a ratio, and counted in each entry's own interval
-  instead it made the rule drift to larger batch sizes the seeds could in fact tell apart (ResNet18's
-  tables, docs/results/paper_tables.md). A vector measured again (another CPU, another thread count:
-  other floats' last digits) moves the ratios by about their intervals, so the choice stays unless a
-  larger batch size's interval stops (or starts) reaching the best's. With one seed it is the mean rule.
-  Measured (docs/results/paper_tables.md): on ResNet18's vision tables 11 of 12 cells at the fastest,
-  worst 1.021x (the entries' own intervals: 0 of 12, worst 1.199x; the mean rule 7 of 12), MobileNetV2
-  12 of 12, text the mean rule's pick in all 12; on the default fleet one torch thread and two give
-  one pair on every board (the mean rule: another on the 3 W Nano; docs/results/fleets.md).
+  instead it makes the rule drift to larger batch sizes the seeds can in fact tell apart. A vector
+  measured again (another CPU, another thread count: other floats' last digits) moves the ratios by
+  about their intervals, so the choice stays unless a larger batch size's interval stops (or starts)
+  reaching the best's. With one seed it is the mean rule. Measured: docs/results/paper_tables.md (the
+  rules on the paper's tables), docs/results/fleets.md (the default fleet on one thread and two).
 """
 
 from __future__ import annotations
