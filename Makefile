@@ -148,7 +148,7 @@ test-torch-floor: $(FLOOR_STAMP)
 	$(FLOOR_VENV)/bin/pytest -q $(XDIST) -p no:cacheprovider --durations=10 $(FLOOR_TESTS)
 
 # The oldest Flower the pin allows (1.41; `make setup` installs the newest, 1.42): the Flower-facing tests
-# (the app, deployment, restarts, fleets; the fast ones: their slow ones take ~19 min on 2 cores) in a
+# (the app, deployment, restarts, fleets; the fast ones: the slow ones run on the newest only) in a
 # venv holding only flwr 1.41 and the uv it wants, every other package the main venv's (a .pth adds its
 # site-packages after the venv's own).
 FLOWER_FLOOR ?= flwr==1.41.*

@@ -25,7 +25,8 @@ BATCHES = (4, 8, 16, 32, 64, 128)
 PAPER_SLOWDOWN = {"jetson-nano": (2.32, 1.95), "jetson-tx2nx": (2.43, 1.80)}
 """ResNet18, no cap → low cap: (at batch 128, at the proxy-best batch) — the paper's Tables 2–4."""
 LOW_CLOCK = {"jetson-nano": 384_000_000, "jetson-tx2nx": 522_750_000}
-"""Nano: the issue's 921.6 → 384 MHz; TX2 NX: the step at the same share of the top clock (0.40 vs 0.42)."""
+"""Nano: 921.6 → 384 MHz, boards.yaml's calibration step; TX2 NX: the step at the same share of the top
+clock (0.40 vs 0.42)."""
 CAPS_W = {"jetson-nano": (2.5, 3.0, 3.5, 4.0, 5.0, 6.0), "jetson-tx2nx": (3.0, 3.5, 4.0, 5.0, 6.0, 8.0)}
 
 

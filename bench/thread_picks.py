@@ -13,9 +13,9 @@ Sample counts are measured (real training on this CPU); the seconds are the boar
 
     python bench/thread_picks.py [--fleet simulations/fleets/default.yaml] [--rule RULE] [--out DIR]
 
-On 2 cores the default fleet takes about 20 CPU-minutes (pre-training and 12 relation runs, twice); a
-cache folder already filled (--out of an earlier run) is reused. Exit status 0: every board passes; 1:
-some board's two picks lie outside each other's interval; 2: bad input.
+The default fleet takes tens of CPU-minutes (pre-training and 12 relation runs, twice; measured:
+docs/results/fleets.md); a cache folder already filled (--out of an earlier run) is reused. Exit status
+0: every board passes; 1: some board's two picks lie outside each other's interval; 2: bad input.
 """
 
 from __future__ import annotations

@@ -115,8 +115,8 @@ class RelationVector:
         """The half-width of the ratio samples(b) / samples(ref) from the seeds, relative to that ratio:
         `INTERVAL_STANDARD_ERRORS` standard errors of the mean of each seed's own ratio. Paired: a seed
         slow at every batch size (harder initial head, data order) moves both entries alike, which
-        cancels in its ratio, while `interval_halfwidths` count it in each entry (measured on ResNet18:
-        b=64 against b=16 over 10 seeds, 0.08 paired, 0.29 from the two entries' intervals).
+        cancels in its ratio, while `interval_halfwidths` count it in each entry, far wider (measured:
+        docs/results/paper_tables.md).
         0.0 for b == ref and where the file keeps fewer than two seeds' samples."""
         seeds = self.seed_scenarios()
         if b == ref or len(seeds) < 2:
