@@ -634,8 +634,8 @@ def _run_parallel(
                 raise PowerctlError(
                     f"estimate_relation: a Ray worker cannot import module {module[1]!r}, which the model or "
                     "a callable given comes from: put it on the workers' path (PYTHONPATH, or installed in "
-                    "the venv; a folder added to sys.path here or a script's __main__ is not), or pass "
-                    "parallel=False"
+                    "the venv; a folder added to sys.path here or a script's __main__ is not), or give "
+                    "how=RelationCompute(parallel=False)"
                 ) from None
             raise
     finally:

@@ -340,3 +340,236 @@ def test_quoted_powerctl_sessions_print_what_the_page_says(page, block, tmp_path
         assert printed == expected, (
             f"{page}: `{' '.join(argv)}` prints something else now; paste its output:\n" + "\n".join(printed)
         )
+
+
+# Guides that cannot drift: every Python block of the README and the how-to guides runs here, or is
+# marked as an excerpt of an example app that tests/test_examples.py runs; every repo path, module and
+# README section the hand-written pages name exists.
+
+EXCERPT = re.compile(r"<!-- excerpt: (?P<old>\S+?)(?: -> (?P<new>\S+?))? -->")
+FENCED = re.compile(
+    r"^(?P<marker><!-- excerpt:[^\n]*-->\n)?```(?P<lang>[\w+-]*)[^\n]*\n(?P<body>.*?)^```", re.S | re.M
+)
+PYTHON_LINE = re.compile(
+    r"^ {4,}(?:>>> |from [\w.]+ import |import [\w.]+\s*$|def \w+\(|class \w+[(:])", re.M
+)
+ELIDED = {"...", "…"}
+
+
+def guide_pages() -> list[Path]:
+    """The pages whose Python blocks must run or be excerpts: the README and the how-to guides."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs" / "howto").glob("*.md"))]
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+    """A fenced block of a page: its language, its text, the excerpt marker right above it (if any)."""
+
+    page: str
+    line: int
+    lang: str
+    body: str
+    marker: str | None
+
+    def __str__(self) -> str:
+        return f"{self.page}:{self.line}"
+
+
+def fenced_blocks(page: Path) -> list[Block]:
+    text = page.read_text(encoding="utf-8")
+    name = page.relative_to(ROOT).as_posix() if page.is_relative_to(ROOT) else page.name
+    return [
+        Block(name, text.count("\n", 0, m.start("lang")) + 1, m["lang"], m["body"], m["marker"])
+        for m in FENCED.finditer(text)
+    ]
+
+
+def _excerpt_lines(body: str, sign: str | None) -> list[str]:
+    """The block's lines that must be in the file, stripped, elisions (`...`) left out; in a diff, the
+    lines of one side: `sign` '-' the old file's (removed and context), '+' the new file's."""
+    out = []
+    for raw in body.splitlines():
+        line = raw
+        if sign is not None:
+            if raw[:1] not in (sign, " ", ""):
+                continue
+            line = raw[1:]
+        if line.strip() and line.strip() not in ELIDED:
+            out.append(line.strip())
+    return out
+
+
+def _missing_in_order(lines: list[str], path: Path) -> str | None:
+    """The first of `lines` not found in `path`'s stripped lines after the previous one, else None."""
+    have = [x.strip() for x in path.read_text(encoding="utf-8").splitlines()]
+    at = 0
+    for line in lines:
+        try:
+            at = have.index(line, at) + 1
+        except ValueError:
+            return line
+    return None
+
+
+def _run_by_tests(path: str) -> bool:
+    """An example app's file, in a folder tests/test_examples.py runs."""
+    parts = Path(path).parts
+    examples = (ROOT / "tests" / "test_examples.py").read_text(encoding="utf-8")
+    return len(parts) > 2 and parts[0] == "examples" and f'"{parts[1]}"' in examples
+
+
+def excerpt_problems(block: Block) -> list[str]:
+    """What is wrong with an excerpt block: its marker's files, and its lines not in them in order."""
+    found = EXCERPT.fullmatch(block.marker.strip()) if block.marker else None
+    if found is None:
+        return [
+            f"{block}: the marker must read <!-- excerpt: PATH --> (a diff: <!-- excerpt: OLD -> NEW -->)"
+        ]
+    if (block.lang == "diff") != (found["new"] is not None):
+        return [f"{block}: a diff names its two files (OLD -> NEW), other blocks one"]
+    sides = [(found["old"], "-"), (found["new"], "+")] if block.lang == "diff" else [(found["old"], None)]
+    problems = []
+    for path, sign in sides:
+        if not (ROOT / path).is_file() or not _run_by_tests(path):
+            problems.append(f"{block}: {path} is not a file of an example app tests/test_examples.py runs")
+        elif (line := _missing_in_order(_excerpt_lines(block.body, sign), ROOT / path)) is not None:
+            problems.append(f"{block}: not in {path} (in this order): {line}")
+    return problems
+
+
+def python_block_problems(page: Path) -> list[str]:
+    """Blocks of a guide page that cannot be checked: Python in a block without a language, and diffs
+    or Python not marked as excerpts (those marked are checked by excerpt_problems)."""
+    problems = []
+    text = FENCED.sub("", page.read_text(encoding="utf-8"))
+    name = page.relative_to(ROOT).as_posix() if page.is_relative_to(ROOT) else page.name
+    if (m := PYTHON_LINE.search(text)) is not None:
+        problems.append(f"{name}: Python in an indented block ({m[0].strip()}): fence it as ```python")
+    for block in fenced_blocks(page):
+        if block.lang in ("", "text") and PYTHON_LINE.search("    " + block.body.replace("\n", "\n    ")):
+            problems.append(f"{block}: Python in a block without a language: fence it as ```python")
+        elif block.lang == "diff" and not block.marker:
+            problems.append(
+                f"{block}: a diff must be an excerpt: <!-- excerpt: OLD -> NEW --> right above it"
+            )
+        elif block.marker:
+            problems += excerpt_problems(block)
+    return problems
+
+
+def runnable_blocks() -> list[Block]:
+    return [b for p in guide_pages() for b in fenced_blocks(p) if b.lang in ("python", "py") and not b.marker]
+
+
+@pytest.mark.parametrize("page", guide_pages(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_guide_block_of_python_runs_or_is_an_excerpt_of_a_tested_example(page: Path) -> None:
+    problems = python_block_problems(page)
+    assert not problems, "\n".join(problems)
+
+
+def run_block(block: Block, folder: Path) -> subprocess.CompletedProcess[str]:
+    """The block as a script in an empty folder: the checkout importable, a private cache, one thread."""
+    script = folder / "block.py"
+    script.write_text(block.body, encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "POWERFED_CACHE": str(folder / "cache")}
+    env.update(OMP_NUM_THREADS="1", MPLBACKEND="Agg")
+    return subprocess.run(
+        [sys.executable, str(script)], cwd=folder, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.mark.parametrize("block", runnable_blocks(), ids=str)
+def test_each_guide_python_block_runs(block: Block, tmp_path: Path) -> None:
+    done = run_block(block, tmp_path)
+    assert done.returncode == 0, f"{block} fails as it stands:\n{(done.stdout + done.stderr)[-3000:]}"
+
+
+def test_a_stale_excerpt_or_an_unmarked_block_is_named(tmp_path: Path) -> None:
+    """The checks can fail: a diff whose added line the example no longer has, a diff without a marker,
+    Python in an indented block, and a Python block that raises are each named."""
+    app = "examples/quickstart-powerfed/pytorchexample/server_app.py"
+    plain = "examples/quickstart-pytorch/pytorchexample/server_app.py"
+    page = tmp_path / "page.md"
+    good = f"<!-- excerpt: {plain} -> {app} -->\n```diff\n+from powerfed import PowerAware\n```\n"
+    page.write_text(good)
+    assert python_block_problems(page) == [
+        "page.md:2: not in examples/quickstart-powerfed/pytorchexample/server_app.py (in this order): "
+        "from powerfed import PowerAware"
+    ]
+    real = next(x for x in _excerpt_lines((ROOT / app).read_text(), None) if x.startswith("from powerfed"))
+    page.write_text(good.replace("+from powerfed import PowerAware", f"+{real}\n ...\n-{real}"))
+    assert python_block_problems(page) == [f"page.md:2: not in {plain} (in this order): {real}"]
+    page.write_text(good.replace("+from powerfed import PowerAware", f"+{real}"))
+    assert python_block_problems(page) == []
+    page.write_text("```diff\n+x = 1\n```\n\n    import powerfed\n")
+    assert python_block_problems(page) == [
+        "page.md: Python in an indented block (import powerfed): fence it as ```python",
+        "page.md:1: a diff must be an excerpt: <!-- excerpt: OLD -> NEW --> right above it",
+    ]
+    page.write_text("```python\n1/0\n```\n")
+    (block,) = fenced_blocks(page)
+    done = run_block(block, tmp_path)
+    assert done.returncode != 0 and "ZeroDivisionError" in done.stderr
+
+
+REPO_TOPS = sorted(
+    p.name for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith(".") and p.name not in SKIP_DIRS
+)
+"""The checkout's top folders: a path in a page that starts with one of them is a path in the repo."""
+REPO_PATH = re.compile(r"(?<![\w./$~-])((?:" + "|".join(map(re.escape, REPO_TOPS)) + r")/[\w./-]*\w)")
+MODULE_NAME = re.compile(
+    r"`((?:powerctl|powerfed|fl_client|fl_server|strategies|simulations)(?:\.\w+)+)(?:\(\))?`"
+)
+README_ANCHOR = re.compile(r"((?:[\w./]*/)?README\.md)#([\w-]+)")
+FILE_SUFFIX = re.compile(r"\.(?:png|json|md|py|csv|yaml|toml|txt|pt|safetensors)$")
+
+
+def _resolves(dotted: str) -> bool:
+    """A module, or a name inside one, that imports now."""
+    import importlib
+
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for part in parts[i:]:
+            if not hasattr(obj, part):
+                return False
+            obj = getattr(obj, part)
+        return True
+    return False
+
+
+def named_things_missing(page: Path) -> list[str]:
+    """Repo paths (`fl_client/app.py`, in prose, spans or blocks), modules and names (`fl_server.results`)
+    and README sections (README.md#a-heading, linked or not) that a page names and the tree lacks."""
+    text = page.read_text(encoding="utf-8")
+    missing = [p for p in REPO_PATH.findall(text) if not (ROOT / p).exists()]
+    missing += [m for m in MODULE_NAME.findall(text) if not FILE_SUFFIX.search(m) and not _resolves(m)]
+    for readme, anchor in README_ANCHOR.findall(text):
+        dest = (page.parent / readme).resolve()
+        if dest.is_file() and anchor not in anchors(dest):
+            missing.append(f"{readme}#{anchor} (no such section)")
+    return sorted(set(missing))
+
+
+@pytest.mark.parametrize("page", markdown_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_paths_modules_and_readme_sections_a_page_names_exist(page: Path) -> None:
+    missing = named_things_missing(page)
+    assert not missing, f"{page.relative_to(ROOT)} names what the tree lacks: " + "; ".join(missing)
+
+
+def test_a_path_module_or_section_that_is_gone_is_named(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        "The work in `fl_client/work.py`, the round in fl_client/round.py, `fl_server.results.client_table`,"
+        " `fl_server.results.no_such_name`, [x](README.md#no-such-heading), plots in `strategies.png`.\n"
+    )
+    (tmp_path / "README.md").write_text("# Title\n\n## A heading\n")
+    assert named_things_missing(page) == [
+        "README.md#no-such-heading (no such section)",
+        "fl_client/work.py",
+        "fl_server.results.no_such_name",
+    ]

@@ -289,7 +289,7 @@ def test_registered_user_model_in_ray_equals_serial_and_one_only_the_driver_impo
         ray.shutdown()
     text = str(err.value)
     assert "\n" not in text and "a Ray worker cannot import module 'driver_only_models'" in text, text
-    assert "or pass parallel=False" in text
+    assert text.endswith("or give how=RelationCompute(parallel=False)"), text  # the flag is a field of it
 
 
 # --------------------------------------------------------------------------- registry and channels
