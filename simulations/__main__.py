@@ -222,6 +222,8 @@ def run_command(args: argparse.Namespace) -> int:
         f"\nwall time {time.perf_counter() - started:.0f} s; wrote {out / 'results.json'}, "
         f"{out / 'summary.txt'}" + (f" and {out / 'plots'}/" if not args.no_plots else "")
     )
+    if results.get("summary_figure"):  # drawn with the plots (`run_fleet`)
+        print(f"summary figure: {out / results['summary_figure']}")
     return 0
 
 
@@ -262,13 +264,19 @@ def owning_every_process() -> Iterator[None]:
 
 
 def flwr_run_command(args: argparse.Namespace) -> int:
-    """`flwr-run` (`make run`): the run's results line is repeated last (Flower and Ray may log after
-    the ServerApp's own last line)."""
-    from simulations.launcher import check_launch, launch
+    """`flwr-run` (`make run`): the summary figure's line, then the run's results line repeated last
+    (Flower and Ray may log after the ServerApp's own last line). Another app's results are its own:
+    no figure."""
+    from simulations.launcher import APP_DIR, check_launch, launch
 
     plan = check_launch(args.nodes, args.run_config, args.out, args.log, args.port, args.app)
     with owning_every_process():
         path = launch(plan)
+    if plan.app_dir == APP_DIR:
+        from simulations.summary_figure import draw_or_say, run_figure
+
+        if (figure := draw_or_say(lambda: run_figure(path), print)) is not None:
+            print(f"summary figure: {figure}")
     print(f"results: {path}")
     return 0
 

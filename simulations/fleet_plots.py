@@ -21,6 +21,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from powerctl.cli.plot import save_figure
+from powerctl.records.profile import Profile
 from simulations.plots import COLOURS
 
 MARKERS = {"ours": "*", "state-of-practice": "s", "proxy-batch": "^", "oracle": "o"}
@@ -129,17 +130,13 @@ def plot_profile_maps(results: dict[str, Any], out: Path) -> list[Path]:
     """Per board kind: the predicted peak-power map of the run's model, one panel per cap the board ran
     under, each with that cap's boundary and the (b, f) every method chose under it (round 1)."""
     from powerctl.cli.plot import Mark, choices_per_cap
-    from powerctl.devices.simulated import predicted_profile
-    from powerfed.training.models import build_model, model_workload
 
     cfg = results["run"]["config"] or {}
     model = results["fleet"]["model"]
-    batch_sizes = [int(b) for b in str(cfg.get("batch-sizes", "8,16,32,64")).split(",")]
-    workload = model_workload(model, build_model(model, seed=0))
     paths = []
     boards = sorted({r["board"] for r in results["records"] if r.get("board")})
     for board in boards:
-        profile = predicted_profile(board, workload, batch_sizes, int(cfg.get("profile-samples", 4000)))
+        profile = predicted_board_profile(board, model, cfg)
         marks: dict[float | None, list[Mark]] = {}
         for r in results["records"]:
             if r.get("board") != board or r["round"] != 1:
@@ -159,6 +156,17 @@ def plot_profile_maps(results: dict[str, Any], out: Path) -> list[Path]:
         )
         paths.append(save_figure(fig, out / "profile_maps" / f"{board}.png"))
     return paths
+
+
+def predicted_board_profile(board: str, model: str, config: dict[str, Any]) -> Profile:
+    """The board model's noise-free profile of `model` at the run's batch sizes and N (`config`: the
+    run config as results.json keeps it)."""
+    from powerctl.devices.simulated import predicted_profile
+    from powerfed.training.models import build_model, model_workload
+
+    batch_sizes = [int(b) for b in str(config.get("batch-sizes", "8,16,32,64")).split(",")]
+    workload = model_workload(model, build_model(model, seed=0))
+    return predicted_profile(board, workload, batch_sizes, int(config.get("profile-samples", 4000)))
 
 
 def plot_fleet(results: dict[str, Any], out: Path) -> list[Path]:

@@ -167,8 +167,11 @@ def run_fleet(
         tmp.write_text(text + "\n", encoding="utf-8")
     if plots:
         from simulations.fleet_plots import plot_fleet
+        from simulations.summary_figure import draw_or_say, fleet_figure
 
         results["plots"] = [str(p.relative_to(out)) for p in plot_fleet(results, out / "plots")]
+        if (figure := draw_or_say(lambda: fleet_figure(results, out), echo)) is not None:
+            results["summary_figure"] = str(figure.relative_to(out))
         write_results(out / "results.json", results)
     with contextlib.suppress(OSError):
         shutil.rmtree(out / "profiles")

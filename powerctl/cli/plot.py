@@ -420,38 +420,52 @@ def choices_per_cap(profile: Profile, marks: dict[float | None, list[Mark]], *, 
     picked under that cap marked. Every label has its own slot in a cell, so marks never hide each
     other, and the cap a mark was chosen under is its panel's."""
     labels = list(dict.fromkeys(m.label for ms in marks.values() for m in ms))
-    points = {(p.batch_size, p.frequency_hz): p for p in profile.points}
-    grid = _Grid(profile.batch_sizes(), profile.frequencies(), points)
-    width = max(7.5, 1.6 + 0.62 * len(grid.frequencies_hz))
-    panel_h = max(3.4, 2.0 + 0.42 * len(grid.batch_sizes))
+    width, panel_h = map_size(profile)
     caps = sorted(marks, key=lambda c: math.inf if c is None else c)
     fig = Figure(figsize=(width, panel_h * len(caps) + 0.4), dpi=110, layout="constrained")
     FigureCanvasAgg(fig)
     fig.suptitle(title, fontsize=11, x=0.01, ha="left")
     for sub, cap in zip(fig.subfigures(len(caps), 1, squeeze=False)[:, 0], caps, strict=True):
-        ax, handles = _peak_power_map(
-            sub, grid, f"{_cap_text(cap)}: the (b, f) each method chose under it", cap
+        draw_choices(
+            sub, profile, cap, marks[cap], labels, f"{_cap_text(cap)}: the (b, f) each method chose under it"
         )
-        drawn: dict[str, Artist] = {}
-        for m in marks[cap]:
-            if (m.batch_size, m.frequency_hz) not in points:
-                continue
-            k = labels.index(m.label)
-            x = grid.frequencies_hz.index(m.frequency_hz) + _slot(k, len(labels))
-            y = grid.batch_sizes.index(m.batch_size) + 0.27
-            (drawn[m.label],) = ax.plot(
-                [x],
-                [y],
-                ls="none",
-                marker=m.marker,
-                color=m.color,
-                markeredgecolor="black",
-                markersize=13 if m.marker == "*" else 9,  # a star fills less of its box
-                label=m.label,
-                zorder=5,
-            )
-        _legend(sub, [*handles, *(drawn[lb] for lb in labels if lb in drawn)], width)
     return fig
+
+
+def map_size(profile: Profile) -> tuple[float, float]:
+    """Width and height (inches) of one peak-power map of `profile`: its cells stay legible."""
+    width = max(7.5, 1.6 + 0.62 * len(profile.frequencies()))
+    return width, max(3.4, 2.0 + 0.42 * len(profile.batch_sizes()))
+
+
+def draw_choices(
+    sub: FigureBase, profile: Profile, cap: float | None, marks: list[Mark], labels: list[str], title: str
+) -> Axes:
+    """One peak-power map of `profile` into `sub` (a figure or a subfigure) under `cap`: its boundary,
+    the cells over it faded, each mark in the slot of its label among `labels`, the legend below."""
+    points = {(p.batch_size, p.frequency_hz): p for p in profile.points}
+    grid = _Grid(profile.batch_sizes(), profile.frequencies(), points)
+    ax, handles = _peak_power_map(sub, grid, title, cap)
+    drawn: dict[str, Artist] = {}
+    for m in marks:
+        if (m.batch_size, m.frequency_hz) not in points:
+            continue
+        k = labels.index(m.label)
+        x = grid.frequencies_hz.index(m.frequency_hz) + _slot(k, len(labels))
+        y = grid.batch_sizes.index(m.batch_size) + 0.27
+        (drawn[m.label],) = ax.plot(
+            [x],
+            [y],
+            ls="none",
+            marker=m.marker,
+            color=m.color,
+            markeredgecolor="black",
+            markersize=13 if m.marker == "*" else 9,  # a star fills less of its box
+            label=m.label,
+            zorder=5,
+        )
+    _legend(sub, [*handles, *(drawn[lb] for lb in labels if lb in drawn)], map_size(profile)[0])
+    return ax
 
 
 def _slot(k: int, n: int) -> float:

@@ -1,0 +1,317 @@
+"""The run's summary figure, `summary.png` beside its `results.json`: what the method does, at a glance.
+
+One row per board and power cap (the first round each board trained in):
+
+- left, the board's peak-power map over (batch size, GPU frequency) for the run's model (the board
+  model's noise-free profile, `powerctl.devices.simulated.predicted_profile`), the cap's boundary, and
+  the pair each method chose under it (`powerctl.cli.plot.draw_choices`);
+- right, each method's fine-tuning device seconds and energy in that round, profiling stacked on top.
+
+A method the run did not compare (`make run` runs ours alone) is estimated against ours: ours'
+measured seconds (joules) times the ratio of the two pairs' predicted time (energy) to the target,
+`T_N(b, f) · r_b` on the board's profile; such a bar is hatched and says so. `make run` draws it from the
+ServerApp's `results.json` (`fl_server.results/1`), `make fleet` from the fleet's (`simulations.fleet/1`).
+
+matplotlib is imported here, on the Agg canvas, and only by the commands that draw: never on a board's
+import path.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure, SubFigure
+from matplotlib.patches import Patch
+
+from fl_server.results import RESULTS_SCHEMA
+from powerctl.cli.plot import Mark, draw_choices, map_size, save_figure
+from powerctl.errors import PowerctlError
+from powerctl.files.jsonfile import read_json
+from powerctl.records.profile import Profile
+from powerctl.records.relation import RelationVector
+from powerctl.selection.joint import predicted_energy_j, predicted_seconds
+from powerctl.selection.names import OURS, STATE_OF_PRACTICE
+from simulations.fleet_plots import MARKERS, predicted_board_profile
+from simulations.plots import COLOURS
+
+SUMMARY_FIGURE = "summary.png"
+"""The figure's name, beside the run's results.json."""
+MAX_ROWS = 8
+"""Most board-and-cap rows one figure draws (the first ones by device and cap; the title counts the rest)."""
+_BARS_WIDTH_IN = 6.2
+
+
+@dataclass
+class Bar:
+    """One method's round on one board and cap: device seconds (profiling apart) and joules."""
+
+    method: str
+    seconds: float
+    profiling_s: float
+    joules: float | None
+    estimated: bool = False
+    """Not run: ours' measured values times the predicted ratio of the two pairs."""
+
+
+@dataclass
+class Row:
+    """One board under one cap: its profile (None: no board model), the marks and the bars."""
+
+    device: str
+    cap: float | None
+    clients: int
+    profile: Profile | None
+    marks: list[Mark] = field(default_factory=list)
+    bars: list[Bar] = field(default_factory=list)
+
+
+def _mark(method: str, b: int, hz: int, estimated: bool = False) -> Mark:
+    label = f"{method} (not run: its rule on this profile)" if estimated else method
+    return Mark(b, hz, label, MARKERS.get(method, "o"), COLOURS.get(method, "#999999"))
+
+
+def _cap_key(cap: float | None) -> float:
+    return math.inf if cap is None else cap
+
+
+def _rows(
+    records: list[dict[str, Any]], model: str, config: dict[str, Any], relation: RelationVector | None
+) -> list[Row]:
+    """Rows from flat client records (method, device, board, power_cap_w, b, f, seconds, joules)."""
+    groups: dict[tuple[str, float | None], list[dict[str, Any]]] = {}
+    for r in records:
+        groups.setdefault((r["device"], r["power_cap_w"]), []).append(r)
+    profiles: dict[str, Profile | None] = {}
+    rows = []
+    for (device, cap), recs in sorted(groups.items(), key=lambda kv: (kv[0][0], _cap_key(kv[0][1]))):
+        board = recs[0].get("board") or device.removeprefix("sim:")
+        if board not in profiles:
+            try:
+                profiles[board] = predicted_board_profile(board, model, config)
+            except (PowerctlError, ValueError, KeyError):  # a board without a model: bars only
+                profiles[board] = None
+        row = Row(device, cap, len({r.get("node_key") for r in recs}), profiles[board])
+        methods = list(dict.fromkeys(r["method"] for r in recs))
+        for method in methods:
+            mine = [r for r in recs if r["method"] == method]
+            for b, hz in dict.fromkeys((r["batch_size"], r["frequency_hz"]) for r in mine):
+                row.marks.append(_mark(method, b, hz))
+            joules = [r["energy_j"] for r in mine]
+            row.bars.append(
+                Bar(
+                    method,
+                    _mean([r["device_seconds"] for r in mine]),
+                    _mean([r["profiling_seconds"] for r in mine]),
+                    None if None in joules else _mean(joules),
+                )
+            )
+        if STATE_OF_PRACTICE not in methods and OURS in methods:
+            _estimate_state_of_practice(row, relation)
+        rows.append(row)
+    return rows
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _estimate_state_of_practice(row: Row, relation: RelationVector | None) -> None:
+    """The state of practice's pair under the row's cap, its mark, and its bar estimated from ours'
+    (nothing where the profile, the relation or ours' pair in the profile is missing)."""
+    from powerctl.selection.baselines import state_of_practice
+
+    if row.profile is None or relation is None:
+        return
+    try:
+        sop = state_of_practice(row.profile, row.cap)
+    except PowerctlError:
+        return
+    row.marks.append(_mark(STATE_OF_PRACTICE, sop.batch_size, sop.frequency_hz, estimated=True))
+    ours = next(b for b in row.bars if b.method == OURS)
+    pair = next(m for m in row.marks if m.label == OURS)
+    r = relation.as_map()
+    mine = row.profile.point(pair.batch_size, pair.frequency_hz)
+    theirs = row.profile.point(sop.batch_size, sop.frequency_hz)
+    if mine is None or theirs is None or pair.batch_size not in r or sop.batch_size not in r:
+        return
+    time_ratio = predicted_seconds(theirs, r[sop.batch_size]) / predicted_seconds(mine, r[pair.batch_size])
+    energy_ratio = predicted_energy_j(theirs, r[sop.batch_size]) / predicted_energy_j(
+        mine, r[pair.batch_size]
+    )
+    joules = None if ours.joules is None else ours.joules * energy_ratio
+    row.bars.append(Bar(STATE_OF_PRACTICE, ours.seconds * time_ratio, 0.0, joules, estimated=True))
+
+
+def run_rows(data: dict[str, Any], method: str | None = None) -> list[dict[str, Any]]:
+    """The clients of the first round in which any trained, of a ServerApp's results (flat records)."""
+    for rnd in data["rounds"]:
+        if rnd["clients"]:
+            return [
+                {**c, "method": method or data["run"].get("method") or c.get("method") or OURS}
+                for c in rnd["clients"]
+            ]
+    return []
+
+
+def run_figure(results: Path) -> Path:
+    """`make run`'s figure from its results.json (or, with several methods, its folder of
+    METHOD/results.json), written beside it as summary.png; FileFormatError: nothing to draw."""
+    files = sorted(results.glob("*/results.json")) if results.is_dir() else [results]
+    if not files:
+        raise PowerctlError(f"{results}: no results.json to draw")
+    records: list[dict[str, Any]] = []
+    data: dict[str, Any] = {}
+    for path in files:
+        data = read_json(path, RESULTS_SCHEMA)
+        records += run_rows(data)
+    if not records:
+        raise PowerctlError(f"{results}: no client reported in any round: nothing to draw")
+    run = data["run"]
+    config = run.get("config") or {}
+    model = str(config.get("model", "resnet18-small"))
+    relation = RelationVector.from_dict(run["relation"]) if run.get("relation") else None
+    rows = _rows(records, model, config, relation)
+    target = relation.target_accuracy if relation else config.get("target-accuracy")
+    title = f"make run · {model}, target accuracy {target}: round 1 on each board"
+    out = (results if results.is_dir() else results.parent) / SUMMARY_FIGURE
+    return save_figure(summary_figure(rows, title), out, dpi=100)
+
+
+def fleet_figure(results: dict[str, Any], out: Path) -> Path:
+    """`make fleet`'s figure from its results (`simulations.fleet/1`), as out/summary.png."""
+    records = [r for r in results["records"] if r["round"] == 1]
+    run = results.get("run") or {}
+    relation = RelationVector.from_dict(run["relation"]) if run.get("relation") else None
+    fleet = results["fleet"]
+    rows = _rows(records, fleet["model"], run.get("config") or {}, relation)
+    title = (
+        f"fleet {fleet['name']} · {fleet['model']}, target accuracy {fleet['target_accuracy']:g}: "
+        "round 1 on each board"
+    )
+    return save_figure(summary_figure(rows, title), out / SUMMARY_FIGURE, dpi=100)
+
+
+NOT_DRAWN = (PowerctlError, OSError, ValueError, KeyError)
+"""Why a figure may not be drawn (results without a round, a folder it cannot write): the run stands."""
+
+
+def draw_or_say(draw: Callable[[], Path], say: Callable[[str], None]) -> Path | None:
+    """The figure `draw` wrote; or None, and one line saying why not: the run's results are written
+    already and stay its outcome."""
+    try:
+        return draw()
+    except NOT_DRAWN as exc:
+        say(f"summary figure not drawn: {exc}")
+        return None
+
+
+def summary_figure(rows: list[Row], title: str) -> Figure:
+    """The figure: a row per board and cap (at most MAX_ROWS), map left, time and energy right."""
+    shown = rows[:MAX_ROWS]
+    profiles = [r.profile for r in shown if r.profile is not None]
+    map_w, map_h = max((map_size(p) for p in profiles), default=(7.5, 3.4))
+    width = map_w + _BARS_WIDTH_IN
+    fig = Figure(figsize=(width, map_h * len(shown) + 1.0), layout="constrained")
+    FigureCanvasAgg(fig)
+    more = f" (the first {len(shown)} of {len(rows)} boards and caps)" if len(rows) > len(shown) else ""
+    fig.suptitle(
+        f"{title}{more}\n★ the pair each method chose under the board's power cap (left), and what it cost "
+        "(right): fewer seconds and joules are better",
+        fontsize=12,
+        x=0.01,
+        ha="left",
+    )
+    labels = list(dict.fromkeys(m.label for r in shown for m in r.marks))
+    for sub, row in zip(fig.subfigures(len(shown), 1, squeeze=False)[:, 0], shown, strict=True):
+        left, right = sub.subfigures(1, 2, width_ratios=[map_w, _BARS_WIDTH_IN])
+        cap = "no power cap" if row.cap is None else f"power cap {row.cap:g} W"
+        boards = f" ({row.clients} boards)" if row.clients > 1 else ""
+        head = f"{row.device}{boards}, {cap}"
+        cap_w, profile = row.cap, row.profile
+        if profile is not None and cap_w is not None and all(p.peak_power_w <= cap_w for p in profile.points):
+            head += " (every pair under it)"
+        if row.profile is None:
+            ax = left.add_subplot()
+            ax.axis("off")
+            ax.text(0.5, 0.5, f"{head}\nno board model: no profile to draw", ha="center", va="center")
+        else:
+            draw_choices(left, row.profile, row.cap, row.marks, labels, f"{head}: peak power P(b, f)")
+        _cost_bars(right, row)
+    return fig
+
+
+def _cost_bars(sub: SubFigure, row: Row) -> None:
+    """Seconds and joules per method, side by side; an estimated bar hatched, ours' ratio written."""
+    t_ax, e_ax = sub.subplots(1, 2)
+    names = [b.method for b in row.bars]
+    colours = [COLOURS.get(n, "#999999") for n in names]
+    hatches = ["//" if b.estimated else "" for b in row.bars]
+    x = range(len(row.bars))
+    t_ax.bar(x, [b.seconds for b in row.bars], color=colours, hatch=hatches, edgecolor="white")
+    t_ax.bar(
+        x,
+        [b.profiling_s for b in row.bars],
+        bottom=[b.seconds for b in row.bars],
+        color=colours,
+        alpha=0.4,
+        edgecolor="white",
+    )
+    e_ax.bar(
+        x,
+        [math.nan if b.joules is None else b.joules for b in row.bars],
+        color=colours,
+        hatch=hatches,
+        edgecolor="white",
+    )
+    ours = next((b for b in row.bars if b.method == OURS), None)
+    for ax, value, unit in (
+        (t_ax, lambda b: b.seconds + b.profiling_s, "s"),
+        (e_ax, lambda b: b.joules, "J"),
+    ):
+        top = _label_bars(ax, row.bars, value, unit, ours)
+        ax.set_xticks(list(x), [n.replace("-", "-\n", 1) if len(n) > 10 else n for n in names], fontsize=8)
+        ax.grid(axis="y", alpha=0.3)
+        ax.set_ylim(0, 1.4 * top if top > 0 else 1.0)  # room for the labels above the bars
+    t_ax.set_ylabel("device seconds (s)")
+    t_ax.set_title("time on the board, round 1", fontsize=10)
+    e_ax.set_ylabel("energy (J)")
+    e_ax.set_title("energy, round 1", fontsize=10)
+    handles = []
+    if any(b.profiling_s > 0 for b in row.bars):
+        handles.append(Patch(facecolor="0.6", alpha=0.4, label="profiling (paler, stacked)"))
+    if any(b.estimated for b in row.bars):
+        handles.append(
+            Patch(
+                facecolor="white",
+                edgecolor="0.3",
+                hatch="//",
+                label="not run: ours' measured × the profile's predicted ratio",
+            )
+        )
+    if handles:
+        sub.legend(handles=handles, loc="outside lower center", ncol=len(handles), fontsize=8, frameon=False)
+
+
+def _label_bars(ax: Axes, bars: list[Bar], value: Any, unit: str, ours: Bar | None) -> float:
+    """Each bar's value, and how many times ours' it is (> 1: ours is better); the highest value."""
+    ours_v = None if ours is None else value(ours)
+    top = 0.0
+    for k, b in enumerate(bars):
+        v = value(b)
+        if v is None:
+            ax.text(k, 0, "no sensor", ha="center", va="bottom", fontsize=8)
+            continue
+        top = max(top, v)
+        text = f"{v:.3g} {unit}"
+        if b is not ours and ours_v:
+            text += f"\n= {v / ours_v:.2f} × ours"
+        ax.annotate(
+            text, (k, v), xytext=(0, 2), textcoords="offset points", ha="center", va="bottom", fontsize=8
+        )
+    return top
