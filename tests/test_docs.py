@@ -573,3 +573,11 @@ def test_a_path_module_or_section_that_is_gone_is_named(tmp_path: Path) -> None:
         "fl_client/work.py",
         "fl_server.results.no_such_name",
     ]
+
+
+def test_every_bench_script_is_in_the_bench_readme() -> None:
+    """A bench that can be run (`python bench/NAME.py`) is in bench/README.md's table and usage."""
+    readme = (ROOT / "bench" / "README.md").read_text(encoding="utf-8")
+    runnable = [p for p in sorted((ROOT / "bench").glob("*.py")) if '__name__ == "__main__"' in p.read_text()]
+    missing = [p.name for p in runnable if f"`{p.name}`" not in readme or f"bench/{p.name}" not in readme]
+    assert runnable and not missing, f"bench/README.md lacks {missing}"
