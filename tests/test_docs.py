@@ -581,3 +581,59 @@ def test_every_bench_script_is_in_the_bench_readme() -> None:
     runnable = [p for p in sorted((ROOT / "bench").glob("*.py")) if '__name__ == "__main__"' in p.read_text()]
     missing = [p.name for p in runnable if f"`{p.name}`" not in readme or f"bench/{p.name}" not in readme]
     assert runnable and not missing, f"bench/README.md lacks {missing}"
+
+
+PUBLIC_CALL = re.compile(r"\b([A-Z]\w*|[a-z_]\w*)(?:\.([a-z_]\w*))?\(([^()`]*)\)")
+
+
+def stale_calls(page: Path) -> list[str]:
+    """Calls of `powerfed`'s public names in a page (`estimate_relation(..., how=...)`,
+    `TrainInstructions.for_relation(rel, num_classes=4)`) whose method or keywords the name no longer has."""
+    import inspect
+
+    import powerfed
+
+    problems = []
+    for m in PUBLIC_CALL.finditer(page.read_text(encoding="utf-8")):
+        name, method, args = m.groups()
+        if name not in powerfed.__all__:
+            continue
+        obj = getattr(powerfed, name)
+        if method is not None:
+            if not hasattr(obj, method):
+                problems.append(f"{name}.{method}: no such method")
+                continue
+            obj = getattr(obj, method)
+        try:
+            params = inspect.signature(obj).parameters
+        except (TypeError, ValueError):  # a signature inspect cannot read
+            continue
+        if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            continue
+        unknown = [k for k in re.findall(r"\b(\w+)=(?!=)", args) if k not in params]
+        if unknown:
+            problems.append(f"{m[0][:60]}: {', '.join(unknown)} not an argument of {name}")
+    return problems
+
+
+@pytest.mark.parametrize(
+    "page",
+    [p for p in markdown_files() if "results" not in p.relative_to(ROOT).parts],
+    ids=lambda p: str(p.relative_to(ROOT)),
+)
+def test_the_public_calls_a_page_shows_take_the_keywords_it_gives(page: Path) -> None:
+    problems = stale_calls(page)
+    assert not problems, f"{page.relative_to(ROOT)}:\n" + "\n".join(problems)
+
+
+def test_a_call_with_a_keyword_that_is_gone_is_named(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        '`estimate_relation(Net, proxy=p, target_accuracy=0.8, batch_sizes=[8], cache_key="1", loss=f)`, '
+        '`TrainInstructions.for_relations(rel)`, `RelationCompute(cache_key="1")`, `print(x=1)`\n'
+    )
+    assert stale_calls(page) == [
+        "estimate_relation(Net, proxy=p, target_accuracy=0.8, batch_s: cache_key, loss not an argument of "
+        "estimate_relation",
+        "TrainInstructions.for_relations: no such method",
+    ]
