@@ -24,11 +24,8 @@ used only while the Flower functions it copies or wraps are the source it was wr
 
 from __future__ import annotations
 
-import hashlib
-import inspect
 import os
 import sys
-import textwrap
 import threading
 from collections.abc import Callable, Iterable
 from logging import INFO, WARNING
@@ -37,6 +34,7 @@ from queue import Queue
 from typing import TYPE_CHECKING, Any, cast
 
 from powerctl.errors import PowerctlError
+from strategies.flower_source import source_fingerprint, write_python_script
 
 if TYPE_CHECKING:  # Flower is imported only where the adapter runs
     from _typeshed import SupportsKeysAndGetItem
@@ -54,7 +52,7 @@ COPIED_SOURCES = {
 }
 """The Flower functions the index reproduces (`IndexedLinkState.get_message_ins`,
 `add_messages_to_queue`) or wraps (`config_read_once`), each by the SHA-256 of its source as
-`source_fingerprint` normalises it: the same in flwr 1.41.0 and 1.42.0."""
+`source_fingerprint` (strategies.flower_source) normalises it: the same in flwr 1.41.0 and 1.42.0."""
 INDEX_ENV = "POWERFED_MESSAGE_INDEX"
 """Set to 0 in a run's environment (`run_flwr(index_messages=False)`): Flower's own dispatch."""
 WRAPPED_COMMAND = "flwr-simulation"
@@ -88,13 +86,6 @@ def check_flower_version(found: str | None = None) -> str:
             f"was written for flwr {wanted}: install flwr[simulation] {wanted} (pyproject.toml)"
         )
     return found
-
-
-def source_fingerprint(function: Callable[..., Any]) -> str:
-    """SHA-256 of `function`'s source, dedented, trailing spaces and blank lines out (so a reindent or
-    a blank line is no change; a changed comment is: the check errs on the side of Flower's dispatch)."""
-    lines = (line.rstrip() for line in textwrap.dedent(inspect.getsource(function)).splitlines())
-    return hashlib.sha256("\n".join(line for line in lines if line).encode()).hexdigest()
 
 
 def changed_flower_sources() -> list[str]:
@@ -354,18 +345,13 @@ def config_read_once(register_stores: Callable[..., dict[int, Any]]) -> Callable
 def install_script(folder: Path) -> Path:
     """Write FOLDER/flwr-simulation: this interpreter running `main` below. Put FOLDER first on a run's
     PATH and the SuperExec starts it for the simulation instead of Flower's own script."""
-    folder.mkdir(parents=True, exist_ok=True)
-    script = folder / WRAPPED_COMMAND
-    script.write_text(
-        f"#!{sys.executable}\n"
+    return write_python_script(
+        folder / WRAPPED_COMMAND,
         "import sys\n"
         "from simulations.linkstate_index import main\n"
         "if __name__ == '__main__':\n"
         "    sys.exit(main())\n",
-        encoding="utf-8",
     )
-    script.chmod(0o755)
-    return script
 
 
 def main() -> int | None:

@@ -52,6 +52,7 @@ port)
 serve)
   flower-superexec --parent-pid $$ &
   trap 'echo "SuperNode terminated gracefully."; exit 0' TERM
+  command -v flwr-clientapp > "$FAKE_DIR/clientapp"
   echo "SuperNode ID: 1"
   : > "$FAKE_DIR/ready"
   while :; do sleep 0.1; done ;;
@@ -158,6 +159,26 @@ def test_a_stop_signal_reaches_the_supernode_and_what_it_started_is_stopped(
     assert rc == 0 and "SuperNode terminated gracefully." in out, (out, err)
     assert err == []
     assert left_running(tmp_path) == []
+
+
+def test_the_supernode_runs_the_light_clientapp_and_it_is_gone_after(venv: Path, tmp_path: Path) -> None:
+    """Each message's `flwr-clientapp` is the light one (`fl_client.clientapp_entry`), from a folder only
+    the SuperNode's PATH has; it answers `--help` as Flower's own does; the wrapper removes it."""
+    proc = start(venv, tmp_path, "serve", "--superlink", "127.0.0.1:1", "--insecure")
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "ready").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    found = Path((tmp_path / "clientapp").read_text().strip())
+    assert found.parent.name.startswith("powerfed-clientapp-"), found
+    helps = [
+        subprocess.run([str(tool), "--help"], capture_output=True, text=True, timeout=60).stdout
+        for tool in (found, Path(sys.executable).parent / "flwr-clientapp")
+    ]
+    assert "--token" in helps[0] and helps[0] == helps[1]
+    proc.send_signal(signal.SIGTERM)
+    rc, out, err = finish(proc)
+    assert rc == 0 and err == [], (out, err)
+    assert not found.parent.exists()
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,108 @@
+"""A lighter `flwr-clientapp` for a deployed SuperNode's message processes: Flower's own command, without
+the SuperNode package Flower's console script imports first.
+
+Why: a deployed SuperNode starts one `flwr-clientapp` process per message (a round's query, train and
+evaluate). Flower's console script imports it from `flwr.supernode.cli`, whose package imports
+`flower-supernode` too — the SuperNode's SQL state (sqlalchemy, alembic) and more — before the process
+loads its ClientApp, and uses none of it: most of what a query's process costs
+(docs/results/clientapp_startup.md).
+
+What: `write_script(folder)` writes FOLDER/flwr-clientapp, this interpreter running the text of
+Flower's own `flwr/supernode/cli/flwr_clientapp.py` as the script itself — its argument parser and its
+call of `run_clientapp`, unchanged — so nothing of that file's package is imported, nor anything of this
+project (the ClientApp then imports the FAB's copy of the project, as under Flower's script). Only
+while that text is the one read and checked here (FLWR_CLIENTAPP_SHA256, as
+`strategies.flower_source.text_fingerprint` normalises it): any other text, no such file, or a folder
+or interpreter a script cannot run from, and nothing is written — one logged line, and the SuperNode
+finds Flower's own `flwr-clientapp` on PATH.
+
+Where: `python -m fl_client.supernode` writes it into a private temporary folder put first on the
+SuperNode's PATH (Flower's SuperExec starts the command by name: `subprocess.Popen` of
+`TASK_TYPE_TO_COMMAND`), so only the SuperNode's children see it; the folder is removed when the
+wrapper ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from strategies.flower_source import shebang_problem, text_fingerprint, write_python_script
+
+log = logging.getLogger(__name__)
+
+COMMAND = "flwr-clientapp"
+"""The command Flower's SuperExec starts for each ClientApp message (flwr `TASK_TYPE_TO_COMMAND`)."""
+FLOWER_FILE = ("supernode", "cli", "flwr_clientapp.py")
+"""Where in the installed `flwr` package the text the script runs is."""
+FLWR_CLIENTAPP_SHA256 = "e23a68d4dc23949e498c74b1661b7c53358492a3bc9c606af4485e8859a6283b"
+"""FLOWER_FILE's text as `text_fingerprint` normalises it: the same file in flwr 1.41.0 and 1.42.0,
+read and found to import only `flwr.common.args`, `flwr.supercore` and
+`flwr.supernode.runtime.run_clientapp` (nothing relative to its package)."""
+TRAILER = '\n\nif __name__ == "__main__":\n    import sys\n\n    sys.exit(flwr_clientapp())\n'
+"""What Flower's console script does with the same function."""
+
+
+def flower_source() -> tuple[Path, str | None]:
+    """The installed Flower's `flwr_clientapp.py` and its text (None: none to read). Found without
+    importing `flwr`, whose package imports much of Flower."""
+    from importlib.util import find_spec
+
+    spec = find_spec("flwr")
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    path = Path(folders[0] if folders else "flwr").joinpath(*FLOWER_FILE)
+    try:
+        return path, path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return path, None
+
+
+def why_not(folder: Path, path: Path, text: str | None) -> str | None:
+    """Why the light script is not used for `text` (the file at `path`) in `folder`; None: it is."""
+    if text is None:
+        return f"there is no {path} to read"
+    if text_fingerprint(text) != FLWR_CLIENTAPP_SHA256:
+        return f"{path} is not the source fl_client.clientapp_entry was checked against"
+    if (problem := shebang_problem()) is not None:
+        return problem
+    if os.statvfs(folder).f_flag & os.ST_NOEXEC:
+        return f"{folder} is on a file system mounted noexec (set TMPDIR to another)"
+    return None
+
+
+def write_script(folder: Path) -> Path | None:
+    """FOLDER/flwr-clientapp running the installed Flower's `flwr_clientapp.py` text, or None (and one
+    logged line) where that is not the text checked here or the script could not run from FOLDER."""
+    path, text = flower_source()
+    reason = why_not(folder, path, text)
+    if reason is not None or text is None:
+        log.warning("each message's flwr-clientapp is Flower's own: %s", reason)
+        return None
+    header = f"# Flower's {path}, run without its package (written by fl_client.clientapp_entry)\n"
+    return write_python_script(folder / COMMAND, header + text.rstrip("\n") + TRAILER)
+
+
+@contextlib.contextmanager
+def light_clientapp() -> Iterator[Path | None]:
+    """A private temporary folder holding the light `flwr-clientapp` (None: Flower's own is used),
+    removed at the end of the block."""
+    try:
+        folder = Path(tempfile.mkdtemp(prefix="powerfed-clientapp-"))
+    except OSError as exc:
+        log.warning("each message's flwr-clientapp is Flower's own: no temporary folder (%s)", exc)
+        yield None
+        return
+    try:
+        try:
+            script = write_script(folder)
+        except OSError as exc:
+            log.warning("each message's flwr-clientapp is Flower's own: cannot write in %s (%s)", folder, exc)
+            script = None
+        yield None if script is None else folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
