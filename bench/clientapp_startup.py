@@ -2,23 +2,26 @@
 the message) and work, wall and CPU seconds, per message type (query, train, evaluate).
 
 On a deployed SuperNode Flower starts a fresh `flwr-clientapp` process for every message. This script
-starts a SuperLink and one SuperNode (a simulated Jetson Nano) on 127.0.0.1, runs a small cnn-tiny round
-of APP with `flwr run`, and times every ClientApp process from inside: a `flwr-clientapp` placed first
-on the SuperNode's PATH runs Flower's own with a recorder that notes, in that process,
+starts a SuperLink and one SuperNode (a simulated Jetson Nano) on 127.0.0.1 the way a board does
+(`python -m fl_client.supernode`, whose `flwr-clientapp` is the light one of `fl_client.clientapp_entry`;
+`--flower-clientapp`: `flower-supernode` itself, Flower's own `flwr-clientapp`), runs a small cnn-tiny
+round of APP with `flwr run`, and times every ClientApp process from inside: a `sitecustomize` on the
+run's PYTHONPATH records, in each `flwr-clientapp` process (and does nothing in any other),
 
 - start-up: process start (/proc/self/stat) to the ClientApp being called with its message (Flower's
   imports, the app module's imports, the message pulled);
 - first step: to the first forward pass of any torch module (the first profiling or training step);
 - to reply: to the ClientApp's return (the reply, before Flower pushes it);
-- exit: to the process's exit (CPU: the process's own user + system seconds).
+- exit: to the process's exit (CPU: the process's own user + system seconds), and which of the
+  SuperNode's SQL and HTTP stacks and torch the process had imported by then.
 
 Printed too: the train reports' `startup_s` from results.json (None before the field existed), and
-the floor Flower itself sets: a process that only imports what `flwr-clientapp` imports.
+the floor of each `flwr-clientapp`: `flwr-clientapp --help`, which imports what it imports and stops.
 
 The recorder changes nothing of the app, so any commit's APP is timed the same way (the FAB is built
 from APP's folder, and a ClientApp imports the FAB's copy of the project).
 
-    python bench/clientapp_startup.py [--app FOLDER] [--rounds 1] [--json OUT]
+    python bench/clientapp_startup.py [--app FOLDER] [--rounds 1] [--flower-clientapp] [--json OUT]
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from fl_client.clientapp_entry import write_script  # noqa: E402
 from simulations.local_superlink import free_port, stop_tree  # noqa: E402
 
 BIN = Path(sys.executable).parent
@@ -51,6 +55,7 @@ RUN_CONFIG = (
 RECORDER = r'''
 import atexit, json, os, resource, sys
 
+WATCHED = ("sqlalchemy", "alembic", "fastapi", "torch", "flwr.supernode.cli")
 OUT = os.environ["POWERFED_BENCH_TIMES"]
 TICKS = os.sysconf("SC_CLK_TCK")
 with open("/proc/self/stat") as f:
@@ -91,32 +96,31 @@ def hook_torch():
 
 def write():
     record["exit"] = now()
+    record["loaded"] = [w for w in WATCHED if any(m == w or m.startswith(w + ".") for m in sys.modules)]
     with open(OUT, "a") as f:
         f.write(json.dumps(record) + "\n")
 
 
-hook_torch()
-atexit.register(write)
+def record_calls():
+    from flwr.clientapp import ClientApp
 
-from flwr.clientapp import ClientApp
+    plain_call = ClientApp.__call__
 
-plain_call = ClientApp.__call__
+    def call(self, message, context):
+        record["type"] = message.metadata.message_type.split(".")[0]
+        record["startup"] = now()
+        try:
+            return plain_call(self, message, context)
+        finally:
+            record["reply"] = now()
+
+    ClientApp.__call__ = call
 
 
-def call(self, message, context):
-    record["type"] = message.metadata.message_type.split(".")[0]
-    record["startup"] = now()
-    try:
-        return plain_call(self, message, context)
-    finally:
-        record["reply"] = now()
-
-
-ClientApp.__call__ = call
-sys.argv[0] = os.environ["POWERFED_BENCH_CLIENTAPP"]
-from flwr.supernode.cli import flwr_clientapp
-
-flwr_clientapp()
+if os.path.basename(sys.argv[0]) == "flwr-clientapp" and "--help" not in sys.argv:
+    hook_torch()
+    atexit.register(write)
+    record_calls()
 '''
 
 
@@ -133,15 +137,13 @@ def wait_listening(port: int, alive: Any, timeout_s: float = 60.0) -> None:
     raise SystemExit(f"clientapp_startup: nothing listens on 127.0.0.1:{port}; see the logs")
 
 
-def run(app: Path, work: Path, rounds: int) -> list[dict[str, Any]]:
-    """One deployed run of APP; the recorded ClientApp processes."""
+def run(app: Path, work: Path, rounds: int, flower_own: bool) -> list[dict[str, Any]]:
+    """One deployed run of APP (`flower_own`: `flower-supernode` itself, not the wrapper); the recorded
+    ClientApp processes."""
     times = work / "times.jsonl"
-    wrapper = work / "bin"
-    wrapper.mkdir(parents=True)
-    (work / "recorder.py").write_text(RECORDER, encoding="utf-8")
-    script = wrapper / "flwr-clientapp"
-    script.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{work / "recorder.py"}" "$@"\n', encoding="utf-8")
-    script.chmod(0o755)
+    site = work / "site"
+    site.mkdir(parents=True)
+    (site / "sitecustomize.py").write_text(RECORDER, encoding="utf-8")
     port = free_port()
     env = {
         **os.environ,
@@ -152,11 +154,10 @@ def run(app: Path, work: Path, rounds: int) -> list[dict[str, Any]]:
         "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
         "PYTHONUNBUFFERED": "1",
         "NO_COLOR": "1",
-        "PATH": f"{wrapper}{os.pathsep}{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PYTHONPATH": str(site),
         "POWERFED_BENCH_TIMES": str(times),
-        "POWERFED_BENCH_CLIENTAPP": str(BIN / "flwr-clientapp"),
     }
-    env.pop("PYTHONPATH", None)
     home = work / "flwr-home"
     home.mkdir()
     connection = f'[superlink]\ndefault = "bench"\n\n[superlink.bench]\naddress = "127.0.0.1:{port}"\n'
@@ -191,10 +192,13 @@ def run(app: Path, work: Path, rounds: int) -> list[dict[str, Any]]:
             ],
         )
         wait_listening(port, lambda: link.poll() is None)
+        supernode = (
+            [str(BIN / "flower-supernode")] if flower_own else [sys.executable, "-m", "fl_client.supernode"]
+        )
         spawn(
             "supernode",
             [
-                str(BIN / "flower-supernode"),
+                *supernode,
                 "--superlink",
                 f"127.0.0.1:{port}",
                 "--port",
@@ -232,14 +236,14 @@ def read(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def flower_floor(repeats: int = 3) -> tuple[float, float]:
-    """The least (wall, CPU) seconds of a process that only imports what `flwr-clientapp` itself imports
-    before it loads an app: the floor no ClientApp can go under."""
+def floor(command: Path, repeats: int = 3) -> tuple[float, float]:
+    """The least (wall, CPU) seconds of `command --help`: a `flwr-clientapp` that imports what it
+    imports before it loads an app, and stops: the floor no ClientApp under it can go under."""
     best = (float("inf"), float("inf"))
     for _ in range(repeats):
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
-        subprocess.run([sys.executable, "-c", "from flwr.supernode.cli import flwr_clientapp"], check=True)
+        subprocess.run([str(command), "--help"], check=True, stdout=subprocess.DEVNULL)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
         best = (min(best[0], time.perf_counter() - start), min(best[1], cpu))
@@ -256,8 +260,8 @@ def table(records: list[dict[str, Any]]) -> str:
         return [a[0] - b[0], a[1] - b[1]] if a and b else None
 
     rows = [
-        "| message | start-up (wall / CPU s) | first step | work | to reply | process, to exit |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| message | start-up (wall / CPU s) | first step | work | to reply | process, to exit | imported |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     order = {"query": 0, "train": 1, "evaluate": 2}
     for r in sorted(records, key=lambda r: (order.get(r.get("type", ""), 9), r.get("pid", 0))):
@@ -266,7 +270,8 @@ def table(records: list[dict[str, Any]]) -> str:
         startup, reply = r.get("startup"), r.get("reply")
         rows.append(
             f"| {r.get('type', '?')} | {pair(startup)} | {pair(r.get('first_step'))} | "
-            f"{pair(diff(reply, startup))} | {pair(reply)} | {pair(r.get('exit'))} |"
+            f"{pair(diff(reply, startup))} | {pair(reply)} | {pair(r.get('exit'))} | "
+            f"{', '.join(r.get('loaded', [])) or '-'} |"
         )
     return "\n".join(rows)
 
@@ -277,6 +282,11 @@ def main() -> int:
         "--app", type=Path, default=ROOT, help="the Flower app folder to run (default: this one)"
     )
     parser.add_argument("--rounds", type=int, default=1, help="server rounds (default 1)")
+    parser.add_argument(
+        "--flower-clientapp",
+        action="store_true",
+        help="run flower-supernode itself (Flower's own flwr-clientapp), not python -m fl_client.supernode",
+    )
     parser.add_argument("--json", type=Path, help="also write the records here")
     args = parser.parse_args()
     if not (args.app / "pyproject.toml").is_file():
@@ -284,16 +294,17 @@ def main() -> int:
     if args.rounds < 1:
         parser.error(f"--rounds {args.rounds}: expected 1 or more")
     work = Path(tempfile.mkdtemp(prefix="clientapp-startup-"))
-    records = run(args.app.resolve(), work, args.rounds)  # on failure its logs stay in `work`
+    records = run(args.app.resolve(), work, args.rounds, args.flower_clientapp)  # on failure, logs stay
+    light = write_script(work)
+    floors = {"Flower's own `flwr-clientapp`": floor(BIN / "flwr-clientapp")}
+    if light is not None:
+        floors["the light one (fl_client.clientapp_entry)"] = floor(light)
     shutil.rmtree(work, ignore_errors=True)
     print(table(records))
     reported: list[float | None] = next((r["startup_s"] for r in records if r.get("type") == "reported"), [])
     print(f"startup_s in results.json (train): {reported}")
-    wall, cpu = flower_floor()
-    print(
-        f"Flower's own: `from flwr.supernode.cli import flwr_clientapp` {wall:.2f} s wall, "
-        f"{cpu:.2f} CPU s (least of 3)"
-    )
+    for name, (wall, cpu) in floors.items():
+        print(f"{name} --help: {wall:.2f} s wall, {cpu:.2f} CPU s (least of 3)")
     if args.json:
         args.json.write_text(json.dumps(records, indent=1) + "\n", encoding="utf-8")
     return 0
