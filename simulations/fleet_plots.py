@@ -13,8 +13,9 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -23,6 +24,9 @@ from matplotlib.figure import Figure
 from powerctl.cli.plot import save_figure
 from powerctl.records.profile import Profile
 from simulations.plots import COLOURS
+
+if TYPE_CHECKING:
+    from powerctl.records.workload import Workload
 
 MARKERS = {"ours": "*", "state-of-practice": "s", "proxy-batch": "^", "oracle": "o"}
 
@@ -162,11 +166,17 @@ def predicted_board_profile(board: str, model: str, config: dict[str, Any]) -> P
     """The board model's noise-free profile of `model` at the run's batch sizes and N (`config`: the
     run config as results.json keeps it)."""
     from powerctl.devices.simulated import predicted_profile
-    from powerfed.training.models import build_model, model_workload
 
     batch_sizes = [int(b) for b in str(config.get("batch-sizes", "8,16,32,64")).split(",")]
-    workload = model_workload(model, build_model(model, seed=0))
-    return predicted_profile(board, workload, batch_sizes, int(config.get("profile-samples", 4000)))
+    return predicted_profile(board, _workload(model), batch_sizes, int(config.get("profile-samples", 4000)))
+
+
+@functools.lru_cache(maxsize=4)
+def _workload(model: str) -> Workload:
+    """The model's training FLOPs and memory per sample, counted once per process (a few seconds)."""
+    from powerfed.training.models import build_model, model_workload
+
+    return model_workload(model, build_model(model, seed=0))
 
 
 def plot_fleet(results: dict[str, Any], out: Path) -> list[Path]:

@@ -239,9 +239,21 @@ def summary_figure(rows: list[Row], title: str) -> Figure:
         if row.profile is None:
             ax = left.add_subplot()
             ax.axis("off")
-            ax.text(0.5, 0.5, f"{head}\nno board model: no profile to draw", ha="center", va="center")
+            chose = "\n".join(
+                f"{m.label}: b = {m.batch_size}, {m.frequency_hz / 1e6:.0f} MHz" for m in row.marks
+            )
+            ax.text(
+                0.5, 0.5, f"{head}\nno board model: no profile to draw\n{chose}", ha="center", va="center"
+            )
         else:
-            draw_choices(left, row.profile, row.cap, row.marks, labels, f"{head}: peak power P(b, f)")
+            draw_choices(
+                left,
+                row.profile,
+                row.cap,
+                row.marks,
+                labels,
+                f"{head}: peak power P(b, f), the board model's",
+            )
         _cost_bars(right, row)
     return fig
 

@@ -54,7 +54,11 @@ def _run(tmp_path: Path, name: str, cache: Path) -> tuple[dict, str]:
         out, err, seen = _watch(proc, port)
     assert proc.returncode == 0, (out + err)[-3000:]
     results = out_dir / "runs" / "flwr" / "results.json"
-    assert out.strip().splitlines()[-1] == f"results: {results}"
+    lines = out.strip().splitlines()
+    assert lines[-1] == f"results: {results}"
+    assert lines[-2] == f"summary figure: {results.parent / 'summary.png'}"  # the picture is checked
+    # in tests/test_summary_figure.py; here only that `make run` wrote and named it
+    assert (results.parent / "summary.png").stat().st_size > 10_000
     assert len(seen) >= 4, "make, the launcher, flwr and the SuperLink should have been seen"
     assert not [p for p in seen if alive(p)] and not pids_listening_on(port)
     return json.loads(results.read_text()), out + err

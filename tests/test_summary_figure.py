@@ -103,6 +103,17 @@ def test_make_fleets_figure_is_drawn_beside_its_results_json(
     _check_png(path, (1200, 3 * 300))
 
 
+def test_a_board_without_a_board_model_gets_its_bars_and_no_map(
+    small_run: dict[str, Any], tmp_path: Path
+) -> None:
+    """A deployed board the project has no model of: no profile to draw, its measured round still."""
+    data = json.loads((small_run["flwr"] / "ours" / "results.json").read_text())
+    for client in data["rounds"][0]["clients"]:
+        client["device"], client["board"] = "jetson-orin-of-mine", "jetson-orin-of-mine"
+    (tmp_path / "results.json").write_text(json.dumps(data))
+    _check_png(run_figure(tmp_path / "results.json"), (1200, 300))
+
+
 def test_a_results_file_without_a_client_is_one_line_and_the_run_stands(tmp_path: Path) -> None:
     data = {"schema": "fl_server.results/1", "run": {"method": "ours"}, "nodes": [], "rounds": []}
     (tmp_path / "results.json").write_text(json.dumps(data))
