@@ -70,7 +70,7 @@ def why_not(folder: Path, path: Path, text: str | None) -> str | None:
         return f"{path} is not the source fl_client.clientapp_entry was checked against"
     if (problem := shebang_problem()) is not None:
         return problem
-    if os.statvfs(folder).f_flag & os.ST_NOEXEC:
+    if os.statvfs(folder).f_flag & getattr(os, "ST_NOEXEC", 0):  # Linux; 0 elsewhere
         return f"{folder} is on a file system mounted noexec (set TMPDIR to another)"
     return None
 

@@ -106,6 +106,20 @@ def test_another_flower_source_gets_flowers_own_clientapp(
     assert len(lines) == 1 and "is Flower's own" in lines[0] and "not the source" in lines[0], lines
 
 
+@pytest.mark.parametrize(
+    ("interpreter", "says"),
+    [("/opt/my boards/.venv/bin/python", "white space"), ("/opt/" + "v" * 130 + "/bin/python", "longer")],
+)
+def test_an_interpreter_a_script_cannot_name_gets_flowers_own_clientapp(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, interpreter: str, says: str
+) -> None:
+    monkeypatch.setattr(sys, "executable", interpreter)
+    with caplog.at_level(logging.WARNING, "fl_client"), light_clientapp() as folder:
+        assert folder is None
+    lines = [r.getMessage() for r in caplog.records if r.name == "fl_client.clientapp_entry"]
+    assert len(lines) == 1 and says in lines[0], lines
+
+
 def test_the_supernode_finds_the_light_script_first_while_it_runs() -> None:
     with light_clientapp() as folder:
         assert folder is not None
