@@ -36,7 +36,7 @@ SUPERLINK_PORT ?= 39291
 RUN_OUT ?= runs/flwr
 export RUN_CONFIG
 
-.PHONY: setup run demo fleet test coverage test-fast floor-venvs test-torch-floor test-flower-floor lint typecheck docs bench clean
+.PHONY: setup run shipped demo fleet test coverage test-fast floor-venvs test-torch-floor test-flower-floor lint typecheck docs bench clean
 
 $(DEPS): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +56,11 @@ setup: $(STAMP)
 run: setup
 	@exec $(BIN)/python -m simulations flwr-run --nodes "$(NODES)" --port "$(SUPERLINK_PORT)" \
 		--out "$(RUN_OUT)" --log "$(dir $(RUN_OUT))flwr.log" --run-config "$$RUN_CONFIG"
+
+# The default run's pre-trained weights and relation vector, shipped in fl_server/shipped/ so that `make run`
+# starts at its first round (fl_server/shipped.py): remade from the code, on a CPU, after a change to them.
+shipped: setup
+	$(BIN)/python -m fl_server.shipped --write
 
 demo: setup
 	$(BIN)/python -m simulations demo --out runs/demo

@@ -9,7 +9,6 @@ ends with one line ``results: /ABSOLUTE/PATH/results.json``.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import multiprocessing
@@ -25,7 +24,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Strategy
 
-from fl_server.progress import ProgressGrid
+from fl_server.progress import Heartbeat, ProgressGrid, SampleProgress
 from fl_server.results import ResultsWriter, client_table, evaluation_line, over_budget_lines, summary_lines
 from fl_server.resume import (
     GLOBAL_FILE,
@@ -43,6 +42,7 @@ from fl_server.run_config import (
     given_relation,
     parse_server_config,
 )
+from fl_server.shipped import WRITE_COMMAND, shipped_bytes, unpacked_weights
 from powerctl.cli.util import say
 from powerctl.errors import PowerctlError
 from powerctl.files.cache import cache_dir
@@ -82,37 +82,48 @@ def default_results_dir(run_id: int) -> Path:
     return xdg_home("data") / "powerfed" / "runs" / str(run_id)
 
 
-def weights_path(cfg: ServerConfig) -> Path:
-    """Where the weights to start from are: the given file, or the pre-training cache's entry for the
-    run's recipe (which may not exist yet). The recipe holds what the floats depend on (torch's minor
-    version, its intra-op thread count, the CPU: `numerics_key`) but not `server-device`, whose weights
-    differ from the CPU's only by floating-point nondeterminism (docs/howto/server-gpu.md)."""
-    if cfg.weights:
-        return app_path(cfg.weights, "weights")
-    import torch
-
-    from powerfed.training.numerics import numerics_key
-
-    recipe = {
+def pretrain_recipe(cfg: ServerConfig) -> dict[str, Any]:
+    """What the pre-trained weights are a function of, but for the floats' CPU and thread count: the
+    shipped weights' key (`fl_server.shipped`), and with those (`numerics_key`) the cache's."""
+    return {
         "model": cfg.model,
         "data": cfg.pretrain_data,
         "samples": cfg.pretrain_samples,
         "seed": cfg.pretrain_seed,
-        **numerics_key(torch.get_num_threads()),
         "version": PRETRAIN_CACHE_VERSION,
     }
+
+
+def weights_path(cfg: ServerConfig) -> Path:
+    """Where the weights to start from are: the given file; the shipped weights where the run's recipe
+    is theirs (`fl_server.shipped`: unpacked into the weights cache, the same tensors on every CPU);
+    else the pre-training cache's entry for the run's recipe (which may not exist yet). The cache's
+    recipe holds what the floats depend on (torch's minor version, its intra-op thread count, the CPU:
+    `numerics_key`) but not `server-device`, whose weights differ from the CPU's only by
+    floating-point nondeterminism (docs/howto/server-gpu.md)."""
+    if cfg.weights:
+        return app_path(cfg.weights, "weights")
+    if (path := unpacked_weights(pretrain_recipe(cfg), cache_dir("weights"))) is not None:
+        return path
+    import torch
+
+    from powerfed.training.numerics import numerics_key
+
+    recipe = {**pretrain_recipe(cfg), **numerics_key(torch.get_num_threads())}
     key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:32]
     return cache_dir("weights") / f"pretrain-{cfg.model}-{key}.safetensors"
 
 
-def pretrained_weights(
-    cfg: ServerConfig, *, progress: bool = False, say: Callable[[str], None] | None = None
+def is_shipped(path: Path) -> bool:
+    """Whether `path` is the shipped weights, unpacked (`weights_path`)."""
+    return path.name.startswith("shipped-") and path.parent == cache_dir("weights")
+
+
+def train_weights(
+    cfg: ServerConfig, path: Path, *, progress: bool = False, say: Callable[[str], None] | None = None
 ) -> Path:
-    """The weights to start from (`weights_path`), pre-trained on the embedded task when not cached;
-    `say` hears when pre-training starts and how long it took."""
-    path = weights_path(cfg)
-    if path.is_file():
-        return path
+    """Pre-train the run's model on the embedded task into `path`; `say` hears when it starts, how far
+    it is (every few seconds: samples, elapsed, left) and how long it took."""
     from fl_server.pretrain import PretrainSettings, pretrain
 
     started = time.perf_counter()
@@ -120,11 +131,49 @@ def pretrained_weights(
         say(f"pre-training {cfg.model} on {cfg.pretrain_data}: {cfg.pretrain_samples} samples ...")
     settings = PretrainSettings(samples=cfg.pretrain_samples, seed=cfg.pretrain_seed)
     pretrain(
-        cfg.model, cfg.pretrain_data, out=path, settings=settings, device=cfg.server_device, progress=progress
+        cfg.model,
+        cfg.pretrain_data,
+        out=path,
+        settings=settings,
+        device=cfg.server_device,
+        progress=progress,
+        on_step=None if say is None else SampleProgress(say, "pre-training", cfg.pretrain_samples),
     )
     if say is not None:
         say(f"pre-trained in {time.perf_counter() - started:.0f} s (cached: {path})")
     return path
+
+
+def pretrained_weights(
+    cfg: ServerConfig, *, progress: bool = False, say: Callable[[str], None] | None = None
+) -> Path:
+    """The weights to start from (`weights_path`), pre-trained on the embedded task when neither shipped
+    nor cached; `say` hears which, and how pre-training goes (`train_weights`)."""
+    path = weights_path(cfg)
+    if path.is_file():
+        if say is not None and is_shipped(path):
+            say(f"shipped weights of {cfg.model} (made by `{WRITE_COMMAND}`, SHA-256 checked): {path}")
+        return path
+    return train_weights(cfg, path, progress=progress, say=say)
+
+
+def relation_recipe(cfg: ServerConfig, weights: Path) -> dict[str, Any]:
+    """What the run's relation vector is a function of, but for the floats' CPU and thread count: the
+    shipped vector's key (`fl_server.shipped`)."""
+    from dataclasses import asdict
+
+    from fl_server.relation import CACHE_VERSION
+    from fl_server.weights import weights_hash
+
+    return {
+        "model": cfg.model,
+        "weights": weights_hash(weights),  # the tensors (as the relation cache keys them), not the file
+        "proxy": cfg.proxy_data,
+        "target_accuracy": cfg.target_accuracy,
+        "batch_sizes": cfg.batch_size_list(),
+        "settings": asdict(relation_settings(cfg)),
+        "version": CACHE_VERSION,
+    }
 
 
 def relation_vector(
@@ -134,12 +183,18 @@ def relation_vector(
     progress: bool = False,
     say: Callable[[str], None] | None = None,
     compute: bool = True,
+    shipped: bool = True,
 ) -> RelationVector:
-    """The relation vector: the given file (checked against the model), or estimated on the proxy data
+    """The relation vector: the given file (checked against the model), the shipped one where the run's
+    recipe is its (`fl_server.shipped`; `shipped=False`: not looked for), or estimated on the proxy data
     (`say` hears each run's end, with an estimate of the time left; `compute=False`: only a cached one,
     else `NotCached`)."""
     if cfg.relation:
         return given_relation(cfg)
+    if shipped and (data := shipped_bytes("relation", relation_recipe(cfg, weights))) is not None:
+        if say is not None:
+            say(f"shipped relation vector of {cfg.model} (made by `{WRITE_COMMAND}`, SHA-256 checked)")
+        return RelationVector.from_dict(json.loads(data), "the shipped relation vector")
     from fl_server.relation import RelationCompute, estimate_relation
 
     how = RelationCompute(compute=compute, device=cfg.server_device, progress=progress, say=say)
@@ -205,18 +260,22 @@ def prepare_apart(cfg: ServerConfig) -> tuple[Path, RelationVector]:
     if cfg.relation:
         given_relation(cfg)  # a file for another model is refused here, not after a spawned pre-training
     if (ready := cached_preparation(cfg)) is not None:
-        say(f"prepared (cached under {cache_dir('')}): weights {ready[0]}")
+        shipped = "shipped with the package" if is_shipped(ready[0]) else f"cached under {cache_dir('')}"
+        say(f"prepared ({shipped}): weights {ready[0]}")
         return ready
     say(f"preparing: {'; '.join(what)} (cached under {cache_dir('')}) ...")
     started = time.perf_counter()
     ctx = multiprocessing.get_context("spawn")
+    quiet = Heartbeat(say, "preparing", started)
     # the child's progress lines come back through a queue: what it prints itself is not in the run's log
     with ctx.Manager() as manager, ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
         lines = manager.Queue()
         future = pool.submit(prepare, cfg, lines)
         while not (future.done() and lines.empty()):
-            with contextlib.suppress(queue.Empty):
-                say(f"  {lines.get(timeout=0.5)}")
+            try:
+                quiet.heard(f"  {lines.get(timeout=0.5)}")
+            except queue.Empty:
+                quiet.tick()
         weights, relation = future.result()
     say(f"prepared in {time.perf_counter() - started:.0f} s: weights {weights}")
     return weights, RelationVector.from_dict(relation)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -128,6 +129,7 @@ def pretrain(
     settings: PretrainSettings | None = None,
     device: str | Device = "auto",
     progress: bool = True,
+    on_step: Callable[[int, int], None] | None = None,
 ) -> PretrainReport:
     """Train `model_name` from a seeded initialisation on `dataset_spec` and save weights + report.
 
@@ -137,6 +139,7 @@ def pretrain(
     `device` is a spec (`powerctl.devices.open_device`: `auto`, `cpu`, `cuda[:INDEX]`, or a board) or an
     open Device; the model goes to its torch device, and the batches, the optimizer state and the
     evaluation follow the model (`fine_tune`). The weights are written as CPU tensors (`save_weights`).
+    `on_step(steps, samples)` hears every training step (progress lines where no bar shows).
     """
     st = settings or PretrainSettings()
     out = Path(out)
@@ -172,7 +175,7 @@ def pretrain(
             eval_max_samples=st.eval_max_samples,
             seed=st.seed,
         )
-        callbacks = FineTuneCallbacks(progress=progress, desc=f"pretrain {model_name}")
+        callbacks = FineTuneCallbacks(progress=progress, desc=f"pretrain {model_name}", on_step=on_step)
         result = fine_tune(model, train, test, config, device=dev, callbacks=callbacks)
     finally:
         if isinstance(device, str):  # opened here, so closed here (restores any knob state)

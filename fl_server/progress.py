@@ -1,8 +1,11 @@
-"""A Grid that says how a round is going: which method, which round and phase, clients done, elapsed.
+"""Progress lines of a run: a Grid that says how a round is going (which method, which round and phase,
+clients done, elapsed), a pre-training's samples with the time left, and a line when nothing else was
+heard for a while, so that no phase looks hung.
 
 Flower's `send_and_receive` blocks until every reply is in (or the timeout), so nothing is heard of a
 round of a large fleet until it ends. This wrapper pushes the messages and pulls replies itself,
-printing a line when the count changes (at most every `every_s` seconds, and always at the end). It
+printing a line when the count changes (at most every `every_s` seconds, and always at the end), and
+at least every `quiet_s` seconds while nothing changes. It
 polls every 0.5 s while few replies are pending (Flower waits 3 s between pulls: most of a small
 fleet's round), less often for a large fleet (`interval_s`).
 """
@@ -15,15 +18,24 @@ from typing import Any, cast
 
 from flwr.app import Message
 
+QUIET_S = 8.0
+"""The longest a phase goes without a line (a run that says nothing for longer looks hung)."""
+
 
 class ProgressGrid:
     """Delegates to `grid`; `send_and_receive` is Flower's loop with progress lines."""
 
     def __init__(
-        self, grid: Any, say: Callable[[str], None], *, every_s: float = 5.0, poll_s: float = 0.5
+        self,
+        grid: Any,
+        say: Callable[[str], None],
+        *,
+        every_s: float = 5.0,
+        poll_s: float = 0.5,
+        quiet_s: float = QUIET_S,
     ) -> None:
         self._grid, self._say = grid, say
-        self.every_s, self.poll_s = every_s, poll_s
+        self.every_s, self.poll_s, self.quiet_s = every_s, poll_s, quiet_s
         self.started = time.perf_counter()
         self.label = ""
         """Set by the caller, e.g. the method's name."""
@@ -54,7 +66,8 @@ class ProgressGrid:
             pending.difference_update(m.metadata.reply_to_message_id for m in got)
             now = time.perf_counter()
             done = total - len(pending)
-            if done != said and (not pending or now - last >= self.every_s):
+            changed = done != said and (not pending or now - last >= self.every_s)
+            if changed or now - last >= self.quiet_s:
                 where = kind if kind == "query" else f"round {self.round} {kind}"
                 self._say(
                     f"  [{self.label}] {where}: {done}/{total} clients done, "
@@ -70,3 +83,61 @@ class ProgressGrid:
         round's pulls O(fleet²). Scaling the interval with what is pending keeps them linear (0.5 s
         for up to 250 messages, 3 s — Flower's own interval — from 1,500)."""
         return min(3.0, max(self.poll_s, pending / 500))
+
+
+class SampleProgress:
+    """`on_step(steps, samples)` for a run with a known sample budget: a line at most every `every_s`
+    seconds with the samples done, the time so far and the time left at the rate so far."""
+
+    def __init__(
+        self,
+        say: Callable[[str], None],
+        what: str,
+        total: int,
+        *,
+        every_s: float = 5.0,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.say, self.what, self.total, self.every_s, self.clock = say, what, total, every_s, clock
+        self.started = self.last = clock()
+
+    def __call__(self, steps: int, samples: int) -> None:
+        now = self.clock()
+        if now - self.last < self.every_s or samples >= self.total:
+            return  # the end is the caller's line (how long it took)
+        self.last = now
+        spent = now - self.started
+        left = spent / max(samples, 1) * (self.total - samples)
+        self.say(
+            f"{self.what}: {samples} of {self.total} samples, {spent:.0f} s so far, about {left:.0f} s left"
+        )
+
+
+class Heartbeat:
+    """A line when nothing was heard for `quiet_s` seconds ("still preparing, N s in all"): a phase whose
+    own lines come only at its end (a long proxy run) does not look hung."""
+
+    def __init__(
+        self,
+        say: Callable[[str], None],
+        what: str,
+        started: float | None = None,
+        *,
+        quiet_s: float = QUIET_S,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.say, self.what, self.quiet_s, self.clock = say, what, quiet_s, clock
+        self.started = clock() if started is None else started
+        self.last = clock()
+
+    def heard(self, line: str) -> None:
+        """Say `line` (the phase's own progress)."""
+        self.say(line)
+        self.last = self.clock()
+
+    def tick(self) -> None:
+        """Nothing new: a line if nothing was said for `quiet_s` seconds."""
+        now = self.clock()
+        if now - self.last >= self.quiet_s:
+            self.say(f"  ... still {self.what}: {now - self.started:.0f} s in all")
+            self.last = now

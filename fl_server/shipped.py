@@ -1,0 +1,186 @@
+"""The default run's starting point, shipped with the package: its pre-trained weights and relation vector.
+
+`make run` (and `flwr run .`) on the default run config would pre-train the embedded model and estimate
+the relation vector (twelve proxy runs) before the first round: minutes on a 2-core CPU, every time the
+caches are empty. Both are a fixed function of the run config's defaults, so the package ships them,
+made by one command from this code:
+
+    .venv/bin/python -m fl_server.shipped --write
+
+(`make shipped`). It pre-trains and estimates exactly as the ServerApp does (on the CPU, with torch's
+default thread count) and writes `fl_server/shipped/`: `manifest.json` (each file's recipe, the run
+settings it was made from, and the SHA-256 of its bytes) and the two files. A Flower app bundle (FAB)
+holds only text files (`.py`, `.toml`, `.md`, `.json`, ...), so the weights' safetensors bytes travel
+base64-encoded in a JSON file and are unpacked into the weights cache when first used.
+
+A run whose recipe matches a manifest entry (the same model, data, samples, seeds, settings and cache
+version; the CPU and thread count are NOT part of it) starts from the shipped file, so every CPU starts
+from the same tensors and the same vector (made on the CPU the manifest names; a cache entry trained here
+would differ from it in the last digits elsewhere). A file whose bytes do not match the manifest's hash
+is one logged warning, and the run pre-trains or estimates as if nothing were shipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import binascii
+import hashlib
+import json
+import logging
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from powerctl.cli.util import say
+from powerctl.files.jsonfile import write_json
+
+log = logging.getLogger(__name__)
+"""`fl_server.shipped`: a shipped file that does not match its manifest (WARNING)."""
+
+SHIPPED_DIR = Path(__file__).resolve().parent / "shipped"
+MANIFEST = "manifest.json"
+SCHEMA = "fl_server.shipped/1"
+WRITE_COMMAND = ".venv/bin/python -m fl_server.shipped --write"
+WEIGHTS_SCHEMA = "fl_server.shipped-weights/1"
+"""The weights' JSON: the safetensors file's bytes, base64 (a FAB holds only text files)."""
+
+
+def normal(recipe: dict[str, Any]) -> Any:
+    """`recipe` as JSON reads it back (tuples as lists, other objects as their repr): what is compared."""
+    return json.loads(json.dumps(recipe, sort_keys=True, default=repr))
+
+
+def _manifest(folder: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        log.warning(
+            "%s: unreadable (%s); nothing shipped is used: run %s", folder / MANIFEST, exc, WRITE_COMMAND
+        )
+        return {}
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("files"), list):
+        log.warning(
+            "%s: not a %s manifest; nothing shipped is used: run %s", folder / MANIFEST, SCHEMA, WRITE_COMMAND
+        )
+        return {}
+    return data
+
+
+def shipped_bytes(kind: str, recipe: dict[str, Any], folder: Path | None = None) -> bytes | None:
+    """The bytes of the shipped file of `kind` (weights, relation) made from `recipe`, checked against
+    the manifest's SHA-256; None when none ships for this recipe or its bytes do not match (one
+    warning: the caller then trains as if nothing were shipped)."""
+    folder = folder or SHIPPED_DIR
+    wanted = normal(recipe)
+    for entry in _manifest(folder).get("files", []):
+        if not isinstance(entry, dict) or entry.get("kind") != kind or entry.get("recipe") != wanted:
+            continue
+        path = folder / str(entry.get("file", ""))
+        try:
+            data = path.read_bytes()
+            if kind == "weights":
+                packed = json.loads(data)
+                if not isinstance(packed, dict) or packed.get("schema") != WEIGHTS_SCHEMA:
+                    raise ValueError(f"not a {WEIGHTS_SCHEMA} file")
+                data = base64.b64decode(str(packed["safetensors_base64"]), validate=True)
+        except (OSError, ValueError, KeyError, binascii.Error) as exc:
+            log.warning("shipped %s %s: unreadable (%s); training it instead", kind, path, exc)
+            return None
+        if hashlib.sha256(data).hexdigest() != entry.get("sha256"):
+            log.warning(
+                "shipped %s %s: its bytes do not match the manifest's SHA-256 (changed or damaged); "
+                "training it instead (restore it from git, or remake it: %s)",
+                kind,
+                path,
+                WRITE_COMMAND,
+            )
+            return None
+        return data
+    return None
+
+
+def unpacked_weights(recipe: dict[str, Any], into: Path, folder: Path | None = None) -> Path | None:
+    """The shipped weights for `recipe` as a safetensors file in the folder `into` (the weights cache),
+    unpacked there once (named by their hash); None when none ship for it or they do not match."""
+    data = shipped_bytes("weights", recipe, folder)
+    if data is None:
+        return None
+    digest = hashlib.sha256(data).hexdigest()
+    path = into / f"shipped-{recipe.get('model', 'model')}-{digest[:32]}.safetensors"
+    if path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() == digest:
+        return path
+    into.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=into, prefix=".unpacking-")
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    os.replace(tmp, path)
+    return path
+
+
+def write_shipped(folder: Path, tell: Callable[[str], None] = say) -> dict[str, Any]:
+    """Pre-train and estimate the default run's weights and relation vector as the ServerApp does (on
+    the CPU), and write them with their manifest into `folder`. Returns the manifest."""
+    import torch
+
+    from fl_server.app import pretrain_recipe, relation_recipe, relation_vector, train_weights
+    from fl_server.run_config import parse_server_config
+    from powerfed.training.numerics import numerics_key
+
+    cfg = parse_server_config({"server-device": "cpu"})
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        weights = train_weights(cfg, Path(tmp) / "weights.safetensors", say=tell)
+        data = weights.read_bytes()
+        relation = relation_vector(cfg, weights, say=tell, shipped=False)
+        relation_file = f"relation-{cfg.model}.json"
+        relation.save(folder / relation_file)
+        recipes = (pretrain_recipe(cfg), relation_recipe(cfg, weights))
+    weights_file = f"weights-{cfg.model}.json"
+    packed = {"schema": WEIGHTS_SCHEMA, "safetensors_base64": base64.b64encode(data).decode("ascii")}
+    (folder / weights_file).write_text(json.dumps(packed) + "\n", encoding="utf-8")
+    manifest = {
+        "schema": SCHEMA,
+        "made_by": WRITE_COMMAND,
+        "made_on": normal(numerics_key(torch.get_num_threads())),
+        "files": [
+            {"kind": "weights", "file": weights_file, "sha256": hashlib.sha256(data).hexdigest()},
+            {
+                "kind": "relation",
+                "file": relation_file,
+                "sha256": hashlib.sha256((folder / relation_file).read_bytes()).hexdigest(),
+            },
+        ],
+    }
+    for entry, recipe in zip(manifest["files"], recipes, strict=True):
+        entry["recipe"] = normal(recipe)
+    write_json(folder / MANIFEST, manifest)
+    return manifest
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m fl_server.shipped", description=__doc__.splitlines()[0] if __doc__ else None
+    )
+    parser.add_argument("--write", action="store_true", help="pre-train, estimate and write the files")
+    parser.add_argument(
+        "--dir", type=Path, default=SHIPPED_DIR, help="where to write them (default: %(default)s)"
+    )
+    args = parser.parse_args(argv)
+    if not args.write:
+        parser.print_usage(sys.stderr)
+        say(f"{parser.prog}: error: nothing to do: give --write", file=sys.stderr)
+        return 2
+    manifest = write_shipped(args.dir)
+    for entry in manifest["files"]:
+        say(f"wrote {args.dir / entry['file']} (sha256 {entry['sha256']})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
