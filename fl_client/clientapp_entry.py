@@ -37,7 +37,8 @@ from strategies.flower_source import shebang_problem, text_fingerprint, write_py
 log = logging.getLogger(__name__)
 
 COMMAND = "flwr-clientapp"
-"""The command Flower's SuperExec starts for each ClientApp message (flwr `TASK_TYPE_TO_COMMAND`)."""
+"""The command Flower's SuperExec starts for each ClientApp message (flwr `TASK_TYPE_TO_COMMAND`), one
+process per message: what `fl_client.round.message_process_startup_s` knows such a process by."""
 FLOWER_FILE = ("supernode", "cli", "flwr_clientapp.py")
 """Where in the installed `flwr` package the text the script runs is."""
 FLWR_CLIENTAPP_SHA256 = "e23a68d4dc23949e498c74b1661b7c53358492a3bc9c606af4485e8859a6283b"

@@ -13,9 +13,10 @@ Every caller that fine-tunes a client's data under a power cap goes through `run
   loop.
 
 What only the fleet runner and the benches ask for — scale mode's predicted profiles and stand-in
-training, the oracle's own-data search — is theirs (`simulations.bench_steps`), plugged in through
-`RoundSteps` when the instructions ask for it (`needs_bench_steps`); what those steps measure beyond the
-report travels in its own record (`strategies.protocol.BenchReport`), which only they fill.
+training, the oracle's own-data search — is theirs (`simulations.bench_steps`): the fleet's ClientApp
+(`simulations.fleet_client`) and the demo pass them in as `RoundSteps`; the production round refuses
+instructions that ask for them (`needs_bench_steps`) in one line. What those steps measure beyond the
+report is theirs to fill (`strategies.protocol.BenchReport`).
 
 What other modules use is listed in `__all__` (tests/test_round_surface.py: nothing outside imports a
 name that starts with an underscore).
@@ -38,13 +39,14 @@ import zlib
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
-from functools import cache, cached_property
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
 
+from fl_client.clientapp_entry import COMMAND as CLIENTAPP_COMMAND
 from fl_client.node import NodeSettings
 from fl_client.profile_cache import ProfileKey, cached_profile, lookup, same_kind_profiles, store
 from powerctl.devices import open_device
@@ -91,7 +93,7 @@ from powerfed.training.models import build_model, check_input_shape, get_model_s
 from strategies.protocol import BenchReport, ClientReport, Plan, TrainInstructions
 
 __all__ = [
-    "BENCH_STEPS_GROUP",
+    "CapRule",
     "ChooseStep",
     "Chosen",
     "ClientWorkError",
@@ -103,11 +105,10 @@ __all__ = [
     "RoundOutcome",
     "RoundSteps",
     "RoundWork",
-    "Rule",
     "State",
+    "StepsFor",
     "TrainStep",
     "Trained",
-    "bench_round_steps",
     "budgeted",
     "budgeted_profile",
     "build_local_model",
@@ -311,9 +312,10 @@ class Profiled:
     """A budgeted profile: what the client predicted and chose (None: the instructed order, or cached)."""
 
 
-class Rule(Protocol):
-    """A method's rule as a function of the cap: what it pins under a constant cap, and what a follower
-    re-applies when the cap changes. `relation` is what it predicts progress by."""
+class CapRule(Protocol):
+    """A method's rule bound to one profile, as a function of the cap alone: what it pins under a constant
+    cap, and what a follower re-applies when the cap changes. `relation` is what it predicts progress by.
+    (The registry's `powerctl.selection.methods.Rule` is the unbound function it applies.)"""
 
     # read-only: a frozen dataclass (`MethodRule`) is a rule
     @property
@@ -382,7 +384,7 @@ class Chosen:
     """The choose step's outcome: the rule the train step applies; a step that trained to choose (the
     oracle's search) hands on its runs and what it measured."""
 
-    rule: Rule
+    rule: CapRule
     runs: dict[tuple[int, int], Trained] = field(default_factory=dict)
     """Runs the choose step made under this round's constant cap, by pair: the chosen pair's is the
     round's training, not run again."""
@@ -391,7 +393,7 @@ class Chosen:
 
 
 ProfileStep = Callable[[RoundWork, RelationVector], Profiled]
-TrainStep = Callable[[RoundWork, Rule], Trained]
+TrainStep = Callable[[RoundWork, CapRule], Trained]
 ChooseStep = Callable[[RoundWork, Profile, RelationVector, TrainStep], Chosen]
 
 
@@ -636,7 +638,7 @@ class Pinning:
     """False: the device runs at the clock in force (the one frequency it offers); nothing is written."""
 
     @classmethod
-    def start(cls, work: RoundWork, rule: Rule, dev: Device) -> Pinning:
+    def start(cls, work: RoundWork, rule: CapRule, dev: Device) -> Pinning:
         instr = work.instr
         if work.caps.is_constant:
             cap = work.cap_at_start
@@ -735,7 +737,7 @@ class Pinning:
 
 
 def fine_tune_step(
-    work: RoundWork, rule: Rule, *, observe: Callable[[Device], AbstractContextManager[Any]] | None = None
+    work: RoundWork, rule: CapRule, *, observe: Callable[[Device], AbstractContextManager[Any]] | None = None
 ) -> Trained:
     """Fine-tune the server's weights on a fresh device handle (a simulated board's noise then does not
     depend on what ran before, so a seeded run repeats exactly), checkpointed so that the same work
@@ -789,14 +791,16 @@ class RoundSteps:
 
     @classmethod
     def for_instructions(cls, instr: TrainInstructions) -> RoundSteps:
-        """The production round (measured profile, the method's rule, fine-tune), or for what only the
-        fleet benches ask for (`needs_bench_steps`) the steps the fleet runner plugs in."""
-        return bench_round_steps(instr) if needs_bench_steps(instr) else cls()
-
-
-BENCH_STEPS_GROUP = "powerfed.round_steps"
-"""The entry-point group through which the fleet runner plugs its steps into the round
-(`simulations.bench_steps`, declared in pyproject.toml): the client imports no simulation code."""
+        """The production round (measured profile, the method's rule, fine-tune). What only the fleet
+        runner does (`needs_bench_steps`) is not here: its own ClientApp passes its steps in, and a
+        round asked for them without them is one line."""
+        if needs_bench_steps(instr):
+            raise ClientWorkError(
+                "these instructions ask for the fleet runner's steps (scale mode, predicted profiles or "
+                "the oracle's search), which only its ClientApp has (simulations.fleet_client:app, what "
+                "`python -m simulations` runs): run them there, or send measured, trained rounds"
+            )
+        return cls()
 
 
 def needs_bench_steps(instr: TrainInstructions) -> bool:
@@ -807,25 +811,9 @@ def needs_bench_steps(instr: TrainInstructions) -> bool:
     )
 
 
-def bench_round_steps(instr: TrainInstructions) -> RoundSteps:
-    steps: RoundSteps = _bench_steps_factory()(instr)
-    return steps
-
-
-@cache
-def _bench_steps_factory() -> Callable[[TrainInstructions], RoundSteps]:
-    """The fleet runner's steps, found once per process: looking an entry point up reads every installed
-    distribution's metadata, a fifth of a simulated client's work when done for every message."""
-    from importlib.metadata import entry_points
-
-    found = list(entry_points(group=BENCH_STEPS_GROUP, name="fleet"))
-    if not found:
-        raise ClientWorkError(
-            "these instructions ask for the fleet runner's steps (scale mode, predicted profiles or "
-            "the oracle's search), which this installation does not provide: install powerfed whole"
-        )
-    factory: Callable[[TrainInstructions], RoundSteps] = found[0].load()
-    return factory
+StepsFor = Callable[[TrainInstructions], RoundSteps]
+"""The steps a round runs for its instructions: what a caller with steps of its own (the fleet runner's
+ClientApp, `simulations.fleet_client`) passes to `train_round`."""
 
 
 @dataclass
@@ -837,10 +825,6 @@ class RoundOutcome:
     profiled: Profiled
     chosen: Chosen
     trained: Trained
-
-
-CLIENTAPP_COMMAND = "flwr-clientapp"
-"""The process a deployed SuperNode starts for each message (Flower names it by this command too)."""
 
 
 def message_process_startup_s() -> float | None:
@@ -888,10 +872,12 @@ def train_round(
     device_seed: int = 0,
     profile_cache: Path | None = None,
     on_step: Callable[[int, int], None] | None = None,
+    steps_for: StepsFor | None = None,
 ) -> tuple[State, ClientReport]:
-    """The ClientApp's round: the steps the instructions ask for; returns the new weights and the report."""
+    """The ClientApp's round: the steps `steps_for` gives for the instructions (default: the production
+    round's, `RoundSteps.for_instructions`); returns the new weights and the report."""
     work = RoundWork(settings, instr, state, data, device_seed, profile_cache, on_step)
-    outcome = run_round(work)
+    outcome = run_round(work, steps_for(instr) if steps_for is not None else None)
     return outcome.state, outcome.report
 
 
