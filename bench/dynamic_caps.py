@@ -36,9 +36,9 @@ sys.path.insert(0, str(ROOT))
 
 
 from fl_client.round import (  # noqa: E402
+    CapRule,
     MethodRule,
     RoundWork,
-    Rule,
     fine_tune_step,
     measured_profile_step,
     usable_relation,
@@ -81,7 +81,7 @@ class Once:
         return self.choice
 
 
-def policies(profile: Profile, relation: RelationVector, caps: CapSource) -> dict[str, Rule]:
+def policies(profile: Profile, relation: RelationVector, caps: CapSource) -> dict[str, CapRule]:
     """The three policies as rules of the cap (the client round's rules)."""
     ours = MethodRule(OURS, profile, relation)
     once = Once(ours(caps.lowest_w()), profile, relation)
@@ -89,7 +89,7 @@ def policies(profile: Profile, relation: RelationVector, caps: CapSource) -> dic
     return dict(zip(POLICIES, (ours, once, sop), strict=True))
 
 
-def run_once(work: RoundWork, caps: CapSource, rule: Rule, seed: int) -> Outcome:
+def run_once(work: RoundWork, caps: CapSource, rule: CapRule, seed: int) -> Outcome:
     """One client fine-tune following `caps` by `rule` (training seed = board noise seed), with the
     board's power recorded over the whole run, pauses included."""
     instr = replace(work.instr, seed=seed, cap_poll_s=0.5)

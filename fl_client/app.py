@@ -31,13 +31,13 @@ from powerctl.cli.util import library_lines_on_stderr, say
 from powerctl.errors import PowerctlError
 from strategies.protocol import (
     ARRAYS_KEY,
-    BENCH_REPORT_KEY,
     CONFIG_KEY,
     EXAMPLES_KEY,
     METRICS_KEY,
     NODE_KEY,
     PLAN_KEY,
     REPORT_KEY,
+    ClientReport,
     ProtocolError,
     TrainInstructions,
     reader,
@@ -45,7 +45,7 @@ from strategies.protocol import (
 )
 
 if TYPE_CHECKING:
-    from fl_client.round import State
+    from fl_client.round import State, StepsFor
     from powerfed.training.data import Dataset
 
 
@@ -58,7 +58,9 @@ def _library_lines(
         return call_next(msg, context)
 
 
-app = ClientApp(mods=[_library_lines])
+MODS = [_library_lines]
+"""The ClientApp's mods (the fleet runner's ClientApp, `simulations.fleet_client`, runs the same)."""
+app = ClientApp(mods=MODS)
 
 
 def _state(msg: Message) -> State:
@@ -116,6 +118,15 @@ def query(msg: Message, context: Context) -> Message:
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
+    """The production round (`fl_client.round.RoundSteps.for_instructions`) and its reply."""
+    return train_reply(msg, context)[0]
+
+
+def train_reply(
+    msg: Message, context: Context, steps_for: StepsFor | None = None
+) -> tuple[Message, ClientReport | None]:
+    """A TRAIN message's round with the steps `steps_for` gives (default: the production round's), and
+    its reply: the weights, the examples to average by and the report (None: an error reply)."""
     from fl_client.round import model_seq_len, node_device_seed, train_round
 
     settings = None
@@ -138,9 +149,10 @@ def train(msg: Message, context: Context) -> Message:
             device_seed=node_device_seed(settings, instr.seed),
             profile_cache=profile_cache(context.run_config),
             on_step=on_step,
+            steps_for=steps_for,
         )
     except PowerctlError as exc:
-        return error_reply(msg, settings, exc)
+        return error_reply(msg, settings, exc), None
     stand_in = report.bench is not None and report.bench.stand_in
     say(
         f"powerfed client {settings.key} [{instr.method}{', stand-in' if stand_in else ''}]: "
@@ -165,9 +177,7 @@ def train(msg: Message, context: Context) -> Message:
             REPORT_KEY: report.to_config(),
         }
     )
-    if report.bench is not None:  # a bench's steps ran: what they measured, beside the report
-        content[BENCH_REPORT_KEY] = report.bench.to_config()
-    return Message(content, reply_to=msg)
+    return Message(content, reply_to=msg), report
 
 
 @app.evaluate()

@@ -1,4 +1,4 @@
-"""The fleet runner's and the benches' own steps, plugged into the client's round (`fl_client.round`)
+"""The fleet runner's and the benches' own steps, passed into the client's round (`fl_client.round`)
 through its step interface (`RoundSteps`), never part of the production round:
 
 - scale mode: a simulated board's predicted profile (`predicted_profile_step`) and the stand-in that
@@ -10,8 +10,8 @@ What they measure beyond the client's report they alone fill in, in the bench's 
 (`strategies.protocol.BenchReport`: stand-in, the oracle's samples to target and search seconds), which
 travels beside the report and joins it in the server's results row.
 
-A client finds them through the entry point `powerfed.round_steps` (pyproject.toml) when the server's
-instructions ask for them (`fl_client.round.needs_bench_steps`); the demo and the benches import them.
+The fleet's ClientApp (`simulations.fleet_client`) passes `round_steps` to the built-in round; the demo
+and the benches pass them in themselves.
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from fl_client.round import (
+    CapRule,
     Chosen,
     ClientWorkError,
     MethodRule,
     Profiled,
     RoundSteps,
     RoundWork,
-    Rule,
     Trained,
     TrainStep,
     fine_tune_step,
@@ -52,7 +52,8 @@ from strategies.protocol import BenchReport, TrainInstructions
 
 
 def round_steps(instr: TrainInstructions) -> RoundSteps:
-    """The steps the instructions ask for (the entry point `powerfed.round_steps:fleet`)."""
+    """The steps the instructions ask for: the fleet's where they ask for what only the fleet runner
+    does (`fl_client.round.needs_bench_steps`), else the production round's."""
     return RoundSteps(
         profile=predicted_profile_step if instr.profile_source == "predicted" else measured_profile_step,
         choose=oracle_search
@@ -202,7 +203,7 @@ class PinnedRule:
         return Pick(self.batch_size, self.frequency_hz, method=self.method)
 
 
-def stand_in_step(work: RoundWork, rule: Rule) -> Trained:
+def stand_in_step(work: RoundWork, rule: CapRule) -> Trained:
     """Scale mode's cheap stand-in: selection is real; training is not. The board model charges the
     steps the proxy's samples to target need at the chosen pair (capped by the budget); the weights go
     back unchanged; the accuracy is the received model's on the local test split (a forward pass)."""

@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fl_client.round import (
+    CapRule,
     MethodRule,
     Profiled,
     RoundOutcome,
     RoundSteps,
     RoundWork,
-    Rule,
     Trained,
     fine_tune_step,
     measured_profile_step,
@@ -69,7 +69,7 @@ class SharedRuns:
         self.runs: dict[tuple[int, int, int], Trained] = {}
         self.say = say
 
-    def __call__(self, work: RoundWork, rule: Rule) -> Trained:
+    def __call__(self, work: RoundWork, rule: CapRule) -> Trained:
         choice = rule(work.cap_at_start)
         pair = (choice.batch_size, choice.frequency_hz, work.instr.eval_every_samples)
         if pair not in self.runs:

@@ -13,6 +13,8 @@ runs it, stops none of them, and the orphaned run goes on to write its results. 
   copied to the terminal and to a log as it comes; a home left by a launcher that was killed is cleaned
   up first (its processes stopped, the folder removed), and a port held by anything but a local
   SuperLink of `flwr run` is refused in one line, nothing signalled;
+- the app runs the fleet runner's ClientApp (`simulations.fleet_client`: the built-in one with the
+  fleet's own steps, `with_fleet_client`), so a simulated run can ask for scale mode or the oracle;
 - on every way out (the end, an error, Ctrl-C, SIGTERM) the processes of the run are stopped by process
   id (`local_superlink.stop_tree`, never by name or port alone), and so is any process orphaned below
   this one: the CLI makes itself a child subreaper, so a process whose parent died before it was seen
@@ -243,6 +245,24 @@ def _clear_ports(ports: list[int], echo: Callable[[str], None]) -> None:
             )
 
 
+BUILT_IN_CLIENTAPP = 'clientapp = "fl_client.app:app"'
+FLEET_CLIENTAPP = 'clientapp = "simulations.fleet_client:app"'
+"""The ClientApp a run started here runs: the fleet runner's (its steps with the built-in round's)."""
+
+
+def with_fleet_client(staged: Path, app_dir: Path) -> Path:
+    """`staged`, where it is this app's staged copy, naming the fleet runner's ClientApp in its
+    `pyproject.toml` (scale mode, predicted profiles and the oracle's search are the fleet's own steps,
+    not the deployed client's); another app's folder, or one not staged, as it is."""
+    pyproject = staged / "pyproject.toml"
+    if staged == app_dir or app_dir != APP_DIR or not pyproject.is_file():
+        return staged
+    text = pyproject.read_text(encoding="utf-8")
+    if BUILT_IN_CLIENTAPP in text:
+        pyproject.write_text(text.replace(BUILT_IN_CLIENTAPP, FLEET_CLIENTAPP, 1), encoding="utf-8")
+    return staged
+
+
 def run_flwr(
     federation: str,
     run_config: str,
@@ -274,7 +294,8 @@ def run_flwr(
     proc = None
     home = FlowerHome.create()  # a killed launcher's home is cleaned by the next start (above)
     try:
-        cmd = flwr_run_command(staged_app(app_dir, home.path / "app"), federation, run_config)
+        staged = with_fleet_client(staged_app(app_dir, home.path / "app"), app_dir)
+        cmd = flwr_run_command(staged, federation, run_config)
         env = flower_env(
             port,
             control,

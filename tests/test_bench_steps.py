@@ -1,10 +1,11 @@
-"""The fleet runner's steps live with the fleet runner (issue 27): the production round has none of
-them, and a client finds them through the `powerfed.round_steps` entry point only when the server's
-instructions ask for scale mode, predicted profiles or the oracle's search."""
+"""The fleet runner's steps live with the fleet runner: the production round has none of them and
+refuses instructions that ask for them in one line; the fleet's own ClientApp
+(`simulations.fleet_client`, what the simulations launcher runs) passes them in."""
 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -14,12 +15,18 @@ from simulations import bench_steps
 from strategies.protocol import ORACLE, STATE_OF_PRACTICE
 from tests.fl_helpers import instructions
 
+ROOT = Path(__file__).resolve().parents[1]
+
 
 def test_the_production_round_holds_no_bench_step() -> None:
     for name in ("oracle_search", "stand_in_step", "predicted_profile_step", "PinnedRule"):
         assert not hasattr(client_round, name), name
-    steps = RoundSteps.for_instructions(instructions())
-    assert (steps.profile, steps.choose, steps.train) == (measured_profile_step, method_step, fine_tune_step)
+    for steps in (RoundSteps.for_instructions(instructions()), bench_steps.round_steps(instructions())):
+        assert (steps.profile, steps.choose, steps.train) == (
+            measured_profile_step,
+            method_step,
+            fine_tune_step,
+        )
 
 
 @pytest.mark.parametrize(
@@ -36,32 +43,57 @@ def test_the_production_round_holds_no_bench_step() -> None:
         ),
     ],
 )
-def test_what_only_the_benches_ask_for_comes_through_the_entry_point(changes: dict, expected: tuple) -> None:
-    steps = RoundSteps.for_instructions(dataclasses.replace(instructions(), **changes))
+def test_what_only_the_benches_ask_for_the_fleet_passes_in_and_the_product_refuses(
+    changes: dict, expected: tuple
+) -> None:
+    instr = dataclasses.replace(instructions(), **changes)
+    steps = bench_steps.round_steps(instr)
     assert tuple(f.__name__ for f in (steps.profile, steps.choose, steps.train)) == expected
-    assert steps.train.__module__ in (bench_steps.__name__, client_round.__name__)
-
-
-def test_without_the_fleet_runner_installed_it_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    import importlib.metadata
-
-    monkeypatch.setattr(importlib.metadata, "entry_points", lambda **_: [])
-    client_round._bench_steps_factory.cache_clear()  # found once per process: look again, now absent
-    with pytest.raises(ClientWorkError, match="does not provide") as caught:
-        RoundSteps.for_instructions(dataclasses.replace(instructions(), stand_in=True))
+    with pytest.raises(ClientWorkError, match="only its ClientApp has") as caught:
+        RoundSteps.for_instructions(instr)
     assert "\n" not in str(caught.value)
 
 
-def _train_reply(**changes: object):
-    """One TRAIN message through the ClientApp (a fleet's partition 0: sim:jetson-nano @ 3 W)."""
+def test_the_product_looks_no_steps_up_by_entry_point() -> None:
+    assert "entry-points" not in (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    assert "entry_points" not in Path(client_round.__file__).read_text(encoding="utf-8")
+
+
+def test_the_launcher_runs_the_fleets_clientapp_and_leaves_the_app_folder_as_it_is(tmp_path: Path) -> None:
+    import tomllib
+
+    from fl_server.fab import staged_app
+    from simulations.launcher import APP_DIR, with_fleet_client
+
+    def component(app: Path) -> str:
+        config = tomllib.loads((app / "pyproject.toml").read_text(encoding="utf-8"))
+        return str(config["tool"]["flwr"]["app"]["components"]["clientapp"])
+
+    staged = with_fleet_client(staged_app(APP_DIR, tmp_path / "app"), APP_DIR)
+    assert component(staged) == "simulations.fleet_client:app"
+    assert component(APP_DIR) == "fl_client.app:app"  # what a deployed board's FAB names
+    assert with_fleet_client(APP_DIR, APP_DIR) == APP_DIR and component(APP_DIR) == "fl_client.app:app"
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "pyproject.toml").write_text('clientapp = "fl_client.app:app"\n', encoding="utf-8")
+    with_fleet_client(other, tmp_path / "their-app")  # another app's folder: not ours to change
+    assert "fl_client.app:app" in (other / "pyproject.toml").read_text(encoding="utf-8")
+
+
+def _train_reply(fleet: bool = True, **changes: object):
+    """One TRAIN message through the fleet's ClientApp (or the built-in one), a fleet's partition 0:
+    sim:jetson-nano @ 3 W."""
     from flwr.app import ArrayRecord, Message, MessageType, RecordDict
 
-    from fl_client.app import app as client_app
+    from fl_client.app import app as built_in
+    from simulations.fleet_client import app as fleet_app
     from strategies.protocol import ARRAYS_KEY, CONFIG_KEY
     from tests.fake_grid import FakeGrid
     from tests.fl_helpers import RUN_CONFIG, initial_state
 
-    grid = FakeGrid(client_app, {1: {"partition-id": 0, "num-partitions": 3}}, RUN_CONFIG)
+    grid = FakeGrid(
+        fleet_app if fleet else built_in, {1: {"partition-id": 0, "num-partitions": 3}}, RUN_CONFIG
+    )
     instr = dataclasses.replace(instructions(), **changes)
     arrays = ArrayRecord.from_torch_state_dict(initial_state())
     content = RecordDict({ARRAYS_KEY: arrays, CONFIG_KEY: instr.to_config()})
@@ -77,6 +109,7 @@ def test_only_a_bench_round_sends_the_bench_record_and_rows_keep_one_shape() -> 
 
     production, bench = _train_reply(), _train_reply(stand_in=True, profile_source="predicted")
     assert BENCH_REPORT_KEY not in production.content.config_records
+    assert BENCH_REPORT_KEY not in _train_reply(fleet=False).content.config_records
     assert BENCH_REPORT_KEY in bench.content.config_records
     plain, stood_in = take_report(production.content), take_report(bench.content)
     assert plain is not None and stood_in is not None
@@ -103,3 +136,12 @@ def test_the_bench_record_round_trips_and_is_checked() -> None:
     )
     with pytest.raises(ProtocolError, match="oracle-samples-to-target"):
         BenchReport.from_config({"oracle-samples-to-target": '{"x": 1}'})
+
+
+def test_the_built_in_clientapp_answers_a_bench_round_with_one_line() -> None:
+    """A deployed board's ClientApp has no fleet steps: an error reply whose reason is one line."""
+    reply = _train_reply(fleet=False, stand_in=True, profile_source="predicted")
+    assert reply.has_error()
+    reason = reply.error.reason
+    assert "only its ClientApp has" in reason and "simulations.fleet_client:app" in reason
+    assert "\n" not in reason

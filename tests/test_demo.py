@@ -73,11 +73,11 @@ def test_bad_flags_are_one_line(capsys) -> None:
 
 
 def test_the_demo_and_a_fleet_client_agree_on_the_oracle(results) -> None:
-    """The same board, cap, task, data and seed through the ClientApp (as a fleet runs it): the same
-    own-data search, the same fastest configuration, the same measured run."""
+    """The same board, cap, task, data and seed through the fleet's ClientApp: the same own-data search,
+    the same fastest configuration, the same measured run."""
     from flwr.app import ArrayRecord, ConfigRecord
 
-    from fl_client.app import app as client_app
+    from simulations.fleet_client import app as client_app
     from strategies.methods import for_method
     from strategies.power_aware import PowerAwareFedAvg
     from tests.fake_grid import FakeGrid

@@ -18,6 +18,7 @@ from powerctl.selection.baselines import oracle, proxy_batch, state_of_practice
 from powerctl.selection.joint import best_frequency_per_batch, select
 from powerctl.selection.methods import ORACLE, method_named
 from powerfed.training.models import build_model, model_workload
+from simulations import bench_steps
 from strategies.methods import for_method, trains_real_model
 from strategies.protocol import METHODS, TrainInstructions
 from strategies.rounds import NodeInfo
@@ -35,7 +36,10 @@ def _round(instr: TrainInstructions, tmp_path: Path):
     settings = resolve_node({"partition-id": 0, "num-partitions": 3}, RUN_CONFIG)  # sim:jetson-nano @ 3 W
     data = load_local_data(data_plan(settings, RUN_CONFIG, 64))
     state = initial_state()
-    return state, *train_round(settings, instr, state, data, device_seed=1, profile_cache=tmp_path)
+    steps = bench_steps.round_steps  # as the fleet's ClientApp runs the round
+    return state, *train_round(
+        settings, instr, state, data, device_seed=1, profile_cache=tmp_path, steps_for=steps
+    )
 
 
 def test_the_method_round_trips_through_the_message_config() -> None:
@@ -116,8 +120,6 @@ def test_the_fleets_oracle_stops_a_batch_size_that_can_no_longer_win_and_chooses
     """Real fine-tunes of cnn-tiny at b = 4, 8, 16: the pruned search (the fleet's) and the full one (the
     demo's) choose the same pair; what the pruned one stopped it stopped short of where the full run
     crossed, past the samples that would tie the fastest, and it trained fewer samples in all."""
-    from simulations import bench_steps
-
     sizes = [4, 8, 16]
     instr = instructions(
         method="oracle",
