@@ -44,7 +44,8 @@ SUMMARY_FIGURE = "summary.png"
 """The figure's name, beside the run's results.json."""
 MAX_ROWS = 8
 """Most board-and-cap rows one figure draws (the first ones by device and cap; the title counts the rest)."""
-_BARS_WIDTH_IN = 6.2
+_BAR_IN = 1.9
+"""Inches of the time and energy panels per method drawn (two panels side by side, 6.2 at least)."""
 
 
 @dataclass
@@ -216,7 +217,8 @@ def summary_figure(rows: list[Row], title: str) -> Figure:
     shown = rows[:MAX_ROWS]
     profiles = [r.profile for r in shown if r.profile is not None]
     map_w, map_h = max((map_size(p) for p in profiles), default=(7.5, 3.4))
-    width = map_w + _BARS_WIDTH_IN
+    bars_w = max(6.2, _BAR_IN * max((len(r.bars) for r in shown), default=2) + 0.4)
+    width = map_w + bars_w
     fig = Figure(figsize=(width, map_h * len(shown) + 1.0), layout="constrained")
     FigureCanvasAgg(fig)
     more = f" (the first {len(shown)} of {len(rows)} boards and caps)" if len(rows) > len(shown) else ""
@@ -229,7 +231,7 @@ def summary_figure(rows: list[Row], title: str) -> Figure:
     )
     labels = list(dict.fromkeys(m.label for r in shown for m in r.marks))
     for sub, row in zip(fig.subfigures(len(shown), 1, squeeze=False)[:, 0], shown, strict=True):
-        left, right = sub.subfigures(1, 2, width_ratios=[map_w, _BARS_WIDTH_IN])
+        left, right = sub.subfigures(1, 2, width_ratios=[map_w, bars_w])
         cap = "no power cap" if row.cap is None else f"power cap {row.cap:g} W"
         boards = f" ({row.clients} boards)" if row.clients > 1 else ""
         head = f"{row.device}{boards}, {cap}"
@@ -322,8 +324,14 @@ def _label_bars(ax: Axes, bars: list[Bar], value: Any, unit: str, ours: Bar | No
         top = max(top, v)
         text = f"{v:.3g} {unit}"
         if b is not ours and ours_v:
-            text += f"\n= {v / ours_v:.2f} × ours"
+            text += f"\n{v / ours_v:.2f}× ours"
         ax.annotate(
-            text, (k, v), xytext=(0, 2), textcoords="offset points", ha="center", va="bottom", fontsize=8
+            text,
+            (k, v),
+            xytext=(0, 2),
+            textcoords="offset points",
+            ha="center",
+            va="bottom",
+            fontsize=8 if len(bars) <= 2 else 7,
         )
     return top
