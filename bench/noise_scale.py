@@ -131,7 +131,8 @@ Scales = dict[str, dict[str, list[float]]]
 
 def measure(folder: Path, results: dict[str, Any], args: argparse.Namespace, host: Any) -> dict[str, Any]:
     from powerfed.training.data import train_test_split
-    from powerfed.training.models import build_model, loss_fn
+    from powerfed.training.models import build_model
+    from powerfed.training.tasks import loss_fn
 
     out: dict[str, Any] = {}
     for key in [k.rsplit("|", 1)[0] for k in results if k.endswith("|relation")]:

@@ -702,7 +702,7 @@ def _probe(runs: ProxyRuns, proxy: str) -> dict[str, Any]:
     """One forward and loss on two proxy samples, on the runs' torch device, before any run: a model
     and data that do not fit together are one line, not a traceback from inside a Ray task. Returns
     the model's fingerprint (`model_fingerprint`), which the vector records."""
-    from powerfed.training.models import loss_fn
+    from powerfed.training.tasks import loss_fn
 
     spec, train, device = runs.spec, runs.train, runs.device
     model = build_spec(spec, runs.num_classes, **runs.overrides)

@@ -31,8 +31,8 @@ from powerfed.training.data import (
 )
 from powerfed.training.data.matv5 import read_mat_v5
 from powerfed.training.errors import DataError
-from powerfed.training.models import VOCAB, VOCAB_SIZE
 from powerfed.training.synthetic import synthetic_image, synthetic_text
+from powerfed.training.tasks import VOCAB, VOCAB_SIZE
 
 MEAN = torch.tensor(CIFAR10_MEAN).view(1, 3, 1, 1)
 STD = torch.tensor(CIFAR10_STD).view(1, 3, 1, 1)

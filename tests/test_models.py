@@ -6,19 +6,9 @@ import pytest
 import torch
 
 from powerfed.training.errors import ModelError
-from powerfed.training.models import (
-    VOCAB,
-    VOCAB_SIZE,
-    build_model,
-    correct_count,
-    example_batch,
-    get_model_spec,
-    loss_fn,
-    model_names,
-    model_workload,
-    targets_count,
-)
+from powerfed.training.models import build_model, example_batch, get_model_spec, model_names, model_workload
 from powerfed.training.synthetic import synthetic_image, synthetic_text
+from powerfed.training.tasks import VOCAB, VOCAB_SIZE, correct_count, loss_fn, targets_count
 
 ALL = model_names()
 FAST = [n for n in ALL if n not in ("resnet18", "mobilenetv2", "chartransformer")]
@@ -321,3 +311,12 @@ def test_batch_size_changes_samples_to_target() -> None:
         raise AssertionError(f"batch {batch} never reached {target}")
 
     assert samples_to(8) < 0.75 * samples_to(128)
+
+
+def test_the_built_in_models_know_they_are_built_in() -> None:
+    """Their networks live in `powerfed.training.networks`: a built-in's entry says so (the relation
+    estimate treats a user's model as user code), a user's factory's does not."""
+    from powerfed.training.models import BUILT_IN, model_spec
+
+    assert BUILT_IN and all(get_model_spec(name).builtin for name in BUILT_IN)
+    assert not model_spec("mine", lambda: torch.nn.Linear(2, 2), input_shape=(2,)).builtin

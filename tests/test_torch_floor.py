@@ -14,14 +14,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import powerctl.records.workload as workload
-from powerfed.training.models import (
-    _causal_attention,
-    build_model,
-    example_batch,
-    get_model_spec,
-    layer_norm,
-    loss_fn,
-)
+from powerfed.training.models import build_model, example_batch, get_model_spec
+from powerfed.training.networks import _causal_attention, layer_norm
+from powerfed.training.tasks import loss_fn
 
 CONV_MODELS = ["cnn-tiny", "resnet18-small", "mobilenetv2-small"]
 

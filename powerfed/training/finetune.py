@@ -41,7 +41,7 @@ from powerfed.training.checkpoint import (
     state_digest,
 )
 from powerfed.training.errors import DataError
-from powerfed.training.models import correct_count, loss_fn, targets_count
+from powerfed.training.tasks import correct_count, loss_fn, targets_count
 
 log = logging.getLogger(__name__)
 """`powerfed.training.finetune`: a fine-tune resumed from its checkpoint (INFO)."""
@@ -85,7 +85,7 @@ _EVAL_SUBSET_SEED = 0x5EED  # fixed: every run (any batch size, any seed) is eva
 OptimizerFactory = Callable[[Iterable[nn.Parameter], float], torch.optim.Optimizer]
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """(model outputs, targets) → the scalar loss to minimise (default: the task's,
-`powerfed.training.models.loss_fn`)."""
+`powerfed.training.tasks.loss_fn`)."""
 MetricFn = Callable[[torch.Tensor, torch.Tensor], float]
 """(outputs, targets) of the whole evaluation subset → the accuracy-like number the target is set in
 (higher is better; default: the task's top-1 accuracy, per character for text)."""

@@ -9,7 +9,8 @@ from torch import nn
 
 from powerctl.records.workload import Workload
 from powerfed.training.finetune import make_optimizer
-from powerfed.training.models import build_model, example_batch, get_model_spec, loss_fn, model_workload
+from powerfed.training.models import build_model, example_batch, get_model_spec, model_workload
+from powerfed.training.tasks import loss_fn
 
 
 def profiling_step_factory(

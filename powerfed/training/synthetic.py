@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from powerfed.training.data.dataset import Dataset
 from powerfed.training.data.text import split_ids, text_dataset
 from powerfed.training.errors import DataError
-from powerfed.training.models import VOCAB
+from powerfed.training.tasks import VOCAB
 
 SPLIT_OFFSETS = {"train": 1, "test": 2}
 """Samples of each split come from their own stream, so train and test never share a sample."""

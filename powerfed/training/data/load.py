@@ -22,7 +22,7 @@ from powerfed.training.data.dataset import (
     normalise_uint8,
 )
 from powerfed.training.errors import DataError
-from powerfed.training.models import VOCAB_SIZE
+from powerfed.training.tasks import VOCAB_SIZE
 
 SPLITS = ("train", "test", "all")
 GENERATED = ("synthetic-image", "synthetic-text")

@@ -11,7 +11,7 @@ import torch
 from powerctl.files.readfile import TEXT_LIMIT, read_bytes
 from powerfed.training.data.dataset import Dataset
 from powerfed.training.errors import DataError
-from powerfed.training.models import VOCAB, VOCAB_SIZE
+from powerfed.training.tasks import VOCAB, VOCAB_SIZE
 
 TEXT_TRAIN_FRACTION = 0.9
 

@@ -1,0 +1,210 @@
+"""How large a model may be built: each size option's range and the parameter and activation bounds,
+checked before anything is allocated (an override comes from a command line, a weights file or a message)."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import math
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from powerctl.files.mapping import Integer, Number, bounds_text
+from powerfed.training.errors import ModelError
+from powerfed.training.tasks import default_num_classes
+
+if TYPE_CHECKING:
+    from powerfed.training.models import ModelSpec
+
+log = logging.getLogger(__name__)
+
+MAX_SEQ_LEN = 16_384
+"""The longest context (characters) of a text model, and the longest sample a command cuts."""
+MAX_STAGES = 8
+"""ResNet stages at most: widths double each stage, so eight already reach 128 × width."""
+OPTION_MAXIMUM: Mapping[str, float] = MappingProxyType(
+    {
+        "width": 4096,
+        "blocks": 64,  # per stage
+        "width_mult": 16.0,
+        "n_layer": 256,
+        "n_head": 256,
+        "n_embd": 16_384,
+        "seq_len": MAX_SEQ_LEN,
+        "head_dim": 4096,
+    }
+)
+"""The largest value of each size option. Each alone is generous; what a combination builds is
+bounded by MAX_PARAMETERS and MAX_ACTIVATIONS, checked before anything is allocated."""
+MAX_PARAMETERS = 200_000_000
+"""Parameters at most: 800 MB of float32 weights, about 3.2 GB with their gradients and Adam's two
+states, as much as the largest board here (8 GB, shared with the CPU) can train; 18 × resnet18."""
+MAX_ACTIVATIONS = 2**28
+"""Layer outputs per sample at most (1 GiB of float32 a sample): 50 × mobilenetv2's 4.8 million."""
+
+
+def _option_kind(key: str) -> Integer | Number:
+    """The range of size option `key` (for its help: the checks below keep their own words)."""
+    if key == "dropout":
+        return Number(0.0, 1.0, below=True)
+    if key == "width_mult":
+        return Number(0.0, OPTION_MAXIMUM[key], above=True)
+    return Integer(1, int(OPTION_MAXIMUM[key]))
+
+
+def option_ranges_of(specs: Iterable[ModelSpec]) -> str:
+    """Every size option of `specs` with its range, and the size bounds, in words (for `--set`'s help)."""
+    keys = dict.fromkeys(k for spec in specs for k in spec.options())
+    ranges = ", ".join(
+        f"{k} {bounds_text(_option_kind(k))}"
+        + (f" each, at most {MAX_STAGES} stages" if k == "blocks" else "")
+        for k in keys
+    )
+    return f"{ranges}; at most {MAX_PARAMETERS:,} parameters and {MAX_ACTIVATIONS:,} layer outputs per sample"
+
+
+def _checked_option(spec: ModelSpec, key: str, value: Any) -> Any:
+    """An override of the builder's type and range (from a command line, a weights file or a message),
+    or one ModelError line: a string where a size belongs must not reach the builder, nor a size that
+    would ask for more memory than any board has."""
+    annotation = str(inspect.signature(spec.builder).parameters[key].annotation)
+    top = OPTION_MAXIMUM.get(key)
+
+    def bad(what: str) -> ModelError:
+        return ModelError(f"model {spec.name!r} option {key} must be {what}, got {value!r}")
+
+    if annotation.startswith("int"):
+        if value is None and "None" in annotation:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise bad("a positive integer")
+        if top is not None and value > top:
+            raise bad(f"at most {top:g}")
+        return value
+    if annotation == "float":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise bad("a finite number")
+        if key == "dropout" and not 0 <= value < 1:
+            raise bad("in [0, 1)")
+        if key != "dropout" and value <= 0:
+            raise bad("> 0")
+        if top is not None and value > top:
+            raise bad(f"at most {top:g}")
+        return float(value)
+    if annotation.startswith("tuple[int"):
+        if not isinstance(value, (list, tuple)) or not value:
+            raise bad("a list of positive integers")
+        if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in value):
+            raise bad("a list of positive integers")
+        if len(value) > MAX_STAGES or (top is not None and max(value) > top):
+            raise bad(f"at most {MAX_STAGES} stages of at most {top:g} blocks")
+        return tuple(value)
+    return value
+
+
+def checked_overrides(spec: ModelSpec, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """`overrides` of model `spec`, each checked; an option it lacks is one ModelError line."""
+    name = spec.name
+    unknown = sorted(set(overrides) - set(spec.options()))
+    if unknown:
+        raise ModelError(
+            f"model {name!r} has no option {', '.join(unknown)}; options: {', '.join(spec.options())}"
+        )
+    return {k: _checked_option(spec, k, v) for k, v in overrides.items()}
+
+
+def described(overrides: Mapping[str, Any]) -> str:
+    """ " with k=v, ..." for a message naming a model built with `overrides` ("" without)."""
+    return f" with {', '.join(f'{k}={v}' for k, v in overrides.items())}" if overrides else ""
+
+
+def _grows(spec: ModelSpec, num_classes: int, kwargs: Mapping[str, Any]) -> bool:
+    """Whether a size option, or the classes, make the model larger than a named one (which fits): only
+    then is its size counted, on the meta device, whose first use costs torch one to two seconds."""
+    if num_classes > FEW_CLASSES:
+        return True
+    defaults = {
+        k: p.default for k, p in inspect.signature(spec.builder).parameters.items() if k != "num_classes"
+    }
+    defaults.update(spec.defaults)
+    for key, value in kwargs.items():
+        default = defaults.get(key)
+        if default is inspect.Parameter.empty:
+            return True  # a user's option without a default: counted
+        if key == "dropout" or value == default:
+            continue
+        if value is None or default is None or isinstance(value, tuple):
+            return True  # head_dim given, or other blocks: counted
+        if value > default:
+            return True
+    return False
+
+
+FEW_CLASSES = 1000
+"""Classes that add little to any model here (resnet18's head: 0.5 M parameters at 1000)."""
+
+
+@functools.lru_cache(maxsize=64)
+def _size_of(
+    spec: ModelSpec, num_classes: int, options: tuple[tuple[str, Any], ...]
+) -> tuple[int, int] | None:
+    """(parameters, layer outputs per sample) of a model, counted on torch's meta device: shapes only,
+    nothing allocated. None where it cannot be counted (torch 1.13 has no meta device context, or a
+    layer has no meta kernel): then only building tells."""
+    if not hasattr(torch.device, "__enter__"):
+        return None
+    kwargs = {**spec.defaults, **dict(options)}
+    try:
+        with torch.device("meta"):
+            model = spec.call(num_classes, kwargs)
+        params = sum(p.numel() for p in model.parameters())
+        if params > MAX_PARAMETERS:
+            return params, 0
+        outputs = 0
+
+        def count(_module: nn.Module, _inputs: Any, out: Any) -> None:
+            nonlocal outputs
+            outputs += out.numel() if isinstance(out, torch.Tensor) else 0
+
+        leaves = [m for m in model.modules() if next(m.children(), None) is None]
+        handles = [m.register_forward_hook(count) for m in leaves]
+        text = spec.task == "text"
+        shape = (int(kwargs.get("seq_len", spec.input_shape[0])),) if text else spec.input_shape
+        x = torch.zeros((1, *shape), dtype=torch.long if text else torch.float32, device="meta")
+        with torch.no_grad():
+            model.train()(x)
+        for h in handles:
+            h.remove()
+    except Exception as exc:  # no meta kernel (or a user's forward that needs real data): no verdict
+        log.debug("model %s: size not counted on the meta device: %s", spec.name, exc)
+        return None
+    return params, outputs
+
+
+def check_spec_size(spec: ModelSpec, num_classes: int | None, overrides: Mapping[str, Any] | None) -> None:
+    """`check_size` of a registry entry, registered or not."""
+    name = spec.name
+    options = checked_overrides(spec, overrides or {})
+    n = default_num_classes(spec.task) if num_classes is None else int(num_classes)
+    if not _grows(spec, n, {**spec.defaults, **options}):
+        return
+    size = _size_of(spec, n, tuple(sorted(options.items())))
+    if size is None:
+        return
+    params, outputs = size
+    lower = f"lower {', '.join(options)}" if options else "use fewer classes"
+    if params > MAX_PARAMETERS:
+        raise ModelError(
+            f"model {name!r}{described(options)} would have {params:,} parameters, more than the "
+            f"{MAX_PARAMETERS:,} a board can train: {lower}"
+        )
+    if outputs > MAX_ACTIVATIONS:
+        raise ModelError(
+            f"model {name!r}{described(options)} would keep {outputs:,} layer outputs per sample "
+            f"({outputs * 4 / 2**30:.1f} GiB), more than {MAX_ACTIVATIONS:,}: {lower}"
+        )
