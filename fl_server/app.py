@@ -49,6 +49,7 @@ from powerctl.files.cache import cache_dir
 from powerctl.files.xdg import xdg_home
 from powerctl.records.relation import INTERVAL_STANDARD_ERRORS, RelationVector
 from powerctl.selection.methods import run_method_named
+from strategies.fedavg import PowerAwareFedAvg
 from strategies.fleet import fleet_availability
 from strategies.methods import for_method
 from strategies.node_waits import NodeWaits
@@ -60,9 +61,8 @@ from strategies.population import (
     PopulationSampled,
     run_population,
 )
-from strategies.power_aware import NoClientReported, PowerAwareFedAvg
 from strategies.protocol import TrainInstructions
-from strategies.rounds import NodeInfo, RoundRecord
+from strategies.rounds import NoClientReported, NodeInfo, RoundRecord
 
 if TYPE_CHECKING:
     from torch import nn

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 _WHERE: dict[str, str] = {
     # server: strategies and the plan they send
     "PowerAware": "strategies.power_aware",
-    "PowerAwareFedAvg": "strategies.power_aware",
+    "PowerAwareFedAvg": "strategies.fedavg",
     "RoundObjective": "strategies.objectives",
     "EnergyUnderDeadline": "strategies.objectives",
     "NodeWaits": "strategies.node_waits",
@@ -77,7 +77,7 @@ _WHERE: dict[str, str] = {
     # errors a caller may catch: every one is a single line saying what to do
     "PowerctlError": "powerctl.errors",
     "ArgumentError": "powerctl.errors",
-    "NoClientReported": "strategies.power_aware",
+    "NoClientReported": "strategies.rounds",
 }
 
 __all__ = sorted(_WHERE)
@@ -107,14 +107,14 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time `__getattr_
     from powerfed.training.models import model_names as model_names
     from powerfed.training.models import register_model as register_model
     from powerfed.training.models import unregister_model as unregister_model
+    from strategies.fedavg import PowerAwareFedAvg as PowerAwareFedAvg
     from strategies.node_waits import NodeWaits as NodeWaits
     from strategies.objectives import EnergyUnderDeadline as EnergyUnderDeadline
     from strategies.objectives import RoundObjective as RoundObjective
-    from strategies.power_aware import NoClientReported as NoClientReported
     from strategies.power_aware import PowerAware as PowerAware
-    from strategies.power_aware import PowerAwareFedAvg as PowerAwareFedAvg
     from strategies.protocol import ClientReport as ClientReport
     from strategies.protocol import TrainInstructions as TrainInstructions
+    from strategies.rounds import NoClientReported as NoClientReported
 
 
 def __getattr__(name: str) -> Any:

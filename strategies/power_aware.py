@@ -34,16 +34,16 @@ import numbers
 import time
 from collections.abc import Callable, Iterable
 from logging import INFO, WARNING
-from typing import Any, cast
+from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg, Result, Strategy
+from flwr.serverapp.strategy import Result, Strategy
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 from flwr.supercore import log
 
-from powerctl.errors import ArgumentError, PowerctlError
-from powerctl.files.mapping import Integer, Number, check_arguments, check_callable, check_result
+from powerctl.errors import ArgumentError
+from powerctl.files.mapping import Integer, check_arguments, check_callable, check_result
 from strategies.node_waits import NodeWaits
 from strategies.objectives import OBJECTIVE, RoundObjective
 from strategies.protocol import (
@@ -67,33 +67,12 @@ from strategies.rounds import (
     Failure,
     NodeInfo,
     RoundRecord,
+    no_client_reported,
     one_line,
     report_row,
     summarise,
-    weighted_average,
     weights_mismatch,
 )
-
-
-class NoClientReported(PowerctlError):
-    """Every client failed in every round: the run has no result (a failed run, not an empty one)."""
-
-
-def no_client_reported(rounds: Iterable[RoundRecord], most: int = 3) -> NoClientReported | None:
-    """The error for rounds in which no client ever reported, naming why the first ones failed (None:
-    a client reported, or no round ran)."""
-    records = list(rounds)
-    if not records or any(r.clients for r in records):
-        return None
-    why = [f"{f.node_key} ({f.kind}) failed: {one_line(f.reason)}" for r in records for f in r.failed]
-    distinct = list(dict.fromkeys(why))
-    more = f"; and {len(distinct) - most} more" if len(distinct) > most else ""
-    shown = "; ".join(distinct[:most]) + more
-    return NoClientReported(
-        f"every client failed in every round ({len(records)} round{'s' * (len(records) > 1)}): "
-        + (shown or "no client was sent work")
-    )
-
 
 NODE_UNAVAILABLE = 5
 """Flower's ErrorCode.NODE_UNAVAILABLE: the SuperNode went away while the message was out."""
@@ -554,70 +533,3 @@ def _mean(clients: list[dict[str, Any]], key: str) -> float | None:
     having = [c for c in clients if c[key] is not None]
     total = sum(c["examples"] for c in having)
     return sum(c[key] * c["examples"] for c in having) / total if total else None
-
-
-class FedAvgInOrder(FedAvg):
-    """Flower's FedAvg whose weights are averaged in float64, in the order the replies come (the
-    wrapper orders them by node key), and cast back to each array's dtype: the same global model in
-    every run, integer buffers (BatchNorm's `num_batches_tracked`) kept integers
-    (`strategies.rounds.weighted_average`). Flower's sums in float32 and makes integers floats."""
-
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        valid, _ = self._check_and_log_replies(replies, is_train=True)
-        if not valid:
-            return None, None
-        contents = [msg.content for msg in valid]
-        items = [
-            (
-                next(iter(c.array_records.values())),
-                # a number: FedAvg's reply check refuses a list there
-                float(cast(float, next(iter(c.metric_records.values()))[self.weighted_by_key])),
-            )
-            for c in contents
-        ]
-        return weighted_average(items, items[0][0]), self.train_metrics_aggr_fn(
-            contents, self.weighted_by_key
-        )
-
-
-class PowerAwareFedAvg(PowerAware):
-    """`PowerAware` around FedAvg (`FedAvgInOrder`): the project's own ServerApp's strategy.
-
-    FedAvg's sampling parameters are FedAvg's; the rest are `PowerAware`'s. FedAvg itself does not wait
-    for nodes: the wrapper gathers `waits.min_available_nodes` (here 1 by default) once and then goes on
-    with whoever is there.
-    `inner` wraps the FedAvg before `PowerAware` holds it (a simulated population's sampling:
-    `lambda fedavg: PopulationSampled(fedavg, population)`)."""
-
-    def __init__(
-        self,
-        *,
-        instructions: TrainInstructions,
-        fraction_train: float = 1.0,
-        fraction_evaluate: float = 1.0,
-        min_train_nodes: int = 1,
-        min_evaluate_nodes: int = 1,
-        waits: NodeWaits = NodeWaits(min_available_nodes=1),
-        inner: Callable[[Strategy], Strategy] | None = None,
-        **power_aware: Any,
-    ) -> None:
-        # FedAvg reads them only when a round samples: a NaN there is Flower's error
-        checked = check_arguments(
-            "PowerAwareFedAvg",
-            fraction_train=(fraction_train, Number(0.0, 1.0)),
-            fraction_evaluate=(fraction_evaluate, Number(0.0, 1.0)),
-            min_train_nodes=(min_train_nodes, Integer(0)),
-            min_evaluate_nodes=(min_evaluate_nodes, Integer(0)),
-        )
-        fedavg: Strategy = FedAvgInOrder(
-            **checked,
-            min_available_nodes=1,
-            arrayrecord_key=ARRAYS_KEY,
-            configrecord_key=CONFIG_KEY,
-            weighted_by_key=EXAMPLES_KEY,
-        )
-        if inner is not None:
-            fedavg = inner(fedavg)
-        super().__init__(fedavg, instructions, waits=waits, **power_aware)

@@ -7,12 +7,14 @@ runner all read the same record.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord
 
+from powerctl.errors import PowerctlError
 from strategies.protocol import ClientReport
 
 
@@ -141,6 +143,10 @@ def one_line(reason: str | None) -> str:
     return text if len(text) <= REASON_LIMIT else text[: REASON_LIMIT - 1] + "…"
 
 
+STAND_IN = "stand-in"
+"""The stop reason of a round that did not train (scale mode's stand-in: the board model charged)."""
+
+
 def summarise(reports: list[ClientReport], failed: list[Failure], sampled: int) -> dict[str, Any]:
     """The round's summary: makespan, energy, share at target, cap violations, failures by name.
 
@@ -183,7 +189,7 @@ def summarise(reports: list[ClientReport], failed: list[Failure], sampled: int) 
         "over_cap": over_cap,
         "accuracy": (sum(r.accuracy * r.train_examples for r in reports) / examples) if examples else None,
         "profiling_s": float(sum(r.profiling_seconds for r in reports)),
-        "stand_ins": sum(r.bench is not None and r.bench.stand_in for r in reports),
+        "stand_ins": sum(r.stop_reason == STAND_IN for r in reports),
     }
 
 
@@ -223,6 +229,26 @@ def weighted_average(items: list[tuple[ArrayRecord, float]], like: ArrayRecord) 
 
 
 def report_row(report: ClientReport, info: NodeInfo) -> dict[str, Any]:
-    """A client's entry in the results file: its report (with a bench's record, `ClientReport.row`) plus
-    what the server knows of the node."""
+    """A client's entry in the results file: its report (with the records read beside it,
+    `ClientReport.row`) plus what the server knows of the node."""
     return {**report.row(), "node_key": report.node_key or info.key, "partition_id": info.partition_id}
+
+
+class NoClientReported(PowerctlError):
+    """Every client failed in every round: the run has no result (a failed run, not an empty one)."""
+
+
+def no_client_reported(rounds: Iterable[RoundRecord], most: int = 3) -> NoClientReported | None:
+    """The error for rounds in which no client ever reported, naming why the first ones failed (None:
+    a client reported, or no round ran)."""
+    records = list(rounds)
+    if not records or any(r.clients for r in records):
+        return None
+    why = [f"{f.node_key} ({f.kind}) failed: {one_line(f.reason)}" for r in records for f in r.failed]
+    distinct = list(dict.fromkeys(why))
+    more = f"; and {len(distinct) - most} more" if len(distinct) > most else ""
+    shown = "; ".join(distinct[:most]) + more
+    return NoClientReported(
+        f"every client failed in every round ({len(records)} round{'s' * (len(records) > 1)}): "
+        + (shown or "no client was sent work")
+    )

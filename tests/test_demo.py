@@ -78,8 +78,8 @@ def test_the_demo_and_a_fleet_client_agree_on_the_oracle(results) -> None:
     from flwr.app import ArrayRecord, ConfigRecord
 
     from simulations.fleet_client import app as client_app
+    from strategies.fedavg import PowerAwareFedAvg
     from strategies.methods import for_method
-    from strategies.power_aware import PowerAwareFedAvg
     from tests.fake_grid import FakeGrid
 
     res, _ = results

@@ -12,7 +12,7 @@ import pytest
 from fl_client.app import app as client_app
 from fl_client.faults import KILL_EXIT_STATUS, FaultConfigError, Faults, InjectedFailure, parse_faults
 from fl_server.run_config import RunConfigError, parse_server_config
-from strategies.power_aware import NoClientReported
+from strategies.rounds import NoClientReported
 from tests.fake_grid import FakeGrid
 from tests.fl_helpers import RUN_CONFIG
 from tests.test_fl_strategy import _nodes, _run, power_aware

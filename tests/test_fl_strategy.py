@@ -13,10 +13,10 @@ from fl_client.app import app as client_app
 from powerctl.devices.simulated import POWER_NOISE
 from powerctl.errors import ArgumentError
 from powerctl.records.relation import RelationVector
+from strategies.fedavg import PowerAwareFedAvg
 from strategies.node_waits import NodeWaits
-from strategies.power_aware import NoClientReported, PowerAwareFedAvg
 from strategies.protocol import ProtocolError, TrainInstructions, evaluation_metrics, reader
-from strategies.rounds import weighted_average
+from strategies.rounds import NoClientReported, weighted_average
 from tests.fake_grid import FakeGrid, set_task_identity
 from tests.fl_helpers import RUN_CONFIG, initial_state, instructions, relation
 
@@ -398,8 +398,7 @@ SIMULATED_REASON = (
 def test_a_failed_clientapp_is_its_own_words_whatever_its_exception_is_called(raised: str, said: str) -> None:
     """Every client failed: each one's line is the exception it raised, not Ray's wrapping of it, also
     where its class does not end in Error (the soak tests' InjectedFailure, a user's own class)."""
-    from strategies.power_aware import no_client_reported
-    from strategies.rounds import Failure, RoundRecord, one_line
+    from strategies.rounds import Failure, RoundRecord, no_client_reported, one_line
 
     reason = SIMULATED_REASON.replace("ValueError: my words", raised)
     assert one_line(reason) == said

@@ -338,7 +338,7 @@ def test_a_population_that_trains_in_some_round_passes_whatever_its_chance() -> 
 def test_the_power_aware_fedavg_is_composed_around_the_sampled_fedavg() -> None:
     """Issue 39: the population's sampling wraps the FedAvg when the strategy is made (`inner=`), not by
     replacing the wrapper's strategy afterwards."""
-    from strategies.power_aware import FedAvgInOrder, PowerAwareFedAvg
+    from strategies.fedavg import FedAvgInOrder, PowerAwareFedAvg
     from tests.fl_helpers import instructions
 
     pop = Population(clients_per_round=2, availability=1.0, seed=0)

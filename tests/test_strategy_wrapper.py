@@ -17,7 +17,8 @@ from flwr.serverapp.strategy import (
 )
 
 from fl_client.app import app as client_app
-from strategies.power_aware import PowerAware, PowerAwareFedAvg
+from strategies.fedavg import PowerAwareFedAvg
+from strategies.power_aware import PowerAware
 from strategies.protocol import REPORT_KEY, ProtocolError, TrainInstructions
 from strategies.rounds import weighted_average
 from tests.fake_grid import FakeGrid
