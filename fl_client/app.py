@@ -37,7 +37,6 @@ from strategies.protocol import (
     NODE_KEY,
     PLAN_KEY,
     REPORT_KEY,
-    ClientReport,
     ProtocolError,
     TrainInstructions,
     reader,
@@ -45,7 +44,9 @@ from strategies.protocol import (
 )
 
 if TYPE_CHECKING:
-    from fl_client.round import State, StepsFor
+    from flwr.clientapp.typing import Mod
+
+    from fl_client.round import RoundOutcome, State, StepsFor
     from powerfed.training.data import Dataset
 
 
@@ -58,7 +59,7 @@ def _library_lines(
         return call_next(msg, context)
 
 
-MODS = [_library_lines]
+MODS: list[Mod] = [_library_lines]
 """The ClientApp's mods (the fleet runner's ClientApp, `simulations.fleet_client`, runs the same)."""
 app = ClientApp(mods=MODS)
 
@@ -124,10 +125,11 @@ def train(msg: Message, context: Context) -> Message:
 
 def train_reply(
     msg: Message, context: Context, steps_for: StepsFor | None = None
-) -> tuple[Message, ClientReport | None]:
+) -> tuple[Message, RoundOutcome | None]:
     """A TRAIN message's round with the steps `steps_for` gives (default: the production round's), and
-    its reply: the weights, the examples to average by and the report (None: an error reply)."""
-    from fl_client.round import model_seq_len, node_device_seed, train_round
+    its reply: the weights, the examples to average by and the report; with the round's outcome (None:
+    an error reply) for a caller that sends more (the fleet's ClientApp)."""
+    from fl_client.round import RoundWork, model_seq_len, node_device_seed, run_round
 
     settings = None
     try:
@@ -141,21 +143,14 @@ def train_reply(
         if before_training(faults, settings.key, instr.server_round) == "kill":
             after = instr.checkpoint_every_samples + instr.eval_every_samples
             on_step = kill_after_checkpoint(settings.key, instr.server_round, after)
-        new_state, report = train_round(
-            settings,
-            instr,
-            state,
-            data,
-            device_seed=node_device_seed(settings, instr.seed),
-            profile_cache=profile_cache(context.run_config),
-            on_step=on_step,
-            steps_for=steps_for,
-        )
+        seed, cache = node_device_seed(settings, instr.seed), profile_cache(context.run_config)
+        work = RoundWork(settings, instr, state, data, seed, cache, on_step)
+        outcome = run_round(work, steps_for(instr) if steps_for is not None else None)
     except PowerctlError as exc:
         return error_reply(msg, settings, exc), None
-    stand_in = report.bench is not None and report.bench.stand_in
+    report, stand_in = outcome.report, ", stand-in" if outcome.trained.stand_in else ""
     say(
-        f"powerfed client {settings.key} [{instr.method}{', stand-in' if stand_in else ''}]: "
+        f"powerfed client {settings.key} [{instr.method}{stand_in}]: "
         f"round {instr.server_round} b={report.batch_size} "
         f"f={report.frequency_hz / 1e6:.1f} MHz{'' if report.pinned else ' (not pinned)'} "
         f"{report.device_seconds:.1f} device s, "
@@ -172,12 +167,12 @@ def train_reply(
     )
     content = RecordDict(
         {
-            ARRAYS_KEY: ArrayRecord.from_torch_state_dict(new_state),
+            ARRAYS_KEY: ArrayRecord.from_torch_state_dict(outcome.state),
             METRICS_KEY: metrics,
             REPORT_KEY: report.to_config(),
         }
     )
-    return Message(content, reply_to=msg), report
+    return Message(content, reply_to=msg), outcome
 
 
 @app.evaluate()

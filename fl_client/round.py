@@ -16,7 +16,7 @@ What only the fleet runner and the benches ask for — scale mode's predicted pr
 training, the oracle's own-data search — is theirs (`simulations.bench_steps`): the fleet's ClientApp
 (`simulations.fleet_client`) and the demo pass them in as `RoundSteps`; the production round refuses
 instructions that ask for them (`needs_bench_steps`) in one line. What those steps measure beyond the
-report is theirs to fill (`strategies.protocol.BenchReport`).
+report is theirs to send (the fleet's ClientApp: `simulations.bench_report`).
 
 What other modules use is listed in `__all__` (tests/test_round_surface.py: nothing outside imports a
 name that starts with an underscore).
@@ -90,7 +90,7 @@ from powerfed.training.finetune import (
     fine_tune,
 )
 from powerfed.training.models import build_model, check_input_shape, get_model_spec
-from strategies.protocol import BenchReport, ClientReport, Plan, TrainInstructions
+from strategies.protocol import ClientReport, Plan, TrainInstructions
 
 __all__ = [
     "CapRule",
@@ -358,8 +358,8 @@ class Trained:
     state: State
     board: str
     choice: Pick
-    bench: BenchReport | None = None
-    """What a bench's train step measured beside the report (scale mode's stand-in); None: it trained."""
+    stand_in: bool = False
+    """Not trained: a bench's stand-in charged a board model (no steps, no profiling charged)."""
     final_pair: list[int] | None = None
     """Under a cap that changes: the pair in force when the fine-tune ended."""
     step_downs: list[dict[str, Any]] = field(default_factory=list)
@@ -373,11 +373,6 @@ class Trained:
     pinned: bool = True
     """False: trained at the clock in force, the frequency not ours to change (`open_device(pin=...)`)."""
 
-    @property
-    def stand_in(self) -> bool:
-        """Not trained: a bench's stand-in charged a board model (no steps, no profiling charged)."""
-        return self.bench is not None and self.bench.stand_in
-
 
 @dataclass(frozen=True)
 class Chosen:
@@ -388,8 +383,9 @@ class Chosen:
     runs: dict[tuple[int, int], Trained] = field(default_factory=dict)
     """Runs the choose step made under this round's constant cap, by pair: the chosen pair's is the
     round's training, not run again."""
-    bench: BenchReport | None = None
-    """What a bench's choose step measured beside the report (the oracle's own-data search)."""
+    bench: object = None
+    """What a bench's choose step measured beside the report (the oracle's own-data search), in its own
+    record, which its caller sends (`simulations.fleet_client`); None: nothing."""
 
 
 ProfileStep = Callable[[RoundWork, RelationVector], Profiled]
@@ -813,7 +809,7 @@ def needs_bench_steps(instr: TrainInstructions) -> bool:
 
 StepsFor = Callable[[TrainInstructions], RoundSteps]
 """The steps a round runs for its instructions: what a caller with steps of its own (the fleet runner's
-ClientApp, `simulations.fleet_client`) passes to `train_round`."""
+ClientApp, `simulations.fleet_client`) passes to the ClientApp's round (`fl_client.app.train_reply`)."""
 
 
 @dataclass
@@ -872,12 +868,10 @@ def train_round(
     device_seed: int = 0,
     profile_cache: Path | None = None,
     on_step: Callable[[int, int], None] | None = None,
-    steps_for: StepsFor | None = None,
 ) -> tuple[State, ClientReport]:
-    """The ClientApp's round: the steps `steps_for` gives for the instructions (default: the production
-    round's, `RoundSteps.for_instructions`); returns the new weights and the report."""
+    """The production round (`RoundSteps.for_instructions`); returns the new weights and the report."""
     work = RoundWork(settings, instr, state, data, device_seed, profile_cache, on_step)
-    outcome = run_round(work, steps_for(instr) if steps_for is not None else None)
+    outcome = run_round(work)
     return outcome.state, outcome.report
 
 
@@ -891,15 +885,10 @@ def build_report(
     *,
     startup_s: float | None = None,
 ) -> ClientReport:
-    """The round's report, with what a bench's steps measured beside it (`ClientReport.bench`, None for
-    the production steps). Only the power-aware method is charged for profiling it measured this round."""
+    """The round's report. Only the power-aware method is charged for profiling it measured this round."""
     instr, result, choice, profile = work.instr, trained.result, trained.choice, profiled.profile
     charged = method_named(instr.method).power_aware and not profiled.cached and not trained.stand_in
     plan = profiled.plan
-    bench = None
-    for measured in (chosen.bench, trained.bench):  # what a bench's steps measured, if any
-        if measured is not None:
-            bench = (bench or BenchReport()).merged(measured)
     point = profile.point(choice.batch_size, choice.frequency_hz)
     peak = choice.peak_power_w or (point.peak_power_w if point is not None else 0.0)
     return ClientReport(
@@ -943,7 +932,6 @@ def build_report(
         predicted_training_seconds=plan.predicted_training_s if plan else None,
         profiling_budget_seconds=plan.budget_s if plan else None,
         profiling_costs_predicted=dict(plan.costs_s) if plan else None,
-        bench=bench,
     )
 
 

@@ -6,9 +6,9 @@ through its step interface (`RoundSteps`), never part of the production round:
 - the oracle's own-data search (`oracle_search`): every batch size fine-tuned on the client's own data,
   the paper's "fastest configuration" (`powerctl.selection.baselines.oracle`), reported apart.
 
-What they measure beyond the client's report they alone fill in, in the bench's own record
-(`strategies.protocol.BenchReport`: stand-in, the oracle's samples to target and search seconds), which
-travels beside the report and joins it in the server's results row.
+What they measure beyond the client's report is the fleet's own record (`simulations.bench_report`:
+stand-in, the oracle's samples to target and search seconds), which the fleet's ClientApp sends beside
+the report and the fleet's ServerApp puts in its results row.
 
 The fleet's ClientApp (`simulations.fleet_client`) passes `round_steps` to the built-in round; the demo
 and the benches pass them in themselves.
@@ -48,7 +48,9 @@ from powerctl.selection.names import ORACLE
 from powerfed.training.crossing import run_dense
 from powerfed.training.finetune import FineTuneResult, evaluate_with_loss
 from powerfed.training.models import build_model, get_model_spec, model_workload
-from strategies.protocol import BenchReport, TrainInstructions
+from simulations.bench_report import BenchReport
+from strategies.protocol import TrainInstructions
+from strategies.rounds import STAND_IN
 
 
 def round_steps(instr: TrainInstructions) -> RoundSteps:
@@ -239,6 +241,6 @@ def stand_in_step(work: RoundWork, rule: CapRule) -> Trained:
         lr=instr.lr_for(b),
         steps=steps,
         target_accuracy=instr.target_accuracy,
-        stop_reason="stand-in",
+        stop_reason=STAND_IN,
     )
-    return Trained(result, dict(work.state or {}), profile.device, choice, bench=BenchReport(stand_in=True))
+    return Trained(result, dict(work.state or {}), profile.device, choice, stand_in=True)

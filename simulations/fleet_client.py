@@ -1,7 +1,7 @@
 """The fleet runner's ClientApp: the built-in one (`fl_client.app`: the same query, evaluate and mods)
 whose train round is given the fleet's own steps (`simulations.bench_steps.round_steps`: scale mode's
 predicted profiles and stand-in, the oracle's own-data search), and whose reply carries what they
-measured beside the report (`BENCH_REPORT_KEY`).
+measured beside the report (`simulations.bench_report.BenchReport`).
 
 The simulations launcher runs it in place of the built-in one (`simulations.launcher.run_flwr`, for
 `make run` and `make fleet`); a deployed board runs the built-in one, whose round has none of these steps
@@ -14,7 +14,7 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from fl_client.app import MODS, evaluate, query, train_reply
-from strategies.protocol import BENCH_REPORT_KEY
+from simulations.bench_report import BenchReport, measured
 
 app = ClientApp(mods=MODS)
 app.query()(query)
@@ -26,7 +26,7 @@ def train(msg: Message, context: Context) -> Message:
     """The round with the fleet's steps; what they measured (if any) beside the report."""
     from simulations.bench_steps import round_steps  # torch: imported by the train message only
 
-    reply, report = train_reply(msg, context, round_steps)
-    if report is not None and report.bench is not None:
-        reply.content[BENCH_REPORT_KEY] = report.bench.to_config()
+    reply, outcome = train_reply(msg, context, round_steps)
+    if outcome is not None and (bench := measured(outcome)) is not None:
+        reply.content[BenchReport.KEY] = bench.to_config()
     return reply

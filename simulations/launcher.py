@@ -13,8 +13,9 @@ runs it, stops none of them, and the orphaned run goes on to write its results. 
   copied to the terminal and to a log as it comes; a home left by a launcher that was killed is cleaned
   up first (its processes stopped, the folder removed), and a port held by anything but a local
   SuperLink of `flwr run` is refused in one line, nothing signalled;
-- the app runs the fleet runner's ClientApp (`simulations.fleet_client`: the built-in one with the
-  fleet's own steps, `with_fleet_client`), so a simulated run can ask for scale mode or the oracle;
+- the app runs the fleet runner's ServerApp and ClientApp (`simulations.fleet_server`,
+  `simulations.fleet_client`: the built-in ones with the fleet's own steps and record, `with_fleet_apps`),
+  so a simulated run can ask for scale mode or the oracle;
 - on every way out (the end, an error, Ctrl-C, SIGTERM) the processes of the run are stopped by process
   id (`local_superlink.stop_tree`, never by name or port alone), and so is any process orphaned below
   this one: the CLI makes itself a child subreaper, so a process whose parent died before it was seen
@@ -245,21 +246,25 @@ def _clear_ports(ports: list[int], echo: Callable[[str], None]) -> None:
             )
 
 
-BUILT_IN_CLIENTAPP = 'clientapp = "fl_client.app:app"'
-FLEET_CLIENTAPP = 'clientapp = "simulations.fleet_client:app"'
-"""The ClientApp a run started here runs: the fleet runner's (its steps with the built-in round's)."""
+FLEET_APPS = {
+    'serverapp = "fl_server.app:app"': 'serverapp = "simulations.fleet_server:app"',
+    'clientapp = "fl_client.app:app"': 'clientapp = "simulations.fleet_client:app"',
+}
+"""The apps a run started here runs: the fleet runner's (the built-in ones with the fleet's steps and
+the record they send beside the report), by the built-in components' lines they replace."""
 
 
-def with_fleet_client(staged: Path, app_dir: Path) -> Path:
-    """`staged`, where it is this app's staged copy, naming the fleet runner's ClientApp in its
-    `pyproject.toml` (scale mode, predicted profiles and the oracle's search are the fleet's own steps,
-    not the deployed client's); another app's folder, or one not staged, as it is."""
+def with_fleet_apps(staged: Path, app_dir: Path) -> Path:
+    """`staged`, where it is this app's staged copy, naming the fleet runner's ServerApp and ClientApp in
+    its `pyproject.toml` (scale mode, predicted profiles and the oracle's search are the fleet's own,
+    not a deployed board's); another app's folder, or one not staged, as it is."""
     pyproject = staged / "pyproject.toml"
     if staged == app_dir or app_dir != APP_DIR or not pyproject.is_file():
         return staged
     text = pyproject.read_text(encoding="utf-8")
-    if BUILT_IN_CLIENTAPP in text:
-        pyproject.write_text(text.replace(BUILT_IN_CLIENTAPP, FLEET_CLIENTAPP, 1), encoding="utf-8")
+    for built_in, fleet in FLEET_APPS.items():
+        text = text.replace(built_in, fleet, 1)
+    pyproject.write_text(text, encoding="utf-8")
     return staged
 
 
@@ -294,7 +299,7 @@ def run_flwr(
     proc = None
     home = FlowerHome.create()  # a killed launcher's home is cleaned by the next start (above)
     try:
-        staged = with_fleet_client(staged_app(app_dir, home.path / "app"), app_dir)
+        staged = with_fleet_apps(staged_app(app_dir, home.path / "app"), app_dir)
         cmd = flwr_run_command(staged, federation, run_config)
         env = flower_env(
             port,
@@ -400,6 +405,14 @@ def check_launch(
     return Launch(nodes, overrides, log_path, port, app_dir)
 
 
+def federation(nodes: int, cpus_per_client: int = 1) -> str:
+    """Flower's federation config of a local simulation: `nodes` virtual nodes, each client actor given
+    `cpus_per_client` of Ray's CPUs. One (Flower's default is two) runs as many clients at once as the
+    machine has cores, each with one torch thread: on 2 cores two clients train side by side, where one
+    client with two threads spent much of its time waiting on the other thread (small convolutions)."""
+    return f"num-supernodes={nodes} client-resources-num-cpus={cpus_per_client}"
+
+
 def launch(plan: Launch, *, echo: Callable[[str], None] = print) -> Path:
     """Run the app's default federation on `plan.nodes` virtual nodes; stop everything it started.
 
@@ -407,7 +420,7 @@ def launch(plan: Launch, *, echo: Callable[[str], None] = print) -> Path:
     plan.log_path.parent.mkdir(parents=True, exist_ok=True)
     port = plan.port
     run = run_flwr(
-        f"num-supernodes={plan.nodes}",
+        federation(plan.nodes),
         run_config_text(plan.overrides),
         plan.log_path,
         echo=echo,

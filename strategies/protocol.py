@@ -3,8 +3,9 @@
 The strategy writes `TrainInstructions` into each TRAIN message's ConfigRecord; the ClientApp reads it
 back with `TrainInstructions.from_config`, which names the key and the value of anything missing or
 wrong. The client's reply carries a `ClientReport` (a ConfigRecord, so strings and absent values
-survive) next to the weights and a MetricRecord with the examples FedAvg weighs by; a round that ran a
-bench's steps (scale mode, the oracle's search) carries a `BenchReport` beside it.
+survive) next to the weights and a MetricRecord with the examples FedAvg weighs by. A client's own app
+may send a record of its own beside the report (`BesideReport`: the fleet runner's,
+`simulations.bench_report`), which a server that registered it puts in the report's results row.
 Both sides import this one module, so a key can never be spelled two ways; the instructions' keys are
 kebab-case, the run settings among them spelled as their run config keys (`strategies.settings`).
 """
@@ -15,8 +16,8 @@ import copy
 import functools
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, ClassVar, TypeVar
 
 from flwr.app import ConfigRecord
 
@@ -69,8 +70,6 @@ ARRAYS_KEY = "arrays"
 CONFIG_KEY = "config"
 METRICS_KEY = "metrics"
 REPORT_KEY = "report"
-BENCH_REPORT_KEY = "bench-report"
-"""The ConfigRecord beside the report that carries what only a bench step measured (`BenchReport`)."""
 NODE_KEY = "node"
 EXAMPLES_KEY = "num-examples"
 """The MetricRecord key the weights are averaged by (FedAvg's default `weighted_by_key`)."""
@@ -409,15 +408,6 @@ def _step_downs(value: Any) -> list[dict[str, float]]:
     return items
 
 
-def _samples_by_batch(value: Any) -> dict[str, float]:
-    """The oracle's own-data samples to target: a JSON object batch size → samples > 0."""
-    items = _json(value, "a JSON object", dict)
-    for b, v in items.items():
-        if not b.isdigit() or not (is_number(v) and v > 0):
-            raise Invalid(f"must map batch sizes to samples > 0, got {b!r}: {v!r}")
-    return items
-
-
 def _seconds_by_way(value: Any) -> dict[str, float]:
     """A budgeted client's predicted costs: a JSON object way → device seconds ≥ 0."""
     items = _json(value, "a JSON object", dict)
@@ -454,7 +444,8 @@ class _Json(Kind):
 
 def _kind(kind: Kind, *, required: bool = False, after: str = "") -> dict[str, Any]:
     """A report field's metadata: how it is checked when read back, whether a reply must carry it; a
-    bench field, the report field it follows in a results row (`ClientReport.row`)."""
+    field of a record beside the report, the report field it follows in a results row
+    (`ClientReport.row`)."""
     return {"kind": kind, "required": required, "after": after}
 
 
@@ -583,9 +574,11 @@ class ClientReport:
     )
     """... and each way's predicted device seconds (efficient, grid, fitted, predicted), which it chose
     by; `profiling_seconds` is what the chosen way cost."""
-    bench: BenchReport | None = field(default=None, repr=False, compare=False, metadata={"kind": None})
-    """What a bench's steps measured beside this round (None: a production round ran). A companion, not
-    a report field: it travels in its own record (`BENCH_REPORT_KEY`), and the results row holds both."""
+    beside: dict[str, BesideReport] = field(
+        default_factory=dict, repr=False, compare=False, metadata={"kind": None}
+    )
+    """The records read beside this report (`BESIDE_REPORT`), by key: not report fields, each travels
+    under its own key, and the results row holds their fields."""
 
     def unprevented_over_cap_s(self) -> float:
         """Under a changing cap: time over it beyond the steps in progress at its changes."""
@@ -595,21 +588,22 @@ class ClientReport:
         return _record_to_config(self)
 
     def to_dict(self) -> dict[str, Any]:
-        """The report's own fields (the bench's record apart: `row` holds both)."""
+        """The report's own fields (the records beside it apart: `row` holds them all)."""
         return {f.name: copy.deepcopy(getattr(self, f.name)) for f in _travelling(self)}
 
     def row(self) -> dict[str, Any]:
-        """The report as a results row (docs/reference/files.md): its fields with the bench record's at
-        their places, a production round's holding the bench's defaults, so that every row has one
-        shape."""
-        bench = (self.bench or BenchReport()).to_dict()
-        after: dict[str, list[str]] = {}
-        for f in fields(BenchReport):
-            after.setdefault(f.metadata["after"], []).append(f.name)
+        """The report as a results row (docs/reference/files.md): its fields, and the fields of each record
+        this server reads beside it (`BESIDE_REPORT`) after the ones they name; a client that sent none
+        gets that record's defaults, so that every row has one shape."""
+        after: dict[str, dict[str, Any]] = {}
+        for key, record in BESIDE_REPORT.items():
+            values = (self.beside.get(key) or record()).to_dict()
+            for f in _travelling(record):
+                after.setdefault(f.metadata["after"], {})[f.name] = values[f.name]
         row: dict[str, Any] = {}
         for name, value in self.to_dict().items():
             row[name] = value
-            row.update({b: bench[b] for b in after.get(name, [])})
+            row.update(after.get(name, {}))
         return row
 
     @classmethod
@@ -619,37 +613,13 @@ class ClientReport:
 
 
 @dataclass
-class BenchReport:
-    """What only a bench's steps measure in a client's round (`simulations.bench_steps`: scale mode's
-    stand-in, the oracle's own-data search), beside its `ClientReport` and apart from it: a production
-    client sends none. Declared here, where both sides read the protocol; filled only by the bench steps.
-    Each field names the report field it follows in a results row (`ClientReport.row`)."""
+class BesideReport:
+    """A record a client's own app sends beside its report, under its own key (`KEY`), that a server
+    which registered it (`register_beside_report`) puts in the report's results row. Each field has a
+    default (a client that sent none) and `beside` metadata: its kind and the report field it follows
+    in a row."""
 
-    stand_in: bool = field(default=False, metadata=_kind(Flag(), after="method"))
-    """Scale mode: not trained; the board model charged the proxy's samples to target at the chosen
-    pair, the accuracy is the received weights' on the local test split."""
-    oracle_samples_to_target: dict[str, float] | None = field(
-        default=None,
-        metadata=_kind(_Json(_samples_by_batch, "a JSON object"), after="meets_deadline_predicted"),
-    )
-    """The oracle: samples to the target per batch size measured on the client's own data."""
-    oracle_search_device_seconds: float | None = field(
-        default=None, metadata=_kind(NUMBER, after="meets_deadline_predicted")
-    )
-    """The oracle: device seconds its own-data search took (reported apart, never charged)."""
-    oracle_stopped_at_samples: dict[str, float] | None = field(
-        default=None,
-        metadata=_kind(_Json(_samples_by_batch, "a JSON object"), after="meets_deadline_predicted"),
-    )
-    """The oracle: batch sizes whose search run was stopped once it could no longer be the fastest
-    (`simulations.bench_steps.PRUNE_MARGIN`), with the samples each had trained."""
-
-    def merged(self, other: BenchReport | None) -> BenchReport:
-        """This record with what `other` measured (its fields not at their defaults) over it."""
-        if other is None:
-            return self
-        measured = {f.name: v for f in fields(other) if (v := getattr(other, f.name)) != f.default}
-        return replace(self, **measured)
+    KEY: ClassVar[str] = ""
 
     def to_config(self) -> ConfigRecord:
         return _record_to_config(self)
@@ -658,21 +628,47 @@ class BenchReport:
         return asdict(self)
 
     @classmethod
-    def from_config(cls, record: Any, where: str = "train reply bench report") -> BenchReport:
-        return cls(**_record_values(cls, record, where))
+    def from_config(cls: type[B], record: Any, where: str = "") -> B:
+        return cls(**_record_values(cls, record, where or f"train reply {cls.KEY}"))
+
+
+B = TypeVar("B", bound=BesideReport)
+
+BESIDE_REPORT: dict[str, type[BesideReport]] = {}
+"""The records this process reads beside a client's report, by key (`register_beside_report`: the
+server side of the app that sends them). None registered: the report alone, and a record beside it is
+left in the reply."""
+
+
+def beside(kind: Kind, *, after: str) -> dict[str, Any]:
+    """A `BesideReport` field's metadata: checked by `kind` when read back, placed after the report field
+    `after` in a results row."""
+    return _kind(kind, after=after)
+
+
+def register_beside_report(record: type[B]) -> type[B]:
+    """Read `record` beside every report from now on; its key and the report fields it follows are
+    checked here, once."""
+    names = {f.name for f in fields(ClientReport)}
+    unknown = [f.metadata["after"] for f in _travelling(record) if f.metadata["after"] not in names]
+    if not record.KEY or unknown or record.KEY in (REPORT_KEY, CONFIG_KEY, METRICS_KEY, ARRAYS_KEY):
+        raise TypeError(f"{record.__name__}: a KEY of its own and fields after report fields (not {unknown})")
+    BESIDE_REPORT[record.KEY] = record
+    return record
 
 
 def take_report(content: Any) -> ClientReport | None:
-    """A train reply's report (None: it has none), with the bench's record beside it if any, both taken
-    out of the reply's RecordDict (the inner strategy then sees the reply it expects); ProtocolError
-    when either is malformed."""
+    """A train reply's report (None: it has none), with the records registered to be read beside it
+    (`BESIDE_REPORT`), all taken out of the reply's RecordDict (the inner strategy then sees the reply it
+    expects); ProtocolError when any is malformed."""
     records = content.config_records
     if REPORT_KEY not in records:
         return None
     report = ClientReport.from_config(records[REPORT_KEY])
-    if BENCH_REPORT_KEY in records:
-        report.bench = BenchReport.from_config(records[BENCH_REPORT_KEY])
-        del content.config_records[BENCH_REPORT_KEY]
+    for key, record in BESIDE_REPORT.items():
+        if key in records:
+            report.beside[key] = record.from_config(records[key])
+            del content.config_records[key]
     del content.config_records[REPORT_KEY]
     return report
 

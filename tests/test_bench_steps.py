@@ -5,6 +5,7 @@ refuses instructions that ask for them in one line; the fleet's own ClientApp
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from pathlib import Path
 
 import pytest
@@ -59,24 +60,28 @@ def test_the_product_looks_no_steps_up_by_entry_point() -> None:
     assert "entry_points" not in Path(client_round.__file__).read_text(encoding="utf-8")
 
 
-def test_the_launcher_runs_the_fleets_clientapp_and_leaves_the_app_folder_as_it_is(tmp_path: Path) -> None:
+def test_the_launcher_runs_the_fleets_apps_and_leaves_the_app_folder_as_it_is(tmp_path: Path) -> None:
     import tomllib
 
     from fl_server.fab import staged_app
-    from simulations.launcher import APP_DIR, with_fleet_client
+    from simulations.launcher import APP_DIR, with_fleet_apps
 
-    def component(app: Path) -> str:
+    def components(app: Path) -> dict[str, str]:
         config = tomllib.loads((app / "pyproject.toml").read_text(encoding="utf-8"))
-        return str(config["tool"]["flwr"]["app"]["components"]["clientapp"])
+        return dict(config["tool"]["flwr"]["app"]["components"])
 
-    staged = with_fleet_client(staged_app(APP_DIR, tmp_path / "app"), APP_DIR)
-    assert component(staged) == "simulations.fleet_client:app"
-    assert component(APP_DIR) == "fl_client.app:app"  # what a deployed board's FAB names
-    assert with_fleet_client(APP_DIR, APP_DIR) == APP_DIR and component(APP_DIR) == "fl_client.app:app"
+    built_in = {"serverapp": "fl_server.app:app", "clientapp": "fl_client.app:app"}  # a deployed board's
+    staged = with_fleet_apps(staged_app(APP_DIR, tmp_path / "app"), APP_DIR)
+    assert components(staged) == {
+        "serverapp": "simulations.fleet_server:app",
+        "clientapp": "simulations.fleet_client:app",
+    }
+    assert components(APP_DIR) == built_in
+    assert with_fleet_apps(APP_DIR, APP_DIR) == APP_DIR and components(APP_DIR) == built_in
     other = tmp_path / "other"
     other.mkdir()
     (other / "pyproject.toml").write_text('clientapp = "fl_client.app:app"\n', encoding="utf-8")
-    with_fleet_client(other, tmp_path / "their-app")  # another app's folder: not ours to change
+    with_fleet_apps(other, tmp_path / "their-app")  # another app's folder: not ours to change
     assert "fl_client.app:app" in (other / "pyproject.toml").read_text(encoding="utf-8")
 
 
@@ -101,20 +106,31 @@ def _train_reply(fleet: bool = True, **changes: object):
     return reply
 
 
-def test_only_a_bench_round_sends_the_bench_record_and_rows_keep_one_shape() -> None:
-    """Issue 39: the bench's fields travel in their own record, filled only by its steps; the server's
-    row merges it back at its old places (a production row holds its defaults), so rows keep one shape."""
-    from strategies.protocol import BENCH_REPORT_KEY, REPORT_KEY, BenchReport, take_report
+def test_only_a_bench_round_sends_the_bench_record_and_the_fleets_rows_keep_one_shape(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The bench's fields travel in the fleet's own record, filled only by its steps; the fleet's server
+    side reads it into the row at its places (a production row holds its defaults), so rows keep one
+    shape; the protocol defines no such record."""
+    import strategies.protocol as protocol
+    from simulations.bench_report import BenchReport
+    from strategies.protocol import REPORT_KEY, take_report
     from strategies.rounds import NodeInfo, report_row, summarise
 
+    assert not hasattr(protocol, "BenchReport") and not hasattr(protocol, "BENCH_REPORT_KEY")
+    monkeypatch.setattr(protocol, "BESIDE_REPORT", {})
+    import simulations.fleet_server
+
+    importlib.reload(simulations.fleet_server)  # registers again, here: imported once per process
+    assert {BenchReport.KEY: BenchReport} == protocol.BESIDE_REPORT
     production, bench = _train_reply(), _train_reply(stand_in=True, profile_source="predicted")
-    assert BENCH_REPORT_KEY not in production.content.config_records
-    assert BENCH_REPORT_KEY not in _train_reply(fleet=False).content.config_records
-    assert BENCH_REPORT_KEY in bench.content.config_records
+    assert BenchReport.KEY not in production.content.config_records
+    assert BenchReport.KEY not in _train_reply(fleet=False).content.config_records
+    assert BenchReport.KEY in bench.content.config_records
     plain, stood_in = take_report(production.content), take_report(bench.content)
     assert plain is not None and stood_in is not None
-    assert plain.bench is None and stood_in.bench == BenchReport(stand_in=True)
-    assert not {REPORT_KEY, BENCH_REPORT_KEY} & set(bench.content.config_records)  # taken out of the reply
+    assert plain.beside == {} and stood_in.beside == {BenchReport.KEY: BenchReport(stand_in=True)}
+    assert not {REPORT_KEY, BenchReport.KEY} & set(bench.content.config_records)  # taken out of the reply
     info = NodeInfo(1, "partition-0", "sim:jetson-nano", partition_id=0)
     rows = [report_row(r, info) for r in (plain, stood_in)]
     assert list(rows[0]) == list(rows[1])
@@ -126,16 +142,36 @@ def test_only_a_bench_round_sends_the_bench_record_and_rows_keep_one_shape() -> 
     assert summarise([plain, stood_in], [], 2)["stand_ins"] == 1
 
 
+def test_a_server_that_registered_no_record_reads_the_report_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The built-in ServerApp: the report's own fields in the row, the fleet's record left in the reply."""
+    import strategies.protocol as protocol
+    from simulations.bench_report import BenchReport
+    from strategies.protocol import take_report
+
+    monkeypatch.setattr(protocol, "BESIDE_REPORT", {})
+    reply = _train_reply(stand_in=True, profile_source="predicted")
+    report = take_report(reply.content)
+    assert report is not None and report.beside == {} and "stand_in" not in report.row()
+    assert report.stop_reason == "stand-in" and BenchReport.KEY in reply.content.config_records
+
+
 def test_the_bench_record_round_trips_and_is_checked() -> None:
-    from strategies.protocol import BenchReport, ProtocolError
+    from powerctl.files.mapping import Integer
+    from simulations.bench_report import BenchReport
+    from strategies.protocol import BesideReport, ProtocolError, beside, register_beside_report
 
     record = BenchReport(oracle_samples_to_target={"8": 120.5}, oracle_search_device_seconds=3.0)
     assert BenchReport.from_config(record.to_config()) == record
-    assert BenchReport().merged(record).merged(BenchReport(stand_in=True)) == dataclasses.replace(
-        record, stand_in=True
-    )
     with pytest.raises(ProtocolError, match="oracle-samples-to-target"):
         BenchReport.from_config({"oracle-samples-to-target": '{"x": 1}'})
+
+    @dataclasses.dataclass
+    class Misplaced(BesideReport):
+        KEY = "misplaced"
+        x: int = dataclasses.field(default=0, metadata=beside(Integer(0), after="no_such_field"))
+
+    with pytest.raises(TypeError, match="Misplaced"):
+        register_beside_report(Misplaced)
 
 
 def test_the_built_in_clientapp_answers_a_bench_round_with_one_line() -> None:

@@ -72,17 +72,21 @@ def test_bad_flags_are_one_line(capsys) -> None:
     assert "--power-cap" in err and "positive" in err and err.count("\n") == 1
 
 
-def test_the_demo_and_a_fleet_client_agree_on_the_oracle(results) -> None:
-    """The same board, cap, task, data and seed through the fleet's ClientApp: the same own-data search,
-    the same fastest configuration, the same measured run."""
+def test_the_demo_and_a_fleet_client_agree_on_the_oracle(results, monkeypatch) -> None:
+    """The same board, cap, task, data and seed through the fleet's ClientApp and the record the fleet's
+    ServerApp reads beside the report: the same own-data search, the same fastest configuration, the
+    same measured run."""
     from flwr.app import ArrayRecord, ConfigRecord
 
+    from simulations.bench_report import BenchReport
     from simulations.fleet_client import app as client_app
+    from strategies import protocol
     from strategies.fedavg import PowerAwareFedAvg
     from strategies.methods import for_method
     from tests.fake_grid import FakeGrid
 
     res, _ = results
+    monkeypatch.setitem(protocol.BESIDE_REPORT, BenchReport.KEY, BenchReport)  # as simulations.fleet_server
     cfg = DemoConfig(power_cap_w=2.5, run=TINY)
     work = demo_work(cfg, cfg.settings())
     node = {

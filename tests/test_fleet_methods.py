@@ -10,7 +10,7 @@ import torch
 
 from fl_client.local_data import data_plan, load_local_data
 from fl_client.node import resolve_node
-from fl_client.round import train_round
+from fl_client.round import RoundWork, run_round
 from powerctl.devices.boards import board_model
 from powerctl.devices.simulated import predicted_profile, replay_cost
 from powerctl.records.relation import RelationVector
@@ -19,6 +19,7 @@ from powerctl.selection.joint import best_frequency_per_batch, select
 from powerctl.selection.methods import ORACLE, method_named
 from powerfed.training.models import build_model, model_workload
 from simulations import bench_steps
+from simulations.bench_report import measured
 from strategies.methods import for_method, trains_real_model
 from strategies.protocol import METHODS, TrainInstructions
 from strategies.rounds import NodeInfo
@@ -36,10 +37,8 @@ def _round(instr: TrainInstructions, tmp_path: Path):
     settings = resolve_node({"partition-id": 0, "num-partitions": 3}, RUN_CONFIG)  # sim:jetson-nano @ 3 W
     data = load_local_data(data_plan(settings, RUN_CONFIG, 64))
     state = initial_state()
-    steps = bench_steps.round_steps  # as the fleet's ClientApp runs the round
-    return state, *train_round(
-        settings, instr, state, data, device_seed=1, profile_cache=tmp_path, steps_for=steps
-    )
+    outcome = run_round(RoundWork(settings, instr, state, data, 1, tmp_path), bench_steps.round_steps(instr))
+    return state, outcome.state, outcome.report, measured(outcome)  # as the fleet's ClientApp runs it
 
 
 def test_the_method_round_trips_through_the_message_config() -> None:
@@ -54,7 +53,7 @@ def test_the_method_round_trips_through_the_message_config() -> None:
 @pytest.mark.parametrize("method", ["ours", "state-of-practice", "proxy-batch"])
 def test_each_method_picks_what_powerctl_says_for_that_profile_and_cap(method: str, tmp_path: Path) -> None:
     instr = instructions(method=method, profile_source="predicted", relation_samples=[300.0, 600.0])
-    _, _, report = _round(instr, tmp_path)
+    _, _, report, _ = _round(instr, tmp_path)
     profile, relation = _predicted([8, 16]), instr.relation()
     expected = {
         "ours": lambda: select(profile, relation, CAP_W),
@@ -80,7 +79,7 @@ def test_a_baseline_on_a_simulated_board_reads_its_model_and_measures_nothing(
     they pick from it; ours, under the same instructions, still profiles."""
     instr = instructions(method=method, relation_samples=[300.0, 600.0])  # profile-source: measured
     assert instr.profile_source == "measured"
-    _, _, report = _round(instr, tmp_path)
+    _, _, report, _ = _round(instr, tmp_path)
     profile, relation = _predicted([8, 16]), instr.relation()
     expected = (
         state_of_practice(profile, CAP_W)
@@ -90,7 +89,7 @@ def test_a_baseline_on_a_simulated_board_reads_its_model_and_measures_nothing(
     assert (report.batch_size, report.frequency_hz) == (expected.batch_size, expected.frequency_hz)
     assert report.profiling_choice == "model" and report.profiling_seconds == 0.0
     assert report.profile_points == len(profile.points) and not list(tmp_path.rglob("*.json"))
-    _, _, ours = _round(instructions(method="ours"), tmp_path / "ours")
+    _, _, ours, _ = _round(instructions(method="ours"), tmp_path / "ours")
     assert ours.profiling_choice != "model" and list((tmp_path / "ours").rglob("*.json"))
 
 
@@ -102,8 +101,7 @@ def test_the_oracle_measures_samples_to_target_on_its_own_data_then_asks_powerct
         budget_samples=640,
         eval_every_samples=32,
     )
-    _, _, report = _round(instr, tmp_path)
-    bench = report.bench  # the bench's own record, beside the report
+    _, _, report, bench = _round(instr, tmp_path)  # the bench's own record, beside the report
     measured = {int(b): s for b, s in bench.oracle_samples_to_target.items()}
     assert set(measured) == {8, 16} and bench.oracle_search_device_seconds > 0 and not bench.stand_in
     target = RelationVector.from_samples("cnn-tiny", "own", 0.3, measured)
@@ -130,15 +128,15 @@ def test_the_fleets_oracle_stops_a_batch_size_that_can_no_longer_win_and_chooses
         relation_batch_sizes=sizes,
         relation_samples=[300.0, 300.0, 300.0],
     )
-    _, _, pruned = _round(instr, tmp_path / "pruned")
+    _, _, pruned, pruned_bench = _round(instr, tmp_path / "pruned")
     monkeypatch.setattr(bench_steps, "oracle_search", bench_steps.full_oracle_search)
-    _, _, full = _round(instr, tmp_path / "full")
+    _, _, full, full_bench = _round(instr, tmp_path / "full")
     assert (pruned.batch_size, pruned.frequency_hz) == (full.batch_size, full.frequency_hz)
     assert pruned.samples == full.samples and pruned.device_seconds == full.device_seconds  # the same run
-    crossed = {int(b): s for b, s in full.bench.oracle_samples_to_target.items()}
-    kept = {int(b): s for b, s in pruned.bench.oracle_samples_to_target.items()}
-    stopped = {int(b): s for b, s in (pruned.bench.oracle_stopped_at_samples or {}).items()}
-    assert stopped and full.bench.oracle_stopped_at_samples is None and set(crossed) == set(sizes)
+    crossed = {int(b): s for b, s in full_bench.oracle_samples_to_target.items()}
+    kept = {int(b): s for b, s in pruned_bench.oracle_samples_to_target.items()}
+    stopped = {int(b): s for b, s in (pruned_bench.oracle_stopped_at_samples or {}).items()}
+    assert stopped and full_bench.oracle_stopped_at_samples is None and set(crossed) == set(sizes)
     assert set(kept) | set(stopped) == set(sizes) and not set(kept) & set(stopped)
     assert all(kept[b] == crossed[b] for b in kept)  # a run that reached is the unpruned run
     profile = _predicted(sizes)
@@ -148,15 +146,15 @@ def test_the_fleets_oracle_stops_a_batch_size_that_can_no_longer_win_and_chooses
     for b, trained in stopped.items():
         assert trained < crossed[b]  # stopped before its full run crossed ...
         assert trained * per_sample[b] > fastest_s * (1 + bench_steps.PRUNE_MARGIN)  # ... where it had lost
-    assert pruned.bench.oracle_search_device_seconds < full.bench.oracle_search_device_seconds
+    assert pruned_bench.oracle_search_device_seconds < full_bench.oracle_search_device_seconds
 
 
 def test_a_stand_in_selects_for_real_but_charges_the_board_model_and_returns_the_weights(
     tmp_path: Path,
 ) -> None:
     instr = instructions(method="ours", profile_source="predicted", stand_in=True, budget_samples=200)
-    state, new_state, report = _round(instr, tmp_path)
-    assert report.bench.stand_in and report.stop_reason == "stand-in"
+    state, new_state, report, bench = _round(instr, tmp_path)
+    assert bench is not None and bench.stand_in and report.stop_reason == "stand-in"
     assert all(torch.equal(state[k], new_state[k]) for k in state)
     profile = _predicted([8, 16])
     chosen = select(profile, instr.relation(), CAP_W)

@@ -1,0 +1,68 @@
+"""What only the fleet runner's steps measure in a client's round (`simulations.bench_steps`: scale
+mode's stand-in, the oracle's own-data search): a record the fleet's ClientApp sends beside the report
+(`simulations.fleet_client`) and the fleet's ServerApp reads into each results row
+(`simulations.fleet_server`). A deployed board sends none, and a server that did not register it reads
+the report alone: the message protocol (`strategies.protocol`) holds only what a deployed board sends.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from powerctl.files.mapping import Flag, Invalid, JsonObject, Number, is_number
+from strategies.protocol import BesideReport, beside
+
+if TYPE_CHECKING:
+    from fl_client.round import RoundOutcome
+
+
+class SamplesByBatch(JsonObject):
+    """Samples per batch size, as JSON text: a JSON object batch size → samples > 0."""
+
+    def __call__(self, value: Any) -> dict[str, float]:
+        items = super().__call__(value)
+        for b, v in items.items():
+            if not b.isdigit() or not (is_number(v) and v > 0):
+                raise Invalid(f"must map batch sizes to samples > 0, got {b!r}: {v!r}")
+        return items
+
+    def to_config(self, value: Any) -> Any:
+        return json.dumps(value, sort_keys=True)
+
+
+SAMPLES_BY_BATCH = SamplesByBatch()
+
+
+@dataclass
+class BenchReport(BesideReport):
+    """Each field follows the report field it names in a results row (`ClientReport.row`)."""
+
+    KEY: ClassVar[str] = "bench-report"
+
+    stand_in: bool = field(default=False, metadata=beside(Flag(), after="method"))
+    """Scale mode: not trained; the board model charged the proxy's samples to target at the chosen
+    pair, the accuracy is the received weights' on the local test split."""
+    oracle_samples_to_target: dict[str, float] | None = field(
+        default=None, metadata=beside(SAMPLES_BY_BATCH, after="meets_deadline_predicted")
+    )
+    """The oracle: samples to the target per batch size measured on the client's own data."""
+    oracle_search_device_seconds: float | None = field(
+        default=None, metadata=beside(Number(0.0), after="meets_deadline_predicted")
+    )
+    """The oracle: device seconds its own-data search took (reported apart, never charged)."""
+    oracle_stopped_at_samples: dict[str, float] | None = field(
+        default=None, metadata=beside(SAMPLES_BY_BATCH, after="meets_deadline_predicted")
+    )
+    """The oracle: batch sizes whose search run was stopped once it could no longer be the fastest
+    (`simulations.bench_steps.PRUNE_MARGIN`), with the samples each had trained."""
+
+
+def measured(outcome: RoundOutcome) -> BenchReport | None:
+    """What the fleet's steps measured in a round (None: none of them ran, a production round): the
+    choose step's record (the oracle's search) and whether the train step stood in."""
+    searched = outcome.chosen.bench if isinstance(outcome.chosen.bench, BenchReport) else None
+    if searched is None and not outcome.trained.stand_in:
+        return None
+    return replace(searched or BenchReport(), stand_in=outcome.trained.stand_in)
