@@ -7,6 +7,7 @@ import contextlib
 import errno
 import functools
 import io
+import json
 import logging
 import re
 import sys
@@ -44,6 +45,16 @@ def say(*values: object, sep: str = " ", end: str = "\n", file: TextIO | None = 
     stream = sys.stdout if file is None else file
     stream.write(sep.join(str(v) for v in values) + end)
     stream.flush()
+
+
+def say_json(data: Any) -> None:
+    """`data` as indented JSON, a command's `--json` output (through `say`)."""
+    say(json.dumps(data, indent=2))
+
+
+def mhz(hz: int | None) -> str:
+    """A frequency in Hz as a command shows it: "614.4 MHz" ("-" for none)."""
+    return "-" if hz is None else f"{hz / 1e6:.1f} MHz"
 
 
 class _StderrLines(logging.Handler):

@@ -201,7 +201,7 @@ def _read_npz(path: Path) -> dict[str, np.ndarray]:
 
 def _stored_classes(path: Path, arrays: dict[str, np.ndarray]) -> int | None:
     """The file's `num_classes` (what `save_npz` writes), held to the bound of `--num-classes`."""
-    from powerctl.cli.commands import NUM_CLASSES  # the one class-count bound
+    from powerctl.cli.profile_command import NUM_CLASSES  # the one class-count bound
 
     if "num_classes" not in arrays:
         return None

@@ -1,0 +1,336 @@
+"""`powerctl` caps, select, pareto, cap-source and plot: what a profile, a relation vector and a cap
+select, and how it looks."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from powerctl.cli import PROG
+from powerctl.cli.util import (
+    bounded_float,
+    mhz,
+    power_cap,
+    power_cap_w,
+    say,
+    say_json,
+)
+from powerctl.devices.unpinned import NOT_PINNED
+from powerctl.errors import InfeasibleCapError, PowerctlError
+from powerctl.files.mapping import MAX_COUNT
+from powerctl.files.outputs import output_path
+from powerctl.records.relation import DEFAULT_RELATION_RULE, INTERVAL_STANDARD_ERRORS, RELATION_RULES
+
+# the ranges of cap-source's numeric flags (each flag's help names its own)
+SPAN_S = bounded_float(0.0, MAX_COUNT)
+"""cap-source --until: up to about 31 years (the lines and steps it makes are bounded on their own)."""
+STEP_S = bounded_float(0.001, MAX_COUNT, above=False)
+"""cap-source --every: a millisecond at least (the live source polls far more slowly)."""
+
+
+def _pair_mhz(profile: Any, hz: int, width: int = 0) -> str:
+    """A selected pair's frequency: its MHz, or "not pinned" where the profile was measured at the clock
+    in force (`powerctl.devices.unpinned`): the clock was the governor's, not one the pair sets."""
+    text = f"{hz / 1e6:.1f}" if profile.extra.get("pinned", True) else NOT_PINNED
+    return f"{text:>{width}}"
+
+
+def cmd_caps(args: argparse.Namespace) -> int:
+    from powerctl.records.profile import Profile
+    from powerctl.selection.caps import frequency_cap, peak_power_by_frequency
+
+    profiles = [Profile.load(p) for p in args.profile]
+    hz = frequency_cap(profiles, args.power_cap)
+    peak = peak_power_by_frequency(profiles)[hz]
+    if args.json:
+        say_json(
+            {
+                "power_cap_w": args.power_cap,
+                "frequency_hz": hz,
+                "peak_power_w": peak,
+                "device": profiles[0].device,
+                "models": sorted({p.model for p in profiles}),
+            }
+        )
+        return 0
+    say(
+        f"{mhz(hz)}: the highest frequency at which every point of the {len(profiles)} profile(s) stays "
+        f"under {args.power_cap:g} W (peak {peak:.2f} W)"
+    )
+    return 0
+
+
+# --- select / plot ----------------------------------------------------------------------------
+def cmd_select(args: argparse.Namespace) -> int:
+    from powerctl.records.profile import Profile
+    from powerctl.records.relation import RelationVector
+    from powerctl.selection.joint import check_pairing, select
+
+    profile = Profile.load(args.profile)
+    relation = RelationVector.load(args.relation)
+    for warning in check_pairing(profile, relation, allow_mismatch=args.allow_mismatch):
+        say(f"{PROG} select: warning: {warning}", file=sys.stderr)
+    choice = select(
+        profile,
+        relation,
+        args.power_cap,
+        args.objective,
+        args.relation_rule,
+        allow_mismatch=args.allow_mismatch,
+    )
+    energy = args.objective == "energy"
+    if args.json:
+        say_json(choice.to_json_dict(with_energy=energy))
+        return 0
+    at = (
+        mhz(choice.frequency_hz)
+        if profile.extra.get("pinned", True)
+        else f"the clock in force ({NOT_PINNED})"
+    )
+    say(
+        f"batch size {choice.batch_size} at {at}: "
+        f"predicted {choice.predicted_seconds:.1f} s "
+        + (f"and {choice.predicted_energy_j:.1f} J " if energy else "")
+        + f"to {relation.target_accuracy:.0%} accuracy, peak {choice.peak_power_w:.2f} W"
+        + (f" (cap {args.power_cap:g} W)" if args.power_cap else " (no cap)")
+        + ("; the least energy" if energy else "")
+    )
+    if args.compare:
+        from powerctl.selection.baselines import compare
+
+        say(
+            f"\n{'strategy':<18} {'b':>5} {'MHz':>8} {'peak W':>7} {'predicted s':>12} {'ours faster by':>17}"
+        )
+        for row in compare(profile, relation, args.power_cap):
+            if "infeasible" in row:
+                say(f"{row['name']:<18} infeasible under the cap: {row['infeasible']}")
+                continue
+            peak = "-" if row["peak_power_w"] is None else f"{row['peak_power_w']:.2f}"
+            pred = "-" if row["predicted_seconds"] is None else f"{row['predicted_seconds']:.1f}"
+            speed = "-" if row["speedup"] is None else f"{row['speedup']:.2f}x"
+            say(
+                f"{row['name']:<18} {row['batch_size']:>5} {_pair_mhz(profile, row['frequency_hz'], 8)} "
+                f"{peak:>7} {pred:>12} {speed:>17}"
+            )
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from powerctl.cli.plot import plot_profile
+    from powerctl.files.outputs import check_output_dir
+    from powerctl.records.profile import Profile
+    from powerctl.records.relation import RelationVector
+    from powerctl.selection.joint import check_pairing, select
+
+    check_output_dir(args.out)
+    profile = Profile.load(args.profile)
+    relation = RelationVector.load(args.relation) if args.relation else None
+    selection = None
+    if relation is not None:
+        for warning in check_pairing(profile, relation, allow_mismatch=args.allow_mismatch):
+            say(f"{PROG} plot: warning: {warning}", file=sys.stderr)
+        try:
+            selection = select(profile, relation, args.power_cap, allow_mismatch=args.allow_mismatch)
+        except InfeasibleCapError as exc:
+            say(f"{PROG} plot: note: {exc}", file=sys.stderr)
+    paths = plot_profile(
+        profile, args.out, power_cap_w=args.power_cap, relation=relation, selection=selection
+    )
+    for p in paths:
+        say(p)
+    return 0
+
+
+def cmd_pareto(args: argparse.Namespace) -> int:
+    from powerctl.cli.plot import write_front
+    from powerctl.files.outputs import check_output_dir
+    from powerctl.records.profile import Profile
+    from powerctl.records.relation import RelationVector
+    from powerctl.selection.joint import check_pairing
+    from powerctl.selection.pareto import pareto_front
+
+    check_output_dir(args.out)
+    profile = Profile.load(args.profile)
+    relation = RelationVector.load(args.relation)
+    for warning in check_pairing(profile, relation, allow_mismatch=args.allow_mismatch):
+        say(f"{PROG} pareto: warning: {warning}", file=sys.stderr)
+    front = pareto_front(profile, relation, args.power_cap)
+    paths = write_front(front, profile, relation, args.out)
+    if args.json:
+        say_json(front.to_json_dict(profile, relation))
+        return 0
+    say(
+        f"{len(front.pairs)} feasible pairs, {len(front.front)} on the time–energy front"
+        + (f" (cap {args.power_cap:g} W)" if args.power_cap else " (no cap)")
+    )
+    say(f"{'':2}{'b':>5} {'MHz':>8} {'predicted s':>12} {'predicted J':>12} {'peak W':>7}")
+    for s in front.front:
+        mark = "".join(
+            tag
+            for tag, best in ((" fastest", front.fastest), (" most frugal", front.most_frugal))
+            if s == best
+        )
+        say(
+            f"{'':2}{s.batch_size:>5} {s.frequency_hz / 1e6:>8.1f} {s.predicted_seconds:>12.1f} "
+            f"{s.predicted_energy_j:>12.1f} {s.peak_power_w:>7.2f}{mark}"
+        )
+    for p in paths:
+        say(p)
+    return 0
+
+
+def cmd_cap_source(args: argparse.Namespace) -> int:
+    from powerctl.selection.capsource import (
+        MAX_POINTS,
+        CapSourceError,
+        ScheduleCap,
+        TraceCap,
+        parse_cap_source,
+    )
+
+    plot = None
+    if args.plot:
+        from powerctl.files.outputs import check_plot_file
+
+        plot = check_plot_file(args.plot, "--plot", in_folder="cap_source.png")
+    if not args.source.strip():  # as --power-cap '': an empty word is not "no cap"
+        raise CapSourceError("cap source: empty; give watts, none, a schedule, trace:PATH or live:PATH")
+    source = parse_cap_source(args.source, "cap source")
+    until = args.until
+    if until is None:
+        if isinstance(source, TraceCap):
+            until = source.period_s if math.isfinite(source.period_s) else source.times_s[-1] + 60
+        elif isinstance(source, ScheduleCap):
+            until = source.steps[-1][0] * 1.25 or 60.0
+        else:
+            until = 60.0
+    every = args.every or until / 60
+    count = math.floor(until / every + 1e-9) + 1
+    if count > MAX_POINTS:
+        raise PowerctlError(
+            f"--until {until:g} s every {every:g} s is {count:,} lines, more than {MAX_POINTS:,}: "
+            "raise --every or lower --until (--plot draws every change of the cap whatever --every is)"
+        )
+    times = [i * every for i in range(count)]
+    caps = [source.cap_at(t) for t in times]
+    if plot is not None:
+        from powerctl.cli.plot import plot_cap_over_time
+
+        plot_cap_over_time(source.steps_until(until), until, source.describe(), plot)
+    if args.json:
+        say_json(
+            {
+                "source": source.describe(),
+                "lowest_w": source.lowest_w(),
+                "points": list(zip(times, caps, strict=True)),
+            }
+        )
+        return 0
+    lowest = source.lowest_w()
+    say(f"{source.describe()}; lowest {'unknown' if lowest is None else f'{lowest:g} W'}")
+    for t, w in zip(times, caps, strict=True):
+        say(f"{t:>10.1f} s  {'none' if w is None else f'{w:.2f} W'}")
+    if plot is not None:
+        say(plot)
+    return 0
+
+
+def add_caps_and_select(sub: Any) -> None:
+    """caps and select: the state of practice's frequency under a cap, and Algorithm 1's pair."""
+    s = sub.add_parser(
+        "caps", help="state-of-practice frequency: the highest at which every profile stays under a cap"
+    )
+    s.add_argument(
+        "--profile", required=True, action="append", type=Path, help="profile JSON (repeat: all models)"
+    )
+    s.add_argument("--power-cap", required=True, type=power_cap_w, metavar="W", help="power cap in W")
+    s.add_argument("--json", action="store_true", help='print {"power_cap_w", "frequency_hz", ...}')
+    s.set_defaults(func=cmd_caps)
+
+    s = sub.add_parser("select", help="the (batch size, frequency) with the least predicted time under a cap")
+    s.add_argument("--profile", required=True, type=Path, help="profile JSON (powerctl profile)")
+    s.add_argument("--relation", required=True, type=Path, help="relation vector JSON (fl-server relation)")
+    s.add_argument("--power-cap", type=power_cap, metavar="W", help="power cap in W (omit or none: no cap)")
+    s.add_argument("--compare", action="store_true", help="also print the baselines")
+    s.add_argument(
+        "--allow-mismatch",
+        action="store_true",
+        help="combine a relation vector of another model or input than the profile (a warning, not an error)",
+    )
+    s.add_argument(
+        "--objective",
+        choices=("time", "energy"),
+        default="time",
+        help="minimise the predicted time to the target (default, the paper) or the energy to it",
+    )
+    s.add_argument(
+        "--relation-rule",
+        choices=RELATION_RULES,
+        default=DEFAULT_RELATION_RULE,
+        help="mean: Algorithm 1 on the relation vector; robust: the least mean regret over the seeds' "
+        "vectors kept in the file (its samples_per_seed); interval: the mean, the larger batch size "
+        "winning among the pairs those seeds cannot tell from the best "
+        f"({INTERVAL_STANDARD_ERRORS:g} standard errors of each seed's own ratio) (default: "
+        f"{DEFAULT_RELATION_RULE})",
+    )
+    s.add_argument(
+        "--json",
+        action="store_true",
+        help='print {"batch_size", "frequency_hz", "predicted_seconds", "peak_power_w"} '
+        '(+ "predicted_energy_j" with --objective energy)',
+    )
+    s.set_defaults(func=cmd_select)
+
+
+def add_pareto_and_cap_source(sub: Any) -> None:
+    """pareto and cap-source: the time–energy front, and a cap that changes over time."""
+    s = sub.add_parser("pareto", help="the time–energy front of the feasible (batch size, frequency) pairs")
+    s.add_argument("--profile", required=True, type=Path, help="profile JSON (powerctl profile)")
+    s.add_argument("--relation", required=True, type=Path, help="relation vector JSON (fl-server relation)")
+    s.add_argument("--power-cap", type=power_cap, metavar="W", help="power cap in W (omit or none: no cap)")
+    s.add_argument("--out", required=True, type=output_path, help="folder for pareto.json and pareto.png")
+    s.add_argument("--allow-mismatch", action="store_true", help="as for select")
+    s.add_argument("--json", action="store_true", help="print pareto.json's content")
+    s.set_defaults(func=cmd_pareto)
+
+    s = sub.add_parser(
+        "cap-source", help="check a power cap that changes (schedule, trace, live file) and show it over time"
+    )
+    s.add_argument(
+        "source",
+        help="a number of watts, none, a schedule '[[t_s, W], ...]', trace:PATH[?end=repeat|clip&scale=X"
+        "&timescale=X] or live:PATH[?poll=S]",
+    )
+    s.add_argument(
+        "--until", type=SPAN_S, metavar="S", help=SPAN_S.help("show up to S seconds (default: one period)")
+    )
+    s.add_argument(
+        "--every", type=STEP_S, metavar="S", help=STEP_S.help("one line every S seconds (default: 60 lines)")
+    )
+    s.add_argument(
+        "--plot",
+        type=output_path,
+        metavar="PNG",
+        help="also draw every change of the cap over time into PNG (in an existing folder; a folder: "
+        "FOLDER/cap_source.png)",
+    )
+    s.add_argument(
+        "--json", action="store_true", help='print {"source", "lowest_w", "points": [[t_s, W], ...]}'
+    )
+    s.set_defaults(func=cmd_cap_source)
+
+
+def add_plot(sub: Any) -> None:
+    """plot: heat maps of a profile."""
+    s = sub.add_parser("plot", help="heat maps of peak power and time over (batch size, frequency)")
+    s.add_argument("profile", type=Path, help="profile JSON")
+    s.add_argument("--out", required=True, type=output_path, help="folder for the PNG files")
+    s.add_argument("--power-cap", type=power_cap, metavar="W", help="draw the cap's boundary")
+    s.add_argument(
+        "--relation", type=Path, help="relation JSON: mark the selected pair, plot time-to-accuracy"
+    )
+    s.add_argument("--allow-mismatch", action="store_true", help="as for select")
+    s.set_defaults(func=cmd_plot)
