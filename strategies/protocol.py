@@ -47,7 +47,7 @@ from strategies.settings import (
     BOTH,
     PROFILE_ORDERS,
     PROFILE_SOURCES,
-    setting_field,
+    SentSettings,
     setting_fields,
     settings_of,
     to_config,
@@ -132,11 +132,11 @@ registry (`powerfed.training.models`), on the server and on the client alike."""
 
 
 @dataclass(frozen=True, kw_only=True)
-class TrainInstructions:
+class TrainInstructions(SentSettings):
     """Everything a client needs for one round besides the weights: the method's inputs and the budget.
 
-    Its fields are these, then the run settings the server sends (`strategies.settings`, readers
-    "both": model, target accuracy, learning rate, budget, profiling, guard, ...)."""
+    Its fields are the run settings the server sends (`strategies.settings.SentSettings`: model, target
+    accuracy, learning rate, budget, profiling, guard, ...), then these."""
 
     num_classes: int
     model_overrides: dict[str, Any]
@@ -155,28 +155,6 @@ class TrainInstructions:
     deadline_s: float = 0.0
     """Energy-under-deadline rounds (ours only): pick the least-energy pair predicted to reach the
     target within this many seconds under the cap, else the fastest pair (0: no deadline, the fastest)."""
-    # the run settings the server sends, in the declaration's order, each defaulting to its declaration
-    model: str = setting_field("model")
-    relation_rule: str = setting_field("relation-rule")
-    target_accuracy: float = setting_field("target-accuracy")
-    lr_max: float = setting_field("lr-max")
-    lr_rule: str = setting_field("lr-rule")
-    budget_samples: int = setting_field("budget-samples")
-    budget_device_seconds: float = setting_field("budget-device-seconds")
-    eval_every_samples: int = setting_field("eval-every-samples")
-    eval_max_samples: int = setting_field("eval-max-samples")
-    profile_order: str = setting_field("profile-order")
-    profile_samples: int = setting_field("profile-samples")
-    profile_warmup: int = setting_field("profile-warmup")
-    profile_steps: int = setting_field("profile-steps")
-    profiling_budget: float = setting_field("profiling-budget")
-    seed: int = setting_field("seed")
-    checkpoint_every_samples: int = setting_field("checkpoint-every-samples")
-    guard_window: int = setting_field("guard-window")
-    guard_tolerance: float = setting_field("guard-tolerance")
-    cap_poll_s: float = setting_field("cap-poll-s")
-    cap_pause_timeout_s: float = setting_field("cap-pause-timeout-s")
-    profile_source: str = setting_field("profile-source")
 
     @classmethod
     def for_run(
