@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from powerctl.cli import PROG
 from powerctl.cli import commands as cli
 from powerctl.cli.util import one_line_errors
 from powerctl.records.workload import Workload
@@ -27,7 +28,7 @@ def _profiling_step(model_name: str, **options: Any) -> tuple[Workload, Callable
     return profiling_step_factory(model_name, **options)
 
 
-@one_line_errors(cli.PROG)  # cli.main is wrapped too: this makes the installed entry point one as well
+@one_line_errors(PROG)  # cli.main is wrapped too: this makes the installed entry point one as well
 def main(argv: Sequence[str] | None = None) -> int:
     return cli.main(argv, step_factory=_profiling_step)
 
