@@ -23,7 +23,8 @@ import torch
 from powerctl.devices import Device, open_device
 from powerctl.devices.host import HostDevice
 from powerfed.training.data import load_dataset
-from powerfed.training.finetune import FineTuneCallbacks, FineTuneConfig, fine_tune, step_workload
+from powerfed.training.finetune import fine_tune, step_workload
+from powerfed.training.finetune_records import FineTuneCallbacks, FineTuneConfig
 from powerfed.training.models import build_model
 from powerfed.training.tasks import loss_fn
 

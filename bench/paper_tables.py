@@ -225,7 +225,8 @@ def text_data(limit: int, full: bool = False) -> dict[str, Any]:
 
 def pretrain(task: Task, host: Any) -> dict[str, torch.Tensor]:
     from powerfed.training.data import train_test_split
-    from powerfed.training.finetune import FineTuneCallbacks, FineTuneConfig, fine_tune
+    from powerfed.training.finetune import fine_tune
+    from powerfed.training.finetune_records import FineTuneCallbacks, FineTuneConfig
     from powerfed.training.models import build_model
 
     ds = task.data["pretrain"]
@@ -269,7 +270,7 @@ def run_to_target(
     from fl_server.relation import ProxyRuns
     from fl_server.relation import run_to_target as proxy_run
     from powerfed.training.data import train_test_split
-    from powerfed.training.finetune import FineTuneConfig
+    from powerfed.training.finetune_records import FineTuneConfig
     from powerfed.training.lr import scaled_lr
     from powerfed.training.models import get_model_spec
 

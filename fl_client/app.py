@@ -178,7 +178,7 @@ def train_reply(
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     from fl_client.round import build_local_model, model_seq_len
-    from powerfed.training.finetune import evaluate_with_loss
+    from powerfed.training.evaluation import evaluate_with_loss
     from powerfed.training.models import get_model_spec
 
     settings = None

@@ -82,12 +82,12 @@ from powerctl.selection.joint import check_power_cap, select
 from powerctl.selection.methods import MethodContext, method_named
 from powerfed.training.checkpoint import Checkpointing
 from powerfed.training.errors import DataError, ModelError
-from powerfed.training.finetune import (
+from powerfed.training.finetune import fine_tune
+from powerfed.training.finetune_records import (
     DEFAULT_MAX_EPOCHS,
     FineTuneCallbacks,
     FineTuneConfig,
     FineTuneResult,
-    fine_tune,
 )
 from powerfed.training.models import build_model, check_input_shape, get_model_spec
 from strategies.protocol import ClientReport, Plan, TrainInstructions
@@ -674,7 +674,7 @@ class Pinning:
 
     @property
     def hooks(self) -> list[Any]:
-        """The step hooks a loop runs (`powerfed.training.finetune.StepHook`)."""
+        """The step hooks a loop runs (`powerfed.training.finetune_records.StepHook`)."""
         return [h for h in (self.confirmation or self.guard, self.follower) if h is not None]
 
     @property

@@ -70,7 +70,8 @@ from powerctl.records.workload import (
     count_flops,
     measure_workload,
 )
-from powerfed.training.finetune import POWER_RATE_HZ, FineTuneResult, LossFn, MakeStep, TrainingPower
+from powerfed.training.finetune import POWER_RATE_HZ, TrainingPower
+from powerfed.training.finetune_records import FineTuneResult, LossFn, MakeStep
 from powerfed.training.models import same_model
 from strategies.protocol import ClientReport, TrainInstructions
 

@@ -26,7 +26,7 @@ from powerctl.files.outputs import output_path
 from powerctl.records.relation import VECTORS
 from powerfed.training.data import SPECS
 from powerfed.training.errors import ModelError
-from powerfed.training.finetune import DEFAULT_EVAL_MAX_SAMPLES
+from powerfed.training.finetune_records import DEFAULT_EVAL_MAX_SAMPLES
 from powerfed.training.lr import LR_RULES
 from powerfed.training.model_limits import MAX_SEQ_LEN
 from powerfed.training.models import get_model_spec, model_names, option_ranges

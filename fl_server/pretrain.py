@@ -20,12 +20,8 @@ from powerctl.files.jsonfile import write_json
 from powerctl.files.outputs import OutputPathError, check_output_dir
 from powerfed.training.data import load_dataset, train_test_split
 from powerfed.training.errors import DataError, ModelError
-from powerfed.training.finetune import (
-    DEFAULT_EVAL_MAX_SAMPLES,
-    FineTuneCallbacks,
-    FineTuneConfig,
-    fine_tune,
-)
+from powerfed.training.finetune import fine_tune
+from powerfed.training.finetune_records import DEFAULT_EVAL_MAX_SAMPLES, FineTuneCallbacks, FineTuneConfig
 from powerfed.training.models import (
     build_model,
     check_input_shape,

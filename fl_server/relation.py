@@ -73,14 +73,14 @@ from powerctl.records.workload import Workload
 from powerfed.training.crossing import DEFAULT_MIN_EVALUATIONS, run_dense
 from powerfed.training.data import Dataset
 from powerfed.training.errors import DataError, ModelError
-from powerfed.training.finetune import (
+from powerfed.training.evaluation import eval_subset
+from powerfed.training.finetune import fine_tune
+from powerfed.training.finetune_records import (
     FineTuneCallbacks,
     FineTuneConfig,
     FineTuneResult,
     TrainToTarget,
     UserFunctions,
-    eval_subset,
-    fine_tune,
 )
 from powerfed.training.lr import LR_RULES, scaled_lr
 from powerfed.training.models import (

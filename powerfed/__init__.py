@@ -61,7 +61,7 @@ _WHERE: dict[str, str] = {
     "estimate_relation": "fl_server.relation",
     "RelationSettings": "fl_server.relation",
     "RelationCompute": "fl_server.relation",
-    "UserFunctions": "powerfed.training.finetune",
+    "UserFunctions": "powerfed.training.finetune_records",
     "register_model": "powerfed.training.models",
     "unregister_model": "powerfed.training.models",
     "model_names": "powerfed.training.models",
@@ -103,7 +103,7 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time `__getattr_
     from powerctl.records.relation import RelationVector as RelationVector
     from powerctl.records.workload import measure_workload as measure_workload
     from powerctl.selection.joint import select as select
-    from powerfed.training.finetune import UserFunctions as UserFunctions
+    from powerfed.training.finetune_records import UserFunctions as UserFunctions
     from powerfed.training.models import model_names as model_names
     from powerfed.training.models import register_model as register_model
     from powerfed.training.models import unregister_model as unregister_model

@@ -46,7 +46,8 @@ from powerctl.selection.joint import best_frequency_per_batch
 from powerctl.selection.methods import method_named
 from powerctl.selection.names import ORACLE
 from powerfed.training.crossing import run_dense
-from powerfed.training.finetune import FineTuneResult, evaluate_with_loss
+from powerfed.training.evaluation import evaluate_with_loss
+from powerfed.training.finetune_records import FineTuneResult
 from powerfed.training.models import build_model, get_model_spec, model_workload
 from simulations.bench_report import BenchReport
 from strategies.protocol import TrainInstructions

@@ -8,7 +8,7 @@ from typing import Any
 
 from fl_server.relation import RelationCompute, RelationSettings, estimate_relation
 from powerctl.records.relation import RelationVector
-from powerfed.training.finetune import UserFunctions
+from powerfed.training.finetune_records import UserFunctions
 
 RECORDS = {
     "settings": RelationSettings,

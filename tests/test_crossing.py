@@ -14,7 +14,7 @@ from powerfed.training.crossing import (
     isotonic,
     run_dense,
 )
-from powerfed.training.finetune import CurvePoint
+from powerfed.training.finetune_records import CurvePoint
 
 
 def test_crossing_is_interpolated_between_the_last_below_and_the_first_at_or_above() -> None:

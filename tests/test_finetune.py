@@ -16,12 +16,12 @@ from powerctl.devices.base import PowerSampler
 from powerctl.devices.host import HostDevice
 from powerctl.records.workload import Workload
 from powerfed.training.data import Dataset, load_dataset, train_test_split
-from powerfed.training.finetune import (
+from powerfed.training.finetune import fine_tune
+from powerfed.training.finetune_records import (
     DEFAULT_MAX_EPOCHS,
     FineTuneCallbacks,
     FineTuneConfig,
     FineTuneResult,
-    fine_tune,
     make_optimizer,
 )
 from powerfed.training.lr import scaled_lr

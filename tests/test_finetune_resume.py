@@ -11,7 +11,8 @@ import torch
 from powerctl.devices import open_device
 from powerfed.training.checkpoint import Checkpointing, load
 from powerfed.training.data import load_dataset, train_test_split
-from powerfed.training.finetune import FineTuneCallbacks, FineTuneConfig, FineTuneResult, fine_tune
+from powerfed.training.finetune import fine_tune
+from powerfed.training.finetune_records import FineTuneCallbacks, FineTuneConfig, FineTuneResult
 from powerfed.training.models import build_model
 
 

@@ -18,7 +18,8 @@ from powerctl.records.pick import Pick
 from powerctl.selection.capsource import ConstantCap, ScheduleCap
 from powerctl.selection.follow import CapFollower, CapPauseTimeout
 from powerfed.training.data import Dataset
-from powerfed.training.finetune import FineTuneCallbacks, FineTuneConfig, fine_tune
+from powerfed.training.finetune import fine_tune
+from powerfed.training.finetune_records import FineTuneCallbacks, FineTuneConfig
 from powerfed.training.models import build_model
 from strategies.protocol import ClientReport, ProtocolError
 from tests.fake_boards import NANO_DEVFREQ, make_nano_tree, tree_snapshot

@@ -16,7 +16,8 @@ from powerctl.profiling.profiler import Profiler
 from powerctl.selection.guard import PowerCapExceeded, PowerGuard
 from powerctl.selection.joint import select
 from powerfed.training.data import load_dataset, train_test_split
-from powerfed.training.finetune import FineTuneCallbacks, FineTuneConfig, fine_tune
+from powerfed.training.finetune import fine_tune
+from powerfed.training.finetune_records import FineTuneCallbacks, FineTuneConfig
 from powerfed.training.models import build_model, model_workload
 from powerfed.training.profiling import profiling_step_factory
 from strategies.protocol import ClientReport

@@ -13,7 +13,7 @@ from fl_server.pretrain import PretrainSettings, pretrain, report_path_for
 from fl_server.weights import load_model, load_weights, save_weights, weights_hash
 from powerfed.training.data import load_dataset, train_test_split
 from powerfed.training.errors import DataError, ModelError
-from powerfed.training.finetune import evaluate
+from powerfed.training.evaluation import evaluate
 from powerfed.training.models import build_model
 
 SAMPLES_32 = PretrainSettings(samples=32)

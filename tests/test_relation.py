@@ -17,13 +17,8 @@ from powerctl.errors import FileFormatError
 from powerctl.records.relation import RelationVector, fit_batch_efficiency
 from powerfed.training.data import load_dataset, train_test_split
 from powerfed.training.errors import DataError
-from powerfed.training.finetune import (
-    CurvePoint,
-    FineTuneCallbacks,
-    FineTuneConfig,
-    FineTuneResult,
-    fine_tune,
-)
+from powerfed.training.finetune import fine_tune
+from powerfed.training.finetune_records import CurvePoint, FineTuneCallbacks, FineTuneConfig, FineTuneResult
 from powerfed.training.lr import scaled_lr
 from powerfed.training.models import build_model
 from tests.relation_call import flat_estimate

@@ -8,7 +8,8 @@ from powerctl.devices.boards import board_model
 from powerctl.devices.simulated import SimulatedBoard, replay_cost
 from powerctl.records.workload import Workload
 from powerfed.training.data import load_dataset, train_test_split
-from powerfed.training.finetune import FineTuneCallbacks, FineTuneConfig, fine_tune
+from powerfed.training.finetune import fine_tune
+from powerfed.training.finetune_records import FineTuneCallbacks, FineTuneConfig
 from powerfed.training.models import build_model
 
 

@@ -15,7 +15,8 @@ from powerctl.selection.follow import CapFollower
 from powerctl.selection.guard import PowerGuard
 from powerfed.training.checkpoint import Checkpointing
 from powerfed.training.data import load_dataset, train_test_split
-from powerfed.training.finetune import FineTuneCallbacks, FineTuneConfig, FineTuneResult, StepHook, fine_tune
+from powerfed.training.finetune import fine_tune
+from powerfed.training.finetune_records import FineTuneCallbacks, FineTuneConfig, FineTuneResult, StepHook
 from powerfed.training.models import build_model
 
 

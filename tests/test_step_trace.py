@@ -8,7 +8,9 @@ import pytest
 from fl_server.relation import ProxyRuns, run_to_target
 from powerctl.devices.host import HostDevice
 from powerfed.training.data import load_dataset, train_test_split
-from powerfed.training.finetune import FineTuneCallbacks, FineTuneConfig, eval_subset, fine_tune
+from powerfed.training.evaluation import eval_subset
+from powerfed.training.finetune import fine_tune
+from powerfed.training.finetune_records import FineTuneCallbacks, FineTuneConfig
 from powerfed.training.models import build_model, get_model_spec
 from powerfed.training.trace import StepTrace
 

@@ -18,7 +18,8 @@ from powerctl.selection.confirm import NothingConfirmed, TrainingConfirmation
 from powerctl.selection.guard import PowerGuard
 from powerctl.selection.joint import select
 from powerfed.training.data import load_dataset, train_test_split
-from powerfed.training.finetune import FineTuneCallbacks, FineTuneConfig, fine_tune
+from powerfed.training.finetune import fine_tune
+from powerfed.training.finetune_records import FineTuneCallbacks, FineTuneConfig
 from powerfed.training.models import build_model, model_workload
 
 NANO = board_model("jetson-nano")

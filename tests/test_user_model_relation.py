@@ -413,7 +413,7 @@ def test_user_functions_that_cannot_take_their_arguments_are_refused_where_they_
     given: dict, fragment: str
 ) -> None:
     from powerctl.errors import ArgumentError
-    from powerfed.training.finetune import UserFunctions
+    from powerfed.training.finetune_records import UserFunctions
 
     with pytest.raises(ArgumentError) as err:
         UserFunctions(**given)

@@ -11,7 +11,7 @@ measured, until the choice is a measured pair under the cap. From then on the po
 any pinned pair. Nothing predicted over the cap is pinned; a predicted pair measured over it runs only for
 the steps that measured it — what the profiler's confirmation ran too.
 
-The training loop meets it as a step hook (the shape `powerfed.training.finetune.StepHook` asks for).
+The training loop meets it as a step hook (the shape `powerfed.training.finetune_records.StepHook` asks for).
 """
 
 from __future__ import annotations

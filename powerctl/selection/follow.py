@@ -18,8 +18,8 @@ target is Σ samples trained at b / r_b over the segments so far, so the remaini
 Measured: the seconds the power read over the cap (× (1 + tolerance), the sensor's noise band, as
 the guard counts it), in total and after each cap change.
 
-The training loop meets it as a step hook (the shape `powerfed.training.finetune.StepHook` asks for; this
-package imports no training), as it meets the guard.
+The training loop meets it as a step hook (the shape `powerfed.training.finetune_records.StepHook` asks for;
+this package imports no training), as it meets the guard.
 """
 
 from __future__ import annotations

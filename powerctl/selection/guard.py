@@ -18,7 +18,7 @@ another workload, a different input): the guard is the check that holds during t
   cannot be held on this board, and running on would knowingly exceed it.
 
 The training loop meets it as a step hook (`before_step`, `after_step`, `resume_state`,
-`load_resume_state`: the shape `powerfed.training.finetune.StepHook` asks for; this package imports no
+`load_resume_state`: the shape `powerfed.training.finetune_records.StepHook` asks for; this package imports no
 training).
 """
 

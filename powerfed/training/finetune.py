@@ -11,19 +11,18 @@ slicing, no DataLoader): its overhead must stay within a few percent of a bare P
 from __future__ import annotations
 
 import logging
-import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from functools import partial
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from powerctl.devices.base import Device, PowerSamples
 from powerctl.errors import ArgumentError
-from powerctl.files.mapping import check_callable, check_result
+from powerctl.files.mapping import check_result
 from powerctl.profiling.monitor import PowerMonitor, PowerReading
 from powerctl.progress import progress_bar
 from powerctl.records.workload import Workload, measure_workload
@@ -41,7 +40,19 @@ from powerfed.training.checkpoint import (
     state_digest,
 )
 from powerfed.training.errors import DataError
-from powerfed.training.tasks import correct_count, loss_fn, targets_count
+from powerfed.training.evaluation import eval_subset, evaluate
+from powerfed.training.finetune_records import (
+    CurvePoint,
+    FineTuneCallbacks,
+    FineTuneConfig,
+    FineTuneResult,
+    LossFn,
+    StepHook,
+    UserFunctions,
+    make_optimizer,
+    step_failed,
+)
+from powerfed.training.tasks import loss_fn
 
 log = logging.getLogger(__name__)
 """`powerfed.training.finetune`: a fine-tune resumed from its checkpoint (INFO)."""
@@ -49,331 +60,16 @@ log = logging.getLogger(__name__)
 if TYPE_CHECKING:
     from powerfed.training.data import Dataset
 
-__all__ = [
-    "DEFAULT_EVAL_EVERY_SAMPLES",
-    "DEFAULT_EVAL_MAX_SAMPLES",
-    "DEFAULT_MAX_EPOCHS",
-    "CurvePoint",
-    "FineTuneCallbacks",
-    "FineTuneConfig",
-    "FineTuneResult",
-    "LossFn",
-    "MetricFn",
-    "StepHook",
-    "TrainToTarget",
-    "UserFunctions",
-    "eval_subset",
-    "evaluate",
-    "evaluate_with_loss",
-    "step_workload",
-    "fine_tune",
-    "make_optimizer",
-]
+__all__ = ["fine_tune", "step_workload"]
 
-DEFAULT_EVAL_EVERY_SAMPLES = 1024
-"""Evaluate after every this many training samples (the resolution of samples-to-target)."""
-DEFAULT_EVAL_MAX_SAMPLES = 1024
-"""Evaluate on at most this many test samples (a fixed subset, the same for every run)."""
-DEFAULT_MAX_EPOCHS = 20
-"""With neither `max_samples` nor `max_device_seconds`, stop after this many epochs of the train split,
-so that an unreachable target can never run forever."""
-EVAL_BATCH_SIZE = 256
 POWER_RATE_HZ = 20.0
 """Power readings per second while training (what the step hooks and the energy figures see)."""
-_EVAL_SUBSET_SEED = 0x5EED  # fixed: every run (any batch size, any seed) is evaluated on the same samples
-
-OptimizerFactory = Callable[[Iterable[nn.Parameter], float], torch.optim.Optimizer]
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-"""(model outputs, targets) → the scalar loss to minimise (default: the task's,
-`powerfed.training.tasks.loss_fn`)."""
-MetricFn = Callable[[torch.Tensor, torch.Tensor], float]
-"""(outputs, targets) of the whole evaluation subset → the accuracy-like number the target is set in
-(higher is better; default: the task's top-1 accuracy, per character for text)."""
-MakeStep = Callable[[nn.Module], Callable[..., Any]]
-"""model → the user's training step `step(x, y)` (one optimizer step on one batch): what a
-`PowerSession` profiles and the loop runs, and what `estimate_relation(user=UserFunctions(make_step=...))`
-trains with."""
-TrainToTarget = Callable[..., float | None]
-"""A user's own loop: (batch_size, lr, seed[, target_accuracy]) → samples to the target, None when it was
-not reached (a callable that takes a fourth argument is given the target)."""
-
-
-class StepHook(Protocol):
-    """What acts between training steps: `powerctl`'s power guard and cap follower satisfy it as they
-    are (powerctl does not import `training`). Every method is called by `fine_tune` alone."""
-
-    def before_step(self, samples: int) -> int | None:
-        """Before every step, with the samples trained so far: the batch size to train with from now
-        on when it changes (the optimizer state is kept, the rate rescaled), else None."""
-        ...
-
-    def after_step(self, power: PowerSamples, device_seconds: float) -> None:
-        """After every step: the power readings taken during it (none without a sensor) and the
-        training device seconds so far."""
-        ...
-
-    def resume_state(self) -> dict[str, Any]:
-        """What a resumed run needs to continue this hook exactly (JSON; {} when nothing)."""
-        ...
-
-    def load_resume_state(self, state: dict[str, Any]) -> None:
-        """Continue from `resume_state()` (called after the device's own state is back)."""
-        ...
-
-
-def _step_failed(hook: StepHook, exc: Exception) -> int | None:
-    """A hook's take on a step that raised: the batch size to go on with (the step did not train), or
-    None when the failure stands. Optional (`step_failed(exc)`): the in-training confirmation drops a
-    batch size that runs out of memory, as the profiler skips it; other hooks let every failure stand."""
-    handler = getattr(hook, "step_failed", None)
-    return None if handler is None else handler(exc)
-
-
-@dataclass(frozen=True)
-class CurvePoint:
-    samples: int
-    device_seconds: float
-    accuracy: float
-
-
-@dataclass
-class FineTuneResult:
-    reached: bool
-    """True when the test accuracy reached `target_accuracy`."""
-    samples: int
-    """Training samples consumed when the target was first reached, or in total."""
-    device_seconds: float
-    """Device-clock seconds of the training steps only (evaluation excluded)."""
-    energy_j: float | None
-    """Energy over the training steps, None when the device has no power sensor."""
-    peak_power_w: float | None
-    mean_power_w: float | None
-    final_accuracy: float
-    curve: list[CurvePoint]
-    batch_size: int
-    """The batch size the run started with (a step hook may have changed it since)."""
-    lr: float
-    """The learning rate the run started with."""
-    steps: int
-    target_accuracy: float | None = None
-    stop_reason: str = ""
-    """"target", "max_samples" or "max_device_seconds"."""
-    wall_seconds: float = 0.0
-    """Host wall time of the whole call, evaluation included (for overhead accounting, not for TTA)."""
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-# --- what a fine-tune is asked to do, and what watches it ----------------------------------------------
-
-
-def _check_positive(name: str, value: float | None, *, integer: bool = False) -> None:
-    if value is None:
-        return
-    bad_type = isinstance(value, bool) or not isinstance(value, int if integer else (int, float))
-    if bad_type or not math.isfinite(value) or value <= 0:
-        kind = "a positive integer" if integer else "a positive number"
-        raise ValueError(f"{name} must be {kind}, got {value!r}")
-
-
-@dataclass(frozen=True)
-class FineTuneConfig:
-    """What a fine-tune is asked to do: where it starts, when it stops, how it is judged. Checked when
-    made (one ValueError line), so no run starts with settings it could not finish; the data is checked
-    by `fine_tune`. A checkpoint is resumed only by a run of the same settings."""
-
-    batch_size: int
-    """The batch size the run starts with (a step hook may change it)."""
-    lr: float | Callable[[int], float]
-    """The learning rate, or the rule batch size → rate (needed when a hook changes the batch size; a
-    number is the same rate for every size). A rule's rate is checked when a run asks it."""
-    target_accuracy: float | None
-    """Stop at the first evaluation at or above it; None trains for the budget only (pre-training)."""
-    max_samples: int | None = None
-    """Training samples to spend at most (with no budget at all: DEFAULT_MAX_EPOCHS epochs)."""
-    max_device_seconds: float | None = None
-    """Device seconds of training steps to spend at most."""
-    eval_every_samples: int | None = DEFAULT_EVAL_EVERY_SAMPLES
-    """Evaluate after every this many training samples (None: only before training and at the end)."""
-    eval_max_samples: int | None = DEFAULT_EVAL_MAX_SAMPLES
-    """Evaluate on a fixed subset of at most this many test samples (None: all of them)."""
-    seed: int = 0
-    """Seeds the batch order and the run's own RNG (dropout): same seed, same curve (on the CPU)."""
-    optimizer: str | OptimizerFactory | None = None
-    """adam, adamw, sgd or a factory; None: the task's (`make_optimizer`)."""
-
-    def __post_init__(self) -> None:
-        _check_positive("batch_size", self.batch_size, integer=True)
-        if not callable(self.lr):
-            _check_positive("lr", self.lr)
-        _check_positive("max_samples", self.max_samples, integer=True)
-        _check_positive("max_device_seconds", self.max_device_seconds)
-        _check_positive("eval_every_samples", self.eval_every_samples, integer=True)
-        _check_positive("eval_max_samples", self.eval_max_samples, integer=True)
-        if self.target_accuracy is not None and not 0.0 < self.target_accuracy <= 1.0:
-            raise ValueError(f"target_accuracy must be in (0, 1], got {self.target_accuracy}")
-        if self.target_accuracy is not None and self.eval_every_samples is None:
-            raise ValueError("a target accuracy needs periodic evaluation: set eval_every_samples")
-
-    def start_lr(self) -> float:
-        """The rate the run starts with: a rule is asked here, once per run, and its answer checked."""
-        if not callable(self.lr):
-            return float(self.lr)
-        lr = self.lr(self.batch_size)
-        _check_positive("lr", lr)
-        return float(lr)
-
-    def rate(self, batch_size: int) -> float:
-        """The rate for a batch size a step hook handed over."""
-        return float(self.lr(batch_size) if callable(self.lr) else self.lr)
-
-    def sample_budget(self, train_samples: int) -> int | None:
-        """`max_samples`, or with no budget at all DEFAULT_MAX_EPOCHS epochs of the train split, so that
-        an unreachable target can never run forever."""
-        if self.max_samples is None and self.max_device_seconds is None:
-            return DEFAULT_MAX_EPOCHS * train_samples
-        return self.max_samples
-
-
-@dataclass(frozen=True)
-class FineTuneCallbacks:
-    """What watches or steers a run without being what it is asked to do (`FineTuneConfig`)."""
-
-    progress: bool = True
-    """A tqdm bar on stderr, shown only when stderr is a terminal."""
-    desc: str | None = None
-    """The bar's label (default "fine-tune")."""
-    checkpoint: Checkpointing | None = None
-    """Save at evaluations and resume the same work from there (`powerfed.training.checkpoint`)."""
-    hooks: Sequence[StepHook] = ()
-    """What acts between steps (`StepHook`: the power guard, a cap follower); what they did, they keep."""
-    on_step: Callable[[int, int], None] | None = None
-    """`on_step(steps, samples)` after every training step (progress reports, fault injection); what it
-    raises ends the run."""
-
-
-@dataclass(frozen=True)
-class UserFunctions:
-    """The user's own loss, metric or whole training step, for a model whose outputs or targets are not
-    the task's; None: the task's."""
-
-    loss: LossFn | None = None
-    metric: MetricFn | None = None
-    make_step: MakeStep | None = None
-    """The whole training step (`step(x, y)`: their optimizer, their loss, a proximal term, two passes;
-    the one a `PowerSession` takes): `lr`, `optimizer` and `loss` then do not train, and the run has no
-    checkpoints or step hooks (its optimizer state is the step's)."""
-    train_to_target: TrainToTarget | None = None
-    """The whole loop instead of the project's (`estimate_relation` only: the crossing is then the
-    user's); `fine_tune`, the project's loop, refuses it."""
-
-    def __post_init__(self) -> None:
-        """Each function checked where it is given (callable, taking its arguments): one ArgumentError
-        line naming it, not a TypeError at the first step, evaluation or run."""
-        where = "UserFunctions"
-        check_callable(where, "loss", self.loss, "(outputs, targets)", 2, optional=True)
-        check_callable(where, "metric", self.metric, "(outputs, targets)", 2, optional=True)
-        check_callable(where, "make_step", self.make_step, "(model)", 1, optional=True)
-        args = "(batch_size, lr, seed[, target_accuracy])"
-        check_callable(where, "train_to_target", self.train_to_target, args, 3, 4, optional=True)
-
-
-def make_optimizer(
-    task: str, params: Iterable[nn.Parameter], lr: float, optimizer: str | OptimizerFactory | None = None
-) -> torch.optim.Optimizer:
-    """Adam for images, AdamW for text (the paper's choice); a name or a factory overrides it."""
-    if optimizer is None:
-        optimizer = "adamw" if task == "text" else "adam"
-    if callable(optimizer):
-        return optimizer(params, lr)
-    if optimizer == "adam":
-        return torch.optim.Adam(params, lr=lr)
-    if optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=lr)
-    if optimizer == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=0.9)
-    raise ValueError(f"unknown optimizer {optimizer!r}; use adam, adamw or sgd")
 
 
 def _model_device(model: nn.Module) -> torch.device:
     for p in model.parameters():
         return p.device
     return torch.device("cpu")
-
-
-def eval_subset(test: Dataset, eval_max_samples: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The fixed test samples every evaluation of a run reads: at most `eval_max_samples`, the same
-    ones for every run (a seeded choice, in their order)."""
-    n = len(test)
-    if eval_max_samples is None or eval_max_samples >= n:
-        return test.x, test.y
-    g = torch.Generator().manual_seed(_EVAL_SUBSET_SEED)
-    idx = torch.randperm(n, generator=g)[:eval_max_samples].sort().values
-    return test.x[idx], test.y[idx]
-
-
-@torch.no_grad()
-def evaluate_with_loss(
-    model: nn.Module,
-    task: str,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    *,
-    loss: LossFn | None = None,
-    metric: MetricFn | None = None,
-) -> tuple[float, float]:
-    """(accuracy, mean loss) of `model` on (x, y): eval mode, no gradients, fixed batches; train mode
-    restored. The loss is the training loss (`loss`, default the task's), averaged over samples; the
-    accuracy is the task's, or `metric` of every batch's outputs together."""
-    was_training = model.training
-    model.eval()
-    criterion = loss or loss_fn(task)
-    correct = total = 0
-    loss_sum = 0.0
-    outputs: list[torch.Tensor] = []
-    try:
-        for start in range(0, len(x), EVAL_BATCH_SIZE):
-            xb, yb = x[start : start + EVAL_BATCH_SIZE], y[start : start + EVAL_BATCH_SIZE]
-            logits = model(xb)
-            if metric is None:
-                correct += correct_count(task, logits, yb)
-                total += targets_count(task, yb)
-            else:
-                outputs.append(logits)
-            loss_sum += float(criterion(logits, yb)) * len(xb)
-    finally:
-        model.train(was_training)
-    if metric is not None:
-        accuracy = _metric_value(metric, torch.cat(outputs), y) if outputs else 0.0
-    else:
-        accuracy = correct / total if total else 0.0
-    return accuracy, (loss_sum / len(x) if len(x) else math.nan)
-
-
-def _metric_value(metric: MetricFn, outputs: torch.Tensor, targets: torch.Tensor) -> float:
-    """A user's metric's value, which must be an accuracy in [0, 1]: anything else is one line naming
-    the metric (not a TypeError from deep in the loop, nor a NaN that never crosses the target)."""
-    value = metric(outputs, targets)
-    number = (
-        float(value)
-        if isinstance(value, (int, float, torch.Tensor)) and torch.numel(torch.as_tensor(value)) == 1
-        else None
-    )
-    if number is None or not 0.0 <= number <= 1.0:
-        name = getattr(metric, "__name__", type(metric).__name__)
-        raise ArgumentError(
-            f"metric {name}(outputs, targets) returned {value!r}; it must return an accuracy in [0, 1]"
-        )
-    return number
-
-
-def evaluate(
-    model: nn.Module, task: str, x: torch.Tensor, y: torch.Tensor, *, metric: MetricFn | None = None
-) -> float:
-    """Accuracy of `model` on (x, y) (see `evaluate_with_loss`)."""
-    return evaluate_with_loss(model, task, x, y, metric=metric)[0]
 
 
 def step_workload(
@@ -695,7 +391,7 @@ class _Loop:
                 workload=self.workload,
             )
         except Exception as exc:
-            taken = next((b for h in hooks if (b := _step_failed(h, exc)) is not None), None)
+            taken = next((b for h in hooks if (b := step_failed(h, exc)) is not None), None)
             if taken is None:
                 raise
             run.device_seconds += device.clock() - t0

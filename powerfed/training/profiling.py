@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from powerctl.records.workload import Workload
-from powerfed.training.finetune import make_optimizer
+from powerfed.training.finetune_records import make_optimizer
 from powerfed.training.models import build_model, example_batch, get_model_spec, model_workload
 from powerfed.training.tasks import loss_fn
 

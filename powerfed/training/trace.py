@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from powerfed.training.finetune import CurvePoint, FineTuneResult, MetricFn, evaluate
+from powerfed.training.evaluation import evaluate
+from powerfed.training.finetune_records import CurvePoint, FineTuneResult, MetricFn
 
 if TYPE_CHECKING:
     from powerctl.devices.base import PowerSamples
