@@ -408,8 +408,9 @@ def check_launch(
 def federation(nodes: int, cpus_per_client: int = 1) -> str:
     """Flower's federation config of a local simulation: `nodes` virtual nodes, each client actor given
     `cpus_per_client` of Ray's CPUs. One (Flower's default is two) runs as many clients at once as the
-    machine has cores, each with one torch thread: on 2 cores two clients train side by side, where one
-    client with two threads spent much of its time waiting on the other thread (small convolutions)."""
+    machine has cores, each with one torch thread (Ray's OMP_NUM_THREADS): on 2 cores, two clients train
+    side by side instead of one with two threads (docs/results/first_contact.md). The fleet runner's
+    clients run so too (`simulations.runner`)."""
     return f"num-supernodes={nodes} client-resources-num-cpus={cpus_per_client}"
 
 

@@ -25,7 +25,7 @@ from fl_server.run_config import run_config_text
 from powerctl.errors import PowerctlError
 from powerctl.procs import alive
 from simulations.fleet import FleetFileError, FleetSpec
-from simulations.launcher import run_flwr
+from simulations.launcher import federation, run_flwr
 from simulations.linkstate_index import check_flower_version
 from strategies.methods import trains_real_model
 
@@ -40,7 +40,7 @@ class FleetRunError(PowerctlError):
 
 
 def federation_config(spec: FleetSpec, cpus_per_client: int) -> str:
-    return f"num-supernodes={len(spec.boards)} client-resources-num-cpus={cpus_per_client}"
+    return federation(len(spec.boards), cpus_per_client)
 
 
 def run_flower(

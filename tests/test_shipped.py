@@ -1,7 +1,8 @@
-"""The default run's starting point ships with the package (fl_server/shipped.py): the default run
-config starts from the shipped weights and relation vector, nothing trained; a shipped file whose bytes
-do not match its manifest is one warning line and the run trains instead; the shipped files are what
-the documented command makes (slow: it pre-trains and estimates); and the preparation says where it is."""
+"""What `make run` meets first (issue 57). The default run's starting point ships with the package
+(fl_server/shipped.py): the default run config starts from the shipped weights and relation vector,
+nothing trained; a shipped file whose bytes do not match its manifest is one warning line and the run
+trains instead; the shipped files are what the documented command makes (slow: it pre-trains and
+estimates). The preparation and the rounds say where they are; two clients train at once on 2 cores."""
 
 from __future__ import annotations
 
@@ -242,3 +243,25 @@ def test_a_quiet_phase_says_it_is_still_going_and_a_round_says_where_it_is() -> 
     assert len(said) >= 3 and all(
         line.startswith("  [ours] round 1 train: 0/1 clients done") for line in said
     )
+
+
+# --- make run's clients ------------------------------------------------------------------------------
+def test_make_run_gives_each_client_one_cpu_so_two_train_at_once_on_two_cores(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`make run`'s simulation: one Ray CPU per client actor, as the fleet runner's (Flower's default,
+    two, ran one client at a time on 2 cores)."""
+    import simulations.launcher as launcher
+    import simulations.runner as runner
+
+    seen: list[str] = []
+
+    def run_flwr(federation: str, *args: Any, **kwargs: Any) -> launcher.FlowerRun:
+        seen.append(federation)
+        return launcher.FlowerRun(results_line=f"results: {tmp_path / 'results.json'}")
+
+    monkeypatch.setattr(launcher, "run_flwr", run_flwr)
+    plan = launcher.Launch(nodes=4, overrides={}, log_path=tmp_path / "flwr.log", port=None)
+    assert launcher.launch(plan, echo=lambda line: None) == tmp_path / "results.json"
+    assert seen == ["num-supernodes=4 client-resources-num-cpus=1"]
+    assert runner.federation_config.__globals__["federation"] is launcher.federation  # one place
