@@ -51,16 +51,12 @@ from pathlib import Path
 
 from fl_client.check import (
     HEARTBEAT_WINDOW_S,
-    CheckFailed,
-    Target,
     check_files,
     check_node_key,
-    check_reachable,
     check_self_registration,
-    check_tls,
-    parse_address,
     release_stale_node,
 )
+from fl_client.check_network import CheckFailed, Target, check_reachable, check_tls, parse_address
 from fl_client.clientapp_entry import light_clientapp
 from powerctl.cli.util import installed_tool, one_line_errors, say
 from powerctl.errors import PowerctlError
