@@ -273,6 +273,7 @@ def flwr_run_command(args: argparse.Namespace) -> int:
     with owning_every_process():
         path = launch(plan)
     if plan.app_dir == APP_DIR:
+        print("drawing the summary figure ...", flush=True)  # matplotlib's import and drawing take seconds
         from simulations.summary_figure import draw_or_say, run_figure
 
         if (figure := draw_or_say(lambda: run_figure(path), print)) is not None:

@@ -136,17 +136,23 @@ def test_the_command_without_write_is_one_line_and_exit_2(capsys: pytest.Capture
 
 @pytest.mark.slow
 def test_the_shipped_files_are_what_the_documented_command_makes(empty_cache: Path, tmp_path: Path) -> None:
-    """On the CPU and thread count that made them (the manifest's `made_on`): elsewhere the floats differ
-    in the last digits, which is why they ship."""
+    """On the CPU that made them, with its thread count (the manifest's `made_on`; the test run's own
+    count is set for the test): elsewhere the floats differ in the last digits, which is why they ship."""
     import torch
 
     from powerfed.training.numerics import numerics_key
 
     manifest = _manifest()
-    if manifest["made_on"] != shipped.normal(numerics_key(torch.get_num_threads())):
-        pytest.skip(f"the shipped files were made on {manifest['made_on']}: another CPU or thread count")
+    threads = int(manifest["made_on"]["threads"])
+    if manifest["made_on"] != shipped.normal(numerics_key(threads)):
+        pytest.skip(f"the shipped files were made on {manifest['made_on']}: another CPU or torch")
     made_dir = tmp_path / "made"
-    made = shipped.write_shipped(made_dir, tell=lambda line: None)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        made = shipped.write_shipped(made_dir, tell=lambda line: None)
+    finally:
+        torch.set_num_threads(before)
     # the same recipes; the same tensors (a safetensors file's metadata order is not fixed: not its
     # bytes); the same vector (its runs' wall seconds aside)
     assert [e["recipe"] for e in made["files"]] == [e["recipe"] for e in manifest["files"]]
@@ -265,3 +271,29 @@ def test_make_run_gives_each_client_one_cpu_so_two_train_at_once_on_two_cores(
     assert launcher.launch(plan, echo=lambda line: None) == tmp_path / "results.json"
     assert seen == ["num-supernodes=4 client-resources-num-cpus=1"]
     assert runner.federation_config.__globals__["federation"] is launcher.federation  # one place
+
+
+def test_make_run_says_it_draws_the_summary_figure_before_drawing_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The figure (matplotlib's import and drawing) takes seconds after Flower has stopped: a line first."""
+    import simulations.__main__ as simulations_cli
+    import simulations.launcher as launcher
+    import simulations.summary_figure as summary_figure
+
+    out = tmp_path / "flwr"
+    ended = launcher.FlowerRun(results_line=f"results: {out / 'results.json'}")
+    monkeypatch.setattr(launcher, "run_flwr", lambda *a, **k: ended)
+    before: list[str] = []
+
+    def draw(path: Path) -> Path:
+        before.extend(capsys.readouterr().out.strip().splitlines())
+        return out / "summary.png"
+
+    monkeypatch.setattr(summary_figure, "run_figure", draw)
+    assert simulations_cli.main(["flwr-run", "--out", str(out), "--log", str(tmp_path / "flwr.log")]) == 0
+    assert before[-1] == "drawing the summary figure ..."
+    assert capsys.readouterr().out.strip().splitlines()[-2:] == [
+        f"summary figure: {out / 'summary.png'}",
+        f"results: {out / 'results.json'}",
+    ]
