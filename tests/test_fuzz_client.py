@@ -160,4 +160,5 @@ def test_query_with_odd_node_configs_gets_a_description_or_one_error_line(
     if reply.has_error():
         assert reply.error.code == CLIENT_ERROR_CODE and "\n" not in reply.error.reason
     else:
-        assert reply.content.config_records["node"]["board"].startswith("jetson-")  # described; no data loaded
+        # described, and no data loaded
+        assert reply.content.config_records["node"]["board"].startswith("jetson-")
