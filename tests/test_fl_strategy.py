@@ -314,7 +314,8 @@ def test_train_instructions_round_trip_and_reject_bad_values() -> None:
         instructions(relation_vector=relation(model="cnn-small"))  # and the sender, before it is sent
     broken = {**instr.relation_vector.to_dict(), "samples_to_target": [300.0, float("nan")]}
     del broken["relation"]
-    with pytest.raises(ProtocolError, match=r"'samples_to_target' must be a number in \(0, 1000000000000\], got nan"):
+    bounded = r"'samples_to_target' must be a number in \(0, 1000000000000\], got nan"
+    with pytest.raises(ProtocolError, match=bounded):
         TrainInstructions.from_config({**instr.to_config(), "relation-vector": json.dumps(broken)})
     assert instr.lr_for(16) == pytest.approx(2e-3) and instr.lr_for(8) == pytest.approx(2e-3 * 0.5**0.5)
 
