@@ -36,6 +36,7 @@ from powerctl.files.jsonfile import read_json
 from powerctl.records.profile import Profile
 from powerctl.records.relation import RelationVector
 from powerctl.selection.joint import predicted_energy_j, predicted_seconds
+from powerctl.selection.methods import run_method_named
 from powerctl.selection.names import OURS, STATE_OF_PRACTICE
 from simulations.fleet_plots import MARKERS, predicted_board_profile
 from simulations.plots import COLOURS
@@ -112,10 +113,21 @@ def _rows(
                     None if None in joules else _mean(joules),
                 )
             )
-        if STATE_OF_PRACTICE not in methods and OURS in methods:
+        if not any(_method_is(m, "reference") for m in methods) and any(
+            _method_is(m, "power_aware") for m in methods
+        ):
             _estimate_state_of_practice(row, relation)
         rows.append(row)
     return rows
+
+
+def _method_is(name: str, what: str) -> bool:
+    """Whether the run method called `name` is `what` ("power_aware": ours; "reference": the state of
+    practice) by the registry, which says what each method is; a name it does not know is neither."""
+    try:
+        return bool(getattr(run_method_named(name).method, what))
+    except PowerctlError:
+        return False
 
 
 def _mean(values: list[float]) -> float:
@@ -134,8 +146,8 @@ def _estimate_state_of_practice(row: Row, relation: RelationVector | None) -> No
     except PowerctlError:
         return
     row.marks.append(_mark(STATE_OF_PRACTICE, sop.batch_size, sop.frequency_hz, estimated=True))
-    ours = next(b for b in row.bars if b.method == OURS)
-    pair = next(m for m in row.marks if m.label == OURS)
+    ours = next(b for b in row.bars if _method_is(b.method, "power_aware"))
+    pair = next(m for m in row.marks if m.label == ours.method)
     r = relation.as_map()
     mine = row.profile.point(pair.batch_size, pair.frequency_hz)
     theirs = row.profile.point(sop.batch_size, sop.frequency_hz)
@@ -283,7 +295,7 @@ def _cost_bars(sub: SubFigure, row: Row) -> None:
         hatch=hatches,
         edgecolor="white",
     )
-    ours = next((b for b in row.bars if b.method == OURS), None)
+    ours = next((b for b in row.bars if _method_is(b.method, "power_aware")), None)
     for ax, value, unit in (
         (t_ax, lambda b: b.seconds + b.profiling_s, "s"),
         (e_ax, lambda b: b.joules, "J"),
