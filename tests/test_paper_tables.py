@@ -78,7 +78,7 @@ def test_proxy_seeds_follow_the_servers_stopping_rule(monkeypatch: pytest.Monkey
     task.proxy_max_seeds, task.targets["proxy"], task.data["proxy"] = 6, 0.5, None
     relation = paper_tables.proxy_relation(task, {}, None)["raw"]
     assert task.proxy_seeds == [0, 1, 2, 3] and relation.extra["ranking_stable"] is True
-    assert relation.extra["samples_mean"] == [100.0, 120.0]
+    assert relation.extra["samples_mean"] == (100.0, 120.0)
 
 
 def test_the_floor_on_charged_tables_is_what_select_reaches_with_its_witness() -> None:

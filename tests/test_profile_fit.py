@@ -238,7 +238,7 @@ def test_measured_and_predicted_points_round_trip_and_old_files_still_load(
     assert prof.points and prof.predicted and prof.extra["order"] == "fitted"
     prof.save(tmp_path / "fitted.json")
     back = Profile.load(tmp_path / "fitted.json")
-    assert back.points == [ProfilePoint(**{**p.to_dict()}) for p in prof.points] and len(
+    assert back.points == tuple(ProfilePoint(**{**p.to_dict()}) for p in prof.points) and len(
         back.predicted
     ) == len(prof.predicted)
     assert {(p.batch_size, p.frequency_hz) for p in back.predicted} == {
@@ -251,7 +251,7 @@ def test_measured_and_predicted_points_round_trip_and_old_files_still_load(
     old = json.loads((tmp_path / "fitted.json").read_text())
     del old["predicted_points"]  # a file written before provenance existed: every point measured
     (tmp_path / "old.json").write_text(json.dumps(old))
-    assert Profile.load(tmp_path / "old.json").predicted == []
+    assert Profile.load(tmp_path / "old.json").predicted == ()
 
     both = json.loads((tmp_path / "fitted.json").read_text())
     both["predicted_points"].append(both["points"][0])  # measured and predicted at once

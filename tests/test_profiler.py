@@ -74,7 +74,7 @@ def test_profile_json_round_trip(model_and_workload, tmp_path) -> None:
     )
     prof.save(tmp_path / "p.json")
     back = Profile.load(tmp_path / "p.json")
-    assert back.device == "jetson-tx2nx" and back.model == "conv8" and back.input_shape == [3, 32, 32]
+    assert back.device == "jetson-tx2nx" and back.model == "conv8" and back.input_shape == (3, 32, 32)
     assert [(p.batch_size, p.frequency_hz) for p in back.points] == [
         (p.batch_size, p.frequency_hz) for p in prof.points
     ]

@@ -482,7 +482,7 @@ def test_a_numpy_input_shape_is_taken_and_kept_as_plain_ints() -> None:
     from powerfed.training.models import get_model_spec
 
     profile = Profile("sim:x", "cnn-tiny", [np.int64(3), np.int32(32), np.uint16(32)], 8, [])
-    assert profile.input_shape == [3, 32, 32] and {type(d) for d in profile.input_shape} == {int}
+    assert profile.input_shape == (3, 32, 32) and {type(d) for d in profile.input_shape} == {int}
     json.dumps(profile.to_dict())
     with pytest.raises(ArgumentError) as err:
         Profile("sim:x", "cnn-tiny", [np.True_, 4], 8, [])

@@ -226,3 +226,107 @@ def test_numpy_values_in_a_relation_vector_are_kept_plain(tmp_path: Path) -> Non
     assert [type(b) for b in rel.batch_sizes] == [int, int]
     rel.save(tmp_path / "rel.json")
     assert RelationVector.load(tmp_path / "rel.json") == rel
+
+
+def _seeded_vector() -> RelationVector:
+    return RelationVector.from_seeds(
+        "cnn-tiny", "proxy", 0.5, {8: [300.0, 320.0], 16: [400.0, 380.0]}, lr=[1e-3, 2e-3]
+    )
+
+
+def test_a_relation_vectors_evidence_cannot_change_behind_a_plan() -> None:
+    rel = _seeded_vector()
+    plan = powerfed.TrainInstructions.for_relation(rel, num_classes=10)
+    before = rel.to_dict()
+    with pytest.raises(TypeError):
+        rel.extra["samples_per_seed"][0] = [1.0, 1.0]
+    with pytest.raises(TypeError):
+        rel.extra["samples_per_seed"][0][0] = 1.0
+    with pytest.raises(TypeError):
+        rel.extra["x"] = 1  # type: ignore[index]
+    with pytest.raises(TypeError):
+        rel.extra["batch_efficiency"]["e_min"] = 0.0
+    with pytest.raises(AttributeError):
+        rel.extra["lr"].append(1.0)
+    assert rel.to_dict() == before and plan.relation_vector.to_dict() == before
+    assert rel.per_seed_samples() == [[300.0, 320.0], [400.0, 380.0]]
+
+
+def test_a_relation_vectors_evidence_is_written_as_plain_json(tmp_path: Path) -> None:
+    rel = _seeded_vector()
+    d = rel.to_dict()
+    assert type(d["samples_per_seed"]) is list and type(d["samples_per_seed"][0]) is list
+    assert type(d["batch_efficiency"]) is dict and d["lr"] == [1e-3, 2e-3]
+    rel.save(tmp_path / "rel.json")
+    text = (tmp_path / "rel.json").read_text()
+    back = RelationVector.load(tmp_path / "rel.json")
+    assert back == rel and back.to_dict() == d
+    back.save(tmp_path / "again.json")
+    assert (tmp_path / "again.json").read_text() == text  # byte for byte
+
+
+def test_a_relation_vector_pickles_compares_and_is_replaced() -> None:
+    import dataclasses
+    import pickle
+
+    rel = _seeded_vector()
+    assert pickle.loads(pickle.dumps(rel)) == rel  # Ray sends records between processes
+    assert hash(pickle.loads(pickle.dumps(rel))) == hash(rel)
+    more = dataclasses.replace(rel, extra={**rel.extra, "note": "x"})
+    assert more.extra["note"] == "x" and more != rel and "note" not in rel.extra
+    assert dataclasses.replace(rel) == rel
+
+
+def test_a_profiles_sequences_cannot_change_behind_a_selection() -> None:
+    skipped = [{"batch_size": 32, "reason": "out of memory"}]
+    profile = Profile(
+        **{**PROFILE, "skipped": skipped, "predicted": [ProfilePoint(**{**POINT, "batch_size": 16})]}
+    )
+    before = profile.to_dict()
+    point = ProfilePoint(**{**POINT, "frequency_hz": 1})
+    with pytest.raises(AttributeError):
+        profile.points.append(point)  # type: ignore[attr-defined]
+    with pytest.raises(TypeError):
+        profile.points[0] = point  # type: ignore[index]
+    with pytest.raises(AttributeError):
+        profile.predicted.append(point)  # type: ignore[attr-defined]
+    with pytest.raises(TypeError):
+        profile.input_shape[0] = 1  # type: ignore[index]
+    with pytest.raises(TypeError):
+        profile.skipped[0]["batch_size"] = 8  # type: ignore[index]
+    skipped.append({"batch_size": 64, "reason": "given after"})  # the caller's list is not the profile's
+    assert profile.to_dict() == before and before["skipped"] == skipped[:1]
+    assert type(before["input_shape"]) is list and type(before["points"]) is list
+
+
+def test_a_profile_is_written_as_before(tmp_path: Path) -> None:
+    profile = Profile(**{**PROFILE, "skipped": [{"batch_size": 32, "reason": "out of memory"}]})
+    profile.save(tmp_path / "p.json")
+    text = (tmp_path / "p.json").read_text()
+    back = Profile.load(tmp_path / "p.json")
+    assert back == profile and back.points == profile.points == (ProfilePoint(**POINT),)
+    back.save(tmp_path / "again.json")
+    assert (tmp_path / "again.json").read_text() == text
+    assert (
+        json.loads(text)["input_shape"] == [3, 32, 32] and json.loads(text)["skipped"][0]["batch_size"] == 32
+    )
+
+
+def test_readers_of_a_vectors_evidence_read_it_read_only() -> None:
+    """What reads `extra` reads the read-only evidence as it read the dict: a vector of another input
+    shape or another model is still told apart."""
+    import torch
+
+    from powerctl.selection.joint import MismatchError, check_pairing
+    from powerfed.training.models import model_fingerprint, same_model
+
+    profile = Profile(**PROFILE)
+    other_shape = RelationVector(**{**RELATION, "extra": {"input_shape": [1, 28, 28]}})
+    with pytest.raises(MismatchError, match=r"the relation vector's \[1, 28, 28\]"):
+        check_pairing(profile, other_shape)
+    same_shape = RelationVector(**{**RELATION, "extra": {"input_shape": [3, 32, 32]}})
+    assert not any("input shape" in w for w in check_pairing(profile, same_shape))
+    model = torch.nn.Linear(4, 2)
+    rel = RelationVector(**{**RELATION, "extra": {"model_fingerprint": model_fingerprint(model)}})
+    assert same_model(rel.extra["model_fingerprint"], model) is None
+    assert same_model(rel.extra["model_fingerprint"], torch.nn.Linear(4, 3)) is not None

@@ -49,8 +49,8 @@ def test_end_to_end_on_synthetic_images(tmp_path: Path) -> None:
     assert rel.batch_sizes == (8, 16, 32)  # sorted, largest last
     assert all(s > 0 for s in rel.samples_to_target)
     assert rel.relation[-1] == 1.0
-    assert rel.extra["lr"] == [scaled_lr(2e-3, b, 32) for b in (8, 16, 32)]
-    assert rel.extra["samples_per_seed"] == [[s] for s in rel.samples_to_target]
+    assert rel.extra["lr"] == tuple(scaled_lr(2e-3, b, 32) for b in (8, 16, 32))
+    assert rel.extra["samples_per_seed"] == tuple((s,) for s in rel.samples_to_target)
     assert rel.extra["weights_sha256"] == "init:0" and len(rel.extra["cache_key"]) == 64
     # the file of docs/reference/files.md, and back
     rel.save(tmp_path / "relation.json")
@@ -388,8 +388,8 @@ def test_relation_file_keeps_per_seed_samples_mean_and_spread(
 ) -> None:
     monkeypatch.setattr(relmod, "fine_tune", RecordingFineTune(_SEEDS))
     rel = flat_estimate(**{**text_setup, "seeds": (0, 1)})
-    assert rel.extra["samples_per_seed"] == [[160.0, 192.0], [320.0, 320.0]]
-    assert rel.extra["samples_mean"] == [176.0, 320.0] == list(rel.samples_to_target)
+    assert rel.extra["samples_per_seed"] == ((160.0, 192.0), (320.0, 320.0))
+    assert rel.extra["samples_mean"] == (176.0, 320.0) == rel.samples_to_target
     assert rel.extra["samples_sd"] == pytest.approx([22.627417, 0.0])
     assert rel.extra["seeds_needed"] == 2 and rel.extra["ranking_stable"] is None
     again = RelationVector.load(Path(text_setup["cache_dir"]).glob("*.json").__next__())
@@ -426,7 +426,7 @@ def test_old_relation_files_load_and_new_ones_carry_the_evidence(tmp_path: Path)
     new.save(tmp_path / "new.json")
     again = RelationVector.load(tmp_path / "new.json")
     assert again.seed_scenarios() == [{4: 90.0, 8: 150.0}, {4: 110.0, 8: 250.0}]
-    assert again.extra["vector"] == "fitted" and again.extra["relation_raw"] == [0.5, 1.0]
+    assert again.extra["vector"] == "fitted" and again.extra["relation_raw"] == (0.5, 1.0)
 
 
 def test_bad_per_seed_samples_are_one_line(tmp_path: Path) -> None:

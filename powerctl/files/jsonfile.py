@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from powerctl.errors import FileFormatError
-from powerctl.files.mapping import MappingReader, Number
+from powerctl.files.mapping import MappingReader, Number, shown
 from powerctl.files.outputs import replacing
 from powerctl.files.readfile import JSON_LIMIT, read_bytes
 
@@ -85,3 +86,71 @@ def check_number(
 ) -> float:
     """A number found inside `key` (a list entry), checked as `Fields.number` checks one."""
     return fields.check(key, v, Number(0.0, above=True) if positive else Number(minimum))
+
+
+class FrozenJson(Mapping[str, Any]):
+    """A JSON object that cannot change (`frozen_json` makes one): what a frozen record keeps besides
+    its fields, so that a plan made from the record cannot change behind its back. Reads as a mapping;
+    `plain_json` gives the dicts and lists a file holds. Pickles (Ray sends records between processes),
+    which `types.MappingProxyType` does not."""
+
+    __slots__ = ("_items",)
+    _items: dict[str, Any]
+
+    def __init__(self, items: Mapping[str, Any] | None = None) -> None:
+        object.__setattr__(self, "_items", {k: frozen_json(v) for k, v in (items or {}).items()})
+
+    def __getitem__(self, key: str) -> Any:
+        return self._items[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"{type(self).__name__} cannot be changed; build a new record instead")
+
+    def __hash__(self) -> int:
+        return hash(frozenset(self._items.items()))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._items!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self._items,))
+
+
+def frozen_json(value: Any) -> Any:
+    """`value` (a JSON value) that cannot change: a mapping as a `FrozenJson`, a list as a tuple, all
+    the way down; numbers, text, booleans and None as they are."""
+    if isinstance(value, FrozenJson):
+        return value
+    if isinstance(value, Mapping):
+        return FrozenJson(value)
+    if isinstance(value, (list, tuple)):
+        return tuple(frozen_json(v) for v in value)
+    return value
+
+
+def plain_json(value: Any) -> Any:
+    """`value` as JSON holds it: mappings as dicts (a `FrozenJson` included), tuples as lists, numpy's
+    scalars as plain numbers; what JSON cannot hold raises TypeError."""
+    if isinstance(value, (str, bool)) or value is None:
+        return value
+    if isinstance(value, Mapping):
+        return {_key(k): plain_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain_json(v) for v in value]
+    if type(value).__module__ == "numpy" and hasattr(value, "item"):  # np.float32, np.int64, np.bool_
+        return plain_json(value.item())
+    if isinstance(value, (int, float)):
+        return value
+    raise TypeError(f"{shown(value)} is not a JSON value")
+
+
+def _key(key: Any) -> str:
+    if not isinstance(key, str):
+        raise TypeError(f"key {shown(key)} is not text")
+    return key

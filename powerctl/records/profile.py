@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from powerctl.errors import ArgumentError
-from powerctl.files.jsonfile import Fields, read_json, write_json
+from powerctl.files.jsonfile import Fields, frozen_json, plain_json, read_json, write_json
 from powerctl.files.mapping import (
     MAX_BATCH_SIZE,
     MAX_CAP_W,
@@ -104,19 +105,23 @@ class ProfilePoint:
 
 @dataclass
 class Profile:
-    """Measured on one device for one model and input shape; a missing point = not profiled."""
+    """Measured on one device for one model and input shape; a missing point = not profiled. Its
+    sequences are tuples (compare them with tuples; `to_dict` writes lists)."""
 
     device: str
     model: str
-    input_shape: list[int]
+    input_shape: Sequence[int]
+    """Held as a tuple, as `points`, `skipped` and `predicted` are (a list given is made one; `to_dict`
+    writes lists): a selection made from the profile cannot change behind its back. To change one,
+    build a new profile (`dataclasses.replace`)."""
     samples: int
-    points: list[ProfilePoint]
+    points: Sequence[ProfilePoint]
     profiling_seconds: float | None = None
     """Device seconds the profiling itself cost (warm-up + measured steps)."""
-    skipped: list[dict[str, Any]] = field(default_factory=list)
-    """Batch sizes left out, with why (e.g. out of memory)."""
+    skipped: Sequence[Mapping[str, Any]] = field(default_factory=tuple)
+    """Batch sizes left out, with why (e.g. out of memory); each read-only (`FrozenJson`)."""
     extra: dict[str, Any] = field(default_factory=dict)
-    predicted: list[ProfilePoint] = field(default_factory=list)
+    predicted: Sequence[ProfilePoint] = field(default_factory=tuple)
     """Points the fitted order predicted and did not measure (file key `predicted_points`). They are kept
     apart from `points` on purpose: selection, caps and baselines read `points` only, so nothing that was
     not measured under the cap is ever chosen. Files without the key (every older one) have none."""
@@ -130,17 +135,17 @@ class Profile:
         shape = self.input_shape
         if not isinstance(shape, (list, tuple)) or any(not is_integer(d) or d < 1 for d in shape):
             raise ArgumentError(f"Profile: 'input_shape' must be a list of integers ≥ 1, got {shape!r}")
-        self.input_shape = [int(d) for d in shape]  # plain ints (numpy's converted): a profile file holds it
+        self.input_shape = tuple(int(d) for d in shape)  # plain ints (numpy's converted), read-only
         for name in ("points", "predicted"):
             got = getattr(self, name)
-            if not isinstance(got, list) or not all(isinstance(q, ProfilePoint) for q in got):
+            if not isinstance(got, (list, tuple)) or not all(isinstance(q, ProfilePoint) for q in got):
                 raise ArgumentError(f"Profile: {name!r} must be a list of ProfilePoint, got {got!r:.80}")
-        for name in ("skipped", "extra"):
-            want = list if name == "skipped" else dict
-            if not isinstance(getattr(self, name), want):
-                raise ArgumentError(
-                    f"Profile: {name!r} must be a {want.__name__}, got {getattr(self, name)!r:.80}"
-                )
+            setattr(self, name, tuple(got))
+        if not isinstance(self.skipped, (list, tuple)):
+            raise ArgumentError(f"Profile: 'skipped' must be a list, got {self.skipped!r:.80}")
+        self.skipped = frozen_json(self.skipped)
+        if not isinstance(self.extra, dict):
+            raise ArgumentError(f"Profile: 'extra' must be a dict, got {self.extra!r:.80}")
 
     def batch_sizes(self) -> list[int]:
         return sorted({p.batch_size for p in self.points})
@@ -167,7 +172,7 @@ class Profile:
         if self.profiling_seconds is not None:
             d["profiling_seconds"] = self.profiling_seconds
         if self.skipped:
-            d["skipped"] = self.skipped
+            d["skipped"] = plain_json(self.skipped)
         if self.predicted:
             d["predicted_points"] = [p.to_dict() for p in self.predicted]
         d.update(self.extra)

@@ -14,13 +14,20 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from powerctl.errors import ArgumentError, FileFormatError
-from powerctl.files.jsonfile import Fields, check_number, read_json, write_json
+from powerctl.files.jsonfile import (
+    Fields,
+    FrozenJson,
+    check_number,
+    plain_json,
+    read_json,
+    write_json,
+)
 from powerctl.files.mapping import MAX_BATCH_SIZE, Integer, Invalid, Number, check_arguments, shown
 
 RELATION_SCHEMA = "powerctl.relation/1"
@@ -54,7 +61,8 @@ DERIVED = ("schema", "relation")
 class RelationVector:
     """`relation[i] = samples_to_target[i] / samples_to_target[last]`, largest batch size last. Frozen,
     `batch_sizes` and `samples_to_target` tuples (compare them with tuples; `to_dict` writes lists): a
-    plan made from it cannot change behind its back. `extra` (the evidence) never names a field."""
+    plan made from it cannot change behind its back. `extra` (the evidence) is read-only and never names
+    a field."""
 
     model: str
     proxy_dataset: str
@@ -63,7 +71,9 @@ class RelationVector:
     """Held as a tuple (a list given is made one)."""
     samples_to_target: Sequence[float]
     """Held as a tuple (a list given is made one)."""
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """The evidence, held read-only (a `FrozenJson`: its lists as tuples, all the way down; a mapping
+    given is copied); `to_dict` writes it back as dicts and lists."""
 
     @property
     def relation(self) -> list[float]:
@@ -220,7 +230,7 @@ class RelationVector:
             "samples_to_target": list(self.samples_to_target),
             "relation": self.relation,
         }
-        d.update({k: v for k, v in self.extra.items() if k not in d})
+        d.update({k: plain_json(v) for k, v in self.extra.items() if k not in d})
         return d
 
     def save(self, path: str | Path) -> None:
@@ -230,15 +240,16 @@ class RelationVector:
         """Checked as a file is (`from_dict`), so that selection and the strategy never see NaN,
         negative, unsorted or mismatched entries: one ArgumentError line (a ValueError)."""
         as_list = [list(v) if isinstance(v, tuple) else v for v in (self.batch_sizes, self.samples_to_target)]
-        if not isinstance(self.extra, dict):
+        if not isinstance(self.extra, Mapping):
             raise ArgumentError(f"RelationVector: 'extra' must be a dict, got {shown(self.extra)}")
         if shadows := sorted(str(k) for k in self.extra if k in FIELDS or k in DERIVED):
             raise ArgumentError(
                 f"RelationVector: 'extra' key {shadows[0]!r} is a field of the vector (or derived from "
                 "them); give it as the field, or keep the evidence under another name"
             )
+        plain, frozen = _kept_extra(self.extra)
         data = {
-            **_plain_extra(self.extra),
+            **plain,
             "model": self.model,
             "proxy_dataset": self.proxy_dataset,
             "target_accuracy": self.target_accuracy,
@@ -249,6 +260,7 @@ class RelationVector:
             checked = _checked(data, "RelationVector")
         except FileFormatError as exc:
             raise ArgumentError(str(exc)) from None
+        checked["extra"] = frozen  # read-only: a plan made from the vector cannot change behind its back
         for name, value in checked.items():  # frozen: set once, as __post_init__ may
             object.__setattr__(self, name, value)
 
@@ -261,41 +273,21 @@ class RelationVector:
         return cls.from_dict(read_json(path, RELATION_SCHEMA), str(path))
 
 
-def _plain(value: Any) -> Any:
-    """`value` as JSON holds it: numpy's scalars as plain numbers, tuples as lists; what JSON cannot
-    hold raises TypeError."""
-    if isinstance(value, (str, bool)) or value is None:
-        return value
-    if isinstance(value, dict):
-        return {_key(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if type(value).__module__ == "numpy" and hasattr(value, "item"):  # np.float32, np.int64, np.bool_
-        return _plain(value.item())
-    if isinstance(value, (int, float)):
-        return value
-    raise TypeError(f"{shown(value)} is not a JSON value")
-
-
-def _key(key: Any) -> str:
-    if not isinstance(key, str):
-        raise TypeError(f"key {shown(key)} is not text")
-    return key
-
-
-def _plain_extra(extra: dict[str, Any]) -> dict[str, Any]:
-    """The evidence as its file holds it (`_plain`), or one ArgumentError line: a vector that cannot be
-    saved or sent would fail later, inside `save`, a message or `save_results`."""
+def _kept_extra(extra: Mapping[str, Any]) -> tuple[dict[str, Any], FrozenJson]:
+    """The evidence as its file holds it (`plain_json`) and as the vector keeps it (`frozen_json`), or
+    one ArgumentError line: a vector that cannot be saved or sent would fail later, inside `save`, a
+    message or `save_results`."""
     try:
-        plain = _plain(extra)
+        plain = plain_json(extra)
         json.dumps(plain, allow_nan=False)
+        frozen = FrozenJson(plain)
     except (TypeError, ValueError) as exc:
         raise ArgumentError(
             f"RelationVector: 'extra' must hold JSON values (a file keeps them): {exc}"
         ) from None
     except RecursionError:
         raise ArgumentError("RelationVector: 'extra' is nested too deeply to be kept in a file") from None
-    return dict(plain)
+    return dict(plain), frozen
 
 
 def _checked(data: dict[str, Any], where: str) -> dict[str, Any]:

@@ -73,9 +73,9 @@ def check_pairing(profile: Profile, relation: RelationVector, *, allow_mismatch:
             f"the profile is of model {profile.model!r}, the relation vector of {relation.model!r}"
         )
     shape = relation.extra.get("input_shape")
-    if isinstance(shape, list) and shape != list(profile.input_shape):
+    if isinstance(shape, (list, tuple)) and list(shape) != list(profile.input_shape):
         problems.append(
-            f"the profile's input shape is {list(profile.input_shape)}, the relation vector's {shape}"
+            f"the profile's input shape is {list(profile.input_shape)}, the relation vector's {list(shape)}"
         )
     if problems and not allow_mismatch:
         raise MismatchError(

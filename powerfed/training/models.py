@@ -234,7 +234,7 @@ def model_fingerprint(model: nn.Module) -> dict[str, Any]:
 def same_model(recorded: Any, model: nn.Module) -> str | None:
     """None when `model` is what `recorded` (a vector's `model_fingerprint`) describes, or nothing is
     recorded (files from before it was); else what differs, in words."""
-    if not isinstance(recorded, dict):
+    if not isinstance(recorded, Mapping):  # a vector keeps it read-only (a FrozenJson)
         return None
     now = model_fingerprint(model)
     if recorded.get("class") == now["class"] and recorded.get("shapes_sha256") == now["shapes_sha256"]:
