@@ -330,3 +330,16 @@ def test_readers_of_a_vectors_evidence_read_it_read_only() -> None:
     rel = RelationVector(**{**RELATION, "extra": {"model_fingerprint": model_fingerprint(model)}})
     assert same_model(rel.extra["model_fingerprint"], model) is None
     assert same_model(rel.extra["model_fingerprint"], torch.nn.Linear(4, 3)) is not None
+
+
+def test_a_workloads_shape_cannot_change_behind_a_profile() -> None:
+    from powerctl.records.workload import Workload
+
+    shape = [3, 32, 32]
+    workload = Workload("cnn-tiny", shape, 1e6, 1e4, 1e5)  # type: ignore[arg-type]
+    shape[0] = 1
+    assert workload.input_shape == (3, 32, 32)
+    with pytest.raises(TypeError):
+        workload.input_shape[0] = 1  # type: ignore[index]
+    assert workload.to_dict()["input_shape"] == [3, 32, 32]
+    assert Workload.from_dict(json.loads(json.dumps(workload.to_dict()))) == workload

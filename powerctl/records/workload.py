@@ -18,6 +18,7 @@ from typing import Any
 class Workload:
     model: str
     input_shape: tuple[int, ...]
+    """Held as a tuple (a list given is made one; `to_dict` writes a list)."""
     flops_per_sample: float
     """Training FLOPs per sample: forward + backward."""
     activation_bytes_per_sample: float
@@ -51,6 +52,8 @@ class Workload:
         )
         for name, value in checked.items():  # plain numbers (numpy's converted): a profile's JSON holds it
             object.__setattr__(self, name, value)
+        if isinstance(self.input_shape, list):  # held as a tuple: a frozen record's shape cannot change
+            object.__setattr__(self, "input_shape", tuple(self.input_shape))
 
     def memory_bytes(self, batch_size: int) -> float:
         """Training memory at `batch_size`: weights, grads, optimizer state, activations."""
