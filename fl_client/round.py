@@ -36,7 +36,7 @@ import re
 import sys
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -254,7 +254,7 @@ class RoundWork:
 
 
 def build_local_model(
-    model_name: str, num_classes: int, overrides: dict[str, Any], state: State
+    model_name: str, num_classes: int, overrides: Mapping[str, Any], state: State
 ) -> nn.Module:
     """The network the server described, with the server's weights; a mismatch is one ModelError line."""
     model = build_model(model_name, num_classes, **overrides)
@@ -266,7 +266,7 @@ def build_local_model(
     return model
 
 
-def model_seq_len(model_name: str, overrides: dict[str, Any]) -> int:
+def model_seq_len(model_name: str, overrides: Mapping[str, Any]) -> int:
     """The window length text data is cut into (64 for images, which ignore it)."""
     spec = get_model_spec(model_name)
     return int(overrides.get("seq_len", spec.input_shape[0])) if spec.task == "text" else 64
@@ -435,7 +435,7 @@ def measured_profile_step(work: RoundWork, relation: RelationVector) -> Profiled
         key = ProfileKey(
             device_kind=dev.profile_kind(),
             model=step.model,
-            overrides=json.dumps(instr.model_overrides, sort_keys=True),
+            overrides=instr.overrides_text(),
             num_classes=instr.num_classes,
             input_shape=step.input_shape,
             batch_sizes=tuple(relation.batch_sizes),

@@ -15,13 +15,14 @@ from __future__ import annotations
 import copy
 import functools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar, TypeVar
 
 from flwr.app import ConfigRecord
 
 from powerctl.errors import ArgumentError, FileFormatError, PowerctlError
+from powerctl.files.jsonfile import FrozenJson, frozen_json, plain_json
 from powerctl.files.mapping import (
     MAX_ROUNDS,
     Choice,
@@ -139,7 +140,8 @@ class TrainInstructions(SentSettings):
     accuracy, learning rate, budget, profiling, guard, ...), then these."""
 
     num_classes: int
-    model_overrides: dict[str, Any]
+    model_overrides: Mapping[str, Any]
+    """The model's options, held read-only (a `FrozenJson`): a plan cannot change behind its back."""
     relation_vector: RelationVector
     """Samples to the target per batch size on the proxy data, as the server estimated (or loaded) it."""
     server_round: int = 1
@@ -219,12 +221,16 @@ class TrainInstructions(SentSettings):
             self.lr_rule,
         )
 
+    def overrides_text(self) -> str:
+        """The model's options as the message and the profile cache key hold them: JSON, keys sorted."""
+        return json.dumps(plain_json(self.model_overrides), sort_keys=True)
+
     def to_config(self) -> ConfigRecord:
         d = to_config(setting_fields(self))
         d.update(
             {
                 "num-classes": self.num_classes,
-                "model-overrides": json.dumps(self.model_overrides, sort_keys=True),
+                "model-overrides": self.overrides_text(),
                 RELATION_KEY: json.dumps(self.relation_vector.to_dict(), sort_keys=True),
                 "server-round": self.server_round,
                 "node-key": self.node_key,
@@ -296,11 +302,12 @@ def check_instructions(instr: TrainInstructions) -> None:
         )
     overrides = instr.model_overrides
     try:
-        if not isinstance(overrides, dict) or not all(isinstance(k, str) for k in overrides):
+        if not isinstance(overrides, Mapping) or not all(isinstance(k, str) for k in overrides):
             raise TypeError
-        text = json.dumps(overrides, sort_keys=True, allow_nan=False)
+        text = json.dumps(overrides, sort_keys=True, allow_nan=False, default=_thawed)
     except (TypeError, ValueError):
         raise r.fail("model_overrides", f"must be a dict of JSON option values, got {overrides!r}") from None
+    object.__setattr__(instr, "model_overrides", frozen_json(json.loads(text)))  # read-only, as sent
     if instr.num_classes > INT32_MAX:  # a message's integers are int64; no board trains that many classes
         raise r.fail("num_classes", f"must be an integer in [1, {INT32_MAX}], got {instr.num_classes!r}")
     from powerfed.training.models import get_model_spec, model_names
@@ -311,6 +318,14 @@ def check_instructions(instr: TrainInstructions) -> None:
 
 
 @functools.lru_cache(maxsize=256)
+def _thawed(value: Any) -> dict[str, Any]:
+    """A read-only option mapping (`FrozenJson`, from another plan's options) as JSON writes it; any
+    other value JSON cannot hold is a TypeError, as `json.dumps` raises."""
+    if isinstance(value, FrozenJson):
+        return dict(value)
+    raise TypeError(f"{type(value).__name__} is not a JSON value")
+
+
 def _model_refusal(model: str, spec_id: int, num_classes: int, overrides: str) -> str | None:
     """Why the model registered here cannot be built with these classes and options (an unknown option,
     more parameters than a board trains), as `build_model` on the clients would refuse it; None: it can.

@@ -343,3 +343,19 @@ def test_a_workloads_shape_cannot_change_behind_a_profile() -> None:
         workload.input_shape[0] = 1  # type: ignore[index]
     assert workload.to_dict()["input_shape"] == [3, 32, 32]
     assert Workload.from_dict(json.loads(json.dumps(workload.to_dict()))) == workload
+
+
+def test_a_plans_model_options_cannot_change_behind_it() -> None:
+    import dataclasses
+    import pickle
+
+    options: dict[str, Any] = {"width": 8}
+    plan = powerfed.TrainInstructions.for_relation(REL, num_classes=10, model_overrides=options)
+    options["width"] = 1  # the caller's dict is not the plan's
+    with pytest.raises(TypeError):
+        plan.model_overrides["width"] = 2  # type: ignore[index]
+    assert plan.model_overrides == {"width": 8} and plan.overrides_text() == '{"width": 8}'
+    assert plan.to_config()["model-overrides"] == '{"width": 8}'
+    assert pickle.loads(pickle.dumps(plan)) == plan
+    again = dataclasses.replace(plan, model_overrides={**plan.model_overrides, "width": 4})
+    assert again.model_overrides == {"width": 4} and plan.model_overrides == {"width": 8}
