@@ -384,6 +384,15 @@ class PowerSession:
                 "PowerSession for another block"
             )
         self._entered = True
+        try:
+            self._start()
+        except BaseException:  # nothing trained and the device left as found: entering may be tried again
+            self._entered = False
+            raise
+        return self
+
+    def _start(self) -> None:
+        """Profile (or read the cache), choose the pair, open and pin the device, start the power trace."""
         work = self.work
         self._wall = time.perf_counter()
         relation = usable_relation(work.instr, work.examples or 0)
@@ -402,7 +411,6 @@ class PowerSession:
             stack.close()
             raise
         self._stack, self._dev = stack, dev
-        return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None

@@ -235,6 +235,33 @@ def test_a_session_enters_once_and_leaves_the_signal_handlers_as_found(tmp_path:
     assert inside.steps == 1 and inside.report is None and _handlers() == before
 
 
+def test_a_session_whose_entering_failed_may_be_entered_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Entering that fails before the block runs (here its profiling) trains nothing and leaves the
+    device as found: the same session enters when tried again, not "entered a second time"."""
+    import fl_client.session as session_module
+
+    real = session_module.measured_profile_step
+    calls: list[int] = []
+
+    def fails_once(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError("the profile cache's disk went away")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(session_module, "measured_profile_step", fails_once)
+    before = _handlers()
+    session = _session(profile_cache=tmp_path)
+    with pytest.raises(OSError, match="went away"), session:
+        session.step(lambda: None)
+    assert session.steps == 0 and _handlers() == before
+    with session:
+        session.step(lambda: None)
+    assert session.report is not None and session.report.steps == 1 and _handlers() == before
+
+
 @pytest.mark.parametrize("fail", [False, True])
 def test_a_jetson_is_pinned_while_the_loop_trains_and_left_as_found(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fail: bool
