@@ -22,7 +22,6 @@ is one logged warning, and the run pre-trains or estimates as if nothing were sh
 
 from __future__ import annotations
 
-import argparse
 import base64
 import binascii
 import hashlib
@@ -35,7 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from powerctl.cli.util import say
+from powerctl.cli.util import OneLineParser, one_line_errors, say
 from powerctl.files.jsonfile import write_json
 
 log = logging.getLogger(__name__)
@@ -163,10 +162,12 @@ def write_shipped(folder: Path, tell: Callable[[str], None] = say) -> dict[str, 
     return manifest
 
 
+PROG = "python -m fl_server.shipped"
+
+
+@one_line_errors(PROG)
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m fl_server.shipped", description=__doc__.splitlines()[0] if __doc__ else None
-    )
+    parser = OneLineParser(prog=PROG, description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--write", action="store_true", help="pre-train, estimate and write the files")
     parser.add_argument(
         "--dir", type=Path, default=SHIPPED_DIR, help="where to write them (default: %(default)s)"

@@ -29,6 +29,7 @@ ENTRY_POINTS = {
     "python -m fl_server": "fl_server.cli:main",
     "python -m fl_server.certs": "fl_server.certs:main",
     "python -m fl_server.supervise": "fl_server.supervise:main",
+    "python -m fl_server.shipped": "fl_server.shipped:main",
     "python -m fl_client.check": "fl_client.check:main",
     "python -m fl_client.supernode": "fl_client.supernode:main",
     "python -m simulations": "simulations.__main__:main",
