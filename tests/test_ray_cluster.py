@@ -262,13 +262,16 @@ def test_flwr_run_runs_its_clients_on_a_joined_ray_worker(
     )
     env.pop("RAY_ADDRESS", None)
     cluster = RayCluster(port=free_port())
-    port, control = free_port(), free_port()
+    port: int | None = None
     results = tmp_path / "results"
     superlink: list[int] = []
     try:
         head = cluster.start_node(env, num_cpus=0, head=True)
         # a ClientApp sees its node's `ray start` environment (Flower passes on only PYTHONPATH)
         worker = cluster.start_node(dict(env, POWERFED_CACHE=str(tmp_path / "worker-cache")), 2, head=False)
+        # the SuperLink's ports are picked once Ray's nodes hold theirs: a free port picked before and not
+        # yet bound can be handed out again, to Ray's client server (seen in CI)
+        port, control = free_port(), free_port()
         recorded = (head.temp_dir / "ray_current_cluster").read_text().strip()
         assert recorded.endswith(f":{cluster.port}")
         # the head's record is where Ray looks when RAY_TMPDIR names the folder above it
@@ -291,7 +294,8 @@ def test_flwr_run_runs_its_clients_on_a_joined_ray_worker(
         for pid in pids_listening_on(port):
             superlink += [pid, *descendants(pid)]
     finally:
-        stop_local_superlink(port)
+        if port is not None:
+            stop_local_superlink(port)
         left = cluster.stop()
     try:
         out = proc.stdout + proc.stderr
