@@ -294,9 +294,11 @@ def test_flwr_run_runs_its_clients_on_a_joined_ray_worker(
         for pid in pids_listening_on(port):
             superlink += [pid, *descendants(pid)]
     finally:
-        if port is not None:
-            stop_local_superlink(port)
-        left = cluster.stop()
+        try:
+            if port is not None:
+                stop_local_superlink(port)
+        finally:  # the cluster is stopped even when the SuperLink's stop refuses (a port not its own)
+            left = cluster.stop()
     try:
         out = proc.stdout + proc.stderr
         assert proc.returncode == 0, out[-4000:]
