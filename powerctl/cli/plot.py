@@ -1,9 +1,6 @@
 """Heat maps of a profile over (batch size, GPU frequency): peak power, T_N and, with a relation, the
-predicted time to accuracy — with the power cap's boundary and the selected pair marked.
-
-Figures are built with matplotlib's object API on an Agg canvas: no display, no pyplot global state, so
-a library call never changes the backend of the program that imports it.
-"""
+predicted time to accuracy, with the cap's boundary and the selected pair marked. Matplotlib's object API
+on an Agg canvas: no pyplot state, so a library call never changes its importer's backend."""
 
 from __future__ import annotations
 
@@ -35,17 +32,12 @@ from powerctl.records.relation import RelationVector
 from powerctl.selection.joint import candidates, check_power_cap, common_batch_sizes, select
 from powerctl.selection.pareto import Front
 
-SELECTION_GID = "selection"
-"""The gid of the star that marks the selected pair (tests and callers find it by this)."""
+SELECTION_GID = "selection"  # the star on the selected pair (tests and callers find it by its gid)
 SELECTION_CELL_GID = "selection-cell"
 BOUNDARY_GID = "cap-boundary"
-_STAR_DX, _STAR_DY = 0.3, 0.22
-"""The star sits in the selected cell's upper-right corner (offsets in cell units, < 0.5)."""
-
-_VEIL = 0.6
-"""How much white covers a cell over the cap (its value stays legible, the feasible region stands out)."""
-_CHAR_IN = 0.062
-"""About the width of one character of an 8-point legend label, in inches (to fit legend rows)."""
+_STAR_DX, _STAR_DY = 0.3, 0.22  # the star in the selected cell's upper-right corner (cell units)
+_VEIL = 0.6  # the white over a cell over the cap: its value legible, the feasible region standing out
+_CHAR_IN = 0.062  # about one character of an 8-point legend label, in inches (to fit legend rows)
 _MISSING_HATCH = "////"
 _MISSING_EDGE = "0.72"
 _BOUNDARY_COLOR = "#1565c0"  # blue: stands out on both the red power map and the viridis time maps
@@ -57,14 +49,15 @@ class _Grid:
     frequencies_hz: list[int]
     points: dict[tuple[int, int], ProfilePoint]
 
+    @classmethod
+    def of(cls, profile: Profile) -> _Grid:
+        points = {(p.batch_size, p.frequency_hz): p for p in profile.points}
+        return cls(profile.batch_sizes(), profile.frequencies(), points)
+
     def values(self, f: Callable[[ProfilePoint], float]) -> np.ndarray:
-        out = np.full((len(self.batch_sizes), len(self.frequencies_hz)), np.nan)
-        for i, b in enumerate(self.batch_sizes):
-            for j, hz in enumerate(self.frequencies_hz):
-                p = self.points.get((b, hz))
-                if p is not None:
-                    out[i, j] = f(p)
-        return out
+        cells = [[self.points.get((b, hz)) for hz in self.frequencies_hz] for b in self.batch_sizes]
+        values = [np.nan if p is None else f(p) for row in cells for p in row]
+        return np.array(values, dtype=float).reshape(len(self.batch_sizes), len(self.frequencies_hz))
 
 
 def short_number(v: float) -> str:
@@ -87,28 +80,27 @@ def _cap_text(cap: float | None) -> str:
 
 @dataclass(frozen=True)
 class _Panel:
-    """What one heat map shows: its title, the colour bar's label, the colour map, how a cell's value
-    is written, and whether the scale is logarithmic (where the values span more than 5×)."""
+    """One heat map's title, colour bar label, colour map, cell text, cell value and log scale (over 5×)."""
 
     title: str
     cbar_label: str
     cmap: str
     fmt: Callable[[float], str]
+    value: Callable[[ProfilePoint], float] = lambda p: p.peak_power_w
     log: bool = False
 
 
 def _heatmap(
     fig: FigureBase,
     grid: _Grid,
-    values: np.ndarray,
     panel: _Panel,
     *,
     cap: float | None,
     selection: Pick | None,
 ) -> tuple[Axes, list[Artist]]:
-    """One annotated heat map: rows = batch sizes (categorical), columns = frequencies in MHz. Returns
-    its axes and the legend's handles (`_legend` places them)."""
+    """One annotated heat map (rows: batch sizes, columns: MHz); its axes and legend handles."""
     ax = fig.add_subplot()
+    values = grid.values(panel.value)
     colormap, norm = _colour_scale(fig, ax, values, panel)
     peak = grid.values(lambda p: p.peak_power_w)
     feasible = np.isfinite(peak) & ((peak <= cap) if cap is not None else True)
@@ -186,21 +178,10 @@ def _annotate_cells(
         for j in range(n_cols):
             v = values[i, j]
             if not np.isfinite(v):
-                ax.add_patch(
-                    Rectangle(
-                        (j - 0.5, i - 0.5),
-                        1,
-                        1,
-                        fill=False,
-                        hatch=_MISSING_HATCH,
-                        edgecolor=_MISSING_EDGE,
-                        lw=0,
-                    )
-                )
+                _cell(ax, j, i, fill=False, hatch=_MISSING_HATCH, edgecolor=_MISSING_EDGE, lw=0)
                 continue
-            if infeasible[i, j]:
-                # Over the cap: faded, so the feasible region reads at a glance; the value stays legible.
-                ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor="white", alpha=_VEIL, lw=0))
+            if infeasible[i, j]:  # faded: the feasible region reads at a glance, the value stays legible
+                _cell(ax, j, i, facecolor="white", alpha=_VEIL, lw=0)
                 color = "0.35"
             else:
                 r, g, b, _ = colormap(norm(v))
@@ -208,22 +189,19 @@ def _annotate_cells(
             ax.text(j, i, fmt(v), ha="center", va="center", fontsize=7, color=color)
 
 
+def _cell(ax: Axes, x: int, y: int, **style: Any) -> None:
+    ax.add_patch(Rectangle((x - 0.5, y - 0.5), 1, 1, **style))
+
+
 def _cap_boundary(ax: Axes, cap: float, feasible: np.ndarray, infeasible: np.ndarray) -> list[Artist]:
     """The line between the cells under the cap and those over it; its legend handle (none: no line)."""
     n_rows, n_cols = feasible.shape
     segments = []
-    for i in range(n_rows):
-        for j in range(n_cols):
-            if not feasible[i, j]:
-                continue
-            if j + 1 < n_cols and infeasible[i, j + 1]:
-                segments.append([(j + 0.5, i - 0.5), (j + 0.5, i + 0.5)])
-            if j > 0 and infeasible[i, j - 1]:
-                segments.append([(j - 0.5, i - 0.5), (j - 0.5, i + 0.5)])
-            if i + 1 < n_rows and infeasible[i + 1, j]:
-                segments.append([(j - 0.5, i + 0.5), (j + 0.5, i + 0.5)])
-            if i > 0 and infeasible[i - 1, j]:
-                segments.append([(j - 0.5, i - 0.5), (j + 0.5, i - 0.5)])
+    for i, j in zip(*np.nonzero(feasible), strict=True):
+        for di, dj in ((0, 1), (0, -1), (1, 0), (-1, 0)):  # the edge shared with each neighbour over the cap
+            if 0 <= i + di < n_rows and 0 <= j + dj < n_cols and infeasible[i + di, j + dj]:
+                x, y = j + dj / 2, i + di / 2
+                segments.append([(x - abs(di) / 2, y - abs(dj) / 2), (x + abs(di) / 2, y + abs(dj) / 2)])
     if not segments:
         return []
     ax.add_collection(
@@ -247,18 +225,7 @@ def _mark_selection(ax: Axes, grid: _Grid, selection: Pick) -> Artist:
             f"the selection (batch size {key[0]} at {key[1]} Hz) is not a profiled point of this profile"
         )
     x, y = grid.frequencies_hz.index(key[1]), grid.batch_sizes.index(key[0])
-    ax.add_patch(
-        Rectangle(
-            (x - 0.5, y - 0.5),
-            1,
-            1,
-            fill=False,
-            edgecolor="black",
-            lw=2.2,
-            zorder=4,
-            gid=SELECTION_CELL_GID,
-        )
-    )
+    _cell(ax, x, y, fill=False, edgecolor="black", lw=2.2, zorder=4, gid=SELECTION_CELL_GID)
     (star,) = ax.plot(
         [x + _STAR_DX],
         [y + _STAR_DY],
@@ -275,22 +242,12 @@ def _mark_selection(ax: Axes, grid: _Grid, selection: Pick) -> Artist:
     return star
 
 
-def _peak_power_map(
-    fig: FigureBase, grid: _Grid, title: str, cap: float | None, selection: Pick | None = None
-) -> tuple[Axes, list[Artist]]:
-    return _heatmap(
-        fig,
-        grid,
-        grid.values(lambda p: p.peak_power_w),
-        _Panel(title, "peak power (W)", "YlOrRd", lambda v: f"{v:.1f}"),
-        cap=cap,
-        selection=selection,
-    )
+def _peak_panel(title: str) -> _Panel:
+    return _Panel(title, "peak power (W)", "YlOrRd", lambda v: f"{v:.1f}")
 
 
 def _legend(fig: FigureBase, handles: list[Artist], width_in: float) -> None:
-    """The legend as a row under the plot, in the layout (never cut at the figure's edges): as many
-    columns as fit in `width_in`, the others wrap."""
+    """The legend under the plot, inside the layout: as many columns as fit in `width_in`, the rest wrap."""
     if not handles:
         return
     widths = [0.45 + _CHAR_IN * len(str(h.get_label())) for h in handles]
@@ -310,76 +267,49 @@ def profile_figures(
     relation: RelationVector | None = None,
     selection: Pick | None = None,
 ) -> dict[str, Figure]:
-    """The figures, by file stem, before saving (so callers and tests can inspect them).
-
-    With a relation and no selection, the selection is computed (Algorithm 1); if no pair is feasible the
-    plots carry no star and say so in the title.
-    """
+    """The figures by file stem, unsaved. With a relation and no selection, the selection is computed
+    (Algorithm 1); with no pair feasible the plots carry no star and say so in the title."""
     cap = check_power_cap(power_cap_w)
     if selection is None and relation is not None:
         try:
             selection = select(profile, relation, cap, allow_mismatch=True)  # cmd_plot checked the pairing
         except InfeasibleCapError:
             selection = None
-    points = {(p.batch_size, p.frequency_hz): p for p in profile.points}
-    grid = _Grid(profile.batch_sizes(), profile.frequencies(), points)
+    grid = _Grid.of(profile)
     subject = _subject(profile)
     note = "" if cap is None or selection is not None or relation is None else " — no pair is feasible"
     cap_line = _cap_text(cap) + note
     width = max(7.5, 1.6 + 0.62 * len(grid.frequencies_hz))
     height = max(3.6, 2.0 + 0.42 * len(grid.batch_sizes))
-
-    def new_fig() -> Figure:
-        fig = Figure(figsize=(width, height), dpi=150, layout="constrained")
-        FigureCanvasAgg(fig)
-        return fig
-
-    figs: dict[str, Figure] = {}
-    fig = new_fig()
-    _, handles = _peak_power_map(fig, grid, f"Peak power $P(b, f)$ — {subject}\n{cap_line}", cap, selection)
-    _legend(fig, handles, width)
-    figs["peak_power"] = fig
-
-    fig = new_fig()
-    _, handles = _heatmap(
-        fig,
-        grid,
-        grid.values(lambda p: p.seconds_for_samples),
-        _Panel(
-            f"Time for N = {profile.samples:,} samples $T_N(b, f)$ — {subject}\n{cap_line}",
-            "$T_N$ (s)",
+    t_n = f"Time for N = {profile.samples:,} samples $T_N(b, f)$ — {subject}\n{cap_line}"
+    time_s = _Panel(t_n, "$T_N$ (s)", "viridis_r", short_number, lambda p: p.seconds_for_samples, log=True)
+    maps = [
+        ("peak_power", grid, _peak_panel(f"Peak power $P(b, f)$ — {subject}\n{cap_line}"), selection),
+        ("time", grid, time_s, selection),
+    ]
+    if relation is not None:
+        r = relation.as_map()
+        sub = _Grid(common_batch_sizes(profile, relation), grid.frequencies_hz, grid.points)
+        title = (
+            f"Predicted time to {relation.target_accuracy:.0%} accuracy $T_N \\cdot r_b$ — {subject}\n"
+            f"{cap_line}; $r_b$ from {relation.proxy_dataset}"
+        )
+        panel = _Panel(
+            title,
+            "$T_N \\cdot r_b$ (s)",
             "viridis_r",
             short_number,
+            lambda p: p.seconds_for_samples * r[p.batch_size],
             log=True,
-        ),
-        cap=cap,
-        selection=selection,
-    )
-    _legend(fig, handles, width)
-    figs["time"] = fig
-
-    if relation is not None:
-        common = common_batch_sizes(profile, relation)
-        r = relation.as_map()
-        sub = _Grid(common, grid.frequencies_hz, {k: v for k, v in points.items() if k[0] in r})
-        fig = new_fig()
-        _, handles = _heatmap(
-            fig,
-            sub,
-            sub.values(lambda p: p.seconds_for_samples * r[p.batch_size]),
-            _Panel(
-                f"Predicted time to {relation.target_accuracy:.0%} accuracy $T_N \\cdot r_b$ — {subject}\n"
-                f"{cap_line}; $r_b$ from {relation.proxy_dataset}",
-                "$T_N \\cdot r_b$ (s)",
-                "viridis_r",
-                short_number,
-                log=True,
-            ),
-            cap=cap,
-            selection=selection if selection is not None and selection.batch_size in r else None,
         )
+        marked = selection if selection is not None and selection.batch_size in r else None
+        maps.append(("predicted_time_to_target", sub, panel, marked))
+    figs: dict[str, Figure] = {}
+    for stem, g, panel, marked in maps:
+        fig = figs[stem] = Figure(figsize=(width, height), dpi=150, layout="constrained")
+        FigureCanvasAgg(fig)
+        _, handles = _heatmap(fig, g, panel, cap=cap, selection=marked)
         _legend(fig, handles, width)
-        figs["predicted_time_to_target"] = fig
     return figs
 
 
@@ -391,8 +321,7 @@ def plot_profile(
     relation: RelationVector | None = None,
     selection: Pick | None = None,
 ) -> list[Path]:
-    """Write peak_power.png, time.png (and predicted_time_to_target.png, a heat map of T_N·r_b, with a
-    relation) into out_dir: the measured time-to-accuracy curves are the fleet's time_to_accuracy.png."""
+    """Write peak_power.png, time.png (and, with a relation, predicted_time_to_target.png) into out_dir."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths: list[Path] = []
@@ -405,7 +334,7 @@ def plot_profile(
 
 @dataclass(frozen=True)
 class Mark:
-    """A (batch size, frequency) to mark on a map, and who chose it (drawn as `marker` in `color`)."""
+    """A (batch size, frequency) to mark on a map, by who chose it (drawn as `marker` in `color`)."""
 
     batch_size: int
     frequency_hz: int
@@ -415,10 +344,8 @@ class Mark:
 
 
 def choices_per_cap(profile: Profile, marks: dict[float | None, list[Mark]], *, title: str) -> Figure:
-    """The profile's peak-power map once per cap, stacked: each panel titled with its cap, with the cap's
-    boundary drawn (and named in its legend) and the cells over it faded, and the (b, f) each chooser
-    picked under that cap marked. Every label has its own slot in a cell, so marks never hide each
-    other, and the cap a mark was chosen under is its panel's."""
+    """The profile's peak-power map once per cap, stacked, each with the (b, f) each chooser picked under
+    that cap marked (every label has its own slot in a cell: marks never hide each other)."""
     labels = list(dict.fromkeys(m.label for ms in marks.values() for m in ms))
     width, panel_h = map_size(profile)
     caps = sorted(marks, key=lambda c: math.inf if c is None else c)
@@ -441,14 +368,13 @@ def map_size(profile: Profile) -> tuple[float, float]:
 def draw_choices(
     sub: FigureBase, profile: Profile, cap: float | None, marks: list[Mark], labels: list[str], title: str
 ) -> Axes:
-    """One peak-power map of `profile` into `sub` (a figure or a subfigure) under `cap`: its boundary,
-    the cells over it faded, each mark in the slot of its label among `labels`, the legend below."""
-    points = {(p.batch_size, p.frequency_hz): p for p in profile.points}
-    grid = _Grid(profile.batch_sizes(), profile.frequencies(), points)
-    ax, handles = _peak_power_map(sub, grid, title, cap)
+    """One peak-power map of `profile` into `sub` (a figure or subfigure) under `cap`, each mark in the
+    slot of its label among `labels`."""
+    grid = _Grid.of(profile)
+    ax, handles = _heatmap(sub, grid, _peak_panel(title), cap=cap, selection=None)
     drawn: dict[str, Artist] = {}
     for m in marks:
-        if (m.batch_size, m.frequency_hz) not in points:
+        if (m.batch_size, m.frequency_hz) not in grid.points:
             continue
         k = labels.index(m.label)
         x = grid.frequencies_hz.index(m.frequency_hz) + _slot(k, len(labels))
@@ -476,9 +402,8 @@ def _slot(k: int, n: int) -> float:
 def plot_cap_over_time(
     steps: list[tuple[float, float | None]], until_s: float, title: str, path: Path
 ) -> Path:
-    """A cap over time as a step line (`powerctl cap-source --plot`), drawn from every change of the
-    source (`CapSource.steps_until`), not from a listing's samples; no cap is a gap. `path` is an
-    output file already checked (`powerctl.files.outputs.check_output_file`): no folder is created."""
+    """A cap over time as a step line from every change of the source (`powerctl cap-source --plot`); no
+    cap is a gap. `path` is an already checked output file: no folder is created."""
     fig = Figure(figsize=(7, 3), layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
@@ -494,9 +419,8 @@ def plot_cap_over_time(
 
 
 def save_figure(fig: Figure, path: Path, **kwargs: Any) -> Path:
-    """The one way a figure reaches disk: in the format its suffix names (one line listing the known
-    ones otherwise, `powerctl.files.outputs.plot_format`), written atomically, and never over a path that is
-    not a regular file (`powerctl.files.outputs.replacing`). Missing folders are created."""
+    """The one way a figure reaches disk: in its suffix's format (`plot_format`), atomically, never over a
+    path that is not a regular file (`replacing`)."""
     fmt = plot_format(path)
     with replacing(path) as tmp:
         fig.savefig(tmp, format=fmt, **kwargs)
@@ -504,8 +428,7 @@ def save_figure(fig: Figure, path: Path, **kwargs: Any) -> Path:
 
 
 def write_front(front: Front, profile: Profile, relation: RelationVector, out_dir: Path) -> list[Path]:
-    """`out_dir/pareto.json` (`powerctl.pareto/1`) and `out_dir/pareto.png`: the front of every feasible
-    pair."""
+    """`pareto.json` (`powerctl.pareto/1`) `pareto.png` in `out_dir`: the feasible pairs' front."""
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path = out_dir / "pareto.json"
     write_json(json_path, front.to_json_dict(profile, relation))
@@ -534,23 +457,11 @@ def _front_plot(front: Front, profile: Profile, relation: RelationVector, path: 
         if cap is not None and cast(float, s.peak_power_w) > cap
     ]
     if over:  # what the cap rules out, for scale: greyed, behind the feasible pairs
-        ax.scatter(
-            *_predicted(over),
-            s=12,
-            color="0.8",
-            label=f"over the cap ({len(over)})",
-            zorder=1,
-        )
+        ax.scatter(*_predicted(over), s=12, color="0.8", label=f"over the cap ({len(over)})", zorder=1)
     for i, b in enumerate(sizes):
         pts = [s for s in front.pairs if s.batch_size == b]
-        ax.scatter(
-            *_predicted(pts),
-            s=18,
-            color=cmap(i / max(1, len(sizes) - 1)),
-            label=f"b={b}",
-            alpha=0.8,
-            zorder=2,
-        )
+        color = cmap(i / max(1, len(sizes) - 1))
+        ax.scatter(*_predicted(pts), s=18, color=color, label=f"b={b}", alpha=0.8, zorder=2)
     xs, ys = _predicted(front.front)
     ax.step(xs, ys, where="post", color="black", lw=1.2, label="Pareto front", zorder=3)
     ax.scatter(xs, ys, s=30, facecolors="none", edgecolors="black", lw=0.9, zorder=4)
@@ -566,11 +477,8 @@ def _front_plot(front: Front, profile: Profile, relation: RelationVector, path: 
             arrowprops={"arrowstyle": "-", "lw": 0.6},
         )
     cap_s = "no cap" if cap is None else f"cap {cap:g} W"
-    ax.set_title(
-        f"{profile.device}, {profile.model}: predicted time and energy to "
-        f"{relation.target_accuracy:.0%} ({cap_s})",
-        fontsize=9,
-    )
+    target = f"{relation.target_accuracy:.0%} ({cap_s})"
+    ax.set_title(f"{profile.device}, {profile.model}: predicted time and energy to {target}", fontsize=9)
     ax.set_xscale("log")  # the lowest clocks lie far out; the front sits near the fast corner
     ax.set_yscale("log")
     plain = FuncFormatter(lambda v, _: f"{v:g}")
