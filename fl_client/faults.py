@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from powerctl.errors import PowerctlError
-from strategies.settings import FAULT_KINDS, client_setting, parse_fault_spec
+from strategies.setting_kinds import FAULT_KINDS, parse_fault_spec
+from strategies.settings import client_setting
 
 SWITCH_ENV = "POWERFED_FAULT_INJECTION"
 LOG_ENV = "POWERFED_FAULT_LOG"

@@ -22,7 +22,8 @@ from powerctl.files.mapping import MAX_SEED, Custom, Integer, MappingReader, map
 from powerctl.selection.methods import RUN_METHODS
 from strategies.fleet import not_simulated
 from strategies.population import Population, PopulationError, check_population, run_population
-from strategies.settings import APP_FILE, DATASET, METHODS, SETTINGS, RunSettings
+from strategies.setting_kinds import APP_FILE, DATASET
+from strategies.settings import METHODS, SETTINGS, RunSettings
 
 PLACES: dict[str, str | dict[str, str]] = {
     "rounds": "num-server-rounds",

@@ -107,7 +107,8 @@ def check_simulation(
     from powerfed.training.errors import DataError
     from strategies.fleet import fleet_availability, not_simulated
     from strategies.population import PopulationError, check_population, run_population
-    from strategies.settings import DATASET, SETTINGS
+    from strategies.setting_kinds import DATASET
+    from strategies.settings import SETTINGS
 
     for entry in load_fleet(cfg.fleet):
         if problem := not_simulated(entry.device):

@@ -16,7 +16,8 @@ from fl_server.run_config import RunConfigError, ServerConfig, parse_server_conf
 from simulations.fleet import load_fleet_spec
 from strategies import settings as declared
 from strategies.protocol import ProtocolError, TrainInstructions
-from strategies.settings import BOTH, CLIENT, SETTINGS, app_config_toml, client_setting, read_settings
+from strategies.settings import BOTH, CLIENT, SETTINGS, client_setting, read_settings
+from strategies.settings_docs import app_config_toml
 from tests.fl_helpers import relation
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,7 +36,11 @@ def test_pyprojects_table_is_the_declaration_key_for_key_in_order() -> None:
 
 def test_the_printed_table_is_what_pyproject_holds_and_every_default_passes_its_own_check() -> None:
     printed = subprocess.run(
-        [sys.executable, "-m", "strategies.settings"], cwd=ROOT, capture_output=True, text=True, check=True
+        [sys.executable, "-m", "strategies.settings_docs"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     assert printed == app_config_toml()
     assert tomllib.loads(printed)["tool"]["flwr"]["app"]["config"] == _pyproject_table()

@@ -1,6 +1,7 @@
-"""A setting is declared once, as the field of its group (`strategies.settings.setting_field`): who reads
-it is the group it is declared in, its default is read when an object is made, and a field whose name or
-type is not its setting's is refused where it is declared, in one line that says what to write."""
+"""A setting is declared once, as the field of its group (`strategies.settings.setting_field`): its key is
+the field's name in kebab-case, who reads it is the group it is declared in, its default is read when an
+object is made, and a field whose type is not its kind's is refused where it is declared, in one line that
+says what to write."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def test_who_reads_a_setting_is_the_group_it_is_declared_in() -> None:
     sent = [f.name for f in dataclasses.fields(SentSettings)]
     assert sent == [s.attr for s in settings_of([BOTH])]
     assert [f.name for f in dataclasses.fields(ClientSettings)] == [s.attr for s in settings_of([CLIENT])]
-    assert list(SETTINGS) == [f.metadata[SETTING_METADATA].key for f in dataclasses.fields(RunSettings)]
+    assert list(SETTINGS) == [f.name.replace("_", "-") for f in dataclasses.fields(RunSettings)]
     # the instructions carry the sent group: every sent setting, as an attribute, at its default
     plan_fields = {f.name for f in dataclasses.fields(TrainInstructions)}
     assert set(sent) <= plan_fields and not plan_fields & {s.attr for s in settings_of([SERVER, CLIENT])}
@@ -46,7 +47,7 @@ def test_who_reads_a_setting_is_the_group_it_is_declared_in() -> None:
 def test_each_setting_field_defaults_to_the_declaration_and_is_keyword_only(cls: type) -> None:
     for f in dataclasses.fields(cls):
         if SETTING_METADATA in f.metadata:
-            key = f.metadata[SETTING_METADATA].key
+            key = f.name.replace("_", "-")
             assert f.kw_only and f.default is dataclasses.MISSING, key  # read when an object is made
             assert f.default_factory() == run_default(key), key
     assert cls.__dataclass_params__.frozen  # type: ignore[attr-defined]
@@ -55,7 +56,7 @@ def test_each_setting_field_defaults_to_the_declaration_and_is_keyword_only(cls:
 def test_a_field_of_the_wrong_type_is_refused_with_the_line_to_write() -> None:
     @dataclasses.dataclass(frozen=True, kw_only=True)
     class Wrong:
-        lr_max: int = setting_field("lr-max", 0.002, Number(0.0, above=True), "A rate.", group="task")
+        lr_max: int = setting_field("task", 0.002, Number(0.0, above=True), "A rate.")
 
     with pytest.raises(
         SettingsError, match=r"setting 'lr-max' is declared as lr_max: int; write lr_max: float$"
@@ -63,30 +64,21 @@ def test_a_field_of_the_wrong_type_is_refused_with_the_line_to_write() -> None:
         _declare(Wrong, {Wrong: SERVER})
 
 
-def test_a_field_named_other_than_its_key_is_refused_with_the_line_to_write() -> None:
-    @dataclasses.dataclass(frozen=True, kw_only=True)
-    class Wrong:
-        lr_min: list[int] = setting_field(
-            "lr-max", "1,2", SETTINGS["batch-sizes"].kind, "Some.", group="task"
-        )
-
-    with pytest.raises(SettingsError, match=r"declared as lr_min: list\[int\]; write lr_max: list\[int\]$"):
-        _declare(Wrong, {Wrong: SERVER})
-
-
 def test_an_integer_without_a_ceiling_is_refused() -> None:
     @dataclasses.dataclass(frozen=True, kw_only=True)
     class Wrong:
-        rounds: int = setting_field("rounds", 2, Integer(1), "Rounds.", group="rounds")
+        rounds: int = setting_field("rounds", 2, Integer(1), "Rounds.")
 
     with pytest.raises(SettingsError, match=r"setting 'rounds' is an integer without a maximum$"):
         _declare(Wrong, {Wrong: SERVER})
 
 
-def test_a_declared_setting_is_read_by_its_group() -> None:
+def test_a_declared_setting_is_read_by_its_group_under_its_name_in_kebab_case() -> None:
     @dataclasses.dataclass(frozen=True, kw_only=True)
     class Sent:
-        seed: int = setting_field("seed", 3, Integer(0, 9), "A seed.", group="rounds")
+        warm_up_seed: int = setting_field("rounds", 3, Integer(0, 9), "A seed.")
 
     declared = _declare(Sent, {Sent: BOTH})
-    assert declared["seed"].readers == BOTH and declared["seed"].typed_default() == 3
+    assert list(declared) == ["warm-up-seed"]
+    assert declared["warm-up-seed"].readers == BOTH and declared["warm-up-seed"].typed_default() == 3
+    assert (declared["warm-up-seed"].attr, declared["warm-up-seed"].group) == ("warm_up_seed", "rounds")

@@ -1,0 +1,62 @@
+"""The run settings' declarations (`strategies.settings`) written out for readers: pyproject.toml's
+``[tool.flwr.app.config]`` table (Flower takes the defaults from there) and the Markdown tables of
+docs/reference/run-config.md, both written by `make docs` (docs/generate.py); ``python -m
+strategies.settings_docs`` prints the table."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from collections.abc import Callable, Iterable, Sequence
+
+from strategies.settings import BOTH, CLIENT, SERVER, SETTINGS, Setting
+
+READ_BY = {SERVER: "server", CLIENT: "client app", BOTH: "server, clients"}
+"""How the docs name each kind of reader."""
+
+
+def app_config_toml(settings: Iterable[Setting] | None = None) -> str:
+    """The ``[tool.flwr.app.config]`` table pyproject.toml must hold, each key under its help."""
+    lines = ["[tool.flwr.app.config]"]
+    for s in settings if settings is not None else SETTINGS.values():
+        lines += textwrap.wrap(
+            s.help, 100, initial_indent="# ", subsequent_indent="# ", break_on_hyphens=False
+        )
+        lines.append(f"{s.key} = {_toml(s.default)}")
+    return "\n".join(lines) + "\n"
+
+
+def markdown_table(settings: Iterable[Setting] | None = None, text: Callable[[str], str] = str) -> str:
+    """The settings as a Markdown table (key, default, the values its check takes, what it is, who reads
+    it) for the docs; `text` turns a help text into the cell (docs/generate.py makes docs/ paths links)."""
+    lines = ["| key | default | takes | what it is | read by |", "|---|---|---|---|---|"]
+    for s in settings if settings is not None else SETTINGS.values():
+        cells = [f"`{s.key}`", f"`{_toml(s.default)}`", s.kind.expected, text(s.help), READ_BY[s.readers]]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(
+        prog="python -m strategies.settings_docs",
+        description="Print the run settings as pyproject.toml's [tool.flwr.app.config] table (default) or "
+        "as a Markdown table.",
+    )
+    p.add_argument("--markdown", action="store_true", help="a Markdown table for the docs")
+    args = p.parse_args(argv)
+    sys.stdout.write(markdown_table() if args.markdown else app_config_toml())
+    return 0
+
+
+def _toml(value: bool | int | float | str) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return repr(value)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
