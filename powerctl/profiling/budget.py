@@ -1,28 +1,11 @@
 """Profiling that pays for itself: a client holds its profiling to a share of the training it serves.
 
-On the paper's boards profiling costs 1.9–6 % of training; on a short task the same profile can cost more
-than the training itself, and then it never pays back. So before it profiles, a client predicts, from a
-predicted profile of the board (a simulated board's model, or a measured profile of the same board kind
-completed by `powerctl.profiling.fit`),
-
-- its **training**: samples to the target (the relation vector's absolute samples, within the round's
-  sample budget) at the seconds per sample of the predicted profile's choice, and
-- what each way of profiling would **cost**: the profiler itself is walked over the prediction
-  (`ReplayBoard`), so the cost predicted is that of the very points the order would measure,
-
-and takes the most thorough way whose cost stays within `share` × the predicted training
-(docs/design/profiling-budget.md):
-
-1. the instructed order (`efficient`: each batch size up to the cap; `grid`),
-2. `fitted`: a few points, a fit, the choice confirmed by measuring (`powerctl.profiling.profiler`),
-3. `predicted`: Algorithm 1 on the predicted profile, its choice pinned and measured by the training's
-   own first steps (`powerctl.selection.confirm`): a pair measured over the cap is dropped and the next
-   best predicted pair pinned and measured, until the choice is a measured pair under the cap. Those
-   steps train, so this way costs no device time beside the training: it always fits the budget.
-
-Without a predicted profile the client cannot take the third way: it measures one step at a safe pair,
-bounds the instructed order's cost by the whole grid scaled from it (time ∝ b / f) and otherwise profiles
-the fitted order (the least it can do, even over the budget: the fitted order's confirmation keeps the cap).
+Before it profiles, a client predicts from a predicted profile of the board its training (samples to the
+target at the predicted choice's seconds per sample) and each way's cost (the profiler walked over the
+prediction, `ReplayBoard`), and takes the most thorough way within `share` × the training: the instructed
+order, `fitted`, or `predicted` (the prediction's choice, confirmed by the training's first steps: no
+device time). Without a prediction it measures one step at a safe pair and bounds the instructed order by
+the whole grid scaled from it. The design: docs/design/profiling-budget.md.
 """
 
 from __future__ import annotations
@@ -44,11 +27,9 @@ from powerctl.selection.joint import select
 
 T = TypeVar("T")
 
-PREDICTED = "predicted"
-"""The least way: the predicted profile's choice, confirmed by the training's first steps."""
+PREDICTED = "predicted"  # the least way: the prediction's choice, confirmed by the training's first steps
 FITTED = "fitted"
-BOARD_MODEL = "the simulated board's model"
-"""`predicted_from` of a simulated board's prediction."""
+BOARD_MODEL = "the simulated board's model"  # `predicted_from` of a simulated board's prediction
 
 
 # --- a device that behaves as a profile says --------------------------------------------------------
@@ -72,9 +53,8 @@ class _ReplaySampler(PowerSampler):
 
 
 class ReplayBoard(Device):
-    """A virtual board whose every step costs what `table` says (seconds per batch, peak power), without
-    noise: the profiler walked over it measures what it would measure on the board the table predicts,
-    and its clock says what that would cost. A pair the table lacks does not fit (out of memory)."""
+    """A noiseless virtual board whose every step costs what `table` says: the profiler walked over it
+    measures, and its clock costs, what they would on the board predicted. A pair not in it: out of memory."""
 
     has_power_sensor = True
 
@@ -146,25 +126,15 @@ def order_cost(
     frequencies: Sequence[int],
     batch_sizes: Sequence[int],
 ) -> tuple[float, int]:
-    """(device seconds, points) the profiler's `order` would spend on the board `prediction` describes,
-    profiling as `request` asks: the instructed order stops at its own cap, the others at the pair's;
-    the fitted order reads the relation vector."""
-    board = ReplayBoard(prediction, frequencies)
-    profiler = request.profiler(board, workload, _no_step)
-    profile = profiler.run(
-        batch_sizes,
-        order=order,
-        power_cap_w=request.order_cap_w if order == request.order else request.power_cap_w,
-        relation=request.relation.as_map() if order == FITTED else None,
-        progress=False,
-    )
+    """(device seconds, points) the profiler's `order` would spend on the board `prediction` describes."""
+    profiler = request.profiler(ReplayBoard(prediction, frequencies), workload, _no_step)
+    profile = request.run(profiler, order, batch_sizes, progress=False)
     return float(profile.profiling_seconds or 0.0), len(profile.points)
 
 
 def completed(profile: Profile, frequencies: Sequence[int]) -> Profile | None:
-    """A measured profile with every pair of its batch sizes: measured where it was, else predicted by
-    the fit (`powerctl.profiling.fit`), all in `points` (it is a prediction, never a selection's input
-    for a pin). None when its points cannot be fitted (the largest batch size at one frequency only)."""
+    """A measured profile with every pair of its batch sizes, the missing ones predicted by the fit (a
+    prediction, never a pin's input); None when its points cannot be fitted."""
     measured = {(p.batch_size, p.frequency_hz): p for p in profile.points}
     try:
         fit = fit_profile(profile.points, max(frequencies))
@@ -181,29 +151,18 @@ def completed(profile: Profile, frequencies: Sequence[int]) -> Profile | None:
 # --- the plan ---------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ProfilingRequest:
-    """What a client's profiling is asked to do (the instructed order and its cap, the grid, the cap
-    the pair must keep) and what it is held to: `share` of the training it serves, predicted from the
-    relation vector within the round's budget. Checked when made."""
+    """What a client's profiling is asked to do and what it is held to: `share` of the training it serves."""
 
-    order: str
-    """The instructed order (efficient, grid, fitted)."""
-    order_cap_w: float | None
-    """The cap the instructed order stops at."""
-    batch_sizes: Sequence[int]
-    """The batch sizes to profile (those the relation vector also has)."""
-    samples: int
-    """Samples per profiled point (the profiler's `samples`)."""
-    power_cap_w: float | None
-    """The cap the chosen pair must keep (the fitted and predicted ways stop at it)."""
+    order: str  # the instructed order (efficient, grid, fitted)
+    order_cap_w: float | None  # the cap the instructed order stops at
+    batch_sizes: Sequence[int]  # those the relation vector also has are profiled
+    samples: int  # samples per profiled point
+    power_cap_w: float | None  # the cap the chosen pair must keep (the fitted and predicted ways stop at it)
     relation: RelationVector
-    share: float
-    """Profiling may cost at most this share of the predicted training, in (0, 1]."""
-    max_samples: float | None = None
-    """The round's sample budget: the training predicted stops there."""
-    max_training_s: float | None = None
-    """The round's device-seconds budget: the training predicted stops there."""
-    rule: str = DEFAULT_RELATION_RULE
-    """The relation rule the predicted way's choice is made by (`powerctl.selection.joint.select`)."""
+    share: float  # profiling may cost at most this share of the predicted training, in (0, 1]
+    max_samples: float | None = None  # the round's sample budget: the training predicted stops there
+    max_training_s: float | None = None  # the round's device-seconds budget, likewise
+    rule: str = DEFAULT_RELATION_RULE  # the relation rule the predicted way's choice is made by
     warmup_steps: int = 2
     measure_steps: int = 5
 
@@ -213,13 +172,17 @@ class ProfilingRequest:
 
     def profiler(self, device: Device, workload: Workload, make_step: StepFactory) -> Profiler:
         """The profiler this request measures with (its samples, warm-up and measured steps)."""
-        return Profiler(
-            device,
-            workload,
-            make_step,
-            samples=self.samples,
-            warmup_steps=self.warmup_steps,
-            measure_steps=self.measure_steps,
+        steps = {"warmup_steps": self.warmup_steps, "measure_steps": self.measure_steps}
+        return Profiler(device, workload, make_step, samples=self.samples, **steps)
+
+    def run(self, profiler: Profiler, way: str, sizes: Sequence[int], *, progress: bool) -> Profile:
+        """`way` profiled: the instructed order stops at its own cap, the others at the pair's."""
+        return profiler.run(
+            sizes,
+            order=way,
+            power_cap_w=self.order_cap_w if way == self.order else self.power_cap_w,
+            relation=self.relation.as_map() if way == FITTED else None,
+            progress=progress,
         )
 
 
@@ -227,25 +190,15 @@ class ProfilingRequest:
 class ProfilingPlan:
     """What a client predicted and chose before profiling, and what it spent (reported to the server)."""
 
-    choice: str
-    """The way it profiled: the instructed order (efficient, grid), fitted, or predicted."""
+    choice: str  # the way it profiled: the instructed order (efficient, grid), fitted, or predicted
     share: float
-    predicted_training_s: float
-    """Samples to the target × seconds per sample at the measured pair (the predicted profile's choice;
-    without a prediction the largest batch size at the reference frequency: the state of practice's)."""
-    budget_s: float
-    """share × predicted_training_s."""
-    costs_s: dict[str, float]
-    """Each way's predicted device seconds, the measured step included (ways it could not predict are
-    absent)."""
-    reference: tuple[int, int]
-    """The (batch size, Hz) of the measured step."""
-    predicted_from: str = ""
-    """Where the predicted profile came from ("" without one)."""
-    spent_s: float = 0.0
-    """Device seconds profiling actually cost, the measured step included."""
-    points: int = 0
-    """Pairs measured, the measured step included."""
+    predicted_training_s: float  # samples to the target × seconds per sample at the reference pair
+    budget_s: float  # share × predicted_training_s
+    costs_s: dict[str, float]  # each way's predicted device seconds (ways it could not predict: absent)
+    reference: tuple[int, int]  # the (batch size, Hz) the training is predicted at
+    predicted_from: str = ""  # where the predicted profile came from ("" without one)
+    spent_s: float = 0.0  # device seconds profiling cost, the measured step included
+    points: int = 0  # pairs measured, the measured step included
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -260,9 +213,8 @@ class ProfilingPlan:
 def over_budget(
     choice: str, costs_s: Mapping[str, float], budget_s: float, spent_s: float, training_s: float
 ) -> str | None:
-    """Why a budgeted client's profiling cost more than its budget, from what its report holds: no way
-    was predicted to fit (a training too short for any profile to pay for itself: the least thorough
-    way was taken), or the way chosen cost more than predicted. None when it stayed within."""
+    """Why a budgeted client's profiling cost more than its budget (no way was predicted to fit, or the
+    way chosen cost more than predicted); None when it stayed within."""
     if spent_s <= budget_s:
         return None
     spent = f"profiling took {spent_s:.3g} s, over its {budget_s:.3g} s budget"
@@ -289,23 +241,19 @@ def choose_way(ways: Sequence[str], costs_s: Mapping[str, float], budget_s: floa
     return ways[-1]
 
 
-CONFIRM_KEY = "confirm"
-"""`Profile.extra` key of the predicted way's profile: where its choice is measured."""
-IN_TRAINING = "training"
-"""The predicted way's choice is measured by the training's first steps (`powerctl.selection.confirm`)."""
+CONFIRM_KEY = "confirm"  # `Profile.extra` key of the predicted way's profile: where its choice is measured
+IN_TRAINING = "training"  # by the training's first steps (`powerctl.selection.confirm`)
 
 
 def confirmed_in_training(profile: Profile) -> bool:
-    """Whether `profile` is the predicted way's: its points are the board's prediction, and the pair
-    chosen from them is measured by the training's first steps before it is kept."""
+    """Whether `profile` is the predicted way's, whose choice the training's first steps measure."""
     return profile.extra.get("order") == PREDICTED and profile.extra.get(CONFIRM_KEY) == IN_TRAINING
 
 
 def to_confirm(
     prediction: Profile, workload: Workload, request: ProfilingRequest, device: Device, source: str
 ) -> Profile:
-    """The predicted way's profile: the prediction's points, to be confirmed in training (no device
-    time spent on it before training)."""
+    """The predicted way's profile: the prediction's points, to be confirmed in training."""
     return Profile(
         device=device.board,
         model=workload.model,
@@ -336,9 +284,8 @@ def still_enough(
     max_training_s: float | None = None,
     rule: str = DEFAULT_RELATION_RULE,
 ) -> bool:
-    """Whether a cached profile of the predicted way is still all this task's budget pays for: its
-    measured choice predicts this task's training (no device time), weighed against the costs its
-    plan recorded for the other `ways` (most thorough first). False: a longer task, worth profiling."""
+    """Whether a cached profile of the predicted way is still all this task's budget pays for: its choice
+    predicts this task's training, weighed against the costs its plan recorded for the other `ways`."""
     plan = profile.extra.get("budget")
     if not isinstance(plan, dict) or not isinstance(plan.get("costs_s"), dict):
         return True  # nothing to weigh with: kept, as every cached profile is
@@ -359,9 +306,7 @@ def predicted_training_s(
     max_samples: float | None,
     max_training_s: float | None,
 ) -> float:
-    """Seconds to train to the target at `point`: its batch size's samples to the target (no more than
-    `max_samples`, the round's sample budget) at the point's seconds per sample (no more than
-    `max_training_s`, the round's device-seconds budget)."""
+    """Seconds to train to the target at `point`, within the round's sample and device-seconds budgets."""
     b = point.batch_size
     samples = min(samples_to_target[b], max_samples or math.inf)
     seconds = samples * point.seconds_per_batch / b
@@ -369,15 +314,11 @@ def predicted_training_s(
 
 
 def grid_bound_s(
-    point: ProfilePoint,
-    frequencies: Sequence[int],
-    batch_sizes: Sequence[int],
-    steps_per_point: int,
+    point: ProfilePoint, frequencies: Sequence[int], batch_sizes: Sequence[int], steps: int
 ) -> float:
-    """Without a prediction: the whole grid's cost scaled from one measured point, step time ∝ b / f
-    (a bound on every order that stops earlier)."""
+    """The whole grid's cost scaled from one measured point, step time ∝ b / f (bounds every order)."""
     per_step = point.seconds_per_batch / point.batch_size * point.frequency_hz
-    return sum(steps_per_point * per_step * b / hz for b in batch_sizes for hz in frequencies)
+    return sum(steps * per_step * b / hz for b in batch_sizes for hz in frequencies)
 
 
 def profile_within_budget(
@@ -391,14 +332,9 @@ def profile_within_budget(
     reference_hz: int | None = None,
     progress: bool = False,
 ) -> tuple[Profile, ProfilingPlan]:
-    """Predict the training and each way's cost, profile the most thorough way within `request.share`
-    of the training (see the module docstring). `prediction`: the board's predicted profile (None:
-    nothing predicts it), `predicted_from` where it came from. With a prediction nothing is measured
-    before the choice: the training and the costs are the prediction's, and the predicted way spends no
-    device time here (its choice is confirmed by the training's first steps: `to_confirm`). Without one,
-    one step is measured at `reference_hz` (the board's state-of-practice frequency for the cap: safe;
-    default the lowest) and predicts the training. The profile's `profiling_seconds` include that step;
-    its `extra["budget"]` is the plan."""
+    """Profile the most thorough way within `request.share` of the predicted training (the module's
+    docstring). Without a `prediction`, one step measured at `reference_hz` (default the lowest)
+    predicts the training. The profile's `extra["budget"]` is the plan."""
     order, power_cap_w, relation = request.order, request.power_cap_w, request.relation
     table = device.frequencies()
     sizes = sorted(set(request.batch_sizes) & set(relation.batch_sizes), reverse=True)
@@ -437,13 +373,7 @@ def profile_within_budget(
             assert prediction is not None
             profile = to_confirm(prediction, workload, request, device, predicted_from)
         else:
-            profile = profiler.run(
-                sizes,
-                order=choice,
-                power_cap_w=request.order_cap_w if choice == order else power_cap_w,
-                relation=relation.as_map() if choice == FITTED else None,
-                progress=progress,
-            )
+            profile = request.run(profiler, choice, sizes, progress=progress)
         measured_step = prediction is None and training > 0
         profile.profiling_seconds = device.clock() - start
         plan = ProfilingPlan(
@@ -471,19 +401,13 @@ def _costs(
     table: list[int],
     sizes: list[int],
 ) -> dict[str, float]:
-    """Each way's predicted device seconds before training: walked over the prediction (the predicted
-    way: none, its choice is measured by the training); without one, the measured step (`spent`) and
-    the instructed order's grid bound only."""
-    order, steps_per_point = request.order, request.warmup_steps + request.measure_steps
+    """Each way's predicted device seconds: walked over the prediction (the predicted way: none); without
+    one, the measured step (`spent`) and the instructed order's grid bound only."""
     if prediction is None:
-        if order == FITTED:
-            return {}
-        return {order: spent + grid_bound_s(ref_point, table, sizes, steps_per_point)}
-    costs = {}
-    for way in ways:
-        if way == PREDICTED:
-            costs[way] = 0.0
-            continue
-        seconds, _ = order_cost(prediction, workload, way, request, frequencies=table, batch_sizes=sizes)
-        costs[way] = seconds
-    return costs
+        bound = spent + grid_bound_s(ref_point, table, sizes, request.warmup_steps + request.measure_steps)
+        return {} if request.order == FITTED else {request.order: bound}
+
+    def walked(way: str) -> float:
+        return order_cost(prediction, workload, way, request, frequencies=table, batch_sizes=sizes)[0]
+
+    return {way: 0.0 if way == PREDICTED else walked(way) for way in ways}
