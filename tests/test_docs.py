@@ -343,10 +343,10 @@ def test_quoted_powerctl_sessions_print_what_the_page_says(page, block, tmp_path
 
 
 # Guides that cannot drift: every Python block of the README and the how-to guides runs here, or is
-# marked as an excerpt of an example app that tests/test_examples.py runs; every repo path, module and
-# README section the hand-written pages name exists.
+# marked as an excerpt of an example app or patch that tests/test_examples.py runs; every repo path,
+# module and README section the hand-written pages name exists.
 
-EXCERPT = re.compile(r"<!-- excerpt: (?P<old>\S+?)(?: -> (?P<new>\S+?))? -->")
+EXCERPT = re.compile(r"<!-- excerpt: (?P<path>\S+?) -->")
 FENCED = re.compile(
     r"^(?P<marker><!-- excerpt:[^\n]*-->\n)?```(?P<lang>[\w+-]*)[^\n]*\n(?P<body>.*?)^```", re.S | re.M
 )
@@ -399,9 +399,8 @@ def _excerpt_lines(body: str, sign: str | None) -> list[str]:
     return out
 
 
-def _missing_in_order(lines: list[str], path: Path) -> str | None:
-    """The first of `lines` not found in `path`'s stripped lines after the previous one, else None."""
-    have = [x.strip() for x in path.read_text(encoding="utf-8").splitlines()]
+def _missing_in_order(lines: list[str], have: list[str]) -> str | None:
+    """The first of `lines` not found in `have` (stripped lines) after the previous one, else None."""
     at = 0
     for line in lines:
         try:
@@ -412,27 +411,27 @@ def _missing_in_order(lines: list[str], path: Path) -> str | None:
 
 
 def _run_by_tests(path: str) -> bool:
-    """An example app's file, in a folder tests/test_examples.py runs."""
+    """An example app's file or an example patch, that tests/test_examples.py runs or applies."""
     parts = Path(path).parts
     examples = (ROOT / "tests" / "test_examples.py").read_text(encoding="utf-8")
-    return len(parts) > 2 and parts[0] == "examples" and f'"{parts[1]}"' in examples
+    return len(parts) > 1 and parts[0] == "examples" and f'"{parts[1]}"' in examples
 
 
 def excerpt_problems(block: Block) -> list[str]:
     """What is wrong with an excerpt block: its marker's files, and its lines not in them in order."""
     found = EXCERPT.fullmatch(block.marker.strip()) if block.marker else None
     if found is None:
-        return [
-            f"{block}: the marker must read <!-- excerpt: PATH --> (a diff: <!-- excerpt: OLD -> NEW -->)"
-        ]
-    if (block.lang == "diff") != (found["new"] is not None):
-        return [f"{block}: a diff names its two files (OLD -> NEW), other blocks one"]
-    sides = [(found["old"], "-"), (found["new"], "+")] if block.lang == "diff" else [(found["old"], None)]
+        return [f"{block}: the marker must read <!-- excerpt: PATH -->"]
+    path = found["path"]
+    if (block.lang == "diff") != path.endswith(".patch"):
+        return [f"{block}: a diff is an excerpt of an example's .patch, other blocks of an app's file"]
+    if not (ROOT / path).is_file() or not _run_by_tests(path):
+        return [f"{block}: {path} is not a file of an example app or patch tests/test_examples.py runs"]
+    text = (ROOT / path).read_text(encoding="utf-8")
     problems = []
-    for path, sign in sides:
-        if not (ROOT / path).is_file() or not _run_by_tests(path):
-            problems.append(f"{block}: {path} is not a file of an example app tests/test_examples.py runs")
-        elif (line := _missing_in_order(_excerpt_lines(block.body, sign), ROOT / path)) is not None:
+    for sign in ("-", "+") if block.lang == "diff" else (None,):  # a patch's old side, then its new one
+        have = _excerpt_lines(text, sign) if sign else [x.strip() for x in text.splitlines()]
+        if (line := _missing_in_order(_excerpt_lines(block.body, sign), have)) is not None:
             problems.append(f"{block}: not in {path} (in this order): {line}")
     return problems
 
@@ -449,9 +448,7 @@ def python_block_problems(page: Path) -> list[str]:
         if block.lang in ("", "text") and PYTHON_LINE.search("    " + block.body.replace("\n", "\n    ")):
             problems.append(f"{block}: Python in a block without a language: fence it as ```python")
         elif block.lang == "diff" and not block.marker:
-            problems.append(
-                f"{block}: a diff must be an excerpt: <!-- excerpt: OLD -> NEW --> right above it"
-            )
+            problems.append(f"{block}: a diff must be an excerpt: <!-- excerpt: PATCH --> right above it")
         elif block.marker:
             problems += excerpt_problems(block)
     return problems
@@ -488,23 +485,26 @@ def test_a_stale_excerpt_or_an_unmarked_block_is_named(tmp_path: Path) -> None:
     """The checks can fail: a diff whose added line the example no longer has, a diff without a marker,
     Python in an indented block, and a Python block that raises are each named."""
     app = "examples/quickstart-powerfed/pytorchexample/server_app.py"
-    plain = "examples/quickstart-pytorch/pytorchexample/server_app.py"
+    patch = "examples/pytorch-to-powerfed.patch"
     page = tmp_path / "page.md"
-    good = f"<!-- excerpt: {plain} -> {app} -->\n```diff\n+from powerfed import PowerAware\n```\n"
+    good = f"<!-- excerpt: {patch} -->\n```diff\n+from powerfed import PowerAware\n```\n"
     page.write_text(good)
     assert python_block_problems(page) == [
-        "page.md:2: not in examples/quickstart-powerfed/pytorchexample/server_app.py (in this order): "
-        "from powerfed import PowerAware"
+        f"page.md:2: not in {patch} (in this order): from powerfed import PowerAware"
     ]
     real = next(x for x in _excerpt_lines((ROOT / app).read_text(), None) if x.startswith("from powerfed"))
     page.write_text(good.replace("+from powerfed import PowerAware", f"+{real}\n ...\n-{real}"))
-    assert python_block_problems(page) == [f"page.md:2: not in {plain} (in this order): {real}"]
+    assert python_block_problems(page) == [f"page.md:2: not in {patch} (in this order): {real}"]
     page.write_text(good.replace("+from powerfed import PowerAware", f"+{real}"))
     assert python_block_problems(page) == []
+    page.write_text(good.replace(patch, app).replace("+from powerfed import PowerAware", f"+{real}"))
+    assert python_block_problems(page) == [
+        "page.md:2: a diff is an excerpt of an example's .patch, other blocks of an app's file"
+    ]
     page.write_text("```diff\n+x = 1\n```\n\n    import powerfed\n")
     assert python_block_problems(page) == [
         "page.md: Python in an indented block (import powerfed): fence it as ```python",
-        "page.md:1: a diff must be an excerpt: <!-- excerpt: OLD -> NEW --> right above it",
+        "page.md:1: a diff must be an excerpt: <!-- excerpt: PATCH --> right above it",
     ]
     page.write_text("```python\n1/0\n```\n")
     (block,) = fenced_blocks(page)

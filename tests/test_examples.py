@@ -1,11 +1,13 @@
-"""examples/: two Flower apps, each with its power-aware twin (issue 27 item 6, issue 37): a
-`quickstart-pytorch`-style app (Adam, FedAvg) and a FedProx app (SGD with momentum and the proximal
-term in its own step, Flower's FedProx strategy, its relation vector estimated with that step).
+"""examples/: one Flower app made power-aware, `quickstart-powerfed` (Adam, FedAvg), and three patches
+that give the other apps: Flower's `quickstart-pytorch`-style app it was made from, and a FedProx app
+(SGD with momentum and the proximal term in its own step, Flower's FedProx strategy, its relation vector
+estimated with that step) in its plain and power-aware forms.
 
-Each power-aware version differs from its plain one by at most 30 (40) lines; the plain ones train as they
-stand; the power-aware ones run with `flwr run` on two simulated boards through the project's launcher
-(`python -m simulations flwr-run --app`: a private Flower home, a SuperLink started and stopped by
-process id), and every node's row in its results.json says what the round cost and the pair it chose.
+The patches still apply to the app as it stands; each power-aware app differs from its plain one by at
+most 30 (40) lines; the plain ones train as they stand; the power-aware ones run with `flwr run` on two
+simulated boards through the project's launcher (`python -m simulations flwr-run --app`: a private Flower
+home, a SuperLink started and stopped by process id), and every node's row in its results.json says what
+the round cost and the pair it chose.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -23,16 +26,45 @@ import pytest
 from simulations.local_superlink import free_port, pids_listening_on
 
 ROOT = Path(__file__).resolve().parents[1]
-PLAIN = ROOT / "examples" / "quickstart-pytorch"
-POWER_AWARE = ROOT / "examples" / "quickstart-powerfed"
-FEDPROX = ROOT / "examples" / "quickstart-fedprox"
-FEDPROX_AWARE = ROOT / "examples" / "quickstart-fedprox-powerfed"
+EXAMPLES = ROOT / "examples"
+POWER_AWARE = EXAMPLES / "quickstart-powerfed"
+APPS = {
+    "quickstart-pytorch": ("quickstart-powerfed", "pytorch-to-powerfed.patch", "-R"),
+    "quickstart-fedprox-powerfed": ("quickstart-powerfed", "powerfed-to-fedprox-powerfed.patch", ""),
+    "quickstart-fedprox": ("quickstart-fedprox-powerfed", "fedprox-to-fedprox-powerfed.patch", "-R"),
+}
+"""The apps the patches give (name → the app it is made from, the patch in examples/, applied in reverse
+or not), in the order they are made."""
 PAIRS = [
-    pytest.param(PLAIN, POWER_AWARE, "pytorchexample", 30, id="adam-fedavg"),
-    pytest.param(FEDPROX, FEDPROX_AWARE, "fedproxexample", 40, id="sgd-fedprox"),
+    pytest.param("quickstart-pytorch", "quickstart-powerfed", "pytorchexample", 30, id="adam-fedavg"),
+    pytest.param("quickstart-fedprox", "quickstart-fedprox-powerfed", "fedproxexample", 40, id="sgd-fedprox"),
 ]
 """(plain app, power-aware app, their package, the most lines the power-aware diff may change)."""
 LAUNCHER = [sys.executable, "-m", "simulations", "flwr-run"]
+
+
+def make_app(app: Path, patch: Path, reverse: str) -> None:
+    """`patch` applied to the app folder `app` in place (its paths start a/APP/, b/APP/: -p2), exactly as
+    asked (never guessed reversed), no fuzz, no backup or reject files: one that no longer applies fails."""
+    exact = ["--force", "--fuzz=0", "--no-backup-if-mismatch", "--reject-file=-", "-s", "-p2"]
+    args = ["patch", *exact, "-d", str(app), "-i", str(patch), *([reverse] if reverse else [])]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, (
+        f"examples/{patch.name} does not apply to examples/quickstart-powerfed as it stands: remake it "
+        f"(examples/README.md)\n{proc.stdout}{proc.stderr}"
+    )
+
+
+@pytest.fixture(scope="module")
+def apps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Every example app as a folder: quickstart-powerfed as it stands, the others made by their patches."""
+    root = tmp_path_factory.mktemp("examples")
+    made = {"quickstart-powerfed": POWER_AWARE}
+    for name, (base, patch, reverse) in APPS.items():
+        shutil.copytree(made[base], root / name, ignore=shutil.ignore_patterns("__pycache__", "runs"))
+        make_app(root / name, EXAMPLES / patch, reverse)
+        made[name] = root / name
+    return made
 
 
 def app_files(app: Path) -> dict[str, list[str]]:
@@ -40,7 +72,7 @@ def app_files(app: Path) -> dict[str, list[str]]:
     return {
         str(p.relative_to(app)): p.read_text(encoding="utf-8").splitlines()
         for p in sorted(app.rglob("*"))
-        if p.is_file() and "__pycache__" not in p.parts
+        if p.is_file() and not {"__pycache__", "runs"} & set(p.parts)
     }
 
 
@@ -54,11 +86,28 @@ def changed_lines(a: dict[str, list[str]], b: dict[str, list[str]]) -> list[str]
     return out
 
 
+@pytest.mark.parametrize("name", APPS)
+def test_each_patch_makes_its_app_and_back(apps: dict[str, Path], name: str, tmp_path: Path) -> None:
+    """A patch applied the other way to the app it made gives the app it was made from, to the byte."""
+    base, patch, reverse = APPS[name]
+    assert app_files(apps[name]) != app_files(apps[base])
+    back = tmp_path / base
+    shutil.copytree(apps[name], back)
+    make_app(back, EXAMPLES / patch, "" if reverse else "-R")
+    assert app_files(back) == app_files(apps[base])
+
+
+def test_a_patch_that_no_longer_applies_is_named(tmp_path: Path) -> None:
+    shutil.copytree(POWER_AWARE, tmp_path / "app", ignore=shutil.ignore_patterns("__pycache__", "runs"))
+    with pytest.raises(AssertionError, match=r"examples/pytorch-to-powerfed.patch does not apply"):
+        make_app(tmp_path / "app", EXAMPLES / "pytorch-to-powerfed.patch", "")  # forward: already applied
+
+
 @pytest.mark.parametrize(("plain_app", "aware_app", "package", "most"), PAIRS)
 def test_each_power_aware_example_differs_from_its_plain_one_by_at_most_its_lines(
-    plain_app: Path, aware_app: Path, package: str, most: int
+    apps: dict[str, Path], plain_app: str, aware_app: str, package: str, most: int
 ) -> None:
-    plain, aware = app_files(plain_app), app_files(aware_app)
+    plain, aware = app_files(apps[plain_app]), app_files(apps[aware_app])
     assert sorted(plain) == sorted(aware)  # the same app: the same files
     changed = changed_lines(plain, aware)
     assert 0 < len(changed) <= most, "\n".join(changed)
@@ -69,7 +118,7 @@ def test_each_power_aware_example_differs_from_its_plain_one_by_at_most_its_line
 
 
 def _run_python(app: Path, code: str, env: dict[str, str] | None = None) -> str:
-    """`code` in a fresh interpreter with `app` first on sys.path (both examples are `pytorchexample`)."""
+    """`code` in a fresh interpreter with `app` first on sys.path."""
     proc = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         cwd=app,
@@ -84,12 +133,12 @@ def _run_python(app: Path, code: str, env: dict[str, str] | None = None) -> str:
 
 @pytest.mark.parametrize(("plain_app", "aware_app", "package", "most"), PAIRS)
 def test_each_plain_example_trains_and_evaluates_through_its_client_app(
-    plain_app: Path, aware_app: Path, package: str, most: int
+    apps: dict[str, Path], plain_app: str, aware_app: str, package: str, most: int
 ) -> None:
     """The plain app's own train and evaluate functions, called as Flower calls them: one epoch on one
     partition learns the task (the data is seeded, so the power-aware run has something to learn)."""
     out = _run_python(
-        plain_app,
+        apps[plain_app],
         f"""
         import sys
         sys.path.insert(0, ".")
@@ -142,17 +191,18 @@ def test_an_app_folder_that_is_not_a_flower_app_is_one_line_and_starts_nothing(t
 @pytest.mark.slow
 @pytest.mark.parametrize(("plain_app", "aware_app", "package", "most"), PAIRS)
 def test_each_power_aware_example_runs_with_flwr_run_on_two_simulated_boards(
-    tmp_path: Path, plain_app: Path, aware_app: Path, package: str, most: int
+    apps: dict[str, Path], tmp_path: Path, plain_app: str, aware_app: str, package: str, most: int
 ) -> None:
     """`flwr run` of the example app as it stands, one round, two virtual nodes mapped by its `fleet`
     to a Jetson Nano capped at 3 W and a TX2 NX at 3.5 W: every node reports device seconds, energy,
     peak power and the (batch size, frequency) pair it chose under its cap; the app folder is left as
     it was and nothing listens on the SuperLink's port afterwards."""
-    before = app_files(aware_app)
+    aware = apps[aware_app]
+    before = app_files(aware)
     port = free_port()
     results = tmp_path / "results.json"
     run_config = f"num-server-rounds=1 results='{results}' model-path='{tmp_path / 'model.pt'}'"
-    args = ["--app", str(aware_app), "--nodes", "2", "--port", str(port), "--run-config", run_config]
+    args = ["--app", str(aware), "--nodes", "2", "--port", str(port), "--run-config", run_config]
     proc = subprocess.run(
         [*LAUNCHER, *args, "--log", str(tmp_path / "flwr.log")],
         cwd=ROOT,
@@ -164,7 +214,7 @@ def test_each_power_aware_example_runs_with_flwr_run_on_two_simulated_boards(
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert proc.stdout.strip().splitlines()[-1] == f"results: {results}"
-    assert not pids_listening_on(port) and app_files(aware_app) == before
+    assert not pids_listening_on(port) and app_files(aware) == before
 
     data = json.loads(results.read_text())
     (rnd,) = data["rounds"]

@@ -1,1 +1,0 @@
-"""fedproxexample: A Flower / PyTorch app trained with FedProx."""

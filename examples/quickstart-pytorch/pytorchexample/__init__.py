@@ -1,1 +1,0 @@
-"""pytorchexample: A Flower / PyTorch app."""
