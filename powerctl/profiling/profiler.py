@@ -1,13 +1,11 @@
-"""Profile a device: peak power and time per (batch size, GPU frequency) for one training step.
-
-The step is a callable made by the caller (the profiler knows nothing of models), run through
-`Device.run_step`, so the same code profiles a real Jetson, an NVML GPU or a simulated board.
-"""
+"""Profile a device: peak power and time per (batch size, GPU frequency) for one training step, a
+callable the caller makes (the profiler knows no models) run through `Device.run_step`."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from tqdm import tqdm
@@ -42,15 +40,12 @@ StepFactory = Callable[[int], Callable[[], Any]]
 ORDERS = ("grid", "efficient", "fitted")
 
 FITTED_MARGIN = 0.10
-"""The fitted order confirms every batch size whose predicted best time to the target (optimistically: as if
-its next frequency up were under the cap) is within this share of the best one's. The fit's errors are a
-few percent; 0 already matched the grid on noise-free simulated boards, 0.10 leaves room for real ones at
-~1 extra point (bench/profiling_cost.py --margin)."""
+"""The fitted order confirms every batch size whose optimistic predicted time to the target is within
+this share of the best one's: room for a real board's fit errors (docs/results/profiling_cost.md)."""
 
 
 def _integers(name: str, values: Any) -> list[int]:
-    """`Profiler.run`'s batch sizes or frequencies: a non-empty list of integers ≥ 1, as plain ints
-    (numpy's converted: they end up in the profile's JSON)."""
+    """`Profiler.run`'s batch sizes or frequencies: a non-empty list of integers ≥ 1, as plain ints."""
     if not (isinstance(values, (list, tuple, range)) and len(values)):
         raise ArgumentError(
             f"Profiler.run: {name!r} must be a non-empty list of integers ≥ 1, got {values!r}"
@@ -59,8 +54,7 @@ def _integers(name: str, values: Any) -> list[int]:
 
 
 def _relation_map(relation: Any) -> dict[int, float] | None:
-    """`Profiler.run`'s `relation` as r_b per batch size: a RelationVector (its `as_map()`) or such a
-    mapping; anything else is one ArgumentError line (a string failed deep in the fitted order)."""
+    """`Profiler.run`'s `relation` (a RelationVector or such a mapping) as r_b per batch size."""
     if relation is None:
         return None
     if isinstance(relation, RelationVector):
@@ -182,12 +176,8 @@ class Profiler:
         margin: float = FITTED_MARGIN,
         progress: bool = True,
     ) -> Profile:
-        """Profile and restore the device's frequency afterwards, whatever happens.
-
-        `relation` (a RelationVector, or r_b per batch size) and `margin` are for the fitted order only:
-        which batch sizes are worth confirming. Without a relation every batch size is confirmed at its
-        best feasible frequency.
-        """
+        """Profile and restore the device's frequency afterwards, whatever happens. `relation` (r_b per batch
+        size) and `margin` tell the fitted order which batch sizes are worth confirming (none: all)."""
         where = "Profiler.run"
         checked = check_arguments(
             where, order=(order, Choice(ORDERS)), margin=(margin, Number(0.0)), progress=(progress, Flag())
@@ -229,9 +219,8 @@ class Profiler:
                 points = self._efficient(sizes, table, power_cap_w, bar)
                 bar.update(total - bar.n)
             else:
-                points, predicted, fit = _FittedOrder(self, table, power_cap_w, relation, margin, bar).run(
-                    sizes
-                )
+                fitted = _FittedOrder(self, table, power_cap_w, relation, margin, bar)
+                points, predicted, fit = fitted.run(sizes)
                 bar.update(total - bar.n)
         self._steps.clear()
         return Profile(
@@ -254,17 +243,7 @@ class Profiler:
                 "measure_steps": self.measure_steps,
                 "workload": self.workload.to_dict(),
             }
-            | (
-                {
-                    "fit": fit.to_dict() if fit else None,
-                    "margin": margin,
-                    "relation": None
-                    if relation is None
-                    else {str(b): r for b, r in sorted(relation.items())},
-                }
-                if order == "fitted"
-                else {}
-            ),
+            | (_fitted_extra(fit, margin, relation) if order == "fitted" else {}),
         )
 
     def _efficient(self, sizes: list[int], table: list[int], cap: float, bar: tqdm) -> list[ProfilePoint]:
@@ -285,44 +264,26 @@ class Profiler:
         return points
 
 
+def _fitted_extra(
+    fit: ProfileFit | None, margin: float, relation: Mapping[int, float] | None
+) -> dict[str, Any]:
+    rel = None if relation is None else {str(b): r for b, r in sorted(relation.items())}
+    return {"fit": fit.to_dict() if fit else None, "margin": margin, "relation": rel}
+
+
+@dataclass
 class _FittedOrder:
-    """The fitted order: seed points, fit, predict, then confirm until the choice is measured.
+    """The fitted order: seed points, fit, predict, then confirm by measuring until the choice is measured
+    (docs/design/fitted-profiling.md). The profile's points are the measured ones; the predictions go to
+    `Profile.predicted`, so a selection on the profile only ever picks a pair measured under the cap."""
 
-    1. Seed: the largest batch size that fits at three frequencies (`seed_frequencies`), then each smaller
-       one at one frequency: where the cap would fall if it were as busy as the next larger one.
-    2. Loop: fit on everything measured so far and predict the rest of the grid (a measured point always
-       stands for itself). Per batch size, its best pair is the feasible one (peak ≤ cap) with the least
-       predicted time to the target (T_N · r_b); its neighbour is the next higher frequency (with no
-       feasible pair: the lowest frequency). The candidates are the batch sizes whose optimistic value
-       (the better of the best pair and the unmeasured neighbour, as if it were under the cap) is within
-       `margin` of the least such value; without a relation vector every batch size is one. A candidate
-       is confirmed when its best pair is measured under the cap and its neighbour is measured over it
-       (or there is none). The best-ranked unconfirmed candidate gets one measurement (its best pair,
-       else the neighbour); then fit again.
-    3. Stop when every candidate is confirmed (or the whole grid is measured: the loop is bounded).
-
-    The profile's points are the measured ones only; the predictions go to `Profile.predicted`, so a
-    selection on the profile can only ever pick a pair measured under the cap.
-    """
-
-    def __init__(
-        self,
-        profiler: Profiler,
-        table: list[int],
-        cap: float | None,
-        relation: Mapping[int, float] | None,
-        margin: float,
-        bar: tqdm,
-    ) -> None:
-        self.p, self.table, self.cap, self.relation, self.margin, self.bar = (
-            profiler,
-            table,
-            cap,
-            relation,
-            margin,
-            bar,
-        )
-        self.measured: dict[tuple[int, int], ProfilePoint] = {}
+    p: Profiler
+    table: list[int]
+    cap: float | None
+    relation: Mapping[int, float] | None
+    margin: float
+    bar: tqdm
+    measured: dict[tuple[int, int], ProfilePoint] = field(default_factory=dict)
 
     def _measure(self, b: int, hz: int) -> None:
         if (b, hz) in self.measured or b in self.p.skipped:
