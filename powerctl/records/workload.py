@@ -1,8 +1,5 @@
-"""What one training step costs: FLOPs, activation memory, parameter memory, kernels, memory traffic.
-
-Measured from the real torch model (not hand-written), so a simulated board charges a bigger
-network more time, more power and more memory, and refuses a batch that does not fit.
-"""
+"""What one training step costs: FLOPs, activation and parameter memory, kernels, memory traffic, measured
+from the real torch model, so a simulated board charges a bigger network more and refuses what won't fit."""
 
 from __future__ import annotations
 
@@ -10,48 +7,30 @@ import contextlib
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 
 @dataclass(frozen=True)
 class Workload:
     model: str
-    input_shape: tuple[int, ...]
-    """Held as a tuple (a list given is made one; `to_dict` writes a list)."""
-    flops_per_sample: float
-    """Training FLOPs per sample: forward + backward."""
-    activation_bytes_per_sample: float
-    """Bytes autograd keeps per sample between forward and backward (weights it saves are not counted:
-    they are parameters, held once whatever the batch size)."""
+    input_shape: tuple[int, ...]  # a list given is made a tuple; `to_dict` writes a list
+    flops_per_sample: float  # training FLOPs per sample: forward + backward
+    activation_bytes_per_sample: float  # kept by autograd between forward and backward, weights left out
     parameter_bytes: float
-    optimizer_states: int = 2
-    """Extra copies of the parameters the optimizer keeps (Adam/AdamW: 2)."""
-    kernels_per_step: int = 0
-    """Compute ops (≈ GPU kernel launches) of one forward + backward pass; 0 = not measured."""
-    traffic_bytes_per_sample: float = 0.0
-    """Bytes the forward + backward ops write per sample, weight gradients left out (memory traffic; reads
-    are of the same order)."""
-    parameter_tensors: int = 0
-    """Parameter tensors: a per-tensor optimizer (PyTorch 1.10's Adam) launches kernels for each."""
+    optimizer_states: int = 2  # extra copies of the parameters the optimizer keeps (Adam/AdamW: 2)
+    kernels_per_step: int = 0  # compute ops (≈ GPU kernel launches) of one pass; 0 = not measured
+    traffic_bytes_per_sample: float = 0.0  # bytes the pass's ops write per sample, weight gradients left out
+    parameter_tensors: int = 0  # a per-tensor optimizer (PyTorch 1.10's Adam) launches kernels for each
 
     def __post_init__(self) -> None:
-        """A workload a user makes by hand holds what a counted one does: a NaN or negative count would
-        profile finite nonsense (a batch of 10⁶ "fitting" a 2 GiB board), one ArgumentError line."""
-        from powerctl.files.mapping import Integer, Number, check_arguments
+        """A hand-made workload holds what a counted one does (no NaN or negative count), as plain numbers."""
+        from powerctl.files.mapping import Integer, Number, check_fields
 
-        checked = check_arguments(
-            "Workload",
-            flops_per_sample=(self.flops_per_sample, Number(0.0)),
-            activation_bytes_per_sample=(self.activation_bytes_per_sample, Number(0.0)),
-            parameter_bytes=(self.parameter_bytes, Number(0.0)),
-            optimizer_states=(self.optimizer_states, Integer(0)),
-            kernels_per_step=(self.kernels_per_step, Integer(0)),
-            traffic_bytes_per_sample=(self.traffic_bytes_per_sample, Number(0.0)),
-            parameter_tensors=(self.parameter_tensors, Integer(0)),
+        counts = fields(self)[2:]  # after the model and its shape: amounts (float) and counts (int), in order
+        check_fields(
+            self, "Workload", {f.name: Number(0.0) if f.type == "float" else Integer(0) for f in counts}
         )
-        for name, value in checked.items():  # plain numbers (numpy's converted): a profile's JSON holds it
-            object.__setattr__(self, name, value)
         if isinstance(self.input_shape, list):  # held as a tuple: a frozen record's shape cannot change
             object.__setattr__(self, "input_shape", tuple(self.input_shape))
 
@@ -72,9 +51,8 @@ class Workload:
 
 
 def check_model(where: str, model: Any) -> None:
-    """A model to measure or train (`measure_workload`, `PowerSession`): an nn.Module whose tensors hold
-    data. One built under `torch.device("meta")` has shapes only: it would fail deep inside torch at the
-    first step, so it is one ArgumentError line here."""
+    """A model to measure or train: an nn.Module whose tensors hold data (not built under the meta device,
+    which would fail deep inside torch at the first step)."""
     import torch
 
     from powerctl.errors import ArgumentError
@@ -94,8 +72,7 @@ def check_model(where: str, model: Any) -> None:
 def _check_measure_arguments(
     model: Any, inputs: Any, targets: Any, loss_fn: Any, optimizer_states: Any
 ) -> int:
-    """`measure_workload`'s arguments, one ArgumentError line each (a string model, a 0-d or empty batch
-    would fail deep inside torch, or divide by zero); returns `optimizer_states` as a plain int."""
+    """`measure_workload`'s arguments, one ArgumentError line each; `optimizer_states` as a plain int."""
     import torch
 
     from powerctl.errors import ArgumentError
@@ -116,8 +93,7 @@ def _check_measure_arguments(
 
 
 def _forward(model: Any, inputs: Any, targets: Any, loss_fn: Callable[[Any, Any], Any]) -> Any:
-    """The loss of one forward pass; the model or loss refusing the batch (another shape, a dtype) is one
-    ArgumentError line with torch's first line, not its traceback (running out of memory stays itself)."""
+    """The loss of one forward pass; a batch the model or loss refuses is one ArgumentError line."""
     import torch
 
     from powerctl.errors import ArgumentError, first_line
@@ -145,11 +121,8 @@ def measure_workload(
     name: str,
     optimizer_states: int = 2,
 ) -> Workload:
-    """Count one forward+backward pass of `model` on a batch and divide by its size.
-
-    `inputs`/`targets` is a small batch (2–4 samples) of the task's shape; the model is left
-    unchanged (gradients are cleared again).
-    """
+    """Count one forward+backward pass of `model` on a small batch of the task's shape and divide by its
+    size; the model is left unchanged (gradients are cleared again)."""
     import torch
 
     optimizer_states = _check_measure_arguments(model, inputs, targets, loss_fn, optimizer_states)
@@ -209,8 +182,7 @@ def _storage(t: Any) -> Any:
 
 
 def _flop_counter() -> Any:
-    """torch's FlopCounterMode with `_flop_fixes` (torch 2.1+); None where torch has none (1.13: the
-    op counter then counts the FLOPs itself, with `_FALLBACK_FLOPS`)."""
+    """torch's FlopCounterMode with `_flop_fixes`; None where torch has none (1.13: `_FALLBACK_FLOPS`)."""
     try:
         from torch.utils.flop_counter import FlopCounterMode
     except ImportError:
@@ -220,12 +192,8 @@ def _flop_counter() -> Any:
 
 
 def _op_counter(parameter_shapes: set[tuple[int, ...]], count_flops: bool = False) -> Any:
-    """A dispatch mode counting the compute ops of a pass (≈ kernel launches) and the per-sample bytes
-    they write (outputs shaped like a parameter are weight gradients: per step, not per sample); with
-    `count_flops`, also the FLOPs of the ops in `_FALLBACK_FLOPS` (where torch has no flop counter).
-
-    Views and detaches launch no kernel and are not counted. Built on first use: torch is imported lazily.
-    """
+    """A dispatch mode counting a pass's compute ops (≈ kernel launches; views and detaches are none) and
+    the bytes they write (weight gradients left out); with `count_flops`, the `_FALLBACK_FLOPS` too."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -285,20 +253,8 @@ def _convolution_backward_flops(args: Any, out: Any) -> int:
     grad_out, x, w = args[0], args[1], args[2]
     transposed, groups, mask = args[7], args[9], args[10]
     outs = [None if o is None else o.shape for o in out]
-    return _conv_backward_flop(
-        grad_out.shape,
-        x.shape,
-        w.shape,
-        None,
-        None,
-        None,
-        None,
-        transposed,
-        None,
-        groups,
-        mask,
-        out_shape=outs,
-    )
+    shapes = (grad_out.shape, x.shape, w.shape, None, None, None, None, transposed, None, groups, mask)
+    return _conv_backward_flop(*shapes, out_shape=outs)
 
 
 _FALLBACK_FLOPS: dict[str, Callable[[Any, Any], int]] = {
@@ -309,37 +265,20 @@ _FALLBACK_FLOPS: dict[str, Callable[[Any, Any], int]] = {
     "convolution": _convolution_flops,
     "convolution_backward": _convolution_backward_flops,
 }
-"""The ops torch's counter counts for conv and linear layers and attention written as matmuls, with
-its formulas (the grouped-conv fix included); the op counter uses them on torch 1.13."""
+"""torch's formulas for conv, linear and matmul attention (grouped-conv fix included), for torch 1.13."""
 
 
 # --- corrections to torch.utils.flop_counter (applied only while measuring) ---------------------
 
 
-CONV_BACKWARD_ARGS = (
-    "grad_out",
-    "input",
-    "weight",
-    "bias_sizes",
-    "stride",
-    "padding",
-    "dilation",
-    "transposed",
-    "output_padding",
-    "groups",
-    "output_mask",
-)
+CONV_BACKWARD_ARGS: tuple[str, ...] = ("grad_out", "input", "weight", "bias_sizes", "stride", "padding")
+CONV_BACKWARD_ARGS += ("dilation", "transposed", "output_padding", "groups", "output_mask")
 """aten.convolution_backward's arguments, in its order: the flop counter passes their shapes positionally."""
 
 
 def _conv_backward_flop(*args: Any, out_shape: Any, **kwargs: Any) -> int:
-    """torch's formula for conv backward, with the weight gradient divided by `groups`.
-
-    torch.utils.flop_counter (up to at least 2.13) counts the weight gradient of a grouped conv as if
-    it were dense, which makes a depthwise layer's backward ~channels× too expensive (MobileNetV2's
-    training FLOPs came out 7× too high); fixed upstream in pytorch/pytorch#183405. The counter calls
-    it with the op's 11 arguments (`CONV_BACKWARD_ARGS`) and the outputs' shapes (`shape_wrapper`).
-    """
+    """torch's formula for conv backward with the weight gradient divided by `groups` (torch's counter
+    counts a grouped conv's as dense: a depthwise layer's backward ~channels× too expensive)."""
     named = dict(zip(CONV_BACKWARD_ARGS, args, strict=True))
     grad_out_shape, x_shape, w_shape = named["grad_out"], named["input"], named["weight"]
     transposed, groups, output_mask = named["transposed"], named["groups"], named["output_mask"]
@@ -358,26 +297,18 @@ def _conv_backward_flop(*args: Any, out_shape: Any, **kwargs: Any) -> int:
 
 
 def _flop_fixes() -> dict[Any, Any]:
-    """Formulas torch's flop counter lacks or gets wrong, keyed by aten op (wrapped as torch's are).
-
-    - grouped conv backward: see `_conv_backward_flop`;
-    - CPU attention (`_scaled_dot_product_flash_attention_for_cpu` and its backward) is not in the
-      table, so attention FLOPs silently vanished on CPU though they are counted on CUDA; we count it
-      with torch's own SDPA formulas, so a model costs the same on every host.
-    """
+    """Formulas torch's flop counter lacks or gets wrong, by aten op: grouped conv backward, and CPU
+    attention (counted with torch's CUDA formulas, so a model costs the same on every host)."""
     import torch
     from torch.utils import flop_counter as fc
 
     aten = torch.ops.aten
     fixes: dict[Any, Any] = {aten.convolution_backward: fc.shape_wrapper(_conv_backward_flop)}
-    pairs = (
-        ("_scaled_dot_product_flash_attention_for_cpu", aten._scaled_dot_product_flash_attention),
-        (
-            "_scaled_dot_product_flash_attention_for_cpu_backward",
-            aten._scaled_dot_product_flash_attention_backward,
-        ),
-    )
-    for op_name, like in pairs:
+    for end in ("", "_backward"):
+        op_name, like = (
+            f"_scaled_dot_product_flash_attention_for_cpu{end}",
+            getattr(aten, f"_scaled_dot_product_flash_attention{end}"),
+        )
         if hasattr(aten, op_name) and like in fc.flop_registry:
             fixes.setdefault(getattr(aten, op_name), fc.flop_registry[like])
     return fixes
@@ -389,10 +320,9 @@ def _flop_counter_fixed() -> Iterator[None]:
     from torch.utils import flop_counter as fc
 
     missing = object()
-    saved = {}
-    for key, formula in _flop_fixes().items():
-        saved[key] = fc.flop_registry.get(key, missing)
-        fc.flop_registry[key] = formula
+    fixes = _flop_fixes()
+    saved = {key: fc.flop_registry.get(key, missing) for key in fixes}
+    fc.flop_registry.update(fixes)
     try:
         yield
     finally:
@@ -404,8 +334,7 @@ def _flop_counter_fixed() -> Iterator[None]:
 
 
 def count_flops(fn: Callable[[], Any]) -> tuple[Any, float | None]:
-    """Run `fn` once under torch's FLOP counter: (what it returned, its FLOPs); None where torch has no
-    counter (1.13). What a training step really costs, whatever it does (two passes, a proximal term)."""
+    """Run `fn` once under torch's FLOP counter: (what it returned, its FLOPs; None without a counter)."""
     counter = _flop_counter()
     if counter is None:
         return fn(), None
