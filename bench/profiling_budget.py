@@ -45,13 +45,13 @@ from profiling_cost import (
     SHAPES,
     WARMUP_STEPS,
     _noop_step,
+    profile_board,
 )
 
 from powerctl.devices.boards import board_model
 from powerctl.devices.simulated import SimulatedBoard, predicted_profile
 from powerctl.errors import InfeasibleCapError
 from powerctl.profiling.budget import ProfilingRequest, confirmed_in_training, profile_within_budget
-from powerctl.profiling.profiler import Profiler
 from powerctl.records.profile import Profile
 from powerctl.records.relation import RelationVector
 from powerctl.records.workload import Workload
@@ -66,31 +66,6 @@ VARIANTS = ("as modelled", "off-model")
 
 def _board(board: str, seed: int, scale: float) -> SimulatedBoard:
     return SimulatedBoard.open(board, seed=seed, power_scale=scale)
-
-
-def _measured(
-    board: str,
-    workload: Workload,
-    seed: int,
-    scale: float,
-    order: str,
-    cap: float | None,
-    rel: RelationVector,
-) -> Profile:
-    return Profiler(
-        _board(board, seed, scale),
-        workload,
-        _noop_step,
-        samples=round(rel.samples_to_target[-1]),
-        warmup_steps=WARMUP_STEPS,
-        measure_steps=MEASURE_STEPS,
-    ).run(
-        BATCH_SIZES,
-        order=order,
-        power_cap_w=cap if order != "grid" else None,
-        relation=rel.as_map() if order == "fitted" else None,
-        progress=False,
-    )
 
 
 def _budgeted(
@@ -197,8 +172,8 @@ def _cell_rows(
     rows = [_row(cell, "state-of-practice", None, 0.0, b_max, sop_hz, "")]
     order = "efficient" if cap is not None else "grid"
     runs: list[tuple[str, float | None, Profile, str]] = [
-        ("efficient", None, _measured(board, workload, seed, scale, order, cap, rel), ""),
-        ("fitted", None, _measured(board, workload, seed, scale, "fitted", cap, rel), ""),
+        ("efficient", None, profile_board(_board(board, seed, scale), workload, order, cap, rel), ""),
+        ("fitted", None, profile_board(_board(board, seed, scale), workload, "fitted", cap, rel), ""),
     ]
     for share in shares:
         prof, how = _budgeted(board, workload, seed, scale, cap, rel, share, truth)

@@ -83,17 +83,16 @@ def _relation(model: str, samples_to_target: float) -> RelationVector:
     return RelationVector.from_samples(model, f"paper_tables:{MODEL_SHAPE[model]}", NOMINAL_TARGET, scaled)
 
 
-def _profile(
-    board: str,
+def profile_board(
+    dev: SimulatedBoard,
     workload: Workload,
-    seed: int,
     order: str,
     cap: float | None,
     relation: RelationVector,
-    margin: float,
-    noise: bool = True,
+    margin: float = FITTED_MARGIN,
 ) -> Profile:
-    dev = SimulatedBoard.open(board, seed=seed, noise=noise)
+    """`dev` profiled in `order` with no-op steps (the board charges the model's cost): the cap is the
+    order's (none for the grid), the relation and margin the fitted order's."""
     return Profiler(
         dev,
         workload,
@@ -108,6 +107,21 @@ def _profile(
         relation=relation.as_map() if order == "fitted" else None,
         margin=margin,
         progress=False,
+    )
+
+
+def _profile(
+    board: str,
+    workload: Workload,
+    seed: int,
+    order: str,
+    cap: float | None,
+    relation: RelationVector,
+    margin: float,
+    noise: bool = True,
+) -> Profile:
+    return profile_board(
+        SimulatedBoard.open(board, seed=seed, noise=noise), workload, order, cap, relation, margin
     )
 
 
