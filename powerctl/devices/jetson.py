@@ -1,7 +1,5 @@
 """A real Jetson via sysfs: GPU devfreq as the knob, INA3221 rails as the sensor (docs/design/devices.md).
-
-Every path is read under `POWERCTL_SYSFS_ROOT` (default ``/``), so the tests run on a fake tree.
-"""
+Every path is read under `POWERCTL_SYSFS_ROOT` (default ``/``), so the tests run on a fake tree."""
 
 from __future__ import annotations
 
@@ -49,8 +47,7 @@ def sysfs_root() -> Path:
 
 
 def _read(path: Path) -> str:
-    """The stripped text of a sysfs file, read bounded (a fake tree may hold a FIFO or /dev/zero); a
-    failure is one DeviceError line naming the file."""
+    """The stripped text of a sysfs file, read bounded (a fake tree may hold a FIFO or /dev/zero)."""
     try:
         raw = read_bytes(path, limit=SYSFS_LIMIT, what="a sysfs file", error=DeviceError)
     except OSError as exc:
@@ -59,10 +56,7 @@ def _read(path: Path) -> str:
 
 
 def _write_sysfs(path: Path, value: str) -> None:
-    """Write `value` the way sysfs holds it (text + newline), in ONE write call, truncating.
-
-    sysfs ignores O_TRUNC, a regular file (the fake tree) needs it so no old bytes survive.
-    """
+    """Write `value` + newline in ONE write call, truncating (sysfs ignores O_TRUNC; a fake tree needs it)."""
     data = f"{value}\n".encode()
     try:
         fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
@@ -102,10 +96,8 @@ def _slug(text: str) -> str:
 
 
 def board_name(model: str, compatible: list[str] | None = None) -> str | None:
-    """``jetson-nano``/``jetson-tx2nx`` for the reference boards, a slug for newer ones, None if no Jetson.
-
-    Old L4T releases say ``jetson-nano`` or ``lanai-3636``; the compatible list settles those.
-    """
+    """``jetson-nano``/``jetson-tx2nx`` for the reference boards, a slug for newer ones, None if no Jetson
+    (old L4T releases say ``jetson-nano`` or ``lanai-3636``: the compatible list settles those)."""
     compat = " ".join(compatible or []).lower()
     words = _slug(model).split("-")
     if "orin" not in words and ("nano" in words or "p3448" in compat):
@@ -124,9 +116,8 @@ def board_name(model: str, compatible: list[str] | None = None) -> str | None:
 
 
 def find_devfreq(root: Path, board: str) -> Path | None:
-    """The GPU's devfreq directory: a known path for the board, else the first GPU node in the class.
-    A node whose table is there but is no file (a folder, a FIFO, a broken link) is found, so that
-    reading it says what is wrong: only a board with no table at all has no knob."""
+    """The GPU's devfreq directory: a known path for the board, else the first GPU node in the class (a
+    table that is no file is found too, so reading it says what is wrong)."""
     for rel in KNOWN_DEVFREQ.get(board, ()):
         node = root / rel
         if os.path.lexists(node / "available_frequencies"):
@@ -159,8 +150,7 @@ _GOVERNOR_TEXT = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
 def _saved_state(state: Any) -> tuple[str, str, str | None] | str:
-    """(min_freq, max_freq, governor) as the record holds them, or what is wrong with them: a state
-    is checked whole before anything is written, so a bad one writes nothing."""
+    """(min_freq, max_freq, governor) as the record holds them, or what is wrong (checked before writing)."""
     if not isinstance(state, dict):
         return "'state' must be an object"
     freqs = []
@@ -198,12 +188,12 @@ class Rail:
         return _read_number(self.voltage_mv) * _read_number(self.current_ma) / 1e6
 
 
-def _read_number(path: Path) -> float:
+def _read_number(path: Path, kind: type[float] | type[int] = float, what: str = "a number") -> Any:
     text = _read(path)
     try:
-        return float(text)
+        return kind(text)
     except ValueError:
-        raise DeviceError(f"{path} does not hold a number: {text[:40]!r}") from None
+        raise DeviceError(f"{path} does not hold {what}: {text[:40]!r}") from None
 
 
 def _iio_rails(root: Path) -> list[Rail]:
@@ -286,12 +276,11 @@ class JetsonBoard(Device):
         return self.devfreq / name
 
     def _read_freq(self, name: str) -> int:
-        path = self._devfreq_file(name)
-        text = _read(path)
-        try:
-            return int(text)
-        except ValueError:
-            raise DeviceError(f"{path} does not hold a frequency in Hz: {text[:40]!r}") from None
+        return int(_read_number(self._devfreq_file(name), int, "a frequency in Hz"))
+
+    def _pin_order(self, lo: int) -> tuple[str, str]:
+        """The devfreq files to write, ordered so that min ≤ max holds after every single write."""
+        return ("max_freq", "min_freq") if lo > self._read_freq("max_freq") else ("min_freq", "max_freq")
 
     def physical_key(self) -> str | None:
         """The board name and the GPU devfreq node's real path: one key however the board was named."""
@@ -310,13 +299,11 @@ class JetsonBoard(Device):
         return None if self.devfreq is None else self._read_freq("cur_freq")
 
     def clock_in_force(self) -> int | None:
-        """The governor's ceiling (`max_freq`): under training load the GPU runs at it, and it is the
-        pinned clock where a pin is in force (min = max); `cur_freq` follows the load, idle included."""
+        """The governor's ceiling (`max_freq`): under load the GPU runs at it (`cur_freq` follows load)."""
         return None if self.devfreq is None else self._read_freq("max_freq")
 
     def pin_refusal(self) -> str | None:
-        """Writing min_freq and max_freq is what a pin does: refused here when the files are not writable
-        by this process (checked with access(2), nothing written)."""
+        """Refused when min_freq or max_freq is not writable by this process (access(2): nothing written)."""
         if self.devfreq is None:
             return None
         for name in ("min_freq", "max_freq"):
@@ -327,9 +314,8 @@ class JetsonBoard(Device):
         return None
 
     def _write_pin(self, hz: int) -> None:
-        """min_freq = max_freq = hz, ordered so that min ≤ max holds after every single write."""
-        order = ("max_freq", "min_freq") if hz > self._read_freq("max_freq") else ("min_freq", "max_freq")
-        for name in order:
+        """min_freq = max_freq = hz."""
+        for name in self._pin_order(hz):
             _write_sysfs(self._devfreq_file(name), str(hz))
 
     def snapshot(self) -> dict[str, Any]:
@@ -343,11 +329,8 @@ class JetsonBoard(Device):
         }
 
     def apply_snapshot(self, state: dict[str, Any]) -> None:
-        """Put back exactly the saved strings; unchanged files are not written (no root needed for them).
-
-        An empty state releases any pin: the table's full range, the governor as it is (what
-        `powerctl freq --restore` puts back when the board's record cannot be used). A state that makes
-        no sense (a record edited by hand) is one BadRecordError line, and nothing is written."""
+        """Put back exactly the saved strings, writing only changed files; an empty state releases any pin
+        (the table's full range). A state that makes no sense is one BadRecordError line, nothing written."""
         if self.devfreq is None:
             return
         if state:
@@ -358,10 +341,7 @@ class JetsonBoard(Device):
         else:
             table = self.frequencies()
             lo, hi, governor = str(table[0]), str(table[-1]), None
-        order = (
-            ("max_freq", "min_freq") if int(lo) > self._read_freq("max_freq") else ("min_freq", "max_freq")
-        )
-        for name in order:
+        for name in self._pin_order(int(lo)):
             self._write_if_different(name, lo if name == "min_freq" else hi)
         if governor is not None:
             self._write_if_different("governor", governor)
