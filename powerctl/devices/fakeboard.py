@@ -98,33 +98,33 @@ def make_hwmon_rails(root: Path, rel: str, rails: list[tuple[str, int, int]]) ->
     return root / rel
 
 
+def _jetpack4_tree(root: Path, model: str, compatible: list[str], devfreq: str, freqs: list[int],
+                   rails_dir: str, rails: list[tuple[str, int]], mem_kb: int) -> Path:  # fmt: skip
+    """A JetPack 4 board: device tree, the GPU's devfreq node (linked in /sys/class/devfreq), iio rails."""
+    _device_tree(root, model, compatible)
+    make_devfreq(root, devfreq, freqs)
+    _link(root, f"sys/class/devfreq/{Path(devfreq).name}", devfreq)
+    make_iio_rails(root, rails_dir, rails)
+    _meminfo(root, mem_kb)
+    return root
+
+
 def make_nano_tree(root: Path) -> Path:
     """Jetson Nano 4 GB on JetPack 4 (T210): devfreq 57000000.gpu, ina3221x at 6-0040."""
-    _device_tree(
-        root,
-        "NVIDIA Jetson Nano Developer Kit",
-        ["nvidia,p3449-0000-b00+p3448-0000-b00", "nvidia,jetson-nano", "nvidia,tegra210"],
-    )
-    make_devfreq(root, NANO_DEVFREQ, NANO_FREQS)
-    _link(root, "sys/class/devfreq/57000000.gpu", NANO_DEVFREQ)
     _put(root, "sys/devices/gpu.0/load", "0\n")
-    make_iio_rails(root, "sys/bus/i2c/drivers/ina3221x/6-0040/iio:device0", NANO_RAILS)
-    _meminfo(root, 4059712)
-    return root
+    compatible = ["nvidia,p3449-0000-b00+p3448-0000-b00", "nvidia,jetson-nano", "nvidia,tegra210"]
+    return _jetpack4_tree(
+        root, "NVIDIA Jetson Nano Developer Kit", compatible, NANO_DEVFREQ, NANO_FREQS,
+        "sys/bus/i2c/drivers/ina3221x/6-0040/iio:device0", NANO_RAILS, 4059712,
+    )  # fmt: skip
 
 
 def make_tx2nx_tree(root: Path) -> Path:
     """Jetson TX2 NX on JetPack 4 (T186): devfreq 17000000.gp10b, ina3221x at 2-0040."""
-    _device_tree(
-        root,
-        "NVIDIA Jetson TX2 NX Developer Kit",
-        ["nvidia,p3509-0000+p3636-0001", "nvidia,tegra186"],
-    )
-    make_devfreq(root, TX2NX_DEVFREQ, TX2NX_FREQS)
-    _link(root, "sys/class/devfreq/17000000.gp10b", TX2NX_DEVFREQ)
-    make_iio_rails(root, "sys/bus/i2c/drivers/ina3221x/2-0040/iio:device0", TX2NX_RAILS)
-    _meminfo(root, 3956468)
-    return root
+    return _jetpack4_tree(
+        root, "NVIDIA Jetson TX2 NX Developer Kit", ["nvidia,p3509-0000+p3636-0001", "nvidia,tegra186"],
+        TX2NX_DEVFREQ, TX2NX_FREQS, "sys/bus/i2c/drivers/ina3221x/2-0040/iio:device0", TX2NX_RAILS, 3956468,
+    )  # fmt: skip
 
 
 def make_orin_tree(root: Path) -> Path:
