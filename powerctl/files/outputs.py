@@ -1,21 +1,11 @@
 """Output paths, checked before the work that fills them, and the one atomic writer that fills them.
 
-The rule, for every command: an output FILE goes into a folder that already exists (a typo in the folder
-must not silently create one somewhere, even at the filesystem root); an output FOLDER (plots, a demo's
-results) may be created, with any missing parents, below the nearest existing folder. Either way the
-place is probed by actually creating (and removing) a file in it, which also catches read-only mounts
-and pseudo file systems such as /proc, where permission bits alone say "writable".
-
-What is never replaced: an existing path that is not a regular file (a device such as /dev/null, a
-FIFO, a socket) where a file is expected, or not a folder where a folder is expected. The atomic rename
-would otherwise swap a character device for a plain file. A symbolic link to a regular file is written
-through: the file it names is replaced (atomically, in its own folder) and the link stays a link; a link
-to nothing is refused, since writing through it would create a file wherever it points.
-
-Names are checked against the file system's limits (NAME_MAX per component, PATH_MAX in all) before any
-system call could fail on them; names derived from an output's (`X.report.json` beside X) are checked
-by the caller as `beside`; the writer's temporary names are shortened to fit, so they never push a name
-that passed over the limit.
+An output FILE goes into a folder that already exists (a typo must not create one somewhere); an output
+FOLDER may be created below the nearest existing one. Either way the place is probed by creating and
+removing a file in it (read-only mounts and /proc pass a permission check). An existing path that is not
+a regular file (a device, a FIFO) is never replaced; a symbolic link to a regular file is written
+through, a link to nothing refused. Names are checked against NAME_MAX and PATH_MAX before any system
+call could fail on them, and the writer's temporary names are shortened to fit.
 """
 
 from __future__ import annotations
@@ -31,12 +21,9 @@ from pathlib import Path
 
 from powerctl.errors import PowerctlError
 
-NAME_MAX = 255
-"""Bytes in one path component when the file system does not say (Linux's ext4, xfs, btrfs, tmpfs)."""
-PATH_MAX = 4096
-"""Bytes in a whole path when the system does not say (Linux)."""
-TEMP_EXTRA = len("..XXXXXXXX.tmp")
-"""What a temporary name (`.NAME.RANDOM.tmp`) adds to NAME."""
+NAME_MAX = 255  # bytes in one path component when the file system does not say (Linux's)
+PATH_MAX = 4096  # bytes in a whole path when the system does not say (Linux)
+TEMP_EXTRA = len("..XXXXXXXX.tmp")  # what a temporary name (`.NAME.RANDOM.tmp`) adds to NAME
 
 
 class OutputPathError(PowerctlError):
@@ -76,8 +63,7 @@ def _short(text: str, keep: int = 32) -> str:
 
 def check_name_lengths(path: str | Path, what: str = "--out", *, room: int = 0, hint: str = "") -> Path:
     """Every component of `path` fits NAME_MAX and the whole path PATH_MAX (less `room`, for the names a
-    folder output gets inside it), as the file system below it says: checked by length alone, so that
-    no later `stat` fails with "File name too long"."""
+    folder output gets inside it), as the file system below it says, by length alone."""
     p = _as_path(path, what)
     name_max = _limit(p.parent, "PC_NAME_MAX", NAME_MAX)
     hint = hint or "give a shorter path"
@@ -101,17 +87,9 @@ def check_name_lengths(path: str | Path, what: str = "--out", *, room: int = 0, 
 
 
 def _kind(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISFIFO, "a FIFO (named pipe)"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISDIR, "a folder"),
-        (stat.S_ISREG, "a file"),
-    ):
-        if test(mode):
-            return name
-    return "not a regular file"
+    kinds = {stat.S_ISCHR: "a character device", stat.S_ISBLK: "a block device", stat.S_ISSOCK: "a socket"}
+    kinds |= {stat.S_ISFIFO: "a FIFO (named pipe)", stat.S_ISDIR: "a folder", stat.S_ISREG: "a file"}
+    return next((name for test, name in kinds.items() if test(mode)), "not a regular file")
 
 
 def _stat(path: Path, what: str) -> os.stat_result | None:
@@ -130,9 +108,8 @@ def _stat(path: Path, what: str) -> os.stat_result | None:
 
 
 def writable_file(path: str | Path, what: str = "") -> Path:
-    """The file a write to `path` replaces: `path`, or the regular file its symbolic link names.
-
-    Refuses a name over the limits and anything there that is not a regular file, in one line."""
+    """The file a write to `path` replaces: `path`, or the regular file its symbolic link names; a name
+    over the limits or anything there that is not a regular file is refused in one line."""
     p = check_name_lengths(path, what)
     st = _stat(p, what)
     if st is None:
@@ -160,11 +137,8 @@ def check_output_file(
     path: str | Path, what: str = "--out", in_folder: str | None = None, beside: Iterable[str | Path] = ()
 ) -> Path:
     """`path` can be written as a file: its folder exists and takes files, and it is absent or a regular
-    file (or a link to one).
-
-    `in_folder`: an existing folder is taken too, as the file of that name inside it (what the command
-    then prints is the file it writes). `beside`: the other files the command derives from this one and
-    writes next to it (`X.report.json`), held to the same rules."""
+    file (or a link to one). `in_folder`: an existing folder is taken as the file of that name in it.
+    `beside`: the files the command writes next to it (`X.report.json`), held to the same rules."""
     path = check_name_lengths(path, what)
     if in_folder is not None and (st := _stat(path, what)) is not None and stat.S_ISDIR(st.st_mode):
         path = check_name_lengths(path / in_folder, what)
@@ -219,12 +193,8 @@ def replacing(
     path: str | Path, what: str = "", *, shared: bool = True, durable: bool = False
 ) -> Iterator[Path]:
     """Write `path` atomically: yields a temporary file beside it to fill, renamed over it on success and
-    removed on any failure, so a crash never leaves half a file behind.
-
-    The last guard of every writer: what `writable_file` refuses (a device, a FIFO, a folder, a name over
-    the limit) is never replaced. A link to a regular file is written through. Missing folders are
-    created. `shared`: the file gets the umask's mode (else mkstemp's 0600); `durable`: the folder is
-    fsynced after the rename (the writer fsyncs the file)."""
+    removed on any failure. What `writable_file` refuses is never replaced; missing folders are created.
+    `shared`: the umask's mode (else 0600); `durable`: the folder is fsynced after the rename."""
     target = writable_file(path, what)
     target.parent.mkdir(parents=True, exist_ok=True)
     name_max = _limit(target.parent, "PC_NAME_MAX", NAME_MAX)
