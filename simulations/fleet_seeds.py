@@ -406,30 +406,18 @@ def seeds_summary_text(results: dict[str, Any]) -> str:
     if not summary:
         lines.append("no seed ran: nothing to summarise")
         return "\n".join(lines)
-    board_rows_, fleet_rows, energy_rows = [], [], []
+    board_rows_: list[tuple[str, int, str, str, str]] = []
+    fleet_rows: list[tuple[str, int, str, str, str]] = []
+    energy_rows: list[tuple[str, int, str, str, str]] = []
     for m in summary:
         b, f, e = m["board"], m["fleet"], m["energy"]
-        board_rows_.append(
-            (
-                m["method"],
-                m["seeds"],
-                f"{b['at_target']}/{b['runs']}",
-                cell(b["mean_s"], ".2f"),
-                _stats_cells(b["speedup"], "x"),
-            )
-        )
-        fleet_rows.append(
-            (
-                m["method"],
-                m["seeds"],
-                f"{f['reached']}/{m['seeds']}",
-                cell(f["mean_s"], ".2f"),
-                _stats_cells(f["speedup"], "x"),
-            )
-        )
-        energy_rows.append(
-            (m["method"], m["seeds"], "", cell(e["mean_j"], ".1f"), _stats_cells(e["ratio"], ""))
-        )
+        cells = [  # (count, mean, ratio) for the board, fleet and energy tables
+            (f"{b['at_target']}/{b['runs']}", cell(b["mean_s"], ".2f"), _stats_cells(b["speedup"], "x")),
+            (f"{f['reached']}/{m['seeds']}", cell(f["mean_s"], ".2f"), _stats_cells(f["speedup"], "x")),
+            ("", cell(e["mean_j"], ".1f"), _stats_cells(e["ratio"], "")),
+        ]
+        for rows, (counted, mean, ratio) in zip((board_rows_, fleet_rows, energy_rows), cells, strict=True):
+            rows.append((m["method"], m["seeds"], counted, mean, ratio))
     lines += _table(
         "per board: time to its own target, round 1", "at target", "mean s", "speed-up", board_rows_
     )
