@@ -22,26 +22,16 @@ from typing import Any
 
 from powerctl.errors import ArgumentError, PowerctlError
 
-MISSING: Any = object()
-"""The default of a key that must be present."""
-
+MISSING: Any = object()  # the default of a key that must be present
 
 # The bounds every reader and flag of the project uses: far above any real value, low enough that a typo
 # is one line and not a library's overflow or an out-of-memory skip.
-MAX_COUNT = 10**9
-"""The ceiling of a count or an amount a flag takes unless it says a lower one (samples, seconds,
-days): no command here needs more, and far larger values end in a library's overflow, not in work."""
-MAX_SEED = 2**32 - 1
-"""The largest seed: what every generator here takes (numpy's legacy seed is 32 bits)."""
-MAX_STEPS = 1000
-"""The most warm-up or measured training steps per profiled pair (`powerctl profile`, the run config)."""
-MAX_ROUNDS = 100_000
-"""The most rounds of a run: years of rounds; a typo of 10^13 is one line, not Flower's int64 overflow."""
-MAX_BATCH_SIZE = 65_536
-"""The largest batch size a command takes: far above what an edge GPU holds (the paper's largest is
-128), low enough that a typo (100000000) is one line and not an out-of-memory skip of every size."""
-MAX_CAP_W = 100_000.0
-"""The largest cap taken: above any board or GPU (a rack is tens of kW); 1e300 W is a typo, not a cap."""
+MAX_COUNT = 10**9  # a count or amount a flag takes unless it says a lower one (samples, seconds, days)
+MAX_SEED = 2**32 - 1  # what every generator here takes (numpy's legacy seed is 32 bits)
+MAX_STEPS = 1000  # warm-up or measured training steps per profiled pair
+MAX_ROUNDS = 100_000  # rounds of a run: a typo of 10^13 is one line, not Flower's int64 overflow
+MAX_BATCH_SIZE = 65_536  # far above what an edge GPU holds
+MAX_CAP_W = 100_000.0  # above any board or GPU (a rack is tens of kW)
 
 
 class Invalid(ValueError):
@@ -57,8 +47,7 @@ SHOWN_MAX = 400
 
 
 def shown(value: Any) -> str:
-    """`repr(value)` cut to a line: a refused value may be a 60 MB string from a JSON file or a YAML
-    alias that expands to a billion items, and the refusal must stay one readable line."""
+    """`repr(value)` cut to a line (a refused value may be a 60 MB string or a billion-item YAML alias)."""
     text = _SHOWN.repr(value)
     return text if len(text) <= SHOWN_MAX else text[: SHOWN_MAX - 3] + "..."
 
@@ -68,14 +57,12 @@ def must_be(expected: str, value: Any) -> Invalid:
 
 
 def is_integer(value: Any) -> bool:
-    """An int, or a numpy integer scalar (what numpy arithmetic gives a user: `np.int64(10)`); bool and
-    numpy's bool are not integers here. The kinds hand back a plain int (Flower's records hold no numpy)."""
+    """An int or a numpy integer scalar, not a bool (the kinds hand back a plain int)."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def is_number(value: Any) -> bool:
-    """A finite int or float, numpy's scalars included (`np.float32(0.5)`); bool is not a number here,
-    whatever Python says. The kinds hand back a plain float."""
+    """A finite int or float, numpy's scalars included, not a bool (the kinds hand back a plain float)."""
     if not isinstance(value, numbers.Real) or isinstance(value, bool):
         return False
     try:
@@ -85,9 +72,8 @@ def is_number(value: Any) -> bool:
 
 
 class Kind:
-    """What a value must be: `expected` in words, `__call__` returns it typed or raises `Invalid`.
-
-    `to_config` gives the value back as a run config or ConfigRecord holds it (bool, int, float, str)."""
+    """What a value must be: `expected` in words, `__call__` returns it typed or raises `Invalid`;
+    `to_config` gives it back as a run config or ConfigRecord holds it (bool, int, float, str)."""
 
     expected: str = "a value"
     python_type: Any = object
@@ -173,8 +159,7 @@ class Text(Kind):
 
 
 def encodable(text: str) -> bool:
-    """Whether `text` can be written (UTF-8: a file, a message, a log): a lone surrogate such as
-    "\\ud800" cannot, and would fail deep inside whatever writes it first."""
+    """Whether UTF-8 can write `text` (a lone surrogate such as "\\ud800" cannot)."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
@@ -200,10 +185,8 @@ class Choice(Kind):
 
 @dataclass(frozen=True)
 class Distinct(Kind):
-    """Distinct values `item` accepts: a list, or text separated by commas (a run config holds no lists).
-
-    `what` names them in the plural ("integers ≥ 1"); `ascending` gives them back sorted (an order
-    that means nothing, e.g. batch sizes)."""
+    """Distinct values `item` accepts: a list, or text separated by commas (a run config holds no lists);
+    `what` names them in the plural ("integers ≥ 1"); `ascending` gives them back sorted."""
 
     item: Kind
     what: str
@@ -264,9 +247,8 @@ class JsonObject(Kind):
 
 @dataclass(frozen=True)
 class FolderPath(Kind):
-    """A folder a Python caller names: a str or os.PathLike that is not empty, handed back as a Path.
-    '' is refused: Path('') is the working directory, so a cache would land wherever the program was
-    started. `what` says it in the caller's words ("a folder path (leave it out for …)")."""
+    """A folder a Python caller names, as a Path: not '' or '.' (a cache would land wherever the program
+    started); `what` says it in the caller's words."""
 
     what: str = "a folder path"
 
@@ -278,7 +260,6 @@ class FolderPath(Kind):
 
     def __call__(self, value: Any) -> Path:
         text = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
-        # Path("") is Path("."): the empty path by another spelling, refused as "" is
         if not isinstance(text, str) or not text or Path(text) == Path(".") or not encodable(text):
             raise must_be(f"{self.expected}, not empty or '.'", value)
         return Path(text)
@@ -323,8 +304,7 @@ class Custom(Kind):
 
 
 def _split(text: str) -> list[str]:
-    """Items separated by commas (or semicolons); an empty item stays, so that '8,,16' or '8,16,' is
-    refused by the item's kind instead of read as a shorter list."""
+    """Items separated by commas (or semicolons); an empty item stays, for the item's kind to refuse."""
     return [t.strip() for t in text.replace(";", ",").split(",")]
 
 
@@ -462,28 +442,23 @@ def mapping_reader(
 
 
 def check_fields(record: Any, where: str, kinds: Mapping[str, Kind]) -> None:
-    """A record's fields, each named in `kinds` checked by its kind where the record is made (its
-    `__post_init__`), as `check_arguments` checks a call's: the first refused is one ArgumentError line
-    naming `where` and the field. Each field is set to what its kind gives back (a plain int or float
-    where numpy's was given, a tuple where a list was), frozen records included."""
+    """A record's fields named in `kinds`, checked by them in its `__post_init__` (`check_arguments`) and
+    set to what they give back (a plain int where numpy's was given), frozen records included."""
     checked = check_arguments(where, **{name: (getattr(record, name), kind) for name, kind in kinds.items()})
     for name, value in checked.items():
         object.__setattr__(record, name, value)
 
 
 def check_arguments(where: str, **arguments: tuple[Any, Kind]) -> dict[str, Any]:
-    """A Python call's arguments, each `name=(value, kind)`, checked where the call is made: the first
-    that its kind refuses is one ArgumentError line (a ValueError) naming `where`, it and its value.
-    Returns {name: the value as its kind gives it back}: a plain int or float where numpy's was given,
-    which is what the caller keeps and sends on."""
+    """A Python call's arguments, each `name=(value, kind)`: the first its kind refuses is one ArgumentError
+    line naming `where`, it and its value. Returns {name: the value as its kind gives it back}."""
     reader = MappingReader({}, where, ArgumentError)
     return {name: reader.check(name, value, kind) for name, (value, kind) in arguments.items()}
 
 
 def accepts(fn: Callable[..., Any], count: int) -> bool | None:
-    """Whether `fn` can be called with `count` positional arguments, read from its signature (defaults
-    and *args count; a required keyword-only argument does not get one); None when its signature cannot
-    be read (some builtins and C callables), which a caller then takes on trust."""
+    """Whether `fn` can be called with `count` positional arguments; None when its signature cannot be
+    read (some builtins and C callables), taken on trust."""
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):
@@ -498,10 +473,8 @@ def accepts(fn: Callable[..., Any], count: int) -> bool | None:
 def check_callable(
     where: str, name: str, fn: Any, arguments: str, *counts: int, optional: bool = False
 ) -> None:
-    """A callback checked where it is given, not where it is first called (mid-round, mid-run): not
-    callable, or a signature that takes none of `counts` positional arguments (`arguments` says which,
-    e.g. "(node, server_round, instructions)"), is one ArgumentError line naming `where` and `name`.
-    None passes when `optional`; a callable whose signature cannot be read passes (`accepts`)."""
+    """A callback checked where it is given, not mid-run: not callable, or taking none of `counts`
+    positional arguments (`arguments` names them), is one ArgumentError line; None passes if `optional`."""
     if fn is None and optional:
         return
     if not callable(fn):
@@ -514,9 +487,8 @@ def check_callable(
 
 
 def check_result(where: str, name: str, value: Any, types: Any, what: str) -> Any:
-    """A callback's result checked where it returns, before anything reads it: not one of `types` (a
-    type or a tuple of them, as `isinstance` takes, an ABC such as Callable included) is one
-    ArgumentError line naming `where` and the callback (`what` says what it must return)."""
+    """A callback's result checked where it returns: not one of `types` (as `isinstance` takes them) is
+    one ArgumentError line naming `where` and the callback (`what` says what it must return)."""
     if not isinstance(value, types) or (isinstance(value, bool) and bool not in _as_tuple(types)):
         raise ArgumentError(f"{where}: {name} returned {shown(value)}; it must return {what}")
     return value
