@@ -18,7 +18,7 @@ and NAME says what goes there; the prose around the blocks is written by hand an
                      (simulations/fleet.py: PLACES)
 
 pyproject.toml's ``[tool.flwr.app.config]`` table (to the first blank line) is generated too, from the
-same declaration (`strategies.settings_docs.app_config_toml`).
+same declaration (`strategies.settings_derived.app_config_toml`).
 
     python docs/generate.py           rewrite what is stale, in place, naming each file written
     python docs/generate.py --check   name what is stale and exit 1, writing nothing
@@ -38,7 +38,7 @@ from unittest import mock
 
 from powerctl.cli.util import OneLineParser
 from strategies.settings import GROUPS, SETTINGS
-from strategies.settings_docs import app_config_toml, markdown_table
+from strategies.settings_derived import app_config_toml, markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"

@@ -41,20 +41,20 @@ def data_plan(settings: NodeSettings, run_config: Any, seq_len: int) -> DataPlan
     """The node's own `data`, else its partition of the run's `client-data` (each run config key read
     and checked as `strategies.settings` declares it)."""
 
-    def setting(key: str) -> Any:
-        return client_setting(run_config, key, NodeConfigError)
+    def setting(name: str) -> Any:
+        return client_setting(run_config, name, NodeConfigError)
 
-    seed = setting("client-data-seed")
+    seed = setting("client_data_seed")
     if settings.data is not None:
         return DataPlan(settings.data, seed, seq_len)
     return DataPlan(
-        setting("client-data"),
+        setting("client_data"),
         seed,
         seq_len,
         settings.partition_id,
         settings.num_partitions or 1,
         setting("partitioning"),
-        setting("dirichlet-alpha"),
+        setting("dirichlet_alpha"),
     )
 
 

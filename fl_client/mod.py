@@ -50,7 +50,7 @@ def message_config(msg: Message) -> ConfigRecord:
 
 def profile_cache(run_config: Any) -> Path | None:
     """The run's own profile cache (`profile-cache`, an absolute folder), else the shared default."""
-    value = client_setting(run_config, "profile-cache", NodeConfigError)
+    value = client_setting(run_config, "profile_cache", NodeConfigError)
     return Path(value) if value else None
 
 

@@ -30,7 +30,7 @@ from powerfed.training.finetune_records import DEFAULT_EVAL_MAX_SAMPLES
 from powerfed.training.lr import LR_RULES
 from powerfed.training.model_limits import MAX_SEQ_LEN
 from powerfed.training.models import get_model_spec, model_names, option_ranges
-from strategies.settings import flag
+from strategies.settings_derived import flag
 
 PROG = "fl-server"
 

@@ -24,21 +24,13 @@ from fl_server.results import RESULTS_SCHEMA
 from powerctl.errors import FileFormatError
 from powerctl.files.jsonfile import read_json
 from powerfed.training.errors import DataError
+from strategies.settings import SETTINGS
 
 GLOBAL_FILE = "global.safetensors"
 RESULTS_FILE = "results.json"
-NOT_IN_FINGERPRINT = frozenset(
-    {
-        "num-server-rounds",
-        "resume",
-        "results-dir",
-        "round-timeout",
-        "rejoin-wait-s",
-        "inject-server-stop-round",
-        "server-device",
-    }
-)
-"""Keys that do not change what a round computes: a resumed run may extend its rounds or wait longer."""
+NOT_IN_FINGERPRINT = frozenset(key for key, s in SETTINGS.items() if not s.fingerprint)
+"""Keys that do not change what a round computes (declared so, `strategies.settings`): a resumed run may
+extend its rounds or wait longer."""
 
 
 def run_fingerprint(run_config: dict[str, Any], weights_digest: str, relation: dict[str, Any]) -> str:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import hashlib
 import json
 import logging
@@ -131,7 +132,7 @@ def write_shipped(folder: Path, tell: Callable[[str], None] = say) -> dict[str, 
     from fl_server.run_config import parse_server_config
     from powerfed.training.numerics import numerics_key
 
-    cfg = parse_server_config({"server-device": "cpu"})
+    cfg = dataclasses.replace(parse_server_config({}), server_device="cpu")
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         weights = train_weights(cfg, Path(tmp) / "weights.safetensors", say=tell)

@@ -293,11 +293,12 @@ def checked_supervisor(args: argparse.Namespace) -> Supervisor:
     (`fl_server.run_config.check_before_start`: Flower's parser, the app's keys, every value, the
     results folder writable, the task's files): one line for the first problem."""
     from fl_server.run_config import check_before_start, parse_run_config, run_config_text
+    from strategies.settings import key_of
 
     overrides = parse_run_config(args.run_config)
-    if "results-dir" in overrides:
+    if (results_dir := key_of("results_dir")) in overrides:
         raise PowerctlError("give the results folder as --results-dir, not in --run-config")
-    overrides["results-dir"] = str(args.results_dir.expanduser().resolve())
+    overrides[results_dir] = str(args.results_dir.expanduser().resolve())
     check_before_start(overrides, args.app.expanduser().resolve())
     return Supervisor(args.app, args.connection, run_config_text(overrides), args.max_restarts, args.wait)
 

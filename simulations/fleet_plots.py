@@ -24,6 +24,7 @@ from matplotlib.figure import Figure
 from powerctl.cli.plot import save_figure
 from powerctl.records.profile import Profile
 from simulations.plots import COLOURS
+from strategies.settings import client_setting
 
 if TYPE_CHECKING:
     from powerctl.records.workload import Workload
@@ -167,8 +168,8 @@ def predicted_board_profile(board: str, model: str, config: dict[str, Any]) -> P
     run config as results.json keeps it)."""
     from powerctl.devices.simulated import predicted_profile
 
-    batch_sizes = [int(b) for b in str(config.get("batch-sizes", "8,16,32,64")).split(",")]
-    return predicted_profile(board, _workload(model), batch_sizes, int(config.get("profile-samples", 4000)))
+    batch_sizes = client_setting(config, "batch_sizes")
+    return predicted_profile(board, _workload(model), batch_sizes, client_setting(config, "profile_samples"))
 
 
 @functools.lru_cache(maxsize=4)

@@ -61,6 +61,7 @@ from simulations.local_superlink import (
 )
 from simulations.ray_cluster import preflight
 from strategies.fleet import MAX_BOARDS
+from strategies.settings import key_of
 
 APP_DIR = Path(__file__).resolve().parents[1]
 INFRA_LINE = re.compile(r"^\(\w+ pid=\d+\)|^(INFO|WARNING|DEBUG|ERROR)\s*:|^\s*$")
@@ -394,9 +395,9 @@ def check_launch(
     app_dir = APP_DIR if app is None else check_app(app)
     check_nodes(nodes)
     overrides = parse_run_config(run_config)
-    if app is None and "results-dir" not in overrides:  # a results-dir in the run config wins
+    if app is None and (results_dir := key_of("results_dir")) not in overrides:  # the run config's wins
         out = check_output_dir(out.expanduser().resolve(), "results folder")
-        overrides = {"results-dir": str(out), **overrides}
+        overrides = {results_dir: str(out), **overrides}
     if app is None:
         overrides = checked_run_config(overrides, nodes=nodes)
     log_path = log_path.expanduser().resolve()

@@ -40,6 +40,7 @@ from powerctl.selection.methods import run_method_named
 from powerctl.selection.names import OURS, STATE_OF_PRACTICE
 from simulations.fleet_plots import MARKERS, predicted_board_profile
 from simulations.plots import COLOURS
+from strategies.settings import key_of
 
 SUMMARY_FIGURE = "summary.png"
 """The figure's name, beside the run's results.json."""
@@ -190,7 +191,7 @@ def run_figure(results: Path) -> Path:
     model = str(config.get("model", "resnet18-small"))
     relation = RelationVector.from_dict(run["relation"]) if run.get("relation") else None
     rows = _rows(records, model, config, relation)
-    target = relation.target_accuracy if relation else config.get("target-accuracy")
+    target = relation.target_accuracy if relation else config.get(key_of("target_accuracy"))
     title = f"make run · {model}, target accuracy {target}: round 1 on each board"
     out = (results if results.is_dir() else results.parent) / SUMMARY_FIGURE
     return save_figure(summary_figure(rows, title), out, dpi=100)

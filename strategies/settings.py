@@ -1,14 +1,11 @@
-"""Every run setting, declared once: its key, default, kind (type and check), help, and who reads it.
-
-A setting is a dataclass field (`setting_field`) of the group its readers make it: `SentSettings` (the
-ServerApp reads it and sends it to every client; `strategies.protocol.TrainInstructions` carries this
-group), `ClientSettings` (the ClientApp reads it from its run config, `client_setting`) or `RunSettings`
-(the ServerApp only), which is composed of the other two; its run config key is the field's name in
-kebab-case. `SETTINGS` (key → `Setting`) is derived from those fields, and from it the ServerApp's checked
-config (`read_settings`, `fl_server.run_config`), the command-line flags (`flag`), the fleet file's
-defaults and checks (`simulations.fleet`), and, through `make docs` (`strategies.settings_docs`),
-pyproject.toml's ``[tool.flwr.app.config]`` (Flower takes the defaults from there and overrides with
-``--run-config``) and the tables of docs/reference/run-config.md. The kinds of the project's own values
+"""Every run setting, declared once, as a dataclass field (`setting_field`): its default, kind (type and
+check), help and docs group. Its run config key is the field's name in kebab-case; who reads it is the
+group class it is declared in: `SentSettings` (the ServerApp reads it and sends it to every client;
+`strategies.protocol.TrainInstructions` carries this group), `ClientSettings` (the ClientApp reads it,
+`client_setting`) or `RunSettings` (the ServerApp only), composed of the other two. `SETTINGS` (key →
+`Setting`) derives from those fields, and from it the ServerApp's checked config (`read_settings`), the
+fleet file's keys (`simulations.fleet`), and `strategies.settings_derived`'s command-line flags,
+pyproject.toml's ``[tool.flwr.app.config]`` and the docs' tables. The kinds of the project's own values
 are `strategies.setting_kinds`'. A new setting is one field in its group."""
 
 from __future__ import annotations
@@ -21,7 +18,6 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from powerctl.cli.util import kind_type
 from powerctl.errors import PowerctlError
 from powerctl.files.mapping import (
     MAX_BATCH_SIZE,
@@ -83,13 +79,13 @@ class Setting:
     """As pyproject.toml holds it (a list is text separated by commas)."""
     kind: Kind
     help: str
-    """What it is, its range where the kind does not say, what empty or 0 means (the docs' table and
-    pyproject's comments)."""
+    """What it is, its range where the kind does not say, what empty or 0 means (the docs, pyproject)."""
     readers: str = SERVER
-    """Who reads it: the group class its field is declared in (`SentSettings`, `ClientSettings`, else
-    `RunSettings`)."""
+    """Who reads it (`READERS`): the group class its field is declared in."""
     group: str = ""
     """One of `GROUPS`: the table of docs/reference/run-config.md it is listed in."""
+    fingerprint: bool = True
+    """False: it changes nothing a round computes; a resumed run may change it (`fl_server.resume`)."""
 
     @property
     def attr(self) -> str:
@@ -99,6 +95,12 @@ class Setting:
         return self.kind(self.default)
 
 
+def key_of(name: str) -> str:
+    """The run config key of the setting whose attribute is `name` (its key in snake_case; a key is
+    taken as is): code names a setting by its attribute, the run config by its key."""
+    return name.replace("_", "-")
+
+
 def run_default(key: str) -> Any:
     """Run setting `key`'s declared default, typed: what a caller that is not given it uses."""
     return SETTINGS[key].typed_default()
@@ -106,8 +108,7 @@ def run_default(key: str) -> Any:
 
 @dataclass
 class _Default:
-    """A setting field's default_factory: its declaration's default (`SETTINGS`), typed, read when an
-    object is made; `_declare` names its key, the field's name in kebab-case."""
+    """A setting field's default_factory: its declared default, typed, read when an object is made."""
 
     key: str = ""
 
@@ -115,12 +116,14 @@ class _Default:
         return run_default(self.key)
 
 
-def setting_field(group: str, default: bool | int | float | str, kind: Kind, help: str) -> Any:
+def setting_field(
+    group: str, default: bool | int | float | str, kind: Kind, help: str, *, fingerprint: bool = True
+) -> Any:
     """A run setting, declared as the dataclass field of its group class (``lr_max: float =
     setting_field("task", 0.002, Number(...), "help")``): its run config key is the field's name in
     kebab-case, its type the kind's, `group` its table in the docs (`GROUPS`); who reads it is the class
     it is declared in. Its default is the declaration's (`SETTINGS`), read when an object is made."""
-    declared = Setting("", default, kind, help, readers="", group=group)
+    declared = Setting("", default, kind, help, readers="", group=group, fingerprint=fingerprint)
     return dataclasses.field(default_factory=_Default(), metadata={SETTING_METADATA: declared})
 
 
@@ -316,7 +319,11 @@ class RunSettings(ClientSettings, SentSettings):
     `to_run_config`)."""
 
     num_server_rounds: int = setting_field(
-        "rounds", 2, Integer(1, MAX_ROUNDS), "Rounds of federated training (each: train, evaluate)."
+        "rounds",
+        2,
+        Integer(1, MAX_ROUNDS),
+        "Rounds of federated training (each: train, evaluate).",
+        fingerprint=False,
     )
     weights: str = setting_field(
         "task",
@@ -338,6 +345,7 @@ class RunSettings(ClientSettings, SentSettings):
         "Where the ServerApp pre-trains and estimates the relation vector: auto (the first CUDA device "
         "torch sees, else the CPU), cpu, cuda or cuda:INDEX. Not in the caches' keys: a GPU reaches the "
         "same samples to target up to floating-point nondeterminism (docs/howto/server-gpu.md).",
+        fingerprint=False,
     )
     relation: str = setting_field(
         "task",
@@ -396,6 +404,7 @@ class RunSettings(ClientSettings, SentSettings):
         "An absolute folder for results.json and global.safetensors; empty: "
         "$XDG_DATA_HOME/powerfed/runs/RUN_ID (default ~/.local/share/powerfed/runs/RUN_ID). `make run` "
         "sets runs/flwr.",
+        fingerprint=False,
     )
     resume: bool = setting_field(
         "results",
@@ -403,12 +412,14 @@ class RunSettings(ClientSettings, SentSettings):
         Flag(),
         "Continue after the last completed round of this run found in results-dir; false: start over, "
         "the old files renamed aside (docs/design/federation.md#resuming).",
+        fingerprint=False,
     )
     round_timeout: float = setting_field(
         "rounds",
         3600.0,
         Number(0.0, above=True, unit="seconds"),
         "Seconds a round waits for its replies; a client that has not replied is named timeout.",
+        fingerprint=False,
     )
     rejoin_wait_s: float = setting_field(
         "rounds",
@@ -417,6 +428,7 @@ class RunSettings(ClientSettings, SentSettings):
         "Seconds a round waits for nodes that were connected before and are not now (a SuperNode "
         "restarting, a SuperLink back from a restart) before it goes on without them; each is waited "
         "for once.",
+        fingerprint=False,
     )
     min_nodes: int = setting_field(
         "rounds",
@@ -490,6 +502,7 @@ class RunSettings(ClientSettings, SentSettings):
         0,
         Integer(0, MAX_ROUNDS),
         "Soak tests only: the ServerApp stops as if it crashed once this round's replies are in (0: never).",
+        fingerprint=False,
     )
 
     def method_list(self) -> list[str]:
@@ -524,7 +537,7 @@ def _declare(cls: type, readers: Mapping[type, str]) -> dict[str, Setting]:
     hints = typing.get_type_hints(cls)
     out: dict[str, Setting] = {}
     for f in dataclasses.fields(cls):
-        key = f.name.replace("_", "-")
+        key = key_of(f.name)
         s = dataclasses.replace(f.metadata[SETTING_METADATA], key=key, readers=owner[f.name])
         if isinstance(f.default_factory, _Default):
             f.default_factory.key = key
@@ -561,7 +574,7 @@ def settings_of(readers: Collection[str]) -> list[Setting]:
 def setting_fields(obj: Any) -> dict[str, Any]:
     """{key: value} of the declared settings among `obj`'s dataclass fields."""
     fields = dataclasses.fields(obj)
-    return {f.name.replace("_", "-"): getattr(obj, f.name) for f in fields if SETTING_METADATA in f.metadata}
+    return {key_of(f.name): getattr(obj, f.name) for f in fields if SETTING_METADATA in f.metadata}
 
 
 def to_config(values: Mapping[str, Any]) -> dict[str, Any]:
@@ -569,30 +582,15 @@ def to_config(values: Mapping[str, Any]) -> dict[str, Any]:
     return {key: SETTINGS[key].kind.to_config(v) for key, v in values.items()}
 
 
-def _reader(run_config: Any, error: type[PowerctlError]) -> MappingReader:
-    return MappingReader(run_config, "run config", error)
-
-
 def read_settings(run_config: Any, error: type[PowerctlError] = SettingsError) -> RunSettings:
     """Every key of `run_config` checked by its declaration (an unknown key named with the nearest
     known one), the others at their defaults; the first problem is one `error` line."""
-    r = _reader(run_config, error).only(SETTINGS)
+    r = MappingReader(run_config, "run config", error).only(SETTINGS)
     return RunSettings(**{s.attr: r.value(s.key, s.kind, s.typed_default()) for s in SETTINGS.values()})
 
 
-def client_setting(run_config: Any, key: str, error: type[PowerctlError] = SettingsError) -> Any:
-    """One setting as the ClientApp reads it from its run config: checked, typed, else the default."""
-    s = SETTINGS[key]
-    return _reader(run_config, error).value(key, s.kind, s.typed_default())
-
-
-def flag(key: str, help: str) -> dict[str, Any]:
-    """`add_argument` keywords for a command-line flag that is run setting `key`: its kind reads the text
-    (what it refuses is argparse's one line), its declared default, and `help` naming both. A command
-    that takes a run setting as a flag takes it from here, so its default and check are the run's."""
-    setting = SETTINGS[key]
-    return {
-        "type": kind_type(setting.kind, key),
-        "default": run_default(key),
-        "help": f"{help} (run config {key}; default: {setting.default})",
-    }
+def client_setting(run_config: Any, name: str, error: type[PowerctlError] = SettingsError) -> Any:
+    """Setting `name` (its attribute) as the ClientApp reads it from its run config, or a reader from the
+    config results.json keeps: checked, typed, else the default."""
+    s = SETTINGS[key_of(name)]
+    return MappingReader(run_config, "run config", error).value(s.key, s.kind, s.typed_default())

@@ -17,7 +17,7 @@ from simulations.fleet import load_fleet_spec
 from strategies import settings as declared
 from strategies.protocol import ProtocolError, TrainInstructions
 from strategies.settings import BOTH, CLIENT, SETTINGS, client_setting, read_settings
-from strategies.settings_docs import app_config_toml
+from strategies.settings_derived import app_config_toml
 from tests.fl_helpers import relation
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,7 +36,7 @@ def test_pyprojects_table_is_the_declaration_key_for_key_in_order() -> None:
 
 def test_the_printed_table_is_what_pyproject_holds_and_every_default_passes_its_own_check() -> None:
     printed = subprocess.run(
-        [sys.executable, "-m", "strategies.settings_docs"],
+        [sys.executable, "-m", "strategies.settings_derived"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -159,3 +159,54 @@ def test_typed_settings_are_what_the_run_config_says() -> None:
     )
     assert cfg.to_run_config()["batch-sizes"] == "8,16,64"
     assert declared.read_settings(cfg.to_run_config()) == cfg
+
+
+def test_code_reads_a_setting_by_its_attribute_and_a_results_config_by_the_declaration() -> None:
+    from simulations.fleet_plots import predicted_board_profile
+
+    assert declared.key_of("client_data_seed") == "client-data-seed"
+    assert client_setting({"client-data-seed": 7}, "client_data_seed") == 7
+    assert client_setting({}, "batch_sizes") == [8, 16, 32, 64]  # the declared default, typed
+    # results.json's config is read by the same declarations: a bad value is one line, not a ValueError
+    with pytest.raises(declared.SettingsError, match=r"^run config: 'batch-sizes' must be .*got '8,x'$"):
+        predicted_board_profile("jetson-nano", "cnn-tiny", {"batch-sizes": "8,x"})
+
+
+def test_a_resumed_run_may_change_only_the_settings_declared_outside_its_fingerprint() -> None:
+    from fl_server.resume import run_fingerprint
+
+    outside = {key for key, s in SETTINGS.items() if not s.fingerprint}
+    assert outside == {
+        "num-server-rounds",
+        "resume",
+        "results-dir",
+        "round-timeout",
+        "rejoin-wait-s",
+        "inject-server-stop-round",
+        "server-device",
+    }
+    base = ServerConfig().to_run_config()
+    same = run_fingerprint(base, "w", {})
+    assert run_fingerprint({**base, "num-server-rounds": 9, "server-device": "cpu"}, "w", {}) == same
+    assert run_fingerprint({**base, "lr-max": 0.01}, "w", {}) != same
+
+
+NOT_YET_READ_BY_ATTRIBUTE = frozenset({"relation-seeds"})
+"""Run config keys still spelled in a third non-test file while their readers move to attributes
+(fl_server/cli.py, simulations/demo_config.py); this set only shrinks."""
+
+
+def test_each_run_config_key_is_spelled_in_at_most_two_non_test_files() -> None:
+    """The declaration and one place mapping another file's keys onto it (simulations/fleet.py): code
+    names a setting by its attribute (`key_of`, `client_setting`), so a renamed key changes two files."""
+    import ast
+
+    keys = {key for key in SETTINGS if "-" in key}
+    spelled: dict[str, set[str]] = {key: set() for key in keys}
+    tops = ("powerfed", "powerctl", "strategies", "fl_server", "fl_client", "simulations")
+    for path in (p for top in tops for p in sorted((ROOT / top).rglob("*.py"))):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and node.value in spelled:
+                spelled[node.value].add(str(path.relative_to(ROOT)))
+    spread = {key: sorted(files) for key, files in spelled.items() if len(files) > 2}
+    assert set(spread) <= NOT_YET_READ_BY_ATTRIBUTE, spread

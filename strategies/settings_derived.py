@@ -1,18 +1,33 @@
-"""The run settings' declarations (`strategies.settings`) written out for readers: pyproject.toml's
-``[tool.flwr.app.config]`` table (Flower takes the defaults from there) and the Markdown tables of
-docs/reference/run-config.md, both written by `make docs` (docs/generate.py); ``python -m
-strategies.settings_docs`` prints the table."""
+"""What derives from the run settings' declarations (`strategies.settings`) besides reading a run config:
+a command-line flag that is a run setting (`flag`), pyproject.toml's ``[tool.flwr.app.config]`` table
+(Flower takes the defaults from there) and the Markdown tables of docs/reference/run-config.md, both
+written by `make docs` (docs/generate.py); ``python -m strategies.settings_derived`` prints the table."""
 
 from __future__ import annotations
 
 import sys
 import textwrap
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
-from strategies.settings import BOTH, CLIENT, SERVER, SETTINGS, Setting
+from powerctl.cli.util import kind_type
+from strategies.settings import BOTH, CLIENT, SERVER, SETTINGS, Setting, key_of, run_default
 
 READ_BY = {SERVER: "server", CLIENT: "client app", BOTH: "server, clients"}
 """How the docs name each kind of reader."""
+
+
+def flag(name: str, help: str) -> dict[str, Any]:
+    """`add_argument` keywords for a command-line flag that is run setting `name` (its attribute, or its
+    key): its kind reads the text (what it refuses is argparse's one line), its declared default, and
+    `help` naming both. A command that takes a run setting as a flag takes it from here, so its default
+    and check are the run's."""
+    s = SETTINGS[key_of(name)]
+    return {
+        "type": kind_type(s.kind, s.key),
+        "default": run_default(s.key),
+        "help": f"{help} (run config {s.key}; default: {s.default})",
+    }
 
 
 def app_config_toml(settings: Iterable[Setting] | None = None) -> str:
@@ -40,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import argparse
 
     p = argparse.ArgumentParser(
-        prog="python -m strategies.settings_docs",
+        prog="python -m strategies.settings_derived",
         description="Print the run settings as pyproject.toml's [tool.flwr.app.config] table (default) or "
         "as a Markdown table.",
     )
