@@ -10,14 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from powerctl.cli import PROG
-from powerctl.cli.util import (
-    bounded_float,
-    mhz,
-    power_cap,
-    power_cap_w,
-    say,
-    say_json,
-)
+from powerctl.cli.util import bounded_float, mhz, power_cap, power_cap_w, say, say_json
 from powerctl.devices.unpinned import NOT_PINNED
 from powerctl.errors import InfeasibleCapError, PowerctlError
 from powerctl.files.mapping import MAX_COUNT
@@ -25,15 +18,12 @@ from powerctl.files.outputs import output_path
 from powerctl.records.relation import DEFAULT_RELATION_RULE, INTERVAL_STANDARD_ERRORS, RELATION_RULES
 
 # the ranges of cap-source's numeric flags (each flag's help names its own)
-SPAN_S = bounded_float(0.0, MAX_COUNT)
-"""cap-source --until: up to about 31 years (the lines and steps it makes are bounded on their own)."""
-STEP_S = bounded_float(0.001, MAX_COUNT, above=False)
-"""cap-source --every: a millisecond at least (the live source polls far more slowly)."""
+SPAN_S = bounded_float(0.0, MAX_COUNT)  # --until (the lines and steps it makes are bounded on their own)
+STEP_S = bounded_float(0.001, MAX_COUNT, above=False)  # --every: a millisecond at least
 
 
 def _pair_mhz(profile: Any, hz: int, width: int = 0) -> str:
-    """A selected pair's frequency: its MHz, or "not pinned" where the profile was measured at the clock
-    in force (`powerctl.devices.unpinned`): the clock was the governor's, not one the pair sets."""
+    """A selected pair's frequency: its MHz, or "not pinned" for a profile measured at the clock in force."""
     text = f"{hz / 1e6:.1f}" if profile.extra.get("pinned", True) else NOT_PINNED
     return f"{text:>{width}}"
 
@@ -46,15 +36,8 @@ def cmd_caps(args: argparse.Namespace) -> int:
     hz = frequency_cap(profiles, args.power_cap)
     peak = peak_power_by_frequency(profiles)[hz]
     if args.json:
-        say_json(
-            {
-                "power_cap_w": args.power_cap,
-                "frequency_hz": hz,
-                "peak_power_w": peak,
-                "device": profiles[0].device,
-                "models": sorted({p.model for p in profiles}),
-            }
-        )
+        found = {"power_cap_w": args.power_cap, "frequency_hz": hz, "peak_power_w": peak}
+        say_json(found | {"device": profiles[0].device, "models": sorted({p.model for p in profiles})})
         return 0
     say(
         f"{mhz(hz)}: the highest frequency at which every point of the {len(profiles)} profile(s) stays "
@@ -64,32 +47,34 @@ def cmd_caps(args: argparse.Namespace) -> int:
 
 
 # --- select / plot ----------------------------------------------------------------------------
-def cmd_select(args: argparse.Namespace) -> int:
+def _load_pair(args: argparse.Namespace, command: str) -> tuple[Any, Any]:
+    """The profile and the relation vector a command combines (none without `--relation`), its warnings
+    said when they are not of the same model and input."""
     from powerctl.records.profile import Profile
     from powerctl.records.relation import RelationVector
-    from powerctl.selection.joint import check_pairing, select
+    from powerctl.selection.joint import check_pairing
 
     profile = Profile.load(args.profile)
-    relation = RelationVector.load(args.relation)
-    for warning in check_pairing(profile, relation, allow_mismatch=args.allow_mismatch):
-        say(f"{PROG} select: warning: {warning}", file=sys.stderr)
-    choice = select(
-        profile,
-        relation,
-        args.power_cap,
-        args.objective,
-        args.relation_rule,
-        allow_mismatch=args.allow_mismatch,
-    )
+    relation = RelationVector.load(args.relation) if args.relation else None
+    for warning in (
+        [] if relation is None else check_pairing(profile, relation, allow_mismatch=args.allow_mismatch)
+    ):
+        say(f"{PROG} {command}: warning: {warning}", file=sys.stderr)
+    return profile, relation
+
+
+def cmd_select(args: argparse.Namespace) -> int:
+    from powerctl.selection.joint import select
+
+    profile, relation = _load_pair(args, "select")
+    rule, mismatch = args.relation_rule, args.allow_mismatch
+    choice = select(profile, relation, args.power_cap, args.objective, rule, allow_mismatch=mismatch)
     energy = args.objective == "energy"
     if args.json:
         say_json(choice.to_json_dict(with_energy=energy))
         return 0
-    at = (
-        mhz(choice.frequency_hz)
-        if profile.extra.get("pinned", True)
-        else f"the clock in force ({NOT_PINNED})"
-    )
+    pinned = profile.extra.get("pinned", True)
+    at = mhz(choice.frequency_hz) if pinned else f"the clock in force ({NOT_PINNED})"
     say(
         f"batch size {choice.batch_size} at {at}: "
         f"predicted {choice.predicted_seconds:.1f} s "
@@ -121,25 +106,19 @@ def cmd_select(args: argparse.Namespace) -> int:
 def cmd_plot(args: argparse.Namespace) -> int:
     from powerctl.cli.plot import plot_profile
     from powerctl.files.outputs import check_output_dir
-    from powerctl.records.profile import Profile
-    from powerctl.records.relation import RelationVector
-    from powerctl.selection.joint import check_pairing, select
+    from powerctl.selection.joint import select
 
     check_output_dir(args.out)
-    profile = Profile.load(args.profile)
-    relation = RelationVector.load(args.relation) if args.relation else None
+    profile, relation = _load_pair(args, "plot")
     selection = None
     if relation is not None:
-        for warning in check_pairing(profile, relation, allow_mismatch=args.allow_mismatch):
-            say(f"{PROG} plot: warning: {warning}", file=sys.stderr)
         try:
             selection = select(profile, relation, args.power_cap, allow_mismatch=args.allow_mismatch)
         except InfeasibleCapError as exc:
             say(f"{PROG} plot: note: {exc}", file=sys.stderr)
-    paths = plot_profile(
+    for p in plot_profile(
         profile, args.out, power_cap_w=args.power_cap, relation=relation, selection=selection
-    )
-    for p in paths:
+    ):
         say(p)
     return 0
 
@@ -147,16 +126,10 @@ def cmd_plot(args: argparse.Namespace) -> int:
 def cmd_pareto(args: argparse.Namespace) -> int:
     from powerctl.cli.plot import write_front
     from powerctl.files.outputs import check_output_dir
-    from powerctl.records.profile import Profile
-    from powerctl.records.relation import RelationVector
-    from powerctl.selection.joint import check_pairing
     from powerctl.selection.pareto import pareto_front
 
     check_output_dir(args.out)
-    profile = Profile.load(args.profile)
-    relation = RelationVector.load(args.relation)
-    for warning in check_pairing(profile, relation, allow_mismatch=args.allow_mismatch):
-        say(f"{PROG} pareto: warning: {warning}", file=sys.stderr)
+    profile, relation = _load_pair(args, "pareto")
     front = pareto_front(profile, relation, args.power_cap)
     paths = write_front(front, profile, relation, args.out)
     if args.json:
@@ -168,11 +141,8 @@ def cmd_pareto(args: argparse.Namespace) -> int:
     )
     say(f"{'':2}{'b':>5} {'MHz':>8} {'predicted s':>12} {'predicted J':>12} {'peak W':>7}")
     for s in front.front:
-        mark = "".join(
-            tag
-            for tag, best in ((" fastest", front.fastest), (" most frugal", front.most_frugal))
-            if s == best
-        )
+        tags = ((" fastest", front.fastest), (" most frugal", front.most_frugal))
+        mark = "".join(tag for tag, best in tags if s == best)
         say(
             f"{'':2}{s.batch_size:>5} {s.frequency_hz / 1e6:>8.1f} {s.predicted_seconds:>12.1f} "
             f"{s.predicted_energy_j:>12.1f} {s.peak_power_w:>7.2f}{mark}"
@@ -221,13 +191,8 @@ def cmd_cap_source(args: argparse.Namespace) -> int:
 
         plot_cap_over_time(source.steps_until(until), until, source.describe(), plot)
     if args.json:
-        say_json(
-            {
-                "source": source.describe(),
-                "lowest_w": source.lowest_w(),
-                "points": list(zip(times, caps, strict=True)),
-            }
-        )
+        points = list(zip(times, caps, strict=True))
+        say_json({"source": source.describe(), "lowest_w": source.lowest_w(), "points": points})
         return 0
     lowest = source.lowest_w()
     say(f"{source.describe()}; lowest {'unknown' if lowest is None else f'{lowest:g} W'}")
@@ -251,9 +216,7 @@ def add_caps_and_select(sub: Any) -> None:
     s.set_defaults(func=cmd_caps)
 
     s = sub.add_parser("select", help="the (batch size, frequency) with the least predicted time under a cap")
-    s.add_argument("--profile", required=True, type=Path, help="profile JSON (powerctl profile)")
-    s.add_argument("--relation", required=True, type=Path, help="relation vector JSON (fl-server relation)")
-    s.add_argument("--power-cap", type=power_cap, metavar="W", help="power cap in W (omit or none: no cap)")
+    _pair_flags(s)
     s.add_argument("--compare", action="store_true", help="also print the baselines")
     s.add_argument(
         "--allow-mismatch",
@@ -285,12 +248,16 @@ def add_caps_and_select(sub: Any) -> None:
     s.set_defaults(func=cmd_select)
 
 
-def add_pareto_and_cap_source(sub: Any) -> None:
-    """pareto and cap-source: the time–energy front, and a cap that changes over time."""
-    s = sub.add_parser("pareto", help="the time–energy front of the feasible (batch size, frequency) pairs")
+def _pair_flags(s: Any) -> None:
     s.add_argument("--profile", required=True, type=Path, help="profile JSON (powerctl profile)")
     s.add_argument("--relation", required=True, type=Path, help="relation vector JSON (fl-server relation)")
     s.add_argument("--power-cap", type=power_cap, metavar="W", help="power cap in W (omit or none: no cap)")
+
+
+def add_pareto_and_cap_source(sub: Any) -> None:
+    """pareto and cap-source: the time–energy front, and a cap that changes over time."""
+    s = sub.add_parser("pareto", help="the time–energy front of the feasible (batch size, frequency) pairs")
+    _pair_flags(s)
     s.add_argument("--out", required=True, type=output_path, help="folder for pareto.json and pareto.png")
     s.add_argument("--allow-mismatch", action="store_true", help="as for select")
     s.add_argument("--json", action="store_true", help="print pareto.json's content")
