@@ -1,8 +1,5 @@
 """A discrete NVIDIA GPU through NVML (nvidia-ml-py): locked graphics clocks as the knob, board power.
-
-`pynvml` is imported when a GPU is opened, never at package import, so machines without a driver
-(a Jetson, a laptop, CI) are not affected by this module.
-"""
+`pynvml` is imported when a GPU is opened, never at package import (machines without a driver)."""
 
 from __future__ import annotations
 
@@ -70,8 +67,7 @@ class NvmlGpu(Device):
         self._closed = False
 
     def torch_device(self) -> str:
-        """The CUDA device that IS this GPU, matched by UUID: CUDA may number GPUs differently from NVML
-        (fastest first, unless CUDA_DEVICE_ORDER=PCI_BUS_ID), and profiling must train where it measures."""
+        """The CUDA device that IS this GPU, matched by UUID (CUDA may number GPUs differently from NVML)."""
         import torch
 
         if not torch.cuda.is_available():
@@ -123,9 +119,8 @@ class NvmlGpu(Device):
         return sorted({int(mhz) * MHZ for mhz in graphics})
 
     def _probe_power(self) -> bool:
-        """Whether NVML reads board power here, and how (`power_reading`), decided once: the instantaneous
-        field where the driver has it; else `nvmlDeviceGetPowerUsage`, which is a one-second average on
-        Ampere (A100 aside) and newer GPUs, so short peaks read low (said once, here)."""
+        """Whether NVML reads board power here, and how (`power_reading`): the instantaneous field where the
+        driver has it, else `nvmlDeviceGetPowerUsage` (a one-second average on newer GPUs)."""
         nvml = self._nvml
         try:
             self._instant_mw()
@@ -148,8 +143,7 @@ class NvmlGpu(Device):
         return True
 
     def _instant_mw(self) -> int:
-        """The instantaneous board power field, in mW; NVMLError when this field is not there (its own
-        return code: the call as a whole succeeds either way)."""
+        """The instantaneous board power field, in mW; NVMLError when the field is not there."""
         nvml = self._nvml
         field = nvml.nvmlDeviceGetFieldValues(self._handle, [nvml.NVML_FI_DEV_POWER_INSTANT])[0]
         if field.nvmlReturn != nvml.NVML_SUCCESS:
@@ -170,19 +164,17 @@ class NvmlGpu(Device):
 
     def current_frequency(self) -> int | None:
         nvml = self._nvml
-        mhz = self._call(
-            "reading the graphics clock", nvml.nvmlDeviceGetClockInfo, self._handle, nvml.NVML_CLOCK_GRAPHICS
+        what = "reading the graphics clock"
+        return (
+            int(self._call(what, nvml.nvmlDeviceGetClockInfo, self._handle, nvml.NVML_CLOCK_GRAPHICS)) * MHZ
         )
-        return int(mhz) * MHZ
 
     def clock_in_force(self) -> int | None:
-        """The highest supported graphics clock: an unlocked GPU boosts to it under load (power and
-        heat permitting); the current clock follows the load, and NVML cannot read a lock back."""
+        """The highest supported graphics clock: an unlocked GPU boosts to it under load."""
         return max(self._table) if self._table else None
 
     def pin_refusal(self) -> str | None:
-        """Locking clocks needs root (NVML's rule); as root, only the attempt can tell (a container
-        without the capability is refused then: `DevicePermissionError`)."""
+        """Locking clocks needs root (NVML's rule); as root, only the attempt can tell."""
         if hasattr(os, "geteuid") and os.geteuid() != 0:
             return "locking GPU clocks needs root (NVML)"
         return None
