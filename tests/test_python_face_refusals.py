@@ -310,15 +310,15 @@ def test_a_step_builder_that_returns_no_step_is_named_not_profiled_as_empty() ->
 @pytest.mark.parametrize(
     ("changes", "fragment"),
     [
-        ({"limit": -1}, "'limit' must be an integer ≥ 1, got -1"),
-        ({"max_samples": math.nan}, "'max_samples' must be an integer ≥ 1, got nan"),
-        ({"seeds": "01"}, "'seeds' must be a list of integers ≥ 0, got '01'"),
+        ({"limit": -1}, "'limit' must be an integer ≥ 1 or None, got -1"),
+        ({"max_samples": math.nan}, "'max_samples' must be an integer in [1, 1000000000], got nan"),
+        ({"seeds": "01"}, "'seeds' must be a list of integers ≥ 0 and ≤ 4294967295, got '01'"),
         ({"seeds": ["a"]}, "'seeds' must be an integer in [0, 4294967295], got 'a'"),
         ({"seeds": [2**64]}, "'seeds' must be an integer in [0, 4294967295]"),
         ({"data_seed": 2**70}, "'data_seed' must be an integer in [0, 4294967295]"),
         ({"overrides": "width=8"}, "'overrides' must be a dict of the model's options"),
         ({"target_accuracy": "0.5"}, "'target_accuracy' must be a number in (0, 1], got '0.5'"),
-        ({"eval_every_samples": 0}, "'eval_every_samples' must be an integer ≥ 1"),
+        ({"eval_every_samples": 0}, "'eval_every_samples' must be an integer in [1, 1000000000]"),
         ({"lr_max": math.inf}, "'lr_max' must be a number in (0, 10]"),
     ],
 )

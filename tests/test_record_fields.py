@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import powerfed
 from fl_client.node import NODE_SETTINGS_KINDS
-from fl_server.relation import _COMPUTE_KINDS
+from fl_server.relation.request import RelationCompute, kinds_of
 from powerctl.errors import PowerctlError
 from powerctl.files.mapping import Kind
 from powerctl.records.profile import POINT_KINDS, PROFILE_KINDS, Profile, ProfilePoint
@@ -113,7 +113,7 @@ KINDS: dict[str, dict[str, Kind]] = {
     "ProfilePoint": POINT_KINDS,
     "Profile": PROFILE_KINDS,
     "NodeSettings": NODE_SETTINGS_KINDS,
-    "RelationCompute": _COMPUTE_KINDS,
+    "RelationCompute": kinds_of(RelationCompute),
 }
 """The records whose fields are declared by kinds: what a made record holds must be what its kind gives
 back (a plain number, never numpy's; a bool, never "false")."""

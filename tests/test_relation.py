@@ -10,10 +10,11 @@ from typing import Any
 import pytest
 
 import fl_server.relation as relmod
+import fl_server.relation.runs as runsmod
 from fl_server.relation import RelationError
 from fl_server.weights import save_weights
 from powerctl.devices.host import HostDevice
-from powerctl.errors import FileFormatError
+from powerctl.errors import ArgumentError, FileFormatError
 from powerctl.records.relation import RelationVector, fit_batch_efficiency
 from powerfed.training.data import load_dataset, train_test_split
 from powerfed.training.errors import DataError
@@ -170,7 +171,7 @@ class CountingFineTune:
 @pytest.fixture
 def counting(monkeypatch: pytest.MonkeyPatch) -> CountingFineTune:
     fake = CountingFineTune()
-    monkeypatch.setattr(relmod, "fine_tune", fake)
+    monkeypatch.setattr(runsmod, "fine_tune", fake)
     return fake
 
 
@@ -349,7 +350,7 @@ def test_lr_rule_reaches_every_run_and_the_file(
     text_setup: dict[str, Any], monkeypatch: pytest.MonkeyPatch, rule: str
 ) -> None:
     fake = RecordingFineTune()
-    monkeypatch.setattr(relmod, "fine_tune", fake)
+    monkeypatch.setattr(runsmod, "fine_tune", fake)
     rel = flat_estimate(**text_setup, lr_rule=rule)
     want = {b: scaled_lr(1e-3, b, 8, rule) for b in (4, 8)}
     assert fake.lrs == pytest.approx(want)
@@ -357,7 +358,10 @@ def test_lr_rule_reaches_every_run_and_the_file(
 
 
 def test_unknown_lr_rule_is_one_line(text_setup: dict[str, Any], counting: CountingFineTune) -> None:
-    with pytest.raises(RelationError, match="unknown learning-rate rule 'cubic'"):
+    # the run setting's own check (strategies.settings' lr-rule), naming the call
+    with pytest.raises(
+        ArgumentError, match="estimate_relation: 'lr_rule' must be one of sqrt, linear, constant"
+    ):
         flat_estimate(**text_setup, lr_rule="cubic")
     assert counting.calls == 0
 
@@ -387,7 +391,7 @@ _SEEDS = {
 def test_relation_file_keeps_per_seed_samples_mean_and_spread(
     text_setup: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(relmod, "fine_tune", RecordingFineTune(_SEEDS))
+    monkeypatch.setattr(runsmod, "fine_tune", RecordingFineTune(_SEEDS))
     rel = flat_estimate(**{**text_setup, "seeds": (0, 1)})
     assert rel.extra["samples_per_seed"] == ((160.0, 192.0), (320.0, 320.0))
     assert rel.extra["samples_mean"] == (176.0, 320.0) == rel.samples_to_target
@@ -401,7 +405,7 @@ def test_seeds_are_added_until_the_ranking_is_stable(
     text_setup: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fake = RecordingFineTune(_SEEDS)
-    monkeypatch.setattr(relmod, "fine_tune", fake)
+    monkeypatch.setattr(runsmod, "fine_tune", fake)
     rel = flat_estimate(**{**text_setup, "seeds": (0, 1), "max_seeds": 5})
     # seeds 0-1: b=4 (mean 176) before b=8 (320); seed 2 lifts b=4 to 277, still first → stable at 3
     assert rel.extra["seeds_needed"] == 3 and rel.extra["ranking_stable"] is True
@@ -412,7 +416,7 @@ def test_seed_budget_ends_an_unstable_ranking(
     text_setup: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     flip = {0: {4: 100, 8: 320}, 1: {4: 600, 8: 320}, 2: {4: 100, 8: 320}, 3: {4: 900, 8: 320}}
-    monkeypatch.setattr(relmod, "fine_tune", RecordingFineTune(flip))
+    monkeypatch.setattr(runsmod, "fine_tune", RecordingFineTune(flip))
     rel = flat_estimate(**{**text_setup, "seeds": (0,), "max_seeds": 4})
     # means of b=4: 100 → 350 (after b=8's 320) → 266 → 425: the order flips at every added seed
     assert rel.extra["seeds_needed"] == 4 and rel.extra["ranking_stable"] is False

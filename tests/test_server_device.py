@@ -18,7 +18,7 @@ import pytest
 import torch
 from ray import cloudpickle
 
-import fl_server.relation as relmod
+import fl_server.relation.runs as relmod
 import powerfed.training.finetune as finetune
 import powerfed.training.numerics as numerics
 from fl_server.app import pretrained_weights

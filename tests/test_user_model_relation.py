@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-import fl_server.relation as relmod
+import fl_server.relation.runs as relmod
 from fl_server.relation import RelationError
 from powerctl.errors import PowerctlError
 from powerfed.training.data import load_dataset

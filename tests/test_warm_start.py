@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 import fl_server.app as server_app
-import fl_server.relation as relation_module
+import fl_server.relation.estimate as relation_estimate
+import fl_server.relation.runs as relation_runs
 from fl_server.fab import fab_roots, staged_app
 from fl_server.relation import NotCached
 from fl_server.run_config import app_config, parse_run_config, parse_server_config
@@ -42,8 +43,9 @@ def test_a_warm_cache_is_found_in_process_without_reading_the_proxy_or_spawning(
     assert server_app.cached_preparation(cfg) is None  # an empty cache: nothing found, nothing trained
     weights, relation = server_app.prepare(cfg)  # as the spawned child does it
     monkeypatch.setattr(server_app, "ProcessPoolExecutor", _refuse("a spawned preparation"))
-    monkeypatch.setattr(relation_module, "load_proxy", _refuse("reading the proxy data"))
-    monkeypatch.setattr(relation_module, "fine_tune", _refuse("training"))
+    for module in (relation_estimate, relation_runs):
+        monkeypatch.setattr(module, "load_proxy", _refuse("reading the proxy data"))
+    monkeypatch.setattr(relation_runs, "fine_tune", _refuse("training"))
     found = server_app.prepare_apart(cfg)
     assert found[0] == weights and found[1].to_dict() == relation
     assert (
@@ -53,7 +55,7 @@ def test_a_warm_cache_is_found_in_process_without_reading_the_proxy_or_spawning(
 
 
 def test_compute_false_trains_nothing_and_says_not_cached(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(relation_module, "fine_tune", _refuse("training"))
+    monkeypatch.setattr(relation_runs, "fine_tune", _refuse("training"))
     with pytest.raises(NotCached, match="no cached relation vector of cnn-tiny"):
         flat_estimate(
             "cnn-tiny", None, "synthetic-image", target_accuracy=0.2, batch_sizes=[8, 16], compute=False

@@ -1,0 +1,52 @@
+"""The relation cache: one file per request, named by its key; the one lookup and the one store every
+kind of estimate uses (the project's proxy runs and a user's own loop)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from fl_server.relation.request import RelationCompute, RelationRequest
+from powerctl.errors import FileFormatError
+from powerctl.files.cache import cache_dir
+from powerctl.records.relation import RelationVector
+
+log = logging.getLogger("fl_server.relation")
+"""`fl_server.relation`: a relation cache that could not be written (WARNING)."""
+
+
+def default_cache_dir() -> Path:
+    return cache_dir("relation")
+
+
+def lookup(
+    request: RelationRequest, how: RelationCompute, user_code: bool
+) -> tuple[Path | None, RelationVector | None]:
+    """Where this estimate is cached (None when it is not: asked not to, or user code without a
+    `cache_key`, as the project cannot tell when that code changes) and the vector found there."""
+    if not how.use_cache:
+        return None, None
+    if user_code and not request.user_key:
+        log.info("relation vector of %s not cached: user code needs a cache_key to be cached", request.model)
+        return None, None
+    key = request.cache_key()
+    path = Path(how.cache_dir or default_cache_dir()) / f"relation-{key[:40]}.json"
+    if path.is_file():
+        try:
+            cached = RelationVector.load(path)
+            if cached.extra.get("cache_key") == key:
+                return path, cached
+        except FileFormatError:
+            pass  # a damaged cache entry is recomputed and overwritten
+    return path, None
+
+
+def store(relation: RelationVector, path: Path | None) -> None:
+    """The vector into its cache file, where it has one; an unwritable cache is a warning (the cache is a
+    convenience: it must not lose the result)."""
+    if path is None:
+        return
+    try:
+        relation.save(path)
+    except OSError as exc:
+        log.warning("warning: relation cache not written (%s: %s)", path, exc.strerror or exc)

@@ -1,0 +1,264 @@
+"""What a relation estimate is (`RelationRequest`, whose hash is the cache key, with the runs' part the
+user gives, `RelationSettings`) and how it is made (`RelationCompute`): each checked where it is made.
+
+The settings that are run settings take their default and their check from the run's declaration
+(`strategies.settings`), so `estimate_relation` with nothing given is the estimate the ServerApp makes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from powerctl.errors import ArgumentError, PowerctlError
+from powerctl.files.mapping import (
+    Flag,
+    FolderPath,
+    Integer,
+    Kind,
+    Maybe,
+    Text,
+    check_arguments,
+    check_fields,
+    must_be,
+)
+from powerfed.training.crossing import DEFAULT_MIN_EVALUATIONS
+from powerfed.training.finetune_records import FineTuneConfig
+from powerfed.training.lr import scaled_lr
+from powerfed.training.model_limits import MAX_SEQ_LEN
+from powerfed.training.numerics import numerics_key
+from strategies.settings import SETTINGS, key_of
+
+WHERE = "estimate_relation"
+"""What every refusal of an estimate's arguments names: the call the user made."""
+CACHE_VERSION = 2
+"""Bump when a code change alters what a relation estimate would be: old cache entries then miss."""
+KIND = "kind"
+"""The metadata key of a field's kind (what it must be)."""
+Say = Callable[[str], None]
+RUNS_KEY = ("limit", "data_seed", "max_samples", "eval_every_samples", "eval_max_samples", "min_evaluations")
+"""The proxy runs' settings in the cache key."""
+WHAT_KEY = ("model", "overrides", "weights_sha256", "proxy_spec", "proxy_sha256", "seq_len", "model_entry")
+"""What the request locates in the cache key."""
+
+
+class RelationError(PowerctlError):
+    """The relation vector cannot be estimated as asked (a batch size never reached the target, ...)."""
+
+
+class NotCached(RelationError):
+    """`estimate_relation(compute=False)` found no cached vector for its settings."""
+
+
+@dataclass(frozen=True)
+class Each(Kind):
+    """A list (or tuple) of values that `item` accepts, given back as a tuple; text is not a list."""
+
+    item: Kind
+    what: str
+
+    @property
+    def expected(self) -> str:  # type: ignore[override]
+        return f"a list of {self.what}"
+
+    def __call__(self, value: Any) -> tuple[Any, ...]:
+        if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+            raise must_be(self.expected, value)
+        return tuple(self.item(v) for v in value)
+
+
+def _run(attr: str, *, optional: bool = False) -> Any:
+    """A field that is the run setting `attr`: its declared default and kind (`optional`: None too, the
+    default where the declared one is 0)."""
+    s = SETTINGS[key_of(attr)]
+    default = s.typed_default()
+    kind: Kind = Maybe(s.kind) if optional else s.kind
+    default = (default or None) if optional else default
+    if isinstance(default, list):
+        default, kind = tuple(default), Each(getattr(s.kind, "item", s.kind), getattr(s.kind, "what", ""))
+    return field(default=default, metadata={KIND: kind})
+
+
+def _own(default: Any, kind: Kind) -> Any:
+    """A field that is not a run setting, with its kind."""
+    return field(default=default, metadata={KIND: kind})
+
+
+def kinds_of(record: type) -> dict[str, Kind]:
+    """{field: kind} of a record whose fields carry their kind."""
+    return {f.name: f.metadata[KIND] for f in dataclasses.fields(record) if KIND in f.metadata}
+
+
+@dataclass(frozen=True)
+class RelationSettings:
+    """What a relation estimate is, beside its model, weights, proxy, target and batch sizes: how the
+    proxy runs run. The defaults are the run config's (`strategies.settings`), as the ServerApp
+    estimates. Checked when made, before any data is read: one ArgumentError line naming
+    estimate_relation and the setting (a NaN budget or `limit=-1` would otherwise fail deep inside, or
+    silently drop samples); numpy's numbers become plain ones (they go into the cache key and the file)."""
+
+    seeds: Sequence[int] = _run("relation_seeds")
+    """The runs' seeds per batch size (the vector is their mean); kept as a tuple."""
+    lr_max: float = _run("lr_max")
+    """The rate at the largest batch size; the others' by `lr_rule` (`powerfed.training.lr.scaled_lr`)."""
+    lr_rule: str = _run("lr_rule")
+    max_samples: int = _run("relation_max_samples")
+    """One run's budget: a batch size that misses the target within it is an error."""
+    eval_every_samples: int = _run("eval_every_samples")
+    eval_max_samples: int | None = _run("eval_max_samples", optional=True)
+    min_evaluations: int = _own(DEFAULT_MIN_EVALUATIONS, Integer(1))
+    """Evaluations before the crossing; a run that crossed sooner runs again, denser (`run_dense`)."""
+    max_seeds: int | None = _run("relation_max_seeds", optional=True)
+    """Further seeds, one at a time up to this many in all, until the ranking is stable (0, None: none)."""
+    vector: str = _run("relation_values")
+    """raw (the means) or fitted (the batch-efficiency model; `powerctl.records.relation.VECTORS`)."""
+    seq_len: int | None = _own(None, Maybe(Integer(1, MAX_SEQ_LEN)))
+    """A text model's sequence length (None: the model's)."""
+    limit: int | None = _own(None, Maybe(Integer(1)))
+    """Proxy samples to use at most (None: all)."""
+    data_seed: int = _run("proxy_seed")
+    """Seed of the proxy's train/test split, the same for every run."""
+    overrides: dict[str, Any] | None = None
+    """The model's options; with weights, those they were built with."""
+
+    def __post_init__(self) -> None:
+        check_fields(self, WHERE, kinds_of(RelationSettings))
+        if self.overrides is not None and not isinstance(self.overrides, dict):
+            raise ArgumentError(
+                f"{WHERE}: 'overrides' must be a dict of the model's options, got {self.overrides!r}"
+            )
+        seeds = self.seeds
+        if not seeds or len(set(seeds)) != len(seeds):
+            raise RelationError(f"seeds must be a non-empty list of distinct integers, got {list(seeds)}")
+        if self.max_seeds and self.max_seeds < len(seeds):
+            raise RelationError(f"max_seeds ({self.max_seeds}) is fewer than the {len(seeds)} seeds given")
+
+
+@dataclass(frozen=True)
+class RelationCompute:
+    """Where a relation estimate is cached and how it is computed and shown: nothing here changes the
+    vector (the thread count that `parallel` implies is in the cache key). Checked when made, as
+    `RelationSettings` is."""
+
+    cache_key: str | None = None
+    """Names the version of the user's code (a model not built into the project, a loss, a metric, a
+    step or a loop): only then is such an estimate cached, and it must change when that code does."""
+    cache_dir: str | Path | None = None
+    """The cache's folder (None: $POWERFED_CACHE/relation or $XDG_CACHE_HOME/powerfed/relation)."""
+    use_cache: bool = _own(True, Flag())
+    compute: bool = _own(True, Flag())
+    """False: nothing trains; the cached vector, else `NotCached`."""
+    parallel: bool = _own(False, Flag())
+    """The runs as Ray tasks with one torch thread each, where the model and callables can be pickled
+    (else one at a time, logged)."""
+    num_cpus: int | None = _own(None, Maybe(Integer(1)))
+    """CPUs of the Ray started here (None: one per run, at most this machine's)."""
+    device: str = _own("auto", Text(what="a torch device: auto, cpu or cuda[:INDEX]"))
+    """Where the runs train (auto, cpu, cuda[:INDEX]; `powerctl.devices.torchdev`); not in the key."""
+    progress: bool = _own(True, Flag())
+    """A bar on stderr where it is a terminal."""
+    say: Say | None = None
+    """Hears a line per finished run (what it measured, the time left): progress where no terminal
+    shows a bar (a ServerApp's log)."""
+
+    def __post_init__(self) -> None:
+        check_fields(self, WHERE, kinds_of(RelationCompute))  # a flag is a bool: compute="no" must not train
+        if self.cache_dir is not None:  # '' is the working directory, not the default cache (None)
+            folder = FolderPath("a folder path (leave it out, or None, for the default cache)")
+            check_arguments(WHERE, cache_dir=(self.cache_dir, folder))
+        key = self.cache_key
+        if key is not None and (not isinstance(key, str) or not key.strip()):
+            raise RelationError(f"cache_key must be a non-empty string naming the user code, got {key!r}")
+
+
+@dataclass(frozen=True)
+class RelationRequest:
+    """Everything that determines a relation estimate; its `cache_key` is the cache's file name. Made
+    from a call's target, batch sizes and settings (checked), then completed with what the model,
+    weights and proxy are once they are located (`dataclasses.replace`)."""
+
+    target_accuracy: float = field(metadata={KIND: SETTINGS[key_of("target_accuracy")].kind})
+    batch_sizes: Sequence[int] = field(metadata={KIND: _run("batch_sizes").metadata[KIND]})
+    """Kept sorted, as a tuple: the largest last (the vector's denominator)."""
+    settings: RelationSettings = field(default_factory=RelationSettings)
+    threads: int = 1
+    """torch's intra-op thread count the runs train with: another count sums in another order, and its
+    samples to target differ in the last digits, enough to move a crossing by an evaluation."""
+    model: str = ""
+    overrides: dict[str, Any] = field(default_factory=dict)
+    """The model's options, as its weights were built with."""
+    weights_sha256: str = ""
+    """Hash of the starting weights' tensors, or ``init:SEED`` for a seeded fresh initialisation."""
+    proxy_spec: str = ""
+    proxy_sha256: str | None = None
+    seq_len: int | None = None
+    """A text model's sequence length (None for an image model)."""
+    user_key: str | None = None
+    """The user's `cache_key` where user code is involved (None for the project's own models)."""
+    model_entry: dict[str, Any] = field(default_factory=dict)
+    """The registry entry's variant (its defaults, input shape and task): a name registered again with
+    other defaults (`register_model(..., replace=True)`) is another model, estimated afresh."""
+    own_loop: bool = False
+    """The user's `train_to_target`: its data, budgets and evaluation are its own (keyed as none)."""
+
+    def __post_init__(self) -> None:
+        check_fields(self, WHERE, kinds_of(RelationRequest))
+        sizes = self.batch_sizes
+        if not sizes:
+            raise RelationError(f"batch sizes must be positive integers, got {list(sizes)}")
+        if len(set(sizes)) != len(sizes):
+            raise RelationError(f"batch sizes must be distinct, got {list(sizes)}")
+        object.__setattr__(self, "batch_sizes", tuple(sorted(sizes)))
+
+    @property
+    def max_seeds(self) -> int:
+        """Seeds at most: those given, or `max_seeds` where it is more."""
+        return max(len(self.settings.seeds), self.settings.max_seeds or 0)
+
+    @property
+    def lrs(self) -> list[float]:
+        s, largest = self.settings, self.batch_sizes[-1]
+        return [scaled_lr(s.lr_max, b, largest, s.lr_rule) for b in self.batch_sizes]
+
+    def runs_key(self) -> dict[str, Any]:
+        """The proxy runs' part of the key: none for the user's own loop (its data, budgets and
+        evaluation are its own)."""
+        none = {"limit": None, "eval_max_samples": None}
+        return {k: none.get(k, 0) if self.own_loop else getattr(self.settings, k) for k in RUNS_KEY}
+
+    def cache_key(self) -> str:
+        s = self.settings
+        fields = {
+            **{k: getattr(self, k) for k in (*WHAT_KEY, "target_accuracy")},
+            **{k: getattr(s, k) for k in ("lr_max", "lr_rule", "vector")},
+            **self.runs_key(),
+            "batch_sizes": list(self.batch_sizes),
+            "seeds": list(s.seeds),
+            "max_seeds": self.max_seeds,
+            "cache_version": CACHE_VERSION,
+            **({} if self.user_key is None else {"user_key": self.user_key}),  # None: the keys they had
+            **numerics_key(self.threads),
+        }
+        blob = json.dumps(fields, sort_keys=True, separators=(",", ":"), default=repr)
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+    def jobs(self, seeds: Sequence[int]) -> list[FineTuneConfig]:
+        """Every batch size × seed, each with its scaled rate."""
+        budgets = {k: getattr(self.settings, k) for k in RUNS_KEY[2:5]}  # the budgets and evaluations
+        return [
+            FineTuneConfig(batch_size=b, lr=lr, target_accuracy=self.target_accuracy, seed=seed, **budgets)
+            for b, lr in zip(self.batch_sizes, self.lrs, strict=True)
+            for seed in seeds
+        ]
+
+
+def check_record(name: str, value: Any, kind: type) -> Any:
+    """An argument that must be a `kind` record or None: one ArgumentError line otherwise."""
+    if value is not None and not isinstance(value, kind):
+        raise ArgumentError(f"{WHERE}: {name!r} must be a {kind.__name__} or None, got {value!r}")
+    return value
