@@ -1,8 +1,5 @@
-"""One interface over real and simulated GPUs: frequency knob, power sensor, clock, step execution.
-
-Profiler and training loop only ever talk to `Device`, so the same code runs on a Jetson, a
-discrete NVIDIA GPU, the host, or a simulated board (docs/design/devices.md).
-"""
+"""One interface over real and simulated GPUs: frequency knob, power sensor, clock, step execution; the
+profiler and the training loop only talk to `Device` (docs/design/devices.md)."""
 
 from __future__ import annotations
 
@@ -86,35 +83,23 @@ def _cuda_synchronize() -> None:
 
 
 class Device(ABC):
-    """A GPU with (maybe) a frequency knob and (maybe) a power sensor.
+    """A GPU with (maybe) a frequency knob and (maybe) a power sensor. Subclasses implement the vendor's
+    primitives (`_write_pin`, `snapshot`, `apply_snapshot`, `read_power_w`, ...); pinning and restoring
+    live here, once: the first pin snapshots the knob state, `restore` puts it back exactly."""
 
-    Subclasses implement the vendor-specific primitives (`_write_pin`, `snapshot`,
-    `apply_snapshot`, `read_power_w`, ...). Pinning and restoring live here, once: the first pin
-    takes a snapshot of the knob state, and `restore` puts that snapshot back exactly.
-    """
-
-    spec: str
-    """The spec string it was opened with, e.g. ``sim:jetson-nano``."""
-    board: str
-    """Board/GPU name, e.g. ``jetson-nano``; used as the profile's ``device`` field."""
+    spec: str  # the spec string it was opened with, e.g. ``sim:jetson-nano``
+    board: str  # board/GPU name, e.g. ``jetson-nano``: the profile's ``device`` field
     has_power_sensor: bool = False
-    power_reading: str | None = None
-    """How `read_power_w` reads: "instant", or "average" where only a vendor's smoothed reading is there
-    (NVML's one-second average; peaks read low); None where the backend does not say. A profile records it."""
-    recovered: str | None = None
-    """Set by `open_device`: the line said when this board was found left pinned by a dead process and
-    put back (None: it was not). A client's report carries it, so the coordinator sees it too."""
-    pins: bool = True
-    """Whether `pin_frequency` sets the clock. False: a device at the clock in force (no permission, or
-    the operator's `pin = false`: `powerctl.devices.unpinned`), whose profile has that one frequency and
-    whose report says "not pinned"."""
+    power_reading: str | None = None  # "instant", "average" (a vendor's smoothed reading), None: not said
+    recovered: str | None = None  # set by `open_device`: the line said when found left pinned and put back
+    pins: bool = True  # False: a device at the clock in force (`powerctl.devices.unpinned`)
 
     def __init__(self) -> None:
         self._session: PinSession | None = None
 
     def physical_key(self) -> str | None:
-        """Names the physical board across processes and specs (`jetson` and `jetson-nano` are one
-        board): the key of its pin lock and crash record. None: no hardware state to lose (simulated)."""
+        """Names the physical board across processes and specs: the key of its pin lock and crash record
+        (None: no hardware state to lose)."""
         return None
 
     # --- frequency knob -------------------------------------------------------------------
@@ -139,18 +124,16 @@ class Device(ABC):
         """Put back a state taken by `snapshot` (possibly in another process)."""
 
     def profile_kind(self) -> str:
-        """BACKEND/BOARD: the kind of device a cached profile is of (a real and a simulated Nano differ;
-        so do a pinned board and one at a clock in force); the board name is last."""
+        """BACKEND/BOARD: the kind of device a cached profile is of (a real and a simulated Nano differ)."""
         return f"{type(self).__name__}/{self.board}"
 
     def clock_in_force(self) -> int | None:
-        """The frequency the GPU runs work at when this process does not set it, read without writing
-        (None: unknown): what a device that may not be pinned is profiled and trained at."""
+        """The frequency the GPU runs work at when this process does not set it (None: unknown)."""
         return self.current_frequency()
 
     def pin_refusal(self) -> str | None:
-        """Why this process may not pin the frequency, found without writing (None: it may, or only a
-        pin can tell): a device refused here runs at the clock in force (`open_device(pin=None)`)."""
+        """Why this process may not pin the frequency, found without writing (None: it may, or only a pin
+        can tell)."""
         return None
 
     def pin_frequency(self, hz: int) -> None:
@@ -184,11 +167,8 @@ class Device(ABC):
             session.finish()
 
     def release_snapshot(self) -> dict[str, Any] | None:
-        """Hand the pre-pin state to the caller and stop restoring it here.
-
-        For `powerctl freq --set`, which must leave the pin in place: the board's record stays on disk
-        (as a `set` record) so that a later `--restore`, in another process, can put it back.
-        """
+        """Hand the pre-pin state to the caller and stop restoring it here (`powerctl freq --set`: the
+        board's record stays on disk for a later `--restore`)."""
         session, self._session = self._session, None
         return None if session is None else session.hand_over()
 
@@ -228,15 +208,13 @@ class Device(ABC):
         return time.perf_counter()
 
     def idle(self, seconds: float) -> None:
-        """Let `seconds` of device time pass without work (a paused fine-tune waiting for its cap to
-        rise): real devices sleep; a simulated board advances its clock at idle power."""
+        """Let `seconds` of device time pass without work: real devices sleep, a simulated board idles."""
         if seconds > 0:
             time.sleep(seconds)
 
     def resume_state(self) -> dict[str, Any]:
-        """What a fine-tune resumed in another process needs to continue this device's clock and
-        sensor exactly (a simulated board: virtual time and noise generator), JSON-serialisable.
-        Real devices: nothing (their clock and sensor are the world's)."""
+        """What a fine-tune resumed in another process needs to continue this device's clock and sensor
+        (a simulated board's virtual time and noise), JSON-serialisable; nothing for real devices."""
         return {}
 
     def load_resume_state(self, state: dict[str, Any]) -> None:
@@ -253,11 +231,8 @@ class Device(ABC):
         return resolve_torch_device("auto") if "torch" in sys.modules else "cpu"
 
     def run_step(self, fn: Callable[[], T], *, batch_size: int, workload: Workload) -> T:
-        """Run one training step and charge it to the device.
-
-        Real devices just run it and wait for the GPU; a simulated board also advances its
-        virtual clock and power sensor by its model of `workload` at `batch_size`.
-        """
+        """Run one training step and charge it to the device (a simulated board also advances its clock and
+        sensor by its model of `workload` at `batch_size`)."""
         result = fn()
         self.synchronize()
         return result
