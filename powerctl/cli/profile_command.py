@@ -1,7 +1,5 @@
-"""`powerctl profile`: the measured (batch size, frequency) grid, or the part of it an order measures.
-
-It runs real training steps, which this package does not have: `main` hands them on as `step_factory`.
-"""
+"""`powerctl profile`: the measured (batch size, frequency) grid, or the part of it an order measures. Its
+training steps are not this package's: `main` hands them on as `step_factory`."""
 
 from __future__ import annotations
 
@@ -9,14 +7,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from powerctl.cli.util import (
-    batch_sizes,
-    bounded_float,
-    bounded_int,
-    power_cap,
-    say,
-    seed,
-)
+from powerctl.cli.util import batch_sizes, bounded_float, bounded_int, power_cap, say, seed
 from powerctl.devices import open_device
 from powerctl.devices.unpinned import NOT_PINNED
 from powerctl.errors import PowerctlError
@@ -28,14 +19,11 @@ if TYPE_CHECKING:
     from powerctl.records.workload import Workload
 
 # the ranges of the numeric flags (each flag's help names its own)
-SAMPLES = bounded_int(1, MAX_COUNT)
-"""N of T_N: a billion samples is hundreds of passes over ImageNet; more only overflows the prediction."""
+SAMPLES = bounded_int(1, MAX_COUNT)  # N of T_N
 WARMUP_STEPS = bounded_int(0, 1000)
 MEASURED_STEPS = bounded_int(1, 1000)
-RATE_HZ = bounded_float(0.0, 1000.0)
-"""Power sampling rate: the boards' sensors update every few ms (INA3221) to every 20-100 ms (NVML)."""
-NUM_CLASSES = bounded_int(2, 100_000)
-"""A classifier needs two classes at least; 100000 is five times ImageNet-21k's."""
+RATE_HZ = bounded_float(0.0, 1000.0)  # sensors update every few ms (INA3221) to every 20-100 ms (NVML)
+NUM_CLASSES = bounded_int(2, 100_000)  # a classifier needs two at least
 
 
 class ModelStepFactory(Protocol):
@@ -47,8 +35,7 @@ class ModelStepFactory(Protocol):
 
 
 def _predicted_profile(args: argparse.Namespace, step_factory: ModelStepFactory) -> Any:
-    """`--predicted`: the simulated board's noise-free profile, no training step run (the model's
-    workload only)."""
+    """`--predicted`: the simulated board's noise-free profile, no training step run."""
     from powerctl.devices.simulated import SimulatedBoard, predicted_profile
 
     if not args.device.startswith("sim:"):
@@ -67,15 +54,16 @@ def _predicted_profile(args: argparse.Namespace, step_factory: ModelStepFactory)
     return profile
 
 
-def _save_profile(profile: Any, out: Path) -> None:
-    """Write the profile, unless it has no point (a file every reader would refuse)."""
+def _save_profile(profile: Any, out: Path) -> str:
+    """Write the profile, unless it has no point (a file every reader would refuse); what it skipped."""
+    skipped = [s["batch_size"] for s in profile.skipped]
     if not profile.points:
-        skipped = [s["batch_size"] for s in profile.skipped]
         raise PowerctlError(
             f"no batch size fits in the device's memory (skipped {skipped}): nothing written to {out}; "
             "profile smaller batch sizes"
         )
     profile.save(out)
+    return f", skipped {skipped} (out of memory)" if skipped else ""
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
@@ -91,12 +79,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
     check_output_file(args.out)  # before the profile: its result must not be lost at the end
     if args.predicted:
         profile = _predicted_profile(args, step_factory)
-        _save_profile(profile, args.out)
-        skipped = [s["batch_size"] for s in profile.skipped]
+        skipped = _save_profile(profile, args.out)
         say(
             f"wrote {args.out}: {len(profile.points)} predicted points (board model, no training run), "
-            f"batch sizes {profile.batch_sizes()}"
-            + (f", skipped {skipped} (out of memory)" if skipped else "")
+            f"batch sizes {profile.batch_sizes()}{skipped}"
         )
         return 0
     if args.order == "efficient" and args.power_cap is None:
@@ -116,31 +102,20 @@ def cmd_profile(args: argparse.Namespace) -> int:
         workload, make_step = step_factory(
             args.model, torch_device=dev.torch_device(), num_classes=args.num_classes, seed=args.seed
         )
-        profile = Profiler(
-            dev,
-            workload,
-            make_step,
-            samples=args.samples,
-            warmup_steps=args.warmup,
-            measure_steps=args.steps,
-            rate_hz=args.rate,
-        ).run(
+        steps = {"samples": args.samples, "warmup_steps": args.warmup, "measure_steps": args.steps}
+        profile = Profiler(dev, workload, make_step, **steps, rate_hz=args.rate).run(
             args.batch_sizes,
             order=args.order,
             power_cap_w=args.power_cap,
             relation=None if relation is None else relation.as_map(),
             progress=not args.quiet,
         )
-    _save_profile(profile, args.out)
+    skipped = _save_profile(profile, args.out)
     cost = profile.profiling_seconds or 0.0
     predicted = f" measured, {len(profile.predicted)} predicted (fitted)" if args.order == "fitted" else ""
     say(
         f"wrote {args.out}: {len(profile.points)} points{predicted}, batch sizes {profile.batch_sizes()}"
-        + (
-            f", skipped {[s['batch_size'] for s in profile.skipped]} (out of memory)"
-            if profile.skipped
-            else ""
-        )
+        + skipped
         + f"; profiling took {cost:.1f} device seconds"
         + ("" if profile.extra.get("pinned", True) else f" at the clock in force ({NOT_PINNED})")
     )
@@ -167,10 +142,7 @@ def add_profile(sub: Any, device_help: str) -> None:
         "measure a few pairs, predict the rest, measure the predicted choice and its neighbour over the cap",
     )
     s.add_argument(
-        "--power-cap",
-        type=power_cap,
-        metavar="W",
-        help="power cap in W (for --order efficient and fitted)",
+        "--power-cap", type=power_cap, metavar="W", help="power cap in W (for --order efficient and fitted)"
     )
     s.add_argument(
         "--relation",
@@ -179,18 +151,12 @@ def add_profile(sub: Any, device_help: str) -> None:
         help="--order fitted: relation vector JSON; only batch sizes that could win are confirmed "
         "(without it: every batch size)",
     )
-    s.add_argument(
-        "--warmup",
-        type=WARMUP_STEPS,
-        default=2,
-        help=WARMUP_STEPS.help("warm-up steps per point (default 2)"),
+    warmup, measured = (
+        WARMUP_STEPS.help("warm-up steps per point (default 2)"),
+        MEASURED_STEPS.help("measured steps per point (default 5)"),
     )
-    s.add_argument(
-        "--steps",
-        type=MEASURED_STEPS,
-        default=5,
-        help=MEASURED_STEPS.help("measured steps per point (default 5)"),
-    )
+    s.add_argument("--warmup", type=WARMUP_STEPS, default=2, help=warmup)
+    s.add_argument("--steps", type=MEASURED_STEPS, default=5, help=measured)
     s.add_argument(
         "--rate", type=RATE_HZ, default=50.0, help=RATE_HZ.help("power sampling rate in Hz (default 50)")
     )

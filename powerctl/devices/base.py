@@ -83,9 +83,10 @@ def _cuda_synchronize() -> None:
 
 
 class Device(ABC):
-    """A GPU with (maybe) a frequency knob and (maybe) a power sensor. Subclasses implement the vendor's
-    primitives (`_write_pin`, `snapshot`, `apply_snapshot`, `read_power_w`, ...); pinning and restoring
-    live here, once: the first pin snapshots the knob state, `restore` puts it back exactly."""
+    """A GPU with (maybe) a frequency knob and (maybe) a power sensor.
+
+    Subclasses implement the vendor's primitives (`_write_pin`, `snapshot`, `apply_snapshot`, ...);
+    pinning and restoring live here, once: `restore` puts back the state before the first pin."""
 
     spec: str  # the spec string it was opened with, e.g. ``sim:jetson-nano``
     board: str  # board/GPU name, e.g. ``jetson-nano``: the profile's ``device`` field

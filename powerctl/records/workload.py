@@ -121,8 +121,9 @@ def measure_workload(
     name: str,
     optimizer_states: int = 2,
 ) -> Workload:
-    """Count one forward+backward pass of `model` on a small batch of the task's shape and divide by its
-    size; the model is left unchanged (gradients are cleared again)."""
+    """Count one forward+backward pass of `model` on a batch and divide by its size.
+
+    `inputs`/`targets`: a small batch of the task's shape; the model is left unchanged."""
     import torch
 
     optimizer_states = _check_measure_arguments(model, inputs, targets, loss_fn, optimizer_states)
