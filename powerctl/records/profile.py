@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,17 +22,8 @@ from powerctl.files.mapping import (
 )
 
 PROFILE_SCHEMA = "powerctl.profile/1"
-_KNOWN = {
-    "schema",
-    "device",
-    "model",
-    "input_shape",
-    "samples",
-    "points",
-    "profiling_seconds",
-    "skipped",
-    "predicted_points",
-}
+_KNOWN = {"schema", "device", "model", "input_shape", "samples", "points", "profiling_seconds", "skipped"}
+_KNOWN.add("predicted_points")
 
 
 _WATTS = Number(0.0, MAX_CAP_W, above=True)
@@ -47,8 +38,7 @@ POINT_KINDS: dict[str, Kind] = {
     "seconds_for_samples": _SECONDS,
 }
 """What each field of a profiled point must be, in a profile file and in Python alike."""
-MEAN_OVER_PEAK = 1 + 1e-9
-"""How far a point's mean power may sit above its peak: rounding only."""
+MEAN_OVER_PEAK = 1 + 1e-9  # how far a point's mean power may sit above its peak: rounding only
 
 
 @dataclass(frozen=True)
@@ -58,12 +48,10 @@ class ProfilePoint:
     peak_power_w: float
     mean_power_w: float
     seconds_per_batch: float
-    seconds_for_samples: float
-    """T_N(b, f): seconds to process the profile's `samples` at this point."""
+    seconds_for_samples: float  # T_N(b, f): seconds to process the profile's `samples` at this point
 
     def __post_init__(self) -> None:
-        """Checked as a profile file's point is (`POINT_KINDS`): a peak of -10 W, NaN or a batch size
-        of 8.0 made in Python would otherwise be selected. One ArgumentError line naming the field."""
+        """Checked as a profile file's point is (`POINT_KINDS`), one ArgumentError line naming the field."""
         check_fields(self, "ProfilePoint", POINT_KINDS)
         if self.mean_power_w > self.peak_power_w * MEAN_OVER_PEAK:
             raise ArgumentError(
@@ -81,8 +69,8 @@ class ProfilePoint:
         per_batch_s: float,
         samples: int,
     ) -> ProfilePoint:
-        """A pair measured over steps: their peak and mean power (the mean no higher than the peak) and
-        seconds per step, T_N for the profile's `samples`."""
+        """A pair measured over steps: their peak and mean power (the mean capped at the peak), seconds
+        per step and T_N for the profile's `samples`."""
         return cls(
             batch_size=batch_size,
             frequency_hz=frequency_hz,
@@ -93,13 +81,9 @@ class ProfilePoint:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "batch_size": self.batch_size,
-            "frequency_hz": self.frequency_hz,
+        return asdict(self) | {
             "peak_power_w": round(self.peak_power_w, 4),
             "mean_power_w": round(self.mean_power_w, 4),
-            "seconds_per_batch": self.seconds_per_batch,
-            "seconds_for_samples": self.seconds_for_samples,
         }
 
 
@@ -110,25 +94,18 @@ class Profile:
 
     device: str
     model: str
-    input_shape: Sequence[int]
-    """Held as a tuple, as `points`, `skipped` and `predicted` are (a list given is made one; `to_dict`
-    writes lists): a selection made from the profile cannot change behind its back. To change one,
-    build a new profile (`dataclasses.replace`)."""
+    input_shape: Sequence[int]  # a tuple, as `points`, `skipped` and `predicted` (a list given is made one)
     samples: int
     points: Sequence[ProfilePoint]
-    profiling_seconds: float | None = None
-    """Device seconds the profiling itself cost (warm-up + measured steps)."""
-    skipped: Sequence[Mapping[str, Any]] = field(default_factory=tuple)
-    """Batch sizes left out, with why (e.g. out of memory); each read-only (`FrozenJson`)."""
+    profiling_seconds: float | None = None  # device seconds the profiling itself cost
+    skipped: Sequence[Mapping[str, Any]] = field(default_factory=tuple)  # batch sizes left out, with why
     extra: dict[str, Any] = field(default_factory=dict)
     predicted: Sequence[ProfilePoint] = field(default_factory=tuple)
-    """Points the fitted order predicted and did not measure (file key `predicted_points`). They are kept
-    apart from `points` on purpose: selection, caps and baselines read `points` only, so nothing that was
-    not measured under the cap is ever chosen. Files without the key (every older one) have none."""
+    """Points the fitted order predicted and did not measure (file key `predicted_points`), apart from
+    `points` on purpose: selection, caps and baselines read `points` only."""
 
     def __post_init__(self) -> None:
-        """A profile made in Python (a user's, for `select`) has the shape a profile file's reader gives:
-        one ArgumentError line, not an AttributeError inside selection."""
+        """A profile made in Python has the shape a profile file's reader gives (one ArgumentError line)."""
         from powerctl.files.mapping import is_integer
 
         check_fields(self, "Profile", PROFILE_KINDS)
