@@ -20,13 +20,7 @@ from typing import Any
 from powerctl.cli import PROG
 from powerctl.cli.profile_command import ModelStepFactory, add_profile
 from powerctl.cli.select_commands import add_caps_and_select, add_pareto_and_cap_source, add_plot
-from powerctl.cli.util import (
-    OneLineParser,
-    mhz,
-    one_line_errors,
-    say,
-    say_json,
-)
+from powerctl.cli.util import OneLineParser, mhz, one_line_errors, say, say_json
 from powerctl.devices import SPEC_HELP, open_device
 
 MAX_FREQUENCY_HZ = 100e9

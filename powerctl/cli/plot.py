@@ -91,12 +91,7 @@ class _Panel:
 
 
 def _heatmap(
-    fig: FigureBase,
-    grid: _Grid,
-    panel: _Panel,
-    *,
-    cap: float | None,
-    selection: Pick | None,
+    fig: FigureBase, grid: _Grid, panel: _Panel, *, cap: float | None, selection: Pick | None
 ) -> tuple[Axes, list[Artist]]:
     """One annotated heat map (rows: batch sizes, columns: MHz); its axes and legend handles."""
     ax = fig.add_subplot()

@@ -26,10 +26,7 @@ KNOWN_DEVFREQ: dict[str, tuple[str, ...]] = {
         "sys/devices/57000000.gpu/devfreq/57000000.gpu",
         "sys/class/devfreq/57000000.gpu",
     ),
-    "jetson-tx2nx": (
-        "sys/devices/17000000.gp10b/devfreq/17000000.gp10b",
-        "sys/class/devfreq/17000000.gp10b",
-    ),
+    "jetson-tx2nx": ("sys/devices/17000000.gp10b/devfreq/17000000.gp10b", "sys/class/devfreq/17000000.gp10b"),
 }
 DEVFREQ_CLASS = "sys/class/devfreq"
 _GPU_NODE = re.compile(r"gpu|gp10b|gv11b|ga10b|gb10b|gm20b|gk20a")
