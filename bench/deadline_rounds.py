@@ -16,33 +16,24 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import io
 import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench_common import ROOT, line_buffered, mean_pm
 
-from powerctl.selection.methods import ENERGY_UNDER_DEADLINE, run_method_named  # noqa: E402
-from powerctl.selection.names import OURS, OURS_DEADLINE  # noqa: E402
-from simulations.fleet import load_fleet_spec  # noqa: E402
-from simulations.runner import run_fleet  # noqa: E402
+from powerctl.selection.methods import ENERGY_UNDER_DEADLINE, run_method_named
+from powerctl.selection.names import OURS, OURS_DEADLINE
+from simulations.fleet import load_fleet_spec
+from simulations.runner import run_fleet
 
 METHODS = [OURS, OURS_DEADLINE]
 
 
-def _ms(values: list[float]) -> str:
-    if len(values) < 2:
-        return f"{values[0]:.2f}"
-    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
-
-
 def main(argv: list[str] | None = None) -> int:
-    assert isinstance(sys.stdout, io.TextIOWrapper), "stdout is a text stream (reconfigure)"
-    sys.stdout.reconfigure(line_buffering=True)  # rows appear as they are measured, also into a file
+    line_buffered()
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--fleet", type=Path, default=ROOT / "simulations" / "fleets" / "deadline.yaml")
     p.add_argument("--seeds", type=int, default=3)
@@ -86,12 +77,12 @@ def main(argv: list[str] | None = None) -> int:
     print(head + "\n" + "-" * len(head))
     for m in METHODS:
         d = per[m]
-        print(f"{m:<15} {_ms(d['energy']):>22} {_ms(d['train']):>21} {_ms(d['round']):>19}")
+        print(f"{m:<15} {mean_pm(d['energy']):>22} {mean_pm(d['train']):>21} {mean_pm(d['round']):>19}")
     e = [a / b for a, b in zip(per["ours-deadline"]["energy"], per["ours"]["energy"], strict=True)]
     t = [a / b for a, b in zip(per["ours-deadline"]["train"], per["ours"]["train"], strict=True)]
     print(
-        f"\nours-deadline / ours: energy {_ms(e)}, training makespan {_ms(t)} (per seed, then mean ± std); "
-        f"client-rounds predicted to meet the deadline: {met}"
+        f"\nours-deadline / ours: energy {mean_pm(e)}, training makespan {mean_pm(t)} "
+        f"(per seed, then mean ± std); client-rounds predicted to meet the deadline: {met}"
         f"\nplots of seed 0: {args.out / 'seed-0' / 'plots'} ({time.perf_counter() - started:.0f} s wall)"
     )
     return 0

@@ -14,30 +14,24 @@ target at both ends and the ratios: the energy the frugal end saves and the time
 from __future__ import annotations
 
 import argparse
-import io
 import statistics
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench_common import ROOT, line_buffered, mean_std
 
-from fl_client.round import fine_tune_step, measured_profile_step, usable_relation  # noqa: E402
-from powerctl.cli.plot import write_front  # noqa: E402
-from powerctl.records.pick import Pick  # noqa: E402
-from powerctl.selection.capsource import ConstantCap  # noqa: E402
-from powerctl.selection.pareto import pareto_front  # noqa: E402
-from simulations.bench_steps import PinnedRule  # noqa: E402
-from simulations.demo import demo_work  # noqa: E402
-from simulations.demo_config import DemoConfig  # noqa: E402
+from fl_client.round import fine_tune_step, measured_profile_step, usable_relation
+from powerctl.cli.plot import write_front
+from powerctl.records.pick import Pick
+from powerctl.selection.capsource import ConstantCap
+from powerctl.selection.pareto import pareto_front
+from simulations.bench_steps import PinnedRule
+from simulations.demo import demo_work
+from simulations.demo_config import DemoConfig
 
 CAPS_W = {"jetson-nano": (None, 4.0, 3.0), "jetson-tx2nx": (None, 5.5, 4.0)}
-
-
-def _mean_std(values: list[float]) -> tuple[float, float]:
-    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
 def _agrees(differ: bool, energy_ratio: float, time_ratio: float) -> str:
@@ -54,8 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "energy-front")
     args = p.parse_args(argv)
-    assert isinstance(sys.stdout, io.TextIOWrapper), "stdout is a text stream (reconfigure)"
-    sys.stdout.reconfigure(line_buffering=True)  # rows as they are measured, also into a log file
+    line_buffered()
     started = time.perf_counter()
     base = DemoConfig()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -94,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
                     secs.append(runs[key][0])
                     joules.append(runs[key][1])
                 measured[end] = (secs, joules)
-                (ms, ss), (mj, sj) = _mean_std(secs), _mean_std(joules)
+                (ms, ss), (mj, sj) = mean_std(secs), mean_std(joules)
                 print(
                     f"{board:<13} {cap_s:>5} {len(front.front):>5} {end:<12} {s.batch_size:>3} "
                     f"{s.frequency_hz / 1e6:>6.1f} {s.predicted_seconds:>7.1f} {ms:>6.1f} ± {ss:>4.1f} "

@@ -24,18 +24,15 @@ import argparse
 import math
 import re
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench_common import ROOT, TreeMemory
 
-from powerctl.procs import descendants  # noqa: E402
-from simulations.fleet import load_fleet_spec  # noqa: E402
-from simulations.local_superlink import free_port, pids_listening_on  # noqa: E402
-from simulations.runner import run_fleet  # noqa: E402
+from simulations.fleet import load_fleet_spec
+from simulations.local_superlink import free_port
+from simulations.runner import run_fleet
 
 FLEET = """\
 name: scale-{n}
@@ -55,35 +52,6 @@ methods: [ours]
 ROUND_END = re.compile(r"^round (\d+) evaluation")
 
 
-def rss_bytes(pid: int) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
-class Sampler(threading.Thread):
-    """Summed RSS of the SuperLink's tree on `port`, and of its largest process, every `every_s`."""
-
-    def __init__(self, port: int, every_s: float = 0.25) -> None:
-        super().__init__(daemon=True)
-        self.port, self.every_s = port, every_s
-        self.samples: list[tuple[float, int, int]] = []
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        while not self.stop.is_set():
-            pids = []
-            for pid in pids_listening_on(self.port):
-                pids += [pid, *descendants(pid)]
-            sizes = [rss_bytes(p) for p in pids]
-            self.samples.append((time.perf_counter(), sum(sizes), max(sizes, default=0)))
-            self.stop.wait(self.every_s)
-
-
 def run_size(
     n: int, rounds: int, out: Path, index: bool, per_round: int = 0, target: str = "synthetic-image"
 ) -> list[dict[str, Any]]:
@@ -99,7 +67,7 @@ def run_size(
     def echo(line: str) -> None:
         marks.append((time.perf_counter(), line))
 
-    sampler = Sampler(port)
+    sampler = TreeMemory(port, every_s=0.25)
     sampler.start()
     try:
         spec = load_fleet_spec(fleet)

@@ -26,26 +26,16 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench_common import ROOT, TreeMemory
 
-from fl_client.faults import parse_faults  # noqa: E402
-from powerctl.devices.simulated import POWER_NOISE  # noqa: E402
-from powerctl.procs import descendants  # noqa: E402
-from simulations.local_superlink import (  # noqa: E402
-    flower_env,
-    flwr_run_command,
-    free_port,
-    pids_listening_on,
-    stop_local_superlink,
-)
+from fl_client.faults import parse_faults
+from powerctl.devices.simulated import POWER_NOISE
+from simulations.local_superlink import flower_env, flwr_run_command, free_port, stop_local_superlink
 
 FLEET = "sim:jetson-nano@3.0, sim:jetson-tx2nx@4.5, sim:jetson-nano@none, sim:jetson-tx2nx@3.5"
 
@@ -62,36 +52,8 @@ def prepare(work: Path) -> tuple[Path, Path]:
     return weights, relation
 
 
-def rss_of_tree(pids: list[int]) -> int:
-    total = 0
-    for pid in pids:
-        try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) * 1024
-        except OSError:
-            continue
-    return total
-
-
-class PeakMemory(threading.Thread):
-    """Samples the summed RSS of every process under the SuperLink (and `flwr run`) twice a second."""
-
-    def __init__(self, port: int) -> None:
-        super().__init__(daemon=True)
-        self.port, self.peak, self.stop = port, 0, threading.Event()
-        self.roots: list[int] = []
-
-    def run(self) -> None:
-        while not self.stop.wait(0.5):
-            pids = [
-                p for root in [*pids_listening_on(self.port), *self.roots] for p in [root, *descendants(root)]
-            ]
-            self.peak = max(self.peak, rss_of_tree(sorted(set(pids))))
-
-
 def flwr_run(
-    env: dict[str, str], run_config: str, nodes: int, actors: int, log: Path, memory: PeakMemory
+    env: dict[str, str], run_config: str, nodes: int, actors: int, log: Path, memory: TreeMemory
 ) -> int:
     federation = f"num-supernodes={nodes} client-resources-num-cpus=1 init-args-num-cpus={actors}"
     cmd = flwr_run_command(".", federation, run_config)
@@ -136,14 +98,9 @@ def check(results: Path, fault_log: Path, nodes: int) -> dict[str, Any]:
     named = {(r["round"], f["node_key"]) for r in data["rounds"] for f in r["failed"]}
     other = len(named - {(f["round"], f["node"]) for f in faults})
     kinds = {k: sum(f["fault"] == k for f in faults) for k in ("raise", "hang", "kill")}
-    return {
-        "completed": completed,
-        "lost": lost,
-        "violations": violations,
-        "restores": restores,
-        "faults": kinds,
-        "other": other,
-    }
+    return dict(
+        completed=completed, lost=lost, violations=violations, restores=restores, faults=kinds, other=other
+    )
 
 
 def first_kill_round(args: argparse.Namespace) -> int:
@@ -202,22 +159,11 @@ def main() -> int:
         f"inject-failures='{args.failures}' inject-seed={args.seed} inject-hang-s={args.hang_s}"
     )
     log = work / "flwr.log"
-    memory = PeakMemory(port)
+    memory = TreeMemory(port, every_s=0.5)
     memory.start()
-    codes = []
     try:
-        if args.stop_server_round:
-            codes.append(
-                flwr_run(
-                    env,
-                    f"{base} inject-server-stop-round={args.stop_server_round}",
-                    args.nodes,
-                    args.actors,
-                    log,
-                    memory,
-                )
-            )
-        codes.append(flwr_run(env, base, args.nodes, args.actors, log, memory))
+        stop = [f"{base} inject-server-stop-round={args.stop_server_round}"] if args.stop_server_round else []
+        codes = [flwr_run(env, config, args.nodes, args.actors, log, memory) for config in [*stop, base]]
     finally:
         memory.stop.set()
         stop_local_superlink(port)

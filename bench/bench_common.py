@@ -1,0 +1,69 @@
+"""What several benches share: the repository root, rows printed as they are measured, mean ± std over
+seeds, and the memory of a run's process tree. Not a bench."""
+
+from __future__ import annotations
+
+import io
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from powerctl.procs import descendants
+from simulations.local_superlink import pids_listening_on
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def line_buffered() -> None:
+    """Rows appear as they are measured, also when stdout is a log file."""
+    assert isinstance(sys.stdout, io.TextIOWrapper), "stdout is a text stream (reconfigure)"
+    sys.stdout.reconfigure(line_buffering=True)
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """The mean and the sample standard deviation (0.0 for one value)."""
+    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def mean_pm(values: Sequence[float], fmt: str = ".2f") -> str:
+    """ "mean ± std" in `fmt`; one value alone when there is one."""
+    if len(values) < 2:
+        return format(values[0], fmt)
+    mean, std = mean_std(values)
+    return f"{format(mean, fmt)} ± {format(std, fmt)}"
+
+
+def rss_bytes(pid: int) -> int:
+    """The resident memory of `pid` (0 when it is gone or not ours to read)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+class TreeMemory(threading.Thread):
+    """Every `every_s`: the summed RSS of the processes listening on `port`, of those in `roots`, and of
+    all their descendants (each process once), and the largest one's; `samples` holds (time, sum,
+    largest) and `peak` the largest sum."""
+
+    def __init__(self, port: int, every_s: float) -> None:
+        super().__init__(daemon=True)
+        self.port, self.every_s, self.stop = port, every_s, threading.Event()
+        self.roots: list[int] = []
+        self.samples: list[tuple[float, int, int]] = []
+
+    def run(self) -> None:
+        while not self.stop.wait(self.every_s):
+            tops = [*pids_listening_on(self.port), *self.roots]
+            sizes = [rss_bytes(p) for p in sorted({p for top in tops for p in [top, *descendants(top)]})]
+            self.samples.append((time.perf_counter(), sum(sizes), max(sizes, default=0)))
+
+    @property
+    def peak(self) -> int:
+        return max((s[1] for s in self.samples), default=0)
