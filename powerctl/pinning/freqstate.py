@@ -1,13 +1,9 @@
 """The on-disk record of a board's knob state before we pinned it, one per physical board, and its lock.
 
-A process that pins a real board writes the state to go back to here BEFORE its first write to the knob,
-and removes the record after its normal restore. A SIGKILL, an OOM kill or a power loss skips that
-restore: the record survives, and the next command that opens the board puts the state back
-(`powerctl.pinning.pinsession.recover`). `powerctl freq --set` leaves a record of kind ``set`` on purpose, for
-`powerctl freq --restore` in a later process.
-
-The lock (``fcntl.flock`` on ``KEY.lock`` beside the record) is held for a pin's whole lifetime, so two
-processes never pin one board at once; the kernel releases it when its holder dies, however it dies.
+A pin writes the record BEFORE its first write to the knob and removes it after its restore; a record that
+survives its process (SIGKILL, power loss) is put back by the next command that opens the board
+(`pinsession.recover`). `powerctl freq --set` leaves a ``set`` record on purpose, for `--restore`. The
+lock (``fcntl.flock`` on ``KEY.lock``) is held for a pin's lifetime; the kernel drops it when its holder dies.
 """
 
 from __future__ import annotations
@@ -15,7 +11,7 @@ from __future__ import annotations
 import fcntl
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -24,10 +20,8 @@ from powerctl.files.jsonfile import Fields, read_json, write_json
 from powerctl.files.xdg import xdg_home
 
 STATE_SCHEMA = "powerctl.freqstate/2"
-KIND_PIN = "pin"
-"""Written by a process for the lifetime of its pin: if the record outlives the process, it crashed."""
-KIND_SET = "set"
-"""Written by `powerctl freq --set`: the pin is meant to stay until `powerctl freq --restore`."""
+KIND_PIN = "pin"  # for the lifetime of a process's pin: if the record outlives the process, it crashed
+KIND_SET = "set"  # by `powerctl freq --set`: the pin stays until `powerctl freq --restore`
 KINDS = (KIND_PIN, KIND_SET)
 
 
@@ -36,21 +30,17 @@ class BoardBusyError(DeviceError):
 
 
 class BadRecordError(FileFormatError):
-    """A board record that cannot be read (empty, truncated, edited) or holds a state the board cannot
-    take: nothing is written to the board, and `powerctl freq --restore` releases the pin to the board's
-    full range instead (`pinsession.restore_saved`), so a bad record never keeps a board pinned."""
+    """A board record that cannot be read or holds a state the board cannot take: nothing is written, and
+    `powerctl freq --restore` releases the board to its full range instead (never left pinned)."""
 
     def __init__(self, path: Path, problem: str, spec: str) -> None:
-        super().__init__(
-            f"{path}: {problem}; `powerctl freq --device {spec} --restore` releases the board to its "
-            "full range"
-        )
+        release = f"`powerctl freq --device {spec} --restore` releases the board to its full range"
+        super().__init__(f"{path}: {problem}; {release}")
         self.path, self.problem = path, problem
 
 
 def bad_record(key: str, problem: str, spec: str | None = None) -> BadRecordError:
-    """The one line for board `key`'s record: where it is, what is wrong, the command that releases the
-    pin anyway (`spec` when known; else the board name in the key, which is a spec for a Jetson)."""
+    """The one line for board `key`'s record: where, what is wrong, the command that releases it anyway."""
     return BadRecordError(record_path(key), problem, spec or key.partition("@")[0])
 
 
@@ -85,14 +75,7 @@ class BoardRecord:
     under: BoardRecord | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "key": self.key,
-            "spec": self.spec,
-            "kind": self.kind,
-            "state": self.state,
-            "pid": self.pid,
-            "under": None if self.under is None else self.under.to_dict(),
-        }
+        return asdict(self)  # `under` nested as a dict
 
     @classmethod
     def from_dict(cls, data: Any, where: str) -> BoardRecord:
@@ -117,8 +100,7 @@ class BoardRecord:
 
 
 def read_record(key: str, spec: str | None = None) -> BoardRecord | None:
-    """The record of board `key`, None when there is none; one that cannot be read or makes no sense is
-    one BadRecordError line saying how to release the board anyway (`spec`: how the user named it)."""
+    """The record of board `key` (None: none); a bad one is one BadRecordError line (`bad_record`)."""
     path = record_path(key)
     if not os.path.lexists(path):
         return None
@@ -132,8 +114,7 @@ def read_record(key: str, spec: str | None = None) -> BoardRecord | None:
 
 
 def set_aside(key: str) -> Path | None:
-    """Move a record that cannot be used out of the way (``KEY.json.bad``), kept for a look; None when
-    there is none."""
+    """Move a record that cannot be used out of the way (``KEY.json.bad``); None when there is none."""
     path = record_path(key)
     aside = path.with_name(path.name + ".bad")
     try:

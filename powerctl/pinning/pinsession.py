@@ -1,15 +1,10 @@
 """From a device's first pin to its restore: the board's lock and the on-disk record of its state.
 
-Every pin of every process (profiler, training loop, ClientApp, `powerctl freq --set`) goes through
-`Device.pin_frequency`, which starts a `PinSession`, and `Device.restore`, which finishes it: that is the
-one place where a pin is made crash-safe. Before the first write to the knob the session takes the
-board's lock (a second process pinning the same board is refused) and records the state to go back to
-(`powerctl.pinning.freqstate`). If the process dies without restoring, `recover` — run whenever a device is
-opened — puts that state back and says so in one
-WARNING of the `powerctl.pinning.pinsession` logger (a command line shows it on stderr).
-
-A device whose `physical_key` is None (a simulated board: every handle is its own virtual board, and
-there is no hardware state to lose) runs the same session with no lock and no record.
+Every pin goes through `Device.pin_frequency`, which starts a `PinSession`, and `Device.restore`, which
+finishes it: the one place a pin is made crash-safe. Before the first write to the knob the session takes
+the board's lock and records the state to go back to (`powerctl.pinning.freqstate`); `recover`, run when
+a device is opened, puts back what a dead process left pinned, in one WARNING. A device whose
+`physical_key` is None (a simulated board) runs the same session with no lock and no record.
 """
 
 from __future__ import annotations
@@ -32,14 +27,12 @@ from powerctl.pinning.freqstate import (
     write_record,
 )
 
-log = logging.getLogger(__name__)
-"""`powerctl.pinning.pinsession`: a board found left pinned and put back, a bad record released (WARNING)."""
+log = logging.getLogger(__name__)  # a board found left pinned and put back, a bad record released
 
 
 class Pinnable(Protocol):
-    """What a session needs of a board (`powerctl.devices.Device`): its name, the key of the physical
-    board (None: nothing to lose) and its knob state, taken and put back. A Protocol, so that this
-    module knows nothing of devices and `devices.base` imports it without a circle."""
+    """What a session needs of a board (`powerctl.devices.Device`); a Protocol, so `devices.base` imports
+    this module without a circle."""
 
     spec: str
 
@@ -144,9 +137,8 @@ def recover(device: Pinnable) -> str | None:
 
 
 def restore_saved(device: Pinnable) -> dict[str, Any] | None:
-    """`powerctl freq --restore`: put back the board's recorded state under its lock (a live pin by
-    another process is refused in one line); None when nothing is recorded. A record that cannot be
-    used releases the board to its full range instead, in one warning line: never left pinned."""
+    """`powerctl freq --restore`: put back the board's recorded state under its lock; None when nothing is
+    recorded. A record that cannot be used releases the board to its full range instead (`_release`)."""
     key = device.physical_key()
     if key is None:
         return None
@@ -167,18 +159,12 @@ def restore_saved(device: Pinnable) -> dict[str, Any] | None:
 
 
 def _release(device: Pinnable, key: str, bad: BadRecordError) -> dict[str, Any]:
-    """`freq --restore` with a record it cannot use: the knob's full range (`apply_snapshot({})`), the
-    record moved aside; one warning line saying what was wrong and what was done."""
+    """`freq --restore` with a record it cannot use: the knob's full range, the record moved aside."""
     device.apply_snapshot({})
     aside = set_aside(key)
     state = device.snapshot()
     shown = ", ".join(f"{k}={v}" for k, v in state.items())
-    log.warning(
-        "powerctl: %s: %s; released %s to its full range instead (%s)%s",
-        bad.path,
-        bad.problem,
-        device.spec,
-        shown,
-        f"; the record is kept as {aside}" if aside else "",
-    )
+    kept = f"; the record is kept as {aside}" if aside else ""
+    what = (bad.path, bad.problem, device.spec, shown, kept)
+    log.warning("powerctl: %s: %s; released %s to its full range instead (%s)%s", *what)
     return state
