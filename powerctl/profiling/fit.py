@@ -1,22 +1,13 @@
-"""A few-parameter model of one board × model's profile, fitted to a few measured points (the fitted order).
+"""A few-parameter model of one board × model's profile, fitted to a few measured points (the fitted order;
+docs/design/fitted-profiling.md).
 
-Why this shape (the physics of a training step, not any board's constants):
+- **power**: ``P(b, f) = p0 + u_b · (d1·x + d3·x³)``, ``x = f / f_max``: static power plus dynamic power
+  ∝ utilisation × f·V²; ``u`` is relative (the largest measured batch has ``u = 1``).
+- **time per step**: ``T(b, f) = g0 + g1·b + (α·b + β·√b) / x``: a part that does not follow the GPU
+  clock, plus arithmetic whose utilisation grows with the work per kernel (u ∝ √w / (1 + √w)). Linear in
+  its coefficients, so one frequency per smaller batch is enough and power noise does not leak into time.
 
-- **power**: ``P(b, f) = p0 + u_b · D(f)``, with ``D(f) = d1·x + d3·x³`` and ``x = f / f_max``. A static
-  part, plus dynamic power that scales with how busy the GPU is (``u_b``: larger batches keep it busier)
-  times the clock and the square of a voltage that rises with the clock (``f·V²``: linear at low clocks,
-  steeper near the top). ``u`` is relative: the reference batch (the largest measured) has ``u = 1``.
-- **time per step**: ``T(b, f) = g0 + g1·b + (α·b + β·√b) / x``. A part that does not follow the GPU
-  clock (CPU-side launches, per-step overhead, DRAM traffic growing with the batch), plus arithmetic: work
-  (∝ b) over the clock times a utilisation that grows with the work per kernel with diminishing returns
-  (u ∝ √w / (1 + √w) gives b / u ∝ b + c·√b). Linear in its four coefficients, so one measured frequency
-  per smaller batch is enough, and power noise does not leak into time. (This utilisation law is the
-  simulated boards' own — `utilisation_exponent: 0.5` in boards.yaml — so on them the time part is nearly
-  exact; on a real board it is an approximation, and the confirm step measures what matters.)
-
-Seven global coefficients and one ``u_b`` per smaller batch size: the largest batch at three frequencies
-and every smaller batch at one frequency determine them. Least squares (numpy), coefficients ≥ 0.
-The fit never decides on its own what goes to the pin: the profiler confirms what it predicts by measuring.
+Least squares with coefficients ≥ 0. The fit never decides what goes to the pin: the profiler confirms it.
 """
 
 from __future__ import annotations
@@ -29,17 +20,13 @@ import numpy as np
 
 from powerctl.records.profile import ProfilePoint
 
-_ALTERNATIONS = 10
-"""Rounds of alternating least squares between the power curve and the utilisations: a starting point."""
-_REFINE_STEPS = 100
-"""Gauss-Newton steps from there (a handful suffice; the bound only guards against a pathological input)."""
+_ALTERNATIONS = 10  # rounds of alternating least squares (power curve, utilisations): a starting point
+_REFINE_STEPS = 100  # Gauss-Newton steps from there (a handful suffice; the bound guards odd inputs)
 
 
 def _nonneg_lstsq(a: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Least squares with coefficients ≥ 0, exactly: every set of free columns (2^k for k columns, k ≤ 4
-    here) is solved without the bound, and the least residual among the solutions that are all ≥ 0 wins.
-    The optimum's positive coefficients are the unbounded solution on their own columns, so it is among
-    them; dropping the most negative column and solving again is not always the optimum."""
+    """Least squares with coefficients ≥ 0, exactly: every set of free columns (2^k, k ≤ 4) is solved
+    unbounded and the least residual among the all-≥ 0 solutions wins (the optimum is among them)."""
     k = a.shape[1]
     best, best_err = np.zeros(k), float(y @ y)  # no free column: every coefficient 0
     for mask in range(1, 1 << k):
@@ -69,8 +56,7 @@ class ProfileFit:
     g1_s: float
     alpha_s: float
     beta_s: float
-    mean_to_peak: float
-    """Measured mean power over peak power (median): predicted points' mean power is this × peak."""
+    mean_to_peak: float  # measured mean over peak power (median): a predicted point's mean is this × peak
 
     def _x(self, hz: int) -> float:
         return hz / self.f_max_hz
@@ -92,12 +78,7 @@ class ProfileFit:
         peak = self.peak_power_w(batch_size, hz)
         per_batch = self.seconds_per_batch(batch_size, hz)
         return ProfilePoint(
-            batch_size=batch_size,
-            frequency_hz=hz,
-            peak_power_w=peak,
-            mean_power_w=peak * self.mean_to_peak,
-            seconds_per_batch=per_batch,
-            seconds_for_samples=per_batch * samples / batch_size,
+            batch_size, hz, peak, peak * self.mean_to_peak, per_batch, per_batch * samples / batch_size
         )
 
     def to_dict(self) -> dict[str, object]:
@@ -109,8 +90,7 @@ class ProfileFit:
 def _refine_power(
     coef: np.ndarray, u: np.ndarray, x: np.ndarray, index: np.ndarray, power: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Damped Gauss-Newton on (p0, d1, d3, u_b except the reference's); steps that do not lower the
-    squared error are refused (more damping), coefficients stay ≥ 0."""
+    """Damped Gauss-Newton on (p0, d1, d3, u_b except the reference's), coefficients ≥ 0."""
     n = len(u) - 1
     theta = np.concatenate([coef, u[:-1]])
 
@@ -193,8 +173,7 @@ def fit_profile(points: Iterable[ProfilePoint], f_max_hz: int) -> ProfileFit:
 
 
 def seed_frequencies(table: Sequence[int]) -> list[int]:
-    """The reference batch's three frequencies: the table's nearest to 1/3, 2/3 and all of the top clock
-    (the lowest clocks are left out: there a large batch's step is slowest, so its points cost most)."""
+    """The reference batch's three frequencies: the table's nearest to 1/3, 2/3 and all of the top clock."""
     top = max(table)
     picks = {min(table, key=lambda f: (abs(f - top * share), f)) for share in (1 / 3, 2 / 3, 1.0)}
     return sorted(picks, reverse=True)
