@@ -44,8 +44,7 @@ def read_json(path: str | Path, schema: str) -> dict[str, Any]:
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """An object whose key is given twice is refused (json keeps the last silently: a second "samples"
-    edited in would replace the first without a word), as the fleet file's YAML reader does."""
+    """An object whose key is given twice is refused (json would keep the last silently)."""
     out: dict[str, Any] = {}
     for key, value in pairs:
         if key in out:
@@ -59,11 +58,7 @@ def _reject_constant(name: str) -> Any:
 
 
 def write_json(path: str | Path, data: dict[str, Any], *, durable: bool = False) -> None:
-    """Write atomically (`powerctl.files.outputs.replacing`: temp file + rename): a crash never leaves half a
-    file behind, and a path that is not a regular file (a device, a FIFO) is never replaced.
-
-    `durable` also fsyncs the file and its folder, so that a power loss right after the call keeps it.
-    """
+    """Write atomically (`outputs.replacing`); `durable` also fsyncs the file and its folder."""
     with replacing(path, durable=durable) as tmp, tmp.open("w", encoding="utf-8") as f:
         json.dump(data, f, indent=2, allow_nan=False)
         f.write("\n")
@@ -73,9 +68,7 @@ def write_json(path: str | Path, data: dict[str, Any], *, durable: bool = False)
 
 
 class Fields(MappingReader):
-    """The one mapping reader (`powerctl.files.mapping`) over a decoded JSON object: errors are
-    FileFormatError
-    lines naming the file and the key."""
+    """The one mapping reader over a decoded JSON object: errors are FileFormatError lines."""
 
     def __init__(self, data: dict[str, Any], where: str) -> None:
         super().__init__(data, where, FileFormatError)
@@ -89,10 +82,8 @@ def check_number(
 
 
 class FrozenJson(Mapping[str, Any]):
-    """A JSON object that cannot change (`frozen_json` makes one): what a frozen record keeps besides
-    its fields, so that a plan made from the record cannot change behind its back. Reads as a mapping;
-    `plain_json` gives the dicts and lists a file holds. Pickles (Ray sends records between processes),
-    which `types.MappingProxyType` does not."""
+    """A JSON object that cannot change (`frozen_json` makes one), for a frozen record; unlike
+    `types.MappingProxyType` it pickles (Ray sends records between processes)."""
 
     __slots__ = ("_items",)
     _items: dict[str, Any]
@@ -123,8 +114,7 @@ class FrozenJson(Mapping[str, Any]):
 
 
 def frozen_json(value: Any) -> Any:
-    """`value` (a JSON value) that cannot change: a mapping as a `FrozenJson`, a list as a tuple, all
-    the way down; numbers, text, booleans and None as they are."""
+    """`value` (JSON) that cannot change: mappings as `FrozenJson`, lists as tuples, all the way down."""
     if isinstance(value, FrozenJson):
         return value
     if isinstance(value, Mapping):
@@ -135,8 +125,7 @@ def frozen_json(value: Any) -> Any:
 
 
 def plain_json(value: Any) -> Any:
-    """`value` as JSON holds it: mappings as dicts (a `FrozenJson` included), tuples as lists, numpy's
-    scalars as plain numbers; what JSON cannot hold raises TypeError."""
+    """`value` as JSON holds it (dicts, lists, plain numbers); what JSON cannot hold raises TypeError."""
     if isinstance(value, (str, bool)) or value is None:
         return value
     if isinstance(value, Mapping):

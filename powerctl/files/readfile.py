@@ -1,17 +1,9 @@
 """The one reader of files a user names: it bounds what it reads and refuses what it cannot bound.
 
-Why: a path on a command line, in a fleet file or in a node config can name ``/dev/zero`` (read for
-ever, until memory runs out), a FIFO with no writer (a plain ``open`` blocks for ever), a folder, or
-a file of gigabytes. Here a file must be a regular file, checked before it is opened (opening some
-devices does something) and again on the open descriptor (it may have been swapped meanwhile); it
-is opened with ``O_NONBLOCK``, so that not even a FIFO swapped in can block; and at most `limit`
-bytes are read: a larger file is one line naming the limit, never a partial read. sysfs and procfs
-files are regular files whose size says nothing (4096 or 0), so the limit holds on the bytes read,
-not only on ``st_size``.
-
-A file that does not exist, a folder, or one the process may not read raises the `OSError` that
-``open`` raises (FileNotFoundError, IsADirectoryError, PermissionError): each caller already says
-those in its own words. What only this module refuses is one line in the caller's error class.
+A named path may be ``/dev/zero``, a FIFO with no writer, a folder or gigabytes. Here a file must be a
+regular file, checked before it is opened and again on the descriptor; it is opened ``O_NONBLOCK``; and at
+most `limit` bytes are read (sysfs files' sizes say nothing), a larger file being one line naming the
+limit. What ``open`` itself raises (FileNotFoundError, PermissionError, ...) is left to the caller's words.
 """
 
 from __future__ import annotations
@@ -27,26 +19,14 @@ KiB = 1 << 10
 MiB = 1 << 20
 GiB = 1 << 30
 
-JSON_LIMIT = 64 * MiB
-"""Profiles, relations, board records, results: the largest of them (a fleet run's results with
-every round of a thousand clients) is a few MB."""
-YAML_LIMIT = 4 * MiB
-"""Fleet files and the board models: hand-written, a few KB."""
-TRACE_LIMIT = 64 * MiB
-"""A cap trace (CSV ``seconds,watts``): a year at one row a second is about 500 MB; a year at one
-row a minute, or a day at one row a millisecond, fits."""
-LIVE_CAP_LIMIT = 4 * KiB
-"""A live cap file holds one number (or `none`): re-read while training runs, so it is read small."""
-SYSFS_LIMIT = 64 * KiB
-"""A sysfs or procfs file of a board: a frequency table, a number, a model string, meminfo."""
-TEXT_LIMIT = 256 * MiB
-"""A character-level text corpus, held in memory as 8-byte ids (2 GiB at this limit); the paper's
-texts are a few MB and WikiText-103 is about 540 MB of which one client's share is far less."""
-DATA_LIMIT = 4 * GiB
-"""A dataset file (npz, a MATLAB file, idx, a CIFAR batch, an image archive), counted uncompressed:
-all of CIFAR-10 as float32 is 0.74 GB, SVHN's train file 0.18 GB."""
-IMAGE_LIMIT = 64 * MiB
-"""One image file of an image folder: the datasets' are 32x32 pixels, a few KB."""
+JSON_LIMIT = 64 * MiB  # profiles, relations, board records, results: a fleet run's are a few MB
+YAML_LIMIT = 4 * MiB  # fleet files and board models: hand-written, a few KB
+TRACE_LIMIT = 64 * MiB  # a cap trace (CSV ``seconds,watts``): a year at one row a minute fits
+LIVE_CAP_LIMIT = 4 * KiB  # a live cap file holds one number (or `none`), re-read while training runs
+SYSFS_LIMIT = 64 * KiB  # a board's sysfs or procfs file: a frequency table, a number, meminfo
+TEXT_LIMIT = 256 * MiB  # a character-level text corpus, held as 8-byte ids (2 GiB at this limit)
+DATA_LIMIT = 4 * GiB  # a dataset file (npz, MATLAB, idx, a CIFAR batch, an archive), uncompressed
+IMAGE_LIMIT = 64 * MiB  # one image of an image folder (the datasets' are 32x32 pixels)
 
 ErrorType = Callable[[str], Exception]
 
@@ -59,8 +39,8 @@ _KINDS = (
 
 
 def not_regular(path: str | Path) -> str | None:
-    """What `path` is when it is not a regular file to read, in words ("no such file", "a folder",
-    "a FIFO", "a character device", ...); None for a regular file (a link is followed)."""
+    """What `path` is when it is not a regular file to read, in words ("a folder", "a FIFO", ...); None
+    for a regular file (a link is followed)."""
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
@@ -98,11 +78,8 @@ def _kind(mode: int) -> str:
 
 
 def open_regular(path: str | Path, *, limit: int, what: str, error: ErrorType) -> BinaryIO:
-    """`path` opened for reading in binary, if it is a regular file of at most `limit` bytes.
-
-    `what` names what the file should be ("a cap trace (CSV)"); `error` is the caller's one-line
-    error class. For readers that stream (an archive, a pickle): they read no more than the file
-    holds, which is at most `limit` when opened."""
+    """`path` opened for reading in binary, if it is a regular file of at most `limit` bytes (for readers
+    that stream); `what` names what it should be, `error` is the caller's one-line error class."""
     try:
         mode = os.stat(path).st_mode
     except ValueError:  # a NUL in a name from a config file: no file can have it
@@ -122,8 +99,7 @@ def open_regular(path: str | Path, *, limit: int, what: str, error: ErrorType) -
 
 
 def read_bytes(path: str | Path, *, limit: int, what: str, error: ErrorType) -> bytes:
-    """The bytes of the regular file `path`, at most `limit` of them; anything else is refused
-    (see the module's docstring)."""
+    """The bytes of the regular file `path`, at most `limit` of them; anything else is refused."""
     with open_regular(path, limit=limit, what=what, error=error) as f:
         data = f.read(limit + 1)
     if len(data) > limit:  # a file that grew since, or one whose size fstat does not tell (sysfs)
