@@ -105,11 +105,11 @@ def run_once(work: RoundWork, caps: CapSource, rule: CapRule, seed: int) -> Outc
             timeline.extend(sampler.stop())
 
     trained = fine_tune_step(replace(work, instr=instr, caps=caps, device_seed=seed), rule, observe=record)
-    r, events = trained.result, trained.cap_events
+    r, events = trained.result, trained.cap.cap_events
     t0 = timeline[0][0]
     return Outcome(
         reached=r.reached,
-        time_to_target_s=r.device_seconds + trained.paused_seconds,
+        time_to_target_s=r.device_seconds + trained.cap.paused_seconds,
         energy_j=r.energy_j or 0.0,
         switches=sum(e["kind"] == "switch" for e in events),
         pauses=sum(e["kind"] == "pause" for e in events),

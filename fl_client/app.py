@@ -148,21 +148,22 @@ def train_reply(
         outcome = run_round(work, steps_for(instr) if steps_for is not None else None)
     except PowerctlError as exc:
         return error_reply(msg, settings, exc), None
-    report, stand_in = outcome.report, ", stand-in" if outcome.trained.stand_in else ""
+    report, trained = outcome.report, outcome.report.training
+    stand_in = ", stand-in" if outcome.trained.stand_in else ""
     say(
         f"powerfed client {settings.key} [{instr.method}{stand_in}]: "
         f"round {instr.server_round} b={report.batch_size} "
         f"f={report.frequency_hz / 1e6:.1f} MHz{'' if report.pinned else ' (not pinned)'} "
-        f"{report.device_seconds:.1f} device s, "
-        f"accuracy {report.accuracy:.3f}",
+        f"{trained.device_seconds:.1f} device s, "
+        f"accuracy {trained.accuracy:.3f}",
         file=sys.stderr,
     )
     metrics = MetricRecord(
         {
             EXAMPLES_KEY: report.train_examples,
-            "device-seconds": report.device_seconds,
-            "accuracy": report.accuracy,
-            "samples": report.samples,
+            "device-seconds": trained.device_seconds,
+            "accuracy": trained.accuracy,
+            "samples": trained.samples,
         }
     )
     content = RecordDict(

@@ -73,7 +73,8 @@ from powerctl.records.workload import (
 from powerfed.training.finetune import POWER_RATE_HZ, TrainingPower
 from powerfed.training.finetune_records import FineTuneResult, LossFn, MakeStep
 from powerfed.training.models import same_model
-from strategies.protocol import ClientReport, TrainInstructions
+from strategies.protocol import TrainInstructions
+from strategies.report import ClientReport
 
 log = logging.getLogger(__name__)
 Step = Callable[..., Any]

@@ -17,20 +17,25 @@ from powerctl.profiling.budget import over_budget
 from strategies.rounds import NodeInfo, RoundRecord
 
 RESULTS_SCHEMA = "fl_server.results/1"
-CLIENT_FIELDS = (
-    "device",
-    "power_cap_w",
-    "batch_size",
-    "frequency_hz",
-    "device_seconds",
-    "energy_j",
-    "peak_power_w",
-    "samples",
-    "accuracy",
-    "reached_target",
-    "profiling_seconds",
+CLIENT_COLUMNS = tuple(
+    """device power_cap_w batch_size frequency_hz device_seconds energy_j peak_power_w samples accuracy
+    reached_target profiling_seconds board node_key predicted_seconds profiled_peak_power_w profile_cached
+    profile_points lr stop_reason steps train_examples wall_seconds startup_s method stand_in
+    resumed_at_samples deadline_s meets_deadline_predicted oracle_samples_to_target
+    oracle_search_device_seconds oracle_stopped_at_samples step_downs cap_source cap_events final_pair
+    paused_seconds over_cap_seconds pinned restored profiling_choice profiling_predicted_from
+    predicted_training_seconds profiling_budget_seconds profiling_costs_predicted partition_id""".split()  # noqa: SIM905
 )
-"""Keys every client report in the file has (docs/reference/files.md), besides anything else that helps."""
+"""The order of a client's columns in the file (docs/reference/files.md): a report's records' fields
+(`strategies.report`), the records a server reads beside it (the fleet's: `stand_in`, `oracle_...`)
+where it has them, what the server knows of the node; any other column after them."""
+CLIENT_FIELDS = CLIENT_COLUMNS[:11]
+"""Keys every client report in the file has, besides anything else that helps."""
+
+
+def ordered(client: dict[str, Any]) -> dict[str, Any]:
+    """A client's columns in the file's order (`CLIENT_COLUMNS`)."""
+    return {**{k: client[k] for k in CLIENT_COLUMNS if k in client}, **client}
 
 
 class ResultsWriter:
@@ -74,7 +79,8 @@ class ResultsWriter:
             by_key.update({n.key: asdict(n) for n in nodes})
             self.data["nodes"] = [by_key[k] for k in sorted(by_key)]
         rounds = [r for r in self.data["rounds"] if r["round"] != record.round]
-        rounds.append(record.to_dict())
+        done = record.to_dict()
+        rounds.append({**done, "clients": [ordered(c) for c in done["clients"]]})
         self.data["rounds"] = sorted(rounds, key=lambda r: r["round"])
         if not self.held:
             write_json(self.path, self.data)

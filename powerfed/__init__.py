@@ -48,7 +48,7 @@ _WHERE: dict[str, str] = {
     "EnergyUnderDeadline": "strategies.objectives",
     "NodeWaits": "strategies.node_waits",
     "TrainInstructions": "strategies.protocol",
-    "ClientReport": "strategies.protocol",
+    "ClientReport": "strategies.report",
     "save_results": "fl_server.results",
     # client: any ClientApp's train function, any loop
     "power_aware_mod": "fl_client.mod",
@@ -112,8 +112,8 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time `__getattr_
     from strategies.objectives import EnergyUnderDeadline as EnergyUnderDeadline
     from strategies.objectives import RoundObjective as RoundObjective
     from strategies.power_aware import PowerAware as PowerAware
-    from strategies.protocol import ClientReport as ClientReport
     from strategies.protocol import TrainInstructions as TrainInstructions
+    from strategies.report import ClientReport as ClientReport
     from strategies.rounds import NoClientReported as NoClientReported
 
 

@@ -1,6 +1,6 @@
 """What only the fleet runner's steps measure in a client's round (`simulations.bench_steps`: scale
 mode's stand-in, the oracle's own-data search): a record the fleet's ClientApp sends beside the report
-(`simulations.fleet_client`) and the fleet's ServerApp reads into each results row
+(`simulations.fleet_client`) and the fleet's ServerApp reads with it into each results row
 (`simulations.fleet_server`). A deployed board sends none, and a server that did not register it reads
 the report alone: the message protocol (`strategies.protocol`) holds only what a deployed board sends.
 """
@@ -8,11 +8,11 @@ the report alone: the message protocol (`strategies.protocol`) holds only what a
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from powerctl.files.mapping import Flag, Invalid, JsonObject, Number, is_number
-from strategies.protocol import BesideReport, beside
+from powerctl.files.mapping import Flag, Invalid, JsonObject, Maybe, Number, is_number
+from strategies.report import BesideReport, kind
 
 if TYPE_CHECKING:
     from fl_client.round import RoundOutcome
@@ -22,7 +22,7 @@ class SamplesByBatch(JsonObject):
     """Samples per batch size, as JSON text: a JSON object batch size → samples > 0."""
 
     def __call__(self, value: Any) -> dict[str, float]:
-        items = super().__call__(value)
+        items = super().__call__(json.dumps(value) if isinstance(value, dict) else value)
         for b, v in items.items():
             if not b.isdigit() or not (is_number(v) and v > 0):
                 raise Invalid(f"must map batch sizes to samples > 0, got {b!r}: {v!r}")
@@ -32,29 +32,20 @@ class SamplesByBatch(JsonObject):
         return json.dumps(value, sort_keys=True)
 
 
-SAMPLES_BY_BATCH = SamplesByBatch()
-
-
 @dataclass
 class BenchReport(BesideReport):
-    """Each field follows the report field it names in a results row (`ClientReport.row`)."""
+    """What the fleet's steps measured; the results writer places its columns (`fl_server.results`)."""
 
     KEY: ClassVar[str] = "bench-report"
 
-    stand_in: bool = field(default=False, metadata=beside(Flag(), after="method"))
+    stand_in: bool = kind(Flag(), False)
     """Scale mode: not trained; the board model charged the proxy's samples to target at the chosen
     pair, the accuracy is the received weights' on the local test split."""
-    oracle_samples_to_target: dict[str, float] | None = field(
-        default=None, metadata=beside(SAMPLES_BY_BATCH, after="meets_deadline_predicted")
-    )
+    oracle_samples_to_target: dict[str, float] | None = kind(Maybe(SamplesByBatch()), None)  # noqa: RUF009
     """The oracle: samples to the target per batch size measured on the client's own data."""
-    oracle_search_device_seconds: float | None = field(
-        default=None, metadata=beside(Number(0.0), after="meets_deadline_predicted")
-    )
+    oracle_search_device_seconds: float | None = kind(Maybe(Number(0.0)), None)
     """The oracle: device seconds its own-data search took (reported apart, never charged)."""
-    oracle_stopped_at_samples: dict[str, float] | None = field(
-        default=None, metadata=beside(SAMPLES_BY_BATCH, after="meets_deadline_predicted")
-    )
+    oracle_stopped_at_samples: dict[str, float] | None = kind(Maybe(SamplesByBatch()), None)  # noqa: RUF009
     """The oracle: batch sizes whose search run was stopped once it could no longer be the fastest
     (`simulations.bench_steps.PRUNE_MARGIN`), with the samples each had trained."""
 

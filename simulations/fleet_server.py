@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from fl_server.app import app
 from simulations.bench_report import BenchReport
-from strategies.protocol import register_beside_report
+from strategies.report import register_beside_report
 
 __all__ = ["app"]
 

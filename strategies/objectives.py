@@ -19,7 +19,7 @@ from typing import Any
 
 from powerctl.files.mapping import Choice, Custom, Number, check_arguments, must_be
 from powerctl.selection.methods import ENERGY_UNDER_DEADLINE, ROUND_OBJECTIVES, TIME
-from strategies.protocol import Plan
+from strategies.report import Plan
 
 Plans = Callable[[], Sequence[Plan]]
 """Asks the round's sampled nodes for their plans (a QUERY each, once per node) and returns those that

@@ -54,15 +54,13 @@ from strategies.protocol import (
     NODE_KEY,
     PLAN_KEY,
     RELATION_KEY,
-    ClientReport,
-    Plan,
     ProtocolError,
     TrainInstructions,
     evaluation_metrics,
     reader,
     required,
-    take_report,
 )
+from strategies.report import ClientReport, Plan, take_report
 from strategies.rounds import (
     Failure,
     NodeInfo,
@@ -406,7 +404,7 @@ class PowerAware(Strategy):
             else:
                 report.node_key = report.node_key or key
                 # profiling a planning query measured belongs to the first round the node then trains
-                report.profiling_seconds += self._unbilled_profiling.pop(nid, 0.0)
+                report.profiling.profiling_seconds += self._unbilled_profiling.pop(nid, 0.0)
                 good.append((nid, report))
                 key = report.node_key
             usable.append((key, reply))

@@ -15,7 +15,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord
 
 from powerctl.errors import PowerctlError
-from strategies.protocol import ClientReport
+from strategies.report import ClientReport
 
 
 @dataclass(frozen=True)
@@ -157,24 +157,24 @@ def summarise(reports: list[ClientReport], failed: list[Failure], sampled: int) 
     """
 
     def cost(r: ClientReport) -> float:
-        return r.device_seconds + r.profiling_seconds + r.paused_seconds
+        return r.training.device_seconds + r.profiling.profiling_seconds + r.cap.paused_seconds
 
     slowest = max(reports, key=cost, default=None)
-    energies = [r.energy_j for r in reports if r.energy_j is not None]
+    energies = [r.training.energy_j for r in reports if r.training.energy_j is not None]
     over_cap = [
-        {"node": r.node_key, "peak_power_w": r.peak_power_w, "power_cap_w": r.power_cap_w}
+        {"node": r.node_key, "peak_power_w": peak, "power_cap_w": r.power_cap_w}
         for r in reports
-        if not r.cap_events
+        if not r.cap.cap_events
         and r.power_cap_w is not None
-        and r.peak_power_w is not None
-        and r.peak_power_w > r.power_cap_w
+        and (peak := r.training.peak_power_w) is not None
+        and peak > r.power_cap_w
     ]
     # under a changing cap the peak is compared with every cap in force: the follower's measurement,
     # beyond the step in progress at each change
     over_cap += [
-        {"node": r.node_key, "over_cap_s": r.unprevented_over_cap_s(), "power_cap_w": r.power_cap_w}
+        {"node": r.node_key, "over_cap_s": r.cap.unprevented_over_cap_s(), "power_cap_w": r.power_cap_w}
         for r in reports
-        if r.cap_events and r.unprevented_over_cap_s() > 0
+        if r.cap.cap_events and r.cap.unprevented_over_cap_s() > 0
     ]
     examples = sum(r.train_examples for r in reports)
     return {
@@ -185,11 +185,13 @@ def summarise(reports: list[ClientReport], failed: list[Failure], sampled: int) 
         "slowest": slowest.node_key if slowest else None,
         "total_energy_j": float(sum(energies)),
         "energy_complete": len(energies) == len(reports),
-        "share_at_target": sum(r.reached_target for r in reports) / sampled if sampled else 0.0,
+        "share_at_target": sum(r.training.reached_target for r in reports) / sampled if sampled else 0.0,
         "over_cap": over_cap,
-        "accuracy": (sum(r.accuracy * r.train_examples for r in reports) / examples) if examples else None,
-        "profiling_s": float(sum(r.profiling_seconds for r in reports)),
-        "stand_ins": sum(r.stop_reason == STAND_IN for r in reports),
+        "accuracy": (sum(r.training.accuracy * r.train_examples for r in reports) / examples)
+        if examples
+        else None,
+        "profiling_s": float(sum(r.profiling.profiling_seconds for r in reports)),
+        "stand_ins": sum(r.training.stop_reason == STAND_IN for r in reports),
     }
 
 
@@ -229,9 +231,9 @@ def weighted_average(items: list[tuple[ArrayRecord, float]], like: ArrayRecord) 
 
 
 def report_row(report: ClientReport, info: NodeInfo) -> dict[str, Any]:
-    """A client's entry in the results file: its report (with the records read beside it,
-    `ClientReport.row`) plus what the server knows of the node."""
-    return {**report.row(), "node_key": report.node_key or info.key, "partition_id": info.partition_id}
+    """A client's entry in the results file: its report's columns (with the records read beside it,
+    `ClientReport.columns`) plus what the server knows of the node; the writer orders them."""
+    return {**report.columns(), "node_key": report.node_key or info.key, "partition_id": info.partition_id}
 
 
 class NoClientReported(PowerctlError):

@@ -113,16 +113,19 @@ def test_only_a_bench_round_sends_the_bench_record_and_the_fleets_rows_keep_one_
     side reads it into the row at its places (a production row holds its defaults), so rows keep one
     shape; the protocol defines no such record."""
     import strategies.protocol as protocol
+    import strategies.report as report_module
+    from fl_server.results import ordered
     from simulations.bench_report import BenchReport
-    from strategies.protocol import REPORT_KEY, take_report
+    from strategies.protocol import REPORT_KEY
+    from strategies.report import take_report
     from strategies.rounds import NodeInfo, report_row, summarise
 
-    assert not hasattr(protocol, "BenchReport") and not hasattr(protocol, "BENCH_REPORT_KEY")
-    monkeypatch.setattr(protocol, "BESIDE_REPORT", {})
+    assert not hasattr(protocol, "BenchReport") and not hasattr(report_module, "BENCH_REPORT_KEY")
+    monkeypatch.setattr(report_module, "BESIDE_REPORT", {})
     import simulations.fleet_server
 
     importlib.reload(simulations.fleet_server)  # registers again, here: imported once per process
-    assert {BenchReport.KEY: BenchReport} == protocol.BESIDE_REPORT
+    assert {BenchReport.KEY: BenchReport} == report_module.BESIDE_REPORT
     production, bench = _train_reply(), _train_reply(stand_in=True, profile_source="predicted")
     assert BenchReport.KEY not in production.content.config_records
     assert BenchReport.KEY not in _train_reply(fleet=False).content.config_records
@@ -132,7 +135,7 @@ def test_only_a_bench_round_sends_the_bench_record_and_the_fleets_rows_keep_one_
     assert plain.beside == {} and stood_in.beside == {BenchReport.KEY: BenchReport(stand_in=True)}
     assert not {REPORT_KEY, BenchReport.KEY} & set(bench.content.config_records)  # taken out of the reply
     info = NodeInfo(1, "partition-0", "sim:jetson-nano", partition_id=0)
-    rows = [report_row(r, info) for r in (plain, stood_in)]
+    rows = [ordered(report_row(r, info)) for r in (plain, stood_in)]  # in the results writer's order
     assert list(rows[0]) == list(rows[1])
     keys = list(rows[0])
     assert keys[keys.index("method") + 1] == "stand_in"
@@ -144,21 +147,22 @@ def test_only_a_bench_round_sends_the_bench_record_and_the_fleets_rows_keep_one_
 
 def test_a_server_that_registered_no_record_reads_the_report_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     """The built-in ServerApp: the report's own fields in the row, the fleet's record left in the reply."""
-    import strategies.protocol as protocol
+    import strategies.report as report_module
     from simulations.bench_report import BenchReport
-    from strategies.protocol import take_report
+    from strategies.report import take_report
 
-    monkeypatch.setattr(protocol, "BESIDE_REPORT", {})
+    monkeypatch.setattr(report_module, "BESIDE_REPORT", {})
     reply = _train_reply(stand_in=True, profile_source="predicted")
     report = take_report(reply.content)
-    assert report is not None and report.beside == {} and "stand_in" not in report.row()
-    assert report.stop_reason == "stand-in" and BenchReport.KEY in reply.content.config_records
+    assert report is not None and report.beside == {} and "stand_in" not in report.columns()
+    assert report.training.stop_reason == "stand-in" and BenchReport.KEY in reply.content.config_records
 
 
 def test_the_bench_record_round_trips_and_is_checked() -> None:
     from powerctl.files.mapping import Integer
     from simulations.bench_report import BenchReport
-    from strategies.protocol import BesideReport, ProtocolError, beside, register_beside_report
+    from strategies.protocol import ProtocolError
+    from strategies.report import BesideReport, kind, register_beside_report
 
     record = BenchReport(oracle_samples_to_target={"8": 120.5}, oracle_search_device_seconds=3.0)
     assert BenchReport.from_config(record.to_config()) == record
@@ -166,9 +170,9 @@ def test_the_bench_record_round_trips_and_is_checked() -> None:
         BenchReport.from_config({"oracle-samples-to-target": '{"x": 1}'})
 
     @dataclasses.dataclass
-    class Misplaced(BesideReport):
+    class Misplaced(BesideReport):  # a column the report has: the row could not hold both
         KEY = "misplaced"
-        x: int = dataclasses.field(default=0, metadata=beside(Integer(0), after="no_such_field"))
+        device_seconds: int = kind(Integer(0), 0)
 
     with pytest.raises(TypeError, match="Misplaced"):
         register_beside_report(Misplaced)

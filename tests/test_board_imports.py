@@ -190,15 +190,16 @@ def test_the_round_table_shows_start_up_seconds_where_a_client_measured_them() -
 
 def test_the_report_carries_start_up_seconds_to_the_results_file() -> None:
     from fl_server.results import client_table
-    from strategies.protocol import ClientReport
+    from strategies.report import ClientReport, Profiling, Training
     from strategies.rounds import RoundRecord, report_row
 
-    fields = {k: v for k, v in _client().items() if k != "node_key"}
-    report = ClientReport(**fields, samples=64, startup_s=6.34)
+    fields = {"device": "jetson", "power_cap_w": 5.0, "batch_size": 8, "frequency_hz": 614_400_000}
+    fields |= {"training": Training(13.5, 40.0, 4.9, 64, 0.5, False), "profiling": Profiling(1.25)}
+    report = ClientReport(**fields, startup_s=6.34)
     back = ClientReport.from_config(report.to_config())
     assert (
         back.startup_s == 6.34
-        and ClientReport.from_config(ClientReport(**fields, samples=64).to_config()).startup_s is None
+        and ClientReport.from_config(ClientReport(**fields).to_config()).startup_s is None
     )
     row = report_row(back, NodeInfo(node_id=1, key="nano", device="jetson"))
     assert row["startup_s"] == 6.34 and json.loads(json.dumps(row))["startup_s"] == 6.34

@@ -17,7 +17,8 @@ from powerctl.selection.methods import (
     run_method_named,
 )
 from strategies.objectives import EnergyUnderDeadline, RoundObjective, objective_named
-from strategies.protocol import PLAN_KEY, Plan, ProtocolError, TrainInstructions
+from strategies.protocol import PLAN_KEY, ProtocolError, TrainInstructions
+from strategies.report import Plan
 from tests.fake_grid import FakeGrid
 from tests.fl_helpers import RUN_CONFIG, instructions
 from tests.test_fl_strategy import _nodes, _run, power_aware

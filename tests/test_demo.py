@@ -80,13 +80,13 @@ def test_the_demo_and_a_fleet_client_agree_on_the_oracle(results, monkeypatch) -
 
     from simulations.bench_report import BenchReport
     from simulations.fleet_client import app as client_app
-    from strategies import protocol
+    from strategies import report
     from strategies.fedavg import PowerAwareFedAvg
     from strategies.methods import for_method
     from tests.fake_grid import FakeGrid
 
     res, _ = results
-    monkeypatch.setitem(protocol.BESIDE_REPORT, BenchReport.KEY, BenchReport)  # as simulations.fleet_server
+    monkeypatch.setitem(report.BESIDE_REPORT, BenchReport.KEY, BenchReport)  # as simulations.fleet_server
     cfg = DemoConfig(power_cap_w=2.5, run=TINY)
     work = demo_work(cfg, cfg.settings())
     node = {

@@ -178,20 +178,26 @@ def test_a_round_on_a_simulated_board_selects_under_its_cap_and_reports(tmp_path
     assert report.device == "sim:jetson-nano" and report.power_cap_w == 3.0
     assert report.batch_size in (8, 16) and report.frequency_hz > 0
     assert report.profiled_peak_power_w <= 3.0  # the method's check; the run's own peak adds sensor noise
-    assert report.peak_power_w is not None and report.peak_power_w <= 3.0 * (1 + 5 * POWER_NOISE)
-    assert report.samples == 64 and report.stop_reason == "max_samples" and not report.reached_target
+    assert report.training.peak_power_w is not None and report.training.peak_power_w <= 3.0 * (
+        1 + 5 * POWER_NOISE
+    )
+    assert (
+        report.training.samples == 64
+        and report.training.stop_reason == "max_samples"
+        and not report.training.reached_target
+    )
     # a task this short takes the predicted way: its pair confirmed by the first steps, no profiling seconds
-    assert report.profiling_choice == "predicted" and not report.profile_cached
-    assert report.profiling_seconds == 0.0 and report.profile_points == 0
-    assert report.energy_j and report.energy_j > 0 and report.device_seconds > 0
+    assert report.profiling.profiling_choice == "predicted" and not report.profiling.profile_cached
+    assert report.profiling.profiling_seconds == 0.0 and report.profiling.profile_points == 0
+    assert report.training.energy_j and report.training.energy_j > 0 and report.training.device_seconds > 0
     assert set(state) == set(initial_state()) and not torch.equal(
         state["fc.weight"], initial_state()["fc.weight"]
     )
     again_state, again = train_round(settings, instructions(), initial_state(), data, device_seed=1)
-    assert again.profile_cached and again.profiling_seconds == 0.0
+    assert again.profiling.profile_cached and again.profiling.profiling_seconds == 0.0
     # a cached profile changes nothing of the training that follows: same seed, same numbers
     same = ("batch_size", "frequency_hz", "device_seconds", "energy_j", "peak_power_w", "accuracy", "samples")
-    assert [getattr(again, k) for k in same] == [getattr(report, k) for k in same]
+    assert [again.columns()[k] for k in same] == [report.columns()[k] for k in same]
     assert all(torch.equal(state[k], again_state[k]) for k in state)
 
 
@@ -290,13 +296,13 @@ def test_a_round_killed_mid_way_resumes_its_checkpoint_to_the_same_result(
     plain_state, plain = train_round(
         settings, instructions(checkpoint_every_samples=0), initial_state(), data, device_seed=1
     )
-    assert plain.resumed_at_samples is None
+    assert plain.training.resumed_at_samples is None
     with pytest.raises(Killed):
         train_round(settings, instr, initial_state(), data, device_seed=1, on_step=_kill_after(40))
     state, report = train_round(settings, instr, initial_state(), data, device_seed=1)
-    assert report.resumed_at_samples == 32 and "checkpoint: resuming" in _said(caplog)
+    assert report.training.resumed_at_samples == 32 and "checkpoint: resuming" in _said(caplog)
     same = ("batch_size", "frequency_hz", "device_seconds", "energy_j", "peak_power_w", "accuracy", "samples")
-    assert [getattr(report, k) for k in same] == [getattr(plain, k) for k in same]
+    assert [report.columns()[k] for k in same] == [plain.columns()[k] for k in same]
     assert all(torch.equal(state[k], plain_state[k]) for k in state)
 
 
@@ -311,16 +317,16 @@ def test_a_round_sent_again_after_it_finished_is_answered_without_training(
     first_state, first = train_round(settings, instr, initial_state(), data, device_seed=1)
     caplog.clear()
     state, again = train_round(settings, instr, initial_state(), data, device_seed=1, on_step=_kill_after(0))
-    assert again.resumed_at_samples == again.samples == first.samples
+    assert again.training.resumed_at_samples == again.training.samples == first.training.samples
     assert "without training" in _said(caplog)
     same = ("batch_size", "frequency_hz", "device_seconds", "energy_j", "peak_power_w", "accuracy", "samples")
-    assert [getattr(again, k) for k in same] == [getattr(first, k) for k in same]
+    assert [again.columns()[k] for k in same] == [first.columns()[k] for k in same]
     assert all(torch.equal(state[k], first_state[k]) for k in state)
     # the next round's work replaces it, silently
     _, next_round = train_round(
         settings, instructions(checkpoint_every_samples=32, server_round=2), initial_state(), data
     )
-    assert next_round.resumed_at_samples is None and "checkpoint" not in _said(caplog)
+    assert next_round.training.resumed_at_samples is None and "checkpoint" not in _said(caplog)
 
 
 def test_a_checkpoint_of_another_round_or_other_weights_is_ignored_with_a_line(
@@ -335,12 +341,12 @@ def test_a_checkpoint_of_another_round_or_other_weights_is_ignored_with_a_line(
     _, next_round = train_round(
         settings, instructions(checkpoint_every_samples=32, server_round=2), initial_state(), data
     )
-    assert next_round.resumed_at_samples is None
+    assert next_round.training.resumed_at_samples is None
     assert "belongs to other work" in _said(caplog)
     with pytest.raises(Killed):
         train_round(settings, instr, initial_state(), data, device_seed=1, on_step=_kill_after(40))
     _, other_weights = train_round(settings, instr, initial_state(seed=1), data, device_seed=1)
-    assert other_weights.resumed_at_samples is None
+    assert other_weights.training.resumed_at_samples is None
 
 
 def test_the_runs_relation_rule_reaches_the_clients_choice() -> None:

@@ -61,8 +61,8 @@ def test_each_method_picks_what_powerctl_says_for_that_profile_and_cap(method: s
         "proxy-batch": lambda: proxy_batch(profile, relation, CAP_W),
     }[method]()
     assert (report.batch_size, report.frequency_hz) == (expected.batch_size, expected.frequency_hz)
-    assert report.method == method and report.power_cap_w == CAP_W and report.samples > 0
-    assert report.profiling_seconds == 0.0  # predicted profiles cost no device time
+    assert report.method == method and report.power_cap_w == CAP_W and report.training.samples > 0
+    assert report.profiling.profiling_seconds == 0.0  # predicted profiles cost no device time
     # the methods really differ here: SoP takes the largest b (16), proxy-batch the fewest proxy samples
     # (8), both at the fixed frequency; ours b=8 at a higher frequency than that
     assert {"ours": 8, "state-of-practice": 16, "proxy-batch": 8}[method] == report.batch_size
@@ -87,10 +87,10 @@ def test_a_baseline_on_a_simulated_board_reads_its_model_and_measures_nothing(
         else proxy_batch(profile, relation, CAP_W)
     )
     assert (report.batch_size, report.frequency_hz) == (expected.batch_size, expected.frequency_hz)
-    assert report.profiling_choice == "model" and report.profiling_seconds == 0.0
-    assert report.profile_points == len(profile.points) and not list(tmp_path.rglob("*.json"))
+    assert report.profiling.profiling_choice == "model" and report.profiling.profiling_seconds == 0.0
+    assert report.profiling.profile_points == len(profile.points) and not list(tmp_path.rglob("*.json"))
     _, _, ours, _ = _round(instructions(method="ours"), tmp_path / "ours")
-    assert ours.profiling_choice != "model" and list((tmp_path / "ours").rglob("*.json"))
+    assert ours.profiling.profiling_choice != "model" and list((tmp_path / "ours").rglob("*.json"))
 
 
 def test_the_oracle_measures_samples_to_target_on_its_own_data_then_asks_powerctl(tmp_path: Path) -> None:
@@ -109,7 +109,10 @@ def test_the_oracle_measures_samples_to_target_on_its_own_data_then_asks_powerct
     assert (report.batch_size, report.frequency_hz) == (expected.batch_size, expected.frequency_hz)
     # samples to target are the interpolated crossing, within the evaluation interval before the run stops
     crossing = measured[report.batch_size]
-    assert report.reached_target and report.samples - instr.eval_every_samples < crossing <= report.samples
+    assert (
+        report.training.reached_target
+        and report.training.samples - instr.eval_every_samples < crossing <= report.training.samples
+    )
 
 
 def test_the_fleets_oracle_stops_a_batch_size_that_can_no_longer_win_and_chooses_as_the_full_search(
@@ -132,7 +135,10 @@ def test_the_fleets_oracle_stops_a_batch_size_that_can_no_longer_win_and_chooses
     monkeypatch.setattr(bench_steps, "oracle_search", bench_steps.full_oracle_search)
     _, _, full, full_bench = _round(instr, tmp_path / "full")
     assert (pruned.batch_size, pruned.frequency_hz) == (full.batch_size, full.frequency_hz)
-    assert pruned.samples == full.samples and pruned.device_seconds == full.device_seconds  # the same run
+    assert (
+        pruned.training.samples == full.training.samples
+        and pruned.training.device_seconds == full.training.device_seconds
+    )  # the same run
     crossed = {int(b): s for b, s in full_bench.oracle_samples_to_target.items()}
     kept = {int(b): s for b, s in pruned_bench.oracle_samples_to_target.items()}
     stopped = {int(b): s for b, s in (pruned_bench.oracle_stopped_at_samples or {}).items()}
@@ -154,7 +160,7 @@ def test_a_stand_in_selects_for_real_but_charges_the_board_model_and_returns_the
 ) -> None:
     instr = instructions(method="ours", profile_source="predicted", stand_in=True, budget_samples=200)
     state, new_state, report, bench = _round(instr, tmp_path)
-    assert bench is not None and bench.stand_in and report.stop_reason == "stand-in"
+    assert bench is not None and bench.stand_in and report.training.stop_reason == "stand-in"
     assert all(torch.equal(state[k], new_state[k]) for k in state)
     profile = _predicted([8, 16])
     chosen = select(profile, instr.relation(), CAP_W)
@@ -167,8 +173,10 @@ def test_a_stand_in_selects_for_real_but_charges_the_board_model_and_returns_the
         steps,
         chosen.frequency_hz,
     )
-    assert report.samples == steps * chosen.batch_size and not report.reached_target
-    assert report.device_seconds == pytest.approx(seconds) and report.energy_j == pytest.approx(joules)
+    assert report.training.samples == steps * chosen.batch_size and not report.training.reached_target
+    assert report.training.device_seconds == pytest.approx(
+        seconds
+    ) and report.training.energy_j == pytest.approx(joules)
 
 
 def _workload():

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -21,7 +23,8 @@ from powerfed.training.data import Dataset
 from powerfed.training.finetune import fine_tune
 from powerfed.training.finetune_records import FineTuneCallbacks, FineTuneConfig
 from powerfed.training.models import build_model
-from strategies.protocol import ClientReport, ProtocolError
+from strategies.protocol import ProtocolError
+from strategies.report import CAP_EVENT, ClientReport
 from tests.fake_boards import NANO_DEVFREQ, make_nano_tree, tree_snapshot
 from tests.fl_helpers import RUN_CONFIG, initial_state, instructions
 
@@ -45,16 +48,16 @@ def _static_run(uncapped_nano: tuple) -> ClientReport:
 def test_a_falling_and_rising_cap_is_followed_to_the_target(uncapped_nano: tuple) -> None:
     settings, data = uncapped_nano
     static = _static_run(uncapped_nano)
-    length_s, step_s = static.device_seconds, static.device_seconds / static.steps
+    length_s, step_s = static.training.device_seconds, static.training.device_seconds / static.training.steps
     changes = [0.25 * length_s, 0.45 * length_s, 0.6 * length_s]
     caps = ScheduleCap.from_pairs([[0, 4.0], [changes[0], 2.3], [changes[1], 1.0], [changes[2], 5.0]])
     _, report = train_round(
         dataclasses.replace(settings, cap_source=caps), INSTR, initial_state(), data, device_seed=1
     )
-    assert report.reached_target and report.stop_reason == "target"
-    kinds = [e["kind"] for e in report.cap_events]
+    assert report.training.reached_target and report.training.stop_reason == "target"
+    kinds = [e["kind"] for e in report.cap.cap_events]
     assert kinds == ["start", "switch", "pause", "resume"]
-    start, switch, pause, resume = report.cap_events
+    start, switch, pause, resume = report.cap.cap_events
     # every event names the cap in force and happens within one step of the change that caused it
     for event, change in zip((switch, pause), changes[:2], strict=True):
         assert event["power_cap_w"] == caps.cap_at(event["t_s"])
@@ -63,20 +66,20 @@ def test_a_falling_and_rising_cap_is_followed_to_the_target(uncapped_nano: tuple
     # the drop to 2.3 W lowers the frequency; the dip to 1 W (below anything) pauses at the lowest one
     assert switch["old_frequency_hz"] == start["new_frequency_hz"] > switch["new_frequency_hz"]
     assert pause["new_frequency_hz"] == min(SimulatedBoard.open("jetson-nano").frequencies())
-    assert report.paused_seconds >= changes[2] - pause["t_s"] - 1e-9
+    assert report.cap.paused_seconds >= changes[2] - pause["t_s"] - 1e-9
     # never over the cap for more than the step in progress when it drops; the new pair stays under
     # it (× the guard's noise tolerance); a cap below the board's idle power is over it while paused,
     # and the report says so
-    assert all(e["in_step_over_cap_s"] <= 1.5 * step_s for e in report.cap_events)
+    assert all(e["in_step_over_cap_s"] <= 1.5 * step_s for e in report.cap.cap_events)
     assert pause["in_step_over_cap_s"] > 0 and switch["over_cap_s"] == resume["over_cap_s"] == 0
-    assert pause["over_cap_s"] == pytest.approx(report.paused_seconds)
-    assert report.over_cap_seconds == pytest.approx(
-        sum(e["in_step_over_cap_s"] + e["over_cap_s"] for e in report.cap_events)
+    assert pause["over_cap_s"] == pytest.approx(report.cap.paused_seconds)
+    assert report.cap.over_cap_seconds == pytest.approx(
+        sum(e["in_step_over_cap_s"] + e["over_cap_s"] for e in report.cap.cap_events)
     )
     assert 0 < switch["fraction_done"] < pause["fraction_done"] <= resume["fraction_done"] < 1
     assert (report.batch_size, report.frequency_hz) == (start["new_batch_size"], start["new_frequency_hz"])
     # the report survives the wire
-    assert ClientReport.from_config(report.to_config()).cap_events == report.cap_events
+    assert ClientReport.from_config(report.to_config()).cap == report.cap
 
 
 def test_a_seeded_run_under_a_schedule_repeats_exactly(uncapped_nano: tuple) -> None:
@@ -89,8 +92,12 @@ def test_a_seeded_run_under_a_schedule_repeats_exactly(uncapped_nano: tuple) -> 
         for _ in range(2)
     ]
     (s1, r1), (s2, r2) = runs
-    assert r1.cap_events == r2.cap_events and len(r1.cap_events) >= 2
-    assert (r1.device_seconds, r1.energy_j, r1.samples) == (r2.device_seconds, r2.energy_j, r2.samples)
+    assert r1.cap.cap_events == r2.cap.cap_events and len(r1.cap.cap_events) >= 2
+    assert (r1.training.device_seconds, r1.training.energy_j, r1.training.samples) == (
+        r2.training.device_seconds,
+        r2.training.energy_j,
+        r2.training.samples,
+    )
     assert all(torch.equal(s1[k], s2[k]) for k in s1)
 
 
@@ -233,13 +240,15 @@ def test_a_constant_cap_never_switches() -> None:
     [
         ("not json", "must be a JSON list"),
         ('{"kind": "switch"}', "must be a JSON list"),
-        ('[{"kind": "teleport"}]', "entries need a kind"),
-        ('[{"kind": "switch", "t_s": -1}]', "t_s must be a finite number"),
+        ('[{"kind": "switch"}]', "entries must have the keys t_s, "),
+        ({"kind": "teleport"}, "kind must be one of start, switch"),
+        ({"t_s": -1}, r"t_s must be a number ≥ 0"),
     ],
 )
-def test_bad_cap_events_in_a_reply_are_one_line(events: str, fragment: str, uncapped_nano: tuple) -> None:
+def test_bad_cap_events_in_a_reply_are_one_line(events: Any, fragment: str, uncapped_nano: tuple) -> None:
     report = _static_run(uncapped_nano).to_config()
-    report["cap-events"] = events
+    event = dict.fromkeys(CAP_EVENT, 0) | {"kind": "switch"}  # each of its fields, good
+    report["cap-events"] = events if isinstance(events, str) else json.dumps([event | events])
     with pytest.raises(ProtocolError, match=fragment) as err:
         ClientReport.from_config(report)
     assert "\n" not in str(err.value)
@@ -268,13 +277,16 @@ def test_a_killed_round_under_a_changing_cap_resumes_to_the_uninterrupted_result
     with pytest.raises(Killed):
         train_round(node, instr, initial_state(), data, device_seed=2, on_step=kill)
     again_state, resumed = train_round(node, instr, initial_state(), data, device_seed=2)
-    assert (resumed.resumed_at_samples or 0) > 0
-    assert [e["kind"] for e in whole.cap_events] == ["start", "switch", "switch"]
-    assert resumed.cap_events == whole.cap_events
+    assert (resumed.training.resumed_at_samples or 0) > 0
+    assert [e["kind"] for e in whole.cap.cap_events] == ["start", "switch", "switch"]
+    assert resumed.cap.cap_events == whole.cap.cap_events
     same = ("device_seconds", "energy_j", "samples", "accuracy", "over_cap_seconds")
-    assert [getattr(resumed, k) for k in same] == [getattr(whole, k) for k in same]
+    assert [resumed.columns()[k] for k in same] == [whole.columns()[k] for k in same]
     assert all(torch.equal(state[k], again_state[k]) for k in state)
     # sent once more after it finished: answered from its end state, the follower's events included
     _, replayed = train_round(node, instr, initial_state(), data, device_seed=2, on_step=kill)
-    assert replayed.resumed_at_samples == replayed.samples and replayed.cap_events == whole.cap_events
-    assert [getattr(replayed, k) for k in same] == [getattr(whole, k) for k in same]
+    assert (
+        replayed.training.resumed_at_samples == replayed.training.samples
+        and replayed.cap.cap_events == whole.cap.cap_events
+    )
+    assert [replayed.columns()[k] for k in same] == [whole.columns()[k] for k in same]

@@ -20,7 +20,7 @@ from powerfed.training.finetune import fine_tune
 from powerfed.training.finetune_records import FineTuneCallbacks, FineTuneConfig
 from powerfed.training.models import build_model, model_workload
 from powerfed.training.profiling import profiling_step_factory
-from strategies.protocol import ClientReport
+from strategies.report import ClientReport
 from tests.fl_helpers import RUN_CONFIG, initial_state, instructions
 
 NANO = board_model("jetson-nano")
@@ -161,7 +161,7 @@ def test_the_client_report_lists_each_step_down(monkeypatch: pytest.MonkeyPatch)
     # confirmation, meets the hot board
     instr = instructions(budget_samples=640, guard_window=2, profiling_budget=0.0)
     _, report = client_round.train_round(settings, instr, initial_state(), data, device_seed=1)
-    assert report.profiling_choice == "efficient"
+    assert report.profiling.profiling_choice == "efficient"
     assert report.step_downs, "the hot board must be stepped down"
     assert report.step_downs[0]["old_hz"] == report.frequency_hz
     for earlier, later in pairwise(report.step_downs):
@@ -233,9 +233,12 @@ def test_a_hot_board_under_the_predicted_way_trains_at_the_pair_its_confirmation
     _, cold = client_round.train_round(settings, instr, initial_state(), data, device_seed=1)
     monkeypatch.setattr(client_round, "open_device", open_hot)
     _, hot = client_round.train_round(settings, instr, initial_state(), data, device_seed=1)
-    assert cold.profiling_choice == hot.profiling_choice == "predicted" and hot.profiling_seconds == 0.0
+    assert (
+        cold.profiling.profiling_choice == hot.profiling.profiling_choice == "predicted"
+        and hot.profiling.profiling_seconds == 0.0
+    )
     assert (hot.batch_size, hot.frequency_hz) != (cold.batch_size, cold.frequency_hz)
     workload = model_workload("cnn-tiny", build_model("cnn-tiny", 10, seed=0))
     hot_peak = 1.3 * predicted_point(NANO, workload, hot.batch_size, hot.frequency_hz, 1000).peak_power_w
     assert hot_peak <= 3.0 and hot.step_downs == []
-    assert hot.samples == cold.samples == 640  # the measuring steps trained
+    assert hot.training.samples == cold.training.samples == 640  # the measuring steps trained

@@ -32,7 +32,7 @@ from powerctl.selection.methods import (
     run_method_named,
     unregister_method,
 )
-from strategies.protocol import Plan
+from strategies.report import Plan
 from tests.test_baselines import nano_grid
 from tests.test_selection import make_relation
 

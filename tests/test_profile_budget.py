@@ -24,7 +24,7 @@ from powerctl.profiling.budget import (
 from powerctl.records.relation import RelationVector
 from powerctl.selection.joint import select
 from powerfed.training.models import build_model, model_workload
-from strategies.protocol import ClientReport
+from strategies.report import ClientReport
 from strategies.settings import SETTINGS
 from tests.fl_helpers import initial_state, instructions
 from tests.test_fl_client import _data
@@ -101,12 +101,16 @@ def test_a_round_reports_its_choice_prediction_budget_and_cost(tmp_path: Path) -
     _, short = train_round(
         settings, short_instr, initial_state(), data, device_seed=1, profile_cache=tmp_path / "a"
     )
-    assert short.profiling_choice == PREDICTED and short.profiling_predicted_from
-    assert short.predicted_training_seconds and short.predicted_training_seconds > 0
-    assert short.profiling_budget_seconds == pytest.approx(0.3 * short.predicted_training_seconds)
-    assert set(short.profiling_costs_predicted) == {"efficient", FITTED, PREDICTED}
-    assert short.profiling_seconds == short.profiling_costs_predicted[PREDICTED] == 0.0
-    assert short.profile_points == 0 and short.peak_power_w <= 3.0  # its pair confirmed under the cap
+    assert short.profiling.profiling_choice == PREDICTED and short.profiling.profiling_predicted_from
+    assert short.profiling.predicted_training_seconds and short.profiling.predicted_training_seconds > 0
+    assert short.profiling.profiling_budget_seconds == pytest.approx(
+        0.3 * short.profiling.predicted_training_seconds
+    )
+    assert set(short.profiling.profiling_costs_predicted) == {"efficient", FITTED, PREDICTED}
+    assert short.profiling.profiling_seconds == short.profiling.profiling_costs_predicted[PREDICTED] == 0.0
+    assert (
+        short.profiling.profile_points == 0 and short.training.peak_power_w <= 3.0
+    )  # its pair confirmed under the cap
 
     long_instr = instructions(
         profiling_budget=0.3,
@@ -117,15 +121,18 @@ def test_a_round_reports_its_choice_prediction_budget_and_cost(tmp_path: Path) -
     _, long = train_round(
         settings, long_instr, initial_state(), data, device_seed=1, profile_cache=tmp_path / "b"
     )
-    assert long.profiling_choice == "efficient"
-    assert long.predicted_training_seconds > 10 * short.predicted_training_seconds
-    assert long.profiling_seconds > 0 and long.profile_points > 1
+    assert long.profiling.profiling_choice == "efficient"
+    assert long.profiling.predicted_training_seconds > 10 * short.profiling.predicted_training_seconds
+    assert long.profiling.profiling_seconds > 0 and long.profiling.profile_points > 1
     # the report travels (the message's config record) and reads back with every budget field
     back = ClientReport.from_config(long.to_config())
-    assert back.profiling_choice == "efficient"
-    assert back.profiling_costs_predicted == long.profiling_costs_predicted
-    assert back.profiling_budget_seconds == long.profiling_budget_seconds
-    assert json.loads(json.dumps(long.profiling_costs_predicted)) == long.profiling_costs_predicted
+    assert back.profiling.profiling_choice == "efficient"
+    assert back.profiling.profiling_costs_predicted == long.profiling.profiling_costs_predicted
+    assert back.profiling.profiling_budget_seconds == long.profiling.profiling_budget_seconds
+    assert (
+        json.loads(json.dumps(long.profiling.profiling_costs_predicted))
+        == long.profiling.profiling_costs_predicted
+    )
 
 
 @pytest.mark.parametrize("value", ["-0.1", "1.5", "lots"])
@@ -176,9 +183,11 @@ def test_a_user_session_too_short_for_a_measured_profile_confirms_its_pair_in_it
     finally:
         powerfed.unregister_model(NAME)
     report = session.report
-    assert report is not None and report.profiling_choice == PREDICTED
-    assert report.profiling_seconds == 0.0 < report.profiling_budget_seconds
-    assert min(report.profiling_costs_predicted.values()) == 0.0
-    assert report.steps >= 1 and report.peak_power_w <= 3.0  # the pair predicted under the cap, read under it
+    assert report is not None and report.profiling.profiling_choice == PREDICTED
+    assert report.profiling.profiling_seconds == 0.0 < report.profiling.profiling_budget_seconds
+    assert min(report.profiling.profiling_costs_predicted.values()) == 0.0
+    assert (
+        report.training.steps >= 1 and report.training.peak_power_w <= 3.0
+    )  # the pair predicted under the cap, read under it
     assert not [r for r in caplog.records if "over its" in r.getMessage()]
-    assert over_budget_lines(types.SimpleNamespace(clients=[report.to_dict()])) == []
+    assert over_budget_lines(types.SimpleNamespace(clients=[report.columns()])) == []

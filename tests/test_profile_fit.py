@@ -316,12 +316,14 @@ def test_a_client_round_with_the_fitted_order_runs_a_measured_pair_and_caches_it
     data = load_local_data(data_plan(settings, RUN_CONFIG, 64))
     fitted = instructions(profile_order="fitted", profile_warmup=1)
     _, report = train_round(settings, fitted, initial_state(), data, device_seed=1)
-    assert report.profiled_peak_power_w <= 3.0 and not report.profile_cached
+    assert report.profiled_peak_power_w <= 3.0 and not report.profiling.profile_cached
     _, again = train_round(settings, fitted, initial_state(), data, device_seed=1)
-    assert again.profile_cached and (again.batch_size, again.frequency_hz) == (
+    assert again.profiling.profile_cached and (again.batch_size, again.frequency_hz) == (
         report.batch_size,
         report.frequency_hz,
     )
     other = instructions(profile_order="fitted", profile_warmup=1, relation_samples=[300.0, 200.0])
     _, moved = train_round(settings, other, initial_state(), data, device_seed=1)
-    assert not moved.profile_cached  # another relation vector: the fitted order confirms other pairs
+    assert (
+        not moved.profiling.profile_cached
+    )  # another relation vector: the fitted order confirms other pairs

@@ -304,7 +304,7 @@ def test_numpy_scalars_are_numbers_and_what_is_kept_and_sent_is_plain(tmp_path: 
     with session:
         session.step(lambda x, y: None, torch.zeros(4, 4), torch.zeros(4, dtype=torch.long))
     assert session.report is not None and type(session.report.train_examples) is int
-    assert session.report.lr == float(np.float32(0.01))
+    assert session.report.training.lr == float(np.float32(0.01))
     session.report.to_config()
 
     profiler = powerfed.Profiler(
@@ -591,7 +591,7 @@ def test_a_session_entered_a_second_time_is_one_line_and_adds_nothing() -> None:
     with pytest.raises(powerfed.SessionError) as err, session:
         session.step(lambda x, y: None, torch.zeros(8, 4), None)
     one_line(err.value, "PowerSession: entered a second time")
-    assert session.steps == 1 and session.report is not None and session.report.steps == 1
+    assert session.steps == 1 and session.report is not None and session.report.training.steps == 1
 
 
 def test_pin_false_with_the_default_plan_trains_at_the_clock_in_force(tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ from powerctl.records.workload import Workload
 from powerctl.selection.joint import select
 from powerfed.training.powerctl_cli import main as powerctl
 from strategies.fleet import NodeConfigError
-from strategies.protocol import ClientReport
+from strategies.report import ClientReport, Profiling, Training
 from tests.fake_boards import NANO_DEVFREQ, NANO_FREQS, FakeGpu, fake_pynvml, make_nano_tree, tree_snapshot
 from tests.test_jetson import public_state, public_tmp, unprivileged  # noqa: F401 - fixtures and helper
 
@@ -198,16 +198,16 @@ def test_node_config_pin_is_read_and_checked() -> None:
 
 def test_the_report_and_the_servers_table_say_not_pinned() -> None:
     report = ClientReport(
-        device="nvml:0", power_cap_w=300.0, batch_size=64, frequency_hz=1_410_000_000, device_seconds=12.0,
-        energy_j=None, peak_power_w=250.0, samples=6000, accuracy=0.6, reached_target=True,
-        profiling_seconds=1.0, node_key="gpu-0", pinned=False,
+        device="nvml:0", power_cap_w=300.0, batch_size=64, frequency_hz=1_410_000_000,
+        training=Training(12.0, None, 250.0, 6000, 0.6, True), profiling=Profiling(1.0), node_key="gpu-0",
+        pinned=False,
     )  # fmt: skip
     back = ClientReport.from_config(report.to_config())
     assert (
         back.pinned is False
         and ClientReport.from_config(ClientReport(**{**report.__dict__, "pinned": True}).to_config()).pinned
     )
-    table = client_table(types.SimpleNamespace(clients=[back.to_dict()], failed=[]))
+    table = client_table(types.SimpleNamespace(clients=[back.columns()], failed=[]))
     assert NOT_PINNED in table.splitlines()[2] and "1410.0" not in table
 
 
@@ -260,4 +260,4 @@ def test_the_built_in_round_with_node_config_pin_false_trains_at_the_clock_in_fo
     instr = instructions(method=method, profiling_budget=0.1, power_cap_w=4.5)
     _, report = train_round(settings, instr, initial_state(), data, device_seed=1)
     assert report.pinned is False and report.frequency_hz == _clock_in_force(settings.device)
-    assert report.samples == 64 and report.batch_size in (8, 16)
+    assert report.training.samples == 64 and report.batch_size in (8, 16)

@@ -220,7 +220,7 @@ def test_a_session_enters_once_and_leaves_the_signal_handlers_as_found(tmp_path:
     with session:
         session.step(lambda: None)
     report = session.report
-    assert report is not None and report.steps == 1 and _handlers() == before
+    assert report is not None and report.training.steps == 1 and _handlers() == before
     with pytest.raises(powerfed.SessionError) as err, session:  # a second block would add to the first
         session.step(lambda: None)
     assert "\n" not in str(err.value) and "entered a second time" in str(err.value)
@@ -259,7 +259,7 @@ def test_a_session_whose_entering_failed_may_be_entered_again(
     assert session.steps == 0 and _handlers() == before
     with session:
         session.step(lambda: None)
-    assert session.report is not None and session.report.steps == 1 and _handlers() == before
+    assert session.report is not None and session.report.training.steps == 1 and _handlers() == before
 
 
 @pytest.mark.parametrize("fail", [False, True])
@@ -290,7 +290,11 @@ def test_a_jetson_is_pinned_while_the_loop_trains_and_left_as_found(
     assert seen and seen[0][0] == seen[0][1]  # pinned while the loop ran
     assert tree_snapshot(root) == before
     if not fail:
-        assert s.report is not None and s.report.frequency_hz == int(seen[0][0]) and s.report.samples > 0
+        assert (
+            s.report is not None
+            and s.report.frequency_hz == int(seen[0][0])
+            and s.report.training.samples > 0
+        )
 
 
 class _nothing:
@@ -348,9 +352,9 @@ def test_a_cap_that_changes_is_followed_in_the_users_loop(tmp_path: Path) -> Non
             s.step(step, x[first : first + b], y[first : first + b])
             first += b
     r = s.report
-    assert r is not None and [e["kind"] for e in r.cap_events][:2] == ["start", "switch"]
-    assert r.final_pair is not None and r.final_pair[1] < r.frequency_hz  # stepped down under 2.2 W
-    assert r.over_cap_seconds == 0.0 and r.samples >= 1500
+    assert r is not None and [e["kind"] for e in r.cap.cap_events][:2] == ["start", "switch"]
+    assert r.cap.final_pair is not None and r.cap.final_pair[1] < r.frequency_hz  # stepped down under 2.2 W
+    assert r.cap.over_cap_seconds == 0.0 and r.training.samples >= 1500
 
 
 @pytest.mark.parametrize("own_loop", [False, True])
@@ -531,7 +535,7 @@ def test_a_loop_that_steps_outside_the_session_is_told_in_one_line(
     ]
     assert len(warnings) == 1 and "after 32 samples through session.step" in warnings[0], warnings
     assert "fewer than one pass over its 64 training examples" in warnings[0]
-    assert session.report is not None and session.report.samples == 32
+    assert session.report is not None and session.report.training.samples == 32
 
 
 def test_the_workload_counts_the_optimizers_real_state(tmp_path: Path) -> None:
@@ -602,4 +606,4 @@ def test_on_a_real_board_the_loops_step_time_is_checked_against_the_profiled_ste
         assert "\n" not in text and "make_step(model) must return the step the loop runs" in text, text
         assert session.steps == 3 and session.report is None  # the fourth step's time decided
     else:
-        assert session.report is not None and session.report.steps == 6
+        assert session.report is not None and session.report.training.steps == 6

@@ -1,0 +1,145 @@
+"""A rule in force while a loop trains (`Pinning`), and the train step's outcome it gives (`Trained`):
+any loop, the built-in fine-tune's or a user's own (`fl_client.session`), trains through it."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from powerctl.devices.base import Device
+from powerctl.profiling.budget import confirmed_in_training
+from powerctl.records.pick import Pick
+from powerctl.selection.confirm import TrainingConfirmation
+from powerctl.selection.follow import CapFollower
+from powerctl.selection.guard import PowerGuard
+from powerctl.selection.joint import select
+from powerfed.training.finetune_records import FineTuneResult
+from strategies.report import CapFollowed
+
+if TYPE_CHECKING:
+    import torch
+
+    from fl_client.round import CapRule, RoundWork
+
+    State = dict[str, torch.Tensor]
+
+log = logging.getLogger(__name__)
+SWITCHED = (
+    "%s: b=%d at %d Hz read %.2f W, over the %g W cap or outranked once measured: "
+    "b=%d at %d Hz from %.3g s of training"
+)
+
+
+@dataclass
+class Trained:
+    """A train step's outcome: the fine-tune's result, the weights after it, the board, and the choice it
+    started from (under a changing cap the follower's first pick)."""
+
+    result: FineTuneResult
+    state: State
+    board: str
+    choice: Pick
+    stand_in: bool = False
+    """Not trained: a bench's stand-in charged a board model (no steps, no profiling charged)."""
+    step_downs: list[dict[str, Any]] = field(default_factory=list)
+    """What the power guard did (read from the guard or the follower after the fine-tune)."""
+    cap: CapFollowed = field(default_factory=CapFollowed)
+    """What the cap follower did under a cap that changes (the defaults: no follower)."""
+    pinned: bool = True
+    """False: trained at the clock in force, the frequency not ours to change (`open_device(pin=...)`)."""
+
+
+@dataclass
+class Pinning:
+    """A rule in force on an open device while a loop trains: under a constant cap pinned at the rule's
+    pair with the power guard watching; under a cap that changes, the follower re-applying the rule at
+    every change. Any loop (the built-in fine-tune, a user's own through `fl_client.session`) runs its
+    steps with `hooks`; the caller restores the device (`restore_on_exit`)."""
+
+    choice: Pick
+    guard: PowerGuard | None = None
+    follower: CapFollower | None = None
+    confirmation: TrainingConfirmation | None = None
+    """The predicted way's choice, measured by the first steps (it holds the guard until confirmed)."""
+    pinned: bool = True
+    """False: the device runs at the clock in force (the one frequency it offers); nothing is written."""
+
+    @classmethod
+    def start(cls, work: RoundWork, rule: CapRule, dev: Device) -> Pinning:
+        instr = work.instr
+        if work.caps.is_constant:
+            cap = work.cap_at_start
+            choice = rule(cap)
+            dev.pin_frequency(choice.frequency_hz)
+            guard = None
+            if cap is not None and dev.has_power_sensor:
+                guard = PowerGuard(
+                    dev, cap, choice.frequency_hz, window=instr.guard_window, tolerance=instr.guard_tolerance
+                )
+            if cap is not None and guard is not None and confirmed_in_training(rule.profile):
+                confirmation = TrainingConfirmation(
+                    dev,
+                    rule.profile,
+                    lambda merged: select(merged, rule.relation, cap, rule=instr.relation_rule),
+                    cap,
+                    choice,
+                    warmup_steps=int(rule.profile.extra.get("warmup_steps", instr.profile_warmup)),
+                    measure_steps=int(rule.profile.extra.get("measure_steps", instr.profile_steps)),
+                    guard=guard,
+                )
+                return cls(choice, confirmation=confirmation, pinned=dev.pins)
+            return cls(choice, guard=guard, pinned=dev.pins)
+        follower = CapFollower(
+            dev,
+            work.caps,
+            rule,
+            samples_to_target=rule.relation.samples_map(),
+            poll_s=instr.cap_poll_s,
+            pause_timeout_s=instr.cap_pause_timeout_s,
+            guard_window=instr.guard_window,
+            guard_tolerance=instr.guard_tolerance,
+        )
+        first = follower.start()
+        choice = Pick(first.batch_size, first.frequency_hz, first.predicted_seconds, method=instr.method)
+        return cls(choice, follower=follower, pinned=dev.pins)
+
+    @property
+    def hooks(self) -> list[Any]:
+        """The step hooks a loop runs (`powerfed.training.finetune_records.StepHook`)."""
+        return [h for h in (self.confirmation or self.guard, self.follower) if h is not None]
+
+    @property
+    def batch_size(self) -> int:
+        """The batch size in force (a follower or the confirmation may change it between steps)."""
+        for holder in (self.follower, self.confirmation):
+            if holder is not None:
+                return int(holder.batch_size)
+        return self.choice.batch_size
+
+    @property
+    def frequency_hz(self) -> int:
+        """The frequency in force: the follower's, the confirmation's or the guard's after its
+        step-downs, else the choice's."""
+        for holder in (self.follower, self.confirmation, self.guard):
+            if holder is not None:
+                return int(holder.frequency_hz)
+        return self.choice.frequency_hz
+
+    def trained(self, result: FineTuneResult, state: State, board: str) -> Trained:
+        """The train step's outcome, with what the guard or the follower did."""
+        follower, method = self.follower, self.choice.method
+        if follower is None:
+            choice, guard = self.choice, self.guard
+            if self.confirmation is not None:  # the pair confirmed (or in force): what trained
+                choice, guard = replace(self.confirmation.pick, method=method), self.confirmation.guard
+                for s in self.confirmation.switches:
+                    log.info(SWITCHED, board, *s.old, s.measured_w, s.power_cap_w, *s.new, s.device_seconds)
+            downs = [] if guard is None else [e.to_dict() for e in guard.step_downs]
+            return Trained(result, state, board, choice, step_downs=downs, pinned=self.pinned)
+        cap = CapFollowed.of(follower)
+        # the pair it started with (from the events: a resumed run's first pick is its first run's)
+        e = next(e for e in cap.cap_events if e["kind"] in ("start", "resume"))
+        choice = Pick(e["new_batch_size"], e["new_frequency_hz"], e["predicted_remaining_s"], method=method)
+        downs = [e.to_dict() for e in follower.step_downs]
+        return Trained(result, state, board, choice, step_downs=downs, cap=cap, pinned=self.pinned)

@@ -1,0 +1,259 @@
+"""A round's profile step: the device's profile of the step that will train, cached, measured, or held
+to a share of the predicted training (`powerctl.profiling.budget`), and what the report says of it."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from fl_client.profile_cache import ProfileKey, cached_profile, lookup, same_kind_profiles, store
+from powerctl.devices.base import Device
+from powerctl.devices.boards import board_model, board_names
+from powerctl.devices.simulated import SimulatedBoard, predicted_profile
+from powerctl.errors import InfeasibleCapError
+from powerctl.profiling.budget import (
+    BOARD_MODEL,
+    FITTED,
+    PREDICTED,
+    ProfilingPlan,
+    ProfilingRequest,
+    completed,
+    confirmed_in_training,
+    profile_within_budget,
+    still_enough,
+)
+from powerctl.profiling.profiler import Profiler, StepFactory
+from powerctl.records.profile import Profile
+from powerctl.records.relation import RelationVector
+from powerctl.records.workload import Workload
+from powerctl.selection.baselines import board_fixed_frequency
+from powerctl.selection.capsource import CapSource
+from powerctl.selection.methods import method_named
+from powerfed.training.finetune_records import DEFAULT_MAX_EPOCHS
+from strategies.protocol import TrainInstructions
+from strategies.report import Profiling
+
+if TYPE_CHECKING:
+    from fl_client.round import RoundWork
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Profiled:
+    """What the profile step produced."""
+
+    profile: Profile
+    cached: bool
+    """Taken from the cache (or predicted): no device time spent on it this round."""
+    board: str
+    restored: str = ""
+    """The line said when the device was opened and found left pinned by a killed process."""
+    plan: ProfilingPlan | None = None
+    """A budgeted profile: what the client predicted and chose (None: the instructed order, or cached)."""
+
+    def outcome(self, power_aware: bool, stand_in: bool) -> Profiling:
+        """What the report says of this profile: its cost, charged only to the power-aware method for a
+        profile measured this round (the baselines do not profile; a stand-in trains nothing)."""
+        profile, plan, extra = self.profile, self.plan, self.profile.extra
+        charged = power_aware and not self.cached and not stand_in
+        seconds = float(profile.profiling_seconds or 0.0) if charged else 0.0
+        points = 0 if stand_in or confirmed_in_training(profile) else len(profile.points)
+        if plan is None:
+            way = "model" if extra.get("predicted") is True else str(extra.get("order") or "")
+            return Profiling(seconds, self.cached, points, way)
+        budget = (plan.predicted_from, plan.predicted_training_s, plan.budget_s, dict(plan.costs_s))
+        return Profiling(seconds, self.cached, points, plan.choice, *budget)
+
+
+def profile_order(instr: TrainInstructions, caps: CapSource) -> tuple[str, float | None]:
+    """(order, the cap the order stops at). The efficient order stops at the cap (no cap: the grid); the
+    fitted order predicts and confirms the choice for this cap; a cap that changes may rise above
+    today's, so it needs the whole grid."""
+    if not caps.is_constant:
+        return "grid", None
+    cap = caps.cap_at(0.0)
+    order = instr.profile_order if cap is not None or instr.profile_order == "fitted" else "grid"
+    return order, (cap if order in ("efficient", "fitted") else None)
+
+
+def budgeted(work: RoundWork) -> bool:
+    """Whether this round's profiling is held to a share of its predicted training: ours (no deadline:
+    energy under a deadline reads the whole profile) training under a constant cap (a cap that changes
+    needs the grid), with a budget set."""
+    instr = work.instr
+    return (
+        instr.profiling_budget > 0
+        and method_named(instr.method).power_aware
+        and not instr.deadline_s
+        and not instr.stand_in
+        and work.caps.is_constant
+        and work.train_examples is not None
+    )
+
+
+def measured_profile_step(work: RoundWork, relation: RelationVector) -> Profiled:
+    """The device's profile for this model, from the cache or measured now (and cached); a device
+    without a knob or a sensor is refused by the profiler with one line. Ours with a profiling budget
+    (`budgeted`) measures only what its predicted training pays for (`budgeted_profile`); a baseline on
+    a simulated board takes the board's model, measuring nothing (it is charged no profiling)."""
+    instr = work.instr
+    order, order_cap = profile_order(instr, work.caps)
+    fitted_relation = relation.as_map() if order == "fitted" else None
+    step = work.profiled_step()
+    with work.device() as dev:
+        key = ProfileKey(
+            device_kind=dev.profile_kind(),
+            model=step.model,
+            overrides=instr.overrides_text(),
+            num_classes=instr.num_classes,
+            input_shape=step.input_shape,
+            batch_sizes=tuple(relation.batch_sizes),
+            order=order,
+            power_cap_w=order_cap,
+            relation=None if fitted_relation is None else json.dumps(sorted(fitted_relation.items())),
+            samples=instr.profile_samples,
+            warmup_steps=instr.profile_warmup,
+            measure_steps=instr.profile_steps,
+            step=step.key,
+        )
+
+        def step_factory() -> tuple[Workload, StepFactory]:
+            # profiling trains: its own copy of the weights, so the round starts from the server's
+            return step.build(dev)
+
+        if budgeted(work):
+            return budgeted_profile(work, dev, key, relation, step_factory)
+        if not method_named(instr.method).power_aware and isinstance(dev, SimulatedBoard):
+            # a baseline is charged no profiling; on a simulated board the board's model is what its
+            # readings are drawn from: read, not measured (the paper's baselines do not profile)
+            model = _board_model(dev, step_factory()[0], relation, instr.profile_samples)
+            return Profiled(model, False, dev.board, dev.recovered or "")
+
+        def measure() -> Profile:
+            workload, make_step = step_factory()
+            return Profiler(
+                dev,
+                workload,
+                make_step,
+                samples=instr.profile_samples,
+                warmup_steps=instr.profile_warmup,
+                measure_steps=instr.profile_steps,
+            ).run(
+                relation.batch_sizes,
+                order=order,
+                power_cap_w=order_cap,
+                relation=fitted_relation,
+                progress=False,
+            )
+
+        profile, cached = cached_profile(key, measure, work.profile_cache)
+        return Profiled(profile, cached, dev.board, dev.recovered or "")
+
+
+def budgeted_profile(
+    work: RoundWork,
+    dev: Device,
+    key: ProfileKey,
+    relation: RelationVector,
+    step_factory: Callable[[], tuple[Workload, StepFactory]],
+) -> Profiled:
+    """Profiling that pays for itself (`powerctl.profiling.budget`): a profile cached for this board,
+    model and cap by any of the ways costs nothing; else one measured step predicts the training, and
+    the client profiles the most thorough way whose predicted cost is within `profiling-budget` of it —
+    the instructed order, the fitted order, or the predicted profile's choice confirmed. The predicted
+    profile: a simulated board's model; a real board's, a measured profile in the cache of the same
+    kind of board and model (completed by the fit), marked as such."""
+    instr, cap = work.instr, work.cap_at_start
+    rmap = json.dumps(sorted(relation.as_map().items()))
+    keys = {
+        key.order: key,
+        FITTED: replace(key, order=FITTED, power_cap_w=cap, relation=rmap),
+        PREDICTED: replace(key, order=PREDICTED, power_cap_w=cap, relation=f"{rmap} {instr.relation_rule}"),
+    }
+    restored = dev.recovered or ""
+    max_samples = instr.budget_samples or DEFAULT_MAX_EPOCHS * (work.train_examples or 0)
+    max_training_s = instr.budget_device_seconds or None
+    for way, way_key in keys.items():
+        profile = lookup(way_key, work.profile_cache)
+        enough = profile is not None and (
+            way != PREDICTED
+            or still_enough(
+                profile,
+                [key.order, FITTED],
+                relation,
+                cap,
+                instr.profiling_budget,
+                max_samples=max_samples,
+                max_training_s=max_training_s,
+                rule=instr.relation_rule,
+            )
+        )
+        if profile is not None and enough:
+            return Profiled(profile, True, dev.board, restored)
+    workload, make_step = step_factory()
+    prediction, source = _prediction(work, dev, key, workload, relation)
+    request = ProfilingRequest(
+        order=key.order,
+        order_cap_w=key.power_cap_w,
+        batch_sizes=relation.batch_sizes,
+        samples=instr.profile_samples,
+        power_cap_w=cap,
+        relation=relation,
+        share=instr.profiling_budget,
+        max_samples=max_samples,
+        max_training_s=max_training_s,
+        rule=instr.relation_rule,
+        warmup_steps=instr.profile_warmup,
+        measure_steps=instr.profile_steps,
+    )
+    profile, plan = profile_within_budget(
+        dev,
+        workload,
+        make_step,
+        request,
+        prediction=prediction,
+        predicted_from=source,
+        reference_hz=_reference_hz(dev, cap),
+    )
+    store(keys[plan.choice], profile, work.profile_cache)
+    if (why := plan.over_budget()) is not None:
+        log.warning("%s on %s: %s", work.settings.key, dev.board, why)
+    return Profiled(profile, False, dev.board, restored, plan)
+
+
+def _board_model(dev: SimulatedBoard, workload: Workload, relation: RelationVector, samples: int) -> Profile:
+    """A simulated board's model of the very step profiled, at the relation's batch sizes."""
+    return predicted_profile(dev.board, workload, relation.batch_sizes, samples)
+
+
+def _prediction(
+    work: RoundWork, dev: Device, key: ProfileKey, workload: Workload, relation: RelationVector
+) -> tuple[Profile | None, str]:
+    """The board's predicted profile and where it came from (None: nothing predicts this board)."""
+    if isinstance(dev, SimulatedBoard):
+        return _board_model(dev, workload, relation, work.instr.profile_samples), BOARD_MODEL
+    for path, measured in same_kind_profiles(key.device_kind, workload.to_dict(), work.profile_cache):
+        if (full := completed(measured, dev.frequencies())) is not None:
+            order = measured.extra.get("order")
+            return full, f"the {order} profile of a {key.device_kind} measured earlier ({path.name})"
+    return None, ""
+
+
+def _reference_hz(dev: Device, cap: float | None) -> int | None:
+    """Where one step is measured when nothing predicts the board: the state of practice's frequency
+    for the cap (safe for any model) where the board kind has one, else the lowest (None). A device
+    that may not be pinned has one frequency, the clock in force: measured there."""
+    if not dev.frequencies():
+        return None  # no knob: the profiler refuses it with one line
+    if cap is None or not dev.pins:
+        return dev.frequencies()[-1]
+    if dev.board not in board_names():
+        return None
+    try:
+        return board_fixed_frequency(board_model(dev.board), cap)
+    except InfeasibleCapError:
+        return None
