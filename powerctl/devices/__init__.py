@@ -18,20 +18,15 @@ from powerctl.files.mapping import Flag, Integer, Maybe, check_arguments
 __all__ = ["Device", "PowerSampler", "ThreadSampler", "check_spec", "open_device", "SPEC_HELP"]
 
 SPEC_HELP = "host, sim:jetson-nano, sim:jetson-tx2nx, jetson, jetson-nano, jetson-tx2nx, nvml:INDEX"
-SERVER_SPEC_HELP = f"{TORCH_SPEC_HELP}, or a board: {SPEC_HELP}"
-"""What a training command that runs on the coordinator takes (`fl-server pretrain --device`)."""
+SERVER_SPEC_HELP = f"{TORCH_SPEC_HELP}, or a board: {SPEC_HELP}"  # `fl-server pretrain --device`
 
 
 def open_device(spec: str, *, seed: int = 0, pin: bool | None = True) -> Device:
     """The device named by `spec`; an unknown spec is one DeviceError line listing the valid ones.
 
-    A board that a dead process left pinned (SIGKILL, OOM, power loss) is put back first, with one line
-    on stderr (kept in `Device.recovered`): every command and every client start goes through here.
-
-    `pin`: True, the device as it is (a pin this process may not make is `DevicePermissionError`);
-    False, the operator forbids pinning: the device at the clock in force (`powerctl.devices.unpinned`),
-    nothing written to it — not even putting back a dead process's pin (`powerctl freq --restore` does
-    that); None, pin where this process may (`Device.pin_refusal`), else the clock in force.
+    A board a dead process left pinned is put back first (said once, kept in `Device.recovered`).
+    `pin`: True, the device as it is; False, the device at the clock in force with nothing written to it
+    (`powerctl.devices.unpinned`); None, pin where this process may, else the clock in force.
     """
     from powerctl.devices.unpinned import unpinned
     from powerctl.files.mapping import MAX_SEED
@@ -57,10 +52,8 @@ def open_device(spec: str, *, seed: int = 0, pin: bool | None = True) -> Device:
 
 def check_spec(spec: str) -> tuple[str, str]:
     """(kind, argument) of a device spec as `open_device` reads it, checked without opening anything:
-    ("host", ""), ("sim", "jetson-nano"), ("jetson", "jetson" or "jetson-NAME"), ("nvml", "0"), ("torch",
-    "auto" / "cpu" / "cuda:0") for the host training on that torch device. An
-    unknown spec, an unknown simulated board or an NVML index that is not one is one DeviceError line;
-    whether this machine has that Jetson or GPU only opening it can say. A run's pre-flight calls it."""
+    ("host", ""), ("sim", "jetson-nano"), ("jetson", "jetson-NAME"), ("nvml", "0"), ("torch", "cuda:0").
+    An unknown spec, simulated board or NVML index is one DeviceError line."""
     spec = spec.strip()
     if spec == "host":
         return "host", ""

@@ -1,12 +1,6 @@
-"""A device whose GPU frequency this process may not change: profile and train at the clock in force.
-
-No permission (no root, a shared datacenter GPU) or an operator who forbids it (`powerctl profile
---no-pin`, node config `pin = false`): the frequency is the governor's, not ours. Wrapped here, the
-device offers one frequency — the clock in force (`Device.clock_in_force`) — so the profiler measures
-every batch size at it and the selection chooses the batch size alone under the cap; a pin at that
-clock is accepted and writes nothing, restoring writes nothing, and no board lock or record is taken.
-Everything else (sensor, clock, steps, memory) is the wrapped device's.
-"""
+"""A device whose GPU frequency this process may not change (no root, or `--no-pin` / `pin = false`):
+it offers one frequency, the clock in force, so the selection chooses the batch size alone; a pin at that
+clock writes nothing, and no lock or record is taken. Everything else is the wrapped device's."""
 
 from __future__ import annotations
 
@@ -20,11 +14,9 @@ from powerctl.records.workload import Workload
 
 T = TypeVar("T")
 
-log = logging.getLogger(__name__)
-"""`powerctl.devices.unpinned`: a device that profiles at the clock in force, and why (WARNING)."""
+log = logging.getLogger(__name__)  # a device that profiles at the clock in force, and why (WARNING)
 
-NOT_PINNED = "not pinned"
-"""What the frequency column says for a pair measured at the clock in force."""
+NOT_PINNED = "not pinned"  # the frequency column of a pair measured at the clock in force
 
 
 class UnpinnedDevice(Device):
@@ -55,8 +47,7 @@ class UnpinnedDevice(Device):
         return self._hz[0] if self._hz else None
 
     def profile_kind(self) -> str:
-        """Its own kind per clock in force: a profile at one clock is not a pinned board's grid, nor
-        valid at another clock (an operator who lowers max_freq)."""
+        """Its own kind per clock in force: a profile at one clock is not valid at another."""
         return f"{type(self.inner).__name__}-not-pinned-{self.clock_in_force()}Hz/{self.board}"
 
     def pin_frequency(self, hz: int) -> None:
@@ -141,12 +132,7 @@ class UnpinnedDevice(Device):
 def unpinned(inner: Device, reason: str) -> UnpinnedDevice:
     """`inner` at the clock in force, said once in a WARNING line (a command shows it on stderr)."""
     dev = UnpinnedDevice(inner, reason)
-    log.warning(
-        "%s: frequency %s (%s): profiling and training at the clock in force (%s); the batch size alone "
-        "is chosen under the cap, nothing is written to the device",
-        dev.spec,
-        NOT_PINNED,
-        reason,
-        dev._mhz(),
-    )
+    line = "%s: frequency %s (%s): profiling and training at the clock in force (%s); the batch size alone "
+    line += "is chosen under the cap, nothing is written to the device"
+    log.warning(line, dev.spec, NOT_PINNED, reason, dev._mhz())
     return dev
