@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from powerctl.cli.util import (
+    Bounded,
     OneLineParser,
     accuracy,
+    add_command,
     bounded_float,
     bounded_int,
     one_line_errors,
@@ -33,6 +35,8 @@ from powerfed.training.models import get_model_spec, model_names, option_ranges
 from strategies.settings_derived import flag
 
 PROG = "fl-server"
+RAW = argparse.RawDescriptionHelpFormatter
+"""A command's description and example as written (their lines are laid out)."""
 
 # the ranges of the numeric flags (each flag's help names its own; the run settings' are theirs)
 SEQ_LEN = bounded_int(1, MAX_SEQ_LEN)
@@ -43,6 +47,61 @@ LR = bounded_float(0.0, 10.0)
 """A learning rate above 10 diverges with Adam and with SGD alike."""
 THREADS = bounded_int(1, 1024)
 DATA_HELP = "dataset spec, one of: " + ", ".join(SPECS) + " (docs/reference/node-config.md)"
+RUN_FLAGS: dict[str, tuple[str, str, str | None, str]] = {
+    "--batch-sizes": ("batch_sizes", "batch_sizes", "B,B,...", "batch sizes, comma-separated"),
+    "--seeds": (
+        "seeds",
+        "relation_seeds",
+        "S,S,...",
+        "seeds per batch size; samples_to_target is their mean",
+    ),
+    "--max-seeds": (
+        "max_seeds",
+        "relation_max_seeds",
+        "N",
+        "add seeds one at a time, up to N in all, until the ranking of batch sizes is stable (0: none)",
+    ),
+    "--lr-rule": (
+        "lr_rule",
+        "lr_rule",
+        "{" + ",".join(LR_RULES) + "}",
+        "how the learning rate scales from the largest batch size",
+    ),
+    "--vector": (
+        "vector",
+        "relation_values",
+        "{" + ",".join(VECTORS) + "}",
+        "samples_to_target: the seeds' means (raw) or the batch-efficiency fit",
+    ),
+    "--lr-max": ("lr_max", "lr_max", None, "learning rate of the largest batch size"),
+    "--max-samples": (
+        "max_samples",
+        "relation_max_samples",
+        None,
+        "give up on a batch size after this many samples",
+    ),
+    "--eval-every": (
+        "eval_every_samples",
+        "eval_every_samples",
+        "N",
+        "evaluate every N training samples at most; a run that crosses the target within fewer than 8 "
+        "evaluations is run again more often",
+    ),
+    "--eval-max-samples": (
+        "eval_max_samples",
+        "eval_max_samples",
+        "N",
+        "evaluate on at most this many test samples, a fixed subset",
+    ),
+    "--data-seed": (
+        "data_seed",
+        "proxy_seed",
+        None,
+        "seed of the proxy data: generated data, image train/test split",
+    ),
+}
+"""`fl-server relation`'s flags that are run settings: flag → (its `RelationSettings` field or the
+call's argument, the run setting whose default and check it takes, metavar, help)."""
 
 PRETRAIN_EPILOG = """\
 example (a small character transformer on WikiText-2; a few minutes on 2 CPU cores):
@@ -84,6 +143,11 @@ def _key_value(text: str) -> tuple[str, Any]:
     return key, value
 
 
+def _bounded(p: Any, name: str, kind: Bounded, help: str, default: Any = None) -> None:
+    """A numeric flag read by `kind`, its range named in its help."""
+    p.add_argument(name, type=kind, default=default, help=kind.help(help))
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",
@@ -92,46 +156,24 @@ def _common(p: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help=f"model name: {', '.join(model_names())}",
     )
-    p.add_argument(
-        "--seq-len",
-        type=SEQ_LEN,
-        default=None,
-        help=SEQ_LEN.help("text only: characters per sample (default: the model's context, 64)"),
-    )
-    p.add_argument(
-        "--limit",
-        type=SAMPLES,
-        default=None,
-        help=SAMPLES.help("use at most this many samples of the dataset (default: all)"),
-    )
-    p.add_argument(
-        "--threads",
-        type=THREADS,
-        default=None,
-        help=THREADS.help(
-            "torch CPU threads (default: torch's choice; 1 is often fastest on a busy machine)"
-        ),
-    )
-    p.add_argument(
-        "--device",
-        metavar="DEVICE",
-        **flag("server-device", "where to train: auto (a GPU where torch sees one), cpu, cuda, cuda:INDEX"),
-    )
+    _bounded(p, "--seq-len", SEQ_LEN, "text only: characters per sample (default: the model's context, 64)")
+    _bounded(p, "--limit", SAMPLES, "use at most this many samples of the dataset (default: all)")
+    threads = "torch CPU threads (default: torch's choice; 1 is often fastest on a busy machine)"
+    _bounded(p, "--threads", THREADS, threads)
+    where = "where to train: auto (a GPU where torch sees one), cpu, cuda, cuda:INDEX"
+    p.add_argument("--device", metavar="DEVICE", **flag("server_device", where))
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
 
 
 def _add_pretrain(sub: Any) -> None:
-    """pretrain: the starting weights, trained from a seeded initialisation on a public dataset."""
-    pre = sub.add_parser(
-        "pretrain",
-        help="train a model on a public dataset; write weights + report",
-        description="Train MODEL from a seeded initialisation on a dataset (split into train/test,\n"
-        "80/20 for images, 90/10 for text) for a sample or epoch budget; save the weights (safetensors)\n"
-        "and a JSON report with the final test accuracy. The weights are the starting point of\n"
-        "'fl-server relation' and of the devices' fine-tuning.",
-        epilog=PRETRAIN_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    """train a model on a public dataset; write weights + report
+
+    Train MODEL from a seeded initialisation on a dataset (split into train/test,
+    80/20 for images, 90/10 for text) for a sample or epoch budget; save the weights (safetensors)
+    and a JSON report with the final test accuracy. The weights are the starting point of
+    'fl-server relation' and of the devices' fine-tuning.
+    """
+    pre = add_command(sub, "pretrain", _add_pretrain.__doc__, epilog=PRETRAIN_EPILOG, formatter_class=RAW)
     _common(pre)
     pre.add_argument("--data", required=True, metavar="SPEC", help=DATA_HELP)
     pre.add_argument(
@@ -143,30 +185,13 @@ def _add_pretrain(sub: Any) -> None:
         "stem + .report.json",
     )
     budget = pre.add_mutually_exclusive_group()
-    budget.add_argument("--samples", type=SAMPLES, help=SAMPLES.help("training samples to process"))
-    budget.add_argument(
-        "--epochs",
-        type=EPOCHS,
-        help=EPOCHS.help("passes over the train split, at least one batch (default: 1)"),
-    )
-    pre.add_argument(
-        "--batch-size", type=BATCH_SIZE, default=64, help=BATCH_SIZE.help("default: %(default)s")
-    )
-    pre.add_argument(
-        "--lr",
-        type=LR,
-        default=1e-3,
-        help=LR.help("learning rate, Adam (images) / AdamW (text) (default: %(default)s)"),
-    )
-    pre.add_argument(
-        "--eval-max-samples",
-        type=SAMPLES,
-        default=DEFAULT_EVAL_MAX_SAMPLES,
-        help=SAMPLES.help(
-            "evaluate on at most this many test samples, a fixed subset (default: %(default)s)"
-        ),
-    )
-    pre.add_argument("--seed", **flag("pretrain-seed", "initialisation, split and order seed"))
+    _bounded(budget, "--samples", SAMPLES, "training samples to process")
+    _bounded(budget, "--epochs", EPOCHS, "passes over the train split, at least one batch (default: 1)")
+    _bounded(pre, "--batch-size", BATCH_SIZE, "default: %(default)s", 64)
+    _bounded(pre, "--lr", LR, "learning rate, Adam (images) / AdamW (text) (default: %(default)s)", 1e-3)
+    fixed = "evaluate on at most this many test samples, a fixed subset (default: %(default)s)"
+    _bounded(pre, "--eval-max-samples", SAMPLES, fixed, DEFAULT_EVAL_MAX_SAMPLES)
+    pre.add_argument("--seed", **flag("pretrain_seed", "initialisation, split and order seed"))
     pre.add_argument(
         "--set",
         dest="overrides",
@@ -180,16 +205,13 @@ def _add_pretrain(sub: Any) -> None:
 
 
 def _add_relation(sub: Any) -> None:
-    """relation: the relation vector, one fine-tune per batch size (and seed) on a proxy dataset."""
-    rel = sub.add_parser(
-        "relation",
-        help="estimate the relation vector on a proxy dataset; write relation JSON",
-        description="Fine-tune the same starting weights on a proxy dataset once per batch size (and seed)\n"
-        "until the target accuracy, and write the relation vector (powerctl.relation/1) that devices use\n"
-        "to choose their batch size.",
-        epilog=RELATION_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    """estimate the relation vector on a proxy dataset; write relation JSON
+
+    Fine-tune the same starting weights on a proxy dataset once per batch size (and seed)
+    until the target accuracy, and write the relation vector (powerctl.relation/1) that devices use
+    to choose their batch size.
+    """
+    rel = add_command(sub, "relation", _add_relation.__doc__, epilog=RELATION_EPILOG, formatter_class=RAW)
     _common(rel)
     rel.add_argument(
         "--weights",
@@ -208,54 +230,8 @@ def _add_relation(sub: Any) -> None:
     rel.add_argument("--out", required=True, type=output_path, metavar="PATH", help="relation JSON to write")
     # the flags that are run settings take the run's default and check (strategies.settings): with
     # none given, this writes the vector the ServerApp estimates on the same proxy and target
-    rel.add_argument(
-        "--batch-sizes", metavar="B,B,...", **flag("batch-sizes", "batch sizes, comma-separated")
-    )
-    rel.add_argument(
-        "--seeds",
-        metavar="S,S,...",
-        **flag("relation-seeds", "seeds per batch size; samples_to_target is their mean"),
-    )
-    rel.add_argument(
-        "--max-seeds",
-        metavar="N",
-        **flag(
-            "relation-max-seeds",
-            "add seeds one at a time, up to N in all, until the ranking of batch sizes is stable (0: none)",
-        ),
-    )
-    rel.add_argument(
-        "--lr-rule",
-        metavar="{" + ",".join(LR_RULES) + "}",
-        **flag("lr-rule", "how the learning rate scales from the largest batch size"),
-    )
-    rel.add_argument(
-        "--vector",
-        metavar="{" + ",".join(VECTORS) + "}",
-        **flag("relation-values", "samples_to_target: the seeds' means (raw) or the batch-efficiency fit"),
-    )
-    rel.add_argument("--lr-max", **flag("lr-max", "learning rate of the largest batch size"))
-    rel.add_argument(
-        "--max-samples", **flag("relation-max-samples", "give up on a batch size after this many samples")
-    )
-    rel.add_argument(
-        "--eval-every",
-        metavar="N",
-        **flag(
-            "eval-every-samples",
-            "evaluate every N training samples at most; a run that crosses the target within fewer "
-            "than 8 evaluations is run again more often",
-        ),
-    )
-    rel.add_argument(
-        "--eval-max-samples",
-        metavar="N",
-        **flag("eval-max-samples", "evaluate on at most this many test samples, a fixed subset"),
-    )
-    rel.add_argument(
-        "--data-seed",
-        **flag("proxy-seed", "seed of the proxy data: generated data, image train/test split"),
-    )
+    for name, (dest, setting, metavar, help) in RUN_FLAGS.items():
+        rel.add_argument(name, dest=dest, metavar=metavar, **flag(setting, help))  # None: argparse's
     rel.add_argument(
         "--cache-dir",
         type=Path,
@@ -264,12 +240,7 @@ def _add_relation(sub: Any) -> None:
     )
     rel.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
     rel.add_argument("--parallel", action="store_true", help="run batch sizes as parallel Ray tasks")
-    rel.add_argument(
-        "--cpus",
-        type=THREADS,
-        default=None,
-        help=THREADS.help("CPUs for --parallel (default: one per run, at most the machine's)"),
-    )
+    _bounded(rel, "--cpus", THREADS, "CPUs for --parallel (default: one per run, at most the machine's)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -326,19 +297,8 @@ def _relation(args: argparse.Namespace) -> int:
     check_output_file(args.out)
     if args.cache_dir is not None and not args.no_cache:
         check_output_dir(args.cache_dir, "--cache-dir")
-    settings = RelationSettings(
-        seeds=args.seeds,
-        lr_max=args.lr_max,
-        lr_rule=args.lr_rule,
-        max_seeds=args.max_seeds,
-        vector=args.vector,
-        max_samples=args.max_samples,
-        eval_every_samples=args.eval_every,
-        eval_max_samples=args.eval_max_samples,
-        seq_len=args.seq_len,
-        limit=args.limit,
-        data_seed=args.data_seed,
-    )
+    given = {dest: getattr(args, dest) for dest, *_ in RUN_FLAGS.values() if dest != "batch_sizes"}
+    settings = RelationSettings(**given, seq_len=args.seq_len, limit=args.limit)
     how = RelationCompute(
         cache_dir=args.cache_dir,
         use_cache=not args.no_cache,

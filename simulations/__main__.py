@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from powerctl.cli.util import (
     OneLineParser,
     accuracy,
+    add_command,
     bounded_int,
     one_line_errors,
     positive_float,
@@ -39,39 +40,24 @@ def build_parser() -> argparse.ArgumentParser:
     _add_demo(sub)
     _add_run(sub)
     _flwr_add_run(sub)
-    k = sub.add_parser(
-        "stop-superlink",
-        help="stop the local SuperLink that `flwr run .` leaves running (by process id)",
-        description="Find the process listening on --port (the local SuperLink's HTTP port, 39091 unless "
-        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT moves it) and, when it is a local SuperLink that `flwr run` "
-        "started (a Python running flower-superlink --simulation with its log in its own Flower home), "
-        "stop it with every process it started, by process id. Anything else on the port is one line "
-        "naming it (exit 2), nothing stopped. Nothing listening is not an error.",
-    )
-    k.add_argument("--port", type=tcp_port, default=39091, help="default 39091")
-    sub.add_parser(
-        "ray-check",
-        help="say which Ray cluster `flwr run` would join; exit 2 if it is dead",
-        description="Resolve the cluster Ray's `ray.init()` joins (RAY_ADDRESS, else the address the last "
-        "`ray start --head` recorded in RAY_TMPDIR/ray/ray_current_cluster, default /tmp/ray) and try a TCP "
-        "connect to it (1 s). Prints the cluster that will be used, or one line saying what is dead and what "
-        "to do (exit 2): Ray would otherwise wait for a dead cluster forever.",
-    )
+    stop = add_command(sub, "stop-superlink", stop_superlink.__doc__)
+    stop.add_argument("--port", type=tcp_port, default=39091, help="default 39091")
+    add_command(sub, "ray-check", ray_check.__doc__)
     return p
 
 
 def _add_demo(sub: Any) -> None:
+    """one simulated board: the method against state-of-practice, proxy-batch and oracle
+
+    Pre-train, estimate the relation vector on proxy data, profile a simulated board, select (batch size,
+    frequency) under the cap, then fine-tune the target data with the method and each baseline and compare
+    measured device time. Writes results.json and plots into --out.
+    """
     from simulations.demo_config import DEMO_RUN, DemoConfig
 
     d = DemoConfig()
     model = DEMO_RUN["model"]
-    s = sub.add_parser(
-        "demo",
-        help="one simulated board: the method against state-of-practice, proxy-batch and oracle",
-        description="Pre-train, estimate the relation vector on proxy data, profile a simulated board, "
-        "select (batch size, frequency) under the cap, then fine-tune the target data with the method and "
-        "each baseline and compare measured device time. Writes results.json and plots into --out.",
-    )
+    s = add_command(sub, "demo", _add_demo.__doc__)
     s.add_argument("--out", type=output_path, required=True, help="output folder (results.json, plots/)")
     s.add_argument("--device", default=d.device, help=f"simulated board (default {d.device})")
     s.add_argument("--model", default=model, help=f"model name (default {model})")
@@ -85,20 +71,19 @@ def _add_demo(sub: Any) -> None:
 
 
 def _add_run(sub: Any) -> None:
+    """a fleet file on Flower's simulation engine (Ray), every method side by side
+
+    Run the fleet of FLEET.yaml under each method (ours, state-of-practice, proxy-batch, oracle) from the
+    same weights, data and seeds, on Flower's simulation engine on Ray. Writes DIR/results.json,
+    DIR/summary.txt and DIR/plots/. With N seeds (--seeds, or the file's seeds.count), once per seed into
+    DIR/seed-K/, and DIR/results.json and DIR/summary.txt summarise the seeds.
+    """
     from powerctl.selection.methods import RUN_METHODS
     from simulations.fleet import MAX_SEEDS
     from strategies.settings import METHODS
 
     seed_count = bounded_int(1, MAX_SEEDS, "seed_count")
-    r = sub.add_parser(
-        "run",
-        help="a fleet file on Flower's simulation engine (Ray), every method side by side",
-        description="Run the fleet of FLEET.yaml under each method (ours, state-of-practice, proxy-batch, "
-        "oracle) from the same weights, data and seeds, on Flower's simulation engine on Ray. Writes "
-        "DIR/results.json, DIR/summary.txt and DIR/plots/. With N seeds (--seeds, or the file's "
-        "seeds.count), once per seed into DIR/seed-K/, and DIR/results.json and DIR/summary.txt "
-        "summarise the seeds.",
-    )
+    r = add_command(sub, "run", _add_run.__doc__)
     r.add_argument("fleet", type=Path, help="the fleet file (see simulations/fleets/default.yaml)")
     r.add_argument(
         "--out", type=output_path, help="output folder (default: runs/fleet-NAME, NAME the fleet file's)"
@@ -126,15 +111,15 @@ def _add_run(sub: Any) -> None:
 
 
 def _flwr_add_run(sub: Any) -> None:
-    f = sub.add_parser(
-        "flwr-run",
-        help="what `make run` runs: `flwr run .` on N virtual nodes, checked first, stopped whole at exit",
-        description="Check the number of nodes and the run config (Flower's own syntax, keys and values as "
-        "the ServerApp reads them) before anything starts, then run `flwr run . --stream` with a private "
-        "Flower home, its output copied to --log. On every way out (the end, an error, Ctrl-C, SIGTERM) "
-        "the local SuperLink, the simulation and Ray are stopped by process id and group. Exit 0 only "
-        "when the run ended with its results line, which is repeated last.",
-    )
+    """what `make run` runs: `flwr run .` on N virtual nodes, checked first, stopped whole at exit
+
+    Check the number of nodes and the run config (Flower's own syntax, keys and values as the ServerApp
+    reads them) before anything starts, then run `flwr run . --stream` with a private Flower home, its
+    output copied to --log. On every way out (the end, an error, Ctrl-C, SIGTERM) the local SuperLink, the
+    simulation and Ray are stopped by process id and group. Exit 0 only when the run ended with its
+    results line, which is repeated last.
+    """
+    f = add_command(sub, "flwr-run", _flwr_add_run.__doc__)
     f.add_argument("--nodes", type=int, default=4, help="virtual nodes (default 4)")
     f.add_argument(
         "--run-config",
@@ -159,11 +144,35 @@ def _flwr_add_run(sub: Any) -> None:
     )
 
 
-def ray_check() -> int:
-    """Print the cluster a new local SuperLink's simulation would join, and whether one already runs.
+def stop_superlink(port: int) -> int:
+    """stop the local SuperLink that `flwr run .` leaves running (by process id)
 
-    A running local SuperLink keeps the environment (RAY_ADDRESS) it was started with, and `flwr run`
-    reuses it: then this shell's RAY_ADDRESS does not matter."""
+    Find the process listening on --port (the local SuperLink's HTTP port, 39091 unless
+    FLWR_LOCAL_SUPERLINK_HTTP_API_PORT moves it) and, when it is a local SuperLink that `flwr run` started
+    (a Python running flower-superlink --simulation with its log in its own Flower home), stop it with
+    every process it started, by process id. Anything else on the port is one line naming it (exit 2),
+    nothing stopped. Nothing listening is not an error.
+    """
+    from simulations.local_superlink import stop_local_superlink
+
+    stopped = stop_local_superlink(port)
+    if stopped:
+        print(f"stopped the local SuperLink on port {port} (pids {', '.join(map(str, stopped))})")
+    else:
+        print(f"nothing listens on port {port}: nothing to stop")
+    return 0
+
+
+def ray_check() -> int:
+    """say which Ray cluster `flwr run` would join; exit 2 if it is dead
+
+    Resolve the cluster Ray's `ray.init()` joins (RAY_ADDRESS, else the address the last `ray start --head`
+    recorded in RAY_TMPDIR/ray/ray_current_cluster, default /tmp/ray) and try a TCP connect to it (1 s).
+    Prints the cluster that will be used, or one line saying what is dead and what to do (exit 2): Ray
+    would otherwise wait for a dead cluster forever.
+    """
+    # a running local SuperLink keeps the environment (RAY_ADDRESS) it was started with, and `flwr run`
+    # reuses it: then this shell's RAY_ADDRESS does not matter (said below)
     from simulations.local_superlink import pids_listening_on
     from simulations.ray_cluster import find_target
 
@@ -293,22 +302,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "flwr-run":
         return flwr_run_command(args)
     if args.command == "stop-superlink":
-        from simulations.local_superlink import stop_local_superlink
-
-        stopped = stop_local_superlink(args.port)
-        if stopped:
-            print(f"stopped the local SuperLink on port {args.port} (pids {', '.join(map(str, stopped))})")
-        else:
-            print(f"nothing listens on port {args.port}: nothing to stop")
-        return 0
+        return stop_superlink(args.port)
     if args.command == "ray-check":
         return ray_check()
     from simulations.demo import quiet, run_demo, say_on_stderr, summary_table
     from simulations.demo_config import DemoConfig
 
-    run = {"model": args.model}
+    run = {"model": args.model}  # run settings by their attribute (DemoConfig.run_config: their keys)
     if args.target_accuracy is not None:
-        run["target-accuracy"] = args.target_accuracy
+        run["target_accuracy"] = args.target_accuracy
     cfg = DemoConfig(device=args.device, power_cap_w=args.power_cap, run=run)
     results = run_demo(cfg, args.out, quiet if args.quiet else say_on_stderr)
     print(summary_table(results))

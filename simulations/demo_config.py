@@ -11,27 +11,30 @@ if TYPE_CHECKING:
 
 DEMO_RUN = {
     "model": "resnet18-small",
-    "relation-seeds": "0",
-    "relation-max-samples": 6000,
-    "checkpoint-every-samples": 0,
+    "relation_seeds": "0",
+    "relation_max_samples": 6000,
+    "checkpoint_every_samples": 0,
 }
-"""The demo's run settings where they differ from the app's defaults: a small ResNet, one proxy seed
-(minutes on 2 cores), no checkpoints (nothing restarts it)."""
+"""The demo's run settings where they differ from the app's defaults, by their attribute: a small ResNet,
+one proxy seed (minutes on 2 cores), no checkpoints (nothing restarts it)."""
 DEMO_NODE = "demo"
 """The one node's name (its simulated board's noise seed derives from it, as every node's does)."""
 
 
 @dataclass(frozen=True)
 class DemoConfig:
-    """One simulated board under a cap, and the run settings (run-config keys, over `DEMO_RUN` and the
-    app's defaults) its round uses."""
+    """One simulated board under a cap, and the run settings (by attribute or run-config key, over
+    `DEMO_RUN` and the app's defaults) its round uses."""
 
     device: str = "sim:jetson-nano"
     power_cap_w: float | None = 3.0
     run: dict[str, Any] = field(default_factory=dict)
 
     def run_config(self) -> dict[str, Any]:
-        return {**DEMO_RUN, **self.run}
+        """`DEMO_RUN` under `run`, as a run config (its keys)."""
+        from strategies.settings import key_of
+
+        return {key_of(name): value for given in (DEMO_RUN, self.run) for name, value in given.items()}
 
     def settings(self) -> ServerConfig:
         from fl_server.run_config import parse_server_config

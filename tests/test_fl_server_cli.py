@@ -83,8 +83,29 @@ def test_relation_flags_that_are_run_settings_default_and_check_as_the_run_does(
     assert args.batch_sizes == run.batch_size_list() and args.seeds == run.seeds()
     assert (args.lr_max, args.lr_rule, args.vector) == (run.lr_max, run.lr_rule, run.relation_values)
     assert (args.max_samples, args.max_seeds) == (run.relation_max_samples, run.relation_max_seeds)
-    assert (args.eval_every, args.eval_max_samples) == (run.eval_every_samples, run.eval_max_samples)
+    assert (args.eval_every_samples, args.eval_max_samples) == (run.eval_every_samples, run.eval_max_samples)
     assert args.data_seed == run.proxy_seed
+
+
+def test_the_commands_and_the_estimate_name_run_settings_by_attribute() -> None:
+    """fl-server's and the simulations' commands, the demo's settings and the relation estimate read a
+    run setting through its declaration (its attribute, `flag`, `key_of`): none spells a run-config key,
+    so a renamed key changes its declaration alone."""
+    import ast
+
+    from strategies.settings import SETTINGS
+
+    root = Path(__file__).resolve().parents[1]
+    files = ["fl_server/cli.py", "simulations/__main__.py", "simulations/demo_config.py"]
+    files += sorted(str(p.relative_to(root)) for p in (root / "fl_server" / "relation").glob("*.py"))
+    keys = {key for key in SETTINGS if "-" in key}
+    spelled = {
+        (name, node.value)
+        for name in files
+        for node in ast.walk(ast.parse((root / name).read_text(encoding="utf-8")))
+        if isinstance(node, ast.Constant) and node.value in keys
+    }
+    assert not spelled
 
 
 def test_pretrain_then_relation_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

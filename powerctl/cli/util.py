@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import errno
 import functools
+import inspect
 import io
 import json
 import logging
@@ -294,6 +295,17 @@ class Bounded:
         if text.endswith(")"):
             return f"{text[:-1]}; {self.range})"
         return f"{text} ({self.range})"
+
+
+def add_command(sub: Any, name: str, text: str | None, **kwargs: Any) -> argparse.ArgumentParser:
+    """Subcommand `name` of `sub` (an `add_subparsers`), told by `text`, a docstring: its first paragraph
+    is the command's line in the list of commands, the rest its own description (as written where
+    `formatter_class=argparse.RawDescriptionHelpFormatter`)."""
+    short, _, long = inspect.cleandoc(text or "").partition("\n\n")
+    parser: argparse.ArgumentParser = sub.add_parser(
+        name, help=" ".join(short.split()), description=long or None, **kwargs
+    )
+    return parser
 
 
 def bounded_int(minimum: int, maximum: int, name: str = "int") -> Bounded:
