@@ -40,12 +40,10 @@ from profiling_cost import (
     BATCH_SIZES,
     CAPS_W,
     MEASURE_STEPS,
-    MODEL_SHAPE,
-    NOMINAL_TARGET,
-    SHAPES,
     WARMUP_STEPS,
     _noop_step,
     profile_board,
+    relation_for,
 )
 
 from powerctl.devices.boards import board_model
@@ -69,33 +67,22 @@ def _board(board: str, seed: int, scale: float) -> SimulatedBoard:
 
 
 def _budgeted(
-    board: str,
+    dev: SimulatedBoard,
     workload: Workload,
-    seed: int,
-    scale: float,
     cap: float | None,
     rel: RelationVector,
     share: float,
-    prediction: Profile,
+    truth: Profile,
 ) -> tuple[Profile, str]:
+    """What a client with `profiling-budget` `share` profiles (the board model's profile its prediction),
+    and the way it chose."""
     request = ProfilingRequest(
-        order="efficient" if cap is not None else "grid",
-        order_cap_w=cap,
-        batch_sizes=BATCH_SIZES,
-        samples=round(rel.samples_to_target[-1]),
-        power_cap_w=cap,
-        relation=rel,
-        share=share,
-        warmup_steps=WARMUP_STEPS,
-        measure_steps=MEASURE_STEPS,
-    )
+        order="efficient" if cap is not None else "grid", order_cap_w=cap, batch_sizes=BATCH_SIZES,
+        samples=round(rel.samples_to_target[-1]), power_cap_w=cap, relation=rel, share=share,
+        warmup_steps=WARMUP_STEPS, measure_steps=MEASURE_STEPS,
+    )  # fmt: skip
     profile, plan = profile_within_budget(
-        _board(board, seed, scale),
-        workload,
-        _noop_step,
-        request,
-        prediction=prediction,
-        predicted_from="the board model",
+        dev, workload, _noop_step, request, prediction=truth, predicted_from="the board model"
     )
     return profile, plan.choice
 
@@ -128,24 +115,10 @@ def _confirmed(
     return confirm.batch_size, confirm.frequency_hz, seconds, share
 
 
-def _relation(model: str, samples_to_target: float) -> RelationVector:
-    """bench/paper_tables.py's shape for the model's task (vision for the ResNets and MobileNetV2),
-    scaled so the best batch size needs `samples_to_target` samples."""
-    kind = MODEL_SHAPE.get(model, "vision")
-    scaled = {b: s * samples_to_target for b, s in SHAPES[kind].items()}
-    return RelationVector.from_samples(model, f"paper_tables:{kind}", NOMINAL_TARGET, scaled)
-
-
 def _row(
-    cell: dict[str, Any],
-    way: str,
-    share: float | None,
-    profiling_s: float,
-    b: int,
-    hz: int,
-    how: str,
+    cell: dict[str, Any], way: str, share: float | None, profiling_s: float, b: int, hz: int, how: str,
     confirmation: tuple[float, float] = (0.0, 0.0),
-) -> dict[str, Any]:
+) -> dict[str, Any]:  # fmt: skip
     """One way's row; `confirmation`: (seconds, share of the way to the target) trained by the steps
     that confirmed the pair in training, the rest trained at (b, hz)."""
     truth: Profile = cell["truth"]
@@ -176,7 +149,7 @@ def _cell_rows(
         ("fitted", None, profile_board(_board(board, seed, scale), workload, "fitted", cap, rel), ""),
     ]
     for share in shares:
-        prof, how = _budgeted(board, workload, seed, scale, cap, rel, share, truth)
+        prof, how = _budgeted(_board(board, seed, scale), workload, cap, rel, share, truth)
         runs.append(("budgeted", share, prof, how))
     for way, way_share, prof, how in runs:
         try:
@@ -200,7 +173,7 @@ def run(
     for model in models:
         workload = model_workload(model, build_model(model, seed=0))
         for task, samples in tasks.items():
-            rel = _relation(model, samples)
+            rel = relation_for(model, samples)
             n = round(rel.samples_to_target[-1])
             for board in CAPS_W:
                 truth = predicted_profile(board, workload, BATCH_SIZES, n)  # noise-free, as modelled
@@ -211,17 +184,8 @@ def run(
                         continue
                     for variant, scale in zip(VARIANTS, (1.0, off_model), strict=True):
                         for seed in seeds:
-                            cell = {
-                                "model": model,
-                                "task": task,
-                                "board": board,
-                                "cap": cap,
-                                "variant": variant,
-                                "seed": seed,
-                                "truth": truth,
-                                "r": rel.as_map(),
-                                "scale": scale,
-                            }
+                            cell = dict(model=model, task=task, board=board, cap=cap, variant=variant,
+                                        seed=seed, truth=truth, r=rel.as_map(), scale=scale)  # fmt: skip
                             rows += _cell_rows(cell, workload, rel, shares, sop_hz)
     for row in rows:
         row["total_s"] = row["profiling_s"] + row["train_s"]

@@ -34,12 +34,15 @@ How it is made (printed again):
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
+
+from bench_common import mean_std
 
 from powerctl.devices.simulated import SimulatedBoard
 from powerctl.errors import InfeasibleCapError
@@ -55,7 +58,6 @@ NOMINAL_TARGET = 0.5
 shape of samples to target over batch sizes (bench/paper_tables.py's), never the target."""
 CAPS_W = {"jetson-nano": (3.0, 4.0, 5.0), "jetson-tx2nx": (3.5, 5.0, 6.5)}
 """The paper tables' two caps per board (bench/paper_tables.py) and one higher."""
-ORDERS = ("grid", "efficient", "fitted")
 REMEASURE_SEED = 1000
 """`grid again`: the grid measured once more on the same board with other noise (seed + this): the regret
 that measurement noise alone causes, the floor any order that measures can reach."""
@@ -76,11 +78,12 @@ def _noop_step(batch_size: int) -> Callable[[], None]:
     return lambda: None
 
 
-def _relation(model: str, samples_to_target: float) -> RelationVector:
-    shape = SHAPES[MODEL_SHAPE[model]]
-    scaled = {b: s * samples_to_target for b, s in shape.items()}
-    # the shape alone is used; the record's target must be in (0, 1] (NOMINAL_TARGET: not read here)
-    return RelationVector.from_samples(model, f"paper_tables:{MODEL_SHAPE[model]}", NOMINAL_TARGET, scaled)
+def relation_for(model: str, samples_to_target: float) -> RelationVector:
+    """bench/paper_tables.py's shape for the model's task (vision for a model not named), scaled so the
+    best batch size needs `samples_to_target` samples."""
+    kind = MODEL_SHAPE.get(model, "vision")
+    scaled = {b: s * samples_to_target for b, s in SHAPES[kind].items()}
+    return RelationVector.from_samples(model, f"paper_tables:{kind}", NOMINAL_TARGET, scaled)
 
 
 def profile_board(
@@ -93,35 +96,13 @@ def profile_board(
 ) -> Profile:
     """`dev` profiled in `order` with no-op steps (the board charges the model's cost): the cap is the
     order's (none for the grid), the relation and margin the fitted order's."""
-    return Profiler(
-        dev,
-        workload,
-        _noop_step,
-        samples=round(relation.samples_to_target[-1]),
-        warmup_steps=WARMUP_STEPS,
-        measure_steps=MEASURE_STEPS,
-    ).run(
-        BATCH_SIZES,
-        order=order,
-        power_cap_w=cap if order != "grid" else None,
-        relation=relation.as_map() if order == "fitted" else None,
-        margin=margin,
-        progress=False,
+    samples = round(relation.samples_to_target[-1])
+    profiler = Profiler(
+        dev, workload, _noop_step, samples=samples, warmup_steps=WARMUP_STEPS, measure_steps=MEASURE_STEPS
     )
-
-
-def _profile(
-    board: str,
-    workload: Workload,
-    seed: int,
-    order: str,
-    cap: float | None,
-    relation: RelationVector,
-    margin: float,
-    noise: bool = True,
-) -> Profile:
-    return profile_board(
-        SimulatedBoard.open(board, seed=seed, noise=noise), workload, order, cap, relation, margin
+    cap, fit = (cap if order != "grid" else None), (relation.as_map() if order == "fitted" else None)
+    return profiler.run(
+        BATCH_SIZES, order=order, power_cap_w=cap, relation=fit, margin=margin, progress=False
     )
 
 
@@ -133,10 +114,13 @@ def run(
     rows = []
     for model in models:
         workload = model_workload(model, build_model(model, seed=0))
-        relation = _relation(model, samples_to_target)
+        relation = relation_for(model, samples_to_target)
         r = relation.as_map()
         for board in CAPS_W:
-            grids = {s: _profile(board, workload, s, "grid", None, relation, margin, noise) for s in seeds}
+            opened = functools.partial(SimulatedBoard.open, board, noise=noise)
+            grids = {
+                s: profile_board(opened(seed=s), workload, "grid", None, relation, margin) for s in seeds
+            }
             for cap in CAPS_W[board]:
                 for seed in seeds:
                     grid = grids[seed]
@@ -150,36 +134,22 @@ def run(
                         if order == "grid":
                             prof = grid
                         elif order == "grid again":
-                            again = seed + REMEASURE_SEED
-                            prof = _profile(board, workload, again, "grid", None, relation, margin, noise)
+                            again = opened(seed=seed + REMEASURE_SEED)
+                            prof = profile_board(again, workload, "grid", None, relation, margin)
                         else:
-                            prof = _profile(board, workload, seed, order, cap, relation, margin, noise)
+                            prof = profile_board(opened(seed=seed), workload, order, cap, relation, margin)
                         choice = select(prof, relation, cap)
                         on_grid = grid.point(choice.batch_size, choice.frequency_hz)
                         assert on_grid is not None
                         train_s = on_grid.seconds_for_samples * r[choice.batch_size]
+                        device_s, over = prof.profiling_seconds or 0.0, on_grid.peak_power_w > cap
                         rows.append(
-                            {
-                                "model": model,
-                                "board": board,
-                                "cap": cap,
-                                "seed": seed,
-                                "order": order,
-                                "points": len(prof.points),
-                                "device_s": prof.profiling_seconds or 0.0,
-                                "train_s": train_s,
-                                "share": (prof.profiling_seconds or 0.0) / train_s,
-                                "regret": train_s / best_s,
-                                "over": on_grid.peak_power_w > cap,
-                                "choice": f"{choice.batch_size}@{choice.frequency_hz / 1e6:.1f}",
-                            }
-                        )
+                            dict(model=model, board=board, cap=cap, seed=seed, order=order,
+                                 points=len(prof.points), device_s=device_s, train_s=train_s,
+                                 share=device_s / train_s, regret=train_s / best_s, over=over,
+                                 choice=f"{choice.batch_size}@{choice.frequency_hz / 1e6:.1f}")
+                        )  # fmt: skip
     return rows
-
-
-def _mean_sd(xs: list[float], fmt: str) -> str:
-    sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
-    return f"{format(statistics.mean(xs), fmt)} ± {format(sd, fmt)}"
 
 
 def report(rows: list[dict[str, Any]]) -> None:
@@ -194,7 +164,7 @@ def report(rows: list[dict[str, Any]]) -> None:
         regrets = [r["regret"] for r in rs]
         choices = sorted({r["choice"] for r in rs})
         over = sum(r["over"] for r in rs)
-        device_s = _mean_sd([r["device_s"] for r in rs], ".0f")
+        device_s = " ± ".join(format(v, ".0f") for v in mean_std([r["device_s"] for r in rs]))
         print(
             f"| {model} | {board.removeprefix('jetson-')} | {cap:g} W | {order} "
             f"| {statistics.mean(r['points'] for r in rs):.1f} | {device_s} "
