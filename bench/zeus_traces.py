@@ -21,8 +21,7 @@ Per workload (and GPU):
   batch size, `RelationVector.from_seeds`) and the GPU's (b, power limit) table as a profile, under caps
   of 150 W, 200 W and none, for time and for energy (energy = epochs x time per epoch x average power);
 - fastest: the same selection with the relation measured on the truth seeds
-(`powerctl.selection.baselines.oracle`
-  for time, its energy twin for energy): the project's one oracle definition;
+  (`powerctl.selection.baselines.oracle` for time, its energy twin for energy);
 - state of practice: the largest batch size measured, at the highest power limit under the cap.
 
 Each cell prints ours, fastest, ours/fastest with a bootstrap 95 % interval over the truth seeds (each
@@ -46,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from powerctl.cli.util import power_cap
 from powerctl.errors import InfeasibleCapError, PowerctlError
 from powerctl.records.profile import Profile, ProfilePoint
 from powerctl.records.relation import RELATION_RULES, RelationVector
@@ -54,15 +54,7 @@ from powerctl.selection.joint import select
 from simulations.intervals import SEED, interval95, resampled_means
 
 TRAIN_COLUMNS = ("dataset", "network", "batch_size", "optimizer", "run", "target_metric", "target_epoch")
-POWER_COLUMNS = (
-    "dataset",
-    "network",
-    "batch_size",
-    "optimizer",
-    "power_limit",
-    "time_per_epoch",
-    "average_power",
-)
+POWER_COLUMNS = (*TRAIN_COLUMNS[:4], "power_limit", "time_per_epoch", "average_power")
 OTHER_WORKLOAD = {"squad": "sentiment140", "sentiment140": "squad"}
 """The BERT pair: each is the other's proxy (same network, another data source)."""
 DEFAULT_CAPS: tuple[float | None, ...] = (150.0, 200.0, None)
@@ -149,11 +141,7 @@ def choose_target(per_target: dict[str, dict[int, dict[int, float]]], batch_size
     best, best_epochs = None, -1.0
     for metric, per_b in per_target.items():
         values = [e for b in batch_sizes for e in per_b.get(b, {}).values()]
-        if (
-            not values
-            or any(not math.isfinite(e) for e in values)
-            or any(b not in per_b for b in batch_sizes)
-        ):
+        if not values or not all(map(math.isfinite, values)) or any(b not in per_b for b in batch_sizes):
             continue
         mean = statistics.fmean(values)
         if mean > best_epochs:
@@ -349,35 +337,14 @@ def print_cells(cells: list[dict[str, Any]], notes: list[str]) -> None:
 
 
 def _caps(text: str) -> tuple[float | None, ...]:
-    out: list[float | None] = []
-    for part in text.split(","):
-        part = part.strip().lower()
-        if part == "none":
-            out.append(None)
-            continue
-        try:
-            value = float(part)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"cap {part!r} is neither a number of watts nor 'none'"
-            ) from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"cap {part!r} must be > 0 W")
-        out.append(value)
-    return tuple(out)
+    return tuple(power_cap(part) for part in text.split(","))
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--train", type=Path, required=True, help="summary_train.csv (epochs to target per run)")
-    p.add_argument(
-        "--power",
-        type=Path,
-        nargs="+",
-        action="extend",
-        required=True,
-        help="summary_power_GPU.csv files (one per GPU): list them, or repeat --power",
-    )
+    p.add_argument("--power", type=Path, nargs="+", action="extend", required=True,
+                   help="summary_power_GPU.csv files (one per GPU): list them or repeat --power")  # fmt: skip
     p.add_argument("--json", type=Path, help="write the cells as a JSON list here")
     p.add_argument("--proxy-seeds", type=int, default=2, help="runs per batch size held apart as the proxy")
     p.add_argument("--caps", type=_caps, default=DEFAULT_CAPS, help="watts, comma-separated; 'none' = no cap")
