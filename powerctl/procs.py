@@ -1,9 +1,5 @@
-"""Processes by pid, read from Linux's /proc: the one place that knows its format.
-
-The launcher and the SuperLink stop (`simulations`) and the SuperNode wrapper (`fl_client.supernode`)
-follow process trees and identify processes with these; a pid is only ever signalled together with
-its start time, so a reused pid is never taken for the process it once named.
-"""
+"""Processes by pid, read from Linux's /proc: the one place that knows its format. A pid is only ever
+signalled together with its start time, so a reused pid is never taken for the process it once named."""
 
 from __future__ import annotations
 
@@ -20,8 +16,7 @@ class ProcStat:
 
     ppid: int
     sid: int
-    start_ticks: int
-    """Start time in clock ticks since boot: with the pid, it names one process, not a reused pid."""
+    start_ticks: int  # clock ticks since boot: with the pid, it names one process, not a reused pid
     state: str
 
     @property
@@ -40,8 +35,7 @@ def proc_stat(pid: int) -> ProcStat | None:
 
 
 def seconds_since_start(pid: int) -> float | None:
-    """Wall seconds since the process started (its start time against /proc/uptime, to the clock
-    tick), or None where /proc does not say (gone, not Linux)."""
+    """Wall seconds since the process started, or None where /proc does not say (gone, not Linux)."""
     st = proc_stat(pid)
     try:
         uptime = float((PROC / "uptime").read_text().split()[0])

@@ -1,11 +1,6 @@
-"""Where torch tensors live: the one reader of `auto`, `cpu`, `cuda` and `cuda:INDEX`.
-
-A device spec names a board (its knob and sensor, `powerctl.devices`); these four name only where the
-model, the batches and the optimizer state go, on a machine with no board to control: the coordinator
-that pre-trains, estimates the relation vector and calibrates targets. `check_torch_spec` reads the form
-without torch (a run config is checked where the run is submitted, not where it trains);
-`resolve_torch_device` asks torch whether that device is here.
-"""
+"""Where torch tensors live: the one reader of `auto`, `cpu`, `cuda` and `cuda:INDEX`, the devices of a
+machine with no board to control (the coordinator). `check_torch_spec` reads the form without torch;
+`resolve_torch_device` asks torch whether that device is here."""
 
 from __future__ import annotations
 
@@ -14,15 +9,8 @@ from typing import Any
 
 from powerctl.errors import DeviceError
 
-__all__ = [
-    "TORCH_SPECS",
-    "TORCH_SPEC_HELP",
-    "check_torch_spec",
-    "free_accelerator_memory",
-    "is_torch_spec",
-    "resolve_torch_device",
-    "torch_device_arg",
-]
+__all__ = ["TORCH_SPECS", "TORCH_SPEC_HELP", "check_torch_spec", "free_accelerator_memory", "is_torch_spec"]
+__all__ += ["resolve_torch_device", "torch_device_arg"]
 
 TORCH_SPECS = ("auto", "cpu", "cuda", "cuda:INDEX")
 TORCH_SPEC_HELP = "auto (the first CUDA device torch sees, else the CPU), cpu, cuda, cuda:INDEX"
@@ -35,8 +23,7 @@ def is_torch_spec(spec: str) -> bool:
 
 
 def check_torch_spec(spec: str) -> str:
-    """`spec` in its one written form (`cuda` → `cuda:0`), checked without torch; anything else is one
-    DeviceError line that lists the forms."""
+    """`spec` in its one written form (`cuda` → `cuda:0`), checked without torch (one DeviceError line)."""
     text = spec.strip() if isinstance(spec, str) else ""
     if text in ("auto", "cpu"):
         return text
@@ -51,9 +38,8 @@ def check_torch_spec(spec: str) -> str:
 
 
 def resolve_torch_device(spec: str = "auto") -> str:
-    """The torch device `spec` names on this machine: `auto` is `cuda:0` when torch sees a CUDA device,
-    else `cpu`. A CUDA device torch does not have is one DeviceError line (a user asked for a GPU and
-    must not silently train on the CPU)."""
+    """The torch device `spec` names here: `auto` is `cuda:0` when torch sees a CUDA device, else `cpu`; a
+    CUDA device torch does not have is one DeviceError line (never silently the CPU)."""
     form = check_torch_spec(spec)
     if form == "cpu":
         return "cpu"
@@ -79,8 +65,7 @@ def resolve_torch_device(spec: str = "auto") -> str:
 
 
 def torch_device_arg(text: str) -> str:
-    """`--device` of a command that trains on this machine (the benches): the device resolved, or
-    argparse's one line (with `OneLineParser`) before any work."""
+    """`--device` of a command that trains on this machine: the device resolved, or argparse's one line."""
     import argparse
 
     try:
@@ -90,8 +75,7 @@ def torch_device_arg(text: str) -> str:
 
 
 def free_accelerator_memory() -> None:
-    """Hand torch's cached CUDA blocks back after an out-of-memory batch, so the next (smaller) batch size
-    starts from free memory; nothing where torch is not loaded or has no CUDA."""
+    """Hand torch's cached CUDA blocks back after an out-of-memory batch (nothing without CUDA)."""
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available():
         torch.cuda.empty_cache()

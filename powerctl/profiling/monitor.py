@@ -13,8 +13,7 @@ from powerctl.files.mapping import Flag, check_arguments
 @dataclass(frozen=True)
 class PowerReading:
     peak_w: float
-    mean_w: float
-    """Time-weighted mean over the block."""
+    mean_w: float  # time-weighted mean over the block
     energy_j: float
     seconds: float
     samples: int
@@ -34,11 +33,7 @@ def summarize(samples: PowerSamples) -> PowerReading:
 
 
 class PowerMonitor:
-    """`with PowerMonitor(device, rate_hz) as m: work()` then `m.reading` (None without a sensor).
-
-    Real boards are polled by a background thread; a simulated board replays its virtual power
-    timeline at the same rate: the summary arithmetic is the same for both.
-    """
+    """`with PowerMonitor(device, rate_hz) as m: work()` then `m.reading` (None without a sensor)."""
 
     def __init__(self, device: Device, rate_hz: float = 50.0) -> None:
         if rate_hz <= 0:
