@@ -2,19 +2,8 @@
 summary paired with the state of practice by seed: `DIR/results.json` (`simulations.fleet-seeds/1`) and
 its printed table (docs/howto/fleets.md#seeds).
 
-Seed K (1..N) is the fleet with its run and data seeds moved by K - 1 (`FleetSpec.for_seed`), run and
-merged as one fleet run is (`simulations.runner.run_fleet`, DIR/seed-K/). Per method, over the seeds
-that ran:
-
-- per board: its time to its own target in round 1, the paper's metric: its profiling seconds plus its
-  fine-tuning seconds until its own evaluation crossed the target (a client stops there). A board that
-  did not reach it, or failed, is counted and named, never averaged in;
-- the fleet: its time to the global target (`time_to_target_s`: the summed round makespans) and energy;
-- ratios to the state of practice paired by seed: speed-up (its seconds / the method's) per board and
-  seed, and per seed for the fleet; energy ratio (the method's joules / its) per seed. Each: the mean of
-  one value per seed (per board: the seed's geometric mean over its boards), a bootstrap 95 % interval
-  of that mean resampling seeds (`simulations.intervals`) and the geometric mean of every ratio (per
-  board: over boards and seeds). A pair missing a value (not at target, failed) is counted as unpaired.
+Seed K (1..N) is the fleet of `FleetSpec.for_seed`, run and merged as one fleet run is
+(`simulations.runner.run_fleet`, DIR/seed-K/). What each figure is: DEFINITIONS, printed under the table.
 """
 
 from __future__ import annotations
@@ -60,19 +49,15 @@ DEFINITIONS = {
 class SeedRun:
     """One seed of a run over seeds: what it was, how long it took, and its results or why it failed."""
 
-    seed: int
-    """K, 1-based: its folder is DIR/seed-K."""
+    seed: int  # K, 1-based: its folder is DIR/seed-K
     run_seed: int
     data_seed: int
     folder: Path
-    prepared_cached: bool
-    """The pre-trained weights and relation vector were cached before it started."""
+    prepared_cached: bool  # the pre-trained weights and relation vector were cached before it started
     wall_seconds: float = 0.0
     results: dict[str, Any] | None = None
-    error: str | None = None
-    """The one-line reason it failed (None: it ran)."""
-    pids: list[int] = field(default_factory=list)
-    """A failed seed: every process its run started (a seed that ran has them in its results)."""
+    error: str | None = None  # the one-line reason it failed (None: it ran)
+    pids: list[int] = field(default_factory=list)  # a failed seed's processes (one that ran: in its results)
 
     @property
     def ok(self) -> bool:
@@ -80,57 +65,32 @@ class SeedRun:
 
     def row(self) -> dict[str, Any]:
         """Its entry in results.json's `seeds`: the seed's method rows and per-board rows, or its failure."""
-        head = {
-            "seed": self.seed,
-            "run_seed": self.run_seed,
-            "data_seed": self.data_seed,
-            "folder": str(self.folder),
-            "status": "ok" if self.ok else "failed",
-            "wall_seconds": self.wall_seconds,
-            "prepared_cached": self.prepared_cached,
-        }
+        head = dict(seed=self.seed, run_seed=self.run_seed, data_seed=self.data_seed, folder=str(self.folder),
+                    status="ok" if self.ok else "failed", wall_seconds=self.wall_seconds,
+                    prepared_cached=self.prepared_cached)  # fmt: skip
         if self.results is None:
             processes = {"started": self.pids, "alive_after": [p for p in self.pids if alive(p)]}
             return head | {"reason": self.error, "log": str(self.folder / "flwr.log"), "processes": processes}
         return head | {"summary": self.results["summary"], "boards": board_rows(self.results)}
 
 
+BOARD_FIELDS = ("power_cap_w", "reached_target", "profiling_s", "fine_tuning_s", "to_own_target_s", "failed")
+"""A board row's fields after its method, node key and device (`board_rows`)."""
+
+
 def board_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     """Per method and board of round 1: its time to its own target (None: not reached), or its failure."""
+
+    def board(r: dict[str, Any], *values: Any) -> dict[str, Any]:
+        who = {"method": r["method"], "node_key": r["node_key"], "device": r["device"]}
+        return who | dict(zip(BOARD_FIELDS, values, strict=True))
+
     rows = []
-    for r in results["records"]:
-        if r["round"] != 1:
-            continue
-        reached = bool(r["reached_target"])
-        rows.append(
-            {
-                "method": r["method"],
-                "node_key": r["node_key"],
-                "device": r["device"],
-                "power_cap_w": r["power_cap_w"],
-                "reached_target": reached,
-                "profiling_s": r["profiling_seconds"],
-                "fine_tuning_s": r["device_seconds"],
-                "to_own_target_s": r["profiling_seconds"] + r["device_seconds"] if reached else None,
-                "failed": None,
-            }
-        )
-    rows += [
-        {
-            "method": f["method"],
-            "node_key": f["node_key"],
-            "device": f["device"],
-            "power_cap_w": None,
-            "reached_target": False,
-            "profiling_s": None,
-            "fine_tuning_s": None,
-            "to_own_target_s": None,
-            "failed": f"{f['kind']}: {f['reason']}",
-        }
-        for f in results["failures"]
-        if f["round"] == 1
-    ]
-    return rows
+    for r in (r for r in results["records"] if r["round"] == 1):
+        reached, prof, tune = bool(r["reached_target"]), r["profiling_seconds"], r["device_seconds"]
+        rows.append(board(r, r["power_cap_w"], reached, prof, tune, prof + tune if reached else None, None))
+    failed = [f for f in results["failures"] if f["round"] == 1]
+    return rows + [board(f, None, False, None, None, None, f"{f['kind']}: {f['reason']}") for f in failed]
 
 
 def cell_label(row: dict[str, Any]) -> str:
