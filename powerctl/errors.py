@@ -18,9 +18,7 @@ class DeviceOutOfMemory(DeviceError):
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
-    """Whether `exc` says a batch did not fit: ours, torch's `OutOfMemoryError`, or a CUDA runtime's
-    "out of memory" text (torch before 1.13 raised a plain RuntimeError). The profiler skips such a batch
-    size and the in-training confirmation drops it, by this one test."""
+    """Whether `exc` says a batch did not fit: ours, torch's `OutOfMemoryError`, or "out of memory" text."""
     if isinstance(exc, DeviceOutOfMemory):
         return True
     return type(exc).__name__ == "OutOfMemoryError" or "out of memory" in str(exc).lower()

@@ -9,8 +9,7 @@ from pathlib import Path
 from powerctl.errors import PowerctlError
 from powerctl.files.xdg import xdg_home
 
-CACHE_ENV = "POWERFED_CACHE"
-"""Environment variable: root of every cache (default $XDG_CACHE_HOME/powerfed, ~/.cache/powerfed)."""
+CACHE_ENV = "POWERFED_CACHE"  # the root of every cache (default $XDG_CACHE_HOME/powerfed)
 
 
 class CacheError(PowerctlError):
@@ -18,11 +17,8 @@ class CacheError(PowerctlError):
 
 
 def cache_root() -> Path:
-    """$POWERFED_CACHE, else $XDG_CACHE_HOME/powerfed (~/.cache/powerfed); checked here, at every use,
-    because a cache is written only after the work it keeps (a pre-training, a relation vector): set to
-    a file, a device or a relative path (each of Flower's processes runs in another folder), it would
-    fail or scatter minutes later. A folder that does not exist yet is fine: it is created when first
-    written."""
+    """$POWERFED_CACHE, else $XDG_CACHE_HOME/powerfed, checked at every use: a cache is written only after
+    the work it keeps, so a bad root would fail minutes later. A folder not there yet is made when written."""
     root = os.environ.get(CACHE_ENV)
     if not root:
         return xdg_home("cache") / "powerfed"

@@ -11,8 +11,7 @@ from typing import Protocol
 
 
 class Restorable(Protocol):
-    """What the guard needs of a device: a `restore` that puts its state back, a no-op when nothing is
-    pinned (`powerctl.devices.Device`). A Protocol, so that this module knows nothing of devices."""
+    """What the guard needs of a device (a Protocol: this module knows nothing of devices)."""
 
     def restore(self) -> None: ...
 
@@ -27,13 +26,9 @@ def _raise_exit(signum: int, _frame: object) -> None:
 
 @contextmanager
 def restore_on_exit(device: Restorable) -> Iterator[None]:
-    """Within the block, any way out of the process restores `device` first.
-
-    SIGINT already raises KeyboardInterrupt; SIGTERM and SIGHUP are turned into SystemExit
-    (only possible in the main thread; elsewhere the atexit hook still covers a clean exit).
-    The handlers in force before are put back on every way out, even one while they are installed; a
-    handler Python could not put back (installed from C: `signal.getsignal` gives None) is not replaced.
-    """
+    """Within the block, any way out of the process restores `device` first: SIGTERM and SIGHUP become
+    SystemExit (in the main thread; elsewhere the atexit hook covers a clean exit), and the handlers in
+    force before are put back (one installed from C, which Python cannot put back, is not replaced)."""
     previous: dict[signal.Signals, object] = {}
 
     def hook() -> None:  # its own object: unregistering it leaves another guard's of the same device
