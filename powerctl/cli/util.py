@@ -35,14 +35,12 @@ EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
 LIBRARY_LOGGERS = ("powerctl", "strategies", "fl_server", "fl_client", "simulations", "powerfed")
-"""The loggers of this project's packages (each module logs to `logging.getLogger(__name__)` under
-one of them): what a user silences or redirects, and what a command line shows on stderr."""
+"""The loggers of this project's packages: what a user silences, and what a command line shows on stderr."""
 
 
 def say(*values: object, sep: str = " ", end: str = "\n", file: TextIO | None = None) -> None:
-    """A command line's or an app's own output, flushed at once (`flwr run --stream`, a service's
-    journal): the one place the project writes to a terminal (print's arguments; `file` is stdout by
-    default, the one of the moment). The library itself logs (`library_lines_on_stderr`)."""
+    """A command line's or an app's own output, flushed at once: the one place the project writes to a
+    terminal (print's arguments; `file` is the stdout of the moment by default). The library logs."""
     stream = sys.stdout if file is None else file
     stream.write(sep.join(str(v) for v in values) + end)
     stream.flush()
@@ -59,8 +57,7 @@ def mhz(hz: int | None) -> str:
 
 
 class _StderrLines(logging.Handler):
-    """Each record's message as is, one line on the `sys.stderr` of the moment: what the library's
-    `print(..., file=sys.stderr)` did, so that pytest's capture and Flower's redirection see it too."""
+    """Each record's message as is, one line on the `sys.stderr` of the moment (pytest and Flower see it)."""
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -76,20 +73,16 @@ _HANDLER = _StderrLines(logging.INFO)
 
 
 def _levels_changed() -> None:
-    """Forget every logger's cached level checks once, after all the library loggers' levels were set:
-    `Logger.setLevel` does that for each logger it is called on, a pass over every logger of the process
-    (Ray's, torch's, Flower's: hundreds), which per library logger and per ClientApp message would be a
-    large share of a simulated client's work."""
+    """Forget every logger's cached level checks once, after all the library loggers' levels were set
+    (`Logger.setLevel` per logger would pass over hundreds of loggers each time)."""
     root = logging.getLogger()
     root.setLevel(root.level)
 
 
 @contextlib.contextmanager
 def library_lines_on_stderr() -> Iterator[None]:
-    """Within the block, the library's log records (INFO and up) are lines on stderr in their own
-    words, once: how every command line and the ClientApp show what the library says (a board found
-    left pinned and restored, a checkpoint resumed). A logger a user set a level on keeps it; when the
-    last block open (nested, or in threads) ends, every logger is as it was."""
+    """Within the block, the library's log records (INFO and up) are lines on stderr in their own words,
+    once; a logger a user set a level on keeps it, and when the last open block ends all are as they were."""
     with _shown:
         _depth[0] += 1
         if _depth[0] == 1:
@@ -117,11 +110,9 @@ def library_lines_on_stderr() -> Iterator[None]:
 def one_line_errors(prog: str) -> Callable[[Callable[..., int]], Callable[..., int]]:
     """Decorate a `main(argv) -> int`: PowerctlError → `prog: error: …` and exit 2, Ctrl-C → 130.
 
-    The safety net under the checks (`fault_line`): an error of the machine or of a number's range
-    that a hostile input still reaches (a path the file system refuses, a file that is not text, no
-    memory left) is one line naming the file and exit 2 too. Any other exception is a bug and keeps
-    its traceback. Any device pinned inside `main` is restored by its own context manager before we
-    get here. What the library logs while `main` runs is shown on stderr (`library_lines_on_stderr`).
+    The safety net under the checks (`fault_line`): an error of the machine or of a number's range that a
+    hostile input still reaches is one line and exit 2 too; any other exception is a bug and keeps its
+    traceback. What the library logs while `main` runs is shown on stderr.
     """
 
     def wrap(main: Callable[..., int]) -> Callable[..., int]:
@@ -167,14 +158,11 @@ _OS_HINTS = {
 }
 """What to do about an OSError of the file system; an errno not listed is named with no advice."""
 
+# a write's errors with no file name that are still the machine's, not the program's
 _STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG, errno.EIO})
-"""Errors of a write that carry no file name but are still the machine's, not the program's."""
-
+# a ValueError that is a number beyond a library's range; torch's for a number its tensors cannot hold
 _OUT_OF_RANGE = re.compile(r"out of range|too large|overflow|exceeds the limit|too many digits", re.I)
-"""A ValueError that is a number beyond a library's range (a date, a timestamp, an int's digits)."""
-
 _TORCH_OVERFLOW = re.compile(r"without overflow|overflow when unpacking", re.I)
-"""torch's RuntimeError for a Python number its tensors cannot hold (a learning rate of 1e300)."""
 
 _NO_MEMORY = re.compile(r"can't allocate memory|out of memory|not enough memory|failed to allocate", re.I)
 
@@ -192,8 +180,7 @@ def _open_file_in(tb: TracebackType | None) -> str | None:
     return None
 
 
-_PARSERS = re.compile(r"[/\\](json|tomllib|yaml)[/\\]")
-"""Where a RecursionError is an input nested too deeply (``[[[[…``), not a bug of ours."""
+_PARSERS = re.compile(r"[/\\](json|tomllib|yaml)[/\\]")  # a RecursionError there: an input nested too deeply
 
 
 def _in_a_parser(tb: TracebackType | None) -> bool:
@@ -205,8 +192,7 @@ def _in_a_parser(tb: TracebackType | None) -> bool:
 
 
 def fault_line(exc: BaseException) -> str | None:
-    """The one line for an exception a check did not catch but a hostile input can reach, or None when
-    `exc` is not one of those (a bug: it keeps its traceback)."""
+    """The one line for an exception a check did not catch but a hostile input can reach; None for a bug."""
     if isinstance(exc, MemoryError) or (isinstance(exc, RuntimeError) and _NO_MEMORY.search(str(exc))):
         detail = "" if isinstance(exc, MemoryError) else f" ({first_line(exc)})"
         return f"out of memory{detail}: ask for less (smaller model options, batch size, samples or limit)"
@@ -243,11 +229,8 @@ def _os_line(exc: OSError) -> str | None:
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a usage error is ONE line (what is wrong, where to look) and exit status 2.
-
-    A value that starts with a minus and a digit (``--set -5MHz``, ``--warmup -3``) is taken as the
-    flag's value, so the user sees what is wrong with it rather than "expected one argument".
-    """
+    """argparse, but a usage error is ONE line (what is wrong, where to look) and exit status 2; a value
+    that starts with a minus and a digit (``--warmup -3``) is the flag's value, so its check says why."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -264,9 +247,8 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 class Bounded:
-    """A numeric flag type with a range: argparse's one line for a value outside it, and `range` (the
-    bounds in words) for the flag's help. Below the minimum (or not a number) the line says what the
-    flag takes ("expected a positive integer"); above the maximum it names the maximum."""
+    """A numeric flag type with a range: argparse's one line for a value outside it (what the flag takes,
+    or the maximum), and `range` (the bounds in words) for the flag's help."""
 
     def __init__(self, kind: Integer | Number, what: str, name: str) -> None:
         self.kind, self.what, self.__name__ = kind, what, name
@@ -290,8 +272,7 @@ class Bounded:
             raise argparse.ArgumentTypeError(f"expected {self.what} {sign} {top}, got {text!r}") from None
 
     def help(self, text: str) -> str:
-        """`text` with this type's range: "power sampling rate in Hz (default 50)" → "… (default 50;
-        in (0, 1000])"."""
+        """`text` with this type's range: "rate (default 50)" → "rate (default 50; in (0, 1000])"."""
         if text.endswith(")"):
             return f"{text[:-1]}; {self.range})"
         return f"{text} ({self.range})"
@@ -346,9 +327,7 @@ def _refused(exc: Invalid) -> argparse.ArgumentTypeError:
 
 
 def kind_type(kind: Kind, name: str) -> Callable[[str], Any]:
-    """A `powerctl.files.mapping` kind as a flag type: the text is read as the kind's number type first (a
-    flag is text, a config value already typed), then checked by the kind; `name` is how argparse
-    names the type."""
+    """A `powerctl.files.mapping` kind as a flag type (the text read as the kind's number type first)."""
 
     def parse(text: str) -> Any:
         value: Any = text
@@ -365,11 +344,8 @@ def kind_type(kind: Kind, name: str) -> Callable[[str], Any]:
 
 
 def power_cap(text: str) -> float | None:
-    """`--power-cap W` (none: no cap): the one cap parser (`powerctl.selection.capsource.cap_watts`) as a
-    flag type.
-
-    An empty value is refused: on a command line it is an unset variable (`--power-cap "$CAP"`), not a
-    wish for no cap, which is said by leaving the flag out or by `none`."""
+    """`--power-cap W` (none: no cap): the one cap parser (`cap_watts`) as a flag type; an empty value is
+    refused (an unset variable, not a wish for no cap)."""
     if not text.strip():
         raise argparse.ArgumentTypeError("empty; give watts or leave the flag out")
     try:
@@ -415,8 +391,7 @@ def batch_sizes(text: str) -> list[int]:
 
 
 def installed_tool(name: str) -> str:
-    """An executable installed beside this interpreter (the venv's `bin`, where pip puts Flower's
-    commands), else the one on PATH; a PowerctlError saying how to get it when there is none."""
+    """An executable installed beside this interpreter, else the one on PATH (a PowerctlError if none)."""
     import shutil
     from pathlib import Path
 
