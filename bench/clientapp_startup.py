@@ -38,11 +38,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench_common import ROOT
 
-from fl_client.clientapp_entry import write_script  # noqa: E402
-from simulations.local_superlink import free_port, stop_tree  # noqa: E402
+from fl_client.clientapp_entry import write_script
+from simulations.local_superlink import FLOWER_ENV, free_port, stop_tree
+from simulations.ray_cluster import answers
 
 BIN = Path(sys.executable).parent
 NODE_CONFIG = 'device="sim:jetson-nano" power-cap-w=5.0 partition-id=0 num-partitions=1 name="nano"'
@@ -125,15 +125,11 @@ if os.path.basename(sys.argv[0]) == "flwr-clientapp" and "--help" not in sys.arg
 
 
 def wait_listening(port: int, alive: Any, timeout_s: float = 60.0) -> None:
-    import socket
-
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and alive():
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.2)
+        if answers("127.0.0.1", port, timeout_s=0.5):
+            return
+        time.sleep(0.2)
     raise SystemExit(f"clientapp_startup: nothing listens on 127.0.0.1:{port}; see the logs")
 
 
@@ -147,11 +143,9 @@ def run(app: Path, work: Path, rounds: int, flower_own: bool) -> list[dict[str, 
     port = free_port()
     env = {
         **os.environ,
+        **FLOWER_ENV,
         "FLWR_HOME": str(work / "flwr-home"),
         "POWERFED_CACHE": str(work / "cache"),
-        "FLWR_TELEMETRY_ENABLED": "0",
-        "FLWR_DISABLE_UPDATE_CHECK": "1",
-        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
         "PYTHONUNBUFFERED": "1",
         "NO_COLOR": "1",
         "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
@@ -166,48 +160,20 @@ def run(app: Path, work: Path, rounds: int, flower_own: bool) -> list[dict[str, 
 
     def spawn(name: str, argv: list[str]) -> subprocess.Popen[bytes]:
         with (work / f"{name}.log").open("wb") as log:
-            proc = subprocess.Popen(
-                argv,
-                cwd=work,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+            proc = subprocess.Popen(argv, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
         procs.append(proc)
         return proc
 
     try:
-        link = spawn(
-            "superlink",
-            [
-                str(BIN / "flower-superlink"),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--insecure",
-                "--disable-runtime-dependency-installation",
-            ],
-        )
+        link = spawn("superlink", [str(BIN / "flower-superlink"), "--host", "127.0.0.1", "--port", str(port),
+                                   "--insecure", "--disable-runtime-dependency-installation"])  # fmt: skip
         wait_listening(port, lambda: link.poll() is None)
         supernode = (
             [str(BIN / "flower-supernode")] if flower_own else [sys.executable, "-m", "fl_client.supernode"]
         )
-        spawn(
-            "supernode",
-            [
-                *supernode,
-                "--superlink",
-                f"127.0.0.1:{port}",
-                "--port",
-                str(free_port()),
-                "--insecure",
-                "--node-config",
-                NODE_CONFIG,
-            ],
-        )
+        spawn("supernode", [*supernode, "--superlink", f"127.0.0.1:{port}", "--port", str(free_port()),
+                            "--insecure", "--node-config", NODE_CONFIG])  # fmt: skip
         run_config = f"{RUN_CONFIG} num-server-rounds={rounds} results-dir='{work / 'results'}'"
         flwr = spawn(
             "flwr-run", [str(BIN / "flwr"), "run", str(app), "bench", "--stream", "--run-config", run_config]

@@ -150,16 +150,8 @@ def measure(folder: Path, results: dict[str, Any], args: argparse.Namespace, hos
             sets = parameter_sets(model, task.name == "vision")
             for s in range(args.estimator_seeds):
                 model.load_state_dict(copy.deepcopy(weights))
-                values, used = noise_scale(
-                    model,
-                    loss_fn(ds.task),
-                    train,
-                    sets,
-                    micro=args.micro,
-                    count=args.count,
-                    reps=args.reps,
-                    seed=s,
-                )
+                values, used = noise_scale(model, loss_fn(ds.task), train, sets, micro=args.micro,
+                                           count=args.count, reps=args.reps, seed=s)  # fmt: skip
                 for k, v in values.items():
                     scales.setdefault(k, {}).setdefault(name, []).append(v)
             print(f"  {name:<22} " + "  ".join(
@@ -230,11 +222,8 @@ def analyse(key: str, task: paper_setup.Task, results: dict[str, Any], scales: S
                 print(f"  {board_name:<13} {cap_s:<7} {target:<22} {best.batch_size:>7} "
                       + " ".join(f"{c:>22}" for c in shown) + f" {cost_s / secs['ours']:9.2f}")  # fmt: skip
                 cell_out = {m: {"b": picks[m].batch_size, "over_fastest": secs[m] / fast} for m in methods}
-                out[f"{board_name}|{cap_s}|{target}"] = {
-                    "fastest_b": best.batch_size,
-                    "measuring_over_ours": cost_s / secs["ours"],
-                    **cell_out,
-                }
+                measuring = {"fastest_b": best.batch_size, "measuring_over_ours": cost_s / secs["ours"]}
+                out[f"{board_name}|{cap_s}|{target}"] = measuring | cell_out
     print("  worst ours/fastest: " + ", ".join(f"{m} {v:.3f}x" for m, v in worst.items())
           + " (the measurement's own seconds not counted)")  # fmt: skip
     out["worst"] = worst
