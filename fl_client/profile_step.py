@@ -44,16 +44,16 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Profiled:
-    """What the profile step produced."""
+    """What the profile step produced: the profile; whether it was `cached` (or predicted: no device
+    time spent on it this round); the board; the line said when the device was found left pinned by a
+    killed process (`restored`); a budgeted profile's `plan`, what the client predicted and chose (None:
+    the instructed order, or cached)."""
 
     profile: Profile
     cached: bool
-    """Taken from the cache (or predicted): no device time spent on it this round."""
     board: str
     restored: str = ""
-    """The line said when the device was opened and found left pinned by a killed process."""
     plan: ProfilingPlan | None = None
-    """A budgeted profile: what the client predicted and chose (None: the instructed order, or cached)."""
 
     def outcome(self, power_aware: bool, stand_in: bool) -> Profiling:
         """What the report says of this profile: its cost, charged only to the power-aware method for a
