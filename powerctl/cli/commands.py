@@ -1,12 +1,6 @@
-"""`powerctl`: devices, power, freq, profile, caps, select, pareto, cap-source, plot (docs/reference/cli.md).
-
-This module holds the parser, `main` and the device commands (devices, power, freq, fake-board);
-`profile_command` the profile, `select_commands` caps, select, pareto, cap-source and plot.
-
-Every user error is one line on stderr and exit status 2; nothing on the device is left changed.
-`powerctl profile` runs real training steps, which this package does not have: `main` receives them as
-`step_factory` (the installed command, `powerfed.training.powerctl_cli`, passes the training package's).
-"""
+"""`powerctl` (docs/reference/cli.md): the parser, `main` and the device commands (devices, power, freq,
+fake-board); `profile_command` has profile, `select_commands` caps, select, pareto, cap-source and plot.
+Every user error is one line on stderr and exit status 2; nothing on the device is left changed."""
 
 from __future__ import annotations
 
@@ -29,12 +23,8 @@ MAX_FREQUENCY_HZ = 100e9
 def _frequency(text: str) -> int:
     t = text.strip().lower()
     scale = {"ghz": 1e9, "mhz": 1e6, "khz": 1e3, "hz": 1.0}
-    for suffix, factor in scale.items():
-        if t.endswith(suffix):
-            t, mult = t[: -len(suffix)], factor
-            break
-    else:
-        mult = 1.0
+    suffix = next((s for s in scale if t.endswith(s)), "")
+    t, mult = t[: len(t) - len(suffix)], scale.get(suffix, 1.0)
     try:
         hz = float(t) * mult
     except ValueError:
@@ -95,11 +85,8 @@ def cmd_freq(args: argparse.Namespace) -> int:
                 message = f"restored {args.device} to {state}"
         else:
             message = ""
-        info = {
-            "device": args.device,
-            "current_frequency_hz": dev.current_frequency(),
-            "frequencies_hz": dev.frequencies(),
-        }
+        info = {"device": args.device, "current_frequency_hz": dev.current_frequency()}
+        info["frequencies_hz"] = dev.frequencies()
     if args.json:
         say_json(info | ({"message": message} if message else {}))
     else:
