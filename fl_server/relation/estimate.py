@@ -81,13 +81,9 @@ def estimate_relation(
         threads=1 if how.parallel else torch.get_num_threads(),
     )
     user = user or UserFunctions()  # a UserFunctions checks its functions where it is made
-    loop = user.train_to_target
+    loop, start = user.train_to_target, None
     if loop is not None:  # the user's own loop: the seeds, the stopping rule, the cache and Ray as ours
-        request, start, user_code = (
-            _own_loop(model, weights, proxy, replace(request, own_loop=True), how),
-            None,
-            True,
-        )
+        request, user_code = _own_loop(model, weights, proxy, replace(request, own_loop=True), how), True
     else:
         request, start, user_code = _locate(model, weights, proxy, request, user, how)
     path, cached = lookup(request, how, user_code)
