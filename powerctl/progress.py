@@ -7,9 +7,8 @@ from typing import Any
 
 
 def progress_bar(progress: bool, total: int | None, desc: str, unit: str, initial: int = 0) -> Any:
-    """A tqdm bar on stderr, drawn only when asked for (`progress`) and stderr is a terminal: redirected
-    to a log or a service's journal, its carriage-return redraws would be lines of noise. Always a bar
-    (a disabled one draws nothing and counts nothing: its `update` is a no-op)."""
+    """A tqdm bar on stderr, drawn only when asked for and stderr is a terminal (in a log its redraws
+    would be noise); always a bar (a disabled one's `update` is a no-op)."""
     from tqdm import tqdm
 
     shown = progress and sys.stderr.isatty()

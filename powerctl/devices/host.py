@@ -12,23 +12,19 @@ from powerctl.errors import DeviceError
 
 
 class HostDevice(Device):
-    """Wall-clock time, no frequency knob, no power sensor (energy is then not reported). Training goes
-    to `torch_device` (`auto`, `cpu`, `cuda:INDEX`: `powerctl.devices.torchdev`; default auto); a CUDA
-    device torch does not have is refused when it is opened, before any work."""
+    """Wall-clock time, no frequency knob, no power sensor; training goes to `torch_device` (`auto`, `cpu`,
+    `cuda:INDEX`), one named being checked when opened, before any work."""
 
     board = "host"
 
     def __init__(self, spec: str = "host", *, torch_device: str = "auto") -> None:
         super().__init__()
         self.spec = spec
-        # asked for by name: checked now (a missing GPU is one line before any work); auto: when training
-        # asks, so that listing the host (`powerctl devices`) does not load torch
+        # auto: resolved when training asks, so that listing the host does not load torch
         self._torch_device = None if torch_device == "auto" else resolve_torch_device(torch_device)
 
     def torch_device(self) -> str:
-        if self._torch_device is None:
-            return super().torch_device()
-        return self._torch_device
+        return super().torch_device() if self._torch_device is None else self._torch_device
 
     def frequencies(self) -> list[int]:
         return []

@@ -10,14 +10,12 @@ XDG_HOMES = {
     "data": ("XDG_DATA_HOME", (".local", "share")),
     "state": ("XDG_STATE_HOME", (".local", "state")),
 }
-"""Kind → its environment variable and its default under the home folder (the XDG Base Directory
-specification)."""
+"""Kind → its environment variable and its default under the home folder (XDG Base Directory spec)."""
 
 
 def xdg_home(kind: str) -> Path:
     """$XDG_CACHE_HOME, $XDG_DATA_HOME or $XDG_STATE_HOME (`kind` cache, data or state), else its default
-    under ~ (~/.cache, ~/.local/share, ~/.local/state). A relative value is ignored, as the specification
-    says: each of Flower's processes runs in another folder."""
+    under ~; a relative value is ignored, as the specification says."""
     variable, default = XDG_HOMES[kind]
     value = os.environ.get(variable, "")
     if value and "\0" not in value and Path(value).is_absolute():
