@@ -67,13 +67,9 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--samples", type=int, default=3200, help="training samples per timed run (default 3200)")
     ap.add_argument("--repeats", type=int, default=7, help="interleaved repeats, median reported (default 7)")
-    ap.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="torch threads (default 1: CPU time then measures work even on a busy machine; "
-        "0 = torch's choice)",
-    )
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads (default 1: CPU time then measures work even on a busy machine; "
+                    "0 = torch's choice)")  # fmt: skip
     ap.add_argument("--no-sim", action="store_true", help="skip the simulated board")
     args = ap.parse_args()
     if args.threads > 0:
@@ -96,15 +92,8 @@ def main() -> None:
     def run_ft(device: Device, samples: int) -> tuple[float, float]:
         model = copy.deepcopy(init)
         start, cpu = time.perf_counter(), time.process_time()
-        config = FineTuneConfig(
-            batch_size=b,
-            lr=lr,
-            target_accuracy=None,
-            max_samples=samples,
-            eval_every_samples=None,
-            eval_max_samples=32,
-            seed=0,
-        )
+        config = FineTuneConfig(batch_size=b, lr=lr, target_accuracy=None, max_samples=samples,
+                                eval_every_samples=None, eval_max_samples=32, seed=0)  # fmt: skip
         fine_tune(model, ds, test, config, device=device, workload=workload, callbacks=quiet)
         return time.perf_counter() - start, time.process_time() - cpu
 
