@@ -38,9 +38,14 @@ BOUNDARY_GID = "cap-boundary"
 _STAR_DX, _STAR_DY = 0.3, 0.22  # the star in the selected cell's upper-right corner (cell units)
 _VEIL = 0.6  # the white over a cell over the cap: its value legible, the feasible region standing out
 _CHAR_IN = 0.062  # about one character of an 8-point legend label, in inches (to fit legend rows)
+_STAR: dict[str, Any] = {"ls": "none", "marker": "*", "markersize": 13, "markerfacecolor": "gold"}
+_STAR |= {"markeredgecolor": "black", "markeredgewidth": 0.8, "zorder": 5, "gid": SELECTION_GID}
 _MISSING_HATCH = "////"
 _MISSING_EDGE = "0.72"
 _BOUNDARY_COLOR = "#1565c0"  # blue: stands out on both the red power map and the viridis time maps
+_BOUNDARY: dict[str, Any] = {"colors": _BOUNDARY_COLOR, "linewidths": 2.5, "capstyle": "projecting"}
+_BOUNDARY["gid"] = BOUNDARY_GID
+_CELLS: dict[str, Any] = {"origin": "lower", "aspect": "auto", "interpolation": "nearest"}
 
 
 @dataclass(frozen=True)
@@ -140,15 +145,8 @@ def _colour_scale(fig: FigureBase, ax: Axes, values: np.ndarray, panel: _Panel) 
         hi = lo + 1.0
     norm = LogNorm(lo, hi) if panel.log and lo > 0 and hi / lo > 5 else Normalize(lo, hi)
     colormap = matplotlib.colormaps[panel.cmap].with_extremes(bad=(0, 0, 0, 0))  # missing cells: see-through
-    im = ax.imshow(
-        np.ma.masked_invalid(values),
-        cmap=colormap,
-        norm=norm,
-        origin="lower",
-        aspect="auto",
-        interpolation="nearest",
-        extent=(-0.5, n_cols - 0.5, -0.5, n_rows - 0.5),
-    )
+    extent = (-0.5, n_cols - 0.5, -0.5, n_rows - 0.5)
+    im = ax.imshow(np.ma.masked_invalid(values), cmap=colormap, norm=norm, extent=extent, **_CELLS)
     cbar = fig.colorbar(im, ax=ax, pad=0.015, fraction=0.05)
     cbar.set_label(panel.cbar_label)
     if isinstance(norm, LogNorm):
@@ -199,16 +197,7 @@ def _cap_boundary(ax: Axes, cap: float, feasible: np.ndarray, infeasible: np.nda
                 segments.append([(x - abs(di) / 2, y - abs(dj) / 2), (x + abs(di) / 2, y + abs(dj) / 2)])
     if not segments:
         return []
-    ax.add_collection(
-        LineCollection(
-            segments,
-            colors=_BOUNDARY_COLOR,
-            linewidths=2.5,
-            capstyle="projecting",
-            gid=BOUNDARY_GID,
-            zorder=4.5,  # over the selected cell's outline: the boundary reads unbroken
-        )
-    )
+    ax.add_collection(LineCollection(segments, **_BOUNDARY, zorder=4.5))  # over the selected cell's outline
     return [Line2D([], [], color=_BOUNDARY_COLOR, lw=2.5, label=f"cap boundary ({cap:.2f} W)")]
 
 
@@ -221,20 +210,9 @@ def _mark_selection(ax: Axes, grid: _Grid, selection: Pick) -> Artist:
         )
     x, y = grid.frequencies_hz.index(key[1]), grid.batch_sizes.index(key[0])
     _cell(ax, x, y, fill=False, edgecolor="black", lw=2.2, zorder=4, gid=SELECTION_CELL_GID)
-    (star,) = ax.plot(
-        [x + _STAR_DX],
-        [y + _STAR_DY],
-        ls="none",
-        marker="*",
-        markersize=13,
-        markerfacecolor="gold",
-        markeredgecolor="black",
-        markeredgewidth=0.8,
-        zorder=5,
-        gid=SELECTION_GID,
-        label=f"selected: b = {key[0]}, {key[1] / 1e6:.0f} MHz",
-    )
-    return star
+    label = f"selected: b = {key[0]}, {key[1] / 1e6:.0f} MHz"
+    (line,) = ax.plot([x + _STAR_DX], [y + _STAR_DY], **_STAR, label=label)
+    return line
 
 
 def _peak_panel(title: str) -> _Panel:
