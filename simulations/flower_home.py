@@ -26,8 +26,8 @@ from typing import IO, Any
 
 from powerctl.errors import FileFormatError, PowerctlError
 from powerctl.files.jsonfile import read_json, write_json
-from powerctl.procs import alive, environ, proc_stat, proc_table
-from simulations.local_superlink import stop_tree
+from powerctl.procs import alive, environ, proc_table
+from simulations.local_superlink import identity, stop_tree
 
 PREFIX = "powerfed-flwr-home-"
 MARKER = "launcher.json"
@@ -63,16 +63,11 @@ def _still_there(fd: int, path: Path) -> bool:
     return (here.st_dev, here.st_ino) == (held.st_dev, held.st_ino)
 
 
-def _identity(pid: int) -> list[int] | None:
-    st = proc_stat(pid)
-    return [pid, st.start_ticks] if st is not None and st.running else None
-
-
 def processes_of(home: Path, recorded: Iterable[tuple[int, int]] = ()) -> list[int]:
     """The live processes of `home`'s run: those recorded (pid and start time both match) and every
     process whose environment has FLWR_HOME=`home`; never this one."""
     table = proc_table()
-    found = {p for p, ticks in recorded if (st := table.get(p)) and st.running and st.start_ticks == ticks}
+    found = {p for p, ticks in recorded if identity(p, table) == (p, ticks)}
     for pid, st in table.items():
         if st.running and (env := environ(pid)) is not None and env.get("FLWR_HOME") == str(home):
             found.add(pid)
@@ -105,7 +100,7 @@ class FlowerHome:
 
     def __init__(self, path: Path, fd: int) -> None:
         self.path, self._fd = path, fd
-        self._launcher = _identity(os.getpid())
+        self._launcher = list(identity(os.getpid()) or ()) or None
         self._procs: dict[int, int] = {}
         self._watchdog: subprocess.Popen[bytes] | None = None
 
@@ -133,7 +128,7 @@ class FlowerHome:
     def record(self, pids: Iterable[int]) -> None:
         """Add `pids` (with their start times) to `launcher.json`, atomically."""
         for pid in pids:
-            if pid not in self._procs and (ident := _identity(pid)) is not None:
+            if pid not in self._procs and (ident := identity(pid)) is not None:
                 self._procs[pid] = ident[1]
         data: dict[str, Any] = {
             "schema": SCHEMA,

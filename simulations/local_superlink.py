@@ -119,8 +119,9 @@ def superlink_home(pid: int) -> Path | None:
     return home if os.path.normpath(log_file) == os.path.normpath(home / LOG_FILE) else None
 
 
-def _identity(pid: int, table: dict[int, ProcStat]) -> tuple[int, int] | None:
-    st = table.get(pid)
+def identity(pid: int, table: dict[int, ProcStat] | None = None) -> tuple[int, int] | None:
+    """(pid, its start time) while `pid` runs: what names one process even after its pid is reused."""
+    st = proc_stat(pid) if table is None else table.get(pid)
     return (pid, st.start_ticks) if st is not None and st.running else None
 
 
@@ -155,11 +156,10 @@ def stop_tree(pid: int, grace_s: float = 5.0) -> list[int]:
         table = proc_table()
         roots = {p for p, t in seen.items() if p in table and table[p].start_ticks == t} if seen else {pid}
         for p in _members(roots, table, protected):
-            if (ident := _identity(p, table)) is not None:
+            if (ident := identity(p, table)) is not None:
                 seen.setdefault(*ident)
         for p, ticks in seen.items():
-            st = proc_stat(p)
-            if st is not None and st.running and st.start_ticks == ticks:
+            if identity(p) == (p, ticks):
                 with contextlib.suppress(OSError):
                     os.kill(p, sig)
         deadline = time.monotonic() + grace_s
@@ -171,11 +171,7 @@ def stop_tree(pid: int, grace_s: float = 5.0) -> list[int]:
 
 
 def _any_alive(procs: dict[int, int]) -> bool:
-    for p, ticks in procs.items():
-        st = proc_stat(p)
-        if st is not None and st.running and st.start_ticks == ticks:
-            return True
-    return False
+    return any(identity(p) == (p, ticks) for p, ticks in procs.items())
 
 
 def stop_local_superlink(port: int, grace_s: float = 5.0, *, home: Path | None = None) -> list[int]:
@@ -254,13 +250,5 @@ def flwr_run_command(app: str | Path, federation: str, run_config: str) -> list[
     """`flwr run APP --stream` with a federation config and a run config: the running interpreter's
     `flwr` (the venv's), so the SuperLink it starts runs the same Flower and the same project."""
     flwr = Path(sys.executable).parent / "flwr"
-    return [
-        str(flwr if flwr.exists() else "flwr"),
-        "run",
-        str(app),
-        "--stream",
-        "--federation-config",
-        federation,
-        "--run-config",
-        run_config,
-    ]
+    command = [str(flwr if flwr.exists() else "flwr"), "run", str(app), "--stream"]
+    return [*command, "--federation-config", federation, "--run-config", run_config]
