@@ -76,16 +76,12 @@ def _write_sysfs(path: Path, value: str) -> None:
 def read_model(root: Path) -> str | None:
     """The device-tree model string (NUL stripped), or None when the file does not exist."""
     path = root / MODEL_FILE
-    if not path.is_file():
-        return None
-    return _read(path).rstrip("\x00").strip()
+    return _read(path).rstrip("\x00").strip() if path.is_file() else None
 
 
 def read_compatible(root: Path) -> list[str]:
     path = root / COMPATIBLE_FILE
-    if not path.is_file():
-        return []
-    return [c for c in _read(path).split("\x00") if c]
+    return [c for c in _read(path).split("\x00") if c] if path.is_file() else []
 
 
 def _slug(text: str) -> str:
@@ -239,10 +235,8 @@ def _is_total_name(name: str) -> bool:
 def total_rail(rails: list[Rail]) -> Rail | None:
     """The board's input rail (what a wall-power cap limits); None when no rail looks like one."""
     by_name = {r.name.upper(): r for r in rails}
-    for name in TOTAL_RAILS:
-        if name in by_name:
-            return by_name[name]
-    return next((r for r in rails if _is_total_name(r.name)), None)
+    named = next((by_name[name] for name in TOTAL_RAILS if name in by_name), None)
+    return named or next((r for r in rails if _is_total_name(r.name)), None)
 
 
 # --- the device -----------------------------------------------------------------------------
@@ -319,11 +313,8 @@ class JetsonBoard(Device):
         if self.devfreq is None:
             return {}
         governor = self.devfreq / "governor"
-        return {
-            "governor": _read(governor) if governor.is_file() else None,
-            "min_freq": _read(self.devfreq / "min_freq"),
-            "max_freq": _read(self.devfreq / "max_freq"),
-        }
+        state = {"governor": _read(governor) if governor.is_file() else None}
+        return state | {name: _read(self.devfreq / name) for name in ("min_freq", "max_freq")}
 
     def apply_snapshot(self, state: dict[str, Any]) -> None:
         """Put back exactly the saved strings, writing only changed files; an empty state releases any pin
@@ -356,9 +347,7 @@ class JetsonBoard(Device):
         """The board's input rail; without a recognised one, the sum of all rails."""
         if not self._rails:
             raise DeviceError(f"{self.spec} ({self.model}): no INA3221 power rails found under {self.root}")
-        if self._total is not None:
-            return self._total.read_w()
-        return sum(rail.read_w() for rail in self._rails)
+        return self._total.read_w() if self._total is not None else sum(rail.read_w() for rail in self._rails)
 
     def memory_bytes(self) -> int:
         """MemTotal: the GPU shares the board's memory with the CPU."""
