@@ -192,7 +192,7 @@ class Profiling(Record):
     """How the round's profile was made and what it cost, written by the profile step's result
     (`fl_client.profile_step.Profiled.outcome`)."""
 
-    profiling_seconds: float = kind(NUMBER, 0.0)
+    profiling_seconds: float = kind(NUMBER)
     """Device seconds charged this round (only the power-aware method, for a profile it measured)."""
     profile_cached: bool = kind(Flag(), False)
     profile_points: int = kind(COUNT, 0)
@@ -272,7 +272,7 @@ class ClientReport(Record):
     batch_size: int = kind(Integer(1))
     frequency_hz: int = kind(COUNT)
     training: Training = nested(Training, required=True)  # noqa: RUF009
-    profiling: Profiling = nested(Profiling)  # noqa: RUF009
+    profiling: Profiling = nested(Profiling, required=True)  # noqa: RUF009
     cap: CapFollowed = nested(CapFollowed)  # noqa: RUF009
     step_downs: list[dict[str, float]] = kind(JsonItems(STEP_DOWN), factory=list)  # noqa: RUF009
     """The power guard's actions while training: `frequency_hz` stays the selected one; the last

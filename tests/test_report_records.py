@@ -78,7 +78,7 @@ def test_a_row_has_the_files_columns_in_the_files_order() -> None:
             lambda: Training(-1.0, None, None, 0, 0.5, False),
             "Training: 'device_seconds' must be a number ≥ 0",
         ),
-        (lambda: Profiling(profiling_costs_predicted={"guess": 1.0}), "must be a JSON object of device"),
+        (lambda: Profiling(0.0, profiling_costs_predicted={"guess": 1.0}), "must be a JSON object of device"),
         (lambda: CapFollowed(final_pair=[8]), "'final_pair' must be a JSON list \\[batch size, Hz\\]"),
         (lambda: _report(method="fastest"), "ClientReport: 'method' must be one of"),
     ],
@@ -91,8 +91,9 @@ def test_a_record_is_checked_where_it_is_made(make, fragment: str) -> None:
 
 def test_a_reply_missing_a_training_field_or_holding_a_bad_step_down_is_one_line() -> None:
     sent = dict(_report().to_config())
-    with pytest.raises(ProtocolError, match="missing key 'samples'"):
-        ClientReport.from_config({k: v for k, v in sent.items() if k != "samples"})
+    for key in ("samples", "profiling-seconds"):  # every report has them
+        with pytest.raises(ProtocolError, match=f"missing key '{key}'"):
+            ClientReport.from_config({k: v for k, v in sent.items() if k != key})
     bad = json.dumps([{"device_seconds": 1.0, "old_hz": 5, "new_hz": 4, "measured_w": -1, "power_cap_w": 3}])
     with pytest.raises(ProtocolError, match="'step-downs' measured_w must be a number ≥ 0"):
         ClientReport.from_config({**sent, "step-downs": bad})
