@@ -64,14 +64,9 @@ def run_flower(
     flwr_out.mkdir(parents=True)
     config = spec.run_config(flwr_out, methods, profiles)
     log_path = out / "flwr.log"
+    federation, run_config = federation_config(spec, cpus_per_client), run_config_text(config)
     run = run_flwr(
-        federation_config(spec, cpus_per_client),
-        run_config_text(config),
-        log_path,
-        echo=echo,
-        verbose=verbose,
-        port=port,
-        index_messages=index_messages,
+        federation, run_config, log_path, echo=echo, verbose=verbose, port=port, index_messages=index_messages
     )
     if run.error_line:
         raise FleetRunError(f"the ServerApp stopped: {run.error_line} (log: {log_path})", run.pids)
@@ -238,14 +233,12 @@ def run_seeds(
             run.error, run.pids = str(exc), exc.pids
         run.wall_seconds = time.perf_counter() - t0
         runs.append(run)
-        echo(
-            f"=== seed {k} of {count} "
-            + (
-                f"done in {run.wall_seconds:.0f} s: {folder}"
-                if run.ok
-                else f"FAILED after {run.wall_seconds:.0f} s: {run.error}"
-            )
+        ended = (
+            f"done in {run.wall_seconds:.0f} s: {folder}"
+            if run.ok
+            else f"FAILED after {run.wall_seconds:.0f} s: "
         )
+        echo(f"=== seed {k} of {count} {ended}{run.error or ''}")
     results = build_seed_results(spec, methods, runs, wall_seconds=time.perf_counter() - started)
     write_results(out / "results.json", results)
     with replacing(out / "summary.txt") as tmp:
