@@ -273,9 +273,7 @@ class Bounded:
 
     def help(self, text: str) -> str:
         """`text` with this type's range: "rate (default 50)" → "rate (default 50; in (0, 1000])"."""
-        if text.endswith(")"):
-            return f"{text[:-1]}; {self.range})"
-        return f"{text} ({self.range})"
+        return f"{text[:-1]}; {self.range})" if text.endswith(")") else f"{text} ({self.range})"
 
 
 def add_command(sub: Any, name: str, text: str | None, **kwargs: Any) -> argparse.ArgumentParser:

@@ -175,9 +175,8 @@ class NvmlGpu(Device):
 
     def pin_refusal(self) -> str | None:
         """Locking clocks needs root (NVML's rule); as root, only the attempt can tell."""
-        if hasattr(os, "geteuid") and os.geteuid() != 0:
-            return "locking GPU clocks needs root (NVML)"
-        return None
+        root = not hasattr(os, "geteuid") or os.geteuid() == 0
+        return None if root else "locking GPU clocks needs root (NVML)"
 
     def _write_pin(self, hz: int) -> None:
         mhz = hz // MHZ

@@ -368,9 +368,7 @@ class MappingReader:
 
     def value(self, key: str, kind: Kind, default: Any = MISSING) -> Any:
         """The value of `key` checked by `kind`; `default` (returned as given) when absent."""
-        if key not in self.data:
-            return self.get(key, default)
-        return self.check(key, self.data[key], kind)
+        return self.check(key, self.data[key], kind) if key in self.data else self.get(key, default)
 
     def check(self, key: str, value: Any, kind: Kind | Callable[[Any], Any]) -> Any:
         """`value` (found under `key`, or inside it) checked by `kind`, or this reader's one-line error."""

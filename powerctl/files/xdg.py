@@ -18,6 +18,5 @@ def xdg_home(kind: str) -> Path:
     under ~; a relative value is ignored, as the specification says."""
     variable, default = XDG_HOMES[kind]
     value = os.environ.get(variable, "")
-    if value and "\0" not in value and Path(value).is_absolute():
-        return Path(value)
-    return Path.home().joinpath(*default)
+    usable = value and "\0" not in value and Path(value).is_absolute()
+    return Path(value) if usable else Path.home().joinpath(*default)

@@ -46,9 +46,8 @@ def bad_record(key: str, problem: str, spec: str | None = None) -> BadRecordErro
 
 def state_dir() -> Path:
     """`POWERCTL_STATE_DIR`, else `$XDG_STATE_HOME/powerctl`, else `~/.local/state/powerctl`."""
-    if d := os.environ.get("POWERCTL_STATE_DIR"):
-        return Path(d)
-    return xdg_home("state") / "powerctl"
+    d = os.environ.get("POWERCTL_STATE_DIR")
+    return Path(d) if d else xdg_home("state") / "powerctl"
 
 
 def _file_stem(key: str) -> str:

@@ -126,9 +126,7 @@ def recover(device: Pinnable) -> str | None:
         return None
     try:
         record = read_record(key, device.spec)
-        if record is None or record.kind != KIND_PIN:
-            return None
-        return put_back(device, record)
+        return None if record is None or record.kind != KIND_PIN else put_back(device, record)
     except BadRecordError as exc:  # left for `freq --restore`; a pin is refused with this line
         log.debug("%s", exc)
         return None

@@ -235,10 +235,7 @@ def over_budget(
 
 def choose_way(ways: Sequence[str], costs_s: Mapping[str, float], budget_s: float) -> str:
     """The first (most thorough) of `ways` predicted to fit the budget; else the last (the least)."""
-    for way in ways:
-        if way in costs_s and costs_s[way] <= budget_s:
-            return way
-    return ways[-1]
+    return next((way for way in ways if way in costs_s and costs_s[way] <= budget_s), ways[-1])
 
 
 CONFIRM_KEY = "confirm"  # `Profile.extra` key of the predicted way's profile: where its choice is measured

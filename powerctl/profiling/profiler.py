@@ -305,9 +305,7 @@ class _FittedOrder:
     def _value(self, fit: ProfileFit | None, b: int, hz: int) -> ProfilePoint | None:
         if (b, hz) in self.measured:
             return self.measured[b, hz]
-        if fit is None or b not in fit.utilisation:
-            return None
-        return fit.predict(b, hz, self.p.samples)
+        return None if fit is None or b not in fit.utilisation else fit.predict(b, hz, self.p.samples)
 
     def _boundary(self, fit: ProfileFit, b: int, utilisation: float) -> int:
         """The highest frequency whose predicted peak at `utilisation` is under the cap (else the lowest)."""
