@@ -69,13 +69,8 @@ def prepared_relation(fleet: Path, threads: int, cache: Path) -> RelationVector:
         "POWERFED_CACHE": str(cache),
         "PYTHONPATH": str(ROOT),
     }
-    proc = subprocess.run(
-        [sys.executable, "-c", PREPARE, str(fleet), str(cache.parent), str(ROOT)],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    argv = [sys.executable, "-c", PREPARE, str(fleet), str(cache.parent), str(ROOT)]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"preparing with {threads} thread(s) failed: {proc.stderr.strip()[-2000:]}")
     return RelationVector.from_dict(json.loads(proc.stdout.strip().splitlines()[-1]))
@@ -114,12 +109,8 @@ class BoardPicks:
     label: str
     one: Pick
     two: Pick
-    within: bool
-    """The same pair, or each within the other's interval under both vectors."""
-
-    @property
-    def same(self) -> bool:
-        return (self.one.batch_size, self.one.frequency_hz) == (self.two.batch_size, self.two.frequency_hz)
+    same: bool
+    within: bool  # the same pair, or each within the other's interval under both vectors
 
 
 def compare(
@@ -131,7 +122,7 @@ def compare(
         a, b = select(profile, one, cap, rule=rule), select(profile, two, cap, rule=rule)
         same = (a.batch_size, a.frequency_hz) == (b.batch_size, b.frequency_hz)
         within = same or all(within_interval(profile, r, cap, p) for r in (one, two) for p in (a, b))
-        out.append(BoardPicks(label, a, b, within))
+        out.append(BoardPicks(label, a, b, same, within))
     return out
 
 
