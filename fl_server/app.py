@@ -1,11 +1,5 @@
-"""The ServerApp: pre-trained weights + relation vector → power-aware rounds → results.json.
-
-From the run config (`fl_server.run_config`): the weights come from a file or from pre-training on the
-embedded task (cached); the relation vector from a file or from estimating it on the proxy data (3 seeds
-by default, cached). The strategy (`strategies.power_aware`) runs the rounds; after each one the
-per-client table and the round summary are printed and `results.json` is rewritten. The run's output
-ends with one line ``results: /ABSOLUTE/PATH/results.json``.
-"""
+"""The ServerApp: weights (given, shipped or pre-trained) + relation vector (given, shipped or estimated)
+→ power-aware rounds, each printed and written to results.json; ends with ``results: /ABSOLUTE/PATH``."""
 
 from __future__ import annotations
 
@@ -95,12 +89,8 @@ def pretrain_recipe(cfg: ServerConfig) -> dict[str, Any]:
 
 
 def weights_path(cfg: ServerConfig) -> Path:
-    """Where the weights to start from are: the given file; the shipped weights where the run's recipe
-    is theirs (`fl_server.shipped`: unpacked into the weights cache, the same tensors on every CPU);
-    else the pre-training cache's entry for the run's recipe (which may not exist yet). The cache's
-    recipe holds what the floats depend on (torch's minor version, its intra-op thread count, the CPU:
-    `numerics_key`) but not `server-device`, whose weights differ from the CPU's only by
-    floating-point nondeterminism (docs/howto/server-gpu.md)."""
+    """The given file; else the shipped weights where the recipe is theirs; else the pre-training
+    cache's entry (keyed by what the floats depend on, `numerics_key`; not by `server-device`)."""
     if cfg.weights:
         return app_path(cfg.weights, "weights")
     if (path := unpacked_weights(pretrain_recipe(cfg), cache_dir("weights"))) is not None:
@@ -122,8 +112,7 @@ def is_shipped(path: Path) -> bool:
 def train_weights(
     cfg: ServerConfig, path: Path, *, progress: bool = False, say: Callable[[str], None] | None = None
 ) -> Path:
-    """Pre-train the run's model on the embedded task into `path`; `say` hears when it starts, how far
-    it is (every few seconds: samples, elapsed, left) and how long it took."""
+    """Pre-train the run's model on the embedded task into `path`; `say` hears how it goes."""
     from fl_server.pretrain import PretrainSettings, pretrain
 
     started = time.perf_counter()
@@ -147,8 +136,7 @@ def train_weights(
 def pretrained_weights(
     cfg: ServerConfig, *, progress: bool = False, say: Callable[[str], None] | None = None
 ) -> Path:
-    """The weights to start from (`weights_path`), pre-trained on the embedded task when neither shipped
-    nor cached; `say` hears which, and how pre-training goes (`train_weights`)."""
+    """`weights_path`, pre-trained when neither shipped nor cached; `say` hears which."""
     path = weights_path(cfg)
     if path.is_file():
         if say is not None and is_shipped(path):
@@ -185,10 +173,8 @@ def relation_vector(
     compute: bool = True,
     shipped: bool = True,
 ) -> RelationVector:
-    """The relation vector: the given file (checked against the model), the shipped one where the run's
-    recipe is its (`fl_server.shipped`; `shipped=False`: not looked for), or estimated on the proxy data
-    (`say` hears each run's end, with an estimate of the time left; `compute=False`: only a cached one,
-    else `NotCached`)."""
+    """The given file, the shipped vector where the recipe is its (unless `shipped=False`), or estimated
+    on the proxy data (`compute=False`: only a cached one, else `NotCached`)."""
     if cfg.relation:
         return given_relation(cfg)
     if shipped and (data := shipped_bytes("relation", relation_recipe(cfg, weights))) is not None:
@@ -210,7 +196,6 @@ def relation_vector(
 
 
 def relation_settings(cfg: ServerConfig) -> RelationSettings:
-    """The run's relation settings (`fl_server.relation.RelationSettings`), made once from its config."""
     from fl_server.relation import RelationSettings
 
     return RelationSettings(
@@ -229,7 +214,6 @@ def relation_settings(cfg: ServerConfig) -> RelationSettings:
 def instructions(
     cfg: ServerConfig, relation: RelationVector, meta_classes: int, overrides: dict[str, Any]
 ) -> TrainInstructions:
-    """The run's train instructions: the settings the clients take from the server, and the relation."""
     return TrainInstructions.for_run(
         cfg, num_classes=meta_classes, model_overrides=overrides, relation=relation
     )
@@ -245,24 +229,20 @@ def prepare(cfg: ServerConfig, lines: Any = None) -> tuple[Path, dict[str, Any]]
 
 
 def prepare_apart(cfg: ServerConfig) -> tuple[Path, RelationVector]:
-    """`prepare` in a spawned process with its own interpreter.
-
-    Pre-training and the relation estimate train small models in tight Python loops. In Flower's
-    simulation the ServerApp is a thread of the simulation process, sharing its GIL with the engine's
-    own threads, and those loops run many times slower there (measured: docs/design/federation.md).
-    """
-    what = [
-        f"weights {cfg.weights}" if cfg.weights else f"pre-training {cfg.model} on {cfg.pretrain_data}",
-        f"relation {cfg.relation}"
-        if cfg.relation
-        else f"relation vector on proxy {cfg.proxy_data} with {len(cfg.seeds())} seeds",
-    ]
+    """`prepare` in a spawned interpreter: in a simulation the ServerApp shares the engine's GIL, and
+    its training loops run many times slower there (docs/design/federation.md)."""
     if cfg.relation:
         given_relation(cfg)  # a file for another model is refused here, not after a spawned pre-training
     if (ready := cached_preparation(cfg)) is not None:
         shipped = "shipped with the package" if is_shipped(ready[0]) else f"cached under {cache_dir('')}"
         say(f"prepared ({shipped}): weights {ready[0]}")
         return ready
+    what = [
+        f"weights {cfg.weights}" if cfg.weights else f"pre-training {cfg.model} on {cfg.pretrain_data}",
+        f"relation {cfg.relation}"
+        if cfg.relation
+        else f"relation vector on proxy {cfg.proxy_data} with {len(cfg.seeds())} seeds",
+    ]
     say(f"preparing: {'; '.join(what)} (cached under {cache_dir('')}) ...")
     started = time.perf_counter()
     ctx = multiprocessing.get_context("spawn")
@@ -282,8 +262,7 @@ def prepare_apart(cfg: ServerConfig) -> tuple[Path, RelationVector]:
 
 
 def cached_preparation(cfg: ServerConfig) -> tuple[Path, RelationVector] | None:
-    """The weights and relation vector when both are given or cached, looked up in this process: a
-    warm cache costs reading the two and the proxy data, not a spawned interpreter (`prepare_apart`)."""
+    """The weights and relation vector when both are given or cached, looked up without spawning."""
     from fl_server.relation import NotCached
 
     weights = weights_path(cfg)
@@ -309,16 +288,14 @@ def relation_line(relation: RelationVector) -> str:
     return f"relation vector r_b ({where}): {pairs}"
 
 
-CLIENT_TABLE_MAX = 24
-"""Rounds with more clients print only their summary (every client is in results.json)."""
+CLIENT_TABLE_MAX = 24  # rounds with more clients print only their summary (all are in results.json)
 
 
 def resume_point(
     cfg: ServerConfig, out: Path, fingerprint: str
 ) -> tuple[ResumePoint | None, EarlierFiles | None]:
-    """Where this run continues from (None: round 1), and the earlier files it does not continue. Those
-    (files of another run, or files that cannot be trusted) are renamed aside once this run has a result
-    of its own (`EarlierFiles`), never mixed into this run or deleted."""
+    """Where this run continues from (None: round 1), and the earlier files it does not continue (moved
+    aside once this run has a result of its own, never mixed in or deleted)."""
     if not (out / RESULTS_FILE).exists() and not (out / GLOBAL_FILE).exists():
         return None, None
     point, earlier = None, None
@@ -354,20 +331,16 @@ class RunSetup:
     base: TrainInstructions
     eval_config: ConfigRecord
     fingerprint: str
-    population: Population
-    """Which boards each round takes (every connected one unless the run samples a population)."""
-    reported: list[str] = field(default_factory=list)
-    """The methods in which some client reported in some round (none: the run failed)."""
-    failures: list[str] = field(default_factory=list)
-    """Why each method in which no client reported failed (`NoClientReported`'s line)."""
+    population: Population  # which boards each round takes
+    reported: list[str] = field(default_factory=list)  # methods in which some client reported
+    failures: list[str] = field(default_factory=list)  # why each other method failed
 
 
 def run_method(
     method: str, grid: Grid, setup: RunSetup, out: Path, known_nodes: dict[int, NodeInfo], label: bool = True
 ) -> tuple[Path, dict[int, NodeInfo]]:
-    """Every round of one method from the run's initial weights, or from where an earlier start of
-    this same run stopped; results in `out`/results.json, the model after each round in
-    `out`/global.safetensors. `label`: name the method in the round headers (several methods)."""
+    """Every round of one method, from the initial weights or where this run stopped before; results
+    and the model after each round in `out`. `label`: name the method in the round headers."""
     from fl_server.weights import save_weights
 
     cfg, model, meta = setup.cfg, setup.model, setup.meta
@@ -405,7 +378,6 @@ def run_method(
             say(evaluation_line(record))
 
     def save_global(server_round: int, arrays: ArrayRecord) -> None:
-        """The model after a completed round, atomically: what a restarted ServerApp continues from."""
         if writer.held:
             return  # no client has reported yet: the earlier run's model stays
         model.load_state_dict(arrays.to_torch_state_dict())
