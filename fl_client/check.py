@@ -1,29 +1,12 @@
 """`python -m fl_client.check`: can this machine reach the SuperLink, and if not, why.
 
-Flower 1.41 says little when a connection is wrong: a SuperNode started `--insecure` against a TLS
-SuperLink retries forever and nothing is logged on either side; `flwr run` with a wrong CA says only
-"Connection to the SuperLink is unavailable"; an unregistered key is "[code: 2004] Failed to activate
-SuperNode" (docs/deployment.md, "When it does not connect"). This check connects the way a SuperNode
-(`--superlink`, `--insecure` or `--root-certificates`, `--auth-supernode-private-key`, the same flags)
-or `flwr run` (`--connection NAME` from $FLWR_HOME/config.toml) does, one layer at a time (the
-network's first: `fl_client.check_network`), and names the first thing that is wrong:
-
-- wrong address: the name does not resolve, nothing listens, no answer, or not a Flower SuperLink;
-- TLS mismatch: `--insecure` against a TLS SuperLink, or TLS against an insecure one;
-- untrusted certificate: not signed by the given CA (or, without one, by the system's); also a
-  certificate that does not name the address (no SAN for it) or that has expired;
-- unregistered node key: the SuperLink has no SuperNode with this public key; a key whose SuperNode
-  is still counted online (a crash less than ~60 s ago) is told apart when the Control API answers
-  (node key in use), and when it does not answer the refusal is only "node key not activated".
-
-The files named (node key, CA certificate, $FLWR_HOME/config.toml) are read first, bounded, as Flower
-reads them; one it cannot use (a key with a passphrase, a CA that is not PEM, a config.toml that is a
-folder or not TOML) is one line and exit status 2 before anything connects.
-
-A SuperNode-side check with a key activates the node and releases it at once (what a SuperNode does
-when it starts and stops cleanly); without a key it registers a throwaway key and unregisters it
-(what a SuperNode without a key does). Exit status: 0 all good, 1 a problem found (its line last),
-2 bad flags or files.
+Flower says little when a connection is wrong (docs/deployment.md, "When it does not connect"). This
+check connects as a SuperNode (its own flags) or as `flwr run` (`--connection NAME`) does, one layer at a
+time (the network's first: `fl_client.check_network`), and names the first thing that is wrong: wrong
+address, TLS mismatch, untrusted certificate, unregistered node key (or one still online after a crash).
+The files named are read first, as Flower reads them. A check with a key activates the node and releases
+it; without one it registers a throwaway key and unregisters it. Exit status: 0 all good, 1 a problem
+found (its line last), 2 bad flags or files.
 """
 
 from __future__ import annotations
@@ -41,8 +24,7 @@ from powerctl.errors import PowerctlError
 from strategies.flower_config import read_flwr_connection, read_small
 
 PROG = "python -m fl_client.check"
-HEARTBEAT_WINDOW_S = 60.0
-"""How long Flower 1.41 keeps a crashed SuperNode online: 2 × its 30 s heartbeat interval."""
+HEARTBEAT_WINDOW_S = 60.0  # how long Flower keeps a crashed SuperNode online: 2 × its heartbeat interval
 
 
 # ------------------------------------------------------------------------------- Flower's APIs
@@ -77,8 +59,7 @@ def _not_flower(t: Target, what: str, exc: Exception) -> CheckFailed:
     )
 
 
-KEY_LIMIT = 64 << 10
-"""A node key is a few hundred bytes."""
+KEY_LIMIT = 64 << 10  # a node key is a few hundred bytes
 
 
 def load_node_key(path: Path) -> Any:
@@ -104,10 +85,6 @@ def load_node_key(path: Path) -> Any:
             '(make one with: ssh-keygen -t ecdsa -b 384 -N "" -f KEY)'
         )
     return key
-
-
-def _verify(t: Target) -> str | bool:
-    return True if t.root_certificates is None else str(t.root_certificates)
 
 
 def control_nodes(t: Target) -> list[Any]:
@@ -161,11 +138,9 @@ def _online_for_s(node: Any) -> float:
 
 
 def release_stale_node(t: Target, say: Callable[[str], None]) -> bool:
-    """If the SuperLink still counts this key's node online (its SuperNode crashed less than ~60 s
-    ago), mark it offline, signed with the key, so a restarted SuperNode is accepted at once.
-
-    Only with a node key (a SuperNode without one registers a fresh key at every start and is never
-    refused), and only when the Control API answers; False when nothing was released."""
+    """If the SuperLink still counts this key's node online (its SuperNode crashed within the heartbeat
+    window), mark it offline, signed with the key, so a restarted SuperNode is accepted at once; False
+    when nothing was released (no such node, or the Control API does not answer)."""
     from flwr.proto.fleet_pb2 import DeactivateNodeRequest
     from flwr.supercore.primitives.asymmetric import public_key_to_bytes
 
@@ -195,10 +170,7 @@ def check_node_key(t: Target) -> str:
     """Activate the node with the key and release it at once, as a SuperNode starting and stopping."""
     import httpx
     from flwr.common.constant import HEARTBEAT_DEFAULT_INTERVAL
-    from flwr.proto.fleet_pb2 import (
-        ActivateNodeRequest,
-        DeactivateNodeRequest,
-    )
+    from flwr.proto.fleet_pb2 import ActivateNodeRequest, DeactivateNodeRequest
     from flwr.supercore.primitives.asymmetric import public_key_to_bytes
 
     assert t.node_key is not None
@@ -262,10 +234,7 @@ def _refused_key(t: Target, exc: Exception, public_key: bytes) -> CheckFailed:
 def check_self_registration(t: Target) -> str:
     """Without a key a SuperNode registers a fresh one: do that with a throwaway key, then undo it."""
     import httpx
-    from flwr.proto.fleet_pb2 import (
-        RegisterNodeFleetRequest,
-        UnregisterNodeFleetRequest,
-    )
+    from flwr.proto.fleet_pb2 import RegisterNodeFleetRequest, UnregisterNodeFleetRequest
     from flwr.supercore.primitives.asymmetric import generate_key_pairs, public_key_to_bytes
 
     private_key, public_key = generate_key_pairs()
@@ -376,8 +345,7 @@ def target_from_args(args: argparse.Namespace) -> Target:
 
 
 def check_files(t: Target) -> None:
-    """The files the target names (CA certificate, node key), read as Flower will read them: a bad one
-    is a PowerctlError (one line, exit status 2) before anything connects."""
+    """The CA certificate and node key, read as Flower will: a bad one is one line before connecting."""
     if t.root_certificates is not None:
         load_ca(t.root_certificates)
     if t.node_key is not None:

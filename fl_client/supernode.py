@@ -18,20 +18,10 @@ unchanged, after three things:
    or the key's node still online) it waits and starts it again, one line each time, until `--wait`
    seconds have passed.
 
-The wrapper waits on the SuperNode process itself, never on its output: Flower's SuperNode starts a
-`flower-superexec` that inherits the output pipe and lives until its parent is reaped, so reading the
-pipe to its end would wait for ever. When the SuperNode has exited, what it started and left behind
-(re-parented to this process, a Linux child subreaper) is stopped: SIGTERM, then SIGKILL.
-
-`flower-superexec` and `flwr-clientapp` are found on PATH by the SuperNode: the folder of the
-`flower-supernode` run (this interpreter's bin, a venv's) is put first on the SuperNode's PATH, so a
-service that starts `/opt/…/.venv/bin/python -m fl_client.supernode` with the venv not on PATH works.
-Before it, a private temporary folder holding a lighter `flwr-clientapp` (`fl_client.clientapp_entry`:
-Flower's own command without the SuperNode package it imports first), removed when the wrapper ends:
-each message's process (query, train, evaluate) starts faster; only the SuperNode's children see it.
-
-SIGINT/SIGTERM/SIGHUP are passed on to the SuperNode (which then restores its board and says goodbye to
-the SuperLink); the exit status is the SuperNode's.
+When the SuperNode has exited, what it left behind is stopped (SIGTERM, then SIGKILL). Its PATH starts
+with a lighter `flwr-clientapp` (`fl_client.clientapp_entry`) and the folder of `flower-supernode`, so a
+service that runs a venv's python without the venv on PATH works. SIGINT/SIGTERM/SIGHUP are passed on to
+the SuperNode (which restores its board and says goodbye); the exit status is the SuperNode's.
 """
 
 from __future__ import annotations
@@ -64,13 +54,12 @@ from powerctl.procs import option_value
 
 PROG = "python -m fl_client.supernode"
 REFUSED = "Failed to activate SuperNode"
-CONNECTION_ERROR = 305
-"""Flower's exit code (printed as `Exit Code: 305`) when the SuperNode cannot connect or is refused."""
+CONNECTION_ERROR = 305  # Flower's `Exit Code: 305`: the SuperNode cannot connect or is refused
 RETRY_S = 10.0
-STOP_GRACE_S = 10.0
-"""How long what the SuperNode left behind has to end after SIGTERM (a ClientApp restores its board)."""
-DRAIN_S = 2.0
-"""How long the rest of the output is read once every process we started has ended."""
+STOP_GRACE_S = (
+    10.0  # for what the SuperNode left behind to end after SIGTERM (a ClientApp restores its board)
+)
+DRAIN_S = 2.0  # the rest of the output is read this long once every process started has ended
 CHECK_TIMEOUT_S = 5.0
 CHECK_PROG = "python -m fl_client.check"
 MAX_WAIT_S = 86400.0
@@ -114,8 +103,7 @@ def child_env(tool: str, first: Path | None = None) -> dict[str, str]:
 
 
 def become_subreaper() -> bool:
-    """Orphans of the SuperNode's tree (its SuperExec, a ClientApp) are re-parented to this process
-    rather than to init, so they can be found and stopped (Linux; False elsewhere)."""
+    """Orphans of the SuperNode's tree are re-parented to this process, to be stopped (Linux only)."""
     try:
         import ctypes
 
@@ -146,9 +134,8 @@ def _reap(pid: int) -> bool:
 
 def stop_leftovers(grace_s: float = STOP_GRACE_S) -> list[int]:
     """SIGTERM every child of this process (left by an exited SuperNode), SIGKILL what is left after
-    `grace_s`, and reap them: by pid, safe because an unreaped child's pid cannot be reused.
-    Done only at a scan with no child at all: a child may show as a zombie in /proc before its own
-    children show as re-parented here; once it is reaped they do, and the next scan finds them."""
+    `grace_s`, and reap them (an unreaped child's pid cannot be reused). Done only at a scan with no
+    child at all: a reaped zombie's own children show up here at the next scan."""
     deadline = time.monotonic() + grace_s
     signalled: dict[int, signal.Signals] = {}
     seen: set[int] = set()
@@ -175,18 +162,13 @@ class Outcome:
     """How one SuperNode run ended, read from its exit status and its output."""
 
     rc: int = 0
-    flower_exit: int | None = None
-    """The code Flower printed (`Exit Code: N`); its process exit status is 1 whatever N is."""
-    refused: bool = False
-    """`[code: 2004] Failed to activate SuperNode`."""
-    bind: tuple[str, int, str] | None = None
-    """(host, port, why) of the local API address uvicorn could not bind."""
+    flower_exit: int | None = None  # the code Flower printed (`Exit Code: N`); its exit status is 1
+    refused: bool = False  # `[code: 2004] Failed to activate SuperNode`
+    bind: tuple[str, int, str] | None = None  # (host, port, why) of the local API uvicorn could not bind
     api_failed: bool = False
-    held: list[str] = field(default_factory=list)
-    """The last traceback, held back: printed only when its cause is not named in one line."""
+    held: list[str] = field(default_factory=list)  # the last traceback, shown only when not named in a line
     in_traceback: bool = False
-    stopped: bool = False
-    """The wrapper passed on a stop signal: the SuperNode was asked to stop."""
+    stopped: bool = False  # a stop signal was passed on
 
     def read(self, line: str) -> list[str]:
         """Note what `line` says; the lines to show now. A traceback is held back until a line that is
@@ -208,11 +190,15 @@ class Outcome:
         return shown
 
 
+def _flush(lines: list[str]) -> None:
+    sys.stdout.writelines(lines)
+    sys.stdout.flush()
+
+
 def _pass_through(stream: object, outcome: Outcome) -> None:
     for line in stream:  # type: ignore[attr-defined]
         if shown := outcome.read(line):
-            sys.stdout.writelines(shown)
-            sys.stdout.flush()
+            _flush(shown)
 
 
 def run_once(argv: list[str], env: dict[str, str]) -> Outcome:
@@ -233,14 +219,8 @@ def run_once(argv: list[str], env: dict[str, str]) -> Outcome:
     proc: subprocess.Popen[str] | None = None
     reader: threading.Thread | None = None
     try:
-        proc = subprocess.Popen(
-            argv,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            env=env,
-        )
+        out, stdin = subprocess.PIPE, subprocess.DEVNULL
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=stdin, text=True, env=env)
         started.append(proc)
         if outcome.stopped:  # the signal came while it was being started
             proc.terminate()
@@ -359,11 +339,6 @@ def run_until_started(
         time.sleep(RETRY_S)
         if target.node_key is not None:
             release_stale_node(target, _say)
-
-
-def _flush(lines: list[str]) -> None:
-    sys.stdout.writelines(lines)
-    sys.stdout.flush()
 
 
 @one_line_errors(PROG)
