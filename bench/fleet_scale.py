@@ -82,17 +82,10 @@ def run_size(
         m = ROUND_END.match(line)
         if m:
             window = [s for s in sampler.samples if last <= s[0] <= t]
-            rows.append(
-                {
-                    "boards": per_round or n,
-                    "population": n,
-                    "dispatch": "indexed" if index else "flower",
-                    "round": int(m.group(1)),
-                    "wall_s": t - last,
-                    "peak_tree_mib": max((s[1] for s in window), default=0) / 2**20,
-                    "peak_process_mib": max((s[2] for s in window), default=0) / 2**20,
-                }
-            )
+            tree, largest = (max((s[i] for s in window), default=0) / 2**20 for i in (1, 2))
+            rows.append(dict(boards=per_round or n, population=n, dispatch="indexed" if index else "flower",
+                             round=int(m.group(1)), wall_s=t - last, peak_tree_mib=tree,
+                             peak_process_mib=largest))  # fmt: skip
             last = t
     return rows
 
@@ -120,7 +113,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             sel = [
                 r
                 for r in rows
-                if r["round"] == rnd and r["dispatch"] == dispatch and r["population"] == r["boards"]
+                if (r["round"], r["dispatch"], r["population"]) == (rnd, dispatch, r["boards"])
             ]
             if len(sel) < 2:
                 continue
@@ -159,26 +152,22 @@ def main() -> int:
         before: list[int] = [n for n in (100, 1000) if n in sizes]
     else:
         before = [int(s) for s in args.before_sizes.split(",") if s]
+    plan = [
+        (n, 0, index, f"{n} boards", " (Ray start included)")
+        for n in sorted(set(sizes) | set(before))
+        for index in ([False] if n in before else []) + ([True] if n in sizes else [])
+    ]
+    if args.population:
+        population = f"population {args.population}, {args.per_round} a round"
+        indexes = ([False] if args.population_before else []) + [True]
+        plan += [(args.population, args.per_round, index, population, "") for index in indexes]
     rows: list[dict[str, Any]] = []
-    for n in sorted(set(sizes) | set(before)):
-        for index in ([False] if n in before else []) + ([True] if n in sizes else []):
-            started = time.perf_counter()
-            rows += run_size(n, args.rounds, args.out, index, target=args.target)
-            took = time.perf_counter() - started
-            print(
-                f"{n} boards, {'indexed' if index else 'flower'} dispatch: {took:.0f} s for the whole run "
-                "(Ray start included)",
-                flush=True,
-            )
-    for index in (([False] if args.population_before else []) + [True]) if args.population else []:
+    for n, per_round, index, what, note in plan:
         started = time.perf_counter()
-        rows += run_size(args.population, args.rounds, args.out, index, args.per_round, args.target)
+        rows += run_size(n, args.rounds, args.out, index, per_round, args.target)
         took = time.perf_counter() - started
-        print(
-            f"population {args.population}, {args.per_round} a round, {'indexed' if index else 'flower'} "
-            f"dispatch: {took:.0f} s for the whole run",
-            flush=True,
-        )
+        dispatch = "indexed" if index else "flower"
+        print(f"{what}, {dispatch} dispatch: {took:.0f} s for the whole run{note}", flush=True)
     print_table(rows)
     return 0
 
