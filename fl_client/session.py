@@ -84,8 +84,7 @@ Step = Callable[..., Any]
 def _check_session_arguments(
     model: Any, make_step: Any, loss: Any, train_examples: Any, lr: Any, key: Any
 ) -> tuple[int, float | None]:
-    """PowerSession's arguments, checked where the user makes one: one ArgumentError line each (the
-    example batch: `_example`). Returns `train_examples` and `lr` as plain numbers (numpy's converted)."""
+    """PowerSession's arguments, one ArgumentError line each; `train_examples` and `lr` as plain numbers."""
     where = "PowerSession"
     check_model(where, model)
     check_callable(where, "make_step", make_step, "(model), returning step(x, y)", 1)
@@ -99,17 +98,13 @@ def _check_session_arguments(
     return examples, lr
 
 
-FIRST_STEP_TOLERANCE = 1.25
-"""How far the first step's FLOPs a sample may be from the profiled step's (a factor either way)."""
-
+FIRST_STEP_TOLERANCE = 1.25  # the first step's FLOPs a sample against the profiled step's, either way
+# On a real board: the median of TIMED_STEPS steps after the first against the profiled step's time at the
+# same pair, a factor either way (wide: timing noise, a shared GPU); profiled steps under MIN_TIMED_STEP_S
+# are not compared (launch overheads dominate).
 STEP_TIME_TOLERANCE = 2.0
-"""On a real board: how far the loop's step time may be from the profiled step's at the same pair (a
-factor either way). Wide: a board's timing noise, a second process on the GPU; a step doing other work
-than the profiled one (data moved inside the step, another precision) is further off."""
 TIMED_STEPS = 3
-"""Real-board steps timed after the first (which counts FLOPs and warms up); their median is compared."""
 MIN_TIMED_STEP_S = 2e-3
-"""A profiled step shorter than this is not timed against: launch overheads and noise dominate."""
 
 
 class SessionError(ClientWorkError):
@@ -152,10 +147,10 @@ class RoundContext:
             self.profile_cache = Path(self.profile_cache)
 
 
+# set by `power_aware_mod` while a train message is handled
 CURRENT_ROUND: contextvars.ContextVar[RoundContext | None] = contextvars.ContextVar(
     "powerfed_round", default=None
 )
-"""Set by `power_aware_mod` while a train message is handled."""
 
 
 def user_step(
@@ -199,10 +194,8 @@ def user_step(
 
 
 def optimizer_states(step: Any, model: nn.Module) -> int | None:
-    """How many copies of the parameters the step's optimizer keeps (Adam 2, SGD with momentum 1, plain
-    SGD 0), read from its state after one step: the memory a simulated board charges. The optimizer is
-    found where a step keeps it, in the step's closure (or its bound object); None when none is found
-    (the workload keeps Adam's 2, the larger)."""
+    """How many copies of the parameters the step's optimizer keeps (Adam 2, SGD 0), read from its state
+    after one step (the optimizer found in the step's closure or bound object; None: none found)."""
     params = {id(p): p for p in model.parameters()}
     for opt in _optimizers_of(step):
         counts = [
@@ -256,9 +249,8 @@ def _example(example: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tenso
 
 
 def _check_fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn) -> None:
-    """One sample of the example through the model and the loss (eval mode, no gradient, on the model's
-    device), so that an example of another shape is one line where the session is made, not a torch
-    error from inside profiling (or none at all when the profile is cached)."""
+    """One sample of the example through the model and the loss (eval mode, no gradient): an example of
+    another shape is one line where the session is made, not a torch error inside profiling."""
     device = next(model.parameters(), torch.empty(0)).device
     was_training = model.training
     model.eval()
@@ -275,19 +267,11 @@ def _check_fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: Loss
 
 
 def _step_key(model: nn.Module, make_step: MakeStep, key: str) -> str:
-    """Names the step in the profile cache: the model's class and size, what the step runs and the
-    model's code (`fl_client.step_identity`: through lambdas, partials, closures and globals), and the
-    user's own `key` (for what the code does not show)."""
+    """The step's name in the profile cache: the model's class and size, the code of the step and the
+    model (`fl_client.step_identity`), and the user's own `key` (for what the code does not show)."""
     params = sum(p.numel() for p in model.parameters())
-    what = "|".join(
-        [
-            type(model).__module__,
-            type(model).__qualname__,
-            str(params),
-            step_identity(make_step),
-            step_identity(type(model)),
-        ]
-    )
+    parts = [type(model).__module__, type(model).__qualname__, str(params), step_identity(make_step)]
+    what = "|".join([*parts, step_identity(type(model))])
     return f"{type(model).__qualname__}:{hashlib.sha256(what.encode()).hexdigest()[:16]}:{key}"
 
 
@@ -494,9 +478,8 @@ class PowerSession:
         return result
 
     def _check_first_step(self, flops: float | None, batch: int) -> None:
-        """The first step's FLOPs per sample against the profiled step's: another step (make_step
-        returned one the loop does not run) would be charged the wrong workload. A step torch counts
-        nothing in (no matmul or convolution) is not compared."""
+        """The first step's FLOPs per sample against the profiled step's (not compared when torch counts
+        none): another step would be charged the wrong workload."""
         profiled = self._workload.flops_per_sample if self._workload is not None else 0.0
         if not flops or not profiled or batch < 1:
             return
@@ -509,10 +492,8 @@ class PowerSession:
             )
 
     def _check_step_time(self, batch: int, seconds: float) -> None:
-        """On a real board, steps 2 to 1 + TIMED_STEPS against the profile's time at the pair in force:
-        their median off by more than STEP_TIME_TOLERANCE either way means the loop runs another step
-        than the one profiled (the FLOP check sees only matmuls and convolutions). Steps of another
-        batch size than the pair's (a last, short batch) are not timed."""
+        """On a real board, the median of steps 2 to 1 + TIMED_STEPS against the profile's time at the
+        pair in force (the FLOP check sees only matmuls and convolutions); a short last batch is not timed."""
         assert self.profiled is not None
         if batch != self.batch_size:
             return
