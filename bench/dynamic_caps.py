@@ -21,8 +21,6 @@ draws power, cap, batch size and frequency over time for one run of each policy.
 from __future__ import annotations
 
 import argparse
-import io
-import statistics
 import sys
 import time
 from collections.abc import Iterator
@@ -31,11 +29,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench_common import ROOT, line_buffered, mean_pm
 
-
-from fl_client.round import (  # noqa: E402
+from fl_client.round import (
     CapRule,
     MethodRule,
     RoundWork,
@@ -43,15 +39,15 @@ from fl_client.round import (  # noqa: E402
     measured_profile_step,
     usable_relation,
 )
-from powerctl.devices.base import Device  # noqa: E402
-from powerctl.records.pick import Pick  # noqa: E402
-from powerctl.records.profile import Profile  # noqa: E402
-from powerctl.records.relation import RelationVector  # noqa: E402
-from powerctl.selection.capsource import CapSource, ConstantCap, ScheduleCap, TraceCap  # noqa: E402
-from powerctl.selection.joint import select  # noqa: E402
-from powerctl.selection.names import OURS, STATE_OF_PRACTICE  # noqa: E402
-from simulations.demo import demo_work  # noqa: E402
-from simulations.demo_config import DemoConfig  # noqa: E402
+from powerctl.devices.base import Device
+from powerctl.records.pick import Pick
+from powerctl.records.profile import Profile
+from powerctl.records.relation import RelationVector
+from powerctl.selection.capsource import CapSource, ConstantCap, ScheduleCap, TraceCap
+from powerctl.selection.joint import select
+from powerctl.selection.names import OURS, STATE_OF_PRACTICE
+from simulations.demo import demo_work
+from simulations.demo_config import DemoConfig
 
 POLICIES = ("follow (ours)", "once for the minimum (ours)", "state of practice, following")
 
@@ -122,24 +118,16 @@ def run_once(work: RoundWork, caps: CapSource, rule: CapRule, seed: int) -> Outc
 
 def sources(board: str, profile: Profile, relation: RelationVector) -> dict[str, CapSource]:
     """A solar day over about one run at the trace's middle cap, and a step schedule down and up again."""
-    solar = TraceCap.load(ROOT / "simulations" / "caps" / f"solar-{board}.csv")
-    mid = (min(solar.watts) + max(solar.watts)) / 2
-    run_s = select(profile, relation, mid).predicted_seconds
-    assert run_s is not None, "Algorithm 1's pick predicts its time"
-    day = TraceCap.load(
-        ROOT / "simulations" / "caps" / f"solar-{board}.csv", time_scale=run_s / solar.period_s, end="clip"
-    )
+    trace = ROOT / "simulations" / "caps" / f"solar-{board}.csv"
+    solar = TraceCap.load(trace)
     lo, hi = min(solar.watts), max(solar.watts)
+    run_s = select(profile, relation, (lo + hi) / 2).predicted_seconds
+    assert run_s is not None, "Algorithm 1's pick predicts its time"
+    day = TraceCap.load(trace, time_scale=run_s / solar.period_s, end="clip")
     steps = ScheduleCap.from_pairs(
         [[0, hi], [0.2 * run_s, (lo + hi) / 2], [0.4 * run_s, lo], [0.7 * run_s, hi]], "step schedule"
     )
     return {"solar day": day, "steps down and up": steps}
-
-
-def _stat(values: list[float]) -> str:
-    if len(values) == 1:
-        return f"{values[0]:.1f}"
-    return f"{statistics.mean(values):.1f} ± {statistics.stdev(values):.1f}"
 
 
 def plot_runs(
@@ -173,13 +161,9 @@ def plot_runs(
             label = "pause" if e["kind"] == "pause" else f"b={e['new_batch_size']}"
             if label != shown:
                 shown = label
+                at = (e["t_s"], e["new_frequency_hz"] / 1e6)
                 right.annotate(
-                    label,
-                    (e["t_s"], e["new_frequency_hz"] / 1e6),
-                    fontsize=7,
-                    color="tab:green",
-                    xytext=(2, 4),
-                    textcoords="offset points",
+                    label, at, fontsize=7, color="tab:green", xytext=(2, 4), textcoords="offset points"
                 )
         ax.legend(loc="upper left", fontsize=7)
     axes[-1].set_xlabel("device seconds since the fine-tune started")
@@ -189,8 +173,7 @@ def plot_runs(
 
 
 def main(argv: list[str] | None = None) -> int:
-    assert isinstance(sys.stdout, io.TextIOWrapper), "stdout is a text stream (reconfigure)"
-    sys.stdout.reconfigure(line_buffering=True)  # rows appear as they are measured, also into a file
+    line_buffered()
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--boards", default="jetson-nano,jetson-tx2nx")
     p.add_argument("--seeds", type=int, default=3)
@@ -201,13 +184,11 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     settings = base.settings()
     # the whole grid, profiled once per board with noise seed 0, like every seeded run after it
+    unpinned = {
+        board: replace(base, device=f"sim:{board}", power_cap_w=None) for board in args.boards.split(",")
+    }
     works = {
-        board: replace(
-            demo_work(replace(base, device=f"sim:{board}", power_cap_w=None), settings),
-            caps=ConstantCap(None),
-            device_seed=0,
-        )
-        for board in args.boards.split(",")
+        b: replace(demo_work(c, settings), caps=ConstantCap(None), device_seed=0) for b, c in unpinned.items()
     }
     first = next(iter(works.values()))
     relation = usable_relation(first.instr, len(first.split()[0]))
@@ -229,12 +210,14 @@ def main(argv: list[str] | None = None) -> int:
             for policy, rule in policies(profile, relation, caps).items():
                 outs = [run_once(work, caps, rule, seed) for seed in range(args.seeds)]
                 first_runs[policy] = outs[0]
-                tta, joules = _stat([o.time_to_target_s for o in outs]), _stat([o.energy_j for o in outs])
+                tta, joules, switches, pauses = (
+                    mean_pm([getattr(o, k) for o in outs], ".1f")
+                    for k in ("time_to_target_s", "energy_j", "switches", "pauses")
+                )
                 over, in_step = max(o.over_cap_s for o in outs), max(o.in_step_over_cap_s for o in outs)
                 print(
                     f"  {policy:<30} {sum(o.reached for o in outs):>5}/{len(outs):<3} {tta:>17} {joules:>15} "
-                    f"{_stat([o.switches for o in outs]):>8} {_stat([o.pauses for o in outs]):>6} "
-                    f"{over:>10.2f} {in_step:>14.2f}"
+                    f"{switches:>8} {pauses:>6} {over:>10.2f} {in_step:>14.2f}"
                 )
             png = args.out / f"{board}-{source_name.replace(' ', '-')}.png"
             plot_runs(board, source_name, caps, first_runs, png)
