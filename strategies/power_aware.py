@@ -1,30 +1,14 @@
 """Power-aware rounds around any Flower strategy: the method's plan sent in the train config, every
 client's report kept.
 
-`PowerAware(strategy, instructions)` is a strategy wrapper in the shape of Flower's own
-(`DifferentialPrivacyServerSideFixedClipping(strategy, ...)`): the inner strategy (FedAvg, FedAdam,
-FedProx, a user's own) samples the nodes, builds the messages and aggregates; the wrapper
-1. ``configure_train``: puts the run's `TrainInstructions` (relation vector, target, budget, method, LR
-   rule, ...) into the train `config` it passes to the inner strategy's ``configure_train``, so any
-   strategy sends it; asks nodes it has not met yet who they are (``query``: device, board, cap; the
-   data sizes come with each node's evaluate reply);
-   then gives each message its own RecordDict whose config holds what `node_instructions` sets for
-   that node (keyed by its partition or name, never by list position). The round objective, an object
-   given at construction (`strategies.objectives`), sets the round's deadline: `EnergyUnderDeadline`
-   first asks each sampled node once for its plan (a QUERY with its instructions: its predicted
-   fastest time to the target), takes the slowest one's (or its own `deadline_s`) and the wrapper
-   sends it: each client then runs its least-energy pair that meets it.
-2. ``aggregate_train``: maps every reply to the node it answers through the message ids sent (a dead
-   SuperNode's error reply comes from the SuperLink's id, not the node's); keeps each report, takes it
-   out of the reply, and hands the inner strategy the usable replies (ordered by node key: the same sum
-   in every run) and the error replies. A reply without a report is aggregated and counted as such
-   (`summary["unreported"]`); one that is unusable (no weights, weights that do not fit or hold NaN,
-   a malformed report) is named and kept out. A failed client never stops the round.
-3. ``configure_evaluate`` / ``aggregate_evaluate``: the inner strategy's, plus each node's accuracy
-   and loss in the round's record.
-`on_round` receives the `RoundRecord` after training and again after evaluation, so the ServerApp can
-write results as each round completes; `on_round_end(round, weights)` follows once the round is over,
-so it can save the global model. `start` is Flower's (round-0 `evaluate_fn`, `summary()`, the loop).
+`PowerAware(strategy, instructions)` wraps a strategy in the shape of Flower's own wrappers: the inner
+strategy samples, builds the messages and aggregates; the wrapper asks new nodes who they are (QUERY),
+puts each node's `TrainInstructions` in its own train config (`node_instructions`; the round objective
+may first ask the sampled nodes for their plans to set a deadline), maps every reply to its node by the
+message ids sent, takes each report out, and hands the inner strategy the usable replies in node-key
+order (the same sum in every run). A reply without a report is aggregated and counted; an unusable one
+is named and kept out; a failed client never stops the round. `on_round` hears the `RoundRecord` after
+training and after evaluation; `on_round_end(round, weights)` once the round is over.
 """
 
 from __future__ import annotations
@@ -72,11 +56,10 @@ from strategies.rounds import (
     weights_mismatch,
 )
 
-NODE_UNAVAILABLE = 5
-"""Flower's ErrorCode.NODE_UNAVAILABLE: the SuperNode went away while the message was out."""
+NODE_UNAVAILABLE = 5  # Flower's ErrorCode.NODE_UNAVAILABLE: the SuperNode went away
 
+# (node, server round, the round's instructions) → this node's instructions (e.g. its own cap)
 NodeInstructions = Callable[[NodeInfo, int, TrainInstructions], TrainInstructions]
-"""(node, server round, the round's instructions) → this node's instructions (e.g. its own cap)."""
 
 
 def same_for_every_node(node: NodeInfo, server_round: int, base: TrainInstructions) -> TrainInstructions:
@@ -103,13 +86,7 @@ def _one(records: Any, key: str, where: str, what: str) -> Any:
 def _own_message(msg: Message, content: RecordDict) -> Message:
     """`msg` with its own `content` (Flower's strategies share one RecordDict between their messages)."""
     meta = msg.metadata
-    return Message(
-        content,
-        dst_node_id=meta.dst_node_id,
-        message_type=meta.message_type,
-        ttl=meta.ttl,
-        group_id=meta.group_id,
-    )
+    return Message(content, meta.dst_node_id, meta.message_type, ttl=meta.ttl, group_id=meta.group_id)
 
 
 class PowerAware(Strategy):
@@ -163,8 +140,7 @@ class PowerAware(Strategy):
                 f"PowerAware: 'instructions' must be a TrainInstructions (TrainInstructions.for_relation "
                 f"makes one), got {type(instructions).__name__}"
             )
-        # else a TypeError mid-round
-        args = "(node, server_round, instructions)"
+        args = "(node, server_round, instructions)"  # checked now, else a TypeError mid-round
         check_callable("PowerAware", "node_instructions", node_instructions, args, 3)
         check_callable("PowerAware", "on_round", on_round, "(record)", 1, optional=True)
         check_callable("PowerAware", "on_round_end", on_round_end, "(server_round, arrays)", 2, optional=True)
@@ -230,8 +206,8 @@ class PowerAware(Strategy):
 
     # --- nodes --------------------------------------------------------------------------------
     def connected(self, grid: Grid) -> list[int]:
-        """The nodes to sample from, after the waits: `waits.min_available_nodes` once (the fleet
-        gathers before the first round), then up to `waits.rejoin_wait_s` for the most nodes seen so far."""
+        """The nodes to sample from, after `waits.min_available_nodes` once, then up to
+        `waits.rejoin_wait_s` for the most nodes seen so far."""
         if not self._gathered:
             sample_nodes(grid, self.waits.min_available_nodes, 0)  # Flower's wait for the fleet, no sample
             self._gathered = True
@@ -272,10 +248,8 @@ class PowerAware(Strategy):
             self.nodes.setdefault(nid, NodeInfo.unknown(nid))
 
     def plan(self, grid: Grid, instructions: dict[int, TrainInstructions]) -> list[Plan]:
-        """The plans of the round's sampled nodes, for the round objective: every one not planned yet is
-        asked for its predicted fastest time to the target (a QUERY carrying its train instructions:
-        the node profiles, cached, and selects). A node that fails to answer is named in the log and
-        left out; the deadline comes from the others, and it receives it too."""
+        """The plans of the round's sampled nodes (each not planned yet is asked, a QUERY carrying its
+        instructions); a node that fails to answer is logged and left out of the deadline."""
         new = {
             nid: RecordDict({CONFIG_KEY: instr.to_config()})
             for nid, instr in instructions.items()
@@ -302,8 +276,7 @@ class PowerAware(Strategy):
 
     # --- training -----------------------------------------------------------------------------
     def instructions_for(self, node_id: int, server_round: int) -> TrainInstructions:
-        """This node's instructions for the round (`node_instructions`), checked before anything reads
-        them: a user's function that returns None or a dict is one line naming it."""
+        """This node's instructions for the round (`node_instructions`), checked: one line if not one."""
         given = self.node_instructions(self.node(node_id), server_round, self.instructions)
         check_result(
             "PowerAware",
@@ -447,8 +420,7 @@ class PowerAware(Strategy):
 
     def _read_train_reply(self, reply: Message) -> ClientReport | None:
         """The reply's report (None: it has none), taken out of the reply; ProtocolError when the reply
-        cannot be aggregated (no weights, weights that do not fit, no weight to average by) or its
-        report is malformed."""
+        cannot be aggregated or its report is malformed."""
         content = reply.content
         arrays = _one(content.array_records, ARRAYS_KEY, "train reply", "the weights")
         if self._global is not None and (why := weights_mismatch(arrays, self._global)):
