@@ -6,10 +6,7 @@ certificate without a SAN for that name or IP is refused (docs/deployment.md, "T
 ca.crt (give it to every SuperNode and to `flwr`), ca.key (keep it on the coordinator, 0600: it signs
 new certificates), server.pem and server.key (the SuperLink's `--ssl-certfile`/`--ssl-keyfile`;
 `--ssl-ca-certfile ca.crt`). ECDSA P-256 keys, SHA-256 signatures.
-
-The four files are one set (a CA with another CA's key is useless): they are written whole or not at
-all. Every name and every target is checked first, then all four are filled as temporary files beside
-their targets and only then renamed over them (`powerctl.files.outputs.replacing`).
+The four files are one set, written whole or not at all (`write_set`).
 """
 
 from __future__ import annotations
@@ -30,12 +27,9 @@ from powerctl.files.outputs import check_output_dir, replacing, writable_file
 PROG = "python -m fl_server.certs"
 FILES = ("ca.crt", "ca.key", "server.pem", "server.key")
 DEFAULT_SANS = ("localhost", "127.0.0.1")
-MAX_DAYS = 36500
-"""100 years: far enough for anyone, and far below X.509's last date (9999-12-31)."""
-CN_MAX = 64
-"""The longest common name X.509 (and `cryptography`) accepts (RFC 5280 ub-common-name)."""
-FALLBACK_CN = "powerfed SuperLink"
-"""The subject's name when the first SAN is too long for a common name: clients check the SAN only."""
+MAX_DAYS = 36500  # 100 years, far below X.509's last date
+CN_MAX = 64  # the longest common name X.509 accepts (RFC 5280 ub-common-name)
+FALLBACK_CN = "powerfed SuperLink"  # when the first SAN is too long for a common name (clients check SANs)
 _LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
 
 
@@ -92,8 +86,7 @@ def _common_name(sans: Sequence[str]) -> str:
 
 
 def _check_targets(folder: Path, overwrite: bool) -> list[Path]:
-    """The four targets, all checked before anything is written: names within the file system's
-    limits, nothing there that is not a regular file, and (without --force) nothing there at all."""
+    """The four targets, checked before anything is written (and, without --force, absent)."""
     check_output_dir(folder, "--out")
     targets = [writable_file(folder / name, "--out") for name in FILES]
     existing = [t.name for t in targets if t.exists()]
@@ -148,40 +141,27 @@ def make_certificates(
     now = dt.datetime.now(dt.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "powerfed CA")])
-    usage = dict.fromkeys(
-        ("content_commitment", "key_encipherment", "data_encipherment", "key_agreement"), False
-    )
+    unused = ("content_commitment", "key_encipherment", "data_encipherment", "key_agreement")
+    usage = dict.fromkeys((*unused, "encipher_only", "decipher_only"), False)
+    key = ec.generate_private_key(ec.SECP256R1())
+
+    def builder(subject: x509.Name, public_key: ec.EllipticCurvePublicKey) -> x509.CertificateBuilder:
+        valid = (now - dt.timedelta(minutes=5), now + dt.timedelta(days=days))
+        b = x509.CertificateBuilder().subject_name(subject).issuer_name(ca_name).public_key(public_key)
+        return (
+            b.serial_number(x509.random_serial_number()).not_valid_before(valid[0]).not_valid_after(valid[1])
+        )
+
     ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=days))
+        builder(ca_name, ca_key.public_key())
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-                **usage,
-            ),
-            critical=True,
+            x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True, **usage), critical=True
         )
         .sign(ca_key, hashes.SHA256())
     )
-    key = ec.generate_private_key(ec.SECP256R1())
     server = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, _common_name(sans))]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=days))
+        builder(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, _common_name(sans))]), key.public_key())
         .add_extension(x509.SubjectAlternativeName(names), critical=False)  # type: ignore[arg-type]
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)

@@ -1,19 +1,11 @@
 """`python -m fl_server.supervise`: a deployed run that outlives SuperLink restarts.
 
-`flwr run --stream` ends the moment its SuperLink goes away ("Connection to the SuperLink is
-unavailable"), whatever becomes of the run. What Flower 1.41 does after a restart (measured on
-127.0.0.1; docs/deployment.md, "Restarts"):
-
-- SuperLink with `--database FILE --isolation process` and its SuperExec run apart: the ServerApp
-  process outlives the SuperLink and the run goes on where it was (replies the SuperNodes push after
-  the restart are accepted). Only the log stream is lost: this command follows the run's log again.
-- Otherwise (the SuperLink's own SuperExec, `--isolation subprocess`, Flower's default) the ServerApp
-  dies with the SuperLink and the run is marked `finished:failed`. This command then submits the same
-  run again; the ServerApp resumes after the last round saved in the results folder (`fl_server.resume`)
-  and the SuperNodes resume their fine-tune checkpoints of the round that was cut.
-
-A run that fails on its own (its SuperLink never went away) is not submitted again: its status is the
-last line and the exit status is 2. The run's own last line, ``results: PATH``, is printed last.
+`flwr run --stream` ends the moment its SuperLink goes away, whatever becomes of the run
+(docs/deployment.md, "Restarts"). Where the ServerApp outlives the SuperLink (`--isolation process`
+with a `--database`) this command follows the run's log again; where it died with it (the run marked
+`finished:failed`) it submits the same run again, which resumes after the last round saved
+(`fl_server.resume`). A run that fails on its own is not submitted again (exit status 2). The run's own
+last line, ``results: PATH``, is printed last.
 """
 
 from __future__ import annotations
@@ -46,20 +38,18 @@ from powerctl.errors import PowerctlError
 from strategies.flower_config import read_flwr_connection
 
 PROG = "python -m fl_server.supervise"
-LOST = "Connection to the SuperLink is unavailable"
-"""What `flwr` prints when its SuperLink does not answer (Flower 1.41)."""
+LOST = "Connection to the SuperLink is unavailable"  # what `flwr` prints when its SuperLink does not answer
 _RESULTS = re.compile(r"^results: (\S.*)$", re.MULTILINE)
+# how Flower marks a run its SuperLink's restart ended (docs/deployment.md, "Restarts")
 RESTART_DETAILS = (
     "No heartbeat received from the task",  # the SuperLink was away longer than the task's heartbeat
     "Task failed with unknown error",  # the ServerApp was stopped by a signal (its SuperExec went)
     "Task failed because the run expired",
 )
-"""How Flower 1.41 marks a run its SuperLink's restart ended (measured; docs/deployment.md, "Restarts")."""
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_MAX_LINE = 400
-"""Most characters of Flower's words a refusal line quotes."""
+_MAX_LINE = 400  # most characters of Flower's words a refusal line quotes
+# the ServerApp's own failures: submitting the same run again would fail the same way
 APP_FAILED = ("powerfed server: error:", "ServerApp failed with exception")
-"""The ServerApp's own failures: submitting the same run again would fail the same way."""
 
 
 def _json_object(out: str) -> dict[str, Any] | None:
@@ -94,19 +84,13 @@ class Supervisor:
     wait_s: float = 600.0
     poll_s: float = 5.0
     say: Callable[[str], None] = say
-    address: str | None = None
-    """The SuperLink's Control API host:port, watched while its log is followed (`_watch`)."""
+    address: str | None = None  # the SuperLink's Control API host:port, watched while following (`_watch`)
     listen_poll_s: float = 1.0
 
     def _call(self, args: list[str], timeout_s: float = 120.0) -> tuple[int, str]:
         try:
-            proc = subprocess.run(
-                [installed_tool("flwr"), *args],
-                capture_output=True,
-                text=True,
-                timeout=timeout_s,
-                stdin=subprocess.DEVNULL,
-            )
+            argv, stdin = [installed_tool("flwr"), *args], subprocess.DEVNULL
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, stdin=stdin)
         except subprocess.TimeoutExpired:
             return 124, f"{LOST} (flwr {args[0]} gave no answer in {timeout_s:g} s)"
         return proc.returncode, proc.stdout + proc.stderr
@@ -129,9 +113,8 @@ class Supervisor:
         if rc != 0 or LOST in out:
             return None
         try:
-            runs = json.loads(out[out.index("{") : out.rindex("}") + 1])["runs"]
-            run = next(r for r in runs if str(r["run-id"]) == str(run_id))
-        except (ValueError, KeyError, StopIteration):
+            run = next(r for r in (_json_object(out) or {})["runs"] if str(r["run-id"]) == str(run_id))
+        except (KeyError, TypeError, StopIteration):
             return None
         return str(run["status"]), str(run.get("status-details") or "")
 
@@ -213,8 +196,7 @@ class Supervisor:
                 self.say(
                     f"supervise: lost the SuperLink; waiting for it to answer again (up to {self.wait_s:g} s)"
                 )
-            state = self.wait_for_superlink(run_id)
-            status, details = state
+            status, details = self.wait_for_superlink(run_id)
             if status == "running" or status in ("pending", "starting"):
                 if lost:
                     self.say(f"supervise: the SuperLink is back and run {run_id} goes on; following its log")
@@ -279,19 +261,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-restarts", type=non_negative_int, default=5, help="submissions after the first (default 5)"
     )
     p.add_argument(
-        "--wait",
-        type=positive_float,
-        default=600.0,
-        metavar="S",
-        help="wait for the SuperLink (600)",
+        "--wait", type=positive_float, default=600.0, metavar="S", help="wait for the SuperLink (600)"
     )
     return p
 
 
 def checked_supervisor(args: argparse.Namespace) -> Supervisor:
-    """The run to submit, checked here before anything is submitted, as `make run` checks its own
-    (`fl_server.run_config.check_before_start`: Flower's parser, the app's keys, every value, the
-    results folder writable, the task's files): one line for the first problem."""
+    """The run to submit, checked before anything is submitted as `make run` checks its own
+    (`fl_server.run_config.check_before_start`): one line for the first problem."""
     from fl_server.run_config import check_before_start, parse_run_config, run_config_text
     from strategies.settings import key_of
 

@@ -1,11 +1,8 @@
 """The fleet: which board and power cap each virtual node runs on, read by the ServerApp and the ClientApp.
 
-A virtual node in Flower 1.41's simulation gets only `partition-id` and `num-partitions` as node config,
-so the run config's `fleet` maps partition ids to boards and caps: a table
-(``"sim:jetson-nano@3.5, sim:jetson-tx2nx@6, sim:jetson-nano@none"``, entry i % len for partition i) or a
-YAML file (``groups:`` or ``boards:``, each {device, power-cap-w, count}). The ServerApp checks it before
-round 1, the ClientApp maps its partition through it (`fl_client.node`), the fleet runner reads the same
-groups (`simulations.fleet`). A board of a simulated kind refuses a cap it could never run under.
+A simulated node gets only its `partition-id`, so the run config's `fleet` maps partitions to boards and
+caps: a table (``"sim:jetson-nano@3.5, sim:jetson-tx2nx@none"``, entry i % len for partition i) or a YAML
+file (``groups:`` or ``boards:``, each {device, power-cap-w, count, availability}).
 """
 
 from __future__ import annotations
@@ -30,38 +27,27 @@ from powerctl.selection.capsource import (
     parse_cap_source,
 )
 
-APP_DIR = Path(__file__).resolve().parents[1]
-"""The app's root (the project folder, or Flower's copy of it): relative run config paths start here."""
+APP_DIR = Path(__file__).resolve().parents[1]  # relative run config paths start here
 FLEET_KEYS = ("device", "power-cap-w", "count", "availability")
-MAX_BOARDS = 100_000
-"""Most boards a fleet (and virtual nodes a simulation) may have: a population sampled per round
-(`strategies.population`) of 100,000 boards runs on 2 cores (docs/results/fleets.md), and a typo
-(count: 1000000000) must be one line, not a machine out of memory."""
+MAX_BOARDS = 100_000  # a sampled population this large runs (docs/results/fleets.md); a typo is one line
 YAML_SUFFIXES = (".yaml", ".yml")
-FILE_NAME = re.compile(r"\.[A-Za-z]\w{0,4}$")
-"""What ends a file's name (a suffix such as .json): no device spec has one."""
+FILE_NAME = re.compile(r"\.[A-Za-z]\w{0,4}$")  # a file's suffix such as .json: no device spec has one
 
 
 class NodeConfigError(PowerctlError):
     """A node config or fleet entry that cannot be used; the text names the key and the value."""
 
 
-CapSchedule = tuple[tuple[float, float | None], ...]
-"""A power cap over time: ((t_s, W or None), ...), t_s ascending from 0."""
+CapSchedule = tuple[tuple[float, float | None], ...]  # ((t_s, W or None), ...), t_s ascending from 0
 
 
 @dataclass(frozen=True)
 class FleetEntry:
     device: str
-    power_cap_w: float | None
-    """The cap at t = 0: the constant, or a schedule's or trace's first value."""
-    group: int = 0
-    """Index of the fleet file's group this board came from."""
-    cap_source: CapSource | None = None
-    """The schedule, trace or live file the group follows (None: the constant `power_cap_w`)."""
-    availability: float | None = None
-    """The board's chance to be available in a round of a sampled population (None: the run's
-    `availability`; `strategies.population`)."""
+    power_cap_w: float | None  # the cap at t = 0
+    group: int = 0  # the fleet file's group this board came from
+    cap_source: CapSource | None = None  # schedule, trace or live file (None: the constant cap)
+    availability: float | None = None  # chance to be available in a sampled round (None: the run's)
 
     def caps(self) -> CapSource | None:
         """The changing cap this board follows, None for a constant one."""
@@ -86,9 +72,8 @@ class FleetEntry:
 
 
 def board_cap_problem(device: str, source: CapSource) -> str | None:
-    """Why a simulated board can never run under this cap: every value it takes is below the least
-    power of any training step on that board (a changing cap that dips below it only pauses the node).
-    None: it can (or the board is not a simulated one, whose least power is not known in advance)."""
+    """Why a simulated board can never run under this cap (every value below its least power; a cap
+    that only dips below it pauses the node), or None."""
     kind, _, name = device.partition(":")
     if kind != "sim":
         return None
@@ -124,8 +109,7 @@ def check_board_cap(device: str, source: CapSource, where: str) -> None:
 
 
 def _entry_caps(value: Any, device: str, where: str, base_dir: Path | None) -> tuple[float | None, Any]:
-    """A fleet entry's `power-cap-w` (the one cap source parser) → (the cap at t = 0, the changing
-    source or None), checked against the board."""
+    """A fleet entry's `power-cap-w` → (the cap at t = 0, the changing source or None), checked."""
     try:
         source = parse_cap_source(value, where, base_dir)
     except InvalidPowerCapError as exc:
@@ -135,8 +119,8 @@ def _entry_caps(value: Any, device: str, where: str, base_dir: Path | None) -> t
 
 
 def device_problem(device: str) -> str | None:
-    """Why `device` is no device spec, read by `powerctl.devices.check_spec` (nothing opened), or None.
-    A path is named as one: a fleet file is YAML, and a profile or a results file is no fleet."""
+    """Why `device` is no device spec (`powerctl.devices.check_spec`, nothing opened; a path is named
+    as one), or None."""
     from powerctl.devices import check_spec
     from powerctl.errors import DeviceError
 
@@ -161,9 +145,8 @@ def not_simulated(device: str) -> str | None:
 
 
 def fleet_table(text: str) -> list[FleetEntry]:
-    """``DEVICE[@CAP], ...`` (CAP in W, or none) → entries in order; a problem raises `Invalid` (the
-    words that follow the key: "entry 'sim:jetson-nano@abc': its cap must be …"). An empty entry (a
-    comma too many) is refused: a table is written as it is meant."""
+    """``DEVICE[@CAP], ...`` (CAP in W, or none) → entries in order; a problem (an empty entry too)
+    raises `Invalid`, the words that follow the key."""
     if not text.strip():
         raise Invalid(f"is empty ({text!r}); e.g. 'sim:jetson-nano@3.5'")
     items = [t.strip() for t in text.replace(";", ",").split(",")]
@@ -205,11 +188,8 @@ def parse_fleet_table(text: str, where: str = "run config: 'fleet'") -> list[Fle
 def parse_fleet_groups(
     groups: Any, where: str, key: str = "groups", base_dir: Path | None = None
 ) -> list[FleetEntry]:
-    """A fleet file's list of groups {device, count, power-cap-w, availability} → one entry per board,
-    in order.
-
-    Every error names the place in the file, e.g. ``fleet.yaml: groups[1]: 'count' must be …``. Trace
-    and live-file paths start at `base_dir` (default: the folder of `where`)."""
+    """A fleet file's groups → one entry per board, in order; an error names its place in the file.
+    Trace and live-file paths start at `base_dir` (default: the folder of `where`)."""
     if not isinstance(groups, list) or not groups:
         raise NodeConfigError(f"{where}: {key!r} must be a non-empty list of groups, got {groups!r}")
     entries: list[FleetEntry] = []
@@ -232,8 +212,7 @@ def parse_fleet_groups(
 
 
 def fleet_from_document(doc: Any, name: str) -> list[FleetEntry]:
-    """A YAML fleet document: ``groups:`` (a fleet file of `python -m simulations run`, whose other
-    sections the fleet runner checks) or ``boards:`` (a bare list of boards)."""
+    """``groups:`` (a fleet runner's file, whose other sections it checks) or ``boards:`` (a bare list)."""
     if isinstance(doc, dict) and "groups" in doc:
         return parse_fleet_groups(doc["groups"], name, "groups")
     if isinstance(doc, dict) and set(doc) == {"boards"}:
@@ -248,8 +227,7 @@ def app_path_of(text: str) -> Path:
 
 
 def fleet_file(value: str) -> Path | None:
-    """The fleet file the run config's `fleet` names (absolute, or relative to the app), which must
-    exist (else `Invalid`); None when `fleet` is a table."""
+    """The fleet file `fleet` names, which must exist (else `Invalid`); None when it is a table."""
     if not value.strip().endswith(YAML_SUFFIXES):
         return None
     path = app_path_of(value)
@@ -267,8 +245,7 @@ def fleet_entry(fleet: Any, partition_id: int) -> FleetEntry:
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """YAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last silently:
-    a second `groups:` would replace the first without a word)."""
+    """YAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last silently)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, yaml.Mark] = {}
@@ -287,15 +264,12 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-MAX_YAML_VALUES = 1_000_000
-"""The most values a YAML document may hold once its aliases are expanded: a 4 MB file without aliases
-holds fewer; nine anchors of nine aliases each (a "billion laughs") hold 9^9."""
+MAX_YAML_VALUES = 1_000_000  # once aliases are expanded; a 4 MB file without aliases holds fewer
 
 
 def _check_expansion(root: yaml.Node, path: Path) -> None:
-    """Refuse a document whose aliases expand to more than MAX_YAML_VALUES values, or that holds itself
-    (an alias inside its own anchor), before it is built: a reader that walks such a document, or a
-    message that shows a value of it, would never end. Linear in the composed nodes (sizes memoised)."""
+    """Refuse a document whose aliases expand to more than MAX_YAML_VALUES values, or that holds itself,
+    before it is built (a "billion laughs" would never end); linear in the composed nodes."""
     size: dict[int, int] = {}
     stack: list[tuple[yaml.Node, bool]] = [(root, False)]
     open_: set[int] = set()
@@ -350,14 +324,12 @@ def read_yaml(path: Path) -> Any:
 
 
 def load_fleet_file(path: Path) -> list[FleetEntry]:
-    """A YAML fleet: ``groups:`` (a fleet file of `python -m simulations run`, whose other sections the
-    fleet runner checks) or ``boards:`` (a bare list of boards), each {device, power-cap-w, count}."""
+    """A YAML fleet file (`fleet_from_document`)."""
     return fleet_from_document(read_yaml(path), str(path))
 
 
 def fleet_availability(value: str) -> tuple[float | None, ...]:
-    """Each board's availability as the run config's `fleet` gives it (a YAML fleet's groups may set
-    `availability`; a table cannot): partition i takes entry i mod its length. Empty: no fleet."""
+    """Each board's availability as `fleet` gives it (only a YAML fleet's groups set one); empty: no fleet."""
     if not value.strip():
         return ()
     path = fleet_file(value)

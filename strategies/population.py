@@ -1,18 +1,12 @@
 """A population larger than a round (simulation): which boards are available and which train, per round.
 
 A fleet file may describe far more boards than a round takes (`population: {clients-per-round: N,
-availability: P}`, and a group's own `availability`, or `availability-trace: FILE`). Each round, every
-board is available with its probability (its group's, else P) or as the trace says, and N of the
-available ones are sampled; both draws are seeded by the run's `seed` and the round, over the boards'
-partition ids — never over node ids, which change every run — so every method of a run, and every
-rerun, sees the same boards in each round. A board not sampled gets no message at all: it costs its
-entry in the fleet and its virtual node's registration, nothing else.
-
-`PopulationSampled` wraps the inner strategy (FedAvg): its `configure_train` / `configure_evaluate`
-see a grid holding only the round's sampled nodes. Node ids are mapped to partition ids through what
-the simulation registered (`record_nodes`, called in the simulation process by
-`simulations.linkstate_index`); without it (a deployment, where boards come and go themselves) a run
-that asks for a population stops at round 1 with one line.
+availability: P}`, a group's own `availability`, or `availability-trace: FILE`). Each round every board is
+available with its chance (or as the trace says) and N of the available ones are sampled, both draws
+seeded by the run's `seed` and the round over partition ids (never node ids, which change every run), so
+every method and every rerun sees the same boards. `PopulationSampled` shows the inner strategy a grid
+of only the round's sampled nodes; node ids map to partitions through what the simulation registered
+(`record_nodes`); a deployment, where boards come and go themselves, has no population.
 """
 
 from __future__ import annotations
@@ -37,12 +31,10 @@ from strategies.fleet import app_path_of
 from strategies.settings import RunSettings
 
 log = logging.getLogger(__name__)
-POPULATION_FILE = "population.json"
-"""Beside a method's results.json: each round's draw (`PopulationLog`)."""
+POPULATION_FILE = "population.json"  # beside a method's results.json: each round's draw
 SCHEMA = "strategies.population/1"
 
-_NODE_PARTITIONS: dict[int, int] = {}
-"""node id → partition id of this process's simulation (`record_nodes`)."""
+_NODE_PARTITIONS: dict[int, int] = {}  # node id → partition id of this process's simulation
 
 
 class PopulationError(PowerctlError):
@@ -69,8 +61,7 @@ class Draw:
     sampled: list[int]
 
     def record(self) -> dict[str, Any]:
-        """What results.json keeps: counts, the sampled boards, and the boards NOT available (the
-        shorter list when most boards are there)."""
+        """What results.json keeps: counts, the sampled boards and those NOT available (the shorter list)."""
         gone = sorted(set(range(self.population)) - set(self.available)) if self.population else []
         return {
             "round": self.round,
@@ -81,9 +72,9 @@ class Draw:
         }
 
 
+# an availability trace's header: each row a window of rounds (inclusive; last-round empty: to the end)
+# in which board `board` (its partition id, the fleet file's order from 0) is available
 TRACE_COLUMNS = ("board", "first-round", "last-round")
-"""An availability trace's header: each row a window of rounds (inclusive; last-round empty: to the end)
-in which board `board` (its partition id, the fleet file's order from 0) is available."""
 TRACE_HELP = (
     "a CSV with the header board,first-round,last-round and a row per window of rounds a board is "
     "available (docs/reference/files.md#availability-trace)"
@@ -106,8 +97,7 @@ class AvailabilityTrace:
 
 
 def read_availability_trace(path: str | Path) -> AvailabilityTrace:
-    """The trace at `path` (`TRACE_COLUMNS`); anything else is one `PopulationError` line naming the file
-    and the row."""
+    """The trace at `path` (`TRACE_COLUMNS`), or one `PopulationError` line naming the file and row."""
     what = "an availability trace (CSV)"
     try:
         text = read_bytes(path, limit=TRACE_LIMIT, what=what, error=PopulationError).decode("utf-8")
@@ -151,11 +141,8 @@ class Population:
     clients_per_round: int = 0
     availability: float = 1.0
     seed: int = 0
-    per_board: tuple[float | None, ...] = ()
-    """Each board's own availability by partition id (i mod its length; None: `availability`), from a
-    fleet file's groups (`strategies.fleet.fleet_availability`)."""
-    trace: AvailabilityTrace | None = None
-    """Which rounds each board is there (`read_availability_trace`): instead of the chances above."""
+    per_board: tuple[float | None, ...] = ()  # each board's own chance (i mod its length; None: the above)
+    trace: AvailabilityTrace | None = None  # which rounds each board is there, instead of chances
 
     def __post_init__(self) -> None:
         if self.trace is not None and (self.availability < 1.0 or self._own()):
@@ -182,22 +169,17 @@ class Population:
         boards = sorted(boards)
         if self.trace is not None:
             available = [b for b in boards if self.trace.available(b, server_round)]
-        elif self._own():  # each board its own chance (one draw each, in partition order)
+        elif self._own() or self.availability < 1.0:  # one draw each, in partition order
             available = [b for b in boards if rng.random() < self.chance(b)]
         else:
-            available = (
-                boards
-                if self.availability >= 1.0
-                else [b for b in boards if rng.random() < self.availability]
-            )
+            available = boards
         k = len(available) if self.clients_per_round == 0 else min(self.clients_per_round, len(available))
         return Draw(server_round, population, available, sorted(rng.sample(available, k)))
 
 
 def check_population(population: Population, boards: int, rounds: int) -> None:
-    """A population under which the run could train: one PopulationError line, before any work, when
-    its trace names boards the fleet does not have or when no board is available in any of the
-    `rounds` rounds (the draws are seeded: what is checked here is what the run would draw)."""
+    """One PopulationError line, before any work, when the trace names boards the fleet does not have
+    or no board is available in any of the `rounds` rounds (the seeded draws the run would make)."""
     if not population.active or boards < 1:
         return
     if population.trace is not None:
@@ -221,8 +203,7 @@ def check_population(population: Population, boards: int, rounds: int) -> None:
 
 
 def run_population(settings: RunSettings, per_board: tuple[float | None, ...]) -> Population:
-    """The run's population: its settings' sampling and availability, each board's own chance
-    (`per_board`, from the fleet's groups), the trace read (a path relative to the app folder)."""
+    """The run's population from its settings, each board's own chance and the trace (read)."""
     trace_file = settings.availability_trace
     trace = read_availability_trace(app_path_of(trace_file)) if trace_file.strip() else None
     return Population(settings.clients_per_round, settings.availability, settings.seed, per_board, trace)
@@ -252,12 +233,8 @@ class PopulationSampled(Strategy):
         on_draw: Callable[[Draw], None] | None = None,
         partitions: Callable[[], dict[int, int]] = node_partitions,
     ) -> None:
-        self.strategy, self.population, self.on_draw, self._partitions = (
-            strategy,
-            population,
-            on_draw,
-            partitions,
-        )
+        self.strategy, self.population = strategy, population
+        self.on_draw, self._partitions = on_draw, partitions
         self._draws: dict[int, tuple[Draw, list[int]]] = {}
 
     def round_nodes(self, server_round: int, grid: Grid) -> list[int]:
@@ -317,13 +294,8 @@ class PopulationLog:
         self.rounds: list[dict[str, Any]] = []
 
     def __call__(self, draw: Draw) -> None:
-        log.info(
-            "population: round %d: %d of %d boards available, %d sampled",
-            draw.round,
-            len(draw.available),
-            draw.population,
-            len(draw.sampled),
-        )
+        counts = (draw.round, len(draw.available), draw.population, len(draw.sampled))
+        log.info("population: round %d: %d of %d boards available, %d sampled", *counts)
         self.rounds = [r for r in self.rounds if r["round"] != draw.round] + [draw.record()]
         write_json(
             self.path,
