@@ -1,14 +1,9 @@
 """Injected failures for soak tests: a ClientApp that raises, hangs past the round's timeout, or dies.
 
-Only a process started with ``POWERFED_FAULT_INJECTION=1`` honours the run config key
-``inject-failures`` (e.g. ``"raise:0.1,hang:0.05,kill:0.05"``, probabilities per train message), seeded
-by ``inject-seed``; a hang sleeps ``inject-hang-s`` seconds. Any other process that receives the key
-refuses the message with one line: a production node never fails on purpose. Each decision is drawn
-from (seed, node, round), so a run repeats, and it is appended to ``$POWERFED_FAULT_LOG`` (JSON lines)
-before it acts, so the soak can check that every injected failure is named by the server. A node that
-was killed for a piece of work is not killed again for the same work when it comes back (a restarted
-ServerApp re-sending the round): the log says so. A kill happens inside the fine-tune, after its first
-checkpoint (os._exit: no handler, no restore, as SIGKILL), so the work can be resumed.
+Only a process started with ``POWERFED_FAULT_INJECTION=1`` honours ``inject-failures`` (e.g.
+``"raise:0.1,hang:0.05,kill:0.05"``); any other refuses the message in one line. Each decision is drawn
+from (seed, node, round) and appended to ``$POWERFED_FAULT_LOG`` before it acts; a node killed for a
+piece of work is not killed again for it. A kill ends the process after the fine-tune's first checkpoint.
 """
 
 from __future__ import annotations
@@ -29,8 +24,6 @@ from strategies.settings import client_setting
 SWITCH_ENV = "POWERFED_FAULT_INJECTION"
 LOG_ENV = "POWERFED_FAULT_LOG"
 KINDS = FAULT_KINDS
-KEYS = ("inject-failures", "inject-seed", "inject-hang-s")
-"""Run config keys (the ServerApp accepts them and passes them on; only clients act on them)."""
 KILL_EXIT_STATUS = 137
 
 
@@ -39,8 +32,7 @@ class FaultConfigError(PowerctlError):
 
 
 class InjectedFailure(RuntimeError):
-    """What an injected "raise" raises: deliberately not a PowerctlError, so it leaves the handler
-    the way an unexpected bug does (Flower's own error reply, code 2)."""
+    """An injected "raise": not a PowerctlError, so it leaves the handler as a bug does (error code 2)."""
 
 
 @dataclass(frozen=True)
@@ -62,8 +54,7 @@ class Faults:
 
 
 def parse_faults(run_config: Any) -> Faults | None:
-    """The run's fault injection, None when it asks for none; one FaultConfigError line otherwise (the
-    keys' checks are their declarations', `strategies.settings`)."""
+    """The run's fault injection, None when it asks for none; one FaultConfigError line otherwise."""
 
     def setting(key: str) -> Any:
         return client_setting(run_config, key, FaultConfigError)
@@ -131,9 +122,8 @@ def before_training(faults: Faults | None, node: str, server_round: int) -> str 
 
 
 def kill_after_checkpoint(node: str, server_round: int, after_samples: int) -> Callable[[int, int], None]:
-    """An `on_step` that ends the process (no handler runs, as with SIGKILL) once the fine-tune has
-    passed `after_samples` (its first checkpoint); logged just before, so a fine-tune that ends
-    earlier is not counted as killed."""
+    """An `on_step` that ends the process (as SIGKILL) once the fine-tune has passed `after_samples`
+    (its first checkpoint), logged just before."""
 
     def on_step(steps: int, samples: int) -> None:
         if samples > after_samples:

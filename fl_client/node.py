@@ -1,11 +1,7 @@
 """Which device, power cap and data a node has: node config first, then the run's fleet.
 
-The node config keys are the same in simulation and deployment (docs/reference/node-config.md):
-`device` (a powerctl spec), `power-cap-w` (absent = no cap; a number, none, a schedule, a trace or a
-live file), `data` (a dataset spec), and optionally `name`. A deployed SuperNode gets them from
-`--node-config`. A virtual node in Flower 1.41's simulation gets only `partition-id` and
-`num-partitions`: the run config's `fleet` (`strategies.fleet`: a table or a YAML file) maps its
-partition id to a board and a cap.
+The keys are docs/reference/node-config.md's (`device`, `power-cap-w`, `data`, `name`, `pin`); a
+simulated node gets only `partition-id` and `num-partitions`, which the run's `fleet` maps to a board.
 """
 
 from __future__ import annotations
@@ -61,18 +57,17 @@ __all__ = [  # the fleet's names, for the callers that read a node's settings an
 ]
 
 NODE_KEYS = ("device", "power-cap-w", "data", "name", "partition-id", "num-partitions", "pin")
-
-
 CAP_SOURCE = "a CapSource (powerctl.selection.capsource; a constant cap is power_cap_w)"
 
 
 def _cap_source(value: Any) -> CapSource:
-    """A node's cap over time: a CapSource, checked where the node is made (else it fails at `with`)."""
+    """A node's cap over time: a CapSource, checked where the node is made."""
     if not isinstance(value, CapSource):
         raise must_be(CAP_SOURCE, value)
     return value
 
 
+# what each field of a `NodeSettings` must be, as `resolve_node` reads the node config's keys
 NODE_SETTINGS_KINDS: dict[str, Kind] = {
     "device": Text(),
     "power_cap_w": POWER_CAP_VALUE,
@@ -83,7 +78,6 @@ NODE_SETTINGS_KINDS: dict[str, Kind] = {
     "pin": Maybe(Flag()),
     "cap_source": Maybe(Custom(_cap_source, CAP_SOURCE)),
 }
-"""What each field of a `NodeSettings` must be: as `resolve_node` reads the node config's keys."""
 
 
 @dataclass(frozen=True)
@@ -92,22 +86,16 @@ class NodeSettings:
 
     device: str
     power_cap_w: float | None
-    data: str | None
-    """A dataset spec of its own, or None: a share of the run's default data."""
+    data: str | None  # a dataset spec of its own, or None: a share of the run's default data
     partition_id: int | None
     num_partitions: int | None
-    key: str
-    """How the server names this node in reports: `name`, else partition-N, else device@host."""
-    cap_source: CapSource | None = None
-    """The node's cap over time (powerctl.selection.capsource); None: the constant `power_cap_w`."""
+    key: str  # how reports name it: `name`, else partition-N, else device@host
+    cap_source: CapSource | None = None  # None: the constant `power_cap_w`
+    # `open_device(pin=...)`: None, pin where this process may; False, never (a shared GPU); True, pin or fail
     pin: bool | None = None
-    """`open_device(pin=...)`: None (no `pin` key), pin where this process may, else run at the clock
-    in force; False (`pin = false`), never change the frequency (a shared GPU); True, pin or fail."""
 
     def __post_init__(self) -> None:
-        """A NodeSettings made in Python (a user's `PowerSession(node=...)`) holds what a node config
-        would: the readers' own kinds (a flag exactly a bool, text UTF-8 can write), one ArgumentError
-        line each; numbers kept plain (numpy's converted)."""
+        """Made in Python, it holds what a node config would: one ArgumentError line each."""
         check_fields(self, "NodeSettings", NODE_SETTINGS_KINDS)
 
     def caps(self) -> CapSource:
@@ -117,9 +105,7 @@ class NodeSettings:
 
 @lru_cache(maxsize=8)
 def load_fleet(value: str) -> tuple[FleetEntry, ...]:
-    """The run config's `fleet`: a YAML path (absolute, or relative to the app) or a table.
-
-    Read once per process: every message of a run carries the same run config."""
+    """The run config's `fleet` (a YAML path or a table), read once per process."""
     try:
         path = fleet_file(value)
         return tuple(load_fleet_file(path) if path is not None else fleet_table(value))
@@ -128,8 +114,7 @@ def load_fleet(value: str) -> tuple[FleetEntry, ...]:
 
 
 def _node_cap(node_config: Any, device: str) -> tuple[float | None, CapSource | None]:
-    """The node config's `power-cap-w`: a number or none, or a schedule / trace / live file (relative
-    paths from the working directory) → (the cap at t = 0, the changing source or None)."""
+    """The node config's `power-cap-w` → (the cap at t = 0, the changing source or None)."""
     where = "node config 'power-cap-w'"
     try:
         source = parse_cap_source(node_config.get("power-cap-w"), where)

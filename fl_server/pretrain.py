@@ -1,9 +1,7 @@
 """Pre-train a model on a public dataset: the starting weights the server sends to every device.
 
-It is the same `fine_tune` loop as everywhere else, with no target (a sample budget only), so there is
-exactly one training loop in the project. Writes the weights (safetensors, self-describing) and a small
-JSON report next to them.
-"""
+The same `fine_tune` loop as everywhere else, with a sample budget and no target; writes the weights
+(safetensors) and a JSON report next to them."""
 
 from __future__ import annotations
 
@@ -33,8 +31,7 @@ from powerfed.training.models import (
 __all__ = ["PRETRAIN_SCHEMA", "PretrainReport", "check_output_path", "pretrain", "report_path_for"]
 
 PRETRAIN_SCHEMA = "fl_server.pretrain/1"
-CURVE_POINTS = 10
-"""Evaluations along a pre-training run (besides the first and the last), for the report's curve."""
+CURVE_POINTS = 10  # evaluations along a run (besides the first and the last), for the report's curve
 
 
 @dataclass
@@ -55,10 +52,7 @@ def report_path_for(weights_path: str | Path) -> Path:
 
 
 def check_output_path(path: Path) -> None:
-    """Fail before any work when `path` cannot be written, so a long run never ends in a lost result.
-
-    Missing folders are created when writing (the weights cache relies on it); the command line is
-    stricter and wants an output file's folder to exist (powerctl.files.outputs)."""
+    """Fail before any work when `path` cannot be written (missing folders are made when writing)."""
     if path.is_dir():
         raise DataError(f"{path}: is a directory; give a file name for the output")
     try:
@@ -79,7 +73,7 @@ def _text_seq_len(model_name: str, overrides: dict[str, Any], seq_len: int | Non
 
 def _epochs_budget(epochs: float, train_size: int, batch_size: int) -> int:
     """The samples of `epochs` passes over a train split of `train_size`; fewer than one batch is an
-    error (rounding it up to a batch would silently train another budget than asked)."""
+    error, not rounded up."""
     budget = round(epochs * train_size)
     if budget < min(batch_size, train_size):
         least = min(batch_size, train_size) / train_size
@@ -94,9 +88,8 @@ def _epochs_budget(epochs: float, train_size: int, batch_size: int) -> int:
 
 @dataclass(frozen=True)
 class PretrainSettings:
-    """How the starting weights are trained: the budget (`samples` training samples or `epochs` passes
-    over the train split, not both; neither = 1 epoch), the step, the seed, the model's options and
-    how much data is read. Checked when made."""
+    """How the starting weights are trained: `samples` or `epochs` (not both; neither = 1 epoch), the
+    step, the seed, the model's options and how much data is read."""
 
     samples: int | None = None
     epochs: float | None = None
@@ -104,10 +97,8 @@ class PretrainSettings:
     lr: float = 1e-3
     seed: int = 0
     overrides: dict[str, Any] = field(default_factory=dict)
-    seq_len: int | None = None
-    """Text models: the context length (None: the model's own)."""
-    limit: int | None = None
-    """Read at most this many samples of the dataset (None: all)."""
+    seq_len: int | None = None  # text models: the context length (None: the model's own)
+    limit: int | None = None  # read at most this many samples of the dataset (None: all)
     eval_max_samples: int | None = DEFAULT_EVAL_MAX_SAMPLES
 
     def __post_init__(self) -> None:
@@ -127,16 +118,9 @@ def pretrain(
     progress: bool = True,
     on_step: Callable[[int, int], None] | None = None,
 ) -> PretrainReport:
-    """Train `model_name` from a seeded initialisation on `dataset_spec` and save weights + report.
-
-    The dataset is split into train/test (powerfed.training.data defaults) and the report gives the final
-    test accuracy. Nothing is written unless training completes.
-
-    `device` is a spec (`powerctl.devices.open_device`: `auto`, `cpu`, `cuda[:INDEX]`, or a board) or an
-    open Device; the model goes to its torch device, and the batches, the optimizer state and the
-    evaluation follow the model (`fine_tune`). The weights are written as CPU tensors (`save_weights`).
-    `on_step(steps, samples)` hears every training step (progress lines where no bar shows).
-    """
+    """Train `model_name` from a seeded initialisation on `dataset_spec`'s train split and save weights +
+    report (its test accuracy); nothing is written unless training completes. `device`: a spec
+    (`open_device`) or an open Device; `on_step(steps, samples)` hears every training step."""
     st = settings or PretrainSettings()
     out = Path(out)
     check_output_path(out)
@@ -178,13 +162,9 @@ def pretrain(
             dev.close()
     wall = time.perf_counter() - started
     meta_extra = {"pretrained_on": dataset_spec, "pretrain_samples": str(result.samples)}
+    classes = dataset.num_classes
     save_weights(
-        out,
-        model,
-        model_name=model_name,
-        num_classes=dataset.num_classes,
-        overrides=overrides,
-        extra=meta_extra,
+        out, model, model_name=model_name, num_classes=classes, overrides=overrides, extra=meta_extra
     )
     report = {
         "schema": PRETRAIN_SCHEMA,

@@ -1,17 +1,10 @@
 """The ServerApp's settings: the run config (`[tool.flwr.app.config]` + `--run-config`), checked whole.
 
-Every key is declared once in `strategies.settings`, with its kind, default and help. `parse_server_config`
-checks every key before any expensive work starts — the ones only the clients read (`fleet`,
-`client-data`, `partitioning`, `inject-failures`, ...) included, so a bad one fails the run at once
-rather than every client in every round — and a launcher can call it before Flower starts. A bad key
-is one line naming it, its value and what it must be; an unknown one is named with the nearest known
-key. Paths must be absolute (or relative to the app folder): the ServerApp runs from Flower's copy of
-the app, not from the folder `flwr run` was started in.
-
-Where a run is submitted (`make run`'s launcher, `fl_server.supervise`), `check_before_start` checks what the
-config names as well, by the same functions the ServerApp uses: `--run-config` as Flower parses it
-(`parse_run_config`), the keys against the app's table, the results folder writable (probed by
-writing), the weights and relation files readable for the run's model. Nothing is started or written.
+Every key is declared once in `strategies.settings`. `parse_server_config` checks every key (those only
+the clients read included) before any expensive work, one line for the first problem; paths are
+absolute or relative to the app folder (the ServerApp runs from Flower's copy of it). Where a run is
+submitted, `check_before_start` also checks what the config names, by the same functions the ServerApp
+uses; nothing is started or written.
 """
 
 from __future__ import annotations
@@ -29,28 +22,23 @@ from strategies.settings import RunSettings, SettingsError, read_settings
 if TYPE_CHECKING:
     from powerctl.records.relation import RelationVector
 
-ServerConfig = RunSettings
-"""The run, as the server runs it (and as it checked what its clients will read)."""
+ServerConfig = RunSettings  # the run, as the server runs it
 FAULT_SWITCH = "POWERFED_FAULT_INJECTION"
 RUN_CONFIG_EXAMPLE = "'num-server-rounds=3 model=\"cnn-tiny\"'"
+# a shell word (`shlex.split`'s, found in linear time: shlex is quadratic on a large fleet table)
 _WORD = re.compile(r"""(?:[^\s'"]+|'[^']*'|"(?:[^"\\]|\\.)*")+""")
-"""A shell word: unquoted characters and quoted strings side by side (`shlex.split`'s words, found in
-linear time: shlex builds each word a character at a time, quadratic on a large fleet table)."""
 
 
 class RunConfigError(SettingsError):
     """A run config key is unknown or holds a value that cannot be used."""
 
 
-FleetFileLoader = Callable[[Path], Sequence[Any]]
-"""Reads a fleet file's boards (`fl_client.node.load_fleet_file`: the YAML reader lives with the
-ClientApp, which a ServerApp does not import; a launcher passes it)."""
+FleetFileLoader = Callable[[Path], Sequence[Any]]  # reads a fleet file's boards (a launcher passes one)
 
 
 def parse_server_config(run_config: Any, *, load_fleet_file: FleetFileLoader | None = None) -> ServerConfig:
-    """Check the whole run config (every key the server or the clients read); the first problem is one
-    RunConfigError line. A fleet table is parsed and its caps checked against their boards; a fleet
-    file must exist, and is parsed too when `load_fleet_file` is given."""
+    """Check the whole run config; the first problem is one RunConfigError line. A fleet file must
+    exist, and is parsed too when `load_fleet_file` is given."""
     cfg = read_settings(run_config, RunConfigError)
     stop = cfg.inject_server_stop_round
     if stop and os.environ.get(FAULT_SWITCH) != "1":
@@ -99,8 +87,7 @@ def app_config(app_dir: Path) -> dict[str, Any]:
 
 
 def parse_run_config(text: str) -> dict[str, Any]:
-    """`--run-config TEXT` as `flwr run` parses it (Flower's own parser: ``key=value`` pairs, strings
-    quoted as TOML strings, ``model="cnn-tiny"`` or ``model='cnn-tiny'``); one line when it cannot."""
+    """`--run-config TEXT` as `flwr run` parses it (Flower's own parser); one line when it cannot."""
     import click
     from flwr.common.config import parse_config_args
 
@@ -156,9 +143,7 @@ def run_config_text(config: dict[str, Any]) -> str:
 
 # --- what the config names, checked where the run is submitted ---------------------------------------
 def check_results_dir(path: Path) -> Path:
-    """The run's results folder is a folder this process can write in, or can be made below one
-    (`powerctl.files.outputs.check_output_dir` probes by writing: /proc, a read-only mount, an existing file
-    are one line). The pre-flight and the ServerApp, before any work, call it."""
+    """The run's results folder can be written in or made (probed by writing), or one line."""
     from powerctl.files.outputs import check_output_dir
 
     try:
@@ -172,8 +157,8 @@ def check_task_files(
     where: Callable[[str], str] = lambda key: f"run config: {key!r}",
     error: type[PowerctlError] = RunConfigError,
 ) -> None:
-    """The weights and relation files the run config names are read as the ServerApp reads them (the
-    model they are for included); the first problem is one `error` line starting with `where(key)`."""
+    """The weights and relation files named, read as the ServerApp reads them; the first problem is one
+    `error` line starting with `where(key)`."""
 
     def weights() -> None:
         from fl_server.weights import load_model
@@ -194,10 +179,9 @@ def check_task_files(
 def check_before_start(
     overrides: dict[str, Any], app_dir: Path, *, load_fleet_file: FleetFileLoader | None = None
 ) -> tuple[ServerConfig, dict[str, Any]]:
-    """Every check of a run that can be made where it is submitted, before Flower starts: the
-    overrides against the app's keys and merged as Flower merges them, every value by
-    `parse_server_config`, the results folder writable, the task's files readable. Returns the checked
-    config and the merged run config; the first problem is one RunConfigError line."""
+    """Every check that can be made where a run is submitted, before Flower starts: the overrides merged
+    as Flower merges them, every value, the results folder, the task's files. Returns the checked config
+    and the merged run config; the first problem is one RunConfigError line."""
     from flwr.common.config import fuse_dicts
 
     known = app_config(app_dir)
