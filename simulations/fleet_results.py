@@ -118,9 +118,8 @@ def method_summary(
         "clients": boards,
         "over_cap": over_cap,
         "over_cap_profiled": sum(
-            1
+            r["power_cap_w"] is not None and (r.get("profiled_peak_power_w") or 0) > r["power_cap_w"]
             for r in records
-            if r["power_cap_w"] is not None and (r.get("profiled_peak_power_w") or 0) > r["power_cap_w"]
         ),
         "failed": failed,
         "deadlines_s": [rnd["summary"].get("deadline_s") for rnd in data["rounds"]],
@@ -207,11 +206,6 @@ def cell(v: float | None, fmt: str = ".1f") -> str:
     return "-" if v is None else format(v, fmt)
 
 
-def _share(summary: dict[str, Any]) -> str:
-    share = summary.get("profiling_share")
-    return "-" if share is None else f"{share:.1%}"
-
-
 def _ratio(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}x"
 
@@ -239,8 +233,9 @@ def summary_text(results: dict[str, Any]) -> str:
             if s["time_to_target_s"] is not None
             else f">{s['total_makespan_s']:.1f}"
         )
+        share = cell(s.get("profiling_share"), ".1%")
         lines.append(
-            f"{s['method']:<18} {ttt:>11} {cell(s['training_to_target_s']):>10} {_share(s):>6} "
+            f"{s['method']:<18} {ttt:>11} {cell(s['training_to_target_s']):>10} {share:>6} "
             f"{cell(s['reached_round'], 'd'):>5} {spans:<22} "
             f"{s['energy_j']:>9.0f} {s['clients_at_target']:>4}/{s['clients']:<4} {s['over_cap']:>8} "
             f"{s['failed']:>6} {_ratio(s['speedup_vs_sop']):>8} {cell(s['energy_vs_sop'], '.2f'):>7}"
@@ -320,20 +315,15 @@ def choices_table(results: dict[str, Any]) -> list[str]:
     )
     lines = [head, "-" * len(head)]
     order = {m: i for i, m in enumerate(results["methods"])}
-    for (device, cap, method), rs in sorted(
-        groups.items(), key=lambda kv: (kv[0][0], kv[0][1], order[kv[0][2]])
-    ):
+    for (device, cap, method), rs in sorted(groups.items(), key=lambda kv: (*kv[0][:2], order[kv[0][2]])):
         pairs = sorted({(r["batch_size"], r["frequency_hz"]) for r in rs})
         b, hz = pairs[0]
         more = "+" if len(pairs) > 1 else ""
         n = len(rs)
         peaks = [r["peak_power_w"] for r in rs if r["peak_power_w"] is not None]
         prof = sum(r["profiling_seconds"] for r in rs) / n
-        ways = (
-            "/".join(sorted({profiled_as(r) for r in rs}))
-            if run_method_named(method).method.power_aware
-            else "-"
-        )
+        power_aware = run_method_named(method).method.power_aware
+        ways = "/".join(sorted({profiled_as(r) for r in rs})) if power_aware else "-"
         secs = sum(r["device_seconds"] for r in rs) / n
         joules = sum(r["energy_j"] or 0 for r in rs) / n
         lines.append(
