@@ -40,6 +40,7 @@ from powerctl.selection.methods import METHODS, method_named
 from powerctl.selection.names import OURS
 from simulations.bench_steps import full_oracle_search
 from simulations.demo_config import DEMO_NODE, DemoConfig
+from simulations.fleet_results import cell
 
 if TYPE_CHECKING:
     from fl_server.run_config import ServerConfig
@@ -121,14 +122,8 @@ def demo_work(cfg: DemoConfig, settings: ServerConfig, say: Say = quiet) -> Roun
         "(cached after the first run) ..."
     )
     relation = relation_vector(settings, weights, say=say)
-    node = NodeSettings(
-        device=cfg.device,
-        power_cap_w=cfg.power_cap_w,
-        data=settings.client_data,
-        partition_id=None,
-        num_partitions=None,
-        key=DEMO_NODE,
-    )
+    node = NodeSettings(device=cfg.device, power_cap_w=cfg.power_cap_w, data=settings.client_data,
+                        partition_id=None, num_partitions=None, key=DEMO_NODE)  # fmt: skip
     plan = data_plan(node, cfg.run_config(), model_seq_len(settings.model, {}))
     return RoundWork(
         node,
@@ -193,17 +188,10 @@ def _cap(cap: float | None) -> str:
 
 def _run(t: Trained) -> dict[str, Any]:
     r = t.result
-    return {
-        "batch_size": t.choice.batch_size,
-        "frequency_hz": t.choice.frequency_hz,
-        "reached": r.reached,
-        "samples": r.samples,
-        "device_seconds": r.device_seconds,
-        "energy_j": r.energy_j,
-        "peak_power_w": r.peak_power_w,
-        "final_accuracy": r.final_accuracy,
-        "curve": [asdict(p) for p in r.curve],
-    }
+    return dict(batch_size=t.choice.batch_size, frequency_hz=t.choice.frequency_hz, reached=r.reached,
+                samples=r.samples, device_seconds=r.device_seconds, energy_j=r.energy_j,
+                peak_power_w=r.peak_power_w, final_accuracy=r.final_accuracy,
+                curve=[asdict(p) for p in r.curve])  # fmt: skip
 
 
 def _row(method: str, o: RoundOutcome, profiled: Profiled, relation: Any) -> dict[str, Any]:
@@ -219,14 +207,9 @@ def _row(method: str, o: RoundOutcome, profiled: Profiled, relation: Any) -> dic
 
 
 def _plots(
-    cfg: DemoConfig,
-    settings: ServerConfig,
-    profiled: Profiled,
-    relation: Any,
-    ours: RoundOutcome,
-    rows: list[dict[str, Any]],
-    out: Path,
-) -> None:
+    cfg: DemoConfig, settings: ServerConfig, profiled: Profiled, relation: Any, ours: RoundOutcome,
+    rows: list[dict[str, Any]], out: Path,
+) -> None:  # fmt: skip
     from powerctl.cli.plot import plot_profile
     from powerctl.selection.joint import select
     from simulations.plots import plot_strategies
@@ -236,11 +219,9 @@ def _plots(
     plot_profile(
         profiled.profile, out / "plots", power_cap_w=cfg.power_cap_w, relation=relation, selection=chosen
     )
+    title = f"{settings.model} on {cfg.device}, {_cap(cfg.power_cap_w)}"
     plot_strategies(
-        rows,
-        out / "plots" / "strategies.png",
-        title=f"{settings.model} on {cfg.device}, {_cap(cfg.power_cap_w)}",
-        target_accuracy=settings.target_accuracy,
+        rows, out / "plots" / "strategies.png", title=title, target_accuracy=settings.target_accuracy
     )
 
 
@@ -253,12 +234,9 @@ def summary_table(results: dict[str, Any]) -> str:
     )
     lines = [head, "-" * len(head)]
     for r in results["strategies"]:
-        pred = "-" if r["predicted_seconds"] is None else f"{r['predicted_seconds']:.1f}"
-        energy = "-" if r["energy_j"] is None else f"{r['energy_j']:.0f}"
-        peak = "-" if r["peak_power_w"] is None else f"{r['peak_power_w']:.2f}"
-        speed = (
-            "-" if r["speedup_vs_state_of_practice"] is None else f"{r['speedup_vs_state_of_practice']:.2f}x"
-        )
+        pred, energy = cell(r["predicted_seconds"]), cell(r["energy_j"], ".0f")
+        peak, speedup = cell(r["peak_power_w"], ".2f"), r["speedup_vs_state_of_practice"]
+        speed = "-" if speedup is None else f"{speedup:.2f}x"
         mark = "" if r["reached"] else " (target not reached)"
         lines.append(
             f"{r['strategy']:<18} {r['batch_size']:>4} {r['frequency_hz'] / 1e6:>7.1f} {pred:>8} "
