@@ -42,13 +42,7 @@ DATA = REPO.parent / "shared" / "data"
 def ranks(values: list[float]) -> np.ndarray:
     """Ranks 1..n, ties get the mean of their ranks (as Spearman's rho needs)."""
     v = np.asarray(values, dtype=float)
-    order = np.argsort(v, kind="stable")
-    r = np.empty(len(v))
-    r[order] = np.arange(1, len(v) + 1)
-    for value in np.unique(v):
-        tie = v == value
-        r[tie] = r[tie].mean()
-    return r
+    return np.array([(v < x).sum() + ((v == x).sum() + 1) / 2 for x in v])
 
 
 def spearman(a: list[float], b: list[float]) -> float:
@@ -77,18 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap = OneLineParser(
         prog="relation_vs_target", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    # fmt: off
     ap.add_argument("--out", type=Path, default=REPO / "runs" / "relation_vs_target")
     ap.add_argument("--data", type=Path, default=DATA, help="the shared data folder (default ../shared/data)")
     ap.add_argument("--model", default="chartransformer-small")
-    ap.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        type=_key_value,
-        default=[],
-        metavar="KEY=VALUE",
-        help="model option, e.g. --set n_embd=96",
-    )
+    ap.add_argument("--set", dest="overrides", action="append", type=_key_value, default=[],
+                    metavar="KEY=VALUE", help="model option, e.g. --set n_embd=96")
     ap.add_argument("--pretrain-samples", type=int, default=60_000)
     ap.add_argument("--pretrain-batch-size", type=int, default=32)
     ap.add_argument("--pretrain-lr", type=float, default=2e-3)
@@ -96,12 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--proxy", default="tinyshakespeare/input.txt", help="proxy text, relative to --data")
     ap.add_argument("--target-data", default="gutenberg_austen/austen-emma.txt", help="relative to --data")
     ap.add_argument("--target", type=float, default=0.42, help="target accuracy on the proxy (default 0.42)")
-    ap.add_argument(
-        "--target-on-target",
-        type=float,
-        default=0.49,
-        help="target accuracy on the target text (default 0.49: Austen is easier to predict)",
-    )
+    ap.add_argument("--target-on-target", type=float, default=0.49,
+                    help="target accuracy on the target text (default 0.49: Austen is easier to predict)")
     ap.add_argument("--batch-sizes", default="4,8,16,32,64")
     ap.add_argument("--seeds", default="0,1,2,3,4", help="mean over these (default 0,1,2,3,4)")
     ap.add_argument("--lr-max", type=float, default=2e-3, help="learning rate of the largest batch size")
@@ -110,17 +94,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--eval-every", type=int, default=128, help="resolution of samples-to-target")
     ap.add_argument("--eval-max-samples", type=int, default=256)
     ap.add_argument("--serial", action="store_true", help="no Ray: run the batch sizes one after another")
-    ap.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="torch threads for pre-training (default 1: fastest on a small shared machine)",
-    )
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads for pre-training (default 1: fastest on a small shared machine)")
     ap.add_argument("--no-cache", action="store_true")
-    ap.add_argument(
-        "--device", type=torch_device_arg, default="auto", help=f"where the models train: {TORCH_SPEC_HELP}"
-    )
+    ap.add_argument("--device", type=torch_device_arg, default="auto",
+                    help=f"where the models train: {TORCH_SPEC_HELP}")
     ap.add_argument("--no-progress", action="store_true")
+    # fmt: on
     return ap
 
 
@@ -131,26 +111,17 @@ def pretrained_weights(args: argparse.Namespace, timings: dict[str, float]) -> t
     out: Path = args.out
     wiki = out / "wikitext-2.valid+test.txt"
     wiki.write_bytes(
-        b"".join(
-            (args.data / "wikitext-2" / f).read_bytes() for f in ("wiki.valid.tokens", "wiki.test.tokens")
-        )
+        b"".join((args.data / "wikitext-2" / f"wiki.{s}.tokens").read_bytes() for s in ("valid", "test"))
     )
     t0 = time.perf_counter()
-    report = pretrain(
-        args.model,
-        f"text:{wiki}",
-        out=out / "pretrained.safetensors",
-        settings=PretrainSettings(
-            samples=args.pretrain_samples,
-            batch_size=args.pretrain_batch_size,
-            lr=args.pretrain_lr,
-            overrides=dict(args.overrides),
-        ),
-        device=args.device,
-        progress=not args.no_progress,
-    ).data
+    settings = PretrainSettings(samples=args.pretrain_samples, batch_size=args.pretrain_batch_size,
+                                lr=args.pretrain_lr, overrides=dict(args.overrides))  # fmt: skip
+    weights = out / "pretrained.safetensors"
+    made = pretrain(args.model, f"text:{wiki}", out=weights, settings=settings, device=args.device,
+                    progress=not args.no_progress)  # fmt: skip
+    report = made.data
     timings["pretrain_s"] = time.perf_counter() - t0
-    return out / "pretrained.safetensors", report
+    return weights, report
 
 
 def relation_vectors(
