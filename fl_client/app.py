@@ -5,12 +5,8 @@
   the weights, a MetricRecord with ``num-examples`` and the full report (a ConfigRecord);
 - ``evaluate``: accuracy and loss of the received weights on the node's local test split.
 
-A deployed SuperNode starts a process per message, so what a message does not need is not imported:
-the query imports no torch and loads no data (the node's data sizes come back with its evaluate reply);
-torch, the training core and the device backends are imported by the train or evaluate function.
-
-Bad input (node config, run config, message) is answered with an error reply whose reason is one line
-naming the key and the value; the server reports it for that node and goes on with the others.
+A deployed SuperNode starts a process per message, so each function imports only what it needs (the
+query no torch and no data). Bad input is answered with an error reply whose reason is one line.
 """
 
 from __future__ import annotations
@@ -53,20 +49,17 @@ if TYPE_CHECKING:
 def _library_lines(
     msg: Message, context: Context, call_next: Callable[[Message, Context], Message]
 ) -> Message:
-    """A Mod: what the library logs while a message is handled (a board found left pinned and restored,
-    a checkpoint resumed) is shown on this process's stderr in its own words, as the CLIs show it."""
+    """A Mod: what the library logs while a message is handled is shown on stderr, as the CLIs show it."""
     with library_lines_on_stderr():
         return call_next(msg, context)
 
 
-MODS: list[Mod] = [_library_lines]
-"""The ClientApp's mods (the fleet runner's ClientApp, `simulations.fleet_client`, runs the same)."""
+MODS: list[Mod] = [_library_lines]  # the fleet runner's ClientApp runs the same
 app = ClientApp(mods=MODS)
 
 
 def _state(msg: Message) -> State:
-    """The weights sent, as a state dict; NaN or infinity is refused before any device time is spent on
-    them. Each array is decoded once (Flower's `to_torch_state_dict` would decode them again)."""
+    """The weights sent, as a state dict (each array decoded once); NaN or infinity is refused."""
     import torch
 
     where = f"{msg.metadata.message_type} message"
@@ -81,17 +74,9 @@ def _state(msg: Message) -> State:
 
 
 def _data_record(settings: NodeSettings, train: Dataset, test: Dataset) -> ConfigRecord:
-    """Who this node is and its data (name, train and test sizes), as its evaluate reply says it: the
-    server completes what the node's query said with it (the query loads no data)."""
-    return ConfigRecord(
-        {
-            "node-key": settings.key,
-            "device": settings.device,
-            "data": train.name,
-            "train-examples": len(train),
-            "test-examples": len(test),
-        }
-    )
+    """Who this node is and its data's sizes, for the server (the query loads no data)."""
+    sizes = {"train-examples": len(train), "test-examples": len(test)}
+    return ConfigRecord({"node-key": settings.key, "device": settings.device, "data": train.name, **sizes})
 
 
 @app.query()
@@ -126,9 +111,8 @@ def train(msg: Message, context: Context) -> Message:
 def train_reply(
     msg: Message, context: Context, steps_for: StepsFor | None = None
 ) -> tuple[Message, RoundOutcome | None]:
-    """A TRAIN message's round with the steps `steps_for` gives (default: the production round's), and
-    its reply: the weights, the examples to average by and the report; with the round's outcome (None:
-    an error reply) for a caller that sends more (the fleet's ClientApp)."""
+    """A TRAIN message's round with the steps `steps_for` gives (default: the production round's), its
+    reply, and the round's outcome (None: an error reply) for a caller that sends more."""
     from fl_client.round import RoundWork, model_seq_len, node_device_seed, run_round
 
     settings = None
@@ -159,20 +143,11 @@ def train_reply(
         file=sys.stderr,
     )
     metrics = MetricRecord(
-        {
-            EXAMPLES_KEY: report.train_examples,
-            "device-seconds": trained.device_seconds,
-            "accuracy": trained.accuracy,
-            "samples": trained.samples,
-        }
+        {EXAMPLES_KEY: report.train_examples, "device-seconds": trained.device_seconds}
+        | {"accuracy": trained.accuracy, "samples": trained.samples}
     )
-    content = RecordDict(
-        {
-            ARRAYS_KEY: ArrayRecord.from_torch_state_dict(outcome.state),
-            METRICS_KEY: metrics,
-            REPORT_KEY: report.to_config(),
-        }
-    )
+    arrays = ArrayRecord.from_torch_state_dict(outcome.state)
+    content = RecordDict({ARRAYS_KEY: arrays, METRICS_KEY: metrics, REPORT_KEY: report.to_config()})
     return Message(content, reply_to=msg), outcome
 
 

@@ -1,25 +1,12 @@
 """A lighter `flwr-clientapp` for a deployed SuperNode's message processes: Flower's own command, without
 the SuperNode package Flower's console script imports first.
 
-Why: a deployed SuperNode starts one `flwr-clientapp` process per message (a round's query, train and
-evaluate). Flower's console script imports it from `flwr.supernode.cli`, whose package imports
-`flower-supernode` too — the SuperNode's SQL state (sqlalchemy, alembic) and more — before the process
-loads its ClientApp, and uses none of it: most of what a query's process costs
-(docs/results/clientapp_startup.md).
-
-What: `write_script(folder)` writes FOLDER/flwr-clientapp, this interpreter running the text of
-Flower's own `flwr/supernode/cli/flwr_clientapp.py` as the script itself — its argument parser and its
-call of `run_clientapp`, unchanged — so nothing of that file's package is imported, nor anything of this
-project (the ClientApp then imports the FAB's copy of the project, as under Flower's script). Only
-while that text is the one read and checked here (FLWR_CLIENTAPP_SHA256, as
-`strategies.flower_source.text_fingerprint` normalises it): any other text, no such file, or a folder
-or interpreter a script cannot run from, and nothing is written — one logged line, and the SuperNode
-finds Flower's own `flwr-clientapp` on PATH.
-
-Where: `python -m fl_client.supernode` writes it into a private temporary folder put first on the
-SuperNode's PATH (Flower's SuperExec starts the command by name: `subprocess.Popen` of
-`TASK_TYPE_TO_COMMAND`), so only the SuperNode's children see it; the folder is removed when the
-wrapper ends.
+A deployed SuperNode starts one `flwr-clientapp` process per message; Flower's console script imports
+it from `flwr.supernode.cli`, whose package imports the SuperNode's SQL state and more, unused
+(docs/results/clientapp_startup.md). `write_script(folder)` writes FOLDER/flwr-clientapp running the
+text of Flower's own `flwr_clientapp.py` as the script itself, only while that text is the one checked
+here (FLWR_CLIENTAPP_SHA256); otherwise one logged line, and Flower's own command is used.
+`python -m fl_client.supernode` puts the folder first on the SuperNode's PATH.
 """
 
 from __future__ import annotations
@@ -36,22 +23,17 @@ from strategies.flower_source import shebang_problem, text_fingerprint, write_py
 
 log = logging.getLogger(__name__)
 
-COMMAND = "flwr-clientapp"
-"""The command Flower's SuperExec starts for each ClientApp message (flwr `TASK_TYPE_TO_COMMAND`), one
-process per message: what `fl_client.round.message_process_startup_s` knows such a process by."""
-FLOWER_FILE = ("supernode", "cli", "flwr_clientapp.py")
-"""Where in the installed `flwr` package the text the script runs is."""
+COMMAND = "flwr-clientapp"  # what Flower's SuperExec starts for each ClientApp message
+FLOWER_FILE = ("supernode", "cli", "flwr_clientapp.py")  # in the installed `flwr` package
+# FLOWER_FILE's text as `text_fingerprint` normalises it, read and found to import nothing of its package
 FLWR_CLIENTAPP_SHA256 = "e23a68d4dc23949e498c74b1661b7c53358492a3bc9c606af4485e8859a6283b"
-"""FLOWER_FILE's text as `text_fingerprint` normalises it: the same file in flwr 1.41.0 and 1.42.0,
-read and found to import only `flwr.common.args`, `flwr.supercore` and
-`flwr.supernode.runtime.run_clientapp` (nothing relative to its package)."""
+# what Flower's console script does with the same function
 TRAILER = '\n\nif __name__ == "__main__":\n    import sys\n\n    sys.exit(flwr_clientapp())\n'
-"""What Flower's console script does with the same function."""
 
 
 def flower_source() -> tuple[Path, str | None]:
-    """The installed Flower's `flwr_clientapp.py` and its text (None: none to read). Found without
-    importing `flwr`, whose package imports much of Flower."""
+    """The installed Flower's `flwr_clientapp.py` and its text (None: none to read), found without
+    importing `flwr`."""
     from importlib.util import find_spec
 
     spec = find_spec("flwr")

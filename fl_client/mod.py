@@ -1,17 +1,10 @@
 """`power_aware_mod`: the Flower Mod that makes any ClientApp's train function power-aware.
 
-For a train message carrying the plan (`strategies.power_aware.PowerAware` puts it in the train config),
-the Mod resolves the node (its device and cap: node config, or the run's `fleet` for virtual nodes),
-reads the plan, and runs the train function with that round open: a `fl_client.session.PowerSession`
-in it profiles the function's own step, selects, pins, charges and restores. The Mod then puts the
-session's report in the reply (`REPORT_KEY`, the key the strategy wrapper reads: one constant, as
-Flower's `fixedclipping_mod` shares its key with the DP strategy). Other messages pass through.
-
-Bad input (node config, plan, a train function that opened no session) is an error reply whose reason
-is one line; the server names it for that node and goes on with the others.
-
-A deployed SuperNode starts a process per message: importing this module and answering a query
-(`describe_node`) import no torch; the session and the training core are imported by a train message.
+For a train message carrying the plan, the Mod resolves the node, reads the plan and runs the train
+function with that round open for its `fl_client.session.PowerSession`; it then puts the session's
+report in the reply (`REPORT_KEY`, the key the strategy wrapper reads). Other messages pass through.
+Bad input is an error reply whose reason is one line. Importing this module and answering a query
+(`describe_node`) import no torch.
 """
 
 from __future__ import annotations
@@ -31,8 +24,7 @@ from strategies.settings import client_setting
 
 log = logging.getLogger(__name__)
 
-CLIENT_ERROR_CODE = 2
-"""ErrorCode.CLIENT_APP_RAISED_EXCEPTION: what Flower itself uses when a ClientApp fails."""
+CLIENT_ERROR_CODE = 2  # ErrorCode.CLIENT_APP_RAISED_EXCEPTION: what Flower uses when a ClientApp fails
 
 
 def error_reply(msg: Message, settings: NodeSettings | None, exc: Exception) -> Message:
@@ -55,8 +47,8 @@ def profile_cache(run_config: Any) -> Path | None:
 
 
 def node_info(settings: NodeSettings) -> dict[str, Any]:
-    """Who this node is, as a query reply says it (`strategies.rounds.NodeInfo`): its key, device,
-    board, cap and partition. An unknown or absent device fails here, before anything else."""
+    """Who this node is, as a query reply says it (`strategies.rounds.NodeInfo`); an unknown or absent
+    device fails here."""
     with open_device(settings.device, pin=settings.pin) as dev:
         info: dict[str, Any] = {"node-key": settings.key, "device": settings.device, "board": dev.board}
     if settings.power_cap_w is not None:
@@ -68,9 +60,8 @@ def node_info(settings: NodeSettings) -> dict[str, Any]:
 
 def describe_node(msg: Message, context: Context) -> Message:
     """A query function for a user's ClientApp (`app.query()(describe_node)`): the node's device, board
-    and cap, which `PowerAware` asks every node it has not met (without it the server warns once per
-    node and knows the node only from its reports). Planning queries (energy-under-deadline rounds)
-    need the built-in ClientApp."""
+    and cap, which `PowerAware` asks every node it has not met (planning queries need the built-in
+    ClientApp)."""
     settings = None
     try:
         settings = resolve_node(context.node_config, context.run_config, needs_data=False)
@@ -113,10 +104,7 @@ def power_aware_mod(
     reports = [s.report for s in round_.sessions if s.report is not None]
     if len(reports) != 1:
         what = "opened no PowerSession" if not reports else f"ran {len(reports)} PowerSessions"
-        return error_reply(
-            msg,
-            settings,
-            PowerctlError(f"the train function {what}: run its loop in one `with PowerSession(...)`"),
-        )
+        exc = PowerctlError(f"the train function {what}: run its loop in one `with PowerSession(...)`")
+        return error_reply(msg, settings, exc)
     reply.content[REPORT_KEY] = reports[0].to_config()
     return reply

@@ -1,9 +1,7 @@
 """Profiles on disk, one per (board, model, input shape, batch sizes, profiler settings, code version).
 
-Profiling is data-independent and costs device time (docs/design/method.md): a node profiles once and reuses
-the table in every later round and run. An entry is trusted only if it loads as a valid profile AND
-carries the key it was stored under: a corrupt, truncated or mismatched file is profiled again and
-overwritten, never used.
+A node profiles once and reuses the table in every later round and run; an entry is trusted only if it
+loads as a valid profile carrying the key it was stored under (else it is profiled again).
 """
 
 from __future__ import annotations
@@ -22,8 +20,7 @@ from powerctl.records.profile import Profile
 
 log = logging.getLogger(__name__)
 
-PROFILE_CACHE_VERSION = 1
-"""Bump when a code change alters what a profile would measure: old entries then miss."""
+PROFILE_CACHE_VERSION = 1  # bump when a code change alters what a profile would measure
 
 
 def code_version() -> str:
@@ -44,24 +41,19 @@ def profile_cache_dir() -> Path:
 class ProfileKey:
     """Everything that decides a profile's content."""
 
-    device_kind: str
-    """The backend and board, e.g. SimulatedBoard/jetson-nano: a real and a simulated Nano differ."""
+    device_kind: str  # backend and board, e.g. SimulatedBoard/jetson-nano
     model: str
     overrides: str
     num_classes: int
     input_shape: tuple[int, ...]
     batch_sizes: tuple[int, ...]
     order: str
-    power_cap_w: float | None
-    """Only for the efficient and fitted orders, which depend on the cap; None for the full grid."""
+    power_cap_w: float | None  # only for the orders that depend on the cap; None for the full grid
     samples: int
     warmup_steps: int
     measure_steps: int
-    relation: str | None = None
-    """Only for the fitted order, whose confirmed points depend on r_b: the (b, r_b) pairs as JSON."""
-    step: str = ""
-    """Whose training step was measured: "" for the built-in fine-tune's, else the user's step key
-    (`fl_client.session`: the model's class, the step's code and the user's own cache key)."""
+    relation: str | None = None  # only for the fitted order: the (b, r_b) pairs as JSON
+    step: str = ""  # "" for the built-in fine-tune's step, else the user's step key (`fl_client.session`)
 
     def digest(self) -> str:
         from powerfed.training.numerics import torch_minor
@@ -136,10 +128,8 @@ MEASURED_ORDERS = ("grid", "efficient", "fitted")
 def same_kind_profiles(
     device_kind: str, workload: dict[str, Any], cache_dir: Path | None = None
 ) -> list[tuple[Path, Profile]]:
-    """Measured profiles in the cache of this kind of board (backend and board) and this workload (model,
-    classes, input shape: what a step computes), whatever cap or order they were measured for — the
-    predicted profile of a real board (`powerctl.profiling.budget`). The most points first; unreadable
-    entries are passed over."""
+    """Measured profiles in the cache of this kind of board and this workload, whatever cap or order
+    they were measured for (for a predicted profile); the most points first, unreadable ones passed over."""
     found = []
     for path in sorted((cache_dir or profile_cache_dir()).glob("profile-*.json")):
         try:

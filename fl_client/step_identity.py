@@ -1,23 +1,12 @@
 """What a user's training step is, for the profile cache: a digest that follows the code it runs.
 
-A profile is reused only for the same step. `make_step` is whatever the user passes: a function, a
-`lambda m: make_step(m, lr, mu)`, a `functools.partial`, a bound method. The digest covers, from it:
-
-- **functions** (lambdas and nested ones included): their bytecode, constants and the names they use;
-  the values in their closures and defaults; and every global they name, described the same way — so a
-  lambda that calls `make_step` covers `make_step`'s own code, and an edited helper it calls changes it;
-- `functools.partial`: the function, its arguments and keywords; **bound methods**: the function and
-  the class of the object it is bound to;
-- **classes** of the user's code: their source (their methods); the project's and libraries' classes and
-  functions by their qualified name (their code is versioned with the package);
-- **objects** in closures or globals: numbers, strings and containers by value; an optimizer by its class
-  and hyper-parameters (`defaults`); a model by its class and parameter shapes; a tensor by its shape
-  and dtype; anything else by its class.
-
-Not covered: what a step reads at run time from outside its code (a file, an environment variable, an
-attribute of an object set after the session starts), the values of a library's own settings
-(`torch.backends`), and code reached only through `getattr` by a computed name. The session's `key=`
-names what the code does not show. Bytecode is Python's own: another Python version profiles again.
+A profile is reused only for the same step, whatever `make_step` is (a function, a lambda, a partial,
+a bound method). The digest covers functions' bytecode, constants, closures, defaults and every global
+they name (recursively: an edited helper changes it); partials' arguments; bound methods' classes; the
+user's classes by their source (the project's and libraries' by name); and objects by value (an
+optimizer by its hyper-parameters, a model by its parameter shapes, a tensor by shape and dtype, else
+its class). Not covered: what a step reads at run time from outside its code, library settings, and
+code reached through a computed `getattr`: the session's `key=` names those.
 """
 
 from __future__ import annotations
@@ -81,18 +70,9 @@ def _describe(obj: Any, seen: set[int], depth: int) -> Any:
     if isinstance(obj, types.ModuleType):
         return ["module", obj.__name__]
     if isinstance(obj, functools.partial):
-        return [
-            "partial",
-            _describe(obj.func, seen, depth + 1),
-            _describe(obj.args, seen, depth + 1),
-            _describe(obj.keywords, seen, depth + 1),
-        ]
+        return ["partial", *(_describe(v, seen, depth + 1) for v in (obj.func, obj.args, obj.keywords))]
     if isinstance(obj, types.MethodType):
-        return [
-            "method",
-            _describe(obj.__func__, seen, depth + 1),
-            _describe(type(obj.__self__), seen, depth + 1),
-        ]
+        return ["method", *(_describe(v, seen, depth + 1) for v in (obj.__func__, type(obj.__self__)))]
     if isinstance(obj, (types.FunctionType, type)):
         if _is_library(obj):
             return ["named", _name(obj)]
@@ -108,8 +88,7 @@ def _describe(obj: Any, seen: set[int], depth: int) -> Any:
 
 
 def _code(code: types.CodeType) -> tuple[Any, set[str]]:
-    """A code object's bytecode, constants (nested code recursed) and the names it uses, nested ones
-    included."""
+    """A code object's bytecode, constants and the names it uses (nested code recursed)."""
     names = set(code.co_names)
     consts = []
     for c in code.co_consts:
@@ -126,13 +105,13 @@ def _function(fn: types.FunctionType, seen: set[int], depth: int) -> Any:
     body, names = _code(fn.__code__)
     cells = [_describe(cell_value(c), seen, depth + 1) for c in fn.__closure__ or ()]
     used = {n: fn.__globals__[n] for n in sorted(names) if n in fn.__globals__}
+    defaults = [_describe(v, seen, depth + 1) for v in (fn.__defaults__, fn.__kwdefaults__)]
     return [
         "function",
         _name(fn),
         body,
         cells,
-        _describe(fn.__defaults__, seen, depth + 1),
-        _describe(fn.__kwdefaults__, seen, depth + 1),
+        *defaults,
         [[n, _describe(v, seen, depth + 1)] for n, v in used.items()],
     ]
 

@@ -2,12 +2,8 @@
 clients done, elapsed), a pre-training's samples with the time left, and a line when nothing else was
 heard for a while, so that no phase looks hung.
 
-Flower's `send_and_receive` blocks until every reply is in (or the timeout), so nothing is heard of a
-round of a large fleet until it ends. This wrapper pushes the messages and pulls replies itself,
-printing a line when the count changes (at most every `every_s` seconds, and always at the end), and
-at least every `quiet_s` seconds while nothing changes. It
-polls every 0.5 s while few replies are pending (Flower waits 3 s between pulls: most of a small
-fleet's round), less often for a large fleet (`interval_s`).
+Flower's `send_and_receive` blocks until every reply is in, so `ProgressGrid` pushes and pulls itself,
+a line when the count changes (at most every `every_s`) and at least every `quiet_s`.
 """
 
 from __future__ import annotations
@@ -18,8 +14,7 @@ from typing import Any, cast
 
 from flwr.app import Message
 
-QUIET_S = 8.0
-"""The longest a phase goes without a line (a run that says nothing for longer looks hung)."""
+QUIET_S = 8.0  # the longest a phase goes without a line
 
 
 class ProgressGrid:
@@ -37,10 +32,8 @@ class ProgressGrid:
         self._grid, self._say = grid, say
         self.every_s, self.poll_s, self.quiet_s = every_s, poll_s, quiet_s
         self.started = time.perf_counter()
-        self.label = ""
-        """Set by the caller, e.g. the method's name."""
-        self.round = 0
-        """The round of the last train/evaluate messages sent (their config's server-round)."""
+        self.label = ""  # set by the caller, e.g. the method's name
+        self.round = 0  # the server-round of the last train/evaluate messages sent
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._grid, name)
@@ -79,9 +72,8 @@ class ProgressGrid:
             time.sleep(self.interval_s(len(pending)))
 
     def interval_s(self, pending: int) -> float:
-        """Each pull costs the SuperLink O(pending) and a round lasts O(fleet): a fixed interval makes a
-        round's pulls O(fleet²). Scaling the interval with what is pending keeps them linear (0.5 s
-        for up to 250 messages, 3 s — Flower's own interval — from 1,500)."""
+        """The pull interval, scaled with what is pending (a pull costs O(pending)): a round's pulls stay
+        linear in the fleet, up to Flower's own 3 s."""
         return min(3.0, max(self.poll_s, pending / 500))
 
 

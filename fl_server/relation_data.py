@@ -20,10 +20,8 @@ from powerctl.errors import PowerctlError
 from powerfed.training.data import Dataset, load_dataset, train_test_split
 from powerfed.training.errors import DataError
 
-ProxyData = Any
-"""A spec string, a `powerfed.training.data.Dataset`, a torch `Dataset`, a `DataLoader` or a pair (x, y)."""
-TEST_FRACTION = 0.2
-"""The test share of a split that cannot be stratified (targets that are not one class per sample)."""
+ProxyData = Any  # a spec string, a `Dataset` (ours or torch's), a `DataLoader` or a pair (x, y)
+TEST_FRACTION = 0.2  # the test share of a split that cannot be stratified
 
 
 @dataclass(frozen=True)
@@ -32,10 +30,8 @@ class Proxy:
 
     train: Dataset
     test: Dataset
-    label: str
-    """What the relation file names as its proxy dataset."""
-    sha256: str | None
-    """The bytes behind it (a file's or the tensors'); None for generated data."""
+    label: str  # what the relation file names as its proxy dataset
+    sha256: str | None  # the bytes behind it (a file's or the tensors'); None for generated data
     whole: Dataset
 
 

@@ -1,12 +1,9 @@
 """Resuming a run: which rounds a results folder already holds, and the global model after them.
 
-After every completed round the ServerApp saves the global model (`global.safetensors`, with the round
-and the run's fingerprint in its metadata) beside `results.json`. A restarted ServerApp with the same
-fingerprint — the same run config (less the keys below), starting weights and relation vector —
-continues after the last round both files agree on. Anything else never mixes with the new run: the
-old files are renamed aside (one line says where) and the run starts over — but only once the new run
-has a result of its own (`EarlierFiles`): a run stopped early, or one in which every client failed,
-leaves the earlier results where they were.
+After every round the ServerApp saves the global model (with the round and the run's fingerprint)
+beside `results.json`. A restarted ServerApp with the same fingerprint (run config, starting weights,
+relation vector) continues after the last round both files agree on; anything else is renamed aside
+once the new run has a result of its own (`EarlierFiles`), never mixed in.
 """
 
 from __future__ import annotations
@@ -28,9 +25,8 @@ from strategies.settings import SETTINGS
 
 GLOBAL_FILE = "global.safetensors"
 RESULTS_FILE = "results.json"
+# keys that do not change what a round computes: a resumed run may extend its rounds or wait longer
 NOT_IN_FINGERPRINT = frozenset(key for key, s in SETTINGS.items() if not s.fingerprint)
-"""Keys that do not change what a round computes (declared so, `strategies.settings`): a resumed run may
-extend its rounds or wait longer."""
 
 
 def run_fingerprint(run_config: dict[str, Any], weights_digest: str, relation: dict[str, Any]) -> str:

@@ -1,9 +1,5 @@
-"""Model weights on disk: safetensors (no pickle, so a weights file can never run code) plus metadata.
-
-The metadata (model name, build overrides, number of classes, task) is enough to rebuild the network
-from the file alone, so the server can hand devices one file. `weights_hash` identifies a set of weights
-independently of the file layout; the relation cache and the reports use it.
-"""
+"""Model weights on disk: safetensors (no pickle) plus the metadata that rebuilds the network from the
+file alone; `weights_hash` identifies a set of weights independently of the file layout."""
 
 from __future__ import annotations
 
@@ -31,8 +27,7 @@ class WeightsMeta:
     num_classes: int
     task: str
     overrides: dict[str, Any] = field(default_factory=dict)
-    extra: dict[str, str] = field(default_factory=dict)
-    """Anything else the writer stored (e.g. what the weights were pre-trained on)."""
+    extra: dict[str, str] = field(default_factory=dict)  # anything else the writer stored
 
     def to_metadata(self) -> dict[str, str]:
         return {

@@ -17,10 +17,8 @@ from strategies.rounds import weighted_average
 
 
 class FedAvgInOrder(FedAvg):
-    """Flower's FedAvg whose weights are averaged in float64, in the order the replies come (the
-    wrapper orders them by node key), and cast back to each array's dtype: the same global model in
-    every run, integer buffers (BatchNorm's `num_batches_tracked`) kept integers
-    (`strategies.rounds.weighted_average`). Flower's sums in float32 and makes integers floats."""
+    """Flower's FedAvg averaging by `strategies.rounds.weighted_average` (float64, in reply order, integer
+    buffers kept integers): the same global model in every run."""
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -29,13 +27,9 @@ class FedAvgInOrder(FedAvg):
         if not valid:
             return None, None
         contents = [msg.content for msg in valid]
+        weights = [cast(float, next(iter(c.metric_records.values()))[self.weighted_by_key]) for c in contents]
         items = [
-            (
-                next(iter(c.array_records.values())),
-                # a number: FedAvg's reply check refuses a list there
-                float(cast(float, next(iter(c.metric_records.values()))[self.weighted_by_key])),
-            )
-            for c in contents
+            (next(iter(c.array_records.values())), float(w)) for c, w in zip(contents, weights, strict=True)
         ]
         return weighted_average(items, items[0][0]), self.train_metrics_aggr_fn(
             contents, self.weighted_by_key
@@ -45,10 +39,8 @@ class FedAvgInOrder(FedAvg):
 class PowerAwareFedAvg(PowerAware):
     """`PowerAware` around FedAvg (`FedAvgInOrder`): the project's own ServerApp's strategy.
 
-    FedAvg's sampling parameters are FedAvg's; the rest are `PowerAware`'s. FedAvg itself does not wait
-    for nodes: the wrapper gathers `waits.min_available_nodes` (here 1 by default) once and then goes on
-    with whoever is there.
-    `inner` wraps the FedAvg before `PowerAware` holds it (a simulated population's sampling:
+    FedAvg's sampling parameters are FedAvg's; the rest are `PowerAware`'s (which gathers
+    `waits.min_available_nodes` once). `inner` wraps the FedAvg before `PowerAware` holds it (e.g.
     `lambda fedavg: PopulationSampled(fedavg, population)`)."""
 
     def __init__(

@@ -1,15 +1,7 @@
 """The round objective: what a round of `PowerAware` asks of its clients, an object the strategy is
-given when it is made (as Flower composes its DP strategies), so the strategy compares no names.
-
-- `RoundObjective` (`time`, the paper's): each client runs its fastest pair; nothing is asked before
-  the round.
-- `EnergyUnderDeadline(deadline_s)`: the round first asks each sampled node for its plan (its predicted
-  fastest time to the target), sets the deadline to `deadline_s` (> 0) or else to the slowest node's
-  fastest time, and each client runs its least-energy pair that meets it
-  (docs/design/deadline-rounds.md).
-
-The names are the method registry's (`powerctl.selection.methods.ROUND_OBJECTIVES`, what a run's
-`round-objective` setting and a run method name); `objective_named` makes the object a name stands for.
+given when it is made: `RoundObjective` (`time`: each client its fastest pair) or
+`EnergyUnderDeadline` (docs/design/deadline-rounds.md). The names are the method registry's
+(`ROUND_OBJECTIVES`); `objective_named` makes the object a name stands for.
 """
 
 from __future__ import annotations
@@ -21,9 +13,7 @@ from powerctl.files.mapping import Choice, Custom, Number, check_arguments, must
 from powerctl.selection.methods import ENERGY_UNDER_DEADLINE, ROUND_OBJECTIVES, TIME
 from strategies.report import Plan
 
-Plans = Callable[[], Sequence[Plan]]
-"""Asks the round's sampled nodes for their plans (a QUERY each, once per node) and returns those that
-answered; an objective that needs none never calls it."""
+Plans = Callable[[], Sequence[Plan]]  # the plans of the round's sampled nodes that answered (asked once)
 
 
 class RoundObjective:
@@ -68,8 +58,7 @@ _MADE: dict[str, Callable[[float], RoundObjective]] = {
 
 
 def objective_named(name: str, deadline_s: float = 0.0) -> RoundObjective:
-    """The objective `name` (one of `ROUND_OBJECTIVES`) stands for, with `deadline_s` where it takes
-    one (a run's `round-deadline-s`); an unknown name is `Invalid` (a ValueError)."""
+    """The objective `name` stands for, with `deadline_s` where it takes one; else `Invalid`."""
     return _MADE[Choice(ROUND_OBJECTIVES)(name)](deadline_s)
 
 
@@ -81,9 +70,9 @@ def _objective(value: Any) -> RoundObjective:
     raise must_be(OBJECTIVE.expected, value)
 
 
+# a constructor argument's kind (`check_arguments`): a `RoundObjective`, or the name of one
 OBJECTIVE = Custom(
     _objective,
     expected=f"one of {', '.join(ROUND_OBJECTIVES)} (or a RoundObjective)",
     python_type=RoundObjective,
 )
-"""A constructor argument's kind (`check_arguments`): a `RoundObjective`, or the name of one."""

@@ -1,8 +1,5 @@
-"""What one round produced: every client's report, who failed and why, and the round's summary.
-
-Pure data and arithmetic, no Flower calls, so the strategy, the ServerApp's results file and the fleet
-runner all read the same record.
-"""
+"""What one round produced: every client's report, who failed and why, and the round's summary (pure
+data and arithmetic, read by the strategy, the results file and the fleet runner)."""
 
 from __future__ import annotations
 
@@ -51,9 +48,8 @@ class NodeInfo:
         return cls(node_id=node_id, key=f"node-{node_id}", device="?")
 
     def with_data(self, record: Any) -> NodeInfo:
-        """This node with the data its evaluate reply names (its name, train and test sizes): the query
-        loads no data, so that a board's query process imports no torch. Unchanged where the reply
-        names none (a user's own ClientApp)."""
+        """This node with the data its evaluate reply names (the query loads none); unchanged where the
+        reply names none."""
         sizes = record.get("train-examples"), record.get("test-examples")
         if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in sizes):
             return self
@@ -69,9 +65,7 @@ class Failure:
     node_id: int
     node_key: str
     device: str
-    kind: str
-    """"error" (the ClientApp replied an error or an unusable reply), "unavailable" (its SuperNode
-    died: Flower error 5), or "timeout" (no reply within the round's timeout)."""
+    kind: str  # "error" (an error or unusable reply), "unavailable" (its SuperNode died) or "timeout"
     reason: str
 
 
@@ -94,15 +88,12 @@ class RoundRecord:
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 REASON_LIMIT = 400
-
-
-_RAISED = re.compile(r"^(?P<cls>[A-Za-z_][\w.]*(?:Error|Exception|Interrupt)): (?P<message>.+?)(?:'>)?$")
-"""The line a traceback ends with (Flower's simulation wraps it in `<class ...>:<'...'>`)."""
 OWN_PACKAGES = ("powerctl.", "powerfed.", "strategies.", "fl_server.", "fl_client.", "simulations.")
+# the line a traceback ends with; Flower's simulation's line with the ClientApp's own words; a deployed
+# ClientApp's exception as the SuperNode replies it
+_RAISED = re.compile(r"^(?P<cls>[A-Za-z_][\w.]*(?:Error|Exception|Interrupt)): (?P<message>.+?)(?:'>)?$")
 _CLIENTAPP_MESSAGE = re.compile(r"^Exception ClientAppException occurred\. Message: (?P<message>.+?)(?:'>)?$")
-"""Flower's simulation: the line that holds the ClientApp's exception's own words (`str(ex)`)."""
 _WRAPPED = re.compile(r"^<class '(?P<cls>[\w.]+)'>:<'(?P<message>.+)'>$")
-"""A deployed ClientApp's exception, as Flower's SuperNode replies it: `<class 'CLS'>:<'MESSAGE'>`."""
 _NAMED = re.compile(r"^(?P<cls>[A-Za-z_][\w.]*): (?P<message>.+)$")
 
 
@@ -112,9 +103,8 @@ def _raised(cls: str, message: str) -> str:
 
 
 def _user_words(lines: list[str]) -> str | None:
-    """The ClientApp's own words where Flower's wrapping says which they are: the message line of its
-    ClientAppException (simulation; the class from the traceback line that ends with those words) or
-    its `<class ...>:<'...'>` (deployment). None: neither."""
+    """The ClientApp's own words where Flower's wrapping says which they are (simulation or deployment),
+    or None."""
     said = next((m["message"] for ln in reversed(lines) if (m := _CLIENTAPP_MESSAGE.match(ln))), None)
     if said is not None:
         named = (m for ln in lines if (m := _NAMED.match(ln)) and m["message"] == said)
@@ -126,10 +116,9 @@ def _user_words(lines: list[str]) -> str | None:
 
 
 def one_line(reason: str | None) -> str:
-    """A failure reason fit for a table row: colour codes out, and of a multi-line text (Ray puts a
-    whole remote traceback there, after its own lines) the exception it ends with — the project's own
-    error by its message alone, which already says what to do; else the ClientApp's own words where
-    Flower's wrapping names them (an exception class of any name); else its first line and its last."""
+    """A failure reason fit for a table row: colour codes out; of a multi-line text the exception it ends
+    with (the project's own by its message alone), else the ClientApp's own words, else its first line
+    and its last."""
     lines = [ln.strip() for ln in _ANSI.sub("", reason or "").splitlines() if ln.strip()]
     if not lines:
         return "(no reason given)"
@@ -143,18 +132,12 @@ def one_line(reason: str | None) -> str:
     return text if len(text) <= REASON_LIMIT else text[: REASON_LIMIT - 1] + "…"
 
 
-STAND_IN = "stand-in"
-"""The stop reason of a round that did not train (scale mode's stand-in: the board model charged)."""
+STAND_IN = "stand-in"  # the stop reason of a round that did not train (scale mode)
 
 
 def summarise(reports: list[ClientReport], failed: list[Failure], sampled: int) -> dict[str, Any]:
-    """The round's summary: makespan, energy, share at target, cap violations, failures by name.
-
-    The makespan is the slowest client's device time including what it spent profiling this round (a
-    synchronous round waits for it) and any time it paused under a changing cap. Energy is summed over
-    clients with a sensor; `energy_complete` says whether every client had one. A failed client counts
-    as not at target.
-    """
+    """The round's summary. The makespan is the slowest client's device, profiling and paused seconds;
+    energy is summed over clients with a sensor; a failed client counts as not at target."""
 
     def cost(r: ClientReport) -> float:
         return r.training.device_seconds + r.profiling.profiling_seconds + r.cap.paused_seconds
@@ -202,8 +185,7 @@ def weights_mismatch(arrays: ArrayRecord, like: ArrayRecord) -> str | None:
         extra = sorted(set(arrays.keys()) - set(like.keys()))
         return f"weights do not match the global model (missing {missing[:3]}, unexpected {extra[:3]})"
     for key, ref in like.items():
-        if tuple(arrays[key].shape) != tuple(ref.shape):
-            shape = tuple(arrays[key].shape)
+        if (shape := tuple(arrays[key].shape)) != tuple(ref.shape):
             return (
                 f"weights do not match the global model ({key!r} has shape {shape}, not {tuple(ref.shape)})"
             )
@@ -213,12 +195,8 @@ def weights_mismatch(arrays: ArrayRecord, like: ArrayRecord) -> str | None:
 
 
 def weighted_average(items: list[tuple[ArrayRecord, float]], like: ArrayRecord) -> ArrayRecord:
-    """FedAvg: Σ w_i · x_i / Σ w_i per array, in float64, cast back to each array's own dtype.
-
-    Integer buffers (BatchNorm's `num_batches_tracked`) stay integers, rounded; Flower's own
-    aggregation would turn them into floats. `items` are averaged in the order given: callers sort
-    them (by node key) so the sum, and so the result, is the same in every run.
-    """
+    """FedAvg: Σ w_i · x_i / Σ w_i per array in float64, cast back to each array's dtype (integer buffers
+    rounded); summed in the order given (callers sort by node key: the same result in every run)."""
     total = float(sum(w for _, w in items))
     out: dict[str, Array] = {}
     for key, ref in like.items():
@@ -231,8 +209,7 @@ def weighted_average(items: list[tuple[ArrayRecord, float]], like: ArrayRecord) 
 
 
 def report_row(report: ClientReport, info: NodeInfo) -> dict[str, Any]:
-    """A client's entry in the results file: its report's columns (with the records read beside it,
-    `ClientReport.columns`) plus what the server knows of the node; the writer orders them."""
+    """A client's entry in the results file: its report's columns plus what the server knows of the node."""
     return {**report.columns(), "node_key": report.node_key or info.key, "partition_id": info.partition_id}
 
 
