@@ -40,27 +40,20 @@ if TYPE_CHECKING:  # Flower is imported only where the adapter runs
     from _typeshed import SupportsKeysAndGetItem
     from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
 
+# The Flower releases whose functions below this module reproduces or relies on (`vce_api._register_nodes`,
+# the link state factory, the `flwr-simulation` launch; 1.42.0's are 1.41.0's); any other is refused.
 SUPPORTED_FLOWER = ("1.41.", "1.42.")
-"""Flower releases whose `InMemoryLinkState.get_message_ins` and `vce_api.add_messages_to_queue` this
-module reproduces, and whose `vce_api._register_nodes`, link state factory and `flwr-simulation` launch
-it relies on (read from their source: in 1.42.0 those files are the same as in 1.41.0); any other is
-refused."""
+# The functions the index reproduces or wraps, by the SHA-256 of their source as `source_fingerprint`
+# (strategies.flower_source) normalises it.
 COPIED_SOURCES = {
     "InMemoryLinkState.get_message_ins": "8079cc56cb2bf1a7c2ac2e742f283298e38e5b93801e5644dc30f6e68c0b3260",
     "vce_api.add_messages_to_queue": "90669a453e0877556bd5640c89c6340a5f1f2f824ad4808a6a26b4e81a0c76f4",
     "vce_api._register_node_info_stores": "14d7260df16871401fea5f05d08ce2bf97c7b886c8def3c4a3da3137ce86b89d",
 }
-"""The Flower functions the index reproduces (`IndexedLinkState.get_message_ins`,
-`add_messages_to_queue`) or wraps (`config_read_once`), each by the SHA-256 of its source as
-`source_fingerprint` (strategies.flower_source) normalises it: the same in flwr 1.41.0 and 1.42.0."""
-INDEX_ENV = "POWERFED_MESSAGE_INDEX"
-"""Set to 0 in a run's environment (`run_flwr(index_messages=False)`): Flower's own dispatch."""
-WRAPPED_COMMAND = "flwr-simulation"
-"""The command the SuperExec runs for a simulation (flwr 1.41 `TASK_TYPE_TO_COMMAND`), found on PATH."""
-
-
+INDEX_ENV = "POWERFED_MESSAGE_INDEX"  # 0 in a run's environment: Flower's own dispatch
+WRAPPED_COMMAND = "flwr-simulation"  # what the SuperExec runs for a simulation (found on PATH)
+# logged when the index is used (a run's log says which dispatch it had)
 INSTALLED_LINE = "powerfed: simulation messages indexed by destination node (simulations.linkstate_index)"
-"""What the simulation logs when it uses the index (a run's log says which dispatch it had)."""
 
 
 class LinkStateIndexError(PowerctlError):
@@ -93,15 +86,12 @@ def changed_flower_sources() -> list[str]:
     from flwr.server.superlink.fleet.vce import vce_api
     from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
 
-    installed: dict[str, Callable[..., Any]] = {
-        "InMemoryLinkState.get_message_ins": InMemoryLinkState.get_message_ins,
-        "vce_api.add_messages_to_queue": vce_api.add_messages_to_queue,
-        "vce_api._register_node_info_stores": vce_api._register_node_info_stores,
-    }
+    owners = {"InMemoryLinkState": InMemoryLinkState, "vce_api": vce_api}
     changed = []
-    for name, function in installed.items():
+    for name, digest in COPIED_SOURCES.items():
+        owner, attribute = name.split(".")
         try:
-            same = source_fingerprint(function) == COPIED_SOURCES[name]
+            same = source_fingerprint(getattr(owners[owner], attribute)) == digest
         except (OSError, TypeError):  # no source to read (a compiled or patched build): not the same
             same = False
         if not same:
