@@ -33,8 +33,7 @@ class RayTarget:
     """The cluster `ray.init()` will use: `address` None means it starts a new local one."""
 
     address: str | None
-    source: str
-    """How Ray finds it: `RAY_ADDRESS`, the record file, a raylet on this machine, or why none."""
+    source: str  # how Ray finds it: `RAY_ADDRESS`, the record file, a raylet on this machine, or why none
 
     def describe(self) -> str:
         if self.address is None:
@@ -44,12 +43,9 @@ class RayTarget:
 
 def record_file(env: Mapping[str, str]) -> Path:
     """Where `ray start --head` records its GCS address (ray._common.utils.get_ray_address_file)."""
-    if env.get("RAY_TMPDIR"):
-        base = env["RAY_TMPDIR"]
-    elif sys.platform.startswith("linux") and env.get("TMPDIR"):
-        base = env["TMPDIR"]
-    else:
-        base = "/tmp"
+    base = (
+        env.get("RAY_TMPDIR") or (env.get("TMPDIR") if sys.platform.startswith("linux") else None) or "/tmp"
+    )
     return Path(base) / "ray" / RECORD_NAME
 
 
