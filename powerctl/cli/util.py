@@ -73,8 +73,7 @@ _HANDLER = _StderrLines(logging.INFO)
 
 
 def _levels_changed() -> None:
-    """Forget every logger's cached level checks once, after all the library loggers' levels were set
-    (`Logger.setLevel` per logger would pass over hundreds of loggers each time)."""
+    """Forget every logger's cached level checks once (`Logger.setLevel` would, per logger, pass over all)."""
     root = logging.getLogger()
     root.setLevel(root.level)
 

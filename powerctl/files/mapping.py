@@ -385,8 +385,7 @@ class MappingReader:
         return self
 
     def section(self, key: str, known: Collection[str]) -> MappingReader:
-        """The mapping under `key` (absent or empty: {}), read with its keys checked; errors name
-        ``{where}: {key}``."""
+        """The mapping under `key` (absent or empty: {}), its keys checked; errors name ``{where}: {key}``."""
         raw = self.data.get(key)
         return mapping_reader(raw if raw is not None else {}, f"{self.where}: {key}", self.error, known)
 
@@ -455,8 +454,7 @@ def check_arguments(where: str, **arguments: tuple[Any, Kind]) -> dict[str, Any]
 
 
 def accepts(fn: Callable[..., Any], count: int) -> bool | None:
-    """Whether `fn` can be called with `count` positional arguments; None when its signature cannot be
-    read (some builtins and C callables), taken on trust."""
+    """Whether `fn` takes `count` positional arguments; None when its signature cannot be read."""
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):

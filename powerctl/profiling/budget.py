@@ -133,8 +133,7 @@ def order_cost(
 
 
 def completed(profile: Profile, frequencies: Sequence[int]) -> Profile | None:
-    """A measured profile with every pair of its batch sizes, the missing ones predicted by the fit (a
-    prediction, never a pin's input); None when its points cannot be fitted."""
+    """A measured profile completed by the fit (a prediction, never a pin's input); None if unfittable."""
     measured = {(p.batch_size, p.frequency_hz): p for p in profile.points}
     try:
         fit = fit_profile(profile.points, max(frequencies))
@@ -398,8 +397,7 @@ def _costs(
     table: list[int],
     sizes: list[int],
 ) -> dict[str, float]:
-    """Each way's predicted device seconds: walked over the prediction (the predicted way: none); without
-    one, the measured step (`spent`) and the instructed order's grid bound only."""
+    """Each way's predicted device seconds (without a prediction: the measured step and a grid bound)."""
     if prediction is None:
         bound = spent + grid_bound_s(ref_point, table, sizes, request.warmup_steps + request.measure_steps)
         return {} if request.order == FITTED else {request.order: bound}

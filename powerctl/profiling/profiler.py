@@ -1,5 +1,4 @@
-"""Profile a device: peak power and time per (batch size, GPU frequency) for one training step, a
-callable the caller makes (the profiler knows no models) run through `Device.run_step`."""
+"""Profile a device: peak power and time per (batch size, GPU frequency) of a caller's training step."""
 
 from __future__ import annotations
 

@@ -51,8 +51,7 @@ class Workload:
 
 
 def check_model(where: str, model: Any) -> None:
-    """A model to measure or train: an nn.Module whose tensors hold data (not built under the meta device,
-    which would fail deep inside torch at the first step)."""
+    """A model to measure or train: an nn.Module whose tensors hold data (none on the meta device)."""
     import torch
 
     from powerctl.errors import ArgumentError
