@@ -149,19 +149,12 @@ class FlowerHome:
     def start_watchdog(self, stderr: IO[Any] | int | None = None) -> None:
         """A process in a session of its own that waits for this one's lock on the home and then
         cleans up what is left: after a normal `close`, nothing; after a SIGKILL, the whole run."""
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(filter(None, (str(APP_DIR), os.environ.get("PYTHONPATH")))),
-        }
-        env.pop("FLWR_HOME", None)
+        path = os.pathsep.join(filter(None, (str(APP_DIR), os.environ.get("PYTHONPATH"))))
+        env = {k: v for k, v in os.environ.items() if k != "FLWR_HOME"} | {"PYTHONPATH": path}
+        argv = [sys.executable, "-m", "simulations.flower_home", str(self.path)]
+        quiet = subprocess.DEVNULL
         self._watchdog = subprocess.Popen(
-            [sys.executable, "-m", "simulations.flower_home", str(self.path)],
-            cwd=APP_DIR,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=stderr,
-            start_new_session=True,
+            argv, cwd=APP_DIR, env=env, stdin=quiet, stdout=quiet, stderr=stderr, start_new_session=True
         )
 
     def close(self, grace_s: float = 5.0) -> list[int]:
