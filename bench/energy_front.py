@@ -93,25 +93,14 @@ def main(argv: list[str] | None = None) -> int:
                     f"{s.frequency_hz / 1e6:>6.1f} {s.predicted_seconds:>7.1f} {ms:>6.1f} ± {ss:>4.1f} "
                     f"{s.predicted_energy_j:>7.1f} {mj:>6.1f} ± {sj:>5.1f}"
                 )
-            (t_fast, e_fast), (t_frugal, e_frugal) = (
-                (statistics.mean(v) for v in measured["time-optimal"]),
-                (statistics.mean(v) for v in measured["energy-optimal"]),
-            )
+            (t_fast, e_fast), (t_frugal, e_frugal) = (map(statistics.mean, measured[end]) for end in ends)
             fastest_j, frugal_j = front.fastest.predicted_energy_j, front.most_frugal.predicted_energy_j
             fastest_s, frugal_s = front.fastest.predicted_seconds, front.most_frugal.predicted_seconds
             assert fastest_j is not None and frugal_j is not None, "a front's ends predict their energy"
             assert fastest_s is not None and frugal_s is not None, "a front's ends predict their time"
-            summary.append(
-                (
-                    board,
-                    cap_s,
-                    front.fastest != front.most_frugal,
-                    frugal_j / fastest_j,
-                    e_frugal / e_fast,
-                    frugal_s / fastest_s,
-                    t_frugal / t_fast,
-                )
-            )
+            differ = front.fastest != front.most_frugal
+            ratios = (frugal_j / fastest_j, e_frugal / e_fast, frugal_s / fastest_s, t_frugal / t_fast)
+            summary.append((board, cap_s, differ, *ratios))
     print(
         f"\n{'board':<13} {'cap W':>5} {'ends differ':>11} {'energy frugal/fast':>26} "
         f"{'time frugal/fast':>24} {'measured agrees':>16}\n{'':<31} {'predicted':>12} {'measured':>9} "
