@@ -265,27 +265,19 @@ def build_seed_results(
     spec: FleetSpec, methods: list[str], runs: list[SeedRun], *, wall_seconds: float
 ) -> dict[str, Any]:
     """results.json of a run over seeds: every seed's rows, and the summary over those that ran."""
-    ran = [r for r in runs if r.ok]
-    sop = reference_method(methods)
+    ran, sop, run = [r for r in runs if r.ok], reference_method(methods), spec.settings
+    rule = dict(count=len(runs), run=run.seed, data=run.client_data_seed, pretrain=run.pretrain_seed,
+                proxy=run.proxy_seed, relation=list(run.relation_seeds))  # fmt: skip
     return {
         "schema": SEEDS_SCHEMA,
         "fleet": fleet_block(spec),
         "methods": methods,
-        "seed_rule": {
-            "count": len(runs),
-            "run": spec.settings.seed,
-            "data": spec.settings.client_data_seed,
-            "pretrain": spec.settings.pretrain_seed,
-            "proxy": spec.settings.proxy_seed,
-            "relation": list(spec.settings.relation_seeds),
-        },
+        "seed_rule": rule,
         "definitions": DEFINITIONS,
         "seeds": [r.row() for r in runs],
         "failed_seeds": [r.seed for r in runs if not r.ok],
         "reference": sop,
-        "summary": [method_over_seeds(m, sop, ran, spec.settings.target_accuracy) for m in methods]
-        if ran
-        else [],
+        "summary": [method_over_seeds(m, sop, ran, run.target_accuracy) for m in methods] if ran else [],
         "wall_seconds": wall_seconds,
     }
 
