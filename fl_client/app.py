@@ -143,8 +143,12 @@ def train_reply(
         file=sys.stderr,
     )
     metrics = MetricRecord(
-        {EXAMPLES_KEY: report.train_examples, "device-seconds": trained.device_seconds}
-        | {"accuracy": trained.accuracy, "samples": trained.samples}
+        {
+            EXAMPLES_KEY: report.train_examples,
+            "device-seconds": trained.device_seconds,
+            "accuracy": trained.accuracy,
+            "samples": trained.samples,
+        }
     )
     arrays = ArrayRecord.from_torch_state_dict(outcome.state)
     content = RecordDict({ARRAYS_KEY: arrays, METRICS_KEY: metrics, REPORT_KEY: report.to_config()})

@@ -104,7 +104,7 @@ def power_aware_mod(
     reports = [s.report for s in round_.sessions if s.report is not None]
     if len(reports) != 1:
         what = "opened no PowerSession" if not reports else f"ran {len(reports)} PowerSessions"
-        exc = PowerctlError(f"the train function {what}: run its loop in one `with PowerSession(...)`")
-        return error_reply(msg, settings, exc)
+        problem = PowerctlError(f"the train function {what}: run its loop in one `with PowerSession(...)`")
+        return error_reply(msg, settings, problem)
     reply.content[REPORT_KEY] = reports[0].to_config()
     return reply
