@@ -93,12 +93,7 @@ def control_nodes(t: Target) -> list[Any]:
     from flwr.supercore.control import ControlHttpClient
     from flwr.supercore.interceptors.http.runtime_version import RuntimeVersionHttpInterceptor
 
-    client = ControlHttpClient.from_server_address(
-        t.address,
-        t.insecure,
-        None if t.root_certificates is None else str(t.root_certificates),
-        interceptors=[RuntimeVersionHttpInterceptor(component_name="flwr CLI")],
-    )
+    client = _http_client(t, ControlHttpClient, RuntimeVersionHttpInterceptor(component_name="flwr CLI"))
     try:
         return list(client.ListNodes(ListNodesRequest()).nodes_info)
     finally:
@@ -114,19 +109,20 @@ def node_with_key(t: Target, public_key: bytes) -> Any | None:
     return None
 
 
+def _http_client(t: Target, client: Any, *interceptors: Any) -> Any:
+    """A Flower HTTP client (`ControlHttpClient`, `FleetHttpClient`) for the target, as Flower makes one."""
+    ca = None if t.root_certificates is None else str(t.root_certificates)
+    return client.from_server_address(t.address, t.insecure, ca, interceptors=list(interceptors))
+
+
 def _fleet_client(t: Target, private_key: Any) -> Any:
     from flwr.supercore.interceptors.http.runtime_version import RuntimeVersionHttpInterceptor
     from flwr.supernode.fleet_http_client import FleetHttpClient
     from flwr.supernode.node_auth_http_interceptor import NodeAuthHttpInterceptor
 
-    return FleetHttpClient.from_server_address(
-        t.address,
-        t.insecure,
-        None if t.root_certificates is None else str(t.root_certificates),
-        interceptors=[
-            RuntimeVersionHttpInterceptor(component_name="SuperNode"),
-            NodeAuthHttpInterceptor(private_key, private_key.public_key()),
-        ],
+    version = RuntimeVersionHttpInterceptor(component_name="SuperNode")
+    return _http_client(
+        t, FleetHttpClient, version, NodeAuthHttpInterceptor(private_key, private_key.public_key())
     )
 
 

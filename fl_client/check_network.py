@@ -29,8 +29,7 @@ class Target:
     insecure: bool
     root_certificates: Path | None = None
     node_key: Path | None = None
-    connection: str | None = None
-    """The `flwr` connection's name when the target came from config.toml (the `flwr run` side)."""
+    connection: str | None = None  # the `flwr` connection's name (the `flwr run` side)
 
     @property
     def address(self) -> str:
@@ -113,8 +112,7 @@ def _describe(der: bytes | None) -> tuple[str, str, str]:
     return cert.subject.rfc4514_string(), cert.issuer.rfc4514_string(), ", ".join(names) or "none"
 
 
-CA_LIMIT = 1 << 20
-"""A CA file holds a few PEM certificates (a system bundle is ~200 KB)."""
+CA_LIMIT = 1 << 20  # a CA file holds a few PEM certificates
 
 
 def load_ca(path: Path) -> str:

@@ -1,13 +1,9 @@
 """A node's own data, split 80/20 (images) or 90/10 (text) into train and test, loaded once per process.
 
-A node with a `data` spec trains on that dataset. A virtual node without one takes its share of the
-run's `client-data` (partition `partition-id` of `num-partitions`, IID or Dirichlet label skew), so a
-simulated fleet needs no files. Loading is cached per process: Flower keeps a ClientApp's process (a
-Ray actor, a SuperNode's app process) across rounds, and one actor serves many virtual nodes, so the
-dataset is read and partitioned once, and each node's split is kept — every node's: one actor serves
-hundreds of virtual nodes in a large fleet, and a bounded cache would then miss on every message and
-split again (bench/fleet_scale.py). The shares are disjoint, so what the cache holds
-is bounded by the run's dataset.
+A node with a `data` spec trains on that dataset; a virtual node without one takes its share of the
+run's `client-data` (IID or Dirichlet label skew). Flower keeps a ClientApp's process across rounds and
+one actor serves many virtual nodes, so the dataset is read and partitioned once per process and every
+node's split is kept (the shares are disjoint: bounded by the run's dataset).
 """
 
 from __future__ import annotations
@@ -38,8 +34,7 @@ class DataPlan:
 
 
 def data_plan(settings: NodeSettings, run_config: Any, seq_len: int) -> DataPlan:
-    """The node's own `data`, else its partition of the run's `client-data` (each run config key read
-    and checked as `strategies.settings` declares it)."""
+    """The node's own `data`, else its partition of the run's `client-data`."""
 
     def setting(name: str) -> Any:
         return client_setting(run_config, name, NodeConfigError)
@@ -47,15 +42,13 @@ def data_plan(settings: NodeSettings, run_config: Any, seq_len: int) -> DataPlan
     seed = setting("client_data_seed")
     if settings.data is not None:
         return DataPlan(settings.data, seed, seq_len)
-    return DataPlan(
-        setting("client_data"),
-        seed,
-        seq_len,
+    share = (
         settings.partition_id,
         settings.num_partitions or 1,
         setting("partitioning"),
         setting("dirichlet_alpha"),
     )
+    return DataPlan(setting("client_data"), seed, seq_len, *share)
 
 
 @lru_cache(maxsize=2)
@@ -80,10 +73,8 @@ def load_local_data(plan: DataPlan) -> tuple[Dataset, Dataset]:
     if plan.partition_id is None:
         data = _dataset(plan.spec, plan.seq_len, plan.seed)
     else:
-        shares = _shares(
-            plan.spec, plan.seq_len, plan.seed, plan.num_partitions or 1, plan.scheme, plan.alpha
-        )
-        data = shares[plan.partition_id]
+        share = plan.num_partitions or 1, plan.scheme, plan.alpha
+        data = _shares(plan.spec, plan.seq_len, plan.seed, *share)[plan.partition_id]
     if len(data) < 2:
         raise DataError(f"{data.name}: {len(data)} sample(s), too few for a train/test split")
     return train_test_split(data, seed=plan.seed)

@@ -233,14 +233,8 @@ def _example(example: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tenso
             "PowerSession: 'example' must be one batch (inputs, targets) of the loop's data, e.g. "
             "next(iter(trainloader))"
         ) from None
-    if (
-        not isinstance(x, torch.Tensor)
-        or not isinstance(y, torch.Tensor)
-        or x.dim() == 0
-        or y.dim() == 0
-        or not len(x)
-        or len(x) != len(y)
-    ):
+    tensors = isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.dim() > 0 and y.dim() > 0
+    if not tensors or not len(x) or len(x) != len(y):
         raise SessionError(
             "PowerSession: 'example' must be two tensors (inputs, targets) with the same number of "
             "samples (at least 1)"

@@ -1,11 +1,8 @@
 """The app folder `flwr run` packs, staged small.
 
-`flwr run APP` builds the app's FAB by walking every file under APP before it filters them by
-`fab-include` and `.gitignore` (Flower 1.41-1.42, `flwr.cli.utils.collect_files`): in a project whose
-virtual environment lives in its folder, that is tens of thousands of files before each run starts
-(measured: docs/testing.md). A run started here packs a copy of what the FAB can hold instead: the
-top-level folders and files that the app's `fab-include` names, with `pyproject.toml`, `.gitignore` and
-the licence. Flower filters that copy with the same rules, so the FAB (and its hash) is the same.
+`flwr run APP` walks every file under APP before filtering by `fab-include` (tens of thousands with a
+venv in the folder: docs/testing.md). A run started here packs a copy of the top-level names
+`fab-include` can match instead; Flower filters it with the same rules, so the FAB is the same.
 """
 
 from __future__ import annotations
@@ -15,8 +12,7 @@ import shutil
 import tomllib
 from pathlib import Path
 
-ROOT_FILES = ("pyproject.toml", ".gitignore", "LICENSE", "LICENSE.md")
-"""Files at the app's root that Flower reads or may pack whatever `fab-include` says."""
+ROOT_FILES = ("pyproject.toml", ".gitignore", "LICENSE", "LICENSE.md")  # read or packed whatever the include
 PLAIN_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
 
@@ -48,9 +44,8 @@ def staged_app(app_dir: Path, into: Path) -> Path:
         if source.is_symlink() or not source.exists():
             continue
         if source.is_dir():
-            shutil.copytree(
-                source, into / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
-            )
+            ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+            shutil.copytree(source, into / name, symlinks=True, ignore=ignore)
         else:
             shutil.copy2(source, into / name)
     return into

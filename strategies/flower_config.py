@@ -1,7 +1,7 @@
 """Flower's own config file ($FLWR_HOME/config.toml), read bounded and checked before `flwr` reads it.
 
-Shared by the coordinator's supervisor (`fl_server.supervise`) and the board's connection check
-(`fl_client.check`): `flwr` itself raises a traceback on a folder or a binary config.toml.
+Shared by `fl_server.supervise` and `fl_client.check`: `flwr` itself raises a traceback on a folder or
+a binary config.toml.
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ from typing import Any
 
 from powerctl.errors import PowerctlError
 
-CONFIG_LIMIT = 1 << 20
-"""Flower's config.toml holds a few connections."""
+CONFIG_LIMIT = 1 << 20  # Flower's config.toml holds a few connections
 
 
 def read_small(path: Path, limit: int, what: str) -> bytes:
@@ -35,8 +34,7 @@ def flower_config_path() -> Path:
 
 
 def _check_connection(doc: dict[str, Any], name: str | None, path: Path) -> None:
-    """The connection asked for is a table in config.toml's [superlink] (its default when `name` is
-    None): otherwise one line listing the ones there."""
+    """The connection asked for (None: the default) is in config.toml, else one line listing those there."""
     links = doc.get("superlink", {})
     links = links if isinstance(links, dict) else {}
     names = sorted(k for k, v in links.items() if isinstance(v, dict))
@@ -57,11 +55,8 @@ def _check_connection(doc: dict[str, Any], name: str | None, path: Path) -> None
 
 def read_flwr_connection(name: str | None) -> Any:
     """The `flwr` connection `name` (None: the default one) from $FLWR_HOME/config.toml, as `flwr` reads
-    it; a file that is not a small TOML text, or no such connection, is one line (a PowerctlError).
-
-    The one reader of config.toml here: `flwr` itself raises on a folder or a binary file
-    (IsADirectoryError, UnicodeDecodeError), so the file is read bounded and parsed first, with the
-    parser `flwr` uses. A missing file is left to `flwr`, which writes its default one."""
+    it, after the file is read bounded and parsed with `flwr`'s parser (a missing one is left to `flwr`);
+    a bad file or no such connection is one PowerctlError line."""
     import click
     import tomli
     from flwr.cli.flower_config import read_superlink_connection

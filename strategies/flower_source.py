@@ -1,13 +1,5 @@
-"""Flower source this project reproduces or runs outside Flower's own entry points, and the scripts
-that run it.
-
-The simulation's message index (`simulations.linkstate_index`) copies and wraps Flower functions; a
-SuperNode's light `flwr-clientapp` (`fl_client.clientapp_entry`) runs a Flower file outside its
-package. Each is used only while the installed Flower's source is the one it was written against:
-the SHA-256 of that source, as `text_fingerprint` normalises it, is recorded beside each; any other
-source gets Flower's own code path. Both are started by a Flower process that finds a command by name
-on PATH, so each puts a script of that name (`write_python_script`) in a folder first on that PATH.
-"""
+"""Flower source this project reproduces or runs outside Flower's own entry points (each used only while
+the installed source has the recorded `text_fingerprint`), and the scripts that run it."""
 
 from __future__ import annotations
 
@@ -18,13 +10,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-SHEBANG_LIMIT = 127
-"""The longest `#!` line some kernels still read whole (Linux before 5.1, a Jetson's L4T)."""
+SHEBANG_LIMIT = 127  # the longest `#!` line some kernels read whole (Linux before 5.1, a Jetson's L4T)
 
 
 def text_fingerprint(text: str) -> str:
-    """SHA-256 of Python source, dedented, trailing spaces and blank lines out (so a reindent or a blank
-    line is no change; a changed comment is: the check errs on the side of Flower's own code)."""
+    """SHA-256 of Python source, dedented, trailing spaces and blank lines out (a changed comment counts)."""
     lines = (line.rstrip() for line in textwrap.dedent(text).splitlines())
     return hashlib.sha256("\n".join(line for line in lines if line).encode()).hexdigest()
 
@@ -37,8 +27,7 @@ def source_fingerprint(function: Callable[..., Any]) -> str:
 
 
 def shebang_problem(interpreter: str | None = None) -> str | None:
-    """Why a `#!` line cannot start `interpreter` (default: this one), or None: a kernel splits it at
-    white space and may cut it after SHEBANG_LIMIT bytes."""
+    """Why a `#!` line cannot start `interpreter` (default: this one), or None."""
     path = sys.executable if interpreter is None else interpreter
     if not path:
         return "the interpreter's path is unknown"

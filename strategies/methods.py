@@ -25,18 +25,14 @@ def trains_real_model(partition_id: int | None, real_share: float) -> bool:
 
 
 def for_method(method: str, real_share: float = 1.0) -> NodeInstructions:
-    """Node instructions that run `method` on every node, the real model on `real_share` of them
-    (a run method names the client method it runs, e.g. `ours-deadline` is ours on the client; the
-    deadline comes from the strategy)."""
+    """Node instructions that run `method`'s client method on every node, the real model on `real_share`
+    of them."""
     client_method = run_method_named(method).client_method
 
     def instruct(node: NodeInfo, server_round: int, base: TrainInstructions) -> TrainInstructions:
+        stand_in = not trains_real_model(node.partition_id, real_share)
         return dataclasses.replace(
-            base,
-            server_round=server_round,
-            node_key=node.key,
-            method=client_method,
-            stand_in=not trains_real_model(node.partition_id, real_share),
+            base, server_round=server_round, node_key=node.key, method=client_method, stand_in=stand_in
         )
 
     return instruct

@@ -254,25 +254,23 @@ class PopulationSampled(Strategy):
                 self.on_draw(draw)
         return self._draws[server_round][1]
 
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
+    def _configure(
+        self, configure: Any, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Any:
         nodes = self.round_nodes(server_round, grid)
         if not nodes:  # nobody there: Flower's sampling would wait for nodes for ever
             return []
-        return self.strategy.configure_train(
-            server_round, arrays, config, cast(Grid, _RoundGrid(grid, nodes))
-        )
+        return configure(server_round, arrays, config, cast(Grid, _RoundGrid(grid, nodes)))
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        return self._configure(self.strategy.configure_train, server_round, arrays, config, grid)
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        nodes = self.round_nodes(server_round, grid)
-        if not nodes:
-            return []
-        return self.strategy.configure_evaluate(
-            server_round, arrays, config, cast(Grid, _RoundGrid(grid, nodes))
-        )
+        return self._configure(self.strategy.configure_evaluate, server_round, arrays, config, grid)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]

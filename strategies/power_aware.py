@@ -144,12 +144,8 @@ class PowerAware(Strategy):
         check_callable("PowerAware", "node_instructions", node_instructions, args, 3)
         check_callable("PowerAware", "on_round", on_round, "(record)", 1, optional=True)
         check_callable("PowerAware", "on_round_end", on_round_end, "(server_round, arrays)", 2, optional=True)
-        self.strategy = strategy
-        self.instructions = instructions
-        self.node_instructions = node_instructions
-        self.on_round = on_round
-        self.on_round_end = on_round_end
-        self.waits = waits
+        self.strategy, self.instructions, self.node_instructions = strategy, instructions, node_instructions
+        self.on_round, self.on_round_end, self.waits = on_round, on_round_end, waits
         self.round_objective: RoundObjective = checked["round_objective"]
         self.first_round = checked["first_round"]
         self.nodes: dict[int, NodeInfo] = {}
@@ -159,8 +155,7 @@ class PowerAware(Strategy):
         self._sent: dict[str, list[Message]] = {}
         self._global: ArrayRecord | None = None
         self._eval_arrays: ArrayRecord | None = None
-        self._gathered = False
-        self._most_seen = 0
+        self._gathered, self._most_seen = False, 0
         self._unbilled_profiling: dict[int, float] = {}
 
     def __repr__(self) -> str:
@@ -278,13 +273,9 @@ class PowerAware(Strategy):
     def instructions_for(self, node_id: int, server_round: int) -> TrainInstructions:
         """This node's instructions for the round (`node_instructions`), checked: one line if not one."""
         given = self.node_instructions(self.node(node_id), server_round, self.instructions)
-        check_result(
-            "PowerAware",
-            "node_instructions(node, server_round, instructions)",
-            given,
-            TrainInstructions,
-            "a TrainInstructions (e.g. dataclasses.replace(instructions, ...))",
-        )
+        expected = "a TrainInstructions (e.g. dataclasses.replace(instructions, ...))"
+        call = "node_instructions(node, server_round, instructions)"
+        check_result("PowerAware", call, given, TrainInstructions, expected)
         return given
 
     def configure_train(
