@@ -115,21 +115,11 @@ class SessionError(ClientWorkError):
 class RoundContext:
     """The round a `PowerSession` runs in: the node, the plan, the profile cache, and where the session
     leaves its report. `power_aware_mod` makes one per train message; a loop without the mod makes its
-    own, `RoundContext(node, instructions)`, and reads `session.report`.
+    own, `RoundContext(node, instructions)`, and reads `session.report`."""
 
-    Parameters
-    ----------
-    node : NodeSettings
-        The node: its device, cap, data share.
-    instructions : TrainInstructions
-        The plan (relation vector, target, method, budget).
-    profile_cache : path, optional
-        Where profiles are kept (default: the shared cache, `$POWERFED_CACHE/profile`).
-    """
-
-    node: NodeSettings
-    instructions: TrainInstructions
-    profile_cache: Path | None = None
+    node: NodeSettings  # its device, cap, data share
+    instructions: TrainInstructions  # the plan (relation vector, target, method, budget)
+    profile_cache: Path | None = None  # default: the shared cache, `$POWERFED_CACHE/profile`
     sessions: list[PowerSession] = field(default_factory=list)
 
     def __post_init__(self) -> None:
