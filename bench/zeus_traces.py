@@ -154,10 +154,11 @@ def profile_of(
 ) -> Profile:
     """The GPU's (b, power limit) table as a profile: N = one epoch, so T_N · r_b is seconds to the
     target; `frequency_hz` carries the knob's setting, here the power limit in W, and the peak power is
-    the limit (the GPU holds it). A step's seconds are not in the traces: the epoch's stand in (a
-    point's seconds must be a number, and nothing here reads them)."""
+    the limit (the GPU holds it) or, where a trace's average is above its limit (a few V100 rows at
+    100 W), that average: a point's peak is never under its mean. A step's seconds are not in the
+    traces: the epoch's stand in (a point's seconds must be a number, and nothing here reads them)."""
     points = [
-        ProfilePoint(b, int(pl), pl, watts, tpe, tpe)
+        ProfilePoint(b, int(pl), max(pl, watts), watts, tpe, tpe)
         for (b, pl), (tpe, watts) in sorted(table.items())
         if b in batch_sizes
     ]
@@ -172,7 +173,7 @@ def state_of_practice(profile: Profile, cap: float | None) -> ProfilePoint | Non
     """The largest batch size measured, at the highest power limit under the cap."""
     b = max(profile.batch_sizes())
     under = [p for p in profile.points if p.batch_size == b and (cap is None or p.peak_power_w <= cap)]
-    return max(under, key=lambda p: p.peak_power_w, default=None)
+    return max(under, key=lambda p: p.frequency_hz, default=None)
 
 
 def _cost(point: ProfilePoint, epochs: float, objective: str) -> float:
@@ -207,7 +208,7 @@ def cells_for(
                 best = (
                     oracle(profile, truth_rel, cap)
                     if objective == "time"
-                    else select(profile, truth_rel, cap, "energy")
+                    else select(profile, truth_rel, cap, "energy", "mean")
                 )
             except InfeasibleCapError as exc:
                 cell["error"] = str(exc)
@@ -222,13 +223,13 @@ def cells_for(
             sop = state_of_practice(profile, cap)
             sop_v = None if sop is None else _cost(sop, mean[sop.batch_size], objective)
             cell.update({
-                "ours_batch_size": ours_p.batch_size, "ours_power_limit_w": ours_p.peak_power_w,
+                "ours_batch_size": ours_p.batch_size, "ours_power_limit_w": float(ours_p.frequency_hz),
                 "ours": ours_v,
-                "fastest_batch_size": fast_p.batch_size, "fastest_power_limit_w": fast_p.peak_power_w,
+                "fastest_batch_size": fast_p.batch_size, "fastest_power_limit_w": float(fast_p.frequency_hz),
                 "fastest": fast_v, "ours_over_fastest": ours_v / fast_v, "ci95": [lo, hi],
                 "indistinguishable": lo <= 1.0 <= hi,
                 "sop_batch_size": None if sop is None else sop.batch_size,
-                "sop_power_limit_w": None if sop is None else sop.peak_power_w,
+                "sop_power_limit_w": None if sop is None else float(sop.frequency_hz),
                 "sop_over_ours": None if sop_v is None else sop_v / ours_v,
             })  # fmt: skip
             out.append(cell)

@@ -121,6 +121,30 @@ def test_oracle_is_select_with_the_target_relation() -> None:
         assert orc == replace(sel, method=ORACLE)
 
 
+def test_the_oracle_takes_the_least_mean_time_even_where_the_seeds_cannot_tell_the_pairs_apart() -> None:
+    """A target relation from seeds whose spread the default interval rule reads as a tie between batch
+    sizes (it then takes the larger): the oracle is still the pair with the least mean time."""
+    profile = nano_grid([16, 32, 64])
+    target = RelationVector.from_seeds(
+        "resnet18",
+        "target",
+        0.5,
+        {16: [3000.0, 6000.0, 4500.0], 32: [5000.0, 4000.0, 6500.0], 64: [9000.0, 5000.0, 7000.0]},
+    )
+    for cap in (4.0, None):
+        by_interval = select(profile, target, cap, rule="interval")
+        by_mean = select(profile, target, cap, rule="mean")
+        assert (by_interval.batch_size, by_interval.frequency_hz) != (
+            by_mean.batch_size,
+            by_mean.frequency_hz,
+        )
+        orc = oracle(profile, target, cap)
+        assert orc == replace(by_mean, method=ORACLE)
+        r = target.as_map()
+        feasible = [p for p in profile.points if cap is None or p.peak_power_w <= cap]
+        assert orc.predicted_seconds == min(p.seconds_for_samples * r[p.batch_size] for p in feasible)
+
+
 @st.composite
 def nano_cases(draw: st.DrawFn) -> tuple[Profile, RelationVector, RelationVector, float]:
     """Profiles over the Nano's frequencies whose peaks never exceed the state-of-practice table (what the

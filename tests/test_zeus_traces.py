@@ -132,3 +132,20 @@ def test_main_writes_json_and_bad_files_are_one_line(
     bad.write_text(bad.read_text().replace("10.0", "ten"))
     assert zeus_traces.main(["--train", str(train), "--power", str(bad)]) == 1
     assert "'ten' is not a number" in capsys.readouterr().err
+
+
+def test_a_pair_whose_average_power_is_above_its_limit_is_over_a_cap_at_that_limit(tmp_path: Path) -> None:
+    """Zeus's traces hold rows whose measured average power is above the limit they were run at (the
+    GPU did not hold it): such a pair's peak is at least that average, so a cap at its limit excludes it,
+    and the cells name it by its limit."""
+    train = _train(tmp_path / "t.csv", {("squad", 8): [2, 2, 2, 2, 2], ("squad", 16): [3, 3, 3, 3, 3]})
+    # b=16 at 150 W is the fastest (3·5 = 15 s against b=8's 2·9.5 = 19 s), but it averaged 151 W
+    power = _power(tmp_path / "summary_power_x.csv", {
+        ("squad", 8, 150): (9.5, 140.0), ("squad", 16, 150): (5.0, 151.0), ("squad", 16, 100): (6.0, 99.0),
+    })  # fmt: skip
+    cells, _ = zeus_traces.run(train, [power], proxy_seeds=2, caps=(150.0, None))
+    capped = next(c for c in cells if c["objective"] == "time" and c["cap_w"] == 150.0)
+    free = next(c for c in cells if c["objective"] == "time" and c["cap_w"] is None)
+    assert (capped["ours_batch_size"], capped["ours_power_limit_w"]) == (16, 100.0)  # 3·6 = 18 s < 19 s
+    assert (free["ours_batch_size"], free["ours_power_limit_w"]) == (16, 150.0)
+    assert capped["sop_power_limit_w"] == 100.0  # the largest batch size at the highest limit it held
