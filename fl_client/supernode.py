@@ -1,22 +1,14 @@
 """`python -m fl_client.supernode [flower-supernode flags]`: a SuperNode that starts again after a crash
 and, when it cannot start, says why in one line.
 
-Flower 1.41 keeps a SuperNode's registration online for up to 2 × its 30 s heartbeat after the
-SuperNode dies without saying goodbye (SIGKILL, OOM kill, power loss); a SuperNode with the same key
-started in that window is refused ("Exit Code: 305 … [code: 2004] Failed to activate SuperNode") and
-exits (docs/deployment.md, "Restarts"). This wrapper runs `flower-supernode` with the flags given,
-unchanged, after three things:
-
-1. the files it names are checked (the node key: an ECDSA key in OpenSSH format without a passphrase;
-   the CA certificate): a bad one is one line and exit status 2 before Flower starts;
-2. with a node key, it asks the SuperLink (Control API, as `flwr supernode ls`) whether this key's node
-   is still counted online; if so it releases it, signed with the key (`fl_client.check`);
-3. if the SuperNode exits all the same, the connection is checked layer by layer (`fl_client.check`)
-   and the first cause found is one line on stderr and exit status 1, at once: a key the SuperLink
-   does not know, the wrong address, a TLS mismatch, an untrusted certificate; a local port in use is
-   named likewise. Only where the cause may pass (Flower's 2004 while the Control API does not answer,
-   or the key's node still online) it waits and starts it again, one line each time, until `--wait`
-   seconds have passed.
+Flower keeps a SuperNode's registration online for up to 2 × its heartbeat after it dies without saying
+goodbye, and refuses a SuperNode with the same key in that window (docs/deployment.md, "Restarts").
+This wrapper runs `flower-supernode` with the flags given, unchanged, after checking the files they name
+(a bad one: one line, exit status 2) and, with a node key, releasing this key's node if the SuperLink
+still counts it online. If the SuperNode exits all the same, the connection is checked layer by layer
+(`fl_client.check`) and the first cause found is one line on stderr, exit status 1 (an unknown key, the
+wrong address, a TLS mismatch, an untrusted certificate, a local port in use); where the cause may pass
+(the key's node still online) it starts it again, one line each time, until `--wait` seconds have passed.
 
 When the SuperNode has exited, what it left behind is stopped (SIGTERM, then SIGKILL). Its PATH starts
 with a lighter `flwr-clientapp` (`fl_client.clientapp_entry`) and the folder of `flower-supernode`, so a

@@ -62,9 +62,8 @@ def _json_object(out: str) -> dict[str, Any] | None:
 
 
 def refusal(payload: dict[str, Any] | None, out: str, rc: int) -> str:
-    """Why `flwr run --format json` started no run, in one line. Flower 1.41 prints
-    ``{"success": false, "error-message": "<what it had printed>\n<the error>"}`` and exits 0
-    (flwr/cli/utils.py: cli_output_handler): the error is its message's last paragraph."""
+    """Why `flwr run --format json` started no run, in one line: the last paragraph of Flower's
+    "error-message" (it exits 0)."""
     message = payload.get("error-message") if payload is not None else None
     if isinstance(message, str) and message.strip():
         last = [part for part in re.split(r"\n\s*\n", message) if part.strip()][-1]
@@ -119,9 +118,8 @@ class Supervisor:
         return str(run["status"]), str(run.get("status-details") or "")
 
     def follow(self, run_id: int, shown: list[str]) -> bool:
-        """Stream the run's log to stdout, appending its lines to `shown`; a re-attached stream starts
-        over, so the lines already in `shown` are skipped. True when it ended because the SuperLink went
-        away (Flower's error box saying so is not printed)."""
+        """Stream the run's log to stdout, appending its lines to `shown` (a re-attached stream starts over:
+        those are skipped). True when it ended because the SuperLink went away."""
         proc = subprocess.Popen(
             [installed_tool("flwr"), "log", str(run_id), self.connection, "--stream"],
             stdout=subprocess.PIPE,
@@ -159,10 +157,8 @@ class Supervisor:
         return lost or draining.is_set()
 
     def _watch(self, proc: subprocess.Popen[str], done: threading.Event, draining: threading.Event) -> None:
-        """A SuperLink stopped with SIGTERM closes its port at once but waits for open requests before it
-        exits, and a followed log is one that never ends (Flower 1.41-1.42: about 50 s, until the run's
-        heartbeat times out). Two refused connections in a row: the log is let go, so the SuperLink exits
-        and its restart is waited for like a crash's."""
+        """A SuperLink stopped with SIGTERM closes its port at once but waits for open requests (a followed
+        log never ends): two refused connections in a row let the log go, so the SuperLink can exit."""
         assert self.address is not None
         refused = 0
         while not done.wait(self.listen_poll_s):
@@ -228,8 +224,7 @@ class Supervisor:
 
 
 def refuses(address: str) -> bool:
-    """Whether nothing listens at `address` (host:port, [v6]:port): a refused TCP connection. A timeout
-    or any other error is not a refusal (a slow network is not a stopped SuperLink)."""
+    """Whether nothing listens at `address` (host:port, [v6]:port): a refused connection, not a timeout."""
     host, _, port = address.rpartition(":")
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=2.0).close()
