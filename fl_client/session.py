@@ -330,9 +330,7 @@ class PowerSession:
         self._joined = joined
         self.report: ClientReport | None = None
         self.profiled: Profiled | None = None
-        self.samples = 0
-        self.steps = 0
-        self.device_seconds = 0.0
+        self.samples, self.steps, self.device_seconds = 0, 0, 0.0
         self.accuracy: float | None = None
         self._stack: ExitStack | None = None
         self._dev: Device | None = None
