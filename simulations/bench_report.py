@@ -11,8 +11,8 @@ import json
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from powerctl.files.mapping import Flag, Invalid, JsonObject, Maybe, Number, is_number
-from strategies.report import BesideReport, kind
+from powerctl.files.mapping import Flag, Invalid, JsonObject, Maybe, Number, is_number, kind_field
+from strategies.report import BesideReport
 
 if TYPE_CHECKING:
     from fl_client.round import RoundOutcome
@@ -38,14 +38,14 @@ class BenchReport(BesideReport):
 
     KEY: ClassVar[str] = "bench-report"
 
-    stand_in: bool = kind(Flag(), False)
+    stand_in: bool = kind_field(Flag(), False)
     """Scale mode: not trained; the board model charged the proxy's samples to target at the chosen
     pair, the accuracy is the received weights' on the local test split."""
-    oracle_samples_to_target: dict[str, float] | None = kind(Maybe(SamplesByBatch()), None)  # noqa: RUF009
+    oracle_samples_to_target: dict[str, float] | None = kind_field(Maybe(SamplesByBatch()), None)  # noqa: RUF009
     """The oracle: samples to the target per batch size measured on the client's own data."""
-    oracle_search_device_seconds: float | None = kind(Maybe(Number(0.0)), None)
+    oracle_search_device_seconds: float | None = kind_field(Maybe(Number(0.0)), None)
     """The oracle: device seconds its own-data search took (reported apart, never charged)."""
-    oracle_stopped_at_samples: dict[str, float] | None = kind(Maybe(SamplesByBatch()), None)  # noqa: RUF009
+    oracle_stopped_at_samples: dict[str, float] | None = kind_field(Maybe(SamplesByBatch()), None)  # noqa: RUF009
     """The oracle: batch sizes whose search run was stopped once it could no longer be the fastest
     (`simulations.bench_steps.PRUNE_MARGIN`), with the samples each had trained."""
 

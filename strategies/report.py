@@ -22,6 +22,7 @@ from typing import Any, ClassVar, TypeVar
 from flwr.app import ConfigRecord
 
 from powerctl.files.mapping import (
+    FIELD_KIND,
     Choice,
     Flag,
     Integer,
@@ -32,9 +33,11 @@ from powerctl.files.mapping import (
     Number,
     Text,
     check_fields,
+    field_kinds,
     must_be,
     shown,
 )
+from powerctl.files.mapping import kind_field as kind
 from powerctl.records.pick import Pick
 from powerctl.selection.methods import METHODS
 from powerctl.selection.names import OURS
@@ -73,9 +76,9 @@ class JsonItems(Kind):
         kinds = self.item if isinstance(self.item, Mapping) else {"": self.item}
         if kinds is self.item and (not isinstance(v, dict) or set(v) != set(kinds)):
             raise Invalid(f"entries must have the keys {', '.join(kinds)}, got {shown(v)}")
-        for k, kind in kinds.items():
+        for k, of in kinds.items():
             try:
-                kind(v[k] if k else v)
+                of(v[k] if k else v)
             except Invalid as exc:
                 raise Invalid(f"{k or 'an entry'} {exc}") from None
 
@@ -85,11 +88,6 @@ class JsonItems(Kind):
 
 def _key(name: str) -> str:
     return name.replace("_", "-")
-
-
-def kind(of: Kind, default: Any = MISSING, *, factory: Any = MISSING) -> Any:
-    """A record's field, checked by `of` where the record is made and where a reply is read back."""
-    return field(default=default, default_factory=factory, metadata={"kind": of})
 
 
 def nested(record: type[Record], *, required: bool = False) -> Any:
@@ -106,7 +104,7 @@ class Record:
     A field without a default must be in a reply unless its kind takes None (`Maybe`)."""
 
     def __post_init__(self) -> None:
-        check_fields(self, type(self).__name__, {f.name: f.metadata["kind"] for f in _fields(self, "kind")})
+        check_fields(self, type(self).__name__, field_kinds(self))
 
     @classmethod
     def names(cls) -> list[str]:
@@ -125,7 +123,7 @@ class Record:
             if "record" in f.metadata:
                 values.update(value.config_values())
             elif value is not None:
-                values[_key(f.name)] = f.metadata["kind"].to_config(value)
+                values[_key(f.name)] = f.metadata[FIELD_KIND].to_config(value)
         return values
 
     def to_config(self) -> ConfigRecord:
@@ -147,9 +145,9 @@ class Record:
             if "record" in f.metadata:
                 values[f.name] = f.metadata["record"].read(r)
             elif _key(f.name) in r:
-                values[f.name] = r.value(_key(f.name), f.metadata["kind"])
+                values[f.name] = r.value(_key(f.name), f.metadata[FIELD_KIND])
             elif f.default is MISSING and f.default_factory is MISSING:
-                values[f.name] = None if isinstance(f.metadata["kind"], Maybe) else r.get(_key(f.name))
+                values[f.name] = None if isinstance(f.metadata[FIELD_KIND], Maybe) else r.get(_key(f.name))
         return cls(**values)
 
     @classmethod
@@ -157,9 +155,9 @@ class Record:
         return cls.read(reader(record, where))
 
 
-def _fields(record: Any, *which: str) -> list[Field[Any]]:
-    """A record's fields that travel (a kind or a nested record), or those with `which` metadata."""
-    return [f for f in fields(record) if any(k in f.metadata for k in which or ("kind", "record"))]
+def _fields(record: Any) -> list[Field[Any]]:
+    """A record's fields that travel: those with a kind and the nested records."""
+    return [f for f in fields(record) if FIELD_KIND in f.metadata or "record" in f.metadata]
 
 
 @dataclass

@@ -160,9 +160,10 @@ def test_a_server_that_registered_no_record_reads_the_report_alone(monkeypatch: 
 
 def test_the_bench_record_round_trips_and_is_checked() -> None:
     from powerctl.files.mapping import Integer
+    from powerctl.files.mapping import kind_field as kind
     from simulations.bench_report import BenchReport
     from strategies.protocol import ProtocolError
-    from strategies.report import BesideReport, kind, register_beside_report
+    from strategies.report import BesideReport, register_beside_report
 
     record = BenchReport(oracle_samples_to_target={"8": 120.5}, oracle_search_device_seconds=3.0)
     assert BenchReport.from_config(record.to_config()) == record

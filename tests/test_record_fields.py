@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 
 import powerfed
 from fl_client.node import NODE_SETTINGS_KINDS
-from fl_server.relation.request import RelationCompute, kinds_of
+from fl_server.relation.request import RelationCompute
 from powerctl.errors import PowerctlError
-from powerctl.files.mapping import Kind
+from powerctl.files.mapping import Kind, field_kinds
 from powerctl.records.profile import POINT_KINDS, PROFILE_KINDS, Profile, ProfilePoint
 from powerctl.records.relation import RelationVector
 
@@ -113,7 +113,7 @@ KINDS: dict[str, dict[str, Kind]] = {
     "ProfilePoint": POINT_KINDS,
     "Profile": PROFILE_KINDS,
     "NodeSettings": NODE_SETTINGS_KINDS,
-    "RelationCompute": kinds_of(RelationCompute),
+    "RelationCompute": field_kinds(RelationCompute),
 }
 """The records whose fields are declared by kinds: what a made record holds must be what its kind gives
 back (a plain number, never numpy's; a bool, never "false")."""

@@ -7,7 +7,6 @@ The settings that are run settings take their default and their check from the r
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 from collections.abc import Callable, Sequence
@@ -17,6 +16,7 @@ from typing import Any
 
 from powerctl.errors import ArgumentError, PowerctlError
 from powerctl.files.mapping import (
+    FIELD_KIND,
     Flag,
     FolderPath,
     Integer,
@@ -25,6 +25,8 @@ from powerctl.files.mapping import (
     Text,
     check_arguments,
     check_fields,
+    field_kinds,
+    kind_field,
     must_be,
 )
 from powerfed.training.crossing import DEFAULT_MIN_EVALUATIONS
@@ -38,8 +40,6 @@ WHERE = "estimate_relation"
 """What every refusal of an estimate's arguments names: the call the user made."""
 CACHE_VERSION = 2
 """Bump when a code change alters what a relation estimate would be: old cache entries then miss."""
-KIND = "kind"
-"""The metadata key of a field's kind (what it must be)."""
 Say = Callable[[str], None]
 RUNS_KEY = ("limit", "data_seed", "max_samples", "eval_every_samples", "eval_max_samples", "min_evaluations")
 """The proxy runs' settings in the cache key."""
@@ -81,17 +81,7 @@ def _run(attr: str, *, optional: bool = False) -> Any:
     default = (default or None) if optional else default
     if isinstance(default, list):
         default, kind = tuple(default), Each(getattr(s.kind, "item", s.kind), getattr(s.kind, "what", ""))
-    return field(default=default, metadata={KIND: kind})
-
-
-def _own(default: Any, kind: Kind) -> Any:
-    """A field that is not a run setting, with its kind."""
-    return field(default=default, metadata={KIND: kind})
-
-
-def kinds_of(record: type) -> dict[str, Kind]:
-    """{field: kind} of a record whose fields carry their kind."""
-    return {f.name: f.metadata[KIND] for f in dataclasses.fields(record) if KIND in f.metadata}
+    return kind_field(kind, default)
 
 
 @dataclass(frozen=True)
@@ -111,15 +101,15 @@ class RelationSettings:
     """One run's budget: a batch size that misses the target within it is an error."""
     eval_every_samples: int = _run("eval_every_samples")
     eval_max_samples: int | None = _run("eval_max_samples", optional=True)
-    min_evaluations: int = _own(DEFAULT_MIN_EVALUATIONS, Integer(1))
+    min_evaluations: int = kind_field(Integer(1), DEFAULT_MIN_EVALUATIONS)
     """Evaluations before the crossing; a run that crossed sooner runs again, denser (`run_dense`)."""
     max_seeds: int | None = _run("relation_max_seeds", optional=True)
     """Further seeds, one at a time up to this many in all, until the ranking is stable (0, None: none)."""
     vector: str = _run("relation_values")
     """raw (the means) or fitted (the batch-efficiency model; `powerctl.records.relation.VECTORS`)."""
-    seq_len: int | None = _own(None, Maybe(Integer(1, MAX_SEQ_LEN)))
+    seq_len: int | None = kind_field(Maybe(Integer(1, MAX_SEQ_LEN)), None)
     """A text model's sequence length (None: the model's)."""
-    limit: int | None = _own(None, Maybe(Integer(1)))
+    limit: int | None = kind_field(Maybe(Integer(1)), None)
     """Proxy samples to use at most (None: all)."""
     data_seed: int = _run("proxy_seed")
     """Seed of the proxy's train/test split, the same for every run."""
@@ -127,7 +117,7 @@ class RelationSettings:
     """The model's options; with weights, those they were built with."""
 
     def __post_init__(self) -> None:
-        check_fields(self, WHERE, kinds_of(RelationSettings))
+        check_fields(self, WHERE, field_kinds(RelationSettings))
         if self.overrides is not None and not isinstance(self.overrides, dict):
             raise ArgumentError(
                 f"{WHERE}: 'overrides' must be a dict of the model's options, got {self.overrides!r}"
@@ -150,24 +140,24 @@ class RelationCompute:
     step or a loop): only then is such an estimate cached, and it must change when that code does."""
     cache_dir: str | Path | None = None
     """The cache's folder (None: $POWERFED_CACHE/relation or $XDG_CACHE_HOME/powerfed/relation)."""
-    use_cache: bool = _own(True, Flag())
-    compute: bool = _own(True, Flag())
+    use_cache: bool = kind_field(Flag(), True)
+    compute: bool = kind_field(Flag(), True)
     """False: nothing trains; the cached vector, else `NotCached`."""
-    parallel: bool = _own(False, Flag())
+    parallel: bool = kind_field(Flag(), False)
     """The runs as Ray tasks with one torch thread each, where the model and callables can be pickled
     (else one at a time, logged)."""
-    num_cpus: int | None = _own(None, Maybe(Integer(1)))
+    num_cpus: int | None = kind_field(Maybe(Integer(1)), None)
     """CPUs of the Ray started here (None: one per run, at most this machine's)."""
-    device: str = _own("auto", Text(what="a torch device: auto, cpu or cuda[:INDEX]"))
+    device: str = kind_field(Text(what="a torch device: auto, cpu or cuda[:INDEX]"), "auto")
     """Where the runs train (auto, cpu, cuda[:INDEX]; `powerctl.devices.torchdev`); not in the key."""
-    progress: bool = _own(True, Flag())
+    progress: bool = kind_field(Flag(), True)
     """A bar on stderr where it is a terminal."""
     say: Say | None = None
     """Hears a line per finished run (what it measured, the time left): progress where no terminal
     shows a bar (a ServerApp's log)."""
 
     def __post_init__(self) -> None:
-        check_fields(self, WHERE, kinds_of(RelationCompute))  # a flag is a bool: compute="no" must not train
+        check_fields(self, WHERE, field_kinds(RelationCompute))  # a flag is a bool: "no" must not train
         if self.cache_dir is not None:  # '' is the working directory, not the default cache (None)
             folder = FolderPath("a folder path (leave it out, or None, for the default cache)")
             check_arguments(WHERE, cache_dir=(self.cache_dir, folder))
@@ -182,8 +172,8 @@ class RelationRequest:
     from a call's target, batch sizes and settings (checked), then completed with what the model,
     weights and proxy are once they are located (`dataclasses.replace`)."""
 
-    target_accuracy: float = field(metadata={KIND: SETTINGS[key_of("target_accuracy")].kind})
-    batch_sizes: Sequence[int] = field(metadata={KIND: _run("batch_sizes").metadata[KIND]})
+    target_accuracy: float = kind_field(SETTINGS[key_of("target_accuracy")].kind)
+    batch_sizes: Sequence[int] = kind_field(_run("batch_sizes").metadata[FIELD_KIND])
     """Kept sorted, as a tuple: the largest last (the vector's denominator)."""
     settings: RelationSettings = field(default_factory=RelationSettings)
     threads: int = 1
@@ -207,7 +197,7 @@ class RelationRequest:
     """The user's `train_to_target`: its data, budgets and evaluation are its own (keyed as none)."""
 
     def __post_init__(self) -> None:
-        check_fields(self, WHERE, kinds_of(RelationRequest))
+        check_fields(self, WHERE, field_kinds(RelationRequest))
         sizes = self.batch_sizes
         if not sizes:
             raise RelationError(f"batch sizes must be positive integers, got {list(sizes)}")

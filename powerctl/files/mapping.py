@@ -8,6 +8,7 @@ nearest known one. The kinds also serve `strategies.settings`, which declares ev
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import inspect
 import json
@@ -436,6 +437,20 @@ def mapping_reader(
         raise error(f"{where}: must be a mapping{keys}, got {data!r}")
     reader = MappingReader(data, where, error)
     return reader.only(known) if known is not None else reader
+
+
+FIELD_KIND = "kind"
+"""The metadata key of a record field's kind (`kind_field`)."""
+
+
+def kind_field(kind: Kind, default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING) -> Any:
+    """A record's dataclass field declared with its kind, which `field_kinds` gives to `check_fields`."""
+    return dataclasses.field(default=default, default_factory=factory, metadata={FIELD_KIND: kind})
+
+
+def field_kinds(record: Any) -> dict[str, Kind]:
+    """{field: kind} of a record (or record class) whose fields were declared with `kind_field`."""
+    return {f.name: f.metadata[FIELD_KIND] for f in dataclasses.fields(record) if FIELD_KIND in f.metadata}
 
 
 def check_fields(record: Any, where: str, kinds: Mapping[str, Kind]) -> None:
