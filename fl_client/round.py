@@ -1,21 +1,11 @@
-"""One client round, Flower-free: profile → choose → pin and train → report.
+"""One client round, Flower-free: profile → choose → pin and train → report (`run_round`).
 
-Every caller that fine-tunes a client's data under a power cap goes through `run_round`: the ClientApp
-(`fl_client.app` translates Flower messages), the one-board demo (`simulations.demo`) and the benches.
-What differs between them is a different step, never a mode:
-
-- `profile`: the device measured (and cached) running the step that will train (`fl_client.profile_step`);
-- `choose`: the method's rule as a function of the cap (`MethodRule`, `powerctl.selection.methods`);
-- `train`: a fine-tune under the rule in force (`fl_client.pinning.Pinning`: the power guard under a
-  constant cap, the follower under one that changes), shared with a user's loop.
-
-What only the fleet runner and the benches ask for (scale mode's predicted profiles and stand-in, the
-oracle's own-data search) is theirs (`simulations.bench_steps`), passed in as `RoundSteps`; the
-production round refuses instructions that ask for them (`needs_bench_steps`) in one line.
-
-What other modules use is listed in `__all__` (tests/test_round_surface.py). The device is opened per
-step and closed on every way out (`restore_on_exit`), so nothing stays pinned after a round; a board
-that a killed process left pinned is put back when the device opens, and the report says so.
+Every caller goes through it: the ClientApp (`fl_client.app`), the one-board demo and the benches; what
+differs is a step (`RoundSteps`), never a mode. What only the fleet runner asks for (scale mode, the
+oracle's own-data search) comes with its own steps (`simulations.bench_steps`); the production round
+refuses it in one line (`needs_bench_steps`). What other modules use is listed in `__all__`. The device is
+opened per step and restored on every way out (`restore_on_exit`); a board a killed process left pinned is
+put back when the device opens, and the report says so.
 """
 
 from __future__ import annotations
@@ -121,18 +111,14 @@ def node_device_seed(settings: NodeSettings, server_seed: int) -> int:
 
 @dataclass(frozen=True)
 class ProfiledStep:
-    """The training step a round profiles: the step of the loop that will train, on the model it trains
-    and inputs of its shape, so that the profile is of what is trained.
-
-    `build(device)` gives the step's workload (what it computes, for a simulated board's charge and the
-    profile's record) and batch size → one step on the device; profiling trains, so it builds its own
-    copy of the model. `model`, `input_shape` and `key` name it in the profile cache."""
+    """The step of the loop that will train, as a round profiles it (so the profile is of what trains).
+    `build(device)` gives its workload and batch size → one step, on its own copy of the model (profiling
+    trains); `model`, `input_shape` and `key` ("" for the built-in step) name it in the profile cache."""
 
     model: str
     input_shape: tuple[int, ...]
     build: Callable[[Device], tuple[Workload, StepFactory]]
     key: str = ""
-    """"" for the built-in step; a user's step: its own key (`ProfileKey.step`)."""
 
 
 def builtin_step(work: RoundWork) -> ProfiledStep:
@@ -159,24 +145,18 @@ def builtin_step(work: RoundWork) -> ProfiledStep:
 @dataclass(frozen=True)
 class RoundWork:
     """One round's work on one node: who it is, what the server asked, its weights and local data.
-
-    `caps` is resolved once from the node and the instructions (a step may narrow it: the oracle's
-    search trains under a constant cap)."""
+    `caps` is resolved once from the node and the instructions (a step may narrow it)."""
 
     settings: NodeSettings
     instr: TrainInstructions
-    state: State | None
-    """The server's weights; None for a planning query, which profiles but does not train."""
+    state: State | None  # the server's weights; None: a planning query (profiles, does not train)
     data: tuple[Dataset, Dataset] | None
     device_seed: int = 0
     profile_cache: Path | None = None
     on_step: Callable[[int, int], None] | None = None
     caps: CapSource = field(default=None)  # type: ignore[assignment]
-    step: ProfiledStep | None = None
-    """The training step profiled: None for the built-in fine-tune's (`builtin_step`); a user's own loop
-    gives its own (`fl_client.session.PowerSession`)."""
-    examples: int | None = None
-    """Training samples on this node when `data` is not ours to hold (a user's own loop)."""
+    step: ProfiledStep | None = None  # None: the built-in fine-tune's (`builtin_step`); a user's loop's own
+    examples: int | None = None  # training samples when `data` is not ours to hold (a user's loop)
 
     def __post_init__(self) -> None:
         if self.caps is None:
@@ -259,8 +239,7 @@ def usable_relation(instr: TrainInstructions, train_examples: int) -> RelationVe
 
 class CapRule(Protocol):
     """A method's rule bound to one profile, as a function of the cap alone: what it pins under a constant
-    cap, and what a follower re-applies when the cap changes. `relation` is what it predicts progress by.
-    (The registry's `powerctl.selection.methods.Rule` is the unbound function it applies.)"""
+    cap, and what a follower re-applies when the cap changes. `relation` is what it predicts progress by."""
 
     # read-only: a frozen dataclass (`MethodRule`) is a rule
     @property
@@ -273,9 +252,7 @@ class CapRule(Protocol):
 
 @dataclass(frozen=True)
 class MethodRule:
-    """The instructed method's rule (`powerctl.selection.methods`: the registry's method of that name) over
-    one
-    profile."""
+    """The instructed method's rule (the registry's method of that name) over one profile."""
 
     method: str
     profile: Profile
@@ -289,23 +266,16 @@ class MethodRule:
         context = MethodContext(self.own_data, self.deadline_s, self.relation_rule)
         return method_named(self.method).choose(self.profile, self.relation, power_cap_w, context)
 
-    @property
-    def predicts_by(self) -> RelationVector:
-        return self.own_data or self.relation
-
 
 @dataclass(frozen=True)
 class Chosen:
-    """The choose step's outcome: the rule the train step applies; a step that trained to choose (the
-    oracle's search) hands on its runs and what it measured."""
+    """The choose step's outcome: the rule the train step applies. A step that trained to choose (the
+    oracle's search) hands on its `runs` by pair (the chosen pair's is the round's training, not run
+    again) and what it measured beside the report (`bench`, sent by `simulations.fleet_client`)."""
 
     rule: CapRule
     runs: dict[tuple[int, int], Trained] = field(default_factory=dict)
-    """Runs the choose step made under this round's constant cap, by pair: the chosen pair's is the
-    round's training, not run again."""
     bench: object = None
-    """What a bench's choose step measured beside the report (the oracle's own-data search), in its own
-    record, which its caller sends (`simulations.fleet_client`); None: nothing."""
 
 
 ProfileStep = Callable[[RoundWork, RelationVector], Profiled]
@@ -328,13 +298,9 @@ def method_step(work: RoundWork, profile: Profile, relation: RelationVector, tra
 
 
 def round_checkpoint(work: RoundWork, pair: tuple[int, int]) -> Checkpointing | None:
-    """Where this node checkpoints this round's fine-tune, keyed by the work itself.
-
-    One file per node (a later round's work replaces an earlier one's). The key is the round's
-    instructions, the node and the first pair, not Flower's run or node ids: a restarted ServerApp
-    (a new run id) that re-sends the same round from the same weights finds the node's checkpoint,
-    and `fine_tune` also checks the received weights, the data and the device before resuming.
-    """
+    """Where this node checkpoints this round's fine-tune: one file per node, keyed by the instructions,
+    the node and the first pair (not Flower's ids: a restarted ServerApp re-sending the same round
+    resumes; `fine_tune` checks the weights, data and device before resuming)."""
     instr, settings = work.instr, work.settings
     if not instr.checkpoint_every_samples:
         return None
@@ -348,21 +314,14 @@ def round_checkpoint(work: RoundWork, pair: tuple[int, int]) -> Checkpointing | 
 def fine_tune_step(
     work: RoundWork, rule: CapRule, *, observe: Callable[[Device], AbstractContextManager[Any]] | None = None
 ) -> Trained:
-    """Fine-tune the server's weights on a fresh device handle (a simulated board's noise then does not
-    depend on what ran before, so a seeded run repeats exactly), checkpointed so that the same work
-    killed and sent again resumes; the rule in force as `Pinning` holds it.
-
-    `observe(device)` is entered around the whole fine-tune, pauses included (a bench records the
-    board's power over time with it)."""
+    """Fine-tune the server's weights on a fresh device handle, checkpointed (the same work killed and
+    sent again resumes), under the rule as `Pinning` holds it. `observe(device)` is entered around the
+    whole fine-tune (a bench records the board's power with it)."""
     instr = work.instr
     train, test = work.split()
     model = work.model()
     watch = observe or (lambda _dev: nullcontext())
-    with (
-        work.device() as dev,
-        restore_on_exit(dev),
-        watch(dev),
-    ):
+    with work.device() as dev, restore_on_exit(dev), watch(dev):
         model = model.to(dev.torch_device())
         pinning = Pinning.start(work, rule, dev)
         choice = pinning.choice
@@ -400,9 +359,8 @@ class RoundSteps:
 
     @classmethod
     def for_instructions(cls, instr: TrainInstructions) -> RoundSteps:
-        """The production round (measured profile, the method's rule, fine-tune). What only the fleet
-        runner does (`needs_bench_steps`) is not here: its own ClientApp passes its steps in, and a
-        round asked for them without them is one line."""
+        """The production round (measured profile, the method's rule, fine-tune); instructions that
+        need the fleet runner's steps are one line."""
         if needs_bench_steps(instr):
             raise ClientWorkError(
                 "these instructions ask for the fleet runner's steps (scale mode, predicted profiles or "
@@ -421,8 +379,7 @@ def needs_bench_steps(instr: TrainInstructions) -> bool:
 
 
 StepsFor = Callable[[TrainInstructions], RoundSteps]
-"""The steps a round runs for its instructions: what a caller with steps of its own (the fleet runner's
-ClientApp, `simulations.fleet_client`) passes to the ClientApp's round (`fl_client.app.train_reply`)."""
+"""The steps a round runs for its instructions (the fleet runner's ClientApp passes its own)."""
 
 
 @dataclass
@@ -448,9 +405,7 @@ def message_process_startup_s() -> float | None:
 
 def run_round(work: RoundWork, steps: RoundSteps | None = None) -> RoundOutcome:
     """Profile → choose → pin and train → report, with the steps given (default: what the instructions
-    ask for). Only the power-aware method is charged for profiling it measured this round (the
-    baselines do not profile: they read only which batch sizes fit; the oracle is a limit, its own-data
-    search is reported apart)."""
+    ask for)."""
     steps = steps or RoundSteps.for_instructions(work.instr)
     wall_start = time.perf_counter()
     train, _ = work.split()
@@ -534,8 +489,7 @@ def plan_round(
     profile_cache: Path | None = None,
 ) -> Plan:
     """A planning query (energy-under-deadline rounds): this node's fastest pair under its cap and its
-    predicted time to the target. The profile is measured now when not cached (the next round's
-    training then finds it cached; the server charges these seconds to that round)."""
+    predicted time to the target, profiling now when not cached (the server charges that to the round)."""
     work = RoundWork(settings, instr, None, None, profile_cache=profile_cache)
     relation = usable_relation(instr, train_examples)
     profiled = measured_profile_step(work, relation)

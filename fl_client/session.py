@@ -1,27 +1,10 @@
-"""A power-aware round around any training loop: the user's own step profiled, a pair chosen under the
-node's cap, the board pinned, every step charged, the board restored, the round reported.
+"""`PowerSession`: a power-aware round around a user's own training loop (usage: `powerfed`'s docstring,
+docs/howto/bring-your-own.md).
 
-A Flower user keeps their model, data and loop. In the ClientApp's train function::
-
-    with PowerSession(model=net, make_step=make_step, example=(x, y), train_examples=len(trainset)) as s:
-        loader = DataLoader(trainset, batch_size=s.batch_size, shuffle=True)
-        step = make_step(net)
-        for x, y in loader:
-            s.step(step, x.to(s.torch_device), y.to(s.torch_device))
-            if s.done:
-                break
-
-`make_step(model)` returns the loop's own training step, `step(x, y)`: the session profiles exactly that
-step (on a copy of the model, at every batch size of the plan, on inputs of the example's shape), so
-what is profiled is what trains. With `power_aware_mod` on the ClientApp the plan (relation vector,
-target, method, budget) comes from the train message and the report goes back in the reply; without
-it, give `round_context=RoundContext(node, instructions)` yourself and read `session.report`.
-
-Everything the built-in client does holds here, through the same code (`fl_client.round`): the
-profile cache (per board × model × input shape × step), the profiling budget and orders, every
-method's rule, the power guard, caps that change (the follower may change `batch_size` between
-steps: read it again when you build a batch), energy, simulated boards, Jetson and NVML. The device is
-restored on every way out of the `with` (exceptions, SIGINT, SIGTERM).
+The session profiles the step `make_step(model)` returns (on a copy of the model, at every batch size of
+the plan), chooses a pair under the node's cap, pins the board, charges every step run through it and
+reports the round, all through `fl_client.round`'s code. The plan comes from `power_aware_mod` or from
+`round_context=`. The device is restored on every way out of the `with` (exceptions, SIGINT, SIGTERM).
 """
 
 from __future__ import annotations
@@ -99,10 +82,7 @@ def _check_session_arguments(
 
 
 FIRST_STEP_TOLERANCE = 1.25  # the first step's FLOPs a sample against the profiled step's, either way
-# On a real board: the median of TIMED_STEPS steps after the first against the profiled step's time at the
-# same pair, a factor either way (wide: timing noise, a shared GPU); profiled steps under MIN_TIMED_STEP_S
-# are not compared (launch overheads dominate).
-STEP_TIME_TOLERANCE = 2.0
+STEP_TIME_TOLERANCE = 2.0  # wide: timing noise, a shared GPU (`_check_step_time`)
 TIMED_STEPS = 3
 MIN_TIMED_STEP_S = 2e-3
 
@@ -308,9 +288,8 @@ class PowerSession:
             )
         train_examples, lr = _check_session_arguments(model, make_step, loss, train_examples, lr, key)
         instructions, node = joined.instructions, joined.node
-        if (
-            differs := same_model(instructions.relation_vector.extra.get("model_fingerprint"), model)
-        ) is not None:
+        differs = same_model(instructions.relation_vector.extra.get("model_fingerprint"), model)
+        if differs is not None:
             raise SessionError(
                 f"PowerSession: the plan is for another model: {differs}; estimate the relation vector "
                 "with this model (estimate_relation(YourModel, ...))"
@@ -475,7 +454,8 @@ class PowerSession:
 
     def _check_step_time(self, batch: int, seconds: float) -> None:
         """On a real board, the median of steps 2 to 1 + TIMED_STEPS against the profile's time at the
-        pair in force (the FLOP check sees only matmuls and convolutions); a short last batch is not timed."""
+        pair in force (the FLOP check sees only matmuls and convolutions); a short last batch, and profiled
+        steps under MIN_TIMED_STEP_S (launch overheads dominate), are not compared."""
         assert self.profiled is not None
         if batch != self.batch_size:
             return
