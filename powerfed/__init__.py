@@ -37,52 +37,12 @@ powerctl.errors.ArgumentError: TrainInstructions.for_relation: 'target_accuracy'
 
 from __future__ import annotations
 
+import ast
 import importlib
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-_WHERE: dict[str, str] = {
-    # server: strategies and the plan they send
-    "PowerAware": "strategies.power_aware",
-    "PowerAwareFedAvg": "strategies.fedavg",
-    "RoundObjective": "strategies.objectives",
-    "EnergyUnderDeadline": "strategies.objectives",
-    "NodeWaits": "strategies.node_waits",
-    "TrainInstructions": "strategies.protocol",
-    "ClientReport": "strategies.report",
-    "save_results": "fl_server.results",
-    # client: any ClientApp's train function, any loop
-    "power_aware_mod": "fl_client.mod",
-    "describe_node": "fl_client.mod",
-    "PowerSession": "fl_client.session",
-    "SessionError": "fl_client.session",
-    "RoundContext": "fl_client.session",
-    "NodeSettings": "fl_client.node",
-    # the relation vector, for the built-in models and for users' own
-    "estimate_relation": "fl_server.relation",
-    "RelationSettings": "fl_server.relation",
-    "RelationCompute": "fl_server.relation",
-    "UserFunctions": "powerfed.training.finetune_records",
-    "register_model": "powerfed.training.models",
-    "unregister_model": "powerfed.training.models",
-    "model_names": "powerfed.training.models",
-    "RelationVector": "powerctl.records.relation",
-    # the device side: devices, profiling, selection
-    "open_device": "powerctl.devices",
-    "Device": "powerctl.devices.base",
-    "PowerMonitor": "powerctl.profiling.monitor",
-    "measure_workload": "powerctl.records.workload",
-    "Profiler": "powerctl.profiling.profiler",
-    "Profile": "powerctl.records.profile",
-    "select": "powerctl.selection.joint",
-    # errors a caller may catch: every one is a single line saying what to do
-    "PowerctlError": "powerctl.errors",
-    "ArgumentError": "powerctl.errors",
-    "NoClientReported": "strategies.rounds",
-}
-
-__all__ = sorted(_WHERE)
-
-if TYPE_CHECKING:  # what type checkers and editors see; at run time `__getattr__` resolves each name
+if TYPE_CHECKING:  # the face, declared once: type checkers read these; at run time `__getattr__` does
     from fl_client.mod import describe_node as describe_node
     from fl_client.mod import power_aware_mod as power_aware_mod
     from fl_client.node import NodeSettings as NodeSettings
@@ -115,6 +75,16 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time `__getattr_
     from strategies.protocol import TrainInstructions as TrainInstructions
     from strategies.report import ClientReport as ClientReport
     from strategies.rounds import NoClientReported as NoClientReported
+
+
+def _where() -> dict[str, str]:
+    """Each name of the TYPE_CHECKING imports above → its module (this file's source, parsed once)."""
+    block = next(n for n in ast.parse(Path(__file__).read_text("utf-8")).body if isinstance(n, ast.If))
+    return {a.name: str(i.module) for i in block.body if isinstance(i, ast.ImportFrom) for a in i.names}
+
+
+_WHERE = _where()
+__all__ = sorted(_WHERE)
 
 
 def __getattr__(name: str) -> Any:
