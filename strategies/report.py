@@ -1,14 +1,10 @@
-"""What a client reports after a round: the round's own fields and its producers' records.
+"""What a client reports after a round: the round's own fields and its producers' records (`Training`,
+`Profiling`, `CapFollowed`, the guard's step-downs), nested in the `ClientReport`.
 
-Each record is written once, where it is made: the fine-tune's outcome (`Training`, the train step's),
-the profile's (`Profiling`, the profile step's), the power guard's step-downs (`StepDown.to_dict`) and
-the cap follower's summary (`CapFollowed`), nested in the `ClientReport`. Each field is declared once,
-with its kind (`kind`), which checks it where the record is made (`check_fields`) and where a reply is
-read back (the message's reader, ProtocolError lines). A ConfigRecord holds no nested records, so a report
-travels as one ConfigRecord: every field of every record under its name in kebab-case (the names are
-distinct across the records), None left out, a list or an object as JSON text. A client's own app may
-send a record of its own beside the report (`BesideReport`: the fleet runner's,
-`simulations.bench_report`), which a server that registered it reads with the report.
+Each field is declared with its kind, which checks it where the record is made and where a reply is read
+back. A report travels as one flat ConfigRecord: every field under its kebab-case name (distinct across
+the records), None left out, lists and objects as JSON text. A client's app may send a `BesideReport`
+of its own, which a server that registered it reads with the report.
 """
 
 from __future__ import annotations
@@ -49,10 +45,9 @@ NUMBER, COUNT, TEXT = Number(0.0), Integer(0), Text(empty=True)
 
 @dataclass(frozen=True)
 class JsonItems(Kind):
-    """Items that travel as JSON text (given as text, or as the list or object itself): a list of
-    `item`s (`length` of them, when given), or with `keys`, an object of them by those keys. `item` is
-    a kind, or a record's fields' kinds (each item an object with exactly those keys). Checked, not
-    converted: the items are kept as sent."""
+    """Items that travel as JSON text: a list of `item`s (`length` of them, when given), or with `keys`
+    an object of them by those keys. `item` is a kind, or the kinds of an object's exact keys. Checked,
+    kept as sent."""
 
     item: Kind | Mapping[str, Kind]
     expected: str = "a JSON list"
@@ -100,8 +95,8 @@ R = TypeVar("R", bound="Record")
 
 
 class Record:
-    """A report record: each field declared with its kind (`kind`) or as a nested record (`nested`).
-    A field without a default must be in a reply unless its kind takes None (`Maybe`)."""
+    """A report record: each field declared with its kind (`kind`) or as a nested record (`nested`);
+    one without a default must be in a reply unless its kind takes None (`Maybe`)."""
 
     def __post_init__(self) -> None:
         check_fields(self, type(self).__name__, field_kinds(self))
@@ -139,7 +134,7 @@ class Record:
 
     @classmethod
     def read(cls: type[R], r: MappingReader) -> R:
-        """This record (and the records nested in it) read back from a reply, each field by its kind."""
+        """This record (its nested ones too) read back from a reply, each field by its kind."""
         values: dict[str, Any] = {}
         for f in _fields(cls):
             if "record" in f.metadata:
@@ -162,7 +157,7 @@ def _fields(record: Any) -> list[Field[Any]]:
 
 @dataclass
 class Training(Record):
-    """The fine-tune's outcome (`FineTuneResult`), written by the train step (`Training.of`)."""
+    """The fine-tune's outcome, written by the train step."""
 
     device_seconds: float = kind(NUMBER)
     energy_j: float | None = kind(Maybe(NUMBER))
@@ -174,8 +169,7 @@ class Training(Record):
     stop_reason: str = kind(TEXT, "")
     steps: int = kind(COUNT, 0)
     resumed_at_samples: int | None = kind(Maybe(COUNT), None)
-    """The fine-tune continued from a checkpoint taken at this many samples (a round sent again);
-    equal to `samples`: the round had finished, and its end state answered without training."""
+    """Resumed from a checkpoint at this many samples; equal to `samples`: answered without training."""
 
     @classmethod
     def of(cls, result: Any, *, stand_in: bool = False) -> Training:
@@ -187,31 +181,26 @@ class Training(Record):
 
 @dataclass
 class Profiling(Record):
-    """How the round's profile was made and what it cost, written by the profile step's result
-    (`fl_client.profile_step.Profiled.outcome`)."""
+    """How the round's profile was made and what it cost, written by the profile step."""
 
     profiling_seconds: float = kind(NUMBER)
-    """Device seconds charged this round (only the power-aware method, for a profile it measured)."""
+    """Device seconds charged this round (ours only, for a profile it measured)."""
     profile_cached: bool = kind(Flag(), False)
-    profile_points: int = kind(COUNT, 0)
-    """Pairs in the profile the choice was made from."""
+    profile_points: int = kind(COUNT, 0)  # pairs in the profile the choice was made from
     profiling_choice: str = kind(TEXT, "")
-    """The order measured (efficient, grid, fitted), `predicted` (a predicted profile's choice,
-    confirmed by the training's first steps), `model` (scale mode: the board model's, unmeasured);
-    with `profile_cached`, the way a cached profile was made."""
+    """The order measured, `predicted` (confirmed by the training's first steps) or `model` (scale
+    mode); with `profile_cached`, how the cached profile was made."""
+    # a budgeted client: the predicted profile it weighed its ways with, its training predicted before
+    # profiling, the share of it profiling could spend, and each way's predicted device seconds
     profiling_predicted_from: str = kind(TEXT, "")
-    """A budgeted client: the predicted profile it weighed its ways with; empty: none."""
     predicted_training_seconds: float | None = kind(Maybe(NUMBER), None)
-    """... its training predicted before profiling (None: not budgeted this round)."""
     profiling_budget_seconds: float | None = kind(Maybe(NUMBER), None)
-    """... the share of it profiling could spend (`profiling-budget` × the prediction)."""
     profiling_costs_predicted: dict[str, float] | None = kind(  # noqa: RUF009
         Maybe(
             JsonItems(NUMBER, "a JSON object of device seconds by way", keys=(*PROFILE_ORDERS, "predicted"))
         ),
         None,
     )
-    """... and each way's predicted device seconds, which it chose by."""
 
 
 CAP_EVENT = {
@@ -232,27 +221,21 @@ STEP_DOWN = {
 
 @dataclass
 class CapFollowed(Record):
-    """Under a cap that changes, what the follower did (`CapFollower`), written by the train step
-    (`fl_client.pinning.Pinning.trained`); the defaults: a constant cap, no follower."""
+    """What the cap follower did under a changing cap; the defaults: a constant cap."""
 
-    cap_source: str = kind(TEXT, "")
-    """What the client followed (a schedule, a trace, a live file)."""
+    cap_source: str = kind(TEXT, "")  # a schedule, a trace, a live file
     cap_events: list[dict[str, Any]] = kind(JsonItems(CAP_EVENT), factory=list)  # noqa: RUF009
-    """Every start, switch, hold, pause and resume with its time, the cap, the old and new (b, f) and
-    the seconds over the cap after it; the report's pair is then the first pick."""
-    final_pair: list[int] | None = kind(  # noqa: RUF009
+    """Every start, switch, hold, pause and resume; the report's pair is the first pick."""
+    final_pair: list[int] | None = kind(  # noqa: RUF009  the pair in force when training ended
         Maybe(JsonItems(COUNT, "a JSON list [batch size, Hz]", length=2)), None
     )
-    """The pair in force when training ended."""
     paused_seconds: float = kind(NUMBER, 0.0)
     """Device seconds paused because no pair fitted under the cap (not in `device_seconds`)."""
     over_cap_seconds: float | None = kind(Maybe(NUMBER), None)
-    """Device seconds the measured power exceeded the cap in force × (1 + guard tolerance), steps in
-    progress at cap drops included (per event in `cap_events`)."""
+    """Device seconds over the cap in force × (1 + guard tolerance), steps in progress at drops included."""
 
     @classmethod
     def of(cls, follower: Any) -> CapFollowed:
-        """A `CapFollower`'s summary after the fine-tune."""
         events, pair = [e.to_dict() for e in follower.events], [follower.batch_size, follower.frequency_hz]
         return cls(follower.caps.describe(), events, pair, follower.paused_s, follower.over_cap_s)
 
@@ -273,36 +256,31 @@ class ClientReport(Record):
     profiling: Profiling = nested(Profiling, required=True)  # noqa: RUF009
     cap: CapFollowed = nested(CapFollowed)  # noqa: RUF009
     step_downs: list[dict[str, float]] = kind(JsonItems(STEP_DOWN), factory=list)  # noqa: RUF009
-    """The power guard's actions while training: `frequency_hz` stays the selected one; the last
-    step-down's `new_hz` is where training ended."""
+    """The power guard's actions; `frequency_hz` stays the selected one."""
     board: str = kind(TEXT, "")
     node_key: str = kind(TEXT, "")
     predicted_seconds: float = kind(NUMBER, 0.0)
     profiled_peak_power_w: float = kind(NUMBER, 0.0)
-    """The selected point's peak power in the profile: what the method checks against the cap."""
+    """The selected pair's peak power in the profile: what the method checks against the cap."""
     train_examples: int = kind(COUNT, 0)
     wall_seconds: float = kind(NUMBER, 0.0)
     startup_s: float | None = kind(Maybe(NUMBER), None)
-    """Wall seconds from the start of the process that ran this round to its first profiling or training
-    step: what a deployed SuperNode's `flwr-clientapp`, started for this one message, cost before the
-    work began. None where one process serves many messages (simulation's Ray actors, a test)."""
+    """Wall seconds from the process start to its first profiling or training step (a deployed
+    `flwr-clientapp` per message); None where one process serves many messages."""
     method: str = kind(Choice(METHODS), OURS)
     deadline_s: float | None = kind(Maybe(NUMBER), None)
-    """Energy-under-deadline rounds: the round's deadline the client chose for (None: no deadline)."""
-    meets_deadline_predicted: bool | None = kind(Maybe(Flag()), None)
-    """... and whether its pair is predicted to meet it (else it ran its fastest pair)."""
+    """Energy-under-deadline rounds: the deadline the client chose for (None: none)."""
+    meets_deadline_predicted: bool | None = kind(Maybe(Flag()), None)  # else it ran its fastest pair
     pinned: bool = kind(Flag(), True)
-    """False: the GPU frequency was not pinned (no permission, or the node config's pin = false):
-    `frequency_hz` is the clock in force as read, not one the client set."""
+    """False: the frequency was not pinned; `frequency_hz` is the clock in force as read."""
     restored: str = kind(TEXT, "")
-    """The line that says what a killed process had left pinned and this round put back (empty: none)."""
+    """What a killed process had left pinned and this round put back (empty: none)."""
     beside: dict[str, BesideReport] = field(default_factory=dict, repr=False, compare=False)
-    """The records read beside this report (`BESIDE_REPORT`), by key: each travels under its own key."""
+    """The records read beside this report (`BESIDE_REPORT`), by key."""
 
     def columns(self) -> dict[str, Any]:
-        """The report's fields and its records', and the fields of each record this server reads beside
-        it (`BESIDE_REPORT`): a client that sent none gets that record's defaults, so that every row has
-        one shape. The results writer puts them in its order (`fl_server.results`)."""
+        """The report's and its records' fields, and each registered beside record's (its defaults where
+        a client sent none: every row has one shape)."""
         values = super().columns()
         for key, record in BESIDE_REPORT.items():
             values.update((self.beside.get(key) or record()).columns())
@@ -311,9 +289,8 @@ class ClientReport(Record):
 
 @dataclass
 class BesideReport(Record):
-    """A record a client's own app sends beside its report, under its own key (`KEY`), that a server
-    which registered it (`register_beside_report`) reads with the report; each field has a default (a
-    client that sent none)."""
+    """A record a client's own app sends beside its report under its own `KEY`, which a server that
+    registered it (`register_beside_report`) reads with the report; each field has a default."""
 
     KEY: ClassVar[str] = ""
 
@@ -325,14 +302,11 @@ class BesideReport(Record):
 B = TypeVar("B", bound=BesideReport)
 
 BESIDE_REPORT: dict[str, type[BesideReport]] = {}
-"""The records this process reads beside a client's report, by key (`register_beside_report`: the
-server side of the app that sends them). None registered: the report alone, and a record beside it is
-left in the reply."""
+"""The records read beside a client's report, by key (an unregistered one stays in the reply)."""
 
 
 def register_beside_report(record: type[B]) -> type[B]:
-    """Read `record` beside every report from now on; its key, and that its fields are not the report's
-    own, are checked here, once."""
+    """Read `record` beside every report from now on (its key and fields must be its own)."""
     taken = sorted(set(record.names()) & set(ClientReport.names()))
     if not record.KEY or taken or record.KEY in (REPORT_KEY, CONFIG_KEY, METRICS_KEY, ARRAYS_KEY):
         raise TypeError(f"{record.__name__}: a KEY of its own and fields of its own (not {taken})")
@@ -341,9 +315,8 @@ def register_beside_report(record: type[B]) -> type[B]:
 
 
 def take_report(content: Any) -> ClientReport | None:
-    """A train reply's report (None: it has none), with the records registered to be read beside it
-    (`BESIDE_REPORT`), all taken out of the reply's RecordDict (the inner strategy then sees the reply it
-    expects); ProtocolError when any is malformed."""
+    """A train reply's report (None: it has none) with its beside records, all taken out of the reply (the
+    inner strategy then sees the reply it expects); ProtocolError when any is malformed."""
     records = content.config_records
     if REPORT_KEY not in records:
         return None
@@ -358,8 +331,8 @@ def take_report(content: Any) -> ClientReport | None:
 
 @dataclass(frozen=True)
 class Plan(Record):
-    """A client's answer to a planning query (energy-under-deadline rounds): its fastest pair under its
-    cap and what it predicts, and the device seconds the profile cost if it was measured for the query."""
+    """A client's answer to a planning query: its fastest pair under its cap, what it predicts, and the
+    device seconds the profile cost if it was measured for the query."""
 
     fastest_seconds: float = kind(NUMBER)
     batch_size: int = kind(Integer(1))
@@ -369,18 +342,10 @@ class Plan(Record):
 
     @classmethod
     def of(cls, fastest: Pick, profiling_seconds: float = 0.0) -> Plan:
-        """The plan that reports `fastest` (Algorithm 1's pick under the node's cap)."""
-        # a ranked pick (`powerctl.selection.joint.rank`) carries both predictions
+        """The plan that reports `fastest`, a ranked pick (it carries both predictions)."""
         assert fastest.predicted_seconds is not None and fastest.predicted_energy_j is not None
         b, hz = fastest.batch_size, fastest.frequency_hz
         return cls(fastest.predicted_seconds, b, hz, fastest.predicted_energy_j, profiling_seconds)
-
-    @property
-    def pick(self) -> Pick:
-        """The fastest pair the plan reports, as a pick."""
-        return Pick(
-            self.batch_size, self.frequency_hz, self.fastest_seconds, predicted_energy_j=self.energy_j
-        )
 
     @classmethod
     def from_config(cls, record: Any, where: str = "plan reply") -> Plan:

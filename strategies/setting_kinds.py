@@ -1,6 +1,5 @@
-"""The kinds of the project's own values that run settings hold (`strategies.settings`): a model name, a
-dataset spec, a file of the app, a torch device, an absolute folder, a fleet, injected failures. Each is a
-`powerctl.files.mapping.Custom` kind: it checks a value and says in one line what it must be."""
+"""The `Custom` kinds of the project's own values that run settings hold: each checks a value and says in
+one line what it must be."""
 
 from __future__ import annotations
 
@@ -21,9 +20,7 @@ def _model(value: Any) -> str:
 
 
 def _dataset(value: Any) -> str:
-    """A dataset spec, read by the loader's own parser (`powerfed.training.data.load.dataset_path`):
-    checked for its form here; the file is the loader's (in a deployment it lives on the clients, not
-    where the run is checked; a local simulation's pre-flight checks it exists, `simulations.launcher`)."""
+    """A dataset spec, checked for its form by the loader's parser: the file itself lives on the clients."""
     from powerfed.training.data.load import _FILE_LOADERS, GENERATED, dataset_path
     from powerfed.training.errors import DataError
 
@@ -52,9 +49,7 @@ def _app_file(value: Any) -> str:
 
 
 def _torch_device(value: Any) -> str:
-    """Where the server trains, in its one written form (`powerctl.devices.torchdev`): checked for its
-    form here; whether that GPU is there only the machine that trains can say (it refuses one that is
-    not, in one line, before any work)."""
+    """Where the server trains, checked for its form: only the machine that trains can say if it has it."""
     from powerctl.devices.torchdev import TORCH_SPEC_HELP, check_torch_spec
     from powerctl.errors import DeviceError
 
@@ -72,8 +67,7 @@ def _folder(value: Any) -> str:
 
 
 def _fleet(value: Any) -> str:
-    """A fleet table (parsed, every cap checked against its board) or a fleet file that exists (its
-    YAML is read by `fl_client.node.load_fleet_file`, see `fl_server.run_config.parse_server_config`)."""
+    """A fleet table (parsed, every cap checked against its board) or a fleet file that exists."""
     text = Text()(value)
     if fleet_file(text) is None:
         fleet_table(text)

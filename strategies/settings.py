@@ -1,12 +1,7 @@
-"""Every run setting, declared once, as a dataclass field (`setting_field`): its default, kind (type and
-check), help and docs group. Its run config key is the field's name in kebab-case; who reads it is the
-group class it is declared in: `SentSettings` (the ServerApp reads it and sends it to every client;
-`strategies.protocol.TrainInstructions` carries this group), `ClientSettings` (the ClientApp reads it,
-`client_setting`) or `RunSettings` (the ServerApp only), composed of the other two. `SETTINGS` (key →
-`Setting`) derives from those fields, and from it the ServerApp's checked config (`read_settings`), the
-fleet file's keys (`simulations.fleet`), and `strategies.settings_derived`'s command-line flags,
-pyproject.toml's ``[tool.flwr.app.config]`` and the docs' tables. The kinds of the project's own values
-are `strategies.setting_kinds`'. A new setting is one field in its group."""
+"""Every run setting, declared once as a dataclass field (`setting_field`) of the group that reads it:
+`SentSettings` (the ServerApp, sent to every client in `TrainInstructions`), `ClientSettings` (the
+ClientApp) or `RunSettings` (the ServerApp only, composed of the other two). Its key is the field's name
+in kebab-case; `SETTINGS` and all that derives from it (`strategies.settings_derived`) come from these."""
 
 from __future__ import annotations
 
@@ -46,44 +41,28 @@ from powerfed.training.lr import LR_RULES
 from strategies.fleet import MAX_BOARDS
 from strategies.setting_kinds import APP_FILE, DATASET, FAULTS, FLEET, FOLDER, MODEL, TORCH_DEVICE
 
-SERVER = "server"
-"""Read by the ServerApp only."""
-CLIENT = "client"
-"""Read by the ClientApp from the run config (the ServerApp checks it before round 1)."""
-BOTH = "both"
-"""Read by the ServerApp, which sends it to every client in its train instructions."""
-READERS = (SERVER, CLIENT, BOTH)
-SETTING_METADATA = "setting"
-"""The metadata key of a setting's dataclass field (`setting_field`): its declaration."""
+SERVER, CLIENT, BOTH = "server", "client", "both"  # who reads a setting: the group it is declared in
+SETTING_METADATA = "setting"  # a setting field's metadata key: its declaration
 GROUPS = ("task", "rounds", "profiling", "power", "fleet", "results", "faults")
 """The sections of docs/reference/run-config.md, one table each, in its order."""
 
 PROFILE_ORDERS = ("efficient", "grid", "fitted")
-"""How a client measures its profile (powerctl.profiling.profiler): efficient (stop each batch size at the
-cap), grid (every pair), fitted (a few points, a fit, and measurements confirming the choice)."""
 PROFILE_SOURCES = ("measured", "predicted")
-"""measured: profile the device (cached); predicted: a simulated board's model profile (no device time)."""
 PARTITION_SCHEMES = ("iid", "dirichlet")
 
 
 class SettingsError(PowerctlError):
-    """A setting that is unknown or holds a value that cannot be used; the text names the key and value."""
+    """An unknown setting or an unusable value, named with its key."""
 
 
-# --- the declaration ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Setting:
     key: str
-    """The run config key: its field's name in kebab-case."""
-    default: bool | int | float | str
-    """As pyproject.toml holds it (a list is text separated by commas)."""
+    default: bool | int | float | str  # as pyproject.toml holds it (a list: text separated by commas)
     kind: Kind
     help: str
-    """What it is, its range where the kind does not say, what empty or 0 means (the docs, pyproject)."""
     readers: str = SERVER
-    """Who reads it (`READERS`): the group class its field is declared in."""
-    group: str = ""
-    """One of `GROUPS`: the table of docs/reference/run-config.md it is listed in."""
+    group: str = ""  # one of GROUPS
     fingerprint: bool = True
     """False: it changes nothing a round computes; a resumed run may change it (`fl_server.resume`)."""
 
@@ -96,19 +75,18 @@ class Setting:
 
 
 def key_of(name: str) -> str:
-    """The run config key of the setting whose attribute is `name` (its key in snake_case; a key is
-    taken as is): code names a setting by its attribute, the run config by its key."""
+    """The run config key of the setting whose attribute is `name` (a key is taken as is)."""
     return name.replace("_", "-")
 
 
 def run_default(key: str) -> Any:
-    """Run setting `key`'s declared default, typed: what a caller that is not given it uses."""
+    """Run setting `key`'s declared default, typed."""
     return SETTINGS[key].typed_default()
 
 
 @dataclass
 class _Default:
-    """A setting field's default_factory: its declared default, typed, read when an object is made."""
+    """A setting field's default_factory: its declared default, read when an object is made."""
 
     key: str = ""
 
@@ -119,18 +97,15 @@ class _Default:
 def setting_field(
     group: str, default: bool | int | float | str, kind: Kind, help: str, *, fingerprint: bool = True
 ) -> Any:
-    """A run setting, declared as the dataclass field of its group class (``lr_max: float =
-    setting_field("task", 0.002, Number(...), "help")``): its run config key is the field's name in
-    kebab-case, its type the kind's, `group` its table in the docs (`GROUPS`); who reads it is the class
-    it is declared in. Its default is the declaration's (`SETTINGS`), read when an object is made."""
+    """A run setting, declared as a dataclass field of its group class (``lr_max: float =
+    setting_field("task", 0.002, Number(...), "help")``); `group` is its table in the docs."""
     declared = Setting("", default, kind, help, readers="", group=group, fingerprint=fingerprint)
     return dataclasses.field(default_factory=_Default(), metadata={SETTING_METADATA: declared})
 
 
 @dataclass(frozen=True, kw_only=True)
 class SentSettings:
-    """The settings the ServerApp reads and sends to every client in its train instructions
-    (`strategies.protocol.TrainInstructions` carries them)."""
+    """The settings the ServerApp reads and sends to every client (`TrainInstructions`)."""
 
     model: str = setting_field(
         "task",
@@ -204,8 +179,7 @@ class SentSettings:
         Number(0.0, 1.0),
         "Share of its predicted training a client (ours) may spend profiling: the profile-order if it "
         "fits, else the fitted order, else its predicted profile's choice, confirmed by the training's first "
-        "steps (0: no budget, "
-        "always the profile-order).",
+        "steps (0: no budget, always the profile-order).",
     )
     seed: int = setting_field(
         "rounds",
@@ -259,8 +233,7 @@ class SentSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class ClientSettings:
-    """The settings the ClientApp reads from its run config (`client_setting`); the ServerApp checks
-    them before round 1."""
+    """The settings the ClientApp reads (`client_setting`); the ServerApp checks them before round 1."""
 
     fleet: str = setting_field(
         "fleet",
@@ -314,9 +287,8 @@ class ClientSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class RunSettings(ClientSettings, SentSettings):
-    """The run config, every key checked and typed (`read_settings`): the sent and the client groups'
-    settings, then those only the ServerApp reads, declared here; `SETTINGS` in this order (the order of
-    `to_run_config`)."""
+    """The run config, checked and typed (`read_settings`): the sent and client groups, then the settings
+    only the ServerApp reads; `SETTINGS` is in this order."""
 
     num_server_rounds: int = setting_field(
         "rounds",
@@ -330,8 +302,8 @@ class RunSettings(ClientSettings, SentSettings):
         "",
         APP_FILE,
         "Weights (safetensors) to start from, absolute or relative to the app folder; empty: pre-train "
-        "on pretrain-data (cached in $POWERFED_CACHE/weights: "
-        "docs/reference/files.md#caches-checkpoints-and-board-records).",
+        "on pretrain-data (cached in $POWERFED_CACHE/weights: docs/reference/files.md#caches-checkpoints-"
+        "and-board-records).",
     )
     pretrain_data: str = setting_field(
         "task", "synthetic-image", DATASET, "Pre-training data, when `weights` is empty."
@@ -519,7 +491,7 @@ class RunSettings(ClientSettings, SentSettings):
 
 
 def _field_type(kind: Kind) -> Any:
-    """The type a setting's field is annotated with: its kind's Python type (a list's items' too)."""
+    """The type a setting's field is annotated with: its kind's (a list's items' too)."""
     if isinstance(kind, Distinct):
         return types.GenericAlias(list, (kind.item.python_type,))
     return kind.python_type
@@ -530,9 +502,8 @@ def _name(annotation: Any) -> str:
 
 
 def _declare(cls: type, readers: Mapping[type, str]) -> dict[str, Setting]:
-    """{key: Setting} of `cls`'s setting fields, in field order, each keyed by its field's name in
-    kebab-case and read by the `readers` of the group class that declares it; a field whose type is not
-    its kind's is one SettingsError line."""
+    """{key: Setting} of `cls`'s setting fields in order, each read by `readers` of the class declaring
+    it; a field whose type is not its kind's is one SettingsError line."""
     owner = {name: who for c, who in readers.items() for name in inspect.get_annotations(c)}
     hints = typing.get_type_hints(cls)
     out: dict[str, Setting] = {}
@@ -561,16 +532,13 @@ def _declare(cls: type, readers: Mapping[type, str]) -> dict[str, Setting]:
 SETTINGS: dict[str, Setting] = _declare(
     RunSettings, {SentSettings: BOTH, ClientSettings: CLIENT, RunSettings: SERVER}
 )
-"""Every run setting by its key, derived from the group classes' fields."""
 
 
 def settings_of(readers: Collection[str]) -> list[Setting]:
-    """The declared settings read by any of `readers`, in declaration order (looked up now, so a
-    changed declaration is seen)."""
+    """The declared settings read by any of `readers`, in declaration order."""
     return [s for s in SETTINGS.values() if s.readers in readers]
 
 
-# --- what derives from it ----------------------------------------------------------------------------
 def setting_fields(obj: Any) -> dict[str, Any]:
     """{key: value} of the declared settings among `obj`'s dataclass fields."""
     fields = dataclasses.fields(obj)
@@ -578,19 +546,18 @@ def setting_fields(obj: Any) -> dict[str, Any]:
 
 
 def to_config(values: Mapping[str, Any]) -> dict[str, Any]:
-    """{key: typed value} → as a run config or a ConfigRecord holds them (lists as text)."""
+    """{key: typed value} as a run config or ConfigRecord holds them (lists as text)."""
     return {key: SETTINGS[key].kind.to_config(v) for key, v in values.items()}
 
 
 def read_settings(run_config: Any, error: type[PowerctlError] = SettingsError) -> RunSettings:
-    """Every key of `run_config` checked by its declaration (an unknown key named with the nearest
-    known one), the others at their defaults; the first problem is one `error` line."""
+    """Every key of `run_config` checked by its declaration, the others at their defaults; the first
+    problem (an unknown key named with the nearest known one) is one `error` line."""
     r = MappingReader(run_config, "run config", error).only(SETTINGS)
     return RunSettings(**{s.attr: r.value(s.key, s.kind, s.typed_default()) for s in SETTINGS.values()})
 
 
 def client_setting(run_config: Any, name: str, error: type[PowerctlError] = SettingsError) -> Any:
-    """Setting `name` (its attribute) as the ClientApp reads it from its run config, or a reader from the
-    config results.json keeps: checked, typed, else the default."""
+    """Setting `name` (its attribute) read from a run config: checked, typed, else the default."""
     s = SETTINGS[key_of(name)]
     return MappingReader(run_config, "run config", error).value(s.key, s.kind, s.typed_default())

@@ -1,7 +1,5 @@
-"""What derives from the run settings' declarations (`strategies.settings`) besides reading a run config:
-a command-line flag that is a run setting (`flag`), pyproject.toml's ``[tool.flwr.app.config]`` table
-(Flower takes the defaults from there) and the Markdown tables of docs/reference/run-config.md, both
-written by `make docs` (docs/generate.py); ``python -m strategies.settings_derived`` prints the table."""
+"""What derives from the run settings' declarations: a command-line flag (`flag`), pyproject.toml's
+``[tool.flwr.app.config]`` table and docs/reference/run-config.md's tables (both `make docs`)."""
 
 from __future__ import annotations
 
@@ -13,15 +11,12 @@ from typing import Any
 from powerctl.cli.util import kind_type
 from strategies.settings import BOTH, CLIENT, SERVER, SETTINGS, Setting, key_of, run_default
 
-READ_BY = {SERVER: "server", CLIENT: "client app", BOTH: "server, clients"}
-"""How the docs name each kind of reader."""
+READ_BY = {SERVER: "server", CLIENT: "client app", BOTH: "server, clients"}  # as the docs name them
 
 
 def flag(name: str, help: str) -> dict[str, Any]:
-    """`add_argument` keywords for a command-line flag that is run setting `name` (its attribute, or its
-    key): its kind reads the text (what it refuses is argparse's one line), its declared default, and
-    `help` naming both. A command that takes a run setting as a flag takes it from here, so its default
-    and check are the run's."""
+    """`add_argument` keywords for a flag that is run setting `name`: its kind, default and key, so the
+    flag checks and defaults as the run does."""
     s = SETTINGS[key_of(name)]
     return {
         "type": kind_type(s.kind, s.key),
@@ -42,8 +37,7 @@ def app_config_toml(settings: Iterable[Setting] | None = None) -> str:
 
 
 def markdown_table(settings: Iterable[Setting] | None = None, text: Callable[[str], str] = str) -> str:
-    """The settings as a Markdown table (key, default, the values its check takes, what it is, who reads
-    it) for the docs; `text` turns a help text into the cell (docs/generate.py makes docs/ paths links)."""
+    """The settings as a Markdown table for the docs; `text` turns a help text into its cell."""
     lines = ["| key | default | takes | what it is | read by |", "|---|---|---|---|---|"]
     for s in settings if settings is not None else SETTINGS.values():
         cells = [f"`{s.key}`", f"`{_toml(s.default)}`", s.kind.expected, text(s.help), READ_BY[s.readers]]

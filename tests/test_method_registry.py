@@ -148,8 +148,12 @@ def test_a_plan_reports_a_pick_under_its_wire_keys() -> None:
         "profiling-seconds",
     ]
     assert Plan.from_config(plan.to_config()) == plan
-    assert plan.pick == Pick(
-        fastest.batch_size, fastest.frequency_hz, fastest.predicted_seconds, None, fastest.predicted_energy_j
+    pair = (plan.batch_size, plan.frequency_hz, plan.fastest_seconds, plan.energy_j)
+    assert pair == (
+        fastest.batch_size,
+        fastest.frequency_hz,
+        fastest.predicted_seconds,
+        fastest.predicted_energy_j,
     )
 
 
