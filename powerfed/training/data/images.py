@@ -1,8 +1,5 @@
-"""Readers for the real image datasets, each turned into uint8 [N, 3, 32, 32] + labels.
-
-All readers are vectorised over the arrays (numpy), decode compressed images with Pillow, never
-download, and raise DataError with one line that names the file and what to do.
-"""
+"""Readers for the real image datasets, each turned into uint8 [N, 3, 32, 32] + labels: numpy over the
+arrays, Pillow for compressed images, nothing downloaded, every fault one DataError line."""
 
 from __future__ import annotations
 
@@ -64,9 +61,6 @@ def _balanced_take(labels: np.ndarray, limit: int | None, num_classes: int) -> n
         members = labels == c
         rank[members] = np.arange(int(members.sum()))
     return np.flatnonzero(rank < np.asarray(quotas)[labels])
-
-
-# --------------------------------------------------------------------------- CIFAR pickles
 
 
 class _NumpyOnlyUnpickler(pickle.Unpickler):
@@ -152,9 +146,6 @@ def _split(split: str, allowed: tuple[str, ...]) -> str:
     return split
 
 
-# --------------------------------------------------------------------------- image folders and tars
-
-
 def _decode(data: bytes, where: str) -> np.ndarray:
     """One image file → uint8 [3, 32, 32]."""
     from PIL import Image, UnidentifiedImageError
@@ -183,31 +174,6 @@ def _folder_key(
     return split, classes.index(cls)
 
 
-class _Collector:
-    """Gathers decoded images per class with class-balanced quotas, to stop reading early."""
-
-    def __init__(self, limit: int | None, num_classes: int) -> None:
-        self.quotas = class_quotas(limit, num_classes)
-        self.items: list[tuple[int, str, np.ndarray]] = []
-        self.counts = [0] * num_classes
-
-    def wants(self, label: int) -> bool:
-        return self.quotas is None or self.counts[label] < self.quotas[label]
-
-    def add(self, label: int, key: str, image: np.ndarray) -> None:
-        self.items.append((label, key, image))
-        self.counts[label] += 1
-
-    def full(self) -> bool:
-        return self.quotas is not None and all(c >= q for c, q in zip(self.counts, self.quotas, strict=True))
-
-    def arrays(self, what: str) -> tuple[np.ndarray, np.ndarray]:
-        if not self.items:
-            raise DataError(f"{what}: no images found in <split>/<class>/*.jpg|png layout; check the path")
-        self.items.sort(key=lambda t: (t[0], t[1]))
-        return np.stack([t[2] for t in self.items]), np.array([t[0] for t in self.items], dtype=np.int64)
-
-
 def load_image_folders(
     path: Path,
     *,
@@ -226,15 +192,21 @@ def load_image_folders(
     """
     _exists(path, "image dataset")
     wanted = splits if split == "all" else (_split(split, splits),)
-    got = _Collector(limit, len(classes))
+    quotas = class_quotas(limit, len(classes))
+    counts = [0] * len(classes)
+    items: list[tuple[int, str, np.ndarray]] = []  # (label, <split>/<class>/<file>, image)
     for parts, read, where in _image_sources(path):
         key = _folder_key(parts, wanted, classes)
-        if key is None or not got.wants(key[1]):
+        if key is None or (quotas is not None and counts[key[1]] >= quotas[key[1]]):
             continue
-        got.add(key[1], "/".join(parts[-3:]), _decode(read(), where))
-        if got.full():
+        items.append((key[1], "/".join(parts[-3:]), _decode(read(), where)))
+        counts[key[1]] += 1
+        if counts == quotas:  # every class has its share: stop reading
             break
-    images, labels = got.arrays(str(path))
+    if not items:
+        raise DataError(f"{path}: no images found in <split>/<class>/*.jpg|png layout; check the path")
+    items.sort(key=lambda t: (t[0], t[1]))
+    images, labels = np.stack([t[2] for t in items]), np.array([t[0] for t in items], dtype=np.int64)
     return image_dataset(name, images, labels, len(classes), classes, source=str(path), split=split)
 
 
@@ -255,9 +227,6 @@ def _image_bytes(path: Path) -> bytes:
         return read_bytes(path, limit=IMAGE_LIMIT, what="an image file", error=DataError)
     except OSError as exc:
         raise DataError(f"cannot read {path}: {exc.strerror or exc}; check the file") from None
-
-
-# --------------------------------------------------------------------------- SVHN (.mat)
 
 
 def load_svhn(path: Path, *, split: str, limit: int | None) -> Dataset:
@@ -299,8 +268,6 @@ def _svhn_file(path: Path) -> tuple[np.ndarray, np.ndarray]:
     images = np.ascontiguousarray(x.astype(np.uint8, copy=False).transpose(3, 2, 0, 1))
     return images, labels
 
-
-# --------------------------------------------------------------------------- Fashion-MNIST (idx)
 
 _IDX_DTYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 

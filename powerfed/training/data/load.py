@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import zipfile
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -56,7 +56,8 @@ def load_dataset(
         return _synthetic(kind, split=split, seq_len=seq_len, limit=limit, seed=seed)
     if split not in SPLITS and not (kind == "cinic10" and split == "valid"):
         raise DataError(f"unknown split {split!r}; use one of: {', '.join(SPLITS)}")
-    return _FILE_LOADERS[kind](path, split=split, seq_len=seq_len, limit=limit)
+    windows = {"seq_len": seq_len} if kind == "text" else {}
+    return _FILE_LOADERS[kind](path, split=split, limit=limit, **windows)
 
 
 def dataset_path(spec: str) -> Path | None:
@@ -112,41 +113,7 @@ def _synthetic_sizes(split: str, limit: int | None) -> dict[str, int]:
     return {split: limit or (4000 if split == "train" else 1000)}
 
 
-def _cifar(path: Path, *, fine: bool, **kw: Any) -> Dataset:
-    return images.load_cifar(path, fine=fine, split=kw["split"], limit=kw["limit"])
-
-
-def _jpeg(path: Path, *, split: str, limit: int | None, **_: object) -> Dataset:
-    return images.load_image_folders(
-        path, name="cifar10-jpeg", splits=("train", "test"), split=split, limit=limit
-    )
-
-
-def _cinic(path: Path, *, split: str, limit: int | None, **_: object) -> Dataset:
-    splits = ("train", "valid", "test")
-    return images.load_image_folders(path, name="cinic10", splits=splits, split=split, limit=limit)
-
-
-def _svhn(path: Path, *, split: str, limit: int | None, **_: object) -> Dataset:
-    return images.load_svhn(path, split=split, limit=limit)
-
-
-def _fashion(path: Path, *, split: str, limit: int | None, **_: object) -> Dataset:
-    return images.load_fashion_mnist(path, split=split, limit=limit)
-
-
-def _mnist(path: Path, *, split: str, limit: int | None, **_: object) -> Dataset:
-    return images.load_fashion_mnist(path, split=split, limit=limit, name="mnist")
-
-
-def _text(path: Path, *, split: str, seq_len: int, limit: int | None) -> Dataset:
-    return text.load_text(path, split=split, seq_len=seq_len, limit=limit)
-
-
-# --------------------------------------------------------------------------- npz
-
-
-def _npz(path: Path, *, split: str, seq_len: int, limit: int | None) -> Dataset:
+def _npz(path: Path, *, split: str, limit: int | None) -> Dataset:
     """Arrays x, y — or x_train, y_train, x_test, y_test for a file with its own split.
 
     The task is read off x: integers [N, T] → text (y [N, T] next characters); images of any channel
@@ -304,13 +271,13 @@ def save_npz(ds: Dataset, path: str | Path) -> None:
 
 
 _FILE_LOADERS: dict[str, Callable[..., Dataset]] = {
-    "cifar10": lambda p, **kw: _cifar(p, fine=False, **kw),
-    "cifar100": lambda p, **kw: _cifar(p, fine=True, **kw),
-    "cifar10-jpeg": _jpeg,
-    "cinic10": _cinic,
-    "svhn": _svhn,
-    "fashion-mnist": _fashion,
-    "mnist": _mnist,
-    "text": _text,
+    "cifar10": partial(images.load_cifar, fine=False),
+    "cifar100": partial(images.load_cifar, fine=True),
+    "cifar10-jpeg": partial(images.load_image_folders, name="cifar10-jpeg", splits=("train", "test")),
+    "cinic10": partial(images.load_image_folders, name="cinic10", splits=("train", "valid", "test")),
+    "svhn": images.load_svhn,
+    "fashion-mnist": images.load_fashion_mnist,
+    "mnist": partial(images.load_fashion_mnist, name="mnist"),
+    "text": text.load_text,
     "npz": _npz,
 }
