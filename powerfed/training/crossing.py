@@ -1,31 +1,14 @@
-"""Samples to a target accuracy, read from an evaluation curve at the resolution a decision needs.
+"""Samples to a target accuracy, read from an evaluation curve finer than its evaluation interval.
 
-A fine-tuning run evaluates every so many samples and stops at the first evaluation at or above the
-target. Reading "samples to target" as that evaluation's sample count quantises it to the evaluation
-interval: two batch sizes that both cross within the first interval look equal, and a ranking can turn
-on a difference smaller than one interval. Two rules fix this (docs/results/paper_tables.md measures
-them):
+Read as the sample count of the first evaluation at or above the target, "samples to target" is
+quantised to the interval, and close batch sizes rank by chance (docs/results/paper_tables.md). Two rules:
 
-- **Interpolated crossing** (`crossing_samples`): the crossing is the linear interpolation between the
-  last evaluation below the target and the first at or above it, on the curve made monotone by
-  isotonic regression (pool-adjacent-violators, the least-squares non-decreasing fit). Fine-tuning
-  accuracy is expected to rise; a dip just before the crossing is evaluation noise, and on the raw
-  curve it would move the crossing by up to a whole interval. PAV has no window to tune and adds no
-  lag (a trailing moving average would cross late, by a lag that depends on the interval). It cannot
-  undo a lucky last evaluation (nothing follows it: the run stopped there); that early bias is the
-  evaluation noise divided by the curve's slope, small where targets sit on the rising part of the
-  curve and the evaluations are dense.
-- **Dense evaluation** (`run_dense`): a run that crossed after fewer than `min_evaluations`
-  evaluations is run again from the same start and seed (same data order, same steps: the same
-  trajectory) with the interval shrunk to its (interpolated) crossing / `min_evaluations` (at least
-  one step), and again while it still crosses too early (a coarse first curve interpolates a fast
-  early jump as a straight line, so the first estimate of the crossing can be twice too late). The
-  interval is then tied to each batch size's own samples to target, so every batch size crosses
-  after several evaluations, whatever its batch efficiency, and the quantisation left is a fixed
-  fraction of its samples to target; only runs that crossed too early pay for a second run, which
-  costs no more than the first — and, where the caller keeps the first run's weights after every step
-  (`powerfed.training.trace`), nothing but its evaluations when a denser point at or before the first
-  run's end reaches the target (the second run's steps are the first's).
+- `crossing_samples`: linear interpolation between the last evaluation below the target and the first
+  at or above it, on the curve made non-decreasing by isotonic regression (pool-adjacent-violators: a
+  dip before the crossing is evaluation noise; no window to tune, no lag).
+- `run_dense`: a run that crossed after fewer than `min_evaluations` evaluations runs again from the
+  same start and seed with the interval shrunk to its crossing / `min_evaluations`, so every batch size
+  crosses after several evaluations; a `powerfed.training.trace` of the first run spares the steps.
 """
 
 from __future__ import annotations
@@ -35,21 +18,10 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-__all__ = [
-    "DEFAULT_MIN_EVALUATIONS",
-    "SMOOTHINGS",
-    "crossing_samples",
-    "dense_eval_interval",
-    "evaluations_before",
-    "isotonic",
-    "run_dense",
-]
-
 SMOOTHINGS: tuple[str, ...] = ("isotonic", "none")
 DEFAULT_MIN_EVALUATIONS = 8
 """Evaluations a run should take before it crosses: the crossing is then known to ≤ 1/8 of itself
-before interpolation (and much better after); fewer makes the ranking of close batch sizes a coin toss,
-more costs evaluations that change nothing (docs/results/paper_tables.md)."""
+before interpolation; fewer makes close batch sizes rank by chance, more changes nothing."""
 
 
 class _Point(Protocol):

@@ -1,22 +1,15 @@
 """A run's weights after every step, so that the same run read on a denser evaluation grid is not
-trained again.
-
-`powerfed.training.crossing.run_dense` runs a fine-tune again from the same start and seed with a denser
-evaluation interval when it crossed the target after too few evaluations. The second run's steps are the
-first run's (same weights, data order and rates: evaluation changes nothing the steps see); only where it
-looks differs. A `StepTrace` rides the first run as a step hook and keeps the weights (parameters and
-buffers) after each step and the device seconds then; `replay` evaluates those weights at the denser
-grid's points and returns the run the second one would have been, when the trace holds it: when a
-denser point at or before the first run's end reaches the target. Otherwise (the denser run would have
-trained past the first's end, a budget or a power sensor is involved, the trace outgrew its memory)
-it returns None and the caller trains again. A replayed run's accuracies, samples, steps and device
-seconds are the trained run's; its wall seconds are those of its evaluations (`extra["replayed"]`).
+trained again (`powerfed.training.crossing.run_dense`): the denser run's steps are the first's, only where
+it looks differs. `StepTrace.replay` evaluates the kept weights at the denser points; where the trace does
+not hold that run (past the first's end, a budget, a power sensor, too many bytes) it returns None and the
+caller trains again. A replayed run's wall seconds are those of its evaluations (`extra["replayed"]`).
 """
 
 from __future__ import annotations
 
 import copy
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -27,8 +20,6 @@ from powerfed.training.finetune_records import CurvePoint, FineTuneResult, Metri
 
 if TYPE_CHECKING:
     from powerctl.devices.base import PowerSamples
-
-__all__ = ["MAX_TRACE_BYTES", "StepTrace"]
 
 MAX_TRACE_BYTES = 1 << 29
 """A trace keeps at most this many bytes of weights (512 MiB; then it stops and the caller trains again):
@@ -102,19 +93,14 @@ class StepTrace:
             accuracy = evaluate(model, task, eval_x, eval_y, metric=metric)
             curve.append(CurvePoint(step * b, self._seconds[step - 1], accuracy))
             if accuracy >= target:
-                return FineTuneResult(
+                return replace(
+                    first,  # no power readings (see `usable`), the same batch size, rate and target
                     reached=True,
                     samples=step * b,
                     device_seconds=self._seconds[step - 1],
-                    energy_j=None,
-                    peak_power_w=None,
-                    mean_power_w=None,
                     final_accuracy=accuracy,
                     curve=curve,
-                    batch_size=b,
-                    lr=first.lr,
                     steps=step,
-                    target_accuracy=target,
                     stop_reason="target",
                     wall_seconds=time.perf_counter() - started,
                     extra={"replayed": True},
