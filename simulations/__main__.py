@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from powerctl.cli.util import (
     OneLineParser,
@@ -25,9 +25,6 @@ from powerctl.cli.util import (
     tcp_port,
 )
 from powerctl.files.outputs import output_path
-
-if TYPE_CHECKING:
-    from simulations.fleet import FleetSpec
 
 PROG = "python -m simulations"
 
@@ -206,13 +203,14 @@ def default_fleet_out(fleet: Path) -> Path:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    """`run`: parse the fleet (one line on a bad file), run it, print the summary."""
+    """`run`: parse the fleet (one line on a bad file), run it (over seeds: each), print the summary."""
     import time
 
     from powerctl.files.outputs import check_output_dir
     from simulations.fleet import load_fleet_spec
     from simulations.fleet_results import summary_text
-    from simulations.runner import check_before_flower, run_fleet
+    from simulations.fleet_seeds import seeds_summary_text
+    from simulations.runner import check_before_flower, run_fleet, run_seeds
 
     started = time.perf_counter()
     if args.out is None:
@@ -220,40 +218,22 @@ def run_command(args: argparse.Namespace) -> int:
     spec = load_fleet_spec(args.fleet)
     methods = args.methods or spec.methods
     count = spec.seed_count if args.seeds is None else spec.check_seed_count(args.seeds, "--seeds")
+    out = args.out.expanduser().resolve()
     if count > 1:
-        return seeds_command(args, spec, methods, count, started)
-    check_before_flower(spec, check_output_dir(args.out.expanduser().resolve()), methods)  # before owning
-    with owning_every_process():
-        results = run_fleet(spec, args.out, methods, verbose=args.verbose, plots=not args.no_plots)
-    print("\n" + summary_text(results))
-    out = args.out.expanduser().resolve()
-    print(
-        f"\nwall time {time.perf_counter() - started:.0f} s; wrote {out / 'results.json'}, "
-        f"{out / 'summary.txt'}" + (f" and {out / 'plots'}/" if not args.no_plots else "")
-    )
-    if results.get("summary_figure"):  # drawn with the plots (`run_fleet`)
+        with owning_every_process():
+            results = run_seeds(spec, args.out, methods, count, verbose=args.verbose, plots=not args.no_plots)
+        print("\n" + seeds_summary_text(results))
+        plots = f" and {out / 'plots' / 'seed-ratios.png'}" if results.get("plots") else ""
+        wrote = f"{out / 'summary.txt'}{plots}; each seed's own in {out}/seed-K/"
+    else:
+        check_before_flower(spec, check_output_dir(out), methods)  # before owning
+        with owning_every_process():
+            results = run_fleet(spec, args.out, methods, verbose=args.verbose, plots=not args.no_plots)
+        print("\n" + summary_text(results))
+        wrote = f"{out / 'summary.txt'}" + (f" and {out / 'plots'}/" if not args.no_plots else "")
+    print(f"\nwall time {time.perf_counter() - started:.0f} s; wrote {out / 'results.json'}, {wrote}")
+    if results.get("summary_figure"):  # drawn with a single run's plots (`run_fleet`)
         print(f"summary figure: {out / results['summary_figure']}")
-    return 0
-
-
-def seeds_command(
-    args: argparse.Namespace, spec: FleetSpec, methods: list[str], count: int, started: float
-) -> int:
-    """`run --seeds N` (N > 1): every seed into DIR/seed-K/, then the summary over seeds."""
-    import time
-
-    from simulations.fleet_seeds import seeds_summary_text
-    from simulations.runner import run_seeds
-
-    with owning_every_process():
-        results = run_seeds(spec, args.out, methods, count, verbose=args.verbose, plots=not args.no_plots)
-    print("\n" + seeds_summary_text(results))
-    out = args.out.expanduser().resolve()
-    plots = f" and {out / 'plots' / 'seed-ratios.png'}" if results.get("plots") else ""
-    print(
-        f"\nwall time {time.perf_counter() - started:.0f} s; wrote {out / 'results.json'}, "
-        f"{out / 'summary.txt'}{plots}; each seed's own in {out}/seed-K/"
-    )
     return 0
 
 

@@ -1,10 +1,7 @@
-"""The fleet's `results.json` (`simulations.fleet/1`) and its summary table, built from the run's records.
-
-Records: one per client per round per method, with its device spec, its cap (and the cap schedule the
-fleet file gave it) and what it reported. Per method: the fleet's time to target (the summed round
-makespans, profiling included, through the first round after which the global model's accuracy on the
-clients' test splits reaches the target), every round's makespan, energy, clients at target, cap
-violations, failures; and ratios against the state of practice.
+"""The fleet's `results.json` (`simulations.fleet/1`) and its summary table, built from the run's records:
+one per client per round per method, with its board's group and cap schedule; per method the fleet's
+time to target, makespans, energy, clients at target, cap violations, failures and ratios to the
+state of practice.
 """
 
 from __future__ import annotations
@@ -14,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from fl_server.results import profiled_as, profiling_share
-from powerctl.files.jsonfile import write_json
 from powerctl.selection.methods import run_method_named
 from simulations.fleet import FleetSpec
 from strategies.population import POPULATION_FILE
@@ -38,7 +34,7 @@ def missing_methods(flwr_out: Path, methods: list[str]) -> list[str]:
 
 
 def fleet_block(spec: FleetSpec) -> dict[str, Any]:
-    """What `results.json` says of the fleet itself (its boards, task and mode)."""
+    """`results.json`'s block on the fleet itself."""
     return {
         "file": str(spec.path),
         "name": spec.name,
@@ -131,9 +127,15 @@ def method_summary(
     }
 
 
+def reference_method(methods: list[str]) -> str | None:
+    """The state of practice among `methods` (None: not run, so no ratios)."""
+    return next((m for m in methods if run_method_named(m).method.reference), None)
+
+
 def add_ratios(summaries: list[dict[str, Any]]) -> None:
     """speedup = state of practice's time to target / the method's; energy ratio = method's / SoP's."""
-    sop = next((s for s in summaries if run_method_named(s["method"]).method.reference), None)
+    name = reference_method([s["method"] for s in summaries])
+    sop = next((s for s in summaries if s["method"] == name), None)
     for s in summaries:
         s["speedup_vs_sop"] = s["energy_vs_sop"] = None
         if sop is None:
@@ -195,10 +197,6 @@ def build_results(
         "records": records,
         "wall_seconds": wall_seconds,
     } | ({"population": population} if population else {})
-
-
-def write_results(path: Path, results: dict[str, Any]) -> None:
-    write_json(path, results)
 
 
 def cell(v: float | None, fmt: str = ".1f") -> str:
@@ -275,8 +273,7 @@ def summary_text(results: dict[str, Any]) -> str:
 
 
 def population_lines(results: dict[str, Any]) -> list[str]:
-    """Who was available and who was sampled, per round (the same draw for every method: seeded by the
-    run's seed and the round)."""
+    """Who was available and who was sampled, per round (the same draw for every method)."""
     drawn = results.get("population") or {}
     if not drawn:
         return []

@@ -1,9 +1,6 @@
 """A fleet over seeds (`python -m simulations run FLEET --seeds N`): every seed's rows and, per method, the
-summary paired with the state of practice by seed: `DIR/results.json` (`simulations.fleet-seeds/1`) and
-its printed table (docs/howto/fleets.md#seeds).
-
-Seed K (1..N) is the fleet of `FleetSpec.for_seed`, run and merged as one fleet run is
-(`simulations.runner.run_fleet`, DIR/seed-K/). What each figure is: DEFINITIONS, printed under the table.
+summary paired by seed with the state of practice: `DIR/results.json` (`simulations.fleet-seeds/1`) and
+its printed table (docs/howto/fleets.md#seeds). What each figure is: DEFINITIONS, printed under the table.
 """
 
 from __future__ import annotations
@@ -16,9 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from powerctl.procs import alive
-from powerctl.selection.methods import run_method_named
 from simulations.fleet import FleetSpec
-from simulations.fleet_results import cell, fleet_block
+from simulations.fleet_results import cell, fleet_block, reference_method
 from simulations.intervals import DRAWS, SEED, mean_interval95
 
 SEEDS_SCHEMA = "simulations.fleet-seeds/1"
@@ -47,7 +43,7 @@ DEFINITIONS = {
 
 @dataclass
 class SeedRun:
-    """One seed of a run over seeds: what it was, how long it took, and its results or why it failed."""
+    """One seed of a run over seeds: its seeds, how long it took, and its results or why it failed."""
 
     seed: int  # K, 1-based: its folder is DIR/seed-K
     run_seed: int
@@ -64,7 +60,7 @@ class SeedRun:
         return self.results is not None
 
     def row(self) -> dict[str, Any]:
-        """Its entry in results.json's `seeds`: the seed's method rows and per-board rows, or its failure."""
+        """Its entry in results.json's `seeds`."""
         head = dict(seed=self.seed, run_seed=self.run_seed, data_seed=self.data_seed, folder=str(self.folder),
                     status="ok" if self.ok else "failed", wall_seconds=self.wall_seconds,
                     prepared_cached=self.prepared_cached)  # fmt: skip
@@ -79,7 +75,7 @@ BOARD_FIELDS = ("power_cap_w", "reached_target", "profiling_s", "fine_tuning_s",
 
 
 def board_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per method and board of round 1: its time to its own target (None: not reached), or its failure."""
+    """Per method and board of round 1: its time to its own target (None: not reached) or failure."""
 
     def board(r: dict[str, Any], *values: Any) -> dict[str, Any]:
         who = {"method": r["method"], "node_key": r["node_key"], "device": r["device"]}
@@ -94,7 +90,7 @@ def board_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def cell_label(row: dict[str, Any]) -> str:
-    """A board's cell of the fleet's grid: its device and power cap (boards of one group share it)."""
+    """A board's cell of the fleet's grid: its device and power cap."""
     cap = row["power_cap_w"]
     return f"{row['device']}@{'none' if cap is None else f'{cap:g}'}"
 
@@ -110,9 +106,8 @@ def _geomean(values: list[float]) -> float:
 
 
 def ratio_stats(per_seed: dict[int, list[float]], unpaired: int) -> dict[str, Any]:
-    """Ratios by seed (a seed's list: its boards', or its one value): per-seed values (a seed's
-    geometric mean), their mean and its bootstrap 95 % interval over seeds, and the geometric mean of
-    every ratio."""
+    """Ratios by seed: each seed's geometric mean, their mean and its bootstrap 95 % interval, and the
+    geometric mean of every ratio."""
     seeds = {k: v for k, v in sorted(per_seed.items()) if v}
     values = [_geomean(v) for v in seeds.values()]
     every = [x for v in seeds.values() for x in v]
@@ -135,8 +130,8 @@ def _ratio(reference: float | None, value: float | None, *, speedup: bool) -> fl
 
 
 def averaged_model(method: str, target: float, runs: list[SeedRun]) -> dict[str, Any]:
-    """The averaged model's question: where every client reached its own target in round 1,
-    did the round's averaged model reach it too, and did the batch sizes chosen differ when it did not?"""
+    """Where every client reached its own target in round 1: did the averaged model too, and with
+    which batch sizes (DEFINITIONS["averaged_model"])?"""
     all_reached, missed, sizes_missed, sizes_met = [], [], [], []
     for run in runs:
         assert run.results is not None
@@ -167,9 +162,8 @@ def board_speedups(
     reference: str,
     seconds: Callable[[dict[str, Any]], float | None] = lambda r: r["to_own_target_s"],
 ) -> tuple[list[tuple[dict[str, Any], float]], int]:
-    """One seed's board rows (`board_rows`): each of `method`'s boards with its speed-up over the same
-    board under `reference` (its time to its own target / `seconds(row)`, by default the method's own),
-    and how many boards lack either time (unpaired)."""
+    """Each of `method`'s board rows (one seed's) with its speed-up over the same board under
+    `reference` (its time to its own target / `seconds(row)`), and how many are unpaired."""
     theirs = {r["node_key"]: r for r in rows if r["method"] == reference}
     mine = [r for r in rows if r["method"] == method]
     paired, unpaired = [], 0
@@ -184,7 +178,7 @@ def board_speedups(
 
 
 def method_over_seeds(method: str, sop: str | None, runs: list[SeedRun], target: float) -> dict[str, Any]:
-    """One method's summary over the seeds that ran (`runs`: only those), paired with `sop` by seed."""
+    """One method's summary over the seeds that ran, paired with `sop` by seed."""
     boards: list[tuple[int, dict[str, Any]]] = []
     fleet: dict[int, dict[str, Any]] = {}
     board_ratio: dict[int, list[float]] = {}
@@ -256,11 +250,6 @@ def method_over_seeds(method: str, sop: str | None, runs: list[SeedRun], target:
     }
 
 
-def reference_method(methods: list[str]) -> str | None:
-    """The state of practice among `methods` (None: not run, so no ratios)."""
-    return next((m for m in methods if run_method_named(m).method.reference), None)
-
-
 def build_seed_results(
     spec: FleetSpec, methods: list[str], runs: list[SeedRun], *, wall_seconds: float
 ) -> dict[str, Any]:
@@ -305,8 +294,8 @@ def _table(
 
 
 def cells_table(summary: list[dict[str, Any]], reference: str | None) -> list[str]:
-    """Per method against the state of practice, per cell of the grid (board × power cap): the speed-up
-    to each board's own target, paired by seed, and the method's profiling over its fine-tuning."""
+    """Per method and cell of the grid: the speed-up to each board's own target over the state of
+    practice, paired by seed, and the profiling share."""
     lines: list[str] = []
     for m in summary:
         b = m["board"]
@@ -328,13 +317,13 @@ def cells_table(summary: list[dict[str, Any]], reference: str | None) -> list[st
 
 
 def _some(items: list[str], shown: int = 8) -> str:
-    """The first few of a list; the rest counted (results.json has them all)."""
+    """The first few of a list; the rest counted."""
     more = f" … ({len(items)} in all)" if len(items) > shown else ""
     return ", ".join(items[:shown]) + more
 
 
 def seeds_summary_text(results: dict[str, Any]) -> str:
-    """The table printed at the end of a run over seeds (and saved as DIR/summary.txt)."""
+    """The table printed at the end of a run over seeds (DIR/summary.txt)."""
     fleet, rule = results["fleet"], results["seed_rule"]
     ran = len(results["seeds"]) - len(results["failed_seeds"])
     lines = [
@@ -410,4 +399,4 @@ RATIO_PANELS: list[tuple[str, Callable[[dict[str, Any]], dict[str, Any] | None]]
     ("fleet:\nspeed-up to the global target", lambda m: m["fleet"]["speedup"]),
     ("fleet:\nenergy ratio, all rounds", lambda m: m["energy"]["ratio"]),
 ]
-"""The seed-ratios plot's panels (`simulations.fleet_plots`): a title, and a method's ratio stats."""
+"""The seed-ratios plot's panels: a title, and a method's ratio stats."""

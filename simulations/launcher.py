@@ -1,25 +1,10 @@
 """One `flwr run` of this app whose whole life this process owns: `make run` and the fleet runner.
 
-`flwr run .` starts a detached local SuperLink (a session of its own) that runs the simulation and Ray
-and outlives `flwr run` itself (FLOWER-1.41 notes): Ctrl-C on `flwr run`, or on a Makefile line that
-runs it, stops none of them, and the orphaned run goes on to write its results. Here:
-
-- everything is checked before anything starts: the number of virtual nodes, and the run config, parsed
-  by Flower's own parser, its keys against the app's `[tool.flwr.app.config]` (an unknown key names the
-  nearest known one) and its values by the ServerApp's own `parse_server_config`, and what it names: the
-  results folder (probed by writing), the task's files, simulated boards, dataset files that exist;
-- `flwr run` gets a private Flower home (`simulations.flower_home`: locked while this process lives,
-  every process of the run marked by it) and its own ports, runs in its own session, and its output is
-  copied to the terminal and to a log as it comes; a home left by a launcher that was killed is cleaned
-  up first (its processes stopped, the folder removed), and a port held by anything but a local
-  SuperLink of `flwr run` is refused in one line, nothing signalled;
-- the app runs the fleet runner's ServerApp and ClientApp (`simulations.fleet_server`,
-  `simulations.fleet_client`: the built-in ones with the fleet's own steps and record, `with_fleet_apps`),
-  so a simulated run can ask for scale mode or the oracle;
-- on every way out (the end, an error, Ctrl-C, SIGTERM) the processes of the run are stopped by process
-  id (`local_superlink.stop_tree`, never by name or port alone), and so is any process orphaned below
-  this one: the CLI makes itself a child subreaper, so a process whose parent died before it was seen
-  is still found. A SIGKILL skips all that: a watchdog in a session of its own then does it.
+`flwr run .` leaves a detached SuperLink, its simulation and Ray running after Ctrl-C (FLOWER-1.41
+notes). Here the run config and nodes are checked before anything starts; `flwr run` gets a private
+Flower home (`simulations.flower_home`), its own ports and session, and runs the fleet's apps; on every
+way out its processes are stopped by process id (`local_superlink.stop_tree`), orphans included (the
+CLI is a child subreaper), and a watchdog does it after a SIGKILL.
 """
 
 from __future__ import annotations
@@ -81,27 +66,12 @@ class LaunchError(PowerctlError):
 
 
 # --- the run config, and what it names --------------------------------------------------------------
-def checked_run_config(overrides: dict[str, Any], app_dir: Path = APP_DIR, nodes: int = 0) -> dict[str, Any]:
-    """The run config the ServerApp will see (the app's defaults, then `overrides`), checked whole
-    before anything starts: what any submitted run is checked for (`run_config.check_before_start`:
-    the ServerApp's own parser, a fleet file read by the ClientApp's reader, the results folder, the
-    task's files), then what a simulation on this machine needs of it (`check_simulation`). Returns the
-    overrides to pass on, relative dataset paths made absolute (from the app folder)."""
-    from fl_client.node import load_fleet_file
-
-    cfg, _ = check_before_start(overrides, app_dir, load_fleet_file=load_fleet_file)
-    return check_simulation(cfg, overrides, app_dir, nodes)
-
-
 def check_simulation(
     cfg: ServerConfig, overrides: dict[str, Any], app_dir: Path = APP_DIR, nodes: int = 0
 ) -> dict[str, Any]:
-    """What a local simulation's virtual nodes need of this machine, where they run: every board of
-    the fleet a simulated one (a real board joins a deployment as a SuperNode with its own device), every
-    dataset file there (relative paths from the app folder, passed on absolute), the profile cache
-    writable, and a population under which one of the `nodes` virtual nodes is available in some round
-    (`strategies.population.check_population`). The first problem is one RunConfigError line; returns
-    the overrides to pass on."""
+    """What a local simulation needs of this machine: simulated boards only, every dataset file there
+    (passed on absolute), the profile cache writable, and a population that `nodes` virtual nodes can
+    serve. The first problem is one RunConfigError line; returns the overrides to pass on."""
     from fl_client.node import load_fleet
     from powerctl.files.outputs import check_output_dir
     from powerfed.training.data.load import existing_dataset_path
@@ -149,9 +119,8 @@ def check_nodes(nodes: int) -> int:
 
 # --- owning the processes -------------------------------------------------------------------------
 def adopt_orphans() -> bool:
-    """Make this process a child subreaper (Linux): a process below it whose parent dies is re-parented
-    to it, not to init, so `descendants(os.getpid())` still finds it. For a command's main process
-    only (it then reaps what it adopted, `reap_adopted`). False where the kernel does not offer it."""
+    """Make this process a child subreaper (Linux), so `descendants` still finds an orphan below it;
+    for a command's main process only. False where the kernel does not offer it."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
@@ -159,11 +128,10 @@ def adopt_orphans() -> bool:
         return False
 
 
-def stop_everything_below(pid: int | None = None) -> list[int]:
-    """Stop every process below `pid` (default: this one), by pid (`stop_tree`); returns them."""
-    pid = os.getpid() if pid is None else pid
+def stop_everything_below() -> list[int]:
+    """Stop every process below this one, by pid (`stop_tree`); returns them."""
     stopped: list[int] = []
-    for child in descendants(pid):
+    for child in descendants(os.getpid()):
         if alive(child):  # not already stopped with an earlier one's tree
             stopped += stop_tree(child)
     return stopped
@@ -177,36 +145,31 @@ def reap_adopted() -> None:
 
 
 @contextlib.contextmanager
-def signals_as_interrupt() -> Iterator[None]:
-    """SIGTERM (how a job is stopped, and what `make` passes on) ends the run like Ctrl-C, so the
-    clean-up runs; off the main thread, where handlers cannot be set, nothing changes."""
-
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
+def _handling(handler: Any, *signals: signal.Signals) -> Iterator[None]:
+    """`handler` for `signals` while inside; off the main thread (no handlers there), nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    old = signal.signal(signal.SIGTERM, interrupt)
+    old = {s: signal.signal(s, handler) for s in signals}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, old)
+        for s, previous in old.items():
+            signal.signal(s, previous)
 
 
-@contextlib.contextmanager
-def uninterrupted() -> Iterator[None]:
-    """A second Ctrl-C or SIGTERM during the clean-up must not cut it short (it is bounded: SIGKILL
-    after a grace); both are ignored until it is done."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def signals_as_interrupt() -> contextlib.AbstractContextManager[None]:
+    """SIGTERM (how a job, or `make`, stops it) ends the run like Ctrl-C, so the clean-up runs."""
+    return _handling(_interrupt, signal.SIGTERM)
+
+
+def uninterrupted() -> contextlib.AbstractContextManager[None]:
+    """Ctrl-C and SIGTERM ignored, so they cannot cut the (bounded) clean-up short."""
+    return _handling(signal.SIG_IGN, signal.SIGINT, signal.SIGTERM)
 
 
 @dataclass
@@ -223,8 +186,7 @@ class FlowerRun:
 
 
 def _tree(port: int, home: Path) -> list[int]:
-    """The SuperLink of Flower home `home` on `port` and everything below it (SuperExec, the
-    simulation, Ray); nothing that merely listens there."""
+    """The SuperLink of Flower home `home` on `port` and everything below it."""
     pids: list[int] = []
     for pid in pids_listening_on(port):
         if superlink_home(pid) == home:
@@ -233,10 +195,8 @@ def _tree(port: int, home: Path) -> list[int]:
 
 
 def _clear_ports(ports: list[int], echo: Callable[[str], None]) -> None:
-    """What a killed launcher left is stopped (its home says it is ours: `clean_stale_homes`); then a
-    port asked for that anything still holds — another run's SuperLink, a bare `flwr run`'s, any other
-    program — is one NotOurProcessError line naming the process, and nothing is signalled: a run never
-    joins, nor stops, a SuperLink it did not start."""
+    """Clean up what killed launchers left; then a port still held by anything is one
+    NotOurProcessError line naming it, nothing signalled: a run never joins nor stops another's."""
     for home, launcher, stopped in clean_stale_homes():
         echo(f"cleaned up an earlier run: {describe_cleaned(home, launcher, stopped)}")
     for port in ports:
@@ -252,14 +212,11 @@ FLEET_APPS = {
     'serverapp = "fl_server.app:app"': 'serverapp = "simulations.fleet_server:app"',
     'clientapp = "fl_client.app:app"': 'clientapp = "simulations.fleet_client:app"',
 }
-"""The apps a run started here runs: the fleet runner's (the built-in ones with the fleet's steps and
-the record they send beside the report), by the built-in components' lines they replace."""
+"""The fleet runner's apps, by the built-in components' pyproject lines they replace."""
 
 
 def with_fleet_apps(staged: Path, app_dir: Path) -> Path:
-    """`staged`, where it is this app's staged copy, naming the fleet runner's ServerApp and ClientApp in
-    its `pyproject.toml` (scale mode, predicted profiles and the oracle's search are the fleet's own,
-    not a deployed board's); another app's folder, or one not staged, as it is."""
+    """`staged`, this app's staged copy, running the fleet's apps (`FLEET_APPS`); another app as it is."""
     pyproject = staged / "pyproject.toml"
     if staged == app_dir or app_dir != APP_DIR or not pyproject.is_file():
         return staged
@@ -281,16 +238,11 @@ def run_flwr(
     app_dir: Path = APP_DIR,
     index_messages: bool = True,
 ) -> FlowerRun:
-    """`flwr run APP_DIR --stream` (or another Flower app's folder, `app_dir`) with a private Flower home
-    on `port` and its control API on `port` + 2 (default: free ports).
-
-    Lines go to `log_path` and, unless `verbose` is off and they are Flower's or Ray's own, to `echo`.
-    The simulation runs through `simulations.linkstate_index`'s `flwr-simulation` wrapper, first on the
-    run's PATH: it records the virtual nodes for a population's sampling and, with `index_messages`,
-    dispatches messages in O(messages) a pass, not O(nodes × messages); on a Flower it was not written
-    for, one line and nothing started.
-    Every process it started is stopped before this returns or raises (KeyboardInterrupt included)."""
-    check_flower_version()  # the simulation runs through our wrapper (simulations.linkstate_index)
+    """`flwr run APP_DIR --stream` with a private Flower home on `port`, its control API on `port` + 2
+    (default: free ports), the simulation through `simulations.linkstate_index`'s wrapper. Lines go to
+    `log_path` and, unless they are Flower's or Ray's own and not `verbose`, to `echo`. Every process it
+    started is stopped before this returns or raises."""
+    check_flower_version()
     preflight()  # a Ray cluster recorded but dead makes `flwr run` hang: check it first
     cache_root()  # $POWERFED_CACHE set to a file would fail only after Flower started: check it first
     control_port = port + 2 if port is not None and port + 2 < 65536 else None
@@ -367,15 +319,15 @@ class Launch:
 
     nodes: int
     overrides: dict[str, Any]
-    """The run config given, with the results folder added (every key the app's, every value checked)."""
+    """The run config given, checked, with the results folder added."""
     log_path: Path
     port: int | None
     app_dir: Path = APP_DIR
-    """The Flower app run: this one, or a user's (`--app`, e.g. examples/quickstart-powerfed)."""
+    """The Flower app run: this one, or a user's (`--app`)."""
 
 
 def check_app(app: Path) -> Path:
-    """`--app`: a Flower app folder (one with a pyproject.toml), made absolute."""
+    """`--app`: a Flower app folder, made absolute."""
     folder = app.expanduser().resolve()
     if not (folder / "pyproject.toml").is_file():
         raise LaunchError(f"--app {app}: not a Flower app folder (no pyproject.toml in it); give the folder")
@@ -385,13 +337,13 @@ def check_app(app: Path) -> Path:
 def check_launch(
     nodes: int, run_config: str, out: Path, log_path: Path, port: int | None = None, app: Path | None = None
 ) -> Launch:
-    """Every input of `make run`, and everything its run config names, checked before anything starts
-    (`checked_run_config`): one LaunchError (or other PowerctlError) line naming what is wrong; nothing
-    is started or written. Another app (`app`) has run config keys of its own: Flower checks them, and
-    the app prints its own `results: PATH` line (`out` is not used)."""
+    """Every input of `make run` and what its run config names, checked before anything starts or is
+    written (as the ServerApp, then `check_simulation`): one PowerctlError line. Another `app` checks its
+    own run config and prints its own results line (`out` unused)."""
+    from fl_client.node import load_fleet_file
     from powerctl.files.outputs import check_output_dir, check_output_file
 
-    check_flower_version()  # the run's simulation uses the message index (`run_flwr`)
+    check_flower_version()
     app_dir = APP_DIR if app is None else check_app(app)
     check_nodes(nodes)
     overrides = parse_run_config(run_config)
@@ -399,7 +351,8 @@ def check_launch(
         out = check_output_dir(out.expanduser().resolve(), "results folder")
         overrides = {results_dir: str(out), **overrides}
     if app is None:
-        overrides = checked_run_config(overrides, nodes=nodes)
+        cfg, _ = check_before_start(overrides, APP_DIR, load_fleet_file=load_fleet_file)
+        overrides = check_simulation(cfg, overrides, APP_DIR, nodes)
     log_path = log_path.expanduser().resolve()
     check_output_dir(log_path.parent, "log folder")
     if log_path.parent.is_dir():  # else it is created at the start, as the results folder is
@@ -408,27 +361,22 @@ def check_launch(
 
 
 def federation(nodes: int, cpus_per_client: int = 1) -> str:
-    """Flower's federation config of a local simulation: `nodes` virtual nodes, each client actor given
-    `cpus_per_client` of Ray's CPUs. One (Flower's default is two) runs as many clients at once as the
-    machine has cores, each with one torch thread (Ray's OMP_NUM_THREADS): on 2 cores, two clients train
-    side by side instead of one with two threads (docs/results/first_contact.md). The fleet runner's
-    clients run so too (`simulations.runner`)."""
+    """A local simulation's federation config: `nodes` virtual nodes, `cpus_per_client` Ray CPUs each
+    (one, not Flower's two: as many clients train at once as there are cores)."""
     return f"num-supernodes={nodes} client-resources-num-cpus={cpus_per_client}"
 
 
 def launch(plan: Launch, *, echo: Callable[[str], None] = print) -> Path:
-    """Run the app's default federation on `plan.nodes` virtual nodes; stop everything it started.
-
-    Returns the results file; LaunchError (one line) when the run failed."""
+    """Run the app on `plan.nodes` virtual nodes, stopping all it started; the results file, or one
+    LaunchError line."""
     plan.log_path.parent.mkdir(parents=True, exist_ok=True)
-    port = plan.port
     run = run_flwr(
         federation(plan.nodes),
         run_config_text(plan.overrides),
         plan.log_path,
         echo=echo,
         verbose=True,
-        port=port,
+        port=plan.port,
         app_dir=plan.app_dir,
     )
     if run.error_line:

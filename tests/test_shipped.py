@@ -270,7 +270,7 @@ def test_make_run_gives_each_client_one_cpu_so_two_train_at_once_on_two_cores(
     plan = launcher.Launch(nodes=4, overrides={}, log_path=tmp_path / "flwr.log", port=None)
     assert launcher.launch(plan, echo=lambda line: None) == tmp_path / "results.json"
     assert seen == ["num-supernodes=4 client-resources-num-cpus=1"]
-    assert runner.federation_config.__globals__["federation"] is launcher.federation  # one place
+    assert runner.run_flower.__globals__["federation"] is launcher.federation  # one place
 
 
 def test_make_run_says_it_draws_the_summary_figure_before_drawing_it(
