@@ -1,12 +1,9 @@
 """The fleet file of `python -m simulations run`: boards, task, partitioning, rounds, seeds, budget.
 
-One strict reader: an unknown key or a bad value is one `FleetFileError` line naming the key and its
-place in the file (``quick.yaml: task: 'lr-max' must be a number > 0, got 0``). Every value but the
-boards is a run setting under another name (`PLACES`): its default and its check are the setting's
-(`strategies.settings`). The groups (which board, how many, which cap) are read by `strategies.fleet`,
-the one place that maps partition ids to boards, so the runner and every ClientApp see the same fleet.
-A file becomes a Flower run config (`FleetSpec.run_config`): the ServerApp and ClientApps then read
-nothing else.
+One strict reader: the first unknown key or bad value is one `FleetFileError` line naming its place.
+Every value but the boards is a run setting under another name (`PLACES`), with the setting's default
+and check; the groups are read by `strategies.fleet`. A file becomes a Flower run config
+(`FleetSpec.run_config`).
 """
 
 from __future__ import annotations
@@ -65,7 +62,7 @@ PLACES: dict[str, str | dict[str, str]] = {
         "availability-trace": "availability-trace",
     },
 }
-"""Where each run setting a fleet file may set stands in it: a top-level key, or a key of a section."""
+"""Where each run setting a fleet file may set stands in it: a top-level key, or a section's key."""
 TOP_KEYS = ("name", "groups", *PLACES)
 RUN_KEYS = {
     *(key for key in PLACES.values() if isinstance(key, str)),
@@ -74,22 +71,20 @@ RUN_KEYS = {
     "results-dir",
     "profile-cache",
 }
-"""The run config keys a fleet run passes to Flower (the others: pyproject's, which are the declared)."""
+"""The run config keys a fleet run passes to Flower (the others are pyproject's declared defaults)."""
 SEED_COUNT_KEY = "count"
-"""`seeds: {count: N}`: how many seeds the runner runs (`--seeds` wins); not a run setting."""
+"""`seeds: {count: N}`: how many seeds the runner runs (`--seeds` wins)."""
 MAX_SEEDS = 100
 """The most seeds one command runs: each is a whole `flwr run`."""
 FLEET_METHODS = list(METHODS)
-"""A fleet file compares methods: without `methods`, every client method (the run config's default,
-`ours` alone, is for one run)."""
+"""Without `methods`, a fleet file compares every client method (not the run config's `ours`)."""
 
 
 NAME_EXPECTED = "a name of one line without '/' (it names the results and their folder runs/fleet-NAME)"
 
 
 def _fleet_name(value: Any) -> str:
-    """The fleet's name: a label in every report and the default folder's last part, so a word a folder
-    can be named: no '/', no '..', no control character (a newline would split the report's lines)."""
+    """The fleet's name, a label in every report and a folder's name: no '/', '..' or control character."""
     text = value.strip() if isinstance(value, str) else ""
     if not text or "/" in text or text in (".", "..") or any(unicodedata.category(c) == "Cc" for c in text):
         raise must_be(NAME_EXPECTED, value)
@@ -108,10 +103,9 @@ class FleetSpec:
     name: str
     boards: list[FleetEntry]
     settings: RunSettings
-    """The run the file describes: what it sets (dataset and file paths made absolute, `fleet` this
-    file), the declared defaults for the rest."""
+    """What the file sets (paths made absolute, `fleet` this file), the declared defaults for the rest."""
     notes: list[str] = field(default_factory=list)
-    """What the run cannot do as the file says (a cap schedule), said in output and results."""
+    """What the run cannot do as the file says, said in output and results."""
     seed_count: int = 1
     """`seeds.count`: how many seeds `python -m simulations run` runs (`for_seed`)."""
 
@@ -124,9 +118,8 @@ class FleetSpec:
         return self.settings.profile_source == "predicted" or self.settings.real_share < 1.0
 
     def run_config(self, results_dir: Path, methods: list[str], profile_cache: Path) -> dict[str, Any]:
-        """The Flower run config that runs this fleet (every value a str, int or float): the settings a
-        fleet file sets, where to write, and which methods; and any other setting this spec's settings
-        were given beyond its default in code (a test's injected fault), which a file cannot set."""
+        """The Flower run config of this fleet: the settings a fleet file sets, where to write, which
+        methods, and any other setting off its default (a test's injected fault)."""
         run = dataclasses.replace(
             self.settings, methods=methods, results_dir=str(results_dir), profile_cache=str(profile_cache)
         ).to_run_config()
@@ -134,10 +127,8 @@ class FleetSpec:
         return {key: run[key] for key in SETTINGS if key in RUN_KEYS or run[key] != declared[key]}
 
     def for_seed(self, offset: int) -> FleetSpec:
-        """This fleet with the run seed and data seed moved by `offset` (seed K of a run over seeds is
-        offset K - 1): the clients' training, their data and partition, and a population's draws change;
-        the pre-training, proxy and relation seeds stay the file's, so every seed starts from the same
-        cached weights and relation vector (docs/howto/fleets.md#seeds)."""
+        """This fleet with its run and data seeds moved by `offset`; the pre-training, proxy and relation
+        seeds stay, so every seed starts from the same cached weights and relation vector."""
         run = self.settings
         moved = dataclasses.replace(
             run, seed=run.seed + offset, client_data_seed=run.client_data_seed + offset
@@ -145,8 +136,8 @@ class FleetSpec:
         return dataclasses.replace(self, settings=moved)
 
     def check_seed_count(self, count: int, where: str) -> int:
-        """`count` seeds, 1 to MAX_SEEDS, whose derived run and data seeds are all valid seeds; else one
-        FleetFileError line naming `where` (the flag or the file's key)."""
+        """`count`, 1 to MAX_SEEDS, with every derived run and data seed valid; else one FleetFileError
+        line naming `where`."""
         if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_SEEDS:
             raise FleetFileError(f"{where}: expected a number of seeds from 1 to {MAX_SEEDS}, got {count!r}")
         run = self.settings
@@ -160,9 +151,8 @@ class FleetSpec:
 
 
 def _setting(r: MappingReader, leaf: str, key: str, base: Path) -> Any:
-    """The value of run setting `key`, written as `leaf` in the section `r` reads: checked by its
-    declared kind, its declared default when absent. Relative dataset and file paths start at the
-    fleet file's folder, and what they name must exist."""
+    """Run setting `key`, written as `leaf` in `r`'s section: checked by its kind, its default when
+    absent; relative paths from the fleet file's folder, and what they name must exist."""
     setting = SETTINGS[key]
     if key == "methods":
         chosen = r.value(leaf, setting.kind, FLEET_METHODS)
@@ -184,8 +174,7 @@ def _setting(r: MappingReader, leaf: str, key: str, base: Path) -> Any:
 
 
 def _population(run: RunSettings, boards: list[FleetEntry], name: str) -> Population:
-    """The run's population as the ServerApp will build it; a trace that cannot be read, or availability
-    given twice, is one line naming the fleet file."""
+    """The run's population as the ServerApp will build it; a problem is one line naming the file."""
     try:
         population = run_population(run, tuple(b.availability for b in boards))
         check_population(population, len(boards), run.num_server_rounds)
@@ -201,14 +190,6 @@ def _resolve(text: str, base: Path) -> Path:
 
 def _missing(where: str, key: str) -> NoReturn:
     raise FleetFileError(f"{where}: missing key {key!r} (see simulations/fleets/quick.yaml)")
-
-
-def _boards(raw: Any, name: str, base: Path) -> list[FleetEntry]:
-    boards = parse_fleet_groups(raw, name, "groups", base)
-    for b in boards:
-        if problem := not_simulated(b.device):
-            raise FleetFileError(f"{name}: groups[{b.group}]: 'device' {problem}")
-    return boards
 
 
 def load_fleet_spec(path: Path) -> FleetSpec:
@@ -231,7 +212,10 @@ def _load(path: Path) -> FleetSpec:
         if top.get(required, None) is None:
             _missing(name, required)
     base = path.parent
-    boards = _boards(top.get("groups"), name, base)
+    boards = parse_fleet_groups(top.get("groups"), name, "groups", base)
+    for b in boards:
+        if problem := not_simulated(b.device):
+            raise FleetFileError(f"{name}: groups[{b.group}]: 'device' {problem}")
     settings: dict[str, Any] = {}
     count = 1
     for place, key in PLACES.items():

@@ -1,14 +1,11 @@
 """A private Flower home for each `flwr run` the launcher starts, and the clean-up of those a killed
-launcher left behind (as `powerctl.pinning.pinsession` puts back a board a dead process left pinned).
+launcher left behind.
 
-The home, TMPDIR/powerfed-flwr-home-XXXXXXXX, is locked (flock on the folder) for the life of the process
-that made it: the kernel drops the lock when that process dies, however it dies (SIGKILL included).
-`launcher.json` in it names that process and the processes it started (pid and start time). Every process
-of the run carries FLWR_HOME=<the home> in its environment (flwr run, the SuperLink, its SuperExec, the
-simulation, Ray), a mark no other process has. So a home whose lock can be taken belongs to a dead
-launcher: its processes are stopped by process id (`local_superlink.stop_tree`) and the folder removed —
-at once by a watchdog the launcher starts in a session of its own (`start_watchdog`), and at the next
-start by `clean_stale_homes` for what the watchdog could not do (it was killed too).
+The home, TMPDIR/powerfed-flwr-home-XXXXXXXX, is flock-ed for the life of the process that made it (the
+kernel drops the lock however it dies); `launcher.json` in it records that process and the ones it
+started, and every process of the run carries FLWR_HOME=<the home>. A home whose lock can be taken
+belongs to a dead launcher: its processes are stopped by pid and the folder removed, by the watchdog
+(`start_watchdog`) or at the next start (`clean_stale_homes`).
 """
 
 from __future__ import annotations
@@ -40,8 +37,8 @@ class FlowerHomeError(PowerctlError):
 
 
 def _lock(path: Path, *, wait: bool = False) -> int | None:
-    """An open fd holding the exclusive flock of folder `path` (ours only); None when a live process
-    holds it. OSError when `path` is gone, not a folder, or a symbolic link."""
+    """An fd holding the exclusive flock of our folder `path`; None when a live process holds it.
+    OSError when `path` is gone, not a folder, or a symbolic link."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
         if os.fstat(fd).st_uid != os.getuid():
@@ -55,7 +52,7 @@ def _lock(path: Path, *, wait: bool = False) -> int | None:
 
 
 def _still_there(fd: int, path: Path) -> bool:
-    """`path` is still the folder `fd` was opened on (not removed, or removed and made again)."""
+    """`path` is still the folder `fd` was opened on."""
     try:
         here, held = os.stat(path, follow_symlinks=False), os.fstat(fd)
     except OSError:
@@ -64,8 +61,8 @@ def _still_there(fd: int, path: Path) -> bool:
 
 
 def processes_of(home: Path, recorded: Iterable[tuple[int, int]] = ()) -> list[int]:
-    """The live processes of `home`'s run: those recorded (pid and start time both match) and every
-    process whose environment has FLWR_HOME=`home`; never this one."""
+    """The live processes of `home`'s run, recorded (same start time) or marked FLWR_HOME=`home`; not
+    this one."""
     table = proc_table()
     found = {p for p, ticks in recorded if identity(p, table) == (p, ticks)}
     for pid, st in table.items():
@@ -84,8 +81,7 @@ def _stop(home: Path, recorded: Iterable[tuple[int, int]], grace_s: float) -> li
 
 
 def _recorded(home: Path) -> tuple[int | None, list[tuple[int, int]]]:
-    """The launcher's pid and the processes `launcher.json` records; nothing from a missing or
-    unreadable file (the FLWR_HOME mark still finds every process)."""
+    """The launcher's pid and the processes `launcher.json` records; nothing from a bad file."""
     try:
         data = read_json(home / MARKER, SCHEMA)
         launcher = data["launcher"][0]
@@ -147,8 +143,8 @@ class FlowerHome:
         return processes_of(self.path, self._procs.items())
 
     def start_watchdog(self, stderr: IO[Any] | int | None = None) -> None:
-        """A process in a session of its own that waits for this one's lock on the home and then
-        cleans up what is left: after a normal `close`, nothing; after a SIGKILL, the whole run."""
+        """A process in a session of its own that takes the home's lock once this one is gone and
+        cleans up what is left (after a SIGKILL: the whole run)."""
         path = os.pathsep.join(filter(None, (str(APP_DIR), os.environ.get("PYTHONPATH"))))
         env = {k: v for k, v in os.environ.items() if k != "FLWR_HOME"} | {"PYTHONPATH": path}
         argv = [sys.executable, "-m", "simulations.flower_home", str(self.path)]
@@ -158,8 +154,8 @@ class FlowerHome:
         )
 
     def close(self, grace_s: float = 5.0) -> list[int]:
-        """Stop every process of the run (by pid), remove the home, unlock it, and let the watchdog
-        see that; returns the pids stopped. Idempotent."""
+        """Stop every process of the run, remove and unlock the home, wait for the watchdog; returns
+        the pids stopped. Idempotent."""
         if self._fd < 0:
             return []
         try:
@@ -177,21 +173,11 @@ class FlowerHome:
         return stopped
 
 
-def _clean_locked(path: Path, fd: int, grace_s: float) -> tuple[int | None, list[int]] | None:
-    if not _still_there(fd, path):
-        return None
-    launcher, recorded = _recorded(path)
-    stopped = _stop(path, recorded, grace_s)
-    shutil.rmtree(path, ignore_errors=True)
-    return launcher, stopped
-
-
 def clean_home(
     path: Path, grace_s: float = 5.0, *, wait: bool = False
 ) -> tuple[int | None, list[int]] | None:
-    """When the process that made home `path` is gone (its lock can be taken; `wait`: once it can):
-    stop the processes of its run, remove the folder, and return (that launcher's pid, the pids
-    stopped). None when its launcher still lives, or the folder is gone or not ours."""
+    """When the launcher of home `path` is gone (its lock taken; `wait`: once it can be): stop its run's
+    processes, remove the folder; (that launcher's pid, the pids stopped). None: not ours to clean."""
     try:
         fd = _lock(path, wait=wait)
     except OSError:
@@ -199,7 +185,12 @@ def clean_home(
     if fd is None:
         return None
     try:
-        return _clean_locked(path, fd, grace_s)
+        if not _still_there(fd, path):
+            return None
+        launcher, recorded = _recorded(path)
+        stopped = _stop(path, recorded, grace_s)
+        shutil.rmtree(path, ignore_errors=True)
+        return launcher, stopped
     finally:
         os.close(fd)
 
@@ -207,8 +198,7 @@ def clean_home(
 def clean_stale_homes(
     base: Path | None = None, grace_s: float = 5.0
 ) -> list[tuple[Path, int | None, list[int]]]:
-    """Every home under `base` (default: the temp folder) whose launcher died: its processes stopped
-    and the folder removed. Returns (home, its launcher's pid, the pids stopped) for each."""
+    """`clean_home` every home under `base` (default: the temp folder); (home, launcher, stopped) each."""
     cleaned = []
     for path in sorted(Path(base or tempfile.gettempdir()).glob(PREFIX + "*")):
         if (done := clean_home(path, grace_s)) is not None:

@@ -1,29 +1,19 @@
 """Message dispatch in O(messages) per pass for this project's simulation runs (Flower 1.41).
 
-Why: Flower 1.41's simulation engine (`flwr/server/superlink/fleet/vce/vce_api.py`,
-`add_messages_to_queue`) asks the link state for every virtual node's next message every 0.1 s, and
-`InMemoryLinkState.get_message_ins` answers each call by scanning every stored message (checking each
-one's expiry) under the state's lock: O(nodes × messages) per pass, about 10^6 checks a pass for
-1,000 boards, competing with the ServerApp and the actors for the same cores.
+Flower's simulation engine asks the link state for every virtual node's next message every 0.1 s, and
+`InMemoryLinkState.get_message_ins` scans every stored message each time: O(nodes × messages) a pass.
+`IndexedLinkState` indexes message ids by destination node (in storage order) and the nodes that may
+hold an undelivered message, and the dispatch loop visits only those, doing Flower's own per-message
+work on them. Only an expired message of another node is deleted later (when its node is next asked).
 
-What: `IndexedLinkState`, an `InMemoryLinkState` whose message store also indexes message ids by
-destination node (kept in storage order, so a node's messages come back in the order Flower's scan
-finds them), plus the set of nodes that may still have an undelivered message; and a dispatch loop that
-visits only those nodes, in the engine's node order. Each call then does Flower's own per-message work
-(`_check_stored_messages`, the same filters, `delivered_at` set the same way) on that node's messages
-only. What differs: an expired message of another node is deleted when its own node is next asked, not
-by any node's call.
-
-Where: only inside the simulation process of a run this project starts (`flwr-simulation`, below the
-local SuperLink that `flwr run` starts; `simulations.launcher.run_flwr` puts `install_script`'s
-wrapper first on that run's PATH). Only on the Flower series it was written for: any other version is
-refused in one line (`check_flower_version`) before anything starts. Within that series, the index is
-used only while the Flower functions it copies or wraps are the source it was written against
-(`changed_flower_sources`): a release that changed one gets Flower's own dispatch and one logged line.
+Installed only in the `flwr-simulation` process of a run this project starts (`install_script`), on
+the Flower series it was written for (`check_flower_version`), and only while the Flower functions it
+copies are unchanged (`changed_flower_sources`; else Flower's own dispatch and one logged line).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
@@ -40,11 +30,9 @@ if TYPE_CHECKING:  # Flower is imported only where the adapter runs
     from _typeshed import SupportsKeysAndGetItem
     from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
 
-# The Flower releases whose functions below this module reproduces or relies on (`vce_api._register_nodes`,
-# the link state factory, the `flwr-simulation` launch; 1.42.0's are 1.41.0's); any other is refused.
+# the Flower releases whose functions this module reproduces or relies on; any other is refused
 SUPPORTED_FLOWER = ("1.41.", "1.42.")
-# The functions the index reproduces or wraps, by the SHA-256 of their source as `source_fingerprint`
-# (strategies.flower_source) normalises it.
+# the functions the index reproduces or wraps, by their `source_fingerprint`
 COPIED_SOURCES = {
     "InMemoryLinkState.get_message_ins": "8079cc56cb2bf1a7c2ac2e742f283298e38e5b93801e5644dc30f6e68c0b3260",
     "vce_api.add_messages_to_queue": "90669a453e0877556bd5640c89c6340a5f1f2f824ad4808a6a26b4e81a0c76f4",
@@ -100,9 +88,9 @@ def changed_flower_sources() -> list[str]:
 
 
 class IndexedStore(dict):  # type: ignore[type-arg]
-    """Flower's `message_ins_store` (message id → Message) that also keeps, per destination node, that
-    node's message ids in storage order, and the nodes that may hold an undelivered message. Every way
-    a dict can change goes through `_add` / `_drop`."""
+    """Flower's `message_ins_store` (message id → Message) that also keeps each destination node's
+    message ids in storage order, and the nodes that may hold an undelivered message. Every way a dict
+    can change goes through `_add` / `_drop`."""
 
     def __init__(self, items: Iterable[tuple[str, Any]] = ()) -> None:
         super().__init__()
@@ -117,8 +105,7 @@ class IndexedStore(dict):  # type: ignore[type-arg]
         super().__setitem__(key, message)
         if old is not None and (old_node := old.metadata.dst_node_id) != node:
             self._unindex(key, old_node)
-            # the key keeps its place in the dict: rebuild the node's order from it (rare; Flower never
-            # stores a message id twice)
+            # the key keeps its place in the dict: rebuild the node's order (Flower never does this)
             self.by_node[node] = {k: None for k, m in self.items() if m.metadata.dst_node_id == node}
         else:
             self.by_node.setdefault(node, {})[key] = None
@@ -179,7 +166,9 @@ class IndexedStore(dict):  # type: ignore[type-arg]
         return list(self.by_node.get(node, ()))
 
 
-def _state_class() -> type[InMemoryLinkState]:
+@functools.cache
+def indexed_state_class() -> type[InMemoryLinkState]:
+    """The adapter class (built on first use: Flower is imported only where it runs)."""
     from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
     from flwr.supercore import log as flwr_log
     from flwr.supercore.date import now
@@ -231,29 +220,17 @@ def _state_class() -> type[InMemoryLinkState]:
                 return list(self._indexed_store().pending)
 
         def _indexed_store(self) -> IndexedStore:
-            # Flower declares the store `dict[str, Message]`; __init__ above replaced it with an
-            # IndexedStore (a dict subclass), which is what this class reads
+            # replaced by an IndexedStore in __init__
             return cast(IndexedStore, self.message_ins_store)
 
     return IndexedLinkState
-
-
-_CLASS: type[InMemoryLinkState] | None = None
-
-
-def indexed_state_class() -> type[InMemoryLinkState]:
-    """The adapter class (built on first use: Flower is imported only where it runs)."""
-    global _CLASS
-    if _CLASS is None:
-        _CLASS = _state_class()
-    return _CLASS
 
 
 def add_messages_to_queue(
     state: Any, queue: Queue[Any], nodes_mapping: dict[int, int], f_stop: threading.Event
 ) -> None:
     """Flower's dispatch loop (`vce_api.add_messages_to_queue`) asking only the nodes that may have a
-    message, in the engine's node order, one message per node per pass, every 0.1 s as Flower does."""
+    message, in the engine's node order."""
     pending = getattr(state, "pending_nodes", None)
     position = {node: i for i, node in enumerate(nodes_mapping)}
     while not f_stop.is_set():
@@ -265,11 +242,9 @@ def add_messages_to_queue(
 
 
 def install(index: bool = True) -> None:
-    """Make this process's simulation record its virtual nodes for the ServerApp
-    (`strategies.population.record_nodes`: node id → partition id) and, with `index`, use the index:
-    the link state factory builds `IndexedLinkState` for the in-memory state, and the engine
-    dispatches through `add_messages_to_queue` above. Not the index where Flower's copied source
-    changed (`changed_flower_sources`): one logged line, Flower's own link state and dispatch."""
+    """Make this process's simulation record its virtual nodes (`strategies.population.record_nodes`)
+    and, with `index` and Flower's copied source unchanged, build `IndexedLinkState` and dispatch
+    through `add_messages_to_queue`."""
     check_flower_version()
     from flwr.server.superlink.fleet.vce import vce_api
     from flwr.server.superlink.linkstate import linkstate_factory
@@ -303,13 +278,8 @@ def install(index: bool = True) -> None:
 
 
 def config_read_once(register_stores: Callable[..., dict[int, Any]]) -> Callable[..., dict[int, Any]]:
-    """Flower's `vce_api._register_node_info_stores`, the app's run config read once for every node.
-
-    Flower registers each virtual node's context by reading and parsing the app's pyproject.toml and
-    fusing the run's overrides into it (`get_fused_config_from_dir`), once per node: a large fleet waits
-    on those parses before the first message goes out (measured: docs/results/fleets.md). Within one
-    registration the folder and the overrides are the same for every node, so the first node's result
-    is the answer for all; each node still gets its own dict, as from Flower."""
+    """Flower's `vce_api._register_node_info_stores`, reading and fusing the app's run config
+    (`get_fused_config_from_dir`) once for every node, not once per node; each node gets its own dict."""
     from flwr.compat.client import run_info_store
 
     def register(nodes_mapping: Any, run: Any, app_dir: str | None = None) -> dict[int, Any]:
@@ -333,8 +303,8 @@ def config_read_once(register_stores: Callable[..., dict[int, Any]]) -> Callable
 
 
 def install_script(folder: Path) -> Path:
-    """Write FOLDER/flwr-simulation: this interpreter running `main` below. Put FOLDER first on a run's
-    PATH and the SuperExec starts it for the simulation instead of Flower's own script."""
+    """Write FOLDER/flwr-simulation, this interpreter running `main`: first on a run's PATH, the
+    SuperExec starts it for the simulation instead of Flower's own script."""
     return write_python_script(
         folder / WRAPPED_COMMAND,
         "import sys\n"
@@ -345,8 +315,7 @@ def install_script(folder: Path) -> Path:
 
 
 def main() -> int | None:
-    """`flwr-simulation` with the node record and (unless $POWERFED_MESSAGE_INDEX=0) the index
-    installed; argv passed on unchanged."""
+    """`flwr-simulation` with `install` done (the index unless $POWERFED_MESSAGE_INDEX=0)."""
     try:
         install(index=os.environ.get(INDEX_ENV, "1") != "0")
     except LinkStateIndexError as exc:

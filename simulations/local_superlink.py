@@ -1,16 +1,9 @@
 """Stop the local SuperLink that `flwr run .` leaves running, by process id, and nothing else.
 
-`flwr run .` starts a detached `flower-superlink --simulation` on fixed local ports and keeps it after
-the run (FLOWER-1.41 notes). A port alone says nothing about who listens there, so a process is stopped
-only when it IS such a SuperLink (`superlink_home`): a Python running `flower-superlink --simulation`
-whose log file lies in the Flower home of its own environment, as `flwr run` starts it. Anything else
-on the port is refused in one line naming it, with nothing signalled.
-
-What is stopped goes by process id (`stop_tree`): the process, its descendants, and the members of any
-session one of them leads (a session holds only its leader's descendants, so a process orphaned inside
-it is found too). A process group or session we cannot tie to the process stopped (a shell's, ours) is
-never signalled, and each pid is signalled only while it still names the process first seen (its start
-time).
+A process is stopped only when it IS such a SuperLink (`superlink_home`); anything else on the port is
+refused in one line, nothing signalled. `stop_tree` stops a process, its descendants and the sessions
+they lead, each pid only while it names the process first seen (its start time); never our own
+session or ancestors.
 """
 
 from __future__ import annotations
@@ -41,13 +34,11 @@ _LISTEN = "0A"
 _PYTHON = re.compile(r"python[0-9.]*$")
 SUPERLINK_SCRIPT = "flower-superlink"
 LOG_FILE = Path("local-superlink") / "superlink.log"
-"""Where `flwr run` tells the local SuperLink it starts to log, under its Flower home (flwr 1.41:
-`flwr/cli/local_superlink.py`)."""
+"""Where `flwr run`'s local SuperLink logs, under its Flower home (flwr/cli/local_superlink.py)."""
 
 
 class NotOurProcessError(PowerctlError):
-    """What holds a port is not ours to stop (not a local SuperLink of `flwr run`, or not this run's):
-    nothing was signalled."""
+    """What holds a port is not ours to stop: nothing was signalled."""
 
 
 def _listening_inodes(port: int) -> set[str]:
@@ -88,8 +79,7 @@ def pids_listening_on(port: int) -> list[int]:
 
 
 def port_holder(port: int) -> str | None:
-    """Who listens on `port`, in words (None: nobody): the first process holding it, or "a process this
-    user cannot see" (another user's)."""
+    """Who listens on `port`, in words (None: nobody)."""
     inodes = _listening_inodes(port)
     if not inodes:
         return None
@@ -98,11 +88,8 @@ def port_holder(port: int) -> str | None:
 
 
 def superlink_home(pid: int) -> Path | None:
-    """The Flower home of `pid` when it is a local SuperLink that `flwr run` started, else None.
-
-    That is: a Python running `flower-superlink --simulation` whose `--log-file` is
-    HOME/local-superlink/superlink.log, HOME the Flower home of its own environment (FLWR_HOME, else
-    ~/.flwr as Flower reads it). A SuperLink an operator started, or any other program, is not one."""
+    """The Flower home of `pid` when it is a local SuperLink that `flwr run` started (a Python running
+    `flower-superlink --simulation`, logging to LOG_FILE in its environment's Flower home), else None."""
     args = cmdline(pid)
     if len(args) < 2 or not _PYTHON.match(Path(args[0]).name) or Path(args[1]).name != SUPERLINK_SCRIPT:
         return None
@@ -147,9 +134,8 @@ def _members(roots: set[int], table: dict[int, ProcStat], protected: set[int]) -
 
 
 def stop_tree(pid: int, grace_s: float = 5.0) -> list[int]:
-    """Stop `pid`, its descendants and the members of the sessions they lead, by process id: SIGTERM,
-    then SIGKILL to what is left after `grace_s`. A pid is signalled only while it names the process
-    first seen there (same start time); this process and its ancestors never. Returns the pids."""
+    """Stop `pid`, its descendants and the members of the sessions they lead: SIGTERM, then SIGKILL
+    after `grace_s`, each pid only while it names the process first seen there. Returns the pids."""
     protected = _protected()
     seen: dict[int, int] = {}  # pid -> start ticks
     for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -175,9 +161,8 @@ def _any_alive(procs: dict[int, int]) -> bool:
 
 
 def stop_local_superlink(port: int, grace_s: float = 5.0, *, home: Path | None = None) -> list[int]:
-    """Stop the local SuperLink of `flwr run` listening on `port` (of Flower home `home`, when given)
-    with all it started; [] when nothing listens. Anything else holding the port is one
-    NotOurProcessError line naming it, and nothing is signalled."""
+    """Stop the local SuperLink of `flwr run` on `port` (of Flower home `home`, when given) with all it
+    started; [] when nothing listens; anything else there is one NotOurProcessError line."""
     inodes = _listening_inodes(port)
     if not inodes:
         return []
@@ -204,8 +189,7 @@ def stop_local_superlink(port: int, grace_s: float = 5.0, *, home: Path | None =
 
 
 def free_port() -> int:
-    """A local TCP port nobody listens on now, nor on the control port two above it that a local
-    SuperLink also takes (the kernel picks it: never Flower's defaults)."""
+    """A local TCP port free now, with the control port two above it (the kernel picks it)."""
     import socket
 
     for _ in range(50):
@@ -228,13 +212,12 @@ FLOWER_ENV = {
     "FLWR_DISABLE_UPDATE_CHECK": "1",
     "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
 }
-"""What every `flwr run` this project starts sets (see the Makefile): no telemetry, no installs at run
-time, no update check, and Ray leaving CUDA_VISIBLE_DEVICES alone on a CPU-only node."""
+"""What every `flwr run` this project starts sets (as the Makefile does)."""
 
 
 def flower_env(port: int, control_port: int, **extra: str) -> dict[str, str]:
-    """The environment for a `flwr run` with its own local SuperLink on `port` (HTTP API) and
-    `control_port`, the running interpreter's bin folder first on PATH (flower-superlink must be found)."""
+    """The environment of a `flwr run` with its own local SuperLink on `port` and `control_port`, this
+    interpreter's bin folder first on PATH."""
     bin_dir = Path(sys.executable).parent
     return {
         **os.environ,
@@ -247,8 +230,7 @@ def flower_env(port: int, control_port: int, **extra: str) -> dict[str, str]:
 
 
 def flwr_run_command(app: str | Path, federation: str, run_config: str) -> list[str]:
-    """`flwr run APP --stream` with a federation config and a run config: the running interpreter's
-    `flwr` (the venv's), so the SuperLink it starts runs the same Flower and the same project."""
+    """`flwr run APP --stream` with this interpreter's `flwr`, so its SuperLink runs the same Flower."""
     flwr = Path(sys.executable).parent / "flwr"
     command = [str(flwr if flwr.exists() else "flwr"), "run", str(app), "--stream"]
     return [*command, "--federation-config", federation, "--run-config", run_config]

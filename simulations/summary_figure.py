@@ -1,19 +1,10 @@
 """The run's summary figure, `summary.png` beside its `results.json`: what the method does, at a glance.
 
-One row per board and power cap (the first round each board trained in):
-
-- left, the board's peak-power map over (batch size, GPU frequency) for the run's model (the board
-  model's noise-free profile, `powerctl.devices.simulated.predicted_profile`), the cap's boundary, and
-  the pair each method chose under it (`powerctl.cli.plot.draw_choices`);
-- right, each method's fine-tuning device seconds and energy in that round, profiling stacked on top.
-
-A method the run did not compare (`make run` runs ours alone) is estimated against ours: ours'
-measured seconds (joules) times the ratio of the two pairs' predicted time (energy) to the target,
-`T_N(b, f) · r_b` on the board's profile; such a bar is hatched and says so. `make run` draws it from the
-ServerApp's `results.json` (`fl_server.results/1`), `make fleet` from the fleet's (`simulations.fleet/1`).
-
-matplotlib is imported here, on the Agg canvas, and only by the commands that draw: never on a board's
-import path.
+One row per board and power cap (round 1): left, the board model's peak-power map for the run's model
+with the cap's boundary and each method's pair (`powerctl.cli.plot.draw_choices`); right, each method's
+device seconds (profiling stacked) and energy. The state of practice, where the run did not compare it
+(`make run`), is estimated from ours': ours' measured values times the profile's predicted ratio of the
+two pairs (hatched). matplotlib is imported only by the commands that draw, never on a board.
 """
 
 from __future__ import annotations
@@ -45,9 +36,9 @@ from strategies.settings import key_of
 SUMMARY_FIGURE = "summary.png"
 """The figure's name, beside the run's results.json."""
 MAX_ROWS = 8
-"""Most board-and-cap rows one figure draws (the first ones by device and cap; the title counts the rest)."""
+"""Most board-and-cap rows one figure draws (the title counts the rest)."""
 _BAR_IN = 1.9
-"""Inches of the time and energy panels per method drawn (two panels side by side, 6.2 at least)."""
+"""Inches of the time and energy panels per method drawn (6.2 at least)."""
 
 
 @dataclass
@@ -86,7 +77,7 @@ def _cap_key(cap: float | None) -> float:
 def _rows(
     records: list[dict[str, Any]], model: str, config: dict[str, Any], relation: RelationVector | None
 ) -> list[Row]:
-    """Rows from flat client records (method, device, board, power_cap_w, b, f, seconds, joules)."""
+    """Rows from flat client records, by device and cap."""
     groups: dict[tuple[str, float | None], list[dict[str, Any]]] = {}
     for r in records:
         groups.setdefault((r["device"], r["power_cap_w"]), []).append(r)
@@ -123,8 +114,8 @@ def _rows(
 
 
 def _method_is(name: str, what: str) -> bool:
-    """Whether the run method called `name` is `what` ("power_aware": ours; "reference": the state of
-    practice) by the registry, which says what each method is; a name it does not know is neither."""
+    """Whether the run method `name` is `what` ("power_aware", "reference") by the registry; an unknown
+    name is neither."""
     try:
         return bool(getattr(run_method_named(name).method, what))
     except PowerctlError:
@@ -136,8 +127,8 @@ def _mean(values: list[float]) -> float:
 
 
 def _estimate_state_of_practice(row: Row, relation: RelationVector | None) -> None:
-    """The state of practice's pair under the row's cap, its mark, and its bar estimated from ours'
-    (nothing where the profile, the relation or ours' pair in the profile is missing)."""
+    """The state of practice's mark under the row's cap, and its bar estimated from ours' (where the
+    profile and relation allow)."""
     from powerctl.selection.baselines import state_of_practice
 
     if row.profile is None or relation is None:
@@ -163,7 +154,7 @@ def _estimate_state_of_practice(row: Row, relation: RelationVector | None) -> No
 
 
 def run_rows(data: dict[str, Any], method: str | None = None) -> list[dict[str, Any]]:
-    """The clients of the first round in which any trained, of a ServerApp's results (flat records)."""
+    """A ServerApp's results' clients of the first round in which any trained, as flat records."""
     for rnd in data["rounds"]:
         if rnd["clients"]:
             return [
@@ -174,8 +165,8 @@ def run_rows(data: dict[str, Any], method: str | None = None) -> list[dict[str, 
 
 
 def run_figure(results: Path) -> Path:
-    """`make run`'s figure from its results.json (or, with several methods, its folder of
-    METHOD/results.json), written beside it as summary.png; FileFormatError: nothing to draw."""
+    """`make run`'s figure from its results.json (several methods: its folder of METHOD/results.json),
+    written beside it as summary.png."""
     files = sorted(results.glob("*/results.json")) if results.is_dir() else [results]
     if not files:
         raise PowerctlError(f"{results}: no results.json to draw")
@@ -212,12 +203,11 @@ def fleet_figure(results: dict[str, Any], out: Path) -> Path:
 
 
 NOT_DRAWN = (PowerctlError, OSError, ValueError, KeyError)
-"""Why a figure may not be drawn (results without a round, a folder it cannot write): the run stands."""
+"""Why a figure may not be drawn: the run stands."""
 
 
 def draw_or_say(draw: Callable[[], Path], say: Callable[[str], None]) -> Path | None:
-    """The figure `draw` wrote; or None, and one line saying why not: the run's results are written
-    already and stay its outcome."""
+    """The figure `draw` wrote; or None, and one line saying why not (the results stand)."""
     try:
         return draw()
     except NOT_DRAWN as exc:
@@ -274,7 +264,7 @@ def summary_figure(rows: list[Row], title: str) -> Figure:
 
 
 def _cost_bars(sub: SubFigure, row: Row) -> None:
-    """Seconds and joules per method, side by side; an estimated bar hatched, ours' ratio written."""
+    """Seconds and joules per method; an estimated bar hatched, the ratio to ours' written."""
     t_ax, e_ax = sub.subplots(1, 2)
     names = [b.method for b in row.bars]
     colours = [COLOURS.get(n, "#999999") for n in names]
