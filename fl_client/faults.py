@@ -23,7 +23,6 @@ from strategies.settings import client_setting
 
 SWITCH_ENV = "POWERFED_FAULT_INJECTION"
 LOG_ENV = "POWERFED_FAULT_LOG"
-KINDS = FAULT_KINDS
 KILL_EXIT_STATUS = 137
 
 
@@ -46,7 +45,7 @@ class Faults:
         blob = f"{self.seed}/{node}/{server_round}".encode()
         u = int.from_bytes(hashlib.sha256(blob).digest()[:8], "big") / 2**64
         edge = 0.0
-        for kind in KINDS:
+        for kind in FAULT_KINDS:
             edge += self.probabilities.get(kind, 0.0)
             if u < edge:
                 return kind

@@ -40,14 +40,10 @@ class Trained:
     state: State
     board: str
     choice: Pick
-    stand_in: bool = False
-    """Not trained: a bench's stand-in charged a board model (no steps, no profiling charged)."""
-    step_downs: list[dict[str, Any]] = field(default_factory=list)
-    """What the power guard did (read from the guard or the follower after the fine-tune)."""
-    cap: CapFollowed = field(default_factory=CapFollowed)
-    """What the cap follower did under a cap that changes (the defaults: no follower)."""
-    pinned: bool = True
-    """False: trained at the clock in force, the frequency not ours to change (`open_device(pin=...)`)."""
+    stand_in: bool = False  # not trained: a bench's stand-in charged a board model
+    step_downs: list[dict[str, Any]] = field(default_factory=list)  # what the power guard did
+    cap: CapFollowed = field(default_factory=CapFollowed)  # what the cap follower did (defaults: none)
+    pinned: bool = True  # False: trained at the clock in force (`open_device(pin=...)`)
 
 
 @dataclass
@@ -60,10 +56,8 @@ class Pinning:
     choice: Pick
     guard: PowerGuard | None = None
     follower: CapFollower | None = None
-    confirmation: TrainingConfirmation | None = None
-    """The predicted way's choice, measured by the first steps (it holds the guard until confirmed)."""
-    pinned: bool = True
-    """False: the device runs at the clock in force (the one frequency it offers); nothing is written."""
+    confirmation: TrainingConfirmation | None = None  # the predicted choice, confirmed by the first steps
+    pinned: bool = True  # False: the device runs at the clock in force; nothing is written
 
     @classmethod
     def start(cls, work: RoundWork, rule: CapRule, dev: Device) -> Pinning:

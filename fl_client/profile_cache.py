@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from powerctl.errors import FileFormatError
-from powerctl.files.cache import cache_dir
+from powerctl.files.cache import cache_dir as default_cache_dir
 from powerctl.records.profile import Profile
 
 log = logging.getLogger(__name__)
@@ -31,10 +31,6 @@ def code_version() -> str:
         return version("powerfed")
     except PackageNotFoundError:
         return "unknown"
-
-
-def profile_cache_dir() -> Path:
-    return cache_dir("profile")
 
 
 @dataclass(frozen=True)
@@ -94,7 +90,7 @@ def _trusted(path: Path, key: ProfileKey, digest: str) -> Profile | None:
 
 def _path(key: ProfileKey, cache_dir: Path | None) -> tuple[Path, str]:
     digest = key.digest()
-    return (cache_dir or profile_cache_dir()) / f"profile-{digest[:40]}.json", digest
+    return (cache_dir or default_cache_dir("profile")) / f"profile-{digest[:40]}.json", digest
 
 
 def lookup(key: ProfileKey, cache_dir: Path | None = None) -> Profile | None:
@@ -131,7 +127,7 @@ def same_kind_profiles(
     """Measured profiles in the cache of this kind of board and this workload, whatever cap or order
     they were measured for (for a predicted profile); the most points first, unreadable ones passed over."""
     found = []
-    for path in sorted((cache_dir or profile_cache_dir()).glob("profile-*.json")):
+    for path in sorted((cache_dir or default_cache_dir("profile")).glob("profile-*.json")):
         try:
             profile = Profile.load(path)
         except FileFormatError:

@@ -31,14 +31,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fl_client.check import (
-    HEARTBEAT_WINDOW_S,
-    check_files,
-    check_node_key,
-    check_self_registration,
-    release_stale_node,
-)
-from fl_client.check_network import CheckFailed, Target, check_reachable, check_tls, parse_address
+from fl_client.check import HEARTBEAT_WINDOW_S, check_files, release_stale_node, run_checks
+from fl_client.check_network import CheckFailed, Target, parse_address
 from fl_client.clientapp_entry import light_clientapp
 from powerctl.cli.util import installed_tool, one_line_errors, say
 from powerctl.errors import PowerctlError
@@ -48,9 +42,7 @@ PROG = "python -m fl_client.supernode"
 REFUSED = "Failed to activate SuperNode"
 CONNECTION_ERROR = 305  # Flower's `Exit Code: 305`: the SuperNode cannot connect or is refused
 RETRY_S = 10.0
-STOP_GRACE_S = (
-    10.0  # for what the SuperNode left behind to end after SIGTERM (a ClientApp restores its board)
-)
+STOP_GRACE_S = 10.0  # for what the SuperNode left to end after SIGTERM (a ClientApp restores its board)
 DRAIN_S = 2.0  # the rest of the output is read this long once every process started has ended
 CHECK_TIMEOUT_S = 5.0
 CHECK_PROG = "python -m fl_client.check"
@@ -243,12 +235,7 @@ def run_once(argv: list[str], env: dict[str, str]) -> Outcome:
 def _diagnose(target: Target) -> CheckFailed | None:
     """The first thing `fl_client.check` finds wrong with this connection (None: nothing now)."""
     try:
-        check_reachable(target, CHECK_TIMEOUT_S)
-        check_tls(target, CHECK_TIMEOUT_S)
-        if target.node_key is not None:
-            check_node_key(target)
-        else:
-            check_self_registration(target)
+        run_checks(target, CHECK_TIMEOUT_S, say=lambda _line: None)
     except CheckFailed as failed:
         return failed
     return None
