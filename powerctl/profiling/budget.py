@@ -1,11 +1,9 @@
 """Profiling that pays for itself: a client holds its profiling to a share of the training it serves.
 
-Before it profiles, a client predicts from a predicted profile of the board its training (samples to the
-target at the predicted choice's seconds per sample) and each way's cost (the profiler walked over the
-prediction, `ReplayBoard`), and takes the most thorough way within `share` × the training: the instructed
-order, `fitted`, or `predicted` (the prediction's choice, confirmed by the training's first steps: no
-device time). Without a prediction it measures one step at a safe pair and bounds the instructed order by
-the whole grid scaled from it. The design: docs/design/profiling-budget.md.
+From a predicted profile of the board it predicts its training and each way's cost (the profiler walked
+over the prediction, `ReplayBoard`) and takes the most thorough way within `share` × the training: the
+instructed order, `fitted`, or `predicted` (confirmed by the training's first steps). Without a prediction
+one step measured at a safe pair bounds the instructed order. docs/design/profiling-budget.md.
 """
 
 from __future__ import annotations
@@ -53,8 +51,8 @@ class _ReplaySampler(PowerSampler):
 
 
 class ReplayBoard(Device):
-    """A noiseless virtual board whose every step costs what `table` says: the profiler walked over it
-    measures, and its clock costs, what they would on the board predicted. A pair not in it: out of memory."""
+    """A noiseless virtual board whose every step costs what `table` says (a pair not in it: out of memory):
+    the profiler walked over it costs what it would on the board predicted."""
 
     has_power_sensor = True
 
@@ -115,21 +113,6 @@ class ReplayBoard(Device):
 
 def _no_step(batch_size: int) -> Callable[[], None]:
     return lambda: None
-
-
-def order_cost(
-    prediction: Profile,
-    workload: Workload,
-    order: str,
-    request: ProfilingRequest,
-    *,
-    frequencies: Sequence[int],
-    batch_sizes: Sequence[int],
-) -> tuple[float, int]:
-    """(device seconds, points) the profiler's `order` would spend on the board `prediction` describes."""
-    profiler = request.profiler(ReplayBoard(prediction, frequencies), workload, _no_step)
-    profile = request.run(profiler, order, batch_sizes, progress=False)
-    return float(profile.profiling_seconds or 0.0), len(profile.points)
 
 
 def completed(profile: Profile, frequencies: Sequence[int]) -> Profile | None:
@@ -205,15 +188,13 @@ class ProfilingPlan:
         return d
 
     def over_budget(self) -> str | None:
-        """Why profiling spent more than its budget, in one line (None: it did not)."""
         return over_budget(self.choice, self.costs_s, self.budget_s, self.spent_s, self.predicted_training_s)
 
 
 def over_budget(
     choice: str, costs_s: Mapping[str, float], budget_s: float, spent_s: float, training_s: float
 ) -> str | None:
-    """Why a budgeted client's profiling cost more than its budget (no way was predicted to fit, or the
-    way chosen cost more than predicted); None when it stayed within."""
+    """Why profiling cost more than its budget, in one line (None: it did not)."""
     if spent_s <= budget_s:
         return None
     spent = f"profiling took {spent_s:.3g} s, over its {budget_s:.3g} s budget"
@@ -280,8 +261,8 @@ def still_enough(
     max_training_s: float | None = None,
     rule: str = DEFAULT_RELATION_RULE,
 ) -> bool:
-    """Whether a cached profile of the predicted way is still all this task's budget pays for: its choice
-    predicts this task's training, weighed against the costs its plan recorded for the other `ways`."""
+    """Whether a cached profile of the predicted way is still all this task's budget pays for (its plan's
+    costs of the other `ways` weighed against this task's training)."""
     plan = profile.extra.get("budget")
     if not isinstance(plan, dict) or not isinstance(plan.get("costs_s"), dict):
         return True  # nothing to weigh with: kept, as every cached profile is
@@ -309,14 +290,6 @@ def predicted_training_s(
     return min(seconds, max_training_s or math.inf)
 
 
-def grid_bound_s(
-    point: ProfilePoint, frequencies: Sequence[int], batch_sizes: Sequence[int], steps: int
-) -> float:
-    """The whole grid's cost scaled from one measured point, step time ∝ b / f (bounds every order)."""
-    per_step = point.seconds_per_batch / point.batch_size * point.frequency_hz
-    return sum(steps * per_step * b / hz for b in batch_sizes for hz in frequencies)
-
-
 def profile_within_budget(
     device: Device,
     workload: Workload,
@@ -328,9 +301,9 @@ def profile_within_budget(
     reference_hz: int | None = None,
     progress: bool = False,
 ) -> tuple[Profile, ProfilingPlan]:
-    """Profile the most thorough way within `request.share` of the predicted training (the module's
-    docstring). Without a `prediction`, one step measured at `reference_hz` (default the lowest)
-    predicts the training. The profile's `extra["budget"]` is the plan."""
+    """Profile the most thorough way within `request.share` of the predicted training (the module doc);
+    without a `prediction` one step at `reference_hz` (default the lowest) predicts it. The profile's
+    `extra["budget"]` is the plan."""
     order, power_cap_w, relation = request.order, request.power_cap_w, request.relation
     table = device.frequencies()
     sizes = sorted(set(request.batch_sizes) & set(relation.batch_sizes), reverse=True)
@@ -398,11 +371,14 @@ def _costs(
     sizes: list[int],
 ) -> dict[str, float]:
     """Each way's predicted device seconds (without a prediction: the measured step and a grid bound)."""
-    if prediction is None:
-        bound = spent + grid_bound_s(ref_point, table, sizes, request.warmup_steps + request.measure_steps)
+    if prediction is None:  # the whole grid scaled from the measured step, step time ∝ b / f
+        per_step = ref_point.seconds_per_batch / ref_point.batch_size * ref_point.frequency_hz
+        steps = request.warmup_steps + request.measure_steps
+        bound = spent + sum(steps * per_step * b / hz for b in sizes for hz in table)
         return {} if request.order == FITTED else {request.order: bound}
 
-    def walked(way: str) -> float:
-        return order_cost(prediction, workload, way, request, frequencies=table, batch_sizes=sizes)[0]
+    def walked(way: str) -> float:  # the profiler walked over the board the prediction describes
+        profiler = request.profiler(ReplayBoard(prediction, table), workload, _no_step)
+        return float(request.run(profiler, way, sizes, progress=False).profiling_seconds or 0.0)
 
     return {way: 0.0 if way == PREDICTED else walked(way) for way in ways}

@@ -1,13 +1,10 @@
-"""The three baselines every comparison reports (docs/design/method.md), and a method-vs-baselines table.
+"""The baselines every comparison reports (docs/design/method.md), and a method-vs-baselines table.
 
-- state-of-practice: the largest batch size that fits in memory, at the fixed frequency cap that keeps every
-  model of the paper's set at every batch size under the power limit (boards.yaml: state_of_practice, derived
-  from training profiles as the paper does; see powerctl.selection.caps);
-- proxy-batch: the batch size with the least samples to target on the proxy data, same fixed cap;
-- oracle: Algorithm 1 with the relation measured on the target data itself — the limit of selection.
+- state-of-practice: the largest batch size that fits, at the board's fixed frequency cap (`caps`);
+- proxy-batch: the batch size with the least samples to target on the proxy data, same frequency;
+- oracle: Algorithm 1 with the relation measured on the target data itself.
 
-Baseline points the profile does not hold (efficient-order profiles skip some) keep their (b, f) but get
-None for the predicted values: a comparison says "not profiled" rather than guessing.
+A baseline's pair the profile does not hold keeps its (b, f) with no prediction ("not profiled").
 """
 
 from __future__ import annotations
@@ -49,36 +46,25 @@ def _make(
     )
 
 
-def board_for(profile: Profile) -> BoardModel:
-    """The board model named by the profile's device (a ``sim:`` prefix is dropped)."""
-    name = profile.device.removeprefix("sim:")
-    return board_model(name)
-
-
 def fixed_frequency(
     profile: Profile,
     power_cap_w: float | None,
     board: BoardModel | None = None,
     fixed_frequency_hz: int | None = None,
 ) -> int:
-    """The state-of-practice frequency cap: explicit, else the board's highest frequency at which every
-    training profile of the model set stays ≤ the cap (no cap: the board's top frequency). A profile
-    measured at the clock in force (`"pinned": false`: the frequency is not ours to set) has that one
-    frequency, and the baselines run at it: only their batch size is theirs.
-
-    No frequency low enough → one InfeasibleCapError line.
-    """
+    """The state-of-practice frequency: explicit, the one clock of a profile not pinned, else the
+    board's (`board_fixed_frequency`)."""
     cap = check_power_cap(power_cap_w)
     if fixed_frequency_hz is not None:
         return fixed_frequency_hz
     if profile.extra.get("pinned", True) is False and profile.frequencies():
         return profile.frequencies()[-1]
-    return board_fixed_frequency(board or board_for(profile), cap)
+    return board_fixed_frequency(board or board_model(profile.device.removeprefix("sim:")), cap)
 
 
 def board_fixed_frequency(board: BoardModel, power_cap_w: float | None) -> int:
-    """The state-of-practice frequency of `board` under a cap (its top one without a cap); no frequency
-    low enough → one InfeasibleCapError line. Needs no profile, so commands check it before any work."""
+    """The board's highest frequency keeping every model under the cap (no cap: its top one); none: one
+    InfeasibleCapError line. Needs no profile, so commands check it before any work."""
     cap = check_power_cap(power_cap_w)
     if cap is None:
         return board.frequencies_hz[-1]
@@ -122,10 +108,8 @@ def proxy_batch(
 
 
 def oracle(profile: Profile, target_relation: RelationVector, power_cap_w: float | None) -> Pick:
-    """The fastest configuration: the feasible pair with the least mean time to the target, the relation
-    measured on the target data itself. Always the mean rule: the run's rule guards a proxy's vector
-    against its seeds' spread (the interval rule prefers a larger batch size the seeds cannot tell from
-    the best), which is not the least mean time the oracle stands for."""
+    """The feasible pair with the least mean time to the target on the target data itself: always the
+    mean rule (the other rules guard a proxy's vector against its seeds' spread)."""
     return replace(select(profile, target_relation, power_cap_w, rule="mean"), method=ORACLE)
 
 
@@ -142,15 +126,10 @@ def compare(
     board: BoardModel | None = None,
     fixed_frequency_hz: int | None = None,
 ) -> list[dict[str, Any]]:
-    """Rows for the method and each baseline (oracle only with a target relation).
-
-    A baseline with no configuration under the cap (no fixed frequency low enough) is the row
-    {name, infeasible: why}. Each other row: name, batch_size, frequency_hz, peak_power_w, feasible
-    (peak ≤ cap; None if not profiled), predicted_seconds (under the proxy relation), speedup (that
-    row's predicted seconds / the method's: how many times faster the method is; > 1 means the method
-    wins), and with a target relation predicted_seconds_target and speedup_target, the same under the
-    relation measured on the target data.
-    """
+    """Rows for the method and each baseline (oracle only with a target relation): {name, infeasible}
+    for one with nothing under the cap, else the pick's fields, feasible (None: not profiled) and
+    speedup (the row's predicted seconds / the method's), and with a target relation the same
+    under it (predicted_seconds_target, speedup_target)."""
     cap = check_power_cap(power_cap_w)
     ours = replace(select(profile, relation, cap), method=OURS)
     makers: list[tuple[str, Callable[[], Pick]]] = [

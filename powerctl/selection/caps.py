@@ -1,8 +1,5 @@
-"""State-of-practice frequency caps, derived as the paper does: from training profiles, not from SGEMM.
-
-The paper fixes one frequency per power limit, "determined by profiling training of different models and
-selecting the frequencies that assure a power limit is satisfied irrespective of what model or batch size
-is used": the highest frequency at which every point of every profile stays ≤ the cap.
+"""State-of-practice frequency caps, derived as the paper does from training profiles: the highest
+frequency at which every point of every profile stays ≤ the cap, whatever the model or batch size.
 """
 
 from __future__ import annotations
@@ -19,11 +16,8 @@ SOP_BATCH_SIZES = (4, 8, 16, 32, 64, 128)
 
 
 def peak_power_by_frequency(profiles: Sequence[Profile]) -> dict[int, float]:
-    """Per frequency, the largest peak power of any point of any profile.
-
-    A frequency counts only where every profile holds a point for each of its batch sizes: a frequency
-    some batch size was not profiled at (efficient order) is not known to be safe and is left out.
-    """
+    """Per frequency, the largest peak power of any profile's point; only frequencies every profile holds
+    at each of its batch sizes (one an efficient order skipped is not known to be safe)."""
     if not profiles:
         raise ValueError("need at least one profile")
     devices = {p.device.removeprefix("sim:") for p in profiles}
@@ -46,10 +40,8 @@ def peak_power_by_frequency(profiles: Sequence[Profile]) -> dict[int, float]:
 
 
 def frequency_cap(profiles: Sequence[Profile], power_cap_w: float) -> int:
-    """The highest frequency at which every point of every profile stays ≤ `power_cap_w`.
-
-    None does → one InfeasibleCapError line naming the least power seen at a fixed frequency.
-    """
+    """The highest frequency at which every point of every profile stays ≤ `power_cap_w` (none: one
+    InfeasibleCapError line)."""
     least = min((pt for p in profiles for pt in p.points), key=lambda pt: pt.peak_power_w)
     if least.peak_power_w > power_cap_w:  # the cap, not the profiles' coverage, rules everything out
         raise InfeasibleCapError(

@@ -1,11 +1,7 @@
-"""Power caps that change over time: where a client reads the cap it must stay under, step by step.
-
-The paper assumes a constant cap; a board on a solar panel, a battery or a shared supply has one that
-moves. A `CapSource` answers "what is the cap at t?", with t in seconds since the source started: on a
-simulated board t is the device clock (so a schedule replays exactly), on a real board wall time. None
-means no cap. Sources: `ConstantCap`, `ScheduleCap` (step-wise ``[[t_s, W], ...]``), `TraceCap` (a CSV
-``seconds,watts``: a solar or battery budget, repeated or clipped at its end) and `LiveFileCap` (a file an
-operator or an energy manager rewrites, polled); `parse_cap_source` reads every way of writing one.
+"""Power caps that change over time: `CapSource.cap_at(t)` is the cap t seconds after the source started
+(the device clock: a simulated board replays a schedule exactly), None no cap. `ConstantCap`,
+`ScheduleCap` (``[[t_s, W], ...]``), `TraceCap` (a CSV ``seconds,watts``, repeated or clipped at its end)
+and `LiveFileCap` (a file an operator rewrites, polled); `parse_cap_source` reads every way of writing one.
 """
 
 from __future__ import annotations
@@ -38,8 +34,8 @@ CAP_VALUE_EXPECTED = "a number of watts > 0 and ≤ 100000, or None"
 
 
 def cap_watts(value: Any, *, text: bool = True) -> float | None:
-    """None = no cap; otherwise a positive finite number of watts. `text`: a string may say it too
-    ("none", "", "3.5": what config files, tables and flags hold). Anything else raises `Invalid`."""
+    """None (no cap) or a positive finite number of watts, else `Invalid`; `text`: a string may say it
+    ("none", "", "3.5")."""
     if value is None:
         return None
     if text and isinstance(value, str):
@@ -62,8 +58,7 @@ def parse_power_cap(
     text: bool = True,
     error: type[InvalidPowerCapError] = InvalidPowerCapError,
 ) -> float | None:
-    """THE power cap parser (node config, fleet tables and files, run config, instructions, flags, the
-    selection API with `text=False`): `cap_watts`, or one `error` line ``{where} must be …, got …``."""
+    """The one power cap parser: `cap_watts`, or one `error` line ``{where} must be …, got …``."""
     try:
         return cap_watts(value, text=text)
     except Invalid as exc:
@@ -72,8 +67,7 @@ def parse_power_cap(
 
 @dataclass(frozen=True)
 class PowerCapKind(Kind):
-    """The cap as a `powerctl.files.mapping` kind: a reader's key holding a cap. `text`: as `cap_watts`
-    (False for a Python caller's argument: a number or None, never "none")."""
+    """The cap as a `powerctl.files.mapping` kind; `text` as for `cap_watts`."""
 
     text: bool = True
 
@@ -93,12 +87,10 @@ POWER_CAP_VALUE = PowerCapKind(text=False)
 
 
 MAX_TIME_S = 1e9
-"""The latest time a schedule or a trace may name, and the largest factor or poll interval a source's
-options take: about 31 years, as `cap-source --until` (1e300 s is a typo, not a time)."""
+"""The latest time a source may name and its options' largest value: about 31 years."""
 
 MAX_POINTS = 100_000
-"""The most points a cap is listed or drawn with (`powerctl cap-source`): far more than a plot or a
-terminal shows, few enough that `--until 1e9 --every 0.001` is one line and not memory exhausted."""
+"""The most points `powerctl cap-source` lists or draws."""
 
 StepList = list[tuple[float, float | None]]
 
@@ -111,14 +103,11 @@ class CapSource(ABC):
         """The cap in force at `t_s` seconds (None: no cap)."""
 
     def steps_until(self, until_s: float) -> StepList:
-        """Every (t_s, cap) at which the cap changes in [0, until_s], the first at 0: the source drawn
-        exactly, whatever interval it is listed at. A source whose future is unknown (a live file)
-        gives its cap now."""
+        """Every (t_s, cap) at which the cap changes in [0, until_s], the first at 0 (a live file: now)."""
         return [(0.0, self.cap_at(0.0))]
 
     def lowest_w(self) -> float | None:
-        """The lowest cap the source will ever give, when known in advance (None: no cap ever, or
-        not knowable, e.g. a live file); what "select once for the minimum cap" selects for."""
+        """The lowest cap the source will ever give (None: no cap ever, or not known in advance)."""
         return None
 
     @property
@@ -153,8 +142,7 @@ class ConstantCap(CapSource):
 
 @dataclass(frozen=True)
 class ScheduleCap(CapSource):
-    """Step-wise: ``steps[i] = (t_s, W)`` holds from t_s until the next step's time; the last one holds
-    for ever. Times start at 0 and increase strictly."""
+    """``steps[i] = (t_s, W)`` holds until the next step's time, the last for ever; times from 0, rising."""
 
     steps: tuple[tuple[float, float | None], ...]
 
@@ -213,10 +201,8 @@ TRACE_ENDS = ("repeat", "clip")
 
 @dataclass(frozen=True)
 class TraceCap(CapSource):
-    """A recorded power budget (a solar panel's output, a battery's allowance): rows ``seconds,watts``
-    from 0, held step-wise until the next row (a cap must not rise before the budget does). At the end
-    the trace `repeat`s with a period of its last time plus its last interval (a trace sampled every
-    5 minutes repeats after the last sample's 5 minutes) or is `clip`ped (the last row holds)."""
+    """A recorded power budget: rows ``seconds,watts`` from 0, each held until the next. At its end it
+    `repeat`s (period: its last time plus its last interval) or is `clip`ped (the last row holds)."""
 
     times_s: tuple[float, ...]
     watts: tuple[float, ...]
@@ -227,22 +213,15 @@ class TraceCap(CapSource):
     def load(
         cls, path: str | Path, *, end: str = "repeat", scale: float = 1.0, time_scale: float = 1.0
     ) -> TraceCap:
-        """Read a CSV trace (an optional header line; `#` comments) or raise one CapSourceError line
-        naming the file and the row. `scale` multiplies the watts, `time_scale` the times (a day of
-        solar data replayed in minutes)."""
+        """Read a CSV trace (an optional header; `#` comments), or one CapSourceError line naming the row.
+        `scale` multiplies the watts, `time_scale` the times."""
         path = Path(path)
         if end not in TRACE_ENDS:
             raise CapSourceError(f"{path}: end must be one of {', '.join(TRACE_ENDS)}, got {end!r}")
         for name, value in (("scale", scale), ("time_scale", time_scale)):
             if not math.isfinite(value) or value <= 0:
                 raise CapSourceError(f"{path}: {name} must be a positive number, got {value!r}")
-        try:
-            text = read_bytes(
-                path, limit=TRACE_LIMIT, what="a cap trace (CSV)", error=CapSourceError
-            ).decode()
-        except (OSError, UnicodeDecodeError) as exc:
-            why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
-            raise CapSourceError(f"{path}: cannot read the cap trace ({why})") from None
+        text = _read_text(path, TRACE_LIMIT, "a cap trace (CSV)", "cap trace")
         times: list[float] = []
         watts: list[float] = []
         header_seen = False
@@ -330,9 +309,8 @@ class TraceCap(CapSource):
 
 
 class LiveFileCap(CapSource):
-    """A file the operator or an energy manager rewrites: a number of watts, or `none`. Read at most
-    every `poll_s` seconds (of the clock `cap_at` is called with). A file that cannot be read or makes
-    no sense later keeps the last good cap — never a higher one by accident — with a warning."""
+    """A file an operator rewrites (watts or `none`), read at most every `poll_s` seconds of the caller's
+    clock. Unreadable or senseless later: the last good cap stays, with a warning."""
 
     def __init__(self, path: str | Path, poll_s: float = 1.0) -> None:
         if not math.isfinite(poll_s) or poll_s <= 0:
@@ -344,12 +322,8 @@ class LiveFileCap(CapSource):
         self._last_t_s = 0.0
 
     def _read(self) -> float | None:
-        try:  # never blocks and never reads much: this runs inside the training loop
-            raw = read_bytes(self.path, limit=LIVE_CAP_LIMIT, what="a live cap file", error=CapSourceError)
-            text = raw.decode().strip()
-        except (OSError, UnicodeDecodeError) as exc:
-            why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
-            raise CapSourceError(f"{self.path}: cannot read the live cap file ({why})") from None
+        # never blocks and never reads much: this runs inside the training loop
+        text = _read_text(self.path, LIVE_CAP_LIMIT, "a live cap file", "live cap file").strip()
         if text.lower() == "none":
             return None
         try:
@@ -366,12 +340,21 @@ class LiveFileCap(CapSource):
             try:
                 self._cap = self._read()
             except CapSourceError as exc:
-                self.warnings.append(f"at {t_s:.1f} s: {exc}; keeping {_describe(self._cap)}")
+                self.warnings.append(f"at {t_s:.1f} s: {exc}; keeping {cap_text(self._cap)}")
         self._last_t_s = t_s
         return self._cap
 
     def describe(self) -> str:
         return f"live file {self.path} (read every {self.poll_s:g} s)"
+
+
+def _read_text(path: Path, limit: int, what: str, name: str) -> str:
+    """The file's text, or one CapSourceError line ``PATH: cannot read the {name} (why)``."""
+    try:
+        return read_bytes(path, limit=limit, what=what, error=CapSourceError).decode()
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise CapSourceError(f"{path}: cannot read the {name} ({why})") from None
 
 
 def _is_number(text: str) -> bool:
@@ -382,7 +365,8 @@ def _is_number(text: str) -> bool:
     return True
 
 
-def _describe(cap: float | None) -> str:
+def cap_text(cap: float | None) -> str:
+    """A cap in words: "no cap" or "3.5 W"."""
     return "no cap" if cap is None else f"{cap:g} W"
 
 
@@ -393,11 +377,8 @@ SOURCE_FORMS = (
 
 
 def parse_cap_source(value: Any, where: str, base_dir: Path | None = None) -> CapSource:
-    """Every way a cap is given (node config `power-cap-w`, fleet files, `powerctl cap`) → a source.
-
-    A number → constant; none → no cap; a list or a string ``[[0, 5], [60, 3]]`` → step schedule;
-    ``trace:PATH`` → a CSV trace, options after ``?`` joined by ``&`` (``end=repeat|clip``,
-    ``scale=X``, ``timescale=X``); ``live:PATH`` → a live file (``poll=S``). Relative paths start at
+    """Every way a cap is given (`SOURCE_FORMS`: watts, none, a schedule as a list or JSON, ``trace:PATH``
+    or ``live:PATH`` with options after ``?`` joined by ``&``) → a source; relative paths start at
     `base_dir` (default: the working directory). Anything else: one CapSourceError line."""
     if isinstance(value, (list, tuple)):
         return ScheduleCap.from_pairs(value, where)

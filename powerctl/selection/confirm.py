@@ -1,17 +1,10 @@
-"""The predicted way's confirmation, made by the training's own first steps.
+"""The predicted way's confirmation, made by the training's own first steps (docs/design/profiling-budget.md).
 
-A client whose profiling budget pays for nothing but the predicted way (a short task,
-docs/design/profiling-budget.md) pins its predicted profile's choice at once. Its first
-`warmup_steps + measure_steps` training steps at that pair are the measurement the profiler would have
-made there before training (the peak power over the measured steps, their seconds per step): they train,
-so the confirmation costs what measuring adds and not their seconds. A pair measured over the cap (or
-slower than another pair now ranks) is dropped as the profiler's walk would drop it: Algorithm 1 runs
-again on the prediction with every measured pair standing for itself, and the next choice is pinned and
-measured, until the choice is a measured pair under the cap. From then on the power guard watches, as for
-any pinned pair. Nothing predicted over the cap is pinned; a predicted pair measured over it runs only for
-the steps that measured it — what the profiler's confirmation ran too.
-
-The training loop meets it as a step hook (the shape `powerfed.training.finetune_records.StepHook` asks for).
+A client whose budget pays only for the predicted way pins its prediction's choice at once; the first
+`warmup_steps + measure_steps` training steps there are the profiler's measurement of that pair (they
+train, so confirming costs only what measuring adds). A pair measured over the cap, or slower than another
+now ranks, is dropped: Algorithm 1 runs again with every measured pair standing for itself, until the choice
+is a measured pair under the cap; then the power guard watches. The loop meets it as a step hook.
 """
 
 from __future__ import annotations
@@ -54,8 +47,7 @@ class Switch:
 
 
 class TrainingConfirmation:
-    """Measures the pair in force over the training's first steps and re-picks until the choice is a
-    measured pair under the cap (see the module doc); then hands every step to `guard`."""
+    """Measures the pair in force and re-picks until it is a measured pair under the cap; then `guard`."""
 
     def __init__(
         self,
@@ -129,10 +121,8 @@ class TrainingConfirmation:
         self._measured(device_seconds)
 
     def step_failed(self, exc: Exception) -> int | None:
-        """A step at the pair being confirmed ran out of memory: that batch size is dropped, as the
-        profiler skips one that does not fit (its pairs leave the prediction), and the next choice is
-        pinned; its batch size is what training goes on with. Any other failure, or one after the
-        confirmation, stands (None)."""
+        """Out of memory at the pair being confirmed: its batch size leaves the prediction (as the profiler
+        skips it) and the next choice is pinned; its batch size is returned. Any other failure stands."""
         from powerctl.devices.torchdev import free_accelerator_memory
 
         if self.confirmed or not is_out_of_memory(exc):
@@ -187,8 +177,7 @@ class TrainingConfirmation:
         self._pending_batch = pick.batch_size if pick.batch_size != b else None
 
     def _repin(self, pick: Pick, since: float | None = None) -> None:
-        """Pin `pick` and start measuring it afresh (from `since`, training device seconds; else from the
-        end of its warm-up)."""
+        """Pin `pick` and measure it afresh (from `since` device seconds; else after its warm-up)."""
         self.device.pin_frequency(pick.frequency_hz)
         self.pick = pick
         self._steps, self._peaks, self._means = 0, [], []
@@ -226,11 +215,8 @@ class TrainingConfirmation:
         dropped = {int(s["batch_size"]) for s in self.skipped}
         left = [p for p in self.prediction.points if p.batch_size not in dropped]
         self.prediction = replace(self.prediction, points=left)
-        self.confirmed, self._steps, self._since = (
-            bool(state["confirmed"]),
-            int(state["steps"]),
-            state["since"],
-        )
+        self.confirmed = bool(state["confirmed"])
+        self._steps, self._since = int(state["steps"]), state["since"]
         self._peaks, self._means = list(state["peaks"]), list(state["means"])
         self.device.pin_frequency(self.pick.frequency_hz)
         if self.guard is not None:

@@ -1,25 +1,12 @@
 """Following a power cap that changes while training: re-select (b, f), pause when nothing fits.
 
-The paper selects (b, f) once for a constant cap. A `CapFollower` is asked before every training step
-what the cap is now (`CapSource.cap_at`, on the device clock: virtual time on a simulated board, wall
-time on a real one). When the cap changed it re-selects from the profile it already holds — `choose`
-is the method's own rule (Algorithm 1 for ours; the state of practice's fixed frequency for the cap,
-...) — pins a new frequency before the next step and hands a new batch size back to the training
-loop, which keeps the optimizer state and rescales the learning rate. So a drop is acted on within
-one step; the power guard (`powerctl.selection.guard`, retargeted at every change) stays the second
-line of defence. When no pair is feasible the follower pauses: lowest frequency, no work, the cap
-polled every `poll_s` until a pair fits again, for at most `pause_timeout_s` (then one
-CapPauseTimeout line: running on would knowingly exceed the cap).
-
-Progress carries over between batch sizes through the relation vector: the fraction of the way to the
-target is Σ samples trained at b / r_b over the segments so far, so the remaining work at a new b is
-(1 − fraction) · r_b samples; predicted remaining seconds are reported with every event.
-
-Measured: the seconds the power read over the cap (× (1 + tolerance), the sensor's noise band, as
-the guard counts it), in total and after each cap change.
-
-The training loop meets it as a step hook (the shape `powerfed.training.finetune_records.StepHook` asks for;
-this package imports no training), as it meets the guard.
+Before every step a `CapFollower` reads the cap (`CapSource.cap_at`, on the device clock). When it changed
+it re-selects with the method's own rule (`choose`) from the profile it holds, pins the new frequency and
+hands a new batch size to the training loop; the power guard, retargeted at each change, stays the second
+line of defence. When nothing fits it pauses at the lowest frequency, polling the cap every `poll_s`, for at
+most `pause_timeout_s` (then one CapPauseTimeout line). Progress carries over batch sizes through the
+relation vector: the fraction done is Σ samples trained at b / r_b. The loop meets it as a step hook
+(`powerfed.training.finetune_records.StepHook`).
 """
 
 from __future__ import annotations
@@ -31,17 +18,16 @@ from typing import TYPE_CHECKING, Any
 
 from powerctl.errors import InfeasibleCapError, PowerctlError
 from powerctl.records.pick import Pick
+from powerctl.selection.capsource import CapSource, cap_text
 from powerctl.selection.guard import DEFAULT_TOLERANCE, DEFAULT_WINDOW, PowerGuard, StepDown
 
 if TYPE_CHECKING:  # annotations only: the run settings read this module's defaults without a device
     from powerctl.devices.base import Device, PowerSamples
-    from powerctl.selection.capsource import CapSource
 
 DEFAULT_POLL_S = 1.0
 """How often a paused fine-tune reads its cap again (device seconds)."""
 POLL_S_RANGE = (0.01, 3600.0)
-"""The poll interval taken (`cap-poll-s`): a read at most every 10 ms (a pause of the default time-out
-is then at most 180,000 reads, where 1e-300 s would loop for ever), at least once an hour."""
+"""The poll intervals `cap-poll-s` takes: a read at most every 10 ms, at least once an hour."""
 DEFAULT_PAUSE_TIMEOUT_S = 1800.0
 """The longest a fine-tune waits, paused, for its cap to rise before it gives up."""
 
@@ -56,8 +42,7 @@ Chooser = Callable[[float | None], Pick]
 
 @dataclass
 class CapEvent:
-    """One thing the follower did: `kind` is switch (new pair), hold (cap changed, pair kept), pause
-    or resume; `t_s` is seconds since the fine-tune started on the device clock."""
+    """One thing the follower did (start, switch, hold, pause, resume) at `t_s` device seconds."""
 
     t_s: float
     kind: str
@@ -70,21 +55,16 @@ class CapEvent:
     """Of the way to the target, by the relation vector (0 without one)."""
     predicted_remaining_s: float | None
     in_step_over_cap_s: float = 0.0
-    """Seconds the step in progress when the change was seen ran over the cap (a drop cannot be acted
-    on before the step ends: at most one step)."""
+    """Seconds over the cap of the step in progress at the change (not preventable: at most one step)."""
     over_cap_s: float = 0.0
-    """Seconds measured over the cap after that, until the next event (the pair chosen for the cap
-    running over it, or a pause whose idle power is above it): time over the cap the follower did not
-    prevent."""
+    """Seconds measured over the cap after that until the next event: what the follower did not prevent."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 class CapFollower:
-    """Re-selects (b, f) when the cap changes; see the module doc. Use: `start()` once before the
-    first step, then `before_step(samples)` (a new batch size or None) and `after_step(power samples,
-    device seconds)` around every step."""
+    """Re-selects (b, f) when the cap changes: `start()` once, then `before_step` and `after_step`."""
 
     def __init__(
         self,
@@ -128,11 +108,6 @@ class CapFollower:
         """What its power guard did, over every cap."""
         return [] if self._guard is None else self._guard.step_downs
 
-    @property
-    def unprevented_over_cap_s(self) -> float:
-        """Time over the cap beyond the steps in progress at the changes (see CapEvent)."""
-        return sum(e.over_cap_s for e in self.events)
-
     def elapsed_s(self) -> float:
         return self.device.clock() - self._t0
 
@@ -144,8 +119,7 @@ class CapFollower:
         return self._pick_or_pause(self._cap, samples=0, first=True)
 
     def before_step(self, samples: int) -> int | None:
-        """Called before every training step with the samples trained so far: the batch size to use
-        from now on when it changes, else None. Pins a new frequency itself."""
+        """The new batch size when the cap's change changes it, else None (a new frequency is pinned)."""
         cap = self.caps.cap_at(self.elapsed_s())
         if cap == self._cap:
             return None
@@ -155,8 +129,7 @@ class CapFollower:
         return self.batch_size if self.batch_size != old_b else None
 
     def after_step(self, power: PowerSamples, device_seconds: float) -> None:
-        """The power readings taken during the step just run: the guard for the cap in force checks
-        them, its step-downs are followed, and time over the cap is counted."""
+        """The step's power readings: the cap's guard checks them, and time over the cap is counted."""
         if (guard := self.guard) is not None:
             if power:
                 guard.check(max(w for _, w in power), device_seconds)
@@ -200,7 +173,7 @@ class CapFollower:
             if waited >= self.pause_timeout_s:
                 raise CapPauseTimeout(
                     f"{self.device.spec}: no (batch size, frequency) pair fits under the cap "
-                    f"({_watts(cap)}) for {waited:g} s, the pause time-out; training stopped "
+                    f"({cap_text(cap)}) for {waited:g} s, the pause time-out; training stopped "
                     "rather than exceed it (raise the cap or the time-out)"
                 )
             t_before = self.device.clock()
@@ -226,11 +199,12 @@ class CapFollower:
         self._cap = cap
         if cap is not None and self.device.has_power_sensor:
             if self._guard is None:
-                self._guard = PowerGuard(
-                    self.device, cap, pick.frequency_hz, window=self._window, tolerance=self._tolerance
-                )
+                self._guard = self._new_guard(cap, pick.frequency_hz)
             else:
                 self._guard.retarget(cap, pick.frequency_hz)
+
+    def _new_guard(self, cap: float, hz: int) -> PowerGuard:
+        return PowerGuard(self.device, cap, hz, window=self._window, tolerance=self._tolerance)
 
     def _event(
         self,
@@ -261,11 +235,8 @@ class CapFollower:
         )
 
     def _count_over_cap(self, samples: PowerSamples) -> None:
-        """Seconds whose reading exceeds the cap in force at its time × (1 + tolerance). A reading
-        stands for the interval since the previous one (a simulated board reads at both ends of every
-        constant-power segment, so the intervals are exact) and is held to the lower of the caps at
-        its two ends: an interval a cap change falls into counts whole, so the figure errs on the side
-        of more time over the cap."""
+        """Seconds over the cap × (1 + tolerance): each reading stands for the interval since the previous
+        one, held to the lower of the caps at its two ends (erring towards more time over the cap)."""
         prev = self._last_sample
         self._step_over_s = 0.0
         for t, w in samples:
@@ -310,13 +281,7 @@ class CapFollower:
         self._apply(Pick(b, hz), self._cap)
         if (guard := state.get("guard")) is not None:
             if self._guard is None:  # no cap in force: an earlier cap's guard, kept for its step-downs
-                self._guard = PowerGuard(
-                    self.device,
-                    float(guard["power_cap_w"]),
-                    int(guard["frequency_hz"]),
-                    window=self._window,
-                    tolerance=self._tolerance,
-                )
+                self._guard = self._new_guard(float(guard["power_cap_w"]), int(guard["frequency_hz"]))
             self._guard.load_resume_state(guard)
         self._last_sample = None
 
@@ -326,7 +291,3 @@ def _lower(a: float | None, b: float | None) -> float | None:
     if a is None or b is None:
         return b if a is None else a
     return min(a, b)
-
-
-def _watts(cap: float | None) -> str:
-    return "no cap" if cap is None else f"{cap:g} W"

@@ -1,25 +1,12 @@
 """The power guard: while training, measured power is compared with the cap; a sustained excess steps the
-GPU frequency down, one table level at a time, and never back up.
+GPU frequency down one table level at a time, never back up. Selection trusts the profile; the guard holds
+the cap when the profile is wrong for the run (a hot board, another workload).
 
-Selection keeps the *profiled* peak under the cap, but a profile can be wrong for the run (a hot board,
-another workload, a different input): the guard is the check that holds during training.
-
-- It is checked once per training step (the loop can only act between steps), with the highest reading
-  the power monitor took during that step.
-- A check is *over* when that reading exceeds the cap by more than `tolerance` (default 2 %). The
-  tolerance is the sensor's noise band: the simulated sensor has 1 % noise per reading and a step's
-  peak is the highest of several readings, so a board whose true peak sits right at the cap reads up
-  to ~2-3 % over now and then; without a tolerance, noise alone would walk the frequency down in a
-  long run. A real excess (a wrong profile, a hot board) is larger and sustained. `tolerance=0` guards
-  the cap exactly.
-- After `window` consecutive over checks (default 3) the frequency steps down to the next lower level
-  of the table and the count starts again: the reaction window is `window` steps per level.
-- At the lowest level, a further sustained excess stops training with one PowerCapExceeded line: the cap
-  cannot be held on this board, and running on would knowingly exceed it.
-
-The training loop meets it as a step hook (`before_step`, `after_step`, `resume_state`,
-`load_resume_state`: the shape `powerfed.training.finetune_records.StepHook` asks for; this package imports no
-training).
+Once per training step the step's highest reading is checked; it is over when it exceeds the cap by more
+than `tolerance` (the sensor's noise band: without it noise alone would walk the frequency down in a long
+run; 0 guards the cap exactly). After `window` consecutive over checks the frequency steps down one level;
+at the lowest level a further excess stops training with one PowerCapExceeded line. The loop meets it as a
+step hook (`powerfed.training.finetune_records.StepHook`).
 """
 
 from __future__ import annotations
@@ -73,34 +60,24 @@ class PowerGuard:
             raise ValueError(f"guard window must be an integer ≥ 1, got {window!r}")
         if not math.isfinite(tolerance) or not 0 <= tolerance < 1:
             raise ValueError(f"guard tolerance must be in [0, 1), got {tolerance!r}")
-        if not math.isfinite(power_cap_w) or power_cap_w <= 0:
-            raise ValueError(f"power cap must be a positive number of watts, got {power_cap_w!r}")
-        table = device.frequencies()
-        if selected_hz not in table:
+        self.device, self.window, self.tolerance = device, window, tolerance
+        self.retarget(power_cap_w, selected_hz)
+        if selected_hz not in device.frequencies():
             raise ValueError(f"{selected_hz} Hz is not a frequency of {device.spec}")
-        self.device, self.power_cap_w, self.window, self.tolerance = device, power_cap_w, window, tolerance
-        self.frequency_hz = selected_hz
-        self._lower = sorted(f for f in table if f < selected_hz)
-        self._over = 0
         self.step_downs: list[StepDown] = []
 
     def retarget(self, power_cap_w: float, frequency_hz: int) -> None:
-        """A new cap and a newly selected frequency (the cap changed mid-run): the excess count starts
-        again and the guard may step down from `frequency_hz`; past step-downs stay recorded."""
+        """A new cap and frequency (the cap changed mid-run): the excess count starts again; past
+        step-downs stay recorded."""
         if not math.isfinite(power_cap_w) or power_cap_w <= 0:
             raise ValueError(f"power cap must be a positive number of watts, got {power_cap_w!r}")
         self.power_cap_w, self.frequency_hz = power_cap_w, frequency_hz
         self._lower = sorted(f for f in self.device.frequencies() if f < frequency_hz)
         self._over = 0
 
-    @property
-    def limit_w(self) -> float:
-        """A reading above this counts as over the cap."""
-        return self.power_cap_w * (1.0 + self.tolerance)
-
     def check(self, peak_w: float, device_seconds: float) -> StepDown | None:
         """One training step's highest reading; returns the step-down it caused, if any."""
-        if peak_w <= self.limit_w:
+        if peak_w <= self.power_cap_w * (1.0 + self.tolerance):
             self._over = 0
             return None
         self._over += 1

@@ -1,35 +1,16 @@
 """Joint batch-size and GPU-frequency selection under a power cap (Algorithm 1, docs/design/method.md).
 
-    minimise  T_N(b, f) · r_b   subject to   P(b, f) ≤ P_max
+    minimise  T_N(b, f) · r_b  (or E_N(b, f) · r_b, E_N = mean power × T_N)  subject to  P(b, f) ≤ P_max
 
-or, with the energy objective, E_N(b, f) · r_b where E_N = mean power × T_N (energy to the target).
+over the profiled pairs whose batch size has a relation entry. Ties go to the larger batch size, then the
+lower frequency; costs are compared exactly (no epsilon: equal inputs give bit-equal products).
 
-over the profiled (b, f) pairs whose batch size has a relation entry. Ties go to the larger batch size,
-then the lower frequency. Predicted times are compared exactly (no epsilon): the products come from the
-same profile and relation, so equal inputs give bit-equal products and the tie rule decides; a nearly-equal
-pair is a real (if tiny) difference and the faster one wins.
-
-Three rules read the relation (`rule`):
-- "mean": Algorithm 1 on the vector itself (`samples_to_target`, the seeds' mean).
-- "robust": the seeds disagree about the vector; each seed's samples to target is one possible truth
-  (`RelationVector.seed_scenarios`). In each, a pair's predicted cost is divided by that scenario's best
-  feasible cost (its regret: 1.0 = the fastest had that seed been the truth), and the pair with the least
-  mean regret over the seeds wins. A pair that is best on average but far off under some seeds loses to
-  one that is close to the best under all of them; what the bench scores (ours / fastest) is exactly this
-  ratio. With one seed (or no per-seed samples in the file) it is the mean rule.
-- "interval" (the default): the seeds' spread bounds what the vector can decide. Each
-  pair's predicted cost has a ratio to the mean rule's best pair's, and that ratio an interval from the
-  seeds, paired: each seed's own ratio of samples to target at the two batch sizes, two standard errors
-  of their mean (`RelationVector.paired_halfwidth`; the profile's times are taken as exact). The pairs
-  whose ratio's interval reaches 1 are those the vector cannot tell from the best; among them the larger
-  batch size wins (the tie rule above, for ties within the seeds' noise), at its best pair; the rest
-  follow in the mean rule's order. Paired, because a seed slow at one batch size is slow at all (its
-  head and data order): that spread cancels in a ratio, and counted in each entry's own interval
-  instead it makes the rule drift to larger batch sizes the seeds can in fact tell apart. A vector
-  measured again (another CPU, another thread count: other floats' last digits) moves the ratios by
-  about their intervals, so the choice stays unless a larger batch size's interval stops (or starts)
-  reaching the best's. With one seed it is the mean rule. Measured: docs/results/paper_tables.md (the
-  rules on the paper's tables), docs/results/fleets.md (the default fleet on one thread and two).
+How the relation is read (`rule`; with one seed each is the mean rule):
+- "mean": Algorithm 1 on the vector (the seeds' mean).
+- "robust": the least mean regret over the seeds' vectors (a pair's cost / that seed's best feasible cost).
+- "interval" (default): the pairs whose cost ratio to the mean rule's best has an interval reaching 1
+  (the seeds paired, `RelationVector.paired_halfwidth`: a seed slow at one batch size is slow at all)
+  cannot be told from it; among them the larger batch size wins, the rest follow in the mean order.
 """
 
 from __future__ import annotations
@@ -53,8 +34,7 @@ OBJECTIVES: tuple[str, ...] = ("time", "energy")
 
 
 def check_power_cap(power_cap_w: float | None) -> float | None:
-    """None = no cap; otherwise a positive finite number of watts (the one cap parser, as an API takes
-    it: no text), or one InvalidPowerCapError line."""
+    """None or a positive finite number of watts (no text), else one InvalidPowerCapError line."""
     return parse_power_cap(power_cap_w, "power cap", text=False)
 
 
@@ -63,9 +43,8 @@ class MismatchError(FileFormatError):
 
 
 def check_pairing(profile: Profile, relation: RelationVector, *, allow_mismatch: bool = False) -> list[str]:
-    """Refuse a relation vector of another model or input than the profile (one line; `allow_mismatch`
-    turns it into a warning), and return warnings: batch sizes in one file only, a relation too coarse
-    to tell batch sizes apart."""
+    """Refuse a relation vector of another model or input (`allow_mismatch`: a warning); the warnings:
+    batch sizes in one file only, a relation too coarse to tell batch sizes apart."""
     check_arguments("check_pairing", allow_mismatch=(allow_mismatch, Flag()))
     problems = []
     if profile.model != relation.model:
@@ -160,8 +139,7 @@ def check_relation_rule(rule: str) -> str:
 def mean_regret(
     profile: Profile, relation: RelationVector, power_cap_w: float | None, objective: str = "time"
 ) -> dict[tuple[int, int], float]:
-    """(b, f) → mean over the seeds' scenarios of its predicted cost / that scenario's least feasible
-    cost (1.0: the best under every seed). Empty when nothing is feasible."""
+    """(b, f) → mean over the seeds of its cost / that seed's least feasible cost (empty: none feasible)."""
     obj = check_objective(objective)
     cap = check_power_cap(power_cap_w)
     common = set(common_batch_sizes(profile, relation))
@@ -184,8 +162,7 @@ def rank(
     objective: str = "time",
     rule: str = DEFAULT_RELATION_RULE,
 ) -> list[Pick]:
-    """Every feasible pair with a relation entry, best first for `objective` under `rule` (empty if none
-    is feasible); ties of the robust rule's regret fall back to the mean rule's order."""
+    """Every feasible pair with a relation entry, best first for `objective` under `rule` (empty: none)."""
     if not isinstance(profile, Profile):
         raise ArgumentError(f"select: 'profile' must be a Profile, got {type(profile).__name__}")
     if not isinstance(relation, RelationVector):  # a RelationVector checks its entries itself
@@ -210,10 +187,8 @@ def rank(
 
 
 def indistinguishable(ranked: list[Pick], relation: RelationVector, objective: str = "time") -> list[Pick]:
-    """Of `ranked` (the mean rule's order for `objective`, best first), the pairs the vector cannot tell
-    from the best: those whose cost's ratio to the best pair's has an interval reaching 1, the seeds
-    paired (`RelationVector.paired_halfwidth`; the profile's times are taken as exact). The best
-    included, in the same order. Empty when nothing is ranked."""
+    """Of `ranked` (the mean order, best first), those the vector cannot tell from the best, in order:
+    their cost ratio to the best's has an interval reaching 1 (the profile's times taken as exact)."""
     if not ranked:
         return []
     obj, best = check_objective(objective), ranked[0]
@@ -236,11 +211,8 @@ def select(
     *,
     allow_mismatch: bool = False,
 ) -> Pick:
-    """Algorithm 1: the feasible pair with the least T_N·r_b (or E_N·r_b for `objective="energy"`);
-    `rule="robust"`: the least mean regret over the seeds' vectors (see the module's docstring). The
-    Pick's predictions are the mean vector's either way. None feasible → one InfeasibleCapError
-    line. A relation vector of another model or input than the profile is one MismatchError line
-    (`check_pairing`; `allow_mismatch`: combined anyway, as `powerctl select --allow-mismatch`)."""
+    """Algorithm 1 under `rule` (the module doc); the Pick's predictions are the mean vector's. None
+    feasible: one InfeasibleCapError line; another model or input: one MismatchError (`check_pairing`)."""
     check_arguments("select", allow_mismatch=(allow_mismatch, Flag()))  # "no" must not mix models
     ranked = rank(profile, relation, power_cap_w, objective, rule)
     check_pairing(profile, relation, allow_mismatch=allow_mismatch)
@@ -261,11 +233,7 @@ def select(
 
 
 def best_frequency_per_batch(profile: Profile, power_cap_w: float | None) -> dict[int, ProfilePoint]:
-    """Per batch size, the feasible point with the highest frequency (batch sizes with none are absent).
-
-    This is the view behind Algorithm 1 when time falls as frequency rises; `select` itself takes the
-    minimum over every feasible point, so a noisy profile where a lower frequency is faster still works.
-    """
+    """Per batch size, the feasible point with the highest frequency (batch sizes with none are absent)."""
     cap = check_power_cap(power_cap_w)
     best: dict[int, ProfilePoint] = {}
     for p in profile.points:
@@ -292,9 +260,7 @@ def select_under_deadline(
     deadline_s: float,
     rule: str = DEFAULT_RELATION_RULE,
 ) -> tuple[Pick, bool]:
-    """The feasible pair with the least predicted energy whose predicted time meets `deadline_s`, and
-    True; when none meets it, the fastest feasible pair (Algorithm 1 under `rule`) and False. No feasible
-    pair: the InfeasibleCapError line of `select`."""
+    """(the least-energy feasible pair predicted to meet `deadline_s`, True), else (`select`'s, False)."""
     if not math.isfinite(deadline_s) or deadline_s <= 0:
         raise PowerctlError(f"a deadline must be a positive number of seconds, got {deadline_s!r}")
     ranked = rank(profile, relation, power_cap_w, "energy", rule)

@@ -1,21 +1,11 @@
-"""The methods: how a client chooses (b, f), and what a run compares. One object per method, one registry.
+"""The methods: how a client chooses (b, f), and what a run compares; one object per method, one registry.
 
-A client method (`Method`) is a name, its rule (profile, relation, cap, context → `Pick`) and what the
-rest of the project asks of it instead of comparing names:
-
-- `power_aware`: ours. Its profiling is its own cost: charged to its round and held to the profiling
-  budget (`fl_client.round`); it takes a round deadline (energy-under-deadline rounds).
-- `searches_own_data`: the oracle. It selects with samples to target measured on the client's own
-  data (`MethodContext.target_relation`), which a search finds (`simulations.bench_steps`).
-- `reference`: the state of practice, the denominator of every ratio a comparison reports.
-
-A run method (`RunMethod`) is what a run's `methods` setting names: a client method, and the round
-objective the server runs it under (`ours-deadline` is ours with energy-under-deadline rounds).
-
-The rules call the selection and the baselines (`powerctl.selection.joint`, `powerctl.selection.baselines`),
-where all
-the math stays. `register_method` adds a method of one's own to this process's registry (a client's
-instructions still name only the built-ins: a registered method does not travel).
+A `Method` is a name, its rule (profile, relation, cap, context → `Pick`) and what the project asks of it
+instead of comparing names: `power_aware` (ours: its profiling is charged and budgeted, it takes a round
+deadline), `searches_own_data` (the oracle: samples to target measured on the client's own data),
+`reference` (the state of practice, every ratio's denominator). A `RunMethod` is what a run's `methods`
+setting names: a client method and its round objective. `register_method` adds one of one's own to this
+process (a client's instructions name only the built-ins).
 """
 
 from __future__ import annotations
@@ -54,8 +44,7 @@ class MethodContext:
 
 
 Rule = Callable[["Profile", "RelationVector", "float | None", MethodContext], Pick]
-"""A method's rule: (profile, relation, power cap in W or None, context) → the pair it picks; a cap
-nothing meets is one InfeasibleCapError line."""
+"""(profile, relation, cap in W or None, context) → the pair picked; nothing feasible: InfeasibleCapError."""
 
 
 @dataclass(frozen=True)
@@ -88,8 +77,7 @@ class RunMethod:
     name: str
     client_method: str
     round_objective: str | None = None
-    """The round objective it always runs under; None: the run's `round-objective` setting for a
-    power-aware method, time for the others."""
+    """Always this round objective; None: the run's `round-objective` if power-aware, else time."""
 
     @property
     def method(self) -> Method:
@@ -104,8 +92,7 @@ class RunMethod:
 
 # --- the built-ins' rules ------------------------------------------------------------------------------
 def _ours(profile: Profile, relation: RelationVector, cap: float | None, ctx: MethodContext) -> Pick:
-    """Algorithm 1 under the relation rule; with a deadline (> 0) the least-energy pair predicted to meet
-    it, else the fastest pair."""
+    """Algorithm 1 under the relation rule; with a deadline (> 0) the least-energy pair meeting it."""
     from powerctl.selection.joint import select, select_under_deadline  # as the baselines': on first use
 
     if ctx.deadline_s > 0:
@@ -149,8 +136,7 @@ _RUN_METHODS: tuple[RunMethod, ...] = (
     RunMethod(OURS_DEADLINE, OURS, ENERGY_UNDER_DEADLINE),
 )
 RUN_METHODS: tuple[str, ...] = tuple(r.name for r in _RUN_METHODS)
-"""What a run compares: the client methods, and `ours-deadline` = ours with energy-under-deadline
-rounds (the server sets a deadline; each client picks its least-energy pair that meets it)."""
+"""What a run compares: the client methods, and `ours-deadline` = ours with energy-under-deadline rounds."""
 
 _registry: dict[str, Method] = {m.name: m for m in _BUILT_IN}
 
@@ -177,8 +163,7 @@ def run_method_named(name: str) -> RunMethod:
 
 
 def register_method(method: Method) -> Method:
-    """Add a client method of one's own to this process's registry (a later one of the same name replaces
-    it); a built-in's or a run method's name is refused with one line."""
+    """Add (or replace) a method of one's own in this process's registry; a built-in's name is refused."""
     if not isinstance(method, Method):
         raise PowerctlError(
             f"register_method takes a powerctl.selection.methods.Method, got {type(method).__name__}"

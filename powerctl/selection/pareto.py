@@ -1,9 +1,5 @@
-"""The time–energy front: which feasible (b, f) pairs are worth choosing when energy counts too.
-
-Each feasible pair predicts a time to the target, T_N · r_b, and an energy to it, E_N · r_b (E_N = the
-profile's mean power × T_N). A pair is on the Pareto front when no other pair is at least as fast and at
-least as frugal, and strictly better in one. The fastest pair (Algorithm 1) and the most frugal one are
-its two ends: a lower frequency can finish later yet use less energy, which is what the front shows.
+"""The time–energy front: the feasible (b, f) pairs no other pair beats in both predicted time (T_N · r_b)
+and energy (E_N · r_b) to the target; the fastest pair (Algorithm 1) and the most frugal are its ends.
 """
 
 from __future__ import annotations
@@ -30,9 +26,6 @@ class Front:
     power_cap_w: float | None
 
     def to_json_dict(self, profile: Profile, relation: RelationVector) -> dict[str, Any]:
-        def point(s: Pick) -> dict[str, Any]:
-            return {**s.to_json_dict(with_energy=True)}
-
         return {
             "schema": PARETO_SCHEMA,
             "device": profile.device,
@@ -43,9 +36,9 @@ class Front:
             "target_accuracy": relation.target_accuracy,
             "power_cap_w": self.power_cap_w,
             "feasible_pairs": len(self.pairs),
-            "front": [point(s) for s in self.front],
-            "time_optimal": point(self.fastest),
-            "energy_optimal": point(self.most_frugal),
+            "front": [s.to_json_dict(with_energy=True) for s in self.front],
+            "time_optimal": self.fastest.to_json_dict(with_energy=True),
+            "energy_optimal": self.most_frugal.to_json_dict(with_energy=True),
         }
 
 
@@ -54,19 +47,15 @@ def pareto_front(profile: Profile, relation: RelationVector, power_cap_w: float 
     if not rank(profile, relation, power_cap_w, "time"):
         select(profile, relation, power_cap_w)  # raises the one-line error naming the least power
     pairs = candidates(profile, relation, power_cap_w)
-    # a sweep by time (ties: the lower energy first, then the selection's tie rule): a pair is on the
-    # front when it uses strictly less energy than every faster one (of pairs predicting exactly the
-    # same time and energy, the one the tie rule prefers stands for all)
+    # a sweep by time (ties: the lower energy, then the selection's tie rule): a pair is on the front
+    # when it uses strictly less energy than every faster one
     ordered = sorted(
         pairs, key=lambda s: (s.predicted_seconds, s.predicted_energy_j, -s.batch_size, s.frequency_hz)
     )
     front: list[Pick] = []
     for s in ordered:
-        # candidates' picks carry their predictions
         if not front or cast(float, s.predicted_energy_j) < cast(float, front[-1].predicted_energy_j):
             front.append(s)
-    # the two ends are the front's: the time-optimal, among pairs tied at the least time, the one with
-    # the least energy (Algorithm 1's own tie rule — the larger batch — may pick a dearer one of them);
-    # the energy-optimal, among pairs tied at the least energy, the fastest (the energy ranking's tie
-    # rule may pick a slower one, which the fastest dominates)
+    # its ends: of the pairs tied at the least time, the least energy (not Algorithm 1's tie rule), and
+    # of those tied at the least energy, the fastest
     return Front(pairs, front, front[0], front[-1], power_cap_w)
