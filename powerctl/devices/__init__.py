@@ -1,33 +1,22 @@
-"""Open a device by spec string (docs/design/devices.md).
-
-host                      this machine, no knob, no sensor
-sim:jetson-nano, sim:...  a simulated board (see powerctl/data/boards.yaml)
-jetson                    the Jetson this runs on (auto-detect via /proc/device-tree/model)
-jetson-nano, jetson-tx2nx a named Jetson board (sysfs)
-nvml:INDEX                a discrete NVIDIA GPU through NVML
-auto, cpu, cuda[:INDEX]   this machine like host, training on that torch device (powerctl.devices.torchdev)
-"""
+"""Open a device by spec string (`SPEC_HELP`, or a torch device: docs/design/devices.md)."""
 
 from __future__ import annotations
 
 from powerctl.devices.base import Device, PowerSampler, ThreadSampler
-from powerctl.devices.torchdev import TORCH_SPEC_HELP, check_torch_spec, is_torch_spec
+from powerctl.devices.torchdev import check_torch_spec, is_torch_spec
 from powerctl.errors import ArgumentError, DeviceError
 from powerctl.files.mapping import Flag, Integer, Maybe, check_arguments
 
 __all__ = ["Device", "PowerSampler", "ThreadSampler", "check_spec", "open_device", "SPEC_HELP"]
 
 SPEC_HELP = "host, sim:jetson-nano, sim:jetson-tx2nx, jetson, jetson-nano, jetson-tx2nx, nvml:INDEX"
-SERVER_SPEC_HELP = f"{TORCH_SPEC_HELP}, or a board: {SPEC_HELP}"  # `fl-server pretrain --device`
 
 
 def open_device(spec: str, *, seed: int = 0, pin: bool | None = True) -> Device:
     """The device named by `spec`; an unknown spec is one DeviceError line listing the valid ones.
 
-    A board a dead process left pinned is put back first (said once, kept in `Device.recovered`).
-    `pin`: True, the device as it is; False, the device at the clock in force with nothing written to it
-    (`powerctl.devices.unpinned`); None, pin where this process may, else the clock in force.
-    """
+    A board a dead process left pinned is put back first (`Device.recovered`). `pin`: True, as it is;
+    False, at the clock in force with nothing written; None, pin where this process may, else unpinned."""
     from powerctl.devices.unpinned import unpinned
     from powerctl.files.mapping import MAX_SEED
     from powerctl.pinning.pinsession import recover
@@ -51,9 +40,8 @@ def open_device(spec: str, *, seed: int = 0, pin: bool | None = True) -> Device:
 
 
 def check_spec(spec: str) -> tuple[str, str]:
-    """(kind, argument) of a device spec as `open_device` reads it, checked without opening anything:
-    ("host", ""), ("sim", "jetson-nano"), ("jetson", "jetson-NAME"), ("nvml", "0"), ("torch", "cuda:0").
-    An unknown spec, simulated board or NVML index is one DeviceError line."""
+    """(kind, argument) of a device spec, checked without opening anything: ("host", ""), ("sim",
+    "jetson-nano"), ("jetson", "jetson-NAME"), ("nvml", "0"), ("torch", "cuda:0"); else a DeviceError."""
     spec = spec.strip()
     if spec == "host":
         return "host", ""

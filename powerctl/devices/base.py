@@ -1,5 +1,5 @@
-"""One interface over real and simulated GPUs: frequency knob, power sensor, clock, step execution; the
-profiler and the training loop only talk to `Device` (docs/design/devices.md)."""
+"""One interface over real and simulated GPUs: frequency knob, power sensor, clock, step execution
+(docs/design/devices.md)."""
 
 from __future__ import annotations
 
@@ -34,11 +34,11 @@ class PowerSampler(ABC):
 
     @abstractmethod
     def samples_so_far(self) -> PowerSamples:
-        """The samples taken since `start`, live (read, never modify): the power guard reads them."""
+        """The samples taken since `start`, live (read, never modify)."""
 
 
 class ThreadSampler(PowerSampler):
-    """Polls a sensor from a background thread: how a real board is sampled in real time."""
+    """Polls a sensor from a background thread."""
 
     def __init__(self, read_w: Callable[[], float], clock: Callable[[], float], rate_hz: float) -> None:
         self._read_w, self._clock, self._period = read_w, clock, 1.0 / rate_hz
@@ -53,7 +53,7 @@ class ThreadSampler(PowerSampler):
                 self._samples.append((self._clock(), self._read_w()))
                 if self._stop.wait(self._period):
                     return
-        except BaseException as exc:  # surfaced by stop(): a dead sensor must not pass silently
+        except BaseException as exc:  # surfaced by stop()
             self._error = exc
 
     def start(self) -> None:
@@ -75,18 +75,10 @@ class ThreadSampler(PowerSampler):
         return self._samples
 
 
-def _cuda_synchronize() -> None:
-    """Wait for queued CUDA work, so that clock readings bracket the step (no-op without CUDA)."""
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()
-
-
 class Device(ABC):
     """A GPU with (maybe) a frequency knob and (maybe) a power sensor.
 
-    Subclasses implement the vendor's primitives (`_write_pin`, `snapshot`, `apply_snapshot`, ...);
-    pinning and restoring live here, once: `restore` puts back the state before the first pin."""
+    Subclasses implement the vendor's primitives (`_write_pin`, `snapshot`, ...); pinning lives here."""
 
     spec: str  # the spec string it was opened with, e.g. ``sim:jetson-nano``
     board: str  # board/GPU name, e.g. ``jetson-nano``: the profile's ``device`` field
@@ -99,11 +91,9 @@ class Device(ABC):
         self._session: PinSession | None = None
 
     def physical_key(self) -> str | None:
-        """Names the physical board across processes and specs: the key of its pin lock and crash record
-        (None: no hardware state to lose)."""
+        """The physical board's key for its pin lock and crash record (None: no hardware state to lose)."""
         return None
 
-    # --- frequency knob -------------------------------------------------------------------
     @abstractmethod
     def frequencies(self) -> list[int]:
         """Supported GPU frequencies in Hz, ascending; empty when the device has no knob."""
@@ -125,7 +115,7 @@ class Device(ABC):
         """Put back a state taken by `snapshot` (possibly in another process)."""
 
     def profile_kind(self) -> str:
-        """BACKEND/BOARD: the kind of device a cached profile is of (a real and a simulated Nano differ)."""
+        """BACKEND/BOARD: the kind of device a cached profile is of."""
         return f"{type(self).__name__}/{self.board}"
 
     def clock_in_force(self) -> int | None:
@@ -133,8 +123,7 @@ class Device(ABC):
         return self.current_frequency()
 
     def pin_refusal(self) -> str | None:
-        """Why this process may not pin the frequency, found without writing (None: it may, or only a pin
-        can tell)."""
+        """Why this process may not pin, found without writing (None: it may, or only a pin can tell)."""
         return None
 
     def pin_frequency(self, hz: int) -> None:
@@ -148,8 +137,7 @@ class Device(ABC):
             )
         first = self._session is None
         if first:
-            # lock + on-disk record BEFORE the first write: a SIGKILL from here on is undone by the
-            # next command that opens this board (powerctl.pinning.pinsession)
+            # lock + on-disk record BEFORE the first write (powerctl.pinning.pinsession)
             self._session = PinSession.start(self)
         try:
             self._write_pin(hz)
@@ -168,8 +156,7 @@ class Device(ABC):
             session.finish()
 
     def release_snapshot(self) -> dict[str, Any] | None:
-        """Hand the pre-pin state to the caller and stop restoring it here (`powerctl freq --set`: the
-        board's record stays on disk for a later `--restore`)."""
+        """Hand the pre-pin state to the caller and stop restoring it here (`powerctl freq --set`)."""
         session, self._session = self._session, None
         return None if session is None else session.hand_over()
 
@@ -184,7 +171,6 @@ class Device(ABC):
             self.pin_frequency(hz)
             yield self
 
-    # --- sensors --------------------------------------------------------------------------
     def read_power_w(self) -> float:
         """Total board power now, in W."""
         raise DeviceError(f"{self.spec} has no power sensor")
@@ -203,19 +189,17 @@ class Device(ABC):
     def memory_bytes(self) -> int:
         """Memory the GPU can use for training, in bytes."""
 
-    # --- work -----------------------------------------------------------------------------
     def clock(self) -> float:
         """Device time in seconds (wall time on real hardware, virtual time on simulated boards)."""
         return time.perf_counter()
 
     def idle(self, seconds: float) -> None:
-        """Let `seconds` of device time pass without work: real devices sleep, a simulated board idles."""
+        """Let `seconds` of device time pass without work."""
         if seconds > 0:
             time.sleep(seconds)
 
     def resume_state(self) -> dict[str, Any]:
-        """What a fine-tune resumed in another process needs to continue this device's clock and sensor
-        (a simulated board's virtual time and noise), JSON-serialisable; nothing for real devices."""
+        """What a fine-tune resumed in another process needs to continue this device's clock and sensor."""
         return {}
 
     def load_resume_state(self, state: dict[str, Any]) -> None:
@@ -223,7 +207,10 @@ class Device(ABC):
         return None
 
     def synchronize(self) -> None:
-        _cuda_synchronize()
+        """Wait for queued CUDA work, so that clock readings bracket the step."""
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
 
     def torch_device(self) -> str:
         """Where training tensors live: the GPU when torch sees one (a simulated board: the CPU)."""
@@ -232,8 +219,7 @@ class Device(ABC):
         return resolve_torch_device("auto") if "torch" in sys.modules else "cpu"
 
     def run_step(self, fn: Callable[[], T], *, batch_size: int, workload: Workload) -> T:
-        """Run one training step and charge it to the device (a simulated board also advances its clock and
-        sensor by its model of `workload` at `batch_size`)."""
+        """Run one training step and charge it to the device."""
         result = fn()
         self.synchronize()
         return result

@@ -1,14 +1,6 @@
-"""Board models: frequency tables, calibrated power and throughput (powerctl/data/boards.yaml).
-
-They drive the simulated boards and give every board with a known name its state-of-practice
-frequency cap: the highest frequency at which every model of the paper's set, at every batch size,
-stays under a power limit (derived from training profiles, as the paper does — not from SGEMM).
-
-A board may be `derived_from` a measured one: its full-load power curve, throughput and CPU-side
-costs then follow from the same structural model and its own specifications (cores, clocks).
-Every constant names its source (measured, derived or estimated): a model is only as good as the
-reader's knowledge of which of its numbers to replace first.
-"""
+"""Board models (powerctl/data/boards.yaml): frequency tables, calibrated power and throughput, and the
+state-of-practice frequency cap. A board may be `derived_from` a measured one, scaled by its own
+specifications; every constant names its source (measured, derived or estimated)."""
 
 from __future__ import annotations
 
@@ -53,8 +45,7 @@ SOURCE_KINDS = ("measured", "derived", "estimated")
 
 
 def source_kind(source: object) -> str | None:
-    """``KIND[, qualifier]`` of a source line ``KIND[, qualifier] — where it comes from``; None if the
-    line is not of that form or KIND is not one of SOURCE_KINDS."""
+    """``KIND[, qualifier]`` of a source line ``KIND[, qualifier] — where it comes from``, else None."""
     kind, dash, where = str(source).partition(" — ")
     ok = isinstance(source, str) and dash and where.strip() and kind.split(",")[0] in SOURCE_KINDS
     return kind if ok else None
@@ -62,8 +53,7 @@ def source_kind(source: object) -> str | None:
 
 @dataclass(frozen=True)
 class StateOfPracticeTable:
-    """The largest peak power of any training profile of the model set, per frequency: the fixed frequency
-    for a cap W is the highest one whose entry is ≤ W (see `powerctl caps`)."""
+    """Per frequency, the largest peak power of any training profile of the model set (`powerctl caps`)."""
 
     peak_training_power_w: tuple[float, ...]
     models: tuple[str, ...]
@@ -73,17 +63,15 @@ class StateOfPracticeTable:
 
 @dataclass(frozen=True)
 class TimeCalibration:
-    """The paper's measured training seconds that a board's calibrated constants reproduce: one run
-    (model, batch size, top clock, no cap) on a reference board and on this one, per target."""
+    """The paper's training seconds (top clock, no cap) that a board's constants reproduce."""
 
     reference: str
     model: str
     batch_size: int
-    seconds: dict[str, tuple[float, float]]
-    """Target → (seconds on the reference board, seconds on this one)."""
+    seconds: dict[str, tuple[float, float]]  # target → (reference board's seconds, this one's)
 
     def paper_time_ratio(self) -> float:
-        """Reference seconds over this board's, averaged over the targets (same samples on both)."""
+        """Reference seconds over this board's, averaged over the targets."""
         return float(np.mean([ref / own for ref, own in self.seconds.values()]))
 
 
@@ -92,29 +80,20 @@ class BoardModel:
     name: str
     description: str
     frequencies_hz: tuple[int, ...]
-    full_load_power_w: tuple[float, ...]
-    """Wall power of SGEMM at full load, per frequency: the most any workload can draw."""
+    full_load_power_w: tuple[float, ...]  # SGEMM at full load: the most any workload draws
     idle_power_w: float
     gflops_per_ghz: float
     memory_bytes: int
     training_memory_bytes: int
     memory_bandwidth_gbs: float
-    memory_efficiency: float
-    """Share of the DRAM's peak bandwidth that training's memory-bound kernels reach."""
-    half_utilisation_gflop_per_kernel: float
-    """Work per kernel (GFLOP) at which kernels reach half their peak utilisation of the GPU."""
-    utilisation_exponent: float
-    """How gradually utilisation grows with work per kernel (1: plain saturation; < 1: over decades)."""
+    memory_efficiency: float  # share of the DRAM's peak bandwidth training reaches
+    half_utilisation_gflop_per_kernel: float  # GFLOP per kernel at half the peak utilisation
+    utilisation_exponent: float  # 1: plain saturation; < 1: growth over decades
     max_utilisation: float
     overhead_utilisation: float
-    step_overhead_s: float
-    """CPU time per step outside the kernels (Python loop, zero_grad, loss bookkeeping)."""
-    launch_s: float
-    """CPU time to dispatch and launch one kernel (PyTorch eager)."""
+    step_overhead_s: float  # CPU time per step outside the kernels
+    launch_s: float  # CPU time to launch one kernel
     optimizer_kernels_per_tensor: float
-    """Kernels the optimizer launches per parameter tensor (PyTorch 1.10's Adam loops over tensors)."""
-    cuda_cores: int = 0
-    cpu_clock_ghz: float = 0.0
     rails: tuple[str, ...] = ()
     sources: dict[str, str] = field(default_factory=dict)
     state_of_practice: StateOfPracticeTable | None = None
@@ -131,8 +110,8 @@ class BoardModel:
             raise DeviceError(f"{hz} Hz is not a frequency of {self.name}") from None
 
     def fixed_power_w(self) -> tuple[float, ...]:
-        """Per frequency, the peak power the state-of-practice rule must keep under a cap: the derived
-        table of training profiles of the model set; without one, the full-load (SGEMM) curve — stricter."""
+        """Per frequency, the peak power the state-of-practice rule keeps under a cap: the derived table,
+        else the (stricter) full-load curve."""
         table = self.state_of_practice
         return table.peak_training_power_w if table else self.full_load_power_w
 
@@ -142,13 +121,11 @@ class BoardModel:
         return ok[-1] if ok else None
 
     def overhead_power_w(self, hz: int) -> float:
-        """Power of a step's frequency-independent phase (kernel launches, memory traffic) at `hz`: the
-        least a training step of any workload draws there (`powerctl.devices.simulated.step_cost`)."""
+        """Power of a step's frequency-independent phase at `hz`: the least any training step draws."""
         return self.idle_power_w + self.overhead_utilisation * (self.full_load_power(hz) - self.idle_power_w)
 
     def least_power_w(self) -> float:
-        """The least peak power of any training step on this board (lowest frequency): under a cap
-        below it nothing can run."""
+        """The least peak power of any training step on this board: under it nothing runs."""
         return self.overhead_power_w(self.frequencies_hz[0])
 
     def least_fixed_power_w(self) -> float:
@@ -157,15 +134,9 @@ class BoardModel:
 
 
 def _derive(name: str, raw: dict[str, Any], ref: dict[str, Any]) -> dict[str, Any]:
-    """Fill what `raw` leaves out from the measured board `ref`, scaled by the two boards' specifications.
-
-    - throughput: the reference's SGEMM efficiency per core, times this board's cores;
-    - full-load power: idle + (energy per FLOP at the same relative position in the DVFS table, times
-      `energy_per_flop_factor` for the process) × FLOP/s — so the curve has the reference's shape, rising
-      steeply near the top clock where the voltage rises;
-    - CPU-side costs (launch, per-step overhead): the reference's, times the ratio of CPU clocks;
-    - utilisation half-point: proportional to cores (twice the cores need twice the work per kernel).
-    """
+    """Fill what `raw` leaves out from the measured board `ref`: throughput and utilisation half-point
+    scale with cores, CPU-side costs with CPU clocks, and full-load power is idle + the reference's energy
+    per FLOP at the same relative clock (times `energy_per_flop_factor`) × FLOP/s."""
     out = dict(raw)
     cores = float(raw["cuda_cores"]) / float(ref["cuda_cores"])
     cpu = float(ref["cpu_clock_ghz"]) / float(raw["cpu_clock_ghz"])
@@ -259,9 +230,7 @@ def _parse(name: str, raw: dict[str, Any], boards: dict[str, Any]) -> BoardModel
         sources=dict(raw.get("sources", {})),
         state_of_practice=_parse_table(name, raw.get("state_of_practice"), len(freqs)),
         calibration=_parse_calibration(name, raw.get("calibration"), boards),
-        cuda_cores=int(raw.get("cuda_cores", 0)),
-        cpu_clock_ghz=float(raw.get("cpu_clock_ghz", 0.0)),
-        # int for the byte counts, float for the rest: each field's own type, which one dict cannot say
+        # int for the byte counts, float for the rest
         **cast(
             "dict[str, Any]", {k: (int(raw[k]) if k.endswith("bytes") else float(raw[k])) for k in _FIELDS}
         ),
@@ -269,7 +238,7 @@ def _parse(name: str, raw: dict[str, Any], boards: dict[str, Any]) -> BoardModel
 
 
 def _raw_boards() -> dict[str, Any]:
-    """The decoded boards.yaml, read as every other file is (`powerctl.files.readfile`: bounded)."""
+    """The decoded boards.yaml, read bounded."""
     with resources.as_file(resources.files("powerctl.data").joinpath("boards.yaml")) as path:
         try:
             raw = read_bytes(path, limit=YAML_LIMIT, what="the board models (boards.yaml)", error=DeviceError)

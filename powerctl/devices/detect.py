@@ -48,20 +48,11 @@ def _nvml_gpus() -> list[dict[str, Any]]:
     return found
 
 
-def _host() -> dict[str, Any]:
-    from powerctl.devices.host import HostDevice
-
-    return {"kind": "host", **HostDevice().describe()}
-
-
-def _simulated() -> list[dict[str, Any]]:
-    """The simulated boards, described like real ones (their tables and sensor are virtual)."""
-    from powerctl.devices.simulated import SIM_BOARDS, SimulatedBoard
-
-    return [{"kind": "sim", **SimulatedBoard.open(name).describe()} for name in SIM_BOARDS]
-
-
 def detect_devices() -> list[dict[str, Any]]:
     """Jetson (if any), NVML GPUs (if any), the host, then the simulated boards. A device that is there
     but cannot be used carries an `error` line instead of its description."""
-    return [*_jetson(), *_nvml_gpus(), _host(), *_simulated()]
+    from powerctl.devices.host import HostDevice
+    from powerctl.devices.simulated import SIM_BOARDS, SimulatedBoard
+
+    simulated = [{"kind": "sim", **SimulatedBoard.open(name).describe()} for name in SIM_BOARDS]
+    return [*_jetson(), *_nvml_gpus(), {"kind": "host", **HostDevice().describe()}, *simulated]

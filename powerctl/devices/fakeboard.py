@@ -1,12 +1,6 @@
-"""Fake Jetson sysfs/procfs trees: a board to rehearse on without hardware (`powerctl fake-board`).
-
-Point `POWERCTL_SYSFS_ROOT` at a tree and the `jetson` device reads the model, the GPU devfreq node and
-the INA3221 rails from it, and pins by writing `min_freq`/`max_freq` there, so pinning, the crash
-record and the restore run exactly as on a board (docs/deployment.md, "A fake board"). Files hold what
-the real ones hold (numbers and a newline, the model ending in NUL): a pin followed by a restore gives
-the tree back byte for byte. The rails are constants (the idle readings of each board): a fake board
-draws the same power at every frequency.
-"""
+"""Fake Jetson sysfs/procfs trees to rehearse on without hardware (`powerctl fake-board`; docs/deployment.md,
+"A fake board"): with `POWERCTL_SYSFS_ROOT` at one, the `jetson` device pins, records and restores as on a
+board. The rails are constants: a fake board draws the same power at every frequency."""
 
 from __future__ import annotations
 
@@ -44,7 +38,7 @@ def _put(root: Path, rel: str, content: str | bytes) -> Path:
 
 
 def _link(root: Path, rel: str, target_rel: str) -> None:
-    """A relative symlink, as sysfs has them (so the tree can move)."""
+    """A relative symlink, as sysfs has them."""
     link = root / rel
     link.parent.mkdir(parents=True, exist_ok=True)
     link.symlink_to(os.path.relpath(root / target_rel, link.parent))
@@ -151,7 +145,6 @@ KINDS: dict[str, Callable[[Path], Path]] = {
     "jetson-tx2nx": make_tx2nx_tree,
     "jetson-orin-nano": make_orin_tree,
 }
-"""Board kind → tree maker: JetPack 4 (iio rails) for the Nano and the TX2 NX, JetPack 6 (hwmon) for Orin."""
 
 
 def make_fake_board(root: Path, kind: str) -> Path:

@@ -19,7 +19,7 @@ ROOT_ENV = "POWERCTL_SYSFS_ROOT"
 MODEL_FILE = "proc/device-tree/model"
 COMPATIBLE_FILE = "proc/device-tree/compatible"
 
-# Known devfreq nodes first (fast, exact); any other board falls back to scanning /sys/class/devfreq.
+# Known devfreq nodes first; any other board falls back to scanning /sys/class/devfreq.
 KNOWN_DEVFREQ: dict[str, tuple[str, ...]] = {
     "jetson-nano": (
         "sys/devices/gpu.0/devfreq/57000000.gpu",
@@ -39,7 +39,7 @@ NO_JETSON_HINT = "use sim:jetson-nano to simulate one"
 
 
 def sysfs_root() -> Path:
-    """The root every sysfs/procfs path lives under: `/` on a board, a fake tree in tests."""
+    """`/` on a board, a fake tree in tests."""
     return Path(os.environ.get(ROOT_ENV) or "/")
 
 
@@ -53,7 +53,7 @@ def _read(path: Path) -> str:
 
 
 def _write_sysfs(path: Path, value: str) -> None:
-    """Write `value` + newline in ONE write call, truncating (sysfs ignores O_TRUNC; a fake tree needs it)."""
+    """Write `value` + newline in ONE write call, truncating (for a fake tree; sysfs ignores it)."""
     data = f"{value}\n".encode()
     try:
         fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
@@ -68,9 +68,6 @@ def _write_sysfs(path: Path, value: str) -> None:
         ) from None
     except OSError as exc:
         raise DeviceError(f"writing {value} to {path} failed: {exc.strerror or exc}") from None
-
-
-# --- board identity -------------------------------------------------------------------------
 
 
 def read_model(root: Path) -> str | None:
@@ -90,7 +87,7 @@ def _slug(text: str) -> str:
 
 def board_name(model: str, compatible: list[str] | None = None) -> str | None:
     """``jetson-nano``/``jetson-tx2nx`` for the reference boards, a slug for newer ones, None if no Jetson
-    (old L4T releases say ``jetson-nano`` or ``lanai-3636``: the compatible list settles those)."""
+    (the compatible list settles old L4T releases' model strings)."""
     compat = " ".join(compatible or []).lower()
     words = _slug(model).split("-")
     if "orin" not in words and ("nano" in words or "p3448" in compat):
@@ -105,12 +102,8 @@ def board_name(model: str, compatible: list[str] | None = None) -> str | None:
     return slug if slug.startswith("jetson") else f"jetson-{slug}"
 
 
-# --- devfreq --------------------------------------------------------------------------------
-
-
 def find_devfreq(root: Path, board: str) -> Path | None:
-    """The GPU's devfreq directory: a known path for the board, else the first GPU node in the class (a
-    table that is no file is found too, so reading it says what is wrong)."""
+    """The GPU's devfreq directory: a known path for the board, else the first GPU node in the class."""
     for rel in KNOWN_DEVFREQ.get(board, ()):
         node = root / rel
         if os.path.lexists(node / "available_frequencies"):
@@ -160,9 +153,6 @@ def _saved_state(state: Any) -> tuple[str, str, str | None] | str:
     if governor is not None and not (isinstance(governor, str) and _GOVERNOR_TEXT.fullmatch(governor)):
         return f"'state': 'governor' must be a devfreq governor's name, got {governor!r}"
     return lo, hi, governor
-
-
-# --- power rails ----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -239,9 +229,6 @@ def total_rail(rails: list[Rail]) -> Rail | None:
     return named or next((r for r in rails if _is_total_name(r.name)), None)
 
 
-# --- the device -----------------------------------------------------------------------------
-
-
 class JetsonBoard(Device):
     """A Jetson: pins the GPU by writing devfreq min_freq == max_freq, reads power from INA3221."""
 
@@ -251,15 +238,12 @@ class JetsonBoard(Device):
         self.devfreq = find_devfreq(root, board)
         self._table, self._table_error = [], ""
         try:
-            self._table = self._parse_devfreq_table()
-        except DeviceError as exc:  # said by every command that needs the knob; power still reads
+            self._table = [] if self.devfreq is None else _parse_table(self.devfreq / "available_frequencies")
+        except DeviceError as exc:  # said by every command that needs the knob
             self._table_error = str(exc)
         self._rails = find_rails(root)
         self._total = total_rail(self._rails)
         self.has_power_sensor = bool(self._rails)
-
-    def _parse_devfreq_table(self) -> list[int]:
-        return [] if self.devfreq is None else _parse_table(self.devfreq / "available_frequencies")
 
     def _devfreq_file(self, name: str) -> Path:
         if self.devfreq is None:
@@ -280,7 +264,6 @@ class JetsonBoard(Device):
         node = os.path.realpath(self.devfreq)
         return f"{self.board}@{hashlib.sha256(node.encode()).hexdigest()[:12]}"
 
-    # --- knob -----------------------------------------------------------------------------
     def frequencies(self) -> list[int]:
         if self._table_error:
             raise DeviceError(self._table_error)
@@ -290,11 +273,11 @@ class JetsonBoard(Device):
         return None if self.devfreq is None else self._read_freq("cur_freq")
 
     def clock_in_force(self) -> int | None:
-        """The governor's ceiling (`max_freq`): under load the GPU runs at it (`cur_freq` follows load)."""
+        """The governor's ceiling (`max_freq`): under load the GPU runs at it."""
         return None if self.devfreq is None else self._read_freq("max_freq")
 
     def pin_refusal(self) -> str | None:
-        """Refused when min_freq or max_freq is not writable by this process (access(2): nothing written)."""
+        """Refused when min_freq or max_freq is not writable by this process (checked with access(2))."""
         if self.devfreq is None:
             return None
         for name in ("min_freq", "max_freq"):
@@ -317,8 +300,8 @@ class JetsonBoard(Device):
         return state | {name: _read(self.devfreq / name) for name in ("min_freq", "max_freq")}
 
     def apply_snapshot(self, state: dict[str, Any]) -> None:
-        """Put back exactly the saved strings, writing only changed files; an empty state releases any pin
-        (the table's full range). A state that makes no sense is one BadRecordError line, nothing written."""
+        """Put back the saved strings, writing only changed files; an empty state releases any pin. A state
+        that makes no sense is one BadRecordError line, nothing written."""
         if self.devfreq is None:
             return
         if state:
@@ -339,7 +322,6 @@ class JetsonBoard(Device):
         if _read(path) != value:
             _write_sysfs(path, value)
 
-    # --- sensors --------------------------------------------------------------------------
     def rails(self) -> dict[str, float]:
         return {rail.name: rail.read_w() for rail in self._rails}
 

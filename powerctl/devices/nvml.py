@@ -1,5 +1,5 @@
 """A discrete NVIDIA GPU through NVML (nvidia-ml-py): locked graphics clocks as the knob, board power.
-`pynvml` is imported when a GPU is opened, never at package import (machines without a driver)."""
+`pynvml` is imported only when a GPU is opened."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def load_nvml() -> ModuleType:
 
 
 def shutdown_nvml(nvml: ModuleType) -> None:
-    """Drop one nvmlInit reference; best effort, the process keeps working without NVML."""
+    """Drop one nvmlInit reference; best effort."""
     with contextlib.suppress(Exception):
         nvml.nvmlShutdown()
 
@@ -67,7 +67,7 @@ class NvmlGpu(Device):
         self._closed = False
 
     def torch_device(self) -> str:
-        """The CUDA device that IS this GPU, matched by UUID (CUDA may number GPUs differently from NVML)."""
+        """The CUDA device that IS this GPU, matched by UUID (CUDA may number GPUs differently)."""
         import torch
 
         if not torch.cuda.is_available():
@@ -119,8 +119,7 @@ class NvmlGpu(Device):
         return sorted({int(mhz) * MHZ for mhz in graphics})
 
     def _probe_power(self) -> bool:
-        """Whether NVML reads board power here, and how (`power_reading`): the instantaneous field where the
-        driver has it, else `nvmlDeviceGetPowerUsage` (a one-second average on newer GPUs)."""
+        """Whether NVML reads board power here, and how (`power_reading`): instantaneous, else averaged."""
         nvml = self._nvml
         try:
             self._instant_mw()
@@ -151,14 +150,13 @@ class NvmlGpu(Device):
         return int(field.value.uiVal)
 
     def physical_key(self) -> str | None:
-        """The GPU's UUID: NVML indices change with CUDA_VISIBLE_DEVICES and PCI order, the UUID does not."""
+        """The GPU's UUID (NVML indices change with CUDA_VISIBLE_DEVICES and PCI order)."""
         try:
             uuid = _text(self._call("reading the GPU UUID", self._nvml.nvmlDeviceGetUUID, self._handle))
         except DeviceError:  # no UUID (old driver): the index, which is stable on one machine
             return f"{self.board}-index{self.index}"
         return f"nvml-{uuid.lower()}"
 
-    # --- knob -----------------------------------------------------------------------------
     def frequencies(self) -> list[int]:
         return list(self._table)
 
@@ -188,7 +186,6 @@ class NvmlGpu(Device):
     def apply_snapshot(self, state: dict[str, Any]) -> None:
         self._call("resetting locked GPU clocks", self._nvml.nvmlDeviceResetGpuLockedClocks, self._handle)
 
-    # --- sensors --------------------------------------------------------------------------
     def read_power_w(self) -> float:
         if not self.has_power_sensor:
             raise DeviceError(f"{self.spec} ({self.name}) has no power sensor NVML can read")

@@ -1,9 +1,5 @@
-"""Simulated Jetson boards: real training steps on the CPU, virtual clock and power sensor.
-
-The step itself runs for real (so accuracy dynamics are real); its cost on the board is charged
-from the calibrated model in powerctl/data/boards.yaml and the workload's measured FLOPs and
-memory: a bigger network takes longer and draws more; too big a batch does not fit.
-"""
+"""Simulated Jetson boards: real training steps on the CPU, charged to a virtual clock and power sensor by
+the board model (powerctl/data/boards.yaml) and the workload's measured FLOPs and memory."""
 
 from __future__ import annotations
 
@@ -27,36 +23,28 @@ SIM_BOARDS = ("jetson-nano", "jetson-tx2nx")
 
 
 def check_board_name(name: str) -> str:
-    """`name` when it is a simulated board (`SIM_BOARDS`), else one DeviceError line naming them."""
+    """`name` when it is a simulated board, else one DeviceError line naming them."""
     if name not in SIM_BOARDS:
         known = ", ".join(f"sim:{b}" for b in SIM_BOARDS if b in board_names())
         raise DeviceError(f"no simulated board named {name!r}; choose one of: {known}")
     return name
 
 
-TIME_NOISE = 0.01
-"""Relative standard deviation of a step's duration (seeded)."""
-POWER_NOISE = 0.01
-"""Relative standard deviation of a power reading (seeded)."""
+TIME_NOISE = 0.01  # relative standard deviation of a step's duration (seeded)
+POWER_NOISE = 0.01  # relative standard deviation of a power reading (seeded)
 
-_ADAM_PASSES = 7
-"""Parameter-sized memory passes of an Adam step: read p, g, m, v; write p, m, v."""
-_GRAD_PASSES = 2
-"""Parameter-sized passes of the weight gradients: written in backward, zeroed for the next step."""
-_TRAFFIC_READ_WRITE = 2.0
-"""Measured traffic counts the bytes ops write; they read about as much."""
-_UNMEASURED_KERNELS = 200
-"""Kernels per forward + backward assumed for a workload measured without a kernel count."""
+_ADAM_PASSES = 7  # parameter-sized memory passes of an Adam step: read p, g, m, v; write p, m, v
+_GRAD_PASSES = 2  # the weight gradients: written in backward, zeroed for the next step
+_TRAFFIC_READ_WRITE = 2.0  # measured traffic counts the bytes ops write; they read about as much
+_UNMEASURED_KERNELS = 200  # kernels per pass assumed for a workload measured without a count
 
 
 @dataclass(frozen=True)
 class StepCost:
     """The model's prediction for one training step at (batch size, frequency), noise-free."""
 
-    compute_s: float
-    """Arithmetic kernels: scale with the GPU clock and run better with more work per kernel."""
-    fixed_s: float
-    """Launches (CPU-side, per kernel) and memory traffic (bounded by DRAM, not the GPU clock)."""
+    compute_s: float  # arithmetic kernels: scale with the GPU clock
+    fixed_s: float  # kernel launches and memory traffic: independent of the GPU clock
     compute_w: float
     fixed_w: float
     utilisation: float
@@ -75,9 +63,8 @@ class StepCost:
 
 
 def step_cost(board: BoardModel, workload: Workload, batch_size: int, hz: int) -> StepCost:
-    """Time and power of one step (see boards.yaml): a compute phase at the GPU clock, whose utilisation
-    grows with the work per kernel, and a frequency-independent phase: kernel launches from the CPU
-    (forward, backward, and the per-tensor optimizer) and memory traffic at the DRAM's bandwidth."""
+    """Time and power of one step: a compute phase at the GPU clock, whose utilisation grows with the work
+    per kernel, and a frequency-independent phase of kernel launches and memory traffic."""
     gflop = batch_size * workload.flops_per_sample / 1e9
     kernels = workload.kernels_per_step or _UNMEASURED_KERNELS
     occupancy = (gflop / kernels / board.half_utilisation_gflop_per_kernel) ** board.utilisation_exponent
@@ -103,9 +90,7 @@ def step_cost(board: BoardModel, workload: Workload, batch_size: int, hz: int) -
 def top_clock_time_ratio(
     reference: BoardModel, board: BoardModel, workload: Workload, batch_size: int
 ) -> float:
-    """Time per sample on `reference` over that on `board`, each at its top clock: the speed-up the paper's
-    no-cap state of practice measures between two boards (the same samples to target on both), which a
-    board's `calibration` holds (boards.yaml)."""
+    """Step time on `reference` over that on `board`, each at its top clock (what `calibration` holds)."""
     return (
         step_cost(reference, workload, batch_size, reference.frequencies_hz[-1]).seconds
         / step_cost(board, workload, batch_size, board.frequencies_hz[-1]).seconds
@@ -130,12 +115,8 @@ def predicted_point(
 def replay_cost(
     board: BoardModel, workload: Workload, batch_size: int, steps: int, hz: int
 ) -> tuple[float, float]:
-    """(device seconds, energy J) that `steps` training steps of `batch_size` cost at `hz`, noise-free.
-
-    Samples to a target depend on the batch size and the seed, not on the frequency: a run recorded
-    once (its steps) is charged at every frequency without training again — the same as a pinned run
-    on a noise-free simulated board (tests/test_replay.py).
-    """
+    """(device seconds, energy J) of `steps` steps of `batch_size` at `hz`, noise-free: a run recorded once
+    is charged at every frequency without training again."""
     cost = step_cost(board, workload, batch_size, hz)
     return steps * cost.seconds, steps * cost.energy_j
 
@@ -147,11 +128,8 @@ def predicted_profile(
     samples: int,
     frequencies: Sequence[int] | None = None,
 ) -> Profile:
-    """The board model's noise-free profile (every (b, f) of a grid) without running a training step.
-
-    Batch sizes that do not fit in the board's training memory are skipped, as a real profile skips them.
-    Marked ``"predicted": true`` in the file; it costs no device time.
-    """
+    """The board model's noise-free profile of a grid, without training (``"predicted": true``); batch
+    sizes that do not fit are skipped, as a real profile skips them."""
     model = board_model(board) if isinstance(board, str) else board
     table = sorted(frequencies or model.frequencies_hz)
     unknown = set(table) - set(model.frequencies_hz)
@@ -190,7 +168,7 @@ class TimelineSampler(PowerSampler):
         self._board._samplers.append(self)
 
     def record(self, t0: float, t1: float, watts: float) -> None:
-        # two readings per constant-power segment: the trapezoid rule then integrates it exactly
+        # two readings per constant-power segment: the trapezoid rule integrates it exactly
         self._samples.append((t0, self._board._noisy(watts)))
         self._samples.append((t1, self._board._noisy(watts)))
 
@@ -212,8 +190,7 @@ class SimulatedBoard(Device):
     def __init__(
         self, model: BoardModel, seed: int = 0, *, noise: bool = True, power_scale: float = 1.0
     ) -> None:
-        """`power_scale` makes this board draw that many times what its model (and so its predicted
-        profile) says: a hot or mis-profiled board, for testing the power guard."""
+        """`power_scale`: draw that many times what the model says (a hot board, for the power guard)."""
         if not math.isfinite(power_scale) or power_scale <= 0:
             raise ValueError(f"power_scale must be a positive number, got {power_scale!r}")
         super().__init__()

@@ -1,6 +1,4 @@
-"""Where torch tensors live: the one reader of `auto`, `cpu`, `cuda` and `cuda:INDEX`, the devices of a
-machine with no board to control (the coordinator). `check_torch_spec` reads the form without torch;
-`resolve_torch_device` asks torch whether that device is here."""
+"""Where torch tensors live: the one reader of `auto`, `cpu`, `cuda` and `cuda:INDEX`."""
 
 from __future__ import annotations
 
@@ -9,15 +7,11 @@ from typing import Any
 
 from powerctl.errors import DeviceError
 
-__all__ = ["TORCH_SPECS", "TORCH_SPEC_HELP", "check_torch_spec", "free_accelerator_memory", "is_torch_spec"]
-__all__ += ["resolve_torch_device", "torch_device_arg"]
-
-TORCH_SPECS = ("auto", "cpu", "cuda", "cuda:INDEX")
 TORCH_SPEC_HELP = "auto (the first CUDA device torch sees, else the CPU), cpu, cuda, cuda:INDEX"
 
 
 def is_torch_spec(spec: str) -> bool:
-    """Whether `spec` is one of the torch forms (well formed or not): `auto`, `cpu`, `cuda...`."""
+    """Whether `spec` is one of the torch forms (well formed or not)."""
     spec = spec.strip()
     return spec in ("auto", "cpu") or spec == "cuda" or spec.startswith("cuda:")
 
@@ -38,8 +32,8 @@ def check_torch_spec(spec: str) -> str:
 
 
 def resolve_torch_device(spec: str = "auto") -> str:
-    """The torch device `spec` names here: `auto` is `cuda:0` when torch sees a CUDA device, else `cpu`; a
-    CUDA device torch does not have is one DeviceError line (never silently the CPU)."""
+    """The torch device `spec` names here (`auto`: `cuda:0` when torch sees one, else `cpu`); a CUDA device
+    torch does not have is one DeviceError line."""
     form = check_torch_spec(spec)
     if form == "cpu":
         return "cpu"

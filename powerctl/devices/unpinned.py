@@ -1,18 +1,15 @@
-"""A device whose GPU frequency this process may not change (no root, or `--no-pin` / `pin = false`):
-it offers one frequency, the clock in force, so the selection chooses the batch size alone; a pin at that
-clock writes nothing, and no lock or record is taken. Everything else is the wrapped device's."""
+"""A device whose GPU frequency this process may not change (no root, or `--no-pin` / `pin = false`): it
+offers one frequency, the clock in force, and a pin at that clock writes nothing. The rest is the wrapped
+device's."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
-from powerctl.devices.base import Device, PowerSampler
+from powerctl.devices.base import Device
 from powerctl.errors import DeviceError
-from powerctl.records.workload import Workload
-
-T = TypeVar("T")
 
 log = logging.getLogger(__name__)  # a device that profiles at the clock in force, and why (WARNING)
 
@@ -36,7 +33,6 @@ class UnpinnedDevice(Device):
             raise AttributeError(name)
         return getattr(self.inner, name)
 
-    # --- the knob: one frequency, never written ----------------------------------------------
     def frequencies(self) -> list[int]:
         return list(self._hz)
 
@@ -74,12 +70,11 @@ class UnpinnedDevice(Device):
         return None
 
     def physical_key(self) -> str | None:
-        return None  # nothing is pinned, so there is nothing to lock, record or put back
+        return None  # nothing is pinned: nothing to lock, record or put back
 
     def _mhz(self) -> str:
         return f"{self._hz[0] / 1e6:.1f} MHz" if self._hz else "unknown"
 
-    # --- the rest is the device's own --------------------------------------------------------
     @property
     def has_power_sensor(self) -> bool:  # type: ignore[override]
         return self.inner.has_power_sensor
@@ -88,45 +83,27 @@ class UnpinnedDevice(Device):
     def power_reading(self) -> str | None:  # type: ignore[override]
         return self.inner.power_reading
 
-    def read_power_w(self) -> float:
-        return self.inner.read_power_w()
-
-    def rails(self) -> dict[str, float]:
-        return self.inner.rails()
-
-    def power_sampler(self, rate_hz: float) -> PowerSampler:
-        return self.inner.power_sampler(rate_hz)
-
     def memory_bytes(self) -> int:
         return self.inner.memory_bytes()
-
-    def clock(self) -> float:
-        return self.inner.clock()
-
-    def idle(self, seconds: float) -> None:
-        self.inner.idle(seconds)
-
-    def resume_state(self) -> dict[str, Any]:
-        return self.inner.resume_state()
-
-    def load_resume_state(self, state: dict[str, Any]) -> None:
-        self.inner.load_resume_state(state)
-
-    def synchronize(self) -> None:
-        self.inner.synchronize()
-
-    def torch_device(self) -> str:
-        return self.inner.torch_device()
-
-    def run_step(self, fn: Callable[[], T], *, batch_size: int, workload: Workload) -> T:
-        return self.inner.run_step(fn, batch_size=batch_size, workload=workload)
 
     def describe(self) -> dict[str, Any]:
         return {**self.inner.describe(), "frequencies_hz": self.frequencies(), "pinned": False,
                 "not_pinned": self.reason}  # fmt: skip
 
-    def close(self) -> None:
-        self.inner.close()
+
+def _forward(name: str) -> Callable[..., Any]:
+    def method(self: UnpinnedDevice, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.inner, name)(*args, **kwargs)
+
+    method.__name__ = method.__qualname__ = name
+    return method
+
+
+# Device's defaults that the wrapped device may override: each is the wrapped device's own.
+FORWARDED: tuple[str, ...] = ("read_power_w", "rails", "power_sampler", "clock", "idle", "resume_state")
+FORWARDED += ("load_resume_state", "synchronize", "torch_device", "run_step", "close")
+for _name in FORWARDED:
+    setattr(UnpinnedDevice, _name, _forward(_name))
 
 
 def unpinned(inner: Device, reason: str) -> UnpinnedDevice:
