@@ -1,3 +1,2 @@
-"""The files powerctl reads and writes: one bounded reader of named files (`readfile`), one reader of
-mappings (`mapping`), versioned JSON (`jsonfile`), output paths checked before the work and written
-atomically (`outputs`), the cache folder (`cache`) and the XDG base folders (`xdg`)."""
+"""The files powerctl reads and writes: named files (`readfile`), mappings (`mapping`), versioned JSON
+(`jsonfile`), outputs (`outputs`), the cache (`cache`) and the XDG base folders (`xdg`)."""

@@ -17,8 +17,7 @@ class CacheError(PowerctlError):
 
 
 def cache_root() -> Path:
-    """$POWERFED_CACHE, else $XDG_CACHE_HOME/powerfed, checked at every use: a cache is written only after
-    the work it keeps, so a bad root would fail minutes later. A folder not there yet is made when written."""
+    """$POWERFED_CACHE, else $XDG_CACHE_HOME/powerfed, checked at every use (before the work it keeps)."""
     root = os.environ.get(CACHE_ENV)
     if not root:
         return xdg_home("cache") / "powerfed"

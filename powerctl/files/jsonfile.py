@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from powerctl.errors import FileFormatError
-from powerctl.files.mapping import MappingReader, Number, shown
+from powerctl.files.mapping import MappingReader, shown
 from powerctl.files.outputs import replacing
 from powerctl.files.readfile import JSON_LIMIT, read_bytes
 
@@ -44,7 +44,7 @@ def read_json(path: str | Path, schema: str) -> dict[str, Any]:
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """An object whose key is given twice is refused (json would keep the last silently)."""
+    """An object whose key is given twice is refused (json would keep the last)."""
     out: dict[str, Any] = {}
     for key, value in pairs:
         if key in out:
@@ -74,16 +74,8 @@ class Fields(MappingReader):
         super().__init__(data, where, FileFormatError)
 
 
-def check_number(
-    v: Any, key: str, fields: Fields, *, positive: bool = False, minimum: float | None = 0.0
-) -> float:
-    """A number found inside `key` (a list entry), checked as `Fields.number` checks one."""
-    return fields.check(key, v, Number(0.0, above=True) if positive else Number(minimum))
-
-
 class FrozenJson(Mapping[str, Any]):
-    """A JSON object that cannot change (`frozen_json` makes one), for a frozen record; unlike
-    `types.MappingProxyType` it pickles (Ray sends records between processes)."""
+    """A JSON object that cannot change, for a frozen record; unlike `types.MappingProxyType` it pickles."""
 
     __slots__ = ("_items",)
     _items: dict[str, Any]

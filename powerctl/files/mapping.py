@@ -1,10 +1,6 @@
-"""One reader for every mapping the project reads: JSON files, Flower records, run and node config, YAML.
-
-A value is read by its key and its `Kind` (what it must be: an integer ≥ 1, one of a few names, a power
-cap); any problem is ONE line of the reader's own error class that names the place, the key and the
-value — ``quick.yaml: task: 'lr-max' must be a number > 0, got 0``. An unknown key is named with the
-nearest known one. The kinds also serve `strategies.settings`, which declares every run setting once.
-"""
+"""One reader for every mapping the project reads (JSON files, Flower records, run config, YAML): a value
+is read by its key and `Kind`; any problem is ONE line of the reader's error class naming the place, the key
+and the value — ``quick.yaml: task: 'lr-max' must be a number > 0, got 0``."""
 
 from __future__ import annotations
 
@@ -25,18 +21,17 @@ from powerctl.errors import ArgumentError, PowerctlError
 
 MISSING: Any = object()  # the default of a key that must be present
 
-# The bounds every reader and flag of the project uses: far above any real value, low enough that a typo
-# is one line and not a library's overflow or an out-of-memory skip.
+# Bounds far above any real value, low enough that a typo is one line, not an overflow.
 MAX_COUNT = 10**9  # a count or amount a flag takes unless it says a lower one (samples, seconds, days)
 MAX_SEED = 2**32 - 1  # what every generator here takes (numpy's legacy seed is 32 bits)
 MAX_STEPS = 1000  # warm-up or measured training steps per profiled pair
-MAX_ROUNDS = 100_000  # rounds of a run: a typo of 10^13 is one line, not Flower's int64 overflow
+MAX_ROUNDS = 100_000  # rounds of a run (Flower's counter is an int64)
 MAX_BATCH_SIZE = 65_536  # far above what an edge GPU holds
 MAX_CAP_W = 100_000.0  # above any board or GPU (a rack is tens of kW)
 
 
 class Invalid(ValueError):
-    """A kind's refusal of a value. The text follows the key in the reader's line: "must be …, got …"."""
+    """A kind's refusal of a value: "must be …, got …"."""
 
 
 _SHOWN = reprlib.Repr()
@@ -48,7 +43,7 @@ SHOWN_MAX = 400
 
 
 def shown(value: Any) -> str:
-    """`repr(value)` cut to a line (a refused value may be a 60 MB string or a billion-item YAML alias)."""
+    """`repr(value)` cut to a line (a refused value may be huge)."""
     text = _SHOWN.repr(value)
     return text if len(text) <= SHOWN_MAX else text[: SHOWN_MAX - 3] + "..."
 
@@ -58,23 +53,23 @@ def must_be(expected: str, value: Any) -> Invalid:
 
 
 def is_integer(value: Any) -> bool:
-    """An int or a numpy integer scalar, not a bool (the kinds hand back a plain int)."""
+    """An int or a numpy integer scalar, not a bool."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def is_number(value: Any) -> bool:
-    """A finite int or float, numpy's scalars included, not a bool (the kinds hand back a plain float)."""
+    """A finite int or float, numpy's scalars included, not a bool."""
     if not isinstance(value, numbers.Real) or isinstance(value, bool):
         return False
     try:
         return math.isfinite(value)
-    except OverflowError:  # an int beyond any float (10**400): no finite number a reader takes
+    except OverflowError:  # an int beyond any float (10**400)
         return False
 
 
 class Kind:
-    """What a value must be: `expected` in words, `__call__` returns it typed or raises `Invalid`;
-    `to_config` gives it back as a run config or ConfigRecord holds it (bool, int, float, str)."""
+    """What a value must be: `expected` in words; `__call__` returns it typed or raises `Invalid`;
+    `to_config` gives it back as a run config holds it."""
 
     expected: str = "a value"
     python_type: Any = object
@@ -140,7 +135,7 @@ class Flag(Kind):
 
 @dataclass(frozen=True)
 class Text(Kind):
-    """A string, stripped; `empty` allows "" (a setting whose empty value means "none given")."""
+    """A string, stripped; `empty` allows ""."""
 
     empty: bool = False
     what: str = ""
@@ -160,7 +155,7 @@ class Text(Kind):
 
 
 def encodable(text: str) -> bool:
-    """Whether UTF-8 can write `text` (a lone surrogate such as "\\ud800" cannot)."""
+    """Whether UTF-8 can write `text` (a lone surrogate cannot)."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
@@ -187,7 +182,7 @@ class Choice(Kind):
 @dataclass(frozen=True)
 class Distinct(Kind):
     """Distinct values `item` accepts: a list, or text separated by commas (a run config holds no lists);
-    `what` names them in the plural ("integers ≥ 1"); `ascending` gives them back sorted."""
+    `what` names them in the plural; `ascending` gives them back sorted."""
 
     item: Kind
     what: str
@@ -239,7 +234,7 @@ class JsonObject(Kind):
             obj = json.loads(value) if isinstance(value, str) else None
         except ValueError:
             obj = None
-        except RecursionError:  # what a message or file could hold, never a plan: one line, not a crash
+        except RecursionError:
             raise must_be(f"{self.expected} nested less deeply", value) from None
         if not isinstance(obj, dict):
             raise must_be(self.expected, value)
@@ -248,8 +243,7 @@ class JsonObject(Kind):
 
 @dataclass(frozen=True)
 class FolderPath(Kind):
-    """A folder a Python caller names, as a Path: not '' or '.' (a cache would land wherever the program
-    started); `what` says it in the caller's words."""
+    """A folder a Python caller names, as a Path: not '' or '.'; `what` says it in the caller's words."""
 
     what: str = "a folder path"
 
@@ -268,7 +262,7 @@ class FolderPath(Kind):
 
 @dataclass(frozen=True)
 class Maybe(Kind):
-    """`kind`, or None (a field whose None means "not given": no cap, the default cache)."""
+    """`kind`, or None ("not given")."""
 
     kind: Kind
 
@@ -294,7 +288,7 @@ class Maybe(Kind):
 
 @dataclass(frozen=True)
 class Custom(Kind):
-    """A kind made from a function that returns the value or raises `Invalid` (with its own words)."""
+    """A kind made from a function that returns the value or raises `Invalid`."""
 
     parse: Callable[[Any], Any]
     expected: str = "a value"
@@ -305,12 +299,12 @@ class Custom(Kind):
 
 
 def _split(text: str) -> list[str]:
-    """Items separated by commas (or semicolons); an empty item stays, for the item's kind to refuse."""
+    """Items separated by commas (or semicolons); an empty one stays, for the item's kind to refuse."""
     return [t.strip() for t in text.replace(";", ",").split(",")]
 
 
 def number_text(v: float) -> str:
-    """A bound as people write it: 1000000000, not 1e+09 (a whole number below 10¹⁶ in full)."""
+    """A bound as people write it: 1000000000, not 1e+09."""
     return str(int(v)) if float(v).is_integer() and abs(v) < 1e16 else f"{v:g}"
 
 
@@ -326,9 +320,8 @@ def _bounds(lo: float | None, hi: float | None, above: bool, below: bool) -> str
 
 def bounds_text(kind: Integer | Number) -> str:
     """The range of a bounded kind in words for a flag's help: "in [1, 1000000000]", "> 0"."""
-    if isinstance(kind, Number):
-        return _bounds(kind.minimum, kind.maximum, kind.above, kind.below).strip()
-    return _bounds(kind.minimum, kind.maximum, False, False).strip()
+    strict = (kind.above, kind.below) if isinstance(kind, Number) else (False, False)
+    return _bounds(kind.minimum, kind.maximum, *strict).strip()
 
 
 def _within(v: float, lo: float | None, hi: float | None, above: bool, below: bool) -> bool:
@@ -338,7 +331,7 @@ def _within(v: float, lo: float | None, hi: float | None, above: bool, below: bo
 
 
 def unknown_key_text(key: str, known: Collection[str]) -> str:
-    """``unknown key 'lr-mx'; did you mean 'lr-max'?`` (the known keys listed when none is near)."""
+    """``unknown key 'lr-mx'; did you mean 'lr-max'?``, or the known keys when none is near."""
     near = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
     if near:
         return f"unknown key {key!r}; did you mean {near[0]!r}?"
@@ -390,7 +383,6 @@ class MappingReader:
         raw = self.data.get(key)
         return mapping_reader(raw if raw is not None else {}, f"{self.where}: {key}", self.error, known)
 
-    # the common kinds by name
     def string(self, key: str, default: Any = MISSING) -> str:
         return self.value(key, Text(), default)
 
@@ -439,8 +431,7 @@ def mapping_reader(
     return reader.only(known) if known is not None else reader
 
 
-FIELD_KIND = "kind"
-"""The metadata key of a record field's kind (`kind_field`)."""
+FIELD_KIND = "kind"  # the metadata key of a record field's kind
 
 
 def kind_field(kind: Kind, default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING) -> Any:
@@ -454,16 +445,15 @@ def field_kinds(record: Any) -> dict[str, Kind]:
 
 
 def check_fields(record: Any, where: str, kinds: Mapping[str, Kind]) -> None:
-    """A record's fields named in `kinds`, checked by them in its `__post_init__` (`check_arguments`) and
-    set to what they give back (a plain int where numpy's was given), frozen records included."""
+    """In a record's `__post_init__`: its fields named in `kinds` checked and set to what they give back."""
     checked = check_arguments(where, **{name: (getattr(record, name), kind) for name, kind in kinds.items()})
     for name, value in checked.items():
         object.__setattr__(record, name, value)
 
 
 def check_arguments(where: str, **arguments: tuple[Any, Kind]) -> dict[str, Any]:
-    """A Python call's arguments, each `name=(value, kind)`: the first its kind refuses is one ArgumentError
-    line naming `where`, it and its value. Returns {name: the value as its kind gives it back}."""
+    """A Python call's arguments, each `name=(value, kind)`, as their kinds give them back; the first
+    refused is one ArgumentError line naming `where`, it and its value."""
     reader = MappingReader({}, where, ArgumentError)
     return {name: reader.check(name, value, kind) for name, (value, kind) in arguments.items()}
 
@@ -484,8 +474,8 @@ def accepts(fn: Callable[..., Any], count: int) -> bool | None:
 def check_callable(
     where: str, name: str, fn: Any, arguments: str, *counts: int, optional: bool = False
 ) -> None:
-    """A callback checked where it is given, not mid-run: not callable, or taking none of `counts`
-    positional arguments (`arguments` names them), is one ArgumentError line; None passes if `optional`."""
+    """A callback checked where it is given: not callable, or taking none of `counts` positional
+    arguments (`arguments` names them), is one ArgumentError line; None passes if `optional`."""
     if fn is None and optional:
         return
     if not callable(fn):
@@ -498,12 +488,8 @@ def check_callable(
 
 
 def check_result(where: str, name: str, value: Any, types: Any, what: str) -> Any:
-    """A callback's result checked where it returns: not one of `types` (as `isinstance` takes them) is
-    one ArgumentError line naming `where` and the callback (`what` says what it must return)."""
-    if not isinstance(value, types) or (isinstance(value, bool) and bool not in _as_tuple(types)):
+    """A callback's result not one of `types` is one ArgumentError line (`what` it must return)."""
+    bool_ok = bool in (types if isinstance(types, tuple) else (types,))
+    if not isinstance(value, types) or (isinstance(value, bool) and not bool_ok):
         raise ArgumentError(f"{where}: {name} returned {shown(value)}; it must return {what}")
     return value
-
-
-def _as_tuple(types: Any) -> tuple[Any, ...]:
-    return types if isinstance(types, tuple) else (types,)

@@ -1,12 +1,7 @@
-"""Output paths, checked before the work that fills them, and the one atomic writer that fills them.
-
-An output FILE goes into a folder that already exists (a typo must not create one somewhere); an output
-FOLDER may be created below the nearest existing one. Either way the place is probed by creating and
-removing a file in it (read-only mounts and /proc pass a permission check). An existing path that is not
-a regular file (a device, a FIFO) is never replaced; a symbolic link to a regular file is written
-through, a link to nothing refused. Names are checked against NAME_MAX and PATH_MAX before any system
-call could fail on them, and the writer's temporary names are shortened to fit.
-"""
+"""Output paths, checked before the work that fills them, and the one atomic writer that fills them. An
+output file's folder must exist, an output folder may be created; either place is probed by writing a file
+in it. Anything there that is not a regular file is never replaced; a link to a regular file is written
+through."""
 
 from __future__ import annotations
 
@@ -50,7 +45,7 @@ def _as_path(path: str | Path, what: str) -> Path:
 
 
 def _limit(path: Path, name: str, default: int) -> int:
-    """`os.pathconf` of the nearest ancestor that answers (the ones below may not exist yet)."""
+    """`os.pathconf` of the nearest ancestor that answers."""
     for folder in [path, *path.parents]:
         with contextlib.suppress(OSError, ValueError):
             return int(os.pathconf(folder, name))
@@ -63,7 +58,7 @@ def _short(text: str, keep: int = 32) -> str:
 
 def check_name_lengths(path: str | Path, what: str = "--out", *, room: int = 0, hint: str = "") -> Path:
     """Every component of `path` fits NAME_MAX and the whole path PATH_MAX (less `room`, for the names a
-    folder output gets inside it), as the file system below it says, by length alone."""
+    folder output gets inside it), by length alone."""
     p = _as_path(path, what)
     name_max = _limit(p.parent, "PC_NAME_MAX", NAME_MAX)
     hint = hint or "give a shorter path"
@@ -108,8 +103,8 @@ def _stat(path: Path, what: str) -> os.stat_result | None:
 
 
 def writable_file(path: str | Path, what: str = "") -> Path:
-    """The file a write to `path` replaces: `path`, or the regular file its symbolic link names; a name
-    over the limits or anything there that is not a regular file is refused in one line."""
+    """The file a write to `path` replaces (`path`, or the regular file its link names); a name over the
+    limits or anything there that is not a regular file is refused in one line."""
     p = check_name_lengths(path, what)
     st = _stat(p, what)
     if st is None:
@@ -136,9 +131,8 @@ def _probe(folder: Path, what: str, path: Path) -> None:
 def check_output_file(
     path: str | Path, what: str = "--out", in_folder: str | None = None, beside: Iterable[str | Path] = ()
 ) -> Path:
-    """`path` can be written as a file: its folder exists and takes files, and it is absent or a regular
-    file (or a link to one). `in_folder`: an existing folder is taken as the file of that name in it.
-    `beside`: the files the command writes next to it (`X.report.json`), held to the same rules."""
+    """`path` can be written as a file. `in_folder`: an existing folder is taken as the file of that name
+    in it. `beside`: the files the command writes next to it, held to the same rules."""
     path = check_name_lengths(path, what)
     if in_folder is not None and (st := _stat(path, what)) is not None and stat.S_ISDIR(st.st_mode):
         path = check_name_lengths(path / in_folder, what)
@@ -174,7 +168,7 @@ def check_output_dir(path: str | Path, what: str = "--out", *, hint: str = "") -
 
 
 def _temp_prefix(name: str, name_max: int) -> str:
-    """`.NAME.`, NAME cut (at a character) so that `.NAME.RANDOM.tmp` fits the file system."""
+    """`.NAME.`, NAME cut so that `.NAME.RANDOM.tmp` fits the file system."""
     keep = name
     while keep and len(os.fsencode(keep)) > name_max - TEMP_EXTRA:
         keep = keep[:-1]
@@ -193,8 +187,7 @@ def replacing(
     path: str | Path, what: str = "", *, shared: bool = True, durable: bool = False
 ) -> Iterator[Path]:
     """Write `path` atomically: yields a temporary file beside it to fill, renamed over it on success and
-    removed on any failure. What `writable_file` refuses is never replaced; missing folders are created.
-    `shared`: the umask's mode (else 0600); `durable`: the folder is fsynced after the rename."""
+    removed on failure. `shared`: the umask's mode (else 0600); `durable`: the folder is fsynced too."""
     target = writable_file(path, what)
     target.parent.mkdir(parents=True, exist_ok=True)
     name_max = _limit(target.parent, "PC_NAME_MAX", NAME_MAX)

@@ -1,10 +1,5 @@
-"""The one reader of files a user names: it bounds what it reads and refuses what it cannot bound.
-
-A named path may be ``/dev/zero``, a FIFO with no writer, a folder or gigabytes. Here a file must be a
-regular file, checked before it is opened and again on the descriptor; it is opened ``O_NONBLOCK``; and at
-most `limit` bytes are read (sysfs files' sizes say nothing), a larger file being one line naming the
-limit. What ``open`` itself raises (FileNotFoundError, PermissionError, ...) is left to the caller's words.
-"""
+"""The one reader of files a user names (which may be /dev/zero, a FIFO or gigabytes): a regular file,
+checked before and after opening, at most `limit` bytes read. What ``open`` raises is left to the caller."""
 
 from __future__ import annotations
 
@@ -39,8 +34,7 @@ _KINDS = (
 
 
 def not_regular(path: str | Path) -> str | None:
-    """What `path` is when it is not a regular file to read, in words ("a folder", "a FIFO", ...); None
-    for a regular file (a link is followed)."""
+    """What `path` is when it is not a regular file to read, in words; None for a regular file."""
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
@@ -53,7 +47,7 @@ def not_regular(path: str | Path) -> str | None:
 
 
 def size_text(n: int) -> str:
-    """A byte count as people say it: 4 KiB, 64 MiB, 4 GiB (the limits are powers of two)."""
+    """A byte count as people say it: 4 KiB, 64 MiB, 4 GiB."""
     for unit, scale in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
         if n >= scale:
             return f"{n / scale:.3g} {unit}"
@@ -78,8 +72,8 @@ def _kind(mode: int) -> str:
 
 
 def open_regular(path: str | Path, *, limit: int, what: str, error: ErrorType) -> BinaryIO:
-    """`path` opened for reading in binary, if it is a regular file of at most `limit` bytes (for readers
-    that stream); `what` names what it should be, `error` is the caller's one-line error class."""
+    """`path` opened for reading in binary, if a regular file of at most `limit` bytes; `what` names what it
+    should be, `error` is the caller's one-line error class."""
     try:
         mode = os.stat(path).st_mode
     except ValueError:  # a NUL in a name from a config file: no file can have it
@@ -102,6 +96,6 @@ def read_bytes(path: str | Path, *, limit: int, what: str, error: ErrorType) -> 
     """The bytes of the regular file `path`, at most `limit` of them; anything else is refused."""
     with open_regular(path, limit=limit, what=what, error=error) as f:
         data = f.read(limit + 1)
-    if len(data) > limit:  # a file that grew since, or one whose size fstat does not tell (sysfs)
+    if len(data) > limit:  # grown since, or a size fstat does not tell (sysfs)
         raise error(too_large(path, limit, what))
     return data

@@ -10,12 +10,10 @@ XDG_HOMES = {
     "data": ("XDG_DATA_HOME", (".local", "share")),
     "state": ("XDG_STATE_HOME", (".local", "state")),
 }
-"""Kind → its environment variable and its default under the home folder (XDG Base Directory spec)."""
 
 
 def xdg_home(kind: str) -> Path:
-    """$XDG_CACHE_HOME, $XDG_DATA_HOME or $XDG_STATE_HOME (`kind` cache, data or state), else its default
-    under ~; a relative value is ignored, as the specification says."""
+    """$XDG_{KIND}_HOME, else its default under ~ (a relative value is ignored, as the spec says)."""
     variable, default = XDG_HOMES[kind]
     value = os.environ.get(variable, "")
     usable = value and "\0" not in value and Path(value).is_absolute()

@@ -1,3 +1,2 @@
-"""A pinned GPU frequency goes back on every exit path: the on-disk record of the state before the pin
-(`freqstate`), the session from first pin to restore (`pinsession`) and the exit and signal hooks
-(`safety`)."""
+"""A pinned GPU frequency goes back on every exit path: the on-disk record (`freqstate`), the session
+(`pinsession`) and the exit and signal hooks (`safety`)."""

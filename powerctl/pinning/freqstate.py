@@ -1,10 +1,6 @@
-"""The on-disk record of a board's knob state before we pinned it, one per physical board, and its lock.
-
-A pin writes the record BEFORE its first write to the knob and removes it after its restore; a record that
-survives its process (SIGKILL, power loss) is put back by the next command that opens the board
-(`pinsession.recover`). `powerctl freq --set` leaves a ``set`` record on purpose, for `--restore`. The
-lock (``fcntl.flock`` on ``KEY.lock``) is held for a pin's lifetime; the kernel drops it when its holder dies.
-"""
+"""The on-disk record of a board's knob state before a pin, one per physical board, and its lock (an flock
+on ``KEY.lock``, dropped by the kernel when its holder dies). A record that outlives its process is put back
+by the next command that opens the board; `powerctl freq --set` leaves a ``set`` record for `--restore`."""
 
 from __future__ import annotations
 
@@ -30,8 +26,8 @@ class BoardBusyError(DeviceError):
 
 
 class BadRecordError(FileFormatError):
-    """A board record that cannot be read or holds a state the board cannot take: nothing is written, and
-    `powerctl freq --restore` releases the board to its full range instead (never left pinned)."""
+    """A board record that cannot be read or holds a state the board cannot take: nothing is written;
+    `powerctl freq --restore` releases the board to its full range instead."""
 
     def __init__(self, path: Path, problem: str, spec: str) -> None:
         release = f"`powerctl freq --device {spec} --restore` releases the board to its full range"
@@ -40,7 +36,7 @@ class BadRecordError(FileFormatError):
 
 
 def bad_record(key: str, problem: str, spec: str | None = None) -> BadRecordError:
-    """The one line for board `key`'s record: where, what is wrong, the command that releases it anyway."""
+    """The one line for board `key`'s record: where, what is wrong, the command that releases it."""
     return BadRecordError(record_path(key), problem, spec or key.partition("@")[0])
 
 
@@ -124,7 +120,7 @@ def set_aside(key: str) -> Path | None:
 
 
 def write_record(record: BoardRecord) -> Path:
-    """Atomically and durably (fsync): a power loss leaves the old record or the new one, never half."""
+    """Atomically and durably (fsync)."""
     path = record_path(record.key)
     try:
         write_json(path, {"schema": STATE_SCHEMA, **record.to_dict()}, durable=True)
@@ -178,10 +174,6 @@ class BoardLock:
         if self._file is not None:
             f, self._file = self._file, None
             f.close()  # closing drops the flock
-
-    @property
-    def held(self) -> bool:
-        return self._file is not None
 
 
 def _holder_pid(key: str) -> int | None:

@@ -1,11 +1,6 @@
-"""From a device's first pin to its restore: the board's lock and the on-disk record of its state.
-
-Every pin goes through `Device.pin_frequency`, which starts a `PinSession`, and `Device.restore`, which
-finishes it: the one place a pin is made crash-safe. Before the first write to the knob the session takes
-the board's lock and records the state to go back to (`powerctl.pinning.freqstate`); `recover`, run when
-a device is opened, puts back what a dead process left pinned, in one WARNING. A device whose
-`physical_key` is None (a simulated board) runs the same session with no lock and no record.
-"""
+"""From a device's first pin to its restore (`Device.pin_frequency` to `Device.restore`): the board's lock
+and the on-disk record of its state, taken before the first write. `recover`, run when a device is opened,
+puts back what a dead process left pinned. A device without a `physical_key` has no lock and no record."""
 
 from __future__ import annotations
 
@@ -27,12 +22,11 @@ from powerctl.pinning.freqstate import (
     write_record,
 )
 
-log = logging.getLogger(__name__)  # a board found left pinned and put back, a bad record released
+log = logging.getLogger(__name__)
 
 
 class Pinnable(Protocol):
-    """What a session needs of a board (`powerctl.devices.Device`); a Protocol, so `devices.base` imports
-    this module without a circle."""
+    """What a session needs of a board (a Protocol: `devices.base` imports this module)."""
 
     spec: str
 
@@ -85,8 +79,8 @@ class PinSession:
             self._lock.release()
 
     def hand_over(self) -> dict[str, Any]:
-        """`freq --set`: the pin outlives this process. The record becomes a `set` record of the board's
-        ORIGINAL state (an earlier `--set`'s, if there is one), and the lock is released."""
+        """`freq --set`: the pin outlives this process; the record becomes a `set` record of the board's
+        ORIGINAL state, and the lock is released."""
         if self._lock is not None and self.key is not None:
             try:
                 write_record(
@@ -114,8 +108,7 @@ def put_back(device: Pinnable, record: BoardRecord) -> str:
 
 
 def recover(device: Pinnable) -> str | None:
-    """On opening a device: restore the state a dead process left pinned; None when there is nothing to do
-    (no record, a `freq --set` record, or a live process holding the board)."""
+    """On opening a device: restore the state a dead process left pinned (the warning line), else None."""
     key = device.physical_key()
     if key is None or not record_path(key).exists():
         return None
@@ -135,8 +128,8 @@ def recover(device: Pinnable) -> str | None:
 
 
 def restore_saved(device: Pinnable) -> dict[str, Any] | None:
-    """`powerctl freq --restore`: put back the board's recorded state under its lock; None when nothing is
-    recorded. A record that cannot be used releases the board to its full range instead (`_release`)."""
+    """`powerctl freq --restore`: put back the board's recorded state (None: nothing recorded); a record
+    that cannot be used releases the board to its full range instead."""
     key = device.physical_key()
     if key is None:
         return None

@@ -11,7 +11,7 @@ from typing import Protocol
 
 
 class Restorable(Protocol):
-    """What the guard needs of a device (a Protocol: this module knows nothing of devices)."""
+    """What the guard needs of a device."""
 
     def restore(self) -> None: ...
 
@@ -27,8 +27,8 @@ def _raise_exit(signum: int, _frame: object) -> None:
 @contextmanager
 def restore_on_exit(device: Restorable) -> Iterator[None]:
     """Within the block, any way out of the process restores `device` first: SIGTERM and SIGHUP become
-    SystemExit (in the main thread; elsewhere the atexit hook covers a clean exit), and the handlers in
-    force before are put back (one installed from C, which Python cannot put back, is not replaced)."""
+    SystemExit (in the main thread; elsewhere the atexit hook covers a clean exit); the handlers before are
+    put back (one installed from C, which Python cannot put back, is not replaced)."""
     previous: dict[signal.Signals, object] = {}
 
     def hook() -> None:  # its own object: unregistering it leaves another guard's of the same device

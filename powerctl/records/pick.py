@@ -1,5 +1,4 @@
-"""A chosen (batch size, GPU frequency) and what the choice predicts: the one type every method, baseline,
-cap follower's rule and client round hands on (the wire keeps its own messages)."""
+"""A chosen (batch size, GPU frequency) and what the choice predicts."""
 
 from __future__ import annotations
 
@@ -9,8 +8,7 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Pick:
-    """The chosen (b, f): what the client pins, and what the choice predicts (None: not predicted, e.g.
-    the pair was not profiled or the relation lacks its batch size)."""
+    """The chosen (b, f) and what it predicts (None: not predicted)."""
 
     batch_size: int
     frequency_hz: int

@@ -25,20 +25,18 @@ PROFILE_SCHEMA = "powerctl.profile/1"
 _KNOWN = {"schema", "device", "model", "input_shape", "samples", "points", "profiling_seconds", "skipped"}
 _KNOWN.add("predicted_points")
 
-
 _WATTS = Number(0.0, MAX_CAP_W, above=True)
 _SECONDS = Number(0.0, above=True)
 POINT_KINDS: dict[str, Kind] = {
     "batch_size": Integer(1, MAX_BATCH_SIZE),
     "frequency_hz": Integer(1),
-    # no board draws more than a cap may be (1e308 W is an edit gone wrong, not a measurement)
     "peak_power_w": _WATTS,
     "mean_power_w": _WATTS,
     "seconds_per_batch": _SECONDS,
     "seconds_for_samples": _SECONDS,
 }
-"""What each field of a profiled point must be, in a profile file and in Python alike."""
-MEAN_OVER_PEAK = 1 + 1e-9  # how far a point's mean power may sit above its peak: rounding only
+"""What each field of a profiled point must be, in a file and in Python alike."""
+MEAN_OVER_PEAK = 1 + 1e-9  # how far a point's mean power may sit above its peak: rounding
 
 
 @dataclass(frozen=True)
@@ -51,7 +49,7 @@ class ProfilePoint:
     seconds_for_samples: float  # T_N(b, f): seconds to process the profile's `samples` at this point
 
     def __post_init__(self) -> None:
-        """Checked as a profile file's point is (`POINT_KINDS`), one ArgumentError line naming the field."""
+        """Checked as a file's point is, one ArgumentError line naming the field."""
         check_fields(self, "ProfilePoint", POINT_KINDS)
         if self.mean_power_w > self.peak_power_w * MEAN_OVER_PEAK:
             raise ArgumentError(
@@ -69,8 +67,7 @@ class ProfilePoint:
         per_batch_s: float,
         samples: int,
     ) -> ProfilePoint:
-        """A pair measured over steps: their peak and mean power (the mean capped at the peak), seconds
-        per step and T_N for the profile's `samples`."""
+        """A pair measured over steps (the mean power capped at the peak), T_N for `samples`."""
         return cls(
             batch_size=batch_size,
             frequency_hz=frequency_hz,
@@ -94,25 +91,24 @@ class Profile:
 
     device: str
     model: str
-    input_shape: Sequence[int]  # a tuple, as `points`, `skipped` and `predicted` (a list given is made one)
+    input_shape: Sequence[int]
     samples: int
     points: Sequence[ProfilePoint]
     profiling_seconds: float | None = None  # device seconds the profiling itself cost
     skipped: Sequence[Mapping[str, Any]] = field(default_factory=tuple)  # batch sizes left out, with why
     extra: dict[str, Any] = field(default_factory=dict)
     predicted: Sequence[ProfilePoint] = field(default_factory=tuple)
-    """Points the fitted order predicted and did not measure (file key `predicted_points`), apart from
-    `points` on purpose: selection, caps and baselines read `points` only."""
+    """Points predicted, not measured (file key `predicted_points`); selection reads `points` only."""
 
     def __post_init__(self) -> None:
-        """A profile made in Python has the shape a profile file's reader gives (one ArgumentError line)."""
+        """A profile made in Python has the shape a file's reader gives (one ArgumentError line)."""
         from powerctl.files.mapping import is_integer
 
         check_fields(self, "Profile", PROFILE_KINDS)
         shape = self.input_shape
         if not isinstance(shape, (list, tuple)) or any(not is_integer(d) or d < 1 for d in shape):
             raise ArgumentError(f"Profile: 'input_shape' must be a list of integers ≥ 1, got {shape!r}")
-        self.input_shape = tuple(int(d) for d in shape)  # plain ints (numpy's converted), read-only
+        self.input_shape = tuple(int(d) for d in shape)
         for name in ("points", "predicted"):
             got = getattr(self, name)
             if not isinstance(got, (list, tuple)) or not all(isinstance(q, ProfilePoint) for q in got):
@@ -131,7 +127,7 @@ class Profile:
         return sorted({p.frequency_hz for p in self.points})
 
     def point(self, batch_size: int, frequency_hz: int) -> ProfilePoint | None:
-        """The measured point at (b, f), or None (a predicted one is not returned: see `predicted`)."""
+        """The measured point at (b, f), or None."""
         for p in self.points:
             if p.batch_size == batch_size and p.frequency_hz == frequency_hz:
                 return p
@@ -193,11 +189,11 @@ PROFILE_KINDS: dict[str, Kind] = {
     "samples": Integer(1, MAX_COUNT),
     "profiling_seconds": Maybe(Number(0.0)),
 }
-"""What a profile's scalar fields must be, in a profile file and in Python alike."""
+"""What a profile's scalar fields must be, in a file and in Python alike."""
 
 
 def _points(f: Fields, key: str, where: str, seen: set[tuple[int, int]]) -> list[ProfilePoint]:
-    """The points under `key`; a pair already in `seen` (in this list or the measured one) is refused."""
+    """The points under `key`; a pair already in `seen` is refused."""
     points: list[ProfilePoint] = []
     for i, raw in enumerate(f.list_of(key)):
         if not isinstance(raw, dict):

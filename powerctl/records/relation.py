@@ -1,13 +1,5 @@
-"""The relation vector: samples to the target accuracy per batch size — `powerctl.relation/1`.
-
-Besides the vector the client uses (`samples_to_target`, `relation`), a file may keep the evidence
-behind it (extra keys; files without them still load): `samples_per_seed` (per batch size, the seeds'
-samples to target, in seed order), `samples_mean` and `samples_sd`, `relation_raw` (the means' vector)
-and `relation_fitted` (the batch-efficiency model's, `fit_batch_efficiency`), `vector` (which of the
-two `samples_to_target` is) and `seeds_needed` (`fl_server.relation`'s stopping rule). Selection under
-uncertainty (`powerctl.selection.joint`, rule "robust") reads the per-seed samples from here, so whatever
-carries a RelationVector carries what the rule needs.
-"""
+"""The relation vector: samples to the target accuracy per batch size — `powerctl.relation/1`. A file may
+also keep the evidence behind it (docs/reference/files.md), which the robust and interval rules read."""
 
 from __future__ import annotations
 
@@ -20,36 +12,23 @@ from pathlib import Path
 from typing import Any
 
 from powerctl.errors import ArgumentError, FileFormatError
-from powerctl.files.jsonfile import (
-    Fields,
-    FrozenJson,
-    check_number,
-    plain_json,
-    read_json,
-    write_json,
-)
+from powerctl.files.jsonfile import Fields, FrozenJson, plain_json, read_json, write_json
 from powerctl.files.mapping import MAX_BATCH_SIZE, Integer, Invalid, Number, check_arguments, shown
 
 RELATION_SCHEMA = "powerctl.relation/1"
 VECTORS: tuple[str, ...] = ("raw", "fitted")
 """Which vector the client uses: the seeds' means, or the batch-efficiency model fitted to the seeds."""
 RELATION_RULES: tuple[str, ...] = ("mean", "robust", "interval")
-"""How selection (`powerctl.selection.joint`) reads the vector: its mean (Algorithm 1), every seed's (least
-mean regret), or its mean with an interval on each pair's ratio to the best, the seeds paired (pairs the
-seeds cannot tell from the best go to the larger batch size: the default). Named here, beside
-the vector, so that a run's settings check them without the selection."""
+"""How selection (`powerctl.selection.joint`) reads the vector: its mean, every seed's (least mean regret),
+or its mean with a paired interval on each pair's ratio to the best (ties go to the larger batch size)."""
 DEFAULT_RELATION_RULE = "interval"
 INTERVAL_STANDARD_ERRORS = 2.0
-"""The half-width of an interval from the seeds (an entry's, `interval_halfwidths`; a ratio of two
-entries', `paired_halfwidth`), in standard errors of the seeds' mean: two, as the project's other noise
-bands (bench/paper_tables.py's calibration). With 3 seeds that is about an 82 % Student-t interval; the
-95 % one (4.3 standard errors) makes the interval rule drift to the largest batch size on the text
-tables (docs/results/paper_tables.md)."""
+"""The half-width of an interval from the seeds, in standard errors of their mean (as the project's other
+noise bands); docs/results/paper_tables.md shows why not a 95 % interval."""
 
 
 MAX_SAMPLES_TO_TARGET = 1e12
-"""The most samples to the target an entry may hold: far above any proxy run (a billion samples is weeks
-on a server), low enough that a typo is one line and not a relation of 0.0 or a rate that underflows."""
+"""Far above any proxy run, low enough that a typo is one line, not a relation of 0.0."""
 SAMPLES_KIND = Number(0.0, MAX_SAMPLES_TO_TARGET, above=True)
 BATCH_SIZE_KIND = Integer(1, MAX_BATCH_SIZE)
 FIELDS = ("model", "proxy_dataset", "target_accuracy", "batch_sizes", "samples_to_target")
@@ -68,12 +47,8 @@ class RelationVector:
     proxy_dataset: str
     target_accuracy: float
     batch_sizes: Sequence[int]
-    """Held as a tuple (a list given is made one)."""
     samples_to_target: Sequence[float]
-    """Held as a tuple (a list given is made one)."""
     extra: Mapping[str, Any] = field(default_factory=dict)
-    """The evidence, held read-only (a `FrozenJson`: its lists as tuples, all the way down; a mapping
-    given is copied); `to_dict` writes it back as dicts and lists."""
 
     @property
     def relation(self) -> list[float]:
@@ -81,8 +56,7 @@ class RelationVector:
         return [s / ref for s in self.samples_to_target]
 
     def coarse_warning(self) -> str | None:
-        """A warning when every batch size needs the same samples (relation all 1.000): the evaluation
-        interval was most likely too coarse to tell them apart, and the vector then cannot guide a choice."""
+        """A warning when every batch size needs the same samples: most likely evaluated too coarsely."""
         if len(self.batch_sizes) < 2 or len(set(self.samples_to_target)) > 1:
             return None
         every = self.extra.get("eval_every_samples")
@@ -100,8 +74,7 @@ class RelationVector:
         return None if per_seed is None else [[float(v) for v in row] for row in per_seed]
 
     def seed_scenarios(self) -> list[dict[int, float]]:
-        """One samples map per seed (seed k's samples at every batch size), the spread the robust rule
-        weighs; with no per-seed samples (or unequal counts), the one map of `samples_to_target`."""
+        """One samples map per seed; without per-seed samples (or with unequal counts), `samples_map()`."""
         per_seed = self.per_seed_samples()
         if not per_seed or len({len(row) for row in per_seed}) != 1 or not per_seed[0]:
             return [self.samples_map()]
@@ -111,9 +84,8 @@ class RelationVector:
         ]
 
     def interval_halfwidths(self) -> dict[int, float]:
-        """Batch size → the half-width of its entry's interval from the seeds, relative to the entry
-        (`samples_to_target`): `INTERVAL_STANDARD_ERRORS` standard errors of the seeds' mean, sd / sqrt(n).
-        0.0 where the file keeps no per-seed samples or a batch size has one seed (no spread to state)."""
+        """Batch size → its entry's interval half-width, relative to the entry: `INTERVAL_STANDARD_ERRORS`
+        standard errors of the seeds' mean; 0.0 without per-seed samples or with one seed."""
         per_seed = self.per_seed_samples() or [[] for _ in self.batch_sizes]
         out: dict[int, float] = {}
         for b, entry, row in zip(self.batch_sizes, self.samples_to_target, per_seed, strict=True):
@@ -122,12 +94,8 @@ class RelationVector:
         return out
 
     def paired_halfwidth(self, b: int, ref: int) -> float:
-        """The half-width of the ratio samples(b) / samples(ref) from the seeds, relative to that ratio:
-        `INTERVAL_STANDARD_ERRORS` standard errors of the mean of each seed's own ratio. Paired: a seed
-        slow at every batch size (harder initial head, data order) moves both entries alike, which
-        cancels in its ratio, while `interval_halfwidths` count it in each entry, far wider (measured:
-        docs/results/paper_tables.md).
-        0.0 for b == ref and where the file keeps fewer than two seeds' samples."""
+        """The relative half-width of samples(b) / samples(ref) from each seed's own ratio (paired: a seed
+        slow at every batch size cancels out); 0.0 for b == ref or fewer than two seeds."""
         seeds = self.seed_scenarios()
         if b == ref or len(seeds) < 2:
             return 0.0
@@ -136,8 +104,7 @@ class RelationVector:
         return INTERVAL_STANDARD_ERRORS * sem / statistics.fmean(ratios)
 
     def interval(self) -> dict[int, tuple[float, float]]:
-        """Batch size → the interval of r_b from the seeds (`interval_halfwidths`; the reference entry's
-        own spread is common to every pair, so r_b's interval scales the entry's alone)."""
+        """Batch size → the interval of r_b from the seeds (`interval_halfwidths`)."""
         half = self.interval_halfwidths()
         return {b: (r * (1 - half[b]), r * (1 + half[b])) for b, r in self.as_map().items()}
 
@@ -149,8 +116,7 @@ class RelationVector:
         return dict(zip(self.batch_sizes, self.samples_to_target, strict=True))
 
     def restricted(self, batch_sizes: Sequence[int]) -> RelationVector:
-        """The vector over `batch_sizes` only (a node that cannot fill the larger ones), its per-seed
-        samples kept for those (r_b is then relative to the largest batch size kept)."""
+        """The vector over `batch_sizes` only, with their per-seed samples (r_b relative to the largest)."""
         keep = [i for i, b in enumerate(self.batch_sizes) if b in set(batch_sizes)]
         if len(keep) == len(self.batch_sizes):
             return self
@@ -180,8 +146,8 @@ class RelationVector:
         vector: str = "raw",
         **extra: Any,
     ) -> RelationVector:
-        """The vector from per-seed samples to target: their means (`vector="raw"`) or the batch-
-        efficiency model fitted to them (`"fitted"`); both, the spread and the fit are kept in the file."""
+        """The vector of the seeds' means (`vector="raw"`) or the batch-efficiency fit (`"fitted"`); both,
+        the spread and the fit are kept as evidence."""
         where = "RelationVector.from_seeds"
         if vector not in VECTORS:
             raise ArgumentError(
@@ -197,7 +163,7 @@ class RelationVector:
         if any(not row for row in rows):
             raise ArgumentError(f"{where}: every batch size needs a list of one or more seeds' samples")
         for row in rows:
-            for v in row:  # NaN, inf, ≤ 0 or a string: the file's reader would refuse it too
+            for v in row:
                 check_arguments(where, samples_to_target=(v, SAMPLES_KIND))
         rows = [[float(v) for v in row] for row in rows]
         means = [statistics.fmean(row) for row in rows]
@@ -220,7 +186,7 @@ class RelationVector:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """The file's mapping: the fields, then the evidence (`extra`, which never replaces a field)."""
+        """The file's mapping: the fields, then the evidence."""
         d: dict[str, Any] = {
             "schema": RELATION_SCHEMA,
             "model": self.model,
@@ -237,8 +203,7 @@ class RelationVector:
         write_json(path, self.to_dict())
 
     def __post_init__(self) -> None:
-        """Checked as a file is (`from_dict`), so that selection and the strategy never see NaN,
-        negative, unsorted or mismatched entries: one ArgumentError line (a ValueError)."""
+        """Checked as a file is (`from_dict`); a bad entry is one ArgumentError line."""
         as_list = [list(v) if isinstance(v, tuple) else v for v in (self.batch_sizes, self.samples_to_target)]
         if not isinstance(self.extra, Mapping):
             raise ArgumentError(f"RelationVector: 'extra' must be a dict, got {shown(self.extra)}")
@@ -260,8 +225,8 @@ class RelationVector:
             checked = _checked(data, "RelationVector")
         except FileFormatError as exc:
             raise ArgumentError(str(exc)) from None
-        checked["extra"] = frozen  # read-only: a plan made from the vector cannot change behind its back
-        for name, value in checked.items():  # frozen: set once, as __post_init__ may
+        checked["extra"] = frozen
+        for name, value in checked.items():
             object.__setattr__(self, name, value)
 
     @classmethod
@@ -274,9 +239,8 @@ class RelationVector:
 
 
 def _kept_extra(extra: Mapping[str, Any]) -> tuple[dict[str, Any], FrozenJson]:
-    """The evidence as its file holds it (`plain_json`) and as the vector keeps it (`frozen_json`), or
-    one ArgumentError line: a vector that cannot be saved or sent would fail later, inside `save`, a
-    message or `save_results`."""
+    """The evidence as its file holds it and as the vector keeps it; one ArgumentError line if no file
+    could hold it (it would fail later, inside `save` or a message)."""
     try:
         plain = plain_json(extra)
         json.dumps(plain, allow_nan=False)
@@ -291,8 +255,7 @@ def _kept_extra(extra: Mapping[str, Any]) -> tuple[dict[str, Any], FrozenJson]:
 
 
 def _checked(data: dict[str, Any], where: str) -> dict[str, Any]:
-    """A relation vector's fields from its file's mapping, every value checked (FileFormatError lines
-    naming `where` and the key); what `RelationVector` is made from."""
+    """A relation vector's fields from its file's mapping, checked (FileFormatError lines)."""
     f = Fields(data, where)
     target = f.number("target_accuracy", positive=True)
     if target > 1:
@@ -308,11 +271,11 @@ def _checked(data: dict[str, Any], where: str) -> dict[str, Any]:
             BATCH_SIZE_KIND(b)
         except Invalid:
             raise f.fail(f"batch sizes must be integers in [1, {MAX_BATCH_SIZE}], got {shown(b)}") from None
-    bs = [int(b) for b in bs]  # plain ints (numpy's converted): the file and the messages hold them
+    bs = [int(b) for b in bs]
     if sorted(set(bs)) != bs:
         raise f.fail("'batch_sizes' must be strictly increasing (largest last)")
     values = [f.check("samples_to_target", s, SAMPLES_KIND) for s in samples]
-    if not all(1e-9 <= v / values[-1] <= 1e9 for v in values):  # r_b = samples / the last: what selects
+    if not all(1e-9 <= v / values[-1] <= 1e9 for v in values):
         raise f.fail(
             f"'samples_to_target' {samples}: an entry over the last is outside [1e-9, 1e9] (no measured "
             "relation is that uneven; a time times it would not be finite or not > 0)"
@@ -328,7 +291,7 @@ def _checked(data: dict[str, Any], where: str) -> dict[str, Any]:
         rel = f.list_of("relation")
         want = [v / values[-1] for v in values]
         if len(rel) != len(values) or any(
-            abs(check_number(r, "relation", f, positive=True) - w) > 1e-6 * max(1.0, w)
+            abs(f.check("relation", r, Number(0.0, above=True)) - w) > 1e-6 * max(1.0, w)
             for r, w in zip(rel, want, strict=True)
         ):
             wanted = ", ".join(f"{w:.4g}" for w in want)
@@ -349,26 +312,19 @@ def _checked(data: dict[str, Any], where: str) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class BatchEfficiencyFit:
-    """samples(b) = e_min · (1 + b / b_crit) ("An Empirical Model of Large-Batch Training", McCandlish
-    et al. 2018): below the critical batch size a larger batch costs few extra samples, above it
-    samples grow in proportion to b. Fitted by weighted least squares in relative error to every seed's
-    samples, slope ≥ 0 (samples never fall as b grows in this model)."""
+    """samples(b) = e_min · (1 + b / b_crit) (McCandlish et al. 2018, "An Empirical Model of Large-Batch
+    Training"), fitted by weighted least squares in relative error, slope ≥ 0."""
 
     batch_sizes: list[int]
     samples: list[float]
-    """The model's samples to target per batch size."""
     e_min: float
-    b_crit: float | None
-    """None: no growth measured (slope 0, b_crit infinite)."""
-    chi2: float
-    """Σ over batch sizes of ((mean − model) / standard error of the mean)²: how far the means sit
-    from the model in units of their own noise (batch sizes without spread, e.g. one seed, left out)."""
+    b_crit: float | None  # None: no growth measured (slope 0)
+    chi2: float  # Σ ((mean − model) / standard error)² over batch sizes with a spread
     dof: int
 
     @property
     def explains(self) -> bool:
-        """The model is within the seeds' noise: chi2 no more than dof + 2·sqrt(2·dof) (about the 95th
-        percentile of a chi-squared with dof degrees of freedom for the dof seen here)."""
+        """The model is within the seeds' noise: chi2 ≤ dof + 2·sqrt(2·dof) (about its 95th percentile)."""
         return self.dof > 0 and self.chi2 <= self.dof + 2 * math.sqrt(2 * self.dof)
 
     def to_dict(self) -> dict[str, Any]:
@@ -385,8 +341,7 @@ class BatchEfficiencyFit:
 def fit_batch_efficiency(
     batch_sizes: Sequence[int], per_seed: Sequence[Sequence[float]]
 ) -> BatchEfficiencyFit:
-    """Fit samples(b) = a + c·b (a = e_min, c = e_min / b_crit, c ≥ 0) to every seed's samples, each
-    weighted by 1 / (its batch size's mean)² so that every batch size counts by its relative error."""
+    """Fit samples(b) = a + c·b (c ≥ 0) to every seed's samples, weighted by 1 / (the batch size's mean)²."""
     bs = [int(b) for b in batch_sizes]
     means = [statistics.fmean(row) for row in per_seed]
     xs, ys, ws = [], [], []
@@ -411,7 +366,7 @@ def fit_batch_efficiency(
     chi2, dof = 0.0, 0
     for row, m, f in zip(per_seed, means, fitted, strict=True):
         se = statistics.stdev(row) / math.sqrt(len(row)) if len(row) > 1 else 0.0
-        if se > 0:  # a batch size whose seeds all agree gives no noise scale: left out of chi2
+        if se > 0:
             chi2 += ((m - f) / se) ** 2
             dof += 1
     dof = max(0, dof - 2)

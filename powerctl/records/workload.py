@@ -14,24 +14,24 @@ from typing import Any
 @dataclass(frozen=True)
 class Workload:
     model: str
-    input_shape: tuple[int, ...]  # a list given is made a tuple; `to_dict` writes a list
+    input_shape: tuple[int, ...]  # a list given is made a tuple
     flops_per_sample: float  # training FLOPs per sample: forward + backward
     activation_bytes_per_sample: float  # kept by autograd between forward and backward, weights left out
     parameter_bytes: float
     optimizer_states: int = 2  # extra copies of the parameters the optimizer keeps (Adam/AdamW: 2)
     kernels_per_step: int = 0  # compute ops (≈ GPU kernel launches) of one pass; 0 = not measured
     traffic_bytes_per_sample: float = 0.0  # bytes the pass's ops write per sample, weight gradients left out
-    parameter_tensors: int = 0  # a per-tensor optimizer (PyTorch 1.10's Adam) launches kernels for each
+    parameter_tensors: int = 0  # a per-tensor optimizer launches kernels for each
 
     def __post_init__(self) -> None:
-        """A hand-made workload holds what a counted one does (no NaN or negative count), as plain numbers."""
+        """A hand-made workload holds what a counted one does (no NaN or negative count)."""
         from powerctl.files.mapping import Integer, Number, check_fields
 
-        counts = fields(self)[2:]  # after the model and its shape: amounts (float) and counts (int), in order
+        counts = fields(self)[2:]  # after the model and its shape: amounts (float) and counts (int)
         check_fields(
             self, "Workload", {f.name: Number(0.0) if f.type == "float" else Integer(0) for f in counts}
         )
-        if isinstance(self.input_shape, list):  # held as a tuple: a frozen record's shape cannot change
+        if isinstance(self.input_shape, list):
             object.__setattr__(self, "input_shape", tuple(self.input_shape))
 
     def memory_bytes(self, batch_size: int) -> float:
@@ -131,8 +131,7 @@ def measure_workload(
     saved_storages: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        # one storage counted once (a ReLU output saved by two nodes is one buffer), weights never: they
-        # are parameters, not per-sample activations (transposed views share the weight's storage)
+        # one storage counted once (a ReLU output saved by two nodes is one buffer), weights never
         storage = _storage(t)
         ptr = storage.data_ptr()
         if ptr not in param_storages:
@@ -177,7 +176,7 @@ def measure_workload(
 
 
 def _storage(t: Any) -> Any:
-    """The tensor's storage (`untyped_storage` from torch 2.0; `storage()` before, the same pointer/size)."""
+    """The tensor's storage (`untyped_storage` from torch 2.0; `storage()` before)."""
     return t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
 
 
@@ -223,7 +222,7 @@ def _op_counter(parameter_shapes: set[tuple[int, ...]], count_flops: bool = Fals
     return OpCounter()
 
 
-# --- FLOPs where torch has no flop counter (torch 1.13: docs/jetson.md) ---------------------------
+# FLOPs where torch has no flop counter (torch 1.13: docs/jetson.md).
 
 
 def _conv_flop_count(x_shape: Any, w_shape: Any, out_shape: Any, transposed: bool = False) -> int:
@@ -268,20 +267,10 @@ _FALLBACK_FLOPS: dict[str, Callable[[Any, Any], int]] = {
 """torch's formulas for conv, linear and matmul attention (grouped-conv fix included), for torch 1.13."""
 
 
-# --- corrections to torch.utils.flop_counter (applied only while measuring) ---------------------
-
-
-CONV_BACKWARD_ARGS: tuple[str, ...] = ("grad_out", "input", "weight", "bias_sizes", "stride", "padding")
-CONV_BACKWARD_ARGS += ("dilation", "transposed", "output_padding", "groups", "output_mask")
-"""aten.convolution_backward's arguments, in its order: the flop counter passes their shapes positionally."""
-
-
 def _conv_backward_flop(*args: Any, out_shape: Any, **kwargs: Any) -> int:
-    """torch's formula for conv backward with the weight gradient divided by `groups` (torch's counter
-    counts a grouped conv's as dense: a depthwise layer's backward ~channels× too expensive)."""
-    named = dict(zip(CONV_BACKWARD_ARGS, args, strict=True))
-    grad_out_shape, x_shape, w_shape = named["grad_out"], named["input"], named["weight"]
-    transposed, groups, output_mask = named["transposed"], named["groups"], named["output_mask"]
+    """torch's formula for conv backward (aten.convolution_backward's arguments' shapes, in its order) with
+    the weight gradient divided by `groups` (torch's counter counts a grouped conv's as dense)."""
+    grad_out_shape, x_shape, w_shape, _, _, _, _, transposed, _, groups, output_mask = args
 
     def t(shape: Any) -> list[int]:
         return [shape[1], shape[0], *shape[2:]]
@@ -298,7 +287,7 @@ def _conv_backward_flop(*args: Any, out_shape: Any, **kwargs: Any) -> int:
 
 def _flop_fixes() -> dict[Any, Any]:
     """Formulas torch's flop counter lacks or gets wrong, by aten op: grouped conv backward, and CPU
-    attention (counted with torch's CUDA formulas, so a model costs the same on every host)."""
+    attention (counted as on CUDA, so a model costs the same on every host)."""
     import torch
     from torch.utils import flop_counter as fc
 
