@@ -1,10 +1,7 @@
-"""Model registry: every model by name, the paper's networks (`networks`) and small variants among them.
-
-Every model is built by name so that the server, the clients and the profiler agree on what
-"resnet18" is without shipping code; users add theirs with `register_model` (in every process, server
-and clients alike), as the seven built-ins below register themselves. The built-in image models take
-[B, 3, 32, 32] floats and return [B, classes]; text models take [B, T] character ids (T ≤ seq_len)
-and return next-character logits [B, T, vocab].
+"""Model registry: every model by name, so that the server, the clients and the profiler agree on what
+"resnet18" is without shipping code. Users add theirs with `register_model` (in every process), as the
+seven built-ins (`networks`) below register themselves: image models take [B, 3, 32, 32] floats and
+return [B, classes]; text models take [B, T] character ids and return next-character logits [B, T, vocab].
 """
 
 from __future__ import annotations
@@ -28,8 +25,6 @@ from powerfed.training.errors import ModelError
 from powerfed.training.model_limits import check_spec_size, checked_overrides, described, option_ranges_of
 from powerfed.training.networks import CharTransformer, MobileNetV2, ResNet, TinyCNN
 from powerfed.training.tasks import check_task, default_num_classes, loss_fn
-
-# --------------------------------------------------------------------------- registry
 
 
 @dataclass(frozen=True, eq=False)
@@ -95,8 +90,7 @@ def model_spec(
     description: str = "",
     **defaults: Any,
 ) -> ModelSpec:
-    """A checked registry entry, not registered (`register_model` registers one; the relation estimator
-    wraps an unregistered factory in one)."""
+    """A checked registry entry, not registered (the relation estimator wraps a user's factory in one)."""
     if not isinstance(name, str) or not MODEL_NAME.fullmatch(name):
         raise ModelError(
             "a model name must be 1-100 letters, digits and . _ + - (it names cache files and messages), "
@@ -139,15 +133,12 @@ def register_model(
     **defaults: Any,
 ) -> ModelSpec:
     """Register `factory` as model `name`, so that a name in a message, a run config or a command builds
-    it on the server and the clients alike (each process registers it: import the module that does).
+    it on the server and the clients alike (each process registers it). Returns the entry.
 
-    `factory(**options)` returns an nn.Module; it is given `num_classes=` too when it takes it.
-    `task` "image" means one label per sample (cross entropy, top-1 accuracy), whatever the input shape
-    and channel count; "text" means next-character ids [B, T]. `input_shape` is one sample's shape
-    ((1, 16, 16), or (seq_len,) for text); `defaults` are keyword arguments of `factory` that define this
-    variant (what `build_model`'s overrides go on top of). A name already taken is refused unless
-    `replace=True`; a built-in model's name is refused even then (every run's clients, caches and
-    results name it: register yours under a name of its own). Returns the entry.
+    `factory(**options)` returns an nn.Module (given `num_classes=` when it takes it). `task` "image":
+    one label per sample, any input shape; "text": next-character ids [B, T]. `input_shape`: one
+    sample's shape; `defaults`: `factory`'s keyword arguments for this variant (overrides go on top).
+    A name taken is refused unless `replace=True`; a built-in model's name is refused even then.
     """
     check_arguments("register_model", replace=(replace, Flag()))  # "no" must not replace
     spec = model_spec(name, factory, task=task, input_shape=input_shape, description=description, **defaults)
@@ -174,53 +165,30 @@ def unregister_model(name: str) -> None:
     del _REGISTRY[name]
 
 
-_IMG = (3, 32, 32)
-register_model(
-    "resnet18", ResNet, input_shape=_IMG, description="ResNet18, CIFAR stem, widths 64..512", width=64
-)
-register_model(
-    "resnet18-small", ResNet, input_shape=_IMG, description="ResNet18 topology, widths 16..128", width=16
-)
-register_model(
-    "mobilenetv2",
-    MobileNetV2,
-    input_shape=_IMG,
-    description="MobileNetV2 for 32x32, width 1.0",
-    width_mult=1.0,
-)
-register_model(
-    "mobilenetv2-small",
-    MobileNetV2,
-    input_shape=_IMG,
-    description="MobileNetV2 for 32x32, width 0.25",
-    width_mult=0.25,
-)
-register_model("cnn-tiny", TinyCNN, input_shape=_IMG, description="two-conv CNN for fast tests", width=16)
-register_model(
-    "chartransformer",
-    CharTransformer,
-    task="text",
-    input_shape=(64,),
-    description="char GPT, 6 layers, 6 heads, 256 wide",
-)
-register_model(
-    "chartransformer-small",
-    CharTransformer,
-    task="text",
-    input_shape=(64,),
-    description="char GPT, 2 layers, 2 heads, 64 wide",
-    n_layer=2,
-    n_head=2,
-    n_embd=64,
-)
+for _name, _builder, _task, _description, _defaults in (  # image: (3, 32, 32); text: (64,) windows
+    ("resnet18", ResNet, "image", "ResNet18, CIFAR stem, widths 64..512", {"width": 64}),
+    ("resnet18-small", ResNet, "image", "ResNet18 topology, widths 16..128", {"width": 16}),
+    ("mobilenetv2", MobileNetV2, "image", "MobileNetV2 for 32x32, width 1.0", {"width_mult": 1.0}),
+    ("mobilenetv2-small", MobileNetV2, "image", "MobileNetV2 for 32x32, width 0.25", {"width_mult": 0.25}),
+    ("cnn-tiny", TinyCNN, "image", "two-conv CNN for fast tests", {"width": 16}),
+    ("chartransformer", CharTransformer, "text", "char GPT, 6 layers, 6 heads, 256 wide", {}),
+    (
+        "chartransformer-small",
+        CharTransformer,
+        "text",
+        "char GPT, 2 layers, 2 heads, 64 wide",
+        {"n_layer": 2, "n_head": 2, "n_embd": 64},
+    ),
+):
+    _shape = (3, 32, 32) if _task == "image" else (64,)
+    register_model(_name, _builder, task=_task, input_shape=_shape, description=_description, **_defaults)
 
 BUILT_IN = frozenset(_REGISTRY)
 
 
 def model_fingerprint(model: nn.Module) -> dict[str, Any]:
-    """What a relation vector was estimated for, to tell another model from it (a session refuses a
-    plan whose vector is of another model): the module's class, its parameter count, and a digest of
-    every parameter's and buffer's name and shape. Not the weights' values (fine-tuning changes them)."""
+    """What a relation vector was estimated for (a session refuses a plan of another model): the class,
+    the parameter count and a digest of every tensor's name and shape, not the weights' values."""
     shapes = [[name, list(t.shape)] for name, t in model.state_dict().items()]
     digest = hashlib.sha256(json.dumps(shapes).encode()).hexdigest()[:16]
     cls = type(model)
@@ -233,7 +201,7 @@ def model_fingerprint(model: nn.Module) -> dict[str, Any]:
 
 def same_model(recorded: Any, model: nn.Module) -> str | None:
     """None when `model` is what `recorded` (a vector's `model_fingerprint`) describes, or nothing is
-    recorded (files from before it was); else what differs, in words."""
+    recorded; else what differs, in words."""
     if not isinstance(recorded, Mapping):  # a vector keeps it read-only (a FrozenJson)
         return None
     now = model_fingerprint(model)
@@ -263,8 +231,7 @@ def get_model_spec(name: str) -> ModelSpec:
 
 def check_input_shape(spec: ModelSpec, sample_shape: Sequence[int], data: str) -> None:
     """One ModelError line when samples of `sample_shape` (from `data`) cannot feed model `spec`: an
-    image model takes samples of its input_shape's rank and channel count (the first dimension; the
-    built-in networks pool over any height and width); a text model, windows of at most its context."""
+    image model takes its input_shape's rank and channel count (any height and width), a text model [T]."""
     shape = tuple(int(d) for d in sample_shape)
     want = spec.input_shape
     if spec.task == "image" and (len(shape) != len(want) or shape[:1] != want[:1]):
@@ -282,8 +249,7 @@ def _shape_text(shape: Sequence[int]) -> str:
 
 
 def option_ranges() -> str:
-    """Every registered model's size options with their ranges, and the size bounds, in words (for
-    `--set`'s help)."""
+    """Every registered model's size options with their ranges, and the size bounds (`--set`'s help)."""
     return option_ranges_of(_REGISTRY.values())
 
 
@@ -294,8 +260,7 @@ def check_overrides(name: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
 
 def check_size(name: str, num_classes: int | None = None, overrides: Mapping[str, Any] | None = None) -> None:
     """Refuse, before any memory is asked for, a model whose parameters or layer outputs per sample
-    exceed MAX_PARAMETERS or MAX_ACTIVATIONS (e.g. resnet18 with width=100000: 27 trillion
-    parameters, which torch would try to allocate as 100 TB)."""
+    exceed MAX_PARAMETERS or MAX_ACTIVATIONS (e.g. resnet18 with width=100000)."""
     check_spec_size(get_model_spec(name), num_classes, overrides)
 
 
@@ -303,20 +268,15 @@ def build_model(
     name: str, num_classes: int | None = None, *, seed: int | None = None, **overrides: Any
 ) -> nn.Module:
     """Build model `name` with `num_classes` outputs (text: the vocabulary size, default VOCAB_SIZE).
-
-    `seed` makes the initial weights reproducible without touching the global RNG stream;
-    `overrides` change sizes (resnet: width, blocks; mobilenetv2: width_mult, dropout;
-    chartransformer: n_layer, n_head, n_embd, seq_len, head_dim, dropout; cnn-tiny: width; a
-    registered model: its factory's keyword arguments).
-    """
+    `seed` makes the initial weights repeatable without touching the global RNG stream; `overrides`
+    change sizes (the builder's keyword arguments: `ModelSpec.options`)."""
     return build_spec(get_model_spec(name), num_classes, seed=seed, **overrides)
 
 
 def build_spec(
     spec: ModelSpec, num_classes: int | None = None, *, seed: int | None = None, **overrides: Any
 ) -> nn.Module:
-    """`build_model` of a registry entry, registered or not (what crosses to a Ray worker, which has
-    not run the user's `register_model`)."""
+    """`build_model` of a registry entry, registered or not (a Ray worker has not run `register_model`)."""
     name = spec.name
     overrides = checked_overrides(spec, overrides)
     if isinstance(num_classes, bool) or not isinstance(num_classes, (int, type(None))):
@@ -338,9 +298,6 @@ def build_spec(
         raise ModelError(
             f"model {name!r}{described(overrides)}: not enough memory to build it: lower its size options"
         ) from None
-
-
-# --------------------------------------------------------------------------- workload
 
 
 def example_batch(
