@@ -1,18 +1,15 @@
-"""Fine-tune to a target accuracy (or a budget): the one training loop of the project.
-
-Pre-training, relation-vector estimation and the clients all use this loop, so "samples to the target"
-means the same thing everywhere. Every step goes through `device.run_step`, so a simulated board charges
-its virtual clock and power sensor; device seconds count training steps only (evaluation excluded), as
-the time-to-accuracy (docs/design/method.md) is a training time. The loop is lean (in-memory tensors, index
-slicing, no DataLoader): its overhead must stay within a few percent of a bare PyTorch loop
-(bench/loop_overhead.py measures it).
+"""Fine-tune to a target accuracy (or a budget): the one training loop of the project, so "samples to
+the target" means the same in pre-training, relation estimation and the clients. Every step goes through
+`device.run_step` (a simulated board charges its clock and sensor); device seconds count training steps
+only. In-memory tensors and index slicing, no DataLoader: the loop's overhead stays within a few percent
+of a bare PyTorch loop (bench/loop_overhead.py).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -27,7 +24,6 @@ from powerctl.profiling.monitor import PowerMonitor, PowerReading
 from powerctl.progress import progress_bar
 from powerctl.records.workload import Workload, measure_workload
 from powerfed.training.checkpoint import (
-    Checkpointing,
     Part,
     Saved,
     Tensors,
@@ -47,7 +43,6 @@ from powerfed.training.finetune_records import (
     FineTuneConfig,
     FineTuneResult,
     LossFn,
-    StepHook,
     UserFunctions,
     make_optimizer,
     step_failed,
@@ -59,8 +54,6 @@ log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from powerfed.training.data import Dataset
-
-__all__ = ["fine_tune", "step_workload"]
 
 POWER_RATE_HZ = 20.0
 """Power readings per second while training (what the step hooks and the energy figures see)."""
@@ -182,30 +175,6 @@ def _set_rng_states(gen: torch.Generator, cuda: list[int], states: Tensors) -> N
         torch.cuda.set_rng_state(states["cuda"], cuda[0])
 
 
-def _identity(
-    checkpoint: Checkpointing,
-    model: nn.Module,
-    train: Dataset,
-    test: Dataset,
-    device: Device,
-    hooks: Sequence[StepHook],
-    settings: dict[str, Any],
-) -> str:
-    """What this run is (a checkpoint of anything else is not resumed): the caller's key, the starting
-    weights, the data, the settings, the device and the kinds of hooks."""
-    return identity_digest(
-        {
-            "key": checkpoint.key,
-            "weights": state_digest(model.state_dict()),
-            "train": [train.name, len(train)],
-            "test": [test.name, len(test)],
-            "settings": settings,
-            "device": getattr(device, "spec", type(device).__name__),
-            "hooks": [type(h).__name__ for h in hooks],
-        }
-    )
-
-
 def _check_data(config: FineTuneConfig, train: Dataset, test: Dataset) -> None:
     """One DataError line for splits the run cannot use (the settings are checked by `FineTuneConfig`)."""
     if train.task != test.task:
@@ -229,8 +198,8 @@ def _train_step(
 
 class _Loop:
     """One fine-tune under way: the model and its data on the model's device, the optimizer, the power
-    segments and where the run stands (`_Progress`), which its steps, evaluations and checkpoints share.
-    `fine_tune` makes it, then inside the run's own RNG calls `start`, `restore`, `run_to_end`, `save_end`."""
+    segments and where the run stands (`_Progress`). `fine_tune` makes it, then inside the run's own RNG
+    calls `start`, `restore`, `run_to_end`, `save_end`."""
 
     def __init__(
         self,
@@ -262,7 +231,8 @@ class _Loop:
         self.bar: Any = None
 
     def find_saved(self, train: Dataset, test: Dataset) -> Saved | None:
-        """This same work's checkpoint, if any (before training: the identity holds the start weights)."""
+        """This same work's checkpoint, if any: one whose identity (the caller's key, the starting weights,
+        the data, the settings, the device, the kinds of hooks) is this run's; called before training."""
         checkpoint = self.callbacks.checkpoint
         if checkpoint is None:
             return None
@@ -277,7 +247,17 @@ class _Loop:
             "seed": config.seed,
             "optimizer": name if name is None or isinstance(name, str) else "custom",
         }
-        self.identity = _identity(checkpoint, self.model, train, test, self.device, self.hooks, settings)
+        self.identity = identity_digest(
+            {
+                "key": checkpoint.key,
+                "weights": state_digest(self.model.state_dict()),
+                "train": [train.name, len(train)],
+                "test": [test.name, len(test)],
+                "settings": settings,
+                "device": getattr(self.device, "spec", type(self.device).__name__),
+                "hooks": [type(h).__name__ for h in self.hooks],
+            }
+        )
         return resumable(checkpoint, self.identity)
 
     def start(self, workload: Workload) -> None:
@@ -297,9 +277,8 @@ class _Loop:
         self.parts = self._parts()
 
     def _parts(self) -> dict[str, Part]:
-        """Everything a resumed run needs to end where an uninterrupted one ends, each piece once:
-        checkpoints are written and read back from this table, in its order (the device before the hooks:
-        a follower resumes on the device's clock)."""
+        """Everything a resumed run needs to end where an uninterrupted one ends, saved and restored in
+        this order (the device before the hooks: a follower resumes on the device's clock)."""
         model, opt, gen, cuda = self.model, self.opt, self.gen, self.cuda
         run, power, device, hooks = self.run, self.power, self.device, self.hooks
 
@@ -495,21 +474,16 @@ def fine_tune(
 ) -> FineTuneResult:
     """Train `model` in place on `train` until its accuracy on `test` reaches `config.target_accuracy`.
 
-    Stops at the first evaluation at or above the target, or when the budget (`max_samples`,
-    `max_device_seconds`; with neither, DEFAULT_MAX_EPOCHS epochs) is spent. Evaluation happens before
-    training, every `eval_every_samples` samples (None: only at the end) and at the end, on a fixed
-    subset of at most `eval_max_samples` test samples. Batches are drawn from a seeded permutation per
-    epoch (the last incomplete batch of an epoch is dropped so every step has the batch size's samples).
-    Same seed, same data, same starting weights → the same curve (on the CPU). `workload` is what the
+    Stops at the first evaluation at or above the target, or when the budget (`FineTuneConfig`) is
+    spent. Evaluates before training, every `eval_every_samples` samples and at the end, on a fixed
+    test subset. Batches come from a seeded permutation per epoch (an epoch's incomplete last batch is
+    dropped): same seed, data and starting weights → the same curve (on the CPU). `workload`: what the
     device charges per step (default: measured from the model).
 
-    `callbacks.hooks` act between steps: before a step a hook may hand over another batch size, which
-    takes effect at once with the optimizer state kept and the rate `config.lr(b)`; after it, each sees
-    its power readings. With `callbacks.checkpoint`, the run saves itself at evaluations and, when a
-    checkpoint of the same work exists, continues from it instead of starting over: the weights,
-    samples, accuracy curve, device seconds, energy and the hooks' state are then those of a run never
-    interrupted. A finished run leaves its end state there (one file, replaced by the next work's): the
-    same work again returns the same result at once, without training (`extra.resumed_at_samples`
+    `callbacks.hooks` act between steps: a hook may hand over another batch size (optimizer state kept,
+    rate `config.lr(b)`) and sees each step's power readings. With `callbacks.checkpoint` the run saves
+    itself at evaluations and continues a checkpoint of the same work as if never interrupted; a
+    finished run's end state returns its result again without training (`extra.resumed_at_samples`
     then equals `samples`). `user` replaces the task's loss, metric or whole step (`UserFunctions`).
     """
     callbacks = callbacks or FineTuneCallbacks()

@@ -1,12 +1,11 @@
-"""What a fine-tune is asked to do (`FineTuneConfig`), what watches or steers it (`FineTuneCallbacks`,
-`StepHook`), the user's own functions it may train with (`UserFunctions`), and what it returns
-(`FineTuneResult`): the records around the loop in `powerfed.training.finetune`."""
+"""The records around the loop in `powerfed.training.finetune`: what it is asked (`FineTuneConfig`), what
+steers it (`FineTuneCallbacks`, `StepHook`), the user's functions (`UserFunctions`), what it returns."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
@@ -14,9 +13,7 @@ from torch import nn
 
 from powerctl.devices.base import PowerSamples
 from powerctl.files.mapping import check_callable
-from powerfed.training.checkpoint import (
-    Checkpointing,
-)
+from powerfed.training.checkpoint import Checkpointing
 
 DEFAULT_EVAL_EVERY_SAMPLES = 1024
 """Evaluate after every this many training samples (the resolution of samples-to-target)."""
@@ -34,17 +31,15 @@ MetricFn = Callable[[torch.Tensor, torch.Tensor], float]
 """(outputs, targets) of the whole evaluation subset → the accuracy-like number the target is set in
 (higher is better; default: the task's top-1 accuracy, per character for text)."""
 MakeStep = Callable[[nn.Module], Callable[..., Any]]
-"""model → the user's training step `step(x, y)` (one optimizer step on one batch): what a
-`PowerSession` profiles and the loop runs, and what `estimate_relation(user=UserFunctions(make_step=...))`
-trains with."""
+"""model → the user's training step `step(x, y)` (one optimizer step on one batch)."""
 TrainToTarget = Callable[..., float | None]
 """A user's own loop: (batch_size, lr, seed[, target_accuracy]) → samples to the target, None when it was
 not reached (a callable that takes a fourth argument is given the target)."""
 
 
 class StepHook(Protocol):
-    """What acts between training steps: `powerctl`'s power guard and cap follower satisfy it as they
-    are (powerctl does not import `training`). Every method is called by `fine_tune` alone."""
+    """What acts between training steps, called by `fine_tune` alone: `powerctl`'s power guard and cap
+    follower satisfy it as they are (powerctl does not import `training`)."""
 
     def before_step(self, samples: int) -> int | None:
         """Before every step, with the samples trained so far: the batch size to train with from now
@@ -66,9 +61,8 @@ class StepHook(Protocol):
 
 
 def step_failed(hook: StepHook, exc: Exception) -> int | None:
-    """A hook's take on a step that raised: the batch size to go on with (the step did not train), or
-    None when the failure stands. Optional (`step_failed(exc)`): the in-training confirmation drops a
-    batch size that runs out of memory, as the profiler skips it; other hooks let every failure stand."""
+    """A hook's optional `step_failed(exc)` on a step that raised: the batch size to go on with (the step
+    did not train; the in-training confirmation drops one that ran out of memory), or None: it stands."""
     handler = getattr(hook, "step_failed", None)
     return None if handler is None else handler(exc)
 
@@ -106,12 +100,6 @@ class FineTuneResult:
     """Host wall time of the whole call, evaluation included (for overhead accounting, not for TTA)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-# --- what a fine-tune is asked to do, and what watches it ----------------------------------------------
-
 
 def _check_positive(name: str, value: float | None, *, integer: bool = False) -> None:
     if value is None:
@@ -125,14 +113,12 @@ def _check_positive(name: str, value: float | None, *, integer: bool = False) ->
 @dataclass(frozen=True)
 class FineTuneConfig:
     """What a fine-tune is asked to do: where it starts, when it stops, how it is judged. Checked when
-    made (one ValueError line), so no run starts with settings it could not finish; the data is checked
-    by `fine_tune`. A checkpoint is resumed only by a run of the same settings."""
+    made (one ValueError line), so no run starts with settings it could not finish."""
 
     batch_size: int
     """The batch size the run starts with (a step hook may change it)."""
     lr: float | Callable[[int], float]
-    """The learning rate, or the rule batch size → rate (needed when a hook changes the batch size; a
-    number is the same rate for every size). A rule's rate is checked when a run asks it."""
+    """The learning rate, or the rule batch size → rate (for a hook that changes the batch size)."""
     target_accuracy: float | None
     """Stop at the first evaluation at or above it; None trains for the budget only (pre-training)."""
     max_samples: int | None = None
@@ -174,8 +160,7 @@ class FineTuneConfig:
         return float(self.lr(batch_size) if callable(self.lr) else self.lr)
 
     def sample_budget(self, train_samples: int) -> int | None:
-        """`max_samples`, or with no budget at all DEFAULT_MAX_EPOCHS epochs of the train split, so that
-        an unreachable target can never run forever."""
+        """`max_samples`, or with no budget at all DEFAULT_MAX_EPOCHS epochs of the train split."""
         if self.max_samples is None and self.max_device_seconds is None:
             return DEFAULT_MAX_EPOCHS * train_samples
         return self.max_samples
@@ -206,16 +191,14 @@ class UserFunctions:
     loss: LossFn | None = None
     metric: MetricFn | None = None
     make_step: MakeStep | None = None
-    """The whole training step (`step(x, y)`: their optimizer, their loss, a proximal term, two passes;
-    the one a `PowerSession` takes): `lr`, `optimizer` and `loss` then do not train, and the run has no
-    checkpoints or step hooks (its optimizer state is the step's)."""
+    """The whole training step (`step(x, y)`, the one a `PowerSession` takes): `lr`, `optimizer` and
+    `loss` then do not train, and the run has no checkpoints or step hooks."""
     train_to_target: TrainToTarget | None = None
     """The whole loop instead of the project's (`estimate_relation` only: the crossing is then the
     user's); `fine_tune`, the project's loop, refuses it."""
 
     def __post_init__(self) -> None:
-        """Each function checked where it is given (callable, taking its arguments): one ArgumentError
-        line naming it, not a TypeError at the first step, evaluation or run."""
+        """Each function checked where it is given: one ArgumentError line, not a TypeError later."""
         where = "UserFunctions"
         check_callable(where, "loss", self.loss, "(outputs, targets)", 2, optional=True)
         check_callable(where, "metric", self.metric, "(outputs, targets)", 2, optional=True)
