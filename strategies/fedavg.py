@@ -1,5 +1,5 @@
-"""The project's own FedAvg: `PowerAware` around Flower's FedAvg whose weights are averaged in a fixed
-order and precision (`FedAvgInOrder`), what the built-in ServerApp runs."""
+"""The built-in ServerApp's strategy: `PowerAware` around a FedAvg that averages in a fixed order and
+precision."""
 
 from __future__ import annotations
 
@@ -17,8 +17,7 @@ from strategies.rounds import weighted_average
 
 
 class FedAvgInOrder(FedAvg):
-    """Flower's FedAvg averaging by `strategies.rounds.weighted_average` (float64, in reply order, integer
-    buffers kept integers): the same global model in every run."""
+    """Flower's FedAvg averaging by `weighted_average`: the same global model in every run."""
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -39,9 +38,8 @@ class FedAvgInOrder(FedAvg):
 class PowerAwareFedAvg(PowerAware):
     """`PowerAware` around FedAvg (`FedAvgInOrder`): the project's own ServerApp's strategy.
 
-    FedAvg's sampling parameters are FedAvg's; the rest are `PowerAware`'s (which gathers
-    `waits.min_available_nodes` once). `inner` wraps the FedAvg before `PowerAware` holds it (e.g.
-    `lambda fedavg: PopulationSampled(fedavg, population)`)."""
+    The sampling parameters are FedAvg's, the rest `PowerAware`'s; `inner` wraps the FedAvg before
+    `PowerAware` holds it (e.g. `lambda fedavg: PopulationSampled(fedavg, population)`)."""
 
     def __init__(
         self,

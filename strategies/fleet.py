@@ -1,8 +1,6 @@
-"""The fleet: which board and power cap each virtual node runs on, read by the ServerApp and the ClientApp.
-
-A simulated node gets only its `partition-id`, so the run config's `fleet` maps partitions to boards and
-caps: a table (``"sim:jetson-nano@3.5, sim:jetson-tx2nx@none"``, entry i % len for partition i) or a YAML
-file (``groups:`` or ``boards:``, each {device, power-cap-w, count, availability}).
+"""The fleet: the board and power cap of each virtual node (which has only its `partition-id`), as a
+table (``"sim:jetson-nano@3.5, sim:jetson-tx2nx@none"``, entry i % len for partition i) or a YAML file
+(``groups:`` or ``boards:``, each {device, power-cap-w, count, availability}).
 """
 
 from __future__ import annotations
@@ -35,7 +33,7 @@ FILE_NAME = re.compile(r"\.[A-Za-z]\w{0,4}$")  # a file's suffix such as .json: 
 
 
 class NodeConfigError(PowerctlError):
-    """A node config or fleet entry that cannot be used; the text names the key and the value."""
+    """An unusable node config or fleet entry; the text names the key and the value."""
 
 
 CapSchedule = tuple[tuple[float, float | None], ...]  # ((t_s, W or None), ...), t_s ascending from 0
@@ -72,8 +70,7 @@ class FleetEntry:
 
 
 def board_cap_problem(device: str, source: CapSource) -> str | None:
-    """Why a simulated board can never run under this cap (every value below its least power; a cap
-    that only dips below it pauses the node), or None."""
+    """Why a simulated board can never run under this cap (every value below its least power), or None."""
     kind, _, name = device.partition(":")
     if kind != "sim":
         return None
@@ -119,8 +116,7 @@ def _entry_caps(value: Any, device: str, where: str, base_dir: Path | None) -> t
 
 
 def device_problem(device: str) -> str | None:
-    """Why `device` is no device spec (`powerctl.devices.check_spec`, nothing opened; a path is named
-    as one), or None."""
+    """Why `device` is no device spec (nothing opened), or None."""
     from powerctl.devices import check_spec
     from powerctl.errors import DeviceError
 
@@ -134,7 +130,7 @@ def device_problem(device: str) -> str | None:
 
 
 def not_simulated(device: str) -> str | None:
-    """Why `device` is not a simulated board (a local simulation's and a fleet run's boards), or None."""
+    """Why `device` is not a simulated board, or None."""
     from powerctl.devices.simulated import SIM_BOARDS
 
     kind, _, name = device.partition(":")
@@ -145,8 +141,7 @@ def not_simulated(device: str) -> str | None:
 
 
 def fleet_table(text: str) -> list[FleetEntry]:
-    """``DEVICE[@CAP], ...`` (CAP in W, or none) → entries in order; a problem (an empty entry too)
-    raises `Invalid`, the words that follow the key."""
+    """``DEVICE[@CAP], ...`` (CAP in W, or none) → entries in order; a problem raises `Invalid`."""
     if not text.strip():
         raise Invalid(f"is empty ({text!r}); e.g. 'sim:jetson-nano@3.5'")
     items = [t.strip() for t in text.replace(";", ",").split(",")]
@@ -189,7 +184,7 @@ def parse_fleet_groups(
     groups: Any, where: str, key: str = "groups", base_dir: Path | None = None
 ) -> list[FleetEntry]:
     """A fleet file's groups → one entry per board, in order; an error names its place in the file.
-    Trace and live-file paths start at `base_dir` (default: the folder of `where`)."""
+    Cap file paths start at `base_dir` (default: the folder of `where`)."""
     if not isinstance(groups, list) or not groups:
         raise NodeConfigError(f"{where}: {key!r} must be a non-empty list of groups, got {groups!r}")
     entries: list[FleetEntry] = []
@@ -212,7 +207,7 @@ def parse_fleet_groups(
 
 
 def fleet_from_document(doc: Any, name: str) -> list[FleetEntry]:
-    """``groups:`` (a fleet runner's file, whose other sections it checks) or ``boards:`` (a bare list)."""
+    """``groups:`` (a fleet runner's file) or ``boards:`` (a bare list)."""
     if isinstance(doc, dict) and "groups" in doc:
         return parse_fleet_groups(doc["groups"], name, "groups")
     if isinstance(doc, dict) and set(doc) == {"boards"}:
@@ -241,9 +236,6 @@ def fleet_entry(fleet: Any, partition_id: int) -> FleetEntry:
     return fleet[partition_id % len(fleet)]
 
 
-# --- the fleet file (YAML) ------------------------------------------------------------------
-
-
 class _UniqueKeyLoader(yaml.SafeLoader):
     """YAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last silently)."""
 
@@ -269,7 +261,7 @@ MAX_YAML_VALUES = 1_000_000  # once aliases are expanded; a 4 MB file without al
 
 def _check_expansion(root: yaml.Node, path: Path) -> None:
     """Refuse a document whose aliases expand to more than MAX_YAML_VALUES values, or that holds itself,
-    before it is built (a "billion laughs" would never end); linear in the composed nodes."""
+    before it is built (a "billion laughs")."""
     size: dict[int, int] = {}
     stack: list[tuple[yaml.Node, bool]] = [(root, False)]
     open_: set[int] = set()
@@ -329,7 +321,7 @@ def load_fleet_file(path: Path) -> list[FleetEntry]:
 
 
 def fleet_availability(value: str) -> tuple[float | None, ...]:
-    """Each board's availability as `fleet` gives it (only a YAML fleet's groups set one); empty: no fleet."""
+    """Each board's availability as `fleet` gives it (only a fleet file's groups set one)."""
     if not value.strip():
         return ()
     path = fleet_file(value)

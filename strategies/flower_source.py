@@ -1,5 +1,5 @@
-"""Flower source this project reproduces or runs outside Flower's own entry points (each used only while
-the installed source has the recorded `text_fingerprint`), and the scripts that run it."""
+"""Flower source this project reproduces or runs outside Flower's entry points (used only while the
+installed source has the recorded `text_fingerprint`), and the scripts that run it."""
 
 from __future__ import annotations
 

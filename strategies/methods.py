@@ -1,9 +1,4 @@
-"""Which method each node runs and whether it trains the real model (scale mode), per round.
-
-The method travels to the client in its `TrainInstructions`; the client chooses (b, f) with it
-(`powerctl.selection.methods`). In scale mode only a share of the clients fine-tune the real model, spread
-evenly over partition ids; the others run the cheap stand-in (`fl_client.round`).
-"""
+"""Which method each node runs and whether it trains the real model (scale mode), per round."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""How long `PowerAware` waits for nodes: one record, given to the strategy when it is made.
-
-Flower's own sampling waits forever for a node that died; the wrapper gathers the fleet once, waits a
-bounded time for nodes seen before, and bounds each question to a node (tuned together: one argument).
-"""
+"""How long `PowerAware` waits for nodes (Flower's own sampling waits forever for a node that died)."""
 
 from __future__ import annotations
 
@@ -13,7 +9,7 @@ from powerctl.files.mapping import Integer, Number, check_arguments
 
 @dataclass(frozen=True)
 class NodeWaits:
-    """The waits of a `PowerAware` run."""
+    """The waits of a `PowerAware` run: the fleet once, the nodes seen before each round, a question."""
 
     min_available_nodes: int = 0  # waited for once, before the first round (0: the inner strategy's)
     rejoin_wait_s: float = 30.0  # each round waits this long for the nodes seen before

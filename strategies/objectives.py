@@ -1,8 +1,5 @@
-"""The round objective: what a round of `PowerAware` asks of its clients, an object the strategy is
-given when it is made: `RoundObjective` (`time`: each client its fastest pair) or
-`EnergyUnderDeadline` (docs/design/deadline-rounds.md). The names are the method registry's
-(`ROUND_OBJECTIVES`); `objective_named` makes the object a name stands for.
-"""
+"""What a round of `PowerAware` asks of its clients: `RoundObjective` (`time`) or `EnergyUnderDeadline`
+(docs/design/deadline-rounds.md), named as the method registry's `ROUND_OBJECTIVES`."""
 
 from __future__ import annotations
 
@@ -18,7 +15,7 @@ Plans = Callable[[], Sequence[Plan]]  # the plans of the round's sampled nodes t
 
 class RoundObjective:
     """The `time` objective (the paper's): no deadline, each client its fastest pair. Other objectives
-    subclass it and override only what differs."""
+    subclass it."""
 
     name: str = TIME
 

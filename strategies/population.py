@@ -1,12 +1,6 @@
-"""A population larger than a round (simulation): which boards are available and which train, per round.
-
-A fleet file may describe far more boards than a round takes (`population: {clients-per-round: N,
-availability: P}`, a group's own `availability`, or `availability-trace: FILE`). Each round every board is
-available with its chance (or as the trace says) and N of the available ones are sampled, both draws
-seeded by the run's `seed` and the round over partition ids (never node ids, which change every run), so
-every method and every rerun sees the same boards. `PopulationSampled` shows the inner strategy a grid
-of only the round's sampled nodes; node ids map to partitions through what the simulation registered
-(`record_nodes`); a deployment, where boards come and go themselves, has no population.
+"""A population larger than a round (simulation only): each round every board is available with its
+chance (or as a trace says) and `clients-per-round` of them are sampled, both seeded by the run's `seed`
+and the round over partition ids, so every method and rerun sees the same boards.
 """
 
 from __future__ import annotations
@@ -38,7 +32,7 @@ _NODE_PARTITIONS: dict[int, int] = {}  # node id → partition id of this proces
 
 
 class PopulationError(PowerctlError):
-    """A population was asked for where the boards' node ids are unknown (not a local simulation)."""
+    """A population that cannot be drawn (not a local simulation, no board available, a bad trace)."""
 
 
 def record_nodes(mapping: Mapping[int, int]) -> None:
@@ -72,8 +66,7 @@ class Draw:
         }
 
 
-# an availability trace's header: each row a window of rounds (inclusive; last-round empty: to the end)
-# in which board `board` (its partition id, the fleet file's order from 0) is available
+# each row: a window of rounds (inclusive; last-round empty: to the end) a board (partition id) is there
 TRACE_COLUMNS = ("board", "first-round", "last-round")
 TRACE_HELP = (
     "a CSV with the header board,first-round,last-round and a row per window of rounds a board is "
@@ -83,8 +76,7 @@ TRACE_HELP = (
 
 @dataclass(frozen=True)
 class AvailabilityTrace:
-    """Which rounds each board is there, as a trace recorded them (FedScale's client traces, a device
-    log): a board the trace does not name is never available."""
+    """Which rounds each board is there; a board the trace does not name is never available."""
 
     path: str
     windows: Mapping[int, tuple[tuple[int, int | None], ...]]
@@ -135,8 +127,7 @@ def read_availability_trace(path: str | Path) -> AvailabilityTrace:
 
 @dataclass(frozen=True)
 class Population:
-    """`clients-per-round` (0: every available board) and `availability` (each board's chance to be
-    there in a round), seeded by `seed`."""
+    """`clients-per-round` (0: every available board) and each board's chance to be there in a round."""
 
     clients_per_round: int = 0
     availability: float = 1.0
@@ -159,7 +150,6 @@ class Population:
         return any(p is not None for p in self.per_board)
 
     def chance(self, board: int) -> float:
-        """Board `board`'s chance to be available in a round."""
         own = self.per_board[board % len(self.per_board)] if self.per_board else None
         return self.availability if own is None else own
 
@@ -178,8 +168,8 @@ class Population:
 
 
 def check_population(population: Population, boards: int, rounds: int) -> None:
-    """One PopulationError line, before any work, when the trace names boards the fleet does not have
-    or no board is available in any of the `rounds` rounds (the seeded draws the run would make)."""
+    """One PopulationError line, before any work, when the trace names boards the fleet lacks or no board
+    is available in any of the `rounds` rounds."""
     if not population.active or boards < 1:
         return
     if population.trace is not None:
@@ -203,7 +193,7 @@ def check_population(population: Population, boards: int, rounds: int) -> None:
 
 
 def run_population(settings: RunSettings, per_board: tuple[float | None, ...]) -> Population:
-    """The run's population from its settings, each board's own chance and the trace (read)."""
+    """The run's population from its settings and each board's own chance."""
     trace_file = settings.availability_trace
     trace = read_availability_trace(app_path_of(trace_file)) if trace_file.strip() else None
     return Population(settings.clients_per_round, settings.availability, settings.seed, per_board, trace)
@@ -223,7 +213,8 @@ class _RoundGrid:
 
 
 class PopulationSampled(Strategy):
-    """The inner strategy, its nodes each round those `population` samples (see the module)."""
+    """The inner strategy, shown only the round's sampled nodes (node ids map to partitions through what
+    the simulation registered, `record_nodes`)."""
 
     def __init__(
         self,
@@ -238,7 +229,7 @@ class PopulationSampled(Strategy):
         self._draws: dict[int, tuple[Draw, list[int]]] = {}
 
     def round_nodes(self, server_round: int, grid: Grid) -> list[int]:
-        """The node ids sampled for `server_round` (drawn once a round; training and evaluation alike)."""
+        """The node ids sampled for `server_round` (drawn once a round)."""
         if server_round not in self._draws:
             mapping = self._partitions()
             if not mapping:
@@ -285,7 +276,7 @@ class PopulationSampled(Strategy):
 
 
 class PopulationLog:
-    """`on_draw` that keeps every round's draw in a JSON file (rewritten whole, atomically, each round)."""
+    """`on_draw` that keeps every round's draw in a JSON file, rewritten each round."""
 
     def __init__(self, path: Path, population: Population) -> None:
         self.path, self.population = path, population

@@ -1,14 +1,7 @@
-"""Power-aware rounds around any Flower strategy: the method's plan sent in the train config, every
-client's report kept.
-
-`PowerAware(strategy, instructions)` wraps a strategy in the shape of Flower's own wrappers: the inner
-strategy samples, builds the messages and aggregates; the wrapper asks new nodes who they are (QUERY),
-puts each node's `TrainInstructions` in its own train config (`node_instructions`; the round objective
-may first ask the sampled nodes for their plans to set a deadline), maps every reply to its node by the
-message ids sent, takes each report out, and hands the inner strategy the usable replies in node-key
-order (the same sum in every run). A reply without a report is aggregated and counted; an unusable one
-is named and kept out; a failed client never stops the round. `on_round` hears the `RoundRecord` after
-training and after evaluation; `on_round_end(round, weights)` once the round is over.
+"""Power-aware rounds around any Flower strategy, in the shape of Flower's own wrappers: the inner
+strategy samples, builds the messages and aggregates; the wrapper puts each node's `TrainInstructions` in
+its train config, takes each report out of its reply, and hands the inner strategy the usable replies in
+node-key order (the same sum in every run). A failed client never stops the round.
 """
 
 from __future__ import annotations
@@ -57,18 +50,17 @@ from strategies.rounds import (
 )
 
 NODE_UNAVAILABLE = 5  # Flower's ErrorCode.NODE_UNAVAILABLE: the SuperNode went away
-
 # (node, server round, the round's instructions) → this node's instructions (e.g. its own cap)
 NodeInstructions = Callable[[NodeInfo, int, TrainInstructions], TrainInstructions]
 
 
 def same_for_every_node(node: NodeInfo, server_round: int, base: TrainInstructions) -> TrainInstructions:
-    """The default: the round's instructions, addressed to the node (its key is echoed back)."""
+    """The default: the round's instructions, addressed to the node."""
     return dataclasses.replace(base, server_round=server_round, node_key=node.key)
 
 
 def _inner_attr(strategy: Strategy | None, name: str, default: Any) -> Any:
-    """An attribute of `strategy` or of the strategy it wraps (Flower's wrappers keep it as `.strategy`)."""
+    """An attribute of `strategy` or of a strategy it wraps (as `.strategy`, as Flower's wrappers do)."""
     while strategy is not None:
         if hasattr(strategy, name):
             return getattr(strategy, name)
@@ -93,25 +85,11 @@ class PowerAware(Strategy):
     """Wraps any Flower strategy: its clients each choose (batch size, GPU frequency) under their own
     power cap from the plan the train config carries, and report what it cost.
 
-    Parameters
-    ----------
-    strategy : Strategy
-        The strategy that samples, sends and aggregates (FedAvg, FedAdam, FedProx, a user's own, or one
-        of Flower's wrappers around one).
-    instructions : TrainInstructions
-        The run's plan; every round each node's is made from it by `node_instructions`. A public
-        attribute: a run may change it between rounds.
-    waits : NodeWaits
-        How long it waits for nodes (`strategies.node_waits`): the fleet once before the first round,
-        the nodes seen before in each round, each question to a node (Flower's own sampling waits
-        forever for a node that died).
-    round_objective : RoundObjective | str
-        What each round asks of its clients (`strategies.objectives`): `RoundObjective()` (time: each
-        client its fastest pair) or `EnergyUnderDeadline(deadline_s)`; or the name of one
-        (`"energy-under-deadline"`: the slowest sampled node's fastest time as the deadline).
-    first_round : int
-        A resumed run: the rounds before it are done (their weights are `initial_arrays`); Flower's loop
-        sends nothing for them.
+    `instructions` is the run's plan (a public attribute a run may change between rounds), from which
+    `node_instructions` makes each node's; `waits` bounds how long it waits for nodes; `round_objective`
+    is a `RoundObjective` or its name; with `first_round` > 1 the rounds before it are done. `on_round`
+    hears the `RoundRecord` after training and after evaluation, `on_round_end(round, weights)` once the
+    round is over.
     """
 
     def __init__(
@@ -180,9 +158,8 @@ class PowerAware(Strategy):
         evaluate_config: ConfigRecord | None = None,
         evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
     ) -> Result:
-        """Flower's `Strategy.start`. A resumed run (`first_round` > 1) evaluates `initial_arrays` as
-        round `first_round - 1`'s, not the skipped rounds. Every client failing in every round raises
-        `NoClientReported`, one line naming why (catch it in a ServerApp's main to exit with it)."""
+        """Flower's `Strategy.start`; a resumed run evaluates `initial_arrays` as round `first_round - 1`'s.
+        Every client failing in every round raises `NoClientReported`, one line naming why."""
         if evaluate_fn is not None and self.first_round > 1:
             evaluate_all, done = evaluate_fn, self.first_round - 1
 
@@ -199,9 +176,8 @@ class PowerAware(Strategy):
     def _skipped(self, server_round: int) -> bool:
         return server_round < self.first_round
 
-    # --- nodes --------------------------------------------------------------------------------
     def connected(self, grid: Grid) -> list[int]:
-        """The nodes to sample from, after `waits.min_available_nodes` once, then up to
+        """The nodes to sample from, after waiting for `waits.min_available_nodes` once, then up to
         `waits.rejoin_wait_s` for the most nodes seen so far."""
         if not self._gathered:
             sample_nodes(grid, self.waits.min_available_nodes, 0)  # Flower's wait for the fleet, no sample
@@ -213,8 +189,8 @@ class PowerAware(Strategy):
         return nodes
 
     def _query(self, grid: Grid, contents: dict[int, RecordDict]) -> list[tuple[int, Message]]:
-        """Send each node its QUERY and pair every reply with the node it answers (by message id: a
-        dead SuperNode's error reply comes from the SuperLink)."""
+        """Send each node its QUERY; every reply paired with its node by message id (a dead SuperNode's
+        error reply comes from the SuperLink)."""
         if not contents:
             return []
         queries = [
@@ -226,7 +202,7 @@ class PowerAware(Strategy):
         return [(sent.get(r.metadata.reply_to_message_id, r.metadata.src_node_id), r) for r in replies]
 
     def learn_nodes(self, grid: Grid, node_ids: Iterable[int]) -> None:
-        """Ask every node not met yet for its device, board and cap (``query``)."""
+        """Ask every node not met yet for its device, board and cap."""
         new = [nid for nid in node_ids if nid not in self.nodes]
         if not new:
             return
@@ -243,8 +219,8 @@ class PowerAware(Strategy):
             self.nodes.setdefault(nid, NodeInfo.unknown(nid))
 
     def plan(self, grid: Grid, instructions: dict[int, TrainInstructions]) -> list[Plan]:
-        """The plans of the round's sampled nodes (each not planned yet is asked, a QUERY carrying its
-        instructions); a node that fails to answer is logged and left out of the deadline."""
+        """The plans of the round's sampled nodes, each not planned yet asked with its instructions; a node
+        that fails to answer is logged and left out."""
         new = {
             nid: RecordDict({CONFIG_KEY: instr.to_config()})
             for nid, instr in instructions.items()
@@ -269,9 +245,8 @@ class PowerAware(Strategy):
         info = self.node(node_id)
         return Failure(node_id, info.key, info.device, kind, reason)
 
-    # --- training -----------------------------------------------------------------------------
     def instructions_for(self, node_id: int, server_round: int) -> TrainInstructions:
-        """This node's instructions for the round (`node_instructions`), checked: one line if not one."""
+        """This node's instructions for the round (`node_instructions`), checked."""
         given = self.node_instructions(self.node(node_id), server_round, self.instructions)
         expected = "a TrainInstructions (e.g. dataclasses.replace(instructions, ...))"
         call = "node_instructions(node, server_round, instructions)"
@@ -281,8 +256,8 @@ class PowerAware(Strategy):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """The inner strategy's TRAIN messages, its `config` carrying the plan; each message then gets
-        its own RecordDict with that node's instructions (`node_instructions`)."""
+        """The inner strategy's TRAIN messages, each with its own RecordDict holding its node's
+        instructions."""
         self._sent[MessageType.TRAIN] = []
         if self._skipped(server_round):
             return []
@@ -323,8 +298,8 @@ class PowerAware(Strategy):
     def _match(
         self, kind: str, replies: Iterable[Message]
     ) -> tuple[list[tuple[int, Message]], list[tuple[int, Message]], list[Failure]]:
-        """Pair each reply with the node it answers: (replies with content, error replies, failures for
-        the errors and for the missing replies)."""
+        """Each reply with its node: (replies with content, error replies, failures for the errors and
+        the missing replies)."""
         sent = self._sent.pop(kind, [])
         by_id = {m.metadata.message_id: m.metadata.dst_node_id for m in sent}
         answered: set[int] = set()
@@ -411,7 +386,7 @@ class PowerAware(Strategy):
 
     def _read_train_reply(self, reply: Message) -> ClientReport | None:
         """The reply's report (None: it has none), taken out of the reply; ProtocolError when the reply
-        cannot be aggregated or its report is malformed."""
+        cannot be aggregated."""
         content = reply.content
         arrays = _one(content.array_records, ARRAYS_KEY, "train reply", "the weights")
         if self._global is not None and (why := weights_mismatch(arrays, self._global)):
@@ -419,13 +394,12 @@ class PowerAware(Strategy):
         metrics = _one(content.metric_records, METRICS_KEY, "train reply", "")
         weight_key = _inner_attr(self.strategy, "weighted_by_key", EXAMPLES_KEY)
         reader(metrics, "train reply metrics").number(weight_key, positive=True)
-        return take_report(content)  # with a bench's record beside it; the inner strategy sees the rest
+        return take_report(content)
 
-    # --- evaluation ---------------------------------------------------------------------------
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """The inner strategy's EVALUATE messages, sent to the nodes connected now."""
+        """The inner strategy's EVALUATE messages."""
         self._sent[MessageType.EVALUATE] = []
         if self._skipped(server_round):
             return []
@@ -436,8 +410,7 @@ class PowerAware(Strategy):
         return messages
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        """Each node's accuracy and loss into the round's record; the inner strategy's aggregate of the
-        usable replies."""
+        """Each node's accuracy and loss into the round's record; the inner strategy aggregates."""
         if self._skipped(server_round):
             return None
         if self._sent.get(MessageType.EVALUATE):

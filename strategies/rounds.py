@@ -1,5 +1,4 @@
-"""What one round produced: every client's report, who failed and why, and the round's summary (pure
-data and arithmetic, read by the strategy, the results file and the fleet runner)."""
+"""What one round produced: every client's report, who failed and why, and the round's summary."""
 
 from __future__ import annotations
 
@@ -17,7 +16,7 @@ from strategies.report import ClientReport
 
 @dataclass(frozen=True)
 class NodeInfo:
-    """A node as it described itself in reply to ``query`` (node ids change every run; keys do not)."""
+    """A node as it described itself (node ids change every run; keys do not)."""
 
     node_id: int
     key: str
@@ -48,8 +47,7 @@ class NodeInfo:
         return cls(node_id=node_id, key=f"node-{node_id}", device="?")
 
     def with_data(self, record: Any) -> NodeInfo:
-        """This node with the data its evaluate reply names (the query loads none); unchanged where the
-        reply names none."""
+        """This node with the data its evaluate reply names, if any (the query loads none)."""
         sizes = record.get("train-examples"), record.get("test-examples")
         if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in sizes):
             return self
@@ -60,7 +58,7 @@ class NodeInfo:
 
 @dataclass(frozen=True)
 class Failure:
-    """A node that was sent work this round and returned none: an error, or no reply in time."""
+    """A node that was sent work this round and returned none."""
 
     node_id: int
     node_key: str
@@ -71,7 +69,7 @@ class Failure:
 
 @dataclass
 class RoundRecord:
-    """One round: the reports of the clients that trained, the failures, the summary, the evaluation."""
+    """One round: the clients' reports, the failures, the summary, the evaluation."""
 
     round: int
     clients: list[dict[str, Any]]
@@ -103,8 +101,7 @@ def _raised(cls: str, message: str) -> str:
 
 
 def _user_words(lines: list[str]) -> str | None:
-    """The ClientApp's own words where Flower's wrapping says which they are (simulation or deployment),
-    or None."""
+    """The ClientApp's own words where Flower's wrapping says which they are, or None."""
     said = next((m["message"] for ln in reversed(lines) if (m := _CLIENTAPP_MESSAGE.match(ln))), None)
     if said is not None:
         named = (m for ln in lines if (m := _NAMED.match(ln)) and m["message"] == said)
@@ -116,9 +113,8 @@ def _user_words(lines: list[str]) -> str | None:
 
 
 def one_line(reason: str | None) -> str:
-    """A failure reason fit for a table row: colour codes out; of a multi-line text the exception it ends
-    with (the project's own by its message alone), else the ClientApp's own words, else its first line
-    and its last."""
+    """A failure reason fit for a table row: of a multi-line text the exception it ends with, else the
+    ClientApp's own words, else its first line and its last."""
     lines = [ln.strip() for ln in _ANSI.sub("", reason or "").splitlines() if ln.strip()]
     if not lines:
         return "(no reason given)"
@@ -136,8 +132,8 @@ STAND_IN = "stand-in"  # the stop reason of a round that did not train (scale mo
 
 
 def summarise(reports: list[ClientReport], failed: list[Failure], sampled: int) -> dict[str, Any]:
-    """The round's summary. The makespan is the slowest client's device, profiling and paused seconds;
-    energy is summed over clients with a sensor; a failed client counts as not at target."""
+    """The round's summary: the makespan is the slowest client's device, profiling and paused seconds;
+    a failed client counts as not at target."""
 
     def cost(r: ClientReport) -> float:
         return r.training.device_seconds + r.profiling.profiling_seconds + r.cap.paused_seconds
@@ -152,8 +148,7 @@ def summarise(reports: list[ClientReport], failed: list[Failure], sampled: int) 
         and (peak := r.training.peak_power_w) is not None
         and peak > r.power_cap_w
     ]
-    # under a changing cap the peak is compared with every cap in force: the follower's measurement,
-    # beyond the step in progress at each change
+    # under a changing cap: the follower's time over the caps in force, beyond the steps at the changes
     over_cap += [
         {"node": r.node_key, "over_cap_s": r.cap.unprevented_over_cap_s(), "power_cap_w": r.power_cap_w}
         for r in reports
@@ -195,8 +190,8 @@ def weights_mismatch(arrays: ArrayRecord, like: ArrayRecord) -> str | None:
 
 
 def weighted_average(items: list[tuple[ArrayRecord, float]], like: ArrayRecord) -> ArrayRecord:
-    """FedAvg: Σ w_i · x_i / Σ w_i per array in float64, cast back to each array's dtype (integer buffers
-    rounded); summed in the order given (callers sort by node key: the same result in every run)."""
+    """FedAvg: Σ w_i · x_i / Σ w_i per array in float64, cast back to its dtype (integers rounded), summed
+    in the order given."""
     total = float(sum(w for _, w in items))
     out: dict[str, Array] = {}
     for key, ref in like.items():
@@ -209,7 +204,7 @@ def weighted_average(items: list[tuple[ArrayRecord, float]], like: ArrayRecord) 
 
 
 def report_row(report: ClientReport, info: NodeInfo) -> dict[str, Any]:
-    """A client's entry in the results file: its report's columns plus what the server knows of the node."""
+    """A client's row in the results file: its report's columns and the node's partition."""
     return {**report.columns(), "node_key": report.node_key or info.key, "partition_id": info.partition_id}
 
 
@@ -219,7 +214,7 @@ class NoClientReported(PowerctlError):
 
 def no_client_reported(rounds: Iterable[RoundRecord], most: int = 3) -> NoClientReported | None:
     """The error for rounds in which no client ever reported, naming why the first ones failed (None:
-    a client reported, or no round ran)."""
+    one did, or no round ran)."""
     records = list(rounds)
     if not records or any(r.clients for r in records):
         return None
