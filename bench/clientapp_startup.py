@@ -1,27 +1,12 @@
 """What each message costs a deployed board's ClientApp process: start-up (interpreter, imports, reading
 the message) and work, wall and CPU seconds, per message type (query, train, evaluate).
 
-On a deployed SuperNode Flower starts a fresh `flwr-clientapp` process for every message. This script
-starts a SuperLink and one SuperNode (a simulated Jetson Nano) on 127.0.0.1 the way a board does
-(`python -m fl_client.supernode`, whose `flwr-clientapp` is the light one of `fl_client.clientapp_entry`;
-`--flower-clientapp`: `flower-supernode` itself, Flower's own `flwr-clientapp`), runs a small cnn-tiny
-round of APP with `flwr run`, and times every ClientApp process from inside: a `sitecustomize` on the
-run's PYTHONPATH records, in each `flwr-clientapp` process (and does nothing in any other),
-
-- start-up: process start (/proc/self/stat) to the ClientApp being called with its message (Flower's
-  imports, the app module's imports, the message pulled);
-- first step: to the first forward pass of any torch module (the first profiling or training step);
-- to reply: to the ClientApp's return (the reply, before Flower pushes it);
-- exit: to the process's exit (CPU: the process's own user + system seconds), and which of the
-  SuperNode's SQL and HTTP stacks and torch the process had imported by then.
-
-Printed too: the train reports' `startup_s` from results.json (None before the field existed), and
-the floor of each `flwr-clientapp`: `flwr-clientapp --help`, which imports what it imports and stops.
-
-The recorder changes nothing of the app, so any commit's APP is timed the same way (the FAB is built
-from APP's folder, and a ClientApp imports the FAB's copy of the project).
-
-    python bench/clientapp_startup.py [--app FOLDER] [--rounds 1] [--flower-clientapp] [--json OUT]
+A SuperLink and one SuperNode (a simulated Jetson Nano; `--flower-clientapp`: `flower-supernode` itself)
+on 127.0.0.1 run a small cnn-tiny round of APP with `flwr run`; a `sitecustomize` on the run's PYTHONPATH
+records, in each `flwr-clientapp` process only, its start-up, first forward pass, reply, exit and which of
+the SQL and HTTP stacks and torch it imported. Printed too: the train reports' `startup_s` and each
+`flwr-clientapp --help`'s time (the floor). The recorder changes nothing of the app, so any commit's APP is
+timed the same way. Results: docs/results/clientapp_startup.md.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """Energy-under-deadline rounds vs everyone-fastest on a heterogeneous fleet, over seeds.
 
-A FedAvg round lasts as long as its slowest client; with everyone running its fastest pair, the faster
-boards finish early and idle. `ours-deadline` sets the round's deadline to the slowest board's predicted
-fastest time and lets each board run its least-energy pair that meets it. This runs
-`simulations/fleets/deadline.yaml` (both methods, the same boards, data and weights) once per seed
-(`seeds.run` and the data seed) with the fleet runner and prints, per method, mean ± std over seeds of:
-fleet training energy per round (J, every client's fine-tuning), training makespan per round (the
-slowest client's fine-tuning device seconds), and the round makespan the fleet summary reports
-(profiling included: `ours` runs first and profiles; `ours-deadline` finds the profiles cached).
-
-    .venv/bin/python bench/deadline_rounds.py [--seeds 3] [--out runs/bench/deadline]
+Runs `simulations/fleets/deadline.yaml` (ours and ours-deadline) once per seed with the fleet runner and
+prints, per method, mean ± std over seeds of the fleet's training energy per round, the training makespan
+(slowest client) and the round makespan of the fleet summary.
 """
 
 from __future__ import annotations

@@ -1,21 +1,10 @@
 """Power caps that change while training: following the cap vs selecting once vs the state of practice.
 
-On simulated boards, the same fine-tuning task (the demo's: a pre-trained ResNet-18-small to a target
-accuracy on the client's own data) runs under a cap that moves — a solar-like trace (the shipped
-`simulations/caps/solar-BOARD.csv`, one "day" replayed over about one run) and a step schedule that
-falls and rises — with three policies, each over several seeds (training seed = board noise seed):
-
-- follow (ours): the method's Algorithm 1 re-applied at every cap change (`powerctl.selection.follow`);
-- once for the minimum (ours): the method's pair for the lowest cap the source will give, kept for the
-  whole run (safe by construction, never switches);
-- state of practice, following: at every change the largest batch size at the board's fixed frequency
-  for the new cap (the paper's baseline, given the same knowledge of the cap: it follows it too).
-
-For each it prints mean ± std of the time to the target (device seconds of training plus pauses), the
-energy (J), the switches, and the time over the cap (beyond the step in progress when it drops), and
-draws power, cap, batch size and frequency over time for one run of each policy.
-
-    .venv/bin/python bench/dynamic_caps.py [--boards jetson-nano,jetson-tx2nx] [--seeds 3] [--out DIR]
+On simulated boards, the demo's fine-tuning task runs under a moving cap (the shipped solar trace replayed
+over about one run, and a step schedule down and up) with three policies over seeds: ours following every
+change (`powerctl.selection.follow`), ours selected once for the lowest cap, and the state of practice
+following. Prints mean ± std of time to target (training plus pauses), energy, switches and time over the
+cap, and plots one run of each. Results: docs/results/dynamic_caps.md.
 """
 
 from __future__ import annotations

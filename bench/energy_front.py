@@ -1,14 +1,8 @@
 """The time–energy front, measured: is the fastest pair also the most frugal, and does fine-tuning agree?
 
-On simulated boards, the demo's task (a pre-trained ResNet-18-small fine-tuned to a target accuracy on
-the client's own data) is profiled over the whole grid, the front of the feasible pairs is computed
-(`powerctl.selection.pareto`) under a few caps, and the fine-tune is then run for real at both ends of the
-front —
-the time-optimal pair (Algorithm 1) and the energy-optimal one — over several seeds (training seed =
-board noise seed). It prints, per board and cap, the predicted and measured time and energy to the
-target at both ends and the ratios: the energy the frugal end saves and the time it costs.
-
-    .venv/bin/python bench/energy_front.py [--boards jetson-nano,jetson-tx2nx] [--seeds 3] [--out DIR]
+On simulated boards, the demo's task is profiled over the grid, the front (`powerctl.selection.pareto`)
+computed under a few caps, and the fine-tune run at both ends over seeds; per board and cap it prints the
+predicted and measured time and energy at both ends and their ratios.
 """
 
 from __future__ import annotations

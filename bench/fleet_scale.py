@@ -1,21 +1,10 @@
 """How a fleet run grows with the fleet: wall time and peak memory per round, Flower's dispatch and ours.
 
-    .venv/bin/python bench/fleet_scale.py [--sizes 100,1000,10000] [--before-sizes 100,1000]
-        [--population 100000 --per-round 1000] [--rounds 2] [--out runs/bench/fleet-scale]
-
-Each size in --sizes runs with the simulation's message index (`simulations.linkstate_index`, "indexed");
-each size in --before-sizes runs without it, first (Flower's own per-node scan, "flower");
---population N --per-round K adds a run of N boards of which K are sampled each round (indexed; with
---population-before, Flower's own dispatch first).
-
-Each size runs `python -m simulations run`'s runner (`flwr run` on Ray, 1 CPU per client) on a generated
-fleet in scale mode: predicted profiles, and every client a stand-in (real-share 0), so what is measured
-is the framework — selection, the Flower round trip (query, train, evaluate), aggregation and
-reporting for every client — not CPU training. One method (ours). Wall time per round is measured
-between the ServerApp's own lines (the end of the previous round's evaluation → the end of this
-round's); memory is the summed RSS of the SuperLink's process tree (SuperLink, simulation process with
-the ServerApp, Ray and its actors), sampled every 0.25 s. The growth exponent k is fitted by least
-squares on log(value) = k·log(boards) + c: k ≈ 1 is linear.
+Each size runs the fleet runner (`flwr run` on Ray) on a generated fleet in scale mode (predicted
+profiles, every client a stand-in), so the framework is measured, not training: --sizes with the message
+index (`simulations.linkstate_index`), --before-sizes without it (Flower's per-node scan), --population N
+--per-round K a sampled population. Wall time per round is read between the ServerApp's round lines; memory
+is the SuperLink process tree's summed RSS; the growth exponent k fits log(value) = k·log(boards) + c.
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
 """What a fleet's per-board verdict would be if a method's profiling cost nothing (against a bar).
 
-Arithmetic on a finished run over seeds, not a run: each board's time to its own target (round 1) is its
-profiling seconds plus its fine-tuning seconds; here the method's profiling seconds are taken out on the
-boards chosen (uncapped ones, or all), the fine-tuning seconds as measured, and the per-board speed-up
-against the reference method is summarised by the runner's own `ratio_stats` (the seed's geometric mean
-over its boards, the mean over seeds and its bootstrap 95 % interval), as the run's own summary is. It
-says how much of the gap to a bar is the profiling — not what a method without it would choose.
-
-    python bench/fleet_without_profiling.py RUN/results.json [--method ours]
-
-RUN is the --out folder of `python -m simulations run FLEET --seeds N` (its results.json summarises the
-seeds). Exit status 0, or 2 on bad input.
+Arithmetic on a finished run over seeds (RUN/results.json of `python -m simulations run FLEET --seeds N`):
+each board's time to its own target less the method's profiling seconds where chosen, the speed-up over the
+reference summarised by the runner's own `ratio_stats`. Exit status 0, or 2 on bad input.
 """
 
 from __future__ import annotations

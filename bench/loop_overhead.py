@@ -1,12 +1,8 @@
 """How much does `fine_tune` cost over a bare PyTorch loop doing the same work?
 
-Same model (same initial weights), batch size, data, optimizer and sample count; the bare loop is
-randperm + index slicing + forward/backward/Adam step and nothing else. `fine_tune` runs with no target
-(a sample budget only) and evaluation effectively off (only its final evaluation, on a few samples), on
-the host device and, when available, on a simulated Jetson Nano (its overhead in host CPU seconds, not
-virtual seconds). Repeats are interleaved and the median is reported. Prints ratios; asserts nothing.
-
-    .venv/bin/python bench/loop_overhead.py [--model cnn-tiny] [--batch-size 32] [--samples 6400]
+Same model, batch size, data, optimizer and samples; the bare loop is randperm + index slicing +
+forward/backward/Adam step. `fine_tune` runs to a sample budget with only its final evaluation, on the host
+and on a simulated Jetson Nano (its host CPU seconds). Repeats interleave; medians are printed.
 """
 
 from __future__ import annotations

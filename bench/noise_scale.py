@@ -1,27 +1,11 @@
 """Could the client's own data correct the proxy's relation vector, and what would that cost?
 
-The method sends every client the proxy's relation vector; where a target's batch efficiency differs
-from the proxy's, no vector is right for it (docs/results/paper_tables.md). "An Empirical Model of
-Large-Batch Training" (McCandlish et al. 2018) predicts the critical batch size — where a larger batch
-starts to cost proportionally more samples — from the gradient noise scale B_simple = tr(Σ) / |G|²,
-which a few mini-batch gradients measure (Pollux, OSDI'21, adapts batch sizes with it). So a client
-could measure B_simple on its own data at the starting weights, the server the same on the proxy, and
-the client could stretch the proxy's critical batch size by the ratio before Algorithm 1.
-
-This bench measures that on a `paper_tables.py` run (its results.json and pre-trained weights, read from
-its --out folder), without training to any target again:
-1. B_simple at the starting weights for the proxy and each target (estimator of McCandlish et al.,
-   appendix A.1: micro-batches of `--micro` samples and their mean, `--reps` draws, per estimator seed);
-2. the critical batch size each target's truth runs show (`powerctl.records.relation.fit_batch_efficiency`),
-   against the proxy's, and whether the noise-scale ratio predicts it;
-3. per board × cap × target: ours (the proxy's raw vector, the mean rule), ours with the vector
-   corrected by the target's noise-scale ratio, and the fastest; with the device seconds the measurement
-   itself would cost on that board (its micro-batch steps at ours's frequency).
-
-Sample counts are measured; seconds are the simulated boards'.
-
-    .venv/bin/python bench/noise_scale.py runs/pt_text_g10 [more paper_tables --out folders]
-        [--micro 8] [--count 16] [--reps 12] [--estimator-seeds 3]
+On a `paper_tables.py` run (its results.json and pre-trained weights, from its --out folder), without
+training to a target again: the gradient noise scale B_simple = tr(Σ) / |G|² (McCandlish et al. 2018,
+appendix A.1) at the starting weights for the proxy and each target; the critical batch sizes the runs
+show against the noise-scale ratios; and per board × cap × target, ours, ours with the proxy's vector
+corrected by the target's ratio, and the fastest, with what the measurement itself costs on the board.
+Sample counts are measured; seconds are the simulated boards'. Results: docs/results/noise_scale.md.
 """
 
 from __future__ import annotations

@@ -29,24 +29,20 @@ class Task:
     pretrain_samples: int
     batch_sizes: list[int]
     seeds: list[int]
-    """Seeds of the target runs: 10 for both tasks (the paper: 5 for images, 3 for text). With 5, one
-    vision target's samples to target spread so wide over seeds that "fastest", the least of noisy
-    means, is a batch size no relation vector can pick (docs/results/paper_tables.md)."""
+    """Seeds of the target runs."""
     proxy_seeds: list[int]
-    """Seeds of the proxy runs; the relation vector uses their mean (the ServerApp's default is 3)."""
+    """Seeds of the proxy runs; the relation vector uses their mean."""
     calibration_samples: int
-    """Budget of the one run per dataset that sets its target accuracy (see `calibrate_target`)."""
+    """Budget of the one run per dataset that sets its target accuracy (`calibrate_target`)."""
     eval_every: int
     eval_max_samples: int
     target_fraction: float = 0.8
     """Where the target sits between the starting accuracy (0) and the calibration plateau (1)."""
     min_evaluations: int = DEFAULT_MIN_EVALUATIONS
     proxy_max_seeds: int = 0
-    """More proxy seeds, one at a time up to this many in all, until the batch sizes' ranking is stable
-    (the ServerApp's `relation-max-seeds`, the same function: `fl_server.relation.seeds_until_stable`);
-    0: none."""
+    """Proxy seeds, one at a time up to this many, until the ranking is stable (`seeds_until_stable`)."""
     fixed_targets: list[float] | None = None
-    """Targets for (proxy, target 1, target 2) given on the command line instead of calibrated."""
+    """Targets for (proxy, target 1, target 2) given instead of calibrated."""
     pretrain_lr: float | None = None
     """Pre-training's learning rate (None: twice `lr_max`, the small models')."""
     targets: dict[str, float] = field(default_factory=dict)
@@ -71,9 +67,8 @@ class Task:
 
 
 PRETRAIN_CLASSES = 5
-"""Pre-training sees only CIFAR-10's first five classes (airplane … deer) and its head is then replaced by a
-fresh 10-way one: like the paper's CIFAR-100 → CIFAR-10, fine-tuning learns a label space the pre-trained
-network was not trained on, from the same starting weights for the proxy and every target."""
+"""Pre-training sees CIFAR-10's first five classes, then a fresh 10-way head: like the paper's CIFAR-100 →
+CIFAR-10, fine-tuning learns a label space pre-training did not have."""
 
 
 def _luminance(x: torch.Tensor) -> torch.Tensor:
@@ -86,15 +81,9 @@ def _luminance(x: torch.Tensor) -> torch.Tensor:
 
 
 def vision_data(n_pretrain_pool: int, n_proxy: int, n_target: int) -> dict[str, Any]:
-    """Pre-training, proxy and targets from CIFAR-10, the one image set here, as the paper's sources relate.
-
-    - pre-training: the first `PRETRAIN_CLASSES` classes of a pool of the train split (another label space);
-    - proxy: the test split, every class (the paper's proxy: a CIFAR-10 subset);
-    - targets: two other sources of the same ten classes, natural photos rather than corrupted copies:
-      the darker and the brighter half (mean luminance) of train-split images unused by pre-training
-      (scenes under other light, with the class mix that comes with them, as CINIC-10's ImageNet photos
-      differ from CIFAR-10's).
-    """
+    """Pre-training, proxy and targets from CIFAR-10, related as the paper's sources: pre-training on the
+    first `PRETRAIN_CLASSES` classes of a pool of the train split, the proxy the test split, the targets the
+    darker and the brighter half (mean luminance) of the train-split images pre-training did not use."""
     from powerfed.training.data import load_dataset
 
     spec = f"cifar10-jpeg:{DATA / 'cifar10_jpeg' / 'cifar10-jpg.tar.gz'}"
@@ -123,10 +112,8 @@ def head_name(model: torch.nn.Module) -> str:
 def fresh_head(
     model_name: str, weights: dict[str, torch.Tensor], num_classes: int
 ) -> dict[str, torch.Tensor]:
-    """`weights` with the classifier (the last linear layer) replaced by a freshly initialised one: the
-    starting weights for a label space pre-training did not have. Its seed is `FRESH_HEAD_SEED`, not the
-    seed pre-training started from: the backbone has adapted to that initial head, which then scores
-    0.35 on the ten classes before any fine-tuning (measured), where a fresh head scores 0.10."""
+    """`weights` with the last linear layer freshly initialised at `FRESH_HEAD_SEED`, not pre-training's
+    seed (the backbone has adapted to that initial head)."""
     from powerfed.training.models import build_model
 
     fresh = build_model(model_name, num_classes, seed=FRESH_HEAD_SEED)

@@ -1,23 +1,8 @@
 """Soak: 20 simulated boards over 10 rounds of `flwr run` (Flower's simulation on Ray), failures injected.
 
-The real Flower path end to end: `flwr run .` with a private Flower home and private ports, the
-ClientApp in Ray actors, the ServerApp as Flower runs it. Failures (fl_client.faults, honoured only
-because this script sets POWERFED_FAULT_INJECTION=1) are drawn per (node, round) from a seed:
-- raise: the ClientApp raises (Flower's own error reply, code 2);
-- hang: the ClientApp sleeps past the round's timeout (no reply in time);
-- kill: the ClientApp process dies mid fine-tune, after its first checkpoint (os._exit: no handler
-  runs, as with SIGKILL; Ray reports the dead actor and Flower replies an error for it).
-The ServerApp itself is stopped once, in round --stop-server-round after its training replies arrived,
-and started again with the same run: it must resume after the last completed round, re-send that
-round: the nodes killed in it resume their fine-tune checkpoints and the ones that had finished answer
-from their end state without training (both are "restores").
-
-Printed: completed rounds; lost reports (every train message sent is a report or a named failure, and
-every injected failure is named in its round: must be 0); cap violations (a report whose profiled peak
-is over its cap, or whose measured peak is over it by more than the sensor's noise: must be 0);
-restores; peak memory of the whole process tree (SuperLink, simulation, Ray and its actors); wall time.
-
-    python bench/soak.py [--nodes 20] [--rounds 10] [--failures raise:0.1,hang:0.03,kill:0.03]
+The real Flower path end to end, with raise / hang / kill failures drawn per (node, round) from a seed
+(`fl_client.faults`) and the ServerApp stopped once and restarted; what it checks and prints:
+bench/README.md. Exit status 1 if a check fails.
 """
 
 from __future__ import annotations

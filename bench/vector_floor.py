@@ -1,10 +1,7 @@
 """The least worst-cell ours/fastest that ANY one relation vector can reach on a bench's measured runs.
 
-The method sends one relation vector (per model) to every client: every board, every power cap, every
-target dataset chooses from the same vector. When targets disagree with each other (one needs b=64 where
-another needs b=32 on the same board and cap), or the boards' time ratios leave no vector that is right
-under every cap, even the best possible vector is off somewhere. This floor separates "the proxy's vector
-is wrong" from "no vector could do better" in a bench's summary.
+Every board, cap and target chooses from the same vector, so where targets disagree even the best vector
+is off somewhere: the floor separates "the proxy's vector is wrong" from "no vector could do better".
 
 Algorithm 1 picks argmin over feasible (b, f) of r_b · T(b, f). For a fixed b its best f does not depend on
 r, so within one (board, cap) group the pick is argmin_b r_b · T_b with T_b the seconds per sample of b's
