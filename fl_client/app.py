@@ -1,9 +1,4 @@
-"""The ClientApp: translates Flower messages to `fl_client.round` and back.
-
-- ``query``: the node's device, board, power cap and partition (the server's view of its fleet);
-- ``train``: profile (cached) → select (b, f) under the node's cap → pin → fine-tune → restore; replies
-  the weights, a MetricRecord with ``num-examples`` and the full report (a ConfigRecord);
-- ``evaluate``: accuracy and loss of the received weights on the node's local test split.
+"""The ClientApp: translates Flower messages (query, train, evaluate) to `fl_client.round` and back.
 
 A deployed SuperNode starts a process per message, so each function imports only what it needs (the
 query no torch and no data). Bad input is answered with an error reply whose reason is one line.
@@ -22,7 +17,7 @@ from flwr.clientapp import ClientApp
 from fl_client.faults import before_training, kill_after_checkpoint, parse_faults
 from fl_client.local_data import data_plan, load_local_data
 from fl_client.mod import error_reply, message_config, node_info, profile_cache
-from fl_client.node import NodeSettings, resolve_node
+from fl_client.node import resolve_node
 from powerctl.cli.util import library_lines_on_stderr, say
 from powerctl.errors import PowerctlError
 from strategies.protocol import (
@@ -43,7 +38,6 @@ if TYPE_CHECKING:
     from flwr.clientapp.typing import Mod
 
     from fl_client.round import RoundOutcome, State, StepsFor
-    from powerfed.training.data import Dataset
 
 
 def _library_lines(
@@ -71,12 +65,6 @@ def _state(msg: Message) -> State:
             raise ProtocolError(f"{where}: {ARRAYS_KEY!r} hold NaN or infinity (in {name!r})")
         state[name] = torch.from_numpy(values)
     return state
-
-
-def _data_record(settings: NodeSettings, train: Dataset, test: Dataset) -> ConfigRecord:
-    """Who this node is and its data's sizes, for the server (the query loads no data)."""
-    sizes = {"train-examples": len(train), "test-examples": len(test)}
-    return ConfigRecord({"node-key": settings.key, "device": settings.device, "data": train.name, **sizes})
 
 
 @app.query()
@@ -175,6 +163,6 @@ def evaluate(msg: Message, context: Context) -> Message:
     except PowerctlError as exc:
         return error_reply(msg, settings, exc)
     metrics = MetricRecord({EXAMPLES_KEY: len(test), "accuracy": accuracy, "loss": loss})
-    return Message(
-        RecordDict({METRICS_KEY: metrics, NODE_KEY: _data_record(settings, train, test)}), reply_to=msg
-    )
+    sizes = {"train-examples": len(train), "test-examples": len(test)}  # the query loads no data
+    node = ConfigRecord({"node-key": settings.key, "device": settings.device, "data": train.name, **sizes})
+    return Message(RecordDict({METRICS_KEY: metrics, NODE_KEY: node}), reply_to=msg)

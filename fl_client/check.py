@@ -1,12 +1,9 @@
 """`python -m fl_client.check`: can this machine reach the SuperLink, and if not, why.
 
-Flower says little when a connection is wrong (docs/deployment.md, "When it does not connect"). This
-check connects as a SuperNode (its own flags) or as `flwr run` (`--connection NAME`) does, one layer at a
-time (the network's first: `fl_client.check_network`), and names the first thing that is wrong: wrong
-address, TLS mismatch, untrusted certificate, unregistered node key (or one still online after a crash).
-The files named are read first, as Flower reads them. A check with a key activates the node and releases
-it; without one it registers a throwaway key and unregisters it. Exit status: 0 all good, 1 a problem
-found (its line last), 2 bad flags or files.
+It connects as a SuperNode (its own flags) or as `flwr run` (`--connection NAME`) does, one layer at a
+time, and names the first thing wrong (docs/deployment.md, "When it does not connect"). A key's node is
+activated and released; without a key a throwaway one is registered and unregistered. Exit status: 0
+all good, 1 a problem found (its line last), 2 bad flags or files.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""A lighter `flwr-clientapp` for a deployed SuperNode's message processes: Flower's own command, without
-the SuperNode package Flower's console script imports first.
-
-A deployed SuperNode starts one `flwr-clientapp` process per message; Flower's console script imports
-it from `flwr.supernode.cli`, whose package imports the SuperNode's SQL state and more, unused
-(docs/results/clientapp_startup.md). `write_script(folder)` writes FOLDER/flwr-clientapp running the
-text of Flower's own `flwr_clientapp.py` as the script itself, only while that text is the one checked
-here (FLWR_CLIENTAPP_SHA256); otherwise one logged line, and Flower's own command is used.
-`python -m fl_client.supernode` puts the folder first on the SuperNode's PATH.
+"""A lighter `flwr-clientapp` for a deployed SuperNode's per-message processes: Flower's own
+`flwr_clientapp.py` run as the script itself, without the SuperNode package its console script imports
+first (docs/results/clientapp_startup.md); only while that file's text is the one checked here
+(FLWR_CLIENTAPP_SHA256), else Flower's own command. `python -m fl_client.supernode` puts it on PATH.
 """
 
 from __future__ import annotations

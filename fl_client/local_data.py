@@ -1,9 +1,6 @@
-"""A node's own data, split 80/20 (images) or 90/10 (text) into train and test, loaded once per process.
-
-A node with a `data` spec trains on that dataset; a virtual node without one takes its share of the
-run's `client-data` (IID or Dirichlet label skew). Flower keeps a ClientApp's process across rounds and
-one actor serves many virtual nodes, so the dataset is read and partitioned once per process and every
-node's split is kept (the shares are disjoint: bounded by the run's dataset).
+"""A node's own data (its `data` spec, else its share of the run's `client-data`), split into train and
+test. Flower keeps a ClientApp's process across rounds and one actor serves many virtual nodes, so the
+dataset is read and partitioned once per process and every node's split is kept.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""`power_aware_mod`: the Flower Mod that makes any ClientApp's train function power-aware.
-
-For a train message carrying the plan, the Mod resolves the node, reads the plan and runs the train
-function with that round open for its `fl_client.session.PowerSession`; it then puts the session's
-report in the reply (`REPORT_KEY`, the key the strategy wrapper reads). Other messages pass through.
-Bad input is an error reply whose reason is one line. Importing this module and answering a query
-(`describe_node`) import no torch.
+"""`power_aware_mod`, the Flower Mod that makes any ClientApp's train function power-aware (the round
+open for its `PowerSession`, the session's report put in the reply), and `describe_node`, a query
+function. Bad input is an error reply whose reason is one line; neither imports torch for a query.
 """
 
 from __future__ import annotations

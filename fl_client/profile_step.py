@@ -7,6 +7,7 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import TYPE_CHECKING
 
 from fl_client.profile_cache import ProfileKey, cached_profile, lookup, same_kind_profiles, store
@@ -44,10 +45,9 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Profiled:
-    """What the profile step produced: the profile; whether it was `cached` (or predicted: no device
-    time spent on it this round); the board; the line said when the device was found left pinned by a
-    killed process (`restored`); a budgeted profile's `plan`, what the client predicted and chose (None:
-    the instructed order, or cached)."""
+    """What the profile step produced: the profile, whether it was `cached` (no device time this round),
+    the board, the line said when a killed process had left the device pinned (`restored`), and a
+    budgeted profile's `plan` (None: the instructed order, or cached)."""
 
     profile: Profile
     cached: bool
@@ -81,9 +81,8 @@ def profile_order(instr: TrainInstructions, caps: CapSource) -> tuple[str, float
 
 
 def budgeted(work: RoundWork) -> bool:
-    """Whether this round's profiling is held to a share of its predicted training: ours (no deadline:
-    energy under a deadline reads the whole profile) training under a constant cap (a cap that changes
-    needs the grid), with a budget set."""
+    """Whether this round's profiling is held to a share of its predicted training (energy under a
+    deadline reads the whole profile; a cap that changes needs the grid)."""
     instr = work.instr
     return (
         instr.profiling_budget > 0
@@ -96,10 +95,8 @@ def budgeted(work: RoundWork) -> bool:
 
 
 def measured_profile_step(work: RoundWork, relation: RelationVector) -> Profiled:
-    """The device's profile for this model, from the cache or measured now (and cached); a device
-    without a knob or a sensor is refused by the profiler with one line. Ours with a profiling budget
-    (`budgeted`) measures only what its predicted training pays for (`budgeted_profile`); a baseline on
-    a simulated board takes the board's model, measuring nothing (it is charged no profiling)."""
+    """The device's profile for this step, from the cache or measured now (and cached); a budgeted round
+    measures only what its predicted training pays for (`budgeted_profile`)."""
     instr = work.instr
     order, order_cap = profile_order(instr, work.caps)
     fitted_relation = relation.as_map() if order == "fitted" else None
@@ -121,16 +118,15 @@ def measured_profile_step(work: RoundWork, relation: RelationVector) -> Profiled
             step=step.key,
         )
 
-        def step_factory() -> tuple[Workload, StepFactory]:
-            # profiling trains: its own copy of the weights, so the round starts from the server's
-            return step.build(dev)
-
+        step_factory = partial(step.build, dev)  # profiling trains its own copy of the weights
         if budgeted(work):
             return budgeted_profile(work, dev, key, relation, step_factory)
         if not method_named(instr.method).power_aware and isinstance(dev, SimulatedBoard):
             # a baseline is charged no profiling; on a simulated board the board's model is what its
             # readings are drawn from: read, not measured (the paper's baselines do not profile)
-            model = _board_model(dev, step_factory()[0], relation, instr.profile_samples)
+            model = predicted_profile(
+                dev.board, step_factory()[0], relation.batch_sizes, instr.profile_samples
+            )
             return Profiled(model, False, dev.board, dev.recovered or "")
 
         def measure() -> Profile:
@@ -161,12 +157,10 @@ def budgeted_profile(
     relation: RelationVector,
     step_factory: Callable[[], tuple[Workload, StepFactory]],
 ) -> Profiled:
-    """Profiling that pays for itself (`powerctl.profiling.budget`): a profile cached for this board,
-    model and cap by any of the ways costs nothing; else one measured step predicts the training, and
-    the client profiles the most thorough way whose predicted cost is within `profiling-budget` of it —
-    the instructed order, the fitted order, or the predicted profile's choice confirmed. The predicted
-    profile: a simulated board's model; a real board's, a measured profile in the cache of the same
-    kind of board and model (completed by the fit), marked as such."""
+    """Profiling that pays for itself (`powerctl.profiling.budget`): a profile cached by any of the ways
+    costs nothing; else one measured step predicts the training, and the most thorough way whose cost
+    is within `profiling-budget` of it is profiled (the instructed order, the fitted order, or the
+    predicted profile's choice confirmed)."""
     instr, cap = work.instr, work.cap_at_start
     rmap = json.dumps(sorted(relation.as_map().items()))
     keys = {
@@ -225,17 +219,14 @@ def budgeted_profile(
     return Profiled(profile, False, dev.board, restored, plan)
 
 
-def _board_model(dev: SimulatedBoard, workload: Workload, relation: RelationVector, samples: int) -> Profile:
-    """A simulated board's model of the very step profiled, at the relation's batch sizes."""
-    return predicted_profile(dev.board, workload, relation.batch_sizes, samples)
-
-
 def _prediction(
     work: RoundWork, dev: Device, key: ProfileKey, workload: Workload, relation: RelationVector
 ) -> tuple[Profile | None, str]:
-    """The board's predicted profile and where it came from (None: nothing predicts this board)."""
+    """The board's predicted profile and where it came from: a simulated board's model, else a measured
+    profile of the same kind of board and workload in the cache, completed by the fit (None: none)."""
     if isinstance(dev, SimulatedBoard):
-        return _board_model(dev, workload, relation, work.instr.profile_samples), BOARD_MODEL
+        samples = work.instr.profile_samples
+        return predicted_profile(dev.board, workload, relation.batch_sizes, samples), BOARD_MODEL
     for path, measured in same_kind_profiles(key.device_kind, workload.to_dict(), work.profile_cache):
         if (full := completed(measured, dev.frequencies())) is not None:
             order = measured.extra.get("order")
@@ -244,9 +235,8 @@ def _prediction(
 
 
 def _reference_hz(dev: Device, cap: float | None) -> int | None:
-    """Where one step is measured when nothing predicts the board: the state of practice's frequency
-    for the cap (safe for any model) where the board kind has one, else the lowest (None). A device
-    that may not be pinned has one frequency, the clock in force: measured there."""
+    """Where one step is measured when nothing predicts the board: the state of practice's frequency for
+    the cap where the board kind has one, else the lowest (None); unpinnable: the clock in force."""
     if not dev.frequencies():
         return None  # no knob: the profiler refuses it with one line
     if cap is None or not dev.pins:
