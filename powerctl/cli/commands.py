@@ -13,7 +13,7 @@ from typing import Any
 
 from powerctl.cli import PROG
 from powerctl.cli.profile_command import ModelStepFactory, add_profile
-from powerctl.cli.select_commands import add_caps_and_select, add_pareto_and_cap_source, add_plot
+from powerctl.cli.select_commands import add_select_commands
 from powerctl.cli.util import OneLineParser, mhz, one_line_errors, say, say_json
 from powerctl.devices import SPEC_HELP, open_device
 
@@ -36,7 +36,6 @@ def _frequency(text: str) -> int:
     return round(hz)
 
 
-# --- devices / power / freq -------------------------------------------------------------------
 def cmd_devices(args: argparse.Namespace) -> int:
     from powerctl.devices.detect import detect_devices
 
@@ -154,9 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_device_commands(sub, device_help)
     add_profile(sub, device_help)
-    add_caps_and_select(sub)
-    add_pareto_and_cap_source(sub)
-    add_plot(sub)
+    add_select_commands(sub)
     _add_fake_board(sub)
     return p
 

@@ -1,6 +1,6 @@
-"""Heat maps of a profile over (batch size, GPU frequency): peak power, T_N and, with a relation, the
-predicted time to accuracy, with the cap's boundary and the selected pair marked. Matplotlib's object API
-on an Agg canvas: no pyplot state, so a library call never changes its importer's backend."""
+"""Heat maps of a profile over (batch size, GPU frequency): peak power, T_N and the predicted time to
+accuracy, the cap's boundary and the selected pair marked. Matplotlib's object API on an Agg canvas: no
+pyplot state, so a library call never changes its importer's backend."""
 
 from __future__ import annotations
 
@@ -240,8 +240,8 @@ def profile_figures(
     relation: RelationVector | None = None,
     selection: Pick | None = None,
 ) -> dict[str, Figure]:
-    """The figures by file stem, unsaved. With a relation and no selection, the selection is computed
-    (Algorithm 1); with no pair feasible the plots carry no star and say so in the title."""
+    """The figures by file stem, unsaved; with a relation and no selection, Algorithm 1's (none feasible:
+    no star, and the title says so)."""
     cap = check_power_cap(power_cap_w)
     if selection is None and relation is not None:
         try:
@@ -297,12 +297,8 @@ def plot_profile(
     """Write peak_power.png, time.png (and, with a relation, predicted_time_to_target.png) into out_dir."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    paths: list[Path] = []
-    for stem, fig in profile_figures(
-        profile, power_cap_w=power_cap_w, relation=relation, selection=selection
-    ).items():
-        paths.append(save_figure(fig, out / f"{stem}.png"))
-    return paths
+    figs = profile_figures(profile, power_cap_w=power_cap_w, relation=relation, selection=selection)
+    return [save_figure(fig, out / f"{stem}.png") for stem, fig in figs.items()]
 
 
 @dataclass(frozen=True)
@@ -317,8 +313,8 @@ class Mark:
 
 
 def choices_per_cap(profile: Profile, marks: dict[float | None, list[Mark]], *, title: str) -> Figure:
-    """The profile's peak-power map once per cap, stacked, each with the (b, f) each chooser picked under
-    that cap marked (every label has its own slot in a cell: marks never hide each other)."""
+    """The peak-power map once per cap, stacked, with the (b, f) each chooser picked under it (each label
+    has its own slot in a cell: marks never hide each other)."""
     labels = list(dict.fromkeys(m.label for ms in marks.values() for m in ms))
     width, panel_h = map_size(profile)
     caps = sorted(marks, key=lambda c: math.inf if c is None else c)
@@ -375,8 +371,7 @@ def _slot(k: int, n: int) -> float:
 def plot_cap_over_time(
     steps: list[tuple[float, float | None]], until_s: float, title: str, path: Path
 ) -> Path:
-    """A cap over time as a step line from every change of the source (`powerctl cap-source --plot`); no
-    cap is a gap. `path` is an already checked output file: no folder is created."""
+    """A cap over time as a step line (no cap: a gap) into `path`, an already checked output file."""
     fig = Figure(figsize=(7, 3), layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
@@ -392,8 +387,7 @@ def plot_cap_over_time(
 
 
 def save_figure(fig: Figure, path: Path, **kwargs: Any) -> Path:
-    """The one way a figure reaches disk: in its suffix's format (`plot_format`), atomically, never over a
-    path that is not a regular file (`replacing`)."""
+    """The one way a figure reaches disk: in its suffix's format, atomically, never over a non-file."""
     fmt = plot_format(path)
     with replacing(path) as tmp:
         fig.savefig(tmp, format=fmt, **kwargs)

@@ -1,5 +1,4 @@
-"""`powerctl` caps, select, pareto, cap-source and plot: what a profile, a relation vector and a cap
-select, and how it looks."""
+"""`powerctl` caps, select, pareto, cap-source and plot: what a profile, a relation and a cap select."""
 
 from __future__ import annotations
 
@@ -22,12 +21,6 @@ SPAN_S = bounded_float(0.0, MAX_COUNT)  # --until (the lines and steps it makes 
 STEP_S = bounded_float(0.001, MAX_COUNT, above=False)  # --every: a millisecond at least
 
 
-def _pair_mhz(profile: Any, hz: int, width: int = 0) -> str:
-    """A selected pair's frequency: its MHz, or "not pinned" for a profile measured at the clock in force."""
-    text = f"{hz / 1e6:.1f}" if profile.extra.get("pinned", True) else NOT_PINNED
-    return f"{text:>{width}}"
-
-
 def cmd_caps(args: argparse.Namespace) -> int:
     from powerctl.records.profile import Profile
     from powerctl.selection.caps import frequency_cap, peak_power_by_frequency
@@ -46,10 +39,8 @@ def cmd_caps(args: argparse.Namespace) -> int:
     return 0
 
 
-# --- select / plot ----------------------------------------------------------------------------
 def _load_pair(args: argparse.Namespace, command: str) -> tuple[Any, Any]:
-    """The profile and the relation vector a command combines (none without `--relation`), its warnings
-    said when they are not of the same model and input."""
+    """The profile and the relation vector (none without `--relation`), their pairing's warnings said."""
     from powerctl.records.profile import Profile
     from powerctl.records.relation import RelationVector
     from powerctl.selection.joint import check_pairing
@@ -96,10 +87,8 @@ def cmd_select(args: argparse.Namespace) -> int:
             peak = "-" if row["peak_power_w"] is None else f"{row['peak_power_w']:.2f}"
             pred = "-" if row["predicted_seconds"] is None else f"{row['predicted_seconds']:.1f}"
             speed = "-" if row["speedup"] is None else f"{row['speedup']:.2f}x"
-            say(
-                f"{row['name']:<18} {row['batch_size']:>5} {_pair_mhz(profile, row['frequency_hz'], 8)} "
-                f"{peak:>7} {pred:>12} {speed:>17}"
-            )
+            at_mhz = f"{row['frequency_hz'] / 1e6:.1f}" if pinned else NOT_PINNED
+            say(f"{row['name']:<18} {row['batch_size']:>5} {at_mhz:>8} {peak:>7} {pred:>12} {speed:>17}")
     return 0
 
 
@@ -203,8 +192,8 @@ def cmd_cap_source(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_caps_and_select(sub: Any) -> None:
-    """caps and select: the state of practice's frequency under a cap, and Algorithm 1's pair."""
+def add_select_commands(sub: Any) -> None:
+    """caps, select, pareto, cap-source and plot."""
     s = sub.add_parser(
         "caps", help="state-of-practice frequency: the highest at which every profile stays under a cap"
     )
@@ -247,15 +236,6 @@ def add_caps_and_select(sub: Any) -> None:
     )
     s.set_defaults(func=cmd_select)
 
-
-def _pair_flags(s: Any) -> None:
-    s.add_argument("--profile", required=True, type=Path, help="profile JSON (powerctl profile)")
-    s.add_argument("--relation", required=True, type=Path, help="relation vector JSON (fl-server relation)")
-    s.add_argument("--power-cap", type=power_cap, metavar="W", help="power cap in W (omit or none: no cap)")
-
-
-def add_pareto_and_cap_source(sub: Any) -> None:
-    """pareto and cap-source: the time–energy front, and a cap that changes over time."""
     s = sub.add_parser("pareto", help="the time–energy front of the feasible (batch size, frequency) pairs")
     _pair_flags(s)
     s.add_argument("--out", required=True, type=output_path, help="folder for pareto.json and pareto.png")
@@ -289,9 +269,6 @@ def add_pareto_and_cap_source(sub: Any) -> None:
     )
     s.set_defaults(func=cmd_cap_source)
 
-
-def add_plot(sub: Any) -> None:
-    """plot: heat maps of a profile."""
     s = sub.add_parser("plot", help="heat maps of peak power and time over (batch size, frequency)")
     s.add_argument("profile", type=Path, help="profile JSON")
     s.add_argument("--out", required=True, type=output_path, help="folder for the PNG files")
@@ -301,3 +278,9 @@ def add_plot(sub: Any) -> None:
     )
     s.add_argument("--allow-mismatch", action="store_true", help="as for select")
     s.set_defaults(func=cmd_plot)
+
+
+def _pair_flags(s: Any) -> None:
+    s.add_argument("--profile", required=True, type=Path, help="profile JSON (powerctl profile)")
+    s.add_argument("--relation", required=True, type=Path, help="relation vector JSON (fl-server relation)")
+    s.add_argument("--power-cap", type=power_cap, metavar="W", help="power cap in W (omit or none: no cap)")

@@ -11,9 +11,12 @@ import io
 import json
 import logging
 import re
+import shutil
 import sys
 import threading
+import traceback
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from types import TracebackType
 from typing import Any, NoReturn, TextIO
 
@@ -107,12 +110,9 @@ def library_lines_on_stderr() -> Iterator[None]:
 
 
 def one_line_errors(prog: str) -> Callable[[Callable[..., int]], Callable[..., int]]:
-    """Decorate a `main(argv) -> int`: PowerctlError → `prog: error: …` and exit 2, Ctrl-C → 130.
-
-    The safety net under the checks (`fault_line`): an error of the machine or of a number's range that a
-    hostile input still reaches is one line and exit 2 too; any other exception is a bug and keeps its
-    traceback. What the library logs while `main` runs is shown on stderr.
-    """
+    """Decorate a `main(argv) -> int`: PowerctlError → `prog: error: …` and exit 2, Ctrl-C → 130; an error
+    `fault_line` knows (the machine's, a number out of range) is one line and exit 2 too, any other keeps
+    its traceback (a bug). What the library logs meanwhile is shown on stderr."""
 
     def wrap(main: Callable[..., int]) -> Callable[..., int]:
         @functools.wraps(main)
@@ -168,11 +168,7 @@ _NO_MEMORY = re.compile(r"can't allocate memory|out of memory|not enough memory|
 
 def _open_file_in(tb: TracebackType | None) -> str | None:
     """The name of the innermost file object open in the frames of `tb` (the file a decode failed on)."""
-    frames = []
-    while tb is not None:
-        frames.append(tb.tb_frame)
-        tb = tb.tb_next
-    for frame in reversed(frames):
+    for frame, _ in reversed(list(traceback.walk_tb(tb))):
         for value in frame.f_locals.values():
             if isinstance(value, io.IOBase) and isinstance(name := getattr(value, "name", None), str):
                 return name
@@ -184,10 +180,8 @@ _PARSERS = re.compile(r"[/\\](json|tomllib|yaml)[/\\]")  # a RecursionError ther
 
 def _in_a_parser(tb: TracebackType | None) -> bool:
     """Whether the innermost frame of `tb` is in a parser of JSON, TOML or YAML."""
-    last = None
-    while tb is not None:
-        last, tb = tb.tb_frame, tb.tb_next
-    return last is not None and bool(_PARSERS.search(last.f_code.co_filename))
+    frames = [frame for frame, _ in traceback.walk_tb(tb)]
+    return bool(frames) and bool(_PARSERS.search(frames[-1].f_code.co_filename))
 
 
 def fault_line(exc: BaseException) -> str | None:
@@ -366,18 +360,11 @@ def accuracy(text: str) -> float:
     return value
 
 
-def int_list(text: str) -> list[int]:
+def batch_sizes(text: str) -> list[int]:
     try:  # an empty item ('8,,16', '8,16,') is refused, not dropped: a number was left out
         values = [int(v) for v in text.replace(" ", "").split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values:
-        raise argparse.ArgumentTypeError("expected at least one integer")
-    return values
-
-
-def batch_sizes(text: str) -> list[int]:
-    values = int_list(text)
     if any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"batch sizes must be positive, got {text!r}")
     if any(v > MAX_BATCH_SIZE for v in values):
@@ -389,9 +376,6 @@ def batch_sizes(text: str) -> list[int]:
 
 def installed_tool(name: str) -> str:
     """An executable installed beside this interpreter, else the one on PATH (a PowerctlError if none)."""
-    import shutil
-    from pathlib import Path
-
     here = Path(sys.executable).parent / name
     found = str(here) if here.exists() else shutil.which(name)
     if found is None:

@@ -30,7 +30,6 @@ FITTED = "fitted"
 BOARD_MODEL = "the simulated board's model"  # `predicted_from` of a simulated board's prediction
 
 
-# --- a device that behaves as a profile says --------------------------------------------------------
 class _ReplaySampler(PowerSampler):
     def __init__(self, board: ReplayBoard) -> None:
         self._board = board
@@ -130,7 +129,6 @@ def completed(profile: Profile, frequencies: Sequence[int]) -> Profile | None:
     return replace(profile, points=points, predicted=[], extra={**profile.extra, "completed_by_fit": True})
 
 
-# --- the plan ---------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ProfilingRequest:
     """What a client's profiling is asked to do and what it is held to: `share` of the training it serves."""

@@ -1,13 +1,10 @@
-"""A few-parameter model of one board × model's profile, fitted to a few measured points (the fitted order;
-docs/design/fitted-profiling.md).
+"""A few-parameter model of a profile fitted to a few measured points (docs/design/fitted-profiling.md):
 
-- **power**: ``P(b, f) = p0 + u_b · (d1·x + d3·x³)``, ``x = f / f_max``: static power plus dynamic power
-  ∝ utilisation × f·V²; ``u`` is relative (the largest measured batch has ``u = 1``).
-- **time per step**: ``T(b, f) = g0 + g1·b + (α·b + β·√b) / x``: a part that does not follow the GPU
-  clock, plus arithmetic whose utilisation grows with the work per kernel (u ∝ √w / (1 + √w)). Linear in
-  its coefficients, so one frequency per smaller batch is enough and power noise does not leak into time.
+- power ``P(b, f) = p0 + u_b · (d1·x + d3·x³)``, ``x = f / f_max``, ``u`` relative (the largest batch: 1);
+- time per step ``T(b, f) = g0 + g1·b + (α·b + β·√b) / x``: linear in its coefficients, so one frequency
+  per smaller batch is enough and power noise does not leak into time.
 
-Least squares with coefficients ≥ 0. The fit never decides what goes to the pin: the profiler confirms it.
+Least squares with coefficients ≥ 0; the profiler confirms what the fit predicts before it is pinned.
 """
 
 from __future__ import annotations

@@ -69,8 +69,8 @@ def _relation_map(relation: Any) -> dict[int, float] | None:
 
 
 class Profiler:
-    """Measures points one at a time; `run` walks a grid, the efficient order (docs/design/method.md), fitted
-    order (measure a few points, fit `powerctl.profiling.fit`, predict, confirm by measuring)."""
+    """Measures points one at a time; `run` walks the grid, the efficient order (docs/design/method.md) or
+    the fitted one (measure a few points, fit, predict, confirm by measuring)."""
 
     def __init__(
         self,
@@ -175,8 +175,8 @@ class Profiler:
         margin: float = FITTED_MARGIN,
         progress: bool = True,
     ) -> Profile:
-        """Profile and restore the device's frequency afterwards, whatever happens. `relation` (r_b per batch
-        size) and `margin` tell the fitted order which batch sizes are worth confirming (none: all)."""
+        """Profile, restoring the device's frequency whatever happens. `relation` (r_b per batch size) and
+        `margin` tell the fitted order which batch sizes are worth confirming (none: all)."""
         where = "Profiler.run"
         checked = check_arguments(
             where, order=(order, Choice(ORDERS)), margin=(margin, Number(0.0)), progress=(progress, Flag())
@@ -319,12 +319,10 @@ class _FittedOrder:
             if not fitted:
                 for hz in seed_frequencies(self.table):
                     self._measure(b, hz)
-                if any(key[0] == b for key in self.measured):
-                    fitted.append(b)
-                continue
-            fit = self._fit()
-            hz = self.table[-1] if fit is None else self._boundary(fit, b, fit.utilisation[fitted[-1]])
-            self._measure(b, hz)
+            else:
+                fit = self._fit()
+                hz = self.table[-1] if fit is None else self._boundary(fit, b, fit.utilisation[fitted[-1]])
+                self._measure(b, hz)
             if any(key[0] == b for key in self.measured):
                 fitted.append(b)
         return fitted

@@ -94,7 +94,6 @@ class TrainingConfirmation:
         points = [self.measured.get((p.batch_size, p.frequency_hz), p) for p in self.prediction.points]
         return replace(self.prediction, points=points)
 
-    # --- as a training-loop step hook ---------------------------------------------------------------
     def before_step(self, samples: int) -> int | None:
         """The batch size of a pair picked after the last measurement, once; else the guard's say."""
         batch, self._pending_batch = self._pending_batch, None

@@ -97,7 +97,6 @@ class CapFollower:
         self._last_sample: tuple[float, float] | None = None
         self._step_over_s = 0.0
 
-    # --- what the loop reads ------------------------------------------------------------------
     @property
     def guard(self) -> PowerGuard | None:
         """The power guard for the cap in force (None: no cap now, or no sensor)."""
@@ -111,7 +110,6 @@ class CapFollower:
     def elapsed_s(self) -> float:
         return self.device.clock() - self._t0
 
-    # --- the protocol -----------------------------------------------------------------------------
     def start(self) -> Pick:
         """Select for the cap at t = 0 and pin it (pausing first if nothing fits yet)."""
         self._t0 = self.device.clock()
@@ -136,7 +134,6 @@ class CapFollower:
             self.frequency_hz = guard.frequency_hz  # (not an earlier cap's guard: it pins nothing now)
         self._count_over_cap(power)
 
-    # --- internals --------------------------------------------------------------------------------
     def _progress(self, samples: int) -> float:
         r_b = self._r.get(self.batch_size)
         if r_b:
@@ -253,7 +250,6 @@ class CapFollower:
             prev = (t, w)
         self._last_sample = prev
 
-    # --- checkpoint/resume --------------------------------------------------------------------
     def resume_state(self) -> dict[str, Any]:
         """What a resumed fine-tune needs to continue following (JSON-serialisable)."""
         return {

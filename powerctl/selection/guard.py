@@ -96,7 +96,6 @@ class PowerGuard:
         self.step_downs.append(event)
         return event
 
-    # --- as a training-loop step hook ---------------------------------------------------------------
     def before_step(self, samples: int) -> int | None:
         """The guard never changes the batch size."""
         return None

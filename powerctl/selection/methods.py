@@ -90,7 +90,6 @@ class RunMethod:
         return configured if self.method.power_aware else TIME
 
 
-# --- the built-ins' rules ------------------------------------------------------------------------------
 def _ours(profile: Profile, relation: RelationVector, cap: float | None, ctx: MethodContext) -> Pick:
     """Algorithm 1 under the relation rule; with a deadline (> 0) the least-energy pair meeting it."""
     from powerctl.selection.joint import select, select_under_deadline  # as the baselines': on first use
