@@ -1,6 +1,5 @@
-"""One reader for every mapping the project reads (JSON files, Flower records, run config, YAML): a value
-is read by its key and `Kind`; any problem is ONE line of the reader's error class naming the place, the key
-and the value — ``quick.yaml: task: 'lr-max' must be a number > 0, got 0``."""
+"""One reader for every mapping the project reads: a value is read by its key and `Kind`; any problem is
+ONE line naming the place, the key and the value (``quick.yaml: task: 'lr-max' must be a number > 0``)."""
 
 from __future__ import annotations
 
@@ -68,8 +67,7 @@ def is_number(value: Any) -> bool:
 
 
 class Kind:
-    """What a value must be: `expected` in words; `__call__` returns it typed or raises `Invalid`;
-    `to_config` gives it back as a run config holds it."""
+    """What a value must be (`expected`); `__call__` returns it typed or raises `Invalid`."""
 
     expected: str = "a value"
     python_type: Any = object
@@ -386,18 +384,9 @@ class MappingReader:
     def string(self, key: str, default: Any = MISSING) -> str:
         return self.value(key, Text(), default)
 
-    def number(
-        self,
-        key: str,
-        *,
-        positive: bool = False,
-        minimum: float | None = 0.0,
-        maximum: float | None = None,
-        default: Any = MISSING,
-    ) -> float:
-        """A finite number ≥ `minimum` (None: no bound); `positive`: > 0."""
-        kind = Number(0.0, maximum, above=True) if positive else Number(minimum, maximum)
-        return self.value(key, kind, default)
+    def number(self, key: str, *, positive: bool = False, default: Any = MISSING) -> float:
+        """A finite number ≥ 0; `positive`: > 0."""
+        return self.value(key, Number(0.0, above=positive), default)
 
     def integer(
         self, key: str, *, minimum: int | None = 1, maximum: int | None = None, default: Any = MISSING
@@ -452,8 +441,7 @@ def check_fields(record: Any, where: str, kinds: Mapping[str, Kind]) -> None:
 
 
 def check_arguments(where: str, **arguments: tuple[Any, Kind]) -> dict[str, Any]:
-    """A Python call's arguments, each `name=(value, kind)`, as their kinds give them back; the first
-    refused is one ArgumentError line naming `where`, it and its value."""
+    """A Python call's arguments, each `name=(value, kind)`, checked (one ArgumentError line) and typed."""
     reader = MappingReader({}, where, ArgumentError)
     return {name: reader.check(name, value, kind) for name, (value, kind) in arguments.items()}
 
