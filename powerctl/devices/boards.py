@@ -1,6 +1,5 @@
-"""Board models (powerctl/data/boards.yaml): frequency tables, calibrated power and throughput, and the
-state-of-practice frequency cap. A board may be `derived_from` a measured one, scaled by its own
-specifications; every constant names its source (measured, derived or estimated)."""
+"""Board models (powerctl/data/boards.yaml); a board may be `derived_from` a measured one, and every
+constant names its source (measured, derived or estimated)."""
 
 from __future__ import annotations
 
@@ -110,8 +109,7 @@ class BoardModel:
             raise DeviceError(f"{hz} Hz is not a frequency of {self.name}") from None
 
     def fixed_power_w(self) -> tuple[float, ...]:
-        """Per frequency, the peak power the state-of-practice rule keeps under a cap: the derived table,
-        else the (stricter) full-load curve."""
+        """Per frequency, the peak power the state-of-practice rule keeps under a cap."""
         table = self.state_of_practice
         return table.peak_training_power_w if table else self.full_load_power_w
 

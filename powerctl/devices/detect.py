@@ -49,8 +49,7 @@ def _nvml_gpus() -> list[dict[str, Any]]:
 
 
 def detect_devices() -> list[dict[str, Any]]:
-    """Jetson (if any), NVML GPUs (if any), the host, then the simulated boards. A device that is there
-    but cannot be used carries an `error` line instead of its description."""
+    """Jetson and NVML GPUs (if any), the host, the simulated boards; one unusable carries an `error`."""
     from powerctl.devices.host import HostDevice
     from powerctl.devices.simulated import SIM_BOARDS, SimulatedBoard
 

@@ -1,6 +1,5 @@
-"""Fake Jetson sysfs/procfs trees to rehearse on without hardware (`powerctl fake-board`; docs/deployment.md,
-"A fake board"): with `POWERCTL_SYSFS_ROOT` at one, the `jetson` device pins, records and restores as on a
-board. The rails are constants: a fake board draws the same power at every frequency."""
+"""Fake Jetson sysfs/procfs trees to rehearse on without hardware (`powerctl fake-board`): with
+`POWERCTL_SYSFS_ROOT` at one, the `jetson` device pins and restores as on a board; the rails are constants."""
 
 from __future__ import annotations
 

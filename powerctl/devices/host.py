@@ -12,8 +12,7 @@ from powerctl.errors import DeviceError
 
 
 class HostDevice(Device):
-    """Wall-clock time, no frequency knob, no power sensor; training goes to `torch_device` (`auto`, `cpu`,
-    `cuda:INDEX`), one named being checked when opened, before any work."""
+    """Wall-clock time, no knob, no sensor; training goes to `torch_device`, checked when opened."""
 
     board = "host"
 

@@ -1,5 +1,5 @@
-"""A real Jetson via sysfs: GPU devfreq as the knob, INA3221 rails as the sensor (docs/design/devices.md).
-Every path is read under `POWERCTL_SYSFS_ROOT` (default ``/``), so the tests run on a fake tree."""
+"""A real Jetson via sysfs, under `POWERCTL_SYSFS_ROOT` (default ``/``): GPU devfreq as the knob, INA3221
+rails as the sensor."""
 
 from __future__ import annotations
 
@@ -86,8 +86,7 @@ def _slug(text: str) -> str:
 
 
 def board_name(model: str, compatible: list[str] | None = None) -> str | None:
-    """``jetson-nano``/``jetson-tx2nx`` for the reference boards, a slug for newer ones, None if no Jetson
-    (the compatible list settles old L4T releases' model strings)."""
+    """``jetson-nano``/``jetson-tx2nx`` for the reference boards, a slug for newer ones, None if no Jetson."""
     compat = " ".join(compatible or []).lower()
     words = _slug(model).split("-")
     if "orin" not in words and ("nano" in words or "p3448" in compat):
@@ -300,8 +299,7 @@ class JetsonBoard(Device):
         return state | {name: _read(self.devfreq / name) for name in ("min_freq", "max_freq")}
 
     def apply_snapshot(self, state: dict[str, Any]) -> None:
-        """Put back the saved strings, writing only changed files; an empty state releases any pin. A state
-        that makes no sense is one BadRecordError line, nothing written."""
+        """Put back the saved strings (an empty state: the full range); a bad one is a BadRecordError."""
         if self.devfreq is None:
             return
         if state:

@@ -1,5 +1,4 @@
-"""Simulated Jetson boards: real training steps on the CPU, charged to a virtual clock and power sensor by
-the board model (powerctl/data/boards.yaml) and the workload's measured FLOPs and memory."""
+"""Simulated Jetson boards: real training steps on the CPU, charged to a virtual clock and power sensor."""
 
 from __future__ import annotations
 
@@ -63,8 +62,7 @@ class StepCost:
 
 
 def step_cost(board: BoardModel, workload: Workload, batch_size: int, hz: int) -> StepCost:
-    """Time and power of one step: a compute phase at the GPU clock, whose utilisation grows with the work
-    per kernel, and a frequency-independent phase of kernel launches and memory traffic."""
+    """Time and power of one step: a compute phase at the GPU clock and a frequency-independent one."""
     gflop = batch_size * workload.flops_per_sample / 1e9
     kernels = workload.kernels_per_step or _UNMEASURED_KERNELS
     occupancy = (gflop / kernels / board.half_utilisation_gflop_per_kernel) ** board.utilisation_exponent
@@ -115,8 +113,7 @@ def predicted_point(
 def replay_cost(
     board: BoardModel, workload: Workload, batch_size: int, steps: int, hz: int
 ) -> tuple[float, float]:
-    """(device seconds, energy J) of `steps` steps of `batch_size` at `hz`, noise-free: a run recorded once
-    is charged at every frequency without training again."""
+    """(device seconds, energy J) of `steps` steps of `batch_size` at `hz`, noise-free."""
     cost = step_cost(board, workload, batch_size, hz)
     return steps * cost.seconds, steps * cost.energy_j
 
@@ -128,8 +125,7 @@ def predicted_profile(
     samples: int,
     frequencies: Sequence[int] | None = None,
 ) -> Profile:
-    """The board model's noise-free profile of a grid, without training (``"predicted": true``); batch
-    sizes that do not fit are skipped, as a real profile skips them."""
+    """The board model's noise-free profile of a grid (no training), skipping batch sizes that do not fit."""
     model = board_model(board) if isinstance(board, str) else board
     table = sorted(frequencies or model.frequencies_hz)
     unknown = set(table) - set(model.frequencies_hz)

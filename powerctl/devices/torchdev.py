@@ -32,8 +32,7 @@ def check_torch_spec(spec: str) -> str:
 
 
 def resolve_torch_device(spec: str = "auto") -> str:
-    """The torch device `spec` names here (`auto`: `cuda:0` when torch sees one, else `cpu`); a CUDA device
-    torch does not have is one DeviceError line."""
+    """The torch device `spec` names here (`auto`: `cuda:0` when torch sees one, else `cpu`)."""
     form = check_torch_spec(spec)
     if form == "cpu":
         return "cpu"

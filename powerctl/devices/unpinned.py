@@ -1,6 +1,5 @@
-"""A device whose GPU frequency this process may not change (no root, or `--no-pin` / `pin = false`): it
-offers one frequency, the clock in force, and a pin at that clock writes nothing. The rest is the wrapped
-device's."""
+"""A device whose GPU frequency this process may not change (no root, or `pin = false`): it offers one
+frequency, the clock in force, and a pin at that clock writes nothing."""
 
 from __future__ import annotations
 
