@@ -1,5 +1,5 @@
-"""What several benches share: the repository root, rows printed as they are measured, mean ± std over
-seeds, and the memory of a run's process tree. Not a bench."""
+"""What several benches share: the repository root, comma-separated flags, a model's workload, rows
+printed as they are measured, mean ± std over seeds, and the memory of a run's process tree. Not a bench."""
 
 from __future__ import annotations
 
@@ -12,9 +12,34 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from powerctl.procs import descendants
+from powerctl.records.pick import Pick
+from powerctl.records.workload import Workload
 from simulations.local_superlink import pids_listening_on
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def ints(text: str) -> list[int]:
+    """A comma-separated flag's integers; empty items dropped (`--sizes ""`: none)."""
+    return [int(s) for s in text.split(",") if s]
+
+
+def names(text: str) -> list[str]:
+    """A comma-separated flag's names; empty items dropped."""
+    return [s for s in text.split(",") if s]
+
+
+def workload_of(model: str) -> Workload:
+    """The model's training FLOPs and memory per sample (built at seed 0)."""
+    from powerfed.training.models import build_model, model_workload
+
+    return model_workload(model, build_model(model, seed=0))
+
+
+def predicted_s(pick: Pick) -> float:
+    """A ranked pick's predicted seconds (`rank` and `select` predict every pair they rank)."""
+    assert pick.predicted_seconds is not None, f"{pick} has no predicted seconds"
+    return pick.predicted_seconds
 
 
 def line_buffered() -> None:

@@ -1,21 +1,16 @@
 """The simulated boards next to the paper's shape facts (Ahmed et al., TMLR 2025).
 
-Prints, from the board model (noise-free, no training run):
-1. slowdown from no cap to a low-cap clock, by batch size (paper: small batches slow down less);
-2. Nano vs TX2 NX time per sample by batch size, per model: the calibrated ratio (ResNet18, b=128, top
-   clocks) against the paper's, and the small-batch end, split into the GPU and the CPU/DRAM phase;
-3. memory limits: the largest batch size that fits, per model and board;
-4. state-of-practice frequency per cap: the paper's rule (training profiles) vs full-load SGEMM;
-5. the power/time trade-off per model (peak power and time per sample at batch 4 and 128);
-6. where each constant comes from (measured, derived, estimated), per board.
-
-    python bench/board_calibration.py
+From the board model (noise-free, no training): slowdown to a low clock by batch size, Nano vs TX2 NX time
+per sample, memory limits, state-of-practice frequency per cap, the power/time trade-off, and where each
+constant comes from.
 """
 
 from __future__ import annotations
 
 import sys
 import time
+
+from bench_common import workload_of
 
 from powerctl.devices.boards import BoardModel, board_model
 from powerctl.devices.simulated import step_cost, top_clock_time_ratio
@@ -28,12 +23,6 @@ LOW_CLOCK = {"jetson-nano": 384_000_000, "jetson-tx2nx": 522_750_000}
 """Nano: 921.6 → 384 MHz, boards.yaml's calibration step; TX2 NX: the step at the same share of the top
 clock (0.40 vs 0.42)."""
 CAPS_W = {"jetson-nano": (2.5, 3.0, 3.5, 4.0, 5.0, 6.0), "jetson-tx2nx": (3.0, 3.5, 4.0, 5.0, 6.0, 8.0)}
-
-
-def workloads() -> dict[str, Workload]:
-    from powerfed.training.models import build_model, model_names, model_workload
-
-    return {n: model_workload(n, build_model(n, seed=0)) for n in model_names()}
 
 
 def fits(board: BoardModel, w: Workload, b: int) -> bool:
@@ -177,7 +166,9 @@ def sources(boards: list[BoardModel]) -> None:
 
 def main() -> int:
     started = time.perf_counter()
-    ws = workloads()
+    from powerfed.training.models import model_names
+
+    ws = {n: workload_of(n) for n in model_names()}
     boards = [board_model("jetson-nano"), board_model("jetson-tx2nx")]
     slowdowns(boards, ws)
     speeds(boards, ws)

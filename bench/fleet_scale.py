@@ -10,14 +10,14 @@ is the SuperLink process tree's summed RSS; the growth exponent k fits log(value
 from __future__ import annotations
 
 import argparse
-import math
 import re
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from bench_common import ROOT, TreeMemory
+import numpy as np
+from bench_common import ROOT, TreeMemory, ints
 
 from simulations.fleet import load_fleet_spec
 from simulations.local_superlink import free_port
@@ -80,9 +80,8 @@ def run_size(
 
 
 def fit_exponent(xs: list[float], ys: list[float]) -> float:
-    lx, ly = [math.log(x) for x in xs], [math.log(y) for y in ys]
-    mx, my = sum(lx) / len(lx), sum(ly) / len(ly)
-    return sum((a - mx) * (b - my) for a, b in zip(lx, ly, strict=True)) / sum((a - mx) ** 2 for a in lx)
+    """k of the least-squares fit log(y) = k·log(x) + c."""
+    return float(np.polyfit(np.log(xs), np.log(ys), 1)[0])
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
@@ -117,10 +116,10 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--sizes", default="100,1000,10000")
+    p.add_argument("--sizes", type=ints, default="100,1000,10000")
     p.add_argument(
         "--before-sizes",
-        default=None,
+        type=ints,
         help="sizes run with Flower's own dispatch (default: 100 and 1000 where --sizes has them)",
     )
     p.add_argument("--rounds", type=int, default=2)
@@ -136,11 +135,8 @@ def main() -> int:
     )
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "bench" / "fleet-scale")
     args = p.parse_args()
-    sizes = [int(s) for s in args.sizes.split(",") if s]
-    if args.before_sizes is None:
-        before: list[int] = [n for n in (100, 1000) if n in sizes]
-    else:
-        before = [int(s) for s in args.before_sizes.split(",") if s]
+    sizes: list[int] = args.sizes
+    before = [n for n in (100, 1000) if n in sizes] if args.before_sizes is None else args.before_sizes
     plan = [
         (n, 0, index, f"{n} boards", " (Ray start included)")
         for n in sorted(set(sizes) | set(before))

@@ -8,6 +8,7 @@ import statistics
 from typing import Any
 
 import numpy as np
+from bench_common import mean_std, predicted_s
 from paper_setup import BOARDS, CAPS_W, Task
 from vector_floor import Group
 
@@ -32,20 +33,15 @@ VARIANTS = {
     "ours-fitted": ("fitted", DEFAULT_RELATION_RULE),
     "ours-fitted-robust": ("fitted", "robust"),
 }
-"""Ours under each (relation vector, selection rule); "ours" is the project's default (the raw vector,
-`DEFAULT_RELATION_RULE`). The others are measured beside it so that the defaults are chosen by these
-tables, not by taste."""
-
-
-def _stat(values: list[float]) -> tuple[float, float]:
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+"""Ours under each (relation vector, selection rule); "ours" is the project's default, the others are
+measured beside it so that these tables choose the defaults."""
 
 
 def cell(board: BoardModel, w: Workload, runs: dict[tuple[int, int], dict[str, Any]], b: int, hz: int,
          seeds: list[int]) -> dict[str, Any]:  # fmt: skip
     costs = [replay_cost(board, w, b, runs[(b, s)]["steps"], hz) for s in seeds]
-    t, t_sd = _stat([c[0] for c in costs])
-    e, e_sd = _stat([c[1] for c in costs])
+    t, t_sd = mean_std([c[0] for c in costs])
+    e, e_sd = mean_std([c[1] for c in costs])
     reached = sum(runs[(b, s)]["reached"] for s in seeds)
     return {"b": b, "hz": hz, "s": t, "s_sd": t_sd, "j": e, "j_sd": e_sd, "reached": reached, "n": len(seeds),
             "s_seeds": [c[0] for c in costs]}  # fmt: skip
@@ -91,7 +87,7 @@ def table(
         truth = target_relation(task, target, target_runs, seeds)
         for cap in (*CAPS_W[board.name], None):
             col: dict[str, Any] = {"per_batch": {
-                b: {"seconds_per_sample": _predicted_seconds(p) / profile.samples,
+                b: {"seconds_per_sample": predicted_s(p) / profile.samples,
                     **cell(board, w, target_runs, b, p.frequency_hz, seeds)}
                 for b, p in best_pair_per_batch(profile, cap).items()}}  # fmt: skip
             f_sop = board.frequencies_hz[-1] if cap is None else board.fixed_frequency_cap(cap)
@@ -113,12 +109,6 @@ def table(
                     col[name].update(compare_to_fastest(col[name], col["fastest"]))
             out[f"{target}|{'no cap' if cap is None else f'{cap:g} W'}"] = col
     return out
-
-
-def _predicted_seconds(pick: Pick) -> float:
-    """A ranked pick's predicted seconds (`rank` predicts every pair it ranks)."""
-    assert pick.predicted_seconds is not None, f"{pick} has no predicted seconds"
-    return pick.predicted_seconds
 
 
 def best_pair_per_batch(profile: Profile, cap: float | None) -> dict[int, Pick]:

@@ -27,9 +27,6 @@ How it is made (said again in the output):
   rule: 0.8 of the way from the start to the plateau of a calibration run at the largest batch size
   (`calibrate_target`, which refuses a plateau within the evaluation's noise of the start;
   --vision-targets / --text-targets give them by hand). The relation vector is the mean of 3 proxy seeds.
-
-    python bench/paper_tables.py [--task vision|text|both] [--seeds N] [--quick] [--full] [--device D]
-                                 [--out DIR]
 """
 
 from __future__ import annotations
@@ -46,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from bench_common import workload_of
 from paper_cells import floor_groups, print_summary, print_table, summarise, table
 from paper_setup import BOARDS, Task, fresh_head, text_data, vision_data
 from vector_floor import shared_vector_floor
@@ -98,19 +96,10 @@ def run_to_target(
     host: Any,
 ) -> dict[str, Any]:
     """One run to `target` (None: the calibration budget) by the product's own proxy run
-    (`fl_server.relation.run_to_target`, the one every relation job makes): evaluated densely enough
-    that it crosses after `task.min_evaluations` evaluations (`powerfed.training.crossing.run_dense`:
-    first every `task.eval_every` samples, again denser if it crossed sooner); samples to target is the
-    interpolated crossing, and the steps charged are that crossing's (fractional) steps.
-
-    What is the bench's own, beside the product's: each seed splits `ds` into train/test with that seed
-    (`train_test_split(ds, seed=seed)`; the product splits its proxy once, by `proxy-seed`, for every
-    seed), the rate is `scaled_lr`'s default (square-root) rule, the device charges the charged model's
-    workload, and a calibration run (no target) is one run for its budget.
-
-    Every run, proxy or target, finds its grid from its own curve by this one rule, so a target's
-    samples to target do not depend on the proxy (as they would if a target run's first interval were
-    scaled from the proxy's samples: docs/results/paper_tables.md)."""
+    (`fl_server.relation.run_to_target`); samples to target is the interpolated crossing, the steps
+    charged that crossing's. The bench's own: each seed splits `ds` by that seed, and every run, proxy or
+    target, finds its evaluation grid from its own curve (so a target's count does not depend on the
+    proxy's)."""
     from fl_server.relation import ProxyRuns
     from fl_server.relation import run_to_target as proxy_run
     from powerfed.training.data import train_test_split
@@ -148,8 +137,7 @@ def run_to_target(
 
 
 class TargetInNoise(PowerctlError):
-    """A calibrated target the evaluation cannot tell from the starting accuracy: a table on it ranks
-    noise (as the full-size text regime's did at a too-high pre-training rate: paper_tables.md)."""
+    """A calibrated target the evaluation cannot tell from the starting accuracy: tables on it rank noise."""
 
 
 NOISE_Z = 2.0
@@ -157,11 +145,9 @@ NOISE_Z = 2.0
 
 
 def evaluation_noise(start: float, plateau: float, n: int, plateau_evaluations: Sequence[float]) -> float:
-    """What the plateau's gain over the start must exceed to be more than the evaluation's noise, both
-    parts measured: `NOISE_Z` standard errors of the difference of two accuracies on the `n` evaluated
-    samples (binomial; for text `n` counts sequences, not characters, whose correctness within one
-    sequence is not independent), the plateau's taken as the larger of the binomial one and the
-    spread of its own evaluations (training noise the binomial does not see)."""
+    """What the plateau's gain over the start must exceed: `NOISE_Z` standard errors of the difference of
+    two accuracies on `n` evaluated samples (binomial), the plateau's the larger of the binomial one and
+    the spread of its own evaluations (training noise)."""
 
     def binomial(p: float) -> float:
         return math.sqrt(max(p * (1 - p), 0.0) / max(n, 1))
@@ -173,19 +159,10 @@ def evaluation_noise(start: float, plateau: float, n: int, plateau_evaluations: 
 def calibrate_target(
     task: Task, weights: dict[str, torch.Tensor], ds: Any, host: Any
 ) -> tuple[float, float, float]:
-    """A target every batch size reaches on the rising part of its curve, set by one rule per dataset.
-
-    One run at the largest batch size (seed 0) for `calibration_samples`; its plateau is the median
-    accuracy over the second half of that budget, its start the accuracy before training, and the
-    target sits `target_fraction` of the way from the start to the plateau. A target on the plateau
-    itself (such as the plateau less one point) is crossed where the curve is flat, so the sample at
-    which evaluation noise first lifts it over the target decides, and the seeds spread more than the
-    batch sizes differ (docs/results/paper_tables_70445d6.md). On the rising part, where batch size
-    changes what a sample buys, the crossing is steep and well defined.
-
-    A plateau not above the start by more than the evaluation's noise (`evaluation_noise`) is refused
-    in one line (`TargetInNoise`), for every task and size: its targets would rank noise.
-    """
+    """A target every batch size reaches on the rising part of its curve (where the crossing is steep):
+    `target_fraction` of the way from the start to the plateau (the median accuracy over the second half)
+    of one run at the largest batch size, seed 0. A plateau within the evaluation's noise of the start is
+    refused in one line (`TargetInNoise`)."""
     run = run_to_target(task, weights, ds, None, task.b_max, 0, host)
     half = [acc for samples, acc in run["curve"] if samples >= task.calibration_samples / 2]
     plateau = statistics.median(half)
@@ -213,36 +190,28 @@ def _floats(text: str) -> list[float]:
 
 
 def make_tasks(args: argparse.Namespace) -> list[Task]:
-    seeds = list(range(args.seeds))
-
+    both: dict[str, Any] = dict(seeds=list(range(args.seeds)), proxy_seeds=list(range(args.proxy_seeds)),
+                proxy_max_seeds=args.proxy_max_seeds, eval_every=args.eval_every, eval_max_samples=500,
+                target_fraction=args.target_fraction)  # fmt: skip
     tasks = []
     if args.task in ("vision", "both"):
         # the paper's two vision models; MobileNetV2 does not fit b=128 on either board (its rows stop at 64)
-        for trained, charged, bs in (
-            ("resnet18", "resnet18", args.batch_sizes),
-            ("mobilenetv2", "mobilenetv2", [b for b in args.batch_sizes if b <= 64]),
-        ):
-            if trained not in args.vision_models:
-                continue
-            tasks.append(Task(
-                "vision", trained if args.full else f"{trained}-small", charged, lr_max=5e-4,
-                pretrain_samples=args.vision_pretrain_samples, batch_sizes=bs,
-                seeds=seeds, proxy_seeds=list(range(args.proxy_seeds)),
-                proxy_max_seeds=args.proxy_max_seeds,
-                calibration_samples=args.vision_calibration_samples, eval_every=args.eval_every,
-                eval_max_samples=500, fixed_targets=args.vision_targets, target_fraction=args.target_fraction,
-            ))  # fmt: skip
+        small = [b for b in args.batch_sizes if b <= 64]
+        for trained, bs in (("resnet18", args.batch_sizes), ("mobilenetv2", small)):
+            if trained in args.vision_models:
+                tasks.append(Task(
+                    "vision", trained if args.full else f"{trained}-small", trained, lr_max=5e-4,
+                    pretrain_samples=args.vision_pretrain_samples, batch_sizes=bs,
+                    calibration_samples=args.vision_calibration_samples, fixed_targets=args.vision_targets,
+                    **both,
+                ))  # fmt: skip
     if args.task in ("text", "both"):
-        # the small one's 6e-3 is too high for the full char GPT (6 layers, 256 wide): nanoGPT's rate
-        # for a character model of this size, 1e-3, and half of it to fine-tune
+        # the full char GPT: nanoGPT's rate for a character model of this size, 1e-3, and half to fine-tune
         tasks.append(Task(
             "text", "chartransformer" if args.full else "chartransformer-small", "chartransformer",
             lr_max=5e-4 if args.full else 3e-3, pretrain_lr=1e-3 if args.full else None,
             pretrain_samples=args.text_pretrain_samples, batch_sizes=args.batch_sizes,
-            seeds=seeds, proxy_seeds=list(range(args.proxy_seeds)),
-            proxy_max_seeds=args.proxy_max_seeds,
-            calibration_samples=args.text_calibration_samples, eval_every=args.eval_every,
-            eval_max_samples=500, fixed_targets=args.text_targets, target_fraction=args.target_fraction,
+            calibration_samples=args.text_calibration_samples, fixed_targets=args.text_targets, **both,
         ))  # fmt: skip
     return tasks
 
@@ -315,13 +284,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def prepare_data(task: Task, quick: bool) -> None:
-    from powerfed.training.models import build_model, model_workload
-
     if task.name == "vision":
         task.data.update(vision_data(20_000, 3000 if quick else 6000, 3000 if quick else 6000))
     else:
         task.data.update(text_data(8000 if quick else 16_000, full=task.model == "chartransformer"))
-    task.data["charged_workload"] = model_workload(task.charged, build_model(task.charged, seed=0))
+    task.data["charged_workload"] = workload_of(task.charged)
     task.data["workload"] = task.data["charged_workload"]
 
 
@@ -444,7 +411,7 @@ def tables(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
     host = open_device(args.device)
-    print(__doc__.split("\n\n")[1])
+    print(__doc__.split("\n\n")[1].rstrip())
     print(f"\nbatch sizes {args.batch_sizes}, proxy seeds {args.proxy_seeds}, torch threads {args.threads}, "
           f"device {host.torch_device()}")  # fmt: skip
     results: dict[str, Any] = {}
@@ -514,8 +481,6 @@ def retable(paths: list[Path], out: Path) -> int:
 
 def retable_one(path: Path, old: dict[str, Any], results: dict[str, Any]) -> None:
     """Every task of one results.json, charged again into `results`."""
-    from powerfed.training.models import build_model, model_workload
-
     for key in [k for k in old if k.endswith("|relation")]:
         name, charged, _ = key.split("|")
         raw = RelationVector.from_dict(old[key], f"{path}: {key}")
@@ -523,7 +488,7 @@ def retable_one(path: Path, old: dict[str, Any], results: dict[str, Any]) -> Non
         seeds = sorted({r["seed"] for rs in recorded.values() for r in rs})
         task = Task(name, "(recorded runs)", charged, 0.0, 0, list(raw.batch_sizes), seeds, [], 0, 0, 0)
         task.targets = old[f"{name}|{charged}|targets"]
-        task.data["charged_workload"] = model_workload(charged, build_model(charged, seed=0))
+        task.data["charged_workload"] = workload_of(charged)
         per_seed: dict[int, Sequence[float]] = dict(
             zip(raw.batch_sizes, raw.per_seed_samples() or [], strict=True)
         )

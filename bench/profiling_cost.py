@@ -1,34 +1,11 @@
 """What profiling costs, and what a cheaper order loses: grid vs efficient vs fitted, on simulated boards.
 
-For each model (full size, as the paper), board, power cap and seed, the board is profiled three ways
-through `powerctl.profiling.profiler.Profiler`, and each profile's choice (Algorithm 1,
-`powerctl.selection.joint`)
-is compared with the full grid's:
-
-- points: pairs measured; device s: profiling seconds on the board's clock (warm-up + measured steps);
-- share: profiling device seconds / the chosen run's training time to the target;
-- regret: time to target of the order's choice / time to target of the grid's choice, both read from the
-  same seed's full-grid profile (apples to apples; 1.000 = the same choice or an equally fast one);
-  `over` counts choices whose peak on the grid's measurement is above the cap (measurement noise).
-- `grid again` is the noise floor: the whole grid measured again with other noise, its choice scored the
-  same way. A pair whose peak is within the noise of the cap is over it in one measurement and under it in
-  another, so even a second full grid does not always agree with the first.
-
-How it is made (printed again):
-- The simulated board charges each step from its model and the workload's measured FLOPs, memory and
-  kernels (`powerctl.devices.simulated`); the training step's CPU work changes nothing it charges, so
-  the profiler runs a no-op step here and the whole bench takes seconds. Noise (1 % on time and power)
-  is seeded per board: every order sees the same board seed.
-- Profiling settings are the run config's defaults: 1 warm-up step and 2 measured steps per point.
-- Relation vectors: the shape (samples to the target per batch size, over the fewest) measured by
-  bench/paper_tables.py (docs/results/paper_tables_70445d6.md; text: Austen, for chartransformer;
-  vision: CIFAR-10-C blur+fog, for resnet18 and mobilenetv2 — no MobileNetV2 run exists, so it borrows
-  the vision shape), scaled so the best batch size needs `--samples-to-target` samples (default 250 000:
-  five epochs of a 50 000-sample dataset — fine-tuning in the paper's regime, where profiling the grid
-  costs a few percent).
-
-    python bench/profiling_cost.py [--models resnet18,mobilenetv2,chartransformer] [--seeds 0,1,2,3,4]
-                                   [--samples-to-target 250000] [--margin 0.10] [--no-noise]
+Per model, board, power cap and seed, the board is profiled three ways (`Profiler`, no-op steps the board
+charges at the full model's cost; the run config's warm-up and measured steps) and each profile's choice
+(Algorithm 1) is scored against the full grid's on the same seed's grid: points, profiling device seconds,
+their share of the training, the regret, and `grid again` (the grid re-measured with other noise: the
+floor). Relation vectors: `SHAPES`, scaled so the best batch size needs `--samples-to-target` samples.
+What the columns mean: docs/results/profiling_cost.md.
 """
 
 from __future__ import annotations
@@ -42,7 +19,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from bench_common import mean_std
+from bench_common import ints, mean_std, names, workload_of
 
 from powerctl.devices.simulated import SimulatedBoard
 from powerctl.errors import InfeasibleCapError
@@ -54,13 +31,11 @@ from powerctl.selection.joint import select
 
 BATCH_SIZES = [4, 8, 16, 32, 64, 128]
 NOMINAL_TARGET = 0.5
-"""The relation vectors' target accuracy: a RelationVector needs one in (0, 1]; the benches use only the
-shape of samples to target over batch sizes (bench/paper_tables.py's), never the target."""
+"""The relation vectors' target accuracy (a RelationVector needs one; only the shape is used)."""
 CAPS_W = {"jetson-nano": (3.0, 4.0, 5.0), "jetson-tx2nx": (3.5, 5.0, 6.5)}
 """The paper tables' two caps per board (bench/paper_tables.py) and one higher."""
 REMEASURE_SEED = 1000
-"""`grid again`: the grid measured once more on the same board with other noise (seed + this): the regret
-that measurement noise alone causes, the floor any order that measures can reach."""
+"""`grid again`: the grid measured once more with other noise (seed + this)."""
 ROWS = ("grid", "grid again", "efficient", "fitted")
 WARMUP_STEPS, MEASURE_STEPS = 1, 2
 """The run config's `profile-warmup` and `profile-steps` defaults."""
@@ -109,11 +84,9 @@ def profile_board(
 def run(
     models: list[str], seeds: list[int], samples_to_target: float, margin: float, noise: bool = True
 ) -> list[dict[str, Any]]:
-    from powerfed.training.models import build_model, model_workload
-
     rows = []
     for model in models:
-        workload = model_workload(model, build_model(model, seed=0))
+        workload = workload_of(model)
         relation = relation_for(model, samples_to_target)
         r = relation.as_map()
         for board in CAPS_W:
@@ -192,16 +165,15 @@ def report(rows: list[dict[str, Any]]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", default="resnet18,mobilenetv2,chartransformer")
-    p.add_argument("--seeds", default="0,1,2,3,4")
+    p.add_argument("--models", type=names, default="resnet18,mobilenetv2,chartransformer")
+    p.add_argument("--seeds", type=ints, default="0,1,2,3,4")
     p.add_argument("--samples-to-target", type=float, default=250_000.0)
     p.add_argument("--margin", type=float, default=FITTED_MARGIN, help="the fitted order's confirm margin")
     p.add_argument(
         "--no-noise", action="store_true", help="noise-free boards: what the fit and confirm step lose alone"
     )
     args = p.parse_args(argv)
-    models = [m for m in args.models.split(",") if m]
-    seeds = [int(s) for s in args.seeds.split(",") if s]
+    models, seeds = args.models, args.seeds
     start = time.perf_counter()
     print(
         f"models {models}, boards {list(CAPS_W)}, batch sizes {BATCH_SIZES}, seeds {seeds}; "

@@ -1,32 +1,25 @@
 """Does a relation vector estimated on proxy text predict the batch-size ranking on other text?
 
-The acceptance experiment of the server side, on real data (no network, ../shared/data):
-
-1. pre-train a small character transformer on WikiText-2 (validation + test files joined);
-2. estimate the relation vector on tiny Shakespeare (the proxy) from those weights;
-3. measure samples-to-target on a Jane Austen novel (the "device's" private data) with every batch
-   size, from the same weights, with the same procedure (learning rate by the square-root rule);
-4. print both vectors side by side, whether the proxy's best batch size (fewest samples) is the
-   target's best, and the Spearman rank correlation of the two sample counts.
-
-Results go to OUT/results.json (plus the weights and relation files). Every step uses the project's
-code (fl_server.pretrain, fl_server.relation, powerfed.training.finetune): nothing is re-implemented here.
-Step 2 and 3 are cached in OUT/cache, so a rerun with the same settings only prints.
-
-    .venv/bin/python bench/relation_vs_target.py [--out runs/relation_vs_target]
+The server side's acceptance experiment on real data (../shared/data), by the project's own code
+(fl_server.pretrain, fl_server.relation): pre-train a small character transformer on WikiText-2 (valid +
+test joined), estimate the relation vector on tiny Shakespeare (the proxy) and on a Jane Austen novel (the
+target) from those weights, and print both vectors, whether the proxy's best batch size is the target's,
+and the Spearman rank correlation of the sample counts. Results go to OUT/results.json; the estimates are
+cached in OUT/cache, so a rerun with the same settings only prints.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from bench_common import ROOT
 
+from fl_server.cli import _key_value
 from fl_server.pretrain import PretrainSettings, pretrain
 from fl_server.relation import RelationCompute, RelationError, RelationSettings, estimate_relation
 from powerctl.cli.util import OneLineParser
@@ -35,8 +28,7 @@ from powerctl.files.jsonfile import write_json
 from powerctl.records.relation import RelationVector
 from powerfed.training.lr import LR_RULES
 
-REPO = Path(__file__).resolve().parents[1]
-DATA = REPO.parent / "shared" / "data"
+DATA = ROOT.parent / "shared" / "data"
 
 
 def ranks(values: list[float]) -> np.ndarray:
@@ -59,20 +51,12 @@ def best_batch_sizes(rel: RelationVector) -> list[int]:
     return [b for b, s in zip(rel.batch_sizes, rel.samples_to_target, strict=True) if s == least]
 
 
-def _key_value(text: str) -> tuple[str, Any]:
-    key, _, raw = text.partition("=")
-    try:
-        return key, json.loads(raw)
-    except json.JSONDecodeError:
-        return key, raw
-
-
 def build_parser() -> argparse.ArgumentParser:
     ap = OneLineParser(
         prog="relation_vs_target", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     # fmt: off
-    ap.add_argument("--out", type=Path, default=REPO / "runs" / "relation_vs_target")
+    ap.add_argument("--out", type=Path, default=ROOT / "runs" / "relation_vs_target")
     ap.add_argument("--data", type=Path, default=DATA, help="the shared data folder (default ../shared/data)")
     ap.add_argument("--model", default="chartransformer-small")
     ap.add_argument("--set", dest="overrides", action="append", type=_key_value, default=[],

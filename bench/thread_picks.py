@@ -1,21 +1,10 @@
 """Does a fleet's choice flip with torch's thread count? (a stand-in for another CPU)
 
-Another CPU's kernels, or another thread count, sum in another order: the pre-trained weights and the
-relation vector differ in their last digits and then in their crossings. This prepares a fleet's
-weights and relation vector twice from empty caches — torch on 1 thread and on 2 — by the ServerApp's
-own `fl_server.app.prepare` (each in its own interpreter, the thread count set before torch starts),
-and then, per board of the fleet, picks the pair each vector gives under the relation rule on the board
-model's noise-free profile (`predicted_profile`; a client profiles the same grid on its board). The
-two picks pass when they are the same pair, or when each lies within the other's interval: under
-either vector, the interval of its predicted time's ratio to that vector's best pair's, the seeds
-paired, reaches 1 (what the vector cannot tell apart; `powerctl.selection.joint`, rule "interval").
-Sample counts are measured (real training on this CPU); the seconds are the board model's.
-
-    python bench/thread_picks.py [--fleet simulations/fleets/default.yaml] [--rule RULE] [--out DIR]
-
-The default fleet takes tens of CPU-minutes (pre-training and 12 relation runs, twice; measured:
-docs/results/fleets.md); a cache folder already filled (--out of an earlier run) is reused. Exit status
-0: every board passes; 1: some board's two picks lie outside each other's interval; 2: bad input.
+The fleet's relation vector is prepared twice from empty caches by `fl_server.app.prepare`, torch on 1
+thread and on 2 (each in its own interpreter); per board, the pair each vector picks on the board model's
+noise-free profile passes when it is the same, or when each lies within the other's interval (what the
+vector cannot tell apart: `powerctl.selection.joint.indistinguishable`). A filled cache (--out of an earlier
+run) is reused. Exit status 0: every board passes; 1: some board's picks are apart; 2: bad input.
 """
 
 from __future__ import annotations
@@ -27,6 +16,8 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from bench_common import ROOT, predicted_s, workload_of
 
 from powerctl.cli.util import OneLineParser
 from powerctl.devices.simulated import predicted_profile
@@ -41,7 +32,6 @@ from powerctl.records.relation import (
 from powerctl.selection.joint import indistinguishable, rank, select
 from simulations.fleet import FleetFileError, load_fleet_spec
 
-ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_FLEET = ROOT / "simulations" / "fleets" / "default.yaml"
 THREADS = (1, 2)
 
@@ -78,21 +68,13 @@ def prepared_relation(fleet: Path, threads: int, cache: Path) -> RelationVector:
 
 def board_profiles(fleet: Path) -> list[tuple[str, float | None, Profile]]:
     """Each board of the fleet: its label, its power cap and its board model's noise-free profile."""
-    from powerfed.training.models import build_model, model_workload
-
     spec = load_fleet_spec(fleet)
-    model = spec.settings.model
-    workload = model_workload(model, build_model(model, seed=0))
+    workload = workload_of(spec.settings.model)
     sizes = spec.settings.batch_size_list()
     return [
         (b.label(), b.power_cap_w, predicted_profile(b.device.removeprefix("sim:"), workload, sizes, 1000))
         for b in spec.boards
     ]
-
-
-def _seconds(pick: Pick) -> float:
-    assert pick.predicted_seconds is not None, f"{pick} has no predicted seconds"
-    return pick.predicted_seconds
 
 
 def within_interval(profile: Profile, relation: RelationVector, cap: float | None, pick: Pick) -> bool:
@@ -169,8 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         verdict = "same" if r.same else ("within each other's interval" if r.within else "APART")
         print(
             f"  {r.label:<26} 1 thread b={r.one.batch_size}@{r.one.frequency_hz / 1e6:.1f} MHz "
-            f"{_seconds(r.one):8.1f} s   2 threads b={r.two.batch_size}@{r.two.frequency_hz / 1e6:.1f} MHz "
-            f"{_seconds(r.two):8.1f} s   {verdict}"
+            f"{predicted_s(r.one):8.1f} s   2 threads "
+            f"b={r.two.batch_size}@{r.two.frequency_hz / 1e6:.1f} MHz {predicted_s(r.two):8.1f} s   {verdict}"
         )
     passed = sum(r.within for r in rows)
     print(
