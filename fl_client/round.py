@@ -96,14 +96,6 @@ class ClientWorkError(PowerctlError):
 # --- the work ------------------------------------------------------------------------------------
 
 
-def node_caps(settings: NodeSettings, instr: TrainInstructions) -> CapSource:
-    """The cap this round follows: the server's constant for this round when it sets one, else the
-    node's own (a constant, a schedule, a trace or a live file)."""
-    if instr.power_cap_w is not None:
-        return ConstantCap(check_power_cap(instr.power_cap_w))
-    return settings.caps()
-
-
 def node_device_seed(settings: NodeSettings, server_seed: int) -> int:
     """A simulated board's noise seed: stable per node (not per node id, which changes every run)."""
     return (server_seed * 1_000_003 + zlib.crc32(settings.key.encode())) % (2**31)
@@ -121,27 +113,6 @@ class ProfiledStep:
     key: str = ""
 
 
-def builtin_step(work: RoundWork) -> ProfiledStep:
-    """The built-in fine-tune's own step (`powerfed.training.profiling`: its optimizer and loss) on the
-    server's model, at the task's input shape."""
-    from powerfed.training.profiling import profiling_step_factory
-
-    instr = work.instr
-    spec = get_model_spec(instr.model)
-    shape = (model_seq_len(instr.model, instr.model_overrides),) if spec.task == "text" else spec.input_shape
-
-    def build(dev: Device) -> tuple[Workload, StepFactory]:
-        return profiling_step_factory(
-            instr.model,
-            model=work.model().to(dev.torch_device()),
-            num_classes=instr.num_classes,
-            torch_device=dev.torch_device(),
-            seed=instr.seed,
-        )
-
-    return ProfiledStep(instr.model, tuple(shape), build)
-
-
 @dataclass(frozen=True)
 class RoundWork:
     """One round's work on one node: who it is, what the server asked, its weights and local data.
@@ -155,12 +126,14 @@ class RoundWork:
     profile_cache: Path | None = None
     on_step: Callable[[int, int], None] | None = None
     caps: CapSource = field(default=None)  # type: ignore[assignment]
-    step: ProfiledStep | None = None  # None: the built-in fine-tune's (`builtin_step`); a user's loop's own
+    step: ProfiledStep | None = None  # None: the built-in fine-tune's (`profiled_step`); a user's loop's own
     examples: int | None = None  # training samples when `data` is not ours to hold (a user's loop)
 
     def __post_init__(self) -> None:
-        if self.caps is None:
-            object.__setattr__(self, "caps", node_caps(self.settings, self.instr))
+        if self.caps is None:  # the server's constant for this round when it sets one, else the node's own
+            cap = self.instr.power_cap_w
+            caps = self.settings.caps() if cap is None else ConstantCap(check_power_cap(cap))
+            object.__setattr__(self, "caps", caps)
 
     @property
     def train_examples(self) -> int | None:
@@ -168,7 +141,28 @@ class RoundWork:
         return len(self.data[0]) if self.data is not None else self.examples
 
     def profiled_step(self) -> ProfiledStep:
-        return self.step or builtin_step(self)
+        """The step profiled: a user's loop's own, else the built-in fine-tune's (its optimizer and loss)
+        on the server's model, at the task's input shape."""
+        if self.step is not None:
+            return self.step
+        from powerfed.training.profiling import profiling_step_factory
+
+        instr = self.instr
+        spec = get_model_spec(instr.model)
+        shape = (
+            (model_seq_len(instr.model, instr.model_overrides),) if spec.task == "text" else spec.input_shape
+        )
+
+        def build(dev: Device) -> tuple[Workload, StepFactory]:
+            return profiling_step_factory(
+                instr.model,
+                model=self.model().to(dev.torch_device()),
+                num_classes=instr.num_classes,
+                torch_device=dev.torch_device(),
+                seed=instr.seed,
+            )
+
+        return ProfiledStep(instr.model, tuple(shape), build)
 
     def device(self) -> Device:
         """A fresh handle on this node's device (each step opens its own: a simulated board's noise
