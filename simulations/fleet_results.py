@@ -154,8 +154,9 @@ def build_results(
     summaries, evaluations, failures, run = [], {}, [], {}
     population: dict[str, Any] = {}
     for method in methods:
-        data = json.loads(_method_file(flwr_out, method, methods).read_text(encoding="utf-8"))
-        draws = _method_file(flwr_out, method, methods).parent / POPULATION_FILE
+        path = _method_file(flwr_out, method, methods)
+        data = json.loads(path.read_text(encoding="utf-8"))
+        draws = path.parent / POPULATION_FILE
         if draws.is_file():  # a population sampled per round (strategies.population)
             population[method] = json.loads(draws.read_text(encoding="utf-8"))
         run = data["run"]

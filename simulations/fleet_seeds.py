@@ -181,10 +181,8 @@ def method_over_seeds(method: str, sop: str | None, runs: list[SeedRun], target:
     """One method's summary over the seeds that ran, paired with `sop` by seed."""
     boards: list[tuple[int, dict[str, Any]]] = []
     fleet: dict[int, dict[str, Any]] = {}
-    board_ratio: dict[int, list[float]] = {}
-    time_ratio: dict[int, list[float]] = {}
-    energy_ratio: dict[int, list[float]] = {}
-    unpaired = {"board": 0, "fleet": 0, "energy": 0}
+    ratios: dict[str, dict[int, list[float]]] = {"board": {}, "fleet": {}, "energy": {}}  # by seed
+    unpaired = dict.fromkeys(ratios, 0)
     cells: dict[str, dict[int, list[float]]] = {}
     for run in runs:
         assert run.results is not None
@@ -198,22 +196,20 @@ def method_over_seeds(method: str, sop: str | None, runs: list[SeedRun], target:
         labels = {r["node_key"]: cell_label(r) for r in rows if r["failed"] is None}
         paired, missing = board_speedups(rows, method, sop)
         unpaired["board"] += missing
-        board_ratio[run.seed] = [x for _, x in paired]
+        ratios["board"][run.seed] = [x for _, x in paired]
         for r, x in paired:
             cells.setdefault(labels[r["node_key"]], {}).setdefault(run.seed, []).append(x)
         ref = rows_by[sop]
-        for key, into, name, speedup in (
-            ("fleet", time_ratio, "time_to_target_s", True),
-            ("energy", energy_ratio, "energy_j", False),
-        ):
+        for key, name, speedup in (("fleet", "time_to_target_s", True), ("energy", "energy_j", False)):
             ratio = _ratio(ref[name], rows_by[method][name], speedup=speedup)
             if ratio is None:
                 unpaired[key] += 1
             else:
-                into[run.seed] = [ratio]
+                ratios[key][run.seed] = [ratio]
     at_target = [(k, r) for k, r in boards if r["to_own_target_s"] is not None]
     reached = {k: s["time_to_target_s"] for k, s in fleet.items() if s["time_to_target_s"] is not None}
     compared = sop is not None and method != sop
+    stats = {k: ratio_stats(by_seed, unpaired[k]) if compared else None for k, by_seed in ratios.items()}
     return {
         "method": method,
         "seeds": len(runs),
@@ -226,7 +222,7 @@ def method_over_seeds(method: str, sop: str | None, runs: list[SeedRun], target:
                 if r["to_own_target_s"] is None
             ],
             "mean_s": statistics.fmean(r["to_own_target_s"] for _, r in at_target) if at_target else None,
-            "speedup": ratio_stats(board_ratio, unpaired["board"]) if compared else None,
+            "speedup": stats["board"],
             "profiling_share": profiling_share([r for _, r in at_target]),
             "cells": {
                 label: ratio_stats(by_seed, len(runs) - len(by_seed))
@@ -240,11 +236,11 @@ def method_over_seeds(method: str, sop: str | None, runs: list[SeedRun], target:
             "reached": len(reached),
             "not_reached": [f"seed {k}" for k in fleet if k not in reached],
             "mean_s": statistics.fmean(reached.values()) if reached else None,
-            "speedup": ratio_stats(time_ratio, unpaired["fleet"]) if compared else None,
+            "speedup": stats["fleet"],
         },
         "energy": {
             "mean_j": statistics.fmean(s["energy_j"] for s in fleet.values()) if fleet else None,
-            "ratio": ratio_stats(energy_ratio, unpaired["energy"]) if compared else None,
+            "ratio": stats["energy"],
         },
         "averaged_model": averaged_model(method, target, runs),
     }

@@ -23,8 +23,8 @@ from typing import IO, Any
 
 from powerctl.errors import FileFormatError, PowerctlError
 from powerctl.files.jsonfile import read_json, write_json
-from powerctl.procs import alive, environ, proc_table
-from simulations.local_superlink import identity, stop_tree
+from powerctl.procs import environ, proc_table
+from simulations.local_superlink import identity, stop_tree, stop_trees
 
 PREFIX = "powerfed-flwr-home-"
 MARKER = "launcher.json"
@@ -70,14 +70,6 @@ def processes_of(home: Path, recorded: Iterable[tuple[int, int]] = ()) -> list[i
             found.add(pid)
     found.discard(os.getpid())
     return sorted(found)
-
-
-def _stop(home: Path, recorded: Iterable[tuple[int, int]], grace_s: float) -> list[int]:
-    stopped: list[int] = []
-    for pid in processes_of(home, recorded):
-        if pid not in stopped and alive(pid):
-            stopped += stop_tree(pid, grace_s)
-    return sorted(set(stopped))
 
 
 def _recorded(home: Path) -> tuple[int | None, list[tuple[int, int]]]:
@@ -159,7 +151,7 @@ class FlowerHome:
         if self._fd < 0:
             return []
         try:
-            stopped = _stop(self.path, self._procs.items(), grace_s)
+            stopped = stop_trees(processes_of(self.path, self._procs.items()), grace_s)
             shutil.rmtree(self.path, ignore_errors=True)
         finally:
             os.close(self._fd)
@@ -188,7 +180,7 @@ def clean_home(
         if not _still_there(fd, path):
             return None
         launcher, recorded = _recorded(path)
-        stopped = _stop(path, recorded, grace_s)
+        stopped = stop_trees(processes_of(path, recorded), grace_s)
         shutil.rmtree(path, ignore_errors=True)
         return launcher, stopped
     finally:

@@ -42,6 +42,7 @@ from simulations.local_superlink import (
     pids_listening_on,
     port_holder,
     stop_tree,
+    stop_trees,
     superlink_home,
 )
 from simulations.ray_cluster import preflight
@@ -130,11 +131,7 @@ def adopt_orphans() -> bool:
 
 def stop_everything_below() -> list[int]:
     """Stop every process below this one, by pid (`stop_tree`); returns them."""
-    stopped: list[int] = []
-    for child in descendants(os.getpid()):
-        if alive(child):  # not already stopped with an earlier one's tree
-            stopped += stop_tree(child)
-    return stopped
+    return stop_trees(descendants(os.getpid()))
 
 
 def reap_adopted() -> None:
@@ -179,10 +176,6 @@ class FlowerRun:
     results_line: str | None = None
     error_line: str | None = None
     pids: list[int] = field(default_factory=list)
-
-    @property
-    def results_path(self) -> Path | None:
-        return Path(self.results_line.removeprefix("results: ").strip()) if self.results_line else None
 
 
 def _tree(port: int, home: Path) -> list[int]:
@@ -381,6 +374,6 @@ def launch(plan: Launch, *, echo: Callable[[str], None] = print) -> Path:
     )
     if run.error_line:
         raise LaunchError(f"the ServerApp stopped: {run.error_line} (log: {plan.log_path})")
-    if run.results_path is None:
+    if not run.results_line:
         raise LaunchError(f"the run ended without its results line; see {plan.log_path}")
-    return run.results_path
+    return Path(run.results_line.removeprefix("results: ").strip())

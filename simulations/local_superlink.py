@@ -14,6 +14,7 @@ import re
 import signal
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from powerctl.errors import PowerctlError
@@ -156,6 +157,15 @@ def stop_tree(pid: int, grace_s: float = 5.0) -> list[int]:
     return sorted(seen)
 
 
+def stop_trees(pids: Iterable[int], grace_s: float = 5.0) -> list[int]:
+    """`stop_tree` each of `pids` still alive (not stopped with an earlier one's tree); every pid stopped."""
+    stopped: list[int] = []
+    for pid in pids:
+        if pid not in stopped and alive(pid):
+            stopped += stop_tree(pid, grace_s)
+    return sorted(set(stopped))
+
+
 def _any_alive(procs: dict[int, int]) -> bool:
     return any(identity(p) == (p, ticks) for p, ticks in procs.items())
 
@@ -181,11 +191,7 @@ def stop_local_superlink(port: int, grace_s: float = 5.0, *, home: Path | None =
                 f"port {port} is held by {describe(pid)}, {what} that `flwr run` started: nothing stopped; "
                 "stop it yourself if it is yours, or give the SuperLink's own --port"
             )
-    stopped: list[int] = []
-    for pid in sorted(ours):
-        if alive(pid):
-            stopped += stop_tree(pid, grace_s)
-    return sorted(set(stopped))
+    return stop_trees(sorted(ours), grace_s)
 
 
 def free_port() -> int:

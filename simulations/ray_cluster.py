@@ -1,11 +1,8 @@
 """Which Ray cluster `ray.init()` will join, checked before anything starts Ray.
 
-Flower's Ray backend calls `ray.init()` with no address (FLOWER-1.41), so Ray 2.55 joins the cluster
-named by `RAY_ADDRESS` or, when that is unset, the one the last `ray start --head` recorded in
-`ray_current_cluster` under Ray's temp dir. When that cluster is dead, `ray.init()` does not fail fast:
-it retries the GCS ("Failed to get cluster ID from GCS server", a try every ~36 s, 20 tries in Ray
-2.55.1's node.py), and `flwr run` waits for minutes with no word why. `preflight` finds the address
-the same way Ray does and tries a TCP connect to it (1 s), without importing Ray (seconds).
+Flower calls `ray.init()` with no address, so Ray joins `RAY_ADDRESS` or the cluster the last `ray
+start --head` recorded; a dead one makes `flwr run` wait for minutes without a word. `preflight` finds
+the address as Ray does and tries a TCP connect to it (1 s), without importing Ray.
 """
 
 from __future__ import annotations
@@ -17,9 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from powerctl import procs
 from powerctl.errors import PowerctlError
 
-PROC = Path("/proc")
 PROBE_TIMEOUT_S = 1.0
 RECORD_NAME = "ray_current_cluster"
 
@@ -33,7 +30,7 @@ class RayTarget:
     """The cluster `ray.init()` will use: `address` None means it starts a new local one."""
 
     address: str | None
-    source: str  # how Ray finds it: `RAY_ADDRESS`, the record file, a raylet on this machine, or why none
+    source: str  # how Ray finds it, or why none
 
     def describe(self) -> str:
         if self.address is None:
@@ -63,20 +60,11 @@ def read_record(path: Path) -> str | None:
 def raylet_gcs_addresses() -> set[str]:
     """GCS addresses of the raylets running here (`RAY_ADDRESS=auto` joins one even without a record)."""
     found = set()
-    for proc in PROC.iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        if not argv or "raylet" not in os.path.basename(argv[0]):
-            continue
-        for arg in " ".join(argv).split(" "):
-            if arg.startswith("--gcs-address=") or arg.startswith("--gcs_address="):
-                value = arg.split("=", 1)[1]
-                if value not in ("", "None"):
-                    found.add(value)
+    for entry in procs.PROC.iterdir():
+        argv = procs.cmdline(int(entry.name)) if entry.name.isdigit() else []
+        if argv and "raylet" in os.path.basename(argv[0]):
+            values = (procs.option_value(argv, name) for name in ("--gcs-address", "--gcs_address"))
+            found.update(v for v in values if v and v != "None")
     return found
 
 
@@ -100,7 +88,7 @@ def answers(host: str, port: int, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
 
 
 def find_target(env: Mapping[str, str] | None = None) -> RayTarget:
-    """Resolve the cluster as Ray 2.55's `ray.init()` does; raise RayClusterError if it would hang or fail."""
+    """Resolve the cluster as Ray's `ray.init()` does; RayClusterError if it would hang or fail."""
     env = os.environ if env is None else env
     record = record_file(env)
     given = env.get("RAY_ADDRESS", "")  # empty counts as unset, as in Ray
@@ -146,5 +134,5 @@ def _checked(address: str, source: str, found: str) -> RayTarget:
 
 
 def preflight(env: Mapping[str, str] | None = None) -> None:
-    """Raise RayClusterError (one line: what was found, what to do) when Ray would join a dead cluster."""
+    """One RayClusterError line (what was found, what to do) when Ray would join a dead cluster."""
     find_target(env)

@@ -167,7 +167,7 @@ def test_raylets_are_found_in_proc(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         (tmp_path / pid).mkdir()
         (tmp_path / pid / "cmdline").write_bytes("\0".join(argv).encode() + b"\0")
     (tmp_path / "self").mkdir()
-    monkeypatch.setattr("simulations.ray_cluster.PROC", tmp_path)
+    monkeypatch.setattr("powerctl.procs.PROC", tmp_path)
     assert raylet_gcs_addresses() == {"10.0.0.1:6379"}
 
 
