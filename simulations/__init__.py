@@ -1,3 +1,2 @@
-"""Simulated fleets on Flower's simulation engine (Ray): fleet files, the fleet runner with its
-results, tables and plots, the one-board demo, and the launchers of `make run` (`flwr-run`,
-`stop-superlink`, `ray-check`)."""
+"""Simulated fleets on Flower's simulation engine (Ray): the fleet runner, the one-board demo, and the
+launcher of `make run`."""

@@ -1,8 +1,6 @@
-"""What only the fleet runner's steps measure in a client's round (`simulations.bench_steps`: scale
-mode's stand-in, the oracle's own-data search): a record the fleet's ClientApp sends beside the report
-(`simulations.fleet_client`) and the fleet's ServerApp reads with it into each results row
-(`simulations.fleet_server`). A deployed board sends none, and a server that did not register it reads
-the report alone: the message protocol (`strategies.protocol`) holds only what a deployed board sends.
+"""What only the fleet runner's steps measure in a round (`simulations.bench_steps`): a record the
+fleet's ClientApp sends beside the report and the fleet's ServerApp reads into each results row. A
+deployed board sends none: the message protocol holds only what it sends.
 """
 
 from __future__ import annotations
@@ -39,20 +37,17 @@ class BenchReport(BesideReport):
     KEY: ClassVar[str] = "bench-report"
 
     stand_in: bool = kind_field(Flag(), False)
-    """Scale mode: not trained; the board model charged the proxy's samples to target at the chosen
-    pair, the accuracy is the received weights' on the local test split."""
+    """Scale mode: not trained, the board model charged the proxy's samples to target."""
     oracle_samples_to_target: dict[str, float] | None = kind_field(Maybe(SamplesByBatch()), None)  # noqa: RUF009
     """The oracle: samples to the target per batch size measured on the client's own data."""
     oracle_search_device_seconds: float | None = kind_field(Maybe(Number(0.0)), None)
     """The oracle: device seconds its own-data search took (reported apart, never charged)."""
     oracle_stopped_at_samples: dict[str, float] | None = kind_field(Maybe(SamplesByBatch()), None)  # noqa: RUF009
-    """The oracle: batch sizes whose search run was stopped once it could no longer be the fastest
-    (`simulations.bench_steps.PRUNE_MARGIN`), with the samples each had trained."""
+    """The oracle: batch sizes whose search run was stopped (`PRUNE_MARGIN`), with their samples."""
 
 
 def measured(outcome: RoundOutcome) -> BenchReport | None:
-    """What the fleet's steps measured in a round (None: none of them ran, a production round): the
-    choose step's record (the oracle's search) and whether the train step stood in."""
+    """What the fleet's steps measured in a round (None: none of them ran)."""
     searched = outcome.chosen.bench if isinstance(outcome.chosen.bench, BenchReport) else None
     if searched is None and not outcome.trained.stand_in:
         return None

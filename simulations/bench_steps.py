@@ -1,17 +1,7 @@
-"""The fleet runner's and the benches' own steps, passed into the client's round (`fl_client.round`)
-through its step interface (`RoundSteps`), never part of the production round:
-
-- scale mode: a simulated board's predicted profile (`predicted_profile_step`) and the stand-in that
-  charges the board model for the proxy's samples to target without training (`stand_in_step`);
-- the oracle's own-data search (`oracle_search`): every batch size fine-tuned on the client's own data,
-  the paper's "fastest configuration" (`powerctl.selection.baselines.oracle`), reported apart.
-
-What they measure beyond the client's report is the fleet's own record (`simulations.bench_report`:
-stand-in, the oracle's samples to target and search seconds), which the fleet's ClientApp sends beside
-the report and the fleet's ServerApp puts in its results row.
-
-The fleet's ClientApp (`simulations.fleet_client`) passes `round_steps` to the built-in round; the demo
-and the benches pass them in themselves.
+"""The fleet runner's and the benches' own steps for the client's round (`fl_client.round.RoundSteps`),
+never part of the production round: scale mode's predicted profile and stand-in, and the oracle's
+own-data search. What they measure beyond the report travels as `simulations.bench_report.BenchReport`;
+the fleet's ClientApp (`simulations.fleet_client`) passes `round_steps`, the demo and benches their own.
 """
 
 from __future__ import annotations
@@ -55,8 +45,7 @@ from strategies.rounds import STAND_IN
 
 
 def round_steps(instr: TrainInstructions) -> RoundSteps:
-    """The steps the instructions ask for: the fleet's where they ask for what only the fleet runner
-    does (`fl_client.round.needs_bench_steps`), else the production round's."""
+    """The steps the instructions ask for: the fleet's where only it does that, else the production's."""
     return RoundSteps(
         profile=predicted_profile_step if instr.profile_source == "predicted" else measured_profile_step,
         choose=oracle_search
@@ -70,8 +59,7 @@ def round_steps(instr: TrainInstructions) -> RoundSteps:
 def _board_prediction(
     board: str, model: str, overrides: str, num_classes: int, batch_sizes: tuple[int, ...], samples: int
 ) -> Profile:
-    """A simulated board's model profile, one per board × model × settings in this process (scale mode:
-    a thousand boards of two kinds cost two profiles)."""
+    """A simulated board's model profile, once per board, model and settings in this process."""
     net = build_model(model, num_classes, seed=0, **json.loads(overrides))
     return predicted_profile(board, model_workload(model, net, num_classes), batch_sizes, samples)
 
@@ -91,41 +79,30 @@ def predicted_profile_step(work: RoundWork, relation: RelationVector) -> Profile
 
 
 PRUNE_MARGIN = 0.25
-"""The oracle's search stops a batch size's run once it has trained this share more samples than would
-tie the fastest batch size measured so far (plus one evaluation interval, for the crossing read between
-evaluations): past that it cannot be chosen, whatever the rest of its run would show."""
+"""A pruned search stops a batch size's run this share (and one evaluation interval) past the samples that
+would tie the fastest measured so far: past that it cannot be chosen."""
 
 
 def oracle_search(work: RoundWork, profile: Profile, relation: RelationVector, train: TrainStep) -> Chosen:
-    """The oracle: fine-tune this client's own data at every batch size (each at its fastest feasible
-    frequency under the cap; under a cap that changes, at the board's lowest frequency, safe under any
-    cap it can meet), take the samples to the target, and select with them by Algorithm 1
-    (`powerctl.selection.baselines.oracle`). Samples to the target are the interpolated crossing of a run that
-    evaluates densely enough (`powerfed.training.crossing.run_dense`: at least 8 evaluations before it), as on
-    the server's proxy. Batch sizes that miss the target within the budget are left out of the own-data
-    relation (when none reaches it, every run counts with the samples it used).
-
-    The fleet's search is pruned: the batch sizes run in the order the proxy's relation predicts
-    fastest first, and a later one's run stops once it has trained `PRUNE_MARGIN` more samples (and one
-    evaluation interval) than would tie the fastest measured so far at its pair's time per sample: it is
-    left out as a miss is, its samples reported apart (`oracle_stopped_at_samples`). A run that reaches
-    the target is the unpruned run (the budget only ends a run; it does not change its steps). The demo
-    searches in full: it shows every batch size's own-data samples."""
+    """The oracle's own-data search, pruned (the fleet's, `_search`)."""
     return _search(work, profile, relation, train, prune=True)
 
 
 def full_oracle_search(
     work: RoundWork, profile: Profile, relation: RelationVector, train: TrainStep
 ) -> Chosen:
-    """The oracle's search with every batch size run to the target or the budget (the demo's: it shows
-    each one's own-data samples)."""
+    """The oracle's search in full (the demo's: it shows every batch size's own-data samples)."""
     return _search(work, profile, relation, train, prune=False)
 
 
 def _search(
     work: RoundWork, profile: Profile, relation: RelationVector, train: TrainStep, *, prune: bool
 ) -> Chosen:
-    """`oracle_search`, pruned or in full."""
+    """The oracle: fine-tune the client's own data at every batch size (at its fastest feasible frequency
+    under the cap; under a changing cap, the lowest), and select by Algorithm 1 with the interpolated
+    samples to the target (`run_dense`). Misses are left out unless none reached it. Pruned: batch sizes
+    run fastest-predicted first, a run stops `PRUNE_MARGIN` past a tie with the fastest so far and is
+    reported apart (`oracle_stopped_at_samples`); a run that reaches the target is the unpruned run."""
     cap = work.cap_at_start if work.caps.is_constant else None
     if work.caps.is_constant:
         points = best_frequency_per_batch(profile, cap)
@@ -187,8 +164,8 @@ def _search(
 
 
 def _stop_at(tie_samples: float, every: int) -> int:
-    """Where a pruned search run stops: `PRUNE_MARGIN` past the samples that would tie the fastest, on
-    the evaluation grid, plus one interval (the crossing is read between the evaluations around it)."""
+    """Where a pruned run stops: `PRUNE_MARGIN` past a tie with the fastest, on the evaluation grid, plus
+    one interval (the crossing is read between evaluations)."""
     return (math.ceil(tie_samples * (1 + PRUNE_MARGIN) / every) + 1) * every
 
 
@@ -207,17 +184,15 @@ class PinnedRule:
 
 
 def stand_in_step(work: RoundWork, rule: CapRule) -> Trained:
-    """Scale mode's cheap stand-in: selection is real; training is not. The board model charges the
-    steps the proxy's samples to target need at the chosen pair (capped by the budget); the weights go
-    back unchanged; the accuracy is the received model's on the local test split (a forward pass)."""
+    """Scale mode's stand-in: real selection, no training. The board model charges the steps the proxy's
+    samples to target need at the chosen pair (within the budget); the weights go back unchanged, the
+    accuracy is theirs on the local test split."""
     instr = work.instr
     _, test = work.split()
-    cap = work.cap_at_start
-    choice = rule(cap)
+    choice = rule(work.cap_at_start)
     profile = rule.profile
-    model = work.model()
     task = get_model_spec(instr.model).task
-    accuracy, _ = evaluate_with_loss(model, task, test.x, test.y) if len(test) else (0.0, 0.0)
+    accuracy, _ = evaluate_with_loss(work.model(), task, test.x, test.y) if len(test) else (0.0, 0.0)
     b, hz = choice.batch_size, choice.frequency_hz
     workload = Workload.from_dict(profile.extra["workload"])
     sim = board_model(profile.device)

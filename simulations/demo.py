@@ -1,12 +1,8 @@
 """One simulated board, end to end: the server's weights and relation vector → one client round per method.
 
-The demo is a federation of one: the ServerApp's own preparation (`fl_server.app`: pre-trained weights,
-the relation vector on the proxy data, the train instructions, all from the same run settings) and the
-client's own round (`fl_client.round.run_round`) for each method — ours and the three baselines — on
-the same simulated board, under the same cap, on the same local data. Nothing here chooses or trains
-by itself: the rows are what a client of `flwr run .` would report. A (b, f) two methods pick is
-measured once and shared (`SharedRuns`), and the oracle's own-data search measures every batch size
-at its fastest feasible frequency, which the other methods' pairs often are.
+A federation of one: the ServerApp's own preparation (`fl_server.app`) and the client's own round
+(`fl_client.round.run_round`) for ours and each baseline, on the same board, cap and data: the rows
+are what a client of `flwr run .` would report. A (b, f) two methods pick is measured once (`SharedRuns`).
 """
 
 from __future__ import annotations
@@ -47,7 +43,7 @@ if TYPE_CHECKING:
 
 DEMO_SCHEMA = "simulations.demo/2"
 ORDER = tuple(sorted(METHODS, key=lambda m: not method_named(m).searches_own_data))
-"""The oracle first: its search measures the pairs the others most often pick (the others as declared)."""
+"""The oracle first: its search measures the pairs the others most often pick."""
 
 
 Say = Callable[[str], None]
@@ -63,8 +59,8 @@ def quiet(text: str) -> None:
 
 
 class SharedRuns:
-    """The train step, measured once per (b, f) and evaluation interval: every method whose rule picks a
-    pair already measured reuses that run (the same seeded work gives the same run)."""
+    """The train step, run once per (b, f) and evaluation interval and reused by every method that picks
+    it (the same seeded work gives the same run)."""
 
     def __init__(self, say: Say = quiet) -> None:
         self.runs: dict[tuple[int, int, int], Trained] = {}
@@ -90,7 +86,7 @@ class SharedRuns:
 
 def check_demo(cfg: DemoConfig, out: Path) -> ServerConfig:
     """Every input checked before pre-training (minutes): the output folder, the run settings, the
-    device, and that the board has a state-of-practice frequency under the cap (the baselines need one)."""
+    device, and a state-of-practice frequency under the cap."""
     from powerctl.devices import open_device
     from powerctl.devices.boards import board_model
     from powerctl.files.outputs import check_output_dir
@@ -107,8 +103,8 @@ def check_demo(cfg: DemoConfig, out: Path) -> ServerConfig:
 
 
 def demo_work(cfg: DemoConfig, settings: ServerConfig, say: Say = quiet) -> RoundWork:
-    """The one node's round: the server's weights, relation vector and instructions, the board and its
-    own data (the run's `client-data`, split as a node with its own `data` splits it)."""
+    """The one node's round: the server's weights, relation vector and instructions, the board and the
+    run's `client-data`."""
     from fl_client.local_data import data_plan, load_local_data
     from fl_client.node import NodeSettings
     from fl_server.app import instructions, pretrained_weights, relation_vector
@@ -135,17 +131,15 @@ def demo_work(cfg: DemoConfig, settings: ServerConfig, say: Say = quiet) -> Roun
 
 
 def run_demo(cfg: DemoConfig, out: Path, say: Say = say_on_stderr) -> dict[str, Any]:
-    """Run every method's round on the board; then write `out/results.json`, `profile.json`,
-    `relation.json` and plots (all at the end: a demo stopped half-way leaves the last one's files as
-    they were)."""
+    """Run every method's round on the board; then (all at the end) write `out/results.json`,
+    `profile.json`, `relation.json` and plots."""
     settings = check_demo(cfg, out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     work = demo_work(cfg, settings, say)
     relation = usable_relation(work.instr, len(work.split()[0]))
     say(f"profiling {cfg.device} under {_cap(cfg.power_cap_w)} (cached after the first run) ...")
-    # one whole profile for every method: the baselines and the oracle read every batch size of it (a
-    # profiling budget would leave ours' profile with only what its training pays for: the fleet shows that)
+    # one whole profile for every method (no profiling budget): the baselines read every batch size
     profiled = measured_profile_step(replace(work, instr=replace(work.instr, profiling_budget=0.0)), relation)
     shared = SharedRuns(say)
     outcomes: dict[str, RoundOutcome] = {}
@@ -226,8 +220,7 @@ def _plots(
 
 
 def summary_table(results: dict[str, Any]) -> str:
-    """A plain-text table of the methods, as printed at the end of the demo (simulated seconds, watts
-    and joules: the board model's charges for real training steps)."""
+    """The table of the methods printed at the end of the demo."""
     head = (
         f"{'method':<18} {'b':>4} {'MHz':>7} {'pred s':>8} {'device s':>9} {'samples':>8} "
         f"{'energy J':>9} {'peak W':>7} {'acc':>6} {'speedup':>8}"

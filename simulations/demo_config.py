@@ -15,16 +15,14 @@ DEMO_RUN = {
     "relation_max_samples": 6000,
     "checkpoint_every_samples": 0,
 }
-"""The demo's run settings where they differ from the app's defaults, by their attribute: a small ResNet,
-one proxy seed (minutes on 2 cores), no checkpoints (nothing restarts it)."""
+"""The demo's run settings where they differ from the app's defaults, by attribute (minutes on 2 cores)."""
 DEMO_NODE = "demo"
-"""The one node's name (its simulated board's noise seed derives from it, as every node's does)."""
+"""The one node's name (its simulated board's noise seed derives from it)."""
 
 
 @dataclass(frozen=True)
 class DemoConfig:
-    """One simulated board under a cap, and the run settings (by attribute or run-config key, over
-    `DEMO_RUN` and the app's defaults) its round uses."""
+    """One simulated board under a cap, and its run settings over `DEMO_RUN` (by attribute or key)."""
 
     device: str = "sim:jetson-nano"
     power_cap_w: float | None = 3.0

@@ -1,11 +1,6 @@
-"""The fleet runner's ClientApp: the built-in one (`fl_client.app`: the same query, evaluate and mods)
-whose train round is given the fleet's own steps (`simulations.bench_steps.round_steps`: scale mode's
-predicted profiles and stand-in, the oracle's own-data search), and whose reply carries what they
-measured beside the report (`simulations.bench_report.BenchReport`).
-
-The simulations launcher runs it in place of the built-in one (`simulations.launcher.run_flwr`, for
-`make run` and `make fleet`); a deployed board runs the built-in one, whose round has none of these steps
-and refuses instructions that ask for them in one line.
+"""The fleet runner's ClientApp (`make run`, `make fleet`): the built-in one (`fl_client.app`) with the
+fleet's own round steps (`simulations.bench_steps.round_steps`), sending what they measured beside the
+report (`simulations.bench_report.BenchReport`). A deployed board runs the built-in one.
 """
 
 from __future__ import annotations

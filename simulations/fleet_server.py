@@ -1,7 +1,5 @@
-"""The fleet runner's ServerApp: the built-in one (`fl_server.app`), reading what the fleet's ClientApp
-sends beside each report (`simulations.bench_report.BenchReport`: scale mode's stand-in, the oracle's
-own-data search) into the results rows. The simulations launcher runs it in place of the built-in one
-(`simulations.launcher.run_flwr`)."""
+"""The fleet runner's ServerApp: the built-in one (`fl_server.app`), also reading what the fleet's
+ClientApp sends beside each report (`simulations.bench_report.BenchReport`) into the results rows."""
 
 from __future__ import annotations
 

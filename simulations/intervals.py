@@ -1,8 +1,5 @@
-"""Bootstrap 95 % intervals over seeds: one resampling rule and one seed, for the fleet runner's summary
-over seeds (`simulations.fleet_seeds`) and the benches (bench/paper_tables.py, bench/zeus_traces.py).
-
-A seed is the unit resampled: values that share a seed (two methods' runs of it, a method's ratio to
-the state of practice on it) are drawn together, so an interval over them is paired.
+"""Bootstrap 95 % intervals over seeds, for the fleet's summary over seeds and the benches. A seed is the
+unit resampled: values that share a seed are drawn together, so an interval over them is paired.
 """
 
 from __future__ import annotations
