@@ -1,17 +1,10 @@
 """Fine-tune checkpoints: enough to continue an interrupted run to the result it would have had.
 
-A run describes its resumable state once, as named `Part`s (`powerfed.training.finetune` lists them: model,
-optimizer, RNGs, progress, power readings, the device's clock and noise, the step hooks); `save_parts`
-and `restore_parts` both walk that one table. One safetensors file holds every part's tensors (named
-`PART.NAME`) and, in its metadata, a JSON document with every part's plain values. No pickle: a
-checkpoint can never run code. Written to a temporary file and renamed, so a crash leaves the
-previous checkpoint or the new one, never half of one.
-
-A finished run leaves its end state, marked `finished`: the same work sent again (a restarted ServerApp
-re-sending a round whose reply it never recorded) gets the result back without training again.
-
-A checkpoint is used only when its `identity` (what the run is: starting weights, data sizes,
-hyper-parameters, the caller's key) equals the new run's; otherwise it is ignored with one line.
+A run lists its resumable state once, as named `Part`s, which `save_parts` and `restore_parts` both walk.
+One safetensors file (no pickle: it never runs code) holds every part's tensors as `PART.NAME` and a JSON
+document of their plain values, written to a temporary file and renamed. A finished run's end state is
+marked `finished`: the same work sent again gets its result without training. A checkpoint is used only
+when its `identity` equals the new run's; otherwise it is ignored with one line.
 """
 
 from __future__ import annotations
@@ -44,11 +37,10 @@ class Checkpointing:
 
     path: Path
     every_samples: int = 1024
-    """Save at the first evaluation after every this many training samples (a save happens only at an
-    evaluation, where the power monitor is paused anyway, so checkpointing changes no measured number)."""
+    """Save at the first evaluation after every this many training samples (the power monitor is paused
+    there anyway: checkpointing changes no measured number)."""
     key: str = ""
-    """The caller's name for this piece of work (e.g. a digest of a round's instructions): a checkpoint
-    saved under another key is ignored."""
+    """The caller's name for this work (e.g. a digest of a round's instructions): another key's is ignored."""
 
 
 @dataclass
@@ -130,8 +122,7 @@ def optimizer_state(tensors: Tensors, parts: dict[str, Any]) -> dict[str, Any]:
 
 
 def save(path: Path, tensors: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
-    """Write atomically (`powerctl.files.outputs.replacing`): a temporary file beside `path`, then one rename;
-    a path that is not a regular file is never replaced. Private (0600), as safetensors makes it."""
+    """Write atomically and private (`powerctl.files.outputs.replacing`)."""
     from safetensors.torch import save_file
 
     canonical = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in tensors.items()}
@@ -164,7 +155,7 @@ def load(path: Path) -> Saved:
 
 def resumable(ckpt: Checkpointing, identity: str) -> Saved | None:
     """The checkpoint at `ckpt.path` if it belongs to this run; otherwise None, with one line saying why
-    (none for a finished run's end state: the next work replacing it is the normal course)."""
+    (none for another work's end state: replacing it is the normal course)."""
     if not ckpt.path.is_file():
         return None
     try:

@@ -21,8 +21,7 @@ _EVAL_SUBSET_SEED = 0x5EED  # fixed: every run (any batch size, any seed) is eva
 
 
 def eval_subset(test: Dataset, eval_max_samples: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The fixed test samples every evaluation of a run reads: at most `eval_max_samples`, the same
-    ones for every run (a seeded choice, in their order)."""
+    """At most `eval_max_samples` test samples, the same for every run (a seeded choice, in their order)."""
     n = len(test)
     if eval_max_samples is None or eval_max_samples >= n:
         return test.x, test.y
@@ -41,9 +40,8 @@ def evaluate_with_loss(
     loss: LossFn | None = None,
     metric: MetricFn | None = None,
 ) -> tuple[float, float]:
-    """(accuracy, mean loss) of `model` on (x, y): eval mode, no gradients, fixed batches; train mode
-    restored. The loss is the training loss (`loss`, default the task's), averaged over samples; the
-    accuracy is the task's, or `metric` of every batch's outputs together."""
+    """(accuracy, mean loss) of `model` on (x, y) in eval mode (train mode restored): the loss is `loss`
+    (default the task's) per sample; the accuracy the task's, or `metric` of all outputs together."""
     was_training = model.training
     model.eval()
     criterion = loss or loss_fn(task)
@@ -70,8 +68,7 @@ def evaluate_with_loss(
 
 
 def _metric_value(metric: MetricFn, outputs: torch.Tensor, targets: torch.Tensor) -> float:
-    """A user's metric's value, which must be an accuracy in [0, 1]: anything else is one line naming
-    the metric (not a TypeError from deep in the loop, nor a NaN that never crosses the target)."""
+    """A user's metric's value, which must be an accuracy in [0, 1]: else one line naming the metric."""
     value = metric(outputs, targets)
     number = (
         float(value)

@@ -1,15 +1,10 @@
-"""Learning-rate scaling across batch sizes: the square-root rule (docs/design/method.md).
-
-Adam/AdamW keep a per-parameter step size, so the gradient-noise argument gives lr ∝ sqrt(b) rather
-than the linear rule of SGD. The relation vector is only comparable across batch sizes if every batch
-size is trained with its own fairly scaled learning rate, and devices must use the same rule.
-"""
+"""Learning-rate scaling across batch sizes (docs/design/method.md): Adam/AdamW's per-parameter step
+gives lr ∝ sqrt(b), not SGD's linear rule. The relation vector compares batch sizes only when each trains
+with its own fairly scaled rate, the same rule on every device."""
 
 from __future__ import annotations
 
 import math
-
-__all__ = ["LR_RULES", "scaled_lr"]
 
 LR_RULES = ("sqrt", "linear", "constant")
 """sqrt: Adam/AdamW (the paper, the default); linear: SGD's rule; constant: the same rate for every size."""

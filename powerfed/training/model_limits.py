@@ -39,8 +39,7 @@ OPTION_MAXIMUM: Mapping[str, float] = MappingProxyType(
         "head_dim": 4096,
     }
 )
-"""The largest value of each size option. Each alone is generous; what a combination builds is
-bounded by MAX_PARAMETERS and MAX_ACTIVATIONS, checked before anything is allocated."""
+"""The largest value of each size option; a combination is bounded by MAX_PARAMETERS and MAX_ACTIVATIONS."""
 MAX_PARAMETERS = 200_000_000
 """Parameters at most: 800 MB of float32 weights, about 3.2 GB with their gradients and Adam's two
 states, as much as the largest board here (8 GB, shared with the CPU) can train; 18 × resnet18."""
@@ -69,9 +68,8 @@ def option_ranges_of(specs: Iterable[ModelSpec]) -> str:
 
 
 def _checked_option(spec: ModelSpec, key: str, value: Any) -> Any:
-    """An override of the builder's type and range (from a command line, a weights file or a message),
-    or one ModelError line: a string where a size belongs must not reach the builder, nor a size that
-    would ask for more memory than any board has."""
+    """An override of the builder's type and range, or one ModelError line: a string where a size
+    belongs must not reach the builder, nor a size that asks for more memory than any board has."""
     annotation = str(inspect.signature(spec.builder).parameters[key].annotation)
     top = OPTION_MAXIMUM.get(key)
 
@@ -125,7 +123,7 @@ def described(overrides: Mapping[str, Any]) -> str:
 
 def _grows(spec: ModelSpec, num_classes: int, kwargs: Mapping[str, Any]) -> bool:
     """Whether a size option, or the classes, make the model larger than a named one (which fits): only
-    then is its size counted, on the meta device, whose first use costs torch one to two seconds."""
+    then is its size counted, on the meta device (whose first use costs torch a second or two)."""
     if num_classes > FEW_CLASSES:
         return True
     defaults = {
@@ -153,9 +151,8 @@ FEW_CLASSES = 1000
 def _size_of(
     spec: ModelSpec, num_classes: int, options: tuple[tuple[str, Any], ...]
 ) -> tuple[int, int] | None:
-    """(parameters, layer outputs per sample) of a model, counted on torch's meta device: shapes only,
-    nothing allocated. None where it cannot be counted (torch 1.13 has no meta device context, or a
-    layer has no meta kernel): then only building tells."""
+    """(parameters, layer outputs per sample) of a model, counted on torch's meta device (nothing
+    allocated); None where it cannot be (torch 1.13, a layer without a meta kernel): building tells."""
     if not hasattr(torch.device, "__enter__"):
         return None
     kwargs = {**spec.defaults, **dict(options)}

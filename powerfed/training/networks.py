@@ -13,8 +13,6 @@ from torch import nn
 from powerfed.training.errors import ModelError
 from powerfed.training.tasks import VOCAB_SIZE
 
-# --------------------------------------------------------------------------- ResNet18 (CIFAR stem)
-
 
 class BasicBlock(nn.Module):
     """The standard two-3×3-conv residual block with a 1×1 projection when the shape changes."""
@@ -79,9 +77,6 @@ def _init_conv_net(model: nn.Module) -> None:
             nn.init.zeros_(m.bias)
 
 
-# --------------------------------------------------------------------------- MobileNetV2 (32×32)
-
-
 def _make_divisible(v: float, divisor: int = 8) -> int:
     """Round channel counts as the reference MobileNetV2 does (never down by more than 10%)."""
     new_v = max(divisor, int(v + divisor / 2) // divisor * divisor)
@@ -118,12 +113,8 @@ class InvertedResidual(nn.Module):
 
 
 class MobileNetV2(nn.Module):
-    """The standard MobileNetV2 (Sandler et al. 2018; torchvision layout), adapted to 32×32 inputs.
-
-    The usual CIFAR adaptation: the stem conv and the first stride-2 stage (24 channels) use stride 1,
-    so the 32×32 input is reduced only 8× (to 4×4) instead of 32×. Parameter count is unchanged
-    (2,236,682 at 10 classes, width multiplier 1).
-    """
+    """The standard MobileNetV2 (Sandler et al. 2018; torchvision layout) for 32×32 inputs: the stem and
+    the first stride-2 stage (24 channels) use stride 1, so the input is reduced 8× (to 4×4), not 32×."""
 
     # (expansion t, output channels c, repeats n, first stride s), CIFAR strides
     SETTINGS = (
@@ -158,9 +149,6 @@ class MobileNetV2(nn.Module):
         return self.classifier(torch.flatten(out, 1))
 
 
-# --------------------------------------------------------------------------- tiny CNN
-
-
 class TinyCNN(nn.Module):
     """Two conv layers and a linear head: a real image model that trains in milliseconds, for tests."""
 
@@ -174,9 +162,6 @@ class TinyCNN(nn.Module):
         x = F.max_pool2d(F.relu(self.conv1(x)), 2)
         x = F.adaptive_max_pool2d(F.relu(self.conv2(x)), 8)
         return self.fc(torch.flatten(x, 1))
-
-
-# --------------------------------------------------------------------------- character transformer
 
 
 def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float) -> torch.Tensor:
@@ -212,11 +197,8 @@ def layer_norm(n: int) -> nn.Module:
 
 
 class CausalSelfAttention(nn.Module):
-    """nanoGPT's causal attention, with the head width decoupled from the residual width.
-
-    `head_dim` defaults to n_embd // n_head; the attention's inner width is n_head · head_dim, which
-    may be a little less than n_embd (256 wide with 6 heads: 6 × 42 = 252), as in T5's d_kv.
-    """
+    """nanoGPT's causal attention, its inner width n_head · head_dim (may be a little less than n_embd,
+    as T5's d_kv)."""
 
     def __init__(self, n_embd: int, n_head: int, head_dim: int, dropout: float) -> None:
         super().__init__()
@@ -254,12 +236,9 @@ class TransformerBlock(nn.Module):
 
 
 class CharTransformer(nn.Module):
-    """The paper's character-level GPT: 6 layers, 6 heads, 256 wide, context 64 (nanoGPT-style).
-
-    256 is not divisible by 6, so rather than change the stated width or head count, each head is
-    256 // 6 = 42 wide and attention works in 6 × 42 = 252 dimensions, projected back to the 256-wide
-    residual stream. Learned position embeddings, no biases, output head tied to the token embedding.
-    """
+    """The paper's character-level GPT: 6 layers, 6 heads, 256 wide, context 64 (nanoGPT-style). Each
+    head is 256 // 6 = 42 wide (attention in 252 dimensions, projected back to 256). Learned position
+    embeddings, no biases, output head tied to the token embedding."""
 
     def __init__(
         self,

@@ -1,11 +1,7 @@
-"""What the last digits of a CPU training result depend on beyond its inputs, for the caches' keys.
-
-The same code on the same inputs gives other floats with another torch minor version, another intra-op
-thread count (another summation order) or another CPU: torch's vector kernels, MKL and oneDNN pick their
-code per instruction set and vendor. A relation vector moves with such differences (docs/results/fleets.md:
-the default fleet's vector on an AVX2 AMD EPYC is not the one another 2-core machine gave), so a cache
-shared by machines (a home folder on a cluster, a machine replaced) must not hand one machine's result to
-another. The device (cpu, cuda) stays out: a GPU's results differ from the CPU's only by nondeterminism.
+"""What the last digits of a CPU training result depend on beyond its inputs, for the caches' keys: the
+torch minor version, the intra-op thread count (summation order) and the CPU (torch, MKL and oneDNN pick
+kernels per instruction set and vendor), so a cache shared by machines never hands one's result to another
+(docs/results/fleets.md). The device (cpu, cuda) stays out: GPU results differ only by nondeterminism.
 """
 
 from __future__ import annotations
@@ -46,8 +42,7 @@ def torch_minor() -> str:
 
 
 def numerics_key(threads: int) -> dict[str, Any]:
-    """The fields of a cache key that a CPU result's floats depend on, for runs with `threads` intra-op
-    threads."""
+    """The fields of a cache key that a CPU result's floats depend on, with `threads` intra-op threads."""
     return {
         "torch": torch_minor(),
         "threads": threads,

@@ -1,9 +1,5 @@
-"""Splitting one dataset among federated clients: IID or Dirichlet label skew.
-
-Label skew is the usual way FL papers make clients' data differ (Hsu et al. 2019; Li et al.,
-NIID-Bench 2022): for each class, the shares of the clients are drawn from Dir(alpha); small alpha
-gives each client few classes, large alpha approaches IID.
-"""
+"""Splitting one dataset among federated clients: IID, or Dirichlet label skew (Hsu et al. 2019): per
+class, the clients' shares drawn from Dir(alpha); small alpha gives each client few classes."""
 
 from __future__ import annotations
 
@@ -26,13 +22,9 @@ def partition(
     seed: int = 0,
     min_size: int = 1,
 ) -> list[Dataset]:
-    """Split `ds` into `num_clients` disjoint parts that together hold every sample exactly once.
-
-    iid: a seeded shuffle cut into near-equal parts (sizes differ by at most one).
-    dirichlet: per-class client shares from Dir(alpha), re-drawn until every client has at least
-    `min_size` samples. Text windows are labelled by their first target character. Each part keeps
-    the samples in their original order; same arguments, same parts.
-    """
+    """Split `ds` into `num_clients` disjoint parts holding every sample once, each in the original order:
+    iid, a seeded shuffle cut into near-equal parts; dirichlet, re-drawn until every client has at least
+    `min_size` samples (text windows labelled by their first target). Same arguments, same parts."""
     parts = partition_indices(
         ds.labels(), num_clients, scheme=scheme, alpha=alpha, seed=seed, min_size=min_size
     )

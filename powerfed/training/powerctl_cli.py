@@ -1,8 +1,5 @@
-"""The `powerctl` command as installed: powerctl's command line with this package's training step.
-
-`powerctl` is the device side and imports no training (docs: layout); `powerctl profile` measures real
-training steps, so the composition happens here, one layer up: the step and, through it, the model
-registry (`--model` names, their workloads) are handed to `powerctl.cli.commands.main`.
+"""The `powerctl` command as installed: powerctl's command line (the device side, which imports no
+training) with this package's training step, and through it the model registry, for `powerctl profile`.
 
     powerctl profile --device sim:jetson-nano --model cnn-tiny --out profile.json
     python -m powerfed.training.powerctl_cli profile ...     (the same, without the console script)
@@ -21,8 +18,7 @@ from powerctl.records.workload import Workload
 
 
 def _profiling_step(model_name: str, **options: Any) -> tuple[Workload, Callable[[int], Callable[[], None]]]:
-    """`powerfed.training.profiling.profiling_step_factory`, imported only when a profile is run: the other
-    commands (`devices`, `freq` on a board) start without loading torch."""
+    """`profiling_step_factory`, imported only when a profile is run: other commands load no torch."""
     from powerfed.training.profiling import profiling_step_factory
 
     return profiling_step_factory(model_name, **options)

@@ -21,11 +21,8 @@ def profiling_step_factory(
     model: nn.Module | None = None,
     seed: int = 0,
 ) -> tuple[Workload, Callable[[int], Callable[[], None]]]:
-    """(workload, batch size → step). Profiling is data-independent: random inputs of the task's shape.
-
-    The step is the fine-tune's own (`powerfed.training.finetune`: its optimizer for the task — Adam for
-    images, AdamW for text — and its loss), so power and time are those of the step that trains.
-    """
+    """(workload, batch size → step) on random inputs of the task's shape: the fine-tune's own step (its
+    optimizer and loss for the task), so power and time are those of the step that trains."""
     spec = get_model_spec(model_name)
     if model is None:
         model = build_model(model_name, **({"num_classes": num_classes} if num_classes else {}), seed=seed)

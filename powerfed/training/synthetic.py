@@ -1,9 +1,6 @@
-"""Generated datasets: the defaults when no data is given (the project ships no third-party data).
-
-They must behave like real fine-tuning data for the method to mean anything: accuracy rises with
-training but not at once, it has a ceiling below 100%, and the batch size changes how many samples
-reach a target (so the relation vector is not flat). Both are seeded: same seed, same task and data.
-"""
+"""Generated datasets, the defaults when no data is given, seeded. They behave like real fine-tuning data:
+accuracy rises with training but not at once, has a ceiling below 100%, and the batch size changes how
+many samples reach a target (the relation vector is not flat)."""
 
 from __future__ import annotations
 
@@ -27,15 +24,9 @@ def _check_split(split: str, allowed: tuple[str, ...]) -> None:
         raise DataError(f"unknown split {split!r}; use one of: {', '.join(allowed)}")
 
 
-# --------------------------------------------------------------------------- images
-
-
 def class_templates(num_classes: int, seed: int, size: int = 40, grid: int = 5) -> torch.Tensor:
-    """One smooth random colour pattern per class, [C, 3, size, size], unit variance.
-
-    A coarse random grid upsampled bicubically: only low spatial frequencies, like object/background
-    layouts, so classes differ in shape and colour rather than in single pixels.
-    """
+    """One smooth random colour pattern per class, [C, 3, size, size], unit variance: a coarse random
+    grid upsampled bicubically, so classes differ in shape and colour rather than in single pixels."""
     g = torch.Generator().manual_seed(seed)
     coarse = torch.randn(num_classes, 3, grid, grid, generator=g)
     t = F.interpolate(coarse, size=(size, size), mode="bicubic", align_corners=True)
@@ -54,18 +45,11 @@ def synthetic_image(
     clutter: float = 1.5,
     split: str = "train",
 ) -> Dataset:
-    """`n` 3×32×32 images of `num_classes` smooth templates, each sample made harder by:
-
-    a random crop of the 40×40 template (±`shift` px: translation), a per-channel gain and offset
-    (colour jitter), a random share (up to `distractor`) of another class's template mixed in, a
-    smooth random background of std `clutter` (low-frequency, so it competes with the templates
-    and cannot be averaged away by pooling) and Gaussian pixel noise of std `noise`. The templates
-    depend on `seed` only; the samples also on the split. Images come out standardised (mean 0,
-    unit variance), like normalised real images.
-
-    The defaults are tuned so that cnn-tiny (Adam, lr 1e-3) is at ~30-40% after 256 samples, ~80%
-    after ~3000 and levels off at ~85%; larger batches need more samples to get there.
-    """
+    """`n` standardised 3×32×32 images of `num_classes` smooth templates (from `seed` alone), each made
+    harder by a random crop (±`shift` px), a per-channel gain and offset, a share (up to `distractor`)
+    of another class's template, a smooth background of std `clutter` (pooling cannot average it away)
+    and pixel noise of std `noise`. Tuned so that cnn-tiny (Adam, lr 1e-3) is at ~30-40% after 256
+    samples, ~80% after ~3000 and levels off at ~85%; larger batches need more samples to get there."""
     _check_split(split, ("train", "test"))
     if n < 1 or num_classes < 2:
         raise DataError(
@@ -117,21 +101,15 @@ def _random_crops(big: torch.Tensor, shift: int, g: torch.Generator) -> torch.Te
     return torch.gather(x, 3, cols)
 
 
-# --------------------------------------------------------------------------- text
-
 TEXT_ALPHABET = "etaoinshrdlcumwf" + " ,.\n"
 """Sixteen common letters, space, comma, full stop and newline: a subset of VOCAB that reads like text."""
 _LETTERS = 16
 
 
 def markov_table(seed: int, successors: int = 5, concentration: float = 0.5) -> np.ndarray:
-    """Order-2 transition probabilities P[a, b, c] over TEXT_ALPHABET, seeded.
-
-    The previous symbol b fixes which `successors` symbols may follow (after a space or punctuation
-    only letters: words, no double spaces); the symbol before it, a, sets their weights
-    (Dirichlet(`concentration`) per context). So one character of context already helps (a model
-    learns that first, as with real text) and two characters help a lot more.
-    """
+    """Order-2 transition probabilities P[a, b, c] over TEXT_ALPHABET, seeded: the previous symbol b
+    fixes which `successors` may follow (after a space or punctuation only letters), the one before it
+    sets their weights (Dirichlet(`concentration`)), so one character of context helps, two a lot more."""
     rng = np.random.default_rng(seed)
     k = len(TEXT_ALPHABET)
     table = np.zeros((k, k, k))
@@ -160,13 +138,8 @@ def _markov_chain(table: np.ndarray, n_chars: int, rng: np.random.Generator) -> 
 def synthetic_text(
     n_chars: int = 200_000, *, seq_len: int = 64, seed: int = 0, split: str = "train"
 ) -> Dataset:
-    """Character windows of a seeded random order-2 Markov chain over TEXT_ALPHABET.
-
-    `n_chars` characters are generated once per seed and split 90/10 like a text file. The best
-    possible next-character accuracy (the Bayes predictor that knows the chain) is in
-    info["accuracy_ceiling"] (about 0.55), far above chance (1/96) and above what
-    one character of context gives (about 0.37), so a model must learn the two-character context.
-    """
+    """Character windows of `n_chars` of a seeded order-2 Markov chain over TEXT_ALPHABET, split 90/10
+    like a text file; the Bayes predictor's accuracy is info["accuracy_ceiling"] (about 0.55)."""
     _check_split(split, ("train", "test", "all"))
     if n_chars < 2 * (seq_len + 1) * 10:
         raise DataError(
@@ -191,6 +164,3 @@ def _bayes_accuracy(table: np.ndarray, symbols: np.ndarray) -> float:
     """Expected accuracy of predicting the most likely next symbol given the previous two."""
     best = table.max(axis=2)
     return float(best[symbols[:-2], symbols[1:-1]].mean())
-
-
-__all__ = ["class_templates", "markov_table", "synthetic_image", "synthetic_text"]

@@ -1,8 +1,5 @@
-"""The two tasks a model may have: its character vocabulary, its default classes, its loss and accuracy.
-
-"image" means one label per sample (cross entropy, top-1 accuracy); "text" means next-character ids
-[B, T] scored at every position.
-"""
+"""The two tasks a model may have, "image" (one label per sample) and "text" (next-character ids [B, T]
+scored at every position): the vocabulary, default classes, loss and accuracy."""
 
 from __future__ import annotations
 

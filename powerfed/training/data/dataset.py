@@ -1,8 +1,5 @@
-"""The in-memory dataset every loader returns, and the splits the method needs.
-
-Why tensors in memory: the fine-tuning sets are small (a quarter of CIFAR/SVHN, a text file), and
-indexing a tensor is what makes per-batch-size training runs cheap to repeat.
-"""
+"""The in-memory dataset every loader returns (the fine-tuning sets are small, and indexing a tensor
+makes per-batch-size runs cheap to repeat), and the splits the method needs."""
 
 from __future__ import annotations
 
@@ -14,6 +11,7 @@ import numpy as np
 import torch
 
 from powerfed.training.errors import DataError
+from powerfed.training.tasks import TASKS
 
 CIFAR10_CLASSES: tuple[str, ...] = (
     "airplane",
@@ -29,22 +27,14 @@ CIFAR10_CLASSES: tuple[str, ...] = (
 )
 CIFAR10_MEAN: tuple[float, float, float] = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD: tuple[float, float, float] = (0.2470, 0.2435, 0.2616)
-"""Fixed normalisation for EVERY image dataset: the CIFAR-10 training mean/std per channel.
-
-One fixed transform (rather than each dataset's own statistics) means pre-training data, proxy data,
-a client's local data and both sides of a split all reach the network the same way, which is what
-transferring pre-trained weights needs; it is the usual practice (cf. ImageNet constants)."""
-
-TASKS = ("image", "text")
+"""Fixed normalisation for EVERY image dataset, the CIFAR-10 training mean/std per channel: pre-training,
+proxy and local data all reach the network the same way, as transferring pre-trained weights needs."""
 
 
 @dataclass
 class Dataset:
-    """Inputs and targets of one task, in memory.
-
-    Images: x float32 [N, 3, 32, 32] normalised, y int64 [N]. Text: x int64 [N, T] character ids,
-    y int64 [N, T] the same windows shifted by one character, num_classes = the vocabulary size.
-    """
+    """Inputs and targets of one task, in memory. Images: x float32 [N, 3, 32, 32] normalised, y int64
+    [N]. Text: x int64 [N, T] character ids, y the windows shifted by one, num_classes the vocabulary."""
 
     name: str
     task: str
@@ -70,10 +60,7 @@ class Dataset:
         return replace(self, x=self.x[idx], y=self.y[idx], info=dict(self.info))
 
     def labels(self) -> np.ndarray:
-        """One label per sample, for stratifying and label-skewed partitions.
-
-        Images: the class. Text: the first target character of each window.
-        """
+        """One label per sample, for stratifying and partitions (text: each window's first target)."""
         y = self.y if self.task == "image" else self.y[:, 0]
         return y.numpy().astype(np.int64, copy=False)
 
@@ -113,19 +100,12 @@ def image_dataset(
     )
 
 
-# --------------------------------------------------------------------------- splits
-
-
 def train_test_split(
     ds: Dataset, *, test_fraction: float | None = None, seed: int = 0
 ) -> tuple[Dataset, Dataset]:
-    """Split into (train, test): default 20% test for images, 10% for text.
-
-    Images: a seeded, stratified shuffle (each class split in the same proportion, so a small,
-    label-skewed client still tests on its own label mix). Text: the contiguous tail of the windows,
-    as for whole text files (the seed is unused): adjacent windows share a boundary character and the
-    same passage, so a random split would test on text the model has half seen.
-    """
+    """Split into (train, test): default 20% test for images, 10% for text. Images: a seeded,
+    stratified shuffle (a label-skewed client tests on its own label mix). Text: the contiguous tail of
+    the windows (seed unused): a random split would test on passages the model has half seen."""
     frac = (0.2 if ds.task == "image" else 0.1) if test_fraction is None else float(test_fraction)
     if not 0.0 < frac < 1.0:
         raise DataError(f"test_fraction must be in (0, 1), got {frac}")
@@ -157,11 +137,7 @@ def _stratified_pick(labels: np.ndarray, k: int, rng: np.random.Generator) -> np
 
 
 def take_fraction(ds: Dataset, fraction: float, *, seed: int = 0) -> Dataset:
-    """A seeded `fraction` of the dataset (the paper fine-tunes on a quarter).
-
-    Images: class-balanced (every class keeps the same share). Text: a random subset of windows.
-    The kept samples stay in their original order.
-    """
+    """A seeded `fraction` of the dataset, in the original order (images: every class keeps its share)."""
     if not 0.0 < fraction <= 1.0:
         raise DataError(f"fraction must be in (0, 1], got {fraction}")
     k = max(1, round(fraction * len(ds)))

@@ -1,9 +1,6 @@
-"""A minimal reader for MATLAB level-5 MAT-files (what SVHN's *_32x32.mat are), without scipy.
-
-Reads the numeric arrays (any integer or float class, compressed or not) and skips everything else
-(cells, structs, chars, sparse). Arrays come back as numpy arrays in MATLAB's (column-major) index
-order, converted to the array's MATLAB class, as scipy.io.loadmat would.
-"""
+"""A minimal reader for MATLAB level-5 MAT-files (SVHN's *_32x32.mat), without scipy: the numeric arrays
+(compressed or not), in MATLAB's column-major order and class, as scipy.io.loadmat gives them; cells,
+structs, chars and sparse are skipped."""
 
 from __future__ import annotations
 

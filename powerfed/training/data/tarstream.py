@@ -1,11 +1,6 @@
-"""Stream the regular files of a .tar / .tar.gz, fast enough for archives of 60,000 tiny images.
-
-The standard library's tarfile spends tens of µs of Python per member parsing headers; for CIFAR-10 as
-JPEG (60,000 members of ~1 KB) that is most of the load time, and a limited read of the train split
-pays it for the whole test split first. This reader parses ustar/GNU/pax headers with slicing only,
-decompresses gzip in large chunks, and lets the caller stop early. Other compressions (bz2, xz)
-go through tarfile.
-"""
+"""Stream the regular files of a .tar / .tar.gz, fast enough for archives of 60,000 tiny images (where
+tarfile's per-member header parsing is most of the load time): ustar/GNU/pax headers parsed by slicing,
+gzip inflated in large chunks, the caller may stop early. Other compressions go through tarfile."""
 
 from __future__ import annotations
 

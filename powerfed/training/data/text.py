@@ -20,11 +20,8 @@ _LUT[[ord(c) for c in VOCAB]] = np.arange(VOCAB_SIZE)
 
 
 def encode(text: str) -> tuple[np.ndarray, int]:
-    """Character ids of `text` in VOCAB order, and how many characters were outside VOCAB (dropped).
-
-    Dropping (rather than mapping to an unknown symbol) keeps the paper's 96-symbol vocabulary; CR of
-    CRLF line ends, tabs and non-ASCII letters are the usual casualties.
-    """
+    """Character ids of `text` in VOCAB order, and how many characters were outside VOCAB (dropped, to
+    keep the paper's 96-symbol vocabulary: tabs and non-ASCII letters are the usual casualties)."""
     codes = np.frombuffer(text.encode("utf-32-le"), dtype="<u4")
     ids = _LUT[np.where(codes < 128, codes, 0)]
     ids[codes >= 128] = -1
@@ -38,10 +35,7 @@ def decode(ids: np.ndarray | torch.Tensor) -> str:
 
 
 def windows(ids: np.ndarray, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Non-overlapping windows: x = ids[k·T : k·T + T], y = the same shifted by one character.
-
-    Window k spans seq_len + 1 characters and starts where window k-1's inputs ended (stride T).
-    """
+    """Non-overlapping windows: x = ids[k·T : k·T + T], y = the same shifted by one character."""
     if seq_len < 1:
         raise DataError(f"seq_len must be ≥ 1, got {seq_len}")
     n = (len(ids) - 1) // seq_len
@@ -53,10 +47,7 @@ def windows(ids: np.ndarray, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def split_ids(ids: np.ndarray, split: str) -> np.ndarray:
-    """'train' is the first 90% of the characters, 'test' the last 10%, 'all' everything.
-
-    A contiguous cut (not shuffled windows) so test text is text the model has never seen a part of.
-    """
+    """'train' is the first 90% of the characters, 'test' the last 10% (never seen in part), 'all' all."""
     cut = int(len(ids) * TEXT_TRAIN_FRACTION)
     if split == "train":
         return ids[:cut]
