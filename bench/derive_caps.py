@@ -1,11 +1,7 @@
 """Derive the state-of-practice table of every simulated board (boards.yaml: state_of_practice).
 
-Predicted profiles (the board model, noise-free) of the paper's model set at batch sizes 4–128; per
-frequency the largest peak power of any model at any batch size that fits. A cap's fixed frequency is
-the highest one whose entry is ≤ the cap — what `powerctl caps` gives on the same profiles.
-
-    python bench/derive_caps.py            print the tables and the fixed frequency per cap
-    python bench/derive_caps.py --write    also rewrite the peak_training_power_w lines of boards.yaml
+Per frequency, the largest peak power of the paper's model set at any batch size that fits (predicted,
+noise-free profiles); `--write` rewrites the peak_training_power_w lines of boards.yaml.
 """
 
 from __future__ import annotations
@@ -15,17 +11,13 @@ import re
 import sys
 from pathlib import Path
 
+from bench_common import ROOT, workload_of
+
 from powerctl.devices.boards import load_boards
 from powerctl.records.workload import Workload
 from powerctl.selection.caps import SOP_BATCH_SIZES, derive_peak_training_power
 
-BOARDS_YAML = Path(__file__).resolve().parents[1] / "powerctl" / "data" / "boards.yaml"
-
-
-def model_set_workloads(names: tuple[str, ...]) -> list[Workload]:
-    from powerfed.training.models import build_model, model_workload
-
-    return [model_workload(n, build_model(n, seed=0)) for n in names]
+BOARDS_YAML = ROOT / "powerctl" / "data" / "boards.yaml"
 
 
 def derive_all() -> dict[str, list[float]]:
@@ -36,7 +28,7 @@ def derive_all() -> dict[str, list[float]]:
         table = board.state_of_practice
         if table is None:
             continue
-        workloads = cache.setdefault(table.models, model_set_workloads(table.models))
+        workloads = cache.setdefault(table.models, [workload_of(n) for n in table.models])
         out[name] = derive_peak_training_power(board, workloads, table.batch_sizes or SOP_BATCH_SIZES)
     return out
 

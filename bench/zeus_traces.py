@@ -1,32 +1,11 @@
 """The relation vector and Algorithm 1 on real measurements no one here produced: the Zeus NSDI'23 traces.
 
-    python bench/zeus_traces.py --train TRAIN.csv --power POWER.csv [--power ...] [--json OUT]
-        [--proxy-seeds 2] [--caps 150,200,none]
-
-The train file gives, per workload and batch size, the epochs each run ('run', a seed) needed to reach
-each validation target; a power file gives, per (workload, batch size, power limit), the time per epoch
-and the average power on one GPU (the Zeus authors measured a V100 and an A40). The knob is the GPU's
-power limit, not a frequency; a configuration (b, power limit) is feasible under a cap when its power
-limit is at or below it (the GPU enforces the limit).
-
-Per workload (and GPU):
-- the target: by one rule, the most demanding target (the most epochs) that every batch size kept
-  reaches in every run;
-- the batch sizes: those in both files with at least proxy-seeds + 2 runs (two truth seeds for an
-  interval); the others are named and left out;
-- proxies: "held-out seeds" (the first --proxy-seeds runs of every batch size, the rest are the truth)
-  for every workload, and for the two BERT workloads also "other workload" (SQuAD <-> Sentiment140, all
-  its runs, at its own target by the same rule);
-- ours: `powerctl.selection.joint.select` (Algorithm 1) on the proxy's relation vector (epochs to target per
-  batch size, `RelationVector.from_seeds`) and the GPU's (b, power limit) table as a profile, under caps
-  of 150 W, 200 W and none, for time and for energy (energy = epochs x time per epoch x average power);
-- fastest: the same selection with the relation measured on the truth seeds
-  (`powerctl.selection.baselines.oracle` for time, its energy twin for energy);
-- state of practice: the largest batch size measured, at the highest power limit under the cap.
-
-Each cell prints ours, fastest, ours/fastest with a bootstrap 95 % interval over the truth seeds (each
-batch size's seeds resampled), and state-of-practice/ours. Nothing here is specific to one GPU: any
-power file of the same columns runs unchanged.
+The train file gives, per workload and batch size, the epochs each run (a seed) needed to reach each
+validation target; a power file, per (workload, batch size, power limit), the time per epoch and the average
+power on one GPU. The knob is the power limit: (b, limit) is feasible under a cap when the limit is at or
+below it. Per workload and GPU the target is the most demanding one every kept batch size (those in both
+files with at least proxy-seeds + 2 runs) reaches in every run; the proxies, the rows and the intervals:
+docs/results/zeus_traces.md.
 """
 
 from __future__ import annotations
@@ -87,18 +66,24 @@ def _rows(path: Path, columns: tuple[str, ...]) -> list[dict[str, str]]:
                 raise TraceError(
                     f"{path}: missing column(s) {', '.join(missing)}; expected {', '.join(columns)}"
                 )
-            return list(reader)
+            rows = list(reader)
     except OSError as exc:
         raise TraceError(f"{path}: cannot read ({exc.strerror or exc})") from None
     except UnicodeDecodeError:
         raise TraceError(f"{path}: not a text CSV file") from None
+    if not rows:
+        raise TraceError(f"{path}: no rows")
+    return rows
 
 
-def _number(text: str, path: Path, line: int, column: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise TraceError(f"{path}, line {line}: {column} {text!r} is not a number") from None
+def _numbers(row: dict[str, str], path: Path, line: int, *columns: str) -> list[float]:
+    out = []
+    for c in columns:
+        try:
+            out.append(float(row[c]))
+        except ValueError:
+            raise TraceError(f"{path}, line {line}: {c} {row[c]!r} is not a number") from None
+    return out
 
 
 def read_train(path: Path) -> dict[Workload, dict[str, dict[int, dict[int, float]]]]:
@@ -108,11 +93,8 @@ def read_train(path: Path) -> dict[Workload, dict[str, dict[int, dict[int, float
     )
     for i, r in enumerate(_rows(path, TRAIN_COLUMNS), start=2):
         w = Workload(r["dataset"], r["network"], r["optimizer"])
-        b = int(_number(r["batch_size"], path, i, "batch_size"))
-        run = int(_number(r["run"], path, i, "run"))
-        out[w][r["target_metric"]][b][run] = _number(r["target_epoch"], path, i, "target_epoch")
-    if not out:
-        raise TraceError(f"{path}: no rows")
+        b, run, epochs = _numbers(r, path, i, "batch_size", "run", "target_epoch")
+        out[w][r["target_metric"]][int(b)][int(run)] = epochs
     return out
 
 
@@ -121,15 +103,10 @@ def read_power(path: Path) -> dict[Workload, dict[tuple[int, float], tuple[float
     out: dict[Workload, dict[tuple[int, float], tuple[float, float]]] = defaultdict(dict)
     for i, r in enumerate(_rows(path, POWER_COLUMNS), start=2):
         w = Workload(r["dataset"], r["network"], r["optimizer"])
-        b = int(_number(r["batch_size"], path, i, "batch_size"))
-        pl = _number(r["power_limit"], path, i, "power_limit")
-        tpe = _number(r["time_per_epoch"], path, i, "time_per_epoch")
-        watts = _number(r["average_power"], path, i, "average_power")
+        b, pl, tpe, watts = _numbers(r, path, i, "batch_size", *POWER_COLUMNS[4:])
         if not (tpe > 0 and watts > 0 and pl > 0) or not all(map(math.isfinite, (tpe, watts, pl))):
             raise TraceError(f"{path}, line {i}: power limit, time per epoch and power must be > 0")
-        out[w][(b, pl)] = (tpe, watts)
-    if not out:
-        raise TraceError(f"{path}: no rows")
+        out[w][(int(b), pl)] = (tpe, watts)
     return out
 
 
@@ -152,11 +129,9 @@ def choose_target(per_target: dict[str, dict[int, dict[int, float]]], batch_size
 def profile_of(
     w: Workload, gpu: str, table: dict[tuple[int, float], tuple[float, float]], batch_sizes: list[int]
 ) -> Profile:
-    """The GPU's (b, power limit) table as a profile: N = one epoch, so T_N · r_b is seconds to the
-    target; `frequency_hz` carries the knob's setting, here the power limit in W, and the peak power is
-    the limit (the GPU holds it) or, where a trace's average is above its limit (a few V100 rows at
-    100 W), that average: a point's peak is never under its mean. A step's seconds are not in the
-    traces: the epoch's stand in (a point's seconds must be a number, and nothing here reads them)."""
+    """The GPU's (b, power limit) table as a profile: N = one epoch, `frequency_hz` carries the limit in W,
+    the peak is the limit or the average where that is above it (a peak is never under its mean); the
+    epoch's seconds stand in for a step's (nothing here reads them)."""
     points = [
         ProfilePoint(b, int(pl), max(pl, watts), watts, tpe, tpe)
         for (b, pl), (tpe, watts) in sorted(table.items())
