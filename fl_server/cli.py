@@ -1,8 +1,5 @@
-"""`fl-server`: the server's offline jobs — pre-train starting weights, estimate relation vectors.
-
-Both write files other parts read (docs/reference/files.md): a self-describing safetensors weights file
-(+ a JSON report), and a `powerctl.relation/1` JSON file. User errors are one line and exit status 2.
-"""
+"""`fl-server`: the server's offline jobs — pre-train starting weights (safetensors + a JSON report),
+estimate relation vectors (`powerctl.relation/1`). User errors are one line and exit status 2."""
 
 from __future__ import annotations
 
@@ -32,76 +29,30 @@ from powerfed.training.finetune_records import DEFAULT_EVAL_MAX_SAMPLES
 from powerfed.training.lr import LR_RULES
 from powerfed.training.model_limits import MAX_SEQ_LEN
 from powerfed.training.models import get_model_spec, model_names, option_ranges
+from strategies.settings import SETTINGS, key_of
 from strategies.settings_derived import flag
 
 PROG = "fl-server"
-RAW = argparse.RawDescriptionHelpFormatter
-"""A command's description and example as written (their lines are laid out)."""
-
-# the ranges of the numeric flags (each flag's help names its own; the run settings' are theirs)
-SEQ_LEN = bounded_int(1, MAX_SEQ_LEN)
+RAW = argparse.RawDescriptionHelpFormatter  # a command's description and example as written
 SAMPLES = bounded_int(1, MAX_COUNT)
+SEQ_LEN = bounded_int(1, MAX_SEQ_LEN)
 EPOCHS = bounded_float(0.0, 1000.0)
-BATCH_SIZE = bounded_int(1, MAX_BATCH_SIZE)
-LR = bounded_float(0.0, 10.0)
-"""A learning rate above 10 diverges with Adam and with SGD alike."""
 THREADS = bounded_int(1, 1024)
 DATA_HELP = "dataset spec, one of: " + ", ".join(SPECS) + " (docs/reference/node-config.md)"
-RUN_FLAGS: dict[str, tuple[str, str, str | None, str]] = {
-    "--batch-sizes": ("batch_sizes", "batch_sizes", "B,B,...", "batch sizes, comma-separated"),
-    "--seeds": (
-        "seeds",
-        "relation_seeds",
-        "S,S,...",
-        "seeds per batch size; samples_to_target is their mean",
-    ),
-    "--max-seeds": (
-        "max_seeds",
-        "relation_max_seeds",
-        "N",
-        "add seeds one at a time, up to N in all, until the ranking of batch sizes is stable (0: none)",
-    ),
-    "--lr-rule": (
-        "lr_rule",
-        "lr_rule",
-        "{" + ",".join(LR_RULES) + "}",
-        "how the learning rate scales from the largest batch size",
-    ),
-    "--vector": (
-        "vector",
-        "relation_values",
-        "{" + ",".join(VECTORS) + "}",
-        "samples_to_target: the seeds' means (raw) or the batch-efficiency fit",
-    ),
-    "--lr-max": ("lr_max", "lr_max", None, "learning rate of the largest batch size"),
-    "--max-samples": (
-        "max_samples",
-        "relation_max_samples",
-        None,
-        "give up on a batch size after this many samples",
-    ),
-    "--eval-every": (
-        "eval_every_samples",
-        "eval_every_samples",
-        "N",
-        "evaluate every N training samples at most; a run that crosses the target within fewer than 8 "
-        "evaluations is run again more often",
-    ),
-    "--eval-max-samples": (
-        "eval_max_samples",
-        "eval_max_samples",
-        "N",
-        "evaluate on at most this many test samples, a fixed subset",
-    ),
-    "--data-seed": (
-        "data_seed",
-        "proxy_seed",
-        None,
-        "seed of the proxy data: generated data, image train/test split",
-    ),
+RUN_FLAGS: dict[str, tuple[str, str, str | None]] = {
+    "--batch-sizes": ("batch_sizes", "batch_sizes", "B,B,..."),
+    "--seeds": ("seeds", "relation_seeds", "S,S,..."),
+    "--max-seeds": ("max_seeds", "relation_max_seeds", "N"),
+    "--lr-rule": ("lr_rule", "lr_rule", "{" + ",".join(LR_RULES) + "}"),
+    "--vector": ("vector", "relation_values", "{" + ",".join(VECTORS) + "}"),
+    "--lr-max": ("lr_max", "lr_max", None),
+    "--max-samples": ("max_samples", "relation_max_samples", None),
+    "--eval-every": ("eval_every_samples", "eval_every_samples", "N"),
+    "--eval-max-samples": ("eval_max_samples", "eval_max_samples", "N"),
+    "--data-seed": ("data_seed", "proxy_seed", None),
 }
 """`fl-server relation`'s flags that are run settings: flag → (its `RelationSettings` field or the
-call's argument, the run setting whose default and check it takes, metavar, help)."""
+call's argument, the run setting it takes its default, check and help from, metavar)."""
 
 PRETRAIN_EPILOG = """\
 example (a small character transformer on WikiText-2; a few minutes on 2 CPU cores):
@@ -144,7 +95,6 @@ def _key_value(text: str) -> tuple[str, Any]:
 
 
 def _bounded(p: Any, name: str, kind: Bounded, help: str, default: Any = None) -> None:
-    """A numeric flag read by `kind`, its range named in its help."""
     p.add_argument(name, type=kind, default=default, help=kind.help(help))
 
 
@@ -187,8 +137,9 @@ def _add_pretrain(sub: Any) -> None:
     budget = pre.add_mutually_exclusive_group()
     _bounded(budget, "--samples", SAMPLES, "training samples to process")
     _bounded(budget, "--epochs", EPOCHS, "passes over the train split, at least one batch (default: 1)")
-    _bounded(pre, "--batch-size", BATCH_SIZE, "default: %(default)s", 64)
-    _bounded(pre, "--lr", LR, "learning rate, Adam (images) / AdamW (text) (default: %(default)s)", 1e-3)
+    _bounded(pre, "--batch-size", bounded_int(1, MAX_BATCH_SIZE), "default: %(default)s", 64)
+    lr = bounded_float(0.0, 10.0)  # above 10 diverges with Adam and with SGD alike
+    _bounded(pre, "--lr", lr, "learning rate, Adam (images) / AdamW (text) (default: %(default)s)", 1e-3)
     fixed = "evaluate on at most this many test samples, a fixed subset (default: %(default)s)"
     _bounded(pre, "--eval-max-samples", SAMPLES, fixed, DEFAULT_EVAL_MAX_SAMPLES)
     pre.add_argument("--seed", **flag("pretrain_seed", "initialisation, split and order seed"))
@@ -230,7 +181,8 @@ def _add_relation(sub: Any) -> None:
     rel.add_argument("--out", required=True, type=output_path, metavar="PATH", help="relation JSON to write")
     # the flags that are run settings take the run's default and check (strategies.settings): with
     # none given, this writes the vector the ServerApp estimates on the same proxy and target
-    for name, (dest, setting, metavar, help) in RUN_FLAGS.items():
+    for name, (dest, setting, metavar) in RUN_FLAGS.items():
+        help = SETTINGS[key_of(setting)].help.rstrip(".")
         rel.add_argument(name, dest=dest, metavar=metavar, **flag(setting, help))  # None: argparse's
     rel.add_argument(
         "--cache-dir",
