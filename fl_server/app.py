@@ -11,24 +11,16 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
-from flwr.serverapp.strategy import Strategy
 
 from fl_server.progress import Heartbeat, ProgressGrid, SampleProgress
 from fl_server.results import ResultsWriter, client_table, evaluation_line, over_budget_lines, summary_lines
-from fl_server.resume import (
-    GLOBAL_FILE,
-    RESULTS_FILE,
-    EarlierFiles,
-    NotResumable,
-    ResumePoint,
-    read_point,
-    run_fingerprint,
-)
+from fl_server.resume import GLOBAL_FILE, RESULTS_FILE, resume_point, run_fingerprint
 from fl_server.run_config import (
     ServerConfig,
     app_path,
@@ -64,6 +56,7 @@ if TYPE_CHECKING:
     from fl_server.relation import RelationSettings
 
 app = ServerApp()
+Say = Callable[[str], None]
 
 PRETRAIN_CACHE_VERSION = 1
 
@@ -77,8 +70,7 @@ def default_results_dir(run_id: int) -> Path:
 
 
 def pretrain_recipe(cfg: ServerConfig) -> dict[str, Any]:
-    """What the pre-trained weights are a function of, but for the floats' CPU and thread count: the
-    shipped weights' key (`fl_server.shipped`), and with those (`numerics_key`) the cache's."""
+    """What the pre-trained weights depend on, less the CPU and thread count: the shipped weights' key."""
     return {
         "model": cfg.model,
         "data": cfg.pretrain_data,
@@ -89,8 +81,8 @@ def pretrain_recipe(cfg: ServerConfig) -> dict[str, Any]:
 
 
 def weights_path(cfg: ServerConfig) -> Path:
-    """The given file; else the shipped weights where the recipe is theirs; else the pre-training
-    cache's entry (keyed by what the floats depend on, `numerics_key`; not by `server-device`)."""
+    """The given file, else the shipped weights for this recipe, else the pre-training cache's entry
+    (keyed by the recipe and `numerics_key`, not by `server-device`)."""
     if cfg.weights:
         return app_path(cfg.weights, "weights")
     if (path := unpacked_weights(pretrain_recipe(cfg), cache_dir("weights"))) is not None:
@@ -105,49 +97,44 @@ def weights_path(cfg: ServerConfig) -> Path:
 
 
 def is_shipped(path: Path) -> bool:
-    """Whether `path` is the shipped weights, unpacked (`weights_path`)."""
     return path.name.startswith("shipped-") and path.parent == cache_dir("weights")
 
 
-def train_weights(
-    cfg: ServerConfig, path: Path, *, progress: bool = False, say: Callable[[str], None] | None = None
-) -> Path:
+def quiet(_: str) -> None:
+    """Hears nothing: `say` for a caller that wants no progress lines."""
+
+
+def train_weights(cfg: ServerConfig, path: Path, *, say: Say = quiet) -> Path:
     """Pre-train the run's model on the embedded task into `path`; `say` hears how it goes."""
     from fl_server.pretrain import PretrainSettings, pretrain
 
     started = time.perf_counter()
-    if say is not None:
-        say(f"pre-training {cfg.model} on {cfg.pretrain_data}: {cfg.pretrain_samples} samples ...")
-    settings = PretrainSettings(samples=cfg.pretrain_samples, seed=cfg.pretrain_seed)
+    say(f"pre-training {cfg.model} on {cfg.pretrain_data}: {cfg.pretrain_samples} samples ...")
     pretrain(
         cfg.model,
         cfg.pretrain_data,
         out=path,
-        settings=settings,
+        settings=PretrainSettings(samples=cfg.pretrain_samples, seed=cfg.pretrain_seed),
         device=cfg.server_device,
-        progress=progress,
-        on_step=None if say is None else SampleProgress(say, "pre-training", cfg.pretrain_samples),
+        progress=False,
+        on_step=SampleProgress(say, "pre-training", cfg.pretrain_samples),
     )
-    if say is not None:
-        say(f"pre-trained in {time.perf_counter() - started:.0f} s (cached: {path})")
+    say(f"pre-trained in {time.perf_counter() - started:.0f} s (cached: {path})")
     return path
 
 
-def pretrained_weights(
-    cfg: ServerConfig, *, progress: bool = False, say: Callable[[str], None] | None = None
-) -> Path:
+def pretrained_weights(cfg: ServerConfig, *, say: Say = quiet) -> Path:
     """`weights_path`, pre-trained when neither shipped nor cached; `say` hears which."""
     path = weights_path(cfg)
-    if path.is_file():
-        if say is not None and is_shipped(path):
-            say(f"shipped weights of {cfg.model} (made by `{WRITE_COMMAND}`, SHA-256 checked): {path}")
-        return path
-    return train_weights(cfg, path, progress=progress, say=say)
+    if not path.is_file():
+        return train_weights(cfg, path, say=say)
+    if is_shipped(path):
+        say(f"shipped weights of {cfg.model} (made by `{WRITE_COMMAND}`, SHA-256 checked): {path}")
+    return path
 
 
 def relation_recipe(cfg: ServerConfig, weights: Path) -> dict[str, Any]:
-    """What the run's relation vector is a function of, but for the floats' CPU and thread count: the
-    shipped vector's key (`fl_server.shipped`)."""
+    """What the run's relation vector depends on, less the CPU and thread count: the shipped vector's key."""
     from dataclasses import asdict
 
     from fl_server.relation import CACHE_VERSION
@@ -165,25 +152,18 @@ def relation_recipe(cfg: ServerConfig, weights: Path) -> dict[str, Any]:
 
 
 def relation_vector(
-    cfg: ServerConfig,
-    weights: Path,
-    *,
-    progress: bool = False,
-    say: Callable[[str], None] | None = None,
-    compute: bool = True,
-    shipped: bool = True,
+    cfg: ServerConfig, weights: Path, *, say: Say = quiet, compute: bool = True, shipped: bool = True
 ) -> RelationVector:
-    """The given file, the shipped vector where the recipe is its (unless `shipped=False`), or estimated
-    on the proxy data (`compute=False`: only a cached one, else `NotCached`)."""
+    """The given file, the shipped vector for this recipe (unless `shipped=False`), or estimated on the
+    proxy data (`compute=False`: only a cached one, else `NotCached`)."""
     if cfg.relation:
         return given_relation(cfg)
     if shipped and (data := shipped_bytes("relation", relation_recipe(cfg, weights))) is not None:
-        if say is not None:
-            say(f"shipped relation vector of {cfg.model} (made by `{WRITE_COMMAND}`, SHA-256 checked)")
+        say(f"shipped relation vector of {cfg.model} (made by `{WRITE_COMMAND}`, SHA-256 checked)")
         return RelationVector.from_dict(json.loads(data), "the shipped relation vector")
     from fl_server.relation import RelationCompute, estimate_relation
 
-    how = RelationCompute(compute=compute, device=cfg.server_device, progress=progress, say=say)
+    how = RelationCompute(compute=compute, device=cfg.server_device, progress=False, say=say)
     return estimate_relation(
         cfg.model,
         weights,
@@ -246,16 +226,16 @@ def prepare_apart(cfg: ServerConfig) -> tuple[Path, RelationVector]:
     say(f"preparing: {'; '.join(what)} (cached under {cache_dir('')}) ...")
     started = time.perf_counter()
     ctx = multiprocessing.get_context("spawn")
-    quiet = Heartbeat(say, "preparing", started)
+    beat = Heartbeat(say, "preparing", started)
     # the child's progress lines come back through a queue: what it prints itself is not in the run's log
     with ctx.Manager() as manager, ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
         lines = manager.Queue()
         future = pool.submit(prepare, cfg, lines)
         while not (future.done() and lines.empty()):
             try:
-                quiet.heard(f"  {lines.get(timeout=0.5)}")
+                beat.heard(f"  {lines.get(timeout=0.5)}")
             except queue.Empty:
-                quiet.tick()
+                beat.tick()
         weights, relation = future.result()
     say(f"prepared in {time.perf_counter() - started:.0f} s: weights {weights}")
     return weights, RelationVector.from_dict(relation)
@@ -291,34 +271,6 @@ def relation_line(relation: RelationVector) -> str:
 CLIENT_TABLE_MAX = 24  # rounds with more clients print only their summary (all are in results.json)
 
 
-def resume_point(
-    cfg: ServerConfig, out: Path, fingerprint: str
-) -> tuple[ResumePoint | None, EarlierFiles | None]:
-    """Where this run continues from (None: round 1), and the earlier files it does not continue (moved
-    aside once this run has a result of its own, never mixed in or deleted)."""
-    if not (out / RESULTS_FILE).exists() and not (out / GLOBAL_FILE).exists():
-        return None, None
-    point, earlier = None, None
-    if not cfg.resume:
-        earlier = EarlierFiles(out, f"resume = false: the earlier results in {out} are not continued")
-    else:
-        try:
-            point = read_point(out, fingerprint)
-        except NotResumable as exc:
-            earlier = EarlierFiles(out, f"resume: {exc}")
-    if point is not None and point.last_round >= cfg.num_server_rounds:
-        # a finished run is not resumed: the same command again is a new run (a seeded one repeats)
-        point, earlier = (
-            None,
-            EarlierFiles(out, f"resume: an earlier run with these settings is complete in {out}"),
-        )
-    if earlier is not None:
-        say(f"{earlier.reason}; starting from round 1 (moved aside when a client of this run first reports)")
-    elif point is not None:
-        say(f"resume: rounds 1-{point.last_round} of this run are complete in {out}")
-    return point, earlier
-
-
 @dataclass
 class RunSetup:
     """What every method of a run shares: the same weights, relation vector, fleet and seeds."""
@@ -345,7 +297,7 @@ def run_method(
 
     cfg, model, meta = setup.cfg, setup.model, setup.meta
     fingerprint = f"{setup.fingerprint}:{method}"
-    point, earlier = resume_point(cfg, out, fingerprint)
+    point, earlier = resume_point(out, fingerprint, cfg.resume, cfg.num_server_rounds)
     model.load_state_dict(point.state if point is not None else setup.initial_state)
     writer = ResultsWriter(
         out / RESULTS_FILE,
@@ -392,11 +344,8 @@ def run_method(
 
     first_round = point.last_round + 1 if point else 1
     population = setup.population  # active: larger than a round (simulation), each round's boards only
-    log_draws = PopulationLog(out / POPULATION_FILE, population) if population.active else None
-
-    def sampled(fedavg: Strategy) -> Strategy:
-        return PopulationSampled(fedavg, population, on_draw=log_draws)
-
+    log_draws = PopulationLog(out / POPULATION_FILE, population)
+    sampled = partial(PopulationSampled, population=population, on_draw=log_draws)
     objective = run_method_named(method).objective(cfg.round_objective)  # the registry's name for it
     strategy = PowerAwareFedAvg(
         instructions=setup.base,
@@ -408,7 +357,7 @@ def run_method(
         fraction_evaluate=cfg.fraction_evaluate,
         waits=NodeWaits(min_available_nodes=cfg.min_nodes, rejoin_wait_s=cfg.rejoin_wait_s),
         round_objective=objective_named(objective, cfg.round_deadline_s),
-        inner=sampled if log_draws is not None else None,
+        inner=sampled if population.active else None,
     )
     strategy.nodes.update(known_nodes)  # node ids hold for the whole run: ask each node once
     try:

@@ -1,7 +1,5 @@
-"""Pre-train a model on a public dataset: the starting weights the server sends to every device.
-
-The same `fine_tune` loop as everywhere else, with a sample budget and no target; writes the weights
-(safetensors) and a JSON report next to them."""
+"""Pre-train a model on a public dataset with the same `fine_tune` loop as everywhere else (a sample
+budget, no target): the starting weights the server sends to every device, and a JSON report beside them."""
 
 from __future__ import annotations
 
@@ -28,8 +26,6 @@ from powerfed.training.models import (
     get_model_spec,
 )
 
-__all__ = ["PRETRAIN_SCHEMA", "PretrainReport", "check_output_path", "pretrain", "report_path_for"]
-
 PRETRAIN_SCHEMA = "fl_server.pretrain/1"
 CURVE_POINTS = 10  # evaluations along a run (besides the first and the last), for the report's curve
 
@@ -40,25 +36,11 @@ class PretrainReport:
     report_path: Path
     data: dict[str, Any]
 
-    @property
-    def final_accuracy(self) -> float:
-        return float(self.data["final_test_accuracy"])
-
 
 def report_path_for(weights_path: str | Path) -> Path:
     """`w.safetensors` → `w.report.json`: the report always sits next to its weights."""
     p = Path(weights_path)
     return p.with_name(f"{p.stem}.report.json")
-
-
-def check_output_path(path: Path) -> None:
-    """Fail before any work when `path` cannot be written (missing folders are made when writing)."""
-    if path.is_dir():
-        raise DataError(f"{path}: is a directory; give a file name for the output")
-    try:
-        check_output_dir(path.parent, "the folder of")
-    except OutputPathError as exc:
-        raise DataError(str(exc)) from None
 
 
 def _text_seq_len(model_name: str, overrides: dict[str, Any], seq_len: int | None) -> int:
@@ -72,8 +54,7 @@ def _text_seq_len(model_name: str, overrides: dict[str, Any], seq_len: int | Non
 
 
 def _epochs_budget(epochs: float, train_size: int, batch_size: int) -> int:
-    """The samples of `epochs` passes over a train split of `train_size`; fewer than one batch is an
-    error, not rounded up."""
+    """The samples of `epochs` passes over the train split; fewer than one batch is an error."""
     budget = round(epochs * train_size)
     if budget < min(batch_size, train_size):
         least = min(batch_size, train_size) / train_size
@@ -118,12 +99,17 @@ def pretrain(
     progress: bool = True,
     on_step: Callable[[int, int], None] | None = None,
 ) -> PretrainReport:
-    """Train `model_name` from a seeded initialisation on `dataset_spec`'s train split and save weights +
-    report (its test accuracy); nothing is written unless training completes. `device`: a spec
-    (`open_device`) or an open Device; `on_step(steps, samples)` hears every training step."""
+    """Train `model_name` from a seeded init on `dataset_spec`'s train split and save weights + report
+    (nothing unless training completes). `device`: a spec or an open Device; `on_step(steps, samples)`
+    hears every step."""
     st = settings or PretrainSettings()
     out = Path(out)
-    check_output_path(out)
+    if out.is_dir():  # before any work: missing folders are made when writing
+        raise DataError(f"{out}: is a directory; give a file name for the output")
+    try:
+        check_output_dir(out.parent, "the folder of")
+    except OutputPathError as exc:
+        raise DataError(str(exc)) from None
     if out.suffix == ".json":
         raise DataError(f"{out}: the weights file must not end in .json (the report goes to *.report.json)")
     overrides = check_overrides(model_name, dict(st.overrides))

@@ -1,9 +1,8 @@
 """Resuming a run: which rounds a results folder already holds, and the global model after them.
 
-After every round the ServerApp saves the global model (with the round and the run's fingerprint)
-beside `results.json`. A restarted ServerApp with the same fingerprint (run config, starting weights,
-relation vector) continues after the last round both files agree on; anything else is renamed aside
-once the new run has a result of its own (`EarlierFiles`), never mixed in.
+A restarted ServerApp with the same fingerprint (run config, starting weights, relation vector) continues
+after the last round both `results.json` and the saved global model agree on; anything else is renamed
+aside once the new run has a result of its own (`EarlierFiles`), never mixed in.
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ from typing import Any
 import torch
 
 from fl_server.results import RESULTS_SCHEMA
+from powerctl.cli.util import say
 from powerctl.errors import FileFormatError
 from powerctl.files.jsonfile import read_json
 from powerfed.training.errors import DataError
@@ -55,8 +55,6 @@ def read_point(out: Path, fingerprint: str) -> ResumePoint | None:
     from fl_server.weights import load_weights
 
     results, model = out / RESULTS_FILE, out / GLOBAL_FILE
-    if not results.exists() and not model.exists():
-        return None
     try:
         data = read_json(results, RESULTS_SCHEMA)
     except FileFormatError as exc:
@@ -99,15 +97,11 @@ def set_aside(out: Path) -> Path:
 
 @dataclass
 class EarlierFiles:
-    """An earlier run's results in `out` that this run does not continue.
-
-    They are renamed aside (`set_aside`), never deleted, and not before this run has something to put
-    in their place (`make_room`, called when a round first has a client report): until then nothing of
-    this run is written over them."""
+    """An earlier run's results in `out` that this run does not continue (`reason`): renamed aside, never
+    deleted, once this run has something to put in their place (`make_room`, at its first report)."""
 
     out: Path
     reason: str
-    """Why this run does not continue them (one line, for the run's output)."""
     moved_to: Path | None = None
 
     def make_room(self) -> Path:
@@ -115,3 +109,28 @@ class EarlierFiles:
         if self.moved_to is None:
             self.moved_to = set_aside(self.out)
         return self.moved_to
+
+
+def resume_point(
+    out: Path, fingerprint: str, resume: bool, rounds: int
+) -> tuple[ResumePoint | None, EarlierFiles | None]:
+    """Where a run of `rounds` rounds continues from (None: round 1), and the earlier files it does not
+    continue (moved aside once this run has a result of its own, never mixed in or deleted)."""
+    if not (out / RESULTS_FILE).exists() and not (out / GLOBAL_FILE).exists():
+        return None, None
+    point, reason = None, ""
+    if not resume:
+        reason = f"resume = false: the earlier results in {out} are not continued"
+    else:
+        try:
+            point = read_point(out, fingerprint)
+        except NotResumable as exc:
+            reason = f"resume: {exc}"
+    if point is not None and point.last_round >= rounds:
+        # a finished run is not resumed: the same command again is a new run (a seeded one repeats)
+        point, reason = None, f"resume: an earlier run with these settings is complete in {out}"
+    if reason:
+        say(f"{reason}; starting from round 1 (moved aside when a client of this run first reports)")
+    elif point is not None:
+        say(f"resume: rounds 1-{point.last_round} of this run are complete in {out}")
+    return point, EarlierFiles(out, reason) if reason else None

@@ -1,11 +1,9 @@
 """`python -m fl_server.supervise`: a deployed run that outlives SuperLink restarts.
 
-`flwr run --stream` ends the moment its SuperLink goes away, whatever becomes of the run
-(docs/deployment.md, "Restarts"). Where the ServerApp outlives the SuperLink (`--isolation process`
-with a `--database`) this command follows the run's log again; where it died with it (the run marked
-`finished:failed`) it submits the same run again, which resumes after the last round saved
-(`fl_server.resume`). A run that fails on its own is not submitted again (exit status 2). The run's own
-last line, ``results: PATH``, is printed last.
+`flwr run --stream` ends when its SuperLink goes away (docs/deployment.md, "Restarts"). Where the
+ServerApp outlived it, this follows the run's log again; where the run died with it, it submits the same
+run again, which resumes after the last round saved. A run that fails on its own is not submitted again
+(exit status 2). The run's own last line, ``results: PATH``, is printed last.
 """
 
 from __future__ import annotations
@@ -20,7 +18,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,7 +51,7 @@ APP_FAILED = ("powerfed server: error:", "ServerApp failed with exception")
 
 
 def _json_object(out: str) -> dict[str, Any] | None:
-    """The JSON object `flwr … --format json` printed (among other lines), None when there is none."""
+    """The JSON object `flwr … --format json` printed among other lines, or None."""
     try:
         payload = json.loads(out[out.index("{") : out.rindex("}") + 1])
     except ValueError:
@@ -62,8 +60,7 @@ def _json_object(out: str) -> dict[str, Any] | None:
 
 
 def refusal(payload: dict[str, Any] | None, out: str, rc: int) -> str:
-    """Why `flwr run --format json` started no run, in one line: the last paragraph of Flower's
-    "error-message" (it exits 0)."""
+    """Why `flwr run --format json` started no run, in one line: Flower's "error-message"'s last paragraph."""
     message = payload.get("error-message") if payload is not None else None
     if isinstance(message, str) and message.strip():
         last = [part for part in re.split(r"\n\s*\n", message) if part.strip()][-1]
@@ -82,7 +79,6 @@ class Supervisor:
     max_restarts: int = 5
     wait_s: float = 600.0
     poll_s: float = 5.0
-    say: Callable[[str], None] = say
     address: str | None = None  # the SuperLink's Control API host:port, watched while following (`_watch`)
     listen_poll_s: float = 1.0
 
@@ -119,7 +115,7 @@ class Supervisor:
 
     def follow(self, run_id: int, shown: list[str]) -> bool:
         """Stream the run's log to stdout, appending its lines to `shown` (a re-attached stream starts over:
-        those are skipped). True when it ended because the SuperLink went away."""
+        those are skipped). True when it ended as the SuperLink went away."""
         proc = subprocess.Popen(
             [installed_tool("flwr"), "log", str(run_id), self.connection, "--stream"],
             stdout=subprocess.PIPE,
@@ -157,8 +153,8 @@ class Supervisor:
         return lost or draining.is_set()
 
     def _watch(self, proc: subprocess.Popen[str], done: threading.Event, draining: threading.Event) -> None:
-        """A SuperLink stopped with SIGTERM closes its port at once but waits for open requests (a followed
-        log never ends): two refused connections in a row let the log go, so the SuperLink can exit."""
+        """A SuperLink stopped with SIGTERM closes its port but waits for open requests (a followed log never
+        ends): two refused connections in a row let the log go."""
         assert self.address is not None
         refused = 0
         while not done.wait(self.listen_poll_s):
@@ -184,25 +180,24 @@ class Supervisor:
     def run(self) -> Path:
         restarts = 0
         run_id = self.submit()
-        self.say(f"supervise: run {run_id} started")
+        say(f"supervise: run {run_id} started")
         shown: list[str] = []
         while True:
             lost = self.follow(run_id, shown)
             if lost:
-                self.say(
+                say(
                     f"supervise: lost the SuperLink; waiting for it to answer again (up to {self.wait_s:g} s)"
                 )
             status, details = self.wait_for_superlink(run_id)
-            if status == "running" or status in ("pending", "starting"):
+            if status in ("running", "pending", "starting"):
                 if lost:
-                    self.say(f"supervise: the SuperLink is back and run {run_id} goes on; following its log")
+                    say(f"supervise: the SuperLink is back and run {run_id} goes on; following its log")
                 continue
-            found = _RESULTS.findall("".join(shown))
-            if status == "finished:completed" and found:
-                return Path(found[-1].strip())
-            if status == "finished:completed":
-                raise PowerctlError(f"run {run_id} completed without its results line: see its log above")
             log = "".join(shown)
+            if status == "finished:completed":
+                if found := _RESULTS.findall(log):
+                    return Path(found[-1].strip())
+                raise PowerctlError(f"run {run_id} completed without its results line: see its log above")
             by_restart = (lost or any(d in details for d in RESTART_DETAILS)) and not any(
                 a in log or a in details for a in APP_FAILED
             )
@@ -215,7 +210,7 @@ class Supervisor:
                 )
             restarts += 1
             run_id = self.submit()
-            self.say(
+            say(
                 f"supervise: the run ended {status} ({details or 'no details'}) as the SuperLink restarted; "
                 f"submitted it again as run {run_id}: it resumes after the last round saved "
                 f"[restart {restarts} of at most {self.max_restarts}]"
@@ -262,8 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def checked_supervisor(args: argparse.Namespace) -> Supervisor:
-    """The run to submit, checked before anything is submitted as `make run` checks its own
-    (`fl_server.run_config.check_before_start`): one line for the first problem."""
+    """The run to submit, checked first as `make run` checks its own: one line for the first problem."""
     from fl_server.run_config import check_before_start, parse_run_config, run_config_text
     from strategies.settings import key_of
 

@@ -16,8 +16,6 @@ from powerfed.training.checkpoint import state_digest
 from powerfed.training.errors import DataError, ModelError
 from powerfed.training.models import build_model, get_model_spec
 
-__all__ = ["WEIGHTS_FORMAT", "WeightsMeta", "load_model", "load_weights", "save_weights", "weights_hash"]
-
 WEIGHTS_FORMAT = "powerfed.weights/1"
 
 
