@@ -1,12 +1,9 @@
 """`python -m fl_server.certs`: a CA and a SuperLink certificate whose SAN names the coordinator.
 
-Flower's SuperNodes and `flwr` check the SuperLink's certificate against the CA given to them
-(`--root-certificates`, `root-certificates = ...`) AND that it names the address they connect to: a
-certificate without a SAN for that name or IP is refused (docs/deployment.md, "TLS"). Written:
-ca.crt (give it to every SuperNode and to `flwr`), ca.key (keep it on the coordinator, 0600: it signs
-new certificates), server.pem and server.key (the SuperLink's `--ssl-certfile`/`--ssl-keyfile`;
-`--ssl-ca-certfile ca.crt`). ECDSA P-256 keys, SHA-256 signatures.
-The four files are one set, written whole or not at all (`write_set`).
+SuperNodes and `flwr` check the SuperLink's certificate against their CA AND that it names the address
+they connect to (docs/deployment.md, "TLS"). Written, as one set or not at all: ca.crt (for every
+SuperNode and `flwr`), ca.key (0600, signs new certificates), server.pem and server.key (the
+SuperLink's). ECDSA P-256 keys, SHA-256 signatures.
 """
 
 from __future__ import annotations
@@ -39,8 +36,8 @@ def _shown(name: str) -> str:
 
 
 def _dns_name(name: str) -> str:
-    """`name` as a DNS name a certificate can hold (ASCII A-labels, each 1 to 63 characters, 253 in
-    all; a leading `*.` wildcard allowed); a PowerctlError saying what is wrong otherwise."""
+    """`name` as a DNS name a certificate can hold (ASCII A-labels of 1 to 63 characters, 253 in all, a
+    leading `*.` allowed), else a PowerctlError saying what is wrong."""
     if not name.isascii():
         try:
             hint = f"give its ASCII form (A-label): --san {name.encode('idna').decode('ascii')}"
@@ -96,7 +93,7 @@ def _check_targets(folder: Path, overwrite: bool) -> list[Path]:
 
 
 def _created_folders(folder: Path) -> list[Path]:
-    """The folders a write to `folder` would create, deepest first (removed again if the write fails)."""
+    """The folders a write to `folder` would create, deepest first."""
     missing = []
     for f in [folder, *folder.parents]:
         if f.exists():
@@ -106,9 +103,8 @@ def _created_folders(folder: Path) -> list[Path]:
 
 
 def write_set(folder: Path, files: dict[str, tuple[bytes, bool]], overwrite: bool) -> None:
-    """Write `files` ({name: (data, private)}) into `folder` whole or not at all: every target checked,
-    every temporary file filled, then all renamed; on any failure the temporary files (and any folder
-    made for them) are removed and nothing is replaced."""
+    """Write `files` ({name: (data, private)}) into `folder` whole or not at all: every temporary file
+    filled, then all renamed; on failure they (and any folder made for them) are removed."""
     _check_targets(folder, overwrite)
     created = _created_folders(folder)
     try:

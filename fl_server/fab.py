@@ -1,9 +1,6 @@
-"""The app folder `flwr run` packs, staged small.
-
-`flwr run APP` walks every file under APP before filtering by `fab-include` (tens of thousands with a
-venv in the folder: docs/testing.md). A run started here packs a copy of the top-level names
-`fab-include` can match instead; Flower filters it with the same rules, so the FAB is the same.
-"""
+"""The app folder `flwr run` packs, staged small: `flwr run APP` walks every file under APP before
+filtering by `fab-include` (a venv's tens of thousands); a copy of the top-level names `fab-include` can
+match gives the same FAB."""
 
 from __future__ import annotations
 
@@ -33,8 +30,8 @@ def fab_roots(app_dir: Path) -> list[str] | None:
 
 
 def staged_app(app_dir: Path, into: Path) -> Path:
-    """`into` holding a copy of what `app_dir`'s FAB can hold (symbolic links kept as links: Flower
-    skips them either way), or `app_dir` itself when its `fab-include` does not say (see `fab_roots`)."""
+    """`into` holding a copy of what `app_dir`'s FAB can hold (links kept: Flower skips them), or `app_dir`
+    itself when its `fab-include` does not say."""
     roots = fab_roots(app_dir)
     if roots is None:
         return app_dir

@@ -1,10 +1,6 @@
-"""Progress lines of a run: a Grid that says how a round is going (which method, which round and phase,
-clients done, elapsed), a pre-training's samples with the time left, and a line when nothing else was
-heard for a while, so that no phase looks hung.
-
-Flower's `send_and_receive` blocks until every reply is in, so `ProgressGrid` pushes and pulls itself,
-a line when the count changes (at most every `every_s`) and at least every `quiet_s`.
-"""
+"""Progress lines of a run, so that no phase looks hung: a Grid that says how a round is going (Flower's
+`send_and_receive` blocks until every reply is in), a pre-training's samples with the time left, and a
+line when nothing else was heard for a while."""
 
 from __future__ import annotations
 
@@ -72,14 +68,13 @@ class ProgressGrid:
             time.sleep(self.interval_s(len(pending)))
 
     def interval_s(self, pending: int) -> float:
-        """The pull interval, scaled with what is pending (a pull costs O(pending)): a round's pulls stay
-        linear in the fleet, up to Flower's own 3 s."""
+        """The pull interval, scaled with what is pending (a pull costs O(pending)), up to Flower's 3 s."""
         return min(3.0, max(self.poll_s, pending / 500))
 
 
 class SampleProgress:
-    """`on_step(steps, samples)` for a run with a known sample budget: a line at most every `every_s`
-    seconds with the samples done, the time so far and the time left at the rate so far."""
+    """`on_step(steps, samples)` for a known sample budget: a line at most every `every_s` seconds with
+    the samples done, the time so far and left."""
 
     def __init__(
         self,
@@ -106,8 +101,7 @@ class SampleProgress:
 
 
 class Heartbeat:
-    """A line when nothing was heard for `quiet_s` seconds ("still preparing, N s in all"): a phase whose
-    own lines come only at its end (a long proxy run) does not look hung."""
+    """A line when nothing was heard for `quiet_s` seconds ("still preparing, N s in all")."""
 
     def __init__(
         self,

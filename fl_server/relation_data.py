@@ -1,9 +1,6 @@
-"""Proxy data for the relation estimator, whatever form the user holds it in.
-
-A dataset spec (`powerfed.training.data.load_dataset`), the project's in-memory `Dataset`, a torch `Dataset`,
-a `DataLoader` (its dataset) or tensors (x, y) of any sample shape: all become one in-memory `Dataset`
-with a train/test split, a label for the relation file and a digest of its bytes for the cache.
-"""
+"""Proxy data for the relation estimator, whatever form the user holds it in (a dataset spec, a
+`Dataset`, a torch Dataset or DataLoader, tensors (x, y)): one in-memory `Dataset` with a train/test
+split, a label for the relation file and a digest of its bytes for the cache."""
 
 from __future__ import annotations
 
@@ -78,7 +75,7 @@ def _as_tensor(value: Any, what: str) -> torch.Tensor:
 
 
 def _pairs_of(data: Any, limit: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x, y) stacked from a torch Dataset (TensorDataset at once) or a DataLoader's dataset."""
+    """(x, y) stacked from a torch Dataset or a DataLoader's dataset."""
     from torch.utils.data import DataLoader, TensorDataset
 
     if isinstance(data, DataLoader):
@@ -113,8 +110,8 @@ def _pairs_of(data: Any, limit: int | None) -> tuple[torch.Tensor, torch.Tensor]
 
 
 def in_memory(data: Any, task: str | None, limit: int | None) -> Dataset:
-    """The user's proxy data as one `Dataset` of `task` ("image": one target per sample, any input
-    shape; "text": character ids [N, T] with targets of the same shape; None: read off the tensors)."""
+    """The user's proxy data as one `Dataset` of `task` ("image": one target per sample; "text": ids
+    [N, T] with targets of the same shape; None: read off the tensors)."""
     if isinstance(data, Dataset):
         return data if limit is None else data.subset(np.arange(min(limit, len(data))))
     if isinstance(data, (tuple, list)) and len(data) == 2 and not isinstance(data[0], (tuple, list)):
@@ -140,8 +137,7 @@ def in_memory(data: Any, task: str | None, limit: int | None) -> Dataset:
 
 
 def split(ds: Dataset, seed: int) -> tuple[Dataset, Dataset]:
-    """train_test_split where the targets are one class per sample (stratified) or text; otherwise a
-    seeded random split of TEST_FRACTION."""
+    """train_test_split for class targets (stratified) or text; otherwise a seeded random split."""
     if ds.task == "text" or (ds.y.ndim == 1 and not ds.y.is_floating_point()):
         return train_test_split(ds, seed=seed)
     n = len(ds)

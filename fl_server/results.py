@@ -1,8 +1,5 @@
-"""`results.json` (`fl_server.results/1`), rewritten atomically after every round, and the printed tables.
-
-A crash loses no finished round: each round's record is in the file as soon as its training replies are
-aggregated, and its evaluation is added when that completes.
-"""
+"""`results.json` (`fl_server.results/1`), rewritten atomically after every round (a crash loses no
+finished round), and the printed tables."""
 
 from __future__ import annotations
 
@@ -26,11 +23,8 @@ CLIENT_COLUMNS = tuple(
     paused_seconds over_cap_seconds pinned restored profiling_choice profiling_predicted_from
     predicted_training_seconds profiling_budget_seconds profiling_costs_predicted partition_id""".split()  # noqa: SIM905
 )
-"""The order of a client's columns in the file (docs/reference/files.md): a report's records' fields
-(`strategies.report`), the records a server reads beside it (the fleet's: `stand_in`, `oracle_...`)
-where it has them, what the server knows of the node; any other column after them."""
-CLIENT_FIELDS = CLIENT_COLUMNS[:11]
-"""Keys every client report in the file has, besides anything else that helps."""
+"""The order of a client's columns in the file (docs/reference/files.md); any other column after them."""
+CLIENT_FIELDS = CLIENT_COLUMNS[:11]  # the keys every client report in the file has
 
 
 def ordered(client: dict[str, Any]) -> dict[str, Any]:
@@ -51,9 +45,7 @@ class ResultsWriter:
         held: bool = False,
     ) -> None:
         """A new file, or (a resumed run) one that starts with the `rounds` and `nodes` done before.
-
-        `held`: keep the record in memory, writing nothing, until `release()` (an earlier run's file is
-        still at `path` and stays there until this run has a result of its own)."""
+        `held`: write nothing until `release()` (an earlier run's file stays until this run has a result)."""
         writable_file(path, "results file")  # a device, a FIFO, a folder: refused now, not after round 1
         self.path = path
         self.data: dict[str, Any] = {
@@ -72,8 +64,8 @@ class ResultsWriter:
         write_json(self.path, self.data)
 
     def record_round(self, record: RoundRecord, nodes: list[NodeInfo] | None = None) -> None:
-        """Add (or replace) `record`, and the nodes as the strategy knows them now (by key: a node
-        known only from before a resume is kept)."""
+        """Add (or replace) `record`, and the nodes as the strategy knows them now (by key: one known
+        only from before a resume is kept)."""
         if nodes is not None:
             by_key = {n["key"]: n for n in self.data["nodes"] if isinstance(n, dict) and "key" in n}
             by_key.update({n.key: asdict(n) for n in nodes})
@@ -90,13 +82,12 @@ def _num(v: float | None, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
 
 
+# how a client profiled (`profiling_choice`), as the round table shows it
 PROFILING_WAYS = {"efficient": "eff", "grid": "grid", "fitted": "fit", "predicted": "pred", "model": "model"}
-"""How a client profiled (`ClientReport.profiling_choice`), as the round table shows it."""
 
 
 def profiled_as(client: dict[str, Any]) -> str:
-    """ "cached", or the way the client profiled this round (pred: its predicted profile's choice,
-    confirmed by the training's first steps)."""
+    """ "cached", or the way the client profiled this round."""
     if client.get("profile_cached"):
         return "cached"
     way = client.get("profiling_choice") or ""
@@ -104,15 +95,13 @@ def profiled_as(client: dict[str, Any]) -> str:
 
 
 def _mhz(client: dict[str, Any]) -> str:
-    """The client's frequency in MHz, or "not pinned": it ran at the clock in force (ClientReport.pinned)."""
+    """The client's frequency in MHz, or "not pinned" (it ran at the clock in force)."""
     return f"{client['frequency_hz'] / 1e6:.1f}" if client.get("pinned", True) else "not pinned"
 
 
 def client_table(record: RoundRecord) -> str:
-    """device, cap, b, MHz, how it profiled and at what cost against its budget, device s, (start s,)
-    energy J, peak W, accuracy, at target — one row per client. `start s` (`ClientReport.startup_s`: its
-    process's start to the first profiling or training step) only where a client measured it: a deployed
-    board, whose SuperNode starts a process per message; simulation's processes serve many."""
+    """One row per client: device, cap, b, MHz, how it profiled at what cost against its budget, device
+    s, energy J, peak W, accuracy, at target; `start s` (process start to first step) where measured."""
     startup = any(c.get("startup_s") is not None for c in record.clients)
 
     def start_s(c: dict[str, Any] | None) -> str:
@@ -148,8 +137,7 @@ def client_table(record: RoundRecord) -> str:
 
 
 def profiling_over_budget(client: dict[str, Any]) -> str | None:
-    """Why a budgeted client's profiling cost more than its budget (None: it did not, or it was not
-    budgeted), from the report's own fields."""
+    """Why a budgeted client's profiling cost more than its budget (None: it did not, or no budget)."""
     budget, costs = client.get("profiling_budget_seconds"), client.get("profiling_costs_predicted")
     if budget is None or costs is None:
         return None
@@ -163,8 +151,7 @@ def profiling_over_budget(client: dict[str, Any]) -> str | None:
 
 
 def profiling_share(clients: list[dict[str, Any]]) -> float | None:
-    """Profiling device seconds over fine-tuning device seconds, summed over `clients` (None: none
-    trained)."""
+    """Profiling over fine-tuning device seconds, summed over `clients` (None: none trained)."""
     training = sum(c["device_seconds"] for c in clients)
     return sum(c["profiling_seconds"] for c in clients) / training if training > 0 else None
 
@@ -194,8 +181,7 @@ def summary_lines(record: RoundRecord) -> str:
 
 
 def over_budget_lines(record: RoundRecord, most: int = 3) -> list[str]:
-    """One line per client whose profiling cost more than its budget, saying why (a large round: the
-    count and the first `most`)."""
+    """Why each client's profiling cost more than its budget (a large round: the first `most`, a count)."""
     over = [f"{c['node_key']}: {why}" for c in record.clients if (why := profiling_over_budget(c))]
     if len(over) > most:
         over = [*over[:most], f"profiling over its budget on {len(over)} of {len(record.clients)} clients"]
@@ -213,10 +199,9 @@ def evaluation_line(record: RoundRecord) -> str:
 
 
 def save_results(strategy: Any, path: Path | str, run: dict[str, Any] | None = None) -> Path:
-    """Write a `PowerAware` strategy's rounds and nodes to `path` as `results.json` (a user's own
-    ServerApp, after `strategy.start(...)`; the built-in ServerApp writes it after every round). `run`
-    describes the run (default: the plan sent and its relation vector). A file at `path` that is not a
-    results file (a link to one included) is never replaced: one line, nothing written."""
+    """Write a `PowerAware` strategy's rounds and nodes to `path` as `results.json`, after
+    `strategy.start(...)` in a user's own ServerApp. `run` describes the run (default: the plan sent and
+    its relation vector). A file at `path` that is not a results file is never replaced."""
     if not isinstance(getattr(strategy, "rounds", None), dict) or not hasattr(strategy, "instructions"):
         raise ArgumentError(
             f"save_results: 'strategy' must be the PowerAware strategy that ran (its rounds are what is "

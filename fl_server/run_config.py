@@ -1,10 +1,7 @@
-"""The ServerApp's settings: the run config (`[tool.flwr.app.config]` + `--run-config`), checked whole.
-
-Every key is declared once in `strategies.settings`. `parse_server_config` checks every key (those only
-the clients read included) before any expensive work, one line for the first problem; paths are
-absolute or relative to the app folder (the ServerApp runs from Flower's copy of it). Where a run is
-submitted, `check_before_start` also checks what the config names, by the same functions the ServerApp
-uses; nothing is started or written.
+"""The ServerApp's settings: the run config (`[tool.flwr.app.config]` + `--run-config`), checked whole
+before any expensive work (one line for the first problem); paths are absolute or relative to the app
+folder. Where a run is submitted, `check_before_start` also checks what the config names, by the same
+functions the ServerApp uses, starting and writing nothing.
 """
 
 from __future__ import annotations
@@ -38,7 +35,7 @@ FleetFileLoader = Callable[[Path], Sequence[Any]]  # reads a fleet file's boards
 
 def parse_server_config(run_config: Any, *, load_fleet_file: FleetFileLoader | None = None) -> ServerConfig:
     """Check the whole run config; the first problem is one RunConfigError line. A fleet file must
-    exist, and is parsed too when `load_fleet_file` is given."""
+    exist, and is parsed too by `load_fleet_file`, where given."""
     cfg = read_settings(run_config, RunConfigError)
     stop = cfg.inject_server_stop_round
     if stop and os.environ.get(FAULT_SWITCH) != "1":
@@ -179,9 +176,8 @@ def check_task_files(
 def check_before_start(
     overrides: dict[str, Any], app_dir: Path, *, load_fleet_file: FleetFileLoader | None = None
 ) -> tuple[ServerConfig, dict[str, Any]]:
-    """Every check that can be made where a run is submitted, before Flower starts: the overrides merged
-    as Flower merges them, every value, the results folder, the task's files. Returns the checked config
-    and the merged run config; the first problem is one RunConfigError line."""
+    """Every check a submitted run allows before Flower starts (the overrides merged as Flower does, every
+    value, the results folder, the task's files): the checked config and the merged run config."""
     from flwr.common.config import fuse_dicts
 
     known = app_config(app_dir)

@@ -1,23 +1,11 @@
 """The default run's starting point, shipped with the package: its pre-trained weights and relation vector.
 
-`make run` (and `flwr run .`) on the default run config would pre-train the embedded model and estimate
-the relation vector (twelve proxy runs) before the first round: minutes on a 2-core CPU, every time the
-caches are empty. Both are a fixed function of the run config's defaults, so the package ships them,
-made by one command from this code:
-
-    .venv/bin/python -m fl_server.shipped --write
-
-(`make shipped`). It pre-trains and estimates exactly as the ServerApp does (on the CPU, with torch's
-default thread count) and writes `fl_server/shipped/`: `manifest.json` (each file's recipe, the run
-settings it was made from, and the SHA-256 of its bytes) and the two files. A Flower app bundle (FAB)
-holds only text files (`.py`, `.toml`, `.md`, `.json`, ...), so the weights' safetensors bytes travel
-base64-encoded in a JSON file and are unpacked into the weights cache when first used.
-
-A run whose recipe matches a manifest entry (the same model, data, samples, seeds, settings and cache
-version; the CPU and thread count are NOT part of it) starts from the shipped file, so every CPU starts
-from the same tensors and the same vector (made on the CPU the manifest names; a cache entry trained here
-would differ from it in the last digits elsewhere). A file whose bytes do not match the manifest's hash
-is one logged warning, and the run pre-trains or estimates as if nothing were shipped.
+Both are a fixed function of the run config's defaults, made by `.venv/bin/python -m fl_server.shipped
+--write` (`make shipped`) exactly as the ServerApp makes them (on the CPU), into `fl_server/shipped/`:
+`manifest.json` (each file's recipe and SHA-256) and the files; the weights travel base64 in JSON (a FAB
+holds only text). A run whose recipe matches an entry (the CPU and thread count are not part of it)
+starts from the shipped file, so every CPU starts alike; a file whose bytes do not match is one warning,
+and the run trains as if nothing were shipped.
 """
 
 from __future__ import annotations
@@ -45,12 +33,11 @@ SHIPPED_DIR = Path(__file__).resolve().parent / "shipped"
 MANIFEST = "manifest.json"
 SCHEMA = "fl_server.shipped/1"
 WRITE_COMMAND = ".venv/bin/python -m fl_server.shipped --write"
-WEIGHTS_SCHEMA = "fl_server.shipped-weights/1"
-"""The weights' JSON: the safetensors file's bytes, base64 (a FAB holds only text files)."""
+WEIGHTS_SCHEMA = "fl_server.shipped-weights/1"  # the safetensors file's bytes, base64
 
 
 def normal(recipe: dict[str, Any]) -> Any:
-    """`recipe` as JSON reads it back (tuples as lists, other objects as their repr): what is compared."""
+    """`recipe` as JSON reads it back (tuples as lists, others as their repr): what is compared."""
     return json.loads(json.dumps(recipe, sort_keys=True, default=repr))
 
 
@@ -74,8 +61,7 @@ def _manifest(folder: Path) -> dict[str, Any]:
 
 def shipped_bytes(kind: str, recipe: dict[str, Any], folder: Path | None = None) -> bytes | None:
     """The bytes of the shipped file of `kind` (weights, relation) made from `recipe`, checked against
-    the manifest's SHA-256; None when none ships for this recipe or its bytes do not match (one
-    warning: the caller then trains as if nothing were shipped)."""
+    the manifest's SHA-256; None when none ships for it or its bytes do not match (one warning)."""
     folder = folder or SHIPPED_DIR
     wanted = normal(recipe)
     for entry in _manifest(folder).get("files", []):
@@ -106,8 +92,8 @@ def shipped_bytes(kind: str, recipe: dict[str, Any], folder: Path | None = None)
 
 
 def unpacked_weights(recipe: dict[str, Any], into: Path, folder: Path | None = None) -> Path | None:
-    """The shipped weights for `recipe` as a safetensors file in the folder `into` (the weights cache),
-    unpacked there once (named by their hash); None when none ship for it or they do not match."""
+    """The shipped weights for `recipe` unpacked once into the folder `into` as a safetensors file
+    named by their hash; None when none ship for it or they do not match."""
     data = shipped_bytes("weights", recipe, folder)
     if data is None:
         return None
@@ -124,8 +110,8 @@ def unpacked_weights(recipe: dict[str, Any], into: Path, folder: Path | None = N
 
 
 def write_shipped(folder: Path, tell: Callable[[str], None] = say) -> dict[str, Any]:
-    """Pre-train and estimate the default run's weights and relation vector as the ServerApp does (on
-    the CPU), and write them with their manifest into `folder`. Returns the manifest."""
+    """Make the default run's weights and relation vector as the ServerApp does (on the CPU) and write
+    them with their manifest into `folder`; returns the manifest."""
     import torch
 
     from fl_server.app import pretrain_recipe, relation_recipe, relation_vector, train_weights

@@ -1,15 +1,8 @@
-"""Estimate the relation vector on proxy data (docs/design/method.md, docs/reference/files.md).
-
-For every batch size (and seed), the SAME starting weights are fine-tuned on a proxy dataset until the
-target accuracy, the learning rate scaled from the largest batch size by the run's rule; samples to
-target is the interpolated crossing (`powerfed.training.crossing`) and `relation[b]` its mean over seeds
-divided by the largest batch size's (`estimate.estimate_relation` says it whole). What is estimated is
-one record, `request.RelationRequest`, whose hash is the cache key (`cache`): model, weights, proxy and
-its bytes, target, batch sizes, the runs' `RelationSettings`, the code version, and what the floats
-depend on (torch's version and thread count, the CPU). How it is made is `RelationCompute`: the cache's
-folder and use, the torch device (not in the key: a GPU differs only by nondeterminism), Ray tasks of
-one thread each (`parallel`), progress. One run is `runs.run_to_target`. User code (a factory, a loss,
-a metric, a step, a whole loop) is cached only under a `cache_key` the user gives.
+"""Estimate the relation vector on proxy data (docs/design/method.md): for every batch size and seed the
+same starting weights fine-tuned until the target accuracy; `relation[b]` is the mean samples to target
+divided by the largest batch size's. What is estimated is one record (`request.RelationRequest`, its
+hash the cache key, with what the floats depend on: torch, thread count, CPU); how it is made is
+`RelationCompute` (cache, device, Ray, progress); the runs are `runs`, the cache `cache`.
 """
 
 from fl_server.relation.cache import default_cache_dir

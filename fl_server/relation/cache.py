@@ -1,5 +1,4 @@
-"""The relation cache: one file per request, named by its key; the one lookup and the one store every
-kind of estimate uses (the project's proxy runs and a user's own loop)."""
+"""The relation cache: one file per request, named by its key, for every kind of estimate."""
 
 from __future__ import annotations
 
@@ -12,7 +11,6 @@ from powerctl.files.cache import cache_dir
 from powerctl.records.relation import RelationVector
 
 log = logging.getLogger("fl_server.relation")
-"""`fl_server.relation`: a relation cache that could not be written (WARNING)."""
 
 
 def default_cache_dir() -> Path:
@@ -22,8 +20,8 @@ def default_cache_dir() -> Path:
 def lookup(
     request: RelationRequest, how: RelationCompute, user_code: bool
 ) -> tuple[Path | None, RelationVector | None]:
-    """Where this estimate is cached (None when it is not: asked not to, or user code without a
-    `cache_key`, as the project cannot tell when that code changes) and the vector found there."""
+    """Where this estimate is cached (None: asked not to, or user code without a `cache_key`, whose
+    changes the project cannot tell) and the vector found there."""
     if not how.use_cache:
         return None, None
     if user_code and not request.user_key:
@@ -42,8 +40,7 @@ def lookup(
 
 
 def store(relation: RelationVector, path: Path | None) -> None:
-    """The vector into its cache file, where it has one; an unwritable cache is a warning (the cache is a
-    convenience: it must not lose the result)."""
+    """The vector into its cache file, if any; an unwritable cache is a warning, not a lost result."""
     if path is None:
         return
     try:

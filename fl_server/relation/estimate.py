@@ -1,5 +1,5 @@
-"""The relation estimate itself: the request made from the call, the model, weights and proxy located, the
-cache looked up, the runs until the ranking is stable, the vector and its evidence stored."""
+"""The relation estimate: the request made from the call and located, the cache looked up, the runs until
+the ranking is stable, the vector and its evidence stored."""
 
 from __future__ import annotations
 
@@ -49,27 +49,20 @@ def estimate_relation(
     how: RelationCompute | None = None,
 ) -> RelationVector:
     """The relation vector of `model` from `weights` (None: a seeded fresh init) on `proxy`, at
-    `target_accuracy` for `batch_sizes`; `settings` (`RelationSettings`; None: the run config's
-    defaults, as the ServerApp estimates) say how the proxy runs run.
+    `target_accuracy` for `batch_sizes`; `settings` (None: the run config's defaults, as the ServerApp
+    estimates) say how the proxy runs run, `how` where it is cached and how it is computed.
 
-    `model` is a registered name (`powerfed.training.models.register_model`: the seven built-ins and the
-    user's), or a factory returning an nn.Module (given `num_classes=` where it takes it). `proxy` is a
-    dataset spec (`powerfed.training.data.load_dataset`), a torch Dataset, a DataLoader (its dataset) or
-    tensors (x, y) of any sample shape and channel count. `user` (`UserFunctions`): `loss(outputs,
-    targets)` and `metric(outputs, targets)` replace the task's cross entropy and top-1 accuracy;
-    `make_step(model)` → `step(x, y)` replaces the training step (the one a `PowerSession` takes), so
-    that the vector is the user's optimizer's (`lr_max`/`lr_rule` are then the step's business); the
-    crossing, seeds, stopping rule, cache and Ray stay the project's. Instead of all these, a user whose
-    loop is their own gives `train_to_target(batch_size, lr, seed[, target])` → samples to the target
-    (None: not reached); `model` then only names the file's model and `proxy` (optional) its data.
+    `model`: a registered name (`register_model`) or a factory returning an nn.Module (given
+    `num_classes=` where it takes it). `proxy`: a dataset spec, a torch Dataset, a DataLoader or tensors
+    (x, y). `user` (`UserFunctions`): `loss` and `metric` replace cross entropy and top-1 accuracy,
+    `make_step(model)` → `step(x, y)` the training step (`lr_max`/`lr_rule` are then its business); or
+    the user's own `train_to_target(batch_size, lr, seed[, target])` → samples to the target (None: not
+    reached) replaces the runs, `model` and `proxy` then only name them. User code is cached only under
+    `how.cache_key`.
 
-    Each run trains on the proxy's train split (`data_seed`) at `scaled_lr(lr_max, b, largest b,
-    lr_rule)` and evaluates every `eval_every_samples` samples — again more often if it crossed within
-    fewer than `min_evaluations` evaluations — and its samples to target is the interpolated crossing
-    (`powerfed.training.crossing`). With `max_seeds` above the number of `seeds`, further seeds are run
-    one at a time until the ranking of batch sizes stays the same (`seeds_needed`, `ranking_stable` in
-    the file). `how` (`RelationCompute`) says where the vector is cached and how it is computed (user
-    code is cached only under its `cache_key`; `compute=False` trains nothing).
+    Each run trains at `scaled_lr(lr_max, b, largest b, lr_rule)` until the target, its samples to
+    target the interpolated crossing (`powerfed.training.crossing`); with `max_seeds` above the seeds
+    given, seeds are added one at a time until the ranking of batch sizes stays the same.
     """
     check_record("settings", settings, RelationSettings)
     check_record("user", user, UserFunctions)
@@ -115,9 +108,8 @@ def _locate(
     user: UserFunctions,
     how: RelationCompute,
 ) -> tuple[RelationRequest, Start, bool]:
-    """The model's entry and starting weights, and the proxy's digest: the request completed with what
-    the cache key needs, where the runs start, and whether user code takes part (then the cache needs a
-    `cache_key`)."""
+    """The request completed with what the cache key needs (the model's entry and starting weights, the
+    proxy's digest), where the runs start, and whether user code takes part."""
     if proxy is None:
         raise RelationError("proxy data is needed: a dataset spec, a torch Dataset, a DataLoader or (x, y)")
     spec = _model_entry(model)
@@ -190,8 +182,8 @@ def _finish(
     path: Path | None,
     **extra: Any,
 ) -> RelationVector:
-    """The request's seeds run until the ranking is stable (`seeds_until_stable`), then the vector and
-    its evidence, written to the cache (where there is one): one ending for every kind of run."""
+    """The request's seeds run until the ranking is stable, then the vector and its evidence, cached
+    where there is a cache: one ending for every kind of run."""
     bs, s = request.batch_sizes, request.settings
     started = time.perf_counter()
     runs, used, stable = seeds_until_stable(bs, s.seeds, request.max_seeds, run_seeds)
@@ -233,9 +225,8 @@ def seeds_until_stable(
     max_seeds: int,
     run_seeds: Callable[[Sequence[int]], list[dict[str, Any]]],
 ) -> tuple[list[dict[str, Any]], list[int], bool | None]:
-    """The stopping rule: run `seeds`, then one more seed at a time, up to `max_seeds` in all, until a
-    seed leaves the batch sizes' `ranking` unchanged. Returns (every run, the seeds used, whether the
-    ranking ended stable; None: no seed was added)."""
+    """Run `seeds`, then one more seed at a time, up to `max_seeds` in all, until a seed leaves the
+    `ranking` unchanged. Returns (every run, the seeds used, whether it ended stable; None: none added)."""
     runs = run_seeds(list(seeds))
     used = list(seeds)
     stable = None
@@ -273,7 +264,7 @@ def _starting_weights(
 
 def _model_entry(model: str | ModelFactory | ModelSpec) -> ModelSpec | None:
     """The registry entry of a name, an entry as given, or None for a factory (wrapped once the data
-    says its input shape)."""
+    gives its input shape)."""
     if isinstance(model, ModelSpec):
         return model
     if isinstance(model, str):

@@ -1,5 +1,4 @@
-"""The runs of a relation estimate, one after another or as Ray tasks (one torch thread each, a share of a
-GPU where they train on one), with a line per finished run."""
+"""The runs of a relation estimate, one after another or as Ray tasks, with a line per finished run."""
 
 from __future__ import annotations
 
@@ -20,9 +19,7 @@ from powerctl.progress import progress_bar
 from powerfed.training.finetune_records import FineTuneConfig, TrainToTarget
 
 log = logging.getLogger("fl_server.relation")
-"""`fl_server.relation`: runs that cannot go to Ray workers, run one at a time (WARNING)."""
-Run = Callable[[Any, FineTuneConfig, bool, int], dict[str, Any]]
-"""One run (`runs.run_job` with the shared `ProxyRuns`, `runs.run_user_job` with the user's loop)."""
+Run = Callable[[Any, FineTuneConfig, bool, int], dict[str, Any]]  # `runs.run_job` or `runs.run_user_job`
 
 
 def seed_runner(
@@ -32,8 +29,8 @@ def seed_runner(
     how: RelationCompute,
     label: str,
 ) -> Callable[[Sequence[int]], list[dict[str, Any]]]:
-    """run_seeds for `seeds_until_stable`: every batch size × seed, on Ray or one after another, each
-    checked to have reached the target on the proxy (`label`)."""
+    """run_seeds for `seeds_until_stable`: every batch size × seed, each checked to have reached the
+    target on the proxy (`label`)."""
 
     def run_seeds(seed_list: Sequence[int]) -> list[dict[str, Any]]:
         jobs = request.jobs(seed_list)
@@ -76,8 +73,7 @@ def _check_runs(runs: list[dict[str, Any]], proxy: str, target: float, max_sampl
 
 
 def _progress(say: Say | None, total: int) -> Callable[[dict[str, Any]], None]:
-    """One line per finished run: which, what it measured, time so far and an estimate of what is left
-    (runs of one batch size take about as long as each other; the estimate is the mean so far)."""
+    """One line per finished run: which, what it measured, the time so far and left (at the mean so far)."""
     started, done = time.perf_counter(), [0]
 
     def finished(run: dict[str, Any]) -> None:
@@ -96,8 +92,7 @@ def _progress(say: Say | None, total: int) -> Callable[[dict[str, Any]], None]:
 
 
 def _picklable(shared: ProxyRuns | TrainToTarget) -> bool:
-    """Whether what every run needs can cross to a Ray worker (a lambda in a user's script can; a
-    local object holding a lock or an open file cannot); the data and weights always can."""
+    """Whether the model and callables can cross to a Ray worker (one holding a lock cannot)."""
     from ray import cloudpickle
 
     try:
@@ -115,9 +110,8 @@ def _run_parallel(
     how: RelationCompute,
     finished: Callable[[dict[str, Any]], None],
 ) -> list[dict[str, Any]]:
-    """Each job a Ray task with one torch thread; Ray is started locally (and stopped) if needed. Jobs
-    on a GPU (`ProxyRuns.device` cuda:...) ask Ray for an equal share of one GPU each, as many as run at once,
-    and train on the GPU Ray gives them (their cuda:0: Ray sets CUDA_VISIBLE_DEVICES)."""
+    """Each job a Ray task with one torch thread; Ray is started (and stopped) here if needed. Jobs on a
+    GPU ask for an equal share of one and train on the GPU Ray gives them (cuda:0)."""
     import ray
 
     started_here = not ray.is_initialized()
@@ -165,11 +159,10 @@ def _run_parallel(
             ray.shutdown()
 
 
-_MISSING_MODULE = re.compile(r"No module named '([^']+)'")
-"""What a Ray worker says when it cannot unpickle an object from a module only the driver can import."""
+_MISSING_MODULE = re.compile(r"No module named '([^']+)'")  # a Ray worker that cannot unpickle
 
 
 def gpu_share(cpus: int, jobs: int) -> float:
-    """The share of one GPU each Ray task asks for: as many tasks as run at once (one per CPU, at most
-    one per job) fit on one GPU together, rounded down to Ray's resolution (1/10000)."""
+    """The share of one GPU each Ray task asks for, so that all that run at once fit, rounded down to
+    Ray's resolution (1/10000)."""
     return math.floor(10_000 / max(1, min(cpus, jobs))) / 10_000

@@ -1,9 +1,6 @@
-"""What a relation estimate is (`RelationRequest`, whose hash is the cache key, with the runs' part the
-user gives, `RelationSettings`) and how it is made (`RelationCompute`): each checked where it is made.
-
-The settings that are run settings take their default and their check from the run's declaration
-(`strategies.settings`), so `estimate_relation` with nothing given is the estimate the ServerApp makes.
-"""
+"""What a relation estimate is (`RelationRequest`, its hash the cache key; the user's part,
+`RelationSettings`) and how it is made (`RelationCompute`), each checked where it is made. Run settings
+take their default and check from `strategies.settings`: with nothing given, the ServerApp's estimate."""
 
 from __future__ import annotations
 
@@ -36,15 +33,13 @@ from powerfed.training.model_limits import MAX_SEQ_LEN
 from powerfed.training.numerics import numerics_key
 from strategies.settings import SETTINGS, key_of
 
-WHERE = "estimate_relation"
-"""What every refusal of an estimate's arguments names: the call the user made."""
+WHERE = "estimate_relation"  # the call every refusal of an estimate's arguments names
 CACHE_VERSION = 2
 """Bump when a code change alters what a relation estimate would be: old cache entries then miss."""
 Say = Callable[[str], None]
+# the proxy runs' settings, and what the request locates, in the cache key
 RUNS_KEY = ("limit", "data_seed", "max_samples", "eval_every_samples", "eval_max_samples", "min_evaluations")
-"""The proxy runs' settings in the cache key."""
 WHAT_KEY = ("model", "overrides", "weights_sha256", "proxy_spec", "proxy_sha256", "seq_len", "model_entry")
-"""What the request locates in the cache key."""
 
 
 class RelationError(PowerctlError):
@@ -73,8 +68,7 @@ class Each(Kind):
 
 
 def _run(attr: str, *, optional: bool = False) -> Any:
-    """A field that is the run setting `attr`: its declared default and kind (`optional`: None too, the
-    default where the declared one is 0)."""
+    """A field that is the run setting `attr`, its default and kind (`optional`: None too, for a 0)."""
     s = SETTINGS[key_of(attr)]
     default = s.typed_default()
     kind: Kind = Maybe(s.kind) if optional else s.kind
@@ -86,14 +80,12 @@ def _run(attr: str, *, optional: bool = False) -> Any:
 
 @dataclass(frozen=True)
 class RelationSettings:
-    """What a relation estimate is, beside its model, weights, proxy, target and batch sizes: how the
-    proxy runs run. The defaults are the run config's (`strategies.settings`), as the ServerApp
-    estimates. Checked when made, before any data is read: one ArgumentError line naming
-    estimate_relation and the setting (a NaN budget or `limit=-1` would otherwise fail deep inside, or
-    silently drop samples); numpy's numbers become plain ones (they go into the cache key and the file)."""
+    """How the proxy runs of a relation estimate run (beside its model, weights, proxy, target and batch
+    sizes); the defaults are the run config's. Checked when made, before any data is read: one
+    ArgumentError line naming the setting; numpy's numbers become plain ones (they go into the key)."""
 
     seeds: Sequence[int] = _run("relation_seeds")
-    """The runs' seeds per batch size (the vector is their mean); kept as a tuple."""
+    """The runs' seeds per batch size (the vector is their mean)."""
     lr_max: float = _run("lr_max")
     """The rate at the largest batch size; the others' by `lr_rule` (`powerfed.training.lr.scaled_lr`)."""
     lr_rule: str = _run("lr_rule")
@@ -112,7 +104,7 @@ class RelationSettings:
     limit: int | None = kind_field(Maybe(Integer(1)), None)
     """Proxy samples to use at most (None: all)."""
     data_seed: int = _run("proxy_seed")
-    """Seed of the proxy's train/test split, the same for every run."""
+    """Seed of the proxy's train/test split."""
     overrides: dict[str, Any] | None = None
     """The model's options; with weights, those they were built with."""
 
@@ -132,20 +124,18 @@ class RelationSettings:
 @dataclass(frozen=True)
 class RelationCompute:
     """Where a relation estimate is cached and how it is computed and shown: nothing here changes the
-    vector (the thread count that `parallel` implies is in the cache key). Checked when made, as
-    `RelationSettings` is."""
+    vector (the thread count `parallel` implies is in the key). Checked when made."""
 
     cache_key: str | None = None
-    """Names the version of the user's code (a model not built into the project, a loss, a metric, a
-    step or a loop): only then is such an estimate cached, and it must change when that code does."""
+    """Names the version of the user's code (model, loss, metric, step or loop): only then is such an
+    estimate cached, and it must change when that code does."""
     cache_dir: str | Path | None = None
     """The cache's folder (None: $POWERFED_CACHE/relation or $XDG_CACHE_HOME/powerfed/relation)."""
     use_cache: bool = kind_field(Flag(), True)
     compute: bool = kind_field(Flag(), True)
     """False: nothing trains; the cached vector, else `NotCached`."""
     parallel: bool = kind_field(Flag(), False)
-    """The runs as Ray tasks with one torch thread each, where the model and callables can be pickled
-    (else one at a time, logged)."""
+    """The runs as Ray tasks of one torch thread each, where the model and callables pickle."""
     num_cpus: int | None = kind_field(Maybe(Integer(1)), None)
     """CPUs of the Ray started here (None: one per run, at most this machine's)."""
     device: str = kind_field(Text(what="a torch device: auto, cpu or cuda[:INDEX]"), "auto")
@@ -153,8 +143,7 @@ class RelationCompute:
     progress: bool = kind_field(Flag(), True)
     """A bar on stderr where it is a terminal."""
     say: Say | None = None
-    """Hears a line per finished run (what it measured, the time left): progress where no terminal
-    shows a bar (a ServerApp's log)."""
+    """Hears a line per finished run: progress where no terminal shows a bar (a ServerApp's log)."""
 
     def __post_init__(self) -> None:
         check_fields(self, WHERE, field_kinds(RelationCompute))  # a flag is a bool: "no" must not train
@@ -168,17 +157,15 @@ class RelationCompute:
 
 @dataclass(frozen=True)
 class RelationRequest:
-    """Everything that determines a relation estimate; its `cache_key` is the cache's file name. Made
-    from a call's target, batch sizes and settings (checked), then completed with what the model,
-    weights and proxy are once they are located (`dataclasses.replace`)."""
+    """Everything that determines a relation estimate; its `cache_key` names the cache's file. Made from
+    a call's target, batch sizes and settings, then completed once the model, weights and proxy are found."""
 
     target_accuracy: float = kind_field(SETTINGS[key_of("target_accuracy")].kind)
     batch_sizes: Sequence[int] = kind_field(_run("batch_sizes").metadata[FIELD_KIND])
     """Kept sorted, as a tuple: the largest last (the vector's denominator)."""
     settings: RelationSettings = field(default_factory=RelationSettings)
     threads: int = 1
-    """torch's intra-op thread count the runs train with: another count sums in another order, and its
-    samples to target differ in the last digits, enough to move a crossing by an evaluation."""
+    """torch's intra-op thread count: another sums in another order, enough to move a crossing."""
     model: str = ""
     overrides: dict[str, Any] = field(default_factory=dict)
     """The model's options, as its weights were built with."""
@@ -191,8 +178,8 @@ class RelationRequest:
     user_key: str | None = None
     """The user's `cache_key` where user code is involved (None for the project's own models)."""
     model_entry: dict[str, Any] = field(default_factory=dict)
-    """The registry entry's variant (its defaults, input shape and task): a name registered again with
-    other defaults (`register_model(..., replace=True)`) is another model, estimated afresh."""
+    """The registry entry's defaults, input shape and task: a name registered again differently is
+    another model."""
     own_loop: bool = False
     """The user's `train_to_target`: its data, budgets and evaluation are its own (keyed as none)."""
 
@@ -216,8 +203,7 @@ class RelationRequest:
         return [scaled_lr(s.lr_max, b, largest, s.lr_rule) for b in self.batch_sizes]
 
     def runs_key(self) -> dict[str, Any]:
-        """The proxy runs' part of the key: none for the user's own loop (its data, budgets and
-        evaluation are its own)."""
+        """The proxy runs' part of the key: none for the user's own loop."""
         none = {"limit": None, "eval_max_samples": None}
         return {k: none.get(k, 0) if self.own_loop else getattr(self.settings, k) for k in RUNS_KEY}
 

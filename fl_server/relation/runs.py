@@ -1,7 +1,6 @@
-"""The proxy runs of a relation estimate: what every run shares (`ProxyRuns`, made from where the estimate
-starts), one run to the target (`run_to_target`, also the paper tables'), a run as a plain record that
-crosses to a Ray worker (`run_job`; `run_user_job` for a user's own loop), and the probe that a model and
-its data fit before any run."""
+"""The proxy runs of a relation estimate: what they share (`ProxyRuns`), one run to the target
+(`run_to_target`), a run as a record that crosses to a Ray worker (`run_job`, `run_user_job`), and the
+probe that a model and its data fit."""
 
 from __future__ import annotations
 
@@ -35,14 +34,13 @@ from powerfed.training.finetune_records import (
 from powerfed.training.models import ModelSpec, build_spec, check_input_shape, model_fingerprint
 from powerfed.training.trace import StepTrace
 
-INIT_SEED = 0
-"""Seed of the starting weights when no pre-trained weights are given (same for every run)."""
+INIT_SEED = 0  # seed of the starting weights when none are given
 
 
 @dataclass(frozen=True)
 class Start:
-    """Where an estimate's runs start, found before any training: the model, its starting weights (None:
-    a seeded init, made once the data gives the classes) and their file, the device, the proxy if read."""
+    """Where an estimate's runs start: the model, its starting weights (None: a seeded init, made once
+    the data gives the classes) and their file, the device, the proxy if read."""
 
     spec: ModelSpec
     state: dict[str, torch.Tensor] | None
@@ -55,14 +53,12 @@ class Start:
 @dataclass(frozen=True)
 class ProxyRuns:
     """What every run of one estimate shares: the model and its starting weights, the train/test split,
-    how densely a crossing is read, the user's functions, where it trains. The paper tables' runs
-    (bench/paper_tables.py) are this too, so that the product and the tables cannot drift apart."""
+    how densely a crossing is read, the user's functions, where it trains (the paper tables' runs too)."""
 
     spec: ModelSpec
     """The model's registry entry (a Ray worker has not run the user's `register_model`)."""
     num_classes: int
     state: dict[str, torch.Tensor]
-    """The starting weights, the same for every run."""
     train: Dataset
     test: Dataset
     overrides: dict[str, Any] = field(default_factory=dict)
@@ -70,7 +66,6 @@ class ProxyRuns:
     """A run that crossed within fewer evaluations runs again, denser (`run_dense`)."""
     user: UserFunctions = field(default_factory=UserFunctions)
     device: str = "cpu"
-    """The torch device the runs train on (batches, optimizer state and evaluation follow it)."""
     workload: Workload | None = None
     """What the device charges per step (None: measured from the model, `fine_tune`'s default)."""
 
@@ -78,11 +73,9 @@ class ProxyRuns:
 def run_to_target(
     runs: ProxyRuns, config: FineTuneConfig, *, host: Device | None = None, progress: bool = False
 ) -> tuple[FineTuneResult, float | None, int | None]:
-    """One fine-tuning run from the shared starting weights (`config`: batch size, rate, seed, target,
-    budget), run again with denser evaluation if it crossed too early
-    (`powerfed.training.crossing.run_dense`); with no target, one run for the budget. Returns (the
-    run, its interpolated crossing or None, the evaluation interval it used). `host`: the device that
-    runs the steps (default: this host on `runs.device`)."""
+    """One fine-tuning run from the shared starting weights, again with denser evaluation if it crossed
+    too early (`run_dense`); with no target, one run for the budget. Returns (the run, its crossing or
+    None, the evaluation interval used). `host`: the device (default: this host on `runs.device`)."""
     host = host or HostDevice(runs.device, torch_device=runs.device)
     callbacks = FineTuneCallbacks(progress=progress, desc=f"b={config.batch_size} seed={config.seed}")
     traced: list[tuple[StepTrace, FineTuneResult]] = []  # the last trained run, with its weights per step
@@ -112,7 +105,7 @@ def run_to_target(
         return result
 
     def replay(every: int) -> FineTuneResult | None:
-        """The run again, evaluated every `every` samples, read from the last trained run's weights."""
+        """The run again, evaluated every `every` samples, from the last trained run's weights."""
         if not traced:
             return None
         trace, first = traced[0]
@@ -160,8 +153,7 @@ def run_job(runs: ProxyRuns, config: FineTuneConfig, progress: bool, threads: in
 
 @contextlib.contextmanager
 def torch_threads(threads: int) -> Any:
-    """torch's intra-op thread count `threads` for the block, the caller's put back after (a run one at
-    a time must not leave the caller's process with another count)."""
+    """torch's intra-op thread count `threads` for the block, the caller's put back after."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -173,8 +165,7 @@ def torch_threads(threads: int) -> Any:
 def run_user_job(
     train_to_target: TrainToTarget, config: FineTuneConfig, progress: bool, threads: int
 ) -> dict[str, Any]:
-    """One run of the user's own loop; its answer checked, as a run record like `run_job`'s (the
-    device is the user's loop's own business)."""
+    """One run of the user's own loop, its answer checked, as a record like `run_job`'s."""
     batch_size, lr, seed, target_accuracy = config.batch_size, config.lr, config.seed, config.target_accuracy
     started = time.perf_counter()
     args: tuple[Any, ...] = (batch_size, lr, seed)
@@ -202,9 +193,8 @@ def run_user_job(
 
 
 def probe(runs: ProxyRuns, proxy: str) -> dict[str, Any]:
-    """One forward and loss on two proxy samples, on the runs' torch device, before any run: a model
-    and data that do not fit together are one line, not a traceback from inside a Ray task. Returns
-    the model's fingerprint (`model_fingerprint`), which the vector records."""
+    """One forward and loss on two proxy samples before any run: a model and data that do not fit are
+    one line, not a traceback from a Ray task. Returns the model's fingerprint."""
     from powerfed.training.tasks import loss_fn
 
     spec, train, device = runs.spec, runs.train, runs.device
@@ -228,8 +218,8 @@ def probe(runs: ProxyRuns, proxy: str) -> dict[str, Any]:
 def make_proxy_runs(
     start: Start, proxy: ProxyData, request: RelationRequest, user: UserFunctions
 ) -> tuple[ProxyRuns, str]:
-    """The runs' shared part, the proxy read where it was not yet, and checked against the model: a
-    model and data that do not fit are one line before any run. Returns it and the data's label."""
+    """The runs' shared part (the proxy read where it was not yet) checked against the model, and the
+    data's label."""
     s, spec, bs = request.settings, start.spec, request.batch_sizes
     data = start.data or load_proxy(
         proxy, task=spec.task, seq_len=request.seq_len or 64, limit=s.limit, seed=s.data_seed
