@@ -1,7 +1,5 @@
-"""Output paths, checked before the work that fills them, and the one atomic writer that fills them. An
-output file's folder must exist, an output folder may be created; either place is probed by writing a file
-in it. Anything there that is not a regular file is never replaced; a link to a regular file is written
-through."""
+"""Output paths, checked (by a probe file) before the work that fills them, and the one atomic writer;
+what is not a regular file is never replaced, a link to one is written through."""
 
 from __future__ import annotations
 
@@ -57,8 +55,7 @@ def _short(text: str, keep: int = 32) -> str:
 
 
 def check_name_lengths(path: str | Path, what: str = "--out", *, room: int = 0, hint: str = "") -> Path:
-    """Every component of `path` fits NAME_MAX and the whole path PATH_MAX (less `room`, for the names a
-    folder output gets inside it), by length alone."""
+    """`path` fits NAME_MAX and PATH_MAX (less `room`, for the names a folder output gets inside it)."""
     p = _as_path(path, what)
     name_max = _limit(p.parent, "PC_NAME_MAX", NAME_MAX)
     hint = hint or "give a shorter path"
@@ -103,8 +100,7 @@ def _stat(path: Path, what: str) -> os.stat_result | None:
 
 
 def writable_file(path: str | Path, what: str = "") -> Path:
-    """The file a write to `path` replaces (`path`, or the regular file its link names); a name over the
-    limits or anything there that is not a regular file is refused in one line."""
+    """The file a write to `path` replaces (`path`, or the regular file its link names), else one line."""
     p = check_name_lengths(path, what)
     st = _stat(p, what)
     if st is None:
@@ -175,13 +171,6 @@ def _temp_prefix(name: str, name_max: int) -> str:
     return f".{keep}."
 
 
-def _shared_mode() -> int:
-    """What a plain `open(..., "w")` would give under the current umask."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask
-
-
 @contextlib.contextmanager
 def replacing(
     path: str | Path, what: str = "", *, shared: bool = True, durable: bool = False
@@ -196,8 +185,10 @@ def replacing(
     tmp = Path(name)
     try:
         yield tmp
-        if shared:
-            os.chmod(tmp, _shared_mode())
+        if shared:  # the mode a plain `open(..., "w")` gives under the umask
+            mask = os.umask(0)
+            os.umask(mask)
+            os.chmod(tmp, 0o666 & ~mask)
         writable_file(target, what)  # again: it may have changed while the temporary file was filled
         os.replace(tmp, target)
         if durable:

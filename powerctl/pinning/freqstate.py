@@ -26,8 +26,7 @@ class BoardBusyError(DeviceError):
 
 
 class BadRecordError(FileFormatError):
-    """A board record that cannot be read or holds a state the board cannot take: nothing is written;
-    `powerctl freq --restore` releases the board to its full range instead."""
+    """A board record that cannot be read or used: nothing is written (`freq --restore` releases it)."""
 
     def __init__(self, path: Path, problem: str, spec: str) -> None:
         release = f"`powerctl freq --device {spec} --restore` releases the board to its full range"
@@ -132,8 +131,12 @@ def write_record(record: BoardRecord) -> Path:
     return path
 
 
-def remove_record(key: str) -> None:
-    record_path(key).unlink(missing_ok=True)
+def remove_record(key: str, under: BoardRecord | None = None) -> None:
+    """Remove board `key`'s record, or put back the `set` record `under` it."""
+    if under is not None:
+        write_record(under)
+    else:
+        record_path(key).unlink(missing_ok=True)
 
 
 class BoardLock:

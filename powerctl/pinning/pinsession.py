@@ -71,16 +71,12 @@ class PinSession:
         if self._lock is None or self.key is None:
             return
         try:
-            if self._under is not None:
-                write_record(self._under)
-            else:
-                remove_record(self.key)
+            remove_record(self.key, self._under)
         finally:
             self._lock.release()
 
     def hand_over(self) -> dict[str, Any]:
-        """`freq --set`: the pin outlives this process; the record becomes a `set` record of the board's
-        ORIGINAL state, and the lock is released."""
+        """`freq --set`: the pin outlives us; the record becomes a `set` record of the ORIGINAL state."""
         if self._lock is not None and self.key is not None:
             try:
                 write_record(
@@ -94,10 +90,7 @@ class PinSession:
 def put_back(device: Pinnable, record: BoardRecord) -> str:
     """Apply a dead process's record (the caller holds the lock), keep what lay under it; one warning line."""
     device.apply_snapshot(record.state)
-    if record.under is not None:
-        write_record(record.under)
-    else:
-        remove_record(record.key)
+    remove_record(record.key, record.under)
     shown = ", ".join(f"{k}={v}" for k, v in record.state.items()) or "its defaults"
     message = (
         f"powerctl: restored {device.spec} ({record.key}) to {shown}: process {record.pid} pinned it "
@@ -128,8 +121,7 @@ def recover(device: Pinnable) -> str | None:
 
 
 def restore_saved(device: Pinnable) -> dict[str, Any] | None:
-    """`powerctl freq --restore`: put back the board's recorded state (None: nothing recorded); a record
-    that cannot be used releases the board to its full range instead."""
+    """`powerctl freq --restore`: put back the recorded state (a bad record: release the board instead)."""
     key = device.physical_key()
     if key is None:
         return None
