@@ -1,7 +1,5 @@
-"""Device side of power-aware training; no Flower, no training import. Its rooms by job (cli, profiling,
-selection, devices, pinning, records, files; `errors`, `procs` and `progress` the ground) each import only
-the rooms below them: docs/design/layout.md lists what each holds, tests/test_layers.py checks the order.
-"""
+"""Device side of power-aware training; no Flower, no training import. Each room imports only the rooms
+below it (docs/design/layout.md; tests/test_layers.py checks the order)."""
 
 from powerctl.errors import PowerctlError
 

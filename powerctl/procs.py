@@ -1,5 +1,4 @@
-"""Processes by pid, read from Linux's /proc: the one place that knows its format. A pid is only ever
-signalled together with its start time, so a reused pid is never taken for the process it once named."""
+"""Processes by pid from Linux's /proc; a pid goes with its start time, so a reused one is never mistaken."""
 
 from __future__ import annotations
 

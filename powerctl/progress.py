@@ -7,8 +7,7 @@ from typing import Any
 
 
 def progress_bar(progress: bool, total: int | None, desc: str, unit: str, initial: int = 0) -> Any:
-    """A tqdm bar on stderr, drawn only when asked for and stderr is a terminal (in a log its redraws
-    would be noise); always a bar (a disabled one's `update` is a no-op)."""
+    """A tqdm bar on stderr, drawn only when asked for and stderr is a terminal (else disabled)."""
     from tqdm import tqdm
 
     shown = progress and sys.stderr.isatty()

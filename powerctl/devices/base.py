@@ -1,5 +1,4 @@
-"""One interface over real and simulated GPUs: frequency knob, power sensor, clock, step execution
-(docs/design/devices.md)."""
+"""One interface over real and simulated GPUs: knob, sensor, clock, steps (docs/design/devices.md)."""
 
 from __future__ import annotations
 

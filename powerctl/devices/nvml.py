@@ -1,5 +1,4 @@
-"""A discrete NVIDIA GPU through NVML (nvidia-ml-py): locked graphics clocks as the knob, board power.
-`pynvml` is imported only when a GPU is opened."""
+"""A discrete NVIDIA GPU through NVML (imported when one is opened): locked clocks as the knob, power."""
 
 from __future__ import annotations
 

@@ -72,8 +72,7 @@ def _kind(mode: int) -> str:
 
 
 def open_regular(path: str | Path, *, limit: int, what: str, error: ErrorType) -> BinaryIO:
-    """`path` opened for reading in binary, if a regular file of at most `limit` bytes; `what` names what it
-    should be, `error` is the caller's one-line error class."""
+    """`path` opened in binary if a regular file of at most `limit` bytes, else one `error` line."""
     try:
         mode = os.stat(path).st_mode
     except ValueError:  # a NUL in a name from a config file: no file can have it

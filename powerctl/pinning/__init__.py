@@ -1,2 +1,1 @@
-"""A pinned GPU frequency goes back on every exit path: the on-disk record (`freqstate`), the session
-(`pinsession`) and the exit and signal hooks (`safety`)."""
+"""A pinned GPU frequency goes back on every exit path: `freqstate`, `pinsession`, `safety`."""

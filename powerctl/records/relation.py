@@ -19,12 +19,10 @@ RELATION_SCHEMA = "powerctl.relation/1"
 VECTORS: tuple[str, ...] = ("raw", "fitted")
 """Which vector the client uses: the seeds' means, or the batch-efficiency model fitted to the seeds."""
 RELATION_RULES: tuple[str, ...] = ("mean", "robust", "interval")
-"""How selection (`powerctl.selection.joint`) reads the vector: its mean, every seed's (least mean regret),
-or its mean with a paired interval on each pair's ratio to the best (ties go to the larger batch size)."""
+"""How selection reads the vector: its mean, every seed's, or its mean with a paired interval."""
 DEFAULT_RELATION_RULE = "interval"
 INTERVAL_STANDARD_ERRORS = 2.0
-"""The half-width of an interval from the seeds, in standard errors of their mean (as the project's other
-noise bands); docs/results/paper_tables.md shows why not a 95 % interval."""
+"""An interval's half-width, in standard errors of the seeds' mean (docs/results/paper_tables.md)."""
 
 
 MAX_SAMPLES_TO_TARGET = 1e12
@@ -84,8 +82,7 @@ class RelationVector:
         ]
 
     def interval_halfwidths(self) -> dict[int, float]:
-        """Batch size → its entry's interval half-width, relative to the entry: `INTERVAL_STANDARD_ERRORS`
-        standard errors of the seeds' mean; 0.0 without per-seed samples or with one seed."""
+        """Batch size → its entry's relative interval half-width (0.0 for fewer than two seeds)."""
         per_seed = self.per_seed_samples() or [[] for _ in self.batch_sizes]
         out: dict[int, float] = {}
         for b, entry, row in zip(self.batch_sizes, self.samples_to_target, per_seed, strict=True):
@@ -94,8 +91,7 @@ class RelationVector:
         return out
 
     def paired_halfwidth(self, b: int, ref: int) -> float:
-        """The relative half-width of samples(b) / samples(ref) from each seed's own ratio (paired: a seed
-        slow at every batch size cancels out); 0.0 for b == ref or fewer than two seeds."""
+        """The relative half-width of samples(b) / samples(ref) from each seed's own ratio (paired)."""
         seeds = self.seed_scenarios()
         if b == ref or len(seeds) < 2:
             return 0.0
@@ -146,8 +142,7 @@ class RelationVector:
         vector: str = "raw",
         **extra: Any,
     ) -> RelationVector:
-        """The vector of the seeds' means (`vector="raw"`) or the batch-efficiency fit (`"fitted"`); both,
-        the spread and the fit are kept as evidence."""
+        """The vector of the seeds' means (`vector="raw"`) or their fit (`"fitted"`), with the evidence."""
         where = "RelationVector.from_seeds"
         if vector not in VECTORS:
             raise ArgumentError(
@@ -239,8 +234,7 @@ class RelationVector:
 
 
 def _kept_extra(extra: Mapping[str, Any]) -> tuple[dict[str, Any], FrozenJson]:
-    """The evidence as its file holds it and as the vector keeps it; one ArgumentError line if no file
-    could hold it (it would fail later, inside `save` or a message)."""
+    """The evidence as its file holds it and as the vector keeps it, or one ArgumentError line."""
     try:
         plain = plain_json(extra)
         json.dumps(plain, allow_nan=False)

@@ -1,5 +1,4 @@
-"""What one training step costs: FLOPs, activation and parameter memory, kernels, memory traffic, measured
-from the real torch model, so a simulated board charges a bigger network more and refuses what won't fit."""
+"""What one training step costs (FLOPs, memory, kernels, memory traffic), measured from the torch model."""
 
 from __future__ import annotations
 
@@ -191,8 +190,8 @@ def _flop_counter() -> Any:
 
 
 def _op_counter(parameter_shapes: set[tuple[int, ...]], count_flops: bool = False) -> Any:
-    """A dispatch mode counting a pass's compute ops (≈ kernel launches; views and detaches are none) and
-    the bytes they write (weight gradients left out); with `count_flops`, the `_FALLBACK_FLOPS` too."""
+    """A dispatch mode counting compute ops (≈ kernel launches), the bytes they write and, with
+    `count_flops`, the `_FALLBACK_FLOPS`."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
