@@ -319,14 +319,6 @@ class Launch:
     """The Flower app run: this one, or a user's (`--app`)."""
 
 
-def check_app(app: Path) -> Path:
-    """`--app`: a Flower app folder, made absolute."""
-    folder = app.expanduser().resolve()
-    if not (folder / "pyproject.toml").is_file():
-        raise LaunchError(f"--app {app}: not a Flower app folder (no pyproject.toml in it); give the folder")
-    return folder
-
-
 def check_launch(
     nodes: int, run_config: str, out: Path, log_path: Path, port: int | None = None, app: Path | None = None
 ) -> Launch:
@@ -337,7 +329,9 @@ def check_launch(
     from powerctl.files.outputs import check_output_dir, check_output_file
 
     check_flower_version()
-    app_dir = APP_DIR if app is None else check_app(app)
+    app_dir = APP_DIR if app is None else app.expanduser().resolve()
+    if not (app_dir / "pyproject.toml").is_file():
+        raise LaunchError(f"--app {app}: not a Flower app folder (no pyproject.toml in it); give the folder")
     check_nodes(nodes)
     overrides = parse_run_config(run_config)
     if app is None and (results_dir := key_of("results_dir")) not in overrides:  # the run config's wins
