@@ -1,11 +1,6 @@
-"""What travels between the power-aware strategy and its clients: message keys and their checks.
-
-The strategy writes `TrainInstructions` into each TRAIN message's ConfigRecord; the ClientApp reads it
-back with `TrainInstructions.from_config`, which names the key and the value of anything missing or
-wrong. The client's reply carries its report (`strategies.report.ClientReport`, a ConfigRecord) next
-to the weights and a MetricRecord with the examples FedAvg weighs by. Both sides import this one
-module, so a key can never be spelled two ways; the instructions' keys are kebab-case, the run
-settings among them spelled as their run config keys (`strategies.settings`).
+"""What travels between the power-aware strategy and its clients: the message keys, and the
+`TrainInstructions` each TRAIN message's ConfigRecord carries (its run settings under their run config
+keys). Both sides import this one module, so a key is never spelled two ways.
 """
 
 from __future__ import annotations
@@ -26,37 +21,25 @@ from powerctl.files.mapping import (
     Flag,
     Integer,
     JsonObject,
+    Kind,
     MappingReader,
     Number,
     Text,
 )
 from powerctl.records.relation import RelationVector
 from powerctl.selection.capsource import POWER_CAP, POWER_CAP_VALUE
-from powerctl.selection.methods import METHODS, ROUND_OBJECTIVES, RUN_METHODS
-from powerctl.selection.names import ORACLE, OURS, OURS_DEADLINE, PROXY_BATCH, STATE_OF_PRACTICE
+from powerctl.selection.methods import METHODS, RUN_METHODS
+from powerctl.selection.names import ORACLE, OURS, OURS_DEADLINE, STATE_OF_PRACTICE
 from powerfed.training.lr import scaled_lr
 from strategies.settings import (
     BOTH,
-    PROFILE_ORDERS,
-    PROFILE_SOURCES,
     SentSettings,
     setting_fields,
     settings_of,
     to_config,
 )
 
-__all__ = [  # the method names both sides use (the registry's, powerctl.selection.methods), the profile names
-    "METHODS",
-    "ORACLE",
-    "OURS",
-    "OURS_DEADLINE",
-    "PROFILE_ORDERS",
-    "PROFILE_SOURCES",
-    "PROXY_BATCH",
-    "ROUND_OBJECTIVES",
-    "RUN_METHODS",
-    "STATE_OF_PRACTICE",
-]
+__all__ = ["METHODS", "ORACLE", "OURS", "OURS_DEADLINE", "RUN_METHODS", "STATE_OF_PRACTICE"]  # re-exported
 
 ARRAYS_KEY = "arrays"
 CONFIG_KEY = "config"
@@ -70,7 +53,7 @@ PLAN_KEY = "plan"
 
 
 class ProtocolError(PowerctlError):
-    """A message lacks a key or holds a value that cannot be used; the text names both."""
+    """A message lacks a key or holds an unusable value; the text names both."""
 
 
 def required(records: Any, key: str, where: str, what: str = "") -> Any:
@@ -81,7 +64,7 @@ def required(records: Any, key: str, where: str, what: str = "") -> Any:
 
 
 def reader(record: Any, where: str) -> MappingReader:
-    """The one mapping reader (`powerctl.files.mapping`) over a message's record: ProtocolError lines."""
+    """The mapping reader over a message's record: ProtocolError lines."""
     return MappingReader(record, where, ProtocolError)
 
 
@@ -89,13 +72,13 @@ EVALUATION_METRIC_NAMES: dict[str, tuple[str, ...]] = {
     "accuracy": ("accuracy", "acc", "eval_acc", "eval_accuracy"),
     "loss": ("loss", "eval_loss"),
 }
-"""The names an evaluate reply's metrics may give its accuracy and loss under: the project's own and the
-ones Flower's examples and templates send (`eval_acc`, `eval_loss`). The first one present counts."""
+"""The names an evaluate reply may give its accuracy and loss under (the project's and Flower's
+templates'); the first one present counts."""
 
 
 def evaluation_metrics(metrics: MappingReader) -> dict[str, float | None]:
-    """An evaluate reply's accuracy and loss under any of their usual names (None where it has neither);
-    a value that is not a number ≥ 0 is one ProtocolError naming its key."""
+    """An evaluate reply's accuracy and loss under any of their names (None where it has neither); a
+    value that is not a number ≥ 0 is one ProtocolError."""
     found: dict[str, float | None] = {}
     for metric, names in EVALUATION_METRIC_NAMES.items():
         name = next((n for n in names if n in metrics), None)
@@ -104,8 +87,7 @@ def evaluation_metrics(metrics: MappingReader) -> dict[str, float | None]:
 
 
 RELATION_KEY = "relation-vector"
-"""The relation vector, as its file holds it (`RelationVector.to_dict`, JSON): every field it has
-travels, the per-seed ones included."""
+"""The relation vector, as JSON of its file (`RelationVector.to_dict`), the per-seed fields included."""
 MESSAGE_KINDS = {
     "num-classes": Integer(1),
     "model-overrides": JsonObject(),
@@ -115,46 +97,49 @@ MESSAGE_KINDS = {
     "stand-in": Flag(),
     "deadline-s": Number(0.0, unit="seconds"),
 }
-"""The instructions' keys that are not run settings: what the server adds for the model, the round
-and the node (the relation vector and the node's cap besides)."""
+"""The instructions' keys that are not run settings (the relation vector and the cap besides)."""
 MESSAGE_SETTING_KINDS = {"model": Text()}
-"""Settings read from a message by another kind than the run config's: a model is any non-empty name
-(a user's own model included); whether it names a model is checked where the model is built, from the
-registry (`powerfed.training.models`), on the server and on the client alike."""
+"""Settings a message holds in another kind than the run config's: a model is any name (a user's own
+too); whether it is registered is checked where the model is built."""
+
+
+def _fields_kinds() -> dict[str, Kind]:
+    """{attribute: kind} of the instructions' fields a message holds under their keys, in message order."""
+    sent = {s.key: MESSAGE_SETTING_KINDS.get(s.key, s.kind) for s in settings_of([BOTH])}
+    return {key.replace("-", "_"): kind for key, kind in {**sent, **MESSAGE_KINDS}.items()}
 
 
 @dataclass(frozen=True, kw_only=True)
 class TrainInstructions(SentSettings):
     """Everything a client needs for one round besides the weights: the method's inputs and the budget.
 
-    Its fields are the run settings the server sends (`strategies.settings.SentSettings`: model, target
-    accuracy, learning rate, budget, profiling, guard, ...), then these."""
+    Its fields are the run settings the server sends (`SentSettings`), then these."""
 
     num_classes: int
     model_overrides: Mapping[str, Any]
-    """The model's options, held read-only (a `FrozenJson`): a plan cannot change behind its back."""
+    """The model's options, held read-only (a `FrozenJson`)."""
     relation_vector: RelationVector
-    """Samples to the target per batch size on the proxy data, as the server estimated (or loaded) it."""
+    """Samples to the target per batch size on the proxy data."""
     server_round: int = 1
     node_key: str = ""
-    """Which node this message was built for (partition or node name), echoed in the report."""
+    """The node this message was built for, echoed in the report."""
     power_cap_w: float | None = None
     """A cap the server sets for this node this round; None: the node's own (node config) cap."""
     method: str = OURS
-    """How the client chooses (b, f) this round: one of METHODS (`powerctl.selection.methods`)."""
+    """How the client chooses (b, f) this round: one of METHODS."""
     stand_in: bool = False
-    """Scale mode: this client runs the cheap stand-in (no training; the board model charges the proxy's
-    samples to target at the chosen pair) instead of fine-tuning the real model."""
+    """Scale mode: this client runs the stand-in (the board model charges the proxy's samples to target
+    at the chosen pair) instead of fine-tuning."""
     deadline_s: float = 0.0
-    """Energy-under-deadline rounds (ours only): pick the least-energy pair predicted to reach the
-    target within this many seconds under the cap, else the fastest pair (0: no deadline, the fastest)."""
+    """Energy-under-deadline rounds (ours only): the least-energy pair predicted to reach the target in
+    this many seconds, else the fastest (0: no deadline)."""
 
     @classmethod
     def for_run(
         cls, settings: Any, *, num_classes: int, model_overrides: dict[str, Any], relation: RelationVector
     ) -> TrainInstructions:
-        """The run's instructions: every setting the server sends (from its checked `RunSettings`), the
-        model's classes and options, and the relation vector."""
+        """The run's instructions from its checked `RunSettings`, the model's classes and options, and
+        the relation vector."""
         sent = {s.attr: getattr(settings, s.attr) for s in settings_of([BOTH])}
         return cls(**sent, num_classes=num_classes, model_overrides=model_overrides, relation_vector=relation)
 
@@ -168,9 +153,8 @@ class TrainInstructions(SentSettings):
         **settings: Any,
     ) -> TrainInstructions:
         """A user's plan from a relation vector: its model and target are the vector's, and so is its
-        learning-rate rule (`lr_max`, `lr_rule`, where the vector records them: an estimate's do) unless
-        given; every other run setting (`strategies.settings`, as attributes: budget_samples, ...) its
-        default unless given."""
+        learning-rate rule where the vector records it, unless given; every other setting (as an
+        attribute) its default unless given."""
         if not isinstance(relation, RelationVector):
             raise ArgumentError(
                 "TrainInstructions.for_relation: 'relation' must be a RelationVector (estimate_relation "
@@ -197,8 +181,7 @@ class TrainInstructions(SentSettings):
         )
 
     def __post_init__(self) -> None:
-        """Checked as a client reads it (`from_config`), so that a plan every client would refuse is
-        refused where it is made: one ArgumentError line (a ValueError) naming the field."""
+        """Checked as a client reads it: a plan every client would refuse is refused where it is made."""
         check_instructions(self)
 
     def relation(self) -> RelationVector:
@@ -213,7 +196,7 @@ class TrainInstructions(SentSettings):
         )
 
     def overrides_text(self) -> str:
-        """The model's options as the message and the profile cache key hold them: JSON, keys sorted."""
+        """The model's options as the message and the profile cache key hold them."""
         return json.dumps(plain_json(self.model_overrides), sort_keys=True)
 
     def to_config(self) -> ConfigRecord:
@@ -237,37 +220,27 @@ class TrainInstructions(SentSettings):
     @classmethod
     def from_config(cls, record: Any, where: str = "train message config") -> TrainInstructions:
         r = reader(record, where)
-        settings = {
-            s.attr: r.value(s.key, MESSAGE_SETTING_KINDS.get(s.key, s.kind)) for s in settings_of([BOTH])
-        }
-        message = {key.replace("-", "_"): r.value(key, kind) for key, kind in MESSAGE_KINDS.items()}
+        values = {attr: r.value(attr.replace("_", "-"), kind) for attr, kind in _fields_kinds().items()}
         try:
             relation = RelationVector.from_dict(r.json_object(RELATION_KEY), f"{where}: {RELATION_KEY!r}")
         except FileFormatError as exc:
             raise ProtocolError(str(exc)) from None
-        if relation.model != settings["model"]:
+        if relation.model != values["model"]:
             raise r.fail(
-                RELATION_KEY, f"is for model {relation.model!r}, the instructions for {settings['model']!r}"
+                RELATION_KEY, f"is for model {relation.model!r}, the instructions for {values['model']!r}"
             )
-        return cls(
-            **settings,
-            **message,
-            relation_vector=relation,
-            power_cap_w=r.value("power-cap-w", POWER_CAP, None),
-        )
+        return cls(**values, relation_vector=relation, power_cap_w=r.value("power-cap-w", POWER_CAP, None))
 
 
 INT32_MAX = 2**31 - 1
 
 
 def check_instructions(instr: TrainInstructions) -> None:
-    """Each field of `instr` as it travels (`to_config`), read back by the kind its reader uses; the
-    relation vector checks itself (`RelationVector`) and must be of the instructions' model. A number
-    or a name of a few is kept as its kind gives it back (a plain int or float where numpy's was given:
-    a ConfigRecord refuses numpy's; a name stripped, as the client reads it)."""
+    """Each field of `instr` as it travels, read back by its reader's kind (one ArgumentError line); a
+    number or a choice is kept as its kind gives it back (a plain number where numpy's was given, a name
+    stripped, as the client reads it). The relation vector must be of the instructions' model."""
     r = MappingReader({}, "TrainInstructions", ArgumentError)
-    kinds = {s.attr: MESSAGE_SETTING_KINDS.get(s.key, s.kind) for s in settings_of([BOTH])}
-    kinds.update({key.replace("-", "_"): kind for key, kind in MESSAGE_KINDS.items()})
+    kinds = _fields_kinds()
     del kinds["model_overrides"]  # travels as JSON text (`to_config`), checked below
     if instr.power_cap_w is not None:  # a number of watts in Python, never the text "none" a file may hold
         kinds["power_cap_w"] = POWER_CAP_VALUE
@@ -301,32 +274,19 @@ def check_instructions(instr: TrainInstructions) -> None:
     object.__setattr__(instr, "model_overrides", frozen_json(json.loads(text)))  # read-only, as sent
     if instr.num_classes > INT32_MAX:  # a message's integers are int64; no board trains that many classes
         raise r.fail("num_classes", f"must be an integer in [1, {INT32_MAX}], got {instr.num_classes!r}")
-    from powerfed.training.models import get_model_spec, model_names
+    from powerfed.training.errors import ModelError
+    from powerfed.training.models import check_size, model_names
 
-    spec = get_model_spec(instr.model) if instr.model in model_names() else None
-    if spec is not None and (why := _model_refusal(instr.model, id(spec), instr.num_classes, text)):
-        raise ArgumentError(f"TrainInstructions: {why}")  # what every client's build_model would say
+    if instr.model in model_names():  # one a client registers itself is checked there
+        try:
+            check_size(instr.model, instr.num_classes, json.loads(text))
+        except ModelError as exc:  # what every client's build_model would say
+            raise ArgumentError(f"TrainInstructions: {exc}") from None
 
 
 @functools.lru_cache(maxsize=256)
 def _thawed(value: Any) -> dict[str, Any]:
-    """A read-only option mapping (`FrozenJson`, from another plan's options) as JSON writes it; any
-    other value JSON cannot hold is a TypeError, as `json.dumps` raises."""
+    """A read-only option mapping (`FrozenJson`) as JSON writes it; any other value is a TypeError."""
     if isinstance(value, FrozenJson):
         return dict(value)
     raise TypeError(f"{type(value).__name__} is not a JSON value")
-
-
-def _model_refusal(model: str, spec_id: int, num_classes: int, overrides: str) -> str | None:
-    """Why the model registered here cannot be built with these classes and options (an unknown option,
-    more parameters than a board trains), as `build_model` on the clients would refuse it; None: it can.
-    A model not registered on this side is not checked (a client may register it). Cached, keyed by the
-    registry entry (`spec_id`): a plan is replaced for every node of every round."""
-    from powerfed.training.errors import ModelError
-    from powerfed.training.models import check_size
-
-    try:
-        check_size(model, num_classes, json.loads(overrides))
-    except ModelError as exc:
-        return str(exc)
-    return None
