@@ -1,8 +1,5 @@
-"""Flower's own config file ($FLWR_HOME/config.toml), read bounded and checked before `flwr` reads it.
-
-Shared by `fl_server.supervise` and `fl_client.check`: `flwr` itself raises a traceback on a folder or
-a binary config.toml.
-"""
+"""Flower's own config file ($FLWR_HOME/config.toml), read bounded and checked before `flwr` reads it
+(`flwr` raises a traceback on a folder or a binary one)."""
 
 from __future__ import annotations
 
@@ -16,21 +13,13 @@ CONFIG_LIMIT = 1 << 20  # Flower's config.toml holds a few connections
 
 
 def read_small(path: Path, limit: int, what: str) -> bytes:
-    """A file the user names, bounded (`powerctl.files.readfile`): anything else is one line naming it."""
+    """A file the user names, bounded: anything else is one line naming it."""
     from powerctl.files.readfile import read_bytes
 
     try:
         return read_bytes(path.expanduser(), limit=limit, what=what, error=PowerctlError)
     except OSError as exc:
         raise PowerctlError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
-
-
-def flower_config_path() -> Path:
-    """$FLWR_HOME/config.toml (default ~/.flwr/config.toml), where `flwr` keeps its connections."""
-    from flwr.cli.constant import FLOWER_CONFIG_FILE
-    from flwr.supercore.utils import get_flwr_home
-
-    return get_flwr_home() / FLOWER_CONFIG_FILE
 
 
 def _check_connection(doc: dict[str, Any], name: str | None, path: Path) -> None:
@@ -54,14 +43,15 @@ def _check_connection(doc: dict[str, Any], name: str | None, path: Path) -> None
 
 
 def read_flwr_connection(name: str | None) -> Any:
-    """The `flwr` connection `name` (None: the default one) from $FLWR_HOME/config.toml, as `flwr` reads
-    it, after the file is read bounded and parsed with `flwr`'s parser (a missing one is left to `flwr`);
-    a bad file or no such connection is one PowerctlError line."""
+    """The `flwr` connection `name` (None: the default one) as `flwr` reads it, after the file is read
+    bounded and checked; a bad file or no such connection is one PowerctlError line."""
     import click
     import tomli
+    from flwr.cli.constant import FLOWER_CONFIG_FILE
     from flwr.cli.flower_config import read_superlink_connection
+    from flwr.supercore.utils import get_flwr_home
 
-    path = flower_config_path()
+    path = get_flwr_home() / FLOWER_CONFIG_FILE  # default ~/.flwr/config.toml
     if os.path.lexists(path):
         data = read_small(path, CONFIG_LIMIT, "Flower's config.toml")
         fix = "fix it, or move it away (flwr then writes a fresh one)"

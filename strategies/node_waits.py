@@ -9,7 +9,7 @@ from powerctl.files.mapping import Integer, Number, check_arguments
 
 @dataclass(frozen=True)
 class NodeWaits:
-    """The waits of a `PowerAware` run: the fleet once, the nodes seen before each round, a question."""
+    """The waits of a `PowerAware` run."""
 
     min_available_nodes: int = 0  # waited for once, before the first round (0: the inner strategy's)
     rejoin_wait_s: float = 30.0  # each round waits this long for the nodes seen before

@@ -15,7 +15,7 @@ Plans = Callable[[], Sequence[Plan]]  # the plans of the round's sampled nodes t
 
 class RoundObjective:
     """The `time` objective (the paper's): no deadline, each client its fastest pair. Other objectives
-    subclass it."""
+    subclass it and override only what differs."""
 
     name: str = TIME
 

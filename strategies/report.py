@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any, ClassVar, TypeVar
 
@@ -110,27 +110,20 @@ class Record:
             for n in (f.metadata["record"].names() if "record" in f.metadata else [f.name])
         ]
 
-    def config_values(self) -> dict[str, Any]:
-        """Every field (the nested records' included) under its kebab-case key, None left out."""
-        values: dict[str, Any] = {}
+    def _leaves(self) -> Iterator[tuple[Field[Any], Any]]:
+        """Every field with its value, the nested records' included, in order."""
         for f in _fields(self):
             value = getattr(self, f.name)
-            if "record" in f.metadata:
-                values.update(value.config_values())
-            elif value is not None:
-                values[_key(f.name)] = f.metadata[FIELD_KIND].to_config(value)
-        return values
+            yield from value._leaves() if "record" in f.metadata else [(f, value)]
 
     def to_config(self) -> ConfigRecord:
-        return ConfigRecord(self.config_values())
+        """Every field under its kebab-case key, None left out."""
+        leaves = [(f, v) for f, v in self._leaves() if v is not None]
+        return ConfigRecord({_key(f.name): f.metadata[FIELD_KIND].to_config(v) for f, v in leaves})
 
     def columns(self) -> dict[str, Any]:
-        """Every field (the nested records' included) by its name: what a results row holds."""
-        values: dict[str, Any] = {}
-        for f in _fields(self):
-            value = getattr(self, f.name)
-            values.update(value.columns() if "record" in f.metadata else {f.name: copy.deepcopy(value)})
-        return values
+        """Every field by its name: what a results row holds."""
+        return {f.name: copy.deepcopy(v) for f, v in self._leaves()}
 
     @classmethod
     def read(cls: type[R], r: MappingReader) -> R:

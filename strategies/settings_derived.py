@@ -25,10 +25,10 @@ def flag(name: str, help: str) -> dict[str, Any]:
     }
 
 
-def app_config_toml(settings: Iterable[Setting] | None = None) -> str:
+def app_config_toml() -> str:
     """The ``[tool.flwr.app.config]`` table pyproject.toml must hold, each key under its help."""
     lines = ["[tool.flwr.app.config]"]
-    for s in settings if settings is not None else SETTINGS.values():
+    for s in SETTINGS.values():
         lines += textwrap.wrap(
             s.help, 100, initial_indent="# ", subsequent_indent="# ", break_on_hyphens=False
         )
