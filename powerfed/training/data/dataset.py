@@ -66,8 +66,11 @@ class Dataset:
 
 
 def normalise_uint8(images: np.ndarray | torch.Tensor) -> torch.Tensor:
-    """uint8 [N, 3, H, W] in 0..255 → float32 normalised with the fixed CIFAR-10 constants."""
+    """uint8 [N, C, H, W] in 0..255 → float32 by the one fixed transform: CIFAR-10's per-channel
+    constants for three channels, their means on every channel for any other count."""
     x = torch.as_tensor(images).to(torch.float32).div_(255.0)
+    if x.shape[1] != 3:
+        return x.sub_(float(np.mean(CIFAR10_MEAN))).div_(float(np.mean(CIFAR10_STD)))
     mean = torch.tensor(CIFAR10_MEAN, dtype=torch.float32).view(1, 3, 1, 1)
     std = torch.tensor(CIFAR10_STD, dtype=torch.float32).view(1, 3, 1, 1)
     return x.sub_(mean).div_(std)

@@ -123,7 +123,7 @@ def load_cifar(root: Path, *, fine: bool, split: str, limit: int | None) -> Data
         base = _find_dir(root, "data_batch_1", "cifar-10-batches-py")
         files = {"train": [f"data_batch_{i}" for i in range(1, 6)], "test": ["test_batch"]}
         key, meta, meta_key, n = b"labels", "batches.meta", b"label_names", 10
-    names = files["train"] + files["test"] if split == "all" else files[_split(split, ("train", "test"))]
+    names = files["train"] + files["test"] if split == "all" else files[split]
     parts = [_cifar_batch(base / f, key) for f in names]
     images = np.concatenate([p[0] for p in parts])
     labels = np.concatenate([p[1] for p in parts])
@@ -138,12 +138,6 @@ def _class_names(path: Path, key: bytes) -> tuple[str, ...] | None:
         return None
     names = _load_pickle(path).get(key)
     return tuple(b.decode() if isinstance(b, bytes) else str(b) for b in names) if names else None
-
-
-def _split(split: str, allowed: tuple[str, ...]) -> str:
-    if split not in allowed:
-        raise DataError(f"unknown split {split!r}; this dataset has: {', '.join((*allowed, 'all'))}")
-    return split
 
 
 def _decode(data: bytes, where: str) -> np.ndarray:
@@ -191,7 +185,7 @@ def load_image_folders(
     ordered by class, then path.
     """
     _exists(path, "image dataset")
-    wanted = splits if split == "all" else (_split(split, splits),)
+    wanted = splits if split == "all" else (split,)
     quotas = class_quotas(limit, len(classes))
     counts = [0] * len(classes)
     items: list[tuple[int, str, np.ndarray]] = []  # (label, <split>/<class>/<file>, image)
@@ -237,7 +231,7 @@ def load_svhn(path: Path, *, split: str, limit: int | None) -> Dataset:
     """
     _exists(path, "SVHN file")
     if path.is_dir():
-        names = ["train", "test"] if split == "all" else [_split(split, ("train", "test"))]
+        names = ["train", "test"] if split == "all" else [split]
         parts = [_svhn_file(path / f"{s}_32x32.mat") for s in names]
     else:
         if split == "test":
@@ -306,7 +300,7 @@ def load_fashion_mnist(root: Path, *, split: str, limit: int | None, name: str =
     repeated to 3 channels, so the same 32×32 RGB models and normalisation apply unchanged."""
     _exists(root, "dataset folder")
     prefixes = {"train": "train", "test": "t10k"}
-    names = ["train", "test"] if split == "all" else [_split(split, ("train", "test"))]
+    names = ["train", "test"] if split == "all" else [split]
     images, labels = [], []
     for s in names:
         x = read_idx(root / f"{prefixes[s]}-images-idx3-ubyte")

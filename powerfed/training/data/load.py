@@ -15,8 +15,6 @@ from powerctl.files.readfile import DATA_LIMIT, open_regular, too_large
 from powerfed.training.data import images, text
 from powerfed.training.data.dataset import (
     CIFAR10_CLASSES,
-    CIFAR10_MEAN,
-    CIFAR10_STD,
     Dataset,
     concat,
     normalise_uint8,
@@ -52,10 +50,10 @@ def load_dataset(
     """
     path = dataset_path(spec)
     kind = spec.partition(":")[0]
+    if split not in SPLITS and not (kind == "cinic10" and split == "valid"):  # the loaders' one check
+        raise DataError(f"unknown split {split!r}; use one of: {', '.join(SPLITS)}")
     if path is None:
         return _synthetic(kind, split=split, seq_len=seq_len, limit=limit, seed=seed)
-    if split not in SPLITS and not (kind == "cinic10" and split == "valid"):
-        raise DataError(f"unknown split {split!r}; use one of: {', '.join(SPLITS)}")
     windows = {"seq_len": seq_len} if kind == "text" else {}
     return _FILE_LOADERS[kind](path, split=split, limit=limit, **windows)
 
@@ -90,8 +88,6 @@ def existing_dataset_path(spec: str, base: Path | None = None) -> Path | None:
 def _synthetic(kind: str, *, split: str, seq_len: int, limit: int | None, seed: int) -> Dataset:
     from powerfed.training.synthetic import synthetic_image, synthetic_text
 
-    if split not in SPLITS:
-        raise DataError(f"unknown split {split!r}; use one of: {', '.join(SPLITS)}")
     if kind == "synthetic-image":
         sizes = _synthetic_sizes(split, limit)
         parts = [synthetic_image(n, seed=seed, split=s) for s, n in sizes.items() if n > 0]
@@ -244,7 +240,7 @@ def _npz_image(path: Path, x: np.ndarray, y: np.ndarray, num_classes: int) -> Da
             f"got {x.shape}, {y.shape}"
         )
     if x.dtype == np.uint8:
-        xt = _normalised(np.ascontiguousarray(x))
+        xt = normalise_uint8(np.ascontiguousarray(x))
     elif np.issubdtype(x.dtype, np.floating):
         if not np.isfinite(x).all():
             raise DataError(f"{path}: image x holds NaN or infinite values")
@@ -254,15 +250,6 @@ def _npz_image(path: Path, x: np.ndarray, y: np.ndarray, num_classes: int) -> Da
     n = num_classes  # checked against every split's labels by _image_classes
     classes = CIFAR10_CLASSES if n == 10 else None
     return Dataset(f"npz:{path.name}", "image", xt, torch.from_numpy(y.astype(np.int64)), n, classes=classes)
-
-
-def _normalised(x: np.ndarray) -> torch.Tensor:
-    """uint8 [N, C, H, W] → float32 by the one fixed transform: CIFAR-10's per-channel constants for
-    three channels, their means on every channel for any other count."""
-    if x.shape[1] == 3:
-        return normalise_uint8(x)
-    mean, std = float(np.mean(CIFAR10_MEAN)), float(np.mean(CIFAR10_STD))
-    return torch.from_numpy(x).to(torch.float32).div_(255.0).sub_(mean).div_(std)
 
 
 def save_npz(ds: Dataset, path: str | Path) -> None:
