@@ -1,30 +1,11 @@
 """Profiling that pays for itself: time to the target INCLUDING profiling, per way of profiling.
 
-For each model, simulated board, power cap (and none), task length and seed, four ways to a trained model:
-
-- efficient: the efficient order measured in full (no cap: the grid), then Algorithm 1 on it;
-- fitted: the fitted order (a few points, a fit, the choice confirmed; `powerctl.profiling.profiler`);
-- budgeted: what a client with `profiling-budget` does (`powerctl.profiling.budget.profile_within_budget`,
-  the function `fl_client.round` calls): its training predicted and each way's cost walked over the
-  board model's predicted profile, the most thorough way within the budget; the predicted way's choice
-  is confirmed by the training's first steps, here the client's own hook
-  (`powerctl.selection.confirm.TrainingConfirmation`) driven by no-op steps the board charges: its
-  steps count as training (their samples' share of the way to the target), the rest of the training
-  runs at the pair it ends at;
-- state of practice: no profiling; the largest batch size that fits at the board's fixed frequency for
-  the cap (`powerctl.selection.baselines`, the paper's Baseline 1).
-
-Time to target = profiling device seconds + training: the samples to the target of the chosen batch size
-(the relation vector: bench/paper_tables.py's shape, scaled so the best batch size needs the task's
-samples) at the chosen pair's noise-free step time on the board. `over` counts choices whose true peak is
-above the cap. Two kinds of board: `as modelled` (the board model predicts it up to the 1 % sensor and
-time noise) and `off-model` (it draws `--off-model` times the power its model predicts — a hot board, or
-one whose model is wrong — so the predicted profile misleads the budgeted client and its confirmation has
-to catch it). Everything is simulated: the board model charges seconds and watts; the profiler runs a
-no-op step (the board charges the full model's cost), so the bench takes a few minutes.
-
-    python bench/profiling_budget.py [--models resnet18-small,resnet18,mobilenetv2,chartransformer]
-        [--seeds 0,1,2,3,4] [--short 5000] [--long 250000] [--shares 0.003,0.01,0.03,0.1] [--off-model 1.03]
+Per model, simulated board, power cap (and none), task length and seed: the efficient order (the grid
+without a cap), the fitted order, the budgeted client (`profile_within_budget`, its predicted way confirmed
+in training by `TrainingConfirmation` on no-op steps the board charges) and the state of practice. Time to
+target = profiling device seconds + the chosen pair's training to the task's samples; boards `as
+modelled` and `off-model` (drawing `--off-model` times their model's power). Simulated throughout;
+what each column means: docs/results/profiling_budget.md.
 """
 
 from __future__ import annotations
@@ -34,8 +15,10 @@ import statistics
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from typing import Any
 
+from bench_common import ints, names, workload_of
 from profiling_cost import (
     BATCH_SIZES,
     CAPS_W,
@@ -167,11 +150,9 @@ def _cell_rows(
 def run(
     models: list[str], seeds: list[int], tasks: dict[str, float], shares: list[float], off_model: float
 ) -> list[dict[str, Any]]:
-    from powerfed.training.models import build_model, model_workload
-
     rows = []
     for model in models:
-        workload = model_workload(model, build_model(model, seed=0))
+        workload = workload_of(model)
         for task, samples in tasks.items():
             rel = relation_for(model, samples)
             n = round(rel.samples_to_target[-1])
@@ -194,17 +175,18 @@ def run(
 
 CellKey = tuple[str, str, str, float | None, str]
 """(model, task, board, cap, variant): one cell of the tables."""
+Ways = dict[str, list[dict[str, Any]]]
 
 
-def _cells(rows: list[dict[str, Any]], share: float) -> dict[CellKey, dict[str, list[dict[str, Any]]]]:
-    """Per (model, task, board, cap, variant): the four ways' rows (budgeted at `share`)."""
-    cells: dict[CellKey, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+def _cells(rows: list[dict[str, Any]], share: float) -> Iterator[tuple[CellKey, Ways, dict[str, float]]]:
+    """The cells where all four ways ran (budgeted at `share`): their rows and mean times over seeds."""
+    cells: dict[CellKey, Ways] = defaultdict(lambda: defaultdict(list))
     for row in rows:
-        if row["way"] == "budgeted" and row["share"] != share:
-            continue
-        key = (row["model"], row["task"], row["board"], row["cap"], row["variant"])
-        cells[key][row["way"]].append(row)
-    return cells
+        if row["way"] != "budgeted" or row["share"] == share:
+            cells[row["model"], row["task"], row["board"], row["cap"], row["variant"]][row["way"]].append(row)
+    for key, ways in cells.items():
+        if len(ways) == len(WAYS):
+            yield key, ways, {w: _mean(rs, "total_s") for w, rs in ways.items()}
 
 
 def _mean(rows: list[dict[str, Any]], key: str) -> float:
@@ -228,10 +210,9 @@ def summary(rows: list[dict[str, Any]], share: float) -> dict[str, float]:
     out: dict[str, float] = {}
     for task in sorted({r["task"] for r in rows}):
         ratios, slowest, cells, beyond, real = [], 0, 0, 0, 0
-        for key, ways in _cells(rows, share).items():
-            if key[1] != task or len(ways) < len(WAYS):
+        for key, ways, means in _cells(rows, share):
+            if key[1] != task:
                 continue
-            means = {w: _mean(rs, "total_s") for w, rs in ways.items()}
             cells += 1
             slowest += means["budgeted"] >= max(means.values()) - 1e-9
             best = min(means, key=lambda w: means[w])
@@ -260,12 +241,9 @@ def report(rows: list[dict[str, Any]], shares: list[float], default_share: float
         "| budgeted s (prof %) | budgeted's ways | state of practice s | budgeted × best | over |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for (model, task, board, cap, variant), ways in _cells(rows, default_share).items():
-        if len(ways) < len(WAYS):
-            continue
-        means = {w: _mean(rs, "total_s") for w, rs in ways.items()}
+    for (model, task, board, cap, variant), ways, means in _cells(rows, default_share):
 
-        def fmt(way: str, ways: dict[str, list[dict[str, Any]]] = ways) -> str:
+        def fmt(way: str, ways: Ways = ways) -> str:
             rs = ways[way]
             share = statistics.mean(r["profiling_s"] / r["train_s"] for r in rs)
             return f"{_mean(rs, 'total_s'):.0f} ({100 * share:.1f} %)"
@@ -299,11 +277,7 @@ def report(rows: list[dict[str, Any]], shares: list[float], default_share: float
     for way in ("efficient", "fitted", "state-of-practice"):
         parts = []
         for task in sorted({r["task"] for r in rows}):
-            ratios = []
-            for key, ways in _cells(rows, default_share).items():
-                if key[1] == task and len(ways) == len(WAYS):
-                    means = {w: _mean(rs, "total_s") for w, rs in ways.items()}
-                    ratios.append(means[way] / min(means.values()))
+            ratios = [m[way] / min(m.values()) for key, _, m in _cells(rows, default_share) if key[1] == task]
             parts.append(f"{task} {statistics.mean(ratios):.4f}, {max(ratios):.4f}")
         print(f"  {way:<18} " + "; ".join(parts))
 
@@ -313,16 +287,15 @@ def main(argv: list[str] | None = None) -> int:
 
     default_share = float(SETTINGS["profiling-budget"].default)
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", default="resnet18-small,resnet18,mobilenetv2,chartransformer")
-    p.add_argument("--seeds", default="0,1,2,3,4")
+    p.add_argument("--models", type=names, default="resnet18-small,resnet18,mobilenetv2,chartransformer")
+    p.add_argument("--seeds", type=ints, default="0,1,2,3,4")
     p.add_argument("--short", type=float, default=5_000.0, help="samples to the target, short task")
     p.add_argument("--long", type=float, default=250_000.0, help="samples to the target, long task")
     p.add_argument("--shares", default="0.003,0.01,0.03,0.1", help="profiling budgets to compare")
     p.add_argument("--budget", type=float, default=default_share, help="the profiling-budget the table shows")
     p.add_argument("--off-model", type=float, default=1.03, help="power drawn over the model's, off-model")
     args = p.parse_args(argv)
-    models = [m for m in args.models.split(",") if m]
-    seeds = [int(s) for s in args.seeds.split(",") if s]
+    models, seeds = args.models, args.seeds
     shares = sorted({float(s) for s in args.shares.split(",") if s} | {args.budget})
     start = time.perf_counter()
     print(
