@@ -5,28 +5,7 @@ oracle: the feasible (b, f) with the least mean device time on the target itself
 dataset × (two power caps, no cap). Cells: mean ± std device seconds to the target accuracy over seeds,
 and energy; then ours/fastest and state-of-practice/ours.
 
-How it is made (said again in the output):
-- REAL training (on --device: auto = a GPU where torch sees one, else the CPU) for the accuracy
-  dynamics: each (batch size, seed) is fine-tuned ONCE from
-  the same pre-trained weights until the target (or the sample budget), and its steps are recorded.
-  Samples-to-target depends on (b, seed), not on the GPU frequency, so every (b, f) is then charged the
-  board's cost for that run's steps (`powerctl.devices.simulated.replay_cost`, tested equal to a pinned
-  run in tests/test_replay.py). The client's profile is the board model's predicted profile.
-- Scaled-down models train (resnet18-small, chartransformer-small) while the board charges the full
-  model's cost (resnet18, chartransformer): 2 CPU cores cannot train full ResNet18 to target dozens of
-  times. `--full` trains the full models (a GPU machine: --device cuda). Its text regime pre-trains
-  the full chartransformer at 1e-3 (fine-tunes at lr_max 5e-4) on WikiText-2 valid+test for 300k
-  samples: the small regime's 6e-3 is too high for it and leaves its targets inside the evaluation's
-  noise. Whether this regime's targets clear the noise at full size: docs/results/paper_tables.md.
-- Vision: CIFAR-10 (JPEG copy in ../shared/data), related as the paper's sources are: pre-training on
-  another label space (five of the ten classes; a fresh 10-way head after it), the proxy from the test
-  split, the two targets other sources of the same ten classes (the darker and the brighter half of
-  unused train-split photos; not SVHN/CINIC-10, which are not here). See `vision_data`.
-  Text: pre-train on WikiText-2, proxy tiny Shakespeare, targets Austen (Emma) and Dickens (Oliver Twist).
-- Targets are lower than the paper's (smaller models, shorter pre-training) and set per dataset by one
-  rule: 0.8 of the way from the start to the plateau of a calibration run at the largest batch size
-  (`calibrate_target`, which refuses a plateau within the evaluation's noise of the start;
-  --vision-targets / --text-targets give them by hand). The relation vector is the mean of 3 proxy seeds.
+How it is made: bench/README.md.
 """
 
 from __future__ import annotations
@@ -411,7 +390,7 @@ def tables(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
     host = open_device(args.device)
-    print(__doc__.split("\n\n")[1].rstrip())
+    print(__doc__.split("\n\n")[1])
     print(f"\nbatch sizes {args.batch_sizes}, proxy seeds {args.proxy_seeds}, torch threads {args.threads}, "
           f"device {host.torch_device()}")  # fmt: skip
     results: dict[str, Any] = {}
