@@ -418,7 +418,6 @@ def run(grid: Grid, context: Context) -> Path:
     )
     progress = ProgressGrid(grid, say)
     nodes: dict[int, NodeInfo] = {}
-    paths = []
     several = len(methods) > 1
     for number, method in enumerate(methods, start=1):
         progress.label = method
@@ -432,12 +431,11 @@ def run(grid: Grid, context: Context) -> Path:
             nodes,
             several,
         )
-        paths.append(path)
         if several:
             say(f"results ({method}): {path.resolve()}")
     if not setup.reported:
         raise NoClientReported(setup.failures[0] if setup.failures else "no client reported in any round")
-    return paths[0] if not several else out
+    return out if several else path
 
 
 @app.main()

@@ -102,10 +102,9 @@ def _created_folders(folder: Path) -> list[Path]:
     return missing
 
 
-def write_set(folder: Path, files: dict[str, tuple[bytes, bool]], overwrite: bool) -> None:
-    """Write `files` ({name: (data, private)}) into `folder` whole or not at all: every temporary file
-    filled, then all renamed; on failure they (and any folder made for them) are removed."""
-    _check_targets(folder, overwrite)
+def write_set(folder: Path, files: dict[str, tuple[bytes, bool]]) -> None:
+    """Write `files` ({name: (data, private)}) into `folder` (its targets checked: `_check_targets`) whole
+    or not at all: every temporary file filled, then all renamed; on failure they are removed."""
     created = _created_folders(folder)
     try:
         with contextlib.ExitStack() as stack:
@@ -172,7 +171,6 @@ def make_certificates(
             "server.pem": (server.public_bytes(pem), False),
             "server.key": (key.private_bytes(pem, pkcs8, serialization.NoEncryption()), True),
         },
-        overwrite,
     )
     return folder / "ca.crt", folder / "server.pem", folder / "server.key"
 

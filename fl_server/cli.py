@@ -7,6 +7,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -214,17 +215,8 @@ def _pretrain(args: argparse.Namespace) -> int:
     from powerctl.files.outputs import check_output_file
 
     check_output_file(args.out, beside=[report_path_for(args.out)])
-    settings = PretrainSettings(
-        samples=args.samples,
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        seed=args.seed,
-        overrides=dict(args.overrides),
-        seq_len=args.seq_len,
-        limit=args.limit,
-        eval_max_samples=args.eval_max_samples,
-    )
+    given = {f.name: getattr(args, f.name) for f in fields(PretrainSettings)}  # flags named as its fields
+    settings = PretrainSettings(**{**given, "overrides": dict(args.overrides)})
     report = pretrain(
         args.model,
         args.data,
