@@ -92,9 +92,7 @@ class TrainingPower:
         if self._monitor is None or not self._open:
             return []
         samples = self._monitor.samples_so_far()
-        end = len(samples)
-        new = samples[self._seen : end]
-        self._seen = end
+        new, self._seen = samples[self._seen :], len(samples)
         return new
 
     def pause(self) -> None:
@@ -225,8 +223,8 @@ class _Loop:
         self.bar: Any = None
 
     def find_saved(self, train: Dataset, test: Dataset) -> Saved | None:
-        """This same work's checkpoint, if any: one whose identity (the caller's key, the starting weights,
-        the data, the settings, the device, the kinds of hooks) is this run's; called before training."""
+        """This same work's checkpoint, if any: its identity is the caller's key, the starting weights, the
+        data, the settings, the device and the kinds of hooks."""
         checkpoint = self.callbacks.checkpoint
         if checkpoint is None:
             return None
@@ -317,8 +315,7 @@ class _Loop:
         self.saved_at = self.run.samples
 
     def run_to_end(self) -> None:
-        """Train until the target or a budget stops the run, evaluating before training (a fresh run),
-        when due and at the end; on a failure the open power segment is dropped."""
+        """Train until the target or a budget stops the run; on a failure the open power segment is lost."""
         run, power, callbacks = self.run, self.power, self.callbacks
         self.bar = progress_bar(
             callbacks.progress, self.max_samples, callbacks.desc or "fine-tune", "sample", run.samples
@@ -342,8 +339,7 @@ class _Loop:
                 self.bar.close()
 
     def _step(self) -> None:
-        """One training step: the hooks' batch size, the next batch of the epoch's order, the device's
-        step; then the hooks see its readings, the bar and `on_step` its count."""
+        """One training step of the next batch in the epoch's order, at the hooks' batch size."""
         run, hooks, device = self.run, self.hooks, self.device
         for hook in hooks:
             if (b := hook.before_step(run.samples)) is not None:
@@ -385,8 +381,7 @@ class _Loop:
             self.callbacks.on_step(run.steps, run.samples)
 
     def _use_batch_size(self, b: int) -> None:
-        """Train with batch size `b` from the next step on (a hook's say): the rate rescaled, the optimizer
-        state (moments) kept."""
+        """Train with batch size `b` from the next step on: the rate rescaled, the optimizer state kept."""
         run = self.run
         if b != run.batch_size:
             run.batch_size, run.lr = b, self.config.rate(b)
@@ -394,8 +389,7 @@ class _Loop:
                 group["lr"] = run.lr
 
     def _stop_or_evaluate(self) -> None:
-        """After a step: a spent budget stops the run; else, when due, evaluate (the target met stops it)
-        and save a checkpoint when one is due."""
+        """After a step: stop on a spent budget; else evaluate when due (stop at the target) and save."""
         run, config, checkpoint = self.run, self.config, self.callbacks.checkpoint
         if self.max_samples is not None and run.samples >= self.max_samples:
             run.stop_reason = "max_samples"
@@ -423,8 +417,7 @@ class _Loop:
         return target is not None and acc >= target
 
     def save_end(self) -> None:
-        """Leave the end state for this same work sent again (a resent round), or nothing when the target
-        was met before any step (nothing a resend would save)."""
+        """Leave the end state for this same work sent again (nothing when no step was taken)."""
         checkpoint = self.callbacks.checkpoint
         if checkpoint is None or self.finished:
             return

@@ -29,11 +29,8 @@ from powerfed.training.tasks import check_task, default_num_classes, loss_fn
 
 @dataclass(frozen=True, eq=False)
 class ModelSpec:
-    """One registered model: what the server names in its messages and every side builds by that name.
-
-    Compared by identity: a name registered again (`replace=True`) is another model, whose size is
-    counted afresh.
-    """
+    """One registered model, which every side builds by its name. Compared by identity: a name
+    registered again is another model, whose size is counted afresh."""
 
     name: str
     task: str  # "image" (one class per sample: cross entropy, top-1 accuracy) or "text" (per character)
@@ -157,8 +154,7 @@ def register_model(
 
 
 def unregister_model(name: str) -> None:
-    """Remove model `name` (a user's, e.g. after a test); unknown names are refused as `get_model_spec`,
-    built-in ones (`BUILT_IN`) are kept: a run's clients and caches name them."""
+    """Remove model `name` (a user's); unknown and built-in names are refused."""
     get_model_spec(name)
     if name in BUILT_IN:
         raise ModelError(f"model {name!r} is built in and stays registered; unregister only your own models")
@@ -320,11 +316,6 @@ def example_batch(
     return x, torch.randint(0, n, (batch_size,), generator=generator)
 
 
-def _input_shape_of(spec: ModelSpec, model: nn.Module) -> tuple[int, ...]:
-    block = getattr(model, "block_size", None)
-    return (int(block),) if spec.task == "text" and block else spec.input_shape
-
-
 def _num_classes_of(model: nn.Module) -> int | None:
     head = getattr(model, "lm_head", None) or getattr(model, "fc", None)
     classifier = getattr(model, "classifier", None)
@@ -337,7 +328,8 @@ def model_workload(name: str, model: nn.Module, num_classes: int | None = None) 
     """Training FLOPs and memory per sample of `model`, counted on a random batch of 2."""
     spec = get_model_spec(name)
     n = num_classes or _num_classes_of(model)
-    shape = _input_shape_of(spec, model)
+    block = getattr(model, "block_size", None)  # a text model's context
+    shape = (int(block),) if spec.task == "text" and block else spec.input_shape
     x, y = example_batch(name, 2, n, generator=torch.Generator().manual_seed(0), input_shape=shape)
     device = next(model.parameters()).device
     return measure_workload(model, x.to(device), y.to(device), loss_fn(spec.task), name)

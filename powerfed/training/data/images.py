@@ -177,13 +177,8 @@ def load_image_folders(
     limit: int | None,
     classes: tuple[str, ...] = CIFAR10_CLASSES,
 ) -> Dataset:
-    """Images in <split>/<class>/* under a folder (at any depth) or inside a tar(.gz) archive.
-
-    A tar is read as a stream and reading stops once every class has its share of `limit`
-    (limit // C per class, in file order; with split "all" the share is not divided between the
-    splits), so a test can take a few hundred images without reading the whole archive. Samples are
-    ordered by class, then path.
-    """
+    """Images in <split>/<class>/* under a folder (at any depth) or inside a tar(.gz) archive, ordered
+    by class, then path. Reading stops once every class has its share of `limit` (in file order)."""
     _exists(path, "image dataset")
     wanted = splits if split == "all" else (split,)
     quotas = class_quotas(limit, len(classes))
@@ -224,11 +219,8 @@ def _image_bytes(path: Path) -> bytes:
 
 
 def load_svhn(path: Path, *, split: str, limit: int | None) -> Dataset:
-    """SVHN cropped digits: X uint8 [32, 32, 3, N], y [N, 1] with label 10 meaning digit 0.
-
-    PATH is a folder with train_32x32.mat/test_32x32.mat (split picks the file) or one .mat file,
-    which is then the whole dataset (split "train"/"all"; a single file has no test split).
-    """
+    """SVHN cropped digits (label 10 is digit 0): a folder with train_32x32.mat/test_32x32.mat, or one
+    .mat file, the whole dataset (no test split)."""
     _exists(path, "SVHN file")
     if path.is_dir():
         names = ["train", "test"] if split == "all" else [split]

@@ -43,11 +43,8 @@ def load_dataset(
     spec: str, *, split: str = "train", seq_len: int = 64, limit: int | None = None, seed: int = 0
 ) -> Dataset:
     """Load the dataset named by `spec` (see SPECS); `split` is train, test or all (cinic10: valid too).
-
-    `limit` caps the samples (class-balanced for images, the first windows for text), so tests
-    and quick runs read only what they use; `seed` only matters for generated data. Nothing is
-    downloaded: a missing or unreadable file is a DataError that says which and what to do.
-    """
+    `limit` caps the samples (class-balanced for images, the first windows for text); `seed` only
+    matters for generated data. Nothing is downloaded: a bad file is one DataError line."""
     path = dataset_path(spec)
     kind = spec.partition(":")[0]
     if split not in SPLITS and not (kind == "cinic10" and split == "valid"):  # the loaders' one check
@@ -110,14 +107,9 @@ def _synthetic_sizes(split: str, limit: int | None) -> dict[str, int]:
 
 
 def _npz(path: Path, *, split: str, limit: int | None) -> Dataset:
-    """Arrays x, y — or x_train, y_train, x_test, y_test for a file with its own split.
-
-    The task is read off x: integers [N, T] → text (y [N, T] next characters); images of any channel
-    count, [N, C, H, W], [N, H, W, C] (C 1, 3 or 4) or grey [N, H, W] → image, uint8 scaled to [0, 1]
-    and normalised like every image loader, float taken as already normalised (what `save_npz` writes).
-    Which channel count fits is the model's to say (`powerfed.training.models.check_input_shape`). A file with
-    only x, y has no test split: load it with split "train" or "all" and use train_test_split.
-    """
+    """Arrays x, y — or x_train, y_train, x_test, y_test for a file with its own split. Integer x
+    [N, T] is text (y: next characters); else images [N, C, H, W], [N, H, W, C] (C 1, 3 or 4) or
+    [N, H, W], uint8 normalised like every image loader, float taken as normalised (`save_npz`)."""
     arrays = _read_npz(path)
     if {"x_train", "y_train", "x_test", "y_test"} <= arrays.keys():
         names = ["train", "test"] if split == "all" else [split]
