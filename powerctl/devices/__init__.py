@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from powerctl.devices.base import Device, PowerSampler, ThreadSampler
 from powerctl.devices.torchdev import check_torch_spec, is_torch_spec
+from powerctl.devices.unpinned import unpinned
 from powerctl.errors import ArgumentError, DeviceError
-from powerctl.files.mapping import Flag, Integer, Maybe, check_arguments
+from powerctl.files.mapping import MAX_SEED, Flag, Integer, Maybe, check_arguments
+from powerctl.pinning.pinsession import recover
 
 __all__ = ["Device", "PowerSampler", "ThreadSampler", "check_spec", "open_device", "SPEC_HELP"]
 
@@ -17,10 +19,6 @@ def open_device(spec: str, *, seed: int = 0, pin: bool | None = True) -> Device:
 
     A board a dead process left pinned is put back first (`Device.recovered`). `pin`: True, as it is;
     False, at the clock in force with nothing written; None, pin where this process may, else unpinned."""
-    from powerctl.devices.unpinned import unpinned
-    from powerctl.files.mapping import MAX_SEED
-    from powerctl.pinning.pinsession import recover
-
     checked = check_arguments("open_device", seed=(seed, Integer(0, MAX_SEED)), pin=(pin, Maybe(Flag())))
     seed, pin = checked["seed"], checked["pin"]  # pin is exactly a bool: "false" or 0 must not pin
     if not isinstance(spec, str):

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+from powerctl.devices.torchdev import resolve_torch_device
 from powerctl.errors import DeviceError
 from powerctl.pinning.pinsession import PinSession
 from powerctl.pinning.safety import restore_on_exit
@@ -213,8 +214,6 @@ class Device(ABC):
 
     def torch_device(self) -> str:
         """Where training tensors live: the GPU when torch sees one (a simulated board: the CPU)."""
-        from powerctl.devices.torchdev import resolve_torch_device
-
         return resolve_torch_device("auto") if "torch" in sys.modules else "cpu"
 
     def run_step(self, fn: Callable[[], T], *, batch_size: int, workload: Workload) -> T:

@@ -19,6 +19,7 @@ from powerctl.files.mapping import (
     Number,
     Text,
     check_fields,
+    is_integer,
 )
 
 PROFILE_SCHEMA = "powerctl.profile/1"
@@ -102,8 +103,6 @@ class Profile:
 
     def __post_init__(self) -> None:
         """A profile made in Python has the shape a file's reader gives (one ArgumentError line)."""
-        from powerctl.files.mapping import is_integer
-
         check_fields(self, "Profile", PROFILE_KINDS)
         shape = self.input_shape
         if not isinstance(shape, (list, tuple)) or any(not is_integer(d) or d < 1 for d in shape):

@@ -9,6 +9,9 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from powerctl.errors import ArgumentError, first_line
+from powerctl.files.mapping import Integer, Number, check_arguments, check_fields
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -24,8 +27,6 @@ class Workload:
 
     def __post_init__(self) -> None:
         """A hand-made workload holds what a counted one does (no NaN or negative count)."""
-        from powerctl.files.mapping import Integer, Number, check_fields
-
         counts = fields(self)[2:]  # after the model and its shape: amounts (float) and counts (int)
         check_fields(
             self, "Workload", {f.name: Number(0.0) if f.type == "float" else Integer(0) for f in counts}
@@ -53,8 +54,6 @@ def check_model(where: str, model: Any) -> None:
     """A model to measure or train: an nn.Module whose tensors hold data (none on the meta device)."""
     import torch
 
-    from powerctl.errors import ArgumentError
-
     if not isinstance(model, torch.nn.Module):
         raise ArgumentError(f"{where}: 'model' must be a torch nn.Module, got {type(model).__name__}")
     for what, tensors in (("parameters", model.named_parameters()), ("buffers", model.named_buffers())):
@@ -73,9 +72,6 @@ def _check_measure_arguments(
     """`measure_workload`'s arguments, one ArgumentError line each; `optimizer_states` as a plain int."""
     import torch
 
-    from powerctl.errors import ArgumentError
-    from powerctl.files.mapping import Integer, check_arguments
-
     where = "measure_workload"
     check_model(where, model)
     for name, t in (("inputs", inputs), ("targets", targets)):
@@ -93,8 +89,6 @@ def _check_measure_arguments(
 def _forward(model: Any, inputs: Any, targets: Any, loss_fn: Callable[[Any, Any], Any]) -> Any:
     """The loss of one forward pass; a batch the model or loss refuses is one ArgumentError line."""
     import torch
-
-    from powerctl.errors import ArgumentError, first_line
 
     try:
         return loss_fn(model(inputs), targets)
