@@ -51,16 +51,6 @@ def partition_indices(
     """The index arrays behind `partition`, for a label per sample (sorted within each part)."""
     labels = np.asarray(labels)
     n = len(labels)
-    _check_args(n, num_clients, scheme, alpha, min_size)
-    rng = np.random.default_rng(seed)
-    if scheme == "iid":
-        parts = np.array_split(rng.permutation(n), num_clients)
-    else:
-        parts = _dirichlet(labels, num_clients, alpha, min_size, rng)
-    return [np.sort(p).astype(np.int64) for p in parts]
-
-
-def _check_args(n: int, num_clients: int, scheme: str, alpha: float, min_size: int) -> None:
     if scheme not in SCHEMES:
         raise DataError(f"unknown partition scheme {scheme!r}; use one of: {', '.join(SCHEMES)}")
     if not isinstance(num_clients, (int, np.integer)) or num_clients < 1:
@@ -74,6 +64,12 @@ def _check_args(n: int, num_clients: int, scheme: str, alpha: float, min_size: i
         )
     if scheme == "dirichlet" and not (np.isfinite(alpha) and alpha > 0):
         raise DataError(f"Dirichlet alpha must be a positive number, got {alpha}")
+    rng = np.random.default_rng(seed)
+    if scheme == "iid":
+        parts = np.array_split(rng.permutation(n), num_clients)
+    else:
+        parts = _dirichlet(labels, num_clients, alpha, min_size, rng)
+    return [np.sort(p).astype(np.int64) for p in parts]
 
 
 def _dirichlet(
