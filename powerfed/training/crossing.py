@@ -73,10 +73,8 @@ def _smoothed(curve: Curve, smoothing: str) -> list[tuple[float, float]]:
 
 
 def crossing_samples(curve: Curve, target: float, *, smoothing: str = "isotonic") -> float | None:
-    """Samples at which the (smoothed) curve first reaches `target`, interpolated linearly between the
-    last evaluation below it and the first at or above it; 0.0 when the first evaluation already meets
-    it, None when no evaluation does. `curve`: CurvePoints (`FineTuneResult.curve`) or (samples,
-    accuracy) pairs."""
+    """Samples at which the (smoothed) curve of CurvePoints or (samples, accuracy) pairs first reaches
+    `target`, interpolated; the first evaluation's samples when it meets it, None when none does."""
     pts = _smoothed(curve, smoothing)
     for i, (s, a) in enumerate(pts):
         if a >= target:
@@ -119,12 +117,9 @@ def run_dense(
     smoothing: str = "isotonic",
     replay: Callable[[int], Any | None] | None = None,
 ) -> tuple[Any, float | None, int]:
-    """Run `run(eval_every_samples)` (a FineTuneResult-like object with `.curve`); while it crossed
-    `target` after fewer than `min_evaluations` evaluations and the interval can still shrink, run it
-    again with `dense_eval_interval` (the caller's `run` must start from the same weights and seed).
-    `replay(interval)`: the run again at `interval` read from the last trained run's trace
-    (`powerfed.training.trace.StepTrace`), or None when the trace does not hold it (then it trains).
-    Returns (result, interpolated crossing or None, the interval used)."""
+    """`run(eval_every_samples)` (a result with `.curve`), run again at `dense_eval_interval` (from the
+    same weights and seed; by `replay(interval)` where it does not return None) while it crossed
+    `target` too early. Returns (result, interpolated crossing or None, the interval used)."""
     result = run(eval_every_samples)
     while True:  # each pass shrinks the interval; it ends at one step at the latest
         evals = evaluations_before(result.curve, target)

@@ -25,8 +25,7 @@ so that an unreachable target can never run forever."""
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter], float], torch.optim.Optimizer]
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-"""(model outputs, targets) → the scalar loss to minimise (default: the task's,
-`powerfed.training.tasks.loss_fn`)."""
+"""(model outputs, targets) → the scalar loss to minimise (default: the task's)."""
 MetricFn = Callable[[torch.Tensor, torch.Tensor], float]
 """(outputs, targets) of the whole evaluation subset → the accuracy-like number the target is set in
 (higher is better; default: the task's top-1 accuracy, per character for text)."""
@@ -179,14 +178,12 @@ class FineTuneCallbacks:
     hooks: Sequence[StepHook] = ()
     """What acts between steps (`StepHook`: the power guard, a cap follower); what they did, they keep."""
     on_step: Callable[[int, int], None] | None = None
-    """`on_step(steps, samples)` after every training step (progress reports, fault injection); what it
-    raises ends the run."""
+    """`on_step(steps, samples)` after every training step; what it raises ends the run."""
 
 
 @dataclass(frozen=True)
 class UserFunctions:
-    """The user's own loss, metric or whole training step, for a model whose outputs or targets are not
-    the task's; None: the task's."""
+    """The user's own loss, metric or whole training step (None: the task's)."""
 
     loss: LossFn | None = None
     metric: MetricFn | None = None

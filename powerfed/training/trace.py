@@ -66,10 +66,8 @@ class StepTrace:
         max_samples: int | None,
         metric: MetricFn | None = None,
     ) -> FineTuneResult | None:
-        """The traced run `first` as it would have run evaluating every `every_samples` samples (a
-        multiple of its batch size), stopping at the first evaluation at or above its target; None when
-        the trace does not hold that run (see the module doc). `eval_x`, `eval_y`: the run's evaluation
-        subset on the model's device; `max_samples`: its sample budget."""
+        """The traced run `first` as it would have run evaluating every `every_samples` samples (on its
+        evaluation subset `eval_x`, `eval_y`), or None when the trace does not hold that run."""
         b, target = first.batch_size, first.target_accuracy
         usable = (
             not self.overflowed
