@@ -224,7 +224,6 @@ class SimulatedBoard(Device):
     def apply_snapshot(self, state: dict[str, Any]) -> None:
         self._min_hz, self._max_hz = int(state["min_freq"]), int(state["max_freq"])
 
-    # sensor
     def _noisy(self, watts: float) -> float:
         return float(watts * (1.0 + self._power_noise * self._rng.standard_normal()))
 
@@ -243,7 +242,6 @@ class SimulatedBoard(Device):
     def memory_bytes(self) -> int:
         return self.model.training_memory_bytes
 
-    # work
     def clock(self) -> float:
         return self._t
 

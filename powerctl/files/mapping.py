@@ -241,14 +241,9 @@ class JsonObject(Kind):
 
 @dataclass(frozen=True)
 class FolderPath(Kind):
-    """A folder a Python caller names, as a Path: not '' or '.'; `what` says it in the caller's words."""
+    """A folder a Python caller names, as a Path: not '' or '.'; `expected` in the caller's words."""
 
-    what: str = "a folder path"
-
-    @property
-    def expected(self) -> str:  # type: ignore[override]
-        return self.what
-
+    expected: str = "a folder path"
     python_type = Path
 
     def __call__(self, value: Any) -> Path:
