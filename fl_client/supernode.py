@@ -1,19 +1,18 @@
 """`python -m fl_client.supernode [flower-supernode flags]`: a SuperNode that starts again after a crash
 and, when it cannot start, says why in one line.
 
-Flower keeps a SuperNode's registration online for up to 2 × its heartbeat after it dies without saying
-goodbye, and refuses a SuperNode with the same key in that window (docs/deployment.md, "Restarts").
-This wrapper runs `flower-supernode` with the flags given, unchanged, after checking the files they name
-(a bad one: one line, exit status 2) and, with a node key, releasing this key's node if the SuperLink
-still counts it online. If the SuperNode exits all the same, the connection is checked layer by layer
-(`fl_client.check`) and the first cause found is one line on stderr, exit status 1 (an unknown key, the
-wrong address, a TLS mismatch, an untrusted certificate, a local port in use); where the cause may pass
-(the key's node still online) it starts it again, one line each time, until `--wait` seconds have passed.
+It runs `flower-supernode` with the flags given, unchanged, after checking the files they name (a bad
+one: one line, exit status 2) and, with a node key, releasing this key's node if the SuperLink still
+counts it online (Flower does for up to 2 × its heartbeat after a crash, and refuses the same key
+meanwhile: docs/deployment.md, "Restarts"). If the SuperNode exits all the same, the connection is
+checked layer by layer (`fl_client.check`) and the first cause found (an unknown key, the wrong address,
+a TLS mismatch, an untrusted certificate, a port in use) is one line on stderr, exit status 1; where the
+cause may pass (the key's node still online) it starts it again, one line each time, until `--wait`
+seconds have passed.
 
-When the SuperNode has exited, what it left behind is stopped (SIGTERM, then SIGKILL). Its PATH starts
-with a lighter `flwr-clientapp` (`fl_client.clientapp_entry`) and the folder of `flower-supernode`, so a
-service that runs a venv's python without the venv on PATH works. SIGINT/SIGTERM/SIGHUP are passed on to
-the SuperNode (which restores its board and says goodbye); the exit status is the SuperNode's.
+What the exited SuperNode left behind is stopped (SIGTERM, then SIGKILL). Its PATH starts with a lighter
+`flwr-clientapp` and the folder of `flower-supernode` (a venv's python works without the venv on PATH).
+SIGINT/SIGTERM/SIGHUP are passed on to the SuperNode; the exit status is the SuperNode's.
 """
 
 from __future__ import annotations
