@@ -78,7 +78,7 @@ class ThreadSampler(PowerSampler):
 class Device(ABC):
     """A GPU with (maybe) a frequency knob and (maybe) a power sensor.
 
-    Subclasses implement the vendor's primitives (`_write_pin`, `snapshot`, ...); pinning lives here."""
+    A backend with a knob implements `_write_pin`, `snapshot` and `apply_snapshot`; pinning lives here."""
 
     spec: str  # the spec string it was opened with, e.g. ``sim:jetson-nano``
     board: str  # board/GPU name, e.g. ``jetson-nano``: the profile's ``device`` field
@@ -102,17 +102,17 @@ class Device(ABC):
     def current_frequency(self) -> int | None:
         """The GPU frequency in force now, in Hz (None when unknown)."""
 
-    @abstractmethod
-    def _write_pin(self, hz: int) -> None:
-        """Hold the GPU at exactly `hz` (already validated)."""
+    def _write_pin(self, hz: int) -> None:  # pragma: no cover - pin_frequency refuses first
+        """Hold the GPU at exactly `hz` (already validated); a device with a knob writes it."""
+        raise DeviceError(f"{self.spec} has no GPU frequency knob")
 
-    @abstractmethod
     def snapshot(self) -> dict[str, Any]:
-        """The knob state to restore later, JSON-serialisable (governor, min, max, ...)."""
+        """The knob state to restore later, JSON-serialisable (nothing for a device without a knob)."""
+        return {}
 
-    @abstractmethod
     def apply_snapshot(self, state: dict[str, Any]) -> None:
         """Put back a state taken by `snapshot` (possibly in another process)."""
+        return None
 
     def profile_kind(self) -> str:
         """BACKEND/BOARD: the kind of device a cached profile is of."""

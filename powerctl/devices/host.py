@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
 
 from powerctl.devices.base import Device
 from powerctl.devices.torchdev import resolve_torch_device
-from powerctl.errors import DeviceError
 
 
 class HostDevice(Device):
@@ -29,15 +27,6 @@ class HostDevice(Device):
         return []
 
     def current_frequency(self) -> int | None:
-        return None
-
-    def _write_pin(self, hz: int) -> None:  # pragma: no cover - pin_frequency refuses first
-        raise DeviceError("host has no GPU frequency knob")
-
-    def snapshot(self) -> dict[str, Any]:
-        return {}
-
-    def apply_snapshot(self, state: dict[str, Any]) -> None:
         return None
 
     def memory_bytes(self) -> int:

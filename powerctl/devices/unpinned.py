@@ -59,15 +59,6 @@ class UnpinnedDevice(Device):
     def release_snapshot(self) -> dict[str, Any] | None:
         return None
 
-    def _write_pin(self, hz: int) -> None:  # pragma: no cover - pin_frequency never calls it
-        raise DeviceError(f"{self.spec} is {NOT_PINNED}: nothing is written to it")
-
-    def snapshot(self) -> dict[str, Any]:
-        return {}
-
-    def apply_snapshot(self, state: dict[str, Any]) -> None:
-        return None
-
     def physical_key(self) -> str | None:
         return None  # nothing is pinned: nothing to lock, record or put back
 
