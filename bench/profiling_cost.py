@@ -104,13 +104,11 @@ def run(
                     best_s = best.predicted_seconds
                     assert best_s is not None, "Algorithm 1's pick predicts its time"
                     for order in ROWS:
-                        if order == "grid":
-                            prof = grid
-                        elif order == "grid again":
-                            again = opened(seed=seed + REMEASURE_SEED)
-                            prof = profile_board(again, workload, "grid", None, relation, margin)
-                        else:
-                            prof = profile_board(opened(seed=seed), workload, order, cap, relation, margin)
+                        prof = grid
+                        if order != "grid":  # "grid again": the grid once more, with other noise
+                            dev = opened(seed=seed + (REMEASURE_SEED if order == "grid again" else 0))
+                            kind = order.removesuffix(" again")
+                            prof = profile_board(dev, workload, kind, cap, relation, margin)
                         choice = select(prof, relation, cap)
                         on_grid = grid.point(choice.batch_size, choice.frequency_hz)
                         assert on_grid is not None

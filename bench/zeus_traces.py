@@ -157,11 +157,11 @@ def _cost(point: ProfilePoint, epochs: float, objective: str) -> float:
 
 
 def ratio_interval(
-    ours: ProfilePoint, fastest: ProfilePoint, truth: dict[int, list[float]], objective: str, seed: int = SEED
+    ours: ProfilePoint, fastest: ProfilePoint, truth: dict[int, list[float]], objective: str
 ) -> tuple[float, float]:
     """Bootstrap 95 % interval of ours / fastest over the truth seeds (each batch size's runs
     resampled with replacement; one draw per batch size, shared when both pick the same b)."""
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(SEED)
     means = {b: resampled_means(truth[b], rng) for b in sorted({ours.batch_size, fastest.batch_size})}
     ours_cost = _cost(ours, 1.0, objective) * means[ours.batch_size]
     return interval95(ours_cost / (_cost(fastest, 1.0, objective) * means[fastest.batch_size]))
