@@ -59,7 +59,7 @@ def read_record(path: Path) -> str | None:
 
 def raylet_gcs_addresses() -> set[str]:
     """GCS addresses of the raylets running here (`RAY_ADDRESS=auto` joins one even without a record)."""
-    found = set()
+    found: set[str] = set()
     for entry in procs.PROC.iterdir():
         argv = procs.cmdline(int(entry.name)) if entry.name.isdigit() else []
         if argv and "raylet" in os.path.basename(argv[0]):
