@@ -110,11 +110,10 @@ def main() -> int:
     ap.add_argument(
         "--stop-server-round",
         type=int,
-        default=None,
         help="default: the first round after round 1 in which a node draws a kill; 0: never",
     )
     ap.add_argument("--actors", type=int, default=10, help="Ray actors (Flower keeps a dead one in its pool)")
-    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--out", type=Path)
     args = ap.parse_args()
 
     if args.stop_server_round is None:
