@@ -4,6 +4,7 @@ pyplot state, so a library call never changes its importer's backend."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import textwrap
 from collections.abc import Callable
@@ -244,10 +245,8 @@ def profile_figures(
     no star, and the title says so)."""
     cap = check_power_cap(power_cap_w)
     if selection is None and relation is not None:
-        try:
-            selection = select(profile, relation, cap, allow_mismatch=True)  # cmd_plot checked the pairing
-        except InfeasibleCapError:
-            selection = None
+        with contextlib.suppress(InfeasibleCapError):  # cmd_plot checked the pairing
+            selection = select(profile, relation, cap, allow_mismatch=True)
     grid = _Grid.of(profile)
     subject = _subject(profile)
     note = "" if cap is None or selection is not None or relation is None else " — no pair is feasible"

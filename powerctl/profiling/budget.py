@@ -8,6 +8,7 @@ one step measured at a safe pair bounds the instructed order. docs/design/profil
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -145,10 +146,6 @@ class ProfilingRequest:
     rule: str = DEFAULT_RELATION_RULE  # the relation rule the predicted way's choice is made by
     warmup_steps: int = 2
     measure_steps: int = 5
-
-    def __post_init__(self) -> None:
-        if not 0.0 < self.share <= 1.0:
-            raise ValueError(f"share must be in (0, 1], got {self.share!r}")
 
     def profiler(self, device: Device, workload: Workload, make_step: StepFactory) -> Profiler:
         """The profiler this request measures with (its samples, warm-up and measured steps)."""
@@ -314,11 +311,9 @@ def profile_within_budget(
         start = device.clock()
         ref_point: ProfilePoint | None = None
         if prediction is not None and prediction.points:
-            try:
+            with contextlib.suppress(InfeasibleCapError):
                 sel = select(prediction, relation, power_cap_w, rule=request.rule)
                 ref_point = prediction.point(sel.batch_size, sel.frequency_hz)
-            except InfeasibleCapError:
-                ref_point = None
         else:
             prediction = None
             ways = [w for w in ways if w != PREDICTED]

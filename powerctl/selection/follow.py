@@ -11,7 +11,6 @@ relation vector: the fraction done is Σ samples trained at b / r_b. The loop me
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
@@ -78,9 +77,6 @@ class CapFollower:
         guard_window: int = DEFAULT_WINDOW,
         guard_tolerance: float = DEFAULT_TOLERANCE,
     ) -> None:
-        for name, value in (("poll_s", poll_s), ("pause_timeout_s", pause_timeout_s)):
-            if not math.isfinite(value) or value <= 0:
-                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
         self.device, self.caps, self._choose = device, caps, choose
         self._r = dict(samples_to_target or {})
         self.poll_s, self.pause_timeout_s = poll_s, pause_timeout_s
@@ -129,8 +125,7 @@ class CapFollower:
     def after_step(self, power: PowerSamples, device_seconds: float) -> None:
         """The step's power readings: the cap's guard checks them, and time over the cap is counted."""
         if (guard := self.guard) is not None:
-            if power:
-                guard.check(max(w for _, w in power), device_seconds)
+            guard.after_step(power, device_seconds)
             self.frequency_hz = guard.frequency_hz  # (not an earlier cap's guard: it pins nothing now)
         self._count_over_cap(power)
 
@@ -140,11 +135,6 @@ class CapFollower:
             self._fraction = min(1.0, self._fraction + (samples - self._samples_at_switch) / r_b)
         self._samples_at_switch = samples
         return self._fraction
-
-    def _remaining_s(self, pick: Pick) -> float | None:
-        if pick.predicted_seconds is None:
-            return None
-        return pick.predicted_seconds * (1.0 - self._fraction)
 
     def _pick_or_pause(self, cap: float | None, samples: int, first: bool = False) -> Pick:
         fraction = self._progress(samples)
@@ -213,6 +203,7 @@ class CapFollower:
         new: tuple[int, int] | None = None,
     ) -> None:
         nb, nf = new if new is not None else (pick.batch_size, pick.frequency_hz)  # type: ignore[union-attr]
+        predicted = None if pick is None else pick.predicted_seconds
         in_step, self._step_over_s = self._step_over_s, 0.0
         if self.events and in_step:  # the step just run was the one in progress at the change
             self.events[-1].over_cap_s -= in_step
@@ -226,7 +217,7 @@ class CapFollower:
                 new_batch_size=nb,
                 new_frequency_hz=nf,
                 fraction_done=fraction,
-                predicted_remaining_s=None if pick is None else self._remaining_s(pick),
+                predicted_remaining_s=None if predicted is None else predicted * (1.0 - self._fraction),
                 in_step_over_cap_s=in_step,
             )
         )
