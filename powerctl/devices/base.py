@@ -78,7 +78,8 @@ class ThreadSampler(PowerSampler):
 class Device(ABC):
     """A GPU with (maybe) a frequency knob and (maybe) a power sensor.
 
-    A backend with a knob implements `_write_pin`, `snapshot` and `apply_snapshot`; pinning lives here."""
+    The defaults are a device without a knob; a backend with one implements `frequencies`,
+    `current_frequency`, `_write_pin`, `snapshot` and `apply_snapshot`. Pinning lives here."""
 
     spec: str  # the spec string it was opened with, e.g. ``sim:jetson-nano``
     board: str  # board/GPU name, e.g. ``jetson-nano``: the profile's ``device`` field
@@ -94,13 +95,13 @@ class Device(ABC):
         """The physical board's key for its pin lock and crash record (None: no hardware state to lose)."""
         return None
 
-    @abstractmethod
     def frequencies(self) -> list[int]:
         """Supported GPU frequencies in Hz, ascending; empty when the device has no knob."""
+        return []
 
-    @abstractmethod
     def current_frequency(self) -> int | None:
         """The GPU frequency in force now, in Hz (None when unknown)."""
+        return None
 
     def _write_pin(self, hz: int) -> None:  # pragma: no cover - pin_frequency refuses first
         """Hold the GPU at exactly `hz` (already validated); a device with a knob writes it."""

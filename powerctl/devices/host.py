@@ -23,12 +23,6 @@ class HostDevice(Device):
     def torch_device(self) -> str:
         return super().torch_device() if self._torch_device is None else self._torch_device
 
-    def frequencies(self) -> list[int]:
-        return []
-
-    def current_frequency(self) -> int | None:
-        return None
-
     def memory_bytes(self) -> int:
         where = self.torch_device()
         if where.startswith("cuda"):  # resolving it loaded torch
