@@ -21,7 +21,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from powerctl.cli.plot import save_figure
+from powerctl.cli.plot import Mark, save_figure
 from powerctl.records.profile import Profile
 from simulations.plots import COLOURS
 from strategies.settings import client_setting
@@ -34,6 +34,12 @@ MARKERS = {"ours": "*", "state-of-practice": "s", "proxy-batch": "^", "oracle": 
 
 def _colour(method: str) -> str:
     return COLOURS.get(method, "#999999")
+
+
+def method_mark(method: str, b: int, hz: int, estimated: bool = False) -> Mark:
+    """A method's (b, f) on a profile map (`estimated`: the method did not run, its rule on the profile)."""
+    label = f"{method} (not run: its rule on this profile)" if estimated else method
+    return Mark(b, hz, label, MARKERS.get(method, "o"), _colour(method))
 
 
 def _figure(size: tuple[float, float]) -> Figure:
@@ -134,7 +140,7 @@ def plot_makespans(results: dict[str, Any], path: Path) -> Path:
 def plot_profile_maps(results: dict[str, Any], out: Path) -> list[Path]:
     """Per board kind: the predicted peak-power map of the run's model, one panel per cap the board ran
     under, each with that cap's boundary and the (b, f) every method chose under it (round 1)."""
-    from powerctl.cli.plot import Mark, choices_per_cap
+    from powerctl.cli.plot import choices_per_cap
 
     cfg = results["run"]["config"] or {}
     model = results["fleet"]["model"]
@@ -146,13 +152,7 @@ def plot_profile_maps(results: dict[str, Any], out: Path) -> list[Path]:
         for r in results["records"]:
             if r.get("board") != board or r["round"] != 1:
                 continue
-            mark = Mark(
-                r["batch_size"],
-                r["frequency_hz"],
-                r["method"],
-                MARKERS.get(r["method"], "o"),
-                _colour(r["method"]),
-            )
+            mark = method_mark(r["method"], r["batch_size"], r["frequency_hz"])
             chosen = marks.setdefault(r["power_cap_w"], [])
             if mark not in chosen:
                 chosen.append(mark)

@@ -29,7 +29,7 @@ from powerctl.records.relation import RelationVector
 from powerctl.selection.joint import predicted_energy_j, predicted_seconds
 from powerctl.selection.methods import run_method_named
 from powerctl.selection.names import OURS, STATE_OF_PRACTICE
-from simulations.fleet_plots import MARKERS, predicted_board_profile
+from simulations.fleet_plots import method_mark, predicted_board_profile
 from simulations.plots import COLOURS
 from strategies.settings import key_of
 
@@ -65,11 +65,6 @@ class Row:
     bars: list[Bar] = field(default_factory=list)
 
 
-def _mark(method: str, b: int, hz: int, estimated: bool = False) -> Mark:
-    label = f"{method} (not run: its rule on this profile)" if estimated else method
-    return Mark(b, hz, label, MARKERS.get(method, "o"), COLOURS.get(method, "#999999"))
-
-
 def _cap_key(cap: float | None) -> float:
     return math.inf if cap is None else cap
 
@@ -95,7 +90,7 @@ def _rows(
         for method in methods:
             mine = [r for r in recs if r["method"] == method]
             for b, hz in dict.fromkeys((r["batch_size"], r["frequency_hz"]) for r in mine):
-                row.marks.append(_mark(method, b, hz))
+                row.marks.append(method_mark(method, b, hz))
             joules = [r["energy_j"] for r in mine]
             row.bars.append(
                 Bar(
@@ -137,7 +132,7 @@ def _estimate_state_of_practice(row: Row, relation: RelationVector | None) -> No
         sop = state_of_practice(row.profile, row.cap)
     except PowerctlError:
         return
-    row.marks.append(_mark(STATE_OF_PRACTICE, sop.batch_size, sop.frequency_hz, estimated=True))
+    row.marks.append(method_mark(STATE_OF_PRACTICE, sop.batch_size, sop.frequency_hz, estimated=True))
     ours = next(b for b in row.bars if _method_is(b.method, "power_aware"))
     pair = next(m for m in row.marks if m.label == ours.method)
     r = relation.as_map()
