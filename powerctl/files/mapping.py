@@ -323,14 +323,6 @@ def _within(v: float, lo: float | None, hi: float | None, above: bool, below: bo
     return not (hi is not None and (v > hi or (below and v == hi)))
 
 
-def unknown_key_text(key: str, known: Collection[str]) -> str:
-    """``unknown key 'lr-mx'; did you mean 'lr-max'?``, or the known keys when none is near."""
-    near = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
-    if near:
-        return f"unknown key {key!r}; did you mean {near[0]!r}?"
-    return f"unknown key {key!r}; keys are {', '.join(known)}"
-
-
 class MappingReader:
     """Typed reads of one mapping; every failure is one line of `error` naming `where`, the key, the value."""
 
@@ -365,10 +357,12 @@ class MappingReader:
             raise self.fail(key, str(exc)) from None
 
     def only(self, known: Collection[str]) -> MappingReader:
-        """Refuse any key not in `known`, naming the nearest known one."""
+        """Refuse any key not in `known`, naming the nearest known one (or all of them)."""
         for key in sorted(str(k) for k in self.data):
             if key not in known:
-                raise self.fail(unknown_key_text(key, known))
+                near = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+                hint = f"did you mean {near[0]!r}?" if near else f"keys are {', '.join(known)}"
+                raise self.fail(f"unknown key {key!r}; {hint}")
         return self
 
     def section(self, key: str, known: Collection[str]) -> MappingReader:
