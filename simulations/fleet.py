@@ -136,10 +136,8 @@ class FleetSpec:
         return dataclasses.replace(self, settings=moved)
 
     def check_seed_count(self, count: int, where: str) -> int:
-        """`count`, 1 to MAX_SEEDS, with every derived run and data seed valid; else one FleetFileError
-        line naming `where`."""
-        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_SEEDS:
-            raise FleetFileError(f"{where}: expected a number of seeds from 1 to {MAX_SEEDS}, got {count!r}")
+        """`count` (1 to MAX_SEEDS, as its flag and key read it) with every derived run and data seed
+        valid; else one FleetFileError line naming `where`."""
         run = self.settings
         for name, first in (("seeds.run", run.seed), ("seeds.data", run.client_data_seed)):
             if first + count - 1 > MAX_SEED:
