@@ -1,14 +1,6 @@
-"""Plots of a fleet run (matplotlib on Agg, no pyplot state), from its results dict.
-
-- time_to_accuracy.png: the global model's accuracy against the fleet's cumulative makespan, per method;
-- per_cap.png: round-1 time to accuracy (device s, profiling stacked and hatched) and energy per
-  method, per board and cap;
-- makespan.png: every round's makespan per method;
-- profile_maps/BOARD.png: the board's peak-power map for the run's model (its predicted profile, the
-  board model's noise-free grid), one panel per cap with its boundary and the (b, f) each method chose
-  under it (`powerctl.cli.plot.choices_per_cap`);
-- seed-ratios.png (a run over seeds, `simulations.fleet_seeds`): per method, its per-seed ratios to the
-  state of practice, their mean and its bootstrap 95 % interval.
+"""Plots of a fleet run (matplotlib on Agg, no pyplot state), from its results dict: time_to_accuracy.png,
+per_cap.png, makespan.png and profile_maps/BOARD.png (round 1's choices on the board model's map, per
+cap); over seeds, seed-ratios.png.
 """
 
 from __future__ import annotations
@@ -54,6 +46,7 @@ def _save(fig: Figure, path: Path) -> Path:
 
 
 def plot_time_to_accuracy(results: dict[str, Any], path: Path) -> Path:
+    """The global model's accuracy against the fleet's cumulative makespan, per method."""
     fig = _figure((7.5, 4.5))
     ax = fig.add_subplot()
     target = results["fleet"]["target_accuracy"]
@@ -92,6 +85,7 @@ def _groups(results: dict[str, Any]) -> dict[str, dict[str, list[dict[str, Any]]
 
 
 def plot_per_cap(results: dict[str, Any], path: Path) -> Path:
+    """Round 1's device seconds (profiling stacked, hatched) and energy per method, per board and cap."""
     groups = _groups(results)
     methods = results["methods"]
     fig = _figure((max(7.0, 1.6 * len(groups) + 3), 7.5))
@@ -119,6 +113,7 @@ def plot_per_cap(results: dict[str, Any], path: Path) -> Path:
 
 
 def plot_makespans(results: dict[str, Any], path: Path) -> Path:
+    """Every round's makespan per method."""
     summaries = results["summary"]
     rounds = max((len(s["makespans_s"]) for s in summaries), default=0)
     fig = _figure((max(6.0, 1.2 * rounds + 4), 4.2))
