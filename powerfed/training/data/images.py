@@ -260,12 +260,10 @@ _IDX_DTYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 
 
 def read_idx(path: Path) -> np.ndarray:
     """An idx file (gzipped or not): magic 0x0000TTDD (type TT, DD dimensions), big-endian sizes."""
-    for candidate in (path, path.with_name(path.name + ".gz")):
-        if candidate.exists():
-            path = candidate
-            break
-    else:
+    found = next((p for p in (path, path.with_name(path.name + ".gz")) if p.exists()), None)
+    if found is None:
         raise DataError(f"idx file not found: {path}[.gz]; check the folder (nothing is downloaded)")
+    path = found
     try:
         raw = read_bytes(path, limit=DATA_LIMIT, what="an idx file", error=DataError)
         if path.suffix == ".gz":

@@ -30,13 +30,8 @@ class _Inflater:
         parts, have = [self.buf[self.pos :]], len(self.buf) - self.pos
         while have < need and not self.eof:
             raw = self.f.read(CHUNK)
-            if self.z is None:
-                data = raw
-                self.eof = not raw
-            else:
-                data = self._inflate(raw) if raw else self.z.flush()
-                if not raw:
-                    self.eof = True
+            data = raw if self.z is None else (self._inflate(raw) if raw else self.z.flush())
+            self.eof = not raw
             parts.append(data)
             have += len(data)
             self.total += len(data)
@@ -125,10 +120,11 @@ def iter_tar_files(path: Path) -> Iterator[tuple[str, bytes]]:
     try:
         what = "an image archive (.tar, .tar.gz)"
         with open_regular(path, limit=DATA_LIMIT, what=what, error=DataError) as f:
-            magic = f.read(6)
+            head = f.read(BLOCK)
             f.seek(0)
-            if magic[:2] == b"\x1f\x8b" or _looks_like_tar(f):
-                yield from _members(_Inflater(f, gzipped=magic[:2] == b"\x1f\x8b", where=path), path)
+            gzipped = head[:2] == b"\x1f\x8b"
+            if gzipped or (len(head) == BLOCK and head[257:262] == b"ustar"):
+                yield from _members(_Inflater(f, gzipped=gzipped, where=path), path)
                 return
         yield from _tarfile_members(path)
     except zlib.error as exc:
@@ -137,12 +133,6 @@ def iter_tar_files(path: Path) -> Iterator[tuple[str, bytes]]:
         raise DataError(
             f"{path}: cannot read the archive ({exc}); the file is corrupt or not a tar"
         ) from None
-
-
-def _looks_like_tar(f: BinaryIO) -> bool:
-    head = f.read(BLOCK)
-    f.seek(0)
-    return len(head) == BLOCK and head[257:262] == b"ustar"
 
 
 def _tarfile_members(path: Path) -> Iterator[tuple[str, bytes]]:
