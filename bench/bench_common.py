@@ -50,7 +50,7 @@ def line_buffered() -> None:
 
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
     """The mean and the sample standard deviation (0.0 for one value)."""
-    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
 def mean_pm(values: Sequence[float], fmt: str = ".2f") -> str:

@@ -272,9 +272,8 @@ def prepare_data(task: Task, quick: bool) -> None:
 
 
 def set_targets(task: Task, weights: dict[str, torch.Tensor], host: Any) -> None:
-    names = ["proxy", *task.data["targets"]]
-    sets = [task.data["proxy"], *task.data["targets"].values()]
-    for i, (name, ds) in enumerate(zip(names, sets, strict=True)):
+    sets = {"proxy": task.data["proxy"], **task.data["targets"]}
+    for i, (name, ds) in enumerate(sets.items()):
         if task.fixed_targets:
             task.targets[name] = task.fixed_targets[i]
             print(f"  target for {name} ({ds.name}): {task.targets[name]:.3f} (given)")
