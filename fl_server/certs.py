@@ -78,10 +78,6 @@ def _san_entry(name: str) -> object:
     return x509.DNSName(_dns_name(name))
 
 
-def _common_name(sans: Sequence[str]) -> str:
-    return sans[0] if 1 <= len(sans[0]) <= CN_MAX else FALLBACK_CN
-
-
 def _check_targets(folder: Path, overwrite: bool) -> list[Path]:
     """The four targets, checked before anything is written (and, without --force, absent)."""
     check_output_dir(folder, "--out")
@@ -155,8 +151,9 @@ def make_certificates(
         )
         .sign(ca_key, hashes.SHA256())
     )
+    common_name = sans[0] if 1 <= len(sans[0]) <= CN_MAX else FALLBACK_CN
     server = (
-        builder(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, _common_name(sans))]), key.public_key())
+        builder(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]), key.public_key())
         .add_extension(x509.SubjectAlternativeName(names), critical=False)  # type: ignore[arg-type]
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)

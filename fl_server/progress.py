@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, cast
 
 from flwr.app import Message
@@ -72,21 +73,19 @@ class ProgressGrid:
         return min(3.0, max(self.poll_s, pending / 500))
 
 
+@dataclass
 class SampleProgress:
     """`on_step(steps, samples)` for a known sample budget: a line at most every `every_s` seconds with
     the samples done, the time so far and left."""
 
-    def __init__(
-        self,
-        say: Callable[[str], None],
-        what: str,
-        total: int,
-        *,
-        every_s: float = 5.0,
-        clock: Callable[[], float] = time.perf_counter,
-    ) -> None:
-        self.say, self.what, self.total, self.every_s, self.clock = say, what, total, every_s, clock
-        self.started = self.last = clock()
+    say: Callable[[str], None]
+    what: str
+    total: int
+    every_s: float = 5.0
+    clock: Callable[[], float] = time.perf_counter
+
+    def __post_init__(self) -> None:
+        self.started = self.last = self.clock()
 
     def __call__(self, steps: int, samples: int) -> None:
         now = self.clock()

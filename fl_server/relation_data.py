@@ -150,13 +150,11 @@ def split(ds: Dataset, seed: int) -> tuple[Dataset, Dataset]:
 
 def load_proxy(data: ProxyData, *, task: str | None, seq_len: int, limit: int | None, seed: int) -> Proxy:
     """The proxy data split for training and testing, with its label and digest."""
-    if isinstance(data, (str, Path)) and not isinstance(data, Path):
-        sha = spec_digest(data)
-        ds = load_dataset(data, split="all", seq_len=seq_len, limit=limit, seed=seed)
-        train, test = train_test_split(ds, seed=seed)
-        return Proxy(train, test, data, sha, ds)
     if isinstance(data, Path):
         raise PowerctlError(f"proxy data {str(data)!r}: give a dataset spec such as 'npz:{data}'")
+    if isinstance(data, str):
+        sha = spec_digest(data)
+        ds = load_dataset(data, split="all", seq_len=seq_len, limit=limit, seed=seed)
+        return Proxy(*train_test_split(ds, seed=seed), data, sha, ds)
     ds = in_memory(data, task, limit)
-    train, test = split(ds, seed)
-    return Proxy(train, test, ds.name, tensor_digest(ds.x, ds.y), ds)
+    return Proxy(*split(ds, seed), ds.name, tensor_digest(ds.x, ds.y), ds)

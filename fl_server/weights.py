@@ -54,11 +54,6 @@ class WeightsMeta:
         return cls(model, num_classes, task, overrides, meta)
 
 
-def _canonical(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Detached, contiguous CPU copies: safetensors refuses shared storage (tied embeddings)."""
-    return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items()}
-
-
 def save_weights(
     path: str | Path,
     model: nn.Module,
@@ -73,7 +68,8 @@ def save_weights(
 
     spec = get_model_spec(model_name)
     meta = WeightsMeta(model_name, int(num_classes), spec.task, dict(overrides or {}), dict(extra or {}))
-    state = _canonical(model.state_dict())
+    # detached, contiguous CPU copies: safetensors refuses shared storage (tied embeddings)
+    state = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in model.state_dict().items()}
     metadata = {**meta.to_metadata(), "sha256": weights_hash(state)}
     with replacing(path) as tmp:  # shared mode: weights are meant to be shared (safetensors makes 0600)
         save_file(state, str(tmp), metadata=metadata)
