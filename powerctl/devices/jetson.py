@@ -178,36 +178,25 @@ def _read_number(path: Path, kind: type[float] | type[int] = float, what: str = 
         raise DeviceError(f"{path} does not hold {what}: {text[:40]!r}") from None
 
 
-def _iio_rails(root: Path) -> list[Rail]:
-    """JetPack 4 ``ina3221x`` iio devices: ``rail_name_N`` + ``in_powerN_input`` (mW)."""
-    rails = []
+def find_rails(root: Path) -> list[Rail]:
+    """Every INA3221 rail: JetPack 4 iio (``rail_name_N``, ``in_powerN_input`` mW), then JetPack 5/6 hwmon
+    (``inN_label``, ``inN_input`` mV, ``currN_input`` mA); names made unique (two chips may repeat one)."""
+    found = []
     for dev in sorted(root.glob(INA3221X_IIO_GLOB)):
         for name_file in sorted(dev.glob("rail_name_*")):
-            channel = name_file.name.rsplit("_", 1)[-1]
-            power = dev / f"in_power{channel}_input"
+            power = dev / f"in_power{name_file.name.rsplit('_', 1)[-1]}_input"
             name = _read(name_file)
             if name and power.is_file():
-                rails.append(Rail(name, power_mw=power))
-    return rails
-
-
-def _hwmon_rails(root: Path) -> list[Rail]:
-    """JetPack 5/6 ``ina3221`` hwmon: ``inN_label``, ``inN_input`` (mV), ``currN_input`` (mA)."""
-    rails = []
+                found.append(Rail(name, power_mw=power))
     for dev in sorted(root.glob(INA3221_HWMON_GLOB)):
         for label_file in sorted(dev.glob("in*_label")):
             channel = label_file.name[len("in") : -len("_label")]
             volt, curr = dev / f"in{channel}_input", dev / f"curr{channel}_input"
             name = _read(label_file)
             if name and name.upper() != "NC" and volt.is_file() and curr.is_file():
-                rails.append(Rail(name, voltage_mv=volt, current_ma=curr))
-    return rails
-
-
-def find_rails(root: Path) -> list[Rail]:
-    """Every INA3221 rail on the board, names made unique (boards with two chips may repeat one)."""
+                found.append(Rail(name, voltage_mv=volt, current_ma=curr))
     rails, seen = [], set()
-    for rail in _iio_rails(root) + _hwmon_rails(root):
+    for rail in found:
         name, n = rail.name, 2
         while name in seen:
             name, n = f"{rail.name}#{n}", n + 1

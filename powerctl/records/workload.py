@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from typing import Any
+from unittest import mock
 
 from powerctl.errors import ArgumentError, first_line
 from powerctl.files.mapping import Integer, Number, check_arguments, check_fields
@@ -176,11 +176,11 @@ def _storage(t: Any) -> Any:
 def _flop_counter() -> Any:
     """torch's FlopCounterMode with `_flop_fixes`; None where torch has none (1.13: `_FALLBACK_FLOPS`)."""
     try:
-        from torch.utils.flop_counter import FlopCounterMode
+        from torch.utils import flop_counter as fc
     except ImportError:
         return None
-    with _flop_counter_fixed():
-        return FlopCounterMode(display=False)  # copies torch's table on construction: fixed first
+    with mock.patch.dict(fc.flop_registry, _flop_fixes()):  # torch's table, put back after
+        return fc.FlopCounterMode(display=False)  # copies the table on construction: fixed first
 
 
 def _op_counter(parameter_shapes: set[tuple[int, ...]], count_flops: bool = False) -> Any:
@@ -294,25 +294,6 @@ def _flop_fixes() -> dict[Any, Any]:
         if hasattr(aten, op_name) and like in fc.flop_registry:
             fixes.setdefault(getattr(aten, op_name), fc.flop_registry[like])
     return fixes
-
-
-@contextmanager
-def _flop_counter_fixed() -> Iterator[None]:
-    """Apply `_flop_fixes` to torch's flop table while measuring, and put the table back afterwards."""
-    from torch.utils import flop_counter as fc
-
-    missing = object()
-    fixes = _flop_fixes()
-    saved = {key: fc.flop_registry.get(key, missing) for key in fixes}
-    fc.flop_registry.update(fixes)
-    try:
-        yield
-    finally:
-        for key, old in saved.items():
-            if old is missing:
-                fc.flop_registry.pop(key, None)
-            else:
-                fc.flop_registry[key] = old
 
 
 def count_flops(fn: Callable[[], Any]) -> tuple[Any, float | None]:
