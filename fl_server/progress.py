@@ -75,8 +75,7 @@ class ProgressGrid:
 
 @dataclass
 class SampleProgress:
-    """`on_step(steps, samples)` for a known sample budget: a line at most every `every_s` seconds with
-    the samples done, the time so far and left."""
+    """`on_step(steps, samples)`: every `every_s` s at most, the samples done, the time so far and left."""
 
     say: Callable[[str], None]
     what: str

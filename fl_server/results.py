@@ -1,5 +1,4 @@
-"""`results.json` (`fl_server.results/1`), rewritten atomically after every round (a crash loses no
-finished round), and the printed tables."""
+"""`results.json` (`fl_server.results/1`), rewritten atomically after every round, and the printed tables."""
 
 from __future__ import annotations
 
@@ -64,8 +63,7 @@ class ResultsWriter:
         write_json(self.path, self.data)
 
     def record_round(self, record: RoundRecord, nodes: list[NodeInfo] | None = None) -> None:
-        """Add (or replace) `record`, and the nodes as the strategy knows them now (by key: one known
-        only from before a resume is kept)."""
+        """Add (or replace) `record`, and the nodes by key (one known only before a resume stays)."""
         if nodes is not None:
             by_key = {n["key"]: n for n in self.data["nodes"] if isinstance(n, dict) and "key" in n}
             by_key.update({n.key: asdict(n) for n in nodes})

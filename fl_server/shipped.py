@@ -110,8 +110,7 @@ def unpacked_weights(recipe: dict[str, Any], into: Path, folder: Path | None = N
 
 
 def write_shipped(folder: Path, tell: Callable[[str], None] = say) -> dict[str, Any]:
-    """Make the default run's weights and relation vector as the ServerApp does (on the CPU) and write
-    them with their manifest into `folder`; returns the manifest."""
+    """Make the default run's weights and relation vector as the ServerApp does (on the CPU) into `folder`."""
     import torch
 
     from fl_server.app import pretrain_recipe, relation_recipe, relation_vector, train_weights

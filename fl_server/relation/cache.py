@@ -20,8 +20,7 @@ def default_cache_dir() -> Path:
 def lookup(
     request: RelationRequest, how: RelationCompute, user_code: bool
 ) -> tuple[Path | None, RelationVector | None]:
-    """Where this estimate is cached (None: asked not to, or user code without a `cache_key`, whose
-    changes the project cannot tell) and the vector found there."""
+    """Where it is cached (None: not asked, or user code without a `cache_key`) and the vector there."""
     if not how.use_cache:
         return None, None
     if user_code and not request.user_key:

@@ -1,5 +1,4 @@
-"""The relation estimate: the request made from the call and located, the cache looked up, the runs until
-the ranking is stable, the vector and its evidence stored."""
+"""The relation estimate: the request, the cache, the runs until the ranking is stable, the vector stored."""
 
 from __future__ import annotations
 
@@ -182,8 +181,7 @@ def _finish(
     path: Path | None,
     **extra: Any,
 ) -> RelationVector:
-    """The request's seeds run until the ranking is stable, then the vector and its evidence, cached
-    where there is a cache: one ending for every kind of run."""
+    """The seeds run until the ranking is stable, then the vector and its evidence, cached."""
     bs, s = request.batch_sizes, request.settings
     started = time.perf_counter()
     runs, used, stable = seeds_until_stable(bs, s.seeds, request.max_seeds, run_seeds)
@@ -263,8 +261,7 @@ def _starting_weights(
 
 
 def _model_entry(model: str | ModelFactory | ModelSpec) -> ModelSpec | None:
-    """The registry entry of a name, an entry as given, or None for a factory (wrapped once the data
-    gives its input shape)."""
+    """The registry entry of a name, an entry as given, or None for a factory."""
     if isinstance(model, ModelSpec):
         return model
     if isinstance(model, str):

@@ -29,8 +29,7 @@ def seed_runner(
     how: RelationCompute,
     label: str,
 ) -> Callable[[Sequence[int]], list[dict[str, Any]]]:
-    """run_seeds for `seeds_until_stable`: every batch size × seed, each checked to have reached the
-    target on the proxy (`label`)."""
+    """run_seeds for `seeds_until_stable`: every batch size × seed, each checked to reach the target."""
 
     def run_seeds(seed_list: Sequence[int]) -> list[dict[str, Any]]:
         jobs = request.jobs(seed_list)
@@ -163,6 +162,5 @@ _MISSING_MODULE = re.compile(r"No module named '([^']+)'")  # a Ray worker that 
 
 
 def gpu_share(cpus: int, jobs: int) -> float:
-    """The share of one GPU each Ray task asks for, so that all that run at once fit, rounded down to
-    Ray's resolution (1/10000)."""
+    """Each Ray task's share of one GPU, so that all that run at once fit, at Ray's resolution (1/10000)."""
     return math.floor(10_000 / max(1, min(cpus, jobs))) / 10_000

@@ -178,8 +178,7 @@ class RelationRequest:
     user_key: str | None = None
     """The user's `cache_key` where user code is involved (None for the project's own models)."""
     model_entry: dict[str, Any] = field(default_factory=dict)
-    """The registry entry's defaults, input shape and task: a name registered again differently is
-    another model."""
+    """The registry entry's defaults, input shape and task: a name registered again differently differs."""
     own_loop: bool = False
     """The user's `train_to_target`: its data, budgets and evaluation are its own (keyed as none)."""
 

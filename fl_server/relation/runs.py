@@ -218,8 +218,7 @@ def probe(runs: ProxyRuns, proxy: str) -> dict[str, Any]:
 def make_proxy_runs(
     start: Start, proxy: ProxyData, request: RelationRequest, user: UserFunctions
 ) -> tuple[ProxyRuns, str]:
-    """The runs' shared part (the proxy read where it was not yet) checked against the model, and the
-    data's label."""
+    """The runs' shared part, the proxy read if not yet and checked against the model; and its label."""
     s, spec, bs = request.settings, start.spec, request.batch_sizes
     data = start.data or load_proxy(
         proxy, task=spec.task, seq_len=request.seq_len or 64, limit=s.limit, seed=s.data_seed
