@@ -20,11 +20,9 @@ def load_nvml() -> ModuleType:
     """`pynvml`, initialised; one DeviceError line when the library or the driver is missing."""
     try:
         import pynvml
-    except ImportError as exc:
-        raise DeviceError(f"NVML is not available (no NVIDIA driver?): {exc}") from None
-    try:
+
         pynvml.nvmlInit()
-    except Exception as exc:  # NVMLError, or OSError from ctypes when libnvidia-ml is absent
+    except Exception as exc:  # ImportError, NVMLError, or OSError from ctypes when libnvidia-ml is absent
         raise DeviceError(f"NVML is not available (no NVIDIA driver?): {exc}") from None
     return pynvml
 
