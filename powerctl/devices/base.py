@@ -19,8 +19,7 @@ from powerctl.records.workload import Workload
 
 T = TypeVar("T")
 
-PowerSamples = list[tuple[float, float]]
-"""(device-clock seconds, watts) pairs, in time order."""
+PowerSamples = list[tuple[float, float]]  # (device-clock seconds, watts), in time order
 
 
 class PowerSampler(ABC):

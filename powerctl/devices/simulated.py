@@ -17,8 +17,7 @@ from powerctl.records.workload import Workload
 
 T = TypeVar("T")
 
-SIM_BOARDS = ("jetson-nano", "jetson-tx2nx")
-"""Boards with a simulation model; `sim:NAME` opens one."""
+SIM_BOARDS = ("jetson-nano", "jetson-tx2nx")  # boards with a simulation model: `sim:NAME`
 
 
 def check_board_name(name: str) -> str:

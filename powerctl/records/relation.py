@@ -16,22 +16,18 @@ from powerctl.files.jsonfile import Fields, FrozenJson, plain_json, read_json, w
 from powerctl.files.mapping import MAX_BATCH_SIZE, Integer, Invalid, Number, check_arguments, shown
 
 RELATION_SCHEMA = "powerctl.relation/1"
-VECTORS: tuple[str, ...] = ("raw", "fitted")
-"""Which vector the client uses: the seeds' means, or the batch-efficiency model fitted to the seeds."""
+VECTORS: tuple[str, ...] = ("raw", "fitted")  # the seeds' means, or the batch-efficiency fit
 RELATION_RULES: tuple[str, ...] = ("mean", "robust", "interval")
 """How selection reads the vector: its mean, every seed's, or its mean with a paired interval."""
 DEFAULT_RELATION_RULE = "interval"
-INTERVAL_STANDARD_ERRORS = 2.0
-"""An interval's half-width, in standard errors of the seeds' mean (docs/results/paper_tables.md)."""
+INTERVAL_STANDARD_ERRORS = 2.0  # an interval's half-width (docs/results/paper_tables.md)
 
 
-MAX_SAMPLES_TO_TARGET = 1e12
-"""Far above any proxy run, low enough that a typo is one line, not a relation of 0.0."""
+MAX_SAMPLES_TO_TARGET = 1e12  # far above any proxy run; a typo is one line, not a relation of 0.0
 SAMPLES_KIND = Number(0.0, MAX_SAMPLES_TO_TARGET, above=True)
 BATCH_SIZE_KIND = Integer(1, MAX_BATCH_SIZE)
 FIELDS = ("model", "proxy_dataset", "target_accuracy", "batch_sizes", "samples_to_target")
-DERIVED = ("schema", "relation")
-"""Keys a relation file holds besides `FIELDS` that are not evidence: `extra` may name none of these."""
+DERIVED = ("schema", "relation")  # keys besides FIELDS that are not evidence: never in `extra`
 
 
 @dataclass(frozen=True)
