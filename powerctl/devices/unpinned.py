@@ -35,9 +35,6 @@ class UnpinnedDevice(Device):
     def frequencies(self) -> list[int]:
         return list(self._hz)
 
-    def current_frequency(self) -> int | None:
-        return self.inner.current_frequency()
-
     def clock_in_force(self) -> int | None:
         return self._hz[0] if self._hz else None
 
@@ -90,8 +87,8 @@ def _forward(name: str) -> Callable[..., Any]:
 
 
 # Device's defaults that the wrapped device may override: each is the wrapped device's own.
-FORWARDED: tuple[str, ...] = ("read_power_w", "rails", "power_sampler", "clock", "idle", "resume_state")
-FORWARDED += ("load_resume_state", "synchronize", "torch_device", "run_step", "close")
+FORWARDED: tuple[str, ...] = ("current_frequency", "read_power_w", "rails", "power_sampler", "clock", "idle")
+FORWARDED += ("resume_state", "load_resume_state", "synchronize", "torch_device", "run_step", "close")
 for _name in FORWARDED:
     setattr(UnpinnedDevice, _name, _forward(_name))
 
