@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     relation = usable_relation(first.instr, len(first.split()[0]))
     print(
         f"model {settings.model}, target accuracy {settings.target_accuracy}, batch sizes "
-        f"{settings.batch_size_list()}, {args.seeds} seeds; relation r_b = "
+        f"{settings.batch_sizes}, {args.seeds} seeds; relation r_b = "
         + ", ".join(f"{b}:{r:.2f}" for b, r in relation.as_map().items())
     )
     for board, work in works.items():

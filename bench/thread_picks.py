@@ -70,7 +70,7 @@ def board_profiles(fleet: Path) -> list[tuple[str, float | None, Profile]]:
     """Each board of the fleet: its label, its power cap and its board model's noise-free profile."""
     spec = load_fleet_spec(fleet)
     workload = workload_of(spec.settings.model)
-    sizes = spec.settings.batch_size_list()
+    sizes = spec.settings.batch_sizes
     return [
         (b.label(), b.power_cap_w, predicted_profile(b.device.removeprefix("sim:"), workload, sizes, 1000))
         for b in spec.boards

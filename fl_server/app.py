@@ -145,7 +145,7 @@ def relation_recipe(cfg: ServerConfig, weights: Path) -> dict[str, Any]:
         "weights": weights_hash(weights),  # the tensors (as the relation cache keys them), not the file
         "proxy": cfg.proxy_data,
         "target_accuracy": cfg.target_accuracy,
-        "batch_sizes": cfg.batch_size_list(),
+        "batch_sizes": cfg.batch_sizes,
         "settings": asdict(relation_settings(cfg)),
         "version": CACHE_VERSION,
     }
@@ -169,7 +169,7 @@ def relation_vector(
         weights,
         cfg.proxy_data,
         target_accuracy=cfg.target_accuracy,
-        batch_sizes=cfg.batch_size_list(),
+        batch_sizes=cfg.batch_sizes,
         settings=relation_settings(cfg),
         how=how,
     )
@@ -179,7 +179,7 @@ def relation_settings(cfg: ServerConfig) -> RelationSettings:
     from fl_server.relation import RelationSettings
 
     return RelationSettings(
-        seeds=cfg.seeds(),
+        seeds=cfg.relation_seeds,
         lr_max=cfg.lr_max,
         lr_rule=cfg.lr_rule,
         max_seeds=cfg.relation_max_seeds,
@@ -221,7 +221,7 @@ def prepare_apart(cfg: ServerConfig) -> tuple[Path, RelationVector]:
         f"weights {cfg.weights}" if cfg.weights else f"pre-training {cfg.model} on {cfg.pretrain_data}",
         f"relation {cfg.relation}"
         if cfg.relation
-        else f"relation vector on proxy {cfg.proxy_data} with {len(cfg.seeds())} seeds",
+        else f"relation vector on proxy {cfg.proxy_data} with {len(cfg.relation_seeds)} seeds",
     ]
     say(f"preparing: {'; '.join(what)} (cached under {cache_dir('')}) ...")
     started = time.perf_counter()
@@ -383,7 +383,7 @@ def run(grid: Grid, context: Context) -> Path:
     from fl_server.weights import load_model, weights_hash
 
     cfg = parse_server_config(context.run_config)
-    methods = cfg.method_list()
+    methods = cfg.methods
     out = Path(cfg.results_dir).expanduser() if cfg.results_dir else default_results_dir(context.run_id)
     check_results_dir(out)  # before the pre-training: a folder it cannot write is one line now
     weights, relation = prepare_apart(cfg)

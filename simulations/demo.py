@@ -113,8 +113,8 @@ def demo_work(cfg: DemoConfig, settings: ServerConfig, say: Say = quiet) -> Roun
     weights = pretrained_weights(settings, say=say)
     model, meta = load_model(weights, expect_model=settings.model)
     say(
-        f"relation vector on proxy {settings.proxy_data}: {len(settings.batch_size_list())} batch sizes × "
-        f"{len(settings.seeds())} seed(s) to accuracy {settings.target_accuracy:g} "
+        f"relation vector on proxy {settings.proxy_data}: {len(settings.batch_sizes)} batch sizes × "
+        f"{len(settings.relation_seeds)} seed(s) to accuracy {settings.target_accuracy:g} "
         "(cached after the first run) ..."
     )
     relation = relation_vector(settings, weights, say=say)

@@ -477,15 +477,6 @@ class RunSettings(ClientSettings, SentSettings):
         fingerprint=False,
     )
 
-    def method_list(self) -> list[str]:
-        return list(self.methods)
-
-    def seeds(self) -> list[int]:
-        return list(self.relation_seeds)
-
-    def batch_size_list(self) -> list[int]:
-        return sorted(self.batch_sizes)
-
     def to_run_config(self) -> dict[str, Any]:
         return to_config(setting_fields(self))
 

@@ -101,7 +101,7 @@ def test_plans_and_options_are_checked() -> None:
     ):
         with pytest.raises(RunConfigError, match=fragment):
             parse_server_config({key: value})
-    assert parse_server_config({"methods": "ours,ours-deadline"}).method_list() == ["ours", "ours-deadline"]
+    assert parse_server_config({"methods": "ours,ours-deadline"}).methods == ["ours", "ours-deadline"]
     assert PLAN_KEY == "plan"
 
 

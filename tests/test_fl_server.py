@@ -29,7 +29,7 @@ def test_the_shipped_run_config_parses_and_has_no_federations_table() -> None:
     assert app["components"] == {"serverapp": "fl_server.app:app", "clientapp": "fl_client.app:app"}
     assert "federations" not in doc["tool"]["flwr"]  # Flower 1.41 would migrate it and edit this file
     cfg = parse_server_config(app["config"])
-    assert cfg.seeds() == [0, 1, 2] and cfg == ServerConfig(**{**cfg.__dict__})
+    assert cfg.relation_seeds == [0, 1, 2] and cfg == ServerConfig(**{**cfg.__dict__})
     fleet = app["config"]["fleet"]
     assert "@none" in fleet and fleet.count("sim:jetson-nano") >= 1 and "sim:jetson-tx2nx" in fleet
 

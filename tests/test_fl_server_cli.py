@@ -80,7 +80,7 @@ def test_relation_flags_that_are_run_settings_default_and_check_as_the_run_does(
         ["relation", "--model", "cnn-tiny", "--proxy", "p", "--target", "0.5", "--out", "r"]
     )
     run = read_settings({})
-    assert args.batch_sizes == run.batch_size_list() and args.seeds == run.seeds()
+    assert args.batch_sizes == run.batch_sizes and args.seeds == run.relation_seeds
     assert (args.lr_max, args.lr_rule, args.vector) == (run.lr_max, run.lr_rule, run.relation_values)
     assert (args.max_samples, args.max_seeds) == (run.relation_max_samples, run.relation_max_seeds)
     assert (args.eval_every_samples, args.eval_max_samples) == (run.eval_every_samples, run.eval_max_samples)

@@ -85,7 +85,7 @@ def test_what_is_not_given_is_the_run_configs_default() -> None:
 
     run = read_settings({})
     given = {f.name: f.default for f in dataclasses.fields(relmod.RelationSettings)}
-    assert list(given["seeds"]) == run.seeds() and given["data_seed"] == run.proxy_seed
+    assert list(given["seeds"]) == run.relation_seeds and given["data_seed"] == run.proxy_seed
     assert (given["lr_max"], given["lr_rule"], given["vector"]) == (
         run.lr_max,
         run.lr_rule,

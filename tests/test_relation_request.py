@@ -47,7 +47,7 @@ def test_the_shipped_vector_is_found_under_the_key_its_recipe_makes(
             weights,
             cfg.proxy_data,
             target_accuracy=cfg.target_accuracy,
-            batch_sizes=cfg.batch_size_list(),
+            batch_sizes=cfg.batch_sizes,
             settings=server_app.relation_settings(cfg),
             how=RelationCompute(compute=False, cache_dir=cache, progress=False),
         )
