@@ -5,31 +5,16 @@ hash the cache key, with what the floats depend on: torch, thread count, CPU); h
 `RelationCompute` (cache, device, Ray, progress); the runs are `runs`, the cache `cache`.
 """
 
-from fl_server.relation.cache import default_cache_dir
-from fl_server.relation.estimate import estimate_relation, ranking, seeds_until_stable
-from fl_server.relation.parallel import gpu_share
-from fl_server.relation.request import (
-    CACHE_VERSION,
-    NotCached,
-    RelationCompute,
-    RelationError,
-    RelationRequest,
-    RelationSettings,
-)
-from fl_server.relation.runs import ProxyRuns, run_to_target
-
-__all__ = [
-    "CACHE_VERSION",
-    "NotCached",
-    "ProxyRuns",
-    "RelationCompute",
-    "RelationError",
-    "RelationRequest",
-    "RelationSettings",
-    "default_cache_dir",
-    "estimate_relation",
-    "gpu_share",
-    "ranking",
-    "run_to_target",
-    "seeds_until_stable",
-]
+from fl_server.relation.cache import default_cache_dir as default_cache_dir
+from fl_server.relation.estimate import estimate_relation as estimate_relation
+from fl_server.relation.estimate import ranking as ranking
+from fl_server.relation.estimate import seeds_until_stable as seeds_until_stable
+from fl_server.relation.parallel import gpu_share as gpu_share
+from fl_server.relation.request import CACHE_VERSION as CACHE_VERSION
+from fl_server.relation.request import NotCached as NotCached
+from fl_server.relation.request import RelationCompute as RelationCompute
+from fl_server.relation.request import RelationError as RelationError
+from fl_server.relation.request import RelationRequest as RelationRequest
+from fl_server.relation.request import RelationSettings as RelationSettings
+from fl_server.relation.runs import ProxyRuns as ProxyRuns
+from fl_server.relation.runs import run_to_target as run_to_target
