@@ -214,13 +214,10 @@ class TraceCap(CapSource):
         cls, path: str | Path, *, end: str = "repeat", scale: float = 1.0, time_scale: float = 1.0
     ) -> TraceCap:
         """Read a CSV trace (an optional header; `#` comments), or one CapSourceError line naming the row.
-        `scale` multiplies the watts, `time_scale` the times."""
+        `scale` multiplies the watts, `time_scale` the times (both > 0: `parse_cap_source` checks them)."""
         path = Path(path)
         if end not in TRACE_ENDS:
             raise CapSourceError(f"{path}: end must be one of {', '.join(TRACE_ENDS)}, got {end!r}")
-        for name, value in (("scale", scale), ("time_scale", time_scale)):
-            if not math.isfinite(value) or value <= 0:
-                raise CapSourceError(f"{path}: {name} must be a positive number, got {value!r}")
         text = _read_text(path, TRACE_LIMIT, "a cap trace (CSV)", "cap trace")
         times: list[float] = []
         watts: list[float] = []
@@ -313,8 +310,6 @@ class LiveFileCap(CapSource):
     clock. Unreadable or senseless later: the last good cap stays, with a warning."""
 
     def __init__(self, path: str | Path, poll_s: float = 1.0) -> None:
-        if not math.isfinite(poll_s) or poll_s <= 0:
-            raise CapSourceError(f"{path}: poll must be a positive number of seconds, got {poll_s!r}")
         self.path, self.poll_s = Path(path), poll_s
         self.warnings: list[str] = []
         self._cap = self._read()  # unreadable at the start: one error line
