@@ -130,12 +130,6 @@ def candidates(profile: Profile, relation: RelationVector, power_cap_w: float | 
     ]
 
 
-def check_relation_rule(rule: str) -> str:
-    if rule not in RELATION_RULES:
-        raise ArgumentError(f"unknown relation rule {rule!r}; use one of: {', '.join(RELATION_RULES)}")
-    return rule
-
-
 def mean_regret(
     profile: Profile, relation: RelationVector, power_cap_w: float | None, objective: str = "time"
 ) -> dict[tuple[int, int], float]:
@@ -175,7 +169,9 @@ def rank(
             )
     key = _order_key(check_objective(objective))
     ranked = sorted(candidates(profile, relation, power_cap_w), key=key)
-    if check_relation_rule(rule) == "robust":
+    if rule not in RELATION_RULES:
+        raise ArgumentError(f"unknown relation rule {rule!r}; use one of: {', '.join(RELATION_RULES)}")
+    if rule == "robust":
         regret = mean_regret(profile, relation, power_cap_w, objective)
         ranked.sort(key=lambda s: regret[(s.batch_size, s.frequency_hz)])  # stable: ties keep the order
     elif rule == "interval":
