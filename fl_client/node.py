@@ -145,7 +145,7 @@ def resolve_node(node_config: Any, run_config: Any, *, needs_data: bool = True) 
             )
         entry = fleet_entry(load_fleet(fleet_text), pid)
         device = entry.device
-        cap, cap_source = entry.power_cap_w, entry.caps()
+        cap, cap_source = entry.power_cap_w, entry.cap_source
         if "power-cap-w" in r:
             cap, cap_source = _node_cap(node_config, device)
     data = r.value("data", Text(what="a dataset spec such as cifar10:/data/cifar"), None)

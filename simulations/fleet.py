@@ -232,7 +232,7 @@ def _load(path: Path) -> FleetSpec:
     fleet_name = top.value("name", Custom(_fleet_name, NAME_EXPECTED, str), path.stem)
     spec = FleetSpec(path, fleet_name, boards, run, seed_count=count)
     spec.check_seed_count(count, f"{name}: seeds: {SEED_COUNT_KEY!r}")
-    if any(b.caps() is not None for b in boards) and spec.scale_mode:
+    if any(b.cap_source is not None for b in boards) and spec.scale_mode:
         spec.notes.append(
             "stand-in clients (scale mode) do not train, so they do not follow a changing cap: each "
             "applies its cap at t = 0; the clients that fine-tune follow theirs"

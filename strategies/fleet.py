@@ -47,10 +47,6 @@ class FleetEntry:
     cap_source: CapSource | None = None  # schedule, trace or live file (None: the constant cap)
     availability: float | None = None  # chance to be available in a sampled round (None: the run's)
 
-    def caps(self) -> CapSource | None:
-        """The changing cap this board follows, None for a constant one."""
-        return self.cap_source
-
     @property
     def power_cap_schedule(self) -> CapSchedule | None:
         """The full schedule when the file gave one."""

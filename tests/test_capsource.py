@@ -153,8 +153,9 @@ def test_node_config_and_fleet_files_take_every_source(tmp_path: Path) -> None:
         "  - {device: sim:jetson-nano, power-cap-w: 3}\n"
     )
     traced, scheduled, constant = load_fleet_file(fleet)
-    assert traced.power_cap_w == 4.0 and traced.caps().cap_at(100) == 2.5  # relative to the fleet file
-    assert "trace" in traced.cap_label() and scheduled.caps().cap_at(61) == 6.0 and constant.caps() is None
+    assert traced.power_cap_w == 4.0 and traced.cap_source.cap_at(100) == 2.5  # relative to the fleet file
+    assert "trace" in traced.cap_label() and scheduled.cap_source.cap_at(61) == 6.0
+    assert constant.cap_source is None
     fleet.write_text("boards:\n  - {device: sim:jetson-nano, power-cap-w: 'trace:caps/none.csv'}\n")
     with pytest.raises(NodeConfigError, match=r"boards\[0\]\.power-cap-w|cannot read the cap trace"):
         load_fleet_file(fleet)

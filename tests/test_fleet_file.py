@@ -49,7 +49,7 @@ def test_a_fleet_file_becomes_boards_and_a_run_config(tmp_path: Path) -> None:
     ]
     assert [b.group for b in spec.boards] == [0, 0, 1, 2]
     assert spec.boards[3].power_cap_schedule == ((0.0, 3.5), (60.0, None))
-    assert spec.boards[3].caps() is not None and spec.boards[0].caps() is None
+    assert spec.boards[3].cap_source is not None and spec.boards[0].cap_source is None
     # scale mode: the stand-ins do not train, so they cannot follow it; said plainly
     assert spec.notes and "stand-in clients" in spec.notes[0]
     assert spec.scale_mode and spec.settings.real_share == 0.5
@@ -264,3 +264,15 @@ def test_the_command_line_says_it_in_one_line_with_exit_status_2(tmp_path: Path)
         timeout=120,
     )
     assert methods.returncode == 2 and "--methods" in methods.stderr and "'ours,best'" in methods.stderr
+
+
+def test_a_schedule_of_one_value_is_constant_on_a_node_but_kept_in_a_fleet_file(tmp_path: Path) -> None:
+    """A node config's one-value schedule is its constant cap; a fleet file keeps it as a schedule."""
+    node = resolve_node({"device": "sim:jetson-nano", "power-cap-w": "[[0, 4], [60, 4]]", "data": "x"}, {})
+    assert (node.power_cap_w, node.cap_source) == (4.0, None)
+    fleet = write(tmp_path, "groups:\n  - {device: sim:jetson-nano, power-cap-w: [[0, 4], [60, 4]]}\n")
+    (entry,) = load_fleet(str(fleet))
+    assert entry.power_cap_w == 4.0 and entry.power_cap_schedule == ((0.0, 4.0), (60.0, 4.0))
+    assert entry.cap_label() == "schedule [0s:4, 60s:4]"
+    virtual = resolve_node({"partition-id": 0, "num-partitions": 1}, {"fleet": str(fleet)})
+    assert virtual.cap_source == entry.cap_source
