@@ -10,7 +10,7 @@ import queue
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -176,19 +176,11 @@ def relation_vector(
 
 
 def relation_settings(cfg: ServerConfig) -> RelationSettings:
-    from fl_server.relation import RelationSettings
+    """The run's `RelationSettings`: each field that is a run setting (`RUN_SETTING`) takes its value."""
+    from fl_server.relation.request import RUN_SETTING, RelationSettings
 
-    return RelationSettings(
-        seeds=cfg.relation_seeds,
-        lr_max=cfg.lr_max,
-        lr_rule=cfg.lr_rule,
-        max_seeds=cfg.relation_max_seeds,
-        vector=cfg.relation_values,
-        max_samples=cfg.relation_max_samples,
-        eval_every_samples=cfg.eval_every_samples,
-        eval_max_samples=cfg.eval_max_samples,
-        data_seed=cfg.proxy_seed,
-    )
+    run = [f for f in fields(RelationSettings) if RUN_SETTING in f.metadata]
+    return RelationSettings(**{f.name: getattr(cfg, f.metadata[RUN_SETTING]) for f in run})
 
 
 def instructions(

@@ -67,6 +67,9 @@ class Each(Kind):
         return tuple(self.item(v) for v in value)
 
 
+RUN_SETTING = "run_setting"  # the field metadata naming the run setting a RelationSettings field is
+
+
 def _run(attr: str, *, optional: bool = False) -> Any:
     """A field that is the run setting `attr`, its default and kind (`optional`: None too, for a 0)."""
     s = SETTINGS[key_of(attr)]
@@ -75,7 +78,7 @@ def _run(attr: str, *, optional: bool = False) -> Any:
     default = (default or None) if optional else default
     if isinstance(default, list):
         default, kind = tuple(default), Each(getattr(s.kind, "item", s.kind), getattr(s.kind, "what", ""))
-    return kind_field(kind, default)
+    return field(default=default, metadata={FIELD_KIND: kind, RUN_SETTING: attr})
 
 
 @dataclass(frozen=True)
