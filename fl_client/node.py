@@ -27,13 +27,11 @@ from powerctl.selection.capsource import (
     POWER_CAP_VALUE,
     CapSource,
     ConstantCap,
-    InvalidPowerCapError,
-    parse_cap_source,
 )
 from strategies.fleet import (
     FleetEntry,
     NodeConfigError,
-    check_board_cap,
+    checked_cap_source,
     fleet_entry,
     fleet_file,
     fleet_table,
@@ -115,12 +113,7 @@ def load_fleet(value: str) -> tuple[FleetEntry, ...]:
 
 def _node_cap(node_config: Any, device: str) -> tuple[float | None, CapSource | None]:
     """The node config's `power-cap-w` → (the cap at t = 0, the changing source or None)."""
-    where = "node config 'power-cap-w'"
-    try:
-        source = parse_cap_source(node_config.get("power-cap-w"), where)
-    except InvalidPowerCapError as exc:
-        raise NodeConfigError(str(exc)) from None
-    check_board_cap(device, source, where)
+    source = checked_cap_source(node_config.get("power-cap-w"), device, "node config 'power-cap-w'")
     return source.cap_at(0.0), None if source.is_constant else source
 
 

@@ -95,20 +95,16 @@ def board_cap_problem(device: str, source: CapSource) -> str | None:
     )
 
 
-def check_board_cap(device: str, source: CapSource, where: str) -> None:
-    """`board_cap_problem` as one NodeConfigError line naming `where`."""
-    if (problem := board_cap_problem(device, source)) is not None:
-        raise NodeConfigError(f"{where}: {problem}")
-
-
-def _entry_caps(value: Any, device: str, where: str, base_dir: Path | None) -> tuple[float | None, Any]:
-    """A fleet entry's `power-cap-w` → (the cap at t = 0, the changing source or None), checked."""
+def checked_cap_source(value: Any, device: str, where: str, base_dir: Path | None = None) -> CapSource:
+    """A `power-cap-w` (node config or fleet entry) → its source, or one NodeConfigError line naming
+    `where`: unparsable, or below anything the board can run."""
     try:
         source = parse_cap_source(value, where, base_dir)
     except InvalidPowerCapError as exc:
         raise NodeConfigError(str(exc)) from None
-    check_board_cap(device, source, where)
-    return source.cap_at(0.0), None if isinstance(source, ConstantCap) else source
+    if (problem := board_cap_problem(device, source)) is not None:
+        raise NodeConfigError(f"{where}: {problem}")
+    return source
 
 
 def device_problem(device: str) -> str | None:
@@ -194,11 +190,12 @@ def parse_fleet_groups(
             raise NodeConfigError(
                 f"{r.where}: 'count': a fleet has at most {MAX_BOARDS} boards, got {count} more"
             )
-        cap, source = _entry_caps(
+        source = checked_cap_source(
             r.get("power-cap-w", None), device, f"{r.where}: 'power-cap-w'", base_dir or Path(where).parent
         )
+        changing = None if isinstance(source, ConstantCap) else source  # a one-value schedule stays one
         availability = r.value("availability", Number(0.0, 1.0), None)
-        entries += [FleetEntry(device, cap, i, source, availability)] * count
+        entries += [FleetEntry(device, source.cap_at(0.0), i, changing, availability)] * count
     return entries
 
 
