@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from functools import cache, lru_cache
 from typing import TYPE_CHECKING, Any
 
-from fl_client.node import NodeConfigError, NodeSettings
+from fl_client.node import NodeSettings
 from powerfed.training.errors import DataError
+from strategies.fleet import NodeConfigError
 from strategies.settings import client_setting
 
 if TYPE_CHECKING:

@@ -12,9 +12,10 @@ from typing import Any
 
 from flwr.app import ConfigRecord, Context, Error, Message, MessageType, RecordDict
 
-from fl_client.node import NodeConfigError, NodeSettings, resolve_node
+from fl_client.node import NodeSettings, resolve_node
 from powerctl.devices import open_device
 from powerctl.errors import PowerctlError
+from strategies.fleet import NodeConfigError
 from strategies.protocol import CONFIG_KEY, NODE_KEY, REPORT_KEY, TrainInstructions, required
 from strategies.settings import client_setting
 

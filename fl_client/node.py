@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import socket
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 from powerctl.files.mapping import (
     Custom,
     Flag,
     Integer,
-    Invalid,
     Kind,
     MappingReader,
     Maybe,
@@ -23,36 +21,8 @@ from powerctl.files.mapping import (
     check_fields,
     must_be,
 )
-from powerctl.selection.capsource import (
-    POWER_CAP_VALUE,
-    CapSource,
-    ConstantCap,
-)
-from strategies.fleet import (
-    FleetEntry,
-    NodeConfigError,
-    checked_cap_source,
-    fleet_entry,
-    fleet_file,
-    fleet_table,
-    load_fleet_file,
-    parse_fleet_groups,
-    parse_fleet_table,
-    read_yaml,
-)
-
-__all__ = [  # the fleet's names, for the callers that read a node's settings and its fleet together
-    "FleetEntry",
-    "NodeConfigError",
-    "NodeSettings",
-    "fleet_entry",
-    "load_fleet",
-    "load_fleet_file",
-    "parse_fleet_groups",
-    "parse_fleet_table",
-    "read_yaml",
-    "resolve_node",
-]
+from powerctl.selection.capsource import POWER_CAP_VALUE, CapSource, ConstantCap
+from strategies.fleet import NodeConfigError, checked_cap_source, fleet_entry, load_fleet
 
 NODE_KEYS = ("device", "power-cap-w", "data", "name", "partition-id", "num-partitions", "pin")
 CAP_SOURCE = "a CapSource (powerctl.selection.capsource; a constant cap is power_cap_w)"
@@ -99,16 +69,6 @@ class NodeSettings:
     def caps(self) -> CapSource:
         """The cap over time this node must stay under (a constant when nothing else was given)."""
         return self.cap_source if self.cap_source is not None else ConstantCap(self.power_cap_w)
-
-
-@lru_cache(maxsize=8)
-def load_fleet(value: str) -> tuple[FleetEntry, ...]:
-    """The run config's `fleet` (a YAML path or a table), read once per process."""
-    try:
-        path = fleet_file(value)
-        return tuple(load_fleet_file(path) if path is not None else fleet_table(value))
-    except Invalid as exc:
-        raise NodeConfigError(f"run config: 'fleet' {exc}") from None
 
 
 def _node_cap(node_config: Any, device: str) -> tuple[float | None, CapSource | None]:

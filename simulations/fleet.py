@@ -14,10 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from fl_client.node import FleetEntry, NodeConfigError, parse_fleet_groups, read_yaml
 from powerctl.files.mapping import MAX_SEED, Custom, Integer, MappingReader, mapping_reader, must_be
 from powerctl.selection.methods import RUN_METHODS
-from strategies.fleet import not_simulated
+from strategies.fleet import FleetEntry, NodeConfigError, not_simulated, parse_fleet_groups, read_yaml
 from strategies.population import Population, PopulationError, check_population, run_population
 from strategies.setting_kinds import APP_FILE, DATASET
 from strategies.settings import METHODS, SETTINGS, RunSettings

@@ -73,11 +73,10 @@ def check_simulation(
     """What a local simulation needs of this machine: simulated boards only, every dataset file there
     (passed on absolute), the profile cache writable, and a population that `nodes` virtual nodes can
     serve. The first problem is one RunConfigError line; returns the overrides to pass on."""
-    from fl_client.node import load_fleet
     from powerctl.files.outputs import check_output_dir
     from powerfed.training.data.load import existing_dataset_path
     from powerfed.training.errors import DataError
-    from strategies.fleet import fleet_availability, not_simulated
+    from strategies.fleet import fleet_availability, load_fleet, not_simulated
     from strategies.population import PopulationError, check_population, run_population
     from strategies.setting_kinds import DATASET
     from strategies.settings import SETTINGS
@@ -325,8 +324,8 @@ def check_launch(
     """Every input of `make run` and what its run config names, checked before anything starts or is
     written (as the ServerApp, then `check_simulation`): one PowerctlError line. Another `app` checks its
     own run config and prints its own results line (`out` unused)."""
-    from fl_client.node import load_fleet_file
     from powerctl.files.outputs import check_output_dir, check_output_file
+    from strategies.fleet import load_fleet_file
 
     check_flower_version()
     app_dir = APP_DIR if app is None else app.expanduser().resolve()

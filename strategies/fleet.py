@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -313,10 +314,16 @@ def load_fleet_file(path: Path) -> list[FleetEntry]:
     return fleet_from_document(read_yaml(path), str(path))
 
 
+@lru_cache(maxsize=8)
+def load_fleet(value: str) -> tuple[FleetEntry, ...]:
+    """The run config's `fleet` (a YAML path or a table), read once per process."""
+    try:
+        path = fleet_file(value)
+        return tuple(load_fleet_file(path) if path is not None else fleet_table(value))
+    except Invalid as exc:
+        raise NodeConfigError(f"run config: 'fleet' {exc}") from None
+
+
 def fleet_availability(value: str) -> tuple[float | None, ...]:
-    """Each board's availability as `fleet` gives it (only a fleet file's groups set one)."""
-    if not value.strip():
-        return ()
-    path = fleet_file(value)
-    entries = load_fleet_file(path) if path is not None else fleet_table(value)
-    return tuple(e.availability for e in entries)
+    """Each board's availability as `fleet` gives it (only a fleet file's groups set one); read afresh."""
+    return tuple(e.availability for e in load_fleet.__wrapped__(value))

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fl_client.node import NodeConfigError, load_fleet_file, resolve_node
+from fl_client.node import resolve_node
 from powerctl.selection.capsource import (
     CapSourceError,
     ConstantCap,
@@ -19,6 +19,7 @@ from powerctl.selection.capsource import (
     TraceCap,
     parse_cap_source,
 )
+from strategies.fleet import NodeConfigError, load_fleet_file
 
 SOLAR = Path(__file__).resolve().parents[1] / "simulations" / "caps" / "solar-jetson-nano.csv"
 

@@ -13,14 +13,13 @@ from matplotlib.artist import Artist
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from fl_client.node import NodeConfigError, read_yaml
 from fl_server.cli import main as fl_server_main
 from powerctl.files.mapping import MAX_BATCH_SIZE
 from powerctl.records.relation import RelationVector
 from powerctl.selection.capsource import MAX_POINTS
 from powerfed.training.powerctl_cli import main as powerctl_main
 from simulations.__main__ import main as simulations_main
-from strategies.fleet import MAX_BOARDS
+from strategies.fleet import MAX_BOARDS, NodeConfigError, read_yaml
 from tests.test_bad_input import _one_line
 
 ROOT = Path(__file__).resolve().parents[1]

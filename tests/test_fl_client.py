@@ -11,12 +11,13 @@ import torch
 
 from fl_client import round as client_round
 from fl_client.local_data import data_plan, load_local_data
-from fl_client.node import NodeConfigError, fleet_entry, load_fleet, parse_fleet_table, resolve_node
+from fl_client.node import resolve_node
 from fl_client.profile_cache import ProfileKey, cached_profile
 from fl_client.round import ClientWorkError, train_round
 from powerctl.devices.simulated import POWER_NOISE
 from powerctl.errors import DeviceError, InfeasibleCapError
 from powerctl.records.profile import Profile, ProfilePoint
+from strategies.fleet import NodeConfigError, fleet_entry, load_fleet, parse_fleet_table
 from tests.fake_boards import NANO_DEVFREQ, make_nano_tree, tree_snapshot
 from tests.fl_helpers import FLEET, RUN_CONFIG, initial_state, instructions
 

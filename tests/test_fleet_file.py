@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from fl_client.node import fleet_entry, load_fleet, resolve_node
+from fl_client.node import resolve_node
 from simulations.fleet import FleetFileError, load_fleet_spec
+from strategies.fleet import fleet_entry, load_fleet
 
 ROOT = Path(__file__).resolve().parents[1]
 FLEETS = ROOT / "simulations" / "fleets"
@@ -60,7 +61,7 @@ def test_a_fleet_file_becomes_boards_and_a_run_config(tmp_path: Path) -> None:
     )
     assert cfg["num-server-rounds"] == 3 and cfg["seed"] == 4 and cfg["relation-seeds"] == "0"
     assert cfg["methods"] == "ours,oracle" and cfg["budget-samples"] == 500
-    # the ClientApp maps partition ids through the same file (fl_client.node: one place)
+    # the ClientApp maps partition ids through the same file (strategies.fleet.load_fleet: one place)
     fleet = load_fleet(cfg["fleet"])
     assert [fleet_entry(fleet, i).label() for i in range(4)] == [b.label() for b in spec.boards]
     node = resolve_node({"partition-id": 3, "num-partitions": 4}, cfg)

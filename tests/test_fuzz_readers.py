@@ -15,7 +15,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fl_client.node import NodeConfigError, load_fleet_file, parse_fleet_table, resolve_node
+from fl_client.node import resolve_node
 from fl_server.run_config import RunConfigError, ServerConfig, parse_server_config
 from fl_server.weights import load_weights
 from powerctl.devices.boards import _raw_boards, parse_boards
@@ -24,6 +24,7 @@ from powerctl.files.jsonfile import read_json
 from powerctl.pinning.freqstate import STATE_SCHEMA, BoardRecord, read_record, record_path
 from powerctl.records.profile import PROFILE_SCHEMA, Profile
 from powerctl.records.relation import RELATION_SCHEMA, RelationVector
+from strategies.fleet import NodeConfigError, load_fleet_file, parse_fleet_table
 
 RAW_BOARDS = _raw_boards()
 """boards.yaml read once (27 ms a read): each example breaks a copy."""

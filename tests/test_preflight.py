@@ -179,7 +179,7 @@ def test_a_real_device_is_a_deployment_fleet_entry_but_not_a_local_simulation_bo
 
 
 def test_a_fleet_file_names_its_group_when_a_device_is_no_spec(tmp_path: Path) -> None:
-    from fl_client.node import load_fleet_file
+    from strategies.fleet import load_fleet_file
 
     path = tmp_path / "fleet.yaml"
     path.write_text("boards:\n  - {device: sim:jetson-nano}\n  - {device: sim:bogus, count: 2}\n")

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from fl_client.node import NodeConfigError, load_fleet_file
 from fl_server.run_config import RunConfigError, ServerConfig, parse_server_config
 from simulations.fleet import load_fleet_spec
 from strategies import settings as declared
+from strategies.fleet import NodeConfigError, load_fleet_file
 from strategies.protocol import ProtocolError, TrainInstructions
 from strategies.settings import BOTH, CLIENT, SETTINGS, client_setting, read_settings
 from strategies.settings_derived import app_config_toml
