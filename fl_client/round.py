@@ -79,7 +79,6 @@ __all__ = [
     "node_device_seed",
     "plan_round",
     "run_round",
-    "train_round",
     "usable_relation",
 ]
 
@@ -419,22 +418,6 @@ def run_round(work: RoundWork, steps: RoundSteps | None = None) -> RoundOutcome:
     wall_s = time.perf_counter() - wall_start
     report = build_report(work, profiled, chosen, trained, len(train), wall_s, startup_s=startup_s)
     return RoundOutcome(trained.state, report, profiled, chosen, trained)
-
-
-def train_round(
-    settings: NodeSettings,
-    instr: TrainInstructions,
-    state: State,
-    data: tuple[Dataset, Dataset],
-    *,
-    device_seed: int = 0,
-    profile_cache: Path | None = None,
-    on_step: Callable[[int, int], None] | None = None,
-) -> tuple[State, ClientReport]:
-    """The production round (`RoundSteps.for_instructions`); returns the new weights and the report."""
-    work = RoundWork(settings, instr, state, data, device_seed, profile_cache, on_step)
-    outcome = run_round(work)
-    return outcome.state, outcome.report
 
 
 def build_report(

@@ -322,7 +322,7 @@ def test_a_client_round_reports_the_board_it_found_pinned_and_restored(
     says so in its report and in the round's table, so the coordinator sees it, not only the node's log."""
     from fl_client.local_data import data_plan, load_local_data
     from fl_client.node import resolve_node
-    from fl_client.round import train_round
+    from fl_client.round import RoundWork, run_round
     from fl_server.results import client_table, summary_lines
     from strategies.rounds import NodeInfo, RoundRecord, report_row, summarise
     from tests.fl_helpers import RUN_CONFIG, initial_state, instructions
@@ -333,7 +333,7 @@ def test_a_client_round_reports_the_board_it_found_pinned_and_restored(
     )
     data = load_local_data(data_plan(settings, RUN_CONFIG, 64))
     instr = instructions(relation_batch_sizes=[8], relation_samples=[300.0], budget_samples=16)
-    _, report = train_round(settings, instr, initial_state(), data)
+    report = run_round(RoundWork(settings, instr, initial_state(), data)).report
     assert f"process {crash.pid} pinned it and died" in report.restored
     assert tree_snapshot(crash.root) == crash.before  # restored, and left as found after the round
     record = RoundRecord(
@@ -341,5 +341,5 @@ def test_a_client_round_reports_the_board_it_found_pinned_and_restored(
     )
     assert report.restored in client_table(record)
     assert f"left pinned and restored: {settings.key}" in summary_lines(record)
-    _, again = train_round(settings, instr, initial_state(), data)
+    again = run_round(RoundWork(settings, instr, initial_state(), data)).report
     assert again.restored == ""  # nothing left to restore the second time

@@ -13,7 +13,7 @@ from fl_client import round as client_round
 from fl_client.local_data import data_plan, load_local_data
 from fl_client.node import resolve_node
 from fl_client.profile_cache import ProfileKey, cached_profile
-from fl_client.round import ClientWorkError, train_round
+from fl_client.round import ClientWorkError, RoundWork, run_round
 from powerctl.devices.simulated import POWER_NOISE
 from powerctl.errors import DeviceError, InfeasibleCapError
 from powerctl.records.profile import Profile, ProfilePoint
@@ -175,7 +175,8 @@ def _data(partition: int = 0) -> tuple:
 
 def test_a_round_on_a_simulated_board_selects_under_its_cap_and_reports(tmp_path: Path) -> None:
     settings, data = _data(0)  # sim:jetson-nano at 3 W
-    state, report = train_round(settings, instructions(), initial_state(), data, device_seed=1)
+    outcome = run_round(RoundWork(settings, instructions(), initial_state(), data, device_seed=1))
+    state, report = outcome.state, outcome.report
     assert report.device == "sim:jetson-nano" and report.power_cap_w == 3.0
     assert report.batch_size in (8, 16) and report.frequency_hz > 0
     assert report.profiled_peak_power_w <= 3.0  # the method's check; the run's own peak adds sensor noise
@@ -194,7 +195,8 @@ def test_a_round_on_a_simulated_board_selects_under_its_cap_and_reports(tmp_path
     assert set(state) == set(initial_state()) and not torch.equal(
         state["fc.weight"], initial_state()["fc.weight"]
     )
-    again_state, again = train_round(settings, instructions(), initial_state(), data, device_seed=1)
+    outcome = run_round(RoundWork(settings, instructions(), initial_state(), data, device_seed=1))
+    again_state, again = outcome.state, outcome.report
     assert again.profiling.profile_cached and again.profiling.profiling_seconds == 0.0
     # a cached profile changes nothing of the training that follows: same seed, same numbers
     same = ("batch_size", "frequency_hz", "device_seconds", "energy_j", "peak_power_w", "accuracy", "samples")
@@ -204,8 +206,8 @@ def test_a_round_on_a_simulated_board_selects_under_its_cap_and_reports(tmp_path
 
 def test_a_server_cap_for_this_round_overrides_the_node_cap() -> None:
     settings, data = _data(2)  # the uncapped Nano
-    _, free = train_round(settings, instructions(), initial_state(), data)
-    _, capped = train_round(settings, instructions(power_cap_w=2.3), initial_state(), data)
+    free = run_round(RoundWork(settings, instructions(), initial_state(), data)).report
+    capped = run_round(RoundWork(settings, instructions(power_cap_w=2.3), initial_state(), data)).report
     assert free.power_cap_w is None and capped.power_cap_w == 2.3
     assert capped.profiled_peak_power_w <= 2.3
     assert capped.frequency_hz < free.frequency_hz
@@ -214,17 +216,17 @@ def test_a_server_cap_for_this_round_overrides_the_node_cap() -> None:
 def test_an_infeasible_cap_and_too_little_data_are_clear_errors() -> None:
     settings, data = _data(0)
     with pytest.raises(InfeasibleCapError, match=r"stays under 0\.50 W"):
-        train_round(settings, instructions(power_cap_w=0.5), initial_state(), data)
+        run_round(RoundWork(settings, instructions(power_cap_w=0.5), initial_state(), data))
     big = instructions(relation_batch_sizes=[4096, 8192], relation_samples=[1.0, 2.0])
     with pytest.raises(ClientWorkError, match="fewer than the smallest batch size 4096"):
-        train_round(settings, big, initial_state(), data)
+        run_round(RoundWork(settings, big, initial_state(), data))
 
 
 def test_host_has_no_knob_and_is_refused_with_one_line() -> None:
     settings, data = _data(0)
     host = type(settings)("host", None, None, 0, 3, "partition-0")
     with pytest.raises(DeviceError, match="no GPU frequency knob"):
-        train_round(host, instructions(), initial_state(), data)
+        run_round(RoundWork(host, instructions(), initial_state(), data))
 
 
 @pytest.mark.parametrize("fail_in_training", [False, True])
@@ -254,9 +256,9 @@ def test_a_round_on_a_jetson_leaves_the_board_exactly_as_found(
     instr = instructions(relation_batch_sizes=[8], relation_samples=[300.0], budget_samples=16)
     if fail_in_training:
         with pytest.raises(KeyboardInterrupt):
-            train_round(settings, instr, initial_state(), data)
+            run_round(RoundWork(settings, instr, initial_state(), data))
     else:
-        _, report = train_round(settings, instr, initial_state(), data)
+        report = run_round(RoundWork(settings, instr, initial_state(), data)).report
         assert report.board == "jetson-nano" and report.frequency_hz == int(pinned_during[0][0])
     # Pinned while training: min == max (the fake board's frequency does not change the host's
     # timing, so which frequency wins is noise; that it is pinned is not).
@@ -294,13 +296,15 @@ def test_a_round_killed_mid_way_resumes_its_checkpoint_to_the_same_result(
     settings, data = _data(0)
     instr = instructions(checkpoint_every_samples=32)
     # uncheckpointed: a finished checkpointed run would leave its end state for the same work
-    plain_state, plain = train_round(
-        settings, instructions(checkpoint_every_samples=0), initial_state(), data, device_seed=1
+    outcome = run_round(
+        RoundWork(settings, instructions(checkpoint_every_samples=0), initial_state(), data, device_seed=1)
     )
+    plain_state, plain = outcome.state, outcome.report
     assert plain.training.resumed_at_samples is None
     with pytest.raises(Killed):
-        train_round(settings, instr, initial_state(), data, device_seed=1, on_step=_kill_after(40))
-    state, report = train_round(settings, instr, initial_state(), data, device_seed=1)
+        run_round(RoundWork(settings, instr, initial_state(), data, device_seed=1, on_step=_kill_after(40)))
+    outcome = run_round(RoundWork(settings, instr, initial_state(), data, device_seed=1))
+    state, report = outcome.state, outcome.report
     assert report.training.resumed_at_samples == 32 and "checkpoint: resuming" in _said(caplog)
     same = ("batch_size", "frequency_hz", "device_seconds", "energy_j", "peak_power_w", "accuracy", "samples")
     assert [report.columns()[k] for k in same] == [plain.columns()[k] for k in same]
@@ -315,18 +319,22 @@ def test_a_round_sent_again_after_it_finished_is_answered_without_training(
     caplog.set_level(logging.INFO)  # the lines the ClientApp shows on stderr
     settings, data = _data(0)
     instr = instructions(checkpoint_every_samples=32)
-    first_state, first = train_round(settings, instr, initial_state(), data, device_seed=1)
+    outcome = run_round(RoundWork(settings, instr, initial_state(), data, device_seed=1))
+    first_state, first = outcome.state, outcome.report
     caplog.clear()
-    state, again = train_round(settings, instr, initial_state(), data, device_seed=1, on_step=_kill_after(0))
+    outcome = run_round(
+        RoundWork(settings, instr, initial_state(), data, device_seed=1, on_step=_kill_after(0))
+    )
+    state, again = outcome.state, outcome.report
     assert again.training.resumed_at_samples == again.training.samples == first.training.samples
     assert "without training" in _said(caplog)
     same = ("batch_size", "frequency_hz", "device_seconds", "energy_j", "peak_power_w", "accuracy", "samples")
     assert [again.columns()[k] for k in same] == [first.columns()[k] for k in same]
     assert all(torch.equal(state[k], first_state[k]) for k in state)
     # the next round's work replaces it, silently
-    _, next_round = train_round(
-        settings, instructions(checkpoint_every_samples=32, server_round=2), initial_state(), data
-    )
+    next_round = run_round(
+        RoundWork(settings, instructions(checkpoint_every_samples=32, server_round=2), initial_state(), data)
+    ).report
     assert next_round.training.resumed_at_samples is None and "checkpoint" not in _said(caplog)
 
 
@@ -337,16 +345,16 @@ def test_a_checkpoint_of_another_round_or_other_weights_is_ignored_with_a_line(
     settings, data = _data(0)
     instr = instructions(checkpoint_every_samples=32)
     with pytest.raises(Killed):
-        train_round(settings, instr, initial_state(), data, device_seed=1, on_step=_kill_after(40))
+        run_round(RoundWork(settings, instr, initial_state(), data, device_seed=1, on_step=_kill_after(40)))
     caplog.clear()
-    _, next_round = train_round(
-        settings, instructions(checkpoint_every_samples=32, server_round=2), initial_state(), data
-    )
+    next_round = run_round(
+        RoundWork(settings, instructions(checkpoint_every_samples=32, server_round=2), initial_state(), data)
+    ).report
     assert next_round.training.resumed_at_samples is None
     assert "belongs to other work" in _said(caplog)
     with pytest.raises(Killed):
-        train_round(settings, instr, initial_state(), data, device_seed=1, on_step=_kill_after(40))
-    _, other_weights = train_round(settings, instr, initial_state(seed=1), data, device_seed=1)
+        run_round(RoundWork(settings, instr, initial_state(), data, device_seed=1, on_step=_kill_after(40)))
+    other_weights = run_round(RoundWork(settings, instr, initial_state(seed=1), data, device_seed=1)).report
     assert other_weights.training.resumed_at_samples is None
 
 

@@ -12,7 +12,7 @@ import torch
 
 from fl_client.local_data import data_plan, load_local_data
 from fl_client.node import resolve_node
-from fl_client.round import train_round
+from fl_client.round import RoundWork, run_round
 from powerctl.devices import open_device
 from powerctl.devices.simulated import SimulatedBoard
 from powerctl.errors import InfeasibleCapError
@@ -40,9 +40,9 @@ def uncapped_nano() -> tuple:
 
 def _static_run(uncapped_nano: tuple) -> ClientReport:
     settings, data = uncapped_nano
-    return train_round(
-        dataclasses.replace(settings, power_cap_w=4.0), INSTR, initial_state(), data, device_seed=1
-    )[1]
+    return run_round(
+        RoundWork(dataclasses.replace(settings, power_cap_w=4.0), INSTR, initial_state(), data, device_seed=1)
+    ).report
 
 
 def test_a_falling_and_rising_cap_is_followed_to_the_target(uncapped_nano: tuple) -> None:
@@ -51,9 +51,9 @@ def test_a_falling_and_rising_cap_is_followed_to_the_target(uncapped_nano: tuple
     length_s, step_s = static.training.device_seconds, static.training.device_seconds / static.training.steps
     changes = [0.25 * length_s, 0.45 * length_s, 0.6 * length_s]
     caps = ScheduleCap.from_pairs([[0, 4.0], [changes[0], 2.3], [changes[1], 1.0], [changes[2], 5.0]])
-    _, report = train_round(
-        dataclasses.replace(settings, cap_source=caps), INSTR, initial_state(), data, device_seed=1
-    )
+    report = run_round(
+        RoundWork(dataclasses.replace(settings, cap_source=caps), INSTR, initial_state(), data, device_seed=1)
+    ).report
     assert report.training.reached_target and report.training.stop_reason == "target"
     kinds = [e["kind"] for e in report.cap.cap_events]
     assert kinds == ["start", "switch", "pause", "resume"]
@@ -86,12 +86,14 @@ def test_a_seeded_run_under_a_schedule_repeats_exactly(uncapped_nano: tuple) -> 
     settings, data = uncapped_nano
     caps = ScheduleCap.from_pairs([[0, 4.0], [0.05, 2.3], [0.1, 4.5]])
     runs = [
-        train_round(
-            dataclasses.replace(settings, cap_source=caps), INSTR, initial_state(), data, device_seed=3
+        run_round(
+            RoundWork(
+                dataclasses.replace(settings, cap_source=caps), INSTR, initial_state(), data, device_seed=3
+            )
         )
         for _ in range(2)
     ]
-    (s1, r1), (s2, r2) = runs
+    (s1, r1), (s2, r2) = [(run.state, run.report) for run in runs]
     assert r1.cap.cap_events == r2.cap.cap_events and len(r1.cap.cap_events) >= 2
     assert (r1.training.device_seconds, r1.training.energy_j, r1.training.samples) == (
         r2.training.device_seconds,
@@ -106,7 +108,7 @@ def test_a_cap_that_never_rises_again_times_out_in_one_line(uncapped_nano: tuple
     caps = ScheduleCap.from_pairs([[0, 4.0], [0.02, 0.5]])
     instr = dataclasses.replace(INSTR, cap_pause_timeout_s=0.1)
     with pytest.raises(CapPauseTimeout) as err:
-        train_round(dataclasses.replace(settings, cap_source=caps), instr, initial_state(), data)
+        run_round(RoundWork(dataclasses.replace(settings, cap_source=caps), instr, initial_state(), data))
     assert "no (batch size, frequency) pair fits under the cap (0.5 W)" in str(err.value)
     assert "\n" not in str(err.value)
 
@@ -268,15 +270,17 @@ def test_a_killed_round_under_a_changing_cap_resumes_to_the_uninterrupted_result
     instr = dataclasses.replace(INSTR, checkpoint_every_samples=32, eval_every_samples=32)
     # uncheckpointed: a finished checkpointed run's end state would answer the same work
     whole_instr = dataclasses.replace(instr, checkpoint_every_samples=0)
-    state, whole = train_round(node, whole_instr, initial_state(), data, device_seed=2)
+    outcome = run_round(RoundWork(node, whole_instr, initial_state(), data, device_seed=2))
+    state, whole = outcome.state, outcome.report
 
     def kill(steps: int, samples: int) -> None:
         if steps == 9:  # after the first switch, before the rise
             raise Killed
 
     with pytest.raises(Killed):
-        train_round(node, instr, initial_state(), data, device_seed=2, on_step=kill)
-    again_state, resumed = train_round(node, instr, initial_state(), data, device_seed=2)
+        run_round(RoundWork(node, instr, initial_state(), data, device_seed=2, on_step=kill))
+    outcome = run_round(RoundWork(node, instr, initial_state(), data, device_seed=2))
+    again_state, resumed = outcome.state, outcome.report
     assert (resumed.training.resumed_at_samples or 0) > 0
     assert [e["kind"] for e in whole.cap.cap_events] == ["start", "switch", "switch"]
     assert resumed.cap.cap_events == whole.cap.cap_events
@@ -284,7 +288,7 @@ def test_a_killed_round_under_a_changing_cap_resumes_to_the_uninterrupted_result
     assert [resumed.columns()[k] for k in same] == [whole.columns()[k] for k in same]
     assert all(torch.equal(state[k], again_state[k]) for k in state)
     # sent once more after it finished: answered from its end state, the follower's events included
-    _, replayed = train_round(node, instr, initial_state(), data, device_seed=2, on_step=kill)
+    replayed = run_round(RoundWork(node, instr, initial_state(), data, device_seed=2, on_step=kill)).report
     assert (
         replayed.training.resumed_at_samples == replayed.training.samples
         and replayed.cap.cap_events == whole.cap.cap_events

@@ -160,7 +160,9 @@ def test_the_client_report_lists_each_step_down(monkeypatch: pytest.MonkeyPatch)
     # a measured profile (no budget: the efficient order), so that the guard, not the predicted way's
     # confirmation, meets the hot board
     instr = instructions(budget_samples=640, guard_window=2, profiling_budget=0.0)
-    _, report = client_round.train_round(settings, instr, initial_state(), data, device_seed=1)
+    report = client_round.run_round(
+        client_round.RoundWork(settings, instr, initial_state(), data, device_seed=1)
+    ).report
     assert report.profiling.profiling_choice == "efficient"
     assert report.step_downs, "the hot board must be stepped down"
     assert report.step_downs[0]["old_hz"] == report.frequency_hz
@@ -230,9 +232,13 @@ def test_a_hot_board_under_the_predicted_way_trains_at_the_pair_its_confirmation
 
     # no checkpoint: the cold run's end state would answer the same work sent again without training
     instr = instructions(budget_samples=640, guard_window=2, checkpoint_every_samples=0)
-    _, cold = client_round.train_round(settings, instr, initial_state(), data, device_seed=1)
+    cold = client_round.run_round(
+        client_round.RoundWork(settings, instr, initial_state(), data, device_seed=1)
+    ).report
     monkeypatch.setattr(client_round, "open_device", open_hot)
-    _, hot = client_round.train_round(settings, instr, initial_state(), data, device_seed=1)
+    hot = client_round.run_round(
+        client_round.RoundWork(settings, instr, initial_state(), data, device_seed=1)
+    ).report
     assert (
         cold.profiling.profiling_choice == hot.profiling.profiling_choice == "predicted"
         and hot.profiling.profiling_seconds == 0.0

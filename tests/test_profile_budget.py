@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fl_client.round import train_round
+from fl_client.round import RoundWork, run_round
 from fl_server.run_config import RunConfigError, parse_server_config
 from powerctl.devices.simulated import SimulatedBoard, predicted_profile
 from powerctl.profiling.budget import (
@@ -98,9 +98,9 @@ def test_a_round_reports_its_choice_prediction_budget_and_cost(tmp_path: Path) -
     # short: the round's 64-sample budget is all the training predicted; long: no sample budget, the
     # relation's 5000 samples within DEFAULT_MAX_EPOCHS of its data (a target it does not reach)
     short_instr = instructions(profiling_budget=0.3)
-    _, short = train_round(
-        settings, short_instr, initial_state(), data, device_seed=1, profile_cache=tmp_path / "a"
-    )
+    short = run_round(
+        RoundWork(settings, short_instr, initial_state(), data, device_seed=1, profile_cache=tmp_path / "a")
+    ).report
     assert short.profiling.profiling_choice == PREDICTED and short.profiling.profiling_predicted_from
     assert short.profiling.predicted_training_seconds and short.profiling.predicted_training_seconds > 0
     assert short.profiling.profiling_budget_seconds == pytest.approx(
@@ -118,9 +118,9 @@ def test_a_round_reports_its_choice_prediction_budget_and_cost(tmp_path: Path) -
         budget_samples=0,
         eval_every_samples=640,  # two evaluations: the choice, not the curve, is under test
     )
-    _, long = train_round(
-        settings, long_instr, initial_state(), data, device_seed=1, profile_cache=tmp_path / "b"
-    )
+    long = run_round(
+        RoundWork(settings, long_instr, initial_state(), data, device_seed=1, profile_cache=tmp_path / "b")
+    ).report
     assert long.profiling.profiling_choice == "efficient"
     assert long.profiling.predicted_training_seconds > 10 * short.profiling.predicted_training_seconds
     assert long.profiling.profiling_seconds > 0 and long.profiling.profile_points > 1

@@ -309,21 +309,21 @@ def test_run_config_takes_the_fitted_order() -> None:
 def test_a_client_round_with_the_fitted_order_runs_a_measured_pair_and_caches_it() -> None:
     from fl_client.local_data import data_plan, load_local_data
     from fl_client.node import resolve_node
-    from fl_client.round import train_round
+    from fl_client.round import RoundWork, run_round
     from tests.fl_helpers import RUN_CONFIG, initial_state, instructions
 
     settings = resolve_node({"partition-id": 0, "num-partitions": 3}, RUN_CONFIG)  # sim:jetson-nano at 3 W
     data = load_local_data(data_plan(settings, RUN_CONFIG, 64))
     fitted = instructions(profile_order="fitted", profile_warmup=1)
-    _, report = train_round(settings, fitted, initial_state(), data, device_seed=1)
+    report = run_round(RoundWork(settings, fitted, initial_state(), data, device_seed=1)).report
     assert report.profiled_peak_power_w <= 3.0 and not report.profiling.profile_cached
-    _, again = train_round(settings, fitted, initial_state(), data, device_seed=1)
+    again = run_round(RoundWork(settings, fitted, initial_state(), data, device_seed=1)).report
     assert again.profiling.profile_cached and (again.batch_size, again.frequency_hz) == (
         report.batch_size,
         report.frequency_hz,
     )
     other = instructions(profile_order="fitted", profile_warmup=1, relation_samples=[300.0, 200.0])
-    _, moved = train_round(settings, other, initial_state(), data, device_seed=1)
+    moved = run_round(RoundWork(settings, other, initial_state(), data, device_seed=1)).report
     assert (
         not moved.profiling.profile_cached
     )  # another relation vector: the fitted order confirms other pairs

@@ -251,13 +251,13 @@ def test_a_session_with_pin_false_and_the_default_plan_trains_at_the_clock_in_fo
 @pytest.mark.parametrize("method", UNPINNED_METHODS)
 def test_the_built_in_round_with_node_config_pin_false_trains_at_the_clock_in_force(method: str) -> None:
     from fl_client.local_data import data_plan, load_local_data
-    from fl_client.round import train_round
+    from fl_client.round import RoundWork, run_round
     from tests.fl_helpers import RUN_CONFIG, initial_state, instructions
 
     settings = resolve_node({"partition-id": 2, "num-partitions": 3, "pin": False}, RUN_CONFIG)
     data = load_local_data(data_plan(settings, RUN_CONFIG, 64))
     # a cap the clock in force stays under, below the state of practice's top frequency's
     instr = instructions(method=method, profiling_budget=0.1, power_cap_w=4.5)
-    _, report = train_round(settings, instr, initial_state(), data, device_seed=1)
+    report = run_round(RoundWork(settings, instr, initial_state(), data, device_seed=1)).report
     assert report.pinned is False and report.frequency_hz == _clock_in_force(settings.device)
     assert report.training.samples == 64 and report.batch_size in (8, 16)

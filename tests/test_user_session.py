@@ -362,7 +362,7 @@ def test_a_node_that_may_not_pin_trains_at_the_clock_in_force_and_writes_nothing
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, own_loop: bool
 ) -> None:
     from fl_client.node import resolve_node
-    from fl_client.round import train_round
+    from fl_client.round import RoundWork, run_round
     from tests.fl_helpers import RUN_CONFIG, initial_state, instructions
     from tests.test_fl_client import _data
 
@@ -383,7 +383,9 @@ def test_a_node_that_may_not_pin_trains_at_the_clock_in_force_and_writes_nothing
         report = s.report
     else:
         instr = instructions(relation_batch_sizes=[8], relation_samples=[300.0], budget_samples=16)
-        _, report = train_round(node, instr, initial_state(), _data(0)[1], profile_cache=tmp_path)
+        report = run_round(
+            RoundWork(node, instr, initial_state(), _data(0)[1], profile_cache=tmp_path)
+        ).report
     assert report is not None and not report.pinned and report.frequency_hz == in_force
     assert tree_snapshot(root) == before  # nothing written, not even a pin at the same clock
 
