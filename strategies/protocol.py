@@ -5,7 +5,6 @@ keys). Both sides import this one module, so a key is never spelled two ways.
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -284,7 +283,6 @@ def check_instructions(instr: TrainInstructions) -> None:
             raise ArgumentError(f"TrainInstructions: {exc}") from None
 
 
-@functools.lru_cache(maxsize=256)
 def _thawed(value: Any) -> dict[str, Any]:
     """A read-only option mapping (`FrozenJson`) as JSON writes it; any other value is a TypeError."""
     if isinstance(value, FrozenJson):
