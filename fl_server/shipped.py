@@ -129,21 +129,16 @@ def write_shipped(folder: Path, tell: Callable[[str], None] = say) -> dict[str, 
     weights_file = f"weights-{cfg.model}.json"
     packed = {"schema": WEIGHTS_SCHEMA, "safetensors_base64": base64.b64encode(data).decode("ascii")}
     (folder / weights_file).write_text(json.dumps(packed) + "\n", encoding="utf-8")
+    files = {weights_file: data, relation_file: (folder / relation_file).read_bytes()}
     manifest = {
         "schema": SCHEMA,
         "made_by": WRITE_COMMAND,
         "made_on": normal(numerics_key(torch.get_num_threads())),
         "files": [
-            {"kind": "weights", "file": weights_file, "sha256": hashlib.sha256(data).hexdigest()},
-            {
-                "kind": "relation",
-                "file": relation_file,
-                "sha256": hashlib.sha256((folder / relation_file).read_bytes()).hexdigest(),
-            },
+            {"kind": kind, "file": name, "sha256": hashlib.sha256(raw).hexdigest(), "recipe": normal(recipe)}
+            for kind, (name, raw), recipe in zip(("weights", "relation"), files.items(), recipes, strict=True)
         ],
     }
-    for entry, recipe in zip(manifest["files"], recipes, strict=True):
-        entry["recipe"] = normal(recipe)
     write_json(folder / MANIFEST, manifest)
     return manifest
 
