@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import datetime as dt
 import ipaddress
+import itertools
 import re
 import sys
 from collections.abc import Sequence
@@ -78,24 +79,18 @@ def _san_entry(name: str) -> object:
     return x509.DNSName(_dns_name(name))
 
 
-def _check_targets(folder: Path, overwrite: bool) -> list[Path]:
+def _check_targets(folder: Path, overwrite: bool) -> None:
     """The four targets, checked before anything is written (and, without --force, absent)."""
     check_output_dir(folder, "--out")
     targets = [writable_file(folder / name, "--out") for name in FILES]
     existing = [t.name for t in targets if t.exists()]
     if existing and not overwrite:
         raise PowerctlError(f"{folder} already holds {', '.join(existing)}: choose another --out, or --force")
-    return targets
 
 
 def _created_folders(folder: Path) -> list[Path]:
     """The folders a write to `folder` would create, deepest first."""
-    missing = []
-    for f in [folder, *folder.parents]:
-        if f.exists():
-            break
-        missing.append(f)
-    return missing
+    return list(itertools.takewhile(lambda f: not f.exists(), [folder, *folder.parents]))
 
 
 def write_set(folder: Path, files: dict[str, tuple[bytes, bool]]) -> None:
