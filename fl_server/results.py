@@ -122,8 +122,7 @@ def client_table(record: RoundRecord) -> str:
             f"{_num(c['peak_power_w'], '7.2f'):>7} "
             f"{c['accuracy']:>6.3f} {'yes' if c['reached_target'] else 'no':>6}"
         )
-    for f in record.failed:
-        lines.append(f"{f.node_key:<13.13} {f.device:<18.18} FAILED ({f.kind}): {f.reason}")
+    lines += [f"{f.node_key:<13.13} {f.device:<18.18} FAILED ({f.kind}): {f.reason}" for f in record.failed]
     lines += [f"{c['node_key']}: {c['restored']}" for c in record.clients if c.get("restored")]
     if any(c.get("profiling_budget_seconds") is not None for c in record.clients):
         lines.append(
