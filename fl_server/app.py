@@ -81,8 +81,7 @@ def pretrain_recipe(cfg: ServerConfig) -> dict[str, Any]:
 
 
 def weights_path(cfg: ServerConfig) -> Path:
-    """The given file, else the shipped weights for this recipe, else the pre-training cache's entry
-    (keyed by the recipe and `numerics_key`, not by `server-device`)."""
+    """The given file, or the shipped weights, or the cache entry (keyed by `numerics_key`: not device)."""
     if cfg.weights:
         return app_path(cfg.weights, "weights")
     if (path := unpacked_weights(pretrain_recipe(cfg), cache_dir("weights"))) is not None:

@@ -1,5 +1,4 @@
-"""Pre-train a model on a public dataset with the same `fine_tune` loop as everywhere else (a sample
-budget, no target): the starting weights the server sends to every device, and a JSON report beside them."""
+"""Pre-train a model on a public dataset (`fine_tune`, a sample budget): the starting weights and a report."""
 
 from __future__ import annotations
 
