@@ -183,7 +183,8 @@ class FineTuneCallbacks:
 
 @dataclass(frozen=True)
 class UserFunctions:
-    """The user's own loss, metric or whole training step (None: the task's)."""
+    """The user's own loss, metric or whole training step, for a model whose outputs or targets are not
+    the task's (None: the task's)."""
 
     loss: LossFn | None = None
     metric: MetricFn | None = None
