@@ -38,8 +38,8 @@ def workload_of(model: str) -> Workload:
 
 def predicted_s(pick: Pick) -> float:
     """A ranked pick's predicted seconds (`rank` and `select` predict every pair they rank)."""
-    assert pick.predicted_seconds is not None, f"{pick} has no predicted seconds"
-    return pick.predicted_seconds
+    assert pick.predicted_s is not None, f"{pick} has no predicted seconds"
+    return pick.predicted_s
 
 
 def line_buffered() -> None:

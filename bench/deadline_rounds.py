@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
                 statistics.mean(sum(c["energy_j"] or 0.0 for c in cs) for cs in rounds.values())
             )
             per[method]["train"].append(
-                statistics.mean(max(c["device_seconds"] + (c.get("paused_seconds") or 0) for c in cs)
+                statistics.mean(max(c["device_s"] + (c.get("paused_s") or 0) for c in cs)
                                 for cs in rounds.values())
             )  # fmt: skip
             if run_method_named(method).objective(spec.settings.round_objective) == ENERGY_UNDER_DEADLINE:

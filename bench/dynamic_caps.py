@@ -94,7 +94,7 @@ def run_once(work: RoundWork, caps: CapSource, rule: CapRule, seed: int) -> Outc
     t0 = timeline[0][0]
     return Outcome(
         reached=r.reached,
-        time_to_target_s=r.device_seconds + trained.cap.paused_seconds,
+        time_to_target_s=r.device_s + trained.cap.paused_s,
         energy_j=r.energy_j or 0.0,
         switches=sum(e["kind"] == "switch" for e in events),
         pauses=sum(e["kind"] == "pause" for e in events),
@@ -110,7 +110,7 @@ def sources(board: str, profile: Profile, relation: RelationVector) -> dict[str,
     trace = ROOT / "simulations" / "caps" / f"solar-{board}.csv"
     solar = TraceCap.load(trace)
     lo, hi = min(solar.watts), max(solar.watts)
-    run_s = select(profile, relation, (lo + hi) / 2).predicted_seconds
+    run_s = select(profile, relation, (lo + hi) / 2).predicted_s
     assert run_s is not None, "Algorithm 1's pick predicts its time"
     day = TraceCap.load(trace, time_scale=run_s / solar.period_s, end="clip")
     steps = ScheduleCap.from_pairs(

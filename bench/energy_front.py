@@ -69,19 +69,19 @@ def main(argv: list[str] | None = None) -> int:
                     if key not in runs:  # a pair at both ends, or under two caps: the same seeded run
                         seeded = replace(work, instr=replace(work.instr, seed=seed), device_seed=seed)
                         run = fine_tune_step(seeded, PinnedRule(*key[:2], profile, relation)).result
-                        runs[key] = (run.device_seconds, run.energy_j or 0.0)
+                        runs[key] = (run.device_s, run.energy_j or 0.0)
                     secs.append(runs[key][0])
                     joules.append(runs[key][1])
                 measured[end] = (secs, joules)
                 (ms, ss), (mj, sj) = mean_std(secs), mean_std(joules)
                 print(
                     f"{board:<13} {cap_s:>5} {len(front.front):>5} {end:<12} {s.batch_size:>3} "
-                    f"{s.frequency_hz / 1e6:>6.1f} {s.predicted_seconds:>7.1f} {ms:>6.1f} ± {ss:>4.1f} "
+                    f"{s.frequency_hz / 1e6:>6.1f} {s.predicted_s:>7.1f} {ms:>6.1f} ± {ss:>4.1f} "
                     f"{s.predicted_energy_j:>7.1f} {mj:>6.1f} ± {sj:>5.1f}"
                 )
             (t_fast, e_fast), (t_frugal, e_frugal) = (map(statistics.mean, measured[end]) for end in ends)
             fastest_j, frugal_j = front.fastest.predicted_energy_j, front.most_frugal.predicted_energy_j
-            fastest_s, frugal_s = front.fastest.predicted_seconds, front.most_frugal.predicted_seconds
+            fastest_s, frugal_s = front.fastest.predicted_s, front.most_frugal.predicted_s
             assert fastest_j is not None and frugal_j is not None, "a front's ends predict their energy"
             assert fastest_s is not None and frugal_s is not None, "a front's ends predict their time"
             differ = front.fastest != front.most_frugal

@@ -111,7 +111,7 @@ def run_to_target(
             "samples_at_evaluation": r.samples, "eval_every": every,
             "eval_samples": min(len(test), task.eval_max_samples),
             "evaluations": evaluations_before(r.curve, target) if target is not None else None,
-            "accuracy": r.final_accuracy, "wall_s": r.wall_seconds,
+            "accuracy": r.final_accuracy, "wall_s": r.wall_s,
             "curve": [(p.samples, p.accuracy) for p in r.curve]}  # fmt: skip
 
 

@@ -143,7 +143,7 @@ def _cell_rows(
                 confirmation = (walk[0], walk[1])
         except (InfeasibleCapError, NothingConfirmed):
             continue
-        rows.append(_row(cell, way, way_share, prof.profiling_seconds or 0.0, b, hz, how, confirmation))
+        rows.append(_row(cell, way, way_share, prof.profiling_s or 0.0, b, hz, how, confirmation))
     return rows
 
 

@@ -101,7 +101,7 @@ def run(
                         best = select(grid, relation, cap)
                     except InfeasibleCapError:
                         continue
-                    best_s = best.predicted_seconds
+                    best_s = best.predicted_s
                     assert best_s is not None, "Algorithm 1's pick predicts its time"
                     for order in ROWS:
                         prof = grid
@@ -113,7 +113,7 @@ def run(
                         on_grid = grid.point(choice.batch_size, choice.frequency_hz)
                         assert on_grid is not None
                         train_s = on_grid.seconds_for_samples * r[choice.batch_size]
-                        device_s, over = prof.profiling_seconds or 0.0, on_grid.peak_power_w > cap
+                        device_s, over = prof.profiling_s or 0.0, on_grid.peak_power_w > cap
                         rows.append(
                             dict(model=model, board=board, cap=cap, seed=seed, order=order,
                                  points=len(prof.points), device_s=device_s, train_s=train_s,

@@ -126,14 +126,14 @@ def train_reply(
         f"powerfed client {settings.key} [{instr.method}{stand_in}]: "
         f"round {instr.server_round} b={report.batch_size} "
         f"f={report.frequency_hz / 1e6:.1f} MHz{'' if report.pinned else ' (not pinned)'} "
-        f"{trained.device_seconds:.1f} device s, "
+        f"{trained.device_s:.1f} device s, "
         f"accuracy {trained.accuracy:.3f}",
         file=sys.stderr,
     )
     metrics = MetricRecord(
         {
             EXAMPLES_KEY: report.train_examples,
-            "device-seconds": trained.device_seconds,
+            "device-s": trained.device_s,
             "accuracy": trained.accuracy,
             "samples": trained.samples,
         }

@@ -95,7 +95,7 @@ class Pinning:
             guard_tolerance=instr.guard_tolerance,
         )
         first = follower.start()
-        choice = Pick(first.batch_size, first.frequency_hz, first.predicted_seconds, method=instr.method)
+        choice = Pick(first.batch_size, first.frequency_hz, first.predicted_s, method=instr.method)
         return cls(choice, follower=follower, pinned=dev.pins)
 
     @property
@@ -128,7 +128,7 @@ class Pinning:
             if self.confirmation is not None:  # the pair confirmed (or in force): what trained
                 choice, guard = replace(self.confirmation.pick, method=method), self.confirmation.guard
                 for s in self.confirmation.switches:
-                    log.info(SWITCHED, board, *s.old, s.measured_w, s.power_cap_w, *s.new, s.device_seconds)
+                    log.info(SWITCHED, board, *s.old, s.measured_w, s.power_cap_w, *s.new, s.device_s)
             downs = [] if guard is None else [e.to_dict() for e in guard.step_downs]
             return Trained(result, state, board, choice, step_downs=downs, pinned=self.pinned)
         cap = CapFollowed.of(follower)

@@ -60,7 +60,7 @@ class Profiled:
         profile measured this round (the baselines do not profile; a stand-in trains nothing)."""
         profile, plan, extra = self.profile, self.plan, self.profile.extra
         charged = power_aware and not self.cached and not stand_in
-        seconds = float(profile.profiling_seconds or 0.0) if charged else 0.0
+        seconds = float(profile.profiling_s or 0.0) if charged else 0.0
         points = 0 if stand_in or confirmed_in_training(profile) else len(profile.points)
         if plan is None:
             way = "model" if extra.get("predicted") is True else str(extra.get("order") or "")
@@ -170,7 +170,7 @@ def budgeted_profile(
     }
     restored = dev.recovered or ""
     max_samples = instr.budget_samples or DEFAULT_MAX_EPOCHS * (work.train_examples or 0)
-    max_training_s = instr.budget_device_seconds or None
+    max_training_s = instr.budget_device_s or None
     for way, way_key in keys.items():
         profile = lookup(way_key, work.profile_cache)
         enough = profile is not None and (

@@ -323,7 +323,7 @@ def fine_tune_step(
             lr=instr.lr_for,
             target_accuracy=instr.target_accuracy,
             max_samples=instr.budget_samples or None,
-            max_device_seconds=instr.budget_device_seconds or None,
+            max_device_s=instr.budget_device_s or None,
             eval_every_samples=instr.eval_every_samples,
             eval_max_samples=instr.eval_max_samples,
             seed=instr.seed,
@@ -426,7 +426,7 @@ def build_report(
     chosen: Chosen,
     trained: Trained,
     train_examples: int,
-    wall_seconds: float,
+    wall_s: float,
     *,
     startup_s: float | None = None,
 ) -> ClientReport:
@@ -445,10 +445,10 @@ def build_report(
         trained.step_downs,
         board=trained.board,
         node_key=work.settings.key,
-        predicted_seconds=choice.predicted_seconds or 0.0,
+        predicted_s=choice.predicted_s or 0.0,
         profiled_peak_power_w=peak or 0.0,
         train_examples=train_examples,
-        wall_seconds=wall_seconds,
+        wall_s=wall_s,
         startup_s=startup_s,
         method=instr.method,
         deadline_s=instr.deadline_s if choice.meets_deadline is not None else None,
@@ -471,4 +471,4 @@ def plan_round(
     relation = usable_relation(instr, train_examples)
     profiled = measured_profile_step(work, relation)
     fastest = select(profiled.profile, relation, work.cap_at_start, rule=instr.relation_rule)
-    return Plan.of(fastest, 0.0 if profiled.cached else float(profiled.profile.profiling_seconds or 0.0))
+    return Plan.of(fastest, 0.0 if profiled.cached else float(profiled.profile.profiling_s or 0.0))

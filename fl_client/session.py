@@ -309,7 +309,7 @@ class PowerSession:
         self._joined = joined
         self.report: ClientReport | None = None
         self.profiled: Profiled | None = None
-        self.samples, self.steps, self.device_seconds = 0, 0, 0.0
+        self.samples, self.steps, self.device_s = 0, 0, 0.0
         self.accuracy: float | None = None
         self._stack: ExitStack | None = None
         self._dev: Device | None = None
@@ -318,7 +318,7 @@ class PowerSession:
         self._workload: Workload | None = None
         self._wall = 0.0
         self._startup_s: float | None = None
-        self._step_seconds: list[float] = []
+        self._step_s: list[float] = []
         self._entered = False
 
     # --- the round ----------------------------------------------------------------------------
@@ -429,13 +429,13 @@ class PowerSession:
         seconds = dev.clock() - t0
         if 1 <= self.steps <= TIMED_STEPS and not isinstance(dev, SimulatedBoard):
             self._check_step_time(batch, seconds)
-        self.device_seconds += seconds
+        self.device_s += seconds
         self.samples += batch
         self.steps += 1
         if pinning.hooks:
             readings = power.new_samples()
             for hook in pinning.hooks:
-                hook.after_step(readings, self.device_seconds)
+                hook.after_step(readings, self.device_s)
         return result
 
     def _check_first_step(self, flops: float | None, batch: int) -> None:
@@ -459,14 +459,14 @@ class PowerSession:
         assert self.profiled is not None
         if batch != self.batch_size:
             return
-        self._step_seconds.append(seconds)
-        if len(self._step_seconds) < TIMED_STEPS:
+        self._step_s.append(seconds)
+        if len(self._step_s) < TIMED_STEPS:
             return
         hz = self._active().frequency_hz
         point = self.profiled.profile.point(batch, hz)
         if point is None or point.seconds_per_batch < MIN_TIMED_STEP_S:
             return
-        measured = sorted(self._step_seconds)[len(self._step_seconds) // 2]
+        measured = sorted(self._step_s)[len(self._step_s) // 2]
         ratio = measured / point.seconds_per_batch
         if not 1 / STEP_TIME_TOLERANCE <= ratio <= STEP_TIME_TOLERANCE:
             raise SessionError(
@@ -495,7 +495,7 @@ class PowerSession:
         return (
             self.reached
             or (bool(instr.budget_samples) and self.samples >= instr.budget_samples)
-            or (bool(instr.budget_device_seconds) and self.device_seconds >= instr.budget_device_seconds)
+            or (bool(instr.budget_device_s) and self.device_s >= instr.budget_device_s)
         )
 
     def _active(self) -> Pinning:
@@ -512,7 +512,7 @@ class PowerSession:
         result = FineTuneResult(
             reached=self.reached,
             samples=self.samples,
-            device_seconds=self.device_seconds,
+            device_s=self.device_s,
             energy_j=energy,
             peak_power_w=peak,
             mean_power_w=mean,

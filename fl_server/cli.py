@@ -1,5 +1,5 @@
 """`fl-server`: the server's offline jobs — pre-train starting weights (safetensors + a JSON report),
-estimate relation vectors (`powerctl.relation/1`). User errors are one line and exit status 2."""
+estimate relation vectors (`powerctl.relation/2`). User errors are one line and exit status 2."""
 
 from __future__ import annotations
 
@@ -160,7 +160,7 @@ def _add_relation(sub: Any) -> None:
     """estimate the relation vector on a proxy dataset; write relation JSON
 
     Fine-tune the same starting weights on a proxy dataset once per batch size (and seed)
-    until the target accuracy, and write the relation vector (powerctl.relation/1) that devices use
+    until the target accuracy, and write the relation vector (powerctl.relation/2) that devices use
     to choose their batch size.
     """
     rel = add_command(sub, "relation", _add_relation.__doc__, epilog=RELATION_EPILOG, formatter_class=RAW)
@@ -228,7 +228,7 @@ def _pretrain(args: argparse.Namespace) -> int:
     d = report.data
     say(
         f"pre-trained {d['model']} on {d['dataset']}: {d['samples']} samples ({d['epochs']:.2f} epochs), "
-        f"test accuracy {d['final_test_accuracy']:.4f}, {d['wall_seconds']:.1f} s"
+        f"test accuracy {d['final_test_accuracy']:.4f}, {d['wall_s']:.1f} s"
     )
     say(f"wrote {report.weights_path} and {report.report_path}")
     return 0

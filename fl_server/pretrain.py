@@ -25,7 +25,7 @@ from powerfed.training.models import (
     get_model_spec,
 )
 
-PRETRAIN_SCHEMA = "fl_server.pretrain/1"
+PRETRAIN_SCHEMA = "fl_server.pretrain/2"
 CURVE_POINTS = 10  # evaluations along a run (besides the first and the last), for the report's curve
 
 
@@ -169,13 +169,13 @@ def pretrain(
         "samples": result.samples,
         "epochs": result.samples / len(train),
         "steps": result.steps,
-        "device_seconds": result.device_seconds,
-        "wall_seconds": wall,
+        "device_s": result.device_s,
+        "wall_s": wall,
         "energy_j": result.energy_j,
         "final_test_accuracy": result.final_accuracy,
         "weights": out.name,
         "weights_sha256": weights_hash(model),
-        "curve": [[p.samples, p.device_seconds, p.accuracy] for p in result.curve],
+        "curve": [[p.samples, p.device_s, p.accuracy] for p in result.curve],
     }
     rpath = report_path_for(out)
     write_json(rpath, report)

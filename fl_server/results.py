@@ -1,4 +1,4 @@
-"""`results.json` (`fl_server.results/1`), rewritten atomically after every round, and the printed tables."""
+"""`results.json` (`fl_server.results/2`), rewritten atomically after every round, and the printed tables."""
 
 from __future__ import annotations
 
@@ -12,15 +12,15 @@ from powerctl.files.outputs import OutputPathError, writable_file
 from powerctl.profiling.budget import over_budget
 from strategies.rounds import NodeInfo, RoundRecord
 
-RESULTS_SCHEMA = "fl_server.results/1"
+RESULTS_SCHEMA = "fl_server.results/2"
 CLIENT_COLUMNS = tuple(
-    """device power_cap_w batch_size frequency_hz device_seconds energy_j peak_power_w samples accuracy
-    reached_target profiling_seconds board node_key predicted_seconds profiled_peak_power_w profile_cached
-    profile_points lr stop_reason steps train_examples wall_seconds startup_s method stand_in
+    """device power_cap_w batch_size frequency_hz device_s energy_j peak_power_w samples accuracy
+    reached_target profiling_s board node_key predicted_s profiled_peak_power_w profile_cached
+    profile_points lr stop_reason steps train_examples wall_s startup_s method stand_in
     resumed_at_samples deadline_s meets_deadline_predicted oracle_samples_to_target
-    oracle_search_device_seconds oracle_stopped_at_samples step_downs cap_source cap_events final_pair
-    paused_seconds over_cap_seconds pinned restored profiling_choice profiling_predicted_from
-    predicted_training_seconds profiling_budget_seconds profiling_costs_predicted partition_id""".split()  # noqa: SIM905
+    oracle_search_device_s oracle_stopped_at_samples step_downs cap_source cap_events final_pair
+    paused_s over_cap_s pinned restored profiling_choice profiling_predicted_from
+    predicted_training_s profiling_budget_s profiling_costs_predicted partition_id""".split()  # noqa: SIM905
 )
 """The order of a client's columns in the file (docs/reference/files.md); any other column after them."""
 CLIENT_FIELDS = CLIENT_COLUMNS[:11]  # the keys every client report in the file has
@@ -117,14 +117,14 @@ def client_table(record: RoundRecord) -> str:
         lines.append(
             f"{c['node_key']:<13.13} {c['device']:<18.18} {_num(c['power_cap_w'], '6.2f'):>6} "
             f"{c['batch_size']:>4} {_mhz(c):>7} {profiled_as(c):>8} "
-            f"{c['profiling_seconds']:>7.1f} {_num(c.get('profiling_budget_seconds'), '8.1f'):>8} "
-            f"{c['device_seconds']:>9.1f}{start_s(c)} {_num(c['energy_j'], '9.0f'):>9} "
+            f"{c['profiling_s']:>7.1f} {_num(c.get('profiling_budget_s'), '8.1f'):>8} "
+            f"{c['device_s']:>9.1f}{start_s(c)} {_num(c['energy_j'], '9.0f'):>9} "
             f"{_num(c['peak_power_w'], '7.2f'):>7} "
             f"{c['accuracy']:>6.3f} {'yes' if c['reached_target'] else 'no':>6}"
         )
     lines += [f"{f.node_key:<13.13} {f.device:<18.18} FAILED ({f.kind}): {f.reason}" for f in record.failed]
     lines += [f"{c['node_key']}: {c['restored']}" for c in record.clients if c.get("restored")]
-    if any(c.get("profiling_budget_seconds") is not None for c in record.clients):
+    if any(c.get("profiling_budget_s") is not None for c in record.clients):
         lines.append(
             "profiled: eff/grid/fit = that order measured, pred = the predicted profile's choice "
             "confirmed by the training's first steps; budget s = profiling-budget × the training "
@@ -135,22 +135,22 @@ def client_table(record: RoundRecord) -> str:
 
 def profiling_over_budget(client: dict[str, Any]) -> str | None:
     """Why a budgeted client's profiling cost more than its budget (None: it did not, or no budget)."""
-    budget, costs = client.get("profiling_budget_seconds"), client.get("profiling_costs_predicted")
+    budget, costs = client.get("profiling_budget_s"), client.get("profiling_costs_predicted")
     if budget is None or costs is None:
         return None
     return over_budget(
         client["profiling_choice"],
         costs,
         budget,
-        client["profiling_seconds"],
-        client.get("predicted_training_seconds") or 0.0,
+        client["profiling_s"],
+        client.get("predicted_training_s") or 0.0,
     )
 
 
 def profiling_share(clients: list[dict[str, Any]]) -> float | None:
     """Profiling over fine-tuning device seconds, summed over `clients` (None: none trained)."""
-    training = sum(c["device_seconds"] for c in clients)
-    return sum(c["profiling_seconds"] for c in clients) / training if training > 0 else None
+    training = sum(c["device_s"] for c in clients)
+    return sum(c["profiling_s"] for c in clients) / training if training > 0 else None
 
 
 def summary_lines(record: RoundRecord) -> str:

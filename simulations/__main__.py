@@ -295,7 +295,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = run_demo(cfg, args.out, quiet if args.quiet else say_on_stderr)
     print(summary_table(results))
     print(
-        f"\nprofiling cost {results['profiling_seconds']:.1f} device seconds; wrote {args.out}/results.json "
+        f"\nprofiling cost {results['profiling_s']:.1f} device seconds; wrote {args.out}/results.json "
         f"and {args.out}/plots/"
     )
     return 0

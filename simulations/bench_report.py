@@ -40,7 +40,7 @@ class BenchReport(BesideReport):
     """Scale mode: not trained, the board model charged the proxy's samples to target."""
     oracle_samples_to_target: dict[str, float] | None = kind_field(Maybe(SamplesByBatch()), None)  # noqa: RUF009
     """The oracle: samples to the target per batch size measured on the client's own data."""
-    oracle_search_device_seconds: float | None = kind_field(Maybe(Number(0.0)), None)
+    oracle_search_device_s: float | None = kind_field(Maybe(Number(0.0)), None)
     """The oracle: device seconds its own-data search took (reported apart, never charged)."""
     oracle_stopped_at_samples: dict[str, float] | None = kind_field(Maybe(SamplesByBatch()), None)  # noqa: RUF009
     """The oracle: batch sizes whose search run was stopped (`PRUNE_MARGIN`), with their samples."""

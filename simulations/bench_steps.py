@@ -138,7 +138,7 @@ def _search(
         result, crossing, _ = run_dense(
             run, batch_size=b, eval_every_samples=every, target=work.instr.target_accuracy
         )
-        spent_s += sum(t.result.device_seconds for t in tried.values())
+        spent_s += sum(t.result.device_s for t in tried.values())
         if every in tried and (stop_at is None or result.reached):  # a run like any method's: reusable
             runs[(b, hz)] = tried[every]
         # samples to target: the interpolated crossing (0 before training: about nothing, 1 sample)
@@ -157,7 +157,7 @@ def _search(
     chosen = MethodRule(ORACLE, profile, relation, own, work.instr.deadline_s, work.instr.relation_rule)
     measured = BenchReport(
         oracle_samples_to_target={str(b): s for b, s in own.samples_map().items()},
-        oracle_search_device_seconds=spent_s,
+        oracle_search_device_s=spent_s,
         oracle_stopped_at_samples={str(b): s for b, s in sorted(stopped.items())} or None,
     )
     return Chosen(chosen, runs=runs, bench=measured)
@@ -200,14 +200,14 @@ def stand_in_step(work: RoundWork, rule: CapRule) -> Trained:
     samples = min(need, instr.budget_samples or math.inf)
     steps = math.ceil(samples / b)
     cost = step_cost(sim, workload, b, hz)
-    if instr.budget_device_seconds and steps * cost.seconds > instr.budget_device_seconds:
-        steps = int(instr.budget_device_seconds // cost.seconds)
+    if instr.budget_device_s and steps * cost.seconds > instr.budget_device_s:
+        steps = int(instr.budget_device_s // cost.seconds)
     seconds, energy = replay_cost(sim, workload, b, steps, hz)
     reached = need == 0.0 or steps * b >= need
     result = FineTuneResult(
         reached=reached,
         samples=steps * b,
-        device_seconds=seconds,
+        device_s=seconds,
         energy_j=energy,
         peak_power_w=cost.peak_w if steps else None,
         mean_power_w=None,

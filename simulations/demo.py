@@ -41,7 +41,7 @@ from simulations.fleet_results import cell
 if TYPE_CHECKING:
     from fl_server.run_config import ServerConfig
 
-DEMO_SCHEMA = "simulations.demo/2"
+DEMO_SCHEMA = "simulations.demo/3"
 ORDER = tuple(sorted(METHODS, key=lambda m: not method_named(m).searches_own_data))
 """The oracle first: its search measures the pairs the others most often pick."""
 
@@ -79,7 +79,7 @@ class SharedRuns:
             r = self.runs[pair].result
             self.say(
                 f"  {'reached' if r.reached else 'missed'} the target after {r.samples} samples, "
-                f"{r.device_seconds:.1f} simulated s ({time.perf_counter() - started:.0f} s wall)"
+                f"{r.device_s:.1f} simulated s ({time.perf_counter() - started:.0f} s wall)"
             )
         return replace(self.runs[pair], choice=choice)
 
@@ -155,7 +155,7 @@ def run_demo(cfg: DemoConfig, out: Path, say: Say = say_on_stderr) -> dict[str, 
     sop = next(r for r in rows if method_named(r["strategy"]).reference)
     for r in rows:
         r["speedup_vs_state_of_practice"] = (
-            sop["device_seconds"] / r["device_seconds"] if r["reached"] and sop["reached"] else None
+            sop["device_s"] / r["device_s"] if r["reached"] and sop["reached"] else None
         )
     oracle = next(o.chosen.rule for m, o in outcomes.items() if method_named(m).searches_own_data)
     assert isinstance(oracle, MethodRule) and oracle.own_data is not None  # the relation it searched
@@ -164,10 +164,10 @@ def run_demo(cfg: DemoConfig, out: Path, say: Say = say_on_stderr) -> dict[str, 
         "config": {"device": cfg.device, "power_cap_w": cfg.power_cap_w, "run": cfg.run_config()},
         "relation": relation.to_dict(),
         "own_data_relation": oracle.own_data.to_dict(),
-        "profiling_seconds": profiled.profile.profiling_seconds,
+        "profiling_s": profiled.profile.profiling_s,
         "strategies": rows,
         "all_runs": [{**_run(t), "eval_every_samples": every} for (_, _, every), t in shared.runs.items()],
-        "wall_seconds": time.perf_counter() - started,
+        "wall_s": time.perf_counter() - started,
     }
     work.instr.relation_vector.save(out / "relation.json")
     profiled.profile.save(out / "profile.json")
@@ -183,7 +183,7 @@ def _cap(cap: float | None) -> str:
 def _run(t: Trained) -> dict[str, Any]:
     r = t.result
     return dict(batch_size=t.choice.batch_size, frequency_hz=t.choice.frequency_hz, reached=r.reached,
-                samples=r.samples, device_seconds=r.device_seconds, energy_j=r.energy_j,
+                samples=r.samples, device_s=r.device_s, energy_j=r.energy_j,
                 peak_power_w=r.peak_power_w, final_accuracy=r.final_accuracy,
                 curve=[asdict(p) for p in r.curve])  # fmt: skip
 
@@ -195,7 +195,7 @@ def _row(method: str, o: RoundOutcome, profiled: Profiled, relation: Any) -> dic
     return {
         "strategy": method,
         **_run(o.trained),
-        "predicted_seconds": predict(profiled.profile, relation, b, hz),
+        "predicted_s": predict(profiled.profile, relation, b, hz),
         "profiled_peak_power_w": None if point is None else point.peak_power_w,
     }
 
@@ -227,13 +227,13 @@ def summary_table(results: dict[str, Any]) -> str:
     )
     lines = [head, "-" * len(head)]
     for r in results["strategies"]:
-        pred, energy = cell(r["predicted_seconds"]), cell(r["energy_j"], ".0f")
+        pred, energy = cell(r["predicted_s"]), cell(r["energy_j"], ".0f")
         peak, speedup = cell(r["peak_power_w"], ".2f"), r["speedup_vs_state_of_practice"]
         speed = "-" if speedup is None else f"{speedup:.2f}x"
         mark = "" if r["reached"] else " (target not reached)"
         lines.append(
             f"{r['strategy']:<18} {r['batch_size']:>4} {r['frequency_hz'] / 1e6:>7.1f} {pred:>8} "
-            f"{r['device_seconds']:>9.1f} {r['samples']:>8} {energy:>9} {peak:>7} "
+            f"{r['device_s']:>9.1f} {r['samples']:>8} {energy:>9} {peak:>7} "
             f"{r['final_accuracy']:>6.3f} {speed:>8}{mark}"
         )
     return "\n".join(lines)

@@ -46,7 +46,7 @@ PLACES: dict[str, str | dict[str, str]] = {
         "data": "client-data-seed",
         "relation": "relation-seeds",
     },
-    "budget": {"samples": "budget-samples", "device-seconds": "budget-device-seconds"},
+    "budget": {"samples": "budget-samples", "device-s": "budget-device-s"},
     "scale": {"profiles": "profile-source", "real-share": "real-share"},
     "profiling": {
         "order": "profile-order",

@@ -93,8 +93,8 @@ def plot_per_cap(results: dict[str, Any], path: Path) -> Path:
     x = np.arange(len(groups))
     width = 0.8 / max(len(methods), 1)
     for k, m in enumerate(methods):
-        train = [np.mean([r["device_seconds"] for r in g.get(m, [])] or [np.nan]) for g in groups.values()]
-        prof = [np.mean([r["profiling_seconds"] for r in g.get(m, [])] or [np.nan]) for g in groups.values()]
+        train = [np.mean([r["device_s"] for r in g.get(m, [])] or [np.nan]) for g in groups.values()]
+        prof = [np.mean([r["profiling_s"] for r in g.get(m, [])] or [np.nan]) for g in groups.values()]
         joules = [np.mean([r["energy_j"] or 0.0 for r in g.get(m, [])] or [np.nan]) for g in groups.values()]
         offs = x - 0.4 + width * (k + 0.5)
         t_ax.bar(offs, train, width, color=_colour(m), label=m)

@@ -1,4 +1,4 @@
-"""The fleet's `results.json` (`simulations.fleet/1`) and its summary table, built from the run's records:
+"""The fleet's `results.json` (`simulations.fleet/2`) and its summary table, built from the run's records:
 one per client per round per method, with its board's group and cap schedule; per method the fleet's
 time to target, makespans, energy, clients at target, cap violations, failures and ratios to the
 state of practice.
@@ -15,7 +15,7 @@ from powerctl.selection.methods import run_method_named
 from simulations.fleet import FleetSpec
 from strategies.population import POPULATION_FILE
 
-FLEET_SCHEMA = "simulations.fleet/1"
+FLEET_SCHEMA = "simulations.fleet/2"
 SOP_DEFINITION = (
     "state-of-practice = the largest batch size that fits in memory at the board's fixed frequency for "
     "the cap: the highest at which every model of the paper's set (ResNet18, MobileNetV2, the character "
@@ -93,7 +93,7 @@ def method_summary(
         over_cap += len(s["over_cap"])
         failed += len(rnd["failed"])
         elapsed += s["makespan_s"]
-        training += max((c["device_seconds"] for c in rnd["clients"]), default=0.0)
+        training += max((c["device_s"] for c in rnd["clients"]), default=0.0)
         acc = (rnd.get("evaluation") or {}).get("accuracy")
         accuracies.append(acc)
         if reached_round is None and acc is not None and acc >= target:
@@ -104,7 +104,7 @@ def method_summary(
         "rounds": len(data["rounds"]),
         "time_to_target_s": time_to_target,
         "training_to_target_s": train_to_target,
-        "profiling_s": sum(c["profiling_seconds"] for c in through_target),
+        "profiling_s": sum(c["profiling_s"] for c in through_target),
         "profiling_share": profiling_share(through_target),
         "reached_round": reached_round,
         "total_makespan_s": elapsed,
@@ -121,7 +121,7 @@ def method_summary(
         "deadlines_s": [rnd["summary"].get("deadline_s") for rnd in data["rounds"]],
         "switches": sum(r.get("switches", 0) for r in records),
         "pauses": sum(r.get("pauses", 0) for r in records),
-        "paused_s": sum(r.get("paused_seconds") or 0.0 for r in records),
+        "paused_s": sum(r.get("paused_s") or 0.0 for r in records),
         "accuracy": accuracies,
         "stand_ins": sum(bool(r.get("stand_in")) for r in records),
     }
@@ -146,9 +146,7 @@ def add_ratios(summaries: list[dict[str, Any]]) -> None:
             s["energy_vs_sop"] = s["energy_j"] / sop["energy_j"]
 
 
-def build_results(
-    spec: FleetSpec, flwr_out: Path, methods: list[str], *, wall_seconds: float
-) -> dict[str, Any]:
+def build_results(spec: FleetSpec, flwr_out: Path, methods: list[str], *, wall_s: float) -> dict[str, Any]:
     """Merge the ServerApp's per-method files into the fleet's results."""
     records: list[dict[str, Any]] = []
     summaries, evaluations, failures, run = [], {}, [], {}
@@ -185,7 +183,7 @@ def build_results(
             "test splits reaches the target; null: not reached in the rounds run",
             "state-of-practice": SOP_DEFINITION,
             "profiling": "only 'ours' is charged for profiling; the baselines do not profile and the "
-            "oracle's own-data search is reported apart (oracle_search_device_seconds)",
+            "oracle's own-data search is reported apart (oracle_search_device_s)",
             "profiling_share": "every client's profiling device seconds over its fine-tuning device "
             "seconds, summed through the round that reached the target (all rounds if none did)",
             "stand_in": "scale mode: A stand-in client does not train; its device time and energy are the "
@@ -196,7 +194,7 @@ def build_results(
         "evaluations": evaluations,
         "failures": failures,
         "records": records,
-        "wall_seconds": wall_seconds,
+        "wall_s": wall_s,
     } | ({"population": population} if population else {})
 
 
@@ -319,10 +317,10 @@ def choices_table(results: dict[str, Any]) -> list[str]:
         more = "+" if len(pairs) > 1 else ""
         n = len(rs)
         peaks = [r["peak_power_w"] for r in rs if r["peak_power_w"] is not None]
-        prof = sum(r["profiling_seconds"] for r in rs) / n
+        prof = sum(r["profiling_s"] for r in rs) / n
         power_aware = run_method_named(method).method.power_aware
         ways = "/".join(sorted({profiled_as(r) for r in rs})) if power_aware else "-"
-        secs = sum(r["device_seconds"] for r in rs) / n
+        secs = sum(r["device_s"] for r in rs) / n
         joules = sum(r["energy_j"] or 0 for r in rs) / n
         lines.append(
             f"{device:<18} {cap:>6} {method:<18} {n:>4} {b:>4} {hz / 1e6:>6.1f}{more:1} {ways:>8} "
@@ -346,7 +344,7 @@ def switches_table(results: dict[str, Any]) -> list[str]:
         beyond = sum(e["over_cap_s"] for e in r["cap_events"])
         lines.append(
             f"{r['node_key']:<22} {r['method']:<18} {r['round']:>5} {r['switches']:>8} {r['pauses']:>6} "
-            f"{r.get('paused_seconds') or 0.0:>8.1f} {beyond:>10.2f}  {' → '.join(pairs)}"
+            f"{r.get('paused_s') or 0.0:>8.1f} {beyond:>10.2f}  {' → '.join(pairs)}"
         )
     lines.append(
         "over cap s: measured over the cap in force beyond the step in progress at each change (a drop "

@@ -1,5 +1,5 @@
 """A fleet over seeds (`python -m simulations run FLEET --seeds N`): every seed's rows and, per method, the
-summary paired by seed with the state of practice: `DIR/results.json` (`simulations.fleet-seeds/1`) and
+summary paired by seed with the state of practice: `DIR/results.json` (`simulations.fleet-seeds/2`) and
 its printed table (docs/howto/fleets.md#seeds). What each figure is: DEFINITIONS, printed under the table.
 """
 
@@ -17,7 +17,7 @@ from simulations.fleet import FleetSpec
 from simulations.fleet_results import cell, fleet_block, reference_method
 from simulations.intervals import DRAWS, SEED, mean_interval95
 
-SEEDS_SCHEMA = "simulations.fleet-seeds/1"
+SEEDS_SCHEMA = "simulations.fleet-seeds/2"
 DEFINITIONS = {
     "seeds": "seed K (1..N) runs the fleet with run seed = seeds.run + K - 1 and data seed = seeds.data + "
     "K - 1 (the clients' training, their data and partition, a population's draws); the pre-training, "
@@ -50,7 +50,7 @@ class SeedRun:
     data_seed: int
     folder: Path
     prepared_cached: bool  # the pre-trained weights and relation vector were cached before it started
-    wall_seconds: float = 0.0
+    wall_s: float = 0.0
     results: dict[str, Any] | None = None
     error: str | None = None  # the one-line reason it failed (None: it ran)
     pids: list[int] = field(default_factory=list)  # a failed seed's processes (one that ran: in its results)
@@ -62,7 +62,7 @@ class SeedRun:
     def row(self) -> dict[str, Any]:
         """Its entry in results.json's `seeds`."""
         head = dict(seed=self.seed, run_seed=self.run_seed, data_seed=self.data_seed, folder=str(self.folder),
-                    status="ok" if self.ok else "failed", wall_seconds=self.wall_seconds,
+                    status="ok" if self.ok else "failed", wall_s=self.wall_s,
                     prepared_cached=self.prepared_cached)  # fmt: skip
         if self.results is None:
             processes = {"started": self.pids, "alive_after": [p for p in self.pids if alive(p)]}
@@ -83,7 +83,7 @@ def board_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
 
     rows = []
     for r in (r for r in results["records"] if r["round"] == 1):
-        reached, prof, tune = bool(r["reached_target"]), r["profiling_seconds"], r["device_seconds"]
+        reached, prof, tune = bool(r["reached_target"]), r["profiling_s"], r["device_s"]
         rows.append(board(r, r["power_cap_w"], reached, prof, tune, prof + tune if reached else None, None))
     failed = [f for f in results["failures"] if f["round"] == 1]
     return rows + [board(f, None, False, None, None, None, f"{f['kind']}: {f['reason']}") for f in failed]
@@ -247,7 +247,7 @@ def method_over_seeds(method: str, sop: str | None, runs: list[SeedRun], target:
 
 
 def build_seed_results(
-    spec: FleetSpec, methods: list[str], runs: list[SeedRun], *, wall_seconds: float
+    spec: FleetSpec, methods: list[str], runs: list[SeedRun], *, wall_s: float
 ) -> dict[str, Any]:
     """results.json of a run over seeds: every seed's rows, and the summary over those that ran."""
     ran, sop, run = [r for r in runs if r.ok], reference_method(methods), spec.settings
@@ -263,7 +263,7 @@ def build_seed_results(
         "failed_seeds": [r.seed for r in runs if not r.ok],
         "reference": sop,
         "summary": [method_over_seeds(m, sop, ran, run.target_accuracy) for m in methods] if ran else [],
-        "wall_seconds": wall_seconds,
+        "wall_s": wall_s,
     }
 
 
@@ -334,8 +334,7 @@ def seeds_summary_text(results: dict[str, Any]) -> str:
         if s["status"] == "ok":
             cached = "cached" if s["prepared_cached"] else "prepared by this seed"
             lines.append(
-                f"  {where}: ran in {s['wall_seconds']:.0f} s (weights and relation vector {cached}): "
-                f"{s['folder']}"
+                f"  {where}: ran in {s['wall_s']:.0f} s (weights and relation vector {cached}): {s['folder']}"
             )
         else:
             lines.append(f"  {where}: FAILED, excluded from the summary: {s['reason']} (log: {s['log']})")

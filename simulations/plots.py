@@ -22,13 +22,11 @@ def plot_strategies(
     FigureCanvasAgg(fig)
     bars, curves = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1, 1.4]})
     names = [r["strategy"] for r in rows]
-    secs = [r["device_seconds"] for r in rows]
+    secs = [r["device_s"] for r in rows]
     colours = [COLOURS.get(n, "#999999") for n in names]
     drawn = bars.bar(names, secs, color=colours)
     for rect, r in zip(drawn, rows, strict=True):
-        label = (
-            f"{short_number(r['device_seconds'])} s\nb={r['batch_size']}, {r['frequency_hz'] / 1e6:.0f} MHz"
-        )
+        label = f"{short_number(r['device_s'])} s\nb={r['batch_size']}, {r['frequency_hz'] / 1e6:.0f} MHz"
         if not r["reached"]:
             label += "\nnot reached"
         bars.annotate(
@@ -50,7 +48,7 @@ def plot_strategies(
         pair = (r["batch_size"], r["frequency_hz"])
         same = f", same run as {seen[pair]}" if pair in seen else ""
         seen.setdefault(pair, r["strategy"])
-        xs = [p["device_seconds"] for p in r["curve"]]
+        xs = [p["device_s"] for p in r["curve"]]
         ys = [p["accuracy"] for p in r["curve"]]
         curves.plot(
             xs,

@@ -158,7 +158,7 @@ def run_fleet(
     if missing := missing_methods(flwr_out, methods):
         log = out / "flwr.log"
         raise FleetRunError(f"the run's results miss method(s) {', '.join(missing)}; see {log}", pids)
-    results = build_results(spec, flwr_out, methods, wall_seconds=time.perf_counter() - started)
+    results = build_results(spec, flwr_out, methods, wall_s=time.perf_counter() - started)
     results["processes"] = {"started": pids, "alive_after": [p for p in pids if alive(p)]}
     _write(out, results, summary_text(results))
     if plots:
@@ -220,15 +220,11 @@ def run_seeds(
             run.results = run_fleet(one, folder, methods, echo=echo, verbose=verbose, plots=plots)
         except FleetRunError as exc:
             run.error, run.pids = str(exc), exc.pids
-        run.wall_seconds = time.perf_counter() - t0
+        run.wall_s = time.perf_counter() - t0
         runs.append(run)
-        ended = (
-            f"done in {run.wall_seconds:.0f} s: {folder}"
-            if run.ok
-            else f"FAILED after {run.wall_seconds:.0f} s: "
-        )
+        ended = f"done in {run.wall_s:.0f} s: {folder}" if run.ok else f"FAILED after {run.wall_s:.0f} s: "
         echo(f"=== seed {k} of {count} {ended}{run.error or ''}")
-    results = build_seed_results(spec, methods, runs, wall_seconds=time.perf_counter() - started)
+    results = build_seed_results(spec, methods, runs, wall_s=time.perf_counter() - started)
     _write(out, results, seeds_summary_text(results))
     if plots and results["summary"] and results["reference"]:
         from simulations.fleet_plots import plot_seed_ratios

@@ -26,7 +26,7 @@ from powerctl.errors import PowerctlError
 from powerctl.files.jsonfile import read_json
 from powerctl.records.profile import Profile
 from powerctl.records.relation import RelationVector
-from powerctl.selection.joint import predicted_energy_j, predicted_seconds
+from powerctl.selection.joint import predicted_energy_j, predicted_s
 from powerctl.selection.methods import run_method_named
 from powerctl.selection.names import OURS, STATE_OF_PRACTICE
 from simulations.fleet_plots import method_mark, predicted_board_profile
@@ -95,8 +95,8 @@ def _rows(
             row.bars.append(
                 Bar(
                     method,
-                    _mean([r["device_seconds"] for r in mine]),
-                    _mean([r["profiling_seconds"] for r in mine]),
+                    _mean([r["device_s"] for r in mine]),
+                    _mean([r["profiling_s"] for r in mine]),
                     None if None in joules else _mean(joules),
                 )
             )
@@ -140,7 +140,7 @@ def _estimate_state_of_practice(row: Row, relation: RelationVector | None) -> No
     theirs = row.profile.point(sop.batch_size, sop.frequency_hz)
     if mine is None or theirs is None or pair.batch_size not in r or sop.batch_size not in r:
         return
-    time_ratio = predicted_seconds(theirs, r[sop.batch_size]) / predicted_seconds(mine, r[pair.batch_size])
+    time_ratio = predicted_s(theirs, r[sop.batch_size]) / predicted_s(mine, r[pair.batch_size])
     energy_ratio = predicted_energy_j(theirs, r[sop.batch_size]) / predicted_energy_j(
         mine, r[pair.batch_size]
     )
@@ -184,7 +184,7 @@ def run_figure(results: Path) -> Path:
 
 
 def fleet_figure(results: dict[str, Any], out: Path) -> Path:
-    """`make fleet`'s figure from its results (`simulations.fleet/1`), as out/summary.png."""
+    """`make fleet`'s figure from its results (`simulations.fleet/2`), as out/summary.png."""
     records = [r for r in results["records"] if r["round"] == 1]
     run = results.get("run") or {}
     relation = RelationVector.from_dict(run["relation"]) if run.get("relation") else None

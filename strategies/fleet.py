@@ -22,7 +22,7 @@ from powerctl.selection.capsource import (
     InvalidPowerCapError,
     ScheduleCap,
     TraceCap,
-    cap_watts,
+    cap_w,
     parse_cap_source,
 )
 
@@ -155,7 +155,7 @@ def fleet_table(text: str) -> list[FleetEntry]:
         if problem := device_problem(device):
             raise Invalid(f"entry {item!r}: {problem}")
         try:
-            watts = cap_watts(cap)
+            watts = cap_w(cap)
         except Invalid as exc:
             hint = "; entries are separated by commas" if "@" in cap else ""
             raise Invalid(f"entry {item!r}: its cap {exc}{hint}") from None

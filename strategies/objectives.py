@@ -42,7 +42,7 @@ class EnergyUnderDeadline(RoundObjective):
         planned = plans()
         if self.deadline_s > 0:
             return self.deadline_s
-        return max((p.fastest_seconds for p in planned), default=0.0)
+        return max((p.fastest_s for p in planned), default=0.0)
 
     def __repr__(self) -> str:
         return f"EnergyUnderDeadline(deadline_s={self.deadline_s!r})"

@@ -235,7 +235,7 @@ class PowerAware(Strategy):
                 log(WARNING, "plan: node %s gave no plan: %s", self.node(nid).key, exc)
                 continue
             self.plans[nid] = plan
-            self._unbilled_profiling[nid] = plan.profiling_seconds
+            self._unbilled_profiling[nid] = plan.profiling_s
         return [self.plans[nid] for nid in instructions if nid in self.plans]
 
     def node(self, node_id: int) -> NodeInfo:
@@ -343,7 +343,7 @@ class PowerAware(Strategy):
             else:
                 report.node_key = report.node_key or key
                 # profiling a planning query measured belongs to the first round the node then trains
-                report.profiling.profiling_seconds += self._unbilled_profiling.pop(nid, 0.0)
+                report.profiling.profiling_s += self._unbilled_profiling.pop(nid, 0.0)
                 good.append((nid, report))
                 key = report.node_key
             usable.append((key, reply))

@@ -152,7 +152,7 @@ def _fields(record: Any) -> list[Field[Any]]:
 class Training(Record):
     """The fine-tune's outcome, written by the train step."""
 
-    device_seconds: float = kind(NUMBER)
+    device_s: float = kind(NUMBER)
     energy_j: float | None = kind(Maybe(NUMBER))
     peak_power_w: float | None = kind(Maybe(NUMBER))
     samples: int = kind(COUNT)
@@ -168,7 +168,7 @@ class Training(Record):
     def of(cls, result: Any, *, stand_in: bool = False) -> Training:
         """A `FineTuneResult`'s outcome; a stand-in (not trained) ran no steps."""
         r, steps = result, 0 if stand_in else result.steps
-        measured = (r.device_seconds, r.energy_j, r.peak_power_w, r.samples, r.final_accuracy, r.reached)
+        measured = (r.device_s, r.energy_j, r.peak_power_w, r.samples, r.final_accuracy, r.reached)
         return cls(*measured, r.lr, r.stop_reason, steps, r.extra.get("resumed_at_samples"))
 
 
@@ -176,7 +176,7 @@ class Training(Record):
 class Profiling(Record):
     """How the round's profile was made and what it cost, written by the profile step."""
 
-    profiling_seconds: float = kind(NUMBER)
+    profiling_s: float = kind(NUMBER)
     """Device seconds charged this round (ours only, for a profile it measured)."""
     profile_cached: bool = kind(Flag(), False)
     profile_points: int = kind(COUNT, 0)  # pairs in the profile the choice was made from
@@ -186,8 +186,8 @@ class Profiling(Record):
     # a budgeted client: the predicted profile it weighed its ways with, its training predicted before
     # profiling, the share of it profiling could spend, and each way's predicted device seconds
     profiling_predicted_from: str = kind(TEXT, "")
-    predicted_training_seconds: float | None = kind(Maybe(NUMBER), None)
-    profiling_budget_seconds: float | None = kind(Maybe(NUMBER), None)
+    predicted_training_s: float | None = kind(Maybe(NUMBER), None)
+    profiling_budget_s: float | None = kind(Maybe(NUMBER), None)
     profiling_costs_predicted: dict[str, float] | None = kind(  # noqa: RUF009
         Maybe(
             JsonItems(NUMBER, "a JSON object of device seconds by way", keys=(*PROFILE_ORDERS, "predicted"))
@@ -205,7 +205,7 @@ CAP_EVENT = {
 }
 """A cap follower's event (`powerctl.selection.follow.CapEvent.to_dict`)."""
 STEP_DOWN = {
-    "device_seconds": NUMBER,
+    "device_s": NUMBER,
     **dict.fromkeys(("old_hz", "new_hz"), COUNT),
     **dict.fromkeys(("measured_w", "power_cap_w"), NUMBER),
 }
@@ -222,9 +222,9 @@ class CapFollowed(Record):
     final_pair: list[int] | None = kind(  # noqa: RUF009  the pair in force when training ended
         Maybe(JsonItems(COUNT, "a JSON list [batch size, Hz]", length=2)), None
     )
-    paused_seconds: float = kind(NUMBER, 0.0)
-    """Device seconds paused because no pair fitted under the cap (not in `device_seconds`)."""
-    over_cap_seconds: float | None = kind(Maybe(NUMBER), None)
+    paused_s: float = kind(NUMBER, 0.0)
+    """Device seconds paused because no pair fitted under the cap (not in `device_s`)."""
+    over_cap_s: float | None = kind(Maybe(NUMBER), None)
     """Device seconds over the cap in force × (1 + guard tolerance), steps in progress at drops included."""
 
     @classmethod
@@ -252,11 +252,11 @@ class ClientReport(Record):
     """The power guard's actions; `frequency_hz` stays the selected one."""
     board: str = kind(TEXT, "")
     node_key: str = kind(TEXT, "")
-    predicted_seconds: float = kind(NUMBER, 0.0)
+    predicted_s: float = kind(NUMBER, 0.0)
     profiled_peak_power_w: float = kind(NUMBER, 0.0)
     """The selected pair's peak power in the profile: what the method checks against the cap."""
     train_examples: int = kind(COUNT, 0)
-    wall_seconds: float = kind(NUMBER, 0.0)
+    wall_s: float = kind(NUMBER, 0.0)
     startup_s: float | None = kind(Maybe(NUMBER), None)
     """Wall seconds from the process start to its first profiling or training step (a deployed
     `flwr-clientapp` per message); None where one process serves many messages."""
@@ -327,18 +327,18 @@ class Plan(Record):
     """A client's answer to a planning query: its fastest pair under its cap, what it predicts, and the
     device seconds the profile cost if it was measured for the query."""
 
-    fastest_seconds: float = kind(NUMBER)
+    fastest_s: float = kind(NUMBER)
     batch_size: int = kind(Integer(1))
     frequency_hz: int = kind(Integer(1))
     energy_j: float = kind(NUMBER)
-    profiling_seconds: float = kind(NUMBER, 0.0)
+    profiling_s: float = kind(NUMBER, 0.0)
 
     @classmethod
-    def of(cls, fastest: Pick, profiling_seconds: float = 0.0) -> Plan:
+    def of(cls, fastest: Pick, profiling_s: float = 0.0) -> Plan:
         """The plan that reports `fastest`, a ranked pick (it carries both predictions)."""
-        assert fastest.predicted_seconds is not None and fastest.predicted_energy_j is not None
+        assert fastest.predicted_s is not None and fastest.predicted_energy_j is not None
         b, hz = fastest.batch_size, fastest.frequency_hz
-        return cls(fastest.predicted_seconds, b, hz, fastest.predicted_energy_j, profiling_seconds)
+        return cls(fastest.predicted_s, b, hz, fastest.predicted_energy_j, profiling_s)
 
     @classmethod
     def from_config(cls, record: Any, where: str = "plan reply") -> Plan:

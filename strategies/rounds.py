@@ -136,7 +136,7 @@ def summarise(reports: list[ClientReport], failed: list[Failure], sampled: int) 
     a failed client counts as not at target."""
 
     def cost(r: ClientReport) -> float:
-        return r.training.device_seconds + r.profiling.profiling_seconds + r.cap.paused_seconds
+        return r.training.device_s + r.profiling.profiling_s + r.cap.paused_s
 
     slowest = max(reports, key=cost, default=None)
     energies = [r.training.energy_j for r in reports if r.training.energy_j is not None]
@@ -168,7 +168,7 @@ def summarise(reports: list[ClientReport], failed: list[Failure], sampled: int) 
         "accuracy": (sum(r.training.accuracy * r.train_examples for r in reports) / examples)
         if examples
         else None,
-        "profiling_s": float(sum(r.profiling.profiling_seconds for r in reports)),
+        "profiling_s": float(sum(r.profiling.profiling_s for r in reports)),
         "stand_ins": sum(r.training.stop_reason == STAND_IN for r in reports),
     }
 

@@ -142,7 +142,7 @@ class SentSettings:
     budget_samples: int = setting_field(
         "rounds", 6000, Integer(0, MAX_COUNT), "Each client's training samples per round (0: no budget)."
     )
-    budget_device_seconds: float = setting_field(
+    budget_device_s: float = setting_field(
         "rounds", 0.0, Number(0.0), "Each client's device seconds of training per round (0: none)."
     )
     eval_every_samples: int = setting_field(
@@ -323,8 +323,8 @@ class RunSettings(ClientSettings, SentSettings):
         "task",
         "",
         APP_FILE,
-        "A relation vector file (powerctl.relation/1: "
-        "docs/reference/files.md#relation-vector-powerctlrelation1) for the same model, absolute or "
+        "A relation vector file (powerctl.relation/2: "
+        "docs/reference/files.md#relation-vector-powerctlrelation2) for the same model, absolute or "
         "relative to the app folder; empty: estimate it on proxy-data (cached in $POWERFED_CACHE/relation).",
     )
     proxy_data: str = setting_field(

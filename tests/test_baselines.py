@@ -51,9 +51,9 @@ def test_state_of_practice_on_a_nano_at_5_w() -> None:
     assert (base.method, base.batch_size, base.frequency_hz) == (STATE_OF_PRACTICE, 128, NANO_5W)
     p = profile.point(128, NANO_5W)
     assert base.peak_power_w == p.peak_power_w
-    assert base.predicted_seconds == pytest.approx(p.seconds_for_samples * 1.0)  # r_128 = 1: largest batch
+    assert base.predicted_s == pytest.approx(p.seconds_for_samples * 1.0)  # r_128 = 1: largest batch
     # Without a relation it still says which (b, f), but predicts nothing.
-    assert state_of_practice(profile, 5.0).predicted_seconds is None
+    assert state_of_practice(profile, 5.0).predicted_s is None
 
 
 def test_state_of_practice_looks_up_the_board_by_device_name() -> None:
@@ -86,7 +86,7 @@ def test_state_of_practice_point_not_profiled_predicts_none() -> None:
     profile = make_profile([p for p in full.points if (p.batch_size, p.frequency_hz) != (128, NANO_5W)])
     base = state_of_practice(profile, 5.0, relation=make_relation({32: 1.0, 128: 1.0}))
     assert (base.batch_size, base.frequency_hz) == (128, NANO_5W)
-    assert base.predicted_seconds is None and base.peak_power_w is None
+    assert base.predicted_s is None and base.peak_power_w is None
 
 
 # --- proxy batch ----------------------------------------------------------------------------------------
@@ -98,9 +98,7 @@ def test_proxy_batch_takes_the_least_samples_among_profiled_batch_sizes() -> Non
     base = proxy_batch(profile, relation, 5.0)
     assert (base.method, base.batch_size, base.frequency_hz) == (PROXY_BATCH, 16, NANO_5W)
     p = profile.point(16, NANO_5W)
-    assert base.predicted_seconds == pytest.approx(
-        p.seconds_for_samples * 3000.0 / 1000.0
-    )  # r_16 = 3000/1000
+    assert base.predicted_s == pytest.approx(p.seconds_for_samples * 3000.0 / 1000.0)  # r_16 = 3000/1000
 
 
 def test_proxy_batch_ties_go_to_the_larger_batch() -> None:
@@ -142,7 +140,7 @@ def test_the_oracle_takes_the_least_mean_time_even_where_the_seeds_cannot_tell_t
         assert orc == replace(by_mean, method=ORACLE)
         r = target.as_map()
         feasible = [p for p in profile.points if cap is None or p.peak_power_w <= cap]
-        assert orc.predicted_seconds == min(p.seconds_for_samples * r[p.batch_size] for p in feasible)
+        assert orc.predicted_s == min(p.seconds_for_samples * r[p.batch_size] for p in feasible)
 
 
 @st.composite
@@ -183,7 +181,7 @@ def test_oracle_is_never_slower_than_the_method_or_the_baselines(
         if p is None:
             continue  # not profiled: nothing to compare
         assert p.peak_power_w <= cap  # the fixed cap keeps any workload under the limit
-        assert orc.predicted_seconds <= p.seconds_for_samples * r[b]
+        assert orc.predicted_s <= p.seconds_for_samples * r[b]
 
 
 # --- comparison table -----------------------------------------------------------------------------------
@@ -207,7 +205,7 @@ def test_compare_rows_and_speedups() -> None:
     assert by[PROXY_BATCH]["batch_size"] == 16
     for row in rows:
         assert row["feasible"] is True
-        assert row["speedup"] == pytest.approx(row["predicted_seconds"] / method.predicted_seconds)
+        assert row["speedup"] == pytest.approx(row["predicted_s"] / method.predicted_s)
         assert row["speedup_target"] == pytest.approx(
             row["predicted_seconds_target"] / by["ours"]["predicted_seconds_target"]
         )
@@ -224,7 +222,7 @@ def test_compare_without_target_has_no_oracle_and_handles_unprofiled_baselines()
     rows = compare(profile, make_relation({16: 1.0, 128: 1.0}), 5.0)
     assert [r["name"] for r in rows] == ["ours", STATE_OF_PRACTICE, PROXY_BATCH]
     sop = rows[1]
-    assert sop["predicted_seconds"] is None and sop["speedup"] is None and sop["feasible"] is None
+    assert sop["predicted_s"] is None and sop["speedup"] is None and sop["feasible"] is None
     assert "predicted_seconds_target" not in sop
 
 
@@ -233,11 +231,11 @@ def test_baseline_json() -> None:
     assert b.to_json_dict() == {
         "batch_size": 128,
         "frequency_hz": 614_400_000,
-        "predicted_seconds": None,
+        "predicted_s": None,
         "peak_power_w": None,
     }
     rows = compare(nano_grid([16, 128]), make_relation({16: 1.0, 128: 1.0}), 5.0)
-    keys = ["name", "batch_size", "frequency_hz", "predicted_seconds", "peak_power_w"]
+    keys = ["name", "batch_size", "frequency_hz", "predicted_s", "peak_power_w"]
     assert all(list(r)[:5] == keys for r in rows)  # the name first, then the pick's four keys
 
 
@@ -258,7 +256,7 @@ def test_hand_built_comparison() -> None:
     relation = make_relation({16: 500.0, 64: 1000.0})
     rows = {r["name"]: r for r in compare(profile, relation, 4.5)}
     assert (rows["ours"]["batch_size"], rows["ours"]["frequency_hz"]) == (16, 768 * MHZ)
-    assert rows["ours"]["predicted_seconds"] == pytest.approx(65.0)
-    assert rows[STATE_OF_PRACTICE]["predicted_seconds"] == pytest.approx(100.0)
+    assert rows["ours"]["predicted_s"] == pytest.approx(65.0)
+    assert rows[STATE_OF_PRACTICE]["predicted_s"] == pytest.approx(100.0)
     assert rows[STATE_OF_PRACTICE]["speedup"] == pytest.approx(100 / 65)
     assert rows[PROXY_BATCH]["batch_size"] == 16 and rows[PROXY_BATCH]["speedup"] == pytest.approx(80 / 65)

@@ -140,7 +140,7 @@ def test_only_a_bench_round_sends_the_bench_record_and_the_fleets_rows_keep_one_
     keys = list(rows[0])
     assert keys[keys.index("method") + 1] == "stand_in"
     after = keys.index("meets_deadline_predicted")
-    assert keys[after + 1 : after + 3] == ["oracle_samples_to_target", "oracle_search_device_seconds"]
+    assert keys[after + 1 : after + 3] == ["oracle_samples_to_target", "oracle_search_device_s"]
     assert [(r["stand_in"], r["oracle_samples_to_target"]) for r in rows] == [(False, None), (True, None)]
     assert summarise([plain, stood_in], [], 2)["stand_ins"] == 1
 
@@ -165,7 +165,7 @@ def test_the_bench_record_round_trips_and_is_checked() -> None:
     from strategies.protocol import ProtocolError
     from strategies.report import BesideReport, register_beside_report
 
-    record = BenchReport(oracle_samples_to_target={"8": 120.5}, oracle_search_device_seconds=3.0)
+    record = BenchReport(oracle_samples_to_target={"8": 120.5}, oracle_search_device_s=3.0)
     assert BenchReport.from_config(record.to_config()) == record
     with pytest.raises(ProtocolError, match="oracle-samples-to-target"):
         BenchReport.from_config({"oracle-samples-to-target": '{"x": 1}'})
@@ -173,7 +173,7 @@ def test_the_bench_record_round_trips_and_is_checked() -> None:
     @dataclasses.dataclass
     class Misplaced(BesideReport):  # a column the report has: the row could not hold both
         KEY = "misplaced"
-        device_seconds: int = kind(Integer(0), 0)
+        device_s: int = kind(Integer(0), 0)
 
     with pytest.raises(TypeError, match="Misplaced"):
         register_beside_report(Misplaced)

@@ -39,7 +39,7 @@ MEMORY = 2 << 30
 """Address space for a command under test: reading /dev/zero would hit it (MemoryError, a traceback)."""
 
 PROFILE = (
-    '{"schema": "powerctl.profile/1", "device": "jetson-nano", "model": "cnn-tiny", '
+    '{"schema": "powerctl.profile/2", "device": "jetson-nano", "model": "cnn-tiny", '
     '"input_shape": [3, 32, 32], '
     '"samples": 1000, "points": [{"batch_size": 8, "frequency_hz": 76800000, "peak_power_w": 2.1, '
     '"mean_power_w": 2.0, "seconds_per_batch": 0.01, "seconds_for_samples": 1.25}]}'

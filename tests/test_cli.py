@@ -108,7 +108,7 @@ def test_profile_then_select_gives_a_pair_under_the_cap(
     profile_path: Path, relation_path: Path, capsys
 ) -> None:
     profile = json.loads(profile_path.read_text())
-    assert profile["device"] == "jetson-nano" and profile["profiling_seconds"] > 0
+    assert profile["device"] == "jetson-nano" and profile["profiling_s"] > 0
     peaks = sorted(p["peak_power_w"] for p in profile["points"])
     cap = peaks[len(peaks) // 2]  # a cap that rules out half the points
     code, out, _ = run(
@@ -124,7 +124,7 @@ def test_profile_then_select_gives_a_pair_under_the_cap(
     )
     choice = json.loads(out)
     assert code == 0
-    assert set(choice) == {"batch_size", "frequency_hz", "predicted_seconds", "peak_power_w"}
+    assert set(choice) == {"batch_size", "frequency_hz", "predicted_s", "peak_power_w"}
     assert choice["peak_power_w"] <= cap
     point = next(
         p
@@ -194,7 +194,7 @@ def test_bad_input_is_one_line_and_exit_2(
     argv, needle, profile_path: Path, relation_path: Path, tmp_path: Path, capsys
 ) -> None:
     bad = tmp_path / "bad.json"
-    bad.write_text('{"schema": "powerctl.profile/1", "points": [')
+    bad.write_text('{"schema": "powerctl.profile/2", "points": [')
     names = {
         "p": profile_path,
         "r": relation_path,

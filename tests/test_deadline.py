@@ -51,7 +51,7 @@ def test_a_deadline_round_plans_sets_the_slowest_fastest_time_and_saves_energy()
         if m.metadata.message_type == MessageType.QUERY and "config" in m.content.config_records
     ]
     assert len(plans) == 3  # one planning query per node
-    deadline = max(p.fastest_seconds for p in strategy.plans.values())
+    deadline = max(p.fastest_s for p in strategy.plans.values())
     assert strategy.deadlines[1] == deadline
     record = strategy.rounds[1]
     assert record.summary["deadline_s"] == deadline and record.summary["met_deadline_predicted"] == 3
@@ -61,17 +61,17 @@ def test_a_deadline_round_plans_sets_the_slowest_fastest_time_and_saves_energy()
     by_key = {c["node_key"]: c for c in record.clients}
     base = {c["node_key"]: c for c in fastest.rounds[1].clients}
     for key, c in by_key.items():
-        assert c["meets_deadline_predicted"] and c["predicted_seconds"] <= deadline
+        assert c["meets_deadline_predicted"] and c["predicted_s"] <= deadline
         assert c["power_cap_w"] is None or c["profiled_peak_power_w"] <= c["power_cap_w"]
         # never predicted slower than the deadline, never dearer than its own fastest pair
-        assert c["predicted_seconds"] >= base[key]["predicted_seconds"] - 1e-9
+        assert c["predicted_s"] >= base[key]["predicted_s"] - 1e-9
     # the slowest client keeps its fastest pair; the faster ones slow down to save energy
-    slowest = max(base, key=lambda k: base[k]["predicted_seconds"])
+    slowest = max(base, key=lambda k: base[k]["predicted_s"])
     assert (by_key[slowest]["batch_size"], by_key[slowest]["frequency_hz"]) == (
         base[slowest]["batch_size"], base[slowest]["frequency_hz"],
     )  # fmt: skip
     # profiling the planning query measured is charged to the round that trains
-    assert all(c["profiling_seconds"] > 0 for c in record.clients)
+    assert all(c["profiling_s"] > 0 for c in record.clients)
 
 
 def test_a_user_deadline_too_short_makes_clients_run_their_fastest_and_say_so() -> None:
@@ -87,8 +87,8 @@ def test_plans_and_options_are_checked() -> None:
     plan = Plan(12.5, 16, 614_400_000, 40.0, 3.0)
     assert Plan.from_config(plan.to_config()) == plan
     bad = plan.to_config()
-    bad["fastest-seconds"] = "soon"
-    with pytest.raises(ProtocolError, match="fastest-seconds"):
+    bad["fastest-s"] = "soon"
+    with pytest.raises(ProtocolError, match="fastest-s"):
         Plan.from_config(bad)
     with pytest.raises(ValueError, match="'round_objective' must be one of time, energy-under-deadline"):
         power_aware(round_objective="cheapest")

@@ -228,7 +228,7 @@ def test_each_power_aware_example_runs_with_flwr_run_on_two_simulated_boards(
     ):
         row = rows[key]
         assert (row["device"], row["power_cap_w"], row["method"]) == (device, cap, "ours")
-        assert row["device_seconds"] > 0 and row["energy_j"] > 0 and row["samples"] == 800
+        assert row["device_s"] > 0 and row["energy_j"] > 0 and row["samples"] == 800
         assert row["peak_power_w"] > 0 and row["profiled_peak_power_w"] <= cap
         assert row["batch_size"] in relation_batch_sizes and row["frequency_hz"] > 0
         assert row["accuracy"] > 0 and row["pinned"] and not row["restored"]

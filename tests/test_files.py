@@ -15,7 +15,7 @@ from powerctl.records.relation import RelationVector
 
 def _profile_dict() -> dict:
     return {
-        "schema": "powerctl.profile/1",
+        "schema": "powerctl.profile/2",
         "device": "jetson-nano",
         "model": "resnet18",
         "input_shape": [3, 32, 32],
@@ -61,13 +61,13 @@ def _mutations():
 
         return f
 
-    yield "NaN", "not valid JSON", lambda d: None, '{"schema": "powerctl.profile/1", "x": NaN}'
+    yield "NaN", "not valid JSON", lambda d: None, '{"schema": "powerctl.profile/2", "x": NaN}'
     yield "negative", "peak_power_w", set_point("peak_power_w", -1.0), None
     yield "zero time", "seconds_per_batch", set_point("seconds_per_batch", 0), None
     yield "string number", "frequency_hz", set_point("frequency_hz", "921600000"), None
     yield "bool batch", "batch_size", set_point("batch_size", True), None
     yield "mean above peak", "mean_power_w exceeds", set_point("mean_power_w", 99.0), None
-    yield "wrong schema", "schema", lambda d: d.update(schema="powerctl.relation/1"), None
+    yield "wrong schema", "schema", lambda d: d.update(schema="powerctl.relation/2"), None
     yield "no points", "no profiled points", lambda d: d.update(points=[]), None
     yield "duplicate", "duplicate", lambda d: d["points"].append(dict(d["points"][0])), None
     yield "missing field", "missing key 'samples'", lambda d: d.pop("samples"), None

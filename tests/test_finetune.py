@@ -123,7 +123,7 @@ QUIET = FineTuneCallbacks(progress=False)
 
 def _monotone(r: FineTuneResult) -> bool:
     pairs = list(itertools.pairwise(r.curve))
-    return all(b.samples > a.samples and b.device_seconds >= a.device_seconds for a, b in pairs)
+    return all(b.samples > a.samples and b.device_s >= a.device_s for a, b in pairs)
 
 
 def test_reaches_target_and_stops_there(image_split: tuple[Dataset, Dataset]) -> None:
@@ -170,9 +170,9 @@ def test_device_seconds_count_training_steps_only(image_split: tuple[Dataset, Da
     model = EvalCharged(build_model("cnn-tiny", image_split[0].num_classes, seed=0), board)
     r = _tune(image_split, device=board, model=model, target_accuracy=None, max_samples=160)
     evaluations = len(r.curve)
-    assert evaluations >= 3 and board.t > r.device_seconds  # evaluation did advance the clock ...
-    assert r.device_seconds == r.steps * STEP_S == board.steps * STEP_S  # ... but is not counted
-    assert [p.device_seconds for p in r.curve] == [p.samples / 16 * STEP_S for p in r.curve]
+    assert evaluations >= 3 and board.t > r.device_s  # evaluation did advance the clock ...
+    assert r.device_s == r.steps * STEP_S == board.steps * STEP_S  # ... but is not counted
+    assert [p.device_s for p in r.curve] == [p.samples / 16 * STEP_S for p in r.curve]
 
 
 def test_device_seconds_budget(image_split: tuple[Dataset, Dataset]) -> None:
@@ -182,10 +182,10 @@ def test_device_seconds_budget(image_split: tuple[Dataset, Dataset]) -> None:
         target_accuracy=1.0,
         lr=1e-7,
         max_samples=None,
-        max_device_seconds=2.0,
+        max_device_s=2.0,
     )
-    assert not r.reached and r.stop_reason == "max_device_seconds"
-    assert r.device_seconds == 2.0 and r.steps == 8
+    assert not r.reached and r.stop_reason == "max_device_s"
+    assert r.device_s == 2.0 and r.steps == 8
 
 
 def test_energy_from_sensor_for_training_only(image_split: tuple[Dataset, Dataset]) -> None:
@@ -193,13 +193,13 @@ def test_energy_from_sensor_for_training_only(image_split: tuple[Dataset, Datase
     model = EvalCharged(build_model("cnn-tiny", image_split[0].num_classes, seed=0), board)
     r = _tune(image_split, device=board, model=model, target_accuracy=None, max_samples=160)
     assert r.peak_power_w == pytest.approx(WATTS) and r.mean_power_w == pytest.approx(WATTS)
-    assert r.energy_j == pytest.approx(WATTS * r.device_seconds)  # evaluation time (EVAL_S) not included
+    assert r.energy_j == pytest.approx(WATTS * r.device_s)  # evaluation time (EVAL_S) not included
 
 
 def test_no_sensor_no_energy(image_split: tuple[Dataset, Dataset]) -> None:
     r = _tune(image_split, target_accuracy=None, max_samples=32)
     assert r.energy_j is None and r.peak_power_w is None and r.mean_power_w is None
-    assert r.device_seconds > 0
+    assert r.device_s > 0
 
 
 def test_text_task_trains_with_adamw() -> None:
@@ -258,14 +258,14 @@ def test_target_met_before_training_trains_nothing(image_split: tuple[Dataset, D
     board = FakeBoard()
     r = _tune(image_split, device=board, target_accuracy=0.01)
     assert r.reached and r.stop_reason == "target" and r.samples == r.steps == 0
-    assert len(r.curve) == 1 and r.device_seconds == 0.0 and board.steps == 0
+    assert len(r.curve) == 1 and r.device_s == 0.0 and board.steps == 0
 
 
 def test_simulated_board_charges_virtual_time_and_energy(image_split: tuple[Dataset, Dataset]) -> None:
     board = open_device("sim:jetson-nano")
     start = board.clock()
     r = _tune(image_split, device=board, target_accuracy=None, max_samples=160)
-    assert r.device_seconds == pytest.approx(board.clock() - start)  # the board's clock, training only
+    assert r.device_s == pytest.approx(board.clock() - start)  # the board's clock, training only
     assert r.energy_j is not None and r.energy_j > 0
     assert 0 < r.mean_power_w <= r.peak_power_w
-    assert r.energy_j == pytest.approx(r.mean_power_w * r.device_seconds, rel=1e-6)
+    assert r.energy_j == pytest.approx(r.mean_power_w * r.device_s, rel=1e-6)

@@ -52,7 +52,7 @@ def _run(
 def _same(a: tuple[FineTuneResult, dict], b: tuple[FineTuneResult, dict]) -> None:
     (ra, wa), (rb, wb) = a, b
     assert set(wa) == set(wb) and all(torch.equal(wa[k], wb[k]) for k in wa)
-    keep = ("samples", "steps", "device_seconds", "energy_j", "peak_power_w", "final_accuracy", "curve")
+    keep = ("samples", "steps", "device_s", "energy_j", "peak_power_w", "final_accuracy", "curve")
     assert [getattr(ra, k) for k in keep] == [getattr(rb, k) for k in keep]
 
 
@@ -67,7 +67,7 @@ def test_an_interrupted_run_resumes_to_the_uninterrupted_result(tmp_path: Path) 
     assert saved.state["progress"]["samples"] == 256 and "optimizer.0.exp_avg" in saved.tensors
     resumed = _run(ckpt)
     _same(resumed, plain)
-    assert resumed[0].samples == 480 and resumed[0].device_seconds > 0
+    assert resumed[0].samples == 480 and resumed[0].device_s > 0
     assert resumed[0].extra["resumed_at_samples"] == 256
     assert load(ckpt.path).state["finished"]  # the end state stays, for the same work sent again
 

@@ -93,15 +93,15 @@ def test_binary_files_given_as_fleet_profile_or_relation_are_one_line(
         capsys, "python -m simulations"
     )
     for argv, what in (
-        (["select", "--profile", str(junk), "--relation", str(junk)], "powerctl.profile/1"),
-        (["select", "--profile", str(profile), "--relation", str(junk)], "powerctl.relation/1"),
-        (["plot", str(junk), "--out", str(tmp_path / "plots")], "powerctl.profile/1"),
-        (["caps", "--profile", str(junk), "--power-cap", "5"], "powerctl.profile/1"),
+        (["select", "--profile", str(junk), "--relation", str(junk)], "powerctl.profile/2"),
+        (["select", "--profile", str(profile), "--relation", str(junk)], "powerctl.relation/2"),
+        (["plot", str(junk), "--out", str(tmp_path / "plots")], "powerctl.profile/2"),
+        (["caps", "--profile", str(junk), "--power-cap", "5"], "powerctl.profile/2"),
     ):
         assert powerctl_main(argv) == 2
         assert f"junk.bin: not a text file (not UTF-8); expected {what} JSON" in _one_line(capsys, "powerctl")
     assert powerctl_main(["select", "--profile", str(tmp_path), "--relation", str(junk)]) == 2
-    assert "is a folder; give the powerctl.profile/1 file" in _one_line(capsys, "powerctl")
+    assert "is a folder; give the powerctl.profile/2 file" in _one_line(capsys, "powerctl")
 
 
 def test_a_fleet_of_too_many_boards_is_one_line_saying_the_limit(tmp_path: Path, no_flower: None) -> None:
@@ -238,7 +238,7 @@ def test_select_with_a_two_entry_relation_says_what_the_relation_should_be(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], profile: Path
 ) -> None:
     rel = tmp_path / "r.json"
-    doc = {"schema": "powerctl.relation/1", "model": "cnn-tiny", "proxy_dataset": "p", "target_accuracy": 0.7}
+    doc = {"schema": "powerctl.relation/2", "model": "cnn-tiny", "proxy_dataset": "p", "target_accuracy": 0.7}
     rel.write_text(json.dumps({**doc, "batch_sizes": [8, 16], "samples_to_target": [2000, 1000]}))
     assert powerctl_main(["select", "--profile", str(profile), "--relation", str(rel)]) == 0
     err = capsys.readouterr().err
@@ -251,7 +251,7 @@ def test_select_with_a_two_entry_relation_says_what_the_relation_should_be(
     assert "'relation' [1, 0.5] is not samples_to_target divided by its last entry, [2, 1]" in err
     rel.write_text(json.dumps({"batch_sizes": [8, 16], "relation": [2, 1]}))
     assert powerctl_main(["select", "--profile", str(profile), "--relation", str(rel)]) == 2
-    assert 'has no "schema" field; expected a powerctl.relation/1 file' in _one_line(capsys, "powerctl")
+    assert 'has no "schema" field; expected a powerctl.relation/2 file' in _one_line(capsys, "powerctl")
 
 
 def test_plot_refuses_a_relation_of_another_model_as_select_does(

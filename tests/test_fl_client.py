@@ -135,7 +135,7 @@ def _key(**changes: object) -> ProfileKey:
 
 def _profile(peak: float = 2.5) -> Profile:
     point = ProfilePoint(8, 76800000, peak, peak, 0.1, 6.4)
-    return Profile("jetson-nano", "cnn-tiny", [3, 32, 32], 512, [point], profiling_seconds=1.0)
+    return Profile("jetson-nano", "cnn-tiny", [3, 32, 32], 512, [point], profiling_s=1.0)
 
 
 def test_profile_cache_reuses_a_good_entry_and_reprofiles_a_corrupt_or_mismatched_one(tmp_path: Path) -> None:
@@ -190,16 +190,16 @@ def test_a_round_on_a_simulated_board_selects_under_its_cap_and_reports(tmp_path
     )
     # a task this short takes the predicted way: its pair confirmed by the first steps, no profiling seconds
     assert report.profiling.profiling_choice == "predicted" and not report.profiling.profile_cached
-    assert report.profiling.profiling_seconds == 0.0 and report.profiling.profile_points == 0
-    assert report.training.energy_j and report.training.energy_j > 0 and report.training.device_seconds > 0
+    assert report.profiling.profiling_s == 0.0 and report.profiling.profile_points == 0
+    assert report.training.energy_j and report.training.energy_j > 0 and report.training.device_s > 0
     assert set(state) == set(initial_state()) and not torch.equal(
         state["fc.weight"], initial_state()["fc.weight"]
     )
     outcome = run_round(RoundWork(settings, instructions(), initial_state(), data, device_seed=1))
     again_state, again = outcome.state, outcome.report
-    assert again.profiling.profile_cached and again.profiling.profiling_seconds == 0.0
+    assert again.profiling.profile_cached and again.profiling.profiling_s == 0.0
     # a cached profile changes nothing of the training that follows: same seed, same numbers
-    same = ("batch_size", "frequency_hz", "device_seconds", "energy_j", "peak_power_w", "accuracy", "samples")
+    same = ("batch_size", "frequency_hz", "device_s", "energy_j", "peak_power_w", "accuracy", "samples")
     assert [again.columns()[k] for k in same] == [report.columns()[k] for k in same]
     assert all(torch.equal(state[k], again_state[k]) for k in state)
 
@@ -306,7 +306,7 @@ def test_a_round_killed_mid_way_resumes_its_checkpoint_to_the_same_result(
     outcome = run_round(RoundWork(settings, instr, initial_state(), data, device_seed=1))
     state, report = outcome.state, outcome.report
     assert report.training.resumed_at_samples == 32 and "checkpoint: resuming" in _said(caplog)
-    same = ("batch_size", "frequency_hz", "device_seconds", "energy_j", "peak_power_w", "accuracy", "samples")
+    same = ("batch_size", "frequency_hz", "device_s", "energy_j", "peak_power_w", "accuracy", "samples")
     assert [report.columns()[k] for k in same] == [plain.columns()[k] for k in same]
     assert all(torch.equal(state[k], plain_state[k]) for k in state)
 
@@ -328,7 +328,7 @@ def test_a_round_sent_again_after_it_finished_is_answered_without_training(
     state, again = outcome.state, outcome.report
     assert again.training.resumed_at_samples == again.training.samples == first.training.samples
     assert "without training" in _said(caplog)
-    same = ("batch_size", "frequency_hz", "device_seconds", "energy_j", "peak_power_w", "accuracy", "samples")
+    same = ("batch_size", "frequency_hz", "device_s", "energy_j", "peak_power_w", "accuracy", "samples")
     assert [again.columns()[k] for k in same] == [first.columns()[k] for k in same]
     assert all(torch.equal(state[k], first_state[k]) for k in state)
     # the next round's work replaces it, silently

@@ -133,7 +133,7 @@ def test_the_server_side_runs_rounds_writes_results_after_each_and_a_seeded_run_
         for client in rnd["clients"]:
             assert set(CLIENT_FIELDS) <= set(client)
         assert rnd["summary"]["share_at_target"] <= 2 / 3 and "evaluation" in rnd
-    assert data["rounds"][1]["clients"][0]["profiling_seconds"] == 0.0  # profile cached after round 1
+    assert data["rounds"][1]["clients"][0]["profiling_s"] == 0.0  # profile cached after round 1
     assert {n["key"] for n in data["nodes"]} == {"partition-0", "partition-1", "partition-2"}
     assert RelationVector.from_dict(data["run"]["relation"]).batch_sizes == (8, 16)
     assert (tmp_path / "results" / "global.safetensors").is_file()
@@ -175,7 +175,7 @@ def test_bad_weights_or_relation_files_stop_the_server_with_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     bad = tmp_path / "relation.json"
-    bad.write_text('{"schema": "powerctl.relation/1", "model": "cnn-tiny"}')
+    bad.write_text('{"schema": "powerctl.relation/2", "model": "cnn-tiny"}')
     with pytest.raises(FileFormatError, match="missing key"):
         _server(tmp_path, _run_config(tmp_path, relation=str(bad)))
     other = tmp_path / "other.json"
@@ -196,7 +196,7 @@ def _numbers(path: Path) -> list:
     rounds = json.loads(path.read_text())["rounds"]
     for rnd in rounds:
         for client in rnd["clients"]:
-            client.pop("wall_seconds")
+            client.pop("wall_s")
     return rounds
 
 

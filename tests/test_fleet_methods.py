@@ -62,7 +62,7 @@ def test_each_method_picks_what_powerctl_says_for_that_profile_and_cap(method: s
     }[method]()
     assert (report.batch_size, report.frequency_hz) == (expected.batch_size, expected.frequency_hz)
     assert report.method == method and report.power_cap_w == CAP_W and report.training.samples > 0
-    assert report.profiling.profiling_seconds == 0.0  # predicted profiles cost no device time
+    assert report.profiling.profiling_s == 0.0  # predicted profiles cost no device time
     # the methods really differ here: SoP takes the largest b (16), proxy-batch the fewest proxy samples
     # (8), both at the fixed frequency; ours b=8 at a higher frequency than that
     assert {"ours": 8, "state-of-practice": 16, "proxy-batch": 8}[method] == report.batch_size
@@ -87,7 +87,7 @@ def test_a_baseline_on_a_simulated_board_reads_its_model_and_measures_nothing(
         else proxy_batch(profile, relation, CAP_W)
     )
     assert (report.batch_size, report.frequency_hz) == (expected.batch_size, expected.frequency_hz)
-    assert report.profiling.profiling_choice == "model" and report.profiling.profiling_seconds == 0.0
+    assert report.profiling.profiling_choice == "model" and report.profiling.profiling_s == 0.0
     assert report.profiling.profile_points == len(profile.points) and not list(tmp_path.rglob("*.json"))
     _, _, ours, _ = _round(instructions(method="ours"), tmp_path / "ours")
     assert ours.profiling.profiling_choice != "model" and list((tmp_path / "ours").rglob("*.json"))
@@ -103,7 +103,7 @@ def test_the_oracle_measures_samples_to_target_on_its_own_data_then_asks_powerct
     )
     _, _, report, bench = _round(instr, tmp_path)  # the bench's own record, beside the report
     measured = {int(b): s for b, s in bench.oracle_samples_to_target.items()}
-    assert set(measured) == {8, 16} and bench.oracle_search_device_seconds > 0 and not bench.stand_in
+    assert set(measured) == {8, 16} and bench.oracle_search_device_s > 0 and not bench.stand_in
     target = RelationVector.from_samples("cnn-tiny", "own", 0.3, measured)
     expected = oracle(_predicted([8, 16]), target, CAP_W)
     assert (report.batch_size, report.frequency_hz) == (expected.batch_size, expected.frequency_hz)
@@ -137,7 +137,7 @@ def test_the_fleets_oracle_stops_a_batch_size_that_can_no_longer_win_and_chooses
     assert (pruned.batch_size, pruned.frequency_hz) == (full.batch_size, full.frequency_hz)
     assert (
         pruned.training.samples == full.training.samples
-        and pruned.training.device_seconds == full.training.device_seconds
+        and pruned.training.device_s == full.training.device_s
     )  # the same run
     crossed = {int(b): s for b, s in full_bench.oracle_samples_to_target.items()}
     kept = {int(b): s for b, s in pruned_bench.oracle_samples_to_target.items()}
@@ -152,7 +152,7 @@ def test_the_fleets_oracle_stops_a_batch_size_that_can_no_longer_win_and_chooses
     for b, trained in stopped.items():
         assert trained < crossed[b]  # stopped before its full run crossed ...
         assert trained * per_sample[b] > fastest_s * (1 + bench_steps.PRUNE_MARGIN)  # ... where it had lost
-    assert pruned_bench.oracle_search_device_seconds < full_bench.oracle_search_device_seconds
+    assert pruned_bench.oracle_search_device_s < full_bench.oracle_search_device_s
 
 
 def test_a_stand_in_selects_for_real_but_charges_the_board_model_and_returns_the_weights(
@@ -174,9 +174,9 @@ def test_a_stand_in_selects_for_real_but_charges_the_board_model_and_returns_the
         chosen.frequency_hz,
     )
     assert report.training.samples == steps * chosen.batch_size and not report.training.reached_target
-    assert report.training.device_seconds == pytest.approx(
-        seconds
-    ) and report.training.energy_j == pytest.approx(joules)
+    assert report.training.device_s == pytest.approx(seconds) and report.training.energy_j == pytest.approx(
+        joules
+    )
 
 
 def _workload():

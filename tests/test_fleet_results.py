@@ -31,14 +31,14 @@ def client(
         "power_cap_w": cap,
         "batch_size": b,
         "frequency_hz": int(mhz * 1e6),
-        "device_seconds": device_s,
+        "device_s": device_s,
         "energy_j": 3.0 * device_s,
         "peak_power_w": peak,
         "profiled_peak_power_w": min(peak, cap),
         "samples": 100,
         "accuracy": 0.7,
         "reached_target": reached,
-        "profiling_seconds": prof_s,
+        "profiling_s": prof_s,
         "node_key": f"partition-{pid}",
         "partition_id": pid,
         "stand_in": False,
@@ -46,7 +46,7 @@ def client(
 
 
 def rnd(n: int, clients: list[dict], accuracy: float) -> dict[str, Any]:
-    slowest = max(c["device_seconds"] + c["profiling_seconds"] for c in clients)
+    slowest = max(c["device_s"] + c["profiling_s"] for c in clients)
     over = [
         {"node": c["node_key"], "peak_power_w": c["peak_power_w"], "power_cap_w": c["power_cap_w"]}
         for c in clients
@@ -64,7 +64,7 @@ def rnd(n: int, clients: list[dict], accuracy: float) -> dict[str, Any]:
 
 def write_method(folder: Path, method: str, rounds: list[dict]) -> None:
     (folder / method).mkdir(parents=True)
-    data = {"schema": "fl_server.results/1", "run": {"config": {"batch-sizes": "8,16"}}, "rounds": rounds}
+    data = {"schema": "fl_server.results/2", "run": {"config": {"batch-sizes": "8,16"}}, "rounds": rounds}
     (folder / method / "results.json").write_text(json.dumps(data))
 
 
@@ -96,7 +96,7 @@ def results(tmp_path: Path) -> dict[str, Any]:
                     client(1, 0.0, 0.0, b=16, mhz=600, peak=2.0, reached=True)], 0.71),
         ],
     )  # fmt: skip
-    return build_results(spec, flwr, ["ours", "state-of-practice"], wall_seconds=12.5)
+    return build_results(spec, flwr, ["ours", "state-of-practice"], wall_s=12.5)
 
 
 def test_one_record_per_client_per_round_per_method_with_device_cap_and_schedule(results: dict) -> None:
@@ -150,14 +150,14 @@ def test_switches_and_pauses_under_a_changing_cap_are_counted_and_tabled(tmp_pat
         },
         {**event, "kind": "resume", "t_s": 2.6, "new_batch_size": 16, "new_frequency_hz": 900_000_000},
     ]
-    follower_client["paused_seconds"] = 0.6
+    follower_client["paused_s"] = 0.6
     flwr = tmp_path / "flwr"
     write_method(flwr, "ours", [rnd(1, [client(0, 2.0, 1.0, b=16, mhz=614.4, peak=2.9, reached=True),
                                         follower_client], 0.72)])  # fmt: skip
     sop = [client(0, 2.0, 0.0, b=16, mhz=307.2, peak=2.5, reached=True),
            client(1, 3.0, 0.0, b=16, mhz=600, peak=3.3, reached=True)]  # fmt: skip
     write_method(flwr, "state-of-practice", [rnd(1, sop, 0.72)])
-    results = build_results(spec, flwr, ["ours", "state-of-practice"], wall_seconds=1.0)
+    results = build_results(spec, flwr, ["ours", "state-of-practice"], wall_s=1.0)
     summary = results["summary"][0]
     assert (summary["switches"], summary["pauses"], summary["paused_s"]) == (1, 1, 0.6)
     text = summary_text(results)
@@ -190,7 +190,7 @@ def test_a_method_that_never_reaches_the_target_has_no_time_to_target(tmp_path: 
     write_method(
         flwr, "proxy-batch", [rnd(1, [client(0, 2.0, 0.0, b=8, mhz=307.2, peak=2.0, reached=False)], 0.5)]
     )
-    res = build_results(load_fleet_spec(spec_path), flwr / "proxy-batch", ["proxy-batch"], wall_seconds=1.0)
+    res = build_results(load_fleet_spec(spec_path), flwr / "proxy-batch", ["proxy-batch"], wall_s=1.0)
     (s,) = res["summary"]
     assert s["time_to_target_s"] is None and s["speedup_vs_sop"] is None
     assert ">2.0" in summary_text(res)
@@ -222,7 +222,7 @@ def test_a_deadline_method_is_tabled_beside_ours_with_its_round_deadlines(tmp_pa
     deadline_round = rnd(1, slow, 0.72)
     deadline_round["summary"]["deadline_s"] = 2.0
     write_method(flwr, "ours-deadline", [deadline_round])
-    results = build_results(spec, flwr, ["ours", "ours-deadline"], wall_seconds=1.0)
+    results = build_results(spec, flwr, ["ours", "ours-deadline"], wall_s=1.0)
     assert {r["method"] for r in results["records"]} == {"ours", "ours-deadline"}
     assert results["summary"][1]["deadlines_s"] == [2.0] and results["summary"][0]["deadlines_s"] == [None]
     text = summary_text(results)

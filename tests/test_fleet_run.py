@@ -111,7 +111,7 @@ def test_a_tiny_sampled_fleet_over_two_seeds_records_its_draws_leaves_out_a_fail
         "flwr, its SuperLink and the simulation should have been seen in each run"
     )
     assert not [p for p in started if alive(p)], "processes of the runs are still alive"
-    assert data["schema"] == "simulations.fleet/1" and data["methods"] == ["ours", "state-of-practice"]
+    assert data["schema"] == "simulations.fleet/2" and data["methods"] == ["ours", "state-of-practice"]
     assert data["failures"] == [] and [s["method"] for s in data["summary"]] == data["methods"]
     pop = Population(clients_per_round=2, availability=0.5, seed=6)
     for method in data["methods"]:
@@ -132,7 +132,7 @@ def test_a_tiny_sampled_fleet_over_two_seeds_records_its_draws_leaves_out_a_fail
     }
     for r in recs:
         if r["method"] == "state-of-practice" and r["device"] == "sim:jetson-nano":
-            assert r["batch_size"] == 16 and r["profiling_seconds"] == 0.0
+            assert r["batch_size"] == 16 and r["profiling_s"] == 0.0
     for plot in ("time_to_accuracy.png", "per_cap.png", "makespan.png", "profile_maps/jetson-nano.png"):
         assert (out / "plots" / plot).stat().st_size > 10_000
     text = (out / "summary.txt").read_text()

@@ -142,8 +142,8 @@ def record(method: str, pid: int, prof: float, dev: float, reached: bool = True)
         "device": device,
         "power_cap_w": [3.0, None][pid],
         "reached_target": reached,
-        "profiling_seconds": prof,
-        "device_seconds": dev,
+        "profiling_s": prof,
+        "device_s": dev,
     }
 
 
@@ -184,7 +184,7 @@ def runs(tmp_path: Path) -> list[SeedRun]:
 
 def test_the_summary_pairs_each_method_with_the_state_of_practice_by_seed(tmp_path: Path) -> None:
     spec = load_fleet_spec(fleet_file(tmp_path))
-    results = build_seed_results(spec, ["ours", SOP], runs(tmp_path), wall_seconds=100.0)
+    results = build_seed_results(spec, ["ours", SOP], runs(tmp_path), wall_s=100.0)
     json.dumps(results)  # results.json holds it as it is
     assert results["failed_seeds"] == [4] and [s["status"] for s in results["seeds"]] == ["ok"] * 3 + [
         "failed"
@@ -258,10 +258,10 @@ def test_no_state_of_practice_means_no_ratios_and_no_seed_that_ran_means_no_summ
         assert r.results is not None
         r.results["records"] = [x for x in r.results["records"] if x["method"] == "ours"]
         r.results["summary"] = r.results["summary"][:1]
-    results = build_seed_results(spec, ["ours"], only_ours, wall_seconds=1.0)
+    results = build_seed_results(spec, ["ours"], only_ours, wall_s=1.0)
     assert results["reference"] is None and results["summary"][0]["board"]["speedup"] is None
     assert "no state-of-practice among the methods: no ratios" in seeds_summary_text(results)
-    none_ran = build_seed_results(spec, ["ours", SOP], only_ours[3:], wall_seconds=1.0)
+    none_ran = build_seed_results(spec, ["ours", SOP], only_ours[3:], wall_s=1.0)
     assert none_ran["summary"] == [] and "no seed ran" in seeds_summary_text(none_ran)
 
 
@@ -292,7 +292,7 @@ def test_the_loop_goes_on_past_a_failed_seed_and_fails_only_when_every_seed_did(
     assert results["failed_seeds"] == [2] and results["summary"][0]["seeds"] == 2
     assert results["seeds"][1]["processes"]["started"] == [os.getpid()]
     written = json.loads((out / "results.json").read_text())
-    assert written["schema"] == "simulations.fleet-seeds/1" and written["failed_seeds"] == [2]
+    assert written["schema"] == "simulations.fleet-seeds/2" and written["failed_seeds"] == [2]
     assert (out / "summary.txt").read_text().startswith("fleet seeds over 3 seeds (2 ran, 1 failed)")
     assert (out / "plots" / "seed-ratios.png").stat().st_size > 10_000
     starts = [line for line in lines if line.startswith("=== seed")]
@@ -365,7 +365,7 @@ def test_the_averaged_model_is_counted_where_every_client_reached_its_own_target
             "ours": [{"round": 1, "accuracy": ours_acc}],
             SOP: [{"round": 1, "accuracy": sop_acc}],
         }
-    ours, sop = build_seed_results(spec, ["ours", SOP], made, wall_seconds=1.0)["summary"]
+    ours, sop = build_seed_results(spec, ["ours", SOP], made, wall_s=1.0)["summary"]
     assert ours["averaged_model"] == {
         "seeds_all_at_target": 2,
         "missed": ["seed 1"],
@@ -374,5 +374,5 @@ def test_the_averaged_model_is_counted_where_every_client_reached_its_own_target
     }
     # SoP: every client at target in all three; seed 2 not evaluated (counted as not missed), seed 3 missed
     assert sop["averaged_model"]["seeds_all_at_target"] == 3 and sop["averaged_model"]["missed"] == ["seed 3"]
-    text = seeds_summary_text(build_seed_results(spec, ["ours", SOP], made, wall_seconds=1.0))
+    text = seeds_summary_text(build_seed_results(spec, ["ours", SOP], made, wall_s=1.0))
     assert "  ours: under the target in 1 of 2 (seed 1); mean batch size 8.0 where it missed, 16.0" in text

@@ -48,7 +48,7 @@ def _static_run(uncapped_nano: tuple) -> ClientReport:
 def test_a_falling_and_rising_cap_is_followed_to_the_target(uncapped_nano: tuple) -> None:
     settings, data = uncapped_nano
     static = _static_run(uncapped_nano)
-    length_s, step_s = static.training.device_seconds, static.training.device_seconds / static.training.steps
+    length_s, step_s = static.training.device_s, static.training.device_s / static.training.steps
     changes = [0.25 * length_s, 0.45 * length_s, 0.6 * length_s]
     caps = ScheduleCap.from_pairs([[0, 4.0], [changes[0], 2.3], [changes[1], 1.0], [changes[2], 5.0]])
     report = run_round(
@@ -66,14 +66,14 @@ def test_a_falling_and_rising_cap_is_followed_to_the_target(uncapped_nano: tuple
     # the drop to 2.3 W lowers the frequency; the dip to 1 W (below anything) pauses at the lowest one
     assert switch["old_frequency_hz"] == start["new_frequency_hz"] > switch["new_frequency_hz"]
     assert pause["new_frequency_hz"] == min(SimulatedBoard.open("jetson-nano").frequencies())
-    assert report.cap.paused_seconds >= changes[2] - pause["t_s"] - 1e-9
+    assert report.cap.paused_s >= changes[2] - pause["t_s"] - 1e-9
     # never over the cap for more than the step in progress when it drops; the new pair stays under
     # it (× the guard's noise tolerance); a cap below the board's idle power is over it while paused,
     # and the report says so
     assert all(e["in_step_over_cap_s"] <= 1.5 * step_s for e in report.cap.cap_events)
     assert pause["in_step_over_cap_s"] > 0 and switch["over_cap_s"] == resume["over_cap_s"] == 0
-    assert pause["over_cap_s"] == pytest.approx(report.cap.paused_seconds)
-    assert report.cap.over_cap_seconds == pytest.approx(
+    assert pause["over_cap_s"] == pytest.approx(report.cap.paused_s)
+    assert report.cap.over_cap_s == pytest.approx(
         sum(e["in_step_over_cap_s"] + e["over_cap_s"] for e in report.cap.cap_events)
     )
     assert 0 < switch["fraction_done"] < pause["fraction_done"] <= resume["fraction_done"] < 1
@@ -95,8 +95,8 @@ def test_a_seeded_run_under_a_schedule_repeats_exactly(uncapped_nano: tuple) -> 
     ]
     (s1, r1), (s2, r2) = [(run.state, run.report) for run in runs]
     assert r1.cap.cap_events == r2.cap.cap_events and len(r1.cap.cap_events) >= 2
-    assert (r1.training.device_seconds, r1.training.energy_j, r1.training.samples) == (
-        r2.training.device_seconds,
+    assert (r1.training.device_s, r1.training.energy_j, r1.training.samples) == (
+        r2.training.device_s,
         r2.training.energy_j,
         r2.training.samples,
     )
@@ -284,7 +284,7 @@ def test_a_killed_round_under_a_changing_cap_resumes_to_the_uninterrupted_result
     assert (resumed.training.resumed_at_samples or 0) > 0
     assert [e["kind"] for e in whole.cap.cap_events] == ["start", "switch", "switch"]
     assert resumed.cap.cap_events == whole.cap.cap_events
-    same = ("device_seconds", "energy_j", "samples", "accuracy", "over_cap_seconds")
+    same = ("device_s", "energy_j", "samples", "accuracy", "over_cap_s")
     assert [resumed.columns()[k] for k in same] == [whole.columns()[k] for k in same]
     assert all(torch.equal(state[k], again_state[k]) for k in state)
     # sent once more after it finished: answered from its end state, the follower's events included

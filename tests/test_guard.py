@@ -107,7 +107,7 @@ def test_a_board_drawing_more_than_its_profile_is_stepped_down_within_the_window
     assert all(d["measured_w"] > cap and d["power_cap_w"] == cap for d in downs)
     # exactly `window` over-cap steps per level, and none once the last step-down happened
     assert len(over) == window * len(downs)
-    last = downs[-1]["device_seconds"]
+    last = downs[-1]["device_s"]
     assert all(t0 < last for t0, _ in over)
     final = predicted_point(NANO, workload, b, downs[-1]["new_hz"], 1000).peak_power_w * scale
     assert final <= cap
@@ -167,7 +167,7 @@ def test_the_client_report_lists_each_step_down(monkeypatch: pytest.MonkeyPatch)
     assert report.step_downs, "the hot board must be stepped down"
     assert report.step_downs[0]["old_hz"] == report.frequency_hz
     for earlier, later in pairwise(report.step_downs):
-        assert later["old_hz"] == earlier["new_hz"] and later["device_seconds"] >= earlier["device_seconds"]
+        assert later["old_hz"] == earlier["new_hz"] and later["device_s"] >= earlier["device_s"]
     back = ClientReport.from_config(report.to_config())
     assert back.step_downs == report.step_downs
     assert not opened[-1].is_pinned
@@ -207,14 +207,14 @@ def test_a_guarded_run_killed_after_step_downs_resumes_where_the_guard_had_stepp
             return result, guard.step_downs, board.current_frequency()
 
     whole, whole_downs, whole_hz = run(None)
-    assert len(whole_downs) >= 2 and whole_downs[-1].device_seconds < whole.device_seconds / 2
+    assert len(whole_downs) >= 2 and whole_downs[-1].device_s < whole.device_s / 2
     (tmp_path / "ft.safetensors").unlink()  # its end state would answer the same work without training
     with pytest.raises(_Killed):
         run(stop_after=19)  # past several step-downs; the last save was at 256 samples
     resumed, downs, hz = run(None)
     assert resumed.extra["resumed_at_samples"] == 256
     assert downs == whole_downs and hz == whole_hz < selected
-    same = ("samples", "device_seconds", "energy_j", "peak_power_w", "curve")
+    same = ("samples", "device_s", "energy_j", "peak_power_w", "curve")
     assert [getattr(resumed, k) for k in same] == [getattr(whole, k) for k in same]
 
 
@@ -241,7 +241,7 @@ def test_a_hot_board_under_the_predicted_way_trains_at_the_pair_its_confirmation
     ).report
     assert (
         cold.profiling.profiling_choice == hot.profiling.profiling_choice == "predicted"
-        and hot.profiling.profiling_seconds == 0.0
+        and hot.profiling.profiling_s == 0.0
     )
     assert (hot.batch_size, hot.frequency_hz) != (cold.batch_size, cold.frequency_hz)
     workload = model_workload("cnn-tiny", build_model("cnn-tiny", 10, seed=0))

@@ -194,7 +194,7 @@ def _plant_earlier_results(tmp_path: Path) -> tuple[Path, bytes]:
     out_dir = tmp_path / "runs" / "flwr"
     out_dir.mkdir(parents=True)
     earlier = out_dir / "results.json"
-    earlier.write_text('{"schema": "fl_server.results/1", "run": {"fingerprint": "an earlier run"}}\n')
+    earlier.write_text('{"schema": "fl_server.results/2", "run": {"fingerprint": "an earlier run"}}\n')
     return earlier, earlier.read_bytes()
 
 
@@ -256,7 +256,7 @@ def test_interrupting_a_fleet_run_stops_every_process_and_leaves_its_earlier_res
     fleet.write_text(TWO_BOARDS)
     out = tmp_path / "fleet"
     out.mkdir()
-    (out / "results.json").write_text('{"schema": "simulations.fleet/1", "earlier": true}\n')
+    (out / "results.json").write_text('{"schema": "simulations.fleet/2", "earlier": true}\n')
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     cmd = [sys.executable, "-m", "simulations", "run", str(fleet), "--out", str(out)]
     env = {**os.environ, "POWERFED_CACHE": str(seeded_cache(SMALL_RUN))}  # the fleet's task

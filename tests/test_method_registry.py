@@ -68,7 +68,7 @@ def test_every_built_in_chooses_what_its_function_picks(cap: float | None) -> No
 
 def test_ours_with_a_deadline_and_a_relation_rule_is_select_under_deadline() -> None:
     fastest = select(PROFILE, PROXY, 5.0)
-    for deadline in (fastest.predicted_seconds * 1.5, fastest.predicted_seconds / 2):
+    for deadline in (fastest.predicted_s * 1.5, fastest.predicted_s / 2):
         pick, met = select_under_deadline(PROFILE, PROXY, 5.0, deadline, "robust")
         got = method_named(OURS).choose(
             PROFILE, PROXY, 5.0, MethodContext(deadline_s=deadline, relation_rule="robust")
@@ -143,16 +143,16 @@ def test_a_plan_reports_a_pick_under_its_wire_keys() -> None:
     assert sorted(plan.to_config()) == [
         "batch-size",
         "energy-j",
-        "fastest-seconds",
+        "fastest-s",
         "frequency-hz",
-        "profiling-seconds",
+        "profiling-s",
     ]
     assert Plan.from_config(plan.to_config()) == plan
-    pair = (plan.batch_size, plan.frequency_hz, plan.fastest_seconds, plan.energy_j)
+    pair = (plan.batch_size, plan.frequency_hz, plan.fastest_s, plan.energy_j)
     assert pair == (
         fastest.batch_size,
         fastest.frequency_hz,
-        fastest.predicted_seconds,
+        fastest.predicted_s,
         fastest.predicted_energy_j,
     )
 

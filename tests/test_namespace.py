@@ -210,9 +210,9 @@ def test_a_user_app_with_its_own_training_utils_and_task_imports_powerfed_and_ru
         3.5,
     )
     assert report["batch-size"] in (8, 16, 32) and report["frequency-hz"] > 0
-    assert report["device-seconds"] > 0 and report["energy-j"] > 0 and report["peak-power-w"] > 0
+    assert report["device-s"] > 0 and report["energy-j"] > 0 and report["peak-power-w"] > 0
     assert (
         report["samples"] == 256 and report["profiling-choice"] == "predicted"
     )  # a short task: confirmed in
-    assert report["profiling-seconds"] == 0.0  # training, no profiling seconds beside it
+    assert report["profiling-s"] == 0.0  # training, no profiling seconds beside it
     assert (node["node-key"], node["device"], node["power-cap-w"]) == ("partition-1", "sim:jetson-tx2nx", 3.5)

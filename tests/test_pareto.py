@@ -22,9 +22,9 @@ from tests.test_selection import MHZ, energy_point, make_profile, make_relation,
 def dominates(a: Pick, b: Pick) -> bool:
     """`a` is at least as fast and as frugal as `b`, and strictly better in one (the definition)."""
     return (
-        a.predicted_seconds <= b.predicted_seconds
+        a.predicted_s <= b.predicted_s
         and a.predicted_energy_j <= b.predicted_energy_j
-        and (a.predicted_seconds < b.predicted_seconds or a.predicted_energy_j < b.predicted_energy_j)
+        and (a.predicted_s < b.predicted_s or a.predicted_energy_j < b.predicted_energy_j)
     )
 
 
@@ -79,12 +79,12 @@ def test_the_front_is_exactly_the_non_dominated_pairs(profile: Profile, cap: flo
     for s in front.front:
         assert not any(dominates(o, s) for o in front.pairs)
     for s in front.pairs:  # the rest are dominated by (or equal to) a front pair
-        key = (s.predicted_seconds, s.predicted_energy_j)
+        key = (s.predicted_s, s.predicted_energy_j)
         assert s in front.front or any(
-            dominates(f, s) or (f.predicted_seconds, f.predicted_energy_j) == key for f in front.front
+            dominates(f, s) or (f.predicted_s, f.predicted_energy_j) == key for f in front.front
         )
     assert front.fastest in front.front and front.most_frugal in front.front
-    assert [s.predicted_seconds for s in front.front] == sorted(s.predicted_seconds for s in front.front)
+    assert [s.predicted_s for s in front.front] == sorted(s.predicted_s for s in front.front)
 
 
 def test_powerctl_pareto_and_select_objective(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

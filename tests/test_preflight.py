@@ -72,7 +72,7 @@ def inputs(tmp_path: Path) -> Path:
     """A folder of inputs, apart from what a run would write: a profile, as someone would pass it."""
     folder = tmp_path / "inputs"
     folder.mkdir()
-    profile = {"schema": "powerctl.profile/1", "device": "sim:jetson-nano", "points": []}
+    profile = {"schema": "powerctl.profile/2", "device": "sim:jetson-nano", "points": []}
     (folder / "profile.json").write_text(json.dumps(profile), encoding="utf-8")
     (folder / "header-only.csv").write_text("board,first-round,last-round\n", encoding="utf-8")
     os.mkfifo(folder / "fifo.csv")  # never opened: a FIFO without a writer would block a reader

@@ -25,7 +25,7 @@ def test_pretrain_writes_weights_and_report_of_the_trained_model(tmp_path: Path)
     rep = pretrain("cnn-tiny", "synthetic-image", out=out, settings=settings, progress=False)
     assert rep.weights_path == out and rep.report_path == tmp_path / "w" / "cnn.report.json"
     data = json.loads(rep.report_path.read_text())
-    assert data["schema"] == "fl_server.pretrain/1" and data["model"] == "cnn-tiny"
+    assert data["schema"] == "fl_server.pretrain/2" and data["model"] == "cnn-tiny"
     train, test = train_test_split(load_dataset("synthetic-image", split="all", limit=200))
     assert data["samples"] == 320 and data["steps"] == 20
     assert (data["train_size"], data["test_size"]) == (len(train), len(test))

@@ -75,9 +75,9 @@ def test_a_short_task_profiles_less_and_a_long_one_the_whole_efficient_order() -
     assert short_plan.budget_s == pytest.approx(DEFAULT_SHARE * short_plan.predicted_training_s)
     # ... and what it spent is what it predicted for that way (the board is the model's, up to 1 % noise)
     assert long_plan.spent_s == pytest.approx(long_plan.costs_s["efficient"], rel=0.05)
-    assert long.profiling_seconds == long_plan.spent_s and short.extra["budget"]["choice"] == PREDICTED
+    assert long.profiling_s == long_plan.spent_s and short.extra["budget"]["choice"] == PREDICTED
     # the predicted way measures nothing before training: its choice is confirmed by the first steps
-    assert short_plan.spent_s == short.profiling_seconds == short_plan.costs_s[PREDICTED] == 0.0
+    assert short_plan.spent_s == short.profiling_s == short_plan.costs_s[PREDICTED] == 0.0
     assert short_plan.points == 0 and confirmed_in_training(short) and not confirmed_in_training(long)
     sel = select(short, rel, 3.0)
     assert (sel.batch_size, sel.frequency_hz) == short_plan.reference  # the choice it predicted by
@@ -102,12 +102,10 @@ def test_a_round_reports_its_choice_prediction_budget_and_cost(tmp_path: Path) -
         RoundWork(settings, short_instr, initial_state(), data, device_seed=1, profile_cache=tmp_path / "a")
     ).report
     assert short.profiling.profiling_choice == PREDICTED and short.profiling.profiling_predicted_from
-    assert short.profiling.predicted_training_seconds and short.profiling.predicted_training_seconds > 0
-    assert short.profiling.profiling_budget_seconds == pytest.approx(
-        0.3 * short.profiling.predicted_training_seconds
-    )
+    assert short.profiling.predicted_training_s and short.profiling.predicted_training_s > 0
+    assert short.profiling.profiling_budget_s == pytest.approx(0.3 * short.profiling.predicted_training_s)
     assert set(short.profiling.profiling_costs_predicted) == {"efficient", FITTED, PREDICTED}
-    assert short.profiling.profiling_seconds == short.profiling.profiling_costs_predicted[PREDICTED] == 0.0
+    assert short.profiling.profiling_s == short.profiling.profiling_costs_predicted[PREDICTED] == 0.0
     assert (
         short.profiling.profile_points == 0 and short.training.peak_power_w <= 3.0
     )  # its pair confirmed under the cap
@@ -122,13 +120,13 @@ def test_a_round_reports_its_choice_prediction_budget_and_cost(tmp_path: Path) -
         RoundWork(settings, long_instr, initial_state(), data, device_seed=1, profile_cache=tmp_path / "b")
     ).report
     assert long.profiling.profiling_choice == "efficient"
-    assert long.profiling.predicted_training_seconds > 10 * short.profiling.predicted_training_seconds
-    assert long.profiling.profiling_seconds > 0 and long.profiling.profile_points > 1
+    assert long.profiling.predicted_training_s > 10 * short.profiling.predicted_training_s
+    assert long.profiling.profiling_s > 0 and long.profiling.profile_points > 1
     # the report travels (the message's config record) and reads back with every budget field
     back = ClientReport.from_config(long.to_config())
     assert back.profiling.profiling_choice == "efficient"
     assert back.profiling.profiling_costs_predicted == long.profiling.profiling_costs_predicted
-    assert back.profiling.profiling_budget_seconds == long.profiling.profiling_budget_seconds
+    assert back.profiling.profiling_budget_s == long.profiling.profiling_budget_s
     assert (
         json.loads(json.dumps(long.profiling.profiling_costs_predicted))
         == long.profiling.profiling_costs_predicted
@@ -184,7 +182,7 @@ def test_a_user_session_too_short_for_a_measured_profile_confirms_its_pair_in_it
         powerfed.unregister_model(NAME)
     report = session.report
     assert report is not None and report.profiling.profiling_choice == PREDICTED
-    assert report.profiling.profiling_seconds == 0.0 < report.profiling.profiling_budget_seconds
+    assert report.profiling.profiling_s == 0.0 < report.profiling.profiling_budget_s
     assert min(report.profiling.profiling_costs_predicted.values()) == 0.0
     assert (
         report.training.steps >= 1 and report.training.peak_power_w <= 3.0

@@ -182,7 +182,7 @@ def test_noise_free_fitted_order_chooses_what_the_grid_chooses_for_far_less(
             got = select(fitted, relation, cap)
             assert (got.batch_size, got.frequency_hz) == (want.batch_size, want.frequency_hz), (model, cap)
             assert len(fitted.points) <= len(grid.points) / 4
-            assert fitted.profiling_seconds < grid.profiling_seconds / 2  # low caps: slow low-clock points
+            assert fitted.profiling_s < grid.profiling_s / 2  # low caps: slow low-clock points
             # every pair of the grid is either measured or predicted, never both
             measured = {(p.batch_size, p.frequency_hz) for p in fitted.points}
             predicted = {(p.batch_size, p.frequency_hz) for p in fitted.predicted}

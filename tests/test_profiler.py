@@ -62,7 +62,7 @@ def test_grid_profile_covers_every_pair_and_runs_real_steps(model_and_workload) 
         assert row[-1].seconds_per_batch < row[0].seconds_per_batch / 5
         assert row[-1].peak_power_w > row[0].peak_power_w
         assert all(p.seconds_for_samples == pytest.approx(p.seconds_per_batch * 1000 / b) for p in row)
-    assert prof.profiling_seconds == pytest.approx(dev.clock())
+    assert prof.profiling_s == pytest.approx(dev.clock())
     assert dev.current_frequency() == dev.frequencies()[-1] and not dev.is_pinned
 
 
@@ -78,7 +78,7 @@ def test_profile_json_round_trip(model_and_workload, tmp_path) -> None:
     assert [(p.batch_size, p.frequency_hz) for p in back.points] == [
         (p.batch_size, p.frequency_hz) for p in prof.points
     ]
-    assert back.profiling_seconds == pytest.approx(prof.profiling_seconds)
+    assert back.profiling_s == pytest.approx(prof.profiling_s)
 
 
 def test_efficient_order_selects_what_the_grid_selects(model_and_workload) -> None:
@@ -104,8 +104,8 @@ def test_efficient_order_selects_what_the_grid_selects(model_and_workload) -> No
         assert len(fast.points) < len(grid.points)
         a, b = select(fast, relation, cap), select(grid, relation, cap)
         assert (a.batch_size, a.frequency_hz) == (b.batch_size, b.frequency_hz)
-        assert a.predicted_seconds == pytest.approx(b.predicted_seconds)
-        assert fast.profiling_seconds < grid.profiling_seconds
+        assert a.predicted_s == pytest.approx(b.predicted_s)
+        assert fast.profiling_s < grid.profiling_s
 
 
 def test_batches_that_do_not_fit_are_skipped(model_and_workload) -> None:

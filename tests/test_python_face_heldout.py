@@ -52,7 +52,7 @@ def test_save_results_never_replaces_what_is_not_a_results_file_even_through_a_l
         one_line(err.value, "/proc/version")
     ours = powerfed.save_results(strategy, tmp_path / "ours.json")
     again = powerfed.save_results(strategy, ours)  # a results file is replaced by the next one
-    assert json.loads(again.read_text())["schema"] == "fl_server.results/1"
+    assert json.loads(again.read_text())["schema"] == "fl_server.results/2"
     with pytest.raises(ArgumentError) as err:
         powerfed.save_results(FedAvg(), tmp_path / "other.json")
     one_line(err.value, "'strategy' must be the PowerAware strategy that ran")
@@ -63,7 +63,7 @@ def test_a_json_file_nested_too_deeply_is_one_line(tmp_path: Path) -> None:
     deep = tmp_path / "relation.json"
     deep.write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(FileFormatError) as err:
-        read_json(deep, "powerctl.relation/1")
+        read_json(deep, "powerctl.relation/2")
     one_line(err.value, "nested too deeply")
     with pytest.raises(PowerctlError):
         RelationVector.load(deep)

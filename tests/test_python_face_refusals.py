@@ -143,7 +143,7 @@ def test_a_relation_vector_that_exists_is_one_selection_can_use(samples: list, t
         for f in (500_000_000, 900_000_000)
     ]
     chosen = select(Profile("sim:x", "cnn-tiny", [3, 32, 32], 64, points), rel, 10.0)
-    assert math.isfinite(chosen.predicted_seconds) and chosen.predicted_seconds > 0
+    assert math.isfinite(chosen.predicted_s) and chosen.predicted_s > 0
 
 
 @pytest.mark.parametrize(

@@ -55,7 +55,7 @@ PROFILE = {
     "input_shape": [3, 32, 32],
     "samples": 160,
     "points": [ProfilePoint(**POINT)],
-    "profiling_seconds": None,
+    "profiling_s": None,
 }
 RELATION = {
     "model": "cnn-tiny",

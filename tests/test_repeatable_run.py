@@ -26,14 +26,14 @@ NUMBERS = (
     "batch_size",
     "frequency_hz",
     "samples",
-    "device_seconds",
+    "device_s",
     "energy_j",
     "peak_power_w",
     "accuracy",
-    "profiling_seconds",
+    "profiling_s",
     "profiling_choice",
-    "predicted_training_seconds",
-    "profiling_budget_seconds",
+    "predicted_training_s",
+    "profiling_budget_s",
 )
 
 

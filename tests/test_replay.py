@@ -34,6 +34,6 @@ def test_replayed_cost_equals_a_pinned_run(board_name: str, paper_workloads: dic
     assert a.steps == b.steps == 10 and a.samples == b.samples  # the frequency does not change the run
     for hz, run in runs.items():
         seconds, energy = replay_cost(board, full, 16, a.steps, hz)  # charged from the other run's steps
-        assert seconds == pytest.approx(run.device_seconds, rel=1e-9)
+        assert seconds == pytest.approx(run.device_s, rel=1e-9)
         assert run.energy_j is not None and energy == pytest.approx(run.energy_j, rel=1e-6)
-    assert runs[lo].device_seconds > runs[hi].device_seconds
+    assert runs[lo].device_s > runs[hi].device_s

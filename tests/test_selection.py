@@ -118,10 +118,10 @@ def test_choice_is_feasible_optimal_and_ties_follow_the_rule(
     chosen = profile.point(sel.batch_size, sel.frequency_hz)
     assert chosen is not None and sel.batch_size in relation.as_map()
     assert chosen.peak_power_w <= cap and sel.peak_power_w == chosen.peak_power_w
-    assert sel.predicted_seconds == tt(chosen, relation)
-    assert all(tt(p, relation) >= sel.predicted_seconds for p in feasible)
+    assert sel.predicted_s == tt(chosen, relation)
+    assert all(tt(p, relation) >= sel.predicted_s for p in feasible)
     # The tie rule, among the feasible pairs exactly as fast as the choice.
-    tied = [p for p in feasible if tt(p, relation) == sel.predicted_seconds]
+    tied = [p for p in feasible if tt(p, relation) == sel.predicted_s]
     assert sel.batch_size == max(p.batch_size for p in tied)
     assert sel.frequency_hz == min(p.frequency_hz for p in tied if p.batch_size == sel.batch_size)
 
@@ -134,7 +134,7 @@ def check_rank_and_best_frequency(profile: Profile, relation: RelationVector, ca
         (p.batch_size, p.frequency_hz) for p in feasible
     }
     assert len(ranked) == len(feasible)
-    times = [s.predicted_seconds for s in ranked]
+    times = [s.predicted_s for s in ranked]
     assert times == sorted(times)
     if ranked:
         assert ranked[0] == select(profile, relation, cap)
@@ -168,14 +168,14 @@ def test_no_cap_is_the_global_min_and_raising_the_cap_never_slows(
     profile, relation, cap = case
     # No cap: the global minimum, the same as a cap above every peak.
     free = select(profile, relation, None)
-    assert free.predicted_seconds == min(tt(p, relation) for p in common_points(profile, relation))
+    assert free.predicted_s == min(tt(p, relation) for p in common_points(profile, relation))
     assert select(profile, relation, max(p.peak_power_w for p in profile.points)) == free
     try:
         low = select(profile, relation, cap)
     except InfeasibleCapError:
         return
     high = select(profile, relation, cap + more)
-    assert free.predicted_seconds <= high.predicted_seconds <= low.predicted_seconds
+    assert free.predicted_s <= high.predicted_s <= low.predicted_s
 
 
 @FAST
@@ -258,7 +258,7 @@ def test_worked_example(cap: float | None, want: tuple[int, int], seconds: float
     profile, relation = small()
     sel = select(profile, relation, cap)
     assert (sel.batch_size, sel.frequency_hz // MHZ) == want
-    assert sel.predicted_seconds == pytest.approx(seconds)
+    assert sel.predicted_s == pytest.approx(seconds)
     assert sel.peak_power_w == profile.point(want[0], want[1] * MHZ).peak_power_w
 
 
@@ -303,7 +303,7 @@ def test_batch_sizes_in_only_one_file_are_ignored() -> None:
     relation = make_relation({8: 10.0, 16: 10.0, 32: 20.0})
     assert common_batch_sizes(profile, relation) == [16, 32]
     sel = select(profile, relation, None)
-    assert (sel.batch_size, sel.predicted_seconds) == (16, pytest.approx(40.0))  # 80 × 0.5 < 50 × 1
+    assert (sel.batch_size, sel.predicted_s) == (16, pytest.approx(40.0))  # 80 × 0.5 < 50 × 1
 
 
 def test_no_common_batch_size_is_one_line_naming_both_sets() -> None:
@@ -337,7 +337,7 @@ def test_integer_cap_is_accepted() -> None:
 def test_selection_json_has_exactly_the_design_keys() -> None:
     profile, relation = small()
     d = select(profile, relation, 5.0).to_json_dict()
-    assert list(d) == ["batch_size", "frequency_hz", "predicted_seconds", "peak_power_w"]
+    assert list(d) == ["batch_size", "frequency_hz", "predicted_s", "peak_power_w"]
     assert json.loads(json.dumps(d)) == d
     assert d["batch_size"] == 16 and d["frequency_hz"] == 200 * MHZ and d["peak_power_w"] == 4.5
 
@@ -377,7 +377,7 @@ def test_energy_objective_picks_the_frugal_pair_time_the_fast_one() -> None:
     relation = make_relation({32: 1000.0})
     fast = select(profile, relation, None)
     frugal = select(profile, relation, None, objective="energy")
-    assert (fast.frequency_hz, fast.predicted_seconds) == (900 * MHZ, 50.0)
+    assert (fast.frequency_hz, fast.predicted_s) == (900 * MHZ, 50.0)
     assert (frugal.frequency_hz, frugal.predicted_energy_j) == (400 * MHZ, 200.0)
     assert fast.predicted_energy_j == 250.0
     assert frugal.to_json_dict(with_energy=True)["predicted_energy_j"] == 200.0
@@ -423,7 +423,7 @@ def test_mean_and_robust_rules_disagree_on_a_hand_worked_case() -> None:
     assert regret[(32, 100 * MHZ)] == pytest.approx(1.25)
     robust = select(profile, relation, None, rule="robust")
     assert robust.batch_size == 16
-    assert robust.predicted_seconds == pytest.approx(5.5 / 4.75)  # predictions stay the mean vector's
+    assert robust.predicted_s == pytest.approx(5.5 / 4.75)  # predictions stay the mean vector's
 
 
 def test_robust_rule_without_per_seed_samples_is_the_mean_rule() -> None:
@@ -471,7 +471,7 @@ def test_interval_rule_gives_pairs_the_vector_cannot_tell_apart_to_the_larger_ba
     _, wide = _three_seed_case(100.0)
     picked = select(profile, wide, None, rule="interval")
     assert (picked.batch_size, picked.frequency_hz) == (64, 100 * MHZ)  # b=64's best pair, not 50 MHz
-    assert picked.predicted_seconds == pytest.approx(900.0)  # predictions stay the mean vector's
+    assert picked.predicted_s == pytest.approx(900.0)  # predictions stay the mean vector's
     assert select(profile, wide, None, rule="mean").batch_size == 32
     ranked = rank(profile, wide, None, rule="interval")
     assert [(s.batch_size, s.frequency_hz // MHZ) for s in ranked] == [(64, 100), (32, 100), (64, 50)]

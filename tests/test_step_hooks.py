@@ -43,10 +43,10 @@ class Halve:
     def before_step(self, samples: int) -> int | None:
         return 8 if samples >= self.at_samples else None
 
-    def after_step(self, power: list[tuple[float, float]], device_seconds: float) -> None:
+    def after_step(self, power: list[tuple[float, float]], device_s: float) -> None:
         self.steps += 1
         self.readings += len(power)
-        self.seconds.append(device_seconds)
+        self.seconds.append(device_s)
 
     def resume_state(self) -> dict[str, Any]:
         return {"steps": self.steps, "readings": self.readings, "seconds": self.seconds}
@@ -93,12 +93,12 @@ def test_a_hook_changes_the_batch_size_sees_each_step_and_resumes(tmp_path: Path
     # 6 steps of 16, then 20 of 8; the rule gave the rate of each size it was asked for
     assert (whole.steps, whole.samples, whole.batch_size) == (6 + 20, 256, 16)
     assert rates == [1e-3, 1e-3 * 0.5**0.5] and whole.lr == 1e-3
-    assert hook.steps == whole.steps and hook.seconds[-1] == pytest.approx(whole.device_seconds)
+    assert hook.steps == whole.steps and hook.seconds[-1] == pytest.approx(whole.device_s)
     assert hook.seconds == sorted(hook.seconds) and hook.readings >= 2 * whole.steps  # a sensor: readings
     with pytest.raises(_Killed):
         _run(tmp_path, kill_at_step=14)  # 96 + 8 · 8 = 160 samples; the last save at 128
     resumed, again, _ = _run(tmp_path)
     assert resumed.extra["resumed_at_samples"] == 128
     assert again.resume_state() == hook.resume_state()
-    same = ("steps", "samples", "device_seconds", "energy_j", "curve")
+    same = ("steps", "samples", "device_s", "energy_j", "curve")
     assert [getattr(resumed, k) for k in same] == [getattr(whole, k) for k in same]

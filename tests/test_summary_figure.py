@@ -64,7 +64,7 @@ def small_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, An
         mp.setattr(server_app, "prepare_apart", lambda cfg: (weights, relation))
         context = Context(run_id=42, node_id=0, node_config={}, state=RecordDict(), run_config=config)
         server_app.run(FakeGrid(client_app, nodes, config), context)
-    results = build_results(spec, flwr, spec.methods, wall_seconds=1.0)
+    results = build_results(spec, flwr, spec.methods, wall_s=1.0)
     yield {"tmp": tmp, "flwr": flwr, "results": results}
 
 
@@ -115,7 +115,7 @@ def test_a_board_without_a_board_model_gets_its_bars_and_no_map(
 
 
 def test_a_results_file_without_a_client_is_one_line_and_the_run_stands(tmp_path: Path) -> None:
-    data = {"schema": "fl_server.results/1", "run": {"method": "ours"}, "nodes": [], "rounds": []}
+    data = {"schema": "fl_server.results/2", "run": {"method": "ours"}, "nodes": [], "rounds": []}
     (tmp_path / "results.json").write_text(json.dumps(data))
     said: list[str] = []
     assert draw_or_say(lambda: run_figure(tmp_path / "results.json"), said.append) is None

@@ -140,16 +140,14 @@ def test_a_users_model_goes_end_to_end(tmp_path: Path, monkeypatch: pytest.Monke
         c = clients[key]
         assert c["board"] == board and c["method"] == "ours"
         assert c["batch_size"] in relation.batch_sizes and c["frequency_hz"] > 0
-        assert c["device_seconds"] > 0 and c["energy_j"] > 0 and c["samples"] > 0
+        assert c["device_s"] > 0 and c["energy_j"] > 0 and c["samples"] > 0
         # the cap held: what the profile predicted for the pair, and what the board drew
         assert (
             0 < c["profiled_peak_power_w"] <= c["power_cap_w"]
             and c["peak_power_w"] <= 1.05 * c["power_cap_w"]
         )
         # a task this short: the predicted way, its pair confirmed by the loop's own first steps
-        assert (
-            c["profiling_choice"] == "predicted" and c["profiling_seconds"] == 0.0 and not c["profile_cached"]
-        )
+        assert c["profiling_choice"] == "predicted" and c["profiling_s"] == 0.0 and not c["profile_cached"]
         assert c["train_examples"] == 320  # the session's train_examples, not 0 (issue 37)
     out = powerfed.save_results(strategy, tmp_path / "results.json")
     written = json.loads(out.read_text())
@@ -160,7 +158,7 @@ def test_a_users_model_goes_end_to_end(tmp_path: Path, monkeypatch: pytest.Monke
     }
     # round 2 of the same step finds its profile cached: no profiling charged
     strategy.start(FakeGrid(user_app(), _nodes(2), {"fleet": FLEET}), start, 1, 60)
-    assert all(c["profile_cached"] and c["profiling_seconds"] == 0 for c in strategy.rounds[1].clients)
+    assert all(c["profile_cached"] and c["profiling_s"] == 0 for c in strategy.rounds[1].clients)
 
 
 def _node(device: str = "sim:jetson-nano", cap: float | None = 3.0) -> NodeSettings:
@@ -354,7 +352,7 @@ def test_a_cap_that_changes_is_followed_in_the_users_loop(tmp_path: Path) -> Non
     r = s.report
     assert r is not None and [e["kind"] for e in r.cap.cap_events][:2] == ["start", "switch"]
     assert r.cap.final_pair is not None and r.cap.final_pair[1] < r.frequency_hz  # stepped down under 2.2 W
-    assert r.cap.over_cap_seconds == 0.0 and r.training.samples >= 1500
+    assert r.cap.over_cap_s == 0.0 and r.training.samples >= 1500
 
 
 @pytest.mark.parametrize("own_loop", [False, True])

@@ -210,7 +210,7 @@ def _finish(
         overrides=request.overrides,
         **extra,
         runs=runs,
-        wall_seconds=wall,
+        wall_s=wall,
         cache_key=request.cache_key(),
     )
     store(relation, path)

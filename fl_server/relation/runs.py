@@ -81,7 +81,7 @@ def run_to_target(
     traced: list[tuple[StepTrace, FineTuneResult]] = []  # the last trained run, with its weights per step
     traceable = (
         runs.user.make_step is None
-        and config.max_device_seconds is None
+        and config.max_device_s is None
         and config.target_accuracy is not None
         and config.eval_every_samples is not None
     )
@@ -147,7 +147,7 @@ def run_job(runs: ProxyRuns, config: FineTuneConfig, progress: bool, threads: in
         "final_accuracy": result.final_accuracy,
         "best_accuracy": max(p.accuracy for p in result.curve),
         "initial_accuracy": result.curve[0].accuracy,
-        "wall_seconds": result.wall_seconds,
+        "wall_s": result.wall_s,
     }
 
 
@@ -188,7 +188,7 @@ def run_user_job(
         "lr": lr,
         "reached": reached,
         "samples": float(samples) if reached and samples is not None else math.inf,
-        "wall_seconds": time.perf_counter() - started,
+        "wall_s": time.perf_counter() - started,
     }
 
 

@@ -394,7 +394,7 @@ def save_figure(fig: Figure, path: Path, **kwargs: Any) -> Path:
 
 
 def write_front(front: Front, profile: Profile, relation: RelationVector, out_dir: Path) -> list[Path]:
-    """`pareto.json` (`powerctl.pareto/1`) `pareto.png` in `out_dir`: the feasible pairs' front."""
+    """`pareto.json` (`powerctl.pareto/2`) `pareto.png` in `out_dir`: the feasible pairs' front."""
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path = out_dir / "pareto.json"
     write_json(json_path, front.to_json_dict(profile, relation))
@@ -405,7 +405,7 @@ def write_front(front: Front, profile: Profile, relation: RelationVector, out_di
 
 def _predicted(picks: list[Pick]) -> tuple[list[float], list[float]]:
     """The predicted seconds and joules of `candidates`' picks, which carry both."""
-    seconds = [cast(float, s.predicted_seconds) for s in picks]
+    seconds = [cast(float, s.predicted_s) for s in picks]
     joules = [cast(float, s.predicted_energy_j) for s in picks]
     return seconds, joules
 
@@ -435,7 +435,7 @@ def _front_plot(front: Front, profile: Profile, relation: RelationVector, path: 
     for label, s, dy in (("fastest", front.fastest, 55), ("most frugal", front.most_frugal, 25)):
         ax.annotate(
             f"{label}: b={s.batch_size} @ {s.frequency_hz / 1e6:.0f} MHz",
-            (s.predicted_seconds, s.predicted_energy_j),
+            (s.predicted_s, s.predicted_energy_j),
             xytext=(30, dy),
             textcoords="offset points",
             fontsize=8,

@@ -111,7 +111,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
             progress=not args.quiet,
         )
     skipped = _save_profile(profile, args.out)
-    cost = profile.profiling_seconds or 0.0
+    cost = profile.profiling_s or 0.0
     predicted = f" measured, {len(profile.predicted)} predicted (fitted)" if args.order == "fitted" else ""
     say(
         f"wrote {args.out}: {len(profile.points)} points{predicted}, batch sizes {profile.batch_sizes()}"

@@ -68,7 +68,7 @@ def cmd_select(args: argparse.Namespace) -> int:
     at = mhz(choice.frequency_hz) if pinned else f"the clock in force ({NOT_PINNED})"
     say(
         f"batch size {choice.batch_size} at {at}: "
-        f"predicted {choice.predicted_seconds:.1f} s "
+        f"predicted {choice.predicted_s:.1f} s "
         + (f"and {choice.predicted_energy_j:.1f} J " if energy else "")
         + f"to {relation.target_accuracy:.0%} accuracy, peak {choice.peak_power_w:.2f} W"
         + (f" (cap {args.power_cap:g} W)" if args.power_cap else " (no cap)")
@@ -85,7 +85,7 @@ def cmd_select(args: argparse.Namespace) -> int:
                 say(f"{row['name']:<18} infeasible under the cap: {row['infeasible']}")
                 continue
             peak = "-" if row["peak_power_w"] is None else f"{row['peak_power_w']:.2f}"
-            pred = "-" if row["predicted_seconds"] is None else f"{row['predicted_seconds']:.1f}"
+            pred = "-" if row["predicted_s"] is None else f"{row['predicted_s']:.1f}"
             speed = "-" if row["speedup"] is None else f"{row['speedup']:.2f}x"
             at_mhz = f"{row['frequency_hz'] / 1e6:.1f}" if pinned else NOT_PINNED
             say(f"{row['name']:<18} {row['batch_size']:>5} {at_mhz:>8} {peak:>7} {pred:>12} {speed:>17}")
@@ -133,7 +133,7 @@ def cmd_pareto(args: argparse.Namespace) -> int:
         tags = ((" fastest", front.fastest), (" most frugal", front.most_frugal))
         mark = "".join(tag for tag, best in tags if s == best)
         say(
-            f"{'':2}{s.batch_size:>5} {s.frequency_hz / 1e6:>8.1f} {s.predicted_seconds:>12.1f} "
+            f"{'':2}{s.batch_size:>5} {s.frequency_hz / 1e6:>8.1f} {s.predicted_s:>12.1f} "
             f"{s.predicted_energy_j:>12.1f} {s.peak_power_w:>7.2f}{mark}"
         )
     for p in paths:
@@ -231,7 +231,7 @@ def add_select_commands(sub: Any) -> None:
     s.add_argument(
         "--json",
         action="store_true",
-        help='print {"batch_size", "frequency_hz", "predicted_seconds", "peak_power_w"} '
+        help='print {"batch_size", "frequency_hz", "predicted_s", "peak_power_w"} '
         '(+ "predicted_energy_j" with --objective energy)',
     )
     s.set_defaults(func=cmd_select)

@@ -32,7 +32,7 @@ from powerctl.files.mapping import (
     bounds_text,
     number_text,
 )
-from powerctl.selection.capsource import cap_watts
+from powerctl.selection.capsource import cap_w
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -335,12 +335,12 @@ def kind_type(kind: Kind, name: str) -> Callable[[str], Any]:
 
 
 def power_cap(text: str) -> float | None:
-    """`--power-cap W` (none: no cap): the one cap parser (`cap_watts`) as a flag type; an empty value is
+    """`--power-cap W` (none: no cap): the one cap parser (`cap_w`) as a flag type; an empty value is
     refused (an unset variable, not a wish for no cap)."""
     if not text.strip():
         raise argparse.ArgumentTypeError("empty; give watts or leave the flag out")
     try:
-        return cap_watts(text)
+        return cap_w(text)
     except Invalid as exc:
         raise _refused(exc) from None
 

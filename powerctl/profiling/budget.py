@@ -142,7 +142,7 @@ class ProfilingRequest:
     relation: RelationVector
     share: float  # profiling may cost at most this share of the predicted training, in (0, 1]
     max_samples: float | None = None  # the round's sample budget: the training predicted stops there
-    max_training_s: float | None = None  # the round's device-seconds budget, likewise
+    max_training_s: float | None = None  # the round's device-s budget, likewise
     rule: str = DEFAULT_RELATION_RULE  # the relation rule the predicted way's choice is made by
     warmup_steps: int = 2
     measure_steps: int = 5
@@ -232,7 +232,7 @@ def to_confirm(
         input_shape=list(workload.input_shape),
         samples=request.samples,
         points=list(prediction.points),
-        profiling_seconds=0.0,
+        profiling_s=0.0,
         extra={
             "order": PREDICTED,
             CONFIRM_KEY: IN_TRAINING,
@@ -278,7 +278,7 @@ def predicted_training_s(
     max_samples: float | None,
     max_training_s: float | None,
 ) -> float:
-    """Seconds to train to the target at `point`, within the round's sample and device-seconds budgets."""
+    """Seconds to train to the target at `point`, within the round's sample and device-s budgets."""
     b = point.batch_size
     samples = min(samples_to_target[b], max_samples or math.inf)
     seconds = samples * point.seconds_per_batch / b
@@ -337,7 +337,7 @@ def profile_within_budget(
         else:
             profile = request.run(profiler, choice, sizes, progress=progress)
         measured_step = prediction is None and training > 0
-        profile.profiling_seconds = device.clock() - start
+        profile.profiling_s = device.clock() - start
         plan = ProfilingPlan(
             choice=choice,
             share=request.share,
@@ -346,7 +346,7 @@ def profile_within_budget(
             costs_s=costs,
             reference=reference,
             predicted_from=predicted_from if prediction is not None else "",
-            spent_s=profile.profiling_seconds,
+            spent_s=profile.profiling_s,
             points=(0 if choice == PREDICTED else len(profile.points)) + int(measured_step),
         )
         profile.extra["budget"] = plan.to_dict()
@@ -372,6 +372,6 @@ def _costs(
 
     def walked(way: str) -> float:  # the profiler walked over the board the prediction describes
         profiler = request.profiler(ReplayBoard(prediction, table), workload, _no_step)
-        return float(request.run(profiler, way, sizes, progress=False).profiling_seconds or 0.0)
+        return float(request.run(profiler, way, sizes, progress=False).profiling_s or 0.0)
 
     return {way: 0.0 if way == PREDICTED else walked(way) for way in ways}

@@ -229,7 +229,7 @@ class Profiler:
             samples=self.samples,
             points=sorted(points, key=lambda p: (p.batch_size, p.frequency_hz)),
             predicted=sorted(predicted, key=lambda p: (p.batch_size, p.frequency_hz)),
-            profiling_seconds=self.device.clock() - start,
+            profiling_s=self.device.clock() - start,
             skipped=[{"batch_size": b, "reason": why} for b, why in sorted(self.skipped.items())],
             extra={
                 "order": order,

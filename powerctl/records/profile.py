@@ -1,4 +1,4 @@
-"""The profile table: peak power and time per (batch size, GPU frequency) — `powerctl.profile/1`."""
+"""The profile table: peak power and time per (batch size, GPU frequency) — `powerctl.profile/2`."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from powerctl.files.mapping import (
     is_integer,
 )
 
-PROFILE_SCHEMA = "powerctl.profile/1"
-_KNOWN = {"schema", "device", "model", "input_shape", "samples", "points", "profiling_seconds", "skipped"}
+PROFILE_SCHEMA = "powerctl.profile/2"
+_KNOWN = {"schema", "device", "model", "input_shape", "samples", "points", "profiling_s", "skipped"}
 _KNOWN.add("predicted_points")
 
 _WATTS = Number(0.0, MAX_CAP_W, above=True)
@@ -95,7 +95,7 @@ class Profile:
     input_shape: Sequence[int]
     samples: int
     points: Sequence[ProfilePoint]
-    profiling_seconds: float | None = None  # device seconds the profiling itself cost
+    profiling_s: float | None = None  # device seconds the profiling itself cost
     skipped: Sequence[Mapping[str, Any]] = field(default_factory=tuple)  # batch sizes left out, with why
     extra: dict[str, Any] = field(default_factory=dict)
     predicted: Sequence[ProfilePoint] = field(default_factory=tuple)
@@ -141,8 +141,8 @@ class Profile:
             "samples": self.samples,
             "points": [p.to_dict() for p in self.points],
         }
-        if self.profiling_seconds is not None:
-            d["profiling_seconds"] = self.profiling_seconds
+        if self.profiling_s is not None:
+            d["profiling_s"] = self.profiling_s
         if self.skipped:
             d["skipped"] = plain_json(self.skipped)
         if self.predicted:
@@ -164,14 +164,14 @@ class Profile:
         if not points:
             raise f.fail("no profiled points")
         predicted = _points(f, "predicted_points", where, seen) if "predicted_points" in data else []
-        cost = data.get("profiling_seconds")
+        cost = data.get("profiling_s")
         return cls(
             device=f.string("device"),
             model=f.string("model"),
             input_shape=list(shape),
             samples=f.integer("samples", maximum=MAX_COUNT),
             points=points,
-            profiling_seconds=None if cost is None else f.number("profiling_seconds"),
+            profiling_s=None if cost is None else f.number("profiling_s"),
             skipped=list(data.get("skipped") or []),
             extra={k: v for k, v in data.items() if k not in _KNOWN},
             predicted=predicted,
@@ -186,7 +186,7 @@ PROFILE_KINDS: dict[str, Kind] = {
     "device": Text(),
     "model": Text(),
     "samples": Integer(1, MAX_COUNT),
-    "profiling_seconds": Maybe(Number(0.0)),
+    "profiling_s": Maybe(Number(0.0)),
 }
 """What a profile's scalar fields must be, in a file and in Python alike."""
 

@@ -1,4 +1,4 @@
-"""The relation vector: samples to the target accuracy per batch size — `powerctl.relation/1`. A file may
+"""The relation vector: samples to the target accuracy per batch size — `powerctl.relation/2`. A file may
 also keep the evidence behind it (docs/reference/files.md), which the robust and interval rules read."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from powerctl.errors import ArgumentError, FileFormatError
 from powerctl.files.jsonfile import Fields, FrozenJson, plain_json, read_json, write_json
 from powerctl.files.mapping import MAX_BATCH_SIZE, Integer, Invalid, Number, check_arguments, shown
 
-RELATION_SCHEMA = "powerctl.relation/1"
+RELATION_SCHEMA = "powerctl.relation/2"
 VECTORS: tuple[str, ...] = ("raw", "fitted")  # the seeds' means, or the batch-efficiency fit
 RELATION_RULES: tuple[str, ...] = ("mean", "robust", "interval")
 """How selection reads the vector: its mean, every seed's, or its mean with a paired interval."""

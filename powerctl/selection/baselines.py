@@ -18,7 +18,7 @@ from powerctl.errors import InfeasibleCapError
 from powerctl.records.pick import Pick
 from powerctl.records.profile import Profile
 from powerctl.records.relation import RelationVector
-from powerctl.selection.joint import check_power_cap, common_batch_sizes, predicted_seconds, select
+from powerctl.selection.joint import check_power_cap, common_batch_sizes, predicted_s, select
 from powerctl.selection.names import ORACLE, OURS, PROXY_BATCH, STATE_OF_PRACTICE
 
 
@@ -30,7 +30,7 @@ def predict(
     if point is None or relation is None:
         return None
     r_b = relation.as_map().get(batch_size)
-    return None if r_b is None else predicted_seconds(point, r_b)
+    return None if r_b is None else predicted_s(point, r_b)
 
 
 def _make(
@@ -40,7 +40,7 @@ def _make(
     return Pick(
         batch_size,
         frequency_hz,
-        predicted_seconds=predict(profile, relation, batch_size, frequency_hz),
+        predicted_s=predict(profile, relation, batch_size, frequency_hz),
         peak_power_w=None if point is None else point.peak_power_w,
         method=name,
     )
@@ -157,7 +157,7 @@ def compare(
             continue
         row = {"name": name, **b.to_json_dict()}
         row["feasible"] = None if b.peak_power_w is None else (cap is None or b.peak_power_w <= cap)
-        row["speedup"] = _speedup(b.predicted_seconds, ours.predicted_seconds)
+        row["speedup"] = _speedup(b.predicted_s, ours.predicted_s)
         if target_relation is not None:
             t = predict(profile, target_relation, b.batch_size, b.frequency_hz)
             row["predicted_seconds_target"] = t

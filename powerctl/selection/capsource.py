@@ -33,7 +33,7 @@ CAP_VALUE_EXPECTED = "a number of watts > 0 and ≤ 100000, or None"
 """The same in Python (`text=False`): a string there is refused, "none" included."""
 
 
-def cap_watts(value: Any, *, text: bool = True) -> float | None:
+def cap_w(value: Any, *, text: bool = True) -> float | None:
     """None (no cap) or a positive finite number of watts, else `Invalid`; `text`: a string may say it
     ("none", "", "3.5")."""
     if value is None:
@@ -58,16 +58,16 @@ def parse_power_cap(
     text: bool = True,
     error: type[InvalidPowerCapError] = InvalidPowerCapError,
 ) -> float | None:
-    """The one power cap parser: `cap_watts`, or one `error` line ``{where} must be …, got …``."""
+    """The one power cap parser: `cap_w`, or one `error` line ``{where} must be …, got …``."""
     try:
-        return cap_watts(value, text=text)
+        return cap_w(value, text=text)
     except Invalid as exc:
         raise error(f"{where} {exc}") from None
 
 
 @dataclass(frozen=True)
 class PowerCapKind(Kind):
-    """The cap as a `powerctl.files.mapping` kind; `text` as for `cap_watts`."""
+    """The cap as a `powerctl.files.mapping` kind; `text` as for `cap_w`."""
 
     text: bool = True
 
@@ -78,7 +78,7 @@ class PowerCapKind(Kind):
     python_type = float
 
     def __call__(self, value: Any) -> float | None:
-        return cap_watts(value, text=self.text)
+        return cap_w(value, text=self.text)
 
 
 POWER_CAP = PowerCapKind()
@@ -251,7 +251,7 @@ class TraceCap(CapSource):
                     f"{here}: a time must be at most {MAX_TIME_S:g} s (about 31 years), got {got}"
                 )
             try:  # the one cap check: a trace (after scale) holds no cap a constant or a schedule may not
-                watts.append(cap_watts(w * scale, text=False))  # type: ignore[arg-type]
+                watts.append(cap_w(w * scale, text=False))  # type: ignore[arg-type]
             except Invalid:
                 got = cells[1] if scale == 1 else f"{cells[1]} × scale {scale:g}"
                 raise CapSourceError(

@@ -34,9 +34,9 @@ class NothingConfirmed(PowerctlError):
 
 @dataclass(frozen=True)
 class Switch:
-    """One pair dropped by its measurement: at `device_seconds` of training, `old` → `new` (b, Hz)."""
+    """One pair dropped by its measurement: at `device_s` of training, `old` → `new` (b, Hz)."""
 
-    device_seconds: float
+    device_s: float
     old: tuple[int, int]
     new: tuple[int, int]
     measured_w: float
@@ -101,15 +101,15 @@ class TrainingConfirmation:
             return self.guard.before_step(samples)
         return batch
 
-    def after_step(self, power: PowerSamples, device_seconds: float) -> None:
+    def after_step(self, power: PowerSamples, device_s: float) -> None:
         """Count the step; at the end of the pair's measured steps, measure it and confirm or re-pick."""
         if self.confirmed:
             if self.guard is not None:
-                self.guard.after_step(power, device_seconds)
+                self.guard.after_step(power, device_s)
             return
         self._steps += 1
         if self._steps <= self.warmup_steps:
-            self._since = device_seconds
+            self._since = device_s
             return
         if power:
             watts = [w for _, w in power]
@@ -117,7 +117,7 @@ class TrainingConfirmation:
             self._means.append(sum(watts) / len(watts))
         if self._steps < self.warmup_steps + self.measure_steps:
             return
-        self._measured(device_seconds)
+        self._measured(device_s)
 
     def step_failed(self, exc: Exception) -> int | None:
         """Out of memory at the pair being confirmed: its batch size leaves the prediction (as the profiler
@@ -152,9 +152,9 @@ class TrainingConfirmation:
         self._pending_batch = None
         return pick.batch_size
 
-    def _measured(self, device_seconds: float) -> None:
+    def _measured(self, device_s: float) -> None:
         b, hz = self.batch_size, self.pick.frequency_hz
-        per_batch = (device_seconds - self._since) / self.measure_steps
+        per_batch = (device_s - self._since) / self.measure_steps
         peak = max(self._peaks, default=0.0)
         mean = sum(self._means) / len(self._means) if self._means else 0.0
         self.measured[(b, hz)] = ProfilePoint.measured(b, hz, peak, mean, per_batch, self.prediction.samples)
@@ -171,8 +171,8 @@ class TrainingConfirmation:
             if self.guard is not None:
                 self.guard.retarget(self.power_cap_w, hz)
             return
-        self.switches.append(Switch(device_seconds, (b, hz), new, peak, self.power_cap_w))
-        self._repin(pick, device_seconds)
+        self.switches.append(Switch(device_s, (b, hz), new, peak, self.power_cap_w))
+        self._repin(pick, device_s)
         self._pending_batch = pick.batch_size if pick.batch_size != b else None
 
     def _repin(self, pick: Pick, since: float | None = None) -> None:
@@ -207,7 +207,7 @@ class TrainingConfirmation:
         points = [ProfilePoint(**p) for p in state["measured"]]
         self.measured = {(p.batch_size, p.frequency_hz): p for p in points}
         self.switches = [
-            Switch(s["device_seconds"], tuple(s["old"]), tuple(s["new"]), s["measured_w"], s["power_cap_w"])
+            Switch(s["device_s"], tuple(s["old"]), tuple(s["new"]), s["measured_w"], s["power_cap_w"])
             for s in state["switches"]
         ]
         self.skipped = list(state.get("skipped", []))  # checkpoints written before it have none

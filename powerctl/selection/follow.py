@@ -122,10 +122,10 @@ class CapFollower:
         self._pick_or_pause(cap, samples)
         return self.batch_size if self.batch_size != old_b else None
 
-    def after_step(self, power: PowerSamples, device_seconds: float) -> None:
+    def after_step(self, power: PowerSamples, device_s: float) -> None:
         """The step's power readings: the cap's guard checks them, and time over the cap is counted."""
         if (guard := self.guard) is not None:
-            guard.after_step(power, device_seconds)
+            guard.after_step(power, device_s)
             self.frequency_hz = guard.frequency_hz  # (not an earlier cap's guard: it pins nothing now)
         self._count_over_cap(power)
 
@@ -203,7 +203,7 @@ class CapFollower:
         new: tuple[int, int] | None = None,
     ) -> None:
         nb, nf = new if new is not None else (pick.batch_size, pick.frequency_hz)  # type: ignore[union-attr]
-        predicted = None if pick is None else pick.predicted_seconds
+        predicted = None if pick is None else pick.predicted_s
         in_step, self._step_over_s = self._step_over_s, 0.0
         if self.events and in_step:  # the step just run was the one in progress at the change
             self.events[-1].over_cap_s -= in_step

@@ -32,9 +32,9 @@ class PowerCapExceeded(PowerctlError):
 
 @dataclass(frozen=True)
 class StepDown:
-    """One guard action: at `device_seconds` of training, `old_hz` → `new_hz` after reading `measured_w`."""
+    """One guard action: at `device_s` of training, `old_hz` → `new_hz` after reading `measured_w`."""
 
-    device_seconds: float
+    device_s: float
     old_hz: int
     new_hz: int
     measured_w: float
@@ -75,7 +75,7 @@ class PowerGuard:
         self._lower = sorted(f for f in self.device.frequencies() if f < frequency_hz)
         self._over = 0
 
-    def check(self, peak_w: float, device_seconds: float) -> StepDown | None:
+    def check(self, peak_w: float, device_s: float) -> StepDown | None:
         """One training step's highest reading; returns the step-down it caused, if any."""
         if peak_w <= self.power_cap_w * (1.0 + self.tolerance):
             self._over = 0
@@ -91,7 +91,7 @@ class PowerGuard:
             )
         new_hz = self._lower.pop()
         self.device.pin_frequency(new_hz)
-        event = StepDown(device_seconds, self.frequency_hz, new_hz, peak_w, self.power_cap_w)
+        event = StepDown(device_s, self.frequency_hz, new_hz, peak_w, self.power_cap_w)
         self.frequency_hz = new_hz
         self.step_downs.append(event)
         return event
@@ -100,10 +100,10 @@ class PowerGuard:
         """The guard never changes the batch size."""
         return None
 
-    def after_step(self, power: PowerSamples, device_seconds: float) -> None:
+    def after_step(self, power: PowerSamples, device_s: float) -> None:
         """Checks the step's highest reading (none: no sensor, nothing to check)."""
         if power:
-            self.check(max(w for _, w in power), device_seconds)
+            self.check(max(w for _, w in power), device_s)
 
     def resume_state(self) -> dict[str, Any]:
         """The cap, the frequency stepped down to, the excess count and the step-downs so far (JSON)."""

@@ -89,7 +89,7 @@ def common_batch_sizes(profile: Profile, relation: RelationVector) -> list[int]:
     return common
 
 
-def predicted_seconds(point: ProfilePoint, r_b: float) -> float:
+def predicted_s(point: ProfilePoint, r_b: float) -> float:
     """TT_acc(b, f) = T_N(b, f) · r_b."""
     return point.seconds_for_samples * r_b
 
@@ -108,8 +108,8 @@ def check_objective(objective: str) -> Objective:
 def _order_key(objective: Objective) -> Any:
     # The objective, then the other one, then the larger batch size, then the lower frequency.
     if objective == "energy":
-        return lambda s: (s.predicted_energy_j, s.predicted_seconds, -s.batch_size, s.frequency_hz)
-    return lambda s: (s.predicted_seconds, -s.batch_size, s.frequency_hz)
+        return lambda s: (s.predicted_energy_j, s.predicted_s, -s.batch_size, s.frequency_hz)
+    return lambda s: (s.predicted_s, -s.batch_size, s.frequency_hz)
 
 
 def candidates(profile: Profile, relation: RelationVector, power_cap_w: float | None) -> list[Pick]:
@@ -121,7 +121,7 @@ def candidates(profile: Profile, relation: RelationVector, power_cap_w: float | 
         Pick(
             p.batch_size,
             p.frequency_hz,
-            predicted_seconds(p, r[p.batch_size]),
+            predicted_s(p, r[p.batch_size]),
             p.peak_power_w,
             predicted_energy_j(p, r[p.batch_size]),
         )
@@ -138,7 +138,7 @@ def mean_regret(
     cap = check_power_cap(power_cap_w)
     common = set(common_batch_sizes(profile, relation))
     points = [p for p in profile.points if p.batch_size in common and is_feasible(p, cap)]
-    cost = predicted_energy_j if obj == "energy" else predicted_seconds
+    cost = predicted_energy_j if obj == "energy" else predicted_s
     total = dict.fromkeys(((p.batch_size, p.frequency_hz) for p in points), 0.0)
     scenarios = relation.seed_scenarios()
     for samples in scenarios:
@@ -190,7 +190,7 @@ def indistinguishable(ranked: list[Pick], relation: RelationVector, objective: s
     obj, best = check_objective(objective), ranked[0]
 
     def cost(s: Pick) -> float:
-        value = s.predicted_energy_j if obj == "energy" else s.predicted_seconds
+        value = s.predicted_energy_j if obj == "energy" else s.predicted_s
         assert value is not None, f"{s} has no prediction"  # `candidates` predicts every pair it ranks
         return value
 
@@ -260,7 +260,7 @@ def select_under_deadline(
     if not math.isfinite(deadline_s) or deadline_s <= 0:
         raise PowerctlError(f"a deadline must be a positive number of seconds, got {deadline_s!r}")
     ranked = rank(profile, relation, power_cap_w, "energy", rule)
-    in_time = [s for s in ranked if cast(float, s.predicted_seconds) <= deadline_s]  # ranked: predicted
+    in_time = [s for s in ranked if cast(float, s.predicted_s) <= deadline_s]  # ranked: predicted
     if in_time:
         return in_time[0], True
     return select(profile, relation, power_cap_w, rule=rule), False

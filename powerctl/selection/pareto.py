@@ -12,7 +12,7 @@ from powerctl.records.profile import Profile
 from powerctl.records.relation import RelationVector
 from powerctl.selection.joint import candidates, rank, select
 
-PARETO_SCHEMA = "powerctl.pareto/1"
+PARETO_SCHEMA = "powerctl.pareto/2"
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ def pareto_front(profile: Profile, relation: RelationVector, power_cap_w: float 
     # a sweep by time (ties: the lower energy, then the selection's tie rule): a pair is on the front
     # when it uses strictly less energy than every faster one
     ordered = sorted(
-        pairs, key=lambda s: (s.predicted_seconds, s.predicted_energy_j, -s.batch_size, s.frequency_hz)
+        pairs, key=lambda s: (s.predicted_s, s.predicted_energy_j, -s.batch_size, s.frequency_hz)
     )
     front: list[Pick] = []
     for s in ordered:

@@ -138,14 +138,14 @@ class _Progress:
     """Evaluate once `samples` reaches this."""
     samples: int = 0
     steps: int = 0
-    device_seconds: float = 0.0
+    device_s: float = 0.0
     first: int = 0
     """Where in `perm` the next batch starts."""
     perm: torch.Tensor | None = None
     """This epoch's order of the train split (a new one when the next batch does not fit)."""
     curve: list[CurvePoint] = field(default_factory=list)
     stop_reason: str = ""
-    """Why the run ended ("target", "max_samples", "max_device_seconds"); "" while it runs."""
+    """Why the run ended ("target", "max_samples", "max_device_s"); "" while it runs."""
 
     def take(self) -> tuple[Tensors, dict[str, Any]]:
         """(the permutation, every other field) for a checkpoint."""
@@ -239,7 +239,7 @@ class _Loop:
             "lr": self.run.lr,
             "target_accuracy": config.target_accuracy,
             "max_samples": self.max_samples,
-            "max_device_seconds": config.max_device_seconds,
+            "max_device_s": config.max_device_s,
             "eval": [config.eval_every_samples, config.eval_max_samples],
             "seed": config.seed,
             "optimizer": name if name is None or isinstance(name, str) else "custom",
@@ -368,18 +368,18 @@ class _Loop:
             taken = next((b for h in hooks if (b := step_failed(h, exc)) is not None), None)
             if taken is None:
                 raise
-            run.device_seconds += device.clock() - t0
+            run.device_s += device.clock() - t0
             run.first -= len(idx)  # nothing trained: the same samples come next, at the new batch size
             self.power.new_samples()  # the failed step's readings belong to no step
             self._use_batch_size(taken)
             return
-        run.device_seconds += device.clock() - t0
+        run.device_s += device.clock() - t0
         run.samples += run.batch_size
         run.steps += 1
         if hooks:
             readings = self.power.new_samples()
             for hook in hooks:
-                hook.after_step(readings, run.device_seconds)
+                hook.after_step(readings, run.device_s)
         if self.bar is not None:
             self.bar.update(run.batch_size)
         if self.callbacks.on_step is not None:
@@ -398,8 +398,8 @@ class _Loop:
         run, config, checkpoint = self.run, self.config, self.callbacks.checkpoint
         if self.max_samples is not None and run.samples >= self.max_samples:
             run.stop_reason = "max_samples"
-        elif config.max_device_seconds is not None and run.device_seconds >= config.max_device_seconds:
-            run.stop_reason = "max_device_seconds"
+        elif config.max_device_s is not None and run.device_s >= config.max_device_s:
+            run.stop_reason = "max_device_s"
         elif config.eval_every_samples is not None and run.samples >= run.next_eval:
             self.power.pause()
             met = self._look()
@@ -416,9 +416,9 @@ class _Loop:
         """Evaluate now; True when the target is met."""
         run, target = self.run, self.config.target_accuracy
         acc = evaluate(self.model, self.task, self.ex, self.ey, metric=self.user.metric)
-        run.curve.append(CurvePoint(run.samples, run.device_seconds, acc))
+        run.curve.append(CurvePoint(run.samples, run.device_s, acc))
         if self.bar is not None:
-            self.bar.set_postfix(acc=f"{acc:.3f}", dev_s=f"{run.device_seconds:.1f}", refresh=False)
+            self.bar.set_postfix(acc=f"{acc:.3f}", dev_s=f"{run.device_s:.1f}", refresh=False)
         return target is not None and acc >= target
 
     def save_end(self) -> None:
@@ -437,7 +437,7 @@ class _Loop:
         return FineTuneResult(
             reached=run.stop_reason == "target",
             samples=run.samples,
-            device_seconds=run.device_seconds,
+            device_s=run.device_s,
             energy_j=energy,
             peak_power_w=peak,
             mean_power_w=mean,
@@ -448,7 +448,7 @@ class _Loop:
             steps=run.steps,
             target_accuracy=self.config.target_accuracy,
             stop_reason=run.stop_reason,
-            wall_seconds=time.perf_counter() - wall_start,
+            wall_s=time.perf_counter() - wall_start,
             extra={} if self.resumed_at is None else {"resumed_at_samples": self.resumed_at},
         )
 

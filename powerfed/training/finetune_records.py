@@ -20,7 +20,7 @@ DEFAULT_EVAL_EVERY_SAMPLES = 1024
 DEFAULT_EVAL_MAX_SAMPLES = 1024
 """Evaluate on at most this many test samples (a fixed subset, the same for every run)."""
 DEFAULT_MAX_EPOCHS = 20
-"""With neither `max_samples` nor `max_device_seconds`, stop after this many epochs of the train split,
+"""With neither `max_samples` nor `max_device_s`, stop after this many epochs of the train split,
 so that an unreachable target can never run forever."""
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter], float], torch.optim.Optimizer]
@@ -45,7 +45,7 @@ class StepHook(Protocol):
         on when it changes (the optimizer state is kept, the rate rescaled), else None."""
         ...
 
-    def after_step(self, power: PowerSamples, device_seconds: float) -> None:
+    def after_step(self, power: PowerSamples, device_s: float) -> None:
         """After every step: the power readings taken during it (none without a sensor) and the
         training device seconds so far."""
         ...
@@ -69,7 +69,7 @@ def step_failed(hook: StepHook, exc: Exception) -> int | None:
 @dataclass(frozen=True)
 class CurvePoint:
     samples: int
-    device_seconds: float
+    device_s: float
     accuracy: float
 
 
@@ -79,7 +79,7 @@ class FineTuneResult:
     """True when the test accuracy reached `target_accuracy`."""
     samples: int
     """Training samples consumed when the target was first reached, or in total."""
-    device_seconds: float
+    device_s: float
     """Device-clock seconds of the training steps only (evaluation excluded)."""
     energy_j: float | None
     """Energy over the training steps, None when the device has no power sensor."""
@@ -94,8 +94,8 @@ class FineTuneResult:
     steps: int
     target_accuracy: float | None = None
     stop_reason: str = ""
-    """"target", "max_samples" or "max_device_seconds"."""
-    wall_seconds: float = 0.0
+    """"target", "max_samples" or "max_device_s"."""
+    wall_s: float = 0.0
     """Host wall time of the whole call, evaluation included (for overhead accounting, not for TTA)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -122,7 +122,7 @@ class FineTuneConfig:
     """Stop at the first evaluation at or above it; None trains for the budget only (pre-training)."""
     max_samples: int | None = None
     """Training samples to spend at most (with no budget at all: DEFAULT_MAX_EPOCHS epochs)."""
-    max_device_seconds: float | None = None
+    max_device_s: float | None = None
     """Device seconds of training steps to spend at most."""
     eval_every_samples: int | None = DEFAULT_EVAL_EVERY_SAMPLES
     """Evaluate after every this many training samples (None: only before training and at the end)."""
@@ -138,7 +138,7 @@ class FineTuneConfig:
         if not callable(self.lr):
             _check_positive("lr", self.lr)
         _check_positive("max_samples", self.max_samples, integer=True)
-        _check_positive("max_device_seconds", self.max_device_seconds)
+        _check_positive("max_device_s", self.max_device_s)
         _check_positive("eval_every_samples", self.eval_every_samples, integer=True)
         _check_positive("eval_max_samples", self.eval_max_samples, integer=True)
         if self.target_accuracy is not None and not 0.0 < self.target_accuracy <= 1.0:
@@ -160,7 +160,7 @@ class FineTuneConfig:
 
     def sample_budget(self, train_samples: int) -> int | None:
         """`max_samples`, or with no budget at all DEFAULT_MAX_EPOCHS epochs of the train split."""
-        if self.max_samples is None and self.max_device_seconds is None:
+        if self.max_samples is None and self.max_device_s is None:
             return DEFAULT_MAX_EPOCHS * train_samples
         return self.max_samples
 

@@ -41,12 +41,12 @@ class StepTrace:
     def before_step(self, samples: int) -> int | None:
         return None
 
-    def after_step(self, power: PowerSamples, device_seconds: float) -> None:
+    def after_step(self, power: PowerSamples, device_s: float) -> None:
         if len(self._states) >= self._max_steps:
             self.overflowed = True
             return
         self._states.append({k: v.detach().clone() for k, v in self._model.state_dict().items()})
-        self._seconds.append(device_seconds)
+        self._seconds.append(device_s)
 
     def resume_state(self) -> dict[str, Any]:
         return {}
@@ -95,12 +95,12 @@ class StepTrace:
                     first,  # no power readings (see `usable`), the same batch size, rate and target
                     reached=True,
                     samples=step * b,
-                    device_seconds=self._seconds[step - 1],
+                    device_s=self._seconds[step - 1],
                     final_accuracy=accuracy,
                     curve=curve,
                     steps=step,
                     stop_reason="target",
-                    wall_seconds=time.perf_counter() - started,
+                    wall_s=time.perf_counter() - started,
                     extra={"replayed": True},
                 )
         return None
