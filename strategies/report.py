@@ -12,13 +12,14 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Iterator, Mapping
-from dataclasses import MISSING, Field, dataclass, field, fields
-from typing import Any, ClassVar, TypeVar
+from dataclasses import Field, dataclass, field, fields
+from typing import Any, ClassVar, TypeVar, cast
 
 from flwr.app import ConfigRecord
 
 from powerctl.files.mapping import (
     FIELD_KIND,
+    FIELD_RECORD,
     Choice,
     Flag,
     Integer,
@@ -31,10 +32,13 @@ from powerctl.files.mapping import (
     check_fields,
     field_kinds,
     must_be,
+    read_fields,
     shown,
 )
 from powerctl.files.mapping import kind_field as kind
 from powerctl.records.pick import Pick
+from powerctl.selection.follow import CapEvent
+from powerctl.selection.guard import StepDown
 from powerctl.selection.methods import METHODS
 from powerctl.selection.names import OURS
 from strategies.protocol import ARRAYS_KEY, CONFIG_KEY, METRICS_KEY, REPORT_KEY, reader
@@ -87,7 +91,7 @@ def _key(name: str) -> str:
 
 def nested(record: type[Record], *, required: bool = False) -> Any:
     """A field that holds another record (its defaults where it is not `required`)."""
-    meta = {"record": record}
+    meta = {FIELD_RECORD: record}
     return field(metadata=meta) if required else field(default_factory=record, metadata=meta)
 
 
@@ -107,14 +111,14 @@ class Record:
         return [
             n
             for f in _fields(cls)
-            for n in (f.metadata["record"].names() if "record" in f.metadata else [f.name])
+            for n in (f.metadata[FIELD_RECORD].names() if FIELD_RECORD in f.metadata else [f.name])
         ]
 
     def _leaves(self) -> Iterator[tuple[Field[Any], Any]]:
         """Every field with its value, the nested records' included, in order."""
         for f in _fields(self):
             value = getattr(self, f.name)
-            yield from value._leaves() if "record" in f.metadata else [(f, value)]
+            yield from value._leaves() if FIELD_RECORD in f.metadata else [(f, value)]
 
     def to_config(self) -> ConfigRecord:
         """Every field under its kebab-case key, None left out."""
@@ -128,15 +132,7 @@ class Record:
     @classmethod
     def read(cls: type[R], r: MappingReader) -> R:
         """This record (its nested ones too) read back from a reply, each field by its kind."""
-        values: dict[str, Any] = {}
-        for f in _fields(cls):
-            if "record" in f.metadata:
-                values[f.name] = f.metadata["record"].read(r)
-            elif _key(f.name) in r:
-                values[f.name] = r.value(_key(f.name), f.metadata[FIELD_KIND])
-            elif f.default is MISSING and f.default_factory is MISSING:
-                values[f.name] = None if isinstance(f.metadata[FIELD_KIND], Maybe) else r.get(_key(f.name))
-        return cls(**values)
+        return cast(R, read_fields(cls, r, _key))
 
     @classmethod
     def from_config(cls: type[R], record: Any, where: str = "train reply report") -> R:
@@ -145,7 +141,7 @@ class Record:
 
 def _fields(record: Any) -> list[Field[Any]]:
     """A record's fields that travel: those with a kind and the nested records."""
-    return [f for f in fields(record) if FIELD_KIND in f.metadata or "record" in f.metadata]
+    return [f for f in fields(record) if FIELD_KIND in f.metadata or FIELD_RECORD in f.metadata]
 
 
 @dataclass
@@ -196,20 +192,8 @@ class Profiling(Record):
     )
 
 
-CAP_EVENT = {
-    **dict.fromkeys(("t_s", "fraction_done", "in_step_over_cap_s", "over_cap_s"), NUMBER),
-    "kind": Choice(("start", "switch", "hold", "pause", "resume")),
-    "power_cap_w": Maybe(NUMBER),
-    **dict.fromkeys(("old_batch_size", "old_frequency_hz", "new_batch_size", "new_frequency_hz"), COUNT),
-    "predicted_remaining_s": Maybe(NUMBER),
-}
-"""A cap follower's event (`powerctl.selection.follow.CapEvent.to_dict`)."""
-STEP_DOWN = {
-    "device_s": NUMBER,
-    **dict.fromkeys(("old_hz", "new_hz"), COUNT),
-    **dict.fromkeys(("measured_w", "power_cap_w"), NUMBER),
-}
-"""A power guard's step-down (`powerctl.selection.guard.StepDown.to_dict`)."""
+CAP_EVENT, STEP_DOWN = field_kinds(CapEvent), field_kinds(StepDown)
+"""What a cap follower's event and a power guard's step-down hold (`to_dict`), as their fields declare."""
 
 
 @dataclass

@@ -382,12 +382,6 @@ class MappingReader:
     ) -> int:
         return self.value(key, Integer(minimum, maximum), default)
 
-    def flag(self, key: str, default: Any = MISSING) -> bool:
-        return self.value(key, Flag(), default)
-
-    def choice(self, key: str, allowed: tuple[str, ...], default: Any = MISSING) -> str:
-        return self.value(key, Choice(allowed), default)
-
     def json_object(self, key: str, default: Any = MISSING) -> dict[str, Any]:
         return self.value(key, JsonObject(), default)
 
@@ -410,6 +404,7 @@ def mapping_reader(
 
 
 FIELD_KIND = "kind"  # the metadata key of a record field's kind
+FIELD_RECORD = "record"  # the metadata key of a field holding another record, read from the same mapping
 
 
 def kind_field(kind: Kind, default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING) -> Any:
@@ -420,6 +415,20 @@ def kind_field(kind: Kind, default: Any = dataclasses.MISSING, *, factory: Any =
 def field_kinds(record: Any) -> dict[str, Kind]:
     """{field: kind} of a record (or record class) whose fields were declared with `kind_field`."""
     return {f.name: f.metadata[FIELD_KIND] for f in dataclasses.fields(record) if FIELD_KIND in f.metadata}
+
+
+def read_fields(record: Any, r: MappingReader, key: Callable[[str], str] = str) -> Any:
+    """`record` (a class) made from `r`: each `kind_field` read under `key(name)` by its kind (absent: its
+    default; none: None where its kind takes None, else `r`'s missing-key line), a nested record in turn."""
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(record):
+        if FIELD_RECORD in f.metadata:
+            values[f.name] = read_fields(f.metadata[FIELD_RECORD], r, key)
+        elif FIELD_KIND in f.metadata and key(f.name) in r:
+            values[f.name] = r.value(key(f.name), f.metadata[FIELD_KIND])
+        elif FIELD_KIND in f.metadata and f.default is f.default_factory is dataclasses.MISSING:
+            values[f.name] = None if isinstance(f.metadata[FIELD_KIND], Maybe) else r.get(key(f.name))
+    return record(**values)
 
 
 def check_fields(record: Any, where: str, kinds: Mapping[str, Kind]) -> None:

@@ -16,9 +16,10 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from powerctl.errors import InfeasibleCapError, PowerctlError
+from powerctl.files.mapping import Choice, Maybe, kind_field
 from powerctl.records.pick import Pick
 from powerctl.selection.capsource import CapSource, cap_text
-from powerctl.selection.guard import DEFAULT_TOLERANCE, DEFAULT_WINDOW, PowerGuard, StepDown
+from powerctl.selection.guard import AMOUNT, COUNT, DEFAULT_TOLERANCE, DEFAULT_WINDOW, PowerGuard, StepDown
 
 if TYPE_CHECKING:  # annotations only: the run settings read this module's defaults without a device
     from powerctl.devices.base import Device, PowerSamples
@@ -43,19 +44,19 @@ Chooser = Callable[[float | None], Pick]
 class CapEvent:
     """One thing the follower did (start, switch, hold, pause, resume) at `t_s` device seconds."""
 
-    t_s: float
-    kind: str
-    power_cap_w: float | None
-    old_batch_size: int
-    old_frequency_hz: int
-    new_batch_size: int
-    new_frequency_hz: int
-    fraction_done: float
+    t_s: float = kind_field(AMOUNT)
+    kind: str = kind_field(Choice(("start", "switch", "hold", "pause", "resume")))
+    power_cap_w: float | None = kind_field(Maybe(AMOUNT))
+    old_batch_size: int = kind_field(COUNT)
+    old_frequency_hz: int = kind_field(COUNT)
+    new_batch_size: int = kind_field(COUNT)
+    new_frequency_hz: int = kind_field(COUNT)
+    fraction_done: float = kind_field(AMOUNT)
     """Of the way to the target, by the relation vector (0 without one)."""
-    predicted_remaining_s: float | None
-    in_step_over_cap_s: float = 0.0
+    predicted_remaining_s: float | None = kind_field(Maybe(AMOUNT))
+    in_step_over_cap_s: float = kind_field(AMOUNT, 0.0)
     """Seconds over the cap of the step in progress at the change (not preventable: at most one step)."""
-    over_cap_s: float = 0.0
+    over_cap_s: float = kind_field(AMOUNT, 0.0)
     """Seconds measured over the cap after that until the next event: what the follower did not prevent."""
 
     def to_dict(self) -> dict[str, Any]:

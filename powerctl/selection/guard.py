@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from powerctl.errors import PowerctlError
+from powerctl.files.mapping import Integer, Number, kind_field
 
 if TYPE_CHECKING:  # annotations only: the run settings read this module's defaults without a device
     from powerctl.devices.base import Device, PowerSamples
@@ -24,6 +25,7 @@ DEFAULT_WINDOW = 3
 """Consecutive over-cap checks (training steps) before a step-down."""
 DEFAULT_TOLERANCE = 0.02
 """Relative excess over the cap a reading may show before it counts as over (the sensor's noise band)."""
+AMOUNT, COUNT = Number(0.0), Integer(0)  # what a reported step-down or cap event holds
 
 
 class PowerCapExceeded(PowerctlError):
@@ -34,11 +36,11 @@ class PowerCapExceeded(PowerctlError):
 class StepDown:
     """One guard action: at `device_s` of training, `old_hz` → `new_hz` after reading `measured_w`."""
 
-    device_s: float
-    old_hz: int
-    new_hz: int
-    measured_w: float
-    power_cap_w: float
+    device_s: float = kind_field(AMOUNT)
+    old_hz: int = kind_field(COUNT)
+    new_hz: int = kind_field(COUNT)
+    measured_w: float = kind_field(AMOUNT)
+    power_cap_w: float = kind_field(AMOUNT)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
