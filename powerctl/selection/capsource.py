@@ -140,8 +140,55 @@ class ConstantCap(CapSource):
         return "none" if self.power_cap_w is None else f"{self.power_cap_w:g} W"
 
 
+class _HeldCap(CapSource):
+    """A cap held from each of `times_s` (from 0, rising) until the next; at the end `repeat`ed (period:
+    the last time plus the last interval) or `clip`ped (the last holds)."""
+
+    times_s: tuple[float, ...]
+    watts: tuple[float | None, ...]
+    end: str = "clip"
+    name: str = "schedule"
+
+    @property
+    def period_s(self) -> float:
+        if len(self.times_s) == 1:
+            return math.inf
+        return self.times_s[-1] + (self.times_s[-1] - self.times_s[-2])
+
+    def cap_at(self, t_s: float) -> float | None:
+        if self.end == "repeat" and t_s >= self.period_s:
+            t_s = math.fmod(t_s, self.period_s)
+        i = bisect.bisect_right(self.times_s, t_s) - 1
+        return self.watts[max(i, 0)]
+
+    def steps_until(self, until_s: float) -> StepList:
+        rows = list(zip(self.times_s, self.watts, strict=True))
+        if self.end == "clip" or not math.isfinite(self.period_s):
+            return [(t, w) for t, w in rows if t <= until_s]
+        periods = math.floor(until_s / self.period_s) + 1
+        if periods * len(rows) > MAX_POINTS:
+            raise CapSourceError(
+                f"{self.name}: {periods:,} repeats of {len(rows)} rows up to {until_s:g} s are more than "
+                f"{MAX_POINTS:,} steps to draw; lower --until"
+            )
+        return [
+            (k * self.period_s + t, w)
+            for k in range(periods)
+            for t, w in rows
+            if k * self.period_s + t <= until_s
+        ]
+
+    def lowest_w(self) -> float | None:
+        caps = [w for w in self.watts if w is not None]
+        return min(caps) if caps else None
+
+    @property
+    def is_constant(self) -> bool:
+        return len(set(self.watts)) == 1
+
+
 @dataclass(frozen=True)
-class ScheduleCap(CapSource):
+class ScheduleCap(_HeldCap):
     """``steps[i] = (t_s, W)`` holds until the next step's time, the last for ever; times from 0, rising."""
 
     steps: tuple[tuple[float, float | None], ...]
@@ -170,24 +217,9 @@ class ScheduleCap(CapSource):
             steps.append((float(t), parse_power_cap(w, here, error=CapSourceError)))
         return cls(tuple(steps))
 
-    def cap_at(self, t_s: float) -> float | None:
-        current = self.steps[0][1]
-        for t, w in self.steps:
-            if t > t_s:
-                break
-            current = w
-        return current
-
-    def steps_until(self, until_s: float) -> StepList:
-        return [(t, w) for t, w in self.steps if t <= until_s]
-
-    def lowest_w(self) -> float | None:
-        caps = [w for _, w in self.steps if w is not None]
-        return min(caps) if caps else None
-
-    @property
-    def is_constant(self) -> bool:
-        return len({w for _, w in self.steps}) == 1
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "times_s", tuple(t for t, _ in self.steps))
+        object.__setattr__(self, "watts", tuple(w for _, w in self.steps))
 
     def describe(self) -> str:
         shown = [f"{t:g}s:{'none' if w is None else f'{w:g}W'}" for t, w in self.steps[:8]]
@@ -200,9 +232,8 @@ TRACE_ENDS = ("repeat", "clip")
 
 
 @dataclass(frozen=True)
-class TraceCap(CapSource):
-    """A recorded power budget: rows ``seconds,watts`` from 0, each held until the next. At its end it
-    `repeat`s (period: its last time plus its last interval) or is `clip`ped (the last row holds)."""
+class TraceCap(_HeldCap):
+    """A recorded power budget: rows ``seconds,watts``, by default repeated."""
 
     times_s: tuple[float, ...]
     watts: tuple[float, ...]
@@ -261,42 +292,6 @@ class TraceCap(CapSource):
         if not times:
             raise CapSourceError(f"{path}: the cap trace has no 'seconds,watts' rows")
         return cls(tuple(times), tuple(watts), end, str(path))
-
-    @property
-    def period_s(self) -> float:
-        if len(self.times_s) == 1:
-            return math.inf
-        return self.times_s[-1] + (self.times_s[-1] - self.times_s[-2])
-
-    def cap_at(self, t_s: float) -> float | None:
-        if self.end == "repeat" and t_s >= self.period_s:
-            t_s = math.fmod(t_s, self.period_s)
-        i = bisect.bisect_right(self.times_s, t_s) - 1
-        return self.watts[max(i, 0)]
-
-    def steps_until(self, until_s: float) -> StepList:
-        rows = list(zip(self.times_s, self.watts, strict=True))
-        if self.end == "clip" or not math.isfinite(self.period_s):
-            return [(t, w) for t, w in rows if t <= until_s]
-        periods = math.floor(until_s / self.period_s) + 1
-        if periods * len(rows) > MAX_POINTS:
-            raise CapSourceError(
-                f"{self.name}: {periods:,} repeats of {len(rows)} rows up to {until_s:g} s are more than "
-                f"{MAX_POINTS:,} steps to draw; lower --until"
-            )
-        return [
-            (k * self.period_s + t, w)
-            for k in range(periods)
-            for t, w in rows
-            if k * self.period_s + t <= until_s
-        ]
-
-    def lowest_w(self) -> float | None:
-        return min(self.watts)
-
-    @property
-    def is_constant(self) -> bool:
-        return len(set(self.watts)) == 1
 
     def describe(self) -> str:
         return (
