@@ -69,20 +69,8 @@ class ReplayBoard(Device):
     def frequencies(self) -> list[int]:
         return list(self._table)
 
-    def current_frequency(self) -> int:
-        return self._hz
-
-    def _write_pin(self, hz: int) -> None:
+    def _write_pin(self, hz: int) -> None:  # a board walked once: nothing to restore
         self._hz = hz
-
-    def snapshot(self) -> dict[str, Any]:
-        return {"hz": self._hz}
-
-    def apply_snapshot(self, state: dict[str, Any]) -> None:
-        self._hz = int(state["hz"])
-
-    def read_power_w(self) -> float:
-        return self.watts
 
     def power_sampler(self, rate_hz: float) -> PowerSampler:
         return _ReplaySampler(self)
@@ -92,12 +80,6 @@ class ReplayBoard(Device):
 
     def clock(self) -> float:
         return self._t
-
-    def synchronize(self) -> None:
-        return None
-
-    def torch_device(self) -> str:
-        return "cpu"
 
     def run_step(self, fn: Callable[[], T], *, batch_size: int, workload: Workload) -> T:
         point = self._points.get((batch_size, self._hz))
