@@ -13,7 +13,7 @@ import copy
 import json
 from collections.abc import Iterator, Mapping
 from dataclasses import Field, dataclass, field, fields
-from typing import Any, ClassVar, TypeVar, cast
+from typing import Any, ClassVar, TypeVar
 
 from flwr.app import ConfigRecord
 
@@ -132,7 +132,7 @@ class Record:
     @classmethod
     def read(cls: type[R], r: MappingReader) -> R:
         """This record (its nested ones too) read back from a reply, each field by its kind."""
-        return cast(R, read_fields(cls, r, _key))
+        return cls(**read_fields(cls, r, _key))
 
     @classmethod
     def from_config(cls: type[R], record: Any, where: str = "train reply report") -> R:

@@ -417,18 +417,19 @@ def field_kinds(record: Any) -> dict[str, Kind]:
     return {f.name: f.metadata[FIELD_KIND] for f in dataclasses.fields(record) if FIELD_KIND in f.metadata}
 
 
-def read_fields(record: Any, r: MappingReader, key: Callable[[str], str] = str) -> Any:
-    """`record` (a class) made from `r`: each `kind_field` read under `key(name)` by its kind (absent: its
-    default; none: None where its kind takes None, else `r`'s missing-key line), a nested record in turn."""
+def read_fields(record: Any, r: MappingReader, key: Callable[[str], str] = str) -> dict[str, Any]:
+    """The arguments of `record` (a class) read from `r`: each `kind_field` under `key(name)` by its kind
+    (absent: its default; none: None where its kind takes None, else `r`'s missing-key line), and each
+    nested record made in turn."""
     values: dict[str, Any] = {}
     for f in dataclasses.fields(record):
         if FIELD_RECORD in f.metadata:
-            values[f.name] = read_fields(f.metadata[FIELD_RECORD], r, key)
+            values[f.name] = f.metadata[FIELD_RECORD](**read_fields(f.metadata[FIELD_RECORD], r, key))
         elif FIELD_KIND in f.metadata and key(f.name) in r:
             values[f.name] = r.value(key(f.name), f.metadata[FIELD_KIND])
         elif FIELD_KIND in f.metadata and f.default is f.default_factory is dataclasses.MISSING:
             values[f.name] = None if isinstance(f.metadata[FIELD_KIND], Maybe) else r.get(key(f.name))
-    return record(**values)
+    return values
 
 
 def check_fields(record: Any, where: str, kinds: Mapping[str, Kind]) -> None:

@@ -14,12 +14,14 @@ from powerctl.files.mapping import (
     MAX_CAP_W,
     MAX_COUNT,
     Integer,
-    Kind,
     Maybe,
     Number,
     Text,
     check_fields,
+    field_kinds,
     is_integer,
+    kind_field,
+    read_fields,
 )
 
 PROFILE_SCHEMA = "powerctl.profile/2"
@@ -28,26 +30,17 @@ _KNOWN.add("predicted_points")
 
 _WATTS = Number(0.0, MAX_CAP_W, above=True)
 _SECONDS = Number(0.0, above=True)
-POINT_KINDS: dict[str, Kind] = {
-    "batch_size": Integer(1, MAX_BATCH_SIZE),
-    "frequency_hz": Integer(1),
-    "peak_power_w": _WATTS,
-    "mean_power_w": _WATTS,
-    "seconds_per_batch": _SECONDS,
-    "seconds_for_samples": _SECONDS,
-}
-"""What each field of a profiled point must be, in a file and in Python alike."""
 MEAN_OVER_PEAK = 1 + 1e-9  # how far a point's mean power may sit above its peak: rounding
 
 
 @dataclass(frozen=True)
 class ProfilePoint:
-    batch_size: int
-    frequency_hz: int
-    peak_power_w: float
-    mean_power_w: float
-    seconds_per_batch: float
-    seconds_for_samples: float  # T_N(b, f): seconds to process the profile's `samples` at this point
+    batch_size: int = kind_field(Integer(1, MAX_BATCH_SIZE))
+    frequency_hz: int = kind_field(Integer(1))
+    peak_power_w: float = kind_field(_WATTS)
+    mean_power_w: float = kind_field(_WATTS)
+    seconds_per_batch: float = kind_field(_SECONDS)
+    seconds_for_samples: float = kind_field(_SECONDS)  # T_N(b, f): seconds to process `samples` here
 
     def __post_init__(self) -> None:
         """Checked as a file's point is, one ArgumentError line naming the field."""
@@ -85,17 +78,21 @@ class ProfilePoint:
         }
 
 
+POINT_KINDS = field_kinds(ProfilePoint)
+"""What each field of a profiled point must be, in a file and in Python alike."""
+
+
 @dataclass
 class Profile:
     """Measured on one device for one model and input shape; a missing point = not profiled. Its
     sequences are tuples (compare them with tuples; `to_dict` writes lists)."""
 
-    device: str
-    model: str
+    device: str = kind_field(Text())
+    model: str = kind_field(Text())
     input_shape: Sequence[int]
-    samples: int
+    samples: int = kind_field(Integer(1, MAX_COUNT))
     points: Sequence[ProfilePoint]
-    profiling_s: float | None = None  # device seconds the profiling itself cost
+    profiling_s: float | None = kind_field(Maybe(Number(0.0)), None)  # device seconds profiling cost
     skipped: Sequence[Mapping[str, Any]] = field(default_factory=tuple)  # batch sizes left out, with why
     extra: dict[str, Any] = field(default_factory=dict)
     predicted: Sequence[ProfilePoint] = field(default_factory=tuple)
@@ -164,14 +161,10 @@ class Profile:
         if not points:
             raise f.fail("no profiled points")
         predicted = _points(f, "predicted_points", where, seen) if "predicted_points" in data else []
-        cost = data.get("profiling_s")
         return cls(
-            device=f.string("device"),
-            model=f.string("model"),
+            **read_fields(cls, f),
             input_shape=list(shape),
-            samples=f.integer("samples", maximum=MAX_COUNT),
             points=points,
-            profiling_s=None if cost is None else f.number("profiling_s"),
             skipped=list(data.get("skipped") or []),
             extra={k: v for k, v in data.items() if k not in _KNOWN},
             predicted=predicted,
@@ -182,12 +175,7 @@ class Profile:
         return cls.from_dict(read_json(path, PROFILE_SCHEMA), str(path))
 
 
-PROFILE_KINDS: dict[str, Kind] = {
-    "device": Text(),
-    "model": Text(),
-    "samples": Integer(1, MAX_COUNT),
-    "profiling_s": Maybe(Number(0.0)),
-}
+PROFILE_KINDS = field_kinds(Profile)
 """What a profile's scalar fields must be, in a file and in Python alike."""
 
 
@@ -198,7 +186,7 @@ def _points(f: Fields, key: str, where: str, seen: set[tuple[int, int]]) -> list
         if not isinstance(raw, dict):
             raise f.fail(f"{key}[{i}] must be an object")
         pf = Fields(raw, f"{where}: {key}[{i}]")
-        values = {name: pf.value(name, kind) for name, kind in POINT_KINDS.items()}
+        values = read_fields(ProfilePoint, pf)
         if values["mean_power_w"] > values["peak_power_w"] * MEAN_OVER_PEAK:
             raise pf.fail("mean_power_w exceeds peak_power_w")
         p = ProfilePoint(**values)
