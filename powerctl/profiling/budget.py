@@ -204,29 +204,6 @@ def confirmed_in_training(profile: Profile) -> bool:
     return profile.extra.get("order") == PREDICTED and profile.extra.get(CONFIRM_KEY) == IN_TRAINING
 
 
-def to_confirm(
-    prediction: Profile, workload: Workload, request: ProfilingRequest, device: Device, source: str
-) -> Profile:
-    """The predicted way's profile: the prediction's points, to be confirmed in training."""
-    return Profile(
-        device=device.board,
-        model=workload.model,
-        input_shape=list(workload.input_shape),
-        samples=request.samples,
-        points=list(prediction.points),
-        profiling_s=0.0,
-        extra={
-            "order": PREDICTED,
-            CONFIRM_KEY: IN_TRAINING,
-            "power_cap_w": request.power_cap_w,
-            "predicted_from": source,
-            "warmup_steps": request.warmup_steps,
-            "measure_steps": request.measure_steps,
-            "workload": workload.to_dict(),
-        },
-    )
-
-
 def still_enough(
     profile: Profile,
     ways: Sequence[str],
@@ -315,7 +292,10 @@ def profile_within_budget(
         choice = choose_way(ways, costs, budget)
         if choice == PREDICTED:
             assert prediction is not None
-            profile = to_confirm(prediction, workload, request, device, predicted_from)
+            head = {"order": PREDICTED, CONFIRM_KEY: IN_TRAINING, "power_cap_w": power_cap_w}
+            profile = profiler.profile(
+                prediction.points, head | {"predicted_from": predicted_from}, profiling_s=0.0
+            )
         else:
             profile = request.run(profiler, choice, sizes, progress=progress)
         measured_step = prediction is None and training > 0

@@ -222,27 +222,40 @@ class Profiler:
                 points, predicted, fit = fitted.run(sizes)
                 bar.update(total - bar.n)
         self._steps.clear()
-        return Profile(
-            device=self.device.board,
-            model=self.workload.model,
-            input_shape=list(self.workload.input_shape),
-            samples=self.samples,
-            points=sorted(points, key=lambda p: (p.batch_size, p.frequency_hz)),
-            predicted=sorted(predicted, key=lambda p: (p.batch_size, p.frequency_hz)),
-            profiling_s=self.device.clock() - start,
-            skipped=[{"batch_size": b, "reason": why} for b, why in sorted(self.skipped.items())],
-            extra={
+        profile = self.profile(
+            sorted(points, key=lambda p: (p.batch_size, p.frequency_hz)),
+            {
                 "order": order,
                 "power_cap_w": power_cap_w,
                 # False: measured at the clock in force (powerctl.devices.unpinned), its one frequency
                 "pinned": self.device.pins,
                 # "instant" or "average" (NVML's smoothed reading: its peaks read low); absent: not said
                 **({"power_reading": r} if (r := self.device.power_reading) else {}),
+            },
+            predicted=sorted(predicted, key=lambda p: (p.batch_size, p.frequency_hz)),
+            profiling_s=self.device.clock() - start,
+            skipped=[{"batch_size": b, "reason": why} for b, why in sorted(self.skipped.items())],
+        )
+        if order == "fitted":
+            rel = None if relation is None else {str(b): r for b, r in sorted(relation.items())}
+            profile.extra |= {"fit": fit.to_dict() if fit else None, "margin": margin, "relation": rel}
+        return profile
+
+    def profile(self, points: Sequence[ProfilePoint], extra: dict[str, Any], **fields: Any) -> Profile:
+        """A profile of this device and workload: `extra`, then how each point is measured."""
+        return Profile(
+            device=self.device.board,
+            model=self.workload.model,
+            input_shape=list(self.workload.input_shape),
+            samples=self.samples,
+            points=points,
+            extra=extra
+            | {
                 "warmup_steps": self.warmup_steps,
                 "measure_steps": self.measure_steps,
                 "workload": self.workload.to_dict(),
-            }
-            | (_fitted_extra(fit, margin, relation) if order == "fitted" else {}),
+            },
+            **fields,
         )
 
     def _efficient(self, sizes: list[int], table: list[int], cap: float, bar: tqdm) -> list[ProfilePoint]:
@@ -261,13 +274,6 @@ class Profiler:
                     break
                 start = i
         return points
-
-
-def _fitted_extra(
-    fit: ProfileFit | None, margin: float, relation: Mapping[int, float] | None
-) -> dict[str, Any]:
-    rel = None if relation is None else {str(b): r for b, r in sorted(relation.items())}
-    return {"fit": fit.to_dict() if fit else None, "margin": margin, "relation": rel}
 
 
 @dataclass
