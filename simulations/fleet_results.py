@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from fl_server.results import profiled_as, profiling_share
+from powerctl.procs import alive
 from powerctl.selection.methods import run_method_named
 from simulations.fleet import FleetSpec
 from strategies.population import POPULATION_FILE
@@ -132,18 +133,21 @@ def reference_method(methods: list[str]) -> str | None:
     return next((m for m in methods if run_method_named(m).method.reference), None)
 
 
+def ratio(reference: float | None, value: float | None, *, speedup: bool) -> float | None:
+    """A method's ratio to the state of practice: speed-up reference / value, else value / reference;
+    None unless both are > 0."""
+    if not reference or not value or reference <= 0 or value <= 0:
+        return None
+    return reference / value if speedup else value / reference
+
+
 def add_ratios(summaries: list[dict[str, Any]]) -> None:
     """speedup = state of practice's time to target / the method's; energy ratio = method's / SoP's."""
     name = reference_method([s["method"] for s in summaries])
-    sop = next((s for s in summaries if s["method"] == name), None)
+    sop = next((s for s in summaries if s["method"] == name), {})
     for s in summaries:
-        s["speedup_vs_sop"] = s["energy_vs_sop"] = None
-        if sop is None:
-            continue
-        if sop["time_to_target_s"] and s["time_to_target_s"]:
-            s["speedup_vs_sop"] = sop["time_to_target_s"] / s["time_to_target_s"]
-        if sop["energy_j"] and s["energy_j"]:
-            s["energy_vs_sop"] = s["energy_j"] / sop["energy_j"]
+        s["speedup_vs_sop"] = ratio(sop.get("time_to_target_s"), s["time_to_target_s"], speedup=True)
+        s["energy_vs_sop"] = ratio(sop.get("energy_j"), s["energy_j"], speedup=False)
 
 
 def build_results(spec: FleetSpec, flwr_out: Path, methods: list[str], *, wall_s: float) -> dict[str, Any]:
@@ -198,13 +202,38 @@ def build_results(spec: FleetSpec, flwr_out: Path, methods: list[str], *, wall_s
     } | ({"population": population} if population else {})
 
 
-def cell(v: float | None, fmt: str = ".1f") -> str:
-    """A table cell: the number in `fmt`, "-" for none."""
-    return "-" if v is None else format(v, fmt)
+def cell(v: float | None, fmt: str = ".1f", unit: str = "") -> str:
+    """A table cell: the number in `fmt` and its unit, "-" for none."""
+    return "-" if v is None else format(v, fmt) + unit
 
 
-def _ratio(v: float | None) -> str:
-    return "-" if v is None else f"{v:.2f}x"
+def processes(pids: list[int]) -> dict[str, list[int]]:
+    """The processes a run started, and those still alive after it."""
+    return {"started": pids, "alive_after": [p for p in pids if alive(p)]}
+
+
+def cap_text(power_cap_w: float | None) -> str:
+    """A cap in a table: its watts, or none."""
+    return "none" if power_cap_w is None else f"{power_cap_w:g}"
+
+
+def table(head: str, rows: list[str]) -> list[str]:
+    """A printed table: its head, a rule as wide, its rows."""
+    return [head, "-" * len(head), *rows]
+
+
+def headline(fleet: dict[str, Any], over: str = "") -> str:
+    """The first line of a fleet's summary (`over`: what follows its name)."""
+    return (
+        f"fleet {fleet['name']}{over}: {len(fleet['boards'])} boards, model {fleet['model']}, "
+        f"target accuracy {fleet['target_accuracy']:g}, {fleet['rounds']} round(s)"
+    )
+
+
+def some(items: list[str], shown: int = 8, counted: bool = True) -> str:
+    """The first `shown` of a list; the rest an ellipsis (`counted`: with how many in all)."""
+    more = f" … ({len(items)} in all)" if counted else " …"
+    return ", ".join(items[:shown]) + (more if len(items) > shown else "")
 
 
 def summary_text(results: dict[str, Any]) -> str:
@@ -215,28 +244,23 @@ def summary_text(results: dict[str, Any]) -> str:
         f"{'makespans s':<22} {'energy J':>9} {'at target':>9} {'over cap':>8} {'failed':>6} "
         f"{'speed-up':>8} {'energy':>7}"
     )
-    lines = [
-        f"fleet {fleet['name']}: {len(fleet['boards'])} boards, model {fleet['model']}, "
-        f"target accuracy {fleet['target_accuracy']:g}, {fleet['rounds']} round(s)",
-        head,
-        "-" * len(head),
-    ]
+    rows = []
     for s in results["summary"]:
-        spans = ", ".join(f"{m:.1f}" for m in s["makespans_s"][:4]) + (
-            " …" if len(s["makespans_s"]) > 4 else ""
-        )
+        spans = some([f"{m:.1f}" for m in s["makespans_s"]], 4, counted=False)
         ttt = (
             cell(s["time_to_target_s"])
             if s["time_to_target_s"] is not None
             else f">{s['total_makespan_s']:.1f}"
         )
         share = cell(s.get("profiling_share"), ".1%")
-        lines.append(
+        rows.append(
             f"{s['method']:<18} {ttt:>11} {cell(s['training_to_target_s']):>10} {share:>6} "
             f"{cell(s['reached_round'], 'd'):>5} {spans:<22} "
             f"{s['energy_j']:>9.0f} {s['clients_at_target']:>4}/{s['clients']:<4} {s['over_cap']:>8} "
-            f"{s['failed']:>6} {_ratio(s['speedup_vs_sop']):>8} {cell(s['energy_vs_sop'], '.2f'):>7}"
+            f"{s['failed']:>6} {cell(s['speedup_vs_sop'], '.2f', 'x'):>8} "
+            f"{cell(s['energy_vs_sop'], '.2f'):>7}"
         )
+    lines = [headline(fleet), *table(head, rows)]
     lines += [
         "",
         "to target s: " + results["definitions"]["time_to_target_s"] + "; (training): the same without "
@@ -290,7 +314,7 @@ def population_lines(results: dict[str, Any]) -> list[str]:
         "round's sampled and unavailable boards"
     ]
     for r in first["rounds"]:
-        shown = ", ".join(map(str, r["sampled"][:8])) + (" …" if len(r["sampled"]) > 8 else "")
+        shown = some([str(p) for p in r["sampled"]], counted=False)
         lines.append(
             f"  round {r['round']}: {r['available']} of {r['population']} available, "
             f"{len(r['sampled'])} sampled (partitions {shown})"
@@ -303,13 +327,12 @@ def choices_table(results: dict[str, Any]) -> list[str]:
     groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for r in results["records"]:
         if r["round"] == 1:
-            cap = "none" if r["power_cap_w"] is None else f"{r['power_cap_w']:g}"
-            groups.setdefault((r["device"], cap, r["method"]), []).append(r)
+            groups.setdefault((r["device"], cap_text(r["power_cap_w"]), r["method"]), []).append(r)
     head = (
         f"{'round 1: device':<18} {'cap W':>6} {'method':<18} {'n':>4} {'b':>4} {'MHz':>7} {'profiled':>8} "
         f"{'prof s':>7} {'device s':>9} {'energy J':>9} {'peak W':>7}"
     )
-    lines = [head, "-" * len(head)]
+    rows = []
     order = {m: i for i, m in enumerate(results["methods"])}
     for (device, cap, method), rs in sorted(groups.items(), key=lambda kv: (*kv[0][:2], order[kv[0][2]])):
         pairs = sorted({(r["batch_size"], r["frequency_hz"]) for r in rs})
@@ -322,32 +345,33 @@ def choices_table(results: dict[str, Any]) -> list[str]:
         ways = "/".join(sorted({profiled_as(r) for r in rs})) if power_aware else "-"
         secs = sum(r["device_s"] for r in rs) / n
         joules = sum(r["energy_j"] or 0 for r in rs) / n
-        lines.append(
+        rows.append(
             f"{device:<18} {cap:>6} {method:<18} {n:>4} {b:>4} {hz / 1e6:>6.1f}{more:1} {ways:>8} "
             f"{prof:>7.1f} {secs:>9.1f} {joules:>9.0f} {cell(max(peaks) if peaks else None, '.2f'):>7}"
         )
-    return lines
+    return table(head, rows)
 
 
 def switches_table(results: dict[str, Any]) -> list[str]:
     """Per client under a changing cap: what it did (switches, pauses, time paused, over the cap)."""
-    rows = [r for r in results["records"] if r.get("cap_events")]
-    if not rows:
+    changed = [r for r in results["records"] if r.get("cap_events")]
+    if not changed:
         return []
     head = (
         f"{'changing cap: client':<22} {'method':<18} {'round':>5} {'switches':>8} {'pauses':>6} "
         f"{'paused s':>8} {'over cap s':>10}  pairs (b@MHz) in order"
     )
-    lines = ["", head, "-" * len(head)]
-    for r in sorted(rows, key=lambda r: (r["node_key"], r["method"], r["round"])):
+    rows = []
+    for r in sorted(changed, key=lambda r: (r["node_key"], r["method"], r["round"])):
         pairs = [f"{e['new_batch_size']}@{e['new_frequency_hz'] / 1e6:.0f}" for e in r["cap_events"]]
         beyond = sum(e["over_cap_s"] for e in r["cap_events"])
-        lines.append(
+        rows.append(
             f"{r['node_key']:<22} {r['method']:<18} {r['round']:>5} {r['switches']:>8} {r['pauses']:>6} "
             f"{r.get('paused_s') or 0.0:>8.1f} {beyond:>10.2f}  {' → '.join(pairs)}"
         )
-    lines.append(
+    return [
+        "",
+        *table(head, rows),
         "over cap s: measured over the cap in force beyond the step in progress at each change (a drop "
-        "is acted on before the next step); paused: nothing fitted under the cap."
-    )
-    return lines
+        "is acted on before the next step); paused: nothing fitted under the cap.",
+    ]

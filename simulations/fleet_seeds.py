@@ -12,9 +12,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from powerctl.procs import alive
 from simulations.fleet import FleetSpec
-from simulations.fleet_results import cell, fleet_block, reference_method
+from simulations.fleet_results import (
+    cap_text,
+    cell,
+    fleet_block,
+    headline,
+    processes,
+    ratio,
+    reference_method,
+    some,
+    table,
+)
 from simulations.intervals import DRAWS, SEED, mean_interval95
 
 SEEDS_SCHEMA = "simulations.fleet-seeds/2"
@@ -65,8 +74,8 @@ class SeedRun:
                     status="ok" if self.ok else "failed", wall_s=self.wall_s,
                     prepared_cached=self.prepared_cached)  # fmt: skip
         if self.results is None:
-            processes = {"started": self.pids, "alive_after": [p for p in self.pids if alive(p)]}
-            return head | {"reason": self.error, "log": str(self.folder / "flwr.log"), "processes": processes}
+            log = str(self.folder / "flwr.log")
+            return head | {"reason": self.error, "log": log, "processes": processes(self.pids)}
         return head | {"summary": self.results["summary"], "boards": board_rows(self.results)}
 
 
@@ -91,8 +100,7 @@ def board_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
 
 def cell_label(row: dict[str, Any]) -> str:
     """A board's cell of the fleet's grid: its device and power cap."""
-    cap = row["power_cap_w"]
-    return f"{row['device']}@{'none' if cap is None else f'{cap:g}'}"
+    return f"{row['device']}@{cap_text(row['power_cap_w'])}"
 
 
 def profiling_share(rows: list[dict[str, Any]]) -> float | None:
@@ -120,13 +128,6 @@ def ratio_stats(per_seed: dict[int, list[float]], unpaired: int) -> dict[str, An
         "interval": list(mean_interval95(values)) if values else None,
         "geomean": _geomean(every) if every else None,
     }
-
-
-def _ratio(reference: float | None, value: float | None, *, speedup: bool) -> float | None:
-    """speed-up: reference / value; else value / reference; None unless both are > 0."""
-    if not reference or not value or reference <= 0 or value <= 0:
-        return None
-    return reference / value if speedup else value / reference
 
 
 def averaged_model(method: str, target: float, runs: list[SeedRun]) -> dict[str, Any]:
@@ -169,11 +170,11 @@ def board_speedups(
     paired, unpaired = [], 0
     for r in mine:
         other = theirs.get(r["node_key"])
-        ratio = _ratio(other["to_own_target_s"] if other else None, seconds(r), speedup=True)
-        if ratio is None:
+        x = ratio(other["to_own_target_s"] if other else None, seconds(r), speedup=True)
+        if x is None:
             unpaired += 1
         else:
-            paired.append((r, ratio))
+            paired.append((r, x))
     return paired, unpaired + len(set(theirs) - {r["node_key"] for r in mine})
 
 
@@ -201,11 +202,11 @@ def method_over_seeds(method: str, sop: str | None, runs: list[SeedRun], target:
             cells.setdefault(labels[r["node_key"]], {}).setdefault(run.seed, []).append(x)
         ref = rows_by[sop]
         for key, name, speedup in (("fleet", "time_to_target_s", True), ("energy", "energy_j", False)):
-            ratio = _ratio(ref[name], rows_by[method][name], speedup=speedup)
-            if ratio is None:
+            value = ratio(ref[name], rows_by[method][name], speedup=speedup)
+            if value is None:
                 unpaired[key] += 1
             else:
-                ratios[key][run.seed] = [ratio]
+                ratios[key][run.seed] = [value]
     at_target = [(k, r) for k, r in boards if r["to_own_target_s"] is not None]
     reached = {k: s["time_to_target_s"] for k, s in fleet.items() if s["time_to_target_s"] is not None}
     compared = sop is not None and method != sop
@@ -267,6 +268,9 @@ def build_seed_results(
     }
 
 
+STATS_HEAD = f"{'95 % interval':>18}  {'geo mean':>8}  {'unpaired':>8}"
+
+
 def _stats_cells(stats: dict[str, Any] | None, unit: str) -> str:
     if stats is None or stats["mean"] is None:
         unpaired = "-" if stats is None else str(stats["unpaired"])
@@ -277,55 +281,33 @@ def _stats_cells(stats: dict[str, Any] | None, unit: str) -> str:
     return f"{stats['mean']:>8.2f}{unit}  {interval:>18}  {geo:>8}  {stats['unpaired']:>8}"
 
 
-def _table(
-    title: str, count_head: str, mean_head: str, ratio_head: str, rows: list[tuple[str, int, str, str, str]]
-) -> list[str]:
-    head = (
-        f"{'method':<18} {'seeds':>5} {count_head:>10} {mean_head:>9} {ratio_head:>9}  "
-        f"{'95 % interval':>18}  {'geo mean':>8}  {'unpaired':>8}"
-    )
-    lines = ["", title, head, "-" * len(head)]
-    lines += [f"{m:<18} {n:>5} {count:>10} {mean:>9} {cells}" for m, n, count, mean, cells in rows]
-    return lines
-
-
 def cells_table(summary: list[dict[str, Any]], reference: str | None) -> list[str]:
     """Per method and cell of the grid: the speed-up to each board's own target over the state of
     practice, paired by seed, and the profiling share."""
+    head = f"{'cell':<26} {'seeds':>5} {'speed-up':>9}  {STATS_HEAD}  {'prof %':>6}"
     lines: list[str] = []
     for m in summary:
         b = m["board"]
         if not b.get("cells"):
             continue
-        head = (
-            f"{'cell':<26} {'seeds':>5} {'speed-up':>9}  {'95 % interval':>18}  {'geo mean':>8}  "
-            f"{'unpaired':>8}  {'prof %':>6}"
-        )
         title = f"per cell: {m['method']} against {reference}, time to each board's own target, round 1"
-        lines += ["", title, head, "-" * len(head)]
-        for label, stats in b["cells"].items():
-            share = stats["profiling_share"]
-            prof = "-" if share is None else f"{100 * share:.1f}%"
-            lines.append(f"{label:<26} {len(stats['per_seed']):>5} {_stats_cells(stats, 'x')}  {prof:>6}")
+        rows = [
+            f"{label:<26} {len(stats['per_seed']):>5} {_stats_cells(stats, 'x')}  "
+            f"{cell(stats['profiling_share'], '.1%'):>6}"
+            for label, stats in b["cells"].items()
+        ]
+        lines += ["", title, *table(head, rows)]
         if (share := b["profiling_share"]) is not None:
-            lines.append(f"{'all cells':<26} profiling {100 * share:.1f}% of fine-tuning (summed)")
+            lines.append(f"{'all cells':<26} profiling {share:.1%} of fine-tuning (summed)")
     return lines
-
-
-def _some(items: list[str], shown: int = 8) -> str:
-    """The first few of a list; the rest counted."""
-    more = f" … ({len(items)} in all)" if len(items) > shown else ""
-    return ", ".join(items[:shown]) + more
 
 
 def seeds_summary_text(results: dict[str, Any]) -> str:
     """The table printed at the end of a run over seeds (DIR/summary.txt)."""
-    fleet, rule = results["fleet"], results["seed_rule"]
-    ran = len(results["seeds"]) - len(results["failed_seeds"])
+    rule, failed = results["seed_rule"], results["failed_seeds"]
+    ran = len(results["seeds"]) - len(failed)
     lines = [
-        f"fleet {fleet['name']} over {rule['count']} seeds ({ran} ran, {len(results['failed_seeds'])} "
-        f"failed): {len(fleet['boards'])} boards, model {fleet['model']}, target accuracy "
-        f"{fleet['target_accuracy']:g}, {fleet['rounds']} round(s)",
+        headline(results["fleet"], f" over {rule['count']} seeds ({ran} ran, {len(failed)} failed)"),
         f"seed K: run seed {rule['run']} + K - 1, data seed {rule['data']} + K - 1; pre-training "
         f"{rule['pretrain']}, proxy {rule['proxy']} and relation {rule['relation']} seeds the file's",
     ]
@@ -342,35 +324,51 @@ def seeds_summary_text(results: dict[str, Any]) -> str:
     if not summary:
         lines.append("no seed ran: nothing to summarise")
         return "\n".join(lines)
-    board_rows_: list[tuple[str, int, str, str, str]] = []
-    fleet_rows: list[tuple[str, int, str, str, str]] = []
-    energy_rows: list[tuple[str, int, str, str, str]] = []
-    for m in summary:
-        b, f, e = m["board"], m["fleet"], m["energy"]
-        cells = [  # (count, mean, ratio) for the board, fleet and energy tables
-            (f"{b['at_target']}/{b['runs']}", cell(b["mean_s"], ".2f"), _stats_cells(b["speedup"], "x")),
-            (f"{f['reached']}/{m['seeds']}", cell(f["mean_s"], ".2f"), _stats_cells(f["speedup"], "x")),
-            ("", cell(e["mean_j"], ".1f"), _stats_cells(e["ratio"], "")),
-        ]
-        for rows, (counted, mean, ratio) in zip((board_rows_, fleet_rows, energy_rows), cells, strict=True):
-            rows.append((m["method"], m["seeds"], counted, mean, ratio))
-    lines += _table(
-        "per board: time to its own target, round 1", "at target", "mean s", "speed-up", board_rows_
-    )
+
+    def by_method(
+        title: str,
+        heads: tuple[str, str, str],
+        columns: Callable[[dict[str, Any]], tuple[str, str, Any, str]],
+    ) -> list[str]:
+        """One table of every method: its count, mean and ratio stats (`columns`), and their heads."""
+        head = f"{'method':<18} {'seeds':>5} {heads[0]:>10} {heads[1]:>9} {heads[2]:>9}  {STATS_HEAD}"
+        rows = []
+        for m in summary:
+            count, mean, stats, unit = columns(m)
+            rows.append(
+                f"{m['method']:<18} {m['seeds']:>5} {count:>10} {mean:>9} {_stats_cells(stats, unit)}"
+            )
+        return ["", title, *table(head, rows)]
+
+    lines += by_method(
+        "per board: time to its own target, round 1",
+        ("at target", "mean s", "speed-up"),
+        lambda m: (f"{m['board']['at_target']}/{m['board']['runs']}", cell(m["board"]["mean_s"], ".2f"),
+                   m["board"]["speedup"], "x"),
+    )  # fmt: skip
     lines += cells_table(summary, results["reference"])
-    lines += _table("fleet: time to the global target", "reached", "mean s", "speed-up", fleet_rows)
-    lines += _table("fleet: energy, all rounds", "", "mean J", "energy", energy_rows)
+    lines += by_method(
+        "fleet: time to the global target",
+        ("reached", "mean s", "speed-up"),
+        lambda m: (f"{m['fleet']['reached']}/{m['seeds']}", cell(m["fleet"]["mean_s"], ".2f"),
+                   m["fleet"]["speedup"], "x"),
+    )  # fmt: skip
+    lines += by_method(
+        "fleet: energy, all rounds",
+        ("", "mean J", "energy"),
+        lambda m: ("", cell(m["energy"]["mean_j"], ".1f"), m["energy"]["ratio"], ""),
+    )
     for m in summary:
         if missed := m["board"]["not_at_target"]:
-            lines.append(f"{m['method']}: not at its own target in round 1: {_some(missed)}")
+            lines.append(f"{m['method']}: not at its own target in round 1: {some(missed)}")
         if missed := m["fleet"]["not_reached"]:
-            lines.append(f"{m['method']}: the fleet did not reach the global target in {_some(missed)}")
+            lines.append(f"{m['method']}: the fleet did not reach the global target in {some(missed)}")
     lines += ["", "round 1's averaged model, in the seeds where every client reached its own target:"]
     for m in summary:
         a = m["averaged_model"]
         lines.append(
             f"  {m['method']}: under the target in {len(a['missed'])} of {a['seeds_all_at_target']}"
-            + (f" ({_some(a['missed'])})" if a["missed"] else "")
+            + (f" ({some(a['missed'])})" if a["missed"] else "")
             + f"; mean batch size {cell(a['batch_size_missed'])} where it missed, {cell(a['batch_size_met'])}"
             " where it reached it"
         )
