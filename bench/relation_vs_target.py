@@ -19,10 +19,9 @@ import numpy as np
 import torch
 from bench_common import ROOT
 
-from fl_server.cli import _key_value
 from fl_server.pretrain import PretrainSettings, pretrain
 from fl_server.relation import RelationCompute, RelationError, RelationSettings, estimate_relation
-from powerctl.cli.util import OneLineParser
+from powerctl.cli.util import OneLineParser, key_value
 from powerctl.devices.torchdev import TORCH_SPEC_HELP, torch_device_arg
 from powerctl.files.jsonfile import write_json
 from powerctl.records.relation import RelationVector
@@ -59,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "relation_vs_target")
     ap.add_argument("--data", type=Path, default=DATA, help="the shared data folder (default ../shared/data)")
     ap.add_argument("--model", default="chartransformer-small")
-    ap.add_argument("--set", dest="overrides", action="append", type=_key_value, default=[],
+    ap.add_argument("--set", dest="overrides", action="append", type=key_value, default=[],
                     metavar="KEY=VALUE", help="model option, e.g. --set n_embd=96")
     ap.add_argument("--pretrain-samples", type=int, default=60_000)
     ap.add_argument("--pretrain-batch-size", type=int, default=32)

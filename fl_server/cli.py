@@ -4,7 +4,6 @@ estimate relation vectors (`powerctl.relation/2`). User errors are one line and 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from dataclasses import fields
@@ -12,13 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from powerctl.cli.util import (
-    Bounded,
     OneLineParser,
     accuracy,
     add_command,
     bounded_float,
     bounded_int,
+    key_value,
     one_line_errors,
+    run_command,
     say,
 )
 from powerctl.files.mapping import MAX_BATCH_SIZE, MAX_COUNT
@@ -84,21 +84,6 @@ $POWERFED_CACHE/relation or $XDG_CACHE_HOME/powerfed/relation): the same inputs 
 """
 
 
-def _key_value(text: str) -> tuple[str, Any]:
-    key, sep, raw = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError:
-        value = raw
-    return key, value
-
-
-def _bounded(p: Any, name: str, kind: Bounded, help: str, default: Any = None) -> None:
-    p.add_argument(name, type=kind, default=default, help=kind.help(help))
-
-
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",
@@ -107,24 +92,18 @@ def _common(p: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help=f"model name: {', '.join(model_names())}",
     )
-    _bounded(p, "--seq-len", SEQ_LEN, "text only: characters per sample (default: the model's context, 64)")
-    _bounded(p, "--limit", SAMPLES, "use at most this many samples of the dataset (default: all)")
-    threads = "torch CPU threads (default: torch's choice; 1 is often fastest on a busy machine)"
-    _bounded(p, "--threads", THREADS, threads)
+    SEQ_LEN.add(p, "--seq-len", "text only: characters per sample (default: the model's context, 64)")
+    SAMPLES.add(p, "--limit", "use at most this many samples of the dataset (default: all)")
+    THREADS.add(
+        p, "--threads", "torch CPU threads (default: torch's choice; 1 is often fastest on a busy machine)"
+    )
     where = "where to train: auto (a GPU where torch sees one), cpu, cuda, cuda:INDEX"
     p.add_argument("--device", metavar="DEVICE", **flag("server_device", where))
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
 
 
 def _add_pretrain(sub: Any) -> None:
-    """train a model on a public dataset; write weights + report
-
-    Train MODEL from a seeded initialisation on a dataset (split into train/test,
-    80/20 for images, 90/10 for text) for a sample or epoch budget; save the weights (safetensors)
-    and a JSON report with the final test accuracy. The weights are the starting point of
-    'fl-server relation' and of the devices' fine-tuning.
-    """
-    pre = add_command(sub, "pretrain", _add_pretrain.__doc__, epilog=PRETRAIN_EPILOG, formatter_class=RAW)
+    pre = add_command(sub, "pretrain", _pretrain, epilog=PRETRAIN_EPILOG, formatter_class=RAW)
     _common(pre)
     pre.add_argument("--data", required=True, metavar="SPEC", help=DATA_HELP)
     pre.add_argument(
@@ -136,19 +115,19 @@ def _add_pretrain(sub: Any) -> None:
         "stem + .report.json",
     )
     budget = pre.add_mutually_exclusive_group()
-    _bounded(budget, "--samples", SAMPLES, "training samples to process")
-    _bounded(budget, "--epochs", EPOCHS, "passes over the train split, at least one batch (default: 1)")
-    _bounded(pre, "--batch-size", bounded_int(1, MAX_BATCH_SIZE), "default: %(default)s", 64)
+    SAMPLES.add(budget, "--samples", "training samples to process")
+    EPOCHS.add(budget, "--epochs", "passes over the train split, at least one batch (default: 1)")
+    bounded_int(1, MAX_BATCH_SIZE).add(pre, "--batch-size", "default: %(default)s", default=64)
     lr = bounded_float(0.0, 10.0)  # above 10 diverges with Adam and with SGD alike
-    _bounded(pre, "--lr", lr, "learning rate, Adam (images) / AdamW (text) (default: %(default)s)", 1e-3)
+    lr.add(pre, "--lr", "learning rate, Adam (images) / AdamW (text) (default: %(default)s)", default=1e-3)
     fixed = "evaluate on at most this many test samples, a fixed subset (default: %(default)s)"
-    _bounded(pre, "--eval-max-samples", SAMPLES, fixed, DEFAULT_EVAL_MAX_SAMPLES)
+    SAMPLES.add(pre, "--eval-max-samples", fixed, default=DEFAULT_EVAL_MAX_SAMPLES)
     pre.add_argument("--seed", **flag("pretrain_seed", "initialisation, split and order seed"))
     pre.add_argument(
         "--set",
         dest="overrides",
         action="append",
-        type=_key_value,
+        type=key_value,
         default=[],
         metavar="KEY=VALUE",
         help="model size option, repeatable, e.g. --set n_embd=128 --set n_layer=4 "
@@ -157,13 +136,7 @@ def _add_pretrain(sub: Any) -> None:
 
 
 def _add_relation(sub: Any) -> None:
-    """estimate the relation vector on a proxy dataset; write relation JSON
-
-    Fine-tune the same starting weights on a proxy dataset once per batch size (and seed)
-    until the target accuracy, and write the relation vector (powerctl.relation/2) that devices use
-    to choose their batch size.
-    """
-    rel = add_command(sub, "relation", _add_relation.__doc__, epilog=RELATION_EPILOG, formatter_class=RAW)
+    rel = add_command(sub, "relation", _relation, epilog=RELATION_EPILOG, formatter_class=RAW)
     _common(rel)
     rel.add_argument(
         "--weights",
@@ -193,7 +166,7 @@ def _add_relation(sub: Any) -> None:
     )
     rel.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
     rel.add_argument("--parallel", action="store_true", help="run batch sizes as parallel Ray tasks")
-    _bounded(rel, "--cpus", THREADS, "CPUs for --parallel (default: one per run, at most the machine's)")
+    THREADS.add(rel, "--cpus", "CPUs for --parallel (default: one per run, at most the machine's)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -211,6 +184,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _pretrain(args: argparse.Namespace) -> int:
+    """train a model on a public dataset; write weights + report
+
+    Train MODEL from a seeded initialisation on a dataset (split into train/test,
+    80/20 for images, 90/10 for text) for a sample or epoch budget; save the weights (safetensors)
+    and a JSON report with the final test accuracy. The weights are the starting point of
+    'fl-server relation' and of the devices' fine-tuning.
+    """
+    _prepare(args)
     from fl_server.pretrain import PretrainSettings, pretrain, report_path_for
     from powerctl.files.outputs import check_output_file
 
@@ -235,6 +216,13 @@ def _pretrain(args: argparse.Namespace) -> int:
 
 
 def _relation(args: argparse.Namespace) -> int:
+    """estimate the relation vector on a proxy dataset; write relation JSON
+
+    Fine-tune the same starting weights on a proxy dataset once per batch size (and seed)
+    until the target accuracy, and write the relation vector (powerctl.relation/2) that devices use
+    to choose their batch size.
+    """
+    _prepare(args)
     from fl_server.relation import RelationCompute, RelationSettings, estimate_relation
     from powerctl.files.outputs import check_output_dir, check_output_file
 
@@ -272,7 +260,8 @@ def _relation(args: argparse.Namespace) -> int:
     return 0
 
 
-def _dispatch(args: argparse.Namespace) -> int:
+def _prepare(args: argparse.Namespace) -> None:
+    """The flags' checks that need the model registry or torch, before any work; --threads set."""
     if args.seq_len is not None and get_model_spec(args.model).task != "text":
         raise ModelError(f"--seq-len is for text models; {args.model!r} is an image model: drop --seq-len")
     from powerctl.devices.torchdev import resolve_torch_device
@@ -282,17 +271,12 @@ def _dispatch(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    return _pretrain(args) if args.command == "pretrain" else _relation(args)
 
 
 @one_line_errors(PROG)
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `fl-server` and `python -m fl_server`; returns the exit status."""
-    try:
-        args = build_parser().parse_args(argv)
-    except SystemExit as exc:  # --help (0) or a usage error already printed as one line (2)
-        return int(exc.code or 0)
-    return _dispatch(args)
+    return run_command(build_parser(), argv)
 
 
 if __name__ == "__main__":

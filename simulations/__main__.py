@@ -22,6 +22,7 @@ from powerctl.cli.util import (
     bounded_int,
     one_line_errors,
     positive_float,
+    run_command,
     tcp_port,
 )
 from powerctl.files.outputs import output_path
@@ -37,24 +38,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_demo(sub)
     _add_run(sub)
     _flwr_add_run(sub)
-    stop = add_command(sub, "stop-superlink", stop_superlink.__doc__)
+    stop = add_command(sub, "stop-superlink", stop_superlink)
     stop.add_argument("--port", type=tcp_port, default=39091, help="default 39091")
-    add_command(sub, "ray-check", ray_check.__doc__)
+    add_command(sub, "ray-check", ray_check)
     return p
 
 
 def _add_demo(sub: Any) -> None:
-    """one simulated board: the method against state-of-practice, proxy-batch and oracle
-
-    Pre-train, estimate the relation vector on proxy data, profile a simulated board, select (batch size,
-    frequency) under the cap, then fine-tune the target data with the method and each baseline and compare
-    measured device time. Writes results.json and plots into --out.
-    """
     from simulations.demo_config import DEMO_RUN, DemoConfig
 
     d = DemoConfig()
     model = DEMO_RUN["model"]
-    s = add_command(sub, "demo", _add_demo.__doc__)
+    s = add_command(sub, "demo", demo_command)
     s.add_argument("--out", type=output_path, required=True, help="output folder (results.json, plots/)")
     s.add_argument("--device", default=d.device, help=f"simulated board (default {d.device})")
     s.add_argument("--model", default=model, help=f"model name (default {model})")
@@ -68,19 +63,12 @@ def _add_demo(sub: Any) -> None:
 
 
 def _add_run(sub: Any) -> None:
-    """a fleet file on Flower's simulation engine (Ray), every method side by side
-
-    Run the fleet of FLEET.yaml under each method (ours, state-of-practice, proxy-batch, oracle) from the
-    same weights, data and seeds, on Flower's simulation engine on Ray. Writes DIR/results.json,
-    DIR/summary.txt and DIR/plots/. With N seeds (--seeds, or the file's seeds.count), once per seed into
-    DIR/seed-K/, and DIR/results.json and DIR/summary.txt summarise the seeds.
-    """
     from powerctl.selection.methods import RUN_METHODS
     from simulations.fleet import MAX_SEEDS
     from strategies.settings import METHODS
 
     seed_count = bounded_int(1, MAX_SEEDS, "seed_count")
-    r = add_command(sub, "run", _add_run.__doc__)
+    r = add_command(sub, "run", fleet_command)
     r.add_argument("fleet", type=Path, help="the fleet file (see simulations/fleets/default.yaml)")
     r.add_argument(
         "--out", type=output_path, help="output folder (default: runs/fleet-NAME, NAME the fleet file's)"
@@ -92,15 +80,11 @@ def _add_run(sub: Any) -> None:
         help=f"comma-separated, from {','.join(RUN_METHODS)} (default: the fleet file's methods, "
         f"else {','.join(METHODS)})",
     )
-    r.add_argument(
+    seed_count.add(
+        r,
         "--seeds",
-        type=seed_count,
-        default=None,
-        help=seed_count.help(
-            "run the fleet N times, seed K with run and data seeds moved by K - 1 (DIR/seed-K/), and "
-            "summarise them paired by seed against state-of-practice (default: the fleet file's "
-            "seeds.count, else 1)"
-        ),
+        "run the fleet N times, seed K with run and data seeds moved by K - 1 (DIR/seed-K/), and summarise "
+        "them paired by seed against state-of-practice (default: the fleet file's seeds.count, else 1)",
         metavar="N",
     )
     r.add_argument("--verbose", action="store_true", help="also print Flower's and Ray's own log lines")
@@ -108,15 +92,7 @@ def _add_run(sub: Any) -> None:
 
 
 def _flwr_add_run(sub: Any) -> None:
-    """what `make run` runs: `flwr run .` on N virtual nodes, checked first, stopped whole at exit
-
-    Check the number of nodes and the run config (Flower's own syntax, keys and values as the ServerApp
-    reads them) before anything starts, then run `flwr run . --stream` with a private Flower home, its
-    output copied to --log. On every way out (the end, an error, Ctrl-C, SIGTERM) the local SuperLink, the
-    simulation and Ray are stopped by process id and group. Exit 0 only when the run ended with its
-    results line, which is repeated last.
-    """
-    f = add_command(sub, "flwr-run", _flwr_add_run.__doc__)
+    f = add_command(sub, "flwr-run", flwr_run_command)
     f.add_argument("--nodes", type=int, default=4, help="virtual nodes (default 4)")
     f.add_argument(
         "--run-config",
@@ -141,7 +117,7 @@ def _flwr_add_run(sub: Any) -> None:
     )
 
 
-def stop_superlink(port: int) -> int:
+def stop_superlink(args: argparse.Namespace) -> int:
     """stop the local SuperLink that `flwr run .` leaves running (by process id)
 
     Find the process listening on --port (the local SuperLink's HTTP port, 39091 unless
@@ -152,6 +128,7 @@ def stop_superlink(port: int) -> int:
     """
     from simulations.local_superlink import stop_local_superlink
 
+    port = args.port
     stopped = stop_local_superlink(port)
     if stopped:
         print(f"stopped the local SuperLink on port {port} (pids {', '.join(map(str, stopped))})")
@@ -160,7 +137,7 @@ def stop_superlink(port: int) -> int:
     return 0
 
 
-def ray_check() -> int:
+def ray_check(_args: argparse.Namespace) -> int:
     """say which Ray cluster `flwr run` would join; exit 2 if it is dead
 
     Resolve the cluster Ray's `ray.init()` joins (RAY_ADDRESS, else the address the last `ray start --head`
@@ -202,8 +179,14 @@ def default_fleet_out(fleet: Path) -> Path:
     return check_name_lengths(Path("runs") / f"fleet-{fleet.stem}", "the default --out", hint="give --out")
 
 
-def run_command(args: argparse.Namespace) -> int:
-    """`run`: parse the fleet (one line on a bad file), run it (over seeds: each), print the summary."""
+def fleet_command(args: argparse.Namespace) -> int:
+    """a fleet file on Flower's simulation engine (Ray), every method side by side
+
+    Run the fleet of FLEET.yaml under each method (ours, state-of-practice, proxy-batch, oracle) from the
+    same weights, data and seeds, on Flower's simulation engine on Ray. Writes DIR/results.json,
+    DIR/summary.txt and DIR/plots/. With N seeds (--seeds, or the file's seeds.count), once per seed into
+    DIR/seed-K/, and DIR/results.json and DIR/summary.txt summarise the seeds.
+    """
     import time
 
     from powerctl.files.outputs import check_output_dir
@@ -253,9 +236,16 @@ def owning_every_process() -> Iterator[None]:
 
 
 def flwr_run_command(args: argparse.Namespace) -> int:
-    """`flwr-run` (`make run`): the summary figure's line, then the run's results line repeated last
-    (Flower and Ray may log after the ServerApp's own last line). Another app's results are its own:
-    no figure."""
+    """what `make run` runs: `flwr run .` on N virtual nodes, checked first, stopped whole at exit
+
+    Check the number of nodes and the run config (Flower's own syntax, keys and values as the ServerApp
+    reads them) before anything starts, then run `flwr run . --stream` with a private Flower home, its
+    output copied to --log. On every way out (the end, an error, Ctrl-C, SIGTERM) the local SuperLink, the
+    simulation and Ray are stopped by process id and group. Exit 0 only when the run ended with its
+    results line, which is repeated last.
+    """
+    # the summary figure's line, then the results line last (Flower and Ray may log after the ServerApp's
+    # own last line); another app's results are its own: no figure
     from simulations.launcher import APP_DIR, check_launch, launch
 
     plan = check_launch(args.nodes, args.run_config, args.out, args.log, args.port, args.app)
@@ -271,20 +261,13 @@ def flwr_run_command(args: argparse.Namespace) -> int:
     return 0
 
 
-@one_line_errors(PROG)
-def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        args = build_parser().parse_args(argv)
-    except SystemExit as done:
-        return int(done.code or 0)
-    if args.command == "run":
-        return run_command(args)
-    if args.command == "flwr-run":
-        return flwr_run_command(args)
-    if args.command == "stop-superlink":
-        return stop_superlink(args.port)
-    if args.command == "ray-check":
-        return ray_check()
+def demo_command(args: argparse.Namespace) -> int:
+    """one simulated board: the method against state-of-practice, proxy-batch and oracle
+
+    Pre-train, estimate the relation vector on proxy data, profile a simulated board, select (batch size,
+    frequency) under the cap, then fine-tune the target data with the method and each baseline and compare
+    measured device time. Writes results.json and plots into --out.
+    """
     from simulations.demo import quiet, run_demo, say_on_stderr, summary_table
     from simulations.demo_config import DemoConfig
 
@@ -299,6 +282,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"and {args.out}/plots/"
     )
     return 0
+
+
+@one_line_errors(PROG)
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_command(build_parser(), argv)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from typing import Any
 from powerctl.cli import PROG
 from powerctl.cli.profile_command import ModelStepFactory, add_profile
 from powerctl.cli.select_commands import add_select_commands
-from powerctl.cli.util import OneLineParser, mhz, one_line_errors, say, say_json
+from powerctl.cli.util import OneLineParser, add_command, mhz, one_line_errors, run_command, say, say_json
 from powerctl.devices import SPEC_HELP, open_device
 
 MAX_FREQUENCY_HZ = 100e9
@@ -37,6 +37,7 @@ def _frequency(text: str) -> int:
 
 
 def cmd_devices(args: argparse.Namespace) -> int:
+    """list the devices here, with frequency tables and rails"""
     from powerctl.devices.detect import detect_devices
 
     devices = detect_devices()
@@ -58,6 +59,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
 
 def cmd_power(args: argparse.Namespace) -> int:
+    """one reading of the power sensor, in W"""
     with open_device(args.device) as dev:
         total = dev.read_power_w()
         rails = dev.rails()
@@ -69,6 +71,7 @@ def cmd_power(args: argparse.Namespace) -> int:
 
 
 def cmd_freq(args: argparse.Namespace) -> int:
+    """show, pin or restore the GPU frequency"""
     from powerctl.pinning.pinsession import restore_saved
 
     with open_device(args.device) as dev:
@@ -97,6 +100,7 @@ def cmd_freq(args: argparse.Namespace) -> int:
 
 
 def cmd_fake_board(args: argparse.Namespace) -> int:
+    """write a fake Jetson sysfs tree to rehearse on (for POWERCTL_SYSFS_ROOT)"""
     from powerctl.devices.fakeboard import make_fake_board
 
     root = make_fake_board(args.folder, args.kind).resolve()
@@ -107,16 +111,14 @@ def cmd_fake_board(args: argparse.Namespace) -> int:
 
 def _add_device_commands(sub: Any, device_help: str) -> None:
     """devices, power, freq: what a board has and its frequency, one reading or one change at a time."""
-    s = sub.add_parser("devices", help="list the devices here, with frequency tables and rails")
+    s = add_command(sub, "devices", cmd_devices)
     s.add_argument("--json", action="store_true", help="print JSON")
-    s.set_defaults(func=cmd_devices)
 
-    s = sub.add_parser("power", help="one reading of the power sensor, in W")
+    s = add_command(sub, "power", cmd_power)
     s.add_argument("--device", required=True, help=device_help)
     s.add_argument("--json", action="store_true", help="print JSON")
-    s.set_defaults(func=cmd_power)
 
-    s = sub.add_parser("freq", help="show, pin or restore the GPU frequency")
+    s = add_command(sub, "freq", cmd_freq)
     s.add_argument("--device", required=True, help=device_help)
     g = s.add_mutually_exclusive_group()
     g.add_argument(
@@ -124,21 +126,17 @@ def _add_device_commands(sub: Any, device_help: str) -> None:
     )
     g.add_argument("--restore", action="store_true", help="put back what was there before the first --set")
     s.add_argument("--json", action="store_true", help="print JSON")
-    s.set_defaults(func=cmd_freq)
 
 
 def _add_fake_board(sub: Any) -> None:
     """fake-board: a fake Jetson tree to rehearse on."""
     from powerctl.devices.fakeboard import KINDS
 
-    s = sub.add_parser(
-        "fake-board", help="write a fake Jetson sysfs tree to rehearse on (for POWERCTL_SYSFS_ROOT)"
-    )
+    s = add_command(sub, "fake-board", cmd_fake_board)
     s.add_argument("folder", type=Path, help="a new (or empty) folder for the tree")
     s.add_argument(
         "--kind", choices=sorted(KINDS), default="jetson-nano", help="the board (default jetson-nano)"
     )
-    s.set_defaults(func=cmd_fake_board)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -162,12 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None, *, step_factory: ModelStepFactory | None = None) -> int:
     """The command line; `step_factory` is the training step `powerctl profile` measures (None: every
     other command works, `profile` says where to find it)."""
-    try:
-        args = build_parser().parse_args(argv)
-    except SystemExit as done:  # --help, or a bad flag (already reported in one line)
-        return int(done.code or 0)
-    args.step_factory = step_factory
-    return int(args.func(args))
+    return run_command(build_parser(), argv, step_factory=step_factory)
 
 
 if __name__ == "__main__":

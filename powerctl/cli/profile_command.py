@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from powerctl.cli.util import batch_sizes, bounded_float, bounded_int, power_cap, say, seed
+from powerctl.cli.util import add_command, batch_sizes, bounded_float, bounded_int, power_cap, say, seed
 from powerctl.devices import open_device
 from powerctl.devices.unpinned import NOT_PINNED
 from powerctl.errors import PowerctlError
@@ -67,6 +67,7 @@ def _save_profile(profile: Any, out: Path) -> str:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
+    """measure peak power and time per (batch size, frequency)"""
     from powerctl.files.outputs import check_output_file
     from powerctl.profiling.profiler import Profiler
 
@@ -124,16 +125,14 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 def add_profile(sub: Any, device_help: str) -> None:
     """profile: the measured (batch size, frequency) grid, or the part of it an order measures."""
-    s = sub.add_parser("profile", help="measure peak power and time per (batch size, frequency)")
+    s = add_command(sub, "profile", cmd_profile)
     s.add_argument("--device", required=True, help=device_help)
     s.add_argument("--model", required=True, help="model name from the training registry, e.g. resnet18")
     s.add_argument("--out", required=True, type=output_path, help="where to write the profile JSON")
     s.add_argument(
         "--batch-sizes", type=batch_sizes, default=[4, 8, 16, 32, 64], help="default: 4,8,16,32,64"
     )
-    s.add_argument(
-        "--samples", type=SAMPLES, default=10_000, help=SAMPLES.help("N of T_N: samples (default 10000)")
-    )
+    SAMPLES.add(s, "--samples", "N of T_N: samples (default 10000)", default=10_000)
     s.add_argument(
         "--order",
         choices=["grid", "efficient", "fitted"],
@@ -151,21 +150,11 @@ def add_profile(sub: Any, device_help: str) -> None:
         help="--order fitted: relation vector JSON; only batch sizes that could win are confirmed "
         "(without it: every batch size)",
     )
-    warmup, measured = (
-        WARMUP_STEPS.help("warm-up steps per point (default 2)"),
-        MEASURED_STEPS.help("measured steps per point (default 5)"),
-    )
-    s.add_argument("--warmup", type=WARMUP_STEPS, default=2, help=warmup)
-    s.add_argument("--steps", type=MEASURED_STEPS, default=5, help=measured)
-    s.add_argument(
-        "--rate", type=RATE_HZ, default=50.0, help=RATE_HZ.help("power sampling rate in Hz (default 50)")
-    )
-    s.add_argument(
-        "--num-classes", type=NUM_CLASSES, help=NUM_CLASSES.help("classes (image models; default 10)")
-    )
-    s.add_argument(
-        "--seed", type=seed, default=0, help=seed.help("seed of weights, inputs and simulated noise")
-    )
+    WARMUP_STEPS.add(s, "--warmup", "warm-up steps per point (default 2)", default=2)
+    MEASURED_STEPS.add(s, "--steps", "measured steps per point (default 5)", default=5)
+    RATE_HZ.add(s, "--rate", "power sampling rate in Hz (default 50)", default=50.0)
+    NUM_CLASSES.add(s, "--num-classes", "classes (image models; default 10)")
+    seed.add(s, "--seed", "seed of weights, inputs and simulated noise", default=0)
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.add_argument(
         "--predicted",
@@ -178,4 +167,3 @@ def add_profile(sub: Any, device_help: str) -> None:
         help="never change the GPU frequency (a shared GPU, no root): profile every batch size at the "
         "clock in force; the selection then chooses the batch size alone",
     )
-    s.set_defaults(func=cmd_profile)

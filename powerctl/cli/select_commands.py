@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from powerctl.cli import PROG
-from powerctl.cli.util import bounded_float, mhz, power_cap, power_cap_w, say, say_json
+from powerctl.cli.util import add_command, bounded_float, mhz, power_cap, power_cap_w, say, say_json
 from powerctl.devices.unpinned import NOT_PINNED
 from powerctl.errors import InfeasibleCapError, PowerctlError
 from powerctl.files.mapping import MAX_COUNT
@@ -22,6 +22,7 @@ STEP_S = bounded_float(0.001, MAX_COUNT, above=False)  # --every: a millisecond 
 
 
 def cmd_caps(args: argparse.Namespace) -> int:
+    """state-of-practice frequency: the highest at which every profile stays under a cap"""
     from powerctl.records.profile import Profile
     from powerctl.selection.caps import frequency_cap, peak_power_by_frequency
 
@@ -55,6 +56,7 @@ def _load_pair(args: argparse.Namespace, command: str) -> tuple[Any, Any]:
 
 
 def cmd_select(args: argparse.Namespace) -> int:
+    """the (batch size, frequency) with the least predicted time under a cap"""
     from powerctl.selection.joint import select
 
     profile, relation = _load_pair(args, "select")
@@ -93,6 +95,7 @@ def cmd_select(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
+    """heat maps of peak power and time over (batch size, frequency)"""
     from powerctl.cli.plot import plot_profile
     from powerctl.files.outputs import check_output_dir
     from powerctl.selection.joint import select
@@ -113,6 +116,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_pareto(args: argparse.Namespace) -> int:
+    """the time–energy front of the feasible (batch size, frequency) pairs"""
     from powerctl.cli.plot import write_front
     from powerctl.files.outputs import check_output_dir
     from powerctl.selection.pareto import pareto_front
@@ -142,6 +146,7 @@ def cmd_pareto(args: argparse.Namespace) -> int:
 
 
 def cmd_cap_source(args: argparse.Namespace) -> int:
+    """check a power cap that changes (schedule, trace, live file) and show it over time"""
     from powerctl.selection.capsource import (
         MAX_POINTS,
         CapSourceError,
@@ -194,17 +199,14 @@ def cmd_cap_source(args: argparse.Namespace) -> int:
 
 def add_select_commands(sub: Any) -> None:
     """caps, select, pareto, cap-source and plot."""
-    s = sub.add_parser(
-        "caps", help="state-of-practice frequency: the highest at which every profile stays under a cap"
-    )
+    s = add_command(sub, "caps", cmd_caps)
     s.add_argument(
         "--profile", required=True, action="append", type=Path, help="profile JSON (repeat: all models)"
     )
     s.add_argument("--power-cap", required=True, type=power_cap_w, metavar="W", help="power cap in W")
     s.add_argument("--json", action="store_true", help='print {"power_cap_w", "frequency_hz", ...}')
-    s.set_defaults(func=cmd_caps)
 
-    s = sub.add_parser("select", help="the (batch size, frequency) with the least predicted time under a cap")
+    s = add_command(sub, "select", cmd_select)
     _pair_flags(s)
     s.add_argument("--compare", action="store_true", help="also print the baselines")
     s.add_argument(
@@ -234,29 +236,21 @@ def add_select_commands(sub: Any) -> None:
         help='print {"batch_size", "frequency_hz", "predicted_s", "peak_power_w"} '
         '(+ "predicted_energy_j" with --objective energy)',
     )
-    s.set_defaults(func=cmd_select)
 
-    s = sub.add_parser("pareto", help="the time–energy front of the feasible (batch size, frequency) pairs")
+    s = add_command(sub, "pareto", cmd_pareto)
     _pair_flags(s)
     s.add_argument("--out", required=True, type=output_path, help="folder for pareto.json and pareto.png")
     s.add_argument("--allow-mismatch", action="store_true", help="as for select")
     s.add_argument("--json", action="store_true", help="print pareto.json's content")
-    s.set_defaults(func=cmd_pareto)
 
-    s = sub.add_parser(
-        "cap-source", help="check a power cap that changes (schedule, trace, live file) and show it over time"
-    )
+    s = add_command(sub, "cap-source", cmd_cap_source)
     s.add_argument(
         "source",
         help="a number of watts, none, a schedule '[[t_s, W], ...]', trace:PATH[?end=repeat|clip&scale=X"
         "&timescale=X] or live:PATH[?poll=S]",
     )
-    s.add_argument(
-        "--until", type=SPAN_S, metavar="S", help=SPAN_S.help("show up to S seconds (default: one period)")
-    )
-    s.add_argument(
-        "--every", type=STEP_S, metavar="S", help=STEP_S.help("one line every S seconds (default: 60 lines)")
-    )
+    SPAN_S.add(s, "--until", "show up to S seconds (default: one period)", metavar="S")
+    STEP_S.add(s, "--every", "one line every S seconds (default: 60 lines)", metavar="S")
     s.add_argument(
         "--plot",
         type=output_path,
@@ -267,9 +261,8 @@ def add_select_commands(sub: Any) -> None:
     s.add_argument(
         "--json", action="store_true", help='print {"source", "lowest_w", "points": [[t_s, W], ...]}'
     )
-    s.set_defaults(func=cmd_cap_source)
 
-    s = sub.add_parser("plot", help="heat maps of peak power and time over (batch size, frequency)")
+    s = add_command(sub, "plot", cmd_plot)
     s.add_argument("profile", type=Path, help="profile JSON")
     s.add_argument("--out", required=True, type=output_path, help="folder for the PNG files")
     s.add_argument("--power-cap", type=power_cap, metavar="W", help="draw the cap's boundary")
@@ -277,7 +270,6 @@ def add_select_commands(sub: Any) -> None:
         "--relation", type=Path, help="relation JSON: mark the selected pair, plot time-to-accuracy"
     )
     s.add_argument("--allow-mismatch", action="store_true", help="as for select")
-    s.set_defaults(func=cmd_plot)
 
 
 def _pair_flags(s: Any) -> None:

@@ -15,7 +15,7 @@ import shutil
 import sys
 import threading
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, NoReturn, TextIO
@@ -32,7 +32,7 @@ from powerctl.files.mapping import (
     bounds_text,
     number_text,
 )
-from powerctl.selection.capsource import cap_w
+from powerctl.selection.capsource import POWER_CAP
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -268,16 +268,34 @@ class Bounded:
         """`text` with this type's range: "rate (default 50)" → "rate (default 50; in (0, 1000])"."""
         return f"{text[:-1]}; {self.range})" if text.endswith(")") else f"{text} ({self.range})"
 
+    def add(self, parser: Any, flag: str, text: str, **kwargs: Any) -> None:
+        """Flag `flag` of this type on `parser`, its help `text` with the range."""
+        parser.add_argument(flag, type=self, help=self.help(text), **kwargs)
 
-def add_command(sub: Any, name: str, text: str | None, **kwargs: Any) -> argparse.ArgumentParser:
-    """Subcommand `name` of `sub` (an `add_subparsers`), told by `text`, a docstring: its first paragraph
-    is the command's line in the list of commands, the rest its own description (as written where
-    `formatter_class=argparse.RawDescriptionHelpFormatter`)."""
-    short, _, long = inspect.cleandoc(text or "").partition("\n\n")
+
+def add_command(
+    sub: Any, name: str, func: Callable[[argparse.Namespace], int], **kwargs: Any
+) -> argparse.ArgumentParser:
+    """Subcommand `name` of `sub` (an `add_subparsers`) that `run_command` runs as `func(args)`, told by
+    `func`'s docstring: its first paragraph is the command's line in the list of commands, the rest its
+    own description (as written where `formatter_class=argparse.RawDescriptionHelpFormatter`)."""
+    short, _, long = inspect.cleandoc(func.__doc__ or "").partition("\n\n")
     parser: argparse.ArgumentParser = sub.add_parser(
         name, help=" ".join(short.split()), description=long or None, **kwargs
     )
+    parser.set_defaults(func=func)
     return parser
+
+
+def run_command(parser: argparse.ArgumentParser, argv: Sequence[str] | None, **extra: Any) -> int:
+    """Parse `argv` and run its command, `args.func(args)` (with `extra` set on `args`); --help or a bad
+    flag (already reported in one line): argparse's exit status."""
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as done:
+        return int(done.code or 0)
+    vars(args).update(extra)
+    return int(args.func(args))
 
 
 def bounded_int(minimum: int, maximum: int, name: str = "int") -> Bounded:
@@ -303,13 +321,21 @@ positive_float = bounded_float(0.0, float(MAX_COUNT), name="positive_float")
 
 def tcp_port(text: str) -> int:
     """A TCP port number, 1 to 65535."""
+    with contextlib.suppress(ValueError):
+        if 1 <= (value := int(text)) <= 65535:
+            return value
+    raise argparse.ArgumentTypeError(f"expected a TCP port from 1 to 65535, got {text!r}")
+
+
+def key_value(text: str) -> tuple[str, Any]:
+    """`KEY=VALUE` (a repeatable `--set`): VALUE read as JSON, else kept as text."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
     try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a TCP port from 1 to 65535, got {text!r}") from None
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a TCP port from 1 to 65535, got {text!r}")
-    return value
+        return key, json.loads(raw)
+    except json.JSONDecodeError:
+        return key, raw
 
 
 def _refused(exc: Invalid) -> argparse.ArgumentTypeError:
@@ -335,12 +361,12 @@ def kind_type(kind: Kind, name: str) -> Callable[[str], Any]:
 
 
 def power_cap(text: str) -> float | None:
-    """`--power-cap W` (none: no cap): the one cap parser (`cap_w`) as a flag type; an empty value is
+    """`--power-cap W` (none: no cap): the one cap parser (`POWER_CAP`) as a flag type; an empty value is
     refused (an unset variable, not a wish for no cap)."""
     if not text.strip():
         raise argparse.ArgumentTypeError("empty; give watts or leave the flag out")
     try:
-        return cap_w(text)
+        return POWER_CAP(text)
     except Invalid as exc:
         raise _refused(exc) from None
 
