@@ -4,10 +4,13 @@ any loop, the built-in fine-tune's or a user's own (`fl_client.session`), trains
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from powerctl.devices.base import Device
+from powerctl.pinning.safety import restore_on_exit
 from powerctl.profiling.budget import confirmed_in_training
 from powerctl.records.pick import Pick
 from powerctl.selection.confirm import TrainingConfirmation
@@ -122,18 +125,28 @@ class Pinning:
 
     def trained(self, result: FineTuneResult, state: State, board: str) -> Trained:
         """The train step's outcome, with what the guard or the follower did."""
-        follower, method = self.follower, self.choice.method
-        if follower is None:
-            choice, guard = self.choice, self.guard
-            if self.confirmation is not None:  # the pair confirmed (or in force): what trained
-                choice, guard = replace(self.confirmation.pick, method=method), self.confirmation.guard
-                for s in self.confirmation.switches:
-                    log.info(SWITCHED, board, *s.old, s.measured_w, s.power_cap_w, *s.new, s.device_s)
-            downs = [] if guard is None else [e.to_dict() for e in guard.step_downs]
-            return Trained(result, state, board, choice, step_downs=downs, pinned=self.pinned)
-        cap = CapFollowed.of(follower)
-        # the pair it started with (from the events: a resumed run's first pick is its first run's)
-        e = next(e for e in cap.cap_events if e["kind"] in ("start", "resume"))
-        choice = Pick(e["new_batch_size"], e["new_frequency_hz"], e["predicted_remaining_s"], method=method)
-        downs = [e.to_dict() for e in follower.step_downs]
+        choice, cap, method = self.choice, CapFollowed(), self.choice.method
+        stepped: PowerGuard | CapFollower | None = self.guard
+        if self.confirmation is not None:  # the pair confirmed (or in force): what trained
+            choice, stepped = replace(self.confirmation.pick, method=method), self.confirmation.guard
+            for s in self.confirmation.switches:
+                log.info(SWITCHED, board, *s.old, s.measured_w, s.power_cap_w, *s.new, s.device_s)
+        if self.follower is not None:
+            cap, stepped = CapFollowed.of(self.follower), self.follower
+            # the pair it started with (from the events: a resumed run's first pick is its first run's)
+            e = next(e for e in cap.cap_events if e["kind"] in ("start", "resume"))
+            pair = (e["new_batch_size"], e["new_frequency_hz"], e["predicted_remaining_s"])
+            choice = Pick(*pair, method=method)
+        downs = [] if stepped is None else [d.to_dict() for d in stepped.step_downs]
         return Trained(result, state, board, choice, step_downs=downs, cap=cap, pinned=self.pinned)
+
+
+@contextmanager
+def pinned(
+    work: RoundWork, rule: CapRule, observe: Callable[[Device], AbstractContextManager[Any]] | None = None
+) -> Iterator[tuple[Device, Pinning]]:
+    """A fresh handle on the node's device with the rule in force, restored on every way out of the block
+    (an exception, SIGTERM, SIGHUP, exit). `observe(device)` is entered before the rule (a bench records
+    the board's power with it)."""
+    with work.device() as dev, restore_on_exit(dev), observe(dev) if observe else nullcontext():
+        yield dev, Pinning.start(work, rule, dev)

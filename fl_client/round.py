@@ -3,9 +3,9 @@
 Every caller goes through it: the ClientApp (`fl_client.app`), the one-board demo and the benches; what
 differs is a step (`RoundSteps`), never a mode. What only the fleet runner asks for (scale mode, the
 oracle's own-data search) comes with its own steps (`simulations.bench_steps`); the production round
-refuses it in one line (`needs_bench_steps`). What other modules use is listed in `__all__`. The device is
-opened per step and restored on every way out (`restore_on_exit`); a board a killed process left pinned is
-put back when the device opens, and the report says so.
+refuses it in one line. What other modules use is listed in `__all__`. The device is opened per step and
+restored on every way out (`fl_client.pinning.pinned`); a board a killed process left pinned is put back
+when the device opens, and the report says so.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import sys
 import time
 import zlib
 from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
@@ -29,13 +29,12 @@ from torch import nn
 
 from fl_client.clientapp_entry import COMMAND as CLIENTAPP_COMMAND
 from fl_client.node import NodeSettings
-from fl_client.pinning import Pinning, Trained
+from fl_client.pinning import Pinning, Trained, pinned
 from fl_client.profile_step import Profiled, measured_profile_step
 from powerctl.devices import open_device
 from powerctl.devices.base import Device
 from powerctl.errors import PowerctlError
 from powerctl.files.cache import cache_dir
-from powerctl.pinning.safety import restore_on_exit
 from powerctl.procs import seconds_since_start
 from powerctl.profiling.profiler import StepFactory
 from powerctl.records.pick import Pick
@@ -59,6 +58,7 @@ __all__ = [
     "ClientWorkError",
     "MethodRule",
     "Pinning",
+    "Prepared",
     "Profiled",
     "ProfiledStep",
     "RoundOutcome",
@@ -69,13 +69,11 @@ __all__ = [
     "TrainStep",
     "Trained",
     "build_local_model",
-    "build_report",
     "fine_tune_step",
     "measured_profile_step",
     "message_process_startup_s",
     "method_step",
     "model_seq_len",
-    "needs_bench_steps",
     "node_device_seed",
     "plan_round",
     "run_round",
@@ -313,10 +311,8 @@ def fine_tune_step(
     instr = work.instr
     train, test = work.split()
     model = work.model()
-    watch = observe or (lambda _dev: nullcontext())
-    with work.device() as dev, restore_on_exit(dev), watch(dev):
+    with pinned(work, rule, observe) as (dev, pinning):
         model = model.to(dev.torch_device())
-        pinning = Pinning.start(work, rule, dev)
         choice = pinning.choice
         config = FineTuneConfig(
             batch_size=pinning.batch_size,
@@ -354,21 +350,14 @@ class RoundSteps:
     def for_instructions(cls, instr: TrainInstructions) -> RoundSteps:
         """The production round (measured profile, the method's rule, fine-tune); instructions that
         need the fleet runner's steps are one line."""
-        if needs_bench_steps(instr):
+        searches = method_named(instr.method).searches_own_data
+        if instr.stand_in or instr.profile_source == "predicted" or searches:
             raise ClientWorkError(
                 "these instructions ask for the fleet runner's steps (scale mode, predicted profiles or "
                 "the oracle's search), which only its ClientApp has (simulations.fleet_client:app, what "
                 "`python -m simulations` runs): run them there, or send measured, trained rounds"
             )
         return cls()
-
-
-def needs_bench_steps(instr: TrainInstructions) -> bool:
-    """Scale mode's predicted profiles and stand-in training, and the oracle's own-data search: what
-    only the fleet runner and the benches ask a client for."""
-    return (
-        instr.stand_in or instr.profile_source == "predicted" or method_named(instr.method).searches_own_data
-    )
 
 
 StepsFor = Callable[[TrainInstructions], RoundSteps]
@@ -396,18 +385,65 @@ def message_process_startup_s() -> float | None:
     return None if startup is None else round(startup, 2)
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """A round profiled and its rule chosen, by the built-in round and a user's loop alike: what the
+    train step applies, and what the report adds to its outcome."""
+
+    work: RoundWork
+    profiled: Profiled
+    chosen: Chosen
+    wall_start: float
+    startup_s: float | None
+
+    @classmethod
+    def of(cls, work: RoundWork, steps: RoundSteps) -> Prepared:
+        """Profile (or read the cache) and choose, over the batch sizes this node's data can fill."""
+        wall_start = time.perf_counter()
+        instr, examples = work.instr, work.train_examples or 0
+        relation = instr.relation() if instr.stand_in else usable_relation(instr, examples)
+        startup_s = message_process_startup_s()  # the first profiling or training step comes next
+        profiled = steps.profile(work, relation)
+        chosen = steps.choose(work, profiled.profile, relation, steps.train)
+        return cls(work, profiled, chosen, wall_start, startup_s)
+
+    def report(self, trained: Trained) -> ClientReport:
+        """The round's report: the round's own fields, and the records its steps wrote."""
+        work, profiled, instr, choice = self.work, self.profiled, self.work.instr, trained.choice
+        wall_s = time.perf_counter() - self.wall_start
+        point = profiled.profile.point(choice.batch_size, choice.frequency_hz)
+        peak = choice.peak_power_w or (point.peak_power_w if point is not None else 0.0)
+        return ClientReport(
+            work.settings.device,
+            work.cap_at_start,
+            choice.batch_size,
+            choice.frequency_hz,
+            Training.of(trained.result, stand_in=trained.stand_in),
+            profiled.outcome(method_named(instr.method).power_aware, trained.stand_in),
+            trained.cap,
+            trained.step_downs,
+            board=trained.board,
+            node_key=work.settings.key,
+            predicted_s=choice.predicted_s or 0.0,
+            profiled_peak_power_w=peak or 0.0,
+            train_examples=work.train_examples or 0,
+            wall_s=wall_s,
+            startup_s=self.startup_s,
+            method=instr.method,
+            deadline_s=instr.deadline_s if choice.meets_deadline is not None else None,
+            meets_deadline_predicted=choice.meets_deadline,
+            pinned=trained.pinned,
+            restored=profiled.restored,
+        )
+
+
 def run_round(work: RoundWork, steps: RoundSteps | None = None) -> RoundOutcome:
     """Profile → choose → pin and train → report, with the steps given (default: what the instructions
     ask for)."""
     steps = steps or RoundSteps.for_instructions(work.instr)
-    wall_start = time.perf_counter()
-    train, _ = work.split()
-    check_data(work.instr, train)
-    relation = work.instr.relation() if work.instr.stand_in else usable_relation(work.instr, len(train))
-    startup_s = message_process_startup_s()  # the first profiling or training step comes next
-    profiled = steps.profile(work, relation)
-    chosen = steps.choose(work, profiled.profile, relation, steps.train)
-    trained = None
+    check_data(work.instr, work.split()[0])
+    prepared = Prepared.of(work, steps)
+    chosen, trained = prepared.chosen, None
     if chosen.runs and work.caps.is_constant:  # the chosen pair was measured while choosing
         c = chosen.rule(work.cap_at_start)
         trained = chosen.runs.get((c.batch_size, c.frequency_hz))
@@ -415,47 +451,7 @@ def run_round(work: RoundWork, steps: RoundSteps | None = None) -> RoundOutcome:
             trained = replace(trained, choice=c)
     if trained is None:
         trained = steps.train(work, chosen.rule)
-    wall_s = time.perf_counter() - wall_start
-    report = build_report(work, profiled, chosen, trained, len(train), wall_s, startup_s=startup_s)
-    return RoundOutcome(trained.state, report, profiled, chosen, trained)
-
-
-def build_report(
-    work: RoundWork,
-    profiled: Profiled,
-    chosen: Chosen,
-    trained: Trained,
-    train_examples: int,
-    wall_s: float,
-    *,
-    startup_s: float | None = None,
-) -> ClientReport:
-    """The round's report: the round's own fields, and the records its steps wrote."""
-    instr, choice = work.instr, trained.choice
-    point = profiled.profile.point(choice.batch_size, choice.frequency_hz)
-    peak = choice.peak_power_w or (point.peak_power_w if point is not None else 0.0)
-    return ClientReport(
-        work.settings.device,
-        work.cap_at_start,
-        choice.batch_size,
-        choice.frequency_hz,
-        Training.of(trained.result, stand_in=trained.stand_in),
-        profiled.outcome(method_named(instr.method).power_aware, trained.stand_in),
-        trained.cap,
-        trained.step_downs,
-        board=trained.board,
-        node_key=work.settings.key,
-        predicted_s=choice.predicted_s or 0.0,
-        profiled_peak_power_w=peak or 0.0,
-        train_examples=train_examples,
-        wall_s=wall_s,
-        startup_s=startup_s,
-        method=instr.method,
-        deadline_s=instr.deadline_s if choice.meets_deadline is not None else None,
-        meets_deadline_predicted=choice.meets_deadline,
-        pinned=trained.pinned,
-        restored=profiled.restored,
-    )
+    return RoundOutcome(trained.state, prepared.report(trained), prepared.profiled, chosen, trained)
 
 
 def plan_round(

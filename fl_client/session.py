@@ -14,7 +14,6 @@ import copy
 import dataclasses
 import hashlib
 import logging
-import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -26,25 +25,24 @@ import torch
 from torch import nn
 
 from fl_client.node import NodeSettings
+from fl_client.pinning import pinned
 from fl_client.round import (
     ClientWorkError,
     Pinning,
+    Prepared,
     Profiled,
     ProfiledStep,
+    RoundSteps,
     RoundWork,
-    build_report,
     measured_profile_step,
-    message_process_startup_s,
     method_step,
     node_device_seed,
-    usable_relation,
 )
 from fl_client.step_identity import cell_value, step_identity
 from powerctl.devices.base import Device
 from powerctl.devices.simulated import SimulatedBoard
 from powerctl.errors import ArgumentError, first_line
 from powerctl.files.mapping import MAX_COUNT, FolderPath, Integer, Number, check_arguments, check_callable
-from powerctl.pinning.safety import restore_on_exit
 from powerctl.profiling.profiler import StepFactory
 from powerctl.records.workload import (
     MODEL_INPUT_ERRORS,
@@ -308,7 +306,7 @@ class PowerSession:
         )
         self._joined = joined
         self.report: ClientReport | None = None
-        self.profiled: Profiled | None = None
+        self.prepared: Prepared | None = None
         self.samples, self.steps, self.device_s = 0, 0, 0.0
         self.accuracy: float | None = None
         self._stack: ExitStack | None = None
@@ -316,8 +314,6 @@ class PowerSession:
         self._pinning: Pinning | None = None
         self._power: TrainingPower | None = None
         self._workload: Workload | None = None
-        self._wall = 0.0
-        self._startup_s: float | None = None
         self._step_s: list[float] = []
         self._entered = False
 
@@ -339,24 +335,14 @@ class PowerSession:
 
     def _start(self) -> None:
         """Profile (or read the cache), choose the pair, open and pin the device, start the power trace."""
-        work = self.work
-        self._wall = time.perf_counter()
-        relation = usable_relation(work.instr, work.examples or 0)
-        self._startup_s = message_process_startup_s()  # the first profiling step comes next
-        self.profiled = measured_profile_step(work, relation)
-        self.chosen = method_step(work, self.profiled.profile, relation, _no_training)
-        stack = ExitStack()
-        try:
-            dev = stack.enter_context(work.device())
-            stack.enter_context(restore_on_exit(dev))
-            self._workload = Workload.from_dict(self.profiled.profile.extra["workload"])  # the step profiled
-            self._pinning = Pinning.start(work, self.chosen.rule, dev)
+        steps = RoundSteps(measured_profile_step, method_step, _no_training)
+        self.prepared = prepared = Prepared.of(self.work, steps)
+        with ExitStack() as stack:  # on an error here, the device restored and closed
+            dev, self._pinning = stack.enter_context(pinned(self.work, prepared.chosen.rule))
+            self._workload = Workload.from_dict(prepared.profiled.profile.extra["workload"])
             self._power = TrainingPower(dev, POWER_RATE_HZ)
             self._power.resume()
-        except BaseException:
-            stack.close()
-            raise
-        self._stack, self._dev = stack, dev
+            self._stack, self._dev = stack.pop_all(), dev
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -503,12 +489,15 @@ class PowerSession:
             raise SessionError("PowerSession: use it inside its `with` block")
         return self._pinning
 
+    @property
+    def profiled(self) -> Profiled | None:
+        """The profile the pair was chosen from (None before the `with`)."""
+        return None if self.prepared is None else self.prepared.profiled
+
     def _report(self, dev: Device) -> ClientReport:
-        assert self._pinning is not None and self._power is not None and self.profiled is not None
-        instr = self.instructions
+        assert self._pinning is not None and self._power is not None and self.prepared is not None
+        instr, start = self.instructions, self._pinning.choice
         energy, peak, mean = self._power.summary()
-        start = self._pinning.choice
-        stop = "target" if self.reached else ("budget" if self.done else "loop")
         result = FineTuneResult(
             reached=self.reached,
             samples=self.samples,
@@ -522,14 +511,9 @@ class PowerSession:
             lr=float(self._loop_lr if self._loop_lr is not None else instr.lr_for(start.batch_size)),
             steps=self.steps,
             target_accuracy=instr.target_accuracy,
-            stop_reason=stop,
+            stop_reason="target" if self.reached else ("budget" if self.done else "loop"),
         )
-        trained = self._pinning.trained(result, {}, dev.board)
-        wall = time.perf_counter() - self._wall
-        examples = self.work.examples or 0
-        return build_report(
-            self.work, self.profiled, self.chosen, trained, examples, wall, startup_s=self._startup_s
-        )
+        return self.prepared.report(self._pinning.trained(result, {}, dev.board))
 
 
 def _no_training(*_: Any) -> Any:
