@@ -5,32 +5,31 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 from unittest import mock
 
 from powerctl.errors import ArgumentError, first_line
-from powerctl.files.mapping import Integer, Number, check_arguments, check_fields
+from powerctl.files.mapping import Integer, Number, check_arguments, check_fields, field_kinds, kind_field
+
+AMOUNT, COUNT = Number(0.0), Integer(0)
 
 
 @dataclass(frozen=True)
 class Workload:
     model: str
     input_shape: tuple[int, ...]  # a list given is made a tuple
-    flops_per_sample: float  # training FLOPs per sample: forward + backward
-    activation_bytes_per_sample: float  # kept by autograd between forward and backward, weights left out
-    parameter_bytes: float
-    optimizer_states: int = 2  # extra copies of the parameters the optimizer keeps (Adam/AdamW: 2)
-    kernels_per_step: int = 0  # compute ops (≈ GPU kernel launches) of one pass; 0 = not measured
-    traffic_bytes_per_sample: float = 0.0  # bytes the pass's ops write per sample, weight gradients left out
-    parameter_tensors: int = 0  # a per-tensor optimizer launches kernels for each
+    flops_per_sample: float = kind_field(AMOUNT)  # training FLOPs per sample: forward + backward
+    activation_bytes_per_sample: float = kind_field(AMOUNT)  # kept by autograd for backward, weights left out
+    parameter_bytes: float = kind_field(AMOUNT)
+    optimizer_states: int = kind_field(COUNT, 2)  # parameter copies the optimizer keeps (Adam: 2)
+    kernels_per_step: int = kind_field(COUNT, 0)  # compute ops (≈ kernel launches) per pass; 0: not measured
+    traffic_bytes_per_sample: float = kind_field(AMOUNT, 0.0)  # written by the pass, weight grads left out
+    parameter_tensors: int = kind_field(COUNT, 0)  # a per-tensor optimizer launches kernels for each
 
     def __post_init__(self) -> None:
         """A hand-made workload holds what a counted one does (no NaN or negative count)."""
-        counts = fields(self)[2:]  # after the model and its shape: amounts (float) and counts (int)
-        check_fields(
-            self, "Workload", {f.name: Number(0.0) if f.type == "float" else Integer(0) for f in counts}
-        )
+        check_fields(self, "Workload", field_kinds(self))
         if isinstance(self.input_shape, list):
             object.__setattr__(self, "input_shape", tuple(self.input_shape))
 
@@ -47,7 +46,7 @@ class Workload:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Workload:
         """The workload `to_dict` wrote (a profile's `extra["workload"]`)."""
-        return cls(**{**d, "input_shape": tuple(d["input_shape"])})
+        return cls(**d)
 
 
 def check_model(where: str, model: Any) -> None:
