@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, replace
-from functools import lru_cache
+from functools import lru_cache, partial
 
 from fl_client.round import (
     CapRule,
@@ -79,30 +79,19 @@ def predicted_profile_step(work: RoundWork, relation: RelationVector) -> Profile
 
 
 PRUNE_MARGIN = 0.25
-"""A pruned search stops a batch size's run this share (and one evaluation interval) past the samples that
-would tie the fastest measured so far: past that it cannot be chosen."""
+"""A pruned search stops a batch size's run this share past the samples that would tie the fastest measured
+so far (past that it cannot be chosen), on the evaluation grid plus one interval (the crossing is read
+between evaluations)."""
 
 
-def oracle_search(work: RoundWork, profile: Profile, relation: RelationVector, train: TrainStep) -> Chosen:
-    """The oracle's own-data search, pruned (the fleet's, `_search`)."""
-    return _search(work, profile, relation, train, prune=True)
-
-
-def full_oracle_search(
-    work: RoundWork, profile: Profile, relation: RelationVector, train: TrainStep
-) -> Chosen:
-    """The oracle's search in full (the demo's: it shows every batch size's own-data samples)."""
-    return _search(work, profile, relation, train, prune=False)
-
-
-def _search(
-    work: RoundWork, profile: Profile, relation: RelationVector, train: TrainStep, *, prune: bool
+def oracle_search(
+    work: RoundWork, profile: Profile, relation: RelationVector, train: TrainStep, prune: bool = True
 ) -> Chosen:
     """The oracle: fine-tune the client's own data at every batch size (at its fastest feasible frequency
     under the cap; under a changing cap, the lowest), and select by Algorithm 1 with the interpolated
-    samples to the target (`run_dense`). Misses are left out unless none reached it. Pruned: batch sizes
-    run fastest-predicted first, a run stops `PRUNE_MARGIN` past a tie with the fastest so far and is
-    reported apart (`oracle_stopped_at_samples`); a run that reaches the target is the unpruned run."""
+    samples to the target (`run_dense`). Misses are left out unless none reached it. Pruned (the fleet's):
+    batch sizes run fastest-predicted first, a run stops `PRUNE_MARGIN` past a tie with the fastest so far
+    and is reported apart (`oracle_stopped_at_samples`); a run that reaches the target is the unpruned run."""
     cap = work.cap_at_start if work.caps.is_constant else None
     if work.caps.is_constant:
         points = best_frequency_per_batch(profile, cap)
@@ -121,7 +110,9 @@ def _search(
     every, budget_samples = work.instr.eval_every_samples, work.instr.budget_samples
     for b in order:
         hz, per_sample_s = points[b].frequency_hz, points[b].seconds_per_batch / b
-        stop_at = _stop_at(fastest_s / per_sample_s, every) if prune and math.isfinite(fastest_s) else None
+        stop_at = None
+        if prune and math.isfinite(fastest_s):
+            stop_at = (math.ceil(fastest_s / per_sample_s * (1 + PRUNE_MARGIN) / every) + 1) * every
         if stop_at is not None and budget_samples and stop_at >= budget_samples:
             stop_at = None  # the budget stops it first
         budget = stop_at or budget_samples
@@ -163,10 +154,8 @@ def _search(
     return Chosen(chosen, runs=runs, bench=measured)
 
 
-def _stop_at(tie_samples: float, every: int) -> int:
-    """Where a pruned run stops: `PRUNE_MARGIN` past a tie with the fastest, on the evaluation grid, plus
-    one interval (the crossing is read between evaluations)."""
-    return (math.ceil(tie_samples * (1 + PRUNE_MARGIN) / every) + 1) * every
+full_oracle_search = partial(oracle_search, prune=False)
+"""The oracle's search in full (the demo's: it shows every batch size's own-data samples)."""
 
 
 @dataclass(frozen=True)

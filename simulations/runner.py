@@ -18,7 +18,6 @@ from typing import Any
 from fl_server.run_config import run_config_text
 from powerctl.errors import PowerctlError
 from powerctl.files.jsonfile import write_json
-from powerctl.procs import alive
 from simulations.fleet import FleetFileError, FleetSpec
 from simulations.launcher import federation, run_flwr
 from simulations.linkstate_index import check_flower_version
@@ -134,7 +133,7 @@ def run_fleet(
 ) -> dict[str, Any]:
     """Run, merge and report: DIR/results.json, DIR/summary.txt, DIR/plots/*.png.
     `index_messages=False`: Flower's own dispatch (`simulations.linkstate_index`), the same results."""
-    from simulations.fleet_results import build_results, missing_methods, summary_text
+    from simulations.fleet_results import build_results, missing_methods, processes, summary_text
 
     out = _fresh_out(out)
     started = time.perf_counter()
@@ -159,7 +158,7 @@ def run_fleet(
         log = out / "flwr.log"
         raise FleetRunError(f"the run's results miss method(s) {', '.join(missing)}; see {log}", pids)
     results = build_results(spec, flwr_out, methods, wall_s=time.perf_counter() - started)
-    results["processes"] = {"started": pids, "alive_after": [p for p in pids if alive(p)]}
+    results["processes"] = processes(pids)
     _write(out, results, summary_text(results))
     if plots:
         from simulations.fleet_plots import plot_fleet
@@ -208,8 +207,8 @@ def run_seeds(
     runs: list[SeedRun] = []
     for k, one in enumerate(specs, start=1):
         folder = out / f"seed-{k}"
-        run = SeedRun(k, one.settings.seed, one.settings.client_data_seed, folder, False)
-        run.prepared_cached = preparation_cached(one, folder, methods)
+        cached = preparation_cached(one, folder, methods)
+        run = SeedRun(k, one.settings.seed, one.settings.client_data_seed, folder, cached)
         echo(
             f"=== seed {k} of {count}: run seed {run.run_seed}, data seed {run.data_seed}; pre-trained "
             "weights and relation vector "
