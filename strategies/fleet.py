@@ -17,12 +17,12 @@ from powerctl.errors import PowerctlError
 from powerctl.files.mapping import Integer, Invalid, Number, Text, mapping_reader
 from powerctl.files.readfile import YAML_LIMIT, read_bytes
 from powerctl.selection.capsource import (
+    POWER_CAP,
     CapSource,
     ConstantCap,
     InvalidPowerCapError,
     ScheduleCap,
     TraceCap,
-    cap_w,
     parse_cap_source,
 )
 
@@ -155,7 +155,7 @@ def fleet_table(text: str) -> list[FleetEntry]:
         if problem := device_problem(device):
             raise Invalid(f"entry {item!r}: {problem}")
         try:
-            watts = cap_w(cap)
+            watts = POWER_CAP(cap)
         except Invalid as exc:
             hint = "; entries are separated by commas" if "@" in cap else ""
             raise Invalid(f"entry {item!r}: its cap {exc}{hint}") from None

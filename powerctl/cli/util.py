@@ -338,13 +338,9 @@ def key_value(text: str) -> tuple[str, Any]:
         return key, raw
 
 
-def _refused(exc: Invalid) -> argparse.ArgumentTypeError:
-    """A kind's refusal ("must be …, got …") in argparse's words ("expected …, got …")."""
-    return argparse.ArgumentTypeError(str(exc).replace("must be", "expected", 1))
-
-
 def kind_type(kind: Kind, name: str) -> Callable[[str], Any]:
-    """A `powerctl.files.mapping` kind as a flag type (the text read as the kind's number type first)."""
+    """A `powerctl.files.mapping` kind as a flag type (the text read as the kind's number type first); its
+    refusal ("must be …, got …") in argparse's words ("expected …, got …")."""
 
     def parse(text: str) -> Any:
         value: Any = text
@@ -354,10 +350,13 @@ def kind_type(kind: Kind, name: str) -> Callable[[str], Any]:
         try:
             return kind(value)
         except Invalid as exc:
-            raise _refused(exc) from None
+            raise argparse.ArgumentTypeError(str(exc).replace("must be", "expected", 1)) from None
 
     parse.__name__ = name
     return parse
+
+
+_POWER_CAP = kind_type(POWER_CAP, "power_cap")
 
 
 def power_cap(text: str) -> float | None:
@@ -365,10 +364,7 @@ def power_cap(text: str) -> float | None:
     refused (an unset variable, not a wish for no cap)."""
     if not text.strip():
         raise argparse.ArgumentTypeError("empty; give watts or leave the flag out")
-    try:
-        return POWER_CAP(text)
-    except Invalid as exc:
-        raise _refused(exc) from None
+    return _POWER_CAP(text)
 
 
 def power_cap_w(text: str) -> float:

@@ -33,41 +33,10 @@ CAP_VALUE_EXPECTED = "a number of watts > 0 and ≤ 100000, or None"
 """The same in Python (`text=False`): a string there is refused, "none" included."""
 
 
-def cap_w(value: Any, *, text: bool = True) -> float | None:
-    """None (no cap) or a positive finite number of watts, else `Invalid`; `text`: a string may say it
-    ("none", "", "3.5")."""
-    if value is None:
-        return None
-    if text and isinstance(value, str):
-        stripped = value.strip()
-        if stripped.lower() in ("none", ""):
-            return None
-        try:
-            value = float(stripped)
-        except ValueError:
-            raise must_be(CAP_EXPECTED, value) from None
-    if not is_number(value) or value <= 0 or value > MAX_CAP_W:
-        raise must_be(CAP_EXPECTED if text else CAP_VALUE_EXPECTED, value)
-    return float(value)
-
-
-def parse_power_cap(
-    value: Any,
-    where: str = "power cap",
-    *,
-    text: bool = True,
-    error: type[InvalidPowerCapError] = InvalidPowerCapError,
-) -> float | None:
-    """The one power cap parser: `cap_w`, or one `error` line ``{where} must be …, got …``."""
-    try:
-        return cap_w(value, text=text)
-    except Invalid as exc:
-        raise error(f"{where} {exc}") from None
-
-
 @dataclass(frozen=True)
 class PowerCapKind(Kind):
-    """The cap as a `powerctl.files.mapping` kind; `text` as for `cap_w`."""
+    """The one power cap check, as a `powerctl.files.mapping` kind: None (no cap) or a positive finite
+    number of watts, else `Invalid`; `text`: a string may say it ("none", "", "3.5")."""
 
     text: bool = True
 
@@ -78,12 +47,38 @@ class PowerCapKind(Kind):
     python_type = float
 
     def __call__(self, value: Any) -> float | None:
-        return cap_w(value, text=self.text)
+        if value is None:
+            return None
+        if self.text and isinstance(value, str):
+            stripped = value.strip()
+            if stripped.lower() in ("none", ""):
+                return None
+            try:
+                value = float(stripped)
+            except ValueError:
+                raise must_be(CAP_EXPECTED, value) from None
+        if not is_number(value) or value <= 0 or value > MAX_CAP_W:
+            raise must_be(self.expected, value)
+        return float(value)
 
 
 POWER_CAP = PowerCapKind()
 POWER_CAP_VALUE = PowerCapKind(text=False)
 """A cap given in Python (`Profiler.run(power_cap_w=...)`): a number of watts or None, no text."""
+
+
+def parse_power_cap(
+    value: Any,
+    where: str = "power cap",
+    *,
+    text: bool = True,
+    error: type[InvalidPowerCapError] = InvalidPowerCapError,
+) -> float | None:
+    """The one power cap parser: `PowerCapKind`, or one `error` line ``{where} must be …, got …``."""
+    try:
+        return PowerCapKind(text)(value)
+    except Invalid as exc:
+        raise error(f"{where} {exc}") from None
 
 
 MAX_TIME_S = 1e9
@@ -282,7 +277,7 @@ class TraceCap(_HeldCap):
                     f"{here}: a time must be at most {MAX_TIME_S:g} s (about 31 years), got {got}"
                 )
             try:  # the one cap check: a trace (after scale) holds no cap a constant or a schedule may not
-                watts.append(cap_w(w * scale, text=False))  # type: ignore[arg-type]
+                watts.append(POWER_CAP_VALUE(w * scale))  # type: ignore[arg-type]
             except Invalid:
                 got = cells[1] if scale == 1 else f"{cells[1]} × scale {scale:g}"
                 raise CapSourceError(
