@@ -95,10 +95,8 @@ class TrainingConfirmation:
         return replace(self.prediction, points=points)
 
     def before_step(self, samples: int) -> int | None:
-        """The batch size of a pair picked after the last measurement, once; else the guard's say."""
+        """The batch size of a pair picked after the last measurement, once (the guard never changes it)."""
         batch, self._pending_batch = self._pending_batch, None
-        if batch is None and self.confirmed and self.guard is not None:
-            return self.guard.before_step(samples)
         return batch
 
     def after_step(self, power: PowerSamples, device_s: float) -> None:

@@ -230,7 +230,8 @@ class CapFollower:
         self._step_over_s = 0.0
         for t, w in samples:
             if prev is not None and t > prev[0]:
-                cap = _lower(self.caps.cap_at(prev[0] - self._t0), self.caps.cap_at(t - self._t0))
+                ends = (self.caps.cap_at(prev[0] - self._t0), self.caps.cap_at(t - self._t0))
+                cap = min((c for c in ends if c is not None), default=None)
                 if cap is not None and w > cap * (1.0 + self._tolerance):
                     dt = t - prev[0]
                     self.over_cap_s += dt
@@ -272,10 +273,3 @@ class CapFollower:
                 self._guard = self._new_guard(float(guard["power_cap_w"]), int(guard["frequency_hz"]))
             self._guard.load_resume_state(guard)
         self._last_sample = None
-
-
-def _lower(a: float | None, b: float | None) -> float | None:
-    """The tighter of two caps (None: no cap)."""
-    if a is None or b is None:
-        return b if a is None else a
-    return min(a, b)
