@@ -83,7 +83,7 @@ def method_summary(
     """Time to target, makespans, energy, clients at target, cap violations and failures of one method."""
     makespans, energy, over_cap, failed, accuracies = [], 0.0, 0, 0, []
     reached_round = time_to_target = train_to_target = None
-    elapsed = training = 0.0
+    training = 0.0
     through_target: list[dict[str, Any]] = []  # client reports through the round that reached it
     for rnd in data["rounds"]:
         if reached_round is None:
@@ -93,12 +93,11 @@ def method_summary(
         energy += s["total_energy_j"]
         over_cap += len(s["over_cap"])
         failed += len(rnd["failed"])
-        elapsed += s["makespan_s"]
         training += max((c["device_s"] for c in rnd["clients"]), default=0.0)
         acc = (rnd.get("evaluation") or {}).get("accuracy")
         accuracies.append(acc)
         if reached_round is None and acc is not None and acc >= target:
-            reached_round, time_to_target, train_to_target = rnd["round"], elapsed, training
+            reached_round, time_to_target, train_to_target = rnd["round"], sum(makespans), training
     last = data["rounds"][-1] if data["rounds"] else {"clients": []}
     return {
         "method": method,
@@ -108,7 +107,7 @@ def method_summary(
         "profiling_s": sum(c["profiling_s"] for c in through_target),
         "profiling_share": profiling_share(through_target),
         "reached_round": reached_round,
-        "total_makespan_s": elapsed,
+        "total_makespan_s": sum(makespans),
         "makespans_s": makespans,
         "energy_j": energy,
         "clients_at_target": sum(bool(c["reached_target"]) for c in last["clients"]),

@@ -12,12 +12,6 @@ DRAWS = 4000
 SEED = 0
 
 
-def resampled_means(values: Sequence[float], rng: np.random.Generator, draws: int = DRAWS) -> np.ndarray:
-    """`draws` means of `values` resampled with replacement (same length)."""
-    v = np.asarray(values, dtype=float)
-    return v[rng.integers(0, len(v), size=(draws, len(v)))].mean(axis=1)
-
-
 def paired_resampled_means(
     a: Sequence[float], b: Sequence[float], rng: np.random.Generator, draws: int = DRAWS
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -25,6 +19,11 @@ def paired_resampled_means(
     x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     idx = rng.integers(0, len(x), size=(draws, len(x)))
     return x[idx].mean(axis=1), y[idx].mean(axis=1)
+
+
+def resampled_means(values: Sequence[float], rng: np.random.Generator, draws: int = DRAWS) -> np.ndarray:
+    """`draws` means of `values` resampled with replacement (same length)."""
+    return paired_resampled_means(values, values, rng, draws)[0]
 
 
 def interval95(samples: np.ndarray) -> tuple[float, float]:
