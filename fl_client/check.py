@@ -286,16 +286,6 @@ def run_checks(t: Target, timeout_s: float = 5.0, say: Callable[[str], None] = s
         say(check_self_registration(t))
 
 
-def target_from_connection(name: str | None) -> Target:
-    """The target of a `flwr` connection in $FLWR_HOME/config.toml (None: the default one)."""
-    conn = read_flwr_connection(name)
-    if not conn.address:
-        raise PowerctlError(f"flwr connection {conn.name!r} has no address (a simulation connection?)")
-    host, port = parse_address(conn.address)
-    ca = Path(conn.root_certificates).expanduser() if conn.root_certificates else None
-    return Target(host, port, bool(conn.insecure), ca, connection=conn.name)
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(
         prog=PROG,
@@ -327,12 +317,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def target_from_args(args: argparse.Namespace) -> Target:
+    """The SuperNode's flags, or a `flwr` connection in $FLWR_HOME/config.toml ('': the default one)."""
     if args.connection is not None:
         if args.insecure or args.root_certificates or args.auth_supernode_private_key:
             raise PowerctlError(
                 "--connection takes TLS settings from config.toml: give no other flags with it"
             )
-        return target_from_connection(args.connection or None)
+        conn = read_flwr_connection(args.connection or None)
+        if not conn.address:
+            raise PowerctlError(f"flwr connection {conn.name!r} has no address (a simulation connection?)")
+        host, port = parse_address(conn.address)
+        ca = Path(conn.root_certificates).expanduser() if conn.root_certificates else None
+        return Target(host, port, bool(conn.insecure), ca, connection=conn.name)
     host, port = parse_address(args.superlink)
     return Target(host, port, args.insecure, args.root_certificates, args.auth_supernode_private_key)
 

@@ -131,13 +131,6 @@ def load_ca(path: Path) -> str:
     return text
 
 
-def _ca_context(t: Target) -> ssl.SSLContext:
-    """What Flower verifies with: the given CA file, else the system's trust store."""
-    if t.root_certificates is None:
-        return ssl.create_default_context()
-    return ssl.create_default_context(cadata=load_ca(t.root_certificates))
-
-
 def check_tls(t: Target, timeout_s: float) -> str:
     """Both sides agree on TLS, and the SuperLink's certificate is trusted and names the address."""
     try:
@@ -168,7 +161,10 @@ def check_tls(t: Target, timeout_s: float) -> str:
             "connect with --insecure (insecure = true in a flwr connection), or start the SuperLink with "
             "--ssl-ca-certfile, --ssl-certfile and --ssl-keyfile",
         )
-    ctx = _ca_context(t)
+    # what Flower verifies with: the given CA file, else the system's trust store
+    ctx = ssl.create_default_context(
+        cadata=None if t.root_certificates is None else load_ca(t.root_certificates)
+    )
     subject, issuer, names = _describe(der)
     trusted_by = f"CA {t.root_certificates}" if t.root_certificates else "this system's CAs (no CA given)"
     try:
