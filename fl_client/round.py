@@ -71,7 +71,6 @@ __all__ = [
     "build_local_model",
     "fine_tune_step",
     "measured_profile_step",
-    "message_process_startup_s",
     "method_step",
     "model_seq_len",
     "node_device_seed",

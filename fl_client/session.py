@@ -62,23 +62,6 @@ Step = Callable[..., Any]
 """One training step of the user's loop: `step(x, y)` trains on one batch."""
 
 
-def _check_session_arguments(
-    model: Any, make_step: Any, loss: Any, train_examples: Any, lr: Any, key: Any
-) -> tuple[int, float | None]:
-    """PowerSession's arguments, one ArgumentError line each; `train_examples` and `lr` as plain numbers."""
-    where = "PowerSession"
-    check_model(where, model)
-    check_callable(where, "make_step", make_step, "(model), returning step(x, y)", 1)
-    check_callable(where, "loss", loss, "(outputs, targets)", 2, optional=True)
-    checked = check_arguments(where, train_examples=(train_examples, Integer(1, MAX_COUNT)))
-    examples = checked["train_examples"]
-    if lr is not None:
-        lr = check_arguments(where, lr=(lr, Number(0.0, above=True)))["lr"]
-    if not isinstance(key, str):
-        raise ArgumentError(f"{where}: 'key' must be a string, got {key!r}")
-    return examples, lr
-
-
 FIRST_STEP_TOLERANCE = 1.25  # the first step's FLOPs a sample against the profiled step's, either way
 STEP_TIME_TOLERANCE = 2.0  # wide: timing noise, a shared GPU (`_check_step_time`)
 TIMED_STEPS = 3
@@ -284,7 +267,17 @@ class PowerSession:
             raise ArgumentError(
                 f"PowerSession: 'round_context' must be a RoundContext, got {type(joined).__name__}"
             )
-        train_examples, lr = _check_session_arguments(model, make_step, loss, train_examples, lr, key)
+        where = "PowerSession"
+        check_model(where, model)
+        check_callable(where, "make_step", make_step, "(model), returning step(x, y)", 1)
+        check_callable(where, "loss", loss, "(outputs, targets)", 2, optional=True)
+        train_examples = check_arguments(where, train_examples=(train_examples, Integer(1, MAX_COUNT)))[
+            "train_examples"
+        ]
+        if lr is not None:
+            lr = check_arguments(where, lr=(lr, Number(0.0, above=True)))["lr"]
+        if not isinstance(key, str):
+            raise ArgumentError(f"{where}: 'key' must be a string, got {key!r}")
         instructions, node = joined.instructions, joined.node
         differs = same_model(instructions.relation_vector.extra.get("model_fingerprint"), model)
         if differs is not None:
