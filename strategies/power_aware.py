@@ -20,7 +20,7 @@ from flwr.serverapp.strategy.strategy_utils import sample_nodes
 from flwr.supercore import log
 
 from powerctl.errors import ArgumentError
-from powerctl.files.mapping import Integer, check_arguments, check_callable, check_result
+from powerctl.files.mapping import Integer, MappingReader, check_arguments, check_callable, check_result
 from strategies.node_waits import NodeWaits
 from strategies.objectives import OBJECTIVE, RoundObjective
 from strategies.protocol import (
@@ -73,6 +73,13 @@ def _one(records: Any, key: str, where: str, what: str) -> Any:
     if key not in records and len(records) == 1:
         return next(iter(records.values()))
     return required(records, key, where, what)
+
+
+def _by_node(sent: list[Message], replies: Iterable[Message]) -> list[tuple[int, Message]]:
+    """Each reply with the node it answers, by message id (a dead SuperNode's error reply comes from the
+    SuperLink)."""
+    by_id = {m.metadata.message_id: m.metadata.dst_node_id for m in sent}
+    return [(by_id.get(r.metadata.reply_to_message_id, r.metadata.src_node_id), r) for r in replies]
 
 
 def _own_message(msg: Message, content: RecordDict) -> Message:
@@ -189,23 +196,18 @@ class PowerAware(Strategy):
         return nodes
 
     def _query(self, grid: Grid, contents: dict[int, RecordDict]) -> list[tuple[int, Message]]:
-        """Send each node its QUERY; every reply paired with its node by message id (a dead SuperNode's
-        error reply comes from the SuperLink)."""
-        if not contents:
-            return []
+        """Send each node its QUERY; every reply with its node."""
         queries = [
             Message(content, dst_node_id=nid, message_type=MessageType.QUERY)
             for nid, content in contents.items()
         ]
-        sent = {m.metadata.message_id: m.metadata.dst_node_id for m in queries}
-        replies = grid.send_and_receive(queries, timeout=self.waits.query_timeout_s)
-        return [(sent.get(r.metadata.reply_to_message_id, r.metadata.src_node_id), r) for r in replies]
+        return _by_node(
+            queries, grid.send_and_receive(queries, timeout=self.waits.query_timeout_s) if queries else []
+        )
 
     def learn_nodes(self, grid: Grid, node_ids: Iterable[int]) -> None:
         """Ask every node not met yet for its device, board and cap."""
         new = [nid for nid in node_ids if nid not in self.nodes]
-        if not new:
-            return
         for nid, reply in self._query(grid, {nid: RecordDict({}) for nid in new}):
             if reply.has_error() or NODE_KEY not in reply.content.config_records:
                 why = one_line(reply.error.reason) if reply.has_error() else "no node record"
@@ -258,10 +260,8 @@ class PowerAware(Strategy):
     ) -> Iterable[Message]:
         """The inner strategy's TRAIN messages, each with its own RecordDict holding its node's
         instructions."""
-        self._sent[MessageType.TRAIN] = []
-        if self._skipped(server_round):
+        if not self._configure(MessageType.TRAIN, server_round, grid):
             return []
-        self.connected(grid)
         plan = self.instructions.to_config()
         config = ConfigRecord({**dict(config), **dict(plan)})
         messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
@@ -295,30 +295,43 @@ class PowerAware(Strategy):
         self._global = arrays
         return own
 
-    def _match(
-        self, kind: str, replies: Iterable[Message]
-    ) -> tuple[list[tuple[int, Message]], list[tuple[int, Message]], list[Failure]]:
-        """Each reply with its node: (replies with content, error replies, failures for the errors and
-        the missing replies)."""
+    def _configure(self, kind: str, server_round: int, grid: Grid) -> bool:
+        """Whether the round runs (it is not before `first_round`), after waiting for the nodes."""
+        self._sent[kind] = []
+        if self._skipped(server_round):
+            return False
+        self.connected(grid)
+        return True
+
+    def _collect(
+        self, kind: str, replies: Iterable[Message], read: Callable[[int, Message], tuple[str, Any]]
+    ) -> tuple[list[Any], list[Message], list[Failure]]:
+        """The replies to the messages of `kind` sent, each read by `read(node_id, reply)` into (node key,
+        its row or None): the rows and the replies for the inner strategy, both in node-key order (the same
+        sum in every run), and the failures (an error reply, none in time, one `read` refuses)."""
         sent = self._sent.pop(kind, [])
-        by_id = {m.metadata.message_id: m.metadata.dst_node_id for m in sent}
-        answered: set[int] = set()
-        ok: list[tuple[int, Message]] = []
-        errors: list[tuple[int, Message]] = []
-        failed: list[Failure] = []
-        for reply in replies:
-            nid = by_id.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
-            answered.add(nid)
-            if reply.has_error():
-                code = reply.error.code
-                why = "unavailable" if code == NODE_UNAVAILABLE else "error"
-                failed.append(self._failure(nid, why, f"{one_line(reply.error.reason)} (code {code})"))
-                errors.append((nid, reply))
-            else:
-                ok.append((nid, reply))
-        for nid in sorted(set(by_id.values()) - answered):
+        paired = _by_node(sent, replies)
+        errors = [(nid, reply) for nid, reply in paired if reply.has_error()]
+        failed = [
+            self._failure(
+                nid,
+                "unavailable" if reply.error.code == NODE_UNAVAILABLE else "error",
+                f"{one_line(reply.error.reason)} (code {reply.error.code})",
+            )
+            for nid, reply in errors
+        ]
+        for nid in sorted({m.metadata.dst_node_id for m in sent} - {nid for nid, _ in paired}):
             failed.append(self._failure(nid, "timeout", "no reply within the round's timeout"))
-        return ok, errors, failed
+        usable: list[tuple[str, Any, Message]] = []  # (node key, row, reply)
+        for nid, reply in paired:
+            if not reply.has_error():
+                try:
+                    usable.append((*read(nid, reply), reply))
+                except ProtocolError as exc:
+                    failed.append(self._failure(nid, "error", str(exc)))
+        usable.sort(key=lambda u: u[0])
+        inner = [reply for _, _, reply in usable] + [reply for _, reply in errors]
+        return [row for _, row, _ in usable if row is not None], inner, failed
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -326,29 +339,23 @@ class PowerAware(Strategy):
         """Keep each report, hand the inner strategy the usable replies without it, record the round."""
         if self._skipped(server_round):
             return None, None
-        matched, errors, failed = self._match(MessageType.TRAIN, replies)
-        sampled = len(matched) + len(failed)
-        usable: list[tuple[str, Message]] = []
-        good: list[tuple[int, ClientReport]] = []
         unreported: list[str] = []
-        for nid, reply in matched:
-            try:
-                report = self._read_train_reply(reply)
-            except ProtocolError as exc:
-                failed.append(self._failure(nid, "error", str(exc)))
-                continue
-            key = self.node(nid).key
+
+        def read(nid: int, reply: Message) -> tuple[str, tuple[int, ClientReport] | None]:
+            arrays = _one(reply.content.array_records, ARRAYS_KEY, "train reply", "the weights")
+            if self._global is not None and (why := weights_mismatch(arrays, self._global)):
+                raise ProtocolError(f"train reply: {why}")
+            self._metrics(reply.content, "train reply")
+            report, key = take_report(reply.content), self.node(nid).key  # the report taken out of the reply
             if report is None:
                 unreported.append(key)
-            else:
-                report.node_key = report.node_key or key
-                # profiling a planning query measured belongs to the first round the node then trains
-                report.profiling.profiling_s += self._unbilled_profiling.pop(nid, 0.0)
-                good.append((nid, report))
-                key = report.node_key
-            usable.append((key, reply))
-        good.sort(key=lambda g: g[1].node_key)  # node keys, not ids: the same order (and sum) in every run
-        usable.sort(key=lambda u: u[0])
+                return key, None
+            report.node_key = report.node_key or key
+            # profiling a planning query measured belongs to the first round the node then trains
+            report.profiling.profiling_s += self._unbilled_profiling.pop(nid, 0.0)
+            return report.node_key, (nid, report)
+
+        good, inner, failed = self._collect(MessageType.TRAIN, replies, read)
         for f in failed:
             log(WARNING, "round %d: %s (%s) failed: %s", server_round, f.node_key, f.kind, f.reason)
         reports = [report for _, report in good]
@@ -356,7 +363,7 @@ class PowerAware(Strategy):
             round=server_round,
             clients=[report_row(report, self.node(nid)) for nid, report in good],
             failed=sorted(failed, key=lambda f: f.node_key),
-            summary=summarise(reports, failed, sampled),
+            summary=summarise(reports, failed, len(good) + len(unreported) + len(failed)),
         )
         if unreported:
             record.summary["unreported"] = sorted(unreported)
@@ -367,10 +374,8 @@ class PowerAware(Strategy):
         if self.on_round is not None:
             self.on_round(record)
         # the inner strategy hears every round, an empty one too (its own bookkeeping, e.g. DP's)
-        arrays, metrics = self.strategy.aggregate_train(
-            server_round, [reply for _, reply in usable] + [reply for _, reply in errors]
-        )
-        if not usable:
+        arrays, metrics = self.strategy.aggregate_train(server_round, inner)
+        if not good and not unreported:
             return arrays, metrics
         s = record.summary
         round_metrics = {
@@ -384,27 +389,18 @@ class PowerAware(Strategy):
         }
         return arrays, MetricRecord({**dict(metrics or {}), **round_metrics})
 
-    def _read_train_reply(self, reply: Message) -> ClientReport | None:
-        """The reply's report (None: it has none), taken out of the reply; ProtocolError when the reply
-        cannot be aggregated."""
-        content = reply.content
-        arrays = _one(content.array_records, ARRAYS_KEY, "train reply", "the weights")
-        if self._global is not None and (why := weights_mismatch(arrays, self._global)):
-            raise ProtocolError(f"train reply: {why}")
-        metrics = _one(content.metric_records, METRICS_KEY, "train reply", "")
-        weight_key = _inner_attr(self.strategy, "weighted_by_key", EXAMPLES_KEY)
-        reader(metrics, "train reply metrics").number(weight_key, positive=True)
-        return take_report(content)
+    def _metrics(self, content: RecordDict, where: str) -> tuple[MappingReader, float]:
+        """A reply's metrics and its examples (what the inner strategy weighs by), or ProtocolError."""
+        r = reader(_one(content.metric_records, METRICS_KEY, where, ""), f"{where} metrics")
+        return r, r.number(_inner_attr(self.strategy, "weighted_by_key", EXAMPLES_KEY), positive=True)
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """The inner strategy's EVALUATE messages."""
-        self._sent[MessageType.EVALUATE] = []
-        if self._skipped(server_round):
+        if not self._configure(MessageType.EVALUATE, server_round, grid):
             return []
         self._eval_arrays = arrays  # the round's global model: what `on_round_end` hears
-        self.connected(grid)
         messages = list(self.strategy.configure_evaluate(server_round, arrays, config, grid))
         self._sent[MessageType.EVALUATE] = messages
         return messages
@@ -414,52 +410,31 @@ class PowerAware(Strategy):
         if self._skipped(server_round):
             return None
         if self._sent.get(MessageType.EVALUATE):
-            metrics = self._evaluate(server_round, replies)
-        else:  # no evaluation this round (fraction_evaluate = 0): nothing to record
-            metrics = self.strategy.aggregate_evaluate(server_round, replies)
+
+            def read(nid: int, reply: Message) -> tuple[str, dict[str, Any]]:
+                info = self.node(nid)
+                r, examples = self._metrics(reply.content, "evaluate reply")
+                row = dict(node_key=info.key, device=info.device, examples=examples, **evaluation_metrics(r))
+                # the node's data (name and sizes), which its query leaves out
+                if nid in self.nodes and NODE_KEY in reply.content.config_records:
+                    self.nodes[nid] = info.with_data(reply.content.config_records[NODE_KEY])
+                return info.key, row
+
+            clients, replies, failed = self._collect(MessageType.EVALUATE, replies, read)
+            if (record := self.rounds.get(server_round)) is not None:
+                record.evaluation = {
+                    "clients": clients,
+                    "failed": [dataclasses.asdict(f) for f in sorted(failed, key=lambda f: f.node_key)],
+                    "accuracy": _mean(clients, "accuracy"),
+                    "loss": _mean(clients, "loss"),
+                }
+                if self.on_round is not None:
+                    self.on_round(record)
+        # no evaluation this round (fraction_evaluate = 0): nothing to record
+        metrics = self.strategy.aggregate_evaluate(server_round, replies)
         if self.on_round_end is not None and self._eval_arrays is not None:
             self.on_round_end(server_round, self._eval_arrays)
         return metrics
-
-    def _evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        matched, errors, failed = self._match(MessageType.EVALUATE, replies)
-        weight_key = _inner_attr(self.strategy, "weighted_by_key", EXAMPLES_KEY)
-        clients, usable = [], []
-        for nid, reply in matched:
-            info = self.node(nid)
-            try:
-                metrics = _one(reply.content.metric_records, METRICS_KEY, "evaluate reply", "")
-                r = reader(metrics, "evaluate reply metrics")
-                row: dict[str, Any] = {
-                    "node_key": info.key,
-                    "device": info.device,
-                    "examples": r.number(weight_key, positive=True),
-                }
-                row.update(evaluation_metrics(r))
-            except ProtocolError as exc:
-                failed.append(self._failure(nid, "error", str(exc)))
-                continue
-            clients.append(row)
-            usable.append((info.key, reply))
-            # the node's data (name and sizes), which its query leaves out
-            if nid in self.nodes and NODE_KEY in reply.content.config_records:
-                self.nodes[nid] = info.with_data(reply.content.config_records[NODE_KEY])
-        clients.sort(key=lambda c: c["node_key"])
-        evaluation = {
-            "clients": clients,
-            "failed": [dataclasses.asdict(f) for f in sorted(failed, key=lambda f: f.node_key)],
-            "accuracy": _mean(clients, "accuracy"),
-            "loss": _mean(clients, "loss"),
-        }
-        record = self.rounds.get(server_round)
-        if record is not None:
-            record.evaluation = evaluation
-            if self.on_round is not None:
-                self.on_round(record)
-        usable.sort(key=lambda u: u[0])
-        return self.strategy.aggregate_evaluate(
-            server_round, [reply for _, reply in usable] + [reply for _, reply in errors]
-        )
 
 
 def _mean(clients: list[dict[str, Any]], key: str) -> float | None:
