@@ -10,7 +10,7 @@ import queue
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -134,8 +134,6 @@ def pretrained_weights(cfg: ServerConfig, *, say: Say = quiet) -> Path:
 
 def relation_recipe(cfg: ServerConfig, weights: Path) -> dict[str, Any]:
     """What the run's relation vector depends on, less the CPU and thread count: the shipped vector's key."""
-    from dataclasses import asdict
-
     from fl_server.relation import CACHE_VERSION
     from fl_server.weights import weights_hash
 
@@ -180,14 +178,6 @@ def relation_settings(cfg: ServerConfig) -> RelationSettings:
 
     run = [f for f in fields(RelationSettings) if RUN_SETTING in f.metadata]
     return RelationSettings(**{f.name: getattr(cfg, f.metadata[RUN_SETTING]) for f in run})
-
-
-def instructions(
-    cfg: ServerConfig, relation: RelationVector, meta_classes: int, overrides: dict[str, Any]
-) -> TrainInstructions:
-    return TrainInstructions.for_run(
-        cfg, num_classes=meta_classes, model_overrides=overrides, relation=relation
-    )
 
 
 def prepare(cfg: ServerConfig, lines: Any = None) -> tuple[Path, dict[str, Any]]:
@@ -396,7 +386,9 @@ def run(grid: Grid, context: Context) -> Path:
             "relation": relation.to_dict(),
             "weights": str(weights),
         },
-        base=instructions(cfg, relation, meta.num_classes, meta.overrides),
+        base=TrainInstructions.for_run(
+            cfg, num_classes=meta.num_classes, model_overrides=meta.overrides, relation=relation
+        ),
         eval_config=ConfigRecord(
             {
                 "model": cfg.model,

@@ -36,7 +36,7 @@ from powerctl.selection.methods import METHODS, method_named
 from powerctl.selection.names import OURS
 from simulations.bench_steps import full_oracle_search
 from simulations.demo_config import DEMO_NODE, DemoConfig
-from simulations.fleet_results import cell
+from simulations.fleet_results import cell, table
 
 if TYPE_CHECKING:
     from fl_server.run_config import ServerConfig
@@ -107,8 +107,9 @@ def demo_work(cfg: DemoConfig, settings: ServerConfig, say: Say = quiet) -> Roun
     run's `client-data`."""
     from fl_client.local_data import data_plan, load_local_data
     from fl_client.node import NodeSettings
-    from fl_server.app import instructions, pretrained_weights, relation_vector
+    from fl_server.app import pretrained_weights, relation_vector
     from fl_server.weights import load_model
+    from strategies.protocol import TrainInstructions
 
     weights = pretrained_weights(settings, say=say)
     model, meta = load_model(weights, expect_model=settings.model)
@@ -123,7 +124,9 @@ def demo_work(cfg: DemoConfig, settings: ServerConfig, say: Say = quiet) -> Roun
     plan = data_plan(node, cfg.run_config(), model_seq_len(settings.model, {}))
     return RoundWork(
         node,
-        instructions(settings, relation, meta.num_classes, meta.overrides),
+        TrainInstructions.for_run(
+            settings, num_classes=meta.num_classes, model_overrides=meta.overrides, relation=relation
+        ),
         {k: v.clone() for k, v in model.state_dict().items()},
         load_local_data(plan),
         device_seed=node_device_seed(node, settings.seed),
@@ -206,7 +209,7 @@ def _plots(
 ) -> None:  # fmt: skip
     from powerctl.cli.plot import plot_profile
     from powerctl.selection.joint import select
-    from simulations.plots import plot_strategies
+    from simulations.fleet_plots import plot_strategies
 
     chosen = select(profiled.profile, relation, cfg.power_cap_w)
     assert (chosen.batch_size, chosen.frequency_hz) == (ours.report.batch_size, ours.report.frequency_hz)
@@ -225,15 +228,12 @@ def summary_table(results: dict[str, Any]) -> str:
         f"{'method':<18} {'b':>4} {'MHz':>7} {'pred s':>8} {'device s':>9} {'samples':>8} "
         f"{'energy J':>9} {'peak W':>7} {'acc':>6} {'speedup':>8}"
     )
-    lines = [head, "-" * len(head)]
-    for r in results["strategies"]:
-        pred, energy = cell(r["predicted_s"]), cell(r["energy_j"], ".0f")
-        peak, speedup = cell(r["peak_power_w"], ".2f"), r["speedup_vs_state_of_practice"]
-        speed = "-" if speedup is None else f"{speedup:.2f}x"
-        mark = "" if r["reached"] else " (target not reached)"
-        lines.append(
-            f"{r['strategy']:<18} {r['batch_size']:>4} {r['frequency_hz'] / 1e6:>7.1f} {pred:>8} "
-            f"{r['device_s']:>9.1f} {r['samples']:>8} {energy:>9} {peak:>7} "
-            f"{r['final_accuracy']:>6.3f} {speed:>8}{mark}"
-        )
-    return "\n".join(lines)
+    rows = [
+        f"{r['strategy']:<18} {r['batch_size']:>4} {r['frequency_hz'] / 1e6:>7.1f} "
+        f"{cell(r['predicted_s']):>8} {r['device_s']:>9.1f} {r['samples']:>8} "
+        f"{cell(r['energy_j'], '.0f'):>9} {cell(r['peak_power_w'], '.2f'):>7} {r['final_accuracy']:>6.3f} "
+        f"{cell(r['speedup_vs_state_of_practice'], '.2f', 'x'):>8}"
+        + ("" if r["reached"] else " (target not reached)")
+        for r in results["strategies"]
+    ]
+    return "\n".join(table(head, rows))
