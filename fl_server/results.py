@@ -133,20 +133,6 @@ def client_table(record: RoundRecord) -> str:
     return "\n".join(lines)
 
 
-def profiling_over_budget(client: dict[str, Any]) -> str | None:
-    """Why a budgeted client's profiling cost more than its budget (None: it did not, or no budget)."""
-    budget, costs = client.get("profiling_budget_s"), client.get("profiling_costs_predicted")
-    if budget is None or costs is None:
-        return None
-    return over_budget(
-        client["profiling_choice"],
-        costs,
-        budget,
-        client["profiling_s"],
-        client.get("predicted_training_s") or 0.0,
-    )
-
-
 def profiling_share(clients: list[dict[str, Any]]) -> float | None:
     """Profiling over fine-tuning device seconds, summed over `clients` (None: none trained)."""
     training = sum(c["device_s"] for c in clients)
@@ -178,8 +164,19 @@ def summary_lines(record: RoundRecord) -> str:
 
 
 def over_budget_lines(record: RoundRecord, most: int = 3) -> list[str]:
-    """Why each client's profiling cost more than its budget (a large round: the first `most`, a count)."""
-    over = [f"{c['node_key']}: {why}" for c in record.clients if (why := profiling_over_budget(c))]
+    """Why each budgeted client's profiling cost more than its budget (a large round: the first `most`, a
+    count)."""
+    over = [
+        f"{c['node_key']}: {why}"
+        for c in record.clients
+        if (budget := c.get("profiling_budget_s")) is not None
+        and (costs := c.get("profiling_costs_predicted")) is not None
+        and (
+            why := over_budget(
+                c["profiling_choice"], costs, budget, c["profiling_s"], c.get("predicted_training_s") or 0.0
+            )
+        )
+    ]
     if len(over) > most:
         over = [*over[:most], f"profiling over its budget on {len(over)} of {len(record.clients)} clients"]
     return over
