@@ -8,6 +8,7 @@ aside once the new run has a result of its own (`EarlierFiles`), never mixed in.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import time
 from dataclasses import dataclass
@@ -82,19 +83,6 @@ def read_point(out: Path, fingerprint: str) -> ResumePoint | None:
     return ResumePoint(last, done, nodes, state)
 
 
-def set_aside(out: Path) -> Path:
-    """Rename results.json and global.safetensors to `previous-STAMP-*`; returns the new results path."""
-    base = stamp = time.strftime("%Y%m%dT%H%M%S")
-    n = 1
-    while any((out / f"previous-{stamp}-{name}").exists() for name in (RESULTS_FILE, GLOBAL_FILE)):
-        stamp, n = f"{base}.{n}", n + 1  # never over an earlier set-aside of the same second
-    moved = out / f"previous-{stamp}-{RESULTS_FILE}"
-    for name in (RESULTS_FILE, GLOBAL_FILE):
-        if (out / name).exists():
-            (out / name).replace(out / f"previous-{stamp}-{name}")
-    return moved
-
-
 @dataclass
 class EarlierFiles:
     """An earlier run's results in `out` that this run does not continue (`reason`): renamed aside, never
@@ -105,9 +93,19 @@ class EarlierFiles:
     moved_to: Path | None = None
 
     def make_room(self) -> Path:
-        """Rename the earlier files aside (once); returns where the results file went."""
+        """Rename results.json and global.safetensors to `previous-STAMP-*` (once); returns where the
+        results file went."""
         if self.moved_to is None:
-            self.moved_to = set_aside(self.out)
+            names, base = (RESULTS_FILE, GLOBAL_FILE), time.strftime("%Y%m%dT%H%M%S")
+            # never over an earlier set-aside of the same second
+            stamps = (f"{base}.{n}" if n else base for n in itertools.count())
+            stamp = next(
+                t for t in stamps if not any((self.out / f"previous-{t}-{x}").exists() for x in names)
+            )
+            for name in names:
+                if (self.out / name).exists():
+                    (self.out / name).replace(self.out / f"previous-{stamp}-{name}")
+            self.moved_to = self.out / f"previous-{stamp}-{RESULTS_FILE}"
         return self.moved_to
 
 
