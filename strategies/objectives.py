@@ -48,15 +48,11 @@ class EnergyUnderDeadline(RoundObjective):
         return f"EnergyUnderDeadline(deadline_s={self.deadline_s!r})"
 
 
-_MADE: dict[str, Callable[[float], RoundObjective]] = {
-    RoundObjective.name: lambda _deadline_s: RoundObjective(),
-    EnergyUnderDeadline.name: EnergyUnderDeadline,
-}
-
-
 def objective_named(name: str, deadline_s: float = 0.0) -> RoundObjective:
     """The objective `name` stands for, with `deadline_s` where it takes one; else `Invalid`."""
-    return _MADE[Choice(ROUND_OBJECTIVES)(name)](deadline_s)
+    if Choice(ROUND_OBJECTIVES)(name) == EnergyUnderDeadline.name:
+        return EnergyUnderDeadline(deadline_s)
+    return RoundObjective()
 
 
 def _objective(value: Any) -> RoundObjective:
