@@ -115,38 +115,22 @@ class Profiler:
         self._steps: dict[int, Callable[[], Any]] = {}
         self.skipped: dict[int, str] = {}
 
-    def _step_for(self, batch_size: int) -> Callable[[], Any] | None:
-        """The step of this batch size, or None once it is known not to fit."""
+    def measure(self, batch_size: int, hz: int) -> ProfilePoint | None:
+        """Pin `hz`, warm up, then time `measure_steps` steps under the power monitor (None: the batch
+        size does not fit, now or before). One batch size's step is kept alive at a time."""
         if batch_size in self.skipped:
             return None
-        if batch_size not in self._steps:
-            try:
-                self._steps = {batch_size: self.make_step(batch_size)}  # keep one batch size alive
-            except Exception as exc:
-                if not is_out_of_memory(exc):
-                    raise
-                self._skip(batch_size, exc)
-                return None
-            if not callable(self._steps[batch_size]):
-                raise ArgumentError(
-                    f"Profiler: make_step({batch_size}) returned {self._steps[batch_size]!r}; it must return "
-                    "the step, a callable that runs one training step"
-                )
-        return self._steps[batch_size]
-
-    def _skip(self, batch_size: int, exc: BaseException) -> None:
-        self.skipped[batch_size] = f"out of memory: {exc}"
-        self._steps.pop(batch_size, None)
-        free_accelerator_memory()
-
-    def measure(self, batch_size: int, hz: int) -> ProfilePoint | None:
-        """Pin `hz`, warm up, then time `measure_steps` steps under the power monitor."""
-        step = self._step_for(batch_size)
-        if step is None:
-            return None
         dev = self.device
-        dev.pin_frequency(hz)
         try:
+            if batch_size not in self._steps:
+                self._steps = {batch_size: self.make_step(batch_size)}
+                if not callable(self._steps[batch_size]):
+                    raise ArgumentError(
+                        f"Profiler: make_step({batch_size}) returned {self._steps[batch_size]!r}; it must "
+                        "return the step, a callable that runs one training step"
+                    )
+            step = self._steps[batch_size]
+            dev.pin_frequency(hz)
             for _ in range(self.warmup_steps):
                 dev.run_step(step, batch_size=batch_size, workload=self.workload)
             with PowerMonitor(dev, self.rate_hz) as monitor:
@@ -157,7 +141,9 @@ class Profiler:
         except Exception as exc:
             if not is_out_of_memory(exc):
                 raise
-            self._skip(batch_size, exc)
+            self.skipped[batch_size] = f"out of memory: {exc}"
+            self._steps.pop(batch_size, None)
+            free_accelerator_memory()
             return None
         reading = monitor.reading
         assert reading is not None  # the constructor checked for a sensor
