@@ -42,9 +42,6 @@ class Switch:
     measured_w: float
     power_cap_w: float
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 class TrainingConfirmation:
     """Measures the pair in force and re-picks until it is a measured pair under the cap; then `guard`."""
@@ -189,7 +186,7 @@ class TrainingConfirmation:
         return {
             "pick": asdict(self.pick),
             "measured": [p.to_dict() for p in self.measured.values()],
-            "switches": [s.to_dict() for s in self.switches],
+            "switches": [asdict(s) for s in self.switches],
             "skipped": self.skipped,
             "confirmed": self.confirmed,
             "steps": self._steps,
