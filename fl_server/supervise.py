@@ -102,17 +102,6 @@ class Supervisor:
         except (KeyError, TypeError, ValueError):
             raise PowerctlError(f"flwr run did not start the run: {refusal(payload, out, rc)}") from None
 
-    def status(self, run_id: int) -> tuple[str, str] | None:
-        """(status, details) of the run, e.g. ('running', ''); None while the SuperLink does not answer."""
-        rc, out = self._call(["ls", self.connection, "--run-id", str(run_id), "--format", "json"])
-        if rc != 0 or LOST in out:
-            return None
-        try:
-            run = next(r for r in (_json_object(out) or {})["runs"] if str(r["run-id"]) == str(run_id))
-        except (KeyError, TypeError, StopIteration):
-            return None
-        return str(run["status"]), str(run.get("status-details") or "")
-
     def follow(self, run_id: int, shown: list[str]) -> bool:
         """Stream the run's log to stdout, appending its lines to `shown` (a re-attached stream starts over:
         those are skipped). True when it ended as the SuperLink went away."""
@@ -165,12 +154,17 @@ class Supervisor:
                 return
 
     def wait_for_superlink(self, run_id: int) -> tuple[str, str]:
-        """Poll until the SuperLink answers about the run; PowerctlError after `wait_s`."""
+        """(status, details) of the run, e.g. ('running', ''), once the SuperLink answers about it;
+        PowerctlError after `wait_s`."""
         deadline = time.monotonic() + self.wait_s
         while time.monotonic() < deadline:
-            got = self.status(run_id)
-            if got is not None:
-                return got
+            rc, out = self._call(["ls", self.connection, "--run-id", str(run_id), "--format", "json"])
+            try:
+                run = next(r for r in (_json_object(out) or {})["runs"] if str(r["run-id"]) == str(run_id))
+            except (KeyError, TypeError, StopIteration):
+                run = None
+            if rc == 0 and LOST not in out and run is not None:
+                return str(run["status"]), str(run.get("status-details") or "")
             time.sleep(self.poll_s)
         raise PowerctlError(
             f"the SuperLink of connection {self.connection!r} has not answered for {self.wait_s:g} s: "
