@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 from powerctl.files.mapping import MAX_SEED, Custom, Integer, MappingReader, mapping_reader, must_be
 from powerctl.selection.methods import RUN_METHODS
 from strategies.fleet import FleetEntry, NodeConfigError, not_simulated, parse_fleet_groups, read_yaml
-from strategies.population import Population, PopulationError, check_population, run_population
+from strategies.population import PopulationError, check_population, run_population
 from strategies.setting_kinds import APP_FILE, DATASET
 from strategies.settings import METHODS, SETTINGS, RunSettings
 
@@ -170,16 +170,6 @@ def _setting(r: MappingReader, leaf: str, key: str, base: Path) -> Any:
     return r.value(leaf, setting.kind, setting.typed_default())
 
 
-def _population(run: RunSettings, boards: list[FleetEntry], name: str) -> Population:
-    """The run's population as the ServerApp will build it; a problem is one line naming the file."""
-    try:
-        population = run_population(run, tuple(b.availability for b in boards))
-        check_population(population, len(boards), run.num_server_rounds)
-        return population
-    except PopulationError as exc:
-        raise FleetFileError(f"{name}: population: {exc}") from None
-
-
 def _resolve(text: str, base: Path) -> Path:
     path = Path(text.strip()).expanduser()
     return path if path.is_absolute() else (base / path).resolve()
@@ -227,7 +217,11 @@ def _load(path: Path) -> FleetSpec:
         for leaf, setting_key in key.items():
             settings[setting_key] = _setting(section, leaf, setting_key, base)
     run = RunSettings(**{SETTINGS[key].attr: value for key, value in settings.items()}, fleet=str(path))
-    _population(run, boards, name)  # the ServerApp draws from it: refused here, before Ray starts
+    try:  # the ServerApp draws its population: refused here, before Ray starts
+        population = run_population(run, tuple(b.availability for b in boards))
+        check_population(population, len(boards), run.num_server_rounds)
+    except PopulationError as exc:
+        raise FleetFileError(f"{name}: population: {exc}") from None
     fleet_name = top.value("name", Custom(_fleet_name, NAME_EXPECTED, str), path.stem)
     spec = FleetSpec(path, fleet_name, boards, run, seed_count=count)
     spec.check_seed_count(count, f"{name}: seeds: {SEED_COUNT_KEY!r}")

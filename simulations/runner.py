@@ -40,7 +40,6 @@ def run_flower(
     *,
     echo: Callable[[str], None] = print,
     verbose: bool = False,
-    cpus_per_client: int = 1,
     port: int | None = None,
     index_messages: bool = True,
 ) -> tuple[Path, list[int]]:
@@ -50,11 +49,10 @@ def run_flower(
     for folder in (flwr_out, profiles):  # a fresh run: nothing measured before is reused or mixed in
         shutil.rmtree(folder, ignore_errors=True)
     flwr_out.mkdir(parents=True)
-    config = spec.run_config(flwr_out, methods, profiles)
     log_path = out / "flwr.log"
     run = run_flwr(
-        federation(len(spec.boards), cpus_per_client),
-        run_config_text(config),
+        federation(len(spec.boards)),
+        run_config_text(spec.run_config(flwr_out, methods, profiles)),
         log_path,
         echo=echo,
         verbose=verbose,
