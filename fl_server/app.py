@@ -265,13 +265,12 @@ class RunSetup:
     eval_config: ConfigRecord
     fingerprint: str
     population: Population  # which boards each round takes
+    nodes: dict[int, NodeInfo] = field(default_factory=dict)  # node ids hold for the whole run: asked once
     reported: list[str] = field(default_factory=list)  # methods in which some client reported
     failures: list[str] = field(default_factory=list)  # why each other method failed
 
 
-def run_method(
-    method: str, grid: Grid, setup: RunSetup, out: Path, known_nodes: dict[int, NodeInfo], label: bool = True
-) -> tuple[Path, dict[int, NodeInfo]]:
+def run_method(method: str, grid: Grid, setup: RunSetup, out: Path, label: bool = True) -> None:
     """Every round of one method, from the initial weights or where this run stopped before; results
     and the model after each round in `out`. `label`: name the method in the round headers."""
     from fl_server.weights import save_weights
@@ -291,7 +290,7 @@ def run_method(
     tag = f"[{method}] " if label else ""
 
     def on_round(record: RoundRecord) -> None:
-        writer.record_round(record, nodes=list(strategy.nodes.values()))
+        writer.record_round(record, list(strategy.nodes.values()))
         if writer.held and record.clients and earlier is not None:
             say(f"{tag}moved the earlier results to {earlier.make_room()}")
             writer.release()
@@ -323,14 +322,13 @@ def run_method(
             extra={"round": str(server_round), "fingerprint": fingerprint},
         )
 
-    first_round = point.last_round + 1 if point else 1
     population = setup.population  # active: larger than a round (simulation), each round's boards only
     log_draws = PopulationLog(out / POPULATION_FILE, population)
     sampled = partial(PopulationSampled, population=population, on_draw=log_draws)
     objective = run_method_named(method).objective(cfg.round_objective)  # the registry's name for it
     strategy = PowerAwareFedAvg(
         instructions=setup.base,
-        first_round=first_round,
+        first_round=point.last_round + 1 if point else 1,
         node_instructions=for_method(method, cfg.real_share),
         on_round=on_round,
         on_round_end=save_global,
@@ -340,7 +338,7 @@ def run_method(
         round_objective=objective_named(objective, cfg.round_deadline_s),
         inner=sampled if population.active else None,
     )
-    strategy.nodes.update(known_nodes)  # node ids hold for the whole run: ask each node once
+    strategy.nodes = setup.nodes
     try:
         strategy.start(
             grid=grid,
@@ -356,7 +354,6 @@ def run_method(
         say(f"{tag}no client reported in any round ({where}): the global model is the starting one")
     else:
         setup.reported.append(method)
-    return out / RESULTS_FILE, strategy.nodes
 
 
 def run(grid: Grid, context: Context) -> Path:
@@ -400,25 +397,18 @@ def run(grid: Grid, context: Context) -> Path:
         population=run_population(cfg, fleet_availability(cfg.fleet)),
     )
     progress = ProgressGrid(grid, say)
-    nodes: dict[int, NodeInfo] = {}
     several = len(methods) > 1
     for number, method in enumerate(methods, start=1):
         progress.label = method
         if several:
             say(f"\n=== method {method} ({number} of {len(methods)}) ===")
-        path, nodes = run_method(
-            method,
-            cast(Grid, progress),  # a Grid to the strategy: it forwards what it does not override
-            setup,
-            out / method if several else out,
-            nodes,
-            several,
-        )
+        # a Grid to the strategy: it forwards what it does not override
+        run_method(method, cast(Grid, progress), setup, out / method if several else out, several)
         if several:
-            say(f"results ({method}): {path.resolve()}")
+            say(f"results ({method}): {(out / method / RESULTS_FILE).resolve()}")
     if not setup.reported:
         raise NoClientReported(setup.failures[0] if setup.failures else "no client reported in any round")
-    return out if several else path
+    return out if several else out / RESULTS_FILE
 
 
 @app.main()

@@ -62,12 +62,11 @@ class ResultsWriter:
         self.held = False
         write_json(self.path, self.data)
 
-    def record_round(self, record: RoundRecord, nodes: list[NodeInfo] | None = None) -> None:
+    def record_round(self, record: RoundRecord, nodes: list[NodeInfo]) -> None:
         """Add (or replace) `record`, and the nodes by key (one known only before a resume stays)."""
-        if nodes is not None:
-            by_key = {n["key"]: n for n in self.data["nodes"] if isinstance(n, dict) and "key" in n}
-            by_key.update({n.key: asdict(n) for n in nodes})
-            self.data["nodes"] = [by_key[k] for k in sorted(by_key)]
+        by_key = {n["key"]: n for n in self.data["nodes"] if isinstance(n, dict) and "key" in n}
+        by_key.update({n.key: asdict(n) for n in nodes})
+        self.data["nodes"] = [by_key[k] for k in sorted(by_key)]
         rounds = [r for r in self.data["rounds"] if r["round"] != record.round]
         done = record.to_dict()
         rounds.append({**done, "clients": [ordered(c) for c in done["clients"]]})
