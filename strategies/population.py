@@ -41,10 +41,6 @@ def record_nodes(mapping: Mapping[int, int]) -> None:
     _NODE_PARTITIONS.update(mapping)
 
 
-def node_partitions() -> dict[int, int]:
-    return dict(_NODE_PARTITIONS)
-
-
 @dataclass(frozen=True)
 class Draw:
     """One round's draw: the boards (partition ids) available, and those sampled among them."""
@@ -222,7 +218,7 @@ class PopulationSampled(Strategy):
         population: Population,
         *,
         on_draw: Callable[[Draw], None] | None = None,
-        partitions: Callable[[], dict[int, int]] = node_partitions,
+        partitions: Callable[[], dict[int, int]] = _NODE_PARTITIONS.copy,
     ) -> None:
         self.strategy, self.population = strategy, population
         self.on_draw, self._partitions = on_draw, partitions
