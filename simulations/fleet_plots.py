@@ -1,6 +1,6 @@
-"""Plots of a fleet run (matplotlib on Agg, no pyplot state), from its results dict: time_to_accuracy.png,
-per_cap.png, makespan.png and profile_maps/BOARD.png (round 1's choices on the board model's map, per
-cap); over seeds, seed-ratios.png.
+"""Plots of measured runs (matplotlib on Agg, no pyplot state): the demo's strategies.png; a fleet run's,
+from its results dict: time_to_accuracy.png, per_cap.png, makespan.png and profile_maps/BOARD.png (round
+1's choices on the board model's map, per cap); over seeds, seed-ratios.png.
 """
 
 from __future__ import annotations
@@ -10,44 +10,25 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 
-from powerctl.cli.plot import Mark, save_figure
+from powerctl.cli.plot import MARKERS, Mark, colour, new_figure, save_figure, short_number
 from powerctl.records.profile import Profile
-from simulations.plots import COLOURS
+from powerctl.selection.methods import method_named
 from strategies.settings import client_setting
 
 if TYPE_CHECKING:
     from powerctl.records.workload import Workload
 
-MARKERS = {"ours": "*", "state-of-practice": "s", "proxy-batch": "^", "oracle": "o"}
-
-
-def _colour(method: str) -> str:
-    return COLOURS.get(method, "#999999")
-
 
 def method_mark(method: str, b: int, hz: int, estimated: bool = False) -> Mark:
     """A method's (b, f) on a profile map (`estimated`: the method did not run, its rule on the profile)."""
     label = f"{method} (not run: its rule on this profile)" if estimated else method
-    return Mark(b, hz, label, MARKERS.get(method, "o"), _colour(method))
-
-
-def _figure(size: tuple[float, float]) -> Figure:
-    fig = Figure(figsize=size)
-    FigureCanvasAgg(fig)
-    return fig
-
-
-def _save(fig: Figure, path: Path) -> Path:
-    fig.tight_layout()
-    return save_figure(fig, path, dpi=110)
+    return Mark(b, hz, label, MARKERS.get(method, "o"), colour(method))
 
 
 def plot_time_to_accuracy(results: dict[str, Any], path: Path) -> Path:
     """The global model's accuracy against the fleet's cumulative makespan, per method."""
-    fig = _figure((7.5, 4.5))
+    fig = new_figure(7.5, 4.5)
     ax = fig.add_subplot()
     target = results["fleet"]["target_accuracy"]
     for s in results["summary"]:
@@ -60,7 +41,7 @@ def plot_time_to_accuracy(results: dict[str, Any], path: Path) -> Path:
             [0.0, *xs],
             [np.nan, *ys],
             marker=MARKERS.get(s["method"], "o"),
-            color=_colour(s["method"]),
+            color=colour(s["method"]),
             label=label,
         )
     ax.axhline(target, color="black", ls=":", lw=1, label=f"target {target:.0%}")
@@ -70,7 +51,8 @@ def plot_time_to_accuracy(results: dict[str, Any], path: Path) -> Path:
     ax.set_title(f"time to accuracy per method — fleet {results['fleet']['name']}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
-    return _save(fig, path)
+    fig.tight_layout()
+    return save_figure(fig, path, dpi=110)
 
 
 def _groups(results: dict[str, Any]) -> dict[str, dict[str, list[dict[str, Any]]]]:
@@ -88,7 +70,7 @@ def plot_per_cap(results: dict[str, Any], path: Path) -> Path:
     """Round 1's device seconds (profiling stacked, hatched) and energy per method, per board and cap."""
     groups = _groups(results)
     methods = results["methods"]
-    fig = _figure((max(7.0, 1.6 * len(groups) + 3), 7.5))
+    fig = new_figure(max(7.0, 1.6 * len(groups) + 3), 7.5)
     t_ax, e_ax = fig.subplots(2, 1, sharex=True)
     x = np.arange(len(groups))
     width = 0.8 / max(len(methods), 1)
@@ -97,10 +79,10 @@ def plot_per_cap(results: dict[str, Any], path: Path) -> Path:
         prof = [np.mean([r["profiling_s"] for r in g.get(m, [])] or [np.nan]) for g in groups.values()]
         joules = [np.mean([r["energy_j"] or 0.0 for r in g.get(m, [])] or [np.nan]) for g in groups.values()]
         offs = x - 0.4 + width * (k + 0.5)
-        t_ax.bar(offs, train, width, color=_colour(m), label=m)
+        t_ax.bar(offs, train, width, color=colour(m), label=m)
         # profiling stacked on top, hatched: what a method pays once per board, model and cap
-        t_ax.bar(offs, prof, width, bottom=train, color=_colour(m), alpha=0.45, hatch="//", edgecolor="white")
-        e_ax.bar(offs, joules, width, color=_colour(m), label=m)
+        t_ax.bar(offs, prof, width, bottom=train, color=colour(m), alpha=0.45, hatch="//", edgecolor="white")
+        e_ax.bar(offs, joules, width, color=colour(m), label=m)
     t_ax.bar([np.nan], [np.nan], color="grey", alpha=0.45, hatch="//", edgecolor="white", label="profiling")
     t_ax.set_ylabel("round 1: device s, profiling hatched\n(mean over the group's boards)")
     e_ax.set_ylabel("round 1: energy J (mean)")
@@ -109,27 +91,29 @@ def plot_per_cap(results: dict[str, Any], path: Path) -> Path:
     for ax in (t_ax, e_ax):
         ax.grid(axis="y", alpha=0.3)
     t_ax.legend(fontsize=8)
-    return _save(fig, path)
+    fig.tight_layout()
+    return save_figure(fig, path, dpi=110)
 
 
 def plot_makespans(results: dict[str, Any], path: Path) -> Path:
     """Every round's makespan per method."""
     summaries = results["summary"]
     rounds = max((len(s["makespans_s"]) for s in summaries), default=0)
-    fig = _figure((max(6.0, 1.2 * rounds + 4), 4.2))
+    fig = new_figure(max(6.0, 1.2 * rounds + 4), 4.2)
     ax = fig.add_subplot()
     x = np.arange(1, rounds + 1)
     width = 0.8 / max(len(summaries), 1)
     for k, s in enumerate(summaries):
         spans = s["makespans_s"] + [np.nan] * (rounds - len(s["makespans_s"]))
-        ax.bar(x - 0.4 + width * (k + 0.5), spans, width, color=_colour(s["method"]), label=s["method"])
+        ax.bar(x - 0.4 + width * (k + 0.5), spans, width, color=colour(s["method"]), label=s["method"])
     ax.set_xticks(x)
     ax.set_xlabel("round")
     ax.set_ylabel("makespan: slowest client's device s\n(profiling included)")
     ax.set_title("round makespan per method")
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    fig.tight_layout()
+    return save_figure(fig, path, dpi=110)
 
 
 def plot_profile_maps(results: dict[str, Any], out: Path) -> list[Path]:
@@ -191,7 +175,7 @@ def plot_seed_ratios(results: dict[str, Any], path: Path) -> Path:
     from simulations.fleet_seeds import RATIO_PANELS
 
     methods = [m for m in results["summary"] if m["method"] != results["reference"]]
-    fig = _figure((max(9.0, 1.3 * len(methods) * len(RATIO_PANELS) + 2), 4.6))
+    fig = new_figure(max(9.0, 1.3 * len(methods) * len(RATIO_PANELS) + 2), 4.6)
     axes = fig.subplots(1, len(RATIO_PANELS), sharey=False)
     for ax, (title, stats_of) in zip(axes, RATIO_PANELS, strict=True):
         for x, m in enumerate(methods):
@@ -201,14 +185,14 @@ def plot_seed_ratios(results: dict[str, Any], path: Path) -> Path:
                 continue
             ratios = [s["ratio"] for s in stats["per_seed"]]
             spread = np.linspace(-0.15, 0.15, len(ratios)) if len(ratios) > 1 else [0.0]
-            ax.scatter(x + np.asarray(spread), ratios, s=18, color=_colour(m["method"]), alpha=0.7, zorder=3)
+            ax.scatter(x + np.asarray(spread), ratios, s=18, color=colour(m["method"]), alpha=0.7, zorder=3)
             lo, hi = stats["interval"]
             ax.errorbar(
                 x + 0.3,
                 stats["mean"],
                 yerr=[[stats["mean"] - lo], [hi - stats["mean"]]],
                 fmt=MARKERS.get(m["method"], "o"),
-                color=_colour(m["method"]),
+                color=colour(m["method"]),
                 capsize=4,
                 zorder=3,
             )
@@ -223,4 +207,50 @@ def plot_seed_ratios(results: dict[str, Any], path: Path) -> Path:
         "(speed-up > 1: faster; energy < 1: less)",
         fontsize=10,
     )
-    return _save(fig, path)
+    fig.tight_layout()
+    return save_figure(fig, path, dpi=110)
+
+
+def plot_strategies(
+    rows: list[dict[str, Any]], path: Path, *, title: str, target_accuracy: float | None = None
+) -> Path:
+    """The demo's: left, measured device seconds to the target per strategy; right, the accuracy curves."""
+    fig = new_figure(12, 4.5)
+    bars, curves = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1, 1.4]})
+    names = [r["strategy"] for r in rows]
+    secs = [r["device_s"] for r in rows]
+    labels = [
+        f"{short_number(r['device_s'])} s\nb={r['batch_size']}, {r['frequency_hz'] / 1e6:.0f} MHz"
+        + ("" if r["reached"] else "\nnot reached")
+        for r in rows
+    ]
+    bars.bar_label(bars.bar(names, secs, color=[colour(n) for n in names]), labels, padding=2, fontsize=8)
+    bars.set_ylabel("device seconds to target accuracy")
+    bars.set_ylim(0, max(secs) * 1.3)
+    bars.tick_params(axis="x", labelrotation=15)
+    bars.set_title("time to accuracy (measured)")
+    seen: dict[tuple[int, int], str] = {}
+    # the oracle last, dashed on top
+    for r in sorted(rows, key=lambda r: method_named(r["strategy"]).searches_own_data):
+        pair = (r["batch_size"], r["frequency_hz"])
+        same = f", same run as {seen[pair]}" if pair in seen else ""
+        seen.setdefault(pair, r["strategy"])
+        curves.plot(
+            [p["device_s"] for p in r["curve"]],
+            [p["accuracy"] for p in r["curve"]],
+            label=f"{r['strategy']} (b={r['batch_size']}, {r['frequency_hz'] / 1e6:.0f} MHz{same})",
+            color=colour(r["strategy"]),
+            lw=1.8,
+            ls="--" if same else "-",
+            alpha=0.9,
+        )
+    if target_accuracy:
+        curves.axhline(target_accuracy, color="black", ls=":", lw=1, label=f"target {target_accuracy:.0%}")
+    curves.set_xlabel("device seconds")
+    curves.set_ylabel("test accuracy")
+    curves.set_title("accuracy against device time")
+    curves.grid(alpha=0.3)
+    curves.legend(fontsize=8, loc="lower right")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return save_figure(fig, path, dpi=110)

@@ -16,12 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from matplotlib.axes import Axes
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure, SubFigure
 from matplotlib.patches import Patch
 
 from fl_server.results import RESULTS_SCHEMA
-from powerctl.cli.plot import Mark, draw_choices, map_size, save_figure
+from powerctl.cli.plot import Mark, cap_order, colour, draw_choices, map_size, new_figure, save_figure
 from powerctl.errors import PowerctlError
 from powerctl.files.jsonfile import read_json
 from powerctl.records.profile import Profile
@@ -30,7 +29,6 @@ from powerctl.selection.joint import predicted_energy_j, predicted_s
 from powerctl.selection.methods import run_method_named
 from powerctl.selection.names import OURS, STATE_OF_PRACTICE
 from simulations.fleet_plots import method_mark, predicted_board_profile
-from simulations.plots import COLOURS
 from strategies.settings import key_of
 
 SUMMARY_FIGURE = "summary.png"
@@ -65,10 +63,6 @@ class Row:
     bars: list[Bar] = field(default_factory=list)
 
 
-def _cap_key(cap: float | None) -> float:
-    return math.inf if cap is None else cap
-
-
 def _rows(
     records: list[dict[str, Any]], model: str, config: dict[str, Any], relation: RelationVector | None
 ) -> list[Row]:
@@ -78,7 +72,7 @@ def _rows(
         groups.setdefault((r["device"], r["power_cap_w"]), []).append(r)
     profiles: dict[str, Profile | None] = {}
     rows = []
-    for (device, cap), recs in sorted(groups.items(), key=lambda kv: (kv[0][0], _cap_key(kv[0][1]))):
+    for (device, cap), recs in sorted(groups.items(), key=lambda kv: (kv[0][0], cap_order(kv[0][1]))):
         board = recs[0].get("board") or device.removeprefix("sim:")
         if board not in profiles:
             try:
@@ -217,8 +211,7 @@ def summary_figure(rows: list[Row], title: str) -> Figure:
     map_w, map_h = max((map_size(p) for p in profiles), default=(7.5, 3.4))
     bars_w = max(6.2, _BAR_IN * max((len(r.bars) for r in shown), default=2) + 0.4)
     width = map_w + bars_w
-    fig = Figure(figsize=(width, map_h * len(shown) + 1.0), layout="constrained")
-    FigureCanvasAgg(fig)
+    fig = new_figure(width, map_h * len(shown) + 1.0, layout="constrained")
     more = f" (the first {len(shown)} of {len(rows)} boards and caps)" if len(rows) > len(shown) else ""
     fig.suptitle(
         f"{title}{more}\n★ the pair each method chose under the board's power cap (left), and what it cost "
@@ -262,7 +255,7 @@ def _cost_bars(sub: SubFigure, row: Row) -> None:
     """Seconds and joules per method; an estimated bar hatched, the ratio to ours' written."""
     t_ax, e_ax = sub.subplots(1, 2)
     names = [b.method for b in row.bars]
-    colours = [COLOURS.get(n, "#999999") for n in names]
+    colours = [colour(n) for n in names]
     hatches = ["//" if b.estimated else "" for b in row.bars]
     x = range(len(row.bars))
     t_ax.bar(x, [b.seconds for b in row.bars], color=colours, hatch=hatches, edgecolor="white")

@@ -47,6 +47,25 @@ _BOUNDARY_COLOR = "#1565c0"  # blue: stands out on both the red power map and th
 _BOUNDARY: dict[str, Any] = {"colors": _BOUNDARY_COLOR, "linewidths": 2.5, "capstyle": "projecting"}
 _BOUNDARY["gid"] = BOUNDARY_GID
 _CELLS: dict[str, Any] = {"origin": "lower", "aspect": "auto", "interpolation": "nearest"}
+COLOURS = {"ours": "#1b9e77", "state-of-practice": "#d95f02", "proxy-batch": "#7570b3", "oracle": "#666666"}
+MARKERS = {"ours": "*", "state-of-practice": "s", "proxy-batch": "^", "oracle": "o"}
+
+
+def colour(method: str) -> str:
+    """A method's colour in every plot."""
+    return COLOURS.get(method, "#999999")
+
+
+def new_figure(width: float, height: float, **kwargs: Any) -> Figure:
+    """A figure on its own Agg canvas: no pyplot state, its importer's backend untouched."""
+    fig = Figure(figsize=(width, height), **kwargs)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def cap_order(cap: float | None) -> float:
+    """Caps in ascending order, no cap last."""
+    return math.inf if cap is None else cap
 
 
 @dataclass(frozen=True)
@@ -251,8 +270,7 @@ def profile_figures(
     subject = _subject(profile)
     note = "" if cap is None or selection is not None or relation is None else " — no pair is feasible"
     cap_line = _cap_text(cap) + note
-    width = max(7.5, 1.6 + 0.62 * len(grid.frequencies_hz))
-    height = max(3.6, 2.0 + 0.42 * len(grid.batch_sizes))
+    width, height = map_size(profile, min_height=3.6)
     t_n = f"Time for N = {profile.samples:,} samples $T_N(b, f)$ — {subject}\n{cap_line}"
     time_s = _Panel(t_n, "$T_N$ (s)", "viridis_r", short_number, lambda p: p.seconds_for_samples, log=True)
     maps = [
@@ -278,8 +296,7 @@ def profile_figures(
         maps.append(("predicted_time_to_target", sub, panel, marked))
     figs: dict[str, Figure] = {}
     for stem, g, panel, marked in maps:
-        fig = figs[stem] = Figure(figsize=(width, height), dpi=150, layout="constrained")
-        FigureCanvasAgg(fig)
+        fig = figs[stem] = new_figure(width, height, dpi=150, layout="constrained")
         _, handles = _heatmap(fig, g, panel, cap=cap, selection=marked)
         _legend(fig, handles, width)
     return figs
@@ -316,9 +333,8 @@ def choices_per_cap(profile: Profile, marks: dict[float | None, list[Mark]], *, 
     has its own slot in a cell: marks never hide each other)."""
     labels = list(dict.fromkeys(m.label for ms in marks.values() for m in ms))
     width, panel_h = map_size(profile)
-    caps = sorted(marks, key=lambda c: math.inf if c is None else c)
-    fig = Figure(figsize=(width, panel_h * len(caps) + 0.4), dpi=110, layout="constrained")
-    FigureCanvasAgg(fig)
+    caps = sorted(marks, key=cap_order)
+    fig = new_figure(width, panel_h * len(caps) + 0.4, dpi=110, layout="constrained")
     fig.suptitle(title, fontsize=11, x=0.01, ha="left")
     for sub, cap in zip(fig.subfigures(len(caps), 1, squeeze=False)[:, 0], caps, strict=True):
         draw_choices(
@@ -327,10 +343,10 @@ def choices_per_cap(profile: Profile, marks: dict[float | None, list[Mark]], *, 
     return fig
 
 
-def map_size(profile: Profile) -> tuple[float, float]:
-    """Width and height (inches) of one peak-power map of `profile`: its cells stay legible."""
+def map_size(profile: Profile, min_height: float = 3.4) -> tuple[float, float]:
+    """Width and height (inches) of one map of `profile`: its cells stay legible."""
     width = max(7.5, 1.6 + 0.62 * len(profile.frequencies()))
-    return width, max(3.4, 2.0 + 0.42 * len(profile.batch_sizes()))
+    return width, max(min_height, 2.0 + 0.42 * len(profile.batch_sizes()))
 
 
 def draw_choices(
@@ -371,8 +387,7 @@ def plot_cap_over_time(
     steps: list[tuple[float, float | None]], until_s: float, title: str, path: Path
 ) -> Path:
     """A cap over time as a step line (no cap: a gap) into `path`, an already checked output file."""
-    fig = Figure(figsize=(7, 3), layout="constrained")
-    FigureCanvasAgg(fig)
+    fig = new_figure(7, 3, layout="constrained")
     ax = fig.add_subplot()
     times = [t for t, _ in steps] + [until_s]
     caps = [np.nan if w is None else w for _, w in steps]
@@ -411,8 +426,7 @@ def _predicted(picks: list[Pick]) -> tuple[list[float], list[float]]:
 
 
 def _front_plot(front: Front, profile: Profile, relation: RelationVector, path: Path) -> None:
-    fig = Figure(figsize=(7, 4.5), layout="constrained")
-    FigureCanvasAgg(fig)
+    fig = new_figure(7, 4.5, layout="constrained")
     ax = fig.add_subplot()
     sizes = sorted({s.batch_size for s in front.pairs})
     cmap = matplotlib.colormaps["viridis"]
