@@ -5,7 +5,6 @@ its printed table (docs/howto/fleets.md#seeds). What each figure is: DEFINITIONS
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -109,15 +108,11 @@ def profiling_share(rows: list[dict[str, Any]]) -> float | None:
     return sum(r["profiling_s"] for r in rows) / tuning if rows and tuning > 0 else None
 
 
-def _geomean(values: list[float]) -> float:
-    return math.exp(statistics.fmean(math.log(v) for v in values))
-
-
 def ratio_stats(per_seed: dict[int, list[float]], unpaired: int) -> dict[str, Any]:
     """Ratios by seed: each seed's geometric mean, their mean and its bootstrap 95 % interval, and the
     geometric mean of every ratio."""
     seeds = {k: v for k, v in sorted(per_seed.items()) if v}
-    values = [_geomean(v) for v in seeds.values()]
+    values = [statistics.geometric_mean(v) for v in seeds.values()]
     every = [x for v in seeds.values() for x in v]
     mean = statistics.fmean(values) if values else None
     return {
@@ -126,7 +121,7 @@ def ratio_stats(per_seed: dict[int, list[float]], unpaired: int) -> dict[str, An
         "per_seed": [{"seed": k, "ratio": r} for k, r in zip(seeds, values, strict=True)],
         "mean": mean,
         "interval": list(mean_interval95(values)) if values else None,
-        "geomean": _geomean(every) if every else None,
+        "geomean": statistics.geometric_mean(every) if every else None,
     }
 
 
