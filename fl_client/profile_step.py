@@ -124,9 +124,8 @@ def measured_profile_step(work: RoundWork, relation: RelationVector) -> Profiled
         if not method_named(instr.method).power_aware and isinstance(dev, SimulatedBoard):
             # a baseline is charged no profiling; on a simulated board the board's model is what its
             # readings are drawn from: read, not measured (the paper's baselines do not profile)
-            model = predicted_profile(
-                dev.board, step_factory()[0], relation.batch_sizes, instr.profile_samples
-            )
+            model, _ = _prediction(work, dev, key, step_factory()[0], relation)
+            assert model is not None  # a simulated board always has its model
             return Profiled(model, False, dev.board, dev.recovered or "")
 
         def measure() -> Profile:
