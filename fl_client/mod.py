@@ -87,15 +87,13 @@ def power_aware_mod(
         settings = resolve_node(context.node_config, context.run_config, needs_data=False)
         instr = TrainInstructions.from_config(message_config(msg))
         round_ = RoundContext(settings, instr, profile_cache(context.run_config))
+        token = CURRENT_ROUND.set(round_)
+        try:
+            reply = call_next(msg, context)
+        finally:
+            CURRENT_ROUND.reset(token)
     except PowerctlError as exc:
         return error_reply(msg, settings, exc)
-    token = CURRENT_ROUND.set(round_)
-    try:
-        reply = call_next(msg, context)
-    except PowerctlError as exc:
-        return error_reply(msg, settings, exc)
-    finally:
-        CURRENT_ROUND.reset(token)
     if reply.has_error():
         return reply
     reports = [s.report for s in round_.sessions if s.report is not None]
