@@ -85,11 +85,10 @@ def read_point(out: Path, fingerprint: str) -> ResumePoint | None:
 
 @dataclass
 class EarlierFiles:
-    """An earlier run's results in `out` that this run does not continue (`reason`): renamed aside, never
-    deleted, once this run has something to put in their place (`make_room`, at its first report)."""
+    """An earlier run's results in `out` that this run does not continue: renamed aside, never deleted,
+    once this run has something to put in their place (`make_room`, at its first report)."""
 
     out: Path
-    reason: str
     moved_to: Path | None = None
 
     def make_room(self) -> Path:
@@ -131,4 +130,4 @@ def resume_point(
         say(f"{reason}; starting from round 1 (moved aside when a client of this run first reports)")
     elif point is not None:
         say(f"resume: rounds 1-{point.last_round} of this run are complete in {out}")
-    return point, EarlierFiles(out, reason) if reason else None
+    return point, EarlierFiles(out) if reason else None
