@@ -33,7 +33,7 @@ from pathlib import Path
 from fl_client.check import HEARTBEAT_WINDOW_S, check_files, release_stale_node, run_checks
 from fl_client.check_network import CheckFailed, Target, parse_address
 from fl_client.clientapp_entry import light_clientapp
-from powerctl.cli.util import installed_tool, one_line_errors, say
+from powerctl.cli.util import bounded_float, installed_tool, one_line_errors, say
 from powerctl.errors import PowerctlError
 from powerctl.procs import option_value
 
@@ -46,6 +46,7 @@ DRAIN_S = 2.0  # the rest of the output is read this long once every process sta
 CHECK_TIMEOUT_S = 5.0
 CHECK_PROG = "python -m fl_client.check"
 MAX_WAIT_S = 86400.0
+WAIT_S = bounded_float(0.0, MAX_WAIT_S, above=False)
 _EXIT_CODE = re.compile(r"Exit Code: (\d+)")
 _BIND = re.compile(r"error while attempting to bind on address \('?([^',]*)'?, (\d+)\): (.*)$")
 _API_FAILED = "SuperNode Runtime HTTP API failed to start"
@@ -272,12 +273,9 @@ def _wait_flag(flags: list[str]) -> tuple[float, list[str]]:
     if flags[:1] != ["--wait"] or len(flags) < 2:
         return 2 * HEARTBEAT_WINDOW_S, flags
     try:
-        wait_s = float(flags[1])
-    except ValueError:
-        wait_s = float("nan")
-    if not 0 <= wait_s <= MAX_WAIT_S:
-        raise PowerctlError(f"--wait takes seconds from 0 to {MAX_WAIT_S:.0f}, got {flags[1]!r}")
-    return wait_s, flags[2:]
+        return WAIT_S(flags[1]), flags[2:]
+    except argparse.ArgumentTypeError:
+        raise PowerctlError(f"--wait takes seconds from 0 to {MAX_WAIT_S:.0f}, got {flags[1]!r}") from None
 
 
 def _say(text: str) -> None:

@@ -128,12 +128,11 @@ def stop_superlink(args: argparse.Namespace) -> int:
     """
     from simulations.local_superlink import stop_local_superlink
 
-    port = args.port
-    stopped = stop_local_superlink(port)
+    stopped = stop_local_superlink(args.port)
     if stopped:
-        print(f"stopped the local SuperLink on port {port} (pids {', '.join(map(str, stopped))})")
+        print(f"stopped the local SuperLink on port {args.port} (pids {', '.join(map(str, stopped))})")
     else:
-        print(f"nothing listens on port {port}: nothing to stop")
+        print(f"nothing listens on port {args.port}: nothing to stop")
     return 0
 
 
