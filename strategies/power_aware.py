@@ -180,9 +180,6 @@ class PowerAware(Strategy):
             raise failed  # a run with no result is a failed run, not an exit 0 with the starting model
         return result
 
-    def _skipped(self, server_round: int) -> bool:
-        return server_round < self.first_round
-
     def connected(self, grid: Grid) -> list[int]:
         """The nodes to sample from, after waiting for `waits.min_available_nodes` once, then up to
         `waits.rejoin_wait_s` for the most nodes seen so far."""
@@ -298,7 +295,7 @@ class PowerAware(Strategy):
     def _configure(self, kind: str, server_round: int, grid: Grid) -> bool:
         """Whether the round runs (it is not before `first_round`), after waiting for the nodes."""
         self._sent[kind] = []
-        if self._skipped(server_round):
+        if server_round < self.first_round:
             return False
         self.connected(grid)
         return True
@@ -337,7 +334,7 @@ class PowerAware(Strategy):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Keep each report, hand the inner strategy the usable replies without it, record the round."""
-        if self._skipped(server_round):
+        if server_round < self.first_round:
             return None, None
         unreported: list[str] = []
 
@@ -407,7 +404,7 @@ class PowerAware(Strategy):
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """Each node's accuracy and loss into the round's record; the inner strategy aggregates."""
-        if self._skipped(server_round):
+        if server_round < self.first_round:
             return None
         if self._sent.get(MessageType.EVALUATE):
 
