@@ -13,17 +13,7 @@ from typing import Any
 
 from powerctl.errors import ArgumentError, FileFormatError
 from powerctl.files.jsonfile import Fields, FrozenJson, plain_json, read_json, write_json
-from powerctl.files.mapping import (
-    MAX_BATCH_SIZE,
-    Integer,
-    Invalid,
-    Number,
-    Text,
-    check_arguments,
-    kind_field,
-    read_fields,
-    shown,
-)
+from powerctl.files.mapping import MAX_BATCH_SIZE, Integer, Invalid, Number, check_arguments, shown
 
 RELATION_SCHEMA = "powerctl.relation/2"
 VECTORS: tuple[str, ...] = ("raw", "fitted")  # the seeds' means, or the batch-efficiency fit
@@ -47,9 +37,9 @@ class RelationVector:
     plan made from it cannot change behind its back. `extra` (the evidence) is read-only and never names
     a field."""
 
-    model: str = kind_field(Text())
-    proxy_dataset: str = kind_field(Text())
-    target_accuracy: float = kind_field(Number(0.0, 1.0, above=True))
+    model: str
+    proxy_dataset: str
+    target_accuracy: float
     batch_sizes: Sequence[int]
     samples_to_target: Sequence[float]
     extra: Mapping[str, Any] = field(default_factory=dict)
@@ -257,7 +247,7 @@ def _kept_extra(extra: Mapping[str, Any]) -> tuple[dict[str, Any], FrozenJson]:
 def _checked(data: dict[str, Any], where: str) -> dict[str, Any]:
     """A relation vector's fields from its file's mapping, checked (FileFormatError lines)."""
     f = Fields(data, where)
-    scalars = read_fields(RelationVector, f)
+    target = f.value("target_accuracy", Number(0.0, 1.0, above=True))
     bs = f.list_of("batch_sizes")
     samples = f.list_of("samples_to_target")
     if not bs:
@@ -299,7 +289,9 @@ def _checked(data: dict[str, Any], where: str) -> dict[str, Any]:
             )
     known = {*FIELDS, *DERIVED}
     return {
-        **scalars,
+        "model": f.string("model"),
+        "proxy_dataset": f.string("proxy_dataset"),
+        "target_accuracy": target,
         "batch_sizes": tuple(bs),
         "samples_to_target": tuple(values),
         "extra": {k: v for k, v in data.items() if k not in known},
