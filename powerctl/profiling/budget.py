@@ -31,28 +31,10 @@ FITTED = "fitted"
 BOARD_MODEL = "the simulated board's model"  # `predicted_from` of a simulated board's prediction
 
 
-class _ReplaySampler(PowerSampler):
-    def __init__(self, board: ReplayBoard) -> None:
-        self._board = board
-        self._samples: PowerSamples = []
-
-    def start(self) -> None:
-        self._samples = [(self._board.clock(), self._board.watts)]
-        self._board.samplers.append(self)
-
-    def samples_so_far(self) -> PowerSamples:
-        return self._samples
-
-    def stop(self) -> PowerSamples:
-        if self in self._board.samplers:
-            self._board.samplers.remove(self)
-        self._samples.append((self._board.clock(), self._board.watts))
-        return self._samples
-
-
-class ReplayBoard(Device):
+class ReplayBoard(Device, PowerSampler):
     """A noiseless virtual board whose every step costs what `table` says (a pair not in it: out of memory):
-    the profiler walked over it costs what it would on the board predicted."""
+    the profiler walked over it costs what it would on the board predicted. It is its own sampler (the
+    profiler's monitor samples one block at a time): one reading per step."""
 
     has_power_sensor = True
 
@@ -64,7 +46,7 @@ class ReplayBoard(Device):
         self._hz = self._table[-1]
         self._t = 0.0
         self.watts = 0.0
-        self.samplers: list[_ReplaySampler] = []
+        self.readings: PowerSamples = []
 
     def frequencies(self) -> list[int]:
         return list(self._table)
@@ -73,7 +55,17 @@ class ReplayBoard(Device):
         self._hz = hz
 
     def power_sampler(self, rate_hz: float) -> PowerSampler:
-        return _ReplaySampler(self)
+        return self
+
+    def start(self) -> None:
+        self.readings = [(self._t, self.watts)]
+
+    def samples_so_far(self) -> PowerSamples:
+        return self.readings
+
+    def stop(self) -> PowerSamples:
+        self.readings.append((self._t, self.watts))
+        return self.readings
 
     def memory_bytes(self) -> int:
         return 0
@@ -88,8 +80,7 @@ class ReplayBoard(Device):
         result = fn()
         self._t += point.seconds_per_batch
         self.watts = point.peak_power_w
-        for sampler in self.samplers:
-            sampler._samples.append((self._t, self.watts))
+        self.readings.append((self._t, self.watts))
         return result
 
 
