@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from powerctl.cli.plot import MARKERS, Mark, colour, new_figure, save_figure, short_number
+from powerctl.cli.plot import MARKERS, Mark, choices_per_cap, colour, new_figure, save_figure, short_number
 from powerctl.records.profile import Profile
 from powerctl.selection.methods import method_named
 from strategies.settings import client_setting
@@ -119,8 +119,6 @@ def plot_makespans(results: dict[str, Any], path: Path) -> Path:
 def plot_profile_maps(results: dict[str, Any], out: Path) -> list[Path]:
     """Per board kind: the predicted peak-power map of the run's model, one panel per cap the board ran
     under, each with that cap's boundary and the (b, f) every method chose under it (round 1)."""
-    from powerctl.cli.plot import choices_per_cap
-
     cfg = results["run"]["config"] or {}
     model = results["fleet"]["model"]
     paths = []

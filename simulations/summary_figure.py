@@ -1,10 +1,7 @@
-"""The run's summary figure, `summary.png` beside its `results.json`: what the method does, at a glance.
-
-One row per board and power cap (round 1): left, the board model's peak-power map for the run's model
-with the cap's boundary and each method's pair (`powerctl.cli.plot.draw_choices`); right, each method's
-device seconds (profiling stacked) and energy. The state of practice, where the run did not compare it
-(`make run`), is estimated from ours': ours' measured values times the profile's predicted ratio of the
-two pairs (hatched). matplotlib is imported only by the commands that draw, never on a board.
+"""`summary.png` beside a run's `results.json`: a row per board and power cap (round 1), the board model's
+peak-power map with each method's pair (left) and each method's device seconds and energy (right). The
+state of practice, where the run did not compare it, is estimated (hatched): ours' measured values times
+the profile's predicted ratio of the two pairs. Imported only by the commands that draw, never on a board.
 """
 
 from __future__ import annotations
@@ -13,9 +10,11 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from statistics import fmean
 from typing import Any
 
 from matplotlib.axes import Axes
+from matplotlib.container import BarContainer
 from matplotlib.figure import Figure, SubFigure
 from matplotlib.patches import Patch
 
@@ -89,9 +88,9 @@ def _rows(
             row.bars.append(
                 Bar(
                     method,
-                    _mean([r["device_s"] for r in mine]),
-                    _mean([r["profiling_s"] for r in mine]),
-                    None if None in joules else _mean(joules),
+                    fmean([r["device_s"] for r in mine]),
+                    fmean([r["profiling_s"] for r in mine]),
+                    None if None in joules else fmean(joules),
                 )
             )
         if not any(_method_is(m, "reference") for m in methods) and any(
@@ -109,10 +108,6 @@ def _method_is(name: str, what: str) -> bool:
         return bool(getattr(run_method_named(name).method, what))
     except PowerctlError:
         return False
-
-
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values)
 
 
 def _estimate_state_of_practice(row: Row, relation: RelationVector | None) -> None:
@@ -258,28 +253,18 @@ def _cost_bars(sub: SubFigure, row: Row) -> None:
     colours = [colour(n) for n in names]
     hatches = ["//" if b.estimated else "" for b in row.bars]
     x = range(len(row.bars))
-    t_ax.bar(x, [b.seconds for b in row.bars], color=colours, hatch=hatches, edgecolor="white")
-    t_ax.bar(
-        x,
-        [b.profiling_s for b in row.bars],
-        bottom=[b.seconds for b in row.bars],
-        color=colours,
-        alpha=0.4,
-        edgecolor="white",
-    )
-    e_ax.bar(
-        x,
-        [math.nan if b.joules is None else b.joules for b in row.bars],
-        color=colours,
-        hatch=hatches,
-        edgecolor="white",
-    )
+    seconds = [b.seconds for b in row.bars]
+    t_ax.bar(x, seconds, color=colours, hatch=hatches, edgecolor="white")
+    profiling = [b.profiling_s for b in row.bars]
+    on_top = t_ax.bar(x, profiling, bottom=seconds, color=colours, alpha=0.4, edgecolor="white")
+    joules = [math.nan if b.joules is None else b.joules for b in row.bars]
+    energy = e_ax.bar(x, joules, color=colours, hatch=hatches, edgecolor="white")
     ours = next((b for b in row.bars if _method_is(b.method, "power_aware")), None)
-    for ax, value, unit in (
-        (t_ax, lambda b: b.seconds + b.profiling_s, "s"),
-        (e_ax, lambda b: b.joules, "J"),
+    for ax, drawn, value, unit in (
+        (t_ax, on_top, lambda b: b.seconds + b.profiling_s, "s"),
+        (e_ax, energy, lambda b: b.joules, "J"),
     ):
-        top = _label_bars(ax, row.bars, value, unit, ours)
+        top = _label_bars(ax, drawn, row.bars, value, unit, ours)
         ax.set_xticks(list(x), [n.replace("-", "-\n", 1) if len(n) > 10 else n for n in names], fontsize=8)
         ax.grid(axis="y", alpha=0.3)
         ax.set_ylim(0, 1.4 * top if top > 0 else 1.0)  # room for the labels above the bars
@@ -303,26 +288,20 @@ def _cost_bars(sub: SubFigure, row: Row) -> None:
         sub.legend(handles=handles, loc="outside lower center", ncol=len(handles), fontsize=8, frameon=False)
 
 
-def _label_bars(ax: Axes, bars: list[Bar], value: Any, unit: str, ours: Bar | None) -> float:
+def _label_bars(
+    ax: Axes, drawn: BarContainer, bars: list[Bar], value: Any, unit: str, ours: Bar | None
+) -> float:
     """Each bar's value, and how many times ours' it is (> 1: ours is better); the highest value."""
     ours_v = None if ours is None else value(ours)
+    labels: list[str] = []
     top = 0.0
     for k, b in enumerate(bars):
         v = value(b)
         if v is None:
             ax.text(k, 0, "no sensor", ha="center", va="bottom", fontsize=8)
+            labels.append("")
             continue
         top = max(top, v)
-        text = f"{v:.3g} {unit}"
-        if b is not ours and ours_v:
-            text += f"\n{v / ours_v:.2f}× ours"
-        ax.annotate(
-            text,
-            (k, v),
-            xytext=(0, 2),
-            textcoords="offset points",
-            ha="center",
-            va="bottom",
-            fontsize=8 if len(bars) <= 2 else 7,
-        )
+        labels.append(f"{v:.3g} {unit}" + (f"\n{v / ours_v:.2f}× ours" if b is not ours and ours_v else ""))
+    ax.bar_label(drawn, labels, padding=2, fontsize=8 if len(bars) <= 2 else 7)
     return top
