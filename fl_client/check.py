@@ -9,6 +9,7 @@ all good, 1 a problem found (its line last), 2 bad flags or files.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -90,11 +91,9 @@ def control_nodes(t: Target) -> list[Any]:
     from flwr.supercore.control import ControlHttpClient
     from flwr.supercore.interceptors.http.runtime_version import RuntimeVersionHttpInterceptor
 
-    client = _http_client(t, ControlHttpClient, RuntimeVersionHttpInterceptor(component_name="flwr CLI"))
-    try:
+    version = RuntimeVersionHttpInterceptor(component_name="flwr CLI")
+    with contextlib.closing(_http_client(t, ControlHttpClient, version)) as client:
         return list(client.ListNodes(ListNodesRequest()).nodes_info)
-    finally:
-        client.close()
 
 
 def node_with_key(t: Target, public_key: bytes) -> Any | None:
@@ -145,13 +144,11 @@ def release_stale_node(t: Target, say: Callable[[str], None]) -> bool:
         return False
     if node is None or _online_for_s(node) <= 0:
         return False
-    client = _fleet_client(t, private_key)
-    try:
-        client.DeactivateNode(DeactivateNodeRequest(node_id=node.node_id))
-    except Exception:
-        return False
-    finally:
-        client.close()
+    with contextlib.closing(_fleet_client(t, private_key)) as client:
+        try:
+            client.DeactivateNode(DeactivateNodeRequest(node_id=node.node_id))
+        except Exception:
+            return False
     say(
         f"released node {node.node_id}: the SuperLink still counted it online "
         f"({_online_for_s(node):.0f} s left of Flower's heartbeat window; its SuperNode crashed)"
@@ -169,19 +166,17 @@ def check_node_key(t: Target) -> str:
     assert t.node_key is not None
     private_key = load_node_key(t.node_key)
     public_key = public_key_to_bytes(private_key.public_key())
-    client = _fleet_client(t, private_key)
-    try:
+    with contextlib.closing(_fleet_client(t, private_key)) as client:
         try:
             node_id = client.ActivateNode(
                 ActivateNodeRequest(public_key=public_key, heartbeat_interval=HEARTBEAT_DEFAULT_INTERVAL)
             ).node_id
         except httpx.HTTPError as exc:
             raise _refused_key(t, exc, public_key) from None
-        client.DeactivateNode(DeactivateNodeRequest(node_id=node_id))
-    except httpx.HTTPError as exc:
-        raise _not_flower(t, "Fleet API", exc) from None
-    finally:
-        client.close()
+        try:
+            client.DeactivateNode(DeactivateNodeRequest(node_id=node_id))
+        except httpx.HTTPError as exc:
+            raise _not_flower(t, "Fleet API", exc) from None
     return f"node key: {t.node_key} is registered (node id {node_id}); activated and released again"
 
 
@@ -231,23 +226,21 @@ def check_self_registration(t: Target) -> str:
     from flwr.supercore.primitives.asymmetric import generate_key_pairs, public_key_to_bytes
 
     private_key, public_key = generate_key_pairs()
-    client = _fleet_client(t, private_key)
-    try:
-        node_id = client.RegisterNode(
-            RegisterNodeFleetRequest(public_key=public_key_to_bytes(public_key))
-        ).node_id
-        client.UnregisterNode(UnregisterNodeFleetRequest(node_id=node_id))
-    except httpx.HTTPError as exc:
-        if _http_error(exc)[1] == 2001:  # FLEET_SUPERNODE_REGISTRATION_DISABLED
-            raise CheckFailed(
-                "unregistered node key",
-                "the SuperLink runs with node authentication and this side gives no key",
-                'make one (ssh-keygen -t ecdsa -b 384 -N "" -f KEY), register KEY.pub on the coordinator '
-                "(flwr supernode register KEY.pub CONNECTION) and pass --auth-supernode-private-key KEY",
-            ) from None
-        raise _not_flower(t, "Fleet API", exc) from None
-    finally:
-        client.close()
+    with contextlib.closing(_fleet_client(t, private_key)) as client:
+        try:
+            node_id = client.RegisterNode(
+                RegisterNodeFleetRequest(public_key=public_key_to_bytes(public_key))
+            ).node_id
+            client.UnregisterNode(UnregisterNodeFleetRequest(node_id=node_id))
+        except httpx.HTTPError as exc:
+            if _http_error(exc)[1] == 2001:  # FLEET_SUPERNODE_REGISTRATION_DISABLED
+                raise CheckFailed(
+                    "unregistered node key",
+                    "the SuperLink runs with node authentication and this side gives no key",
+                    'make one (ssh-keygen -t ecdsa -b 384 -N "" -f KEY), register KEY.pub on the coordinator '
+                    "(flwr supernode register KEY.pub CONNECTION) and pass --auth-supernode-private-key KEY",
+                ) from None
+            raise _not_flower(t, "Fleet API", exc) from None
     return "node key: none given; the SuperLink accepts SuperNodes without registration"
 
 
