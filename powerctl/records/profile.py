@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,6 +13,7 @@ from powerctl.files.mapping import (
     MAX_BATCH_SIZE,
     MAX_CAP_W,
     MAX_COUNT,
+    Custom,
     Integer,
     Maybe,
     Number,
@@ -21,6 +22,7 @@ from powerctl.files.mapping import (
     field_kinds,
     is_integer,
     kind_field,
+    must_be,
     read_fields,
 )
 
@@ -82,6 +84,22 @@ POINT_KINDS = field_kinds(ProfilePoint)
 """What each field of a profiled point must be, in a file and in Python alike."""
 
 
+def _tuple_of(what: str, item: Callable[[Any], bool], made: Callable[[Any], Any] = int) -> Custom:
+    """The kind of a list or tuple whose items pass `item`, kept as a tuple of `made` of them."""
+
+    def parse(value: Any) -> tuple[Any, ...]:
+        if not isinstance(value, (list, tuple)) or not all(item(v) for v in value):
+            raise must_be(what, value)
+        return tuple(made(v) for v in value)
+
+    return Custom(parse, what, tuple)
+
+
+_SHAPE = _tuple_of("a list of integers ≥ 1", lambda d: is_integer(d) and d >= 1)
+_POINTS = _tuple_of("a list of ProfilePoint", lambda q: isinstance(q, ProfilePoint), lambda q: q)
+_SKIPPED = _tuple_of("a list", lambda _: True, frozen_json)  # each batch size left out, with why
+
+
 @dataclass
 class Profile:
     """Measured on one device for one model and input shape; a missing point = not profiled. Its
@@ -89,30 +107,18 @@ class Profile:
 
     device: str = kind_field(Text())
     model: str = kind_field(Text())
-    input_shape: Sequence[int]
+    input_shape: Sequence[int] = kind_field(_SHAPE)
     samples: int = kind_field(Integer(1, MAX_COUNT))
-    points: Sequence[ProfilePoint]
+    points: Sequence[ProfilePoint] = kind_field(_POINTS)
     profiling_s: float | None = kind_field(Maybe(Number(0.0)), None)  # device seconds profiling cost
-    skipped: Sequence[Mapping[str, Any]] = field(default_factory=tuple)  # batch sizes left out, with why
+    skipped: Sequence[Mapping[str, Any]] = kind_field(_SKIPPED, factory=tuple)
     extra: dict[str, Any] = field(default_factory=dict)
-    predicted: Sequence[ProfilePoint] = field(default_factory=tuple)
+    predicted: Sequence[ProfilePoint] = kind_field(_POINTS, factory=tuple)
     """Points predicted, not measured (file key `predicted_points`); selection reads `points` only."""
 
     def __post_init__(self) -> None:
         """A profile made in Python has the shape a file's reader gives (one ArgumentError line)."""
         check_fields(self, "Profile", PROFILE_KINDS)
-        shape = self.input_shape
-        if not isinstance(shape, (list, tuple)) or any(not is_integer(d) or d < 1 for d in shape):
-            raise ArgumentError(f"Profile: 'input_shape' must be a list of integers ≥ 1, got {shape!r}")
-        self.input_shape = tuple(int(d) for d in shape)
-        for name in ("points", "predicted"):
-            got = getattr(self, name)
-            if not isinstance(got, (list, tuple)) or not all(isinstance(q, ProfilePoint) for q in got):
-                raise ArgumentError(f"Profile: {name!r} must be a list of ProfilePoint, got {got!r:.80}")
-            setattr(self, name, tuple(got))
-        if not isinstance(self.skipped, (list, tuple)):
-            raise ArgumentError(f"Profile: 'skipped' must be a list, got {self.skipped!r:.80}")
-        self.skipped = frozen_json(self.skipped)
         if not isinstance(self.extra, dict):
             raise ArgumentError(f"Profile: 'extra' must be a dict, got {self.extra!r:.80}")
 
@@ -153,21 +159,17 @@ class Profile:
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "profile") -> Profile:
         f = Fields(data, where)
-        shape = f.list_of("input_shape")
-        if not shape or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in shape):
-            raise f.fail("'input_shape' must be a list of positive integers")
+        if f.get("input_shape") == []:  # a file names the shape it was measured for
+            raise f.fail("input_shape", "must be a list of integers ≥ 1, got []")
         seen: set[tuple[int, int]] = set()
         points = _points(f, "points", where, seen)
         if not points:
             raise f.fail("no profiled points")
         predicted = _points(f, "predicted_points", where, seen) if "predicted_points" in data else []
+        read = {**data, "points": points, "predicted": predicted, "skipped": data.get("skipped") or ()}
         return cls(
-            **read_fields(cls, f),
-            input_shape=list(shape),
-            points=points,
-            skipped=list(data.get("skipped") or []),
+            **read_fields(cls, Fields(read, where)),
             extra={k: v for k, v in data.items() if k not in _KNOWN},
-            predicted=predicted,
         )
 
     @classmethod
@@ -176,7 +178,7 @@ class Profile:
 
 
 PROFILE_KINDS = field_kinds(Profile)
-"""What a profile's scalar fields must be, in a file and in Python alike."""
+"""What a profile's fields must be, in a file and in Python alike."""
 
 
 def _points(f: Fields, key: str, where: str, seen: set[tuple[int, int]]) -> list[ProfilePoint]:
