@@ -202,11 +202,10 @@ class Profiler:
             elif order == "efficient":
                 assert power_cap_w is not None
                 points = self._efficient(sizes, table, power_cap_w, bar)
-                bar.update(total - bar.n)
             else:
                 fitted = _FittedOrder(self, table, power_cap_w, relation, margin, bar)
                 points, predicted, fit = fitted.run(sizes)
-                bar.update(total - bar.n)
+            bar.update(total - bar.n)  # the pairs an order skipped
         self._steps.clear()
         profile = self.profile(
             sorted(points, key=lambda p: (p.batch_size, p.frequency_hz)),
@@ -284,9 +283,6 @@ class _FittedOrder:
         if point is not None:
             self.measured[b, hz] = point
 
-    def _feasible(self, point: ProfilePoint) -> bool:
-        return self.cap is None or point.peak_power_w <= self.cap
-
     def _fit(self) -> ProfileFit | None:
         try:
             return fit_profile(self.measured.values(), max(self.table))
@@ -319,30 +315,22 @@ class _FittedOrder:
                 fitted.append(b)
         return fitted
 
-    def _best(self, fit: ProfileFit | None, b: int) -> tuple[float, int] | None:
-        """(predicted seconds to the target, frequency) of b's best feasible pair, or None."""
-        r_b = 1.0 if self.relation is None else self.relation.get(b)
-        if r_b is None:
-            return None
-        best = None
-        for hz in self.table:
-            point = self._value(fit, b, hz)
-            if point is not None and self._feasible(point):
-                key = (point.seconds_for_samples * r_b, hz)
-                if best is None or key < best:
-                    best = key
-        return best
-
     def _next_to_measure(self, fit: ProfileFit | None, sizes: list[int]) -> tuple[int, int] | None:
-        # per batch size: its best pair, the neighbour above it (or, with none feasible, the lowest
-        # frequency), and an optimistic value: as if that unmeasured neighbour were under the cap
+        # per batch size: its best feasible pair (predicted seconds to the target, Hz), the neighbour above
+        # it (or, with none feasible, the lowest frequency), and an optimistic value: as if that unmeasured
+        # neighbour were under the cap
         rows = []
         for b in sizes:
             r_b = 1.0 if self.relation is None else self.relation.get(b)
             if r_b is None:
                 continue
-            best = self._best(fit, b)
-            seconds, hz = best if best is not None else (math.inf, None)
+            feasible = (
+                (point.seconds_for_samples * r_b, hz)
+                for hz in self.table
+                if (point := self._value(fit, b, hz)) is not None
+                and (self.cap is None or point.peak_power_w <= self.cap)
+            )
+            seconds, hz = min(feasible, default=(math.inf, None))
             i = self.table.index(hz) if hz is not None else -1
             above = self.table[i + 1] if i + 1 < len(self.table) else None
             hopeful = seconds
