@@ -94,11 +94,6 @@ def short_number(v: float) -> str:
     return f"{v:.2f}"
 
 
-def _subject(profile: Profile) -> str:
-    shape = "×".join(str(s) for s in profile.input_shape)
-    return f"{profile.device} · {profile.model} ({shape})"
-
-
 def _cap_text(cap: float | None) -> str:
     return "no power cap" if cap is None else f"power cap {cap:.2f} W"
 
@@ -267,7 +262,7 @@ def profile_figures(
         with contextlib.suppress(InfeasibleCapError):  # cmd_plot checked the pairing
             selection = select(profile, relation, cap, allow_mismatch=True)
     grid = _Grid.of(profile)
-    subject = _subject(profile)
+    subject = f"{profile.device} · {profile.model} ({'×'.join(str(s) for s in profile.input_shape)})"
     note = "" if cap is None or selection is not None or relation is None else " — no pair is feasible"
     cap_line = _cap_text(cap) + note
     width, height = map_size(profile, min_height=3.6)
@@ -311,10 +306,8 @@ def plot_profile(
     selection: Pick | None = None,
 ) -> list[Path]:
     """Write peak_power.png, time.png (and, with a relation, predicted_time_to_target.png) into out_dir."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     figs = profile_figures(profile, power_cap_w=power_cap_w, relation=relation, selection=selection)
-    return [save_figure(fig, out / f"{stem}.png") for stem, fig in figs.items()]
+    return [save_figure(fig, Path(out_dir) / f"{stem}.png") for stem, fig in figs.items()]
 
 
 @dataclass(frozen=True)
@@ -410,7 +403,6 @@ def save_figure(fig: Figure, path: Path, **kwargs: Any) -> Path:
 
 def write_front(front: Front, profile: Profile, relation: RelationVector, out_dir: Path) -> list[Path]:
     """`pareto.json` (`powerctl.pareto/2`) `pareto.png` in `out_dir`: the feasible pairs' front."""
-    out_dir.mkdir(parents=True, exist_ok=True)
     json_path = out_dir / "pareto.json"
     write_json(json_path, front.to_json_dict(profile, relation))
     png = out_dir / "pareto.png"
