@@ -30,8 +30,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fl_client.check import HEARTBEAT_WINDOW_S, check_files, release_stale_node, run_checks
-from fl_client.check_network import CheckFailed, Target, parse_address
+from fl_client.check import HEARTBEAT_WINDOW_S, check_files, release_stale_node, run_checks, target_from_args
+from fl_client.check_network import CheckFailed, Target
 from fl_client.clientapp_entry import light_clientapp
 from powerctl.cli.util import bounded_float, installed_tool, one_line_errors, say
 from powerctl.errors import PowerctlError
@@ -66,13 +66,12 @@ def _target(flags: list[str]) -> Target:
     p.add_argument("--insecure", action="store_true")
     p.add_argument("--root-certificates", type=Path)
     p.add_argument("--auth-supernode-private-key", type=Path)
-    known, _ = p.parse_known_args(flags)
+    known, _ = p.parse_known_args(flags, argparse.Namespace(connection=None))
     if known.superlink is None:
         from flwr.supercore.constant import SUPERLINK_DEFAULT_CLIENT_ADDRESS
 
         known.superlink = SUPERLINK_DEFAULT_CLIENT_ADDRESS
-    host, port = parse_address(known.superlink)
-    return Target(host, port, known.insecure, known.root_certificates, known.auth_supernode_private_key)
+    return target_from_args(known)  # as `fl_client.check` reads the same flags
 
 
 def child_env(tool: str, first: Path | None = None) -> dict[str, str]:
