@@ -102,8 +102,7 @@ def _rows(
 
 
 def _method_is(name: str, what: str) -> bool:
-    """Whether the run method `name` is `what` ("power_aware", "reference") by the registry; an unknown
-    name is neither."""
+    """Whether the registry's run method `name` is `what` ("power_aware", "reference"); unknown: neither."""
     try:
         return bool(getattr(run_method_named(name).method, what))
     except PowerctlError:
@@ -111,8 +110,7 @@ def _method_is(name: str, what: str) -> bool:
 
 
 def _estimate_state_of_practice(row: Row, relation: RelationVector | None) -> None:
-    """The state of practice's mark under the row's cap, and its bar estimated from ours' (where the
-    profile and relation allow)."""
+    """The state of practice's mark under the row's cap and, where the profile allows, its bar."""
     from powerctl.selection.baselines import state_of_practice
 
     if row.profile is None or relation is None:
@@ -149,8 +147,7 @@ def run_rows(data: dict[str, Any], method: str | None = None) -> list[dict[str, 
 
 
 def run_figure(results: Path) -> Path:
-    """`make run`'s figure from its results.json (several methods: its folder of METHOD/results.json),
-    written beside it as summary.png."""
+    """`make run`'s summary.png beside its results.json (several methods: their folder's */results.json)."""
     files = sorted(results.glob("*/results.json")) if results.is_dir() else [results]
     if not files:
         raise PowerctlError(f"{results}: no results.json to draw")
