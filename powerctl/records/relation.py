@@ -195,7 +195,6 @@ class RelationVector:
 
     def __post_init__(self) -> None:
         """Checked as a file is (`from_dict`); a bad entry is one ArgumentError line."""
-        as_list = [list(v) if isinstance(v, tuple) else v for v in (self.batch_sizes, self.samples_to_target)]
         if not isinstance(self.extra, Mapping):
             raise ArgumentError(f"RelationVector: 'extra' must be a dict, got {shown(self.extra)}")
         if shadows := sorted(str(k) for k in self.extra if k in FIELDS or k in DERIVED):
@@ -204,14 +203,9 @@ class RelationVector:
                 "them); give it as the field, or keep the evidence under another name"
             )
         plain, frozen = _kept_extra(self.extra)
-        data = {
-            **plain,
-            "model": self.model,
-            "proxy_dataset": self.proxy_dataset,
-            "target_accuracy": self.target_accuracy,
-            "batch_sizes": as_list[0],
-            "samples_to_target": as_list[1],
-        }
+        data = {**plain, **{name: getattr(self, name) for name in FIELDS}}
+        for name in ("batch_sizes", "samples_to_target"):  # a tuple is read as the list a file holds
+            data[name] = list(data[name]) if isinstance(data[name], tuple) else data[name]
         try:
             checked = _checked(data, "RelationVector")
         except FileFormatError as exc:
