@@ -135,13 +135,12 @@ def _estimate_state_of_practice(row: Row, relation: RelationVector | None) -> No
     row.bars.append(Bar(STATE_OF_PRACTICE, ours.seconds * time_ratio, 0.0, joules, estimated=True))
 
 
-def run_rows(data: dict[str, Any], method: str | None = None) -> list[dict[str, Any]]:
+def run_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
     """A ServerApp's results' clients of the first round in which any trained, as flat records."""
     for rnd in data["rounds"]:
         if rnd["clients"]:
             return [
-                {**c, "method": method or data["run"].get("method") or c.get("method") or OURS}
-                for c in rnd["clients"]
+                {**c, "method": data["run"].get("method") or c.get("method") or OURS} for c in rnd["clients"]
             ]
     return []
 
@@ -183,15 +182,11 @@ def fleet_figure(results: dict[str, Any], out: Path) -> Path:
     return save_figure(summary_figure(rows, title), out / SUMMARY_FIGURE, dpi=100)
 
 
-NOT_DRAWN = (PowerctlError, OSError, ValueError, KeyError)
-"""Why a figure may not be drawn: the run stands."""
-
-
 def draw_or_say(draw: Callable[[], Path], say: Callable[[str], None]) -> Path | None:
     """The figure `draw` wrote; or None, and one line saying why not (the results stand)."""
     try:
         return draw()
-    except NOT_DRAWN as exc:
+    except (PowerctlError, OSError, ValueError, KeyError) as exc:
         say(f"summary figure not drawn: {exc}")
         return None
 
