@@ -130,32 +130,26 @@ class CapFollower:
             self.frequency_hz = guard.frequency_hz  # (not an earlier cap's guard: it pins nothing now)
         self._count_over_cap(power)
 
-    def _progress(self, samples: int) -> float:
+    def _pick_or_pause(self, cap: float | None, samples: int, first: bool = False) -> Pick:
         r_b = self._r.get(self.batch_size)
         if r_b:
             self._fraction = min(1.0, self._fraction + (samples - self._samples_at_switch) / r_b)
         self._samples_at_switch = samples
-        return self._fraction
-
-    def _pick_or_pause(self, cap: float | None, samples: int, first: bool = False) -> Pick:
-        fraction = self._progress(samples)
         old = (self.batch_size, self.frequency_hz)
         try:
             pick = self._choose(cap)
         except InfeasibleCapError:
-            pick = self._pause(cap, samples, old)
-        else:
-            new = (pick.batch_size, pick.frequency_hz)
-            kind = "start" if first else ("switch" if new != old else "hold")
-            self._apply(pick, cap)
-            self._event(kind, cap, old, fraction, pick)
+            return self._pause(cap, old)
+        self._apply(pick, cap)
+        new = (pick.batch_size, pick.frequency_hz)
+        self._event("start" if first else ("switch" if new != old else "hold"), cap, old, pick)
         return pick
 
-    def _pause(self, cap: float | None, samples: int, old: tuple[int, int]) -> Pick:
+    def _pause(self, cap: float | None, old: tuple[int, int]) -> Pick:
         lowest = self.device.frequencies()[0]
         self.device.pin_frequency(lowest)
         self.frequency_hz = lowest
-        self._event("pause", cap, old, self._fraction, None, new=(self.batch_size or old[0], lowest))
+        self._event("pause", cap, old)
         waited = 0.0
         while True:
             if waited >= self.pause_timeout_s:
@@ -175,9 +169,8 @@ class CapFollower:
             except InfeasibleCapError:
                 continue
             paused_at = (self.batch_size or pick.batch_size, self.frequency_hz)
-            self._cap = cap
             self._apply(pick, cap)
-            self._event("resume", cap, paused_at, self._fraction, pick)
+            self._event("resume", cap, paused_at, pick)
             return pick
 
     def _apply(self, pick: Pick, cap: float | None) -> None:
@@ -194,16 +187,8 @@ class CapFollower:
     def _new_guard(self, cap: float, hz: int) -> PowerGuard:
         return PowerGuard(self.device, cap, hz, window=self._window, tolerance=self._tolerance)
 
-    def _event(
-        self,
-        kind: str,
-        cap: float | None,
-        old: tuple[int, int],
-        fraction: float,
-        pick: Pick | None,
-        new: tuple[int, int] | None = None,
-    ) -> None:
-        nb, nf = new if new is not None else (pick.batch_size, pick.frequency_hz)  # type: ignore[union-attr]
+    def _event(self, kind: str, cap: float | None, old: tuple[int, int], pick: Pick | None = None) -> None:
+        """What the follower did: from `old` to the pair in force now (`pick`'s, but for a pause)."""
         predicted = None if pick is None else pick.predicted_s
         in_step, self._step_over_s = self._step_over_s, 0.0
         if self.events and in_step:  # the step just run was the one in progress at the change
@@ -215,9 +200,9 @@ class CapFollower:
                 power_cap_w=cap,
                 old_batch_size=old[0],
                 old_frequency_hz=old[1],
-                new_batch_size=nb,
-                new_frequency_hz=nf,
-                fraction_done=fraction,
+                new_batch_size=self.batch_size,
+                new_frequency_hz=self.frequency_hz,
+                fraction_done=self._fraction,
                 predicted_remaining_s=None if predicted is None else predicted * (1.0 - self._fraction),
                 in_step_over_cap_s=in_step,
             )
