@@ -27,8 +27,6 @@ from powerctl.files.mapping import (
 )
 
 PROFILE_SCHEMA = "powerctl.profile/2"
-_KNOWN = {"schema", "device", "model", "input_shape", "samples", "points", "profiling_s", "skipped"}
-_KNOWN.add("predicted_points")
 
 _WATTS = Number(0.0, MAX_CAP_W, above=True)
 _SECONDS = Number(0.0, above=True)
@@ -179,6 +177,7 @@ class Profile:
 
 PROFILE_KINDS = field_kinds(Profile)
 """What a profile's fields must be, in a file and in Python alike."""
+_KNOWN = {"schema", "predicted_points", *PROFILE_KINDS} - {"predicted"}  # a file's other keys: `extra`
 
 
 def _points(f: Fields, key: str, where: str, seen: set[tuple[int, int]]) -> list[ProfilePoint]:
