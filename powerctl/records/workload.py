@@ -39,9 +39,7 @@ class Workload:
         return fixed + batch_size * self.activation_bytes_per_sample
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["input_shape"] = list(self.input_shape)
-        return d
+        return asdict(self) | {"input_shape": list(self.input_shape)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Workload:
