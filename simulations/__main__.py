@@ -190,8 +190,6 @@ def fleet_command(args: argparse.Namespace) -> int:
 
     from powerctl.files.outputs import check_output_dir
     from simulations.fleet import load_fleet_spec
-    from simulations.fleet_results import summary_text
-    from simulations.fleet_seeds import seeds_summary_text
     from simulations.runner import check_before_flower, run_fleet, run_seeds
 
     started = time.perf_counter()
@@ -204,15 +202,14 @@ def fleet_command(args: argparse.Namespace) -> int:
     if count > 1:
         with owning_every_process():
             results = run_seeds(spec, args.out, methods, count, verbose=args.verbose, plots=not args.no_plots)
-        print("\n" + seeds_summary_text(results))
         plots = f" and {out / 'plots' / 'seed-ratios.png'}" if results.get("plots") else ""
         wrote = f"{out / 'summary.txt'}{plots}; each seed's own in {out}/seed-K/"
     else:
         check_before_flower(spec, check_output_dir(out), methods)  # before owning
         with owning_every_process():
             results = run_fleet(spec, args.out, methods, verbose=args.verbose, plots=not args.no_plots)
-        print("\n" + summary_text(results))
         wrote = f"{out / 'summary.txt'}" + (f" and {out / 'plots'}/" if not args.no_plots else "")
+    print("\n" + (out / "summary.txt").read_text(encoding="utf-8"), end="")  # as the runner wrote it
     print(f"\nwall time {time.perf_counter() - started:.0f} s; wrote {out / 'results.json'}, {wrote}")
     if results.get("summary_figure"):  # drawn with a single run's plots (`run_fleet`)
         print(f"summary figure: {out / results['summary_figure']}")
