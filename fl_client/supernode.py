@@ -35,7 +35,7 @@ from fl_client.check_network import CheckFailed, Target
 from fl_client.clientapp_entry import light_clientapp
 from powerctl.cli.util import bounded_float, installed_tool, one_line_errors, say
 from powerctl.errors import PowerctlError
-from powerctl.procs import option_value
+from powerctl.procs import PROC, become_subreaper, option_value, proc_table
 
 PROG = "python -m fl_client.supernode"
 REFUSED = "Failed to activate SuperNode"
@@ -52,7 +52,6 @@ _BIND = re.compile(r"error while attempting to bind on address \('?([^',]*)'?, (
 _API_FAILED = "SuperNode Runtime HTTP API failed to start"
 _TRACEBACK = "Traceback (most recent call last):"
 _CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
-PR_SET_CHILD_SUBREAPER = 36
 
 
 class NotStarted(Exception):
@@ -85,21 +84,8 @@ def child_env(tool: str, first: Path | None = None) -> dict[str, str]:
 # ------------------------------------------------------------------------------------------ processes
 
 
-def become_subreaper() -> bool:
-    """Orphans of the SuperNode's tree are re-parented to this process, to be stopped (Linux only)."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        return bool(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
-    except (OSError, AttributeError):
-        return False
-
-
 def _children() -> dict[int, bool]:
     """This process's children: {pid: still running (False: a zombie to reap)}."""
-    from powerctl.procs import PROC, proc_table
-
     if not PROC.is_dir():  # no /proc: nothing to find (and no subreaper either)
         return {}
     me = os.getpid()
@@ -327,7 +313,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     check_files(target)
     if target.node_key is not None:
         release_stale_node(target, _say)
-    become_subreaper()
+    become_subreaper()  # orphans of the SuperNode's tree come to this process, to be stopped
     try:
         with light_clientapp() as clientapp_folder:
             return run_until_started(command, target, flags, wait_s, clientapp_folder)

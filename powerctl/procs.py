@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 PROC = Path("/proc")
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+"""The colour codes in a child process's output (Flower's log lines), to strip from what is quoted."""
+PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,18 @@ def proc_stat(pid: int) -> ProcStat | None:
         return None
     f = stat.rsplit(")", 1)[1].split()  # the command name, in parentheses, may hold spaces
     return ProcStat(ppid=int(f[1]), sid=int(f[3]), start_ticks=int(f[19]), state=f[0])
+
+
+def become_subreaper() -> bool:
+    """Make this process a child subreaper (Linux): orphans below it are re-parented to it, to be found and
+    stopped; for a command's main process only. False where the kernel does not offer it."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
 
 
 def seconds_since_start(pid: int) -> float | None:

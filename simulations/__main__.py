@@ -220,9 +220,10 @@ def fleet_command(args: argparse.Namespace) -> int:
 def owning_every_process() -> Iterator[None]:
     """This command's main process adopts what is orphaned below it and, on every way out, stops
     whatever is still running there (by process id and group) and reaps it."""
-    from simulations.launcher import adopt_orphans, reap_adopted, stop_everything_below, uninterrupted
+    from powerctl.procs import become_subreaper
+    from simulations.launcher import reap_adopted, stop_everything_below, uninterrupted
 
-    adopt_orphans()
+    become_subreaper()
     try:
         yield
     finally:

@@ -10,7 +10,6 @@ CLI is a child subreaper), and a watchdog does it after a SIGKILL.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import re
 import signal
@@ -31,7 +30,7 @@ from fl_server.run_config import (  # the run config as Flower reads it (`run_co
 )
 from powerctl.errors import PowerctlError
 from powerctl.files.cache import cache_root
-from powerctl.procs import alive, descendants
+from powerctl.procs import ANSI, alive, descendants
 from simulations.flower_home import FlowerHome, clean_stale_homes, describe_cleaned
 from simulations.linkstate_index import INDEX_ENV, check_flower_version, install_script
 from simulations.local_superlink import (
@@ -52,14 +51,11 @@ from strategies.settings import key_of
 APP_DIR = Path(__file__).resolve().parents[1]
 INFRA_LINE = re.compile(r"^\(\w+ pid=\d+\)|^(INFO|WARNING|DEBUG|ERROR)\s*:|^\s*$")
 """Lines the ServerApp did not print: Flower's log records and what Ray forwards from actors."""
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
 SERVER_ERROR = "powerfed server: error:"
 """How the ServerApp says it stopped on an error (`fl_server.app.main`)."""
 
 MAX_NODES = MAX_BOARDS
 """Most virtual nodes one simulation may have (as many as a fleet has boards)."""
-
-_PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 
 
 class LaunchError(PowerctlError):
@@ -118,16 +114,6 @@ def check_nodes(nodes: int) -> int:
 
 
 # --- owning the processes -------------------------------------------------------------------------
-def adopt_orphans() -> bool:
-    """Make this process a child subreaper (Linux), so `descendants` still finds an orphan below it;
-    for a command's main process only. False where the kernel does not offer it."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
-
-
 def stop_everything_below() -> list[int]:
     """Stop every process below this one, by pid (`stop_tree`); returns them."""
     return stop_trees(descendants(os.getpid()))

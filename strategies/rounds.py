@@ -11,6 +11,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord
 
 from powerctl.errors import PowerctlError
+from powerctl.procs import ANSI
 from strategies.report import ClientReport
 
 
@@ -84,7 +85,6 @@ class RoundRecord:
         return d
 
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 REASON_LIMIT = 400
 OWN_PACKAGES = ("powerctl.", "powerfed.", "strategies.", "fl_server.", "fl_client.", "simulations.")
 # the line a traceback ends with; Flower's simulation's line with the ClientApp's own words; a deployed
@@ -115,7 +115,7 @@ def _user_words(lines: list[str]) -> str | None:
 def one_line(reason: str | None) -> str:
     """A failure reason fit for a table row: of a multi-line text the exception it ends with, else the
     ClientApp's own words, else its first line and its last."""
-    lines = [ln.strip() for ln in _ANSI.sub("", reason or "").splitlines() if ln.strip()]
+    lines = [ln.strip() for ln in ANSI.sub("", reason or "").splitlines() if ln.strip()]
     if not lines:
         return "(no reason given)"
     raised = next((m for ln in reversed(lines) if (m := _RAISED.match(ln))), None) if len(lines) > 1 else None
