@@ -57,7 +57,11 @@ def _listening_inodes(port: int) -> set[str]:
     return inodes
 
 
-def _holders(inodes: set[str]) -> list[int]:
+def _holders(port: int) -> list[int] | None:
+    """`pids_listening_on`, but None when no socket listens on `port` at all (not even one we cannot see)."""
+    inodes = _listening_inodes(port)
+    if not inodes:
+        return None
     found = []
     for proc in PROC.iterdir():
         if not proc.name.isdigit():
@@ -75,16 +79,13 @@ def _holders(inodes: set[str]) -> list[int]:
 
 def pids_listening_on(port: int) -> list[int]:
     """Processes holding a listening TCP socket on `port` (only those this user may inspect)."""
-    inodes = _listening_inodes(port)
-    return _holders(inodes) if inodes else []
+    return _holders(port) or []
 
 
 def port_holder(port: int) -> str | None:
     """Who listens on `port`, in words (None: nobody)."""
-    inodes = _listening_inodes(port)
-    if not inodes:
+    if (holders := _holders(port)) is None:
         return None
-    holders = _holders(inodes)
     return describe(holders[0]) if holders else "a process this user cannot see (another user's)"
 
 
@@ -173,10 +174,8 @@ def _any_alive(procs: dict[int, int]) -> bool:
 def stop_local_superlink(port: int, grace_s: float = 5.0, *, home: Path | None = None) -> list[int]:
     """Stop the local SuperLink of `flwr run` on `port` (of Flower home `home`, when given) with all it
     started; [] when nothing listens; anything else there is one NotOurProcessError line."""
-    inodes = _listening_inodes(port)
-    if not inodes:
+    if (holders := _holders(port)) is None:
         return []
-    holders = _holders(inodes)
     if not holders:
         raise NotOurProcessError(
             f"port {port} is held by a process this user cannot see (another user's): nothing stopped"
