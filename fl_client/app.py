@@ -16,17 +16,15 @@ from flwr.clientapp import ClientApp
 
 from fl_client.faults import before_training, kill_after_checkpoint, parse_faults
 from fl_client.local_data import data_plan, load_local_data
-from fl_client.mod import error_reply, message_config, node_info, profile_cache
-from fl_client.node import resolve_node
+from fl_client.mod import error_reply, message_config, node_reply, profile_cache
+from fl_client.node import NodeSettings, resolve_node
 from powerctl.cli.util import library_lines_on_stderr, say
 from powerctl.errors import PowerctlError
 from strategies.protocol import (
     ARRAYS_KEY,
-    CONFIG_KEY,
     EXAMPLES_KEY,
     METRICS_KEY,
     NODE_KEY,
-    PLAN_KEY,
     REPORT_KEY,
     ProtocolError,
     TrainInstructions,
@@ -67,27 +65,21 @@ def _state(msg: Message) -> State:
     return state
 
 
+def _plan(msg: Message, context: Context, settings: NodeSettings) -> ConfigRecord:
+    """The plan a query with train instructions asks for (energy-under-deadline rounds): the fastest pair
+    under the node's cap and the predicted time to the target."""
+    from fl_client.round import model_seq_len, plan_round  # the plan profiles: torch
+
+    instr = TrainInstructions.from_config(message_config(msg), "plan query config")
+    plan_data = data_plan(settings, context.run_config, model_seq_len(instr.model, instr.model_overrides))
+    examples = len(load_local_data(plan_data)[0])
+    return plan_round(settings, instr, examples, profile_cache=profile_cache(context.run_config)).to_config()
+
+
 @app.query()
 def query(msg: Message, context: Context) -> Message:
-    """Who this node is; with train instructions in the query (energy-under-deadline rounds), also
-    its plan: the fastest pair under its cap and the predicted time to the target."""
-    settings = None
-    try:
-        settings = resolve_node(context.node_config, context.run_config)
-        content = RecordDict({NODE_KEY: ConfigRecord(node_info(settings))})
-        if CONFIG_KEY in msg.content.config_records:
-            from fl_client.round import model_seq_len, plan_round  # the plan profiles: torch
-
-            instr = TrainInstructions.from_config(message_config(msg), "plan query config")
-            plan_data = data_plan(
-                settings, context.run_config, model_seq_len(instr.model, instr.model_overrides)
-            )
-            examples = len(load_local_data(plan_data)[0])
-            plan = plan_round(settings, instr, examples, profile_cache=profile_cache(context.run_config))
-            content[PLAN_KEY] = plan.to_config()
-    except PowerctlError as exc:
-        return error_reply(msg, settings, exc)
-    return Message(content, reply_to=msg)
+    """Who this node is; with train instructions in the query, also its plan (`_plan`)."""
+    return node_reply(msg, context, _plan)
 
 
 @app.train()

@@ -16,11 +16,12 @@ from fl_client.node import NodeSettings, resolve_node
 from powerctl.devices import open_device
 from powerctl.errors import PowerctlError
 from strategies.fleet import NodeConfigError
-from strategies.protocol import CONFIG_KEY, NODE_KEY, REPORT_KEY, TrainInstructions, required
+from strategies.protocol import CONFIG_KEY, NODE_KEY, PLAN_KEY, REPORT_KEY, TrainInstructions, required
 from strategies.settings import client_setting
 
 log = logging.getLogger(__name__)
 
+Planner = Callable[[Message, Context, NodeSettings], ConfigRecord]  # a query's plan (`fl_client.app`)
 CLIENT_ERROR_CODE = 2  # ErrorCode.CLIENT_APP_RAISED_EXCEPTION: what Flower uses when a ClientApp fails
 
 
@@ -55,21 +56,30 @@ def node_info(settings: NodeSettings) -> dict[str, Any]:
     return info
 
 
-def describe_node(msg: Message, context: Context) -> Message:
-    """A query function for a user's ClientApp (`app.query()(describe_node)`): the node's device, board
-    and cap, which `PowerAware` asks every node it has not met (planning queries need the built-in
-    ClientApp)."""
+def node_reply(msg: Message, context: Context, plan: Planner | None = None) -> Message:
+    """A query's reply: who this node is (`node_info`) and, when the query holds train instructions, its
+    plan (`plan`'s record; without `plan` that is refused). Only a node that plans needs its data."""
     settings = None
     try:
-        settings = resolve_node(context.node_config, context.run_config, needs_data=False)
-        if CONFIG_KEY in msg.content.config_records:
+        settings = resolve_node(context.node_config, context.run_config, needs_data=plan is not None)
+        if plan is None and CONFIG_KEY in msg.content.config_records:
             raise PowerctlError(
                 "energy-under-deadline rounds ask the built-in ClientApp for a plan; this app only "
                 "describes itself"
             )
-        return Message(RecordDict({NODE_KEY: ConfigRecord(node_info(settings))}), reply_to=msg)
+        content = RecordDict({NODE_KEY: ConfigRecord(node_info(settings))})
+        if plan is not None and CONFIG_KEY in msg.content.config_records:
+            content[PLAN_KEY] = plan(msg, context, settings)
     except PowerctlError as exc:
         return error_reply(msg, settings, exc)
+    return Message(content, reply_to=msg)
+
+
+def describe_node(msg: Message, context: Context) -> Message:
+    """A query function for a user's ClientApp (`app.query()(describe_node)`): the node's device, board
+    and cap, which `PowerAware` asks every node it has not met (planning queries need the built-in
+    ClientApp)."""
+    return node_reply(msg, context)
 
 
 def power_aware_mod(
