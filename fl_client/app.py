@@ -66,8 +66,7 @@ def _state(msg: Message) -> State:
 
 
 def _plan(msg: Message, context: Context, settings: NodeSettings) -> ConfigRecord:
-    """The plan a query with train instructions asks for (energy-under-deadline rounds): the fastest pair
-    under the node's cap and the predicted time to the target."""
+    """A plan query's answer: the fastest pair under the node's cap, the predicted time to the target."""
     from fl_client.round import model_seq_len, plan_round  # the plan profiles: torch
 
     instr = TrainInstructions.from_config(message_config(msg), "plan query config")
@@ -78,7 +77,7 @@ def _plan(msg: Message, context: Context, settings: NodeSettings) -> ConfigRecor
 
 @app.query()
 def query(msg: Message, context: Context) -> Message:
-    """Who this node is; with train instructions in the query, also its plan (`_plan`)."""
+    """Who this node is; with train instructions (energy-under-deadline rounds), also its plan."""
     return node_reply(msg, context, _plan)
 
 
