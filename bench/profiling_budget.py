@@ -93,7 +93,7 @@ def _confirmed(
             dev.run_step(lambda: None, batch_size=b, workload=workload)
             seconds += dev.clock() - t0
             share += b / (r[b] * n)
-            confirm.after_step(power.new_samples(), seconds)
+            power.after_step([confirm], seconds)
         power.pause()
     return confirm.batch_size, confirm.frequency_hz, seconds, share
 

@@ -411,10 +411,7 @@ class PowerSession:
         self.device_s += seconds
         self.samples += batch
         self.steps += 1
-        if pinning.hooks:
-            readings = power.new_samples()
-            for hook in pinning.hooks:
-                hook.after_step(readings, self.device_s)
+        power.after_step(pinning.hooks, self.device_s)
         return result
 
     def _check_first_step(self, flops: float | None, batch: int) -> None:

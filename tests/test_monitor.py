@@ -57,3 +57,26 @@ def test_a_failing_sensor_is_reported() -> None:
     s.start()
     with pytest.raises(DeviceError, match="i2c bus error"):
         s.stop()
+
+
+def test_a_block_not_kept_reads_none_and_new_samples_are_each_steps_own() -> None:
+    from powerctl.devices.simulated import SimulatedBoard
+    from powerctl.profiling.monitor import PowerMonitor
+    from powerctl.records.workload import Workload
+
+    board = SimulatedBoard.open("jetson-nano", seed=0)
+    wl = Workload("m", (3, 8, 8), 1e6, 1e3, 1e4)
+    mon = PowerMonitor(board)
+    mon.start()
+    board.run_step(lambda: None, batch_size=4, workload=wl)
+    first = mon.new_samples()
+    board.run_step(lambda: None, batch_size=4, workload=wl)
+    second = mon.new_samples()
+    assert len(first) >= 2 and second and second[0][0] >= first[-1][0] and mon.new_samples() == []
+    kept = mon.stop()
+    assert kept is not None and mon.reading is kept and mon.new_samples() == []
+    mon.start()  # a second block, dropped: no reading, not the first block's
+    board.run_step(lambda: None, batch_size=4, workload=wl)
+    assert len(mon.new_samples()) >= 3  # the new block's own, from its start
+    assert mon.stop(keep=False) is None and mon.reading is None
+    assert mon.stop() is None  # not sampling: nothing to read

@@ -41,27 +41,33 @@ class PowerMonitor:
         self.device, self.rate_hz = device, rate_hz
         self.reading: PowerReading | None = None
         self._sampler: PowerSampler | None = None
+        self._seen = 0
 
     def start(self) -> None:
-        """Begin sampling (a no-op without a sensor)."""
+        """Begin sampling (a no-op without a sensor or while sampling)."""
         self.reading = None
         if self.device.has_power_sensor and self._sampler is None:
             self._sampler = self.device.power_sampler(self.rate_hz)
             self._sampler.start()
+            self._seen = 0
 
-    def samples_so_far(self) -> PowerSamples:
-        """The samples of the block so far (empty without a sensor or before `start`)."""
-        return [] if self._sampler is None else self._sampler.samples_so_far()
+    def new_samples(self) -> PowerSamples:
+        """The block's samples since the last call (empty without a sensor or while not sampling)."""
+        if self._sampler is None:
+            return []
+        samples = self._sampler.samples_so_far()
+        new, self._seen = samples[self._seen :], len(samples)
+        return new
 
     def stop(self, *, keep: bool = True) -> PowerReading | None:
-        """End sampling; `reading` summarises the block (None without a sensor or with keep=False)."""
+        """End sampling; `reading` summarises the block (None without a sensor, while not sampling or
+        with keep=False)."""
         check_arguments("PowerMonitor.stop", keep=(keep, Flag()))
         if self._sampler is None:
             return None
         samples = self._sampler.stop()
         self._sampler = None
-        if keep:
-            self.reading = summarize(samples)
+        self.reading = summarize(samples) if keep else None
         return self.reading
 
     def __enter__(self) -> PowerMonitor:

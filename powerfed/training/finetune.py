@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from powerctl.devices.base import Device, PowerSamples
+from powerctl.devices.base import Device
 from powerctl.errors import ArgumentError
 from powerctl.files.mapping import check_result
 from powerctl.profiling.monitor import PowerMonitor, PowerReading
@@ -43,6 +43,7 @@ from powerfed.training.finetune_records import (
     FineTuneConfig,
     FineTuneResult,
     LossFn,
+    StepHook,
     UserFunctions,
     make_optimizer,
     step_failed,
@@ -81,39 +82,29 @@ class TrainingPower:
     """Power over the training segments only: the monitor is paused around every evaluation."""
 
     def __init__(self, device: Device, rate_hz: float) -> None:
-        self._monitor = PowerMonitor(device, rate_hz) if device.has_power_sensor else None
+        self.monitor = PowerMonitor(device, rate_hz)
         self.readings: list[PowerReading] = []
-        self._open = False
-        self._seen = 0
 
     def resume(self) -> None:
-        if self._monitor is not None and not self._open:
-            self._monitor.start()
-            self._open = True
-            self._seen = 0
+        self.monitor.start()
 
-    def new_samples(self) -> PowerSamples:
-        """The readings since the last call (the step just run), for the step hooks."""
-        if self._monitor is None or not self._open:
-            return []
-        samples = self._monitor.samples_so_far()
-        new, self._seen = samples[self._seen :], len(samples)
-        return new
+    def after_step(self, hooks: Sequence[StepHook], device_s: float) -> None:
+        """Hand the readings of the step just run to the step hooks."""
+        if hooks:
+            readings = self.monitor.new_samples()
+            for hook in hooks:
+                hook.after_step(readings, device_s)
 
     def pause(self) -> None:
-        if self._monitor is not None and self._open:
-            self._open = False
-            if (reading := self._monitor.stop()) is not None:
-                self.readings.append(reading)
+        if (reading := self.monitor.stop()) is not None:
+            self.readings.append(reading)
 
     def abort(self) -> None:
-        if self._monitor is not None and self._open:
-            self._open = False
-            self._monitor.stop(keep=False)
+        self.monitor.stop(keep=False)
 
     def summary(self) -> tuple[float | None, float | None, float | None]:
         """(energy J, peak W, mean W) over all segments, or Nones without a sensor."""
-        if self._monitor is None or not self.readings:
+        if not self.monitor.device.has_power_sensor or not self.readings:
             return None, None, None
         energy = sum(r.energy_j for r in self.readings)
         seconds = sum(r.seconds for r in self.readings)
@@ -370,16 +361,13 @@ class _Loop:
                 raise
             run.device_s += device.clock() - t0
             run.first -= len(idx)  # nothing trained: the same samples come next, at the new batch size
-            self.power.new_samples()  # the failed step's readings belong to no step
+            self.power.monitor.new_samples()  # the failed step's readings belong to no step
             self._use_batch_size(taken)
             return
         run.device_s += device.clock() - t0
         run.samples += run.batch_size
         run.steps += 1
-        if hooks:
-            readings = self.power.new_samples()
-            for hook in hooks:
-                hook.after_step(readings, run.device_s)
+        self.power.after_step(hooks, run.device_s)
         if self.bar is not None:
             self.bar.update(run.batch_size)
         if self.callbacks.on_step is not None:
