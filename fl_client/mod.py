@@ -44,21 +44,10 @@ def profile_cache(run_config: Any) -> Path | None:
     return Path(value) if value else None
 
 
-def node_info(settings: NodeSettings) -> dict[str, Any]:
-    """Who this node is, as a query reply says it (`strategies.rounds.NodeInfo`); an unknown or absent
-    device fails here."""
-    with open_device(settings.device, pin=settings.pin) as dev:
-        info: dict[str, Any] = {"node-key": settings.key, "device": settings.device, "board": dev.board}
-    if settings.power_cap_w is not None:
-        info["power-cap-w"] = settings.power_cap_w
-    if settings.partition_id is not None:
-        info["partition-id"] = settings.partition_id
-    return info
-
-
 def node_reply(msg: Message, context: Context, plan: Planner | None = None) -> Message:
-    """A query's reply: who this node is (`node_info`) and, when the query holds train instructions, its
-    plan (`plan`'s record; without `plan` that is refused). Only a node that plans needs its data."""
+    """A query's reply: who this node is (`strategies.rounds.NodeInfo`; an unknown or absent device fails
+    here) and, when the query holds train instructions, `plan`'s record (without `plan`: refused). Only a
+    node that plans needs its data."""
     settings = None
     try:
         settings = resolve_node(context.node_config, context.run_config, needs_data=plan is not None)
@@ -67,7 +56,13 @@ def node_reply(msg: Message, context: Context, plan: Planner | None = None) -> M
                 "energy-under-deadline rounds ask the built-in ClientApp for a plan; this app only "
                 "describes itself"
             )
-        content = RecordDict({NODE_KEY: ConfigRecord(node_info(settings))})
+        with open_device(settings.device, pin=settings.pin) as dev:
+            info: dict[str, Any] = {"node-key": settings.key, "device": settings.device, "board": dev.board}
+        if settings.power_cap_w is not None:
+            info["power-cap-w"] = settings.power_cap_w
+        if settings.partition_id is not None:
+            info["partition-id"] = settings.partition_id
+        content = RecordDict({NODE_KEY: ConfigRecord(info)})
         if plan is not None and CONFIG_KEY in msg.content.config_records:
             content[PLAN_KEY] = plan(msg, context, settings)
     except PowerctlError as exc:
