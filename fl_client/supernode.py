@@ -35,7 +35,7 @@ from fl_client.check_network import CheckFailed, Target
 from fl_client.clientapp_entry import light_clientapp
 from powerctl.cli.util import bounded_float, installed_tool, one_line_errors, say
 from powerctl.errors import PowerctlError
-from powerctl.procs import PROC, become_subreaper, option_value, proc_table
+from powerctl.procs import PROC, become_subreaper, handling, option_value, proc_table
 
 PROG = "python -m fl_client.supernode"
 REFUSED = "Failed to activate SuperNode"
@@ -182,22 +182,23 @@ def run_once(argv: list[str], env: dict[str, str]) -> Outcome:
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signum)
 
-    # the handlers first: a stop signal while the SuperNode starts (a service manager stopping the unit
-    # at once) must reach it, not kill this wrapper and orphan it
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     proc: subprocess.Popen[str] | None = None
     reader: threading.Thread | None = None
-    try:
-        out, stdin = subprocess.PIPE, subprocess.DEVNULL
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=stdin, text=True, env=env)
-        started.append(proc)
-        if outcome.stopped:  # the signal came while it was being started
-            proc.terminate()
-        reader = threading.Thread(target=_pass_through, args=(proc.stdout, outcome), daemon=True)
-        reader.start()
-        outcome.rc = proc.wait()
-    finally:
+    # the handlers first: a stop signal while the SuperNode starts (a service manager stopping the unit
+    # at once) must reach it, not kill this wrapper and orphan it
+    with handling(forward, signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         try:
+            out, stdin = subprocess.PIPE, subprocess.DEVNULL
+            proc = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, stdin=stdin, text=True, env=env
+            )
+            started.append(proc)
+            if outcome.stopped:  # the signal came while it was being started
+                proc.terminate()
+            reader = threading.Thread(target=_pass_through, args=(proc.stdout, outcome), daemon=True)
+            reader.start()
+            outcome.rc = proc.wait()
+        finally:
             if proc is not None and proc.poll() is None:  # the wrapper itself fails: the SuperNode stops
                 proc.terminate()
                 try:
@@ -208,9 +209,6 @@ def run_once(argv: list[str], env: dict[str, str]) -> Outcome:
             stop_leftovers()
             if reader is not None:
                 reader.join(DRAIN_S)
-        finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
     return outcome
 
 

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 PROC = Path("/proc")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -47,6 +52,21 @@ def become_subreaper() -> bool:
         return bool(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
     except (OSError, AttributeError):
         return False
+
+
+@contextlib.contextmanager
+def handling(handler: Any, *signals: signal.Signals) -> Iterator[None]:
+    """`handler` for `signals` while inside, the handlers before put back after; off the main thread (no
+    handlers there), nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {s: signal.signal(s, handler) for s in signals}
+    try:
+        yield
+    finally:
+        for s, previous in old.items():
+            signal.signal(s, previous)
 
 
 def seconds_since_start(pid: int) -> float | None:

@@ -14,8 +14,7 @@ import os
 import re
 import signal
 import subprocess
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ from fl_server.run_config import (  # the run config as Flower reads it (`run_co
 )
 from powerctl.errors import PowerctlError
 from powerctl.files.cache import cache_root
-from powerctl.procs import ANSI, alive, descendants
+from powerctl.procs import ANSI, alive, descendants, handling
 from simulations.flower_home import FlowerHome, clean_stale_homes, describe_cleaned
 from simulations.linkstate_index import INDEX_ENV, check_flower_version, install_script
 from simulations.local_superlink import (
@@ -126,32 +125,18 @@ def reap_adopted() -> None:
             pass
 
 
-@contextlib.contextmanager
-def _handling(handler: Any, *signals: signal.Signals) -> Iterator[None]:
-    """`handler` for `signals` while inside; off the main thread (no handlers there), nothing."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = {s: signal.signal(s, handler) for s in signals}
-    try:
-        yield
-    finally:
-        for s, previous in old.items():
-            signal.signal(s, previous)
-
-
 def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
 def signals_as_interrupt() -> contextlib.AbstractContextManager[None]:
     """SIGTERM (how a job, or `make`, stops it) ends the run like Ctrl-C, so the clean-up runs."""
-    return _handling(_interrupt, signal.SIGTERM)
+    return handling(_interrupt, signal.SIGTERM)
 
 
 def uninterrupted() -> contextlib.AbstractContextManager[None]:
     """Ctrl-C and SIGTERM ignored, so they cannot cut the (bounded) clean-up short."""
-    return _handling(signal.SIG_IGN, signal.SIGINT, signal.SIGTERM)
+    return handling(signal.SIG_IGN, signal.SIGINT, signal.SIGTERM)
 
 
 @dataclass
