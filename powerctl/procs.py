@@ -1,4 +1,5 @@
-"""Processes by pid from Linux's /proc; a pid goes with its start time, so a reused one is never mistaken."""
+"""Processes by pid from Linux's /proc (a pid goes with its start time, so a reused one is never mistaken),
+and what a process that starts others needs: adopting their orphans, signal handlers, their colour codes."""
 
 from __future__ import annotations
 
