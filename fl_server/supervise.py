@@ -32,7 +32,7 @@ from powerctl.cli.util import (
     positive_float,
     say,
 )
-from powerctl.errors import PowerctlError
+from powerctl.errors import ANSI, PowerctlError
 from strategies.flower_config import read_flwr_connection
 
 PROG = "python -m fl_server.supervise"
@@ -44,7 +44,6 @@ RESTART_DETAILS = (
     "Task failed with unknown error",  # the ServerApp was stopped by a signal (its SuperExec went)
     "Task failed because the run expired",
 )
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _MAX_LINE = 400  # most characters of Flower's words a refusal line quotes
 # the ServerApp's own failures: submitting the same run again would fail the same way
 APP_FAILED = ("powerfed server: error:", "ServerApp failed with exception")
@@ -64,8 +63,8 @@ def refusal(payload: dict[str, Any] | None, out: str, rc: int) -> str:
     message = payload.get("error-message") if payload is not None else None
     if isinstance(message, str) and message.strip():
         last = [part for part in re.split(r"\n\s*\n", message) if part.strip()][-1]
-        return _ANSI.sub("", " ".join(last.split()))[:_MAX_LINE]
-    tail = " ".join(_ANSI.sub("", out).split())[-_MAX_LINE:]
+        return ANSI.sub("", " ".join(last.split()))[:_MAX_LINE]
+    tail = " ".join(ANSI.sub("", out).split())[-_MAX_LINE:]
     return f"exit status {rc}, {tail or 'no output'}"
 
 

@@ -1,5 +1,10 @@
 """Errors a user can act on. Each message is one line: what is wrong and what to do."""
 
+import re
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+"""The colour codes in a child process's output (Flower's log lines), stripped where its words are quoted."""
+
 
 class PowerctlError(Exception):
     """Base of every error the command line turns into one line and exit status 2."""

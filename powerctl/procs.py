@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
 import threading
 from collections.abc import Iterator
@@ -14,8 +13,6 @@ from pathlib import Path
 from typing import Any
 
 PROC = Path("/proc")
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
-"""The colour codes in a child process's output (Flower's log lines), to strip from what is quoted."""
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 
 

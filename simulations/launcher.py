@@ -27,9 +27,9 @@ from fl_server.run_config import (  # the run config as Flower reads it (`run_co
     parse_run_config,
     run_config_text,
 )
-from powerctl.errors import PowerctlError
+from powerctl.errors import ANSI, PowerctlError
 from powerctl.files.cache import cache_root
-from powerctl.procs import ANSI, alive, descendants, handling
+from powerctl.procs import alive, descendants, handling
 from simulations.flower_home import FlowerHome, clean_stale_homes, describe_cleaned
 from simulations.linkstate_index import INDEX_ENV, check_flower_version, install_script
 from simulations.local_superlink import (

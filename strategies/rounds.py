@@ -10,8 +10,7 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord
 
-from powerctl.errors import PowerctlError
-from powerctl.procs import ANSI
+from powerctl.errors import ANSI, PowerctlError
 from strategies.report import ClientReport
 
 
