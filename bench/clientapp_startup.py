@@ -26,6 +26,7 @@ from typing import Any
 from bench_common import ROOT
 
 from fl_client.clientapp_entry import write_script
+from powerctl.procs import search_path
 from simulations.local_superlink import FLOWER_ENV, free_port, stop_tree
 from simulations.ray_cluster import answers
 
@@ -133,7 +134,7 @@ def run(app: Path, work: Path, rounds: int, flower_own: bool) -> list[dict[str, 
         "POWERFED_CACHE": str(work / "cache"),
         "PYTHONUNBUFFERED": "1",
         "NO_COLOR": "1",
-        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PATH": search_path(BIN),
         "PYTHONPATH": str(site),
         "POWERFED_BENCH_TIMES": str(times),
     }

@@ -35,7 +35,7 @@ from fl_client.check_network import CheckFailed, Target
 from fl_client.clientapp_entry import light_clientapp
 from powerctl.cli.util import bounded_float, installed_tool, one_line_errors, say
 from powerctl.errors import PowerctlError
-from powerctl.procs import PROC, become_subreaper, handling, option_value, proc_table
+from powerctl.procs import PROC, become_subreaper, handling, option_value, proc_table, search_path
 
 PROG = "python -m fl_client.supernode"
 REFUSED = "Failed to activate SuperNode"
@@ -76,9 +76,7 @@ def _target(flags: list[str]) -> Target:
 def child_env(tool: str, first: Path | None = None) -> dict[str, str]:
     """This environment with the folder of `tool` first on PATH (and `first` before it): the SuperNode
     starts `flower-superexec` (and that `flwr-clientapp`) by name, from the same install."""
-    folders = [str(f) for f in (first, Path(tool).parent) if f is not None]
-    path = os.environ.get("PATH", "")
-    return {**os.environ, "PATH": os.pathsep.join([*folders, path] if path else folders)}
+    return {**os.environ, "PATH": search_path(first, Path(tool).parent)}
 
 
 # ------------------------------------------------------------------------------------------ processes

@@ -16,6 +16,13 @@ PROC = Path("/proc")
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 
 
+def search_path(*first: str | Path | None, rest: str | None = None) -> str:
+    """The folders `first` (None skipped) before `rest` (default: this process's PATH), as a child's PATH or
+    PYTHONPATH; an empty `rest` adds no empty entry, which would name the current folder."""
+    rest = os.environ.get("PATH", "") if rest is None else rest
+    return os.pathsep.join([*(str(f) for f in first if f is not None), *([rest] if rest else [])])
+
+
 @dataclass(frozen=True)
 class ProcStat:
     """What /proc/PID/stat says of a process that we need to follow a process tree."""

@@ -23,7 +23,7 @@ from typing import IO, Any
 
 from powerctl.errors import FileFormatError, PowerctlError
 from powerctl.files.jsonfile import read_json, write_json
-from powerctl.procs import environ, proc_table
+from powerctl.procs import environ, proc_table, search_path
 from simulations.local_superlink import identity, stop_tree, stop_trees
 
 PREFIX = "powerfed-flwr-home-"
@@ -137,7 +137,7 @@ class FlowerHome:
     def start_watchdog(self, stderr: IO[Any] | int | None = None) -> None:
         """A process in a session of its own that takes the home's lock once this one is gone and
         cleans up what is left (after a SIGKILL: the whole run)."""
-        path = os.pathsep.join(filter(None, (str(APP_DIR), os.environ.get("PYTHONPATH"))))
+        path = search_path(APP_DIR, rest=os.environ.get("PYTHONPATH", ""))
         env = {k: v for k, v in os.environ.items() if k != "FLWR_HOME"} | {"PYTHONPATH": path}
         argv = [sys.executable, "-m", "simulations.flower_home", str(self.path)]
         quiet = subprocess.DEVNULL

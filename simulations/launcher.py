@@ -29,7 +29,7 @@ from fl_server.run_config import (  # the run config as Flower reads it (`run_co
 )
 from powerctl.errors import ANSI, PowerctlError
 from powerctl.files.cache import cache_root
-from powerctl.procs import alive, descendants, handling
+from powerctl.procs import alive, descendants, handling, search_path
 from simulations.flower_home import FlowerHome, clean_stale_homes, describe_cleaned
 from simulations.linkstate_index import INDEX_ENV, check_flower_version, install_script
 from simulations.local_superlink import (
@@ -222,10 +222,10 @@ def run_flwr(
             port,
             control,
             FLWR_HOME=str(home.path),
-            PYTHONPATH=os.pathsep.join(p for p in (str(APP_DIR), os.environ.get("PYTHONPATH", "")) if p),
+            PYTHONPATH=search_path(APP_DIR, rest=os.environ.get("PYTHONPATH", "")),
         )
         # the SuperExec finds `flwr-simulation` on PATH: ours first, in the home
-        env["PATH"] = f"{install_script(home.path / 'bin').parent}{os.pathsep}{env['PATH']}"
+        env["PATH"] = search_path(install_script(home.path / "bin").parent, rest=env["PATH"])
         env[INDEX_ENV] = "1" if index_messages else "0"
         with signals_as_interrupt(), log_path.open("w", encoding="utf-8") as log:
             log.write(" ".join(cmd) + "\n")

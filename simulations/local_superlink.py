@@ -29,6 +29,7 @@ from powerctl.procs import (
     option_value,
     proc_stat,
     proc_table,
+    search_path,
 )
 
 _LISTEN = "0A"
@@ -223,13 +224,12 @@ FLOWER_ENV = {
 def flower_env(port: int, control_port: int, **extra: str) -> dict[str, str]:
     """The environment of a `flwr run` with its own local SuperLink on `port` and `control_port`, this
     interpreter's bin folder first on PATH."""
-    bin_dir = Path(sys.executable).parent
     return {
         **os.environ,
         **FLOWER_ENV,
         "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(port),
         "FLWR_LOCAL_CONTROL_API_PORT": str(control_port),
-        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PATH": search_path(Path(sys.executable).parent),
         **extra,
     }
 

@@ -470,3 +470,23 @@ def test_a_sigkilled_make_run_leaves_no_process_and_no_flower_home(
                 if alive(pid):
                     stop_tree(pid, grace_s=2.0)
             shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.parametrize("path", ["", None])
+def test_a_child_with_an_empty_or_no_path_gets_no_empty_entry_that_would_be_the_current_folder(
+    monkeypatch: pytest.MonkeyPatch, path: str | None
+) -> None:
+    from fl_client.supernode import child_env
+    from simulations.local_superlink import flower_env
+
+    if path is None:
+        monkeypatch.delenv("PATH", raising=False)
+    else:
+        monkeypatch.setenv("PATH", path)
+    here = Path(sys.executable).parent
+    assert flower_env(1, 2)["PATH"] == str(here)  # not "here:" (an empty entry: the current folder)
+    assert child_env("/opt/flwr/bin/flower-supernode", Path("/first"))["PATH"] == os.pathsep.join(
+        ["/first", "/opt/flwr/bin"]
+    )
+    monkeypatch.setenv("PATH", "/usr/bin")
+    assert flower_env(1, 2)["PATH"] == os.pathsep.join([str(here), "/usr/bin"])
