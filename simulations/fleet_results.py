@@ -211,8 +211,9 @@ def processes(pids: list[int]) -> dict[str, list[int]]:
     return {"started": pids, "alive_after": [p for p in pids if alive(p)]}
 
 
-def cap_text(power_cap_w: float | None) -> str:
-    """A cap in a table: its watts, or none."""
+def cap_cell(power_cap_w: float | None) -> str:
+    """A cap as a table cell or a cell's key: its watts without a unit, or none (unlike
+    `capsource.cap_text`, which says it in words)."""
     return "none" if power_cap_w is None else f"{power_cap_w:g}"
 
 
@@ -326,7 +327,7 @@ def choices_table(results: dict[str, Any]) -> list[str]:
     groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for r in results["records"]:
         if r["round"] == 1:
-            groups.setdefault((r["device"], cap_text(r["power_cap_w"]), r["method"]), []).append(r)
+            groups.setdefault((r["device"], cap_cell(r["power_cap_w"]), r["method"]), []).append(r)
     head = (
         f"{'round 1: device':<18} {'cap W':>6} {'method':<18} {'n':>4} {'b':>4} {'MHz':>7} {'profiled':>8} "
         f"{'prof s':>7} {'device s':>9} {'energy J':>9} {'peak W':>7}"

@@ -13,7 +13,7 @@ from typing import Any
 
 from simulations.fleet import FleetSpec
 from simulations.fleet_results import (
-    cap_text,
+    cap_cell,
     cell,
     fleet_block,
     headline,
@@ -99,7 +99,7 @@ def board_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
 
 def cell_label(row: dict[str, Any]) -> str:
     """A board's cell of the fleet's grid: its device and power cap."""
-    return f"{row['device']}@{cap_text(row['power_cap_w'])}"
+    return f"{row['device']}@{cap_cell(row['power_cap_w'])}"
 
 
 def profiling_share(rows: list[dict[str, Any]]) -> float | None:
