@@ -1,12 +1,8 @@
 """What each message costs a deployed board's ClientApp process: start-up (interpreter, imports, reading
 the message) and work, wall and CPU seconds, per message type (query, train, evaluate).
 
-A SuperLink and one SuperNode (a simulated Jetson Nano; `--flower-clientapp`: `flower-supernode` itself)
-on 127.0.0.1 run a small cnn-tiny round of APP with `flwr run`; a `sitecustomize` on the run's PYTHONPATH
-records, in each `flwr-clientapp` process only, its start-up, first forward pass, reply, exit and which of
-the SQL and HTTP stacks and torch it imported. Printed too: the train reports' `startup_s` and each
-`flwr-clientapp --help`'s time (the floor). The recorder changes nothing of the app, so any commit's APP is
-timed the same way. Results: docs/results/clientapp_startup.md.
+A local SuperLink and one simulated SuperNode run APP with `flwr run`; a `sitecustomize` records each
+`flwr-clientapp` process. Results: docs/results/clientapp_startup.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """Power caps that change while training: following the cap vs selecting once vs the state of practice.
 
-On simulated boards, the demo's fine-tuning task runs under a moving cap (the shipped solar trace replayed
-over about one run, and a step schedule down and up) with three policies over seeds: ours following every
-change (`powerctl.selection.follow`), ours selected once for the lowest cap, and the state of practice
-following. Prints mean ± std of time to target (training plus pauses), energy, switches and time over the
-cap, and plots one run of each. Results: docs/results/dynamic_caps.md.
+On simulated boards under a solar trace and a step schedule, over seeds; one run of each plotted.
+Results: docs/results/dynamic_caps.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """How a fleet run grows with the fleet: wall time and peak memory per round, Flower's dispatch and ours.
 
-Each size runs the fleet runner (`flwr run` on Ray) on a generated fleet in scale mode (predicted
-profiles, every client a stand-in), so the framework is measured, not training: --sizes with the message
-index (`simulations.linkstate_index`), --before-sizes without it (Flower's per-node scan), --population N
---per-round K a sampled population. Wall time per round is read between the ServerApp's round lines; memory
-is the SuperLink process tree's summed RSS; the growth exponent k fits log(value) = k·log(boards) + c.
+The fleet runner in scale mode (predicted profiles, stand-in clients), so the framework is measured, not
+training; the growth exponent k fits log(value) = k·log(boards) + c. Results: docs/results/fleets.md.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """Could the client's own data correct the proxy's relation vector, and what would that cost?
 
-On a `paper_tables.py` run (its results.json and pre-trained weights, from its --out folder), without
-training to a target again: the gradient noise scale B_simple = tr(Σ) / |G|² (McCandlish et al. 2018,
-appendix A.1) at the starting weights for the proxy and each target; the critical batch sizes the runs
-show against the noise-scale ratios; and per board × cap × target, ours, ours with the proxy's vector
-corrected by the target's ratio, and the fastest, with what the measurement itself costs on the board.
-Sample counts are measured; seconds are the simulated boards'. Results: docs/results/noise_scale.md.
+On a `paper_tables.py` run (its results.json and pre-trained weights): the gradient noise scale B_simple
+(McCandlish et al. 2018, appendix A.1) per source, and the picks it corrects. docs/results/noise_scale.md.
 """
 
 from __future__ import annotations

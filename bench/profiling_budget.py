@@ -1,16 +1,13 @@
 """Profiling that pays for itself: time to the target INCLUDING profiling, per way of profiling.
 
-Per model, simulated board, power cap (and none), task length and seed: the efficient order (the grid
-without a cap), the fitted order, the budgeted client (`profile_within_budget`, its predicted way confirmed
-in training by `TrainingConfirmation` on no-op steps the board charges) and the state of practice. Time to
-target = profiling device seconds + the chosen pair's training to the task's samples; boards `as
-modelled` and `off-model` (drawing `--off-model` times their model's power). Simulated throughout;
-what each column means: docs/results/profiling_budget.md.
+On simulated boards (as modelled and off-model): the efficient and fitted orders, the budgeted client
+(`profile_within_budget`) and the state of practice. Columns: docs/results/profiling_budget.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import time
@@ -45,10 +42,6 @@ WAYS = ("efficient", "fitted", "budgeted", "state-of-practice")
 VARIANTS = ("as modelled", "off-model")
 
 
-def _board(board: str, seed: int, scale: float) -> SimulatedBoard:
-    return SimulatedBoard.open(board, seed=seed, power_scale=scale)
-
-
 def _budgeted(
     dev: SimulatedBoard,
     workload: Workload,
@@ -71,11 +64,10 @@ def _budgeted(
 
 
 def _confirmed(
-    board: str, workload: Workload, seed: int, scale: float, cap: float, rel: RelationVector, profile: Profile
-) -> tuple[int, int, float, float]:
-    """The predicted way's confirmation as the client's training runs it: (b, Hz it ends at, device
-    seconds of its steps, the share of the way to the target those steps trained)."""
-    dev = _board(board, seed, scale)
+    dev: SimulatedBoard, workload: Workload, cap: float, rel: RelationVector, profile: Profile
+) -> tuple[int, int, tuple[float, float]]:
+    """The predicted way's confirmation as the client's training runs it: (b, Hz it ends at, (device
+    seconds of its steps, the share of the way to the target those steps trained))."""
     first = select(profile, rel, cap)
     r, n = rel.as_map(), profile.samples
     with dev.pinned(first.frequency_hz):
@@ -95,7 +87,7 @@ def _confirmed(
             share += b / (r[b] * n)
             power.after_step([confirm], seconds)
         power.pause()
-    return confirm.batch_size, confirm.frequency_hz, seconds, share
+    return confirm.batch_size, confirm.frequency_hz, (seconds, share)
 
 
 def _row(
@@ -123,24 +115,26 @@ def _row(
 def _cell_rows(
     cell: dict[str, Any], workload: Workload, rel: RelationVector, shares: list[float], sop_hz: int
 ) -> list[dict[str, Any]]:
-    board, seed, scale, cap, truth = cell["board"], cell["seed"], cell["scale"], cell["cap"], cell["truth"]
+    cap, truth = cell["cap"], cell["truth"]
+    fresh = functools.partial(
+        SimulatedBoard.open, cell["board"], seed=cell["seed"], power_scale=cell["scale"]
+    )
     b_max = max(truth.batch_sizes())
     rows = [_row(cell, "state-of-practice", None, 0.0, b_max, sop_hz, "")]
     order = "efficient" if cap is not None else "grid"
     runs: list[tuple[str, float | None, Profile, str]] = [
-        ("efficient", None, profile_board(_board(board, seed, scale), workload, order, cap, rel), ""),
-        ("fitted", None, profile_board(_board(board, seed, scale), workload, "fitted", cap, rel), ""),
+        ("efficient", None, profile_board(fresh(), workload, order, cap, rel), ""),
+        ("fitted", None, profile_board(fresh(), workload, "fitted", cap, rel), ""),
     ]
     for share in shares:
-        prof, how = _budgeted(_board(board, seed, scale), workload, cap, rel, share, truth)
+        prof, how = _budgeted(fresh(), workload, cap, rel, share, truth)
         runs.append(("budgeted", share, prof, how))
     for way, way_share, prof, how in runs:
         try:
             sel = select(prof, rel, cap)
             b, hz, confirmation = sel.batch_size, sel.frequency_hz, (0.0, 0.0)
             if cap is not None and confirmed_in_training(prof):
-                b, hz, *walk = _confirmed(board, workload, seed, scale, cap, rel, prof)
-                confirmation = (walk[0], walk[1])
+                b, hz, confirmation = _confirmed(fresh(), workload, cap, rel, prof)
         except (InfeasibleCapError, NothingConfirmed):
             continue
         rows.append(_row(cell, way, way_share, prof.profiling_s or 0.0, b, hz, how, confirmation))
@@ -203,11 +197,11 @@ def _outside_spread(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
     return abs(statistics.mean(ta) - statistics.mean(tb)) > 2 * se
 
 
-def summary(rows: list[dict[str, Any]], share: float) -> dict[str, float]:
+def summary(rows: list[dict[str, Any]], share: float) -> dict[str, dict[str, float]]:
     """Over the cells: how often budgeted is the slowest of the four, its time over the best way's
     (means over seeds per cell), and the cells where it is more than 1 % over the best — of those, how
     many by more than the seeds' spread — per task length."""
-    out: dict[str, float] = {}
+    out: dict[str, dict[str, float]] = {}
     for task in sorted({r["task"] for r in rows}):
         ratios, slowest, cells, beyond, real = [], 0, 0, 0, 0
         for key, ways, means in _cells(rows, share):
@@ -220,12 +214,8 @@ def summary(rows: list[dict[str, Any]], share: float) -> dict[str, float]:
             if ratios[-1] > 1.01:
                 beyond += 1
                 real += _outside_spread(ways["budgeted"], ways[best])
-        out[f"{task} cells"] = cells
-        out[f"{task} slowest"] = slowest
-        out[f"{task} mean"] = statistics.mean(ratios)
-        out[f"{task} max"] = max(ratios)
-        out[f"{task} beyond"] = beyond
-        out[f"{task} real"] = real
+        out[task] = dict(cells=cells, slowest=slowest, beyond=beyond, real=real)
+        out[task] |= {"mean": statistics.mean(ratios), "max": max(ratios)}
     return out
 
 
@@ -265,12 +255,11 @@ def report(rows: list[dict[str, Any]], shares: list[float], default_share: float
         "\nSummary per profiling-budget (cells = model × board × cap × board kind; seeds averaged per cell):"
     )
     for share in shares:
-        s = summary(rows, share)
         parts = [
-            f"{task}: slowest of the four in {s[f'{task} slowest']:.0f}/{s[f'{task} cells']:.0f} cells, "
-            f"× best mean {s[f'{task} mean']:.4f} max {s[f'{task} max']:.4f}, over 1 % in "
-            f"{s[f'{task} beyond']:.0f} ({s[f'{task} real']:.0f} outside the seeds' spread)"
-            for task in sorted({r["task"] for r in rows})
+            f"{task}: slowest of the four in {s['slowest']:.0f}/{s['cells']:.0f} cells, × best mean "
+            f"{s['mean']:.4f} max {s['max']:.4f}, over 1 % in {s['beyond']:.0f} ({s['real']:.0f} outside "
+            "the seeds' spread)"
+            for task, s in summary(rows, share).items()
         ]
         print(f"  budget {share:>5.3f}: " + "; ".join(parts))
     print("\nOther ways, × best (mean, max over cells):")

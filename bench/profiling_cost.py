@@ -1,11 +1,7 @@
 """What profiling costs, and what a cheaper order loses: grid vs efficient vs fitted, on simulated boards.
 
-Per model, board, power cap and seed, the board is profiled three ways (`Profiler`, no-op steps the board
-charges at the full model's cost; the run config's warm-up and measured steps) and each profile's choice
-(Algorithm 1) is scored against the full grid's on the same seed's grid: points, profiling device seconds,
-their share of the training, the regret, and `grid again` (the grid re-measured with other noise: the
-floor). Relation vectors: `SHAPES`, scaled so the best batch size needs `--samples-to-target` samples.
-What the columns mean: docs/results/profiling_cost.md.
+Each order's choice (Algorithm 1) is scored against the full grid's on the same seed; `grid again` is the
+noise floor. What the columns mean: docs/results/profiling_cost.md.
 """
 
 from __future__ import annotations
@@ -19,7 +15,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from bench_common import ints, mean_std, names, workload_of
+from bench_common import ints, mean_std, names, predicted_s, workload_of
 
 from powerctl.devices.simulated import SimulatedBoard
 from powerctl.errors import InfeasibleCapError
@@ -101,8 +97,6 @@ def run(
                         best = select(grid, relation, cap)
                     except InfeasibleCapError:
                         continue
-                    best_s = best.predicted_s
-                    assert best_s is not None, "Algorithm 1's pick predicts its time"
                     for order in ROWS:
                         prof = grid
                         if order != "grid":  # "grid again": the grid once more, with other noise
@@ -117,7 +111,7 @@ def run(
                         rows.append(
                             dict(model=model, board=board, cap=cap, seed=seed, order=order,
                                  points=len(prof.points), device_s=device_s, train_s=train_s,
-                                 share=device_s / train_s, regret=train_s / best_s, over=over,
+                                 share=device_s / train_s, regret=train_s / predicted_s(best), over=over,
                                  choice=f"{choice.batch_size}@{choice.frequency_hz / 1e6:.1f}")
                         )  # fmt: skip
     return rows

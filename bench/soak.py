@@ -1,8 +1,6 @@
 """Soak: 20 simulated boards over 10 rounds of `flwr run` (Flower's simulation on Ray), failures injected.
 
-The real Flower path end to end, with raise / hang / kill failures drawn per (node, round) from a seed
-(`fl_client.faults`) and the ServerApp stopped once and restarted; what it checks and prints:
-bench/README.md. Exit status 1 if a check fails.
+What it checks and prints: bench/README.md. Exit status 1 if a check fails.
 """
 
 from __future__ import annotations

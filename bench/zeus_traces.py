@@ -1,11 +1,7 @@
 """The relation vector and Algorithm 1 on real measurements no one here produced: the Zeus NSDI'23 traces.
 
-The train file gives, per workload and batch size, the epochs each run (a seed) needed to reach each
-validation target; a power file, per (workload, batch size, power limit), the time per epoch and the average
-power on one GPU. The knob is the power limit: (b, limit) is feasible under a cap when the limit is at or
-below it. Per workload and GPU the target is the most demanding one every kept batch size (those in both
-files with at least proxy-seeds + 2 runs) reaches in every run; the proxies, the rows and the intervals:
-docs/results/zeus_traces.md.
+Per workload and GPU: epochs to target per run (the train file) and time per epoch and average power per
+(batch size, power limit) (a power file); the knob is the power limit. How: docs/results/zeus_traces.md.
 """
 
 from __future__ import annotations
@@ -17,7 +13,6 @@ import math
 import statistics
 import sys
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -140,10 +135,6 @@ def profile_of(
     return Profile(device=gpu, model=w.name, input_shape=[], samples=1, points=points)
 
 
-def relation_of(w: Workload, source: str, per_seed: Mapping[int, Sequence[float]]) -> RelationVector:
-    return RelationVector.from_seeds(w.name, source, 1.0, dict(per_seed))
-
-
 def state_of_practice(profile: Profile, cap: float | None) -> ProfilePoint | None:
     """The largest batch size measured, at the highest power limit under the cap."""
     b = max(profile.batch_sizes())
@@ -171,7 +162,7 @@ def cells_for(
     w: Workload, gpu: str, profile: Profile, proxy: RelationVector, proxy_name: str,
     truth: dict[int, list[float]], caps: tuple[float | None, ...], rule: str,
 ) -> list[dict[str, Any]]:  # fmt: skip
-    truth_rel = relation_of(w, "truth", truth)
+    truth_rel = RelationVector.from_seeds(w.name, "truth", 1.0, dict(truth))
     mean = truth_rel.samples_map()
     out = []
     for objective in ("time", "energy"):
@@ -247,15 +238,16 @@ def run(
             per_b = per_target[metric]
             held = {b: [per_b[b][r] for r in sorted(per_b[b])[:proxy_seeds]] for b in kept}
             truth = {b: [per_b[b][r] for r in sorted(per_b[b])[proxy_seeds:]] for b in kept}
-            proxies = [(f"held-out seeds (target {metric})", relation_of(w, "held-out seeds", held))]
+            held_out = RelationVector.from_seeds(w.name, "held-out seeds", 1.0, dict(held))
+            proxies = [(f"held-out seeds (target {metric})", held_out)]
             other = next((o for o in train if o.dataset == OTHER_WORKLOAD.get(w.dataset)), None)
             if other is not None:
                 other_kept = [b for b in kept if b in next(iter(train[other].values()))]
                 other_metric = choose_target(train[other], other_kept)
                 if other_metric is not None and len(other_kept) >= 2:
                     o = train[other][other_metric]
-                    proxy = relation_of(
-                        w, other.name, {b: [o[b][r] for r in sorted(o[b])] for b in other_kept}
+                    proxy = RelationVector.from_seeds(
+                        w.name, other.name, 1.0, {b: [o[b][r] for r in sorted(o[b])] for b in other_kept}
                     )
                     proxies.append((f"{other.dataset} (target {other_metric})", proxy))
                 else:
