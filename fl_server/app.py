@@ -20,7 +20,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fl_server.progress import Heartbeat, ProgressGrid, SampleProgress
 from fl_server.results import ResultsWriter, client_table, evaluation_line, over_budget_lines, summary_lines
-from fl_server.resume import GLOBAL_FILE, RESULTS_FILE, resume_point, run_fingerprint
+from fl_server.resume import GLOBAL_FILE, RESULTS_FILE, move_aside, resume_point, run_fingerprint
 from fl_server.run_config import (
     ServerConfig,
     app_path,
@@ -277,22 +277,22 @@ def run_method(method: str, grid: Grid, setup: RunSetup, out: Path, label: bool 
 
     cfg, model, meta = setup.cfg, setup.model, setup.meta
     fingerprint = f"{setup.fingerprint}:{method}"
-    point, earlier = resume_point(out, fingerprint, cfg.resume, cfg.num_server_rounds)
+    point, aside = resume_point(out, fingerprint, cfg.resume, cfg.num_server_rounds)
     model.load_state_dict(point.state if point is not None else setup.initial_state)
     writer = ResultsWriter(
         out / RESULTS_FILE,
         {**setup.run_info, "method": method, "fingerprint": fingerprint},
         rounds=point.rounds if point else None,
         nodes=point.nodes if point else None,
-        held=earlier is not None,  # nothing over the earlier files before this run has a result
+        held=aside,  # nothing over the earlier files before this run has a result
     )
     strategy: PowerAwareFedAvg
     tag = f"[{method}] " if label else ""
 
     def on_round(record: RoundRecord) -> None:
         writer.record_round(record, list(strategy.nodes.values()))
-        if writer.held and record.clients and earlier is not None:
-            say(f"{tag}moved the earlier results to {earlier.make_room()}")
+        if writer.held and record.clients:
+            say(f"{tag}moved the earlier results to {move_aside(out)}")
             writer.release()
         if record.evaluation is None and record.round == cfg.inject_server_stop_round:
             raise InjectedServerStop(f"injected ServerApp stop in round {record.round} (soak test)")

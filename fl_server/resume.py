@@ -1,9 +1,6 @@
-"""Resuming a run: which rounds a results folder already holds, and the global model after them.
-
-A restarted ServerApp with the same fingerprint (run config, starting weights, relation vector) continues
-after the last round both `results.json` and the saved global model agree on; anything else is renamed
-aside once the new run has a result of its own (`EarlierFiles`), never mixed in.
-"""
+"""Resuming a run: a restarted ServerApp with the same fingerprint continues after the last round both
+`results.json` and the saved global model agree on; anything else is renamed aside once the new run has a
+result of its own (`move_aside`), never mixed in."""
 
 from __future__ import annotations
 
@@ -83,38 +80,23 @@ def read_point(out: Path, fingerprint: str) -> ResumePoint | None:
     return ResumePoint(last, done, nodes, state)
 
 
-@dataclass
-class EarlierFiles:
-    """An earlier run's results in `out` that this run does not continue: renamed aside, never deleted,
-    once this run has something to put in their place (`make_room`, at its first report)."""
-
-    out: Path
-    moved_to: Path | None = None
-
-    def make_room(self) -> Path:
-        """Rename results.json and global.safetensors to `previous-STAMP-*` (once); returns where the
-        results file went."""
-        if self.moved_to is None:
-            names, base = (RESULTS_FILE, GLOBAL_FILE), time.strftime("%Y%m%dT%H%M%S")
-            # never over an earlier set-aside of the same second
-            stamps = (f"{base}.{n}" if n else base for n in itertools.count())
-            stamp = next(
-                t for t in stamps if not any((self.out / f"previous-{t}-{x}").exists() for x in names)
-            )
-            for name in names:
-                if (self.out / name).exists():
-                    (self.out / name).replace(self.out / f"previous-{stamp}-{name}")
-            self.moved_to = self.out / f"previous-{stamp}-{RESULTS_FILE}"
-        return self.moved_to
+def move_aside(out: Path) -> Path:
+    """Rename an earlier run's results.json and global.safetensors in `out` to `previous-STAMP-*`, never
+    over an earlier set-aside of the same second; returns where the results file went."""
+    names, base = (RESULTS_FILE, GLOBAL_FILE), time.strftime("%Y%m%dT%H%M%S")
+    stamps = (f"{base}.{n}" if n else base for n in itertools.count())
+    stamp = next(t for t in stamps if not any((out / f"previous-{t}-{x}").exists() for x in names))
+    for name in names:
+        if (out / name).exists():
+            (out / name).replace(out / f"previous-{stamp}-{name}")
+    return out / f"previous-{stamp}-{RESULTS_FILE}"
 
 
-def resume_point(
-    out: Path, fingerprint: str, resume: bool, rounds: int
-) -> tuple[ResumePoint | None, EarlierFiles | None]:
-    """Where a run of `rounds` rounds continues from (None: round 1), and the earlier files it does not
-    continue (moved aside once this run has a result of its own, never mixed in or deleted)."""
+def resume_point(out: Path, fingerprint: str, resume: bool, rounds: int) -> tuple[ResumePoint | None, bool]:
+    """Where a run of `rounds` rounds continues from (None: round 1), and whether `out` holds earlier files
+    it does not continue (`move_aside` once this run has a result of its own, never mixed in)."""
     if not (out / RESULTS_FILE).exists() and not (out / GLOBAL_FILE).exists():
-        return None, None
+        return None, False
     point, reason = None, ""
     if not resume:
         reason = f"resume = false: the earlier results in {out} are not continued"
@@ -130,4 +112,4 @@ def resume_point(
         say(f"{reason}; starting from round 1 (moved aside when a client of this run first reports)")
     elif point is not None:
         say(f"resume: rounds 1-{point.last_round} of this run are complete in {out}")
-    return point, EarlierFiles(out) if reason else None
+    return point, bool(reason)
