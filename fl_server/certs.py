@@ -1,10 +1,6 @@
-"""`python -m fl_server.certs`: a CA and a SuperLink certificate whose SAN names the coordinator.
-
-SuperNodes and `flwr` check the SuperLink's certificate against their CA AND that it names the address
-they connect to (docs/deployment.md, "TLS"). Written, as one set or not at all: ca.crt (for every
-SuperNode and `flwr`), ca.key (0600, signs new certificates), server.pem and server.key (the
-SuperLink's). ECDSA P-256 keys, SHA-256 signatures.
-"""
+"""`python -m fl_server.certs`: a CA and a SuperLink certificate whose SAN names the coordinator (clients
+check both; docs/deployment.md, "TLS"), written as one set or not at all: ca.crt, ca.key (0600),
+server.pem, server.key. ECDSA P-256 keys, SHA-256 signatures."""
 
 from __future__ import annotations
 
@@ -79,24 +75,10 @@ def _san_entry(name: str) -> object:
     return x509.DNSName(_dns_name(name))
 
 
-def _check_targets(folder: Path, overwrite: bool) -> None:
-    """The four targets, checked before anything is written (and, without --force, absent)."""
-    check_output_dir(folder, "--out")
-    targets = [writable_file(folder / name, "--out") for name in FILES]
-    existing = [t.name for t in targets if t.exists()]
-    if existing and not overwrite:
-        raise PowerctlError(f"{folder} already holds {', '.join(existing)}: choose another --out, or --force")
-
-
-def _created_folders(folder: Path) -> list[Path]:
-    """The folders a write to `folder` would create, deepest first."""
-    return list(itertools.takewhile(lambda f: not f.exists(), [folder, *folder.parents]))
-
-
 def write_set(folder: Path, files: dict[str, tuple[bytes, bool]]) -> None:
-    """Write `files` ({name: (data, private)}) into `folder` (its targets checked: `_check_targets`) whole
-    or not at all: every temporary file filled, then all renamed; on failure they are removed."""
-    created = _created_folders(folder)
+    """Write `files` ({name: (data, private)}) into `folder` whole or not at all: every temporary file
+    filled, then all renamed; on failure they are removed, and the folders made for them."""
+    created = list(itertools.takewhile(lambda f: not f.exists(), [folder, *folder.parents]))
     try:
         with contextlib.ExitStack() as stack:
             for name, (data, private) in files.items():
@@ -118,12 +100,13 @@ def make_certificates(
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-    if not sans:
-        raise PowerctlError("give at least one --san (the coordinator's host name or IP address)")
     if not 1 <= days <= MAX_DAYS:
         raise PowerctlError(f"--days must be from 1 to {MAX_DAYS} (100 years), got {days}")
     names = [_san_entry(n) for n in sans]
-    _check_targets(folder, overwrite)
+    check_output_dir(folder, "--out")  # every target checked before anything is written
+    existing = [name for name in FILES if writable_file(folder / name, "--out").exists()]
+    if existing and not overwrite:
+        raise PowerctlError(f"{folder} already holds {', '.join(existing)}: choose another --out, or --force")
     now = dt.datetime.now(dt.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "powerfed CA")])
