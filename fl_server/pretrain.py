@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from fl_server.weights import save_weights, weights_hash
-from powerctl.devices import Device, open_device
+from powerctl.devices import open_device
 from powerctl.files.jsonfile import write_json
 from powerctl.files.outputs import OutputPathError, check_output_dir
 from powerfed.training.data import load_dataset, train_test_split
@@ -81,12 +81,6 @@ class PretrainSettings:
     limit: int | None = None  # read at most this many samples of the dataset (None: all)
     eval_max_samples: int | None = DEFAULT_EVAL_MAX_SAMPLES
 
-    def __post_init__(self) -> None:
-        if self.samples is not None and self.epochs is not None:
-            raise ValueError("give either samples or epochs, not both")
-        if self.epochs is not None and not self.epochs > 0:
-            raise ValueError(f"epochs must be > 0, got {self.epochs}")
-
 
 def pretrain(
     model_name: str,
@@ -94,13 +88,12 @@ def pretrain(
     *,
     out: str | Path,
     settings: PretrainSettings | None = None,
-    device: str | Device = "auto",
+    device: str = "auto",
     progress: bool = True,
     on_step: Callable[[int, int], None] | None = None,
 ) -> PretrainReport:
     """Train `model_name` from a seeded init on `dataset_spec`'s train split and save weights + report
-    (nothing unless training completes). `device`: a spec or an open Device; `on_step(steps, samples)`
-    hears every step."""
+    (nothing unless training completes); `on_step(steps, samples)` hears every step."""
     st = settings or PretrainSettings()
     out = Path(out)
     if out.is_dir():  # before any work: missing folders are made when writing
@@ -125,7 +118,7 @@ def pretrain(
     budget = (
         st.samples if st.samples is not None else _epochs_budget(st.epochs or 1.0, len(train), st.batch_size)
     )
-    dev = open_device(device, seed=st.seed) if isinstance(device, str) else device
+    dev = open_device(device, seed=st.seed)
 
     started = time.perf_counter()
     try:
@@ -143,8 +136,7 @@ def pretrain(
         callbacks = FineTuneCallbacks(progress=progress, desc=f"pretrain {model_name}", on_step=on_step)
         result = fine_tune(model, train, test, config, device=dev, callbacks=callbacks)
     finally:
-        if isinstance(device, str):  # opened here, so closed here (restores any knob state)
-            dev.close()
+        dev.close()  # restores any knob state
     wall = time.perf_counter() - started
     meta_extra = {"pretrained_on": dataset_spec, "pretrain_samples": str(result.samples)}
     classes = dataset.num_classes
