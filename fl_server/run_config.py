@@ -1,8 +1,6 @@
-"""The ServerApp's settings: the run config (`[tool.flwr.app.config]` + `--run-config`), checked whole
-before any expensive work (one line for the first problem); paths are absolute or relative to the app
-folder. Where a run is submitted, `check_before_start` also checks what the config names, by the same
-functions the ServerApp uses, starting and writing nothing.
-"""
+"""The ServerApp's run config (`[tool.flwr.app.config]` + `--run-config`), checked whole before any
+expensive work (one line for the first problem); `check_before_start` also checks what it names, where a
+run is submitted. Paths are absolute or relative to the app folder."""
 
 from __future__ import annotations
 

@@ -1,12 +1,9 @@
 """The default run's starting point, shipped with the package: its pre-trained weights and relation vector.
 
-Both are a fixed function of the run config's defaults, made by `.venv/bin/python -m fl_server.shipped
---write` (`make shipped`) exactly as the ServerApp makes them (on the CPU), into `fl_server/shipped/`:
-`manifest.json` (each file's recipe and SHA-256) and the files; the weights travel base64 in JSON (a FAB
-holds only text). A run whose recipe matches an entry (the CPU and thread count are not part of it)
-starts from the shipped file, so every CPU starts alike; a file whose bytes do not match is one warning,
-and the run trains as if nothing were shipped.
-"""
+Made as the ServerApp makes them (on the CPU) by `make shipped`, listed with recipe and SHA-256 in
+`shipped/manifest.json` (weights base64 in JSON: a FAB holds only text). A run whose recipe matches (the
+CPU and thread count are not part of it) starts from them, so every CPU starts alike; a file that does not
+match is one warning, and the run trains as if nothing were shipped."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""`python -m fl_server.supervise`: a deployed run that outlives SuperLink restarts.
-
-`flwr run --stream` ends when its SuperLink goes away (docs/deployment.md, "Restarts"). Where the
-ServerApp outlived it, this follows the run's log again; where the run died with it, it submits the same
-run again, which resumes after the last round saved. A run that fails on its own is not submitted again
-(exit status 2). The run's own last line, ``results: PATH``, is printed last.
-"""
+"""`python -m fl_server.supervise`: a deployed run that outlives SuperLink restarts: its log followed
+again, or the run submitted again (it resumes after the last round saved) where the restart ended it
+(docs/deployment.md, "Restarts"). The run's own last line, ``results: PATH``, is printed last."""
 
 from __future__ import annotations
 

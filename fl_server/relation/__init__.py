@@ -1,9 +1,6 @@
-"""Estimate the relation vector on proxy data (docs/design/method.md): for every batch size and seed the
-same starting weights fine-tuned until the target accuracy; `relation[b]` is the mean samples to target
-divided by the largest batch size's. What is estimated is one record (`request.RelationRequest`, its
-hash the cache key, with what the floats depend on: torch, thread count, CPU); how it is made is
-`RelationCompute` (cache, device, Ray, progress); the runs are `runs`, the cache `cache`.
-"""
+"""The relation vector estimated on proxy data (docs/design/method.md): what is estimated is
+`request.RelationRequest` (its hash the cache key), how it is made `RelationCompute`; the runs are `runs`,
+the cache `cache`."""
 
 from fl_server.relation.cache import default_cache_dir as default_cache_dir
 from fl_server.relation.estimate import estimate_relation as estimate_relation

@@ -51,17 +51,9 @@ def estimate_relation(
     `target_accuracy` for `batch_sizes`; `settings` (None: the run config's defaults, as the ServerApp
     estimates) say how the proxy runs run, `how` where it is cached and how it is computed.
 
-    `model`: a registered name (`register_model`) or a factory returning an nn.Module (given
-    `num_classes=` where it takes it). `proxy`: a dataset spec, a torch Dataset, a DataLoader or tensors
-    (x, y). `user` (`UserFunctions`): `loss` and `metric` replace cross entropy and top-1 accuracy,
-    `make_step(model)` → `step(x, y)` the training step (`lr_max`/`lr_rule` are then its business); or
-    the user's own `train_to_target(batch_size, lr, seed[, target])` → samples to the target (None: not
-    reached) replaces the runs, `model` and `proxy` then only name them. User code is cached only under
-    `how.cache_key`.
-
-    Each run trains at `scaled_lr(lr_max, b, largest b, lr_rule)` until the target, its samples to
-    target the interpolated crossing (`powerfed.training.crossing`); with `max_seeds` above the seeds
-    given, seeds are added one at a time until the ranking of batch sizes stays the same.
+    `model`: a registered name or a factory; `proxy`: a dataset spec, a torch Dataset, a DataLoader or
+    tensors (x, y); `user`: the user's loss, metric, step or whole loop, cached only under
+    `how.cache_key` (docs/howto/bring-your-own.md).
     """
     check_record("settings", settings, RelationSettings)
     check_record("user", user, UserFunctions)

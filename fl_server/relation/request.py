@@ -84,30 +84,24 @@ def _run(attr: str, *, optional: bool = False) -> Any:
 @dataclass(frozen=True)
 class RelationSettings:
     """How the proxy runs of a relation estimate run (beside its model, weights, proxy, target and batch
-    sizes); the defaults are the run config's. Checked when made, before any data is read: one
-    ArgumentError line naming the setting; numpy's numbers become plain ones (they go into the key)."""
+    sizes); a field that is a run setting has its default, check and help (`strategies.settings`).
+    Checked when made: one ArgumentError line naming the setting; numpy's numbers become plain ones."""
 
     seeds: Sequence[int] = _run("relation_seeds")
-    """The runs' seeds per batch size (the vector is their mean)."""
     lr_max: float = _run("lr_max")
-    """The rate at the largest batch size; the others' by `lr_rule` (`powerfed.training.lr.scaled_lr`)."""
     lr_rule: str = _run("lr_rule")
     max_samples: int = _run("relation_max_samples")
-    """One run's budget: a batch size that misses the target within it is an error."""
     eval_every_samples: int = _run("eval_every_samples")
     eval_max_samples: int | None = _run("eval_max_samples", optional=True)
     min_evaluations: int = kind_field(Integer(1), DEFAULT_MIN_EVALUATIONS)
     """Evaluations before the crossing; a run that crossed sooner runs again, denser (`run_dense`)."""
     max_seeds: int | None = _run("relation_max_seeds", optional=True)
-    """Further seeds, one at a time up to this many in all, until the ranking is stable (0, None: none)."""
     vector: str = _run("relation_values")
-    """raw (the means) or fitted (the batch-efficiency model; `powerctl.records.relation.VECTORS`)."""
     seq_len: int | None = kind_field(Maybe(Integer(1, MAX_SEQ_LEN)), None)
     """A text model's sequence length (None: the model's)."""
     limit: int | None = kind_field(Maybe(Integer(1)), None)
     """Proxy samples to use at most (None: all)."""
     data_seed: int = _run("proxy_seed")
-    """Seed of the proxy's train/test split."""
     overrides: dict[str, Any] | None = None
     """The model's options; with weights, those they were built with."""
 
