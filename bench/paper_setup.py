@@ -10,8 +10,6 @@ from typing import Any
 
 import torch
 
-from powerfed.training.crossing import DEFAULT_MIN_EVALUATIONS
-
 DATA = Path("../shared/data")
 BOARDS = ("jetson-nano", "jetson-tx2nx")
 CAPS_W = {"jetson-nano": (3.0, 4.0), "jetson-tx2nx": (3.5, 5.0)}
@@ -38,7 +36,6 @@ class Task:
     eval_max_samples: int
     target_fraction: float = 0.8
     """Where the target sits between the starting accuracy (0) and the calibration plateau (1)."""
-    min_evaluations: int = DEFAULT_MIN_EVALUATIONS
     proxy_max_seeds: int = 0
     """Proxy seeds, one at a time up to this many, until the ranking is stable (`seeds_until_stable`)."""
     fixed_targets: list[float] | None = None

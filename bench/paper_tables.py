@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from bench_common import workload_of
+from bench_common import ints, workload_of
 from paper_cells import floor_groups, print_summary, print_table, summarise, table
 from paper_setup import BOARDS, Task, fresh_head, text_data, vision_data
 from vector_floor import shared_vector_floor
@@ -32,8 +32,8 @@ from powerctl.devices import open_device
 from powerctl.devices.boards import board_model
 from powerctl.devices.torchdev import TORCH_SPEC_HELP, torch_device_arg
 from powerctl.errors import PowerctlError
-from powerctl.records.relation import RelationVector
-from powerfed.training.crossing import evaluations_before
+from powerctl.records.relation import VECTORS, RelationVector
+from powerfed.training.crossing import DEFAULT_MIN_EVALUATIONS, evaluations_before
 
 PAPER = (
     "paper (real boards): ours equals the fastest in most cells, worst 1.083x (TX2 NX, ResNet18, CINIC, "
@@ -74,11 +74,8 @@ def run_to_target(
     seed: int,
     host: Any,
 ) -> dict[str, Any]:
-    """One run to `target` (None: the calibration budget) by the product's own proxy run
-    (`fl_server.relation.run_to_target`); samples to target is the interpolated crossing, the steps
-    charged that crossing's. The bench's own: each seed splits `ds` by that seed, and every run, proxy or
-    target, finds its evaluation grid from its own curve (so a target's count does not depend on the
-    proxy's)."""
+    """One run to `target` (None: the calibration budget) by `fl_server.relation.run_to_target`, `ds` split
+    by `seed`; samples to target is the interpolated crossing, the steps charged that crossing's."""
     from fl_server.relation import ProxyRuns
     from fl_server.relation import run_to_target as proxy_run
     from powerfed.training.data import train_test_split
@@ -102,7 +99,7 @@ def run_to_target(
         state=weights,
         train=train,
         test=test,
-        min_evaluations=task.min_evaluations,
+        min_evaluations=DEFAULT_MIN_EVALUATIONS,
         workload=task.data["workload"],
     )
     r, crossing, every = proxy_run(runs, config, host=host)
@@ -207,9 +204,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--proxy-max-seeds", type=int, default=0,
         help="add proxy seeds until the batch sizes' ranking is stable, up to this many (relation-max-seeds)",
     )  # fmt: skip
-    p.add_argument(
-        "--batch-sizes", type=lambda s: [int(v) for v in s.split(",")], default=[4, 8, 16, 32, 64, 128]
-    )
+    p.add_argument("--batch-sizes", type=ints, default=[4, 8, 16, 32, 64, 128])
     p.add_argument(
         "--vision-calibration-samples", type=int, default=3000,
         help="budget of the run that sets each vision target; a run to the target gets twice this",
@@ -297,9 +292,17 @@ def _samples_line(task: Task, runs: dict[tuple[int, int], dict[str, Any]], seeds
     )
 
 
+def raw_and_fitted(
+    charged: str, target: float, per_seed: dict[int, Sequence[float]], **extra: Any
+) -> dict[str, RelationVector]:
+    """The proxy's two relation vectors from its seeds: "raw" (the means) and "fitted" (batch efficiency)."""
+    return {
+        v: RelationVector.from_seeds(charged, "proxy", target, per_seed, vector=v, **extra) for v in VECTORS
+    }
+
+
 def proxy_relation(task: Task, weights: dict[str, torch.Tensor], host: Any) -> dict[str, RelationVector]:
-    """The proxy's relation vectors from `proxy_seeds` seeds: "raw" (the means) and "fitted" (the
-    batch-efficiency model), both carrying every seed's samples for the robust rule."""
+    """The proxy's relation vectors (`raw_and_fitted`) from its seeds, run until the ranking is stable."""
     from fl_server.relation import ranking, seeds_until_stable
 
     target = task.targets["proxy"]
@@ -332,19 +335,10 @@ def proxy_relation(task: Task, weights: dict[str, torch.Tensor], host: Any) -> d
     per_seed: dict[int, Sequence[float]] = {
         b: [runs[(b, s)]["samples"] for s in task.proxy_seeds] for b in task.batch_sizes
     }
-    relations = {
-        v: RelationVector.from_seeds(
-            task.charged,
-            "proxy",
-            target,
-            per_seed,
-            vector=v,
-            seeds=task.proxy_seeds,
-            seeds_needed=len(task.proxy_seeds),
-            ranking_stable=stable,
-        )
-        for v in ("raw", "fitted")
-    }
+    seeds = task.proxy_seeds
+    relations = raw_and_fitted(
+        task.charged, target, per_seed, seeds=seeds, seeds_needed=len(seeds), ranking_stable=stable
+    )
     fit = relations["raw"].extra["batch_efficiency"]
     for v, rel in relations.items():
         print(f"  relation vector ({v}): " + ", ".join(
@@ -439,9 +433,8 @@ def tabulate(
 
 
 def retable(paths: list[Path], out: Path) -> int:
-    """The tables again from results.json files' recorded runs and proxy relations, without training: the
-    sample counts do not depend on the board, so a recalibrated board model (or another selection
-    default) is charged on the same runs."""
+    """The tables again from results.json files' recorded runs and proxy relations, without training (the
+    sample counts do not depend on the board)."""
     started = time.perf_counter()
     results: dict[str, Any] = {}
     for path in paths:
@@ -470,10 +463,7 @@ def retable_one(path: Path, old: dict[str, Any], results: dict[str, Any]) -> Non
         per_seed: dict[int, Sequence[float]] = dict(
             zip(raw.batch_sizes, raw.per_seed_samples() or [], strict=True)
         )
-        relations = {
-            v: RelationVector.from_seeds(charged, "proxy", raw.target_accuracy, per_seed, vector=v)
-            for v in ("raw", "fitted")
-        }
+        relations = raw_and_fitted(charged, raw.target_accuracy, per_seed)
         runs = {n: {(r["b"], r["seed"]): r for r in rs} for n, rs in recorded.items()}
         print(f"\n== {name}: {charged}, recorded runs from {path}")
         tabulate(task, relations, runs, results)
