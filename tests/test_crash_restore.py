@@ -245,7 +245,7 @@ def test_a_crash_on_top_of_freq_set_goes_back_to_the_set_pin_and_keeps_its_recor
     after_set = tree_snapshot(nano)
     dev = open_jetson("jetson-nano")
     dev.pin_frequency(153600000)
-    dev._session._lock.release()  # what the kernel does when the process dies without restoring  # type: ignore[union-attr]
+    dev._session._lock.close()  # what the kernel does when the process dies without restoring  # type: ignore[union-attr]
     dev._session = None
     capsys.readouterr()
     assert main(["devices"]) == 0

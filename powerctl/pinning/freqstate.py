@@ -45,16 +45,9 @@ def state_dir() -> Path:
     return Path(d) if d else xdg_home("state") / "powerctl"
 
 
-def _file_stem(key: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.@-]", "_", key)
-
-
 def record_path(key: str) -> Path:
-    return state_dir() / f"{_file_stem(key)}.json"
-
-
-def lock_path(key: str) -> Path:
-    return state_dir() / f"{_file_stem(key)}.lock"
+    """``KEY.json`` in `state_dir`; its lock is ``KEY.lock`` beside it."""
+    return state_dir() / (re.sub(r"[^A-Za-z0-9_.@-]", "_", key) + ".json")
 
 
 @dataclass(frozen=True)
@@ -67,9 +60,6 @@ class BoardRecord:
     state: dict[str, Any]
     pid: int
     under: BoardRecord | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)  # `under` nested as a dict
 
     @classmethod
     def from_dict(cls, data: Any, where: str) -> BoardRecord:
@@ -122,7 +112,7 @@ def write_record(record: BoardRecord) -> Path:
     """Atomically and durably (fsync)."""
     path = record_path(record.key)
     try:
-        write_json(path, {"schema": STATE_SCHEMA, **record.to_dict()}, durable=True)
+        write_json(path, {"schema": STATE_SCHEMA, **asdict(record)}, durable=True)  # `under` nested
     except OSError as exc:
         raise DeviceError(
             f"cannot record the state of {record.spec} in {path.parent} ({exc.strerror or exc}); "
@@ -139,44 +129,33 @@ def remove_record(key: str, under: BoardRecord | None = None) -> None:
         record_path(key).unlink(missing_ok=True)
 
 
-class BoardLock:
-    """An exclusive, non-blocking flock on the board's lock file, held until `release`."""
-
-    def __init__(self, key: str, spec: str) -> None:
-        self.key, self.spec = key, spec
-        self._file: IO[bytes] | None = None
-
-    def acquire(self) -> None:
-        """Take the lock, or one BoardBusyError line naming the process that holds it."""
-        path = lock_path(self.key)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            f = open(path, "a+b")  # noqa: SIM115 - held open for the pin's lifetime
-        except OSError as exc:
-            raise DeviceError(
-                f"cannot lock {self.spec} through {path} ({exc.strerror or exc}); "
-                "set POWERCTL_STATE_DIR to a writable folder"
-            ) from None
-        try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.close()
-            holder = _holder_pid(self.key)
-            if holder == os.getpid():  # flock is per open file: a second pin in this very process
-                raise BoardBusyError(
-                    f"{self.spec} is already pinned by this process (pid {holder}): one pin at a time per "
-                    "board — leave the first pin's `with` block (or release it) before pinning again"
-                ) from None
+def lock_board(key: str, spec: str) -> IO[bytes]:
+    """An exclusive, non-blocking flock on the board's lock file, held until the file is closed; or one
+    BoardBusyError line naming the process that holds it."""
+    path = record_path(key).with_suffix(".lock")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        f = open(path, "a+b")  # noqa: SIM115 - held open for the pin's lifetime
+    except OSError as exc:
+        raise DeviceError(
+            f"cannot lock {spec} through {path} ({exc.strerror or exc}); "
+            "set POWERCTL_STATE_DIR to a writable folder"
+        ) from None
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        holder = _holder_pid(key)
+        if holder == os.getpid():  # flock is per open file: a second pin in this very process
             raise BoardBusyError(
-                f"{self.spec} is pinned by another process{'' if holder is None else f' (pid {holder})'}; "
-                "wait for it to finish (or stop it), then try again"
+                f"{spec} is already pinned by this process (pid {holder}): one pin at a time per "
+                "board — leave the first pin's `with` block (or release it) before pinning again"
             ) from None
-        self._file = f
-
-    def release(self) -> None:
-        if self._file is not None:
-            f, self._file = self._file, None
-            f.close()  # closing drops the flock
+        raise BoardBusyError(
+            f"{spec} is pinned by another process{'' if holder is None else f' (pid {holder})'}; "
+            "wait for it to finish (or stop it), then try again"
+        ) from None
+    return f
 
 
 def _holder_pid(key: str) -> int | None:

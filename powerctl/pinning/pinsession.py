@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Protocol
+from typing import IO, Any, Protocol
 
 from powerctl.pinning.freqstate import (
     KIND_PIN,
     KIND_SET,
     BadRecordError,
     BoardBusyError,
-    BoardLock,
     BoardRecord,
+    lock_board,
     read_record,
     record_path,
     remove_record,
@@ -41,7 +41,7 @@ class PinSession:
     """Holds the board's lock and its record while a device is pinned; `state` is what restore puts back."""
 
     def __init__(
-        self, device: Pinnable, state: dict[str, Any], lock: BoardLock | None, under: BoardRecord | None
+        self, device: Pinnable, state: dict[str, Any], lock: IO[bytes] | None, under: BoardRecord | None
     ) -> None:
         self.device, self.state, self._lock, self._under = device, state, lock, under
         self.key = device.physical_key()
@@ -52,8 +52,7 @@ class PinSession:
         key = device.physical_key()
         if key is None:
             return cls(device, device.snapshot(), None, None)
-        lock = BoardLock(key, device.spec)
-        lock.acquire()
+        lock = lock_board(key, device.spec)
         try:
             below = read_record(key, device.spec)  # a bad record refuses the pin, saying how to release
             if below is not None and below.kind == KIND_PIN:
@@ -62,7 +61,7 @@ class PinSession:
             state = device.snapshot()
             write_record(BoardRecord(key, device.spec, KIND_PIN, state, os.getpid(), under=below))
         except BaseException:
-            lock.release()
+            lock.close()
             raise
         return cls(device, state, lock, below)
 
@@ -73,7 +72,7 @@ class PinSession:
         try:
             remove_record(self.key, self._under)
         finally:
-            self._lock.release()
+            self._lock.close()
 
     def hand_over(self) -> dict[str, Any]:
         """`freq --set`: the pin outlives us; the record becomes a `set` record of the ORIGINAL state."""
@@ -83,7 +82,7 @@ class PinSession:
                     self._under or BoardRecord(self.key, self.device.spec, KIND_SET, self.state, os.getpid())
                 )
             finally:
-                self._lock.release()
+                self._lock.close()
         return self.state
 
 
@@ -105,19 +104,17 @@ def recover(device: Pinnable) -> str | None:
     key = device.physical_key()
     if key is None or not record_path(key).exists():
         return None
-    lock = BoardLock(key, device.spec)
     try:
-        lock.acquire()
+        lock = lock_board(key, device.spec)
     except BoardBusyError:
         return None
-    try:
-        record = read_record(key, device.spec)
-        return None if record is None or record.kind != KIND_PIN else put_back(device, record)
-    except BadRecordError as exc:  # left for `freq --restore`; a pin is refused with this line
-        log.debug("%s", exc)
-        return None
-    finally:
-        lock.release()
+    with lock:
+        try:
+            record = read_record(key, device.spec)
+            return None if record is None or record.kind != KIND_PIN else put_back(device, record)
+        except BadRecordError as exc:  # left for `freq --restore`; a pin is refused with this line
+            log.debug("%s", exc)
+            return None
 
 
 def restore_saved(device: Pinnable) -> dict[str, Any] | None:
@@ -125,9 +122,7 @@ def restore_saved(device: Pinnable) -> dict[str, Any] | None:
     key = device.physical_key()
     if key is None:
         return None
-    lock = BoardLock(key, device.spec)
-    lock.acquire()
-    try:
+    with lock_board(key, device.spec):
         try:
             record = read_record(key, device.spec)
             if record is None:
@@ -137,8 +132,6 @@ def restore_saved(device: Pinnable) -> dict[str, Any] | None:
             return _release(device, key, bad)
         remove_record(key)
         return record.state
-    finally:
-        lock.release()
 
 
 def _release(device: Pinnable, key: str, bad: BadRecordError) -> dict[str, Any]:
