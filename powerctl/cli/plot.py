@@ -1,6 +1,5 @@
-"""Heat maps of a profile over (batch size, GPU frequency): peak power, T_N and the predicted time to
-accuracy, the cap's boundary and the selected pair marked. Matplotlib's object API on an Agg canvas: no
-pyplot state, so a library call never changes its importer's backend."""
+"""Heat maps of a profile over (batch size, GPU frequency), the cap's boundary and the selected pair marked;
+the Pareto front and a cap over time. Agg canvases, no pyplot state: the importer's backend stays."""
 
 from __future__ import annotations
 
@@ -344,7 +343,7 @@ def map_size(profile: Profile, min_height: float = 3.4) -> tuple[float, float]:
 
 def draw_choices(
     sub: FigureBase, profile: Profile, cap: float | None, marks: list[Mark], labels: list[str], title: str
-) -> Axes:
+) -> None:
     """One peak-power map of `profile` into `sub` (a figure or subfigure) under `cap`, each mark in the
     slot of its label among `labels`."""
     grid = _Grid.of(profile)
@@ -368,7 +367,6 @@ def draw_choices(
             zorder=5,
         )
     _legend(sub, [*handles, *(drawn[lb] for lb in labels if lb in drawn)], map_size(profile)[0])
-    return ax
 
 
 def _slot(k: int, n: int) -> float:
@@ -401,15 +399,6 @@ def save_figure(fig: Figure, path: Path, **kwargs: Any) -> Path:
     return path
 
 
-def write_front(front: Front, profile: Profile, relation: RelationVector, out_dir: Path) -> list[Path]:
-    """`pareto.json` (`powerctl.pareto/2`) `pareto.png` in `out_dir`: the feasible pairs' front."""
-    json_path = out_dir / "pareto.json"
-    write_json(json_path, front.to_json_dict(profile, relation))
-    png = out_dir / "pareto.png"
-    _front_plot(front, profile, relation, png)
-    return [json_path, png]
-
-
 def _predicted(picks: list[Pick]) -> tuple[list[float], list[float]]:
     """The predicted seconds and joules of `candidates`' picks, which carry both."""
     seconds = [cast(float, s.predicted_s) for s in picks]
@@ -417,17 +406,17 @@ def _predicted(picks: list[Pick]) -> tuple[list[float], list[float]]:
     return seconds, joules
 
 
-def _front_plot(front: Front, profile: Profile, relation: RelationVector, path: Path) -> None:
+def write_front(front: Front, profile: Profile, relation: RelationVector, out_dir: Path) -> list[Path]:
+    """`pareto.json` (`powerctl.pareto/2`) and `pareto.png` in `out_dir`: the feasible pairs' front."""
+    json_path = out_dir / "pareto.json"
+    write_json(json_path, front.to_json_dict(profile, relation))
     fig = new_figure(7, 4.5, layout="constrained")
     ax = fig.add_subplot()
     sizes = sorted({s.batch_size for s in front.pairs})
     cmap = matplotlib.colormaps["viridis"]
     cap = check_power_cap(front.power_cap_w)
-    over = [
-        s
-        for s in candidates(profile, relation, None)
-        if cap is not None and cast(float, s.peak_power_w) > cap
-    ]
+    every = candidates(profile, relation, None)
+    over = [s for s in every if cap is not None and cast(float, s.peak_power_w) > cap]
     if over:  # what the cap rules out, for scale: greyed, behind the feasible pairs
         ax.scatter(*_predicted(over), s=12, color="0.8", label=f"over the cap ({len(over)})", zorder=1)
     for i, b in enumerate(sizes):
@@ -462,4 +451,4 @@ def _front_plot(front: Front, profile: Profile, relation: RelationVector, path: 
     ax.set_ylabel("predicted energy to target (J, log)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    save_figure(fig, path, dpi=110)
+    return [json_path, save_figure(fig, out_dir / "pareto.png", dpi=110)]
