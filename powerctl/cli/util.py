@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import errno
 import functools
 import inspect
@@ -41,11 +42,11 @@ LIBRARY_LOGGERS = ("powerctl", "strategies", "fl_server", "fl_client", "simulati
 """The loggers of this project's packages: what a user silences, and what a command line shows on stderr."""
 
 
-def say(*values: object, sep: str = " ", end: str = "\n", file: TextIO | None = None) -> None:
-    """A command line's or an app's own output, flushed at once: the one place the project writes to a
-    terminal (print's arguments; `file` is the stdout of the moment by default). The library logs."""
+def say(*values: object, file: TextIO | None = None) -> None:
+    """A command's or an app's own output, one line flushed at once (to `file`, else the stdout of the
+    moment): the one place the project writes to a terminal. The library logs."""
     stream = sys.stdout if file is None else file
-    stream.write(sep.join(str(v) for v in values) + end)
+    stream.write(" ".join(map(str, values)) + "\n")
     stream.flush()
 
 
@@ -110,9 +111,8 @@ def library_lines_on_stderr() -> Iterator[None]:
 
 
 def one_line_errors(prog: str) -> Callable[[Callable[..., int]], Callable[..., int]]:
-    """Decorate a `main(argv) -> int`: PowerctlError → `prog: error: …` and exit 2, Ctrl-C → 130; an error
-    `fault_line` knows (the machine's, a number out of range) is one line and exit 2 too, any other keeps
-    its traceback (a bug). What the library logs meanwhile is shown on stderr."""
+    """Decorate a `main(argv) -> int`: PowerctlError, or an error `fault_line` knows, → `prog: error: …` and
+    exit 2, Ctrl-C → 130, any other keeps its traceback (a bug); the library's log shown on stderr."""
 
     def wrap(main: Callable[..., int]) -> Callable[..., int]:
         @functools.wraps(main)
@@ -245,8 +245,7 @@ class Bounded:
 
     def __init__(self, kind: Integer | Number, what: str, name: str) -> None:
         self.kind, self.what, self.__name__ = kind, what, name
-        low = Integer(kind.minimum) if isinstance(kind, Integer) else Number(kind.minimum, above=kind.above)
-        self._low: Integer | Number = low
+        self._low = dataclasses.replace(kind, maximum=None)
         self.range = bounds_text(kind)
 
     def __call__(self, text: str) -> Any:
