@@ -146,9 +146,9 @@ def check_output_file(
     return path
 
 
-def check_output_dir(path: str | Path, what: str = "--out", *, hint: str = "") -> Path:
+def check_output_dir(path: str | Path, what: str = "--out") -> Path:
     """`path` is, or can be created as, a writable folder (missing parents are created too)."""
-    path = check_name_lengths(path, what, room=NAME_MAX + 1, hint=hint)
+    path = check_name_lengths(path, what, room=NAME_MAX + 1)
     existing = path
     while (st := _stat(existing, what)) is None:
         if existing.parent == existing:  # the current folder was removed
@@ -192,35 +192,26 @@ def replacing(
         writable_file(target, what)  # again: it may have changed while the temporary file was filled
         os.replace(tmp, target)
         if durable:
-            _fsync_dir(target.parent)
+            fd = os.open(target.parent, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
 
 
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def plot_formats() -> list[str]:
-    """The file suffixes matplotlib can write here (pgf only with its TeX system installed)."""
+def plot_format(path: str | Path, what: str = "") -> str:
+    """The format a plot file's suffix names (pgf only with its TeX system installed); one line listing the
+    known ones when it names none."""
     from matplotlib import rcParams
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
+    suffix = Path(path).suffix.lower().removeprefix(".")
     formats = list(FigureCanvasAgg.get_supported_filetypes())
     if shutil.which(str(rcParams["pgf.texsystem"])) is None:
         formats.remove("pgf")
-    return formats
-
-
-def plot_format(path: str | Path, what: str = "") -> str:
-    """The format a plot file's suffix names; one line listing the known ones when it names none."""
-    suffix = Path(path).suffix.lower().removeprefix(".")
-    formats = plot_formats()
     if suffix not in formats:
         got = f"its suffix .{suffix} is not a format matplotlib writes" if suffix else "it has no suffix"
         raise OutputPathError(
