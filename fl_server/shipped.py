@@ -13,7 +13,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
 import sys
 import tempfile
 from collections.abc import Callable
@@ -22,6 +21,7 @@ from typing import Any
 
 from powerctl.cli.util import OneLineParser, one_line_errors, say
 from powerctl.files.jsonfile import write_json
+from powerctl.files.outputs import replacing
 
 log = logging.getLogger(__name__)
 """`fl_server.shipped`: a shipped file that does not match its manifest (WARNING)."""
@@ -98,11 +98,8 @@ def unpacked_weights(recipe: dict[str, Any], into: Path, folder: Path | None = N
     path = into / f"shipped-{recipe.get('model', 'model')}-{digest[:32]}.safetensors"
     if path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() == digest:
         return path
-    into.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=into, prefix=".unpacking-")
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-    os.replace(tmp, path)
+    with replacing(path) as tmp:  # the folder made if needed
+        tmp.write_bytes(data)
     return path
 
 
