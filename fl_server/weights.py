@@ -27,16 +27,6 @@ class WeightsMeta:
     overrides: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, str] = field(default_factory=dict)  # anything else the writer stored
 
-    def to_metadata(self) -> dict[str, str]:
-        return {
-            **self.extra,
-            "format": WEIGHTS_FORMAT,
-            "model": self.model,
-            "num_classes": str(self.num_classes),
-            "task": self.task,
-            "overrides": json.dumps(self.overrides, sort_keys=True),
-        }
-
     @classmethod
     def from_metadata(cls, meta: dict[str, str] | None, where: str) -> WeightsMeta:
         meta = dict(meta or {})
@@ -62,18 +52,23 @@ def save_weights(
     num_classes: int,
     overrides: dict[str, Any] | None = None,
     extra: dict[str, str] | None = None,
-) -> WeightsMeta:
-    """Write `model`'s state dict, the metadata that rebuilds it and a checksum; returns the metadata."""
+) -> None:
+    """Write `model`'s state dict, the metadata that rebuilds it (`WeightsMeta`) and a checksum."""
     from safetensors.torch import save_file
 
-    spec = get_model_spec(model_name)
-    meta = WeightsMeta(model_name, int(num_classes), spec.task, dict(overrides or {}), dict(extra or {}))
     # detached, contiguous CPU copies: safetensors refuses shared storage (tied embeddings)
     state = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in model.state_dict().items()}
-    metadata = {**meta.to_metadata(), "sha256": weights_hash(state)}
+    metadata = {
+        **(extra or {}),
+        "format": WEIGHTS_FORMAT,
+        "model": model_name,
+        "num_classes": str(int(num_classes)),
+        "task": get_model_spec(model_name).task,
+        "overrides": json.dumps(overrides or {}, sort_keys=True),
+        "sha256": weights_hash(state),
+    }
     with replacing(path) as tmp:  # shared mode: weights are meant to be shared (safetensors makes 0600)
         save_file(state, str(tmp), metadata=metadata)
-    return meta
 
 
 def load_weights(path: str | Path) -> tuple[dict[str, torch.Tensor], WeightsMeta]:
