@@ -184,9 +184,8 @@ def prepare(cfg: ServerConfig, lines: Any = None) -> tuple[Path, dict[str, Any]]
     """The starting weights and the relation vector (as a dict, so it crosses a process boundary); its
     progress lines go to `lines` (a queue the parent prints from), else to this process's output."""
     tell = say if lines is None else lines.put
-    given = given_relation(cfg) if cfg.relation else None  # a file for another model: before pre-training
     weights = pretrained_weights(cfg, say=tell)
-    return weights, (given or relation_vector(cfg, weights, say=tell)).to_dict()
+    return weights, relation_vector(cfg, weights, say=tell).to_dict()
 
 
 def prepare_apart(cfg: ServerConfig) -> tuple[Path, RelationVector]:

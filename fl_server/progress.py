@@ -39,8 +39,8 @@ class ProgressGrid:
         messages = list(messages)
         if not messages:
             return []  # nothing to wait for (a resumed run's rounds done before): no progress line
-        kind = messages[0].metadata.message_type if messages else "?"
-        if messages and "config" in messages[0].content.config_records:
+        kind = messages[0].metadata.message_type
+        if "config" in messages[0].content.config_records:
             config = messages[0].content.config_records["config"]
             # server-round: an int in every config Flower sends
             self.round = int(cast(int, config.get("server-round", self.round)))

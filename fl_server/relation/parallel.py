@@ -119,15 +119,14 @@ def _run_parallel(
         os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # CPU tasks: leave CUDA env alone
         ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
-        gpu = isinstance(shared, ProxyRuns) and str(shared.device).startswith("cuda")
-        options: dict[str, Any] = {"num_cpus": 1, **({"num_gpus": gpu_share(cpus, len(jobs))} if gpu else {})}
-        if gpu:
-            assert isinstance(shared, ProxyRuns)  # `gpu` says so
+        options: dict[str, Any] = {"num_cpus": 1}
+        if isinstance(shared, ProxyRuns) and str(shared.device).startswith("cuda"):
             if not ray.cluster_resources().get("GPU", 0):  # a task asking for a GPU Ray lacks waits forever
                 raise RelationError(
                     "the relation runs train on a GPU but Ray sees none (it counts CUDA_VISIBLE_DEVICES' "
                     "GPUs); run without --parallel, or start Ray with --num-gpus"
                 )
+            options["num_gpus"] = gpu_share(cpus, len(jobs))
             shared = replace(shared, device="cuda:0")
         remote = ray.remote(**options)(fn)
         ref = ray.put(shared)

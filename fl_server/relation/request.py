@@ -170,8 +170,7 @@ class RelationRequest:
     """Hash of the starting weights' tensors, or ``init:SEED`` for a seeded fresh initialisation."""
     proxy_spec: str = ""
     proxy_sha256: str | None = None
-    seq_len: int | None = None
-    """A text model's sequence length (None for an image model)."""
+    seq_len: int | None = None  # None for an image model
     user_key: str | None = None
     """The user's `cache_key` where user code is involved (None for the project's own models)."""
     model_entry: dict[str, Any] = field(default_factory=dict)
