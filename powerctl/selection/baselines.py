@@ -1,10 +1,5 @@
-"""The baselines every comparison reports (docs/design/method.md), and a method-vs-baselines table.
-
-- state-of-practice: the largest batch size that fits, at the board's fixed frequency cap (`caps`);
-- proxy-batch: the batch size with the least samples to target on the proxy data, same frequency;
-- oracle: Algorithm 1 with the relation measured on the target data itself.
-
-A baseline's pair the profile does not hold keeps its (b, f) with no prediction ("not profiled").
+"""The baselines every comparison reports (docs/design/method.md), and a method-vs-baselines table. A
+baseline's pair the profile does not hold keeps its (b, f) with no prediction ("not profiled").
 """
 
 from __future__ import annotations
@@ -93,15 +88,11 @@ def state_of_practice(
 
 
 def proxy_batch(
-    profile: Profile,
-    relation: RelationVector,
-    power_cap_w: float | None,
-    board: BoardModel | None = None,
-    fixed_frequency_hz: int | None = None,
+    profile: Profile, relation: RelationVector, power_cap_w: float | None, board: BoardModel | None = None
 ) -> Pick:
     """Baseline 2: the profiled batch size with the least samples to target on the proxy data (ties → the
     larger), at the fixed frequency cap. Batch sizes not profiled (out of memory) cannot be chosen."""
-    hz = fixed_frequency(profile, power_cap_w, board, fixed_frequency_hz)
+    hz = fixed_frequency(profile, power_cap_w, board)
     samples = relation.samples_map()
     b = min(common_batch_sizes(profile, relation), key=lambda b: (samples[b], -b))
     return _make(PROXY_BATCH, profile, relation, b, hz)
@@ -123,8 +114,6 @@ def compare(
     power_cap_w: float | None,
     *,
     target_relation: RelationVector | None = None,
-    board: BoardModel | None = None,
-    fixed_frequency_hz: int | None = None,
 ) -> list[dict[str, Any]]:
     """Rows for the method and each baseline (oracle only with a target relation): {name, infeasible}
     for one with nothing under the cap, else the pick's fields, feasible (None: not profiled) and
@@ -132,24 +121,21 @@ def compare(
     under it (predicted_seconds_target, speedup_target)."""
     cap = check_power_cap(power_cap_w)
     ours = replace(select(profile, relation, cap), method=OURS)
-    makers: list[tuple[str, Callable[[], Pick]]] = [
-        (OURS, lambda: ours),
-        (
-            STATE_OF_PRACTICE,
-            lambda: state_of_practice(profile, cap, board, fixed_frequency_hz, relation=relation),
-        ),
-        (PROXY_BATCH, lambda: proxy_batch(profile, relation, cap, board, fixed_frequency_hz)),
-    ]
+    makers: dict[str, Callable[[], Pick]] = {
+        OURS: lambda: ours,
+        STATE_OF_PRACTICE: lambda: state_of_practice(profile, cap, relation=relation),
+        PROXY_BATCH: lambda: proxy_batch(profile, relation, cap),
+    }
     if target_relation is not None:
 
         def _oracle() -> Pick:
             orc = oracle(profile, target_relation, cap)
             return _make(ORACLE, profile, relation, orc.batch_size, orc.frequency_hz)
 
-        makers.append((ORACLE, _oracle))
+        makers[ORACLE] = _oracle
     method_target = predict(profile, target_relation, ours.batch_size, ours.frequency_hz)
     rows: list[dict[str, Any]] = []
-    for name, make in makers:
+    for name, make in makers.items():
         try:
             b = make()
         except InfeasibleCapError as exc:  # one row says why; the others are still worth printing

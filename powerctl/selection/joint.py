@@ -1,16 +1,6 @@
-"""Joint batch-size and GPU-frequency selection under a power cap (Algorithm 1, docs/design/method.md).
-
-    minimise  T_N(b, f) · r_b  (or E_N(b, f) · r_b, E_N = mean power × T_N)  subject to  P(b, f) ≤ P_max
-
-over the profiled pairs whose batch size has a relation entry. Ties go to the larger batch size, then the
-lower frequency; costs are compared exactly (no epsilon: equal inputs give bit-equal products).
-
-How the relation is read (`rule`; with one seed each is the mean rule):
-- "mean": Algorithm 1 on the vector (the seeds' mean).
-- "robust": the least mean regret over the seeds' vectors (a pair's cost / that seed's best feasible cost).
-- "interval" (default): the pairs whose cost ratio to the mean rule's best has an interval reaching 1
-  (the seeds paired, `RelationVector.paired_halfwidth`: a seed slow at one batch size is slow at all)
-  cannot be told from it; among them the larger batch size wins, the rest follow in the mean order.
+"""Joint batch-size and GPU-frequency selection under a power cap (Algorithm 1, docs/design/method.md):
+minimise T_N(b, f) · r_b (or energy) subject to P(b, f) ≤ P_max over the profiled pairs with a relation
+entry; ties go to the larger batch size, then the lower frequency. The relation rules: method.md.
 """
 
 from __future__ import annotations
@@ -161,12 +151,6 @@ def rank(
         raise ArgumentError(f"select: 'profile' must be a Profile, got {type(profile).__name__}")
     if not isinstance(relation, RelationVector):  # a RelationVector checks its entries itself
         raise ArgumentError(f"select: 'relation' must be a RelationVector, got {type(relation).__name__}")
-    for p in profile.points:  # a NaN or negative time would rank first (Profile's fields are the user's)
-        if not (math.isfinite(p.seconds_for_samples) and p.seconds_for_samples > 0):
-            raise ArgumentError(
-                f"select: the profile's point (b={p.batch_size}, {p.frequency_hz} Hz) takes "
-                f"{p.seconds_for_samples!r} s; every point must take a finite time > 0"
-            )
     key = _order_key(check_objective(objective))
     ranked = sorted(candidates(profile, relation, power_cap_w), key=key)
     if rule not in RELATION_RULES:
