@@ -1,9 +1,6 @@
-"""Profiling that pays for itself: a client holds its profiling to a share of the training it serves.
-
-From a predicted profile of the board it predicts its training and each way's cost (the profiler walked
-over the prediction, `ReplayBoard`) and takes the most thorough way within `share` × the training: the
-instructed order, `fitted`, or `predicted` (confirmed by the training's first steps). Without a prediction
-one step measured at a safe pair bounds the instructed order. docs/design/profiling-budget.md.
+"""Profiling that pays for itself (docs/design/profiling-budget.md): the most thorough way (the instructed
+order, `fitted`, or `predicted`, confirmed by the training's first steps) whose cost, predicted by walking the
+profiler over a predicted profile (`ReplayBoard`), fits a share of the training it serves.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """A few-parameter model of a profile fitted to a few measured points (docs/design/fitted-profiling.md):
-
-- power ``P(b, f) = p0 + u_b · (d1·x + d3·x³)``, ``x = f / f_max``, ``u`` relative (the largest batch: 1);
-- time per step ``T(b, f) = g0 + g1·b + (α·b + β·√b) / x``: linear in its coefficients, so one frequency
-  per smaller batch is enough and power noise does not leak into time.
-
-Least squares with coefficients ≥ 0; the profiler confirms what the fit predicts before it is pinned.
+power ``P(b, f) = p0 + u_b · (d1·x + d3·x³)`` and step time ``T(b, f) = g0 + g1·b + (α·b + β·√b) / x``,
+``x = f / f_max``, by least squares with coefficients ≥ 0.
 """
 
 from __future__ import annotations
@@ -42,7 +38,7 @@ def _nonneg_lstsq(a: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class ProfileFit:
-    """The fitted coefficients (see the module docstring); `predict` gives a profile point."""
+    """The fitted coefficients (the module doc); `predict` gives a profile point."""
 
     f_max_hz: int
     p0_w: float

@@ -1,7 +1,5 @@
-"""Power caps that change over time: `CapSource.cap_at(t)` is the cap t seconds after the source started
-(the device clock: a simulated board replays a schedule exactly), None no cap. `ConstantCap`,
-`ScheduleCap` (``[[t_s, W], ...]``), `TraceCap` (a CSV ``seconds,watts``, repeated or clipped at its end)
-and `LiveFileCap` (a file an operator rewrites, polled); `parse_cap_source` reads every way of writing one.
+"""Power caps that change over time (docs/design/changing-caps.md): `CapSource.cap_at(t)` is the cap t
+seconds after the source started (None: no cap); `parse_cap_source` reads every way of writing one.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""The predicted way's confirmation, made by the training's own first steps (docs/design/profiling-budget.md).
-
-A client whose budget pays only for the predicted way pins its prediction's choice at once; the first
-`warmup_steps + measure_steps` training steps there are the profiler's measurement of that pair (they
-train, so confirming costs only what measuring adds). A pair measured over the cap, or slower than another
-now ranks, is dropped: Algorithm 1 runs again with every measured pair standing for itself, until the choice
-is a measured pair under the cap; then the power guard watches. The loop meets it as a step hook.
+"""The predicted way's confirmation by the training's own first steps (docs/design/profiling-budget.md): a
+pair measured over the cap, or slower than another now ranks, is dropped and Algorithm 1 runs again on the
+merged profile until the choice is a measured pair under the cap; then the power guard watches.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
-"""Following a power cap that changes while training: re-select (b, f), pause when nothing fits.
-
-Before every step a `CapFollower` reads the cap (`CapSource.cap_at`, on the device clock). When it changed
-it re-selects with the method's own rule (`choose`) from the profile it holds, pins the new frequency and
-hands a new batch size to the training loop; the power guard, retargeted at each change, stays the second
-line of defence. When nothing fits it pauses at the lowest frequency, polling the cap every `poll_s`, for at
-most `pause_timeout_s` (then one CapPauseTimeout line). Progress carries over batch sizes through the
-relation vector: the fraction done is Σ samples trained at b / r_b. The loop meets it as a step hook
-(`powerfed.training.finetune_records.StepHook`).
+"""Following a power cap that changes while training (docs/design/changing-caps.md): re-select (b, f) with
+the method's own rule when it changes, pause at the lowest frequency when nothing fits. The loop meets it as
+a step hook.
 """
 
 from __future__ import annotations

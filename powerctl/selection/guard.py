@@ -1,12 +1,6 @@
-"""The power guard: while training, measured power is compared with the cap; a sustained excess steps the
-GPU frequency down one table level at a time, never back up. Selection trusts the profile; the guard holds
-the cap when the profile is wrong for the run (a hot board, another workload).
-
-Once per training step the step's highest reading is checked; it is over when it exceeds the cap by more
-than `tolerance` (the sensor's noise band: without it noise alone would walk the frequency down in a long
-run; 0 guards the cap exactly). After `window` consecutive over checks the frequency steps down one level;
-at the lowest level a further excess stops training with one PowerCapExceeded line. The loop meets it as a
-step hook (`powerfed.training.finetune_records.StepHook`).
+"""The power guard (docs/design/power-guard.md): while training, a step's highest reading over the cap ×
+(1 + tolerance) for `window` steps in a row steps the GPU frequency down one level, never back up; at the
+lowest level training stops with one PowerCapExceeded line. The loop meets it as a step hook.
 """
 
 from __future__ import annotations

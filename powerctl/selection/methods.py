@@ -1,11 +1,6 @@
-"""The methods: how a client chooses (b, f), and what a run compares; one object per method, one registry.
-
-A `Method` is a name, its rule (profile, relation, cap, context → `Pick`) and what the project asks of it
-instead of comparing names: `power_aware` (ours: its profiling is charged and budgeted, it takes a round
-deadline), `searches_own_data` (the oracle: samples to target measured on the client's own data),
-`reference` (the state of practice, every ratio's denominator). A `RunMethod` is what a run's `methods`
-setting names: a client method and its round objective. `register_method` adds one of one's own to this
-process (a client's instructions name only the built-ins).
+"""The methods, one registry: a `Method` is how a client chooses (b, f), with what the project asks of it
+instead of its name; a `RunMethod` is what a run's `methods` setting names (a client method and its round
+objective). `register_method` adds one's own to this process (a client's instructions name built-ins only).
 """
 
 from __future__ import annotations
@@ -49,13 +44,13 @@ Rule = Callable[["Profile", "RelationVector", "float | None", MethodContext], Pi
 
 @dataclass(frozen=True)
 class Method:
-    """A client method: its name, its rule, and what it is (see the module doc)."""
+    """A client method: its name, its rule, and what it is."""
 
     name: str
     rule: Rule = field(repr=False, compare=False)
-    power_aware: bool = False
-    searches_own_data: bool = False
-    reference: bool = False
+    power_aware: bool = False  # ours: its profiling is charged and budgeted, it takes a round deadline
+    searches_own_data: bool = False  # the oracle: samples to target measured on the client's own data
+    reference: bool = False  # the state of practice: every ratio's denominator
 
     def choose(
         self,
