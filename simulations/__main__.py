@@ -1,9 +1,5 @@
-"""`python -m simulations demo --out DIR`: the whole method on one simulated board, on embedded defaults.
-
-Also `run` (a fleet file, every method), `flwr-run` (what `make run` runs: the app's default federation,
-checked first and stopped whole on every way out), `stop-superlink` (what a bare `flwr run .` leaves
-running) and `ray-check` (the Ray cluster a run would join).
-"""
+"""`python -m simulations`: `demo` (the method on one simulated board), `run` (a fleet file, every method),
+`flwr-run` (what `make run` runs), `stop-superlink` and `ray-check`."""
 
 from __future__ import annotations
 
@@ -13,7 +9,6 @@ import os
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
 from powerctl.cli.util import (
     OneLineParser,
@@ -31,22 +26,15 @@ PROG = "python -m simulations"
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from powerctl.selection.methods import RUN_METHODS
+    from simulations.demo_config import DEMO_RUN, DemoConfig
+    from simulations.fleet import MAX_SEEDS
+    from strategies.settings import METHODS
+
     p = OneLineParser(
         prog=PROG, description="Simulations of power-aware fine-tuning on simulated edge boards."
     )
     sub = p.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
-    _add_demo(sub)
-    _add_run(sub)
-    _flwr_add_run(sub)
-    stop = add_command(sub, "stop-superlink", stop_superlink)
-    stop.add_argument("--port", type=tcp_port, default=39091, help="default 39091")
-    add_command(sub, "ray-check", ray_check)
-    return p
-
-
-def _add_demo(sub: Any) -> None:
-    from simulations.demo_config import DEMO_RUN, DemoConfig
-
     d = DemoConfig()
     model = DEMO_RUN["model"]
     s = add_command(sub, "demo", demo_command)
@@ -61,13 +49,6 @@ def _add_demo(sub: Any) -> None:
     )
     s.add_argument("--quiet", action="store_true", help="no progress lines")
 
-
-def _add_run(sub: Any) -> None:
-    from powerctl.selection.methods import RUN_METHODS
-    from simulations.fleet import MAX_SEEDS
-    from strategies.settings import METHODS
-
-    seed_count = bounded_int(1, MAX_SEEDS, "seed_count")
     r = add_command(sub, "run", fleet_command)
     r.add_argument("fleet", type=Path, help="the fleet file (see simulations/fleets/default.yaml)")
     r.add_argument(
@@ -80,7 +61,7 @@ def _add_run(sub: Any) -> None:
         help=f"comma-separated, from {','.join(RUN_METHODS)} (default: the fleet file's methods, "
         f"else {','.join(METHODS)})",
     )
-    seed_count.add(
+    bounded_int(1, MAX_SEEDS, "seed_count").add(
         r,
         "--seeds",
         "run the fleet N times, seed K with run and data seeds moved by K - 1 (DIR/seed-K/), and summarise "
@@ -90,8 +71,6 @@ def _add_run(sub: Any) -> None:
     r.add_argument("--verbose", action="store_true", help="also print Flower's and Ray's own log lines")
     r.add_argument("--no-plots", action="store_true", help="skip the plots")
 
-
-def _flwr_add_run(sub: Any) -> None:
     f = add_command(sub, "flwr-run", flwr_run_command)
     f.add_argument("--nodes", type=int, default=4, help="virtual nodes (default 4)")
     f.add_argument(
@@ -115,6 +94,10 @@ def _flwr_add_run(sub: Any) -> None:
         help="run another Flower app folder (e.g. examples/quickstart-powerfed): its run config is its own "
         "(checked by Flower), --out is not used, and the app prints its own 'results: PATH' line",
     )
+    stop = add_command(sub, "stop-superlink", stop_superlink)
+    stop.add_argument("--port", type=tcp_port, default=39091, help="default 39091")
+    add_command(sub, "ray-check", ray_check)
+    return p
 
 
 def stop_superlink(args: argparse.Namespace) -> int:
@@ -221,7 +204,7 @@ def owning_every_process() -> Iterator[None]:
     """This command's main process adopts what is orphaned below it and, on every way out, stops
     whatever is still running there (by process id and group) and reaps it."""
     from powerctl.procs import become_subreaper
-    from simulations.launcher import reap_adopted, stop_everything_below, uninterrupted
+    from simulations.launcher import stop_everything_below, uninterrupted
 
     become_subreaper()
     try:
@@ -229,7 +212,6 @@ def owning_every_process() -> Iterator[None]:
     finally:
         with uninterrupted():
             stop_everything_below()
-            reap_adopted()
 
 
 def flwr_run_command(args: argparse.Namespace) -> int:

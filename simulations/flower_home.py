@@ -1,12 +1,6 @@
-"""A private Flower home for each `flwr run` the launcher starts, and the clean-up of those a killed
-launcher left behind.
-
-The home, TMPDIR/powerfed-flwr-home-XXXXXXXX, is flock-ed for the life of the process that made it (the
-kernel drops the lock however it dies); `launcher.json` in it records that process and the ones it
-started, and every process of the run carries FLWR_HOME=<the home>. A home whose lock can be taken
-belongs to a dead launcher: its processes are stopped by pid and the folder removed, by the watchdog
-(`start_watchdog`) or at the next start (`clean_stale_homes`).
-"""
+"""A private Flower home for each `flwr run` the launcher starts, flock-ed for the life of the launcher;
+`launcher.json` records the run's processes, which carry FLWR_HOME. A home whose lock can be taken is a
+dead launcher's: the watchdog or the next start stops its processes by pid and removes it."""
 
 from __future__ import annotations
 
@@ -145,29 +139,27 @@ class FlowerHome:
             argv, cwd=APP_DIR, env=env, stdin=quiet, stdout=quiet, stderr=stderr, start_new_session=True
         )
 
-    def close(self, grace_s: float = 5.0) -> list[int]:
+    def close(self) -> list[int]:
         """Stop every process of the run, remove and unlock the home, wait for the watchdog; returns
         the pids stopped. Idempotent."""
         if self._fd < 0:
             return []
         try:
-            stopped = stop_trees(processes_of(self.path, self._procs.items()), grace_s)
+            stopped = stop_trees(processes_of(self.path, self._procs.items()))
             shutil.rmtree(self.path, ignore_errors=True)
         finally:
             os.close(self._fd)
             self._fd = -1
         if self._watchdog is not None:
             try:
-                self._watchdog.wait(timeout=grace_s)
+                self._watchdog.wait(timeout=5.0)
             except subprocess.TimeoutExpired:
-                stopped += stop_tree(self._watchdog.pid, grace_s)
+                stopped += stop_tree(self._watchdog.pid)
                 self._watchdog.wait()
         return stopped
 
 
-def clean_home(
-    path: Path, grace_s: float = 5.0, *, wait: bool = False
-) -> tuple[int | None, list[int]] | None:
+def clean_home(path: Path, *, wait: bool = False) -> tuple[int | None, list[int]] | None:
     """When the launcher of home `path` is gone (its lock taken; `wait`: once it can be): stop its run's
     processes, remove the folder; (that launcher's pid, the pids stopped). None: not ours to clean."""
     try:
@@ -180,20 +172,18 @@ def clean_home(
         if not _still_there(fd, path):
             return None
         launcher, recorded = _recorded(path)
-        stopped = stop_trees(processes_of(path, recorded), grace_s)
+        stopped = stop_trees(processes_of(path, recorded))
         shutil.rmtree(path, ignore_errors=True)
         return launcher, stopped
     finally:
         os.close(fd)
 
 
-def clean_stale_homes(
-    base: Path | None = None, grace_s: float = 5.0
-) -> list[tuple[Path, int | None, list[int]]]:
+def clean_stale_homes(base: Path | None = None) -> list[tuple[Path, int | None, list[int]]]:
     """`clean_home` every home under `base` (default: the temp folder); (home, launcher, stopped) each."""
     cleaned = []
     for path in sorted(Path(base or tempfile.gettempdir()).glob(PREFIX + "*")):
-        if (done := clean_home(path, grace_s)) is not None:
+        if (done := clean_home(path)) is not None:
             cleaned.append((path, *done))
     return cleaned
 

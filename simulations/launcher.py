@@ -1,11 +1,6 @@
-"""One `flwr run` of this app whose whole life this process owns: `make run` and the fleet runner.
-
-`flwr run .` leaves a detached SuperLink, its simulation and Ray running after Ctrl-C (FLOWER-1.41
-notes). Here the run config and nodes are checked before anything starts; `flwr run` gets a private
-Flower home (`simulations.flower_home`), its own ports and session, and runs the fleet's apps; on every
-way out its processes are stopped by process id (`local_superlink.stop_tree`), orphans included (the
-CLI is a child subreaper), and a watchdog does it after a SIGKILL.
-"""
+"""One `flwr run` of this app whose whole life this process owns (`make run`, the fleet runner): checked
+before it starts, in a private Flower home on its own ports, and stopped by process id on every way out
+(`flwr run .` alone leaves its SuperLink, simulation and Ray running: FLOWER-1.41 notes)."""
 
 from __future__ import annotations
 
@@ -105,21 +100,11 @@ def check_simulation(
     return passed
 
 
-def check_nodes(nodes: int) -> int:
-    """The number of virtual nodes: 0 would wait for nodes for ever, a huge one exhaust the machine."""
-    if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= MAX_NODES:
-        raise LaunchError(f"NODES: the number of virtual nodes must be from 1 to {MAX_NODES}, got {nodes!r}")
-    return nodes
-
-
 # --- owning the processes -------------------------------------------------------------------------
-def stop_everything_below() -> list[int]:
-    """Stop every process below this one, by pid (`stop_tree`); returns them."""
-    return stop_trees(descendants(os.getpid()))
-
-
-def reap_adopted() -> None:
-    """Collect the exit status of adopted processes that ended (they would stay zombies)."""
+def stop_everything_below() -> None:
+    """Stop every process below this one (by pid), then collect the exit status of adopted processes
+    that ended (they would stay zombies)."""
+    stop_trees(descendants(os.getpid()))
     with contextlib.suppress(ChildProcessError):
         while os.waitpid(-1, os.WNOHANG)[0] > 0:
             pass
@@ -127,11 +112,6 @@ def reap_adopted() -> None:
 
 def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
-
-
-def signals_as_interrupt() -> contextlib.AbstractContextManager[None]:
-    """SIGTERM (how a job, or `make`, stops it) ends the run like Ctrl-C, so the clean-up runs."""
-    return handling(_interrupt, signal.SIGTERM)
 
 
 def uninterrupted() -> contextlib.AbstractContextManager[None]:
@@ -204,8 +184,7 @@ def run_flwr(
     """`flwr run APP_DIR --stream` with a private Flower home on `port`, its control API on `port` + 2
     (default: free ports), the simulation through `simulations.linkstate_index`'s wrapper. Lines go to
     `log_path` and, unless they are Flower's or Ray's own and not `verbose`, to `echo`. Every process it
-    started is stopped before this returns or raises."""
-    check_flower_version()
+    started is stopped before this returns or raises. Its callers checked the Flower version."""
     preflight()  # a Ray cluster recorded but dead makes `flwr run` hang: check it first
     cache_root()  # $POWERFED_CACHE set to a file would fail only after Flower started: check it first
     control_port = port + 2 if port is not None and port + 2 < 65536 else None
@@ -227,7 +206,8 @@ def run_flwr(
         # the SuperExec finds `flwr-simulation` on PATH: ours first, in the home
         env["PATH"] = search_path(install_script(home.path / "bin").parent, rest=env["PATH"])
         env[INDEX_ENV] = "1" if index_messages else "0"
-        with signals_as_interrupt(), log_path.open("w", encoding="utf-8") as log:
+        # SIGTERM (how a job, or `make`, stops it) ends the run like Ctrl-C, so the clean-up runs
+        with handling(_interrupt, signal.SIGTERM), log_path.open("w", encoding="utf-8") as log:
             log.write(" ".join(cmd) + "\n")
             log.flush()
             home.start_watchdog(stderr=log)
@@ -302,7 +282,8 @@ def check_launch(
     app_dir = APP_DIR if app is None else app.expanduser().resolve()
     if not (app_dir / "pyproject.toml").is_file():
         raise LaunchError(f"--app {app}: not a Flower app folder (no pyproject.toml in it); give the folder")
-    check_nodes(nodes)
+    if not 1 <= nodes <= MAX_NODES:  # 0 would wait for nodes for ever, a huge one exhaust the machine
+        raise LaunchError(f"NODES: the number of virtual nodes must be from 1 to {MAX_NODES}, got {nodes!r}")
     overrides = parse_run_config(run_config)
     if app is None and (results_dir := key_of("results_dir")) not in overrides:  # the run config's wins
         out = check_output_dir(out.expanduser().resolve(), "results folder")
@@ -317,10 +298,10 @@ def check_launch(
     return Launch(nodes, overrides, log_path, port, app_dir)
 
 
-def federation(nodes: int, cpus_per_client: int = 1) -> str:
-    """A local simulation's federation config: `nodes` virtual nodes, `cpus_per_client` Ray CPUs each
-    (one, not Flower's two: as many clients train at once as there are cores)."""
-    return f"num-supernodes={nodes} client-resources-num-cpus={cpus_per_client}"
+def federation(nodes: int) -> str:
+    """A local simulation's federation config: `nodes` virtual nodes, one Ray CPU each (not Flower's two:
+    as many clients train at once as there are cores)."""
+    return f"num-supernodes={nodes} client-resources-num-cpus=1"
 
 
 def launch(plan: Launch, *, echo: Callable[[str], None] = print) -> Path:

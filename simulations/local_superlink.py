@@ -1,10 +1,6 @@
-"""Stop the local SuperLink that `flwr run .` leaves running, by process id, and nothing else.
-
-A process is stopped only when it IS such a SuperLink (`superlink_home`); anything else on the port is
-refused in one line, nothing signalled. `stop_tree` stops a process, its descendants and the sessions
-they lead, each pid only while it names the process first seen (its start time); never our own
-session or ancestors.
-"""
+"""Stop the local SuperLink that `flwr run .` leaves running, by process id, and nothing else
+(`superlink_home`): anything else on its port is refused in one line; `stop_tree` never stops our own
+session or ancestors."""
 
 from __future__ import annotations
 
@@ -172,9 +168,9 @@ def _any_alive(procs: dict[int, int]) -> bool:
     return any(identity(p) == (p, ticks) for p, ticks in procs.items())
 
 
-def stop_local_superlink(port: int, grace_s: float = 5.0, *, home: Path | None = None) -> list[int]:
-    """Stop the local SuperLink of `flwr run` on `port` (of Flower home `home`, when given) with all it
-    started; [] when nothing listens; anything else there is one NotOurProcessError line."""
+def stop_local_superlink(port: int) -> list[int]:
+    """Stop the local SuperLink of `flwr run` on `port` with all it started; [] when nothing listens;
+    anything else there is one NotOurProcessError line."""
     if (holders := _holders(port)) is None:
         return []
     if not holders:
@@ -182,7 +178,7 @@ def stop_local_superlink(port: int, grace_s: float = 5.0, *, home: Path | None =
             f"port {port} is held by a process this user cannot see (another user's): nothing stopped"
         )
     homes = {pid: superlink_home(pid) for pid in holders}
-    ours = {pid for pid, h in homes.items() if h is not None and (home is None or h == home)}
+    ours = {pid for pid, h in homes.items() if h is not None}
     below = {d for pid in ours for d in descendants(pid)}  # a child may hold the socket it inherited
     for pid in holders:
         if pid not in ours and pid not in below:
@@ -191,7 +187,7 @@ def stop_local_superlink(port: int, grace_s: float = 5.0, *, home: Path | None =
                 f"port {port} is held by {describe(pid)}, {what} that `flwr run` started: nothing stopped; "
                 "stop it yourself if it is yours, or give the SuperLink's own --port"
             )
-    return stop_trees(sorted(ours), grace_s)
+    return stop_trees(sorted(ours))
 
 
 def free_port() -> int:
