@@ -1,7 +1,5 @@
-"""What only the fleet runner's steps measure in a round (`simulations.bench_steps`): a record the
-fleet's ClientApp sends beside the report and the fleet's ServerApp reads into each results row. A
-deployed board sends none: the message protocol holds only what it sends.
-"""
+"""What only the fleet runner's steps measure in a round, sent by the fleet's ClientApp beside the report
+(a deployed board sends none) and read by the fleet's ServerApp into each results row."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The fleet runner's and the benches' own steps for the client's round (`fl_client.round.RoundSteps`),
-never part of the production round: scale mode's predicted profile and stand-in, and the oracle's
-own-data search. What they measure beyond the report travels as `simulations.bench_report.BenchReport`;
-the fleet's ClientApp (`simulations.fleet_client`) passes `round_steps`, the demo and benches their own.
-"""
+"""The fleet runner's and the benches' own round steps (`fl_client.round.RoundSteps`), never the production
+round's: scale mode's predicted profile and stand-in, and the oracle's own-data search."""
 
 from __future__ import annotations
 

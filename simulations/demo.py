@@ -1,9 +1,5 @@
-"""One simulated board, end to end: the server's weights and relation vector → one client round per method.
-
-A federation of one: the ServerApp's own preparation (`fl_server.app`) and the client's own round
-(`fl_client.round.run_round`) for ours and each baseline, on the same board, cap and data: the rows
-are what a client of `flwr run .` would report. A (b, f) two methods pick is measured once (`SharedRuns`).
-"""
+"""One simulated board, end to end: the ServerApp's own preparation, then the client's own round
+(`fl_client.round.run_round`) for ours and each baseline on the same board, cap and data."""
 
 from __future__ import annotations
 

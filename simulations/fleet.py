@@ -1,10 +1,5 @@
-"""The fleet file of `python -m simulations run`: boards, task, partitioning, rounds, seeds, budget.
-
-One strict reader: the first unknown key or bad value is one `FleetFileError` line naming its place.
-Every value but the boards is a run setting under another name (`PLACES`), with the setting's default
-and check; the groups are read by `strategies.fleet`. A file becomes a Flower run config
-(`FleetSpec.run_config`).
-"""
+"""The fleet file of `python -m simulations run`, read strictly (the first problem is one `FleetFileError`
+line): its groups by `strategies.fleet`, every other value a run setting under another name (`PLACES`)."""
 
 from __future__ import annotations
 
@@ -183,9 +178,7 @@ def load_fleet_spec(path: Path) -> FleetSpec:
     """Read and check a fleet file; the first problem found is one FleetFileError line."""
     try:
         return _load(path)
-    except FleetFileError:
-        raise
-    except NodeConfigError as exc:  # the groups, read by strategies.fleet
+    except NodeConfigError as exc:  # also the groups, read by strategies.fleet
         raise FleetFileError(str(exc)) from None
 
 

@@ -1,7 +1,5 @@
-"""The fleet runner's ClientApp (`make run`, `make fleet`): the built-in one (`fl_client.app`) with the
-fleet's own round steps (`simulations.bench_steps.round_steps`), sending what they measured beside the
-report (`simulations.bench_report.BenchReport`). A deployed board runs the built-in one.
-"""
+"""The fleet runner's ClientApp (`make run`, `make fleet`): the built-in one with the fleet's own round
+steps, sending what they measured beside the report. A deployed board runs the built-in one."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""The fleet's `results.json` (`simulations.fleet/2`) and its summary table, built from the run's records:
-one per client per round per method, with its board's group and cap schedule; per method the fleet's
-time to target, makespans, energy, clients at target, cap violations, failures and ratios to the
-state of practice.
-"""
+"""The fleet's `results.json` (`simulations.fleet/2`) and its summary table: a record per client, round and
+method, and per method the fleet's time to target, makespans, energy, failures and ratios to the state of
+practice."""
 
 from __future__ import annotations
 

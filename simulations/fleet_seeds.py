@@ -1,7 +1,5 @@
-"""A fleet over seeds (`python -m simulations run FLEET --seeds N`): every seed's rows and, per method, the
-summary paired by seed with the state of practice: `DIR/results.json` (`simulations.fleet-seeds/2`) and
-its printed table (docs/howto/fleets.md#seeds). What each figure is: DEFINITIONS, printed under the table.
-"""
+"""A fleet over seeds (`--seeds N`): every seed's rows and, per method, the summary paired by seed with the
+state of practice (`simulations.fleet-seeds/2`, docs/howto/fleets.md#seeds); DEFINITIONS say each figure."""
 
 from __future__ import annotations
 

@@ -1,15 +1,6 @@
-"""Message dispatch in O(messages) per pass for this project's simulation runs (Flower 1.41).
-
-Flower's simulation engine asks the link state for every virtual node's next message every 0.1 s, and
-`InMemoryLinkState.get_message_ins` scans every stored message each time: O(nodes × messages) a pass.
-`IndexedLinkState` indexes message ids by destination node (in storage order) and the nodes that may
-hold an undelivered message, and the dispatch loop visits only those, doing Flower's own per-message
-work on them. Only an expired message of another node is deleted later (when its node is next asked).
-
-Installed only in the `flwr-simulation` process of a run this project starts (`install_script`), on
-the Flower series it was written for (`check_flower_version`), and only while the Flower functions it
-copies are unchanged (`changed_flower_sources`; else Flower's own dispatch and one logged line).
-"""
+"""Message dispatch in O(messages) per pass, not Flower 1.41's O(nodes × messages): `IndexedLinkState`
+indexes message ids by destination node and the dispatch loop asks only nodes that may have one. Installed
+in the `flwr-simulation` of a run this project starts, while the Flower source it copies is unchanged."""
 
 from __future__ import annotations
 
@@ -30,9 +21,7 @@ if TYPE_CHECKING:  # Flower is imported only where the adapter runs
     from _typeshed import SupportsKeysAndGetItem
     from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
 
-# the Flower releases whose functions this module reproduces or relies on; any other is refused
-SUPPORTED_FLOWER = ("1.41.", "1.42.")
-# the functions the index reproduces or wraps, by their `source_fingerprint`
+SUPPORTED_FLOWER = ("1.41.", "1.42.")  # any other release is refused
 COPIED_SOURCES = {
     "InMemoryLinkState.get_message_ins": "8079cc56cb2bf1a7c2ac2e742f283298e38e5b93801e5644dc30f6e68c0b3260",
     "vce_api.add_messages_to_queue": "90669a453e0877556bd5640c89c6340a5f1f2f824ad4808a6a26b4e81a0c76f4",
@@ -40,7 +29,6 @@ COPIED_SOURCES = {
 }
 INDEX_ENV = "POWERFED_MESSAGE_INDEX"  # 0 in a run's environment: Flower's own dispatch
 WRAPPED_COMMAND = "flwr-simulation"  # what the SuperExec runs for a simulation (found on PATH)
-# logged when the index is used (a run's log says which dispatch it had)
 INSTALLED_LINE = "powerfed: simulation messages indexed by destination node (simulations.linkstate_index)"
 
 
@@ -79,11 +67,11 @@ def changed_flower_sources() -> list[str]:
     for name, digest in COPIED_SOURCES.items():
         owner, attribute = name.split(".")
         try:
-            same = source_fingerprint(getattr(owners[owner], attribute)) == digest
+            if source_fingerprint(getattr(owners[owner], attribute)) == digest:
+                continue
         except (OSError, TypeError):  # no source to read (a compiled or patched build): not the same
-            same = False
-        if not same:
-            changed.append(name)
+            pass
+        changed.append(name)
     return changed
 
 

@@ -1,9 +1,5 @@
-"""Which Ray cluster `ray.init()` will join, checked before anything starts Ray.
-
-Flower calls `ray.init()` with no address, so Ray joins `RAY_ADDRESS` or the cluster the last `ray
-start --head` recorded; a dead one makes `flwr run` wait for minutes without a word. `preflight` finds
-the address as Ray does and tries a TCP connect to it (1 s), without importing Ray.
-"""
+"""Which Ray cluster Flower's `ray.init()` will join (`RAY_ADDRESS` or the last `ray start --head`'s),
+found as Ray finds it and checked by a TCP connect (`preflight`): a dead one makes `flwr run` hang."""
 
 from __future__ import annotations
 

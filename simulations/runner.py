@@ -1,10 +1,6 @@
-"""`python -m simulations run FLEET.yaml --out DIR`: a fleet on Flower's simulation engine (Ray).
-
-One `flwr run` (`simulations.launcher.run_flwr`) runs every method one after another from the same
-weights, relation vector, data and seeds; the ServerApp writes one results file per method under
-DIR/flwr/, merged here (`simulations.fleet_results`) with the plots. Over N seeds (`run_seeds`), one
-such run per seed into DIR/seed-K/, then the summary over seeds (`simulations.fleet_seeds`).
-"""
+"""`python -m simulations run FLEET.yaml --out DIR`: one `flwr run` runs every method from the same weights,
+relation vector, data and seeds; the ServerApp's per-method results under DIR/flwr/ are merged here. Over
+N seeds (`run_seeds`), one such run per seed into DIR/seed-K/, then the summary over seeds."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""`summary.png` beside a run's `results.json`: a row per board and power cap (round 1), the board model's
-peak-power map with each method's pair (left) and each method's device seconds and energy (right). The
-state of practice, where the run did not compare it, is estimated (hatched): ours' measured values times
-the profile's predicted ratio of the two pairs. Imported only by the commands that draw, never on a board.
-"""
+"""`summary.png` beside a run's `results.json`: per board and power cap (round 1), each method's pair on the
+board model's peak-power map and its device seconds and energy; a state of practice not run is estimated
+(hatched) from ours' measured values. Imported only by the commands that draw, never on a board."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""Write the example solar-like cap traces in this folder (run it again to regenerate them).
-
-A day from sunrise to sunset compressed into `DAY_S` trace seconds: the power a small panel leaves for
-the board rises as sin(π t / day)^1.5 from the board's low cap to its high one, and a passing cloud
-takes 45 % off between 55 % and 65 % of the day. One row every day / 60, rounded to 0.05 W. Replay a
-trace faster or slower with ``?timescale=`` (see `powerctl.selection.capsource.parse_cap_source`).
-"""
+"""Write the example solar-like cap traces in this folder: a day compressed into `DAY_S` seconds, the cap
+rising as sin(π t / day)^1.5 from the board's low cap to its high one, a cloud taking 45 % off between
+55 % and 65 % of the day; a row every day / 60, rounded to 0.05 W."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""Write the example availability trace in this folder (run it again to regenerate it).
-
-250 boards over 6 rounds, the shapes a device log shows: a third are plugged in for good (from round 1
-to the end), a third come and go in one window each (a board charging overnight: 2 to 4 rounds from a
-round drawn per board), and a third are seen in two short windows (a phone on and off Wi-Fi). Seeded,
-so the file is the same every time; `population.yaml` reads it.
-"""
+"""Write the example availability trace in this folder (seeded: the same file every time): 250 boards
+over 6 rounds, a third online for good, a third in one window of 2 to 4 rounds (charging overnight), a
+third in two short windows (a phone on and off Wi-Fi)."""
 
 from __future__ import annotations
 
