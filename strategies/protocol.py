@@ -97,14 +97,12 @@ MESSAGE_KINDS = {
     "deadline-s": Number(0.0, unit="seconds"),
 }
 """The instructions' keys that are not run settings (the relation vector and the cap besides)."""
-MESSAGE_SETTING_KINDS = {"model": Text()}
-"""Settings a message holds in another kind than the run config's: a model is any name (a user's own
-too); whether it is registered is checked where the model is built."""
 
 
 def _fields_kinds() -> dict[str, Kind]:
-    """{attribute: kind} of the instructions' fields a message holds under their keys, in message order."""
-    sent = {s.key: MESSAGE_SETTING_KINDS.get(s.key, s.kind) for s in settings_of([BOTH])}
+    """{attribute: kind} of the instructions' fields a message holds under their keys, in message order.
+    A model is any name (a user's own too): whether it is registered is checked where it is built."""
+    sent = {s.key: Text() if s.key == "model" else s.kind for s in settings_of([BOTH])}
     return {key.replace("-", "_"): kind for key, kind in {**sent, **MESSAGE_KINDS}.items()}
 
 
@@ -172,9 +170,7 @@ class TrainInstructions(SentSettings):
             model=relation.model,
             target_accuracy=relation.target_accuracy,
             num_classes=num_classes,
-            model_overrides=dict(model_overrides or {})
-            if isinstance(model_overrides, (dict, type(None)))
-            else model_overrides,
+            model_overrides={} if model_overrides is None else model_overrides,
             relation_vector=relation,
             **settings,
         )

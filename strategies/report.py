@@ -1,11 +1,7 @@
-"""What a client reports after a round: the round's own fields and its producers' records (`Training`,
-`Profiling`, `CapFollowed`, the guard's step-downs), nested in the `ClientReport`.
-
-Each field is declared with its kind, which checks it where the record is made and where a reply is read
-back. A report travels as one flat ConfigRecord: every field under its kebab-case name (distinct across
-the records), None left out, lists and objects as JSON text. A client's app may send a `BesideReport`
-of its own, which a server that registered it reads with the report.
-"""
+"""What a client reports after a round: its producers' records (`Training`, `Profiling`, `CapFollowed`)
+nested in the `ClientReport`, each field checked by its kind where it is made and where it is read back.
+It travels as one flat ConfigRecord: every field under its kebab-case name, None left out, lists and
+objects as JSON text; a registered `BesideReport` travels beside it."""
 
 from __future__ import annotations
 
@@ -42,7 +38,7 @@ from powerctl.selection.guard import StepDown
 from powerctl.selection.methods import METHODS
 from powerctl.selection.names import OURS
 from strategies.protocol import ARRAYS_KEY, CONFIG_KEY, METRICS_KEY, REPORT_KEY, reader
-from strategies.settings import PROFILE_ORDERS
+from strategies.settings import PROFILE_ORDERS, key_of
 
 NUMBER, COUNT, TEXT = Number(0.0), Integer(0), Text(empty=True)
 
@@ -85,10 +81,6 @@ class JsonItems(Kind):
         return json.dumps(value, sort_keys=True)
 
 
-def _key(name: str) -> str:
-    return name.replace("_", "-")
-
-
 def nested(record: type[Record], *, required: bool = False) -> Any:
     """A field that holds another record (its defaults where it is not `required`)."""
     meta = {FIELD_RECORD: record}
@@ -123,7 +115,7 @@ class Record:
     def to_config(self) -> ConfigRecord:
         """Every field under its kebab-case key, None left out."""
         leaves = [(f, v) for f, v in self._leaves() if v is not None]
-        return ConfigRecord({_key(f.name): f.metadata[FIELD_KIND].to_config(v) for f, v in leaves})
+        return ConfigRecord({key_of(f.name): f.metadata[FIELD_KIND].to_config(v) for f, v in leaves})
 
     def columns(self) -> dict[str, Any]:
         """Every field by its name: what a results row holds."""
@@ -132,7 +124,7 @@ class Record:
     @classmethod
     def read(cls: type[R], r: MappingReader) -> R:
         """This record (its nested ones too) read back from a reply, each field by its kind."""
-        return cls(**read_fields(cls, r, _key))
+        return cls(**read_fields(cls, r, key_of))
 
     @classmethod
     def from_config(cls: type[R], record: Any, where: str = "train reply report") -> R:
