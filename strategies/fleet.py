@@ -165,14 +165,6 @@ def fleet_table(text: str) -> list[FleetEntry]:
     return entries
 
 
-def parse_fleet_table(text: str, where: str = "run config: 'fleet'") -> list[FleetEntry]:
-    """`fleet_table`, or one NodeConfigError line naming `where`."""
-    try:
-        return fleet_table(text)
-    except Invalid as exc:
-        raise NodeConfigError(f"{where} {exc}") from None
-
-
 def parse_fleet_groups(
     groups: Any, where: str, key: str = "groups", base_dir: Path | None = None
 ) -> list[FleetEntry]:
@@ -198,15 +190,6 @@ def parse_fleet_groups(
         availability = r.value("availability", Number(0.0, 1.0), None)
         entries += [FleetEntry(device, source.cap_at(0.0), i, changing, availability)] * count
     return entries
-
-
-def fleet_from_document(doc: Any, name: str) -> list[FleetEntry]:
-    """``groups:`` (a fleet runner's file) or ``boards:`` (a bare list)."""
-    if isinstance(doc, dict) and "groups" in doc:
-        return parse_fleet_groups(doc["groups"], name, "groups")
-    if isinstance(doc, dict) and set(doc) == {"boards"}:
-        return parse_fleet_groups(doc["boards"], name, "boards")
-    raise NodeConfigError(f"{name}: expected a list of boards under 'groups:' (or 'boards:')")
 
 
 def app_path_of(text: str) -> Path:
@@ -310,8 +293,13 @@ def read_yaml(path: Path) -> Any:
 
 
 def load_fleet_file(path: Path) -> list[FleetEntry]:
-    """A YAML fleet file (`fleet_from_document`)."""
-    return fleet_from_document(read_yaml(path), str(path))
+    """A YAML fleet file: ``groups:`` (a fleet runner's file) or ``boards:`` (a bare list)."""
+    doc = read_yaml(path)
+    if isinstance(doc, dict) and "groups" in doc:
+        return parse_fleet_groups(doc["groups"], str(path), "groups")
+    if isinstance(doc, dict) and set(doc) == {"boards"}:
+        return parse_fleet_groups(doc["boards"], str(path), "boards")
+    raise NodeConfigError(f"{path}: expected a list of boards under 'groups:' (or 'boards:')")
 
 
 @lru_cache(maxsize=8)

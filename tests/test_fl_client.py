@@ -17,7 +17,7 @@ from fl_client.round import ClientWorkError, RoundWork, run_round
 from powerctl.devices.simulated import POWER_NOISE
 from powerctl.errors import DeviceError, InfeasibleCapError
 from powerctl.records.profile import Profile, ProfilePoint
-from strategies.fleet import NodeConfigError, fleet_entry, load_fleet, parse_fleet_table
+from strategies.fleet import NodeConfigError, fleet_entry, load_fleet
 from tests.fake_boards import NANO_DEVFREQ, make_nano_tree, tree_snapshot
 from tests.fl_helpers import FLEET, RUN_CONFIG, initial_state, instructions
 
@@ -25,7 +25,7 @@ from tests.fl_helpers import FLEET, RUN_CONFIG, initial_state, instructions
 
 
 def test_partition_ids_map_onto_the_fleet_table_cyclically() -> None:
-    fleet = parse_fleet_table(FLEET)
+    fleet = load_fleet(FLEET)
     assert [e.label() for e in fleet] == ["sim:jetson-nano@3", "sim:jetson-tx2nx@4.5", "sim:jetson-nano@none"]
     assert [fleet_entry(fleet, i).device for i in range(5)] == [
         "sim:jetson-nano",

@@ -24,7 +24,7 @@ from powerctl.files.jsonfile import read_json
 from powerctl.pinning.freqstate import STATE_SCHEMA, BoardRecord, read_record, record_path
 from powerctl.records.profile import PROFILE_SCHEMA, Profile
 from powerctl.records.relation import RELATION_SCHEMA, RelationVector
-from strategies.fleet import NodeConfigError, load_fleet_file, parse_fleet_table
+from strategies.fleet import NodeConfigError, load_fleet, load_fleet_file
 
 RAW_BOARDS = _raw_boards()
 """boards.yaml read once (27 ms a read): each example breaks a copy."""
@@ -169,7 +169,7 @@ def test_the_fleet_yaml_reader_raises_only_node_config_errors(tmp_path: Path, do
 @given(text=st.text(max_size=60))
 def test_the_fleet_table_and_node_config_raise_only_node_config_errors(text: str) -> None:
     try:
-        parse_fleet_table(text)
+        load_fleet(text)
     except NodeConfigError as exc:
         assert "\n" not in str(exc)
     try:
