@@ -106,15 +106,6 @@ if os.path.basename(sys.argv[0]) == "flwr-clientapp" and "--help" not in sys.arg
 '''
 
 
-def wait_listening(port: int, alive: Any, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and alive():
-        if answers("127.0.0.1", port, timeout_s=0.5):
-            return
-        time.sleep(0.2)
-    raise SystemExit(f"clientapp_startup: nothing listens on 127.0.0.1:{port}; see the logs")
-
-
 def run(app: Path, work: Path, rounds: int, flower_own: bool) -> list[dict[str, Any]]:
     """One deployed run of APP (`flower_own`: `flower-supernode` itself, not the wrapper); the recorded
     ClientApp processes."""
@@ -150,7 +141,11 @@ def run(app: Path, work: Path, rounds: int, flower_own: bool) -> list[dict[str, 
     try:
         link = spawn("superlink", [str(BIN / "flower-superlink"), "--host", "127.0.0.1", "--port", str(port),
                                    "--insecure", "--disable-runtime-dependency-installation"])  # fmt: skip
-        wait_listening(port, lambda: link.poll() is None)
+        deadline = time.monotonic() + 60
+        while not answers("127.0.0.1", port, timeout_s=0.5):
+            if time.monotonic() > deadline or link.poll() is not None:
+                raise SystemExit(f"clientapp_startup: nothing listens on 127.0.0.1:{port}; see the logs")
+            time.sleep(0.2)
         supernode = (
             [str(BIN / "flower-supernode")] if flower_own else [sys.executable, "-m", "fl_client.supernode"]
         )

@@ -14,7 +14,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from bench_common import ROOT, line_buffered, mean_std
+from bench_common import ROOT, line_buffered, mean_std, predicted_s
 
 from fl_client.round import fine_tune_step, measured_profile_step, usable_relation
 from powerctl.cli.plot import write_front
@@ -81,9 +81,8 @@ def main(argv: list[str] | None = None) -> int:
                 )
             (t_fast, e_fast), (t_frugal, e_frugal) = (map(statistics.mean, measured[end]) for end in ends)
             fastest_j, frugal_j = front.fastest.predicted_energy_j, front.most_frugal.predicted_energy_j
-            fastest_s, frugal_s = front.fastest.predicted_s, front.most_frugal.predicted_s
+            fastest_s, frugal_s = predicted_s(front.fastest), predicted_s(front.most_frugal)
             assert fastest_j is not None and frugal_j is not None, "a front's ends predict their energy"
-            assert fastest_s is not None and frugal_s is not None, "a front's ends predict their time"
             differ = front.fastest != front.most_frugal
             ratios = (frugal_j / fastest_j, e_frugal / e_fast, frugal_s / fastest_s, t_frugal / t_fast)
             summary.append((board, cap_s, differ, *ratios))

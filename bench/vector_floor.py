@@ -103,13 +103,8 @@ def _shortest(edges: Edges, batch_sizes: list[int], shift: float = 0.0) -> dict[
 def _open(edges: Edges, batch_sizes: list[int], shift: float = 0.0) -> bool:
     """No cycle of weight ≤ 0 (within the tolerance) once every edge is `shift` lighter: the strict
     constraints have a solution with that margin to spare on each."""
-    closure = _shortest(edges, batch_sizes, shift)
-    return all(_least_cycle_through(edges, closure, b, shift) > TOLERANCE for b in batch_sizes)
-
-
-def _least_cycle_through(edges: Edges, closure: dict[tuple[int, int], float], b: int, shift: float) -> float:
-    """The least weight of a cycle through `b`: an edge b → v, then the shortest path v → b."""
-    return min((w - shift + closure[(v, b)] for (u, v), w in edges.items() if u == b), default=math.inf)
+    closure = _shortest(edges, batch_sizes, shift)  # a cycle: an edge u → v, then the shortest path v → u
+    return all(w - shift + closure[(v, u)] > TOLERANCE for (u, v), w in edges.items())
 
 
 def _reachable(groups: Sequence[Group], allowed: list[list[int]], batch_sizes: list[int]) -> list[int] | None:
