@@ -119,7 +119,19 @@ def _heatmap(
     peak = grid.values(lambda p: p.peak_power_w)
     feasible = np.isfinite(peak) & ((peak <= cap) if cap is not None else True)
     infeasible = np.isfinite(peak) & ~feasible
-    _annotate_cells(ax, values, infeasible, colormap, norm, panel.fmt)
+    n_rows, n_cols = values.shape
+    for i, j in np.ndindex(n_rows, n_cols):  # each value legible on its colour; missing hatched, over faded
+        v = values[i, j]
+        if not np.isfinite(v):
+            _cell(ax, j, i, fill=False, hatch=_MISSING_HATCH, edgecolor=_MISSING_EDGE, lw=0)
+            continue
+        if infeasible[i, j]:  # faded: the feasible region reads at a glance, the value stays legible
+            _cell(ax, j, i, facecolor="white", alpha=_VEIL, lw=0)
+            color = "0.35"
+        else:
+            r, g, b, _ = colormap(norm(v))
+            color = "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else "white"
+        ax.text(j, i, panel.fmt(v), ha="center", va="center", fontsize=7, color=color)
     handles: list[Artist] = []
     if np.isnan(values).any():
         handles.append(
@@ -136,7 +148,6 @@ def _heatmap(
             )
     if selection is not None:
         handles.append(_mark_selection(ax, grid, selection))
-    n_rows, n_cols = values.shape
     ax.set_xticks(range(n_cols), [f"{hz / 1e6:.0f}" for hz in grid.frequencies_hz])
     ax.set_yticks(range(n_rows), [str(b) for b in grid.batch_sizes])
     ax.set_xlabel("GPU frequency (MHz)")
@@ -171,31 +182,6 @@ def _colour_scale(fig: FigureBase, ax: Axes, values: np.ndarray, panel: _Panel) 
     return colormap, norm
 
 
-def _annotate_cells(
-    ax: Axes,
-    values: np.ndarray,
-    infeasible: np.ndarray,
-    colormap: Any,
-    norm: Normalize,
-    fmt: Callable[[float], str],
-) -> None:
-    """Each cell's value, legible on its colour; a missing cell hatched, one over the cap faded."""
-    n_rows, n_cols = values.shape
-    for i in range(n_rows):
-        for j in range(n_cols):
-            v = values[i, j]
-            if not np.isfinite(v):
-                _cell(ax, j, i, fill=False, hatch=_MISSING_HATCH, edgecolor=_MISSING_EDGE, lw=0)
-                continue
-            if infeasible[i, j]:  # faded: the feasible region reads at a glance, the value stays legible
-                _cell(ax, j, i, facecolor="white", alpha=_VEIL, lw=0)
-                color = "0.35"
-            else:
-                r, g, b, _ = colormap(norm(v))
-                color = "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else "white"
-            ax.text(j, i, fmt(v), ha="center", va="center", fontsize=7, color=color)
-
-
 def _cell(ax: Axes, x: int, y: int, **style: Any) -> None:
     ax.add_patch(Rectangle((x - 0.5, y - 0.5), 1, 1, **style))
 
@@ -218,7 +204,7 @@ def _cap_boundary(ax: Axes, cap: float, feasible: np.ndarray, infeasible: np.nda
 def _mark_selection(ax: Axes, grid: _Grid, selection: Pick) -> Artist:
     """The selected cell outlined, a star in its corner (its value stays readable); the star's handle."""
     key = (selection.batch_size, selection.frequency_hz)
-    if key not in grid.points or selection.batch_size not in grid.batch_sizes:
+    if key not in grid.points:
         raise FileFormatError(
             f"the selection (batch size {key[0]} at {key[1]} Hz) is not a profiled point of this profile"
         )
