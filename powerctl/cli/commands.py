@@ -1,6 +1,5 @@
 """`powerctl` (docs/reference/cli.md): the parser, `main` and the device commands (devices, power, freq,
-fake-board); `profile_command` has profile, `select_commands` caps, select, pareto, cap-source and plot.
-Every user error is one line on stderr and exit status 2; nothing on the device is left changed."""
+fake-board); a user error is one line on stderr and exit status 2; nothing on the device is left changed."""
 
 from __future__ import annotations
 

@@ -275,9 +275,8 @@ class Bounded:
 def add_command(
     sub: Any, name: str, func: Callable[[argparse.Namespace], int], **kwargs: Any
 ) -> argparse.ArgumentParser:
-    """Subcommand `name` of `sub` (an `add_subparsers`) that `run_command` runs as `func(args)`, told by
-    `func`'s docstring: its first paragraph is the command's line in the list of commands, the rest its
-    own description (as written where `formatter_class=argparse.RawDescriptionHelpFormatter`)."""
+    """Subcommand `name` of `sub` that `run_command` runs as `func(args)`: the first paragraph of `func`'s
+    docstring is its line in the list of commands, the rest its description."""
     short, _, long = inspect.cleandoc(func.__doc__ or "").partition("\n\n")
     parser: argparse.ArgumentParser = sub.add_parser(
         name, help=" ".join(short.split()), description=long or None, **kwargs
