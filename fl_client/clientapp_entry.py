@@ -40,24 +40,18 @@ def flower_source() -> tuple[Path, str | None]:
         return path, None
 
 
-def why_not(folder: Path, path: Path, text: str | None) -> str | None:
-    """Why the light script is not used for `text` (the file at `path`) in `folder`; None: it is."""
-    if text is None:
-        return f"there is no {path} to read"
-    if text_fingerprint(text) != FLWR_CLIENTAPP_SHA256:
-        return f"{path} is not the source fl_client.clientapp_entry was checked against"
-    if (problem := shebang_problem()) is not None:
-        return problem
-    if os.statvfs(folder).f_flag & getattr(os, "ST_NOEXEC", 0):  # Linux; 0 elsewhere
-        return f"{folder} is on a file system mounted noexec (set TMPDIR to another)"
-    return None
-
-
 def write_script(folder: Path) -> Path | None:
     """FOLDER/flwr-clientapp running the installed Flower's `flwr_clientapp.py` text, or None (and one
     logged line) where that is not the text checked here or the script could not run from FOLDER."""
     path, text = flower_source()
-    reason = why_not(folder, path, text)
+    if text is None:
+        reason: str | None = f"there is no {path} to read"
+    elif text_fingerprint(text) != FLWR_CLIENTAPP_SHA256:
+        reason = f"{path} is not the source fl_client.clientapp_entry was checked against"
+    else:
+        reason = shebang_problem()
+        if reason is None and os.statvfs(folder).f_flag & getattr(os, "ST_NOEXEC", 0):  # Linux; 0 elsewhere
+            reason = f"{folder} is on a file system mounted noexec (set TMPDIR to another)"
     if reason is not None or text is None:
         log.warning("each message's flwr-clientapp is Flower's own: %s", reason)
         return None

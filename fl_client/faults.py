@@ -110,14 +110,13 @@ def before_training(faults: Faults | None, node: str, server_round: int) -> str 
     fault = faults.draw(node, server_round)
     if fault is None or (fault == "kill" and logged(node, server_round, "kill")):
         return None  # a node killed for this work does not die again when the work comes back
+    if fault == "kill":
+        return fault
+    log_fault(node, server_round, fault)
     if fault == "raise":
-        log_fault(node, server_round, fault)
         raise InjectedFailure(f"injected failure: {node} round {server_round}")
-    if fault == "hang":
-        log_fault(node, server_round, fault)
-        time.sleep(faults.hang_s)
-        return None
-    return fault
+    time.sleep(faults.hang_s)
+    return None
 
 
 def kill_after_checkpoint(node: str, server_round: int, after_samples: int) -> Callable[[int, int], None]:

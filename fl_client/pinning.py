@@ -69,24 +69,24 @@ class Pinning:
             cap = work.cap_at_start
             choice = rule(cap)
             dev.pin_frequency(choice.frequency_hz)
-            guard = None
-            if cap is not None and dev.has_power_sensor:
-                guard = PowerGuard(
-                    dev, cap, choice.frequency_hz, window=instr.guard_window, tolerance=instr.guard_tolerance
-                )
-            if cap is not None and guard is not None and confirmed_in_training(rule.profile):
-                confirmation = TrainingConfirmation(
-                    dev,
-                    rule.profile,
-                    lambda merged: select(merged, rule.relation, cap, rule=instr.relation_rule),
-                    cap,
-                    choice,
-                    warmup_steps=int(rule.profile.extra.get("warmup_steps", instr.profile_warmup)),
-                    measure_steps=int(rule.profile.extra.get("measure_steps", instr.profile_steps)),
-                    guard=guard,
-                )
-                return cls(choice, confirmation=confirmation, pinned=dev.pins)
-            return cls(choice, guard=guard, pinned=dev.pins)
+            if cap is None or not dev.has_power_sensor:
+                return cls(choice, pinned=dev.pins)
+            guard = PowerGuard(
+                dev, cap, choice.frequency_hz, window=instr.guard_window, tolerance=instr.guard_tolerance
+            )
+            if not confirmed_in_training(rule.profile):
+                return cls(choice, guard=guard, pinned=dev.pins)
+            confirmation = TrainingConfirmation(
+                dev,
+                rule.profile,
+                lambda merged: select(merged, rule.relation, cap, rule=instr.relation_rule),
+                cap,
+                choice,
+                warmup_steps=int(rule.profile.extra.get("warmup_steps", instr.profile_warmup)),
+                measure_steps=int(rule.profile.extra.get("measure_steps", instr.profile_steps)),
+                guard=guard,
+            )
+            return cls(choice, confirmation=confirmation, pinned=dev.pins)
         follower = CapFollower(
             dev,
             work.caps,

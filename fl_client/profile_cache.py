@@ -23,16 +23,6 @@ log = logging.getLogger(__name__)
 PROFILE_CACHE_VERSION = 1  # bump when a code change alters what a profile would measure
 
 
-def code_version() -> str:
-    """The installed powerfed version: a new release never trusts an older release's profiles."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("powerfed")
-    except PackageNotFoundError:
-        return "unknown"
-
-
 @dataclass(frozen=True)
 class ProfileKey:
     """Everything that decides a profile's content."""
@@ -52,6 +42,8 @@ class ProfileKey:
     step: str = ""  # "" for the built-in fine-tune's step, else the user's step key (`fl_client.session`)
 
     def digest(self) -> str:
+        from importlib.metadata import PackageNotFoundError, version
+
         from powerfed.training.numerics import torch_minor
 
         fields = asdict(self)
@@ -60,14 +52,23 @@ class ProfileKey:
         if not fields["step"]:
             del fields["step"]  # the built-in step's keys stay as they were
         fields["cache_version"] = PROFILE_CACHE_VERSION
-        fields["code_version"] = code_version()
+        try:  # a new release never trusts an older release's profiles
+            fields["code_version"] = version("powerfed")
+        except PackageNotFoundError:
+            fields["code_version"] = "unknown"
         fields["torch"] = torch_minor()
         blob = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def _trusted(path: Path, key: ProfileKey, digest: str) -> Profile | None:
-    """The cached profile, or None (with one warning line) when the entry cannot be trusted."""
+def _path(key: ProfileKey, cache_dir: Path | None) -> tuple[Path, str]:
+    digest = key.digest()
+    return (cache_dir or default_cache_dir("profile")) / f"profile-{digest[:40]}.json", digest
+
+
+def lookup(key: ProfileKey, cache_dir: Path | None = None) -> Profile | None:
+    """The profile cached under `key`, or None (none, or one that cannot be trusted: one warning line)."""
+    path, digest = _path(key, cache_dir)
     if not path.is_file():
         return None
     try:
@@ -86,17 +87,6 @@ def _trusted(path: Path, key: ProfileKey, digest: str) -> Profile | None:
         log.warning("profile cache: %s does not match this device and model; profiling again", path)
         return None
     return profile
-
-
-def _path(key: ProfileKey, cache_dir: Path | None) -> tuple[Path, str]:
-    digest = key.digest()
-    return (cache_dir or default_cache_dir("profile")) / f"profile-{digest[:40]}.json", digest
-
-
-def lookup(key: ProfileKey, cache_dir: Path | None = None) -> Profile | None:
-    """The profile cached under `key`, or None (none, or one that cannot be trusted)."""
-    path, digest = _path(key, cache_dir)
-    return _trusted(path, key, digest)
 
 
 def store(key: ProfileKey, profile: Profile, cache_dir: Path | None = None) -> None:

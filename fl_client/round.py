@@ -42,7 +42,7 @@ from powerctl.records.profile import Profile
 from powerctl.records.relation import DEFAULT_RELATION_RULE, RelationVector
 from powerctl.records.workload import Workload
 from powerctl.selection.capsource import CapSource, ConstantCap
-from powerctl.selection.joint import check_power_cap, select
+from powerctl.selection.joint import select
 from powerctl.selection.methods import MethodContext, method_named
 from powerfed.training.checkpoint import Checkpointing
 from powerfed.training.errors import DataError, ModelError
@@ -128,8 +128,7 @@ class RoundWork:
     def __post_init__(self) -> None:
         if self.caps is None:  # the server's constant for this round when it sets one, else the node's own
             cap = self.instr.power_cap_w
-            caps = self.settings.caps() if cap is None else ConstantCap(check_power_cap(cap))
-            object.__setattr__(self, "caps", caps)
+            object.__setattr__(self, "caps", self.settings.caps() if cap is None else ConstantCap(cap))
 
     @property
     def train_examples(self) -> int | None:

@@ -328,11 +328,11 @@ class PowerSession:
 
     def _start(self) -> None:
         """Profile (or read the cache), choose the pair, open and pin the device, start the power trace."""
-        steps = RoundSteps(measured_profile_step, method_step, _no_training)
+        steps = RoundSteps(measured_profile_step, method_step)  # the method's rule trains nothing to choose
         self.prepared = prepared = Prepared.of(self.work, steps)
         with ExitStack() as stack:  # on an error here, the device restored and closed
             dev, self._pinning = stack.enter_context(pinned(self.work, prepared.chosen.rule))
-            self._workload = Workload.from_dict(prepared.profiled.profile.extra["workload"])
+            self._workload = Workload(**prepared.profiled.profile.extra["workload"])
             self._power = TrainingPower(dev, POWER_RATE_HZ)
             self._power.resume()
             self._stack, self._dev = stack.pop_all(), dev
@@ -504,7 +504,3 @@ class PowerSession:
             stop_reason="target" if self.reached else ("budget" if self.done else "loop"),
         )
         return self.prepared.report(self._pinning.trained(result, {}, dev.board))
-
-
-def _no_training(*_: Any) -> Any:
-    raise SessionError("PowerSession: this method needs the built-in client's own training (oracle search)")

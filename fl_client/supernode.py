@@ -244,11 +244,6 @@ def _connection_flags(flags: list[str]) -> list[str]:
     return out
 
 
-def _may_pass(failed: CheckFailed | None) -> bool:
-    """Whether waiting can help: the key's node may still be counted online after a crash."""
-    return failed is None or failed.cause in ("node key in use", "node key not activated")
-
-
 def _wait_flag(flags: list[str]) -> tuple[float, list[str]]:
     """`--wait S` as the first flags (seconds to keep starting a refused SuperNode), and the rest."""
     if flags[:1] != ["--wait"] or len(flags) < 2:
@@ -280,8 +275,8 @@ def run_until_started(
         if outcome.flower_exit != CONNECTION_ERROR and not outcome.refused:
             _flush(outcome.held)  # a failure this wrapper cannot name: Flower's own words stand
             return outcome.rc
-        failed = _diagnose(target)
-        if not _may_pass(failed):
+        failed = _diagnose(target)  # waiting helps only while the key's node may still count online
+        if failed is not None and failed.cause not in ("node key in use", "node key not activated"):
             raise NotStarted(str(failed))
         why = str(failed) if failed is not None else "Flower error 2004, Failed to activate SuperNode"
         if time.monotonic() + RETRY_S > deadline:
