@@ -24,7 +24,7 @@ from powerctl.errors import InfeasibleCapError, PowerctlError
 from powerctl.records.profile import Profile, ProfilePoint
 from powerctl.records.relation import RELATION_RULES, RelationVector
 from powerctl.selection.baselines import oracle
-from powerctl.selection.joint import select
+from powerctl.selection.joint import best_frequency_per_batch, select
 from simulations.intervals import SEED, interval95, resampled_means
 
 TRAIN_COLUMNS = ("dataset", "network", "batch_size", "optimizer", "run", "target_metric", "target_epoch")
@@ -135,13 +135,6 @@ def profile_of(
     return Profile(device=gpu, model=w.name, input_shape=[], samples=1, points=points)
 
 
-def state_of_practice(profile: Profile, cap: float | None) -> ProfilePoint | None:
-    """The largest batch size measured, at the highest power limit under the cap."""
-    b = max(profile.batch_sizes())
-    under = [p for p in profile.points if p.batch_size == b and (cap is None or p.peak_power_w <= cap)]
-    return max(under, key=lambda p: p.frequency_hz, default=None)
-
-
 def _cost(point: ProfilePoint, epochs: float, objective: str) -> float:
     seconds = epochs * point.seconds_for_samples
     return seconds * point.mean_power_w if objective == "energy" else seconds
@@ -186,7 +179,8 @@ def cells_for(
             ours_v = _cost(ours_p, mean[ours_p.batch_size], objective)
             fast_v = _cost(fast_p, mean[fast_p.batch_size], objective)
             lo, hi = ratio_interval(ours_p, fast_p, truth, objective)
-            sop = state_of_practice(profile, cap)
+            # the state of practice: the largest batch size at the highest limit under the cap
+            sop = best_frequency_per_batch(profile, cap).get(max(profile.batch_sizes()))
             sop_v = None if sop is None else _cost(sop, mean[sop.batch_size], objective)
             cell.update({
                 "ours_batch_size": ours_p.batch_size, "ours_power_limit_w": float(ours_p.frequency_hz),
