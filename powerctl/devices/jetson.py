@@ -4,6 +4,7 @@ rails as the sensor."""
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -134,10 +135,8 @@ _FREQ_TEXT = re.compile(r"[0-9]{1,15}")
 _GOVERNOR_TEXT = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
-def _saved_state(state: Any) -> tuple[str, str, str | None] | str:
+def _saved_state(state: dict[str, Any]) -> tuple[str, str, str | None] | str:
     """(min_freq, max_freq, governor) as the record holds them, or what is wrong (checked before writing)."""
-    if not isinstance(state, dict):
-        return "'state' must be an object"
     freqs = []
     for name in ("min_freq", "max_freq"):
         value = state.get(name)
@@ -156,18 +155,14 @@ def _saved_state(state: Any) -> tuple[str, str, str | None] | str:
 
 @dataclass(frozen=True)
 class Rail:
-    """One INA3221 channel: either a power file (mW) or a voltage (mV) and a current (mA) file."""
+    """One INA3221 channel: a power file (mW), or a voltage (mV) and a current (mA) file."""
 
     name: str
-    power_mw: Path | None = None
-    voltage_mv: Path | None = None
-    current_ma: Path | None = None
+    files: tuple[Path, ...]  # (power,) or (voltage, current)
 
     def read_w(self) -> float:
-        if self.power_mw is not None:
-            return _read_number(self.power_mw) / 1000.0
-        assert self.voltage_mv is not None and self.current_ma is not None
-        return _read_number(self.voltage_mv) * _read_number(self.current_ma) / 1e6
+        reading = math.prod(_read_number(path) for path in self.files)  # mW, or mV × mA = µW
+        return reading / (1000.0 if len(self.files) == 1 else 1e6)
 
 
 def _read_number(path: Path, kind: type[float] | type[int] = float, what: str = "a number") -> Any:
@@ -187,21 +182,21 @@ def find_rails(root: Path) -> list[Rail]:
             power = dev / f"in_power{name_file.name.rsplit('_', 1)[-1]}_input"
             name = _read(name_file)
             if name and power.is_file():
-                found.append(Rail(name, power_mw=power))
+                found.append(Rail(name, (power,)))
     for dev in sorted(root.glob(INA3221_HWMON_GLOB)):
         for label_file in sorted(dev.glob("in*_label")):
             channel = label_file.name[len("in") : -len("_label")]
             volt, curr = dev / f"in{channel}_input", dev / f"curr{channel}_input"
             name = _read(label_file)
             if name and name.upper() != "NC" and volt.is_file() and curr.is_file():
-                found.append(Rail(name, voltage_mv=volt, current_ma=curr))
+                found.append(Rail(name, (volt, curr)))
     rails, seen = [], set()
     for rail in found:
         name, n = rail.name, 2
         while name in seen:
             name, n = f"{rail.name}#{n}", n + 1
         seen.add(name)
-        rails.append(Rail(name, rail.power_mw, rail.voltage_mv, rail.current_ma))
+        rails.append(Rail(name, rail.files))
     return rails
 
 
@@ -329,14 +324,12 @@ class JetsonBoard(Device):
         raise DeviceError(f"{path} has no MemTotal line")
 
     def describe(self) -> dict[str, Any]:
-        info = super().describe()
-        info.update(
-            rails=[rail.name for rail in self._rails],
-            total_rail=self._total.name if self._total is not None else None,
-            model=self.model,
-            devfreq=str(self.devfreq) if self.devfreq is not None else None,
-        )
-        return info
+        return super().describe() | {
+            "rails": [rail.name for rail in self._rails],
+            "total_rail": self._total.name if self._total is not None else None,
+            "model": self.model,
+            "devfreq": str(self.devfreq) if self.devfreq is not None else None,
+        }
 
 
 def open_jetson(spec: str) -> JetsonBoard:

@@ -198,9 +198,7 @@ class NvmlGpu(Device):
         return int(info.total)
 
     def describe(self) -> dict[str, Any]:
-        info = super().describe()
-        info.update(name=self.name, index=self.index)
-        return info
+        return super().describe() | {"name": self.name, "index": self.index}
 
     def close(self) -> None:
         """Release the clock lock, then NVML (each open holds one nvmlInit reference)."""

@@ -299,7 +299,7 @@ class SimulatedBoard(Device):
             sampler.record(t0, self._t, watts)
 
     def describe(self) -> dict[str, Any]:
-        d = super().describe()
-        d["description"] = f"simulated {self.model.description}"
-        d["rails"] = list(self.model.rails[:1])
-        return d
+        return super().describe() | {
+            "description": f"simulated {self.model.description}",
+            "rails": list(self.model.rails[:1]),
+        }
