@@ -24,9 +24,8 @@ class DeviceOutOfMemory(DeviceError):
 
 def is_out_of_memory(exc: BaseException) -> bool:
     """Whether `exc` says a batch did not fit: ours, torch's `OutOfMemoryError`, or "out of memory" text."""
-    if isinstance(exc, DeviceOutOfMemory):
-        return True
-    return type(exc).__name__ == "OutOfMemoryError" or "out of memory" in str(exc).lower()
+    named = isinstance(exc, DeviceOutOfMemory) or type(exc).__name__ == "OutOfMemoryError"
+    return named or "out of memory" in str(exc).lower()
 
 
 class FileFormatError(PowerctlError):
@@ -38,8 +37,8 @@ class InfeasibleCapError(PowerctlError):
 
 
 class ArgumentError(PowerctlError, ValueError):
-    """A Python caller gave an argument that cannot be used (`except ValueError` catches it): one line
-    naming the argument, its value and what is allowed, raised where the call is made."""
+    """A Python caller's unusable argument (`except ValueError` catches it): one line naming it, its value
+    and what is allowed."""
 
 
 def printable(text: str, limit: int = 160) -> str:

@@ -86,11 +86,8 @@ def seconds_since_start(pid: int) -> float | None:
 
 def proc_table() -> dict[int, ProcStat]:
     """Every process this user can see, by pid."""
-    table = {}
-    for entry in PROC.iterdir():
-        if entry.name.isdigit() and (st := proc_stat(int(entry.name))) is not None:
-            table[int(entry.name)] = st
-    return table
+    stats = {int(e.name): proc_stat(int(e.name)) for e in PROC.iterdir() if e.name.isdigit()}
+    return {pid: st for pid, st in stats.items() if st is not None}
 
 
 def descendants(pid: int, table: dict[int, ProcStat] | None = None) -> list[int]:
