@@ -121,7 +121,7 @@ def _heatmap(
     infeasible = np.isfinite(peak) & ~feasible
     n_rows, n_cols = values.shape
     for i, j in np.ndindex(n_rows, n_cols):  # each value legible on its colour; missing hatched, over faded
-        v = values[i, j]
+        v = float(values[i, j])
         if not np.isfinite(v):
             _cell(ax, j, i, fill=False, hatch=_MISSING_HATCH, edgecolor=_MISSING_EDGE, lw=0)
             continue
