@@ -1,7 +1,7 @@
 """The ClientApp: translates Flower messages (query, train, evaluate) to `fl_client.round` and back.
 
-A deployed SuperNode starts a process per message, so each function imports only what it needs (the
-query no torch and no data). Bad input is answered with an error reply whose reason is one line.
+Each function imports only what it needs (a deployed SuperNode starts a process per message); bad input
+is answered with an error reply whose reason is one line.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def train_reply(
     msg: Message, context: Context, steps_for: StepsFor | None = None
 ) -> tuple[Message, RoundOutcome | None]:
     """A TRAIN message's round with the steps `steps_for` gives (default: the production round's), its
-    reply, and the round's outcome (None: an error reply) for a caller that sends more."""
+    reply and the round's outcome (None: an error reply)."""
     from fl_client.round import RoundWork, model_seq_len, node_device_seed, run_round
 
     settings = None

@@ -1,9 +1,7 @@
 """`python -m fl_client.check`: can this machine reach the SuperLink, and if not, why.
 
-It connects as a SuperNode (its own flags) or as `flwr run` (`--connection NAME`) does, one layer at a
-time, and names the first thing wrong (docs/deployment.md, "When it does not connect"). A key's node is
-activated and released; without a key a throwaway one is registered and unregistered. Exit status: 0
-all good, 1 a problem found (its line last), 2 bad flags or files.
+It connects as a SuperNode or as `flwr run` does, one layer at a time, and names the first thing wrong
+(docs/deployment.md). Exit status: 0 all good, 1 a problem found (its line last), 2 bad flags or files.
 """
 
 from __future__ import annotations
@@ -62,7 +60,7 @@ KEY_LIMIT = 64 << 10  # a node key is a few hundred bytes
 
 def load_node_key(path: Path) -> Any:
     """The SuperNode's ECDSA private key, read as flower-supernode reads it (OpenSSH format, no
-    passphrase: Flower cannot ask for one); anything else is one line saying what to give."""
+    passphrase); anything else is one line saying what to give."""
     from cryptography.exceptions import UnsupportedAlgorithm
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.hazmat.primitives.serialization import load_ssh_private_key
@@ -97,8 +95,7 @@ def control_nodes(t: Target) -> list[Any]:
 
 
 def node_with_key(t: Target, public_key: bytes) -> Any | None:
-    """The SuperLink's record of the node with this public key (None: not registered); raises when
-    the Control API does not answer (e.g. it wants an account login)."""
+    """The SuperLink's record of the node with this public key (None: not registered)."""
     for node in control_nodes(t):
         if node.public_key == public_key and node.status != "unregistered":
             return node
@@ -130,9 +127,8 @@ def _online_for_s(node: Any) -> float:
 
 
 def release_stale_node(t: Target, say: Callable[[str], None]) -> bool:
-    """If the SuperLink still counts this key's node online (its SuperNode crashed within the heartbeat
-    window), mark it offline, signed with the key, so a restarted SuperNode is accepted at once; False
-    when nothing was released (no such node, or the Control API does not answer)."""
+    """If the SuperLink still counts this key's node online (its SuperNode crashed), mark it offline,
+    signed with the key, so a restarted SuperNode is accepted at once; False when nothing was released."""
     from flwr.proto.fleet_pb2 import DeactivateNodeRequest
     from flwr.supercore.primitives.asymmetric import public_key_to_bytes
 
@@ -327,7 +323,7 @@ def target_from_args(args: argparse.Namespace) -> Target:
 
 
 def check_files(t: Target) -> None:
-    """The CA certificate and node key, read as Flower will: a bad one is one line before connecting."""
+    """The CA certificate and node key, read as Flower will."""
     if t.root_certificates is not None:
         load_ca(t.root_certificates)
     if t.node_key is not None:

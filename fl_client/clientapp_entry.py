@@ -1,8 +1,6 @@
 """A lighter `flwr-clientapp` for a deployed SuperNode's per-message processes: Flower's own
-`flwr_clientapp.py` run as the script itself, without the SuperNode package its console script imports
-first (docs/results/clientapp_startup.md); only while that file's text is the one checked here
-(FLWR_CLIENTAPP_SHA256), else Flower's own command. `python -m fl_client.supernode` puts it on PATH.
-"""
+`flwr_clientapp.py` run as the script itself, without the package its console script imports first
+(docs/results/clientapp_startup.md), only while that file's text is the one checked here."""
 
 from __future__ import annotations
 

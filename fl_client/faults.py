@@ -1,9 +1,7 @@
 """Injected failures for soak tests: a ClientApp that raises, hangs past the round's timeout, or dies.
 
-Only a process started with ``POWERFED_FAULT_INJECTION=1`` honours ``inject-failures`` (e.g.
-``"raise:0.1,hang:0.05,kill:0.05"``); any other refuses the message in one line. Each decision is drawn
-from (seed, node, round) and appended to ``$POWERFED_FAULT_LOG`` before it acts; a node killed for a
-piece of work is not killed again for it. A kill ends the process after the fine-tune's first checkpoint.
+Only a process started with ``POWERFED_FAULT_INJECTION=1`` honours ``inject-failures``; each decision is
+drawn from (seed, node, round) and appended to ``$POWERFED_FAULT_LOG`` before it acts.
 """
 
 from __future__ import annotations
@@ -120,8 +118,8 @@ def before_training(faults: Faults | None, node: str, server_round: int) -> str 
 
 
 def kill_after_checkpoint(node: str, server_round: int, after_samples: int) -> Callable[[int, int], None]:
-    """An `on_step` that ends the process (as SIGKILL) once the fine-tune has passed `after_samples`
-    (its first checkpoint), logged just before."""
+    """An `on_step` that ends the process (as SIGKILL), logged just before, once the fine-tune has passed
+    `after_samples` (its first checkpoint)."""
 
     def on_step(steps: int, samples: int) -> None:
         if samples > after_samples:

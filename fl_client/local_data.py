@@ -1,7 +1,5 @@
 """A node's own data (its `data` spec, else its share of the run's `client-data`), split into train and
-test. Flower keeps a ClientApp's process across rounds and one actor serves many virtual nodes, so the
-dataset is read and partitioned once per process and every node's split is kept.
-"""
+test; read and partitioned once per process (one process serves many rounds and virtual nodes)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""`power_aware_mod`, the Flower Mod that makes any ClientApp's train function power-aware (the round
-open for its `PowerSession`, the session's report put in the reply), and `describe_node`, a query
-function. Bad input is an error reply whose reason is one line; neither imports torch for a query.
-"""
+"""`power_aware_mod`, the Flower Mod that makes any ClientApp's train function power-aware, and
+`describe_node`, a query function; bad input is an error reply whose reason is one line."""
 
 from __future__ import annotations
 
@@ -45,9 +43,8 @@ def profile_cache(run_config: Any) -> Path | None:
 
 
 def node_reply(msg: Message, context: Context, plan: Planner | None = None) -> Message:
-    """A query's reply: who this node is (`strategies.rounds.NodeInfo`; an unknown or absent device fails
-    here) and, when the query holds train instructions, `plan`'s record (without `plan`: refused). Only a
-    node that plans needs its data."""
+    """A query's reply: who this node is (`strategies.rounds.NodeInfo`) and, when the query holds train
+    instructions, `plan`'s record (without `plan`: refused)."""
     settings = None
     try:
         settings = resolve_node(context.node_config, context.run_config, needs_data=plan is not None)

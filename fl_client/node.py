@@ -1,8 +1,5 @@
-"""Which device, power cap and data a node has: node config first, then the run's fleet.
-
-The keys are docs/reference/node-config.md's (`device`, `power-cap-w`, `data`, `name`, `pin`); a
-simulated node gets only `partition-id` and `num-partitions`, which the run's `fleet` maps to a board.
-"""
+"""Which device, power cap and data a node has (docs/reference/node-config.md): node config first, then
+the run's fleet, which maps a simulated node's `partition-id` to a board."""
 
 from __future__ import annotations
 
@@ -78,8 +75,8 @@ def _node_cap(node_config: Any, device: str) -> tuple[float | None, CapSource | 
 
 
 def resolve_node(node_config: Any, run_config: Any, *, needs_data: bool = True) -> NodeSettings:
-    """This node's settings: its node config, completed by the run's fleet for virtual nodes.
-    `needs_data=False`: a user's own loop brings its own data (`fl_client.session`)."""
+    """This node's settings: its node config, completed by the run's fleet for virtual nodes
+    (`needs_data=False`: a user's own loop brings its own data)."""
     # a misspelt key (powercap-w) must not leave the node uncapped without a word
     r = MappingReader(node_config, "node config", NodeConfigError).only(NODE_KEYS)
     pid = r.value("partition-id", Integer(0), None)

@@ -1,5 +1,4 @@
-"""A rule in force while a loop trains (`Pinning`), and the train step's outcome it gives (`Trained`):
-any loop, the built-in fine-tune's or a user's own (`fl_client.session`), trains through it."""
+"""A rule in force while any loop trains (`Pinning`), and the train step's outcome it gives (`Trained`)."""
 
 from __future__ import annotations
 
@@ -51,10 +50,9 @@ class Trained:
 
 @dataclass
 class Pinning:
-    """A rule in force on an open device while a loop trains: under a constant cap pinned at the rule's
-    pair with the power guard watching; under a cap that changes, the follower re-applying the rule at
-    every change. Any loop (the built-in fine-tune, a user's own through `fl_client.session`) runs its
-    steps with `hooks`; the caller restores the device (`restore_on_exit`)."""
+    """A rule in force on an open device while a loop trains with `hooks`: under a constant cap pinned at
+    the rule's pair with the power guard watching; under a cap that changes, the follower re-applying the
+    rule at every change. The caller restores the device."""
 
     choice: Pick
     guard: PowerGuard | None = None
@@ -116,8 +114,7 @@ class Pinning:
 
     @property
     def frequency_hz(self) -> int:
-        """The frequency in force: the follower's, the confirmation's or the guard's after its
-        step-downs, else the choice's."""
+        """The frequency in force (the guard's after its step-downs)."""
         for holder in (self.follower, self.confirmation, self.guard):
             if holder is not None:
                 return int(holder.frequency_hz)
@@ -146,7 +143,6 @@ def pinned(
     work: RoundWork, rule: CapRule, observe: Callable[[Device], AbstractContextManager[Any]] | None = None
 ) -> Iterator[tuple[Device, Pinning]]:
     """A fresh handle on the node's device with the rule in force, restored on every way out of the block
-    (an exception, SIGTERM, SIGHUP, exit). `observe(device)` is entered before the rule (a bench records
-    the board's power with it)."""
+    (an exception, SIGTERM, SIGHUP, exit); `observe(device)` is entered before the rule."""
     with work.device() as dev, restore_on_exit(dev), observe(dev) if observe else nullcontext():
         yield dev, Pinning.start(work, rule, dev)

@@ -1,8 +1,5 @@
-"""Profiles on disk, one per (board, model, input shape, batch sizes, profiler settings, code version).
-
-A node profiles once and reuses the table in every later round and run; an entry is trusted only if it
-loads as a valid profile carrying the key it was stored under (else it is profiled again).
-"""
+"""Profiles on disk, one per (board, model, input shape, batch sizes, profiler settings, code version);
+an entry is trusted only if it loads as a valid profile carrying the key it was stored under."""
 
 from __future__ import annotations
 
@@ -115,7 +112,7 @@ def same_kind_profiles(
     device_kind: str, workload: dict[str, Any], cache_dir: Path | None = None
 ) -> list[tuple[Path, Profile]]:
     """Measured profiles in the cache of this kind of board and this workload, whatever cap or order
-    they were measured for (for a predicted profile); the most points first, unreadable ones passed over."""
+    they were measured for; the most points first, unreadable ones passed over."""
     found = []
     for path in sorted((cache_dir or default_cache_dir("profile")).glob("profile-*.json")):
         try:

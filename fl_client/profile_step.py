@@ -1,5 +1,4 @@
-"""A round's profile step: the device's profile of the step that will train, cached, measured, or held
-to a share of the predicted training (`powerctl.profiling.budget`), and what the report says of it."""
+"""A round's profile step: the device's profile of the step that will train, and what the report says."""
 
 from __future__ import annotations
 
@@ -45,9 +44,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Profiled:
-    """What the profile step produced: the profile, whether it was `cached` (no device time this round),
-    the board, the line said when a killed process had left the device pinned (`restored`), and a
-    budgeted profile's `plan` (None: the instructed order, or cached)."""
+    """What the profile step produced: the profile, whether it was `cached`, the board, the line said when
+    a killed process had left the device pinned (`restored`), and a budgeted profile's `plan`."""
 
     profile: Profile
     cached: bool
@@ -56,8 +54,8 @@ class Profiled:
     plan: ProfilingPlan | None = None
 
     def outcome(self, power_aware: bool, stand_in: bool) -> Profiling:
-        """What the report says of this profile: its cost, charged only to the power-aware method for a
-        profile measured this round (the baselines do not profile; a stand-in trains nothing)."""
+        """What the report says of this profile: its cost, charged only to a power-aware method for a
+        profile measured this round."""
         profile, plan, extra = self.profile, self.plan, self.profile.extra
         charged = power_aware and not self.cached and not stand_in
         seconds = float(profile.profiling_s or 0.0) if charged else 0.0
@@ -70,9 +68,7 @@ class Profiled:
 
 
 def profile_order(instr: TrainInstructions, caps: CapSource) -> tuple[str, float | None]:
-    """(order, the cap the order stops at). The efficient order stops at the cap (no cap: the grid); the
-    fitted order predicts and confirms the choice for this cap; a cap that changes may rise above
-    today's, so it needs the whole grid."""
+    """(order, the cap the order stops at); a cap that changes may rise above today's: the whole grid."""
     if not caps.is_constant:
         return "grid", None
     cap = caps.cap_at(0.0)
@@ -81,8 +77,7 @@ def profile_order(instr: TrainInstructions, caps: CapSource) -> tuple[str, float
 
 
 def budgeted(work: RoundWork) -> bool:
-    """Whether this round's profiling is held to a share of its predicted training (energy under a
-    deadline reads the whole profile; a cap that changes needs the grid)."""
+    """Whether this round's profiling is held to a share of its predicted training."""
     instr = work.instr
     return (
         instr.profiling_budget > 0
@@ -95,8 +90,7 @@ def budgeted(work: RoundWork) -> bool:
 
 
 def measured_profile_step(work: RoundWork, relation: RelationVector) -> Profiled:
-    """The device's profile for this step, from the cache or measured now (and cached); a budgeted round
-    measures only what its predicted training pays for (`budgeted_profile`)."""
+    """The device's profile for this step, from the cache or measured now (and cached)."""
     instr = work.instr
     order, order_cap = profile_order(instr, work.caps)
     fitted_relation = relation.as_map() if order == "fitted" else None
@@ -122,8 +116,7 @@ def measured_profile_step(work: RoundWork, relation: RelationVector) -> Profiled
         if budgeted(work):
             return budgeted_profile(work, dev, key, relation, step_factory)
         if not method_named(instr.method).power_aware and isinstance(dev, SimulatedBoard):
-            # a baseline is charged no profiling; on a simulated board the board's model is what its
-            # readings are drawn from: read, not measured (the paper's baselines do not profile)
+            # a baseline does not profile: a simulated board's model is read, not measured
             model, _ = _prediction(work, dev, key, step_factory()[0], relation)
             assert model is not None  # a simulated board always has its model
             return Profiled(model, False, dev.board, dev.recovered or "")
@@ -156,10 +149,9 @@ def budgeted_profile(
     relation: RelationVector,
     step_factory: Callable[[], tuple[Workload, StepFactory]],
 ) -> Profiled:
-    """Profiling that pays for itself (`powerctl.profiling.budget`): a profile cached by any of the ways
-    costs nothing; else one measured step predicts the training, and the most thorough way whose cost
-    is within `profiling-budget` of it is profiled (the instructed order, the fitted order, or the
-    predicted profile's choice confirmed)."""
+    """Profiling that pays for itself (`powerctl.profiling.budget`): a profile cached by any way costs
+    nothing; else one measured step predicts the training, and the most thorough way within
+    `profiling-budget` of it is profiled."""
     instr, cap = work.instr, work.cap_at_start
     rmap = json.dumps(sorted(relation.as_map().items()))
     keys = {
@@ -235,7 +227,7 @@ def _prediction(
 
 def _reference_hz(dev: Device, cap: float | None) -> int | None:
     """Where one step is measured when nothing predicts the board: the state of practice's frequency for
-    the cap where the board kind has one, else the lowest (None); unpinnable: the clock in force."""
+    the cap, else the lowest (None); unpinnable: the clock in force."""
     if not dev.frequencies():
         return None  # no knob: the profiler refuses it with one line
     if cap is None or not dev.pins:

@@ -1,11 +1,7 @@
 """One client round, Flower-free: profile → choose → pin and train → report (`run_round`).
 
-Every caller goes through it: the ClientApp (`fl_client.app`), the one-board demo and the benches; what
-differs is a step (`RoundSteps`), never a mode. What only the fleet runner asks for (scale mode, the
-oracle's own-data search) comes with its own steps (`simulations.bench_steps`); the production round
-refuses it in one line. What other modules use is listed in `__all__`. The device is opened per step and
-restored on every way out (`fl_client.pinning.pinned`); a board a killed process left pinned is put back
-when the device opens, and the report says so.
+Every caller (the ClientApp, the demo, the benches) differs only by its steps (`RoundSteps`); the fleet
+runner's own come from `simulations.bench_steps`. The device is restored on every way out.
 """
 
 from __future__ import annotations
@@ -99,9 +95,8 @@ def node_device_seed(settings: NodeSettings, server_seed: int) -> int:
 
 @dataclass(frozen=True)
 class ProfiledStep:
-    """The step of the loop that will train, as a round profiles it (so the profile is of what trains).
-    `build(device)` gives its workload and batch size → one step, on its own copy of the model (profiling
-    trains); `model`, `input_shape` and `key` ("" for the built-in step) name it in the profile cache."""
+    """The step that will train, as a round profiles it: `build(device)` gives its workload and batch size
+    → one step, on its own copy of the model; `model`, `input_shape` and `key` name it in the cache."""
 
     model: str
     input_shape: tuple[int, ...]
@@ -111,8 +106,7 @@ class ProfiledStep:
 
 @dataclass(frozen=True)
 class RoundWork:
-    """One round's work on one node: who it is, what the server asked, its weights and local data.
-    `caps` is resolved once from the node and the instructions (a step may narrow it)."""
+    """One round's work on one node: who it is, what the server asked, its weights and local data."""
 
     settings: NodeSettings
     instr: TrainInstructions
@@ -136,8 +130,7 @@ class RoundWork:
         return len(self.data[0]) if self.data is not None else self.examples
 
     def profiled_step(self) -> ProfiledStep:
-        """The step profiled: a user's loop's own, else the built-in fine-tune's (its optimizer and loss)
-        on the server's model, at the task's input shape."""
+        """The step profiled: a user's loop's own, else the built-in fine-tune's on the server's model."""
         if self.step is not None:
             return self.step
         from powerfed.training.profiling import profiling_step_factory
@@ -160,8 +153,8 @@ class RoundWork:
         return ProfiledStep(instr.model, tuple(shape), build)
 
     def device(self) -> Device:
-        """A fresh handle on this node's device (each step opens its own: a simulated board's noise
-        then does not depend on what ran before), pinnable as the node allows (`NodeSettings.pin`)."""
+        """A fresh handle on this node's device (a simulated board's noise then does not depend on what
+        ran before), pinnable as the node allows."""
         return open_device(self.settings.device, seed=self.device_seed, pin=self.settings.pin)
 
     @cached_property
@@ -258,9 +251,8 @@ class MethodRule:
 
 @dataclass(frozen=True)
 class Chosen:
-    """The choose step's outcome: the rule the train step applies. A step that trained to choose (the
-    oracle's search) hands on its `runs` by pair (the chosen pair's is the round's training, not run
-    again) and what it measured beside the report (`bench`, sent by `simulations.fleet_client`)."""
+    """The rule the train step applies; a step that trained to choose (the oracle's search) hands on its
+    `runs` by pair (the chosen one is not run again) and what it measured (`bench`)."""
 
     rule: CapRule
     runs: dict[tuple[int, int], Trained] = field(default_factory=dict)
@@ -276,8 +268,7 @@ ChooseStep = Callable[[RoundWork, Profile, RelationVector, TrainStep], Chosen]
 
 
 def method_step(work: RoundWork, profile: Profile, relation: RelationVector, train: TrainStep) -> Chosen:
-    """The instructed method's rule. A stand-in oracle has no training to search with: it predicts by
-    the proxy's relation."""
+    """The instructed method's rule (an oracle without its search predicts by the proxy's relation)."""
     instr = work.instr
     own = relation if method_named(instr.method).searches_own_data else None
     return Chosen(MethodRule(instr.method, profile, relation, own, instr.deadline_s, instr.relation_rule))
@@ -287,9 +278,8 @@ def method_step(work: RoundWork, profile: Profile, relation: RelationVector, tra
 
 
 def round_checkpoint(work: RoundWork, pair: tuple[int, int]) -> Checkpointing | None:
-    """Where this node checkpoints this round's fine-tune: one file per node, keyed by the instructions,
-    the node and the first pair (not Flower's ids: a restarted ServerApp re-sending the same round
-    resumes; `fine_tune` checks the weights, data and device before resuming)."""
+    """This node's checkpoint of this round's fine-tune, keyed by the instructions, the node and the first
+    pair (not Flower's ids: the same round re-sent by a restarted ServerApp resumes)."""
     instr, settings = work.instr, work.settings
     if not instr.checkpoint_every_samples:
         return None
@@ -303,9 +293,8 @@ def round_checkpoint(work: RoundWork, pair: tuple[int, int]) -> Checkpointing | 
 def fine_tune_step(
     work: RoundWork, rule: CapRule, *, observe: Callable[[Device], AbstractContextManager[Any]] | None = None
 ) -> Trained:
-    """Fine-tune the server's weights on a fresh device handle, checkpointed (the same work killed and
-    sent again resumes), under the rule as `Pinning` holds it. `observe(device)` is entered around the
-    whole fine-tune (a bench records the board's power with it)."""
+    """Fine-tune the server's weights, checkpointed, under the rule as `Pinning` holds it; `observe(device)`
+    is entered around it (a bench records the board's power with it)."""
     instr = work.instr
     train, test = work.split()
     model = work.model()
@@ -338,7 +327,7 @@ def fine_tune_step(
 
 @dataclass(frozen=True)
 class RoundSteps:
-    """The three steps of a round; `for_instructions` gives the ones the server's instructions ask for."""
+    """The three steps of a round."""
 
     profile: ProfileStep = measured_profile_step
     choose: ChooseStep = method_step
@@ -346,8 +335,7 @@ class RoundSteps:
 
     @classmethod
     def for_instructions(cls, instr: TrainInstructions) -> RoundSteps:
-        """The production round (measured profile, the method's rule, fine-tune); instructions that
-        need the fleet runner's steps are one line."""
+        """The production round's steps; instructions that need the fleet runner's are refused."""
         searches = method_named(instr.method).searches_own_data
         if instr.stand_in or instr.profile_source == "predicted" or searches:
             raise ClientWorkError(
@@ -374,9 +362,8 @@ class RoundOutcome:
 
 
 def message_process_startup_s() -> float | None:
-    """Wall seconds since this process started, where it was started for this one message (a deployed
-    SuperNode's `flwr-clientapp`): the start-up the round cost before its work (`ClientReport.startup_s`).
-    None where a process serves many messages (simulation's Ray actors, a test, a user's script)."""
+    """Seconds since this process started where it serves one message (a deployed `flwr-clientapp`), the
+    start-up the round cost; None where a process serves many (simulation, a test, a user's script)."""
     if os.path.basename(sys.argv[0]) != CLIENTAPP_COMMAND:
         return None
     startup = seconds_since_start(os.getpid())
@@ -385,8 +372,7 @@ def message_process_startup_s() -> float | None:
 
 @dataclass(frozen=True)
 class Prepared:
-    """A round profiled and its rule chosen, by the built-in round and a user's loop alike: what the
-    train step applies, and what the report adds to its outcome."""
+    """A round profiled and its rule chosen (the built-in round and a user's loop alike)."""
 
     work: RoundWork
     profiled: Profiled
@@ -436,8 +422,7 @@ class Prepared:
 
 
 def run_round(work: RoundWork, steps: RoundSteps | None = None) -> RoundOutcome:
-    """Profile → choose → pin and train → report, with the steps given (default: what the instructions
-    ask for)."""
+    """Profile → choose → pin and train → report, with the steps given (default: the production round's)."""
     steps = steps or RoundSteps.for_instructions(work.instr)
     check_data(work.instr, work.split()[0])
     prepared = Prepared.of(work, steps)
@@ -459,8 +444,8 @@ def plan_round(
     *,
     profile_cache: Path | None = None,
 ) -> Plan:
-    """A planning query (energy-under-deadline rounds): this node's fastest pair under its cap and its
-    predicted time to the target, profiling now when not cached (the server charges that to the round)."""
+    """A planning query: this node's fastest pair under its cap and its predicted time to the target,
+    profiling now when not cached (the server charges that to the round)."""
     work = RoundWork(settings, instr, None, None, profile_cache=profile_cache)
     relation = usable_relation(instr, train_examples)
     profiled = measured_profile_step(work, relation)

@@ -1,10 +1,8 @@
-"""`PowerSession`: a power-aware round around a user's own training loop (usage: `powerfed`'s docstring,
-docs/howto/bring-your-own.md).
+"""`PowerSession`: a power-aware round around a user's own training loop (docs/howto/bring-your-own.md).
 
-The session profiles the step `make_step(model)` returns (on a copy of the model, at every batch size of
-the plan), chooses a pair under the node's cap, pins the board, charges every step run through it and
-reports the round, all through `fl_client.round`'s code. The plan comes from `power_aware_mod` or from
-`round_context=`. The device is restored on every way out of the `with` (exceptions, SIGINT, SIGTERM).
+It profiles the step `make_step(model)` returns, chooses a pair under the node's cap, pins the board,
+charges every step run through it and reports the round, through `fl_client.round`'s code; the device
+is restored on every way out of the `with`.
 """
 
 from __future__ import annotations
@@ -78,9 +76,9 @@ class RoundContext:
     leaves its report. `power_aware_mod` makes one per train message; a loop without the mod makes its
     own, `RoundContext(node, instructions)`, and reads `session.report`."""
 
-    node: NodeSettings  # its device, cap, data share
+    node: NodeSettings
     instructions: TrainInstructions  # the plan (relation vector, target, method, budget)
-    profile_cache: Path | None = None  # default: the shared cache, `$POWERFED_CACHE/profile`
+    profile_cache: Path | None = None  # default: the shared cache
     sessions: list[PowerSession] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -112,8 +110,8 @@ def user_step(
     loss: LossFn | None,
     key: str,
 ) -> ProfiledStep:
-    """The user's step as the round profiles it: on a copy of `model` (profiling trains; the loop's
-    model is left as the server sent it), batches of each size made from the example's samples."""
+    """The user's step as the round profiles it: on a copy of `model` (profiling trains), batches of each
+    size made from the example's samples."""
     x, y = _example(example)
     loss_fn = loss or nn.functional.cross_entropy
     _check_fit(model, x, y, loss_fn)
@@ -146,7 +144,7 @@ def user_step(
 
 def optimizer_states(step: Any, model: nn.Module) -> int | None:
     """How many copies of the parameters the step's optimizer keeps (Adam 2, SGD 0), read from its state
-    after one step (the optimizer found in the step's closure or bound object; None: none found)."""
+    after one step (None: no optimizer in the step's closure or bound object)."""
     params = {id(p): p for p in model.parameters()}
     for opt in _optimizers_of(step):
         counts = [
@@ -194,8 +192,8 @@ def _example(example: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tenso
 
 
 def _check_fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn) -> None:
-    """One sample of the example through the model and the loss (eval mode, no gradient): an example of
-    another shape is one line where the session is made, not a torch error inside profiling."""
+    """One sample of the example through the model and the loss: an example of another shape is one line
+    where the session is made, not a torch error inside profiling."""
     device = next(model.parameters(), torch.empty(0)).device
     was_training = model.training
     model.eval()
@@ -213,7 +211,7 @@ def _check_fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: Loss
 
 def _step_key(model: nn.Module, make_step: MakeStep, key: str) -> str:
     """The step's name in the profile cache: the model's class and size, the code of the step and the
-    model (`fl_client.step_identity`), and the user's own `key` (for what the code does not show)."""
+    model (`fl_client.step_identity`), and the user's own `key`."""
     params = sum(p.numel() for p in model.parameters())
     parts = [type(model).__module__, type(model).__qualname__, str(params), step_identity(make_step)]
     what = "|".join([*parts, step_identity(type(model))])
@@ -223,26 +221,12 @@ def _step_key(model: nn.Module, make_step: MakeStep, key: str) -> str:
 class PowerSession:
     """One round of a user's own loop under the node's power cap (see the module's docstring).
 
-    Parameters
-    ----------
-    model : nn.Module
-        The model the loop trains, with the weights the server sent.
-    make_step : MakeStep
-        model → the loop's training step `step(x, y)`; called once on a copy to profile.
-    example : (inputs, targets)
-        One batch of the loop's data: its sample shape is profiled.
-    train_examples : int
-        The node's training samples (batch sizes the node cannot fill once are left out).
-    loss : callable, optional
-        (outputs, targets) → loss, for counting the step's work on a simulated board (default: cross
-        entropy).
-    key : str
-        Changes the profile cache's key when the step changes in a way its code does not show.
-    lr : float, optional
-        The learning rate the loop trains with, for the report (default: the plan's rule at the batch
-        size chosen, `session.lr`).
-    round_context : RoundContext, optional
-        The node, the plan and the profile cache, when no `power_aware_mod` passes them in.
+    `model` has the server's weights; `make_step(model)` returns the loop's step `step(x, y)` (called once
+    on a copy to profile); `example` is one batch (inputs, targets) of the loop's data; `train_examples`
+    the node's samples (batch sizes it cannot fill once are left out); `loss(outputs, targets)` counts
+    the step's work on a simulated board (default: cross entropy); `key` changes the profile cache's key
+    where the step changes in a way its code does not show; `lr` is the loop's rate for the report
+    (default: `session.lr`); `round_context` the node and plan where no `power_aware_mod` gives them.
     """
 
     def __init__(
@@ -332,7 +316,7 @@ class PowerSession:
         self.prepared = prepared = Prepared.of(self.work, steps)
         with ExitStack() as stack:  # on an error here, the device restored and closed
             dev, self._pinning = stack.enter_context(pinned(self.work, prepared.chosen.rule))
-            self._workload = Workload(**prepared.profiled.profile.extra["workload"])
+            self._workload = Workload.from_dict(prepared.profiled.profile.extra["workload"])
             self._power = TrainingPower(dev, POWER_RATE_HZ)
             self._power.resume()
             self._stack, self._dev = stack.pop_all(), dev
@@ -387,8 +371,8 @@ class PowerSession:
         return self._dev.torch_device()
 
     def step(self, fn: Step, *args: Any, **kwargs: Any) -> Any:
-        """Run one training step `fn(*args, **kwargs)` on the pinned board and charge it: the batch
-        size is the first argument's length. Returns what `fn` returns."""
+        """Run one training step `fn(*args, **kwargs)` on the pinned board and charge it (the batch size is
+        the first argument's length); returns what `fn` returns."""
         pinning, dev, power = self._active(), self._dev, self._power
         assert dev is not None and power is not None and self._workload is not None
         first = args[0] if args else None
@@ -429,9 +413,9 @@ class PowerSession:
             )
 
     def _check_step_time(self, batch: int, seconds: float) -> None:
-        """On a real board, the median of steps 2 to 1 + TIMED_STEPS against the profile's time at the
-        pair in force (the FLOP check sees only matmuls and convolutions); a short last batch, and profiled
-        steps under MIN_TIMED_STEP_S (launch overheads dominate), are not compared."""
+        """On a real board, the median of steps 2 to 1 + TIMED_STEPS against the profile's time at the pair
+        in force (the FLOP check sees only matmuls and convolutions); a short batch, and profiled steps
+        under MIN_TIMED_STEP_S (launch overheads dominate), are not compared."""
         assert self.profiled is not None
         if batch != self.batch_size:
             return
@@ -453,9 +437,8 @@ class PowerSession:
             )
 
     def evaluated(self, accuracy: float) -> bool:
-        """Record an evaluation of the model (the last one is reported); True once it meets the target.
-        Only steps run through `step` are charged device seconds, so evaluation time is not. An accuracy
-        outside [0, 1] (NaN, a percentage, a string) is one ArgumentError line, never reported."""
+        """Record an evaluation of the model (the last one is reported, its time not charged); True once it
+        meets the target. An accuracy outside [0, 1] is one ArgumentError line."""
         check_arguments("PowerSession.evaluated", accuracy=(accuracy, Number(0.0, 1.0)))
         self.accuracy = float(accuracy)
         return self.reached

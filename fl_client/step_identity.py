@@ -1,12 +1,9 @@
 """What a user's training step is, for the profile cache: a digest that follows the code it runs.
 
-A profile is reused only for the same step, whatever `make_step` is (a function, a lambda, a partial,
-a bound method). The digest covers functions' bytecode, constants, closures, defaults and every global
-they name (recursively: an edited helper changes it); partials' arguments; bound methods' classes; the
-user's classes by their source (the project's and libraries' by name); and objects by value (an
-optimizer by its hyper-parameters, a model by its parameter shapes, a tensor by shape and dtype, else
-its class). Not covered: what a step reads at run time from outside its code, library settings, and
-code reached through a computed `getattr`: the session's `key=` names those.
+It covers functions' bytecode, constants, closures, defaults and the globals they name (recursively),
+partials' arguments, bound methods' classes, the user's classes by source (libraries' by name) and
+objects by value (an optimizer by its hyper-parameters, a model by its shapes, a tensor by shape and
+dtype). Not covered: what a step reads at run time, library settings, computed `getattr`s (`key=`).
 """
 
 from __future__ import annotations
@@ -30,7 +27,7 @@ _PROJECT = ("powerfed", "powerctl", "strategies", "fl_server", "fl_client", "sim
 
 
 def step_identity(obj: Any) -> str:
-    """A sha256 digest of what `obj` (a step factory, a class) runs, as the module's docstring says."""
+    """A sha256 digest of what `obj` (a step factory, a class) runs."""
     text = json.dumps(_describe(obj, set(), 0), sort_keys=True, default=repr)
     return hashlib.sha256(text.encode()).hexdigest()
 

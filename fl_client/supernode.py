@@ -3,16 +3,10 @@ and, when it cannot start, says why in one line.
 
 It runs `flower-supernode` with the flags given, unchanged, after checking the files they name (a bad
 one: one line, exit status 2) and, with a node key, releasing this key's node if the SuperLink still
-counts it online (Flower does for up to 2 × its heartbeat after a crash, and refuses the same key
-meanwhile: docs/deployment.md, "Restarts"). If the SuperNode exits all the same, the connection is
-checked layer by layer (`fl_client.check`) and the first cause found (an unknown key, the wrong address,
-a TLS mismatch, an untrusted certificate, a port in use) is one line on stderr, exit status 1; where the
-cause may pass (the key's node still online) it starts it again, one line each time, until `--wait`
-seconds have passed.
-
-What the exited SuperNode left behind is stopped (SIGTERM, then SIGKILL). Its PATH starts with a lighter
-`flwr-clientapp` and the folder of `flower-supernode` (a venv's python works without the venv on PATH).
-SIGINT/SIGTERM/SIGHUP are passed on to the SuperNode; the exit status is the SuperNode's.
+counts it online (docs/deployment.md, "Restarts"). If the SuperNode exits all the same, the first cause
+`fl_client.check` finds is one line on stderr, exit status 1; where the cause may pass (the key's node
+still online) it starts it again, one line each time, until `--wait` seconds have passed. What the
+SuperNode left behind is stopped; stop signals are passed on; the exit status is the SuperNode's.
 """
 
 from __future__ import annotations
@@ -101,8 +95,7 @@ def _reap(pid: int) -> bool:
 
 def stop_leftovers(grace_s: float = STOP_GRACE_S) -> list[int]:
     """SIGTERM every child of this process (left by an exited SuperNode), SIGKILL what is left after
-    `grace_s`, and reap them (an unreaped child's pid cannot be reused). Done only at a scan with no
-    child at all: a reaped zombie's own children show up here at the next scan."""
+    `grace_s`, and reap them; done only at a scan with no child (a reaped zombie's own show up next)."""
     deadline = time.monotonic() + grace_s
     signalled: dict[int, signal.Signals] = {}
     seen: set[int] = set()
@@ -262,7 +255,7 @@ def run_until_started(
     command: list[str], target: Target, flags: list[str], wait_s: float, path_first: Path | None = None
 ) -> int:
     """Run the SuperNode (`path_first` first on its PATH); start it again while the cause of a refusal
-    may pass, up to `wait_s`. A cause that will not pass raises NotStarted naming it."""
+    may pass, up to `wait_s`; a cause that will not pass raises NotStarted naming it."""
     env = child_env(command[0], path_first)
     deadline = time.monotonic() + wait_s
     while True:
