@@ -100,7 +100,7 @@ def run_to_target(
         train=train,
         test=test,
         min_evaluations=DEFAULT_MIN_EVALUATIONS,
-        workload=task.data["workload"],
+        workload=task.data["charged_workload"],
     )
     r, crossing, every = proxy_run(runs, config, host=host)
     samples = float(r.samples) if crossing is None else crossing
@@ -263,7 +263,6 @@ def prepare_data(task: Task, quick: bool) -> None:
     else:
         task.data.update(text_data(8000 if quick else 16_000, full=task.model == "chartransformer"))
     task.data["charged_workload"] = workload_of(task.charged)
-    task.data["workload"] = task.data["charged_workload"]
 
 
 def set_targets(task: Task, weights: dict[str, torch.Tensor], host: Any) -> None:

@@ -114,7 +114,7 @@ def test_full_text_regime_defaults() -> None:
 def test_calibration_runs_train_on_the_device(fake_gpu: list) -> None:  # noqa: F811
     ds = load_dataset("synthetic-image", split="all", limit=120)
     task = Task("vision", "cnn-tiny", "cnn-tiny", 2e-3, 0, [16], [0], [0], 64, 32, 40)
-    task.data["workload"] = model_workload("cnn-tiny", build_model("cnn-tiny", seed=0))
+    task.data["charged_workload"] = model_workload("cnn-tiny", build_model("cnn-tiny", seed=0))
     weights = build_model("cnn-tiny", ds.num_classes, seed=0).state_dict()
     run = paper_tables.run_to_target(task, weights, ds, None, 16, 0, open_device("cuda:1"))
     assert run["eval_samples"] == 24 and [t for w, t in fake_gpu if w != "tensor"] == ["cuda:1"]
