@@ -4,8 +4,9 @@ training steps are not this package's: `main` hands them on as `step_factory`.""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from powerctl.cli.util import add_command, batch_sizes, bounded_float, bounded_int, power_cap, say, seed
 from powerctl.devices import open_device
@@ -26,12 +27,9 @@ RATE_HZ = bounded_float(0.0, 1000.0)  # sensors update every few ms (INA3221) to
 NUM_CLASSES = bounded_int(2, 100_000)  # a classifier needs two at least
 
 
-class ModelStepFactory(Protocol):
-    """A model's training step for `powerctl profile`: (its workload, batch size → one step)."""
-
-    def __call__(
-        self, model_name: str, *, torch_device: str, num_classes: int | None, seed: int
-    ) -> tuple[Workload, StepFactory]: ...
+# a model's training step for `powerctl profile`: (model name, *, torch_device, num_classes, seed) →
+# (its workload, batch size → one step)
+ModelStepFactory = Callable[..., "tuple[Workload, StepFactory]"]
 
 
 def _predicted_profile(args: argparse.Namespace, step_factory: ModelStepFactory) -> Any:
