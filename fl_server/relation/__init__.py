@@ -11,7 +11,6 @@ from fl_server.relation.request import CACHE_VERSION as CACHE_VERSION
 from fl_server.relation.request import NotCached as NotCached
 from fl_server.relation.request import RelationCompute as RelationCompute
 from fl_server.relation.request import RelationError as RelationError
-from fl_server.relation.request import RelationRequest as RelationRequest
 from fl_server.relation.request import RelationSettings as RelationSettings
 from fl_server.relation.runs import ProxyRuns as ProxyRuns
 from fl_server.relation.runs import run_to_target as run_to_target

@@ -14,6 +14,7 @@ from typing import Any
 from powerctl.errors import ArgumentError, PowerctlError
 from powerctl.files.mapping import (
     FIELD_KIND,
+    Custom,
     Flag,
     FolderPath,
     Integer,
@@ -50,21 +51,15 @@ class NotCached(RelationError):
     """`estimate_relation(compute=False)` found no cached vector for its settings."""
 
 
-@dataclass(frozen=True)
-class Each(Kind):
+def each(item: Kind, what: str) -> Custom:
     """A list (or tuple) of values that `item` accepts, given back as a tuple; text is not a list."""
 
-    item: Kind
-    what: str
-
-    @property
-    def expected(self) -> str:  # type: ignore[override]
-        return f"a list of {self.what}"
-
-    def __call__(self, value: Any) -> tuple[Any, ...]:
+    def parse(value: Any) -> tuple[Any, ...]:
         if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-            raise must_be(self.expected, value)
-        return tuple(self.item(v) for v in value)
+            raise must_be(f"a list of {what}", value)
+        return tuple(item(v) for v in value)
+
+    return Custom(parse, f"a list of {what}")
 
 
 RUN_SETTING = "run_setting"  # the field metadata naming the run setting a RelationSettings field is
@@ -77,7 +72,7 @@ def _run(attr: str, *, optional: bool = False) -> Any:
     kind: Kind = Maybe(s.kind) if optional else s.kind
     default = (default or None) if optional else default
     if isinstance(default, list):
-        default, kind = tuple(default), Each(getattr(s.kind, "item", s.kind), getattr(s.kind, "what", ""))
+        default, kind = tuple(default), each(getattr(s.kind, "item", s.kind), getattr(s.kind, "what", ""))
     return field(default=default, metadata={FIELD_KIND: kind, RUN_SETTING: attr})
 
 
