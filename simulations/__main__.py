@@ -127,8 +127,6 @@ def ray_check(_args: argparse.Namespace) -> int:
     Prints the cluster that will be used, or one line saying what is dead and what to do (exit 2): Ray
     would otherwise wait for a dead cluster forever.
     """
-    # a running local SuperLink keeps the environment (RAY_ADDRESS) it was started with, and `flwr run`
-    # reuses it: then this shell's RAY_ADDRESS does not matter (said below)
     from simulations.local_superlink import pids_listening_on
     from simulations.ray_cluster import find_target
 
@@ -223,8 +221,7 @@ def flwr_run_command(args: argparse.Namespace) -> int:
     simulation and Ray are stopped by process id and group. Exit 0 only when the run ended with its
     results line, which is repeated last.
     """
-    # the summary figure's line, then the results line last (Flower and Ray may log after the ServerApp's
-    # own last line); another app's results are its own: no figure
+    # the results line last (Flower and Ray may log after the ServerApp); another app's: no figure
     from simulations.launcher import APP_DIR, check_launch, launch
 
     plan = check_launch(args.nodes, args.run_config, args.out, args.log, args.port, args.app)

@@ -171,7 +171,20 @@ def run_demo(cfg: DemoConfig, out: Path, say: Say = say_on_stderr) -> dict[str, 
     work.instr.relation_vector.save(out / "relation.json")
     profiled.profile.save(out / "profile.json")
     write_json(out / "results.json", results)
-    _plots(cfg, settings, profiled, relation, outcomes[OURS], rows, out)
+    from powerctl.cli.plot import plot_profile
+    from powerctl.selection.joint import select
+    from simulations.fleet_plots import plot_strategies
+
+    chosen = select(profiled.profile, relation, cfg.power_cap_w)  # ours' pick, as the profile map marks it
+    ours = outcomes[OURS].report
+    assert (chosen.batch_size, chosen.frequency_hz) == (ours.batch_size, ours.frequency_hz)
+    plot_profile(
+        profiled.profile, out / "plots", power_cap_w=cfg.power_cap_w, relation=relation, selection=chosen
+    )
+    title = f"{settings.model} on {cfg.device}, {_cap(cfg.power_cap_w)}"
+    plot_strategies(
+        rows, out / "plots" / "strategies.png", title=title, target_accuracy=settings.target_accuracy
+    )
     return results
 
 
@@ -197,25 +210,6 @@ def _row(method: str, o: RoundOutcome, profiled: Profiled, relation: Any) -> dic
         "predicted_s": predict(profiled.profile, relation, b, hz),
         "profiled_peak_power_w": None if point is None else point.peak_power_w,
     }
-
-
-def _plots(
-    cfg: DemoConfig, settings: ServerConfig, profiled: Profiled, relation: Any, ours: RoundOutcome,
-    rows: list[dict[str, Any]], out: Path,
-) -> None:  # fmt: skip
-    from powerctl.cli.plot import plot_profile
-    from powerctl.selection.joint import select
-    from simulations.fleet_plots import plot_strategies
-
-    chosen = select(profiled.profile, relation, cfg.power_cap_w)
-    assert (chosen.batch_size, chosen.frequency_hz) == (ours.report.batch_size, ours.report.frequency_hz)
-    plot_profile(
-        profiled.profile, out / "plots", power_cap_w=cfg.power_cap_w, relation=relation, selection=chosen
-    )
-    title = f"{settings.model} on {cfg.device}, {_cap(cfg.power_cap_w)}"
-    plot_strategies(
-        rows, out / "plots" / "strategies.png", title=title, target_accuracy=settings.target_accuracy
-    )
 
 
 def summary_table(results: dict[str, Any]) -> str:

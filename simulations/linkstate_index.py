@@ -136,8 +136,7 @@ class IndexedStore(dict):  # type: ignore[type-arg]
         for key, value in dict(*args, **kwargs).items():
             self._add(key, value)
 
-    # `|=` takes what `update` takes (pairs too) and `|` only a dict: typeshed's own dict.__ior__ has
-    # the same ignore
+    # `|=` takes pairs too, `|` only a dict: typeshed's own dict.__ior__ has the same ignore
     def __ior__(  # type: ignore[misc]
         self, other: SupportsKeysAndGetItem[Any, Any] | Iterable[tuple[Any, Any]]
     ) -> IndexedStore:
