@@ -153,10 +153,10 @@ class RelationVector:
         rows = [list(per_seed[b]) if isinstance(per_seed[b], (list, tuple)) else [] for b in bs]
         if any(not row for row in rows):
             raise ArgumentError(f"{where}: every batch size needs a list of one or more seeds' samples")
-        for row in rows:
-            for v in row:
-                check_arguments(where, samples_to_target=(v, SAMPLES_KIND))
-        rows = [[float(v) for v in row] for row in rows]
+        rows = [
+            [check_arguments(where, samples_to_target=(v, SAMPLES_KIND))["samples_to_target"] for v in row]
+            for row in rows
+        ]
         means = [statistics.fmean(row) for row in rows]
         sds = [statistics.stdev(row) if len(row) > 1 else 0.0 for row in rows]
         fit = fit_batch_efficiency(bs, rows)

@@ -284,12 +284,10 @@ def _flop_fixes() -> dict[Any, Any]:
     aten = torch.ops.aten
     fixes: dict[Any, Any] = {aten.convolution_backward: fc.shape_wrapper(_conv_backward_flop)}
     for end in ("", "_backward"):
-        op_name, like = (
-            f"_scaled_dot_product_flash_attention_for_cpu{end}",
-            getattr(aten, f"_scaled_dot_product_flash_attention{end}"),
-        )
-        if hasattr(aten, op_name) and like in fc.flop_registry:
-            fixes.setdefault(getattr(aten, op_name), fc.flop_registry[like])
+        like = getattr(aten, f"_scaled_dot_product_flash_attention{end}")
+        cpu = getattr(aten, f"_scaled_dot_product_flash_attention_for_cpu{end}", None)
+        if cpu is not None and like in fc.flop_registry:
+            fixes.setdefault(cpu, fc.flop_registry[like])
     return fixes
 
 

@@ -244,8 +244,7 @@ class CapFollower:
         self._fraction, self._samples_at_switch = float(state["fraction"]), int(state["samples_at_switch"])
         self.paused_s, self.over_cap_s = float(state["paused_s"]), float(state["over_cap_s"])
         self.events = [CapEvent(**e) for e in state["events"]]
-        self.batch_size = b
-        self.frequency_hz = 0
+        self.frequency_hz = 0  # pinned afresh
         self._apply(Pick(b, hz), self._cap)
         if (guard := state.get("guard")) is not None:
             if self._guard is None:  # no cap in force: an earlier cap's guard, kept for its step-downs
