@@ -157,9 +157,10 @@ def cmd_cap_source(args: argparse.Namespace) -> int:
 
     plot = None
     if args.plot:
-        from powerctl.files.outputs import check_plot_file
+        from powerctl.files.outputs import check_output_file, plot_format
 
-        plot = check_plot_file(args.plot, "--plot", in_folder="cap_source.png")
+        plot = check_output_file(args.plot, "--plot", in_folder="cap_source.png")
+        plot_format(plot, "--plot")  # a suffix matplotlib writes
     if not args.source.strip():  # as --power-cap '': an empty word is not "no cap"
         raise CapSourceError("cap source: empty; give watts, none, a schedule, trace:PATH or live:PATH")
     source = parse_cap_source(args.source, "cap source")

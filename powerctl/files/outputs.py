@@ -218,10 +218,3 @@ def plot_format(path: str | Path, what: str = "") -> str:
             f"{_where(what, path)}: {got}; end it in one of {', '.join('.' + f for f in formats)}"
         )
     return suffix
-
-
-def check_plot_file(path: str | Path, what: str = "--plot", in_folder: str | None = None) -> Path:
-    """`check_output_file` for a plot: its suffix names a format matplotlib writes."""
-    path = check_output_file(path, what, in_folder)
-    plot_format(path, what)
-    return path
