@@ -16,7 +16,9 @@ NOT_PINNED = "not pinned"  # the frequency column of a pair measured at the cloc
 
 
 class UnpinnedDevice(Device):
-    """`inner` at the clock in force; `reason` says why it is not pinned (kept for the report)."""
+    """`inner` at the clock in force; `reason` says why it is not pinned (kept for the report). It never
+    pins, so Device's `restore`, `release_snapshot` and `physical_key` (nothing to lock, record or put
+    back) hold as they are."""
 
     pins = False
 
@@ -49,15 +51,6 @@ class UnpinnedDevice(Device):
                 f"{self.spec} is {NOT_PINNED} ({self.reason}): it runs at the clock in force "
                 f"({self._mhz()}), not {hz / 1e6:.1f} MHz"
             )
-
-    def restore(self) -> None:
-        return None
-
-    def release_snapshot(self) -> dict[str, Any] | None:
-        return None
-
-    def physical_key(self) -> str | None:
-        return None  # nothing is pinned: nothing to lock, record or put back
 
     def _mhz(self) -> str:
         return f"{self._hz[0] / 1e6:.1f} MHz" if self._hz else "unknown"
