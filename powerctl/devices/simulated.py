@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from powerctl.devices.base import Device, PowerSampler, PowerSamples
-from powerctl.devices.boards import BoardModel, board_model, board_names
+from powerctl.devices.boards import BoardModel, board_model
 from powerctl.errors import DeviceError, DeviceOutOfMemory
 from powerctl.records.profile import Profile, ProfilePoint
 from powerctl.records.workload import Workload
@@ -23,7 +23,7 @@ SIM_BOARDS = ("jetson-nano", "jetson-tx2nx")  # boards with a simulation model: 
 def check_board_name(name: str) -> str:
     """`name` when it is a simulated board, else one DeviceError line naming them."""
     if name not in SIM_BOARDS:
-        known = ", ".join(f"sim:{b}" for b in SIM_BOARDS if b in board_names())
+        known = ", ".join(f"sim:{b}" for b in SIM_BOARDS)
         raise DeviceError(f"no simulated board named {name!r}; choose one of: {known}")
     return name
 

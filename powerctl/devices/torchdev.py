@@ -3,17 +3,10 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
 
 from powerctl.errors import DeviceError
 
 TORCH_SPEC_HELP = "auto (the first CUDA device torch sees, else the CPU), cpu, cuda, cuda:INDEX"
-
-
-def is_torch_spec(spec: str) -> bool:
-    """Whether `spec` is one of the torch forms (well formed or not)."""
-    spec = spec.strip()
-    return spec in ("auto", "cpu") or spec == "cuda" or spec.startswith("cuda:")
 
 
 def check_torch_spec(spec: str) -> str:
@@ -36,9 +29,8 @@ def resolve_torch_device(spec: str = "auto") -> str:
     form = check_torch_spec(spec)
     if form == "cpu":
         return "cpu"
-    torch: Any = sys.modules.get("torch")
-    if torch is None:
-        import torch
+    import torch
+
     cuda = torch.cuda.is_available()
     if form == "auto":
         return "cuda:0" if cuda else "cpu"
