@@ -210,8 +210,7 @@ def processes(pids: list[int]) -> dict[str, list[int]]:
 
 
 def cap_cell(power_cap_w: float | None) -> str:
-    """A cap as a table cell or a cell's key: its watts without a unit, or none (unlike
-    `capsource.cap_text`, which says it in words)."""
+    """A cap as a table cell or a cell's key: its watts without a unit, or none."""
     return "none" if power_cap_w is None else f"{power_cap_w:g}"
 
 

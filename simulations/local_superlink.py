@@ -155,12 +155,12 @@ def stop_tree(pid: int, grace_s: float = 5.0) -> list[int]:
     return sorted(seen)
 
 
-def stop_trees(pids: Iterable[int], grace_s: float = 5.0) -> list[int]:
+def stop_trees(pids: Iterable[int]) -> list[int]:
     """`stop_tree` each of `pids` still alive (not stopped with an earlier one's tree); every pid stopped."""
     stopped: list[int] = []
     for pid in pids:
         if pid not in stopped and alive(pid):
-            stopped += stop_tree(pid, grace_s)
+            stopped += stop_tree(pid)
     return sorted(set(stopped))
 
 
