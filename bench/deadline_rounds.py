@@ -8,7 +8,6 @@ prints, per method, mean ± std over seeds of the fleet's training energy per ro
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import statistics
 import sys
 import time
@@ -37,13 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     per: dict[str, dict[str, list[float]]] = {m: {"energy": [], "train": [], "round": []} for m in METHODS}
     met = 0
     for seed in range(args.seeds):
-        seeded = dataclasses.replace(
-            spec,
-            settings=dataclasses.replace(
-                spec.settings, seed=seed, client_data_seed=spec.settings.client_data_seed + seed
-            ),
+        results = run_fleet(
+            spec.for_seed(seed), args.out / f"seed-{seed}", METHODS, echo=lambda _: None, plots=seed == 0
         )
-        results = run_fleet(seeded, args.out / f"seed-{seed}", METHODS, echo=lambda _: None, plots=seed == 0)
         for s in results["summary"]:
             per[s["method"]]["round"].append(statistics.mean(s["makespans_s"]))
         for method in METHODS:
