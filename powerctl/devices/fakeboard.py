@@ -27,20 +27,10 @@ TX2NX_RAILS = [("VDD_IN", 4512), ("VDD_CPU_GPU", 1102), ("VDD_SOC", 987)]
 ORIN_RAILS = [("VDD_IN", 5048, 1192), ("VDD_CPU_GPU_CV", 5040, 420), ("VDD_SOC", 5040, 360)]
 
 
-def _put(root: Path, rel: str, content: str | bytes) -> Path:
+def _put(root: Path, rel: str, content: str) -> None:
     path = root / rel
     path.parent.mkdir(parents=True, exist_ok=True)
-    if isinstance(content, str):
-        content = content.encode()
-    path.write_bytes(content)
-    return path
-
-
-def _link(root: Path, rel: str, target_rel: str) -> None:
-    """A relative symlink, as sysfs has them."""
-    link = root / rel
-    link.parent.mkdir(parents=True, exist_ok=True)
-    link.symlink_to(os.path.relpath(root / target_rel, link.parent))
+    path.write_bytes(content.encode())
 
 
 def _device_tree(root: Path, model: str, compatible: list[str]) -> None:
@@ -58,13 +48,17 @@ def _meminfo(root: Path, total_kb: int) -> None:
 
 
 def make_devfreq(root: Path, rel: str, freqs: list[int], governor: str = "nvhost_podgov") -> Path:
-    """A devfreq node at its full range, idling at the lowest step."""
+    """A devfreq node at its full range, idling at the lowest step, linked (relative, as sysfs links) in
+    /sys/class/devfreq."""
     _put(root, f"{rel}/available_frequencies", " ".join(map(str, freqs)) + "\n")
     _put(root, f"{rel}/cur_freq", f"{freqs[0]}\n")
     _put(root, f"{rel}/min_freq", f"{freqs[0]}\n")
     _put(root, f"{rel}/max_freq", f"{freqs[-1]}\n")
     _put(root, f"{rel}/governor", f"{governor}\n")
     _put(root, f"{rel}/available_governors", f"{governor} userspace performance simple_ondemand\n")
+    link = root / "sys/class/devfreq" / Path(rel).name
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(os.path.relpath(root / rel, link.parent))
     return root / rel
 
 
@@ -93,10 +87,9 @@ def make_hwmon_rails(root: Path, rel: str, rails: list[tuple[str, int, int]]) ->
 
 def _jetpack4_tree(root: Path, model: str, compatible: list[str], devfreq: str, freqs: list[int],
                    rails_dir: str, rails: list[tuple[str, int]], mem_kb: int) -> Path:  # fmt: skip
-    """A JetPack 4 board: device tree, the GPU's devfreq node (linked in /sys/class/devfreq), iio rails."""
+    """A JetPack 4 board: device tree, the GPU's devfreq node, iio rails."""
     _device_tree(root, model, compatible)
     make_devfreq(root, devfreq, freqs)
-    _link(root, f"sys/class/devfreq/{Path(devfreq).name}", devfreq)
     make_iio_rails(root, rails_dir, rails)
     _meminfo(root, mem_kb)
     return root
@@ -128,12 +121,8 @@ def make_orin_tree(root: Path) -> Path:
         ["nvidia,p3768-0000+p3767-0005", "nvidia,p3767-0005", "nvidia,tegra234"],
     )
     make_devfreq(root, ORIN_DEVFREQ, ORIN_NANO_FREQS)
-    _link(root, "sys/class/devfreq/17000000.gpu", ORIN_DEVFREQ)
     # Another devfreq node that is not the GPU, sorted before it: the scan must skip it.
     make_devfreq(root, "sys/devices/platform/bus@0/15340000.vic/devfreq/15340000.vic", [115200000, 729600000])
-    _link(
-        root, "sys/class/devfreq/15340000.vic", "sys/devices/platform/bus@0/15340000.vic/devfreq/15340000.vic"
-    )
     make_hwmon_rails(root, "sys/bus/i2c/drivers/ina3221/1-0040/hwmon/hwmon1", ORIN_RAILS)
     _meminfo(root, 7620844)
     return root
