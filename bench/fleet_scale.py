@@ -10,6 +10,7 @@ import argparse
 import re
 import sys
 import time
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -93,22 +94,20 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             f"{1000 * r['wall_s'] / r['boards']:>8.1f} {r['peak_tree_mib']:>14.0f} "
             f"{r['peak_process_mib']:>12.0f}"
         )
-    for dispatch in ("flower", "indexed"):
-        for rnd in sorted({r["round"] for r in rows}):
-            sel = [
-                r
-                for r in rows
-                if (r["round"], r["dispatch"], r["population"]) == (rnd, dispatch, r["boards"])
-            ]
-            if len(sel) < 2:
-                continue
-            xs = [r["boards"] for r in sel]
-            k_t = fit_exponent(xs, [r["wall_s"] for r in sel])
-            k_m = fit_exponent(xs, [r["peak_tree_mib"] for r in sel])
-            print(
-                f"{dispatch} dispatch, round {rnd}: wall time grows as boards^{k_t:.2f}, peak memory of the "
-                f"tree as boards^{k_m:.2f} (1.00 = linear; sizes {', '.join(map(str, xs))})"
-            )
+    whole: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)  # every board, no population
+    for r in rows:
+        if r["population"] == r["boards"]:
+            whole[r["dispatch"], r["round"]].append(r)
+    for (dispatch, rnd), sel in sorted(whole.items()):
+        if len(sel) < 2:
+            continue
+        xs = [r["boards"] for r in sel]
+        k_t = fit_exponent(xs, [r["wall_s"] for r in sel])
+        k_m = fit_exponent(xs, [r["peak_tree_mib"] for r in sel])
+        print(
+            f"{dispatch} dispatch, round {rnd}: wall time grows as boards^{k_t:.2f}, peak memory of the "
+            f"tree as boards^{k_m:.2f} (1.00 = linear; sizes {', '.join(map(str, xs))})"
+        )
 
 
 def main() -> int:
