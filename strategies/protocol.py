@@ -30,13 +30,7 @@ from powerctl.selection.capsource import POWER_CAP, POWER_CAP_VALUE
 from powerctl.selection.methods import METHODS, RUN_METHODS
 from powerctl.selection.names import ORACLE, OURS, OURS_DEADLINE, STATE_OF_PRACTICE
 from powerfed.training.lr import scaled_lr
-from strategies.settings import (
-    BOTH,
-    SentSettings,
-    setting_fields,
-    settings_of,
-    to_config,
-)
+from strategies.settings import BOTH, SentSettings, settings_of, to_config
 
 __all__ = ["METHODS", "ORACLE", "OURS", "OURS_DEADLINE", "RUN_METHODS", "STATE_OF_PRACTICE"]  # re-exported
 
@@ -195,7 +189,7 @@ class TrainInstructions(SentSettings):
         return json.dumps(plain_json(self.model_overrides), sort_keys=True)
 
     def to_config(self) -> ConfigRecord:
-        d = to_config(setting_fields(self))
+        d = to_config(self)
         d.update(
             {
                 "num-classes": self.num_classes,

@@ -477,7 +477,7 @@ class RunSettings(ClientSettings, SentSettings):
     )
 
     def to_run_config(self) -> dict[str, Any]:
-        return to_config(setting_fields(self))
+        return to_config(self)
 
 
 def _field_type(kind: Kind) -> Any:
@@ -525,15 +525,11 @@ def settings_of(readers: Collection[str]) -> list[Setting]:
     return [s for s in SETTINGS.values() if s.readers in readers]
 
 
-def setting_fields(obj: Any) -> dict[str, Any]:
-    """{key: value} of the declared settings among `obj`'s dataclass fields."""
-    fields = dataclasses.fields(obj)
-    return {key_of(f.name): getattr(obj, f.name) for f in fields if SETTING_METADATA in f.metadata}
-
-
-def to_config(values: Mapping[str, Any]) -> dict[str, Any]:
-    """{key: typed value} as a run config or ConfigRecord holds them (lists as text)."""
-    return {key: SETTINGS[key].kind.to_config(v) for key, v in values.items()}
+def to_config(obj: Any) -> dict[str, Any]:
+    """{key: value} of the declared settings among `obj`'s dataclass fields, as a run config or a
+    ConfigRecord holds them (lists as text)."""
+    names = {f.name for f in dataclasses.fields(obj)}
+    return {s.key: s.kind.to_config(getattr(obj, s.attr)) for s in SETTINGS.values() if s.attr in names}
 
 
 def read_settings(run_config: Any, error: type[PowerctlError] = SettingsError) -> RunSettings:
