@@ -1,8 +1,7 @@
-"""Power-aware rounds around any Flower strategy, in the shape of Flower's own wrappers: the inner
-strategy samples, builds the messages and aggregates; the wrapper puts each node's `TrainInstructions` in
-its train config, takes each report out of its reply, and hands the inner strategy the usable replies in
-node-key order (the same sum in every run). A failed client never stops the round.
-"""
+"""Power-aware rounds around any Flower strategy, in the shape of Flower's own wrappers: the inner strategy
+samples, builds the messages and aggregates; the wrapper adds each node's `TrainInstructions`, takes each
+report out of its reply, and hands on the usable replies in node-key order. A failed client never stops
+the round."""
 
 from __future__ import annotations
 
@@ -92,11 +91,9 @@ class PowerAware(Strategy):
     """Wraps any Flower strategy: its clients each choose (batch size, GPU frequency) under their own
     power cap from the plan the train config carries, and report what it cost.
 
-    `instructions` is the run's plan (a public attribute a run may change between rounds), from which
-    `node_instructions` makes each node's; `waits` bounds how long it waits for nodes; `round_objective`
-    is a `RoundObjective` or its name; with `first_round` > 1 the rounds before it are done. `on_round`
-    hears the `RoundRecord` after training and after evaluation, `on_round_end(round, weights)` once the
-    round is over.
+    `instructions` is the run's plan (a run may change it between rounds), from which `node_instructions`
+    makes each node's; with `first_round` > 1 the rounds before it are done. `on_round` hears the
+    `RoundRecord` after training and after evaluation, `on_round_end(round, weights)` once the round is over.
     """
 
     def __init__(
@@ -229,7 +226,9 @@ class PowerAware(Strategy):
             try:
                 if reply.has_error():
                     raise ProtocolError(one_line(reply.error.reason))
-                plan = Plan.from_config(required(reply.content.config_records, PLAN_KEY, "plan reply"))
+                plan = Plan.from_config(
+                    required(reply.content.config_records, PLAN_KEY, "plan reply"), "plan reply"
+                )
             except ProtocolError as exc:
                 log(WARNING, "plan: node %s gave no plan: %s", self.node(nid).key, exc)
                 continue
@@ -255,8 +254,7 @@ class PowerAware(Strategy):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """The inner strategy's TRAIN messages, each with its own RecordDict holding its node's
-        instructions."""
+        """The inner strategy's TRAIN messages, each with its own RecordDict holding its node's plan."""
         if not self._configure(MessageType.TRAIN, server_round, grid):
             return []
         plan = self.instructions.to_config()
@@ -303,9 +301,9 @@ class PowerAware(Strategy):
     def _collect(
         self, kind: str, replies: Iterable[Message], read: Callable[[int, Message], tuple[str, Any]]
     ) -> tuple[list[Any], list[Message], list[Failure]]:
-        """The replies to the messages of `kind` sent, each read by `read(node_id, reply)` into (node key,
-        its row or None): the rows and the replies for the inner strategy, both in node-key order (the same
-        sum in every run), and the failures (an error reply, none in time, one `read` refuses)."""
+        """The replies to the `kind` messages sent, each read by `read(node_id, reply)` into (node key, row
+        or None): the rows and the inner strategy's replies in node-key order (the same sum in every run),
+        and the failures (an error reply, none in time, one `read` refuses)."""
         sent = self._sent.pop(kind, [])
         paired = _by_node(sent, replies)
         errors = [(nid, reply) for nid, reply in paired if reply.has_error()]

@@ -315,7 +315,3 @@ class Plan(Record):
         assert fastest.predicted_s is not None and fastest.predicted_energy_j is not None
         b, hz = fastest.batch_size, fastest.frequency_hz
         return cls(fastest.predicted_s, b, hz, fastest.predicted_energy_j, profiling_s)
-
-    @classmethod
-    def from_config(cls, record: Any, where: str = "plan reply") -> Plan:
-        return cls.read(reader(record, where))
