@@ -78,9 +78,7 @@ def board_cap_problem(device: str, source: CapSource) -> str | None:
         return None  # an unknown board is the device's own one-line error when it is opened
     if isinstance(source, ConstantCap):
         caps = [source.power_cap_w]
-    elif isinstance(source, ScheduleCap):
-        caps = [w for _, w in source.steps]
-    elif isinstance(source, TraceCap):
+    elif isinstance(source, (ScheduleCap, TraceCap)):
         caps = list(source.watts)
     else:
         return None  # a live file: what it will say is not known in advance

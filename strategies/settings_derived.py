@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import textwrap
 from collections.abc import Callable, Iterable, Sequence
@@ -60,11 +61,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _toml(value: bool | int | float | str) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    return repr(value)
+    """A default as TOML writes it: a JSON scalar is one."""
+    return json.dumps(value, ensure_ascii=False)
 
 
 if __name__ == "__main__":
