@@ -5,6 +5,7 @@ split, a label for the relation file and a digest of its bytes for the cache."""
 from __future__ import annotations
 
 import hashlib
+import itertools
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -81,15 +82,12 @@ def _pairs_of(data: Any, limit: int | None) -> tuple[torch.Tensor, torch.Tensor]
     if isinstance(data, DataLoader):
         data = data.dataset
     if isinstance(data, TensorDataset) and len(data.tensors) == 2:
-        x, y = data.tensors
-        return (x, y) if limit is None else (x[:limit], y[:limit])
+        return data.tensors[0][:limit], data.tensors[1][:limit]
     xs: list[torch.Tensor] = []
     ys: list[torch.Tensor] = []
     try:
         items = iter(data) if not hasattr(data, "__getitem__") else (data[i] for i in range(len(data)))
-        for item in items:
-            if limit is not None and len(xs) >= limit:
-                break
+        for item in itertools.islice(items, limit):
             if not isinstance(item, (tuple, list)) or len(item) != 2:
                 raise DataError(
                     f"proxy data: each sample must be a pair (input, target), got {type(item).__name__}"

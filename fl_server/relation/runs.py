@@ -62,8 +62,7 @@ class ProxyRuns:
     train: Dataset
     test: Dataset
     overrides: dict[str, Any] = field(default_factory=dict)
-    min_evaluations: int = DEFAULT_MIN_EVALUATIONS
-    """A run that crossed within fewer evaluations runs again, denser (`run_dense`)."""
+    min_evaluations: int = DEFAULT_MIN_EVALUATIONS  # as RelationSettings.min_evaluations
     user: UserFunctions = field(default_factory=UserFunctions)
     device: str = "cpu"
     workload: Workload | None = None
