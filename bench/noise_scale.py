@@ -60,8 +60,9 @@ def noise_scale(
             part = idx[i * micro : (i + 1) * micro]
             model.zero_grad()
             loss(model(ds.x[part].to(where)), ds.y[part].to(where)).backward()
+            filled = {n: p.grad for n, p in named.items() if p.grad is not None}  # every parameter's
             for k, names in params.items():
-                grads[k].append(torch.cat([_grad(named[n]).flatten() for n in names]))
+                grads[k].append(torch.cat([filled[n].flatten() for n in names]))
         for k, rows in grads.items():
             stacked = torch.stack(rows)
             small_sq = stacked.pow(2).sum(dim=1).mean().item()
@@ -69,12 +70,6 @@ def noise_scale(
             g2[k] += (b_big * big_sq - b_small * small_sq) / (b_big - b_small)
             trace[k] += (small_sq - big_sq) / (1 / b_small - 1 / b_big)
     return {k: trace[k] / g2[k] for k in params}, reps * b_big
-
-
-def _grad(p: torch.nn.Parameter) -> torch.Tensor:
-    """`p`'s gradient, which backward() has just filled (every parameter takes part in the loss)."""
-    assert p.grad is not None, "a parameter without a gradient after backward()"
-    return p.grad
 
 
 def parameter_sets(model: torch.nn.Module, vision: bool) -> dict[str, list[str]]:
