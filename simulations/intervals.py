@@ -13,17 +13,17 @@ SEED = 0
 
 
 def paired_resampled_means(
-    a: Sequence[float], b: Sequence[float], rng: np.random.Generator, draws: int = DRAWS
+    a: Sequence[float], b: Sequence[float], rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray]:
     """Means of `a` and `b` over the SAME resampled seeds (a[i] and b[i] share seed i)."""
     x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    idx = rng.integers(0, len(x), size=(draws, len(x)))
+    idx = rng.integers(0, len(x), size=(DRAWS, len(x)))
     return x[idx].mean(axis=1), y[idx].mean(axis=1)
 
 
-def resampled_means(values: Sequence[float], rng: np.random.Generator, draws: int = DRAWS) -> np.ndarray:
-    """`draws` means of `values` resampled with replacement (same length)."""
-    return paired_resampled_means(values, values, rng, draws)[0]
+def resampled_means(values: Sequence[float], rng: np.random.Generator) -> np.ndarray:
+    """DRAWS means of `values` resampled with replacement (same length)."""
+    return paired_resampled_means(values, values, rng)[0]
 
 
 def interval95(samples: np.ndarray) -> tuple[float, float]:
@@ -32,6 +32,6 @@ def interval95(samples: np.ndarray) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
-def mean_interval95(values: Sequence[float], seed: int = SEED) -> tuple[float, float]:
+def mean_interval95(values: Sequence[float]) -> tuple[float, float]:
     """The bootstrap 95 % interval of the mean of `values`, one value per seed, seeds resampled."""
-    return interval95(resampled_means(values, np.random.default_rng(seed)))
+    return interval95(resampled_means(values, np.random.default_rng(SEED)))
