@@ -29,9 +29,8 @@ BOARD_MODEL = "the simulated board's model"  # `predicted_from` of a simulated b
 
 
 class ReplayBoard(Device, PowerSampler):
-    """A noiseless virtual board whose every step costs what `table` says (a pair not in it: out of memory):
-    the profiler walked over it costs what it would on the board predicted. It is its own sampler (the
-    profiler's monitor samples one block at a time): one reading per step."""
+    """A noiseless virtual board whose every step costs what `table` says (a pair not in it: out of memory),
+    its own power sampler with one reading per step: the profiler walked over it costs what it predicts."""
 
     has_power_sensor = True
 
@@ -243,9 +242,8 @@ def profile_within_budget(
     reference_hz: int | None = None,
     progress: bool = False,
 ) -> tuple[Profile, ProfilingPlan]:
-    """Profile the most thorough way within `request.share` of the predicted training (the module doc);
-    without a `prediction` one step at `reference_hz` (default the lowest) predicts it. The profile's
-    `extra["budget"]` is the plan."""
+    """Profile the most thorough way within `request.share` of the predicted training (no `prediction`:
+    one step at `reference_hz`, default the lowest, predicts it); its `extra["budget"]` is the plan."""
     order, power_cap_w, relation = request.order, request.power_cap_w, request.relation
     table = device.frequencies()
     sizes = sorted(set(request.batch_sizes) & set(relation.batch_sizes), reverse=True)

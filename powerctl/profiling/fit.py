@@ -51,12 +51,9 @@ class ProfileFit:
     beta_s: float
     mean_to_peak: float  # measured mean over peak power (median): a predicted point's mean is this × peak
 
-    def _x(self, hz: int) -> float:
-        return hz / self.f_max_hz
-
     def dynamic_w(self, hz: int) -> float:
         """D(f): dynamic power at utilisation 1 (the reference batch size)."""
-        x = self._x(hz)
+        x = hz / self.f_max_hz
         return self.d1_w * x + self.d3_w * x**3
 
     def peak_power_w(self, batch_size: int, hz: int) -> float:
@@ -64,7 +61,7 @@ class ProfileFit:
 
     def seconds_per_batch(self, batch_size: int, hz: int) -> float:
         compute = self.alpha_s * batch_size + self.beta_s * math.sqrt(batch_size)
-        return self.g0_s + self.g1_s * batch_size + compute / self._x(hz)
+        return self.g0_s + self.g1_s * batch_size + compute / (hz / self.f_max_hz)
 
     def predict(self, batch_size: int, hz: int, samples: int) -> ProfilePoint:
         """The point at (b, f) as the fit predicts it (b must be a fitted batch size)."""

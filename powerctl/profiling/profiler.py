@@ -263,9 +263,8 @@ class Profiler:
 
 @dataclass
 class _FittedOrder:
-    """The fitted order: seed points, fit, predict, then confirm by measuring until the choice is measured
-    (docs/design/fitted-profiling.md). The profile's points are the measured ones; the predictions go to
-    `Profile.predicted`, so a selection on the profile only ever picks a pair measured under the cap."""
+    """The fitted order (docs/design/fitted-profiling.md): its points are the measured ones, the predictions
+    go to `Profile.predicted`, so a selection on the profile only picks a pair measured under the cap."""
 
     p: Profiler
     table: list[int]

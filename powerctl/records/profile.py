@@ -127,7 +127,6 @@ class Profile:
         return sorted({p.frequency_hz for p in self.points})
 
     def point(self, batch_size: int, frequency_hz: int) -> ProfilePoint | None:
-        """The measured point at (b, f), or None."""
         for p in self.points:
             if p.batch_size == batch_size and p.frequency_hz == frequency_hz:
                 return p

@@ -115,10 +115,8 @@ def compare(
     *,
     target_relation: RelationVector | None = None,
 ) -> list[dict[str, Any]]:
-    """Rows for the method and each baseline (oracle only with a target relation): {name, infeasible}
-    for one with nothing under the cap, else the pick's fields, feasible (None: not profiled) and
-    speedup (the row's predicted seconds / the method's), and with a target relation the same
-    under it (predicted_seconds_target, speedup_target)."""
+    """A row per method and baseline (the oracle with a target relation): {name, infeasible}, else the
+    pick's fields, feasible, speedup over ours and, under a target relation, *_target the same."""
     cap = check_power_cap(power_cap_w)
     ours = replace(select(profile, relation, cap), method=OURS)
     makers: dict[str, Callable[[], Pick]] = {

@@ -360,9 +360,8 @@ SOURCE_FORMS = (
 
 
 def parse_cap_source(value: Any, where: str, base_dir: Path | None = None) -> CapSource:
-    """Every way a cap is given (`SOURCE_FORMS`: watts, none, a schedule as a list or JSON, ``trace:PATH``
-    or ``live:PATH`` with options after ``?`` joined by ``&``) → a source; relative paths start at
-    `base_dir` (default: the working directory). Anything else: one CapSourceError line."""
+    """Every way a cap is given (`SOURCE_FORMS`; a schedule as a list or JSON) → a source, relative paths
+    from `base_dir` (default: the working directory); anything else: one CapSourceError line."""
     if isinstance(value, (list, tuple)):
         return ScheduleCap.from_pairs(value, where)
     text = value.strip() if isinstance(value, str) else ""
