@@ -1,10 +1,8 @@
 """Does a fleet's choice flip with torch's thread count? (a stand-in for another CPU)
 
-The fleet's relation vector is prepared twice from empty caches by `fl_server.app.prepare`, torch on 1
-thread and on 2 (each in its own interpreter); per board, the pair each vector picks on the board model's
-noise-free profile passes when it is the same, or when each lies within the other's interval (what the
-vector cannot tell apart: `powerctl.selection.joint.indistinguishable`). A filled cache (--out of an earlier
-run) is reused. Exit status 0: every board passes; 1: some board's picks are apart; 2: bad input.
+The fleet prepared on 1 and on 2 threads; per board, the two vectors' picks pass when the same or each
+within the other's interval (docs/results/fleets.md). Exit status 0: every board passes; 1: some board's
+picks are apart; 2: bad input.
 """
 
 from __future__ import annotations
