@@ -66,10 +66,8 @@ def _san_entry(name: str) -> object:
     from cryptography import x509
 
     if "%" not in name:  # a scoped IPv6 address (fe80::1%eth0) cannot be written in a certificate
-        try:
+        with contextlib.suppress(ValueError):
             return x509.IPAddress(ipaddress.ip_address(name))
-        except ValueError:
-            pass
     if ":" in name or "%" in name:
         raise PowerctlError(f"{_shown(name)} is neither an IP address nor a host name")
     return x509.DNSName(_dns_name(name))

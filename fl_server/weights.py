@@ -111,9 +111,5 @@ def load_model(path: str | Path, *, expect_model: str | None = None) -> tuple[nn
 def weights_hash(weights: dict[str, torch.Tensor] | nn.Module | str | Path) -> str:
     """sha256 over (name, dtype, shape, bytes) of every tensor, names sorted: layout-independent."""
     if isinstance(weights, (str, Path)):
-        state, _ = load_weights(weights)
-    elif isinstance(weights, nn.Module):
-        state = weights.state_dict()
-    else:
-        state = weights
-    return state_digest(state)
+        weights = load_weights(weights)[0]
+    return state_digest(weights.state_dict() if isinstance(weights, nn.Module) else weights)
