@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import replace
 from typing import IO, Any, Protocol
 
 from powerctl.pinning.freqstate import (
@@ -38,49 +39,46 @@ class Pinnable(Protocol):
 
 
 class PinSession:
-    """Holds the board's lock and its record while a device is pinned; `state` is what restore puts back."""
+    """While a device is pinned: `state`, what restore puts back, and (a device with a `physical_key`) the
+    board's lock and the record written under it."""
 
     def __init__(
-        self, device: Pinnable, state: dict[str, Any], lock: IO[bytes] | None, under: BoardRecord | None
+        self, state: dict[str, Any], lock: IO[bytes] | None = None, record: BoardRecord | None = None
     ) -> None:
-        self.device, self.state, self._lock, self._under = device, state, lock, under
-        self.key = device.physical_key()
+        self.state, self._lock, self._record = state, lock, record
 
     @classmethod
     def start(cls, device: Pinnable) -> PinSession:
         """Lock the board, put back what a dead process left pinned, snapshot it and record the snapshot."""
         key = device.physical_key()
         if key is None:
-            return cls(device, device.snapshot(), None, None)
+            return cls(device.snapshot())
         lock = lock_board(key, device.spec)
         try:
             below = read_record(key, device.spec)  # a bad record refuses the pin, saying how to release
             if below is not None and below.kind == KIND_PIN:
                 put_back(device, below)
                 below = read_record(key, device.spec)
-            state = device.snapshot()
-            write_record(BoardRecord(key, device.spec, KIND_PIN, state, os.getpid(), under=below))
+            record = BoardRecord(key, device.spec, KIND_PIN, device.snapshot(), os.getpid(), under=below)
+            write_record(record)
         except BaseException:
             lock.close()
             raise
-        return cls(device, state, lock, below)
+        return cls(record.state, lock, record)
 
     def finish(self) -> None:
         """After `state` was put back: drop our record (a `freq --set` record below it stays), unlock."""
-        if self._lock is None or self.key is None:
-            return
-        try:
-            remove_record(self.key, self._under)
-        finally:
-            self._lock.close()
+        if self._lock is not None and self._record is not None:
+            try:
+                remove_record(self._record.key, self._record.under)
+            finally:
+                self._lock.close()
 
     def hand_over(self) -> dict[str, Any]:
         """`freq --set`: the pin outlives us; the record becomes a `set` record of the ORIGINAL state."""
-        if self._lock is not None and self.key is not None:
+        if self._lock is not None and self._record is not None:
             try:
-                write_record(
-                    self._under or BoardRecord(self.key, self.device.spec, KIND_SET, self.state, os.getpid())
-                )
+                write_record(self._record.under or replace(self._record, kind=KIND_SET))
             finally:
                 self._lock.close()
         return self.state
