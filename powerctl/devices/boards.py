@@ -4,7 +4,7 @@ constant names its source (measured, derived or estimated)."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cache
 from importlib import resources
 from typing import Any, cast
@@ -15,31 +15,6 @@ import yaml
 from powerctl.errors import DeviceError
 from powerctl.files.readfile import YAML_LIMIT, read_bytes
 
-_FIELDS = (
-    "idle_power_w",
-    "gflops_per_ghz",
-    "memory_bytes",
-    "training_memory_bytes",
-    "memory_bandwidth_gbs",
-    "memory_efficiency",
-    "half_utilisation_gflop_per_kernel",
-    "utilisation_exponent",
-    "max_utilisation",
-    "overhead_utilisation",
-    "step_overhead_s",
-    "launch_s",
-    "optimizer_kernels_per_tensor",
-)
-CONSTANTS = (
-    "frequencies_hz",
-    "full_load_power_w",
-    "cuda_cores",
-    "cpu_clock_ghz",
-    "energy_per_flop_factor",
-    "rails",
-    *_FIELDS,
-)
-"""Every number of a board entry (after derivation): each needs a `sources` line."""
 SOURCE_KINDS = ("measured", "derived", "estimated")
 
 
@@ -129,6 +104,20 @@ class BoardModel:
     def least_fixed_power_w(self) -> float:
         """The lowest frequency's entry of the state-of-practice table: no fixed frequency below it."""
         return self.fixed_power_w()[0]
+
+
+_NUMBERS = tuple(f.name for f in fields(BoardModel) if f.type in ("int", "float"))
+"""The scalar constants (int for the byte counts, float for the rest), each read from the board entry."""
+CONSTANTS = (
+    "frequencies_hz",
+    "full_load_power_w",
+    "cuda_cores",
+    "cpu_clock_ghz",
+    "energy_per_flop_factor",
+    "rails",
+    *_NUMBERS,
+)
+"""Every number of a board entry (after derivation): each needs a `sources` line."""
 
 
 def _derive(name: str, raw: dict[str, Any], ref: dict[str, Any]) -> dict[str, Any]:
@@ -230,7 +219,7 @@ def _parse(name: str, raw: dict[str, Any], boards: dict[str, Any]) -> BoardModel
         calibration=_parse_calibration(name, raw.get("calibration"), boards),
         # int for the byte counts, float for the rest
         **cast(
-            "dict[str, Any]", {k: (int(raw[k]) if k.endswith("bytes") else float(raw[k])) for k in _FIELDS}
+            "dict[str, Any]", {k: (int(raw[k]) if k.endswith("bytes") else float(raw[k])) for k in _NUMBERS}
         ),
     )
 
