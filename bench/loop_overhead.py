@@ -86,16 +86,15 @@ def main() -> None:
     def run_bare(samples: int) -> tuple[float, float]:
         return bare_loop(copy.deepcopy(init), ds.x, ds.y, ds.task, b, samples, lr)
 
-    run_bare(4 * b)  # warm-up: allocator, kernels, lazy imports
-    for dev in devices.values():
-        run_ft(dev, 4 * b)
-    times: dict[str, list[tuple[float, float]]] = {"bare": [], **{name: [] for name in devices}}
-    runners: dict[str, Callable[[], tuple[float, float]]] = {"bare": lambda: run_bare(args.samples)}
-    runners.update({name: functools.partial(run_ft, dev, args.samples) for name, dev in devices.items()})
+    runners: dict[str, Callable[[int], tuple[float, float]]] = {"bare": run_bare}
+    runners.update({name: functools.partial(run_ft, dev) for name, dev in devices.items()})
+    for warm_up in runners.values():
+        warm_up(4 * b)  # allocator, kernels, lazy imports
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in runners}
     names = list(runners)
     for r in range(args.repeats):  # interleaved, and the order rotates: no loop always runs first
         for name in names[r % len(names) :] + names[: r % len(names)]:
-            times[name].append(runners[name]())
+            times[name].append(runners[name](args.samples))
 
     steps = args.samples // b
     print(
