@@ -8,7 +8,6 @@ import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from powerctl.cli import PROG
 from powerctl.cli.profile_command import ModelStepFactory, add_profile
@@ -108,8 +107,18 @@ def cmd_fake_board(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_device_commands(sub: Any, device_help: str) -> None:
-    """devices, power, freq: what a board has and its frequency, one reading or one change at a time."""
+def build_parser() -> argparse.ArgumentParser:
+    from powerctl.devices.fakeboard import KINDS
+
+    p = OneLineParser(
+        prog=PROG,
+        description="Power-aware training on edge GPUs: inspect devices, pin frequencies, profile "
+        "(batch size, frequency) pairs, and select the fastest pair under a power cap.",
+        epilog="Example: powerctl profile --device sim:jetson-nano --model resnet18-small --out profile.json",
+    )
+    sub = p.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
+    device_help = f"device spec: {SPEC_HELP}"
+
     s = add_command(sub, "devices", cmd_devices)
     s.add_argument("--json", action="store_true", help="print JSON")
 
@@ -126,32 +135,14 @@ def _add_device_commands(sub: Any, device_help: str) -> None:
     g.add_argument("--restore", action="store_true", help="put back what was there before the first --set")
     s.add_argument("--json", action="store_true", help="print JSON")
 
-
-def _add_fake_board(sub: Any) -> None:
-    """fake-board: a fake Jetson tree to rehearse on."""
-    from powerctl.devices.fakeboard import KINDS
+    add_profile(sub, device_help)
+    add_select_commands(sub)
 
     s = add_command(sub, "fake-board", cmd_fake_board)
     s.add_argument("folder", type=Path, help="a new (or empty) folder for the tree")
     s.add_argument(
         "--kind", choices=sorted(KINDS), default="jetson-nano", help="the board (default jetson-nano)"
     )
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = OneLineParser(
-        prog=PROG,
-        description="Power-aware training on edge GPUs: inspect devices, pin frequencies, profile "
-        "(batch size, frequency) pairs, and select the fastest pair under a power cap.",
-        epilog="Example: powerctl profile --device sim:jetson-nano --model resnet18-small --out profile.json",
-    )
-    sub = p.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
-    device_help = f"device spec: {SPEC_HELP}"
-
-    _add_device_commands(sub, device_help)
-    add_profile(sub, device_help)
-    add_select_commands(sub)
-    _add_fake_board(sub)
     return p
 
 
