@@ -72,15 +72,11 @@ example (relation vector on tiny Shakespeare from the weights above; about two m
       --batch-sizes 4,8,16,32,64 --lr-max 0.002 --seeds 0,1,2 \\
       --eval-every 256 --eval-max-samples 256 --parallel --out relation.json
 
-Every batch size starts from the same weights and trains until the target accuracy on the proxy's
-test split; its learning rate is lr_max * sqrt(b / largest b) (--lr-rule). Samples to target is the
-interpolated crossing of the target, on runs evaluated often enough to cross after several evaluations.
-samples_to_target is the mean over --seeds (the file keeps every seed's, their spread and a fitted
-batch-efficiency model; --max-seeds adds seeds until the ranking of batch sizes is stable),
-relation = samples_to_target / samples_to_target[largest batch size]. A batch size that does
-not reach the target within --max-samples is an error (lower --target or raise --max-samples); so is
-a target the starting weights already meet. Results are cached (--cache-dir, default
-$POWERFED_CACHE/relation or $XDG_CACHE_HOME/powerfed/relation): the same inputs again return at once.
+Every batch size and seed trains from the same weights until the target accuracy on the proxy's test
+split; relation = mean samples to target / the largest batch size's (docs/design/method.md). A batch
+size that does not reach the target within --max-samples is an error (lower --target or raise
+--max-samples); so is a target the starting weights already meet. Results are cached (--cache-dir):
+the same inputs again return at once.
 """
 
 
