@@ -4,23 +4,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from powerctl.files.mapping import Integer, Number, check_arguments
+from powerctl.files.mapping import Integer, Number, check_fields, field_kinds
+from powerctl.files.mapping import kind_field as kind
 
 
 @dataclass(frozen=True)
 class NodeWaits:
-    """The waits of a `PowerAware` run."""
+    """The waits of a `PowerAware` run, kept as checked (plain numbers where numpy's were given)."""
 
-    min_available_nodes: int = 0  # waited for once, before the first round (0: the inner strategy's)
-    rejoin_wait_s: float = 30.0  # each round waits this long for the nodes seen before
-    query_timeout_s: float = 120.0  # for a question to a node (who it is, its plan); > 0
+    min_available_nodes: int = kind(Integer(0), 0)  # once, before round 1 (0: the inner strategy's)
+    rejoin_wait_s: float = kind(Number(0.0, unit="seconds"), 30.0)  # each round, for the nodes seen before
+    query_timeout_s: float = kind(Number(0.0, above=True, unit="seconds"), 120.0)  # a question to a node
 
     def __post_init__(self) -> None:
-        checked = check_arguments(  # kept as checked: plain numbers where numpy's were given
-            "NodeWaits",
-            min_available_nodes=(self.min_available_nodes, Integer(0)),
-            rejoin_wait_s=(self.rejoin_wait_s, Number(0.0, unit="seconds")),
-            query_timeout_s=(self.query_timeout_s, Number(0.0, above=True, unit="seconds")),
-        )
-        for name, value in checked.items():
-            object.__setattr__(self, name, value)
+        check_fields(self, "NodeWaits", field_kinds(self))

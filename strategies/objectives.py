@@ -4,38 +4,38 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
-from powerctl.files.mapping import Choice, Custom, Number, check_arguments, must_be
+from powerctl.files.mapping import Choice, Custom, Number, check_fields, must_be
 from powerctl.selection.methods import ENERGY_UNDER_DEADLINE, ROUND_OBJECTIVES, TIME
 from strategies.report import Plan
 
 Plans = Callable[[], Sequence[Plan]]  # the plans of the round's sampled nodes that answered (asked once)
 
 
+@dataclass(eq=False)
 class RoundObjective:
     """The `time` objective (the paper's): no deadline, each client its fastest pair. Other objectives
     subclass it and override only what differs."""
 
-    name: str = TIME
+    name: ClassVar[str] = TIME
 
     def round_deadline(self, plans: Plans) -> float:
         """The round's deadline in device seconds (0: none, each client runs its fastest pair)."""
         return 0.0
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}()"
 
-
+@dataclass(eq=False)
 class EnergyUnderDeadline(RoundObjective):
     """Each client its least-energy pair that meets the round's deadline: `deadline_s` (device seconds),
     or with 0 the slowest sampled node's predicted fastest time."""
 
-    name = ENERGY_UNDER_DEADLINE
+    name: ClassVar[str] = ENERGY_UNDER_DEADLINE
+    deadline_s: float = 0.0
 
-    def __init__(self, deadline_s: float = 0.0) -> None:
-        checked = check_arguments("EnergyUnderDeadline", deadline_s=(deadline_s, Number(0.0, unit="seconds")))
-        self.deadline_s: float = checked["deadline_s"]
+    def __post_init__(self) -> None:
+        check_fields(self, "EnergyUnderDeadline", {"deadline_s": Number(0.0, unit="seconds")})
 
     def round_deadline(self, plans: Plans) -> float:
         # asked with a fixed deadline too: the plan's profiling is billed to the round that trains
@@ -43,9 +43,6 @@ class EnergyUnderDeadline(RoundObjective):
         if self.deadline_s > 0:
             return self.deadline_s
         return max((p.fastest_s for p in planned), default=0.0)
-
-    def __repr__(self) -> str:
-        return f"EnergyUnderDeadline(deadline_s={self.deadline_s!r})"
 
 
 def objective_named(name: str, deadline_s: float = 0.0) -> RoundObjective:
