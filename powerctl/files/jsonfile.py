@@ -30,7 +30,7 @@ def read_json(path: str | Path, schema: str) -> dict[str, Any]:
         raise FileFormatError(f"{path}: not a text file (not UTF-8); expected {schema} JSON") from None
     try:
         data = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
-    except (json.JSONDecodeError, ValueError) as exc:
+    except ValueError as exc:  # json.JSONDecodeError among them
         raise FileFormatError(f"{path}: not valid JSON ({exc})") from None
     except RecursionError:
         raise FileFormatError(f"{path}: nested too deeply to be a {schema} file") from None

@@ -393,14 +393,13 @@ class MappingReader:
 
 
 def mapping_reader(
-    data: Any, where: str, error: type[PowerctlError] = PowerctlError, known: Collection[str] | None = None
+    data: Any, where: str, error: type[PowerctlError], known: Collection[str]
 ) -> MappingReader:
-    """A reader of `data`, which must be a mapping (with only the `known` keys, when given)."""
+    """A reader of `data`, which must be a mapping with only the `known` keys."""
     if not isinstance(data, Mapping):
         keys = f" with keys {', '.join(known)}" if known else ""
         raise error(f"{where}: must be a mapping{keys}, got {data!r}")
-    reader = MappingReader(data, where, error)
-    return reader.only(known) if known is not None else reader
+    return MappingReader(data, where, error).only(known)
 
 
 FIELD_KIND = "kind"  # the metadata key of a record field's kind
