@@ -4,7 +4,6 @@ dead launcher's: the watchdog or the next start stops its processes by pid and r
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
 import shutil
@@ -31,27 +30,22 @@ class FlowerHomeError(PowerctlError):
 
 
 def _lock(path: Path, *, wait: bool = False) -> int | None:
-    """An fd holding the exclusive flock of our folder `path`; None when a live process holds it.
-    OSError when `path` is gone, not a folder, or a symbolic link."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    """An fd holding the exclusive flock of our folder `path`, still that folder once locked; None when a
+    live process holds it, or `path` is gone, not a folder, or a symbolic link."""
     try:
-        if os.fstat(fd).st_uid != os.getuid():
-            os.close(fd)
-            return None
-        fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    return fd
-
-
-def _still_there(fd: int, path: Path) -> bool:
-    """`path` is still the folder `fd` was opened on."""
-    try:
-        here, held = os.stat(path, follow_symlinks=False), os.fstat(fd)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except OSError:
-        return False
-    return (here.st_dev, here.st_ino) == (held.st_dev, held.st_ino)
+        return None
+    try:
+        if os.fstat(fd).st_uid == os.getuid():
+            fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+            here, held = os.stat(path, follow_symlinks=False), os.fstat(fd)
+            if (here.st_dev, here.st_ino) == (held.st_dev, held.st_ino):
+                return fd
+    except OSError:  # held by a live process (BlockingIOError), or gone since
+        pass
+    os.close(fd)
+    return None
 
 
 def processes_of(home: Path, recorded: Iterable[tuple[int, int]] = ()) -> list[int]:
@@ -97,14 +91,10 @@ class FlowerHome:
                     f"cannot make a private Flower home in {base or tempfile.gettempdir()} "
                     f"({exc.strerror or exc}); set TMPDIR to a writable folder"
                 ) from None
-            with contextlib.suppress(OSError):
-                fd = _lock(path)
-                if fd is not None and _still_there(fd, path):
-                    home = cls(path, fd)
-                    home.record([])
-                    return home
-                if fd is not None:
-                    os.close(fd)
+            if (fd := _lock(path)) is not None:
+                home = cls(path, fd)
+                home.record([])
+                return home
         raise FlowerHomeError(f"cannot lock a private Flower home in {base or tempfile.gettempdir()}")
 
     def record(self, pids: Iterable[int]) -> None:
@@ -162,15 +152,9 @@ class FlowerHome:
 def clean_home(path: Path, *, wait: bool = False) -> tuple[int | None, list[int]] | None:
     """When the launcher of home `path` is gone (its lock taken; `wait`: once it can be): stop its run's
     processes, remove the folder; (that launcher's pid, the pids stopped). None: not ours to clean."""
-    try:
-        fd = _lock(path, wait=wait)
-    except OSError:
-        return None
-    if fd is None:
+    if (fd := _lock(path, wait=wait)) is None:
         return None
     try:
-        if not _still_there(fd, path):
-            return None
         launcher, recorded = _recorded(path)
         stopped = stop_trees(processes_of(path, recorded))
         shutil.rmtree(path, ignore_errors=True)
