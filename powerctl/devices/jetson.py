@@ -14,7 +14,7 @@ from typing import Any
 from powerctl.devices.base import Device
 from powerctl.errors import DeviceError, DevicePermissionError
 from powerctl.files.readfile import SYSFS_LIMIT, read_bytes
-from powerctl.pinning.freqstate import bad_record
+from powerctl.pinning.freqstate import BadRecordError
 
 ROOT_ENV = "POWERCTL_SYSFS_ROOT"
 MODEL_FILE = "proc/device-tree/model"
@@ -289,7 +289,7 @@ class JetsonBoard(Device):
         if state:
             saved = _saved_state(state)
             if isinstance(saved, str):
-                raise bad_record(self.physical_key() or self.board, saved, self.spec)
+                raise BadRecordError(self.physical_key() or self.board, saved, self.spec)
             lo, hi, governor = saved
         else:
             table = self.frequencies()

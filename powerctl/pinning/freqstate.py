@@ -26,17 +26,13 @@ class BoardBusyError(DeviceError):
 
 
 class BadRecordError(FileFormatError):
-    """A board record that cannot be read or used: nothing is written (`freq --restore` releases it)."""
+    """Board `key`'s record cannot be read or used: nothing is written. One line: where, what is wrong, the
+    command that releases it (`freq --restore`)."""
 
-    def __init__(self, path: Path, problem: str, spec: str) -> None:
-        release = f"`powerctl freq --device {spec} --restore` releases the board to its full range"
-        super().__init__(f"{path}: {problem}; {release}")
-        self.path, self.problem = path, problem
-
-
-def bad_record(key: str, problem: str, spec: str | None = None) -> BadRecordError:
-    """The one line for board `key`'s record: where, what is wrong, the command that releases it."""
-    return BadRecordError(record_path(key), problem, spec or key.partition("@")[0])
+    def __init__(self, key: str, problem: str, spec: str | None = None) -> None:
+        self.path, self.problem = record_path(key), problem
+        release = f"`powerctl freq --device {spec or key.partition('@')[0]} --restore`"
+        super().__init__(f"{self.path}: {problem}; {release} releases the board to its full range")
 
 
 def state_dir() -> Path:
@@ -91,9 +87,9 @@ def read_record(key: str, spec: str | None = None) -> BoardRecord | None:
     try:
         record = BoardRecord.from_dict(read_json(path, STATE_SCHEMA), str(path))
     except FileFormatError as exc:
-        raise bad_record(key, str(exc).removeprefix(f"{path}: "), spec) from None
+        raise BadRecordError(key, str(exc).removeprefix(f"{path}: "), spec) from None
     if record.key != key:
-        raise bad_record(key, f"holds the record of {record.key!r}, not {key!r}", spec)
+        raise BadRecordError(key, f"holds the record of {record.key!r}, not {key!r}", spec)
     return record
 
 
