@@ -35,7 +35,7 @@ from strategies.protocol import (
 if TYPE_CHECKING:
     from flwr.clientapp.typing import Mod
 
-    from fl_client.round import RoundOutcome, State, StepsFor
+    from fl_client.round import RoundOutcome, RoundSteps, State
 
 
 def _library_lines(
@@ -88,7 +88,7 @@ def train(msg: Message, context: Context) -> Message:
 
 
 def train_reply(
-    msg: Message, context: Context, steps_for: StepsFor | None = None
+    msg: Message, context: Context, steps_for: Callable[[TrainInstructions], RoundSteps] | None = None
 ) -> tuple[Message, RoundOutcome | None]:
     """A TRAIN message's round with the steps `steps_for` gives (default: the production round's), its
     reply and the round's outcome (None: an error reply)."""

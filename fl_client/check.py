@@ -87,10 +87,8 @@ def control_nodes(t: Target) -> list[Any]:
     """Every SuperNode the SuperLink knows (Flower's `ListNodes`, as `flwr supernode ls` asks)."""
     from flwr.proto.control_pb2 import ListNodesRequest
     from flwr.supercore.control import ControlHttpClient
-    from flwr.supercore.interceptors.http.runtime_version import RuntimeVersionHttpInterceptor
 
-    version = RuntimeVersionHttpInterceptor(component_name="flwr CLI")
-    with contextlib.closing(_http_client(t, ControlHttpClient, version)) as client:
+    with contextlib.closing(_http_client(t, ControlHttpClient, "flwr CLI")) as client:
         return list(client.ListNodes(ListNodesRequest()).nodes_info)
 
 
@@ -102,21 +100,22 @@ def node_with_key(t: Target, public_key: bytes) -> Any | None:
     return None
 
 
-def _http_client(t: Target, client: Any, *interceptors: Any) -> Any:
-    """A Flower HTTP client (`ControlHttpClient`, `FleetHttpClient`) for the target, as Flower makes one."""
+def _http_client(t: Target, client: Any, component: str, *interceptors: Any) -> Any:
+    """A Flower HTTP client (`ControlHttpClient`, `FleetHttpClient`) for the target, as Flower's
+    `component` makes one."""
+    from flwr.supercore.interceptors.http.runtime_version import RuntimeVersionHttpInterceptor
+
     ca = None if t.root_certificates is None else str(t.root_certificates)
-    return client.from_server_address(t.address, t.insecure, ca, interceptors=list(interceptors))
+    version = RuntimeVersionHttpInterceptor(component_name=component)
+    return client.from_server_address(t.address, t.insecure, ca, interceptors=[version, *interceptors])
 
 
 def _fleet_client(t: Target, private_key: Any) -> Any:
-    from flwr.supercore.interceptors.http.runtime_version import RuntimeVersionHttpInterceptor
     from flwr.supernode.fleet_http_client import FleetHttpClient
     from flwr.supernode.node_auth_http_interceptor import NodeAuthHttpInterceptor
 
-    version = RuntimeVersionHttpInterceptor(component_name="SuperNode")
-    return _http_client(
-        t, FleetHttpClient, version, NodeAuthHttpInterceptor(private_key, private_key.public_key())
-    )
+    auth = NodeAuthHttpInterceptor(private_key, private_key.public_key())
+    return _http_client(t, FleetHttpClient, "SuperNode", auth)
 
 
 def _online_for_s(node: Any) -> float:

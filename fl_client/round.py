@@ -61,7 +61,6 @@ __all__ = [
     "RoundSteps",
     "RoundWork",
     "State",
-    "StepsFor",
     "TrainStep",
     "Trained",
     "build_local_model",
@@ -206,7 +205,7 @@ def check_data(instr: TrainInstructions, train: Dataset) -> None:
 
 def usable_relation(instr: TrainInstructions, train_examples: int) -> RelationVector:
     """The relation restricted to batch sizes this node's train split can fill at least once."""
-    relation = instr.relation()
+    relation = instr.relation_vector
     keep = [b for b in relation.batch_sizes if b <= train_examples]
     if not keep:
         raise ClientWorkError(
@@ -346,10 +345,6 @@ class RoundSteps:
         return cls()
 
 
-StepsFor = Callable[[TrainInstructions], RoundSteps]
-"""The steps a round runs for its instructions (the fleet runner's ClientApp passes its own)."""
-
-
 @dataclass
 class RoundOutcome:
     """What a round produced, for callers that need more than the report (the demo, the benches)."""
@@ -385,7 +380,7 @@ class Prepared:
         """Profile (or read the cache) and choose, over the batch sizes this node's data can fill."""
         wall_start = time.perf_counter()
         instr, examples = work.instr, work.train_examples or 0
-        relation = instr.relation() if instr.stand_in else usable_relation(instr, examples)
+        relation = instr.relation_vector if instr.stand_in else usable_relation(instr, examples)
         startup_s = message_process_startup_s()  # the first profiling or training step comes next
         profiled = steps.profile(work, relation)
         chosen = steps.choose(work, profiled.profile, relation, steps.train)
