@@ -23,9 +23,6 @@ PROG = "python -m fl_client.check"
 HEARTBEAT_WINDOW_S = 60.0  # how long Flower keeps a crashed SuperNode online: 2 × its heartbeat interval
 
 
-# ------------------------------------------------------------------------------- Flower's APIs
-
-
 def _http_error(exc: Exception) -> tuple[int | None, int | None, str]:
     """(HTTP status, Flower error code, message) of a failed Flower HTTP call."""
     import httpx
@@ -257,9 +254,6 @@ def check_control(t: Target) -> str:
     online = sorted(n.node_id for n in nodes if n.status == "online")
     registered = [n for n in nodes if n.status != "unregistered"]
     return f"Control API: answers; {len(registered)} SuperNode(s) registered, {len(online)} online"
-
-
-# ------------------------------------------------------------------------------------ the check
 
 
 def run_checks(t: Target, timeout_s: float = 5.0, say: Callable[[str], None] = say) -> None:

@@ -52,9 +52,6 @@ def parse_address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-# --------------------------------------------------------------------------------------- layers
-
-
 def check_reachable(t: Target, timeout_s: float) -> str:
     """A TCP connection to the address: wrong name, refused, or no answer."""
     try:

@@ -84,9 +84,6 @@ class ClientWorkError(PowerctlError):
     """This round cannot run on this node as instructed (no usable batch size, no knob, ...)."""
 
 
-# --- the work ------------------------------------------------------------------------------------
-
-
 def node_device_seed(settings: NodeSettings, server_seed: int) -> int:
     """A simulated board's noise seed: stable per node (not per node id, which changes every run)."""
     return (server_seed * 1_000_003 + zlib.crc32(settings.key.encode())) % (2**31)
@@ -205,7 +202,7 @@ def check_data(instr: TrainInstructions, train: Dataset) -> None:
 
 def usable_relation(instr: TrainInstructions, train_examples: int) -> RelationVector:
     """The relation restricted to batch sizes this node's train split can fill at least once."""
-    relation = instr.relation_vector
+    relation = instr.relation()
     keep = [b for b in relation.batch_sizes if b <= train_examples]
     if not keep:
         raise ClientWorkError(
@@ -213,9 +210,6 @@ def usable_relation(instr: TrainInstructions, train_examples: int) -> RelationVe
             f"{min(relation.batch_sizes)} of the relation vector; give it more data or smaller batch sizes"
         )
     return relation.restricted(keep)
-
-
-# --- step results ----------------------------------------------------------------------------------
 
 
 class CapRule(Protocol):
@@ -263,17 +257,11 @@ TrainStep = Callable[[RoundWork, CapRule], Trained]
 ChooseStep = Callable[[RoundWork, Profile, RelationVector, TrainStep], Chosen]
 
 
-# --- choose -----------------------------------------------------------------------------------------
-
-
 def method_step(work: RoundWork, profile: Profile, relation: RelationVector, train: TrainStep) -> Chosen:
     """The instructed method's rule (an oracle without its search predicts by the proxy's relation)."""
     instr = work.instr
     own = relation if method_named(instr.method).searches_own_data else None
     return Chosen(MethodRule(instr.method, profile, relation, own, instr.deadline_s, instr.relation_rule))
-
-
-# --- train ------------------------------------------------------------------------------------------
 
 
 def round_checkpoint(work: RoundWork, pair: tuple[int, int]) -> Checkpointing | None:
@@ -319,9 +307,6 @@ def fine_tune_step(
         result = fine_tune(model, train, test, config, device=dev, callbacks=callbacks)
         state = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
         return pinning.trained(result, state, dev.board)
-
-
-# --- the round --------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -380,7 +365,7 @@ class Prepared:
         """Profile (or read the cache) and choose, over the batch sizes this node's data can fill."""
         wall_start = time.perf_counter()
         instr, examples = work.instr, work.train_examples or 0
-        relation = instr.relation_vector if instr.stand_in else usable_relation(instr, examples)
+        relation = instr.relation() if instr.stand_in else usable_relation(instr, examples)
         startup_s = message_process_startup_s()  # the first profiling or training step comes next
         profiled = steps.profile(work, relation)
         chosen = steps.choose(work, profiled.profile, relation, steps.train)

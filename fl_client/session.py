@@ -294,7 +294,6 @@ class PowerSession:
         self._step_s: list[float] = []
         self._entered = False
 
-    # --- the round ----------------------------------------------------------------------------
     def __enter__(self) -> PowerSession:
         if self._entered:  # a second block would add its steps to the first's, charged one block's energy
             where = "inside its own `with` block" if self._stack is not None else "a second time"
@@ -352,7 +351,6 @@ class PowerSession:
             stack.close()  # the device restored on every way out
         self._joined.sessions.append(self)
 
-    # --- what the loop uses --------------------------------------------------------------------
     @property
     def batch_size(self) -> int:
         """The batch size chosen (a cap that changes may change it between steps)."""

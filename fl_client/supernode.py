@@ -73,9 +73,6 @@ def child_env(tool: str, first: Path | None = None) -> dict[str, str]:
     return {**os.environ, "PATH": search_path(first, Path(tool).parent)}
 
 
-# ------------------------------------------------------------------------------------------ processes
-
-
 def _children() -> dict[int, bool]:
     """This process's children: {pid: still running (False: a zombie to reap)}."""
     if not PROC.is_dir():  # no /proc: nothing to find (and no subreaper either)
@@ -201,9 +198,6 @@ def run_once(argv: list[str], env: dict[str, str]) -> Outcome:
             if reader is not None:
                 reader.join(DRAIN_S)
     return outcome
-
-
-# ------------------------------------------------------------------------------------------ causes
 
 
 def _diagnose(target: Target) -> CheckFailed | None:
