@@ -75,10 +75,9 @@ class ThreadSampler(PowerSampler):
 
 
 class Device(ABC):
-    """A GPU with (maybe) a frequency knob and (maybe) a power sensor.
-
-    The defaults are a device without a knob; a backend with one implements `frequencies`,
-    `current_frequency`, `_write_pin`, `snapshot` and `apply_snapshot`. Pinning lives here."""
+    """A GPU with (maybe) a frequency knob and (maybe) a power sensor; pinning lives here. The defaults are
+    a device without a knob: a backend with one implements `frequencies`, `current_frequency`, `_write_pin`,
+    `snapshot` and `apply_snapshot`."""
 
     spec: str  # the spec string it was opened with, e.g. ``sim:jetson-nano``
     board: str  # board/GPU name, e.g. ``jetson-nano``: the profile's ``device`` field

@@ -118,11 +118,8 @@ class NvmlGpu(Device):
     def _probe_power(self) -> bool:
         """Whether NVML reads board power here, and how (`power_reading`): instantaneous, else averaged."""
         nvml = self._nvml
-        try:
+        with contextlib.suppress(nvml.NVMLError, AttributeError):  # AttributeError: a nvidia-ml-py without it
             self._instant_mw()
-        except (nvml.NVMLError, AttributeError):  # AttributeError: a nvidia-ml-py without the field
-            pass
-        else:
             self.power_reading = "instant"
             return True
         try:
