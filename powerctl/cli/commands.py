@@ -14,6 +14,7 @@ from powerctl.cli.profile_command import ModelStepFactory, add_profile
 from powerctl.cli.select_commands import add_select_commands
 from powerctl.cli.util import OneLineParser, add_command, mhz, one_line_errors, run_command, say, say_json
 from powerctl.devices import SPEC_HELP, open_device
+from powerctl.pinning.pinsession import restore_saved
 
 MAX_FREQUENCY_HZ = 100e9
 
@@ -70,8 +71,6 @@ def cmd_power(args: argparse.Namespace) -> int:
 
 def cmd_freq(args: argparse.Namespace) -> int:
     """show, pin or restore the GPU frequency"""
-    from powerctl.pinning.pinsession import restore_saved
-
     with open_device(args.device) as dev:
         if args.set is not None:
             dev.pin_frequency(args.set)

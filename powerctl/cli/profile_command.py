@@ -13,7 +13,8 @@ from powerctl.devices import open_device
 from powerctl.devices.unpinned import NOT_PINNED
 from powerctl.errors import PowerctlError
 from powerctl.files.mapping import MAX_COUNT
-from powerctl.files.outputs import output_path
+from powerctl.files.outputs import check_output_file, output_path
+from powerctl.records.relation import RelationVector
 
 if TYPE_CHECKING:
     from powerctl.profiling.profiler import StepFactory
@@ -66,7 +67,6 @@ def _save_profile(profile: Any, out: Path) -> str:
 
 def cmd_profile(args: argparse.Namespace) -> int:
     """measure peak power and time per (batch size, frequency)"""
-    from powerctl.files.outputs import check_output_file
     from powerctl.profiling.profiler import Profiler
 
     step_factory: ModelStepFactory | None = args.step_factory
@@ -90,8 +90,6 @@ def cmd_profile(args: argparse.Namespace) -> int:
         raise PowerctlError("--relation is for --order fitted (which confirms the choice it predicts)")
     relation = None
     if args.relation is not None:
-        from powerctl.records.relation import RelationVector
-
         relation = RelationVector.load(args.relation)
         if relation.model != args.model:
             raise PowerctlError(

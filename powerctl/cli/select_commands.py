@@ -13,8 +13,9 @@ from powerctl.cli.util import add_command, bounded_float, mhz, power_cap, power_
 from powerctl.devices.unpinned import NOT_PINNED
 from powerctl.errors import InfeasibleCapError, PowerctlError
 from powerctl.files.mapping import MAX_COUNT
-from powerctl.files.outputs import output_path
+from powerctl.files.outputs import check_output_dir, check_output_file, output_path, plot_format
 from powerctl.records.relation import DEFAULT_RELATION_RULE, INTERVAL_STANDARD_ERRORS, RELATION_RULES
+from powerctl.selection.capsource import MAX_POINTS, CapSourceError, ScheduleCap, TraceCap, parse_cap_source
 
 # the ranges of cap-source's numeric flags (each flag's help names its own)
 SPAN_S = bounded_float(0.0, MAX_COUNT)  # --until (the lines and steps it makes are bounded on their own)
@@ -97,7 +98,6 @@ def cmd_select(args: argparse.Namespace) -> int:
 def cmd_plot(args: argparse.Namespace) -> int:
     """heat maps of peak power and time over (batch size, frequency)"""
     from powerctl.cli.plot import plot_profile
-    from powerctl.files.outputs import check_output_dir
     from powerctl.selection.joint import select
 
     check_output_dir(args.out)
@@ -118,7 +118,6 @@ def cmd_plot(args: argparse.Namespace) -> int:
 def cmd_pareto(args: argparse.Namespace) -> int:
     """the time–energy front of the feasible (batch size, frequency) pairs"""
     from powerctl.cli.plot import write_front
-    from powerctl.files.outputs import check_output_dir
     from powerctl.selection.pareto import pareto_front
 
     check_output_dir(args.out)
@@ -147,18 +146,8 @@ def cmd_pareto(args: argparse.Namespace) -> int:
 
 def cmd_cap_source(args: argparse.Namespace) -> int:
     """check a power cap that changes (schedule, trace, live file) and show it over time"""
-    from powerctl.selection.capsource import (
-        MAX_POINTS,
-        CapSourceError,
-        ScheduleCap,
-        TraceCap,
-        parse_cap_source,
-    )
-
     plot = None
     if args.plot:
-        from powerctl.files.outputs import check_output_file, plot_format
-
         plot = check_output_file(args.plot, "--plot", in_folder="cap_source.png")
         plot_format(plot, "--plot")  # a suffix matplotlib writes
     if not args.source.strip():  # as --power-cap '': an empty word is not "no cap"
