@@ -202,7 +202,7 @@ def check_data(instr: TrainInstructions, train: Dataset) -> None:
 
 def usable_relation(instr: TrainInstructions, train_examples: int) -> RelationVector:
     """The relation restricted to batch sizes this node's train split can fill at least once."""
-    relation = instr.relation()
+    relation = instr.relation_vector
     keep = [b for b in relation.batch_sizes if b <= train_examples]
     if not keep:
         raise ClientWorkError(
@@ -365,7 +365,7 @@ class Prepared:
         """Profile (or read the cache) and choose, over the batch sizes this node's data can fill."""
         wall_start = time.perf_counter()
         instr, examples = work.instr, work.train_examples or 0
-        relation = instr.relation() if instr.stand_in else usable_relation(instr, examples)
+        relation = instr.relation_vector if instr.stand_in else usable_relation(instr, examples)
         startup_s = message_process_startup_s()  # the first profiling or training step comes next
         profiled = steps.profile(work, relation)
         chosen = steps.choose(work, profiled.profile, relation, steps.train)

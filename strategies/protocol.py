@@ -173,9 +173,6 @@ class TrainInstructions(SentSettings):
         """Checked as a client reads it: a plan every client would refuse is refused where it is made."""
         check_instructions(self)
 
-    def relation(self) -> RelationVector:
-        return self.relation_vector
-
     def lr_for(self, batch_size: int) -> float:
         return scaled_lr(
             self.lr_max,

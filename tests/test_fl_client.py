@@ -369,10 +369,9 @@ def test_the_runs_relation_rule_reaches_the_clients_choice() -> None:
     for rule, b in (("mean", 32), ("robust", 16)):  # the hand-worked case of test_selection
         instr = instructions(relation_vector=relation, relation_rule=rule, model=relation.model)
         back = TrainInstructions.from_config(instr.to_config())
-        assert (
-            back.relation_rule == rule and back.relation().per_seed_samples() == relation.per_seed_samples()
-        )
-        chosen = MethodRule("ours", profile, back.relation(), relation_rule=back.relation_rule)(None)
+        assert back.relation_rule == rule
+        assert back.relation_vector.per_seed_samples() == relation.per_seed_samples()
+        chosen = MethodRule("ours", profile, back.relation_vector, relation_rule=back.relation_rule)(None)
         assert chosen.batch_size == b
     narrow = usable_relation(instr, 20)  # 20 training samples: b=32 cannot be filled
     assert narrow.batch_sizes == (16,)

@@ -328,8 +328,8 @@ def test_the_strategy_sends_the_relation_vector_whole_extra_fields_included() ->
     _run(grid, power_aware(), instr=instructions(relation_vector=rel))
     sent = [TrainInstructions.from_config(m.content.config_records["config"])
             for m in grid.sent if m.metadata.message_type == MessageType.TRAIN]  # fmt: skip
-    assert len(sent) == 2 and all(i.relation() == rel for i in sent)
-    assert sent[0].relation().per_seed_samples() == [[280.0, 320.0], [390.0, 410.0]]
+    assert len(sent) == 2 and all(i.relation_vector == rel for i in sent)
+    assert sent[0].relation_vector.per_seed_samples() == [[280.0, 320.0], [390.0, 410.0]]
 
 
 def test_weighted_average_keeps_integer_buffers_integers() -> None:

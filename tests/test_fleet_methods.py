@@ -54,7 +54,7 @@ def test_the_method_round_trips_through_the_message_config() -> None:
 def test_each_method_picks_what_powerctl_says_for_that_profile_and_cap(method: str, tmp_path: Path) -> None:
     instr = instructions(method=method, profile_source="predicted", relation_samples=[300.0, 600.0])
     _, _, report, _ = _round(instr, tmp_path)
-    profile, relation = _predicted([8, 16]), instr.relation()
+    profile, relation = _predicted([8, 16]), instr.relation_vector
     expected = {
         "ours": lambda: select(profile, relation, CAP_W),
         "state-of-practice": lambda: state_of_practice(profile, CAP_W),
@@ -80,7 +80,7 @@ def test_a_baseline_on_a_simulated_board_reads_its_model_and_measures_nothing(
     instr = instructions(method=method, relation_samples=[300.0, 600.0])  # profile-source: measured
     assert instr.profile_source == "measured"
     _, _, report, _ = _round(instr, tmp_path)
-    profile, relation = _predicted([8, 16]), instr.relation()
+    profile, relation = _predicted([8, 16]), instr.relation_vector
     expected = (
         state_of_practice(profile, CAP_W)
         if method == "state-of-practice"
@@ -163,7 +163,7 @@ def test_a_stand_in_selects_for_real_but_charges_the_board_model_and_returns_the
     assert bench is not None and bench.stand_in and report.training.stop_reason == "stand-in"
     assert all(torch.equal(state[k], new_state[k]) for k in state)
     profile = _predicted([8, 16])
-    chosen = select(profile, instr.relation(), CAP_W)
+    chosen = select(profile, instr.relation_vector, CAP_W)
     assert (report.batch_size, report.frequency_hz) == (chosen.batch_size, chosen.frequency_hz)
     steps = math.ceil(200 / chosen.batch_size)  # proxy needs 300/400 samples: the budget of 200 stops it
     seconds, joules = replay_cost(
@@ -185,7 +185,7 @@ def _workload():
 
 def test_the_oracle_refuses_to_choose_without_its_measurements() -> None:
     with pytest.raises(Exception, match="own data"):
-        method_named(ORACLE).choose(_predicted([8, 16]), instructions().relation(), CAP_W)
+        method_named(ORACLE).choose(_predicted([8, 16]), instructions().relation_vector, CAP_W)
 
 
 def test_a_share_of_partitions_trains_the_real_model_spread_evenly() -> None:
