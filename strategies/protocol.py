@@ -1,7 +1,6 @@
-"""What travels between the power-aware strategy and its clients: the message keys, and the
-`TrainInstructions` each TRAIN message's ConfigRecord carries (its run settings under their run config
-keys). Both sides import this one module, so a key is never spelled two ways.
-"""
+"""What travels between the power-aware strategy and its clients: the message keys and the
+`TrainInstructions` a TRAIN message's ConfigRecord carries. Both sides import this one module, so a key is
+never spelled two ways."""
 
 from __future__ import annotations
 
