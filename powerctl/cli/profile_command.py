@@ -88,13 +88,11 @@ def cmd_profile(args: argparse.Namespace) -> int:
         raise PowerctlError("--order efficient needs --power-cap W (it stops each batch size at the cap)")
     if args.relation is not None and args.order != "fitted":
         raise PowerctlError("--relation is for --order fitted (which confirms the choice it predicts)")
-    relation = None
-    if args.relation is not None:
-        relation = RelationVector.load(args.relation)
-        if relation.model != args.model:
-            raise PowerctlError(
-                f"--relation is of model {relation.model!r}, not {args.model!r}: they do not belong together"
-            )
+    relation = None if args.relation is None else RelationVector.load(args.relation)
+    if relation is not None and relation.model != args.model:
+        raise PowerctlError(
+            f"--relation is of model {relation.model!r}, not {args.model!r}: they do not belong together"
+        )
     with open_device(args.device, seed=args.seed, pin=not args.no_pin) as dev:
         workload, make_step = step_factory(
             args.model, torch_device=dev.torch_device(), num_classes=args.num_classes, seed=args.seed
