@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import atexit
 import signal
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Protocol
+
+from powerctl.procs import handling
 
 
 class Restorable(Protocol):
@@ -29,22 +30,16 @@ def restore_on_exit(device: Restorable) -> Iterator[None]:
     """Within the block, any way out of the process restores `device` first: SIGTERM and SIGHUP become
     SystemExit (in the main thread; elsewhere the atexit hook covers a clean exit); the handlers before are
     put back (one installed from C, which Python cannot put back, is not replaced)."""
-    previous: dict[signal.Signals, object] = {}
 
     def hook() -> None:  # its own object: unregistering it leaves another guard's of the same device
         device.restore()
 
     atexit.register(hook)
     try:
-        if threading.current_thread() is threading.main_thread():
-            for sig in _TERMINATING:
-                if signal.getsignal(sig) is not None:
-                    previous[sig] = signal.signal(sig, _raise_exit)
-        yield
+        with handling(_raise_exit, *(sig for sig in _TERMINATING if signal.getsignal(sig) is not None)):
+            try:
+                yield
+            finally:
+                device.restore()
     finally:
-        try:
-            device.restore()
-        finally:
-            atexit.unregister(hook)
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)  # type: ignore[arg-type]
+        atexit.unregister(hook)
