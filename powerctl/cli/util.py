@@ -140,19 +140,16 @@ def one_line_errors(prog: str) -> Callable[[Callable[..., int]], Callable[..., i
 
 _OS_HINTS = {
     errno.ENAMETOOLONG: "use a shorter name",
-    errno.EACCES: "check its permissions or use another path",
-    errno.EPERM: "check its permissions or use another path",
+    **dict.fromkeys((errno.EACCES, errno.EPERM), "check its permissions or use another path"),
     errno.EISDIR: "give a file, not a folder",
     errno.ENOTDIR: "a part of the path is a file, not a folder",
     errno.ENOENT: "check the path",
     errno.EEXIST: "it exists already; remove it or use another path",
-    errno.ENOSPC: "free some space or write elsewhere",
-    errno.EDQUOT: "free some space or write elsewhere",
+    **dict.fromkeys((errno.ENOSPC, errno.EDQUOT), "free some space or write elsewhere"),
     errno.EROFS: "write elsewhere",
     errno.EFBIG: "write less or elsewhere",
     errno.ELOOP: "a symbolic link in the path points back at itself",
-    errno.ENXIO: "give a regular file",
-    errno.ENODEV: "give a regular file",
+    **dict.fromkeys((errno.ENXIO, errno.ENODEV), "give a regular file"),
     errno.ETXTBSY: "it is a running program; use another path",
 }
 """What to do about an OSError of the file system; an errno not listed is named with no advice."""
