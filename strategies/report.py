@@ -21,7 +21,6 @@ from powerctl.files.mapping import (
     Integer,
     Invalid,
     Kind,
-    MappingReader,
     Maybe,
     Number,
     Text,
@@ -122,13 +121,9 @@ class Record:
         return {f.name: copy.deepcopy(v) for f, v in self._leaves()}
 
     @classmethod
-    def read(cls: type[R], r: MappingReader) -> R:
-        """This record (its nested ones too) read back from a reply, each field by its kind."""
-        return cls(**read_fields(cls, r, key_of))
-
-    @classmethod
     def from_config(cls: type[R], record: Any, where: str = "train reply report") -> R:
-        return cls.read(reader(record, where))
+        """This record (its nested ones too) read back from a reply, each field by its kind."""
+        return cls(**read_fields(cls, reader(record, where), key_of))
 
 
 def _fields(record: Any) -> list[Field[Any]]:
@@ -265,7 +260,7 @@ class BesideReport(Record):
 
     @classmethod
     def from_config(cls: type[R], record: Any, where: str = "") -> R:
-        return cls.read(reader(record, where or f"train reply {cls.KEY}"))  # type: ignore[attr-defined]
+        return super().from_config(record, where or f"train reply {cls.KEY}")  # type: ignore[attr-defined]
 
 
 B = TypeVar("B", bound=BesideReport)
