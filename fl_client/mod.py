@@ -55,10 +55,8 @@ def node_reply(msg: Message, context: Context, plan: Planner | None = None) -> M
             )
         with open_device(settings.device, pin=settings.pin) as dev:
             info: dict[str, Any] = {"node-key": settings.key, "device": settings.device, "board": dev.board}
-        if settings.power_cap_w is not None:
-            info["power-cap-w"] = settings.power_cap_w
-        if settings.partition_id is not None:
-            info["partition-id"] = settings.partition_id
+        optional = {"power-cap-w": settings.power_cap_w, "partition-id": settings.partition_id}
+        info.update({k: v for k, v in optional.items() if v is not None})
         content = RecordDict({NODE_KEY: ConfigRecord(info)})
         if plan is not None and CONFIG_KEY in msg.content.config_records:
             content[PLAN_KEY] = plan(msg, context, settings)

@@ -200,15 +200,6 @@ def run_once(argv: list[str], env: dict[str, str]) -> Outcome:
     return outcome
 
 
-def _diagnose(target: Target) -> CheckFailed | None:
-    """The first thing `fl_client.check` finds wrong with this connection (None: nothing now)."""
-    try:
-        run_checks(target, CHECK_TIMEOUT_S, say=lambda _line: None)
-    except CheckFailed as failed:
-        return failed
-    return None
-
-
 def _port_line(outcome: Outcome, flags: list[str]) -> str:
     if outcome.bind is not None:
         host, port, why = outcome.bind
@@ -262,7 +253,12 @@ def run_until_started(
         if outcome.flower_exit != CONNECTION_ERROR and not outcome.refused:
             _flush(outcome.held)  # a failure this wrapper cannot name: Flower's own words stand
             return outcome.rc
-        failed = _diagnose(target)  # waiting helps only while the key's node may still count online
+        failed: CheckFailed | None = None
+        try:
+            run_checks(target, CHECK_TIMEOUT_S, say=lambda _line: None)
+        except CheckFailed as exc:  # the first thing `fl_client.check` finds wrong
+            failed = exc
+        # waiting helps only while the key's node may still count online
         if failed is not None and failed.cause not in ("node key in use", "node key not activated"):
             raise NotStarted(str(failed))
         why = str(failed) if failed is not None else "Flower error 2004, Failed to activate SuperNode"
