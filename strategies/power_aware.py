@@ -47,6 +47,7 @@ from strategies.rounds import (
     summarise,
     weights_mismatch,
 )
+from strategies.settings import key_of
 
 NODE_UNAVAILABLE = 5  # Flower's ErrorCode.NODE_UNAVAILABLE: the SuperNode went away
 # (node, server round, the round's instructions) → this node's instructions (e.g. its own cap)
@@ -372,17 +373,10 @@ class PowerAware(Strategy):
         arrays, metrics = self.strategy.aggregate_train(server_round, inner)
         if not good and not unreported:
             return arrays, metrics
-        s = record.summary
-        round_metrics = {
-            "makespan-s": s["makespan_s"],
-            "total-energy-j": s["total_energy_j"],
-            "share-at-target": s["share_at_target"],
-            "reported": s["reported"],
-            "unreported": len(unreported),
-            "failed": len(s["failed"]),
-            "over-cap": len(s["over_cap"]),
-        }
-        return arrays, MetricRecord({**dict(metrics or {}), **round_metrics})
+        s = record.summary  # its figures under their metric keys, then the counts
+        figures = {key_of(k): s[k] for k in ("makespan_s", "total_energy_j", "share_at_target", "reported")}
+        counts = {"unreported": len(unreported), "failed": len(s["failed"]), "over-cap": len(s["over_cap"])}
+        return arrays, MetricRecord({**dict(metrics or {}), **figures, **counts})
 
     def _metrics(self, content: RecordDict, where: str) -> tuple[MappingReader, float]:
         """A reply's metrics and its examples (what the inner strategy weighs by), or ProtocolError."""
