@@ -67,9 +67,8 @@ def predicted_profile_step(work: RoundWork, relation: RelationVector) -> Profile
     with work.device() as dev:
         if not isinstance(dev, SimulatedBoard):
             raise ClientWorkError(f"predicted profiles need a simulated board (sim:...), not {dev.spec}")
-        overrides = instr.overrides_text()
         profile = _board_prediction(
-            dev.board, instr.model, overrides, instr.num_classes, tuple(relation.batch_sizes),
+            dev.board, instr.model, instr.overrides_text(), instr.num_classes, tuple(relation.batch_sizes),
             instr.profile_samples,
         )  # fmt: skip
         return Profiled(profile, True, dev.board, dev.recovered or "")
