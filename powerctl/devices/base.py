@@ -75,9 +75,10 @@ class ThreadSampler(PowerSampler):
 
 
 class Device(ABC):
-    """A GPU with (maybe) a frequency knob and (maybe) a power sensor; pinning lives here. The defaults are
-    a device without a knob: a backend with one implements `frequencies`, `current_frequency`, `_write_pin`,
-    `snapshot` and `apply_snapshot`."""
+    """A GPU with (maybe) a frequency knob and (maybe) a power sensor.
+
+    The defaults are a device without a knob; a backend with one implements `frequencies`,
+    `current_frequency`, `_write_pin`, `snapshot` and `apply_snapshot`. Pinning lives here."""
 
     spec: str  # the spec string it was opened with, e.g. ``sim:jetson-nano``
     board: str  # board/GPU name, e.g. ``jetson-nano``: the profile's ``device`` field

@@ -271,7 +271,6 @@ class JetsonBoard(Device):
         return None
 
     def _write_pin(self, hz: int) -> None:
-        """min_freq = max_freq = hz."""
         for name in self._pin_order(hz):
             _write_sysfs(self._devfreq_file(name), str(hz))
 

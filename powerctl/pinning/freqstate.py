@@ -80,7 +80,7 @@ class BoardRecord:
 
 
 def read_record(key: str, spec: str | None = None) -> BoardRecord | None:
-    """The record of board `key` (None: none); a bad one is one BadRecordError line (`bad_record`)."""
+    """The record of board `key` (None: none); a bad one is one BadRecordError line."""
     path = record_path(key)
     if not os.path.lexists(path):
         return None
