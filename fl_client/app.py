@@ -90,8 +90,7 @@ def train(msg: Message, context: Context) -> Message:
 def train_reply(
     msg: Message, context: Context, steps_for: Callable[[TrainInstructions], RoundSteps] | None = None
 ) -> tuple[Message, RoundOutcome | None]:
-    """A TRAIN message's round with the steps `steps_for` gives (default: the production round's), its
-    reply and the round's outcome (None: an error reply)."""
+    """A TRAIN message's round with `steps_for`'s steps, its reply and outcome (None: an error reply)."""
     from fl_client.round import RoundWork, model_seq_len, node_device_seed, run_round
 
     settings = None

@@ -98,8 +98,7 @@ def node_with_key(t: Target, public_key: bytes) -> Any | None:
 
 
 def _http_client(t: Target, client: Any, component: str, *interceptors: Any) -> Any:
-    """A Flower HTTP client (`ControlHttpClient`, `FleetHttpClient`) for the target, as Flower's
-    `component` makes one."""
+    """A Flower HTTP client for the target, as Flower's `component` makes one."""
     from flwr.supercore.interceptors.http.runtime_version import RuntimeVersionHttpInterceptor
 
     ca = None if t.root_certificates is None else str(t.root_certificates)

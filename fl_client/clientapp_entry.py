@@ -25,8 +25,7 @@ TRAILER = '\n\nif __name__ == "__main__":\n    import sys\n\n    sys.exit(flwr_c
 
 
 def flower_source() -> tuple[Path, str | None]:
-    """The installed Flower's `flwr_clientapp.py` and its text (None: none to read), found without
-    importing `flwr`."""
+    """The installed Flower's `flwr_clientapp.py` and its text (None: none), found without importing it."""
     from importlib.util import find_spec
 
     spec = find_spec("flwr")
@@ -59,8 +58,7 @@ def write_script(folder: Path) -> Path | None:
 
 @contextlib.contextmanager
 def light_clientapp() -> Iterator[Path | None]:
-    """A private temporary folder holding the light `flwr-clientapp` (None: Flower's own is used),
-    removed at the end of the block."""
+    """A temporary folder holding the light `flwr-clientapp` (None: Flower's own is used)."""
     try:
         folder = Path(tempfile.mkdtemp(prefix="powerfed-clientapp-"))
     except OSError as exc:

@@ -75,8 +75,7 @@ def _node_cap(node_config: Any, device: str) -> tuple[float | None, CapSource | 
 
 
 def resolve_node(node_config: Any, run_config: Any, *, needs_data: bool = True) -> NodeSettings:
-    """This node's settings: its node config, completed by the run's fleet for virtual nodes
-    (`needs_data=False`: a user's own loop brings its own data)."""
+    """This node's settings: its node config, completed by the run's fleet for virtual nodes."""
     # a misspelt key (powercap-w) must not leave the node uncapped without a word
     r = MappingReader(node_config, "node config", NodeConfigError).only(NODE_KEYS)
     pid = r.value("partition-id", Integer(0), None)

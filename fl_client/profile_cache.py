@@ -111,8 +111,7 @@ MEASURED_ORDERS = ("grid", "efficient", "fitted")
 def same_kind_profiles(
     device_kind: str, workload: dict[str, Any], cache_dir: Path | None = None
 ) -> list[tuple[Path, Profile]]:
-    """Measured profiles in the cache of this kind of board and this workload, whatever cap or order
-    they were measured for; the most points first, unreadable ones passed over."""
+    """Measured profiles of this board kind and workload in the cache, whatever their cap or order."""
     found = []
     for path in sorted((cache_dir or default_cache_dir("profile")).glob("profile-*.json")):
         try:

@@ -149,8 +149,7 @@ class RoundWork:
         return ProfiledStep(instr.model, tuple(shape), build)
 
     def device(self) -> Device:
-        """A fresh handle on this node's device (a simulated board's noise then does not depend on what
-        ran before), pinnable as the node allows."""
+        """A fresh handle on this node's device (a simulated board's noise depends on no earlier step)."""
         return open_device(self.settings.device, seed=self.device_seed, pin=self.settings.pin)
 
     @cached_property
@@ -424,8 +423,7 @@ def plan_round(
     *,
     profile_cache: Path | None = None,
 ) -> Plan:
-    """A planning query: this node's fastest pair under its cap and its predicted time to the target,
-    profiling now when not cached (the server charges that to the round)."""
+    """A planning query: this node's fastest pair under its cap and its predicted time to the target."""
     work = RoundWork(settings, instr, None, None, profile_cache=profile_cache)
     relation = usable_relation(instr, train_examples)
     profiled = measured_profile_step(work, relation)

@@ -110,8 +110,7 @@ def user_step(
     loss: LossFn | None,
     key: str,
 ) -> ProfiledStep:
-    """The user's step as the round profiles it: on a copy of `model` (profiling trains), batches of each
-    size made from the example's samples."""
+    """The user's step as the round profiles it, on a copy of `model`, batches made from the example."""
     x, y = _example(example)
     loss_fn = loss or nn.functional.cross_entropy
     _check_fit(model, x, y, loss_fn)
@@ -210,8 +209,7 @@ def _check_fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: Loss
 
 
 def _step_key(model: nn.Module, make_step: MakeStep, key: str) -> str:
-    """The step's name in the profile cache: the model's class and size, the code of the step and the
-    model (`fl_client.step_identity`), and the user's own `key`."""
+    """The step's name in the profile cache: the model's class and size, the code, and the user's `key`."""
     params = sum(p.numel() for p in model.parameters())
     parts = [type(model).__module__, type(model).__qualname__, str(params), step_identity(make_step)]
     what = "|".join([*parts, step_identity(type(model))])
@@ -369,8 +367,7 @@ class PowerSession:
         return self._dev.torch_device()
 
     def step(self, fn: Step, *args: Any, **kwargs: Any) -> Any:
-        """Run one training step `fn(*args, **kwargs)` on the pinned board and charge it (the batch size is
-        the first argument's length); returns what `fn` returns."""
+        """Run one training step `fn(*args, **kwargs)` on the pinned board, charged by `len(args[0])`."""
         pinning, dev, power = self._active(), self._dev, self._power
         assert dev is not None and power is not None and self._workload is not None
         first = args[0] if args else None

@@ -239,8 +239,7 @@ def _say(text: str) -> None:
 def run_until_started(
     command: list[str], target: Target, flags: list[str], wait_s: float, path_first: Path | None = None
 ) -> int:
-    """Run the SuperNode (`path_first` first on its PATH); start it again while the cause of a refusal
-    may pass, up to `wait_s`; a cause that will not pass raises NotStarted naming it."""
+    """Run the SuperNode, again while the cause of a refusal may pass (up to `wait_s`), else NotStarted."""
     env = child_env(command[0], path_first)
     deadline = time.monotonic() + wait_s
     while True:
