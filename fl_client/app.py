@@ -1,8 +1,5 @@
-"""The ClientApp: translates Flower messages (query, train, evaluate) to `fl_client.round` and back.
-
-Each function imports only what it needs (a deployed SuperNode starts a process per message); bad input
-is answered with an error reply whose reason is one line.
-"""
+"""The ClientApp: Flower messages (query, train, evaluate) to `fl_client.round` and back. Each function
+imports only what it needs (a process per message); bad input is an error reply of one line."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""`python -m fl_client.check`: can this machine reach the SuperLink, and if not, why.
-
-It connects as a SuperNode or as `flwr run` does, one layer at a time, and names the first thing wrong
-(docs/deployment.md). Exit status: 0 all good, 1 a problem found (its line last), 2 bad flags or files.
-"""
+"""`python -m fl_client.check`: can this machine reach the SuperLink as a SuperNode or `flwr run` does,
+and if not, why (docs/deployment.md). Exit status: 0 all good, 1 a problem (its line last), 2 bad input."""
 
 from __future__ import annotations
 

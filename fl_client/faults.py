@@ -1,8 +1,5 @@
-"""Injected failures for soak tests: a ClientApp that raises, hangs past the round's timeout, or dies.
-
-Only a process started with ``POWERFED_FAULT_INJECTION=1`` honours ``inject-failures``; each decision is
-drawn from (seed, node, round) and appended to ``$POWERFED_FAULT_LOG`` before it acts.
-"""
+"""Injected failures for soak tests (a ClientApp raises, hangs or dies), only where
+``POWERFED_FAULT_INJECTION=1``; each is drawn from (seed, node, round) and logged before it acts."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""One client round, Flower-free: profile → choose → pin and train → report (`run_round`).
-
-Every caller (the ClientApp, the demo, the benches) differs only by its steps (`RoundSteps`); the fleet
-runner's own come from `simulations.bench_steps`. The device is restored on every way out.
-"""
+"""One client round, Flower-free: profile → choose → pin and train → report (`run_round`); its callers
+(the ClientApp, the demo, the benches, the fleet runner) differ only by their steps (`RoundSteps`)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""`PowerSession`: a power-aware round around a user's own training loop (docs/howto/bring-your-own.md).
-
-It profiles the step `make_step(model)` returns, chooses a pair under the node's cap, pins the board,
-charges every step run through it and reports the round, through `fl_client.round`'s code; the device
-is restored on every way out of the `with`.
-"""
+"""`PowerSession`: a power-aware round around a user's own training loop (docs/howto/bring-your-own.md):
+it profiles the loop's step, chooses a pair under the node's cap, pins the board, charges every step run
+through it and reports the round; the device is restored on every way out of the `with`."""
 
 from __future__ import annotations
 
