@@ -53,9 +53,6 @@ from strategies.protocol import TrainInstructions
 from strategies.report import ClientReport
 
 log = logging.getLogger(__name__)
-Step = Callable[..., Any]
-"""One training step of the user's loop: `step(x, y)` trains on one batch."""
-
 
 FIRST_STEP_TOLERANCE = 1.25  # the first step's FLOPs a sample against the profiled step's, either way
 STEP_TIME_TOLERANCE = 2.0  # wide: timing noise, a shared GPU (`_check_step_time`)
@@ -363,7 +360,7 @@ class PowerSession:
             raise SessionError("PowerSession: use it inside its `with` block")
         return self._dev.torch_device()
 
-    def step(self, fn: Step, *args: Any, **kwargs: Any) -> Any:
+    def step(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run one training step `fn(*args, **kwargs)` on the pinned board, charged by `len(args[0])`."""
         pinning, dev, power = self._active(), self._dev, self._power
         assert dev is not None and power is not None and self._workload is not None
