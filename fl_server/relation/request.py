@@ -131,7 +131,6 @@ class RelationCompute:
     num_cpus: int | None = kind_field(Maybe(Integer(1)), None)
     """CPUs of the Ray started here (None: one per run, at most this machine's)."""
     device: str = kind_field(Text(what="a torch device: auto, cpu or cuda[:INDEX]"), "auto")
-    """Where the runs train (auto, cpu, cuda[:INDEX]; `powerctl.devices.torchdev`); not in the key."""
     progress: bool = kind_field(Flag(), True)
     """A bar on stderr where it is a terminal."""
     say: Say | None = None
