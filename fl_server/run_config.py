@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -160,10 +161,7 @@ def check_task_files(
 
         load_model(app_path(cfg.weights, "weights"), expect_model=cfg.model)
 
-    def relation() -> None:
-        given_relation(cfg)
-
-    for key, check in (("weights", weights), ("relation", relation)):
+    for key, check in (("weights", weights), ("relation", partial(given_relation, cfg))):
         if getattr(cfg, key):
             try:
                 check()
