@@ -1,11 +1,6 @@
-"""Fine-tune checkpoints: enough to continue an interrupted run to the result it would have had.
-
-A run lists its resumable state once, as named `Part`s, which `save_parts` and `restore_parts` both walk.
-One safetensors file (no pickle: it never runs code) holds every part's tensors as `PART.NAME` and a JSON
-document of their plain values, written to a temporary file and renamed. A finished run's end state is
-marked `finished`: the same work sent again gets its result without training. A checkpoint is used only
-when its `identity` equals the new run's; otherwise it is ignored with one line.
-"""
+"""Fine-tune checkpoints: enough to continue an interrupted run to the result it would have had. One
+safetensors file (no pickle) holds the named `Part`s' tensors and a JSON document of their plain values; it
+is used only when its `identity` equals the new run's, else ignored with one line."""
 
 from __future__ import annotations
 

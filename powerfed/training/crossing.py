@@ -1,15 +1,6 @@
-"""Samples to a target accuracy, read from an evaluation curve finer than its evaluation interval.
-
-Read as the sample count of the first evaluation at or above the target, "samples to target" is
-quantised to the interval, and close batch sizes rank by chance (docs/results/paper_tables.md). Two rules:
-
-- `crossing_samples`: linear interpolation between the last evaluation below the target and the first
-  at or above it, on the curve made non-decreasing by isotonic regression (pool-adjacent-violators: a
-  dip before the crossing is evaluation noise; no window to tune, no lag).
-- `run_dense`: a run that crossed after fewer than `min_evaluations` evaluations runs again from the
-  same start and seed with the interval shrunk to its crossing / `min_evaluations`, so every batch size
-  crosses after several evaluations; a `powerfed.training.trace` of the first run spares the steps.
-"""
+"""Samples to a target accuracy, finer than the evaluation interval (which alone makes close batch sizes
+rank by chance): `crossing_samples` interpolates on the isotonic (non-decreasing) curve, `run_dense` runs
+again with a denser interval a run that crossed after too few evaluations."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""Fine-tune to a target accuracy (or a budget): the one training loop of the project, so "samples to
-the target" means the same in pre-training, relation estimation and the clients. Every step goes through
-`device.run_step` (a simulated board charges its clock and sensor); device seconds count training steps
-only. In-memory tensors and index slicing, no DataLoader: the loop's overhead stays within a few percent
-of a bare PyTorch loop (bench/loop_overhead.py).
-"""
+"""Fine-tune to a target accuracy (or a budget): the project's one training loop, so "samples to the
+target" means the same everywhere. Every step goes through `device.run_step`; device seconds count training
+steps only. In-memory tensors and index slicing, no DataLoader (bench/loop_overhead.py)."""
 
 from __future__ import annotations
 
@@ -452,19 +449,16 @@ def fine_tune(
     callbacks: FineTuneCallbacks | None = None,
     user: UserFunctions | None = None,
 ) -> FineTuneResult:
-    """Train `model` in place on `train` until its accuracy on `test` reaches `config.target_accuracy`.
+    """Train `model` in place on `train` until its accuracy on `test` reaches `config.target_accuracy`
+    or the budget (`FineTuneConfig`) is spent, evaluating before training, every `eval_every_samples`
+    samples and at the end on a fixed test subset. Batches follow a seeded permutation per epoch (its
+    incomplete last batch dropped): same seed, data and weights → the same curve (on the CPU).
+    `workload`: what the device charges per step (default: measured from the model).
 
-    Stops at the first evaluation at or above the target, or when the budget (`FineTuneConfig`) is
-    spent. Evaluates before training, every `eval_every_samples` samples and at the end, on a fixed
-    test subset. Batches come from a seeded permutation per epoch (an epoch's incomplete last batch is
-    dropped): same seed, data and starting weights → the same curve (on the CPU). `workload`: what the
-    device charges per step (default: measured from the model).
-
-    `callbacks.hooks` act between steps: a hook may hand over another batch size (optimizer state kept,
-    rate `config.lr(b)`) and sees each step's power readings. With `callbacks.checkpoint` the run saves
-    itself at evaluations and continues a checkpoint of the same work as if never interrupted; a
-    finished run's end state returns its result again without training (`extra.resumed_at_samples`
-    then equals `samples`). `user` replaces the task's loss, metric or whole step (`UserFunctions`).
+    `callbacks.hooks` act between steps (`StepHook`); with `callbacks.checkpoint` the run saves itself at
+    evaluations and continues the same work's checkpoint as if never interrupted (a finished run's end
+    state returns its result again: `extra.resumed_at_samples` equals `samples`). `user` replaces the
+    task's loss, metric or whole step (`UserFunctions`).
     """
     callbacks = callbacks or FineTuneCallbacks()
     user = user or UserFunctions()

@@ -1,8 +1,5 @@
 """Model registry: every model by name, so that the server, the clients and the profiler agree on what
-"resnet18" is without shipping code. Users add theirs with `register_model` (in every process), as the
-seven built-ins (`networks`) below register themselves: image models take [B, 3, 32, 32] floats and
-return [B, classes]; text models take [B, T] character ids and return next-character logits [B, T, vocab].
-"""
+"resnet18" is without shipping code; users add theirs with `register_model` (in every process)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
 """What the last digits of a CPU training result depend on beyond its inputs, for the caches' keys: the
-torch minor version, the intra-op thread count (summation order) and the CPU (torch, MKL and oneDNN pick
-kernels per instruction set and vendor), so a cache shared by machines never hands one's result to another
-(docs/results/fleets.md). The device (cpu, cuda) stays out: GPU results differ only by nondeterminism.
-"""
+torch minor version, the intra-op thread count and the CPU's kernels (docs/results/fleets.md)."""
 
 from __future__ import annotations
 

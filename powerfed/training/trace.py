@@ -1,9 +1,5 @@
-"""A run's weights after every step, so that the same run read on a denser evaluation grid is not
-trained again (`powerfed.training.crossing.run_dense`): the denser run's steps are the first's, only where
-it looks differs. `StepTrace.replay` evaluates the kept weights at the denser points; where the trace does
-not hold that run (past the first's end, a budget, a power sensor, too many bytes) it returns None and the
-caller trains again. A replayed run's wall seconds are those of its evaluations (`extra["replayed"]`).
-"""
+"""A run's weights after every step, so that `powerfed.training.crossing.run_dense` reads the same run on
+a denser evaluation grid without training it again (`StepTrace.replay`; None where the trace cannot)."""
 
 from __future__ import annotations
 
