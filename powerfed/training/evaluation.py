@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from powerctl.errors import ArgumentError
-from powerfed.training.finetune_records import LossFn, MetricFn
+from powerfed.training.finetune_records import MetricFn
 from powerfed.training.tasks import correct_count, loss_fn, targets_count
 
 if TYPE_CHECKING:
@@ -37,14 +37,13 @@ def evaluate_with_loss(
     x: torch.Tensor,
     y: torch.Tensor,
     *,
-    loss: LossFn | None = None,
     metric: MetricFn | None = None,
 ) -> tuple[float, float]:
-    """(accuracy, mean loss) of `model` on (x, y) in eval mode (train mode restored): the loss is `loss`
-    (default the task's) per sample; the accuracy the task's, or `metric` of all outputs together."""
+    """(accuracy, mean loss) of `model` on (x, y) in eval mode (train mode restored): the task's loss per
+    sample; the accuracy the task's, or `metric` of all outputs together."""
     was_training = model.training
     model.eval()
-    criterion = loss or loss_fn(task)
+    criterion = loss_fn(task)
     correct = total = 0
     loss_sum = 0.0
     outputs: list[torch.Tensor] = []
