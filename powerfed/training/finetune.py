@@ -44,6 +44,7 @@ from powerfed.training.finetune_records import (
     UserFunctions,
     make_optimizer,
     step_failed,
+    train_step,
 )
 from powerfed.training.tasks import loss_fn
 
@@ -171,14 +172,6 @@ def _check_data(config: FineTuneConfig, train: Dataset, test: Dataset) -> None:
         )
     if len(test) == 0:
         raise DataError(f"the test split of {test.name} is empty")
-
-
-def _train_step(
-    model: nn.Module, opt: torch.optim.Optimizer, criterion: LossFn, xb: torch.Tensor, yb: torch.Tensor
-) -> None:
-    opt.zero_grad(set_to_none=True)
-    criterion(model(xb), yb).backward()
-    opt.step()
 
 
 class _Loop:
@@ -348,7 +341,7 @@ class _Loop:
             device.run_step(
                 partial(self.user_step, xb, yb)
                 if self.user_step is not None
-                else partial(_train_step, self.model, self.opt, self.criterion, xb, yb),
+                else partial(train_step, self.model, self.opt, self.criterion, xb, yb),
                 batch_size=run.batch_size,
                 workload=self.workload,
             )

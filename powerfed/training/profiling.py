@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import torch
 from torch import nn
 
 from powerctl.records.workload import Workload
-from powerfed.training.finetune_records import make_optimizer
+from powerfed.training.finetune_records import make_optimizer, train_step
 from powerfed.training.models import build_model, example_batch, get_model_spec, model_workload
 from powerfed.training.tasks import loss_fn
 
@@ -34,13 +35,6 @@ def profiling_step_factory(
 
     def make_step(batch_size: int) -> Callable[[], None]:
         x, y = example_batch(model_name, batch_size, num_classes, generator=gen)
-        x, y = x.to(torch_device), y.to(torch_device)
-
-        def step() -> None:
-            optimizer.zero_grad(set_to_none=True)
-            loss(model(x), y).backward()
-            optimizer.step()
-
-        return step
+        return partial(train_step, model, optimizer, loss, x.to(torch_device), y.to(torch_device))
 
     return workload, make_step
