@@ -202,8 +202,7 @@ def still_enough(
     max_training_s: float | None = None,
     rule: str = DEFAULT_RELATION_RULE,
 ) -> bool:
-    """Whether a cached profile of the predicted way is still all this task's budget pays for (its plan's
-    costs of the other `ways` weighed against this task's training)."""
+    """Whether a cached predicted-way profile is still all this task's budget pays for (its plan's costs)."""
     plan = profile.extra.get("budget")
     if not isinstance(plan, dict) or not isinstance(plan.get("costs_s"), dict):
         return True  # nothing to weigh with: kept, as every cached profile is

@@ -47,8 +47,7 @@ def fixed_frequency(
     board: BoardModel | None = None,
     fixed_frequency_hz: int | None = None,
 ) -> int:
-    """The state-of-practice frequency: explicit, the one clock of a profile not pinned, else the
-    board's (`board_fixed_frequency`)."""
+    """The state-of-practice frequency: explicit, the one clock of a profile not pinned, else the board's."""
     cap = check_power_cap(power_cap_w)
     if fixed_frequency_hz is not None:
         return fixed_frequency_hz

@@ -40,8 +40,7 @@ def peak_power_by_frequency(profiles: Sequence[Profile]) -> dict[int, float]:
 
 
 def frequency_cap(profiles: Sequence[Profile], power_cap_w: float) -> int:
-    """The highest frequency at which every point of every profile stays ≤ `power_cap_w` (none: one
-    InfeasibleCapError line)."""
+    """The highest frequency keeping every profiled point ≤ `power_cap_w` (none: InfeasibleCapError)."""
     least = min((pt for p in profiles for pt in p.points), key=lambda pt: pt.peak_power_w)
     if least.peak_power_w > power_cap_w:  # the cap, not the profiles' coverage, rules everything out
         raise InfeasibleCapError(

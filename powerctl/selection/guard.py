@@ -63,8 +63,7 @@ class PowerGuard:
         self.step_downs: list[StepDown] = []
 
     def retarget(self, power_cap_w: float, frequency_hz: int) -> None:
-        """A new cap and frequency (the cap changed mid-run): the excess count starts again; past
-        step-downs stay recorded."""
+        """A new cap and frequency: the excess count starts again; past step-downs stay recorded."""
         if not math.isfinite(power_cap_w) or power_cap_w <= 0:
             raise ValueError(f"power cap must be a positive number of watts, got {power_cap_w!r}")
         self.power_cap_w, self.frequency_hz = power_cap_w, frequency_hz
