@@ -44,11 +44,6 @@ def _text(value: str | bytes) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
-def board_slug(name: str) -> str:
-    """``NVIDIA A100-SXM4-80GB`` → ``nvml-nvidia-a100-sxm4-80gb``: the profile's device field."""
-    return "nvml-" + re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
-
-
 class NvmlGpu(Device):
     """One NVML GPU. NVML cannot read locked clocks back, so restoring means resetting the lock."""
 
@@ -58,7 +53,8 @@ class NvmlGpu(Device):
         self.name = "?"
         self._handle = self._call("opening the GPU", nvml.nvmlDeviceGetHandleByIndex, index)
         self.name = _text(self._call("reading the GPU name", nvml.nvmlDeviceGetName, self._handle))
-        self.board = board_slug(self.name)
+        # the profile's device field: ``NVIDIA A100-SXM4-80GB`` → ``nvml-nvidia-a100-sxm4-80gb``
+        self.board = "nvml-" + re.sub(r"[^a-z0-9]+", "-", self.name.lower()).strip("-")
         self._table = self._read_table()
         self.has_power_sensor = self._probe_power()
         self._closed = False
