@@ -16,12 +16,8 @@ from powerfed.training.errors import DataError
 from powerfed.training.tasks import VOCAB
 
 SPLIT_OFFSETS = {"train": 1, "test": 2}
-"""Samples of each split come from their own stream, so train and test never share a sample."""
-
-
-def _check_split(split: str, allowed: tuple[str, ...]) -> None:
-    if split not in allowed:
-        raise DataError(f"unknown split {split!r}; use one of: {', '.join(allowed)}")
+"""Samples of each split come from their own stream, so train and test never share a sample (`load_dataset`
+checked the split)."""
 
 
 def class_templates(num_classes: int, seed: int, size: int = 40, grid: int = 5) -> torch.Tensor:
@@ -50,7 +46,6 @@ def synthetic_image(
     of another class's template, a smooth background of std `clutter` (pooling cannot average it away)
     and pixel noise of std `noise`. Tuned so that cnn-tiny (Adam, lr 1e-3) is at ~30-40% after 256
     samples, ~80% after ~3000 and levels off at ~85%; larger batches need more samples to get there."""
-    _check_split(split, ("train", "test"))
     if n < 1 or num_classes < 2:
         raise DataError(
             f"synthetic_image needs n ≥ 1 and num_classes ≥ 2, got n={n}, num_classes={num_classes}"
@@ -140,7 +135,6 @@ def synthetic_text(
 ) -> Dataset:
     """Character windows of `n_chars` of a seeded order-2 Markov chain over TEXT_ALPHABET, split 90/10
     like a text file; the Bayes predictor's accuracy is info["accuracy_ceiling"] (about 0.55)."""
-    _check_split(split, ("train", "test", "all"))
     if n_chars < 2 * (seq_len + 1) * 10:
         raise DataError(
             f"synthetic_text: n_chars={n_chars} too small for seq_len={seq_len}; use ≥ {20 * (seq_len + 1)}"

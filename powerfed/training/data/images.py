@@ -45,8 +45,6 @@ def class_quotas(limit: int | None, num_classes: int) -> list[int] | None:
     """A class-balanced `limit`: limit // C per class, the remainder to the first classes."""
     if limit is None:
         return None
-    if limit < 1:
-        raise DataError(f"limit must be ≥ 1, got {limit}")
     base, rem = divmod(limit, num_classes)
     return [base + (1 if c < rem else 0) for c in range(num_classes)]
 

@@ -49,6 +49,8 @@ def load_dataset(
     kind = spec.partition(":")[0]
     if split not in SPLITS and not (kind == "cinic10" and split == "valid"):  # the loaders' one check
         raise DataError(f"unknown split {split!r}; use one of: {', '.join(SPLITS)}")
+    if limit is not None and limit < 1:
+        raise DataError(f"limit must be ≥ 1, got {limit}")
     if path is None:
         return _synthetic(kind, split=split, seq_len=seq_len, limit=limit, seed=seed)
     windows = {"seq_len": seq_len} if kind == "text" else {}
@@ -95,8 +97,6 @@ def _synthetic(kind: str, *, split: str, seq_len: int, limit: int | None, seed: 
 
 def _synthetic_sizes(split: str, limit: int | None) -> dict[str, int]:
     """4000 train and 1000 test images; a limit caps the total ("all" keeps the 80/20 proportion)."""
-    if limit is not None and limit < 1:
-        raise DataError(f"limit must be ≥ 1, got {limit}")
     if split == "all":
         return (
             {"train": 4000, "test": 1000}

@@ -57,8 +57,6 @@ def text_dataset(
 ) -> Dataset:
     x, y = windows(split_ids(ids, split), seq_len)
     if limit is not None:
-        if limit < 1:
-            raise DataError(f"limit must be ≥ 1, got {limit}")
         x, y = x[:limit], y[:limit]
     return Dataset(name, "text", x, y, VOCAB_SIZE, classes=tuple(VOCAB), info={"split": split, **info})
 
