@@ -33,12 +33,10 @@ def _put(root: Path, rel: str, content: str) -> None:
     path.write_bytes(content.encode())
 
 
-def _device_tree(root: Path, model: str, compatible: list[str]) -> None:
+def _procfs(root: Path, model: str, compatible: list[str], total_kb: int) -> None:
+    """The device tree's model and compatible strings, and /proc/meminfo."""
     _put(root, "proc/device-tree/model", model + "\x00")
     _put(root, "proc/device-tree/compatible", "".join(c + "\x00" for c in compatible))
-
-
-def _meminfo(root: Path, total_kb: int) -> None:
     _put(
         root,
         "proc/meminfo",
@@ -88,10 +86,9 @@ def make_hwmon_rails(root: Path, rel: str, rails: list[tuple[str, int, int]]) ->
 def _jetpack4_tree(root: Path, model: str, compatible: list[str], devfreq: str, freqs: list[int],
                    rails_dir: str, rails: list[tuple[str, int]], mem_kb: int) -> Path:  # fmt: skip
     """A JetPack 4 board: device tree, the GPU's devfreq node, iio rails."""
-    _device_tree(root, model, compatible)
+    _procfs(root, model, compatible, mem_kb)
     make_devfreq(root, devfreq, freqs)
     make_iio_rails(root, rails_dir, rails)
-    _meminfo(root, mem_kb)
     return root
 
 
@@ -115,16 +112,16 @@ def make_tx2nx_tree(root: Path) -> Path:
 
 def make_orin_tree(root: Path) -> Path:
     """Jetson Orin Nano on JetPack 6: GPU found by scanning /sys/class/devfreq, ina3221 hwmon at 1-0040."""
-    _device_tree(
+    _procfs(
         root,
         "NVIDIA Jetson Orin Nano Developer Kit",
         ["nvidia,p3768-0000+p3767-0005", "nvidia,p3767-0005", "nvidia,tegra234"],
+        7620844,
     )
     make_devfreq(root, ORIN_DEVFREQ, ORIN_NANO_FREQS)
     # Another devfreq node that is not the GPU, sorted before it: the scan must skip it.
     make_devfreq(root, "sys/devices/platform/bus@0/15340000.vic/devfreq/15340000.vic", [115200000, 729600000])
     make_hwmon_rails(root, "sys/bus/i2c/drivers/ina3221/1-0040/hwmon/hwmon1", ORIN_RAILS)
-    _meminfo(root, 7620844)
     return root
 
 
