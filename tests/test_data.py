@@ -26,7 +26,6 @@ from powerfed.training.data import (
     decode,
     load_dataset,
     save_npz,
-    take_fraction,
     train_test_split,
 )
 from powerfed.training.data.matv5 import read_mat_v5
@@ -656,17 +655,6 @@ def test_train_test_split_text_takes_the_tail() -> None:
     ds = synthetic_text(20_000, seq_len=16)
     tr, te = train_test_split(ds)
     assert len(te) == round(0.1 * len(ds)) and torch.equal(te.x, ds.x[len(tr) :])
-
-
-def test_take_fraction_is_class_balanced() -> None:
-    ds = synthetic_image(400)
-    quarter = take_fraction(ds, 0.25, seed=0)
-    assert len(quarter) == 100 and class_counts(quarter) == [10] * 10
-    assert torch.equal(quarter.x, take_fraction(ds, 0.25, seed=0).x)
-    text = take_fraction(synthetic_text(20_000, seq_len=16), 0.5)
-    assert len(text) == round(0.5 * len(synthetic_text(20_000, seq_len=16)))
-    with pytest.raises(DataError):
-        take_fraction(ds, 0.0)
 
 
 def test_subset_and_labels() -> None:

@@ -9,12 +9,8 @@ from powerfed.training.data.dataset import CIFAR10_CLASSES as CIFAR10_CLASSES
 from powerfed.training.data.dataset import CIFAR10_MEAN as CIFAR10_MEAN
 from powerfed.training.data.dataset import CIFAR10_STD as CIFAR10_STD
 from powerfed.training.data.dataset import Dataset as Dataset
-from powerfed.training.data.dataset import concat as concat
-from powerfed.training.data.dataset import normalise_uint8 as normalise_uint8
-from powerfed.training.data.dataset import take_fraction as take_fraction
 from powerfed.training.data.dataset import train_test_split as train_test_split
 from powerfed.training.data.load import SPECS as SPECS
 from powerfed.training.data.load import load_dataset as load_dataset
 from powerfed.training.data.load import save_npz as save_npz
 from powerfed.training.data.text import decode as decode
-from powerfed.training.data.text import encode as encode

@@ -139,21 +139,6 @@ def _stratified_pick(labels: np.ndarray, k: int, rng: np.random.Generator) -> np
     return np.sort(np.concatenate(picked)) if picked else np.zeros(0, dtype=np.int64)
 
 
-def take_fraction(ds: Dataset, fraction: float, *, seed: int = 0) -> Dataset:
-    """A seeded `fraction` of the dataset, in the original order (images: every class keeps its share)."""
-    if not 0.0 < fraction <= 1.0:
-        raise DataError(f"fraction must be in (0, 1], got {fraction}")
-    k = max(1, round(fraction * len(ds)))
-    rng = np.random.default_rng(seed)
-    if ds.task == "image":
-        idx = _stratified_pick(ds.labels(), k, rng)
-    else:
-        idx = np.sort(rng.permutation(len(ds))[:k])
-    out = ds.subset(idx)
-    out.info["fraction"] = fraction
-    return out
-
-
 def concat(name: str, parts: Sequence[Dataset]) -> Dataset:
     """Join datasets of the same task (used for split="all")."""
     first = parts[0]
