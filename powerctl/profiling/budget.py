@@ -147,9 +147,7 @@ class ProfilingPlan:
     points: int = 0  # pairs measured, the measured step included
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["reference"] = list(self.reference)
-        return d
+        return asdict(self) | {"reference": list(self.reference)}
 
     def over_budget(self) -> str | None:
         return over_budget(self.choice, self.costs_s, self.budget_s, self.spent_s, self.predicted_training_s)

@@ -72,9 +72,7 @@ class ProfileFit:
         )
 
     def to_dict(self) -> dict[str, object]:
-        d = asdict(self)
-        d["utilisation"] = {str(b): u for b, u in sorted(self.utilisation.items())}
-        return d
+        return asdict(self) | {"utilisation": {str(b): u for b, u in sorted(self.utilisation.items())}}
 
 
 def _refine_power(
