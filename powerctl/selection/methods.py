@@ -30,12 +30,9 @@ least-energy pair that meets the round's deadline (docs/design/deadline-rounds.m
 class MethodContext:
     """What a rule may read besides the profile, the relation and the cap."""
 
-    target_relation: RelationVector | None = None
-    """Samples to target measured on the client's own data (the oracle's; None: not measured)."""
-    deadline_s: float = 0.0
-    """The round's deadline in device seconds (0: none); only a power-aware method reads it."""
-    relation_rule: str = DEFAULT_RELATION_RULE
-    """How a power-aware method reads the relation (`powerctl.records.relation.RELATION_RULES`)."""
+    target_relation: RelationVector | None = None  # the oracle's: measured on the client's own data
+    deadline_s: float = 0.0  # the round's deadline in device seconds (0: none), for power-aware methods
+    relation_rule: str = DEFAULT_RELATION_RULE  # how a power-aware method reads the relation
 
 
 Rule = Callable[["Profile", "RelationVector", "float | None", MethodContext], Pick]
