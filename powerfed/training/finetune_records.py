@@ -148,9 +148,7 @@ class FineTuneConfig:
 
     def start_lr(self) -> float:
         """The rate the run starts with: a rule is asked here, once per run, and its answer checked."""
-        if not callable(self.lr):
-            return float(self.lr)
-        lr = self.lr(self.batch_size)
+        lr = self.lr(self.batch_size) if callable(self.lr) else self.lr
         _check_positive("lr", lr)
         return float(lr)
 
