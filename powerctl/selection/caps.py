@@ -28,14 +28,9 @@ def peak_power_by_frequency(profiles: Sequence[Profile]) -> dict[int, float]:
     common = set.intersection(*(set(p.frequencies()) for p in profiles))
     out: dict[int, float] = {}
     for hz in sorted(common):
-        peaks = []
-        for p in profiles:
-            at = [pt.peak_power_w for pt in p.points if pt.frequency_hz == hz]
-            if len(at) < len(p.batch_sizes()):
-                break
-            peaks += at
-        else:
-            out[hz] = max(peaks)
+        at = [[pt.peak_power_w for pt in p.points if pt.frequency_hz == hz] for p in profiles]
+        if all(len(w) == len(p.batch_sizes()) for w, p in zip(at, profiles, strict=True)):
+            out[hz] = max(max(w) for w in at)
     return out
 
 
