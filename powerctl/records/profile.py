@@ -127,10 +127,9 @@ class Profile:
         return sorted({p.frequency_hz for p in self.points})
 
     def point(self, batch_size: int, frequency_hz: int) -> ProfilePoint | None:
-        for p in self.points:
-            if p.batch_size == batch_size and p.frequency_hz == frequency_hz:
-                return p
-        return None
+        return next(
+            (p for p in self.points if (p.batch_size, p.frequency_hz) == (batch_size, frequency_hz)), None
+        )
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {

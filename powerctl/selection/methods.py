@@ -147,9 +147,8 @@ def method_named(name: str) -> Method:
 
 def run_method_named(name: str) -> RunMethod:
     """The run method called `name`, or one PowerctlError line naming the known ones."""
-    for r in _RUN_METHODS:
-        if r.name == name:
-            return r
+    if (found := next((r for r in _RUN_METHODS if r.name == name), None)) is not None:
+        return found
     raise PowerctlError(f"unknown run method {name!r}; run methods are {', '.join(RUN_METHODS)}")
 
 
