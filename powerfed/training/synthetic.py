@@ -46,10 +46,6 @@ def synthetic_image(
     of another class's template, a smooth background of std `clutter` (pooling cannot average it away)
     and pixel noise of std `noise`. Tuned so that cnn-tiny (Adam, lr 1e-3) is at ~30-40% after 256
     samples, ~80% after ~3000 and levels off at ~85%; larger batches need more samples to get there."""
-    if n < 1 or num_classes < 2:
-        raise DataError(
-            f"synthetic_image needs n ≥ 1 and num_classes ≥ 2, got n={n}, num_classes={num_classes}"
-        )
     size = 32 + 2 * shift
     templates = class_templates(num_classes, seed, size)
     g = torch.Generator().manual_seed(seed * 1009 + SPLIT_OFFSETS[split])

@@ -84,9 +84,8 @@ def image_dataset(
     classes: Sequence[str] | None,
     **info: Any,
 ) -> Dataset:
-    """Wrap uint8 [N, 3, 32, 32] images and integer labels, checking what a model will rely on."""
-    if images.ndim != 4 or images.shape[1] != 3:
-        raise DataError(f"{name}: images must be [N, 3, H, W], got shape {tuple(images.shape)}")
+    """Wrap uint8 [N, 3, 32, 32] images (each reader checked their shape) and integer labels, checking
+    these lie in the classes."""
     labels = np.asarray(labels).astype(np.int64).reshape(-1)
     if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
         raise DataError(
