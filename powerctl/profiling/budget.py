@@ -244,7 +244,6 @@ def profile_within_budget(
     order, power_cap_w, relation = request.order, request.power_cap_w, request.relation
     table = device.frequencies()
     sizes = sorted(set(request.batch_sizes) & set(relation.batch_sizes), reverse=True)
-    samples_to_target = relation.samples_map()
     profiler = request.profiler(device, workload, make_step)  # refuses a device without a knob or sensor
     ways = [order] + [w for w in (FITTED, PREDICTED) if w != order]
     if prediction is not None:
@@ -268,7 +267,7 @@ def profile_within_budget(
         else:
             reference = (ref_point.batch_size, ref_point.frequency_hz)
             training = predicted_training_s(
-                samples_to_target, ref_point, request.max_samples, request.max_training_s
+                relation.samples_map(), ref_point, request.max_samples, request.max_training_s
             )
             costs = _costs(ways, prediction, ref_point, spent, workload, request, table, sizes)
         budget = request.share * training
