@@ -172,8 +172,7 @@ class _HeldCap(CapSource):
         ]
 
     def lowest_w(self) -> float | None:
-        caps = [w for w in self.watts if w is not None]
-        return min(caps) if caps else None
+        return min((w for w in self.watts if w is not None), default=None)
 
     @property
     def is_constant(self) -> bool:
