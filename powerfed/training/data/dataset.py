@@ -136,15 +136,3 @@ def _stratified_pick(labels: np.ndarray, k: int, rng: np.random.Generator) -> np
         rng.permutation(np.flatnonzero(labels == c))[:t] for c, t in zip(classes, take, strict=True) if t > 0
     ]
     return np.sort(np.concatenate(picked)) if picked else np.zeros(0, dtype=np.int64)
-
-
-def concat(name: str, parts: Sequence[Dataset]) -> Dataset:
-    """Join datasets of the same task (used for split="all")."""
-    first = parts[0]
-    return replace(
-        first,
-        name=name,
-        x=torch.cat([p.x for p in parts]),
-        y=torch.cat([p.y for p in parts]),
-        info={**first.info, "split": "all"},
-    )

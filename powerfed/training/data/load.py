@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import zipfile
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -13,12 +14,7 @@ import torch
 from powerctl.files.mapping import Invalid
 from powerctl.files.readfile import DATA_LIMIT, open_regular, too_large
 from powerfed.training.data import images, text
-from powerfed.training.data.dataset import (
-    CIFAR10_CLASSES,
-    Dataset,
-    concat,
-    normalise_uint8,
-)
+from powerfed.training.data.dataset import CIFAR10_CLASSES, Dataset, normalise_uint8
 from powerfed.training.errors import DataError
 from powerfed.training.tasks import VOCAB_SIZE
 
@@ -90,7 +86,10 @@ def _synthetic(kind: str, *, split: str, seq_len: int, limit: int | None, seed: 
     if kind == "synthetic-image":
         sizes = _synthetic_sizes(split, limit)
         parts = [synthetic_image(n, seed=seed, split=s) for s, n in sizes.items() if n > 0]
-        return parts[0] if len(parts) == 1 else concat("synthetic-image", parts)
+        if len(parts) == 1:
+            return parts[0]
+        x, y = torch.cat([p.x for p in parts]), torch.cat([p.y for p in parts])
+        return replace(parts[0], x=x, y=y, info={**parts[0].info, "split": "all"})
     ds = synthetic_text(seq_len=seq_len, seed=seed, split=split)
     return ds if limit is None else ds.subset(np.arange(min(limit, len(ds))))
 
