@@ -265,9 +265,6 @@ class CharTransformer(nn.Module):
         self.ln_f = layer_norm(n_embd)
         self.lm_head = nn.Linear(n_embd, num_classes, bias=False)
         self.lm_head.weight = self.wte.weight  # weight tying, as in GPT-2/nanoGPT
-        self._init_weights(n_layer)
-
-    def _init_weights(self, n_layer: int) -> None:
         for name, p in self.named_parameters():
             if p.dim() >= 2:
                 std = 0.02 / math.sqrt(2 * n_layer) if name.endswith("c_proj.weight") else 0.02
