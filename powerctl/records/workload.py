@@ -239,11 +239,8 @@ def _convolution_flops(args: Any, out: Any) -> int:
 
 
 def _convolution_backward_flops(args: Any, out: Any) -> int:
-    grad_out, x, w = args[0], args[1], args[2]
-    transposed, groups, mask = args[7], args[9], args[10]
-    outs = [None if o is None else o.shape for o in out]
-    shapes = (grad_out.shape, x.shape, w.shape, None, None, None, None, transposed, None, groups, mask)
-    return _conv_backward_flop(*shapes, out_shape=outs)
+    shapes = [getattr(a, "shape", a) for a in args]  # tensors as their shapes, as torch's counter has them
+    return _conv_backward_flop(*shapes, out_shape=[None if o is None else o.shape for o in out])
 
 
 _FALLBACK_FLOPS: dict[str, Callable[[Any, Any], int]] = {
