@@ -58,11 +58,6 @@ POWER_RATE_HZ = 20.0
 """Power readings per second while training (what the step hooks and the energy figures see)."""
 
 
-def _model_device(model: nn.Module) -> torch.device:
-    """Where the model's parameters are (the CPU for a model without any): where its batches go."""
-    return next((p.device for p in model.parameters()), torch.device("cpu"))
-
-
 def step_workload(
     model: nn.Module, task: str, x: torch.Tensor, y: torch.Tensor, loss: LossFn | None = None
 ) -> Workload:
@@ -109,12 +104,6 @@ class TrainingPower:
         peak = max(r.peak_w for r in self.readings)
         mean = energy / seconds if seconds > 0 else sum(r.mean_w for r in self.readings) / len(self.readings)
         return energy, peak, mean
-
-    def resume_state(self) -> list[dict[str, Any]]:
-        return [asdict(r) for r in self.readings]
-
-    def load_resume_state(self, readings: list[dict[str, Any]]) -> None:
-        self.readings = [PowerReading(**r) for r in readings]
 
 
 @dataclass
@@ -193,7 +182,7 @@ class _Loop:
         self.callbacks, self.hooks = callbacks, callbacks.hooks
         self.task, self.n = train.task, len(train)
         self.max_samples = config.sample_budget(self.n)
-        self.dev = _model_device(model)
+        self.dev = next((p.device for p in model.parameters()), torch.device("cpu"))  # where batches go
         self.x, self.y = train.x.to(self.dev), train.y.to(self.dev)
         self.ex, self.ey = (t.to(self.dev) for t in eval_subset(test, config.eval_max_samples))
         self.criterion = user.loss or loss_fn(self.task)
@@ -271,8 +260,9 @@ class _Loop:
             ),
             "rng": Part(lambda: (_rng_states(gen, cuda), None), lambda t, _: _set_rng_states(gen, cuda, t)),
             "progress": Part(run.take, lambda t, plain: run.put(t, plain, self.dev)),
-            "power": Part(
-                lambda: ({}, power.resume_state()), lambda _, plain: power.load_resume_state(plain)
+            "power": Part(  # restored into the fresh TrainingPower of `start`
+                lambda: ({}, [asdict(r) for r in power.readings]),
+                lambda _, plain: power.readings.extend(PowerReading(**r) for r in plain),
             ),
             "device": Part(
                 lambda: ({}, device.resume_state()), lambda _, plain: device.load_resume_state(plain)
