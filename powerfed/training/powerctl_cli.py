@@ -1,9 +1,5 @@
-"""The `powerctl` command as installed: powerctl's command line (the device side, which imports no
-training) with this package's training step, and through it the model registry, for `powerctl profile`.
-
-    powerctl profile --device sim:jetson-nano --model cnn-tiny --out profile.json
-    python -m powerfed.training.powerctl_cli profile ...     (the same, without the console script)
-"""
+"""The `powerctl` command as installed: powerctl's command line (which imports no training) with this
+package's training step for `powerctl profile`; `python -m powerfed.training.powerctl_cli` runs it too."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Datasets: real loaders (CIFAR, CINIC, SVHN, Fashion-MNIST, text, npz), generated defaults, splits.
-
-Everything is loaded into memory as tensors (`Dataset`); nothing is ever downloaded.
-"""
+"""Datasets: real loaders (CIFAR, CINIC, SVHN, Fashion-MNIST, text, npz), generated defaults, splits;
+all in memory as tensors (`Dataset`), nothing ever downloaded."""
 
 from __future__ import annotations
 
