@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from logging import INFO, WARNING
 from pathlib import Path
 from queue import Queue
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from powerctl.errors import PowerctlError
 from strategies.flower_source import source_fingerprint, write_python_script
@@ -165,14 +165,15 @@ def indexed_state_class() -> type[InMemoryLinkState]:
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            self.message_ins_store = IndexedStore(self.message_ins_store.items())
+            self._index = IndexedStore(self.message_ins_store.items())
+            self.message_ins_store = self._index  # the same store, for Flower's own methods
             flwr_log(INFO, INSTALLED_LINE)
 
         def get_message_ins(self, node_id: int, limit: int | None, *, run_id: int | None = None) -> list[Any]:
             """Flower's `get_message_ins`, line for line, over `node_id`'s messages instead of all."""
             if limit is not None and limit < 1:
                 raise AssertionError("`limit` must be >= 1")
-            store = self._indexed_store()
+            store = self._index
             found: list[Any] = []
             with self.lock:
                 ids = store.ids_for(node_id)
@@ -204,11 +205,7 @@ def indexed_state_class() -> type[InMemoryLinkState]:
         def pending_nodes(self) -> list[int]:
             """Nodes that may hold an undelivered message (a superset: never one fewer)."""
             with self.lock:
-                return list(self._indexed_store().pending)
-
-        def _indexed_store(self) -> IndexedStore:
-            # replaced by an IndexedStore in __init__
-            return cast(IndexedStore, self.message_ins_store)
+                return list(self._index.pending)
 
     return IndexedLinkState
 
