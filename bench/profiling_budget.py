@@ -11,7 +11,7 @@ import functools
 import statistics
 import sys
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from typing import Any
 
@@ -180,11 +180,7 @@ def _cells(rows: list[dict[str, Any]], share: float) -> Iterator[tuple[CellKey, 
             cells[row["model"], row["task"], row["board"], row["cap"], row["variant"]][row["way"]].append(row)
     for key, ways in cells.items():
         if len(ways) == len(WAYS):
-            yield key, ways, {w: _mean(rs, "total_s") for w, rs in ways.items()}
-
-
-def _mean(rows: list[dict[str, Any]], key: str) -> float:
-    return statistics.mean(r[key] for r in rows)
+            yield key, ways, {w: statistics.mean(r["total_s"] for r in rs) for w, rs in ways.items()}
 
 
 def _outside_spread(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
@@ -233,21 +229,19 @@ def report(rows: list[dict[str, Any]], shares: list[float], default_share: float
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for (model, task, board, cap, variant), ways, means in _cells(rows, default_share):
 
-        def fmt(way: str, ways: Ways = ways) -> str:
-            rs = ways[way]
-            share = statistics.mean(r["profiling_s"] / r["train_s"] for r in rs)
-            return f"{_mean(rs, 'total_s'):.0f} ({100 * share:.1f} %)"
+        def fmt(way: str, ways: Ways = ways, means: dict[str, float] = means) -> str:
+            share = statistics.mean(r["profiling_s"] / r["train_s"] for r in ways[way])
+            return f"{means[way]:.0f} ({100 * share:.1f} %)"
 
-        hows: defaultdict[str, int] = defaultdict(int)
-        for r in ways["budgeted"]:
-            hows[{"efficient": "eff", "grid": "eff", "fitted": "fit", "predicted": "pred"}[r["how"]]] += 1
+        short = {"efficient": "eff", "grid": "eff", "fitted": "fit", "predicted": "pred"}
+        hows = Counter(short[r["how"]] for r in ways["budgeted"])
         over = {w: sum(r["over"] for r in rs) for w, rs in ways.items() if any(r["over"] for r in rs)}
         cap_text = "none" if cap is None else f"{cap:g} W"
         print(
             f"| {model} | {task} | {board.removeprefix('jetson-')} | {cap_text} "
             f"| {variant} | {fmt('efficient')} | {fmt('fitted')} | {fmt('budgeted')} "
             f"| {', '.join(f'{k} {v}' for k, v in sorted(hows.items()))} "
-            f"| {_mean(ways['state-of-practice'], 'total_s'):.0f} "
+            f"| {means['state-of-practice']:.0f} "
             f"| {means['budgeted'] / min(means.values()):.4f} "
             f"| {', '.join(f'{w} {n}' for w, n in over.items()) or '-'} |"
         )
