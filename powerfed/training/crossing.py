@@ -7,7 +7,10 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+if TYPE_CHECKING:
+    from powerfed.training.finetune_records import CurvePoint
 
 SMOOTHINGS: tuple[str, ...] = ("isotonic", "none")
 DEFAULT_MIN_EVALUATIONS = 8
@@ -15,17 +18,7 @@ DEFAULT_MIN_EVALUATIONS = 8
 before interpolation; fewer makes close batch sizes rank by chance, more changes nothing."""
 
 
-class _Point(Protocol):
-    """A curve point as read here (read-only: a frozen `CurvePoint` is one)."""
-
-    @property
-    def samples(self) -> int: ...
-
-    @property
-    def accuracy(self) -> float: ...
-
-
-Curve = Sequence[_Point] | Sequence[tuple[float, float]]
+Curve: TypeAlias = "Sequence[CurvePoint] | Sequence[tuple[float, float]]"
 
 
 def _pairs(curve: Curve) -> list[tuple[float, float]]:
