@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from bench_common import ROOT
+from bench_common import ROOT, ints
 
 from fl_server.pretrain import PretrainSettings, pretrain
 from fl_server.relation import RelationCompute, RelationError, RelationSettings, estimate_relation
@@ -102,9 +102,8 @@ def pretrained_weights(args: argparse.Namespace, timings: dict[str, float]) -> t
     weights = out / "pretrained.safetensors"
     made = pretrain(args.model, f"text:{wiki}", out=weights, settings=settings, device=args.device,
                     progress=not args.no_progress)  # fmt: skip
-    report = made.data
     timings["pretrain_s"] = time.perf_counter() - t0
-    return weights, report
+    return weights, made.data
 
 
 def relation_vectors(
@@ -112,7 +111,7 @@ def relation_vectors(
 ) -> tuple[RelationVector, RelationVector]:
     """Step 2: the relation vector on the proxy text and on the target text, by the product's estimator."""
     settings = RelationSettings(
-        seeds=[int(s) for s in args.seeds.split(",")],
+        seeds=ints(args.seeds),
         lr_max=args.lr_max,
         lr_rule=args.lr_rule,
         max_samples=args.max_samples,
@@ -139,7 +138,7 @@ def relation_vectors(
                 weights,
                 f"text:{args.data / path}",
                 target_accuracy=target,
-                batch_sizes=[int(b) for b in args.batch_sizes.split(",")],
+                batch_sizes=ints(args.batch_sizes),
                 settings=settings,
                 how=how,
             )
@@ -166,7 +165,7 @@ def print_comparison(
     print(f"proxy  {args.proxy}: target accuracy {proxy.target_accuracy}")
     print(f"target {args.target_data}: target accuracy {target.target_accuracy}")
     print(
-        f"lr_max {args.lr_max} ({args.lr_rule} rule), seeds {[int(s) for s in args.seeds.split(',')]}, "
+        f"lr_max {args.lr_max} ({args.lr_rule} rule), seeds {ints(args.seeds)}, "
         f"eval every ≤ {args.eval_every} "
         f"samples on {args.eval_max_samples} test windows, budget {args.max_samples} samples"
     )
