@@ -233,12 +233,10 @@ class _Loop:
         self.workload = workload
         self.opt = make_optimizer(self.task, self.model.parameters(), self.run.lr, self.config.optimizer)
         make_step = self.user.make_step
-        self.user_step = None
+        self.step: Callable[..., Any] = partial(train_step, self.model, self.opt, self.criterion)
         if make_step is not None:  # None back would train the project's step instead, without a word
             made = make_step(self.model)
-            self.user_step = check_result(
-                "fine_tune", "make_step(model)", made, Callable, "the step step(x, y)"
-            )
+            self.step = check_result("fine_tune", "make_step(model)", made, Callable, "the step step(x, y)")
         self.gen = torch.Generator().manual_seed(self.config.seed)
         self.power = TrainingPower(self.device, POWER_RATE_HZ)
         self.parts = self._parts()
@@ -328,13 +326,7 @@ class _Loop:
 
         t0 = device.clock()
         try:
-            device.run_step(
-                partial(self.user_step, xb, yb)
-                if self.user_step is not None
-                else partial(train_step, self.model, self.opt, self.criterion, xb, yb),
-                batch_size=run.batch_size,
-                workload=self.workload,
-            )
+            device.run_step(partial(self.step, xb, yb), batch_size=run.batch_size, workload=self.workload)
         except Exception as exc:
             taken = next((b for h in hooks if (b := step_failed(h, exc)) is not None), None)
             if taken is None:
