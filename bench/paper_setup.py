@@ -115,11 +115,8 @@ def fresh_head(
 
     fresh = build_model(model_name, num_classes, seed=FRESH_HEAD_SEED)
     head = head_name(fresh)
-    out = {k: v.clone() for k, v in weights.items()}
-    for k, v in fresh.state_dict().items():
-        if k.startswith(f"{head}."):
-            out[k] = v.clone()
-    return out
+    new_head = {k: v.clone() for k, v in fresh.state_dict().items() if k.startswith(f"{head}.")}
+    return {k: v.clone() for k, v in weights.items()} | new_head
 
 
 def text_data(limit: int, full: bool = False) -> dict[str, Any]:
