@@ -9,6 +9,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -49,10 +50,7 @@ class Faults:
 
 def parse_faults(run_config: Any) -> Faults | None:
     """The run's fault injection, None when it asks for none; one FaultConfigError line otherwise."""
-
-    def setting(key: str) -> Any:
-        return client_setting(run_config, key, FaultConfigError)
-
+    setting = partial(client_setting, run_config, error=FaultConfigError)
     spec = setting("inject-failures")
     if not spec:
         return None

@@ -4,7 +4,7 @@ test; read and partitioned once per process (one process serves many rounds and 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache, lru_cache
+from functools import cache, lru_cache, partial
 from typing import TYPE_CHECKING, Any
 
 from fl_client.node import NodeSettings
@@ -31,10 +31,7 @@ class DataPlan:
 
 def data_plan(settings: NodeSettings, run_config: Any, seq_len: int) -> DataPlan:
     """The node's own `data`, else its partition of the run's `client-data`."""
-
-    def setting(name: str) -> Any:
-        return client_setting(run_config, name, NodeConfigError)
-
+    setting = partial(client_setting, run_config, error=NodeConfigError)
     seed = setting("client_data_seed")
     if settings.data is not None:
         return DataPlan(settings.data, seed, seq_len)
