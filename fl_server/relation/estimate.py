@@ -1,7 +1,9 @@
-"""The relation estimate: the request, the cache, the runs until the ranking is stable, the vector stored."""
+"""The relation estimate: the request, the cache (one file per request, named by its key), the runs until
+the ranking is stable, the vector stored."""
 
 from __future__ import annotations
 
+import logging
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -12,7 +14,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from fl_server.relation.cache import lookup, store
 from fl_server.relation.parallel import seed_runner
 from fl_server.relation.request import (
     NotCached,
@@ -26,6 +27,8 @@ from fl_server.relation.runs import INIT_SEED, Start, make_proxy_runs, probe, ru
 from fl_server.relation_data import ProxyData, load_proxy, spec_digest
 from fl_server.weights import load_weights, weights_hash
 from powerctl.devices.torchdev import resolve_torch_device
+from powerctl.errors import FileFormatError
+from powerctl.files.cache import cache_dir
 from powerctl.records.relation import RelationVector
 from powerfed.training.errors import ModelError
 from powerfed.training.finetune_records import UserFunctions
@@ -34,6 +37,11 @@ from powerfed.training.models import ModelSpec, get_model_spec, model_spec
 ModelFactory = Callable[[], nn.Module]
 """A user's model: called with no argument (or `num_classes=` where it takes it), a fresh nn.Module."""
 Runs = list[dict[str, Any]]
+log = logging.getLogger("fl_server.relation")
+
+
+def default_cache_dir() -> Path:
+    return cache_dir("relation")
 
 
 def estimate_relation(
@@ -173,7 +181,7 @@ def _finish(
     path: Path | None,
     **extra: Any,
 ) -> RelationVector:
-    """The seeds run until the ranking is stable, then the vector and its evidence, cached."""
+    """The seeds run until the ranking is stable, then the vector and its evidence, cached at `path`."""
     bs, s = request.batch_sizes, request.settings
     started = time.perf_counter()
     runs, used, stable = seeds_until_stable(bs, s.seeds, request.max_seeds, run_seeds)
@@ -205,8 +213,33 @@ def _finish(
         wall_s=wall,
         cache_key=request.cache_key(),
     )
-    store(relation, path)
+    if path is not None:  # an unwritable cache is a warning, not a lost result
+        try:
+            relation.save(path)
+        except OSError as exc:
+            log.warning("warning: relation cache not written (%s: %s)", path, exc.strerror or exc)
     return relation
+
+
+def lookup(
+    request: RelationRequest, how: RelationCompute, user_code: bool
+) -> tuple[Path | None, RelationVector | None]:
+    """Where it is cached (None: not asked, or user code without a `cache_key`) and the vector there."""
+    if not how.use_cache:
+        return None, None
+    if user_code and not request.user_key:
+        log.info("relation vector of %s not cached: user code needs a cache_key to be cached", request.model)
+        return None, None
+    key = request.cache_key()
+    path = Path(how.cache_dir or default_cache_dir()) / f"relation-{key[:40]}.json"
+    if path.is_file():
+        try:
+            cached = RelationVector.load(path)
+            if cached.extra.get("cache_key") == key:
+                return path, cached
+        except FileFormatError:
+            pass  # a damaged cache entry is recomputed and overwritten
+    return path, None
 
 
 def seeds_until_stable(
