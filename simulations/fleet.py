@@ -14,7 +14,7 @@ from powerctl.selection.methods import RUN_METHODS
 from strategies.fleet import FleetEntry, NodeConfigError, not_simulated, parse_fleet_groups, read_yaml
 from strategies.population import PopulationError, check_population, run_population
 from strategies.setting_kinds import APP_FILE, DATASET
-from strategies.settings import METHODS, SETTINGS, RunSettings
+from strategies.settings import METHODS, SETTINGS, RunSettings, to_config
 
 PLACES: dict[str, str | dict[str, str]] = {
     "rounds": "num-server-rounds",
@@ -114,10 +114,9 @@ class FleetSpec:
     def run_config(self, results_dir: Path, methods: list[str], profile_cache: Path) -> dict[str, Any]:
         """The Flower run config of this fleet: the settings a fleet file sets, where to write, which
         methods, and any other setting off its default (a test's injected fault)."""
-        run = dataclasses.replace(
-            self.settings, methods=methods, results_dir=str(results_dir), profile_cache=str(profile_cache)
-        ).to_run_config()
-        declared = RunSettings().to_run_config()
+        places = {"results_dir": str(results_dir), "profile_cache": str(profile_cache)}
+        run = to_config(dataclasses.replace(self.settings, methods=methods, **places))
+        declared = to_config(RunSettings())
         return {key: run[key] for key in SETTINGS if key in RUN_KEYS or run[key] != declared[key]}
 
     def for_seed(self, offset: int) -> FleetSpec:

@@ -476,9 +476,6 @@ class RunSettings(ClientSettings, SentSettings):
         fingerprint=False,
     )
 
-    def to_run_config(self) -> dict[str, Any]:
-        return to_config(self)
-
 
 def _field_type(kind: Kind) -> Any:
     """The type a setting's field is annotated with: its kind's (a list's items' too)."""

@@ -157,8 +157,8 @@ def test_typed_settings_are_what_the_run_config_says() -> None:
     assert (
         cfg.batch_sizes == [8, 16, 64] and cfg.methods == ["oracle", "ours"] and cfg.relation_seeds == [3, 1]
     )
-    assert cfg.to_run_config()["batch-sizes"] == "8,16,64"
-    assert declared.read_settings(cfg.to_run_config()) == cfg
+    assert declared.to_config(cfg)["batch-sizes"] == "8,16,64"
+    assert declared.read_settings(declared.to_config(cfg)) == cfg
 
 
 def test_code_reads_a_setting_by_its_attribute_and_a_results_config_by_the_declaration() -> None:
@@ -185,7 +185,7 @@ def test_a_resumed_run_may_change_only_the_settings_declared_outside_its_fingerp
         "inject-server-stop-round",
         "server-device",
     }
-    base = ServerConfig().to_run_config()
+    base = declared.to_config(ServerConfig())
     same = run_fingerprint(base, "w", {})
     assert run_fingerprint({**base, "num-server-rounds": 9, "server-device": "cpu"}, "w", {}) == same
     assert run_fingerprint({**base, "lr-max": 0.01}, "w", {}) != same
