@@ -224,13 +224,8 @@ def _conv_flop_count(x_shape: Any, w_shape: Any, out_shape: Any, transposed: boo
 
 
 def _mm_flops(args: Any, out: Any) -> int:
-    a, b = args[-2], args[-1]  # mm(a, b), addmm(bias, a, b)
-    return 2 * a.shape[0] * a.shape[1] * b.shape[1]
-
-
-def _bmm_flops(args: Any, out: Any) -> int:
-    a, b = args[-2], args[-1]  # bmm(a, b), baddbmm(bias, a, b)
-    return 2 * a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2]
+    a, b = args[-2], args[-1]  # (b)mm(a, b), (b)addmm(bias, a, b): 2 × a's size × b's columns
+    return 2 * math.prod(a.shape) * b.shape[-1]
 
 
 def _convolution_flops(args: Any, out: Any) -> int:
@@ -246,8 +241,8 @@ def _convolution_backward_flops(args: Any, out: Any) -> int:
 _FALLBACK_FLOPS: dict[str, Callable[[Any, Any], int]] = {
     "mm": _mm_flops,
     "addmm": _mm_flops,
-    "bmm": _bmm_flops,
-    "baddbmm": _bmm_flops,
+    "bmm": _mm_flops,
+    "baddbmm": _mm_flops,
     "convolution": _convolution_flops,
     "convolution_backward": _convolution_backward_flops,
 }
