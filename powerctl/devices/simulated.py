@@ -45,7 +45,6 @@ class StepCost:
     fixed_s: float  # kernel launches and memory traffic: independent of the GPU clock
     compute_w: float
     fixed_w: float
-    utilisation: float
 
     @property
     def seconds(self) -> float:
@@ -80,7 +79,6 @@ def step_cost(board: BoardModel, workload: Workload, batch_size: int, hz: int) -
         fixed_s=board.step_overhead_s + launches * board.launch_s + memory_s,
         compute_w=board.idle_power_w + u * dynamic,
         fixed_w=board.overhead_power_w(hz),
-        utilisation=u,
     )
 
 
