@@ -37,7 +37,6 @@ from powerctl.records.relation import INTERVAL_STANDARD_ERRORS, RelationVector
 from powerctl.selection.methods import run_method_named
 from strategies.fedavg import PowerAwareFedAvg
 from strategies.fleet import fleet_availability
-from strategies.methods import for_method
 from strategies.node_waits import NodeWaits
 from strategies.objectives import objective_named
 from strategies.population import (
@@ -47,6 +46,7 @@ from strategies.population import (
     PopulationSampled,
     run_population,
 )
+from strategies.power_aware import for_method
 from strategies.protocol import TrainInstructions
 from strategies.rounds import NoClientReported, NodeInfo, RoundRecord
 

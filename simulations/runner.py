@@ -17,7 +17,7 @@ from powerctl.files.jsonfile import write_json
 from simulations.fleet import FleetFileError, FleetSpec
 from simulations.launcher import federation, run_flwr
 from simulations.linkstate_index import check_flower_version
-from strategies.methods import trains_real_model
+from strategies.power_aware import trains_real_model
 
 
 class FleetRunError(PowerctlError):

@@ -6,6 +6,7 @@ the round."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 import time
 from collections.abc import Callable, Iterable
@@ -20,6 +21,7 @@ from flwr.supercore import log
 
 from powerctl.errors import ArgumentError
 from powerctl.files.mapping import Integer, MappingReader, check_arguments, check_callable, check_result
+from powerctl.selection.methods import run_method_named
 from strategies.node_waits import NodeWaits
 from strategies.objectives import OBJECTIVE, RoundObjective
 from strategies.protocol import (
@@ -57,6 +59,28 @@ NodeInstructions = Callable[[NodeInfo, int, TrainInstructions], TrainInstruction
 def same_for_every_node(node: NodeInfo, server_round: int, base: TrainInstructions) -> TrainInstructions:
     """The default: the round's instructions, addressed to the node."""
     return dataclasses.replace(base, server_round=server_round, node_key=node.key)
+
+
+def trains_real_model(partition_id: int | None, real_share: float) -> bool:
+    """Partition i trains the real model when ⌊(i+1)·s⌋ > ⌊i·s⌋: a share s spread evenly over the ids
+    (s = 0.25: partitions 3, 7, 11, ...). A node without a partition id (deployment) always trains."""
+    if real_share >= 1.0 or partition_id is None:
+        return True
+    return math.floor((partition_id + 1) * real_share + 1e-9) > math.floor(partition_id * real_share + 1e-9)
+
+
+def for_method(method: str, real_share: float = 1.0) -> NodeInstructions:
+    """Node instructions that run `method`'s client method on every node, the real model on `real_share`
+    of them."""
+    client_method = run_method_named(method).client_method
+
+    def instruct(node: NodeInfo, server_round: int, base: TrainInstructions) -> TrainInstructions:
+        stand_in = not trains_real_model(node.partition_id, real_share)
+        return dataclasses.replace(
+            base, server_round=server_round, node_key=node.key, method=client_method, stand_in=stand_in
+        )
+
+    return instruct
 
 
 def _inner_attr(strategy: Strategy | None, name: str, default: Any) -> Any:

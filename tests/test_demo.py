@@ -79,7 +79,7 @@ def test_the_demo_and_a_fleet_client_agree_on_the_oracle(results, monkeypatch) -
     from simulations.fleet_client import app as client_app
     from strategies import report
     from strategies.fedavg import PowerAwareFedAvg
-    from strategies.methods import for_method
+    from strategies.power_aware import for_method
     from tests.fake_grid import FakeGrid
 
     res, _ = results

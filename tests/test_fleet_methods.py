@@ -20,7 +20,7 @@ from powerctl.selection.methods import ORACLE, method_named
 from powerfed.training.models import build_model, model_workload
 from simulations import bench_steps
 from simulations.bench_report import measured
-from strategies.methods import for_method, trains_real_model
+from strategies.power_aware import for_method, trains_real_model
 from strategies.protocol import METHODS, TrainInstructions
 from strategies.rounds import NodeInfo
 from tests.fl_helpers import RUN_CONFIG, initial_state, instructions
