@@ -18,6 +18,7 @@ from powerfed.training.errors import DataError, ModelError
 from powerfed.training.finetune import fine_tune
 from powerfed.training.finetune_records import DEFAULT_EVAL_MAX_SAMPLES, FineTuneCallbacks, FineTuneConfig
 from powerfed.training.models import (
+    ModelSpec,
     build_model,
     check_input_shape,
     check_overrides,
@@ -42,13 +43,12 @@ def report_path_for(weights_path: str | Path) -> Path:
     return p.with_name(f"{p.stem}.report.json")
 
 
-def _text_seq_len(model_name: str, overrides: dict[str, Any], seq_len: int | None) -> int:
-    spec = get_model_spec(model_name)
+def _text_seq_len(spec: ModelSpec, overrides: dict[str, Any], seq_len: int | None) -> int:
     model_len = int(overrides.get("seq_len", spec.input_shape[0])) if spec.task == "text" else 0
     if seq_len is None:
         return model_len or 64
     if spec.task == "text" and seq_len > model_len:
-        raise ModelError(f"seq_len {seq_len} exceeds the context of {model_name} ({model_len})")
+        raise ModelError(f"seq_len {seq_len} exceeds the context of {spec.name} ({model_len})")
     return seq_len
 
 
@@ -107,7 +107,7 @@ def pretrain(
     overrides = check_overrides(model_name, dict(st.overrides))
     check_size(model_name, None, overrides)  # before the data is read (again with its classes below)
     spec = get_model_spec(model_name)
-    length = _text_seq_len(model_name, overrides, st.seq_len)
+    length = _text_seq_len(spec, overrides, st.seq_len)
     dataset = load_dataset(dataset_spec, split="all", seq_len=length, limit=st.limit, seed=st.seed)
     if dataset.task != spec.task:
         raise DataError(
@@ -138,10 +138,9 @@ def pretrain(
     finally:
         dev.close()  # restores any knob state
     wall = time.perf_counter() - started
-    meta_extra = {"pretrained_on": dataset_spec, "pretrain_samples": str(result.samples)}
-    classes = dataset.num_classes
+    extra = {"pretrained_on": dataset_spec, "pretrain_samples": str(result.samples)}
     save_weights(
-        out, model, model_name=model_name, num_classes=classes, overrides=overrides, extra=meta_extra
+        out, model, model_name=model_name, num_classes=dataset.num_classes, overrides=overrides, extra=extra
     )
     report = {
         "schema": PRETRAIN_SCHEMA,

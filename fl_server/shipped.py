@@ -1,9 +1,7 @@
 """The default run's starting point, shipped with the package: its pre-trained weights and relation vector.
 
-Made as the ServerApp makes them (on the CPU) by `make shipped`, listed with recipe and SHA-256 in
-`shipped/manifest.json` (weights base64 in JSON: a FAB holds only text). A run whose recipe matches (the
-CPU and thread count are not part of it) starts from them, so every CPU starts alike; a file that does not
-match is one warning, and the run trains as if nothing were shipped."""
+Made by `make shipped`, listed with recipe (not the CPU) and SHA-256 in `shipped/manifest.json` (weights
+base64: a FAB holds only text); a file that does not match is one warning, and the run trains instead."""
 
 from __future__ import annotations
 
