@@ -80,10 +80,6 @@ class ReplayBoard(Device, PowerSampler):
         return result
 
 
-def _no_step(batch_size: int) -> Callable[[], None]:
-    return lambda: None
-
-
 def completed(profile: Profile, frequencies: Sequence[int]) -> Profile | None:
     """A measured profile completed by the fit (a prediction, never a pin's input); None if unfittable."""
     measured = {(p.batch_size, p.frequency_hz): p for p in profile.points}
@@ -315,7 +311,7 @@ def _costs(
         return {} if request.order == FITTED else {request.order: bound}
 
     def walked(way: str) -> float:  # the profiler walked over the board the prediction describes
-        profiler = request.profiler(ReplayBoard(prediction, table), workload, _no_step)
+        profiler = request.profiler(ReplayBoard(prediction, table), workload, lambda _b: lambda: None)
         return float(request.run(profiler, way, sizes, progress=False).profiling_s or 0.0)
 
     return {way: 0.0 if way == PREDICTED else walked(way) for way in ways}
