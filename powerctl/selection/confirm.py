@@ -198,8 +198,7 @@ class TrainingConfirmation:
         points = [ProfilePoint(**p) for p in state["measured"]]
         self.measured = {(p.batch_size, p.frequency_hz): p for p in points}
         self.switches = [
-            Switch(s["device_s"], tuple(s["old"]), tuple(s["new"]), s["measured_w"], s["power_cap_w"])
-            for s in state["switches"]
+            Switch(**s | {"old": tuple(s["old"]), "new": tuple(s["new"])}) for s in state["switches"]
         ]
         self.skipped = list(state.get("skipped", []))  # checkpoints written before it have none
         dropped = {int(s["batch_size"]) for s in self.skipped}
