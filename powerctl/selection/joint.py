@@ -216,11 +216,9 @@ def best_frequency_per_batch(profile: Profile, power_cap_w: float | None) -> dic
     """Per batch size, the feasible point with the highest frequency (batch sizes with none are absent)."""
     cap = check_power_cap(power_cap_w)
     best: dict[int, ProfilePoint] = {}
-    for p in profile.points:
-        if is_feasible(p, cap) and (
-            p.batch_size not in best or p.frequency_hz > best[p.batch_size].frequency_hz
-        ):
-            best[p.batch_size] = p
+    for p in sorted(profile.points, key=lambda p: p.frequency_hz, reverse=True):
+        if is_feasible(p, cap):
+            best.setdefault(p.batch_size, p)
     return dict(sorted(best.items()))
 
 
