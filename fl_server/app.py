@@ -31,8 +31,7 @@ from fl_server.run_config import (
 from fl_server.shipped import WRITE_COMMAND, shipped_bytes, unpacked_weights
 from powerctl.cli.util import say
 from powerctl.errors import PowerctlError
-from powerctl.files.cache import cache_dir
-from powerctl.files.xdg import xdg_home
+from powerctl.files.cache import cache_dir, xdg_home
 from powerctl.records.relation import INTERVAL_STANDARD_ERRORS, RelationVector
 from powerctl.selection.methods import run_method_named
 from strategies.fedavg import PowerAwareFedAvg

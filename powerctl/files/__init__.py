@@ -1,1 +1,1 @@
-"""The files powerctl reads and writes: `readfile`, `mapping`, `jsonfile`, `outputs`, `cache`, `xdg`."""
+"""Files powerctl reads and writes: `readfile`, `mapping`, `jsonfile`, `outputs`, `cache` (XDG folders)."""

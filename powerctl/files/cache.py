@@ -1,4 +1,5 @@
-"""Where the project caches what is expensive to make: profiles, relation vectors, pre-trained weights."""
+"""The XDG base folders (cache, data, state) the project's caches, results and pin records live under, and
+the cache of what is expensive to make: profiles, relation vectors, pre-trained weights."""
 
 from __future__ import annotations
 
@@ -7,9 +8,21 @@ import stat
 from pathlib import Path
 
 from powerctl.errors import PowerctlError
-from powerctl.files.xdg import xdg_home
 
 CACHE_ENV = "POWERFED_CACHE"  # the root of every cache (default $XDG_CACHE_HOME/powerfed)
+XDG_HOMES = {
+    "cache": ("XDG_CACHE_HOME", (".cache",)),
+    "data": ("XDG_DATA_HOME", (".local", "share")),
+    "state": ("XDG_STATE_HOME", (".local", "state")),
+}
+
+
+def xdg_home(kind: str) -> Path:
+    """$XDG_{KIND}_HOME, else its default under ~ (a relative value is ignored, as the spec says)."""
+    variable, default = XDG_HOMES[kind]
+    value = os.environ.get(variable, "")
+    usable = value and "\0" not in value and Path(value).is_absolute()
+    return Path(value) if usable else Path.home().joinpath(*default)
 
 
 class CacheError(PowerctlError):

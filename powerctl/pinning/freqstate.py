@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from powerctl.errors import DeviceError, FileFormatError
+from powerctl.files.cache import xdg_home
 from powerctl.files.jsonfile import Fields, read_json, write_json
-from powerctl.files.xdg import xdg_home
 
 STATE_SCHEMA = "powerctl.freqstate/2"
 KIND_PIN = "pin"  # for the lifetime of a process's pin: if the record outlives the process, it crashed
