@@ -112,27 +112,6 @@ class CapSource(ABC):
         """One line for logs and reports."""
 
 
-@dataclass(frozen=True)
-class ConstantCap(CapSource):
-    power_cap_w: float | None
-
-    def __post_init__(self) -> None:
-        parse_power_cap(self.power_cap_w, "constant cap", text=False, error=CapSourceError)
-
-    def cap_at(self, t_s: float) -> float | None:
-        return self.power_cap_w
-
-    def lowest_w(self) -> float | None:
-        return self.power_cap_w
-
-    @property
-    def is_constant(self) -> bool:
-        return True
-
-    def describe(self) -> str:
-        return "none" if self.power_cap_w is None else f"{self.power_cap_w:g} W"
-
-
 class _HeldCap(CapSource):
     """A cap held from each of `times_s` (from 0, rising) until the next; at the end `repeat`ed (period:
     the last time plus the last interval) or `clip`ped (the last holds)."""
@@ -177,6 +156,21 @@ class _HeldCap(CapSource):
     @property
     def is_constant(self) -> bool:
         return len(set(self.watts)) == 1
+
+
+@dataclass(frozen=True)
+class ConstantCap(_HeldCap):
+    """One cap from 0 on: a held cap of one step."""
+
+    power_cap_w: float | None
+
+    def __post_init__(self) -> None:
+        parse_power_cap(self.power_cap_w, "constant cap", text=False, error=CapSourceError)
+        object.__setattr__(self, "times_s", (0.0,))
+        object.__setattr__(self, "watts", (self.power_cap_w,))
+
+    def describe(self) -> str:
+        return "none" if self.power_cap_w is None else f"{self.power_cap_w:g} W"
 
 
 @dataclass(frozen=True)
