@@ -85,13 +85,13 @@ def estimate_relation(
         raise NotCached(f"no cached relation vector of {request.model} for these settings")
     if start is None:
         assert loop is not None  # no start: the user's own loop
-        run = seed_runner(run_user_job, loop, request, how, request.proxy_spec)
+        run = seed_runner(run_user_job, loop, request, how)
         return _finish(request, run, path, samples_rule="the user's train_to_target")
-    runs, label = make_proxy_runs(start, proxy, request, user)
-    fingerprint = probe(runs, label)
+    runs = make_proxy_runs(start, proxy, request, user)
+    fingerprint = probe(runs, request.proxy_spec)
     return _finish(
         request,
-        seed_runner(run_job, runs, request, how, label),
+        seed_runner(run_job, runs, request, how),
         path,
         samples_rule="interpolated crossing, isotonic curve (powerfed.training.crossing)",
         model_fingerprint=fingerprint,

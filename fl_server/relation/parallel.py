@@ -27,7 +27,6 @@ def seed_runner(
     shared: ProxyRuns | TrainToTarget,
     request: RelationRequest,
     how: RelationCompute,
-    label: str,
 ) -> Callable[[Sequence[int]], list[dict[str, Any]]]:
     """run_seeds for `seeds_until_stable`: every batch size × seed, each checked to reach the target."""
 
@@ -41,7 +40,7 @@ def seed_runner(
             for job in jobs:
                 found.append(fn(shared, job, how.progress, request.threads))
                 finished(found[-1])
-        _check_runs(found, label, request.target_accuracy, request.runs_key()["max_samples"])
+        _check_runs(found, request.proxy_spec, request.target_accuracy, request.runs_key()["max_samples"])
         return found
 
     return run_seeds

@@ -216,8 +216,8 @@ def probe(runs: ProxyRuns, proxy: str) -> dict[str, Any]:
 
 def make_proxy_runs(
     start: Start, proxy: ProxyData, request: RelationRequest, user: UserFunctions
-) -> tuple[ProxyRuns, str]:
-    """The runs' shared part, the proxy read if not yet and checked against the model; and its label."""
+) -> ProxyRuns:
+    """The runs' shared part, the proxy read if not yet and checked against the model."""
     s, spec, bs = request.settings, start.spec, request.batch_sizes
     data = start.data or load_proxy(
         proxy, task=spec.task, seq_len=request.seq_len or 64, limit=s.limit, seed=s.data_seed
@@ -238,7 +238,7 @@ def make_proxy_runs(
         num_classes = dataset.num_classes
         state = build_spec(spec, num_classes, seed=INIT_SEED, **request.overrides).state_dict()
     assert state is not None  # weights come with their number of classes; without, built above
-    runs = ProxyRuns(
+    return ProxyRuns(
         spec=spec,
         num_classes=num_classes,
         state=state,
@@ -249,4 +249,3 @@ def make_proxy_runs(
         user=user,
         device=start.device,
     )
-    return runs, data.label
