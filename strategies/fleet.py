@@ -1,7 +1,6 @@
 """The fleet: the board and power cap of each virtual node (which has only its `partition-id`), as a
 table (``"sim:jetson-nano@3.5, sim:jetson-tx2nx@none"``, entry i % len for partition i) or a YAML file
-(``groups:`` or ``boards:``, each {device, power-cap-w, count, availability}).
-"""
+(``groups:`` or ``boards:``, each {device, power-cap-w, count, availability})."""
 
 from __future__ import annotations
 
@@ -68,14 +67,10 @@ class FleetEntry:
 
 def board_cap_problem(device: str, source: CapSource) -> str | None:
     """Why a simulated board can never run under this cap (every value below its least power), or None."""
-    kind, _, name = device.partition(":")
-    if kind != "sim":
-        return None
+    if not_simulated(device) is not None:
+        return None  # no board model (an unknown sim board is its own one-line error when it is opened)
     from powerctl.devices.boards import board_model
-    from powerctl.devices.simulated import SIM_BOARDS
 
-    if name not in SIM_BOARDS:
-        return None  # an unknown board is the device's own one-line error when it is opened
     if isinstance(source, ConstantCap):
         caps = [source.power_cap_w]
     elif isinstance(source, (ScheduleCap, TraceCap)):
@@ -84,7 +79,7 @@ def board_cap_problem(device: str, source: CapSource) -> str | None:
         return None  # a live file: what it will say is not known in advance
     if None in caps:
         return None
-    least = board_model(name).least_power_w()
+    least = board_model(device.removeprefix("sim:")).least_power_w()
     highest = max(w for w in caps if w is not None)
     if highest >= least:
         return None

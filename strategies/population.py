@@ -1,7 +1,6 @@
 """A population larger than a round (simulation only): each round every board is available with its
 chance (or as a trace says) and `clients-per-round` of them are sampled, both seeded by the run's `seed`
-and the round over partition ids, so every method and rerun sees the same boards.
-"""
+and the round over partition ids, so every method and rerun sees the same boards."""
 
 from __future__ import annotations
 
