@@ -53,12 +53,18 @@ def round_steps(instr: TrainInstructions) -> RoundSteps:
 
 
 @lru_cache(maxsize=16)
-def _board_prediction(
-    board: str, model: str, overrides: str, num_classes: int, batch_sizes: tuple[int, ...], samples: int
+def board_prediction(
+    board: str, model: str, overrides: str, num_classes: int | None, sizes: tuple[int, ...], samples: int
 ) -> Profile:
-    """A simulated board's model profile, once per board, model and settings in this process."""
+    """A simulated board's model profile (also the figures' map), once per board, model and settings."""
+    return predicted_profile(board, _workload(model, overrides, num_classes), sizes, samples)
+
+
+@lru_cache(maxsize=16)
+def _workload(model: str, overrides: str, num_classes: int | None) -> Workload:
+    """The model's training FLOPs and memory per sample, counted once per process (a few seconds)."""
     net = build_model(model, num_classes, seed=0, **json.loads(overrides))
-    return predicted_profile(board, model_workload(model, net, num_classes), batch_sizes, samples)
+    return model_workload(model, net, num_classes)
 
 
 def predicted_profile_step(work: RoundWork, relation: RelationVector) -> Profiled:
@@ -67,7 +73,7 @@ def predicted_profile_step(work: RoundWork, relation: RelationVector) -> Profile
     with work.device() as dev:
         if not isinstance(dev, SimulatedBoard):
             raise ClientWorkError(f"predicted profiles need a simulated board (sim:...), not {dev.spec}")
-        profile = _board_prediction(
+        profile = board_prediction(
             dev.board, instr.model, instr.overrides_text(), instr.num_classes, tuple(relation.batch_sizes),
             instr.profile_samples,
         )  # fmt: skip

@@ -5,9 +5,8 @@ from its results dict: time_to_accuracy.png, per_cap.png, makespan.png and profi
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -15,9 +14,6 @@ from powerctl.cli.plot import MARKERS, Mark, choices_per_cap, colour, new_figure
 from powerctl.records.profile import Profile
 from powerctl.selection.methods import method_named
 from strategies.settings import client_setting
-
-if TYPE_CHECKING:
-    from powerctl.records.workload import Workload
 
 
 def method_mark(method: str, b: int, hz: int, estimated: bool = False) -> Mark:
@@ -143,18 +139,10 @@ def plot_profile_maps(results: dict[str, Any], out: Path) -> list[Path]:
 def predicted_board_profile(board: str, model: str, config: dict[str, Any]) -> Profile:
     """The board model's noise-free profile of `model` at the run's batch sizes and N (`config`: the
     run config as results.json keeps it)."""
-    from powerctl.devices.simulated import predicted_profile
+    from simulations.bench_steps import board_prediction
 
-    batch_sizes = client_setting(config, "batch_sizes")
-    return predicted_profile(board, _workload(model), batch_sizes, client_setting(config, "profile_samples"))
-
-
-@functools.lru_cache(maxsize=4)
-def _workload(model: str) -> Workload:
-    """The model's training FLOPs and memory per sample, counted once per process (a few seconds)."""
-    from powerfed.training.models import build_model, model_workload
-
-    return model_workload(model, build_model(model, seed=0))
+    sizes = tuple(client_setting(config, "batch_sizes"))
+    return board_prediction(board, model, "{}", None, sizes, client_setting(config, "profile_samples"))
 
 
 def plot_fleet(results: dict[str, Any], out: Path) -> list[Path]:
