@@ -12,8 +12,7 @@ from types import ModuleType
 
 import pytest
 
-from powerctl.devices import open_device
-from powerctl.devices.detect import detect_devices
+from powerctl.devices import detect_devices, open_device
 from powerctl.devices.nvml import NvmlGpu, open_nvml
 from powerctl.devices.unpinned import UnpinnedDevice
 from powerctl.errors import DeviceError, DevicePermissionError

@@ -37,7 +37,7 @@ def _frequency(text: str) -> int:
 
 def cmd_devices(args: argparse.Namespace) -> int:
     """list the devices here, with frequency tables and rails"""
-    from powerctl.devices.detect import detect_devices
+    from powerctl.devices import detect_devices
 
     devices = detect_devices()
     broken = 2 if any("error" in d for d in devices) else 0  # a device there but unusable: not "no knob"
