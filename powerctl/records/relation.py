@@ -178,15 +178,8 @@ class RelationVector:
 
     def to_dict(self) -> dict[str, Any]:
         """The file's mapping: the fields, then the evidence."""
-        d: dict[str, Any] = {
-            "schema": RELATION_SCHEMA,
-            "model": self.model,
-            "proxy_dataset": self.proxy_dataset,
-            "target_accuracy": self.target_accuracy,
-            "batch_sizes": list(self.batch_sizes),
-            "samples_to_target": list(self.samples_to_target),
-            "relation": self.relation,
-        }
+        d = {"schema": RELATION_SCHEMA, **{name: plain_json(getattr(self, name)) for name in FIELDS}}
+        d["relation"] = self.relation
         d.update({k: plain_json(v) for k, v in self.extra.items() if k not in d})
         return d
 
