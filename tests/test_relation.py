@@ -312,8 +312,12 @@ def test_use_cache_false_neither_reads_nor_writes(
 
 
 def test_default_cache_dir_follows_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from fl_server.relation.estimate import lookup
+    from fl_server.relation.request import RelationCompute, RelationRequest
+
     monkeypatch.setenv("POWERFED_CACHE", str(tmp_path / "c"))
-    assert relmod.default_cache_dir() == tmp_path / "c" / "relation"
+    path, _ = lookup(RelationRequest(target_accuracy=0.5, batch_sizes=[4, 8]), RelationCompute(), False)
+    assert path is not None and path.parent == tmp_path / "c" / "relation"
 
 
 # --------------------------------------------------------------------------- parallel

@@ -1,7 +1,6 @@
 """The relation vector estimated on proxy data (docs/design/method.md): what is estimated is
 `request.RelationRequest` (its hash the cache key), how it is made `RelationCompute`; the runs are `runs`."""
 
-from fl_server.relation.estimate import default_cache_dir as default_cache_dir
 from fl_server.relation.estimate import estimate_relation as estimate_relation
 from fl_server.relation.estimate import ranking as ranking
 from fl_server.relation.estimate import seeds_until_stable as seeds_until_stable

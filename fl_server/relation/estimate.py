@@ -40,10 +40,6 @@ Runs = list[dict[str, Any]]
 log = logging.getLogger("fl_server.relation")
 
 
-def default_cache_dir() -> Path:
-    return cache_dir("relation")
-
-
 def estimate_relation(
     model: str | ModelFactory | ModelSpec,
     weights: str | Path | None = None,
@@ -231,7 +227,7 @@ def lookup(
         log.info("relation vector of %s not cached: user code needs a cache_key to be cached", request.model)
         return None, None
     key = request.cache_key()
-    path = Path(how.cache_dir or default_cache_dir()) / f"relation-{key[:40]}.json"
+    path = Path(how.cache_dir or cache_dir("relation")) / f"relation-{key[:40]}.json"
     if path.is_file():
         try:
             cached = RelationVector.load(path)
