@@ -14,7 +14,7 @@ from typing import Any
 from fl_client.check_network import CheckFailed, Target, check_reachable, check_tls, load_ca, parse_address
 from powerctl.cli.util import OneLineParser, one_line_errors, positive_float, say
 from powerctl.errors import PowerctlError
-from strategies.flower_config import read_flwr_connection, read_small
+from strategies.flower_source import read_flwr_connection, read_small
 
 PROG = "python -m fl_client.check"
 HEARTBEAT_WINDOW_S = 60.0  # how long Flower keeps a crashed SuperNode online: 2 × its heartbeat interval

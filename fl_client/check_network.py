@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from powerctl.errors import PowerctlError
-from strategies.flower_config import read_small
+from strategies.flower_source import read_small
 
 
 class CheckFailed(Exception):

@@ -29,7 +29,7 @@ from powerctl.cli.util import (
     say,
 )
 from powerctl.errors import ANSI, PowerctlError
-from strategies.flower_config import read_flwr_connection
+from strategies.flower_source import read_flwr_connection
 
 PROG = "python -m fl_server.supervise"
 LOST = "Connection to the SuperLink is unavailable"  # what `flwr` prints when its SuperLink does not answer
