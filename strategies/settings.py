@@ -78,11 +78,6 @@ def key_of(name: str) -> str:
     return name.replace("_", "-")
 
 
-def run_default(key: str) -> Any:
-    """Run setting `key`'s declared default, typed."""
-    return SETTINGS[key].typed_default()
-
-
 @dataclass
 class _Default:
     """A setting field's default_factory: its declared default, read when an object is made."""
@@ -90,7 +85,7 @@ class _Default:
     key: str = ""
 
     def __call__(self) -> Any:
-        return run_default(self.key)
+        return SETTINGS[self.key].typed_default()
 
 
 def setting_field(

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from powerctl.cli.util import kind_type
-from strategies.settings import BOTH, CLIENT, SERVER, SETTINGS, Setting, key_of, run_default
+from strategies.settings import BOTH, CLIENT, SERVER, SETTINGS, Setting, key_of
 
 READ_BY = {SERVER: "server", CLIENT: "client app", BOTH: "server, clients"}  # as the docs name them
 
@@ -21,7 +21,7 @@ def flag(name: str, help: str) -> dict[str, Any]:
     s = SETTINGS[key_of(name)]
     return {
         "type": kind_type(s.kind, s.key),
-        "default": run_default(s.key),
+        "default": s.typed_default(),
         "help": f"{help} (run config {s.key}; default: {s.default})",
     }
 

@@ -22,7 +22,6 @@ from strategies.settings import (
     SentSettings,
     SettingsError,
     _declare,
-    run_default,
     setting_field,
     settings_of,
 )
@@ -49,7 +48,7 @@ def test_each_setting_field_defaults_to_the_declaration_and_is_keyword_only(cls:
         if SETTING_METADATA in f.metadata:
             key = f.name.replace("_", "-")
             assert f.kw_only and f.default is dataclasses.MISSING, key  # read when an object is made
-            assert f.default_factory() == run_default(key), key
+            assert f.default_factory() == SETTINGS[key].typed_default(), key
     assert cls.__dataclass_params__.frozen  # type: ignore[attr-defined]
 
 
