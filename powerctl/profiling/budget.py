@@ -117,14 +117,14 @@ class ProfilingRequest:
         steps = {"warmup_steps": self.warmup_steps, "measure_steps": self.measure_steps}
         return Profiler(device, workload, make_step, samples=self.samples, **steps)
 
-    def run(self, profiler: Profiler, way: str, sizes: Sequence[int], *, progress: bool) -> Profile:
+    def run(self, profiler: Profiler, way: str, sizes: Sequence[int]) -> Profile:
         """`way` profiled: the instructed order stops at its own cap, the others at the pair's."""
         return profiler.run(
             sizes,
             order=way,
             power_cap_w=self.order_cap_w if way == self.order else self.power_cap_w,
             relation=self.relation.as_map() if way == FITTED else None,
-            progress=progress,
+            progress=False,
         )
 
 
@@ -233,7 +233,6 @@ def profile_within_budget(
     prediction: Profile | None,
     predicted_from: str = "",
     reference_hz: int | None = None,
-    progress: bool = False,
 ) -> tuple[Profile, ProfilingPlan]:
     """Profile the most thorough way within `request.share` of the predicted training (no `prediction`:
     one step at `reference_hz`, default the lowest, predicts it); its `extra["budget"]` is the plan."""
@@ -275,7 +274,7 @@ def profile_within_budget(
                 prediction.points, head | {"predicted_from": predicted_from}, profiling_s=0.0
             )
         else:
-            profile = request.run(profiler, choice, sizes, progress=progress)
+            profile = request.run(profiler, choice, sizes)
         measured_step = prediction is None and training > 0
         profile.profiling_s = device.clock() - start
         plan = ProfilingPlan(
@@ -312,6 +311,6 @@ def _costs(
 
     def walked(way: str) -> float:  # the profiler walked over the board the prediction describes
         profiler = request.profiler(ReplayBoard(prediction, table), workload, lambda _b: lambda: None)
-        return float(request.run(profiler, way, sizes, progress=False).profiling_s or 0.0)
+        return float(request.run(profiler, way, sizes).profiling_s or 0.0)
 
     return {way: 0.0 if way == PREDICTED else walked(way) for way in ways}
