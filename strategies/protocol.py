@@ -173,12 +173,7 @@ class TrainInstructions(SentSettings):
         check_instructions(self)
 
     def lr_for(self, batch_size: int) -> float:
-        return scaled_lr(
-            self.lr_max,
-            batch_size,
-            max(self.relation_vector.batch_sizes),
-            self.lr_rule,
-        )
+        return scaled_lr(self.lr_max, batch_size, max(self.relation_vector.batch_sizes), self.lr_rule)
 
     def overrides_text(self) -> str:
         """The model's options as the message and the profile cache key hold them."""
