@@ -10,6 +10,9 @@ from typing import Any
 
 import torch
 
+from powerfed.training.data import CIFAR10_MEAN, CIFAR10_STD, load_dataset
+from powerfed.training.models import build_model
+
 DATA = Path("../shared/data")
 BOARDS = ("jetson-nano", "jetson-tx2nx")
 CAPS_W = {"jetson-nano": (3.0, 4.0), "jetson-tx2nx": (3.5, 5.0)}
@@ -70,8 +73,6 @@ CIFAR-10, fine-tuning learns a label space pre-training did not have."""
 
 def _luminance(x: torch.Tensor) -> torch.Tensor:
     """Mean brightness of each normalised image in 0..1 (the normalisation undone)."""
-    from powerfed.training.data import CIFAR10_MEAN, CIFAR10_STD
-
     mean = torch.tensor(CIFAR10_MEAN).view(1, 3, 1, 1)
     std = torch.tensor(CIFAR10_STD).view(1, 3, 1, 1)
     return (x * std + mean).mean(dim=(1, 2, 3))
@@ -81,8 +82,6 @@ def vision_data(n_pretrain_pool: int, n_proxy: int, n_target: int) -> dict[str, 
     """Pre-training, proxy and targets from CIFAR-10, related as the paper's sources: pre-training on the
     first `PRETRAIN_CLASSES` classes of a pool of the train split, the proxy the test split, the targets the
     darker and the brighter half (mean luminance) of the train-split images pre-training did not use."""
-    from powerfed.training.data import load_dataset
-
     spec = f"cifar10-jpeg:{DATA / 'cifar10_jpeg' / 'cifar10-jpg.tar.gz'}"
     train = load_dataset(spec, split="train", limit=n_pretrain_pool + 2 * n_target)
     perm = torch.randperm(len(train), generator=torch.Generator().manual_seed(0))
@@ -111,8 +110,6 @@ def fresh_head(
 ) -> dict[str, torch.Tensor]:
     """`weights` with the last linear layer freshly initialised at `FRESH_HEAD_SEED`, not pre-training's
     seed (the backbone has adapted to that initial head)."""
-    from powerfed.training.models import build_model
-
     fresh = build_model(model_name, num_classes, seed=FRESH_HEAD_SEED)
     head = head_name(fresh)
     new_head = {k: v.clone() for k, v in fresh.state_dict().items() if k.startswith(f"{head}.")}
@@ -122,7 +119,6 @@ def fresh_head(
 def text_data(limit: int, full: bool = False) -> dict[str, Any]:
     """Pre-training on WikiText-2 (valid; with `full`, valid and test joined, twice the text for the
     full model), the proxy tiny Shakespeare, the targets two novels."""
-    from powerfed.training.data import load_dataset
 
     def text(path: Path, most: int | None = limit) -> Any:
         return load_dataset(f"text:{path}", split="all", seq_len=64, limit=most)
