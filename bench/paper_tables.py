@@ -27,6 +27,8 @@ from paper_cells import floor_groups, print_summary, print_table, summarise, tab
 from paper_setup import BOARDS, Task, fresh_head, text_data, vision_data
 from vector_floor import shared_vector_floor
 
+from fl_server.relation import ProxyRuns, ranking, seeds_until_stable
+from fl_server.relation import run_to_target as proxy_run
 from powerctl.cli.util import OneLineParser
 from powerctl.devices import open_device
 from powerctl.devices.boards import board_model
@@ -34,6 +36,11 @@ from powerctl.devices.torchdev import TORCH_SPEC_HELP, torch_device_arg
 from powerctl.errors import PowerctlError
 from powerctl.records.relation import VECTORS, RelationVector
 from powerfed.training.crossing import DEFAULT_MIN_EVALUATIONS, evaluations_before
+from powerfed.training.data import train_test_split
+from powerfed.training.finetune import fine_tune
+from powerfed.training.finetune_records import FineTuneCallbacks, FineTuneConfig
+from powerfed.training.lr import scaled_lr
+from powerfed.training.models import build_model, get_model_spec
 
 PAPER = (
     "paper (real boards): ours equals the fastest in most cells, worst 1.083x (TX2 NX, ResNet18, CINIC, "
@@ -45,11 +52,6 @@ PAPER = (
 
 
 def pretrain(task: Task, host: Any) -> dict[str, torch.Tensor]:
-    from powerfed.training.data import train_test_split
-    from powerfed.training.finetune import fine_tune
-    from powerfed.training.finetune_records import FineTuneCallbacks, FineTuneConfig
-    from powerfed.training.models import build_model
-
     ds = task.data["pretrain"]
     train, test = train_test_split(ds, seed=0)
     model = build_model(task.model, ds.num_classes, seed=0).to(host.torch_device())
@@ -76,13 +78,6 @@ def run_to_target(
 ) -> dict[str, Any]:
     """One run to `target` (None: the calibration budget) by `fl_server.relation.run_to_target`, `ds` split
     by `seed`; samples to target is the interpolated crossing, the steps charged that crossing's."""
-    from fl_server.relation import ProxyRuns
-    from fl_server.relation import run_to_target as proxy_run
-    from powerfed.training.data import train_test_split
-    from powerfed.training.finetune_records import FineTuneConfig
-    from powerfed.training.lr import scaled_lr
-    from powerfed.training.models import get_model_spec
-
     train, test = train_test_split(ds, seed=seed)
     config = FineTuneConfig(
         batch_size=b,
@@ -302,8 +297,6 @@ def raw_and_fitted(
 
 def proxy_relation(task: Task, weights: dict[str, torch.Tensor], host: Any) -> dict[str, RelationVector]:
     """The proxy's relation vectors (`raw_and_fitted`) from its seeds, run until the ranking is stable."""
-    from fl_server.relation import ranking, seeds_until_stable
-
     target = task.targets["proxy"]
 
     def run_seeds(seeds: Sequence[int]) -> list[dict[str, Any]]:
@@ -445,27 +438,22 @@ def retable(paths: list[Path], out: Path) -> int:
                 file=sys.stderr,
             )
             return 2
-        retable_one(path, old, results)
+        for key in [k for k in old if k.endswith("|relation")]:
+            name, charged, _ = key.split("|")
+            raw = RelationVector.from_dict(old[key], f"{path}: {key}")
+            recorded = old[f"{name}|{charged}|runs"]
+            seeds = sorted({r["seed"] for rs in recorded.values() for r in rs})
+            task = Task(name, "(recorded runs)", charged, 0.0, 0, list(raw.batch_sizes), seeds, [], 0, 0, 0)
+            task.targets = old[f"{name}|{charged}|targets"]
+            task.data["charged_workload"] = workload_of(charged)
+            per_seed: dict[int, Sequence[float]] = dict(
+                zip(raw.batch_sizes, raw.per_seed_samples() or [], strict=True)
+            )
+            relations = raw_and_fitted(charged, raw.target_accuracy, per_seed)
+            runs = {n: {(r["b"], r["seed"]): r for r in rs} for n, rs in recorded.items()}
+            print(f"\n== {name}: {charged}, recorded runs from {path}")
+            tabulate(task, relations, runs, results)
     return finish(results, out, started)
-
-
-def retable_one(path: Path, old: dict[str, Any], results: dict[str, Any]) -> None:
-    """Every task of one results.json, charged again into `results`."""
-    for key in [k for k in old if k.endswith("|relation")]:
-        name, charged, _ = key.split("|")
-        raw = RelationVector.from_dict(old[key], f"{path}: {key}")
-        recorded = old[f"{name}|{charged}|runs"]
-        seeds = sorted({r["seed"] for rs in recorded.values() for r in rs})
-        task = Task(name, "(recorded runs)", charged, 0.0, 0, list(raw.batch_sizes), seeds, [], 0, 0, 0)
-        task.targets = old[f"{name}|{charged}|targets"]
-        task.data["charged_workload"] = workload_of(charged)
-        per_seed: dict[int, Sequence[float]] = dict(
-            zip(raw.batch_sizes, raw.per_seed_samples() or [], strict=True)
-        )
-        relations = raw_and_fitted(charged, raw.target_accuracy, per_seed)
-        runs = {n: {(r["b"], r["seed"]): r for r in rs} for n, rs in recorded.items()}
-        print(f"\n== {name}: {charged}, recorded runs from {path}")
-        tabulate(task, relations, runs, results)
 
 
 def finish(results: dict[str, Any], out: Path, started: float) -> int:
