@@ -18,7 +18,6 @@ from powerfed.training.errors import DataError, ModelError
 from powerfed.training.finetune import fine_tune
 from powerfed.training.finetune_records import DEFAULT_EVAL_MAX_SAMPLES, FineTuneCallbacks, FineTuneConfig
 from powerfed.training.models import (
-    ModelSpec,
     build_model,
     check_input_shape,
     check_overrides,
@@ -41,15 +40,6 @@ def report_path_for(weights_path: str | Path) -> Path:
     """`w.safetensors` → `w.report.json`: the report always sits next to its weights."""
     p = Path(weights_path)
     return p.with_name(f"{p.stem}.report.json")
-
-
-def _text_seq_len(spec: ModelSpec, overrides: dict[str, Any], seq_len: int | None) -> int:
-    model_len = int(overrides.get("seq_len", spec.input_shape[0])) if spec.task == "text" else 0
-    if seq_len is None:
-        return model_len or 64
-    if spec.task == "text" and seq_len > model_len:
-        raise ModelError(f"seq_len {seq_len} exceeds the context of {spec.name} ({model_len})")
-    return seq_len
 
 
 def _epochs_budget(epochs: float, train_size: int, batch_size: int) -> int:
@@ -107,7 +97,10 @@ def pretrain(
     overrides = check_overrides(model_name, dict(st.overrides))
     check_size(model_name, None, overrides)  # before the data is read (again with its classes below)
     spec = get_model_spec(model_name)
-    length = _text_seq_len(spec, overrides, st.seq_len)
+    model_len = int(overrides.get("seq_len", spec.input_shape[0])) if spec.task == "text" else 0
+    length = (model_len or 64) if st.seq_len is None else st.seq_len
+    if spec.task == "text" and length > model_len:
+        raise ModelError(f"seq_len {length} exceeds the context of {model_name} ({model_len})")
     dataset = load_dataset(dataset_spec, split="all", seq_len=length, limit=st.limit, seed=st.seed)
     if dataset.task != spec.task:
         raise DataError(
