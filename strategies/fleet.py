@@ -36,9 +36,6 @@ class NodeConfigError(PowerctlError):
     """An unusable node config or fleet entry; the text names the key and the value."""
 
 
-CapSchedule = tuple[tuple[float, float | None], ...]  # ((t_s, W or None), ...), t_s ascending from 0
-
-
 @dataclass(frozen=True)
 class FleetEntry:
     device: str
@@ -48,7 +45,7 @@ class FleetEntry:
     availability: float | None = None  # chance to be available in a sampled round (None: the run's)
 
     @property
-    def power_cap_schedule(self) -> CapSchedule | None:
+    def power_cap_schedule(self) -> tuple[tuple[float, float | None], ...] | None:
         """The full schedule when the file gave one."""
         return self.cap_source.steps if isinstance(self.cap_source, ScheduleCap) else None
 
