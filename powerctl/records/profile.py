@@ -132,14 +132,9 @@ class Profile:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {
-            "schema": PROFILE_SCHEMA,
-            "device": self.device,
-            "model": self.model,
-            "input_shape": list(self.input_shape),
-            "samples": self.samples,
-            "points": [p.to_dict() for p in self.points],
-        }
+        head = ("device", "model", "input_shape", "samples")  # the input shape as a list
+        d = {"schema": PROFILE_SCHEMA, **{k: plain_json(getattr(self, k)) for k in head}}
+        d["points"] = [p.to_dict() for p in self.points]
         if self.profiling_s is not None:
             d["profiling_s"] = self.profiling_s
         if self.skipped:
