@@ -1,5 +1,4 @@
-"""Processes by pid from Linux's /proc (a pid goes with its start time, so a reused one is never mistaken),
-and what a process that starts others needs: adopting their orphans, signal handlers, their colour codes."""
+"""Processes from Linux's /proc (pid and start time: a reused pid is never mistaken), subreaping, signals."""
 
 from __future__ import annotations
 
@@ -61,8 +60,7 @@ def become_subreaper() -> bool:
 
 @contextlib.contextmanager
 def handling(handler: Any, *signals: signal.Signals) -> Iterator[None]:
-    """`handler` for `signals` while inside, the handlers before put back after; off the main thread (no
-    handlers there), nothing."""
+    """`handler` for `signals` in the block, the old ones put back after; nothing off the main thread."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

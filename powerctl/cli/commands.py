@@ -147,8 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 @one_line_errors(PROG)
 def main(argv: Sequence[str] | None = None, *, step_factory: ModelStepFactory | None = None) -> int:
-    """The command line; `step_factory` is the training step `powerctl profile` measures (None: every
-    other command works, `profile` says where to find it)."""
+    """The command line; `step_factory`: the steps `profile` times (None: `profile` says where they are)."""
     return run_command(build_parser(), argv, step_factory=step_factory)
 
 

@@ -330,8 +330,7 @@ def map_size(profile: Profile, min_height: float = 3.4) -> tuple[float, float]:
 def draw_choices(
     sub: FigureBase, profile: Profile, cap: float | None, marks: list[Mark], labels: list[str], title: str
 ) -> None:
-    """One peak-power map of `profile` into `sub` (a figure or subfigure) under `cap`, each mark in the
-    slot of its label among `labels`."""
+    """One peak-power map of `profile` under `cap` into `sub`, each mark in its label's slot of `labels`."""
     grid = _Grid.of(profile)
     ax, handles = _heatmap(sub, grid, _peak_panel(title), cap=cap, selection=None)
     drawn: dict[str, Artist] = {}

@@ -46,8 +46,7 @@ def _procfs(root: Path, model: str, compatible: list[str], total_kb: int) -> Non
 
 
 def make_devfreq(root: Path, rel: str, freqs: list[int], governor: str = "nvhost_podgov") -> Path:
-    """A devfreq node at its full range, idling at the lowest step, linked (relative, as sysfs links) in
-    /sys/class/devfreq."""
+    """A devfreq node at its full range, at its lowest step, linked (relatively) in /sys/class/devfreq."""
     _put(root, f"{rel}/available_frequencies", " ".join(map(str, freqs)) + "\n")
     _put(root, f"{rel}/cur_freq", f"{freqs[0]}\n")
     _put(root, f"{rel}/min_freq", f"{freqs[0]}\n")

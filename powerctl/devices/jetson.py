@@ -1,5 +1,4 @@
-"""A real Jetson via sysfs, under `POWERCTL_SYSFS_ROOT` (default ``/``): GPU devfreq as the knob, INA3221
-rails as the sensor."""
+"""A real Jetson via sysfs under `POWERCTL_SYSFS_ROOT` (default /): devfreq the knob, INA3221 the sensor."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""A device whose GPU frequency this process may not change (no root, or `pin = false`): it offers one
-frequency, the clock in force, and a pin at that clock writes nothing."""
+"""A device at the clock in force (no root, or `pin = false`): one frequency, a pin at it writes nothing."""
 
 from __future__ import annotations
 

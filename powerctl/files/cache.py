@@ -1,5 +1,4 @@
-"""The XDG base folders (cache, data, state) the project's caches, results and pin records live under, and
-the cache of what is expensive to make: profiles, relation vectors, pre-trained weights."""
+"""The XDG base folders (cache, data, state) and the cache of what is costly to make (profiles, weights)."""
 
 from __future__ import annotations
 

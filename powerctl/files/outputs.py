@@ -203,8 +203,7 @@ def replacing(
 
 
 def plot_format(path: str | Path, what: str = "") -> str:
-    """The format a plot file's suffix names (pgf only with its TeX system installed); one line listing the
-    known ones when it names none."""
+    """The format a plot file's suffix names (pgf only with TeX installed), else one line listing them."""
     from matplotlib import rcParams
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 

@@ -126,8 +126,7 @@ def remove_record(key: str, under: BoardRecord | None = None) -> None:
 
 
 def lock_board(key: str, spec: str) -> IO[bytes]:
-    """An exclusive, non-blocking flock on the board's lock file, held until the file is closed; or one
-    BoardBusyError line naming the process that holds it."""
+    """A non-blocking exclusive flock on the board's lock file, held until closed; else BoardBusyError."""
     path = record_path(key).with_suffix(".lock")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

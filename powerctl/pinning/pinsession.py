@@ -39,8 +39,7 @@ class Pinnable(Protocol):
 
 
 class PinSession:
-    """While a device is pinned: `state`, what restore puts back, and (a device with a `physical_key`) the
-    board's lock and the record written under it."""
+    """While a device is pinned: `state` (what restore puts back) and, with a `physical_key`, lock, record."""
 
     def __init__(
         self, state: dict[str, Any], lock: IO[bytes] | None = None, record: BoardRecord | None = None
