@@ -30,7 +30,6 @@ from fl_client.round import (
     RoundSteps,
     RoundWork,
     measured_profile_step,
-    method_step,
     node_device_seed,
 )
 from fl_client.step_identity import cell_value, step_identity
@@ -138,8 +137,17 @@ def user_step(
 def optimizer_states(step: Any, model: nn.Module) -> int | None:
     """How many copies of the parameters the step's optimizer keeps (Adam 2, SGD 0), read from its state
     after one step (None: no optimizer in the step's closure or bound object)."""
-    params = {id(p): p for p in model.parameters()}
-    for opt in _optimizers_of(step):
+    params = {id(p) for p in model.parameters()}
+    found: list[torch.optim.Optimizer] = []
+    for value in [
+        getattr(step, "__self__", None),
+        *map(cell_value, getattr(step, "__closure__", None) or ()),
+    ]:
+        if isinstance(value, torch.optim.Optimizer):
+            found.append(value)
+        elif value is not None and not callable(value) and hasattr(value, "__dict__"):
+            found += [v for v in vars(value).values() if isinstance(v, torch.optim.Optimizer)]
+    for opt in found:
         counts = [
             sum(
                 1 for v in opt.state.get(p, {}).values() if isinstance(v, torch.Tensor) and v.shape == p.shape
@@ -151,20 +159,6 @@ def optimizer_states(step: Any, model: nn.Module) -> int | None:
         if counts:
             return max(counts)
     return None
-
-
-def _optimizers_of(step: Any) -> list[torch.optim.Optimizer]:
-    found: list[torch.optim.Optimizer] = []
-    holders = [
-        getattr(step, "__self__", None),
-        *(cell_value(c) for c in getattr(step, "__closure__", None) or ()),
-    ]
-    for value in holders:
-        if isinstance(value, torch.optim.Optimizer):
-            found.append(value)
-        elif value is not None and not callable(value) and hasattr(value, "__dict__"):
-            found += [v for v in vars(value).values() if isinstance(v, torch.optim.Optimizer)]
-    return found
 
 
 def _example(example: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -303,8 +297,8 @@ class PowerSession:
 
     def _start(self) -> None:
         """Profile (or read the cache), choose the pair, open and pin the device, start the power trace."""
-        steps = RoundSteps(measured_profile_step, method_step)  # the method's rule trains nothing to choose
-        self.prepared = prepared = Prepared.of(self.work, steps)
+        # this module's measured_profile_step: a test replaces it
+        self.prepared = prepared = Prepared.of(self.work, RoundSteps(measured_profile_step))
         with ExitStack() as stack:  # on an error here, the device restored and closed
             dev, self._pinning = stack.enter_context(pinned(self.work, prepared.chosen.rule))
             self._workload = Workload.from_dict(prepared.profiled.profile.extra["workload"])
