@@ -196,6 +196,7 @@ class _Loop:
         """True when the checkpoint held this work's end: its result again, without training."""
         self.saved_at = 0
         self.bar: Any = None
+        """The progress bar (`progress_bar`: a disabled one when not shown), made by `run_to_end`."""
 
     def find_saved(self, train: Dataset, test: Dataset) -> Saved | None:
         """This same work's checkpoint, if any: its identity is the caller's key, the starting weights, the
@@ -309,8 +310,7 @@ class _Loop:
             power.abort()
             raise
         finally:
-            if self.bar is not None:
-                self.bar.close()
+            self.bar.close()
 
     def _step(self) -> None:
         """One training step of the next batch in the epoch's order, at the hooks' batch size."""
@@ -340,8 +340,7 @@ class _Loop:
         run.samples += run.batch_size
         run.steps += 1
         self.power.after_step(hooks, run.device_s)
-        if self.bar is not None:
-            self.bar.update(run.batch_size)
+        self.bar.update(run.batch_size)
         if self.callbacks.on_step is not None:
             self.callbacks.on_step(run.steps, run.samples)
 
@@ -377,8 +376,7 @@ class _Loop:
         run, target = self.run, self.config.target_accuracy
         acc = evaluate(self.model, self.task, self.ex, self.ey, metric=self.user.metric)
         run.curve.append(CurvePoint(run.samples, run.device_s, acc))
-        if self.bar is not None:
-            self.bar.set_postfix(acc=f"{acc:.3f}", dev_s=f"{run.device_s:.1f}", refresh=False)
+        self.bar.set_postfix(acc=f"{acc:.3f}", dev_s=f"{run.device_s:.1f}", refresh=False)
         return target is not None and acc >= target
 
     def save_end(self) -> None:
