@@ -303,8 +303,8 @@ class LiveFileCap(CapSource):
         if text.lower() == "none":
             return None
         try:
-            return parse_power_cap(float(text), str(self.path), error=CapSourceError)
-        except ValueError:
+            return POWER_CAP_VALUE(float(text))
+        except ValueError:  # not a number, or not a cap (Invalid)
             raise CapSourceError(
                 f"{self.path}: the live cap file must hold a number of watts or none, got {text[:40]!r}"
             ) from None
@@ -365,9 +365,7 @@ def parse_cap_source(value: Any, where: str, base_dir: Path | None = None) -> Ca
             raise CapSourceError(
                 f"{where}: a schedule must be JSON like [[0, 5], [60, 3]], got {text!r}"
             ) from None
-        if not isinstance(pairs, list):
-            raise CapSourceError(f"{where}: a schedule must be a list of [t_s, W], got {text!r}")
-        return ScheduleCap.from_pairs(pairs, where)
+        return ScheduleCap.from_pairs(pairs, where)  # JSON text starting with [ is a list
     kind, sep, rest = text.partition(":")
     if sep and kind in ("trace", "live"):
         path_text, _, query = rest.partition("?")
