@@ -42,27 +42,6 @@ WAYS = ("efficient", "fitted", "budgeted", "state-of-practice")
 VARIANTS = ("as modelled", "off-model")
 
 
-def _budgeted(
-    dev: SimulatedBoard,
-    workload: Workload,
-    cap: float | None,
-    rel: RelationVector,
-    share: float,
-    truth: Profile,
-) -> tuple[Profile, str]:
-    """What a client with `profiling-budget` `share` profiles (the board model's profile its prediction),
-    and the way it chose."""
-    request = ProfilingRequest(
-        order="efficient" if cap is not None else "grid", order_cap_w=cap, batch_sizes=BATCH_SIZES,
-        samples=round(rel.samples_to_target[-1]), power_cap_w=cap, relation=rel, share=share,
-        warmup_steps=WARMUP_STEPS, measure_steps=MEASURE_STEPS,
-    )  # fmt: skip
-    profile, plan = profile_within_budget(
-        dev, workload, _noop_step, request, prediction=truth, predicted_from="the board model"
-    )
-    return profile, plan.choice
-
-
 def _confirmed(
     dev: SimulatedBoard, workload: Workload, cap: float, rel: RelationVector, profile: Profile
 ) -> tuple[int, int, tuple[float, float]]:
@@ -126,9 +105,16 @@ def _cell_rows(
         ("efficient", None, profile_board(fresh(), workload, order, cap, rel), ""),
         ("fitted", None, profile_board(fresh(), workload, "fitted", cap, rel), ""),
     ]
-    for share in shares:
-        prof, how = _budgeted(fresh(), workload, cap, rel, share, truth)
-        runs.append(("budgeted", share, prof, how))
+    for share in shares:  # a client with `profiling-budget` share, the board model's profile its prediction
+        request = ProfilingRequest(
+            order=order, order_cap_w=cap, batch_sizes=BATCH_SIZES, samples=round(rel.samples_to_target[-1]),
+            power_cap_w=cap, relation=rel, share=share, warmup_steps=WARMUP_STEPS,
+            measure_steps=MEASURE_STEPS,
+        )  # fmt: skip
+        prof, plan = profile_within_budget(
+            fresh(), workload, _noop_step, request, prediction=truth, predicted_from="the board model"
+        )
+        runs.append(("budgeted", share, prof, plan.choice))
     for way, way_share, prof, how in runs:
         try:
             sel = select(prof, rel, cap)
