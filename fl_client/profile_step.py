@@ -164,7 +164,7 @@ def budgeted_profile(
     max_training_s = instr.budget_device_s or None
     for way, way_key in keys.items():
         profile = lookup(way_key, work.profile_cache)
-        enough = profile is not None and (
+        if profile is not None and (
             way != PREDICTED
             or still_enough(
                 profile,
@@ -176,8 +176,7 @@ def budgeted_profile(
                 max_training_s=max_training_s,
                 rule=instr.relation_rule,
             )
-        )
-        if profile is not None and enough:
+        ):
             return Profiled(profile, True, dev.board, restored)
     workload, make_step = step_factory()
     prediction, source = _prediction(work, dev, key, workload, relation)
