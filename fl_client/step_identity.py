@@ -1,10 +1,5 @@
-"""What a user's training step is, for the profile cache: a digest that follows the code it runs.
-
-It covers functions' bytecode, constants, closures, defaults and the globals they name (recursively),
-partials' arguments, bound methods' classes, the user's classes by source (libraries' by name) and
-objects by value (an optimizer by its hyper-parameters, a model by its shapes, a tensor by shape and
-dtype). Not covered: what a step reads at run time, library settings, computed `getattr`s (`key=`).
-"""
+"""What a user's training step is, for the profile cache: a digest that follows the code it runs (what
+it covers and what not: docs/howto/bring-your-own.md, "The step")."""
 
 from __future__ import annotations
 
