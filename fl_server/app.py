@@ -36,8 +36,7 @@ from powerctl.records.relation import INTERVAL_STANDARD_ERRORS, RelationVector
 from powerctl.selection.methods import run_method_named
 from strategies.fedavg import PowerAwareFedAvg
 from strategies.fleet import fleet_availability
-from strategies.node_waits import NodeWaits
-from strategies.objectives import objective_named
+from strategies.objectives import NodeWaits, objective_named
 from strategies.population import (
     POPULATION_FILE,
     Population,

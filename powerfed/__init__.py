@@ -68,8 +68,8 @@ if TYPE_CHECKING:  # the face, declared once: type checkers read these; at run t
     from powerfed.training.models import register_model as register_model
     from powerfed.training.models import unregister_model as unregister_model
     from strategies.fedavg import PowerAwareFedAvg as PowerAwareFedAvg
-    from strategies.node_waits import NodeWaits as NodeWaits
     from strategies.objectives import EnergyUnderDeadline as EnergyUnderDeadline
+    from strategies.objectives import NodeWaits as NodeWaits
     from strategies.objectives import RoundObjective as RoundObjective
     from strategies.power_aware import PowerAware as PowerAware
     from strategies.protocol import TrainInstructions as TrainInstructions

@@ -10,7 +10,7 @@ from flwr.app import ArrayRecord, Message, MetricRecord
 from flwr.serverapp.strategy import FedAvg, Strategy
 
 from powerctl.files.mapping import Integer, Number, check_arguments
-from strategies.node_waits import NodeWaits
+from strategies.objectives import NodeWaits
 from strategies.power_aware import PowerAware
 from strategies.protocol import ARRAYS_KEY, CONFIG_KEY, EXAMPLES_KEY, TrainInstructions
 from strategies.rounds import weighted_average

@@ -1,5 +1,6 @@
-"""What a round of `PowerAware` asks of its clients: `RoundObjective` (`time`) or `EnergyUnderDeadline`
-(docs/design/deadline-rounds.md), named as the method registry's `ROUND_OBJECTIVES`."""
+"""What `PowerAware` is given besides its strategy: what a round asks of its clients, `RoundObjective`
+(`time`) or `EnergyUnderDeadline` (docs/design/deadline-rounds.md), named as the method registry's
+`ROUND_OBJECTIVES`; and how long it waits for nodes, `NodeWaits` (Flower's sampling waits forever)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,24 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from powerctl.files.mapping import Choice, Custom, Number, check_fields, must_be
+from powerctl.files.mapping import Choice, Custom, Integer, Number, check_fields, field_kinds, must_be
+from powerctl.files.mapping import kind_field as kind
 from powerctl.selection.methods import ENERGY_UNDER_DEADLINE, ROUND_OBJECTIVES, TIME
 from strategies.report import Plan
 
 Plans = Callable[[], Sequence[Plan]]  # the plans of the round's sampled nodes that answered (asked once)
+
+
+@dataclass(frozen=True)
+class NodeWaits:
+    """The waits of a `PowerAware` run, kept as checked (plain numbers where numpy's were given)."""
+
+    min_available_nodes: int = kind(Integer(0), 0)  # once, before round 1 (0: the inner strategy's)
+    rejoin_wait_s: float = kind(Number(0.0, unit="seconds"), 30.0)  # each round, for the nodes seen before
+    query_timeout_s: float = kind(Number(0.0, above=True, unit="seconds"), 120.0)  # a question to a node
+
+    def __post_init__(self) -> None:
+        check_fields(self, "NodeWaits", field_kinds(self))
 
 
 @dataclass(eq=False)

@@ -22,8 +22,7 @@ from flwr.supercore import log
 from powerctl.errors import ArgumentError
 from powerctl.files.mapping import Integer, MappingReader, check_arguments, check_callable, check_result
 from powerctl.selection.methods import run_method_named
-from strategies.node_waits import NodeWaits
-from strategies.objectives import OBJECTIVE, RoundObjective
+from strategies.objectives import OBJECTIVE, NodeWaits, RoundObjective
 from strategies.protocol import (
     ARRAYS_KEY,
     CONFIG_KEY,

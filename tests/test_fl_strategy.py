@@ -14,7 +14,7 @@ from powerctl.devices.simulated import POWER_NOISE
 from powerctl.errors import ArgumentError
 from powerctl.records.relation import RelationVector
 from strategies.fedavg import PowerAwareFedAvg
-from strategies.node_waits import NodeWaits
+from strategies.objectives import NodeWaits
 from strategies.protocol import ProtocolError, TrainInstructions, evaluation_metrics, reader
 from strategies.rounds import NoClientReported, weighted_average
 from tests.fake_grid import FakeGrid, set_task_identity
