@@ -67,7 +67,6 @@ class StepTrace:
         b, target = first.batch_size, first.target_accuracy
         usable = (
             not self.overflowed
-            and target is not None
             and first.energy_j is None  # power was measured: a replay could not say what it drew
             and first.curve
             and first.steps == len(self._states)
