@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fl_client.check import HEARTBEAT_WINDOW_S, check_files, release_stale_node, run_checks, target_from_args
+from fl_client.check import PROG as CHECK_PROG
 from fl_client.check_network import CheckFailed, Target
 from fl_client.clientapp_entry import light_clientapp
 from powerctl.cli.util import bounded_float, installed_tool, one_line_errors, say
@@ -37,8 +38,6 @@ CONNECTION_ERROR = 305  # Flower's `Exit Code: 305`: the SuperNode cannot connec
 RETRY_S = 10.0
 STOP_GRACE_S = 10.0  # for what the SuperNode left to end after SIGTERM (a ClientApp restores its board)
 DRAIN_S = 2.0  # the rest of the output is read this long once every process started has ended
-CHECK_TIMEOUT_S = 5.0
-CHECK_PROG = "python -m fl_client.check"
 MAX_WAIT_S = 86400.0
 WAIT_S = bounded_float(0.0, MAX_WAIT_S, above=False)
 _EXIT_CODE = re.compile(r"Exit Code: (\d+)")
@@ -254,7 +253,7 @@ def run_until_started(
             return outcome.rc
         failed: CheckFailed | None = None
         try:
-            run_checks(target, CHECK_TIMEOUT_S, say=lambda _line: None)
+            run_checks(target, say=lambda _line: None)
         except CheckFailed as exc:  # the first thing `fl_client.check` finds wrong
             failed = exc
         # waiting helps only while the key's node may still count online
