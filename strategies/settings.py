@@ -479,10 +479,6 @@ def _field_type(kind: Kind) -> Any:
     return kind.python_type
 
 
-def _name(annotation: Any) -> str:
-    return annotation.__name__ if isinstance(annotation, type) else str(annotation)
-
-
 def _declare(cls: type, readers: Mapping[type, str]) -> dict[str, Setting]:
     """{key: Setting} of `cls`'s setting fields in order, each read by `readers` of the class declaring
     it; a field whose type is not its kind's is one SettingsError line."""
@@ -495,9 +491,10 @@ def _declare(cls: type, readers: Mapping[type, str]) -> dict[str, Setting]:
         if isinstance(f.default_factory, _Default):
             f.default_factory.key = key
         if hints[f.name] != _field_type(s.kind):
+            name = inspect.formatannotation
             raise SettingsError(
-                f"strategies.settings: setting {key!r} is declared as {f.name}: {_name(hints[f.name])}; "
-                f"write {f.name}: {_name(_field_type(s.kind))}"
+                f"strategies.settings: setting {key!r} is declared as {f.name}: {name(hints[f.name])}; "
+                f"write {f.name}: {name(_field_type(s.kind))}"
             )
         # every integer has a ceiling: Flower carries run config integers as int64 and refuses a larger
         # one only after the run started ("Value out of range"); a typo must be one line before that
