@@ -63,26 +63,6 @@ def check_model(where: str, model: Any) -> None:
             )
 
 
-def _check_measure_arguments(
-    model: Any, inputs: Any, targets: Any, loss_fn: Any, optimizer_states: Any
-) -> int:
-    """`measure_workload`'s arguments, one ArgumentError line each; `optimizer_states` as a plain int."""
-    import torch
-
-    where = "measure_workload"
-    check_model(where, model)
-    for name, t in (("inputs", inputs), ("targets", targets)):
-        if not isinstance(t, torch.Tensor) or t.dim() == 0 or len(t) == 0:
-            raise ArgumentError(
-                f"{where}: {name!r} must be a batch tensor of one sample or more, got {t!r:.80}"
-            )
-    if len(inputs) != len(targets):
-        raise ArgumentError(f"{where}: 'inputs' has {len(inputs)} samples, 'targets' {len(targets)}")
-    if not callable(loss_fn):
-        raise ArgumentError(f"{where}: 'loss_fn' must be callable (outputs, targets) → loss, got {loss_fn!r}")
-    return check_arguments(where, optimizer_states=(optimizer_states, Integer(0)))["optimizer_states"]
-
-
 def _forward(model: Any, inputs: Any, targets: Any, loss_fn: Callable[[Any, Any], Any]) -> Any:
     """The loss of one forward pass; a batch the model or loss refuses is one ArgumentError line."""
     import torch
@@ -115,7 +95,18 @@ def measure_workload(
     `inputs`/`targets`: a small batch of the task's shape; the model is left unchanged."""
     import torch
 
-    optimizer_states = _check_measure_arguments(model, inputs, targets, loss_fn, optimizer_states)
+    where = "measure_workload"  # each argument refused in one ArgumentError line
+    check_model(where, model)
+    for what, t in (("inputs", inputs), ("targets", targets)):
+        if not isinstance(t, torch.Tensor) or t.dim() == 0 or len(t) == 0:
+            raise ArgumentError(
+                f"{where}: {what!r} must be a batch tensor of one sample or more, got {t!r:.80}"
+            )
+    if len(inputs) != len(targets):
+        raise ArgumentError(f"{where}: 'inputs' has {len(inputs)} samples, 'targets' {len(targets)}")
+    if not callable(loss_fn):
+        raise ArgumentError(f"{where}: 'loss_fn' must be callable (outputs, targets) → loss, got {loss_fn!r}")
+    states = check_arguments(where, optimizer_states=(optimizer_states, Integer(0)))["optimizer_states"]
     batch = int(inputs.shape[0])
     param_storages = {_storage(p).data_ptr() for p in model.parameters()}
     saved_storages: dict[int, int] = {}
@@ -158,7 +149,7 @@ def measure_workload(
         flops_per_sample=(ops.flops if counter is None else counter.get_total_flops()) / batch,
         activation_bytes_per_sample=sum(saved_storages.values()) / batch,
         parameter_bytes=float(sum(p.numel() * p.element_size() for p in params)),
-        optimizer_states=optimizer_states,
+        optimizer_states=states,
         kernels_per_step=ops.kernels,
         traffic_bytes_per_sample=ops.written_bytes / batch,
         parameter_tensors=len(params),
