@@ -15,12 +15,6 @@ from simulations.fleet import FleetSpec
 from strategies.population import POPULATION_FILE
 
 FLEET_SCHEMA = "simulations.fleet/2"
-SOP_DEFINITION = (
-    "state-of-practice = the largest batch size that fits in memory at the board's fixed frequency for "
-    "the cap: the highest at which every model of the paper's set (ResNet18, MobileNetV2, the character "
-    "transformer) at every batch size 4-128 stays under it (powerctl/data/boards.yaml); no cap: the top "
-    "frequency"
-)
 
 
 def _method_file(flwr_out: Path, method: str, methods: list[str]) -> Path:
@@ -182,7 +176,10 @@ def build_results(spec: FleetSpec, flwr_out: Path, methods: list[str], *, wall_s
             "time_to_target_s": "summed round makespans (the slowest client's device seconds, profiling "
             "included) through the first round after which the global model's accuracy on the clients' "
             "test splits reaches the target; null: not reached in the rounds run",
-            "state-of-practice": SOP_DEFINITION,
+            "state-of-practice": "state-of-practice = the largest batch size that fits in memory at the "
+            "board's fixed frequency for the cap: the highest at which every model of the paper's set "
+            "(ResNet18, MobileNetV2, the character transformer) at every batch size 4-128 stays under it "
+            "(powerctl/data/boards.yaml); no cap: the top frequency",
             "profiling": "only 'ours' is charged for profiling; the baselines do not profile and the "
             "oracle's own-data search is reported apart (oracle_search_device_s)",
             "profiling_share": "every client's profiling device seconds over its fine-tuning device "
