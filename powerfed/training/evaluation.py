@@ -69,17 +69,13 @@ def evaluate_with_loss(
 def _metric_value(metric: MetricFn, outputs: torch.Tensor, targets: torch.Tensor) -> float:
     """A user's metric's value, which must be an accuracy in [0, 1]: else one line naming the metric."""
     value = metric(outputs, targets)
-    number = (
-        float(value)
-        if isinstance(value, (int, float, torch.Tensor)) and torch.numel(torch.as_tensor(value)) == 1
-        else None
-    )
-    if number is None or not 0.0 <= number <= 1.0:
+    scalar = isinstance(value, (int, float, torch.Tensor)) and torch.numel(torch.as_tensor(value)) == 1
+    if not scalar or not 0.0 <= float(value) <= 1.0:
         name = getattr(metric, "__name__", type(metric).__name__)
         raise ArgumentError(
             f"metric {name}(outputs, targets) returned {value!r}; it must return an accuracy in [0, 1]"
         )
-    return number
+    return float(value)
 
 
 def evaluate(
