@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +41,8 @@ class Faults:
         """The failure for this node's train message of this round (None: none), repeatable."""
         blob = f"{self.seed}/{node}/{server_round}".encode()
         u = int.from_bytes(hashlib.sha256(blob).digest()[:8], "big") / 2**64
-        edge = 0.0
-        for kind in FAULT_KINDS:
-            edge += self.probabilities.get(kind, 0.0)
-            if u < edge:
-                return kind
-        return None
+        edges = accumulate(self.probabilities.get(kind, 0.0) for kind in FAULT_KINDS)
+        return next((kind for kind, edge in zip(FAULT_KINDS, edges, strict=True) if u < edge), None)
 
 
 def parse_faults(run_config: Any) -> Faults | None:
