@@ -50,9 +50,6 @@ INFRA_LINE = re.compile(r"^\(\w+ pid=\d+\)|^(INFO|WARNING|DEBUG|ERROR)\s*:|^\s*$
 SERVER_ERROR = "powerfed server: error:"
 """How the ServerApp says it stopped on an error (`fl_server.app.main`)."""
 
-MAX_NODES = MAX_BOARDS
-"""Most virtual nodes one simulation may have (as many as a fleet has boards)."""
-
 
 class LaunchError(PowerctlError):
     """A run that cannot start as asked (bad nodes, bad run config) or that failed; one line."""
@@ -284,8 +281,8 @@ def check_launch(
     app_dir = APP_DIR if app is None else app.expanduser().resolve()
     if not (app_dir / "pyproject.toml").is_file():
         raise LaunchError(f"--app {app}: not a Flower app folder (no pyproject.toml in it); give the folder")
-    if not 1 <= nodes <= MAX_NODES:  # 0 would wait for nodes for ever, a huge one exhaust the machine
-        raise LaunchError(f"NODES: the number of virtual nodes must be from 1 to {MAX_NODES}, got {nodes!r}")
+    if not 1 <= nodes <= MAX_BOARDS:  # a fleet's most; 0 would wait for ever, a huge one exhaust the machine
+        raise LaunchError(f"NODES: the number of virtual nodes must be from 1 to {MAX_BOARDS}, got {nodes!r}")
     overrides = parse_run_config(run_config)
     if app is None and (results_dir := key_of("results_dir")) not in overrides:  # the run config's wins
         out = check_output_dir(out.expanduser().resolve(), "results folder")

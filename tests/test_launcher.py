@@ -22,12 +22,12 @@ from hypothesis import strategies as st
 from fl_server.run_config import RunConfigError
 from powerctl.errors import PowerctlError
 from simulations.launcher import (
-    MAX_NODES,
     check_launch,
     parse_run_config,
     run_config_text,
 )
 from simulations.local_superlink import alive, descendants, free_port, pids_listening_on, stop_local_superlink
+from strategies.fleet import MAX_BOARDS
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV = Path(sys.executable).parent.parent
@@ -169,14 +169,16 @@ def _watch(proc: subprocess.Popen[str], port: int) -> tuple[str, str, set[int]]:
     return out, err, seen
 
 
-@pytest.mark.parametrize("nodes", ["0", "-2", str(MAX_NODES + 1)])
+@pytest.mark.parametrize("nodes", ["0", "-2", str(MAX_BOARDS + 1)])
 def test_make_run_refuses_a_bad_number_of_nodes_before_anything_starts(tmp_path: Path, nodes: str) -> None:
     port = free_port()
     with _make(tmp_path, port, nodes=nodes) as proc:
         out, err = proc.communicate(timeout=60)
     assert proc.returncode == 2, out + err
     lines = [ln for ln in err.splitlines() if not ln.startswith("make")]
-    assert len(lines) == 1 and f"NODES: the number of virtual nodes must be from 1 to {MAX_NODES}" in lines[0]
+    assert (
+        len(lines) == 1 and f"NODES: the number of virtual nodes must be from 1 to {MAX_BOARDS}" in lines[0]
+    )
     assert not (tmp_path / "runs").exists() and not pids_listening_on(port)
 
 
