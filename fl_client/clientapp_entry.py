@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -60,17 +59,16 @@ def write_script(folder: Path) -> Path | None:
 def light_clientapp() -> Iterator[Path | None]:
     """A temporary folder holding the light `flwr-clientapp` (None: Flower's own is used)."""
     try:
-        folder = Path(tempfile.mkdtemp(prefix="powerfed-clientapp-"))
+        temporary = tempfile.TemporaryDirectory(prefix="powerfed-clientapp-", ignore_cleanup_errors=True)
     except OSError as exc:
         log.warning("each message's flwr-clientapp is Flower's own: no temporary folder (%s)", exc)
         yield None
         return
-    try:
+    with temporary as name:
+        folder = Path(name)
         try:
             script = write_script(folder)
         except OSError as exc:
             log.warning("each message's flwr-clientapp is Flower's own: cannot write in %s (%s)", folder, exc)
             script = None
         yield None if script is None else folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
