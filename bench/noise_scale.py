@@ -16,7 +16,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import paper_cells
 import paper_setup
 import paper_tables as pt
 import torch
@@ -179,15 +178,15 @@ def analyse(key: str, task: paper_setup.Task, results: dict[str, Any], scales: S
             cap_s = "no cap" if cap is None else f"{cap:g} W"
             for target, rs in runs.items():
                 by = {(r["b"], r["seed"]): r for r in rs}
-                best = oracle(profile, paper_cells.target_relation(task, target, by, seeds), cap)
-                fast = paper_cells.cell(board, w, by, best.batch_size, best.frequency_hz, seeds)["s"]
+                best = oracle(profile, pt.target_relation(task, target, by, seeds), cap)
+                fast = pt.cell(board, w, by, best.batch_size, best.frequency_hz, seeds)["s"]
                 vectors = {"ours": raw} | {
                     f"+noise({k})": corrected(raw, proxy_fit.b_crit, ratio[k][target], f"proxy+{target}")
                     for k in scales
                 }
                 picks = {m: select(profile, v, cap) for m, v in vectors.items()}
                 secs = {
-                    m: paper_cells.cell(board, w, by, p.batch_size, p.frequency_hz, seeds)["s"]
+                    m: pt.cell(board, w, by, p.batch_size, p.frequency_hz, seeds)["s"]
                     for m, p in picks.items()
                 }
                 cost_s, _ = replay_cost(board, w, micro, used // micro, picks["ours"].frequency_hz)

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-import paper_cells
 import paper_setup
 import paper_tables
 from vector_floor import shared_vector_floor
@@ -109,10 +108,10 @@ def test_the_floor_on_charged_tables_is_what_select_reaches_with_its_witness() -
     )
     results: dict = {}
     for board in paper_setup.BOARDS:
-        results[f"{task.key}|{board}"] = paper_cells.table(
+        results[f"{task.key}|{board}"] = paper_tables.table(
             task, board_model(board), {"raw": proxy, "fitted": proxy}, runs, [0, 1, 2]
         )
-    floor = shared_vector_floor(paper_cells.floor_groups(results, task.key))
+    floor = shared_vector_floor(paper_tables.floor_groups(results, task.key))
     witness = RelationVector.from_samples("chartransformer", "proxy", 0.5, floor.relation)
     worst = 1.0
     for board in paper_setup.BOARDS:
@@ -128,7 +127,7 @@ def test_the_floor_on_charged_tables_is_what_select_reaches_with_its_witness() -
     assert (
         worst == pytest.approx(floor.worst) and floor.worst > 1.0
     )  # the targets disagree: no vector is exact
-    summary = paper_cells.summarise(
+    summary = paper_tables.summarise(
         {**results, f"{task.key}|vector-floor": {"worst": floor.worst, "cell": floor.cell}}
     )
     assert summary["text|ours"]["worst"] >= floor.worst - 1e-12
