@@ -114,9 +114,10 @@ class FleetSpec:
     def run_config(self, results_dir: Path, methods: list[str], profile_cache: Path) -> dict[str, Any]:
         """The Flower run config of this fleet: the settings a fleet file sets, where to write, which
         methods, and any other setting off its default (a test's injected fault)."""
-        places = {"results_dir": str(results_dir), "profile_cache": str(profile_cache)}
-        run = to_config(dataclasses.replace(self.settings, methods=methods, **places))
-        declared = to_config(RunSettings())
+        given = dataclasses.replace(
+            self.settings, methods=methods, results_dir=str(results_dir), profile_cache=str(profile_cache)
+        )
+        run, declared = to_config(given), to_config(RunSettings())
         return {key: run[key] for key in SETTINGS if key in RUN_KEYS or run[key] != declared[key]}
 
     def for_seed(self, offset: int) -> FleetSpec:
