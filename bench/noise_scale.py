@@ -16,7 +16,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import paper_setup
 import paper_tables as pt
 import torch
 
@@ -72,12 +71,12 @@ def noise_scale(
 
 
 def parameter_sets(model: torch.nn.Module, vision: bool) -> dict[str, list[str]]:
-    """ "all" parameters, and for vision "pre-trained": all but the fresh head's (`paper_setup.fresh_head`
+    """ "all" parameters, and for vision "pre-trained": all but the fresh head's (`paper_tables.fresh_head`
     replaces the last linear layer), whose large starting gradient dominates |G|² on every source."""
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     if not vision:
         return {"all": names}
-    head = paper_setup.head_name(model)
+    head = pt.head_name(model)
     return {"all": names, "pre-trained": [n for n in names if not n.startswith(f"{head}.")]}
 
 
@@ -91,7 +90,7 @@ def corrected(raw: RelationVector, b_crit: float | None, ratio: float, name: str
     return RelationVector.from_samples(raw.model, name, raw.target_accuracy, samples)
 
 
-def task_for(results: dict[str, Any], key: str) -> paper_setup.Task:
+def task_for(results: dict[str, Any], key: str) -> pt.Task:
     """The paper_tables task behind `key` (TASK|MODEL), with its data, as that bench builds it."""
     name, charged = key.split("|")
     args = pt.parse_args(["--task", name, "--vision-models", charged if name == "vision" else "resnet18"])
@@ -136,7 +135,7 @@ def measure(folder: Path, results: dict[str, Any], args: argparse.Namespace, hos
     return out
 
 
-def analyse(key: str, task: paper_setup.Task, results: dict[str, Any], scales: Scales, used: int, micro: int
+def analyse(key: str, task: pt.Task, results: dict[str, Any], scales: Scales, used: int, micro: int
             ) -> dict[str, Any]:  # fmt: skip
     """The critical batch sizes the runs show against the noise-scale ratios, and every cell's picks."""
     raw = RelationVector.from_dict(results[f"{key}|relation"], key)
@@ -171,10 +170,10 @@ def analyse(key: str, task: paper_setup.Task, results: dict[str, Any], scales: S
     print("  picks (b) and ours/fastest; measuring = the measurement's simulated seconds / ours's fine-tune")
     print(f"  {'board':<13} {'cap':<7} {'target':<22} {'fastest':>7} "
           + " ".join(f"{m:>22}" for m in methods) + f" {'measuring':>9}")  # fmt: skip
-    for board_name in paper_setup.BOARDS:
+    for board_name in pt.BOARDS:
         board = board_model(board_name)
         profile = predicted_profile(board, w, raw.batch_sizes, samples=10_000)
-        for cap in (*paper_setup.CAPS_W[board_name], None):
+        for cap in (*pt.CAPS_W[board_name], None):
             cap_s = "no cap" if cap is None else f"{cap:g} W"
             for target, rs in runs.items():
                 by = {(r["b"], r["seed"]): r for r in rs}
