@@ -124,7 +124,8 @@ def release_stale_node(t: Target, say: Callable[[str], None]) -> bool:
     from flwr.proto.fleet_pb2 import DeactivateNodeRequest
     from flwr.supercore.primitives.asymmetric import public_key_to_bytes
 
-    assert t.node_key is not None
+    if t.node_key is None:  # no key: the SuperNode registers a fresh one, nothing to release
+        return False
     private_key = load_node_key(t.node_key)
     try:
         node = node_with_key(t, public_key_to_bytes(private_key.public_key()))

@@ -270,8 +270,7 @@ def run_until_started(
             f"crash (up to {HEARTBEAT_WINDOW_S:.0f} s): starting again in {RETRY_S:.0f} s"
         )
         time.sleep(RETRY_S)
-        if target.node_key is not None:
-            release_stale_node(target, _say)
+        release_stale_node(target, _say)
 
 
 @one_line_errors(PROG)
@@ -283,8 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     target = _target(flags)  # the files it names, checked before Flower starts: one line, exit 2
     command = [installed_tool("flower-supernode"), *flags]
     check_files(target)
-    if target.node_key is not None:
-        release_stale_node(target, _say)
+    release_stale_node(target, _say)
     become_subreaper()  # orphans of the SuperNode's tree come to this process, to be stopped
     try:
         with light_clientapp() as clientapp_folder:
