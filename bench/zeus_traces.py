@@ -110,15 +110,13 @@ def read_power(path: Path) -> dict[Workload, dict[tuple[int, float], tuple[float
 
 def choose_target(per_target: dict[str, dict[int, dict[int, float]]], batch_sizes: list[int]) -> str | None:
     """The most demanding target (most mean epochs) that every batch size reaches in every run."""
-    best, best_epochs = None, -1.0
-    for metric, per_b in per_target.items():
-        values = [e for b in batch_sizes for e in per_b.get(b, {}).values()]
-        if not values or not all(map(math.isfinite, values)) or any(b not in per_b for b in batch_sizes):
-            continue
-        mean = statistics.fmean(values)
-        if mean > best_epochs:
-            best, best_epochs = metric, mean
-    return best
+    epochs = {
+        metric: [e for b in batch_sizes for e in per_b[b].values()]
+        for metric, per_b in per_target.items()
+        if all(b in per_b for b in batch_sizes)
+    }
+    reached = [m for m, values in epochs.items() if values and all(map(math.isfinite, values))]
+    return max(reached, key=lambda m: statistics.fmean(epochs[m]), default=None)
 
 
 def profile_of(
