@@ -27,6 +27,9 @@ from powerctl.devices.torchdev import TORCH_SPEC_HELP, torch_device_arg
 from powerctl.records.relation import RelationVector, fit_batch_efficiency
 from powerctl.selection.baselines import oracle
 from powerctl.selection.joint import select
+from powerfed.training.data import train_test_split
+from powerfed.training.models import build_model
+from powerfed.training.tasks import loss_fn
 
 
 def noise_scale(
@@ -105,10 +108,6 @@ Scales = dict[str, dict[str, list[float]]]
 
 
 def measure(folder: Path, results: dict[str, Any], args: argparse.Namespace, host: Any) -> dict[str, Any]:
-    from powerfed.training.data import train_test_split
-    from powerfed.training.models import build_model
-    from powerfed.training.tasks import loss_fn
-
     out: dict[str, Any] = {}
     for key in [k.rsplit("|", 1)[0] for k in results if k.endswith("|relation")]:
         task = task_for(results, key)
