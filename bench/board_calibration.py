@@ -1,8 +1,6 @@
 """The simulated boards next to the paper's shape facts (Ahmed et al., TMLR 2025).
 
-From the board model (noise-free, no training): slowdown to a low clock by batch size, Nano vs TX2 NX time
-per sample, memory limits, state-of-practice frequency per cap, the power/time trade-off, and where each
-constant comes from.
+From the board model (noise-free, no training); what it prints: docs/results/board_calibration.md.
 """
 
 from __future__ import annotations

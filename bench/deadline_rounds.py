@@ -1,8 +1,6 @@
 """Energy-under-deadline rounds vs everyone-fastest on a heterogeneous fleet, over seeds.
 
-Runs `simulations/fleets/deadline.yaml` (ours and ours-deadline) once per seed with the fleet runner and
-prints, per method, mean ± std over seeds of the fleet's training energy per round, the training makespan
-(slowest client) and the round makespan of the fleet summary.
+What it runs and prints: docs/results/deadline_rounds.md.
 """
 
 from __future__ import annotations

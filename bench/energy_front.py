@@ -1,8 +1,7 @@
 """The time–energy front, measured: is the fastest pair also the most frugal, and does fine-tuning agree?
 
-On simulated boards, the demo's task is profiled over the grid, the front (`powerctl.selection.pareto`)
-computed under a few caps, and the fine-tune run at both ends over seeds; per board and cap it prints the
-predicted and measured time and energy at both ends and their ratios.
+On simulated boards: the demo's task profiled over the grid, its front under a few caps, the fine-tune run
+at both ends over seeds. Results: docs/results/energy_front.md.
 """
 
 from __future__ import annotations
