@@ -163,8 +163,7 @@ def summary_lines(record: RoundRecord) -> str:
 
 
 def over_budget_lines(record: RoundRecord, most: int = 3) -> list[str]:
-    """Why each budgeted client's profiling cost more than its budget (a large round: the first `most`, a
-    count)."""
+    """Why each budgeted client's profiling overran its budget (a large round: the first `most`, a count)."""
     over = [
         f"{c['node_key']}: {why}"
         for c in record.clients
