@@ -50,43 +50,6 @@ def best_batch_sizes(rel: RelationVector) -> list[int]:
     return [b for b, s in zip(rel.batch_sizes, rel.samples_to_target, strict=True) if s == least]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = OneLineParser(
-        prog="relation_vs_target", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    # fmt: off
-    ap.add_argument("--out", type=Path, default=ROOT / "runs" / "relation_vs_target")
-    ap.add_argument("--data", type=Path, default=DATA, help="the shared data folder (default ../shared/data)")
-    ap.add_argument("--model", default="chartransformer-small")
-    ap.add_argument("--set", dest="overrides", action="append", type=key_value, default=[],
-                    metavar="KEY=VALUE", help="model option, e.g. --set n_embd=96")
-    ap.add_argument("--pretrain-samples", type=int, default=60_000)
-    ap.add_argument("--pretrain-batch-size", type=int, default=32)
-    ap.add_argument("--pretrain-lr", type=float, default=2e-3)
-    ap.add_argument("--weights", type=Path, help="use these pre-trained weights instead of step 1")
-    ap.add_argument("--proxy", default="tinyshakespeare/input.txt", help="proxy text, relative to --data")
-    ap.add_argument("--target-data", default="gutenberg_austen/austen-emma.txt", help="relative to --data")
-    ap.add_argument("--target", type=float, default=0.42, help="target accuracy on the proxy (default 0.42)")
-    ap.add_argument("--target-on-target", type=float, default=0.49,
-                    help="target accuracy on the target text (default 0.49: Austen is easier to predict)")
-    ap.add_argument("--batch-sizes", default="4,8,16,32,64")
-    ap.add_argument("--seeds", default="0,1,2,3,4", help="mean over these (default 0,1,2,3,4)")
-    ap.add_argument("--lr-max", type=float, default=2e-3, help="learning rate of the largest batch size")
-    ap.add_argument("--lr-rule", choices=LR_RULES, default="sqrt", help="learning-rate scaling across b")
-    ap.add_argument("--max-samples", type=int, default=20_000)
-    ap.add_argument("--eval-every", type=int, default=128, help="resolution of samples-to-target")
-    ap.add_argument("--eval-max-samples", type=int, default=256)
-    ap.add_argument("--serial", action="store_true", help="no Ray: run the batch sizes one after another")
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch threads for pre-training (default 1: fastest on a small shared machine)")
-    ap.add_argument("--no-cache", action="store_true")
-    ap.add_argument("--device", type=torch_device_arg, default="auto",
-                    help=f"where the models train: {TORCH_SPEC_HELP}")
-    ap.add_argument("--no-progress", action="store_true")
-    # fmt: on
-    return ap
-
-
 def pretrained_weights(args: argparse.Namespace, timings: dict[str, float]) -> tuple[Path, dict[str, Any]]:
     """Step 1: pre-train on WikiText-2 (the two files joined: text:PATH takes one file), or --weights."""
     if args.weights is not None:
@@ -185,7 +148,40 @@ def print_comparison(
 
 
 def main() -> None:
-    args = build_parser().parse_args()
+    ap = OneLineParser(
+        prog="relation_vs_target", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    # fmt: off
+    ap.add_argument("--out", type=Path, default=ROOT / "runs" / "relation_vs_target")
+    ap.add_argument("--data", type=Path, default=DATA, help="the shared data folder (default ../shared/data)")
+    ap.add_argument("--model", default="chartransformer-small")
+    ap.add_argument("--set", dest="overrides", action="append", type=key_value, default=[],
+                    metavar="KEY=VALUE", help="model option, e.g. --set n_embd=96")
+    ap.add_argument("--pretrain-samples", type=int, default=60_000)
+    ap.add_argument("--pretrain-batch-size", type=int, default=32)
+    ap.add_argument("--pretrain-lr", type=float, default=2e-3)
+    ap.add_argument("--weights", type=Path, help="use these pre-trained weights instead of step 1")
+    ap.add_argument("--proxy", default="tinyshakespeare/input.txt", help="proxy text, relative to --data")
+    ap.add_argument("--target-data", default="gutenberg_austen/austen-emma.txt", help="relative to --data")
+    ap.add_argument("--target", type=float, default=0.42, help="target accuracy on the proxy (default 0.42)")
+    ap.add_argument("--target-on-target", type=float, default=0.49,
+                    help="target accuracy on the target text (default 0.49: Austen is easier to predict)")
+    ap.add_argument("--batch-sizes", default="4,8,16,32,64")
+    ap.add_argument("--seeds", default="0,1,2,3,4", help="mean over these (default 0,1,2,3,4)")
+    ap.add_argument("--lr-max", type=float, default=2e-3, help="learning rate of the largest batch size")
+    ap.add_argument("--lr-rule", choices=LR_RULES, default="sqrt", help="learning-rate scaling across b")
+    ap.add_argument("--max-samples", type=int, default=20_000)
+    ap.add_argument("--eval-every", type=int, default=128, help="resolution of samples-to-target")
+    ap.add_argument("--eval-max-samples", type=int, default=256)
+    ap.add_argument("--serial", action="store_true", help="no Ray: run the batch sizes one after another")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads for pre-training (default 1: fastest on a small shared machine)")
+    ap.add_argument("--no-cache", action="store_true")
+    ap.add_argument("--device", type=torch_device_arg, default="auto",
+                    help=f"where the models train: {TORCH_SPEC_HELP}")
+    ap.add_argument("--no-progress", action="store_true")
+    # fmt: on
+    args = ap.parse_args()
     started = time.perf_counter()
     if args.threads > 0:
         torch.set_num_threads(args.threads)
