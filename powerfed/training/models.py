@@ -48,14 +48,10 @@ class ModelSpec:
         named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
         return [p.name for p in self._parameters() if p.kind in named and p.name != "num_classes"]
 
-    def takes_num_classes(self) -> bool:
-        """Whether the builder is told the number of classes (a user's factory may fix its own)."""
-        return any(p.name == "num_classes" or p.kind is p.VAR_KEYWORD for p in self._parameters())
-
     def call(self, num_classes: int, kwargs: Mapping[str, Any]) -> nn.Module:
-        """The builder called with `kwargs`, and `num_classes` where it takes it."""
-        extra = {"num_classes": num_classes} if self.takes_num_classes() else {}
-        model = self.builder(**extra, **kwargs)
+        """The builder called with `kwargs`, and `num_classes` where it takes it (a factory may fix it)."""
+        takes = any(p.name == "num_classes" or p.kind is p.VAR_KEYWORD for p in self._parameters())
+        model = self.builder(**({"num_classes": num_classes} if takes else {}), **kwargs)
         if not isinstance(model, nn.Module):
             raise ModelError(
                 f"model {self.name!r}: its factory returned {type(model).__name__}, not a torch nn.Module"
