@@ -201,15 +201,19 @@ def fleet_command(args: argparse.Namespace) -> int:
 def owning_every_process() -> Iterator[None]:
     """This command's main process adopts what is orphaned below it and, on every way out, stops
     whatever is still running there (by process id and group) and reaps it."""
-    from powerctl.procs import become_subreaper
-    from simulations.launcher import stop_everything_below, uninterrupted
+    from powerctl.procs import become_subreaper, descendants
+    from simulations.launcher import uninterrupted
+    from simulations.local_superlink import stop_trees
 
     become_subreaper()
     try:
         yield
     finally:
         with uninterrupted():
-            stop_everything_below()
+            stop_trees(descendants(os.getpid()))
+            with contextlib.suppress(ChildProcessError):  # reap the adopted ones that ended
+                while os.waitpid(-1, os.WNOHANG)[0] > 0:
+                    pass
 
 
 def flwr_run_command(args: argparse.Namespace) -> int:

@@ -37,7 +37,6 @@ from simulations.local_superlink import (
     pids_listening_on,
     port_holder,
     stop_tree,
-    stop_trees,
     superlink_home,
 )
 from simulations.ray_cluster import preflight
@@ -100,15 +99,6 @@ def check_simulation(
 
 
 # --- owning the processes -------------------------------------------------------------------------
-def stop_everything_below() -> None:
-    """Stop every process below this one (by pid), then collect the exit status of adopted processes
-    that ended (they would stay zombies)."""
-    stop_trees(descendants(os.getpid()))
-    with contextlib.suppress(ChildProcessError):
-        while os.waitpid(-1, os.WNOHANG)[0] > 0:
-            pass
-
-
 def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
