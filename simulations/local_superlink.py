@@ -1,8 +1,6 @@
-"""The processes of a local `flwr run`, stopped by process id and nothing else: the SuperLink it leaves
-(`superlink_home`; anything else on its port is refused in one line), and each launcher's private Flower
-home, flock-ed for the launcher's life, whose `launcher.json` records the run's processes (a home whose
-lock can be taken is a dead launcher's: its watchdog or the next start cleans it). `stop_tree` never stops
-our own session or ancestors."""
+"""The processes of a local `flwr run`, stopped by process id, never our own session or ancestors: the
+SuperLink `flwr run .` leaves (anything else on its port is refused in one line), and each launcher's
+private Flower home, locked for its life; a dead launcher's is cleaned by its watchdog or the next start."""
 
 from __future__ import annotations
 
