@@ -35,8 +35,7 @@ SWITCHED = (
 
 @dataclass
 class Trained:
-    """A train step's outcome: the fine-tune's result, the weights after it, the board, and the choice it
-    started from (under a changing cap the follower's first pick)."""
+    """A train step's outcome; `choice`: the pair it started from (a changing cap: the follower's first)."""
 
     result: FineTuneResult
     state: State

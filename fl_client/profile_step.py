@@ -44,8 +44,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Profiled:
-    """What the profile step produced: the profile, whether it was `cached`, the board, the line said when
-    a killed process had left the device pinned (`restored`), and a budgeted profile's `plan`."""
+    """What the profile step produced; `restored`: the line said when a killed process left a board pinned."""
 
     profile: Profile
     cached: bool
