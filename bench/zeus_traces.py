@@ -12,7 +12,7 @@ import json
 import math
 import statistics
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -213,10 +213,9 @@ def run(
         for w in sorted(common, key=lambda w: w.name):
             per_target = train[w]
             measured = {b for b, _ in power[w]}
-            runs_per_b: dict[int, int] = defaultdict(int)
+            runs_per_b: Counter[int] = Counter()  # per batch size, the most runs of any target (a union)
             for per_b in per_target.values():
-                for b, runs in per_b.items():
-                    runs_per_b[b] = max(runs_per_b[b], len(runs))
+                runs_per_b |= Counter({b: len(runs) for b, runs in per_b.items()})
             kept = sorted(b for b in measured if runs_per_b.get(b, 0) >= proxy_seeds + 2)
             dropped = sorted((set(runs_per_b) | measured) - set(kept))
             if dropped:
