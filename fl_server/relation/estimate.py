@@ -3,7 +3,6 @@ the ranking is stable, the vector stored."""
 
 from __future__ import annotations
 
-import logging
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -14,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fl_server.relation.parallel import seed_runner
+from fl_server.relation.parallel import log, seed_runner
 from fl_server.relation.request import (
     NotCached,
     RelationCompute,
@@ -37,7 +36,6 @@ from powerfed.training.models import ModelSpec, get_model_spec, model_spec
 ModelFactory = Callable[[], nn.Module]
 """A user's model: called with no argument (or `num_classes=` where it takes it), a fresh nn.Module."""
 Runs = list[dict[str, Any]]
-log = logging.getLogger("fl_server.relation")
 
 
 def estimate_relation(
