@@ -47,19 +47,14 @@ def isotonic(values: Sequence[float]) -> list[float]:
     return out
 
 
-def _smoothed(curve: Curve, smoothing: str) -> list[tuple[float, float]]:
-    pts = _pairs(curve)
-    if smoothing == "none":
-        return pts
-    if smoothing == "isotonic":
-        return list(zip((s for s, _ in pts), isotonic([a for _, a in pts]), strict=True))
-    raise ValueError(f"unknown smoothing {smoothing!r}; use one of {', '.join(SMOOTHINGS)}")
-
-
 def crossing_samples(curve: Curve, target: float, *, smoothing: str = "isotonic") -> float | None:
     """Samples at which the (smoothed) curve of CurvePoints or (samples, accuracy) pairs first reaches
     `target`, interpolated; the first evaluation's samples when it meets it, None when none does."""
-    pts = _smoothed(curve, smoothing)
+    pts = _pairs(curve)
+    if smoothing == "isotonic":
+        pts = list(zip((s for s, _ in pts), isotonic([a for _, a in pts]), strict=True))
+    elif smoothing != "none":
+        raise ValueError(f"unknown smoothing {smoothing!r}; use one of {', '.join(SMOOTHINGS)}")
     for i, (s, a) in enumerate(pts):
         if a >= target:
             if i == 0:

@@ -130,7 +130,8 @@ def synthetic_text(
     table = markov_table(seed)
     symbols = _markov_chain(table, n_chars, np.random.default_rng([seed, 7]))
     alphabet_ids = np.array([VOCAB.index(c) for c in TEXT_ALPHABET], dtype=np.int64)
-    ceiling = _bayes_accuracy(table, split_ids(symbols, split))
+    part = split_ids(symbols, split)  # the Bayes predictor: the likeliest symbol after the previous two
+    ceiling = float(table.max(axis=2)[part[:-2], part[1:-1]].mean())
     return text_dataset(
         "synthetic-text",
         alphabet_ids[symbols],
@@ -140,9 +141,3 @@ def synthetic_text(
         seed=seed,
         accuracy_ceiling=ceiling,
     )
-
-
-def _bayes_accuracy(table: np.ndarray, symbols: np.ndarray) -> float:
-    """Expected accuracy of predicting the most likely next symbol given the previous two."""
-    best = table.max(axis=2)
-    return float(best[symbols[:-2], symbols[1:-1]].mean())
