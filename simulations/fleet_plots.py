@@ -1,7 +1,6 @@
 """Plots of measured runs (matplotlib on Agg, no pyplot state): the demo's strategies.png; a fleet run's,
 from its results dict: time_to_accuracy.png, per_cap.png, makespan.png and profile_maps/BOARD.png (round
-1's choices on the board model's map, per cap); over seeds, seed-ratios.png.
-"""
+1's choices on the board model's map, per cap); over seeds, seed-ratios.png."""
 
 from __future__ import annotations
 
@@ -137,8 +136,7 @@ def plot_profile_maps(results: dict[str, Any], out: Path) -> list[Path]:
 
 
 def predicted_board_profile(board: str, model: str, config: dict[str, Any]) -> Profile:
-    """The board model's noise-free profile of `model` at the run's batch sizes and N (`config`: the
-    run config as results.json keeps it)."""
+    """The board model's noise-free profile of `model` at `config`'s batch sizes and N (results.json's)."""
     from simulations.bench_steps import board_prediction
 
     sizes = tuple(client_setting(config, "batch_sizes"))

@@ -294,8 +294,7 @@ def federation(nodes: int) -> str:
 
 
 def launch(plan: Launch, *, echo: Callable[[str], None] = print) -> Path:
-    """Run the app on `plan.nodes` virtual nodes, stopping all it started; the results file, or one
-    LaunchError line."""
+    """Run the checked plan, stopping all it started: the results file, or one LaunchError line."""
     plan.log_path.parent.mkdir(parents=True, exist_ok=True)
     run = run_flwr(
         federation(plan.nodes),

@@ -168,8 +168,7 @@ def run_fleet(
 
 
 def preparation_cached(spec: FleetSpec, out: Path, methods: list[str]) -> bool:
-    """Whether the run's pre-trained weights and relation vector are cached already (as the ServerApp
-    looks them up)."""
+    """Whether the ServerApp will find the run's pre-trained weights and relation vector cached."""
     from fl_server.app import cached_preparation
     from fl_server.run_config import parse_server_config
 
