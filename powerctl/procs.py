@@ -47,8 +47,7 @@ def proc_stat(pid: int) -> ProcStat | None:
 
 
 def become_subreaper() -> bool:
-    """Make this process a child subreaper (Linux): orphans below it are re-parented to it, to be found and
-    stopped; for a command's main process only. False where the kernel does not offer it."""
+    """Make this (main) process a subreaper: orphans below come to it, to be stopped; else False."""
     try:
         import ctypes
 

@@ -307,8 +307,7 @@ class Mark:
 
 
 def choices_per_cap(profile: Profile, marks: dict[float | None, list[Mark]], *, title: str) -> Figure:
-    """The peak-power map once per cap, stacked, with the (b, f) each chooser picked under it (each label
-    has its own slot in a cell: marks never hide each other)."""
+    """The peak-power map per cap, stacked, each chooser's (b, f) in its own slot of a cell."""
     labels = list(dict.fromkeys(m.label for ms in marks.values() for m in ms))
     width, panel_h = map_size(profile)
     caps = sorted(marks, key=cap_order)

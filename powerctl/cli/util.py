@@ -272,8 +272,7 @@ class Bounded:
 def add_command(
     sub: Any, name: str, func: Callable[[argparse.Namespace], int], **kwargs: Any
 ) -> argparse.ArgumentParser:
-    """Subcommand `name` of `sub` that `run_command` runs as `func(args)`: the first paragraph of `func`'s
-    docstring is its line in the list of commands, the rest its description."""
+    """Subcommand `name`, run as `func(args)`: its docstring's first paragraph its help, the rest its text."""
     short, _, long = inspect.cleandoc(func.__doc__ or "").partition("\n\n")
     parser: argparse.ArgumentParser = sub.add_parser(
         name, help=" ".join(short.split()), description=long or None, **kwargs
@@ -283,8 +282,7 @@ def add_command(
 
 
 def run_command(parser: argparse.ArgumentParser, argv: Sequence[str] | None, **extra: Any) -> int:
-    """Parse `argv` and run its command, `args.func(args)` (with `extra` set on `args`); --help or a bad
-    flag (already reported in one line): argparse's exit status."""
+    """Parse `argv`, set `extra` on the args, run `args.func(args)`; --help, a bad flag: argparse's status."""
     try:
         args = parser.parse_args(argv)
     except SystemExit as done:
@@ -334,8 +332,7 @@ def key_value(text: str) -> tuple[str, Any]:
 
 
 def kind_type(kind: Kind, name: str) -> Callable[[str], Any]:
-    """A `powerctl.files.mapping` kind as a flag type (the text read as the kind's number type first); its
-    refusal ("must be …, got …") in argparse's words ("expected …, got …")."""
+    """A mapping `Kind` as a flag type (text read as its number type first), refusing in argparse's words."""
 
     def parse(text: str) -> Any:
         value: Any = text

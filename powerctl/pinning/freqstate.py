@@ -26,8 +26,7 @@ class BoardBusyError(DeviceError):
 
 
 class BadRecordError(FileFormatError):
-    """Board `key`'s record cannot be read or used: nothing is written. One line: where, what is wrong, the
-    command that releases it (`freq --restore`)."""
+    """Board `key`'s record is unusable, nothing written; one line: where, what is wrong, `freq --restore`."""
 
     def __init__(self, key: str, problem: str, spec: str | None = None) -> None:
         self.path, self.problem = record_path(key), problem
