@@ -369,7 +369,7 @@ class PowerSession:
             result, flops = dev.run_step(
                 lambda: count_flops(lambda: fn(*args, **kwargs)), batch_size=batch, workload=self._workload
             )
-            self._check_first_step(flops, batch)
+            self._check_first_step(flops, batch, self._workload.flops_per_sample)
         else:
             result = dev.run_step(lambda: fn(*args, **kwargs), batch_size=batch, workload=self._workload)
         seconds = dev.clock() - t0
@@ -381,10 +381,9 @@ class PowerSession:
         power.after_step(pinning.hooks, self.device_s)
         return result
 
-    def _check_first_step(self, flops: float | None, batch: int) -> None:
+    def _check_first_step(self, flops: float | None, batch: int, profiled: float) -> None:
         """The first step's FLOPs per sample against the profiled step's (not compared when torch counts
         none): another step would be charged the wrong workload."""
-        profiled = self._workload.flops_per_sample if self._workload is not None else 0.0
         if not flops or not profiled or batch < 1:
             return
         ratio = flops / batch / profiled
