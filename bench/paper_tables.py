@@ -103,11 +103,6 @@ class Task:
         """The results' key: task and the model the board charges (vision has two)."""
         return f"{self.name}|{self.charged}"
 
-    @property
-    def max_samples(self) -> int:
-        """Budget of one run to the target: twice the calibration budget, so no run is censored."""
-        return 2 * self.calibration_samples
-
 
 # --- data ------------------------------------------------------------------------------------------------
 
@@ -220,7 +215,8 @@ def run_to_target(
         batch_size=b,
         lr=scaled_lr(task.lr_max, b, task.b_max),
         target_accuracy=target,
-        max_samples=task.max_samples if target is not None else task.calibration_samples,
+        # a run to the target gets twice the calibration budget, so that no run is censored
+        max_samples=task.calibration_samples * (1 if target is None else 2),
         eval_every_samples=task.eval_every,
         eval_max_samples=task.eval_max_samples,
         seed=seed,
