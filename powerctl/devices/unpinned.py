@@ -25,6 +25,7 @@ class UnpinnedDevice(Device):
         super().__init__()
         self.inner, self.reason = inner, reason
         self.spec, self.board, self.recovered = inner.spec, inner.board, inner.recovered
+        self.has_power_sensor, self.power_reading = inner.has_power_sensor, inner.power_reading
         hz = inner.clock_in_force()
         self._hz = [hz] if hz else []
 
@@ -53,14 +54,6 @@ class UnpinnedDevice(Device):
 
     def _mhz(self) -> str:
         return f"{self._hz[0] / 1e6:.1f} MHz" if self._hz else "unknown"
-
-    @property
-    def has_power_sensor(self) -> bool:  # type: ignore[override]
-        return self.inner.has_power_sensor
-
-    @property
-    def power_reading(self) -> str | None:  # type: ignore[override]
-        return self.inner.power_reading
 
     def memory_bytes(self) -> int:
         return self.inner.memory_bytes()
