@@ -12,7 +12,7 @@ import torch
 from fl_client import round as client_round
 from fl_client.local_data import data_plan, load_local_data
 from fl_client.node import resolve_node
-from fl_client.profile_cache import ProfileKey, cached_profile
+from fl_client.profile_step import ProfileKey, cached_profile
 from fl_client.round import ClientWorkError, RoundWork, run_round
 from powerctl.devices.simulated import POWER_NOISE
 from powerctl.errors import DeviceError, InfeasibleCapError
