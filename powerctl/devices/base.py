@@ -86,9 +86,7 @@ class Device(ABC):
     power_reading: str | None = None  # "instant", "average" (a vendor's smoothed reading), None: not said
     recovered: str | None = None  # set by `open_device`: the line said when found left pinned and put back
     pins: bool = True  # False: a device at the clock in force (`powerctl.devices.unpinned`)
-
-    def __init__(self) -> None:
-        self._session: PinSession | None = None
+    _session: PinSession | None = None  # from the first pin to the restore
 
     def physical_key(self) -> str | None:
         """The physical board's key for its pin lock and crash record (None: no hardware state to lose)."""

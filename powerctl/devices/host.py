@@ -15,7 +15,6 @@ class HostDevice(Device):
     board = "host"
 
     def __init__(self, spec: str = "host", *, torch_device: str = "auto") -> None:
-        super().__init__()
         self.spec = spec
         # auto: resolved when training asks, so that listing the host does not load torch
         self._torch_device = None if torch_device == "auto" else resolve_torch_device(torch_device)

@@ -215,7 +215,6 @@ class JetsonBoard(Device):
     """A Jetson: pins the GPU by writing devfreq min_freq == max_freq, reads power from INA3221."""
 
     def __init__(self, spec: str, board: str, model: str, root: Path) -> None:
-        super().__init__()
         self.spec, self.board, self.model, self.root = spec, board, model, root
         self.devfreq = find_devfreq(root, board)
         self._table, self._table_error = [], ""

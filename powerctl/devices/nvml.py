@@ -48,7 +48,6 @@ class NvmlGpu(Device):
     """One NVML GPU. NVML cannot read locked clocks back, so restoring means resetting the lock."""
 
     def __init__(self, nvml: ModuleType, index: int) -> None:
-        super().__init__()
         self._nvml, self.index, self.spec = nvml, index, f"nvml:{index}"
         self.name = "?"
         self._handle = self._call("opening the GPU", nvml.nvmlDeviceGetHandleByIndex, index)

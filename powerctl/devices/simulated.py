@@ -186,7 +186,6 @@ class SimulatedBoard(Device):
         """`power_scale`: draw that many times what the model says (a hot board, for the power guard)."""
         if not math.isfinite(power_scale) or power_scale <= 0:
             raise ValueError(f"power_scale must be a positive number, got {power_scale!r}")
-        super().__init__()
         self._power_scale = power_scale
         self.model = model
         self.board = model.name

@@ -22,7 +22,6 @@ class UnpinnedDevice(Device):
     pins = False
 
     def __init__(self, inner: Device, reason: str) -> None:
-        super().__init__()
         self.inner, self.reason = inner, reason
         self.spec, self.board, self.recovered = inner.spec, inner.board, inner.recovered
         self.has_power_sensor, self.power_reading = inner.has_power_sensor, inner.power_reading
