@@ -225,20 +225,15 @@ class ClientReport(Record):
     node_key: str = kind(TEXT, "")
     predicted_s: float = kind(NUMBER, 0.0)
     profiled_peak_power_w: float = kind(NUMBER, 0.0)
-    """The selected pair's peak power in the profile: what the method checks against the cap."""
     train_examples: int = kind(COUNT, 0)
     wall_s: float = kind(NUMBER, 0.0)
     startup_s: float | None = kind(Maybe(NUMBER), None)
-    """Wall seconds from the process start to its first profiling or training step (a deployed
-    `flwr-clientapp` per message); None where one process serves many messages."""
     method: str = kind(Choice(METHODS), OURS)
     deadline_s: float | None = kind(Maybe(NUMBER), None)
     """Energy-under-deadline rounds: the deadline the client chose for (None: none)."""
     meets_deadline_predicted: bool | None = kind(Maybe(Flag()), None)  # else it ran its fastest pair
     pinned: bool = kind(Flag(), True)
-    """False: the frequency was not pinned; `frequency_hz` is the clock in force as read."""
     restored: str = kind(TEXT, "")
-    """What a killed process had left pinned and this round put back (empty: none)."""
     beside: dict[str, BesideReport] = field(default_factory=dict, repr=False, compare=False)
     """The records read beside this report (`BESIDE_REPORT`), by key."""
 
