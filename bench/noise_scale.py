@@ -16,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import paper_cells
+import paper_setup
 import paper_tables as pt
 import torch
 
@@ -74,12 +76,12 @@ def noise_scale(
 
 
 def parameter_sets(model: torch.nn.Module, vision: bool) -> dict[str, list[str]]:
-    """ "all" parameters, and for vision "pre-trained": all but the fresh head's (`paper_tables.fresh_head`
+    """ "all" parameters, and for vision "pre-trained": all but the fresh head's (`paper_setup.fresh_head`
     replaces the last linear layer), whose large starting gradient dominates |G|² on every source."""
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     if not vision:
         return {"all": names}
-    head = pt.head_name(model)
+    head = paper_setup.head_name(model)
     return {"all": names, "pre-trained": [n for n in names if not n.startswith(f"{head}.")]}
 
 
@@ -93,7 +95,7 @@ def corrected(raw: RelationVector, b_crit: float | None, ratio: float, name: str
     return RelationVector.from_samples(raw.model, name, raw.target_accuracy, samples)
 
 
-def task_for(results: dict[str, Any], key: str) -> pt.Task:
+def task_for(results: dict[str, Any], key: str) -> paper_setup.Task:
     """The paper_tables task behind `key` (TASK|MODEL), with its data, as that bench builds it."""
     name, charged = key.split("|")
     args = pt.parse_args(["--task", name, "--vision-models", charged if name == "vision" else "resnet18"])
@@ -134,7 +136,7 @@ def measure(folder: Path, results: dict[str, Any], args: argparse.Namespace, hos
     return out
 
 
-def analyse(key: str, task: pt.Task, results: dict[str, Any], scales: Scales, used: int, micro: int
+def analyse(key: str, task: paper_setup.Task, results: dict[str, Any], scales: Scales, used: int, micro: int
             ) -> dict[str, Any]:  # fmt: skip
     """The critical batch sizes the runs show against the noise-scale ratios, and every cell's picks."""
     raw = RelationVector.from_dict(results[f"{key}|relation"], key)
@@ -169,22 +171,22 @@ def analyse(key: str, task: pt.Task, results: dict[str, Any], scales: Scales, us
     print("  picks (b) and ours/fastest; measuring = the measurement's simulated seconds / ours's fine-tune")
     print(f"  {'board':<13} {'cap':<7} {'target':<22} {'fastest':>7} "
           + " ".join(f"{m:>22}" for m in methods) + f" {'measuring':>9}")  # fmt: skip
-    for board_name in pt.BOARDS:
+    for board_name in paper_setup.BOARDS:
         board = board_model(board_name)
         profile = predicted_profile(board, w, raw.batch_sizes, samples=10_000)
-        for cap in (*pt.CAPS_W[board_name], None):
+        for cap in (*paper_setup.CAPS_W[board_name], None):
             cap_s = "no cap" if cap is None else f"{cap:g} W"
             for target, rs in runs.items():
                 by = {(r["b"], r["seed"]): r for r in rs}
-                best = oracle(profile, pt.target_relation(task, target, by, seeds), cap)
-                fast = pt.cell(board, w, by, best.batch_size, best.frequency_hz, seeds)["s"]
+                best = oracle(profile, paper_cells.target_relation(task, target, by, seeds), cap)
+                fast = paper_cells.cell(board, w, by, best.batch_size, best.frequency_hz, seeds)["s"]
                 vectors = {"ours": raw} | {
                     f"+noise({k})": corrected(raw, proxy_fit.b_crit, ratio[k][target], f"proxy+{target}")
                     for k in scales
                 }
                 picks = {m: select(profile, v, cap) for m, v in vectors.items()}
                 secs = {
-                    m: pt.cell(board, w, by, p.batch_size, p.frequency_hz, seeds)["s"]
+                    m: paper_cells.cell(board, w, by, p.batch_size, p.frequency_hz, seeds)["s"]
                     for m, p in picks.items()
                 }
                 cost_s, _ = replay_cost(board, w, micro, used // micro, picks["ours"].frequency_hz)

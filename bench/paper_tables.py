@@ -18,166 +18,34 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-from bench_common import ints, mean_std, predicted_s, workload_of
-from vector_floor import Group, shared_vector_floor
+from bench_common import ints, workload_of
+from paper_cells import floor_groups, print_summary, print_table, summarise, table
+from paper_setup import BOARDS, Task, fresh_head, text_data, vision_data
+from vector_floor import shared_vector_floor
 
 from fl_server.relation import ProxyRuns, ranking, seeds_until_stable
 from fl_server.relation import run_to_target as proxy_run
 from powerctl.cli.util import OneLineParser
 from powerctl.devices import open_device
-from powerctl.devices.boards import BoardModel, board_model
-from powerctl.devices.simulated import predicted_profile, replay_cost
+from powerctl.devices.boards import board_model
 from powerctl.devices.torchdev import TORCH_SPEC_HELP, torch_device_arg
-from powerctl.errors import InfeasibleCapError, PowerctlError
-from powerctl.records.pick import Pick
-from powerctl.records.profile import Profile
-from powerctl.records.relation import DEFAULT_RELATION_RULE, RELATION_RULES, VECTORS, RelationVector
-from powerctl.records.workload import Workload
-from powerctl.selection.baselines import oracle
-from powerctl.selection.joint import rank, select
+from powerctl.errors import PowerctlError
+from powerctl.records.relation import VECTORS, RelationVector
 from powerfed.training.crossing import DEFAULT_MIN_EVALUATIONS, evaluations_before
-from powerfed.training.data import CIFAR10_MEAN, CIFAR10_STD, load_dataset, train_test_split
+from powerfed.training.data import train_test_split
 from powerfed.training.finetune import fine_tune
 from powerfed.training.finetune_records import FineTuneCallbacks, FineTuneConfig
 from powerfed.training.lr import scaled_lr
 from powerfed.training.models import build_model, get_model_spec
-from simulations import intervals
-from simulations.intervals import paired_resampled_means
 
 PAPER = (
     "paper (real boards): ours equals the fastest in most cells, worst 1.083x (TX2 NX, ResNet18, CINIC, "
     "low cap); state-of-practice/ours 1.0-2.33x"
 )
-
-
-# --- the boards and the task -------------------------------------------------------------------------------
-
-
-DATA = Path("../shared/data")
-BOARDS = ("jetson-nano", "jetson-tx2nx")
-CAPS_W = {"jetson-nano": (3.0, 4.0), "jetson-tx2nx": (3.5, 5.0)}
-"""Two caps per board: the state-of-practice frequency falls low and mid table (printed)."""
-
-
-@dataclass
-class Task:
-    name: str
-    model: str
-    """What trains on the CPU (accuracy dynamics)."""
-    charged: str
-    """What the board charges for each step."""
-    lr_max: float
-    pretrain_samples: int
-    batch_sizes: list[int]
-    seeds: list[int]
-    """Seeds of the target runs."""
-    proxy_seeds: list[int]
-    """Seeds of the proxy runs; the relation vector uses their mean."""
-    calibration_samples: int
-    """Budget of the one run per dataset that sets its target accuracy (`calibrate_target`)."""
-    eval_every: int
-    eval_max_samples: int
-    target_fraction: float = 0.8
-    """Where the target sits between the starting accuracy (0) and the calibration plateau (1)."""
-    proxy_max_seeds: int = 0
-    """Proxy seeds, one at a time up to this many, until the ranking is stable (`seeds_until_stable`)."""
-    fixed_targets: list[float] | None = None
-    """Targets for (proxy, target 1, target 2) given instead of calibrated."""
-    pretrain_lr: float | None = None
-    """Pre-training's learning rate (None: twice `lr_max`, the small models')."""
-    targets: dict[str, float] = field(default_factory=dict)
-    data: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def b_max(self) -> int:
-        return max(self.batch_sizes)
-
-    @property
-    def key(self) -> str:
-        """The results' key: task and the model the board charges (vision has two)."""
-        return f"{self.name}|{self.charged}"
-
-
-# --- data ------------------------------------------------------------------------------------------------
-
-
-PRETRAIN_CLASSES = 5
-"""Pre-training sees CIFAR-10's first five classes, then a fresh 10-way head: like the paper's CIFAR-100 →
-CIFAR-10, fine-tuning learns a label space pre-training did not have."""
-
-
-def _luminance(x: torch.Tensor) -> torch.Tensor:
-    """Mean brightness of each normalised image in 0..1 (the normalisation undone)."""
-    mean = torch.tensor(CIFAR10_MEAN).view(1, 3, 1, 1)
-    std = torch.tensor(CIFAR10_STD).view(1, 3, 1, 1)
-    return (x * std + mean).mean(dim=(1, 2, 3))
-
-
-def vision_data(n_pretrain_pool: int, n_proxy: int, n_target: int) -> dict[str, Any]:
-    """Pre-training, proxy and targets from CIFAR-10, related as the paper's sources: pre-training on the
-    first `PRETRAIN_CLASSES` classes of a pool of the train split, the proxy the test split, the targets the
-    darker and the brighter half (mean luminance) of the train-split images pre-training did not use."""
-    spec = f"cifar10-jpeg:{DATA / 'cifar10_jpeg' / 'cifar10-jpg.tar.gz'}"
-    train = load_dataset(spec, split="train", limit=n_pretrain_pool + 2 * n_target)
-    perm = torch.randperm(len(train), generator=torch.Generator().manual_seed(0))
-    pool, rest = train.subset(perm[:n_pretrain_pool]), train.subset(perm[n_pretrain_pool:])
-    pre = pool.subset(torch.nonzero(pool.y < PRETRAIN_CLASSES).flatten())
-    pre.name = f"cifar10:classes-0-{PRETRAIN_CLASSES - 1}"
-    proxy = load_dataset(spec, split="test", limit=n_proxy)
-    proxy.name = "cifar10:test"
-    order = torch.argsort(_luminance(rest.x), stable=True)
-    half = len(order) // 2
-    dark, bright = rest.subset(order[:half]), rest.subset(order[half:])
-    dark.name, bright.name = "cifar10:dark", "cifar10:bright"
-    return {"pretrain": pre, "proxy": proxy, "targets": {dark.name: dark, bright.name: bright}}
-
-
-FRESH_HEAD_SEED = 1
-
-
-def head_name(model: torch.nn.Module) -> str:
-    """The classifier that `fresh_head` replaces: the model's last linear layer."""
-    return [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)][-1]
-
-
-def fresh_head(
-    model_name: str, weights: dict[str, torch.Tensor], num_classes: int
-) -> dict[str, torch.Tensor]:
-    """`weights` with the last linear layer freshly initialised at `FRESH_HEAD_SEED`, not pre-training's
-    seed (the backbone has adapted to that initial head)."""
-    fresh = build_model(model_name, num_classes, seed=FRESH_HEAD_SEED)
-    head = head_name(fresh)
-    new_head = {k: v.clone() for k, v in fresh.state_dict().items() if k.startswith(f"{head}.")}
-    return {k: v.clone() for k, v in weights.items()} | new_head
-
-
-def text_data(limit: int, full: bool = False) -> dict[str, Any]:
-    """Pre-training on WikiText-2 (valid; with `full`, valid and test joined, twice the text for the
-    full model), the proxy tiny Shakespeare, the targets two novels."""
-
-    def text(path: Path, most: int | None = limit) -> Any:
-        return load_dataset(f"text:{path}", split="all", seq_len=64, limit=most)
-
-    wiki = text(DATA / "wikitext-2" / "wiki.valid.tokens", None if full else limit)
-    if full:
-        more = text(DATA / "wikitext-2" / "wiki.test.tokens", None)
-        wiki = dataclasses.replace(
-            wiki, name="wikitext-2:valid+test", x=torch.cat([wiki.x, more.x]), y=torch.cat([wiki.y, more.y])
-        )
-    return {
-        "pretrain": wiki,
-        "proxy": text(DATA / "tinyshakespeare" / "input.txt"),
-        "targets": {
-            "austen-emma": text(DATA / "gutenberg_austen" / "austen-emma.txt"),
-            "dickens-oliver-twist": text(DATA / "gutenberg_dickens" / "pg730-oliver_twist.txt"),
-        },
-    }
 
 
 # --- training: each (b, seed) once -------------------------------------------------------------------------
@@ -281,201 +149,6 @@ def calibrate_target(
             f"--{task.name}-calibration-samples, or give --{task.name}-targets"
         )
     return round(start + task.target_fraction * (plateau - start), 3), plateau, start
-
-
-# --- the tables --------------------------------------------------------------------------------------------
-
-ROWS = ("state-of-practice", "proxy-batch", "ours", "fastest")
-VARIANTS = {
-    "ours": ("raw", DEFAULT_RELATION_RULE),
-    **{f"ours-{rule}": ("raw", rule) for rule in RELATION_RULES if rule != DEFAULT_RELATION_RULE},
-    "ours-fitted": ("fitted", DEFAULT_RELATION_RULE),
-    "ours-fitted-robust": ("fitted", "robust"),
-}
-"""Ours under each (relation vector, selection rule); "ours" is the project's default, the others are
-measured beside it so that these tables choose the defaults."""
-
-
-def cell(board: BoardModel, w: Workload, runs: dict[tuple[int, int], dict[str, Any]], b: int, hz: int,
-         seeds: list[int]) -> dict[str, Any]:  # fmt: skip
-    costs = [replay_cost(board, w, b, runs[(b, s)]["steps"], hz) for s in seeds]
-    t, t_sd = mean_std([c[0] for c in costs])
-    e, e_sd = mean_std([c[1] for c in costs])
-    reached = sum(runs[(b, s)]["reached"] for s in seeds)
-    return {"b": b, "hz": hz, "s": t, "s_sd": t_sd, "j": e, "j_sd": e_sd, "reached": reached, "n": len(seeds),
-            "s_seeds": [c[0] for c in costs]}  # fmt: skip
-
-
-def compare_to_fastest(row: dict[str, Any], fastest: dict[str, Any]) -> dict[str, Any]:
-    """ours/fastest, its bootstrap 95 % interval (seeds resampled, the same draw for both rows: a seed is
-    one data order for every batch size), and whether it includes 1.0 (indistinguishable)."""
-    a, f = paired_resampled_means(row["s_seeds"], fastest["s_seeds"], np.random.default_rng(intervals.SEED))
-    lo, hi = intervals.interval95(a / f)
-    return {"over_fastest": row["s"] / fastest["s"], "ci95": [lo, hi], "indistinguishable": lo <= 1.0 <= hi}
-
-
-def target_relation(
-    task: Task, name: str, runs: dict[tuple[int, int], dict[str, Any]], seeds: list[int]
-) -> RelationVector:
-    """The relation measured on the target itself (mean over the truth seeds): the oracle's."""
-    return RelationVector.from_samples(
-        task.charged, name, task.targets[name],
-        {b: statistics.fmean(runs[(b, s)]["samples"] for s in seeds) for b in task.batch_sizes},
-    )  # fmt: skip
-
-
-def table(
-    task: Task,
-    board: BoardModel,
-    relations: dict[str, RelationVector],
-    runs: dict[str, dict[tuple[int, int], dict[str, Any]]],
-    seeds: list[int],
-) -> dict[str, Any]:
-    w: Workload = task.data["charged_workload"]
-    profile = predicted_profile(board, w, task.batch_sizes, samples=10_000)
-    fits = profile.batch_sizes()
-    proxy_samples = relations["raw"].samples_map()
-    b_proxy = min(fits, key=lambda b: (proxy_samples[b], -b))
-    out: dict[str, Any] = {}
-    for target, target_runs in runs.items():
-        truth = target_relation(task, target, target_runs, seeds)
-        for cap in (*CAPS_W[board.name], None):
-            col: dict[str, Any] = {"per_batch": {
-                b: {"seconds_per_sample": predicted_s(p) / profile.samples,
-                    **cell(board, w, target_runs, b, p.frequency_hz, seeds)}
-                for b, p in best_pair_per_batch(profile, cap).items()}}  # fmt: skip
-            f_sop = board.frequencies_hz[-1] if cap is None else board.fixed_frequency_cap(cap)
-            if f_sop is None:
-                col["error"] = f"no fixed frequency under {cap} W"
-            else:
-                col["state-of-practice"] = cell(board, w, target_runs, max(fits), f_sop, seeds)
-                col["proxy-batch"] = cell(board, w, target_runs, b_proxy, f_sop, seeds)
-            try:
-                for name, (vector, rule) in VARIANTS.items():
-                    pick = select(profile, relations[vector], cap, rule=rule)
-                    col[name] = cell(board, w, target_runs, pick.batch_size, pick.frequency_hz, seeds)
-                fastest = oracle(profile, truth, cap)
-                col["fastest"] = cell(board, w, target_runs, fastest.batch_size, fastest.frequency_hz, seeds)
-            except InfeasibleCapError as exc:
-                col["error"] = str(exc)
-            if "fastest" in col:
-                for name in VARIANTS:
-                    col[name].update(compare_to_fastest(col[name], col["fastest"]))
-            out[f"{target}|{'no cap' if cap is None else f'{cap:g} W'}"] = col
-    return out
-
-
-def best_pair_per_batch(profile: Profile, cap: float | None) -> dict[int, Pick]:
-    """Per batch size, the feasible pair Algorithm 1 takes whenever it takes that batch size, whatever the
-    relation vector: the first of that batch size in `powerctl.selection.joint.rank` under a flat vector."""
-    flat = RelationVector.from_samples(profile.model, "flat", 1.0, dict.fromkeys(profile.batch_sizes(), 1.0))
-    best: dict[int, Pick] = {}
-    for pick in rank(profile, flat, cap):
-        best.setdefault(pick.batch_size, pick)
-    return dict(sorted(best.items()))
-
-
-def floor_groups(results: dict[str, Any], task_key: str) -> list[Group]:
-    """One `vector_floor.Group` per (board, cap) of one task and model, from its charged tables."""
-    groups: dict[str, Group] = {}
-    ratios: dict[str, dict[str, dict[int, float]]] = {}  # each group's `ratio`, filled in here
-    for board in BOARDS:
-        for col_name, col in results.get(f"{task_key}|{board}", {}).items():
-            if "fastest" not in col:
-                continue
-            target, cap = col_name.rsplit("|", 1)
-            ratio = ratios.setdefault(f"{board} {cap}", {})
-            groups.setdefault(f"{board} {cap}", Group(f"{board} {cap}", {
-                int(b): c["seconds_per_sample"] for b, c in col["per_batch"].items()}, ratio))  # fmt: skip
-            ratio[target] = {int(b): c["s"] / col["fastest"]["s"] for b, c in col["per_batch"].items()}
-    return list(groups.values())
-
-
-def print_table(task: Task, board: BoardModel, tab: dict[str, Any]) -> None:
-    print(
-        f"\n{task.name} on sim:{board.name} (simulated) — trains {task.model}, "
-        f"the board charges {task.charged}"
-    )
-    for cap in CAPS_W[board.name]:
-        hz = board.fixed_frequency_cap(cap)
-        where = "-" if hz is None else f"{hz / 1e6:.1f} MHz, step {board.frequencies_hz.index(hz) + 1}"
-        print(f"  cap {cap:g} W: state-of-practice frequency {where} of {len(board.frequencies_hz)}")
-    for col_name, col in tab.items():
-        print(f"  [{col_name}]" + (f"  note: {col['error']}" if "error" in col else ""))
-        for row in ROWS:
-            c = col.get(row)
-            if c is None:
-                print(f"    {row:<18} -")
-                continue
-            missed = c["n"] - c["reached"]
-            miss = f"  ({missed} of {c['n']} seeds missed the target)" if missed else ""
-            time_s = f"{c['s']:8.1f} ± {c['s_sd']:6.1f} s"
-            energy = f"{c['j']:8.0f} ± {c['j_sd']:5.0f} J"
-            print(f"    {row:<18} b={c['b']:<4} {c['hz'] / 1e6:7.1f} MHz  {time_s}  {energy}{miss}")
-        if "ours" in col and "fastest" in col:
-            o = col["ours"]
-            line = (
-                f"    ours/fastest {o['over_fastest']:.3f}x [95% {o['ci95'][0]:.3f}, {o['ci95'][1]:.3f}]"
-                + ("  indistinguishable" if o["indistinguishable"] else "  SLOWER")
-            )
-            if "state-of-practice" in col:
-                line += f"   state-of-practice/ours {col['state-of-practice']['s'] / o['s']:.2f}x"
-            print(line)
-            print("    variants: " + "  ".join(
-                f"{n} b={col[n]['b']}@{col[n]['hz'] / 1e6:.0f} {col[n]['over_fastest']:.3f}x"
-                for n in VARIANTS if n != "ours"))  # fmt: skip
-
-
-def summarise(results: dict[str, Any]) -> dict[str, Any]:
-    """Per task and variant: cells, equal to the fastest (point estimate), within 1 %, interval
-    including 1.0, worst ratio and where, and the cells whose interval excludes 1.0; per task, the floor
-    (`vector_floor`): the worst over its models of the best any one relation vector can do."""
-    summary: dict[str, Any] = {}
-    for key, tab in results.items():
-        if key.rsplit("|", 1)[-1] not in BOARDS:
-            continue
-        task = key.split("|")[0]
-        for col_name, col in tab.items():
-            for name in VARIANTS:
-                if name not in col or "over_fastest" not in col[name]:
-                    continue
-                s = summary.setdefault(f"{task}|{name}", {
-                    "cells": 0, "equal": 0, "within_1pct": 0, "indistinguishable": 0, "worst": 0.0,
-                    "worst_cell": "", "distinguishable": []})  # fmt: skip
-                c = col[name]
-                s["cells"] += 1
-                s["equal"] += (c["b"], c["hz"]) == (col["fastest"]["b"], col["fastest"]["hz"])
-                s["within_1pct"] += c["over_fastest"] <= 1.01
-                s["indistinguishable"] += c["indistinguishable"]
-                if c["over_fastest"] > s["worst"]:
-                    s["worst"], s["worst_cell"] = c["over_fastest"], f"{key} {col_name}"
-                if not c["indistinguishable"]:
-                    s["distinguishable"].append(
-                        f"{key} {col_name}: {c['over_fastest']:.3f}x "
-                        f"[{c['ci95'][0]:.3f}, {c['ci95'][1]:.3f}] "
-                        f"b={c['b']} vs fastest b={col['fastest']['b']}"
-                    )
-    for key, floor in results.items():
-        if key.endswith("|vector-floor"):
-            f = summary.setdefault(f"{key.split('|')[0]}|any-one-vector", {"worst": 0.0, "worst_cell": ""})
-            if floor["worst"] > f["worst"]:
-                f["worst"], f["worst_cell"] = floor["worst"], f"{key.rsplit('|', 1)[0]} {floor['cell']}"
-    return summary
-
-
-def print_summary(summary: dict[str, Any]) -> None:
-    print("\nsummary (simulated boards; ours/fastest, bootstrap 95 % interval over seeds):")
-    for key, s in summary.items():
-        if key.endswith("|any-one-vector"):
-            print(f"  {key:<26} the floor: no one relation vector per model does better than worst "
-                  f"{s['worst']:.3f}x ({s['worst_cell']})")  # fmt: skip
-            continue
-        print(
-            f"  {key:<26} cells {s['cells']:>3}  = fastest {s['equal']:>3}  ≤ 1.01x {s['within_1pct']:>3}  "
-            f"interval includes 1.0 {s['indistinguishable']:>3}  worst {s['worst']:.3f}x ({s['worst_cell']})"
-        )
-        for line in s["distinguishable"] if key.endswith("|ours") else []:
-            print(f"      interval excludes 1.0: {line}")
 
 
 # --- main --------------------------------------------------------------------------------------------------

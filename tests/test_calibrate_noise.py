@@ -12,7 +12,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import paper_tables
-from paper_tables import NOISE_Z, TargetInNoise, Task, calibrate_target, evaluation_noise
+from paper_setup import Task
+from paper_tables import NOISE_Z, TargetInNoise, calibrate_target, evaluation_noise
 
 from powerctl.devices import open_device
 from powerfed.training.data import load_dataset

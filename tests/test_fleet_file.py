@@ -88,12 +88,12 @@ def test_the_default_fleet_is_the_paper_tables_grid_each_board_at_each_limit_and
     limits and without one), the limits bench/paper_tables.py charges its tables at: one list, checked."""
     sys.path.insert(0, str(ROOT / "bench"))
     try:
-        import paper_tables
+        import paper_setup
     finally:
         sys.path.remove(str(ROOT / "bench"))
     default, paper = load_fleet_spec(FLEETS / "default.yaml"), load_fleet_spec(FLEETS / "paper.yaml")
     grid = [
-        (f"sim:{board}", cap) for board in paper_tables.BOARDS for cap in (*paper_tables.CAPS_W[board], None)
+        (f"sim:{board}", cap) for board in paper_setup.BOARDS for cap in (*paper_setup.CAPS_W[board], None)
     ]
     assert [(b.device, b.power_cap_w) for b in default.boards] == grid
     assert [(b.device, b.power_cap_w) for b in paper.boards] == grid  # the text task's fleet: the same grid

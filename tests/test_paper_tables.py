@@ -9,6 +9,8 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import paper_cells
+import paper_setup
 import paper_tables
 from vector_floor import shared_vector_floor
 
@@ -20,8 +22,8 @@ CIFAR = Path("../shared/data/cifar10_jpeg/cifar10-jpg.tar.gz")
 @pytest.mark.parametrize("name", ["resnet18-small", "mobilenetv2-small"])
 def test_a_fresh_head_replaces_the_classifier_and_keeps_every_other_weight(name: str) -> None:
     pretrained = build_model(name, 10, seed=0).state_dict()  # the seed pre-training starts from
-    weights = paper_tables.fresh_head(name, pretrained, 10)
-    fresh = build_model(name, 10, seed=paper_tables.FRESH_HEAD_SEED).state_dict()
+    weights = paper_setup.fresh_head(name, pretrained, 10)
+    fresh = build_model(name, 10, seed=paper_setup.FRESH_HEAD_SEED).state_dict()
     changed = {k for k in weights if not torch.equal(weights[k], pretrained[k])}
     assert changed and all(torch.equal(weights[k], fresh[k]) for k in changed)
     # only the classifier (the last linear layer) changed; its bias starts at zero either way
@@ -32,12 +34,12 @@ def test_a_fresh_head_replaces_the_classifier_and_keeps_every_other_weight(name:
 
 @pytest.mark.skipif(not CIFAR.is_file(), reason="the shared CIFAR-10 copy is not here")
 def test_vision_sources_are_another_label_space_the_test_split_and_two_lighting_halves() -> None:
-    data = paper_tables.vision_data(400, 100, 100)
-    assert set(data["pretrain"].y.tolist()) == set(range(paper_tables.PRETRAIN_CLASSES))
+    data = paper_setup.vision_data(400, 100, 100)
+    assert set(data["pretrain"].y.tolist()) == set(range(paper_setup.PRETRAIN_CLASSES))
     assert data["proxy"].info["split"] == "test"
     dark, bright = data["targets"].values()
     assert len(dark) == len(bright) == 100
-    assert paper_tables._luminance(dark.x).max() <= paper_tables._luminance(bright.x).min()
+    assert paper_setup._luminance(dark.x).max() <= paper_setup._luminance(bright.x).min()
     for ds in (data["proxy"], dark, bright):
         assert len(set(ds.y.tolist())) == 10  # the same ten classes as the proxy
     # pre-training and targets are disjoint images of the train split
@@ -72,7 +74,7 @@ def test_proxy_seeds_follow_the_servers_stopping_rule(monkeypatch: pytest.Monkey
         return {"b": b, "seed": s, "samples": float(samples[(b, s)]), "reached": True, "evaluations": 8}
 
     monkeypatch.setattr(paper_tables, "run_to_target", run)
-    task = paper_tables.Task("text", "m", "chartransformer", 1e-3, 0, [4, 8], [0], [0, 1], 0, 0, 0)
+    task = paper_setup.Task("text", "m", "chartransformer", 1e-3, 0, [4, 8], [0], [0, 1], 0, 0, 0)
     task.proxy_max_seeds, task.targets["proxy"], task.data["proxy"] = 6, 0.5, None
     relation = paper_tables.proxy_relation(task, {}, None)["raw"]
     assert task.proxy_seeds == [0, 1, 2, 3] and relation.extra["ranking_stable"] is True
@@ -98,7 +100,7 @@ def test_the_floor_on_charged_tables_is_what_select_reaches_with_its_witness() -
                      "reached": True} for b, n in per_b.items() for s in (0, 1, 2)}
         for t, per_b in need.items()
     }  # fmt: skip
-    task = paper_tables.Task("text", "m", "chartransformer", 1e-3, 0, bs, [0, 1, 2], [0], 0, 0, 0)
+    task = paper_setup.Task("text", "m", "chartransformer", 1e-3, 0, bs, [0, 1, 2], [0], 0, 0, 0)
     task.targets = {"austen": 0.5, "dickens": 0.5}
     w = model_workload("chartransformer", build_model("chartransformer", seed=0))
     task.data["charged_workload"] = w
@@ -106,16 +108,16 @@ def test_the_floor_on_charged_tables_is_what_select_reaches_with_its_witness() -
         "chartransformer", "proxy", 0.5, {8: 2000, 16: 2100, 32: 2500, 64: 3300}
     )
     results: dict = {}
-    for board in paper_tables.BOARDS:
-        results[f"{task.key}|{board}"] = paper_tables.table(
+    for board in paper_setup.BOARDS:
+        results[f"{task.key}|{board}"] = paper_cells.table(
             task, board_model(board), {"raw": proxy, "fitted": proxy}, runs, [0, 1, 2]
         )
-    floor = shared_vector_floor(paper_tables.floor_groups(results, task.key))
+    floor = shared_vector_floor(paper_cells.floor_groups(results, task.key))
     witness = RelationVector.from_samples("chartransformer", "proxy", 0.5, floor.relation)
     worst = 1.0
-    for board in paper_tables.BOARDS:
+    for board in paper_setup.BOARDS:
         profile = predicted_profile(board_model(board), w, bs, samples=10_000)
-        for cap in (*paper_tables.CAPS_W[board], None):
+        for cap in (*paper_setup.CAPS_W[board], None):
             pick = select(profile, witness, cap)
             assert pick.batch_size == floor.picks[f"{board} {'no cap' if cap is None else f'{cap:g} W'}"]
             for target in need:
@@ -126,7 +128,7 @@ def test_the_floor_on_charged_tables_is_what_select_reaches_with_its_witness() -
     assert (
         worst == pytest.approx(floor.worst) and floor.worst > 1.0
     )  # the targets disagree: no vector is exact
-    summary = paper_tables.summarise(
+    summary = paper_cells.summarise(
         {**results, f"{task.key}|vector-floor": {"worst": floor.worst, "cell": floor.cell}}
     )
     assert summary["text|ours"]["worst"] >= floor.worst - 1e-12
