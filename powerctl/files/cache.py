@@ -24,10 +24,6 @@ def xdg_home(kind: str) -> Path:
     return Path(value) if usable else Path.home().joinpath(*default)
 
 
-class CacheError(PowerctlError):
-    """$POWERFED_CACHE names no usable folder; one line saying what to set instead."""
-
-
 def cache_root() -> Path:
     """$POWERFED_CACHE, else $XDG_CACHE_HOME/powerfed, checked at every use (before the work it keeps)."""
     root = os.environ.get(CACHE_ENV)
@@ -35,18 +31,18 @@ def cache_root() -> Path:
         return xdg_home("cache") / "powerfed"
     hint = f"set {CACHE_ENV} to an absolute folder, or unset it for $XDG_CACHE_HOME/powerfed"
     if "\0" in root:
-        raise CacheError(f"{CACHE_ENV}={root!r}: not a path (it holds a NUL character); {hint}")
+        raise PowerctlError(f"{CACHE_ENV}={root!r}: not a path (it holds a NUL character); {hint}")
     path = Path(root).expanduser()
     if not path.is_absolute():
-        raise CacheError(f"{CACHE_ENV}={root}: a relative path (Flower's processes run elsewhere); {hint}")
+        raise PowerctlError(f"{CACHE_ENV}={root}: a relative path (Flower's processes run elsewhere); {hint}")
     try:
         mode = path.stat().st_mode
     except FileNotFoundError:
         return path
     except OSError as exc:
-        raise CacheError(f"{CACHE_ENV}={root}: cannot be used ({exc.strerror}); {hint}") from None
+        raise PowerctlError(f"{CACHE_ENV}={root}: cannot be used ({exc.strerror}); {hint}") from None
     if not stat.S_ISDIR(mode):
-        raise CacheError(f"{CACHE_ENV}={root}: exists and is not a folder; {hint}")
+        raise PowerctlError(f"{CACHE_ENV}={root}: exists and is not a folder; {hint}")
     return path
 
 
