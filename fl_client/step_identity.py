@@ -96,16 +96,9 @@ def _code(code: types.CodeType) -> tuple[Any, set[str]]:
 def _function(fn: types.FunctionType, seen: set[int], depth: int) -> Any:
     body, names = _code(fn.__code__)
     cells = [_describe(cell_value(c), seen, depth + 1) for c in fn.__closure__ or ()]
-    used = {n: fn.__globals__[n] for n in sorted(names) if n in fn.__globals__}
     defaults = [_describe(v, seen, depth + 1) for v in (fn.__defaults__, fn.__kwdefaults__)]
-    return [
-        "function",
-        _name(fn),
-        body,
-        cells,
-        *defaults,
-        [[n, _describe(v, seen, depth + 1)] for n, v in used.items()],
-    ]
+    used = [[n, _describe(fn.__globals__[n], seen, depth + 1)] for n in sorted(names) if n in fn.__globals__]
+    return ["function", _name(fn), body, cells, *defaults, used]
 
 
 def cell_value(cell: Any) -> Any:
