@@ -312,7 +312,7 @@ def test_use_cache_false_neither_reads_nor_writes(
 
 
 def test_default_cache_dir_follows_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from fl_server.relation.estimate import lookup
+    from fl_server.relation.cache import lookup
     from fl_server.relation.request import RelationCompute, RelationRequest
 
     monkeypatch.setenv("POWERFED_CACHE", str(tmp_path / "c"))

@@ -1,5 +1,6 @@
 """The relation vector estimated on proxy data (docs/design/method.md): what is estimated is
-`request.RelationRequest` (its hash the cache key), how it is made `RelationCompute`; the runs are `runs`."""
+`request.RelationRequest` (its hash the cache key), how it is made `RelationCompute`; the runs are `runs`,
+the cache `cache`."""
 
 from fl_server.relation.estimate import estimate_relation as estimate_relation
 from fl_server.relation.estimate import ranking as ranking

@@ -1,5 +1,4 @@
-"""The relation estimate: the request, the cache (one file per request, named by its key), the runs until
-the ranking is stable, the vector stored."""
+"""The relation estimate: the request, the cache, the runs until the ranking is stable, the vector stored."""
 
 from __future__ import annotations
 
@@ -13,7 +12,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from fl_server.relation.parallel import log, seed_runner
+from fl_server.relation.cache import lookup, store
+from fl_server.relation.parallel import seed_runner
 from fl_server.relation.request import (
     NotCached,
     RelationCompute,
@@ -26,8 +26,6 @@ from fl_server.relation.runs import INIT_SEED, Start, make_proxy_runs, probe, ru
 from fl_server.relation_data import ProxyData, load_proxy, spec_digest
 from fl_server.weights import load_weights, weights_hash
 from powerctl.devices.torchdev import resolve_torch_device
-from powerctl.errors import FileFormatError
-from powerctl.files.cache import cache_dir
 from powerctl.records.relation import RelationVector
 from powerfed.training.errors import ModelError
 from powerfed.training.finetune_records import UserFunctions
@@ -207,33 +205,8 @@ def _finish(
         wall_s=wall,
         cache_key=request.cache_key(),
     )
-    if path is not None:  # an unwritable cache is a warning, not a lost result
-        try:
-            relation.save(path)
-        except OSError as exc:
-            log.warning("warning: relation cache not written (%s: %s)", path, exc.strerror or exc)
+    store(relation, path)
     return relation
-
-
-def lookup(
-    request: RelationRequest, how: RelationCompute, user_code: bool
-) -> tuple[Path | None, RelationVector | None]:
-    """Where it is cached (None: not asked, or user code without a `cache_key`) and the vector there."""
-    if not how.use_cache:
-        return None, None
-    if user_code and not request.user_key:
-        log.info("relation vector of %s not cached: user code needs a cache_key to be cached", request.model)
-        return None, None
-    key = request.cache_key()
-    path = Path(how.cache_dir or cache_dir("relation")) / f"relation-{key[:40]}.json"
-    if path.is_file():
-        try:
-            cached = RelationVector.load(path)
-            if cached.extra.get("cache_key") == key:
-                return path, cached
-        except FileFormatError:
-            pass  # a damaged cache entry is recomputed and overwritten
-    return path, None
 
 
 def seeds_until_stable(
