@@ -194,7 +194,8 @@ class Distinct(Kind):
     python_type = list
 
     def __call__(self, value: Any) -> list[Any]:
-        items = _split(value) if isinstance(value, str) else value
+        # separated by commas (or semicolons); an empty item stays, for the item's kind to refuse
+        items = [t.strip() for t in value.replace(";", ",").split(",")] if isinstance(value, str) else value
         if isinstance(value, str) and isinstance(self.item, Integer):
             items = [int(v) if v.lstrip("-").isdigit() else v for v in items]
         try:
@@ -289,11 +290,6 @@ class Custom(Kind):
 
     def __call__(self, value: Any) -> Any:
         return self.parse(value)
-
-
-def _split(text: str) -> list[str]:
-    """Items separated by commas (or semicolons); an empty one stays, for the item's kind to refuse."""
-    return [t.strip() for t in text.replace(";", ",").split(",")]
 
 
 def number_text(v: float) -> str:

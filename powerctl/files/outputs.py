@@ -34,14 +34,6 @@ def _where(what: str, path: Path | str) -> str:
     return f"{what} {path}" if what else str(path)
 
 
-def _as_path(path: str | Path, what: str) -> Path:
-    if isinstance(path, str) and not path.strip():
-        raise OutputPathError(f"{_where(what, repr(path))}: is empty; give a path")
-    if "\0" in str(path):
-        raise OutputPathError(f"{_where(what, repr(str(path)))}: holds a NUL byte; give a path")
-    return Path(path)
-
-
 def _limit(path: Path, name: str, default: int) -> int:
     """`os.pathconf` of the nearest ancestor that answers."""
     for folder in [path, *path.parents]:
@@ -56,7 +48,11 @@ def _short(text: str, keep: int = 32) -> str:
 
 def check_name_lengths(path: str | Path, what: str = "--out", *, room: int = 0, hint: str = "") -> Path:
     """`path` fits NAME_MAX and PATH_MAX (less `room`, for the names a folder output gets inside it)."""
-    p = _as_path(path, what)
+    if isinstance(path, str) and not path.strip():
+        raise OutputPathError(f"{_where(what, repr(path))}: is empty; give a path")
+    if "\0" in str(path):
+        raise OutputPathError(f"{_where(what, repr(str(path)))}: holds a NUL byte; give a path")
+    p = Path(path)
     name_max = _limit(p.parent, "PC_NAME_MAX", NAME_MAX)
     hint = hint or "give a shorter path"
     for part in p.parts:
