@@ -26,13 +26,10 @@ class FedAvgInOrder(FedAvg):
         if not valid:
             return None, None
         contents = [msg.content for msg in valid]
+        arrays = [next(iter(c.array_records.values())) for c in contents]
         weights = [cast(float, next(iter(c.metric_records.values()))[self.weighted_by_key]) for c in contents]
-        items = [
-            (next(iter(c.array_records.values())), float(w)) for c, w in zip(contents, weights, strict=True)
-        ]
-        return weighted_average(items, items[0][0]), self.train_metrics_aggr_fn(
-            contents, self.weighted_by_key
-        )
+        items = [(a, float(w)) for a, w in zip(arrays, weights, strict=True)]
+        return weighted_average(items, arrays[0]), self.train_metrics_aggr_fn(contents, self.weighted_by_key)
 
 
 class PowerAwareFedAvg(PowerAware):
