@@ -25,12 +25,10 @@ from fl_server.run_config import (  # the run config as Flower reads it (`run_co
 from powerctl.errors import ANSI, PowerctlError
 from powerctl.files.cache import cache_root
 from powerctl.procs import alive, descendants, handling, search_path
+from simulations.flower_home import FlowerHome, clean_stale_homes, describe_cleaned
 from simulations.linkstate_index import INDEX_ENV, check_flower_version, install_script
 from simulations.local_superlink import (
-    FlowerHome,
     NotOurProcessError,
-    clean_stale_homes,
-    describe_cleaned,
     flower_env,
     flwr_run_command,
     free_port,

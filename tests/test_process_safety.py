@@ -21,13 +21,9 @@ from pathlib import Path
 import pytest
 
 from powerctl.procs import environ
+from simulations.flower_home import MARKER, PREFIX, SCHEMA, FlowerHome, clean_stale_homes
 from simulations.local_superlink import (
-    HOME_MARKER,
-    HOME_PREFIX,
-    HOME_SCHEMA,
-    FlowerHome,
     alive,
-    clean_stale_homes,
     cmdline,
     descendants,
     free_port,
@@ -279,10 +275,10 @@ def test_make_run_never_stops_nor_joins_another_runs_superlink_on_its_port(
 # --- what a killed launcher leaves -----------------------------------------------------------------
 def _leftover_home(base: Path, launcher: int, recorded: list[list[int]]) -> Path:
     """A home as a launcher writes it, whose launcher is gone (nobody holds its lock)."""
-    home = base / f"{HOME_PREFIX}killed"
+    home = base / f"{PREFIX}killed"
     (home / "local-superlink").mkdir(parents=True)
-    (home / HOME_MARKER).write_text(
-        json.dumps({"schema": HOME_SCHEMA, "launcher": [launcher, 1], "processes": recorded})
+    (home / MARKER).write_text(
+        json.dumps({"schema": SCHEMA, "launcher": [launcher, 1], "processes": recorded})
     )
     return home
 
@@ -307,9 +303,9 @@ def test_the_next_start_cleans_up_what_a_killed_launcher_left(tmp_path: Path) ->
         _started(SLEEPER, env=elsewhere, start_new_session=True) as stranger,
     ):
         ticks = {p.pid: proc_stat(p.pid).start_ticks for p in (recorded, reused)}  # type: ignore[union-attr]
-        data = json.loads((home / HOME_MARKER).read_text())
+        data = json.loads((home / MARKER).read_text())
         data["processes"] = [[recorded.pid, ticks[recorded.pid]], [reused.pid, ticks[reused.pid] + 1]]
-        (home / HOME_MARKER).write_text(json.dumps(data))
+        (home / MARKER).write_text(json.dumps(data))
         _wait(lambda: _carries(run.pid, home) and proc_stat(recorded.pid), "the processes")
         live = FlowerHome.create(base)  # a launcher alive now: its home and its run are left alone
         with _started(
@@ -327,7 +323,7 @@ def test_the_next_start_cleans_up_what_a_killed_launcher_left(tmp_path: Path) ->
 def test_a_home_without_a_record_is_cleaned_by_its_flower_home_mark(tmp_path: Path) -> None:
     """A home from a launcher killed before it wrote launcher.json, or by an older launcher."""
     base = tmp_path / "tmp"
-    home = base / f"{HOME_PREFIX}old"
+    home = base / f"{PREFIX}old"
     home.mkdir(parents=True)
     with _started(SLEEPER, env={**os.environ, "FLWR_HOME": str(home)}, start_new_session=True) as run:
         _wait(lambda: _carries(run.pid, home), "the process's exec")  # before exec it has our environment
@@ -338,7 +334,7 @@ def test_a_home_without_a_record_is_cleaned_by_its_flower_home_mark(tmp_path: Pa
 LAUNCHER = """\
 import subprocess, sys, time
 from pathlib import Path
-from simulations.local_superlink import FlowerHome
+from simulations.flower_home import FlowerHome
 home = FlowerHome.create(Path(sys.argv[1]))
 home.start_watchdog()
 env = {"FLWR_HOME": str(home.path), "PATH": "/usr/bin:/bin"}
@@ -462,13 +458,13 @@ def test_a_sigkilled_make_run_leaves_no_process_and_no_flower_home(
         assert home is not None and home.is_dir()
         for pid in [launcher.pid, *pids_listening_on(port)]:
             seen |= {pid, *descendants(pid)}
-        dogs = [p for p in descendants(launcher.pid) if "simulations.local_superlink" in " ".join(cmdline(p))]
+        dogs = [p for p in descendants(launcher.pid) if "simulations.flower_home" in " ".join(cmdline(p))]
         assert len(dogs) == 1 and len(seen) >= 5, "the launcher, its watchdog, flwr, the SuperLink, the app"
         os.kill(launcher.pid, signal.SIGKILL)
         launcher.wait(timeout=30)
         try:
             _wait(lambda: not [p for p in seen if alive(p)] and not home.exists(), "the clean-up", 120)
-            assert not pids_listening_on(port) and not list(base.glob(HOME_PREFIX + "*"))
+            assert not pids_listening_on(port) and not list(base.glob(PREFIX + "*"))
         finally:
             for pid in seen:
                 if alive(pid):
