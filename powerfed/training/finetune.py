@@ -58,6 +58,11 @@ POWER_RATE_HZ = 20.0
 """Power readings per second while training (what the step hooks and the energy figures see)."""
 
 
+def _model_device(model: nn.Module) -> torch.device:
+    """Where the model's parameters are (the CPU for a model without any): where its batches go."""
+    return next((p.device for p in model.parameters()), torch.device("cpu"))
+
+
 def step_workload(
     model: nn.Module, task: str, x: torch.Tensor, y: torch.Tensor, loss: LossFn | None = None
 ) -> Workload:
@@ -182,7 +187,7 @@ class _Loop:
         self.callbacks, self.hooks = callbacks, callbacks.hooks
         self.task, self.n = train.task, len(train)
         self.max_samples = config.sample_budget(self.n)
-        self.dev = next((p.device for p in model.parameters()), torch.device("cpu"))  # where batches go
+        self.dev = _model_device(model)
         self.x, self.y = train.x.to(self.dev), train.y.to(self.dev)
         self.ex, self.ey = (t.to(self.dev) for t in eval_subset(test, config.eval_max_samples))
         self.criterion = user.loss or loss_fn(self.task)
