@@ -210,11 +210,8 @@ class Distinct(Kind):
         return ",".join(str(v) for v in value)
 
 
-def distinct_ints(
-    minimum: int, example: str, *, ascending: bool = False, maximum: int | None = None
-) -> Distinct:
-    what = f"integers ≥ {minimum}" + ("" if maximum is None else f" and ≤ {maximum}")
-    return Distinct(Integer(minimum, maximum), what, example, ascending)
+def distinct_ints(minimum: int, example: str, *, maximum: int, ascending: bool = False) -> Distinct:
+    return Distinct(Integer(minimum, maximum), f"integers ≥ {minimum} and ≤ {maximum}", example, ascending)
 
 
 def distinct_names(options: tuple[str, ...]) -> Distinct:
