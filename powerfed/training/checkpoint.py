@@ -60,20 +60,14 @@ class Part:
 
 
 def save_parts(path: Path, identity: str, parts: dict[str, Part], *, finished: bool = False) -> None:
-    """Write every part (tensors as `NAME.TENSOR`, JSON values under `NAME`) under `identity`, atomically
-    and private; `finished`: the run is over and this is its end state (see `resumable`)."""
-    from safetensors.torch import save_file
-
+    """Write every part (tensors as `NAME.TENSOR`, JSON values under `NAME`) under `identity`;
+    `finished`: the run is over and this is its end state (see `resumable`)."""
     tensors: Tensors = {}
     state: dict[str, Any] = {"identity": identity, "finished": finished}
     for name, part in parts.items():
         part_tensors, state[name] = part.take()
-        tensors.update(
-            {f"{name}.{key}": t.detach().to("cpu", copy=True).contiguous() for key, t in part_tensors.items()}
-        )
-    metadata = {"format": CHECKPOINT_FORMAT, "state": json.dumps(state, allow_nan=False)}
-    with replacing(path, shared=False) as tmp:
-        save_file(tensors, str(tmp), metadata=metadata)
+        tensors.update({f"{name}.{key}": t for key, t in part_tensors.items()})
+    save(path, tensors, state)
 
 
 def restore_parts(saved: Saved, parts: dict[str, Part]) -> None:
@@ -120,6 +114,16 @@ def optimizer_state(tensors: Tensors, parts: dict[str, Any]) -> dict[str, Any]:
         state.setdefault(int(idx), {})[name] = value
     groups = [dict(g, betas=tuple(g["betas"])) if "betas" in g else dict(g) for g in parts["param_groups"]]
     return {"state": state, "param_groups": groups}
+
+
+def save(path: Path, tensors: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
+    """Write atomically and private (`powerctl.files.outputs.replacing`)."""
+    from safetensors.torch import save_file
+
+    canonical = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in tensors.items()}
+    metadata = {"format": CHECKPOINT_FORMAT, "state": json.dumps(state, allow_nan=False)}
+    with replacing(path, shared=False) as tmp:
+        save_file(canonical, str(tmp), metadata=metadata)
 
 
 def load(path: Path) -> Saved:
