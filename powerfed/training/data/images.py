@@ -154,18 +154,6 @@ def _decode(data: bytes, where: str) -> np.ndarray:
     return rgb.transpose(2, 0, 1)
 
 
-def _folder_key(
-    parts: tuple[str, ...], splits: tuple[str, ...], classes: tuple[str, ...]
-) -> tuple[str, int] | None:
-    """(split, class index) of a path ending in <split>/<class>/<file>.<image suffix>, else None."""
-    if len(parts) < 3 or not parts[-1].lower().endswith(IMAGE_SUFFIXES):
-        return None
-    split, cls = parts[-3], parts[-2]
-    if split not in splits or cls not in classes:
-        return None
-    return split, classes.index(cls)
-
-
 def load_image_folders(
     path: Path,
     *,
@@ -182,12 +170,16 @@ def load_image_folders(
     quotas = class_quotas(limit, len(classes))
     counts = [0] * len(classes)
     items: list[tuple[int, str, np.ndarray]] = []  # (label, <split>/<class>/<file>, image)
-    for parts, read, where in _image_sources(path):
-        key = _folder_key(parts, wanted, classes)
-        if key is None or (quotas is not None and counts[key[1]] >= quotas[key[1]]):
+    for parts, read, where in _image_sources(path):  # <split>/<class>/<file>.<image suffix> only
+        if len(parts) < 3 or not parts[-1].lower().endswith(IMAGE_SUFFIXES):
             continue
-        items.append((key[1], "/".join(parts[-3:]), _decode(read(), where)))
-        counts[key[1]] += 1
+        if parts[-3] not in wanted or parts[-2] not in classes:
+            continue
+        label = classes.index(parts[-2])
+        if quotas is not None and counts[label] >= quotas[label]:
+            continue
+        items.append((label, "/".join(parts[-3:]), _decode(read(), where)))
+        counts[label] += 1
         if counts == quotas:  # every class has its share: stop reading
             break
     if not items:
