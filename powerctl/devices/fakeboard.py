@@ -132,7 +132,9 @@ KINDS: dict[str, Callable[[Path], Path]] = {
 
 
 def make_fake_board(root: Path, kind: str) -> Path:
-    """Write a `kind` board's tree (a KINDS key: the flag's choices) into `root`, new or empty."""
+    """Write a `kind` board's tree into `root`, which must be new or empty (never over real files)."""
+    if kind not in KINDS:
+        raise PowerctlError(f"unknown board kind {kind!r}: choose one of {', '.join(KINDS)}")
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
         raise PowerctlError(f"{root} exists and is not an empty folder: give a new folder for the fake board")
     try:
