@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from bench_common import ROOT, line_buffered, mean_pm, predicted_s
+from bench_common import ROOT, line_buffered, mean_pm
 
 from fl_client.round import (
     CapRule,
@@ -26,12 +26,12 @@ from fl_client.round import (
     usable_relation,
 )
 from powerctl.devices.base import Device
+from powerctl.records.pick import Pick
 from powerctl.records.profile import Profile
 from powerctl.records.relation import RelationVector
 from powerctl.selection.capsource import CapSource, ConstantCap, ScheduleCap, TraceCap
 from powerctl.selection.joint import select
 from powerctl.selection.names import OURS, STATE_OF_PRACTICE
-from simulations.bench_steps import PinnedRule
 from simulations.demo import demo_work
 from simulations.demo_config import DemoConfig
 
@@ -51,12 +51,22 @@ class Outcome:
     events: list[dict[str, Any]]
 
 
+@dataclass(frozen=True)
+class Once:
+    """Ours selected once, for the lowest cap the source will give, and kept whatever the cap."""
+
+    choice: Pick
+    profile: Profile
+    relation: RelationVector
+
+    def __call__(self, power_cap_w: float | None) -> Pick:
+        return self.choice
+
+
 def policies(profile: Profile, relation: RelationVector, caps: CapSource) -> dict[str, CapRule]:
-    """The three policies as rules of the cap (the client round's rules); "once": ours for the lowest cap
-    the source will give, kept whatever the cap."""
+    """The three policies as rules of the cap (the client round's rules)."""
     ours = MethodRule(OURS, profile, relation)
-    lowest = ours(caps.lowest_w())
-    once = PinnedRule(lowest.batch_size, lowest.frequency_hz, profile, relation, method=OURS)
+    once = Once(ours(caps.lowest_w()), profile, relation)
     sop = MethodRule(STATE_OF_PRACTICE, profile, relation)
     return dict(zip(POLICIES, (ours, once, sop), strict=True))
 
@@ -97,7 +107,8 @@ def sources(board: str, profile: Profile, relation: RelationVector) -> dict[str,
     trace = ROOT / "simulations" / "caps" / f"solar-{board}.csv"
     solar = TraceCap.load(trace)
     lo, hi = min(solar.watts), max(solar.watts)
-    run_s = predicted_s(select(profile, relation, (lo + hi) / 2))
+    run_s = select(profile, relation, (lo + hi) / 2).predicted_s
+    assert run_s is not None, "Algorithm 1's pick predicts its time"
     day = TraceCap.load(trace, time_scale=run_s / solar.period_s, end="clip")
     steps = ScheduleCap.from_pairs(
         [[0, hi], [0.2 * run_s, (lo + hi) / 2], [0.4 * run_s, lo], [0.7 * run_s, hi]], "step schedule"
