@@ -98,6 +98,8 @@ def make_certificates(
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+    if not sans:
+        raise PowerctlError("give at least one --san (the coordinator's host name or IP address)")
     if not 1 <= days <= MAX_DAYS:
         raise PowerctlError(f"--days must be from 1 to {MAX_DAYS} (100 years), got {days}")
     names = [_san_entry(n) for n in sans]
