@@ -71,6 +71,12 @@ class PretrainSettings:
     limit: int | None = None  # read at most this many samples of the dataset (None: all)
     eval_max_samples: int | None = DEFAULT_EVAL_MAX_SAMPLES
 
+    def __post_init__(self) -> None:
+        if self.samples is not None and self.epochs is not None:
+            raise ValueError("give either samples or epochs, not both")
+        if self.epochs is not None and not self.epochs > 0:
+            raise ValueError(f"epochs must be > 0, got {self.epochs}")
+
 
 def pretrain(
     model_name: str,
