@@ -269,7 +269,8 @@ def check_launch(
     app_dir = APP_DIR if app is None else app.expanduser().resolve()
     if not (app_dir / "pyproject.toml").is_file():
         raise LaunchError(f"--app {app}: not a Flower app folder (no pyproject.toml in it); give the folder")
-    if not 1 <= nodes <= MAX_BOARDS:  # a fleet's most; 0 would wait for ever, a huge one exhaust the machine
+    # a fleet's most; 0 would wait for ever, a huge one exhaust the machine
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= MAX_BOARDS:
         raise LaunchError(f"NODES: the number of virtual nodes must be from 1 to {MAX_BOARDS}, got {nodes!r}")
     overrides = parse_run_config(run_config)
     if app is None and (results_dir := key_of("results_dir")) not in overrides:  # the run config's wins
