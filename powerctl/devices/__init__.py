@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from powerctl.devices.base import Device, PowerSampler, ThreadSampler
-from powerctl.devices.torchdev import check_torch_spec
+from powerctl.devices.torchdev import check_torch_spec, is_torch_spec
 from powerctl.devices.unpinned import unpinned
 from powerctl.errors import ArgumentError, DeviceError
 from powerctl.files.mapping import MAX_SEED, Flag, Integer, Maybe, check_arguments
@@ -45,7 +45,7 @@ def check_spec(spec: str) -> tuple[str, str]:
     spec = spec.strip()
     if spec == "host":
         return "host", ""
-    if spec in ("auto", "cpu", "cuda") or spec.startswith("cuda:"):
+    if is_torch_spec(spec):
         return "torch", check_torch_spec(spec)
     if spec.startswith("sim:"):
         from powerctl.devices.simulated import check_board_name

@@ -9,6 +9,12 @@ from powerctl.errors import DeviceError
 TORCH_SPEC_HELP = "auto (the first CUDA device torch sees, else the CPU), cpu, cuda, cuda:INDEX"
 
 
+def is_torch_spec(spec: str) -> bool:
+    """Whether `spec` is one of the torch forms (well formed or not)."""
+    spec = spec.strip()
+    return spec in ("auto", "cpu", "cuda") or spec.startswith("cuda:")
+
+
 def check_torch_spec(spec: str) -> str:
     """`spec` in its one written form (`cuda` → `cuda:0`), checked without torch (one DeviceError line)."""
     text = spec.strip() if isinstance(spec, str) else ""
