@@ -41,9 +41,11 @@ def loss_fn(task: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
 
 def correct_count(task: str, logits: torch.Tensor, targets: torch.Tensor) -> int:
     """Top-1 hits for images; correctly predicted next characters (all positions) for text."""
+    check_task(task)
     return int((logits.argmax(dim=-1) == targets).sum().item())
 
 
 def targets_count(task: str, targets: torch.Tensor) -> int:
     """How many predictions `correct_count` scored: samples for images, positions for text."""
+    check_task(task)
     return int(targets.numel())
