@@ -133,6 +133,7 @@ def train_reply(
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     from fl_client.round import build_local_model, model_seq_len
+    from powerctl.files.mapping import Integer, JsonObject, Text
     from powerfed.training.evaluation import evaluate_with_loss
     from powerfed.training.models import get_model_spec
 
@@ -140,10 +141,10 @@ def evaluate(msg: Message, context: Context) -> Message:
     try:
         settings = resolve_node(context.node_config, context.run_config)
         r = reader(message_config(msg), "evaluate message config")
-        model_name = r.string("model")
-        overrides = r.json_object("model-overrides")
+        model_name = r.value("model", Text())
+        overrides = r.value("model-overrides", JsonObject())
         state = _state(msg)
-        model = build_local_model(model_name, r.integer("num-classes"), overrides, state)
+        model = build_local_model(model_name, r.value("num-classes", Integer(1)), overrides, state)
         plan = data_plan(settings, context.run_config, model_seq_len(model_name, overrides))
         train, test = load_local_data(plan)
         accuracy, loss = evaluate_with_loss(model, get_model_spec(model_name).task, test.x, test.y)

@@ -202,7 +202,8 @@ class TrainInstructions(SentSettings):
         r = reader(record, where)
         values = {attr: r.value(attr.replace("_", "-"), kind) for attr, kind in _fields_kinds().items()}
         try:
-            relation = RelationVector.from_dict(r.json_object(RELATION_KEY), f"{where}: {RELATION_KEY!r}")
+            raw = r.value(RELATION_KEY, JsonObject())
+            relation = RelationVector.from_dict(raw, f"{where}: {RELATION_KEY!r}")
         except FileFormatError as exc:
             raise ProtocolError(str(exc)) from None
         if relation.model != values["model"]:

@@ -363,20 +363,9 @@ class MappingReader:
         raw = self.data.get(key)
         return mapping_reader(raw if raw is not None else {}, f"{self.where}: {key}", self.error, known)
 
-    def string(self, key: str, default: Any = MISSING) -> str:
-        return self.value(key, Text(), default)
-
     def number(self, key: str, *, positive: bool = False, default: Any = MISSING) -> float:
         """A finite number ≥ 0; `positive`: > 0."""
         return self.value(key, Number(0.0, above=positive), default)
-
-    def integer(
-        self, key: str, *, minimum: int | None = 1, maximum: int | None = None, default: Any = MISSING
-    ) -> int:
-        return self.value(key, Integer(minimum, maximum), default)
-
-    def json_object(self, key: str, default: Any = MISSING) -> dict[str, Any]:
-        return self.value(key, JsonObject(), default)
 
     def list_of(self, key: str) -> list[Any]:
         v = self.get(key)

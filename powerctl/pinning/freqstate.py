@@ -14,6 +14,7 @@ from typing import IO, Any
 from powerctl.errors import DeviceError, FileFormatError
 from powerctl.files.cache import xdg_home
 from powerctl.files.jsonfile import Fields, read_json, write_json
+from powerctl.files.mapping import Choice, Integer, Text
 
 STATE_SCHEMA = "powerctl.freqstate/2"
 KIND_PIN = "pin"  # for the lifetime of a process's pin: if the record outlives the process, it crashed
@@ -61,19 +62,17 @@ class BoardRecord:
         if not isinstance(data, dict):
             raise FileFormatError(f"{where}: expected an object")
         f = Fields(data, where)
-        kind = f.string("kind")
-        if kind not in KINDS:
-            raise f.fail(f"'kind' must be one of {', '.join(KINDS)}, got {kind!r}")
+        kind = f.value("kind", Choice(KINDS))
         state = f.get("state")
         if not isinstance(state, dict):
             raise f.fail("'state' must be an object")
         under = data.get("under")
         return cls(
-            key=f.string("key"),
-            spec=f.string("spec"),
+            key=f.value("key", Text()),
+            spec=f.value("spec", Text()),
             kind=kind,
             state=dict(state),
-            pid=f.integer("pid", minimum=0),
+            pid=f.value("pid", Integer(0)),
             under=None if under is None else cls.from_dict(under, f"{where}: under"),
         )
 

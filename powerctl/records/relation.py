@@ -13,7 +13,7 @@ from typing import Any
 
 from powerctl.errors import ArgumentError, FileFormatError
 from powerctl.files.jsonfile import Fields, FrozenJson, plain_json, read_json, write_json
-from powerctl.files.mapping import MAX_BATCH_SIZE, Integer, Invalid, Number, check_arguments, shown
+from powerctl.files.mapping import MAX_BATCH_SIZE, Integer, Invalid, Number, Text, check_arguments, shown
 
 RELATION_SCHEMA = "powerctl.relation/2"
 VECTORS: tuple[str, ...] = ("raw", "fitted")  # the seeds' means, or the batch-efficiency fit
@@ -276,8 +276,8 @@ def _checked(data: dict[str, Any], where: str) -> dict[str, Any]:
             )
     known = {*FIELDS, *DERIVED}
     return {
-        "model": f.string("model"),
-        "proxy_dataset": f.string("proxy_dataset"),
+        "model": f.value("model", Text()),
+        "proxy_dataset": f.value("proxy_dataset", Text()),
         "target_accuracy": target,
         "batch_sizes": tuple(bs),
         "samples_to_target": tuple(values),
