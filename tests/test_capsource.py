@@ -50,9 +50,9 @@ def test_a_trace_holds_each_row_until_the_next(tmp_path: Path) -> None:
         ("", "no 'seconds,watts' rows"),
         ("0,5\n0,3\n", ":2: times must increase"),
         ("0,5\n10,3\n5,4\n", ":3: times must increase"),
-        ("1,5\n", "a trace starts at 0 s"),
-        ("0,5\n10,-3\n", ":2: a cap must be a positive number of watts, got -3"),
-        ("0,5\n10,nan\n", "a cap must be a positive number"),
+        ("1,5\n", ":1: times start at 0 s"),
+        ("0,5\n10,-3\n", ":2: a cap must be a number of watts > 0 and ≤ 100000, got -3"),
+        ("0,5\n10,nan\n", "a cap must be a number of watts > 0"),
         ("0,5\n10,abc\n", ":2: expected 'seconds,watts'"),
         ("0,5,6\n", ":1: expected 'seconds,watts'"),
     ],
@@ -63,6 +63,15 @@ def test_bad_traces_are_one_line_naming_the_row(tmp_path: Path, text: str, fragm
     with pytest.raises(CapSourceError) as err:
         TraceCap.load(path)
     assert fragment in str(err.value) and str(path) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_scaled_trace_checks_its_times_scaled(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text("0,5\n10,3\n15,4\n")
+    assert TraceCap.load(path, time_scale=2.0).times_s == (0.0, 20.0, 30.0)
+    path.write_text("0,5\n10,3\n8,4\n")
+    with pytest.raises(CapSourceError, match=":3: times must increase, got 8 × timescale 0.5 after 5"):
+        TraceCap.load(path, time_scale=0.5)
 
 
 def test_a_live_file_is_read_at_its_poll_period_and_keeps_the_last_good_cap(tmp_path: Path) -> None:
@@ -89,7 +98,7 @@ def test_a_live_file_is_read_at_its_poll_period_and_keeps_the_last_good_cap(tmp_
         ("-3", "must be a number of watts > 0 and ≤ 100000, or none, got -3.0"),
         (True, "must be a number of watts > 0 and ≤ 100000, or none, got True"),
         ("[[0, 5], [0, 3]]", "[1]: times must increase"),
-        ("[[1, 5]]", "a schedule starts at t_s = 0"),
+        ("[[1, 5]]", "[0]: times start at 0 s"),
         ("[[0, 5], [10]]", "[1]: expected a step [t_s, W]"),
         ("[0, 5", "a schedule must be JSON"),
         ("trace:", "needs a file path"),

@@ -190,16 +190,7 @@ class ScheduleCap(_HeldCap):
             if isinstance(pair, (str, bytes)) or not isinstance(pair, Sequence) or len(pair) != 2:
                 raise CapSourceError(f"{here}: expected a step [t_s, W], got {pair!r}")
             t, w = pair
-            if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
-                raise CapSourceError(f"{here}: expected a time t_s ≥ 0 in seconds, got {t!r}")
-            if t > MAX_TIME_S:
-                raise CapSourceError(
-                    f"{here}: a time must be at most {MAX_TIME_S:g} s (about 31 years), got {t:g}"
-                )
-            if steps and t <= steps[-1][0]:
-                raise CapSourceError(f"{here}: times must increase, got {t:g} after {steps[-1][0]:g}")
-            if not steps and t != 0:
-                raise CapSourceError(f"{here}: a schedule starts at t_s = 0, got {t:g}")
+            _check_time(here, t if is_number(t) else math.nan, steps[-1][0] if steps else None, repr(t))
             steps.append((float(t), parse_power_cap(w, here, error=CapSourceError)))
         return cls(tuple(steps))
 
@@ -252,27 +243,15 @@ class TraceCap(_HeldCap):
                     header_seen = True  # a header line, e.g. seconds,watts
                     continue
                 raise CapSourceError(f"{here}: expected 'seconds,watts' (two numbers), got {row!r}") from None
-            if not math.isfinite(t) or t < 0:
-                raise CapSourceError(f"{here}: a time must be a number of seconds ≥ 0, got {cells[0]}")
-            if times and t <= times[-1]:
-                raise CapSourceError(
-                    f"{here}: times must increase, got {cells[0]} after {times[-1] / time_scale:g}"
-                )
-            if not times and t != 0:
-                raise CapSourceError(f"{here}: a trace starts at 0 s, got {cells[0]}")
-            if not math.isfinite(w) or w <= 0:
-                raise CapSourceError(f"{here}: a cap must be a positive number of watts, got {cells[1]}")
-            if t * time_scale > MAX_TIME_S:
-                got = cells[0] if time_scale == 1 else f"{cells[0]} × timescale {time_scale:g}"
-                raise CapSourceError(
-                    f"{here}: a time must be at most {MAX_TIME_S:g} s (about 31 years), got {got}"
-                )
+            _check_time(
+                here, t * time_scale, times[-1] if times else None, _scaled(cells[0], time_scale, "timescale")
+            )
             try:  # the one cap check: a trace (after scale) holds no cap a constant or a schedule may not
                 watts.append(POWER_CAP_VALUE(w * scale))  # type: ignore[arg-type]
             except Invalid:
-                got = cells[1] if scale == 1 else f"{cells[1]} × scale {scale:g}"
+                got = _scaled(cells[1], scale, "scale")
                 raise CapSourceError(
-                    f"{here}: a cap must be a number of watts ≤ {MAX_CAP_W:g}, got {got}"
+                    f"{here}: a cap must be a number of watts > 0 and ≤ {MAX_CAP_W:g}, got {got}"
                 ) from None
             times.append(t * time_scale)
         if not times:
@@ -322,6 +301,22 @@ class LiveFileCap(CapSource):
 
     def describe(self) -> str:
         return f"live file {self.path} (read every {self.poll_s:g} s)"
+
+
+def _check_time(here: str, t: float, last: float | None, got: str) -> None:
+    """The next time of a schedule or trace, after `last` (seconds), else one CapSourceError line."""
+    if not math.isfinite(t) or t < 0:
+        raise CapSourceError(f"{here}: a time must be a number of seconds ≥ 0, got {got}")
+    if t > MAX_TIME_S:
+        raise CapSourceError(f"{here}: a time must be at most {MAX_TIME_S:g} s (about 31 years), got {got}")
+    if last is None and t != 0:
+        raise CapSourceError(f"{here}: times start at 0 s, got {got}")
+    if last is not None and t <= last:
+        raise CapSourceError(f"{here}: times must increase, got {got} after {last:g}")
+
+
+def _scaled(cell: str, factor: float, option: str) -> str:
+    return cell if factor == 1 else f"{cell} × {option} {factor:g}"
 
 
 def _read_text(path: Path, limit: int, what: str, name: str) -> str:
