@@ -71,7 +71,7 @@ def _fragment(case: str, what: str) -> str:
     return {
         "/dev/null": f"is a character device, {not_a}",
         "/dev/full": f"is a character device, {not_a}",
-        "FIFO": f"is a FIFO (named pipe), {not_a}",
+        "FIFO": f"is a FIFO, {not_a}",
         "LONG": "its name is 30",  # 300 bytes (+ a suffix), over the file system's NAME_MAX
         "": "expected a path to write, got ''",
     }[case]
@@ -171,7 +171,7 @@ def test_cap_source_plot_into_a_folder_whose_cap_source_png_is_a_fifo_is_refused
 @pytest.mark.parametrize(
     ("report", "fragment"),
     [
-        ("fifo", "--out also writes DIR/w.report.json: is a FIFO (named pipe), not a regular file"),
+        ("fifo", "--out also writes DIR/w.report.json: is a FIFO, not a regular file"),
         ("folder", "--out also writes DIR/w.report.json: is a folder"),
     ],
 )

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from powerctl.errors import PowerctlError
+from powerctl.files.readfile import file_kind
 
 NAME_MAX = 255  # bytes in one path component when the file system does not say (Linux's)
 PATH_MAX = 4096  # bytes in a whole path when the system does not say (Linux)
@@ -74,12 +75,6 @@ def check_name_lengths(path: str | Path, what: str = "--out", *, room: int = 0, 
     return p
 
 
-def _kind(mode: int) -> str:
-    kinds = {stat.S_ISCHR: "a character device", stat.S_ISBLK: "a block device", stat.S_ISSOCK: "a socket"}
-    kinds |= {stat.S_ISFIFO: "a FIFO (named pipe)", stat.S_ISDIR: "a folder", stat.S_ISREG: "a file"}
-    return next((name for test, name in kinds.items() if test(mode)), "not a regular file")
-
-
 def _stat(path: Path, what: str) -> os.stat_result | None:
     """`path`'s stat, links followed; None when nothing is there (or a component is a file)."""
     try:
@@ -105,7 +100,7 @@ def writable_file(path: str | Path, what: str = "") -> Path:
         raise OutputPathError(f"{_where(what, p)}: is a folder; give a file name")
     if not stat.S_ISREG(st.st_mode):
         raise OutputPathError(
-            f"{_where(what, p)}: is {_kind(st.st_mode)}, not a regular file, and is never replaced; "
+            f"{_where(what, p)}: is {file_kind(st.st_mode)}, not a regular file, and is never replaced; "
             "give the path of a file"
         )
     return Path(os.path.realpath(p)) if p.is_symlink() else p
@@ -134,7 +129,7 @@ def check_output_file(
     if st is None or not stat.S_ISDIR(st.st_mode):
         raise OutputPathError(
             f"{what} {path}: folder {parent} does not exist"
-            + (f" (it is {_kind(st.st_mode)})" if st is not None else "; create it first")
+            + (f" (it is {file_kind(st.st_mode)})" if st is not None else "; create it first")
         )
     _probe(parent, what, path)
     for other in beside:
@@ -151,7 +146,7 @@ def check_output_dir(path: str | Path, what: str = "--out") -> Path:
             raise OutputPathError(f"{what} {path}: no folder above it exists")
         existing = existing.parent
     if not stat.S_ISDIR(st.st_mode):
-        kind = _kind(st.st_mode)
+        kind = file_kind(st.st_mode)
         if existing == path:
             raise OutputPathError(f"{what} {path}: is {kind}, not a folder; give a folder")
         raise OutputPathError(f"{what} {path}: {existing} is {kind}, not a folder")

@@ -26,6 +26,8 @@ IMAGE_LIMIT = 64 * MiB  # one image of an image folder (the datasets' are 32x32 
 ErrorType = Callable[[str], Exception]
 
 _KINDS = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISREG, "a file"),
     (stat.S_ISCHR, "a character device"),
     (stat.S_ISBLK, "a block device"),
     (stat.S_ISFIFO, "a FIFO"),
@@ -41,9 +43,7 @@ def not_regular(path: str | Path) -> str | None:
         return "no such file"
     except OSError as exc:
         return exc.strerror or "unreadable"
-    if stat.S_ISDIR(mode):
-        return "a folder"
-    return None if stat.S_ISREG(mode) else _kind(mode)
+    return None if stat.S_ISREG(mode) else file_kind(mode)
 
 
 def size_text(n: int) -> str:
@@ -63,11 +63,11 @@ def _check_regular(mode: int, path: str | Path, what: str, error: ErrorType) -> 
     if stat.S_ISDIR(mode):
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
     if not stat.S_ISREG(mode):
-        raise error(f"{path}: not a regular file ({_kind(mode)}); give {what}")
+        raise error(f"{path}: not a regular file ({file_kind(mode)}); give {what}")
 
 
-def _kind(mode: int) -> str:
-    """What a file that is neither regular nor a folder is, in words."""
+def file_kind(mode: int) -> str:
+    """What the file of a stat mode is, in words ("a folder", "a FIFO"), for a refusal."""
     return next((name for test, name in _KINDS if test(mode)), "not a file")
 
 
