@@ -1,6 +1,6 @@
 """Plots of measured runs (matplotlib on Agg, no pyplot state): the demo's strategies.png; a fleet run's,
-from its results dict: time_to_accuracy.png, per_cap.png, makespan.png and profile_maps/BOARD.png (round
-1's choices on the board model's map, per cap); over seeds, seed-ratios.png."""
+from its results dict: time_to_accuracy.png and makespan.png (round 1 per board and cap: summary.png);
+over seeds, seed-ratios.png."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from powerctl.cli.plot import MARKERS, Mark, choices_per_cap, colour, new_figure, save_figure, short_number
+from powerctl.cli.plot import MARKERS, Mark, colour, new_figure, save_figure, short_number
 from powerctl.records.profile import Profile
 from powerctl.selection.methods import method_named
 from strategies.settings import client_setting
@@ -50,46 +50,6 @@ def plot_time_to_accuracy(results: dict[str, Any], path: Path) -> Path:
     return save_figure(fig, path, dpi=110)
 
 
-def _groups(results: dict[str, Any]) -> dict[str, dict[str, list[dict[str, Any]]]]:
-    """(device @ cap) → method → round-1 records."""
-    out: dict[str, dict[str, list[dict[str, Any]]]] = {}
-    for r in results["records"]:
-        if r["round"] != 1:
-            continue
-        cap = "none" if r["power_cap_w"] is None else f"{r['power_cap_w']:g} W"
-        out.setdefault(f"{r['device'].removeprefix('sim:')}\n{cap}", {}).setdefault(r["method"], []).append(r)
-    return dict(sorted(out.items()))
-
-
-def plot_per_cap(results: dict[str, Any], path: Path) -> Path:
-    """Round 1's device seconds (profiling stacked, hatched) and energy per method, per board and cap."""
-    groups = _groups(results)
-    methods = results["methods"]
-    fig = new_figure(max(7.0, 1.6 * len(groups) + 3), 7.5)
-    t_ax, e_ax = fig.subplots(2, 1, sharex=True)
-    x = np.arange(len(groups))
-    width = 0.8 / max(len(methods), 1)
-    for k, m in enumerate(methods):
-        train = [np.mean([r["device_s"] for r in g.get(m, [])] or [np.nan]) for g in groups.values()]
-        prof = [np.mean([r["profiling_s"] for r in g.get(m, [])] or [np.nan]) for g in groups.values()]
-        joules = [np.mean([r["energy_j"] or 0.0 for r in g.get(m, [])] or [np.nan]) for g in groups.values()]
-        offs = x - 0.4 + width * (k + 0.5)
-        t_ax.bar(offs, train, width, color=colour(m), label=m)
-        # profiling stacked on top, hatched: what a method pays once per board, model and cap
-        t_ax.bar(offs, prof, width, bottom=train, color=colour(m), alpha=0.45, hatch="//", edgecolor="white")
-        e_ax.bar(offs, joules, width, color=colour(m), label=m)
-    t_ax.bar([np.nan], [np.nan], color="grey", alpha=0.45, hatch="//", edgecolor="white", label="profiling")
-    t_ax.set_ylabel("round 1: device s, profiling hatched\n(mean over the group's boards)")
-    e_ax.set_ylabel("round 1: energy J (mean)")
-    t_ax.set_title("time to accuracy and energy per method, per board and power cap")
-    e_ax.set_xticks(x, list(groups))
-    for ax in (t_ax, e_ax):
-        ax.grid(axis="y", alpha=0.3)
-    t_ax.legend(fontsize=8)
-    fig.tight_layout()
-    return save_figure(fig, path, dpi=110)
-
-
 def plot_makespans(results: dict[str, Any], path: Path) -> Path:
     """Every round's makespan per method."""
     summaries = results["summary"]
@@ -111,30 +71,6 @@ def plot_makespans(results: dict[str, Any], path: Path) -> Path:
     return save_figure(fig, path, dpi=110)
 
 
-def plot_profile_maps(results: dict[str, Any], out: Path) -> list[Path]:
-    """Per board kind: the predicted peak-power map of the run's model, one panel per cap the board ran
-    under, each with that cap's boundary and the (b, f) every method chose under it (round 1)."""
-    cfg = results["run"]["config"] or {}
-    model = results["fleet"]["model"]
-    paths = []
-    boards = sorted({r["board"] for r in results["records"] if r.get("board")})
-    for board in boards:
-        profile = predicted_board_profile(board, model, cfg)
-        marks: dict[float | None, list[Mark]] = {}
-        for r in results["records"]:
-            if r.get("board") != board or r["round"] != 1:
-                continue
-            mark = method_mark(r["method"], r["batch_size"], r["frequency_hz"])
-            chosen = marks.setdefault(r["power_cap_w"], [])
-            if mark not in chosen:
-                chosen.append(mark)
-        fig = choices_per_cap(
-            profile, marks, title=f"{board} · {model}: predicted peak power, the methods' choices per cap"
-        )
-        paths.append(save_figure(fig, out / "profile_maps" / f"{board}.png"))
-    return paths
-
-
 def predicted_board_profile(board: str, model: str, config: dict[str, Any]) -> Profile:
     """The board model's noise-free profile of `model` at `config`'s batch sizes and N (results.json's)."""
     from simulations.bench_steps import board_prediction
@@ -147,9 +83,7 @@ def plot_fleet(results: dict[str, Any], out: Path) -> list[Path]:
     """Every plot of the fleet run, into `out`."""
     return [
         plot_time_to_accuracy(results, out / "time_to_accuracy.png"),
-        plot_per_cap(results, out / "per_cap.png"),
         plot_makespans(results, out / "makespan.png"),
-        *plot_profile_maps(results, out),
     ]
 
 

@@ -30,8 +30,6 @@ from strategies.settings import key_of
 
 SUMMARY_FIGURE = "summary.png"
 """The figure's name, beside the run's results.json."""
-MAX_ROWS = 8
-"""Most board-and-cap rows one figure draws (the title counts the rest)."""
 _BAR_IN = 1.9
 """Inches of the time and energy panels per method drawn (6.2 at least)."""
 
@@ -190,23 +188,21 @@ def draw_or_say(draw: Callable[[], Path], say: Callable[[str], None]) -> Path | 
 
 
 def summary_figure(rows: list[Row], title: str) -> Figure:
-    """The figure: a row per board and cap (at most MAX_ROWS), map left, time and energy right."""
-    shown = rows[:MAX_ROWS]
-    profiles = [r.profile for r in shown if r.profile is not None]
+    """The figure: a row per board and cap, map left, time and energy right."""
+    profiles = [r.profile for r in rows if r.profile is not None]
     map_w, map_h = max((map_size(p) for p in profiles), default=(7.5, 3.4))
-    bars_w = max(6.2, _BAR_IN * max((len(r.bars) for r in shown), default=2) + 0.4)
+    bars_w = max(6.2, _BAR_IN * max((len(r.bars) for r in rows), default=2) + 0.4)
     width = map_w + bars_w
-    fig = new_figure(width, map_h * len(shown) + 1.0, layout="constrained")
-    more = f" (the first {len(shown)} of {len(rows)} boards and caps)" if len(rows) > len(shown) else ""
+    fig = new_figure(width, map_h * len(rows) + 1.0, layout="constrained")
     fig.suptitle(
-        f"{title}{more}\n★ the pair each method chose under the board's power cap (left), and what it cost "
+        f"{title}\n★ the pair each method chose under the board's power cap (left), and what it cost "
         "(right): fewer seconds and joules are better",
         fontsize=12,
         x=0.01,
         ha="left",
     )
-    labels = list(dict.fromkeys(m.label for r in shown for m in r.marks))
-    for sub, row in zip(fig.subfigures(len(shown), 1, squeeze=False)[:, 0], shown, strict=True):
+    labels = list(dict.fromkeys(m.label for r in rows for m in r.marks))
+    for sub, row in zip(fig.subfigures(len(rows), 1, squeeze=False)[:, 0], rows, strict=True):
         left, right = sub.subfigures(1, 2, width_ratios=[map_w, bars_w])
         cap = "no power cap" if row.cap is None else f"power cap {row.cap:g} W"
         boards = f" ({row.clients} boards)" if row.clients > 1 else ""

@@ -366,11 +366,11 @@ def test_heat_map_legends_fit_the_figure_and_the_over_cap_swatch_looks_like_the_
         assert max(got) - min(got) > 0.02  # a tint of the map, not the grey of before
 
 
-def test_fleet_profile_maps_draw_one_panel_per_cap_with_its_boundary_and_every_choice(tmp_path: Path) -> None:
+def test_fleet_summary_draws_one_map_per_cap_with_its_boundary_and_every_choice(tmp_path: Path) -> None:
     from matplotlib.collections import LineCollection
 
     from powerctl.cli.plot import BOUNDARY_GID
-    from simulations.fleet_plots import plot_profile_maps
+    from simulations.summary_figure import SUMMARY_FIGURE, fleet_figure
 
     figures: list[Figure] = []
     real = Figure.savefig
@@ -382,11 +382,16 @@ def test_fleet_profile_maps_draw_one_panel_per_cap_with_its_boundary_and_every_c
     def rec(method: str, cap: float | None, b: int, mhz: float) -> dict:
         return dict(
             board="jetson-nano",
+            device="sim:jetson-nano",
+            node_key=f"board-{cap}",
             round=1,
             method=method,
             power_cap_w=cap,
             batch_size=b,
             frequency_hz=int(mhz * 1e6),
+            device_s=1.0,
+            profiling_s=0.0,
+            energy_j=2.0,
         )
 
     records = [  # two methods in one cell under two caps: what drew "nonenone" before
@@ -398,30 +403,30 @@ def test_fleet_profile_maps_draw_one_panel_per_cap_with_its_boundary_and_every_c
     ]
     results = {
         "run": {"config": {"batch-sizes": "8,16", "profile-samples": 4000}},
-        "fleet": {"model": "cnn-tiny"},
+        "fleet": {"name": "maps", "model": "cnn-tiny", "target_accuracy": 0.7},
         "records": records,
         "methods": ["ours", "state-of-practice", "oracle"],
     }
     mp = pytest.MonkeyPatch()
     mp.setattr(Figure, "savefig", keep)
     try:
-        (path,) = plot_profile_maps(results, tmp_path)
+        path = fleet_figure(results, tmp_path)
     finally:
         mp.undo()
-    assert path == tmp_path / "profile_maps" / "jetson-nano.png" and path.stat().st_size > 20_000
+    assert path == tmp_path / SUMMARY_FIGURE and path.stat().st_size > 20_000
     (fig,) = figures
     maps = [ax for ax in fig.axes if ax.get_xlabel() == "GPU frequency (MHz)"]
     titles = [ax.get_title(loc="left") for ax in maps]
     assert titles == [
-        "power cap 3.00 W: the (b, f) each method chose under it",
-        "no power cap: the (b, f) each method chose under it",
+        "sim:jetson-nano, power cap 3 W: peak power P(b, f), the board model's",
+        "sim:jetson-nano, no power cap: peak power P(b, f), the board model's",
     ]
     bounds = [
         [c for c in ax.collections if isinstance(c, LineCollection) and c.get_gid() == BOUNDARY_GID]
         for ax in maps
     ]
     assert len(bounds[0]) == 1 and bounds[1] == []  # the 3 W boundary on the 3 W panel only
-    legends = [[t.get_text() for t in lg.get_texts()] for sub in fig.subfigs for lg in sub.legends]
+    legends = [[t.get_text() for t in lg.get_texts()] for row in fig.subfigs for lg in row.subfigs[0].legends]
     assert "cap boundary (3.00 W)" in legends[0] and not any("cap boundary" in t for t in legends[1])
     for ax, want in zip(maps, (3, 2), strict=True):
         marks = [ln for ln in ax.lines if ln.get_label() in results["methods"]]

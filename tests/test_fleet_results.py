@@ -199,13 +199,7 @@ def test_a_method_that_never_reaches_the_target_has_no_time_to_target(tmp_path: 
 def test_plots_are_written(results: dict, tmp_path: Path) -> None:
     paths = plot_fleet(results, tmp_path / "plots")
     names = sorted(p.relative_to(tmp_path / "plots").as_posix() for p in paths)
-    assert names == [
-        "makespan.png",
-        "per_cap.png",
-        "profile_maps/jetson-nano.png",
-        "profile_maps/jetson-tx2nx.png",
-        "time_to_accuracy.png",
-    ]
+    assert names == ["makespan.png", "time_to_accuracy.png"]
     assert all(p.stat().st_size > 10_000 for p in paths)
 
 

@@ -306,20 +306,6 @@ class Mark:
     color: str
 
 
-def choices_per_cap(profile: Profile, marks: dict[float | None, list[Mark]], *, title: str) -> Figure:
-    """The peak-power map per cap, stacked, each chooser's (b, f) in its own slot of a cell."""
-    labels = list(dict.fromkeys(m.label for ms in marks.values() for m in ms))
-    width, panel_h = map_size(profile)
-    caps = sorted(marks, key=cap_order)
-    fig = new_figure(width, panel_h * len(caps) + 0.4, dpi=110, layout="constrained")
-    fig.suptitle(title, fontsize=11, x=0.01, ha="left")
-    for sub, cap in zip(fig.subfigures(len(caps), 1, squeeze=False)[:, 0], caps, strict=True):
-        draw_choices(
-            sub, profile, cap, marks[cap], labels, f"{_cap_text(cap)}: the (b, f) each method chose under it"
-        )
-    return fig
-
-
 def map_size(profile: Profile, min_height: float = 3.4) -> tuple[float, float]:
     """Width and height (inches) of one map of `profile`: its cells stay legible."""
     width = max(7.5, 1.6 + 0.62 * len(profile.frequencies()))
