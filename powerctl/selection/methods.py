@@ -132,11 +132,6 @@ RUN_METHODS: tuple[str, ...] = tuple(r.name for r in _RUN_METHODS)
 _registry: dict[str, Method] = {m.name: m for m in _BUILT_IN}
 
 
-def method_names() -> tuple[str, ...]:
-    """Every client method in the registry: the built-ins, then the registered ones."""
-    return tuple(_registry)
-
-
 def method_named(name: str) -> Method:
     """The client method called `name`, or one PowerctlError line naming the known ones."""
     try:
@@ -162,10 +157,3 @@ def register_method(method: Method) -> Method:
         raise PowerctlError(f"{method.name!r} is a built-in method's name: register yours under another")
     _registry[method.name] = method
     return method
-
-
-def unregister_method(name: str) -> None:
-    """Take a registered method out of the registry (a built-in stays: one line)."""
-    if name in METHODS:
-        raise PowerctlError(f"{name!r} is a built-in method: it cannot be unregistered")
-    _registry.pop(name, None)
