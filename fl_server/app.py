@@ -21,13 +21,7 @@ from flwr.serverapp import Grid, ServerApp
 from fl_server.progress import Heartbeat, ProgressGrid, SampleProgress
 from fl_server.results import ResultsWriter, client_table, evaluation_line, over_budget_lines, summary_lines
 from fl_server.resume import GLOBAL_FILE, RESULTS_FILE, move_aside, resume_point, run_fingerprint
-from fl_server.run_config import (
-    ServerConfig,
-    app_path,
-    check_results_dir,
-    given_relation,
-    parse_server_config,
-)
+from fl_server.run_config import ServerConfig, check_results_dir, given_relation, parse_server_config
 from fl_server.shipped import WRITE_COMMAND, shipped_bytes, unpacked_weights
 from powerctl.cli.util import say
 from powerctl.errors import PowerctlError
@@ -35,7 +29,7 @@ from powerctl.files.cache import cache_dir, xdg_home
 from powerctl.records.relation import INTERVAL_STANDARD_ERRORS, RelationVector
 from powerctl.selection.methods import run_method_named
 from strategies.fedavg import PowerAwareFedAvg
-from strategies.fleet import fleet_availability
+from strategies.fleet import app_path_of, fleet_availability
 from strategies.objectives import NodeWaits, objective_named
 from strategies.population import (
     POPULATION_FILE,
@@ -81,7 +75,7 @@ def pretrain_recipe(cfg: ServerConfig) -> dict[str, Any]:
 def weights_path(cfg: ServerConfig) -> Path:
     """The given file, or the shipped weights, or the cache entry (keyed by `numerics_key`: not device)."""
     if cfg.weights:
-        return app_path(cfg.weights, "weights")
+        return app_path_of(cfg.weights)
     if (path := unpacked_weights(pretrain_recipe(cfg), cache_dir("weights"))) is not None:
         return path
     import torch

@@ -50,19 +50,11 @@ def parse_server_config(run_config: Any, *, load_fleet_file: FleetFileLoader | N
     return cfg
 
 
-def app_path(value: str, key: str) -> Path:
-    """A file named in the run config: absolute, or relative to the app folder; it must exist."""
-    path = app_path_of(value)
-    if not path.is_file():
-        raise RunConfigError(f"run config: {key!r}: no such file {path} (give an absolute path)")
-    return path
-
-
 def given_relation(cfg: ServerConfig) -> RelationVector:
     """The relation vector file the run config names, checked against the run's model."""
     from powerctl.records.relation import RelationVector
 
-    relation = RelationVector.load(app_path(cfg.relation, "relation"))
+    relation = RelationVector.load(app_path_of(cfg.relation))
     if relation.model != cfg.model:
         raise PowerctlError(
             f"run config 'relation': the vector is for model {relation.model!r}, the run trains {cfg.model!r}"
@@ -159,7 +151,7 @@ def check_task_files(
     def weights() -> None:
         from fl_server.weights import load_model
 
-        load_model(app_path(cfg.weights, "weights"), expect_model=cfg.model)
+        load_model(app_path_of(cfg.weights), expect_model=cfg.model)
 
     for key, check in (("weights", weights), ("relation", partial(given_relation, cfg))):
         if getattr(cfg, key):
