@@ -11,11 +11,12 @@ from powerctl.files.mapping import (
     Custom,
     Flag,
     Integer,
-    Kind,
     MappingReader,
     Maybe,
     Text,
     check_fields,
+    field_kinds,
+    kind_field,
     must_be,
 )
 from powerctl.selection.capsource import POWER_CAP_VALUE, CapSource, ConstantCap
@@ -32,36 +33,25 @@ def _cap_source(value: Any) -> CapSource:
     return value
 
 
-# what each field of a `NodeSettings` must be, as `resolve_node` reads the node config's keys
-NODE_SETTINGS_KINDS: dict[str, Kind] = {
-    "device": Text(),
-    "power_cap_w": POWER_CAP_VALUE,
-    "data": Maybe(Text()),
-    "partition_id": Maybe(Integer(0)),
-    "num_partitions": Maybe(Integer(1)),
-    "key": Text(),
-    "pin": Maybe(Flag()),
-    "cap_source": Maybe(Custom(_cap_source, CAP_SOURCE)),
-}
-
-
 @dataclass(frozen=True)
 class NodeSettings:
     """What this node trains on: its device, its cap and where its data comes from."""
 
-    device: str
-    power_cap_w: float | None
-    data: str | None  # a dataset spec of its own, or None: a share of the run's default data
-    partition_id: int | None
-    num_partitions: int | None
-    key: str  # how reports name it: `name`, else partition-N, else device@host
-    cap_source: CapSource | None = None  # None: the constant `power_cap_w`
+    device: str = kind_field(Text())
+    power_cap_w: float | None = kind_field(POWER_CAP_VALUE)
+    # a dataset spec of its own, or None: a share of the run's default data
+    data: str | None = kind_field(Maybe(Text()))
+    partition_id: int | None = kind_field(Maybe(Integer(0)))
+    num_partitions: int | None = kind_field(Maybe(Integer(1)))
+    key: str = kind_field(Text())  # how reports name it: `name`, else partition-N, else device@host
+    # None: the constant `power_cap_w`
+    cap_source: CapSource | None = kind_field(Maybe(Custom(_cap_source, CAP_SOURCE)), None)  # noqa: RUF009
     # `open_device(pin=...)`: None, pin where this process may; False, never (a shared GPU); True, pin or fail
-    pin: bool | None = None
+    pin: bool | None = kind_field(Maybe(Flag()), None)
 
     def __post_init__(self) -> None:
         """Made in Python, it holds what a node config would: one ArgumentError line each."""
-        check_fields(self, "NodeSettings", NODE_SETTINGS_KINDS)
+        check_fields(self, "NodeSettings", field_kinds(self))
 
     def caps(self) -> CapSource:
         """The cap over time this node must stay under (a constant when nothing else was given)."""

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import powerfed
-from fl_client.node import NODE_SETTINGS_KINDS
+from fl_client.node import NodeSettings
 from fl_server.relation.request import RelationCompute
 from powerctl.errors import PowerctlError
 from powerctl.files.mapping import Kind, field_kinds
@@ -112,7 +112,7 @@ RECORDS: dict[str, tuple[Callable[..., Any], dict[str, Any]]] = {
 KINDS: dict[str, dict[str, Kind]] = {
     "ProfilePoint": POINT_KINDS,
     "Profile": PROFILE_KINDS,
-    "NodeSettings": NODE_SETTINGS_KINDS,
+    "NodeSettings": field_kinds(NodeSettings),
     "RelationCompute": field_kinds(RelationCompute),
 }
 """The records whose fields are declared by kinds: what a made record holds must be what its kind gives
@@ -342,7 +342,7 @@ def test_a_workloads_shape_cannot_change_behind_a_profile() -> None:
     with pytest.raises(TypeError):
         workload.input_shape[0] = 1  # type: ignore[index]
     assert workload.to_dict()["input_shape"] == [3, 32, 32]
-    assert Workload.from_dict(json.loads(json.dumps(workload.to_dict()))) == workload
+    assert Workload(**json.loads(json.dumps(workload.to_dict()))) == workload
 
 
 def test_a_plans_model_options_cannot_change_behind_it() -> None:
