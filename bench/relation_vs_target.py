@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from bench_common import ROOT, ints
+from scipy.stats import spearmanr
 
 from fl_server.pretrain import PretrainSettings, pretrain
 from fl_server.relation import RelationCompute, RelationError, RelationSettings, estimate_relation
@@ -28,20 +28,6 @@ from powerctl.records.relation import RelationVector
 from powerfed.training.lr import LR_RULES
 
 DATA = ROOT.parent / "shared" / "data"
-
-
-def ranks(values: list[float]) -> np.ndarray:
-    """Ranks 1..n, ties get the mean of their ranks (as Spearman's rho needs)."""
-    v = np.asarray(values, dtype=float)
-    return np.array([(v < x).sum() + ((v == x).sum() + 1) / 2 for x in v])
-
-
-def spearman(a: list[float], b: list[float]) -> float:
-    """Spearman rank correlation: Pearson correlation of the (tie-averaged) ranks; nan if constant."""
-    ra, rb = ranks(a), ranks(b)
-    ra, rb = ra - ra.mean(), rb - rb.mean()
-    denom = float(np.sqrt((ra**2).sum() * (rb**2).sum()))
-    return float((ra * rb).sum() / denom) if denom > 0 else float("nan")
 
 
 def best_batch_sizes(rel: RelationVector) -> list[int]:
@@ -191,7 +177,7 @@ def main() -> None:
     weights, report = pretrained_weights(args, timings)
     proxy, target = relation_vectors(args, weights, timings)
 
-    rho = spearman(list(proxy.samples_to_target), list(target.samples_to_target))
+    rho = float(spearmanr(proxy.samples_to_target, target.samples_to_target).statistic)  # nan if constant
     proxy_best, target_best = best_batch_sizes(proxy), best_batch_sizes(target)
     match = bool(set(proxy_best) & set(target_best))
     timings["total_s"] = time.perf_counter() - started

@@ -10,11 +10,11 @@ import os
 import pickle
 import struct
 import tarfile
-import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
+import scipy.io
 import torch
 from PIL import Image
 
@@ -28,7 +28,6 @@ from powerfed.training.data import (
     save_npz,
     train_test_split,
 )
-from powerfed.training.data.matv5 import read_mat_v5
 from powerfed.training.errors import DataError
 from powerfed.training.synthetic import synthetic_image, synthetic_text
 from powerfed.training.tasks import VOCAB, VOCAB_SIZE
@@ -368,33 +367,6 @@ def test_fashion_mnist_bad_files(tmp_path: Path) -> None:
 
 # --------------------------------------------------------------------------- SVHN .mat (MATLAB level 5)
 
-MI_INT8, MI_UINT8, MI_INT32, MI_UINT32, MI_DOUBLE, MI_MATRIX, MI_COMPRESSED = 1, 2, 5, 6, 9, 14, 15
-MX_DOUBLE, MX_UINT8 = 6, 9
-
-
-def _element(mtype: int, payload: bytes) -> bytes:
-    if len(payload) <= 4 and mtype != MI_MATRIX:  # small data element format
-        return struct.pack("<I", (len(payload) << 16) | mtype) + payload.ljust(4, b"\0")
-    return struct.pack("<II", mtype, len(payload)) + payload + b"\0" * (-len(payload) % 8)
-
-
-def _matrix(name: str, values: np.ndarray, mx_class: int, stored: np.dtype, mi_type: int) -> bytes:
-    body = _element(MI_UINT32, struct.pack("<II", mx_class, 0))
-    body += _element(MI_INT32, np.asarray(values.shape, "<i4").tobytes())
-    body += _element(MI_INT8, name.encode())
-    body += _element(mi_type, values.ravel(order="F").astype(stored).tobytes())
-    return _element(MI_MATRIX, body)
-
-
-def write_mat(path: Path, elements: list[bytes], compress: bool = True) -> None:
-    """A MAT-file as MATLAB's `save` writes it (v5/v7: compressed elements)."""
-    head = b"MATLAB 5.0 MAT-file, Platform: GLNXA64, Created on: Mon Jan  1 00:00:00 2024".ljust(116, b" ")
-    head += b"\0" * 8 + struct.pack("<H", 0x0100) + b"IM"
-    out = [head]
-    for el in elements:
-        out.append(struct.pack("<II", MI_COMPRESSED, len(z := zlib.compress(el))) + z if compress else el)
-    path.write_bytes(b"".join(out))
-
 
 def _svhn_arrays(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
@@ -406,12 +378,7 @@ def _svhn_arrays(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 def _svhn_file(path: Path, n: int, seed: int = 0, compress: bool = True) -> tuple[np.ndarray, np.ndarray]:
     x, y = _svhn_arrays(n, seed)
     y[0, 0] = 10.0  # digit 0
-    # MATLAB stores the double labels 1..10 compactly as uint8 data: the reader must convert back
-    write_mat(
-        path,
-        [_matrix("X", x, MX_UINT8, np.uint8, MI_UINT8), _matrix("y", y, MX_DOUBLE, np.uint8, MI_UINT8)],
-        compress,
-    )
+    scipy.io.savemat(path, {"note": "other variables are skipped", "X": x, "y": y}, do_compression=compress)
     return x, y
 
 
@@ -435,19 +402,6 @@ def test_svhn_folder_splits(tmp_path: Path) -> None:
     assert len(load_dataset(f"svhn:{tmp_path}", split="all")) == 7
 
 
-def test_mat_reader_types_and_skips(tmp_path: Path) -> None:
-    """Other variables (a char array) are skipped; float data keeps its class; names select."""
-    path = tmp_path / "m.mat"
-    chars = np.frombuffer("hi".encode("utf-16-le"), "<u2").reshape(1, 2)
-    grid = np.arange(6, dtype=np.float64).reshape(2, 3)
-    write_mat(
-        path,
-        [_matrix("note", chars, 4, np.uint16, 4), _matrix("grid", grid, MX_DOUBLE, np.float64, MI_DOUBLE)],
-    )
-    out = read_mat_v5(path)
-    assert set(out) == {"grid"} and out["grid"].dtype == np.float64 and np.array_equal(out["grid"], grid)
-
-
 def test_svhn_bad_files(tmp_path: Path) -> None:
     v73 = tmp_path / "v73.mat"
     v73.write_bytes(b"MATLAB 7.3 MAT-file, Platform: GLNXA64".ljust(512, b" "))
@@ -456,19 +410,33 @@ def test_svhn_bad_files(tmp_path: Path) -> None:
     one_line(err)
     junk = tmp_path / "junk.mat"
     junk.write_bytes(b"\x89HDF\r\n" + os.urandom(300))
-    with pytest.raises(DataError, match="not a MATLAB 5 MAT-file"):
+    with pytest.raises(DataError, match="corrupt or not a MATLAB v5/v7 MAT-file") as err:
         load_dataset(f"svhn:{junk}")
+    one_line(err)
     x, _ = _svhn_arrays(2, 0)
     nolabels = tmp_path / "nolabels.mat"
-    write_mat(nolabels, [_matrix("X", x, MX_UINT8, np.uint8, MI_UINT8)])
+    scipy.io.savemat(nolabels, {"X": x})
     with pytest.raises(DataError, match="no variables X and y"):
         load_dataset(f"svhn:{nolabels}")
     good = tmp_path / "good.mat"
     _svhn_file(good, 3)
     cut = tmp_path / "cut.mat"
     cut.write_bytes(good.read_bytes()[:-50])
-    with pytest.raises(DataError, match="corrupt MAT-file"):
+    with pytest.raises(DataError, match="corrupt or not a MATLAB v5/v7 MAT-file") as err:
         load_dataset(f"svhn:{cut}")
+    one_line(err)
+
+
+def test_a_mat_file_that_unpacks_past_the_limit_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    zeros = {"X": np.zeros((32, 32, 3, 100), np.uint8), "y": np.ones((100, 1))}
+    scipy.io.savemat(tmp_path / "train_32x32.mat", zeros, do_compression=True)
+    assert (tmp_path / "train_32x32.mat").stat().st_size < 10_000
+    monkeypatch.setattr("powerfed.training.data.images.DATA_LIMIT", 10_000)
+    with pytest.raises(DataError, match="limit for a MAT-file, unpacked") as err:
+        load_dataset(f"svhn:{tmp_path / 'train_32x32.mat'}")
+    one_line(err)
 
 
 # --------------------------------------------------------------------------- text

@@ -1,10 +1,12 @@
 """Readers for the real image datasets, each turned into uint8 [N, 3, 32, 32] + labels: numpy over the
-arrays, Pillow for compressed images, nothing downloaded, every fault one DataError line."""
+arrays, scipy for MATLAB files, Pillow for compressed images, nothing downloaded, every fault one
+DataError line."""
 
 from __future__ import annotations
 
 import gzip
 import io
+import math
 import pickle
 import zlib
 from collections.abc import Callable, Iterable
@@ -16,7 +18,6 @@ import numpy as np
 
 from powerctl.files.readfile import DATA_LIMIT, IMAGE_LIMIT, open_regular, read_bytes, too_large
 from powerfed.training.data.dataset import CIFAR10_CLASSES, Dataset, image_dataset
-from powerfed.training.data.matv5 import read_mat_v5
 from powerfed.training.data.tarstream import iter_tar_files
 from powerfed.training.errors import DataError
 
@@ -229,7 +230,7 @@ def load_svhn(path: Path, *, split: str, limit: int | None) -> Dataset:
 
 
 def _svhn_file(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    arrays = read_mat_v5(_exists(path, "SVHN file"), {"X", "y"})
+    arrays = _read_mat(_exists(path, "SVHN file"), ["X", "y"])
     if "X" not in arrays or "y" not in arrays:
         raise DataError(f"{path}: no variables X and y; is it an SVHN *_32x32.mat file?")
     x, y = arrays["X"], arrays["y"].reshape(-1)
@@ -243,6 +244,29 @@ def _svhn_file(path: Path) -> tuple[np.ndarray, np.ndarray]:
     labels[labels == 10] = 0
     images = np.ascontiguousarray(x.astype(np.uint8, copy=False).transpose(3, 2, 0, 1))
     return images, labels
+
+
+def _read_mat(path: Path, names: list[str]) -> dict[str, np.ndarray]:
+    """The variables `names` of a MATLAB v5/v7 MAT-file (scipy), read and unpacked bounded (`DATA_LIMIT`)."""
+    from scipy.io import loadmat, whosmat
+
+    try:
+        raw = read_bytes(path, limit=DATA_LIMIT, what="a MATLAB v5 MAT-file", error=DataError)
+    except OSError as exc:
+        raise DataError(f"cannot read {path}: {exc.strerror or exc}; check the path") from None
+    if raw.startswith(b"MATLAB 7.3"):
+        raise DataError(
+            f"{path}: MATLAB v7.3 (HDF5) files are not supported; re-save as v7 (save -v7) or convert to npz"
+        )
+    try:
+        values = sum(math.prod(shape) for name, shape, _ in whosmat(io.BytesIO(raw)) if name in names)
+        if values <= DATA_LIMIT:  # the declared sizes, checked before loadmat unpacks them
+            return loadmat(io.BytesIO(raw), variable_names=names)
+    except Exception as exc:  # a corrupt file can fail in many ways; all mean "not a readable MAT-file"
+        raise DataError(
+            f"{path}: corrupt or not a MATLAB v5/v7 MAT-file ({exc}); re-save it with MATLAB/scipy as v7"
+        ) from None
+    raise DataError(too_large(path, DATA_LIMIT, "a MAT-file, unpacked"))
 
 
 _IDX_DTYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
