@@ -18,10 +18,11 @@ from powerctl.cli.util import (
     bounded_int,
     key_value,
     one_line_errors,
+    positive_int,
     run_command,
     say,
 )
-from powerctl.files.mapping import MAX_BATCH_SIZE, MAX_COUNT
+from powerctl.files.mapping import MAX_BATCH_SIZE
 from powerctl.files.outputs import output_path
 from powerctl.records.relation import VECTORS
 from powerfed.training.data import SPECS
@@ -35,7 +36,6 @@ from strategies.settings_derived import flag
 
 PROG = "fl-server"
 RAW = argparse.RawDescriptionHelpFormatter  # a command's description and example as written
-SAMPLES = bounded_int(1, MAX_COUNT)
 SEQ_LEN = bounded_int(1, MAX_SEQ_LEN)
 EPOCHS = bounded_float(0.0, 1000.0)
 THREADS = bounded_int(1, 1024)
@@ -89,7 +89,7 @@ def _common(p: argparse.ArgumentParser) -> None:
         help=f"model name: {', '.join(model_names())}",
     )
     SEQ_LEN.add(p, "--seq-len", "text only: characters per sample (default: the model's context, 64)")
-    SAMPLES.add(p, "--limit", "use at most this many samples of the dataset (default: all)")
+    positive_int.add(p, "--limit", "use at most this many samples of the dataset (default: all)")
     THREADS.add(
         p, "--threads", "torch CPU threads (default: torch's choice; 1 is often fastest on a busy machine)"
     )
@@ -111,13 +111,13 @@ def _add_pretrain(sub: Any) -> None:
         "stem + .report.json",
     )
     budget = pre.add_mutually_exclusive_group()
-    SAMPLES.add(budget, "--samples", "training samples to process")
+    positive_int.add(budget, "--samples", "training samples to process")
     EPOCHS.add(budget, "--epochs", "passes over the train split, at least one batch (default: 1)")
     bounded_int(1, MAX_BATCH_SIZE).add(pre, "--batch-size", "default: %(default)s", default=64)
     lr = bounded_float(0.0, 10.0)  # above 10 diverges with Adam and with SGD alike
     lr.add(pre, "--lr", "learning rate, Adam (images) / AdamW (text) (default: %(default)s)", default=1e-3)
     fixed = "evaluate on at most this many test samples, a fixed subset (default: %(default)s)"
-    SAMPLES.add(pre, "--eval-max-samples", fixed, default=DEFAULT_EVAL_MAX_SAMPLES)
+    positive_int.add(pre, "--eval-max-samples", fixed, default=DEFAULT_EVAL_MAX_SAMPLES)
     pre.add_argument("--seed", **flag("pretrain_seed", "initialisation, split and order seed"))
     pre.add_argument(
         "--set",

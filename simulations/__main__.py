@@ -15,8 +15,9 @@ from powerctl.cli.util import (
     accuracy,
     add_command,
     bounded_int,
+    kind_type,
     one_line_errors,
-    positive_float,
+    power_cap_w,
     run_command,
     tcp_port,
 )
@@ -42,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", default=d.device, help=f"simulated board (default {d.device})")
     s.add_argument("--model", default=model, help=f"model name (default {model})")
     s.add_argument(
-        "--power-cap", type=positive_float, default=d.power_cap_w, help=f"W (default {d.power_cap_w:g})"
+        "--power-cap", type=power_cap_w, default=d.power_cap_w, help=f"W (default {d.power_cap_w:g})"
     )
     s.add_argument(
         "--target-accuracy", type=accuracy, default=None, help="default: the run config's target-accuracy"
@@ -141,14 +142,11 @@ def ray_check(_args: argparse.Namespace) -> int:
 
 
 def _methods(text: str) -> list[str]:
+    """`--methods`: checked as the run setting `methods`, in their run order (as a fleet file's)."""
     from strategies.protocol import RUN_METHODS
+    from strategies.settings import SETTINGS
 
-    names = [m.strip() for m in text.split(",") if m.strip()]
-    bad = [m for m in names if m not in RUN_METHODS]
-    if not names or bad or len(set(names)) != len(names):
-        raise argparse.ArgumentTypeError(
-            f"expected distinct methods from {', '.join(RUN_METHODS)}, got {text!r}"
-        )
+    names = kind_type(SETTINGS["methods"].kind, "methods")(text)
     return [m for m in RUN_METHODS if m in names]
 
 

@@ -167,8 +167,8 @@ def no_pretraining(monkeypatch: pytest.MonkeyPatch) -> None:
         (["--device", "quantum:0"], "unknown device spec 'quantum:0'"),
         (["--model", "nosuch"], "unknown model 'nosuch'"),
         (["--power-cap", "1"], "no fixed frequency of jetson-nano keeps every model under 1.00 W"),
-        (["--power-cap", "-3"], "argument --power-cap: expected a positive number"),
-        (["--target-accuracy", "1.5"], "expected an accuracy in (0, 1]"),
+        (["--power-cap", "-3"], "argument --power-cap: expected a number of watts in (0, 100000]"),
+        (["--target-accuracy", "1.5"], "expected a number in (0, 1]"),
     ],
 )
 def test_demo_inputs_are_refused_before_pretraining(

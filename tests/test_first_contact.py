@@ -208,7 +208,7 @@ def test_a_huge_batch_size_is_one_line_and_a_profile_with_no_point_is_not_writte
     out = tmp_path / "p.json"
     argv = ["profile", "--device", "sim:jetson-nano", "--model", "cnn-tiny", "--predicted", "--out", str(out)]
     assert powerctl_main([*argv, "--batch-sizes", "100000000"]) == 2
-    assert f"batch sizes must be at most {MAX_BATCH_SIZE}" in _one_line(capsys, "powerctl profile")
+    assert f"expected distinct integers ≥ 1 and ≤ {MAX_BATCH_SIZE}" in _one_line(capsys, "powerctl profile")
     assert powerctl_main([*argv[:4], "resnet18", *argv[5:], "--batch-sizes", "60000"]) == 2
     assert "no batch size fits in the device's memory (skipped [60000]): nothing written" in _one_line(
         capsys, "powerctl"
@@ -303,7 +303,7 @@ def test_plot_refuses_a_relation_of_another_model_as_select_does(
         (
             ["stop-superlink", "--port", "99999"],
             "python -m simulations stop-superlink",
-            "TCP port from 1 to 65535",
+            "--port: expected an integer in [1, 65535]",
         ),
     ],
 )

@@ -24,6 +24,7 @@ from typing import Any, NoReturn, TextIO
 from powerctl.errors import PowerctlError, first_line, printable
 from powerctl.files.mapping import (
     MAX_BATCH_SIZE,
+    MAX_CAP_W,
     MAX_COUNT,
     MAX_SEED,
     Integer,
@@ -31,6 +32,7 @@ from powerctl.files.mapping import (
     Kind,
     Number,
     bounds_text,
+    distinct_ints,
     number_text,
 )
 from powerctl.selection.capsource import POWER_CAP
@@ -312,14 +314,6 @@ non_negative_int = bounded_int(0, MAX_COUNT, "non_negative_int")
 positive_float = bounded_float(0.0, float(MAX_COUNT), name="positive_float")
 
 
-def tcp_port(text: str) -> int:
-    """A TCP port number, 1 to 65535."""
-    with contextlib.suppress(ValueError):
-        if 1 <= (value := int(text)) <= 65535:
-            return value
-    raise argparse.ArgumentTypeError(f"expected a TCP port from 1 to 65535, got {text!r}")
-
-
 def key_value(text: str) -> tuple[str, Any]:
     """`KEY=VALUE` (a repeatable `--set`): VALUE read as JSON, else kept as text."""
     key, sep, raw = text.partition("=")
@@ -359,33 +353,11 @@ def power_cap(text: str) -> float | None:
     return _POWER_CAP(text)
 
 
-def power_cap_w(text: str) -> float:
-    """`--power-cap W` where a cap must be given (a number of watts: none makes no sense there)."""
-    cap = power_cap(text)
-    if cap is None:
-        raise argparse.ArgumentTypeError(f"expected a number of watts > 0, got {text!r}")
-    return cap
-
-
-def accuracy(text: str) -> float:
-    value = positive_float(text)
-    if value > 1:
-        raise argparse.ArgumentTypeError(f"expected an accuracy in (0, 1], got {text!r}")
-    return value
-
-
-def batch_sizes(text: str) -> list[int]:
-    try:  # an empty item ('8,,16', '8,16,') is refused, not dropped: a number was left out
-        values = [int(v) for v in text.replace(" ", "").split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"batch sizes must be positive, got {text!r}")
-    if any(v > MAX_BATCH_SIZE for v in values):
-        raise argparse.ArgumentTypeError(f"batch sizes must be at most {MAX_BATCH_SIZE}, got {text!r}")
-    if len(set(values)) != len(values):
-        raise argparse.ArgumentTypeError(f"batch sizes must be distinct, got {text!r}")
-    return values
+power_cap_w = kind_type(Number(0.0, MAX_CAP_W, above=True, unit="watts"), "power_cap_w")
+"""`--power-cap W` where a cap must be given (none makes no sense there)."""
+accuracy = kind_type(Number(0.0, 1.0, above=True), "accuracy")
+batch_sizes = kind_type(distinct_ints(1, "4,8,16", maximum=MAX_BATCH_SIZE), "batch_sizes")
+tcp_port = kind_type(Integer(1, 65535), "tcp_port")
 
 
 def installed_tool(name: str) -> str:
