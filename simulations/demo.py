@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fl_client.round import (
     CapRule,
@@ -26,32 +25,25 @@ from fl_client.round import (
     run_round,
     usable_relation,
 )
+from fl_server.app import Say, pretrained_weights, quiet, relation_vector
+from fl_server.results import cell
+from fl_server.run_config import ServerConfig
 from powerctl.files.jsonfile import write_json
 from powerctl.selection.baselines import predict
 from powerctl.selection.methods import METHODS, method_named
 from powerctl.selection.names import OURS
 from simulations.bench_steps import full_oracle_search
 from simulations.demo_config import DEMO_NODE, DemoConfig
-from simulations.fleet_results import cell, table
-
-if TYPE_CHECKING:
-    from fl_server.run_config import ServerConfig
+from simulations.fleet_results import table
 
 DEMO_SCHEMA = "simulations.demo/3"
 ORDER = tuple(sorted(METHODS, key=lambda m: not method_named(m).searches_own_data))
 """The oracle first: its search measures the pairs the others most often pick."""
 
 
-Say = Callable[[str], None]
-
-
 def say_on_stderr(text: str) -> None:
     """Progress of the long phases, on stderr (the table goes to stdout)."""
     print(f"demo: {text}", file=sys.stderr, flush=True)
-
-
-def quiet(text: str) -> None:
-    """No progress lines."""
 
 
 class SharedRuns:
@@ -103,7 +95,6 @@ def demo_work(cfg: DemoConfig, settings: ServerConfig, say: Say = quiet) -> Roun
     run's `client-data`."""
     from fl_client.local_data import data_plan, load_local_data
     from fl_client.node import NodeSettings
-    from fl_server.app import pretrained_weights, relation_vector
     from fl_server.weights import load_model
     from strategies.protocol import TrainInstructions
 
