@@ -87,17 +87,23 @@ def plot_fleet(results: dict[str, Any], out: Path) -> list[Path]:
     ]
 
 
+RATIO_PANELS = [
+    ("per board:\nspeed-up to its own target", "board", "speedup"),
+    ("fleet:\nspeed-up to the global target", "fleet", "speedup"),
+    ("fleet:\nenergy ratio, all rounds", "energy", "ratio"),
+]
+"""The seed-ratios plot's panels: a title, and where a method's summary keeps its ratio stats."""
+
+
 def plot_seed_ratios(results: dict[str, Any], path: Path) -> Path:
     """A run over seeds: one panel per ratio (per board speed-up, fleet speed-up, energy), per method a
     point per seed (its ratio to the state of practice), the mean and its 95 % interval."""
-    from simulations.fleet_seeds import RATIO_PANELS
-
     methods = [m for m in results["summary"] if m["method"] != results["reference"]]
     fig = new_figure(max(9.0, 1.3 * len(methods) * len(RATIO_PANELS) + 2), 4.6)
     axes = fig.subplots(1, len(RATIO_PANELS), sharey=False)
-    for ax, (title, stats_of) in zip(axes, RATIO_PANELS, strict=True):
+    for ax, (title, section, key) in zip(axes, RATIO_PANELS, strict=True):
         for x, m in enumerate(methods):
-            stats = stats_of(m)
+            stats = m[section][key]
             if not stats or stats["mean"] is None:
                 ax.text(x, 1.0, "no pairs", ha="center", va="bottom", fontsize=7)
                 continue

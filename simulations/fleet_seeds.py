@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fl_server.results import cell
 from simulations.fleet import FleetSpec
 from simulations.fleet_results import (
     cap_cell,
-    cell,
     fleet_block,
     headline,
     processes,
@@ -378,11 +378,3 @@ def seeds_summary_text(results: dict[str, Any]) -> str:
         f"failed seeds: {d['failed_seed']}.",
     ]
     return "\n".join(lines)
-
-
-RATIO_PANELS: list[tuple[str, Callable[[dict[str, Any]], dict[str, Any] | None]]] = [
-    ("per board:\nspeed-up to its own target", lambda m: m["board"]["speedup"]),
-    ("fleet:\nspeed-up to the global target", lambda m: m["fleet"]["speedup"]),
-    ("fleet:\nenergy ratio, all rounds", lambda m: m["energy"]["ratio"]),
-]
-"""The seed-ratios plot's panels: a title, and a method's ratio stats."""

@@ -17,7 +17,7 @@ from matplotlib.figure import Figure, SubFigure
 from matplotlib.patches import Patch
 
 from fl_server.results import RESULTS_SCHEMA
-from powerctl.cli.plot import Mark, cap_order, colour, draw_choices, map_size, new_figure, save_figure
+from powerctl.cli.plot import Mark, colour, draw_choices, map_size, new_figure, save_figure
 from powerctl.errors import PowerctlError
 from powerctl.files.jsonfile import read_json
 from powerctl.records.profile import Profile
@@ -67,7 +67,8 @@ def _rows(
         groups.setdefault((r["device"], r["power_cap_w"]), []).append(r)
     profiles: dict[str, Profile | None] = {}
     rows = []
-    for (device, cap), recs in sorted(groups.items(), key=lambda kv: (kv[0][0], cap_order(kv[0][1]))):
+    by_cap = sorted(groups.items(), key=lambda kv: (kv[0][0], math.inf if kv[0][1] is None else kv[0][1]))
+    for (device, cap), recs in by_cap:
         board = recs[0].get("board") or device.removeprefix("sim:")
         if board not in profiles:
             try:

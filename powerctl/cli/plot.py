@@ -4,7 +4,6 @@ the Pareto front and a cap over time. Agg canvases, no pyplot state: the importe
 from __future__ import annotations
 
 import contextlib
-import math
 import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -60,11 +59,6 @@ def new_figure(width: float, height: float, **kwargs: Any) -> Figure:
     fig = Figure(figsize=(width, height), **kwargs)
     FigureCanvasAgg(fig)
     return fig
-
-
-def cap_order(cap: float | None) -> float:
-    """Caps in ascending order, no cap last."""
-    return math.inf if cap is None else cap
 
 
 @dataclass(frozen=True)
