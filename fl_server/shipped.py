@@ -6,7 +6,6 @@ base64: a FAB holds only text); a file that does not match is one warning, and t
 from __future__ import annotations
 
 import base64
-import binascii
 import dataclasses
 import hashlib
 import json
@@ -18,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from powerctl.cli.util import OneLineParser, one_line_errors, say
-from powerctl.files.jsonfile import write_json
+from powerctl.errors import FileFormatError
+from powerctl.files.jsonfile import read_json, write_json
 from powerctl.files.outputs import replacing
 
 log = logging.getLogger(__name__)
@@ -37,19 +37,14 @@ def normal(recipe: dict[str, Any]) -> Any:
 
 
 def _manifest(folder: Path) -> dict[str, Any]:
+    if not (path := folder / MANIFEST).exists():
+        return {}
     try:
-        data = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return {}
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        log.warning(
-            "%s: unreadable (%s); nothing shipped is used: run %s", folder / MANIFEST, exc, WRITE_COMMAND
-        )
-        return {}
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("files"), list):
-        log.warning(
-            "%s: not a %s manifest; nothing shipped is used: run %s", folder / MANIFEST, SCHEMA, WRITE_COMMAND
-        )
+        data = read_json(path, SCHEMA)
+        if not isinstance(data.get("files"), list):
+            raise FileFormatError(f"{path}: 'files' is not a list")
+    except FileFormatError as exc:
+        log.warning("%s; nothing shipped is used: run %s", exc, WRITE_COMMAND)
         return {}
     return data
 
@@ -64,13 +59,12 @@ def shipped_bytes(kind: str, recipe: dict[str, Any], folder: Path | None = None)
             continue
         path = folder / str(entry.get("file", ""))
         try:
-            data = path.read_bytes()
             if kind == "weights":
-                packed = json.loads(data)
-                if not isinstance(packed, dict) or packed.get("schema") != WEIGHTS_SCHEMA:
-                    raise ValueError(f"not a {WEIGHTS_SCHEMA} file")
+                packed = read_json(path, WEIGHTS_SCHEMA)
                 data = base64.b64decode(str(packed["safetensors_base64"]), validate=True)
-        except (OSError, ValueError, KeyError, binascii.Error) as exc:
+            else:
+                data = path.read_bytes()
+        except (OSError, ValueError, KeyError, FileFormatError) as exc:  # binascii.Error is a ValueError
             log.warning("shipped %s %s: unreadable (%s); training it instead", kind, path, exc)
             return None
         if hashlib.sha256(data).hexdigest() != entry.get("sha256"):
