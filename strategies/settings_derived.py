@@ -4,9 +4,8 @@
 from __future__ import annotations
 
 import json
-import sys
 import textwrap
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from powerctl.cli.util import kind_type
@@ -46,24 +45,6 @@ def markdown_table(settings: Iterable[Setting] | None = None, text: Callable[[st
     return "\n".join(lines) + "\n"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    import argparse
-
-    p = argparse.ArgumentParser(
-        prog="python -m strategies.settings_derived",
-        description="Print the run settings as pyproject.toml's [tool.flwr.app.config] table (default) or "
-        "as a Markdown table.",
-    )
-    p.add_argument("--markdown", action="store_true", help="a Markdown table for the docs")
-    args = p.parse_args(argv)
-    sys.stdout.write(markdown_table() if args.markdown else app_config_toml())
-    return 0
-
-
 def _toml(value: bool | int | float | str) -> str:
     """A default as TOML writes it: a JSON scalar is one."""
     return json.dumps(value, ensure_ascii=False)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
