@@ -7,7 +7,7 @@ import sys
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -25,15 +25,17 @@ PowerSamples = list[tuple[float, float]]  # (device-clock seconds, watts), in ti
 class PowerSampler(ABC):
     """Collects power samples over a block of work, timestamped on the device's own clock."""
 
+    _samples: PowerSamples
+
     @abstractmethod
     def start(self) -> None: ...
 
     @abstractmethod
     def stop(self) -> PowerSamples: ...
 
-    @abstractmethod
     def samples_so_far(self) -> PowerSamples:
         """The samples taken since `start`, live (read, never modify)."""
+        return self._samples
 
 
 class ThreadSampler(PowerSampler):
@@ -61,9 +63,6 @@ class ThreadSampler(PowerSampler):
         self._thread = threading.Thread(target=self._run, name="power-sampler", daemon=True)
         self._thread.start()
 
-    def samples_so_far(self) -> PowerSamples:
-        return self._samples
-
     def stop(self) -> PowerSamples:
         self._stop.set()
         if self._thread is not None:
@@ -77,7 +76,7 @@ class ThreadSampler(PowerSampler):
 class Device(ABC):
     """A GPU with (maybe) a frequency knob and (maybe) a power sensor.
 
-    The defaults are a device without a knob; a backend with one implements `frequencies`,
+    The defaults are a device without a knob; a backend with one sets `_table` and implements
     `current_frequency`, `_write_pin`, `snapshot` and `apply_snapshot`. Pinning lives here."""
 
     spec: str  # the spec string it was opened with, e.g. ``sim:jetson-nano``
@@ -87,6 +86,7 @@ class Device(ABC):
     recovered: str | None = None  # set by `open_device`: the line said when found left pinned and put back
     pins: bool = True  # False: a device at the clock in force (`powerctl.devices.unpinned`)
     _session: PinSession | None = None  # from the first pin to the restore
+    _table: Sequence[int] = ()  # the GPU frequencies in Hz, ascending; empty: no knob
 
     def physical_key(self) -> str | None:
         """The physical board's key for its pin lock and crash record (None: no hardware state to lose)."""
@@ -94,7 +94,7 @@ class Device(ABC):
 
     def frequencies(self) -> list[int]:
         """Supported GPU frequencies in Hz, ascending; empty when the device has no knob."""
-        return []
+        return list(self._table)
 
     def current_frequency(self) -> int | None:
         """The GPU frequency in force now, in Hz (None when unknown)."""

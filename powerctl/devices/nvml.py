@@ -146,9 +146,6 @@ class NvmlGpu(Device):
             return f"{self.board}-index{self.index}"
         return f"nvml-{uuid.lower()}"
 
-    def frequencies(self) -> list[int]:
-        return list(self._table)
-
     def current_frequency(self) -> int | None:
         nvml = self._nvml
         what = "reading the graphics clock"

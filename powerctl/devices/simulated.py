@@ -165,9 +165,6 @@ class TimelineSampler(PowerSampler):
         self._samples.append((t0, self._board._noisy(watts)))
         self._samples.append((t1, self._board._noisy(watts)))
 
-    def samples_so_far(self) -> PowerSamples:
-        return self._samples
-
     def stop(self) -> PowerSamples:
         if self in self._board._samplers:
             self._board._samplers.remove(self)
@@ -190,6 +187,7 @@ class SimulatedBoard(Device):
         self.model = model
         self.board = model.name
         self.spec = f"sim:{model.name}"
+        self._table = model.frequencies_hz
         self._min_hz, self._max_hz = model.frequencies_hz[0], model.frequencies_hz[-1]
         self._t = 0.0
         self._watts = model.idle_power_w
@@ -205,9 +203,6 @@ class SimulatedBoard(Device):
         return cls(board_model(check_board_name(name)), seed=seed, noise=noise, power_scale=power_scale)
 
     # knob: the devfreq min/max pair of a real board, under a governor that runs at max under load
-    def frequencies(self) -> list[int]:
-        return list(self.model.frequencies_hz)
-
     def current_frequency(self) -> int:
         return self._max_hz
 

@@ -26,18 +26,15 @@ class UnpinnedDevice(Device):
         self.spec, self.board, self.recovered = inner.spec, inner.board, inner.recovered
         self.has_power_sensor, self.power_reading = inner.has_power_sensor, inner.power_reading
         hz = inner.clock_in_force()
-        self._hz = [hz] if hz else []
+        self._table = [hz] if hz else []
 
     def __getattr__(self, name: str) -> Any:  # what a backend has of its own (a simulated board's model)
         if name == "inner":
             raise AttributeError(name)
         return getattr(self.inner, name)
 
-    def frequencies(self) -> list[int]:
-        return list(self._hz)
-
     def clock_in_force(self) -> int | None:
-        return self._hz[0] if self._hz else None
+        return self._table[0] if self._table else None
 
     def profile_kind(self) -> str:
         """Its own kind per clock in force: a profile at one clock is not valid at another."""
@@ -45,14 +42,14 @@ class UnpinnedDevice(Device):
 
     def pin_frequency(self, hz: int) -> None:
         """Accept the clock in force (what the profile holds) and write nothing; refuse any other."""
-        if hz not in self._hz:
+        if hz not in self._table:
             raise DeviceError(
                 f"{self.spec} is {NOT_PINNED} ({self.reason}): it runs at the clock in force "
                 f"({self._mhz()}), not {hz / 1e6:.1f} MHz"
             )
 
     def _mhz(self) -> str:
-        return f"{self._hz[0] / 1e6:.1f} MHz" if self._hz else "unknown"
+        return f"{self._table[0] / 1e6:.1f} MHz" if self._table else "unknown"
 
     def memory_bytes(self) -> int:
         return self.inner.memory_bytes()

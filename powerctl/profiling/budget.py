@@ -42,10 +42,7 @@ class ReplayBoard(Device, PowerSampler):
         self._hz = self._table[-1]
         self._t = 0.0
         self.watts = 0.0
-        self.readings: PowerSamples = []
-
-    def frequencies(self) -> list[int]:
-        return list(self._table)
+        self._samples: PowerSamples = []
 
     def _write_pin(self, hz: int) -> None:  # a board walked once: nothing to restore
         self._hz = hz
@@ -54,14 +51,11 @@ class ReplayBoard(Device, PowerSampler):
         return self
 
     def start(self) -> None:
-        self.readings = [(self._t, self.watts)]
-
-    def samples_so_far(self) -> PowerSamples:
-        return self.readings
+        self._samples = [(self._t, self.watts)]
 
     def stop(self) -> PowerSamples:
-        self.readings.append((self._t, self.watts))
-        return self.readings
+        self._samples.append((self._t, self.watts))
+        return self._samples
 
     def memory_bytes(self) -> int:
         return 0
@@ -76,7 +70,7 @@ class ReplayBoard(Device, PowerSampler):
         result = fn()
         self._t += point.seconds_per_batch
         self.watts = point.peak_power_w
-        self.readings.append((self._t, self.watts))
+        self._samples.append((self._t, self.watts))
         return result
 
 
