@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"comma-separated, from {','.join(RUN_METHODS)} (default: the fleet file's methods, "
         f"else {','.join(METHODS)})",
     )
-    bounded_int(1, MAX_SEEDS, "seed_count").add(
+    bounded_int(1, MAX_SEEDS).add(
         r,
         "--seeds",
         "run the fleet N times, seed K with run and data seeds moved by K - 1 (DIR/seed-K/), and summarise "
@@ -201,14 +201,14 @@ def owning_every_process() -> Iterator[None]:
     whatever is still running there (by process id and group) and reaps it."""
     from powerctl.procs import become_subreaper, descendants
     from simulations.launcher import uninterrupted
-    from simulations.local_superlink import stop_trees
+    from simulations.local_superlink import stop_tree
 
     become_subreaper()
     try:
         yield
     finally:
         with uninterrupted():
-            stop_trees(descendants(os.getpid()))
+            stop_tree(*descendants(os.getpid()))
             with contextlib.suppress(ChildProcessError):  # reap the adopted ones that ended
                 while os.waitpid(-1, os.WNOHANG)[0] > 0:
                     pass

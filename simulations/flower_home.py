@@ -17,7 +17,7 @@ from typing import IO, Any
 from powerctl.errors import FileFormatError, PowerctlError
 from powerctl.files.jsonfile import read_json, write_json
 from powerctl.procs import environ, proc_table, search_path
-from simulations.local_superlink import identity, stop_tree, stop_trees
+from simulations.local_superlink import identity, stop_tree
 
 PREFIX = "powerfed-flwr-home-"
 MARKER = "launcher.json"
@@ -135,7 +135,7 @@ class FlowerHome:
         if self._fd < 0:
             return []
         try:
-            stopped = stop_trees(processes_of(self.path, self._procs.items()))
+            stopped = stop_tree(*self.processes())
             shutil.rmtree(self.path, ignore_errors=True)
         finally:
             os.close(self._fd)
@@ -156,7 +156,7 @@ def clean_home(path: Path, *, wait: bool = False) -> tuple[int | None, list[int]
         return None
     try:
         launcher, recorded = _recorded(path)
-        stopped = stop_trees(processes_of(path, recorded))
+        stopped = stop_tree(*processes_of(path, recorded))
         shutil.rmtree(path, ignore_errors=True)
         return launcher, stopped
     finally:

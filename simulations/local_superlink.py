@@ -10,14 +10,12 @@ import re
 import signal
 import sys
 import time
-from collections.abc import Iterable
 from pathlib import Path
 
 from powerctl.errors import PowerctlError
 from powerctl.procs import (
     PROC,
     ProcStat,
-    alive,
     cmdline,
     descendants,
     describe,
@@ -132,14 +130,16 @@ def _members(roots: set[int], table: dict[int, ProcStat], protected: set[int]) -
     return members - protected
 
 
-def stop_tree(pid: int, grace_s: float = 5.0) -> list[int]:
-    """Stop `pid`, its descendants and the members of the sessions they lead: SIGTERM, then SIGKILL
+def stop_tree(*pids: int, grace_s: float = 5.0) -> list[int]:
+    """Stop `pids`, their descendants and the members of the sessions they lead: SIGTERM, then SIGKILL
     after `grace_s`, each pid only while it names the process first seen there. Returns the pids."""
     protected = _protected()
     seen: dict[int, int] = {}  # pid -> start ticks
     for sig in (signal.SIGTERM, signal.SIGKILL):
         table = proc_table()
-        roots = {p for p, t in seen.items() if p in table and table[p].start_ticks == t} if seen else {pid}
+        roots = (
+            {p for p, t in seen.items() if p in table and table[p].start_ticks == t} if seen else set(pids)
+        )
         for p in _members(roots, table, protected):
             if (ident := identity(p, table)) is not None:
                 seen.setdefault(*ident)
@@ -153,15 +153,6 @@ def stop_tree(pid: int, grace_s: float = 5.0) -> list[int]:
         if not _any_alive(seen):
             break
     return sorted(seen)
-
-
-def stop_trees(pids: Iterable[int]) -> list[int]:
-    """`stop_tree` each of `pids` still alive (not stopped with an earlier one's tree); every pid stopped."""
-    stopped: list[int] = []
-    for pid in pids:
-        if pid not in stopped and alive(pid):
-            stopped += stop_tree(pid)
-    return sorted(set(stopped))
 
 
 def _any_alive(procs: dict[int, int]) -> bool:
@@ -187,7 +178,7 @@ def stop_local_superlink(port: int) -> list[int]:
                 f"port {port} is held by {describe(pid)}, {what} that `flwr run` started: nothing stopped; "
                 "stop it yourself if it is yours, or give the SuperLink's own --port"
             )
-    return stop_trees(sorted(ours))
+    return stop_tree(*ours)
 
 
 def free_port() -> int:

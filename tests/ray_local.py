@@ -25,7 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from simulations.local_superlink import alive, descendants, free_port, proc_stat, proc_table
+from powerctl.procs import alive
+from simulations.local_superlink import descendants, free_port, proc_stat, proc_table
 from tests.flower_deploy import BIN
 
 

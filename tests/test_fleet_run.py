@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from powerctl.procs import alive
 from simulations.fleet import FleetSpec, load_fleet_spec
 from simulations.linkstate_index import INSTALLED_LINE
-from simulations.local_superlink import alive
 from simulations.runner import run_seeds
 from strategies.population import Population
 from tests.cpu_quotes import check_against_quotes, quotes

@@ -19,9 +19,9 @@ import pytest
 
 from fl_server.fab import staged_app
 from powerctl.devices.simulated import POWER_NOISE
+from powerctl.procs import alive
 from simulations.launcher import ANSI, INFRA_LINE
 from simulations.local_superlink import (
-    alive,
     descendants,
     flower_env,
     flwr_run_command,

@@ -21,12 +21,13 @@ from hypothesis import strategies as st
 
 from fl_server.run_config import RunConfigError
 from powerctl.errors import PowerctlError
+from powerctl.procs import alive
 from simulations.launcher import (
     check_launch,
     parse_run_config,
     run_config_text,
 )
-from simulations.local_superlink import alive, descendants, free_port, pids_listening_on, stop_local_superlink
+from simulations.local_superlink import descendants, free_port, pids_listening_on, stop_local_superlink
 from strategies.fleet import MAX_BOARDS
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from simulations.local_superlink import alive
+from powerctl.procs import alive
 from tests.deployed_run import check_results, check_table, seeded_task
 from tests.fake_boards import default_signals
 from tests.flower_deploy import REPO, free_port

@@ -20,10 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from powerctl.procs import environ
+from powerctl.procs import alive, environ
 from simulations.flower_home import MARKER, PREFIX, SCHEMA, FlowerHome, clean_stale_homes
 from simulations.local_superlink import (
-    alive,
     cmdline,
     descendants,
     free_port,

@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from fl_server.fab import staged_app
+from powerctl.procs import alive
 from simulations.__main__ import main
-from simulations.local_superlink import alive, descendants, free_port, pids_listening_on, stop_local_superlink
+from simulations.local_superlink import descendants, free_port, pids_listening_on, stop_local_superlink
 from simulations.ray_cluster import (
     RayClusterError,
     find_target,

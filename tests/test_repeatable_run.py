@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from powerctl.procs import alive
 from powerctl.records.relation import RelationVector
-from simulations.local_superlink import alive, free_port, pids_listening_on
+from simulations.local_superlink import free_port, pids_listening_on
 from tests.cpu_quotes import check_against_quotes, quotes
 from tests.test_launcher import SMALL_RUN, _make, _watch
 
