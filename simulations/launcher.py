@@ -97,10 +97,6 @@ def check_simulation(
 
 
 # --- owning the processes -------------------------------------------------------------------------
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
-
-
 def uninterrupted() -> contextlib.AbstractContextManager[None]:
     """Ctrl-C and SIGTERM ignored, so they cannot cut the (bounded) clean-up short."""
     return handling(signal.SIG_IGN, signal.SIGINT, signal.SIGTERM)
@@ -194,7 +190,10 @@ def run_flwr(
         env["PATH"] = search_path(install_script(home.path / "bin").parent, rest=env["PATH"])
         env[INDEX_ENV] = "1" if index_messages else "0"
         # SIGTERM (how a job, or `make`, stops it) ends the run like Ctrl-C, so the clean-up runs
-        with handling(_interrupt, signal.SIGTERM), log_path.open("w", encoding="utf-8") as log:
+        with (
+            handling(signal.default_int_handler, signal.SIGTERM),
+            log_path.open("w", encoding="utf-8") as log,
+        ):
             log.write(" ".join(cmd) + "\n")
             log.flush()
             home.start_watchdog(stderr=log)
@@ -229,10 +228,7 @@ def run_flwr(
         raise
     finally:
         with uninterrupted():
-            run.pids += _tree(port, home.path) + home.processes()
-            if proc is not None:
-                run.pids += descendants(proc.pid)
-            home.close()  # every process marked with the home or recorded in it, then the folder
+            run.pids += home.close()  # every process marked with the home or recorded in it, then the folder
             if proc is not None:
                 if alive(proc.pid):
                     stop_tree(proc.pid)
