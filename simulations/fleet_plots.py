@@ -9,16 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from powerctl.cli.plot import MARKERS, Mark, colour, new_figure, save_figure, short_number
-from powerctl.records.profile import Profile
+from powerctl.cli.plot import MARKERS, colour, new_figure, save_figure, short_number
 from powerctl.selection.methods import method_named
-from strategies.settings import client_setting
-
-
-def method_mark(method: str, b: int, hz: int, estimated: bool = False) -> Mark:
-    """A method's (b, f) on a profile map (`estimated`: the method did not run, its rule on the profile)."""
-    label = f"{method} (not run: its rule on this profile)" if estimated else method
-    return Mark(b, hz, label, MARKERS.get(method, "o"), colour(method))
 
 
 def plot_time_to_accuracy(results: dict[str, Any], path: Path) -> Path:
@@ -69,14 +61,6 @@ def plot_makespans(results: dict[str, Any], path: Path) -> Path:
     ax.legend(fontsize=8)
     fig.tight_layout()
     return save_figure(fig, path, dpi=110)
-
-
-def predicted_board_profile(board: str, model: str, config: dict[str, Any]) -> Profile:
-    """The board model's noise-free profile of `model` at `config`'s batch sizes and N (results.json's)."""
-    from simulations.bench_steps import board_prediction
-
-    sizes = tuple(client_setting(config, "batch_sizes"))
-    return board_prediction(board, model, "{}", None, sizes, client_setting(config, "profile_samples"))
 
 
 def plot_fleet(results: dict[str, Any], out: Path) -> list[Path]:

@@ -17,7 +17,7 @@ from matplotlib.figure import Figure, SubFigure
 from matplotlib.patches import Patch
 
 from fl_server.results import RESULTS_SCHEMA
-from powerctl.cli.plot import Mark, colour, draw_choices, map_size, new_figure, save_figure
+from powerctl.cli.plot import MARKERS, Mark, colour, draw_choices, map_size, new_figure, save_figure
 from powerctl.errors import PowerctlError
 from powerctl.files.jsonfile import read_json
 from powerctl.records.profile import Profile
@@ -25,8 +25,7 @@ from powerctl.records.relation import RelationVector
 from powerctl.selection.joint import predicted_energy_j, predicted_s
 from powerctl.selection.methods import run_method_named
 from powerctl.selection.names import OURS, STATE_OF_PRACTICE
-from simulations.fleet_plots import method_mark, predicted_board_profile
-from strategies.settings import key_of
+from strategies.settings import client_setting, key_of
 
 SUMMARY_FIGURE = "summary.png"
 """The figure's name, beside the run's results.json."""
@@ -96,6 +95,20 @@ def _rows(
             _estimate_state_of_practice(row, relation)
         rows.append(row)
     return rows
+
+
+def method_mark(method: str, b: int, hz: int, estimated: bool = False) -> Mark:
+    """A method's (b, f) on a profile map (`estimated`: the method did not run, its rule on the profile)."""
+    label = f"{method} (not run: its rule on this profile)" if estimated else method
+    return Mark(b, hz, label, MARKERS.get(method, "o"), colour(method))
+
+
+def predicted_board_profile(board: str, model: str, config: dict[str, Any]) -> Profile:
+    """The board model's noise-free profile of `model` at `config`'s batch sizes and N (results.json's)."""
+    from simulations.bench_steps import board_prediction
+
+    sizes = tuple(client_setting(config, "batch_sizes"))
+    return board_prediction(board, model, "{}", None, sizes, client_setting(config, "profile_samples"))
 
 
 def _method_is(name: str, what: str) -> bool:

@@ -153,7 +153,7 @@ def test_typed_settings_are_what_the_run_config_says() -> None:
 
 
 def test_code_reads_a_setting_by_its_attribute_and_a_results_config_by_the_declaration() -> None:
-    from simulations.fleet_plots import predicted_board_profile
+    from simulations.summary_figure import predicted_board_profile
 
     assert declared.key_of("client_data_seed") == "client-data-seed"
     assert client_setting({"client-data-seed": 7}, "client_data_seed") == 7
