@@ -45,11 +45,23 @@ def no_profiling(monkeypatch: pytest.MonkeyPatch) -> None:
         (["--out", "MISSING/sub/p.json"], "folder MISSING/sub does not exist; create it first"),
         (["--out", "FILE/p.json"], "(it is a file)"),
         (["--out", "TMP"], "is a folder; give a file name"),
-        (["--out", "TMP/p.json", "--warmup", "-3"], "argument --warmup: expected an integer ≥ 0, got '-3'"),
-        (["--out", "TMP/p.json", "--rate", "0"], "argument --rate: expected a positive number, got '0'"),
-        (["--out", "TMP/p.json", "--rate", "nan"], "argument --rate: expected a positive number, got 'nan'"),
-        (["--out", "TMP/p.json", "--rate", "inf"], "argument --rate: expected a positive number, got 'inf'"),
-        (["--out", "TMP/p.json", "--seed", "-1"], "argument --seed: expected an integer ≥ 0, got '-1'"),
+        (
+            ["--out", "TMP/p.json", "--warmup", "-3"],
+            "argument --warmup: expected an integer in [0, 1000], got '-3'",
+        ),
+        (["--out", "TMP/p.json", "--rate", "0"], "argument --rate: expected a number in (0, 1000], got '0'"),
+        (
+            ["--out", "TMP/p.json", "--rate", "nan"],
+            "argument --rate: expected a number in (0, 1000], got 'nan'",
+        ),
+        (
+            ["--out", "TMP/p.json", "--rate", "inf"],
+            "argument --rate: expected a number in (0, 1000], got 'inf'",
+        ),
+        (
+            ["--out", "TMP/p.json", "--seed", "-1"],
+            "argument --seed: expected an integer in [0, 4294967295], got '-1'",
+        ),
     ],
 )
 def test_profile_inputs_are_refused_before_profiling(

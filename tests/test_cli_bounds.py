@@ -57,15 +57,15 @@ def no_work(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize(
     ("flag", "text", "message"),
     [
-        (bounded_int(1, 10**9), "100000000000000000000000", "expected a positive integer ≤ 1000000000"),
-        (bounded_int(1, 10**9), "1e23", "expected a positive integer, got '1e23'"),
-        (bounded_int(1, 10**9), "9" * 5000, "expected a positive integer, got"),  # past int()'s digits
-        (bounded_int(2, 100), "1", "expected an integer ≥ 2, got '1'"),
-        (bounded_int(0, 5), "-1", "expected an integer ≥ 0, got '-1'"),
-        (bounded_float(0.0, 1000.0), "1e9", "expected a positive number ≤ 1000, got '1e9'"),
-        (bounded_float(0.0, 1000.0), "nan", "expected a positive number, got 'nan'"),
-        (bounded_float(0.0, 1000.0), "-inf", "expected a positive number, got '-inf'"),
-        (bounded_float(0.001, 10.0, above=False), "1e-320", "expected a number ≥ 0.001, got '1e-320'"),
+        (bounded_int(1, 10**9), "100000000000000000000000", "expected an integer in [1, 1000000000]"),
+        (bounded_int(1, 10**9), "1e23", "expected an integer in [1, 1000000000], got '1e23'"),
+        (bounded_int(1, 10**9), "9" * 5000, "expected an integer in [1, 1000000000]"),  # past int()'s digits
+        (bounded_int(2, 100), "1", "expected an integer in [2, 100], got '1'"),
+        (bounded_int(0, 5), "-1", "expected an integer in [0, 5], got '-1'"),
+        (bounded_float(0.0, 1000.0), "1e9", "expected a number in (0, 1000], got '1e9'"),
+        (bounded_float(0.0, 1000.0), "nan", "expected a number in (0, 1000], got 'nan'"),
+        (bounded_float(0.0, 1000.0), "-inf", "expected a number in (0, 1000], got '-inf'"),
+        (bounded_float(0.001, 10.0, above=False), "1e-320", "expected a number in [0.001, 10], got '1e-320'"),
     ],
 )
 def test_a_bounded_flag_type_refuses_with_its_range(flag: Bounded, text: str, message: str) -> None:
@@ -118,13 +118,13 @@ def test_every_numeric_flag_has_a_range_its_help_names(parser: object) -> None:
 @pytest.mark.parametrize(
     ("extra", "fragment"),
     [
-        (["--samples", "100000000000000000000000"], "--samples: expected a positive integer ≤ 1000000000"),
-        (["--rate", "1e9"], "--rate: expected a positive number ≤ 1000, got '1e9'"),
-        (["--num-classes", "1"], "--num-classes: expected an integer ≥ 2, got '1'"),
-        (["--num-classes", "1000000000"], "--num-classes: expected an integer ≥ 2 ≤ 100000"),
-        (["--warmup", "1000000"], "--warmup: expected an integer ≥ 0 ≤ 1000"),
-        (["--steps", "1000000"], "--steps: expected a positive integer ≤ 1000"),
-        (["--seed", str(2**64)], "--seed: expected an integer ≥ 0 ≤ 4294967295"),
+        (["--samples", "100000000000000000000000"], "--samples: expected an integer in [1, 1000000000]"),
+        (["--rate", "1e9"], "--rate: expected a number in (0, 1000], got '1e9'"),
+        (["--num-classes", "1"], "--num-classes: expected an integer in [2, 100000], got '1'"),
+        (["--num-classes", "1000000000"], "--num-classes: expected an integer in [2, 100000]"),
+        (["--warmup", "1000000"], "--warmup: expected an integer in [0, 1000]"),
+        (["--steps", "1000000"], "--steps: expected an integer in [1, 1000]"),
+        (["--seed", str(2**64)], "--seed: expected an integer in [0, 4294967295]"),
         (["--order", "efficient", "--power-cap", ""], "--power-cap: empty; give watts or leave the flag out"),
         (["--samples=--"], "argument --samples: expected a value, got '--'"),
     ],
@@ -151,8 +151,8 @@ def test_an_empty_power_cap_is_one_line(
 @pytest.mark.parametrize(
     ("extra", "fragment"),
     [
-        (["--every", "1e-320"], "--every: expected a number ≥ 0.001"),
-        (["--until", "1e300"], "--until: expected a positive number ≤ 1000000000"),
+        (["--every", "1e-320"], "--every: expected a number in [0.001, 1000000000]"),
+        (["--until", "1e300"], "--until: expected a number in (0, 1000000000]"),
     ],
 )
 def test_cap_source_spans_out_of_range_are_one_line(
@@ -177,12 +177,12 @@ def test_a_frequency_beyond_any_gpu_is_one_line(capsys: pytest.CaptureFixture[st
             ["--epochs", "0.001"],
             "epochs 0.001 of the 4000-sample train split is 4 samples, less than one batch",
         ),
-        (["--epochs", "1e9"], "--epochs: expected a positive number ≤ 1000"),
-        (["--samples", "1e23"], "--samples: expected a positive integer, got '1e23'"),
-        (["--lr", "1e9"], "--lr: expected a positive number ≤ 10"),
-        (["--batch-size", "100000000"], "--batch-size: expected a positive integer ≤ 65536"),
-        (["--threads", "1000000"], "--threads: expected a positive integer ≤ 1024"),
-        (["--seq-len", "100000000"], "--seq-len: expected a positive integer ≤ 16384"),
+        (["--epochs", "1e9"], "--epochs: expected a number in (0, 1000]"),
+        (["--samples", "1e23"], "--samples: expected an integer in [1, 1000000000], got '1e23'"),
+        (["--lr", "1e9"], "--lr: expected a number in (0, 10]"),
+        (["--batch-size", "100000000"], "--batch-size: expected an integer in [1, 65536]"),
+        (["--threads", "1000000"], "--threads: expected an integer in [1, 1024]"),
+        (["--seq-len", "100000000"], "--seq-len: expected an integer in [1, 16384]"),
         (["--set", "width=100000"], "model 'cnn-tiny' option width must be at most 4096, got 100000"),
         (
             ["--model", "resnet18", "--set", "width=4000"],

@@ -85,10 +85,10 @@ def test_the_fleet_file_sets_the_count_and_refuses_a_bad_one_in_one_line(tmp_pat
 @pytest.mark.parametrize(
     ("value", "said"),
     [
-        ("0", "expected a positive integer, got '0'"),
-        ("-1", "expected a positive integer, got '-1'"),
-        ("1000", f"expected a positive integer ≤ {MAX_SEEDS}, got '1000'"),
-        ("abc", "expected a positive integer, got 'abc'"),
+        ("0", f"expected an integer in [1, {MAX_SEEDS}], got '0'"),
+        ("-1", f"expected an integer in [1, {MAX_SEEDS}], got '-1'"),
+        ("1000", f"expected an integer in [1, {MAX_SEEDS}], got '1000'"),
+        ("abc", f"expected an integer in [1, {MAX_SEEDS}], got 'abc'"),
     ],
 )
 def test_a_bad_seeds_flag_is_one_line_and_exit_2_before_anything_starts(

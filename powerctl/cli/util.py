@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import errno
 import functools
 import inspect
@@ -33,7 +32,7 @@ from powerctl.files.mapping import (
     Number,
     bounds_text,
     distinct_ints,
-    number_text,
+    shown,
 )
 from powerctl.selection.capsource import POWER_CAP
 
@@ -238,29 +237,35 @@ class OneLineParser(argparse.ArgumentParser):
         return super()._get_values(action, arg_strings)
 
 
-class Bounded:
-    """A numeric flag type with a range: argparse's one line for a value outside it (what the flag takes,
-    or the maximum), and `range` (the bounds in words) for the flag's help."""
+def kind_type(kind: Kind, name: str) -> Callable[[str], Any]:
+    """A mapping `Kind` as a flag type, refusing in argparse's words; text is read as the kind's number
+    type first (and a refused number is named as given)."""
+    number = kind.python_type in (int, float)
 
-    def __init__(self, kind: Integer | Number, what: str, name: str) -> None:
-        self.kind, self.what, self.__name__ = kind, what, name
-        self._low = dataclasses.replace(kind, maximum=None)
-        self.range = bounds_text(kind)
+    def parse(text: str) -> Any:
+        value: Any = text
+        if number:
+            with contextlib.suppress(ValueError, OverflowError):  # the kind says what it must be
+                value = kind.python_type(text)
+        try:
+            return kind(value)
+        except Invalid as exc:
+            said = f"must be {kind.expected}, got {shown(text)}" if number else str(exc)
+            raise argparse.ArgumentTypeError(said.replace("must be", "expected", 1)) from None
+
+    parse.__name__ = name
+    return parse
+
+
+class Bounded:
+    """A numeric flag type with a range (a mapping `Integer` or `Number`): a value outside it is argparse's
+    one line in the kind's words, and `range` (the bounds in words) goes into the flag's help."""
+
+    def __init__(self, kind: Integer | Number) -> None:
+        self.kind, self.range, self.parse = kind, bounds_text(kind), kind_type(kind, "number")
 
     def __call__(self, text: str) -> Any:
-        value: Any = text
-        with contextlib.suppress(ValueError, OverflowError):  # the kinds say what it must be
-            value = self.kind.python_type(text)
-        try:
-            self._low(value)
-        except Invalid:
-            raise argparse.ArgumentTypeError(f"expected {self.what}, got {text!r}") from None
-        try:
-            return self.kind(value)
-        except Invalid:
-            sign = "<" if isinstance(self.kind, Number) and self.kind.below else "≤"
-            top = number_text(self.kind.maximum or 0)
-            raise argparse.ArgumentTypeError(f"expected {self.what} {sign} {top}, got {text!r}") from None
+        return self.parse(text)
 
     def help(self, text: str) -> str:
         """`text` with this type's range: "rate (default 50)" → "rate (default 50; in (0, 1000])"."""
@@ -293,25 +298,20 @@ def run_command(parser: argparse.ArgumentParser, argv: Sequence[str] | None, **e
     return int(args.func(args))
 
 
-def bounded_int(minimum: int, maximum: int, name: str = "int") -> Bounded:
+def bounded_int(minimum: int, maximum: int) -> Bounded:
     """A flag type: an integer in [minimum, maximum]."""
-    what = {1: "a positive integer", 0: "an integer ≥ 0"}.get(minimum, f"an integer ≥ {minimum}")
-    return Bounded(Integer(minimum, maximum), what, name)
+    return Bounded(Integer(minimum, maximum))
 
 
-def bounded_float(minimum: float, maximum: float, *, above: bool = True, name: str = "float") -> Bounded:
+def bounded_float(minimum: float, maximum: float, *, above: bool = True) -> Bounded:
     """A flag type: a finite number in (minimum, maximum] (`above=False`: [minimum, maximum])."""
-    if minimum == 0 and above:
-        what = "a positive number"
-    else:
-        what = f"a number {'>' if above else '≥'} {number_text(minimum)}"
-    return Bounded(Number(minimum, maximum, above=above), what, name)
+    return Bounded(Number(minimum, maximum, above=above))
 
 
-positive_int = bounded_int(1, MAX_COUNT, "positive_int")
-seed = bounded_int(0, MAX_SEED, "seed")
-non_negative_int = bounded_int(0, MAX_COUNT, "non_negative_int")
-positive_float = bounded_float(0.0, float(MAX_COUNT), name="positive_float")
+positive_int = bounded_int(1, MAX_COUNT)
+seed = bounded_int(0, MAX_SEED)
+non_negative_int = bounded_int(0, MAX_COUNT)
+positive_float = bounded_float(0.0, float(MAX_COUNT))
 
 
 def key_value(text: str) -> tuple[str, Any]:
@@ -323,23 +323,6 @@ def key_value(text: str) -> tuple[str, Any]:
         return key, json.loads(raw)
     except json.JSONDecodeError:
         return key, raw
-
-
-def kind_type(kind: Kind, name: str) -> Callable[[str], Any]:
-    """A mapping `Kind` as a flag type (text read as its number type first), refusing in argparse's words."""
-
-    def parse(text: str) -> Any:
-        value: Any = text
-        if kind.python_type in (int, float):
-            with contextlib.suppress(ValueError):  # the kind says what it must be
-                value = kind.python_type(text)
-        try:
-            return kind(value)
-        except Invalid as exc:
-            raise argparse.ArgumentTypeError(str(exc).replace("must be", "expected", 1)) from None
-
-    parse.__name__ = name
-    return parse
 
 
 _POWER_CAP = kind_type(POWER_CAP, "power_cap")
