@@ -8,19 +8,18 @@ import statistics
 from typing import Any
 
 import numpy as np
-from bench_common import mean_std, predicted_s
+from bench_common import mean_std
 from paper_setup import BOARDS, CAPS_W, Task
 from vector_floor import Group
 
 from powerctl.devices.boards import BoardModel
 from powerctl.devices.simulated import predicted_profile, replay_cost
 from powerctl.errors import InfeasibleCapError
-from powerctl.records.pick import Pick
-from powerctl.records.profile import Profile
 from powerctl.records.relation import DEFAULT_RELATION_RULE, RELATION_RULES, RelationVector
 from powerctl.records.workload import Workload
 from powerctl.selection.baselines import oracle
-from powerctl.selection.joint import rank, select
+from powerctl.selection.capsource import cap_text
+from powerctl.selection.joint import best_frequency_per_batch, select
 from simulations import intervals
 from simulations.intervals import paired_resampled_means
 
@@ -81,10 +80,12 @@ def table(
     for target, target_runs in runs.items():
         truth = target_relation(task, target, target_runs, seeds)
         for cap in (*CAPS_W[board.name], None):
+            # per batch size, the pair Algorithm 1 takes whenever it takes that batch size: the fastest
+            # feasible one, which on the board model is the highest feasible frequency
             col: dict[str, Any] = {"per_batch": {
-                b: {"seconds_per_sample": predicted_s(p) / profile.samples,
+                b: {"seconds_per_sample": p.seconds_for_samples / profile.samples,
                     **cell(board, w, target_runs, b, p.frequency_hz, seeds)}
-                for b, p in best_pair_per_batch(profile, cap).items()}}  # fmt: skip
+                for b, p in best_frequency_per_batch(profile, cap).items()}}  # fmt: skip
             f_sop = board.frequencies_hz[-1] if cap is None else board.fixed_frequency_cap(cap)
             if f_sop is None:
                 col["error"] = f"no fixed frequency under {cap} W"
@@ -102,18 +103,8 @@ def table(
             if "fastest" in col:
                 for name in VARIANTS:
                     col[name].update(compare_to_fastest(col[name], col["fastest"]))
-            out[f"{target}|{'no cap' if cap is None else f'{cap:g} W'}"] = col
+            out[f"{target}|{cap_text(cap)}"] = col
     return out
-
-
-def best_pair_per_batch(profile: Profile, cap: float | None) -> dict[int, Pick]:
-    """Per batch size, the feasible pair Algorithm 1 takes whenever it takes that batch size, whatever the
-    relation vector: the first of that batch size in `powerctl.selection.joint.rank` under a flat vector."""
-    flat = RelationVector.from_samples(profile.model, "flat", 1.0, dict.fromkeys(profile.batch_sizes(), 1.0))
-    best: dict[int, Pick] = {}
-    for pick in rank(profile, flat, cap):
-        best.setdefault(pick.batch_size, pick)
-    return dict(sorted(best.items()))
 
 
 def floor_groups(results: dict[str, Any], task_key: str) -> list[Group]:
