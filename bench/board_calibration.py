@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import replace
 
 from bench_common import workload_of
 
@@ -125,14 +126,13 @@ def caps(boards: list[BoardModel]) -> None:
         "\n4. State-of-practice frequency per cap (MHz): the paper's rule vs full-load SGEMM (the old rule)"
     )
     for board in boards:
+        sgemm = replace(board, state_of_practice=None)  # the rule on the full-load table
         cells = []
         for cap in CAPS_W[board.name]:
-            rule = board.fixed_frequency_cap(cap)
-            sgemm = [
-                f for f, p in zip(board.frequencies_hz, board.full_load_power_w, strict=True) if p <= cap
-            ]
-            r = "-" if rule is None else f"{rule / 1e6:.1f}"
-            s = f"{sgemm[-1] / 1e6:.1f}" if sgemm else "-"
+            r, s = (
+                "-" if f is None else f"{f / 1e6:.1f}"
+                for f in (board.fixed_frequency_cap(cap), sgemm.fixed_frequency_cap(cap))
+            )
             cells.append(f"{cap:g} W: {r} (SGEMM {s})")
         print(f"  {board.name}: " + "; ".join(cells))
 
