@@ -1,16 +1,20 @@
 """What several benches share: the repository root, comma-separated flags, a model's workload, rows
-printed as they are measured, mean ± std over seeds, and the memory of a run's process tree. Not a bench."""
+printed as they are measured, mean ± std over seeds, a JSON file read back, and the memory of a run's
+process tree. Not a bench."""
 
 from __future__ import annotations
 
 import io
+import json
 import statistics
 import sys
 import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+from powerctl.errors import FileFormatError
 from powerctl.procs import descendants
 from powerctl.records.pick import Pick
 from powerctl.records.workload import Workload
@@ -59,6 +63,14 @@ def mean_pm(values: Sequence[float], fmt: str = ".2f") -> str:
         return format(values[0], fmt)
     mean, std = mean_std(values)
     return f"{format(mean, fmt)} ± {format(std, fmt)}"
+
+
+def read_json(path: Path, hint: str) -> Any:
+    """The JSON in `path`; unreadable: FileFormatError, one line ending in `hint` (what to give)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise FileFormatError(f"cannot read {path}: {exc}; {hint}") from None
 
 
 def rss_bytes(pid: int) -> int:

@@ -7,13 +7,14 @@ reference summarised by the runner's own `ratio_stats`. Exit status 0, or 2 on b
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from powerctl.cli.util import OneLineParser
+from powerctl.errors import FileFormatError
+from powerctl.files.jsonfile import read_json
 from simulations.fleet_seeds import SEEDS_SCHEMA, board_speedups, ratio_stats
 
 Board = dict[str, Any]
@@ -44,15 +45,10 @@ def speedups(results: dict[str, Any], method: str, drop: Callable[[Board], bool]
 
 
 def load(path: Path, method: str) -> dict[str, Any]:
-    """A run over seeds' results.json, checked for what the arithmetic reads (ValueError: one line)."""
-    try:
-        results = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"cannot read {path}: {exc}") from None
-    if not isinstance(results, dict) or results.get("schema") != SEEDS_SCHEMA:
-        raise ValueError(f"{path} is not the results.json of a run over seeds (schema {SEEDS_SCHEMA})")
+    """A run over seeds' results.json, checked for what the arithmetic reads (FileFormatError: one line)."""
+    results = read_json(path, SEEDS_SCHEMA)
     if method not in results["methods"] or not results.get("reference") or method == results["reference"]:
-        raise ValueError(
+        raise FileFormatError(
             f"{path}: method {method!r} is not one of the run's methods other than its reference "
             f"{results.get('reference')!r} (methods: {', '.join(results['methods'])})"
         )
@@ -66,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         results = load(args.results, args.method)
-    except ValueError as exc:
+    except FileFormatError as exc:
         print(f"bench/fleet_without_profiling.py: {exc}", file=sys.stderr)
         return 2
     ref = results["reference"]

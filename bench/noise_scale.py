@@ -20,14 +20,17 @@ import paper_cells
 import paper_setup
 import paper_tables as pt
 import torch
+from bench_common import read_json
 
 from powerctl.cli.util import OneLineParser
 from powerctl.devices import open_device
 from powerctl.devices.boards import board_model
 from powerctl.devices.simulated import predicted_profile, replay_cost
 from powerctl.devices.torchdev import TORCH_SPEC_HELP, torch_device_arg
+from powerctl.errors import FileFormatError
 from powerctl.records.relation import RelationVector, fit_batch_efficiency
 from powerctl.selection.baselines import oracle
+from powerctl.selection.capsource import cap_text
 from powerctl.selection.joint import select
 from powerfed.training.data import train_test_split
 from powerfed.training.models import build_model
@@ -175,7 +178,7 @@ def analyse(key: str, task: paper_setup.Task, results: dict[str, Any], scales: S
         board = board_model(board_name)
         profile = predicted_profile(board, w, raw.batch_sizes, samples=10_000)
         for cap in (*paper_setup.CAPS_W[board_name], None):
-            cap_s = "no cap" if cap is None else f"{cap:g} W"
+            cap_s = cap_text(cap)
             for target, rs in runs.items():
                 by = {(r["b"], r["seed"]): r for r in rs}
                 best = oracle(profile, paper_cells.target_relation(task, target, by, seeds), cap)
@@ -206,16 +209,14 @@ def analyse(key: str, task: paper_setup.Task, results: dict[str, Any], scales: S
 
 def read_results(folder: Path) -> dict[str, Any]:
     """A paper_tables results.json with at least one task's relation; else one line and exit status 2."""
-    path = folder / "results.json"
+    path, hint = folder / "results.json", "give a folder paper_tables.py --out wrote"
     try:
-        results = json.loads(path.read_text())
-        problem = None if isinstance(results, dict) and any(k.endswith("|relation") for k in results) else (
-            "holds no paper_tables run")  # fmt: skip
-    except (OSError, ValueError) as exc:
-        problem = f"cannot be read: {exc}"
-    if problem:
-        print(f"noise_scale: {path} {problem}; give a folder paper_tables.py --out wrote", file=sys.stderr)
-        raise SystemExit(2)
+        results = read_json(path, hint)
+        if not (isinstance(results, dict) and any(k.endswith("|relation") for k in results)):
+            raise FileFormatError(f"{path} holds no paper_tables run; {hint}")
+    except FileFormatError as exc:
+        print(f"noise_scale: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     return results
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from bench_common import ints, workload_of
+from bench_common import ints, read_json, workload_of
 from paper_cells import floor_groups, print_summary, print_table, summarise, table
 from paper_setup import BOARDS, Task, fresh_head, text_data, vision_data
 from vector_floor import shared_vector_floor
@@ -363,11 +363,9 @@ def pretrained(task: Task, host: Any, out: Path) -> dict[str, torch.Tensor]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.retable:
-        return retable(args.retable, args.out)
     try:
-        return tables(args)
-    except PowerctlError as exc:  # a target inside the noise, ...: one line, nothing written
+        return retable(args.retable, args.out) if args.retable else tables(args)
+    except PowerctlError as exc:  # a target inside the noise, an unreadable file: one line, nothing written
         print(f"paper_tables: error: {exc}", file=sys.stderr)
         return 2
 
@@ -431,14 +429,7 @@ def retable(paths: list[Path], out: Path) -> int:
     started = time.perf_counter()
     results: dict[str, Any] = {}
     for path in paths:
-        try:
-            old = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            print(
-                f"paper_tables: cannot read {path}: {exc}; give a results.json this bench wrote",
-                file=sys.stderr,
-            )
-            return 2
+        old = read_json(path, "give a results.json this bench wrote")
         for key in [k for k in old if k.endswith("|relation")]:
             name, charged, _ = key.split("|")
             raw = RelationVector.from_dict(old[key], f"{path}: {key}")

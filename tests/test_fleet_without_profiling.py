@@ -79,8 +79,8 @@ def test_it_prints_one_line_per_case_and_bad_input_is_one_line(
     assert all("(4 boards)" in line for line in lines[1:])
 
     for bad, says in [
-        (tmp_path / "missing.json", "cannot read"),
-        (tmp_path / "seed.json", "is not the results.json of a run over seeds"),
+        (tmp_path / "missing.json", "no such file"),
+        (tmp_path / "seed.json", f"expected {SEEDS_SCHEMA!r}"),
     ]:
         if bad.name == "seed.json":
             bad.write_text(json.dumps({"schema": "simulations.fleet-results/1"}))
