@@ -175,14 +175,10 @@ def test_a_multi_member_gzip_archive_loads_every_image(cifar_tar: Path, tmp_path
     assert torch.equal(whole.x, split.x) and torch.equal(whole.y, split.y)
 
 
-@pytest.mark.parametrize("chunk", [333, 4096, 1 << 20])
-def test_gzip_members_ending_inside_one_chunk_are_all_read(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int
-) -> None:
-    """Hundreds of tiny members: each file read gets many member ends, at every offset in a chunk."""
+def test_hundreds_of_tiny_gzip_members_are_all_read(tmp_path: Path) -> None:
+    """Member ends at every offset: every file of the archive comes back whole."""
     from powerfed.training.data import tarstream
 
-    monkeypatch.setattr(tarstream, "CHUNK", chunk)
     files = {f"top/f{i:03d}.bin": os.urandom(i * 7 % 300) for i in range(120)}
     plain = io.BytesIO()
     with tarfile.open(fileobj=plain, mode="w") as tf:
