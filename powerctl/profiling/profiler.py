@@ -193,18 +193,11 @@ class Profiler:
             restore_on_exit(self.device),
             progress_bar(progress, total, f"profiling {self.device.spec}", "pt") as bar,
         ):
-            if order == "grid":
-                for b in sizes:
-                    for f in table:
-                        if (p := self.measure(b, f)) is not None:
-                            points.append(p)
-                        bar.update()
-            elif order == "efficient":
-                assert power_cap_w is not None
-                points = self._efficient(sizes, table, power_cap_w, bar)
-            else:
+            if order == "fitted":
                 fitted = _FittedOrder(self, table, power_cap_w, relation, margin, bar)
                 points, predicted, fit = fitted.run(sizes)
+            else:
+                points = self._walk(sizes, table, power_cap_w if order == "efficient" else None, bar)
             bar.update(total - bar.n)  # the pairs an order skipped
         self._steps.clear()
         profile = self.profile(
@@ -243,9 +236,10 @@ class Profiler:
             **fields,
         )
 
-    def _efficient(self, sizes: list[int], table: list[int], cap: float, bar: tqdm) -> list[ProfilePoint]:
-        """docs/design/method.md: largest batch from the lowest frequency up until the cap is crossed; each
-        smaller batch starts at the highest frequency feasible for the previous one."""
+    def _walk(self, sizes: list[int], table: list[int], cap: float | None, bar: tqdm) -> list[ProfilePoint]:
+        """Each batch size, largest first, from the lowest frequency up: the grid; with a `cap`, the efficient
+        order (docs/design/method.md): up until the cap is crossed, each smaller batch from the highest
+        frequency feasible for the previous one."""
         points: list[ProfilePoint] = []
         start = 0
         for b in sizes:
@@ -255,9 +249,10 @@ class Profiler:
                 if p is None:
                     break  # does not fit: next batch size
                 points.append(p)
-                if p.peak_power_w > cap:
-                    break
-                start = i
+                if cap is not None:
+                    if p.peak_power_w > cap:
+                        break
+                    start = i
         return points
 
 
