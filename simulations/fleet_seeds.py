@@ -295,6 +295,28 @@ def cells_table(summary: list[dict[str, Any]], reference: str | None) -> list[st
     return lines
 
 
+METHOD_TABLES = (
+    ("per board: time to its own target, round 1", "at target", "mean s", "speed-up"),
+    ("fleet: time to the global target", "reached", "mean s", "speed-up"),
+    ("fleet: energy, all rounds", "", "mean J", "energy"),
+)
+"""The tables of every method in the summary: a title, and the heads of their count, mean and ratio."""
+
+
+def _method_rows(m: dict[str, Any]) -> list[str]:
+    """A method's row in each of METHOD_TABLES: its count, mean and ratio stats."""
+    b, f, e = m["board"], m["fleet"], m["energy"]
+    columns = [
+        (f"{b['at_target']}/{b['runs']}", cell(b["mean_s"], ".2f"), b["speedup"], "x"),
+        (f"{f['reached']}/{m['seeds']}", cell(f["mean_s"], ".2f"), f["speedup"], "x"),
+        ("", cell(e["mean_j"], ".1f"), e["ratio"], ""),
+    ]
+    return [
+        f"{m['method']:<18} {m['seeds']:>5} {count:>10} {mean:>9} {_stats_cells(stats, unit)}"
+        for count, mean, stats, unit in columns
+    ]
+
+
 def seeds_summary_text(results: dict[str, Any]) -> str:
     """The table printed at the end of a run over seeds (DIR/summary.txt)."""
     rule, failed = results["seed_rule"], results["failed_seeds"]
@@ -318,39 +340,12 @@ def seeds_summary_text(results: dict[str, Any]) -> str:
         lines.append("no seed ran: nothing to summarise")
         return "\n".join(lines)
 
-    def by_method(
-        title: str,
-        heads: tuple[str, str, str],
-        columns: Callable[[dict[str, Any]], tuple[str, str, Any, str]],
-    ) -> list[str]:
-        """One table of every method: its count, mean and ratio stats (`columns`), and their heads."""
+    method_rows = [_method_rows(m) for m in summary]
+    for k, (title, *heads) in enumerate(METHOD_TABLES):
         head = f"{'method':<18} {'seeds':>5} {heads[0]:>10} {heads[1]:>9} {heads[2]:>9}  {STATS_HEAD}"
-        rows = []
-        for m in summary:
-            count, mean, stats, unit = columns(m)
-            rows.append(
-                f"{m['method']:<18} {m['seeds']:>5} {count:>10} {mean:>9} {_stats_cells(stats, unit)}"
-            )
-        return ["", title, *table(head, rows)]
-
-    lines += by_method(
-        "per board: time to its own target, round 1",
-        ("at target", "mean s", "speed-up"),
-        lambda m: (f"{m['board']['at_target']}/{m['board']['runs']}", cell(m["board"]["mean_s"], ".2f"),
-                   m["board"]["speedup"], "x"),
-    )  # fmt: skip
-    lines += cells_table(summary, results["reference"])
-    lines += by_method(
-        "fleet: time to the global target",
-        ("reached", "mean s", "speed-up"),
-        lambda m: (f"{m['fleet']['reached']}/{m['seeds']}", cell(m["fleet"]["mean_s"], ".2f"),
-                   m["fleet"]["speedup"], "x"),
-    )  # fmt: skip
-    lines += by_method(
-        "fleet: energy, all rounds",
-        ("", "mean J", "energy"),
-        lambda m: ("", cell(m["energy"]["mean_j"], ".1f"), m["energy"]["ratio"], ""),
-    )
+        lines += ["", title, *table(head, [rows[k] for rows in method_rows])]
+        if k == 0:  # the per-board table, then its cells
+            lines += cells_table(summary, results["reference"])
     for m in summary:
         if missed := m["board"]["not_at_target"]:
             lines.append(f"{m['method']}: not at its own target in round 1: {some(missed)}")
