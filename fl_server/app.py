@@ -21,11 +21,12 @@ from flwr.serverapp import Grid, ServerApp
 from fl_server.progress import Heartbeat, ProgressGrid, SampleProgress
 from fl_server.results import ResultsWriter, client_table, evaluation_line, over_budget_lines, summary_lines
 from fl_server.resume import GLOBAL_FILE, RESULTS_FILE, move_aside, resume_point, run_fingerprint
-from fl_server.run_config import ServerConfig, check_results_dir, given_relation, parse_server_config
+from fl_server.run_config import RESULTS_DIR, ServerConfig, given_relation, parse_server_config
 from fl_server.shipped import WRITE_COMMAND, shipped_bytes, unpacked_weights
 from powerctl.cli.util import say
 from powerctl.errors import PowerctlError
 from powerctl.files.cache import cache_dir, xdg_home
+from powerctl.files.outputs import check_output_dir
 from powerctl.records.relation import INTERVAL_STANDARD_ERRORS, RelationVector
 from powerctl.selection.methods import run_method_named
 from strategies.fedavg import PowerAwareFedAvg
@@ -354,7 +355,7 @@ def run(grid: Grid, context: Context) -> Path:
     cfg = parse_server_config(context.run_config)
     methods = cfg.methods
     out = Path(cfg.results_dir).expanduser() if cfg.results_dir else default_results_dir(context.run_id)
-    check_results_dir(out)  # before the pre-training: a folder it cannot write is one line now
+    check_output_dir(out, RESULTS_DIR)  # before the pre-training: a folder it cannot write is one line now
     weights, relation = prepare_apart(cfg)
     model, meta = load_model(weights, expect_model=cfg.model)
     say(relation_line(relation))

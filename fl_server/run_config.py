@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from powerctl.errors import PowerctlError
+from powerctl.files.outputs import check_output_dir
 from strategies.fleet import NodeConfigError, app_path_of, fleet_file
 from strategies.settings import RunSettings, SettingsError, read_settings
 
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
 
 ServerConfig = RunSettings  # the run, as the server runs it
 FAULT_SWITCH = "POWERFED_FAULT_INJECTION"
+RESULTS_DIR = "run config: 'results-dir'"  # how a results folder that cannot be written is named
 RUN_CONFIG_EXAMPLE = "'num-server-rounds=3 model=\"cnn-tiny\"'"
 # a shell word (`shlex.split`'s, found in linear time: shlex is quadratic on a large fleet table)
 _WORD = re.compile(r"""(?:[^\s'"]+|'[^']*'|"(?:[^"\\]|\\.)*")+""")
@@ -130,16 +132,6 @@ def run_config_text(config: dict[str, Any]) -> str:
 
 
 # --- what the config names, checked where the run is submitted ---------------------------------------
-def check_results_dir(path: Path) -> Path:
-    """The run's results folder can be written in or made (probed by writing), or one line."""
-    from powerctl.files.outputs import check_output_dir
-
-    try:
-        return check_output_dir(path, "run config: 'results-dir'")
-    except PowerctlError as exc:
-        raise RunConfigError(str(exc)) from None
-
-
 def check_task_files(
     cfg: ServerConfig,
     where: Callable[[str], str] = lambda key: f"run config: {key!r}",
@@ -177,6 +169,6 @@ def check_before_start(
             f"run config: {exc} (keys of [tool.flwr.app.config] in pyproject.toml)"
         ) from None
     if cfg.results_dir:
-        check_results_dir(Path(cfg.results_dir).expanduser())
+        check_output_dir(Path(cfg.results_dir).expanduser(), RESULTS_DIR)
     check_task_files(cfg)
     return cfg, merged
