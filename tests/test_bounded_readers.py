@@ -223,8 +223,7 @@ def test_an_npz_that_unpacks_past_the_limit_is_refused(
 def test_an_idx_gz_and_a_tar_gz_that_unpack_past_the_limit_are_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from powerfed.training.data.images import read_idx
-    from powerfed.training.data.tarstream import iter_tar_files
+    from powerfed.training.data.images import iter_tar_files, read_idx
 
     raw = b"\x00\x00\x08\x01" + (100_000).to_bytes(4, "big") + bytes(100_000)
     (tmp_path / "labels-idx1-ubyte.gz").write_bytes(gzip.compress(raw))
@@ -235,7 +234,6 @@ def test_an_idx_gz_and_a_tar_gz_that_unpack_past_the_limit_are_refused(
         tf.addfile(info, io.BytesIO(bytes(100_000)))
     (tmp_path / "a.tar.gz").write_bytes(buf.getvalue())
     monkeypatch.setattr("powerfed.training.data.images.DATA_LIMIT", 10_000)
-    monkeypatch.setattr("powerfed.training.data.tarstream.DATA_LIMIT", 10_000)
     with pytest.raises(DataError, match="limit for an idx file, unpacked"):
         read_idx(tmp_path / "labels-idx1-ubyte")
     with pytest.raises(DataError, match=r"limit for an (archive member|image archive, unpacked)"):

@@ -177,7 +177,7 @@ def test_a_multi_member_gzip_archive_loads_every_image(cifar_tar: Path, tmp_path
 
 def test_hundreds_of_tiny_gzip_members_are_all_read(tmp_path: Path) -> None:
     """Member ends at every offset: every file of the archive comes back whole."""
-    from powerfed.training.data import tarstream
+    from powerfed.training.data.images import iter_tar_files
 
     files = {f"top/f{i:03d}.bin": os.urandom(i * 7 % 300) for i in range(120)}
     plain = io.BytesIO()
@@ -188,7 +188,7 @@ def test_hundreds_of_tiny_gzip_members_are_all_read(tmp_path: Path) -> None:
             tf.addfile(info, io.BytesIO(data))
     arc = tmp_path / "tiny.tar.gz"
     arc.write_bytes(_gzip_members(plain.getvalue(), len(plain.getvalue()) // 97))
-    assert dict(tarstream.iter_tar_files(arc)) == files
+    assert dict(iter_tar_files(arc)) == files
 
 
 def test_cinic10_has_a_valid_split(tmp_path: Path) -> None:

@@ -8,8 +8,9 @@ import gzip
 import io
 import math
 import pickle
+import tarfile
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar
@@ -18,7 +19,6 @@ import numpy as np
 
 from powerctl.files.readfile import DATA_LIMIT, IMAGE_LIMIT, open_regular, read_bytes, too_large
 from powerfed.training.data.dataset import CIFAR10_CLASSES, Dataset, image_dataset
-from powerfed.training.data.tarstream import iter_tar_files
 from powerfed.training.errors import DataError
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
@@ -199,6 +199,32 @@ def _image_sources(path: Path) -> Iterable[tuple[tuple[str, ...], Callable[[], b
         return
     for name, data in iter_tar_files(path):
         yield PurePosixPath(name).parts, partial(bytes, data), f"{path}:{name}"
+
+
+def iter_tar_files(path: Path) -> Iterator[tuple[str, bytes]]:
+    """(member name, bytes) of every regular file, in archive order; stop iterating to stop reading."""
+    what = "an image archive (.tar, .tar.gz)"
+    try:
+        with open_regular(path, limit=DATA_LIMIT, what=what, error=DataError) as f:
+            gzipped = f.read(2) == b"\x1f\x8b"
+            f.seek(0)
+            # GzipFile reads every gzip member (bgzip, `pigz --independent`); tarfile reads only the first
+            with tarfile.open(fileobj=gzip.GzipFile(fileobj=f) if gzipped else f, mode="r|*") as tf:
+                total = 0
+                for member in tf:
+                    if not member.isfile():
+                        continue
+                    total += member.size
+                    if total > DATA_LIMIT:  # a small .tar.gz may unpack to anything
+                        raise DataError(too_large(path, DATA_LIMIT, "an image archive, unpacked"))
+                    fh = tf.extractfile(member)
+                    yield member.name, fh.read() if fh is not None else b""
+    except (zlib.error, gzip.BadGzipFile, EOFError) as exc:
+        raise DataError(f"{path}: corrupt gzip data ({exc}); re-copy the file") from None
+    except (tarfile.TarError, OSError, ValueError) as exc:
+        raise DataError(
+            f"{path}: cannot read the archive ({exc}); the file is corrupt or not a tar"
+        ) from None
 
 
 def _image_bytes(path: Path) -> bytes:
