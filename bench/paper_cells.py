@@ -17,7 +17,7 @@ from powerctl.devices.simulated import predicted_profile, replay_cost
 from powerctl.errors import InfeasibleCapError
 from powerctl.records.relation import DEFAULT_RELATION_RULE, RELATION_RULES, RelationVector
 from powerctl.records.workload import Workload
-from powerctl.selection.baselines import oracle
+from powerctl.selection.baselines import oracle, proxy_batch, state_of_practice
 from powerctl.selection.capsource import cap_text
 from powerctl.selection.joint import best_frequency_per_batch, select
 from simulations import intervals
@@ -73,9 +73,6 @@ def table(
 ) -> dict[str, Any]:
     w: Workload = task.data["charged_workload"]
     profile = predicted_profile(board, w, task.batch_sizes, samples=10_000)
-    fits = profile.batch_sizes()
-    proxy_samples = relations["raw"].samples_map()
-    b_proxy = min(fits, key=lambda b: (proxy_samples[b], -b))
     out: dict[str, Any] = {}
     for target, target_runs in runs.items():
         truth = target_relation(task, target, target_runs, seeds)
@@ -86,12 +83,13 @@ def table(
                 b: {"seconds_per_sample": p.seconds_for_samples / profile.samples,
                     **cell(board, w, target_runs, b, p.frequency_hz, seeds)}
                 for b, p in best_frequency_per_batch(profile, cap).items()}}  # fmt: skip
-            f_sop = board.frequencies_hz[-1] if cap is None else board.fixed_frequency_cap(cap)
-            if f_sop is None:
-                col["error"] = f"no fixed frequency under {cap} W"
-            else:
-                col["state-of-practice"] = cell(board, w, target_runs, max(fits), f_sop, seeds)
-                col["proxy-batch"] = cell(board, w, target_runs, b_proxy, f_sop, seeds)
+            try:
+                sop = state_of_practice(profile, cap, board)
+                pb = proxy_batch(profile, relations["raw"], cap, board)
+                for pick in (sop, pb):  # `method`: "state-of-practice", "proxy-batch"
+                    col[pick.method] = cell(board, w, target_runs, pick.batch_size, pick.frequency_hz, seeds)
+            except InfeasibleCapError as exc:
+                col["error"] = str(exc)
             try:
                 for name, (vector, rule) in VARIANTS.items():
                     pick = select(profile, relations[vector], cap, rule=rule)
