@@ -35,7 +35,7 @@ from powerctl.devices.boards import board_model
 from powerctl.devices.torchdev import TORCH_SPEC_HELP, torch_device_arg
 from powerctl.errors import PowerctlError
 from powerctl.records.relation import VECTORS, RelationVector
-from powerfed.training.crossing import DEFAULT_MIN_EVALUATIONS, evaluations_before
+from powerfed.training.crossing import evaluations_before
 from powerfed.training.data import train_test_split
 from powerfed.training.finetune import fine_tune
 from powerfed.training.finetune_records import FineTuneCallbacks, FineTuneConfig
@@ -95,7 +95,6 @@ def run_to_target(
         state=weights,
         train=train,
         test=test,
-        min_evaluations=DEFAULT_MIN_EVALUATIONS,
         workload=task.data["charged_workload"],
     )
     r, crossing, every = proxy_run(runs, config, host=host)
