@@ -1,6 +1,5 @@
 """Bootstrap 95 % intervals over seeds, for the fleet's summary over seeds and the benches. A seed is the
-unit resampled: values that share a seed are drawn together, so an interval over them is paired.
-"""
+unit resampled: values that share a seed are drawn together, so an interval over them is paired."""
 
 from __future__ import annotations
 

@@ -87,10 +87,6 @@ def short_number(v: float) -> str:
     return f"{v:.2f}"
 
 
-def _cap_text(cap: float | None) -> str:
-    return "no power cap" if cap is None else f"power cap {cap:.2f} W"
-
-
 @dataclass(frozen=True)
 class _Panel:
     """One heat map's title, colour bar label, colour map, cell text, cell value and log scale (over 5×)."""
@@ -243,7 +239,7 @@ def profile_figures(
     grid = _Grid.of(profile)
     subject = f"{profile.device} · {profile.model} ({'×'.join(str(s) for s in profile.input_shape)})"
     note = "" if cap is None or selection is not None or relation is None else " — no pair is feasible"
-    cap_line = _cap_text(cap) + note
+    cap_line = ("no power cap" if cap is None else f"power cap {cap:.2f} W") + note
     width, height = map_size(profile, min_height=3.6)
     t_n = f"Time for N = {profile.samples:,} samples $T_N(b, f)$ — {subject}\n{cap_line}"
     time_s = _Panel(t_n, "$T_N$ (s)", "viridis_r", short_number, lambda p: p.seconds_for_samples, log=True)
