@@ -17,10 +17,6 @@ from powerctl.files.outputs import check_output_dir, check_output_file, output_p
 from powerctl.records.relation import DEFAULT_RELATION_RULE, INTERVAL_STANDARD_ERRORS, RELATION_RULES
 from powerctl.selection.capsource import MAX_POINTS, CapSourceError, ScheduleCap, TraceCap, parse_cap_source
 
-# the ranges of cap-source's numeric flags (each flag's help names its own)
-SPAN_S = bounded_float(0.0, MAX_COUNT)  # --until (the lines and steps it makes are bounded on their own)
-STEP_S = bounded_float(0.001, MAX_COUNT, above=False)  # --every: a millisecond at least
-
 
 def cmd_caps(args: argparse.Namespace) -> int:
     """state-of-practice frequency: the highest at which every profile stays under a cap"""
@@ -200,11 +196,6 @@ def add_select_commands(sub: Any) -> None:
     _pair_flags(s)
     s.add_argument("--compare", action="store_true", help="also print the baselines")
     s.add_argument(
-        "--allow-mismatch",
-        action="store_true",
-        help="combine a relation vector of another model or input than the profile (a warning, not an error)",
-    )
-    s.add_argument(
         "--objective",
         choices=("time", "energy"),
         default="time",
@@ -230,7 +221,6 @@ def add_select_commands(sub: Any) -> None:
     s = add_command(sub, "pareto", cmd_pareto)
     _pair_flags(s)
     s.add_argument("--out", required=True, type=output_path, help="folder for pareto.json and pareto.png")
-    s.add_argument("--allow-mismatch", action="store_true", help="as for select")
     s.add_argument("--json", action="store_true", help="print pareto.json's content")
 
     s = add_command(sub, "cap-source", cmd_cap_source)
@@ -239,8 +229,9 @@ def add_select_commands(sub: Any) -> None:
         help="a number of watts, none, a schedule '[[t_s, W], ...]', trace:PATH[?end=repeat|clip&scale=X"
         "&timescale=X] or live:PATH[?poll=S]",
     )
-    SPAN_S.add(s, "--until", "show up to S seconds (default: one period)", metavar="S")
-    STEP_S.add(s, "--every", "one line every S seconds (default: 60 lines)", metavar="S")
+    bounded_float(0.0, MAX_COUNT).add(s, "--until", "show up to S seconds (default: one period)", metavar="S")
+    every = bounded_float(0.001, MAX_COUNT, above=False)  # a millisecond at least
+    every.add(s, "--every", "one line every S seconds (default: 60 lines)", metavar="S")
     s.add_argument(
         "--plot",
         type=output_path,
@@ -266,3 +257,8 @@ def _pair_flags(s: Any) -> None:
     s.add_argument("--profile", required=True, type=Path, help="profile JSON (powerctl profile)")
     s.add_argument("--relation", required=True, type=Path, help="relation vector JSON (fl-server relation)")
     s.add_argument("--power-cap", type=power_cap, metavar="W", help="power cap in W (omit or none: no cap)")
+    s.add_argument(
+        "--allow-mismatch",
+        action="store_true",
+        help="combine a relation vector of another model or input than the profile (a warning, not an error)",
+    )
