@@ -93,10 +93,8 @@ def _peer_certificate(t: Target, timeout_s: float) -> bytes | None:
             return None
 
 
-def _describe(der: bytes | None) -> tuple[str, str, str]:
+def _describe(der: bytes) -> tuple[str, str, str]:
     """(subject, issuer, names in the SAN) of a DER certificate, for the messages."""
-    if der is None:
-        return "?", "?", "none"
     from cryptography import x509
 
     cert = x509.load_der_x509_certificate(der)
