@@ -161,15 +161,14 @@ def run_once(argv: list[str], env: dict[str, str]) -> Outcome:
     """Run the SuperNode, its output passed through, until the SuperNode process exits; then stop what
     it left behind. Never waits on the output pipe, which the SuperNode's children hold too."""
     outcome = Outcome()
-    started: list[subprocess.Popen[str]] = []
+    proc: subprocess.Popen[str] | None = None
 
     def forward(signum: int, _frame: object) -> None:
         outcome.stopped = True
-        for proc in started:
+        if proc is not None:
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signum)
 
-    proc: subprocess.Popen[str] | None = None
     reader: threading.Thread | None = None
     # the handlers first: a stop signal while the SuperNode starts (a service manager stopping the unit
     # at once) must reach it, not kill this wrapper and orphan it
@@ -179,7 +178,6 @@ def run_once(argv: list[str], env: dict[str, str]) -> Outcome:
             proc = subprocess.Popen(
                 argv, stdout=out, stderr=subprocess.STDOUT, stdin=stdin, text=True, env=env
             )
-            started.append(proc)
             if outcome.stopped:  # the signal came while it was being started
                 proc.terminate()
             reader = threading.Thread(target=_pass_through, args=(proc.stdout, outcome), daemon=True)

@@ -114,10 +114,6 @@ class FlowerHome:
                 f"cannot record the run's processes in {self.path} ({exc.strerror or exc})"
             ) from None
 
-    def processes(self) -> list[int]:
-        """Every live process of this home's run (see `processes_of`)."""
-        return processes_of(self.path, self._procs.items())
-
     def start_watchdog(self, stderr: IO[Any] | int | None = None) -> None:
         """A process in a session of its own that takes the home's lock once this one is gone and
         cleans up what is left (after a SIGKILL: the whole run)."""
@@ -135,7 +131,7 @@ class FlowerHome:
         if self._fd < 0:
             return []
         try:
-            stopped = stop_tree(*self.processes())
+            stopped = stop_tree(*processes_of(self.path, self._procs.items()))
             shutil.rmtree(self.path, ignore_errors=True)
         finally:
             os.close(self._fd)
