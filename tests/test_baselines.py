@@ -67,9 +67,8 @@ def test_state_of_practice_looks_up_the_board_by_device_name() -> None:
         state_of_practice(nano_grid([16], "nvml:0"), 5.0)
 
 
-def test_state_of_practice_explicit_frequency_and_no_cap() -> None:
+def test_state_of_practice_with_no_cap() -> None:
     profile = nano_grid([16, 64])
-    assert state_of_practice(profile, 5.0, fixed_frequency_hz=384_000_000).frequency_hz == 384_000_000
     assert state_of_practice(profile, None).frequency_hz == 921_600_000  # no cap: nothing to hold back
 
 

@@ -41,16 +41,9 @@ def _make(
     )
 
 
-def fixed_frequency(
-    profile: Profile,
-    power_cap_w: float | None,
-    board: BoardModel | None = None,
-    fixed_frequency_hz: int | None = None,
-) -> int:
-    """The state-of-practice frequency: explicit, the one clock of a profile not pinned, else the board's."""
+def fixed_frequency(profile: Profile, power_cap_w: float | None, board: BoardModel | None = None) -> int:
+    """The state-of-practice frequency: the one clock of a profile not pinned, else the board's."""
     cap = check_power_cap(power_cap_w)
-    if fixed_frequency_hz is not None:
-        return fixed_frequency_hz
     if profile.extra.get("pinned", True) is False and profile.frequencies():
         return profile.frequencies()[-1]
     return board_fixed_frequency(board or board_model(profile.device.removeprefix("sim:")), cap)
@@ -77,12 +70,11 @@ def state_of_practice(
     profile: Profile,
     power_cap_w: float | None,
     board: BoardModel | None = None,
-    fixed_frequency_hz: int | None = None,
     *,
     relation: RelationVector | None = None,
 ) -> Pick:
     """Baseline 1: the largest batch size that fits (= the largest profiled) at the fixed frequency cap."""
-    hz = fixed_frequency(profile, power_cap_w, board, fixed_frequency_hz)
+    hz = fixed_frequency(profile, power_cap_w, board)
     return _make(STATE_OF_PRACTICE, profile, relation, max(profile.batch_sizes()), hz)
 
 
