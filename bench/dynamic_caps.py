@@ -25,6 +25,7 @@ from fl_client.round import (
     measured_profile_step,
     usable_relation,
 )
+from powerctl.cli.plot import new_figure, save_figure
 from powerctl.devices.base import Device
 from powerctl.records.pick import Pick
 from powerctl.records.profile import Profile
@@ -119,11 +120,7 @@ def sources(board: str, profile: Profile, relation: RelationVector) -> dict[str,
 def plot_runs(
     board: str, source_name: str, caps: CapSource, outcomes: dict[str, Outcome], path: Path
 ) -> None:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(10, 3.2 * len(outcomes)), layout="constrained")
-    FigureCanvasAgg(fig)
+    fig = new_figure(10, 3.2 * len(outcomes), layout="constrained")
     axes = fig.subplots(len(outcomes), 1, sharex=True)
     end = max(o.timeline[-1][0] for o in outcomes.values())
     grid = [end * i / 800 for i in range(801)]
@@ -154,8 +151,7 @@ def plot_runs(
         ax.legend(loc="upper left", fontsize=7)
     axes[-1].set_xlabel("device seconds since the fine-tune started")
     fig.suptitle(f"sim:{board}, {source_name}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
 
 
 def main(argv: list[str] | None = None) -> int:
