@@ -77,12 +77,6 @@ _depth = [0]
 _HANDLER = _StderrLines(logging.INFO)
 
 
-def _levels_changed() -> None:
-    """Forget every logger's cached level checks once (`Logger.setLevel` would, per logger, pass over all)."""
-    root = logging.getLogger()
-    root.setLevel(root.level)
-
-
 @contextlib.contextmanager
 def library_lines_on_stderr() -> Iterator[None]:
     """Within the block, the library's log records (INFO and up) are lines on stderr in their own words,
@@ -95,8 +89,7 @@ def library_lines_on_stderr() -> Iterator[None]:
                 log.addHandler(_HANDLER)
                 log.propagate = False  # shown here, not a second time by a handler of the root logger
                 if level == logging.NOTSET:
-                    log.level = logging.INFO
-            _levels_changed()
+                    log.setLevel(logging.INFO)
     try:
         yield
     finally:
@@ -105,10 +98,9 @@ def library_lines_on_stderr() -> Iterator[None]:
             if _depth[0] == 0:
                 for log, level, propagate in _showing:
                     log.removeHandler(_HANDLER)
-                    log.level = level
+                    log.setLevel(level)
                     log.propagate = propagate
                 _showing.clear()
-                _levels_changed()
 
 
 def one_line_errors(prog: str) -> Callable[[Callable[..., int]], Callable[..., int]]:
@@ -121,14 +113,11 @@ def one_line_errors(prog: str) -> Callable[[Callable[..., int]], Callable[..., i
             try:
                 with library_lines_on_stderr():
                     return main(*args, **kwargs)
-            except PowerctlError as exc:
-                say(f"{prog}: error: {exc}", file=sys.stderr)
-                return EXIT_USAGE
             except KeyboardInterrupt:
                 say(f"{prog}: interrupted", file=sys.stderr)
                 return EXIT_INTERRUPTED
-            except Exception as exc:  # only the classes fault_line knows; any other is re-raised
-                line = fault_line(exc)
+            except Exception as exc:  # a PowerctlError or a class fault_line knows; any other is re-raised
+                line = str(exc) if isinstance(exc, PowerctlError) else fault_line(exc)
                 if line is None:
                     raise
                 say(f"{prog}: error: {line}", file=sys.stderr)
