@@ -1,8 +1,6 @@
 """What each message costs a deployed board's ClientApp process: start-up (interpreter, imports, reading
-the message) and work, wall and CPU seconds, per message type (query, train, evaluate).
-
-A local SuperLink and one simulated SuperNode run APP with `flwr run`; a `sitecustomize` records each
-`flwr-clientapp` process. Results: docs/results/clientapp_startup.md.
+the message) and work, wall and CPU seconds, per message type (query, train, evaluate). How it is measured,
+and results: docs/results/clientapp_startup.md.
 """
 
 from __future__ import annotations

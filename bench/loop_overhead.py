@@ -1,8 +1,5 @@
-"""How much does `fine_tune` cost over a bare PyTorch loop doing the same work?
-
-Same model, batch size, data, optimizer and samples; the bare loop is randperm + index slicing +
-forward/backward/Adam step. `fine_tune` runs to a sample budget with only its final evaluation, on the host
-and on a simulated Jetson Nano (its host CPU seconds). Repeats interleave; medians are printed.
+"""How much does `fine_tune` cost over a bare PyTorch loop doing the same work? Repeats interleave; medians
+are printed. What each loop does: docs/results/loop_overhead.md.
 """
 
 from __future__ import annotations
