@@ -23,7 +23,6 @@ CLIENT_COLUMNS = tuple(
     predicted_training_s profiling_budget_s profiling_costs_predicted partition_id""".split()  # noqa: SIM905
 )
 """The order of a client's columns in the file (docs/reference/files.md); any other column after them."""
-CLIENT_FIELDS = CLIENT_COLUMNS[:11]  # the keys every client report in the file has
 
 
 def ordered(client: dict[str, Any]) -> dict[str, Any]:
@@ -75,8 +74,9 @@ class ResultsWriter:
             write_json(self.path, self.data)
 
 
-def _num(v: float | None, fmt: str) -> str:
-    return "-" if v is None else format(v, fmt)
+def cell(v: float | None, fmt: str = ".1f", unit: str = "") -> str:
+    """A table cell: the number in `fmt` and its unit, "-" for none."""
+    return "-" if v is None else format(v, fmt) + unit
 
 
 # how a client profiled (`profiling_choice`), as the round table shows it
@@ -104,7 +104,7 @@ def client_table(record: RoundRecord) -> str:
     def start_s(c: dict[str, Any] | None) -> str:
         if not startup:
             return ""
-        return f" {'start s':>7}" if c is None else f" {_num(c.get('startup_s'), '7.1f'):>7}"
+        return f" {'start s':>7}" if c is None else f" {cell(c.get('startup_s'), '7.1f'):>7}"
 
     head = (
         f"{'node':<13} {'device':<18} {'cap W':>6} {'b':>4} {'MHz':>7} {'profiled':>8} {'prof s':>7} "
@@ -114,11 +114,11 @@ def client_table(record: RoundRecord) -> str:
     lines = [head, "-" * len(head)]
     for c in record.clients:
         lines.append(
-            f"{c['node_key']:<13.13} {c['device']:<18.18} {_num(c['power_cap_w'], '6.2f'):>6} "
+            f"{c['node_key']:<13.13} {c['device']:<18.18} {cell(c['power_cap_w'], '6.2f'):>6} "
             f"{c['batch_size']:>4} {_mhz(c):>7} {profiled_as(c):>8} "
-            f"{c['profiling_s']:>7.1f} {_num(c.get('profiling_budget_s'), '8.1f'):>8} "
-            f"{c['device_s']:>9.1f}{start_s(c)} {_num(c['energy_j'], '9.0f'):>9} "
-            f"{_num(c['peak_power_w'], '7.2f'):>7} "
+            f"{c['profiling_s']:>7.1f} {cell(c.get('profiling_budget_s'), '8.1f'):>8} "
+            f"{c['device_s']:>9.1f}{start_s(c)} {cell(c['energy_j'], '9.0f'):>9} "
+            f"{cell(c['peak_power_w'], '7.2f'):>7} "
             f"{c['accuracy']:>6.3f} {'yes' if c['reached_target'] else 'no':>6}"
         )
     lines += [f"{f.node_key:<13.13} {f.device:<18.18} FAILED ({f.kind}): {f.reason}" for f in record.failed]

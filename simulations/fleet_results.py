@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from fl_server.results import profiled_as, profiling_share
+from fl_server.results import cell, profiled_as, profiling_share
 from powerctl.procs import alive
 from powerctl.selection.methods import run_method_named
 from simulations.fleet import FleetSpec
@@ -194,11 +194,6 @@ def build_results(spec: FleetSpec, flwr_out: Path, methods: list[str], *, wall_s
         "records": records,
         "wall_s": wall_s,
     } | ({"population": population} if population else {})
-
-
-def cell(v: float | None, fmt: str = ".1f", unit: str = "") -> str:
-    """A table cell: the number in `fmt` and its unit, "-" for none."""
-    return "-" if v is None else format(v, fmt) + unit
 
 
 def processes(pids: list[int]) -> dict[str, list[int]]:
