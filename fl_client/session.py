@@ -301,7 +301,7 @@ class PowerSession:
         self.prepared = prepared = Prepared.of(self.work, RoundSteps(measured_profile_step))
         with ExitStack() as stack:  # on an error here, the device restored and closed
             dev, self._pinning = stack.enter_context(pinned(self.work, prepared.chosen.rule))
-            self._workload = Workload.from_dict(prepared.profiled.profile.extra["workload"])
+            self._workload = Workload(**prepared.profiled.profile.extra["workload"])
             self._power = TrainingPower(dev, POWER_RATE_HZ)
             self._power.resume()
             self._stack, self._dev = stack.pop_all(), dev

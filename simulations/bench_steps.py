@@ -185,7 +185,7 @@ def stand_in_step(work: RoundWork, rule: CapRule) -> Trained:
     task = get_model_spec(instr.model).task
     accuracy, _ = evaluate_with_loss(work.model(), task, test.x, test.y) if len(test) else (0.0, 0.0)
     b, hz = choice.batch_size, choice.frequency_hz
-    workload = Workload.from_dict(profile.extra["workload"])
+    workload = Workload(**profile.extra["workload"])
     sim = board_model(profile.device)
     need = 0.0 if accuracy >= instr.target_accuracy else rule.relation.samples_map()[b]
     samples = min(need, instr.budget_samples or math.inf)

@@ -39,12 +39,8 @@ class Workload:
         return fixed + batch_size * self.activation_bytes_per_sample
 
     def to_dict(self) -> dict[str, Any]:
+        """As a profile keeps it (`extra["workload"]`); `Workload(**d)` reads it back."""
         return asdict(self) | {"input_shape": list(self.input_shape)}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Workload:
-        """The workload `to_dict` wrote (a profile's `extra["workload"]`)."""
-        return cls(**d)
 
 
 def check_model(where: str, model: Any) -> None:
