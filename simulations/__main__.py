@@ -27,10 +27,9 @@ PROG = "python -m simulations"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from powerctl.selection.methods import RUN_METHODS
+    from powerctl.selection.methods import METHODS, RUN_METHODS
     from simulations.demo_config import DEMO_RUN, DemoConfig
     from simulations.fleet import MAX_SEEDS
-    from strategies.settings import METHODS
 
     p = OneLineParser(
         prog=PROG, description="Simulations of power-aware fine-tuning on simulated edge boards."

@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from powerctl.files.mapping import MAX_SEED, Custom, Integer, MappingReader, mapping_reader, must_be
-from powerctl.selection.methods import RUN_METHODS
+from powerctl.selection.methods import METHODS, RUN_METHODS
 from strategies.fleet import FleetEntry, NodeConfigError, not_simulated, parse_fleet_groups, read_yaml
 from strategies.population import PopulationError, check_population, run_population
 from strategies.setting_kinds import APP_FILE, DATASET
-from strategies.settings import METHODS, SETTINGS, RunSettings, to_config
+from strategies.settings import SETTINGS, RunSettings, to_config
 
 PLACES: dict[str, str | dict[str, str]] = {
     "rounds": "num-server-rounds",

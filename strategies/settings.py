@@ -32,9 +32,6 @@ from powerctl.files.mapping import (
 from powerctl.records.relation import DEFAULT_RELATION_RULE, INTERVAL_STANDARD_ERRORS, RELATION_RULES, VECTORS
 from powerctl.selection.follow import DEFAULT_PAUSE_TIMEOUT_S, DEFAULT_POLL_S, POLL_S_RANGE
 from powerctl.selection.guard import DEFAULT_TOLERANCE, DEFAULT_WINDOW
-from powerctl.selection.methods import (
-    METHODS as METHODS,  # the registry's names (powerctl.selection.methods), re-exported
-)
 from powerctl.selection.methods import ROUND_OBJECTIVES, RUN_METHODS
 from powerfed.training.lr import LR_RULES
 from strategies.fleet import MAX_BOARDS

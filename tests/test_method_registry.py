@@ -111,7 +111,7 @@ def test_run_methods_name_their_client_method_and_round_objective() -> None:
 def test_the_settings_names_are_the_registrys() -> None:
     from strategies import protocol, settings
 
-    assert settings.METHODS is METHODS and settings.RUN_METHODS is RUN_METHODS
+    assert settings.RUN_METHODS is RUN_METHODS
     assert protocol.METHODS is METHODS and protocol.OURS_DEADLINE is OURS_DEADLINE
 
 
