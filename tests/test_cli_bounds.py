@@ -78,9 +78,9 @@ def test_a_bounded_flag_type_takes_its_bounds_and_words_them_for_the_help() -> N
     assert bounded_int(1, 10**9)("1000000000") == 10**9
     assert bounded_float(0.0, 1000.0)("1000") == 1000.0
     assert bounded_int(1, 10**9).range == "in [1, 1000000000]"  # not 1e+09
-    assert (
-        bounded_float(0.0, 1000.0).help("rate in Hz (default 50)") == "rate in Hz (default 50; in (0, 1000])"
-    )
+    parser = argparse.ArgumentParser()
+    bounded_float(0.0, 1000.0).add(parser, "--rate", "rate in Hz (default 50)")
+    assert parser._actions[-1].help == "rate in Hz (default 50; in (0, 1000])"
     assert bounds_text(Number(0.0, 1.0, below=True)) == "in [0, 1)"
     assert bounds_text(Integer(2)) == "≥ 2"
 

@@ -256,13 +256,11 @@ class Bounded:
     def __call__(self, text: str) -> Any:
         return self.parse(text)
 
-    def help(self, text: str) -> str:
-        """`text` with this type's range: "rate (default 50)" → "rate (default 50; in (0, 1000])"."""
-        return f"{text[:-1]}; {self.range})" if text.endswith(")") else f"{text} ({self.range})"
-
     def add(self, parser: Any, flag: str, text: str, **kwargs: Any) -> None:
-        """Flag `flag` of this type on `parser`, its help `text` with the range."""
-        parser.add_argument(flag, type=self, help=self.help(text), **kwargs)
+        """Flag `flag` of this type on `parser`, its help `text` with the range ("rate (default 50)" →
+        "rate (default 50; in (0, 1000])")."""
+        text = f"{text[:-1]}; {self.range})" if text.endswith(")") else f"{text} ({self.range})"
+        parser.add_argument(flag, type=self, help=text, **kwargs)
 
 
 def add_command(
