@@ -273,7 +273,3 @@ def _prepare(args: argparse.Namespace) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `fl-server` and `python -m fl_server`; returns the exit status."""
     return run_command(build_parser(), argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -149,7 +148,3 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None, *, step_factory: ModelStepFactory | None = None) -> int:
     """The command line; `step_factory`: the steps `profile` times (None: `profile` says where they are)."""
     return run_command(build_parser(), argv, step_factory=step_factory)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
