@@ -5,6 +5,7 @@ in the `flwr-simulation` of a run this project starts, while the Flower source i
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import sys
 import threading
@@ -15,7 +16,7 @@ from queue import Queue
 from typing import TYPE_CHECKING, Any
 
 from powerctl.errors import PowerctlError
-from strategies.flower_source import source_fingerprint, write_python_script
+from strategies.flower_source import text_fingerprint, write_python_script
 
 if TYPE_CHECKING:  # Flower is imported only where the adapter runs
     from _typeshed import SupportsKeysAndGetItem
@@ -67,7 +68,7 @@ def changed_flower_sources() -> list[str]:
     for name, digest in COPIED_SOURCES.items():
         owner, attribute = name.split(".")
         try:
-            if source_fingerprint(getattr(owners[owner], attribute)) == digest:
+            if text_fingerprint(inspect.getsource(getattr(owners[owner], attribute))) == digest:
                 continue
         except (OSError, TypeError):  # no source to read (a compiled or patched build): not the same
             pass

@@ -9,7 +9,6 @@ import hashlib
 import os
 import sys
 import textwrap
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +22,6 @@ def text_fingerprint(text: str) -> str:
     """SHA-256 of Python source, dedented, trailing spaces and blank lines out (a changed comment counts)."""
     lines = (line.rstrip() for line in textwrap.dedent(text).splitlines())
     return hashlib.sha256("\n".join(line for line in lines if line).encode()).hexdigest()
-
-
-def source_fingerprint(function: Callable[..., Any]) -> str:
-    """`text_fingerprint` of `function`'s source (OSError or TypeError where it has none)."""
-    import inspect
-
-    return text_fingerprint(inspect.getsource(function))
 
 
 def shebang_problem(interpreter: str | None = None) -> str | None:
