@@ -153,10 +153,11 @@ class Device(ABC):
             self._session = None
             session.finish()
 
-    def release_snapshot(self) -> dict[str, Any] | None:
-        """Hand the pre-pin state to the caller and stop restoring it here (`powerctl freq --set`)."""
+    def release_snapshot(self) -> None:
+        """`powerctl freq --set`: stop restoring the pre-pin state here; its record stays for `--restore`."""
         session, self._session = self._session, None
-        return None if session is None else session.hand_over()
+        if session is not None:
+            session.finish(hand_over=True)
 
     @property
     def is_pinned(self) -> bool:

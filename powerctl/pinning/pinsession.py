@@ -65,22 +65,18 @@ class PinSession:
             raise
         return cls(record.state, lock, record)
 
-    def finish(self) -> None:
-        """After `state` was put back: drop our record (a `freq --set` record below it stays), unlock."""
+    def finish(self, *, hand_over: bool = False) -> None:
+        """After `state` was put back: drop our record (a `freq --set` record below it stays), unlock.
+        `hand_over` (`freq --set`): the pin outlives us; the record becomes a `set` record of the ORIGINAL
+        state."""
         if self._lock is not None and self._record is not None:
             try:
-                remove_record(self._record.key, self._record.under)
+                if hand_over:
+                    write_record(self._record.under or replace(self._record, kind=KIND_SET))
+                else:
+                    remove_record(self._record.key, self._record.under)
             finally:
                 self._lock.close()
-
-    def hand_over(self) -> dict[str, Any]:
-        """`freq --set`: the pin outlives us; the record becomes a `set` record of the ORIGINAL state."""
-        if self._lock is not None and self._record is not None:
-            try:
-                write_record(self._record.under or replace(self._record, kind=KIND_SET))
-            finally:
-                self._lock.close()
-        return self.state
 
 
 def put_back(device: Pinnable, record: BoardRecord) -> str:
