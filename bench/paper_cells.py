@@ -86,8 +86,8 @@ def table(
             try:
                 sop = state_of_practice(profile, cap, board)
                 pb = proxy_batch(profile, relations["raw"], cap, board)
-                for pick in (sop, pb):  # `method`: "state-of-practice", "proxy-batch"
-                    col[pick.method] = cell(board, w, target_runs, pick.batch_size, pick.frequency_hz, seeds)
+                for name, pick in (("state-of-practice", sop), ("proxy-batch", pb)):
+                    col[name] = cell(board, w, target_runs, pick.batch_size, pick.frequency_hz, seeds)
             except InfeasibleCapError as exc:
                 col["error"] = str(exc)
             try:
