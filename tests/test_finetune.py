@@ -226,10 +226,10 @@ def test_rejects_bad_arguments(image_split: tuple[Dataset, Dataset]) -> None:
 def test_settings_are_checked_once_when_made(image_split: tuple[Dataset, Dataset]) -> None:
     """A `FineTuneConfig` that exists can run: its refusals come when it is made, a rate rule's when a
     run asks it (once, for the batch size the run starts with)."""
-    with pytest.raises(ValueError, match="lr must be a positive number, got 0"):
+    with pytest.raises(ValueError, match="FineTuneConfig: 'lr' must be a number > 0, got 0"):
         FineTuneConfig(batch_size=16, lr=0, target_accuracy=None)
     good = FineTuneConfig(batch_size=16, lr=1e-3, target_accuracy=None, max_samples=32)
-    with pytest.raises(ValueError, match="max_samples must be a positive integer"):
+    with pytest.raises(ValueError, match="'max_samples' must be an integer ≥ 1 or None"):
         dataclasses.replace(good, max_samples=0)
     asked: list[int] = []
 
@@ -239,7 +239,7 @@ def test_settings_are_checked_once_when_made(image_split: tuple[Dataset, Dataset
 
     _ = FineTuneConfig(batch_size=16, lr=negative, target_accuracy=None)
     assert asked == []
-    with pytest.raises(ValueError, match=r"lr must be a positive number, got -1\.0"):
+    with pytest.raises(ValueError, match=r"'lr' must be a number > 0, got -1\.0"):
         _tune(image_split, lr=negative, target_accuracy=None, max_samples=32)
     assert asked == [16]
 

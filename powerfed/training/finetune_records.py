@@ -3,7 +3,6 @@ steers it (`FineTuneCallbacks`, `StepHook`), the user's functions (`UserFunction
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -12,7 +11,17 @@ import torch
 from torch import nn
 
 from powerctl.devices.base import PowerSamples
-from powerctl.files.mapping import check_callable
+from powerctl.files.mapping import (
+    Custom,
+    Integer,
+    Maybe,
+    Number,
+    check_arguments,
+    check_callable,
+    check_fields,
+    field_kinds,
+    kind_field,
+)
 from powerfed.training.checkpoint import Checkpointing
 
 DEFAULT_EVAL_EVERY_SAMPLES = 1024
@@ -100,13 +109,8 @@ class FineTuneResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def _check_positive(name: str, value: float | None, *, integer: bool = False) -> None:
-    if value is None:
-        return
-    bad_type = isinstance(value, bool) or not isinstance(value, int if integer else (int, float))
-    if bad_type or not math.isfinite(value) or value <= 0:
-        kind = "a positive integer" if integer else "a positive number"
-        raise ValueError(f"{name} must be {kind}, got {value!r}")
+COUNT, RATE = Integer(1), Number(0.0, above=True)
+RATE_OR_RULE = Custom(lambda lr: lr if callable(lr) else RATE(lr))  # a rule's rate: checked by `start_lr`
 
 
 @dataclass(frozen=True)
@@ -114,19 +118,19 @@ class FineTuneConfig:
     """What a fine-tune is asked to do: where it starts, when it stops, how it is judged. Checked when
     made (one ValueError line), so no run starts with settings it could not finish."""
 
-    batch_size: int
+    batch_size: int = kind_field(COUNT)
     """The batch size the run starts with (a step hook may change it)."""
-    lr: float | Callable[[int], float]
+    lr: float | Callable[[int], float] = kind_field(RATE_OR_RULE)  # noqa: RUF009
     """The learning rate, or the rule batch size → rate (for a hook that changes the batch size)."""
-    target_accuracy: float | None
+    target_accuracy: float | None = kind_field(Maybe(Number(0.0, 1.0, above=True)))
     """Stop at the first evaluation at or above it; None trains for the budget only (pre-training)."""
-    max_samples: int | None = None
+    max_samples: int | None = kind_field(Maybe(COUNT), None)
     """Training samples to spend at most (with no budget at all: DEFAULT_MAX_EPOCHS epochs)."""
-    max_device_s: float | None = None
+    max_device_s: float | None = kind_field(Maybe(RATE), None)
     """Device seconds of training steps to spend at most."""
-    eval_every_samples: int | None = DEFAULT_EVAL_EVERY_SAMPLES
+    eval_every_samples: int | None = kind_field(Maybe(COUNT), DEFAULT_EVAL_EVERY_SAMPLES)
     """Evaluate after every this many training samples (None: only before training and at the end)."""
-    eval_max_samples: int | None = DEFAULT_EVAL_MAX_SAMPLES
+    eval_max_samples: int | None = kind_field(Maybe(COUNT), DEFAULT_EVAL_MAX_SAMPLES)
     """Evaluate on a fixed subset of at most this many test samples (None: all of them)."""
     seed: int = 0
     """Seeds the batch order and the run's own RNG (dropout): same seed, same curve (on the CPU)."""
@@ -134,23 +138,14 @@ class FineTuneConfig:
     """adam, adamw, sgd or a factory; None: the task's (`make_optimizer`)."""
 
     def __post_init__(self) -> None:
-        _check_positive("batch_size", self.batch_size, integer=True)
-        if not callable(self.lr):
-            _check_positive("lr", self.lr)
-        _check_positive("max_samples", self.max_samples, integer=True)
-        _check_positive("max_device_s", self.max_device_s)
-        _check_positive("eval_every_samples", self.eval_every_samples, integer=True)
-        _check_positive("eval_max_samples", self.eval_max_samples, integer=True)
-        if self.target_accuracy is not None and not 0.0 < self.target_accuracy <= 1.0:
-            raise ValueError(f"target_accuracy must be in (0, 1], got {self.target_accuracy}")
+        check_fields(self, "FineTuneConfig", field_kinds(self))
         if self.target_accuracy is not None and self.eval_every_samples is None:
             raise ValueError("a target accuracy needs periodic evaluation: set eval_every_samples")
 
     def start_lr(self) -> float:
         """The rate the run starts with: a rule is asked here, once per run, and its answer checked."""
         lr = self.lr(self.batch_size) if callable(self.lr) else self.lr
-        _check_positive("lr", lr)
-        return float(lr)
+        return check_arguments("FineTuneConfig", lr=(lr, RATE))["lr"]
 
     def rate(self, batch_size: int) -> float:
         """The rate for a batch size a step hook handed over."""
