@@ -20,9 +20,8 @@ from typing import Any
 from bench_common import ROOT
 
 from fl_client.clientapp_entry import write_script
-from powerctl.procs import search_path
+from powerctl.procs import connect_error, search_path
 from simulations.local_superlink import FLOWER_ENV, free_port, stop_tree
-from simulations.ray_cluster import answers
 
 BIN = Path(sys.executable).parent
 NODE_CONFIG = 'device="sim:jetson-nano" power-cap-w=5.0 partition-id=0 num-partitions=1 name="nano"'
@@ -140,7 +139,7 @@ def run(app: Path, work: Path, rounds: int, flower_own: bool) -> list[dict[str, 
         link = spawn("superlink", [str(BIN / "flower-superlink"), "--host", "127.0.0.1", "--port", str(port),
                                    "--insecure", "--disable-runtime-dependency-installation"])  # fmt: skip
         deadline = time.monotonic() + 60
-        while not answers("127.0.0.1", port, timeout_s=0.5):
+        while connect_error("127.0.0.1", port, 0.5) is not None:
             if time.monotonic() > deadline or link.poll() is not None:
                 raise SystemExit(f"clientapp_startup: nothing listens on 127.0.0.1:{port}; see the logs")
             time.sleep(0.2)

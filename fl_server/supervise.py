@@ -8,7 +8,6 @@ import argparse
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,7 @@ from powerctl.cli.util import (
     say,
 )
 from powerctl.errors import ANSI, PowerctlError
+from powerctl.procs import connect_error
 from strategies.flower_source import read_flwr_connection
 
 PROG = "python -m fl_server.supervise"
@@ -211,12 +211,9 @@ def refuses(address: str) -> bool:
     """Whether nothing listens at `address` (host:port, [v6]:port): a refused connection, not a timeout."""
     host, _, port = address.rpartition(":")
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=2.0).close()
-    except ConnectionRefusedError:
-        return True
-    except (OSError, ValueError):
+        return isinstance(connect_error(host.strip("[]"), int(port), 2.0), ConnectionRefusedError)
+    except ValueError:
         return False
-    return False
 
 
 def build_parser() -> argparse.ArgumentParser:

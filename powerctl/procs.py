@@ -1,10 +1,12 @@
-"""Processes from Linux's /proc (pid and start time: a reused pid is never mistaken), subreaping, signals."""
+"""Processes from Linux's /proc (pid and start time: a reused pid is never mistaken), subreaping, signals,
+and whether a TCP port takes connections."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import signal
+import socket
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -69,6 +71,16 @@ def handling(handler: Any, *signals: signal.Signals) -> Iterator[None]:
     finally:
         for s, previous in old.items():
             signal.signal(s, previous)
+
+
+def connect_error(host: str, port: int, timeout_s: float) -> OSError | None:
+    """Why a TCP connection to host:port failed within `timeout_s` (refused, timed out, unresolved...);
+    None: it was accepted."""
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as exc:
+        return exc
+    return None
 
 
 def seconds_since_start(pid: int) -> float | None:

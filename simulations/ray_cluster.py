@@ -4,7 +4,6 @@ found as Ray finds it and checked by a TCP connect (`preflight`): a dead one mak
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -74,15 +73,6 @@ def split_address(address: str) -> tuple[str, int] | None:
     return host, int(port)
 
 
-def answers(host: str, port: int, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
-    """Something accepts a TCP connection at host:port within `timeout_s`."""
-    try:
-        with socket.create_connection((host, port), timeout=timeout_s):
-            return True
-    except OSError:  # refused, timed out, unreachable, or a name that does not resolve
-        return False
-
-
 def find_target(env: Mapping[str, str] | None = None) -> RayTarget:
     """Resolve the cluster as Ray's `ray.init()` does; RayClusterError if it would hang or fail."""
     env = os.environ if env is None else env
@@ -118,7 +108,7 @@ def _checked(address: str, source: str, found: str) -> RayTarget:
             f"{found}, which is not HOST:PORT: set RAY_ADDRESS to HOST:PORT of a live cluster, "
             "'local' for a new local cluster, or unset it"
         )
-    if not answers(*where):
+    if procs.connect_error(*where, PROBE_TIMEOUT_S) is not None:
         advice = (
             "start that cluster, set RAY_ADDRESS to a live one, or unset it to start a new local cluster"
             if source == "RAY_ADDRESS"
