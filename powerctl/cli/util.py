@@ -17,7 +17,7 @@ import threading
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from types import TracebackType
+from types import FrameType
 from typing import Any, NoReturn, TextIO
 
 from powerctl.errors import PowerctlError, first_line, printable
@@ -151,38 +151,31 @@ _OUT_OF_RANGE = re.compile(r"out of range|too large|overflow|exceeds the limit|t
 _TORCH_OVERFLOW = re.compile(r"without overflow|overflow when unpacking", re.I)
 
 _NO_MEMORY = re.compile(r"can't allocate memory|out of memory|not enough memory|failed to allocate", re.I)
+_PARSERS = re.compile(r"[/\\](json|tomllib|yaml)[/\\]")  # a RecursionError there: an input nested too deeply
 
 
-def _open_file_in(tb: TracebackType | None) -> str | None:
-    """The name of the innermost file object open in the frames of `tb` (the file a decode failed on)."""
-    for frame, _ in reversed(list(traceback.walk_tb(tb))):
+def _open_file_in(frames: list[FrameType]) -> str | None:
+    """The name of the innermost file object open in `frames` (the file a decode failed on)."""
+    for frame in reversed(frames):
         for value in frame.f_locals.values():
             if isinstance(value, io.IOBase) and isinstance(name := getattr(value, "name", None), str):
                 return name
     return None
 
 
-_PARSERS = re.compile(r"[/\\](json|tomllib|yaml)[/\\]")  # a RecursionError there: an input nested too deeply
-
-
-def _in_a_parser(tb: TracebackType | None) -> bool:
-    """Whether the innermost frame of `tb` is in a parser of JSON, TOML or YAML."""
-    frames = [frame for frame, _ in traceback.walk_tb(tb)]
-    return bool(frames) and bool(_PARSERS.search(frames[-1].f_code.co_filename))
-
-
 def fault_line(exc: BaseException) -> str | None:
     """The one line for an exception a check did not catch but a hostile input can reach; None for a bug."""
+    frames = [frame for frame, _ in traceback.walk_tb(exc.__traceback__)]  # the innermost last
     if isinstance(exc, MemoryError) or (isinstance(exc, RuntimeError) and _NO_MEMORY.search(str(exc))):
         detail = "" if isinstance(exc, MemoryError) else f" ({first_line(exc)})"
         return f"out of memory{detail}: ask for less (smaller model options, batch size, samples or limit)"
     if isinstance(exc, UnicodeDecodeError):
-        name = _open_file_in(exc.__traceback__)
+        name = _open_file_in(frames)
         what = f"{printable(name)}: is not" if name else "an input file is not"
         return f"{what} UTF-8 text ({exc.reason} at byte {exc.start}); give a text file"
     if isinstance(exc, OSError):
         return _os_line(exc)
-    if isinstance(exc, RecursionError) and _in_a_parser(exc.__traceback__):
+    if isinstance(exc, RecursionError) and frames and _PARSERS.search(frames[-1].f_code.co_filename):
         return "an input file is nested too deeply to read; give a flatter file"
     if (
         isinstance(exc, OverflowError)
