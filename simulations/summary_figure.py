@@ -75,24 +75,16 @@ def _rows(
             except (PowerctlError, ValueError, KeyError):  # a board without a model: bars only
                 profiles[board] = None
         row = Row(device, cap, len({r.get("node_key") for r in recs}), profiles[board])
-        methods = list(dict.fromkeys(r["method"] for r in recs))
-        for method in methods:
+        for method in dict.fromkeys(r["method"] for r in recs):
             mine = [r for r in recs if r["method"] == method]
             for b, hz in dict.fromkeys((r["batch_size"], r["frequency_hz"]) for r in mine):
                 row.marks.append(method_mark(method, b, hz))
-            joules = [r["energy_j"] for r in mine]
-            row.bars.append(
-                Bar(
-                    method,
-                    fmean([r["device_s"] for r in mine]),
-                    fmean([r["profiling_s"] for r in mine]),
-                    None if None in joules else fmean(joules),
-                )
+            seconds, profiling, joules = (
+                [r[k] for r in mine] for k in ("device_s", "profiling_s", "energy_j")
             )
-        if not any(_method_is(m, "reference") for m in methods) and any(
-            _method_is(m, "power_aware") for m in methods
-        ):
-            _estimate_state_of_practice(row, relation)
+            energy = None if None in joules else fmean(joules)
+            row.bars.append(Bar(method, fmean(seconds), fmean(profiling), energy))
+        _estimate_state_of_practice(row, relation)
         rows.append(row)
     return rows
 
@@ -120,17 +112,19 @@ def _method_is(name: str, what: str) -> bool:
 
 
 def _estimate_state_of_practice(row: Row, relation: RelationVector | None) -> None:
-    """The state of practice's mark under the row's cap and, where the profile allows, its bar."""
+    """Where ours ran and the state of practice did not: its mark under the row's cap and, where the
+    profile allows, its bar."""
     from powerctl.selection.baselines import state_of_practice
 
-    if row.profile is None or relation is None:
+    ours = next((b for b in row.bars if _method_is(b.method, "power_aware")), None)
+    ran_sop = any(_method_is(b.method, "reference") for b in row.bars)
+    if ours is None or ran_sop or row.profile is None or relation is None:
         return
     try:
         sop = state_of_practice(row.profile, row.cap)
     except PowerctlError:
         return
     row.marks.append(method_mark(STATE_OF_PRACTICE, sop.batch_size, sop.frequency_hz, estimated=True))
-    ours = next(b for b in row.bars if _method_is(b.method, "power_aware"))
     pair = next(m for m in row.marks if m.label == ours.method)
     r = relation.as_map()
     mine = row.profile.point(pair.batch_size, pair.frequency_hz)
