@@ -15,8 +15,6 @@ from powerctl.cli.util import OneLineParser, add_command, mhz, one_line_errors, 
 from powerctl.devices import SPEC_HELP, open_device
 from powerctl.pinning.pinsession import restore_saved
 
-MAX_FREQUENCY_HZ = 100e9
-
 
 def _frequency(text: str) -> int:
     t = text.strip().lower()
@@ -29,7 +27,7 @@ def _frequency(text: str) -> int:
         raise argparse.ArgumentTypeError(f"frequency must be in Hz (or with MHz/GHz), got {text!r}") from None
     if not math.isfinite(hz) or hz <= 0:
         raise argparse.ArgumentTypeError(f"frequency must be > 0, got {text!r}")
-    if hz > MAX_FREQUENCY_HZ:
+    if hz > 100e9:
         raise argparse.ArgumentTypeError(f"frequency must be at most 100 GHz, got {text!r}")
     return round(hz)
 
