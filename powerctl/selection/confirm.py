@@ -157,10 +157,8 @@ class TrainingConfirmation:
                 f"it in training (b={b} at {hz / 1e6:.1f} MHz read {peak:.2f} W): {exc}"
             ) from None
         new = (pick.batch_size, pick.frequency_hz)
-        if new == (b, hz):
+        if new == (b, hz):  # the guard already watches it (`_repin`, or built at the first pair)
             self.pick, self.confirmed = pick, True  # its peak and time now the measured ones
-            if self.guard is not None:
-                self.guard.retarget(self.power_cap_w, hz)
             return
         self.switches.append(Switch(device_s, (b, hz), new, peak, self.power_cap_w))
         self._repin(pick, device_s)
