@@ -35,13 +35,6 @@ class Target:
     def address(self) -> str:
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
-    @property
-    def how(self) -> str:
-        """How the user asked for TLS, in their own terms (flags, or config.toml keys)."""
-        if self.connection is not None:
-            return "insecure = true" if self.insecure else "root-certificates"
-        return "--insecure" if self.insecure else "--root-certificates"
-
 
 def parse_address(text: str) -> tuple[str, int]:
     """HOST:PORT or [IPv6]:PORT; anything else is a PowerctlError naming the value."""
@@ -137,17 +130,18 @@ def check_tls(t: Target, timeout_s: float) -> str:
             "check that this is the SuperLink's address",
         ) from None
     if t.insecure:
+        how = "--insecure" if t.connection is None else "insecure = true"  # the flag, or config.toml's key
         if der is not None:
             raise CheckFailed(
                 "TLS mismatch",
-                f"the SuperLink at {t.address} uses TLS and {t.how} connects without it "
+                f"the SuperLink at {t.address} uses TLS and {how} connects without it "
                 "(a SuperNode then retries forever and neither side logs why)",
                 "drop --insecure and pass --root-certificates CA.crt (the CA that signed the SuperLink's "
                 "certificate)"
                 if t.connection is None
                 else f"in connection {t.connection!r} replace insecure = true by root-certificates = CA.crt",
             )
-        return f"TLS: none on either side ({t.how}; traffic is not encrypted)"
+        return f"TLS: none on either side ({how}; traffic is not encrypted)"
     if der is None:
         raise CheckFailed(
             "TLS mismatch",
