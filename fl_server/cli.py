@@ -23,7 +23,7 @@ from powerctl.cli.util import (
     say,
 )
 from powerctl.files.mapping import MAX_BATCH_SIZE
-from powerctl.files.outputs import output_path
+from powerctl.files.outputs import check_output_dir, check_output_file, output_path
 from powerctl.records.relation import VECTORS
 from powerfed.training.data import SPECS
 from powerfed.training.errors import ModelError
@@ -189,7 +189,6 @@ def _pretrain(args: argparse.Namespace) -> int:
     """
     _prepare(args)
     from fl_server.pretrain import PretrainSettings, pretrain, report_path_for
-    from powerctl.files.outputs import check_output_file
 
     check_output_file(args.out, beside=[report_path_for(args.out)])
     given = {f.name: getattr(args, f.name) for f in fields(PretrainSettings)}  # flags named as its fields
@@ -220,7 +219,6 @@ def _relation(args: argparse.Namespace) -> int:
     """
     _prepare(args)
     from fl_server.relation import RelationCompute, RelationSettings, estimate_relation
-    from powerctl.files.outputs import check_output_dir, check_output_file
 
     check_output_file(args.out)
     if args.cache_dir is not None and not args.no_cache:
