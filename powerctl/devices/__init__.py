@@ -104,14 +104,12 @@ def _nvml_gpus() -> list[dict[str, Any]]:
 
     try:
         lib = nvml.load_nvml()
+        try:
+            count = nvml.gpu_count(lib)
+        finally:
+            nvml.shutdown_nvml(lib)
     except DeviceError:
         return []
-    try:
-        count = nvml.gpu_count(lib)
-    except DeviceError:
-        count = 0
-    finally:
-        nvml.shutdown_nvml(lib)
     found = []
     for index in range(count):
         try:

@@ -217,7 +217,6 @@ def _parse(name: str, raw: dict[str, Any], boards: dict[str, Any]) -> BoardModel
         sources=dict(raw.get("sources", {})),
         state_of_practice=_parse_table(name, raw.get("state_of_practice"), len(freqs)),
         calibration=_parse_calibration(name, raw.get("calibration"), boards),
-        # int for the byte counts, float for the rest
         **cast(
             "dict[str, Any]", {k: (int(raw[k]) if k.endswith("bytes") else float(raw[k])) for k in _NUMBERS}
         ),
