@@ -194,10 +194,10 @@ TABLE = f"{NANO_DEVFREQ}/available_frequencies"
 @pytest.mark.parametrize(
     ("table", "problem"),
     [
-        (b"garbage here\n", "is not a list of frequencies in Hz: 'garbage here'"),
-        (b"", "lists no frequency"),
-        (b"\n  \n", "lists no frequency"),
-        (b"-5 76800000\n", "a frequency must be a positive number of Hz, got -5"),
+        (b"garbage here\n", "is not a list of frequencies in Hz (> 0): 'garbage here'"),
+        (b"", "is not a list of frequencies in Hz (> 0): ''"),
+        (b"\n  \n", "is not a list of frequencies in Hz (> 0): ''"),
+        (b"-5 76800000\n", "is not a list of frequencies in Hz (> 0): '-5 76800000'"),
         (b"\xff\xfe\xfd", "is not a list of frequencies in Hz"),
     ],
 )
