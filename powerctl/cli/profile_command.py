@@ -12,7 +12,7 @@ from powerctl.cli.util import add_command, batch_sizes, bounded_float, bounded_i
 from powerctl.devices import open_device
 from powerctl.devices.unpinned import NOT_PINNED
 from powerctl.errors import PowerctlError
-from powerctl.files.mapping import MAX_COUNT
+from powerctl.files.mapping import MAX_COUNT, MAX_STEPS
 from powerctl.files.outputs import check_output_file, output_path
 from powerctl.records.relation import RelationVector
 
@@ -21,9 +21,6 @@ if TYPE_CHECKING:
     from powerctl.records.workload import Workload
 
 # the ranges of the numeric flags (each flag's help names its own)
-SAMPLES = bounded_int(1, MAX_COUNT)  # N of T_N
-WARMUP_STEPS = bounded_int(0, 1000)
-MEASURED_STEPS = bounded_int(1, 1000)
 RATE_HZ = bounded_float(0.0, 1000.0)  # sensors update every few ms (INA3221) to every 20-100 ms (NVML)
 NUM_CLASSES = bounded_int(2, 100_000)  # a classifier needs two at least
 
@@ -126,7 +123,7 @@ def add_profile(sub: Any, device_help: str) -> None:
     s.add_argument(
         "--batch-sizes", type=batch_sizes, default=[4, 8, 16, 32, 64], help="default: 4,8,16,32,64"
     )
-    SAMPLES.add(s, "--samples", "N of T_N: samples (default 10000)", default=10_000)
+    bounded_int(1, MAX_COUNT).add(s, "--samples", "N of T_N: samples (default 10000)", default=10_000)
     s.add_argument(
         "--order",
         choices=["grid", "efficient", "fitted"],
@@ -144,8 +141,8 @@ def add_profile(sub: Any, device_help: str) -> None:
         help="--order fitted: relation vector JSON; only batch sizes that could win are confirmed "
         "(without it: every batch size)",
     )
-    WARMUP_STEPS.add(s, "--warmup", "warm-up steps per point (default 2)", default=2)
-    MEASURED_STEPS.add(s, "--steps", "measured steps per point (default 5)", default=5)
+    bounded_int(0, MAX_STEPS).add(s, "--warmup", "warm-up steps per point (default 2)", default=2)
+    bounded_int(1, MAX_STEPS).add(s, "--steps", "measured steps per point (default 5)", default=5)
     RATE_HZ.add(s, "--rate", "power sampling rate in Hz (default 50)", default=50.0)
     NUM_CLASSES.add(s, "--num-classes", "classes (image models; default 10)")
     seed.add(s, "--seed", "seed of weights, inputs and simulated noise", default=0)
