@@ -41,7 +41,7 @@ from simulations.fleet import load_fleet_spec
 
 spec = load_fleet_spec(Path(sys.argv[1]))
 out = Path(sys.argv[2])
-run = spec.run_config(out / "results", spec.methods, out / "profiles")
+run = spec.run_config(out / "results", spec.settings.methods, out / "profiles")
 cfg = parse_server_config({**app_config(Path(sys.argv[3])), **run})
 _, relation = prepare(cfg)
 print(json.dumps(relation))

@@ -21,7 +21,7 @@ from powerctl.cli.util import (
     run_command,
     tcp_port,
 )
-from powerctl.files.outputs import output_path
+from powerctl.files.outputs import check_name_lengths, check_output_dir, output_path
 
 PROG = "python -m simulations"
 
@@ -151,8 +151,6 @@ def _methods(text: str) -> list[str]:
 
 def default_fleet_out(fleet: Path) -> Path:
     """Where a fleet's results go unless --out says: runs/fleet-NAME (`make fleet`'s folder)."""
-    from powerctl.files.outputs import check_name_lengths
-
     return check_name_lengths(Path("runs") / f"fleet-{fleet.stem}", "the default --out", hint="give --out")
 
 
@@ -166,7 +164,6 @@ def fleet_command(args: argparse.Namespace) -> int:
     """
     import time
 
-    from powerctl.files.outputs import check_output_dir
     from simulations.fleet import load_fleet_spec
     from simulations.runner import check_before_flower, run_fleet, run_seeds
 
@@ -174,7 +171,7 @@ def fleet_command(args: argparse.Namespace) -> int:
     if args.out is None:
         args.out = default_fleet_out(args.fleet)
     spec = load_fleet_spec(args.fleet)
-    methods = args.methods or spec.methods
+    methods = args.methods or spec.settings.methods
     count = spec.seed_count if args.seeds is None else spec.check_seed_count(args.seeds, "--seeds")
     out = args.out.expanduser().resolve()
     if count > 1:
@@ -245,7 +242,8 @@ def demo_command(args: argparse.Namespace) -> int:
     frequency) under the cap, then fine-tune the target data with the method and each baseline and compare
     measured device time. Writes results.json and plots into --out.
     """
-    from simulations.demo import quiet, run_demo, say_on_stderr, summary_table
+    from fl_server.app import quiet
+    from simulations.demo import run_demo, say_on_stderr, summary_table
     from simulations.demo_config import DemoConfig
 
     run = {"model": args.model}  # run settings by their attribute (DemoConfig.run_config: their keys)

@@ -104,10 +104,6 @@ class FleetSpec:
     """`seeds.count`: how many seeds `python -m simulations run` runs (`for_seed`)."""
 
     @property
-    def methods(self) -> list[str]:
-        return self.settings.methods
-
-    @property
     def scale_mode(self) -> bool:
         return self.settings.profile_source == "predicted" or self.settings.real_share < 1.0
 

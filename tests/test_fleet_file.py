@@ -74,13 +74,13 @@ def test_the_shipped_fleets_parse() -> None:
         "sim:jetson-nano",
         "sim:jetson-tx2nx",
     }
-    assert None in [b.power_cap_w for b in quick.boards] and len(quick.methods) == 4
+    assert None in [b.power_cap_w for b in quick.boards] and len(quick.settings.methods) == 4
     assert len({b.power_cap_w for b in quick.boards}) == 4
     assert len(load_fleet_spec(FLEETS / "large.yaml").boards) >= 100
     paper = load_fleet_spec(FLEETS / "paper.yaml")
     assert {(b.device, b.power_cap_w) for b in paper.boards} >= {("sim:jetson-nano", None)}
     four = load_fleet_spec(FLEETS / "four-boards.yaml")
-    assert four.name == "four-boards" and len(four.boards) == 4 and len(four.methods) == 4
+    assert four.name == "four-boards" and len(four.boards) == 4 and len(four.settings.methods) == 4
 
 
 def test_the_default_fleet_is_the_paper_tables_grid_each_board_at_each_limit_and_uncapped() -> None:
@@ -97,7 +97,7 @@ def test_the_default_fleet_is_the_paper_tables_grid_each_board_at_each_limit_and
     ]
     assert [(b.device, b.power_cap_w) for b in default.boards] == grid
     assert [(b.device, b.power_cap_w) for b in paper.boards] == grid  # the text task's fleet: the same grid
-    assert default.name == "default" and default.methods == [
+    assert default.name == "default" and default.settings.methods == [
         "ours",
         "state-of-practice",
         "proxy-batch",

@@ -45,7 +45,9 @@ def test_seed_k_moves_the_run_and_data_seeds_and_keeps_the_cached_preparation(tm
     from fl_server.run_config import parse_server_config
 
     spec = load_fleet_spec(fleet_file(tmp_path))
-    configs = [spec.for_seed(k).run_config(tmp_path / "r", spec.methods, tmp_path / "p") for k in range(3)]
+    configs = [
+        spec.for_seed(k).run_config(tmp_path / "r", spec.settings.methods, tmp_path / "p") for k in range(3)
+    ]
     assert [(c["seed"], c["client-data-seed"]) for c in configs] == [(5, 7), (6, 8), (7, 9)]
     for c in configs[1:]:  # nothing else moves: not pre-training, the proxy, the relation seeds
         assert {k for k in c if c[k] != configs[0][k]} == {"seed", "client-data-seed"}
@@ -60,11 +62,14 @@ def test_a_setting_given_in_code_travels_in_the_run_config_and_a_file_one_does_n
     tmp_path: Path,
 ) -> None:
     spec = load_fleet_spec(fleet_file(tmp_path))
-    plain = spec.run_config(tmp_path, spec.methods, tmp_path)
+    plain = spec.run_config(tmp_path, spec.settings.methods, tmp_path)
     faulty = dataclasses.replace(
         spec, settings=dataclasses.replace(spec.settings, inject_server_stop_round=1)
     )
-    assert faulty.run_config(tmp_path, spec.methods, tmp_path) == {**plain, "inject-server-stop-round": 1}
+    assert faulty.run_config(tmp_path, spec.settings.methods, tmp_path) == {
+        **plain,
+        "inject-server-stop-round": 1,
+    }
 
 
 def test_the_fleet_file_sets_the_count_and_refuses_a_bad_one_in_one_line(tmp_path: Path) -> None:

@@ -55,7 +55,7 @@ def small_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, An
     (tmp / "fleet.yaml").write_text(FLEET)
     spec = load_fleet_spec(tmp / "fleet.yaml")
     flwr = tmp / "flwr"
-    config = spec.run_config(flwr, spec.methods, tmp / "profiles")
+    config = spec.run_config(flwr, spec.settings.methods, tmp / "profiles")
     config.update({"profile-samples": 512, "profile-warmup": 0, "profile-steps": 1})
     n = len(spec.boards)
     nodes = {100 + i: {"partition-id": i, "num-partitions": n} for i in range(n)}
@@ -64,7 +64,7 @@ def small_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, An
         mp.setattr(server_app, "prepare_apart", lambda cfg: (weights, relation))
         context = Context(run_id=42, node_id=0, node_config={}, state=RecordDict(), run_config=config)
         server_app.run(FakeGrid(client_app, nodes, config), context)
-    results = build_results(spec, flwr, spec.methods, wall_s=1.0)
+    results = build_results(spec, flwr, spec.settings.methods, wall_s=1.0)
     yield {"tmp": tmp, "flwr": flwr, "results": results}
 
 
