@@ -236,7 +236,7 @@ class PowerAware(Strategy):
             except (TypeError, ValueError) as exc:  # a malformed description must not stop the run
                 log(WARNING, "query: node %s described itself unreadably: %s", nid, exc)
         for nid in new:
-            self.nodes.setdefault(nid, NodeInfo.unknown(nid))
+            self.nodes.setdefault(nid, NodeInfo.from_record(nid, {}))
 
     def plan(self, grid: Grid, instructions: dict[int, TrainInstructions]) -> list[Plan]:
         """The plans of the round's sampled nodes, each not planned yet asked with its instructions; a node
@@ -261,7 +261,7 @@ class PowerAware(Strategy):
         return [self.plans[nid] for nid in instructions if nid in self.plans]
 
     def node(self, node_id: int) -> NodeInfo:
-        return self.nodes.get(node_id) or NodeInfo.unknown(node_id)
+        return self.nodes.get(node_id) or NodeInfo.from_record(node_id, {})
 
     def _failure(self, node_id: int, kind: str, reason: str) -> Failure:
         info = self.node(node_id)

@@ -30,6 +30,7 @@ class NodeInfo:
 
     @classmethod
     def from_record(cls, node_id: int, record: Any) -> NodeInfo:
+        """The node a query reply describes (its data as `with_data` reads it); `{}`: a node not met."""
         return cls(
             node_id=node_id,
             key=str(record.get("node-key") or f"node-{node_id}"),
@@ -37,14 +38,7 @@ class NodeInfo:
             board=str(record.get("board", "")),
             power_cap_w=record.get("power-cap-w"),
             partition_id=record.get("partition-id"),
-            data=str(record.get("data", "")),
-            train_examples=int(record.get("train-examples", 0)),
-            test_examples=int(record.get("test-examples", 0)),
-        )
-
-    @classmethod
-    def unknown(cls, node_id: int) -> NodeInfo:
-        return cls(node_id=node_id, key=f"node-{node_id}", device="?")
+        ).with_data(record)
 
     def with_data(self, record: Any) -> NodeInfo:
         """This node with the data its evaluate reply names, if any (the query loads none)."""
@@ -78,10 +72,8 @@ class RoundRecord:
     evaluation: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        if self.evaluation is None:
-            del d["evaluation"]
-        return d
+        """Its fields, the evaluation left out when there was none."""
+        return {k: v for k, v in asdict(self).items() if k != "evaluation" or v is not None}
 
 
 REASON_LIMIT = 400
