@@ -164,7 +164,7 @@ def test_cap_source_spans_out_of_range_are_one_line(
 
 def test_a_frequency_beyond_any_gpu_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert powerctl_main(["freq", "--device", "sim:jetson-nano", "--set", "1e30"]) == 2
-    assert "frequency must be at most 100 GHz" in _one_line(capsys, "powerctl freq")
+    assert "frequency must be > 0 and at most 100 GHz" in _one_line(capsys, "powerctl freq")
 
 
 # --- fl-server pretrain and the model sizes ----------------------------------------------------------
