@@ -80,8 +80,9 @@ def evaluation_metrics(metrics: MappingReader) -> dict[str, float | None]:
 
 RELATION_KEY = "relation-vector"
 """The relation vector, as JSON of its file (`RelationVector.to_dict`), the per-seed fields included."""
+INT32_MAX = 2**31 - 1  # a message's integers are int64; no board trains more classes
 MESSAGE_KINDS = {
-    "num-classes": Integer(1),
+    "num-classes": Integer(1, INT32_MAX),
     "model-overrides": JsonObject(),
     "server-round": Integer(1, MAX_ROUNDS),
     "node-key": Text(empty=True),
@@ -213,9 +214,6 @@ class TrainInstructions(SentSettings):
         return cls(**values, relation_vector=relation, power_cap_w=r.value("power-cap-w", POWER_CAP, None))
 
 
-INT32_MAX = 2**31 - 1
-
-
 def check_instructions(instr: TrainInstructions) -> None:
     """Each field of `instr` as it travels, read back by its reader's kind (one ArgumentError line); a
     number or a choice is kept as its kind gives it back (a plain number where numpy's was given, a name
@@ -253,8 +251,6 @@ def check_instructions(instr: TrainInstructions) -> None:
     except (TypeError, ValueError):
         raise r.fail("model_overrides", f"must be a dict of JSON option values, got {overrides!r}") from None
     object.__setattr__(instr, "model_overrides", frozen_json(json.loads(text)))  # read-only, as sent
-    if instr.num_classes > INT32_MAX:  # a message's integers are int64; no board trains that many classes
-        raise r.fail("num_classes", f"must be an integer in [1, {INT32_MAX}], got {instr.num_classes!r}")
     from powerfed.training.errors import ModelError
     from powerfed.training.models import check_size, model_names
 

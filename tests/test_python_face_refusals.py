@@ -55,7 +55,7 @@ def test_a_plan_that_is_made_is_a_plan_every_client_reads_back(attr: str, value:
 @pytest.mark.parametrize(
     ("changes", "fragment"),
     [
-        ({"num_classes": 0}, "'num_classes' must be an integer ≥ 1, got 0"),
+        ({"num_classes": 0}, "'num_classes' must be an integer in [1, 2147483647], got 0"),
         ({"lr_max": math.nan}, "'lr_max' must be a number"),
         ({"method": "bogus"}, "'method' must be one of ours"),
         ({"lr_rule": "cubic"}, "'lr_rule' must be one of sqrt, linear, constant"),
