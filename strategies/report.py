@@ -253,10 +253,6 @@ class BesideReport(Record):
 
     KEY: ClassVar[str] = ""
 
-    @classmethod
-    def from_config(cls: type[R], record: Any, where: str = "") -> R:
-        return super().from_config(record, where or f"train reply {cls.KEY}")  # type: ignore[attr-defined]
-
 
 B = TypeVar("B", bound=BesideReport)
 
@@ -282,7 +278,7 @@ def take_report(content: Any) -> ClientReport | None:
     report = ClientReport.from_config(records[REPORT_KEY])
     for key, record in BESIDE_REPORT.items():
         if key in records:
-            report.beside[key] = record.from_config(records[key])
+            report.beside[key] = record.from_config(records[key], f"train reply {key}")
             del content.config_records[key]
     del content.config_records[REPORT_KEY]
     return report
