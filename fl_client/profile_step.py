@@ -66,16 +66,17 @@ class ProfileKey:
     relation: str | None = None  # only for the fitted order: the (b, r_b) pairs as JSON
     step: str = ""  # "" for the built-in fine-tune's step, else the user's step key (`fl_client.session`)
 
+    def steps(self) -> dict[str, int]:
+        """How each pair is measured, as `Profiler` and `ProfilingRequest` take it."""
+        return {name: getattr(self, name) for name in ("samples", "warmup_steps", "measure_steps")}
+
     def digest(self) -> str:
         from importlib.metadata import PackageNotFoundError, version
 
         from powerfed.training.numerics import torch_minor
 
-        fields = asdict(self)
-        if fields["relation"] is None:
-            del fields["relation"]  # keys of the other orders (and their cache entries) stay as they were
-        if not fields["step"]:
-            del fields["step"]  # the built-in step's keys stay as they were
+        # no relation (not the fitted order) or step (the built-in one): the keys they had without them
+        fields = {k: v for k, v in asdict(self).items() if v or k not in ("relation", "step")}
         fields["cache_version"] = PROFILE_CACHE_VERSION
         try:  # a new release never trusts an older release's profiles
             fields["code_version"] = version("powerfed")
@@ -236,14 +237,8 @@ def measured_profile_step(work: RoundWork, relation: RelationVector) -> Profiled
 
         def measure() -> Profile:
             workload, make_step = step_factory()
-            return Profiler(
-                dev,
-                workload,
-                make_step,
-                samples=instr.profile_samples,
-                warmup_steps=instr.profile_warmup,
-                measure_steps=instr.profile_steps,
-            ).run(
+            profiler = Profiler(dev, workload, make_step, **key.steps())
+            return profiler.run(
                 relation.batch_sizes,
                 order=order,
                 power_cap_w=order_cap,
@@ -297,15 +292,13 @@ def budgeted_profile(
         order=key.order,
         order_cap_w=key.power_cap_w,
         batch_sizes=relation.batch_sizes,
-        samples=instr.profile_samples,
         power_cap_w=cap,
         relation=relation,
         share=instr.profiling_budget,
         max_samples=max_samples,
         max_training_s=max_training_s,
         rule=instr.relation_rule,
-        warmup_steps=instr.profile_warmup,
-        measure_steps=instr.profile_steps,
+        **key.steps(),
     )
     profile, plan = profile_within_budget(
         dev,
