@@ -24,9 +24,9 @@ def text_fingerprint(text: str) -> str:
     return hashlib.sha256("\n".join(line for line in lines if line).encode()).hexdigest()
 
 
-def shebang_problem(interpreter: str | None = None) -> str | None:
-    """Why a `#!` line cannot start `interpreter` (default: this one), or None."""
-    path = sys.executable if interpreter is None else interpreter
+def shebang_problem() -> str | None:
+    """Why a `#!` line cannot start this interpreter, or None."""
+    path = sys.executable
     if not path:
         return "the interpreter's path is unknown"
     if any(c.isspace() for c in path):
