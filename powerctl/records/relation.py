@@ -7,7 +7,7 @@ import json
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -303,14 +303,9 @@ class BatchEfficiencyFit:
         return self.dof > 0 and self.chi2 <= self.dof + 2 * math.sqrt(2 * self.dof)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "model": "e_min*(1+b/b_crit)",
-            "e_min": self.e_min,
-            "b_crit": self.b_crit,
-            "chi2": self.chi2,
-            "dof": self.dof,
-            "explains": self.explains,
-        }
+        """The fit as a relation file keeps it (`batch_efficiency`): its parameters and figures."""
+        fit = {k: v for k, v in asdict(self).items() if k not in ("batch_sizes", "samples")}
+        return {"model": "e_min*(1+b/b_crit)", **fit, "explains": self.explains}
 
 
 def fit_batch_efficiency(
