@@ -73,18 +73,14 @@ def method_summary(
     method: str, data: dict[str, Any], target: float, boards: int, records: list[dict[str, Any]]
 ) -> dict[str, Any]:
     """Time to target, makespans, energy, clients at target, cap violations and failures of one method."""
-    makespans, energy, over_cap, failed, accuracies = [], 0.0, 0, 0, []
+    makespans, accuracies = [], []
     reached_round = time_to_target = train_to_target = None
     training = 0.0
     through_target: list[dict[str, Any]] = []  # client reports through the round that reached it
     for rnd in data["rounds"]:
         if reached_round is None:
             through_target += rnd["clients"]
-        s = rnd["summary"]
-        makespans.append(s["makespan_s"])
-        energy += s["total_energy_j"]
-        over_cap += len(s["over_cap"])
-        failed += len(rnd["failed"])
+        makespans.append(rnd["summary"]["makespan_s"])
         training += max((c["device_s"] for c in rnd["clients"]), default=0.0)
         acc = (rnd.get("evaluation") or {}).get("accuracy")
         accuracies.append(acc)
@@ -101,15 +97,15 @@ def method_summary(
         "reached_round": reached_round,
         "total_makespan_s": sum(makespans),
         "makespans_s": makespans,
-        "energy_j": energy,
+        "energy_j": sum((rnd["summary"]["total_energy_j"] for rnd in data["rounds"]), 0.0),
         "clients_at_target": sum(bool(c["reached_target"]) for c in last["clients"]),
         "clients": boards,
-        "over_cap": over_cap,
+        "over_cap": sum(len(rnd["summary"]["over_cap"]) for rnd in data["rounds"]),
         "over_cap_profiled": sum(
             r["power_cap_w"] is not None and (r.get("profiled_peak_power_w") or 0) > r["power_cap_w"]
             for r in records
         ),
-        "failed": failed,
+        "failed": sum(len(rnd["failed"]) for rnd in data["rounds"]),
         "deadlines_s": [rnd["summary"].get("deadline_s") for rnd in data["rounds"]],
         "switches": sum(r.get("switches", 0) for r in records),
         "pauses": sum(r.get("pauses", 0) for r in records),
