@@ -132,9 +132,9 @@ def client_table(record: RoundRecord) -> str:
     return "\n".join(lines)
 
 
-def profiling_share(clients: list[dict[str, Any]]) -> float | None:
-    """Profiling over fine-tuning device seconds, summed over `clients` (None: none trained)."""
-    training = sum(c["device_s"] for c in clients)
+def profiling_share(clients: list[dict[str, Any]], tuned: str = "device_s") -> float | None:
+    """Profiling over fine-tuning device seconds (`tuned`), summed over `clients` (None: none trained)."""
+    training = sum(c[tuned] for c in clients)
     return sum(c["profiling_s"] for c in clients) / training if training > 0 else None
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fl_server.results import cell
+from fl_server.results import cell, profiling_share
 from simulations.fleet import FleetSpec
 from simulations.fleet_results import (
     cap_cell,
@@ -98,12 +98,6 @@ def board_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
 def cell_label(row: dict[str, Any]) -> str:
     """A board's cell of the fleet's grid: its device and power cap."""
     return f"{row['device']}@{cap_cell(row['power_cap_w'])}"
-
-
-def profiling_share(rows: list[dict[str, Any]]) -> float | None:
-    """Profiling seconds over fine-tuning seconds, summed over board rows that reached their target."""
-    tuning = sum(r["fine_tuning_s"] for r in rows)
-    return sum(r["profiling_s"] for r in rows) / tuning if rows and tuning > 0 else None
 
 
 def ratio_stats(per_seed: dict[int, list[float]], unpaired: int) -> dict[str, Any]:
@@ -217,10 +211,14 @@ def method_over_seeds(method: str, sop: str | None, runs: list[SeedRun], target:
             ],
             "mean_s": statistics.fmean(r["to_own_target_s"] for _, r in at_target) if at_target else None,
             "speedup": stats["board"],
-            "profiling_share": profiling_share([r for _, r in at_target]),
+            "profiling_share": profiling_share([r for _, r in at_target], "fine_tuning_s"),
             "cells": {
                 label: ratio_stats(by_seed, len(runs) - len(by_seed))
-                | {"profiling_share": profiling_share([r for _, r in at_target if cell_label(r) == label])}
+                | {
+                    "profiling_share": profiling_share(
+                        [r for _, r in at_target if cell_label(r) == label], "fine_tuning_s"
+                    )
+                }
                 for label, by_seed in sorted(cells.items())
             }
             if compared
