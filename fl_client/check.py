@@ -88,10 +88,8 @@ def control_nodes(t: Target) -> list[Any]:
 
 def node_with_key(t: Target, public_key: bytes) -> Any | None:
     """The SuperLink's record of the node with this public key (None: not registered)."""
-    for node in control_nodes(t):
-        if node.public_key == public_key and node.status != "unregistered":
-            return node
-    return None
+    nodes = control_nodes(t)
+    return next((n for n in nodes if n.public_key == public_key and n.status != "unregistered"), None)
 
 
 def _http_client(t: Target, client: Any, component: str, *interceptors: Any) -> Any:
