@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import os
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -162,8 +163,6 @@ def fleet_command(args: argparse.Namespace) -> int:
     DIR/summary.txt and DIR/plots/. With N seeds (--seeds, or the file's seeds.count), once per seed into
     DIR/seed-K/, and DIR/results.json and DIR/summary.txt summarise the seeds.
     """
-    import time
-
     from simulations.fleet import load_fleet_spec
     from simulations.runner import check_before_flower, run_fleet, run_seeds
 
