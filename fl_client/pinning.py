@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from powerctl.devices.base import Device
@@ -133,7 +133,7 @@ class Pinning:
             e = next(e for e in cap.cap_events if e["kind"] in ("start", "resume"))
             pair = (e["new_batch_size"], e["new_frequency_hz"], e["predicted_remaining_s"])
             choice = Pick(*pair, method=method)
-        downs = [] if stepped is None else [d.to_dict() for d in stepped.step_downs]
+        downs = [] if stepped is None else [asdict(d) for d in stepped.step_downs]
         return Trained(result, state, board, choice, step_downs=downs, cap=cap, pinned=self.pinned)
 
 

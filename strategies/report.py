@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Iterator, Mapping
-from dataclasses import Field, dataclass, field, fields
+from dataclasses import Field, asdict, dataclass, field, fields
 from typing import Any, ClassVar, TypeVar
 
 from flwr.app import ConfigRecord
@@ -200,7 +200,7 @@ class CapFollowed(Record):
 
     @classmethod
     def of(cls, follower: Any) -> CapFollowed:
-        events, pair = [e.to_dict() for e in follower.events], [follower.batch_size, follower.frequency_hz]
+        events, pair = [asdict(e) for e in follower.events], [follower.batch_size, follower.frequency_hz]
         return cls(follower.caps.describe(), events, pair, follower.paused_s, follower.over_cap_s)
 
     def unprevented_over_cap_s(self) -> float:

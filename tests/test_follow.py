@@ -155,7 +155,7 @@ def test_a_batch_size_switch_keeps_the_optimizer_state_and_rescales_the_rate() -
             callbacks=FineTuneCallbacks(progress=False, hooks=[follower]),
         )
     opt = made[0]
-    assert [e["kind"] for e in (e.to_dict() for e in follower.events)] == ["start", "switch"]
+    assert [e["kind"] for e in (dataclasses.asdict(e) for e in follower.events)] == ["start", "switch"]
     assert opt.param_groups[0]["lr"] == pytest.approx(lr_for(8))
     # Adam's moments went on: one optimizer, its step count = every step of both batch sizes
     steps = {int(s["step"]) for s in opt.state.values()}

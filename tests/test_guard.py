@@ -3,6 +3,7 @@ reported, the frequency never goes above the selected one, and sensor noise alon
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from itertools import pairwise
 
 import pytest
@@ -93,7 +94,7 @@ def test_a_board_drawing_more_than_its_profile_is_stepped_down_within_the_window
         fine_tune(model, train, test, config, device=board, workload=workload, callbacks=callbacks)
         samples = timeline.stop()
     over = _over_cap(samples, cap)
-    downs = [d.to_dict() for d in guard.step_downs]
+    downs = [asdict(d) for d in guard.step_downs]
     assert downs, "a board drawing more than the cap must be stepped down"
     assert [d["old_hz"] for d in downs] == [selected] + [d["new_hz"] for d in downs[:-1]]
     assert all(d["new_hz"] < d["old_hz"] <= selected for d in downs)  # never up, never above selected

@@ -53,9 +53,6 @@ class CapEvent:
     over_cap_s: float = kind_field(AMOUNT, 0.0)
     """Seconds measured over the cap after that until the next event: what the follower did not prevent."""
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 class CapFollower:
     """Re-selects (b, f) when the cap changes: `start()` once, then `before_step` and `after_step`."""
@@ -232,7 +229,7 @@ class CapFollower:
             "samples_at_switch": self._samples_at_switch,
             "paused_s": self.paused_s,
             "over_cap_s": self.over_cap_s,
-            "events": [e.to_dict() for e in self.events],
+            "events": [asdict(e) for e in self.events],
             "guard": None if self._guard is None else self._guard.resume_state(),
         }
 

@@ -35,9 +35,6 @@ class StepDown:
     measured_w: float = kind_field(AMOUNT)
     power_cap_w: float = kind_field(AMOUNT)
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 class PowerGuard:
     """Steps a pinned device down while its measured power stays over the cap (see the module doc)."""
@@ -97,7 +94,7 @@ class PowerGuard:
             "power_cap_w": self.power_cap_w,
             "frequency_hz": self.frequency_hz,
             "over": self._over,
-            "step_downs": [e.to_dict() for e in self.step_downs],
+            "step_downs": [asdict(e) for e in self.step_downs],
         }
 
     def load_resume_state(self, state: dict[str, Any]) -> None:
