@@ -11,9 +11,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fl_server.run_config import run_config_text
+from fl_server.run_config import check_task_files, parse_server_config, run_config_text
 from powerctl.errors import PowerctlError
+from powerctl.files.cache import cache_root
 from powerctl.files.jsonfile import write_json
+from powerctl.files.outputs import check_output_dir, replacing
 from simulations.fleet import FleetFileError, FleetSpec
 from simulations.launcher import federation, run_flwr
 from simulations.linkstate_index import check_flower_version
@@ -88,8 +90,6 @@ def last_exception(log_path: Path, limit: int = 300) -> str | None:
 def check_before_flower(spec: FleetSpec, out: Path, methods: list[str]) -> None:
     """What the ServerApp would refuse only once the SuperLink and Ray are up, by its own checks: the
     run config and the task's files; and an unsupported Flower."""
-    from fl_server.run_config import check_task_files, parse_server_config
-
     check_flower_version()
     cfg = parse_server_config(spec.run_config(out / "flwr", methods, out / "profiles"))
     check_task_files(cfg, lambda key: f"{spec.path.name}: task.{key}", FleetFileError)
@@ -97,9 +97,6 @@ def check_before_flower(spec: FleetSpec, out: Path, methods: list[str]) -> None:
 
 def _fresh_out(out: Path) -> Path:
     """`out` checked, made absolute; first what would fail only once it was created."""
-    from powerctl.files.cache import cache_root
-    from powerctl.files.outputs import check_output_dir
-
     cache_root()
     check_flower_version()
     return check_output_dir(out.expanduser().resolve())
@@ -107,8 +104,6 @@ def _fresh_out(out: Path) -> Path:
 
 def _write(out: Path, results: dict[str, Any], text: str) -> None:
     """DIR/results.json and DIR/summary.txt (never over a device or FIFO)."""
-    from powerctl.files.outputs import replacing
-
     write_json(out / "results.json", results)
     with replacing(out / "summary.txt") as tmp:
         tmp.write_text(text + "\n", encoding="utf-8")
@@ -170,7 +165,6 @@ def run_fleet(
 def preparation_cached(spec: FleetSpec, out: Path, methods: list[str]) -> bool:
     """Whether the ServerApp will find the run's pre-trained weights and relation vector cached."""
     from fl_server.app import cached_preparation
-    from fl_server.run_config import parse_server_config
 
     cfg = parse_server_config(spec.run_config(out / "flwr", methods, out / "profiles"))
     return cached_preparation(cfg) is not None
