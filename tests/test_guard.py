@@ -14,7 +14,7 @@ from fl_client.node import resolve_node
 from powerctl.devices.boards import board_model
 from powerctl.devices.simulated import SimulatedBoard, predicted_point
 from powerctl.profiling.profiler import Profiler
-from powerctl.selection.guard import PowerCapExceeded, PowerGuard
+from powerctl.selection.guard import PowerCapExceeded, PowerGuard, StepDown
 from powerctl.selection.joint import select
 from powerfed.training.data import load_dataset, train_test_split
 from powerfed.training.finetune import fine_tune
@@ -27,6 +27,13 @@ from tests.fl_helpers import RUN_CONFIG, initial_state, instructions
 NANO = board_model("jetson-nano")
 
 
+def _check(guard: PowerGuard, peak_w: float, device_s: float) -> StepDown | None:
+    """One step read at `peak_w`; the step-down it caused, if any."""
+    before = len(guard.step_downs)
+    guard.after_step([(device_s, peak_w)], device_s)
+    return guard.step_downs[-1] if len(guard.step_downs) > before else None
+
+
 def test_a_step_down_needs_window_consecutive_over_checks_and_never_goes_up() -> None:
     dev = SimulatedBoard(NANO)
     table = dev.frequencies()
@@ -35,12 +42,12 @@ def test_a_step_down_needs_window_consecutive_over_checks_and_never_goes_up() ->
         guard = PowerGuard(dev, 3.0, selected, window=3, tolerance=0.0)
         # two over, one under: the count starts again; noise-free readings right at the cap are fine
         for w in (3.2, 3.3, 3.0, 3.2, 3.2):
-            assert guard.check(w, 1.0) is None
-        event = guard.check(3.4, 2.0)
+            assert _check(guard, w, 1.0) is None
+        event = _check(guard, 3.4, 2.0)
         assert event is not None and (event.old_hz, event.new_hz) == (selected, table[5])
         assert dev.snapshot()["max_freq"] == table[5] and event.measured_w == 3.4
         for _ in range(50):
-            guard.check(2.0, 3.0)  # far under the cap: stays where it is, never back up
+            _check(guard, 2.0, 3.0)  # far under the cap: stays where it is, never back up
         assert guard.frequency_hz == table[5] and dev.snapshot()["max_freq"] == table[5]
 
 
@@ -49,12 +56,12 @@ def test_the_tolerance_band_is_not_over_and_at_the_floor_training_stops() -> Non
     table = dev.frequencies()
     with dev.pinned(table[1]):
         guard = PowerGuard(dev, 3.0, table[1], window=2, tolerance=0.02)
-        assert all(guard.check(3.06, 0.0) is None for _ in range(10))  # 2 % over: the noise band
-        guard.check(3.1, 0.0)
-        assert guard.check(3.1, 0.0) is not None and guard.frequency_hz == table[0]
-        guard.check(3.1, 0.0)
+        assert all(_check(guard, 3.06, 0.0) is None for _ in range(10))  # 2 % over: the noise band
+        _check(guard, 3.1, 0.0)
+        assert _check(guard, 3.1, 0.0) is not None and guard.frequency_hz == table[0]
+        _check(guard, 3.1, 0.0)
         with pytest.raises(PowerCapExceeded, match=r"over the 3 W cap for 2 steps at its lowest frequency"):
-            guard.check(3.1, 0.0)
+            _check(guard, 3.1, 0.0)
 
 
 def _task():

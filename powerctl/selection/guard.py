@@ -58,14 +58,21 @@ class PowerGuard:
         self._lower = sorted(f for f in self.device.frequencies() if f < frequency_hz)
         self._over = 0
 
-    def check(self, peak_w: float, device_s: float) -> StepDown | None:
-        """One training step's highest reading; returns the step-down it caused, if any."""
+    def before_step(self, samples: int) -> int | None:
+        """The guard never changes the batch size."""
+        return None
+
+    def after_step(self, power: PowerSamples, device_s: float) -> None:
+        """Checks the step's highest reading (none: no sensor, nothing to check)."""
+        if not power:
+            return
+        peak_w = max(w for _, w in power)
         if peak_w <= self.power_cap_w * (1.0 + self.tolerance):
             self._over = 0
-            return None
+            return
         self._over += 1
         if self._over < self.window:
-            return None
+            return
         self._over = 0
         if not self._lower:
             raise PowerCapExceeded(
@@ -74,19 +81,8 @@ class PowerGuard:
             )
         new_hz = self._lower.pop()
         self.device.pin_frequency(new_hz)
-        event = StepDown(device_s, self.frequency_hz, new_hz, peak_w, self.power_cap_w)
+        self.step_downs.append(StepDown(device_s, self.frequency_hz, new_hz, peak_w, self.power_cap_w))
         self.frequency_hz = new_hz
-        self.step_downs.append(event)
-        return event
-
-    def before_step(self, samples: int) -> int | None:
-        """The guard never changes the batch size."""
-        return None
-
-    def after_step(self, power: PowerSamples, device_s: float) -> None:
-        """Checks the step's highest reading (none: no sensor, nothing to check)."""
-        if power:
-            self.check(max(w for _, w in power), device_s)
 
     def resume_state(self) -> dict[str, Any]:
         """The cap, the frequency stepped down to, the excess count and the step-downs so far (JSON)."""
