@@ -115,13 +115,9 @@ def fit_profile(points: Iterable[ProfilePoint], f_max_hz: int) -> ProfileFit:
     """Fit power and step time to measured points; needs the largest batch at ≥ 2 frequencies (3 for the
     full power curve) and every other batch size at ≥ 1. Raises ValueError when that is not there."""
     pts = list(points)
-    if not pts:
-        raise ValueError("no measured points to fit")
     sizes = sorted({p.batch_size for p in pts})
-    ref = sizes[-1]
-    ref_freqs = {p.frequency_hz for p in pts if p.batch_size == ref}
-    if len(ref_freqs) < 2:
-        raise ValueError(f"the fit needs the largest batch size ({ref}) measured at 2 or more frequencies")
+    if not sizes or len({p.frequency_hz for p in pts if p.batch_size == sizes[-1]}) < 2:
+        raise ValueError("the fit needs the largest batch size measured at 2 or more frequencies")
     b = np.array([p.batch_size for p in pts], dtype=float)
     x = np.array([p.frequency_hz / f_max_hz for p in pts])
     power = np.array([p.peak_power_w for p in pts])
