@@ -23,12 +23,12 @@ from powerctl.cli.util import (
     tcp_port,
 )
 from powerctl.files.outputs import check_name_lengths, check_output_dir, output_path
+from powerctl.selection.methods import METHODS, RUN_METHODS
 
 PROG = "python -m simulations"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from powerctl.selection.methods import METHODS, RUN_METHODS
     from simulations.demo_config import DEMO_RUN, DemoConfig
     from simulations.fleet import MAX_SEEDS
 
@@ -143,7 +143,6 @@ def ray_check(_args: argparse.Namespace) -> int:
 
 def _methods(text: str) -> list[str]:
     """`--methods`: checked as the run setting `methods`, in their run order (as a fleet file's)."""
-    from strategies.protocol import RUN_METHODS
     from strategies.settings import SETTINGS
 
     names = kind_type(SETTINGS["methods"].kind, "methods")(text)
