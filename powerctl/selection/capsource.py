@@ -190,8 +190,9 @@ class ScheduleCap(_HeldCap):
             if isinstance(pair, (str, bytes)) or not isinstance(pair, Sequence) or len(pair) != 2:
                 raise CapSourceError(f"{here}: expected a step [t_s, W], got {pair!r}")
             t, w = pair
-            _check_time(here, t if is_number(t) else math.nan, steps[-1][0] if steps else None, repr(t))
-            steps.append((float(t), parse_power_cap(w, here, error=CapSourceError)))
+            time = float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else math.nan
+            _check_time(here, time, steps[-1][0] if steps else None, repr(t))
+            steps.append((time, parse_power_cap(w, here, error=CapSourceError)))
         return cls(tuple(steps))
 
     def __post_init__(self) -> None:
