@@ -35,7 +35,6 @@ class ReplayBoard(Device, PowerSampler):
     has_power_sensor = True
 
     def __init__(self, table: Profile, frequencies: Sequence[int]) -> None:
-        super().__init__()
         self.board, self.spec = table.device, f"replay:{table.device}"
         self._points = {(p.batch_size, p.frequency_hz): p for p in (*table.predicted, *table.points)}
         self._table = sorted(frequencies)
