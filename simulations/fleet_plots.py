@@ -64,7 +64,7 @@ def plot_makespans(results: dict[str, Any], path: Path) -> Path:
 
 
 def plot_fleet(results: dict[str, Any], out: Path) -> list[Path]:
-    """Every plot of the fleet run, into `out`."""
+    """The fleet run's plots into `out` (its summary.png is `summary_figure.fleet_figure`'s)."""
     return [
         plot_time_to_accuracy(results, out / "time_to_accuracy.png"),
         plot_makespans(results, out / "makespan.png"),
