@@ -9,6 +9,8 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from fl_client.local_data import data_plan, load_local_data
+from fl_client.node import NodeSettings
 from fl_client.round import (
     CapRule,
     MethodRule,
@@ -28,13 +30,19 @@ from fl_client.round import (
 from fl_server.app import Say, pretrained_weights, quiet, relation_vector
 from fl_server.results import cell
 from fl_server.run_config import ServerConfig
+from fl_server.weights import load_model
+from powerctl.devices import open_device
+from powerctl.devices.boards import board_model
 from powerctl.files.jsonfile import write_json
-from powerctl.selection.baselines import predict
+from powerctl.files.outputs import check_output_dir
+from powerctl.selection.baselines import board_fixed_frequency, predict
 from powerctl.selection.methods import METHODS, method_named
 from powerctl.selection.names import OURS
+from powerfed.training.models import get_model_spec
 from simulations.bench_steps import full_oracle_search
 from simulations.demo_config import DEMO_NODE, DemoConfig
 from simulations.fleet_results import table
+from strategies.protocol import TrainInstructions
 
 DEMO_SCHEMA = "simulations.demo/3"
 ORDER = tuple(sorted(METHODS, key=lambda m: not method_named(m).searches_own_data))
@@ -75,12 +83,6 @@ class SharedRuns:
 def check_demo(cfg: DemoConfig, out: Path) -> ServerConfig:
     """Every input checked before pre-training (minutes): the output folder, the run settings, the
     device, and a state-of-practice frequency under the cap."""
-    from powerctl.devices import open_device
-    from powerctl.devices.boards import board_model
-    from powerctl.files.outputs import check_output_dir
-    from powerctl.selection.baselines import board_fixed_frequency
-    from powerfed.training.models import get_model_spec
-
     check_output_dir(out)
     get_model_spec(cfg.run_config()["model"])  # "unknown model", before the run config says it its way
     settings = cfg.settings()
@@ -93,11 +95,6 @@ def check_demo(cfg: DemoConfig, out: Path) -> ServerConfig:
 def demo_work(cfg: DemoConfig, settings: ServerConfig, say: Say = quiet) -> RoundWork:
     """The one node's round: the server's weights, relation vector and instructions, the board and the
     run's `client-data`."""
-    from fl_client.local_data import data_plan, load_local_data
-    from fl_client.node import NodeSettings
-    from fl_server.weights import load_model
-    from strategies.protocol import TrainInstructions
-
     weights = pretrained_weights(settings, say=say)
     model, meta = load_model(weights, expect_model=settings.model)
     say(
