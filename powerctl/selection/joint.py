@@ -35,7 +35,6 @@ class MismatchError(FileFormatError):
 def check_pairing(profile: Profile, relation: RelationVector, *, allow_mismatch: bool = False) -> list[str]:
     """Refuse a relation vector of another model or input (`allow_mismatch`: a warning); the warnings:
     batch sizes in one file only, a relation too coarse to tell batch sizes apart."""
-    check_arguments("check_pairing", allow_mismatch=(allow_mismatch, Flag()))
     problems = []
     if profile.model != relation.model:
         problems.append(
