@@ -123,11 +123,9 @@ def mean_regret(
     profile: Profile, relation: RelationVector, power_cap_w: float | None, objective: str = "time"
 ) -> dict[tuple[int, int], float]:
     """(b, f) → mean over the seeds of its cost / that seed's least feasible cost (empty: none feasible)."""
-    obj = check_objective(objective)
-    cap = check_power_cap(power_cap_w)
     common = set(common_batch_sizes(profile, relation))
-    points = [p for p in profile.points if p.batch_size in common and is_feasible(p, cap)]
-    cost = predicted_energy_j if obj == "energy" else predicted_s
+    points = [p for p in profile.points if p.batch_size in common and is_feasible(p, power_cap_w)]
+    cost = predicted_energy_j if objective == "energy" else predicted_s
     total = dict.fromkeys(((p.batch_size, p.frequency_hz) for p in points), 0.0)
     scenarios = relation.seed_scenarios()
     for samples in scenarios:
