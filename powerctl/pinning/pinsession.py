@@ -66,9 +66,8 @@ class PinSession:
         return cls(record.state, lock, record)
 
     def finish(self, *, hand_over: bool = False) -> None:
-        """After `state` was put back: drop our record (a `freq --set` record below it stays), unlock.
-        `hand_over` (`freq --set`): the pin outlives us; the record becomes a `set` record of the ORIGINAL
-        state."""
+        """After `state` was put back: drop our record (a `freq --set` record below it stays), unlock;
+        `hand_over` (`freq --set`: the pin outlives us): it becomes a `set` record of the ORIGINAL state."""
         if self._lock is not None and self._record is not None:
             try:
                 if hand_over:

@@ -60,8 +60,7 @@ class PowerMonitor:
         return new
 
     def stop(self, *, keep: bool = True) -> PowerReading | None:
-        """End sampling; `reading` summarises the block (None without a sensor, while not sampling or
-        with keep=False)."""
+        """End sampling; `reading` summarises the block (None: no sensor, not sampling, or keep=False)."""
         check_arguments("PowerMonitor.stop", keep=(keep, Flag()))
         if self._sampler is None:
             return None

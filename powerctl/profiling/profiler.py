@@ -237,9 +237,8 @@ class Profiler:
         )
 
     def _walk(self, sizes: list[int], table: list[int], cap: float | None, bar: tqdm) -> list[ProfilePoint]:
-        """Each batch size, largest first, from the lowest frequency up: the grid; with a `cap`, the efficient
-        order (docs/design/method.md): up until the cap is crossed, each smaller batch from the highest
-        frequency feasible for the previous one."""
+        """The grid: each batch size, largest first, from the lowest frequency up; with a `cap`, the efficient
+        order (docs/design/method.md): each stops past the cap, the next starts at its last feasible one."""
         points: list[ProfilePoint] = []
         start = 0
         for b in sizes:
