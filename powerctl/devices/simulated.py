@@ -122,14 +122,10 @@ def predicted_profile(
     samples: int,
     frequencies: Sequence[int] | None = None,
 ) -> Profile:
-    """The board model's noise-free profile of a grid (no training), skipping batch sizes that do not fit."""
+    """The board model's noise-free profile of a grid (no training), skipping batch sizes that do not fit;
+    `frequencies` (default: all) are the board's, as its callers take them from it or its device."""
     model = board_model(board) if isinstance(board, str) else board
     table = sorted(frequencies or model.frequencies_hz)
-    unknown = set(table) - set(model.frequencies_hz)
-    if unknown:
-        raise DeviceError(f"{sorted(unknown)} Hz not in the frequency table of sim:{model.name}")
-    if samples < 1:
-        raise ValueError("samples must be ≥ 1")
     points, skipped = [], []
     for b in sorted(set(batch_sizes)):
         need = workload.memory_bytes(b)
