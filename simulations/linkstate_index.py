@@ -9,17 +9,17 @@ import inspect
 import os
 import sys
 import threading
+from collections import UserDict
 from collections.abc import Callable, Iterable
 from logging import INFO, WARNING
 from pathlib import Path
 from queue import Queue
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 from powerctl.errors import PowerctlError
 from strategies.flower_source import text_fingerprint, write_python_script
 
 if TYPE_CHECKING:  # Flower is imported only where the adapter runs
-    from _typeshed import SupportsKeysAndGetItem
     from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
 
 SUPPORTED_FLOWER = ("1.41.", "1.42.")  # any other release is refused
@@ -76,29 +76,30 @@ def changed_flower_sources() -> list[str]:
     return changed
 
 
-class IndexedStore(dict):  # type: ignore[type-arg]
+class IndexedStore(UserDict[str, Any]):
     """Flower's `message_ins_store` (message id → Message) that also keeps each destination node's
-    message ids in storage order, and the nodes that may hold an undelivered message. Every way a dict
-    can change goes through `_add` / `_drop`."""
+    message ids in storage order, and the nodes that may hold an undelivered message. A UserDict: every
+    way it can change goes through `__setitem__` / `__delitem__` (`|=` too, below)."""
 
     def __init__(self, items: Iterable[tuple[str, Any]] = ()) -> None:
-        super().__init__()
         self.by_node: dict[int, dict[str, None]] = {}
         self.pending: set[int] = set()
-        for key, value in items:
-            self[key] = value
+        super().__init__(items)
 
-    def _add(self, key: str, message: Any) -> None:
+    def __setitem__(self, key: str, message: Any) -> None:
         node = message.metadata.dst_node_id
-        old = super().get(key)
-        super().__setitem__(key, message)
+        old = self.data.get(key)
+        self.data[key] = message
         if old is not None and (old_node := old.metadata.dst_node_id) != node:
             self._unindex(key, old_node)
             # the key keeps its place in the dict: rebuild the node's order (Flower never does this)
-            self.by_node[node] = {k: None for k, m in self.items() if m.metadata.dst_node_id == node}
+            self.by_node[node] = {k: None for k, m in self.data.items() if m.metadata.dst_node_id == node}
         else:
             self.by_node.setdefault(node, {})[key] = None
         self.pending.add(node)
+
+    def __delitem__(self, key: str) -> None:
+        self._unindex(key, self.data.pop(key).metadata.dst_node_id)
 
     def _unindex(self, key: str, node: int) -> None:
         ids = self.by_node.get(node)
@@ -108,46 +109,10 @@ class IndexedStore(dict):  # type: ignore[type-arg]
                 del self.by_node[node]
                 self.pending.discard(node)
 
-    def _drop(self, key: str) -> Any:
-        message = super().pop(key)
-        self._unindex(key, message.metadata.dst_node_id)
-        return message
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        self._add(key, value)
-
-    def __delitem__(self, key: str) -> None:
-        self._drop(key)
-
-    def pop(self, key: str, *default: Any) -> Any:
-        if key not in self and default:
-            return default[0]
-        return self._drop(key)
-
-    def popitem(self) -> tuple[str, Any]:
-        key = next(reversed(self))
-        return key, self._drop(key)
-
-    def setdefault(self, key: str, default: Any = None) -> Any:
-        if key not in self:
-            self._add(key, default)
-        return self[key]
-
-    def update(self, *args: Any, **kwargs: Any) -> None:
-        for key, value in dict(*args, **kwargs).items():
-            self._add(key, value)
-
-    # `|=` takes pairs too, `|` only a dict: typeshed's own dict.__ior__ has the same ignore
-    def __ior__(  # type: ignore[misc]
-        self, other: SupportsKeysAndGetItem[Any, Any] | Iterable[tuple[Any, Any]]
-    ) -> IndexedStore:
+    # UserDict's own `|=` writes to `data`, past the index; typeshed's has the same ignore
+    def __ior__(self, other: Any) -> Self:  # type: ignore[override, misc]
         self.update(other)
         return self
-
-    def clear(self) -> None:
-        super().clear()
-        self.by_node.clear()
-        self.pending.clear()
 
     def ids_for(self, node: int) -> list[str]:
         """The ids of `node`'s stored messages, in storage order (a copy: the caller may delete)."""
@@ -167,7 +132,8 @@ def indexed_state_class() -> type[InMemoryLinkState]:
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._index = IndexedStore(self.message_ins_store.items())
-            self.message_ins_store = self._index  # the same store, for Flower's own methods
+            # the same store, a mapping to Flower's own methods
+            self.message_ins_store = self._index  # type: ignore[assignment]
             flwr_log(INFO, INSTALLED_LINE)
 
         def get_message_ins(self, node_id: int, limit: int | None, *, run_id: int | None = None) -> list[Any]:

@@ -172,7 +172,9 @@ def test_a_dict_change_of_any_kind_keeps_the_index() -> None:
     assert store.pop("b").metadata.dst_node_id == 2 and store.pop("zz", None) is None
     del store["c"]
     assert store.by_node == {2: {"a": None, "d": None}} and store.pending == {2}
-    assert store.popitem()[0] == "d"
+    assert store.popitem()[0] == "a" and store.by_node == {2: {"d": None}}  # the first, as MutableMapping's
+    store |= {"e": Msg(1)}
+    assert store.by_node == {2: {"d": None}, 1: {"e": None}} and store.pending == {1, 2}
     store.clear()
     assert store.by_node == {} and store.pending == set() and not store
 
