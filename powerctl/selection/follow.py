@@ -101,8 +101,7 @@ class CapFollower:
     def start(self) -> Pick:
         """Select for the cap at t = 0 and pin it (pausing first if nothing fits yet)."""
         self._t0 = self.device.clock()
-        self._cap = self.caps.cap_at(0.0)
-        return self._pick_or_pause(self._cap, samples=0, first=True)
+        return self._pick_or_pause(self.caps.cap_at(0.0), samples=0, first=True)
 
     def before_step(self, samples: int) -> int | None:
         """The new batch size when the cap's change changes it, else None (a new frequency is pinned)."""
@@ -110,8 +109,7 @@ class CapFollower:
         if cap == self._cap:
             return None
         old_b = self.batch_size
-        self._cap = cap
-        self._pick_or_pause(cap, samples)
+        self._pick_or_pause(cap, samples)  # the cap in force once a pair is applied (`_apply`)
         return self.batch_size if self.batch_size != old_b else None
 
     def after_step(self, power: PowerSamples, device_s: float) -> None:
