@@ -234,13 +234,12 @@ class CapFollower:
     def load_resume_state(self, state: dict[str, Any]) -> None:
         """Continue from `resume_state()` (after the device's own resume state is loaded)."""
         self._t0 = self.device.clock() - float(state["elapsed_s"])
-        self._cap = state["cap"]
         b, hz = (int(v) for v in state["pair"])
         self._fraction, self._samples_at_switch = float(state["fraction"]), int(state["samples_at_switch"])
         self.paused_s, self.over_cap_s = float(state["paused_s"]), float(state["over_cap_s"])
         self.events = [CapEvent(**e) for e in state["events"]]
         self.frequency_hz = 0  # pinned afresh
-        self._apply(Pick(b, hz), self._cap)
+        self._apply(Pick(b, hz), state["cap"])  # the cap in force, its guard
         if (guard := state.get("guard")) is not None:
             if self._guard is None:  # no cap in force: an earlier cap's guard, kept for its step-downs
                 self._guard = self._new_guard(float(guard["power_cap_w"]), int(guard["frequency_hz"]))
