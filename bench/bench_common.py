@@ -1,9 +1,10 @@
-"""What several benches share: the repository root, comma-separated flags, a model's workload, rows
-printed as they are measured, mean ± std over seeds, a JSON file read back, and the memory of a run's
-process tree. Not a bench."""
+"""What several benches share: the repository root, comma-separated flags, a model's workload, the demo's
+round on each board, rows printed as they are measured, mean ± std over seeds, a JSON file read back, and
+the memory of a run's process tree. Not a bench."""
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import statistics
@@ -11,14 +12,19 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from powerctl.errors import FileFormatError
 from powerctl.procs import descendants
 from powerctl.records.pick import Pick
 from powerctl.records.workload import Workload
 from simulations.local_superlink import pids_listening_on
+
+if TYPE_CHECKING:
+    from fl_client.round import RoundWork
+    from fl_server.run_config import ServerConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,6 +50,32 @@ def predicted_s(pick: Pick) -> float:
     """A ranked pick's predicted seconds (`rank` and `select` predict every pair they rank)."""
     assert pick.predicted_s is not None, f"{pick} has no predicted seconds"
     return pick.predicted_s
+
+
+def demo_boards(
+    doc: str, out: str, argv: list[str] | None
+) -> tuple[argparse.Namespace, ServerConfig, dict[str, RoundWork]]:
+    """A bench of the demo's task on simulated boards: its flags (--boards, --seeds, --out: made), rows
+    printed as measured, the demo's settings, and per board its round: unpinned, no cap, board noise seed 0
+    (the whole grid profiled once per board, like every seeded run after it)."""
+    from powerctl.selection.capsource import ConstantCap
+    from simulations.demo import demo_work
+    from simulations.demo_config import DemoConfig
+
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--boards", type=names, default="jetson-nano,jetson-tx2nx")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--out", type=Path, default=ROOT / "runs" / out)
+    args = p.parse_args(argv)
+    line_buffered()
+    args.out.mkdir(parents=True, exist_ok=True)
+    base = DemoConfig()
+    settings = base.settings()
+    unpinned = {board: replace(base, device=f"sim:{board}", power_cap_w=None) for board in args.boards}
+    works = {
+        b: replace(demo_work(c, settings), caps=ConstantCap(None), device_seed=0) for b, c in unpinned.items()
+    }
+    return args, settings, works
 
 
 def line_buffered() -> None:

@@ -6,7 +6,6 @@ Results: docs/results/dynamic_caps.md.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from collections.abc import Iterator
@@ -15,7 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from bench_common import ROOT, line_buffered, mean_pm
+from bench_common import ROOT, demo_boards, mean_pm
 
 from fl_client.round import (
     CapRule,
@@ -30,11 +29,9 @@ from powerctl.devices.base import Device
 from powerctl.records.pick import Pick
 from powerctl.records.profile import Profile
 from powerctl.records.relation import RelationVector
-from powerctl.selection.capsource import CapSource, ConstantCap, ScheduleCap, TraceCap
+from powerctl.selection.capsource import CapSource, ScheduleCap, TraceCap
 from powerctl.selection.joint import select
 from powerctl.selection.names import OURS, STATE_OF_PRACTICE
-from simulations.demo import demo_work
-from simulations.demo_config import DemoConfig
 
 POLICIES = ("follow (ours)", "once for the minimum (ours)", "state of practice, following")
 
@@ -155,23 +152,8 @@ def plot_runs(
 
 
 def main(argv: list[str] | None = None) -> int:
-    line_buffered()
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--boards", default="jetson-nano,jetson-tx2nx")
-    p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--out", type=Path, default=ROOT / "runs" / "dynamic-caps")
-    args = p.parse_args(argv)
     started = time.perf_counter()
-    base = DemoConfig()
-    args.out.mkdir(parents=True, exist_ok=True)
-    settings = base.settings()
-    # the whole grid, profiled once per board with noise seed 0, like every seeded run after it
-    unpinned = {
-        board: replace(base, device=f"sim:{board}", power_cap_w=None) for board in args.boards.split(",")
-    }
-    works = {
-        b: replace(demo_work(c, settings), caps=ConstantCap(None), device_seed=0) for b, c in unpinned.items()
-    }
+    args, settings, works = demo_boards(__doc__, "dynamic-caps", argv)
     first = next(iter(works.values()))
     relation = usable_relation(first.instr, len(first.split()[0]))
     print(

@@ -6,38 +6,25 @@ at both ends over seeds. Results: docs/results/energy_front.md.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
 from dataclasses import replace
-from pathlib import Path
 
-from bench_common import ROOT, line_buffered, mean_std, predicted_s
+from bench_common import demo_boards, mean_std, predicted_s
 
 from fl_client.round import fine_tune_step, measured_profile_step, usable_relation
 from powerctl.cli.plot import write_front
 from powerctl.records.pick import Pick
-from powerctl.selection.capsource import ConstantCap
 from powerctl.selection.pareto import pareto_front
 from simulations.bench_steps import PinnedRule
-from simulations.demo import demo_work
-from simulations.demo_config import DemoConfig
 
 CAPS_W = {"jetson-nano": (None, 4.0, 3.0), "jetson-tx2nx": (None, 5.5, 4.0)}
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--boards", default="jetson-nano,jetson-tx2nx")
-    p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--out", type=Path, default=ROOT / "runs" / "energy-front")
-    args = p.parse_args(argv)
-    line_buffered()
     started = time.perf_counter()
-    base = DemoConfig()
-    args.out.mkdir(parents=True, exist_ok=True)
-    settings = base.settings()
+    args, settings, works = demo_boards(__doc__, "energy-front", argv)
     print(
         f"model {settings.model}, target accuracy {settings.target_accuracy}, "
         f"{args.seeds} seeds per measured pair"
@@ -48,10 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(head + "\n" + "-" * len(head))
     summary = []
-    for board in args.boards.split(","):
-        # the client round's own steps: the whole grid profiled (noise seed 0), then pinned fine-tunes
-        work = demo_work(replace(base, device=f"sim:{board}", power_cap_w=None), settings)
-        work = replace(work, caps=ConstantCap(None), device_seed=0)
+    for board, work in works.items():  # the client round's own steps: the grid profiled, pinned fine-tunes
         relation = usable_relation(work.instr, len(work.split()[0]))
         profile = measured_profile_step(work, relation).profile
         runs: dict[tuple[int, int, int], tuple[float, float]] = {}  # (b, Hz, seed) → (s, J), per board
