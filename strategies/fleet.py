@@ -21,7 +21,6 @@ from powerctl.selection.capsource import (
     ConstantCap,
     InvalidPowerCapError,
     ScheduleCap,
-    TraceCap,
     parse_cap_source,
 )
 
@@ -64,21 +63,13 @@ class FleetEntry:
 
 def board_cap_problem(device: str, source: CapSource) -> str | None:
     """Why a simulated board can never run under this cap (every value below its least power), or None."""
-    if not_simulated(device) is not None:
-        return None  # no board model (an unknown sim board is its own one-line error when it is opened)
+    caps = getattr(source, "watts", (None,))  # a live file: what it will say is not known in advance
+    if None in caps or not_simulated(device) is not None:
+        return None  # uncapped at times, or no board model (an unknown sim board fails when opened)
     from powerctl.devices.boards import board_model
 
-    if isinstance(source, ConstantCap):
-        caps = [source.power_cap_w]
-    elif isinstance(source, (ScheduleCap, TraceCap)):
-        caps = list(source.watts)
-    else:
-        return None  # a live file: what it will say is not known in advance
-    if None in caps:
-        return None
     least = board_model(device.removeprefix("sim:")).least_power_w()
-    highest = max(w for w in caps if w is not None)
-    if highest >= least:
+    if (highest := max(caps)) >= least:
         return None
     return (
         f"a cap of {highest:g} W is below anything {device} can run (its least power is {least:.2f} W): "
@@ -300,8 +291,3 @@ def load_fleet(value: str) -> tuple[FleetEntry, ...]:
         return tuple(load_fleet_file(path) if path is not None else fleet_table(value))
     except Invalid as exc:
         raise NodeConfigError(f"run config: 'fleet' {exc}") from None
-
-
-def fleet_availability(value: str) -> tuple[float | None, ...]:
-    """Each board's availability as `fleet` gives it (only a fleet file's groups set one); read afresh."""
-    return tuple(e.availability for e in load_fleet.__wrapped__(value))
