@@ -30,7 +30,7 @@ from powerctl.files.outputs import check_output_dir
 from powerctl.records.relation import INTERVAL_STANDARD_ERRORS, RelationVector
 from powerctl.selection.methods import run_method_named
 from strategies.fedavg import PowerAwareFedAvg
-from strategies.fleet import app_path_of, fleet_availability
+from strategies.fleet import app_path_of
 from strategies.objectives import NodeWaits, objective_named
 from strategies.population import (
     POPULATION_FILE,
@@ -386,7 +386,7 @@ def run(grid: Grid, context: Context) -> Path:
             }
         ),
         fingerprint=run_fingerprint(dict(context.run_config), weights_hash(model), relation.to_dict()),
-        population=run_population(cfg, fleet_availability(cfg.fleet)),
+        population=run_population(cfg),
     )
     progress = ProgressGrid(grid, say)
     several = len(methods) > 1

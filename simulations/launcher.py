@@ -62,7 +62,7 @@ def check_simulation(
     from powerctl.files.outputs import check_output_dir
     from powerfed.training.data.load import existing_dataset_path
     from powerfed.training.errors import DataError
-    from strategies.fleet import fleet_availability, load_fleet, not_simulated
+    from strategies.fleet import load_fleet, not_simulated
     from strategies.population import PopulationError, check_population, run_population
     from strategies.setting_kinds import DATASET
     from strategies.settings import SETTINGS
@@ -89,7 +89,7 @@ def check_simulation(
         except PowerctlError as exc:
             raise RunConfigError(str(exc)) from None
     try:
-        population = run_population(cfg, fleet_availability(cfg.fleet))
+        population = run_population(cfg)
         check_population(population, nodes, cfg.num_server_rounds)
     except PopulationError as exc:
         raise RunConfigError(f"run config: population: {exc}") from None

@@ -20,7 +20,7 @@ from flwr.serverapp.strategy import Strategy
 from powerctl.errors import PowerctlError
 from powerctl.files.jsonfile import write_json
 from powerctl.files.readfile import TRACE_LIMIT, read_bytes
-from strategies.fleet import app_path_of
+from strategies.fleet import app_path_of, load_fleet
 from strategies.settings import RunSettings
 
 log = logging.getLogger(__name__)
@@ -187,8 +187,11 @@ def check_population(population: Population, boards: int, rounds: int) -> None:
         )
 
 
-def run_population(settings: RunSettings, per_board: tuple[float | None, ...]) -> Population:
-    """The run's population from its settings and each board's own chance."""
+def run_population(settings: RunSettings, per_board: tuple[float | None, ...] | None = None) -> Population:
+    """The run's population from its settings and each board's own chance (default: as the `fleet` gives
+    them, read afresh; only a fleet file's groups set one)."""
+    if per_board is None:
+        per_board = tuple(e.availability for e in load_fleet.__wrapped__(settings.fleet))
     trace_file = settings.availability_trace
     trace = read_availability_trace(app_path_of(trace_file)) if trace_file.strip() else None
     return Population(settings.clients_per_round, settings.availability, settings.seed, per_board, trace)

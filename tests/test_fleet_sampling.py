@@ -141,7 +141,8 @@ def test_the_fleet_file_population_section_is_run_settings(tmp_path: Path) -> No
 
 
 def test_a_groups_own_availability_is_each_of_its_boards_chance(tmp_path: Path) -> None:
-    from strategies.fleet import fleet_availability
+    from strategies.population import run_population
+    from strategies.settings import read_settings
 
     fleet = tmp_path / "groups.yaml"
     fleet.write_text(
@@ -150,7 +151,7 @@ def test_a_groups_own_availability_is_each_of_its_boards_chance(tmp_path: Path) 
         "  - {device: sim:jetson-tx2nx, power-cap-w: none, count: 50}\n"
         "  - {device: sim:jetson-tx2nx, power-cap-w: 3.5, count: 100, availability: 0.5}\n"
     )
-    per_board = fleet_availability(str(fleet))
+    per_board = run_population(read_settings({"fleet": str(fleet)})).per_board  # as the ServerApp reads it
     assert per_board == (0.0,) * 50 + (None,) * 50 + (0.5,) * 100
     pop = Population(clients_per_round=0, availability=1.0, seed=3, per_board=per_board)
     assert pop.active
@@ -167,12 +168,14 @@ def test_a_groups_own_availability_is_each_of_its_boards_chance(tmp_path: Path) 
 
 
 def test_a_groups_availability_outside_0_1_is_one_line(tmp_path: Path) -> None:
-    from strategies.fleet import NodeConfigError, fleet_availability
+    from strategies.fleet import NodeConfigError
+    from strategies.population import run_population
+    from strategies.settings import read_settings
 
     fleet = tmp_path / "bad.yaml"
     fleet.write_text("groups:\n  - {device: sim:jetson-nano, power-cap-w: 3.0, availability: 1.5}\n")
     with pytest.raises(NodeConfigError, match="availability") as caught:
-        fleet_availability(str(fleet))
+        run_population(read_settings({"fleet": str(fleet)}))
     assert "\n" not in str(caught.value)
 
 
