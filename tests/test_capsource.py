@@ -70,7 +70,7 @@ def test_a_scaled_trace_checks_its_times_scaled(tmp_path: Path) -> None:
     path.write_text("0,5\n10,3\n15,4\n")
     assert TraceCap.load(path, time_scale=2.0).times_s == (0.0, 20.0, 30.0)
     path.write_text("0,5\n10,3\n8,4\n")
-    with pytest.raises(CapSourceError, match=":3: times must increase, got 8 × timescale 0.5 after 5"):
+    with pytest.raises(CapSourceError, match=r":3: times must increase, got 8 × timescale 0\.5 after 5"):
         TraceCap.load(path, time_scale=0.5)
 
 
