@@ -124,10 +124,10 @@ def no_training(monkeypatch: pytest.MonkeyPatch) -> None:
         (["--out", "MISSING/w.safetensors"], "does not exist; create it first"),
         (
             ["--model", "chartransformer-small", "--data", "synthetic-text", "--set", "n_embd=abc"],
-            "model 'chartransformer-small' option n_embd must be a positive integer, got 'abc'",
+            "model 'chartransformer-small' option n_embd must be an integer in [1, 16384], got 'abc'",
         ),
-        (["--set", "width=-4"], "model 'cnn-tiny' option width must be a positive integer, got -4"),
-        (["--set", "width=1.5"], "option width must be a positive integer, got 1.5"),
+        (["--set", "width=-4"], "model 'cnn-tiny' option width must be an integer in [1, 4096], got -4"),
+        (["--set", "width=1.5"], "option width must be an integer in [1, 4096], got 1.5"),
         (["--set", "nosuch=3"], "model 'cnn-tiny' has no option nosuch"),
         (["--model", "nosuch"], "argument --model: invalid choice"),
     ],
@@ -146,9 +146,9 @@ def test_pretrain_inputs_are_refused_before_training(
 @pytest.mark.parametrize(
     ("overrides", "fragment"),
     [
-        ({"dropout": 2.0}, "dropout must be in [0, 1)"),
-        ({"n_layer": True}, "n_layer must be a positive integer"),
-        ({"dropout": float("nan")}, "dropout must be a finite number"),
+        ({"dropout": 2.0}, "dropout must be a number in [0, 1), got 2.0"),
+        ({"n_layer": True}, "n_layer must be an integer in [1, 256], got True"),
+        ({"dropout": float("nan")}, "dropout must be a number in [0, 1), got nan"),
     ],
 )
 def test_model_options_of_the_wrong_type_or_range_are_one_model_error(overrides: dict, fragment: str) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-import math
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -14,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from powerctl.files.mapping import Integer, Number, bounds_text
+from powerctl.files.mapping import Integer, Invalid, Number, bounds_text, must_be
 from powerfed.training.errors import ModelError
 from powerfed.training.tasks import default_num_classes
 
@@ -47,62 +46,49 @@ MAX_ACTIVATIONS = 2**28
 """Layer outputs per sample at most (1 GiB of float32 a sample): 50 × mobilenetv2's 4.8 million."""
 
 
-def _option_kind(key: str) -> Integer | Number:
-    """The range of size option `key` (for its help: the checks below keep their own words)."""
-    if key == "dropout":
-        return Number(0.0, 1.0, below=True)
-    if key == "width_mult":
-        return Number(0.0, OPTION_MAXIMUM[key], above=True)
-    return Integer(1, int(OPTION_MAXIMUM[key]))
+def _annotation(spec: ModelSpec, key: str) -> str:
+    return str(inspect.signature(spec.builder).parameters[key].annotation)
+
+
+def _option_kind(key: str, annotation: str) -> Integer | Number | None:
+    """The range of size option `key` (of each stage, for a tuple); None: an option not checked here."""
+    top = OPTION_MAXIMUM.get(key)
+    if annotation.startswith(("int", "tuple[int")):
+        return Integer(1, None if top is None else int(top))
+    if annotation == "float":
+        return Number(0.0, 1.0, below=True) if key == "dropout" else Number(0.0, top, above=True)
+    return None
 
 
 def option_ranges_of(specs: Iterable[ModelSpec]) -> str:
     """Every size option of `specs` with its range, and the size bounds, in words (for `--set`'s help)."""
-    keys = dict.fromkeys(k for spec in specs for k in spec.options())
+    kinds: dict[str, Integer | Number | None] = {}
+    for spec in specs:
+        for k in spec.options():
+            kinds.setdefault(k, _option_kind(k, _annotation(spec, k)))
     ranges = ", ".join(
-        f"{k} {bounds_text(_option_kind(k))}"
-        + (f" each, at most {MAX_STAGES} stages" if k == "blocks" else "")
-        for k in keys
+        f"{k} {bounds_text(kind)}" + (f" each, at most {MAX_STAGES} stages" if k == "blocks" else "")
+        for k, kind in kinds.items()
+        if kind is not None
     )
     return f"{ranges}; at most {MAX_PARAMETERS:,} parameters and {MAX_ACTIVATIONS:,} layer outputs per sample"
 
 
 def _checked_option(spec: ModelSpec, key: str, value: Any) -> Any:
-    """An override of the builder's type and range, or one ModelError line: a string where a size
-    belongs must not reach the builder, nor a size that asks for more memory than any board has."""
-    annotation = str(inspect.signature(spec.builder).parameters[key].annotation)
-    top = OPTION_MAXIMUM.get(key)
-
-    def bad(what: str) -> ModelError:
-        return ModelError(f"model {spec.name!r} option {key} must be {what}, got {value!r}")
-
-    if annotation.startswith("int"):
-        if value is None and "None" in annotation:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise bad("a positive integer")
-        if top is not None and value > top:
-            raise bad(f"at most {top:g}")
-        return value
-    if annotation == "float":
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise bad("a finite number")
-        if key == "dropout" and not 0 <= value < 1:
-            raise bad("in [0, 1)")
-        if key != "dropout" and value <= 0:
-            raise bad("> 0")
-        if top is not None and value > top:
-            raise bad(f"at most {top:g}")
-        return float(value)
-    if annotation.startswith("tuple[int"):
-        if not isinstance(value, (list, tuple)) or not value:
-            raise bad("a list of positive integers")
-        if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in value):
-            raise bad("a list of positive integers")
-        if len(value) > MAX_STAGES or (top is not None and max(value) > top):
-            raise bad(f"at most {MAX_STAGES} stages of at most {top:g} blocks")
-        return tuple(value)
-    return value
+    """An override in its option's range, or one ModelError line: a string where a size belongs must not
+    reach the builder, nor a size that asks for more memory than any board has."""
+    annotation = _annotation(spec, key)
+    kind = _option_kind(key, annotation)
+    try:
+        if kind is None or (value is None and "None" in annotation):
+            return value
+        if not annotation.startswith("tuple"):
+            return kind(value)
+        if not isinstance(value, (list, tuple)) or not 0 < len(value) <= MAX_STAGES:
+            raise must_be(f"a list of 1 to {MAX_STAGES} stages", value)
+        return tuple(kind(v) for v in value)
+    except Invalid as exc:
+        raise ModelError(f"model {spec.name!r} option {key} {exc}") from None
 
 
 def checked_overrides(spec: ModelSpec, overrides: Mapping[str, Any]) -> dict[str, Any]:
