@@ -33,7 +33,6 @@ from powerfed.training.models import ModelSpec, get_model_spec, model_spec
 
 ModelFactory = Callable[[], nn.Module]
 """A user's model: called with no argument (or `num_classes=` where it takes it), a fresh nn.Module."""
-Runs = list[dict[str, Any]]
 
 
 def estimate_relation(
@@ -75,20 +74,50 @@ def estimate_relation(
         return cached
     if not how.compute:
         raise NotCached(f"no cached relation vector of {request.model} for these settings")
+    extra: dict[str, Any] = {}
     if start is None:
         assert loop is not None  # no start: the user's own loop
-        run = seed_runner(run_user_job, loop, request, how)
-        return _finish(request, run, path, samples_rule="the user's train_to_target")
-    runs = make_proxy_runs(start, proxy, request, user)
-    fingerprint = probe(runs, request.proxy_spec)
-    return _finish(
-        request,
-        seed_runner(run_job, runs, request, how),
-        path,
-        samples_rule="interpolated crossing, isotonic curve (powerfed.training.crossing)",
-        model_fingerprint=fingerprint,
-        **({"training_step": "the user's make_step"} if user.make_step is not None else {}),
+        run_seeds, rule = seed_runner(run_user_job, loop, request, how), "the user's train_to_target"
+    else:
+        runs = make_proxy_runs(start, proxy, request, user)
+        extra["model_fingerprint"] = probe(runs, request.proxy_spec)
+        if user.make_step is not None:
+            extra["training_step"] = "the user's make_step"
+        run_seeds = seed_runner(run_job, runs, request, how)
+        rule = "interpolated crossing, isotonic curve (powerfed.training.crossing)"
+    bs, s = request.batch_sizes, request.settings
+    started = time.perf_counter()
+    found, used, stable = seeds_until_stable(bs, s.seeds, request.max_seeds, run_seeds)
+    wall = time.perf_counter() - started
+    per_seed: dict[int, Sequence[float]] = {
+        b: [float(r["samples"]) for s in used for r in found if r["batch_size"] == b and r["seed"] == s]
+        for b in bs
+    }
+    relation = RelationVector.from_seeds(
+        request.model,
+        request.proxy_spec,
+        request.target_accuracy,
+        per_seed,
+        vector=s.vector,
+        seeds=used,
+        seeds_needed=len(used),
+        max_seeds=request.max_seeds,
+        ranking_stable=stable,
+        lr_max=s.lr_max,
+        lr=request.lrs,
+        lr_rule=s.lr_rule,
+        weights_sha256=request.weights_sha256,
+        proxy_sha256=request.proxy_sha256,
+        **{k: v for k, v in request.runs_key().items() if k not in ("limit", "data_seed")},
+        samples_rule=rule,
+        overrides=request.overrides,
+        **extra,
+        runs=found,
+        wall_s=wall,
+        cache_key=request.cache_key(),
     )
+    store(relation, path)
+    return relation
 
 
 def _locate(
@@ -165,48 +194,6 @@ def _own_loop(
         proxy_sha256=digest,
         user_key=how.cache_key or "",
     )
-
-
-def _finish(
-    request: RelationRequest,
-    run_seeds: Callable[[Sequence[int]], Runs],
-    path: Path | None,
-    **extra: Any,
-) -> RelationVector:
-    """The seeds run until the ranking is stable, then the vector and its evidence, cached at `path`."""
-    bs, s = request.batch_sizes, request.settings
-    started = time.perf_counter()
-    runs, used, stable = seeds_until_stable(bs, s.seeds, request.max_seeds, run_seeds)
-    wall = time.perf_counter() - started
-    per_seed: dict[int, Sequence[float]] = {
-        b: [float(r["samples"]) for s in used for r in runs if r["batch_size"] == b and r["seed"] == s]
-        for b in bs
-    }
-    relation = RelationVector.from_seeds(
-        request.model,
-        request.proxy_spec,
-        request.target_accuracy,
-        per_seed,
-        vector=s.vector,
-        seeds=used,
-        seeds_needed=len(used),
-        max_seeds=request.max_seeds,
-        ranking_stable=stable,
-        lr_max=s.lr_max,
-        lr=request.lrs,
-        lr_rule=s.lr_rule,
-        weights_sha256=request.weights_sha256,
-        proxy_sha256=request.proxy_sha256,
-        **{k: v for k, v in request.runs_key().items() if k not in ("limit", "data_seed")},
-        samples_rule=extra.pop("samples_rule"),
-        overrides=request.overrides,
-        **extra,
-        runs=runs,
-        wall_s=wall,
-        cache_key=request.cache_key(),
-    )
-    store(relation, path)
-    return relation
 
 
 def seeds_until_stable(
