@@ -134,7 +134,7 @@ def test_bad_inputs_fail_before_any_training(tmp_path: Path) -> None:
         flat_estimate(
             "cnn-tiny", None, "npz:/no/such.npz", target_accuracy=0.5, batch_sizes=[8], cache_dir=tmp_path
         )
-    with pytest.raises(RelationError, match="distinct"):
+    with pytest.raises(ArgumentError, match="'batch_sizes' must be a non-empty list of distinct"):
         flat_estimate(
             "cnn-tiny", None, "synthetic-image", target_accuracy=0.5, batch_sizes=[8, 8], cache_dir=tmp_path
         )

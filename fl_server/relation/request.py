@@ -52,12 +52,16 @@ class NotCached(RelationError):
 
 
 def each(item: Kind, what: str) -> Custom:
-    """A list (or tuple) of values that `item` accepts, given back as a tuple; text is not a list."""
+    """A list (or tuple) of distinct values that `item` accepts, not empty, given back as a tuple; text
+    is not a list."""
 
     def parse(value: Any) -> tuple[Any, ...]:
         if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
             raise must_be(f"a list of {what}", value)
-        return tuple(item(v) for v in value)
+        items = tuple(item(v) for v in value)
+        if not items or len(set(items)) != len(items):
+            raise must_be(f"a non-empty list of distinct {what}", value)
+        return items
 
     return Custom(parse, f"a list of {what}")
 
@@ -106,11 +110,8 @@ class RelationSettings:
             raise ArgumentError(
                 f"{WHERE}: 'overrides' must be a dict of the model's options, got {self.overrides!r}"
             )
-        seeds = self.seeds
-        if not seeds or len(set(seeds)) != len(seeds):
-            raise RelationError(f"seeds must be a non-empty list of distinct integers, got {list(seeds)}")
-        if self.max_seeds and self.max_seeds < len(seeds):
-            raise RelationError(f"max_seeds ({self.max_seeds}) is fewer than the {len(seeds)} seeds given")
+        if self.max_seeds and self.max_seeds < (n := len(self.seeds)):
+            raise RelationError(f"max_seeds ({self.max_seeds}) is fewer than the {n} seeds given")
 
 
 @dataclass(frozen=True)
@@ -174,12 +175,7 @@ class RelationRequest:
 
     def __post_init__(self) -> None:
         check_fields(self, WHERE, field_kinds(RelationRequest))
-        sizes = self.batch_sizes
-        if not sizes:
-            raise RelationError(f"batch sizes must be positive integers, got {list(sizes)}")
-        if len(set(sizes)) != len(sizes):
-            raise RelationError(f"batch sizes must be distinct, got {list(sizes)}")
-        object.__setattr__(self, "batch_sizes", tuple(sorted(sizes)))
+        object.__setattr__(self, "batch_sizes", tuple(sorted(self.batch_sizes)))
 
     @property
     def max_seeds(self) -> int:
