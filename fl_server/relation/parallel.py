@@ -36,10 +36,7 @@ def seed_runner(
         if how.parallel and len(jobs) > 1 and _picklable(shared):
             found = _run_parallel(fn, jobs, shared, how, finished)
         else:
-            found = []
-            for job in jobs:
-                found.append(fn(shared, job, how.progress, request.threads))
-                finished(found[-1])
+            found = [finished(fn(shared, job, how.progress, request.threads)) for job in jobs]
         _check_runs(found, request.proxy_spec, request.target_accuracy, request.runs_key()["max_samples"])
         return found
 
@@ -70,14 +67,15 @@ def _check_runs(runs: list[dict[str, Any]], proxy: str, target: float, max_sampl
         )
 
 
-def _progress(say: Say | None, total: int) -> Callable[[dict[str, Any]], None]:
-    """One line per finished run: which, what it measured, the time so far and left (at the mean so far)."""
+def _progress(say: Say | None, total: int) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """One line per finished run: which, what it measured, the time so far and left (at the mean so far);
+    gives the run back."""
     started, done = time.perf_counter(), [0]
 
-    def finished(run: dict[str, Any]) -> None:
+    def finished(run: dict[str, Any]) -> dict[str, Any]:
         done[0] += 1
         if say is None:
-            return
+            return run
         spent = time.perf_counter() - started
         left = spent / done[0] * (total - done[0])
         what = f"target after {run['samples']:.0f} samples" if run["reached"] else "missed the target"
@@ -85,6 +83,7 @@ def _progress(say: Say | None, total: int) -> Callable[[dict[str, Any]], None]:
             f"relation vector: run {done[0]} of {total} (b={run['batch_size']}, seed {run['seed']}): "
             f"{what}; {spent:.0f} s so far, about {left:.0f} s left"
         )
+        return run
 
     return finished
 
@@ -106,7 +105,7 @@ def _run_parallel(
     jobs: list[FineTuneConfig],
     shared: ProxyRuns | TrainToTarget,
     how: RelationCompute,
-    finished: Callable[[dict[str, Any]], None],
+    finished: Callable[[dict[str, Any]], Any],
 ) -> list[dict[str, Any]]:
     """Each job a Ray task with one torch thread; Ray is started (and stopped) here if needed. Jobs on a
     GPU ask for an equal share of one and train on the GPU Ray gives them (cuda:0)."""

@@ -35,6 +35,7 @@ from powerfed.training.models import ModelSpec, build_spec, check_input_shape, m
 from powerfed.training.trace import StepTrace
 
 INIT_SEED = 0  # seed of the starting weights when none are given
+RECORD_KEYS = ("batch_size", "seed", "lr")  # a run record's first keys, from its FineTuneConfig
 
 
 @dataclass(frozen=True)
@@ -134,9 +135,7 @@ def run_job(runs: ProxyRuns, config: FineTuneConfig, progress: bool, threads: in
     with torch_threads(threads):
         result, crossing, every = run_to_target(runs, config, progress=progress)
     return {
-        "batch_size": config.batch_size,
-        "seed": config.seed,
-        "lr": config.lr,
+        **{k: getattr(config, k) for k in RECORD_KEYS},
         "reached": result.reached,
         "samples": float(crossing) if crossing is not None else float(result.samples),
         "samples_at_evaluation": result.samples,
@@ -182,9 +181,7 @@ def run_user_job(
         )
     reached = samples is not None and math.isfinite(samples)
     return {
-        "batch_size": batch_size,
-        "seed": seed,
-        "lr": lr,
+        **{k: getattr(config, k) for k in RECORD_KEYS},
         "reached": reached,
         "samples": float(samples) if reached and samples is not None else math.inf,
         "wall_s": time.perf_counter() - started,
