@@ -11,7 +11,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from fl_client.faults import before_training, kill_after_checkpoint, parse_faults
+from fl_client.faults import before_training, parse_faults
 from fl_client.local_data import data_plan, load_local_data
 from fl_client.mod import error_reply, message_config, node_reply, profile_cache
 from fl_client.node import NodeSettings, resolve_node
@@ -98,10 +98,8 @@ def train_reply(
         plan = data_plan(settings, context.run_config, model_seq_len(instr.model, instr.model_overrides))
         data = load_local_data(plan)
         faults = parse_faults(context.run_config)  # soak tests only; refused elsewhere
-        on_step = None
-        if before_training(faults, settings.key, instr.server_round) == "kill":
-            after = instr.checkpoint_every_samples + instr.eval_every_samples
-            on_step = kill_after_checkpoint(settings.key, instr.server_round, after)
+        after = instr.checkpoint_every_samples + instr.eval_every_samples  # a kill's: its first checkpoint
+        on_step = before_training(faults, settings.key, instr.server_round, after)
         seed, cache = node_device_seed(settings, instr.seed), profile_cache(context.run_config)
         work = RoundWork(settings, instr, state, data, seed, cache, on_step)
         outcome = run_round(work, steps_for(instr) if steps_for is not None else None)

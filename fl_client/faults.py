@@ -93,15 +93,17 @@ def log_fault(node: str, server_round: int, fault: str) -> None:
         os.close(fd)
 
 
-def before_training(faults: Faults | None, node: str, server_round: int) -> str | None:
-    """Act on a "raise" or "hang" now; return "kill" when the fine-tune must die mid-way."""
+def before_training(
+    faults: Faults | None, node: str, server_round: int, after_samples: int
+) -> Callable[[int, int], None] | None:
+    """Act on a "raise" or "hang" now; for a "kill", the `on_step` that kills the fine-tune mid-way."""
     if faults is None:
         return None
     fault = faults.draw(node, server_round)
     if fault is None or (fault == "kill" and logged(node, server_round, "kill")):
         return None  # a node killed for this work does not die again when the work comes back
     if fault == "kill":
-        return fault
+        return kill_after_checkpoint(node, server_round, after_samples)
     log_fault(node, server_round, fault)
     if fault == "raise":
         raise InjectedFailure(f"injected failure: {node} round {server_round}")
