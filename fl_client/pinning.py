@@ -106,18 +106,14 @@ class Pinning:
     @property
     def batch_size(self) -> int:
         """The batch size in force (a follower or the confirmation may change it between steps)."""
-        for holder in (self.follower, self.confirmation):
-            if holder is not None:
-                return int(holder.batch_size)
-        return self.choice.batch_size
+        holders = (self.follower, self.confirmation, self.choice)
+        return int(next(h for h in holders if h is not None).batch_size)
 
     @property
     def frequency_hz(self) -> int:
         """The frequency in force (the guard's after its step-downs)."""
-        for holder in (self.follower, self.confirmation, self.guard):
-            if holder is not None:
-                return int(holder.frequency_hz)
-        return self.choice.frequency_hz
+        holders = (self.follower, self.confirmation, self.guard, self.choice)
+        return int(next(h for h in holders if h is not None).frequency_hz)
 
     def trained(self, result: FineTuneResult, state: State, board: str) -> Trained:
         """The train step's outcome, with what the guard or the follower did."""
