@@ -288,23 +288,18 @@ class PowerSession:
                 "PowerSession for another block"
             )
         self._entered = True
-        try:
-            self._start()
+        try:  # profile (or read the cache) and choose (a test replaces this module's measured_profile_step)
+            self.prepared = prepared = Prepared.of(self.work, RoundSteps(measured_profile_step))
+            with ExitStack() as stack:  # pin the device, start the power trace; on an error, restored
+                dev, self._pinning = stack.enter_context(pinned(self.work, prepared.chosen.rule))
+                self._workload = Workload(**prepared.profiled.profile.extra["workload"])
+                self._power = TrainingPower(dev, POWER_RATE_HZ)
+                self._power.resume()
+                self._stack, self._dev = stack.pop_all(), dev
         except BaseException:  # nothing trained and the device left as found: entering may be tried again
             self._entered = False
             raise
         return self
-
-    def _start(self) -> None:
-        """Profile (or read the cache), choose the pair, open and pin the device, start the power trace."""
-        # this module's measured_profile_step: a test replaces it
-        self.prepared = prepared = Prepared.of(self.work, RoundSteps(measured_profile_step))
-        with ExitStack() as stack:  # on an error here, the device restored and closed
-            dev, self._pinning = stack.enter_context(pinned(self.work, prepared.chosen.rule))
-            self._workload = Workload(**prepared.profiled.profile.extra["workload"])
-            self._power = TrainingPower(dev, POWER_RATE_HZ)
-            self._power.resume()
-            self._stack, self._dev = stack.pop_all(), dev
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
