@@ -219,34 +219,31 @@ MAX_YAML_VALUES = 1_000_000  # once aliases are expanded; a 4 MB file without al
 
 def _check_expansion(root: yaml.Node, path: Path) -> None:
     """Refuse a document whose aliases expand to more than MAX_YAML_VALUES values, or that holds itself,
-    before it is built (a "billion laughs")."""
-    size: dict[int, int] = {}
-    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    before it is built (a "billion laughs"). Each node is sized once; one frame per level, fewer than the
+    composer's, so a document it composed does not nest too deeply here."""
+    sizes: dict[int, int] = {}
     open_: set[int] = set()
-    while stack:
-        node, done = stack.pop()
-        if isinstance(node, yaml.MappingNode):
-            children = [n for pair in node.value for n in pair]
-        elif isinstance(node, yaml.SequenceNode):
-            children = list(node.value)
-        else:
-            children = []
-        if done:
-            open_.discard(id(node))
-            size[id(node)] = 1 + sum(size[id(c)] for c in children)
-            if size[id(node)] > MAX_YAML_VALUES:
-                raise NodeConfigError(
-                    f"{path}: its aliases (*name) expand to more than {MAX_YAML_VALUES:,} values; "
-                    "write the values out or use fewer aliases"
-                )
-            continue
-        if id(node) in size:
-            continue
+
+    def size(node: yaml.Node) -> int:
+        if id(node) in sizes:
+            return sizes[id(node)]
         if id(node) in open_:
             raise NodeConfigError(f"{path}: an alias (*name) refers to a value that holds it; remove it")
         open_.add(id(node))
-        stack.append((node, True))
-        stack.extend((c, False) for c in children if id(c) not in size)
+        total = 1
+        if isinstance(node, (yaml.MappingNode, yaml.SequenceNode)):
+            for child in node.value:
+                for c in child if isinstance(node, yaml.MappingNode) else (child,):
+                    total += size(c)
+        if total > MAX_YAML_VALUES:
+            raise NodeConfigError(
+                f"{path}: its aliases (*name) expand to more than {MAX_YAML_VALUES:,} values; "
+                "write the values out or use fewer aliases"
+            )
+        sizes[id(node)] = total
+        return total
+
+    size(root)
 
 
 def read_yaml(path: Path) -> Any:
