@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, cast
 
 from flwr.app import Message
@@ -14,26 +14,22 @@ from flwr.app import Message
 QUIET_S = 8.0  # the longest a phase goes without a line
 
 
+@dataclass(eq=False)  # hashed by identity, as the Grid it stands for
 class ProgressGrid:
     """Delegates to `grid`; `send_and_receive` is Flower's loop with progress lines."""
 
-    def __init__(
-        self,
-        grid: Any,
-        say: Callable[[str], None],
-        *,
-        every_s: float = 5.0,
-        poll_s: float = 0.5,
-        quiet_s: float = QUIET_S,
-    ) -> None:
-        self._grid, self._say = grid, say
-        self.every_s, self.poll_s, self.quiet_s = every_s, poll_s, quiet_s
-        self.started = time.perf_counter()
-        self.label = ""  # set by the caller, e.g. the method's name
-        self.round = 0  # the server-round of the last train/evaluate messages sent
+    grid: Any
+    say: Callable[[str], None]
+    _: KW_ONLY
+    every_s: float = 5.0
+    poll_s: float = 0.5
+    quiet_s: float = QUIET_S
+    label: str = ""  # set by the caller, e.g. the method's name
+    round: int = 0  # the server-round of the last train/evaluate messages sent
+    started: float = field(default_factory=time.perf_counter)
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._grid, name)
+        return getattr(self.grid, name)
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> list[Message]:
         messages = list(messages)
@@ -45,13 +41,13 @@ class ProgressGrid:
             # server-round: an int in every config Flower sends
             self.round = int(cast(int, config.get("server-round", self.round)))
         total = len(messages)
-        pending = set(self._grid.push_messages(messages))
+        pending = set(self.grid.push_messages(messages))
         del messages
         end = time.time() + (timeout if timeout is not None else 0.0)
         replies: list[Message] = []
         said, last = -1, 0.0
         while True:
-            got = list(self._grid.pull_messages(pending))
+            got = list(self.grid.pull_messages(pending))
             replies += got
             pending.difference_update(m.metadata.reply_to_message_id for m in got)
             now = time.perf_counter()
@@ -59,7 +55,7 @@ class ProgressGrid:
             changed = done != said and (not pending or now - last >= self.every_s)
             if changed or now - last >= self.quiet_s:
                 where = kind if kind == "query" else f"round {self.round} {kind}"
-                self._say(
+                self.say(
                     f"  [{self.label}] {where}: {done}/{total} clients done, "
                     f"{now - self.started:.0f} s elapsed"
                 )
