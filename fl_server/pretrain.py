@@ -20,7 +20,6 @@ from powerfed.training.finetune_records import DEFAULT_EVAL_MAX_SAMPLES, FineTun
 from powerfed.training.models import (
     build_model,
     check_input_shape,
-    check_overrides,
     check_size,
     get_model_spec,
 )
@@ -100,8 +99,7 @@ def pretrain(
         raise DataError(str(exc)) from None
     if out.suffix == ".json":
         raise DataError(f"{out}: the weights file must not end in .json (the report goes to *.report.json)")
-    overrides = check_overrides(model_name, dict(st.overrides))
-    check_size(model_name, None, overrides)  # before the data is read (again with its classes below)
+    overrides = check_size(model_name, None, dict(st.overrides))  # before the data is read (again below)
     spec = get_model_spec(model_name)
     model_len = int(overrides.get("seq_len", spec.input_shape[0])) if spec.task == "text" else 0
     length = (model_len or 64) if st.seq_len is None else st.seq_len

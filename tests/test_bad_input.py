@@ -13,7 +13,7 @@ from powerctl.files.outputs import OutputPathError, check_output_dir, check_outp
 from powerctl.records.profile import Profile
 from powerctl.records.relation import RelationVector
 from powerfed.training.errors import ModelError
-from powerfed.training.models import build_model, check_overrides
+from powerfed.training.models import build_model, check_size
 from powerfed.training.powerctl_cli import main as powerctl_main
 from simulations.__main__ import main as simulations_main
 
@@ -153,7 +153,7 @@ def test_pretrain_inputs_are_refused_before_training(
 )
 def test_model_options_of_the_wrong_type_or_range_are_one_model_error(overrides: dict, fragment: str) -> None:
     with pytest.raises(ModelError, match=fragment.replace("[", r"\[").replace(")", r"\)")):
-        check_overrides("chartransformer-small", overrides)
+        check_size("chartransformer-small", None, overrides)
     with pytest.raises(ModelError):
         build_model("chartransformer-small", **overrides)
 

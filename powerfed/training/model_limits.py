@@ -169,17 +169,16 @@ def _size_of(
     return params, outputs
 
 
-def check_spec_size(spec: ModelSpec, num_classes: int | None, overrides: Mapping[str, Any] | None) -> None:
-    """`check_size` of a registry entry, registered or not."""
+def check_spec_size(
+    spec: ModelSpec, num_classes: int | None, overrides: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """`check_size` of a registry entry, registered or not; the overrides, checked."""
     name = spec.name
     options = checked_overrides(spec, overrides or {})
     n = default_num_classes(spec.task) if num_classes is None else int(num_classes)
-    if not _grows(spec, n, {**spec.defaults, **options}):
-        return
-    size = _size_of(spec, n, tuple(sorted(options.items())))
-    if size is None:
-        return
-    params, outputs = size
+    grows = _grows(spec, n, {**spec.defaults, **options})
+    size = _size_of(spec, n, tuple(sorted(options.items()))) if grows else None
+    params, outputs = size or (0, 0)  # not counted: nothing to refuse
     lower = f"lower {', '.join(options)}" if options else "use fewer classes"
     if params > MAX_PARAMETERS:
         raise ModelError(
@@ -191,3 +190,4 @@ def check_spec_size(spec: ModelSpec, num_classes: int | None, overrides: Mapping
             f"model {name!r}{described(options)} would keep {outputs:,} layer outputs per sample "
             f"({outputs * 4 / 2**30:.1f} GiB), more than {MAX_ACTIVATIONS:,}: {lower}"
         )
+    return options

@@ -242,15 +242,13 @@ def option_ranges() -> str:
     return option_ranges_of(_REGISTRY.values())
 
 
-def check_overrides(name: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """The overrides of model `name`, checked without building it (for commands, before any work)."""
-    return checked_overrides(get_model_spec(name), overrides)
-
-
-def check_size(name: str, num_classes: int | None = None, overrides: Mapping[str, Any] | None = None) -> None:
-    """Refuse, before any memory is asked for, a model whose parameters or layer outputs per sample
-    exceed MAX_PARAMETERS or MAX_ACTIVATIONS (e.g. resnet18 with width=100000)."""
-    check_spec_size(get_model_spec(name), num_classes, overrides)
+def check_size(
+    name: str, num_classes: int | None = None, overrides: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The overrides of model `name`, checked without building it; refused, before any memory is asked
+    for, where its parameters or layer outputs per sample exceed MAX_PARAMETERS or MAX_ACTIVATIONS
+    (e.g. resnet18 with width=100000)."""
+    return check_spec_size(get_model_spec(name), num_classes, overrides)
 
 
 def build_model(
