@@ -241,11 +241,9 @@ class PowerSession:
         check_model(where, model)
         check_callable(where, "make_step", make_step, "(model), returning step(x, y)", 1)
         check_callable(where, "loss", loss, "(outputs, targets)", 2, optional=True)
-        train_examples = check_arguments(where, train_examples=(train_examples, Integer(1, MAX_COUNT)))[
-            "train_examples"
-        ]
-        if lr is not None:
-            lr = check_arguments(where, lr=(lr, Number(0.0, above=True)))["lr"]
+        rate = {} if lr is None else {"lr": (lr, Number(0.0, above=True))}
+        checked = check_arguments(where, train_examples=(train_examples, Integer(1, MAX_COUNT)), **rate)
+        train_examples, lr = checked["train_examples"], checked.get("lr")
         if not isinstance(key, str):
             raise ArgumentError(f"{where}: 'key' must be a string, got {key!r}")
         instructions, node = joined.instructions, joined.node
