@@ -144,7 +144,7 @@ def indexed_state_class() -> type[InMemoryLinkState]:
             found: list[Any] = []
             with self.lock:
                 ids = store.ids_for(node_id)
-                for i, msg_id in enumerate(ids):
+                for msg_id in ids:
                     self._check_stored_messages({msg_id})
                     if (
                         (msg_ins := store.get(msg_id))
@@ -154,14 +154,11 @@ def indexed_state_class() -> type[InMemoryLinkState]:
                     ):
                         found.append(msg_ins)
                     if limit and len(found) == limit:
-                        rest = ids[i + 1 :]
                         break
-                else:
-                    rest = []
                 taken = {id(m) for m in found}
                 if not any(
                     (m := store.get(k)) is not None and m.metadata.delivered_at == "" and id(m) not in taken
-                    for k in (ids if run_id is not None else rest)
+                    for k in ids
                 ):
                     store.pending.discard(node_id)  # nothing left for this node until a new message
             delivered_at = now().isoformat()
