@@ -105,12 +105,6 @@ def _by_node(sent: list[Message], replies: Iterable[Message]) -> list[tuple[int,
     return [(by_id.get(r.metadata.reply_to_message_id, r.metadata.src_node_id), r) for r in replies]
 
 
-def _own_message(msg: Message, content: RecordDict) -> Message:
-    """`msg` with its own `content` (Flower's strategies share one RecordDict between their messages)."""
-    meta = msg.metadata
-    return Message(content, meta.dst_node_id, meta.message_type, ttl=meta.ttl, group_id=meta.group_id)
-
-
 class PowerAware(Strategy):
     """Wraps any Flower strategy: its clients each choose (batch size, GPU frequency) under their own
     power cap from the plan the train config carries, and report what it cost.
@@ -226,6 +220,7 @@ class PowerAware(Strategy):
     def learn_nodes(self, grid: Grid, node_ids: Iterable[int]) -> None:
         """Ask every node not met yet for its device, board and cap."""
         new = [nid for nid in node_ids if nid not in self.nodes]
+        self.nodes.update({nid: NodeInfo.from_record(nid, {}) for nid in new})  # until it describes itself
         for nid, reply in self._query(grid, {nid: RecordDict({}) for nid in new}):
             if reply.has_error() or NODE_KEY not in reply.content.config_records:
                 why = one_line(reply.error.reason) if reply.has_error() else "no node record"
@@ -235,8 +230,6 @@ class PowerAware(Strategy):
                 self.nodes[nid] = NodeInfo.from_record(nid, reply.content.config_records[NODE_KEY])
             except (TypeError, ValueError) as exc:  # a malformed description must not stop the run
                 log(WARNING, "query: node %s described itself unreadably: %s", nid, exc)
-        for nid in new:
-            self.nodes.setdefault(nid, NodeInfo.from_record(nid, {}))
 
     def plan(self, grid: Grid, instructions: dict[int, TrainInstructions]) -> list[Plan]:
         """The plans of the round's sampled nodes, each not planned yet asked with its instructions; a node
@@ -309,7 +302,9 @@ class PowerAware(Strategy):
             else:  # only what differs for this node: what the inner strategy set stays
                 changed = {k: v for k, v in node_config.items() if plan.get(k) != v}
             records[key] = ConfigRecord({**dict(records.get(key) or {}), **changed})
-            own.append(_own_message(msg, RecordDict(records)))
+            m = msg.metadata  # a message of its own: Flower's strategies share one RecordDict between theirs
+            content = RecordDict(records)
+            own.append(Message(content, m.dst_node_id, m.message_type, ttl=m.ttl, group_id=m.group_id))
         self._sent[MessageType.TRAIN] = own
         self._global = arrays
         return own
