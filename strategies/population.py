@@ -51,7 +51,7 @@ class Draw:
 
     def record(self) -> dict[str, Any]:
         """What results.json keeps: counts, the sampled boards and those NOT available (the shorter list)."""
-        gone = sorted(set(range(self.population)) - set(self.available)) if self.population else []
+        gone = sorted(set(range(self.population)) - set(self.available))
         return {
             "round": self.round,
             "population": self.population,
@@ -224,30 +224,24 @@ class PopulationSampled(Strategy):
     ) -> None:
         self.strategy, self.population = strategy, population
         self.on_draw, self._partitions = on_draw, partitions
-        self._draws: dict[int, tuple[Draw, list[int]]] = {}
+        self._sampled: dict[int, list[int]] = {}  # round → the node ids sampled (drawn once a round)
 
-    def round_nodes(self, server_round: int, grid: Grid) -> list[int]:
-        """The node ids sampled for `server_round` (drawn once a round)."""
-        if server_round not in self._draws:
+    def _configure(
+        self, configure: Any, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Any:
+        if server_round not in self._sampled:
             mapping = self._partitions()
             if not mapping:
                 raise PopulationError(
                     "'clients-per-round' and 'availability' need a local simulation (the boards' node ids "
                     "are known there only): in a deployment each board joins and leaves by itself"
                 )
-            connected = [n for n in grid.get_node_ids() if n in mapping]
-            by_board = {mapping[n]: n for n in connected}
+            by_board = {mapping[n]: n for n in grid.get_node_ids() if n in mapping}
             draw = self.population.draw(server_round, by_board, len(mapping))
-            self._draws[server_round] = (draw, [by_board[b] for b in draw.sampled])
+            self._sampled[server_round] = [by_board[b] for b in draw.sampled]
             if self.on_draw is not None:
                 self.on_draw(draw)
-        return self._draws[server_round][1]
-
-    def _configure(
-        self, configure: Any, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Any:
-        nodes = self.round_nodes(server_round, grid)
-        if not nodes:  # nobody there: Flower's sampling would wait for nodes for ever
+        if not (nodes := self._sampled[server_round]):  # nobody: Flower's sampling would wait for ever
             return []
         return configure(server_round, arrays, config, cast(Grid, _RoundGrid(grid, nodes)))
 
