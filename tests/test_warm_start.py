@@ -43,8 +43,7 @@ def test_a_warm_cache_is_found_in_process_without_reading_the_proxy_or_spawning(
     assert server_app.cached_preparation(cfg) is None  # an empty cache: nothing found, nothing trained
     weights, relation = server_app.prepare(cfg)  # as the spawned child does it
     monkeypatch.setattr(server_app, "ProcessPoolExecutor", _refuse("a spawned preparation"))
-    for module in (relation_estimate, relation_runs):
-        monkeypatch.setattr(module, "load_proxy", _refuse("reading the proxy data"))
+    monkeypatch.setattr(relation_estimate, "load_proxy", _refuse("reading the proxy data"))  # the one reader
     monkeypatch.setattr(relation_runs, "fine_tune", _refuse("training"))
     found = server_app.prepare_apart(cfg)
     assert found[0] == weights and found[1].to_dict() == relation

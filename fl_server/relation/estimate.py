@@ -6,6 +6,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from functools import cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +80,7 @@ def estimate_relation(
         assert loop is not None  # no start: the user's own loop
         run_seeds, rule = seed_runner(run_user_job, loop, request, how), "the user's train_to_target"
     else:
-        runs = make_proxy_runs(start, proxy, request, user)
+        runs = make_proxy_runs(start, request, user)
         extra["model_fingerprint"] = probe(runs, request.proxy_spec)
         if user.make_step is not None:
             extra["training_step"] = "the user's make_step"
@@ -144,11 +145,14 @@ def _locate(
     if spec is not None and spec.task == "text" and seq_len is None:
         seq_len = int(overrides.get("seq_len", spec.input_shape[0]))
     device = resolve_torch_device(how.device)  # a GPU that is not here: one line before the data is read
+    task = spec.task if spec is not None else None  # read once, here or by the runs (`make_proxy_runs`)
+    read = cache(
+        partial(load_proxy, proxy, task=task, seq_len=seq_len or 64, limit=s.limit, seed=s.data_seed)
+    )
     if spec is not None and isinstance(proxy, str):  # a spec's digest is its file's: looked up unread
-        data, label, digest = None, proxy, spec_digest(proxy)
+        label, digest = proxy, spec_digest(proxy)
     else:
-        task = spec.task if spec is not None else None
-        data = load_proxy(proxy, task=task, seq_len=seq_len or 64, limit=s.limit, seed=s.data_seed)
+        data = read()
         if spec is None:
             assert callable(model)  # `_model_entry` is None for a factory only
             shape = data.whole.x.shape[1:]
@@ -169,7 +173,7 @@ def _locate(
             "task": spec.task,
         },
     )
-    return request, Start(spec, state, num_classes, weights, device, data), user_code
+    return request, Start(spec, state, num_classes, weights, device, read), user_code
 
 
 def _own_loop(

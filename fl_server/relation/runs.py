@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 import torch
 
 from fl_server.relation.request import RelationError, RelationRequest
-from fl_server.relation_data import Proxy, ProxyData, load_proxy
+from fl_server.relation_data import Proxy
 from powerctl.devices.base import Device
 from powerctl.devices.host import HostDevice
 from powerctl.files.mapping import accepts
@@ -41,14 +42,14 @@ RECORD_KEYS = ("batch_size", "seed", "lr")  # a run record's first keys, from it
 @dataclass(frozen=True)
 class Start:
     """Where an estimate's runs start: the model, its starting weights (None: a seeded init, made once
-    the data gives the classes) and their file, the device, the proxy if read."""
+    the data gives the classes) and their file, the device, the proxy's reader."""
 
     spec: ModelSpec
     state: dict[str, torch.Tensor] | None
     num_classes: int | None
     weights: str | Path | None
     device: str
-    data: Proxy | None = None
+    read: Callable[[], Proxy]
 
 
 @dataclass(frozen=True)
@@ -211,14 +212,9 @@ def probe(runs: ProxyRuns, proxy: str) -> dict[str, Any]:
     return model_fingerprint(model)
 
 
-def make_proxy_runs(
-    start: Start, proxy: ProxyData, request: RelationRequest, user: UserFunctions
-) -> ProxyRuns:
+def make_proxy_runs(start: Start, request: RelationRequest, user: UserFunctions) -> ProxyRuns:
     """The runs' shared part, the proxy read if not yet and checked against the model."""
-    s, spec, bs = request.settings, start.spec, request.batch_sizes
-    data = start.data or load_proxy(
-        proxy, task=spec.task, seq_len=request.seq_len or 64, limit=s.limit, seed=s.data_seed
-    )
+    spec, bs, data = start.spec, request.batch_sizes, start.read()
     dataset, train = data.whole, data.train
     if dataset.task != spec.task:
         raise DataError(f"model {spec.name} is a {spec.task} model but {data.label} is {dataset.task} data")
@@ -242,7 +238,7 @@ def make_proxy_runs(
         train=train,
         test=data.test,
         overrides=request.overrides,
-        min_evaluations=s.min_evaluations,
+        min_evaluations=request.settings.min_evaluations,
         user=user,
         device=start.device,
     )
