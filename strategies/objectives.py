@@ -54,9 +54,7 @@ class EnergyUnderDeadline(RoundObjective):
     def round_deadline(self, plans: Plans) -> float:
         # asked with a fixed deadline too: the plan's profiling is billed to the round that trains
         planned = plans()
-        if self.deadline_s > 0:
-            return self.deadline_s
-        return max((p.fastest_s for p in planned), default=0.0)
+        return self.deadline_s if self.deadline_s > 0 else max((p.fastest_s for p in planned), default=0.0)
 
 
 def objective_named(name: str, deadline_s: float = 0.0) -> RoundObjective:
