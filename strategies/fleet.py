@@ -204,11 +204,9 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             if isinstance(key, (str, int, float, bool)) or key is None:
                 if key in seen:
                     raise yaml.constructor.ConstructorError(
-                        None,
-                        None,
-                        f"key {key!r} is given twice (lines {seen[key].line + 1} and "
+                        problem=f"key {key!r} is given twice (lines {seen[key].line + 1} and "
                         f"{key_node.start_mark.line + 1}); keep one",
-                        key_node.start_mark,
+                        problem_mark=key_node.start_mark,
                     )
                 seen[key] = key_node.start_mark
         return super().construct_mapping(node, deep=deep)
