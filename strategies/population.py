@@ -105,10 +105,8 @@ def read_availability_trace(path: str | Path) -> AvailabilityTrace:
         if not any(cells):
             continue
         try:
-            if len(cells) != 3:
-                raise ValueError
-            board, first = int(cells[0]), int(cells[1])
-            last = int(cells[2]) if cells[2] else None
+            board_cell, first_cell, last_cell = cells  # not three cells: a ValueError too
+            board, first, last = int(board_cell), int(first_cell), int(last_cell) if last_cell else None
             if board < 0 or first < 1 or (last is not None and last < first):
                 raise ValueError
         except ValueError:
