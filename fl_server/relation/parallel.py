@@ -45,16 +45,14 @@ def seed_runner(
 
 def _check_runs(runs: list[dict[str, Any]], proxy: str, target: float, max_samples: int) -> None:
     """Every run must reach the target after > 0 samples, or the relation has no meaning."""
-    already = [r for r in runs if r["reached"] and r["samples"] == 0]
-    if already:
+    if already := [r for r in runs if r["reached"] and r["samples"] == 0]:
         acc = already[0].get("initial_accuracy")
         where = f" (accuracy {acc:.3f})" if acc is not None else ""
         raise RelationError(
             f"the starting weights already reach target {target} on {proxy} before training{where}; "
             "choose a higher target"
         )
-    failed = [r for r in runs if not r["reached"]]
-    if failed:
+    if failed := [r for r in runs if not r["reached"]]:
         which = ", ".join(
             f"{r['batch_size']} (seed {r['seed']}"
             + (f", best {r['best_accuracy']:.3f})" if "best_accuracy" in r else ")")
@@ -132,11 +130,10 @@ def _run_parallel(
         with progress_bar(how.progress, len(futures), "relation runs", "run") as bar:
             pending = list(futures)
             while pending:
-                done, pending = ray.wait(pending, num_returns=1)
-                bar.update(len(done))
-                for one in done:
-                    with contextlib.suppress(ray.exceptions.RayTaskError):  # raised below, as one line
-                        finished(ray.get(one))
+                (one,), pending = ray.wait(pending, num_returns=1)
+                bar.update(1)
+                with contextlib.suppress(ray.exceptions.RayTaskError):  # raised below, as one line
+                    finished(ray.get(one))
         try:
             return ray.get(futures)
         except ray.exceptions.RayTaskError as exc:  # a user error inside a task stays a one-line error
