@@ -37,8 +37,7 @@ class PretrainReport:
 
 def report_path_for(weights_path: str | Path) -> Path:
     """`w.safetensors` → `w.report.json`: the report always sits next to its weights."""
-    p = Path(weights_path)
-    return p.with_name(f"{p.stem}.report.json")
+    return Path(weights_path).with_suffix(".report.json")
 
 
 def _epochs_budget(epochs: float, train_size: int, batch_size: int) -> int:
