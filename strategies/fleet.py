@@ -217,8 +217,7 @@ MAX_YAML_VALUES = 1_000_000  # once aliases are expanded; a 4 MB file without al
 
 def _check_expansion(root: yaml.Node, path: Path) -> None:
     """Refuse a document whose aliases expand to more than MAX_YAML_VALUES values, or that holds itself,
-    before it is built (a "billion laughs"). Each node is sized once; one frame per level, fewer than the
-    composer's, so a document it composed does not nest too deeply here."""
+    before it is built (a "billion laughs"). One frame a level, fewer than the composer's: no deeper limit."""
     sizes: dict[int, int] = {}
     open_: set[int] = set()
 

@@ -69,8 +69,7 @@ def trains_real_model(partition_id: int | None, real_share: float) -> bool:
 
 
 def for_method(method: str, real_share: float = 1.0) -> NodeInstructions:
-    """Node instructions that run `method`'s client method on every node, the real model on `real_share`
-    of them."""
+    """Node instructions: `method`'s client method on every node, the real model on `real_share` of them."""
     client_method = run_method_named(method).client_method
 
     def instruct(node: NodeInfo, server_round: int, base: TrainInstructions) -> TrainInstructions:
@@ -99,8 +98,7 @@ def _one(records: Any, key: str, where: str, what: str) -> Any:
 
 
 def _by_node(sent: list[Message], replies: Iterable[Message]) -> list[tuple[int, Message]]:
-    """Each reply with the node it answers, by message id (a dead SuperNode's error reply comes from the
-    SuperLink)."""
+    """Each reply with the node it answers, by message id (the SuperLink sends a dead SuperNode's error)."""
     by_id = {m.metadata.message_id: m.metadata.dst_node_id for m in sent}
     return [(by_id.get(r.metadata.reply_to_message_id, r.metadata.src_node_id), r) for r in replies]
 
