@@ -29,8 +29,7 @@ from powerfed.training.data import SPECS
 from powerfed.training.errors import ModelError
 from powerfed.training.finetune_records import DEFAULT_EVAL_MAX_SAMPLES
 from powerfed.training.lr import LR_RULES
-from powerfed.training.model_limits import MAX_SEQ_LEN
-from powerfed.training.models import get_model_spec, model_names, option_ranges
+from powerfed.training.models import MAX_SEQ_LEN, get_model_spec, model_names, option_ranges
 from strategies.settings import SETTINGS, key_of
 from strategies.settings_derived import flag
 

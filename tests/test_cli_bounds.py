@@ -22,8 +22,7 @@ from powerctl.cli.commands import build_parser as powerctl_parser
 from powerctl.cli.util import Bounded, bounded_float, bounded_int, power_cap
 from powerctl.files.mapping import Integer, Number, bounds_text
 from powerfed.training.errors import ModelError
-from powerfed.training.model_limits import MAX_PARAMETERS, OPTION_MAXIMUM
-from powerfed.training.models import build_model, check_size, model_names
+from powerfed.training.models import MAX_PARAMETERS, OPTION_MAXIMUM, build_model, check_size, model_names
 from powerfed.training.powerctl_cli import main as powerctl_main
 
 EXAMPLE_RELATION = Path(__file__).resolve().parents[1] / "docs" / "examples" / "relation-cnn-tiny.json"

@@ -30,7 +30,7 @@ from powerctl.files.mapping import (
 from powerfed.training.crossing import DEFAULT_MIN_EVALUATIONS
 from powerfed.training.finetune_records import FineTuneConfig
 from powerfed.training.lr import scaled_lr
-from powerfed.training.model_limits import MAX_SEQ_LEN
+from powerfed.training.models import MAX_SEQ_LEN
 from powerfed.training.numerics import numerics_key
 from strategies.settings import SETTINGS, key_of
 
