@@ -24,7 +24,8 @@ import powerfed.training.numerics as numerics
 from fl_server.app import pretrained_weights
 from fl_server.cli import main
 from fl_server.pretrain import PretrainSettings, pretrain
-from fl_server.relation import RelationError, gpu_share
+from fl_server.relation import RelationError
+from fl_server.relation.parallel import gpu_share
 from fl_server.weights import load_weights
 from powerctl.devices import open_device
 from powerctl.devices.host import HostDevice

@@ -5,7 +5,6 @@ the cache `cache`."""
 from fl_server.relation.estimate import estimate_relation as estimate_relation
 from fl_server.relation.estimate import ranking as ranking
 from fl_server.relation.estimate import seeds_until_stable as seeds_until_stable
-from fl_server.relation.parallel import gpu_share as gpu_share
 from fl_server.relation.request import CACHE_VERSION as CACHE_VERSION
 from fl_server.relation.request import NotCached as NotCached
 from fl_server.relation.request import RelationCompute as RelationCompute
