@@ -123,7 +123,7 @@ def train_reply(
             "samples": trained.samples,
         }
     )
-    arrays = ArrayRecord.from_torch_state_dict(outcome.state)
+    arrays = ArrayRecord.from_torch_state_dict(outcome.trained.state)
     content = RecordDict({ARRAYS_KEY: arrays, METRICS_KEY: metrics, REPORT_KEY: report.to_config()})
     return Message(content, reply_to=msg), outcome
 

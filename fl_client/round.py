@@ -283,7 +283,6 @@ def fine_tune_step(
     model = work.model()
     with pinned(work, rule, observe) as (dev, pinning):
         model = model.to(dev.torch_device())
-        choice = pinning.choice
         config = FineTuneConfig(
             batch_size=pinning.batch_size,
             lr=instr.lr_for,
@@ -296,7 +295,7 @@ def fine_tune_step(
         )
         callbacks = FineTuneCallbacks(
             progress=False,
-            checkpoint=round_checkpoint(work, (choice.batch_size, choice.frequency_hz)),
+            checkpoint=round_checkpoint(work, (pinning.choice.batch_size, pinning.choice.frequency_hz)),
             hooks=pinning.hooks,
             on_step=work.on_step,
         )
@@ -330,9 +329,7 @@ class RoundSteps:
 class RoundOutcome:
     """What a round produced, for callers that need more than the report (the demo, the benches)."""
 
-    state: State
     report: ClientReport
-    profiled: Profiled
     chosen: Chosen
     trained: Trained
 
@@ -410,7 +407,7 @@ def run_round(work: RoundWork, steps: RoundSteps | None = None) -> RoundOutcome:
             trained = replace(trained, choice=c)
     if trained is None:
         trained = steps.train(work, chosen.rule)
-    return RoundOutcome(trained.state, prepared.report(trained), prepared.profiled, chosen, trained)
+    return RoundOutcome(prepared.report(trained), chosen, trained)
 
 
 def plan_round(

@@ -176,7 +176,7 @@ def _data(partition: int = 0) -> tuple:
 def test_a_round_on_a_simulated_board_selects_under_its_cap_and_reports(tmp_path: Path) -> None:
     settings, data = _data(0)  # sim:jetson-nano at 3 W
     outcome = run_round(RoundWork(settings, instructions(), initial_state(), data, device_seed=1))
-    state, report = outcome.state, outcome.report
+    state, report = outcome.trained.state, outcome.report
     assert report.device == "sim:jetson-nano" and report.power_cap_w == 3.0
     assert report.batch_size in (8, 16) and report.frequency_hz > 0
     assert report.profiled_peak_power_w <= 3.0  # the method's check; the run's own peak adds sensor noise
@@ -196,7 +196,7 @@ def test_a_round_on_a_simulated_board_selects_under_its_cap_and_reports(tmp_path
         state["fc.weight"], initial_state()["fc.weight"]
     )
     outcome = run_round(RoundWork(settings, instructions(), initial_state(), data, device_seed=1))
-    again_state, again = outcome.state, outcome.report
+    again_state, again = outcome.trained.state, outcome.report
     assert again.profiling.profile_cached and again.profiling.profiling_s == 0.0
     # a cached profile changes nothing of the training that follows: same seed, same numbers
     same = ("batch_size", "frequency_hz", "device_s", "energy_j", "peak_power_w", "accuracy", "samples")
@@ -299,12 +299,12 @@ def test_a_round_killed_mid_way_resumes_its_checkpoint_to_the_same_result(
     outcome = run_round(
         RoundWork(settings, instructions(checkpoint_every_samples=0), initial_state(), data, device_seed=1)
     )
-    plain_state, plain = outcome.state, outcome.report
+    plain_state, plain = outcome.trained.state, outcome.report
     assert plain.training.resumed_at_samples is None
     with pytest.raises(Killed):
         run_round(RoundWork(settings, instr, initial_state(), data, device_seed=1, on_step=_kill_after(40)))
     outcome = run_round(RoundWork(settings, instr, initial_state(), data, device_seed=1))
-    state, report = outcome.state, outcome.report
+    state, report = outcome.trained.state, outcome.report
     assert report.training.resumed_at_samples == 32 and "checkpoint: resuming" in _said(caplog)
     same = ("batch_size", "frequency_hz", "device_s", "energy_j", "peak_power_w", "accuracy", "samples")
     assert [report.columns()[k] for k in same] == [plain.columns()[k] for k in same]
@@ -320,12 +320,12 @@ def test_a_round_sent_again_after_it_finished_is_answered_without_training(
     settings, data = _data(0)
     instr = instructions(checkpoint_every_samples=32)
     outcome = run_round(RoundWork(settings, instr, initial_state(), data, device_seed=1))
-    first_state, first = outcome.state, outcome.report
+    first_state, first = outcome.trained.state, outcome.report
     caplog.clear()
     outcome = run_round(
         RoundWork(settings, instr, initial_state(), data, device_seed=1, on_step=_kill_after(0))
     )
-    state, again = outcome.state, outcome.report
+    state, again = outcome.trained.state, outcome.report
     assert again.training.resumed_at_samples == again.training.samples == first.training.samples
     assert "without training" in _said(caplog)
     same = ("batch_size", "frequency_hz", "device_s", "energy_j", "peak_power_w", "accuracy", "samples")

@@ -38,7 +38,7 @@ def _round(instr: TrainInstructions, tmp_path: Path):
     data = load_local_data(data_plan(settings, RUN_CONFIG, 64))
     state = initial_state()
     outcome = run_round(RoundWork(settings, instr, state, data, 1, tmp_path), bench_steps.round_steps(instr))
-    return state, outcome.state, outcome.report, measured(outcome)  # as the fleet's ClientApp runs it
+    return state, outcome.trained.state, outcome.report, measured(outcome)  # as the fleet's ClientApp runs it
 
 
 def test_the_method_round_trips_through_the_message_config() -> None:

@@ -93,7 +93,7 @@ def test_a_seeded_run_under_a_schedule_repeats_exactly(uncapped_nano: tuple) -> 
         )
         for _ in range(2)
     ]
-    (s1, r1), (s2, r2) = [(run.state, run.report) for run in runs]
+    (s1, r1), (s2, r2) = [(run.trained.state, run.report) for run in runs]
     assert r1.cap.cap_events == r2.cap.cap_events and len(r1.cap.cap_events) >= 2
     assert (r1.training.device_s, r1.training.energy_j, r1.training.samples) == (
         r2.training.device_s,
@@ -271,7 +271,7 @@ def test_a_killed_round_under_a_changing_cap_resumes_to_the_uninterrupted_result
     # uncheckpointed: a finished checkpointed run's end state would answer the same work
     whole_instr = dataclasses.replace(instr, checkpoint_every_samples=0)
     outcome = run_round(RoundWork(node, whole_instr, initial_state(), data, device_seed=2))
-    state, whole = outcome.state, outcome.report
+    state, whole = outcome.trained.state, outcome.report
 
     def kill(steps: int, samples: int) -> None:
         if steps == 9:  # after the first switch, before the rise
@@ -280,7 +280,7 @@ def test_a_killed_round_under_a_changing_cap_resumes_to_the_uninterrupted_result
     with pytest.raises(Killed):
         run_round(RoundWork(node, instr, initial_state(), data, device_seed=2, on_step=kill))
     outcome = run_round(RoundWork(node, instr, initial_state(), data, device_seed=2))
-    again_state, resumed = outcome.state, outcome.report
+    again_state, resumed = outcome.trained.state, outcome.report
     assert (resumed.training.resumed_at_samples or 0) > 0
     assert [e["kind"] for e in whole.cap.cap_events] == ["start", "switch", "switch"]
     assert resumed.cap.cap_events == whole.cap.cap_events
