@@ -58,12 +58,6 @@ class NodeSettings:
         return self.cap_source if self.cap_source is not None else ConstantCap(self.power_cap_w)
 
 
-def _node_cap(node_config: Any, device: str) -> tuple[float | None, CapSource | None]:
-    """The node config's `power-cap-w` → (the cap at t = 0, the changing source or None)."""
-    source = checked_cap_source(node_config.get("power-cap-w"), device, "node config 'power-cap-w'")
-    return source.cap_at(0.0), None if source.is_constant else source
-
-
 def resolve_node(node_config: Any, run_config: Any, *, needs_data: bool = True) -> NodeSettings:
     """This node's settings: its node config, completed by the run's fleet for virtual nodes."""
     # a misspelt key (powercap-w) must not leave the node uncapped without a word
@@ -74,7 +68,6 @@ def resolve_node(node_config: Any, run_config: Any, *, needs_data: bool = True) 
         raise NodeConfigError(f"node config 'partition-id' {pid} is not below 'num-partitions' {num}")
     if "device" in r:
         device = r.value("device", Text(what="a device spec such as sim:jetson-nano"))
-        cap, cap_source = _node_cap(node_config, device)
     else:
         fleet_text = MappingReader(run_config, "run config", NodeConfigError).value("fleet", Text(True), "")
         if pid is None or not fleet_text:
@@ -83,10 +76,10 @@ def resolve_node(node_config: Any, run_config: Any, *, needs_data: bool = True) 
                 "and the run has no 'fleet' to map its partition id to a board"
             )
         entry = fleet_entry(load_fleet(fleet_text), pid)
-        device = entry.device
-        cap, cap_source = entry.power_cap_w, entry.cap_source
-        if "power-cap-w" in r:
-            cap, cap_source = _node_cap(node_config, device)
+        device, cap, cap_source = entry.device, entry.power_cap_w, entry.cap_source
+    if "device" in r or "power-cap-w" in r:  # the node config's cap: the one at t = 0 and any changing one
+        source = checked_cap_source(node_config.get("power-cap-w"), device, "node config 'power-cap-w'")
+        cap, cap_source = source.cap_at(0.0), None if source.is_constant else source
     data = r.value("data", Text(what="a dataset spec such as cifar10:/data/cifar"), None)
     if data is None and pid is None and needs_data:
         raise NodeConfigError(
