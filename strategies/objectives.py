@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from powerctl.files.mapping import Choice, Custom, Integer, Number, check_fields, field_kinds, must_be
+from powerctl.files.mapping import Custom, Integer, Number, check_fields, field_kinds, must_be
 from powerctl.files.mapping import kind_field as kind
 from powerctl.selection.methods import ENERGY_UNDER_DEADLINE, ROUND_OBJECTIVES, TIME
 from strategies.report import Plan
@@ -58,10 +58,8 @@ class EnergyUnderDeadline(RoundObjective):
 
 
 def objective_named(name: str, deadline_s: float = 0.0) -> RoundObjective:
-    """The objective `name` stands for, with `deadline_s` where it takes one; else `Invalid`."""
-    if Choice(ROUND_OBJECTIVES)(name) == EnergyUnderDeadline.name:
-        return EnergyUnderDeadline(deadline_s)
-    return RoundObjective()
+    """The objective `name` (a checked `ROUND_OBJECTIVES` name) is, with `deadline_s` where it takes one."""
+    return EnergyUnderDeadline(deadline_s) if name.strip() == EnergyUnderDeadline.name else RoundObjective()
 
 
 def _objective(value: Any) -> RoundObjective:
