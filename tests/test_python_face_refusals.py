@@ -151,7 +151,7 @@ def test_a_relation_vector_that_exists_is_one_selection_can_use(samples: list, t
     [
         (lambda: RelationVector("m", "p", 0.5, [16, 8], [1.0, 2.0]), "strictly increasing"),
         (lambda: RelationVector("m", "p", 0.5, [8, 16], [1.0]), "differ in length"),
-        (lambda: RelationVector("m", "p", 0.5, [0, 8], [1.0, 2.0]), "batch sizes must be integers in [1, "),
+        (lambda: RelationVector("m", "p", 0.5, [0, 8], [1.0, 2.0]), "'batch_sizes' must be an integer"),
         (lambda: RelationVector("m", "p", 0.5, [8], [1.0], extra=[]), "'extra' must be a dict"),
         (lambda: RelationVector.from_samples("m", "p", 0.5, {8: 1.0, 16: 0.0}), "'samples_to_target'"),
     ],

@@ -13,7 +13,7 @@ from typing import Any
 
 from powerctl.errors import ArgumentError, FileFormatError
 from powerctl.files.jsonfile import Fields, FrozenJson, plain_json, read_json, write_json
-from powerctl.files.mapping import MAX_BATCH_SIZE, Integer, Invalid, Number, Text, check_arguments, shown
+from powerctl.files.mapping import MAX_BATCH_SIZE, Integer, Number, Text, check_arguments, shown
 
 RELATION_SCHEMA = "powerctl.relation/2"
 VECTORS: tuple[str, ...] = ("raw", "fitted")  # the seeds' means, or the batch-efficiency fit
@@ -241,12 +241,7 @@ def _checked(data: dict[str, Any], where: str) -> dict[str, Any]:
         raise f.fail("'batch_sizes' is empty")
     if len(bs) != len(samples):
         raise f.fail("'batch_sizes' and 'samples_to_target' differ in length")
-    for b in bs:
-        try:
-            BATCH_SIZE_KIND(b)
-        except Invalid:
-            raise f.fail(f"batch sizes must be integers in [1, {MAX_BATCH_SIZE}], got {shown(b)}") from None
-    bs = [int(b) for b in bs]
+    bs = [f.check("batch_sizes", b, BATCH_SIZE_KIND) for b in bs]
     if sorted(set(bs)) != bs:
         raise f.fail("'batch_sizes' must be strictly increasing (largest last)")
     values = [f.check("samples_to_target", s, SAMPLES_KIND) for s in samples]
