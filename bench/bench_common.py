@@ -1,6 +1,4 @@
-"""What several benches share: the repository root, comma-separated flags, a model's workload, the demo's
-round on each board, rows printed as they are measured, mean ± std over seeds, a JSON file read back, and
-the memory of a run's process tree. Not a bench."""
+"""What several benches share (not a bench itself)."""
 
 from __future__ import annotations
 
