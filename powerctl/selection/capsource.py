@@ -26,21 +26,16 @@ class CapSourceError(InvalidPowerCapError):
     """A cap source that cannot be used (unsorted times, negative watts, unreadable file); one line."""
 
 
-CAP_EXPECTED = "a number of watts > 0 and ≤ 100000, or none"
-CAP_VALUE_EXPECTED = "a number of watts > 0 and ≤ 100000, or None"
-"""The same in Python (`text=False`): a string there is refused, "none" included."""
-
-
 @dataclass(frozen=True)
 class PowerCapKind(Kind):
     """The one power cap check, as a `powerctl.files.mapping` kind: None (no cap) or a positive finite
-    number of watts, else `Invalid`; `text`: a string may say it ("none", "", "3.5")."""
+    number of watts, else `Invalid`; a string may say it ("none", "", "3.5") only with `text`."""
 
     text: bool = True
 
     @property
     def expected(self) -> str:  # type: ignore[override]
-        return CAP_EXPECTED if self.text else CAP_VALUE_EXPECTED
+        return f"a number of watts > 0 and ≤ {MAX_CAP_W:g}, or {'none' if self.text else 'None'}"
 
     python_type = float
 
@@ -54,7 +49,7 @@ class PowerCapKind(Kind):
             try:
                 value = float(stripped)
             except ValueError:
-                raise must_be(CAP_EXPECTED, value) from None
+                raise must_be(self.expected, value) from None
         if not is_number(value) or value <= 0 or value > MAX_CAP_W:
             raise must_be(self.expected, value)
         return float(value)
