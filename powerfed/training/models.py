@@ -320,17 +320,6 @@ def _checked_option(spec: ModelSpec, key: str, value: Any) -> Any:
         raise ModelError(f"model {spec.name!r} option {key} {exc}") from None
 
 
-def checked_overrides(spec: ModelSpec, overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """`overrides` of model `spec`, each checked; an option it lacks is one ModelError line."""
-    name = spec.name
-    unknown = sorted(set(overrides) - set(spec.options()))
-    if unknown:
-        raise ModelError(
-            f"model {name!r} has no option {', '.join(unknown)}; options: {', '.join(spec.options())}"
-        )
-    return {k: _checked_option(spec, k, v) for k, v in overrides.items()}
-
-
 def described(overrides: Mapping[str, Any]) -> str:
     """ " with k=v, ..." for a message naming a model built with `overrides` ("" without)."""
     return f" with {', '.join(f'{k}={v}' for k, v in overrides.items())}" if overrides else ""
@@ -405,8 +394,12 @@ def check_size(
     refused, before any memory is asked for, where its parameters or layer outputs per sample exceed
     MAX_PARAMETERS or MAX_ACTIVATIONS (e.g. resnet18 with width=100000)."""
     spec = get_model_spec(model) if isinstance(model, str) else model
-    name = spec.name
-    options = checked_overrides(spec, overrides or {})
+    name, overrides = spec.name, overrides or {}
+    if unknown := sorted(set(overrides) - set(spec.options())):
+        raise ModelError(
+            f"model {name!r} has no option {', '.join(unknown)}; options: {', '.join(spec.options())}"
+        )
+    options = {k: _checked_option(spec, k, v) for k, v in overrides.items()}
     n = default_num_classes(spec.task) if num_classes is None else int(num_classes)
     grows = _grows(spec, n, {**spec.defaults, **options})
     size = _size_of(spec, n, tuple(sorted(options.items()))) if grows else None
@@ -439,13 +432,12 @@ def build_spec(
 ) -> nn.Module:
     """`build_model` of a registry entry, registered or not (a Ray worker has not run `register_model`)."""
     name = spec.name
-    overrides = checked_overrides(spec, overrides)
     if isinstance(num_classes, bool) or not isinstance(num_classes, (int, type(None))):
         raise ModelError(f"model {name!r}: num_classes must be an integer, got {num_classes!r}")
     n = default_num_classes(spec.task) if num_classes is None else int(num_classes)
     if n < 1:
         raise ModelError(f"model {name!r}: num_classes must be ≥ 1, got {n}")
-    check_size(spec, n, overrides)
+    overrides = check_size(spec, n, overrides)
     kwargs = {**spec.defaults, **overrides}
     try:
         if seed is None:
