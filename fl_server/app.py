@@ -35,7 +35,6 @@ from strategies.objectives import NodeWaits, objective_named
 from strategies.population import (
     POPULATION_FILE,
     Population,
-    PopulationLog,
     PopulationSampled,
     run_population,
 )
@@ -315,8 +314,7 @@ def run_method(method: str, grid: Grid, setup: RunSetup, out: Path, label: bool 
         )
 
     population = setup.population  # active: larger than a round (simulation), each round's boards only
-    log_draws = PopulationLog(out / POPULATION_FILE, population)
-    sampled = partial(PopulationSampled, population=population, on_draw=log_draws)
+    sampled = partial(PopulationSampled, population=population, path=out / POPULATION_FILE)
     objective = run_method_named(method).objective(cfg.round_objective)  # the registry's name for it
     strategy = PowerAwareFedAvg(
         instructions=setup.base,

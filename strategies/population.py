@@ -210,19 +210,21 @@ class _RoundGrid:
 
 class PopulationSampled(Strategy):
     """The inner strategy, shown only the round's sampled nodes (node ids map to partitions through what
-    the simulation registered, `record_nodes`)."""
+    the simulation registered, `record_nodes`). Each round's draw is logged and, given `path`, kept in that
+    JSON file, rewritten each round."""
 
     def __init__(
         self,
         strategy: Strategy,
         population: Population,
         *,
-        on_draw: Callable[[Draw], None] | None = None,
+        path: Path | None = None,
         partitions: Callable[[], dict[int, int]] = _NODE_PARTITIONS.copy,
     ) -> None:
-        self.strategy, self.population = strategy, population
-        self.on_draw, self._partitions = on_draw, partitions
+        self.strategy, self.population, self.path = strategy, population, path
+        self._partitions = partitions
         self._sampled: dict[int, list[int]] = {}  # round → the node ids sampled (drawn once a round)
+        self.draws: list[dict[str, Any]] = []  # each round's Draw.record()
 
     def _configure(
         self, configure: Any, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -237,11 +239,27 @@ class PopulationSampled(Strategy):
             by_board = {mapping[n]: n for n in grid.get_node_ids() if n in mapping}
             draw = self.population.draw(server_round, by_board, len(mapping))
             self._sampled[server_round] = [by_board[b] for b in draw.sampled]
-            if self.on_draw is not None:
-                self.on_draw(draw)
+            self._record(draw)
         if not (nodes := self._sampled[server_round]):  # nobody: Flower's sampling would wait for ever
             return []
         return configure(server_round, arrays, config, cast(Grid, _RoundGrid(grid, nodes)))
+
+    def _record(self, draw: Draw) -> None:
+        counts = (draw.round, len(draw.available), draw.population, len(draw.sampled))
+        log.info("population: round %d: %d of %d boards available, %d sampled", *counts)
+        self.draws.append(draw.record())
+        if self.path is not None:
+            write_json(
+                self.path,
+                {
+                    "schema": SCHEMA,
+                    "clients_per_round": self.population.clients_per_round,
+                    "availability": self.population.availability,
+                    "availability_trace": self.population.trace.path if self.population.trace else "",
+                    "seed": self.population.seed,
+                    "rounds": self.draws,
+                },
+            )
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -263,27 +281,3 @@ class PopulationSampled(Strategy):
 
     def summary(self) -> None:
         self.strategy.summary()
-
-
-class PopulationLog:
-    """`on_draw` that keeps every round's draw in a JSON file, rewritten each round."""
-
-    def __init__(self, path: Path, population: Population) -> None:
-        self.path, self.population = path, population
-        self.rounds: list[dict[str, Any]] = []
-
-    def __call__(self, draw: Draw) -> None:
-        counts = (draw.round, len(draw.available), draw.population, len(draw.sampled))
-        log.info("population: round %d: %d of %d boards available, %d sampled", *counts)
-        self.rounds = [r for r in self.rounds if r["round"] != draw.round] + [draw.record()]
-        write_json(
-            self.path,
-            {
-                "schema": SCHEMA,
-                "clients_per_round": self.population.clients_per_round,
-                "availability": self.population.availability,
-                "availability_trace": self.population.trace.path if self.population.trace else "",
-                "seed": self.population.seed,
-                "rounds": self.rounds,
-            },
-        )

@@ -17,7 +17,6 @@ from strategies.population import (
     POPULATION_FILE,
     Population,
     PopulationError,
-    PopulationLog,
     PopulationSampled,
 )
 
@@ -96,8 +95,7 @@ def test_the_inner_strategy_sees_only_the_rounds_sampled_nodes_and_each_draw_is_
     mapping = {1000 + p: p for p in range(50)}  # node id -> partition id, as the simulation registered
     pop = Population(clients_per_round=5, availability=0.8, seed=1)
     inner = Inner()
-    log = PopulationLog(tmp_path / POPULATION_FILE, pop)
-    strategy = PopulationSampled(inner, pop, on_draw=log, partitions=lambda: mapping)
+    strategy = PopulationSampled(inner, pop, path=tmp_path / POPULATION_FILE, partitions=lambda: mapping)
     grid = FakeGrid(list(mapping))
     for rnd in (1, 2):
         strategy.configure_train(rnd, None, None, grid)
@@ -252,8 +250,8 @@ def test_a_fleet_files_trace_is_read_from_its_folder_and_reaches_the_serverapp(t
     assert config["availability-trace"] == str(tmp_path / "trace.csv")
     pop = run_population(read_settings(config), ())  # what the ServerApp builds from the run config
     assert pop.trace is not None and pop.draw(2, range(6), 6).available == [2, 4]
-    log = PopulationLog(tmp_path / POPULATION_FILE, pop)
-    log(pop.draw(1, range(6), 6))
+    sampled = PopulationSampled(Inner(), pop, path=tmp_path / POPULATION_FILE, partitions=lambda: {9: 0})
+    sampled.configure_train(1, None, None, FakeGrid([9]))
     assert json.loads((tmp_path / POPULATION_FILE).read_text())["availability_trace"] == str(
         tmp_path / "trace.csv"
     )
