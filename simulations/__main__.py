@@ -23,15 +23,18 @@ from powerctl.cli.util import (
     tcp_port,
 )
 from powerctl.files.outputs import check_name_lengths, check_output_dir, output_path
+from powerctl.procs import become_subreaper, descendants
 from powerctl.selection.methods import METHODS, RUN_METHODS
+from simulations.demo_config import DEMO_RUN, DemoConfig
+from simulations.fleet import MAX_SEEDS, load_fleet_spec
+from simulations.launcher import APP_DIR, check_launch, launch, uninterrupted
+from simulations.local_superlink import pids_listening_on, stop_local_superlink, stop_tree
+from strategies.settings import SETTINGS
 
 PROG = "python -m simulations"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from simulations.demo_config import DEMO_RUN, DemoConfig
-    from simulations.fleet import MAX_SEEDS
-
     p = OneLineParser(
         prog=PROG, description="Simulations of power-aware fine-tuning on simulated edge boards."
     )
@@ -110,8 +113,6 @@ def stop_superlink(args: argparse.Namespace) -> int:
     every process it started, by process id. Anything else on the port is one line naming it (exit 2),
     nothing stopped. Nothing listening is not an error.
     """
-    from simulations.local_superlink import stop_local_superlink
-
     stopped = stop_local_superlink(args.port)
     if stopped:
         print(f"stopped the local SuperLink on port {args.port} (pids {', '.join(map(str, stopped))})")
@@ -128,7 +129,6 @@ def ray_check(_args: argparse.Namespace) -> int:
     Prints the cluster that will be used, or one line saying what is dead and what to do (exit 2): Ray
     would otherwise wait for a dead cluster forever.
     """
-    from simulations.local_superlink import pids_listening_on
     from simulations.ray_cluster import find_target
 
     print(find_target().describe())
@@ -143,8 +143,6 @@ def ray_check(_args: argparse.Namespace) -> int:
 
 def _methods(text: str) -> list[str]:
     """`--methods`: checked as the run setting `methods`, in their run order (as a fleet file's)."""
-    from strategies.settings import SETTINGS
-
     names = kind_type(SETTINGS["methods"].kind, "methods")(text)
     return [m for m in RUN_METHODS if m in names]
 
@@ -162,7 +160,6 @@ def fleet_command(args: argparse.Namespace) -> int:
     DIR/summary.txt and DIR/plots/. With N seeds (--seeds, or the file's seeds.count), once per seed into
     DIR/seed-K/, and DIR/results.json and DIR/summary.txt summarise the seeds.
     """
-    from simulations.fleet import load_fleet_spec
     from simulations.runner import check_before_flower, run_fleet, run_seeds
 
     started = time.perf_counter()
@@ -193,10 +190,6 @@ def fleet_command(args: argparse.Namespace) -> int:
 def owning_every_process() -> Iterator[None]:
     """This command's main process adopts what is orphaned below it and, on every way out, stops
     whatever is still running there (by process id and group) and reaps it."""
-    from powerctl.procs import become_subreaper, descendants
-    from simulations.launcher import uninterrupted
-    from simulations.local_superlink import stop_tree
-
     become_subreaper()
     try:
         yield
@@ -218,8 +211,6 @@ def flwr_run_command(args: argparse.Namespace) -> int:
     results line, which is repeated last.
     """
     # the results line last (Flower and Ray may log after the ServerApp); another app's: no figure
-    from simulations.launcher import APP_DIR, check_launch, launch
-
     plan = check_launch(args.nodes, args.run_config, args.out, args.log, args.port, args.app)
     with owning_every_process():
         path = launch(plan)
@@ -242,7 +233,6 @@ def demo_command(args: argparse.Namespace) -> int:
     """
     from fl_server.app import quiet
     from simulations.demo import run_demo, say_on_stderr, summary_table
-    from simulations.demo_config import DemoConfig
 
     run = {"model": args.model}  # run settings by their attribute (DemoConfig.run_config: their keys)
     if args.target_accuracy is not None:
