@@ -103,13 +103,10 @@ def _nvml_gpus() -> list[dict[str, Any]]:
     from powerctl.devices import nvml
 
     try:
-        lib = nvml.load_nvml()
-        try:
-            count = nvml.gpu_count(lib)
-        finally:
-            nvml.shutdown_nvml(lib)
+        lib, count = nvml.load_nvml()
     except DeviceError:
         return []
+    nvml.shutdown_nvml(lib)
     found = []
     for index in range(count):
         try:

@@ -16,28 +16,26 @@ MHZ = 1_000_000
 log = logging.getLogger(__name__)
 
 
-def load_nvml() -> ModuleType:
-    """`pynvml`, initialised; one DeviceError line when the library or the driver is missing."""
+def load_nvml() -> tuple[ModuleType, int]:
+    """`pynvml`, initialised, and how many GPUs it sees; one DeviceError line when the library or the
+    driver is missing, or the GPUs cannot be counted."""
     try:
         import pynvml
 
         pynvml.nvmlInit()
     except Exception as exc:  # ImportError, NVMLError, or OSError from ctypes when libnvidia-ml is absent
         raise DeviceError(f"NVML is not available (no NVIDIA driver?): {exc}") from None
-    return pynvml
+    try:
+        return pynvml, int(pynvml.nvmlDeviceGetCount())
+    except pynvml.NVMLError as exc:
+        shutdown_nvml(pynvml)
+        raise DeviceError(f"NVML could not count the GPUs: {exc}") from None
 
 
 def shutdown_nvml(nvml: ModuleType) -> None:
     """Drop one nvmlInit reference; best effort."""
     with contextlib.suppress(Exception):
         nvml.nvmlShutdown()
-
-
-def gpu_count(nvml: ModuleType) -> int:
-    try:
-        return int(nvml.nvmlDeviceGetCount())
-    except nvml.NVMLError as exc:
-        raise DeviceError(f"NVML could not count the GPUs: {exc}") from None
 
 
 def _text(value: str | bytes) -> str:
@@ -202,9 +200,8 @@ class NvmlGpu(Device):
 
 def open_nvml(index: int) -> NvmlGpu:
     """``nvml:INDEX``; an index past the last GPU names how many there are."""
-    nvml = load_nvml()
+    nvml, count = load_nvml()
     try:
-        count = gpu_count(nvml)
         if not 0 <= index < count:
             if count == 0:
                 raise DeviceError(f"nvml:{index}: NVML found no NVIDIA GPU")
