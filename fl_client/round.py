@@ -185,17 +185,6 @@ def model_seq_len(model_name: str, overrides: Mapping[str, Any]) -> int:
     return int(overrides.get("seq_len", spec.input_shape[0])) if spec.task == "text" else 64
 
 
-def check_data(instr: TrainInstructions, train: Dataset) -> None:
-    task = get_model_spec(instr.model).task
-    if train.task != task:
-        raise DataError(f"model {instr.model} is a {task} model but this node's data is {train.task} data")
-    check_input_shape(get_model_spec(instr.model), tuple(train.x.shape[1:]), "this node's data")
-    if train.num_classes > instr.num_classes:
-        raise DataError(
-            f"this node's data has {train.num_classes} classes, the model {instr.num_classes} outputs"
-        )
-
-
 def usable_relation(instr: TrainInstructions, train_examples: int) -> RelationVector:
     """The relation restricted to batch sizes this node's train split can fill at least once."""
     relation = instr.relation_vector
@@ -397,7 +386,16 @@ class Prepared:
 def run_round(work: RoundWork, steps: RoundSteps | None = None) -> RoundOutcome:
     """Profile → choose → pin and train → report, with the steps given (default: the production round's)."""
     steps = steps or RoundSteps.for_instructions(work.instr)
-    check_data(work.instr, work.split()[0])
+    instr, train, spec = work.instr, work.split()[0], get_model_spec(work.instr.model)
+    if train.task != spec.task:
+        raise DataError(
+            f"model {instr.model} is a {spec.task} model but this node's data is {train.task} data"
+        )
+    check_input_shape(spec, tuple(train.x.shape[1:]), "this node's data")
+    if train.num_classes > instr.num_classes:
+        raise DataError(
+            f"this node's data has {train.num_classes} classes, the model {instr.num_classes} outputs"
+        )
     prepared = Prepared.of(work, steps)
     chosen, trained = prepared.chosen, None
     if chosen.runs and work.caps.is_constant:  # the chosen pair was measured while choosing

@@ -129,9 +129,12 @@ def user_step(
 
         return workload, make
 
-    return ProfiledStep(
-        instr.model, tuple(int(s) for s in x.shape[1:]), build, _step_key(model, make_step, key)
-    )
+    # its name in the profile cache: the model's class and size, the code, and the user's `key`
+    params = sum(p.numel() for p in model.parameters())
+    parts = [type(model).__module__, type(model).__qualname__, str(params), step_identity(make_step)]
+    what = "|".join([*parts, step_identity(type(model))])
+    step_key = f"{type(model).__qualname__}:{hashlib.sha256(what.encode()).hexdigest()[:16]}:{key}"
+    return ProfiledStep(instr.model, tuple(int(s) for s in x.shape[1:]), build, step_key)
 
 
 def optimizer_states(step: Any, model: nn.Module) -> int | None:
@@ -194,14 +197,6 @@ def _check_fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: Loss
         ) from None
     finally:
         model.train(was_training)
-
-
-def _step_key(model: nn.Module, make_step: MakeStep, key: str) -> str:
-    """The step's name in the profile cache: the model's class and size, the code, and the user's `key`."""
-    params = sum(p.numel() for p in model.parameters())
-    parts = [type(model).__module__, type(model).__qualname__, str(params), step_identity(make_step)]
-    what = "|".join([*parts, step_identity(type(model))])
-    return f"{type(model).__qualname__}:{hashlib.sha256(what.encode()).hexdigest()[:16]}:{key}"
 
 
 class PowerSession:
