@@ -192,7 +192,6 @@ class TrainingConfirmation:
 
     def load_resume_state(self, state: dict[str, Any]) -> None:
         """Continue from `resume_state()`: the board pinned at the pair in force."""
-        self.pick = Pick(**state["pick"])
         points = [ProfilePoint(**p) for p in state["measured"]]
         self.measured = {(p.batch_size, p.frequency_hz): p for p in points}
         self.switches = [
@@ -202,11 +201,9 @@ class TrainingConfirmation:
         dropped = {int(s["batch_size"]) for s in self.skipped}
         left = [p for p in self.prediction.points if p.batch_size not in dropped]
         self.prediction = replace(self.prediction, points=left)
+        self._repin(Pick(**state["pick"]))  # then where its measurement stood
         self.confirmed = bool(state["confirmed"])
         self._steps, self._since = int(state["steps"]), state["since"]
         self._peaks, self._means = list(state["peaks"]), list(state["means"])
-        self.device.pin_frequency(self.pick.frequency_hz)
-        if self.guard is not None:
-            self.guard.retarget(self.power_cap_w, self.pick.frequency_hz)
-            if self.confirmed and state["guard"] is not None:  # watching: where it stepped the board
-                self.guard.load_resume_state(state["guard"])
+        if self.confirmed and self.guard is not None and state["guard"] is not None:
+            self.guard.load_resume_state(state["guard"])  # watching: where it stepped the board
