@@ -89,14 +89,15 @@ def short_number(v: float) -> str:
 
 @dataclass(frozen=True)
 class _Panel:
-    """One heat map's title, colour bar label, colour map, cell text, cell value and log scale (over 5×)."""
+    """One heat map's title, colour bar label, cell value, colour map, cell text and log scale (over 5×);
+    the defaults are a time map's."""
 
     title: str
     cbar_label: str
-    cmap: str
-    fmt: Callable[[float], str]
-    value: Callable[[ProfilePoint], float] = lambda p: p.peak_power_w
-    log: bool = False
+    value: Callable[[ProfilePoint], float]
+    cmap: str = "viridis_r"
+    fmt: Callable[[float], str] = short_number
+    log: bool = True
 
 
 def _heatmap(
@@ -206,7 +207,7 @@ def _mark_selection(ax: Axes, grid: _Grid, selection: Pick) -> Artist:
 
 
 def _peak_panel(title: str) -> _Panel:
-    return _Panel(title, "peak power (W)", "YlOrRd", lambda v: f"{v:.1f}")
+    return _Panel(title, "peak power (W)", lambda p: p.peak_power_w, "YlOrRd", "{:.1f}".format, log=False)
 
 
 def _legend(fig: FigureBase, handles: list[Artist], width_in: float) -> None:
@@ -242,7 +243,7 @@ def profile_figures(
     cap_line = ("no power cap" if cap is None else f"power cap {cap:.2f} W") + note
     width, height = map_size(profile, min_height=3.6)
     t_n = f"Time for N = {profile.samples:,} samples $T_N(b, f)$ — {subject}\n{cap_line}"
-    time_s = _Panel(t_n, "$T_N$ (s)", "viridis_r", short_number, lambda p: p.seconds_for_samples, log=True)
+    time_s = _Panel(t_n, "$T_N$ (s)", lambda p: p.seconds_for_samples)
     maps = [
         ("peak_power", grid, _peak_panel(f"Peak power $P(b, f)$ — {subject}\n{cap_line}"), selection),
         ("time", grid, time_s, selection),
@@ -254,14 +255,7 @@ def profile_figures(
             f"Predicted time to {relation.target_accuracy:.0%} accuracy $T_N \\cdot r_b$ — {subject}\n"
             f"{cap_line}; $r_b$ from {relation.proxy_dataset}"
         )
-        panel = _Panel(
-            title,
-            "$T_N \\cdot r_b$ (s)",
-            "viridis_r",
-            short_number,
-            lambda p: p.seconds_for_samples * r[p.batch_size],
-            log=True,
-        )
+        panel = _Panel(title, "$T_N \\cdot r_b$ (s)", lambda p: p.seconds_for_samples * r[p.batch_size])
         marked = selection if selection is not None and selection.batch_size in r else None
         maps.append(("predicted_time_to_target", sub, panel, marked))
     figs: dict[str, Figure] = {}
