@@ -127,20 +127,11 @@ def _derive(name: str, raw: dict[str, Any], ref: dict[str, Any]) -> dict[str, An
     out = dict(raw)
     cores = float(raw["cuda_cores"]) / float(ref["cuda_cores"])
     cpu = float(ref["cpu_clock_ghz"]) / float(raw["cpu_clock_ghz"])
-    out.setdefault("gflops_per_ghz", float(ref["gflops_per_ghz"]) * cores)
-    out.setdefault(
-        "half_utilisation_gflop_per_kernel", float(ref["half_utilisation_gflop_per_kernel"]) * cores
-    )
-    out.setdefault("launch_s", float(ref["launch_s"]) * cpu)
-    out.setdefault("step_overhead_s", float(ref["step_overhead_s"]) * cpu)
-    for key in (
-        "memory_efficiency",
-        "utilisation_exponent",
-        "max_utilisation",
-        "overhead_utilisation",
-        "optimizer_kernels_per_tensor",
-    ):
-        out.setdefault(key, ref[key])
+    factors = {"gflops_per_ghz": cores, "half_utilisation_gflop_per_kernel": cores}
+    factors |= {"launch_s": cpu, "step_overhead_s": cpu}
+    kept = ("memory_efficiency", "utilisation_exponent", "max_utilisation", "overhead_utilisation")
+    for key in (*factors, *kept, "optimizer_kernels_per_tensor"):
+        out.setdefault(key, float(ref[key]) * factors.get(key, 1.0))
     if "full_load_power_w" not in raw:
         ref_f = np.array(ref["frequencies_hz"], dtype=float)
         ref_dyn = np.array(ref["full_load_power_w"], dtype=float) - float(ref["idle_power_w"])
