@@ -58,17 +58,12 @@ def write_script(folder: Path) -> Path | None:
 @contextlib.contextmanager
 def light_clientapp() -> Iterator[Path | None]:
     """A temporary folder holding the light `flwr-clientapp` (None: Flower's own is used)."""
-    try:
-        temporary = tempfile.TemporaryDirectory(prefix="powerfed-clientapp-", ignore_cleanup_errors=True)
-    except OSError as exc:
-        log.warning("each message's flwr-clientapp is Flower's own: no temporary folder (%s)", exc)
-        yield None
-        return
-    with temporary as name:
-        folder = Path(name)
+    with contextlib.ExitStack() as stack:
         try:
+            temporary = tempfile.TemporaryDirectory(prefix="powerfed-clientapp-", ignore_cleanup_errors=True)
+            folder = Path(stack.enter_context(temporary))
             script = write_script(folder)
-        except OSError as exc:
-            log.warning("each message's flwr-clientapp is Flower's own: cannot write in %s (%s)", folder, exc)
+        except OSError as exc:  # no temporary folder, or none it can write in
+            log.warning("each message's flwr-clientapp is Flower's own: cannot write it (%s)", exc)
             script = None
         yield None if script is None else folder
