@@ -114,10 +114,6 @@ class IndexedStore(UserDict[str, Any]):
         self.update(other)
         return self
 
-    def ids_for(self, node: int) -> list[str]:
-        """The ids of `node`'s stored messages, in storage order (a copy: the caller may delete)."""
-        return list(self.by_node.get(node, ()))
-
 
 @functools.cache
 def indexed_state_class() -> type[InMemoryLinkState]:
@@ -143,7 +139,7 @@ def indexed_state_class() -> type[InMemoryLinkState]:
             store = self._index
             found: list[Any] = []
             with self.lock:
-                ids = store.ids_for(node_id)
+                ids = list(store.by_node.get(node_id, ()))  # in storage order; a copy, as expired ones go
                 for msg_id in ids:
                     self._check_stored_messages({msg_id})
                     if (
