@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -69,13 +70,11 @@ def logged(node: str, server_round: int, fault: str) -> bool:
     path = _log_path()
     if path is None or not path.is_file():
         return False
+    want = {"node": node, "round": server_round, "fault": fault}
     for line in path.read_text().splitlines():
-        try:
-            e = json.loads(line)
-        except ValueError:
-            continue
-        if e.get("node") == node and e.get("round") == server_round and e.get("fault") == fault:
-            return True
+        with contextlib.suppress(ValueError):  # a line that is not JSON is skipped
+            if want.items() <= json.loads(line).items():
+                return True
     return False
 
 
