@@ -138,7 +138,11 @@ def lock_board(key: str, spec: str) -> IO[bytes]:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         f.close()
-        holder = _holder_pid(key)
+        try:  # the pid in the record the lock's holder wrote, when it can be read
+            record = read_record(key)
+        except FileFormatError:
+            record = None
+        holder = None if record is None or record.kind != KIND_PIN else record.pid
         if holder == os.getpid():  # flock is per open file: a second pin in this very process
             raise BoardBusyError(
                 f"{spec} is already pinned by this process (pid {holder}): one pin at a time per "
@@ -149,12 +153,3 @@ def lock_board(key: str, spec: str) -> IO[bytes]:
             "wait for it to finish (or stop it), then try again"
         ) from None
     return f
-
-
-def _holder_pid(key: str) -> int | None:
-    """The pid in the record the lock's holder wrote, when it can be read."""
-    try:
-        record = read_record(key)
-    except FileFormatError:
-        return None
-    return None if record is None or record.kind != KIND_PIN else record.pid
