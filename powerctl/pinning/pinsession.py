@@ -110,7 +110,8 @@ def recover(device: Pinnable) -> str | None:
 
 
 def restore_saved(device: Pinnable) -> dict[str, Any] | None:
-    """`powerctl freq --restore`: put back the recorded state (a bad record: release the board instead)."""
+    """`powerctl freq --restore`: put back the recorded state; a record it cannot use: the knob's full
+    range, the record moved aside."""
     key = device.physical_key()
     if key is None:
         return None
@@ -121,18 +122,13 @@ def restore_saved(device: Pinnable) -> dict[str, Any] | None:
                 return None
             device.apply_snapshot(record.state)  # checks the state whole before writing any of it
         except BadRecordError as bad:
-            return _release(device, key, bad)
+            device.apply_snapshot({})
+            aside = set_aside(key)
+            state = device.snapshot()
+            shown = ", ".join(f"{k}={v}" for k, v in state.items())
+            kept = f"; the record is kept as {aside}" if aside else ""
+            what = (bad.path, bad.problem, device.spec, shown, kept)
+            log.warning("powerctl: %s: %s; released %s to its full range instead (%s)%s", *what)
+            return state
         remove_record(key)
         return record.state
-
-
-def _release(device: Pinnable, key: str, bad: BadRecordError) -> dict[str, Any]:
-    """`freq --restore` with a record it cannot use: the knob's full range, the record moved aside."""
-    device.apply_snapshot({})
-    aside = set_aside(key)
-    state = device.snapshot()
-    shown = ", ".join(f"{k}={v}" for k, v in state.items())
-    kept = f"; the record is kept as {aside}" if aside else ""
-    what = (bad.path, bad.problem, device.spec, shown, kept)
-    log.warning("powerctl: %s: %s; released %s to its full range instead (%s)%s", *what)
-    return state
