@@ -36,8 +36,7 @@ def _is_library(obj: Any) -> bool:
     path = getattr(module, "__file__", None)
     if module is None or path is None:
         return module_name in sys.builtin_module_names
-    resolved = str(Path(path).resolve())
-    return any(resolved.startswith(root) for root in _LIBRARY_ROOTS)
+    return str(Path(path).resolve()).startswith(_LIBRARY_ROOTS)
 
 
 def _name(obj: Any) -> str:
