@@ -6,15 +6,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from powerctl.devices.boards import BoardModel, board_model
 from powerctl.errors import InfeasibleCapError
 from powerctl.records.pick import Pick
 from powerctl.records.profile import Profile
 from powerctl.records.relation import RelationVector
 from powerctl.selection.joint import check_power_cap, common_batch_sizes, predicted_s, select
 from powerctl.selection.names import ORACLE, OURS, PROXY_BATCH, STATE_OF_PRACTICE
+
+if TYPE_CHECKING:  # the boards' table is read on first use: the method registry imports this module
+    from powerctl.devices.boards import BoardModel
 
 
 def predict(
@@ -43,6 +45,8 @@ def _make(
 
 def fixed_frequency(profile: Profile, power_cap_w: float | None, board: BoardModel | None = None) -> int:
     """The state-of-practice frequency: the one clock of a profile not pinned, else the board's."""
+    from powerctl.devices.boards import board_model
+
     cap = check_power_cap(power_cap_w)
     if profile.extra.get("pinned", True) is False and profile.frequencies():
         return profile.frequencies()[-1]
