@@ -59,21 +59,6 @@ def check_model(where: str, model: Any) -> None:
             )
 
 
-def _forward(model: Any, inputs: Any, targets: Any, loss_fn: Callable[[Any, Any], Any]) -> Any:
-    """The loss of one forward pass; a batch the model or loss refuses is one ArgumentError line."""
-    import torch
-
-    try:
-        return loss_fn(model(inputs), targets)
-    except getattr(torch.cuda, "OutOfMemoryError", ()):  # torch ≥ 1.13
-        raise
-    except MODEL_INPUT_ERRORS as exc:
-        raise ArgumentError(
-            f"measure_workload: the model and loss cannot take the batch (inputs {tuple(inputs.shape)}, "
-            f"targets {tuple(targets.shape)}): {first_line(exc)}"
-        ) from None
-
-
 MODEL_INPUT_ERRORS = (RuntimeError, ValueError, TypeError, IndexError)
 """What torch (or a user's loss) raises for a batch a model cannot take: another shape, dtype or device."""
 
@@ -129,7 +114,15 @@ def measure_workload(
     saved = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
     with counter or contextlib.nullcontext(), ops:
         with saved if together else contextlib.nullcontext():
-            loss = _forward(model, inputs, targets, loss_fn)
+            try:  # a batch the model or loss refuses is one ArgumentError line
+                loss = loss_fn(model(inputs), targets)
+            except getattr(torch.cuda, "OutOfMemoryError", ()):  # torch ≥ 1.13
+                raise
+            except MODEL_INPUT_ERRORS as exc:
+                raise ArgumentError(
+                    f"{where}: the model and loss cannot take the batch (inputs {tuple(inputs.shape)}, "
+                    f"targets {tuple(targets.shape)}): {first_line(exc)}"
+                ) from None
         loss.backward()  # counted too: the backward pass is most of a training step's work
         del loss
     if not together:
