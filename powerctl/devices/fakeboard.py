@@ -33,16 +33,17 @@ def _put(root: Path, rel: str, content: str) -> None:
     path.write_bytes(content.encode())
 
 
-def _procfs(root: Path, model: str, compatible: list[str], total_kb: int) -> None:
-    """The device tree's model and compatible strings, and /proc/meminfo."""
+def _tree(root: Path, model: str, compatible: list[str], mem_kb: int, devfreq: str, freqs: list[int]) -> None:
+    """The device tree's model and compatible strings, /proc/meminfo and the GPU's devfreq node."""
     _put(root, "proc/device-tree/model", model + "\x00")
     _put(root, "proc/device-tree/compatible", "".join(c + "\x00" for c in compatible))
     _put(
         root,
         "proc/meminfo",
-        f"MemTotal:        {total_kb} kB\nMemFree:         {total_kb // 3} kB\n"
-        f"MemAvailable:    {total_kb // 2} kB\nBuffers:           81244 kB\n",
+        f"MemTotal:        {mem_kb} kB\nMemFree:         {mem_kb // 3} kB\n"
+        f"MemAvailable:    {mem_kb // 2} kB\nBuffers:           81244 kB\n",
     )
+    make_devfreq(root, devfreq, freqs)
 
 
 def make_devfreq(root: Path, rel: str, freqs: list[int], governor: str = "nvhost_podgov") -> Path:
@@ -82,42 +83,27 @@ def make_hwmon_rails(root: Path, rel: str, rails: list[tuple[str, int, int]]) ->
     return root / rel
 
 
-def _jetpack4_tree(root: Path, model: str, compatible: list[str], devfreq: str, freqs: list[int],
-                   rails_dir: str, rails: list[tuple[str, int]], mem_kb: int) -> Path:  # fmt: skip
-    """A JetPack 4 board: device tree, the GPU's devfreq node, iio rails."""
-    _procfs(root, model, compatible, mem_kb)
-    make_devfreq(root, devfreq, freqs)
-    make_iio_rails(root, rails_dir, rails)
-    return root
-
-
 def make_nano_tree(root: Path) -> Path:
     """Jetson Nano 4 GB on JetPack 4 (T210): devfreq 57000000.gpu, ina3221x at 6-0040."""
     _put(root, "sys/devices/gpu.0/load", "0\n")
     compatible = ["nvidia,p3449-0000-b00+p3448-0000-b00", "nvidia,jetson-nano", "nvidia,tegra210"]
-    return _jetpack4_tree(
-        root, "NVIDIA Jetson Nano Developer Kit", compatible, NANO_DEVFREQ, NANO_FREQS,
-        "sys/bus/i2c/drivers/ina3221x/6-0040/iio:device0", NANO_RAILS, 4059712,
-    )  # fmt: skip
+    _tree(root, "NVIDIA Jetson Nano Developer Kit", compatible, 4059712, NANO_DEVFREQ, NANO_FREQS)
+    make_iio_rails(root, "sys/bus/i2c/drivers/ina3221x/6-0040/iio:device0", NANO_RAILS)
+    return root
 
 
 def make_tx2nx_tree(root: Path) -> Path:
     """Jetson TX2 NX on JetPack 4 (T186): devfreq 17000000.gp10b, ina3221x at 2-0040."""
-    return _jetpack4_tree(
-        root, "NVIDIA Jetson TX2 NX Developer Kit", ["nvidia,p3509-0000+p3636-0001", "nvidia,tegra186"],
-        TX2NX_DEVFREQ, TX2NX_FREQS, "sys/bus/i2c/drivers/ina3221x/2-0040/iio:device0", TX2NX_RAILS, 3956468,
-    )  # fmt: skip
+    compatible = ["nvidia,p3509-0000+p3636-0001", "nvidia,tegra186"]
+    _tree(root, "NVIDIA Jetson TX2 NX Developer Kit", compatible, 3956468, TX2NX_DEVFREQ, TX2NX_FREQS)
+    make_iio_rails(root, "sys/bus/i2c/drivers/ina3221x/2-0040/iio:device0", TX2NX_RAILS)
+    return root
 
 
 def make_orin_tree(root: Path) -> Path:
     """Jetson Orin Nano on JetPack 6: GPU found by scanning /sys/class/devfreq, ina3221 hwmon at 1-0040."""
-    _procfs(
-        root,
-        "NVIDIA Jetson Orin Nano Developer Kit",
-        ["nvidia,p3768-0000+p3767-0005", "nvidia,p3767-0005", "nvidia,tegra234"],
-        7620844,
-    )
-    make_devfreq(root, ORIN_DEVFREQ, ORIN_NANO_FREQS)
+    compatible = ["nvidia,p3768-0000+p3767-0005", "nvidia,p3767-0005", "nvidia,tegra234"]
+    _tree(root, "NVIDIA Jetson Orin Nano Developer Kit", compatible, 7620844, ORIN_DEVFREQ, ORIN_NANO_FREQS)
     # Another devfreq node that is not the GPU, sorted before it: the scan must skip it.
     make_devfreq(root, "sys/devices/platform/bus@0/15340000.vic/devfreq/15340000.vic", [115200000, 729600000])
     make_hwmon_rails(root, "sys/bus/i2c/drivers/ina3221/1-0040/hwmon/hwmon1", ORIN_RAILS)
