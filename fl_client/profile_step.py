@@ -10,6 +10,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from functools import partial
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -71,8 +72,6 @@ class ProfileKey:
         return {name: getattr(self, name) for name in ("samples", "warmup_steps", "measure_steps")}
 
     def digest(self) -> str:
-        from importlib.metadata import PackageNotFoundError, version
-
         from powerfed.training.numerics import torch_minor
 
         # no relation (not the fitted order) or step (the built-in one): the keys they had without them

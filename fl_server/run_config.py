@@ -9,15 +9,13 @@ import re
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from powerctl.errors import PowerctlError
 from powerctl.files.outputs import check_output_dir
+from powerctl.records.relation import RelationVector
 from strategies.fleet import NodeConfigError, app_path_of, fleet_file
 from strategies.settings import RunSettings, SettingsError, read_settings
-
-if TYPE_CHECKING:
-    from powerctl.records.relation import RelationVector
 
 ServerConfig = RunSettings  # the run, as the server runs it
 FAULT_SWITCH = "POWERFED_FAULT_INJECTION"
@@ -54,8 +52,6 @@ def parse_server_config(run_config: Any, *, load_fleet_file: FleetFileLoader | N
 
 def given_relation(cfg: ServerConfig) -> RelationVector:
     """The relation vector file the run config names, checked against the run's model."""
-    from powerctl.records.relation import RelationVector
-
     relation = RelationVector.load(app_path_of(cfg.relation))
     if relation.model != cfg.model:
         raise PowerctlError(

@@ -29,6 +29,7 @@ from simulations.demo_config import DEMO_RUN, DemoConfig
 from simulations.fleet import MAX_SEEDS, load_fleet_spec
 from simulations.launcher import APP_DIR, check_launch, launch, uninterrupted
 from simulations.local_superlink import pids_listening_on, stop_local_superlink, stop_tree
+from simulations.ray_cluster import find_target
 from strategies.settings import SETTINGS
 
 PROG = "python -m simulations"
@@ -129,8 +130,6 @@ def ray_check(_args: argparse.Namespace) -> int:
     Prints the cluster that will be used, or one line saying what is dead and what to do (exit 2): Ray
     would otherwise wait for a dead cluster forever.
     """
-    from simulations.ray_cluster import find_target
-
     print(find_target().describe())
     port = os.environ.get("FLWR_LOCAL_SUPERLINK_HTTP_API_PORT", "39091")
     if port.isdigit() and (running := pids_listening_on(int(port))):

@@ -24,6 +24,7 @@ from fl_server.run_config import (  # the run config as Flower reads it (`run_co
 )
 from powerctl.errors import ANSI, PowerctlError
 from powerctl.files.cache import cache_root
+from powerctl.files.outputs import check_output_dir, check_output_file
 from powerctl.procs import alive, descendants, handling, search_path
 from simulations.flower_home import FlowerHome, clean_stale_homes, describe_cleaned
 from simulations.linkstate_index import INDEX_ENV, check_flower_version, install_script
@@ -38,8 +39,9 @@ from simulations.local_superlink import (
     superlink_home,
 )
 from simulations.ray_cluster import preflight
-from strategies.fleet import MAX_BOARDS
-from strategies.settings import key_of
+from strategies.fleet import MAX_BOARDS, load_fleet, load_fleet_file, not_simulated
+from strategies.setting_kinds import DATASET
+from strategies.settings import SETTINGS, key_of
 
 APP_DIR = Path(__file__).resolve().parents[1]
 INFRA_LINE = re.compile(r"^\(\w+ pid=\d+\)|^(INFO|WARNING|DEBUG|ERROR)\s*:|^\s*$")
@@ -59,13 +61,9 @@ def check_simulation(
     """What a local simulation needs of this machine: simulated boards only, every dataset file there
     (passed on absolute), the profile cache writable, and a population that `nodes` virtual nodes can
     serve. The first problem is one RunConfigError line; returns the overrides to pass on."""
-    from powerctl.files.outputs import check_output_dir
     from powerfed.training.data.load import existing_dataset_path
     from powerfed.training.errors import DataError
-    from strategies.fleet import load_fleet, not_simulated
     from strategies.population import PopulationError, check_population, run_population
-    from strategies.setting_kinds import DATASET
-    from strategies.settings import SETTINGS
 
     for entry in load_fleet(cfg.fleet):
         if problem := not_simulated(entry.device):
@@ -258,9 +256,6 @@ def check_launch(
     """Every input of `make run` and what its run config names, checked before anything starts or is
     written (as the ServerApp, then `check_simulation`): one PowerctlError line. Another `app` checks its
     own run config and prints its own results line (`out` unused)."""
-    from powerctl.files.outputs import check_output_dir, check_output_file
-    from strategies.fleet import load_fleet_file
-
     check_flower_version()
     app_dir = APP_DIR if app is None else app.expanduser().resolve()
     if not (app_dir / "pyproject.toml").is_file():

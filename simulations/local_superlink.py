@@ -8,6 +8,7 @@ import contextlib
 import os
 import re
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -183,8 +184,6 @@ def stop_local_superlink(port: int) -> list[int]:
 
 def free_port() -> int:
     """A local TCP port free now, with the control port two above it (the kernel picks it)."""
-    import socket
-
     for _ in range(50):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind(("127.0.0.1", 0))

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from powerctl.files.mapping import Choice, Custom, Invalid, Text, must_be
+from powerctl.files.readfile import not_regular
 from strategies.fleet import app_path_of, fleet_file, fleet_table
 
 FAULT_KINDS = ("raise", "hang", "kill")
@@ -38,8 +39,6 @@ def _dataset(value: Any) -> str:
 def _app_file(value: Any) -> str:
     """Empty, or a file that exists: absolute, or relative to the app folder (the ServerApp runs in
     Flower's copy of the app, not where `flwr run` started)."""
-    from powerctl.files.readfile import not_regular
-
     text = Text(empty=True)(value)
     if text and (what := not_regular(path := app_path_of(text))) is not None:
         if what == "no such file":
