@@ -14,23 +14,9 @@ from pathlib import Path
 from bench_common import ROOT, workload_of
 
 from powerctl.devices.boards import load_boards
-from powerctl.records.workload import Workload
 from powerctl.selection.caps import SOP_BATCH_SIZES, derive_peak_training_power
 
 BOARDS_YAML = ROOT / "powerctl" / "data" / "boards.yaml"
-
-
-def derive_all() -> dict[str, list[float]]:
-    """Board name → the derived peak_training_power_w, for every board with a state_of_practice table."""
-    out: dict[str, list[float]] = {}
-    cache: dict[tuple[str, ...], list[Workload]] = {}
-    for name, board in load_boards().items():
-        table = board.state_of_practice
-        if table is None:
-            continue
-        workloads = cache.setdefault(table.models, [workload_of(n) for n in table.models])
-        out[name] = derive_peak_training_power(board, workloads, table.batch_sizes or SOP_BATCH_SIZES)
-    return out
 
 
 def write(tables: dict[str, list[float]], path: Path = BOARDS_YAML) -> None:
@@ -52,10 +38,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--write", action="store_true", help="rewrite boards.yaml's tables")
     args = p.parse_args(argv)
-    tables = derive_all()
-    boards = load_boards()
-    for name, power in tables.items():
-        b = boards[name]
+    tables: dict[str, list[float]] = {}  # board name → its derived peak_training_power_w
+    for name, b in load_boards().items():
+        table = b.state_of_practice
+        if table is None:
+            continue
+        workloads = [workload_of(n) for n in table.models]
+        power = tables[name] = derive_peak_training_power(b, workloads, table.batch_sizes or SOP_BATCH_SIZES)
         print(f"{name}: peak training power per frequency (W), all models, all batch sizes that fit")
         for hz, w, sgemm in zip(b.frequencies_hz, power, b.full_load_power_w, strict=True):
             print(f"  {hz / 1e6:7.1f} MHz  {w:6.3f} W   (SGEMM full load {sgemm:.2f} W)")
