@@ -8,7 +8,6 @@ import json
 import multiprocessing
 import queue
 import time
-from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field, fields
 from functools import partial
@@ -18,7 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
-from fl_server.progress import Heartbeat, ProgressGrid, SampleProgress
+from fl_server.progress import Heartbeat, ProgressGrid, SampleProgress, Say
 from fl_server.results import ResultsWriter, client_table, evaluation_line, over_budget_lines, summary_lines
 from fl_server.resume import GLOBAL_FILE, RESULTS_FILE, move_aside, resume_point, run_fingerprint
 from fl_server.run_config import RESULTS_DIR, ServerConfig, given_relation, parse_server_config
@@ -48,7 +47,6 @@ if TYPE_CHECKING:
     from fl_server.relation import RelationSettings
 
 app = ServerApp()
-Say = Callable[[str], None]
 
 PRETRAIN_CACHE_VERSION = 1
 

@@ -12,6 +12,7 @@ from typing import Any, cast
 from flwr.app import Message
 
 QUIET_S = 8.0  # the longest a phase goes without a line
+Say = Callable[[str], None]  # hears a progress line
 
 
 @dataclass(eq=False)  # hashed by identity, as the Grid it stands for
@@ -19,7 +20,7 @@ class ProgressGrid:
     """Delegates to `grid`; `send_and_receive` is Flower's loop with progress lines."""
 
     grid: Any
-    say: Callable[[str], None]
+    say: Say
     _: KW_ONLY
     every_s: float = 5.0
     poll_s: float = 0.5
@@ -73,7 +74,7 @@ class ProgressGrid:
 class SampleProgress:
     """`on_step(steps, samples)`: every `every_s` s at most, the samples done, the time so far and left."""
 
-    say: Callable[[str], None]
+    say: Say
     what: str
     total: int
     every_s: float = 5.0
@@ -99,7 +100,7 @@ class Heartbeat:
 
     def __init__(
         self,
-        say: Callable[[str], None],
+        say: Say,
         what: str,
         started: float | None = None,
         *,

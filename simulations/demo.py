@@ -27,7 +27,8 @@ from fl_client.round import (
     run_round,
     usable_relation,
 )
-from fl_server.app import Say, pretrained_weights, quiet, relation_vector
+from fl_server.app import pretrained_weights, quiet, relation_vector
+from fl_server.progress import Say
 from fl_server.results import cell
 from fl_server.run_config import ServerConfig
 from fl_server.weights import load_model
