@@ -195,7 +195,16 @@ class RelationVector:
                 f"RelationVector: 'extra' key {shadows[0]!r} is a field of the vector (or derived from "
                 "them); give it as the field, or keep the evidence under another name"
             )
-        plain, frozen = _kept_extra(self.extra)
+        try:  # the evidence as its file holds it and as the vector keeps it
+            plain = plain_json(self.extra)
+            json.dumps(plain, allow_nan=False)
+            frozen = FrozenJson(plain)
+        except (TypeError, ValueError) as exc:
+            raise ArgumentError(
+                f"RelationVector: 'extra' must hold JSON values (a file keeps them): {exc}"
+            ) from None
+        except RecursionError:
+            raise ArgumentError("RelationVector: 'extra' is nested too deeply to be kept in a file") from None
         data = {**plain, **{name: getattr(self, name) for name in FIELDS}}
         for name in ("batch_sizes", "samples_to_target"):  # a tuple is read as the list a file holds
             data[name] = list(data[name]) if isinstance(data[name], tuple) else data[name]
@@ -214,21 +223,6 @@ class RelationVector:
     @classmethod
     def load(cls, path: str | Path) -> RelationVector:
         return cls.from_dict(read_json(path, RELATION_SCHEMA), str(path))
-
-
-def _kept_extra(extra: Mapping[str, Any]) -> tuple[dict[str, Any], FrozenJson]:
-    """The evidence as its file holds it and as the vector keeps it, or one ArgumentError line."""
-    try:
-        plain = plain_json(extra)
-        json.dumps(plain, allow_nan=False)
-        frozen = FrozenJson(plain)
-    except (TypeError, ValueError) as exc:
-        raise ArgumentError(
-            f"RelationVector: 'extra' must hold JSON values (a file keeps them): {exc}"
-        ) from None
-    except RecursionError:
-        raise ArgumentError("RelationVector: 'extra' is nested too deeply to be kept in a file") from None
-    return dict(plain), frozen
 
 
 def _checked(data: dict[str, Any], where: str) -> dict[str, Any]:
