@@ -215,12 +215,9 @@ def _legend(fig: FigureBase, handles: list[Artist], width_in: float) -> None:
     if not handles:
         return
     widths = [0.45 + _CHAR_IN * len(str(h.get_label())) for h in handles]
-    ncol = len(handles)
-    while ncol > 1:
-        columns = [max(widths[c::ncol]) for c in range(ncol)]
-        if sum(columns) <= width_in - 0.3:
-            break
-        ncol -= 1
+    room = width_in - 0.3
+    fits = (n for n in range(len(handles), 1, -1) if sum(max(widths[c::n]) for c in range(n)) <= room)
+    ncol = next(fits, 1)  # the most columns whose widest labels fit
     fig.legend(handles=handles, loc="outside lower center", ncol=ncol, fontsize=8, frameon=False)
 
 
