@@ -98,13 +98,11 @@ def main() -> None:
         f"model {args.model}, batch {b}, {args.samples} samples ({steps} steps) per run, {args.repeats} "
         f"interleaved repeats, torch threads {torch.get_num_threads()}, medians"
     )
-    base_wall = statistics.median(w for w, _ in times["bare"])
-    base_cpu = statistics.median(c for _, c in times["bare"])
+    medians = {name: [statistics.median(col) for col in zip(*ts, strict=True)] for name, ts in times.items()}
+    base_wall, base_cpu = medians["bare"]
     head = f"  {'loop':<28} {'wall samples/s':>14} {'ms/step':>8} {'ratio':>6}"
     print(f"{head}   {'CPU samples/s':>13} {'ratio':>6}")
-    for name, ts in times.items():
-        wall = statistics.median(w for w, _ in ts)
-        cpu = statistics.median(c for _, c in ts)
+    for name, (wall, cpu) in medians.items():
         print(
             f"  {name:<28} {args.samples / wall:14.1f} {1e3 * wall / steps:8.2f} {base_wall / wall:6.3f}"
             f"   {args.samples / cpu:13.1f} {base_cpu / cpu:6.3f}"
