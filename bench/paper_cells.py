@@ -23,8 +23,6 @@ from powerctl.selection.joint import best_frequency_per_batch, select
 from simulations import intervals
 from simulations.intervals import paired_resampled_means
 
-# --- the tables --------------------------------------------------------------------------------------------
-
 ROWS = ("state-of-practice", "proxy-batch", "ours", "fastest")
 VARIANTS = {
     "ours": ("raw", DEFAULT_RELATION_RULE),
