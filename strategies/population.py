@@ -165,14 +165,12 @@ def check_population(population: Population, boards: int, rounds: int) -> None:
     is available in any of the `rounds` rounds."""
     if not population.active or boards < 1:
         return
-    if population.trace is not None:
-        beyond = sorted(b for b in population.trace.windows if b >= boards)
-        if beyond:
-            shown = ", ".join(map(str, beyond[:5])) + (" ..." if len(beyond) > 5 else "")
-            raise PopulationError(
-                f"the availability trace {population.trace.path} names board(s) {shown} the fleet does not "
-                f"have (its {boards} boards are 0-{boards - 1}, in the fleet's order)"
-            )
+    if population.trace and (beyond := sorted(b for b in population.trace.windows if b >= boards)):
+        shown = ", ".join(map(str, beyond[:5])) + (" ..." if len(beyond) > 5 else "")
+        raise PopulationError(
+            f"the availability trace {population.trace.path} names board(s) {shown} the fleet does not have "
+            f"(its {boards} boards are 0-{boards - 1}, in the fleet's order)"
+        )
     if not any(population.draw(r, range(boards), boards).available for r in range(1, rounds + 1)):
         why = (
             f"the availability trace {population.trace.path} has no window in rounds 1-{rounds}"
