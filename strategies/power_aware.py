@@ -263,8 +263,7 @@ class PowerAware(Strategy):
         given = self.node_instructions(self.node(node_id), server_round, self.instructions)
         expected = "a TrainInstructions (e.g. dataclasses.replace(instructions, ...))"
         call = "node_instructions(node, server_round, instructions)"
-        check_result("PowerAware", call, given, TrainInstructions, expected)
-        return given
+        return check_result("PowerAware", call, given, TrainInstructions, expected)
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
