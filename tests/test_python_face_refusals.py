@@ -165,7 +165,7 @@ def test_a_relation_vector_is_checked_as_its_file_is(build: Any, fragment: str) 
 def test_select_names_an_argument_of_the_wrong_type() -> None:
     with pytest.raises(ArgumentError, match="'relation' must be a RelationVector, got dict"):
         select(Profile("sim:x", "m", [1], 8, []), {8: 1.0}, None)  # type: ignore[arg-type]
-    with pytest.raises(ArgumentError, match="unknown objective 'fast'"):
+    with pytest.raises(ArgumentError, match="'objective' must be one of time, energy, got 'fast'"):
         select(Profile("sim:x", "cnn-tiny", [1], 8, []), REL, None, objective="fast")
 
 

@@ -388,7 +388,7 @@ def test_energy_objective_picks_the_frugal_pair_time_the_fast_one() -> None:
 
 def test_unknown_objective_is_one_line() -> None:
     profile, relation = small()
-    with pytest.raises(PowerctlError, match="unknown objective 'joules'; use one of: time, energy"):
+    with pytest.raises(PowerctlError, match="select: 'objective' must be one of time, energy, got 'joules'"):
         select(profile, relation, 5.0, objective="joules")
 
 
@@ -435,7 +435,7 @@ def test_robust_rule_without_per_seed_samples_is_the_mean_rule() -> None:
 def test_unknown_relation_rule_is_one_line() -> None:
     profile, relation = small()
     with pytest.raises(
-        PowerctlError, match="unknown relation rule 'best'; use one of: mean, robust, interval"
+        PowerctlError, match="select: 'rule' must be one of mean, robust, interval, got 'best'"
     ):
         select(profile, relation, None, rule="best")
 

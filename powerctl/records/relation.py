@@ -13,7 +13,7 @@ from typing import Any
 
 from powerctl.errors import ArgumentError, FileFormatError
 from powerctl.files.jsonfile import Fields, FrozenJson, plain_json, read_json, write_json
-from powerctl.files.mapping import MAX_BATCH_SIZE, Integer, Number, Text, check_arguments, shown
+from powerctl.files.mapping import MAX_BATCH_SIZE, Choice, Integer, Number, Text, check_arguments, shown
 
 RELATION_SCHEMA = "powerctl.relation/2"
 VECTORS: tuple[str, ...] = ("raw", "fitted")  # the seeds' means, or the batch-efficiency fit
@@ -140,10 +140,7 @@ class RelationVector:
     ) -> RelationVector:
         """The vector of the seeds' means (`vector="raw"`) or their fit (`"fitted"`), with the evidence."""
         where = "RelationVector.from_seeds"
-        if vector not in VECTORS:
-            raise ArgumentError(
-                f"{where}: unknown relation vector {vector!r}; use one of {', '.join(VECTORS)}"
-            )
+        check_arguments(where, vector=(vector, Choice(VECTORS)))
         if not isinstance(per_seed, dict) or not per_seed:
             raise ArgumentError(
                 f"{where}: 'per_seed' must map each batch size to its seeds' samples to target, "

@@ -9,7 +9,7 @@ import math
 from typing import Any, Literal, cast
 
 from powerctl.errors import ArgumentError, FileFormatError, InfeasibleCapError, PowerctlError
-from powerctl.files.mapping import Flag, check_arguments
+from powerctl.files.mapping import Choice, Flag, check_arguments
 from powerctl.records.pick import Pick
 from powerctl.records.profile import Profile, ProfilePoint
 from powerctl.records.relation import DEFAULT_RELATION_RULE, RELATION_RULES, RelationVector
@@ -89,9 +89,7 @@ def predicted_energy_j(point: ProfilePoint, r_b: float) -> float:
 
 
 def check_objective(objective: str) -> Objective:
-    if objective not in OBJECTIVES:
-        raise ArgumentError(f"unknown objective {objective!r}; use one of: {', '.join(OBJECTIVES)}")
-    return objective  # type: ignore[return-value]
+    return check_arguments("select", objective=(objective, Choice(OBJECTIVES)))["objective"]
 
 
 def _order_key(objective: Objective) -> Any:
@@ -150,8 +148,7 @@ def rank(
         raise ArgumentError(f"select: 'relation' must be a RelationVector, got {type(relation).__name__}")
     key = _order_key(check_objective(objective))
     ranked = sorted(candidates(profile, relation, power_cap_w), key=key)
-    if rule not in RELATION_RULES:
-        raise ArgumentError(f"unknown relation rule {rule!r}; use one of: {', '.join(RELATION_RULES)}")
+    check_arguments("select", rule=(rule, Choice(RELATION_RULES)))
     if rule == "robust":
         regret = mean_regret(profile, relation, power_cap_w, objective)
         ranked.sort(key=lambda s: regret[(s.batch_size, s.frequency_hz)])  # stable: ties keep the order
