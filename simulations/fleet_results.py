@@ -128,15 +128,6 @@ def ratio(reference: float | None, value: float | None, *, speedup: bool) -> flo
     return reference / value if speedup else value / reference
 
 
-def add_ratios(summaries: list[dict[str, Any]]) -> None:
-    """speedup = state of practice's time to target / the method's; energy ratio = method's / SoP's."""
-    name = reference_method([s["method"] for s in summaries])
-    sop = next((s for s in summaries if s["method"] == name), {})
-    for s in summaries:
-        s["speedup_vs_sop"] = ratio(sop.get("time_to_target_s"), s["time_to_target_s"], speedup=True)
-        s["energy_vs_sop"] = ratio(sop.get("energy_j"), s["energy_j"], speedup=False)
-
-
 def build_results(spec: FleetSpec, flwr_out: Path, methods: list[str], *, wall_s: float) -> dict[str, Any]:
     """Merge the ServerApp's per-method files into the fleet's results."""
     records: list[dict[str, Any]] = []
@@ -162,7 +153,10 @@ def build_results(spec: FleetSpec, flwr_out: Path, methods: list[str], *, wall_s
         failures += [
             {"method": method, "round": r["round"], **f} for r in data["rounds"] for f in r["failed"]
         ]
-    add_ratios(summaries)
+    sop = next((s for s in summaries if s["method"] == reference_method(methods)), {})
+    for s in summaries:  # speed-up: SoP's time to target / the method's; energy: the method's / SoP's
+        s["speedup_vs_sop"] = ratio(sop.get("time_to_target_s"), s["time_to_target_s"], speedup=True)
+        s["energy_vs_sop"] = ratio(sop.get("energy_j"), s["energy_j"], speedup=False)
     return {
         "schema": FLEET_SCHEMA,
         "fleet": fleet_block(spec),

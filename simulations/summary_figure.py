@@ -139,16 +139,6 @@ def _estimate_state_of_practice(row: Row, relation: RelationVector | None) -> No
     row.bars.append(Bar(STATE_OF_PRACTICE, ours.seconds * time_ratio, 0.0, joules, estimated=True))
 
 
-def run_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
-    """A ServerApp's results' clients of the first round in which any trained, as flat records."""
-    for rnd in data["rounds"]:
-        if rnd["clients"]:
-            return [
-                {**c, "method": data["run"].get("method") or c.get("method") or OURS} for c in rnd["clients"]
-            ]
-    return []
-
-
 def run_figure(results: Path) -> Path:
     """`make run`'s summary.png beside its results.json (several methods: their folder's */results.json)."""
     files = sorted(results.glob("*/results.json")) if results.is_dir() else [results]
@@ -157,8 +147,9 @@ def run_figure(results: Path) -> Path:
     records: list[dict[str, Any]] = []
     data: dict[str, Any] = {}
     for path in files:
-        data = read_json(path, RESULTS_SCHEMA)
-        records += run_rows(data)
+        data = read_json(path, RESULTS_SCHEMA)  # its clients of the first round in which any trained
+        clients = next((rnd["clients"] for rnd in data["rounds"] if rnd["clients"]), [])
+        records += [{**c, "method": data["run"].get("method") or c.get("method") or OURS} for c in clients]
     if not records:
         raise PowerctlError(f"{results}: no client reported in any round: nothing to draw")
     run = data["run"]
