@@ -6,7 +6,7 @@ from typing import Any
 
 from powerctl.devices.base import Device, PowerSampler, ThreadSampler
 from powerctl.devices.torchdev import check_torch_spec, is_torch_spec
-from powerctl.devices.unpinned import unpinned
+from powerctl.devices.unpinned import UnpinnedDevice
 from powerctl.errors import ArgumentError, DeviceError
 from powerctl.files.mapping import MAX_SEED, Flag, Integer, Maybe, check_arguments
 from powerctl.pinning.pinsession import recover
@@ -30,10 +30,10 @@ def open_device(spec: str, *, seed: int = 0, pin: bool | None = True) -> Device:
     dev = _open(spec, seed=seed)
     try:
         if pin is False:
-            return unpinned(dev, "the operator's pin = false")
+            return UnpinnedDevice(dev, "the operator's pin = false")
         dev.recovered = recover(dev)
         refusal = dev.pin_refusal() if pin is None else None
-        return dev if refusal is None else unpinned(dev, refusal)
+        return dev if refusal is None else UnpinnedDevice(dev, refusal)
     except BaseException:
         dev.close()
         raise

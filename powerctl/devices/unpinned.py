@@ -15,9 +15,9 @@ NOT_PINNED = "not pinned"  # the frequency column of a pair measured at the cloc
 
 
 class UnpinnedDevice(Device):
-    """`inner` at the clock in force; `reason` says why it is not pinned (kept for the report). It never
-    pins, so Device's `restore`, `release_snapshot` and `physical_key` (nothing to lock, record or put
-    back) hold as they are."""
+    """`inner` at the clock in force, said once in a WARNING line (a command shows it on stderr); `reason`
+    says why it is not pinned (kept for the report). It never pins, so Device's `restore`,
+    `release_snapshot` and `physical_key` (nothing to lock, record or put back) hold as they are."""
 
     pins = False
 
@@ -27,6 +27,9 @@ class UnpinnedDevice(Device):
         self.has_power_sensor, self.power_reading = inner.has_power_sensor, inner.power_reading
         hz = inner.clock_in_force()
         self._table = [hz] if hz else []
+        line = "%s: frequency %s (%s): profiling and training at the clock in force (%s); the batch size "
+        line += "alone is chosen under the cap, nothing is written to the device"
+        log.warning(line, self.spec, NOT_PINNED, reason, self._mhz())
 
     def __getattr__(self, name: str) -> Any:  # what a backend has of its own (a simulated board's model)
         if name == "inner":
@@ -72,12 +75,3 @@ FORWARDED: tuple[str, ...] = ("current_frequency", "read_power_w", "rails", "pow
 FORWARDED += ("resume_state", "load_resume_state", "synchronize", "torch_device", "run_step", "close")
 for _name in FORWARDED:
     setattr(UnpinnedDevice, _name, _forward(_name))
-
-
-def unpinned(inner: Device, reason: str) -> UnpinnedDevice:
-    """`inner` at the clock in force, said once in a WARNING line (a command shows it on stderr)."""
-    dev = UnpinnedDevice(inner, reason)
-    line = "%s: frequency %s (%s): profiling and training at the clock in force (%s); the batch size alone "
-    line += "is chosen under the cap, nothing is written to the device"
-    log.warning(line, dev.spec, NOT_PINNED, reason, dev._mhz())
-    return dev
