@@ -173,8 +173,16 @@ def fault_line(exc: BaseException) -> str | None:
         name = _open_file_in(frames)
         what = f"{printable(name)}: is not" if name else "an input file is not"
         return f"{what} UTF-8 text ({exc.reason} at byte {exc.start}); give a text file"
-    if isinstance(exc, OSError):
-        return _os_line(exc)
+    if isinstance(exc, OSError):  # ``PATH: File name too long; use a shorter name``
+        reason = exc.strerror or first_line(exc)
+        hint = _OS_HINTS.get(exc.errno or 0)
+        tail = f"{reason}; {hint}" if hint else reason
+        if exc.filename is not None:
+            where = printable(str(exc.filename))
+            if exc.filename2 is not None:
+                where += f" → {printable(str(exc.filename2))}"
+            return f"{where}: {tail}"
+        return tail if exc.errno in _STORAGE_ERRNOS else None
     if isinstance(exc, RecursionError) and frames and _PARSERS.search(frames[-1].f_code.co_filename):
         return "an input file is nested too deeply to read; give a flatter file"
     if (
@@ -183,21 +191,6 @@ def fault_line(exc: BaseException) -> str | None:
         or (isinstance(exc, RuntimeError) and _TORCH_OVERFLOW.search(str(exc)))
     ):
         return f"a number is out of range ({first_line(exc)}); use a smaller value"
-    return None
-
-
-def _os_line(exc: OSError) -> str | None:
-    """``PATH: File name too long; use a shorter name`` (None for an OSError of no file, e.g. a socket's)."""
-    reason = exc.strerror or first_line(exc)
-    hint = _OS_HINTS.get(exc.errno or 0)
-    tail = f"{reason}; {hint}" if hint else reason
-    if exc.filename is not None:
-        where = printable(str(exc.filename))
-        if exc.filename2 is not None:
-            where += f" → {printable(str(exc.filename2))}"
-        return f"{where}: {tail}"
-    if exc.errno in _STORAGE_ERRNOS:
-        return tail
     return None
 
 
