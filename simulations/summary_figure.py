@@ -148,7 +148,7 @@ def run_figure(results: Path) -> Path:
     data: dict[str, Any] = {}
     for path in files:
         data = read_json(path, RESULTS_SCHEMA)  # its clients of the first round in which any trained
-        clients = next((rnd["clients"] for rnd in data["rounds"] if rnd["clients"]), [])
+        clients: list[dict[str, Any]] = next((r["clients"] for r in data["rounds"] if r["clients"]), [])
         records += [{**c, "method": data["run"].get("method") or c.get("method") or OURS} for c in clients]
     if not records:
         raise PowerctlError(f"{results}: no client reported in any round: nothing to draw")
