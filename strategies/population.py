@@ -51,13 +51,12 @@ class Draw:
 
     def record(self) -> dict[str, Any]:
         """What results.json keeps: counts, the sampled boards and those NOT available (the shorter list)."""
-        gone = sorted(set(range(self.population)) - set(self.available))
         return {
             "round": self.round,
             "population": self.population,
             "available": len(self.available),
             "sampled": self.sampled,
-            "unavailable": gone,
+            "unavailable": sorted(set(range(self.population)) - set(self.available)),
         }
 
 
