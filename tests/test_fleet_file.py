@@ -143,7 +143,7 @@ def test_the_shipped_population_reads_its_trace_which_its_script_writes(
         ),
         (
             GOOD.replace("[[0, 3.5], [60, none]]", "[[5, 3.5]]"),
-            "groups[2]: 'power-cap-w'[0]: a schedule starts",
+            "groups[2]: 'power-cap-w'[0]: times start at 0 s",
         ),
         (
             GOOD.replace("[[0, 3.5], [60, none]]", "[[0, 3.5, 1]]"),
