@@ -180,7 +180,7 @@ class Profiling(Record):
 
 
 CAP_EVENT, STEP_DOWN = field_kinds(CapEvent), field_kinds(StepDown)
-"""What a cap follower's event and a power guard's step-down hold (`to_dict`), as their fields declare."""
+"""What a cap follower's event and a power guard's step-down hold (`asdict`), as their fields declare."""
 
 
 @dataclass
