@@ -20,6 +20,7 @@ from powerctl.files.mapping import (
     Integer,
     Number,
     check_arguments,
+    check_callable,
     is_integer,
     is_number,
     shown,
@@ -106,10 +107,7 @@ class Profiler:
             measure_steps=(measure_steps, Integer(1, MAX_STEPS)),
             rate_hz=(rate_hz, Number(0.0, 10_000.0, above=True, unit="Hz")),
         )
-        if not callable(make_step):
-            raise ArgumentError(
-                f"Profiler: 'make_step' must be callable (batch size → step), got {make_step!r}"
-            )
+        check_callable("Profiler", "make_step", make_step, "(batch_size), returning the step", 1)
         self.device, self.workload, self.make_step = device, workload, make_step
         self.samples, self.warmup_steps, self.measure_steps, self.rate_hz = checked.values()
         self._steps: dict[int, Callable[[], Any]] = {}
