@@ -41,7 +41,7 @@ from powerfed.training.checkpoint import Checkpointing
 from powerfed.training.errors import DataError, ModelError
 from powerfed.training.finetune import fine_tune
 from powerfed.training.finetune_records import FineTuneCallbacks, FineTuneConfig
-from powerfed.training.models import build_model, check_input_shape, get_model_spec
+from powerfed.training.models import build_model, check_data_fits, get_model_spec
 from strategies.protocol import TrainInstructions
 from strategies.report import ClientReport, Plan, Training
 
@@ -387,11 +387,7 @@ def run_round(work: RoundWork, steps: RoundSteps | None = None) -> RoundOutcome:
     """Profile → choose → pin and train → report, with the steps given (default: the production round's)."""
     steps = steps or RoundSteps.for_instructions(work.instr)
     instr, train, spec = work.instr, work.split()[0], get_model_spec(work.instr.model)
-    if train.task != spec.task:
-        raise DataError(
-            f"model {instr.model} is a {spec.task} model but this node's data is {train.task} data"
-        )
-    check_input_shape(spec, tuple(train.x.shape[1:]), "this node's data")
+    check_data_fits(spec, train, "this node's data")
     if train.num_classes > instr.num_classes:
         raise DataError(
             f"this node's data has {train.num_classes} classes, the model {instr.num_classes} outputs"

@@ -19,7 +19,7 @@ from powerfed.training.finetune import fine_tune
 from powerfed.training.finetune_records import DEFAULT_EVAL_MAX_SAMPLES, FineTuneCallbacks, FineTuneConfig
 from powerfed.training.models import (
     build_model,
-    check_input_shape,
+    check_data_fits,
     check_size,
     get_model_spec,
 )
@@ -105,11 +105,7 @@ def pretrain(
     if spec.task == "text" and length > model_len:
         raise ModelError(f"seq_len {length} exceeds the context of {model_name} ({model_len})")
     dataset = load_dataset(dataset_spec, split="all", seq_len=length, limit=st.limit, seed=st.seed)
-    if dataset.task != spec.task:
-        raise DataError(
-            f"model {model_name} is a {spec.task} model but {dataset_spec} is {dataset.task} data"
-        )
-    check_input_shape(spec, tuple(dataset.x.shape[1:]), dataset_spec)
+    check_data_fits(spec, dataset, dataset_spec)
     train, test = train_test_split(dataset, seed=st.seed)
     budget = (
         st.samples if st.samples is not None else _epochs_budget(st.epochs or 1.0, len(train), st.batch_size)

@@ -32,7 +32,7 @@ from powerfed.training.finetune_records import (
     TrainToTarget,
     UserFunctions,
 )
-from powerfed.training.models import ModelSpec, build_spec, check_input_shape, model_fingerprint
+from powerfed.training.models import ModelSpec, build_spec, check_data_fits, model_fingerprint
 from powerfed.training.trace import StepTrace
 
 INIT_SEED = 0  # seed of the starting weights when none are given
@@ -216,9 +216,7 @@ def make_proxy_runs(start: Start, request: RelationRequest, user: UserFunctions)
     """The runs' shared part, the proxy read if not yet and checked against the model."""
     spec, bs, data = start.spec, request.batch_sizes, start.read()
     dataset, train = data.whole, data.train
-    if dataset.task != spec.task:
-        raise DataError(f"model {spec.name} is a {spec.task} model but {data.label} is {dataset.task} data")
-    check_input_shape(spec, tuple(dataset.x.shape[1:]), data.label)
+    check_data_fits(spec, dataset, data.label)
     if len(train) < bs[-1]:
         raise DataError(f"proxy train split has {len(train)} samples, fewer than batch size {bs[-1]}")
     num_classes, state = start.num_classes, start.state

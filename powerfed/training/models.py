@@ -31,7 +31,8 @@ from powerctl.files.mapping import (
 )
 from powerctl.records.workload import Workload, measure_workload
 from powerfed.training import networks
-from powerfed.training.errors import ModelError
+from powerfed.training.data import Dataset
+from powerfed.training.errors import DataError, ModelError
 from powerfed.training.networks import CharTransformer, MobileNetV2, ResNet, TinyCNN
 from powerfed.training.tasks import check_task, default_num_classes, loss_fn
 
@@ -232,10 +233,13 @@ def get_model_spec(name: str) -> ModelSpec:
         ) from None
 
 
-def check_input_shape(spec: ModelSpec, sample_shape: Sequence[int], data: str) -> None:
-    """One ModelError line when samples of `sample_shape` (from `data`) cannot feed model `spec`: an
-    image model takes its input_shape's rank and channel count (any height and width), a text model [T]."""
-    shape = tuple(int(d) for d in sample_shape)
+def check_data_fits(spec: ModelSpec, ds: Dataset, data: str) -> None:
+    """One line when `ds` (named `data`) cannot feed model `spec`: data of another task (DataError), or
+    samples of another shape (ModelError): an image model takes its input_shape's rank and channel count
+    (any height and width), a text model [T]."""
+    if ds.task != spec.task:
+        raise DataError(f"model {spec.name} is a {spec.task} model but {data} is {ds.task} data")
+    shape = tuple(int(d) for d in ds.x.shape[1:])
     want = spec.input_shape
     if spec.task == "image" and (len(shape) != len(want) or shape[:1] != want[:1]):
         channels = f" ({want[0]} channels)" if len(want) == 3 else ""
