@@ -179,7 +179,9 @@ def _parse_calibration(
     return TimeCalibration(ref, str(raw["model"]), int(raw["batch_size"]), pairs)
 
 
-def _check_sources(raw: dict[str, Any]) -> None:
+def _parse(name: str, raw: dict[str, Any], boards: dict[str, Any]) -> BoardModel:
+    if "derived_from" in raw:
+        raw = _derive(name, raw, boards[raw["derived_from"]])
     sources = dict(raw.get("sources") or {})
     for key in CONSTANTS:
         if key in raw and source_kind(sources.get(key)) is None:
@@ -187,12 +189,6 @@ def _check_sources(raw: dict[str, Any]) -> None:
                 f"constant {key} has no valid source; add under sources: "
                 f"`{key}: measured|derived|estimated — where it comes from`"
             )
-
-
-def _parse(name: str, raw: dict[str, Any], boards: dict[str, Any]) -> BoardModel:
-    if "derived_from" in raw:
-        raw = _derive(name, raw, boards[raw["derived_from"]])
-    _check_sources(raw)
     freqs = tuple(int(f) for f in raw["frequencies_hz"])
     power = tuple(float(p) for p in raw["full_load_power_w"])
     if len(freqs) != len(power) or list(freqs) != sorted(set(freqs)):
@@ -205,7 +201,7 @@ def _parse(name: str, raw: dict[str, Any], boards: dict[str, Any]) -> BoardModel
         frequencies_hz=freqs,
         full_load_power_w=power,
         rails=tuple(raw.get("rails", ())),
-        sources=dict(raw.get("sources", {})),
+        sources=sources,
         state_of_practice=_parse_table(name, raw.get("state_of_practice"), len(freqs)),
         calibration=_parse_calibration(name, raw.get("calibration"), boards),
         **cast(
