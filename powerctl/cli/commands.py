@@ -65,6 +65,7 @@ def cmd_power(args: argparse.Namespace) -> int:
 
 def cmd_freq(args: argparse.Namespace) -> int:
     """show, pin or restore the GPU frequency"""
+    message = ""
     with open_device(args.device) as dev:
         if args.set is not None:
             dev.pin_frequency(args.set)
@@ -72,12 +73,8 @@ def cmd_freq(args: argparse.Namespace) -> int:
             message = f"pinned {args.device} at {mhz(args.set)}"
         elif args.restore:
             state = restore_saved(dev)
-            if state is None:
-                message = f"nothing to restore for {args.device}: no earlier `powerctl freq --set`"
-            else:
-                message = f"restored {args.device} to {state}"
-        else:
-            message = ""
+            nothing = f"nothing to restore for {args.device}: no earlier `powerctl freq --set`"
+            message = nothing if state is None else f"restored {args.device} to {state}"
         info = {"device": args.device, "current_frequency_hz": dev.current_frequency()}
         info["frequencies_hz"] = dev.frequencies()
     if args.json:
