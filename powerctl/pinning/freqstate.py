@@ -102,7 +102,7 @@ def set_aside(key: str) -> Path | None:
     return aside
 
 
-def write_record(record: BoardRecord) -> Path:
+def write_record(record: BoardRecord) -> None:
     """Atomically and durably (fsync)."""
     path = record_path(record.key)
     try:
@@ -112,7 +112,6 @@ def write_record(record: BoardRecord) -> Path:
             f"cannot record the state of {record.spec} in {path.parent} ({exc.strerror or exc}); "
             "set POWERCTL_STATE_DIR to a writable folder"
         ) from None
-    return path
 
 
 def remove_record(key: str, under: BoardRecord | None = None) -> None:
