@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from powerctl.profiling.profiler import StepFactory
     from powerctl.records.workload import Workload
 
+NUM_CLASSES = bounded_int(2, 100_000)  # a classifier needs two at least (the data loader holds to it too)
+
 # a model's training step for `powerctl profile`: (model name, *, torch_device, num_classes, seed) →
 # (its workload, batch size → one step)
 ModelStepFactory = Callable[..., "tuple[Workload, StepFactory]"]
@@ -140,7 +142,7 @@ def add_profile(sub: Any, device_help: str) -> None:
     bounded_int(1, MAX_STEPS).add(s, "--steps", "measured steps per point (default 5)", default=5)
     rate = bounded_float(0.0, 1000.0)  # sensors update every few ms (INA3221) to every 20-100 ms (NVML)
     rate.add(s, "--rate", "power sampling rate in Hz (default 50)", default=50.0)
-    bounded_int(2, 100_000).add(s, "--num-classes", "classes (image models; default 10)")
+    NUM_CLASSES.add(s, "--num-classes", "classes (image models; default 10)")
     seed.add(s, "--seed", "seed of weights, inputs and simulated noise", default=0)
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.add_argument(
