@@ -17,7 +17,6 @@ import threading
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from types import FrameType
 from typing import Any, NoReturn, TextIO
 
 from powerctl.errors import PowerctlError, first_line, printable
@@ -154,23 +153,15 @@ _NO_MEMORY = re.compile(r"can't allocate memory|out of memory|not enough memory|
 _PARSERS = re.compile(r"[/\\](json|tomllib|yaml)[/\\]")  # a RecursionError there: an input nested too deeply
 
 
-def _open_file_in(frames: list[FrameType]) -> str | None:
-    """The name of the innermost file object open in `frames` (the file a decode failed on)."""
-    for frame in reversed(frames):
-        for value in frame.f_locals.values():
-            if isinstance(value, io.IOBase) and isinstance(name := getattr(value, "name", None), str):
-                return name
-    return None
-
-
 def fault_line(exc: BaseException) -> str | None:
     """The one line for an exception a check did not catch but a hostile input can reach; None for a bug."""
     frames = [frame for frame, _ in traceback.walk_tb(exc.__traceback__)]  # the innermost last
     if isinstance(exc, MemoryError) or (isinstance(exc, RuntimeError) and _NO_MEMORY.search(str(exc))):
         detail = "" if isinstance(exc, MemoryError) else f" ({first_line(exc)})"
         return f"out of memory{detail}: ask for less (smaller model options, batch size, samples or limit)"
-    if isinstance(exc, UnicodeDecodeError):
-        name = _open_file_in(frames)
+    if isinstance(exc, UnicodeDecodeError):  # named after the innermost file object open where it failed
+        files = (v for frame in reversed(frames) for v in frame.f_locals.values() if isinstance(v, io.IOBase))
+        name = next((n for v in files if isinstance(n := getattr(v, "name", None), str)), None)
         what = f"{printable(name)}: is not" if name else "an input file is not"
         return f"{what} UTF-8 text ({exc.reason} at byte {exc.start}); give a text file"
     if isinstance(exc, OSError):  # ``PATH: File name too long; use a shorter name``
