@@ -535,7 +535,7 @@ def _point(**fields: Any) -> Any:
         # a relation file's batch size of 10**400: the plan's lr at b=8 was 0.0
         (
             lambda: RelationVector.from_samples("m", "p", 0.5, {8: 1.0, 10**400: 2.0}),
-            "integers in [1, 65536]",
+            "'batch_sizes' must be an integer in [1, 65536]",
         ),
         (
             lambda: RelationVector.from_samples("m", "p", 0.5, {8: 1.0}, samples_per_seed=[[1e13]]),
