@@ -75,13 +75,12 @@ class ReplayBoard(Device, PowerSampler):
 
 def completed(profile: Profile, frequencies: Sequence[int]) -> Profile | None:
     """A measured profile completed by the fit (a prediction, never a pin's input); None if unfittable."""
-    measured = {(p.batch_size, p.frequency_hz): p for p in profile.points}
     try:
         fit = fit_profile(profile.points, max(frequencies))
     except ValueError:
         return None
     points = [
-        measured.get((b, hz)) or fit.predict(b, hz, profile.samples)
+        profile.point(b, hz) or fit.predict(b, hz, profile.samples)
         for b in sorted(fit.utilisation)
         for hz in sorted(frequencies)
     ]

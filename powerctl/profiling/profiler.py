@@ -174,8 +174,8 @@ class Profiler:
         batch_sizes = _integers("batch_sizes", batch_sizes)
         if frequencies is not None:  # None: the device's table
             frequencies = _integers("frequencies", frequencies)
-        if power_cap_w is not None:  # a number: "none" is a command line's word (its reader's, not ours)
-            power_cap_w = check_arguments(where, power_cap_w=(power_cap_w, POWER_CAP_VALUE))["power_cap_w"]
+        # a number or None: "none" is a command line's word (its reader's, not ours)
+        power_cap_w = check_arguments(where, power_cap_w=(power_cap_w, POWER_CAP_VALUE))["power_cap_w"]
         relation = _relation_map(relation)
         table = sorted(frequencies or self.device.frequencies())
         unknown = set(table) - set(self.device.frequencies())
