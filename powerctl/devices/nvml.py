@@ -99,9 +99,7 @@ class NvmlGpu(Device):
         nvml = self._nvml
         try:
             mem = nvml.nvmlDeviceGetSupportedMemoryClocks(self._handle)
-            if not mem:
-                return []
-            graphics = nvml.nvmlDeviceGetSupportedGraphicsClocks(self._handle, max(mem))
+            graphics = nvml.nvmlDeviceGetSupportedGraphicsClocks(self._handle, max(mem)) if mem else []
         except nvml.NVMLError as exc:
             if exc.value == nvml.NVML_ERROR_NOT_SUPPORTED:
                 return []
