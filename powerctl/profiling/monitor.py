@@ -7,7 +7,7 @@ from itertools import pairwise
 from types import TracebackType
 
 from powerctl.devices.base import Device, PowerSampler, PowerSamples
-from powerctl.files.mapping import Flag, check_arguments
+from powerctl.files.mapping import Flag, Number, check_arguments
 
 
 @dataclass(frozen=True)
@@ -36,8 +36,7 @@ class PowerMonitor:
     """`with PowerMonitor(device, rate_hz) as m: work()` then `m.reading` (None without a sensor)."""
 
     def __init__(self, device: Device, rate_hz: float = 50.0) -> None:
-        if rate_hz <= 0:
-            raise ValueError(f"sampling rate must be > 0 Hz, got {rate_hz}")
+        check_arguments("PowerMonitor", rate_hz=(rate_hz, Number(0.0, above=True, unit="Hz")))
         self.device, self.rate_hz = device, rate_hz
         self.reading: PowerReading | None = None
         self._sampler: PowerSampler | None = None
