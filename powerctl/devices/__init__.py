@@ -89,13 +89,7 @@ def _jetson() -> list[dict[str, Any]]:
     root = jetson.sysfs_root()
     model = jetson.read_model(root)
     name = None if model is None else jetson.board_name(model, jetson.read_compatible(root))
-    if name is None:
-        return []
-    try:
-        with open_device("jetson") as board:
-            return [{"kind": "jetson", **board.describe()}]
-    except DeviceError as exc:  # e.g. a frequency table that is there but garbage: not "no knob"
-        return [{"kind": "jetson", "spec": "jetson", "board": name, "model": model, "error": str(exc)}]
+    return [] if name is None else [_listed("jetson", "jetson", board=name, model=model)]
 
 
 def _nvml_gpus() -> list[dict[str, Any]]:
@@ -107,14 +101,17 @@ def _nvml_gpus() -> list[dict[str, Any]]:
     except DeviceError:
         return []
     nvml.shutdown_nvml(lib)
-    found = []
-    for index in range(count):
-        try:
-            with open_device(f"nvml:{index}") as gpu:
-                found.append({"kind": "nvml", **gpu.describe()})
-        except DeviceError as exc:
-            found.append({"kind": "nvml", "spec": f"nvml:{index}", "error": str(exc)})
-    return found
+    return [_listed("nvml", f"nvml:{index}") for index in range(count)]
+
+
+def _listed(kind: str, spec: str, **known: Any) -> dict[str, Any]:
+    """`spec` opened and described; one there but unusable (a garbage frequency table: not "no knob"),
+    what is `known` of it and its error."""
+    try:
+        with open_device(spec) as dev:
+            return {"kind": kind, **dev.describe()}
+    except DeviceError as exc:
+        return {"kind": kind, "spec": spec, **known, "error": str(exc)}
 
 
 def detect_devices() -> list[dict[str, Any]]:
