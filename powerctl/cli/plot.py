@@ -303,8 +303,8 @@ def draw_choices(
     for m in marks:
         if (m.batch_size, m.frequency_hz) not in grid.points:
             continue
-        k = labels.index(m.label)
-        x = grid.frequencies_hz.index(m.frequency_hz) + _slot(k, len(labels))
+        k, n = labels.index(m.label), len(labels)  # label k of n: its slot in the cell (spanning ±0.5)
+        x = grid.frequencies_hz.index(m.frequency_hz) + (0.0 if n == 1 else -0.34 + 0.68 * k / (n - 1))
         y = grid.batch_sizes.index(m.batch_size) + 0.27
         (drawn[m.label],) = ax.plot(
             [x],
@@ -318,11 +318,6 @@ def draw_choices(
             zorder=5,
         )
     _legend(sub, [*handles, *(drawn[lb] for lb in labels if lb in drawn)], map_size(profile)[0])
-
-
-def _slot(k: int, n: int) -> float:
-    """The x offset of label k of n within a cell (cell units, the cell spans ±0.5)."""
-    return 0.0 if n == 1 else -0.34 + 0.68 * k / (n - 1)
 
 
 def plot_cap_over_time(
