@@ -146,6 +146,11 @@ def _methods(text: str) -> list[str]:
     return [m for m in RUN_METHODS if m in names]
 
 
+def default_fleet_out(fleet: Path) -> Path:
+    """Where a fleet's results go unless --out says: runs/fleet-NAME (`make fleet`'s folder)."""
+    return check_name_lengths(Path("runs") / f"fleet-{fleet.stem}", "the default --out", hint="give --out")
+
+
 def fleet_command(args: argparse.Namespace) -> int:
     """a fleet file on Flower's simulation engine (Ray), every method side by side
 
@@ -157,10 +162,8 @@ def fleet_command(args: argparse.Namespace) -> int:
     from simulations.runner import check_before_flower, run_fleet, run_seeds
 
     started = time.perf_counter()
-    if args.out is None:  # runs/fleet-NAME, `make fleet`'s folder
-        args.out = check_name_lengths(
-            Path("runs") / f"fleet-{args.fleet.stem}", "the default --out", hint="give --out"
-        )
+    if args.out is None:
+        args.out = default_fleet_out(args.fleet)
     spec = load_fleet_spec(args.fleet)
     methods = args.methods or spec.settings.methods
     count = spec.seed_count if args.seeds is None else spec.check_seed_count(args.seeds, "--seeds")
