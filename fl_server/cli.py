@@ -10,6 +10,8 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from powerctl.cli.util import (
     OneLineParser,
     accuracy,
@@ -22,6 +24,7 @@ from powerctl.cli.util import (
     run_command,
     say,
 )
+from powerctl.devices.torchdev import resolve_torch_device
 from powerctl.files.mapping import MAX_BATCH_SIZE
 from powerctl.files.outputs import check_output_dir, check_output_file, output_path
 from powerctl.records.relation import VECTORS
@@ -257,12 +260,8 @@ def _prepare(args: argparse.Namespace) -> None:
     """The flags' checks that need the model registry or torch, before any work; --threads set."""
     if args.seq_len is not None and get_model_spec(args.model).task != "text":
         raise ModelError(f"--seq-len is for text models; {args.model!r} is an image model: drop --seq-len")
-    from powerctl.devices.torchdev import resolve_torch_device
-
     resolve_torch_device(args.device)  # a GPU this torch does not have: one line before any work
     if args.threads:
-        import torch
-
         torch.set_num_threads(args.threads)
 
 
