@@ -22,6 +22,7 @@ from powerctl.errors import PowerctlError
 from powerctl.files.jsonfile import read_json
 from powerctl.records.profile import Profile
 from powerctl.records.relation import RelationVector
+from powerctl.selection.baselines import state_of_practice
 from powerctl.selection.joint import predicted_energy_j, predicted_s
 from powerctl.selection.methods import run_method_named
 from powerctl.selection.names import OURS, STATE_OF_PRACTICE
@@ -114,8 +115,6 @@ def _method_is(name: str, what: str) -> bool:
 def _estimate_state_of_practice(row: Row, relation: RelationVector | None) -> None:
     """Where ours ran and the state of practice did not: its mark under the row's cap and, where the
     profile allows, its bar."""
-    from powerctl.selection.baselines import state_of_practice
-
     ours = next((b for b in row.bars if _method_is(b.method, "power_aware")), None)
     ran_sop = any(_method_is(b.method, "reference") for b in row.bars)
     if ours is None or ran_sop or row.profile is None or relation is None:
