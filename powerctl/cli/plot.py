@@ -28,7 +28,8 @@ from powerctl.files.outputs import plot_format, replacing
 from powerctl.records.pick import Pick
 from powerctl.records.profile import Profile, ProfilePoint
 from powerctl.records.relation import RelationVector
-from powerctl.selection.joint import candidates, check_power_cap, common_batch_sizes, select
+from powerctl.selection.capsource import parse_power_cap
+from powerctl.selection.joint import candidates, common_batch_sizes, select
 from powerctl.selection.pareto import Front
 
 SELECTION_GID = "selection"  # the star on the selected pair (tests and callers find it by its gid)
@@ -230,7 +231,7 @@ def profile_figures(
 ) -> dict[str, Figure]:
     """The figures by file stem, unsaved; with a relation and no selection, Algorithm 1's (none feasible:
     no star, and the title says so)."""
-    cap = check_power_cap(power_cap_w)
+    cap = parse_power_cap(power_cap_w, text=False)
     if selection is None and relation is not None:
         with contextlib.suppress(InfeasibleCapError):  # cmd_plot checked the pairing
             selection = select(profile, relation, cap, allow_mismatch=True)
@@ -360,7 +361,7 @@ def write_front(front: Front, profile: Profile, relation: RelationVector, out_di
     ax = fig.add_subplot()
     sizes = sorted({s.batch_size for s in front.pairs})
     cmap = matplotlib.colormaps["viridis"]
-    cap = check_power_cap(front.power_cap_w)
+    cap = parse_power_cap(front.power_cap_w, text=False)
     every = candidates(profile, relation, None)
     over = [s for s in every if cap is not None and cast(float, s.peak_power_w) > cap]
     if over:  # what the cap rules out, for scale: greyed, behind the feasible pairs

@@ -12,7 +12,8 @@ from powerctl.errors import InfeasibleCapError
 from powerctl.records.pick import Pick
 from powerctl.records.profile import Profile
 from powerctl.records.relation import RelationVector
-from powerctl.selection.joint import check_power_cap, common_batch_sizes, predicted_s, select
+from powerctl.selection.capsource import parse_power_cap
+from powerctl.selection.joint import common_batch_sizes, predicted_s, select
 from powerctl.selection.names import ORACLE, OURS, PROXY_BATCH, STATE_OF_PRACTICE
 
 if TYPE_CHECKING:  # the boards' table is read on first use: the method registry imports this module
@@ -47,7 +48,7 @@ def fixed_frequency(profile: Profile, power_cap_w: float | None, board: BoardMod
     """The state-of-practice frequency: the one clock of a profile not pinned, else the board's."""
     from powerctl.devices.boards import board_model
 
-    cap = check_power_cap(power_cap_w)
+    cap = parse_power_cap(power_cap_w, text=False)
     if profile.extra.get("pinned", True) is False and profile.frequencies():
         return profile.frequencies()[-1]
     return board_fixed_frequency(board or board_model(profile.device.removeprefix("sim:")), cap)
@@ -56,7 +57,7 @@ def fixed_frequency(profile: Profile, power_cap_w: float | None, board: BoardMod
 def board_fixed_frequency(board: BoardModel, power_cap_w: float | None) -> int:
     """The board's highest frequency keeping every model under the cap (no cap: its top one); none: one
     InfeasibleCapError line. Needs no profile, so commands check it before any work."""
-    cap = check_power_cap(power_cap_w)
+    cap = parse_power_cap(power_cap_w, text=False)
     if cap is None:
         return board.frequencies_hz[-1]
     hz = board.fixed_frequency_cap(cap)
@@ -112,7 +113,7 @@ def compare(
 ) -> list[dict[str, Any]]:
     """A row per method and baseline (the oracle with a target relation): {name, infeasible}, else the
     pick's fields, feasible, speedup over ours and, under a target relation, *_target the same."""
-    cap = check_power_cap(power_cap_w)
+    cap = parse_power_cap(power_cap_w, text=False)
     ours = replace(select(profile, relation, cap), method=OURS)
     makers: dict[str, Callable[[], Pick]] = {
         OURS: lambda: ours,

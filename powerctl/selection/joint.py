@@ -23,11 +23,6 @@ OBJECTIVES: tuple[str, ...] = ("time", "energy")
 """What selection minimises: predicted time to the target (the paper, the default) or energy to it."""
 
 
-def check_power_cap(power_cap_w: float | None) -> float | None:
-    """None or a positive finite number of watts (no text), else one InvalidPowerCapError line."""
-    return parse_power_cap(power_cap_w, "power cap", text=False)
-
-
 class MismatchError(FileFormatError):
     """A profile and a relation vector that do not belong together (another model or input)."""
 
@@ -101,7 +96,7 @@ def _order_key(objective: Objective) -> Any:
 
 def candidates(profile: Profile, relation: RelationVector, power_cap_w: float | None) -> list[Pick]:
     """Every feasible pair with a relation entry, with its predicted time and energy, in profile order."""
-    cap = check_power_cap(power_cap_w)
+    cap = parse_power_cap(power_cap_w, text=False)
     r = relation.as_map()
     common = set(common_batch_sizes(profile, relation))
     return [
@@ -208,7 +203,7 @@ def select(
 
 def best_frequency_per_batch(profile: Profile, power_cap_w: float | None) -> dict[int, ProfilePoint]:
     """Per batch size, the feasible point with the highest frequency (batch sizes with none are absent)."""
-    cap = check_power_cap(power_cap_w)
+    cap = parse_power_cap(power_cap_w, text=False)
     best: dict[int, ProfilePoint] = {}
     for p in sorted(profile.points, key=lambda p: p.frequency_hz, reverse=True):
         if is_feasible(p, cap):
