@@ -26,12 +26,12 @@ from fl_client.round import (
 )
 from powerctl.cli.plot import new_figure, save_figure
 from powerctl.devices.base import Device
-from powerctl.records.pick import Pick
 from powerctl.records.profile import Profile
 from powerctl.records.relation import RelationVector
 from powerctl.selection.capsource import CapSource, ScheduleCap, TraceCap
 from powerctl.selection.joint import select
 from powerctl.selection.names import OURS, STATE_OF_PRACTICE
+from simulations.bench_steps import PinnedRule
 
 POLICIES = ("follow (ours)", "once for the minimum (ours)", "state of practice, following")
 
@@ -49,22 +49,12 @@ class Outcome:
     events: list[dict[str, Any]]
 
 
-@dataclass(frozen=True)
-class Once:
-    """Ours selected once, for the lowest cap the source will give, and kept whatever the cap."""
-
-    choice: Pick
-    profile: Profile
-    relation: RelationVector
-
-    def __call__(self, power_cap_w: float | None) -> Pick:
-        return self.choice
-
-
 def policies(profile: Profile, relation: RelationVector, caps: CapSource) -> dict[str, CapRule]:
-    """The three policies as rules of the cap (the client round's rules)."""
+    """The three policies as rules of the cap (the client round's rules); "once": ours selected once, for
+    the lowest cap the source will give, and kept whatever the cap."""
     ours = MethodRule(OURS, profile, relation)
-    once = Once(ours(caps.lowest_w()), profile, relation)
+    low = ours(caps.lowest_w())
+    once = PinnedRule(low.batch_size, low.frequency_hz, profile, relation, OURS)
     sop = MethodRule(STATE_OF_PRACTICE, profile, relation)
     return dict(zip(POLICIES, (ours, once, sop), strict=True))
 
