@@ -23,8 +23,7 @@ DEFAULT_RELATION_RULE = "interval"
 INTERVAL_STANDARD_ERRORS = 2.0  # an interval's half-width (docs/results/paper_tables.md)
 
 
-MAX_SAMPLES_TO_TARGET = 1e12  # far above any proxy run; a typo is one line, not a relation of 0.0
-SAMPLES_KIND = Number(0.0, MAX_SAMPLES_TO_TARGET, above=True)
+SAMPLES_KIND = Number(0.0, 1e12, above=True)  # 1e12: far above any proxy run, so a typo is refused
 BATCH_SIZE_KIND = Integer(1, MAX_BATCH_SIZE)
 FIELDS = ("model", "proxy_dataset", "target_accuracy", "batch_sizes", "samples_to_target")
 DERIVED = ("schema", "relation")  # keys besides FIELDS that are not evidence: never in `extra`
