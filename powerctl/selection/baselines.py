@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from powerctl.devices.boards import BoardModel, board_model
 from powerctl.errors import InfeasibleCapError
 from powerctl.records.pick import Pick
 from powerctl.records.profile import Profile
@@ -15,9 +16,6 @@ from powerctl.records.relation import RelationVector
 from powerctl.selection.capsource import parse_power_cap
 from powerctl.selection.joint import common_batch_sizes, predicted_s, select
 from powerctl.selection.names import ORACLE, OURS, PROXY_BATCH, STATE_OF_PRACTICE
-
-if TYPE_CHECKING:  # the boards' table is read on first use: the method registry imports this module
-    from powerctl.devices.boards import BoardModel
 
 
 def predict(
@@ -46,8 +44,6 @@ def _make(
 
 def fixed_frequency(profile: Profile, power_cap_w: float | None, board: BoardModel | None = None) -> int:
     """The state-of-practice frequency: the one clock of a profile not pinned, else the board's."""
-    from powerctl.devices.boards import board_model
-
     cap = parse_power_cap(power_cap_w, text=False)
     if profile.extra.get("pinned", True) is False and profile.frequencies():
         return profile.frequencies()[-1]

@@ -12,8 +12,6 @@ from typing import TYPE_CHECKING
 from powerctl.errors import PowerctlError
 from powerctl.records.pick import Pick
 from powerctl.records.relation import DEFAULT_RELATION_RULE
-from powerctl.selection.baselines import oracle, proxy_batch, state_of_practice
-from powerctl.selection.joint import select, select_under_deadline
 from powerctl.selection.names import ORACLE, OURS, OURS_DEADLINE, PROXY_BATCH, STATE_OF_PRACTICE
 
 if TYPE_CHECKING:
@@ -86,13 +84,31 @@ class RunMethod:
 
 def _ours(profile: Profile, relation: RelationVector, cap: float | None, ctx: MethodContext) -> Pick:
     """Algorithm 1 under the relation rule; with a deadline (> 0) the least-energy pair meeting it."""
+    from powerctl.selection.joint import select, select_under_deadline  # as the baselines': on first use
+
     if ctx.deadline_s > 0:
         pick, met = select_under_deadline(profile, relation, cap, ctx.deadline_s, ctx.relation_rule)
         return replace(pick, meets_deadline=met)
     return select(profile, relation, cap, rule=ctx.relation_rule)
 
 
+def _state_of_practice(
+    profile: Profile, relation: RelationVector, cap: float | None, _: MethodContext
+) -> Pick:
+    from powerctl.selection.baselines import state_of_practice
+
+    return state_of_practice(profile, cap, relation=relation)
+
+
+def _proxy_batch(profile: Profile, relation: RelationVector, cap: float | None, _: MethodContext) -> Pick:
+    from powerctl.selection.baselines import proxy_batch
+
+    return proxy_batch(profile, relation, cap)
+
+
 def _oracle(profile: Profile, _relation: RelationVector, cap: float | None, ctx: MethodContext) -> Pick:
+    from powerctl.selection.baselines import oracle
+
     if ctx.target_relation is None:
         raise PowerctlError("the oracle needs samples to target measured on this client's own data")
     return oracle(profile, ctx.target_relation, cap)
@@ -100,8 +116,8 @@ def _oracle(profile: Profile, _relation: RelationVector, cap: float | None, ctx:
 
 _BUILT_IN: tuple[Method, ...] = (
     Method(OURS, _ours, power_aware=True),
-    Method(STATE_OF_PRACTICE, lambda p, r, cap, _: state_of_practice(p, cap, relation=r), reference=True),
-    Method(PROXY_BATCH, lambda p, r, cap, _: proxy_batch(p, r, cap)),
+    Method(STATE_OF_PRACTICE, _state_of_practice, reference=True),
+    Method(PROXY_BATCH, _proxy_batch),
     Method(ORACLE, _oracle, searches_own_data=True),
 )
 METHODS: tuple[str, ...] = tuple(m.name for m in _BUILT_IN)
