@@ -20,9 +20,10 @@ from bench_common import ROOT, ints
 from scipy.stats import spearmanr
 
 from fl_server.pretrain import PretrainSettings, pretrain
-from fl_server.relation import RelationCompute, RelationError, RelationSettings, estimate_relation
+from fl_server.relation import RelationCompute, RelationSettings, estimate_relation
 from powerctl.cli.util import OneLineParser, key_value
 from powerctl.devices.torchdev import TORCH_SPEC_HELP, torch_device_arg
+from powerctl.errors import PowerctlError
 from powerctl.files.jsonfile import write_json
 from powerctl.records.relation import RelationVector
 from powerfed.training.lr import LR_RULES
@@ -91,7 +92,7 @@ def relation_vectors(
                 settings=settings,
                 how=how,
             )
-        except RelationError as exc:
+        except PowerctlError as exc:  # RelationError, or an ArgumentError line (a repeated batch size)
             raise SystemExit(f"relation_vs_target: {role} ({path}): {exc}") from None
         timings[f"{role}_s"] = time.perf_counter() - t0
         vectors[role].save(args.out / f"relation_{role}.json")
