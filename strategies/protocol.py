@@ -12,7 +12,7 @@ from typing import Any
 from flwr.app import ConfigRecord
 
 from powerctl.errors import ArgumentError, FileFormatError, PowerctlError
-from powerctl.files.jsonfile import frozen_json, plain_json
+from powerctl.files.jsonfile import FrozenJson, frozen_json, plain_json
 from powerctl.files.mapping import (
     MAX_ROUNDS,
     Choice,
@@ -247,7 +247,7 @@ def check_instructions(instr: TrainInstructions) -> None:
     try:
         if not isinstance(overrides, Mapping) or not all(isinstance(k, str) for k in overrides):
             raise TypeError
-        text = json.dumps(overrides, sort_keys=True, allow_nan=False, default=dict)  # a FrozenJson: its dict
+        text = json.dumps(overrides, sort_keys=True, allow_nan=False, default=_thawed)
     except (TypeError, ValueError):
         raise r.fail("model_overrides", f"must be a dict of JSON option values, got {overrides!r}") from None
     object.__setattr__(instr, "model_overrides", frozen_json(json.loads(text)))  # read-only, as sent
@@ -259,3 +259,10 @@ def check_instructions(instr: TrainInstructions) -> None:
             check_size(instr.model, instr.num_classes, json.loads(text))
         except ModelError as exc:  # what every client's build_model would say
             raise ArgumentError(f"TrainInstructions: {exc}") from None
+
+
+def _thawed(value: Any) -> dict[str, Any]:
+    """A read-only option mapping (`FrozenJson`) as JSON writes it; any other value is a TypeError."""
+    if isinstance(value, FrozenJson):
+        return dict(value)
+    raise TypeError(f"{type(value).__name__} is not a JSON value")

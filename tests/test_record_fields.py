@@ -364,6 +364,7 @@ def test_a_plans_model_options_cannot_change_behind_it() -> None:
 def test_nested_model_options_keep_their_own_json() -> None:
     """Equal-comparing options (1 == True) each write their own value, however often they are seen."""
     from powerctl.files.jsonfile import frozen_json
+    from strategies.protocol import _thawed
 
-    texts = [json.dumps({"o": frozen_json({"a": v})}, default=dict) for v in (1, True, 1.0)]  # as sent
+    texts = [json.dumps({"o": frozen_json({"a": v})}, default=_thawed) for v in (1, True, 1.0)]
     assert texts == ['{"o": {"a": 1}}', '{"o": {"a": true}}', '{"o": {"a": 1.0}}']
