@@ -25,7 +25,7 @@ from fl_server.run_config import (  # the run config as Flower reads it (`run_co
 from powerctl.errors import ANSI, PowerctlError
 from powerctl.files.cache import cache_root
 from powerctl.files.outputs import check_output_dir, check_output_file
-from powerctl.procs import alive, descendants, handling, search_path
+from powerctl.procs import descendants, handling, search_path
 from simulations.flower_home import FlowerHome, clean_stale_homes, describe_cleaned
 from simulations.linkstate_index import INDEX_ENV, check_flower_version, install_script
 from simulations.local_superlink import (
@@ -228,8 +228,8 @@ def run_flwr(
         with uninterrupted():
             run.pids += home.close()  # every process marked with the home or recorded in it, then the folder
             if proc is not None:
-                if alive(proc.pid):
-                    stop_tree(proc.pid)
+                if proc.poll() is None:  # not stopped with the home's: a signal came before its record
+                    run.pids += stop_tree(proc.pid)
                 with contextlib.suppress(OSError, subprocess.SubprocessError):
                     proc.wait(timeout=5)
     run.pids = sorted(set(run.pids))
