@@ -30,6 +30,8 @@ from strategies.settings import client_setting, key_of
 
 SUMMARY_FIGURE = "summary.png"
 """The figure's name, beside the run's results.json."""
+MAX_ROWS = 40
+"""Most board-and-cap rows one figure draws (Agg refuses a figure much taller); the title counts the rest."""
 _BAR_IN = 1.9
 """Inches of the time and energy panels per method drawn (6.2 at least)."""
 
@@ -186,14 +188,16 @@ def draw_or_say(draw: Callable[[], Path], say: Callable[[str], None]) -> Path | 
 
 
 def summary_figure(rows: list[Row], title: str) -> Figure:
-    """The figure: a row per board and cap, map left, time and energy right."""
+    """The figure: a row per board and cap (at most MAX_ROWS), map left, time and energy right."""
+    more = f" (the first {MAX_ROWS} of {len(rows)} boards and caps)" if len(rows) > MAX_ROWS else ""
+    rows = rows[:MAX_ROWS]
     profiles = [r.profile for r in rows if r.profile is not None]
     map_w, map_h = max((map_size(p) for p in profiles), default=(7.5, 3.4))
     bars_w = max(6.2, _BAR_IN * max((len(r.bars) for r in rows), default=2) + 0.4)
     width = map_w + bars_w
     fig = new_figure(width, map_h * len(rows) + 1.0, layout="constrained")
     fig.suptitle(
-        f"{title}\n★ the pair each method chose under the board's power cap (left), and what it cost "
+        f"{title}{more}\n★ the pair each method chose under the board's power cap (left), and what it cost "
         "(right): fewer seconds and joules are better",
         fontsize=12,
         x=0.01,

@@ -167,3 +167,17 @@ def test_make_fleet_writes_the_figure_beside_its_results_and_prints_its_path(
     assert lines[-1] == f"summary figure: {out / SUMMARY_FIGURE}"
     assert json.loads((out / "results.json").read_text())["summary_figure"] == SUMMARY_FIGURE
     _check_png(out / SUMMARY_FIGURE, (1200, 3 * 300))
+
+
+def test_a_fleet_of_more_boards_and_caps_than_one_figure_holds_draws_the_first_and_says_so() -> None:
+    """Past MAX_ROWS board-and-cap rows the figure would outgrow what Agg draws: the first rows, counted."""
+    from simulations.summary_figure import MAX_ROWS, Bar, Row, summary_figure
+
+    rows = [
+        Row(f"board-{i}", 1.0 + i, 1, None, bars=[Bar("ours", 1.0, 0.5, 2.0)]) for i in range(MAX_ROWS + 1)
+    ]
+    fig = summary_figure(rows, "a large fleet")
+    assert f"(the first {MAX_ROWS} of {MAX_ROWS + 1} boards and caps)" in fig._suptitle.get_text()
+    assert len(fig.subfigs) == MAX_ROWS
+    few = summary_figure(rows[:2], "a small fleet")
+    assert "the first" not in few._suptitle.get_text() and len(few.subfigs) == 2
