@@ -423,10 +423,18 @@ def test_svhn_bad_files(tmp_path: Path) -> None:
     one_line(err)
 
 
+@pytest.mark.parametrize(
+    "zeros",
+    [
+        {"X": np.zeros((32, 32, 3, 100), np.uint8), "y": np.ones((100, 1))},
+        # 3,073 values, 24,584 bytes once unpacked: the bound is in bytes, as loadmat allocates them
+        {"X": np.zeros((32, 32, 3, 1)), "y": np.ones((1, 1))},
+    ],
+    ids=["uint8", "float64"],
+)
 def test_a_mat_file_that_unpacks_past_the_limit_is_refused(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    zeros: dict[str, np.ndarray], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    zeros = {"X": np.zeros((32, 32, 3, 100), np.uint8), "y": np.ones((100, 1))}
     scipy.io.savemat(tmp_path / "train_32x32.mat", zeros, do_compression=True)
     assert (tmp_path / "train_32x32.mat").stat().st_size < 10_000
     monkeypatch.setattr("powerfed.training.data.images.DATA_LIMIT", 10_000)

@@ -272,6 +272,10 @@ def _svhn_file(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return images, labels
 
 
+_MAT_BYTES = dict(single=4, int32=4, uint32=4, int16=2, uint16=2, int8=1, uint8=1, logical=1)
+"""Bytes per element of a MATLAB class once loadmat unpacks it; 8 for the others (double, 64-bit)."""
+
+
 def _read_mat(path: Path, names: list[str]) -> dict[str, np.ndarray]:
     """The variables `names` of a MATLAB v5/v7 MAT-file (scipy), read and unpacked bounded (`DATA_LIMIT`)."""
     from scipy.io import loadmat, whosmat
@@ -285,8 +289,11 @@ def _read_mat(path: Path, names: list[str]) -> dict[str, np.ndarray]:
             f"{path}: MATLAB v7.3 (HDF5) files are not supported; re-save as v7 (save -v7) or convert to npz"
         )
     try:
-        values = sum(math.prod(shape) for name, shape, _ in whosmat(io.BytesIO(raw)) if name in names)
-        if values <= DATA_LIMIT:  # the declared sizes, checked before loadmat unpacks them
+        declared = whosmat(io.BytesIO(raw))
+        unpacked = sum(
+            math.prod(shape) * _MAT_BYTES.get(cls, 8) for name, shape, cls in declared if name in names
+        )
+        if unpacked <= DATA_LIMIT:  # the declared sizes, checked before loadmat unpacks them
             return loadmat(io.BytesIO(raw), variable_names=names)
     except Exception as exc:  # a corrupt file can fail in many ways; all mean "not a readable MAT-file"
         raise DataError(
