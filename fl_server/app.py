@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
-from fl_server.progress import Heartbeat, ProgressGrid, SampleProgress, Say
+from fl_server.progress import Heartbeat, ProgressGrid, SampleProgress
 from fl_server.results import ResultsWriter, client_table, evaluation_line, over_budget_lines, summary_lines
 from fl_server.resume import GLOBAL_FILE, RESULTS_FILE, move_aside, resume_point, run_fingerprint
 from fl_server.run_config import RESULTS_DIR, ServerConfig, given_relation, parse_server_config
@@ -26,6 +26,7 @@ from powerctl.cli.util import say
 from powerctl.errors import PowerctlError
 from powerctl.files.cache import cache_dir, xdg_home
 from powerctl.files.outputs import check_output_dir
+from powerctl.progress import Say
 from powerctl.records.relation import INTERVAL_STANDARD_ERRORS, RelationVector
 from powerctl.selection.methods import run_method_named
 from strategies.fedavg import PowerAwareFedAvg

@@ -11,8 +11,9 @@ from typing import Any, cast
 
 from flwr.app import Message
 
+from powerctl.progress import Say
+
 QUIET_S = 8.0  # the longest a phase goes without a line
-Say = Callable[[str], None]  # hears a progress line
 
 
 @dataclass(eq=False)  # hashed by identity, as the Grid it stands for

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Any
+
+Say = Callable[[str], None]
+"""Hears a progress line (a ServerApp's log, a command's stderr)."""
 
 
 def progress_bar(progress: bool, total: int | None, desc: str, unit: str, initial: int = 0) -> Any:

@@ -28,7 +28,6 @@ from fl_client.round import (
     usable_relation,
 )
 from fl_server.app import pretrained_weights, quiet, relation_vector
-from fl_server.progress import Say
 from fl_server.results import cell
 from fl_server.run_config import ServerConfig
 from fl_server.weights import load_model
@@ -36,6 +35,7 @@ from powerctl.devices import open_device
 from powerctl.devices.boards import board_model
 from powerctl.files.jsonfile import write_json
 from powerctl.files.outputs import check_output_dir
+from powerctl.progress import Say
 from powerctl.selection.baselines import board_fixed_frequency, predict
 from powerctl.selection.methods import METHODS, method_named
 from powerctl.selection.names import OURS

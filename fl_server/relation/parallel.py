@@ -12,10 +12,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from fl_server.relation.request import RelationCompute, RelationError, RelationRequest, Say
+from fl_server.relation.request import RelationCompute, RelationError, RelationRequest
 from fl_server.relation.runs import ProxyRuns
 from powerctl.errors import PowerctlError
-from powerctl.progress import progress_bar
+from powerctl.progress import Say, progress_bar
 from powerfed.training.finetune_records import FineTuneConfig, TrainToTarget
 
 log = logging.getLogger("fl_server.relation")

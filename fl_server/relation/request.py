@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from powerctl.files.mapping import (
     kind_field,
     must_be,
 )
+from powerctl.progress import Say
 from powerfed.training.crossing import DEFAULT_MIN_EVALUATIONS
 from powerfed.training.finetune_records import FineTuneConfig
 from powerfed.training.lr import scaled_lr
@@ -37,7 +38,6 @@ from strategies.settings import SETTINGS, key_of
 WHERE = "estimate_relation"  # the call every refusal of an estimate's arguments names
 CACHE_VERSION = 2
 """Bump when a code change alters what a relation estimate would be: old cache entries then miss."""
-Say = Callable[[str], None]
 # the proxy runs' settings, and what the request locates, in the cache key
 RUNS_KEY = ("limit", "data_seed", "max_samples", "eval_every_samples", "eval_max_samples", "min_evaluations")
 WHAT_KEY = ("model", "overrides", "weights_sha256", "proxy_spec", "proxy_sha256", "seq_len", "model_entry")
