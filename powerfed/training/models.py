@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -31,10 +31,12 @@ from powerctl.files.mapping import (
 )
 from powerctl.records.workload import Workload, measure_workload
 from powerfed.training import networks
-from powerfed.training.data import Dataset
 from powerfed.training.errors import DataError, ModelError
 from powerfed.training.networks import CharTransformer, MobileNetV2, ResNet, TinyCNN
 from powerfed.training.tasks import check_task, default_num_classes, loss_fn
+
+if TYPE_CHECKING:  # only an annotation: importing the models loads no dataset readers
+    from powerfed.training.data import Dataset
 
 log = logging.getLogger(__name__)
 
